@@ -1,0 +1,90 @@
+"""Bringing the consume queues back in line with the commit log at open.
+
+The log is the source of truth; queue files are derived. This module decides, per
+queue, whether its files can be trusted, cuts what points past the log's end, and
+picks the log offset from which dispatch must run again. Re-dispatch is idempotent,
+so starting too early costs time but never duplicates entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+
+from commitlog import HEADER_SIZE, RECORD_MAGIC, CommitLog, QueueKey
+from consumequeue import ConsumeQueue, ConsumeQueueSet, Entry
+
+from ._checkpoint import Checkpoint
+
+log = logging.getLogger("clmq.recovery")
+
+_CHECK = struct.Struct("<II")
+_QOFF_QID = struct.Struct("<QI")
+
+
+def entry_matches(commitlog: CommitLog, cq: ConsumeQueue, offset: int, entry: Entry) -> bool:
+    """Does the entry at queue ``offset`` point at this queue's record ``offset``?"""
+    phys, size, _tag = entry
+    if size < HEADER_SIZE or phys < commitlog.min_offset or phys + size > commitlog.write_offset:
+        return False
+    head = commitlog.read_bytes(phys, HEADER_SIZE + len(cq.topic.encode()))
+    if head is None:
+        return False
+    rsize, magic = _CHECK.unpack_from(head, 0)
+    qoff, qid = _QOFF_QID.unpack_from(head, 20)
+    topic = head[HEADER_SIZE:]
+    return rsize == size and magic == RECORD_MAGIC and qoff == offset and qid == cq.queue_id and topic == cq.topic.encode()
+
+
+def _last_good_end(commitlog: CommitLog, cq: ConsumeQueue) -> int | None:
+    """Cut entries that do not match the log (a torn tail); return the log offset
+    after the last good entry, or None if the queue has no good entry left."""
+    nxt = cq.next_offset
+    if nxt > cq.first_offset:
+        last = cq.entry(nxt - 1)
+        if last is None or not entry_matches(commitlog, cq, nxt - 1, last):
+            # Entries form a valid prefix followed by damage: find where it starts.
+            bad = _first_bad(commitlog, cq)
+            log.warning("consume queue %s/%d: entries from %d do not match the log; cut", cq.topic, cq.queue_id, bad)
+            cq.truncate(bad)
+    while cq.next_offset > cq.first_offset:
+        entry = cq.entry(cq.next_offset - 1)
+        if entry is not None and entry[1]:
+            return entry[0] + entry[1]
+        cq.truncate(cq.next_offset - 1)  # trailing holes carry no information
+    return None
+
+
+def _first_bad(commitlog: CommitLog, cq: ConsumeQueue) -> int:
+    lo, hi = cq.first_offset, cq.next_offset
+    while lo < hi:
+        mid = (lo + hi) // 2
+        entry = cq.entry(mid)
+        good = entry is not None and (entry[1] == 0 or entry_matches(commitlog, cq, mid, entry))
+        if good:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def recover_queues(commitlog: CommitLog, queues: ConsumeQueueSet, checkpoint: Checkpoint | None,
+                   unclean: bool) -> int:  # fmt: skip
+    """Validate every queue against the log; return the offset to re-dispatch from."""
+    start = checkpoint.dispatched if checkpoint is not None else commitlog.min_offset
+    start = min(start, commitlog.write_offset)
+    expected = checkpoint.queues if checkpoint is not None else {}
+    keys: set[QueueKey] = set(queues.discover()) | set(expected)
+    for key in sorted(keys):
+        cq = queues.queue(*key)
+        nxt = cq.next_offset  # loads the files, noting damage
+        if cq.damage is None and not unclean and nxt >= expected.get(key, 0):
+            continue
+        end = _last_good_end(commitlog, cq)
+        if cq.damage is not None or cq.next_offset < expected.get(key, 0) or cq.next_offset < nxt:
+            log.warning(
+                "consume queue %s/%d: %s; rebuilding from the log (holds %d entries, expected %d)",
+                key[0], key[1], cq.damage or "entries missing", cq.next_offset, expected.get(key, 0),
+            )  # fmt: skip
+            start = min(start, end if end is not None else commitlog.min_offset)
+    return max(start, commitlog.min_offset)

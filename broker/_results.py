@@ -1,0 +1,70 @@
+"""What the store's put and get return: results with a status, not exceptions."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from commitlog import AppendResult, AppendStatus, Record
+
+
+class PutStatus(enum.Enum):
+    OK = "ok"
+    FLUSH_DISK_TIMEOUT = "flush disk timeout"  # written, not yet known durable
+    MESSAGE_TOO_LARGE = "message too large"
+    INVALID_MESSAGE = "invalid message"
+    INVALID_TOPIC = "invalid topic"
+    UNKNOWN_TOPIC = "unknown topic"
+    INVALID_QUEUE_ID = "invalid queue id"
+    DISK_FULL = "disk full"
+    IO_ERROR = "i/o error"
+    STORE_CLOSED = "store closed"
+
+
+_FROM_APPEND = {
+    AppendStatus.OK: PutStatus.OK,
+    AppendStatus.MESSAGE_TOO_LARGE: PutStatus.MESSAGE_TOO_LARGE,
+    AppendStatus.INVALID_MESSAGE: PutStatus.INVALID_MESSAGE,
+    AppendStatus.DISK_FULL: PutStatus.DISK_FULL,
+    AppendStatus.IO_ERROR: PutStatus.IO_ERROR,
+    AppendStatus.OFFSET_MISMATCH: PutStatus.IO_ERROR,
+}
+
+
+@dataclass(slots=True)
+class PutResult:
+    """Outcome of a put. Unless ``status`` is OK or FLUSH_DISK_TIMEOUT nothing was written."""
+
+    status: PutStatus
+    error: str = ""
+    queue_offsets: list[int] = field(default_factory=list)
+    commitlog_offsets: list[int] = field(default_factory=list)
+    end_offset: int = 0
+    store_timestamp_ms: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutStatus.OK
+
+    @classmethod
+    def from_append(cls, r: AppendResult) -> "PutResult":
+        return cls(_FROM_APPEND[r.status], r.error, r.queue_offsets, r.commitlog_offsets, r.end_offset,
+                   r.store_timestamp_ms)  # fmt: skip
+
+
+class GetStatus(enum.Enum):
+    FOUND = "found"
+    NO_MATCHED_MESSAGE = "no matched message"  # entries scanned, all filtered out by tag
+    NO_MESSAGE = "no message"  # offset == max: nothing new yet
+    OFFSET_OVERFLOW = "offset overflow"  # offset > max
+    OFFSET_TOO_SMALL = "offset too small"  # below min: the messages fell out
+    NO_QUEUE = "no such queue"
+
+
+@dataclass(slots=True)
+class GetResult:
+    status: GetStatus
+    messages: list[Record] = field(default_factory=list)
+    next_offset: int = 0  # where the next get should start
+    min_offset: int = 0
+    max_offset: int = 0

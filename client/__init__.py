@@ -1,0 +1,1 @@
+"""clmq client (see the issues that build it)."""

@@ -1,0 +1,27 @@
+"""clmq's CommitLog: one sequential, segmented log holding every message of every queue.
+
+Plain, synchronous, typed storage code (no trio, msgpack, kazoo or pyspark). The
+public surface is re-exported here; the modules behind it are private.
+"""
+
+from ._config import CommitLogConfig, FlushMode, GiB, MiB
+from ._errors import ConfigError, CorruptRecordError, StoreError
+from ._log import AppendResult, AppendStatus, CommitLog, QueueKey, now_ms
+from ._record import (
+    BLANK_MAGIC, BLANK_SIZE, FORMAT_VERSION, HEADER, HEADER_SIZE, OFF_BODY_LEN, OFF_BORN_HOST,
+    OFF_BORN_PORT, OFF_BORN_TS, OFF_COMMITLOG_OFFSET, OFF_CRC, OFF_FLAGS, OFF_KEYS_LEN, OFF_MAGIC,
+    OFF_PROPS_LEN, OFF_QUEUE_ID, OFF_QUEUE_OFFSET, OFF_RECONSUME, OFF_STORE_HOST, OFF_STORE_PORT,
+    OFF_STORE_TS, OFF_TAGS_LEN, OFF_TOPIC_LEN, OFF_TOTAL_SIZE, RECORD_MAGIC, Host, Message, Record,
+    decode_host, decode_properties, decode_record, encode_message,
+)  # fmt: skip
+from ._segment import fsync_dir
+
+__all__ = [
+    "AppendResult", "AppendStatus", "BLANK_MAGIC", "BLANK_SIZE", "CommitLog", "CommitLogConfig",
+    "ConfigError", "CorruptRecordError", "FORMAT_VERSION", "FlushMode", "GiB", "HEADER",
+    "HEADER_SIZE", "Host", "OFF_BODY_LEN", "OFF_BORN_HOST", "OFF_BORN_PORT", "OFF_BORN_TS",
+    "OFF_COMMITLOG_OFFSET", "OFF_CRC", "OFF_FLAGS", "OFF_KEYS_LEN", "OFF_MAGIC", "OFF_PROPS_LEN",
+    "OFF_QUEUE_ID", "OFF_QUEUE_OFFSET", "OFF_RECONSUME", "OFF_STORE_HOST", "OFF_STORE_PORT",
+    "OFF_STORE_TS", "OFF_TAGS_LEN", "OFF_TOPIC_LEN", "OFF_TOTAL_SIZE", "decode_host", "decode_properties", "Message", "MiB", "QueueKey", "RECORD_MAGIC", "Record", "StoreError",
+    "decode_record", "encode_message", "fsync_dir", "now_ms",
+]  # fmt: skip

@@ -1,0 +1,702 @@
+"""The CommitLog: one sequential log holding every message of every queue.
+
+Invariants:
+- Offsets are byte positions in the log. Segments are contiguous: each one's base is
+  the previous one's ``base + length``; only the last segment (the *active* one) grows.
+- A single writer (under ``_lock``) appends; queue offsets are assigned there from the
+  ``(topic, queue) -> next offset`` table, so that they are dense and never reused.
+- ``durable_offset <= write_offset``; ``confirmed_offset <= write_offset`` and nothing
+  past ``confirmed_offset`` is handed to consumers (replication lowers it).
+- Nothing waits for fsync while holding ``_lock``.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import logging
+import os
+import struct
+import threading
+import time
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import crc32c as _crc32c
+
+from ._config import CommitLogConfig
+from ._errors import CorruptRecordError
+from ._record import (
+    BLANK_MAGIC, BLANK_SIZE, CRC_START, HEADER, HEADER_SIZE, OFF_COMMITLOG_OFFSET, OFF_QUEUE_ID,
+    OFF_QUEUE_OFFSET, OFF_TOPIC_LEN, RECORD_MAGIC, EncodedParts, Message, Record, check_record,
+    decode_record, encode_blank, encode_host, encode_parts,
+)  # fmt: skip
+from ._segment import Segment, fsync_dir, parse_segment_name
+
+log = logging.getLogger("clmq.commitlog")
+
+QueueKey = tuple[str, int]
+_U32 = struct.Struct("<I")
+_SIZE_MAGIC = struct.Struct("<II")
+
+
+class AppendStatus(enum.Enum):
+    OK = "ok"
+    MESSAGE_TOO_LARGE = "message too large"
+    INVALID_MESSAGE = "invalid message"
+    DISK_FULL = "disk full"
+    IO_ERROR = "i/o error"
+    OFFSET_MISMATCH = "offset mismatch"  # raw appends that do not continue the log
+
+
+@dataclass(slots=True)
+class AppendResult:
+    """The outcome of one append. ``status`` other than OK means nothing was written."""
+
+    status: AppendStatus
+    error: str = ""
+    start_offset: int = 0
+    end_offset: int = 0
+    store_timestamp_ms: int = 0
+    queue_offsets: list[int] = field(default_factory=list)
+    commitlog_offsets: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is AppendStatus.OK
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """What a validating walk of one segment found."""
+
+    end: int  # file position after the last valid record (or blank marker)
+    starts: list[int]  # file positions of valid records
+    sealed: bool  # ended with a blank marker
+    problem: str | None  # why the walk stopped before the file's end, if it did
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class CommitLog:
+    """Segmented, append-only log. Use :meth:`open`; close with :meth:`close`."""
+
+    def __init__(self, directory: Path, config: CommitLogConfig) -> None:
+        self.directory = directory
+        self.config = config
+        self._lock = threading.Lock()
+        self._segments: tuple[Segment, ...] = ()
+        self._bases: tuple[int, ...] = ()
+        self._graveyard: list[Segment] = []  # deleted, closed one retention pass later
+        self._queue_offsets: dict[QueueKey, int] = {}
+        self._dirty: set[Segment] = set()
+        self._dir_dirty = False
+        self._confirmed: int | None = None
+        self._durable = 0
+        self._durable_cond = threading.Condition()
+        self._durable_callbacks: list[tuple[int, int, Callable[[], None]]] = []
+        self._callback_seq = 0
+        self._flush_requested = threading.Event()
+        self._append_listeners: list[Callable[[], None]] = []
+        self._store_host = encode_host(config.store_host)
+
+    # ----------------------------------------------------------------- opening
+    @classmethod
+    def open(cls, directory: Path | str, config: CommitLogConfig, *, clean: bool,
+             checkpoint_offset: int | None) -> "CommitLog":  # fmt: skip
+        """Open (creating if needed) the log in ``directory``.
+
+        After an unclean shutdown (``clean=False``) the log is validated from the start
+        of the segment holding ``checkpoint_offset`` (from the first segment when there
+        is no checkpoint) and a torn or corrupt tail is durably truncated.
+        """
+        self = cls(Path(directory), config)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        bases = sorted(b for n in os.listdir(self.directory) if (b := parse_segment_name(n)) is not None)
+        segments = [Segment(self.directory, b, config.boundary_interval_bytes) for b in bases]
+        if not segments:
+            segments = [Segment(self.directory, 0, config.boundary_interval_bytes, create=True)]
+            fsync_dir(self.directory)
+        self._set_segments(segments)
+        if clean:
+            self._open_clean()
+        else:
+            self._recover(checkpoint_offset)
+        self._durable = self.write_offset
+        return self
+
+    def _set_segments(self, segments: Sequence[Segment]) -> None:
+        # Readers look these two up without the lock: replace both in one assignment.
+        self._segments, self._bases = tuple(segments), tuple(s.base for s in segments)
+
+    def _open_clean(self) -> None:
+        for seg in self._segments[:-1]:
+            seg.sealed = True
+        for seg in self._segments:
+            if not seg.boundaries.load():
+                seg.boundaries.rewrite(self._scan(seg, verify=False).starts)
+
+    def _recover(self, checkpoint_offset: int | None) -> None:
+        segments = list(self._segments)
+        first = 0
+        if checkpoint_offset is not None:
+            first = max(0, bisect_right(self._bases, checkpoint_offset) - 1)
+        for seg in segments[:first]:
+            seg.sealed = True
+            if not seg.boundaries.load():
+                seg.boundaries.rewrite(self._scan(seg, verify=False).starts)
+        for i in range(first, len(segments)):
+            seg = segments[i]
+            result = self._scan(seg, verify=True)
+            seg.boundaries.rewrite(result.starts)
+            expected_next = seg.base + (seg.size if result.sealed else result.end)
+            nxt = segments[i + 1] if i + 1 < len(segments) else None
+            if result.problem is None and result.sealed and (nxt is None or nxt.base == expected_next):
+                seg.sealed = True
+                continue
+            if result.problem is None and not result.sealed and nxt is None:
+                break  # the active segment, intact to its end
+            reason = result.problem or (
+                "segment not sealed but followed by another" if not result.sealed
+                else f"next segment starts at {nxt.base if nxt else '-'}, expected {expected_next}"
+            )  # fmt: skip
+            self._truncate_tail(segments, i, result, reason)
+            break
+        if self._segments[-1].sealed:
+            self._roll_locked()
+
+    def _truncate_tail(self, segments: list[Segment], i: int, result: ScanResult, reason: str) -> None:
+        seg = segments[i]
+        dropped = seg.size - result.end + sum(s.size for s in segments[i + 1 :])
+        log.warning(
+            "commitlog recovery: truncated %s at offset %d (file position %d): %s; dropped %d bytes",
+            seg.path, seg.base + result.end, result.end, reason, dropped,
+        )  # fmt: skip
+        for later in segments[i + 1 :]:
+            later.close()
+            later.delete()
+        seg.truncate(result.end)
+        seg.sealed = False
+        self._set_segments(segments[: i + 1])
+        fsync_dir(self.directory)
+
+    # ------------------------------------------------------------- validation
+    def _scan(self, seg: Segment, verify: bool) -> ScanResult:
+        """Walk a segment's records from its start (with CRC checks when ``verify``)."""
+        chunk = max(8 << 20, self.config.max_message_bytes + HEADER_SIZE)
+        starts: list[int] = []
+        pos = 0
+        length = seg.size
+        while pos < length:
+            data = seg.read(pos, min(chunk, length - pos))
+            p, stop = self._walk_chunk(seg, data, pos, starts, verify, length)
+            if stop is not None:
+                return ScanResult(stop[0], starts, stop[1] is None, stop[1])
+            if p == 0:  # a record larger than what is left: torn at the end of the file
+                size = _U32.unpack_from(data, 0)[0] if len(data) >= 4 else 0
+                return ScanResult(pos, starts, False, f"torn record: {size} bytes at position {pos}, file ends at {length}")
+            pos += p
+        return ScanResult(pos, starts, False, None)
+
+    def _walk_chunk(self, seg: Segment, data: bytes, pos: int, starts: list[int], verify: bool,
+                    length: int) -> tuple[int, tuple[int, str | None] | None]:  # fmt: skip
+        """Walk whole records in ``data`` (read at file position ``pos``).
+
+        Returns how far it got, and ``(end, problem)`` when the walk must stop: a blank
+        marker (problem None) or a bad record.
+        """
+        p, n = 0, len(data)
+        while n - p >= BLANK_SIZE:
+            size, magic = _SIZE_MAGIC.unpack_from(data, p)
+            at = pos + p
+            if magic == BLANK_MAGIC:
+                if size != length - at:
+                    return p, (at, f"blank marker claims {size} bytes, {length - at} remain")
+                return p, (length, None)
+            if magic == RECORD_MAGIC and HEADER_SIZE <= size and at + size <= length and size > n - p:
+                break  # whole record is in the file, just not in this chunk
+            try:
+                if verify:
+                    check_record(data, p, str(seg.path), seg.base + at)
+                elif magic != RECORD_MAGIC or size < HEADER_SIZE or size > n - p:
+                    raise CorruptRecordError(str(seg.path), seg.base + at, "record header", "valid", f"size {size} magic {magic:#x}")
+                if verify and _U64_AT(data, p + OFF_COMMITLOG_OFFSET) != seg.base + at:
+                    raise CorruptRecordError(str(seg.path), seg.base + at, "commitlog offset", str(seg.base + at),
+                                             str(_U64_AT(data, p + OFF_COMMITLOG_OFFSET)))  # fmt: skip
+            except CorruptRecordError as e:
+                return p, (at, str(e))
+            starts.append(at)
+            p += size
+        if p == 0 and n < BLANK_SIZE:
+            return p, (pos, f"torn tail: {n} stray bytes")
+        return p, None
+
+    # --------------------------------------------------------------- appending
+    @property
+    def write_offset(self) -> int:
+        return self._segments[-1].end
+
+    @property
+    def min_offset(self) -> int:
+        return self._segments[0].base
+
+    @property
+    def durable_offset(self) -> int:
+        return self._durable
+
+    @property
+    def confirmed_offset(self) -> int:
+        end = self.write_offset
+        return end if self._confirmed is None else min(self._confirmed, end)
+
+    def set_confirmed_offset(self, offset: int | None) -> None:
+        """Limit what is dispatched to consumers (replication); None follows the write end."""
+        self._confirmed = offset
+        self._notify_append()
+
+    def add_append_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` (from the appending thread, outside the lock) after every append."""
+        self._append_listeners.append(fn)
+
+    def _notify_append(self) -> None:
+        for fn in self._append_listeners:
+            fn()
+
+    def queue_offset_table(self) -> dict[QueueKey, int]:
+        with self._lock:
+            return dict(self._queue_offsets)
+
+    def set_queue_offset_table(self, table: dict[QueueKey, int]) -> None:
+        """Install the next offset per queue (recomputed from the consume queues)."""
+        with self._lock:
+            self._queue_offsets = dict(table)
+
+    def append(self, messages: Sequence[Message]) -> AppendResult:
+        """Append messages as one batch, in order; one system call per segment touched."""
+        try:
+            parts = [encode_parts(m) for m in messages]
+        except (ValueError, UnicodeError) as e:
+            return AppendResult(AppendStatus.INVALID_MESSAGE, str(e))
+        limit = self.config.max_message_bytes
+        for i, p in enumerate(parts):
+            if p.size > limit:
+                return AppendResult(
+                    AppendStatus.MESSAGE_TOO_LARGE,
+                    f"message {i} of {len(parts)} is {p.size} bytes, over max_message_bytes={limit}",
+                )
+        with self._lock:
+            result = self._append_locked(messages, parts)
+        if result.ok:
+            self._after_write(result.end_offset)
+        return result
+
+    def _plan(self, sizes: list[int]) -> list[tuple[int, int, int]]:
+        """Split a batch into per-segment groups: ``(first index, stop index, start position)``."""
+        limit = self.config.segment_bytes - BLANK_SIZE
+        pos = self._segments[-1].size
+        groups: list[tuple[int, int, int]] = []
+        first, start = 0, pos
+        for i, size in enumerate(sizes):
+            if pos + size > limit:
+                groups.append((first, i, start))
+                first, start, pos = i, 0, 0
+            pos += size
+        groups.append((first, len(sizes), start))
+        return groups
+
+    def _append_locked(self, messages: Sequence[Message], parts: list[EncodedParts]) -> AppendResult:
+        store_ts = now_ms()
+        orig = self._segments[-1]
+        orig_size, orig_table = orig.size, self._queue_offsets
+        self._queue_offsets = dict(orig_table) if len(messages) > 64 else orig_table.copy()
+        result = AppendResult(AppendStatus.OK, start_offset=orig.end, store_timestamp_ms=store_ts)
+        groups = self._plan([p.size for p in parts])
+        try:
+            for gi, (lo, hi, start) in enumerate(groups):
+                seg = self._segments[-1]
+                last = gi == len(groups) - 1
+                buf, starts = self._encode_group(messages, parts, lo, hi, seg.base + start, store_ts, result)
+                if not last:
+                    buf += encode_blank(self.config.segment_bytes - start - len(buf))
+                seg.write(start, buf)
+                seg.size = start + len(buf)
+                self._dirty.add(seg)
+                seg.boundaries.append_to_file(seg.boundaries.note(starts))
+                if not last:
+                    self._roll_locked()
+        except OSError as e:
+            self._rollback(orig, orig_size, orig_table)
+            status = AppendStatus.DISK_FULL if e.errno in (28, 122) else AppendStatus.IO_ERROR
+            return AppendResult(status, f"{e.strerror} while appending to {self.directory}: nothing written")
+        result.end_offset = self.write_offset
+        return result
+
+    def _encode_group(self, messages: Sequence[Message], parts: list[EncodedParts], lo: int, hi: int,
+                      phys: int, store_ts: int, result: AppendResult) -> tuple[bytearray, list[int]]:  # fmt: skip
+        """Encode messages[lo:hi] into one buffer; the hot loop, so it is written flat."""
+        buf = bytearray(sum([p.size for p in parts[lo:hi]]))
+        mv = memoryview(buf)
+        pack_into, crc = HEADER.pack_into, _crc32c.crc32c
+        table, sip, sport = self._queue_offsets, *self._store_host
+        file_pos = phys - self._segments[-1].base
+        starts: list[int] = []
+        off = 0
+        for i in range(lo, hi):
+            m, p = messages[i], parts[i]
+            key = (m.topic, m.queue_id)
+            q = table.get(key, 0)
+            table[key] = q + 1
+            size = p.size
+            bip, bport = encode_host(m.born_host)
+            pack_into(buf, off, size, RECORD_MAGIC, 0, phys + off, q, m.queue_id, m.flags,
+                      m.born_timestamp_ms or store_ts, store_ts, bip, bport, sip, sport,
+                      m.reconsume_times, *p.lengths)  # fmt: skip
+            end = off + size
+            buf[off + HEADER_SIZE : end] = p.tail
+            buf[off + 8 : off + 12] = crc(mv[off + CRC_START : end]).to_bytes(4, "little")
+            result.queue_offsets.append(q)
+            result.commitlog_offsets.append(phys + off)
+            starts.append(file_pos + off)
+            off = end
+        mv.release()
+        return buf, starts
+
+    def _rollback(self, orig: Segment, orig_size: int, orig_table: dict[QueueKey, int]) -> None:
+        """Undo a partly written batch so that a failed append leaves no trace."""
+        self._queue_offsets = orig_table
+        keep = [s for s in self._segments if s.base <= orig.base]
+        for seg in self._segments[len(keep) :]:
+            seg.close()
+            seg.delete()
+        self._dirty.difference_update(self._segments[len(keep) :])
+        self._set_segments(keep)
+        try:
+            os.ftruncate(orig.fd, orig_size)
+        except OSError:
+            log.exception("commitlog: could not cut %s back to %d after a failed append", orig.path, orig_size)
+        orig.size, orig.sealed = orig_size, False
+        orig.boundaries.truncate(orig_size)
+
+    def _roll_locked(self) -> None:
+        """Seal the active segment (it ends in a blank marker) and start the next."""
+        old = self._segments[-1]
+        new = Segment(self.directory, old.base + self.config.segment_bytes, self.config.boundary_interval_bytes, create=True)
+        old.seal(self.config.segment_bytes)
+        self._set_segments((*self._segments, new))
+        self._dir_dirty = True
+
+    def append_raw(self, offset: int, data: bytes) -> AppendResult:
+        """Append already-formatted bytes at ``offset`` (a follower copying its leader).
+
+        ``offset`` must equal the write offset and ``data`` must be whole records and
+        blank markers whose embedded offsets match where they land; every record's CRC
+        is checked before anything is written. Queue offsets are taken from the records.
+        """
+        with self._lock:
+            if offset != self.write_offset:
+                return AppendResult(AppendStatus.OFFSET_MISMATCH, f"raw append at {offset}, log ends at {self.write_offset}")
+            try:
+                pieces = self._split_raw(offset, data)
+            except CorruptRecordError as e:
+                return AppendResult(AppendStatus.INVALID_MESSAGE, str(e))
+            orig = self._segments[-1]
+            orig_size, orig_table = orig.size, self._queue_offsets
+            self._queue_offsets = dict(orig_table)
+            try:
+                for piece, starts, sealed in pieces:
+                    seg = self._segments[-1]
+                    seg.write(seg.size, piece)
+                    seg.size += len(piece)
+                    self._dirty.add(seg)
+                    seg.boundaries.append_to_file(seg.boundaries.note(starts))
+                    if sealed:
+                        self._roll_locked()
+            except OSError as e:
+                self._rollback(orig, orig_size, orig_table)
+                return AppendResult(AppendStatus.DISK_FULL if e.errno == 28 else AppendStatus.IO_ERROR, str(e))
+            result = AppendResult(AppendStatus.OK, start_offset=offset, end_offset=self.write_offset)
+        self._after_write(result.end_offset)
+        return result
+
+    def _split_raw(self, offset: int, data: bytes) -> list[tuple[bytes, list[int], bool]]:
+        """Validate raw bytes and cut them at blank markers (each ends a segment)."""
+        pieces: list[tuple[bytes, list[int], bool]] = []
+        seg = self._segments[-1]
+        base, pos, p, piece_start = seg.base, seg.size, 0, 0
+        starts: list[int] = []
+        where = f"raw append at {offset}"
+        while p < len(data):
+            if len(data) - p < BLANK_SIZE:
+                raise CorruptRecordError(where, offset + p, "record", "whole records", f"{len(data) - p} stray bytes")
+            size, magic = _SIZE_MAGIC.unpack_from(data, p)
+            if magic == BLANK_MAGIC:
+                if size != self.config.segment_bytes - pos:
+                    raise CorruptRecordError(where, offset + p, "blank size", str(self.config.segment_bytes - pos), str(size))
+                pieces.append((data[piece_start : p + BLANK_SIZE], starts, True))
+                p += BLANK_SIZE
+                base, pos, piece_start, starts = base + self.config.segment_bytes, 0, p, []
+                continue
+            check_record(data, p, where, offset + p)
+            if _U64_AT(data, p + OFF_COMMITLOG_OFFSET) != base + pos:
+                raise CorruptRecordError(where, offset + p, "commitlog offset", str(base + pos), str(_U64_AT(data, p + OFF_COMMITLOG_OFFSET)))
+            if pos + size + BLANK_SIZE > self.config.segment_bytes:
+                raise CorruptRecordError(where, offset + p, "segment room", f"<= {self.config.segment_bytes - pos - BLANK_SIZE}", str(size))
+            key = (_topic_at(data, p), _U32.unpack_from(data, p + OFF_QUEUE_ID)[0])
+            self._queue_offsets[key] = max(self._queue_offsets.get(key, 0), _U64_AT(data, p + OFF_QUEUE_OFFSET) + 1)
+            starts.append(pos)
+            p, pos = p + size, pos + size
+        if piece_start < len(data):
+            pieces.append((data[piece_start:], starts, False))
+        return pieces
+
+    def _after_write(self, end: int) -> None:
+        self._notify_append()
+        if self.config.flush_mode.value == "async" and end - self._durable >= self.config.flush_dirty_bytes:
+            self._flush_requested.set()
+
+    def truncate(self, offset: int) -> None:
+        """Durably cut the log to ``offset`` (a record boundary), e.g. for a follower.
+
+        The caller recomputes queue offsets afterwards (the store does).
+        """
+        with self._lock:
+            if offset >= self.write_offset:
+                return
+            i = max(0, bisect_right(self._bases, offset) - 1)
+            segments = list(self._segments)
+            for later in segments[i + 1 :]:
+                later.delete()
+                self._graveyard.append(later)
+                self._dirty.discard(later)
+            seg = segments[i]
+            seg.truncate(offset - seg.base)
+            seg.sealed = False
+            self._set_segments(segments[: i + 1])
+            fsync_dir(self.directory)
+            self._durable = min(self._durable, offset)
+            if self._confirmed is not None:
+                self._confirmed = min(self._confirmed, offset)
+
+    # ------------------------------------------------------------------ reading
+    def _segment_for(self, offset: int) -> Segment | None:
+        segments, bases = self._segments, self._bases
+        i = bisect_right(bases, offset) - 1
+        if i < 0 or i >= len(segments):
+            return None
+        return segments[i]
+
+    def segment_path(self, offset: int) -> str:
+        """The file holding ``offset`` (for error messages)."""
+        seg = self._segment_for(offset)
+        return str(seg.path) if seg is not None else f"{self.directory}/<offset {offset}>"
+
+    def segments(self) -> list[tuple[int, int, Path]]:
+        """``(base, length, path)`` of every segment, oldest first."""
+        return [(s.base, s.size, s.path) for s in self._segments]
+
+    def boundaries(self, base: int) -> list[int]:
+        """Log offsets of record starts spaced about ``boundary_interval_bytes`` apart."""
+        seg = self._segment_for(base)
+        if seg is None or seg.base != base:
+            return []
+        return [base + p for p in seg.boundaries.positions]
+
+    def read_bytes(self, offset: int, size: int) -> bytes | None:
+        """Raw bytes of ``[offset, offset + size)`` if they lie in one segment, else None."""
+        seg = self._segment_for(offset)
+        if seg is None or offset + size > seg.end or offset < self.min_offset:
+            return None
+        try:
+            data = seg.read(offset - seg.base, size)
+        except OSError:
+            return None
+        return data if len(data) == size else None
+
+    def read_record(self, offset: int, size: int | None = None) -> Record | None:
+        """The record at ``offset``, CRC-checked; None if the offset fell out of the log.
+
+        Raises :class:`CorruptRecordError` when the bytes there are not a valid record.
+        """
+        seg = self._segment_for(offset)
+        if seg is None or offset >= self.write_offset or offset < self.min_offset:
+            return None
+        if size is None:
+            head = self.read_bytes(offset, 4)
+            if head is None:
+                return None
+            size = _U32.unpack(head)[0]
+            if size > self.config.max_message_bytes or size > seg.end - offset:
+                raise CorruptRecordError(str(seg.path), offset, "total size", f"<= {min(self.config.max_message_bytes, seg.end - offset)}", str(size))
+        data = self.read_bytes(offset, size)
+        if data is None:
+            raise CorruptRecordError(str(seg.path), offset, "record extent", f"{size} bytes", "past the segment end")
+        rec = decode_record(data, 0, str(seg.path), offset)
+        if rec.commitlog_offset != offset:
+            raise CorruptRecordError(str(seg.path), offset, "commitlog offset", str(offset), str(rec.commitlog_offset))
+        return rec
+
+    def read_chunk(self, offset: int, max_bytes: int, limit: int | None = None) -> tuple[int, bytes]:
+        """Up to ``max_bytes`` raw bytes from ``offset`` within one segment, not past ``limit``.
+
+        Returns ``(offset, data)``; if ``offset`` is at a segment's blank marker the
+        caller sees the marker and moves to the next segment's base itself.
+        """
+        limit = self.write_offset if limit is None else limit
+        seg = self._segment_for(offset)
+        if seg is None or offset >= limit:
+            return offset, b""
+        n = min(max_bytes, seg.end - offset, limit - offset)
+        return offset, seg.read(offset - seg.base, n) if n > 0 else b""
+
+    def next_segment_base(self, offset: int) -> int:
+        """The base of the segment after the one holding ``offset``."""
+        seg = self._segment_for(offset)
+        return seg.end if seg is not None else offset
+
+    def iter_records(self, start: int | None = None, end: int | None = None) -> Iterator[Record]:
+        """Every record in ``[start, end)``, CRC-checked, in log order."""
+        pos = self.min_offset if start is None else max(start, self.min_offset)
+        end = self.confirmed_offset if end is None else end
+        chunk = max(1 << 20, self.config.max_message_bytes + HEADER_SIZE)
+        while pos < end:
+            at, data = self.read_chunk(pos, chunk, end)
+            if not data:
+                return
+            seg = self._segment_for(at)
+            where = str(seg.path) if seg else "?"
+            p = 0
+            while len(data) - p >= BLANK_SIZE:
+                size, magic = _SIZE_MAGIC.unpack_from(data, p)
+                if magic == BLANK_MAGIC:
+                    p = -1
+                    break
+                if magic == RECORD_MAGIC and size > len(data) - p and at + p + size <= end:
+                    break
+                yield decode_record(data, p, where, at + p)
+                p += size
+            if p == -1:
+                pos = self.next_segment_base(at)
+            elif p == 0:
+                raise CorruptRecordError(where, at, "record", "a whole record", f"{len(data)} bytes")
+            else:
+                pos = at + p
+
+    # ----------------------------------------------------------------- flushing
+    def flush(self) -> int:
+        """fsync everything written so far; returns (and publishes) the durable offset."""
+        with self._lock:
+            target = self.write_offset
+            dirty, self._dirty = self._dirty, set()
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+        for seg in sorted(dirty, key=lambda s: s.base):
+            if seg.fd >= 0:
+                seg.sync()
+        if dir_dirty:
+            fsync_dir(self.directory)
+        self._publish_durable(target)
+        return target
+
+    def _publish_durable(self, target: int) -> None:
+        ready: list[Callable[[], None]] = []
+        with self._durable_cond:
+            if target > self._durable:
+                self._durable = target
+            while self._durable_callbacks and self._durable_callbacks[0][0] <= self._durable:
+                ready.append(heapq.heappop(self._durable_callbacks)[2])
+            self._durable_cond.notify_all()
+        for fn in ready:
+            fn()
+
+    def wait_durable(self, offset: int, timeout_s: float) -> bool:
+        """Block until ``offset`` is durable (group commit); False on timeout."""
+        if self._durable >= offset:
+            return True
+        self._flush_requested.set()
+        deadline = time.monotonic() + timeout_s
+        with self._durable_cond:
+            while self._durable < offset:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._durable_cond.wait(left)
+        return True
+
+    def on_durable(self, offset: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from the flushing thread) once ``offset`` is durable."""
+        with self._durable_cond:
+            if self._durable < offset:
+                self._callback_seq += 1
+                heapq.heappush(self._durable_callbacks, (offset, self._callback_seq, callback))
+                self._flush_requested.set()
+                return
+        callback()
+
+    def run_flusher(self, stop: threading.Event) -> None:
+        """The flush loop: group commit in sync mode, interval/dirty bytes in async mode.
+
+        Run it in a thread; it returns after ``stop`` is set (with a final flush).
+        """
+        interval = self.config.flush_interval_ms / 1000
+        while not stop.is_set():
+            self._flush_requested.wait(interval)
+            self._flush_requested.clear()
+            if self.write_offset > self._durable or self._dir_dirty:
+                self.flush()
+        self.flush()
+
+    # ---------------------------------------------------------------- retention
+    def delete_expired(self, now: float | None = None) -> int:
+        """Delete whole segments past ``retention_ms`` or ``retention_bytes``; never the active one.
+
+        Returns the number of segments deleted; the log's minimum offset advances.
+        """
+        now = time.time() if now is None else now
+        with self._lock:
+            for seg in self._graveyard:  # deleted a pass ago: no reader can still hold them
+                seg.close()
+            self._graveyard = []
+            segments = list(self._segments)
+            total = sum(s.size for s in segments)
+            doomed = 0
+            for seg in segments[:-1]:
+                too_old = self.config.retention_ms is not None and (now - os.fstat(seg.fd).st_mtime) * 1000 > self.config.retention_ms
+                too_big = self.config.retention_bytes is not None and total > self.config.retention_bytes
+                if not (too_old or too_big):
+                    break
+                total -= seg.size
+                doomed += 1
+            for seg in segments[:doomed]:
+                log.info("commitlog retention: deleting %s", seg.path)
+                seg.delete()
+                self._graveyard.append(seg)
+                self._dirty.discard(seg)
+            if doomed:
+                self._set_segments(segments[doomed:])
+                self._dir_dirty = True
+            return doomed
+
+    def close(self) -> None:
+        """Flush and close every file."""
+        self.flush()
+        with self._lock:
+            for seg in (*self._segments, *self._graveyard):
+                seg.close()
+
+    def abandon(self) -> None:
+        """Close descriptors without flushing: what a crash leaves behind (tests, fencing)."""
+        with self._lock:
+            for seg in (*self._segments, *self._graveyard):
+                seg.close()
+
+
+def _U64_AT(data: bytes | memoryview, pos: int) -> int:
+    return int.from_bytes(data[pos : pos + 8], "little")
+
+
+def _topic_at(data: bytes | memoryview, pos: int) -> str:
+    tlen = int.from_bytes(data[pos + OFF_TOPIC_LEN : pos + OFF_TOPIC_LEN + 2], "little")
+    return bytes(data[pos + HEADER_SIZE : pos + HEADER_SIZE + tlen]).decode()

@@ -1,0 +1,14 @@
+"""clmq's ConsumeQueues: per-queue files of 20-byte entries pointing into the CommitLog.
+
+Derived data: built asynchronously by the :class:`Dispatcher` from the log and rebuilt
+from it after a crash. Plain, synchronous, typed storage code (no trio).
+"""
+
+from ._dispatch import ConsumeQueueSet, Dispatcher, tag_hash
+from ._files import FileCache
+from ._queue import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, ConsumeQueue, Entry
+
+__all__ = [
+    "ConsumeQueue", "ConsumeQueueSet", "Dispatcher", "ENTRY", "ENTRY_DTYPE", "ENTRY_SIZE",
+    "Entry", "FileCache", "tag_hash",
+]  # fmt: skip

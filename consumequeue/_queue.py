@@ -1,0 +1,267 @@
+"""One (topic, queue)'s consume queue: fixed 20-byte entries pointing into the CommitLog.
+
+Invariants:
+- The entry for queue offset ``q`` is at byte ``(q - start) * 20`` of the file named by
+  ``start = q - q % entries_per_file`` (20 digits), so a look-up is arithmetic.
+- Files are contiguous from the first one kept; only the last one can be short.
+- Entries ``[flushed_next, next_offset)`` live in memory (``_pending``) until the next
+  :meth:`flush`; the files are derived data, rebuilt from the log after a crash, so
+  dispatch never waits for them.
+- An all-zero entry is a hole (an offset whose record fell out or was never seen);
+  readers skip holes. Within a queue, commit-log offsets increase with queue offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ._files import FileCache
+
+log = logging.getLogger("clmq.consumequeue")
+
+ENTRY = struct.Struct("<QIQ")  # commit-log offset, size, tag hash
+ENTRY_SIZE = ENTRY.size
+ENTRY_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("tag", "<u8")])
+assert ENTRY_SIZE == 20 and ENTRY_DTYPE.itemsize == 20
+
+Entry = tuple[int, int, int]
+
+
+def file_name(start: int) -> str:
+    return f"{start:020d}"
+
+
+class ConsumeQueue:
+    """Entries of one queue; loaded lazily on first use. Thread-safe."""
+
+    def __init__(self, directory: Path, topic: str, queue_id: int, entries_per_file: int, files: FileCache) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.queue_id = queue_id
+        self.per_file = entries_per_file
+        self._files = files
+        self._lock = threading.RLock()
+        self._loaded = False
+        self._starts: list[int] = []
+        self._first = 0
+        self._flushed_next = 0
+        self._pending = bytearray()
+        self.damage: str | None = None  # what loading found wrong, if anything
+
+    # ---------------------------------------------------------------- loading
+    def _path(self, start: int) -> Path:
+        return self.directory / file_name(start)
+
+    def _ensure_loaded(self) -> None:
+        if not self._loaded:
+            self.damage = self._load()
+            self._loaded = True
+
+    def _load(self) -> str | None:
+        """Read the file layout, cutting anything inconsistent; returns what was wrong."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return None
+        starts = sorted(int(n) for n in names if len(n) == 20 and n.isdigit())
+        problem = None
+        keep: list[int] = []
+        for start in starts:
+            size = os.stat(self._path(start)).st_size
+            if start % self.per_file or (keep and start != keep[-1] + self.per_file):
+                problem = problem or f"file {file_name(start)} does not continue {file_name(keep[-1]) if keep else 'nothing'}"
+                break
+            keep.append(start)
+            if size != self.per_file * ENTRY_SIZE:
+                if size % ENTRY_SIZE:
+                    problem = f"{self._path(start)} holds {size} bytes, not a multiple of {ENTRY_SIZE}"
+                    self._files.truncate(self._path(start), size - size % ENTRY_SIZE)
+                break
+        for start in starts[len(keep):]:
+            problem = problem or f"{self._path(start)} follows a short file"
+            self._delete_file(start)
+        self._starts = keep
+        self._first = keep[0] if keep else 0
+        self._flushed_next = self._disk_next()
+        return problem
+
+    def _disk_next(self) -> int:
+        if not self._starts:
+            return self._first
+        last = self._starts[-1]
+        return last + os.stat(self._path(last)).st_size // ENTRY_SIZE
+
+    def _delete_file(self, start: int) -> None:
+        self._files.forget(self._path(start))
+        self._path(start).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def next_offset(self) -> int:
+        """One past the last entry: the next queue offset this queue will get."""
+        with self._lock:
+            self._ensure_loaded()
+            return self._flushed_next + len(self._pending) // ENTRY_SIZE
+
+    @property
+    def first_offset(self) -> int:
+        """The lowest queue offset still held (possibly a hole)."""
+        with self._lock:
+            self._ensure_loaded()
+            return self._first
+
+    def append(self, first: int, data: bytes | bytearray) -> int:
+        """Add entries for offsets ``first, first+1, ...``; returns how many were new.
+
+        Entries already present are skipped (re-dispatch is idempotent). A jump past
+        the end leaves a hole, logged, because it means records were never seen.
+        """
+        with self._lock:
+            self._ensure_loaded()
+            nxt = self._flushed_next + len(self._pending) // ENTRY_SIZE
+            if first < nxt:
+                skip = (nxt - first) * ENTRY_SIZE
+                if skip >= len(data):
+                    return 0
+                data, first = data[skip:], nxt
+            if first > nxt:
+                if nxt > self._first or self._starts or self._pending:
+                    log.warning("consume queue %s/%d: hole at offsets %d..%d", self.topic, self.queue_id, nxt, first - 1)
+                self._flush_locked()
+                if not self._starts and not self._pending:
+                    self._first = first  # an empty queue starts where its first record is
+                self._flushed_next = first
+            self._pending += data
+            return len(data) // ENTRY_SIZE
+
+    def flush(self) -> None:
+        """Write in-memory entries to their files (page cache; fsync is :meth:`sync`)."""
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        pos, view = self._flushed_next, memoryview(self._pending)
+        while view:
+            start = pos - pos % self.per_file
+            room = (start + self.per_file - pos) * ENTRY_SIZE
+            piece = view[:room]
+            self._files.pwrite(self._path(start), piece, (pos - start) * ENTRY_SIZE)
+            if not self._starts or start > self._starts[-1]:
+                self._starts.append(start)
+            pos += len(piece) // ENTRY_SIZE
+            view = view[room:]
+        self._flushed_next = pos
+        self._pending = bytearray()
+
+    def sync(self) -> None:
+        with self._lock:
+            for start in self._starts[-2:]:
+                self._files.sync(self._path(start))
+
+    # ---------------------------------------------------------------- reading
+    def read(self, offset: int, count: int) -> tuple[int, bytes]:
+        """Raw entries from ``offset`` (raised to the first held), at most ``count``."""
+        with self._lock:
+            self._ensure_loaded()
+            offset = max(offset, self._first)
+            end = min(offset + count, self._flushed_next + len(self._pending) // ENTRY_SIZE)
+            out = bytearray()
+            pos = offset
+            while pos < min(end, self._flushed_next):
+                start = pos - pos % self.per_file
+                n = min(end, self._flushed_next, start + self.per_file) - pos
+                chunk = self._files.pread(self._path(start), n * ENTRY_SIZE, (pos - start) * ENTRY_SIZE)
+                out += chunk.ljust(n * ENTRY_SIZE, b"\0")  # a sparse tail reads short: holes
+                pos += n
+            if pos < end:
+                rel = (pos - self._flushed_next) * ENTRY_SIZE
+                out += self._pending[rel : rel + (end - pos) * ENTRY_SIZE]
+            return offset, bytes(out)
+
+    def entry(self, offset: int) -> Entry | None:
+        at, data = self.read(offset, 1)
+        if at != offset or len(data) < ENTRY_SIZE:
+            return None
+        return ENTRY.unpack(data)
+
+    def search(self, predicate: Callable[[Entry], bool]) -> int:
+        """The first offset whose entry satisfies ``predicate`` (monotone over the queue).
+
+        Holes are looked past to the next real entry. Returns ``next_offset`` if none.
+        """
+        with self._lock:
+            lo, hi = self.first_offset, self.next_offset
+            while lo < hi:
+                mid = (lo + hi) // 2
+                probe = self._real_entry_at_or_after(mid, hi)
+                if probe is None or predicate(probe[1]):
+                    hi = mid
+                else:
+                    lo = probe[0] + 1
+            return lo
+
+    def _real_entry_at_or_after(self, offset: int, hi: int) -> tuple[int, Entry] | None:
+        while offset < hi:
+            at, data = self.read(offset, min(256, hi - offset))
+            for i in range(len(data) // ENTRY_SIZE):
+                entry = ENTRY.unpack_from(data, i * ENTRY_SIZE)
+                if entry[1]:
+                    return at + i, entry
+            offset = at + max(1, len(data) // ENTRY_SIZE)
+        return None
+
+    # ------------------------------------------------------ truncation, retention
+    def truncate(self, offset: int) -> None:
+        """Durably drop entries at or after ``offset``."""
+        with self._lock:
+            self._ensure_loaded()
+            if offset >= self._flushed_next:
+                keep = (offset - self._flushed_next) * ENTRY_SIZE
+                del self._pending[keep:]
+                return
+            self._pending = bytearray()
+            offset = max(offset, self._first)
+            cut_file = offset - offset % self.per_file
+            for start in [s for s in self._starts if s > cut_file]:
+                self._delete_file(start)
+            self._starts = [s for s in self._starts if s <= cut_file]
+            if self._starts and self._starts[-1] == cut_file:
+                self._files.truncate(self._path(cut_file), (offset - cut_file) * ENTRY_SIZE)
+            self._flushed_next = offset
+
+    def truncate_past(self, log_end: int) -> int:
+        """Drop entries pointing at or past ``log_end`` (the log was cut); returns new next."""
+        cut = self.search(lambda e: e[0] + e[1] > log_end)
+        if cut < self.next_offset:
+            self.truncate(cut)
+        return self.next_offset
+
+    def delete_before(self, log_min: int) -> int:
+        """Delete whole files whose entries all point below ``log_min``, never the last."""
+        with self._lock:
+            self._ensure_loaded()
+            deleted = 0
+            while len(self._starts) > 1:
+                last_entry = self.entry(self._starts[1] - 1)
+                if last_entry is None or last_entry[0] >= log_min:
+                    break
+                self._delete_file(self._starts.pop(0))
+                self._first = self._starts[0]
+                deleted += 1
+            return deleted
+
+    def min_offset(self, log_min: int) -> int:
+        """The first offset whose record is still in the log."""
+        return self.search(lambda e: e[0] >= log_min)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._loaded:
+                self._flush_locked()

@@ -1,0 +1,1 @@
+"""clmq nameserver (see the issues that build it)."""

@@ -1,0 +1,1 @@
+"""clmq spark_connector (see the issues that build it)."""
