@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,7 +56,8 @@ class AbortMarker:
         return self.path.exists()
 
     def create(self) -> None:
-        self.path.write_bytes(str(os.getpid()).encode())
+        # Empty on purpose: creating it needs no data block, so it works on a full disk.
+        self.path.touch()
         fsync_dir(self.path.parent)
 
     def remove(self) -> None:

@@ -90,8 +90,11 @@ class Store:
             for key, nxt in checkpoint.queues.items():  # queues whose records all expired
                 table[key] = max(table.get(key, 0), nxt)
         self.log.set_queue_offset_table(table)
-        self.checkpoint()
         self._abort = abort
+        try:
+            self.checkpoint()
+        except OSError as e:  # e.g. disk full: entries stay in memory until there is room
+            log.warning("store open: could not write consume queues yet: %s", e)
         return self
 
     def _lock_directory(self) -> None:
@@ -117,6 +120,7 @@ class Store:
     def _stop_threads(self) -> None:
         self._stop.set()
         self.dispatcher.wake()
+        self.log.wake_flusher()
         for thread in self._threads:
             thread.join()
         self._threads = []
@@ -129,10 +133,17 @@ class Store:
         self._stop_threads()
         self.dispatcher.catch_up()
         self.log.flush()
-        self.checkpoint(sync=True)
-        self.queues.close()
+        try:
+            self.checkpoint(sync=True)
+            self.queues.close()
+            clean = True
+        except OSError as e:  # the log is durable; the queues get rebuilt from it at open
+            log.error("store close: could not write consume queues (%s); next open will rebuild them", e)
+            self.queues.files.close()
+            clean = False
         self.log.close()
-        self._abort.remove()
+        if clean:
+            self._abort.remove()
         os.close(self._lock_fd)
 
     def abandon(self) -> None:
@@ -153,7 +164,11 @@ class Store:
 
     # -------------------------------------------------------------- background
     def checkpoint(self, sync: bool = False) -> Checkpoint:
-        """Write queue entries to their files and record what is on disk."""
+        """Write queue entries to their files and record what is on disk.
+
+        Raises OSError (disk full) with nothing lost: entries that could not be written
+        stay in memory and the previous checkpoint stays in force.
+        """
         dispatched = self.dispatcher.dispatched_offset  # read first: entries below it are in memory
         expected = self.queues.next_offsets()
         self.queues.flush(sync=sync)
@@ -171,8 +186,8 @@ class Store:
                 rounds += 1
                 if rounds % every == 0:
                     self.apply_retention()
-            except OSError:
-                log.exception("store housekeeping failed; retrying in %d ms", self.config.cq_flush_interval_ms)
+            except OSError as e:
+                log.warning("store housekeeping: %s; retrying in %d ms", e, self.config.cq_flush_interval_ms)
 
     def apply_retention(self, now: float | None = None) -> int:
         """Delete expired log segments and the queue files that only point into them."""

@@ -103,6 +103,9 @@ class CommitLog:
         self._flush_requested = threading.Event()
         self._append_listeners: list[Callable[[], None]] = []
         self._store_host = encode_host(config.store_host)
+        # The end of the last *completed* append. Readers and the dispatcher never look
+        # past it, so a batch rolled back (disk full) was never visible to anyone.
+        self._end = 0
 
     # ----------------------------------------------------------------- opening
     @classmethod
@@ -126,7 +129,7 @@ class CommitLog:
             self._open_clean()
         else:
             self._recover(checkpoint_offset)
-        self._durable = self.write_offset
+        self._end = self._durable = self._segments[-1].end
         return self
 
     def _set_segments(self, segments: Sequence[Segment]) -> None:
@@ -238,7 +241,8 @@ class CommitLog:
     # --------------------------------------------------------------- appending
     @property
     def write_offset(self) -> int:
-        return self._segments[-1].end
+        """The end of the last completed append."""
+        return self._end
 
     @property
     def min_offset(self) -> int:
@@ -332,7 +336,7 @@ class CommitLog:
             self._rollback(orig, orig_size, orig_table)
             status = AppendStatus.DISK_FULL if e.errno in (28, 122) else AppendStatus.IO_ERROR
             return AppendResult(status, f"{e.strerror} while appending to {self.directory}: nothing written")
-        result.end_offset = self.write_offset
+        result.end_offset = self._end = self._segments[-1].end
         return result
 
     def _encode_group(self, messages: Sequence[Message], parts: list[EncodedParts], lo: int, hi: int,
@@ -397,8 +401,8 @@ class CommitLog:
         is checked before anything is written. Queue offsets are taken from the records.
         """
         with self._lock:
-            if offset != self.write_offset:
-                return AppendResult(AppendStatus.OFFSET_MISMATCH, f"raw append at {offset}, log ends at {self.write_offset}")
+            if offset != self._end:
+                return AppendResult(AppendStatus.OFFSET_MISMATCH, f"raw append at {offset}, log ends at {self._end}")
             try:
                 pieces = self._split_raw(offset, data)
             except CorruptRecordError as e:
@@ -418,7 +422,8 @@ class CommitLog:
             except OSError as e:
                 self._rollback(orig, orig_size, orig_table)
                 return AppendResult(AppendStatus.DISK_FULL if e.errno == 28 else AppendStatus.IO_ERROR, str(e))
-            result = AppendResult(AppendStatus.OK, start_offset=offset, end_offset=self.write_offset)
+            self._end = self._segments[-1].end
+            result = AppendResult(AppendStatus.OK, start_offset=offset, end_offset=self._end)
         self._after_write(result.end_offset)
         return result
 
@@ -464,7 +469,7 @@ class CommitLog:
         The caller recomputes queue offsets afterwards (the store does).
         """
         with self._lock:
-            if offset >= self.write_offset:
+            if offset >= self._end:
                 return
             i = max(0, bisect_right(self._bases, offset) - 1)
             segments = list(self._segments)
@@ -477,6 +482,7 @@ class CommitLog:
             seg.sealed = False
             self._set_segments(segments[: i + 1])
             fsync_dir(self.directory)
+            self._end = offset
             self._durable = min(self._durable, offset)
             if self._confirmed is not None:
                 self._confirmed = min(self._confirmed, offset)
@@ -508,7 +514,7 @@ class CommitLog:
     def read_bytes(self, offset: int, size: int) -> bytes | None:
         """Raw bytes of ``[offset, offset + size)`` if they lie in one segment, else None."""
         seg = self._segment_for(offset)
-        if seg is None or offset + size > seg.end or offset < self.min_offset:
+        if seg is None or offset + size > min(seg.end, self._end) or offset < self.min_offset:
             return None
         try:
             data = seg.read(offset - seg.base, size)
@@ -589,7 +595,7 @@ class CommitLog:
     def flush(self) -> int:
         """fsync everything written so far; returns (and publishes) the durable offset."""
         with self._lock:
-            target = self.write_offset
+            target = self._end
             dirty, self._dirty = self._dirty, set()
             dir_dirty, self._dir_dirty = self._dir_dirty, False
         for seg in sorted(dirty, key=lambda s: s.base):
@@ -634,6 +640,10 @@ class CommitLog:
                 self._flush_requested.set()
                 return
         callback()
+
+    def wake_flusher(self) -> None:
+        """Make the flush loop run now (for example to notice that it should stop)."""
+        self._flush_requested.set()
 
     def run_flusher(self, stop: threading.Event) -> None:
         """The flush loop: group commit in sync mode, interval/dirty bytes in async mode.

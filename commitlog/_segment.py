@@ -14,12 +14,15 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 import os
 from array import array
 from pathlib import Path
 
 SEGMENT_SUFFIX = ".log"
 BOUNDARY_SUFFIX = ".bidx"
+
+log = logging.getLogger("clmq.commitlog")
 
 
 def segment_name(base: int) -> str:
@@ -50,6 +53,7 @@ class BoundaryIndex:
         self.interval = interval
         self.positions = array("I")
         self._next_mark = interval
+        self._stale = False  # the file is behind memory; do not append to it
 
     def load(self) -> bool:
         """Read the file; False when missing or malformed (the caller rebuilds it)."""
@@ -79,9 +83,12 @@ class BoundaryIndex:
         return new.tobytes()
 
     def append_to_file(self, data: bytes) -> None:
-        if data:
-            with open(self.path, "ab") as f:
-                f.write(data)
+        if data and not self._stale:
+            try:
+                with open(self.path, "ab") as f:
+                    f.write(data)
+            except OSError as e:
+                self._give_up_file(e)
 
     def rewrite(self, starts: list[int]) -> None:
         """Replace the index with one built from a full list of record starts."""
@@ -89,8 +96,20 @@ class BoundaryIndex:
         self._next_mark = self.interval
         self.note(starts)
         tmp = self.path.with_suffix(".bidx.tmp")
-        tmp.write_bytes(self.positions.tobytes())
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_bytes(self.positions.tobytes())
+            os.replace(tmp, self.path)
+            self._stale = False
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            self._give_up_file(e)
+
+    def _give_up_file(self, error: OSError) -> None:
+        # Derived data: never fail an append or an open over it. Keep the positions in
+        # memory and remove the file, so that the next open rebuilds it by a scan.
+        log.warning("boundary index %s not written (%s); kept in memory, rebuilt at next open", self.path, error)
+        self._stale = True
+        self.path.unlink(missing_ok=True)
 
     def truncate(self, end: int) -> None:
         """Drop positions at or after ``end`` (after the segment was truncated)."""

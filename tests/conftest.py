@@ -1,0 +1,41 @@
+"""Shared fixtures: small segments and queue files so that every test exercises rollover."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from broker import Store, StoreConfig
+from commitlog import CommitLogConfig, Message
+
+
+def small_config(data_dir: Path, *, segment_bytes: int = 64 * 1024, max_message_bytes: int = 8 * 1024,
+                 log: dict[str, Any] | None = None, **store: Any) -> StoreConfig:  # fmt: skip
+    """A store config with tiny segments (rollover every ~60 records of 1 KiB)."""
+    log_cfg = CommitLogConfig(segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
+                              boundary_interval_bytes=8 * 1024, **(log or {}))  # fmt: skip
+    store.setdefault("cq_entries_per_file", 50)
+    return StoreConfig(data_dir, log_cfg, **store)
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def store(store_dir: Path) -> Iterator[Store]:
+    s = Store.open(small_config(store_dir)).start()
+    s.create_topic("orders", 4)
+    yield s
+    s.close()
+
+
+def msgs(topic: str, n: int, queues: int, size: int = 100, start: int = 0) -> list[Message]:
+    """``n`` messages spread round-robin over ``queues``; bodies name their index."""
+    return [
+        Message(topic, (start + i) % queues, (b"%08d" % (start + i)).ljust(size, b"."), tags=f"T{(start + i) % 3}")
+        for i in range(n)
+    ]

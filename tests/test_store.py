@@ -1,0 +1,232 @@
+"""The store facade: put/get, bad input, offsets, restarts, scale, and a full disk."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker import GetStatus, PutStatus, Store, StoreLockedError
+from commitlog import Message
+
+from .conftest import msgs, small_config
+
+
+def test_put_then_get_in_order_per_queue(store: Store) -> None:
+    res = store.put_batch(msgs("orders", 200, 4))
+    assert res.ok and res.queue_offsets[:8] == [0, 0, 0, 0, 1, 1, 1, 1]
+    store.dispatcher.catch_up()
+    got = store.get("orders", 2, 0, 100)
+    assert got.status is GetStatus.FOUND and [m.queue_offset for m in got.messages] == list(range(50))
+    assert [m.body[:8] for m in got.messages] == [b"%08d" % i for i in range(2, 200, 4)]
+    assert got.next_offset == 50 and (got.min_offset, got.max_offset) == (0, 50)
+    assert store.get("orders", 2, 50, 10).status is GetStatus.NO_MESSAGE
+    assert store.get("orders", 2, 51, 10).status is GetStatus.OFFSET_OVERFLOW
+    assert store.get("orders", 9, 0, 10).status is GetStatus.NO_QUEUE
+
+
+@pytest.mark.parametrize(
+    ("message", "status", "text"),
+    [
+        (Message("orders", 0, b"x" * 9000), PutStatus.MESSAGE_TOO_LARGE, "max_message_bytes=8192"),
+        (Message("", 0, b"x"), PutStatus.INVALID_TOPIC, "empty"),
+        (Message("bad/name", 0, b"x"), PutStatus.INVALID_TOPIC, "invalid topic name"),
+        (Message("nosuch", 0, b"x"), PutStatus.UNKNOWN_TOPIC, "does not exist"),
+        (Message("orders", -1, b"x"), PutStatus.INVALID_QUEUE_ID, "queue id -1"),
+        (Message("orders", 4, b"x"), PutStatus.INVALID_QUEUE_ID, "not in 0..3"),
+    ],
+)
+def test_bad_input_is_a_specific_result_and_writes_nothing(store: Store, message: Message, status: PutStatus, text: str) -> None:
+    end = store.log.write_offset
+    res = store.put_batch([Message("orders", 0, b"fine"), message])
+    assert res.status is status and text in res.error
+    assert store.log.write_offset == end
+
+
+def test_tag_filter_uses_hashes_and_rechecks_strings(store: Store) -> None:
+    store.put_batch(msgs("orders", 300, 1))
+    store.dispatcher.catch_up()
+    got = store.get("orders", 0, 0, 1000, tags=["T1", "T2"])
+    assert [m.tags for m in got.messages] == [f"T{i % 3}" for i in range(300) if i % 3]
+    none = store.get("orders", 0, 0, 10, tags=["nope"])
+    assert none.status is GetStatus.NO_MATCHED_MESSAGE and none.next_offset == 300
+
+
+def test_offset_for_timestamp(store: Store) -> None:
+    store.put_batch(msgs("orders", 10, 1))
+    time.sleep(0.01)
+    middle = int(time.time() * 1000)
+    time.sleep(0.01)
+    store.put_batch(msgs("orders", 10, 1, start=10))
+    store.dispatcher.catch_up()
+    assert store.offset_for_timestamp("orders", 0, 0) == 0
+    assert store.offset_for_timestamp("orders", 0, middle) == 10
+    assert store.offset_for_timestamp("orders", 0, middle + 10**9) == 20
+
+
+def test_long_poll_wakes_when_entries_are_dispatched(store: Store) -> None:
+    import threading
+
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(store.wait_for_entries("orders", 1, 0, 5)))
+    waiter.start()
+    time.sleep(0.05)
+    store.put(Message("orders", 1, b"hi"))
+    waiter.join(5)
+    assert woke == [True]
+    assert store.wait_for_entries("orders", 3, 0, 0.05) is False
+
+
+def test_clean_restart_keeps_everything_and_continues_offsets(store_dir: Path) -> None:
+    cfg = small_config(store_dir)
+    with Store.open(cfg).start() as s:
+        s.create_topic("t", 3)
+        s.put_batch(msgs("t", 300, 3, size=500))
+    with Store.open(cfg).start() as s:
+        assert [s.max_offset("t", q) for q in range(3)] == [100, 100, 100]
+        assert s.put(Message("t", 1, b"next")).queue_offsets == [100]
+        s.dispatcher.catch_up()
+        assert s.get("t", 1, 100, 1).messages[0].body == b"next"
+
+
+def test_a_second_process_cannot_open_the_same_directory(store_dir: Path) -> None:
+    with Store.open(small_config(store_dir)):
+        code = (
+            "import sys; sys.path.insert(0, %r)\n"
+            "from broker import Store, StoreLockedError\nfrom tests.conftest import small_config\n"
+            "try:\n    Store.open(small_config(%r))\nexcept StoreLockedError as e:\n    print('LOCKED', e)\n"
+        ) % (str(Path(__file__).parents[1]), str(store_dir))
+        out = subprocess.run(["python3" if False else os.sys.executable, "-c", code], capture_output=True, text=True)
+        assert "LOCKED" in out.stdout and "in use by another process" in out.stdout, out.stderr
+
+
+def test_ten_thousand_queues_with_bounded_descriptors(tmp_path: Path) -> None:
+    cfg = small_config(tmp_path / "s", segment_bytes=4 << 20, max_open_files=128, cq_entries_per_file=1000)
+    queues = 10_000
+    with Store.open(cfg).start() as s:
+        s.create_topic("many", queues)
+        for round_ in range(3):
+            assert s.put_batch(msgs("many", queues, queues, size=50, start=round_ * queues)).ok
+        s.dispatcher.catch_up()
+        s.checkpoint()
+        assert s.queues.files.open_count <= 128
+        assert _open_fds() < 128 + 100
+    with Store.open(cfg).start() as s:
+        for q in range(queues):
+            got = s.get("many", q, 0, 10)
+            assert [m.queue_offset for m in got.messages] == [0, 1, 2], q
+            assert [m.body[:8] for m in got.messages] == [b"%08d" % (q + r * queues) for r in range(3)]
+        assert s.queues.files.open_count <= 128
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A real 1 MiB filesystem (tmpfs), so that writes fail with ENOSPC."""
+    mnt = tmp_path / f"fs-{uuid.uuid4().hex[:6]}"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_is_an_error_and_the_store_stays_usable(tiny_fs: Path) -> None:
+    filler = tiny_fs / "filler"
+    filler.write_bytes(b"\0" * 400 * 1024)  # what the operator will delete
+    cfg = small_config(tiny_fs / "store", segment_bytes=128 * 1024)
+    s = Store.open(cfg).start()
+    s.create_topic("t", 2)
+    acked: list[bytes] = []
+    full = None
+    for i in range(2000):
+        batch = msgs("t", 10, 2, size=1000, start=i * 10)
+        res = s.put_batch(batch)
+        if not res.ok:
+            full = res
+            break
+        acked += [m.body for m in batch]
+    assert full is not None and full.status is PutStatus.DISK_FULL and "No space left" in full.error
+    end = s.log.write_offset
+    assert s.put_batch(msgs("t", 10, 2, size=1000)).status is PutStatus.DISK_FULL
+    assert s.log.write_offset == end  # nothing half-written
+    s.dispatcher.catch_up()
+    bodies = [m.body for q in range(2) for m in s.get("t", q, 0, 10_000).messages]
+    assert sorted(bodies) == sorted(acked)  # reads keep working on a full disk
+    filler.unlink()  # space is freed: appends work again, no restart needed
+    more = msgs("t", 10, 2, size=1000, start=10**6)
+    res = s.put_batch(more)
+    assert res.ok, res.error
+    acked += [m.body for m in more]
+    s.close()
+    with Store.open(cfg) as s:
+        bodies = [m.body for q in range(2) for m in s.get("t", q, 0, 10_000).messages]
+        assert sorted(bodies) == sorted(acked)
+
+
+def test_close_on_a_full_disk_loses_nothing(tiny_fs: Path) -> None:
+    cfg = small_config(tiny_fs / "store", segment_bytes=128 * 1024, cq_entries_per_file=10_000)
+    s = Store.open(cfg)
+    s.create_topic("t", 50)
+    pad = open(tiny_fs / "pad", "wb", buffering=0)  # created while there is room for its inode
+    acked = 0
+    while (res := s.put_batch(msgs("t", 50, 50, size=500, start=acked))).ok:
+        acked += 50
+    s.dispatcher.catch_up()
+    with pad:  # take every last byte, so queue files cannot grow
+        while True:
+            try:
+                pad.write(b"\0" * 512)
+            except OSError:
+                break
+    s.close()  # cannot write queue files: leaves an unclean marker instead of losing them
+    (tiny_fs / "pad").unlink()
+    with Store.open(cfg) as s:
+        assert sum(s.max_offset("t", q) for q in range(50)) == acked
+
+
+texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+stored = st.builds(
+    Message,
+    topic=st.sampled_from(["a", "b.c", "%RETRY%g"]),
+    queue_id=st.integers(0, 2),
+    body=st.binary(max_size=2000),
+    tags=texts,
+    keys=texts,
+    properties=st.dictionaries(texts, texts, max_size=3),
+    born_timestamp_ms=st.integers(1, 2**62),
+    born_host=st.tuples(st.ip_addresses(v=4).map(str), st.integers(0, 65535)),
+)
+
+
+@given(batches=st.lists(st.lists(stored, min_size=1, max_size=20), min_size=1, max_size=6), clean=st.booleans())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_messages_round_trip_through_a_restart(tmp_path: Path, batches: list[list[Message]], clean: bool) -> None:
+    cfg = small_config(tmp_path / uuid.uuid4().hex, segment_bytes=16 * 1024, max_message_bytes=4096)
+    s = Store.open(cfg)
+    for topic in ("a", "b.c", "%RETRY%g"):
+        s.create_topic(topic, 3)
+    for batch in batches:
+        assert s.put_batch(batch).ok
+    s.close() if clean else s.abandon()
+    with Store.open(cfg) as s:
+        expected: dict[tuple[str, int], list[Message]] = {}
+        for m in (m for b in batches for m in b):
+            expected.setdefault((m.topic, m.queue_id), []).append(m)
+        for (topic, q), sent in expected.items():
+            got = s.get(topic, q, 0, 1000).messages
+            assert [(r.body, r.tags, r.keys, r.properties, r.born_timestamp_ms) for r in got] == [
+                (m.body, m.tags, m.keys, dict(m.properties), m.born_timestamp_ms) for m in sent
+            ]
+            assert [r.queue_offset for r in got] == list(range(len(sent)))
