@@ -24,7 +24,7 @@ CHECKPOINT_VERSION = 1
 class Checkpoint:
     log_durable: int
     dispatched: int
-    queues: dict[QueueKey, int] = field(default_factory=dict)
+    queues: dict[QueueKey, tuple[int, int]] = field(default_factory=dict)  # (first, next)
 
     @classmethod
     def load(cls, path: Path) -> "Checkpoint | None":
@@ -32,7 +32,7 @@ class Checkpoint:
         try:
             if raw["version"] != CHECKPOINT_VERSION:
                 return None
-            queues = {(str(t), int(q)): int(n) for t, q, n in raw["queues"]}
+            queues = {(str(t), int(q)): (int(f), int(n)) for t, q, f, n in raw["queues"]}
             return cls(int(raw["log_durable"]), int(raw["dispatched"]), queues)
         except (TypeError, KeyError, ValueError):
             return None
@@ -42,7 +42,7 @@ class Checkpoint:
             "version": CHECKPOINT_VERSION,
             "log_durable": self.log_durable,
             "dispatched": self.dispatched,
-            "queues": [[t, q, n] for (t, q), n in self.queues.items()],
+            "queues": [[t, q, f, n] for (t, q), (f, n) in self.queues.items()],
         })  # fmt: skip
 
 

@@ -74,17 +74,29 @@ def recover_queues(commitlog: CommitLog, queues: ConsumeQueueSet, checkpoint: Ch
     start = checkpoint.dispatched if checkpoint is not None else commitlog.min_offset
     start = min(start, commitlog.write_offset)
     expected = checkpoint.queues if checkpoint is not None else {}
-    keys: set[QueueKey] = set(queues.discover()) | set(expected)
-    for key in sorted(keys):
-        cq = queues.queue(*key)
-        nxt = cq.next_offset  # loads the files, noting damage
-        if cq.damage is None and not unclean and nxt >= expected.get(key, 0):
-            continue
-        end = _last_good_end(commitlog, cq)
-        if cq.damage is not None or cq.next_offset < expected.get(key, 0) or cq.next_offset < nxt:
-            log.warning(
-                "consume queue %s/%d: %s; rebuilding from the log (holds %d entries, expected %d)",
-                key[0], key[1], cq.damage or "entries missing", cq.next_offset, expected.get(key, 0),
-            )  # fmt: skip
-            start = min(start, end if end is not None else commitlog.min_offset)
+    for key in sorted(set(queues.discover()) | set(expected)):
+        resume = _recover_queue(commitlog, queues.queue(*key), expected.get(key, (0, 0)), unclean)
+        if resume is not None:
+            start = min(start, resume)
     return max(start, commitlog.min_offset)
+
+
+def _recover_queue(commitlog: CommitLog, cq: ConsumeQueue, expected: tuple[int, int], unclean: bool) -> int | None:
+    """Repair one queue; return the log offset it must be re-dispatched from, if any."""
+    first, nxt = cq.first_offset, cq.next_offset  # loads the files, noting damage
+    if cq.damage is None and not unclean and first <= expected[0] and nxt >= expected[1]:
+        return None
+    if first > expected[0] and nxt > first:
+        # Files missing at the head: retention and damage look alike, so rebuild it all.
+        log.warning("consume queue %s/%d: starts at %d, expected %d; rebuilding it from the log",
+                    cq.topic, cq.queue_id, first, expected[0])  # fmt: skip
+        cq.reset()
+        return commitlog.min_offset
+    end = _last_good_end(commitlog, cq)
+    if cq.damage is not None or cq.next_offset < expected[1]:
+        log.warning(
+            "consume queue %s/%d: %s; rebuilding from the log (holds %d entries, expected %d)",
+            cq.topic, cq.queue_id, cq.damage or "entries missing", cq.next_offset, expected[1],
+        )  # fmt: skip
+        return end if end is not None else commitlog.min_offset
+    return end if cq.next_offset < nxt else None

@@ -87,7 +87,7 @@ class Store:
         self.dispatcher.catch_up()  # serve nothing until the queues agree with the log
         table = self.queues.next_offsets()
         if checkpoint is not None and not unclean:
-            for key, nxt in checkpoint.queues.items():  # queues whose records all expired
+            for key, (_first, nxt) in checkpoint.queues.items():  # queues whose records all expired
                 table[key] = max(table.get(key, 0), nxt)
         self.log.set_queue_offset_table(table)
         self._abort = abort
@@ -170,7 +170,7 @@ class Store:
         stay in memory and the previous checkpoint stays in force.
         """
         dispatched = self.dispatcher.dispatched_offset  # read first: entries below it are in memory
-        expected = self.queues.next_offsets()
+        expected = self.queues.extents()
         self.queues.flush(sync=sync)
         cp = Checkpoint(self.log.durable_offset, dispatched, expected)
         cp.save(self.directory / "checkpoint")

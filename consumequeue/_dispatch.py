@@ -84,6 +84,10 @@ class ConsumeQueueSet:
     def next_offsets(self) -> dict[QueueKey, int]:
         return {key: cq.next_offset for key, cq in list(self._queues.items())}
 
+    def extents(self) -> dict[QueueKey, tuple[int, int]]:
+        """``(first, next)`` offsets of every loaded queue."""
+        return {key: (cq.first_offset, cq.next_offset) for key, cq in list(self._queues.items())}
+
     def close(self) -> None:
         self.flush()
         self.files.close()

@@ -236,6 +236,15 @@ class ConsumeQueue:
                 self._files.truncate(self._path(cut_file), (offset - cut_file) * ENTRY_SIZE)
             self._flushed_next = offset
 
+    def reset(self) -> None:
+        """Drop every entry and file: the queue will be rebuilt from the log."""
+        with self._lock:
+            self._ensure_loaded()
+            for start in self._starts:
+                self._delete_file(start)
+            self._starts, self._pending = [], bytearray()
+            self._first = self._flushed_next = 0
+
     def truncate_past(self, log_end: int) -> int:
         """Drop entries pointing at or past ``log_end`` (the log was cut); returns new next."""
         cut = self.search(lambda e: e[0] + e[1] > log_end)
