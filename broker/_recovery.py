@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import struct
 
-from commitlog import HEADER_SIZE, RECORD_MAGIC, CommitLog, QueueKey
+from commitlog import HEADER_SIZE, RECORD_MAGIC, CommitLog
 from consumequeue import ConsumeQueue, ConsumeQueueSet, Entry
 
 from ._checkpoint import Checkpoint
@@ -44,9 +44,7 @@ def _last_good_end(commitlog: CommitLog, cq: ConsumeQueue) -> int | None:
         last = cq.entry(nxt - 1)
         if last is None or not entry_matches(commitlog, cq, nxt - 1, last):
             # Entries form a valid prefix followed by damage: find where it starts.
-            bad = _first_bad(commitlog, cq)
-            log.warning("consume queue %s/%d: entries from %d do not match the log; cut", cq.topic, cq.queue_id, bad)
-            cq.truncate(bad)
+            cq.truncate(_first_bad(commitlog, cq))
     while cq.next_offset > cq.first_offset:
         entry = cq.entry(cq.next_offset - 1)
         if entry is not None and entry[1]:
@@ -74,29 +72,34 @@ def recover_queues(commitlog: CommitLog, queues: ConsumeQueueSet, checkpoint: Ch
     start = checkpoint.dispatched if checkpoint is not None else commitlog.min_offset
     start = min(start, commitlog.write_offset)
     expected = checkpoint.queues if checkpoint is not None else {}
+    repaired: list[str] = []
     for key in sorted(set(queues.discover()) | set(expected)):
-        resume = _recover_queue(commitlog, queues.queue(*key), expected.get(key, (0, 0)), unclean)
+        resume = _recover_queue(commitlog, queues.queue(*key), expected.get(key, (0, 0)), unclean, repaired)
         if resume is not None:
             start = min(start, resume)
+    if repaired:  # one line, not one per queue: a store may have 100,000 of them
+        log.warning("recovery: %d consume queue(s) repaired from the log, re-dispatching from offset %d: %s%s",
+                    len(repaired), start, "; ".join(repaired[:5]), " ..." if len(repaired) > 5 else "")  # fmt: skip
     return max(start, commitlog.min_offset)
 
 
-def _recover_queue(commitlog: CommitLog, cq: ConsumeQueue, expected: tuple[int, int], unclean: bool) -> int | None:
+def _recover_queue(commitlog: CommitLog, cq: ConsumeQueue, expected: tuple[int, int], unclean: bool,
+                   repaired: list[str]) -> int | None:  # fmt: skip
     """Repair one queue; return the log offset it must be re-dispatched from, if any."""
     first, nxt = cq.first_offset, cq.next_offset  # loads the files, noting damage
     if cq.damage is None and not unclean and first <= expected[0] and nxt >= expected[1]:
         return None
+    name = f"{cq.topic}/{cq.queue_id}"
     if first > expected[0] and nxt > first:
         # Files missing at the head: retention and damage look alike, so rebuild it all.
-        log.warning("consume queue %s/%d: starts at %d, expected %d; rebuilding it from the log",
-                    cq.topic, cq.queue_id, first, expected[0])  # fmt: skip
+        repaired.append(f"{name} starts at {first}, expected {expected[0]}")
         cq.reset()
         return commitlog.min_offset
     end = _last_good_end(commitlog, cq)
     if cq.damage is not None or cq.next_offset < expected[1]:
-        log.warning(
-            "consume queue %s/%d: %s; rebuilding from the log (holds %d entries, expected %d)",
-            cq.topic, cq.queue_id, cq.damage or "entries missing", cq.next_offset, expected[1],
-        )  # fmt: skip
+        repaired.append(f"{name} {cq.damage or 'holds'} {cq.next_offset} of {expected[1]} entries")
         return end if end is not None else commitlog.min_offset
-    return end if cq.next_offset < nxt else None
+    if cq.next_offset < nxt:
+        repaired.append(f"{name} cut from {nxt} to {cq.next_offset} (log was truncated)")
+        return end
+    return None

@@ -211,18 +211,34 @@ class Store:
     def create_topic(self, topic: str, queue_count: int) -> None:
         self.topics.create(topic, queue_count)
 
-    def _check_target(self, msg: Message) -> PutResult | None:
-        error = topic_name_error(msg.topic)
+    def _queue_count(self, topic: object) -> tuple[int, PutResult | None]:
+        error = topic_name_error(topic)
         if error:
-            return PutResult(PutStatus.INVALID_TOPIC, error)
-        count = self.topics.queue_count(msg.topic)
+            return 0, PutResult(PutStatus.INVALID_TOPIC, error)
+        count = self.topics.queue_count(topic)  # type: ignore[arg-type]
         if count is None:
             if not self.config.auto_create_topics:
-                return PutResult(PutStatus.UNKNOWN_TOPIC, f"topic {msg.topic!r} does not exist")
-            self.topics.create(msg.topic, self.config.default_queue_count)
+                return 0, PutResult(PutStatus.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
+            self.topics.create(topic, self.config.default_queue_count)  # type: ignore[arg-type]
             count = self.config.default_queue_count
-        if not isinstance(msg.queue_id, int) or not 0 <= msg.queue_id < count:
-            return PutResult(PutStatus.INVALID_QUEUE_ID, f"queue id {msg.queue_id} not in 0..{count - 1} of topic {msg.topic!r}")
+        return count, None
+
+    def _check_targets(self, messages: Sequence[Message]) -> PutResult | None:
+        """Topics exist and queue ids are in range; checked per topic, not per message."""
+        counts: dict[str, int] = {}
+        for topic in {m.topic for m in messages}:
+            counts[topic], bad = self._queue_count(topic)
+            if bad is not None:
+                return bad
+        if len(counts) == 1:
+            (topic, count), = counts.items()
+            qids = [m.queue_id for m in messages]
+            if all(type(q) is int for q in qids) and 0 <= min(qids) and max(qids) < count:
+                return None
+        for m in messages:
+            count = counts[m.topic]
+            if type(m.queue_id) is not int or not 0 <= m.queue_id < count:
+                return PutResult(PutStatus.INVALID_QUEUE_ID, f"queue id {m.queue_id} not in 0..{count - 1} of topic {m.topic!r}")
         return None
 
     # --------------------------------------------------------------------- put
@@ -236,14 +252,9 @@ class Store:
             return PutResult(PutStatus.STORE_CLOSED, "the store is closed")
         if not messages:
             return PutResult(PutStatus.INVALID_MESSAGE, "empty batch")
-        checked: set[QueueKey] = set()
-        for msg in messages:
-            key = (msg.topic, msg.queue_id)
-            if key not in checked:
-                bad = self._check_target(msg)
-                if bad is not None:
-                    return bad
-                checked.add(key)
+        bad = self._check_targets(messages)
+        if bad is not None:
+            return bad
         result = PutResult.from_append(self.log.append(messages))
         if wait_durable is None:
             wait_durable = self.config.commitlog.flush_mode is FlushMode.SYNC

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import heapq
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -24,14 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-import crc32c as _crc32c
-
 from ._config import CommitLogConfig
+from ._encoder import BatchEncoder, EncodeError, Group, restore_offsets
 from ._errors import CorruptRecordError
 from ._record import (
-    BLANK_MAGIC, BLANK_SIZE, CRC_START, HEADER, HEADER_SIZE, OFF_COMMITLOG_OFFSET, OFF_QUEUE_ID,
-    OFF_QUEUE_OFFSET, OFF_TOPIC_LEN, RECORD_MAGIC, EncodedParts, Message, Record, check_record,
-    decode_record, encode_blank, encode_host, encode_parts,
+    BLANK_MAGIC, BLANK_SIZE, HEADER_SIZE, OFF_COMMITLOG_OFFSET, OFF_QUEUE_ID, OFF_QUEUE_OFFSET, OFF_TOPIC_LEN,
+    RECORD_MAGIC, Message, Record, check_record, decode_record,
 )  # fmt: skip
 from ._segment import Segment, fsync_dir, parse_segment_name
 
@@ -102,7 +101,8 @@ class CommitLog:
         self._callback_seq = 0
         self._flush_requested = threading.Event()
         self._append_listeners: list[Callable[[], None]] = []
-        self._store_host = encode_host(config.store_host)
+        self._encoder = BatchEncoder(config.segment_bytes, config.max_message_bytes, config.store_host)
+        self._raw_undo: dict[QueueKey, int] = {}
         # The end of the last *completed* append. Readers and the dispatcher never look
         # past it, so a batch rolled back (disk full) was never visible to anyone.
         self._end = 0
@@ -280,98 +280,51 @@ class CommitLog:
             self._queue_offsets = dict(table)
 
     def append(self, messages: Sequence[Message]) -> AppendResult:
-        """Append messages as one batch, in order; one system call per segment touched."""
-        try:
-            parts = [encode_parts(m) for m in messages]
-        except (ValueError, UnicodeError) as e:
-            return AppendResult(AppendStatus.INVALID_MESSAGE, str(e))
-        limit = self.config.max_message_bytes
-        for i, p in enumerate(parts):
-            if p.size > limit:
-                return AppendResult(
-                    AppendStatus.MESSAGE_TOO_LARGE,
-                    f"message {i} of {len(parts)} is {p.size} bytes, over max_message_bytes={limit}",
-                )
+        """Append messages as one batch, in order; one system call per segment touched.
+
+        Nothing is written unless every message can be: a message over
+        ``max_message_bytes`` or a full disk fails the whole batch.
+        """
         with self._lock:
-            result = self._append_locked(messages, parts)
+            result = self._append_locked(messages)
         if result.ok:
             self._after_write(result.end_offset)
         return result
 
-    def _plan(self, sizes: list[int]) -> list[tuple[int, int, int]]:
-        """Split a batch into per-segment groups: ``(first index, stop index, start position)``."""
-        limit = self.config.segment_bytes - BLANK_SIZE
-        pos = self._segments[-1].size
-        groups: list[tuple[int, int, int]] = []
-        first, start = 0, pos
-        for i, size in enumerate(sizes):
-            if pos + size > limit:
-                groups.append((first, i, start))
-                first, start, pos = i, 0, 0
-            pos += size
-        groups.append((first, len(sizes), start))
-        return groups
-
-    def _append_locked(self, messages: Sequence[Message], parts: list[EncodedParts]) -> AppendResult:
+    def _append_locked(self, messages: Sequence[Message]) -> AppendResult:
         store_ts = now_ms()
         orig = self._segments[-1]
-        orig_size, orig_table = orig.size, self._queue_offsets
-        self._queue_offsets = dict(orig_table) if len(messages) > 64 else orig_table.copy()
-        result = AppendResult(AppendStatus.OK, start_offset=orig.end, store_timestamp_ms=store_ts)
-        groups = self._plan([p.size for p in parts])
+        orig_size = orig.size
+        undo: dict[QueueKey, int] = {}
         try:
-            for gi, (lo, hi, start) in enumerate(groups):
-                seg = self._segments[-1]
-                last = gi == len(groups) - 1
-                buf, starts = self._encode_group(messages, parts, lo, hi, seg.base + start, store_ts, result)
-                if not last:
-                    buf += encode_blank(self.config.segment_bytes - start - len(buf))
-                seg.write(start, buf)
-                seg.size = start + len(buf)
-                self._dirty.add(seg)
-                seg.boundaries.append_to_file(seg.boundaries.note(starts))
-                if not last:
-                    self._roll_locked()
+            batch = self._encoder.encode(messages, orig.base, orig.size, self._queue_offsets, undo, store_ts)
+        except (EncodeError, UnicodeError, ValueError) as e:
+            restore_offsets(self._queue_offsets, undo)
+            too_large = isinstance(e, EncodeError) and e.too_large
+            return AppendResult(AppendStatus.MESSAGE_TOO_LARGE if too_large else AppendStatus.INVALID_MESSAGE, str(e))
+        try:
+            for group in batch.groups:
+                self._write_group(group)
         except OSError as e:
-            self._rollback(orig, orig_size, orig_table)
+            self._rollback(orig, orig_size, undo)
             status = AppendStatus.DISK_FULL if e.errno in (28, 122) else AppendStatus.IO_ERROR
             return AppendResult(status, f"{e.strerror} while appending to {self.directory}: nothing written")
-        result.end_offset = self._end = self._segments[-1].end
-        return result
+        self._end = self._segments[-1].end
+        return AppendResult(AppendStatus.OK, "", batch.commitlog_offsets[0] if batch.commitlog_offsets else self._end,
+                            self._end, store_ts, batch.queue_offsets, batch.commitlog_offsets)  # fmt: skip
 
-    def _encode_group(self, messages: Sequence[Message], parts: list[EncodedParts], lo: int, hi: int,
-                      phys: int, store_ts: int, result: AppendResult) -> tuple[bytearray, list[int]]:  # fmt: skip
-        """Encode messages[lo:hi] into one buffer; the hot loop, so it is written flat."""
-        buf = bytearray(sum([p.size for p in parts[lo:hi]]))
-        mv = memoryview(buf)
-        pack_into, crc = HEADER.pack_into, _crc32c.crc32c
-        table, sip, sport = self._queue_offsets, *self._store_host
-        file_pos = phys - self._segments[-1].base
-        starts: list[int] = []
-        off = 0
-        for i in range(lo, hi):
-            m, p = messages[i], parts[i]
-            key = (m.topic, m.queue_id)
-            q = table.get(key, 0)
-            table[key] = q + 1
-            size = p.size
-            bip, bport = encode_host(m.born_host)
-            pack_into(buf, off, size, RECORD_MAGIC, 0, phys + off, q, m.queue_id, m.flags,
-                      m.born_timestamp_ms or store_ts, store_ts, bip, bport, sip, sport,
-                      m.reconsume_times, *p.lengths)  # fmt: skip
-            end = off + size
-            buf[off + HEADER_SIZE : end] = p.tail
-            buf[off + 8 : off + 12] = crc(mv[off + CRC_START : end]).to_bytes(4, "little")
-            result.queue_offsets.append(q)
-            result.commitlog_offsets.append(phys + off)
-            starts.append(file_pos + off)
-            off = end
-        mv.release()
-        return buf, starts
+    def _write_group(self, group: Group) -> None:
+        seg = self._segments[-1]
+        seg.write(group.start, group.data)
+        seg.size = group.start + len(group.data)
+        self._dirty.add(seg)
+        seg.boundaries.append_to_file(seg.boundaries.note(group.starts))
+        if group.sealed:
+            self._roll_locked()
 
-    def _rollback(self, orig: Segment, orig_size: int, orig_table: dict[QueueKey, int]) -> None:
+    def _rollback(self, orig: Segment, orig_size: int, undo: dict[QueueKey, int]) -> None:
         """Undo a partly written batch so that a failed append leaves no trace."""
-        self._queue_offsets = orig_table
+        restore_offsets(self._queue_offsets, undo)
         keep = [s for s in self._segments if s.base <= orig.base]
         for seg in self._segments[len(keep) :]:
             seg.close()
@@ -403,13 +356,14 @@ class CommitLog:
         with self._lock:
             if offset != self._end:
                 return AppendResult(AppendStatus.OFFSET_MISMATCH, f"raw append at {offset}, log ends at {self._end}")
+            self._raw_undo = {}
             try:
                 pieces = self._split_raw(offset, data)
             except CorruptRecordError as e:
+                restore_offsets(self._queue_offsets, self._raw_undo)
                 return AppendResult(AppendStatus.INVALID_MESSAGE, str(e))
             orig = self._segments[-1]
-            orig_size, orig_table = orig.size, self._queue_offsets
-            self._queue_offsets = dict(orig_table)
+            orig_size, undo = orig.size, self._raw_undo
             try:
                 for piece, starts, sealed in pieces:
                     seg = self._segments[-1]
@@ -420,7 +374,7 @@ class CommitLog:
                     if sealed:
                         self._roll_locked()
             except OSError as e:
-                self._rollback(orig, orig_size, orig_table)
+                self._rollback(orig, orig_size, undo)
                 return AppendResult(AppendStatus.DISK_FULL if e.errno == 28 else AppendStatus.IO_ERROR, str(e))
             self._end = self._segments[-1].end
             result = AppendResult(AppendStatus.OK, start_offset=offset, end_offset=self._end)
@@ -451,7 +405,9 @@ class CommitLog:
             if pos + size + BLANK_SIZE > self.config.segment_bytes:
                 raise CorruptRecordError(where, offset + p, "segment room", f"<= {self.config.segment_bytes - pos - BLANK_SIZE}", str(size))
             key = (_topic_at(data, p), _U32.unpack_from(data, p + OFF_QUEUE_ID)[0])
-            self._queue_offsets[key] = max(self._queue_offsets.get(key, 0), _U64_AT(data, p + OFF_QUEUE_OFFSET) + 1)
+            old = self._queue_offsets.get(key, 0)
+            self._raw_undo.setdefault(key, old if key in self._queue_offsets else -1)
+            self._queue_offsets[key] = max(old, _U64_AT(data, p + OFF_QUEUE_OFFSET) + 1)
             starts.append(pos)
             p, pos = p + size, pos + size
         if piece_start < len(data):
@@ -557,6 +513,25 @@ class CommitLog:
             return offset, b""
         n = min(max_bytes, seg.end - offset, limit - offset)
         return offset, seg.read(offset - seg.base, n) if n > 0 else b""
+
+    def map_chunk(self, offset: int, max_bytes: int, limit: int | None = None) -> tuple[int, memoryview]:
+        """Like :meth:`read_chunk`, but a read-only memory map instead of a copy.
+
+        For readers that look at a fraction of each record (headers): only the pages
+        touched are faulted in and nothing is copied. The view keeps the map alive.
+        """
+        limit = self._end if limit is None else limit
+        seg = self._segment_for(offset)
+        if seg is None or offset >= limit:
+            return offset, memoryview(b"")
+        n = min(max_bytes, seg.end - offset, limit - offset)
+        pos = offset - seg.base
+        aligned = pos - pos % mmap.ALLOCATIONGRANULARITY
+        try:
+            mapped = mmap.mmap(seg.fd, pos + n - aligned, mmap.MAP_SHARED, mmap.PROT_READ, offset=aligned)
+        except (OSError, ValueError):  # the segment went away under us (retention)
+            return offset, memoryview(b"")
+        return offset, memoryview(mapped)[pos - aligned : pos - aligned + n]
 
     def next_segment_base(self, offset: int) -> int:
         """The base of the segment after the one holding ``offset``."""

@@ -41,7 +41,7 @@ import ipaddress
 import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Mapping, NamedTuple
+from typing import Mapping
 
 import crc32c as _crc32c
 
@@ -175,61 +175,6 @@ def decode_properties(data: bytes | memoryview) -> dict[str, str]:
     return props
 
 
-class EncodedParts(NamedTuple):
-    """The variable part of a record, built outside the append lock."""
-
-    tail: bytes  # topic + tags + keys + properties + body
-    size: int  # of the whole record
-    lengths: tuple[int, int, int, int, int]
-
-
-@lru_cache(maxsize=65536)
-def _utf8(text: str) -> bytes:
-    # Topics, tags and keys repeat across messages: encode each distinct one once.
-    return text.encode()
-
-
-def encode_parts(msg: Message) -> EncodedParts:
-    """Encode the variable-length fields; raises ``ValueError`` on over-long fields."""
-    topic = _utf8(msg.topic)
-    tags = _utf8(msg.tags) if msg.tags else b""
-    keys = _utf8(msg.keys) if msg.keys else b""
-    props = encode_properties(msg.properties) if msg.properties else b""
-    body = msg.body
-    if len(topic) > MAX_TOPIC_BYTES or len(tags) > MAX_TAGS_BYTES or len(keys) > MAX_KEYS_BYTES:
-        raise ValueError(
-            f"field too long: topic {len(topic)} (max {MAX_TOPIC_BYTES}), tags {len(tags)}, keys {len(keys)} "
-            f"bytes (max {MAX_TAGS_BYTES})"
-        )
-    tail = b"".join((topic, tags, keys, props, body))
-    return EncodedParts(tail, HEADER_SIZE + len(tail), (len(topic), len(tags), len(keys), len(props), len(body)))
-
-
-def write_record(
-    buf: bytearray,
-    pos: int,
-    msg: Message,
-    parts: EncodedParts,
-    commitlog_offset: int,
-    queue_offset: int,
-    store_ts: int,
-    store_host: tuple[bytes, int],
-) -> int:
-    """Write one complete record (CRC included) into ``buf`` at ``pos``; return its size."""
-    size = parts.size
-    born_ip, born_port = encode_host(msg.born_host)
-    tl, gl, kl, pl, bl = parts.lengths
-    HEADER.pack_into(
-        buf, pos, size, RECORD_MAGIC, 0, commitlog_offset, queue_offset, msg.queue_id,
-        msg.flags, msg.born_timestamp_ms or store_ts, store_ts, born_ip, born_port,
-        store_host[0], store_host[1], msg.reconsume_times, tl, gl, kl, pl, bl,
-    )  # fmt: skip
-    buf[pos + HEADER_SIZE : pos + size] = parts.tail
-    crc = _crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + size])
-    struct.pack_into("<I", buf, pos + OFF_CRC, crc)
-    return size
-
-
 def check_record(data: bytes | memoryview, pos: int, where: str, offset: int) -> int:
     """Validate the record at ``data[pos:]`` (size bounds, magic, CRC); return its size.
 
@@ -280,12 +225,3 @@ def decode_record(data: bytes | memoryview, pos: int = 0, where: str = "<buffer>
 
 def encode_blank(remaining: int) -> bytes:
     return BLANK.pack(remaining, BLANK_MAGIC)
-
-
-def encode_message(msg: Message, commitlog_offset: int = 0, queue_offset: int = 0, store_ts: int = 0,
-                   store_host: Host = NO_HOST) -> bytes:  # fmt: skip
-    """Encode one message into a standalone record (for tests and tools)."""
-    parts = encode_parts(msg)
-    buf = bytearray(parts.size)
-    write_record(buf, 0, msg, parts, commitlog_offset, queue_offset, store_ts, encode_host(store_host))
-    return bytes(buf)

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 from pathlib import Path
 from typing import Callable
 
 import xxhash
 
-from commitlog import BLANK_MAGIC, HEADER_SIZE, RECORD_MAGIC, CommitLog, QueueKey
+import numpy as np
+
+from commitlog import HEADER_SIZE, CommitLog, QueueKey, gather_fields, gather_strings, walk_records
 
 from ._files import FileCache
-from ._queue import ENTRY, ConsumeQueue
+from ._queue import ENTRY_DTYPE, ConsumeQueue
 
 log = logging.getLogger("clmq.dispatch")
 
-_HEAD = struct.Struct("<II")  # total size, magic
-_WHERE = struct.Struct("<QQI")  # commitlog offset, queue offset, queue id (at byte 12)
-_LENS = struct.Struct("<HH")  # topic and tags lengths (at byte 92)
+_FIELDS = ["total_size", "commitlog_offset", "queue_offset", "queue_id", "topic_len", "tags_len"]
+MAX_CHUNK_BYTES = 32 << 20  # while lagging, read more at once: longer runs per queue
 
 
 def tag_hash(tag: str | bytes) -> int:
@@ -66,10 +66,17 @@ class ConsumeQueueSet:
         return list(self._queues)
 
     def append(self, key: QueueKey, first: int, entries: bytes | bytearray) -> None:
-        cq = self.queue(*key)
-        if cq.append(first, entries):
-            with self._lock:
-                self._dirty.add(cq)
+        self.append_runs({key: (first, entries)})
+
+    def append_runs(self, runs: dict[QueueKey, tuple[int, bytes]]) -> None:
+        """Add runs of entries to their queues (one dispatch round's worth)."""
+        queues, touched = self._queues, []
+        for key, (first, entries) in runs.items():
+            cq = queues.get(key) or self.queue(*key)
+            if cq.append(first, entries):
+                touched.append(cq)
+        with self._lock:
+            self._dirty.update(touched)
 
     def flush(self, sync: bool = False) -> int:
         """Write every queue's in-memory entries to its files; returns how many queues."""
@@ -107,7 +114,8 @@ class Dispatcher:
         self._listeners: list[Callable[[set[QueueKey]], None]] = []
         self._wake = threading.Event()
         self._round_lock = threading.Lock()
-        self._topics: dict[bytes, str] = {}
+        self._topic_ids: dict[bytes, int] = {}
+        self._topic_names: list[str] = []
         self._tags: dict[bytes, int] = {b"": 0}
         commitlog.add_append_listener(self._wake.set)
 
@@ -127,10 +135,10 @@ class Dispatcher:
                 self.dispatched_offset = self.log.min_offset  # retention overtook us
             if self.dispatched_offset >= limit:
                 return 0
-            at, data = self.log.read_chunk(self.dispatched_offset, self.chunk_bytes, limit)
+            want = min(MAX_CHUNK_BYTES, max(self.chunk_bytes, limit - self.dispatched_offset))
+            at, data = self.log.map_chunk(self.dispatched_offset, want, limit)
             groups, consumed, count = self._parse(at, data)
-            for key, (first, entries) in groups.items():
-                self.queues.append(key, first, entries)
+            self.queues.append_runs(groups)
             self.dispatched_offset = at + consumed if consumed >= 0 else self.log.next_segment_base(at)
         if groups:
             touched = set(groups)
@@ -138,51 +146,65 @@ class Dispatcher:
                 fn(touched)
         return count
 
-    def _parse(self, at: int, data: bytes) -> tuple[dict[QueueKey, tuple[int, bytearray]], int, int]:
-        """Walk whole records; group 20-byte entries by queue. The hot loop, kept flat.
+    def _parse(self, at: int, data: memoryview) -> tuple[dict[QueueKey, tuple[int, bytes]], int, int]:
+        """Parse a chunk column-wise and cut it into per-queue runs of entries.
 
-        Returns ``(groups, bytes consumed or -1 at a blank marker, records)``.
+        Returns ``(runs, bytes consumed or -1 at a blank marker, records)``.
         """
-        groups: dict[QueueKey, tuple[int, bytearray]] = {}
-        topics, tags = self._topics, self._tags
-        head, where, lens, entry = _HEAD.unpack_from, _WHERE.unpack_from, _LENS.unpack_from, ENTRY.pack
-        p, n, count = 0, len(data), 0
-        while n - p >= 8:
-            size, magic = head(data, p)
-            if magic != RECORD_MAGIC:
-                if magic == BLANK_MAGIC:
-                    return groups, -1, count
-                return groups, self._resync(at, p), count
-            if size > n - p:
-                break
-            phys, qoff, qid = where(data, p + 12)
-            tl, gl = lens(data, p + 92)
-            t0 = p + HEADER_SIZE
-            tb = data[t0 : t0 + tl]
-            topic = topics.get(tb) or self._topic(tb)
-            gb = data[t0 + tl : t0 + tl + gl]
-            th = tags.get(gb)
-            if th is None:
-                th = tags[gb] = tag_hash(gb)
-            key = (topic, qid)
-            group = groups.get(key)
-            if group is None or group[0] + len(group[1]) // 20 != qoff:
-                if group is not None:  # offsets not contiguous within a chunk: flush the run
-                    self.queues.append(key, group[0], group[1])
-                group = groups[key] = (qoff, bytearray())
-            group[1].extend(entry(phys, size, th))
-            p += size
-            count += 1
-        if p == 0 and n >= 8:  # chunks hold any valid record: this size field is damaged
-            return groups, self._resync(at, 0), count
-        return groups, p, count
+        walk = walk_records(data, 0, self.log.config.max_message_bytes)
+        consumed = walk.stop
+        if walk.reason == "blank":
+            consumed = -1
+        elif walk.reason == "corrupt" or (not walk.runs and len(data) >= self.chunk_bytes):
+            consumed = self._resync(at, walk.stop)  # chunks hold any valid record: this one is not
+        if not walk.runs:
+            return {}, consumed, 0
+        buf = np.frombuffer(data, dtype=np.uint8)
+        starts = walk.starts
+        heads = gather_fields(buf, walk, _FIELDS)
+        topic_lens = heads["topic_len"].astype(np.int64)
+        topics, topic_idx = gather_strings(buf, starts + HEADER_SIZE, topic_lens)
+        tags, tag_idx = gather_strings(buf, starts + HEADER_SIZE + topic_lens, heads["tags_len"].astype(np.int64))
+        tag_codes = np.array([self._tag_code(t) for t in tags], dtype=np.uint64)[tag_idx]
+        topic_ids = np.array([self._topic_id(t) for t in topics], dtype=np.uint64)[topic_idx]
+        return self._runs(heads, topic_ids, tag_codes), consumed, len(starts)
 
-    def _topic(self, raw: bytes) -> str:
-        topic = raw.decode()
-        if len(self._topics) > 100_000:
-            self._topics.clear()
-        self._topics[raw] = topic
-        return topic
+    def _runs(self, heads: dict[str, np.ndarray], topic_ids: np.ndarray, tag_codes: np.ndarray) -> dict[QueueKey, tuple[int, bytes]]:
+        """Group entries by queue (stable, so log order is kept) into runs of offsets."""
+        keys = (topic_ids << np.uint64(32)) | heads["queue_id"].astype(np.uint64)
+        order = np.argsort(keys, kind="stable")
+        entries = np.empty(len(keys), dtype=ENTRY_DTYPE)
+        entries["offset"] = heads["commitlog_offset"]
+        entries["size"] = heads["total_size"]
+        entries["tag"] = tag_codes
+        raw = entries[order].tobytes()
+        skeys, qoffs = keys[order], heads["queue_offset"][order].astype(np.int64)
+        cuts = np.flatnonzero((skeys[1:] != skeys[:-1]) | (qoffs[1:] != qoffs[:-1] + 1)) + 1
+        bounds = [0, *cuts.tolist(), len(order)]
+        runs: dict[QueueKey, tuple[int, bytes]] = {}
+        names, qids, firsts = self._topic_names, (skeys & np.uint64(0xFFFFFFFF)).tolist(), qoffs.tolist()
+        tids = (skeys >> np.uint64(32)).tolist()
+        for a, b in zip(bounds, bounds[1:]):
+            key = (names[tids[a]], qids[a])
+            if key in runs:  # a second run of one queue in one chunk (a hole): apply the first now
+                self.queues.append(key, *runs.pop(key))
+            runs[key] = (firsts[a], raw[a * 20 : b * 20])
+        return runs
+
+    def _tag_code(self, raw: bytes) -> int:
+        code = self._tags.get(raw)
+        if code is None:
+            if len(self._tags) > 100_000:
+                self._tags = {b"": 0}
+            code = self._tags[raw] = tag_hash(raw)
+        return code
+
+    def _topic_id(self, raw: bytes) -> int:
+        tid = self._topic_ids.get(raw)
+        if tid is None:
+            tid = self._topic_ids[raw] = len(self._topic_names)
+            self._topic_names.append(raw.decode())
+        return tid
 
     def _resync(self, at: int, p: int) -> int:
         """Skip a damaged region to the next known record start (boundary index)."""

@@ -124,8 +124,12 @@ class ConsumeQueue:
         the end leaves a hole, logged, because it means records were never seen.
         """
         with self._lock:
-            self._ensure_loaded()
+            if not self._loaded:
+                self._ensure_loaded()
             nxt = self._flushed_next + len(self._pending) // ENTRY_SIZE
+            if first == nxt:  # the steady state
+                self._pending += data
+                return len(data) // ENTRY_SIZE
             if first < nxt:
                 skip = (nxt - first) * ENTRY_SIZE
                 if skip >= len(data):
