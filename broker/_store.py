@@ -13,6 +13,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -30,6 +31,19 @@ from ._results import GetResult, GetStatus, PutResult, PutStatus
 from ._topics import TopicTable, topic_name_error
 
 log = logging.getLogger("clmq.store")
+
+
+class _Stopwatch:
+    """Times the phases of opening a store, for the log and for benchmarks."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.stats[name] = round(now - self._last, 4)
+        self._last = now
 
 
 class StoreLockedError(StoreError):
@@ -65,6 +79,7 @@ class Store:
         self._new_entries = threading.Condition()
         self._lock_fd = -1
         self._arrival_listeners: list[Callable[[set[QueueKey]], None]] = []
+        self.open_stats: dict[str, float] = {}  # how long each phase of open took
 
     # ---------------------------------------------------------------- lifecycle
     @classmethod
@@ -73,18 +88,22 @@ class Store:
         self = cls(config)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_directory()
+        clock = _Stopwatch()
         abort = AbortMarker(self.directory)
         checkpoint = Checkpoint.load(self.directory / "checkpoint")
         unclean = abort.was_unclean() or checkpoint is None
         abort.create()  # before loading: a crash while loading is an unclean stop too
         self.log = CommitLog.open(self.directory / "commitlog", config.commitlog, clean=not unclean,
                                   checkpoint_offset=checkpoint.log_durable if checkpoint else None)  # fmt: skip
+        clock.lap("log_open_s")
         self.topics = TopicTable(self.directory / "topics.json")
         self.queues = ConsumeQueueSet(self.directory / "consumequeue", config.cq_entries_per_file, config.max_open_files)
         start = recover_queues(self.log, self.queues, checkpoint, unclean)
+        clock.lap("queue_check_s")
         self.dispatcher = Dispatcher(self.log, self.queues, start, config.dispatch_chunk_bytes)
         self.dispatcher.add_listener(self._on_dispatched)
-        self.dispatcher.catch_up()  # serve nothing until the queues agree with the log
+        clock.stats["redispatched_records"] = self.dispatcher.catch_up()  # serve nothing until queues agree with the log
+        clock.lap("redispatch_s")
         table = self.queues.next_offsets()
         if checkpoint is not None and not unclean:
             for key, (_first, nxt) in checkpoint.queues.items():  # queues whose records all expired
@@ -95,6 +114,9 @@ class Store:
             self.checkpoint()
         except OSError as e:  # e.g. disk full: entries stay in memory until there is room
             log.warning("store open: could not write consume queues yet: %s", e)
+        clock.lap("queue_files_s")
+        self.open_stats = {"unclean": unclean, **clock.stats}
+        log.info("store opened (%s): %s", "after an unclean stop" if unclean else "clean", self.open_stats)
         return self
 
     def _lock_directory(self) -> None:
@@ -267,6 +289,21 @@ class Store:
     def flush(self) -> int:
         """fsync the log now; returns the durable offset."""
         return self.log.flush()
+
+    def truncate(self, offset: int) -> None:
+        """Durably cut the log at ``offset`` (a record boundary) and everything derived
+        from it: queue entries past it go, and the queue offsets are recomputed so the
+        next message of each queue continues right after its last surviving one.
+
+        For replication: a follower that diverged from its leader cuts back to where
+        they agree. Callers must not append concurrently.
+        """
+        self.dispatcher.catch_up()  # every queue is complete up to here, then cut
+        self.log.truncate(offset)
+        for key in self.queues.known():
+            self.queues.queue(*key).truncate_past(self.log.write_offset)
+        self.dispatcher.dispatched_offset = min(self.dispatcher.dispatched_offset, self.log.write_offset)
+        self.log.set_queue_offset_table(self.queues.next_offsets())
 
     # --------------------------------------------------------------------- get
     def min_offset(self, topic: str, queue_id: int) -> int:

@@ -9,6 +9,7 @@ and read-back by queue. Every figure is the median of ``--runs`` runs.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -37,11 +38,26 @@ class AppendFigures:
 @dataclass
 class RebuildFigures:
     messages: int
+    queues: int
     log_mb: float
-    rebuild_s: float
-    rebuild_records_per_s: float
-    recovery_s: float
-    recovery_records_per_s: float
+    rebuild_s: float  # open with every queue file deleted
+    redispatch_s: float  # of which: dispatching the whole log again
+    redispatch_records_per_s: float
+    queue_files_s: float  # of which: creating and writing the queue files
+    recovery_s: float  # open with no checkpoint: CRC-validate the whole log, then rebuild
+    log_validation_s: float
+    log_validation_records_per_s: float
+
+
+@dataclass
+class ScaleFigures:
+    queues: int
+    messages: int
+    append_msgs_per_s: float
+    reopen_s: float
+    read_msgs_per_s: float
+    max_open_fds: int
+    max_open_files_setting: int
 
 
 @dataclass
@@ -119,12 +135,13 @@ def bench_rebuild(root: Path, messages: int, size: int, queues: int) -> RebuildF
     store.close()
     log_mb = sum(p.stat().st_size for p in (path / "commitlog").glob("*.log")) / 1e6
     shutil.rmtree(path / "consumequeue")  # queue files gone: rebuilt from the log
-    rebuild = _timed(lambda: Store.open(_config(path, "async")).close())
+    rebuild, rs = _timed_open(path)
     shutil.rmtree(path / "consumequeue")
     (path / "checkpoint").unlink()  # no checkpoint: CRC-validate the whole log too
-    recovery = _timed(lambda: Store.open(_config(path, "async")).close())
+    recovery, vs = _timed_open(path)
     shutil.rmtree(path)
-    return RebuildFigures(messages, log_mb, rebuild, messages / rebuild, recovery, messages / recovery)
+    return RebuildFigures(messages, queues, log_mb, rebuild, rs["redispatch_s"], messages / rs["redispatch_s"],
+                          rs["queue_files_s"], recovery, vs["log_open_s"], messages / vs["log_open_s"])  # fmt: skip
 
 
 def bench_read(root: Path, messages: int, size: int, queues: int, pull: int = 32) -> ReadFigures:
@@ -151,10 +168,47 @@ def bench_read(root: Path, messages: int, size: int, queues: int, pull: int = 32
     return ReadFigures(queues, got, got / elapsed)
 
 
-def _timed(fn: Callable[[], None]) -> float:
+def bench_scale(root: Path, queues: int, per_queue: int = 3, max_open_files: int = 1024) -> ScaleFigures:
+    """Many queues: append ``per_queue`` messages to each, reopen, read every queue back."""
+    path = Path(tempfile.mkdtemp(dir=root))
+    cfg = StoreConfig(path, CommitLogConfig(segment_bytes=256 << 20), cq_entries_per_file=300_000,
+                      max_open_files=max_open_files)  # fmt: skip
+    fds = [_open_fds()]
+    store = Store.open(cfg).start()
+    store.create_topic("bench", queues)
     t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    for r in range(per_queue):
+        for lo in range(0, queues, 1000):
+            store.put_batch([Message("bench", q, b"m%d" % r, tags="TagA") for q in range(lo, min(queues, lo + 1000))])
+            fds.append(_open_fds())
+    append_s = time.perf_counter() - t0
+    store.close()
+    reopen = time.perf_counter()
+    store = Store.open(cfg)
+    reopen_s = time.perf_counter() - reopen
+    t0, got = time.perf_counter(), 0
+    for q in range(queues):
+        got += len(store.get("bench", q, 0, 32).messages)
+        if q % 1000 == 0:
+            fds.append(_open_fds())
+    read_s = time.perf_counter() - t0
+    store.close()
+    shutil.rmtree(path)
+    assert got == queues * per_queue, (got, queues * per_queue)
+    return ScaleFigures(queues, got, got / append_s, reopen_s, got / read_s, max(fds), max_open_files)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _timed_open(path: Path) -> tuple[float, dict[str, float]]:
+    """How long opening (recovering) the store takes, and its phases; closing is not counted."""
+    t0 = time.perf_counter()
+    store = Store.open(_config(path, "async"))
+    elapsed = time.perf_counter() - t0
+    store.close()
+    return elapsed, store.open_stats
 
 
 def _median(runs: list, key: str) -> float:  # type: ignore[type-arg]
@@ -169,7 +223,8 @@ def median_of(runs: list) -> object:  # type: ignore[type-arg]
 
 
 def run_all(root: Path, *, sizes: list[int], queue_counts: list[int], flushes: list[str], seconds: float,
-            runs: int, batch: int, rebuild_messages: int, report: Callable[[str], None]) -> dict:  # fmt: skip
+            runs: int, batch: int, rebuild_messages: int, scale_queues: int,
+            report: Callable[[str], None]) -> dict:  # fmt: skip
     """Every measurement, alternating cases within a run so that drift hits all alike."""
     root.mkdir(parents=True, exist_ok=True)
     cases = [(s, q, f) for f in flushes for s in sizes for q in queue_counts]
@@ -180,9 +235,13 @@ def run_all(root: Path, *, sizes: list[int], queue_counts: list[int], flushes: l
             samples[(s, q, f)].append(bench_append(root, s, q, f, seconds, batch, producers))
             report(f"run {r + 1}/{runs}: append {s} B x {q} queues, {f} flush: {samples[(s, q, f)][-1].msgs_per_s:,.0f} msgs/s")
     rebuild = [bench_rebuild(root, rebuild_messages, 100, 1000) for _ in range(runs)]
-    report(f"rebuild of {rebuild_messages:,} messages: {rebuild[-1].rebuild_records_per_s:,.0f} records/s")
+    report(f"rebuild of {rebuild_messages:,} messages: re-dispatch {rebuild[-1].redispatch_records_per_s:,.0f} records/s")
     reads = [bench_read(root, 200_000, 1024, q) for q in (1, 1000) for _ in range(runs)]
+    scale = bench_scale(root, scale_queues) if scale_queues else None
+    if scale:
+        report(f"{scale_queues:,} queues: reopen {scale.reopen_s:.2f} s, at most {scale.max_open_fds} fds open")
     return {
+        "scale": asdict(scale) if scale else None,
         "append": [asdict(median_of(samples[c])) for c in cases],
         "rebuild": asdict(median_of(rebuild)),
         "read": [asdict(median_of([x for x in reads if x.queues == q])) for q in (1, 1000)],

@@ -25,11 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import crc32c as _crc32c
+import numpy as np
+
+from ._columns import Walk, gather_fields, walk_records
 from ._config import CommitLogConfig
 from ._encoder import BatchEncoder, EncodeError, Group, restore_offsets
 from ._errors import CorruptRecordError
 from ._record import (
-    BLANK_MAGIC, BLANK_SIZE, HEADER_SIZE, OFF_COMMITLOG_OFFSET, OFF_QUEUE_ID, OFF_QUEUE_OFFSET, OFF_TOPIC_LEN,
+    BLANK_MAGIC, BLANK_SIZE, CRC_START, HEADER_SIZE, OFF_COMMITLOG_OFFSET, OFF_QUEUE_ID, OFF_QUEUE_OFFSET, OFF_TOPIC_LEN,
     RECORD_MAGIC, Message, Record, check_record, decode_record,
 )  # fmt: skip
 from ._segment import Segment, fsync_dir, parse_segment_name
@@ -38,6 +42,7 @@ log = logging.getLogger("clmq.commitlog")
 
 QueueKey = tuple[str, int]
 _U32 = struct.Struct("<I")
+_CHECKED = ["total_size", "crc", "commitlog_offset", "topic_len", "tags_len", "keys_len", "props_len", "body_len"]
 _SIZE_MAGIC = struct.Struct("<II")
 
 
@@ -192,51 +197,58 @@ class CommitLog:
         """Walk a segment's records from its start (with CRC checks when ``verify``)."""
         chunk = max(8 << 20, self.config.max_message_bytes + HEADER_SIZE)
         starts: list[int] = []
-        pos = 0
-        length = seg.size
+        pos, length = 0, seg.size
         while pos < length:
             data = seg.read(pos, min(chunk, length - pos))
-            p, stop = self._walk_chunk(seg, data, pos, starts, verify, length)
-            if stop is not None:
-                return ScanResult(stop[0], starts, stop[1] is None, stop[1])
-            if p == 0:  # a record larger than what is left: torn at the end of the file
+            walk = walk_records(data, 0, self.config.max_message_bytes)
+            rel = walk.starts
+            bad = self._first_invalid(seg, data, pos, walk) if verify else None
+            if bad is not None:
+                starts.extend((rel[rel < bad[0] - pos] + pos).tolist())
+                return ScanResult(bad[0], starts, False, bad[1])
+            starts.extend((rel + pos).tolist())
+            end = pos + walk.stop
+            if walk.reason == "blank":
+                remaining = _SIZE_MAGIC.unpack_from(data, walk.stop)[0]
+                if remaining != length - end:
+                    return ScanResult(end, starts, False, f"blank marker claims {remaining} bytes, {length - end} remain")
+                return ScanResult(length, starts, True, None)
+            if walk.reason == "corrupt":
+                return ScanResult(end, starts, False, self._describe(seg, data, walk.stop, end))
+            if walk.stop == 0:  # not even one whole record: torn at the end of the file
                 size = _U32.unpack_from(data, 0)[0] if len(data) >= 4 else 0
                 return ScanResult(pos, starts, False, f"torn record: {size} bytes at position {pos}, file ends at {length}")
-            pos += p
+            pos = end
         return ScanResult(pos, starts, False, None)
 
-    def _walk_chunk(self, seg: Segment, data: bytes, pos: int, starts: list[int], verify: bool,
-                    length: int) -> tuple[int, tuple[int, str | None] | None]:  # fmt: skip
-        """Walk whole records in ``data`` (read at file position ``pos``).
+    def _first_invalid(self, seg: Segment, data: bytes, pos: int, walk: Walk) -> tuple[int, str] | None:
+        """The first walked record that fails its checks, vectorised but for the CRC itself."""
+        if not walk.runs:
+            return None
+        buf = np.frombuffer(data, dtype=np.uint8)
+        rel = walk.starts
+        h = gather_fields(buf, walk, _CHECKED)
+        lengths = sum(h[f].astype(np.int64) for f in ("topic_len", "tags_len", "keys_len", "props_len", "body_len"))
+        ok = (lengths + HEADER_SIZE == h["total_size"]) & (h["commitlog_offset"] == rel + (seg.base + pos))
+        limit = int(np.argmin(ok)) if not ok.all() else len(rel)
+        view, crc, crcs = memoryview(data), _crc32c.crc32c, h["crc"].tolist()
+        for i, (start, size) in enumerate(zip(rel[:limit].tolist(), h["total_size"][:limit].tolist())):
+            if crc(view[start + CRC_START : start + size]) != crcs[i]:
+                limit = i
+                break
+        if limit == len(rel):
+            return None
+        at = int(rel[limit])
+        return pos + at, self._describe(seg, data, at, pos + at)
 
-        Returns how far it got, and ``(end, problem)`` when the walk must stop: a blank
-        marker (problem None) or a bad record.
-        """
-        p, n = 0, len(data)
-        while n - p >= BLANK_SIZE:
-            size, magic = _SIZE_MAGIC.unpack_from(data, p)
-            at = pos + p
-            if magic == BLANK_MAGIC:
-                if size != length - at:
-                    return p, (at, f"blank marker claims {size} bytes, {length - at} remain")
-                return p, (length, None)
-            if magic == RECORD_MAGIC and HEADER_SIZE <= size and at + size <= length and size > n - p:
-                break  # whole record is in the file, just not in this chunk
-            try:
-                if verify:
-                    check_record(data, p, str(seg.path), seg.base + at)
-                elif magic != RECORD_MAGIC or size < HEADER_SIZE or size > n - p:
-                    raise CorruptRecordError(str(seg.path), seg.base + at, "record header", "valid", f"size {size} magic {magic:#x}")
-                if verify and _U64_AT(data, p + OFF_COMMITLOG_OFFSET) != seg.base + at:
-                    raise CorruptRecordError(str(seg.path), seg.base + at, "commitlog offset", str(seg.base + at),
-                                             str(_U64_AT(data, p + OFF_COMMITLOG_OFFSET)))  # fmt: skip
-            except CorruptRecordError as e:
-                return p, (at, str(e))
-            starts.append(at)
-            p += size
-        if p == 0 and n < BLANK_SIZE:
-            return p, (pos, f"torn tail: {n} stray bytes")
-        return p, None
+    def _describe(self, seg: Segment, data: bytes, at: int, file_pos: int) -> str:
+        """The precise error for the bad record at ``data[at:]``."""
+        try:
+            check_record(data, at, str(seg.path), seg.base + file_pos)
+            found = _U64_AT(data, at + OFF_COMMITLOG_OFFSET)
+            return str(CorruptRecordError(str(seg.path), seg.base + file_pos, "commitlog offset", str(seg.base + file_pos), str(found)))
+        except CorruptRecordError as e:
+            return str(e)
 
     # --------------------------------------------------------------- appending
     @property

@@ -230,3 +230,49 @@ def test_any_messages_round_trip_through_a_restart(tmp_path: Path, batches: list
                 (m.body, m.tags, m.keys, dict(m.properties), m.born_timestamp_ms) for m in sent
             ]
             assert [r.queue_offset for r in got] == list(range(len(sent)))
+
+
+def test_retention_moves_queue_minimums_and_deletes_their_files(tmp_path: Path) -> None:
+    cfg = small_config(tmp_path / "s", segment_bytes=32 * 1024, max_message_bytes=4096, cq_entries_per_file=10,
+                       log={"retention_bytes": 64 * 1024, "retention_ms": None})  # fmt: skip
+    with Store.open(cfg) as s:
+        s.create_topic("t", 2)
+        s.put_batch(msgs("t", 400, 2, size=900))
+        s.dispatcher.catch_up()
+        s.checkpoint()
+        files_before = len(list((tmp_path / "s" / "consumequeue" / "t" / "0").iterdir()))
+        assert s.apply_retention() > 0
+        lo = s.min_offset("t", 0)
+        assert lo > 0 and s.get("t", 0, lo, 1).messages[0].queue_offset == lo
+        too_small = s.get("t", 0, 0, 5)
+        assert too_small.status is GetStatus.OFFSET_TOO_SMALL and too_small.next_offset == lo
+        assert len(list((tmp_path / "s" / "consumequeue" / "t" / "0").iterdir())) < files_before
+    with Store.open(cfg) as s:  # and after a restart
+        assert s.min_offset("t", 0) == lo and s.max_offset("t", 0) == 200
+        assert s.put(Message("t", 0, b"x")).queue_offsets == [200]
+
+
+def test_sync_flush_acks_only_durable_bytes_and_reports_timeouts(store_dir: Path) -> None:
+    from commitlog import FlushMode
+
+    cfg = small_config(store_dir, log={"flush_mode": FlushMode.SYNC, "sync_flush_timeout_ms": 100})
+    s = Store.open(cfg).start()
+    s.create_topic("t", 1)
+    res = s.put(Message("t", 0, b"durable"))
+    assert res.ok and s.log.durable_offset >= res.end_offset
+    s.close()
+    s = Store.open(cfg)  # not started: no flusher thread, so nothing becomes durable
+    res = s.put(Message("t", 0, b"stuck"))
+    assert res.status is PutStatus.FLUSH_DISK_TIMEOUT and "sync_flush_timeout_ms=100" in res.error
+    assert res.queue_offsets == [1]  # it was written, just not confirmed durable
+    s.close()
+
+
+def test_truncation_cuts_queues_and_continues_offsets(store: Store) -> None:
+    res = store.put_batch(msgs("orders", 40, 4))
+    cut = res.commitlog_offsets[22]  # keeps messages 0..21: queues 0,1 have 6; 2,3 have 5
+    store.truncate(cut)
+    assert [store.max_offset("orders", q) for q in range(4)] == [6, 6, 5, 5]
+    assert store.put(Message("orders", 2, b"new")).queue_offsets == [5]
+    store.dispatcher.catch_up()
+    assert store.get("orders", 2, 5, 1).messages[0].body == b"new"

@@ -1,0 +1,26 @@
+# Shared by the set-up scripts: a virtual environment in .venv with clmq installed.
+# Usage: source scripts/_env.sh EXTRAS   (EXTRAS e.g. "test"; empty for the plain install)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+apt_install() {  # apt_install PACKAGE...: install Debian packages that are missing
+    local missing=()
+    for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    local sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# Debian's python3 has no venv/ensurepip until python3-venv is installed.
+if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
+    apt_install python3-venv
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+extras="${1:-}"
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+if [ -n "$extras" ]; then
+    .venv/bin/python -m pip install -q -e ".[$extras]"
+else
+    .venv/bin/python -m pip install -q -e .
+fi

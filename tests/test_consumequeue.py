@@ -1,0 +1,143 @@
+"""ConsumeQueue files, the descriptor LRU, the dispatcher and the vectorised parser."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from commitlog import CommitLog, CommitLogConfig, Message, decode_record, gather_headers, walk_records
+from commitlog._encoder import BatchEncoder
+from consumequeue import ENTRY, ConsumeQueue, ConsumeQueueSet, Dispatcher, FileCache, tag_hash
+
+from .conftest import msgs
+
+
+def entries(first_phys: int, n: int) -> bytes:
+    return b"".join(ENTRY.pack(first_phys + 100 * i, 100, 7) for i in range(n))
+
+
+def test_entries_split_across_fixed_size_files(tmp_path: Path) -> None:
+    files = FileCache(4)
+    cq = ConsumeQueue(tmp_path / "q", "t", 0, 10, files)
+    assert cq.append(0, entries(0, 25)) == 25
+    cq.flush()
+    names = sorted(os.listdir(tmp_path / "q"))
+    assert names == ["00000000000000000000", "00000000000000000010", "00000000000000000020"]
+    assert [os.path.getsize(tmp_path / "q" / n) for n in names] == [200, 200, 100]
+    reopened = ConsumeQueue(tmp_path / "q", "t", 0, 10, files)
+    assert reopened.next_offset == 25 and reopened.entry(17) == (1700, 100, 7)
+    at, raw = reopened.read(8, 5)
+    assert at == 8 and [ENTRY.unpack_from(raw, 20 * i)[0] for i in range(5)] == [800, 900, 1000, 1100, 1200]
+
+
+def test_append_is_idempotent_and_holes_read_as_zero(tmp_path: Path) -> None:
+    cq = ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4))
+    cq.append(0, entries(0, 5))
+    assert cq.append(0, entries(0, 5)) == 0  # re-dispatch of the same records
+    assert cq.append(3, entries(300, 4)) == 2  # overlap: only the new tail is added
+    assert cq.next_offset == 7
+    cq.append(9, entries(900, 1))  # offsets 7 and 8 were never seen
+    cq.flush()
+    assert cq.entry(8) == (0, 0, 0) and cq.entry(9) == (900, 100, 7)
+
+
+def test_truncate_and_search(tmp_path: Path) -> None:
+    cq = ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4))
+    cq.append(0, entries(0, 35))
+    cq.flush()
+    assert cq.search(lambda e: e[0] >= 1234) == 13
+    assert cq.truncate_past(2050) == 20  # entries whose record ends past 2050 are gone
+    assert not (tmp_path / "q" / "00000000000000000030").exists()
+    cq.append(20, entries(2000, 1))
+    assert cq.next_offset == 21
+    cq.truncate(5)
+    cq.flush()
+    assert ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4)).next_offset == 5
+
+
+def test_descriptor_cache_stays_bounded(tmp_path: Path) -> None:
+    files = FileCache(3)
+    for i in range(20):
+        files.pwrite(tmp_path / f"f{i}", b"x" * 20, 0)
+        assert files.open_count <= 3
+    assert files.pread(tmp_path / "f0", 20, 0) == b"x" * 20  # evicted files reopen
+    files.close()
+
+
+def test_dispatch_builds_queues_and_rerunning_it_changes_nothing(tmp_path: Path) -> None:
+    lg = CommitLog.open(tmp_path / "log", CommitLogConfig(segment_bytes=32 * 1024, max_message_bytes=4096),
+                        clean=False, checkpoint_offset=None)  # fmt: skip
+    queues = ConsumeQueueSet(tmp_path / "cq", 16, 8)
+    d = Dispatcher(lg, queues, 0, chunk_bytes=8192)
+    res = lg.append(msgs("a", 300, 5, size=300) + msgs("b", 40, 2, size=50))
+    assert d.lag_bytes == lg.write_offset
+    assert d.catch_up() == 340 and d.lag_bytes == 0
+    snapshot = {k: queues.queue(*k).read(0, 1000) for k in queues.known()}
+    again = Dispatcher(lg, queues, 0, chunk_bytes=5000)  # different chunking, same result
+    again.catch_up()
+    assert {k: queues.queue(*k).read(0, 1000) for k in queues.known()} == snapshot
+    a3 = queues.queue("a", 3)
+    assert a3.next_offset == 60
+    phys = [o for o, m in zip(res.commitlog_offsets, msgs("a", 300, 5)) if m.queue_id == 3]
+    assert [a3.entry(i)[0] for i in range(60)] == phys
+    assert a3.entry(0)[2] == tag_hash("T0")
+    lg.close()
+
+
+def test_dispatch_wakes_listeners_with_the_queues_it_touched(tmp_path: Path) -> None:
+    lg = CommitLog.open(tmp_path / "log", CommitLogConfig(), clean=False, checkpoint_offset=None)
+    d = Dispatcher(lg, ConsumeQueueSet(tmp_path / "cq", 16, 8), 0)
+    seen: list[set] = []
+    d.add_listener(seen.append)
+    lg.append([Message("x", 1, b"a"), Message("y", 0, b"b")])
+    d.dispatch_once()
+    assert seen == [{("x", 1), ("y", 0)}]
+    lg.close()
+
+
+sizes = st.lists(st.integers(0, 700), min_size=1, max_size=120)
+
+
+@given(sizes, st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_vectorised_walk_agrees_with_decoding_one_by_one(body_sizes: list[int], uniform: bool) -> None:
+    rng = random.Random(len(body_sizes))
+    if uniform:
+        body_sizes = [body_sizes[0]] * len(body_sizes)
+    batch = [Message(rng.choice(["t", "topic-two"]), rng.randrange(9), b"z" * n, tags=rng.choice(["", "A", "BB"]))
+             for n in body_sizes]  # fmt: skip
+    data = bytes(BatchEncoder(1 << 30, 1 << 20, ("1.2.3.4", 5)).encode(batch, 4096, 0, {}, {}, 77).groups[0].data)
+    cut = len(data) - rng.randrange(0, 50)  # sometimes a torn last record
+    walk = walk_records(data[:cut])
+    expected, p = [], 0
+    while p < cut:
+        size = int.from_bytes(data[p : p + 4], "little")
+        if p + size > cut:
+            break
+        expected.append(p)
+        p += size
+    assert walk.starts.tolist() == expected and walk.stop == p
+    heads = gather_headers(np.frombuffer(data, np.uint8), walk)
+    decoded = [decode_record(data, s) for s in expected]
+    assert heads["queue_id"].tolist() == [r.queue_id for r in decoded]
+    assert heads["commitlog_offset"].tolist() == [r.commitlog_offset for r in decoded]
+    assert heads["total_size"].tolist() == [r.size for r in decoded]
+
+
+def test_nothing_past_the_confirmed_offset_is_dispatched(tmp_path: Path) -> None:
+    lg = CommitLog.open(tmp_path / "log", CommitLogConfig(), clean=False, checkpoint_offset=None)
+    queues = ConsumeQueueSet(tmp_path / "cq", 16, 8)
+    d = Dispatcher(lg, queues, 0)
+    res = lg.append(msgs("t", 10, 1))
+    lg.set_confirmed_offset(res.commitlog_offsets[4])  # e.g. replicated up to here
+    d.catch_up()
+    assert queues.queue("t", 0).next_offset == 4
+    lg.set_confirmed_offset(None)
+    d.catch_up()
+    assert queues.queue("t", 0).next_offset == 10
+    lg.close()
