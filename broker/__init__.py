@@ -3,10 +3,13 @@ the network service built on it lives in the broker's service modules.
 """
 
 from ._results import GetResult, GetStatus, PutResult, PutStatus
-from ._store import Store, StoreConfig, StoreLockedError
+from ._base import STORAGE_MODES, StoreBase, StoreConfig, StoreLockedError
+from ._partition_store import PartitionStore
+from ._store import Store
 from ._topics import topic_name_error
 
 __all__ = [
-    "GetResult", "GetStatus", "PutResult", "PutStatus", "Store", "StoreConfig", "StoreLockedError",
+    "GetResult", "GetStatus", "PartitionStore", "PutResult", "PutStatus", "STORAGE_MODES", "Store", "StoreBase",
+    "StoreConfig", "StoreLockedError",
     "topic_name_error",
 ]  # fmt: skip

@@ -60,10 +60,18 @@ class FileCache:
             os.ftruncate(fd, size)
             os.fsync(fd)
 
-    def sync(self, path: Path) -> None:
+    def sync(self, path: Path, reopen: bool = False) -> None:
+        """fdatasync ``path`` if it is open; with ``reopen``, also if it was evicted
+        (its writes are in the page cache but not yet known durable)."""
         with self._lock:
             if path in self._fds:
                 os.fdatasync(self._fds[path])
+            elif reopen and path.exists():
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
 
     def forget(self, path: Path) -> None:
         """Close the descriptor of a file about to be deleted."""

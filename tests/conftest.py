@@ -7,17 +7,25 @@ from typing import Any, Iterator
 
 import pytest
 
-from broker import Store, StoreConfig
+from broker import STORAGE_MODES, Store, StoreConfig
 from commitlog import CommitLogConfig, Message
 
 
 def small_config(data_dir: Path, *, segment_bytes: int = 64 * 1024, max_message_bytes: int = 8 * 1024,
-                 log: dict[str, Any] | None = None, **store: Any) -> StoreConfig:  # fmt: skip
+                 log: dict[str, Any] | None = None, mode: str = "commitlog", **store: Any) -> StoreConfig:  # fmt: skip
     """A store config with tiny segments (rollover every ~60 records of 1 KiB)."""
+    store.setdefault("storage_mode", mode)
+    store.setdefault("index_interval_bytes", 1024)
     log_cfg = CommitLogConfig(segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
                               boundary_interval_bytes=8 * 1024, **(log or {}))  # fmt: skip
     store.setdefault("cq_entries_per_file", 50)
     return StoreConfig(data_dir, log_cfg, **store)
+
+
+@pytest.fixture(params=STORAGE_MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    """Contract tests run once per storage mode."""
+    return request.param
 
 
 @pytest.fixture
@@ -26,8 +34,8 @@ def store_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(store_dir: Path) -> Iterator[Store]:
-    s = Store.open(small_config(store_dir)).start()
+def store(store_dir: Path, mode: str) -> Iterator[Store]:
+    s = Store.open(small_config(store_dir, mode=mode)).start()
     s.create_topic("orders", 4)
     yield s
     s.close()

@@ -40,7 +40,6 @@ def fill(store_dir: Path, rng: random.Random) -> list[Sent]:
         if b % 7 == 0:
             s.checkpoint()  # a checkpoint somewhere in the middle, like the housekeeping thread
         sent += [Sent(o, 0, m.queue_id, q, m.body) for o, q, m in zip(res.commitlog_offsets, res.queue_offsets, batch)]
-    ends = [s.offset for s in sent[1:]] + [s.log.write_offset]
     sent = [Sent(x.offset, 0, x.queue_id, x.queue_offset, x.body) for x in sent]
     s.dispatcher.catch_up()
     s.checkpoint()

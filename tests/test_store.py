@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker import GetStatus, PutStatus, Store, StoreLockedError
+from broker import GetStatus, PartitionStore, PutStatus, Store
 from commitlog import Message
 
 from .conftest import msgs, small_config
@@ -22,7 +22,7 @@ from .conftest import msgs, small_config
 def test_put_then_get_in_order_per_queue(store: Store) -> None:
     res = store.put_batch(msgs("orders", 200, 4))
     assert res.ok and res.queue_offsets[:8] == [0, 0, 0, 0, 1, 1, 1, 1]
-    store.dispatcher.catch_up()
+    store.catch_up()
     got = store.get("orders", 2, 0, 100)
     assert got.status is GetStatus.FOUND and [m.queue_offset for m in got.messages] == list(range(50))
     assert [m.body[:8] for m in got.messages] == [b"%08d" % i for i in range(2, 200, 4)]
@@ -44,15 +44,15 @@ def test_put_then_get_in_order_per_queue(store: Store) -> None:
     ],
 )
 def test_bad_input_is_a_specific_result_and_writes_nothing(store: Store, message: Message, status: PutStatus, text: str) -> None:
-    end = store.log.write_offset
+    end = store.end_offset
     res = store.put_batch([Message("orders", 0, b"fine"), message])
     assert res.status is status and text in res.error
-    assert store.log.write_offset == end
+    assert store.end_offset == end
 
 
 def test_tag_filter_uses_hashes_and_rechecks_strings(store: Store) -> None:
     store.put_batch(msgs("orders", 300, 1))
-    store.dispatcher.catch_up()
+    store.catch_up()
     got = store.get("orders", 0, 0, 1000, tags=["T1", "T2"])
     assert [m.tags for m in got.messages] == [f"T{i % 3}" for i in range(300) if i % 3]
     none = store.get("orders", 0, 0, 10, tags=["nope"])
@@ -65,7 +65,7 @@ def test_offset_for_timestamp(store: Store) -> None:
     middle = int(time.time() * 1000)
     time.sleep(0.01)
     store.put_batch(msgs("orders", 10, 1, start=10))
-    store.dispatcher.catch_up()
+    store.catch_up()
     assert store.offset_for_timestamp("orders", 0, 0) == 0
     assert store.offset_for_timestamp("orders", 0, middle) == 10
     assert store.offset_for_timestamp("orders", 0, middle + 10**9) == 20
@@ -84,15 +84,15 @@ def test_long_poll_wakes_when_entries_are_dispatched(store: Store) -> None:
     assert store.wait_for_entries("orders", 3, 0, 0.05) is False
 
 
-def test_clean_restart_keeps_everything_and_continues_offsets(store_dir: Path) -> None:
-    cfg = small_config(store_dir)
+def test_clean_restart_keeps_everything_and_continues_offsets(store_dir: Path, mode: str) -> None:
+    cfg = small_config(store_dir, mode=mode)
     with Store.open(cfg).start() as s:
         s.create_topic("t", 3)
         s.put_batch(msgs("t", 300, 3, size=500))
     with Store.open(cfg).start() as s:
         assert [s.max_offset("t", q) for q in range(3)] == [100, 100, 100]
         assert s.put(Message("t", 1, b"next")).queue_offsets == [100]
-        s.dispatcher.catch_up()
+        s.catch_up()
         assert s.get("t", 1, 100, 1).messages[0].body == b"next"
 
 
@@ -107,23 +107,28 @@ def test_a_second_process_cannot_open_the_same_directory(store_dir: Path) -> Non
         assert "LOCKED" in out.stdout and "in use by another process" in out.stdout, out.stderr
 
 
-def test_ten_thousand_queues_with_bounded_descriptors(tmp_path: Path) -> None:
-    cfg = small_config(tmp_path / "s", segment_bytes=4 << 20, max_open_files=128, cq_entries_per_file=1000)
+def test_ten_thousand_queues_with_bounded_descriptors(tmp_path: Path, mode: str) -> None:
+    cfg = small_config(tmp_path / "s", segment_bytes=4 << 20, max_open_files=128, cq_entries_per_file=1000, mode=mode)
     queues = 10_000
     with Store.open(cfg).start() as s:
         s.create_topic("many", queues)
         for round_ in range(3):
             assert s.put_batch(msgs("many", queues, queues, size=50, start=round_ * queues)).ok
-        s.dispatcher.catch_up()
+        s.catch_up()
         s.checkpoint()
-        assert s.queues.files.open_count <= 128
+        assert _store_fds(s) <= 128
         assert _open_fds() < 128 + 100
     with Store.open(cfg).start() as s:
         for q in range(queues):
             got = s.get("many", q, 0, 10)
             assert [m.queue_offset for m in got.messages] == [0, 1, 2], q
             assert [m.body[:8] for m in got.messages] == [b"%08d" % (q + r * queues) for r in range(3)]
-        assert s.queues.files.open_count <= 128
+        assert _store_fds(s) <= 128
+
+
+def _store_fds(s: Store) -> int:
+    files = s.files if isinstance(s, PartitionStore) else s.queues.files
+    return files.open_count
 
 
 def _open_fds() -> int:
@@ -142,10 +147,10 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_disk_full_is_an_error_and_the_store_stays_usable(tiny_fs: Path) -> None:
+def test_disk_full_is_an_error_and_the_store_stays_usable(tiny_fs: Path, mode: str) -> None:
     filler = tiny_fs / "filler"
     filler.write_bytes(b"\0" * 400 * 1024)  # what the operator will delete
-    cfg = small_config(tiny_fs / "store", segment_bytes=128 * 1024)
+    cfg = small_config(tiny_fs / "store", segment_bytes=128 * 1024, mode=mode)
     s = Store.open(cfg).start()
     s.create_topic("t", 2)
     acked: list[bytes] = []
@@ -158,10 +163,10 @@ def test_disk_full_is_an_error_and_the_store_stays_usable(tiny_fs: Path) -> None
             break
         acked += [m.body for m in batch]
     assert full is not None and full.status is PutStatus.DISK_FULL and "No space left" in full.error
-    end = s.log.write_offset
+    end = s.end_offset
     assert s.put_batch(msgs("t", 10, 2, size=1000)).status is PutStatus.DISK_FULL
-    assert s.log.write_offset == end  # nothing half-written
-    s.dispatcher.catch_up()
+    assert s.end_offset == end  # nothing half-written
+    s.catch_up()
     bodies = [m.body for q in range(2) for m in s.get("t", q, 0, 10_000).messages]
     assert sorted(bodies) == sorted(acked)  # reads keep working on a full disk
     filler.unlink()  # space is freed: appends work again, no restart needed
@@ -175,15 +180,15 @@ def test_disk_full_is_an_error_and_the_store_stays_usable(tiny_fs: Path) -> None
         assert sorted(bodies) == sorted(acked)
 
 
-def test_close_on_a_full_disk_loses_nothing(tiny_fs: Path) -> None:
-    cfg = small_config(tiny_fs / "store", segment_bytes=128 * 1024, cq_entries_per_file=10_000)
+def test_close_on_a_full_disk_loses_nothing(tiny_fs: Path, mode: str) -> None:
+    cfg = small_config(tiny_fs / "store", segment_bytes=128 * 1024, cq_entries_per_file=10_000, mode=mode)
     s = Store.open(cfg)
     s.create_topic("t", 50)
     pad = open(tiny_fs / "pad", "wb", buffering=0)  # created while there is room for its inode
     acked = 0
-    while (res := s.put_batch(msgs("t", 50, 50, size=500, start=acked))).ok:
+    while s.put_batch(msgs("t", 50, 50, size=500, start=acked)).ok:
         acked += 50
-    s.dispatcher.catch_up()
+    s.catch_up()
     with pad:  # take every last byte, so queue files cannot grow
         while True:
             try:
@@ -212,8 +217,9 @@ stored = st.builds(
 
 @given(batches=st.lists(st.lists(stored, min_size=1, max_size=20), min_size=1, max_size=6), clean=st.booleans())
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_any_messages_round_trip_through_a_restart(tmp_path: Path, batches: list[list[Message]], clean: bool) -> None:
-    cfg = small_config(tmp_path / uuid.uuid4().hex, segment_bytes=16 * 1024, max_message_bytes=4096)
+def test_any_messages_round_trip_through_a_restart(tmp_path: Path, mode: str, batches: list[list[Message]],
+                                                   clean: bool) -> None:  # fmt: skip
+    cfg = small_config(tmp_path / uuid.uuid4().hex, segment_bytes=16 * 1024, max_message_bytes=4096, mode=mode)
     s = Store.open(cfg)
     for topic in ("a", "b.c", "%RETRY%g"):
         s.create_topic(topic, 3)
@@ -232,34 +238,36 @@ def test_any_messages_round_trip_through_a_restart(tmp_path: Path, batches: list
             assert [r.queue_offset for r in got] == list(range(len(sent)))
 
 
-def test_retention_moves_queue_minimums_and_deletes_their_files(tmp_path: Path) -> None:
+def test_retention_moves_queue_minimums_and_deletes_their_files(tmp_path: Path, mode: str) -> None:
     cfg = small_config(tmp_path / "s", segment_bytes=32 * 1024, max_message_bytes=4096, cq_entries_per_file=10,
-                       log={"retention_bytes": 64 * 1024, "retention_ms": None})  # fmt: skip
+                       log={"retention_bytes": 64 * 1024, "retention_ms": None}, mode=mode)  # fmt: skip
+    queue_dir = tmp_path / "s" / ("consumequeue/t/0" if mode == "commitlog" else "partitions/t-0")
     with Store.open(cfg) as s:
         s.create_topic("t", 2)
-        s.put_batch(msgs("t", 400, 2, size=900))
-        s.dispatcher.catch_up()
+        for i in range(0, 400, 20):  # batches, so that partitions roll segments too
+            s.put_batch(msgs("t", 20, 2, size=900, start=i))
+        s.catch_up()
         s.checkpoint()
-        files_before = len(list((tmp_path / "s" / "consumequeue" / "t" / "0").iterdir()))
+        files_before = len(list(queue_dir.iterdir()))
         assert s.apply_retention() > 0
         lo = s.min_offset("t", 0)
         assert lo > 0 and s.get("t", 0, lo, 1).messages[0].queue_offset == lo
         too_small = s.get("t", 0, 0, 5)
         assert too_small.status is GetStatus.OFFSET_TOO_SMALL and too_small.next_offset == lo
-        assert len(list((tmp_path / "s" / "consumequeue" / "t" / "0").iterdir())) < files_before
+        assert len(list(queue_dir.iterdir())) < files_before
     with Store.open(cfg) as s:  # and after a restart
         assert s.min_offset("t", 0) == lo and s.max_offset("t", 0) == 200
         assert s.put(Message("t", 0, b"x")).queue_offsets == [200]
 
 
-def test_sync_flush_acks_only_durable_bytes_and_reports_timeouts(store_dir: Path) -> None:
+def test_sync_flush_acks_only_durable_bytes_and_reports_timeouts(store_dir: Path, mode: str) -> None:
     from commitlog import FlushMode
 
-    cfg = small_config(store_dir, log={"flush_mode": FlushMode.SYNC, "sync_flush_timeout_ms": 100})
+    cfg = small_config(store_dir, log={"flush_mode": FlushMode.SYNC, "sync_flush_timeout_ms": 100}, mode=mode)
     s = Store.open(cfg).start()
     s.create_topic("t", 1)
     res = s.put(Message("t", 0, b"durable"))
-    assert res.ok and s.log.durable_offset >= res.end_offset
+    assert res.ok and s.durable_offset >= res.end_offset
     s.close()
     s = Store.open(cfg)  # not started: no flusher thread, so nothing becomes durable
     res = s.put(Message("t", 0, b"stuck"))
@@ -268,11 +276,14 @@ def test_sync_flush_acks_only_durable_bytes_and_reports_timeouts(store_dir: Path
     s.close()
 
 
-def test_truncation_cuts_queues_and_continues_offsets(store: Store) -> None:
+def test_truncation_cuts_queues_and_continues_offsets(store_dir: Path) -> None:
+    store = Store.open(small_config(store_dir))  # a replication hook of the CommitLog mode
+    store.create_topic("orders", 4)
     res = store.put_batch(msgs("orders", 40, 4))
     cut = res.commitlog_offsets[22]  # keeps messages 0..21: queues 0,1 have 6; 2,3 have 5
     store.truncate(cut)
     assert [store.max_offset("orders", q) for q in range(4)] == [6, 6, 5, 5]
     assert store.put(Message("orders", 2, b"new")).queue_offsets == [5]
-    store.dispatcher.catch_up()
+    store.catch_up()
     assert store.get("orders", 2, 5, 1).messages[0].body == b"new"
+    store.close()

@@ -1,0 +1,233 @@
+"""What both storage modes share: configuration, the store's lifecycle, topic checks,
+and the shape of put/get. Each mode supplies appending, reading and recovery."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from commitlog import CommitLogConfig, ConfigError, FlushMode, Message, MiB, QueueKey, Record, StoreError
+
+from ._checkpoint import AbortMarker
+from ._results import GetResult, GetStatus, PutResult, PutStatus
+from ._topics import TopicTable, topic_name_error
+
+STORAGE_MODES = ("commitlog", "partition-per-file")
+
+
+class StoreLockedError(StoreError):
+    """Another process has the data directory open."""
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    data_dir: Path
+    commitlog: CommitLogConfig = field(default_factory=CommitLogConfig)
+    storage_mode: str = "commitlog"  # or "partition-per-file" (Kafka's layout, for comparison)
+    cq_entries_per_file: int = 300_000
+    max_open_files: int = 1024
+    cq_flush_interval_ms: int = 1000  # also: how often the checkpoint is written
+    dispatch_chunk_bytes: int = 4 * MiB
+    retention_check_interval_ms: int = 10_000
+    max_scan_entries: int = 16_000  # per get, when a tag filter skips entries
+    index_interval_bytes: int = 4096  # partition-per-file: one offset index entry per this many bytes
+    auto_create_topics: bool = False
+    default_queue_count: int = 8
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
+        if self.storage_mode not in STORAGE_MODES:
+            raise ConfigError(f"storage_mode={self.storage_mode!r}: use one of {', '.join(STORAGE_MODES)}")
+
+
+class Stopwatch:
+    """Times the phases of opening a store, for the log and for benchmarks."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.stats[name] = round(now - self._last, 4)
+        self._last = now
+
+
+class StoreBase:
+    """Lifecycle and the mode-independent half of the store API."""
+
+    topics: TopicTable
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self.directory = config.data_dir
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._new_entries = threading.Condition()
+        self._lock_fd = -1
+        self._arrival_listeners: list[Callable[[set[QueueKey]], None]] = []
+        self.open_stats: dict[str, float] = {}  # how long each phase of open took
+        self._abort = AbortMarker(self.directory)
+
+    # ---------------------------------------------------------------- lifecycle
+    def _begin_open(self) -> bool:
+        """Lock the directory and mark it open; returns True after an unclean stop."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise StoreLockedError(f"data directory {self.directory} is in use by another process") from None
+        unclean = self._abort.was_unclean()
+        self._abort.create()  # before loading: a crash while loading is an unclean stop too
+        self.topics = TopicTable(self.directory / "topics.json")
+        return unclean
+
+    def _start_threads(self, targets: list[tuple[str, Callable[[], None]]]) -> None:
+        for name, target in targets:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _wake_threads(self) -> None:
+        """Make background threads notice ``_stop`` now (each mode knows its own)."""
+
+    def _stop_threads(self) -> None:
+        self._stop.set()
+        self._wake_threads()
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
+
+    def _end_close(self, clean: bool) -> None:
+        if clean:
+            self._abort.remove()
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> "StoreBase":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:  # pragma: no cover - each mode defines it
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ topics
+    def create_topic(self, topic: str, queue_count: int) -> None:
+        self.topics.create(topic, queue_count)
+
+    def queue_exists(self, topic: str, queue_id: int) -> bool:
+        count = self.topics.queue_count(topic)
+        return count is not None and 0 <= queue_id < count
+
+    def _queue_count(self, topic: object) -> tuple[int, PutResult | None]:
+        error = topic_name_error(topic)
+        if error:
+            return 0, PutResult(PutStatus.INVALID_TOPIC, error)
+        count = self.topics.queue_count(topic)  # type: ignore[arg-type]
+        if count is None:
+            if not self.config.auto_create_topics:
+                return 0, PutResult(PutStatus.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
+            self.topics.create(topic, self.config.default_queue_count)  # type: ignore[arg-type]
+            count = self.config.default_queue_count
+        return count, None
+
+    def _check_put(self, messages: Sequence[Message]) -> PutResult | None:
+        """Why this batch cannot be put (closed, empty, bad topic or queue), or None."""
+        if self._closed:
+            return PutResult(PutStatus.STORE_CLOSED, "the store is closed")
+        if not messages:
+            return PutResult(PutStatus.INVALID_MESSAGE, "empty batch")
+        counts: dict[str, int] = {}
+        for topic in {m.topic for m in messages}:  # per topic, not per message: the hot path
+            counts[topic], bad = self._queue_count(topic)
+            if bad is not None:
+                return bad
+        if len(counts) == 1:
+            ((topic, count),) = counts.items()
+            qids = [m.queue_id for m in messages]
+            if all(type(q) is int for q in qids) and 0 <= min(qids) and max(qids) < count:
+                return None
+        for m in messages:
+            count = counts[m.topic]
+            if type(m.queue_id) is not int or not 0 <= m.queue_id < count:
+                return PutResult(PutStatus.INVALID_QUEUE_ID, f"queue id {m.queue_id} not in 0..{count - 1} of topic {m.topic!r}")
+        return None
+
+    # --------------------------------------------------------------------- put
+    def put(self, message: Message, *, wait_durable: bool | None = None) -> PutResult:
+        return self.put_batch([message], wait_durable=wait_durable)
+
+    def put_batch(self, messages: Sequence[Message], *, wait_durable: bool | None = None) -> PutResult:
+        """Append messages in order. With ``wait_durable`` (default: the flush mode is
+        sync) return only once they are fsynced, or FLUSH_DISK_TIMEOUT."""
+        bad = self._check_put(messages)
+        if bad is not None:
+            return bad
+        result = self._append(messages)
+        if wait_durable is None:
+            wait_durable = self.config.commitlog.flush_mode is FlushMode.SYNC
+        if result.ok and wait_durable:
+            timeout_ms = self.config.commitlog.sync_flush_timeout_ms
+            if not self.wait_durable(result.end_offset, timeout_ms / 1000):
+                result.status = PutStatus.FLUSH_DISK_TIMEOUT
+                result.error = f"not fsynced within sync_flush_timeout_ms={timeout_ms}"
+        return result
+
+    def _append(self, messages: Sequence[Message]) -> PutResult:  # pragma: no cover - per mode
+        raise NotImplementedError
+
+    def wait_durable(self, offset: int, timeout_s: float) -> bool:  # pragma: no cover - per mode
+        raise NotImplementedError
+
+    # --------------------------------------------------------------------- get
+    def min_offset(self, topic: str, queue_id: int) -> int:  # pragma: no cover - per mode
+        raise NotImplementedError
+
+    def max_offset(self, topic: str, queue_id: int) -> int:  # pragma: no cover - per mode
+        raise NotImplementedError
+
+    def _read(self, topic: str, queue_id: int, offset: int, max_messages: int,
+              tags: set[str] | None) -> tuple[list[Record], int]:  # fmt: skip  # pragma: no cover
+        raise NotImplementedError
+
+    def get(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
+            tags: Iterable[str] | None = None) -> GetResult:  # fmt: skip
+        """Up to ``max_messages`` records from queue offset ``offset``, optionally only
+        those whose tag is in ``tags``."""
+        if not self.queue_exists(topic, queue_id):
+            return GetResult(GetStatus.NO_QUEUE)
+        lo, hi = self.min_offset(topic, queue_id), self.max_offset(topic, queue_id)
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, next_offset=lo, min_offset=lo, max_offset=hi)
+        if offset >= hi:
+            status = GetStatus.NO_MESSAGE if offset == hi else GetStatus.OFFSET_OVERFLOW
+            return GetResult(status, next_offset=hi if offset > hi else offset, min_offset=lo, max_offset=hi)
+        tag_set = set(tags) if tags is not None else None
+        messages, next_offset = self._read(topic, queue_id, offset, max_messages, tag_set)
+        status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(status, messages, next_offset, lo, hi)
+
+    def wait_for_entries(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
+        """Block until the queue's max offset exceeds ``offset`` (long polling, threads)."""
+        with self._new_entries:
+            return self._new_entries.wait_for(lambda: self.max_offset(topic, queue_id) > offset, timeout_s)
+
+    def _notify_arrivals(self, keys: set[QueueKey]) -> None:
+        with self._new_entries:
+            self._new_entries.notify_all()
+        for fn in self._arrival_listeners:
+            fn(keys)
+
+    def add_arrival_listener(self, fn: Callable[[set[QueueKey]], None]) -> None:
+        """Call ``fn(keys)`` when queues get new messages readers can see (long polling)."""
+        self._arrival_listeners = [*self._arrival_listeners, fn]
+

@@ -1,0 +1,318 @@
+"""The partition-per-file store: Kafka's layout behind the store's API, for comparison.
+
+Each (topic, queue) has its own segmented log (see ``_partition_log``). A batch is
+grouped by queue and written with one system call per queue file; the flusher fsyncs
+every file written since the last flush (sync mode: group commit over all of them).
+Durability is tracked by a *virtual offset*: the count of bytes appended across every
+partition, so that "durable up to X" means the same as in the CommitLog mode.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Sequence
+
+from commitlog import FlushMode, Message, QueueKey, Record, now_ms
+from commitlog._encoder import BatchEncoder, EncodeError
+from consumequeue import FileCache
+
+from ._base import Stopwatch, StoreBase, StoreConfig
+from ._durable_file import read_json, write_json
+from ._partition_log import PartitionLog, PartSegment
+from ._results import PutResult, PutStatus
+
+log = logging.getLogger("clmq.partition")
+
+
+class PartitionStore(StoreBase):
+    """Same API as :class:`~broker.Store`; open with :meth:`open`, then :meth:`start`."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        super().__init__(config)
+        cl = config.commitlog
+        # Whole batches go to one file: no segment splitting (and so no blank markers).
+        self._encoder = BatchEncoder(1 << 62, cl.max_message_bytes, cl.store_host)
+        self.files = FileCache(config.max_open_files)
+        self.partitions: dict[QueueKey, PartitionLog] = {}
+        self._lock = threading.Lock()
+        self._written = 0  # virtual offset: bytes appended, all partitions together
+        self._durable = 0
+        self._dirty: set[Path] = set()
+        self._durable_cond = threading.Condition()
+        self._callbacks: list[tuple[int, int, Callable[[], None]]] = []
+        self._seq = 0
+        self._flush_requested = threading.Event()
+        self._recovery_points: dict[QueueKey, int] = {}
+
+    @property
+    def root(self) -> Path:
+        return self.directory / "partitions"
+
+    # ---------------------------------------------------------------- lifecycle
+    @classmethod
+    def open(cls, config: StoreConfig) -> "PartitionStore":
+        """Load every partition; after an unclean stop validate each from its recovery point."""
+        self = cls(config)
+        clock = Stopwatch()
+        unclean = self._begin_open()
+        points = _load_points(self.directory / "recovery-points")
+        unclean = unclean or points is None
+        self.root.mkdir(exist_ok=True)
+        repaired: list[str] = []
+        for name in sorted(os.listdir(self.root)):
+            topic, _, qid = name.rpartition("-")
+            if qid.isdigit():
+                key = (topic, int(qid))
+                recover_from = (points or {}).get(key, 0) if unclean else None
+                repaired += self._partition(key, load=False).load(self.files, recover_from)
+        if repaired:
+            log.warning("partition recovery: %d segment(s) cut: %s", len(repaired), "; ".join(repaired[:5]))
+        clock.lap("log_open_s")
+        self.open_stats = {"unclean": unclean, **clock.stats}
+        try:
+            self.checkpoint()
+        except OSError as e:  # disk full: the abort marker stays, so the next open validates again
+            log.warning("partition store open: could not write recovery points yet: %s", e)
+        return self
+
+    def _partition(self, key: QueueKey, load: bool = True) -> PartitionLog:
+        """The partition of ``key``, created (directory and first segment) on first use."""
+        part = self.partitions.get(key)
+        if part is None:
+            cl = self.config.commitlog
+            part = PartitionLog(self.root / f"{key[0]}-{key[1]}", key[0], key[1], cl.segment_bytes,
+                                self.config.index_interval_bytes, cl.max_message_bytes)  # fmt: skip
+            if load:
+                part.load(self.files, None)
+            self.partitions[key] = part
+        return part
+
+    def start(self) -> "PartitionStore":
+        self._start_threads([("clmq-flush", self._flush_loop), ("clmq-housekeeping", self._housekeeping)])
+        return self
+
+    def _wake_threads(self) -> None:
+        self._flush_requested.set()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_threads()
+        self.flush()
+        for part in self.partitions.values():
+            part._write_indexes(part.segments[-1])
+        try:
+            self.checkpoint()
+            clean = True
+        except OSError as e:  # the data is fsynced; without recovery points the next open validates
+            log.error("partition store close: could not write recovery points (%s)", e)
+            clean = False
+        self.files.close()
+        self._end_close(clean)
+
+    def abandon(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_threads()
+        self.files.close()
+        self._end_close(clean=False)
+
+    # ------------------------------------------------------------------ append
+    def _append(self, messages: Sequence[Message]) -> PutResult:
+        by_queue: dict[QueueKey, list[int]] = defaultdict(list)
+        for i, m in enumerate(messages):
+            by_queue[(m.topic, m.queue_id)].append(i)
+        q_offsets = [0] * len(messages)
+        store_ts = now_ms()
+        with self._lock:
+            undo: list[tuple[PartitionLog, PartSegment, tuple]] = []
+            try:
+                for key, idx in by_queue.items():
+                    part = self._partition(key)
+                    offsets = self._append_to(part, [messages[i] for i in idx], store_ts, undo)
+                    for i, q in zip(idx, offsets):
+                        q_offsets[i] = q
+            except EncodeError as e:
+                self._rollback(undo)
+                return PutResult(PutStatus.MESSAGE_TOO_LARGE if e.too_large else PutStatus.INVALID_MESSAGE, str(e))
+            except OSError as e:
+                self._rollback(undo)
+                status = PutStatus.DISK_FULL if e.errno in (28, 122) else PutStatus.IO_ERROR
+                return PutResult(status, f"{e.strerror} while appending to {self.root}: nothing written")
+            end = self._written
+        self._notify_arrivals(set(by_queue))
+        if self.config.commitlog.flush_mode is FlushMode.ASYNC and end - self._durable >= self.config.commitlog.flush_dirty_bytes:
+            self._flush_requested.set()
+        return PutResult(PutStatus.OK, "", q_offsets, [], end, store_ts)
+
+    def _append_to(self, part: PartitionLog, msgs: list[Message], store_ts: int, undo: list) -> list[int]:
+        """Encode and write one queue's share of a batch: one pwrite."""
+        seg = part.segments[-1]
+        state = (len(part.segments), seg.size, seg.count, len(seg.index), len(seg.times), seg.since_index)
+        key = (part.topic, part.queue_id)
+        batch = self._encoder.encode(msgs, 0, seg.size, {key: part.next_offset}, {}, store_ts)
+        data = batch.groups[0].data
+        seg, rolled = part.active_for(len(data))
+        undo.append((part, part.segments[-2] if rolled else seg, state))
+        if rolled:  # positions changed: encode again at the start of the new file
+            batch = self._encoder.encode(msgs, 0, 0, {key: part.next_offset}, {}, store_ts)
+            data = batch.groups[0].data
+        self.files.pwrite(seg.path, data, seg.size)
+        starts = batch.groups[0].starts
+        part.appended(seg, starts, [b - a for a, b in zip(starts, starts[1:] + [seg.size + len(data)])], store_ts)
+        self._dirty.add(seg.path)
+        self._written += len(data)
+        return batch.queue_offsets
+
+    def _rollback(self, undo: list[tuple[PartitionLog, PartSegment, tuple]]) -> None:
+        """Cut every partition touched by a failed batch back to where it was."""
+        for part, seg, (nsegs, size, count, nidx, ntimes, since) in reversed(undo):
+            for extra in part.segments[nsegs:]:
+                self.files.forget(extra.path)
+                extra.path.unlink(missing_ok=True)
+            del part.segments[nsegs:]
+            try:
+                self.files.truncate(seg.path, size)
+            except OSError:
+                log.exception("partition %s: could not cut %s back to %d", part.directory, seg.path, size)
+            seg.size, seg.count, seg.since_index = size, count, since
+            del seg.index[nidx:]
+            del seg.times[ntimes:]
+
+    # ---------------------------------------------------------------- flushing
+    def flush(self) -> int:
+        """fsync every file written since the last flush; returns the durable offset."""
+        with self._lock:
+            target, dirty, self._dirty = self._written, self._dirty, set()
+        for path in dirty:
+            self.files.sync(path, reopen=True)
+        ready: list[Callable[[], None]] = []
+        with self._durable_cond:
+            self._durable = max(self._durable, target)
+            while self._callbacks and self._callbacks[0][0] <= self._durable:
+                ready.append(heapq.heappop(self._callbacks)[2])
+            self._durable_cond.notify_all()
+        for fn in ready:
+            fn()
+        return target
+
+    def wait_durable(self, offset: int, timeout_s: float) -> bool:
+        if self._durable >= offset:
+            return True
+        self._flush_requested.set()
+        deadline = time.monotonic() + timeout_s
+        with self._durable_cond:
+            while self._durable < offset:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._durable_cond.wait(left)
+        return True
+
+    def on_durable(self, offset: int, callback: Callable[[], None]) -> None:
+        with self._durable_cond:
+            if self._durable < offset:
+                self._seq += 1
+                heapq.heappush(self._callbacks, (offset, self._seq, callback))
+                self._flush_requested.set()
+                return
+        callback()
+
+    def _flush_loop(self) -> None:
+        interval = self.config.commitlog.flush_interval_ms / 1000
+        while not self._stop.is_set():
+            self._flush_requested.wait(interval)
+            self._flush_requested.clear()
+            if self._written > self._durable:
+                self.flush()
+        self.flush()
+
+    def checkpoint(self) -> None:
+        """Record each partition's recovery point: all below it is fsynced."""
+        with self._lock:
+            points = {key: part.next_offset for key, part in self.partitions.items()}
+            written = self._written
+        if written > self._durable:
+            self.flush()
+        write_json(self.directory / "recovery-points", {"version": 1, "points": [[t, q, n] for (t, q), n in points.items()]})
+
+    def _housekeeping(self) -> None:
+        every = max(1, self.config.retention_check_interval_ms // self.config.cq_flush_interval_ms)
+        rounds = 0
+        while not self._stop.wait(self.config.cq_flush_interval_ms / 1000):
+            try:
+                self.checkpoint()
+                rounds += 1
+                if rounds % every == 0:
+                    self.apply_retention()
+            except OSError as e:
+                log.warning("partition housekeeping: %s", e)
+
+    def apply_retention(self, now: float | None = None) -> int:
+        cl = self.config.commitlog
+        with self._lock:
+            return sum(p.delete_before(self.files, cl.retention_ms, cl.retention_bytes, now or time.time())
+                       for p in self.partitions.values())  # fmt: skip
+
+    # ------------------------------------------------------------------- reads
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        part = self.partitions.get((topic, queue_id))
+        return part.min_offset if part else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        part = self.partitions.get((topic, queue_id))
+        return part.next_offset if part else 0
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        part = self.partitions.get((topic, queue_id))
+        return part.offset_for_timestamp(self.files, timestamp_ms) if part else 0
+
+    def _read(self, topic: str, queue_id: int, offset: int, max_messages: int,
+              tags: set[str] | None) -> tuple[list[Record], int]:  # fmt: skip
+        part = self.partitions[(topic, queue_id)]
+        out: list[Record] = []
+        scanned = 0
+        limit = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
+        while len(out) < max_messages and scanned < limit and offset < part.next_offset:
+            recs = part.read(self.files, offset, min(256, limit - scanned), 1 << 20)
+            if not recs:
+                break
+            for r in recs:
+                offset, scanned = r.queue_offset + 1, scanned + 1
+                if tags is None or r.tags in tags:
+                    out.append(r)
+                    if len(out) == max_messages:
+                        break
+        return out, offset
+
+    @property
+    def dispatch_lag_bytes(self) -> int:
+        return 0  # readers see messages as soon as they are written: nothing to dispatch
+
+    @property
+    def durable_offset(self) -> int:
+        return self._durable
+
+    @property
+    def end_offset(self) -> int:
+        return self._written
+
+    def catch_up(self) -> None:
+        """Nothing to do: partition reads see what was written."""
+
+
+def _load_points(path: Path) -> dict[QueueKey, int] | None:
+    raw = read_json(path)
+    try:
+        return {(str(t), int(q)): int(n) for t, q, n in raw["points"]}  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return None
+
