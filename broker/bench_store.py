@@ -175,11 +175,16 @@ def bench_scale(root: Path, queues: int, per_queue: int = 3, max_open_files: int
                       max_open_files=max_open_files)  # fmt: skip
     fds = [_open_fds()]
     store = Store.open(cfg).start()
-    store.create_topic("bench", queues)
+    per_topic = 50_000  # topics hold at most 65,536 queues: spread the queues over several
+    names = [f"bench{t}" for t in range(-(-queues // per_topic))]
+    for t, name in enumerate(names):
+        store.create_topic(name, min(per_topic, queues - t * per_topic))
+    where = [(names[q // per_topic], q % per_topic) for q in range(queues)]
     t0 = time.perf_counter()
     for r in range(per_queue):
         for lo in range(0, queues, 1000):
-            store.put_batch([Message("bench", q, b"m%d" % r, tags="TagA") for q in range(lo, min(queues, lo + 1000))])
+            res = store.put_batch([Message(t, q, b"m%d" % r, tags="TagA") for t, q in where[lo : lo + 1000]])
+            assert res.ok, res.error
             fds.append(_open_fds())
     append_s = time.perf_counter() - t0
     store.close()
@@ -187,9 +192,9 @@ def bench_scale(root: Path, queues: int, per_queue: int = 3, max_open_files: int
     store = Store.open(cfg)
     reopen_s = time.perf_counter() - reopen
     t0, got = time.perf_counter(), 0
-    for q in range(queues):
-        got += len(store.get("bench", q, 0, 32).messages)
-        if q % 1000 == 0:
+    for i, (t, q) in enumerate(where):
+        got += len(store.get(t, q, 0, 32).messages)
+        if i % 1000 == 0:
             fds.append(_open_fds())
     read_s = time.perf_counter() - t0
     store.close()
@@ -224,7 +229,7 @@ def median_of(runs: list) -> object:  # type: ignore[type-arg]
 
 def run_all(root: Path, *, sizes: list[int], queue_counts: list[int], flushes: list[str], seconds: float,
             runs: int, batch: int, rebuild_messages: int, scale_queues: int,
-            report: Callable[[str], None]) -> dict:  # fmt: skip
+            report: Callable[[str], None], save: Callable[[dict], None] = lambda r: None) -> dict:  # fmt: skip
     """Every measurement, alternating cases within a run so that drift hits all alike."""
     root.mkdir(parents=True, exist_ok=True)
     cases = [(s, q, f) for f in flushes for s in sizes for q in queue_counts]
@@ -234,21 +239,22 @@ def run_all(root: Path, *, sizes: list[int], queue_counts: list[int], flushes: l
             producers = 4 if f == "sync" else 1
             samples[(s, q, f)].append(bench_append(root, s, q, f, seconds, batch, producers))
             report(f"run {r + 1}/{runs}: append {s} B x {q} queues, {f} flush: {samples[(s, q, f)][-1].msgs_per_s:,.0f} msgs/s")
+    result: dict = {"runs": runs, "seconds_per_case": seconds, "batch": batch,
+                    "append": [asdict(median_of(samples[c])) for c in cases]}
+    save(result)  # each stage is kept as soon as it is measured
     rebuild = [bench_rebuild(root, rebuild_messages, 100, 1000) for _ in range(runs)]
+    result["rebuild"] = asdict(median_of(rebuild))
+    save(result)
     report(f"rebuild of {rebuild_messages:,} messages: re-dispatch {rebuild[-1].redispatch_records_per_s:,.0f} records/s")
     reads = [bench_read(root, 200_000, 1024, q) for q in (1, 1000) for _ in range(runs)]
+    result["read"] = [asdict(median_of([x for x in reads if x.queues == q])) for q in (1, 1000)]
+    save(result)
     scale = bench_scale(root, scale_queues) if scale_queues else None
     if scale:
         report(f"{scale_queues:,} queues: reopen {scale.reopen_s:.2f} s, at most {scale.max_open_fds} fds open")
-    return {
-        "scale": asdict(scale) if scale else None,
-        "append": [asdict(median_of(samples[c])) for c in cases],
-        "rebuild": asdict(median_of(rebuild)),
-        "read": [asdict(median_of([x for x in reads if x.queues == q])) for q in (1, 1000)],
-        "runs": runs,
-        "seconds_per_case": seconds,
-        "batch": batch,
-    }
+    result["scale"] = asdict(scale) if scale else None
+    save(result)
+    return result
 
 
 def write_json(result: dict, path: Path) -> None:

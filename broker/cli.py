@@ -88,8 +88,7 @@ def cmd_bench_store(args: argparse.Namespace) -> int:
     result = run_all(root, sizes=args.sizes, queue_counts=args.queues, flushes=args.flush.split(","),
                      seconds=args.seconds, runs=args.runs, batch=args.batch,
                      rebuild_messages=args.rebuild_messages, scale_queues=args.scale_queues,
-                     report=lambda s: console.print(f"[dim]{s}"))  # fmt: skip
-    write_json(result, args.json)
+                     report=lambda s: console.print(f"[dim]{s}"), save=lambda r: write_json(r, args.json))  # fmt: skip
     _print_store_tables(result)
     console.print(f"JSON written to {args.json}")
     return 0
