@@ -93,6 +93,13 @@ class PartitionStore(StoreBase):
             self.partitions[key] = part
         return part
 
+    def create_topic(self, topic: str, queue_count: int) -> None:
+        """Create the topic and, as Kafka does, every partition's log right away."""
+        super().create_topic(topic, queue_count)
+        with self._lock:
+            for q in range(queue_count):
+                self._partition((topic, q))
+
     def start(self) -> "PartitionStore":
         self._start_threads([("clmq-flush", self._flush_loop), ("clmq-housekeeping", self._housekeeping)])
         return self

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import tempfile
@@ -44,6 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--scale-queues", type=int, default=100_000, help="queues in the scale case (0: skip)")
     store.add_argument("--json", type=Path, default=Path("bench-store.json"), help="where to write the JSON")
     store.set_defaults(func=cmd_bench_store)
+
+    cmp_ = bench_sub.add_parser("compare", help="commit-log mode against partition-per-file mode, same workload")
+    cmp_.add_argument("--dir", type=Path, default=None, help="where to create stores (default: a temporary dir)")
+    cmp_.add_argument("--sizes", type=_ints, default=[100, 1024], help="message sizes in bytes (default 100,1024)")
+    cmp_.add_argument("--queues", type=_ints, default=[1, 16, 256, 1000, 10000], help="queue counts")
+    cmp_.add_argument("--huge", action="store_true", help="also run 100,000 queues")
+    cmp_.add_argument("--patterns", default="round-robin,skewed", help="traffic patterns (default both)")
+    cmp_.add_argument("--flush", default="async,sync", help="flush modes (default async,sync)")
+    cmp_.add_argument("--seconds", type=float, default=2.0, help="seconds per case (default 2)")
+    cmp_.add_argument("--runs", type=int, default=3, help="runs; medians are reported (default 3)")
+    cmp_.add_argument("--json", type=Path, default=Path("bench-compare.json"), help="where to write the JSON")
+    cmp_.add_argument("--plot", type=Path, default=Path("bench-compare.png"), help="where to draw the plot")
+    cmp_.add_argument("--via", choices=["store"], default="store",
+                      help="what to drive: the store in-process (broker: once the broker service exists)")
+    cmp_.set_defaults(func=cmd_bench_compare)
     return parser
 
 
@@ -92,6 +108,37 @@ def cmd_bench_store(args: argparse.Namespace) -> int:
     _print_store_tables(result)
     console.print(f"JSON written to {args.json}")
     return 0
+
+
+def cmd_bench_compare(args: argparse.Namespace) -> int:
+    from .bench_compare import compare, plot
+
+    root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-", dir="."))
+    queues = args.queues + ([100_000] if args.huge else [])
+    result = compare(root, sizes=args.sizes, queue_counts=queues, patterns=args.patterns.split(","),
+                     flushes=args.flush.split(","), seconds=args.seconds, runs=args.runs,
+                     report=lambda s: console.print(f"[dim]{s}"))  # fmt: skip
+    args.json.write_text(json.dumps(result, indent=2))
+    plot(result, args.plot)
+    _print_compare_table(result)
+    console.print(f"JSON written to {args.json}, plot to {args.plot}")
+    return 0
+
+
+def _print_compare_table(result: dict) -> None:
+    table = Table(title=f"commit-log (CL) vs partition-per-file (PPF), batches of {result['batch']}, "
+                        f"median of {result['runs']} runs")  # fmt: skip
+    for col in ("size B", "queues", "pattern", "flush", "CL msgs/s", "PPF msgs/s", "CL/PPF", "CL MB/s", "PPF MB/s",
+                "CL p50/p99 ms", "PPF p50/p99 ms", "CL fds", "PPF fds", "CL MB rss", "PPF MB rss"):
+        table.add_column(col, justify="right")
+    for r in result["rows"]:
+        cl, pp = r["commitlog"], r["partition-per-file"]
+        table.add_row(str(r["size"]), f"{r['queues']:,}", r["pattern"], r["flush"], f"{cl['msgs_per_s']:,.0f}",
+                      f"{pp['msgs_per_s']:,.0f}", f"{r['ratio']:.2f}", f"{cl['mb_per_s']:.1f}", f"{pp['mb_per_s']:.1f}",
+                      f"{cl['p50_ms']:.1f}/{cl['p99_ms']:.1f}", f"{pp['p50_ms']:.1f}/{pp['p99_ms']:.1f}",
+                      f"{cl['max_open_fds']:.0f}", f"{pp['max_open_fds']:.0f}", f"{cl['peak_rss_mb']:.0f}",
+                      f"{pp['peak_rss_mb']:.0f}")  # fmt: skip
+    Console(width=max(console.width, 200)).print(table)
 
 
 def _print_store_tables(result: dict) -> None:

@@ -17,13 +17,13 @@ from tests.conftest import small_config  # noqa: E402
 QUEUES = 8
 
 
-def config(data_dir: str):  # type: ignore[no-untyped-def]
-    return small_config(Path(data_dir), segment_bytes=64 * 1024, max_message_bytes=4096,
+def config(data_dir: str, mode: str = "commitlog"):  # type: ignore[no-untyped-def]
+    return small_config(Path(data_dir), segment_bytes=64 * 1024, max_message_bytes=4096, mode=mode,
                         log={"flush_mode": FlushMode.SYNC}, cq_entries_per_file=64, cq_flush_interval_ms=50)  # fmt: skip
 
 
-def main(data_dir: str, tag: str) -> None:
-    store = Store.open(config(data_dir)).start()
+def main(data_dir: str, tag: str, mode: str) -> None:
+    store = Store.open(config(data_dir, mode)).start()
     if store.topics.queue_count("c") is None:
         store.create_topic("c", QUEUES)
     out_lock = threading.Lock()
@@ -49,4 +49,4 @@ def main(data_dir: str, tag: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3])

@@ -20,9 +20,9 @@ from .crash_writer import QUEUES, config
 WRITER = Path(__file__).with_name("crash_writer.py")
 
 
-def run_and_kill(data_dir: Path, tag: str, delay_s: float, wait_ready: bool) -> list[str]:
+def run_and_kill(data_dir: Path, tag: str, delay_s: float, wait_ready: bool, mode: str = "commitlog") -> list[str]:
     """Start the writer, SIGKILL it ``delay_s`` after start (or after READY); return acked bodies."""
-    proc = subprocess.Popen([sys.executable, str(WRITER), str(data_dir), tag], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(WRITER), str(data_dir), tag, mode], stdout=subprocess.PIPE, text=True)
     acked: list[str] = []
     ready = threading.Event()
 
@@ -46,15 +46,16 @@ def run_and_kill(data_dir: Path, tag: str, delay_s: float, wait_ready: bool) -> 
 
 
 @pytest.mark.slow
-def test_acknowledged_messages_survive_sigkill(tmp_path: Path) -> None:
+def test_acknowledged_messages_survive_sigkill(tmp_path: Path, mode: str) -> None:
     rng = random.Random(1234)
     acked: list[str] = []
     rounds = 12
     for r in range(rounds):
         # Most rounds die while appending; some while opening (recovery itself).
         wait_ready = r % 4 != 3
-        acked += run_and_kill(tmp_path, f"r{r}", rng.uniform(0.05, 0.6) if wait_ready else rng.uniform(0.05, 0.4), wait_ready)
-        with Store.open(config(str(tmp_path))) as store:
+        acked += run_and_kill(tmp_path, f"r{r}", rng.uniform(0.05, 0.6) if wait_ready else rng.uniform(0.05, 0.4),
+                              wait_ready, mode)  # fmt: skip
+        with Store.open(config(str(tmp_path), mode)) as store:
             stored: list[str] = []
             for q in range(QUEUES):
                 msgs = store.get("c", q, 0, 1_000_000).messages if store.topics.queue_count("c") else []
