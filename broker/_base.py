@@ -74,6 +74,7 @@ class StoreBase:
         self._arrival_listeners: list[Callable[[set[QueueKey]], None]] = []
         self.open_stats: dict[str, float] = {}  # how long each phase of open took
         self._abort = AbortMarker(self.directory)
+        self._manifest: dict[QueueKey, tuple[int, int]] = {}  # checkpointed extents of queues not loaded
 
     # ---------------------------------------------------------------- lifecycle
     def _begin_open(self) -> bool:

@@ -86,6 +86,8 @@ def recover_queues(commitlog: CommitLog, queues: ConsumeQueueSet, checkpoint: Ch
 def _recover_queue(commitlog: CommitLog, cq: ConsumeQueue, expected: tuple[int, int], unclean: bool,
                    repaired: list[str]) -> int | None:  # fmt: skip
     """Repair one queue; return the log offset it must be re-dispatched from, if any."""
+    if not unclean and expected[1] and cq.looks_intact(*expected):
+        return None  # clean stop and the files are there: load it lazily, on first use
     first, nxt = cq.first_offset, cq.next_offset  # loads the files, noting damage
     if cq.damage is None and not unclean and first <= expected[0] and nxt >= expected[1]:
         return None

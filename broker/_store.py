@@ -57,10 +57,11 @@ class Store(StoreBase):
         self.dispatcher.add_listener(self._notify_arrivals)
         clock.stats["redispatched_records"] = self.dispatcher.catch_up()  # serve nothing until queues agree with the log
         clock.lap("redispatch_s")
-        table = self.queues.next_offsets()
-        if checkpoint is not None and not unclean:
-            for key, (_first, nxt) in checkpoint.queues.items():  # queues whose records all expired
-                table[key] = max(table.get(key, 0), nxt)
+        # Queues not loaded (clean stop, files intact) keep the checkpoint's extents; the
+        # checkpoint carries them forward until they are loaded.
+        self._manifest = dict(checkpoint.queues) if checkpoint is not None and not unclean else {}
+        table = {key: nxt for key, (_first, nxt) in self._manifest.items()}
+        table.update(self.queues.next_offsets())
         self.log.set_queue_offset_table(table)
         try:
             self.checkpoint()
@@ -121,8 +122,9 @@ class Store(StoreBase):
         stay in memory and the previous checkpoint stays in force.
         """
         dispatched = self.dispatcher.dispatched_offset  # read first: entries below it are in memory
-        expected = self.queues.extents()
+        expected = {**self._manifest, **self.queues.extents()}
         self.queues.flush(sync=sync)
+        self._manifest = expected
         cp = Checkpoint(self.log.durable_offset, dispatched, expected)
         cp.save(self.directory / "checkpoint")
         return cp
@@ -144,8 +146,10 @@ class Store(StoreBase):
         """Delete expired log segments and the queue files that only point into them."""
         deleted = self.log.delete_expired(now)
         if deleted:
-            for key in self.queues.known():
-                self.queues.queue(*key).delete_before(self.log.min_offset)
+            for key in self.queues.known():  # queues not loaded yet are trimmed when they are
+                cq = self.queues.queue(*key)
+                if cq.loaded:
+                    cq.delete_before(self.log.min_offset)
         return deleted
 
     # --------------------------------------------------------------------- put

@@ -89,11 +89,12 @@ class ConsumeQueueSet:
         return len(dirty)
 
     def next_offsets(self) -> dict[QueueKey, int]:
-        return {key: cq.next_offset for key, cq in list(self._queues.items())}
+        """Next offset of every *loaded* queue."""
+        return {key: cq.next_offset for key, cq in list(self._queues.items()) if cq.loaded}
 
     def extents(self) -> dict[QueueKey, tuple[int, int]]:
-        """``(first, next)`` offsets of every loaded queue."""
-        return {key: (cq.first_offset, cq.next_offset) for key, cq in list(self._queues.items())}
+        """``(first, next)`` offsets of every *loaded* queue (others are not touched)."""
+        return {key: (cq.first_offset, cq.next_offset) for key, cq in list(self._queues.items()) if cq.loaded}
 
     def close(self) -> None:
         self.flush()

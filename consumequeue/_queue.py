@@ -102,6 +102,25 @@ class ConsumeQueue:
         self._files.forget(self._path(start))
         self._path(start).unlink(missing_ok=True)
 
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    def looks_intact(self, first: int, nxt: int) -> bool:
+        """Without loading: do the files that must hold offsets ``first .. nxt-1`` exist
+        with at least those entries? (One or two stats; used at a clean open.)"""
+        if nxt <= first:
+            return True
+        last = nxt - 1
+        start = last - last % self.per_file
+        try:
+            if os.stat(self._path(start)).st_size < (last - start + 1) * ENTRY_SIZE:
+                return False
+            head = first - first % self.per_file
+            return head == start or os.path.exists(self._path(head))
+        except FileNotFoundError:
+            return False
+
     # ------------------------------------------------------------------ state
     @property
     def next_offset(self) -> int:
