@@ -9,7 +9,6 @@ partition, so that "durable up to X" means the same as in the CommitLog mode.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import threading
@@ -18,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Sequence
 
-from commitlog import FlushMode, Message, QueueKey, Record, now_ms
+from commitlog import DurableOffset, FlushMode, Message, QueueKey, Record, now_ms
 from commitlog._encoder import BatchEncoder, EncodeError
 from consumequeue import FileCache
 
@@ -42,12 +41,8 @@ class PartitionStore(StoreBase):
         self.partitions: dict[QueueKey, PartitionLog] = {}
         self._lock = threading.Lock()
         self._written = 0  # virtual offset: bytes appended, all partitions together
-        self._durable = 0
+        self._durable = DurableOffset()
         self._dirty: set[Path] = set()
-        self._durable_cond = threading.Condition()
-        self._callbacks: list[tuple[int, int, Callable[[], None]]] = []
-        self._seq = 0
-        self._flush_requested = threading.Event()
         self._recovery_points: dict[QueueKey, int] = {}
 
     @property
@@ -105,7 +100,7 @@ class PartitionStore(StoreBase):
         return self
 
     def _wake_threads(self) -> None:
-        self._flush_requested.set()
+        self._durable.flush_requested.set()
 
     def close(self) -> None:
         if self._closed:
@@ -156,8 +151,8 @@ class PartitionStore(StoreBase):
                 return PutResult(status, f"{e.strerror} while appending to {self.root}: nothing written")
             end = self._written
         self._notify_arrivals(set(by_queue))
-        if self.config.commitlog.flush_mode is FlushMode.ASYNC and end - self._durable >= self.config.commitlog.flush_dirty_bytes:
-            self._flush_requested.set()
+        if self.config.commitlog.flush_mode is FlushMode.ASYNC and end - self._durable.value >= self.config.commitlog.flush_dirty_bytes:
+            self._durable.flush_requested.set()
         return PutResult(PutStatus.OK, "", q_offsets, [], end, store_ts)
 
     def _append_to(self, part: PartitionLog, msgs: list[Message], store_ts: int, undo: list) -> list[int]:
@@ -201,53 +196,25 @@ class PartitionStore(StoreBase):
             target, dirty, self._dirty = self._written, self._dirty, set()
         for path in dirty:
             self.files.sync(path, reopen=True)
-        ready: list[Callable[[], None]] = []
-        with self._durable_cond:
-            self._durable = max(self._durable, target)
-            while self._callbacks and self._callbacks[0][0] <= self._durable:
-                ready.append(heapq.heappop(self._callbacks)[2])
-            self._durable_cond.notify_all()
-        for fn in ready:
-            fn()
+        self._durable.publish(target)
         return target
 
     def wait_durable(self, offset: int, timeout_s: float) -> bool:
-        if self._durable >= offset:
-            return True
-        self._flush_requested.set()
-        deadline = time.monotonic() + timeout_s
-        with self._durable_cond:
-            while self._durable < offset:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._durable_cond.wait(left)
-        return True
+        return self._durable.wait(offset, timeout_s)
 
     def on_durable(self, offset: int, callback: Callable[[], None]) -> None:
-        with self._durable_cond:
-            if self._durable < offset:
-                self._seq += 1
-                heapq.heappush(self._callbacks, (offset, self._seq, callback))
-                self._flush_requested.set()
-                return
-        callback()
+        self._durable.on_durable(offset, callback)
 
     def _flush_loop(self) -> None:
-        interval = self.config.commitlog.flush_interval_ms / 1000
-        while not self._stop.is_set():
-            self._flush_requested.wait(interval)
-            self._flush_requested.clear()
-            if self._written > self._durable:
-                self.flush()
-        self.flush()
+        self._durable.run_flusher(self.flush, lambda: self._written > self._durable.value, self._stop,
+                                  self.config.commitlog.flush_interval_ms / 1000)  # fmt: skip
 
     def checkpoint(self) -> None:
         """Record each partition's recovery point: all below it is fsynced."""
         with self._lock:
             points = {key: part.next_offset for key, part in self.partitions.items()}
             written = self._written
-        if written > self._durable:
+        if written > self._durable.value:
             self.flush()
         write_json(self.directory / "recovery-points", {"version": 1, "points": [[t, q, n] for (t, q), n in points.items()]})
 
@@ -306,7 +273,7 @@ class PartitionStore(StoreBase):
 
     @property
     def durable_offset(self) -> int:
-        return self._durable
+        return self._durable.value
 
     @property
     def end_offset(self) -> int:

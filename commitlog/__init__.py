@@ -15,11 +15,12 @@ from ._record import (
     decode_host, decode_properties, decode_record,
 )  # fmt: skip
 from ._columns import HEADER_DTYPE, Walk, gather_fields, gather_headers, gather_strings, walk_records
+from ._durability import DurableOffset
 from ._encoder import encode_message
 from ._segment import fsync_dir
 
 __all__ = [
-    "AppendResult", "AppendStatus", "BLANK_MAGIC", "BLANK_SIZE", "CommitLog", "CommitLogConfig",
+    "AppendResult", "AppendStatus", "DurableOffset", "BLANK_MAGIC", "BLANK_SIZE", "CommitLog", "CommitLogConfig",
     "ConfigError", "CorruptRecordError", "FORMAT_VERSION", "FlushMode", "GiB", "HEADER",
     "HEADER_SIZE", "Host", "OFF_BODY_LEN", "OFF_BORN_HOST", "OFF_BORN_PORT", "OFF_BORN_TS",
     "OFF_COMMITLOG_OFFSET", "OFF_CRC", "OFF_FLAGS", "OFF_KEYS_LEN", "OFF_MAGIC", "OFF_PROPS_LEN",

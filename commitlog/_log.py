@@ -13,7 +13,6 @@ Invariants:
 from __future__ import annotations
 
 import enum
-import heapq
 import logging
 import mmap
 import os
@@ -29,6 +28,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from ._columns import Walk, gather_fields, walk_records
+from ._durability import DurableOffset
 from ._config import CommitLogConfig
 from ._encoder import BatchEncoder, EncodeError, Group, restore_offsets
 from ._errors import CorruptRecordError
@@ -100,11 +100,7 @@ class CommitLog:
         self._dirty: set[Segment] = set()
         self._dir_dirty = False
         self._confirmed: int | None = None
-        self._durable = 0
-        self._durable_cond = threading.Condition()
-        self._durable_callbacks: list[tuple[int, int, Callable[[], None]]] = []
-        self._callback_seq = 0
-        self._flush_requested = threading.Event()
+        self._durable = DurableOffset()
         self._append_listeners: list[Callable[[], None]] = []
         self._encoder = BatchEncoder(config.segment_bytes, config.max_message_bytes, config.store_host)
         self._raw_undo: dict[QueueKey, int] = {}
@@ -134,7 +130,8 @@ class CommitLog:
             self._open_clean()
         else:
             self._recover(checkpoint_offset)
-        self._end = self._durable = self._segments[-1].end
+        self._end = self._segments[-1].end
+        self._durable.publish(self._end)
         return self
 
     def _set_segments(self, segments: Sequence[Segment]) -> None:
@@ -262,7 +259,7 @@ class CommitLog:
 
     @property
     def durable_offset(self) -> int:
-        return self._durable
+        return self._durable.value
 
     @property
     def confirmed_offset(self) -> int:
@@ -428,8 +425,8 @@ class CommitLog:
 
     def _after_write(self, end: int) -> None:
         self._notify_append()
-        if self.config.flush_mode.value == "async" and end - self._durable >= self.config.flush_dirty_bytes:
-            self._flush_requested.set()
+        if self.config.flush_mode.value == "async" and end - self._durable.value >= self.config.flush_dirty_bytes:
+            self._durable.flush_requested.set()
 
     def truncate(self, offset: int) -> None:
         """Durably cut the log to ``offset`` (a record boundary), e.g. for a follower.
@@ -451,7 +448,7 @@ class CommitLog:
             self._set_segments(segments[: i + 1])
             fsync_dir(self.directory)
             self._end = offset
-            self._durable = min(self._durable, offset)
+            self._durable.lower(offset)
             if self._confirmed is not None:
                 self._confirmed = min(self._confirmed, offset)
 
@@ -590,60 +587,28 @@ class CommitLog:
                 seg.sync()
         if dir_dirty:
             fsync_dir(self.directory)
-        self._publish_durable(target)
+        self._durable.publish(target)
         return target
-
-    def _publish_durable(self, target: int) -> None:
-        ready: list[Callable[[], None]] = []
-        with self._durable_cond:
-            if target > self._durable:
-                self._durable = target
-            while self._durable_callbacks and self._durable_callbacks[0][0] <= self._durable:
-                ready.append(heapq.heappop(self._durable_callbacks)[2])
-            self._durable_cond.notify_all()
-        for fn in ready:
-            fn()
 
     def wait_durable(self, offset: int, timeout_s: float) -> bool:
         """Block until ``offset`` is durable (group commit); False on timeout."""
-        if self._durable >= offset:
-            return True
-        self._flush_requested.set()
-        deadline = time.monotonic() + timeout_s
-        with self._durable_cond:
-            while self._durable < offset:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._durable_cond.wait(left)
-        return True
+        return self._durable.wait(offset, timeout_s)
 
     def on_durable(self, offset: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` (from the flushing thread) once ``offset`` is durable."""
-        with self._durable_cond:
-            if self._durable < offset:
-                self._callback_seq += 1
-                heapq.heappush(self._durable_callbacks, (offset, self._callback_seq, callback))
-                self._flush_requested.set()
-                return
-        callback()
+        self._durable.on_durable(offset, callback)
 
     def wake_flusher(self) -> None:
         """Make the flush loop run now (for example to notice that it should stop)."""
-        self._flush_requested.set()
+        self._durable.flush_requested.set()
 
     def run_flusher(self, stop: threading.Event) -> None:
         """The flush loop: group commit in sync mode, interval/dirty bytes in async mode.
 
         Run it in a thread; it returns after ``stop`` is set (with a final flush).
         """
-        interval = self.config.flush_interval_ms / 1000
-        while not stop.is_set():
-            self._flush_requested.wait(interval)
-            self._flush_requested.clear()
-            if self.write_offset > self._durable or self._dir_dirty:
-                self.flush()
-        self.flush()
+        self._durable.run_flusher(self.flush, lambda: self._end > self._durable.value or self._dir_dirty, stop,
+                                  self.config.flush_interval_ms / 1000)  # fmt: skip
 
     # ---------------------------------------------------------------- retention
     def delete_expired(self, now: float | None = None) -> int:

@@ -48,11 +48,18 @@ class FileCache:
 
     def pwrite(self, path: Path, data: bytes | bytearray | memoryview, pos: int) -> None:
         with self._lock:
-            fd = self._fd(path, True)
-            view = memoryview(data)
-            while view:
-                written = os.pwrite(fd, view, pos)
-                view, pos = view[written:], pos + written
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._fd(path, True)
+            else:
+                self._fds.move_to_end(path)
+            written = os.pwrite(fd, data, pos)
+            if written < len(data):  # short write: rare, finish it
+                view = memoryview(data)[written:]
+                pos += written
+                while view:
+                    written = os.pwrite(fd, view, pos)
+                    view, pos = view[written:], pos + written
 
     def truncate(self, path: Path, size: int) -> None:
         with self._lock:

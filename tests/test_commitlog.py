@@ -177,9 +177,6 @@ def test_corrupt_record_in_old_data_is_reported_on_read(tmp_path: Path) -> None:
 def test_group_commit_shares_fsyncs_and_acks_only_durable_bytes(tmp_path: Path) -> None:
     cfg = CommitLogConfig(flush_mode=FlushMode.SYNC, segment_bytes=1 << 20, max_message_bytes=4096)
     lg = open_log(tmp_path, cfg)
-    stop = threading.Event()
-    flusher = threading.Thread(target=lg.run_flusher, args=(stop,))
-    flusher.start()
     syncs = []
     original = lg.flush
 
@@ -188,6 +185,9 @@ def test_group_commit_shares_fsyncs_and_acks_only_durable_bytes(tmp_path: Path) 
         return original()
 
     lg.flush = counting_flush  # type: ignore[method-assign]
+    stop = threading.Event()
+    flusher = threading.Thread(target=lg.run_flusher, args=(stop,))
+    flusher.start()
     acked: list[bool] = []
 
     def writer(i: int) -> None:
@@ -204,7 +204,7 @@ def test_group_commit_shares_fsyncs_and_acks_only_durable_bytes(tmp_path: Path) 
     stop.set()
     flusher.join()
     assert len(acked) == 200 and all(acked)
-    assert len(syncs) < 200  # many appends shared one fsync
+    assert 0 < len(syncs) < 200  # many appends shared one fsync
     lg.close()
 
 
