@@ -32,6 +32,8 @@ class StoreConfig:
     cq_entries_per_file: int = 300_000
     max_open_files: int = 1024
     cq_flush_interval_ms: int = 1000  # also: how often the checkpoint is written
+    cq_flush_min_bytes: int = 4096  # a queue's new entries wait in memory until this many ...
+    cq_full_flush_interval_ms: int = 10_000  # ... or until this long has passed (bounds memory: rate x 20 B x this)
     dispatch_chunk_bytes: int = 4 * MiB
     retention_check_interval_ms: int = 10_000
     max_scan_entries: int = 16_000  # per get, when a tag filter skips entries

@@ -115,15 +115,18 @@ class Store(StoreBase):
         self._end_close(clean=False)
 
     # -------------------------------------------------------------- background
-    def checkpoint(self, sync: bool = False) -> Checkpoint:
-        """Write queue entries to their files and record what is on disk.
+    def checkpoint(self, sync: bool = False, full: bool = True) -> Checkpoint:
+        """Write queue entries to their files (``full``: all; else those with at least
+        ``cq_flush_min_bytes`` waiting) and record what is on disk.
 
         Raises OSError (disk full) with nothing lost: entries that could not be written
         stay in memory and the previous checkpoint stays in force.
         """
         dispatched = self.dispatcher.dispatched_offset  # read first: entries below it are in memory
+        oldest = self.queues.flush(sync=sync, min_bytes=0 if full else self.config.cq_flush_min_bytes)
+        if oldest is not None:  # re-dispatch must start before entries that only memory holds
+            dispatched = min(dispatched, oldest)
         expected = {**self._manifest, **self.queues.extents()}
-        self.queues.flush(sync=sync)
         self._manifest = expected
         cp = Checkpoint(self.log.durable_offset, dispatched, expected)
         cp.save(self.directory / "checkpoint")
@@ -132,10 +135,11 @@ class Store(StoreBase):
     def _housekeeping(self) -> None:
         interval = self.config.cq_flush_interval_ms / 1000
         every = max(1, self.config.retention_check_interval_ms // self.config.cq_flush_interval_ms)
+        full_every = max(1, self.config.cq_full_flush_interval_ms // self.config.cq_flush_interval_ms)
         rounds = 0
         while not self._stop.wait(interval):
             try:
-                self.checkpoint()
+                self.checkpoint(full=(rounds + 1) % full_every == 0)
                 rounds += 1
                 if rounds % every == 0:
                     self.apply_retention()

@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--rebuild-messages", type=int, default=1_000_000, help="store size for the rebuild case")
     store.add_argument("--scale-queues", type=int, default=100_000, help="queues in the scale case (0: skip)")
     store.add_argument("--json", type=Path, default=Path("bench-store.json"), help="where to write the JSON")
+    store.add_argument("--markdown", type=Path, default=None, help="also write the tables as Markdown here")
     store.set_defaults(func=cmd_bench_store)
 
     cmp_ = bench_sub.add_parser("compare", help="commit-log mode against partition-per-file mode, same workload")
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--runs", type=int, default=3, help="runs; medians are reported (default 3)")
     cmp_.add_argument("--json", type=Path, default=Path("bench-compare.json"), help="where to write the JSON")
     cmp_.add_argument("--plot", type=Path, default=Path("bench-compare.png"), help="where to draw the plot")
+    cmp_.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown here")
     cmp_.add_argument("--via", choices=["store"], default="store",
                       help="what to drive: the store in-process (broker: once the broker service exists)")
     cmp_.set_defaults(func=cmd_bench_compare)
@@ -106,6 +108,10 @@ def cmd_bench_store(args: argparse.Namespace) -> int:
                      rebuild_messages=args.rebuild_messages, scale_queues=args.scale_queues,
                      report=lambda s: console.print(f"[dim]{s}"), save=lambda r: write_json(r, args.json))  # fmt: skip
     _print_store_tables(result)
+    if args.markdown:
+        from .bench_report import store_markdown
+
+        args.markdown.write_text(store_markdown(result))
     console.print(f"JSON written to {args.json}")
     return 0
 
@@ -121,6 +127,10 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
     args.json.write_text(json.dumps(result, indent=2))
     plot(result, args.plot)
     _print_compare_table(result)
+    if args.markdown:
+        from .bench_report import compare_markdown
+
+        args.markdown.write_text(compare_markdown(result))
     console.print(f"JSON written to {args.json}, plot to {args.plot}")
     return 0
 

@@ -78,23 +78,36 @@ class ConsumeQueueSet:
         with self._lock:
             self._dirty.update(touched)
 
-    def flush(self, sync: bool = False) -> int:
-        """Write every queue's in-memory entries to its files; returns how many queues."""
+    def flush(self, sync: bool = False, min_bytes: int = 0) -> int | None:
+        """Write queues' in-memory entries to their files: those holding at least
+        ``min_bytes`` (0: all). Small writes to thousands of files cost more than they
+        protect (the files are rebuilt from the log), so small tails wait.
+
+        Returns the commit-log offset of the oldest entry still only in memory, or None.
+        """
         with self._lock:
             dirty, self._dirty = self._dirty, set()
+        waiting: list[ConsumeQueue] = []
         for cq in dirty:
+            if cq.pending_bytes < min_bytes:
+                waiting.append(cq)
+                continue
             cq.flush()
             if sync:
                 cq.sync()
-        return len(dirty)
+        if waiting:
+            with self._lock:
+                self._dirty.update(waiting)
+        oldest = [o for o in (cq.oldest_pending() for cq in waiting) if o is not None]
+        return min(oldest) if oldest else None
 
     def next_offsets(self) -> dict[QueueKey, int]:
         """Next offset of every *loaded* queue."""
         return {key: cq.next_offset for key, cq in list(self._queues.items()) if cq.loaded}
 
     def extents(self) -> dict[QueueKey, tuple[int, int]]:
-        """``(first, next)`` offsets of every *loaded* queue (others are not touched)."""
-        return {key: (cq.first_offset, cq.next_offset) for key, cq in list(self._queues.items()) if cq.loaded}
+        """``(first, next)`` of the entries in the files, for every *loaded* queue."""
+        return {key: cq.disk_extent() for key, cq in list(self._queues.items()) if cq.loaded}
 
     def close(self) -> None:
         self.flush()

@@ -69,16 +69,22 @@ class FileCache:
 
     def sync(self, path: Path, reopen: bool = False) -> None:
         """fdatasync ``path`` if it is open; with ``reopen``, also if it was evicted
-        (its writes are in the page cache but not yet known durable)."""
+        (its writes are in the page cache but not yet known durable).
+
+        The fsync runs on a duplicate descriptor *outside* the lock: holding the lock
+        through a disk flush would stall every write to every other file.
+        """
         with self._lock:
             if path in self._fds:
-                os.fdatasync(self._fds[path])
+                fd = os.dup(self._fds[path])
             elif reopen and path.exists():
                 fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fdatasync(fd)
-                finally:
-                    os.close(fd)
+            else:
+                return
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def forget(self, path: Path) -> None:
         """Close the descriptor of a file about to be deleted."""

@@ -164,6 +164,25 @@ class ConsumeQueue:
             self._pending += data
             return len(data) // ENTRY_SIZE
 
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._pending)
+
+    def oldest_pending(self) -> int | None:
+        """Commit-log offset of the first entry not yet in a file (None: all written)."""
+        with self._lock:
+            for p in range(0, len(self._pending), ENTRY_SIZE):  # skip holes
+                phys, size, _ = ENTRY.unpack_from(self._pending, p)
+                if size:
+                    return phys
+            return None
+
+    def disk_extent(self) -> tuple[int, int]:
+        """``(first, next)`` of the entries that are in the files."""
+        with self._lock:
+            self._ensure_loaded()
+            return self._first, self._flushed_next
+
     def flush(self) -> None:
         """Write in-memory entries to their files (page cache; fsync is :meth:`sync`)."""
         with self._lock:
