@@ -120,7 +120,29 @@ class StoreBase:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:  # pragma: no cover - each mode defines it
+    def close(self) -> None:
+        """Clean shutdown: stop the threads, flush and checkpoint, remove the abort marker
+        (unless something could not be written: then the next open validates)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_threads()
+        self._end_close(self._close_files())
+
+    def abandon(self) -> None:
+        """Release files as a crash would: no flush, no checkpoint, abort marker left."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_threads()
+        self._release_files()
+        self._end_close(clean=False)
+
+    def _close_files(self) -> bool:  # pragma: no cover - per mode
+        """Flush, checkpoint and close; True if everything was written."""
+        raise NotImplementedError
+
+    def _release_files(self) -> None:  # pragma: no cover - per mode
         raise NotImplementedError
 
     # ------------------------------------------------------------------ topics

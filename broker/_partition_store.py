@@ -102,11 +102,7 @@ class PartitionStore(StoreBase):
     def _wake_threads(self) -> None:
         self._durable.flush_requested.set()
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._stop_threads()
+    def _close_files(self) -> bool:
         self.flush()
         for part in self.partitions.values():
             part._write_indexes(part.segments[-1])
@@ -117,15 +113,10 @@ class PartitionStore(StoreBase):
             log.error("partition store close: could not write recovery points (%s)", e)
             clean = False
         self.files.close()
-        self._end_close(clean)
+        return clean
 
-    def abandon(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._stop_threads()
+    def _release_files(self) -> None:
         self.files.close()
-        self._end_close(clean=False)
 
     # ------------------------------------------------------------------ append
     def _append(self, messages: Sequence[Message]) -> PutResult:

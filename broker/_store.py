@@ -85,12 +85,7 @@ class Store(StoreBase):
         self.dispatcher.wake()
         self.log.wake_flusher()
 
-    def close(self) -> None:
-        """Clean shutdown: dispatch the rest, flush everything, remove the abort marker."""
-        if self._closed:
-            return
-        self._closed = True
-        self._stop_threads()
+    def _close_files(self) -> bool:
         self.dispatcher.catch_up()
         self.log.flush()
         try:
@@ -102,17 +97,11 @@ class Store(StoreBase):
             self.queues.files.close()
             clean = False
         self.log.close()
-        self._end_close(clean)
+        return clean
 
-    def abandon(self) -> None:
-        """Release files as a crash would: no flush, no checkpoint, abort marker left."""
-        if self._closed:
-            return
-        self._closed = True
-        self._stop_threads()
+    def _release_files(self) -> None:
         self.queues.files.close()
         self.log.abandon()
-        self._end_close(clean=False)
 
     # -------------------------------------------------------------- background
     def checkpoint(self, sync: bool = False, full: bool = True) -> Checkpoint:
