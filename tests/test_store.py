@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -103,7 +104,7 @@ def test_a_second_process_cannot_open_the_same_directory(store_dir: Path) -> Non
             "from broker import Store, StoreLockedError\nfrom tests.conftest import small_config\n"
             "try:\n    Store.open(small_config(%r))\nexcept StoreLockedError as e:\n    print('LOCKED', e)\n"
         ) % (str(Path(__file__).parents[1]), str(store_dir))
-        out = subprocess.run(["python3" if False else os.sys.executable, "-c", code], capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert "LOCKED" in out.stdout and "in use by another process" in out.stdout, out.stderr
 
 
