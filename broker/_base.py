@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from commitlog import CommitLogConfig, ConfigError, FlushMode, Message, MiB, QueueKey, Record, StoreError
+from commitlog import CommitLogConfig, ConfigError, DurableOffset, FlushMode, Message, MiB, QueueKey, Record, StoreError
 
 from ._checkpoint import AbortMarker
 from ._results import GetResult, GetStatus, PutResult, PutStatus
@@ -210,8 +210,20 @@ class StoreBase:
     def _append(self, messages: Sequence[Message]) -> PutResult:  # pragma: no cover - per mode
         raise NotImplementedError
 
-    def wait_durable(self, offset: int, timeout_s: float) -> bool:  # pragma: no cover - per mode
+    def _durability(self) -> DurableOffset:  # pragma: no cover - per mode
         raise NotImplementedError
+
+    def wait_durable(self, offset: int, timeout_s: float) -> bool:
+        """Block until everything up to ``offset`` (an ``end_offset``) is fsynced (group commit)."""
+        return self._durability().wait(offset, timeout_s)
+
+    def on_durable(self, offset: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` from the flusher once everything up to ``offset`` is fsynced."""
+        self._durability().on_durable(offset, callback)
+
+    @property
+    def durable_offset(self) -> int:
+        return self._durability().value
 
     # --------------------------------------------------------------------- get
     def min_offset(self, topic: str, queue_id: int) -> int:  # pragma: no cover - per mode

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from commitlog import DurableOffset, FlushMode, Message, QueueKey, Record, now_ms
 from commitlog._encoder import BatchEncoder, EncodeError
@@ -190,11 +190,8 @@ class PartitionStore(StoreBase):
         self._durable.publish(target)
         return target
 
-    def wait_durable(self, offset: int, timeout_s: float) -> bool:
-        return self._durable.wait(offset, timeout_s)
-
-    def on_durable(self, offset: int, callback: Callable[[], None]) -> None:
-        self._durable.on_durable(offset, callback)
+    def _durability(self) -> DurableOffset:
+        return self._durable
 
     def _flush_loop(self) -> None:
         self._durable.run_flusher(self.flush, lambda: self._written > self._durable.value, self._stop,
@@ -261,10 +258,6 @@ class PartitionStore(StoreBase):
     @property
     def dispatch_lag_bytes(self) -> int:
         return 0  # readers see messages as soon as they are written: nothing to dispatch
-
-    @property
-    def durable_offset(self) -> int:
-        return self._durable.value
 
     @property
     def end_offset(self) -> int:

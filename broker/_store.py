@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from commitlog import OFF_STORE_TS, CommitLog, Message, MiB, Record, decode_record
+from commitlog import OFF_STORE_TS, CommitLog, DurableOffset, Message, MiB, Record, decode_record
 from consumequeue import ENTRY_DTYPE, ConsumeQueueSet, Dispatcher, tag_hash
 
 from ._base import Stopwatch, StoreBase, StoreConfig, StoreLockedError
@@ -149,13 +149,8 @@ class Store(StoreBase):
     def _append(self, messages: Sequence[Message]) -> PutResult:
         return PutResult.from_append(self.log.append(messages))
 
-    def wait_durable(self, offset: int, timeout_s: float) -> bool:
-        """Block until the log is fsynced up to ``offset`` (group commit)."""
-        return self.log.wait_durable(offset, timeout_s)
-
-    def on_durable(self, offset: int, callback: Callable[[], None]) -> None:
-        """Call ``callback`` from the flusher once the log is fsynced up to ``offset``."""
-        self.log.on_durable(offset, callback)
+    def _durability(self) -> DurableOffset:
+        return self.log.durability
 
     def flush(self) -> int:
         """fsync the log now; returns the durable offset."""
@@ -245,8 +240,4 @@ class Store(StoreBase):
     def end_offset(self) -> int:
         """Where the next append goes (the durability token of :meth:`wait_durable`)."""
         return self.log.write_offset
-
-    @property
-    def durable_offset(self) -> int:
-        return self.log.durable_offset
 

@@ -262,6 +262,11 @@ class CommitLog:
         return self._durable.value
 
     @property
+    def durability(self) -> DurableOffset:
+        """The durable offset and its waiters (shared with the store built on this log)."""
+        return self._durable
+
+    @property
     def confirmed_offset(self) -> int:
         end = self.write_offset
         return end if self._confirmed is None else min(self._confirmed, end)
