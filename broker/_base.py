@@ -72,6 +72,10 @@ class StoreBase:
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._new_entries = threading.Condition()
+        # Checkpoints come from the housekeeping thread and from callers (open, close,
+        # tests): one at a time, or two could race on the temporary file and the
+        # older one could land last.
+        self._checkpoint_lock = threading.Lock()
         self._lock_fd = -1
         self._arrival_listeners: list[Callable[[set[QueueKey]], None]] = []
         self.open_stats: dict[str, float] = {}  # how long each phase of open took

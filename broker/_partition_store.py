@@ -199,6 +199,10 @@ class PartitionStore(StoreBase):
 
     def checkpoint(self) -> None:
         """Record each partition's recovery point: all below it is fsynced."""
+        with self._checkpoint_lock:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
         with self._lock:
             points = {key: part.next_offset for key, part in self.partitions.items()}
             written = self._written

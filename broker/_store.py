@@ -105,6 +105,11 @@ class Store(StoreBase):
 
     # -------------------------------------------------------------- background
     def checkpoint(self, sync: bool = False, full: bool = True) -> Checkpoint:
+        """Write queue entries to their files and record what is on disk (see ``_checkpoint``)."""
+        with self._checkpoint_lock:
+            return self._checkpoint(sync, full)
+
+    def _checkpoint(self, sync: bool, full: bool) -> Checkpoint:
         """Write queue entries to their files (``full``: all; else those with at least
         ``cq_flush_min_bytes`` waiting) and record what is on disk.
 
