@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 from commitlog import CommitLogConfig, ConfigError, DurableOffset, FlushMode, Message, MiB, QueueKey, Record, StoreError
 
@@ -77,7 +77,7 @@ class StoreBase:
         # older one could land last.
         self._checkpoint_lock = threading.Lock()
         self._lock_fd = -1
-        self._arrival_listeners: list[Callable[[set[QueueKey]], None]] = []
+        self._arrival_listeners: list[Callable[[Collection[QueueKey]], None]] = []
         self.open_stats: dict[str, float] = {}  # how long each phase of open took
         self._abort = AbortMarker(self.directory)
         self._manifest: dict[QueueKey, tuple[int, int]] = {}  # checkpointed extents of queues not loaded
@@ -262,13 +262,13 @@ class StoreBase:
         with self._new_entries:
             return self._new_entries.wait_for(lambda: self.max_offset(topic, queue_id) > offset, timeout_s)
 
-    def _notify_arrivals(self, keys: set[QueueKey]) -> None:
+    def _notify_arrivals(self, keys: Collection[QueueKey]) -> None:
         with self._new_entries:
             self._new_entries.notify_all()
         for fn in self._arrival_listeners:
             fn(keys)
 
-    def add_arrival_listener(self, fn: Callable[[set[QueueKey]], None]) -> None:
+    def add_arrival_listener(self, fn: Callable[[Collection[QueueKey]], None]) -> None:
         """Call ``fn(keys)`` when queues get new messages readers can see (long polling)."""
         self._arrival_listeners = [*self._arrival_listeners, fn]
 

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--seconds", type=float, default=3.0, help="seconds per append case (default 3)")
     store.add_argument("--runs", type=int, default=3, help="runs per case; medians are reported (default 3)")
     store.add_argument("--batch", type=int, default=256, help="messages per append batch (default 256)")
-    store.add_argument("--rebuild-messages", type=int, default=1_000_000, help="store size for the rebuild case")
+    store.add_argument("--rebuild-messages", type=int, default=1_000_000, help="store size for the rebuild case (0: skip)")
     store.add_argument("--scale-queues", type=int, default=100_000, help="queues in the scale case (0: skip)")
     store.add_argument("--json", type=Path, default=Path("bench-store.json"), help="where to write the JSON")
     store.add_argument("--markdown", type=Path, default=None, help="also write the tables as Markdown here")
@@ -159,16 +159,9 @@ def _print_store_tables(result: dict) -> None:
         table.add_row(str(r["size"]), f"{r['queues']:,}", r["flush"], f"{r['msgs_per_s']:,.0f}", f"{r['mb_per_s']:.1f}",
                       f"{r['max_dispatch_lag_mb']:.1f}", f"{r['catch_up_ms']:.0f}")  # fmt: skip
     console.print(table)
-    rb = result["rebuild"]
-    console.print(
-        f"rebuild of {rb['queues']:,} consume queues for {rb['messages']:,} messages ({rb['log_mb']:.0f} MB of log): "
-        f"{rb['rebuild_s']:.2f} s, of which re-dispatch {rb['redispatch_s']:.2f} s "
-        f"({rb['redispatch_records_per_s']:,.0f} records/s) and writing new queue files {rb['queue_files_s']:.2f} s"
-    )
-    console.print(
-        f"recovery without a checkpoint: {rb['recovery_s']:.2f} s, of which CRC validation of the whole log "
-        f"{rb['log_validation_s']:.2f} s ({rb['log_validation_records_per_s']:,.0f} records/s)"
-    )
+    rb = result.get("rebuild")
+    if rb:
+        _print_rebuild(rb)
     for r in result["read"]:
         console.print(f"read-back over {r['queues']:,} queues (pulls of 32): {r['msgs_per_s']:,.0f} msgs/s")
     sc = result.get("scale")
@@ -178,6 +171,18 @@ def _print_store_tables(result: dict) -> None:
             f"{sc['reopen_s']:.2f} s, read-back {sc['read_msgs_per_s']:,.0f} msgs/s, at most {sc['max_open_fds']} "
             f"descriptors open (max_open_files={sc['max_open_files_setting']})"
         )
+
+
+def _print_rebuild(rb: dict) -> None:
+    console.print(
+        f"rebuild of {rb['queues']:,} consume queues for {rb['messages']:,} messages ({rb['log_mb']:.0f} MB of log): "
+        f"{rb['rebuild_s']:.2f} s, of which re-dispatch {rb['redispatch_s']:.2f} s "
+        f"({rb['redispatch_records_per_s']:,.0f} records/s) and writing new queue files {rb['queue_files_s']:.2f} s"
+    )
+    console.print(
+        f"recovery without a checkpoint: {rb['recovery_s']:.2f} s, of which CRC validation of the whole log "
+        f"{rb['log_validation_s']:.2f} s ({rb['log_validation_records_per_s']:,.0f} records/s)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

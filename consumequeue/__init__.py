@@ -4,11 +4,12 @@ Derived data: built asynchronously by the :class:`Dispatcher` from the log and r
 from it after a crash. Plain, synchronous, typed storage code (no trio).
 """
 
-from ._dispatch import ConsumeQueueSet, Dispatcher, tag_hash
+from ._dispatch import Dispatcher, tag_hash
 from ._files import FileCache
 from ._queue import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, ConsumeQueue, Entry
+from ._set import Arrivals, ConsumeQueueSet
 
 __all__ = [
-    "ConsumeQueue", "ConsumeQueueSet", "Dispatcher", "ENTRY", "ENTRY_DTYPE", "ENTRY_SIZE",
+    "Arrivals", "ConsumeQueue", "ConsumeQueueSet", "Dispatcher", "ENTRY", "ENTRY_DTYPE", "ENTRY_SIZE",
     "Entry", "FileCache", "tag_hash",
 ]  # fmt: skip

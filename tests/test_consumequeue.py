@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from commitlog import CommitLog, CommitLogConfig, Message, decode_record, gather_headers, walk_records
 from commitlog._encoder import BatchEncoder
-from consumequeue import ENTRY, ConsumeQueue, ConsumeQueueSet, Dispatcher, FileCache, tag_hash
+from consumequeue import ENTRY, Arrivals, ConsumeQueue, ConsumeQueueSet, Dispatcher, FileCache, tag_hash
 
 from .conftest import msgs
 
@@ -92,11 +92,12 @@ def test_dispatch_builds_queues_and_rerunning_it_changes_nothing(tmp_path: Path)
 def test_dispatch_wakes_listeners_with_the_queues_it_touched(tmp_path: Path) -> None:
     lg = CommitLog.open(tmp_path / "log", CommitLogConfig(), clean=False, checkpoint_offset=None)
     d = Dispatcher(lg, ConsumeQueueSet(tmp_path / "cq", 16, 8), 0)
-    seen: list[set] = []
+    seen: list[Arrivals] = []
     d.add_listener(seen.append)
-    lg.append([Message("x", 1, b"a"), Message("y", 0, b"b")])
+    lg.append([Message("x", 1, b"a"), Message("y", 0, b"b"), Message("x", 1, b"c")])
     d.dispatch_once()
-    assert seen == [{("x", 1), ("y", 0)}]
+    assert len(seen) == 1 and set(seen[0]) == {("x", 1), ("y", 0)} and len(seen[0]) == 2
+    assert ("x", 1) in seen[0] and ("x", 0) not in seen[0] and ("nope", 1) not in seen[0]
     lg.close()
 
 

@@ -1,0 +1,220 @@
+"""The set of consume queues, fed by the dispatcher one round at a time.
+
+Why rounds are kept as arrays: with traffic spread over many queues, a dispatch round
+touches about one queue per record, so any Python work per (round, queue) is paid per
+message and throughput falls as queues grow. The dispatcher therefore hands over each
+round as numpy columns (:meth:`ConsumeQueueSet.add_round`, O(1) Python work), and the
+rounds are merged into the queues in bulk: one stable sort, then one ``append`` per
+queue for all its entries of all pending rounds. A merge happens before anything reads
+a queue (so readers always see every dispatched entry), when the housekeeping flush
+runs, and when the rounds hold ``MERGE_ENTRIES`` entries (bounding memory).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from commitlog import QueueKey
+
+from ._files import FileCache
+from ._queue import ConsumeQueue
+
+log = logging.getLogger("clmq.consumequeue")
+
+MERGE_ENTRIES = 1 << 20  # entries held in rounds before the dispatcher merges them itself
+_QID_MASK = 0xFFFFFFFF
+
+
+class Arrivals:
+    """The queues one dispatch round gave entries to.
+
+    Built into Python values only when asked: usually only long-poll waiters look, and
+    they ask about their own queue (``key in arrivals``).
+    """
+
+    def __init__(self, codes: np.ndarray, owner: "ConsumeQueueSet") -> None:
+        self._codes = codes
+        self._owner = owner
+        self._set: set[int] | None = None
+
+    def _code_set(self) -> set[int]:
+        if self._set is None:
+            self._set = set(np.unique(self._codes).tolist())
+        return self._set
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return False
+        tid = self._owner.known_topic_id(key[0])
+        return tid is not None and (tid << 32 | key[1]) in self._code_set()
+
+    def __iter__(self) -> Iterator[QueueKey]:
+        names = self._owner.topic_names
+        return ((names[c >> 32], c & _QID_MASK) for c in self._code_set())
+
+    def __len__(self) -> int:
+        return len(self._code_set())
+
+    def __repr__(self) -> str:
+        return f"Arrivals({sorted(self)!r})"
+
+
+class ConsumeQueueSet:
+    """Every consume queue under ``root/<topic>/<queue id>/``, created on demand.
+
+    Queues are addressed by ``(topic, queue id)`` or, inside the dispatch path, by a
+    code ``topic id << 32 | queue id`` with topic ids interned here.
+    """
+
+    def __init__(self, root: Path, entries_per_file: int, max_open_files: int) -> None:
+        self.root = root
+        self.entries_per_file = entries_per_file
+        self.files = FileCache(max_open_files)
+        self._queues: dict[QueueKey, ConsumeQueue] = {}
+        self._by_code: dict[int, ConsumeQueue] = {}
+        self._topic_ids: dict[str, int] = {}
+        self.topic_names: list[str] = []
+        self._dirty: set[ConsumeQueue] = set()
+        self._rounds: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._round_entries = 0
+        self._lock = threading.Lock()  # queue creation and topic interning
+        self._merge_lock = threading.Lock()  # rounds and the dirty set
+        root.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------ addressing
+    def topic_id(self, topic: str) -> int:
+        """The interned id of ``topic`` (assigned on first use)."""
+        tid = self._topic_ids.get(topic)
+        if tid is None:
+            with self._lock:
+                tid = self._topic_ids.get(topic)
+                if tid is None:
+                    tid = self._topic_ids[topic] = len(self.topic_names)
+                    self.topic_names.append(topic)
+        return tid
+
+    def known_topic_id(self, topic: str) -> int | None:
+        return self._topic_ids.get(topic)
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        key = (topic, queue_id)
+        cq = self._queues.get(key)
+        if cq is None:
+            with self._lock:
+                cq = self._queues.get(key)
+                if cq is None:
+                    cq = ConsumeQueue(self.root / topic / str(queue_id), topic, queue_id, self.entries_per_file, self.files)
+                    self._queues[key] = cq
+        return cq
+
+    def _queue_by_code(self, code: int) -> ConsumeQueue:
+        cq = self._by_code.get(code)
+        if cq is None:
+            cq = self._by_code[code] = self._queue(self.topic_names[code >> 32], code & _QID_MASK)
+        return cq
+
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """The queue, holding every entry dispatched so far."""
+        self.merge()
+        return self._queue(topic, queue_id)
+
+    def discover(self) -> list[QueueKey]:
+        """The queues that have a directory on disk (without loading them)."""
+        keys: list[QueueKey] = []
+        for topic in os.listdir(self.root):
+            tdir = self.root / topic
+            if tdir.is_dir():
+                keys.extend((topic, int(q)) for q in os.listdir(tdir) if q.isdigit())
+        return keys
+
+    def known(self) -> list[QueueKey]:
+        self.merge()
+        return list(self._queues)
+
+    # ------------------------------------------------------------ dispatch path
+    def add_round(self, codes: np.ndarray, queue_offsets: np.ndarray, entries: np.ndarray) -> Arrivals:
+        """Take one dispatch round's entries, in log order: ``codes`` (uint64 queue
+        codes), ``queue_offsets`` (int64) and ``entries`` (ENTRY_DTYPE)."""
+        with self._merge_lock:
+            self._rounds.append((codes, queue_offsets, entries))
+            self._round_entries += len(codes)
+            if self._round_entries >= MERGE_ENTRIES:
+                try:
+                    self._merge_locked()
+                except OSError as e:  # rounds are kept; the next merge retries
+                    log.warning("merging dispatched entries: %s", e)
+        return Arrivals(codes, self)
+
+    def merge(self) -> None:
+        """Apply every pending round to its queues."""
+        if self._rounds:  # cheap check: cleared only once a merge has fully applied
+            with self._merge_lock:
+                self._merge_locked()
+
+    def _merge_locked(self) -> None:
+        rounds = self._rounds
+        if not rounds:
+            return
+        codes, qoffs, entries = (np.concatenate(c) for c in zip(*rounds)) if len(rounds) > 1 else rounds[0]
+        order = np.argsort(codes, kind="stable")  # stable: log order within a queue
+        codes, qoffs, raw = codes[order], qoffs[order], entries[order].tobytes()
+        cuts = np.flatnonzero((codes[1:] != codes[:-1]) | (qoffs[1:] != qoffs[:-1] + 1)) + 1
+        starts = np.concatenate(([0], cuts))
+        ends = np.concatenate((cuts, [len(codes)])) * 20
+        touched = []
+        for code, first, a, b in zip(codes[starts].tolist(), qoffs[starts].tolist(), (starts * 20).tolist(), ends.tolist()):
+            cq = self._by_code.get(code) or self._queue_by_code(code)
+            if cq.append(first, raw[a:b]):  # idempotent: a retried merge skips what it has
+                touched.append(cq)
+        self._dirty.update(touched)
+        self._rounds, self._round_entries = [], 0
+
+    # ---------------------------------------------------------------- files
+    def flush(self, sync: bool = False, min_bytes: int = 0) -> int | None:
+        """Write queues' in-memory entries to their files: those holding at least
+        ``min_bytes`` (0: all). Small writes to thousands of files cost more than they
+        protect (the files are rebuilt from the log), so small tails wait.
+
+        Returns the commit-log offset of the oldest entry still only in memory, or None.
+        """
+        with self._merge_lock:
+            self._merge_locked()
+            dirty, self._dirty = self._dirty, set()
+        waiting: list[ConsumeQueue] = []
+        try:
+            for cq in dirty:
+                if cq.pending_bytes < min_bytes:
+                    waiting.append(cq)
+                    continue
+                cq.flush()
+                if sync:
+                    cq.sync()
+        except OSError:
+            with self._merge_lock:  # nothing is lost: the unwritten stay dirty
+                self._dirty.update(dirty)
+            raise
+        if waiting:
+            with self._merge_lock:
+                self._dirty.update(waiting)
+        oldest = [o for o in (cq.oldest_pending() for cq in waiting) if o is not None]
+        return min(oldest) if oldest else None
+
+    def next_offsets(self) -> dict[QueueKey, int]:
+        """Next offset of every *loaded* queue."""
+        self.merge()
+        return {key: cq.next_offset for key, cq in list(self._queues.items()) if cq.loaded}
+
+    def extents(self) -> dict[QueueKey, tuple[int, int]]:
+        """``(first, next)`` of the entries in the files, for every *loaded* queue."""
+        self.merge()
+        return {key: cq.disk_extent() for key, cq in list(self._queues.items()) if cq.loaded}
+
+    def close(self) -> None:
+        self.flush()
+        self.files.close()
