@@ -14,7 +14,7 @@ from typing import Callable, Collection, Iterable, Sequence
 from commitlog import CommitLogConfig, ConfigError, DurableOffset, FlushMode, Message, MiB, QueueKey, Record, StoreError
 
 from ._checkpoint import AbortMarker
-from ._results import GetResult, GetStatus, PutResult, PutStatus
+from ._results import GetResult, GetStatus, PutResult, PutStatus, RawRead, Span
 from ._topics import TopicTable, topic_name_error
 
 STORAGE_MODES = ("commitlog", "partition-per-file")
@@ -153,6 +153,11 @@ class StoreBase:
     def create_topic(self, topic: str, queue_count: int) -> None:
         self.topics.create(topic, queue_count)
 
+    def delete_topic(self, topic: str) -> bool:
+        """Forget a topic: it takes no more messages and serves no reads. Its records
+        stay in the log until retention removes them."""
+        return self.topics.delete(topic)
+
     def queue_exists(self, topic: str, queue_id: int) -> bool:
         count = self.topics.queue_count(topic)
         return count is not None and 0 <= queue_id < count
@@ -244,18 +249,39 @@ class StoreBase:
             tags: Iterable[str] | None = None) -> GetResult:  # fmt: skip
         """Up to ``max_messages`` records from queue offset ``offset``, optionally only
         those whose tag is in ``tags``."""
-        if not self.queue_exists(topic, queue_id):
-            return GetResult(GetStatus.NO_QUEUE)
-        lo, hi = self.min_offset(topic, queue_id), self.max_offset(topic, queue_id)
-        if offset < lo:
-            return GetResult(GetStatus.OFFSET_TOO_SMALL, next_offset=lo, min_offset=lo, max_offset=hi)
-        if offset >= hi:
-            status = GetStatus.NO_MESSAGE if offset == hi else GetStatus.OFFSET_OVERFLOW
-            return GetResult(status, next_offset=hi if offset > hi else offset, min_offset=lo, max_offset=hi)
+        early, lo, hi = self._check_get(topic, queue_id, offset)
+        if early is not None:
+            return GetResult(early[0], next_offset=early[1], min_offset=lo, max_offset=hi)
         tag_set = set(tags) if tags is not None else None
         messages, next_offset = self._read(topic, queue_id, offset, max_messages, tag_set)
         status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
         return GetResult(status, messages, next_offset, lo, hi)
+
+    def read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
+                 tags: Iterable[str] | None = None, max_bytes: int = 4 * MiB) -> RawRead:  # fmt: skip
+        """Like :meth:`get`, but the records as stored (file spans, for zero-copy sends);
+        at most ``max_bytes`` unless the first record alone is larger."""
+        early, lo, hi = self._check_get(topic, queue_id, offset)
+        if early is not None:
+            return RawRead(early[0], next_offset=early[1], min_offset=lo, max_offset=hi)
+        tag_set = set(tags) if tags is not None else None
+        spans, count, next_offset = self._read_raw(topic, queue_id, offset, max_messages, tag_set, max_bytes)
+        return RawRead(GetStatus.FOUND if count else GetStatus.NO_MATCHED_MESSAGE, spans, count, next_offset, lo, hi)
+
+    def _check_get(self, topic: str, queue_id: int, offset: int) -> tuple[tuple[GetStatus, int] | None, int, int]:
+        """``(None or (status, next offset) when there is nothing to read, min, max)``."""
+        if not self.queue_exists(topic, queue_id):
+            return (GetStatus.NO_QUEUE, 0), 0, 0
+        lo, hi = self.min_offset(topic, queue_id), self.max_offset(topic, queue_id)
+        if offset < lo:
+            return (GetStatus.OFFSET_TOO_SMALL, lo), lo, hi
+        if offset >= hi:
+            return (GetStatus.NO_MESSAGE if offset == hi else GetStatus.OFFSET_OVERFLOW, min(offset, hi)), lo, hi
+        return None, lo, hi
+
+    def _read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None,
+                  max_bytes: int) -> tuple[list[Span], int, int]:  # fmt: skip  # pragma: no cover
+        raise NotImplementedError
 
     def wait_for_entries(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
         """Block until the queue's max offset exceeds ``offset`` (long polling, threads)."""

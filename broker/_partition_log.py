@@ -203,6 +203,11 @@ class PartitionLog:
 
     def read(self, files: FileCache, offset: int, max_messages: int, max_bytes: int) -> list[Record]:
         """Records from queue offset ``offset``: index look-up, then a forward scan."""
+        return [rec for rec, _raw in self.read_with_bytes(files, offset, max_messages, max_bytes)]
+
+    def read_with_bytes(self, files: FileCache, offset: int, max_messages: int,
+                        max_bytes: int) -> list[tuple[Record, bytes]]:  # fmt: skip
+        """Records from queue offset ``offset``, each with its bytes as stored."""
         seg = self._segment_of(offset)
         if seg is None or offset >= seg.next_offset:
             return []
@@ -212,10 +217,11 @@ class PartitionLog:
         window = self.index_interval + max(max_bytes, self.max_message_bytes)
         data = files.pread(seg.path, min(window, seg.size - pos), pos)
         walk = walk_records(data)
-        out: list[Record] = []
+        out: list[tuple[Record, bytes]] = []
         for start in walk.starts.tolist():
             if at >= offset:
-                out.append(decode_record(data, start, str(seg.path), start + pos))
+                rec = decode_record(data, start, str(seg.path), start + pos)
+                out.append((rec, data[start : start + rec.size]))
                 if len(out) >= max_messages:
                     break
             at += 1

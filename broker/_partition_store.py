@@ -24,7 +24,7 @@ from consumequeue import FileCache
 from ._base import Stopwatch, StoreBase, StoreConfig
 from ._durable_file import read_json, write_json
 from ._partition_log import PartitionLog, PartSegment
-from ._results import PutResult, PutStatus
+from ._results import PutResult, PutStatus, Span
 
 log = logging.getLogger("clmq.partition")
 
@@ -258,6 +258,27 @@ class PartitionStore(StoreBase):
                     if len(out) == max_messages:
                         break
         return out, offset
+
+    def _read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None,
+                  max_bytes: int) -> tuple[list[Span], int, int]:  # fmt: skip
+        part = self.partitions[(topic, queue_id)]
+        spans: list[Span] = []
+        scanned, total = 0, 0
+        limit = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
+        while len(spans) < max_messages and scanned < limit and offset < part.next_offset:
+            got = part.read_with_bytes(self.files, offset, min(256, limit - scanned), 1 << 20)
+            if not got:
+                break
+            for rec, raw in got:
+                if spans and total + rec.size > max_bytes:
+                    return spans, len(spans), offset
+                offset, scanned = rec.queue_offset + 1, scanned + 1
+                if tags is None or rec.tags in tags:
+                    spans.append(Span(None, rec.commitlog_offset, rec.size, raw))
+                    total += rec.size
+                    if len(spans) == max_messages:
+                        break
+        return spans, len(spans), offset
 
     @property
     def dispatch_lag_bytes(self) -> int:

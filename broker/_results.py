@@ -68,3 +68,30 @@ class GetResult:
     next_offset: int = 0  # where the next get should start
     min_offset: int = 0
     max_offset: int = 0
+
+
+@dataclass(slots=True)
+class Span:
+    """Bytes of stored records: ``length`` bytes at ``position`` of file ``path`` (so a
+    server can send them with ``sendfile``), or, when ``data`` is set, those bytes."""
+
+    path: str | None
+    position: int
+    length: int
+    data: bytes | None = None
+
+
+@dataclass(slots=True)
+class RawRead:
+    """What :meth:`StoreBase.read_raw` returns: records as stored, not decoded."""
+
+    status: GetStatus
+    spans: list[Span] = field(default_factory=list)
+    count: int = 0
+    next_offset: int = 0
+    min_offset: int = 0
+    max_offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.length for s in self.spans)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from consumequeue import ENTRY_DTYPE, ConsumeQueueSet, Dispatcher, tag_hash
 from ._base import Stopwatch, StoreBase, StoreConfig, StoreLockedError
 from ._checkpoint import Checkpoint
 from ._recovery import recover_queues
-from ._results import PutResult
+from ._results import PutResult, Span
 
 __all__ = ["Store", "StoreConfig", "StoreLockedError"]
 
@@ -204,34 +204,70 @@ class Store(StoreBase):
         picked, next_offset = self._select(at, raw, max_messages, tags)
         return [r for r in self._read_records(picked) if tags is None or r.tags in tags], next_offset
 
-    def _select(self, at: int, raw: bytes, max_messages: int, tag_set: set[str] | None) -> tuple[np.ndarray, int]:
+    def _select(self, at: int, raw: bytes, max_messages: int, tag_set: set[str] | None,
+                max_bytes: int | None = None) -> tuple[np.ndarray, int]:  # fmt: skip
+        """The entries to read from ``raw`` (entries from queue offset ``at``) and the
+        queue offset after the last one looked at."""
         entries = np.frombuffer(raw, ENTRY_DTYPE)
         mask = (entries["size"] > 0) & (entries["offset"] >= self.log.min_offset)
         if tag_set is not None:
             mask &= np.isin(entries["tag"], np.array([tag_hash(t) for t in tag_set], dtype=np.uint64))
         idx = np.flatnonzero(mask)[:max_messages]
-        next_offset = at + (int(idx[-1]) + 1 if len(idx) == max_messages else len(entries))
+        full = len(idx) == max_messages
+        if max_bytes is not None and len(idx):
+            cum = np.cumsum(entries["size"][idx].astype(np.int64))
+            keep = max(1, int(np.searchsorted(cum, max_bytes, side="right")))  # the first record always
+            full, idx = full or keep < len(idx), idx[:keep]
+        next_offset = at + (int(idx[-1]) + 1 if full else len(entries))
         return entries[idx], next_offset
+
+    def _read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None,
+                  max_bytes: int) -> tuple[list[Span], int, int]:  # fmt: skip
+        scan = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
+        at, raw = self.queues.queue(topic, queue_id).read(offset, scan)
+        picked, next_offset = self._select(at, raw, max_messages, tags, max_bytes)
+        spans: list[Span] = []
+        count = 0
+        offsets, sizes = picked["offset"].tolist(), picked["size"].tolist()
+        for i, j in _contiguous_runs(offsets, sizes):
+            start, end = offsets[i], offsets[j - 1] + sizes[j - 1]
+            where = self.log.file_span(start, end - start)
+            if where is not None:
+                spans.append(Span(str(where[0]), where[1], end - start))
+                count += j - i
+                continue
+            for k in range(i, j):  # crosses a segment end, or fell out of retention: record by record
+                one = self.log.file_span(offsets[k], sizes[k])
+                if one is not None:
+                    spans.append(Span(str(one[0]), one[1], sizes[k]))
+                    count += 1
+        return spans, count, next_offset
 
     def _read_records(self, picked: np.ndarray) -> list[Record]:
         """Read picked records, coalescing runs that are contiguous in the log."""
         out: list[Record] = []
+        for pieces in self._run_bytes(picked):
+            for at, data in pieces:
+                where, pos = self.log.segment_path(at), 0
+                while pos < len(data):
+                    rec = decode_record(data, pos, where, at + pos)
+                    out.append(rec)
+                    pos += rec.size
+        return out
+
+    def _run_bytes(self, picked: np.ndarray) -> Iterator[list[tuple[int, bytes]]]:
+        """Per run of log-contiguous records: ``[(offset, bytes), ...]``,
+        one piece unless the run crosses a segment end; records that fell out of
+        retention meanwhile are left out."""
         offsets, sizes = picked["offset"].tolist(), picked["size"].tolist()
-        i = 0
-        while i < len(offsets):
-            j = i + 1
-            while j < len(offsets) and offsets[j] == offsets[j - 1] + sizes[j - 1] and offsets[j] - offsets[i] < 4 * MiB:
-                j += 1
+        for i, j in _contiguous_runs(offsets, sizes):
             start, end = offsets[i], offsets[j - 1] + sizes[j - 1]
             data = self.log.read_bytes(start, end - start)
-            if data is None:  # fell out of retention while we looked
-                i = j
+            if data is not None:
+                yield [(start, data)]
                 continue
-            where = self.log.segment_path(start)
-            for k in range(i, j):
-                out.append(decode_record(data, offsets[k] - start, where, offsets[k]))
-            i = j
-        return out
+            singles = [(offsets[k], self.log.read_bytes(offsets[k], sizes[k])) for k in range(i, j)]
+            yield [(o, d) for o, d in singles if d is not None]
 
     @property
     def dispatch_lag_bytes(self) -> int:
@@ -246,3 +282,14 @@ class Store(StoreBase):
         """Where the next append goes (the durability token of :meth:`wait_durable`)."""
         return self.log.write_offset
 
+
+
+def _contiguous_runs(offsets: list[int], sizes: list[int], max_run_bytes: int = 4 * MiB) -> Iterator[tuple[int, int]]:
+    """Index ranges ``[i, j)`` of records that follow each other in the log."""
+    i, n = 0, len(offsets)
+    while i < n:
+        j = i + 1
+        while j < n and offsets[j] == offsets[j - 1] + sizes[j - 1] and offsets[j] - offsets[i] < max_run_bytes:
+            j += 1
+        yield i, j
+        i = j

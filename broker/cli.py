@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--via", choices=["store"], default="store",
                       help="what to drive: the store in-process (broker: once the broker service exists)")
     cmp_.set_defaults(func=cmd_bench_compare)
+
+    from .bench_e2e import add_command as add_bench_e2e
+    from .cli_service import add_commands
+
+    add_bench_e2e(bench_sub)
+    add_commands(sub)
     return parser
 
 

@@ -12,7 +12,7 @@ from ._record import (
     OFF_BORN_PORT, OFF_BORN_TS, OFF_COMMITLOG_OFFSET, OFF_CRC, OFF_FLAGS, OFF_KEYS_LEN, OFF_MAGIC,
     OFF_PROPS_LEN, OFF_QUEUE_ID, OFF_QUEUE_OFFSET, OFF_RECONSUME, OFF_STORE_HOST, OFF_STORE_PORT,
     OFF_STORE_TS, OFF_TAGS_LEN, OFF_TOPIC_LEN, OFF_TOTAL_SIZE, RECORD_MAGIC, Host, Message, Record,
-    decode_host, decode_properties, decode_record,
+    decode_host, decode_properties, decode_record, encode_properties,
 )  # fmt: skip
 from ._columns import HEADER_DTYPE, Walk, gather_fields, gather_headers, gather_strings, walk_records
 from ._durability import DurableOffset
@@ -25,6 +25,6 @@ __all__ = [
     "HEADER_SIZE", "Host", "OFF_BODY_LEN", "OFF_BORN_HOST", "OFF_BORN_PORT", "OFF_BORN_TS",
     "OFF_COMMITLOG_OFFSET", "OFF_CRC", "OFF_FLAGS", "OFF_KEYS_LEN", "OFF_MAGIC", "OFF_PROPS_LEN",
     "OFF_QUEUE_ID", "OFF_QUEUE_OFFSET", "OFF_RECONSUME", "OFF_STORE_HOST", "OFF_STORE_PORT",
-    "OFF_STORE_TS", "OFF_TAGS_LEN", "OFF_TOPIC_LEN", "OFF_TOTAL_SIZE", "decode_host", "decode_properties", "Message", "MiB", "QueueKey", "RECORD_MAGIC", "Record", "StoreError",
+    "OFF_STORE_TS", "OFF_TAGS_LEN", "OFF_TOPIC_LEN", "OFF_TOTAL_SIZE", "decode_host", "decode_properties", "encode_properties", "Message", "MiB", "QueueKey", "RECORD_MAGIC", "Record", "StoreError",
     "decode_record", "encode_message", "HEADER_DTYPE", "Walk", "gather_fields", "gather_headers", "gather_strings", "walk_records", "fsync_dir", "now_ms",
 ]  # fmt: skip

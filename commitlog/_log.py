@@ -470,6 +470,14 @@ class CommitLog:
         seg = self._segment_for(offset)
         return str(seg.path) if seg is not None else f"{self.directory}/<offset {offset}>"
 
+    def file_span(self, offset: int, size: int) -> tuple[Path, int] | None:
+        """``(segment path, file position)`` of ``[offset, offset + size)`` if those bytes
+        are written and lie in one segment (for zero-copy sends), else None."""
+        seg = self._segment_for(offset)
+        if seg is None or offset + size > min(seg.end, self._end) or offset < self.min_offset:
+            return None
+        return seg.path, offset - seg.base
+
     def segments(self) -> list[tuple[int, int, Path]]:
         """``(base, length, path)`` of every segment, oldest first."""
         return [(s.base, s.size, s.path) for s in self._segments]

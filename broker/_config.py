@@ -1,0 +1,61 @@
+"""The broker's settings (TOML file, ``CLMQ_*`` environment variables, flags). Every
+limit carries its unit in its name."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from commitlog import CommitLogConfig, GiB, MiB
+
+from ._base import StoreConfig
+
+
+@dataclass
+class BrokerConfig:
+    broker_name: str = "broker-a"
+    cluster: str = "DefaultCluster"
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 10911  # 0: any free port
+    advertised_host: str = ""  # the host clients are told to connect to (default: listen_host)
+    namesrv_addrs: list[str] = field(default_factory=list)  # "host:port" of every name server
+    data_dir: str = "clmq-data"
+    storage_mode: str = "commitlog"  # or "partition-per-file"
+    flush_mode: str = "async"  # "sync": acknowledge produce only once fsynced (group commit)
+    flush_interval_ms: int = 500
+    sync_flush_timeout_ms: int = 5000
+    segment_bytes: int = GiB
+    max_message_bytes: int = 4 * MiB
+    retention_ms: int = 72 * 3600 * 1000
+    max_frame_bytes: int = 64 * MiB
+    max_pull_messages: int = 4096
+    max_pull_bytes: int = 8 * MiB
+    max_pull_wait_ms: int = 30_000
+    max_inflight_produce_bytes: int = 256 * MiB  # beyond this, producers get SYSTEM_BUSY
+    max_inflight_per_connection: int = 1024
+    register_interval_ms: int = 3000
+    client_expiry_ms: int = 30_000  # a consumer silent this long leaves its groups
+    idle_timeout_ms: int = 120_000
+    request_timeout_ms: int = 30_000
+    offset_flush_interval_ms: int = 1000
+    shutdown_timeout_ms: int = 5000
+    auto_create_topics: bool = False
+    default_queue_count: int = 8
+
+    @property
+    def advertised_addr_host(self) -> str:
+        return self.advertised_host or self.listen_host
+
+    def store_config(self) -> StoreConfig:
+        try:
+            ipaddress.ip_address(self.advertised_addr_host)
+            store_host = (self.advertised_addr_host, self.listen_port)
+        except ValueError:  # a host name: records carry addresses only
+            store_host = ("0.0.0.0", self.listen_port)
+        log = CommitLogConfig(segment_bytes=self.segment_bytes, max_message_bytes=self.max_message_bytes,
+                              flush_mode=self.flush_mode, flush_interval_ms=self.flush_interval_ms,
+                              sync_flush_timeout_ms=self.sync_flush_timeout_ms, retention_ms=self.retention_ms,
+                              store_host=store_host)  # fmt: skip
+        return StoreConfig(Path(self.data_dir), log, storage_mode=self.storage_mode,
+                           auto_create_topics=self.auto_create_topics, default_queue_count=self.default_queue_count)  # fmt: skip

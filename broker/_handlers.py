@@ -1,0 +1,256 @@
+"""The broker's request handlers: produce, pull, offsets, groups and topics.
+
+Store calls that may touch the disk run in worker threads (``trio.to_thread``), so a
+slow disk holds up the requests that need it, not the event loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from commitlog import FlushMode
+from nameserver import Peer, Reply, RequestError, need
+from protocol import BatchError, ErrorCode, Frame, RequestCode, decode_batch
+
+from ._results import GetStatus, PutStatus
+
+if TYPE_CHECKING:
+    from ._service import Broker
+
+_PUT_ERRORS = {
+    PutStatus.MESSAGE_TOO_LARGE: ErrorCode.MESSAGE_TOO_LARGE,
+    PutStatus.INVALID_MESSAGE: ErrorCode.INVALID_MESSAGE,
+    PutStatus.INVALID_TOPIC: ErrorCode.INVALID_TOPIC,
+    PutStatus.UNKNOWN_TOPIC: ErrorCode.TOPIC_NOT_FOUND,
+    PutStatus.INVALID_QUEUE_ID: ErrorCode.INVALID_QUEUE_ID,
+    PutStatus.DISK_FULL: ErrorCode.DISK_FULL,
+    PutStatus.IO_ERROR: ErrorCode.IO_ERROR,
+    PutStatus.STORE_CLOSED: ErrorCode.SHUTTING_DOWN,
+    PutStatus.FLUSH_DISK_TIMEOUT: ErrorCode.FLUSH_DISK_TIMEOUT,
+}
+
+
+def now_ms() -> float:
+    return time.monotonic() * 1000
+
+
+class Handlers:
+    """Every request the broker serves, bound to one :class:`Broker`."""
+
+    def __init__(self, broker: "Broker") -> None:
+        self.b = broker
+        self.store = broker.store
+        self.config = broker.config
+        self._append_limiter = trio.CapacityLimiter(1)  # appends serialise in the store anyway
+        self._read_limiter = trio.CapacityLimiter(4)
+        self.inflight_produce_bytes = 0
+
+    def table(self) -> dict[int, Any]:
+        return {
+            RequestCode.SEND_MESSAGE: self.send_message,
+            RequestCode.PULL_MESSAGE: self.pull_message,
+            RequestCode.QUERY_OFFSETS: self.query_offsets,
+            RequestCode.SEARCH_OFFSET: self.search_offset,
+            RequestCode.COMMIT_OFFSET: self.commit_offset,
+            RequestCode.QUERY_CONSUMER_OFFSET: self.query_consumer_offset,
+            RequestCode.HEARTBEAT: self.heartbeat,
+            RequestCode.UNREGISTER_CLIENT: self.unregister_client,
+            RequestCode.GET_GROUP_MEMBERS: self.group_members,
+            RequestCode.LIST_GROUPS: self.list_groups,
+            RequestCode.DESCRIBE_GROUP: self.describe_group,
+            RequestCode.CREATE_TOPIC: self.create_topic,
+            RequestCode.DELETE_TOPIC: self.delete_topic,
+            RequestCode.LIST_TOPICS: self.list_topics,
+            RequestCode.DESCRIBE_TOPIC: self.describe_topic,
+            RequestCode.BROKER_INFO: self.broker_info,
+        }
+
+    # ------------------------------------------------------------------ produce
+    async def send_message(self, frame: Frame, peer: Peer) -> Reply:
+        topic = need(frame.fields, "topic", str)
+        try:
+            messages = decode_batch(frame.body, topic, (peer.host, peer.port))
+        except BatchError as e:
+            raise RequestError(ErrorCode.MALFORMED_REQUEST, str(e)) from None
+        size = len(frame.body)
+        if self.inflight_produce_bytes + size > self.config.max_inflight_produce_bytes and self.inflight_produce_bytes:
+            raise RequestError(ErrorCode.SYSTEM_BUSY, f"broker busy: more than max_inflight_produce_bytes="
+                               f"{self.config.max_inflight_produce_bytes} waiting to be stored; retry later")  # fmt: skip
+        self.inflight_produce_bytes += size
+        try:
+            put = functools.partial(self.store.put_batch, messages, wait_durable=False)
+            result = await trio.to_thread.run_sync(put, limiter=self._append_limiter)
+            if not result.ok:
+                raise RequestError(_PUT_ERRORS[result.status], result.error)
+            sync = self.store.config.commitlog.flush_mode is FlushMode.SYNC
+            durable = await self._await_durable(result.end_offset) if sync else self.store.durable_offset >= result.end_offset
+        finally:
+            self.inflight_produce_bytes -= size
+        fields = {"queue_offsets": result.queue_offsets, "commitlog_offsets": result.commitlog_offsets,
+                  "durable": durable, "store_timestamp_ms": result.store_timestamp_ms}  # fmt: skip
+        if sync and not durable:
+            return Reply(fields, error_code=ErrorCode.FLUSH_DISK_TIMEOUT,
+                         error_text=f"stored, but not fsynced within sync_flush_timeout_ms={self.config.sync_flush_timeout_ms}")  # fmt: skip
+        return Reply(fields)
+
+    async def _await_durable(self, end_offset: int) -> bool:
+        """Sync flush: wait for the group commit that covers ``end_offset``."""
+        done = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+        def wake() -> None:  # runs on the flusher thread
+            try:
+                token.run_sync_soon(done.set)
+            except trio.RunFinishedError:
+                pass
+
+        self.store.on_durable(end_offset, wake)
+        with trio.move_on_after(self.config.sync_flush_timeout_ms / 1000):
+            await done.wait()
+        return done.is_set()
+
+    # --------------------------------------------------------------------- pull
+    async def pull_message(self, frame: Frame, peer: Peer) -> Reply:
+        f = frame.fields
+        topic, qid, offset = need(f, "topic", str), need(f, "queue_id", int), need(f, "offset", int)
+        limit = max(1, min(int(f.get("max_messages", 32)), self.config.max_pull_messages))
+        wait_ms = max(0, min(int(f.get("max_wait_ms", 0)), self.config.max_pull_wait_ms))
+        tags = f.get("tags")
+        if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
+            raise RequestError(ErrorCode.MALFORMED_REQUEST, "tags must be a list of strings")
+        res = await self._read(topic, qid, offset, limit, tags)
+        if res.status is GetStatus.NO_MESSAGE and wait_ms:
+            await self._wait_for(topic, qid, offset, wait_ms)
+            res = await self._read(topic, qid, offset, limit, tags)
+        if res.status is GetStatus.NO_QUEUE:
+            self._no_queue(topic, qid)
+        fields = {"status": res.status.name, "next_offset": res.next_offset, "min_offset": res.min_offset,
+                  "max_offset": res.max_offset, "count": res.count}  # fmt: skip
+        return Reply(fields, spans=res.spans)
+
+    async def _read(self, topic: str, qid: int, offset: int, limit: int, tags: list[str] | None) -> Any:
+        read = functools.partial(self.store.read_raw, topic, qid, offset, limit, tags, self.config.max_pull_bytes)
+        return await trio.to_thread.run_sync(read, limiter=self._read_limiter)
+
+    async def _wait_for(self, topic: str, qid: int, offset: int, wait_ms: int) -> None:
+        key = (topic, qid)
+        with trio.move_on_after(wait_ms / 1000):
+            while True:
+                event = self.b.waiters.register(key)  # before the check: no lost wake-up
+                try:
+                    if self.store.max_offset(topic, qid) > offset:
+                        return
+                    await event.wait()
+                finally:
+                    self.b.waiters.unregister(key, event)
+
+    def _no_queue(self, topic: str, qid: int) -> None:
+        count = self.store.topics.queue_count(topic)
+        if count is None:
+            raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}")
+        raise RequestError(ErrorCode.INVALID_QUEUE_ID, f"queue id {qid} not in 0..{count - 1} of topic {topic!r}")
+
+    # ------------------------------------------------------------------ offsets
+    def _queue(self, f: dict[str, Any]) -> tuple[str, int]:
+        topic, qid = need(f, "topic", str), need(f, "queue_id", int)
+        if not self.store.queue_exists(topic, qid):
+            self._no_queue(topic, qid)
+        return topic, qid
+
+    async def query_offsets(self, frame: Frame, peer: Peer) -> Reply:
+        topic, qid = self._queue(frame.fields)
+        lo = await trio.to_thread.run_sync(self.store.min_offset, topic, qid, limiter=self._read_limiter)
+        return Reply({"min_offset": lo, "max_offset": self.store.max_offset(topic, qid)})
+
+    async def search_offset(self, frame: Frame, peer: Peer) -> Reply:
+        topic, qid = self._queue(frame.fields)
+        ts = need(frame.fields, "timestamp_ms", int)
+        found = await trio.to_thread.run_sync(self.store.offset_for_timestamp, topic, qid, ts, limiter=self._read_limiter)
+        return Reply({"offset": found})
+
+    async def commit_offset(self, frame: Frame, peer: Peer) -> Reply:
+        f = frame.fields
+        group, offset = need(f, "group", str), need(f, "offset", int)
+        topic, qid = self._queue(f)
+        self.b.offsets.commit(group, topic, qid, offset)
+        return Reply()
+
+    async def query_consumer_offset(self, frame: Frame, peer: Peer) -> Reply:
+        f = frame.fields
+        group = need(f, "group", str)
+        topic, qid = self._queue(f)
+        return Reply({"offset": self.b.offsets.query(group, topic, qid)})
+
+    # ------------------------------------------------------------------- groups
+    async def heartbeat(self, frame: Frame, peer: Peer) -> Reply:
+        client_id = need(frame.fields, "client_id", str)
+        for g in need(frame.fields, "groups", list):
+            if not isinstance(g, dict) or not isinstance(g.get("group"), str):
+                raise RequestError(ErrorCode.MALFORMED_REQUEST, "groups must be maps with a 'group' name")
+            self.b.groups.heartbeat(client_id, g["group"], str(g.get("mode", "clustering")), list(g.get("topics", [])), now_ms())
+        return Reply()
+
+    async def unregister_client(self, frame: Frame, peer: Peer) -> Reply:
+        self.b.groups.leave(need(frame.fields, "client_id", str))
+        return Reply()
+
+    async def group_members(self, frame: Frame, peer: Peer) -> Reply:
+        members = self.b.groups.members(need(frame.fields, "group", str))
+        return Reply({"members": [m.client_id for m in members]})
+
+    async def list_groups(self, frame: Frame, peer: Peer) -> Reply:
+        return Reply({"groups": sorted(set(self.b.groups.groups()) | set(self.b.offsets.groups()))})
+
+    async def describe_group(self, frame: Frame, peer: Peer) -> Reply:
+        group = need(frame.fields, "group", str)
+        rows = []
+        for (topic, qid), committed in sorted(self.b.offsets.of_group(group).items()):
+            if self.store.queue_exists(topic, qid):
+                hi = self.store.max_offset(topic, qid)
+                rows.append({"topic": topic, "queue_id": qid, "committed": committed, "max_offset": hi,
+                             "lag": max(0, hi - committed)})  # fmt: skip
+        members = [{"client_id": m.client_id, "mode": m.mode, "topics": m.topics} for m in self.b.groups.members(group)]
+        return Reply({"queues": rows, "members": members})
+
+    # ------------------------------------------------------------------- topics
+    async def create_topic(self, frame: Frame, peer: Peer) -> Reply:
+        topic, count = need(frame.fields, "topic", str), need(frame.fields, "queue_count", int)
+        try:
+            await trio.to_thread.run_sync(self.store.create_topic, topic, count)
+        except ValueError as e:
+            raise RequestError(ErrorCode.INVALID_TOPIC, str(e)) from None
+        self.b.register_now()
+        return Reply({"queue_count": self.store.topics.queue_count(topic)})
+
+    async def delete_topic(self, frame: Frame, peer: Peer) -> Reply:
+        topic = need(frame.fields, "topic", str)
+        if not await trio.to_thread.run_sync(self.store.delete_topic, topic):
+            raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}")
+        self.b.offsets.drop_topic(topic)
+        self.b.register_now()
+        return Reply()
+
+    async def list_topics(self, frame: Frame, peer: Peer) -> Reply:
+        return Reply({"topics": self.store.topics.all()})
+
+    async def describe_topic(self, frame: Frame, peer: Peer) -> Reply:
+        topic = need(frame.fields, "topic", str)
+        count = self.store.topics.queue_count(topic)
+        if count is None:
+            raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}")
+
+        def offsets() -> list[dict[str, int]]:
+            return [{"queue_id": q, "min_offset": self.store.min_offset(topic, q), "max_offset": self.store.max_offset(topic, q)}
+                    for q in range(count)]  # fmt: skip
+
+        return Reply({"queue_count": count, "queues": await trio.to_thread.run_sync(offsets, limiter=self._read_limiter)})
+
+    async def broker_info(self, frame: Frame, peer: Peer) -> Reply:
+        c = self.config
+        return Reply({"broker_name": c.broker_name, "cluster": c.cluster, "addr": self.b.addr,
+                      "storage_mode": c.storage_mode, "flush_mode": c.flush_mode, "end_offset": self.store.end_offset,
+                      "durable_offset": self.store.durable_offset, "connections": self.b.rpc.connections,
+                      "topics": len(self.store.topics.all())})  # fmt: skip

@@ -1,0 +1,143 @@
+"""The broker as a network service: the store behind the wire protocol, registered
+with every name server, stopped gracefully within a deadline."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from client import ConnectionFailed, RpcClient, RpcError
+from nameserver import RpcServer
+from protocol import RequestCode
+
+from ._base import StoreBase
+from ._config import BrokerConfig
+from ._groups import ConsumerGroups
+from ._handlers import Handlers, now_ms
+from ._longpoll import PullWaiters
+from ._offsets import ConsumerOffsets
+from ._store import Store
+
+log = logging.getLogger("clmq.broker")
+
+
+class Broker:
+    """A running broker (what :func:`serve` reports as started)."""
+
+    def __init__(self, config: BrokerConfig, store: StoreBase, token: trio.lowlevel.TrioToken) -> None:
+        self.config = config
+        self.store = store
+        self.offsets = ConsumerOffsets(store.directory / "consumer_offsets.json")
+        self.groups = ConsumerGroups(config.client_expiry_ms)
+        self.waiters = PullWaiters(token)
+        store.add_arrival_listener(self.waiters.on_arrivals)
+        self.handlers = Handlers(self)
+        self.rpc = RpcServer(f"broker {config.broker_name}", self.handlers.table(), max_frame_bytes=config.max_frame_bytes,
+                             idle_timeout_ms=config.idle_timeout_ms,
+                             max_inflight_per_connection=config.max_inflight_per_connection,
+                             serial_codes=frozenset({RequestCode.SEND_MESSAGE}))  # fmt: skip
+        self._stop = trio.Event()
+        self._register_wakeup = trio.Event()
+        self._registered: dict[str, bool] = {}
+        self.client: RpcClient | None = None
+
+    @property
+    def addr(self) -> str:
+        return f"{self.config.advertised_addr_host}:{self.rpc.port}"
+
+    def shutdown(self) -> None:
+        """Begin a graceful stop: stop accepting, drain, flush, close the store."""
+        self._stop.set()
+
+    def register_now(self) -> None:
+        self._register_wakeup.set()
+
+    # ------------------------------------------------------------ name servers
+    async def _register_loop(self) -> None:
+        while True:
+            await self._register_all()
+            with trio.move_on_after(self.config.register_interval_ms / 1000):
+                await self._register_wakeup.wait()
+            self._register_wakeup = trio.Event()
+
+    async def _register_all(self) -> None:
+        fields = {"cluster": self.config.cluster, "broker_name": self.config.broker_name, "addr": self.addr,
+                  "topics": self.store.topics.all()}  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            for ns in self.config.namesrv_addrs:
+                nursery.start_soon(self._register_with, ns, fields)
+
+    async def _register_with(self, ns: str, fields: dict) -> None:
+        assert self.client is not None
+        try:
+            await self.client.request(ns, RequestCode.REGISTER_BROKER, fields, timeout_ms=3000)
+            ok = True
+        except (ConnectionFailed, RpcError, trio.TooSlowError) as e:
+            ok = False
+            if self._registered.get(ns, True):  # say it once per outage, not every few seconds
+                log.warning("broker %s: cannot register with name server %s: %s", self.config.broker_name, ns, e)
+        if ok and not self._registered.get(ns, False):
+            log.info("broker %s registered with name server %s", self.config.broker_name, ns)
+        self._registered[ns] = ok
+
+    async def _unregister_all(self) -> None:
+        assert self.client is not None
+        with trio.move_on_after(1.0):
+            for ns in self.config.namesrv_addrs:
+                try:
+                    await self.client.request(ns, RequestCode.UNREGISTER_BROKER, {"addr": self.addr}, timeout_ms=500)
+                except (ConnectionFailed, RpcError, trio.TooSlowError):
+                    pass
+
+    # ------------------------------------------------------------ housekeeping
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.offset_flush_interval_ms / 1000)
+            for group, client_id in self.groups.expire(now_ms()):
+                log.info("consumer %s left group %s (no heartbeat for %d ms)", client_id, group, self.config.client_expiry_ms)
+            try:
+                await trio.to_thread.run_sync(self.offsets.flush)
+            except OSError as e:
+                log.warning("cannot persist consumer offsets yet: %s", e)
+
+    async def _stop_gracefully(self) -> None:
+        self.rpc.stop_accepting()
+        drained = await self.rpc.drain(self.config.shutdown_timeout_ms / 1000)
+        if not drained:
+            log.warning("broker %s: %d requests still in flight after shutdown_timeout_ms=%d; cutting them off",
+                        self.config.broker_name, self.rpc.inflight, self.config.shutdown_timeout_ms)  # fmt: skip
+        await self._unregister_all()
+
+    def close_storage(self) -> None:
+        """Persist offsets, then close the store (writing the clean-shutdown marker)."""
+        try:
+            self.offsets.flush()
+        finally:
+            self.store.close()
+
+
+def open_store(config: BrokerConfig) -> StoreBase:
+    return Store.open(config.store_config()).start()
+
+
+async def serve(config: BrokerConfig, *, task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run a broker until cancelled or :meth:`Broker.shutdown`; the store is closed
+    cleanly either way."""
+    store = await trio.to_thread.run_sync(open_store, config)
+    broker = Broker(config, store, trio.lowlevel.current_trio_token())
+    try:
+        async with trio.open_nursery() as nursery:
+            broker.client = RpcClient(nursery)
+            await nursery.start(broker.rpc.serve, config.listen_host, config.listen_port, nursery)
+            nursery.start_soon(broker._register_loop)
+            nursery.start_soon(broker._housekeeping_loop)
+            log.info("broker %s listening on %s (%s, %s flush)", config.broker_name, broker.addr, config.storage_mode, config.flush_mode)
+            task_status.started(broker)
+            await broker._stop.wait()
+            await broker._stop_gracefully()
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(broker.close_storage)
+        log.info("broker %s stopped", config.broker_name)

@@ -1,0 +1,301 @@
+"""The consumer: a member of a consumer group, pulling the queues it is assigned.
+
+- Clustering mode: the group's queues are split over its members by every member
+  alike (:func:`allocate_averagely` over sorted members and queues), re-run when
+  members or routes change; offsets are committed to the brokers.
+- Broadcasting mode: every member reads every queue; offsets stay with the member.
+- At least once: a batch's offsets are committed only after it was processed, which
+  is when the next :meth:`Consumer.receive` is called (or :meth:`Consumer.ack`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import trio
+
+from commitlog import Record
+from protocol import ErrorCode, RequestCode, decode_records
+
+from ._allocate import allocate_averagely
+from ._routes import MessageQueue, NoRouteError, Routes
+from ._rpc import ConnectionFailed, RpcClient, RpcError
+
+log = logging.getLogger("clmq.consumer")
+
+_NET_ERRORS = (ConnectionFailed, RpcError, trio.TooSlowError, NoRouteError)
+
+
+class TagFilter:
+    """A subscription expression: ``*`` (everything) or ``TagA || TagB``."""
+
+    def __init__(self, expression: str = "*") -> None:
+        expr = expression.strip()
+        self.expression = expr or "*"
+        self.tags: list[str] | None = None if self.expression == "*" else sorted({t.strip() for t in expr.split("||") if t.strip()})
+
+    def matches(self, tag: str) -> bool:
+        return self.tags is None or tag in self.tags
+
+
+@dataclass
+class ConsumerOptions:
+    mode: str = "clustering"  # or "broadcasting"
+    start_from: str | int = "earliest"  # "earliest", "latest" or a timestamp in ms (for queues never committed)
+    client_id: str = ""
+    pull_batch: int = 256  # messages per pull
+    pull_wait_ms: int = 1000  # long-poll wait on the broker
+    heartbeat_interval_ms: int = 1000
+    rebalance_interval_ms: int = 2000
+    commit_interval_ms: int = 1000
+    buffered_batches: int = 64  # pulled and not yet received (backpressure)
+    request_timeout_ms: int = 3000
+
+
+@dataclass
+class _Batch:
+    mq: MessageQueue
+    generation: int
+    records: list[Record]
+    next_offset: int
+
+
+@dataclass
+class _Assignment:
+    generation: int
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+
+class Consumer:
+    """Use :func:`open_consumer` (trio) or :class:`client.BlockingConsumer`."""
+
+    def __init__(self, rpc: RpcClient, routes: Routes, group: str, subscriptions: dict[str, str],
+                 options: ConsumerOptions) -> None:  # fmt: skip
+        if options.mode not in ("clustering", "broadcasting"):
+            raise ValueError(f"mode={options.mode!r}: use clustering or broadcasting")
+        self.rpc, self.routes, self.group, self.options = rpc, routes, group, options
+        self.filters = {topic: TagFilter(expr) for topic, expr in subscriptions.items()}
+        self.client_id = options.client_id or f"{socket.gethostname()}@{os.getpid()}@{id(self):x}"
+        self.assigned: dict[MessageQueue, _Assignment] = {}
+        self._generation = 0
+        self._processed: dict[MessageQueue, int] = {}
+        self._committed: dict[MessageQueue, int] = {}
+        self._send, self._recv = trio.open_memory_channel[_Batch](options.buffered_batches)
+        self._pending: _Batch | None = None
+        self._rebalance_now = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ public
+    async def receive(self) -> list[Record]:
+        """The next batch of messages (waits for one); acknowledges the previous batch."""
+        self.ack()
+        while True:
+            batch = await self._recv.receive()
+            current = self.assigned.get(batch.mq)
+            if current is None or current.generation != batch.generation:
+                continue  # pulled before a rebalance took the queue away: its new owner reads it
+            if not batch.records:
+                self._processed[batch.mq] = batch.next_offset
+                continue
+            self._pending = batch
+            return batch.records
+
+    def ack(self) -> None:
+        """Mark the batch last returned by :meth:`receive` as processed."""
+        batch, self._pending = self._pending, None
+        if batch is not None and batch.mq in self.assigned:
+            self._processed[batch.mq] = batch.next_offset
+
+    def assignment(self) -> list[MessageQueue]:
+        return sorted(self.assigned)
+
+    async def commit(self) -> None:
+        """Commit processed offsets to the brokers now (clustering mode)."""
+        if self.options.mode != "clustering":
+            return
+        for mq, offset in list(self._processed.items()):
+            if self._committed.get(mq) != offset:
+                try:
+                    await self._request(mq.addr, RequestCode.COMMIT_OFFSET, {"group": self.group, "topic": mq.topic,
+                                        "queue_id": mq.queue_id, "offset": offset})  # fmt: skip
+                    self._committed[mq] = offset
+                except _NET_ERRORS as e:
+                    log.warning("consumer %s: commit of %s/%d failed: %s", self.client_id, mq.topic, mq.queue_id, e)
+
+    # ------------------------------------------------------------- background
+    async def _start(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        await self._heartbeat()
+        await self._rebalance()
+        nursery.start_soon(self._every, self.options.heartbeat_interval_ms, self._heartbeat)
+        nursery.start_soon(self._rebalance_loop)
+        nursery.start_soon(self._every, self.options.commit_interval_ms, self.commit)
+
+    async def _close(self) -> None:
+        self.ack()
+        for state in self.assigned.values():
+            state.scope.cancel()
+        with trio.CancelScope(shield=True), trio.move_on_after(3):
+            await self.commit()
+            for addr in await self._broker_addrs():
+                try:
+                    await self._request(addr, RequestCode.UNREGISTER_CLIENT, {"client_id": self.client_id})
+                except _NET_ERRORS:
+                    pass
+
+    async def _every(self, interval_ms: int, fn: "object") -> None:
+        while True:
+            await trio.sleep(interval_ms / 1000)
+            await fn()  # type: ignore[operator]
+
+    async def _request(self, addr: str, code: int, fields: dict, timeout_ms: float | None = None) -> "object":
+        return await self.rpc.request(addr, code, fields, timeout_ms=timeout_ms or self.options.request_timeout_ms)
+
+    async def _broker_addrs(self) -> list[str]:
+        addrs: set[str] = set()
+        for topic in self.filters:
+            try:
+                addrs |= {mq.addr for mq in await self.routes.queues(topic)}
+            except _NET_ERRORS:
+                pass
+        return sorted(addrs)
+
+    async def _heartbeat(self) -> None:
+        groups = [{"group": self.group, "mode": self.options.mode, "topics": sorted(self.filters)}]
+        for addr in await self._broker_addrs():
+            try:
+                await self._request(addr, RequestCode.HEARTBEAT, {"client_id": self.client_id, "groups": groups})
+            except _NET_ERRORS as e:
+                log.debug("heartbeat to %s failed: %s", addr, e)
+
+    async def _rebalance_loop(self) -> None:
+        while True:
+            with trio.move_on_after(self.options.rebalance_interval_ms / 1000):
+                await self._rebalance_now.wait()
+            self._rebalance_now = trio.Event()
+            await self._rebalance()
+
+    async def _rebalance(self) -> None:
+        wanted: set[MessageQueue] = set()
+        for topic in self.filters:
+            try:
+                mqs = await self.routes.queues(topic, refresh=True)
+            except _NET_ERRORS as e:
+                log.warning("consumer %s: no route for %s: %s", self.client_id, topic, e)
+                wanted |= {mq for mq in self.assigned if mq.topic == topic}  # keep what we have
+                continue
+            wanted |= set(await self._my_share(mqs))
+        for mq in [mq for mq in self.assigned if mq not in wanted]:
+            await self._revoke(mq)
+        for mq in sorted(wanted - set(self.assigned)):
+            self._assign(mq)
+
+    async def _my_share(self, mqs: list[MessageQueue]) -> list[MessageQueue]:
+        if self.options.mode == "broadcasting" or not mqs:
+            return mqs
+        try:
+            reply = await self._request(mqs[0].addr, RequestCode.GET_GROUP_MEMBERS, {"group": self.group})
+            members = list(reply.fields["members"])  # type: ignore[attr-defined]
+        except _NET_ERRORS:
+            members = []
+        if self.client_id not in members:
+            members.append(self.client_id)
+        return allocate_averagely(mqs, members, self.client_id)
+
+    async def _revoke(self, mq: MessageQueue) -> None:
+        state = self.assigned.pop(mq)
+        state.scope.cancel()
+        if self._pending is not None and self._pending.mq == mq:
+            self._pending = None  # not acknowledged: its new owner reads it again
+        offset = self._processed.pop(mq, None)
+        if offset is not None and self.options.mode == "clustering" and self._committed.get(mq) != offset:
+            try:
+                await self._request(mq.addr, RequestCode.COMMIT_OFFSET, {"group": self.group, "topic": mq.topic,
+                                    "queue_id": mq.queue_id, "offset": offset})  # fmt: skip
+            except _NET_ERRORS as e:
+                log.warning("commit on revoke of %s/%d failed: %s", mq.topic, mq.queue_id, e)
+        self._committed.pop(mq, None)
+        log.info("consumer %s: released %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
+
+    def _assign(self, mq: MessageQueue) -> None:
+        self._generation += 1
+        state = self.assigned[mq] = _Assignment(self._generation)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._pull_loop, mq, state)
+        log.info("consumer %s: took %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
+
+    # -------------------------------------------------------------------- pull
+    async def _pull_loop(self, mq: MessageQueue, state: _Assignment) -> None:
+        with state.scope:
+            offset = await self._retrying(lambda: self._initial_offset(mq))
+            self._processed.setdefault(mq, offset)
+            tags = self.filters[mq.topic].tags
+            fields = {"topic": mq.topic, "queue_id": mq.queue_id, "max_messages": self.options.pull_batch,
+                      "max_wait_ms": self.options.pull_wait_ms, "group": self.group}  # fmt: skip
+            if tags is not None:
+                fields["tags"] = tags
+            while True:
+                reply = await self._retrying(lambda: self._request(mq.addr, RequestCode.PULL_MESSAGE, {**fields, "offset": offset},
+                                                                   self.options.pull_wait_ms + self.options.request_timeout_ms))  # fmt: skip
+                offset = await self._take(mq, state, offset, reply)
+
+    async def _take(self, mq: MessageQueue, state: _Assignment, offset: int, reply: "object") -> int:
+        f, body = reply.fields, reply.body  # type: ignore[attr-defined]
+        status, nxt = f["status"], f["next_offset"]
+        if status in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW"):
+            log.warning("consumer %s: offset %d of %s/%d is %s; moving to %d", self.client_id, offset, mq.topic,
+                        mq.queue_id, status.lower().replace("_", " "), nxt)  # fmt: skip
+        if status == "NO_MESSAGE":
+            return offset
+        records = decode_records(body, f"pull from {mq.addr} {mq.topic}/{mq.queue_id}") if body else []
+        flt = self.filters[mq.topic]
+        if flt.tags is not None:  # the broker filtered by tag hash; collisions are dropped here
+            records = [r for r in records if flt.matches(r.tags)]
+        await self._send.send(_Batch(mq, state.generation, records, nxt))
+        return nxt
+
+    async def _retrying(self, fn: "object") -> "object":
+        delay = 0.05
+        while True:
+            try:
+                return await fn()  # type: ignore[operator]
+            except _NET_ERRORS as e:
+                log.debug("consumer %s: %s; retrying in %.2f s", self.client_id, e, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _initial_offset(self, mq: MessageQueue) -> int:
+        q = {"topic": mq.topic, "queue_id": mq.queue_id}
+        if self.options.mode == "clustering":
+            reply = await self._request(mq.addr, RequestCode.QUERY_CONSUMER_OFFSET, {**q, "group": self.group})
+            if reply.fields["offset"] >= 0:  # type: ignore[attr-defined]
+                return reply.fields["offset"]  # type: ignore[attr-defined]
+        start = self.options.start_from
+        if isinstance(start, int) or (isinstance(start, str) and start.isdigit()):
+            reply = await self._request(mq.addr, RequestCode.SEARCH_OFFSET, {**q, "timestamp_ms": int(start)})
+            return reply.fields["offset"]  # type: ignore[attr-defined]
+        reply = await self._request(mq.addr, RequestCode.QUERY_OFFSETS, q)
+        return reply.fields["max_offset" if start == "latest" else "min_offset"]  # type: ignore[attr-defined]
+
+
+@asynccontextmanager
+async def open_consumer(namesrv_addrs: list[str] | None, group: str, subscriptions: dict[str, str], *,
+                        broker_addrs: list[str] | None = None, **options: object) -> AsyncIterator[Consumer]:  # fmt: skip
+    """A started consumer: ``async with open_consumer(ns, "g", {"orders": "*"}) as c:``."""
+    async with trio.open_nursery() as nursery:
+        rpc = RpcClient(nursery)
+        consumer = Consumer(rpc, Routes(rpc, namesrv_addrs or [], broker_addrs=broker_addrs, refresh_interval_ms=0),
+                            group, subscriptions, ConsumerOptions(**options))  # type: ignore[arg-type]  # fmt: skip
+        try:
+            await consumer._start(nursery)
+            yield consumer
+        finally:
+            await consumer._close()
+            await rpc.aclose()
+            nursery.cancel_scope.cancel()

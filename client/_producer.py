@@ -1,0 +1,151 @@
+"""The producer: sends messages to the queues of a topic, chosen round robin, by a
+sharding key (one key, one queue, in order) or by a function; retries elsewhere."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Mapping, Sequence
+
+import crc32c
+import trio
+
+from commitlog import Message
+from protocol import ErrorCode, RequestCode, encode_batch, set_queue_id
+
+from ._routes import MessageQueue, NoRouteError, Routes
+from ._rpc import ConnectionFailed, RpcClient, RpcError
+
+log = logging.getLogger("clmq.producer")
+
+# Worth another try (elsewhere): the broker is busy, stopping, failing, or the route is stale.
+RETRIABLE = {ErrorCode.SYSTEM_BUSY, ErrorCode.SHUTTING_DOWN, ErrorCode.SYSTEM_ERROR, ErrorCode.IO_ERROR,
+             ErrorCode.DISK_FULL, ErrorCode.TOPIC_NOT_FOUND, ErrorCode.INVALID_QUEUE_ID, ErrorCode.TIMEOUT}  # fmt: skip
+
+QueueSelector = Callable[[Sequence[MessageQueue], Message], MessageQueue]
+
+
+class SendError(Exception):
+    """A send that failed for good (after retries, or not retriable)."""
+
+    def __init__(self, text: str, code: int | None = None) -> None:
+        super().__init__(text)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class SendResult:
+    queue: MessageQueue
+    queue_offsets: list[int]
+    commitlog_offsets: list[int]
+    durable: bool  # fsynced before the answer (always, with sync flush, unless flush_timeout)
+    flush_timeout: bool = False  # stored, but the broker's fsync did not finish in time
+
+    @property
+    def queue_offset(self) -> int:
+        return self.queue_offsets[0]
+
+    @property
+    def msg_ids(self) -> list[str]:
+        """Broker address and commit-log offset: where the message can be found."""
+        return [f"{self.queue.addr}@{o:016X}" for o in self.commitlog_offsets]
+
+
+def shard(key: str, count: int) -> int:
+    """The queue index for a sharding key: stable across processes and machines."""
+    return crc32c.crc32c(key.encode()) % count
+
+
+class Producer:
+    """Use :func:`open_producer` (trio) or :class:`client.BlockingProducer`."""
+
+    def __init__(self, rpc: RpcClient, routes: Routes, *, send_timeout_ms: int = 3000, retries: int = 2,
+                 fault_backoff_ms: int = 3000) -> None:  # fmt: skip
+        self.rpc = rpc
+        self.routes = routes
+        self.send_timeout_ms = send_timeout_ms
+        self.retries = retries
+        self.fault_backoff_ms = fault_backoff_ms
+        self._rr = itertools.count()
+        self._faulty: dict[str, float] = {}  # broker address -> avoid until (monotonic s)
+
+    async def send(self, topic: str, body: bytes, *, tags: str = "", keys: str = "",
+                   properties: Mapping[str, str] | None = None, sharding_key: str | None = None,
+                   selector: QueueSelector | None = None) -> SendResult:  # fmt: skip
+        """Send one message; returns where it was stored."""
+        msg = Message(topic, 0, body, tags, keys, dict(properties or {}), born_timestamp_ms=int(time.time() * 1000))
+        return await self.send_batch(topic, [msg], sharding_key=sharding_key, selector=selector)
+
+    async def send_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
+                         selector: QueueSelector | None = None) -> SendResult:  # fmt: skip
+        """Send messages as one request to one queue (in order)."""
+        msgs = [m if isinstance(m, Message) else Message(topic, 0, m) for m in messages]
+        if not msgs:
+            raise ValueError("send_batch needs at least one message")
+        body = encode_batch(msgs)
+        errors: list[str] = []
+        for attempt in range(self.retries + 1):
+            mq = await self._pick(topic, msgs[0], sharding_key, selector, refresh=attempt > 0)
+            try:
+                return await self.send_to(mq, body, len(msgs))
+            except (ConnectionFailed, trio.TooSlowError) as e:
+                errors.append(f"{mq.addr}: {e or 'timed out'}")
+            except RpcError as e:
+                if e.code not in RETRIABLE:
+                    raise SendError(str(e), e.code) from None
+                errors.append(str(e))
+            self._faulty[mq.addr] = time.monotonic() + self.fault_backoff_ms / 1000
+            self.routes.forget(topic)
+        raise SendError(f"send to topic {topic!r} failed {self.retries + 1} times: {'; '.join(errors)}")
+
+    async def send_to(self, mq: MessageQueue, body: bytes, count: int) -> SendResult:
+        """Send an encoded batch (``encode_batch``) to one queue; no retries."""
+        body = _with_queue(body, mq.queue_id, count)
+        reply = await self.rpc.request(mq.addr, RequestCode.SEND_MESSAGE, {"topic": mq.topic}, body,
+                                       timeout_ms=self.send_timeout_ms, check=False)  # fmt: skip
+        flush_timeout = reply.error_code == ErrorCode.FLUSH_DISK_TIMEOUT
+        if reply.error_code and not flush_timeout:
+            raise RpcError(mq.addr, reply.error_code, reply.error_text)
+        f = reply.fields
+        return SendResult(mq, f["queue_offsets"], f["commitlog_offsets"], bool(f["durable"]), flush_timeout)
+
+    async def send_oneway(self, topic: str, body: bytes, *, tags: str = "", keys: str = "",
+                          sharding_key: str | None = None) -> None:  # fmt: skip
+        """Send without waiting for (or getting) an answer: fastest, no guarantee."""
+        mq = await self._pick(topic, Message(topic, 0, body, tags, keys), sharding_key, None, refresh=False)
+        msg = Message(topic, mq.queue_id, body, tags, keys, born_timestamp_ms=int(time.time() * 1000))
+        await self.rpc.oneway(mq.addr, RequestCode.SEND_MESSAGE, {"topic": topic}, encode_batch([msg]))
+
+    async def _pick(self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None,
+                    refresh: bool) -> MessageQueue:  # fmt: skip
+        mqs = await self.routes.queues(topic, refresh=refresh)
+        if not mqs:
+            raise NoRouteError(f"topic {topic!r} has no queues")
+        if selector is not None:
+            return selector(mqs, first)
+        if sharding_key is not None:
+            return mqs[shard(sharding_key, len(mqs))]
+        now = time.monotonic()
+        healthy = [m for m in mqs if self._faulty.get(m.addr, 0) <= now] or mqs
+        return healthy[next(self._rr) % len(healthy)]
+
+
+def _with_queue(body: bytes, queue_id: int, count: int) -> bytes:
+    """Stamp ``queue_id`` into every message of an encoded batch (the first field)."""
+    return set_queue_id(body, queue_id, count)
+
+
+@asynccontextmanager
+async def open_producer(namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None,
+                        **options: int) -> AsyncIterator[Producer]:  # fmt: skip
+    """A producer for trio code: ``async with open_producer(["127.0.0.1:9876"]) as p:``."""
+    async with trio.open_nursery() as nursery:
+        rpc = RpcClient(nursery)
+        try:
+            yield Producer(rpc, Routes(rpc, namesrv_addrs or [], broker_addrs=broker_addrs), **options)
+        finally:
+            await rpc.aclose()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,87 @@
+"""Topic routes from the name servers: which brokers hold a topic, with how many
+queues. Any name server that answers will do; routes are cached and refreshed."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import trio
+
+from protocol import ErrorCode, RequestCode
+
+from ._rpc import ConnectionFailed, RpcClient, RpcError
+
+
+@dataclass(frozen=True, order=True)
+class MessageQueue:
+    """One queue of a topic on one broker."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+    addr: str
+
+
+class NoRouteError(Exception):
+    """No name server knows a broker for the topic (or none answered)."""
+
+
+class Routes:
+    def __init__(self, rpc: RpcClient, namesrv_addrs: list[str], *, broker_addrs: list[str] | None = None,
+                 refresh_interval_ms: int = 30_000, timeout_ms: int = 3000) -> None:  # fmt: skip
+        if not namesrv_addrs and not broker_addrs:
+            raise ValueError("give name server addresses (or broker addresses for a direct connection)")
+        self.rpc = rpc
+        self.namesrv_addrs = list(namesrv_addrs)
+        self.broker_addrs = list(broker_addrs or [])
+        self.refresh_interval_ms = refresh_interval_ms
+        self.timeout_ms = timeout_ms
+        self._cache: dict[str, tuple[float, list[MessageQueue]]] = {}
+        self._next_ns = 0
+
+    async def queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        """The topic's queues on every broker, sorted (broker name, queue id)."""
+        cached = self._cache.get(topic)
+        if cached and not refresh and time.monotonic() - cached[0] < self.refresh_interval_ms / 1000:
+            return cached[1]
+        brokers = await self._fetch(topic)
+        mqs = sorted(MessageQueue(topic, b["broker_name"], q, b["addr"]) for b in brokers for q in range(b["queue_count"]))
+        self._cache[topic] = (time.monotonic(), mqs)
+        return mqs
+
+    def forget(self, topic: str) -> None:
+        self._cache.pop(topic, None)
+
+    async def _fetch(self, topic: str) -> list[dict]:
+        if not self.namesrv_addrs:
+            return await self._from_brokers(topic)
+        errors = []
+        for i in range(len(self.namesrv_addrs)):
+            ns = self.namesrv_addrs[(self._next_ns + i) % len(self.namesrv_addrs)]
+            try:
+                reply = await self.rpc.request(ns, RequestCode.GET_ROUTE, {"topic": topic}, timeout_ms=self.timeout_ms)
+                self._next_ns = (self._next_ns + i) % len(self.namesrv_addrs)
+                return list(reply.fields["brokers"])
+            except RpcError as e:
+                if e.code == ErrorCode.NOT_FOUND:
+                    raise NoRouteError(f"topic {topic!r}: {e.text}") from None
+                errors.append(str(e))
+            except (ConnectionFailed, trio.TooSlowError) as e:
+                errors.append(f"{ns}: {e or 'timed out'}")
+        raise NoRouteError(f"no name server answered for topic {topic!r}: {'; '.join(errors)}")
+
+    async def _from_brokers(self, topic: str) -> list[dict]:
+        found = []
+        for addr in self.broker_addrs:
+            try:
+                info = await self.rpc.request(addr, RequestCode.BROKER_INFO, timeout_ms=self.timeout_ms)
+                topics = await self.rpc.request(addr, RequestCode.LIST_TOPICS, timeout_ms=self.timeout_ms)
+            except (ConnectionFailed, RpcError, trio.TooSlowError):
+                continue
+            count = topics.fields["topics"].get(topic)
+            if count:
+                found.append({"broker_name": info.fields["broker_name"], "addr": addr, "queue_count": count})
+        if not found:
+            raise NoRouteError(f"no reachable broker of {self.broker_addrs} has topic {topic!r}")
+        return found

@@ -1,0 +1,100 @@
+"""The name server: brokers register their topics with it every few seconds; clients
+ask it where a topic lives. Several run independently; brokers register with all."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import trio
+
+from protocol import ErrorCode, Frame, RequestCode
+
+from ._routes import RouteTable
+from ._server import Peer, Reply, RequestError, RpcServer, need
+
+log = logging.getLogger("clmq.nameserver")
+
+
+@dataclass
+class NameServerConfig:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 9876
+    broker_expiry_ms: int = 10_000  # a broker silent this long is dropped from routes
+    scan_interval_ms: int = 1000  # how often expiry is checked
+    max_frame_bytes: int = 16 << 20
+    idle_timeout_ms: int = 120_000
+    shutdown_timeout_ms: int = 2000
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000
+
+
+class NameServer:
+    """A running name server (what :func:`serve` reports as started)."""
+
+    def __init__(self, config: NameServerConfig) -> None:
+        self.config = config
+        self.routes = RouteTable(config.broker_expiry_ms)
+        self.rpc = RpcServer("nameserver", {
+            RequestCode.REGISTER_BROKER: self._register,
+            RequestCode.UNREGISTER_BROKER: self._unregister,
+            RequestCode.GET_ROUTE: self._route,
+            RequestCode.GET_CLUSTER: self._cluster,
+        }, max_frame_bytes=config.max_frame_bytes, idle_timeout_ms=config.idle_timeout_ms)  # fmt: skip
+        self._stop = trio.Event()
+
+    @property
+    def addr(self) -> str:
+        return f"{self.config.listen_host}:{self.rpc.port}"
+
+    def shutdown(self) -> None:
+        """Begin a graceful stop (:func:`serve` returns once it is done)."""
+        self._stop.set()
+
+    async def _register(self, frame: Frame, peer: Peer) -> Reply:
+        f = frame.fields
+        topics = need(f, "topics", dict)
+        if not all(isinstance(k, str) and isinstance(v, int) for k, v in topics.items()):
+            raise RequestError(ErrorCode.MALFORMED_REQUEST, "topics must map names to queue counts")
+        addr = need(f, "addr", str)
+        if self.routes.register(f.get("cluster", ""), need(f, "broker_name", str), addr, topics, _now_ms()):
+            log.info("broker %s at %s registered %d topics", f["broker_name"], addr, len(topics))
+        return Reply()
+
+    async def _unregister(self, frame: Frame, peer: Peer) -> Reply:
+        if self.routes.unregister(need(frame.fields, "addr", str)):
+            log.info("broker at %s unregistered", frame.fields["addr"])
+        return Reply()
+
+    async def _route(self, frame: Frame, peer: Peer) -> Reply:
+        topic = need(frame.fields, "topic", str)
+        brokers = self.routes.route(topic)
+        if not brokers:
+            raise RequestError(ErrorCode.NOT_FOUND, f"no broker serves topic {topic!r}")
+        return Reply({"brokers": brokers})
+
+    async def _cluster(self, frame: Frame, peer: Peer) -> Reply:
+        return Reply({"brokers": self.routes.cluster(_now_ms())})
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.scan_interval_ms / 1000)
+            for addr in self.routes.expire(_now_ms()):
+                log.warning("broker at %s missed its registrations for %d ms: dropped", addr, self.config.broker_expiry_ms)
+
+
+async def serve(config: NameServerConfig, *, task_status: trio.TaskStatus[NameServer] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run a name server until cancelled or :meth:`NameServer.shutdown`."""
+    ns = NameServer(config)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ns.rpc.serve, config.listen_host, config.listen_port, nursery)
+        nursery.start_soon(ns._expire_loop)
+        log.info("name server listening on %s", ns.addr)
+        task_status.started(ns)
+        await ns._stop.wait()
+        ns.rpc.stop_accepting()
+        await ns.rpc.drain(config.shutdown_timeout_ms / 1000)
+        nursery.cancel_scope.cancel()
