@@ -165,6 +165,8 @@ def _run_service(main: Callable[[], Any]) -> int:
     try:
         trio.run(main)
     except Exception as e:  # e.g. the data directory is locked, the port is taken
+        while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+            e = e.exceptions[0]  # type: ignore[assignment]
         console.print(f"[red]error:[/red] {e}")
         return 1
     return 0

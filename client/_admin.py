@@ -9,7 +9,7 @@ import trio
 
 from protocol import RequestCode
 
-from ._rpc import ConnectionFailed, RpcClient, RpcError
+from ._rpc import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 
 class Admin:
@@ -94,7 +94,7 @@ class Admin:
 
 @asynccontextmanager
 async def open_admin(namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None) -> AsyncIterator[Admin]:
-    async with trio.open_nursery() as nursery:
+    async with background_nursery() as nursery:
         rpc = RpcClient(nursery)
         try:
             yield Admin(rpc, namesrv_addrs or [], broker_addrs)

@@ -25,7 +25,7 @@ from protocol import ErrorCode, RequestCode, decode_records
 
 from ._allocate import allocate_averagely
 from ._routes import MessageQueue, NoRouteError, Routes
-from ._rpc import ConnectionFailed, RpcClient, RpcError
+from ._rpc import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 log = logging.getLogger("clmq.consumer")
 
@@ -288,7 +288,7 @@ class Consumer:
 async def open_consumer(namesrv_addrs: list[str] | None, group: str, subscriptions: dict[str, str], *,
                         broker_addrs: list[str] | None = None, **options: object) -> AsyncIterator[Consumer]:  # fmt: skip
     """A started consumer: ``async with open_consumer(ns, "g", {"orders": "*"}) as c:``."""
-    async with trio.open_nursery() as nursery:
+    async with background_nursery() as nursery:
         rpc = RpcClient(nursery)
         consumer = Consumer(rpc, Routes(rpc, namesrv_addrs or [], broker_addrs=broker_addrs, refresh_interval_ms=0),
                             group, subscriptions, ConsumerOptions(**options))  # type: ignore[arg-type]  # fmt: skip

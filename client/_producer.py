@@ -17,7 +17,7 @@ from commitlog import Message
 from protocol import ErrorCode, RequestCode, encode_batch, set_queue_id
 
 from ._routes import MessageQueue, NoRouteError, Routes
-from ._rpc import ConnectionFailed, RpcClient, RpcError
+from ._rpc import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 log = logging.getLogger("clmq.producer")
 
@@ -142,7 +142,7 @@ def _with_queue(body: bytes, queue_id: int, count: int) -> bytes:
 async def open_producer(namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None,
                         **options: int) -> AsyncIterator[Producer]:  # fmt: skip
     """A producer for trio code: ``async with open_producer(["127.0.0.1:9876"]) as p:``."""
-    async with trio.open_nursery() as nursery:
+    async with background_nursery() as nursery:
         rpc = RpcClient(nursery)
         try:
             yield Producer(rpc, Routes(rpc, namesrv_addrs or [], broker_addrs=broker_addrs), **options)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from typing import Any
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
 
 import trio
 
@@ -157,3 +158,20 @@ class RpcClient:
             with trio.CancelScope(shield=True):
                 await conn.stream.aclose()
         self._conns.clear()
+
+
+@asynccontextmanager
+async def background_nursery() -> AsyncIterator[trio.Nursery]:
+    """A nursery for a client's background tasks, as the body of an async context
+    manager: an error raised by the caller's code comes out as itself, not wrapped in
+    an exception group, so ``except SendError`` works around ``async with``."""
+    try:
+        async with trio.open_nursery() as nursery:
+            yield nursery
+    except BaseExceptionGroup as group:
+        leaf: BaseException = group
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]
+        if leaf is group:
+            raise
+        raise leaf from None

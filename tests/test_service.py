@@ -1,0 +1,376 @@
+"""End to end through real sockets: name server, brokers and the Python clients."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import msgpack
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from client import (
+    BlockingConsumer, BlockingProducer, RpcClient, SendError, open_admin, open_consumer, open_producer,
+)  # fmt: skip
+from protocol import ErrorCode, Frame, RequestCode, encode_frame
+from tests.service_helpers import FAST_CONSUMER, Cluster
+
+
+@pytest.fixture
+async def cluster(nursery: trio.Nursery, tmp_path: Path) -> Cluster:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    await c.start_broker("broker-a")
+    return c
+
+
+async def consume(ns: list[str], group: str, topic: str, want: int, expr: str = "*", timeout: float = 10, **opts) -> list:
+    got: list = []
+    async with open_consumer(ns, group, {topic: expr}, **{**FAST_CONSUMER, **opts}) as c:
+        with trio.move_on_after(timeout):
+            while len(got) < want:
+                got += await c.receive()
+    return got
+
+
+async def test_messages_of_one_key_arrive_in_order(cluster: Cluster) -> None:
+    await cluster.create_topic("orders", 4)
+    async with open_producer(cluster.ns) as p:
+        results = [await p.send("orders", b"%d" % i, sharding_key="user-7", tags="T", keys=f"k{i}", properties={"i": str(i)})
+                   for i in range(100)]  # fmt: skip
+        batch = await p.send_batch("orders", [b"b%d" % i for i in range(50)], sharding_key="user-7")
+    assert len({r.queue.queue_id for r in results}) == 1 and batch.queue == results[0].queue
+    assert [r.queue_offset for r in results] == list(range(100))
+    assert batch.queue_offsets == list(range(100, 150))
+    got = await consume(cluster.ns, "g", "orders", 150)
+    assert [r.body for r in got] == [b"%d" % i for i in range(100)] + [b"b%d" % i for i in range(50)]
+    assert got[3].keys == "k3" and got[3].properties == {"i": "3"} and got[3].tags == "T"
+
+
+async def test_clear_errors_for_unknown_topics_and_oversized_messages(cluster: Cluster) -> None:
+    await cluster.create_topic("t", 1)
+    async with open_producer(cluster.ns) as p:
+        with pytest.raises(SendError) as too_big:
+            await p.send("t", b"x" * 300_000)
+        assert too_big.value.code == ErrorCode.MESSAGE_TOO_LARGE
+        with pytest.raises(Exception, match="no broker serves topic 'nope'"):
+            await p.send("nope", b"x")
+        assert (await p.send("t", b"still fine")).queue_offset == 0
+
+
+async def test_long_poll_is_woken_by_new_messages(cluster: Cluster) -> None:
+    await cluster.create_topic("lp", 1)
+    broker = cluster.brokers["broker-a"]
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+
+        async def produce_later() -> None:
+            await trio.sleep(0.3)
+            async with open_producer(cluster.ns) as p:
+                await p.send("lp", b"wake up")
+
+        n.start_soon(produce_later)
+        t0 = trio.current_time()
+        reply = await rpc.request(broker.addr, RequestCode.PULL_MESSAGE,
+                                  {"topic": "lp", "queue_id": 0, "offset": 0, "max_wait_ms": 10_000}, timeout_ms=15_000)  # fmt: skip
+        waited = trio.current_time() - t0
+        assert reply.fields["status"] == "FOUND" and reply.fields["count"] == 1
+        assert 0.25 < waited < 3, waited  # woken by the dispatcher, long before the 10 s wait ran out
+        await rpc.aclose()
+
+
+async def test_tag_filtering(cluster: Cluster) -> None:
+    await cluster.create_topic("tags", 2)
+    async with open_producer(cluster.ns) as p:
+        for i in range(60):
+            await p.send("tags", b"%d" % i, tags=["TagA", "TagB", "TagC"][i % 3])
+    got = await consume(cluster.ns, "g", "tags", 40, expr="TagA || TagB")
+    assert len(got) == 40 and {r.tags for r in got} == {"TagA", "TagB"}
+    assert sorted(int(r.body) for r in got) == [i for i in range(60) if i % 3 != 2]
+
+
+async def test_broadcasting_gives_every_member_every_message(cluster: Cluster) -> None:
+    await cluster.create_topic("bc", 3)
+    async with open_producer(cluster.ns) as p:
+        for i in range(30):
+            await p.send("bc", b"%d" % i)
+    results: list[list] = []
+
+    async def member() -> None:
+        results.append(await consume(cluster.ns, "bcast", "bc", 30, mode="broadcasting", timeout=5))
+
+    async with trio.open_nursery() as n:
+        n.start_soon(member)
+        n.start_soon(member)
+    assert [sorted(int(r.body) for r in got) for got in results] == [list(range(30))] * 2
+
+
+async def test_rebalance_splits_queues_without_overlap_as_members_come_and_go(cluster: Cluster) -> None:
+    await cluster.create_topic("rb", 8)
+    all_queues = set(range(8))
+    async with trio.open_nursery() as n:
+        consumers = []
+        stops = []
+        for i in range(3):
+            ready, stop = trio.Event(), trio.Event()
+
+            async def run(i: int = i, ready: trio.Event = ready, stop: trio.Event = stop) -> None:
+                async with open_consumer(cluster.ns, "grp", {"rb": "*"}, client_id=f"c{i}", **FAST_CONSUMER) as c:
+                    consumers.append(c)
+                    ready.set()
+                    await stop.wait()
+                consumers.remove(c)
+
+            n.start_soon(run)
+            await ready.wait()
+            stops.append(stop)
+        await _settled(consumers, all_queues)
+        assert sorted(len(c.assignment()) for c in consumers) == [2, 3, 3]
+        stops[0].set()  # one member leaves
+        await trio.sleep(0.2)
+        await _settled(consumers, all_queues)
+        assert len(consumers) == 2 and sorted(len(c.assignment()) for c in consumers) == [4, 4]
+        for s in stops[1:]:
+            s.set()
+
+
+async def _settled(consumers: list, all_queues: set[int]) -> None:
+    with trio.fail_after(10):
+        while True:
+            owned = [[mq.queue_id for mq in c.assignment()] for c in consumers]
+            flat = [q for o in owned for q in o]
+            if len(flat) == len(set(flat)) and set(flat) == all_queues:
+                await trio.sleep(0.5)  # still so after a few more rounds?
+                again = [[mq.queue_id for mq in c.assignment()] for c in consumers]
+                if again == owned:
+                    return
+            await trio.sleep(0.05)
+
+
+async def test_committed_offsets_survive_a_broker_restart(cluster: Cluster) -> None:
+    await cluster.create_topic("off", 2)
+    async with open_producer(cluster.ns) as p:
+        for i in range(40):
+            await p.send("off", b"%d" % i)
+    first = await consume(cluster.ns, "keep", "off", 20, pull_batch=5)
+    seen_first = {int(r.body) for r in first}
+    port = int(cluster.brokers["broker-a"].addr.rsplit(":", 1)[1])
+    await cluster.stop_broker("broker-a")
+    await cluster.start_broker("broker-a", port=port)
+    rest = await consume(cluster.ns, "keep", "off", 40 - len(seen_first), timeout=10)
+    assert seen_first | {int(r.body) for r in rest} == set(range(40))
+    async with open_admin(cluster.ns) as admin:
+        info = await admin.describe_group("keep")
+    assert info["lag"] == 0 and {q["committed"] for q in info["queues"]} == {20}
+
+
+async def test_sync_flush_acknowledges_only_fsynced_messages(cluster: Cluster) -> None:
+    await cluster.start_broker("broker-s", flush_mode="sync")
+    async with open_admin(cluster.ns) as admin:
+        await admin.create_topic("s", 2, on=[cluster.brokers["broker-s"].addr])
+    async with open_producer(cluster.ns) as p:
+        with trio.fail_after(10):
+            while True:
+                try:
+                    r = await p.send("s", b"durable")
+                    break
+                except Exception:
+                    await trio.sleep(0.1)
+    assert r.durable and r.queue.broker_name == "broker-s"
+    assert cluster.brokers["broker-s"].store.durable_offset >= r.commitlog_offsets[0]
+
+
+async def test_producer_fails_over_to_another_broker(cluster: Cluster) -> None:
+    await cluster.start_broker("broker-b")
+    await cluster.create_topic("fo", 2)
+    async with open_producer(cluster.ns, send_timeout_ms=1000) as p:
+        first = [await p.send("fo", b"%d" % i) for i in range(8)]
+        assert {r.queue.broker_name for r in first} == {"broker-a", "broker-b"}
+        await cluster.stop_broker("broker-a")
+        after = [await p.send("fo", b"after %d" % i) for i in range(10)]
+    assert {r.queue.broker_name for r in after} == {"broker-b"}
+
+
+def _raw_exchange(addr: str, data: bytes, expect_reply: bool) -> bytes:
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(data)
+        if not expect_reply:
+            s.shutdown(socket.SHUT_WR)
+        out = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return out
+            out += chunk
+            if expect_reply and len(out) >= 8 and len(out) >= 4 + int.from_bytes(out[:4], "little"):
+                return out
+
+
+def _reply(raw: bytes) -> dict:
+    hlen = int.from_bytes(raw[4:8], "little")
+    return msgpack.unpackb(raw[8 : 8 + hlen])
+
+
+async def test_malformed_truncated_and_oversized_frames(cluster: Cluster) -> None:
+    await cluster.create_topic("bad", 1)
+    addr = cluster.brokers["broker-a"].addr
+    # Garbage: the broker closes that connection.
+    assert await trio.to_thread.run_sync(_raw_exchange, addr, b"\xff" * 64, False) == b""
+    # A frame cut short, then the client goes away: nothing is stored.
+    frame = encode_frame(Frame(RequestCode.SEND_MESSAGE, 1, {"topic": "bad"}, b"\0" * 100))
+    assert await trio.to_thread.run_sync(_raw_exchange, addr, frame[:-10], False) == b""
+    # Oversized: an error naming the limit, on a connection that stays usable.
+    big = Frame(RequestCode.SEND_MESSAGE, 9, {"topic": "bad"}, b"\0" * (65 << 20))
+    header = msgpack.packb(big.header())
+    prefix = struct.pack("<II", 4 + len(header) + len(big.body), len(header)) + header
+    reply = _reply(await trio.to_thread.run_sync(_raw_exchange, addr, prefix + big.body, True))
+    assert reply["i"] == 9 and reply["e"] == ErrorCode.FRAME_TOO_LARGE and "max_frame_bytes" in reply["m"]
+    # Unknown code and missing fields: errors, not crashes.
+    reply = _reply(await trio.to_thread.run_sync(_raw_exchange, addr, encode_frame(Frame(999, 3)), True))
+    assert reply["e"] == ErrorCode.REQUEST_NOT_SUPPORTED
+    reply = _reply(await trio.to_thread.run_sync(_raw_exchange, addr, encode_frame(Frame(RequestCode.SEND_MESSAGE, 4, {}, b"zz")), True))
+    assert reply["e"] == ErrorCode.MALFORMED_REQUEST
+    reply = _reply(await trio.to_thread.run_sync(_raw_exchange, addr, encode_frame(Frame(RequestCode.SEND_MESSAGE, 5, {"topic": "bad"}, b"\1\2\3")), True))
+    assert reply["e"] == ErrorCode.MALFORMED_REQUEST and "batch" in reply["m"]
+    async with open_producer(cluster.ns) as p:  # others are served; nothing was stored by the bad frames
+        assert (await p.send("bad", b"good")).queue_offset == 0
+
+
+@contextlib.contextmanager
+def cluster_in_thread(root: Path) -> Iterator[Cluster]:
+    """A name server and a broker with topic "sync" (2 queues), run by trio in a thread."""
+    stop, ready = threading.Event(), []
+
+    async def serve() -> None:
+        async with trio.open_nursery() as n:
+            c = Cluster(n, root)
+            await c.start_nameserver()
+            await c.start_broker()
+            await c.create_topic("sync", 2)
+            ready.append(c)
+            await trio.to_thread.run_sync(stop.wait, 120)
+            n.cancel_scope.cancel()
+
+    server = threading.Thread(target=trio.run, args=(serve,))
+    server.start()
+    try:
+        for _ in range(400):
+            if ready or not server.is_alive():
+                break
+            time.sleep(0.05)
+        assert ready, "the cluster did not start"
+        yield ready[0]
+    finally:
+        stop.set()
+        server.join(30)
+
+
+def test_blocking_clients(tmp_path: Path) -> None:
+    """Plain synchronous Python: the facades run trio in a thread of their own."""
+    with cluster_in_thread(tmp_path) as c:
+        with BlockingProducer(c.ns) as p:
+            sent = [p.send("sync", b"m%d" % i, tags="X") for i in range(10)]
+        assert sorted(r.queue_offset for r in sent) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]  # round robin over 2 queues
+        with BlockingConsumer(c.ns, "sg", {"sync": "X"}, **FAST_CONSUMER) as consumer:
+            got: list = []
+            for _ in range(50):
+                got += consumer.poll(0.5)
+                if len(got) >= 10:
+                    break
+        assert sorted(r.body for r in got) == sorted(b"m%d" % i for i in range(10))
+
+
+frames = st.builds(
+    lambda code, rid, fields, body, cut: encode_frame(Frame(code, rid, fields, body))[: cut or None],
+    st.sampled_from([int(c) for c in RequestCode] + [0, 12345]), st.integers(-(2**31), 2**31),
+    st.dictionaries(st.sampled_from(["topic", "queue_id", "offset", "max_messages", "max_wait_ms", "tags", "group",
+                                     "queue_count", "client_id", "groups", "timestamp_ms", "x"]),
+                    st.one_of(st.integers(-5, 5), st.text(max_size=5), st.none(), st.lists(st.integers(-(2**40), 2**40), max_size=2))),
+    st.binary(max_size=64), st.integers(0, 40),
+)  # fmt: skip
+
+
+def test_fuzzed_frames_get_errors_or_a_closed_connection_and_lose_nothing(tmp_path: Path) -> None:
+    with cluster_in_thread(tmp_path) as c, BlockingProducer(c.ns) as p:
+        addr = c.brokers["broker-a"].addr
+        host, port = addr.rsplit(":", 1)
+        acked = [p.send("sync", b"before")]
+
+        @given(st.lists(st.one_of(frames, st.binary(max_size=64)), min_size=1, max_size=4))
+        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+        def attack(chunks: list[bytes]) -> None:
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                s.sendall(b"".join(chunks))
+                s.shutdown(socket.SHUT_WR)
+                s.settimeout(3)
+                with contextlib.suppress(OSError):
+                    while s.recv(65536):  # answers or a close, never a hang
+                        pass
+            acked.append(p.send("sync", b"during"))
+
+        attack()
+        with BlockingConsumer(c.ns, "fz", {"sync": "*"}, **FAST_CONSUMER) as consumer:
+            got: list = []
+            for _ in range(100):
+                got += consumer.poll(0.3)
+                if len(got) >= len(acked):
+                    break
+        stored = {(r.queue_id, r.queue_offset) for r in got}
+        assert {(a.queue.queue_id, a.queue_offset) for a in acked} <= stored
+        fuzz_topics = {r.topic for r in got}
+        assert fuzz_topics == {"sync"}
+
+
+def test_route_table_drops_silent_brokers_and_sorts_routes() -> None:
+    from nameserver import RouteTable
+
+    table = RouteTable(expiry_ms=1000)
+    assert table.register("c", "b", "h2:1", {"t": 4}, now_ms=0)
+    assert table.register("c", "a", "h1:1", {"t": 2, "u": 1}, now_ms=500)
+    assert not table.register("c", "a", "h1:1", {"t": 2, "u": 1}, now_ms=900)  # unchanged
+    assert [b["broker_name"] for b in table.route("t")] == ["a", "b"]
+    assert table.expire(now_ms=1200) == ["h2:1"]
+    assert table.route("t") == [{"broker_name": "a", "addr": "h1:1", "queue_count": 2}]
+
+
+async def test_name_server_drops_a_broker_that_stops_registering(cluster: Cluster) -> None:
+    await cluster.start_broker("broker-b")
+    await cluster.create_topic("ex", 1)
+    cluster.scopes["broker-b"].cancel()  # gone without unregistering (as if its host died)
+    async with open_admin(cluster.ns) as admin:
+        with trio.fail_after(5):
+            while {b["broker_name"] for b in await admin.brokers()} != {"broker-a"}:
+                await trio.sleep(0.1)
+
+
+async def test_brokers_register_with_every_name_server_and_clients_use_any_that_answers(cluster: Cluster) -> None:
+    from nameserver import NameServerConfig
+    from nameserver import serve as serve_nameserver
+
+    second = await cluster.nursery.start(serve_nameserver, NameServerConfig(listen_port=0))
+    b = await cluster.start_broker("broker-b", namesrv_addrs=[*cluster.ns, second.addr])
+    async with open_admin([second.addr]) as admin:
+        with trio.fail_after(5):
+            while {x["broker_name"] for x in await admin.brokers()} != {"broker-b"}:
+                await trio.sleep(0.05)
+        await admin.create_topic("two", 2, on=[b.addr])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens here
+    async with open_producer([dead, second.addr]) as p:
+        with trio.fail_after(5):
+            while True:
+                try:
+                    r = await p.send("two", b"via the second name server")
+                    break
+                except Exception:
+                    await trio.sleep(0.1)
+    assert r.queue.broker_name == "broker-b"
