@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from commitlog import FlushMode
-from nameserver import Peer, Reply, RequestError, need
-from protocol import BatchError, ErrorCode, Frame, RequestCode, decode_batch
+from nameserver import Later, Peer, Reply, RequestError, need
+from protocol import ErrorCode, Frame, RequestCode
 
+from ._append import BusyError, PendingPut
 from ._results import GetStatus, PutStatus
 
 if TYPE_CHECKING:
@@ -45,9 +46,7 @@ class Handlers:
         self.b = broker
         self.store = broker.store
         self.config = broker.config
-        self._append_limiter = trio.CapacityLimiter(1)  # appends serialise in the store anyway
         self._read_limiter = trio.CapacityLimiter(4)
-        self.inflight_produce_bytes = 0
 
     def table(self) -> dict[int, Any]:
         return {
@@ -70,26 +69,25 @@ class Handlers:
         }
 
     # ------------------------------------------------------------------ produce
-    async def send_message(self, frame: Frame, peer: Peer) -> Reply:
+    async def send_message(self, frame: Frame, peer: Peer) -> Later:
+        """Queued in arrival order (the ordered part); the reply follows once stored."""
         topic = need(frame.fields, "topic", str)
         try:
-            messages = decode_batch(frame.body, topic, (peer.host, peer.port))
-        except BatchError as e:
-            raise RequestError(ErrorCode.MALFORMED_REQUEST, str(e)) from None
-        size = len(frame.body)
-        if self.inflight_produce_bytes + size > self.config.max_inflight_produce_bytes and self.inflight_produce_bytes:
-            raise RequestError(ErrorCode.SYSTEM_BUSY, f"broker busy: more than max_inflight_produce_bytes="
-                               f"{self.config.max_inflight_produce_bytes} waiting to be stored; retry later")  # fmt: skip
-        self.inflight_produce_bytes += size
-        try:
-            put = functools.partial(self.store.put_batch, messages, wait_durable=False)
-            result = await trio.to_thread.run_sync(put, limiter=self._append_limiter)
-            if not result.ok:
-                raise RequestError(_PUT_ERRORS[result.status], result.error)
-            sync = self.store.config.commitlog.flush_mode is FlushMode.SYNC
-            durable = await self._await_durable(result.end_offset) if sync else self.store.durable_offset >= result.end_offset
-        finally:
-            self.inflight_produce_bytes -= size
+            put = self.b.lane.submit(topic, frame.body, (peer.host, peer.port))
+        except BusyError as e:
+            raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
+        return Later(lambda: self._stored(put))
+
+    async def _stored(self, put: PendingPut) -> Reply:
+        await put.done.wait()
+        if put.malformed:
+            raise RequestError(ErrorCode.MALFORMED_REQUEST, put.malformed)
+        result = put.result
+        assert result is not None
+        if not result.ok:
+            raise RequestError(_PUT_ERRORS[result.status], result.error)
+        sync = self.store.config.commitlog.flush_mode is FlushMode.SYNC
+        durable = await self._await_durable(result.end_offset) if sync else self.store.durable_offset >= result.end_offset
         fields = {"queue_offsets": result.queue_offsets, "commitlog_offsets": result.commitlog_offsets,
                   "durable": durable, "store_timestamp_ms": result.store_timestamp_ms}  # fmt: skip
         if sync and not durable:

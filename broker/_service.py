@@ -11,6 +11,7 @@ from client import ConnectionFailed, RpcClient, RpcError
 from nameserver import RpcServer
 from protocol import RequestCode
 
+from ._append import AppendLane
 from ._base import StoreBase
 from ._config import BrokerConfig
 from ._groups import ConsumerGroups
@@ -32,6 +33,7 @@ class Broker:
         self.groups = ConsumerGroups(config.client_expiry_ms)
         self.waiters = PullWaiters(token)
         store.add_arrival_listener(self.waiters.on_arrivals)
+        self.lane = AppendLane(store, config.max_inflight_produce_bytes)
         self.handlers = Handlers(self)
         self.rpc = RpcServer(f"broker {config.broker_name}", self.handlers.table(), max_frame_bytes=config.max_frame_bytes,
                              idle_timeout_ms=config.idle_timeout_ms,
@@ -130,6 +132,7 @@ async def serve(config: BrokerConfig, *, task_status: trio.TaskStatus[Broker] = 
         async with trio.open_nursery() as nursery:
             broker.client = RpcClient(nursery)
             await nursery.start(broker.rpc.serve, config.listen_host, config.listen_port, nursery)
+            nursery.start_soon(broker.lane.run)
             nursery.start_soon(broker._register_loop)
             nursery.start_soon(broker._housekeeping_loop)
             log.info("broker %s listening on %s (%s, %s flush)", config.broker_name, broker.addr, config.storage_mode, config.flush_mode)

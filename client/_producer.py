@@ -14,7 +14,7 @@ import crc32c
 import trio
 
 from commitlog import Message
-from protocol import ErrorCode, RequestCode, encode_batch, set_queue_id
+from protocol import ErrorCode, RequestCode, encode_batch
 
 from ._routes import MessageQueue, NoRouteError, Routes
 from ._rpc import ConnectionFailed, RpcClient, RpcError, background_nursery
@@ -81,14 +81,19 @@ class Producer:
 
     async def send_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
                          selector: QueueSelector | None = None) -> SendResult:  # fmt: skip
-        """Send messages as one request to one queue (in order)."""
+        """Send messages as one request to one queue (in order). The producer sets the
+        messages' ``queue_id`` to the queue it picks."""
         msgs = [m if isinstance(m, Message) else Message(topic, 0, m) for m in messages]
         if not msgs:
             raise ValueError("send_batch needs at least one message")
-        body = encode_batch(msgs)
+        body, encoded_for = b"", -1
         errors: list[str] = []
         for attempt in range(self.retries + 1):
             mq = await self._pick(topic, msgs[0], sharding_key, selector, refresh=attempt > 0)
+            if mq.queue_id != encoded_for:
+                for m in msgs:
+                    m.queue_id = mq.queue_id
+                body, encoded_for = encode_batch(msgs), mq.queue_id
             try:
                 return await self.send_to(mq, body, len(msgs))
             except (ConnectionFailed, trio.TooSlowError) as e:
@@ -102,8 +107,8 @@ class Producer:
         raise SendError(f"send to topic {topic!r} failed {self.retries + 1} times: {'; '.join(errors)}")
 
     async def send_to(self, mq: MessageQueue, body: bytes, count: int) -> SendResult:
-        """Send an encoded batch (``encode_batch``) to one queue; no retries."""
-        body = _with_queue(body, mq.queue_id, count)
+        """Send an encoded batch (``encode_batch`` of messages whose ``queue_id`` is
+        ``mq.queue_id``) to one queue; no retries."""
         reply = await self.rpc.request(mq.addr, RequestCode.SEND_MESSAGE, {"topic": mq.topic}, body,
                                        timeout_ms=self.send_timeout_ms, check=False)  # fmt: skip
         flush_timeout = reply.error_code == ErrorCode.FLUSH_DISK_TIMEOUT
@@ -131,11 +136,6 @@ class Producer:
         now = time.monotonic()
         healthy = [m for m in mqs if self._faulty.get(m.addr, 0) <= now] or mqs
         return healthy[next(self._rr) % len(healthy)]
-
-
-def _with_queue(body: bytes, queue_id: int, count: int) -> bytes:
-    """Stamp ``queue_id`` into every message of an encoded batch (the first field)."""
-    return set_queue_id(body, queue_id, count)
 
 
 @asynccontextmanager

@@ -5,10 +5,10 @@ which the broker uses too.
 """
 
 from ._routes import RouteTable
-from ._server import Peer, Reply, RequestError, RpcServer, need, send_spans
+from ._server import Later, Peer, Reply, RequestError, RpcServer, need, send_spans
 from ._service import NameServer, NameServerConfig, serve
 
 __all__ = [
-    "NameServer", "NameServerConfig", "Peer", "Reply", "RequestError", "RouteTable", "RpcServer", "need", "send_spans",
+    "Later", "NameServer", "NameServerConfig", "Peer", "Reply", "RequestError", "RouteTable", "RpcServer", "need", "send_spans",
     "serve",
 ]  # fmt: skip

@@ -44,6 +44,14 @@ class Reply:
     error_text: str = ""
 
 
+@dataclass
+class Later:
+    """A handler's answer for a *serial* request whose ordered part is done: the
+    connection goes on to its next request while ``finish`` produces the reply."""
+
+    finish: Callable[[], Awaitable[Reply]]
+
+
 class RequestError(Exception):
     """Raised by a handler to answer with an error code."""
 
@@ -58,7 +66,7 @@ class Peer:
     port: int
 
 
-Handler = Callable[[Frame, Peer], Awaitable[Reply]]
+Handler = Callable[[Frame, Peer], Awaitable["Reply | Later"]]
 
 
 def need(fields: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -212,24 +220,46 @@ class _ServerConnection:
             nursery.start_soon(self._handle, frame)
 
     async def _serial_worker(self) -> None:
-        async for frame in self.serial_recv:
-            await self._handle(frame)
+        async with trio.open_nursery() as finishing:
+            async for frame in self.serial_recv:
+                await self._handle(frame, finishing)
 
-    async def _handle(self, frame: Frame) -> None:
+    async def _handle(self, frame: Frame, finishing: trio.Nursery | None = None) -> None:
+        later = False
         try:
             reply = await self._run_handler(frame)
+            if isinstance(reply, Later) and finishing is not None:
+                later = True
+                finishing.start_soon(self._finish, frame, reply)
+                return
+            if isinstance(reply, Later):
+                reply = await self._guard(frame, reply.finish)
+            if not frame.is_oneway:
+                await self._send_reply(frame, reply)
+        finally:
+            if not later:
+                self.inflight -= 1
+                self.server._done()
+
+    async def _finish(self, frame: Frame, later: Later) -> None:
+        try:
+            reply = await self._guard(frame, later.finish)
             if not frame.is_oneway:
                 await self._send_reply(frame, reply)
         finally:
             self.inflight -= 1
             self.server._done()
 
-    async def _run_handler(self, frame: Frame) -> Reply:
+    async def _run_handler(self, frame: Frame) -> "Reply | Later":
         handler = self.server.handlers.get(frame.code)
         if handler is None:
             return Reply(error_code=ErrorCode.REQUEST_NOT_SUPPORTED, error_text=f"request code {frame.code} is not served by {self.server.name}")
+        return await self._guard(frame, lambda: handler(frame, self.peer))
+
+    async def _guard(self, frame: Frame, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """Run a handler step; failures become error replies, never a dropped connection."""
         try:
-            return await handler(frame, self.peer)
+            return await fn()
         except RequestError as e:
             return Reply(error_code=e.code, error_text=e.text)
         except trio.TooSlowError:

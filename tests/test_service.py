@@ -374,3 +374,63 @@ async def test_brokers_register_with_every_name_server_and_clients_use_any_that_
                 except Exception:
                     await trio.sleep(0.1)
     assert r.queue.broker_name == "broker-b"
+
+
+async def test_requests_appended_together_keep_their_own_outcomes(cluster: Cluster) -> None:
+    """The append lane groups waiting requests into one store call; a bad one among
+    them fails alone, and the good ones keep their order and offsets."""
+    from commitlog import Message
+    from protocol import encode_batch
+
+    await cluster.create_topic("lane", 1)
+    addr = cluster.brokers["broker-a"].addr
+    outcomes: dict[str, object] = {}
+    async with trio.open_nursery() as n:
+        rpcs = [RpcClient(n) for _ in range(6)]
+
+        async def send(i: int, topic: str, qid: int) -> None:
+            body = encode_batch([Message(topic, qid, b"%d-%d" % (i, k)) for k in range(50)])
+            reply = await rpcs[i].request(addr, RequestCode.SEND_MESSAGE, {"topic": topic}, body, check=False)
+            outcomes[f"{i}"] = reply
+
+        async with trio.open_nursery() as senders:
+            senders.start_soon(send, 0, "lane", 0)
+            senders.start_soon(send, 1, "missing", 0)
+            senders.start_soon(send, 2, "lane", 5)  # no such queue
+            for i in range(3, 6):
+                senders.start_soon(send, i, "lane", 0)
+        for r in rpcs:
+            await r.aclose()
+    assert outcomes["1"].error_code == ErrorCode.TOPIC_NOT_FOUND  # type: ignore[attr-defined]
+    assert outcomes["2"].error_code == ErrorCode.INVALID_QUEUE_ID  # type: ignore[attr-defined]
+    good = [outcomes[k].fields["queue_offsets"] for k in ("0", "3", "4", "5")]  # type: ignore[attr-defined]
+    assert sorted(o for offs in good for o in offs) == list(range(200))
+    assert all(offs == list(range(offs[0], offs[0] + 50)) for offs in good)  # each request's messages stay together
+
+
+async def test_producers_get_busy_instead_of_an_unbounded_queue(cluster: Cluster) -> None:
+    from commitlog import Message
+    from protocol import encode_batch
+
+    broker = await cluster.start_broker("broker-busy", max_inflight_produce_bytes=1)
+    async with open_admin(cluster.ns) as admin:
+        await admin.create_topic("busy", 1, on=[broker.addr])
+    codes = []
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        body = encode_batch([Message("busy", 0, b"x" * 1000) for _ in range(200)])
+
+        async def send() -> None:
+            reply = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "busy"}, body, check=False)
+            codes.append((reply.error_code, reply.error_text, reply.fields.get("queue_offsets")))
+
+        async with trio.open_nursery() as senders:
+            for _ in range(20):
+                senders.start_soon(send)
+        await rpc.aclose()
+    busy = [c for c in codes if c[0] == ErrorCode.SYSTEM_BUSY]
+    ok = [c for c in codes if c[0] == 0]
+    assert busy and ok and len(busy) + len(ok) == 20
+    assert "max_inflight_produce_bytes=1" in busy[0][1]
+    await trio.to_thread.run_sync(broker.store.catch_up)
+    assert broker.store.max_offset("busy", 0) == 200 * len(ok)  # what was refused was not stored

@@ -1,0 +1,111 @@
+"""The append lane: produce requests from every connection, appended in arrival order,
+several per store call.
+
+Why: one store call per request costs a thread hop and a ``pwrite`` per request, and
+decoding on the event loop's thread holds up every other connection. The lane takes
+the raw request bodies in order, and one worker thread decodes them and appends all
+that are waiting (up to ``max_group_bytes``) with one ``put_batch``. A request whose
+messages are bad gets its own error; the others are not affected.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import trio
+
+from commitlog import Host, Message
+from protocol import BatchError, decode_batch
+
+from ._base import StoreBase
+from ._results import PutResult, PutStatus
+
+_BAD_INPUT = {PutStatus.MESSAGE_TOO_LARGE, PutStatus.INVALID_MESSAGE, PutStatus.INVALID_TOPIC, PutStatus.UNKNOWN_TOPIC,
+              PutStatus.INVALID_QUEUE_ID}  # fmt: skip
+
+
+class BusyError(Exception):
+    """More produce bytes are waiting than ``max_inflight_produce_bytes`` allows."""
+
+
+@dataclass
+class PendingPut:
+    topic: str
+    body: bytes
+    born_host: Host
+    done: trio.Event = field(default_factory=trio.Event)
+    result: PutResult | None = None
+    malformed: str = ""  # why the body did not decode
+
+
+class AppendLane:
+    def __init__(self, store: StoreBase, max_inflight_bytes: int, max_group_bytes: int = 4 << 20) -> None:
+        self.store = store
+        self.max_inflight_bytes = max_inflight_bytes
+        self.max_group_bytes = max_group_bytes
+        self._queue: deque[PendingPut] = deque()
+        self._queued_bytes = 0
+        self._wakeup = trio.Event()
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
+    def submit(self, topic: str, body: bytes, born_host: Host) -> PendingPut:
+        """Queue a request (synchronous, so callers keep their order); raises BusyError."""
+        if self._queued_bytes and self._queued_bytes + len(body) > self.max_inflight_bytes:
+            raise BusyError(f"broker busy: {self._queued_bytes:,} bytes waiting to be stored, "
+                            f"max_inflight_produce_bytes={self.max_inflight_bytes:,}; retry later")  # fmt: skip
+        put = PendingPut(topic, body, born_host)
+        self._queue.append(put)
+        self._queued_bytes += len(body)
+        self._wakeup.set()
+        return put
+
+    async def run(self) -> None:
+        """The lane's task: forever take what is waiting and append it."""
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            while self._queue:
+                group = self._take()
+                try:
+                    await trio.to_thread.run_sync(self._append_group, group)
+                finally:
+                    for put in group:
+                        self._queued_bytes -= len(put.body)
+                        if put.result is None and not put.malformed:
+                            put.result = PutResult(PutStatus.IO_ERROR, "the append was interrupted")
+                        put.done.set()
+
+    def _take(self) -> list[PendingPut]:
+        group = [self._queue.popleft()]
+        size = len(group[0].body)
+        while self._queue and size + len(self._queue[0].body) <= self.max_group_bytes:
+            put = self._queue.popleft()
+            group.append(put)
+            size += len(put.body)
+        return group
+
+    def _append_group(self, group: list[PendingPut]) -> None:
+        """Worker thread: decode every request, append the good ones together."""
+        decoded: list[tuple[PendingPut, list[Message]]] = []
+        for put in group:
+            try:
+                decoded.append((put, decode_batch(put.body, put.topic, put.born_host)))
+            except BatchError as e:
+                put.malformed = str(e)
+        if not decoded:
+            return
+        result = self.store.put_batch([m for _, ms in decoded for m in ms], wait_durable=False)
+        if result.status in _BAD_INPUT and len(decoded) > 1:  # someone's bad messages: each on its own
+            for put, msgs in decoded:
+                put.result = self.store.put_batch(msgs, wait_durable=False)
+            return
+        at = 0
+        for put, msgs in decoded:
+            n = len(msgs)
+            put.result = PutResult(result.status, result.error, result.queue_offsets[at : at + n],
+                                   result.commitlog_offsets[at : at + n], result.end_offset, result.store_timestamp_ms)  # fmt: skip
+            at += n
