@@ -83,7 +83,8 @@ class BrokerProcess:
         self.addr = f"127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "broker.cli", "broker", "--listen-port", str(self.port), "--data-dir",
                str(self.dir / "data"), "--flush-mode", flush]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.log = self.dir / "broker.log"  # a file, not a pipe: a full pipe would stall the broker
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -91,16 +92,20 @@ class BrokerProcess:
                 return
             except OSError:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"broker exited: {self.proc.stderr.read().decode() if self.proc.stderr else ''}")
+                    raise RuntimeError(f"broker exited: {self.log.read_text()[-2000:]}")
                 time.sleep(0.05)
         raise RuntimeError("broker did not start within 30 s")
 
     def stop(self) -> None:
+        """Stop the broker; its log's warnings and errors, if any, are shown."""
         self.proc.terminate()
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        problems = [line for line in self.log.read_text(errors="replace").splitlines() if "ERROR" in line or "Traceback" in line]
+        if problems:
+            print(f"broker log ({self.log}): {len(problems)} errors, first: {problems[0]}", file=sys.stderr)
         subprocess.run(["rm", "-rf", str(self.dir)], check=False)
 
 

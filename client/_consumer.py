@@ -55,6 +55,7 @@ class ConsumerOptions:
     rebalance_interval_ms: int = 2000
     commit_interval_ms: int = 1000
     buffered_batches: int = 64  # pulled and not yet received (backpressure)
+    max_pulls_in_flight: int = 4096  # per broker: below the broker's max_inflight_per_connection
     request_timeout_ms: int = 3000
 
 
@@ -89,6 +90,10 @@ class Consumer:
         self._send, self._recv = trio.open_memory_channel[_Batch](options.buffered_batches)
         self._pending: _Batch | None = None
         self._rebalance_now = trio.Event()
+        # With thousands of queues, one long poll each would exceed what a broker
+        # accepts per connection; pulls wait for a slot instead, leaving room for
+        # commits and heartbeats on the same connection.
+        self._pull_slots: dict[str, trio.Semaphore] = {}
         self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ public
@@ -233,16 +238,19 @@ class Consumer:
     # -------------------------------------------------------------------- pull
     async def _pull_loop(self, mq: MessageQueue, state: _Assignment) -> None:
         with state.scope:
-            offset = await self._retrying(lambda: self._initial_offset(mq))
+            async with self._pull_slots.setdefault(mq.addr, trio.Semaphore(self.options.max_pulls_in_flight)):
+                offset = await self._retrying(lambda: self._initial_offset(mq))
             self._processed.setdefault(mq, offset)
             tags = self.filters[mq.topic].tags
             fields = {"topic": mq.topic, "queue_id": mq.queue_id, "max_messages": self.options.pull_batch,
                       "max_wait_ms": self.options.pull_wait_ms, "group": self.group}  # fmt: skip
             if tags is not None:
                 fields["tags"] = tags
+            slots = self._pull_slots.setdefault(mq.addr, trio.Semaphore(self.options.max_pulls_in_flight))
             while True:
-                reply = await self._retrying(lambda: self._request(mq.addr, RequestCode.PULL_MESSAGE, {**fields, "offset": offset},
-                                                                   self.options.pull_wait_ms + self.options.request_timeout_ms))  # fmt: skip
+                async with slots:
+                    reply = await self._retrying(lambda: self._request(mq.addr, RequestCode.PULL_MESSAGE, {**fields, "offset": offset},
+                                                                       self.options.pull_wait_ms + self.options.request_timeout_ms))  # fmt: skip
                 offset = await self._take(mq, state, offset, reply)
 
     async def _take(self, mq: MessageQueue, state: _Assignment, offset: int, reply: "object") -> int:

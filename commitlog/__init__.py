@@ -18,6 +18,7 @@ from ._columns import HEADER_DTYPE, Walk, gather_fields, gather_headers, gather_
 from ._durability import DurableOffset
 from ._encoder import encode_message
 from ._segment import fsync_dir
+from ._many import decode_records_many
 
 __all__ = [
     "AppendResult", "AppendStatus", "DurableOffset", "BLANK_MAGIC", "BLANK_SIZE", "CommitLog", "CommitLogConfig",
@@ -26,5 +27,5 @@ __all__ = [
     "OFF_COMMITLOG_OFFSET", "OFF_CRC", "OFF_FLAGS", "OFF_KEYS_LEN", "OFF_MAGIC", "OFF_PROPS_LEN",
     "OFF_QUEUE_ID", "OFF_QUEUE_OFFSET", "OFF_RECONSUME", "OFF_STORE_HOST", "OFF_STORE_PORT",
     "OFF_STORE_TS", "OFF_TAGS_LEN", "OFF_TOPIC_LEN", "OFF_TOTAL_SIZE", "decode_host", "decode_properties", "encode_properties", "Message", "MiB", "QueueKey", "RECORD_MAGIC", "Record", "StoreError",
-    "decode_record", "encode_message", "HEADER_DTYPE", "Walk", "gather_fields", "gather_headers", "gather_strings", "walk_records", "fsync_dir", "now_ms",
+    "decode_record", "encode_message", "HEADER_DTYPE", "Walk", "gather_fields", "gather_headers", "gather_strings", "walk_records", "fsync_dir", "now_ms", "decode_records_many",
 ]  # fmt: skip

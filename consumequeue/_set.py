@@ -7,7 +7,8 @@ round as numpy columns (:meth:`ConsumeQueueSet.add_round`, O(1) Python work), an
 rounds are merged into the queues in bulk: one stable sort, then one ``append`` per
 queue for all its entries of all pending rounds. A merge happens before anything reads
 a queue (so readers always see every dispatched entry), when the housekeeping flush
-runs, and when the rounds hold ``MERGE_ENTRIES`` entries (bounding memory).
+runs, when the rounds hold ``MERGE_ENTRIES`` entries (bounding memory), and at once
+for small rounds under light load (where per-queue work is cheap anyway).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ._queue import ConsumeQueue
 log = logging.getLogger("clmq.consumequeue")
 
 MERGE_ENTRIES = 1 << 20  # entries held in rounds before the dispatcher merges them itself
+MERGE_NOW_ENTRIES = 64  # ... and rounds this small are merged at once
 _QID_MASK = 0xFFFFFFFF
 
 
@@ -144,7 +146,9 @@ class ConsumeQueueSet:
         with self._merge_lock:
             self._rounds.append((codes, queue_offsets, entries))
             self._round_entries += len(codes)
-            if self._round_entries >= MERGE_ENTRIES:
+            # A light load gives small rounds: applying them now costs little and saves
+            # a long merge later (which would hold the GIL for milliseconds at once).
+            if self._round_entries >= MERGE_ENTRIES or self._round_entries <= MERGE_NOW_ENTRIES:
                 try:
                     self._merge_locked()
                 except OSError as e:  # rounds are kept; the next merge retries

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs clmq into .venv and runs the embedded default: for now the storage engine's
-# demo (append to ./clmq-data, restart, read every queue back).
+# Installs clmq into .venv and starts the embedded default: a name server and a broker in
+# one process on ./clmq-data, then creates a topic, produces and consumes a few messages
+# so you see them flow. It keeps serving until Ctrl-C (add --exit-after-demo to stop).
 source "$(dirname "$0")/_env.sh" ""
-exec .venv/bin/clmq demo "$@"
+exec .venv/bin/clmq dev --demo "$@"

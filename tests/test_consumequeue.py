@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from commitlog import CommitLog, CommitLogConfig, Message, decode_record, gather_headers, walk_records
 from commitlog._encoder import BatchEncoder
+from consumequeue import _dispatch
 from consumequeue import ENTRY, Arrivals, ConsumeQueue, ConsumeQueueSet, Dispatcher, FileCache, tag_hash
 
 from .conftest import msgs
@@ -142,3 +144,26 @@ def test_nothing_past_the_confirmed_offset_is_dispatched(tmp_path: Path) -> None
     d.catch_up()
     assert queues.queue("t", 0).next_offset == 10
     lg.close()
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "bb", "topic.c"]), st.integers(0, 5), st.sampled_from(["", "T1", "TagB"]),
+                          st.binary(max_size=200)), min_size=1, max_size=60))
+@settings(max_examples=40, deadline=None)
+def test_small_rounds_parse_like_large_ones(records: list[tuple[str, int, str, bytes]]) -> None:
+    """The per-record path for small rounds and the vectorised one give the same columns."""
+    with tempfile.TemporaryDirectory() as tmp:
+        lg = CommitLog.open(Path(tmp) / "log", CommitLogConfig(), clean=False, checkpoint_offset=None)
+        lg.append([Message(t, q, b, tags=g) for t, q, g, b in records])
+        d = Dispatcher(lg, ConsumeQueueSet(Path(tmp) / "cq", 16, 8), 0)
+        at, data = lg.map_chunk(0, 1 << 20, lg.confirmed_offset)
+        walk = walk_records(data)
+        small = d._parse_small(data, walk.starts.tolist())
+        saved, _dispatch.SMALL_ROUND = _dispatch.SMALL_ROUND, 0
+        try:
+            large, _consumed = d._parse(at, data)
+        finally:
+            _dispatch.SMALL_ROUND = saved
+        assert large is not None
+        for a, b in zip(small, large):
+            assert np.array_equal(a, b)
+        lg.close()

@@ -1,0 +1,75 @@
+"""Decoding many records at once: header columns with numpy, strings decoded once per
+distinct value, a CRC per record. About three times faster than decoding one by one,
+which matters to consumers (every pulled message passes through here)."""
+
+from __future__ import annotations
+
+import crc32c as _crc32c
+import numpy as np
+
+from ._columns import gather_headers, gather_strings, walk_records
+from ._record import CRC_START, HEADER_SIZE, Host, Record, check_record, decode_host, decode_properties
+
+
+def _texts(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
+    values, idx = gather_strings(buf, offsets, lengths)
+    decoded = [v.decode() for v in values]
+    return [decoded[i] for i in idx.tolist()]
+
+
+def _hosts(ips: list[bytes], ports: np.ndarray) -> list[Host]:
+    cache: dict[tuple[bytes, int], Host] = {}
+    out = []
+    for ip, port in zip(ips, ports.tolist()):
+        host = cache.get((ip, port))
+        if host is None:
+            host = cache[(ip, port)] = decode_host(ip, port)
+        out.append(host)
+    return out
+
+
+def decode_records_many(data: bytes, where: str = "<buffer>", base_offset: int = 0) -> list[Record]:
+    """Every record of ``data`` (back to back, nothing else), CRC-checked. A damaged
+    record raises :class:`CorruptRecordError` naming ``where`` and its offset
+    (``base_offset`` + position)."""
+    walk = walk_records(data)
+    if walk.reason != "end" or walk.stop != len(data):
+        check_record(data, walk.stop, where, base_offset + walk.stop)  # raises, saying what is wrong
+    if not walk.runs:
+        return []
+    buf = np.frombuffer(data, dtype=np.uint8)
+    h = gather_headers(buf, walk)
+    starts = walk.starts
+    sizes = h["total_size"].astype(np.int64)
+    tl, gl, kl = (h[f].astype(np.int64) for f in ("topic_len", "tags_len", "keys_len"))
+    pl, bl = h["props_len"].astype(np.int64), h["body_len"].astype(np.int64)
+    bad = np.flatnonzero(HEADER_SIZE + tl + gl + kl + pl + bl != sizes)
+    mv = memoryview(data)
+    starts_l, sizes_l = starts.tolist(), sizes.tolist()
+    crc = _crc32c.crc32c
+    actual = np.fromiter((crc(mv[s + CRC_START : s + z]) for s, z in zip(starts_l, sizes_l)), np.uint32, len(starts_l))
+    bad = np.union1d(bad, np.flatnonzero(actual != h["crc"]))
+    if len(bad):
+        p = starts_l[int(bad[0])]
+        check_record(data, p, where, base_offset + p)
+    return _build(h, mv, buf, starts, tl, gl, kl, pl, bl)
+
+
+def _build(h: np.ndarray, mv: memoryview, buf: np.ndarray, starts: np.ndarray, tl: np.ndarray, gl: np.ndarray,
+           kl: np.ndarray, pl: np.ndarray, bl: np.ndarray) -> list[Record]:  # fmt: skip
+    p_topic = starts + HEADER_SIZE
+    p_tags = p_topic + tl
+    p_keys = p_tags + gl
+    p_props = p_keys + kl
+    p_body = p_props + pl
+    topics, tags, keys = _texts(buf, p_topic, tl), _texts(buf, p_tags, gl), _texts(buf, p_keys, kl)
+    born, store = _hosts(h["born_host"].tolist(), h["born_port"]), _hosts(h["store_host"].tolist(), h["store_port"])
+    cols = [h[f].tolist() for f in ("queue_id", "queue_offset", "commitlog_offset", "total_size", "flags", "born_ts",
+                                    "store_ts", "reconsume_times")]  # fmt: skip
+    qid, qoff, cloff, size, flags, born_ts, store_ts, recon = cols
+    out = []
+    for i, (pb, nb, pp, npp) in enumerate(zip(p_body.tolist(), bl.tolist(), p_props.tolist(), pl.tolist())):
+        props = decode_properties(mv[pp : pp + npp]) if npp else {}
+        out.append(Record(topics[i], qid[i], qoff[i], cloff[i], size[i], bytes(mv[pb : pb + nb]), tags[i], keys[i],
+                          props, flags[i], born_ts[i], store_ts[i], born[i], store[i], recon[i]))  # fmt: skip
+    return out
