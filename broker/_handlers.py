@@ -17,6 +17,7 @@ from nameserver import Later, Peer, Reply, RequestError, need
 from protocol import ErrorCode, Frame, RequestCode
 
 from ._append import BusyError, PendingPut
+from ._fetch import Fetch
 from ._results import GetStatus, PutStatus
 
 if TYPE_CHECKING:
@@ -52,10 +53,12 @@ class Handlers:
         return {
             RequestCode.SEND_MESSAGE: self.send_message,
             RequestCode.PULL_MESSAGE: self.pull_message,
+            RequestCode.PULL_MESSAGES: Fetch(self).handle,
             RequestCode.QUERY_OFFSETS: self.query_offsets,
             RequestCode.SEARCH_OFFSET: self.search_offset,
             RequestCode.COMMIT_OFFSET: self.commit_offset,
             RequestCode.QUERY_CONSUMER_OFFSET: self.query_consumer_offset,
+            RequestCode.QUERY_QUEUE_OFFSETS: self.query_queue_offsets,
             RequestCode.HEARTBEAT: self.heartbeat,
             RequestCode.UNREGISTER_CLIENT: self.unregister_client,
             RequestCode.GET_GROUP_MEMBERS: self.group_members,
@@ -173,11 +176,34 @@ class Handlers:
         return Reply({"offset": found})
 
     async def commit_offset(self, frame: Frame, peer: Peer) -> Reply:
-        f = frame.fields
-        group, offset = need(f, "group", str), need(f, "offset", int)
-        topic, qid = self._queue(f)
-        self.b.offsets.commit(group, topic, qid, offset)
+        """Many offsets of one group at once (a consumer of thousands of queues commits
+        them in one request); queues that no longer exist are ignored."""
+        group = need(frame.fields, "group", str)
+        rows = need(frame.fields, "offsets", list)
+        for row in rows:
+            if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str) and isinstance(row[1], int)
+                    and isinstance(row[2], int)):  # fmt: skip
+                raise RequestError(ErrorCode.MALFORMED_REQUEST, "offsets must be [topic, queue_id, offset] lists")
+        for topic, qid, offset in rows:
+            if self.store.queue_exists(topic, qid):
+                self.b.offsets.commit(group, topic, qid, offset)
         return Reply()
+
+    async def query_queue_offsets(self, frame: Frame, peer: Peer) -> Reply:
+        """For many queues at once: the group's committed offset (-1: none), min and
+        max (a consumer given thousands of queues looks them up in a few requests)."""
+        group = need(frame.fields, "group", str)
+        rows = []
+        for item in need(frame.fields, "queues", list):
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)):
+                raise RequestError(ErrorCode.MALFORMED_REQUEST, "queues must be [topic, queue_id] lists")
+            topic, qid = item
+            if not self.store.queue_exists(topic, qid):
+                rows.append(None)
+                continue
+            rows.append([self.b.offsets.query(group, topic, qid), self.store.min_offset(topic, qid), self.store.max_offset(topic, qid)])
+            await trio.lowlevel.checkpoint()
+        return Reply({"offsets": rows})
 
     async def query_consumer_offset(self, frame: Frame, peer: Peer) -> Reply:
         f = frame.fields

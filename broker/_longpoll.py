@@ -33,8 +33,12 @@ class PullWaiters:
         """An event set when ``key`` gets entries; register before re-checking, so that
         an arrival between the check and the wait is not missed."""
         event = trio.Event()
-        self._waiters.setdefault(key, []).append(event)
+        self.add(key, event)
         return event
+
+    def add(self, key: QueueKey, event: trio.Event) -> None:
+        """Set ``event`` when ``key`` gets entries (one event may watch many queues)."""
+        self._waiters.setdefault(key, []).append(event)
 
     def unregister(self, key: QueueKey, event: trio.Event) -> None:
         events = self._waiters.get(key)

@@ -11,19 +11,19 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
 
 import trio
 
 from commitlog import Record
-from protocol import ErrorCode, RequestCode, decode_records
+from protocol import RequestCode
 
 from ._allocate import allocate_averagely
+from ._fetcher import Batch, Fetcher, QueueState
 from ._routes import MessageQueue, NoRouteError, Routes
 from ._rpc import ConnectionFailed, RpcClient, RpcError, background_nursery
 
@@ -49,28 +49,16 @@ class ConsumerOptions:
     mode: str = "clustering"  # or "broadcasting"
     start_from: str | int = "earliest"  # "earliest", "latest" or a timestamp in ms (for queues never committed)
     client_id: str = ""
-    pull_batch: int = 256  # messages per pull
+    pull_batch: int = 256  # messages per queue per fetch
     pull_wait_ms: int = 1000  # long-poll wait on the broker
+    fetch_queues: int = 1024  # queues per fetch request
+    fetch_max_messages: int = 4096  # messages per fetch request, in all
+    fetches_in_flight: int = 4  # per broker
     heartbeat_interval_ms: int = 1000
     rebalance_interval_ms: int = 2000
     commit_interval_ms: int = 1000
     buffered_batches: int = 64  # pulled and not yet received (backpressure)
-    max_pulls_in_flight: int = 4096  # per broker: below the broker's max_inflight_per_connection
     request_timeout_ms: int = 3000
-
-
-@dataclass
-class _Batch:
-    mq: MessageQueue
-    generation: int
-    records: list[Record]
-    next_offset: int
-
-
-@dataclass
-class _Assignment:
-    generation: int
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
 class Consumer:
@@ -83,18 +71,15 @@ class Consumer:
         self.rpc, self.routes, self.group, self.options = rpc, routes, group, options
         self.filters = {topic: TagFilter(expr) for topic, expr in subscriptions.items()}
         self.client_id = options.client_id or f"{socket.gethostname()}@{os.getpid()}@{id(self):x}"
-        self.assigned: dict[MessageQueue, _Assignment] = {}
+        self.assigned: dict[MessageQueue, QueueState] = {}
         self._generation = 0
         self._processed: dict[MessageQueue, int] = {}
         self._committed: dict[MessageQueue, int] = {}
-        self._send, self._recv = trio.open_memory_channel[_Batch](options.buffered_batches)
-        self._pending: _Batch | None = None
+        self._send, self._recv = trio.open_memory_channel[Batch](options.buffered_batches)
+        self._pending: Batch | None = None
         self._rebalance_now = trio.Event()
-        # With thousands of queues, one long poll each would exceed what a broker
-        # accepts per connection; pulls wait for a slot instead, leaving room for
-        # commits and heartbeats on the same connection.
-        self._pull_slots: dict[str, trio.Semaphore] = {}
-        self._nursery: trio.Nursery | None = None
+        self._fetcher: Fetcher | None = None
+        self.net_errors = _NET_ERRORS
 
     # ------------------------------------------------------------------ public
     async def receive(self) -> list[Record]:
@@ -114,7 +99,8 @@ class Consumer:
     def ack(self) -> None:
         """Mark the batch last returned by :meth:`receive` as processed."""
         batch, self._pending = self._pending, None
-        if batch is not None and batch.mq in self.assigned:
+        current = self.assigned.get(batch.mq) if batch is not None else None
+        if batch is not None and current is not None and current.generation == batch.generation:
             self._processed[batch.mq] = batch.next_offset
 
     def assignment(self) -> list[MessageQueue]:
@@ -124,18 +110,25 @@ class Consumer:
         """Commit processed offsets to the brokers now (clustering mode)."""
         if self.options.mode != "clustering":
             return
+        by_broker: dict[str, dict[MessageQueue, int]] = {}
         for mq, offset in list(self._processed.items()):
             if self._committed.get(mq) != offset:
-                try:
-                    await self._request(mq.addr, RequestCode.COMMIT_OFFSET, {"group": self.group, "topic": mq.topic,
-                                        "queue_id": mq.queue_id, "offset": offset})  # fmt: skip
-                    self._committed[mq] = offset
-                except _NET_ERRORS as e:
-                    log.warning("consumer %s: commit of %s/%d failed: %s", self.client_id, mq.topic, mq.queue_id, e)
+                by_broker.setdefault(mq.addr, {})[mq] = offset
+        for addr, offsets in by_broker.items():  # one request per broker, however many queues
+            await self._commit_to(addr, offsets)
+
+    async def _commit_to(self, addr: str, offsets: dict[MessageQueue, int]) -> None:
+        rows = [[mq.topic, mq.queue_id, o] for mq, o in offsets.items()]
+        try:
+            await self._request(addr, RequestCode.COMMIT_OFFSET, {"group": self.group, "offsets": rows})
+        except _NET_ERRORS as e:
+            log.warning("consumer %s: commit of %d offsets to %s failed: %s", self.client_id, len(rows), addr, e)
+            return
+        self._committed.update(offsets)
 
     # ------------------------------------------------------------- background
     async def _start(self, nursery: trio.Nursery) -> None:
-        self._nursery = nursery
+        self._fetcher = Fetcher(self, nursery)
         await self._heartbeat()
         await self._rebalance()
         nursery.start_soon(self._every, self.options.heartbeat_interval_ms, self._heartbeat)
@@ -220,53 +213,16 @@ class Consumer:
             self._pending = None  # not acknowledged: its new owner reads it again
         offset = self._processed.pop(mq, None)
         if offset is not None and self.options.mode == "clustering" and self._committed.get(mq) != offset:
-            try:
-                await self._request(mq.addr, RequestCode.COMMIT_OFFSET, {"group": self.group, "topic": mq.topic,
-                                    "queue_id": mq.queue_id, "offset": offset})  # fmt: skip
-            except _NET_ERRORS as e:
-                log.warning("commit on revoke of %s/%d failed: %s", mq.topic, mq.queue_id, e)
+            await self._commit_to(mq.addr, {mq: offset})
         self._committed.pop(mq, None)
         log.info("consumer %s: released %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
 
     def _assign(self, mq: MessageQueue) -> None:
         self._generation += 1
-        state = self.assigned[mq] = _Assignment(self._generation)
-        assert self._nursery is not None
-        self._nursery.start_soon(self._pull_loop, mq, state)
+        state = self.assigned[mq] = QueueState(self._generation)
+        assert self._fetcher is not None
+        self._fetcher.add(mq, state)
         log.info("consumer %s: took %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
-
-    # -------------------------------------------------------------------- pull
-    async def _pull_loop(self, mq: MessageQueue, state: _Assignment) -> None:
-        with state.scope:
-            async with self._pull_slots.setdefault(mq.addr, trio.Semaphore(self.options.max_pulls_in_flight)):
-                offset = await self._retrying(lambda: self._initial_offset(mq))
-            self._processed.setdefault(mq, offset)
-            tags = self.filters[mq.topic].tags
-            fields = {"topic": mq.topic, "queue_id": mq.queue_id, "max_messages": self.options.pull_batch,
-                      "max_wait_ms": self.options.pull_wait_ms, "group": self.group}  # fmt: skip
-            if tags is not None:
-                fields["tags"] = tags
-            slots = self._pull_slots.setdefault(mq.addr, trio.Semaphore(self.options.max_pulls_in_flight))
-            while True:
-                async with slots:
-                    reply = await self._retrying(lambda: self._request(mq.addr, RequestCode.PULL_MESSAGE, {**fields, "offset": offset},
-                                                                       self.options.pull_wait_ms + self.options.request_timeout_ms))  # fmt: skip
-                offset = await self._take(mq, state, offset, reply)
-
-    async def _take(self, mq: MessageQueue, state: _Assignment, offset: int, reply: "object") -> int:
-        f, body = reply.fields, reply.body  # type: ignore[attr-defined]
-        status, nxt = f["status"], f["next_offset"]
-        if status in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW"):
-            log.warning("consumer %s: offset %d of %s/%d is %s; moving to %d", self.client_id, offset, mq.topic,
-                        mq.queue_id, status.lower().replace("_", " "), nxt)  # fmt: skip
-        if status == "NO_MESSAGE":
-            return offset
-        records = decode_records(body, f"pull from {mq.addr} {mq.topic}/{mq.queue_id}") if body else []
-        flt = self.filters[mq.topic]
-        if flt.tags is not None:  # the broker filtered by tag hash; collisions are dropped here
-            records = [r for r in records if flt.matches(r.tags)]
-        await self._send.send(_Batch(mq, state.generation, records, nxt))
-        return nxt
 
     async def _retrying(self, fn: "object") -> "object":
         delay = 0.05
@@ -278,18 +234,16 @@ class Consumer:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    async def _initial_offset(self, mq: MessageQueue) -> int:
-        q = {"topic": mq.topic, "queue_id": mq.queue_id}
-        if self.options.mode == "clustering":
-            reply = await self._request(mq.addr, RequestCode.QUERY_CONSUMER_OFFSET, {**q, "group": self.group})
-            if reply.fields["offset"] >= 0:  # type: ignore[attr-defined]
-                return reply.fields["offset"]  # type: ignore[attr-defined]
+    async def _start_offset(self, mq: MessageQueue, committed: int, lo: int, hi: int) -> int:
+        """Where to start reading a queue: the group's committed offset, else ``start_from``."""
+        if self.options.mode == "clustering" and committed >= 0:
+            return committed
         start = self.options.start_from
         if isinstance(start, int) or (isinstance(start, str) and start.isdigit()):
-            reply = await self._request(mq.addr, RequestCode.SEARCH_OFFSET, {**q, "timestamp_ms": int(start)})
-            return reply.fields["offset"]  # type: ignore[attr-defined]
-        reply = await self._request(mq.addr, RequestCode.QUERY_OFFSETS, q)
-        return reply.fields["max_offset" if start == "latest" else "min_offset"]  # type: ignore[attr-defined]
+            q = {"topic": mq.topic, "queue_id": mq.queue_id, "timestamp_ms": int(start)}
+            reply: Any = await self._retrying(lambda: self._request(mq.addr, RequestCode.SEARCH_OFFSET, q))
+            return reply.fields["offset"]
+        return hi if start == "latest" else lo
 
 
 @asynccontextmanager

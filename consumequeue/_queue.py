@@ -310,6 +310,10 @@ class ConsumeQueue:
 
     def min_offset(self, log_min: int) -> int:
         """The first offset whose record is still in the log."""
+        first = self.first_offset
+        head = self.entry(first)
+        if head is not None and head[1] and head[0] >= log_min:
+            return first  # the usual case, without a search: nothing fell out of retention
         return self.search(lambda e: e[0] >= log_min)
 
     def close(self) -> None:

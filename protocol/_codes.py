@@ -13,10 +13,17 @@ PULL_MESSAGE           topic, queue_id, offset, max_messages, max_wait_ms,
                        tags (list or absent), group (for lag accounting)
                        -> status, next_offset, min_offset, max_offset, count;
                        body: the records, exactly as stored in the CommitLog
+PULL_MESSAGES          queues: [[topic, queue_id, offset, tags or nil], ...],
+                       max_messages (in all), max_per_queue, max_wait_ms
+                       -> results: [[status, next_offset, count, bytes], ...] (one per
+                       queue, in order; SKIPPED: not read this time), count; body: the
+                       records of each queue in turn, ``bytes`` of them per queue
 QUERY_OFFSETS          topic, queue_id -> min_offset, max_offset
 SEARCH_OFFSET          topic, queue_id, timestamp_ms -> offset
-COMMIT_OFFSET          group, topic, queue_id, offset -> (nothing)
+COMMIT_OFFSET          group, offsets: [[topic, queue_id, offset], ...] -> (nothing)
 QUERY_CONSUMER_OFFSET  group, topic, queue_id -> offset (-1: none committed)
+QUERY_QUEUE_OFFSETS    group, queues: [[topic, queue_id], ...]
+                       -> offsets: [[committed or -1, min, max] or nil (no such queue), ...]
 HEARTBEAT              client_id, groups: [{group, topics, mode}] -> (nothing)
 UNREGISTER_CLIENT      client_id -> (nothing)
 GET_GROUP_MEMBERS      group -> members (sorted client ids)
@@ -48,10 +55,12 @@ import enum
 class RequestCode(enum.IntEnum):
     SEND_MESSAGE = 10
     PULL_MESSAGE = 11
+    PULL_MESSAGES = 12
     QUERY_OFFSETS = 20
     SEARCH_OFFSET = 21
     COMMIT_OFFSET = 30
     QUERY_CONSUMER_OFFSET = 31
+    QUERY_QUEUE_OFFSETS = 32
     HEARTBEAT = 40
     UNREGISTER_CLIENT = 41
     GET_GROUP_MEMBERS = 42

@@ -434,3 +434,26 @@ async def test_producers_get_busy_instead_of_an_unbounded_queue(cluster: Cluster
     assert "max_inflight_produce_bytes=1" in busy[0][1]
     await trio.to_thread.run_sync(broker.store.catch_up)
     assert broker.store.max_offset("busy", 0) == 200 * len(ok)  # what was refused was not stored
+
+
+async def test_a_consumer_of_thousands_of_queues_reads_them_all_through_multi_queue_fetches(cluster: Cluster) -> None:
+    """Few requests cover many queues; queues not reached in one fetch (SKIPPED) come
+    first in the next, and offsets are looked up and committed in batches."""
+    from commitlog import Message
+    from protocol import encode_batch
+
+    await cluster.create_topic("wide", 2000)
+    addr = cluster.brokers["broker-a"].addr
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        for q in range(2000):
+            await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": "wide"}, encode_batch([Message("wide", q, b"%d" % q)] * (1 + q % 3)))
+        await rpc.aclose()
+    want = sum(1 + q % 3 for q in range(2000))
+    got = await consume(cluster.ns, "wide-g", "wide", want, timeout=30, fetch_queues=300, fetch_max_messages=500, pull_batch=2)
+    assert len(got) == want
+    assert sorted({r.queue_id for r in got}) == list(range(2000))
+    assert all(int(r.body) == r.queue_id for r in got)
+    async with open_admin(cluster.ns) as admin:
+        info = await admin.describe_group("wide-g")
+    assert len(info["queues"]) == 2000 and info["lag"] == 0

@@ -1,0 +1,156 @@
+"""How a consumer reads its queues: per broker, a few PULL_MESSAGES requests in flight,
+each covering many of the consumer's queues (Kafka's fetch), so that a consumer of
+10,000 queues pays one round trip for up to ``fetch_queues`` of them.
+
+A queue takes part once its start offset is known, and is in at most one request at a
+time (its next offset depends on the last answer). A request whose queues all have
+nothing waits on the broker (long polling) while other requests go on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from commitlog import Record
+from protocol import RequestCode, decode_records
+
+from ._routes import MessageQueue
+
+if TYPE_CHECKING:
+    from ._consumer import Consumer
+
+log = logging.getLogger("clmq.consumer")
+
+
+@dataclass
+class QueueState:
+    """A queue assigned to this consumer."""
+
+    generation: int
+    offset: int | None = None  # next offset to read; None until looked up
+    busy: bool = False  # in a request right now
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+
+@dataclass
+class Batch:
+    mq: MessageQueue
+    generation: int
+    records: list[Record]
+    next_offset: int
+
+
+class Fetcher:
+    def __init__(self, consumer: "Consumer", nursery: trio.Nursery) -> None:
+        self.c = consumer
+        self.options = consumer.options
+        self._nursery = nursery
+        self._loops: set[str] = set()
+        self._wakeups: dict[str, trio.Event] = {}
+        self._to_look_up: dict[str, list[tuple[MessageQueue, QueueState]]] = {}
+        self._lookup_wakeups: dict[str, trio.Event] = {}
+
+    def add(self, mq: MessageQueue, state: QueueState) -> None:
+        """Start reading ``mq``: look up its offset, then include it in fetches."""
+        self._to_look_up.setdefault(mq.addr, []).append((mq, state))
+        if mq.addr not in self._loops:
+            self._loops.add(mq.addr)
+            self._lookup_wakeups[mq.addr] = trio.Event()
+            self._nursery.start_soon(self._loop, mq.addr)
+            self._nursery.start_soon(self._lookup_loop, mq.addr)
+        self._lookup_wakeups[mq.addr].set()
+
+    def wake(self, addr: str) -> None:
+        event = self._wakeups.get(addr)
+        if event is not None:
+            event.set()
+
+    async def _lookup_loop(self, addr: str) -> None:
+        """Start offsets of newly assigned queues, up to ``fetch_queues`` per request."""
+        while True:
+            await self._lookup_wakeups[addr].wait()
+            self._lookup_wakeups[addr] = trio.Event()
+            while self._to_look_up.get(addr):
+                pending = self._to_look_up[addr]
+                batch, self._to_look_up[addr] = pending[: self.options.fetch_queues], pending[self.options.fetch_queues :]
+                batch = [(mq, st) for mq, st in batch if self.c.assigned.get(mq) is st]
+                if batch:
+                    await self._look_up(addr, batch)
+
+    async def _look_up(self, addr: str, batch: list[tuple[MessageQueue, QueueState]]) -> None:
+        fields = {"group": self.c.group, "queues": [[mq.topic, mq.queue_id] for mq, _ in batch]}
+        reply: Any = await self.c._retrying(lambda: self.c._request(addr, RequestCode.QUERY_QUEUE_OFFSETS, fields))
+        for (mq, st), row in zip(batch, reply.fields["offsets"]):
+            if row is None or self.c.assigned.get(mq) is not st:
+                continue  # the queue is gone (a rebalance will notice) or was given up
+            st.offset = await self.c._start_offset(mq, *row)
+            self.c._processed.setdefault(mq, st.offset)
+        self.wake(addr)
+
+    def _pick(self, addr: str) -> list[tuple[MessageQueue, QueueState]]:
+        picked = []
+        for mq, st in self.c.assigned.items():
+            if mq.addr == addr and st.offset is not None and not st.busy:
+                picked.append((mq, st))
+                if len(picked) >= self.options.fetch_queues:
+                    break
+        for _mq, st in picked:
+            st.busy = True
+        return picked
+
+    async def _loop(self, addr: str) -> None:
+        slots = trio.Semaphore(self.options.fetches_in_flight)
+        async with trio.open_nursery() as nursery:
+            while True:
+                await slots.acquire()
+                while True:
+                    self._wakeups[addr] = event = trio.Event()  # before picking: no lost wake-up
+                    picked = self._pick(addr)
+                    if picked:
+                        break
+                    await event.wait()
+                nursery.start_soon(self._fetch, addr, picked, slots)
+
+    async def _fetch(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], slots: trio.Semaphore) -> None:
+        try:
+            asks = [[mq.topic, mq.queue_id, st.offset, self.c.filters[mq.topic].tags] for mq, st in picked]
+            fields = {"queues": asks, "max_messages": self.options.fetch_max_messages,
+                      "max_per_queue": self.options.pull_batch, "max_wait_ms": self.options.pull_wait_ms}  # fmt: skip
+            try:
+                reply: Any = await self.c._request(addr, RequestCode.PULL_MESSAGES, fields,
+                                                   self.options.pull_wait_ms + self.options.request_timeout_ms)  # fmt: skip
+            except self.c.net_errors as e:
+                log.debug("consumer %s: fetch from %s failed: %s", self.c.client_id, addr, e)
+                await trio.sleep(0.2)
+                return
+            await self._deliver(addr, picked, reply.fields["results"], reply.body)
+        finally:
+            for _mq, st in picked:
+                st.busy = False
+            slots.release()
+            self.wake(addr)
+
+    async def _deliver(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], results: list[list[Any]],
+                       body: bytes) -> None:  # fmt: skip
+        pos = 0
+        for (mq, st), (status, nxt, _count, nbytes) in zip(picked, results):
+            chunk, pos = body[pos : pos + nbytes], pos + nbytes
+            if self.c.assigned.get(mq) is not st:
+                continue  # given up meanwhile
+            if status != "SKIPPED":  # read: to the back of the line (queues not reached keep their place)
+                self.c.assigned[mq] = self.c.assigned.pop(mq)
+            if status in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW"):
+                log.warning("consumer %s: offset %d of %s/%d is %s; moving to %d", self.c.client_id, st.offset,
+                            mq.topic, mq.queue_id, status.lower().replace("_", " "), nxt)  # fmt: skip
+            elif status in ("NO_MESSAGE", "SKIPPED", "NO_QUEUE"):
+                continue
+            records = decode_records(chunk, f"fetch from {addr} {mq.topic}/{mq.queue_id}") if chunk else []
+            flt = self.c.filters[mq.topic]
+            if flt.tags is not None:  # the broker filtered by tag hash; collisions are dropped here
+                records = [r for r in records if flt.matches(r.tags)]
+            await self.c._send.send(Batch(mq, st.generation, records, nxt))
+            st.offset = nxt
