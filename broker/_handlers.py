@@ -18,6 +18,7 @@ from protocol import ErrorCode, Frame, RequestCode
 
 from ._append import BusyError, PendingPut
 from ._fetch import Fetch
+from ._log_reads import LogReads
 from ._results import GetStatus, PutStatus
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ class Handlers:
             RequestCode.LIST_TOPICS: self.list_topics,
             RequestCode.DESCRIBE_TOPIC: self.describe_topic,
             RequestCode.BROKER_INFO: self.broker_info,
+            RequestCode.GET_LOG_LAYOUT: LogReads(self).layout,
+            RequestCode.READ_LOG: LogReads(self).read,
         }
 
     # ------------------------------------------------------------------ produce

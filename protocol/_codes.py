@@ -35,6 +35,14 @@ DELETE_TOPIC           topic -> (nothing)
 LIST_TOPICS            -> topics: {name: queue_count}
 DESCRIBE_TOPIC         topic -> queue_count, queues: [{queue_id, min_offset, max_offset}]
 BROKER_INFO            -> name, addr, storage_mode, flush_mode, end_offset, ...
+GET_LOG_LAYOUT         -> min_offset, end_offset (durable, dispatched and confirmed),
+                       segments: [[base, data_end, [record starts...]], ...],
+                       topics: {name: queue_count}, message_count, storage_mode
+                       (commitlog mode only: REQUEST_NOT_SUPPORTED otherwise)
+READ_LOG               offset, max_bytes, end_offset -> offset, length; body: the
+                       log's raw bytes [offset, offset + length) within one segment,
+                       never past end_offset or what is durable (the reader walks and
+                       CRC-checks the records; a record may be cut at the end)
 =====================  ============================================================
 
 Name server
@@ -71,6 +79,8 @@ class RequestCode(enum.IntEnum):
     LIST_TOPICS = 52
     DESCRIBE_TOPIC = 53
     BROKER_INFO = 60
+    GET_LOG_LAYOUT = 70
+    READ_LOG = 71
     REGISTER_BROKER = 100
     UNREGISTER_BROKER = 101
     GET_ROUTE = 102

@@ -1,0 +1,75 @@
+"""Bulk reads of the CommitLog for parallel readers (the Spark connector's network mode).
+
+``GET_LOG_LAYOUT`` gives a snapshot: the log's extent that is durable, dispatched and
+confirmed, every segment with its boundary index, and the topics. ``READ_LOG`` then
+serves raw bytes of one segment below that snapshot's end, with ``sendfile`` like pulls:
+the reader walks and checks the records itself, so the broker does no per-record work.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from nameserver import Reply, RequestError, need
+from protocol import ErrorCode, Frame
+
+from ._results import Span
+
+if TYPE_CHECKING:
+    from ._handlers import Handlers
+
+MAX_READ_LOG_BYTES = 16 << 20  # one READ_LOG answer at most (the broker's max_pull_bytes caps it too)
+
+
+class LogReads:
+    def __init__(self, handlers: "Handlers") -> None:
+        self.store = handlers.store
+        self.config = handlers.config
+
+    def _log(self) -> Any:
+        log = getattr(self.store, "log", None)
+        if log is None:
+            raise RequestError(ErrorCode.REQUEST_NOT_SUPPORTED,
+                               f"this broker stores in {self.config.storage_mode} mode: it has no CommitLog to read "
+                               "in ranges; read its queues with PULL_MESSAGE")  # fmt: skip
+        return log
+
+    def snapshot_end(self) -> int:
+        """Bytes below this are durable, dispatched to the queues and confirmed."""
+        log = self._log()
+        return min(log.durable_offset, self.store.dispatcher.dispatched_offset, log.confirmed_offset)
+
+    async def layout(self, frame: Frame, _peer: object) -> Reply:
+        log = self._log()
+        end = self.snapshot_end()
+        segments = []
+        for base, size, _path in log.segments():
+            if base >= end:
+                break
+            data_end = min(base + size, end)
+            starts = [base] + [b for b in log.boundaries(base) if base < b < data_end]
+            segments.append([base, data_end, starts])
+        await trio.lowlevel.checkpoint()
+        topics = self.store.topics.all()
+        counts = sum(max(0, self.store.max_offset(t, q) - self.store.min_offset(t, q))
+                     for t, n in topics.items() for q in range(n))  # fmt: skip
+        return Reply({"min_offset": log.min_offset, "end_offset": end, "segments": segments, "topics": topics,
+                      "message_count": counts, "storage_mode": self.config.storage_mode})  # fmt: skip
+
+    async def read(self, frame: Frame, _peer: object) -> Reply:
+        """Raw bytes ``[offset, offset + max_bytes)`` of one segment, cut at the snapshot
+        end the reader names (never past what is durable now)."""
+        log = self._log()
+        f = frame.fields
+        offset, max_bytes, end = need(f, "offset", int), need(f, "max_bytes", int), need(f, "end_offset", int)
+        end = min(end, self.snapshot_end())
+        n = max(0, min(max_bytes, MAX_READ_LOG_BYTES, self.config.max_pull_bytes * 2, end - offset))
+        for base, size, path in log.segments():
+            if base <= offset < base + size:
+                n = min(n, base + size - offset)
+                await trio.lowlevel.checkpoint()
+                return Reply({"offset": offset, "length": n}, spans=[Span(str(path), offset - base, n)] if n else [])
+        raise RequestError(ErrorCode.NOT_FOUND, f"offset {offset} is not in the log "
+                                                f"({log.min_offset}..{log.write_offset}); retention may have removed it")  # fmt: skip

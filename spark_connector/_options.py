@@ -1,0 +1,153 @@
+"""The reader's options: parsed once, with an error a person can act on for each bad one.
+
+Spark hands options over as case-insensitive strings. Names and meanings follow Spark's
+Kafka source where there is an equivalent (``startingOffsets``, ``endingOffsets``,
+``maxOffsetsPerTrigger``'s cousins ``maxRowsPerTrigger`` / ``maxBytesPerTrigger``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+MiB = 1 << 20
+
+# Per-queue positions in offset JSON, as in Spark's Kafka source.
+EARLIEST, LATEST = -2, -1
+
+
+class OptionError(ValueError):
+    """A reader option is missing, unknown or malformed."""
+
+
+Positions = dict[str, dict[int, int]]  # topic -> queue id -> offset (or EARLIEST / LATEST)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    path: str | None = None
+    brokers: tuple[str, ...] = ()
+    nameservers: tuple[str, ...] = ()
+    topics: tuple[str, ...] | None = None
+    topic_pattern: str | None = None
+    queues: dict[str, tuple[int, ...]] | tuple[int, ...] | None = None
+    starting: Positions | None = None  # None: earliest everywhere
+    ending: Positions | None = None  # None: latest (the snapshot's end) everywhere
+    starting_timestamp_ms: int | None = None
+    ending_timestamp_ms: int | None = None
+    max_split_bytes: int = 16 * MiB
+    max_batch_rows: int = 65_536
+    max_batch_bytes: int = 8 * MiB
+    on_corrupt: str = "fail"  # or "skip"
+    corrupt_records_log: str | None = None
+    read_path: str = "auto"  # "scan", "index" or "auto"
+    index_path_fraction: float = 0.25
+    max_rows_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    timeout_ms: int = 30_000
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def network(self) -> bool:
+        return bool(self.brokers or self.nameservers)
+
+
+KNOWN = {
+    "path", "broker", "brokers", "nameserver", "nameservers", "topics", "topic", "topicpattern", "queues",
+    "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp", "maxsplitbytes", "maxbatchrows",
+    "maxbatchbytes", "oncorrupt", "corruptrecordslog", "readpath", "indexpathfraction", "maxrowspertrigger",
+    "maxbytespertrigger", "timeoutms",
+}  # fmt: skip
+
+
+def _int(opts: Mapping[str, str], name: str, default: int | None, minimum: int = 1) -> int | None:
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).replace("_", ""))
+    except ValueError:
+        raise OptionError(f"option {name}={raw!r}: expected a whole number") from None
+    if value < minimum:
+        raise OptionError(f"option {name}={value}: must be at least {minimum}")
+    return value
+
+
+def _list(raw: str | None) -> tuple[str, ...]:
+    return tuple(x.strip() for x in (raw or "").split(",") if x.strip())
+
+
+def _positions(name: str, raw: str | None, default_word: str) -> Positions | None:
+    """``earliest`` / ``latest`` or JSON ``{"topic": {"0": 23, "1": -2}}``."""
+    if raw is None or raw.strip().lower() == default_word:
+        return None
+    text = raw.strip()
+    if text.lower() in ("earliest", "latest"):
+        word = EARLIEST if text.lower() == "earliest" else LATEST
+        return {"*": {-1: word}}  # every queue
+    try:
+        doc = json.loads(text)
+        return {str(t): {int(q): int(o) for q, o in per.items()} for t, per in doc.items()}
+    except (ValueError, AttributeError, TypeError):
+        raise OptionError(f"option {name}={raw!r}: expected 'earliest', 'latest' or JSON such as "
+                          '{"orders": {"0": 42, "1": -2}} (-2: earliest, -1: latest)') from None  # fmt: skip
+
+
+def _queues(raw: str | None) -> dict[str, tuple[int, ...]] | tuple[int, ...] | None:
+    if raw is None or not raw.strip():
+        return None
+    text = raw.strip()
+    try:
+        if text.startswith("{"):
+            return {str(t): tuple(int(q) for q in qs) for t, qs in json.loads(text).items()}
+        return tuple(int(q) for q in _list(text))
+    except (ValueError, TypeError, AttributeError):
+        raise OptionError(f"option queues={raw!r}: expected '0,1,2' or JSON such as " '{"orders": [0, 1]}') from None
+
+
+def _choice(opts: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    value = str(opts.get(name.lower(), choices[0])).strip().lower()
+    if value not in choices:
+        raise OptionError(f"option {name}={value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+def parse_options(options: Mapping[str, Any]) -> ReadOptions:
+    """Parse Spark's options (any key case) into :class:`ReadOptions`."""
+    opts = {str(k).lower(): str(v) for k, v in options.items()}
+    unknown = sorted(k for k in opts if k not in KNOWN)
+    if unknown:
+        raise OptionError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(KNOWN))}")
+    brokers = _list(opts.get("brokers") or opts.get("broker"))
+    nameservers = _list(opts.get("nameservers") or opts.get("nameserver"))
+    path = opts.get("path")
+    if bool(path) + bool(brokers or nameservers) != 1:
+        raise OptionError("give exactly one of: a data directory (load(path) or option path), "
+                          "option broker=host:port, or option nameserver=host:port")  # fmt: skip
+    pattern = opts.get("topicpattern")
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise OptionError(f"option topicPattern={pattern!r}: not a regular expression ({e})") from None
+    topics = _list(opts.get("topics") or opts.get("topic")) or None
+    return ReadOptions(
+        path=path, brokers=brokers, nameservers=nameservers, topics=topics, topic_pattern=pattern,
+        queues=_queues(opts.get("queues")),
+        starting=_positions("startingOffsets", opts.get("startingoffsets"), "earliest"),
+        ending=_positions("endingOffsets", opts.get("endingoffsets"), "latest"),
+        starting_timestamp_ms=_int(opts, "startingTimestamp", None, 0),
+        ending_timestamp_ms=_int(opts, "endingTimestamp", None, 0),
+        max_split_bytes=_int(opts, "maxSplitBytes", 16 * MiB) or 0,
+        max_batch_rows=_int(opts, "maxBatchRows", 65_536) or 0,
+        max_batch_bytes=_int(opts, "maxBatchBytes", 8 * MiB, 4096) or 0,
+        on_corrupt=_choice(opts, "onCorrupt", ("fail", "skip")),
+        corrupt_records_log=opts.get("corruptrecordslog"),
+        read_path=_choice(opts, "readPath", ("auto", "scan", "index")),
+        index_path_fraction=float(opts.get("indexpathfraction", 0.25)),
+        max_rows_per_trigger=_int(opts, "maxRowsPerTrigger", None),
+        max_bytes_per_trigger=_int(opts, "maxBytesPerTrigger", None),
+        timeout_ms=_int(opts, "timeoutMs", 30_000) or 0,
+    )  # fmt: skip

@@ -1,0 +1,174 @@
+"""Network mode: the reader against running brokers, over clmq's wire protocol.
+
+Spark tasks run in plain Python worker processes, so this is a small *blocking* adapter
+around the sans-IO codec (``protocol``): a socket, a :class:`FrameDecoder`, one request
+at a time. Each task opens its own connection to the broker that holds its split, so
+executors need not share the broker's disk.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+from typing import Any, Iterator
+
+import numpy as np
+
+from commitlog import gather_fields, walk_records
+from protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, FrameRejected, RequestCode, encode_frame
+
+from ._layout import LayoutError, LogLayout, SegmentInfo
+from ._options import ReadOptions
+
+NO_END = 1 << 62  # partition-per-file brokers have no log offsets to bound a snapshot by
+PULL_BATCH = 4096  # messages per pull on the index path
+
+
+class RemoteError(Exception):
+    """A broker or name server answered with an error."""
+
+    def __init__(self, addr: str, code: int, text: str) -> None:
+        name = ErrorCode(code).name if code in ErrorCode._value2member_map_ else str(code)
+        super().__init__(f"{addr}: {name}: {text}")
+        self.code = code
+
+
+class Connection:
+    """One blocking connection; requests are answered in order."""
+
+    def __init__(self, addr: str, timeout_ms: int) -> None:
+        host, _, port = addr.rpartition(":")
+        self.addr = addr
+        try:
+            self.sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_ms / 1000)
+        except OSError as e:
+            raise LayoutError(f"cannot connect to {addr}: {e}") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.decoder = FrameDecoder(max_frame_bytes=256 << 20)
+        self._ids = itertools.count(1)
+
+    def call(self, code: RequestCode, fields: dict[str, Any] | None = None) -> Frame:
+        rid = next(self._ids)
+        self.sock.sendall(encode_frame(Frame(int(code), rid, fields or {})))
+        while True:
+            event = self.decoder.next_event()
+            if event is NEED_DATA:
+                data = self.sock.recv(1 << 20)
+                if not data:
+                    raise LayoutError(f"{self.addr} closed the connection during {code.name}")
+                self.decoder.receive_data(data)
+                continue
+            if isinstance(event, FrameRejected):
+                raise LayoutError(f"{self.addr}: answer to {code.name} rejected: {event.reason}")
+            if isinstance(event, Frame) and event.request_id == rid:
+                if event.error_code:
+                    raise RemoteError(self.addr, event.error_code, event.error_text)
+                return event
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def find_brokers(opts: ReadOptions) -> list[str]:
+    """The brokers to read: given directly, or every broker a name server knows."""
+    if opts.brokers:
+        return list(opts.brokers)
+    errors = []
+    for ns in opts.nameservers:
+        try:
+            conn = Connection(ns, opts.timeout_ms)
+        except LayoutError as e:
+            errors.append(str(e))
+            continue
+        try:
+            brokers = conn.call(RequestCode.GET_CLUSTER).fields.get("brokers", [])
+        finally:
+            conn.close()
+        return sorted({b["addr"] for b in brokers})
+    raise LayoutError("no name server answered: " + "; ".join(errors))
+
+
+class RemoteStore:
+    """A ``QueueSource`` and ``ByteSource`` for one broker."""
+
+    def __init__(self, addr: str, timeout_ms: int, fetch_layout: bool = True) -> None:
+        self.addr = addr
+        self.conn = Connection(addr, timeout_ms)
+        self._count = 0
+        if fetch_layout:  # planning needs it; tasks know their ranges already
+            self.layout = self._fetch_layout()
+
+    def _fetch_layout(self) -> LogLayout:
+        try:
+            f = self.conn.call(RequestCode.GET_LOG_LAYOUT).fields
+        except RemoteError as e:
+            if e.code != ErrorCode.REQUEST_NOT_SUPPORTED:
+                raise
+            topics = self.conn.call(RequestCode.LIST_TOPICS).fields["topics"]
+            return LogLayout(self.addr, 0, NO_END, (), dict(topics), "partition-per-file")
+        self._count = int(f.get("message_count", 0))
+        segs = tuple(SegmentInfo(int(b), int(e), tuple(int(x) for x in bs)) for b, e, bs in f["segments"])
+        return LogLayout(self.addr, int(f["min_offset"]), int(f["end_offset"]), segs, dict(f["topics"]),
+                         f.get("storage_mode", "commitlog"))  # fmt: skip
+
+    # ------------------------------------------------------------- planning
+    def bounds(self, topic: str, qid: int) -> tuple[int, int]:
+        f = self.conn.call(RequestCode.QUERY_OFFSETS, {"topic": topic, "queue_id": qid}).fields
+        return int(f["min_offset"]), int(f["max_offset"])
+
+    def offset_for_timestamp(self, topic: str, qid: int, timestamp_ms: int) -> int:
+        f = self.conn.call(RequestCode.SEARCH_OFFSET, {"topic": topic, "queue_id": qid, "timestamp_ms": timestamp_ms})
+        return int(f.fields["offset"])
+
+    def message_count(self) -> int:
+        return self._count
+
+    # -------------------------------------------------------------- reading
+    def where(self, seg_base: int) -> str:
+        return f"broker {self.addr}" + (f" segment {seg_base:020d}" if seg_base >= 0 else "")
+
+    def read(self, seg_base: int, offset: int, n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            ask = {"offset": offset + len(out), "max_bytes": n - len(out), "end_offset": offset + n}
+            frame = self.conn.call(RequestCode.READ_LOG, ask)
+            if not frame.body:
+                break
+            out += frame.body
+        return bytes(out)
+
+    def queue_records(self, topic: str, qid: int, lo: int, hi: int, end_offset: int) -> Iterator[bytes]:
+        """Pulls ``[lo, hi)``; records at or past the snapshot's ``end_offset`` are cut off."""
+        offset = lo
+        while offset < hi:
+            ask = {"topic": topic, "queue_id": qid, "offset": offset, "max_messages": min(PULL_BATCH, hi - offset)}
+            frame = self.conn.call(RequestCode.PULL_MESSAGE, ask)
+            f = frame.fields
+            if f["status"] == "OFFSET_TOO_SMALL":
+                offset = int(f["next_offset"])
+                continue
+            if not f["count"]:
+                return
+            body, stop = _before(frame.body, end_offset)
+            if body:
+                yield body
+            if stop:
+                return
+            offset = int(f["next_offset"])
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _before(body: bytes, end_offset: int) -> tuple[bytes, bool]:
+    """The records of ``body`` stored below ``end_offset``, and whether any were not."""
+    if end_offset >= NO_END:
+        return body, False
+    walk = walk_records(body)
+    if not walk.runs:
+        return body, False
+    offs = gather_fields(np.frombuffer(body, np.uint8), walk, ["commitlog_offset"])["commitlog_offset"]
+    past = np.flatnonzero(offs >= end_offset)
+    if not len(past):
+        return body, False
+    return body[: int(walk.starts[past[0]])], True
