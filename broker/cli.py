@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_e2e(bench_sub)
     add_commands(sub)
+    # The Spark commands: their modules define arguments only; pyspark loads when they run.
+    from spark_connector._bench import add_command as add_bench_spark
+    from spark_connector._export import add_command as add_export
+
+    add_bench_spark(bench_sub)
+    add_export(sub)
     return parser
 
 

@@ -1,16 +1,29 @@
 """clmq's Spark connector: the PySpark data source ``clmq`` and ``clmq export``.
 
 ``register(spark)`` makes ``spark.read.format("clmq")`` (and ``readStream``) available.
-Options, read paths and guarantees: docs/spark.md. Only this package imports pyspark.
+Options, read paths and guarantees: docs/spark.md. Only this package imports pyspark,
+and only when a name that needs it is used (so ``clmq --help`` stays fast).
 """
 
-from ._arrow import COLUMNS, SCHEMA_DDL
-from ._layout import LayoutError, LogLayout, local_layout
-from ._options import OptionError, ReadOptions, parse_options
-from ._scan import read_corrupt_log
-from ._source import ClmqDataSource, register
+from __future__ import annotations
 
-__all__ = [
-    "COLUMNS", "ClmqDataSource", "LayoutError", "LogLayout", "OptionError", "ReadOptions", "SCHEMA_DDL",
-    "local_layout", "parse_options", "read_corrupt_log", "register",
-]  # fmt: skip
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "COLUMNS": "._arrow", "SCHEMA_DDL": "._arrow",
+    "LayoutError": "._layout", "LogLayout": "._layout", "local_layout": "._layout",
+    "OptionError": "._options", "ReadOptions": "._options", "parse_options": "._options",
+    "read_corrupt_log": "._scan",
+    "ClmqDataSource": "._source", "register": "._source",
+    "export": "._export",
+}  # fmt: skip
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spark_connector' has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)

@@ -47,3 +47,25 @@ def msgs(topic: str, n: int, queues: int, size: int = 100, start: int = 0) -> li
         Message(topic, (start + i) % queues, (b"%08d" % (start + i)).ljust(size, b"."), tags=f"T{(start + i) % 3}")
         for i in range(n)
     ]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession for the whole test run (starting one costs seconds), with
+    the clmq data source registered and Python workers running this interpreter."""
+    import os
+    import sys
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    import spark_connector
+
+    session = (SparkSession.builder.master("local[2]").appName("clmq tests").config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
+               .getOrCreate())  # fmt: skip
+    session.sparkContext.setLogLevel("ERROR")
+    spark_connector.register(session)
+    yield session
+    session.stop()

@@ -3,9 +3,12 @@ nursery (pytest-trio); every broker has its own data directory under tmp_path.""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import trio
 
@@ -77,3 +80,32 @@ class Cluster:
                     except NoRouteError:
                         pass
                     await trio.sleep(0.05)
+
+
+@contextlib.contextmanager
+def cluster_in_thread(root: Path) -> Iterator[Cluster]:
+    """A name server and a broker with topic "sync" (2 queues), run by trio in a thread."""
+    stop, ready = threading.Event(), []
+
+    async def serve() -> None:
+        async with trio.open_nursery() as n:
+            c = Cluster(n, root)
+            await c.start_nameserver()
+            await c.start_broker()
+            await c.create_topic("sync", 2)
+            ready.append(c)
+            await trio.to_thread.run_sync(stop.wait, 120)
+            n.cancel_scope.cancel()
+
+    server = threading.Thread(target=trio.run, args=(serve,))
+    server.start()
+    try:
+        for _ in range(400):
+            if ready or not server.is_alive():
+                break
+            time.sleep(0.05)
+        assert ready, "the cluster did not start"
+        yield ready[0]
+    finally:
+        stop.set()
+        server.join(30)

@@ -5,10 +5,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
-import threading
-import time
 from pathlib import Path
-from typing import Iterator
 
 import msgpack
 import pytest
@@ -20,7 +17,7 @@ from client import (
     BlockingConsumer, BlockingProducer, RpcClient, SendError, open_admin, open_consumer, open_producer,
 )  # fmt: skip
 from protocol import ErrorCode, Frame, RequestCode, encode_frame
-from tests.service_helpers import FAST_CONSUMER, Cluster
+from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
 
 
 @pytest.fixture
@@ -242,35 +239,6 @@ async def test_malformed_truncated_and_oversized_frames(cluster: Cluster) -> Non
     assert reply["e"] == ErrorCode.MALFORMED_REQUEST and "batch" in reply["m"]
     async with open_producer(cluster.ns) as p:  # others are served; nothing was stored by the bad frames
         assert (await p.send("bad", b"good")).queue_offset == 0
-
-
-@contextlib.contextmanager
-def cluster_in_thread(root: Path) -> Iterator[Cluster]:
-    """A name server and a broker with topic "sync" (2 queues), run by trio in a thread."""
-    stop, ready = threading.Event(), []
-
-    async def serve() -> None:
-        async with trio.open_nursery() as n:
-            c = Cluster(n, root)
-            await c.start_nameserver()
-            await c.start_broker()
-            await c.create_topic("sync", 2)
-            ready.append(c)
-            await trio.to_thread.run_sync(stop.wait, 120)
-            n.cancel_scope.cancel()
-
-    server = threading.Thread(target=trio.run, args=(serve,))
-    server.start()
-    try:
-        for _ in range(400):
-            if ready or not server.is_alive():
-                break
-            time.sleep(0.05)
-        assert ready, "the cluster did not start"
-        yield ready[0]
-    finally:
-        stop.set()
-        server.join(30)
 
 
 def test_blocking_clients(tmp_path: Path) -> None:
