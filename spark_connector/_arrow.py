@@ -68,13 +68,18 @@ def cut(chunk: pa.Buffer, starts: np.ndarray, lengths: np.ndarray, type_: pa.Dat
 
 def _hosts(buf: np.ndarray, starts: np.ndarray, at: int) -> pa.Array:
     """``"ip:port"`` strings, decoded once per distinct host."""
-    rows = np.ascontiguousarray(buf[starts[:, None] + np.arange(at, at + 18)]).view("V18").reshape(len(starts))
+    raw = buf[starts[:, None] + np.arange(at, at + 18)]
+    if (raw == raw[0]).all():  # the common case: one host for the whole batch
+        return pa.array([_host_name(raw[0].tobytes())], pa.string()).take(pa.array(np.zeros(len(starts), np.int32)))
+    rows = np.ascontiguousarray(raw).view("V18").reshape(len(starts))
     uniq, inverse = np.unique(rows, return_inverse=True)
-    names = []
-    for u in uniq.tolist():
-        ip, port = decode_host(bytes(u[:16]), int.from_bytes(bytes(u[16:18]), "little"))
-        names.append(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
+    names = [_host_name(bytes(u)) for u in uniq.tolist()]
     return pa.array(names, pa.string()).take(pa.array(inverse.reshape(-1).astype(np.int32)))
+
+
+def _host_name(raw: bytes) -> str:
+    ip, port = decode_host(raw[:16], int.from_bytes(raw[16:18], "little"))
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def _properties(chunk: memoryview, f: Fields) -> pa.Array:

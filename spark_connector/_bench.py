@@ -36,11 +36,13 @@ def build_store(path: Path, messages: int, size: int, queues: int) -> int:
     from broker import Store, StoreConfig
     from commitlog import CommitLogConfig, Message
 
-    body = bytes(range(256)) * (size // 256 + 1)
+    import os
+
     with Store.open(StoreConfig(path, CommitLogConfig(segment_bytes=256 << 20))).start() as store:
         store.create_topic("bench", queues)
         for start in range(0, messages, 1024):
-            batch = [Message("bench", (start + i) % queues, body[:size], tags="TagA", keys=f"k{start + i}")
+            # random bodies: Parquet gets no help from compression that real payloads would not give
+            batch = [Message("bench", (start + i) % queues, os.urandom(size), tags="TagA", keys=f"k{start + i}")
                      for i in range(min(1024, messages - start))]  # fmt: skip
             res = store.put_batch(batch)
             if not res.ok:

@@ -56,7 +56,7 @@ def add_command(sub: Any) -> None:
     p.add_argument("--body-as", choices=("raw", "text", "base64"), default=None,
                    help="body column: raw bytes (default; base64 for csv), UTF-8 text, or base64")  # fmt: skip
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*]: every core here)")
-    p.add_argument("--max-split-bytes", type=int, default=None, help="bytes of log per Spark task (default 16 MiB)")
+    p.add_argument("--max-split-bytes", type=int, default=None, help="bytes of log per Spark task at most (default 128 MiB; less when the cores need more tasks)")
     p.add_argument("--on-corrupt", choices=("fail", "skip"), default="fail",
                    help="a corrupt record fails the export (default) or is skipped and counted")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress display")

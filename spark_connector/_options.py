@@ -37,7 +37,8 @@ class ReadOptions:
     ending: Positions | None = None  # None: latest (the snapshot's end) everywhere
     starting_timestamp_ms: int | None = None
     ending_timestamp_ms: int | None = None
-    max_split_bytes: int = 16 * MiB
+    max_split_bytes: int = 128 * MiB
+    min_partitions: int | None = None  # None: twice the planning machine's cores
     max_batch_rows: int = 65_536
     max_batch_bytes: int = 8 * MiB
     on_corrupt: str = "fail"  # or "skip"
@@ -56,7 +57,8 @@ class ReadOptions:
 
 KNOWN = {
     "path", "broker", "brokers", "nameserver", "nameservers", "topics", "topic", "topicpattern", "queues",
-    "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp", "maxsplitbytes", "maxbatchrows",
+    "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp", "maxsplitbytes", "minpartitions",
+    "maxbatchrows",
     "maxbatchbytes", "oncorrupt", "corruptrecordslog", "readpath", "indexpathfraction", "maxrowspertrigger",
     "maxbytespertrigger", "timeoutms",
 }  # fmt: skip
@@ -140,7 +142,8 @@ def parse_options(options: Mapping[str, Any]) -> ReadOptions:
         ending=_positions("endingOffsets", opts.get("endingoffsets"), "latest"),
         starting_timestamp_ms=_int(opts, "startingTimestamp", None, 0),
         ending_timestamp_ms=_int(opts, "endingTimestamp", None, 0),
-        max_split_bytes=_int(opts, "maxSplitBytes", 16 * MiB) or 0,
+        max_split_bytes=_int(opts, "maxSplitBytes", 128 * MiB) or 0,
+        min_partitions=_int(opts, "minPartitions", None),
         max_batch_rows=_int(opts, "maxBatchRows", 65_536) or 0,
         max_batch_bytes=_int(opts, "maxBatchBytes", 8 * MiB, 4096) or 0,
         on_corrupt=_choice(opts, "onCorrupt", ("fail", "skip")),

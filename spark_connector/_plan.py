@@ -16,6 +16,7 @@ read; otherwise it scans.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -24,6 +25,7 @@ from ._layout import LogLayout, SegmentInfo
 from ._options import EARLIEST, LATEST, OptionError, Positions, ReadOptions
 
 INDEX_PATH_MAX_QUEUES = 256  # beyond this many queues a scan is cheaper to plan and to run
+MIN_SPLIT_BYTES = 1 << 20  # below this, Spark's cost per task outweighs the parallelism
 
 
 class QueueSource(Protocol):
@@ -226,9 +228,19 @@ def choose_index_path(opts: ReadOptions, src: QueueSource, sel: Selection,
     return messages * scan_bytes / total < opts.index_path_fraction * scan_bytes
 
 
+def split_bytes(opts: ReadOptions, sources: list[QueueSource]) -> int:
+    """Bytes per scan split: as large as ``maxSplitBytes`` allows (each Spark task costs
+    tens of milliseconds), but small enough for ``minPartitions`` tasks, so that every
+    core has work (default: twice the cores of the machine that plans)."""
+    total = sum(s.layout.end_offset - s.layout.min_offset for s in sources if s.layout.storage_mode == "commitlog")
+    parts = opts.min_partitions or 2 * (os.cpu_count() or 1)
+    return min(opts.max_split_bytes, max(MIN_SPLIT_BYTES, -(-total // parts)))
+
+
 def plan(opts: ReadOptions, sources: list[QueueSource], network: bool) -> tuple[Selection, list[Split]]:
     """The selection and every task's split, over all sources (brokers)."""
     sel = select(opts, sources)
+    size = split_bytes(opts, sources)
     splits: list[Split] = []
     for src in sources:
         narrow = sel.queue_count() <= INDEX_PATH_MAX_QUEUES and not sel.all_queues
@@ -236,8 +248,8 @@ def plan(opts: ReadOptions, sources: list[QueueSource], network: bool) -> tuple[
                                             or src.layout.storage_mode != "commitlog") else None  # fmt: skip
         if choose_index_path(opts, src, sel, pieces):
             avg = max(1, (src.layout.end_offset - src.layout.min_offset) // max(1, src.message_count()))
-            per_split = max(1024, opts.max_split_bytes // avg)
+            per_split = max(1024, size // avg)
             splits += index_splits(src, network, pieces if pieces is not None else index_pieces(src, sel), per_split)
         else:
-            splits += scan_splits(src.layout, network, opts.max_split_bytes)
+            splits += scan_splits(src.layout, network, size)
     return sel, splits

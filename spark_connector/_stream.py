@@ -27,7 +27,7 @@ from pyspark.sql.types import StructType
 from commitlog import walk_records
 
 from ._options import OptionError, parse_options
-from ._plan import QueueSource, scan_splits, select
+from ._plan import QueueSource, scan_splits, select, split_bytes
 from ._scan import ReadSpec
 from ._source import CHUNK_BYTES, ClmqPartition, check_schema, open_sources, read_split
 
@@ -98,7 +98,8 @@ class ClmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             for s in sources:
                 name = s.layout.source
                 a, b = start.get(name, s.layout.min_offset), end.get(name, s.layout.min_offset)
-                parts += [ClmqPartition(x) for x in scan_splits(s.layout, self.opts.network, self.opts.max_split_bytes, a, b)]
+                size = split_bytes(self.opts, [s])
+                parts += [ClmqPartition(x) for x in scan_splits(s.layout, self.opts.network, size, a, b)]
             return parts
         finally:
             _close(sources)

@@ -57,7 +57,7 @@ def spark() -> Iterator[Any]:
     import sys
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    pytest.importorskip("pyspark")
+
     from pyspark.sql import SparkSession
 
     import spark_connector

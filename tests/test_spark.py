@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
-pytest.importorskip("pyspark", reason="the Spark connector needs the spark extra (scripts/run-tests.sh installs it)")
+
 
 from broker import Store, StoreConfig  # noqa: E402
 from client import BlockingAdmin, BlockingProducer  # noqa: E402
