@@ -126,15 +126,22 @@ def run_in_subprocess(case: Case) -> Figures:
 
 
 def compare(root: Path, *, sizes: list[int], queue_counts: list[int], patterns: list[str], flushes: list[str],
-            seconds: float, runs: int, report: Callable[[str], None]) -> dict:  # fmt: skip
-    """Every case in both modes, alternating, ``runs`` times; medians per case."""
+            seconds: float, runs: int, report: Callable[[str], None], via: str = "store") -> dict:  # fmt: skip
+    """Every case in both modes, alternating, ``runs`` times; medians per case.
+
+    ``via="store"`` appends in a fresh process per case; ``via="broker"`` sends the same
+    batches to a fresh broker process per case over loopback."""
+    if via == "broker":
+        from .bench_via_broker import run_case_via_broker as run_one
+    else:
+        run_one = run_in_subprocess
     root.mkdir(parents=True, exist_ok=True)
     keys = [(s, q, p, f) for f in flushes for p in patterns for s in sizes for q in queue_counts]
     samples: dict[tuple, dict[str, list[Figures]]] = {k: {m: [] for m in MODES} for k in keys}
     for r in range(runs):
         for s, q, p, f in keys:
             for mode in MODES if r % 2 == 0 else reversed(MODES):  # alternate who goes first, too
-                fig = run_in_subprocess(Case(mode, s, q, p, f, seconds, str(root)))
+                fig = run_one(Case(mode, s, q, p, f, seconds, str(root)))
                 samples[(s, q, p, f)][mode].append(fig)
                 report(f"run {r + 1}/{runs} {mode:>18} {s:>5} B {q:>6} queues {p:>11} {f:>5}: "
                        f"{fig.msgs_per_s:>10,.0f} msgs/s p99 {fig.p99_ms:7.1f} ms")  # fmt: skip
@@ -145,7 +152,7 @@ def compare(root: Path, *, sizes: list[int], queue_counts: list[int], patterns: 
             row[mode] = {k: statistics.median(getattr(x, k) for x in figs) for k in asdict(figs[0])}
         row["ratio"] = row["commitlog"]["msgs_per_s"] / max(1e-9, row["partition-per-file"]["msgs_per_s"])
         rows.append(row)
-    return {"runs": runs, "seconds_per_case": seconds, "batch": BATCH, "rows": rows}
+    return {"runs": runs, "seconds_per_case": seconds, "batch": BATCH, "via": via, "rows": rows}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -176,7 +183,8 @@ def plot(result: dict, path: Path) -> None:
             ax.set_ylabel("messages/s")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
-    fig.suptitle(f"clmq: CommitLog vs partition-per-file (median of {result['runs']} runs, batches of {result['batch']})")
+    via = " through a broker" if result.get("via") == "broker" else ""
+    fig.suptitle(f"clmq: CommitLog vs partition-per-file{via} (median of {result['runs']} runs, batches of {result['batch']})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -77,12 +77,12 @@ def _free_port() -> int:
 class BrokerProcess:
     """``clmq broker`` in a subprocess, on a fresh data directory."""
 
-    def __init__(self, root: Path, flush: str) -> None:
+    def __init__(self, root: Path, flush: str, storage_mode: str = "commitlog") -> None:
         self.dir = Path(tempfile.mkdtemp(dir=root))
         self.port = _free_port()
         self.addr = f"127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "broker.cli", "broker", "--listen-port", str(self.port), "--data-dir",
-               str(self.dir / "data"), "--flush-mode", flush]  # fmt: skip
+               str(self.dir / "data"), "--flush-mode", flush, "--storage-mode", storage_mode]  # fmt: skip
         self.log = self.dir / "broker.log"  # a file, not a pipe: a full pipe would stall the broker
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))
         deadline = time.monotonic() + 30

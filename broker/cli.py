@@ -59,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--json", type=Path, default=Path("bench-compare.json"), help="where to write the JSON")
     cmp_.add_argument("--plot", type=Path, default=Path("bench-compare.png"), help="where to draw the plot")
     cmp_.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown here")
-    cmp_.add_argument("--via", choices=["store"], default="store",
-                      help="what to drive: the store in-process (broker: once the broker service exists)")
+    cmp_.add_argument("--via", choices=["store", "broker"], default="store",
+                      help="store: append in-process (default); broker: send the same batches to a broker process "
+                           "per case over loopback")
     cmp_.set_defaults(func=cmd_bench_compare)
 
     from .bench_e2e import add_command as add_bench_e2e
@@ -135,7 +136,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
     queues = args.queues + ([100_000] if args.huge else [])
     result = compare(root, sizes=args.sizes, queue_counts=queues, patterns=args.patterns.split(","),
                      flushes=args.flush.split(","), seconds=args.seconds, runs=args.runs,
-                     report=lambda s: console.print(f"[dim]{s}"))  # fmt: skip
+                     report=lambda s: console.print(f"[dim]{s}"), via=args.via)  # fmt: skip
     args.json.write_text(json.dumps(result, indent=2))
     plot(result, args.plot)
     _print_compare_table(result)

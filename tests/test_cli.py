@@ -32,7 +32,8 @@ def test_demo_appends_restarts_and_reads_back(tmp_path: Path) -> None:
 def test_help_on_every_command(tmp_path: Path) -> None:
     commands = [[], ["demo"], ["bench", "store"], ["bench", "compare"], ["bench", "e2e"], ["dev"], ["nameserver"],
                 ["broker"], ["topic"], ["topic", "create"], ["topic", "list"], ["topic", "describe"], ["topic", "delete"],
-                ["produce"], ["consume"], ["group"], ["group", "list"], ["group", "describe"]]  # fmt: skip
+                ["produce"], ["consume"], ["group"], ["group", "list"], ["group", "describe"], ["export"],
+                ["bench", "spark"]]  # fmt: skip
     for args in ([*c, "--help"] for c in commands):
         out = clmq(*args, cwd=tmp_path)
         assert out.returncode == 0 and "usage: clmq" in out.stdout
@@ -64,6 +65,20 @@ def test_bench_compare_runs_both_modes_and_draws_the_plot(tmp_path: Path) -> Non
         assert r["partition-per-file"]["max_open_fds"] > 0 and r["commitlog"]["p99_ms"] >= r["commitlog"]["p50_ms"]
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
     assert "CL/PPF" in out.stdout
+
+
+@pytest.mark.slow
+def test_bench_compare_via_broker_drives_a_broker_per_mode(tmp_path: Path) -> None:
+    out = clmq("bench", "compare", "--via", "broker", "--dir", str(tmp_path / "b"), "--sizes", "100", "--queues",
+               "1,300", "--patterns", "round-robin", "--flush", "sync", "--seconds", "0.5", "--runs", "1",
+               "--json", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png"), cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "c.json").read_text())
+    assert result["via"] == "broker" and [r["queues"] for r in result["rows"]] == [1, 300]
+    big = result["rows"][1]
+    # the broker process itself holds a file per partition in partition-per-file mode
+    assert big["partition-per-file"]["max_open_fds"] >= 300 > big["commitlog"]["max_open_fds"]
+    assert all(r[m]["msgs_per_s"] > 0 for r in result["rows"] for m in ("commitlog", "partition-per-file"))
 
 
 def test_dev_demo_shows_messages_flowing(tmp_path: Path) -> None:
