@@ -40,3 +40,14 @@ def test_the_store_facade_is_free_of_trio() -> None:
     for path, names in imported_modules("broker").items():
         if Path(path).name in {"_store.py", "_recovery.py", "_checkpoint.py", "_topics.py", "_results.py", "_durable_file.py"}:
             assert not names & SERVICE_LIBS, f"{path} imports {names & SERVICE_LIBS}"
+
+
+def test_only_the_spark_connector_imports_pyspark() -> None:
+    for package in ("commitlog", "consumequeue", "broker", "client", "nameserver", "protocol"):
+        for path, names in imported_modules(package).items():
+            assert not names & {"pyspark", "pyarrow"}, f"{path} imports {names & {'pyspark', 'pyarrow'}}"
+
+
+def test_the_wire_protocol_is_sans_io() -> None:
+    for path, names in imported_modules("protocol").items():
+        assert not names & {"trio", "socket", "asyncio", "selectors"}, f"{path} imports {names}"
