@@ -11,7 +11,6 @@ at a fixed rate with synchronous flush.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
@@ -241,11 +240,9 @@ def markdown(result: dict) -> str:
 def cmd_bench_e2e(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from .bench_report import save
+
     console = Console()
     result = run_all(args, lambda line: console.print(line, highlight=False))
-    args.json.write_text(json.dumps(result, indent=2))
-    md = markdown(result)
-    console.print(md)
-    if args.markdown:
-        args.markdown.write_text(md)
+    save(result, markdown(result), args.json, args.markdown, console)
     return 0

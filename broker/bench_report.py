@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
+
+def save(result: dict, markdown: str, json_path: Path, markdown_path: Path | None, console: Any) -> None:
+    """Write a benchmark's JSON, print its Markdown and write that too if asked."""
+    json_path.write_text(json.dumps(result, indent=2))
+    console.print(markdown)
+    if markdown_path:
+        markdown_path.write_text(markdown)
+
 
 def _table(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" for _ in head) + "|"]
@@ -47,12 +59,15 @@ def _one_queue(result: dict, row: dict) -> float:
 
 
 def compare_markdown(result: dict) -> str:
+    one = {(r["size"], r["pattern"], r["flush"]): r["commitlog"]["msgs_per_s"] for r in result["rows"] if r["queues"] == 1}
     rows = []
     for r in result["rows"]:
         cl, pp = r["commitlog"], r["partition-per-file"]
+        base = one.get((r["size"], r["pattern"], r["flush"]))
+        flat = f"{cl['msgs_per_s'] / base:.2f}" if base else "-"
         rows.append([str(r["size"]), f"{r['queues']:,}", r["pattern"], r["flush"], f"{cl['msgs_per_s']:,.0f}",
-                     f"{pp['msgs_per_s']:,.0f}", f"**{r['ratio']:.2f}**", f"{cl['p50_ms']:.1f} / {cl['p99_ms']:.1f}",
+                     f"{pp['msgs_per_s']:,.0f}", f"**{r['ratio']:.2f}**", flat, f"{cl['p50_ms']:.1f} / {cl['p99_ms']:.1f}",
                      f"{pp['p50_ms']:.1f} / {pp['p99_ms']:.1f}", f"{cl['max_open_fds']:.0f} / {pp['max_open_fds']:.0f}",
                      f"{cl['peak_rss_mb']:.0f} / {pp['peak_rss_mb']:.0f}"])  # fmt: skip
-    return _table(["size B", "queues", "pattern", "flush", "CL msgs/s", "PPF msgs/s", "CL / PPF",
+    return _table(["size B", "queues", "pattern", "flush", "CL msgs/s", "PPF msgs/s", "CL / PPF", "CL vs 1 queue",
                    "CL p50 / p99 ms", "PPF p50 / p99 ms", "fds CL / PPF", "peak MB CL / PPF"], rows)  # fmt: skip

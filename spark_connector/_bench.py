@@ -9,7 +9,6 @@ the ratio compares the two scans of the same run set.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -111,6 +110,14 @@ def markdown(r: dict) -> str:
 def cmd_bench_spark(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from broker.bench_report import save
+
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        Console().print("[red]clmq bench spark needs Spark: pip install 'clmq[spark]' (and a Java runtime)")
+        return 2
+
     console = Console()
     root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-spark-", dir="."))
     try:
@@ -119,9 +126,5 @@ def cmd_bench_spark(args: argparse.Namespace) -> int:
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
-    args.json.write_text(json.dumps(result, indent=1))
-    text = markdown(result)
-    console.print(text)
-    if args.markdown:
-        args.markdown.write_text(text)
+    save(result, markdown(result), args.json, args.markdown, console)
     return 0

@@ -21,7 +21,7 @@ import crc32c as _crc32c
 import numpy as np
 import pyarrow as pa
 
-from commitlog import HEADER_DTYPE, HEADER_SIZE, CorruptRecordError, Walk, walk_records
+from commitlog import HEADER_DTYPE, HEADER_SIZE, OFF_COMMITLOG_OFFSET, CorruptRecordError, Walk, walk_records
 from commitlog._record import CRC_START, check_record
 
 from ._arrow import build_batch
@@ -161,11 +161,13 @@ def headers_at(buf: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 
 def _describe(data: bytes, pos: int, where: str, offset: int) -> CorruptRecordError:
+    """The error for a record that failed a check (the first check that fails)."""
     try:
         check_record(data, pos, where, offset)
     except CorruptRecordError as e:
         return e
-    return CorruptRecordError(where, offset, "commitlog offset", str(offset), "another offset")
+    stored = int.from_bytes(data[pos + OFF_COMMITLOG_OFFSET : pos + OFF_COMMITLOG_OFFSET + 8], "little")
+    return CorruptRecordError(where, offset, "commitlog offset", str(offset), str(stored))
 
 
 # -------------------------------------------------------------------- scan path

@@ -319,3 +319,21 @@ def test_clmq_export_command_json_and_csv(filled: tuple[Path, list[tuple]], tmp_
     bad = subprocess.run([*base, "--output", str(tmp_path / "x"), "--topics", "nope"], capture_output=True, text=True,
                          timeout=300, env=env)  # fmt: skip
     assert bad.returncode == 2 and "topic(s) nope not found" in bad.stdout
+
+
+def test_every_record_is_checked_for_crc_lengths_and_its_own_offset(tmp_path: Path) -> None:
+    import numpy as np
+
+    from commitlog import walk_records
+    from spark_connector._scan import check_crcs, headers_at
+
+    store = fill(tmp_path / "s", 1 << 20, n=200)
+    store.close()
+    data = bytearray((tmp_path / "s" / "commitlog" / f"{0:020d}.log").read_bytes())
+    walk = walk_records(bytes(data))
+    starts = walk.starts
+    h = headers_at(np.frombuffer(bytes(data), np.uint8), starts)
+    assert len(starts) == 200 and not len(check_crcs(bytes(data), starts, h, 0))
+    assert len(check_crcs(bytes(data), starts, h, 8)) == 200  # every record says where it lies: not there
+    data[int(starts[17]) + 106] ^= 1  # the first byte of its topic
+    assert check_crcs(bytes(data), starts, h, 0).tolist() == [17]
