@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from commitlog import Record
-from protocol import RequestCode, decode_records
+from protocol import ProtocolError, RequestCode, decode_records
 
 from ._routes import MessageQueue
 
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from ._consumer import Consumer
 
 log = logging.getLogger("clmq.consumer")
+
+MIN_FETCH_QUEUES = 16  # a request covers at least this many queues (when it has them)
 
 
 @dataclass
@@ -92,12 +94,13 @@ class Fetcher:
         self.wake(addr)
 
     def _pick(self, addr: str) -> list[tuple[MessageQueue, QueueState]]:
-        picked = []
-        for mq, st in self.c.assigned.items():
-            if mq.addr == addr and st.offset is not None and not st.busy:
-                picked.append((mq, st))
-                if len(picked) >= self.options.fetch_queues:
-                    break
+        """The next queues to fetch: at most a share of the broker's queues, so that
+        ``fetches_in_flight`` requests cover disjoint sets and overlap (the broker reads
+        one while the client decodes another) instead of one request taking them all."""
+        ready = [(mq, st) for mq, st in self.c.assigned.items() if mq.addr == addr and st.offset is not None]
+        share = -(-len(ready) // self.options.fetches_in_flight)
+        cap = min(self.options.fetch_queues, max(MIN_FETCH_QUEUES, share))
+        picked = [(mq, st) for mq, st in ready if not st.busy][:cap]
         for _mq, st in picked:
             st.busy = True
         return picked
@@ -136,9 +139,12 @@ class Fetcher:
 
     async def _deliver(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], results: list[list[Any]],
                        body: bytes) -> None:  # fmt: skip
-        pos = 0
-        for (mq, st), (status, nxt, _count, nbytes) in zip(picked, results):
-            chunk, pos = body[pos : pos + nbytes], pos + nbytes
+        # One decode for the whole answer: with thousands of queues each holds a few
+        # records, and a decode call per queue would cost more than its records.
+        records = decode_records(body, f"fetch from {addr}") if body else []
+        at = 0
+        for (mq, st), (status, nxt, count, _nbytes) in zip(picked, results):
+            mine, at = records[at : at + count], at + count
             if self.c.assigned.get(mq) is not st:
                 continue  # given up meanwhile
             if status != "SKIPPED":  # read: to the back of the line (queues not reached keep their place)
@@ -148,9 +154,10 @@ class Fetcher:
                             mq.topic, mq.queue_id, status.lower().replace("_", " "), nxt)  # fmt: skip
             elif status in ("NO_MESSAGE", "SKIPPED", "NO_QUEUE"):
                 continue
-            records = decode_records(chunk, f"fetch from {addr} {mq.topic}/{mq.queue_id}") if chunk else []
+            if any(r.topic != mq.topic or r.queue_id != mq.queue_id for r in mine[:1] + mine[-1:]):
+                raise ProtocolError(f"fetch from {addr}: records of {mq.topic}/{mq.queue_id} are out of place")
             flt = self.c.filters[mq.topic]
             if flt.tags is not None:  # the broker filtered by tag hash; collisions are dropped here
-                records = [r for r in records if flt.matches(r.tags)]
-            await self.c._send.send(Batch(mq, st.generation, records, nxt))
+                mine = [r for r in mine if flt.matches(r.tags)]
+            await self.c._send.send(Batch(mq, st.generation, mine, nxt))
             st.offset = nxt
