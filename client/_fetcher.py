@@ -97,10 +97,14 @@ class Fetcher:
         """The next queues to fetch: at most a share of the broker's queues, so that
         ``fetches_in_flight`` requests cover disjoint sets and overlap (the broker reads
         one while the client decodes another) instead of one request taking them all."""
-        ready = [(mq, st) for mq, st in self.c.assigned.items() if mq.addr == addr and st.offset is not None]
-        share = -(-len(ready) // self.options.fetches_in_flight)
+        share = -(-len(self.c.assigned) // self.options.fetches_in_flight)  # all brokers': a cap, not a quota
         cap = min(self.options.fetch_queues, max(MIN_FETCH_QUEUES, share))
-        picked = [(mq, st) for mq, st in ready if not st.busy][:cap]
+        picked = []
+        for mq, st in self.c.assigned.items():
+            if mq.addr == addr and st.offset is not None and not st.busy:
+                picked.append((mq, st))
+                if len(picked) >= cap:
+                    break
         for _mq, st in picked:
             st.busy = True
         return picked
