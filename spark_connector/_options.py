@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 MiB = 1 << 20
@@ -48,7 +48,6 @@ class ReadOptions:
     max_rows_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     timeout_ms: int = 30_000
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def network(self) -> bool:
