@@ -18,6 +18,8 @@ def _texts(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> list[st
 
 
 def _hosts(ips: list[bytes], ports: np.ndarray) -> list[Host]:
+    if ips and ips.count(ips[0]) == len(ips) and (ports == ports[0]).all():  # the usual case: one host
+        return [decode_host(ips[0], int(ports[0]))] * len(ips)
     cache: dict[tuple[bytes, int], Host] = {}
     out = []
     for ip, port in zip(ips, ports.tolist()):
