@@ -24,7 +24,7 @@ from protocol import RequestCode
 
 from ._allocate import allocate_averagely
 from ._fetcher import Batch, Fetcher, QueueState
-from ._routes import MessageQueue, NoRouteError, Routes
+from ._routes import MessageQueue, NoRouteError, Routes, queue_order
 from ._rpc import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 log = logging.getLogger("clmq.consumer")
@@ -104,7 +104,7 @@ class Consumer:
             self._processed[batch.mq] = batch.next_offset
 
     def assignment(self) -> list[MessageQueue]:
-        return sorted(self.assigned)
+        return sorted(self.assigned, key=queue_order)
 
     async def commit(self) -> None:
         """Commit processed offsets to the brokers now (clustering mode)."""
@@ -191,7 +191,7 @@ class Consumer:
             wanted |= set(await self._my_share(mqs))
         for mq in [mq for mq in self.assigned if mq not in wanted]:
             await self._revoke(mq)
-        for mq in sorted(wanted - set(self.assigned)):
+        for mq in sorted(wanted - set(self.assigned), key=queue_order):
             self._assign(mq)
 
     async def _my_share(self, mqs: list[MessageQueue]) -> list[MessageQueue]:

@@ -23,6 +23,13 @@ class MessageQueue:
     addr: str
 
 
+def queue_order(mq: MessageQueue) -> tuple[str, str, int, str]:
+    """The dataclass order as a key: sorting 10,000 queues by key compares tuples in C,
+    where the generated ``__lt__`` runs Python per comparison (a tenth of a consumer's
+    time at that scale)."""
+    return (mq.topic, mq.broker_name, mq.queue_id, mq.addr)
+
+
 class NoRouteError(Exception):
     """No name server knows a broker for the topic (or none answered)."""
 
@@ -46,7 +53,8 @@ class Routes:
         if cached and not refresh and time.monotonic() - cached[0] < self.refresh_interval_ms / 1000:
             return cached[1]
         brokers = await self._fetch(topic)
-        mqs = sorted(MessageQueue(topic, b["broker_name"], q, b["addr"]) for b in brokers for q in range(b["queue_count"]))
+        mqs = sorted((MessageQueue(topic, b["broker_name"], q, b["addr"]) for b in brokers for q in range(b["queue_count"])),
+                     key=queue_order)  # fmt: skip
         self._cache[topic] = (time.monotonic(), mqs)
         return mqs
 
