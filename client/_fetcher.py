@@ -55,6 +55,7 @@ class Fetcher:
         self._wakeups: dict[str, trio.Event] = {}
         self._to_look_up: dict[str, list[tuple[MessageQueue, QueueState]]] = {}
         self._lookup_wakeups: dict[str, trio.Event] = {}
+        self._density: dict[str, float] = {}  # per broker: messages per queue visited, recently
 
     def add(self, mq: MessageQueue, state: QueueState) -> None:
         """Start reading ``mq``: look up its offset, then include it in fetches."""
@@ -99,6 +100,9 @@ class Fetcher:
         one while the client decodes another) instead of one request taking them all."""
         share = -(-len(self.c.assigned) // self.options.fetches_in_flight)  # all brokers': a cap, not a quota
         cap = min(self.options.fetch_queues, max(MIN_FETCH_QUEUES, share))
+        density = self._density.get(addr, 0.0)
+        if density > 0:  # ask about as many queues as the answer can hold messages of (twice, for the skew)
+            cap = min(cap, max(MIN_FETCH_QUEUES, int(2 * self.options.fetch_max_messages / density)))
         picked = []
         for mq, st in self.c.assigned.items():
             if mq.addr == addr and st.offset is not None and not st.busy:
@@ -134,12 +138,22 @@ class Fetcher:
                 log.debug("consumer %s: fetch from %s failed: %s", self.c.client_id, addr, e)
                 await trio.sleep(0.2)
                 return
+            self._learn(addr, reply.fields["results"], int(reply.fields.get("count", 0)))
             await self._deliver(addr, picked, reply.fields["results"], reply.body)
         finally:
             for _mq, st in picked:
                 st.busy = False
             slots.release()
             self.wake(addr)
+
+    def _learn(self, addr: str, results: list[list[Any]], found: int) -> None:
+        """Messages per queue the broker got to (an average over recent answers). Asking
+        many more queues than an answer can fill makes both sides walk asks that come
+        back SKIPPED; asking all of them when they are empty lets one long poll watch all."""
+        visited = sum(1 for r in results if r[0] != "SKIPPED")
+        if visited:
+            sample = found / visited
+            self._density[addr] = 0.7 * self._density.get(addr, sample) + 0.3 * sample
 
     async def _deliver(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], results: list[list[Any]],
                        body: bytes) -> None:  # fmt: skip
