@@ -62,17 +62,6 @@ class LogLayout:
                 return seg
         raise LayoutError(f"{self.source}: offset {offset} is before the first segment (retention removed it)")
 
-    def to_dict(self) -> dict:
-        return {"source": self.source, "min_offset": self.min_offset, "end_offset": self.end_offset,
-                "segments": [[s.base, s.data_end, list(s.boundaries)] for s in self.segments],
-                "topics": self.topics, "storage_mode": self.storage_mode}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "LogLayout":
-        segs = tuple(SegmentInfo(int(b), int(e), tuple(int(x) for x in bs)) for b, e, bs in d["segments"])
-        return cls(d["source"], int(d["min_offset"]), int(d["end_offset"]), segs, dict(d["topics"]),
-                   d.get("storage_mode", "commitlog"))  # fmt: skip
-
 
 def _read_json(path: Path) -> dict | None:
     try:
