@@ -115,7 +115,6 @@ class Emitter:
 
     def __init__(self, spec: ReadSpec, filt: Filter, schema: pa.Schema, damage: Damage) -> None:
         self.spec, self.filt, self.schema, self.damage = spec, filt, schema, damage
-        self.rows = 0
 
     def parse(self, data: bytes, starts: np.ndarray, base: int, where: str) -> Iterator[pa.RecordBatch]:
         """``data`` holds whole records at ``starts``; ``base`` is data[0]'s log offset (-1: unknown)."""
@@ -142,9 +141,7 @@ class Emitter:
         mean_size = max(1, int(h["total_size"].mean()))
         step = max(1, min(self.spec.max_batch_rows, self.spec.max_batch_bytes // mean_size))
         for i in range(0, len(starts), step):
-            batch = build_batch(data, buf, starts[i : i + step], h[i : i + step], self.schema)
-            self.rows += batch.num_rows
-            yield batch
+            yield build_batch(data, buf, starts[i : i + step], h[i : i + step], self.schema)
 
 
 def headers_at(buf: np.ndarray, starts: np.ndarray) -> np.ndarray:

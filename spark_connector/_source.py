@@ -18,7 +18,7 @@ from ._arrow import COLUMNS, SCHEMA_DDL, arrow_schema
 from ._layout import LogLayout, SegmentInfo, local_layout
 from ._local import LocalStore
 from ._options import OptionError, ReadOptions, parse_options
-from ._plan import QueueSource, ScanSplit, Split, plan, scan_splits, select
+from ._plan import QueueSource, ScanSplit, Split, plan
 from ._scan import ByteSource, Damage, Emitter, Filter, ReadSpec, read_index_split, read_scan_split, report_damage
 
 CHUNK_BYTES = 4 << 20  # bytes read (and walked) at once by a scan task
@@ -130,4 +130,4 @@ def register(spark: Any) -> None:
     spark.dataSource.register(ClmqDataSource)
 
 
-__all__ = ["ClmqDataSource", "ClmqReader", "register", "read_split", "open_sources", "scan_splits", "select"]
+__all__ = ["ClmqDataSource", "ClmqReader", "register", "read_split", "open_sources"]
