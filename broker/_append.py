@@ -2,10 +2,11 @@
 several per store call.
 
 Why: one store call per request costs a thread hop and a ``pwrite`` per request, and
-decoding on the event loop's thread holds up every other connection. The lane takes
-the raw request bodies in order, and one worker thread decodes them and appends all
-that are waiting (up to ``max_group_bytes``) with one ``put_batch``. A request whose
-messages are bad gets its own error; the others are not affected.
+work on the event loop's thread holds up every other connection. The lane takes the
+raw request bodies in order, and one worker thread appends all that are waiting (up to
+``max_group_bytes``) with one ``put_packed``: the bodies are packed messages, turned
+into records without being decoded into message objects. A request whose messages are
+bad gets its own error; the others are not affected.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from dataclasses import dataclass, field
 
 import trio
 
-from commitlog import Host, Message
-from protocol import BatchError, decode_batch
+from commitlog import Host, PackedMessages
 
 from ._base import StoreBase
 from ._results import PutResult, PutStatus
 
 _BAD_INPUT = {PutStatus.MESSAGE_TOO_LARGE, PutStatus.INVALID_MESSAGE, PutStatus.INVALID_TOPIC, PutStatus.UNKNOWN_TOPIC,
-              PutStatus.INVALID_QUEUE_ID}  # fmt: skip
+              PutStatus.INVALID_QUEUE_ID, PutStatus.MALFORMED_BATCH}  # fmt: skip
 
 
 class BusyError(Exception):
@@ -36,7 +36,6 @@ class PendingPut:
     born_host: Host
     done: trio.Event = field(default_factory=trio.Event)
     result: PutResult | None = None
-    malformed: str = ""  # why the body did not decode
 
 
 class AppendLane:
@@ -75,7 +74,7 @@ class AppendLane:
                 finally:
                     for put in group:
                         self._queued_bytes -= len(put.body)
-                        if put.result is None and not put.malformed:
+                        if put.result is None:
                             put.result = PutResult(PutStatus.IO_ERROR, "the append was interrupted")
                         put.done.set()
 
@@ -89,23 +88,15 @@ class AppendLane:
         return group
 
     def _append_group(self, group: list[PendingPut]) -> None:
-        """Worker thread: decode every request, append the good ones together."""
-        decoded: list[tuple[PendingPut, list[Message]]] = []
-        for put in group:
-            try:
-                decoded.append((put, decode_batch(put.body, put.topic, put.born_host)))
-            except BatchError as e:
-                put.malformed = str(e)
-        if not decoded:
-            return
-        result = self.store.put_batch([m for _, ms in decoded for m in ms], wait_durable=False)
-        if result.status in _BAD_INPUT and len(decoded) > 1:  # someone's bad messages: each on its own
-            for put, msgs in decoded:
-                put.result = self.store.put_batch(msgs, wait_durable=False)
-            return
-        at = 0
-        for put, msgs in decoded:
-            n = len(msgs)
-            put.result = PutResult(result.status, result.error, result.queue_offsets[at : at + n],
-                                   result.commitlog_offsets[at : at + n], result.end_offset, result.store_timestamp_ms)  # fmt: skip
-            at += n
+        """Worker thread: append every request's messages together."""
+        batches = [PackedMessages(put.topic, put.body, put.born_host) for put in group]
+        result = self.store.put_packed(batches, wait_durable=False)
+        if result.status in _BAD_INPUT and len(group) > 1:  # someone's bad messages: each on its own
+            for put, batch in zip(group, batches):
+                put.result = self.store.put_packed([batch], wait_durable=False)
+        elif result.ok:
+            for put, own in zip(group, result.split()):
+                put.result = own
+        else:
+            for put in group:
+                put.result = result

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Sequence
 
-from commitlog import CommitLogConfig, ConfigError, DurableOffset, FlushMode, Message, MiB, QueueKey, Record, StoreError
+from commitlog import (
+    CommitLogConfig, ConfigError, DurableOffset, FlushMode, Message, MiB, PackedMessages, PackError, QueueKey, Record,
+    StoreError, unpack_messages,
+)  # fmt: skip
 
 from ._checkpoint import AbortMarker
 from ._results import GetResult, GetStatus, PutResult, PutStatus, RawRead, Span
@@ -206,7 +209,24 @@ class StoreBase:
         bad = self._check_put(messages)
         if bad is not None:
             return bad
-        result = self._append(messages)
+        return self._settle(self._append(messages), wait_durable)
+
+    def put_packed(self, batches: Sequence[PackedMessages], *, wait_durable: bool | None = None) -> PutResult:
+        """Append packed messages (a producer's SEND_MESSAGE bodies, one topic each) in
+        order, all or nothing, as :meth:`put_batch` does. The result's ``batch_sizes``
+        counts each batch's messages (:meth:`PutResult.split`). Malformed bytes give
+        MALFORMED_BATCH."""
+        if self._closed:
+            return PutResult(PutStatus.STORE_CLOSED, "the store is closed")
+        counts = []
+        for batch in batches:
+            count, bad = self._queue_count(batch.topic)
+            if bad is not None:
+                return bad
+            counts.append(count)
+        return self._settle(self._append_packed(batches, counts), wait_durable)
+
+    def _settle(self, result: PutResult, wait_durable: bool | None) -> PutResult:
         if wait_durable is None:
             wait_durable = self.config.commitlog.flush_mode is FlushMode.SYNC
         if result.ok and wait_durable:
@@ -218,6 +238,20 @@ class StoreBase:
 
     def _append(self, messages: Sequence[Message]) -> PutResult:  # pragma: no cover - per mode
         raise NotImplementedError
+
+    def _append_packed(self, batches: Sequence[PackedMessages], queue_counts: Sequence[int]) -> PutResult:
+        """By default through message objects; the commit log appends packed bytes as they are."""
+        try:
+            unpacked = [unpack_messages(batch) for batch in batches]
+        except PackError as e:
+            return PutResult(PutStatus.MALFORMED_BATCH, str(e))
+        messages = [m for ms in unpacked for m in ms]
+        bad = self._check_put(messages)
+        if bad is not None:
+            return bad
+        result = self._append(messages)
+        result.batch_sizes = [len(ms) for ms in unpacked]
+        return result
 
     def _durability(self) -> DurableOffset:  # pragma: no cover - per mode
         raise NotImplementedError

@@ -30,6 +30,7 @@ _PUT_ERRORS = {
     PutStatus.INVALID_TOPIC: ErrorCode.INVALID_TOPIC,
     PutStatus.UNKNOWN_TOPIC: ErrorCode.TOPIC_NOT_FOUND,
     PutStatus.INVALID_QUEUE_ID: ErrorCode.INVALID_QUEUE_ID,
+    PutStatus.MALFORMED_BATCH: ErrorCode.MALFORMED_REQUEST,
     PutStatus.DISK_FULL: ErrorCode.DISK_FULL,
     PutStatus.IO_ERROR: ErrorCode.IO_ERROR,
     PutStatus.STORE_CLOSED: ErrorCode.SHUTTING_DOWN,
@@ -86,8 +87,6 @@ class Handlers:
 
     async def _stored(self, put: PendingPut) -> Reply:
         await put.done.wait()
-        if put.malformed:
-            raise RequestError(ErrorCode.MALFORMED_REQUEST, put.malformed)
         result = put.result
         assert result is not None
         if not result.ok:

@@ -16,6 +16,7 @@ class PutStatus(enum.Enum):
     INVALID_TOPIC = "invalid topic"
     UNKNOWN_TOPIC = "unknown topic"
     INVALID_QUEUE_ID = "invalid queue id"
+    MALFORMED_BATCH = "malformed batch"  # packed messages that do not decode
     DISK_FULL = "disk full"
     IO_ERROR = "i/o error"
     STORE_CLOSED = "store closed"
@@ -28,6 +29,8 @@ _FROM_APPEND = {
     AppendStatus.DISK_FULL: PutStatus.DISK_FULL,
     AppendStatus.IO_ERROR: PutStatus.IO_ERROR,
     AppendStatus.OFFSET_MISMATCH: PutStatus.IO_ERROR,
+    AppendStatus.INVALID_QUEUE_ID: PutStatus.INVALID_QUEUE_ID,
+    AppendStatus.MALFORMED_BATCH: PutStatus.MALFORMED_BATCH,
 }
 
 
@@ -41,6 +44,7 @@ class PutResult:
     commitlog_offsets: list[int] = field(default_factory=list)
     end_offset: int = 0
     store_timestamp_ms: int = 0
+    batch_sizes: list[int] = field(default_factory=list)  # put_packed: messages per batch
 
     @property
     def ok(self) -> bool:
@@ -49,7 +53,16 @@ class PutResult:
     @classmethod
     def from_append(cls, r: AppendResult) -> "PutResult":
         return cls(_FROM_APPEND[r.status], r.error, r.queue_offsets, r.commitlog_offsets, r.end_offset,
-                   r.store_timestamp_ms)  # fmt: skip
+                   r.store_timestamp_ms, r.batch_sizes)  # fmt: skip
+
+    def split(self) -> list["PutResult"]:
+        """One result per batch of a successful ``put_packed``, in order."""
+        out, at = [], 0
+        for n in self.batch_sizes:
+            out.append(PutResult(self.status, self.error, self.queue_offsets[at : at + n],
+                                 self.commitlog_offsets[at : at + n], self.end_offset, self.store_timestamp_ms, [n]))  # fmt: skip
+            at += n
+        return out
 
 
 class GetStatus(enum.Enum):

@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from commitlog import OFF_STORE_TS, CommitLog, DurableOffset, Message, MiB, Record, decode_record
+from commitlog import OFF_STORE_TS, CommitLog, DurableOffset, Message, MiB, PackedMessages, Record, decode_record
 from consumequeue import ENTRY_DTYPE, ConsumeQueueSet, Dispatcher, tag_hash
 
 from ._base import Stopwatch, StoreBase, StoreConfig, StoreLockedError
@@ -153,6 +153,9 @@ class Store(StoreBase):
     # --------------------------------------------------------------------- put
     def _append(self, messages: Sequence[Message]) -> PutResult:
         return PutResult.from_append(self.log.append(messages))
+
+    def _append_packed(self, batches: Sequence[PackedMessages], queue_counts: Sequence[int]) -> PutResult:
+        return PutResult.from_append(self.log.append_packed(batches, queue_counts))
 
     def _durability(self) -> DurableOffset:
         return self.log.durability

@@ -17,6 +17,7 @@ from ._record import (
 from ._columns import HEADER_DTYPE, Walk, gather_fields, gather_headers, gather_strings, walk_records
 from ._durability import DurableOffset
 from ._encoder import encode_message
+from ._packed import ITEM_SIZE, PackedMessages, PackError, pack_messages, set_queue_id, unpack_messages
 from ._segment import fsync_dir
 from ._many import decode_records_many
 
@@ -28,4 +29,5 @@ __all__ = [
     "OFF_QUEUE_ID", "OFF_QUEUE_OFFSET", "OFF_RECONSUME", "OFF_STORE_HOST", "OFF_STORE_PORT",
     "OFF_STORE_TS", "OFF_TAGS_LEN", "OFF_TOPIC_LEN", "OFF_TOTAL_SIZE", "decode_host", "decode_properties", "encode_properties", "Message", "MiB", "QueueKey", "RECORD_MAGIC", "Record", "StoreError",
     "decode_record", "encode_message", "HEADER_DTYPE", "Walk", "gather_fields", "gather_headers", "gather_strings", "walk_records", "fsync_dir", "now_ms", "decode_records_many",
+    "ITEM_SIZE", "PackedMessages", "PackError", "pack_messages", "set_queue_id", "unpack_messages",
 ]  # fmt: skip

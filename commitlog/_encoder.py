@@ -1,21 +1,25 @@
 """Encoding a batch of messages into records, split at segment boundaries.
 
-This is the per-message hot path, so it is one flat loop: per message a header pack
-and a few list appends; the bytes are assembled by one ``b"".join`` per segment and
-the CRCs are computed in a second pass over the finished buffer (they cover the
-offsets, which are only known once the record's place is).
+This is the per-message hot path, so each encoder is one flat loop: per message a
+header pack and a few list appends; the bytes are assembled by one join per segment
+and the CRCs are computed in a second pass over the finished buffer (they cover the
+offsets, which are only known once the record's place is). Two inputs: message
+objects (:meth:`BatchEncoder.encode`) and packed messages as producers send them
+(:meth:`BatchEncoder.encode_packed`), which need no per-message objects at all.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import crc32c as _crc32c
 
+from ._packed import ITEM, ITEM_SIZE, PackedMessages, PackError, overrun_error, unpack_messages
 from ._record import (
     BLANK_SIZE, CRC_START, HEADER, HEADER_SIZE, MAX_KEYS_BYTES, MAX_TAGS_BYTES, MAX_TOPIC_BYTES, RECORD_MAGIC,
-    Message, encode_blank, encode_host, encode_properties,
+    Message, decode_properties, encode_blank, encode_host, encode_properties,
 )  # fmt: skip
 
 QueueKey = tuple[str, int]
@@ -23,11 +27,17 @@ _EMPTY: dict[str, bytes] = {"": b""}
 
 
 class EncodeError(ValueError):
-    """A message that cannot be encoded; ``too_large`` tells which limit it broke."""
+    """A message or batch that cannot be encoded; ``kind`` says why: ``"too_large"``
+    (over ``max_message_bytes``), ``"invalid"`` (a bad field), ``"queue"`` (no such
+    queue id) or ``"malformed"`` (packed bytes that do not decode)."""
 
-    def __init__(self, message: str, too_large: bool = False) -> None:
+    def __init__(self, message: str, kind: str = "invalid") -> None:
         super().__init__(message)
-        self.too_large = too_large
+        self.kind = kind
+
+    @property
+    def too_large(self) -> bool:
+        return self.kind == "too_large"
 
 
 @dataclass
@@ -45,6 +55,7 @@ class EncodedBatch:
     groups: list[Group]
     queue_offsets: list[int]
     commitlog_offsets: list[int]
+    batch_sizes: list[int] = field(default_factory=list)  # messages per packed input, in order
 
 
 def restore_offsets(table: dict[QueueKey, int], undo: dict[QueueKey, int]) -> None:
@@ -57,7 +68,13 @@ def restore_offsets(table: dict[QueueKey, int], undo: dict[QueueKey, int]) -> No
 
 
 class BatchEncoder:
-    """Turns messages into records. Keeps small caches; one per log, used under its lock."""
+    """Turns messages into records. Keeps small caches; one per log, used under its lock.
+
+    Both encoders take the next queue offsets from ``table`` and advance them there,
+    remembering each key's old value in ``undo`` (-1: new) so that a caller whose write
+    fails can :func:`restore_offsets`. On :class:`EncodeError` they leave ``table`` to
+    be restored the same way.
+    """
 
     def __init__(self, segment_bytes: int, max_message_bytes: int, store_host: tuple[str, int]) -> None:
         self.segment_bytes = segment_bytes
@@ -75,11 +92,12 @@ class BatchEncoder:
 
     def encode(self, messages: Sequence[Message], seg_base: int, seg_pos: int, table: dict[QueueKey, int],
                undo: dict[QueueKey, int], store_ts: int) -> EncodedBatch:  # fmt: skip
-        """Assign offsets (updating ``table``, remembering old values in ``undo``) and
-        build the records. Raises :class:`EncodeError`; the caller then restores ``table``."""
+        """Assign offsets and build the records of ``messages``."""
         limit, room = self.max_message_bytes, self.segment_bytes - BLANK_SIZE
         pack, sip, sport, text, cache = HEADER.pack, self.store_ip, self.store_port, self._bytes, self._utf8
-        groups, pieces, starts = [Group(seg_pos)], [], []
+        pieces: list[bytes | memoryview] = []
+        starts: list[int] = []
+        cuts: list[tuple[int, int]] = []
         q_offsets: list[int] = []
         cl_offsets: list[int] = []
         pos, base = seg_pos, seg_base
@@ -94,11 +112,7 @@ class BatchEncoder:
             if size > limit or tl > MAX_TOPIC_BYTES or gl > MAX_TAGS_BYTES or kl > MAX_KEYS_BYTES:
                 raise _too_large(i, len(messages), size, limit, tl, gl, kl)
             if pos + size > room:  # seal this segment with a blank marker, go on in the next
-                pieces.append(encode_blank(self.segment_bytes - pos))
-                _close(groups[-1], pieces, starts, sealed=True)
-                base += self.segment_bytes
-                pos, pieces, starts = 0, [], []
-                groups.append(Group(0))
+                pos, base = self._seal(pieces, starts, cuts, pos, base)
             key = (m.topic, m.queue_id)
             q = table.get(key, 0)
             if key not in undo:
@@ -112,24 +126,142 @@ class BatchEncoder:
             q_offsets.append(q)
             cl_offsets.append(base + pos)
             pos += size
-        _close(groups[-1], pieces, starts, sealed=False)
-        return EncodedBatch(groups, q_offsets, cl_offsets)
+        return EncodedBatch(_assemble(pieces, starts, cuts, seg_pos), q_offsets, cl_offsets, [len(messages)])
+
+    def encode_packed(self, batches: Sequence[PackedMessages], queue_counts: Sequence[int], seg_base: int,
+                      seg_pos: int, table: dict[QueueKey, int], undo: dict[QueueKey, int],
+                      store_ts: int) -> EncodedBatch:  # fmt: skip
+        """Assign offsets and build the records of packed messages, checking them as it
+        goes: item bounds, ``max_message_bytes``, queue ids below ``queue_counts`` (one
+        per batch), UTF-8 tags and keys, well-formed properties. A record's tail is a
+        slice of the packed bytes; nothing is decoded."""
+        pieces: list[bytes | memoryview] = []
+        starts: list[int] = []
+        cuts: list[tuple[int, int]] = []
+        q_offsets: list[int] = []
+        cl_offsets: list[int] = []
+        sizes: list[int] = []
+        pos, base = seg_pos, seg_base
+        for batch, queue_count in zip(batches, queue_counts):
+            before = len(starts)
+            pos, base = self._encode_one_packed(batch, queue_count, pieces, starts, cuts, q_offsets, cl_offsets,
+                                                pos, base, table, undo, store_ts)  # fmt: skip
+            sizes.append(len(starts) - before)
+        return EncodedBatch(_assemble(pieces, starts, cuts, seg_pos), q_offsets, cl_offsets, sizes)
+
+    def _encode_one_packed(self, batch: PackedMessages, queue_count: int, pieces: list[bytes | memoryview],
+                           starts: list[int], cuts: list[tuple[int, int]], q_offsets: list[int],
+                           cl_offsets: list[int], pos: int, base: int, table: dict[QueueKey, int],
+                           undo: dict[QueueKey, int], store_ts: int) -> tuple[int, int]:  # fmt: skip
+        topic = self._bytes(batch.topic)
+        tl, data, limit, room = len(topic), batch.data, self.max_message_bytes, self.segment_bytes - BLANK_SIZE
+        if tl > MAX_TOPIC_BYTES:
+            raise EncodeError(f"topic of {tl} bytes, max {MAX_TOPIC_BYTES}")
+        if not data:
+            raise EncodeError("empty batch")
+        pack, unpack, sip, sport = HEADER.pack, ITEM.unpack_from, self.store_ip, self.store_port
+        bip, bport = encode_host(batch.born_host)
+        mv, p, end, fixed = memoryview(data), 0, len(data), HEADER_SIZE + tl
+        texts: list[memoryview] = []  # tags and keys, checked for UTF-8 at the end
+        nxt: dict[int, int] = {}  # next queue offset per queue id, written back at the end
+        while p < end:
+            if end - p < ITEM_SIZE:
+                raise EncodeError(overrun_error(p, p + ITEM_SIZE, end), "malformed")
+            qid, flags, born, gl, kl, pl, bl = unpack(data, p)
+            t = p + ITEM_SIZE
+            p = t + gl + kl + pl + bl
+            size = fixed + p - t
+            if p > end or size > limit or qid >= queue_count:
+                raise _bad_item(batch.topic, t - ITEM_SIZE, p, end, size, limit, qid, queue_count)
+            if gl or kl:
+                texts.append(mv[t : t + gl + kl])
+            if pl:
+                _check_properties(mv[t + gl + kl : t + gl + kl + pl], t - ITEM_SIZE)
+            if pos + size > room:
+                pos, base = self._seal(pieces, starts, cuts, pos, base)
+            q = nxt.get(qid)
+            if q is None:
+                q = table.get((batch.topic, qid), 0)
+            nxt[qid] = q + 1
+            pieces += (pack(size, RECORD_MAGIC, 0, base + pos, q, qid, flags, born or store_ts, store_ts, bip, bport,
+                            sip, sport, 0, tl, gl, kl, pl, bl), topic, mv[t:p])  # fmt: skip
+            starts.append(pos)
+            q_offsets.append(q)
+            cl_offsets.append(base + pos)
+            pos += size
+        _check_utf8(texts, batch)
+        for qid, value in nxt.items():
+            key = (batch.topic, qid)
+            if key not in undo:
+                undo[key] = table.get(key, -1)
+            table[key] = value
+        return pos, base
+
+    def _seal(self, pieces: list[bytes | memoryview], starts: list[int], cuts: list[tuple[int, int]], pos: int,
+              base: int) -> tuple[int, int]:  # fmt: skip
+        """End the segment at ``pos`` with a blank marker; the next record goes to the
+        next segment (returns its position and base)."""
+        pieces.append(encode_blank(self.segment_bytes - pos))
+        cuts.append((len(pieces), len(starts)))
+        return 0, base + self.segment_bytes
 
 
-def _close(group: Group, pieces: list[bytes], starts: list[int], sealed: bool) -> None:
-    data = bytearray(b"".join(pieces))
-    view, crc, rel = memoryview(data), _crc32c.crc32c, group.start
-    ends = starts[1:] + [rel + len(data) - (BLANK_SIZE if sealed else 0)]
-    for start, end in zip(starts, ends):
+def _assemble(pieces: list[bytes | memoryview], starts: list[int], cuts: list[tuple[int, int]], seg_pos: int) -> list[Group]:
+    """One group per segment touched: its bytes joined, then every record's CRC."""
+    groups: list[Group] = []
+    first_piece = first_start = 0
+    for last_piece, last_start in [*cuts, (len(pieces), len(starts))]:
+        sealed = len(groups) < len(cuts)
+        group = Group(seg_pos if not groups else 0, bytearray().join(pieces[first_piece:last_piece]),
+                      starts[first_start:last_start], sealed)  # fmt: skip
+        _fill_crcs(group)
+        groups.append(group)
+        first_piece, first_start = last_piece, last_start
+    return groups
+
+
+def _fill_crcs(group: Group) -> None:
+    data, rel, crc, pack_into = group.data, group.start, _crc32c.crc32c, _U32.pack_into
+    view = memoryview(data)
+    ends = group.starts[1:] + [rel + len(data) - (BLANK_SIZE if group.sealed else 0)]
+    for start, end in zip(group.starts, ends):
         p = start - rel
-        data[p + 8 : p + 12] = crc(view[p + CRC_START : end - rel]).to_bytes(4, "little")
+        pack_into(data, p + 8, crc(view[p + CRC_START : end - rel]))
     view.release()
-    group.data, group.starts, group.sealed = data, starts, sealed
+
+
+_U32 = struct.Struct("<I")
+
+
+def _bad_item(topic: str, at: int, stop: int, end: int, size: int, limit: int, qid: int, count: int) -> EncodeError:
+    if stop > end:
+        return EncodeError(overrun_error(at, stop, end), "malformed")
+    if size > limit:
+        return EncodeError(f"message at byte {at} of the batch is {size} bytes, over max_message_bytes={limit}", "too_large")
+    return EncodeError(f"queue id {qid} not in 0..{count - 1} of topic {topic!r}", "queue")
+
+
+def _check_properties(raw: memoryview, at: int) -> None:
+    try:
+        decode_properties(raw)
+    except (ValueError, struct.error) as e:
+        raise EncodeError(f"undecodable message batch: properties of the message at byte {at}: {e}", "malformed") from None
+
+
+def _check_utf8(texts: list[memoryview], batch: PackedMessages) -> None:
+    """Tags and keys must be UTF-8. ASCII, the usual case, is checked in one call (a
+    join of ASCII strings is ASCII only if each is); otherwise the batch is decoded."""
+    if not texts or b"".join(texts).isascii():
+        return
+    try:
+        unpack_messages(batch)
+    except PackError as e:
+        raise EncodeError(str(e), "malformed") from None
 
 
 def _too_large(i: int, n: int, size: int, limit: int, tl: int, gl: int, kl: int) -> EncodeError:
     if size > limit:
-        return EncodeError(f"message {i} of {n} is {size} bytes, over max_message_bytes={limit}", too_large=True)
+        return EncodeError(f"message {i} of {n} is {size} bytes, over max_message_bytes={limit}", "too_large")
     return EncodeError(
         f"message {i} of {n}: field too long: topic {tl} bytes (max {MAX_TOPIC_BYTES}), tags {gl}, keys {kl} "
         f"(max {MAX_TAGS_BYTES})"

@@ -30,7 +30,8 @@ import numpy as np
 from ._columns import Walk, gather_fields, walk_records
 from ._durability import DurableOffset
 from ._config import CommitLogConfig
-from ._encoder import BatchEncoder, EncodeError, Group, restore_offsets
+from ._encoder import BatchEncoder, EncodedBatch, EncodeError, Group, restore_offsets
+from ._packed import PackedMessages
 from ._errors import CorruptRecordError
 from ._record import (
     BLANK_MAGIC, BLANK_SIZE, CRC_START, HEADER_SIZE, OFF_COMMITLOG_OFFSET, OFF_QUEUE_ID, OFF_QUEUE_OFFSET, OFF_TOPIC_LEN,
@@ -53,6 +54,12 @@ class AppendStatus(enum.Enum):
     DISK_FULL = "disk full"
     IO_ERROR = "i/o error"
     OFFSET_MISMATCH = "offset mismatch"  # raw appends that do not continue the log
+    INVALID_QUEUE_ID = "invalid queue id"  # packed appends: a queue id the topic lacks
+    MALFORMED_BATCH = "malformed batch"  # packed appends: bytes that do not decode
+
+
+_ENCODE_STATUS = {"too_large": AppendStatus.MESSAGE_TOO_LARGE, "invalid": AppendStatus.INVALID_MESSAGE,
+                  "queue": AppendStatus.INVALID_QUEUE_ID, "malformed": AppendStatus.MALFORMED_BATCH}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -66,6 +73,7 @@ class AppendResult:
     store_timestamp_ms: int = 0
     queue_offsets: list[int] = field(default_factory=list)
     commitlog_offsets: list[int] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)  # messages per input batch
 
     @property
     def ok(self) -> bool:
@@ -299,23 +307,37 @@ class CommitLog:
         Nothing is written unless every message can be: a message over
         ``max_message_bytes`` or a full disk fails the whole batch.
         """
+        return self._append(lambda base, pos, undo, ts: self._encoder.encode(messages, base, pos, self._queue_offsets, undo, ts))
+
+    def append_packed(self, batches: Sequence[PackedMessages], queue_counts: Sequence[int]) -> AppendResult:
+        """Append packed messages (as producers send them) as one batch, in order.
+
+        Each batch's queue ids must be below its entry in ``queue_counts``. All or
+        nothing, as :meth:`append`; malformed bytes give MALFORMED_BATCH and a queue id
+        out of range INVALID_QUEUE_ID. ``batch_sizes`` of the result counts the
+        messages of each batch.
+        """
+        return self._append(lambda base, pos, undo, ts: self._encoder.encode_packed(
+            batches, queue_counts, base, pos, self._queue_offsets, undo, ts))  # fmt: skip
+
+    def _append(self, encode: Callable[[int, int, dict[QueueKey, int], int], EncodedBatch]) -> AppendResult:
         with self._lock:
-            result = self._append_locked(messages)
+            result = self._append_locked(encode)
         if result.ok:
             self._after_write(result.end_offset)
         return result
 
-    def _append_locked(self, messages: Sequence[Message]) -> AppendResult:
+    def _append_locked(self, encode: Callable[[int, int, dict[QueueKey, int], int], EncodedBatch]) -> AppendResult:
         store_ts = now_ms()
         orig = self._segments[-1]
         orig_size = orig.size
         undo: dict[QueueKey, int] = {}
         try:
-            batch = self._encoder.encode(messages, orig.base, orig.size, self._queue_offsets, undo, store_ts)
+            batch = encode(orig.base, orig.size, undo, store_ts)
         except (EncodeError, UnicodeError, ValueError) as e:
             restore_offsets(self._queue_offsets, undo)
-            too_large = isinstance(e, EncodeError) and e.too_large
-            return AppendResult(AppendStatus.MESSAGE_TOO_LARGE if too_large else AppendStatus.INVALID_MESSAGE, str(e))
+            kind = e.kind if isinstance(e, EncodeError) else "invalid"
+            return AppendResult(_ENCODE_STATUS[kind], str(e))
         try:
             for group in batch.groups:
                 self._write_group(group)
@@ -325,7 +347,7 @@ class CommitLog:
             return AppendResult(status, f"{e.strerror} while appending to {self.directory}: nothing written")
         self._end = self._segments[-1].end
         return AppendResult(AppendStatus.OK, "", batch.commitlog_offsets[0] if batch.commitlog_offsets else self._end,
-                            self._end, store_ts, batch.queue_offsets, batch.commitlog_offsets)  # fmt: skip
+                            self._end, store_ts, batch.queue_offsets, batch.commitlog_offsets, batch.batch_sizes)  # fmt: skip
 
     def _write_group(self, group: Group) -> None:
         seg = self._segments[-1]

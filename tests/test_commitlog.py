@@ -12,6 +12,7 @@ import pytest
 
 from commitlog import (
     BLANK_MAGIC, AppendStatus, CommitLog, CommitLogConfig, ConfigError, CorruptRecordError, FlushMode, Message,
+    PackedMessages, pack_messages,
 )  # fmt: skip
 
 from .conftest import msgs
@@ -240,4 +241,57 @@ def test_retention_deletes_whole_old_segments_never_the_active_one(tmp_path: Pat
     lg = CommitLog.open(tmp_path, cfg_age, clean=True, checkpoint_offset=None)
     assert lg.delete_expired(now=time.time() + 10) == len(after) - 1
     assert len(lg.segments()) == 1
+    lg.close()
+
+
+def _packed(messages: list[Message], topic: str = "t") -> PackedMessages:
+    return PackedMessages(topic, pack_messages(messages), ("10.0.0.7", 4321))
+
+
+def test_packed_appends_store_what_message_appends_do_across_segments(tmp_path: Path) -> None:
+    """The producer's packed bytes become the same records as message objects, split
+    over segments the same way, with offsets dense per queue across batches."""
+    lg = open_log(tmp_path / "packed")
+    ref = open_log(tmp_path / "objects")
+    for i in range(12):
+        batch = [Message("t", q % 3, b"%d-%d" % (i, q) * (50 + 40 * i), f"T{q}", f"k{i}", {"p": str(q)}, flags=q,
+                         born_timestamp_ms=1000 + i, born_host=("10.0.0.7", 4321)) for q in range(7)]  # fmt: skip
+        res = lg.append_packed([_packed(batch[:3]), _packed(batch[3:])], [3, 3])
+        assert res.ok and res.batch_sizes == [3, 4]
+        assert ref.append(batch).ok
+    assert len(lg.segments()) >= 3 and [(b, n) for b, n, _ in lg.segments()] == [(b, n) for b, n, _ in ref.segments()]
+    ignore = {"store_timestamp_ms"}
+    got = [{k: v for k, v in vars_of(r).items() if k not in ignore} for r in lg.iter_records()]
+    want = [{k: v for k, v in vars_of(r).items() if k not in ignore} for r in ref.iter_records()]
+    assert got == want and len(got) == 84
+    assert lg.queue_offset_table() == {("t", 0): 36, ("t", 1): 24, ("t", 2): 24}
+    lg.close()
+    ref.close()
+
+
+def vars_of(record: object) -> dict:
+    return {k: getattr(record, k) for k in record.__dataclass_fields__}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("damage, status, text", [
+    (lambda b: b[:-3], AppendStatus.MALFORMED_BATCH, "runs past the batch"),
+    (lambda b: b + b"\x01\x02", AppendStatus.MALFORMED_BATCH, "runs past the batch"),
+    (lambda b: b"", AppendStatus.INVALID_MESSAGE, "empty batch"),
+    (lambda b: b + pack_messages([Message("t", 5, b"x")]), AppendStatus.INVALID_QUEUE_ID, "queue id 5 not in 0..1"),
+    (lambda b: b + pack_messages([Message("t", 0, b"x" * 5000)]), AppendStatus.MESSAGE_TOO_LARGE, "max_message_bytes=4096"),
+    (lambda b: b + pack_messages([Message("t", 0, b"x", tags="\u00e9")]).replace("\u00e9".encode(), b"\xff\xfe"),
+     AppendStatus.MALFORMED_BATCH, "utf-8"),
+    (lambda b: b + pack_messages([Message("t", 0, b"x", properties={"k": "v"})]).replace(b"\x01\x00k", b"\x09\x00k"),
+     AppendStatus.MALFORMED_BATCH, "properties"),
+])  # fmt: skip
+def test_bad_packed_bytes_are_a_result_and_write_nothing(tmp_path: Path, damage, status: AppendStatus, text: str) -> None:
+    lg = open_log(tmp_path)
+    assert lg.append_packed([_packed([Message("t", 1, b"first")])], [2]).ok
+    end, table = lg.write_offset, lg.queue_offset_table()
+    good = _packed([Message("t", 0, b"fine"), Message("t", 1, b"fine")])
+    res = lg.append_packed([good, PackedMessages("t", damage(pack_messages([Message("t", 1, b"ok")])))], [2, 2])
+    assert res.status is status and text in res.error.lower()
+    assert lg.write_offset == end and lg.queue_offset_table() == table  # the good batch was not taken either
+    res = lg.append_packed([good], [2])
+    assert res.ok and res.queue_offsets == [0, 1]
     lg.close()

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker import GetStatus, PartitionStore, PutStatus, Store
-from commitlog import Message
+from commitlog import Message, PackedMessages, pack_messages
 
 from .conftest import msgs, small_config
 
@@ -216,20 +216,31 @@ stored = st.builds(
 )
 
 
-@given(batches=st.lists(st.lists(stored, min_size=1, max_size=20), min_size=1, max_size=6), clean=st.booleans())
+@given(batches=st.lists(st.lists(stored, min_size=1, max_size=20), min_size=1, max_size=6), clean=st.booleans(),
+       packed=st.booleans())  # fmt: skip
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_messages_round_trip_through_a_restart(tmp_path: Path, mode: str, batches: list[list[Message]],
-                                                   clean: bool) -> None:  # fmt: skip
+                                                   clean: bool, packed: bool) -> None:  # fmt: skip
+    """As message objects or packed the way producers send them (one packed batch per
+    topic of each put), every field comes back."""
     cfg = small_config(tmp_path / uuid.uuid4().hex, segment_bytes=16 * 1024, max_message_bytes=4096, mode=mode)
     s = Store.open(cfg)
     for topic in ("a", "b.c", "%RETRY%g"):
         s.create_topic(topic, 3)
+    order: list[Message] = []  # as stored
     for batch in batches:
-        assert s.put_batch(batch).ok
+        if packed:
+            by_topic = {t: [m for m in batch if m.topic == t] for t in dict.fromkeys(m.topic for m in batch)}
+            result = s.put_packed([PackedMessages(t, pack_messages(ms), ms[0].born_host) for t, ms in by_topic.items()])
+            assert result.ok and result.batch_sizes == [len(ms) for ms in by_topic.values()]
+            order += [m for ms in by_topic.values() for m in ms]
+        else:
+            assert s.put_batch(batch).ok
+            order += batch
     s.close() if clean else s.abandon()
     with Store.open(cfg) as s:
         expected: dict[tuple[str, int], list[Message]] = {}
-        for m in (m for b in batches for m in b):
+        for m in order:
             expected.setdefault((m.topic, m.queue_id), []).append(m)
         for (topic, q), sent in expected.items():
             got = s.get(topic, q, 0, 1000).messages
