@@ -18,6 +18,7 @@ Anything undecodable raises :class:`ProtocolError`, after which the stream is de
 from __future__ import annotations
 
 import struct
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -120,26 +121,89 @@ def _frame_from_header(h: object, body: bytes) -> Frame:
     return Frame(code, rid, fields, body, flags, err, text, version)
 
 
+class _Chunks:
+    """Received bytes, kept as the chunks they came in.
+
+    Why not one growing bytearray: appending a chunk to it copies the chunk, resizing
+    copies everything buffered, and cutting a frame out copies again. Here a frame's
+    body costs at most one copy (none when it is exactly one chunk).
+    """
+
+    def __init__(self) -> None:
+        self._chunks: deque[bytes] = deque()
+        self._head = 0  # bytes of the first chunk already taken
+        self.size = 0
+
+    def append(self, data: bytes) -> None:
+        if data:
+            self._chunks.append(data if type(data) is bytes else bytes(data))
+            self.size += len(data)
+
+    def peek(self, n: int) -> bytes:
+        """The first ``n`` bytes (``n <= size``), left in place."""
+        first, head = self._chunks[0], self._head
+        if len(first) - head >= n:
+            return first[head : head + n]
+        return b"".join(self._pieces(n))
+
+    def take(self, n: int) -> bytes:
+        """Remove and return the first ``n`` bytes (``n <= size``)."""
+        if not n:
+            return b""
+        first, head = self._chunks[0], self._head
+        if len(first) - head < n:
+            out = b"".join(self._pieces(n))
+            self.drop(n)
+            return out
+        out = first if head == 0 and n == len(first) else first[head : head + n]
+        self._advance(n)
+        return out
+
+    def drop(self, n: int) -> None:
+        """Remove the first ``n`` bytes (``n <= size``)."""
+        while n:
+            step = min(n, len(self._chunks[0]) - self._head)
+            self._advance(step)
+            n -= step
+
+    def _advance(self, n: int) -> None:  # within the first chunk
+        self._head += n
+        self.size -= n
+        if self._head == len(self._chunks[0]):
+            self._chunks.popleft()
+            self._head = 0
+
+    def _pieces(self, n: int) -> list[memoryview]:
+        pieces, head = [], self._head
+        for chunk in self._chunks:
+            piece = memoryview(chunk)[head : head + n]
+            pieces.append(piece)
+            n -= len(piece)
+            head = 0
+            if not n:
+                break
+        return pieces
+
+
 class FrameDecoder:
     """Turns a byte stream into :class:`Frame` and :class:`FrameRejected` events."""
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.max_frame_bytes = max_frame_bytes
-        self._buf = bytearray()
-        self._pos = 0
+        self._buf = _Chunks()
         self._skip = 0  # body bytes of a rejected frame still to drop
         self._dead: ProtocolError | None = None
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buf) - self._pos
+        return self._buf.size
 
     def receive_data(self, data: bytes) -> None:
         if self._skip:
             dropped = min(self._skip, len(data))
             self._skip -= dropped
             data = data[dropped:]
-        self._buf += data
+        self._buf.append(data)
 
     def next_event(self) -> Frame | FrameRejected | _NeedData:
         if self._dead is not None:
@@ -151,45 +215,36 @@ class FrameDecoder:
             raise
 
     def _next(self) -> Frame | FrameRejected | _NeedData:
-        if self._skip or self.buffered_bytes < PREFIX_SIZE:
+        if self._skip or self._buf.size < PREFIX_SIZE:
             return NEED_DATA
-        length, hlen = _PREFIX.unpack_from(self._buf, self._pos)
+        length, hlen = _PREFIX.unpack(self._buf.peek(PREFIX_SIZE))
         if length < 4 or hlen > length - 4 or hlen > MAX_HEADER_BYTES or hlen == 0:
             raise ProtocolError(f"bad frame prefix: frame_length={length}, header_length={hlen}")
         if length + 4 > self.max_frame_bytes:
             return self._reject(length, hlen)
-        if self.buffered_bytes < 4 + length:
+        if self._buf.size < 4 + length:
             return NEED_DATA
-        start = self._pos + PREFIX_SIZE
-        header = self._unpack_header(start, hlen)
-        body = bytes(self._buf[start + hlen : self._pos + 4 + length])
-        self._consume(4 + length)
+        self._buf.drop(PREFIX_SIZE)
+        header = self._unpack_header(self._buf.take(hlen))
+        body = self._buf.take(length - 4 - hlen)
         return _frame_from_header(header, body)
 
     def _reject(self, length: int, hlen: int) -> FrameRejected | _NeedData:
-        if self.buffered_bytes < PREFIX_SIZE + hlen:
+        if self._buf.size < PREFIX_SIZE + hlen:
             return NEED_DATA
-        h = self._unpack_header(self._pos + PREFIX_SIZE, hlen)
+        h = self._unpack_header(self._buf.peek(PREFIX_SIZE + hlen)[PREFIX_SIZE:])
         rid, code, flags = (h.get("i", -1), h.get("c", 0), h.get("f", 0)) if isinstance(h, dict) else (-1, 0, 0)
         rest = 4 + length  # bytes of the whole frame
-        have = self.buffered_bytes
-        self._consume(min(rest, have))
+        have = self._buf.size
+        self._buf.drop(min(rest, have))
         self._skip = max(0, rest - have)
         reason = f"frame of {length + 4} bytes exceeds max_frame_bytes={self.max_frame_bytes}"
         return FrameRejected(rid if isinstance(rid, int) else -1, code if isinstance(code, int) else 0,
                              flags if isinstance(flags, int) else 0, length + 4, reason)  # fmt: skip
 
-    def _unpack_header(self, start: int, hlen: int) -> Any:
+    @staticmethod
+    def _unpack_header(raw: bytes) -> Any:
         try:
-            return msgpack.unpackb(bytes(self._buf[start : start + hlen]), raw=False, strict_map_key=False)
+            return msgpack.unpackb(raw, raw=False, strict_map_key=False)
         except Exception as e:  # msgpack raises several types for garbage
             raise ProtocolError(f"undecodable frame header ({type(e).__name__}: {e})") from None
-
-    def _consume(self, n: int) -> None:
-        self._pos += n
-        if self._pos == len(self._buf):
-            self._buf.clear()
-            self._pos = 0
-        elif self._pos > (1 << 20) and self._pos > len(self._buf) // 2:
-            del self._buf[: self._pos]
-            self._pos = 0

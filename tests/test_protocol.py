@@ -36,6 +36,27 @@ def test_frames_round_trip_whole_and_byte_by_byte() -> None:
     assert got == frames and got[1].is_response and not got[0].is_response
 
 
+bodies = st.lists(st.binary(max_size=3000), min_size=1, max_size=8)
+
+
+@given(bodies=bodies, cuts=st.lists(st.integers(0, 30000), max_size=12), limit=st.sampled_from([2000, 1 << 20]))
+@settings(max_examples=100, deadline=None)
+def test_any_chunking_of_a_stream_gives_the_same_events(bodies: list[bytes], cuts: list[int], limit: int) -> None:
+    """However the stream is cut into chunks, frames come out whole and in order, and
+    the ones over the limit as FrameRejected with their request ids."""
+    frames = [Frame(RequestCode.SEND_MESSAGE, i, {"topic": "t"}, b) for i, b in enumerate(bodies)]
+    wire = b"".join(encode_frame(f) for f in frames)
+    dec, got, at = FrameDecoder(max_frame_bytes=limit), [], 0
+    for cut in [*sorted(c % (len(wire) + 1) for c in cuts), len(wire)]:
+        dec.receive_data(bytearray(wire[at:cut]))  # any bytes-like chunk, as sockets give
+        got += events(dec)
+        at = max(at, cut)
+    fits = [len(encode_frame(f)) <= limit for f in frames]
+    assert [(ev.request_id, isinstance(ev, Frame)) for ev in got] == [(f.request_id, ok) for f, ok in zip(frames, fits)]
+    assert [ev for ev in got if isinstance(ev, Frame)] == [f for f, ok in zip(frames, fits) if ok]
+    assert dec.buffered_bytes == 0
+
+
 def test_oversized_frame_is_rejected_with_its_request_id_and_the_stream_continues() -> None:
     dec = FrameDecoder(max_frame_bytes=1000)
     big = encode_frame(Frame(RequestCode.SEND_MESSAGE, 7, {"topic": "t"}, b"x" * 5000))
