@@ -7,6 +7,10 @@ raw request bodies in order, and one worker thread appends all that are waiting 
 ``max_group_bytes``) with one ``put_packed``: the bodies are packed messages, turned
 into records without being decoded into message objects. A request whose messages are
 bad gets its own error; the others are not affected.
+
+A group of at most ``inline_max_bytes`` is appended on the event loop instead: storing
+a few small messages takes about 0.1 ms, less than the two thread hops it would cost
+(each waits for the GIL), and that is most of a light load's produce latency.
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ class PendingPut:
 
 
 class AppendLane:
-    def __init__(self, store: StoreBase, max_inflight_bytes: int, max_group_bytes: int = 4 << 20) -> None:
+    def __init__(self, store: StoreBase, max_inflight_bytes: int, max_group_bytes: int = 4 << 20,
+                 inline_max_bytes: int = 64 << 10) -> None:  # fmt: skip
         self.store = store
+        self.inline_max_bytes = inline_max_bytes
         self.max_inflight_bytes = max_inflight_bytes
         self.max_group_bytes = max_group_bytes
         self._queue: deque[PendingPut] = deque()
@@ -68,9 +74,13 @@ class AppendLane:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
             while self._queue:
-                group = self._take()
+                group, size = self._take()
                 try:
-                    await trio.to_thread.run_sync(self._append_group, group)
+                    if size <= self.inline_max_bytes:
+                        self._append_group(group)
+                        await trio.lowlevel.checkpoint()
+                    else:
+                        await trio.to_thread.run_sync(self._append_group, group)
                 finally:
                     for put in group:
                         self._queued_bytes -= len(put.body)
@@ -78,14 +88,14 @@ class AppendLane:
                             put.result = PutResult(PutStatus.IO_ERROR, "the append was interrupted")
                         put.done.set()
 
-    def _take(self) -> list[PendingPut]:
+    def _take(self) -> tuple[list[PendingPut], int]:
         group = [self._queue.popleft()]
         size = len(group[0].body)
         while self._queue and size + len(self._queue[0].body) <= self.max_group_bytes:
             put = self._queue.popleft()
             group.append(put)
             size += len(put.body)
-        return group
+        return group, size
 
     def _append_group(self, group: list[PendingPut]) -> None:
         """Worker thread: append every request's messages together."""

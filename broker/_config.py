@@ -33,6 +33,7 @@ class BrokerConfig:
     max_pull_bytes: int = 8 * MiB
     max_pull_wait_ms: int = 30_000
     max_inflight_produce_bytes: int = 256 * MiB  # beyond this, producers get SYSTEM_BUSY
+    inline_append_max_bytes: int = 64 * 1024  # smaller appends run on the event loop, not in a thread
     max_inflight_per_connection: int = 16_384  # a consumer of 10,000 queues holds a long poll for each
     register_interval_ms: int = 3000
     client_expiry_ms: int = 30_000  # a consumer silent this long leaves its groups

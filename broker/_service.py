@@ -33,7 +33,7 @@ class Broker:
         self.groups = ConsumerGroups(config.client_expiry_ms)
         self.waiters = PullWaiters(token)
         store.add_arrival_listener(self.waiters.on_arrivals)
-        self.lane = AppendLane(store, config.max_inflight_produce_bytes)
+        self.lane = AppendLane(store, config.max_inflight_produce_bytes, inline_max_bytes=config.inline_append_max_bytes)
         self.handlers = Handlers(self)
         self.rpc = RpcServer(f"broker {config.broker_name}", self.handlers.table(), max_frame_bytes=config.max_frame_bytes,
                              idle_timeout_ms=config.idle_timeout_ms,

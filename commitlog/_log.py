@@ -29,7 +29,7 @@ import numpy as np
 
 from ._columns import Walk, gather_fields, walk_records
 from ._durability import DurableOffset
-from ._config import CommitLogConfig
+from ._config import CommitLogConfig, FlushMode
 from ._encoder import BatchEncoder, EncodedBatch, EncodeError, Group, restore_offsets
 from ._packed import PackedMessages
 from ._errors import CorruptRecordError
@@ -451,9 +451,11 @@ class CommitLog:
         return pieces
 
     def _after_write(self, end: int) -> None:
-        self._notify_append()
-        if self.config.flush_mode.value == "async" and end - self._durable.value >= self.config.flush_dirty_bytes:
+        # Sync flush: start the group commit now, while the writer is still on its way
+        # to wait for it (a broker's reply path hops threads before it registers).
+        if self.config.flush_mode is FlushMode.SYNC or end - self._durable.value >= self.config.flush_dirty_bytes:
             self._durable.flush_requested.set()
+        self._notify_append()
 
     def truncate(self, offset: int) -> None:
         """Durably cut the log to ``offset`` (a record boundary), e.g. for a follower.

@@ -209,6 +209,28 @@ def test_group_commit_shares_fsyncs_and_acks_only_durable_bytes(tmp_path: Path) 
     lg.close()
 
 
+def test_sync_mode_starts_the_fsync_at_the_write_not_when_someone_waits(tmp_path: Path) -> None:
+    """A broker registers its wait only after hopping back to its event loop; the fsync
+    should already be under way by then."""
+    cfg = CommitLogConfig(flush_mode=FlushMode.SYNC, flush_interval_ms=60_000, segment_bytes=1 << 20, max_message_bytes=4096)
+    lg = open_log(tmp_path, cfg)
+    stop = threading.Event()
+    flusher = threading.Thread(target=lg.run_flusher, args=(stop,))
+    flusher.start()
+    try:
+        time.sleep(0.05)  # the flusher is asleep, its interval a minute away
+        end = lg.append([Message("t", 0, b"x" * 100)]).end_offset
+        deadline = time.monotonic() + 5
+        while lg.durable_offset < end and time.monotonic() < deadline:  # nobody waits
+            time.sleep(0.001)
+        assert lg.durable_offset >= end
+    finally:
+        stop.set()
+        lg.wake_flusher()
+        flusher.join()
+        lg.close()
+
+
 def test_on_durable_callbacks_fire_in_offset_order(tmp_path: Path) -> None:
     lg = open_log(tmp_path)
     fired: list[int] = []
