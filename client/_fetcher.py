@@ -3,8 +3,12 @@ each covering many of the consumer's queues (Kafka's fetch), so that a consumer 
 10,000 queues pays one round trip for up to ``fetch_queues`` of them.
 
 A queue takes part once its start offset is known, and is in at most one request at a
-time (its next offset depends on the last answer). A request whose queues all have
-nothing waits on the broker (long polling) while other requests go on.
+time (its next offset depends on the last answer). Queues whose last answer had
+nothing new are *idle*: they go into separate *watch* requests that wait on the broker
+(long polling) until one of them gets messages. The others go into *data* requests
+that never wait. Why two kinds: if a request mixing in idle queues waited, a few
+requests of idle queues would take every slot while other queues still had messages,
+and those would wait a whole ``pull_wait_ms`` (catching up ends unevenly).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class QueueState:
     generation: int
     offset: int | None = None  # next offset to read; None until looked up
     busy: bool = False  # in a request right now
+    idle: bool = False  # the last answer had nothing new: watched, not fetched
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
@@ -52,7 +57,7 @@ class Fetcher:
         self.options = consumer.options
         self._nursery = nursery
         self._loops: set[str] = set()
-        self._wakeups: dict[str, trio.Event] = {}
+        self._wakeups: dict[tuple[str, bool], trio.Event] = {}  # (broker, idle)
         self._to_look_up: dict[str, list[tuple[MessageQueue, QueueState]]] = {}
         self._lookup_wakeups: dict[str, trio.Event] = {}
         self._density: dict[str, float] = {}  # per broker: messages per queue visited, recently
@@ -63,14 +68,16 @@ class Fetcher:
         if mq.addr not in self._loops:
             self._loops.add(mq.addr)
             self._lookup_wakeups[mq.addr] = trio.Event()
-            self._nursery.start_soon(self._loop, mq.addr)
+            self._nursery.start_soon(self._loop, mq.addr, False)
+            self._nursery.start_soon(self._loop, mq.addr, True)
             self._nursery.start_soon(self._lookup_loop, mq.addr)
         self._lookup_wakeups[mq.addr].set()
 
     def wake(self, addr: str) -> None:
-        event = self._wakeups.get(addr)
-        if event is not None:
-            event.set()
+        for idle in (False, True):
+            event = self._wakeups.get((addr, idle))
+            if event is not None:
+                event.set()
 
     async def _lookup_loop(self, addr: str) -> None:
         """Start offsets of newly assigned queues, up to ``fetch_queues`` per request."""
@@ -94,18 +101,21 @@ class Fetcher:
             self.c._processed.setdefault(mq, st.offset)
         self.wake(addr)
 
-    def _pick(self, addr: str) -> list[tuple[MessageQueue, QueueState]]:
-        """The next queues to fetch: at most a share of the broker's queues, so that
-        ``fetches_in_flight`` requests cover disjoint sets and overlap (the broker reads
-        one while the client decodes another) instead of one request taking them all."""
-        share = -(-len(self.c.assigned) // self.options.fetches_in_flight)  # all brokers': a cap, not a quota
-        cap = min(self.options.fetch_queues, max(MIN_FETCH_QUEUES, share))
-        density = self._density.get(addr, 0.0)
-        if density > 0:  # ask about as many queues as the answer can hold messages of (twice, for the skew)
-            cap = min(cap, max(MIN_FETCH_QUEUES, int(2 * self.options.fetch_max_messages / density)))
+    def _pick(self, addr: str, idle: bool) -> list[tuple[MessageQueue, QueueState]]:
+        """The next queues to fetch (``idle``: to watch). A data request takes at most a
+        share of the broker's queues, so that ``fetches_in_flight`` requests cover
+        disjoint sets and overlap (the broker reads one while the client decodes
+        another) instead of one request taking them all."""
+        cap = self.options.fetch_queues
+        if not idle:
+            share = -(-len(self.c.assigned) // self.options.fetches_in_flight)  # all brokers': a cap, not a quota
+            cap = min(cap, max(MIN_FETCH_QUEUES, share))
+            density = self._density.get(addr, 0.0)
+            if density > 0:  # ask about as many queues as the answer can hold messages of (twice, for the skew)
+                cap = min(cap, max(MIN_FETCH_QUEUES, int(2 * self.options.fetch_max_messages / density)))
         picked = []
         for mq, st in self.c.assigned.items():
-            if mq.addr == addr and st.offset is not None and not st.busy:
+            if mq.addr == addr and st.offset is not None and not st.busy and st.idle is idle:
                 picked.append((mq, st))
                 if len(picked) >= cap:
                     break
@@ -113,32 +123,37 @@ class Fetcher:
             st.busy = True
         return picked
 
-    async def _loop(self, addr: str) -> None:
+    async def _loop(self, addr: str, idle: bool) -> None:
+        """Data requests (``idle`` False) or watch requests to one broker, up to
+        ``fetches_in_flight`` of each kind at a time."""
         slots = trio.Semaphore(self.options.fetches_in_flight)
+        wait_ms = self.options.pull_wait_ms if idle else 0
         async with trio.open_nursery() as nursery:
             while True:
                 await slots.acquire()
                 while True:
-                    self._wakeups[addr] = event = trio.Event()  # before picking: no lost wake-up
-                    picked = self._pick(addr)
+                    self._wakeups[(addr, idle)] = event = trio.Event()  # before picking: no lost wake-up
+                    picked = self._pick(addr, idle)
                     if picked:
                         break
                     await event.wait()
-                nursery.start_soon(self._fetch, addr, picked, slots)
+                nursery.start_soon(self._fetch, addr, picked, slots, wait_ms)
 
-    async def _fetch(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], slots: trio.Semaphore) -> None:
+    async def _fetch(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], slots: trio.Semaphore,
+                     wait_ms: int) -> None:  # fmt: skip
         try:
             asks = [[mq.topic, mq.queue_id, st.offset, self.c.filters[mq.topic].tags] for mq, st in picked]
             fields = {"queues": asks, "max_messages": self.options.fetch_max_messages,
-                      "max_per_queue": self.options.pull_batch, "max_wait_ms": self.options.pull_wait_ms}  # fmt: skip
+                      "max_per_queue": self.options.pull_batch, "max_wait_ms": wait_ms}  # fmt: skip
             try:
                 reply: Any = await self.c._request(addr, RequestCode.PULL_MESSAGES, fields,
-                                                   self.options.pull_wait_ms + self.options.request_timeout_ms)  # fmt: skip
+                                                   wait_ms + self.options.request_timeout_ms)  # fmt: skip
             except self.c.net_errors as e:
                 log.debug("consumer %s: fetch from %s failed: %s", self.c.client_id, addr, e)
                 await trio.sleep(0.2)
                 return
-            self._learn(addr, reply.fields["results"], int(reply.fields.get("count", 0)))
+            if not wait_ms:  # watch answers are mostly idle queues: they say nothing of density
+                self._learn(addr, reply.fields["results"], int(reply.fields.get("count", 0)))
             await self._deliver(addr, picked, reply.fields["results"], reply.body)
         finally:
             for _mq, st in picked:
@@ -167,6 +182,7 @@ class Fetcher:
                 continue  # given up meanwhile
             if status != "SKIPPED":  # read: to the back of the line (queues not reached keep their place)
                 self.c.assigned[mq] = self.c.assigned.pop(mq)
+                st.idle = status in ("NO_MESSAGE", "NO_QUEUE")
             if status in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW"):
                 log.warning("consumer %s: offset %d of %s/%d is %s; moving to %d", self.c.client_id, st.offset,
                             mq.topic, mq.queue_id, status.lower().replace("_", " "), nxt)  # fmt: skip

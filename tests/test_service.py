@@ -425,3 +425,24 @@ async def test_a_consumer_of_thousands_of_queues_reads_them_all_through_multi_qu
     async with open_admin(cluster.ns) as admin:
         info = await admin.describe_group("wide-g")
     assert len(info["queues"]) == 2000 and info["lag"] == 0
+
+
+async def test_idle_queues_are_watched_apart_and_never_hold_up_queues_with_messages(cluster: Cluster) -> None:
+    """48 empty queues come first in the consumer's order and 16 full ones last, with one
+    request per kind in flight and a 20 s long poll. The empty queues' request waits on
+    the broker; the full queues must still be read at once, not after the wait."""
+    from commitlog import Message
+    from protocol import encode_batch
+
+    await cluster.create_topic("mixed", 64)
+    addr = cluster.brokers["broker-a"].addr
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        for q in range(48, 64):
+            await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": "mixed"}, encode_batch([Message("mixed", q, b"%d" % q)] * 50))
+        await rpc.aclose()
+    t0 = trio.current_time()
+    got = await consume(cluster.ns, "mixed-g", "mixed", 800, timeout=15, fetches_in_flight=1, fetch_queues=16,
+                        pull_batch=10, pull_wait_ms=20_000)  # fmt: skip
+    assert len(got) == 800 and {r.queue_id for r in got} == set(range(48, 64))
+    assert trio.current_time() - t0 < 10  # no request for data sat behind a long poll
