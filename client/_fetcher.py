@@ -193,5 +193,9 @@ class Fetcher:
             flt = self.c.filters[mq.topic]
             if flt.tags is not None:  # the broker filtered by tag hash; collisions are dropped here
                 mine = [r for r in mine if flt.matches(r.tags)]
-            await self.c._send.send(Batch(mq, st.generation, mine, nxt))
+            batch = Batch(mq, st.generation, mine, nxt)
+            try:  # without a checkpoint per queue: an answer can hold a few messages of each of hundreds
+                self.c._send.send_nowait(batch)
+            except trio.WouldBlock:
+                await self.c._send.send(batch)
             st.offset = nxt

@@ -45,6 +45,7 @@ class Routes:
         self.refresh_interval_ms = refresh_interval_ms
         self.timeout_ms = timeout_ms
         self._cache: dict[str, tuple[float, list[MessageQueue]]] = {}
+        self._shapes: dict[str, list[tuple[str, str, int]]] = {}  # per topic: (broker, address, queue count)
         self._next_ns = 0
 
     async def queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
@@ -53,9 +54,14 @@ class Routes:
         if cached and not refresh and time.monotonic() - cached[0] < self.refresh_interval_ms / 1000:
             return cached[1]
         brokers = await self._fetch(topic)
-        mqs = sorted((MessageQueue(topic, b["broker_name"], q, b["addr"]) for b in brokers for q in range(b["queue_count"])),
-                     key=queue_order)  # fmt: skip
+        shape = [(b["broker_name"], b["addr"], b["queue_count"]) for b in brokers]
+        if cached and self._shapes.get(topic) == shape:  # unchanged: keep the objects (10,000 cost milliseconds)
+            mqs = cached[1]
+        else:
+            mqs = sorted((MessageQueue(topic, name, q, addr) for name, addr, count in shape for q in range(count)),
+                         key=queue_order)  # fmt: skip
         self._cache[topic] = (time.monotonic(), mqs)
+        self._shapes[topic] = shape
         return mqs
 
     def forget(self, topic: str) -> None:

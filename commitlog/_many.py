@@ -50,9 +50,10 @@ def decode_records_many(data: bytes, where: str = "<buffer>", base_offset: int =
     starts_l, sizes_l = starts.tolist(), sizes.tolist()
     crc = _crc32c.crc32c
     actual = np.fromiter((crc(mv[s + CRC_START : s + z]) for s, z in zip(starts_l, sizes_l)), np.uint32, len(starts_l))
-    bad = np.union1d(bad, np.flatnonzero(actual != h["crc"]))
-    if len(bad):
-        p = starts_l[int(bad[0])]
+    crc_bad = np.flatnonzero(actual != h["crc"])
+    if len(bad) or len(crc_bad):
+        first = min(int(x[0]) for x in (bad, crc_bad) if len(x))
+        p = starts_l[first]
         check_record(data, p, where, base_offset + p)
     return _build(h, mv, buf, starts, tl, gl, kl, pl, bl)
 
