@@ -281,5 +281,6 @@ class Handlers:
         c = self.config
         return Reply({"broker_name": c.broker_name, "cluster": c.cluster, "addr": self.b.addr,
                       "storage_mode": c.storage_mode, "flush_mode": c.flush_mode, "end_offset": self.store.end_offset,
-                      "durable_offset": self.store.durable_offset, "connections": self.b.rpc.connections,
+                      "durable_offset": self.store.durable_offset, "dispatch_lag_bytes": self.store.dispatch_lag_bytes,
+                      "connections": self.b.rpc.connections,
                       "topics": len(self.store.topics.all())})  # fmt: skip
