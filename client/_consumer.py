@@ -53,7 +53,8 @@ class ConsumerOptions:
     pull_wait_ms: int = 1000  # long-poll wait on the broker
     fetch_queues: int = 1024  # queues per fetch request
     fetch_max_messages: int = 4096  # messages per fetch request, in all
-    fetches_in_flight: int = 4  # per broker
+    fetches_in_flight: int = 4  # data requests per broker
+    watches_in_flight: int = 64  # long polls of idle queues per broker (each newly idle set gets one at once)
     heartbeat_interval_ms: int = 1000
     rebalance_interval_ms: int = 2000
     commit_interval_ms: int = 1000

@@ -5,7 +5,8 @@ each covering many of the consumer's queues (Kafka's fetch), so that a consumer 
 A queue takes part once its start offset is known, and is in at most one request at a
 time (its next offset depends on the last answer). Queues whose last answer had
 nothing new are *idle*: they go into separate *watch* requests that wait on the broker
-(long polling) until one of them gets messages. The others go into *data* requests
+(long polling) until one of them gets messages; queues that turn idle while other
+watches wait get a watch of their own. The others go into *data* requests
 that never wait. Why two kinds: if a request mixing in idle queues waited, a few
 requests of idle queues would take every slot while other queues still had messages,
 and those would wait a whole ``pull_wait_ms`` (catching up ends unevenly).
@@ -14,6 +15,7 @@ and those would wait a whole ``pull_wait_ms`` (catching up ends unevenly).
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +40,6 @@ class QueueState:
 
     generation: int
     offset: int | None = None  # next offset to read; None until looked up
-    busy: bool = False  # in a request right now
     idle: bool = False  # the last answer had nothing new: watched, not fetched
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
@@ -61,6 +62,9 @@ class Fetcher:
         self._to_look_up: dict[str, list[tuple[MessageQueue, QueueState]]] = {}
         self._lookup_wakeups: dict[str, trio.Event] = {}
         self._density: dict[str, float] = {}  # per broker: messages per queue visited, recently
+        # Queues ready to be asked about (offset known, in no request), per (broker, idle),
+        # next first: picking costs what it takes, not a walk over 10,000 queues.
+        self._ready: defaultdict[tuple[str, bool], OrderedDict[MessageQueue, QueueState]] = defaultdict(OrderedDict)
 
     def add(self, mq: MessageQueue, state: QueueState) -> None:
         """Start reading ``mq``: look up its offset, then include it in fetches."""
@@ -99,6 +103,7 @@ class Fetcher:
                 continue  # the queue is gone (a rebalance will notice) or was given up
             st.offset = await self.c._start_offset(mq, *row)
             self.c._processed.setdefault(mq, st.offset)
+            self._ready[(addr, False)][mq] = st
         self.wake(addr)
 
     def _pick(self, addr: str, idle: bool) -> list[tuple[MessageQueue, QueueState]]:
@@ -113,20 +118,31 @@ class Fetcher:
             density = self._density.get(addr, 0.0)
             if density > 0:  # ask about as many queues as the answer can hold messages of (twice, for the skew)
                 cap = min(cap, max(MIN_FETCH_QUEUES, int(2 * self.options.fetch_max_messages / density)))
-        picked = []
-        for mq, st in self.c.assigned.items():
-            if mq.addr == addr and st.offset is not None and not st.busy and st.idle is idle:
+        ready, picked = self._ready[(addr, idle)], []
+        while ready and len(picked) < cap:
+            mq, st = ready.popitem(last=False)
+            if self.c.assigned.get(mq) is st:  # else given up meanwhile: forget it
                 picked.append((mq, st))
-                if len(picked) >= cap:
-                    break
-        for _mq, st in picked:
-            st.busy = True
         return picked
+
+    def _put_back(self, picked: list[tuple[MessageQueue, QueueState]], skipped: set[MessageQueue]) -> None:
+        """Queues an answer read go to the back of their line (idle or not, as it said);
+        those it did not reach (or all, if the request failed) keep their place in front."""
+        for mq, st in reversed(picked):
+            if mq in skipped and self.c.assigned.get(mq) is st:
+                ready = self._ready[(mq.addr, st.idle)]
+                ready[mq] = st
+                ready.move_to_end(mq, last=False)
+        for mq, st in picked:
+            if mq not in skipped and self.c.assigned.get(mq) is st:
+                self._ready[(mq.addr, st.idle)][mq] = st
 
     async def _loop(self, addr: str, idle: bool) -> None:
         """Data requests (``idle`` False) or watch requests to one broker, up to
-        ``fetches_in_flight`` of each kind at a time."""
-        slots = trio.Semaphore(self.options.fetches_in_flight)
+        ``fetches_in_flight`` and ``watches_in_flight`` at a time. Queues that turn idle
+        while watches are in flight get a watch of their own at once: waiting for a
+        slot would leave their new messages unseen for up to ``pull_wait_ms``."""
+        slots = trio.Semaphore(self.options.watches_in_flight if idle else self.options.fetches_in_flight)
         wait_ms = self.options.pull_wait_ms if idle else 0
         async with trio.open_nursery() as nursery:
             while True:
@@ -141,6 +157,7 @@ class Fetcher:
 
     async def _fetch(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], slots: trio.Semaphore,
                      wait_ms: int) -> None:  # fmt: skip
+        skipped = {mq for mq, _st in picked}  # until an answer says otherwise
         try:
             asks = [[mq.topic, mq.queue_id, st.offset, self.c.filters[mq.topic].tags] for mq, st in picked]
             fields = {"queues": asks, "max_messages": self.options.fetch_max_messages,
@@ -152,12 +169,13 @@ class Fetcher:
                 log.debug("consumer %s: fetch from %s failed: %s", self.c.client_id, addr, e)
                 await trio.sleep(0.2)
                 return
+            results = reply.fields["results"]
+            skipped = {mq for (mq, _st), r in zip(picked, results) if r[0] == "SKIPPED"}
             if not wait_ms:  # watch answers are mostly idle queues: they say nothing of density
-                self._learn(addr, reply.fields["results"], int(reply.fields.get("count", 0)))
-            await self._deliver(addr, picked, reply.fields["results"], reply.body)
+                self._learn(addr, results, int(reply.fields.get("count", 0)))
+            await self._deliver(addr, picked, results, reply.body)
         finally:
-            for _mq, st in picked:
-                st.busy = False
+            self._put_back(picked, skipped)
             slots.release()
             self.wake(addr)
 
@@ -180,8 +198,7 @@ class Fetcher:
             mine, at = records[at : at + count], at + count
             if self.c.assigned.get(mq) is not st:
                 continue  # given up meanwhile
-            if status != "SKIPPED":  # read: to the back of the line (queues not reached keep their place)
-                self.c.assigned[mq] = self.c.assigned.pop(mq)
+            if status != "SKIPPED":
                 st.idle = status in ("NO_MESSAGE", "NO_QUEUE")
             if status in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW"):
                 log.warning("consumer %s: offset %d of %s/%d is %s; moving to %d", self.c.client_id, st.offset,

@@ -446,3 +446,20 @@ async def test_idle_queues_are_watched_apart_and_never_hold_up_queues_with_messa
                         pull_batch=10, pull_wait_ms=20_000)  # fmt: skip
     assert len(got) == 800 and {r.queue_id for r in got} == set(range(48, 64))
     assert trio.current_time() - t0 < 10  # no request for data sat behind a long poll
+
+
+async def test_queues_turning_idle_while_others_are_watched_still_see_new_messages_at_once(cluster: Cluster) -> None:
+    """A broker's 32 empty queues turn idle in two steps (16 per request); the first 16
+    are watched by a 20 s long poll, and the second 16 must get a long poll of their own
+    at once, not wait for the first to end: a message to one of them arrives at once."""
+    await cluster.create_topic("quiet", 32)
+    async with open_consumer(cluster.ns, "quiet-g", {"quiet": "*"}, **{**FAST_CONSUMER, "fetches_in_flight": 1,
+                             "fetch_queues": 16, "pull_wait_ms": 20_000}) as c:  # fmt: skip
+        await trio.sleep(1)  # every queue looked up, found empty and watched
+        t0 = trio.current_time()
+        async with open_producer(cluster.ns) as p:
+            sent = await p.send_batch("quiet", [b"late"], selector=lambda mqs, _m: mqs[31])
+        assert sent.queue.queue_id == 31  # in the second step of its broker's queues
+        with trio.fail_after(10):
+            got = await c.receive()
+    assert [r.body for r in got] == [b"late"] and trio.current_time() - t0 < 10
