@@ -38,7 +38,9 @@ class Throughput:
     flush: str
     produce_msgs_per_s: float
     produce_mb_per_s: float
-    consume_msgs_per_s: float
+    consume_msgs_per_s: float  # from opening the consumer to closing it: joining, look-ups and commits included
+    consume_fetch_msgs_per_s: float  # from the first batch to the last (Kafka's fetch.nMsg.sec)
+    consumer_start_s: float  # from opening the consumer to its first batch
     messages: int
 
 
@@ -137,14 +139,20 @@ async def _produce(addr: str, topic: str, size: int, queues: int, seconds: float
     return sent[0], elapsed
 
 
-async def _consume(addr: str, topic: str, expected: int) -> float:
+async def _consume(addr: str, topic: str, expected: int) -> tuple[float, float, float]:
+    """Overall rate (joining and closing included), fetch rate (first batch to last, as
+    Kafka's consumer benchmark reports it) and seconds to the first batch."""
     t0 = time.perf_counter()
-    got = 0
+    got, first, last = 0, 0.0, 0.0
     async with open_consumer(None, "bench", {topic: "*"}, broker_addrs=[addr], pull_batch=1024, buffered_batches=256) as c:
         with trio.fail_after(300):
+            got += len(await c.receive())
+            first = time.perf_counter()
             while got < expected:
                 got += len(await c.receive())
-    return got / (time.perf_counter() - t0)
+            last = time.perf_counter()
+    overall = got / (time.perf_counter() - t0)
+    return overall, got / max(last - first, 1e-9), first - t0
 
 
 async def _latency(addr: str, topic: str, rate: int, seconds: float, batch: int = 10) -> Latency:
@@ -178,8 +186,8 @@ async def _case(addr: str, size: int, queues: int, flush: str, args: argparse.Na
     async with open_admin(broker_addrs=[addr]) as admin:
         await admin.create_topic("bench", queues, on=[addr])
     sent, elapsed = await _produce(addr, "bench", size, queues, args.seconds, args.producers, args.batch)
-    consume = await _consume(addr, "bench", sent)
-    return Throughput(size, queues, flush, sent / elapsed, sent * size / elapsed / 1e6, consume, sent)
+    consume, fetch, start = await _consume(addr, "bench", sent)
+    return Throughput(size, queues, flush, sent / elapsed, sent * size / elapsed / 1e6, consume, fetch, start, sent)
 
 
 def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict:
@@ -198,7 +206,8 @@ def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict:
                 broker.stop()
             samples[(s, q, f)].append(t)
             report(f"run {r + 1}/{args.runs}: {s} B x {q} queues, {f} flush: produce {t.produce_msgs_per_s:,.0f} msgs/s, "
-                   f"consume {t.consume_msgs_per_s:,.0f} msgs/s")  # fmt: skip
+                   f"consume {t.consume_msgs_per_s:,.0f} msgs/s (fetch {t.consume_fetch_msgs_per_s:,.0f}, "
+                   f"first batch after {t.consumer_start_s:.2f} s)")  # fmt: skip
         if args.latency_rate:
             lat_samples.append(_latency_case(root, args))
             report(f"run {r + 1}/{args.runs}: sync flush at {args.latency_rate:,} msgs/s: p50 {lat_samples[-1].p50_ms:.2f} ms, "
@@ -229,10 +238,12 @@ def _latency_case(root: Path, args: argparse.Namespace) -> Latency:
 
 
 def markdown(result: dict) -> str:
-    lines = ["| size B | queues | flush | produce msgs/s | produce MB/s | consume msgs/s |", "|---:|---:|---|---:|---:|---:|"]
+    lines = ["| size B | queues | flush | produce msgs/s | produce MB/s | consume msgs/s | consume fetch msgs/s | first batch s |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in result["rows"]:
         lines.append(f"| {r['size']} | {r['queues']:,} | {r['flush']} | {r['produce_msgs_per_s']:,.0f} | "
-                     f"{r['produce_mb_per_s']:.0f} | {r['consume_msgs_per_s']:,.0f} |")  # fmt: skip
+                     f"{r['produce_mb_per_s']:.0f} | {r['consume_msgs_per_s']:,.0f} | {r['consume_fetch_msgs_per_s']:,.0f} | "
+                     f"{r['consumer_start_s']:.2f} |")  # fmt: skip
     lat = result.get("latency")
     if lat:
         lines += ["", f"Produce latency, sync flush, 1 KiB, {lat['rate_msgs_per_s']:,.0f} msgs/s in sends of {lat['batch']:.0f}: "

@@ -53,6 +53,20 @@ def test_bench_store_reports_every_measurement(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_bench_e2e_reports_produce_consume_and_latency(tmp_path: Path) -> None:
+    out = clmq("bench", "e2e", "--sizes", "100", "--queues", "1,20", "--flush", "async", "--seconds", "0.3", "--runs", "1",
+               "--latency-rate", "1000", "--json", str(tmp_path / "e.json"), cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "e.json").read_text())
+    assert [(r["size"], r["queues"], r["flush"]) for r in result["rows"]] == [(100, 1, "async"), (100, 20, "async")]
+    for r in result["rows"]:  # every message produced was consumed back (the consumer stops when it has them all)
+        assert r["messages"] > 0 and r["produce_msgs_per_s"] > 0 and r["consume_fetch_msgs_per_s"] > 0
+        assert 0 < r["consumer_start_s"] < 30 and r["consume_msgs_per_s"] > 0
+    assert result["latency"]["sends"] == 300 and 0 < result["latency"]["p50_ms"] <= result["latency"]["p99_ms"]
+    assert "first batch after" in out.stdout and "p99" in out.stdout
+
+
+@pytest.mark.slow
 def test_bench_compare_runs_both_modes_and_draws_the_plot(tmp_path: Path) -> None:
     out = clmq("bench", "compare", "--dir", str(tmp_path / "b"), "--sizes", "100", "--queues", "1,20",
                "--flush", "async", "--seconds", "0.2", "--runs", "1", "--json", str(tmp_path / "c.json"),
