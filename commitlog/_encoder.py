@@ -93,13 +93,10 @@ class BatchEncoder:
     def encode(self, messages: Sequence[Message], seg_base: int, seg_pos: int, table: dict[QueueKey, int],
                undo: dict[QueueKey, int], store_ts: int) -> EncodedBatch:  # fmt: skip
         """Assign offsets and build the records of ``messages``."""
+        out = _Layout(seg_pos, seg_base)
         limit, room = self.max_message_bytes, self.segment_bytes - BLANK_SIZE
         pack, sip, sport, text, cache = HEADER.pack, self.store_ip, self.store_port, self._bytes, self._utf8
-        pieces: list[bytes | memoryview] = []
-        starts: list[int] = []
-        cuts: list[tuple[int, int]] = []
-        q_offsets: list[int] = []
-        cl_offsets: list[int] = []
+        pieces, starts, q_offsets, cl_offsets = out.pieces, out.starts, out.q_offsets, out.cl_offsets
         pos, base = seg_pos, seg_base
         for i, m in enumerate(messages):
             topic = cache.get(m.topic) or text(m.topic)
@@ -112,7 +109,7 @@ class BatchEncoder:
             if size > limit or tl > MAX_TOPIC_BYTES or gl > MAX_TAGS_BYTES or kl > MAX_KEYS_BYTES:
                 raise _too_large(i, len(messages), size, limit, tl, gl, kl)
             if pos + size > room:  # seal this segment with a blank marker, go on in the next
-                pos, base = self._seal(pieces, starts, cuts, pos, base)
+                pos, base = out.seal(pos, base, self.segment_bytes)
             key = (m.topic, m.queue_id)
             q = table.get(key, 0)
             if key not in undo:
@@ -126,7 +123,8 @@ class BatchEncoder:
             q_offsets.append(q)
             cl_offsets.append(base + pos)
             pos += size
-        return EncodedBatch(_assemble(pieces, starts, cuts, seg_pos), q_offsets, cl_offsets, [len(messages)])
+        out.batch_sizes.append(len(messages))
+        return out.finish()
 
     def encode_packed(self, batches: Sequence[PackedMessages], queue_counts: Sequence[int], seg_base: int,
                       seg_pos: int, table: dict[QueueKey, int], undo: dict[QueueKey, int],
@@ -135,35 +133,31 @@ class BatchEncoder:
         goes: item bounds, ``max_message_bytes``, queue ids below ``queue_counts`` (one
         per batch), UTF-8 tags and keys, well-formed properties. A record's tail is a
         slice of the packed bytes; nothing is decoded."""
-        pieces: list[bytes | memoryview] = []
-        starts: list[int] = []
-        cuts: list[tuple[int, int]] = []
-        q_offsets: list[int] = []
-        cl_offsets: list[int] = []
-        sizes: list[int] = []
-        pos, base = seg_pos, seg_base
+        out = _Layout(seg_pos, seg_base)
         for batch, queue_count in zip(batches, queue_counts):
-            before = len(starts)
-            pos, base = self._encode_one_packed(batch, queue_count, pieces, starts, cuts, q_offsets, cl_offsets,
-                                                pos, base, table, undo, store_ts)  # fmt: skip
-            sizes.append(len(starts) - before)
-        return EncodedBatch(_assemble(pieces, starts, cuts, seg_pos), q_offsets, cl_offsets, sizes)
+            before = len(out.starts)
+            nxt = self._encode_one_packed(batch, queue_count, out, table, store_ts)
+            out.batch_sizes.append(len(out.starts) - before)
+            for qid, value in nxt.items():  # taken only now that the whole batch checked out
+                key = (batch.topic, qid)
+                if key not in undo:
+                    undo[key] = table.get(key, -1)
+                table[key] = value
+        return out.finish()
 
-    def _encode_one_packed(self, batch: PackedMessages, queue_count: int, pieces: list[bytes | memoryview],
-                           starts: list[int], cuts: list[tuple[int, int]], q_offsets: list[int],
-                           cl_offsets: list[int], pos: int, base: int, table: dict[QueueKey, int],
-                           undo: dict[QueueKey, int], store_ts: int) -> tuple[int, int]:  # fmt: skip
-        topic = self._bytes(batch.topic)
-        tl, data, limit, room = len(topic), batch.data, self.max_message_bytes, self.segment_bytes - BLANK_SIZE
-        if tl > MAX_TOPIC_BYTES:
-            raise EncodeError(f"topic of {tl} bytes, max {MAX_TOPIC_BYTES}")
-        if not data:
-            raise EncodeError("empty batch")
+    def _encode_one_packed(self, batch: PackedMessages, queue_count: int, out: "_Layout", table: dict[QueueKey, int],
+                           store_ts: int) -> dict[int, int]:  # fmt: skip
+        """Lay out one batch's records; returns the next queue offset per queue id."""
+        topic, data = self._bytes(batch.topic), batch.data
+        tl, limit, room = len(topic), self.max_message_bytes, self.segment_bytes - BLANK_SIZE
+        if tl > MAX_TOPIC_BYTES or not data:
+            raise EncodeError(f"topic of {tl} bytes, max {MAX_TOPIC_BYTES}" if data else "empty batch")
         pack, unpack, sip, sport = HEADER.pack, ITEM.unpack_from, self.store_ip, self.store_port
         bip, bport = encode_host(batch.born_host)
-        mv, p, end, fixed = memoryview(data), 0, len(data), HEADER_SIZE + tl
+        pieces, starts, q_offsets, cl_offsets = out.pieces, out.starts, out.q_offsets, out.cl_offsets
+        mv, p, end, fixed, pos, base = memoryview(data), 0, len(data), HEADER_SIZE + tl, out.pos, out.base
         texts: list[memoryview] = []  # tags and keys, checked for UTF-8 at the end
-        nxt: dict[int, int] = {}  # next queue offset per queue id, written back at the end
+        nxt: dict[int, int] = {}  # next queue offset per queue id
         while p < end:
             if end - p < ITEM_SIZE:
                 raise EncodeError(overrun_error(p, p + ITEM_SIZE, end), "malformed")
@@ -178,7 +172,7 @@ class BatchEncoder:
             if pl:
                 _check_properties(mv[t + gl + kl : t + gl + kl + pl], t - ITEM_SIZE)
             if pos + size > room:
-                pos, base = self._seal(pieces, starts, cuts, pos, base)
+                pos, base = out.seal(pos, base, self.segment_bytes)
             q = nxt.get(qid)
             if q is None:
                 q = table.get((batch.topic, qid), 0)
@@ -190,20 +184,39 @@ class BatchEncoder:
             cl_offsets.append(base + pos)
             pos += size
         _check_utf8(texts, batch)
-        for qid, value in nxt.items():
-            key = (batch.topic, qid)
-            if key not in undo:
-                undo[key] = table.get(key, -1)
-            table[key] = value
-        return pos, base
+        out.pos, out.base = pos, base
+        return nxt
 
-    def _seal(self, pieces: list[bytes | memoryview], starts: list[int], cuts: list[tuple[int, int]], pos: int,
-              base: int) -> tuple[int, int]:  # fmt: skip
+
+@dataclass
+class _Layout:
+    """Records being laid out for one append: their pieces in order, cut where a
+    segment fills. ``pos`` and ``base`` are where the next record goes (kept in locals
+    by the loops, which store them back)."""
+
+    first_pos: int
+    base: int
+    pos: int = -1
+    pieces: list[bytes | memoryview] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)  # file positions of the records
+    cuts: list[tuple[int, int]] = field(default_factory=list)  # (pieces, starts) where a segment ended
+    q_offsets: list[int] = field(default_factory=list)
+    cl_offsets: list[int] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.pos = self.first_pos
+
+    def seal(self, pos: int, base: int, segment_bytes: int) -> tuple[int, int]:
         """End the segment at ``pos`` with a blank marker; the next record goes to the
         next segment (returns its position and base)."""
-        pieces.append(encode_blank(self.segment_bytes - pos))
-        cuts.append((len(pieces), len(starts)))
-        return 0, base + self.segment_bytes
+        self.pieces.append(encode_blank(segment_bytes - pos))
+        self.cuts.append((len(self.pieces), len(self.starts)))
+        return 0, base + segment_bytes
+
+    def finish(self) -> EncodedBatch:
+        return EncodedBatch(_assemble(self.pieces, self.starts, self.cuts, self.first_pos), self.q_offsets,
+                            self.cl_offsets, self.batch_sizes)  # fmt: skip
 
 
 def _assemble(pieces: list[bytes | memoryview], starts: list[int], cuts: list[tuple[int, int]], seg_pos: int) -> list[Group]:

@@ -54,6 +54,9 @@ class ConsumeQueue:
         self._flushed_next = 0
         self._pending = bytearray()
         self.damage: str | None = None  # what loading found wrong, if anything
+        # The first entry, remembered: a consumer of 10,000 queues asks every queue's
+        # minimum at start, and reading each from its file costs an open() apiece.
+        self._head: tuple[int, Entry] | None = None
 
     # ---------------------------------------------------------------- loading
     def _path(self, start: int) -> Path:
@@ -264,6 +267,8 @@ class ConsumeQueue:
         """Durably drop entries at or after ``offset``."""
         with self._lock:
             self._ensure_loaded()
+            if self._head is not None and self._head[0] >= offset:
+                self._head = None
             if offset >= self._flushed_next:
                 keep = (offset - self._flushed_next) * ENTRY_SIZE
                 del self._pending[keep:]
@@ -282,6 +287,7 @@ class ConsumeQueue:
         """Drop every entry and file: the queue will be rebuilt from the log."""
         with self._lock:
             self._ensure_loaded()
+            self._head = None
             for start in self._starts:
                 self._delete_file(start)
             self._starts, self._pending = [], bytearray()
@@ -310,11 +316,16 @@ class ConsumeQueue:
 
     def min_offset(self, log_min: int) -> int:
         """The first offset whose record is still in the log."""
-        first = self.first_offset
-        head = self.entry(first)
-        if head is not None and head[1] and head[0] >= log_min:
-            return first  # the usual case, without a search: nothing fell out of retention
-        return self.search(lambda e: e[0] >= log_min)
+        with self._lock:
+            first = self.first_offset
+            if self._head is not None and self._head[0] == first:
+                head: Entry | None = self._head[1]
+            else:
+                head = self.entry(first)
+                self._head = (first, head) if head is not None else None
+            if head is not None and head[1] and head[0] >= log_min:
+                return first  # the usual case, without a search: nothing fell out of retention
+            return self.search(lambda e: e[0] >= log_min)
 
     def close(self) -> None:
         with self._lock:

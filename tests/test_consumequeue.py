@@ -62,6 +62,21 @@ def test_truncate_and_search(tmp_path: Path) -> None:
     assert ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4)).next_offset == 5
 
 
+def test_min_offset_follows_truncation_and_retention_of_the_first_entry(tmp_path: Path) -> None:
+    """The first entry is remembered (no file read per look-up), never past its change."""
+    cq = ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4))
+    cq.append(0, entries(1000, 25))
+    cq.flush()
+    assert cq.min_offset(log_min=0) == 0  # remembered from here on
+    assert cq.min_offset(log_min=1250) == 3  # records below 1250 fell out of the log
+    cq.truncate(0)  # everything gone (a follower cut back)...
+    cq.append(0, entries(400, 4))  # ...and offsets 0.. taken by records that retention has passed
+    assert cq.min_offset(log_min=1000) == 4  # not 0, as the remembered entry (at 1000) would say
+    cq.reset()
+    cq.append(0, entries(9000, 2))
+    assert cq.min_offset(log_min=8000) == 0 and cq.min_offset(log_min=9050) == 1
+
+
 def test_descriptor_cache_stays_bounded(tmp_path: Path) -> None:
     files = FileCache(3)
     for i in range(20):
