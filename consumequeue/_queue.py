@@ -41,14 +41,16 @@ def file_name(start: int) -> str:
 class ConsumeQueue:
     """Entries of one queue; loaded lazily on first use. Thread-safe."""
 
-    def __init__(self, directory: Path, topic: str, queue_id: int, entries_per_file: int, files: FileCache) -> None:
+    def __init__(self, directory: Path, topic: str, queue_id: int, entries_per_file: int, files: FileCache,
+                 no_files: bool = False) -> None:  # fmt: skip
+        """``no_files``: the caller knows the queue has no files yet (nothing to load)."""
         self.directory = directory
         self.topic = topic
         self.queue_id = queue_id
         self.per_file = entries_per_file
         self._files = files
         self._lock = threading.RLock()
-        self._loaded = False
+        self._loaded = no_files
         self._starts: list[int] = []
         self._first = 0
         self._flushed_next = 0
@@ -150,6 +152,8 @@ class ConsumeQueue:
                 self._ensure_loaded()
             nxt = self._flushed_next + len(self._pending) // ENTRY_SIZE
             if first == nxt:  # the steady state
+                if first == self._first and data:  # the queue's first entry: remember it while it is at hand
+                    self._head = (first, ENTRY.unpack_from(data))
                 self._pending += data
                 return len(data) // ENTRY_SIZE
             if first < nxt:

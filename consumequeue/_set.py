@@ -87,6 +87,7 @@ class ConsumeQueueSet:
         self._round_entries = 0
         self._lock = threading.Lock()  # queue creation and topic interning
         self._merge_lock = threading.Lock()  # rounds and the dirty set
+        self._all_discovered = False  # every queue with files on disk has an object here
         root.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------ addressing
@@ -111,7 +112,8 @@ class ConsumeQueueSet:
             with self._lock:
                 cq = self._queues.get(key)
                 if cq is None:
-                    cq = ConsumeQueue(self.root / topic / str(queue_id), topic, queue_id, self.entries_per_file, self.files)
+                    cq = ConsumeQueue(self.root / topic / str(queue_id), topic, queue_id, self.entries_per_file, self.files,
+                                      no_files=self._all_discovered)  # fmt: skip
                     self._queues[key] = cq
         return cq
 
@@ -127,12 +129,20 @@ class ConsumeQueueSet:
         return self._queue(topic, queue_id)
 
     def discover(self) -> list[QueueKey]:
-        """The queues that have a directory on disk (without loading them)."""
+        """The queues that have a directory on disk (without loading them).
+
+        From then on a queue this set does not know has no files (only this process
+        writes here), so its first use touches no disk: a consumer's first look-ups of
+        thousands of new, empty queues would otherwise each list a missing directory,
+        waiting behind a checkpoint that is creating thousands of others."""
         keys: list[QueueKey] = []
         for topic in os.listdir(self.root):
             tdir = self.root / topic
             if tdir.is_dir():
                 keys.extend((topic, int(q)) for q in os.listdir(tdir) if q.isdigit())
+        for key in keys:
+            self._queue(*key)
+        self._all_discovered = True
         return keys
 
     def known(self) -> list[QueueKey]:
