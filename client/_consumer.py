@@ -50,7 +50,7 @@ class ConsumerOptions:
     start_from: str | int = "earliest"  # "earliest", "latest" or a timestamp in ms (for queues never committed)
     client_id: str = ""
     pull_batch: int = 256  # messages per queue per fetch
-    pull_wait_ms: int = 1000  # long-poll wait on the broker
+    pull_wait_ms: int = 15_000  # long poll of idle queues on the broker (woken by new messages; RocketMQ holds 15 s)
     fetch_queues: int = 1024  # queues per fetch request
     fetch_max_messages: int = 4096  # messages per fetch request, in all
     fetches_in_flight: int = 4  # data requests per broker

@@ -19,7 +19,7 @@ from commitlog import MiB
 from nameserver import NameServer, NameServerConfig
 from nameserver import serve as serve_nameserver
 
-FAST_CONSUMER = {"heartbeat_interval_ms": 100, "rebalance_interval_ms": 200, "pull_wait_ms": 300, "commit_interval_ms": 100}
+FAST_CONSUMER = {"heartbeat_interval_ms": 100, "rebalance_interval_ms": 200, "commit_interval_ms": 100}
 
 
 @dataclass
