@@ -235,6 +235,15 @@ class Consumer:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
+    def _start_offset_now(self, committed: int, lo: int, hi: int) -> int | None:
+        """:meth:`_start_offset` when it needs no request (all but timestamps), else None."""
+        if self.options.mode == "clustering" and committed >= 0:
+            return committed
+        start = self.options.start_from
+        if isinstance(start, int) or (isinstance(start, str) and start.isdigit()):
+            return None
+        return hi if start == "latest" else lo
+
     async def _start_offset(self, mq: MessageQueue, committed: int, lo: int, hi: int) -> int:
         """Where to start reading a queue: the group's committed offset, else ``start_from``."""
         if self.options.mode == "clustering" and committed >= 0:

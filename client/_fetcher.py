@@ -101,7 +101,8 @@ class Fetcher:
         for (mq, st), row in zip(batch, reply.fields["offsets"]):
             if row is None or self.c.assigned.get(mq) is not st:
                 continue  # the queue is gone (a rebalance will notice) or was given up
-            st.offset = await self.c._start_offset(mq, *row)
+            start = self.c._start_offset_now(*row)  # no request needed, the usual case
+            st.offset = start if start is not None else await self.c._start_offset(mq, *row)
             self.c._processed.setdefault(mq, st.offset)
             self._ready[(addr, False)][mq] = st
         self.wake(addr)

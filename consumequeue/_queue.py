@@ -322,6 +322,8 @@ class ConsumeQueue:
         """The first offset whose record is still in the log."""
         with self._lock:
             first = self.first_offset
+            if first >= self.next_offset:  # empty: nothing to look at
+                return first
             if self._head is not None and self._head[0] == first:
                 head: Entry | None = self._head[1]
             else:
