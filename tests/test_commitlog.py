@@ -10,10 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from commitlog import (
     BLANK_MAGIC, AppendStatus, CommitLog, CommitLogConfig, ConfigError, CorruptRecordError, FlushMode, Message,
-    PackedMessages, pack_messages,
+    PackedMessages, PackError, decode_records_many, pack_messages, unpack_messages,
 )  # fmt: skip
+from commitlog._encoder import BatchEncoder, EncodeError
 
 from .conftest import msgs
 
@@ -317,3 +321,28 @@ def test_bad_packed_bytes_are_a_result_and_write_nothing(tmp_path: Path, damage,
     res = lg.append_packed([good], [2])
     assert res.ok and res.queue_offsets == [0, 1]
     lg.close()
+
+
+@given(data=st.binary(max_size=400), tail=st.binary(max_size=64))
+@settings(max_examples=300, deadline=None)
+def test_packed_appends_accept_exactly_what_decodes(data: bytes, tail: bytes) -> None:
+    """Any bytes: the append either stores records that read back as the messages the
+    bytes decode to, or fails with a result, never an exception; and it fails exactly
+    when decoding them fails (queue ids and sizes within the limits here)."""
+    valid = pack_messages([Message("t", 1, b"x" * 10, "TagA", "k", {"p": "v"})])
+    raw = data if len(data) % 2 else valid + tail  # half random, half a valid batch with junk after it
+    encoder = BatchEncoder(1 << 30, 1 << 20, ("127.0.0.1", 1))
+    try:
+        expected = unpack_messages(PackedMessages("t", raw))
+    except PackError:
+        expected = None
+    try:
+        batch = encoder.encode_packed([PackedMessages("t", raw)], [1 << 32], 0, 0, {}, {}, 5)
+    except EncodeError as e:
+        assert expected is None or not expected, e  # refused what decodes only when it is empty
+        return
+    assert expected is not None
+    records = decode_records_many(bytes(batch.groups[0].data))
+    assert [(r.queue_id, r.body, r.tags, r.keys, r.properties, r.flags) for r in records] == [
+        (m.queue_id, m.body, m.tags, m.keys, m.properties, m.flags) for m in expected
+    ]
