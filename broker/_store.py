@@ -187,6 +187,9 @@ class Store(StoreBase):
         """One past the last dispatched message of the queue."""
         return self.queues.queue(topic, queue_id).next_offset
 
+    def _bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        return self.queues.queue(topic, queue_id).bounds(self.log.min_offset)
+
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset stored at or after ``timestamp_ms`` (max offset if none)."""
         cq = self.queues.queue(topic, queue_id)

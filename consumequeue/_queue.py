@@ -318,6 +318,11 @@ class ConsumeQueue:
                 deleted += 1
             return deleted
 
+    def bounds(self, log_min: int) -> tuple[int, int]:
+        """``(min_offset(log_min), next_offset)`` under one lock (every read asks both)."""
+        with self._lock:
+            return self.min_offset(log_min), self._flushed_next + len(self._pending) // ENTRY_SIZE
+
     def min_offset(self, log_min: int) -> int:
         """The first offset whose record is still in the log."""
         with self._lock:
