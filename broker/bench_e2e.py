@@ -64,6 +64,9 @@ def add_command(bench_sub: Any) -> None:
     p.add_argument("--producers", type=int, default=4, help="concurrent batch senders (default 4)")
     p.add_argument("--batch", type=int, default=256, help="messages per batch (default 256)")
     p.add_argument("--latency-rate", type=int, default=10_000, help="msgs/s for the latency case (0: skip)")
+    p.add_argument("--settle-seconds", type=float, default=3.0,
+                   help="before each case: os.sync(), then this long idle, so that a case does not measure the "
+                        "previous one's writeback and file deletions (default 3)")  # fmt: skip
     p.add_argument("--json", type=Path, default=Path("bench-e2e.json"))
     p.add_argument("--markdown", type=Path, default=None)
     p.set_defaults(func=cmd_bench_e2e)
@@ -199,6 +202,7 @@ def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict:
     lat_samples: list[Latency] = []
     for r in range(args.runs):
         for s, q, f in cases:
+            _settle(args.settle_seconds)
             broker = BrokerProcess(root, f)
             try:
                 t = trio.run(_case, broker.addr, s, q, f, args)
@@ -221,10 +225,18 @@ def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict:
     return out
 
 
+def _settle(seconds: float) -> None:
+    """Let the previous case's I/O finish. Each case leaves hundreds of megabytes of
+    dirty pages and, deleted, thousands of queue files: measured with a 10,000-queue
+    consumer, the next case ran at 0.65-0.75 of its rate on a quiet disk."""
+    os.sync()
+    time.sleep(seconds)
+
+
 def _latency_case(root: Path, args: argparse.Namespace) -> Latency:
     # The throughput cases leave gigabytes of dirty pages; their writeback would share
     # the disk with this case's fsyncs. Measure the broker, not the previous cases.
-    os.sync()
+    _settle(args.settle_seconds)
     broker = BrokerProcess(root, "sync")
     try:
         async def main() -> Latency:

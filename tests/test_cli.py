@@ -55,7 +55,7 @@ def test_bench_store_reports_every_measurement(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_bench_e2e_reports_produce_consume_and_latency(tmp_path: Path) -> None:
     out = clmq("bench", "e2e", "--sizes", "100", "--queues", "1,20", "--flush", "async", "--seconds", "0.3", "--runs", "1",
-               "--latency-rate", "1000", "--json", str(tmp_path / "e.json"), cwd=tmp_path)  # fmt: skip
+               "--latency-rate", "1000", "--settle-seconds", "0", "--json", str(tmp_path / "e.json"), cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
     result = json.loads((tmp_path / "e.json").read_text())
     assert [(r["size"], r["queues"], r["flush"]) for r in result["rows"]] == [(100, 1, "async"), (100, 20, "async")]
