@@ -98,7 +98,8 @@ class AppendLane:
         return group, size
 
     def _append_group(self, group: list[PendingPut]) -> None:
-        """Worker thread: append every request's messages together."""
+        """Append every request's messages together (in a worker thread, or on the event
+        loop for a small group)."""
         batches = [PackedMessages(put.topic, put.body, put.born_host) for put in group]
         result = self.store.put_packed(batches, wait_durable=False)
         if result.status in _BAD_INPUT and len(group) > 1:  # someone's bad messages: each on its own

@@ -101,7 +101,7 @@ class Fetcher:
         for (mq, st), row in zip(batch, reply.fields["offsets"]):
             if row is None or self.c.assigned.get(mq) is not st:
                 continue  # the queue is gone (a rebalance will notice) or was given up
-            start = self.c._start_offset_now(*row)  # no request needed, the usual case
+            start = self.c._start_offset_now(*row)  # the usual case: no request, no await
             st.offset = start if start is not None else await self.c._start_offset(mq, *row)
             self.c._processed.setdefault(mq, st.offset)
             self._ready[(addr, False)][mq] = st
@@ -181,9 +181,9 @@ class Fetcher:
             self.wake(addr)
 
     def _learn(self, addr: str, results: list[list[Any]], found: int) -> None:
-        """Messages per queue the broker got to (an average over recent answers). Asking
-        many more queues than an answer can fill makes both sides walk asks that come
-        back SKIPPED; asking all of them when they are empty lets one long poll watch all."""
+        """Messages per queue the broker got to in data answers (an average over recent
+        ones). Asking many more queues than an answer can fill makes both sides walk
+        asks that come back SKIPPED."""
         visited = sum(1 for r in results if r[0] != "SKIPPED")
         if visited:
             sample = found / visited

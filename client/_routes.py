@@ -27,11 +27,6 @@ class MessageQueue(NamedTuple):
     addr: str
 
 
-def queue_order(mq: MessageQueue) -> tuple[str, str, int, str]:
-    """The sort key of queues: their own order (kept for callers that pass a key)."""
-    return mq
-
-
 class NoRouteError(Exception):
     """No name server knows a broker for the topic (or none answered)."""
 
@@ -46,24 +41,22 @@ class Routes:
         self.broker_addrs = list(broker_addrs or [])
         self.refresh_interval_ms = refresh_interval_ms
         self.timeout_ms = timeout_ms
-        self._cache: dict[str, tuple[float, list[MessageQueue]]] = {}
-        self._shapes: dict[str, list[tuple[str, str, int]]] = {}  # per topic: (broker, address, queue count)
+        # per topic: when fetched, its brokers as (name, address, queue count), its queues
+        self._cache: dict[str, tuple[float, list[tuple[str, str, int]], list[MessageQueue]]] = {}
         self._next_ns = 0
 
     async def queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
         """The topic's queues on every broker, sorted (broker name, queue id)."""
         cached = self._cache.get(topic)
         if cached and not refresh and time.monotonic() - cached[0] < self.refresh_interval_ms / 1000:
-            return cached[1]
+            return cached[2]
         brokers = await self._fetch(topic)
         shape = [(b["broker_name"], b["addr"], b["queue_count"]) for b in brokers]
-        if cached and self._shapes.get(topic) == shape:  # unchanged: keep the objects (10,000 cost milliseconds)
-            mqs = cached[1]
+        if cached and cached[1] == shape:  # unchanged: keep the objects (10,000 cost milliseconds)
+            mqs = cached[2]
         else:
-            mqs = sorted((MessageQueue(topic, name, q, addr) for name, addr, count in shape for q in range(count)),
-                         key=queue_order)  # fmt: skip
-        self._cache[topic] = (time.monotonic(), mqs)
-        self._shapes[topic] = shape
+            mqs = sorted(MessageQueue(topic, name, q, addr) for name, addr, count in shape for q in range(count))
+        self._cache[topic] = (time.monotonic(), shape, mqs)
         return mqs
 
     def forget(self, topic: str) -> None:

@@ -321,7 +321,7 @@ class ConsumeQueue:
     def bounds(self, log_min: int) -> tuple[int, int]:
         """``(min_offset(log_min), next_offset)`` under one lock (every read asks both)."""
         with self._lock:
-            return self.min_offset(log_min), self._flushed_next + len(self._pending) // ENTRY_SIZE
+            return self.min_offset(log_min), self.next_offset
 
     def min_offset(self, log_min: int) -> int:
         """The first offset whose record is still in the log."""
