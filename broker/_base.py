@@ -306,7 +306,7 @@ class StoreBase:
         """``(None or (status, next offset) when there is nothing to read, min, max)``."""
         if not self.queue_exists(topic, queue_id):
             return (GetStatus.NO_QUEUE, 0), 0, 0
-        lo, hi = self._bounds(topic, queue_id)
+        lo, hi = self.bounds(topic, queue_id)
         if offset < lo:
             return (GetStatus.OFFSET_TOO_SMALL, lo), lo, hi
         if offset >= hi:
@@ -317,7 +317,7 @@ class StoreBase:
                   max_bytes: int) -> tuple[list[Span], int, int]:  # fmt: skip  # pragma: no cover
         raise NotImplementedError
 
-    def _bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+    def bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
         """``(min offset, max offset)`` of an existing queue."""
         return self.min_offset(topic, queue_id), self.max_offset(topic, queue_id)
 

@@ -60,6 +60,7 @@ class Store(StoreBase):
         # Queues not loaded (clean stop, files intact) keep the checkpoint's extents; the
         # checkpoint carries them forward until they are loaded.
         self._manifest = dict(checkpoint.queues) if checkpoint is not None and not unclean else {}
+        self._saved: Checkpoint | None = None  # the last checkpoint written
         table = {key: nxt for key, (_first, nxt) in self._manifest.items()}
         table.update(self.queues.next_offsets())
         self.log.set_queue_offset_table(table)
@@ -123,7 +124,9 @@ class Store(StoreBase):
         expected = {**self._manifest, **self.queues.extents()}
         self._manifest = expected
         cp = Checkpoint(self.log.durable_offset, dispatched, expected)
-        cp.save(self.directory / "checkpoint")
+        if cp != self._saved:  # unchanged (an idle or read-only second): the file already says it
+            cp.save(self.directory / "checkpoint")
+            self._saved = cp
         return cp
 
     def _housekeeping(self) -> None:
@@ -187,7 +190,7 @@ class Store(StoreBase):
         """One past the last dispatched message of the queue."""
         return self.queues.queue(topic, queue_id).next_offset
 
-    def _bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+    def bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
         return self.queues.queue(topic, queue_id).bounds(self.log.min_offset)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
@@ -234,8 +237,9 @@ class Store(StoreBase):
         picked, next_offset = self._select(at, raw, max_messages, tags, max_bytes)
         spans: list[Span] = []
         count = 0
+        runs = _contiguous_runs(picked["offset"], picked["size"])
         offsets, sizes = picked["offset"].tolist(), picked["size"].tolist()
-        for i, j in _contiguous_runs(offsets, sizes):
+        for i, j in runs:
             start, end = offsets[i], offsets[j - 1] + sizes[j - 1]
             where = self.log.file_span(start, end - start)
             if where is not None:
@@ -265,8 +269,9 @@ class Store(StoreBase):
         """Per run of log-contiguous records: ``[(offset, bytes), ...]``,
         one piece unless the run crosses a segment end; records that fell out of
         retention meanwhile are left out."""
+        runs = _contiguous_runs(picked["offset"], picked["size"])
         offsets, sizes = picked["offset"].tolist(), picked["size"].tolist()
-        for i, j in _contiguous_runs(offsets, sizes):
+        for i, j in runs:
             start, end = offsets[i], offsets[j - 1] + sizes[j - 1]
             data = self.log.read_bytes(start, end - start)
             if data is not None:
@@ -290,12 +295,22 @@ class Store(StoreBase):
 
 
 
-def _contiguous_runs(offsets: list[int], sizes: list[int], max_run_bytes: int = 4 * MiB) -> Iterator[tuple[int, int]]:
-    """Index ranges ``[i, j)`` of records that follow each other in the log."""
-    i, n = 0, len(offsets)
-    while i < n:
-        j = i + 1
-        while j < n and offsets[j] == offsets[j - 1] + sizes[j - 1] and offsets[j] - offsets[i] < max_run_bytes:
-            j += 1
-        yield i, j
+def _contiguous_runs(offsets: np.ndarray, sizes: np.ndarray, max_run_bytes: int = 4 * MiB) -> list[tuple[int, int]]:
+    """Index ranges ``[i, j)`` of records that follow each other in the log; a run ends
+    before a record starting ``max_run_bytes`` or more after the run's start. Found
+    with array operations: a loop per record here cost half of a 256-record read."""
+    n = len(offsets)
+    if n == 0:
+        return []
+    starts = offsets.astype(np.int64)
+    cuts = (np.flatnonzero(starts[1:] != starts[:-1] + sizes[:-1]) + 1).tolist()
+    runs: list[tuple[int, int]] = []
+    i = 0
+    for j in cuts + [n]:
+        while int(starts[j - 1] - starts[i]) >= max_run_bytes:  # too long: split it
+            k = i + int(np.searchsorted(starts[i:j], starts[i] + max_run_bytes, side="left"))
+            runs.append((i, k))
+            i = k
+        runs.append((i, j))
         i = j
+    return runs

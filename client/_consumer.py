@@ -138,8 +138,6 @@ class Consumer:
 
     async def _close(self) -> None:
         self.ack()
-        for state in self.assigned.values():
-            state.scope.cancel()
         with trio.CancelScope(shield=True), trio.move_on_after(3):
             await self.commit()
             for addr in await self._broker_addrs():
@@ -208,8 +206,7 @@ class Consumer:
         return allocate_averagely(mqs, members, self.client_id)
 
     async def _revoke(self, mq: MessageQueue) -> None:
-        state = self.assigned.pop(mq)
-        state.scope.cancel()
+        del self.assigned[mq]  # answers still in flight for it are dropped
         if self._pending is not None and self._pending.mq == mq:
             self._pending = None  # not acknowledged: its new owner reads it again
         offset = self._processed.pop(mq, None)

@@ -59,10 +59,16 @@ class ConsumeQueue:
         # The first entry, remembered: a consumer of 10,000 queues asks every queue's
         # minimum at start, and reading each from its file costs an open() apiece.
         self._head: tuple[int, Entry] | None = None
+        # File paths, made once: every read and write names its file, and building a
+        # Path (and hashing it in the descriptor cache) cost more than the pread.
+        self._paths: dict[int, Path] = {}
 
     # ---------------------------------------------------------------- loading
     def _path(self, start: int) -> Path:
-        return self.directory / file_name(start)
+        path = self._paths.get(start)
+        if path is None:
+            path = self._paths[start] = self.directory / file_name(start)
+        return path
 
     def _ensure_loaded(self) -> None:
         if not self._loaded:
@@ -104,8 +110,10 @@ class ConsumeQueue:
         return last + os.stat(self._path(last)).st_size // ENTRY_SIZE
 
     def _delete_file(self, start: int) -> None:
-        self._files.forget(self._path(start))
-        self._path(start).unlink(missing_ok=True)
+        path = self._path(start)
+        self._files.forget(path)
+        path.unlink(missing_ok=True)
+        del self._paths[start]
 
     @property
     def loaded(self) -> bool:
@@ -321,22 +329,25 @@ class ConsumeQueue:
     def bounds(self, log_min: int) -> tuple[int, int]:
         """``(min_offset(log_min), next_offset)`` under one lock (every read asks both)."""
         with self._lock:
-            return self.min_offset(log_min), self.next_offset
+            self._ensure_loaded()
+            first, nxt = self._first, self._flushed_next + len(self._pending) // ENTRY_SIZE
+            if first >= nxt:  # empty: nothing to look at
+                return first, nxt
+            return self._min_of_held(first, log_min), nxt
 
     def min_offset(self, log_min: int) -> int:
         """The first offset whose record is still in the log."""
-        with self._lock:
-            first = self.first_offset
-            if first >= self.next_offset:  # empty: nothing to look at
-                return first
-            if self._head is not None and self._head[0] == first:
-                head: Entry | None = self._head[1]
-            else:
-                head = self.entry(first)
-                self._head = (first, head) if head is not None else None
-            if head is not None and head[1] and head[0] >= log_min:
-                return first  # the usual case, without a search: nothing fell out of retention
-            return self.search(lambda e: e[0] >= log_min)
+        return self.bounds(log_min)[0]
+
+    def _min_of_held(self, first: int, log_min: int) -> int:
+        if self._head is not None and self._head[0] == first:
+            head: Entry | None = self._head[1]
+        else:
+            head = self.entry(first)
+            self._head = (first, head) if head is not None else None
+        if head is not None and head[1] and head[0] >= log_min:
+            return first  # the usual case, without a search: nothing fell out of retention
+        return self.search(lambda e: e[0] >= log_min)
 
     def close(self) -> None:
         with self._lock:

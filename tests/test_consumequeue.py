@@ -86,6 +86,74 @@ def test_descriptor_cache_stays_bounded(tmp_path: Path) -> None:
     files.close()
 
 
+def test_a_descriptor_evicted_while_in_use_stays_open_until_its_last_use(tmp_path: Path) -> None:
+    """I/O runs outside the cache's lock on a leased descriptor: an eviction meanwhile
+    must not close it (the kernel could hand its number to another file)."""
+    files = FileCache(1)
+    a, b = tmp_path / "a", tmp_path / "b"
+    files.pwrite(a, b"a" * 20, 0)
+    lease = files._lease(a, False)  # a read of a in progress
+    files.pwrite(b, b"b" * 20, 0)  # evicts a
+    assert files.open_count == 1
+    assert os.pread(lease.fd, 20, 0) == b"a" * 20  # still a's descriptor
+    files._release(lease)
+    try:
+        os.fstat(lease.fd)
+        raise AssertionError("the last lease should have closed the evicted descriptor")
+    except OSError:
+        pass
+    files.close()
+
+
+def test_a_file_forgotten_while_being_opened_is_not_cached(tmp_path: Path) -> None:
+    files = FileCache(4)
+    path = tmp_path / "f"
+    files.pwrite(path, b"x" * 20, 0)
+    files.forget(path)
+    real_open = os.open
+
+    def open_then_delete(*args: object, **kwargs: object) -> int:
+        fd = real_open(*args, **kwargs)  # type: ignore[arg-type]
+        files.forget(path)  # another thread deletes the file meanwhile
+        path.unlink()
+        return fd
+
+    os.open = open_then_delete  # type: ignore[assignment]
+    try:
+        assert files.pread(path, 20, 0) == b"x" * 20  # the read itself is served
+    finally:
+        os.open = real_open
+    assert files.open_count == 0  # ... but the deleted file's descriptor is not kept
+    files.close()
+
+
+def test_descriptor_cache_under_concurrent_reads_and_writes(tmp_path: Path) -> None:
+    """Threads writing and reading 40 files through a cache of 3 descriptors: every
+    read sees its own file's bytes (a descriptor closed or reused under a reader
+    would show another file's bytes or fail)."""
+    import threading
+
+    files, errors = FileCache(3), []
+
+    def worker(k: int) -> None:
+        try:
+            for i in range(300):
+                n = (k * 7 + i) % 40
+                files.pwrite(tmp_path / f"f{n}", bytes([n]) * 64, 0)
+                assert files.pread(tmp_path / f"f{n}", 64, 0) == bytes([n]) * 64
+        except BaseException as e:  # reported below, with the thread's assertion
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert files.open_count <= 3
+    files.close()
+
+
 def test_dispatch_builds_queues_and_rerunning_it_changes_nothing(tmp_path: Path) -> None:
     lg = CommitLog.open(tmp_path / "log", CommitLogConfig(segment_bytes=32 * 1024, max_message_bytes=4096),
                         clean=False, checkpoint_offset=None)  # fmt: skip

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client import (
-    BlockingConsumer, BlockingProducer, RpcClient, SendError, open_admin, open_consumer, open_producer,
+    BlockingConsumer, BlockingProducer, Consumer, RpcClient, SendError, open_admin, open_consumer, open_producer,
 )  # fmt: skip
 from protocol import ErrorCode, Frame, RequestCode, encode_frame
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
@@ -449,9 +449,10 @@ async def test_idle_queues_are_watched_apart_and_never_hold_up_queues_with_messa
 
 
 async def test_queues_turning_idle_while_others_are_watched_still_see_new_messages_at_once(cluster: Cluster) -> None:
-    """A broker's 32 empty queues turn idle in two steps (16 per request); the first 16
-    are watched by a 20 s long poll, and the second 16 must get a long poll of their own
-    at once, not wait for the first to end: a message to one of them arrives at once."""
+    """A broker's 32 empty queues turn idle in two steps (looked up 16 per request); the
+    first 16 are watched by a 20 s long poll, and the second 16 must get a long poll of
+    their own at once, not wait for the first to end: a message to one of them arrives
+    at once."""
     await cluster.create_topic("quiet", 32)
     async with open_consumer(cluster.ns, "quiet-g", {"quiet": "*"}, **{**FAST_CONSUMER, "fetches_in_flight": 1,
                              "fetch_queues": 16, "pull_wait_ms": 20_000}) as c:  # fmt: skip
@@ -463,3 +464,44 @@ async def test_queues_turning_idle_while_others_are_watched_still_see_new_messag
         with trio.fail_after(10):
             got = await c.receive()
     assert [r.body for r in got] == [b"late"] and trio.current_time() - t0 < 10
+
+
+async def test_queues_empty_when_looked_up_are_watched_without_being_asked_first(cluster: Cluster,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Of 64 queues, 60 are empty when the consumer looks them up: they go straight to
+    long polls (a round of asks would only come back empty: 8,000 of them in the
+    10,000-queue benchmark). The 4 with messages are read, and a message arriving later
+    in an empty queue still comes at once."""
+    from commitlog import Message
+    from protocol import encode_batch
+
+    await cluster.create_topic("sparse", 64)
+    addr = cluster.brokers["broker-a"].addr
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        for q in range(4):
+            await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": "sparse"}, encode_batch([Message("sparse", q, b"early")]))
+        await rpc.aclose()
+    asked: list[tuple[int, int]] = []  # (max_wait_ms, queue id) of every queue in every fetch
+    real_request = Consumer._request
+
+    async def recording(self: Consumer, addr: str, code: int, fields: dict, timeout_ms: float | None = None) -> object:
+        if code == RequestCode.PULL_MESSAGES:
+            asked.extend((fields["max_wait_ms"], qid) for _t, qid, _o, _tags in fields["queues"])
+        return await real_request(self, addr, code, fields, timeout_ms)
+
+    monkeypatch.setattr(Consumer, "_request", recording)
+    async with open_consumer(cluster.ns, "sparse-g", {"sparse": "*"}, **{**FAST_CONSUMER, "pull_wait_ms": 20_000}) as c:
+        with trio.fail_after(10):
+            early = [r for _ in range(4) for r in await c.receive()]
+        await trio.sleep(0.5)
+        async with open_producer(cluster.ns) as p:
+            await p.send_batch("sparse", [b"late"], selector=lambda mqs, _m: mqs[40])
+        t0 = trio.current_time()
+        with trio.fail_after(10):
+            late = await c.receive()
+    assert sorted(r.queue_id for r in early) == [0, 1, 2, 3] and [r.body for r in late] == [b"late"]
+    assert trio.current_time() - t0 < 5  # the watch was woken, not timed out
+    asked_for_data = {qid for wait, qid in asked if wait == 0}
+    assert asked_for_data <= {0, 1, 2, 3, 40}, sorted(asked_for_data)  # 40: after its message came
+    assert {qid for wait, qid in asked if wait > 0} >= set(range(4, 64))

@@ -299,3 +299,33 @@ def test_truncation_cuts_queues_and_continues_offsets(store_dir: Path) -> None:
     store.catch_up()
     assert store.get("orders", 2, 5, 1).messages[0].body == b"new"
     store.close()
+
+
+def _runs_by_loop(offsets: list[int], sizes: list[int], max_run_bytes: int) -> list[tuple[int, int]]:
+    """The definition, one record at a time."""
+    runs, i = [], 0
+    while i < len(offsets):
+        j = i + 1
+        while j < len(offsets) and offsets[j] == offsets[j - 1] + sizes[j - 1] and offsets[j] - offsets[i] < max_run_bytes:
+            j += 1
+        runs.append((i, j))
+        i = j
+    return runs
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 50)), max_size=60), st.integers(1, 200))
+def test_contiguous_runs_match_their_definition(gaps_sizes: list[tuple[int, int]], max_run_bytes: int) -> None:
+    """Reads coalesce records that follow each other in the log into one send; the
+    array version must cut exactly where the record-by-record definition does."""
+    import numpy as np
+
+    from broker._store import _contiguous_runs
+
+    offsets, sizes, at = [], [], 1000
+    for gap, size in gaps_sizes:  # gap 0: this record follows the previous one
+        at += gap
+        offsets.append(at)
+        sizes.append(size)
+        at += size
+    got = _contiguous_runs(np.array(offsets, dtype=np.uint64), np.array(sizes, dtype=np.uint32), max_run_bytes)
+    assert got == _runs_by_loop(offsets, sizes, max_run_bytes)
