@@ -54,17 +54,18 @@ class Fetch:
         return Reply({"results": results, "count": found}, spans=spans)
 
     def _read(self, asks: list[QueueAsk], total: int, per_queue: int) -> tuple[list[list[Any]], list[Any], int]:
-        """Per queue ``[status, next offset, count, bytes]``, the spans, and the count."""
+        """Per queue ``[status, next offset, count, bytes, max offset]`` (max offset -1 when
+        SKIPPED: not looked at), the spans, and the count."""
         results: list[list[Any]] = []
         spans: list[Any] = []
         found = nbytes = 0
         for topic, qid, offset, tags in asks:
             if found >= total or nbytes >= self.config.max_pull_bytes:
-                results.append(["SKIPPED", offset, 0, 0])
+                results.append(["SKIPPED", offset, 0, 0, -1])
                 continue
             res = self.store.read_raw(topic, qid, offset, min(per_queue, total - found), tags,
                                       self.config.max_pull_bytes - nbytes)  # fmt: skip
-            results.append([res.status.name, res.next_offset, res.count, res.nbytes])
+            results.append([res.status.name, res.next_offset, res.count, res.nbytes, res.max_offset])
             spans += res.spans
             found += res.count
             nbytes += res.nbytes

@@ -15,9 +15,11 @@ PULL_MESSAGE           topic, queue_id, offset, max_messages, max_wait_ms,
                        body: the records, exactly as stored in the CommitLog
 PULL_MESSAGES          queues: [[topic, queue_id, offset, tags or nil], ...],
                        max_messages (in all), max_per_queue, max_wait_ms
-                       -> results: [[status, next_offset, count, bytes], ...] (one per
-                       queue, in order; SKIPPED: not read this time), count; body: the
-                       records of each queue in turn, ``bytes`` of them per queue
+                       -> results: [[status, next_offset, count, bytes, max_offset], ...]
+                       (one per queue, in order; SKIPPED: not read this time, max_offset
+                       -1), count; body: the records of each queue in turn, ``bytes`` of
+                       them per queue. max_offset (Kafka's high watermark) tells a
+                       client that it has caught up without asking again
 QUERY_OFFSETS          topic, queue_id -> min_offset, max_offset
 SEARCH_OFFSET          topic, queue_id, timestamp_ms -> offset
 COMMIT_OFFSET          group, offsets: [[topic, queue_id, offset], ...] -> (nothing)
