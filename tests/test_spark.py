@@ -51,6 +51,7 @@ def fill(path: Path, segment_bytes: int, n: int = 3000, seed: int = 1, batches: 
         assert store.put_batch(msgs[b * per : (b + 1) * per]).ok
         time.sleep(0.01)
     store.catch_up()
+    store.flush()  # a local reader sees what the checkpoint calls durable (async flush: only once flushed)
     store.checkpoint()
     return store
 
@@ -285,6 +286,7 @@ def test_an_available_now_stream_collects_every_message_exactly_once(spark: Any,
     more = [Message("orders", i % 4, b"later-%d" % i) for i in range(300)]
     assert store.put_batch(more).ok
     store.catch_up()
+    store.flush()  # a local reader sees what the checkpoint calls durable (async flush: only once flushed)
     store.checkpoint()
     run_stream(maxBytesPerTrigger="20000")  # the same query goes on where it stopped
     again = spark_rows(spark.read.parquet(str(out)))
