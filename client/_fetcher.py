@@ -15,10 +15,12 @@ and those would wait a whole ``pull_wait_ms`` (catching up ends unevenly).
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections import OrderedDict, defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import trio
 
@@ -33,6 +35,24 @@ if TYPE_CHECKING:
 log = logging.getLogger("clmq.consumer")
 
 MIN_FETCH_QUEUES = 16  # a request covers at least this many queues (when it has them)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while an answer is decoded (and left as
+    the application had it). Decoding makes thousands of records that cannot form
+    cycles, and the collector, run every 700 new objects, kept scanning everything
+    alive: the consumer's state for its queues and the records still buffered. With
+    10,000 queues assigned that was a sixth of the consumer's CPU and the whole gap
+    between its 1-queue and 10,000-queue rates (2.33 against 2.02 us per 1 KiB
+    message). The objects are counted all the same: the collector runs once after."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass(slots=True)
@@ -197,7 +217,8 @@ class Fetcher:
                        body: bytes) -> None:  # fmt: skip
         # One decode for the whole answer: with thousands of queues each holds a few
         # records, and a decode call per queue would cost more than its records.
-        records = decode_records(body, f"fetch from {addr}") if body else []
+        with collector_paused():
+            records = decode_records(body, f"fetch from {addr}") if body else []
         at = 0
         for (mq, st), row in zip(picked, results):
             status, nxt, count = row[0], row[1], row[2]

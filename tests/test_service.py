@@ -506,3 +506,36 @@ async def test_queues_are_asked_for_data_only_while_they_have_some(cluster: Clus
     assert trio.current_time() - t0 < 5  # the watch was woken, not timed out
     assert sorted(qid for wait, qid in asked if wait == 0) == [0, 1, 2, 3]
     assert {qid for wait, qid in asked if wait > 0} >= set(range(4, 64))
+
+
+def test_the_collector_pause_around_decoding_leaves_the_applications_setting() -> None:
+    """The consumer pauses Python's cyclic collector while it decodes an answer (see
+    ``collector_paused``); whatever the application had set holds after, errors included."""
+    import gc
+
+    from client._fetcher import collector_paused
+
+    assert gc.isenabled()
+    runs: list[str] = []
+    gc.callbacks.append(lambda phase, _info: runs.append(phase))
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+            created_inside = [[i] for i in range(5000)]  # far past the 700-object threshold
+            collections_inside = len(runs)
+        more = [[i] for i in range(5000)]
+    finally:
+        gc.callbacks.pop()
+    assert collections_inside == 0 and len(created_inside) == len(more) == 5000
+    assert "start" in runs  # ... and the collector ran again once allowed
+    assert gc.isenabled()
+    with pytest.raises(ValueError), collector_paused():
+        raise ValueError("a corrupt answer")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # the application's choice stays
+    finally:
+        gc.enable()
