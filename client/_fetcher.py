@@ -62,7 +62,7 @@ class QueueState:
 
     generation: int
     offset: int | None = None  # next offset to read; None until looked up
-    idle: bool = False  # nothing new at the last answer (or the look-up): watched, not fetched
+    idle: bool = False  # nothing more to read at the look-up or the last answer: watched, not fetched
 
 
 @dataclass
