@@ -184,7 +184,7 @@ def plot(result: dict, path: Path) -> None:
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
     via = " through a broker" if result.get("via") == "broker" else ""
-    fig.suptitle(f"clmq: CommitLog vs partition-per-file{via} (median of {result['runs']} runs, batches of {result['batch']})")
+    fig.suptitle(f"clmq: CommitLog vs partition-per-file{via}\n(median of {result['runs']} runs, batches of {result['batch']})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
