@@ -483,6 +483,10 @@ async def test_queues_are_asked_for_data_only_while_they_have_some(cluster: Clus
         rpc = RpcClient(n)
         for q in range(4):
             await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": "sparse"}, encode_batch([Message("sparse", q, b"early")]))
+        with trio.fail_after(10):  # dispatched, so that the look-up sees them (else they come through watches)
+            for q in range(4):
+                while (await rpc.request(addr, RequestCode.QUERY_OFFSETS, {"topic": "sparse", "queue_id": q})).fields["max_offset"] < 1:
+                    await trio.sleep(0.01)
         await rpc.aclose()
     asked: list[tuple[int, int]] = []  # (max_wait_ms, queue id) of every queue in every fetch
     real_request = Consumer._request
