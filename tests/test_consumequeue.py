@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -105,24 +106,23 @@ def test_a_descriptor_evicted_while_in_use_stays_open_until_its_last_use(tmp_pat
     files.close()
 
 
-def test_a_file_forgotten_while_being_opened_is_not_cached(tmp_path: Path) -> None:
+def test_a_file_forgotten_while_being_opened_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     files = FileCache(4)
     path = tmp_path / "f"
     files.pwrite(path, b"x" * 20, 0)
     files.forget(path)
     real_open = os.open
 
-    def open_then_delete(*args: object, **kwargs: object) -> int:
-        fd = real_open(*args, **kwargs)  # type: ignore[arg-type]
-        files.forget(path)  # another thread deletes the file meanwhile
-        path.unlink()
+    def open_then_delete(file: object, *args: object, **kwargs: object) -> int:
+        fd = real_open(file, *args, **kwargs)  # type: ignore[arg-type]
+        if file == path:  # another thread deletes this file meanwhile
+            files.forget(path)
+            path.unlink()
         return fd
 
-    os.open = open_then_delete  # type: ignore[assignment]
-    try:
-        assert files.pread(path, 20, 0) == b"x" * 20  # the read itself is served
-    finally:
-        os.open = real_open
+    monkeypatch.setattr(os, "open", open_then_delete)
+    assert files.pread(path, 20, 0) == b"x" * 20  # the read itself is served
+    monkeypatch.undo()
     assert files.open_count == 0  # ... but the deleted file's descriptor is not kept
     files.close()
 
