@@ -65,10 +65,11 @@ class Fetch:
                 continue
             res = self.store.read_raw(topic, qid, offset, min(per_queue, total - found), tags,
                                       self.config.max_pull_bytes - nbytes)  # fmt: skip
-            results.append([res.status.name, res.next_offset, res.count, res.nbytes, res.max_offset])
+            size = res.nbytes  # a sum over the spans: once
+            results.append([res.status.name, res.next_offset, res.count, size, res.max_offset])
             spans += res.spans
             found += res.count
-            nbytes += res.nbytes
+            nbytes += size
         return results, spans, found
 
     async def _wait_any(self, asks: list[QueueAsk], wait_ms: int) -> None:

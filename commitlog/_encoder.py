@@ -196,7 +196,7 @@ class _Layout:
 
     first_pos: int
     base: int
-    pos: int = -1
+    pos: int = field(init=False)
     pieces: list[bytes | memoryview] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)  # file positions of the records
     cuts: list[tuple[int, int]] = field(default_factory=list)  # (pieces, starts) where a segment ended

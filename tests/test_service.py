@@ -37,6 +37,18 @@ async def consume(ns: list[str], group: str, topic: str, want: int, expr: str = 
     return got
 
 
+async def send_direct(addr: str, topic: str, bodies: dict[int, list[bytes]]) -> None:
+    """Send each queue's bodies to one broker as one raw SEND_MESSAGE (no producer)."""
+    from commitlog import Message
+    from protocol import encode_batch
+
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        for q, queue_bodies in bodies.items():
+            await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": topic}, encode_batch([Message(topic, q, b) for b in queue_bodies]))
+        await rpc.aclose()
+
+
 async def test_messages_of_one_key_arrive_in_order(cluster: Cluster) -> None:
     await cluster.create_topic("orders", 4)
     async with open_producer(cluster.ns) as p:
@@ -407,16 +419,8 @@ async def test_producers_get_busy_instead_of_an_unbounded_queue(cluster: Cluster
 async def test_a_consumer_of_thousands_of_queues_reads_them_all_through_multi_queue_fetches(cluster: Cluster) -> None:
     """Few requests cover many queues; queues not reached in one fetch (SKIPPED) come
     first in the next, and offsets are looked up and committed in batches."""
-    from commitlog import Message
-    from protocol import encode_batch
-
     await cluster.create_topic("wide", 2000)
-    addr = cluster.brokers["broker-a"].addr
-    async with trio.open_nursery() as n:
-        rpc = RpcClient(n)
-        for q in range(2000):
-            await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": "wide"}, encode_batch([Message("wide", q, b"%d" % q)] * (1 + q % 3)))
-        await rpc.aclose()
+    await send_direct(cluster.brokers["broker-a"].addr, "wide", {q: [b"%d" % q] * (1 + q % 3) for q in range(2000)})
     want = sum(1 + q % 3 for q in range(2000))
     got = await consume(cluster.ns, "wide-g", "wide", want, timeout=30, fetch_queues=300, fetch_max_messages=500, pull_batch=2)
     assert len(got) == want
@@ -431,16 +435,8 @@ async def test_idle_queues_are_watched_apart_and_never_hold_up_queues_with_messa
     """48 empty queues come first in the consumer's order and 16 full ones last, with one
     request per kind in flight and a 20 s long poll. The empty queues' request waits on
     the broker; the full queues must still be read at once, not after the wait."""
-    from commitlog import Message
-    from protocol import encode_batch
-
     await cluster.create_topic("mixed", 64)
-    addr = cluster.brokers["broker-a"].addr
-    async with trio.open_nursery() as n:
-        rpc = RpcClient(n)
-        for q in range(48, 64):
-            await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": "mixed"}, encode_batch([Message("mixed", q, b"%d" % q)] * 50))
-        await rpc.aclose()
+    await send_direct(cluster.brokers["broker-a"].addr, "mixed", {q: [b"%d" % q] * 50 for q in range(48, 64)})
     t0 = trio.current_time()
     got = await consume(cluster.ns, "mixed-g", "mixed", 800, timeout=15, fetches_in_flight=1, fetch_queues=16,
                         pull_batch=10, pull_wait_ms=20_000)  # fmt: skip
@@ -466,23 +462,18 @@ async def test_queues_turning_idle_while_others_are_watched_still_see_new_messag
     assert [r.body for r in got] == [b"late"] and trio.current_time() - t0 < 10
 
 
-async def test_queues_are_asked_for_data_only_while_they_have_some(cluster: Cluster,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+async def test_queues_are_asked_for_data_only_while_they_have_some(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """Of 64 queues, 60 are empty when the consumer looks them up: they go straight to
     long polls (a round of asks would only come back empty: 8,000 of them in the
     10,000-queue benchmark). The 4 with messages are asked once: the answer says it
     read up to the queue's max offset, so they are watched next, not asked again for
     nothing. A message arriving later in an empty queue comes at once, through its
     watch, and asks for nothing more either."""
-    from commitlog import Message
-    from protocol import encode_batch
-
     await cluster.create_topic("sparse", 64)
     addr = cluster.brokers["broker-a"].addr
+    await send_direct(addr, "sparse", {q: [b"early"] for q in range(4)})
     async with trio.open_nursery() as n:
         rpc = RpcClient(n)
-        for q in range(4):
-            await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": "sparse"}, encode_batch([Message("sparse", q, b"early")]))
         with trio.fail_after(10):  # dispatched, so that the look-up sees them (else they come through watches)
             for q in range(4):
                 while (await rpc.request(addr, RequestCode.QUERY_OFFSETS, {"topic": "sparse", "queue_id": q})).fields["max_offset"] < 1:
