@@ -1,20 +1,14 @@
-"""clmq's broker. The storage facade (:class:`Store`) is synchronous and trio-free;
-the network service built on it lives in the broker's service modules.
+"""clmq's broker, in rooms by responsibility (docs/architecture.md draws them):
+
+- :mod:`broker.store`: the synchronous storage facade (both storage modes, recovery,
+  checkpoints, topics). No trio: usable from any thread or script.
+- :mod:`broker.service`: the broker as a trio network service (request handlers,
+  append lane, long polling, groups, offsets).
+- :mod:`broker.replication`: leader/follower replication of the CommitLog.
+- :mod:`broker.coordination`: ZooKeeper membership and failover (the only room that
+  imports kazoo).
+- :mod:`broker.cli`: the ``clmq`` command line, settings files, ``clmq dev`` and the
+  benchmarks.
+
+This package itself exports nothing, so importing the store does not import trio.
 """
-
-from ._results import GetResult, GetStatus, PutResult, PutStatus, RawRead, Span
-from ._base import STORAGE_MODES, StoreBase, StoreConfig, StoreLockedError
-from ._partition_store import PartitionStore
-from ._store import Store
-from ._topics import topic_name_error
-
-__all__ = [
-    "GetResult", "GetStatus", "PartitionStore", "PutResult", "PutStatus", "RawRead", "Span", "STORAGE_MODES", "Store", "StoreBase",
-    "StoreConfig", "StoreLockedError",
-    "topic_name_error",
-]  # fmt: skip
-
-from ._config import BrokerConfig  # noqa: E402  (the service layer, after the store)
-from ._service import Broker, serve  # noqa: E402
-
-__all__ += ["Broker", "BrokerConfig", "serve"]

@@ -1,18 +1,19 @@
 """clmq's clients: producer, consumer and admin, for trio code (``open_producer``,
 ``open_consumer``, ``open_admin``) and for plain synchronous Python (``Blocking*``)."""
 
-from commitlog import Message, Record
+from commitlog import ClientError, ClmqError, Message, Record
+from protocol.transport import ConnectionFailed, RpcClient, RpcError, split_addr
 
 from ._admin import Admin, open_admin
 from ._allocate import allocate_averagely
 from ._blocking import BlockingAdmin, BlockingConsumer, BlockingProducer
-from ._consumer import Consumer, ConsumerOptions, TagFilter, open_consumer
+from ._consumer import Consumer, open_consumer
+from ._options import ConsumerOptions, TagFilter
 from ._producer import Producer, SendError, SendResult, open_producer, shard
 from ._routes import MessageQueue, NoRouteError, Routes
-from ._rpc import ConnectionFailed, RpcClient, RpcError, split_addr
 
 __all__ = [
-    "Admin", "BlockingAdmin", "BlockingConsumer", "BlockingProducer", "ConnectionFailed", "Consumer",
+    "Admin", "BlockingAdmin", "ClientError", "ClmqError", "BlockingConsumer", "BlockingProducer", "ConnectionFailed", "Consumer",
     "ConsumerOptions", "Message", "MessageQueue", "NoRouteError", "Producer", "Record", "Routes", "RpcClient",
     "RpcError", "SendError", "SendResult", "TagFilter", "allocate_averagely", "open_admin", "open_consumer",
     "open_producer", "shard", "split_addr",

@@ -8,8 +8,8 @@ from typing import Any, AsyncIterator
 import trio
 
 from protocol import RequestCode
+from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
-from ._rpc import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 
 class Admin:

@@ -15,51 +15,22 @@ import os
 import socket
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
 from commitlog import Record
 from protocol import RequestCode
+from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 from ._allocate import allocate_averagely
 from ._fetcher import Batch, Fetcher, QueueState
+from ._options import ConsumerOptions, TagFilter
 from ._routes import MessageQueue, NoRouteError, Routes
-from ._rpc import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 log = logging.getLogger("clmq.consumer")
 
 _NET_ERRORS = (ConnectionFailed, RpcError, trio.TooSlowError, NoRouteError)
-
-
-class TagFilter:
-    """A subscription expression: ``*`` (everything) or ``TagA || TagB``."""
-
-    def __init__(self, expression: str = "*") -> None:
-        expr = expression.strip()
-        self.expression = expr or "*"
-        self.tags: list[str] | None = None if self.expression == "*" else sorted({t.strip() for t in expr.split("||") if t.strip()})
-
-    def matches(self, tag: str) -> bool:
-        return self.tags is None or tag in self.tags
-
-
-@dataclass
-class ConsumerOptions:
-    mode: str = "clustering"  # or "broadcasting"
-    start_from: str | int = "earliest"  # "earliest", "latest" or a timestamp in ms (for queues never committed)
-    client_id: str = ""
-    pull_batch: int = 256  # messages per queue per fetch
-    pull_wait_ms: int = 15_000  # long poll of idle queues on the broker (woken by new messages; RocketMQ holds 15 s)
-    fetch_queues: int = 1024  # queues per fetch request
-    fetch_max_messages: int = 4096  # messages per fetch request, in all
-    fetches_in_flight: int = 4  # data requests per broker
-    watches_in_flight: int = 64  # long polls of idle queues per broker (each newly idle set gets one at once)
-    heartbeat_interval_ms: int = 1000
-    rebalance_interval_ms: int = 2000
-    commit_interval_ms: int = 1000
-    buffered_batches: int = 64  # pulled and not yet received (backpressure)
-    request_timeout_ms: int = 3000
 
 
 class Consumer:
@@ -74,7 +45,7 @@ class Consumer:
         self.client_id = options.client_id or f"{socket.gethostname()}@{os.getpid()}@{id(self):x}"
         self.assigned: dict[MessageQueue, QueueState] = {}
         self._generation = 0
-        self._processed: dict[MessageQueue, int] = {}
+        self.processed: dict[MessageQueue, int] = {}
         self._committed: dict[MessageQueue, int] = {}
         self._send, self._recv = trio.open_memory_channel[Batch](options.buffered_batches)
         self._pending: Batch | None = None
@@ -92,7 +63,7 @@ class Consumer:
             if current is None or current.generation != batch.generation:
                 continue  # pulled before a rebalance took the queue away: its new owner reads it
             if not batch.records:
-                self._processed[batch.mq] = batch.next_offset
+                self.processed[batch.mq] = batch.next_offset
                 continue
             self._pending = batch
             return batch.records
@@ -102,7 +73,7 @@ class Consumer:
         batch, self._pending = self._pending, None
         current = self.assigned.get(batch.mq) if batch is not None else None
         if batch is not None and current is not None and current.generation == batch.generation:
-            self._processed[batch.mq] = batch.next_offset
+            self.processed[batch.mq] = batch.next_offset
 
     def assignment(self) -> list[MessageQueue]:
         return sorted(self.assigned)
@@ -112,7 +83,7 @@ class Consumer:
         if self.options.mode != "clustering":
             return
         by_broker: dict[str, dict[MessageQueue, int]] = {}
-        for mq, offset in list(self._processed.items()):
+        for mq, offset in list(self.processed.items()):
             if self._committed.get(mq) != offset:
                 by_broker.setdefault(mq.addr, {})[mq] = offset
         for addr, offsets in by_broker.items():  # one request per broker, however many queues
@@ -121,7 +92,7 @@ class Consumer:
     async def _commit_to(self, addr: str, offsets: dict[MessageQueue, int]) -> None:
         rows = [[mq.topic, mq.queue_id, o] for mq, o in offsets.items()]
         try:
-            await self._request(addr, RequestCode.COMMIT_OFFSET, {"group": self.group, "offsets": rows})
+            await self.request(addr, RequestCode.COMMIT_OFFSET, {"group": self.group, "offsets": rows})
         except _NET_ERRORS as e:
             log.warning("consumer %s: commit of %d offsets to %s failed: %s", self.client_id, len(rows), addr, e)
             return
@@ -142,16 +113,28 @@ class Consumer:
             await self.commit()
             for addr in await self._broker_addrs():
                 try:
-                    await self._request(addr, RequestCode.UNREGISTER_CLIENT, {"client_id": self.client_id})
+                    await self.request(addr, RequestCode.UNREGISTER_CLIENT, {"client_id": self.client_id})
                 except _NET_ERRORS:
                     pass
+
+    def deliver_nowait(self, batch: Batch) -> bool:
+        """Hand a fetched batch to :meth:`receive` if there is room now (no checkpoint)."""
+        try:
+            self._send.send_nowait(batch)
+        except trio.WouldBlock:
+            return False
+        return True
+
+    async def deliver(self, batch: Batch) -> None:
+        """Hand a fetched batch to :meth:`receive`, waiting for room (backpressure)."""
+        await self._send.send(batch)
 
     async def _every(self, interval_ms: int, fn: "object") -> None:
         while True:
             await trio.sleep(interval_ms / 1000)
             await fn()  # type: ignore[operator]
 
-    async def _request(self, addr: str, code: int, fields: dict, timeout_ms: float | None = None) -> "object":
+    async def request(self, addr: str, code: int, fields: dict[str, Any], timeout_ms: float | None = None) -> Any:
         return await self.rpc.request(addr, code, fields, timeout_ms=timeout_ms or self.options.request_timeout_ms)
 
     async def _broker_addrs(self) -> list[str]:
@@ -167,7 +150,7 @@ class Consumer:
         groups = [{"group": self.group, "mode": self.options.mode, "topics": sorted(self.filters)}]
         for addr in await self._broker_addrs():
             try:
-                await self._request(addr, RequestCode.HEARTBEAT, {"client_id": self.client_id, "groups": groups})
+                await self.request(addr, RequestCode.HEARTBEAT, {"client_id": self.client_id, "groups": groups})
             except _NET_ERRORS as e:
                 log.debug("heartbeat to %s failed: %s", addr, e)
 
@@ -197,7 +180,7 @@ class Consumer:
         if self.options.mode == "broadcasting" or not mqs:
             return mqs
         try:
-            reply = await self._request(mqs[0].addr, RequestCode.GET_GROUP_MEMBERS, {"group": self.group})
+            reply = await self.request(mqs[0].addr, RequestCode.GET_GROUP_MEMBERS, {"group": self.group})
             members = list(reply.fields["members"])  # type: ignore[attr-defined]
         except _NET_ERRORS:
             members = []
@@ -209,7 +192,7 @@ class Consumer:
         del self.assigned[mq]  # answers still in flight for it are dropped
         if self._pending is not None and self._pending.mq == mq:
             self._pending = None  # not acknowledged: its new owner reads it again
-        offset = self._processed.pop(mq, None)
+        offset = self.processed.pop(mq, None)
         if offset is not None and self.options.mode == "clustering" and self._committed.get(mq) != offset:
             await self._commit_to(mq.addr, {mq: offset})
         self._committed.pop(mq, None)
@@ -222,7 +205,7 @@ class Consumer:
         self._fetcher.add(mq, state)
         log.info("consumer %s: took %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
 
-    async def _retrying(self, fn: "object") -> "object":
+    async def retrying(self, fn: Callable[[], Awaitable[Any]]) -> Any:
         delay = 0.05
         while True:
             try:
@@ -232,8 +215,8 @@ class Consumer:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _start_offset_now(self, committed: int, lo: int, hi: int) -> int | None:
-        """:meth:`_start_offset` when it needs no request (all but timestamps), else None:
+    def start_offset_now(self, committed: int, lo: int, hi: int) -> int | None:
+        """:meth:`start_offset` when it needs no request (all but timestamps), else None:
         a consumer of 10,000 queues calls it for each, and an await apiece adds up."""
         if self.options.mode == "clustering" and committed >= 0:
             return committed
@@ -242,14 +225,14 @@ class Consumer:
             return None
         return hi if start == "latest" else lo
 
-    async def _start_offset(self, mq: MessageQueue, committed: int, lo: int, hi: int) -> int:
+    async def start_offset(self, mq: MessageQueue, committed: int, lo: int, hi: int) -> int:
         """Where to start reading a queue: the group's committed offset, else
         ``start_from`` (a timestamp is searched on the broker)."""
-        now = self._start_offset_now(committed, lo, hi)
+        now = self.start_offset_now(committed, lo, hi)
         if now is not None:
             return now
         q = {"topic": mq.topic, "queue_id": mq.queue_id, "timestamp_ms": int(self.options.start_from)}
-        reply: Any = await self._retrying(lambda: self._request(mq.addr, RequestCode.SEARCH_OFFSET, q))
+        reply: Any = await self.retrying(lambda: self.request(mq.addr, RequestCode.SEARCH_OFFSET, q))
         return reply.fields["offset"]
 
 

@@ -20,7 +20,7 @@ import logging
 from collections import OrderedDict, defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Awaitable, Callable, Iterator, Protocol
 
 import trio
 
@@ -29,8 +29,7 @@ from protocol import ProtocolError, RequestCode, decode_records
 
 from ._routes import MessageQueue
 
-if TYPE_CHECKING:
-    from ._consumer import Consumer
+from ._options import ConsumerOptions, TagFilter
 
 log = logging.getLogger("clmq.consumer")
 
@@ -73,8 +72,27 @@ class Batch:
     next_offset: int
 
 
+class FetchHost(Protocol):
+    """What a fetcher needs of the consumer it reads for (the consumer provides it)."""
+
+    options: ConsumerOptions
+    group: str
+    client_id: str
+    assigned: dict[MessageQueue, QueueState]  # a queue given up is no longer in here
+    filters: dict[str, TagFilter]
+    processed: dict[MessageQueue, int]  # next offset to commit per queue
+    net_errors: tuple[type[BaseException], ...]
+
+    async def request(self, addr: str, code: int, fields: dict[str, Any], timeout_ms: float | None = None) -> Any: ...
+    async def retrying(self, fn: Callable[[], Awaitable[Any]]) -> Any: ...
+    def start_offset_now(self, committed: int, lo: int, hi: int) -> int | None: ...
+    async def start_offset(self, mq: MessageQueue, committed: int, lo: int, hi: int) -> int: ...
+    def deliver_nowait(self, batch: "Batch") -> bool: ...
+    async def deliver(self, batch: "Batch") -> None: ...
+
+
 class Fetcher:
-    def __init__(self, consumer: "Consumer", nursery: trio.Nursery) -> None:
+    def __init__(self, consumer: FetchHost, nursery: trio.Nursery) -> None:
         self.c = consumer
         self.options = consumer.options
         self._nursery = nursery
@@ -118,13 +136,13 @@ class Fetcher:
 
     async def _look_up(self, addr: str, batch: list[tuple[MessageQueue, QueueState]]) -> None:
         fields = {"group": self.c.group, "queues": [[mq.topic, mq.queue_id] for mq, _ in batch]}
-        reply: Any = await self.c._retrying(lambda: self.c._request(addr, RequestCode.QUERY_QUEUE_OFFSETS, fields))
+        reply: Any = await self.c.retrying(lambda: self.c.request(addr, RequestCode.QUERY_QUEUE_OFFSETS, fields))
         for (mq, st), row in zip(batch, reply.fields["offsets"]):
             if row is None or self.c.assigned.get(mq) is not st:
                 continue  # the queue is gone (a rebalance will notice) or was given up
-            start = self.c._start_offset_now(*row)  # the usual case: no request, no await
-            st.offset = start if start is not None else await self.c._start_offset(mq, *row)
-            self.c._processed.setdefault(mq, st.offset)
+            start = self.c.start_offset_now(*row)  # the usual case: no request, no await
+            st.offset = start if start is not None else await self.c.start_offset(mq, *row)
+            self.c.processed.setdefault(mq, st.offset)
             # Nothing to read yet: straight to the watches. Asking first would cost a
             # round of asks that all come back empty (8,000 of them in the benchmark).
             st.idle = st.offset == row[2]  # (beyond it: a data ask answers OFFSET_OVERFLOW at once)
@@ -188,7 +206,7 @@ class Fetcher:
             fields = {"queues": asks, "max_messages": self.options.fetch_max_messages,
                       "max_per_queue": self.options.pull_batch, "max_wait_ms": wait_ms}  # fmt: skip
             try:
-                reply: Any = await self.c._request(addr, RequestCode.PULL_MESSAGES, fields,
+                reply: Any = await self.c.request(addr, RequestCode.PULL_MESSAGES, fields,
                                                    wait_ms + self.options.request_timeout_ms)  # fmt: skip
             except self.c.net_errors as e:
                 log.debug("consumer %s: fetch from %s failed: %s", self.c.client_id, addr, e)
@@ -238,10 +256,9 @@ class Fetcher:
             if flt.tags is not None:  # the broker filtered by tag hash; collisions are dropped here
                 mine = [r for r in mine if flt.matches(r.tags)]
             batch = Batch(mq, st.generation, mine, nxt)
-            try:  # without a checkpoint per queue: an answer can hold a few messages of each of hundreds
-                self.c._send.send_nowait(batch)
-            except trio.WouldBlock:
-                await self.c._send.send(batch)
+            # Without a checkpoint per queue: an answer can hold a few messages of each of hundreds.
+            if not self.c.deliver_nowait(batch):
+                await self.c.deliver(batch)
             st.offset = nxt
 
 

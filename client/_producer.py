@@ -13,11 +13,11 @@ from typing import AsyncIterator, Callable, Mapping, Sequence
 import crc32c
 import trio
 
-from commitlog import Message
+from commitlog import ClientError, Message
 from protocol import ErrorCode, RequestCode, encode_batch
+from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 from ._routes import MessageQueue, NoRouteError, Routes
-from ._rpc import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 log = logging.getLogger("clmq.producer")
 
@@ -28,7 +28,7 @@ RETRIABLE = {ErrorCode.SYSTEM_BUSY, ErrorCode.SHUTTING_DOWN, ErrorCode.SYSTEM_ER
 QueueSelector = Callable[[Sequence[MessageQueue], Message], MessageQueue]
 
 
-class SendError(Exception):
+class SendError(ClientError):
     """A send that failed for good (after retries, or not retriable)."""
 
     def __init__(self, text: str, code: int | None = None) -> None:

@@ -8,9 +8,10 @@ from typing import NamedTuple
 
 import trio
 
+from commitlog import ClientError
 from protocol import ErrorCode, RequestCode
+from protocol.transport import ConnectionFailed, RpcClient, RpcError
 
-from ._rpc import ConnectionFailed, RpcClient, RpcError
 
 
 class MessageQueue(NamedTuple):
@@ -27,7 +28,7 @@ class MessageQueue(NamedTuple):
     addr: str
 
 
-class NoRouteError(Exception):
+class NoRouteError(ClientError):
     """No name server knows a broker for the topic (or none answered)."""
 
 

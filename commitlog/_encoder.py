@@ -16,6 +16,7 @@ from typing import Sequence
 
 import crc32c as _crc32c
 
+from ._errors import InvalidInputError
 from ._packed import ITEM, ITEM_SIZE, PackedMessages, PackError, overrun_error, unpack_messages
 from ._record import (
     BLANK_SIZE, CRC_START, HEADER, HEADER_SIZE, MAX_KEYS_BYTES, MAX_TAGS_BYTES, MAX_TOPIC_BYTES, RECORD_MAGIC,
@@ -26,7 +27,7 @@ QueueKey = tuple[str, int]
 _EMPTY: dict[str, bytes] = {"": b""}
 
 
-class EncodeError(ValueError):
+class EncodeError(InvalidInputError):
     """A message or batch that cannot be encoded; ``kind`` says why: ``"too_large"``
     (over ``max_message_bytes``), ``"invalid"`` (a bad field), ``"queue"`` (no such
     queue id) or ``"malformed"`` (packed bytes that do not decode)."""

@@ -19,13 +19,14 @@ import struct
 from dataclasses import dataclass
 from typing import Sequence
 
+from ._errors import InvalidInputError
 from ._record import Host, Message, decode_properties, encode_properties
 
 ITEM = struct.Struct("<IIQHHII")
 ITEM_SIZE = ITEM.size
 
 
-class PackError(ValueError):
+class PackError(InvalidInputError):
     """Packed messages that do not decode."""
 
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import trio
 
 from protocol import ErrorCode, Frame, RequestCode
+from protocol.transport import Peer, Reply, RequestError, RpcServer, need
 
 from ._routes import RouteTable
-from ._server import Peer, Reply, RequestError, RpcServer, need
 
 log = logging.getLogger("clmq.nameserver")
 

@@ -24,6 +24,8 @@ from typing import Any, Final
 
 import msgpack
 
+from commitlog import ProtocolError
+
 PROTOCOL_VERSION: Final = 1
 FLAG_RESPONSE: Final = 1
 FLAG_ONEWAY: Final = 2
@@ -34,8 +36,6 @@ MAX_HEADER_BYTES: Final = 1 << 20  # a header is small; anything bigger is garba
 DEFAULT_MAX_FRAME_BYTES: Final = 64 << 20
 
 
-class ProtocolError(Exception):
-    """The byte stream is not valid protocol; the connection must be closed."""
 
 
 class _NeedData:

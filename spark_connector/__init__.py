@@ -8,6 +8,7 @@ and only when a name that needs it is used (so ``clmq --help`` stays fast).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 _EXPORTS = {
@@ -16,10 +17,15 @@ _EXPORTS = {
     "OptionError": "._options", "ReadOptions": "._options", "parse_options": "._options",
     "read_corrupt_log": "._scan",
     "ClmqDataSource": "._source", "register": "._source",
-    "export": "._export",
+    "export": "._export", "spark_session": "._export", "ExportSummary": "._export", "FORMATS": "._export",
 }  # fmt: skip
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "spark_available"])
+
+
+def spark_available() -> bool:
+    """Whether pyspark is installed (the ``spark`` extra), without importing it."""
+    return importlib.util.find_spec("pyspark") is not None
 
 
 def __getattr__(name: str) -> Any:

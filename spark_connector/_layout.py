@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from commitlog import OFF_STORE_TS
+from commitlog import OFF_STORE_TS, ConnectorError
 
 ENTRY_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("tag", "<u8")])  # as consumequeue writes them
 
 
-class LayoutError(Exception):
+class LayoutError(ConnectorError):
     """The location cannot be read as a clmq store (the message says why and what to do)."""
 
 

@@ -12,13 +12,15 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from commitlog import ConnectorError
+
 MiB = 1 << 20
 
 # Per-queue positions in offset JSON, as in Spark's Kafka source.
 EARLIEST, LATEST = -2, -1
 
 
-class OptionError(ValueError):
+class OptionError(ConnectorError, ValueError):
     """A reader option is missing, unknown or malformed."""
 
 

@@ -21,8 +21,9 @@ import crc32c as _crc32c
 import numpy as np
 import pyarrow as pa
 
-from commitlog import HEADER_DTYPE, HEADER_SIZE, OFF_COMMITLOG_OFFSET, CorruptRecordError, Walk, walk_records
-from commitlog._record import CRC_START, check_record
+from commitlog import (
+    CRC_START, HEADER_DTYPE, HEADER_SIZE, OFF_COMMITLOG_OFFSET, CorruptRecordError, Walk, check_record, walk_records,
+)  # fmt: skip
 
 from ._arrow import build_batch
 from ._plan import IndexSplit, ScanSplit, Selection

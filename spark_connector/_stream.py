@@ -29,7 +29,7 @@ from commitlog import walk_records
 from ._options import OptionError, parse_options
 from ._plan import QueueSource, scan_splits, select, split_bytes
 from ._scan import ReadSpec
-from ._source import CHUNK_BYTES, ClmqPartition, check_schema, open_sources, read_split
+from ._tasks import CHUNK_BYTES, ClmqPartition, check_schema, open_sources, read_split
 
 Offsets = dict[str, int]
 

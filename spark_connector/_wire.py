@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from commitlog import gather_fields, walk_records
+from commitlog import ConnectorError, gather_fields, walk_records
 from protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, FrameRejected, RequestCode, encode_frame
 
 from ._layout import LayoutError, LogLayout, SegmentInfo
@@ -24,7 +24,7 @@ NO_END = 1 << 62  # partition-per-file brokers have no log offsets to bound a sn
 PULL_BATCH = 4096  # messages per pull on the index path
 
 
-class RemoteError(Exception):
+class RemoteError(ConnectorError):
     """A broker or name server answered with an error."""
 
     def __init__(self, addr: str, code: int, text: str) -> None:

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from broker import STORAGE_MODES, Store, StoreConfig
+from broker.store import STORAGE_MODES, Store, StoreConfig
 from commitlog import CommitLogConfig, Message
 
 

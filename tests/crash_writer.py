@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker import Store  # noqa: E402
+from broker.store import Store  # noqa: E402
 from commitlog import FlushMode, Message  # noqa: E402
 from tests.conftest import small_config  # noqa: E402
 

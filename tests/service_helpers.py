@@ -12,8 +12,8 @@ from typing import Any, Iterator
 
 import trio
 
-from broker import Broker, BrokerConfig
-from broker import serve as serve_broker
+from broker.service import Broker, BrokerConfig
+from broker.service import serve as serve_broker
 from client import NoRouteError, open_admin
 from commitlog import MiB
 from nameserver import NameServer, NameServerConfig

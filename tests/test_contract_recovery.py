@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import Store
+from broker.store import Store
 from commitlog import Message
 
 from .conftest import small_config

@@ -1,53 +1,107 @@
-"""The dependency rules of the code base, checked on the source."""
+"""The dependency rules of the code base, checked on the source (see docs/architecture.md).
+
+Each rule is shown failing on a small synthetic tree first, so that a rule that could
+never fail would be noticed, then checked on the real tree.
+"""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
+from tests import import_graph as ig
+
 ROOT = Path(__file__).resolve().parents[1]
-SERVICE_LIBS = {"trio", "msgpack", "kazoo", "pyspark", "pyarrow"}
+TOP_LEVEL = ["commitlog", "consumequeue", "protocol", "broker", "nameserver", "client", "spark_connector"]
 
 
-def imported_modules(package: str) -> dict[str, set[str]]:
-    found: dict[str, set[str]] = {}
-    for path in (ROOT / package).rglob("*.py"):
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.add(node.module.split(".")[0])
-        found[str(path.relative_to(ROOT))] = names
-    return found
+@pytest.fixture(scope="module")
+def tree() -> ig.Graph:
+    return ig.build(ig.tree_sources(ROOT, TOP_LEVEL), set(TOP_LEVEL), ig.tree_packages(ROOT, TOP_LEVEL))
 
 
-@pytest.mark.parametrize("package", ["commitlog", "consumequeue"])
-def test_storage_packages_import_no_service_libraries(package: str) -> None:
-    for path, names in imported_modules(package).items():
-        assert not names & SERVICE_LIBS, f"{path} imports {names & SERVICE_LIBS}"
-        assert not names & {"broker", "client", "nameserver", "spark_connector"}, f"{path} points upward"
+def synthetic(**modules: str) -> ig.Graph:
+    """A tree from ``name="source"`` pairs; ``__`` in a name stands for a dot."""
+    sources = {name.replace("__", "."): text for name, text in modules.items()}
+    return ig.build(sources, {name.split(".")[0] for name in sources})
 
 
-def test_commitlog_does_not_know_about_consume_queues() -> None:
-    for path, names in imported_modules("commitlog").items():
-        assert "consumequeue" not in names, path
+# ----------------------------------------------------------------- the rules fail
+def test_a_module_cycle_is_found_even_through_a_function_level_import() -> None:
+    g = synthetic(pkg="", pkg__a="from pkg import b\n", pkg__b="def f():\n    from pkg.a import x\n")
+    assert ig.cycles(g.internal) == [["pkg.a", "pkg.b"]]
 
 
-def test_the_store_facade_is_free_of_trio() -> None:
-    for path, names in imported_modules("broker").items():
-        if Path(path).name in {"_store.py", "_recovery.py", "_checkpoint.py", "_topics.py", "_results.py", "_durable_file.py"}:
-            assert not names & SERVICE_LIBS, f"{path} imports {names & SERVICE_LIBS}"
+def test_a_cycle_only_type_checkers_see_is_still_a_cycle() -> None:
+    g = synthetic(pkg="", pkg__a="from .b import B\n",
+                  pkg__b="from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n")  # fmt: skip
+    assert ig.cycles(g.internal) == [["pkg.a", "pkg.b"]]
 
 
-def test_only_the_spark_connector_imports_pyspark() -> None:
-    for package in ("commitlog", "consumequeue", "broker", "client", "nameserver", "protocol"):
-        for path, names in imported_modules(package).items():
-            assert not names & {"pyspark", "pyarrow"}, f"{path} imports {names & {'pyspark', 'pyarrow'}}"
+def test_a_cycle_between_packages_is_found_though_the_modules_do_not_form_one() -> None:
+    g = synthetic(one="", one__a="import two.c\n", one__b="", two="", two__c="", two__d="from one import b\n")
+    assert ig.cycles(g.internal) == []
+    assert ig.cycles(ig.package_edges(g)) == [["one", "two"]]
 
 
-def test_the_wire_protocol_is_sans_io() -> None:
-    for path, names in imported_modules("protocol").items():
-        assert not names & {"trio", "socket", "asyncio", "selectors"}, f"{path} imports {names}"
+def test_relative_imports_resolve_to_the_module_they_name() -> None:
+    g = synthetic(pkg="from ._x import y\n", pkg___x="", pkg__sub="", pkg__sub__m="from .. import _x\nfrom ..sub import n\n",
+                  pkg__sub__n="")  # fmt: skip
+    assert g.internal["pkg"] == {"pkg._x"}
+    assert g.internal["pkg.sub.m"] == {"pkg._x", "pkg.sub.n"}
+
+
+def test_a_private_module_imported_from_another_package_is_found() -> None:
+    g = synthetic(one="", one___impl="", one__pub="from ._impl import x\n", two="", two__m="from one._impl import x\n",
+                  three="", three__m="from one import _impl\n")  # fmt: skip
+    assert ig.private_imports(g) == ["three.m imports one._impl, private to one", "two.m imports one._impl, private to one"]
+
+
+def test_an_upward_import_and_a_module_in_no_layer_are_found() -> None:
+    g = synthetic(commitlog="import client\n", client="", elsewhere="")
+    assert ig.upward_imports(g) == ["commitlog (storage) imports client (clients), a higher layer",
+                                    "elsewhere is in no layer: add its room to LAYERS"]  # fmt: skip
+
+
+def test_a_forbidden_library_is_found() -> None:
+    g = synthetic(commitlog="def f():\n    import trio\n", protocol="import socket\n", client="import kazoo.client\n")
+    assert sorted(ig.library_violations(g)) == ["client imports kazoo, allowed only in broker.coordination",
+                                                "commitlog (storage) imports trio", "protocol (protocol) imports socket"]  # fmt: skip
+
+
+# ------------------------------------------------------------ on the real tree
+def test_no_module_imports_itself_back(tree: ig.Graph) -> None:
+    assert ig.cycles(tree.internal) == []
+
+
+def test_no_cycle_between_rooms_or_top_level_packages(tree: ig.Graph) -> None:
+    assert ig.cycles(ig.package_edges(tree)) == []
+    assert ig.cycles(ig.package_edges(tree, depth=1)) == []
+
+
+def test_no_package_imports_another_packages_private_modules(tree: ig.Graph) -> None:
+    assert ig.private_imports(tree) == []
+
+
+def test_layers_point_one_way(tree: ig.Graph) -> None:
+    assert ig.upward_imports(tree) == []
+
+
+def test_libraries_stay_in_their_rooms(tree: ig.Graph) -> None:
+    assert ig.library_violations(tree) == []
+
+
+def test_commitlog_does_not_know_about_consume_queues(tree: ig.Graph) -> None:
+    for module, targets in tree.internal.items():
+        if module.startswith("commitlog"):
+            assert not any(t.startswith("consumequeue") for t in targets), module
+
+
+def test_every_room_is_where_the_architecture_says(tree: ig.Graph) -> None:
+    """The rooms docs/architecture.md names exist, and each has its layer."""
+    for room, layer in [("broker.store", "storage"), ("protocol.transport", "transport"), ("broker.service", "services"),
+                        ("broker.replication", "services"), ("broker.coordination", "services"),
+                        ("broker.cli", "cli"), ("broker.cli.bench", "cli")]:  # fmt: skip
+        assert room in tree.packages, room
+        assert ig.layer_of(room) == layer, room

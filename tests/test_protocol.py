@@ -12,7 +12,7 @@ from protocol import (
     FLAG_RESPONSE, NEED_DATA, BatchError, ErrorCode, Frame, FrameDecoder, FrameRejected, ProtocolError, RequestCode,
     decode_batch, decode_records, encode_batch, encode_frame, set_queue_id,
 )  # fmt: skip
-from protocol._settings import SettingsError, load_settings
+from broker.cli.settings import SettingsError, load_settings
 
 
 def events(decoder: FrameDecoder) -> list:
@@ -141,7 +141,7 @@ def test_pulled_records_are_crc_checked() -> None:
 
 
 def test_settings_come_from_file_then_environment_then_flags(tmp_path) -> None:
-    from broker import BrokerConfig
+    from broker.service import BrokerConfig
 
     cfg = tmp_path / "broker.toml"
     cfg.write_text('[broker]\nbroker_name = "b1"\nlisten_port = 1234\nnamesrv_addrs = ["a:1", "b:2"]\nauto_create_topics = true\n')

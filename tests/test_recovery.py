@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import Store
+from broker.store import Store
 from commitlog import CorruptRecordError, Message
 
 from .conftest import small_config

@@ -17,7 +17,7 @@ import pytest
 
 
 
-from broker import Store, StoreConfig  # noqa: E402
+from broker.store import Store, StoreConfig  # noqa: E402
 from client import BlockingAdmin, BlockingProducer  # noqa: E402
 from commitlog import CommitLogConfig, Message, Record  # noqa: E402
 from spark_connector._layout import LayoutError, local_layout  # noqa: E402
@@ -297,7 +297,7 @@ def test_an_available_now_stream_collects_every_message_exactly_once(spark: Any,
 
 # ------------------------------------------------------------------------ export
 def test_export_function_writes_every_row(spark: Any, filled: tuple[Path, list[tuple]], tmp_path: Path) -> None:
-    from spark_connector._export import export
+    from spark_connector import export
 
     path, rows = filled
     summary = export(spark, {"path": str(path), "topics": "orders"}, "parquet", str(tmp_path / "o"))

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker import GetStatus, PartitionStore, PutStatus, Store
+from broker.store import GetStatus, PartitionStore, PutStatus, Store
 from commitlog import Message, PackedMessages, pack_messages
 
 from .conftest import msgs, small_config
@@ -101,7 +101,7 @@ def test_a_second_process_cannot_open_the_same_directory(store_dir: Path) -> Non
     with Store.open(small_config(store_dir)):
         code = (
             "import sys; sys.path.insert(0, %r)\n"
-            "from broker import Store, StoreLockedError\nfrom tests.conftest import small_config\n"
+            "from broker.store import Store, StoreLockedError\nfrom tests.conftest import small_config\n"
             "try:\n    Store.open(small_config(%r))\nexcept StoreLockedError as e:\n    print('LOCKED', e)\n"
         ) % (str(Path(__file__).parents[1]), str(store_dir))
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -319,7 +319,7 @@ def test_contiguous_runs_match_their_definition(gaps_sizes: list[tuple[int, int]
     array version must cut exactly where the record-by-record definition does."""
     import numpy as np
 
-    from broker._store import _contiguous_runs
+    from broker.store._store import _contiguous_runs
 
     offsets, sizes, at = [], [], 1000
     for gap, size in gaps_sizes:  # gap 0: this record follows the previous one

@@ -21,7 +21,7 @@ from typing import Callable
 
 from commitlog import CommitLogConfig, FlushMode, Message
 
-from ._store import Store, StoreConfig
+from broker.store import Store, StoreConfig
 
 
 @dataclass

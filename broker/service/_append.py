@@ -20,16 +20,15 @@ from dataclasses import dataclass, field
 
 import trio
 
-from commitlog import Host, PackedMessages
+from commitlog import Host, PackedMessages, ServiceError
 
-from ._base import StoreBase
-from ._results import PutResult, PutStatus
+from broker.store import PutResult, PutStatus, StorageEngine
 
 _BAD_INPUT = {PutStatus.MESSAGE_TOO_LARGE, PutStatus.INVALID_MESSAGE, PutStatus.INVALID_TOPIC, PutStatus.UNKNOWN_TOPIC,
               PutStatus.INVALID_QUEUE_ID, PutStatus.MALFORMED_BATCH}  # fmt: skip
 
 
-class BusyError(Exception):
+class BusyError(ServiceError):
     """More produce bytes are waiting than ``max_inflight_produce_bytes`` allows."""
 
 
@@ -43,7 +42,7 @@ class PendingPut:
 
 
 class AppendLane:
-    def __init__(self, store: StoreBase, max_inflight_bytes: int, max_group_bytes: int = 4 << 20,
+    def __init__(self, store: StorageEngine, max_inflight_bytes: int, max_group_bytes: int = 4 << 20,
                  inline_max_bytes: int = 64 << 10) -> None:  # fmt: skip
         self.store = store
         self.inline_max_bytes = inline_max_bytes

@@ -24,11 +24,10 @@ from typing import Any, Callable
 
 import trio
 
-from client import MessageQueue, RpcClient, open_admin, open_consumer
-from client._producer import Producer
-from client._routes import Routes
+from client import MessageQueue, Producer, Routes, open_admin, open_consumer
 from commitlog import Message
 from protocol import encode_batch
+from protocol.transport import RpcClient
 
 
 @dataclass
@@ -266,7 +265,7 @@ def markdown(result: dict) -> str:
 def cmd_bench_e2e(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .bench_report import save
+    from .report import save
 
     console = Console()
     result = run_all(args, lambda line: console.print(line, highlight=False))

@@ -9,17 +9,14 @@ polling) until any of its queues gets entries or ``max_wait_ms`` passes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
-from nameserver import Reply, RequestError, need
 from protocol import ErrorCode, Frame
+from protocol.transport import Reply, RequestError, need
 
-from ._results import GetStatus
-
-if TYPE_CHECKING:
-    from ._handlers import Handlers
+from ._context import BrokerContext
 
 QueueAsk = tuple[str, int, int, "list[str] | None"]  # topic, queue id, offset, tags
 
@@ -35,10 +32,10 @@ def parse_queues(fields: dict[str, Any]) -> list[QueueAsk]:
 
 
 class Fetch:
-    def __init__(self, handlers: "Handlers") -> None:
-        self.h = handlers
-        self.store = handlers.store
-        self.config = handlers.config
+    def __init__(self, context: BrokerContext) -> None:
+        self.waiters = context.waiters
+        self.store = context.store
+        self.config = context.config
 
     async def handle(self, frame: Frame, _peer: object) -> Reply:
         f = frame.fields
@@ -75,7 +72,7 @@ class Fetch:
     async def _wait_any(self, asks: list[QueueAsk], wait_ms: int) -> None:
         event = trio.Event()
         keys = [(topic, qid) for topic, qid, _o, _t in asks]
-        waiters = self.h.b.waiters
+        waiters = self.waiters
         for key in keys:  # before the check: an arrival in between is not missed
             waiters.add(key, event)
         try:
@@ -87,5 +84,3 @@ class Fetch:
             for key in keys:
                 waiters.unregister(key, event)
 
-
-__all__ = ["Fetch", "GetStatus"]

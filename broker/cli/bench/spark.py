@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from spark_connector import spark_available
+
 
 def add_command(bench_sub: Any) -> None:
     p = bench_sub.add_parser("spark", help="Spark scan of the clmq data source against Parquet (needs clmq[spark])")
@@ -32,7 +34,7 @@ def add_command(bench_sub: Any) -> None:
 
 def build_store(path: Path, messages: int, size: int, queues: int) -> int:
     """A store of ``messages`` messages; returns the log's size in bytes."""
-    from broker import Store, StoreConfig
+    from broker.store import Store, StoreConfig
     from commitlog import CommitLogConfig, Message
 
     import os
@@ -57,7 +59,7 @@ def _timed(action: Callable[[], Any]) -> float:
 
 def run(root: Path, messages: int, size: int, queues: int, runs: int, master: str,
         report: Callable[[str], None]) -> dict:  # fmt: skip
-    from ._export import export, spark_session
+    from spark_connector import export, spark_session
 
     store_dir, parquet_dir = root / "store", root / "parquet"
     t0 = time.perf_counter()
@@ -110,11 +112,9 @@ def markdown(r: dict) -> str:
 def cmd_bench_spark(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from broker.bench_report import save
+    from .report import save
 
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
+    if not spark_available():
         Console().print("[red]clmq bench spark needs Spark: pip install 'clmq[spark]' (and a Java runtime)")
         return 2
 

@@ -7,22 +7,19 @@ loop; pulls read on the loop (see ``_read``).
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from commitlog import FlushMode
-from nameserver import Later, Peer, Reply, RequestError, need
+from broker.store import GetStatus, PutStatus, RawRead
 from protocol import ErrorCode, Frame, RequestCode
+from protocol.transport import Handler, Later, Peer, Reply, RequestError, need
 
 from ._append import BusyError, PendingPut
+from ._context import BrokerContext, now_ms
 from ._fetch import Fetch
 from ._log_reads import LogReads
-from ._results import GetStatus, PutStatus
-
-if TYPE_CHECKING:
-    from ._service import Broker
 
 # A look-up of thousands of queues yields to other clients every this many rows: a
 # checkpoint per row cost more than the row (about 2 us) and let every other request
@@ -43,24 +40,21 @@ _PUT_ERRORS = {
 }
 
 
-def now_ms() -> float:
-    return time.monotonic() * 1000
-
-
 class Handlers:
-    """Every request the broker serves, bound to one :class:`Broker`."""
+    """Every request the broker serves, bound to one broker's :class:`BrokerContext`."""
 
-    def __init__(self, broker: "Broker") -> None:
-        self.b = broker
-        self.store = broker.store
-        self.config = broker.config
+    def __init__(self, context: BrokerContext) -> None:
+        self.b = context
+        self.store = context.store
+        self.config = context.config
         self._read_limiter = trio.CapacityLimiter(4)
 
-    def table(self) -> dict[int, Any]:
+    def table(self) -> dict[int, Handler]:
+        log_reads = LogReads(self.b)
         return {
             RequestCode.SEND_MESSAGE: self.send_message,
             RequestCode.PULL_MESSAGE: self.pull_message,
-            RequestCode.PULL_MESSAGES: Fetch(self).handle,
+            RequestCode.PULL_MESSAGES: Fetch(self.b).handle,
             RequestCode.QUERY_OFFSETS: self.query_offsets,
             RequestCode.SEARCH_OFFSET: self.search_offset,
             RequestCode.COMMIT_OFFSET: self.commit_offset,
@@ -76,8 +70,8 @@ class Handlers:
             RequestCode.LIST_TOPICS: self.list_topics,
             RequestCode.DESCRIBE_TOPIC: self.describe_topic,
             RequestCode.BROKER_INFO: self.broker_info,
-            RequestCode.GET_LOG_LAYOUT: LogReads(self).layout,
-            RequestCode.READ_LOG: LogReads(self).read,
+            RequestCode.GET_LOG_LAYOUT: log_reads.layout,
+            RequestCode.READ_LOG: log_reads.read,
         }
 
     # ------------------------------------------------------------------ produce
@@ -139,7 +133,7 @@ class Handlers:
                   "max_offset": res.max_offset, "count": res.count}  # fmt: skip
         return Reply(fields, spans=res.spans)
 
-    async def _read(self, topic: str, qid: int, offset: int, limit: int, tags: list[str] | None) -> Any:
+    async def _read(self, topic: str, qid: int, offset: int, limit: int, tags: list[str] | None) -> RawRead:
         # On the event loop, not in a thread: a pull reads a few 20-byte entries (from
         # the page cache, for consumers that keep up) and the records themselves go out
         # with sendfile, so a thread hop per pull would cost more than the read.
@@ -285,8 +279,8 @@ class Handlers:
 
     async def broker_info(self, frame: Frame, peer: Peer) -> Reply:
         c = self.config
-        return Reply({"broker_name": c.broker_name, "cluster": c.cluster, "addr": self.b.addr,
+        return Reply({"broker_name": c.broker_name, "cluster": c.cluster, "addr": self.b.addr(),
                       "storage_mode": c.storage_mode, "flush_mode": c.flush_mode, "end_offset": self.store.end_offset,
                       "durable_offset": self.store.durable_offset, "dispatch_lag_bytes": self.store.dispatch_lag_bytes,
-                      "connections": self.b.rpc.connections,
+                      "connections": self.b.connections(),
                       "topics": len(self.store.topics.all())})  # fmt: skip

@@ -7,9 +7,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from commitlog import CommitLogConfig, GiB, MiB
-
-from ._base import StoreConfig
+from broker.store import StoreConfig
+from commitlog import CommitLogConfig, FlushMode, GiB, MiB
 
 
 @dataclass
@@ -55,7 +54,7 @@ class BrokerConfig:
         except ValueError:  # a host name: records carry addresses only
             store_host = ("0.0.0.0", self.listen_port)
         log = CommitLogConfig(segment_bytes=self.segment_bytes, max_message_bytes=self.max_message_bytes,
-                              flush_mode=self.flush_mode, flush_interval_ms=self.flush_interval_ms,
+                              flush_mode=FlushMode(self.flush_mode), flush_interval_ms=self.flush_interval_ms,
                               sync_flush_timeout_ms=self.sync_flush_timeout_ms, retention_ms=self.retention_ms,
                               store_host=store_host)  # fmt: skip
         return StoreConfig(Path(self.data_dir), log, storage_mode=self.storage_mode,

@@ -19,6 +19,7 @@ from consumequeue import ENTRY_DTYPE, ConsumeQueueSet, Dispatcher, tag_hash
 
 from ._base import Stopwatch, StoreBase, StoreConfig, StoreLockedError
 from ._checkpoint import Checkpoint
+from ._partition_store import PartitionStore
 from ._recovery import recover_queues
 from ._results import PutResult, Span
 
@@ -31,7 +32,7 @@ class Store(StoreBase):
     """The CommitLog store. Open with :meth:`open`, then :meth:`start` the background threads.
 
     ``Store.open`` with ``storage_mode="partition-per-file"`` returns a
-    :class:`~broker._partition_store.PartitionStore` instead (the same API).
+    :class:`~broker.store.PartitionStore` instead (the same API).
     """
 
     # ---------------------------------------------------------------- lifecycle
@@ -39,8 +40,6 @@ class Store(StoreBase):
     def open(cls, config: StoreConfig) -> "Store":
         """Open the data directory, recovering from an unclean stop if there was one."""
         if config.storage_mode == "partition-per-file" and cls is Store:
-            from ._partition_store import PartitionStore
-
             return PartitionStore.open(config)  # type: ignore[return-value]
         self = cls(config)
         clock = Stopwatch()

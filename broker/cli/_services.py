@@ -16,13 +16,13 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
+from broker.service import BrokerConfig
+from broker.service import serve as serve_broker
 from client import ConnectionFailed, NoRouteError, RpcError, SendError, open_admin, open_consumer, open_producer
 from nameserver import NameServerConfig
 from nameserver import serve as serve_nameserver
-from protocol._settings import SettingsError, load_settings
 
-from ._config import BrokerConfig
-from ._service import serve as serve_broker
+from .settings import SettingsError, load_settings
 
 console = Console()
 DEFAULT_NAMESRV = "127.0.0.1:9876"

@@ -16,23 +16,9 @@ from protocol import (
     encode_frame,
 )  # fmt: skip
 
+from ._errors import ConnectionFailed, RpcError
+
 log = logging.getLogger("clmq.rpc")
-
-
-class RpcError(Exception):
-    """The server answered a request with an error code."""
-
-    def __init__(self, addr: str, code: int, text: str) -> None:
-        try:
-            name = ErrorCode(code).name
-        except ValueError:
-            name = f"error {code}"
-        super().__init__(f"{addr}: {name}: {text}")
-        self.addr, self.code, self.text = addr, code, text
-
-
-class ConnectionFailed(Exception):
-    """Could not reach a server, or the connection broke before the answer came."""
 
 
 def split_addr(addr: str) -> tuple[str, int]:

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from commitlog import Record, decode_record, fsync_dir, gather_fields, walk_records
-from commitlog._log import ScanResult  # the shape of a validating walk, shared with the CommitLog
+from commitlog import Record, ScanResult, decode_record, fsync_dir, gather_fields, walk_records
 from consumequeue import FileCache
 
 log = logging.getLogger("clmq.partition")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from ._durable_file import read_json, write_json
+from broker.store import read_json, write_json
 
 OffsetKey = tuple[str, str, int]  # group, topic, queue id
 

@@ -13,6 +13,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from ._services import add_commands
+from .bench.e2e import add_command as add_bench_e2e
+from .bench.spark import add_command as add_bench_spark
+from .export import add_command as add_export
+
 console = Console()
 
 
@@ -64,22 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
                            "per case over loopback")
     cmp_.set_defaults(func=cmd_bench_compare)
 
-    from .bench_e2e import add_command as add_bench_e2e
-    from .cli_service import add_commands
-
     add_bench_e2e(bench_sub)
     add_commands(sub)
-    # The Spark commands: their modules define arguments only; pyspark loads when they run.
-    from spark_connector._bench import add_command as add_bench_spark
-    from spark_connector._export import add_command as add_export
-
+    # The Spark commands define arguments only; pyspark loads when they run.
     add_bench_spark(bench_sub)
     add_export(sub)
     return parser
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from broker import Store, StoreConfig
+    from broker.store import Store, StoreConfig
     from commitlog import Message
 
     cfg = StoreConfig(args.data_dir)
@@ -113,7 +112,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_store(args: argparse.Namespace) -> int:
-    from .bench_store import run_all, write_json
+    from .bench.store import run_all, write_json
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-", dir="."))
     result = run_all(root, sizes=args.sizes, queue_counts=args.queues, flushes=args.flush.split(","),
@@ -122,7 +121,7 @@ def cmd_bench_store(args: argparse.Namespace) -> int:
                      report=lambda s: console.print(f"[dim]{s}"), save=lambda r: write_json(r, args.json))  # fmt: skip
     _print_store_tables(result)
     if args.markdown:
-        from .bench_report import store_markdown
+        from .bench.report import store_markdown
 
         args.markdown.write_text(store_markdown(result))
     console.print(f"JSON written to {args.json}")
@@ -130,7 +129,7 @@ def cmd_bench_store(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_compare(args: argparse.Namespace) -> int:
-    from .bench_compare import compare, plot
+    from .bench.compare import compare, plot
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-", dir="."))
     queues = args.queues + ([100_000] if args.huge else [])
@@ -141,7 +140,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
     plot(result, args.plot)
     _print_compare_table(result)
     if args.markdown:
-        from .bench_report import compare_markdown
+        from .bench.report import compare_markdown
 
         args.markdown.write_text(compare_markdown(result))
     console.print(f"JSON written to {args.json}, plot to {args.plot}")

@@ -17,8 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from commitlog import DurableOffset, FlushMode, Message, QueueKey, Record, now_ms
-from commitlog._encoder import BatchEncoder, EncodeError
+from commitlog import BatchEncoder, DurableOffset, EncodeError, FlushMode, Message, QueueKey, Record, now_ms
 from consumequeue import FileCache
 
 from ._base import Stopwatch, StoreBase, StoreConfig

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import trio
 
-from client import RpcClient, open_admin
+from client import open_admin
 from commitlog import Message
 from protocol import RequestCode, encode_batch
+from protocol.transport import RpcClient
 
-from .bench_compare import BATCH, Case, Figures, queue_sequence
-from .bench_e2e import BrokerProcess
+from .cases import BATCH, Case, Figures, queue_sequence
+from .e2e import BrokerProcess
 
 SENDERS = 4  # requests in flight at once (they share group commits under sync flush)
 

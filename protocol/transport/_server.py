@@ -12,9 +12,7 @@ ever loses its own connection.
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable
 
 import trio
 
@@ -23,58 +21,11 @@ from protocol import (
     encode_frame_prefix, response_to,
 )  # fmt: skip
 
+from ._errors import RequestError
+from ._handler import Handler, Later, Peer, Reply
+from ._spans import send_spans
+
 log = logging.getLogger("clmq.server")
-
-
-class FileSpan(Protocol):
-    path: str | None
-    position: int
-    length: int
-    data: bytes | None
-
-
-@dataclass
-class Reply:
-    """A handler's answer: fields, and a body given as bytes or as file spans."""
-
-    fields: dict[str, Any] = field(default_factory=dict)
-    body: bytes = b""
-    spans: list[Any] | None = None
-    error_code: int = 0
-    error_text: str = ""
-
-
-@dataclass
-class Later:
-    """A handler's answer for a *serial* request whose ordered part is done: the
-    connection goes on to its next request while ``finish`` produces the reply."""
-
-    finish: Callable[[], Awaitable[Reply]]
-
-
-class RequestError(Exception):
-    """Raised by a handler to answer with an error code."""
-
-    def __init__(self, code: ErrorCode, text: str) -> None:
-        super().__init__(text)
-        self.code, self.text = code, text
-
-
-@dataclass(frozen=True)
-class Peer:
-    host: str
-    port: int
-
-
-Handler = Callable[[Frame, Peer], Awaitable["Reply | Later"]]
-
-
-def need(fields: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
-    """A required request field of the given type, or a MALFORMED_REQUEST error."""
-    value = fields.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
-        raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field {name!r} missing or not {getattr(kind, '__name__', kind)}")
-    return value
 
 
 class RpcServer:
@@ -288,32 +239,3 @@ class _ServerConnection:
                 await self.stream.aclose()
 
 
-async def send_spans(stream: trio.abc.SendStream, spans: list[Any]) -> None:
-    """Send stored bytes: with ``os.sendfile`` (zero copy) when ``stream`` is a TCP
-    socket stream and the span names a file, else by reading and sending."""
-    sock = getattr(stream, "socket", None)
-    for span in spans:
-        if span.data is not None:
-            await stream.send_all(span.data)
-        elif sock is not None:
-            await _sendfile(sock, span.path, span.position, span.length)
-        else:
-            with open(span.path, "rb") as f:
-                await stream.send_all(os.pread(f.fileno(), span.length, span.position))
-
-
-async def _sendfile(sock: trio.socket.SocketType, path: str, position: int, length: int) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        sent = 0
-        while sent < length:
-            try:
-                n = os.sendfile(sock.fileno(), fd, position + sent, length - sent)
-            except BlockingIOError:
-                await trio.lowlevel.wait_writable(sock)
-                continue
-            if n == 0:
-                raise OSError(f"{path} ended at {position + sent} while sending (truncated underneath?)")
-            sent += n
-    finally:
-        os.close(fd)

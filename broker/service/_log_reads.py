@@ -8,38 +8,37 @@ the reader walks and checks the records itself, so the broker does no per-record
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 import trio
 
-from nameserver import Reply, RequestError, need
+from broker.store import Span, Store
+from commitlog import CommitLog
 from protocol import ErrorCode, Frame
+from protocol.transport import Reply, RequestError, need
 
-from ._results import Span
-
-if TYPE_CHECKING:
-    from ._handlers import Handlers
+from ._context import BrokerContext
 
 MAX_READ_LOG_BYTES = 16 << 20  # one READ_LOG answer at most (the broker's max_pull_bytes caps it too)
 
 
 class LogReads:
-    def __init__(self, handlers: "Handlers") -> None:
-        self.store = handlers.store
-        self.config = handlers.config
+    def __init__(self, context: BrokerContext) -> None:
+        self.store = context.store
+        self.config = context.config
 
-    def _log(self) -> Any:
-        log = getattr(self.store, "log", None)
-        if log is None:
+    def _store(self) -> Store:
+        if not isinstance(self.store, Store):
             raise RequestError(ErrorCode.REQUEST_NOT_SUPPORTED,
                                f"this broker stores in {self.config.storage_mode} mode: it has no CommitLog to read "
                                "in ranges; read its queues with PULL_MESSAGE")  # fmt: skip
-        return log
+        return self.store
+
+    def _log(self) -> CommitLog:
+        return self._store().log
 
     def snapshot_end(self) -> int:
         """Bytes below this are durable, dispatched to the queues and confirmed."""
         log = self._log()
-        return min(log.durable_offset, self.store.dispatcher.dispatched_offset, log.confirmed_offset)
+        return min(log.durable_offset, self._store().dispatcher.dispatched_offset, log.confirmed_offset)
 
     async def layout(self, frame: Frame, _peer: object) -> Reply:
         log = self._log()

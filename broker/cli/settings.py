@@ -14,10 +14,12 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
+from commitlog import ClmqError
+
 T = TypeVar("T")
 
 
-class SettingsError(ValueError):
+class SettingsError(ClmqError, ValueError):
     """A configuration a person has to fix; the message says where and what."""
 
 

@@ -7,18 +7,19 @@ import logging
 
 import trio
 
-from client import ConnectionFailed, RpcClient, RpcError
-from nameserver import RpcServer
+from typing import Any
+
+from broker.store import StorageEngine, Store
 from protocol import RequestCode
+from protocol.transport import ConnectionFailed, RpcClient, RpcError, RpcServer
 
 from ._append import AppendLane
-from ._base import StoreBase
 from ._config import BrokerConfig
+from ._context import BrokerContext, now_ms
 from ._groups import ConsumerGroups
-from ._handlers import Handlers, now_ms
+from ._handlers import Handlers
 from ._longpoll import PullWaiters
 from ._offsets import ConsumerOffsets
-from ._store import Store
 
 log = logging.getLogger("clmq.broker")
 
@@ -26,7 +27,7 @@ log = logging.getLogger("clmq.broker")
 class Broker:
     """A running broker (what :func:`serve` reports as started)."""
 
-    def __init__(self, config: BrokerConfig, store: StoreBase, token: trio.lowlevel.TrioToken) -> None:
+    def __init__(self, config: BrokerConfig, store: StorageEngine, token: trio.lowlevel.TrioToken) -> None:
         self.config = config
         self.store = store
         self.offsets = ConsumerOffsets(store.directory / "consumer_offsets.json")
@@ -34,7 +35,10 @@ class Broker:
         self.waiters = PullWaiters(token)
         store.add_arrival_listener(self.waiters.on_arrivals)
         self.lane = AppendLane(store, config.max_inflight_produce_bytes, inline_max_bytes=config.inline_append_max_bytes)
-        self.handlers = Handlers(self)
+        self.context = BrokerContext(config, store, self.offsets, self.groups, self.waiters, self.lane,
+                                     register_now=self.register_now, addr=lambda: self.addr,
+                                     connections=lambda: self.rpc.connections)  # fmt: skip
+        self.handlers = Handlers(self.context)
         self.rpc = RpcServer(f"broker {config.broker_name}", self.handlers.table(), max_frame_bytes=config.max_frame_bytes,
                              idle_timeout_ms=config.idle_timeout_ms,
                              max_inflight_per_connection=config.max_inflight_per_connection,
@@ -70,7 +74,7 @@ class Broker:
             for ns in self.config.namesrv_addrs:
                 nursery.start_soon(self._register_with, ns, fields)
 
-    async def _register_with(self, ns: str, fields: dict) -> None:
+    async def _register_with(self, ns: str, fields: dict[str, Any]) -> None:
         assert self.client is not None
         try:
             await self.client.request(ns, RequestCode.REGISTER_BROKER, fields, timeout_ms=3000)
@@ -119,7 +123,8 @@ class Broker:
             self.store.close()
 
 
-def open_store(config: BrokerConfig) -> StoreBase:
+def open_store(config: BrokerConfig) -> StorageEngine:
+    """Open (recovering if need be) and start the store a broker of ``config`` serves."""
     return Store.open(config.store_config()).start()
 
 

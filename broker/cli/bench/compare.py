@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import resource
 import shutil
 import statistics
@@ -26,43 +25,12 @@ from typing import Callable
 
 from commitlog import CommitLogConfig, FlushMode, Message
 
-MODES = ("commitlog", "partition-per-file")
-BATCH = 256
-
-
-@dataclass(frozen=True)
-class Case:
-    mode: str
-    size: int
-    queues: int
-    pattern: str  # "round-robin" or "skewed"
-    flush: str  # "async" or "sync"
-    seconds: float
-    root: str
-
-
-@dataclass
-class Figures:
-    msgs_per_s: float
-    mb_per_s: float
-    p50_ms: float
-    p99_ms: float
-    max_open_fds: int
-    peak_rss_mb: float
-
-
-def queue_sequence(pattern: str, queues: int, n: int, seed: int = 7) -> list[int]:
-    """Which queue each message goes to: round robin, or skewed (80% to a few hot queues)."""
-    if pattern == "round-robin":
-        return [i % queues for i in range(n)]
-    rng = random.Random(seed)
-    hot = max(1, queues // 100)
-    return [rng.randrange(hot) if rng.random() < 0.8 else rng.randrange(queues) for _ in range(n)]
-
+from .cases import BATCH, MODES, Case, Figures, queue_sequence
+from .via_broker import run_case_via_broker
 
 def run_case(case: Case) -> Figures:
     """Measure one case in this process (called in a fresh subprocess)."""
-    from broker import Store, StoreConfig
+    from broker.store import Store, StoreConfig
 
     path = Path(tempfile.mkdtemp(dir=case.root))
     cfg = StoreConfig(path, CommitLogConfig(flush_mode=FlushMode(case.flush), segment_bytes=256 << 20),
@@ -118,7 +86,7 @@ def _open_fds() -> int:
 
 
 def run_in_subprocess(case: Case) -> Figures:
-    out = subprocess.run([sys.executable, "-m", "broker.bench_compare", json.dumps(asdict(case))],
+    out = subprocess.run([sys.executable, "-m", "broker.cli.bench.compare", json.dumps(asdict(case))],
                          capture_output=True, text=True, check=False)  # fmt: skip
     if out.returncode != 0:
         raise RuntimeError(f"case {case} failed:\n{out.stderr[-2000:]}")
@@ -131,10 +99,7 @@ def compare(root: Path, *, sizes: list[int], queue_counts: list[int], patterns: 
 
     ``via="store"`` appends in a fresh process per case; ``via="broker"`` sends the same
     batches to a fresh broker process per case over loopback."""
-    if via == "broker":
-        from .bench_via_broker import run_case_via_broker as run_one
-    else:
-        run_one = run_in_subprocess
+    run_one = run_case_via_broker if via == "broker" else run_in_subprocess
     root.mkdir(parents=True, exist_ok=True)
     keys = [(s, q, p, f) for f in flushes for p in patterns for s in sizes for q in queue_counts]
     samples: dict[tuple, dict[str, list[Figures]]] = {k: {m: [] for m in MODES} for k in keys}

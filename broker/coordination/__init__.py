@@ -1,0 +1,7 @@
+"""Cluster coordination through ZooKeeper (kazoo): membership, leader election and
+epochs for broker groups (issue 16 builds it here).
+
+The only room of clmq allowed to import kazoo (``tests/test_layering.py`` checks it).
+It sits in the *services* layer and drives ``broker.replication``; kazoo's threads
+hand their events to trio through a trio token, never by blocking the event loop.
+"""

@@ -1,0 +1,8 @@
+"""The broker as a network service: a :class:`~broker.store.StorageEngine` behind the
+wire protocol (``protocol.transport``'s server), registered with every name server,
+stopped gracefully within a deadline. Start it with :func:`serve`."""
+
+from ._broker import Broker, open_store, serve
+from ._config import BrokerConfig
+
+__all__ = ["Broker", "BrokerConfig", "open_store", "serve"]

@@ -1,0 +1,37 @@
+"""What every request handler of a broker works with, in one object, so that handler
+modules depend on this small module and not on the broker that assembles them (which
+imports them: the other way would be a cycle)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from broker.store import StorageEngine
+
+from ._append import AppendLane
+from ._config import BrokerConfig
+from ._groups import ConsumerGroups
+from ._longpoll import PullWaiters
+from ._offsets import ConsumerOffsets
+
+
+def now_ms() -> float:
+    """A monotonic clock in milliseconds, for expiry (never a wall-clock time)."""
+    return time.monotonic() * 1000
+
+
+@dataclass(frozen=True)
+class BrokerContext:
+    """The broker's state and the few things a handler may ask of the running broker."""
+
+    config: BrokerConfig
+    store: StorageEngine
+    offsets: ConsumerOffsets
+    groups: ConsumerGroups
+    waiters: PullWaiters
+    lane: AppendLane
+    register_now: Callable[[], None]  # re-register with the name servers now (topics changed)
+    addr: Callable[[], str]  # the address clients are told to use
+    connections: Callable[[], int]  # connections open now

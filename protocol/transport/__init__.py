@@ -1,0 +1,19 @@
+"""The wire protocol over trio, shared by every service and client: the server loop
+(:class:`RpcServer`: connections, frames to handlers, replies and zero-copy file
+spans) and the client side (:class:`RpcClient`: connections by address, requests
+matched to responses by id).
+
+The layer between the sans-IO protocol (the ``protocol`` package, which never imports
+this one) and the services built on it (broker, name server, clients).
+"""
+
+from ._client import RpcClient, background_nursery, split_addr
+from ._errors import ConnectionFailed, RequestError, RpcError
+from ._handler import FileSpan, Handler, Later, Peer, Reply, need
+from ._server import RpcServer
+from ._spans import send_spans
+
+__all__ = [
+    "ConnectionFailed", "FileSpan", "Handler", "Later", "Peer", "Reply", "RequestError", "RpcClient", "RpcError",
+    "RpcServer", "background_nursery", "need", "send_spans", "split_addr",
+]  # fmt: skip

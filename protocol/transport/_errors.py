@@ -1,0 +1,31 @@
+"""The transport's errors: a server that cannot be reached, a server's error answer,
+and a handler's way to give one."""
+
+from __future__ import annotations
+
+from commitlog import TransportError
+from protocol import ErrorCode
+
+
+class RpcError(TransportError):
+    """The server answered a request with an error code."""
+
+    def __init__(self, addr: str, code: int, text: str) -> None:
+        try:
+            name = ErrorCode(code).name
+        except ValueError:
+            name = f"error {code}"
+        super().__init__(f"{addr}: {name}: {text}")
+        self.addr, self.code, self.text = addr, code, text
+
+
+class ConnectionFailed(TransportError):
+    """Could not reach a server, or the connection broke before the answer came."""
+
+
+class RequestError(TransportError):
+    """Raised by a handler to answer with an error code."""
+
+    def __init__(self, code: ErrorCode, text: str) -> None:
+        super().__init__(text)
+        self.code, self.text = code, text

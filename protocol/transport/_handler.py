@@ -1,0 +1,56 @@
+"""What a request handler sees and returns: the peer, the reply (fields and a body of
+bytes or file spans), a deferred reply for serial requests, and errors that become
+error replies. Shared by every service that serves over :class:`RpcServer`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Protocol
+
+from protocol import ErrorCode, Frame
+
+from ._errors import RequestError
+
+class FileSpan(Protocol):
+    path: str | None
+    position: int
+    length: int
+    data: bytes | None
+
+
+@dataclass
+class Reply:
+    """A handler's answer: fields, and a body given as bytes or as file spans."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    body: bytes = b""
+    spans: list[Any] | None = None
+    error_code: int = 0
+    error_text: str = ""
+
+
+@dataclass
+class Later:
+    """A handler's answer for a *serial* request whose ordered part is done: the
+    connection goes on to its next request while ``finish`` produces the reply."""
+
+    finish: Callable[[], Awaitable[Reply]]
+
+
+@dataclass(frozen=True)
+class Peer:
+    host: str
+    port: int
+
+
+Handler = Callable[[Frame, Peer], Awaitable["Reply | Later"]]
+
+
+def need(fields: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    """A required request field of the given type, or a MALFORMED_REQUEST error."""
+    value = fields.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field {name!r} missing or not {getattr(kind, '__name__', kind)}")
+    return value
+
+
