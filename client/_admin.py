@@ -11,7 +11,6 @@ from protocol import RequestCode
 from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 
-
 class Admin:
     """Use :func:`open_admin` (trio) or :class:`client.BlockingAdmin`."""
 

@@ -41,7 +41,7 @@ class _Portal:
             async with context() as value:
                 self._ready.put((value, None))
                 await self._stop.wait()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+        except BaseException as e:
             if self._ready.empty():
                 self._ready.put((None, e))
             else:
@@ -75,7 +75,7 @@ class BlockingProducer:
     def close(self) -> None:
         self._portal.close()
 
-    def __enter__(self) -> "BlockingProducer":
+    def __enter__(self) -> BlockingProducer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -106,7 +106,7 @@ class BlockingConsumer:
     def close(self) -> None:
         self._portal.close()
 
-    def __enter__(self) -> "BlockingConsumer":
+    def __enter__(self) -> BlockingConsumer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -127,7 +127,7 @@ class BlockingAdmin:
     def close(self) -> None:
         self._portal.close()
 
-    def __enter__(self) -> "BlockingAdmin":
+    def __enter__(self) -> BlockingAdmin:
         return self
 
     def __exit__(self, *exc: object) -> None:

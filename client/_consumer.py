@@ -14,7 +14,6 @@ import logging
 import os
 import socket
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
@@ -129,7 +128,7 @@ class Consumer:
         """Hand a fetched batch to :meth:`receive`, waiting for room (backpressure)."""
         await self._send.send(batch)
 
-    async def _every(self, interval_ms: int, fn: "object") -> None:
+    async def _every(self, interval_ms: int, fn: object) -> None:
         while True:
             await trio.sleep(interval_ms / 1000)
             await fn()  # type: ignore[operator]

@@ -12,7 +12,9 @@ class TagFilter:
     def __init__(self, expression: str = "*") -> None:
         expr = expression.strip()
         self.expression = expr or "*"
-        self.tags: list[str] | None = None if self.expression == "*" else sorted({t.strip() for t in expr.split("||") if t.strip()})
+        self.tags: list[str] | None = (
+            None if self.expression == "*" else sorted({t.strip() for t in expr.split("||") if t.strip()})
+        )
 
     def matches(self, tag: str) -> bool:
         return self.tags is None or tag in self.tags

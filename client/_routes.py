@@ -13,7 +13,6 @@ from protocol import ErrorCode, RequestCode
 from protocol.transport import ConnectionFailed, RpcClient, RpcError
 
 
-
 class MessageQueue(NamedTuple):
     """One queue of a topic on one broker, ordered by topic, broker name, queue id.
 

@@ -12,9 +12,28 @@ import struct
 import numpy as np
 
 from ._record import (
-    BLANK_MAGIC, HEADER_SIZE, OFF_BODY_LEN, OFF_BORN_HOST, OFF_BORN_PORT, OFF_BORN_TS, OFF_COMMITLOG_OFFSET, OFF_CRC,
-    OFF_FLAGS, OFF_KEYS_LEN, OFF_MAGIC, OFF_PROPS_LEN, OFF_QUEUE_ID, OFF_QUEUE_OFFSET, OFF_RECONSUME, OFF_STORE_HOST,
-    OFF_STORE_PORT, OFF_STORE_TS, OFF_TAGS_LEN, OFF_TOPIC_LEN, OFF_TOTAL_SIZE, RECORD_MAGIC,
+    BLANK_MAGIC,
+    HEADER_SIZE,
+    OFF_BODY_LEN,
+    OFF_BORN_HOST,
+    OFF_BORN_PORT,
+    OFF_BORN_TS,
+    OFF_COMMITLOG_OFFSET,
+    OFF_CRC,
+    OFF_FLAGS,
+    OFF_KEYS_LEN,
+    OFF_MAGIC,
+    OFF_PROPS_LEN,
+    OFF_QUEUE_ID,
+    OFF_QUEUE_OFFSET,
+    OFF_RECONSUME,
+    OFF_STORE_HOST,
+    OFF_STORE_PORT,
+    OFF_STORE_TS,
+    OFF_TAGS_LEN,
+    OFF_TOPIC_LEN,
+    OFF_TOTAL_SIZE,
+    RECORD_MAGIC,
 )  # fmt: skip
 
 HEADER_DTYPE = np.dtype({
@@ -40,7 +59,7 @@ class Walk:
     one size is found with one vectorised check instead of one Python step per record.
     """
 
-    __slots__ = ("runs", "stop", "reason")
+    __slots__ = ("reason", "runs", "stop")
 
     def __init__(self, runs: list[tuple[int, int, int]], stop: int, reason: str) -> None:
         self.runs = runs

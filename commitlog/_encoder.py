@@ -19,8 +19,19 @@ import crc32c as _crc32c
 from ._errors import InvalidInputError
 from ._packed import ITEM, ITEM_SIZE, PackedMessages, PackError, overrun_error, unpack_messages
 from ._record import (
-    BLANK_SIZE, CRC_START, HEADER, HEADER_SIZE, MAX_KEYS_BYTES, MAX_TAGS_BYTES, MAX_TOPIC_BYTES, RECORD_MAGIC,
-    Message, decode_properties, encode_blank, encode_host, encode_properties,
+    BLANK_SIZE,
+    CRC_START,
+    HEADER,
+    HEADER_SIZE,
+    MAX_KEYS_BYTES,
+    MAX_TAGS_BYTES,
+    MAX_TOPIC_BYTES,
+    RECORD_MAGIC,
+    Message,
+    decode_properties,
+    encode_blank,
+    encode_host,
+    encode_properties,
 )  # fmt: skip
 
 QueueKey = tuple[str, int]
@@ -146,7 +157,7 @@ class BatchEncoder:
                 table[key] = value
         return out.finish()
 
-    def _encode_one_packed(self, batch: PackedMessages, queue_count: int, out: "_Layout", table: dict[QueueKey, int],
+    def _encode_one_packed(self, batch: PackedMessages, queue_count: int, out: _Layout, table: dict[QueueKey, int],
                            store_ts: int) -> dict[int, int]:  # fmt: skip
         """Lay out one batch's records; returns the next queue offset per queue id."""
         topic, data = self._bytes(batch.topic), batch.data

@@ -28,14 +28,25 @@ import crc32c as _crc32c
 import numpy as np
 
 from ._columns import Walk, gather_fields, walk_records
-from ._durability import DurableOffset
 from ._config import CommitLogConfig, FlushMode
+from ._durability import DurableOffset
 from ._encoder import BatchEncoder, EncodedBatch, EncodeError, Group, restore_offsets
-from ._packed import PackedMessages
 from ._errors import CorruptRecordError
+from ._packed import PackedMessages
 from ._record import (
-    BLANK_MAGIC, BLANK_SIZE, CRC_START, HEADER_SIZE, OFF_COMMITLOG_OFFSET, OFF_QUEUE_ID, OFF_QUEUE_OFFSET, OFF_TOPIC_LEN,
-    RECORD_MAGIC, Message, Record, check_record, decode_record,
+    BLANK_MAGIC,
+    BLANK_SIZE,
+    CRC_START,
+    HEADER_SIZE,
+    OFF_COMMITLOG_OFFSET,
+    OFF_QUEUE_ID,
+    OFF_QUEUE_OFFSET,
+    OFF_TOPIC_LEN,
+    RECORD_MAGIC,
+    Message,
+    Record,
+    check_record,
+    decode_record,
 )  # fmt: skip
 from ._segment import Segment, fsync_dir, parse_segment_name
 
@@ -119,7 +130,7 @@ class CommitLog:
     # ----------------------------------------------------------------- opening
     @classmethod
     def open(cls, directory: Path | str, config: CommitLogConfig, *, clean: bool,
-             checkpoint_offset: int | None) -> "CommitLog":  # fmt: skip
+             checkpoint_offset: int | None) -> CommitLog:  # fmt: skip
         """Open (creating if needed) the log in ``directory``.
 
         After an unclean shutdown (``clean=False``) the log is validated from the start
@@ -251,7 +262,9 @@ class CommitLog:
         try:
             check_record(data, at, str(seg.path), seg.base + file_pos)
             found = _U64_AT(data, at + OFF_COMMITLOG_OFFSET)
-            return str(CorruptRecordError(str(seg.path), seg.base + file_pos, "commitlog offset", str(seg.base + file_pos), str(found)))
+            return str(
+                CorruptRecordError(str(seg.path), seg.base + file_pos, "commitlog offset", str(seg.base + file_pos), str(found))
+            )
         except CorruptRecordError as e:
             return str(e)
 
@@ -437,9 +450,13 @@ class CommitLog:
                 continue
             check_record(data, p, where, offset + p)
             if _U64_AT(data, p + OFF_COMMITLOG_OFFSET) != base + pos:
-                raise CorruptRecordError(where, offset + p, "commitlog offset", str(base + pos), str(_U64_AT(data, p + OFF_COMMITLOG_OFFSET)))
+                raise CorruptRecordError(
+                    where, offset + p, "commitlog offset", str(base + pos), str(_U64_AT(data, p + OFF_COMMITLOG_OFFSET))
+                )
             if pos + size + BLANK_SIZE > self.config.segment_bytes:
-                raise CorruptRecordError(where, offset + p, "segment room", f"<= {self.config.segment_bytes - pos - BLANK_SIZE}", str(size))
+                raise CorruptRecordError(
+                    where, offset + p, "segment room", f"<= {self.config.segment_bytes - pos - BLANK_SIZE}", str(size)
+                )
             key = (_topic_at(data, p), _U32.unpack_from(data, p + OFF_QUEUE_ID)[0])
             old = self._queue_offsets.get(key, 0)
             self._raw_undo.setdefault(key, old if key in self._queue_offsets else -1)
@@ -538,7 +555,9 @@ class CommitLog:
                 return None
             size = _U32.unpack(head)[0]
             if size > self.config.max_message_bytes or size > seg.end - offset:
-                raise CorruptRecordError(str(seg.path), offset, "total size", f"<= {min(self.config.max_message_bytes, seg.end - offset)}", str(size))
+                raise CorruptRecordError(
+                    str(seg.path), offset, "total size", f"<= {min(self.config.max_message_bytes, seg.end - offset)}", str(size)
+                )
         data = self.read_bytes(offset, size)
         if data is None:
             raise CorruptRecordError(str(seg.path), offset, "record extent", f"{size} bytes", "past the segment end")
@@ -662,7 +681,9 @@ class CommitLog:
             total = sum(s.size for s in segments)
             doomed = 0
             for seg in segments[:-1]:
-                too_old = self.config.retention_ms is not None and (now - os.fstat(seg.fd).st_mtime) * 1000 > self.config.retention_ms
+                too_old = (
+                    self.config.retention_ms is not None and (now - os.fstat(seg.fd).st_mtime) * 1000 > self.config.retention_ms
+                )
                 too_big = self.config.retention_bytes is not None and total > self.config.retention_bytes
                 if not (too_old or too_big):
                     break

@@ -14,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from array import array
@@ -30,7 +31,7 @@ def segment_name(base: int) -> str:
 
 
 def parse_segment_name(name: str) -> int | None:
-    stem, dot, suffix = name.partition(".")
+    stem, _dot, suffix = name.partition(".")
     if "." + suffix != SEGMENT_SUFFIX or len(stem) != 20 or not stem.isdigit():
         return None
     return int(stem)
@@ -65,7 +66,7 @@ class BoundaryIndex:
             return False
         positions = array("I")
         positions.frombytes(data)
-        if any(b <= a for a, b in zip(positions, positions[1:])):
+        if any(b <= a for a, b in itertools.pairwise(positions)):
             return False
         self.positions = positions
         self._next_mark = (positions[-1] // self.interval + 1) * self.interval if positions else self.interval

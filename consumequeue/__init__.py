@@ -10,6 +10,14 @@ from ._queue import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, ConsumeQueue, Entry
 from ._set import Arrivals, ConsumeQueueSet
 
 __all__ = [
-    "Arrivals", "ConsumeQueue", "ConsumeQueueSet", "Dispatcher", "ENTRY", "ENTRY_DTYPE", "ENTRY_SIZE",
-    "Entry", "FileCache", "tag_hash",
+    "ENTRY",
+    "ENTRY_DTYPE",
+    "ENTRY_SIZE",
+    "Arrivals",
+    "ConsumeQueue",
+    "ConsumeQueueSet",
+    "Dispatcher",
+    "Entry",
+    "FileCache",
+    "tag_hash",
 ]  # fmt: skip

@@ -156,4 +156,3 @@ class Dispatcher:
 
     def wake(self) -> None:
         self._wake.set()
-

@@ -27,7 +27,7 @@ from pathlib import Path
 class _Open:
     """A descriptor and the number of operations using it right now."""
 
-    __slots__ = ("fd", "users", "evicted")
+    __slots__ = ("evicted", "fd", "users")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd

@@ -95,7 +95,7 @@ class ConsumeQueue:
                     problem = f"{self._path(start)} holds {size} bytes, not a multiple of {ENTRY_SIZE}"
                     self._files.truncate(self._path(start), size - size % ENTRY_SIZE)
                 break
-        for start in starts[len(keep):]:
+        for start in starts[len(keep) :]:
             problem = problem or f"{self._path(start)} follows a short file"
             self._delete_file(start)
         self._starts = keep

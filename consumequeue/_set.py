@@ -40,7 +40,7 @@ class Arrivals:
     they ask about their own queue (``key in arrivals``).
     """
 
-    def __init__(self, codes: np.ndarray, owner: "ConsumeQueueSet") -> None:
+    def __init__(self, codes: np.ndarray, owner: ConsumeQueueSet) -> None:
         self._codes = codes
         self._owner = owner
         self._set: set[int] | None = None

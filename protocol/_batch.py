@@ -17,7 +17,17 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from commitlog import HEADER_SIZE, Host, Message, PackedMessages, PackError, Record, decode_records_many, pack_messages, unpack_messages
+from commitlog import (
+    HEADER_SIZE,
+    Host,
+    Message,
+    PackedMessages,
+    PackError,
+    Record,
+    decode_records_many,
+    pack_messages,
+    unpack_messages,
+)
 from commitlog import set_queue_id as set_queue_id
 
 BatchError = PackError  # a batch body that does not decode

@@ -36,8 +36,6 @@ MAX_HEADER_BYTES: Final = 1 << 20  # a header is small; anything bigger is garba
 DEFAULT_MAX_FRAME_BYTES: Final = 64 << 20
 
 
-
-
 class _NeedData:
     def __repr__(self) -> str:
         return "NEED_DATA"

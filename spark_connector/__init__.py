@@ -20,7 +20,11 @@ _EXPORTS = {
     "export": "._export", "spark_session": "._export", "ExportSummary": "._export", "FORMATS": "._export",
 }  # fmt: skip
 
-__all__ = sorted([*_EXPORTS, "spark_available"])
+__all__ = [
+    "COLUMNS", "FORMATS", "SCHEMA_DDL", "ClmqDataSource", "ExportSummary", "LayoutError", "LogLayout", "OptionError",
+    "ReadOptions", "export", "local_layout", "parse_options", "read_corrupt_log", "register", "spark_available",
+    "spark_session",
+]  # fmt: skip
 
 
 def spark_available() -> bool:

@@ -88,7 +88,7 @@ class _Progress:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "_Progress":
+    def __enter__(self) -> _Progress:
         self.thread.start()
         return self
 

@@ -107,7 +107,7 @@ def _queues(raw: str | None) -> dict[str, tuple[int, ...]] | tuple[int, ...] | N
             return {str(t): tuple(int(q) for q in qs) for t, qs in json.loads(text).items()}
         return tuple(int(q) for q in _list(text))
     except (ValueError, TypeError, AttributeError):
-        raise OptionError(f"option queues={raw!r}: expected '0,1,2' or JSON such as " '{"orders": [0, 1]}') from None
+        raise OptionError(f"option queues={raw!r}: expected '0,1,2' or JSON such as {{\"orders\": [0, 1]}}") from None
 
 
 def _choice(opts: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:

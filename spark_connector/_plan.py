@@ -220,7 +220,7 @@ def choose_index_path(opts: ReadOptions, src: QueueSource, sel: Selection,
         return opts.read_path == "index"
     if src.layout.storage_mode != "commitlog":
         return True
-    if sel.all_queues and not sel.ranges or pieces is None:
+    if (sel.all_queues and not sel.ranges) or pieces is None:
         return False
     messages = sum(hi - lo for _t, _q, lo, hi in pieces)
     total = max(1, src.message_count())

@@ -22,7 +22,14 @@ import numpy as np
 import pyarrow as pa
 
 from commitlog import (
-    CRC_START, HEADER_DTYPE, HEADER_SIZE, OFF_COMMITLOG_OFFSET, CorruptRecordError, Walk, check_record, walk_records,
+    CRC_START,
+    HEADER_DTYPE,
+    HEADER_SIZE,
+    OFF_COMMITLOG_OFFSET,
+    CorruptRecordError,
+    Walk,
+    check_record,
+    walk_records,
 )  # fmt: skip
 
 from ._arrow import build_batch
@@ -150,9 +157,8 @@ def headers_at(buf: np.ndarray, starts: np.ndarray) -> np.ndarray:
     records are evenly spaced, as same-size records are; a gather otherwise)."""
     n = len(starts)
     stride = int(starts[1] - starts[0]) if n > 1 else HEADER_SIZE
-    if n > 1 and stride >= HEADER_SIZE and starts[-1] - starts[0] == stride * (n - 1) and \
-            (np.diff(starts) == stride).all():
-        rows = np.lib.stride_tricks.as_strided(buf[int(starts[0]):], shape=(n, HEADER_SIZE), strides=(stride, 1))
+    if n > 1 and stride >= HEADER_SIZE and starts[-1] - starts[0] == stride * (n - 1) and (np.diff(starts) == stride).all():
+        rows = np.lib.stride_tricks.as_strided(buf[int(starts[0]) :], shape=(n, HEADER_SIZE), strides=(stride, 1))
     else:
         rows = buf[starts[:, None] + np.arange(HEADER_SIZE)]
     return np.ascontiguousarray(rows).view(HEADER_DTYPE).reshape(n)

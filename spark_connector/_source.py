@@ -17,7 +17,8 @@ from ._arrow import SCHEMA_DDL
 from ._options import parse_options
 from ._plan import plan
 from ._stream import ClmqStreamReader
-from ._tasks import ClmqPartition, check_schema, open_sources, read_split, read_spec
+from ._tasks import ClmqPartition, check_schema, open_sources, read_spec, read_split
+
 
 class ClmqReader(DataSourceReader):
     """Batch reads: the snapshot is resolved here, once, when the query is planned."""

@@ -10,9 +10,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.store import Store  # noqa: E402
-from commitlog import FlushMode, Message  # noqa: E402
-from tests.conftest import small_config  # noqa: E402
+from broker.store import Store
+from commitlog import FlushMode, Message
+from tests.conftest import small_config
 
 QUEUES = 8
 

@@ -36,7 +36,9 @@ class Cluster:
         return [self.nameserver.addr]
 
     async def start_nameserver(self) -> NameServer:
-        self.nameserver = await self.nursery.start(serve_nameserver, NameServerConfig(listen_port=0, broker_expiry_ms=1500, scan_interval_ms=100))
+        self.nameserver = await self.nursery.start(
+            serve_nameserver, NameServerConfig(listen_port=0, broker_expiry_ms=1500, scan_interval_ms=100)
+        )
         return self.nameserver
 
     async def start_broker(self, name: str = "broker-a", port: int = 0, namesrv_addrs: list[str] | None = None,

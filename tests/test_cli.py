@@ -4,7 +4,6 @@ commands work and report what they should, not how fast anything is)."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -132,7 +131,9 @@ def test_service_commands_against_a_running_broker(tmp_path: Path) -> None:
         produced = clmq("produce", "cli", "one", "two", "three", "--tags", "T", "--namesrv", ns, cwd=tmp_path)
         assert produced.returncode == 0 and produced.stdout.count("offset 0") == 3, produced.stdout + produced.stderr
         consumed = clmq("consume", "cli", "--group", "g", "--count", "3", "--idle-timeout", "10", "--namesrv", ns, cwd=tmp_path)
-        assert consumed.returncode == 0 and sorted(line.split()[-1] for line in consumed.stdout.splitlines() if "[T]" in line) == ["one", "three", "two"]
+        assert consumed.returncode == 0 and sorted(
+            line.split()[-1] for line in consumed.stdout.splitlines() if "[T]" in line
+        ) == ["one", "three", "two"]
         described = clmq("group", "describe", "g", "--namesrv", ns, cwd=tmp_path)
         assert "total lag 0" in described.stdout, described.stdout
         topic = clmq("topic", "describe", "cli", "--namesrv", ns, cwd=tmp_path)

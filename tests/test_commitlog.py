@@ -9,13 +9,23 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commitlog import (
-    BLANK_MAGIC, AppendStatus, CommitLog, CommitLogConfig, ConfigError, CorruptRecordError, FlushMode, Message,
-    PackedMessages, PackError, decode_records_many, pack_messages, unpack_messages,
+    BLANK_MAGIC,
+    AppendStatus,
+    CommitLog,
+    CommitLogConfig,
+    ConfigError,
+    CorruptRecordError,
+    FlushMode,
+    Message,
+    PackedMessages,
+    PackError,
+    decode_records_many,
+    pack_messages,
+    unpack_messages,
 )  # fmt: skip
 from commitlog._encoder import BatchEncoder, EncodeError
 
@@ -44,7 +54,9 @@ def test_records_never_cross_segments_and_sealed_segments_end_in_blank(tmp_path:
         assert rec.commitlog_offset + rec.size <= base + CFG.segment_bytes - 8
     # the byte after each segment's last record is a blank marker filling the rest
     for base, _, path in segs[:-1]:
-        last = max((r for r in records if base <= r.commitlog_offset < base + CFG.segment_bytes), key=lambda r: r.commitlog_offset)
+        last = max(
+            (r for r in records if base <= r.commitlog_offset < base + CFG.segment_bytes), key=lambda r: r.commitlog_offset
+        )
         raw = path.read_bytes()
         pos = last.commitlog_offset - base + last.size
         assert struct.unpack_from("<II", raw, pos) == (CFG.segment_bytes - pos, BLANK_MAGIC)

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from commitlog import CommitLog, CommitLogConfig, Message, decode_record, gather_headers, walk_records
 from commitlog._encoder import BatchEncoder
-from consumequeue import _dispatch
-from consumequeue import ENTRY, Arrivals, ConsumeQueue, ConsumeQueueSet, Dispatcher, FileCache, tag_hash
+from consumequeue import ENTRY, Arrivals, ConsumeQueue, ConsumeQueueSet, Dispatcher, FileCache, _dispatch, tag_hash
 
 from .conftest import msgs
 
@@ -229,8 +228,18 @@ def test_nothing_past_the_confirmed_offset_is_dispatched(tmp_path: Path) -> None
     lg.close()
 
 
-@given(st.lists(st.tuples(st.sampled_from(["a", "bb", "topic.c"]), st.integers(0, 5), st.sampled_from(["", "T1", "TagB"]),
-                          st.binary(max_size=200)), min_size=1, max_size=60))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "bb", "topic.c"]),
+            st.integers(0, 5),
+            st.sampled_from(["", "T1", "TagB"]),
+            st.binary(max_size=200),
+        ),
+        min_size=1,
+        max_size=60,
+    )
+)
 @settings(max_examples=40, deadline=None)
 def test_small_rounds_parse_like_large_ones(records: list[tuple[str, int, str, bytes]]) -> None:
     """The per-record path for small rounds and the vectorised one give the same columns."""

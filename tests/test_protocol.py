@@ -7,12 +7,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.cli.settings import SettingsError, load_settings
 from commitlog import Message, encode_message
 from protocol import (
-    FLAG_RESPONSE, NEED_DATA, BatchError, ErrorCode, Frame, FrameDecoder, FrameRejected, ProtocolError, RequestCode,
-    decode_batch, decode_records, encode_batch, encode_frame, set_queue_id,
+    FLAG_RESPONSE,
+    NEED_DATA,
+    BatchError,
+    ErrorCode,
+    Frame,
+    FrameDecoder,
+    FrameRejected,
+    ProtocolError,
+    RequestCode,
+    decode_batch,
+    decode_records,
+    encode_batch,
+    encode_frame,
+    set_queue_id,
 )  # fmt: skip
-from broker.cli.settings import SettingsError, load_settings
 
 
 def events(decoder: FrameDecoder) -> list:
@@ -144,10 +156,18 @@ def test_settings_come_from_file_then_environment_then_flags(tmp_path) -> None:
     from broker.service import BrokerConfig
 
     cfg = tmp_path / "broker.toml"
-    cfg.write_text('[broker]\nbroker_name = "b1"\nlisten_port = 1234\nnamesrv_addrs = ["a:1", "b:2"]\nauto_create_topics = true\n')
+    cfg.write_text(
+        '[broker]\nbroker_name = "b1"\nlisten_port = 1234\nnamesrv_addrs = ["a:1", "b:2"]\nauto_create_topics = true\n'
+    )
     c = load_settings(BrokerConfig, cfg, section="broker", env={"CLMQ_LISTEN_PORT": "2000", "CLMQ_FLUSH_MODE": "sync"},
                       overrides={"broker_name": "b2", "data_dir": None})  # fmt: skip
-    assert (c.broker_name, c.listen_port, c.flush_mode, c.namesrv_addrs, c.auto_create_topics) == ("b2", 2000, "sync", ["a:1", "b:2"], True)
+    assert (c.broker_name, c.listen_port, c.flush_mode, c.namesrv_addrs, c.auto_create_topics) == (
+        "b2",
+        2000,
+        "sync",
+        ["a:1", "b:2"],
+        True,
+    )
     cfg.write_text("listen_prot = 1\n")
     with pytest.raises(SettingsError, match="unknown setting.*listen_prot"):
         load_settings(BrokerConfig, cfg)

@@ -14,7 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client import (
-    BlockingConsumer, BlockingProducer, Consumer, RpcClient, SendError, open_admin, open_consumer, open_producer,
+    BlockingConsumer,
+    BlockingProducer,
+    Consumer,
+    RpcClient,
+    SendError,
+    open_admin,
+    open_consumer,
+    open_producer,
 )  # fmt: skip
 from protocol import ErrorCode, Frame, RequestCode, encode_frame
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
@@ -45,7 +52,9 @@ async def send_direct(addr: str, topic: str, bodies: dict[int, list[bytes]]) -> 
     async with trio.open_nursery() as n:
         rpc = RpcClient(n)
         for q, queue_bodies in bodies.items():
-            await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": topic}, encode_batch([Message(topic, q, b) for b in queue_bodies]))
+            await rpc.request(
+                addr, RequestCode.SEND_MESSAGE, {"topic": topic}, encode_batch([Message(topic, q, b) for b in queue_bodies])
+            )
         await rpc.aclose()
 
 
@@ -245,9 +254,15 @@ async def test_malformed_truncated_and_oversized_frames(cluster: Cluster) -> Non
     # Unknown code and missing fields: errors, not crashes.
     reply = _reply(await trio.to_thread.run_sync(_raw_exchange, addr, encode_frame(Frame(999, 3)), True))
     assert reply["e"] == ErrorCode.REQUEST_NOT_SUPPORTED
-    reply = _reply(await trio.to_thread.run_sync(_raw_exchange, addr, encode_frame(Frame(RequestCode.SEND_MESSAGE, 4, {}, b"zz")), True))
+    reply = _reply(
+        await trio.to_thread.run_sync(_raw_exchange, addr, encode_frame(Frame(RequestCode.SEND_MESSAGE, 4, {}, b"zz")), True)
+    )
     assert reply["e"] == ErrorCode.MALFORMED_REQUEST
-    reply = _reply(await trio.to_thread.run_sync(_raw_exchange, addr, encode_frame(Frame(RequestCode.SEND_MESSAGE, 5, {"topic": "bad"}, b"\1\2\3")), True))
+    reply = _reply(
+        await trio.to_thread.run_sync(
+            _raw_exchange, addr, encode_frame(Frame(RequestCode.SEND_MESSAGE, 5, {"topic": "bad"}, b"\1\2\3")), True
+        )
+    )
     assert reply["e"] == ErrorCode.MALFORMED_REQUEST and "batch" in reply["m"]
     async with open_producer(cluster.ns) as p:  # others are served; nothing was stored by the bad frames
         assert (await p.send("bad", b"good")).queue_offset == 0
@@ -476,18 +491,20 @@ async def test_queues_are_asked_for_data_only_while_they_have_some(cluster: Clus
         rpc = RpcClient(n)
         with trio.fail_after(10):  # dispatched, so that the look-up sees them (else they come through watches)
             for q in range(4):
-                while (await rpc.request(addr, RequestCode.QUERY_OFFSETS, {"topic": "sparse", "queue_id": q})).fields["max_offset"] < 1:
+                while (await rpc.request(addr, RequestCode.QUERY_OFFSETS, {"topic": "sparse", "queue_id": q})).fields[
+                    "max_offset"
+                ] < 1:
                     await trio.sleep(0.01)
         await rpc.aclose()
     asked: list[tuple[int, int]] = []  # (max_wait_ms, queue id) of every queue in every fetch
-    real_request = Consumer._request
+    real_request = Consumer.request
 
     async def recording(self: Consumer, addr: str, code: int, fields: dict, timeout_ms: float | None = None) -> object:
         if code == RequestCode.PULL_MESSAGES:
             asked.extend((fields["max_wait_ms"], qid) for _t, qid, _o, _tags in fields["queues"])
         return await real_request(self, addr, code, fields, timeout_ms)
 
-    monkeypatch.setattr(Consumer, "_request", recording)
+    monkeypatch.setattr(Consumer, "request", recording)
     async with open_consumer(cluster.ns, "sparse-g", {"sparse": "*"}, **{**FAST_CONSUMER, "pull_wait_ms": 20_000}) as c:
         with trio.fail_after(10):
             early = [r for _ in range(4) for r in await c.receive()]

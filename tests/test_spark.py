@@ -10,21 +10,20 @@ import random
 import subprocess
 import sys
 import time
+from datetime import UTC
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-
-
-from broker.store import Store, StoreConfig  # noqa: E402
-from client import BlockingAdmin, BlockingProducer  # noqa: E402
-from commitlog import CommitLogConfig, Message, Record  # noqa: E402
-from spark_connector._layout import LayoutError, local_layout  # noqa: E402
-from spark_connector._local import LocalStore  # noqa: E402
-from spark_connector._options import OptionError, parse_options  # noqa: E402
-from spark_connector._plan import choose_index_path, index_pieces, plan, scan_splits, select  # noqa: E402
-from tests.service_helpers import cluster_in_thread  # noqa: E402
+from broker.store import Store, StoreConfig
+from client import BlockingAdmin, BlockingProducer
+from commitlog import CommitLogConfig, Message, Record
+from spark_connector._layout import LayoutError, local_layout
+from spark_connector._local import LocalStore
+from spark_connector._options import OptionError, parse_options
+from spark_connector._plan import choose_index_path, index_pieces, plan, scan_splits, select
+from tests.service_helpers import cluster_in_thread
 
 ALL_COLUMNS = ["topic", "queue_id", "queue_offset", "commitlog_offset", "tags", "keys", "properties", "body",
                "born_timestamp", "store_timestamp", "born_host", "store_host", "reconsume_times"]  # fmt: skip
@@ -87,9 +86,8 @@ def spark_rows(df: Any) -> list[tuple]:
 
 
 def _ms(ts: Any) -> int:
-    from datetime import timezone
 
-    return round(ts.replace(tzinfo=timezone.utc).timestamp() * 1000) if ts.tzinfo is None else round(ts.timestamp() * 1000)
+    return round(ts.replace(tzinfo=UTC).timestamp() * 1000) if ts.tzinfo is None else round(ts.timestamp() * 1000)
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +144,9 @@ def test_selections_by_topic_queue_offsets_and_timestamps(spark: Any, filled: tu
     assert got == [r for r in rows if t1 <= r[9] < t2] and got
 
 
-def test_index_path_returns_what_the_scan_returns_and_is_chosen_for_few_queues(spark: Any, filled: tuple[Path, list[tuple]]) -> None:
+def test_index_path_returns_what_the_scan_returns_and_is_chosen_for_few_queues(
+    spark: Any, filled: tuple[Path, list[tuple]]
+) -> None:
     path, rows = filled
     want = [r for r in rows if r[0] == "orders" and r[1] == 1 and r[2] >= 3]
     for read_path in ("index", "scan", "auto"):

@@ -195,7 +195,7 @@ async def _demo(namesrv: str) -> None:
     """Create a topic, send a few messages, consume them back as a group."""
     async with open_admin([namesrv]) as admin:
         with trio.fail_after(10):
-            while not await admin.brokers():
+            while not await admin.brokers():  # noqa: ASYNC110 - a remote state: the name server has no watch
                 await trio.sleep(0.05)
         await admin.create_topic("demo", 4)
     async with open_producer([namesrv]) as producer:
@@ -209,18 +209,26 @@ async def _demo(namesrv: str) -> None:
         stamp = time.strftime("%H:%M:%S")
         sent = []
         for i in range(5):
-            r = await producer.send("demo", f"hello #{i} at {stamp}".encode(), tags="TagA" if i % 2 == 0 else "TagB", keys=f"k{i}")
+            r = await producer.send(
+                "demo", f"hello #{i} at {stamp}".encode(), tags="TagA" if i % 2 == 0 else "TagB", keys=f"k{i}"
+            )
             sent.append(r)
             console.print(f"sent     queue {r.queue.queue_id} offset {r.queue_offset}: hello #{i}")
     want = {(r.queue.queue_id, r.queue_offset) for r in sent}
-    async with open_consumer([namesrv], f"demo-{os.getpid()}-{time.time_ns()}", {"demo": "*"}, start_from="earliest", pull_wait_ms=200) as consumer:
+    async with open_consumer(
+        [namesrv], f"demo-{os.getpid()}-{time.time_ns()}", {"demo": "*"}, start_from="earliest", pull_wait_ms=200
+    ) as consumer:
         with trio.move_on_after(10):
             while want:
                 for rec in await consumer.receive():
                     if (rec.queue_id, rec.queue_offset) in want:
                         want.discard((rec.queue_id, rec.queue_offset))
-                        console.print(f"received queue {rec.queue_id} offset {rec.queue_offset} [{rec.tags}]: {rec.body.decode()}")
-    console.print("[green]messages flowed: produced 5, consumed 5[/green]" if not want else f"[red]{len(want)} messages not consumed[/red]")
+                        console.print(
+                            f"received queue {rec.queue_id} offset {rec.queue_offset} [{rec.tags}]: {rec.body.decode()}"
+                        )
+    console.print(
+        "[green]messages flowed: produced 5, consumed 5[/green]" if not want else f"[red]{len(want)} messages not consumed[/red]"
+    )
 
 
 # ------------------------------------------------------------------- clients
@@ -300,7 +308,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
                     break
                 for rec in batch:
                     seen += 1
-                    print(f"{rec.topic} q{rec.queue_id} @{rec.queue_offset} [{rec.tags}] {rec.body.decode(errors='replace')}", flush=True)
+                    print(
+                        f"{rec.topic} q{rec.queue_id} @{rec.queue_offset} [{rec.tags}] {rec.body.decode(errors='replace')}",
+                        flush=True,
+                    )
         console.print(f"{seen} messages", style="dim")
         return 0
 

@@ -4,7 +4,7 @@ only until it runs: pyspark is imported then, so ``clmq --help`` stays fast."""
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from spark_connector import FORMATS, LayoutError, OptionError, spark_available
@@ -21,7 +21,7 @@ def add_command(sub: Any) -> None:
     p.add_argument("--topics", help="topics, comma separated (default: all)")
     p.add_argument("--topic-pattern", help="topics matching this regular expression")
     p.add_argument("--queues", help="queue ids '0,1' or JSON {\"topic\": [0, 1]} (default: all)")
-    p.add_argument("--from-offsets", help="'earliest' (default) or JSON {\"topic\": {\"0\": 42}}")
+    p.add_argument("--from-offsets", help='\'earliest\' (default) or JSON {"topic": {"0": 42}}')
     p.add_argument("--to-offsets", help="'latest' (default) or JSON; exclusive")
     p.add_argument("--from-time", help="start at messages stored at or after this time (ms since epoch or ISO 8601)")
     p.add_argument("--to-time", help="stop before messages stored at or after this time")
@@ -32,7 +32,12 @@ def add_command(sub: Any) -> None:
     p.add_argument("--body-as", choices=("raw", "text", "base64"), default=None,
                    help="body column: raw bytes (default; base64 for csv), UTF-8 text, or base64")  # fmt: skip
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*]: every core here)")
-    p.add_argument("--max-split-bytes", type=int, default=None, help="bytes of log per Spark task at most (default 128 MiB; less when the cores need more tasks)")
+    p.add_argument(
+        "--max-split-bytes",
+        type=int,
+        default=None,
+        help="bytes of log per Spark task at most (default 128 MiB; less when the cores need more tasks)",
+    )
     p.add_argument("--on-corrupt", choices=("fail", "skip"), default="fail",
                    help="a corrupt record fails the export (default) or is skipped and counted")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress display")
@@ -47,7 +52,7 @@ def _ms(text: str) -> str:
     except ValueError:
         raise SystemExit(f"clmq export: {text!r} is neither ms since the epoch nor an ISO 8601 time") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return str(int(dt.timestamp() * 1000))
 
 
@@ -101,5 +106,5 @@ def _root_message(e: BaseException) -> str:
     text = str(e)
     for marker in ("CorruptRecordError:", "LayoutError:", "OptionError:", "RemoteError:", "AnalysisException:"):
         if marker in text:
-            return text[text.index(marker):].splitlines()[0]
+            return text[text.index(marker) :].splitlines()[0]
     return text.splitlines()[0] if text else type(e).__name__

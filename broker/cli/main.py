@@ -64,9 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--json", type=Path, default=Path("bench-compare.json"), help="where to write the JSON")
     cmp_.add_argument("--plot", type=Path, default=Path("bench-compare.png"), help="where to draw the plot")
     cmp_.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown here")
-    cmp_.add_argument("--via", choices=["store", "broker"], default="store",
-                      help="store: append in-process (default); broker: send the same batches to a broker process "
-                           "per case over loopback")
+    cmp_.add_argument(
+        "--via",
+        choices=["store", "broker"],
+        default="store",
+        help="store: append in-process (default); broker: send the same batches to a broker process per case over loopback",
+    )
     cmp_.set_defaults(func=cmd_bench_compare)
 
     add_bench_e2e(bench_sub)
@@ -150,8 +153,23 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
 def _print_compare_table(result: dict) -> None:
     table = Table(title=f"commit-log (CL) vs partition-per-file (PPF), batches of {result['batch']}, "
                         f"median of {result['runs']} runs")  # fmt: skip
-    for col in ("size B", "queues", "pattern", "flush", "CL msgs/s", "PPF msgs/s", "CL/PPF", "CL MB/s", "PPF MB/s",
-                "CL p50/p99 ms", "PPF p50/p99 ms", "CL fds", "PPF fds", "CL MB rss", "PPF MB rss"):
+    for col in (
+        "size B",
+        "queues",
+        "pattern",
+        "flush",
+        "CL msgs/s",
+        "PPF msgs/s",
+        "CL/PPF",
+        "CL MB/s",
+        "PPF MB/s",
+        "CL p50/p99 ms",
+        "PPF p50/p99 ms",
+        "CL fds",
+        "PPF fds",
+        "CL MB rss",
+        "PPF MB rss",
+    ):
         table.add_column(col, justify="right")
     for r in result["rows"]:
         cl, pp = r["commitlog"], r["partition-per-file"]

@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from commitlog import Host, PackedMessages, ServiceError
-
 from broker.store import PutResult, PutStatus, StorageEngine
+from commitlog import Host, PackedMessages, ServiceError
 
 _BAD_INPUT = {PutStatus.MESSAGE_TOO_LARGE, PutStatus.INVALID_MESSAGE, PutStatus.INVALID_TOPIC, PutStatus.UNKNOWN_TOPIC,
               PutStatus.INVALID_QUEUE_ID, PutStatus.MALFORMED_BATCH}  # fmt: skip

@@ -4,10 +4,9 @@ with every name server, stopped gracefully within a deadline."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import trio
-
-from typing import Any
 
 from broker.store import StorageEngine, Store
 from protocol import RequestCode
@@ -140,7 +139,13 @@ async def serve(config: BrokerConfig, *, task_status: trio.TaskStatus[Broker] = 
             nursery.start_soon(broker.lane.run)
             nursery.start_soon(broker._register_loop)
             nursery.start_soon(broker._housekeeping_loop)
-            log.info("broker %s listening on %s (%s, %s flush)", config.broker_name, broker.addr, config.storage_mode, config.flush_mode)
+            log.info(
+                "broker %s listening on %s (%s, %s flush)",
+                config.broker_name,
+                broker.addr,
+                config.storage_mode,
+                config.flush_mode,
+            )
             task_status.started(broker)
             await broker._stop.wait()
             await broker._stop_gracefully()

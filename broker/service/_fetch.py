@@ -83,4 +83,3 @@ class Fetch:
         finally:
             for key in keys:
                 waiters.unregister(key, event)
-

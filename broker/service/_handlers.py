@@ -11,8 +11,8 @@ from typing import Any
 
 import trio
 
-from commitlog import FlushMode
 from broker.store import GetStatus, PutStatus, RawRead
+from commitlog import FlushMode
 from protocol import ErrorCode, Frame, RequestCode
 from protocol.transport import Handler, Later, Peer, Reply, RequestError, need
 
@@ -103,6 +103,7 @@ class Handlers:
         """Sync flush: wait for the group commit that covers ``end_offset``."""
         done = trio.Event()
         token = trio.lowlevel.current_trio_token()
+
         def wake() -> None:  # runs on the flusher thread
             try:
                 token.run_sync_soon(done.set)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # mypy checks here that both storage modes fulfil the contrac
     def _conforms(one_log: Store, per_queue: PartitionStore) -> tuple[StorageEngine, StorageEngine]:
         return one_log, per_queue
 
+
 __all__ = [
     "MAX_QUEUES_PER_TOPIC", "STORAGE_MODES", "GetResult", "GetStatus", "PartitionStore", "PutResult", "PutStatus",
     "RawRead", "Span", "StorageEngine", "Store", "StoreBase", "StoreConfig", "StoreLockedError", "TopicTable",

@@ -12,8 +12,18 @@ from pathlib import Path
 from typing import Callable, Collection, Iterable, Sequence
 
 from commitlog import (
-    CommitLogConfig, ConfigError, DurableOffset, FlushMode, Message, MiB, PackedMessages, PackError, QueueKey, Record,
-    StoreError, unpack_messages,
+    CommitLogConfig,
+    ConfigError,
+    DurableOffset,
+    FlushMode,
+    Message,
+    MiB,
+    PackedMessages,
+    PackError,
+    QueueKey,
+    Record,
+    StoreError,
+    unpack_messages,
 )  # fmt: skip
 
 from ._checkpoint import AbortMarker
@@ -121,7 +131,7 @@ class StoreBase:
             self._abort.remove()
         os.close(self._lock_fd)
 
-    def __enter__(self) -> "StoreBase":
+    def __enter__(self) -> StoreBase:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -191,7 +201,7 @@ class StoreBase:
         if len(counts) == 1:
             ((topic, count),) = counts.items()
             qids = [m.queue_id for m in messages]
-            if all(type(q) is int for q in qids) and 0 <= min(qids) and max(qids) < count:
+            if all(type(q) is int for q in qids) and min(qids) >= 0 and max(qids) < count:
                 return None
         for m in messages:
             count = counts[m.topic]
@@ -335,4 +345,3 @@ class StoreBase:
     def add_arrival_listener(self, fn: Callable[[Collection[QueueKey]], None]) -> None:
         """Call ``fn(keys)`` when queues get new messages readers can see (long polling)."""
         self._arrival_listeners = [*self._arrival_listeners, fn]
-

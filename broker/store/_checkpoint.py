@@ -27,7 +27,7 @@ class Checkpoint:
     queues: dict[QueueKey, tuple[int, int]] = field(default_factory=dict)  # (first, next)
 
     @classmethod
-    def load(cls, path: Path) -> "Checkpoint | None":
+    def load(cls, path: Path) -> Checkpoint | None:
         raw = read_json(path)
         try:
             if raw["version"] != CHECKPOINT_VERSION:

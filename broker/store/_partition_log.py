@@ -228,7 +228,7 @@ class PartitionLog:
 
     def offset_for_timestamp(self, files: FileCache, ts: int) -> int:
         for seg in self.segments:
-            if seg.times and seg.times[-1][0] >= ts or seg is self.segments[-1]:
+            if (seg.times and seg.times[-1][0] >= ts) or seg is self.segments[-1]:
                 start = max((r for t, r in seg.times if t < ts), default=0)
                 offset = seg.base + start
                 while offset < seg.next_offset:
@@ -274,7 +274,7 @@ def _validate(data: bytes, seg: PartSegment, verify: bool) -> ScanResult:
         for i, start in enumerate(starts[:good].tolist()):
             try:
                 decode_record(data, start, str(seg.path), start)
-            except Exception as e:  # noqa: BLE001 - any decode failure ends the valid prefix
+            except Exception as e:
                 good, problem = i, str(e)
                 break
         if good < len(starts):

@@ -50,7 +50,7 @@ class PartitionStore(StoreBase):
 
     # ---------------------------------------------------------------- lifecycle
     @classmethod
-    def open(cls, config: StoreConfig) -> "PartitionStore":
+    def open(cls, config: StoreConfig) -> PartitionStore:
         """Load every partition; after an unclean stop validate each from its recovery point."""
         self = cls(config)
         clock = Stopwatch()
@@ -94,7 +94,7 @@ class PartitionStore(StoreBase):
             for q in range(queue_count):
                 self._partition((topic, q))
 
-    def start(self) -> "PartitionStore":
+    def start(self) -> PartitionStore:
         self._start_threads([("clmq-flush", self._flush_loop), ("clmq-housekeeping", self._housekeeping)])
         return self
 
@@ -141,7 +141,10 @@ class PartitionStore(StoreBase):
                 return PutResult(status, f"{e.strerror} while appending to {self.root}: nothing written")
             end = self._written
         self._notify_arrivals(set(by_queue))
-        if self.config.commitlog.flush_mode is FlushMode.ASYNC and end - self._durable.value >= self.config.commitlog.flush_dirty_bytes:
+        if (
+            self.config.commitlog.flush_mode is FlushMode.ASYNC
+            and end - self._durable.value >= self.config.commitlog.flush_dirty_bytes
+        ):
             self._durable.flush_requested.set()
         return PutResult(PutStatus.OK, "", q_offsets, [], end, store_ts)
 
@@ -297,4 +300,3 @@ def _load_points(path: Path) -> dict[QueueKey, int] | None:
         return {(str(t), int(q)): int(n) for t, q, n in raw["points"]}  # type: ignore[index]
     except (TypeError, KeyError, ValueError):
         return None
-

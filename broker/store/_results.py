@@ -51,11 +51,11 @@ class PutResult:
         return self.status is PutStatus.OK
 
     @classmethod
-    def from_append(cls, r: AppendResult) -> "PutResult":
+    def from_append(cls, r: AppendResult) -> PutResult:
         return cls(_FROM_APPEND[r.status], r.error, r.queue_offsets, r.commitlog_offsets, r.end_offset,
                    r.store_timestamp_ms, r.batch_sizes)  # fmt: skip
 
-    def split(self) -> list["PutResult"]:
+    def split(self) -> list[PutResult]:
         """One result per batch of a successful ``put_packed``, in order."""
         out, at = [], 0
         for n in self.batch_sizes:

@@ -37,7 +37,7 @@ class Store(StoreBase):
 
     # ---------------------------------------------------------------- lifecycle
     @classmethod
-    def open(cls, config: StoreConfig) -> "Store":
+    def open(cls, config: StoreConfig) -> Store:
         """Open the data directory, recovering from an unclean stop if there was one."""
         if config.storage_mode == "partition-per-file" and cls is Store:
             return PartitionStore.open(config)  # type: ignore[return-value]
@@ -72,7 +72,7 @@ class Store(StoreBase):
         log.info("store opened (%s): %s", "after an unclean stop" if unclean else "clean", self.open_stats)
         return self
 
-    def start(self) -> "Store":
+    def start(self) -> Store:
         """Start flushing, dispatching and housekeeping in background threads."""
         self._start_threads([
             ("clmq-flush", lambda: self.log.run_flusher(self._stop)),
@@ -291,7 +291,6 @@ class Store(StoreBase):
     def end_offset(self) -> int:
         """Where the next append goes (the durability token of :meth:`wait_durable`)."""
         return self.log.write_offset
-
 
 
 def _contiguous_runs(offsets: np.ndarray, sizes: np.ndarray, max_run_bytes: int = 4 * MiB) -> list[tuple[int, int]]:

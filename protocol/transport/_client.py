@@ -12,7 +12,13 @@ from typing import Any, AsyncIterator
 import trio
 
 from protocol import (
-    DEFAULT_MAX_FRAME_BYTES, FLAG_ONEWAY, NEED_DATA, ErrorCode, Frame, FrameDecoder, FrameRejected, ProtocolError,
+    DEFAULT_MAX_FRAME_BYTES,
+    FLAG_ONEWAY,
+    NEED_DATA,
+    Frame,
+    FrameDecoder,
+    FrameRejected,
+    ProtocolError,
     encode_frame,
 )  # fmt: skip
 

@@ -11,6 +11,7 @@ from protocol import ErrorCode, Frame
 
 from ._errors import RequestError
 
+
 class FileSpan(Protocol):
     path: str | None
     position: int
@@ -49,8 +50,6 @@ Handler = Callable[[Frame, Peer], Awaitable["Reply | Later"]]
 def need(fields: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
     """A required request field of the given type, or a MALFORMED_REQUEST error."""
     value = fields.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field {name!r} missing or not {getattr(kind, '__name__', kind)}")
     return value
-
-

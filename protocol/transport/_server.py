@@ -17,8 +17,16 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from protocol import (
-    FLAG_ONEWAY, NEED_DATA, ErrorCode, Frame, FrameDecoder, FrameRejected, ProtocolError, encode_frame,
-    encode_frame_prefix, response_to,
+    FLAG_ONEWAY,
+    NEED_DATA,
+    ErrorCode,
+    Frame,
+    FrameDecoder,
+    FrameRejected,
+    ProtocolError,
+    encode_frame,
+    encode_frame_prefix,
+    response_to,
 )  # fmt: skip
 
 from ._errors import RequestError
@@ -157,7 +165,9 @@ class _ServerConnection:
 
     def _admit(self, frame: Frame, nursery: trio.Nursery) -> None:
         if self.server.draining:
-            nursery.start_soon(self._send_error, frame.code, frame.request_id, ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+            nursery.start_soon(
+                self._send_error, frame.code, frame.request_id, ErrorCode.SHUTTING_DOWN, "the server is shutting down"
+            )
             return
         if self.inflight >= self.server.max_inflight:
             nursery.start_soon(self._send_error, frame.code, frame.request_id, ErrorCode.SYSTEM_BUSY,
@@ -201,10 +211,13 @@ class _ServerConnection:
             self.inflight -= 1
             self.server._done()
 
-    async def _run_handler(self, frame: Frame) -> "Reply | Later":
+    async def _run_handler(self, frame: Frame) -> Reply | Later:
         handler = self.server.handlers.get(frame.code)
         if handler is None:
-            return Reply(error_code=ErrorCode.REQUEST_NOT_SUPPORTED, error_text=f"request code {frame.code} is not served by {self.server.name}")
+            return Reply(
+                error_code=ErrorCode.REQUEST_NOT_SUPPORTED,
+                error_text=f"request code {frame.code} is not served by {self.server.name}",
+            )
         return await self._guard(frame, lambda: handler(frame, self.peer))
 
     async def _guard(self, frame: Frame, fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -237,5 +250,3 @@ class _ServerConnection:
             log.info("%s: could not answer %s:%d: %s", self.server.name, self.peer.host, self.peer.port, e)
             with trio.CancelScope(shield=True):
                 await self.stream.aclose()
-
-

@@ -18,8 +18,7 @@ async def send_spans(stream: trio.abc.SendStream, spans: list[Any]) -> None:
         elif sock is not None:
             await _sendfile(sock, span.path, span.position, span.length)
         else:
-            with open(span.path, "rb") as f:
-                await stream.send_all(os.pread(f.fileno(), span.length, span.position))
+            await stream.send_all(await trio.to_thread.run_sync(_pread, span.path, span.length, span.position))
 
 
 async def _sendfile(sock: trio.socket.SocketType, path: str, position: int, length: int) -> None:
@@ -37,3 +36,8 @@ async def _sendfile(sock: trio.socket.SocketType, path: str, position: int, leng
             sent += n
     finally:
         os.close(fd)
+
+
+def _pread(path: str, length: int, position: int) -> bytes:
+    with open(path, "rb") as f:
+        return os.pread(f.fileno(), length, position)

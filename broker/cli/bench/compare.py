@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +27,7 @@ from commitlog import CommitLogConfig, FlushMode, Message
 
 from .cases import BATCH, MODES, Case, Figures, queue_sequence
 from .via_broker import run_case_via_broker
+
 
 def run_case(case: Case) -> Figures:
     """Measure one case in this process (called in a fresh subprocess)."""

@@ -87,7 +87,7 @@ class BrokerProcess:
         cmd = [sys.executable, "-m", "broker.cli", "broker", "--listen-port", str(self.port), "--data-dir",
                str(self.dir / "data"), "--flush-mode", flush, "--storage-mode", storage_mode]  # fmt: skip
         self.log = self.dir / "broker.log"  # a file, not a pipe: a full pipe would stall the broker
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))  # noqa: SIM115 - the broker process owns it
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -95,7 +95,7 @@ class BrokerProcess:
                 return
             except OSError:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"broker exited: {self.log.read_text()[-2000:]}")
+                    raise RuntimeError(f"broker exited: {self.log.read_text()[-2000:]}") from None
                 time.sleep(0.05)
         raise RuntimeError("broker did not start within 30 s")
 
@@ -112,7 +112,9 @@ class BrokerProcess:
         subprocess.run(["rm", "-rf", str(self.dir)], check=False)
 
 
-async def _produce(addr: str, topic: str, size: int, queues: int, seconds: float, producers: int, batch: int) -> tuple[int, float]:
+async def _produce(
+    addr: str, topic: str, size: int, queues: int, seconds: float, producers: int, batch: int
+) -> tuple[int, float]:
     async with trio.open_nursery() as nursery:
         rpc = RpcClient(nursery)
         producer = Producer(rpc, Routes(rpc, [], broker_addrs=[addr]))
@@ -217,7 +219,13 @@ def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict:
                    f"p99 {lat_samples[-1].p99_ms:.2f} ms")  # fmt: skip
     rows = [{k: (statistics.median(getattr(x, k) for x in v) if isinstance(getattr(v[0], k), float) else getattr(v[0], k))
              for k in asdict(v[0])} for v in samples.values()]  # fmt: skip
-    out: dict[str, Any] = {"runs": args.runs, "seconds": args.seconds, "producers": args.producers, "batch": args.batch, "rows": rows}
+    out: dict[str, Any] = {
+        "runs": args.runs,
+        "seconds": args.seconds,
+        "producers": args.producers,
+        "batch": args.batch,
+        "rows": rows,
+    }
     if lat_samples:
         out["latency"] = {k: statistics.median(getattr(x, k) for x in lat_samples) for k in asdict(lat_samples[0])}
     subprocess.run(["rm", "-rf", str(root)], check=False)
@@ -238,6 +246,7 @@ def _latency_case(root: Path, args: argparse.Namespace) -> Latency:
     _settle(args.settle_seconds)
     broker = BrokerProcess(root, "sync")
     try:
+
         async def main() -> Latency:
             async with open_admin(broker_addrs=[broker.addr]) as admin:
                 await admin.create_topic("lat", 8, on=[broker.addr])

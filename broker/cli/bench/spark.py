@@ -34,10 +34,10 @@ def add_command(bench_sub: Any) -> None:
 
 def build_store(path: Path, messages: int, size: int, queues: int) -> int:
     """A store of ``messages`` messages; returns the log's size in bytes."""
+    import os
+
     from broker.store import Store, StoreConfig
     from commitlog import CommitLogConfig, Message
-
-    import os
 
     with Store.open(StoreConfig(path, CommitLogConfig(segment_bytes=256 << 20))).start() as store:
         store.create_topic("bench", queues)
@@ -64,7 +64,9 @@ def run(root: Path, messages: int, size: int, queues: int, runs: int, master: st
     store_dir, parquet_dir = root / "store", root / "parquet"
     t0 = time.perf_counter()
     log_bytes = build_store(store_dir, messages, size, queues)
-    report(f"store: {messages:,} messages of {size} B, {log_bytes / 1e6:,.0f} MB of log, built in {time.perf_counter() - t0:.1f} s")
+    report(
+        f"store: {messages:,} messages of {size} B, {log_bytes / 1e6:,.0f} MB of log, built in {time.perf_counter() - t0:.1f} s"
+    )
     spark = spark_session(master, "clmq bench spark")
     try:
         clmq = spark.read.format("clmq").load(str(store_dir))
@@ -73,10 +75,12 @@ def run(root: Path, messages: int, size: int, queues: int, runs: int, master: st
         report(f"export to Parquet: {summary.rows:,} rows in {summary.seconds:.2f} s ({summary.rows_per_s:,.0f} rows/s)")
         parquet = spark.read.parquet(str(parquet_dir))
         samples: dict[str, list[float]] = {"clmq": [], "parquet": [], "clmq_narrow": []}
-        narrow = spark.read.format("clmq").schema("topic string, queue_id int, queue_offset bigint, body binary").load(str(store_dir))
+        narrow = (
+            spark.read.format("clmq").schema("topic string, queue_id int, queue_offset bigint, body binary").load(str(store_dir))
+        )
         for r in range(runs):
             for name, df in (("clmq", clmq), ("parquet", parquet), ("clmq_narrow", narrow))[:: 1 if r % 2 == 0 else -1]:
-                seconds = _timed(lambda: df.write.format("noop").mode("overwrite").save())
+                seconds = _timed(lambda df=df: df.write.format("noop").mode("overwrite").save())
                 samples[name].append(seconds)
                 report(f"run {r + 1}/{runs} {name:>11}: {messages / seconds:,.0f} rows/s")
     finally:

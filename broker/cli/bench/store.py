@@ -19,9 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from commitlog import CommitLogConfig, FlushMode, Message
-
 from broker.store import Store, StoreConfig
+from commitlog import CommitLogConfig, FlushMode, Message
 
 
 @dataclass
@@ -241,8 +240,12 @@ def run_all(root: Path, *, sizes: list[int], queue_counts: list[int], flushes: l
             producers = 4 if f == "sync" else 1
             samples[(s, q, f)].append(bench_append(root, s, q, f, seconds, batch, producers))
             report(f"run {r + 1}/{runs}: append {s} B x {q} queues, {f} flush: {samples[(s, q, f)][-1].msgs_per_s:,.0f} msgs/s")
-    result: dict = {"runs": runs, "seconds_per_case": seconds, "batch": batch,
-                    "append": [asdict(median_of(samples[c])) for c in cases]}
+    result: dict = {
+        "runs": runs,
+        "seconds_per_case": seconds,
+        "batch": batch,
+        "append": [asdict(median_of(samples[c])) for c in cases],
+    }
     save(result)  # each stage is kept as soon as it is measured
     if rebuild_messages:  # 0 skips the case
         rebuild = [bench_rebuild(root, rebuild_messages, 100, 1000) for _ in range(runs)]
