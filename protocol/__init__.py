@@ -1,8 +1,12 @@
-"""clmq's wire protocol, sans-IO: frames, request and error codes, message batches.
+"""clmq's wire protocol, sans-IO: frames, request and error codes, message batches,
+and the typed rows of multi-queue requests.
 
-Pure codecs and state machines, with no socket and no trio: adapters in the broker,
-name server and clients feed them bytes from their streams (the model is h11).
+Pure codecs and state machines, with no socket and no trio: adapters feed them bytes
+from their streams (the model is h11). The trio adapter every service and client
+shares is the sub-package :mod:`protocol.transport`; nothing here imports it.
 """
+
+from commitlog import ProtocolError
 
 from ._batch import BatchError, decode_batch, decode_records, encode_batch, set_queue_id
 from ._codes import ErrorCode, RequestCode
@@ -15,30 +19,15 @@ from ._frame import (
     Frame,
     FrameDecoder,
     FrameRejected,
-    ProtocolError,
     encode_frame,
     encode_frame_prefix,
     response_to,
 )  # fmt: skip
+from ._rows import FetchAsk, FetchResult, PullStatus, RowError
 
 __all__ = [
-    "DEFAULT_MAX_FRAME_BYTES",
-    "FLAG_ONEWAY",
-    "FLAG_RESPONSE",
-    "NEED_DATA",
-    "PROTOCOL_VERSION",
-    "BatchError",
-    "ErrorCode",
-    "Frame",
-    "FrameDecoder",
-    "FrameRejected",
-    "ProtocolError",
-    "RequestCode",
-    "decode_batch",
-    "decode_records",
-    "encode_batch",
-    "encode_frame",
-    "encode_frame_prefix",
-    "response_to",
+    "DEFAULT_MAX_FRAME_BYTES", "FLAG_ONEWAY", "FLAG_RESPONSE", "NEED_DATA", "PROTOCOL_VERSION", "BatchError", "ErrorCode",
+    "FetchAsk", "FetchResult", "Frame", "FrameDecoder", "FrameRejected", "ProtocolError", "PullStatus", "RequestCode",
+    "RowError", "decode_batch", "decode_records", "encode_batch", "encode_frame", "encode_frame_prefix", "response_to",
     "set_queue_id",
 ]  # fmt: skip

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Installs everything the tests need and runs the whole suite, slow tests included.
+# Installs everything the tests need and runs the checks CI runs: ruff (lint and format),
+# mypy, then the whole test suite, slow tests included.
 # Extra arguments go to pytest (e.g. -m "not slow" for a quick local run).
-source "$(dirname "$0")/_env.sh" "test,spark"
+source "$(dirname "$0")/_env.sh" "test,spark,bench,dev"
 # The disk-full tests mount a small tmpfs: they need root and util-linux's mount.
 apt_install util-linux
 # The Spark tests run a real local SparkSession: it needs a Java runtime (17 or later).
 command -v java >/dev/null 2>&1 || apt_install default-jre-headless
-exec .venv/bin/python -m pytest "$@"
+echo "== ruff check"; .venv/bin/ruff check .
+echo "== ruff format --check"; .venv/bin/ruff format --check .
+echo "== mypy"; .venv/bin/mypy
+echo "== pytest"; exec .venv/bin/python -m pytest "$@"

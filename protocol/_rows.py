@@ -1,0 +1,97 @@
+"""Typed rows of the requests and answers that carry many queues at once
+(PULL_MESSAGES), and the statuses a queue's read can have.
+
+On the wire a row is a msgpack list (compact: a fetch of 10,000 queues carries 10,000
+of them); in code it is a named tuple with typed fields. ``from_wire`` checks every
+field's type and raises :class:`RowError` (a MALFORMED_REQUEST for a server) naming
+the row and the field; ``to_wire`` gives the list back.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, NamedTuple
+
+from commitlog import InvalidInputError
+
+
+class RowError(InvalidInputError):
+    """A row of a request or an answer that does not have the documented shape."""
+
+
+class PullStatus(str, enum.Enum):
+    """What reading one queue found (``PULL_MESSAGE``'s ``status``, a fetch row's first field)."""
+
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"  # entries scanned, all filtered out by tag
+    NO_MESSAGE = "NO_MESSAGE"  # offset == max: nothing new yet
+    OFFSET_OVERFLOW = "OFFSET_OVERFLOW"  # offset > max
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"  # below min: those messages fell out of retention
+    NO_QUEUE = "NO_QUEUE"  # no such topic or queue id on this broker
+    SKIPPED = "SKIPPED"  # fetch only: not read this time (the request's limits were reached)
+
+
+class FetchAsk(NamedTuple):
+    """One queue of a PULL_MESSAGES request: read from ``offset``, only ``tags`` if given."""
+
+    topic: str
+    queue_id: int
+    offset: int
+    tags: list[str] | None
+
+    @classmethod
+    def from_wire(cls, row: Any) -> FetchAsk:
+        if not (isinstance(row, list) and len(row) == 4):
+            raise RowError(f"a fetch ask must be [topic, queue_id, offset, tags or nil], got {row!r:.80}")
+        topic, queue_id, offset, tags = row
+        _check(isinstance(topic, str), "topic", "a string", topic)
+        _check(_is_int(queue_id), "queue_id", "an integer", queue_id)
+        _check(_is_int(offset), "offset", "an integer", offset)
+        _check(tags is None or (isinstance(tags, list) and all(isinstance(t, str) for t in tags)), "tags",
+               "nil or a list of strings", tags)  # fmt: skip
+        return cls(topic, queue_id, offset, tags)
+
+    def to_wire(self) -> list[Any]:
+        return [self.topic, self.queue_id, self.offset, self.tags]
+
+
+class FetchResult(NamedTuple):
+    """One queue's part of a PULL_MESSAGES answer, in the order asked. ``nbytes`` of the
+    answer's body are this queue's records; ``max_offset`` is the queue's high
+    watermark (-1 when SKIPPED: not looked at)."""
+
+    status: PullStatus
+    next_offset: int
+    count: int
+    nbytes: int
+    max_offset: int
+
+    @classmethod
+    def skipped(cls, offset: int) -> FetchResult:
+        return cls(PullStatus.SKIPPED, offset, 0, 0, -1)
+
+    @classmethod
+    def from_wire(cls, row: Any) -> FetchResult:
+        if not (isinstance(row, list) and len(row) == 5):
+            raise RowError(f"a fetch result must be [status, next_offset, count, bytes, max_offset], got {row!r:.80}")
+        status, next_offset, count, nbytes, max_offset = row
+        try:
+            parsed = PullStatus(status)
+        except ValueError:
+            raise RowError(f"fetch result: unknown status {status!r}") from None
+        for name, value in (("next_offset", next_offset), ("count", count), ("bytes", nbytes), ("max_offset", max_offset)):
+            _check(_is_int(value), name, "an integer", value)
+        _check(count >= 0 and nbytes >= 0, "count and bytes", "not negative", (count, nbytes))
+        return cls(parsed, next_offset, count, nbytes, max_offset)
+
+    def to_wire(self) -> list[Any]:
+        return [self.status.value, self.next_offset, self.count, self.nbytes, self.max_offset]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(ok: bool, field: str, want: str, got: object) -> None:
+    if not ok:
+        raise RowError(f"field {field!r} must be {want}, got {got!r:.80}")
