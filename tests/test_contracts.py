@@ -1,0 +1,50 @@
+"""The contracts the layout states as types hold at run time too: both storage modes
+are a ``StorageEngine``, and every exception clmq exports is a ``ClmqError``."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+from broker.store import StorageEngine, Store
+from commitlog import ClmqError, CorruptRecordError
+
+from .conftest import small_config
+
+PACKAGES = [
+    "commitlog", "consumequeue", "protocol", "protocol.transport", "broker.store", "broker.service", "broker.cli.settings",
+    "nameserver", "client", "spark_connector",
+]  # fmt: skip
+
+
+def test_both_storage_modes_are_storage_engines(tmp_path, mode: str) -> None:
+    with Store.open(small_config(tmp_path / "s", mode=mode)) as store:
+        assert isinstance(store, StorageEngine)
+        missing = [name for name in dir(StorageEngine) if not name.startswith("_") and not hasattr(store, name)]
+        assert missing == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_exported_exception_is_a_clmq_error(package: str) -> None:
+    module = importlib.import_module(package)
+    names = getattr(module, "__all__", [n for n in dir(module) if not n.startswith("_")])
+    # The Spark connector's data-source classes load pyspark, which then holds the
+    # interpreter's exit for a minute: look only at the names that do not need it.
+    lazy = getattr(module, "_EXPORTS", {})
+    names = [n for n in names if lazy.get(n) not in ("._source", "._export")]
+    exceptions = [
+        getattr(module, n) for n in names if inspect.isclass(getattr(module, n)) and issubclass(getattr(module, n), BaseException)
+    ]
+    assert [e.__name__ for e in exceptions if not issubclass(e, ClmqError)] == []
+    if package in ("commitlog", "protocol", "protocol.transport", "client"):
+        assert exceptions, f"{package} exports exceptions"
+
+
+def test_a_corruption_error_carries_where_and_what() -> None:
+    e = CorruptRecordError("/data/commitlog/00000000000000000000", 4096, "crc", "0x1234abcd", "0x0")
+    assert (e.file, e.offset, e.check, e.expected, e.actual) == ("/data/commitlog/00000000000000000000", 4096, "crc",
+                                                                 "0x1234abcd", "0x0")  # fmt: skip
+    assert isinstance(e, ClmqError)
+    assert str(e) == "corrupt record in /data/commitlog/00000000000000000000 at offset 4096: crc expected 0x1234abcd, got 0x0"
