@@ -8,6 +8,7 @@ recovery rebuilds and the Spark reader use this.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,11 @@ HEADER_DTYPE = np.dtype({
     "itemsize": HEADER_SIZE,
 })  # fmt: skip
 assert HEADER_DTYPE.itemsize == HEADER_SIZE
+# Field name -> (dtype, offset). ``dtype.fields`` is typed Optional (None for dtypes
+# without fields); this one has fields, so narrow it once here for the gathers below.
+_fields = HEADER_DTYPE.fields
+assert _fields is not None
+_FIELDS: dict[str, tuple[np.dtype[Any], int]] = {name: (spec[0], spec[1]) for name, spec in _fields.items()}
 
 _HEAD = struct.Struct("<II")
 
@@ -144,13 +150,13 @@ def _run_rows(buf: np.ndarray, pos: int, count: int, size: int, lo: int, hi: int
 
 def gather_fields(buf: np.ndarray, walk: Walk, names: list[str]) -> dict[str, np.ndarray]:
     """Only the named header columns (cheaper than :func:`gather_headers`)."""
-    spans = [HEADER_DTYPE.fields[name][1] for name in names]
+    spans = [_FIELDS[name][1] for name in names]
     lo = min(spans)
-    hi = max(HEADER_DTYPE.fields[name][1] + HEADER_DTYPE.fields[name][0].itemsize for name in names)
+    hi = max(_FIELDS[name][1] + _FIELDS[name][0].itemsize for name in names)
     rows = _gather_rows(buf, walk, lo, hi)
     out: dict[str, np.ndarray] = {}
     for name in names:
-        dtype, offset = HEADER_DTYPE.fields[name][:2]
+        dtype, offset = _FIELDS[name]
         out[name] = np.ascontiguousarray(rows[:, offset - lo : offset - lo + dtype.itemsize]).view(dtype).reshape(len(rows))
     return out
 

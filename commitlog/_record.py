@@ -189,6 +189,7 @@ def check_record(data: bytes | memoryview, pos: int, where: str, offset: int) ->
     avail = len(data) - pos
     if avail < HEADER_SIZE:
         raise CorruptRecordError(where, offset, "record header", f">= {HEADER_SIZE} bytes", f"{avail} bytes")
+    size: int  # struct gives Any; a local annotation costs nothing at run time
     size, magic, crc = struct.unpack_from("<III", data, pos)
     if magic != RECORD_MAGIC:
         raise CorruptRecordError(where, offset, "magic", hex(RECORD_MAGIC), hex(magic))

@@ -1,0 +1,64 @@
+"""Retention: deleting whole old segments, and closing them one pass later.
+
+Invariants:
+- Runs under ``LogState.lock``; only whole segments from the oldest on are deleted,
+  never the active one, so the log stays contiguous and ``min_offset`` only grows.
+- A deleted segment's files are unlinked at once but its descriptor stays open in
+  ``graveyard`` until the start of the next pass: readers holding an older snapshot
+  (they take no lock) can finish with it. Segments cut by ``truncate`` go the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from ._segment import Segment
+from ._state import LogState
+
+log = logging.getLogger("clmq.commitlog")
+
+
+class Retention:
+    """Deletes segments past ``retention_ms`` or ``retention_bytes``."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, state: LogState) -> None:
+        self._state = state
+
+    def delete_expired(self, now: float | None = None) -> int:
+        """Delete expired segments (see :meth:`CommitLog.delete_expired`); returns how many."""
+        now = time.time() if now is None else now
+        st = self._state
+        with st.lock:
+            # Deleted a pass ago: a reader has had a whole retention interval to finish.
+            for seg in st.graveyard:
+                seg.close()
+            st.graveyard = []
+            snapshot = st.snapshot
+            doomed = self._count_doomed(snapshot.segments, now)
+            for seg in snapshot.segments[:doomed]:
+                log.info("commitlog retention: deleting %s", seg.path)
+                seg.delete()
+                st.graveyard.append(seg)
+                st.dirty.discard(seg)
+            if doomed:
+                st.snapshot = snapshot.tail(doomed)
+                st.dir_dirty = True
+            return doomed
+
+    def _count_doomed(self, segments: tuple[Segment, ...], now: float) -> int:
+        """How many segments, oldest first and never the active one, are past a limit."""
+        config = self._state.config
+        total = sum(s.size for s in segments)
+        doomed = 0
+        for seg in segments[:-1]:
+            too_old = config.retention_ms is not None and (now - os.fstat(seg.fd).st_mtime) * 1000 > config.retention_ms
+            too_big = config.retention_bytes is not None and total > config.retention_bytes
+            if not (too_old or too_big):
+                break
+            total -= seg.size
+            doomed += 1
+        return doomed
