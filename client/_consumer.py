@@ -14,12 +14,12 @@ import logging
 import os
 import socket
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import trio
 
 from commitlog import Record
-from protocol import RequestCode
+from protocol import Frame, RequestCode
 from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 from ._allocate import allocate_averagely
@@ -30,6 +30,8 @@ from ._routes import MessageQueue, NoRouteError, Routes
 log = logging.getLogger("clmq.consumer")
 
 _NET_ERRORS = (ConnectionFailed, RpcError, trio.TooSlowError, NoRouteError)
+
+T = TypeVar("T")
 
 
 class Consumer:
@@ -50,7 +52,7 @@ class Consumer:
         self._pending: Batch | None = None
         self._rebalance_now = trio.Event()
         self._fetcher: Fetcher | None = None
-        self.net_errors = _NET_ERRORS
+        self.net_errors: tuple[type[BaseException], ...] = _NET_ERRORS  # what the fetcher retries after
 
     # ------------------------------------------------------------------ public
     async def receive(self) -> list[Record]:
@@ -128,12 +130,12 @@ class Consumer:
         """Hand a fetched batch to :meth:`receive`, waiting for room (backpressure)."""
         await self._send.send(batch)
 
-    async def _every(self, interval_ms: int, fn: object) -> None:
+    async def _every(self, interval_ms: int, fn: Callable[[], Awaitable[object]]) -> None:
         while True:
             await trio.sleep(interval_ms / 1000)
-            await fn()  # type: ignore[operator]
+            await fn()
 
-    async def request(self, addr: str, code: int, fields: dict[str, Any], timeout_ms: float | None = None) -> Any:
+    async def request(self, addr: str, code: int, fields: dict[str, Any], timeout_ms: float | None = None) -> Frame:
         return await self.rpc.request(addr, code, fields, timeout_ms=timeout_ms or self.options.request_timeout_ms)
 
     async def _broker_addrs(self) -> list[str]:
@@ -180,7 +182,7 @@ class Consumer:
             return mqs
         try:
             reply = await self.request(mqs[0].addr, RequestCode.GET_GROUP_MEMBERS, {"group": self.group})
-            members = list(reply.fields["members"])  # type: ignore[attr-defined]
+            members = list(reply.fields["members"])
         except _NET_ERRORS:
             members = []
         if self.client_id not in members:
@@ -204,11 +206,11 @@ class Consumer:
         self._fetcher.add(mq, state)
         log.info("consumer %s: took %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
 
-    async def retrying(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+    async def retrying(self, fn: Callable[[], Awaitable[T]]) -> T:
         delay = 0.05
         while True:
             try:
-                return await fn()  # type: ignore[operator]
+                return await fn()
             except _NET_ERRORS as e:
                 log.debug("consumer %s: %s; retrying in %.2f s", self.client_id, e, delay)
                 await trio.sleep(delay)
@@ -231,8 +233,9 @@ class Consumer:
         if now is not None:
             return now
         q = {"topic": mq.topic, "queue_id": mq.queue_id, "timestamp_ms": int(self.options.start_from)}
-        reply: Any = await self.retrying(lambda: self.request(mq.addr, RequestCode.SEARCH_OFFSET, q))
-        return reply.fields["offset"]
+        reply = await self.retrying(lambda: self.request(mq.addr, RequestCode.SEARCH_OFFSET, q))
+        offset: int = reply.fields["offset"]
+        return offset
 
 
 @asynccontextmanager

@@ -20,12 +20,12 @@ import logging
 from collections import OrderedDict, defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator, Protocol
+from typing import Any, Awaitable, Callable, Iterator, Protocol, TypeVar
 
 import trio
 
 from commitlog import Record
-from protocol import ProtocolError, RequestCode, decode_records
+from protocol import Frame, ProtocolError, RequestCode, decode_records
 
 from ._options import ConsumerOptions, TagFilter
 from ._routes import MessageQueue
@@ -33,6 +33,8 @@ from ._routes import MessageQueue
 log = logging.getLogger("clmq.consumer")
 
 MIN_FETCH_QUEUES = 16  # a request covers at least this many queues (when it has them)
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -82,8 +84,8 @@ class FetchHost(Protocol):
     processed: dict[MessageQueue, int]  # next offset to commit per queue
     net_errors: tuple[type[BaseException], ...]
 
-    async def request(self, addr: str, code: int, fields: dict[str, Any], timeout_ms: float | None = None) -> Any: ...
-    async def retrying(self, fn: Callable[[], Awaitable[Any]]) -> Any: ...
+    async def request(self, addr: str, code: int, fields: dict[str, Any], timeout_ms: float | None = None) -> Frame: ...
+    async def retrying(self, fn: Callable[[], Awaitable[T]]) -> T: ...
     def start_offset_now(self, committed: int, lo: int, hi: int) -> int | None: ...
     async def start_offset(self, mq: MessageQueue, committed: int, lo: int, hi: int) -> int: ...
     def deliver_nowait(self, batch: Batch) -> bool: ...
@@ -135,7 +137,7 @@ class Fetcher:
 
     async def _look_up(self, addr: str, batch: list[tuple[MessageQueue, QueueState]]) -> None:
         fields = {"group": self.c.group, "queues": [[mq.topic, mq.queue_id] for mq, _ in batch]}
-        reply: Any = await self.c.retrying(lambda: self.c.request(addr, RequestCode.QUERY_QUEUE_OFFSETS, fields))
+        reply = await self.c.retrying(lambda: self.c.request(addr, RequestCode.QUERY_QUEUE_OFFSETS, fields))
         for (mq, st), row in zip(batch, reply.fields["offsets"]):
             if row is None or self.c.assigned.get(mq) is not st:
                 continue  # the queue is gone (a rebalance will notice) or was given up
@@ -160,7 +162,8 @@ class Fetcher:
             density = self._density.get(addr, 0.0)
             if density > 0:  # ask about as many queues as the answer can hold messages of (twice, for the skew)
                 cap = min(cap, max(MIN_FETCH_QUEUES, int(2 * self.options.fetch_max_messages / density)))
-        ready, picked = self._ready[(addr, idle)], []
+        ready = self._ready[(addr, idle)]
+        picked: list[tuple[MessageQueue, QueueState]] = []
         while ready and len(picked) < cap:
             mq, st = ready.popitem(last=False)
             if self.c.assigned.get(mq) is st:  # else given up meanwhile: forget it
@@ -205,8 +208,8 @@ class Fetcher:
             fields = {"queues": asks, "max_messages": self.options.fetch_max_messages,
                       "max_per_queue": self.options.pull_batch, "max_wait_ms": wait_ms}  # fmt: skip
             try:
-                reply: Any = await self.c.request(addr, RequestCode.PULL_MESSAGES, fields,
-                                                   wait_ms + self.options.request_timeout_ms)  # fmt: skip
+                reply = await self.c.request(addr, RequestCode.PULL_MESSAGES, fields,
+                                             wait_ms + self.options.request_timeout_ms)  # fmt: skip
             except self.c.net_errors as e:
                 log.debug("consumer %s: fetch from %s failed: %s", self.c.client_id, addr, e)
                 await trio.sleep(0.2)

@@ -4,7 +4,7 @@ queues. Any name server that answers will do; routes are cached and refreshed.""
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import trio
 
@@ -62,7 +62,7 @@ class Routes:
     def forget(self, topic: str) -> None:
         self._cache.pop(topic, None)
 
-    async def _fetch(self, topic: str) -> list[dict]:
+    async def _fetch(self, topic: str) -> list[dict[str, Any]]:
         if not self.namesrv_addrs:
             return await self._from_brokers(topic)
         errors = []
@@ -80,7 +80,7 @@ class Routes:
                 errors.append(f"{ns}: {e or 'timed out'}")
         raise NoRouteError(f"no name server answered for topic {topic!r}: {'; '.join(errors)}")
 
-    async def _from_brokers(self, topic: str) -> list[dict]:
+    async def _from_brokers(self, topic: str) -> list[dict[str, Any]]:
         found = []
         for addr in self.broker_addrs:
             try:

@@ -189,7 +189,7 @@ class ConsumeQueue:
             for p in range(0, len(self._pending), ENTRY_SIZE):  # skip holes
                 phys, size, _ = ENTRY.unpack_from(self._pending, p)
                 if size:
-                    return phys
+                    return int(phys)  # struct gives Any
             return None
 
     def disk_extent(self) -> tuple[int, int]:

@@ -94,7 +94,7 @@ def encode_frame(frame: Frame) -> bytes:
 
 def encode_frame_prefix(frame: Frame, body_length: int) -> bytes:
     """A frame's prefix and header, for a body sent separately (e.g. with sendfile)."""
-    header = msgpack.packb(frame.header(), use_bin_type=True)
+    header: bytes = msgpack.packb(frame.header(), use_bin_type=True)  # msgpack is untyped
     return _PREFIX.pack(4 + len(header) + body_length, len(header)) + header
 
 
@@ -132,7 +132,7 @@ class _Chunks:
         self._head = 0  # bytes of the first chunk already taken
         self.size = 0
 
-    def append(self, data: bytes) -> None:
+    def append(self, data: bytes | bytearray) -> None:
         if data:
             self._chunks.append(data if type(data) is bytes else bytes(data))
             self.size += len(data)
@@ -196,7 +196,7 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         return self._buf.size
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:  # as a trio stream's receive_some gives it
         if self._skip:
             dropped = min(self._skip, len(data))
             self._skip -= dropped

@@ -58,11 +58,12 @@ class FetchAsk(NamedTuple):
 class FetchResult(NamedTuple):
     """One queue's part of a PULL_MESSAGES answer, in the order asked. ``nbytes`` of the
     answer's body are this queue's records; ``max_offset`` is the queue's high
-    watermark (-1 when SKIPPED: not looked at)."""
+    watermark (-1 when SKIPPED: not looked at). ``message_count`` is the wire's
+    ``count``: a field named ``count`` would shadow ``tuple.count``."""
 
     status: PullStatus
     next_offset: int
-    count: int
+    message_count: int
     nbytes: int
     max_offset: int
 
@@ -85,7 +86,7 @@ class FetchResult(NamedTuple):
         return cls(parsed, next_offset, count, nbytes, max_offset)
 
     def to_wire(self) -> list[Any]:
-        return [self.status.value, self.next_offset, self.count, self.nbytes, self.max_offset]
+        return [self.status.value, self.next_offset, self.message_count, self.nbytes, self.max_offset]
 
 
 def _is_int(value: object) -> bool:

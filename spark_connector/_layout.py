@@ -24,6 +24,7 @@ import struct
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +64,7 @@ class LogLayout:
         raise LayoutError(f"{self.source}: offset {offset} is before the first segment (retention removed it)")
 
 
-def _read_json(path: Path) -> dict | None:
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         value = json.loads(path.read_bytes())
     except FileNotFoundError:
@@ -195,7 +196,7 @@ class LocalQueueIndex:
         path = Path(self.layout.source) / "commitlog" / f"{seg.base:020d}.log"
         with open(path, "rb") as f:
             f.seek(offset - seg.base + OFF_STORE_TS)
-            return struct.unpack("<Q", f.read(8))[0]
+            return int(struct.unpack("<Q", f.read(8))[0])  # struct gives Any
 
 
 def segment_path(layout: LogLayout, base: int) -> str:

@@ -15,7 +15,7 @@ import os
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
 import crc32c as _crc32c
 import numpy as np
@@ -46,6 +46,7 @@ class ByteSource(Protocol):
     def read(self, seg_base: int, offset: int, n: int) -> bytes: ...  # fewer bytes only at the data's end
     def where(self, seg_base: int) -> str: ...
     def queue_records(self, topic: str, qid: int, lo: int, hi: int, end_offset: int) -> Iterator[bytes]: ...
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -53,7 +54,7 @@ class Damage:
     """Corrupt records met in skip mode: counted, reported, and left out of the rows."""
 
     records: int = 0
-    regions: list[dict] = field(default_factory=list)
+    regions: list[dict[str, Any]] = field(default_factory=list)  # file, offset, error
 
     def add(self, where: str, offset: int, why: str) -> None:
         self.records += 1
@@ -254,7 +255,7 @@ def report_damage(spec: ReadSpec, damage: Damage, split: object) -> None:
         json.dump({"split": repr(split), "records": damage.records, "regions": damage.regions}, f)
 
 
-def read_corrupt_log(directory: str) -> dict:
+def read_corrupt_log(directory: str) -> dict[str, Any]:
     """Sum up what the tasks of a query skipped (``corruptRecordsLog``)."""
     total, regions = 0, []
     if os.path.isdir(directory):

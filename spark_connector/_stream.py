@@ -34,7 +34,7 @@ from ._tasks import CHUNK_BYTES, ClmqPartition, check_schema, open_sources, read
 Offsets = dict[str, int]
 
 
-class ClmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class ClmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.opts = parse_options(options)
         if self.opts.ending is not None or self.opts.ending_timestamp_ms is not None or self.opts.starting_timestamp_ms:

@@ -117,7 +117,7 @@ def run_client(fn: Callable[[], Any]) -> int:
 
 
 # ------------------------------------------------------------------ services
-async def _until_signal(stop: Callable[[], None]) -> None:
+async def _until_signal(stop: Callable[[], object]) -> None:  # what stop returns is of no use
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
             console.print("stopping (graceful; a second Ctrl-C does not hurry it)")
@@ -165,9 +165,10 @@ def _run_service(main: Callable[[], Any]) -> int:
     try:
         trio.run(main)
     except Exception as e:  # e.g. the data directory is locked, the port is taken
-        while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
-            e = e.exceptions[0]  # type: ignore[assignment]
-        console.print(f"[red]error:[/red] {e}")
+        err: BaseException = e
+        while isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
+            err = err.exceptions[0]
+        console.print(f"[red]error:[/red] {err}")
         return 1
     return 0
 

@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -150,7 +151,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_compare_table(result: dict) -> None:
+def _print_compare_table(result: dict[str, Any]) -> None:
     table = Table(title=f"commit-log (CL) vs partition-per-file (PPF), batches of {result['batch']}, "
                         f"median of {result['runs']} runs")  # fmt: skip
     for col in (
@@ -181,7 +182,7 @@ def _print_compare_table(result: dict) -> None:
     Console(width=max(console.width, 200)).print(table)
 
 
-def _print_store_tables(result: dict) -> None:
+def _print_store_tables(result: dict[str, Any]) -> None:
     table = Table(title=f"append (batches of {result['batch']}, median of {result['runs']} runs)")
     for col in ("size B", "queues", "flush", "msgs/s", "MB/s", "max dispatch lag MB", "catch-up ms"):
         table.add_column(col, justify="right")
@@ -203,7 +204,7 @@ def _print_store_tables(result: dict) -> None:
         )
 
 
-def _print_rebuild(rb: dict) -> None:
+def _print_rebuild(rb: dict[str, Any]) -> None:
     console.print(
         f"rebuild of {rb['queues']:,} consume queues for {rb['messages']:,} messages ({rb['log_mb']:.0f} MB of log): "
         f"{rb['rebuild_s']:.2f} s, of which re-dispatch {rb['redispatch_s']:.2f} s "

@@ -12,11 +12,14 @@ import os
 import tomllib
 import typing
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
 from commitlog import ClmqError
 
-T = TypeVar("T")
+if TYPE_CHECKING:  # typeshed's name for "any dataclass"; not importable at run time
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 class SettingsError(ClmqError, ValueError):
@@ -54,7 +57,7 @@ def load_settings(cls: type[T], path: str | Path | None = None, *, section: str 
     top level), the ``CLMQ_*`` variables of ``env`` and ``overrides`` (None values are
     ignored), in increasing precedence."""
     hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {f.name for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
     if path is not None:
         values.update(_from_file(Path(path), section, fields, hints))

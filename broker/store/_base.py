@@ -7,9 +7,10 @@ import fcntl
 import os
 import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Collection, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Self, Sequence
 
 from commitlog import (
     CommitLogConfig,
@@ -73,8 +74,9 @@ class Stopwatch:
         self._last = now
 
 
-class StoreBase:
-    """Lifecycle and the mode-independent half of the store API."""
+class StoreBase(ABC):
+    """Lifecycle and the mode-independent half of the store API; each mode supplies the
+    abstract hooks (appending, durability, reading, background work)."""
 
     topics: TopicTable
 
@@ -110,12 +112,17 @@ class StoreBase:
         self.topics = TopicTable(self.directory / "topics.json")
         return unclean
 
+    @abstractmethod
+    def start(self) -> StoreBase:
+        """Start the mode's background threads; returns the store."""
+
     def _start_threads(self, targets: list[tuple[str, Callable[[], None]]]) -> None:
         for name, target in targets:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
 
+    @abstractmethod
     def _wake_threads(self) -> None:
         """Make background threads notice ``_stop`` now (each mode knows its own)."""
 
@@ -131,7 +138,7 @@ class StoreBase:
             self._abort.remove()
         os.close(self._lock_fd)
 
-    def __enter__(self) -> StoreBase:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -155,12 +162,25 @@ class StoreBase:
         self._release_files()
         self._end_close(clean=False)
 
-    def _close_files(self) -> bool:  # pragma: no cover - per mode
+    @abstractmethod
+    def _close_files(self) -> bool:
         """Flush, checkpoint and close; True if everything was written."""
-        raise NotImplementedError
 
-    def _release_files(self) -> None:  # pragma: no cover - per mode
-        raise NotImplementedError
+    @abstractmethod
+    def _release_files(self) -> None:
+        """Close the files without flushing or checkpointing (as a crash would)."""
+
+    @abstractmethod
+    def flush(self) -> int:
+        """fsync what was appended; returns the durable offset."""
+
+    @abstractmethod
+    def catch_up(self) -> None:
+        """Make everything written so far visible to readers before returning."""
+
+    @abstractmethod
+    def apply_retention(self, now: float | None = None) -> int:
+        """Delete segments past retention; returns how many went."""
 
     # ------------------------------------------------------------------ topics
     def create_topic(self, topic: str, queue_count: int) -> None:
@@ -179,11 +199,12 @@ class StoreBase:
         error = topic_name_error(topic)
         if error:
             return 0, PutResult(PutStatus.INVALID_TOPIC, error)
-        count = self.topics.queue_count(topic)  # type: ignore[arg-type]
+        assert isinstance(topic, str)  # topic_name_error refuses anything else
+        count = self.topics.queue_count(topic)
         if count is None:
             if not self.config.auto_create_topics:
                 return 0, PutResult(PutStatus.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
-            self.topics.create(topic, self.config.default_queue_count)  # type: ignore[arg-type]
+            self.topics.create(topic, self.config.default_queue_count)
             count = self.config.default_queue_count
         return count, None
 
@@ -246,8 +267,9 @@ class StoreBase:
                 result.error = f"not fsynced within sync_flush_timeout_ms={timeout_ms}"
         return result
 
-    def _append(self, messages: Sequence[Message]) -> PutResult:  # pragma: no cover - per mode
-        raise NotImplementedError
+    @abstractmethod
+    def _append(self, messages: Sequence[Message]) -> PutResult:
+        """Append a checked batch, all or nothing."""
 
     def _append_packed(self, batches: Sequence[PackedMessages], queue_counts: Sequence[int]) -> PutResult:
         """By default through message objects; the commit log appends packed bytes as they are."""
@@ -263,8 +285,9 @@ class StoreBase:
         result.batch_sizes = [len(ms) for ms in unpacked]
         return result
 
-    def _durability(self) -> DurableOffset:  # pragma: no cover - per mode
-        raise NotImplementedError
+    @abstractmethod
+    def _durability(self) -> DurableOffset:
+        """The durable offset the flusher publishes (group commit)."""
 
     def wait_durable(self, offset: int, timeout_s: float) -> bool:
         """Block until everything up to ``offset`` (an ``end_offset``) is fsynced (group commit)."""
@@ -278,16 +301,33 @@ class StoreBase:
     def durable_offset(self) -> int:
         return self._durability().value
 
+    @property
+    @abstractmethod
+    def end_offset(self) -> int:
+        """Where the next append goes (the durability token of :meth:`wait_durable`)."""
+
+    @property
+    @abstractmethod
+    def dispatch_lag_bytes(self) -> int:
+        """Bytes written but not yet visible to readers."""
+
     # --------------------------------------------------------------------- get
-    def min_offset(self, topic: str, queue_id: int) -> int:  # pragma: no cover - per mode
-        raise NotImplementedError
+    @abstractmethod
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's first readable offset."""
 
-    def max_offset(self, topic: str, queue_id: int) -> int:  # pragma: no cover - per mode
-        raise NotImplementedError
+    @abstractmethod
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """One past the queue's last readable message."""
 
+    @abstractmethod
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset stored at or after ``timestamp_ms`` (max offset if none)."""
+
+    @abstractmethod
     def _read(self, topic: str, queue_id: int, offset: int, max_messages: int,
-              tags: set[str] | None) -> tuple[list[Record], int]:  # fmt: skip  # pragma: no cover
-        raise NotImplementedError
+              tags: set[str] | None) -> tuple[list[Record], int]:  # fmt: skip
+        """Records from ``offset`` on (tag-filtered) and the queue offset after the last one looked at."""
 
     def get(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
             tags: Iterable[str] | None = None) -> GetResult:  # fmt: skip
@@ -323,9 +363,10 @@ class StoreBase:
             return (GetStatus.NO_MESSAGE if offset == hi else GetStatus.OFFSET_OVERFLOW, min(offset, hi)), lo, hi
         return None, lo, hi
 
+    @abstractmethod
     def _read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None,
-                  max_bytes: int) -> tuple[list[Span], int, int]:  # fmt: skip  # pragma: no cover
-        raise NotImplementedError
+                  max_bytes: int) -> tuple[list[Span], int, int]:  # fmt: skip
+        """``(spans, record count, next queue offset)`` from ``offset`` on, within ``max_bytes``."""
 
     def bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
         """``(min offset, max offset)`` of an existing queue."""

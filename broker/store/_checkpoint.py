@@ -29,6 +29,8 @@ class Checkpoint:
     @classmethod
     def load(cls, path: Path) -> Checkpoint | None:
         raw = read_json(path)
+        if not isinstance(raw, dict):  # missing, not JSON, or not an object: no checkpoint
+            return None
         try:
             if raw["version"] != CHECKPOINT_VERSION:
                 return None

@@ -45,7 +45,7 @@ class PartSegment:
     path: Path
     size: int  # bytes written == file length
     count: int  # records
-    index: array = field(default_factory=lambda: array("I"))  # rel offset, position pairs, flat
+    index: array[int] = field(default_factory=lambda: array("I"))  # rel offset, position pairs, flat
     times: list[tuple[int, int]] = field(default_factory=list)  # (timestamp, rel offset)
     since_index: int = 0  # bytes appended since the last index entry
 

@@ -27,6 +27,11 @@ from ._results import PutResult, PutStatus, Span
 
 log = logging.getLogger("clmq.partition")
 
+# How to cut a partition back after a failed batch: the partition, the segment written
+# to, and (segment count, size, record count, index length, time index length,
+# since_index) as they were before the batch.
+_Undo = tuple[PartitionLog, PartSegment, tuple[int, int, int, int, int, int]]
+
 
 class PartitionStore(StoreBase):
     """Same API as :class:`~broker.Store`; open with :meth:`open`, then :meth:`start`."""
@@ -125,7 +130,7 @@ class PartitionStore(StoreBase):
         q_offsets = [0] * len(messages)
         store_ts = now_ms()
         with self._lock:
-            undo: list[tuple[PartitionLog, PartSegment, tuple]] = []
+            undo: list[_Undo] = []
             try:
                 for key, idx in by_queue.items():
                     part = self._partition(key)
@@ -148,7 +153,7 @@ class PartitionStore(StoreBase):
             self._durable.flush_requested.set()
         return PutResult(PutStatus.OK, "", q_offsets, [], end, store_ts)
 
-    def _append_to(self, part: PartitionLog, msgs: list[Message], store_ts: int, undo: list) -> list[int]:
+    def _append_to(self, part: PartitionLog, msgs: list[Message], store_ts: int, undo: list[_Undo]) -> list[int]:
         """Encode and write one queue's share of a batch: one pwrite."""
         seg = part.segments[-1]
         state = (len(part.segments), seg.size, seg.count, len(seg.index), len(seg.times), seg.since_index)
@@ -167,7 +172,7 @@ class PartitionStore(StoreBase):
         self._written += len(data)
         return batch.queue_offsets
 
-    def _rollback(self, undo: list[tuple[PartitionLog, PartSegment, tuple]]) -> None:
+    def _rollback(self, undo: list[_Undo]) -> None:
         """Cut every partition touched by a failed batch back to where it was."""
         for part, seg, (nsegs, size, count, nidx, ntimes, since) in reversed(undo):
             for extra in part.segments[nsegs:]:
@@ -296,7 +301,9 @@ class PartitionStore(StoreBase):
 
 def _load_points(path: Path) -> dict[QueueKey, int] | None:
     raw = read_json(path)
+    if not isinstance(raw, dict):  # missing, not JSON, or not an object: no recovery points
+        return None
     try:
-        return {(str(t), int(q)): int(n) for t, q, n in raw["points"]}  # type: ignore[index]
+        return {(str(t), int(q)): int(n) for t, q, n in raw["points"]}
     except (TypeError, KeyError, ValueError):
         return None

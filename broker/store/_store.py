@@ -35,6 +35,13 @@ class Store(StoreBase):
     :class:`~broker.store.PartitionStore` instead (the same API).
     """
 
+    # Set by :meth:`open`, which builds them in recovery order (the log, then the queues
+    # checked against it, then the dispatcher that brings them up to the log's end).
+    log: CommitLog
+    queues: ConsumeQueueSet
+    dispatcher: Dispatcher
+    _saved: Checkpoint | None  # the last checkpoint written
+
     # ---------------------------------------------------------------- lifecycle
     @classmethod
     def open(cls, config: StoreConfig) -> Store:
@@ -59,7 +66,7 @@ class Store(StoreBase):
         # Queues not loaded (clean stop, files intact) keep the checkpoint's extents; the
         # checkpoint carries them forward until they are loaded.
         self._manifest = dict(checkpoint.queues) if checkpoint is not None and not unclean else {}
-        self._saved: Checkpoint | None = None  # the last checkpoint written
+        self._saved = None
         table = {key: nxt for key, (_first, nxt) in self._manifest.items()}
         table.update(self.queues.next_offsets())
         self.log.set_queue_offset_table(table)

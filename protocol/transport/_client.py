@@ -125,7 +125,8 @@ class RpcClient:
         or ``trio.TooSlowError``."""
         conn = await self._connection(addr)
         rid = next(conn.ids)
-        event, slot = trio.Event(), []
+        event = trio.Event()
+        slot: list[Frame] = []  # the read loop puts the response here
         conn.waiting[rid] = (event, slot)
         try:
             with trio.fail_after(timeout_ms / 1000 if timeout_ms != math.inf else math.inf):

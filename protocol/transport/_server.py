@@ -12,7 +12,7 @@ ever loses its own connection.
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable, TypeVar
 
 import trio
 
@@ -34,6 +34,8 @@ from ._handler import Handler, Later, Peer, Reply
 from ._spans import send_spans
 
 log = logging.getLogger("clmq.server")
+
+T = TypeVar("T")
 
 
 class RpcServer:
@@ -220,7 +222,7 @@ class _ServerConnection:
             )
         return await self._guard(frame, lambda: handler(frame, self.peer))
 
-    async def _guard(self, frame: Frame, fn: Callable[[], Awaitable[Any]]) -> Any:
+    async def _guard(self, frame: Frame, fn: Callable[[], Awaitable[T]]) -> T | Reply:
         """Run a handler step; failures become error replies, never a dropped connection."""
         try:
             return await fn()

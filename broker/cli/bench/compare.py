@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from commitlog import CommitLogConfig, FlushMode, Message
 
@@ -58,7 +58,11 @@ def run_case(case: Case) -> Figures:
             if case.flush == "sync":
                 latencies.append(time.perf_counter() - t0)
             else:  # async: the time until the flusher has made this batch durable
-                store.on_durable(res.end_offset, lambda t0=t0: latencies.append(time.perf_counter() - t0))
+
+                def durable(t0: float = t0) -> None:  # this batch's t0, not the loop's latest
+                    latencies.append(time.perf_counter() - t0)
+
+                store.on_durable(res.end_offset, durable)
             counts[p] += BATCH
             k += producers
             if p == 0 and k % 64 == 0:
@@ -95,7 +99,7 @@ def run_in_subprocess(case: Case) -> Figures:
 
 
 def compare(root: Path, *, sizes: list[int], queue_counts: list[int], patterns: list[str], flushes: list[str],
-            seconds: float, runs: int, report: Callable[[str], None], via: str = "store") -> dict:  # fmt: skip
+            seconds: float, runs: int, report: Callable[[str], None], via: str = "store") -> dict[str, Any]:  # fmt: skip
     """Every case in both modes, alternating, ``runs`` times; medians per case.
 
     ``via="store"`` appends in a fresh process per case; ``via="broker"`` sends the same
@@ -103,7 +107,7 @@ def compare(root: Path, *, sizes: list[int], queue_counts: list[int], patterns: 
     run_one = run_case_via_broker if via == "broker" else run_in_subprocess
     root.mkdir(parents=True, exist_ok=True)
     keys = [(s, q, p, f) for f in flushes for p in patterns for s in sizes for q in queue_counts]
-    samples: dict[tuple, dict[str, list[Figures]]] = {k: {m: [] for m in MODES} for k in keys}
+    samples: dict[tuple[int, int, str, str], dict[str, list[Figures]]] = {k: {m: [] for m in MODES} for k in keys}
     for r in range(runs):
         for s, q, p, f in keys:
             for mode in MODES if r % 2 == 0 else reversed(MODES):  # alternate who goes first, too
@@ -113,7 +117,7 @@ def compare(root: Path, *, sizes: list[int], queue_counts: list[int], patterns: 
                        f"{fig.msgs_per_s:>10,.0f} msgs/s p99 {fig.p99_ms:7.1f} ms")  # fmt: skip
     rows = []
     for (s, q, p, f), by_mode in samples.items():
-        row = {"size": s, "queues": q, "pattern": p, "flush": f}
+        row: dict[str, Any] = {"size": s, "queues": q, "pattern": p, "flush": f}
         for mode, figs in by_mode.items():
             row[mode] = {k: statistics.median(getattr(x, k) for x in figs) for k in asdict(figs[0])}
         row["ratio"] = row["commitlog"]["msgs_per_s"] / max(1e-9, row["partition-per-file"]["msgs_per_s"])
@@ -121,7 +125,7 @@ def compare(root: Path, *, sizes: list[int], queue_counts: list[int], patterns: 
     return {"runs": runs, "seconds_per_case": seconds, "batch": BATCH, "via": via, "rows": rows}
 
 
-def plot(result: dict, path: Path) -> None:
+def plot(result: dict[str, Any], path: Path) -> None:
     """Throughput against queue count (log scale), one line per mode and flush policy."""
     import matplotlib
 

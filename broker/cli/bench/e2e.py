@@ -74,7 +74,8 @@ def add_command(bench_sub: Any) -> None:
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 class BrokerProcess:
@@ -194,12 +195,12 @@ async def _case(addr: str, size: int, queues: int, flush: str, args: argparse.Na
     return Throughput(size, queues, flush, sent / elapsed, sent * size / elapsed / 1e6, consume, fetch, start, sent)
 
 
-def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict:
+def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="clmq-bench-e2e-"))
     sizes = [int(x) for x in args.sizes.split(",")]
     queue_counts = [int(x.replace("_", "")) for x in args.queues.split(",")]
     cases = [(s, q, f) for f in args.flush.split(",") for s in sizes for q in queue_counts]
-    samples: dict[tuple, list[Throughput]] = {c: [] for c in cases}
+    samples: dict[tuple[int, int, str], list[Throughput]] = {c: [] for c in cases}
     lat_samples: list[Latency] = []
     for r in range(args.runs):
         for s, q, f in cases:
@@ -257,7 +258,7 @@ def _latency_case(root: Path, args: argparse.Namespace) -> Latency:
         broker.stop()
 
 
-def markdown(result: dict) -> str:
+def markdown(result: dict[str, Any]) -> str:
     lines = ["| size B | queues | flush | produce msgs/s | produce MB/s | consume msgs/s | consume fetch msgs/s | first batch s |",
              "|---:|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in result["rows"]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 
-def save(result: dict, markdown: str, json_path: Path, markdown_path: Path | None, console: Any) -> None:
+def save(result: dict[str, Any], markdown: str, json_path: Path, markdown_path: Path | None, console: Any) -> None:
     """Write a benchmark's JSON, print its Markdown and write that too if asked."""
     json_path.write_text(json.dumps(result, indent=2))
     console.print(markdown)
@@ -21,7 +21,7 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def store_markdown(result: dict) -> str:
+def store_markdown(result: dict[str, Any]) -> str:
     append = _table(
         ["size B", "queues", "flush", "msgs/s", "MB/s", "vs 1 queue", "max dispatch lag MB", "catch-up ms"],
         [[str(r["size"]), f"{r['queues']:,}", r["flush"], f"{r['msgs_per_s']:,.0f}", f"{r['mb_per_s']:.0f}",
@@ -51,14 +51,15 @@ def store_markdown(result: dict) -> str:
     return "\n".join(out)
 
 
-def _one_queue(result: dict, row: dict) -> float:
+def _one_queue(result: dict[str, Any], row: dict[str, Any]) -> float:
     for r in result["append"]:
         if r["size"] == row["size"] and r["flush"] == row["flush"] and r["queues"] == 1:
-            return r["msgs_per_s"]
+            rate: float = r["msgs_per_s"]
+            return rate
     return float("nan")
 
 
-def compare_markdown(result: dict) -> str:
+def compare_markdown(result: dict[str, Any]) -> str:
     one = {(r["size"], r["pattern"], r["flush"]): r["commitlog"]["msgs_per_s"] for r in result["rows"] if r["queues"] == 1}
     rows = []
     for r in result["rows"]:

@@ -58,7 +58,7 @@ def _timed(action: Callable[[], Any]) -> float:
 
 
 def run(root: Path, messages: int, size: int, queues: int, runs: int, master: str,
-        report: Callable[[str], None]) -> dict:  # fmt: skip
+        report: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
     from spark_connector import export, spark_session
 
     store_dir, parquet_dir = root / "store", root / "parquet"
@@ -80,7 +80,11 @@ def run(root: Path, messages: int, size: int, queues: int, runs: int, master: st
         )
         for r in range(runs):
             for name, df in (("clmq", clmq), ("parquet", parquet), ("clmq_narrow", narrow))[:: 1 if r % 2 == 0 else -1]:
-                seconds = _timed(lambda df=df: df.write.format("noop").mode("overwrite").save())
+                # A pyspark DataFrame: Any, as spark_connector types it (only it may import pyspark).
+                def scan(df: Any = df) -> None:  # this iteration's frame, not the loop's latest
+                    df.write.format("noop").mode("overwrite").save()
+
+                seconds = _timed(scan)
                 samples[name].append(seconds)
                 report(f"run {r + 1}/{runs} {name:>11}: {messages / seconds:,.0f} rows/s")
     finally:
@@ -99,7 +103,7 @@ def run(root: Path, messages: int, size: int, queues: int, runs: int, master: st
     }  # fmt: skip
 
 
-def markdown(r: dict) -> str:
+def markdown(r: dict[str, Any]) -> str:
     return "\n".join([
         f"| scan ({r['master']}, {r['messages']:,} rows of {r['body_bytes']} B) | rows/s | MB/s |",
         "|---|---:|---:|",

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 from broker.store import Store, StoreConfig
 from commitlog import CommitLogConfig, FlushMode, Message
@@ -64,6 +64,9 @@ class ReadFigures:
     queues: int
     messages: int
     msgs_per_s: float
+
+
+Figures = TypeVar("Figures", AppendFigures, RebuildFigures, ScaleFigures, ReadFigures)
 
 
 def _config(path: Path, flush: str, cq_entries_per_file: int = 300_000) -> StoreConfig:
@@ -178,8 +181,8 @@ def bench_scale(root: Path, queues: int, per_queue: int = 3, max_open_files: int
     store = Store.open(cfg).start()
     per_topic = 50_000  # topics hold at most 65,536 queues: spread the queues over several
     names = [f"bench{t}" for t in range(-(-queues // per_topic))]
-    for t, name in enumerate(names):
-        store.create_topic(name, min(per_topic, queues - t * per_topic))
+    for n, name in enumerate(names):
+        store.create_topic(name, min(per_topic, queues - n * per_topic))
     where = [(names[q // per_topic], q % per_topic) for q in range(queues)]
     t0 = time.perf_counter()
     for r in range(per_queue):
@@ -217,30 +220,31 @@ def _timed_open(path: Path) -> tuple[float, dict[str, float]]:
     return elapsed, store.open_stats
 
 
-def _median(runs: list, key: str) -> float:  # type: ignore[type-arg]
-    return statistics.median(getattr(r, key) for r in runs)
+def _median(runs: list[Figures], key: str) -> float:
+    median: float = statistics.median(getattr(r, key) for r in runs)
+    return median
 
 
-def median_of(runs: list) -> object:  # type: ignore[type-arg]
+def median_of(runs: list[Figures]) -> Figures:
     """A figures object whose numeric fields are medians over ``runs``."""
     first = runs[0]
-    fields = {k: (_median(runs, k) if isinstance(v, float) else v) for k, v in asdict(first).items()}
+    fields: dict[str, Any] = {k: (_median(runs, k) if isinstance(v, float) else v) for k, v in asdict(first).items()}
     return type(first)(**fields)
 
 
 def run_all(root: Path, *, sizes: list[int], queue_counts: list[int], flushes: list[str], seconds: float,
             runs: int, batch: int, rebuild_messages: int, scale_queues: int,
-            report: Callable[[str], None], save: Callable[[dict], None] = lambda r: None) -> dict:  # fmt: skip
+            report: Callable[[str], None], save: Callable[[dict[str, Any]], None] = lambda r: None) -> dict[str, Any]:  # fmt: skip
     """Every measurement, alternating cases within a run so that drift hits all alike."""
     root.mkdir(parents=True, exist_ok=True)
     cases = [(s, q, f) for f in flushes for s in sizes for q in queue_counts]
-    samples: dict[tuple, list] = {c: [] for c in cases}
+    samples: dict[tuple[int, int, str], list[AppendFigures]] = {c: [] for c in cases}
     for r in range(runs):
         for s, q, f in cases:
             producers = 4 if f == "sync" else 1
             samples[(s, q, f)].append(bench_append(root, s, q, f, seconds, batch, producers))
             report(f"run {r + 1}/{runs}: append {s} B x {q} queues, {f} flush: {samples[(s, q, f)][-1].msgs_per_s:,.0f} msgs/s")
-    result: dict = {
+    result: dict[str, Any] = {
         "runs": runs,
         "seconds_per_case": seconds,
         "batch": batch,
@@ -263,5 +267,5 @@ def run_all(root: Path, *, sizes: list[int], queue_counts: list[int], flushes: l
     return result
 
 
-def write_json(result: dict, path: Path) -> None:
+def write_json(result: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(result, indent=2))
