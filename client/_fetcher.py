@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable, Iterator, Protocol, TypeVar
 import trio
 
 from commitlog import Record
-from protocol import Frame, ProtocolError, RequestCode, decode_records
+from protocol import FetchAsk, FetchResult, Frame, ProtocolError, PullStatus, RequestCode, RowError, decode_records
 
 from ._options import ConsumerOptions, TagFilter
 from ._routes import MessageQueue
@@ -63,6 +63,11 @@ class QueueState:
     generation: int
     offset: int | None = None  # next offset to read; None until looked up
     idle: bool = False  # nothing more to read at the look-up or the last answer: watched, not fetched
+
+    def known_offset(self) -> int:
+        """The next offset, for a queue that is fetched (only once it is known)."""
+        assert self.offset is not None, "a queue is fetched only after its start offset is looked up"
+        return self.offset
 
 
 @dataclass
@@ -204,7 +209,8 @@ class Fetcher:
                      wait_ms: int) -> None:  # fmt: skip
         skipped = {mq for mq, _st in picked}  # until an answer says otherwise
         try:
-            asks = [[mq.topic, mq.queue_id, st.offset, self.c.filters[mq.topic].tags] for mq, st in picked]
+            filters = self.c.filters
+            asks = [FetchAsk.row(mq.topic, mq.queue_id, st.known_offset(), filters[mq.topic].tags) for mq, st in picked]
             fields = {"queues": asks, "max_messages": self.options.fetch_max_messages,
                       "max_per_queue": self.options.pull_batch, "max_wait_ms": wait_ms}  # fmt: skip
             try:
@@ -214,8 +220,8 @@ class Fetcher:
                 log.debug("consumer %s: fetch from %s failed: %s", self.c.client_id, addr, e)
                 await trio.sleep(0.2)
                 return
-            results = reply.fields["results"]
-            skipped = {mq for (mq, _st), r in zip(picked, results) if r[0] == "SKIPPED"}
+            results = _results(addr, reply.fields.get("results"), len(picked))
+            skipped = {mq for (mq, _st), r in zip(picked, results) if r.status is PullStatus.SKIPPED}
             if not wait_ms:  # watch answers are mostly idle queues: they say nothing of density
                 self._learn(addr, results, int(reply.fields.get("count", 0)))
             await self._deliver(addr, picked, results, reply.body)
@@ -224,16 +230,16 @@ class Fetcher:
             slots.release()
             self.wake(addr)
 
-    def _learn(self, addr: str, results: list[list[Any]], found: int) -> None:
+    def _learn(self, addr: str, results: list[FetchResult], found: int) -> None:
         """Messages per queue the broker got to in data answers (an average over recent
         ones). Asking many more queues than an answer can fill makes both sides walk
         asks that come back SKIPPED."""
-        visited = sum(1 for r in results if r[0] != "SKIPPED")
+        visited = sum(1 for r in results if r.status is not PullStatus.SKIPPED)
         if visited:
             sample = found / visited
             self._density[addr] = 0.7 * self._density.get(addr, sample) + 0.3 * sample
 
-    async def _deliver(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], results: list[list[Any]],
+    async def _deliver(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], results: list[FetchResult],
                        body: bytes) -> None:  # fmt: skip
         # One decode for the whole answer: with thousands of queues each holds a few
         # records, and a decode call per queue would cost more than its records.
@@ -241,16 +247,16 @@ class Fetcher:
             records = decode_records(body, f"fetch from {addr}") if body else []
         at = 0
         for (mq, st), row in zip(picked, results):
-            status, nxt, count = row[0], row[1], row[2]
+            status, nxt, count = row.status, row.next_offset, row.message_count
             mine, at = records[at : at + count], at + count
             if self.c.assigned.get(mq) is not st:
                 continue  # given up meanwhile
-            if status != "SKIPPED":
-                st.idle = status in ("NO_MESSAGE", "NO_QUEUE") or _caught_up(status, nxt, row)
-            if status in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW"):
+            if status is not PullStatus.SKIPPED:
+                st.idle = status in _NOTHING_THERE or _caught_up(row)
+            if status in _OUT_OF_RANGE:
                 log.warning("consumer %s: offset %d of %s/%d is %s; moving to %d", self.c.client_id, st.offset,
-                            mq.topic, mq.queue_id, status.lower().replace("_", " "), nxt)  # fmt: skip
-            elif status in ("NO_MESSAGE", "SKIPPED", "NO_QUEUE"):
+                            mq.topic, mq.queue_id, status.value.lower().replace("_", " "), nxt)  # fmt: skip
+            elif status in _NOT_READ:
                 continue
             if any(r.topic != mq.topic or r.queue_id != mq.queue_id for r in mine[:1] + mine[-1:]):
                 raise ProtocolError(f"fetch from {addr}: records of {mq.topic}/{mq.queue_id} are out of place")
@@ -264,8 +270,24 @@ class Fetcher:
             st.offset = nxt
 
 
-def _caught_up(status: str, nxt: int, row: list[Any]) -> bool:
+_NOTHING_THERE = frozenset({PullStatus.NO_MESSAGE, PullStatus.NO_QUEUE})
+_OUT_OF_RANGE = frozenset({PullStatus.OFFSET_TOO_SMALL, PullStatus.OFFSET_OVERFLOW})
+_NOT_READ = frozenset({PullStatus.NO_MESSAGE, PullStatus.SKIPPED, PullStatus.NO_QUEUE})
+_READ = frozenset({PullStatus.FOUND, PullStatus.NO_MATCHED_MESSAGE})
+
+
+def _caught_up(row: FetchResult) -> bool:
     """An answer with messages that read up to the queue's max offset (the broker's high
-    watermark, ``row[4]``): the queue is watched next, not asked once more for nothing.
-    For a consumer at the head of its queues this halves the requests per arrival."""
-    return status in ("FOUND", "NO_MATCHED_MESSAGE") and len(row) > 4 and 0 <= row[4] <= nxt
+    watermark): the queue is watched next, not asked once more for nothing. For a
+    consumer at the head of its queues this halves the requests per arrival."""
+    return row.status in _READ and 0 <= row.max_offset <= row.next_offset
+
+
+def _results(addr: str, rows: Any, asked: int) -> list[FetchResult]:
+    """The typed rows of a fetch answer: one per queue asked, each well formed."""
+    if not isinstance(rows, list) or len(rows) != asked:
+        raise ProtocolError(f"fetch from {addr}: {asked} queues asked, the answer has no row for each")
+    try:
+        return [FetchResult.from_wire(row) for row in rows]
+    except RowError as e:
+        raise ProtocolError(f"fetch from {addr}: {e}") from None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -14,10 +13,11 @@ import trio
 
 from broker.service import Broker, BrokerConfig
 from broker.service import serve as serve_broker
-from client import NoRouteError, open_admin
+from client import NoRouteError, Routes, open_admin
 from commitlog import MiB
 from nameserver import NameServer, NameServerConfig
 from nameserver import serve as serve_nameserver
+from tests.waiting import await_until
 
 FAST_CONSUMER = {"heartbeat_interval_ms": 100, "rebalance_interval_ms": 200, "commit_interval_ms": 100}
 
@@ -29,6 +29,7 @@ class Cluster:
     nameserver: NameServer | None = None
     brokers: dict[str, Broker] = field(default_factory=dict)
     scopes: dict[str, trio.CancelScope] = field(default_factory=dict)
+    stopped: dict[str, trio.Event] = field(default_factory=dict)  # set once serve() returned (store closed)
 
     @property
     def ns(self) -> list[str]:
@@ -47,65 +48,75 @@ class Cluster:
                            namesrv_addrs=namesrv_addrs or self.ns,
                            register_interval_ms=200, client_expiry_ms=1000, segment_bytes=4 * MiB,
                            max_message_bytes=256 * 1024, **settings)  # fmt: skip
-        scope = trio.CancelScope()
+        scope, stopped = trio.CancelScope(), trio.Event()
 
         async def run(task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED) -> None:
-            with scope:
-                await serve_broker(cfg, task_status=task_status)
+            try:
+                with scope:
+                    await serve_broker(cfg, task_status=task_status)
+            finally:
+                stopped.set()
 
         broker = await self.nursery.start(run)
-        self.brokers[name], self.scopes[name] = broker, scope
+        self.brokers[name], self.scopes[name], self.stopped[name] = broker, scope, stopped
         return broker
 
     async def stop_broker(self, name: str) -> None:
         """Graceful stop; returns once the store is closed."""
-        broker = self.brokers.pop(name)
-        broker.shutdown()
+        self.brokers.pop(name).shutdown()
         with trio.fail_after(15):
-            while not broker.store._closed:
-                await trio.sleep(0.02)
+            await self.stopped[name].wait()  # serve() closes the store before it returns
 
     async def create_topic(self, topic: str, queues: int) -> None:
         """Create on every broker and wait until the name server routes it."""
         async with open_admin(self.ns) as admin:
-            with trio.fail_after(10):
-                while len(await admin.brokers()) < len(self.brokers):
-                    await trio.sleep(0.05)
-                await admin.create_topic(topic, queues)
-                while True:
-                    try:
-                        from client import Routes
 
-                        routes = Routes(admin.rpc, self.ns)
-                        if len({mq.broker_name for mq in await routes.queues(topic)}) == len(self.brokers):
-                            return
-                    except NoRouteError:
-                        pass
-                    await trio.sleep(0.05)
+            async def all_registered() -> bool:
+                return len(await admin.brokers()) >= len(self.brokers)
+
+            await await_until(all_registered, 10, f"all {len(self.brokers)} brokers registered with the name server")
+            await admin.create_topic(topic, queues)
+        await self.wait_routed(topic, set(self.brokers))
+
+    async def wait_routed(self, topic: str, brokers: set[str], ns: list[str] | None = None, timeout_s: float = 10) -> None:
+        """Wait until the name servers ``ns`` (default: the cluster's) route ``topic`` to
+        exactly ``brokers`` (names): brokers register new topics at once, but the name
+        server tells nobody when it has them."""
+        async with open_admin(ns or self.ns) as admin:
+            routes = Routes(admin.rpc, ns or self.ns)
+
+            async def routed() -> bool:
+                try:
+                    return {mq.broker_name for mq in await routes.queues(topic, refresh=True)} == brokers
+                except NoRouteError:
+                    return False
+
+            await await_until(routed, timeout_s, f"the name server to route topic {topic!r} to {sorted(brokers)}")
 
 
 @contextlib.contextmanager
 def cluster_in_thread(root: Path) -> Iterator[Cluster]:
     """A name server and a broker with topic "sync" (2 queues), run by trio in a thread."""
-    stop, ready = threading.Event(), []
+    stop, started, ready = threading.Event(), threading.Event(), []
 
     async def serve() -> None:
-        async with trio.open_nursery() as n:
-            c = Cluster(n, root)
-            await c.start_nameserver()
-            await c.start_broker()
-            await c.create_topic("sync", 2)
-            ready.append(c)
-            await trio.to_thread.run_sync(stop.wait, 120)
-            n.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as n:
+                c = Cluster(n, root)
+                await c.start_nameserver()
+                await c.start_broker()
+                await c.create_topic("sync", 2)
+                ready.append(c)
+                started.set()
+                await trio.to_thread.run_sync(stop.wait, 120)
+                n.cancel_scope.cancel()
+        finally:
+            started.set()  # failed to start, too: no need to wait out the timeout
 
     server = threading.Thread(target=trio.run, args=(serve,))
     server.start()
     try:
-        for _ in range(400):
-            if ready or not server.is_alive():
-                break
-            time.sleep(0.05)
+        started.wait(20)
         assert ready, "the cluster did not start"
         yield ready[0]
     finally:

@@ -7,10 +7,13 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+import trio
+
+from client import ConnectionFailed, NoRouteError, Routes, open_admin
+from tests.waiting import wait_until
 
 
 def clmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -108,6 +111,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _registered_brokers(ns: str) -> set[str]:
+    """The brokers the name server at ``ns`` knows (none while it is not up yet)."""
+
+    async def ask() -> set[str]:
+        async with open_admin([ns]) as admin:
+            try:
+                return {b["broker_name"] for b in await admin.brokers()}
+            except ConnectionFailed:
+                return set()
+
+    return trio.run(ask)
+
+
+def _routed_brokers(ns: str, topic: str) -> set[str]:
+    """The brokers the name server at ``ns`` routes ``topic`` to."""
+
+    async def ask() -> set[str]:
+        async with open_admin([ns]) as admin:
+            try:
+                return {mq.broker_name for mq in await Routes(admin.rpc, [ns]).queues(topic)}
+            except NoRouteError:
+                return set()
+
+    return trio.run(ask)
+
+
 def test_service_commands_against_a_running_broker(tmp_path: Path) -> None:
     ns_port, broker_port = _free_port(), _free_port()
     ns = f"127.0.0.1:{ns_port}"
@@ -119,15 +148,12 @@ def test_service_commands_against_a_running_broker(tmp_path: Path) -> None:
              subprocess.Popen([sys.executable, "-m", "broker.cli", "broker", "--config", str(conf)], cwd=tmp_path,
                               env={**env, "CLMQ_LISTEN_PORT": str(broker_port)})]  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            listed = clmq("topic", "list", "--namesrv", ns, cwd=tmp_path)
-            if listed.returncode == 0:
-                break
-            assert time.monotonic() < deadline, listed.stdout + listed.stderr
-            time.sleep(0.2)
+        wait_until(lambda: _registered_brokers(ns) == {"b1"}, 30, "broker b1 to register with the name server")
+        listed = clmq("topic", "list", "--namesrv", ns, cwd=tmp_path)
+        assert listed.returncode == 0, listed.stdout + listed.stderr
         assert clmq("topic", "create", "cli", "--queues", "3", "--namesrv", ns, cwd=tmp_path).returncode == 0
-        time.sleep(0.5)  # the broker re-registers at once; give the name server a moment
+        # the broker re-registers at once; the name server tells nobody when it has the route
+        wait_until(lambda: _routed_brokers(ns, "cli") == {"b1"}, 10, "the name server to route topic cli to b1")
         produced = clmq("produce", "cli", "one", "two", "three", "--tags", "T", "--namesrv", ns, cwd=tmp_path)
         assert produced.returncode == 0 and produced.stdout.count("offset 0") == 3, produced.stdout + produced.stderr
         consumed = clmq("consume", "cli", "--group", "g", "--count", "3", "--idle-timeout", "10", "--namesrv", ns, cwd=tmp_path)

@@ -28,6 +28,7 @@ from commitlog import (
     unpack_messages,
 )  # fmt: skip
 from commitlog._encoder import BatchEncoder, EncodeError
+from tests.waiting import wait_until
 
 from .conftest import msgs
 
@@ -79,7 +80,7 @@ def test_read_record_by_offset_and_boundaries_are_record_starts(tmp_path: Path) 
     for off in res.commitlog_offsets[::37]:
         assert lg.read_record(off).commitlog_offset == off
     starts = set(res.commitlog_offsets)
-    for base, length, _ in lg.segments():
+    for base, _length, _ in lg.segments():
         bounds = lg.boundaries(base)
         assert bounds and all(b in starts for b in bounds)
         gaps = [b - a for a, b in zip([base, *bounds], bounds)]
@@ -208,7 +209,7 @@ def test_group_commit_shares_fsyncs_and_acks_only_durable_bytes(tmp_path: Path) 
     acked: list[bool] = []
 
     def writer(i: int) -> None:
-        for j in range(25):
+        for _ in range(25):
             res = lg.append([Message("t", i, b"x" * 100)])
             assert lg.wait_durable(res.end_offset, 5)
             acked.append(lg.durable_offset >= res.end_offset)
@@ -234,11 +235,13 @@ def test_sync_mode_starts_the_fsync_at_the_write_not_when_someone_waits(tmp_path
     flusher = threading.Thread(target=lg.run_flusher, args=(stop,))
     flusher.start()
     try:
-        time.sleep(0.05)  # the flusher is asleep, its interval a minute away
+        # Not a wait: lets the flusher go to sleep on its interval, a minute away, so that
+        # the append below must wake it (a thread blocked on its interval has no event to
+        # wait for; should the append come first, the fsync is due at once all the same).
+        time.sleep(0.05)
         end = lg.append([Message("t", 0, b"x" * 100)]).end_offset
-        deadline = time.monotonic() + 5
-        while lg.durable_offset < end and time.monotonic() < deadline:  # nobody waits
-            time.sleep(0.001)
+        # polled, not lg.wait_durable(): nobody may wait, for waiting asks for the fsync
+        wait_until(lambda: lg.durable_offset >= end, 5, "the fsync of the append, with nobody waiting for it")
         assert lg.durable_offset >= end
     finally:
         stop.set()

@@ -38,6 +38,8 @@ def run_and_kill(data_dir: Path, tag: str, delay_s: float, wait_ready: bool, mod
     t.start()
     if wait_ready:
         assert ready.wait(30), "writer did not start"
+    # Not a wait: the random delay is the point, to land the kill at an arbitrary moment
+    # of the appends (or of the recovery, when not waiting for READY).
     time.sleep(delay_s)
     proc.send_signal(signal.SIGKILL)
     proc.wait()

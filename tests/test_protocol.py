@@ -169,7 +169,7 @@ def test_settings_come_from_file_then_environment_then_flags(tmp_path) -> None:
         True,
     )
     cfg.write_text("listen_prot = 1\n")
-    with pytest.raises(SettingsError, match="unknown setting.*listen_prot"):
+    with pytest.raises(SettingsError, match=r"unknown setting.*listen_prot"):
         load_settings(BrokerConfig, cfg)
-    with pytest.raises(SettingsError, match="CLMQ_LISTEN_PORT.*integer"):
+    with pytest.raises(SettingsError, match=r"CLMQ_LISTEN_PORT.*integer"):
         load_settings(BrokerConfig, env={"CLMQ_LISTEN_PORT": "many"})

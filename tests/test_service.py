@@ -25,6 +25,7 @@ from client import (
 )  # fmt: skip
 from protocol import ErrorCode, Frame, RequestCode, encode_frame
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
+from tests.waiting import await_until
 
 
 @pytest.fixture
@@ -35,10 +36,10 @@ async def cluster(nursery: trio.Nursery, tmp_path: Path) -> Cluster:
     return c
 
 
-async def consume(ns: list[str], group: str, topic: str, want: int, expr: str = "*", timeout: float = 10, **opts) -> list:
+async def consume(ns: list[str], group: str, topic: str, want: int, expr: str = "*", timeout_s: float = 10, **opts) -> list:
     got: list = []
     async with open_consumer(ns, group, {topic: expr}, **{**FAST_CONSUMER, **opts}) as c:
-        with trio.move_on_after(timeout):
+        with trio.move_on_after(timeout_s):
             while len(got) < want:
                 got += await c.receive()
     return got
@@ -90,6 +91,9 @@ async def test_long_poll_is_woken_by_new_messages(cluster: Cluster) -> None:
         rpc = RpcClient(n)
 
         async def produce_later() -> None:
+            await await_until(lambda: broker.waiters.waiting >= 1, 10, "the pull to wait on the broker")
+            # Not a wait: the message comes 0.3 s into the long poll, and the pull must
+            # answer after it (not at once, not at the end of its 10 s wait).
             await trio.sleep(0.3)
             async with open_producer(cluster.ns) as p:
                 await p.send("lp", b"wake up")
@@ -122,7 +126,7 @@ async def test_broadcasting_gives_every_member_every_message(cluster: Cluster) -
     results: list[list] = []
 
     async def member() -> None:
-        results.append(await consume(cluster.ns, "bcast", "bc", 30, mode="broadcasting", timeout=5))
+        results.append(await consume(cluster.ns, "bcast", "bc", 30, mode="broadcasting", timeout_s=5))
 
     async with trio.open_nursery() as n:
         n.start_soon(member)
@@ -136,23 +140,26 @@ async def test_rebalance_splits_queues_without_overlap_as_members_come_and_go(cl
     async with trio.open_nursery() as n:
         consumers = []
         stops = []
+        gone = []
         for i in range(3):
-            ready, stop = trio.Event(), trio.Event()
+            ready, stop, left = trio.Event(), trio.Event(), trio.Event()
 
-            async def run(i: int = i, ready: trio.Event = ready, stop: trio.Event = stop) -> None:
+            async def run(i: int = i, ready: trio.Event = ready, stop: trio.Event = stop, left: trio.Event = left) -> None:
                 async with open_consumer(cluster.ns, "grp", {"rb": "*"}, client_id=f"c{i}", **FAST_CONSUMER) as c:
                     consumers.append(c)
                     ready.set()
                     await stop.wait()
                 consumers.remove(c)
+                left.set()
 
             n.start_soon(run)
             await ready.wait()
             stops.append(stop)
+            gone.append(left)
         await _settled(consumers, all_queues)
         assert sorted(len(c.assignment()) for c in consumers) == [2, 3, 3]
         stops[0].set()  # one member leaves
-        await trio.sleep(0.2)
+        await gone[0].wait()  # closed: committed and unregistered from the broker
         await _settled(consumers, all_queues)
         assert len(consumers) == 2 and sorted(len(c.assignment()) for c in consumers) == [4, 4]
         for s in stops[1:]:
@@ -160,16 +167,22 @@ async def test_rebalance_splits_queues_without_overlap_as_members_come_and_go(cl
 
 
 async def _settled(consumers: list, all_queues: set[int]) -> None:
+    """Wait until the members own every queue once, and still do a few rounds later."""
+
+    def split() -> list[list[int]] | None:
+        owned = [[mq.queue_id for mq in c.assignment()] for c in consumers]
+        flat = [q for o in owned for q in o]
+        return owned if len(flat) == len(set(flat)) and set(flat) == all_queues else None
+
     with trio.fail_after(10):
         while True:
-            owned = [[mq.queue_id for mq in c.assignment()] for c in consumers]
-            flat = [q for o in owned for q in o]
-            if len(flat) == len(set(flat)) and set(flat) == all_queues:
-                await trio.sleep(0.5)  # still so after a few more rounds?
-                again = [[mq.queue_id for mq in c.assignment()] for c in consumers]
-                if again == owned:
-                    return
-            await trio.sleep(0.05)
+            owned = await await_until(split, 10, "the members to split the queues without overlap")
+            # Not a wait: the split must hold over a few more rebalance rounds (200 ms
+            # apart), i.e. nothing may change in the next 0.5 s.
+            await trio.sleep(0.5)
+            again = [[mq.queue_id for mq in c.assignment()] for c in consumers]
+            if again == owned:
+                return
 
 
 async def test_committed_offsets_survive_a_broker_restart(cluster: Cluster) -> None:
@@ -182,7 +195,7 @@ async def test_committed_offsets_survive_a_broker_restart(cluster: Cluster) -> N
     port = int(cluster.brokers["broker-a"].addr.rsplit(":", 1)[1])
     await cluster.stop_broker("broker-a")
     await cluster.start_broker("broker-a", port=port)
-    rest = await consume(cluster.ns, "keep", "off", 40 - len(seen_first), timeout=10)
+    rest = await consume(cluster.ns, "keep", "off", 40 - len(seen_first), timeout_s=10)
     assert seen_first | {int(r.body) for r in rest} == set(range(40))
     async with open_admin(cluster.ns) as admin:
         info = await admin.describe_group("keep")
@@ -193,14 +206,9 @@ async def test_sync_flush_acknowledges_only_fsynced_messages(cluster: Cluster) -
     await cluster.start_broker("broker-s", flush_mode="sync")
     async with open_admin(cluster.ns) as admin:
         await admin.create_topic("s", 2, on=[cluster.brokers["broker-s"].addr])
+    await cluster.wait_routed("s", {"broker-s"})
     async with open_producer(cluster.ns) as p:
-        with trio.fail_after(10):
-            while True:
-                try:
-                    r = await p.send("s", b"durable")
-                    break
-                except Exception:
-                    await trio.sleep(0.1)
+        r = await p.send("s", b"durable")
     assert r.durable and r.queue.broker_name == "broker-s"
     assert cluster.brokers["broker-s"].store.durable_offset >= r.commitlog_offsets[0]
 
@@ -341,9 +349,11 @@ async def test_name_server_drops_a_broker_that_stops_registering(cluster: Cluste
     await cluster.create_topic("ex", 1)
     cluster.scopes["broker-b"].cancel()  # gone without unregistering (as if its host died)
     async with open_admin(cluster.ns) as admin:
-        with trio.fail_after(5):
-            while {b["broker_name"] for b in await admin.brokers()} != {"broker-a"}:
-                await trio.sleep(0.1)
+
+        async def only_a_left() -> bool:
+            return {b["broker_name"] for b in await admin.brokers()} == {"broker-a"}
+
+        await await_until(only_a_left, 5, "the name server to drop broker-b")
 
 
 async def test_brokers_register_with_every_name_server_and_clients_use_any_that_answers(cluster: Cluster) -> None:
@@ -353,21 +363,18 @@ async def test_brokers_register_with_every_name_server_and_clients_use_any_that_
     second = await cluster.nursery.start(serve_nameserver, NameServerConfig(listen_port=0))
     b = await cluster.start_broker("broker-b", namesrv_addrs=[*cluster.ns, second.addr])
     async with open_admin([second.addr]) as admin:
-        with trio.fail_after(5):
-            while {x["broker_name"] for x in await admin.brokers()} != {"broker-b"}:
-                await trio.sleep(0.05)
+
+        async def b_registered() -> bool:
+            return {x["broker_name"] for x in await admin.brokers()} == {"broker-b"}
+
+        await await_until(b_registered, 5, "broker-b to register with the second name server")
         await admin.create_topic("two", 2, on=[b.addr])
+    await cluster.wait_routed("two", {"broker-b"}, ns=[second.addr], timeout_s=5)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens here
     async with open_producer([dead, second.addr]) as p:
-        with trio.fail_after(5):
-            while True:
-                try:
-                    r = await p.send("two", b"via the second name server")
-                    break
-                except Exception:
-                    await trio.sleep(0.1)
+        r = await p.send("two", b"via the second name server")
     assert r.queue.broker_name == "broker-b"
 
 
@@ -437,7 +444,7 @@ async def test_a_consumer_of_thousands_of_queues_reads_them_all_through_multi_qu
     await cluster.create_topic("wide", 2000)
     await send_direct(cluster.brokers["broker-a"].addr, "wide", {q: [b"%d" % q] * (1 + q % 3) for q in range(2000)})
     want = sum(1 + q % 3 for q in range(2000))
-    got = await consume(cluster.ns, "wide-g", "wide", want, timeout=30, fetch_queues=300, fetch_max_messages=500, pull_batch=2)
+    got = await consume(cluster.ns, "wide-g", "wide", want, timeout_s=30, fetch_queues=300, fetch_max_messages=500, pull_batch=2)
     assert len(got) == want
     assert sorted({r.queue_id for r in got}) == list(range(2000))
     assert all(int(r.body) == r.queue_id for r in got)
@@ -453,7 +460,7 @@ async def test_idle_queues_are_watched_apart_and_never_hold_up_queues_with_messa
     await cluster.create_topic("mixed", 64)
     await send_direct(cluster.brokers["broker-a"].addr, "mixed", {q: [b"%d" % q] * 50 for q in range(48, 64)})
     t0 = trio.current_time()
-    got = await consume(cluster.ns, "mixed-g", "mixed", 800, timeout=15, fetches_in_flight=1, fetch_queues=16,
+    got = await consume(cluster.ns, "mixed-g", "mixed", 800, timeout_s=15, fetches_in_flight=1, fetch_queues=16,
                         pull_batch=10, pull_wait_ms=20_000)  # fmt: skip
     assert len(got) == 800 and {r.queue_id for r in got} == set(range(48, 64))
     assert trio.current_time() - t0 < 10  # no request for data sat behind a long poll
@@ -467,7 +474,8 @@ async def test_queues_turning_idle_while_others_are_watched_still_see_new_messag
     await cluster.create_topic("quiet", 32)
     async with open_consumer(cluster.ns, "quiet-g", {"quiet": "*"}, **{**FAST_CONSUMER, "fetches_in_flight": 1,
                              "fetch_queues": 16, "pull_wait_ms": 20_000}) as c:  # fmt: skip
-        await trio.sleep(1)  # every queue looked up, found empty and watched
+        broker = cluster.brokers["broker-a"]
+        await await_until(lambda: broker.waiters.waiting >= 32, 10, "all 32 queues looked up, found empty and watched")
         t0 = trio.current_time()
         async with open_producer(cluster.ns) as p:
             sent = await p.send_batch("quiet", [b"late"], selector=lambda mqs, _m: mqs[31])
@@ -485,17 +493,10 @@ async def test_queues_are_asked_for_data_only_while_they_have_some(cluster: Clus
     nothing. A message arriving later in an empty queue comes at once, through its
     watch, and asks for nothing more either."""
     await cluster.create_topic("sparse", 64)
-    addr = cluster.brokers["broker-a"].addr
-    await send_direct(addr, "sparse", {q: [b"early"] for q in range(4)})
-    async with trio.open_nursery() as n:
-        rpc = RpcClient(n)
-        with trio.fail_after(10):  # dispatched, so that the look-up sees them (else they come through watches)
-            for q in range(4):
-                while (await rpc.request(addr, RequestCode.QUERY_OFFSETS, {"topic": "sparse", "queue_id": q})).fields[
-                    "max_offset"
-                ] < 1:
-                    await trio.sleep(0.01)
-        await rpc.aclose()
+    broker = cluster.brokers["broker-a"]
+    await send_direct(broker.addr, "sparse", {q: [b"early"] for q in range(4)})
+    # dispatched, so that the look-up sees them (else they come through watches)
+    await trio.to_thread.run_sync(broker.store.catch_up)
     asked: list[tuple[int, int]] = []  # (max_wait_ms, queue id) of every queue in every fetch
     real_request = Consumer.request
 
@@ -508,7 +509,8 @@ async def test_queues_are_asked_for_data_only_while_they_have_some(cluster: Clus
     async with open_consumer(cluster.ns, "sparse-g", {"sparse": "*"}, **{**FAST_CONSUMER, "pull_wait_ms": 20_000}) as c:
         with trio.fail_after(10):
             early = [r for _ in range(4) for r in await c.receive()]
-        await trio.sleep(0.5)
+        # the 4 read queues caught up and, with the 60 found empty, watched
+        await await_until(lambda: broker.waiters.waiting >= 64, 10, "all 64 queues watched")
         async with open_producer(cluster.ns) as p:
             await p.send_batch("sparse", [b"late"], selector=lambda mqs, _m: mqs[40])
         t0 = trio.current_time()

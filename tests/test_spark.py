@@ -9,7 +9,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 from datetime import UTC
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,12 +17,13 @@ import pytest
 
 from broker.store import Store, StoreConfig
 from client import BlockingAdmin, BlockingProducer
-from commitlog import CommitLogConfig, Message, Record
+from commitlog import CommitLogConfig, Message, Record, now_ms
 from spark_connector._layout import LayoutError, local_layout
 from spark_connector._local import LocalStore
 from spark_connector._options import OptionError, parse_options
 from spark_connector._plan import choose_index_path, index_pieces, plan, scan_splits, select
 from tests.service_helpers import cluster_in_thread
+from tests.waiting import wait_until
 
 ALL_COLUMNS = ["topic", "queue_id", "queue_offset", "commitlog_offset", "tags", "keys", "properties", "body",
                "born_timestamp", "store_timestamp", "born_host", "store_host", "reconsume_times"]  # fmt: skip
@@ -46,9 +46,10 @@ def fill(path: Path, segment_bytes: int, n: int = 3000, seed: int = 1, batches: 
                             tags=["", "TagA", "TagB"][i % 3], keys=f"key-{i}" if i % 2 else "", properties=props,
                             born_host=("192.168.1.%d" % (i % 4), 5000 + i % 3), reconsume_times=i % 2))  # fmt: skip
     per = -(-n // batches)
-    for b in range(batches):  # batches a few ms apart: distinct store timestamps
-        assert store.put_batch(msgs[b * per : (b + 1) * per]).ok
-        time.sleep(0.01)
+    for b in range(batches):  # each batch in a millisecond of its own: distinct store timestamps
+        res = store.put_batch(msgs[b * per : (b + 1) * per])
+        assert res.ok
+        wait_until(lambda res=res: now_ms() > res.store_timestamp_ms, 1, f"the store's clock to pass batch {b}'s timestamp")
     store.catch_up()
     store.flush()  # a local reader sees what the checkpoint calls durable (async flush: only once flushed)
     store.checkpoint()
@@ -255,9 +256,9 @@ def test_network_mode_reads_a_running_broker(spark: Any, tmp_path: Path) -> None
             for i in range(40):
                 p.send_batch("net", [b"n%d-%d" % (i, j) for j in range(25)])
         store = c.brokers["broker-a"].store
-        deadline = time.monotonic() + 10
-        while store.durable_offset < store.end_offset and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # what the broker serves to readers: durable and dispatched
+        assert store.wait_durable(store.end_offset, 10), "the broker's store did not fsync what it acknowledged"
+        store.catch_up()
         expected = [r for r in store_rows(store) if r[0] == "net"]
         assert len(expected) == 1000
         for extra in ({}, {"readPath": "index"}, {"maxSplitBytes": "3000"}):

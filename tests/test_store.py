@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -15,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.store import GetStatus, PartitionStore, PutStatus, Store
-from commitlog import Message, PackedMessages, pack_messages
+from commitlog import Message, PackedMessages, now_ms, pack_messages
+from tests.waiting import wait_until
 
 from .conftest import msgs, small_config
 
@@ -61,10 +61,10 @@ def test_tag_filter_uses_hashes_and_rechecks_strings(store: Store) -> None:
 
 
 def test_offset_for_timestamp(store: Store) -> None:
-    store.put_batch(msgs("orders", 10, 1))
-    time.sleep(0.01)
-    middle = int(time.time() * 1000)
-    time.sleep(0.01)
+    first = store.put_batch(msgs("orders", 10, 1))
+    wait_until(lambda: now_ms() > first.store_timestamp_ms, 1, "the store's clock to pass the first batch's timestamp")
+    middle = now_ms()
+    wait_until(lambda: now_ms() > middle, 1, "the store's clock to pass the middle")
     store.put_batch(msgs("orders", 10, 1, start=10))
     store.catch_up()
     assert store.offset_for_timestamp("orders", 0, 0) == 0
@@ -76,9 +76,20 @@ def test_long_poll_wakes_when_entries_are_dispatched(store: Store) -> None:
     import threading
 
     woke: list[bool] = []
+    # The put must come while the waiter is blocked (else its first check finds the entry
+    # and nothing is woken): note when it goes to sleep on the store's condition. It holds
+    # the condition's lock until then, so the put cannot notify before it sleeps.
+    asleep, condition = threading.Event(), store._new_entries
+    real_wait = condition.wait
+
+    def noted_wait(timeout: float | None = None) -> bool:
+        asleep.set()
+        return real_wait(timeout)
+
+    condition.wait = noted_wait  # type: ignore[method-assign]
     waiter = threading.Thread(target=lambda: woke.append(store.wait_for_entries("orders", 1, 0, 5)))
     waiter.start()
-    time.sleep(0.05)
+    assert asleep.wait(5), "the waiter did not block on the store's condition"
     store.put(Message("orders", 1, b"hi"))
     waiter.join(5)
     assert woke == [True]
@@ -185,13 +196,12 @@ def test_close_on_a_full_disk_loses_nothing(tiny_fs: Path, mode: str) -> None:
     cfg = small_config(tiny_fs / "store", segment_bytes=128 * 1024, cq_entries_per_file=10_000, mode=mode)
     s = Store.open(cfg)
     s.create_topic("t", 50)
-    pad = open(tiny_fs / "pad", "wb", buffering=0)  # created while there is room for its inode
-    acked = 0
-    while s.put_batch(msgs("t", 50, 50, size=500, start=acked)).ok:
-        acked += 50
-    s.catch_up()
-    with pad:  # take every last byte, so queue files cannot grow
-        while True:
+    with open(tiny_fs / "pad", "wb", buffering=0) as pad:  # created while there is room for its inode
+        acked = 0
+        while s.put_batch(msgs("t", 50, 50, size=500, start=acked)).ok:
+            acked += 50
+        s.catch_up()
+        while True:  # take every last byte, so queue files cannot grow
             try:
                 pad.write(b"\0" * 512)
             except OSError:

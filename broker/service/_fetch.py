@@ -13,22 +13,22 @@ from typing import Any
 
 import trio
 
-from protocol import ErrorCode, Frame
+from broker.store import GetStatus, Span
+from protocol import ErrorCode, FetchAsk, FetchResult, Frame, PullStatus, RowError
 from protocol.transport import Reply, RequestError, need
 
 from ._context import BrokerContext
 
-QueueAsk = tuple[str, int, int, "list[str] | None"]  # topic, queue id, offset, tags
+
+def parse_queues(fields: dict[str, Any]) -> list[FetchAsk]:
+    try:
+        return [FetchAsk.from_wire(row) for row in need(fields, "queues", list)]
+    except RowError as e:
+        raise RequestError(ErrorCode.MALFORMED_REQUEST, f"queues: {e}") from None
 
 
-def parse_queues(fields: dict[str, Any]) -> list[QueueAsk]:
-    asks: list[QueueAsk] = []
-    for item in need(fields, "queues", list):
-        if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str) and isinstance(item[1], int)
-                and isinstance(item[2], int) and (item[3] is None or isinstance(item[3], list))):  # fmt: skip
-            raise RequestError(ErrorCode.MALFORMED_REQUEST, "queues must be [topic, queue_id, offset, tags or nil] lists")
-        asks.append((item[0], item[1], item[2], item[3]))
-    return asks
+# A queue's read status as the wire says it (PULL_MESSAGE's status, a fetch row's first field).
+WIRE_STATUS = {status: PullStatus[status.name] for status in GetStatus}
 
 
 class Fetch:
@@ -50,26 +50,26 @@ class Fetch:
             results, spans, found = self._read(asks, total, per_queue)
         return Reply({"results": results, "count": found}, spans=spans)
 
-    def _read(self, asks: list[QueueAsk], total: int, per_queue: int) -> tuple[list[list[Any]], list[Any], int]:
-        """Per queue ``[status, next offset, count, bytes, max offset]`` (max offset -1 when
-        SKIPPED: not looked at), the spans, and the count."""
+    def _read(self, asks: list[FetchAsk], total: int, per_queue: int) -> tuple[list[list[Any]], list[Span], int]:
+        """Per queue a :class:`FetchResult` row (max offset -1 when SKIPPED: not looked
+        at), the spans, and the count."""
         results: list[list[Any]] = []
-        spans: list[Any] = []
+        spans: list[Span] = []
         found = nbytes = 0
         for topic, qid, offset, tags in asks:
             if found >= total or nbytes >= self.config.max_pull_bytes:
-                results.append(["SKIPPED", offset, 0, 0, -1])
+                results.append(FetchResult.row(PullStatus.SKIPPED, offset, 0, 0, -1))
                 continue
             res = self.store.read_raw(topic, qid, offset, min(per_queue, total - found), tags,
                                       self.config.max_pull_bytes - nbytes)  # fmt: skip
             size = res.nbytes  # a sum over the spans: once
-            results.append([res.status.name, res.next_offset, res.count, size, res.max_offset])
+            results.append(FetchResult.row(WIRE_STATUS[res.status], res.next_offset, res.count, size, res.max_offset))
             spans += res.spans
             found += res.count
             nbytes += size
         return results, spans, found
 
-    async def _wait_any(self, asks: list[QueueAsk], wait_ms: int) -> None:
+    async def _wait_any(self, asks: list[FetchAsk], wait_ms: int) -> None:
         event = trio.Event()
         keys = [(topic, qid) for topic, qid, _o, _t in asks]
         waiters = self.waiters

@@ -18,7 +18,7 @@ from protocol.transport import Handler, Later, Peer, Reply, RequestError, need
 
 from ._append import BusyError, PendingPut
 from ._context import BrokerContext, now_ms
-from ._fetch import Fetch
+from ._fetch import WIRE_STATUS, Fetch
 from ._log_reads import LogReads
 
 # A look-up of thousands of queues yields to other clients every this many rows: a
@@ -130,7 +130,7 @@ class Handlers:
             res = await self._read(topic, qid, offset, limit, tags)
         if res.status is GetStatus.NO_QUEUE:
             self._no_queue(topic, qid)
-        fields = {"status": res.status.name, "next_offset": res.next_offset, "min_offset": res.min_offset,
+        fields = {"status": WIRE_STATUS[res.status].value, "next_offset": res.next_offset, "min_offset": res.min_offset,
                   "max_offset": res.max_offset, "count": res.count}  # fmt: skip
         return Reply(fields, spans=res.spans)
 
