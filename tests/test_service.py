@@ -553,3 +553,32 @@ def test_the_collector_pause_around_decoding_leaves_the_applications_setting() -
         assert not gc.isenabled()  # the application's choice stays
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize(
+    ("row", "field"),
+    [
+        ([7, 0, 0, None], "topic"),
+        (["rows", "0", 0, None], "queue_id"),
+        (["rows", True, 0, None], "queue_id"),
+        (["rows", 0, 1.5, None], "offset"),
+        (["rows", 0, None, None], "offset"),
+        (["rows", 0, 0, "TagA"], "tags"),
+        (["rows", 0, 0, ["TagA", 3]], "tags"),
+        (["rows", 0, 0], "fetch ask must be"),
+        ({"topic": "rows"}, "fetch ask must be"),
+    ],
+)
+async def test_a_fetch_row_with_a_mistyped_field_is_refused_by_name(cluster: Cluster, row: object, field: str) -> None:
+    """Every field of a PULL_MESSAGES row, of the wrong type: MALFORMED_REQUEST naming it,
+    and the same connection goes on serving good rows."""
+    await cluster.create_topic("rows", 1)
+    addr = cluster.brokers["broker-a"].addr
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        fields = {"queues": [["rows", 0, 0, None], row], "max_wait_ms": 0}
+        bad = await rpc.request(addr, RequestCode.PULL_MESSAGES, fields, check=False)
+        assert bad.error_code == ErrorCode.MALFORMED_REQUEST and field in bad.error_text
+        good = await rpc.request(addr, RequestCode.PULL_MESSAGES, {"queues": [["rows", 0, 0, None]], "max_wait_ms": 0})
+        assert good.fields["results"] == [["NO_MESSAGE", 0, 0, 0, 0]]
+        await rpc.aclose()
