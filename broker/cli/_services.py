@@ -1,35 +1,32 @@
-"""The service commands of ``clmq``: dev, nameserver, broker, topic, produce,
-consume, group. Settings come from a TOML file, then ``CLMQ_*`` environment
-variables, then flags."""
+"""The service commands of ``clmq``: dev, nameserver, broker. Settings come from a TOML
+file, then ``CLMQ_*`` environment variables, then flags (``settings.py``)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import trio
 from rich.console import Console
-from rich.table import Table
 
 from broker.service import BrokerConfig
 from broker.service import serve as serve_broker
-from client import ConnectionFailed, NoRouteError, RpcError, SendError, open_admin, open_consumer, open_producer
+from client import NoRouteError, open_admin, open_consumer, open_producer
 from nameserver import NameServerConfig
 from nameserver import serve as serve_nameserver
 
+from ._client_verbs import add_client_commands
 from .settings import SettingsError, load_settings
 
 console = Console()
-DEFAULT_NAMESRV = "127.0.0.1:9876"
 
 
 def add_commands(sub: Any) -> None:
-    """Add the service commands to the ``clmq`` parser."""
+    """Add the service commands (and the client verbs) to the ``clmq`` parser."""
     dev = sub.add_parser("dev", help="name server and broker in one process, on a local data directory")
     dev.add_argument("--data-dir", default="clmq-data", help="broker data directory (default ./clmq-data)")
     dev.add_argument("--port", type=int, default=10911, help="broker port (default 10911)")
@@ -51,72 +48,9 @@ def add_commands(sub: Any) -> None:
         br.add_argument(f"--{flag}", type=kind)
     br.set_defaults(func=cmd_broker)
 
-    _add_topic_commands(sub)
-    _add_client_commands(sub)
+    add_client_commands(sub)
 
 
-def _namesrv_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--namesrv", default=os.environ.get("CLMQ_NAMESRV", DEFAULT_NAMESRV),
-                   help=f"name server address(es), comma separated (default $CLMQ_NAMESRV or {DEFAULT_NAMESRV})")  # fmt: skip
-
-
-def _add_topic_commands(sub: Any) -> None:
-    topic = sub.add_parser("topic", help="create, list, describe, delete topics")
-    tsub = topic.add_subparsers(dest="topic_command", required=True)
-    create = tsub.add_parser("create", help="create a topic (or grow its queue count) on every broker")
-    create.add_argument("name")
-    create.add_argument("--queues", type=int, default=8, help="queue count (default 8)")
-    for name, helptext in (("list", "list topics"), ("describe", "queues and offsets of a topic"), ("delete", "delete a topic")):
-        p = tsub.add_parser(name, help=helptext)
-        if name != "list":
-            p.add_argument("name")
-    for p in tsub.choices.values():
-        _namesrv_arg(p)
-    topic.set_defaults(func=cmd_topic)
-    group = sub.add_parser("group", help="consumer groups: list, describe (per-queue lag)")
-    gsub = group.add_subparsers(dest="group_command", required=True)
-    _namesrv_arg(gsub.add_parser("list", help="list consumer groups"))
-    gd = gsub.add_parser("describe", help="committed offsets, lag and members of a group")
-    gd.add_argument("name")
-    _namesrv_arg(gd)
-    group.set_defaults(func=cmd_group)
-
-
-def _add_client_commands(sub: Any) -> None:
-    prod = sub.add_parser("produce", help="send messages (arguments, or lines of stdin)")
-    prod.add_argument("topic")
-    prod.add_argument("messages", nargs="*", help="message bodies (default: read lines from stdin)")
-    prod.add_argument("--tags", default="")
-    prod.add_argument("--keys", default="")
-    prod.add_argument("--sharding-key", help="send every message to the queue of this key, in order")
-    _namesrv_arg(prod)
-    prod.set_defaults(func=cmd_produce)
-    cons = sub.add_parser("consume", help="receive messages as a member of a consumer group")
-    cons.add_argument("topic")
-    cons.add_argument("--group", default="clmq-cli", help="consumer group (default clmq-cli)")
-    cons.add_argument("--tags", default="*", help="tag expression, e.g. 'TagA || TagB' (default *)")
-    cons.add_argument("--from", dest="start_from", default="earliest", help="earliest, latest, or a timestamp in ms")
-    cons.add_argument("--count", type=int, default=0, help="stop after this many messages (default: run until Ctrl-C)")
-    cons.add_argument("--idle-timeout", type=float, default=0, help="stop after this many seconds without messages")
-    cons.add_argument("--broadcast", action="store_true", help="broadcasting mode (every member gets every message)")
-    _namesrv_arg(cons)
-    cons.set_defaults(func=cmd_consume)
-
-
-def _addrs(args: argparse.Namespace) -> list[str]:
-    return [a.strip() for a in args.namesrv.split(",") if a.strip()]
-
-
-def run_client(fn: Callable[[], Any]) -> int:
-    """Run a client command; errors a person can act on become one line and exit 1."""
-    try:
-        return int(trio.run(fn) or 0)
-    except (ConnectionFailed, NoRouteError, RpcError, SendError, SettingsError, trio.TooSlowError) as e:
-        console.print(f"[red]error:[/red] {e or 'timed out'}")
-        return 1
-
-
-# ------------------------------------------------------------------ services
 async def _until_signal(stop: Callable[[], object]) -> None:  # what stop returns is of no use
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
@@ -233,87 +167,3 @@ async def _demo(namesrv: str) -> None:
 
 
 # ------------------------------------------------------------------- clients
-def cmd_topic(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        async with open_admin(_addrs(args)) as admin:
-            if args.topic_command == "create":
-                on = await admin.create_topic(args.name, args.queues)
-                console.print(f"topic {args.name}: {args.queues} queues on {', '.join(on)}")
-            elif args.topic_command == "delete":
-                on = await admin.delete_topic(args.name)
-                console.print(f"topic {args.name} deleted on {', '.join(on)}" if on else f"[red]no broker has topic {args.name}")
-                return 0 if on else 1
-            elif args.topic_command == "list":
-                _print_rows("topics", ["topic", "queues per broker"],
-                            [[t, ", ".join(f"{b}: {n}" for b, n in by.items())] for t, by in (await admin.list_topics()).items()])  # fmt: skip
-            else:
-                rows = await admin.describe_topic(args.name)
-                if not rows:
-                    console.print(f"[red]no broker has topic {args.name}")
-                    return 1
-                _print_rows(f"topic {args.name}", ["broker", "queue", "min offset", "max offset"],
-                            [[r["broker_name"], r["queue_id"], r["min_offset"], r["max_offset"]] for r in rows])  # fmt: skip
-        return 0
-
-    return run_client(main)
-
-
-def cmd_group(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        async with open_admin(_addrs(args)) as admin:
-            if args.group_command == "list":
-                _print_rows("consumer groups", ["group"], [[g] for g in await admin.list_groups()])
-                return 0
-            info = await admin.describe_group(args.name)
-            _print_rows(f"group {args.name} (total lag {info['lag']:,})", ["broker", "topic", "queue", "committed", "max offset", "lag"],
-                        [[q["broker_name"], q["topic"], q["queue_id"], q["committed"], q["max_offset"], q["lag"]] for q in info["queues"]])  # fmt: skip
-            console.print("members: " + (", ".join(m["client_id"] for m in info["members"]) or "none connected"))
-        return 0
-
-    return run_client(main)
-
-
-def _print_rows(title: str, columns: list[str], rows: list[list[Any]]) -> None:
-    table = Table(title=title)
-    for c in columns:
-        table.add_column(c)
-    for r in rows:
-        table.add_row(*[f"{v:,}" if isinstance(v, int) else str(v) for v in r])
-    console.print(table)
-
-
-def cmd_produce(args: argparse.Namespace) -> int:
-    bodies = [m.encode() for m in args.messages] or [line.rstrip("\n").encode() for line in sys.stdin]
-
-    async def main() -> int:
-        async with open_producer(_addrs(args)) as producer:
-            for body in bodies:
-                r = await producer.send(args.topic, body, tags=args.tags, keys=args.keys, sharding_key=args.sharding_key)
-                console.print(f"{r.queue.broker_name} queue {r.queue.queue_id} offset {r.queue_offset} id {r.msg_ids[0]}")
-        return 0
-
-    return run_client(main)
-
-
-def cmd_consume(args: argparse.Namespace) -> int:
-    start: str | int = int(args.start_from) if args.start_from.isdigit() else args.start_from
-
-    async def main() -> int:
-        seen = 0
-        async with open_consumer(_addrs(args), args.group, {args.topic: args.tags}, start_from=start,
-                                 mode="broadcasting" if args.broadcast else "clustering") as consumer:  # fmt: skip
-            while not args.count or seen < args.count:
-                with trio.move_on_after(args.idle_timeout or float("inf")) as scope:
-                    batch = await consumer.receive()
-                if scope.cancelled_caught:
-                    break
-                for rec in batch:
-                    seen += 1
-                    print(
-                        f"{rec.topic} q{rec.queue_id} @{rec.queue_offset} [{rec.tags}] {rec.body.decode(errors='replace')}",
-                        flush=True,
-                    )
-        console.print(f"{seen} messages", style="dim")
-        return 0
-
-    return run_client(main)
