@@ -22,15 +22,30 @@ class DurableOffset:
         self._cond = threading.Condition()
         self._callbacks: list[tuple[int, int, Callable[[], None]]] = []
         self._seq = 0
+        self.failure: BaseException | None = None  # set once by fail(); final
 
     def publish(self, target: int) -> None:
         """Everything below ``target`` is fsynced: wake and call whoever waits for it."""
         ready: list[Callable[[], None]] = []
         with self._cond:
+            if self.failure is not None:
+                return
             if target > self.value:
                 self.value = target
             while self._callbacks and self._callbacks[0][0] <= self.value:
                 ready.append(heapq.heappop(self._callbacks)[2])
+            self._cond.notify_all()
+        for fn in ready:
+            fn()
+
+    def fail(self, error: BaseException) -> None:
+        """Durability is lost for good: release every waiter and callback now (they
+        read :attr:`failure`); the first error is kept."""
+        with self._cond:
+            if self.failure is None:
+                self.failure = error
+            ready = [cb for _off, _seq, cb in self._callbacks]
+            self._callbacks.clear()
             self._cond.notify_all()
         for fn in ready:
             fn()
@@ -41,13 +56,15 @@ class DurableOffset:
             self.value = min(self.value, offset)
 
     def wait(self, offset: int, timeout_s: float) -> bool:
-        """Block until ``offset`` is durable; False on timeout."""
+        """Block until ``offset`` is durable; False on timeout or failure (see :attr:`failure`)."""
         if self.value >= offset:
             return True
         self.flush_requested.set()
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self.value < offset:
+                if self.failure is not None:
+                    return False
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -55,9 +72,10 @@ class DurableOffset:
         return True
 
     def on_durable(self, offset: int, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (from the flushing thread) once ``offset`` is durable."""
+        """Call ``callback`` (from the flushing thread) once ``offset`` is durable, or at
+        once when durability failed (the callback checks :attr:`failure`)."""
         with self._cond:
-            if self.value < offset:
+            if self.value < offset and self.failure is None:
                 self._seq += 1
                 heapq.heappush(self._callbacks, (offset, self._seq, callback))
                 self.flush_requested.set()

@@ -9,6 +9,11 @@ for input a codec cannot take. Every one of them is a :class:`ClmqError`::
     ├── StoreError               storage: the CommitLog, consume queues, the store
     │   ├── CorruptRecordError   bytes on disk that are not a valid record (file, offset,
     │   │                        check, expected, actual)
+    │   ├── LogDamageError       log bytes acknowledged once and now gone or damaged:
+    │   │                        the store refuses to open (file, byte range, queues)
+    │   ├── StoreFailedError     a background thread failed (fsync error, ...): the
+    │   │                        store takes no more writes until it is reopened
+    │   ├── MetadataError        a metadata file and its previous generation both damaged
     │   ├── ConfigError          a setting that cannot work (also a ValueError)
     │   └── StoreLockedError     (broker.store) the data directory is in use
     ├── InvalidInputError        input a codec rejects (also a ValueError): EncodeError,
@@ -76,3 +81,50 @@ class CorruptRecordError(StoreError):
 
 class ConfigError(StoreError, ValueError):
     """A setting that cannot work (for example a message limit larger than a segment)."""
+
+
+class LogDamageError(StoreError):
+    """Log bytes that were promised (below the checkpoint's durable offset, or inside a
+    segment a later one continues) are gone or damaged, so the store will not open.
+
+    ``file`` and the log offsets ``[start, end)`` name the damage; ``queues`` lists the
+    affected ``(topic, queue id, first queue offset, last queue offset)`` when the
+    store could tell them (it fills them in from the consume queues). Nothing is cut
+    implicitly: ``clmq store repair`` does that, and says what it dropped.
+    """
+
+    def __init__(self, file: str, start: int, end: int, reason: str,
+                 queues: list[tuple[str, int, int, int]] | None = None) -> None:  # fmt: skip
+        self.file = file
+        self.start = start
+        self.end = end
+        self.reason = reason
+        self.queues = list(queues or [])
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        text = f"log damaged in {self.file}, log offsets {self.start}..{self.end}: {self.reason}"
+        if self.queues:
+            shown = ", ".join(f"{t}/{q} offsets {a}..{b}" for t, q, a, b in self.queues[:10])
+            more = f" and {len(self.queues) - 10} more" if len(self.queues) > 10 else ""
+            text += f"; affected queues: {shown}{more}"
+        return text + "; run `clmq store check` for a report, `clmq store repair` to cut the log there"
+
+    def with_queues(self, queues: list[tuple[str, int, int, int]]) -> LogDamageError:
+        """The same damage, naming the queues it affects."""
+        return LogDamageError(self.file, self.start, self.end, self.reason, queues)
+
+
+class StoreFailedError(StoreError):
+    """A background thread of the store failed (``where``, ``cause``). After an fsync
+    error the page cache cannot be trusted, so the store takes no more writes; reopening
+    it (a restart) recovers from what is on disk."""
+
+    def __init__(self, where: str, cause: BaseException) -> None:
+        self.where = where
+        self.cause = cause
+        super().__init__(f"store failed in {where}: {type(cause).__name__}: {cause}; restart the broker to recover")
+
+
+class MetadataError(StoreError):
+    """A metadata file and its previous generation are both missing or damaged."""

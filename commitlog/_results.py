@@ -18,6 +18,7 @@ class AppendStatus(enum.Enum):
     OFFSET_MISMATCH = "offset mismatch"  # raw appends that do not continue the log
     INVALID_QUEUE_ID = "invalid queue id"  # packed appends: a queue id the topic lacks
     MALFORMED_BATCH = "malformed batch"  # packed appends: bytes that do not decode
+    STORE_FAILED = "store failed"  # durability was lost (fsync error): no more writes
 
 
 # EncodeError.kind -> the status reported for it.

@@ -4,6 +4,7 @@ and the shape of put/get. Each mode supplies appending, reading and recovery."""
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import threading
 import time
@@ -24,6 +25,7 @@ from commitlog import (
     QueueKey,
     Record,
     StoreError,
+    StoreFailedError,
     unpack_messages,
 )  # fmt: skip
 
@@ -32,6 +34,8 @@ from ._results import GetResult, GetStatus, PutResult, PutStatus, RawRead, Span
 from ._topics import TopicTable, topic_name_error
 
 STORAGE_MODES = ("commitlog", "partition-per-file")
+
+log = logging.getLogger("clmq.store")
 
 
 class StoreLockedError(StoreError):
@@ -96,6 +100,7 @@ class StoreBase(ABC):
         self.open_stats: dict[str, float] = {}  # how long each phase of open took
         self._abort = AbortMarker(self.directory)
         self._manifest: dict[QueueKey, tuple[int, int]] = {}  # checkpointed extents of queues not loaded
+        self.failure: StoreFailedError | None = None  # set once by _fail(); final until reopened
 
     # ---------------------------------------------------------------- lifecycle
     def _begin_open(self) -> bool:
@@ -118,9 +123,29 @@ class StoreBase(ABC):
 
     def _start_threads(self, targets: list[tuple[str, Callable[[], None]]]) -> None:
         for name, target in targets:
-            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread = threading.Thread(target=self._guarded, args=(name, target), name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _guarded(self, name: str, target: Callable[[], None]) -> None:
+        """Run a background thread's loop; its death is the store's failure, never a silence."""
+        try:
+            target()
+        except BaseException as e:  # noqa: BLE001 - every way out of a loop is reported
+            self._fail(name, e)
+
+    def _fail(self, where: str, error: BaseException) -> None:
+        """Put the store into the failed state: pending and later puts fail at once with
+        STORE_FAILED, :attr:`failure` says why. The first failure is kept."""
+        if self.failure is None:
+            self.failure = StoreFailedError(where, error)
+            log.error("%s", self.failure, exc_info=error)
+        self._durability().fail(self.failure)
+
+    @property
+    def healthy(self) -> bool:
+        """False once a background thread failed (the broker reports itself unhealthy)."""
+        return self.failure is None
 
     @abstractmethod
     def _wake_threads(self) -> None:
@@ -151,6 +176,10 @@ class StoreBase(ABC):
             return
         self._closed = True
         self._stop_threads()
+        if self.failure is not None:  # nothing written now can be trusted: recover at open
+            self._release_files()
+            self._end_close(clean=False)
+            return
         self._end_close(self._close_files())
 
     def abandon(self) -> None:
@@ -212,6 +241,8 @@ class StoreBase(ABC):
         """Why this batch cannot be put (closed, empty, bad topic or queue), or None."""
         if self._closed:
             return PutResult(PutStatus.STORE_CLOSED, "the store is closed")
+        if self.failure is not None:
+            return PutResult(PutStatus.STORE_FAILED, str(self.failure))
         if not messages:
             return PutResult(PutStatus.INVALID_MESSAGE, "empty batch")
         counts: dict[str, int] = {}
@@ -249,6 +280,8 @@ class StoreBase(ABC):
         MALFORMED_BATCH."""
         if self._closed:
             return PutResult(PutStatus.STORE_CLOSED, "the store is closed")
+        if self.failure is not None:
+            return PutResult(PutStatus.STORE_FAILED, str(self.failure))
         counts = []
         for batch in batches:
             count, bad = self._queue_count(batch.topic)
@@ -262,7 +295,10 @@ class StoreBase(ABC):
             wait_durable = self.config.commitlog.flush_mode is FlushMode.SYNC
         if result.ok and wait_durable:
             timeout_ms = self.config.commitlog.sync_flush_timeout_ms
-            if not self.wait_durable(result.end_offset, timeout_ms / 1000):
+            if not self.wait_durable(result.end_offset, timeout_ms / 1000) and self.failure is not None:
+                result.status = PutStatus.STORE_FAILED
+                result.error = str(self.failure)
+            elif self.durable_offset < result.end_offset:
                 result.status = PutStatus.FLUSH_DISK_TIMEOUT
                 result.error = f"not fsynced within sync_flush_timeout_ms={timeout_ms}"
         return result

@@ -20,6 +20,7 @@ class PutStatus(enum.Enum):
     DISK_FULL = "disk full"
     IO_ERROR = "i/o error"
     STORE_CLOSED = "store closed"
+    STORE_FAILED = "store failed"  # a background thread failed; reopen the store (restart)
 
 
 _FROM_APPEND = {
@@ -31,6 +32,7 @@ _FROM_APPEND = {
     AppendStatus.OFFSET_MISMATCH: PutStatus.IO_ERROR,
     AppendStatus.INVALID_QUEUE_ID: PutStatus.INVALID_QUEUE_ID,
     AppendStatus.MALFORMED_BATCH: PutStatus.MALFORMED_BATCH,
+    AppendStatus.STORE_FAILED: PutStatus.STORE_FAILED,
 }
 
 
