@@ -12,10 +12,9 @@ short write) to prove that every fault is reported and nothing is lost silently;
 from __future__ import annotations
 
 import os
-from typing import Union
 
 # What os.pwrite accepts (collections.abc.Buffer arrives with Python 3.12).
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 
 
 class FileOps:

@@ -131,7 +131,7 @@ class StoreBase(ABC):
         """Run a background thread's loop; its death is the store's failure, never a silence."""
         try:
             target()
-        except BaseException as e:  # noqa: BLE001 - every way out of a loop is reported
+        except BaseException as e:
             self._fail(name, e)
 
     def _fail(self, where: str, error: BaseException) -> None:
