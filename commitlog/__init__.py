@@ -4,6 +4,7 @@ Plain, synchronous, typed storage code (no trio, msgpack, kazoo or pyspark). The
 public surface is re-exported here; the modules behind it are private.
 """
 
+from ._check import LogLayout, LogProblem, LogReport, QueueRange, check_log, merge_ranges, repair_log
 from ._columns import HEADER_DTYPE, Walk, gather_fields, gather_headers, gather_strings, walk_records
 from ._config import CommitLogConfig, FlushMode, GiB, MiB
 from ._durability import DurableOffset
@@ -110,6 +111,9 @@ __all__ = [
     "Host",
     "InvalidInputError",
     "LogDamageError",
+    "LogLayout",
+    "LogProblem",
+    "LogReport",
     "Message",
     "MetadataError",
     "MiB",
@@ -117,6 +121,7 @@ __all__ = [
     "PackedMessages",
     "ProtocolError",
     "QueueKey",
+    "QueueRange",
     "Record",
     "ScanResult",
     "ServiceError",
@@ -124,6 +129,7 @@ __all__ = [
     "StoreFailedError",
     "TransportError",
     "Walk",
+    "check_log",
     "check_record",
     "decode_host",
     "decode_properties",
@@ -135,8 +141,10 @@ __all__ = [
     "gather_fields",
     "gather_headers",
     "gather_strings",
+    "merge_ranges",
     "now_ms",
     "pack_messages",
+    "repair_log",
     "set_queue_id",
     "unpack_messages",
     "walk_records",
