@@ -1,0 +1,496 @@
+"""``clmq store check``: read every file of a store directory and say what is damaged
+and which messages that costs. Read-only; the store must be closed (its ``lock``).
+
+What is read, per storage mode:
+- CommitLog mode: every segment (:func:`commitlog.check_log`), the log's end against
+  the checkpoint's durable offset, every consume-queue file (shape, zeroed entries,
+  the checkpointed lengths, and every entry against the record it points at).
+- Partition mode: every partition's segments (the same check, partition layout) and
+  each partition's end against its recovery point.
+- Both: the metadata files (readable, checksum, previous generation used).
+
+Costs are named as queue-offset ranges: from the consume-queue entries pointing into
+a damaged range, and from the records themselves for the readable bytes past it (which
+a cut at the end of the longest valid prefix drops). Nothing here writes a byte.
+
+Consume queues (CommitLog mode): every queue file under ``consumequeue/<topic>/<queue
+id>/`` is read whole (numpy), so the check of a store with many entries holds them all
+in memory at once (about 40 bytes per entry) and verifies them one segment at a time.
+
+A queue file is damaged when its name or length breaks the layout (``consumequeue``:
+contiguous files, only the last one short, whole entries), when it holds zeroed
+entries, when it ends before the checkpointed length, or when an entry points at a
+record of another queue or offset (or at no record). Entries pointing into a damaged
+log range name the messages that damage costs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from commitlog import (
+    HEADER_SIZE,
+    OFF_COMMITLOG_OFFSET,
+    OFF_MAGIC,
+    OFF_QUEUE_ID,
+    OFF_QUEUE_OFFSET,
+    OFF_TOPIC_LEN,
+    OFF_TOTAL_SIZE,
+    RECORD_MAGIC,
+    LogLayout,
+    LogProblem,
+    LogReport,
+    QueueKey,
+    QueueRange,
+    check_log,
+    gather_strings,
+    merge_ranges,
+)  # fmt: skip
+from consumequeue import ENTRY_DTYPE, ENTRY_SIZE
+
+from . import _durable_file
+from ._base import StoreConfig, StoreLockedError
+from ._checkpoint import Checkpoint
+
+Progress = Callable[[int], None]  # called with the number of log bytes just read
+METADATA_FILES = {  # per storage mode
+    "commitlog": ("topics.json", "consumer_offsets.json", "checkpoint"),
+    "partition-per-file": ("topics.json", "consumer_offsets.json", "recovery-points"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """One damaged range of a log and the messages it holds (as far as can be told)."""
+
+    problem: LogProblem
+    affected: list[QueueRange]
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataStatus:
+    """One metadata file: ``ok``, ``missing`` (never written), ``previous`` (damaged,
+    its previous generation is good) or ``damaged`` (no good generation)."""
+
+    file: str
+    state: str
+    detail: str = ""
+
+    @property
+    def damaged(self) -> bool:
+        return self.state in ("previous", "damaged")
+
+
+@dataclass(slots=True)
+class StoreReport:
+    """Everything ``clmq store check`` found; ``damaged`` decides its exit code."""
+
+    directory: str
+    mode: str
+    logs: list[LogReport] = field(default_factory=list)
+    damage: list[Damage] = field(default_factory=list)
+    queue_problems: list[QueueFinding] = field(default_factory=list)
+    index_problems: list[LogProblem] = field(default_factory=list)
+    metadata: list[MetadataStatus] = field(default_factory=list)
+    would_drop: list[QueueRange] = field(default_factory=list)  # what a repair cuts
+    dropped: list[QueueRange] = field(default_factory=list)  # what a repair did cut
+    repaired: bool = False
+
+    @property
+    def damaged(self) -> bool:
+        return bool(self.damage or self.queue_problems or self.index_problems
+                    or any(m.damaged for m in self.metadata))  # fmt: skip
+
+    @property
+    def log_damaged(self) -> bool:
+        """Log bytes are damaged or missing (a repair cuts the log)."""
+        return bool(self.damage)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain JSON values (``--json``)."""
+        return {
+            "directory": self.directory, "mode": self.mode, "damaged": self.damaged, "repaired": self.repaired,
+            "logs": [_log_json(r) for r in self.logs],
+            "damage": [{**_problem_json(d.problem), "affected": [_range_json(r) for r in d.affected]} for d in self.damage],
+            "queue_problems": [q.to_json() for q in self.queue_problems],
+            "index_problems": [_problem_json(p) for p in self.index_problems],
+            "metadata": [{"file": m.file, "state": m.state, "detail": m.detail} for m in self.metadata],
+            "would_drop": [_range_json(r) for r in self.would_drop],
+            "dropped": [_range_json(r) for r in self.dropped],
+        }  # fmt: skip
+
+
+def _problem_json(p: LogProblem) -> dict[str, Any]:
+    return {"file": p.file, "start": p.start, "end": p.end, "reason": p.reason}
+
+
+def _range_json(r: QueueRange) -> dict[str, Any]:
+    return {"topic": r.topic, "queue": r.queue_id, "first": r.first, "last": r.last, "count": r.count}
+
+
+def _log_json(r: LogReport) -> dict[str, Any]:
+    return {"directory": r.directory, "segments": r.segments, "records": r.records, "bytes": r.bytes,
+            "start": r.start, "end": r.end, "valid_end": r.valid_end, "damaged": r.damaged}  # fmt: skip
+
+
+# ------------------------------------------------------------------ locking
+@contextmanager
+def store_lock(directory: Path) -> Iterator[None]:
+    """Hold the store's ``lock`` (as ``Store.open`` does) while checking or repairing;
+    :class:`StoreLockedError` when a broker has it open."""
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory} is not a directory")
+    path = directory / "lock"
+    fd = os.open(path, os.O_RDONLY) if path.exists() else -1  # a check creates nothing
+    try:
+        if fd >= 0:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StoreLockedError(
+                    f"data directory {directory} is in use (its lock is held): stop the broker first"
+                ) from None
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def detect_mode(directory: Path) -> str:
+    """The storage mode a directory was written in (CommitLog unless only partitions exist)."""
+    if (directory / "partitions").is_dir() and not (directory / "commitlog").is_dir():
+        return "partition-per-file"
+    return "commitlog"
+
+
+def log_bytes(directory: Path) -> int:
+    """Bytes of every segment file of the store (the total of a progress bar)."""
+    total = 0
+    for root, _dirs, files in os.walk(directory):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files if f.endswith(".log"))
+    return total
+
+
+# ------------------------------------------------------------------ the check
+def check_store(config: StoreConfig, progress: Progress | None = None) -> StoreReport:
+    """Check every file of the (closed) store at ``config.data_dir``; read-only."""
+    with store_lock(config.data_dir):
+        return check_unlocked(config, progress)
+
+
+def check_unlocked(config: StoreConfig, progress: Progress | None = None) -> StoreReport:
+    """:func:`check_store` for a caller that holds the lock (repair)."""
+    directory = config.data_dir
+    report = StoreReport(str(directory), config.storage_mode)
+    report.metadata = [_metadata_status(directory / name) for name in METADATA_FILES[config.storage_mode]]
+    if config.storage_mode == "partition-per-file":
+        _check_partitions(config, report, progress)
+    else:
+        _check_commitlog(config, report, progress)
+    return report
+
+
+def _check_commitlog(config: StoreConfig, report: StoreReport, progress: Progress | None) -> None:
+    directory = config.data_dir
+    log = check_log(directory / "commitlog", config.commitlog, LogLayout.COMMITLOG, progress)
+    report.logs.append(log)
+    report.index_problems.extend(log.index_problems)
+    problems = list(log.problems)
+    checkpoint = Checkpoint.load(directory / "checkpoint")
+    if checkpoint is not None and log.end < checkpoint.log_durable:
+        last = max((str(p) for p in (directory / "commitlog").glob("*.log")), default=str(directory / "commitlog"))
+        reason = f"log ends at {log.end}, below the checkpoint's durable offset {checkpoint.log_durable}"
+        problems.append(LogProblem(last, log.end, checkpoint.log_durable, reason))
+    valid_end = min([log.valid_end, *(p.start for p in problems)])
+    queues = check_queues(directory, config, log, checkpoint, problems, valid_end)
+    report.queue_problems = queues.problems
+    report.damage = [Damage(p, queues.affected.get(i, [])) for i, p in enumerate(problems)]
+    if problems:
+        report.would_drop = queues.would_drop(log.beyond, checkpoint)
+
+
+def _check_partitions(config: StoreConfig, report: StoreReport, progress: Progress | None) -> None:
+    root = config.data_dir / "partitions"
+    points = _recovery_points(config.data_dir / "recovery-points")
+    for name in sorted(os.listdir(root)) if root.is_dir() else []:
+        topic, _, qid = name.rpartition("-")
+        if not qid.isdigit():
+            continue
+        key = (topic, int(qid))
+        log = check_log(root / name, config.commitlog, LogLayout.PARTITION, progress)
+        report.logs.append(log)
+        problems = list(log.problems)
+        point = points.get(key, 0)
+        if log.end < point:
+            last = max((str(p) for p in (root / name).glob("*.log")), default=str(root / name))
+            problems.append(
+                LogProblem(last, log.end, point, f"partition ends at queue offset {log.end}, below its recovery point {point}")
+            )
+        if not problems:
+            continue
+        top = max([point - 1, log.end - 1, *(r.last for r in log.beyond)])
+        lost = [QueueRange(topic, key[1], log.valid_end, top, top - log.valid_end + 1)] if top >= log.valid_end else []
+        report.damage += [Damage(p, lost) for p in problems]
+        report.would_drop = merge_ranges(report.would_drop + lost)
+
+
+def _recovery_points(path: Path) -> dict[QueueKey, int]:
+    raw = _durable_file.read_json(path)
+    try:
+        return {(str(t), int(q)): int(n) for t, q, n in raw["points"]} if isinstance(raw, dict) else {}
+    except (TypeError, KeyError, ValueError):
+        return {}
+
+
+def _metadata_status(path: Path) -> MetadataStatus:
+    """Readable? checksum good? Which generation would a store use?"""
+    load = getattr(_durable_file, "load_json", None)  # the checked loader, when present
+    if load is None:
+        if not path.exists():
+            return MetadataStatus(str(path), "missing")
+        ok = _durable_file.read_json(path) is not None
+        return MetadataStatus(str(path), "ok" if ok else "damaged", "" if ok else "not valid JSON")
+    loaded = load(path)
+    state = {"current": "ok", "previous": "previous", "missing": "missing"}.get(loaded.source.value, "damaged")
+    return MetadataStatus(str(path), state, "" if state in ("ok", "missing") else loaded.describe())
+
+
+# ------------------------------------------------------------ consume queues
+@dataclass(frozen=True, slots=True)
+class QueueFinding:
+    """A damaged consume queue: ``file``, the queue, the queue offsets concerned."""
+
+    file: str
+    topic: str
+    queue_id: int
+    first: int
+    last: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "topic": self.topic, "queue": self.queue_id, "first": self.first,
+                "last": self.last, "reason": self.reason}  # fmt: skip
+
+
+@dataclass(slots=True)
+class _Entries:
+    """Every non-zero entry of every queue, as columns."""
+
+    keys: list[QueueKey] = field(default_factory=list)
+    code: list[np.ndarray] = field(default_factory=list)  # index into keys
+    qoff: list[np.ndarray] = field(default_factory=list)
+    off: list[np.ndarray] = field(default_factory=list)
+    size: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, key: QueueKey, qoffs: np.ndarray, entries: np.ndarray) -> None:
+        self.code.append(np.full(len(qoffs), len(self.keys), dtype=np.int64))
+        self.keys.append(key)
+        self.qoff.append(qoffs)
+        self.off.append(entries["offset"].astype(np.int64))
+        self.size.append(entries["size"].astype(np.int64))
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        if not self.code:
+            empty = np.empty(0, dtype=np.int64)
+            return empty, empty, empty, empty
+        return tuple(np.concatenate(c) for c in (self.code, self.qoff, self.off, self.size))  # type: ignore[return-value]
+
+
+@dataclass(slots=True)
+class QueueCheck:
+    """What the queue files say: problems, messages in each damaged range, and what
+    survives a cut (the last entry below it, per queue)."""
+
+    problems: list[QueueFinding] = field(default_factory=list)
+    affected: dict[int, list[QueueRange]] = field(default_factory=dict)  # by index of the log problem
+    survivors: dict[QueueKey, int] = field(default_factory=dict)  # last queue offset below the cut
+    lost: list[QueueRange] = field(default_factory=list)  # entries at or past the cut
+
+    def would_drop(self, beyond: list[QueueRange], checkpoint: Checkpoint | None) -> list[QueueRange]:
+        """Per queue, the offsets a cut at the valid end drops: from the last survivor
+        (or the lowest lost offset) up to the highest offset anything knew of."""
+        low: dict[QueueKey, int] = {}
+        high: dict[QueueKey, int] = {}
+        for r in self.lost + beyond:
+            key = (r.topic, r.queue_id)
+            low[key] = min(low.get(key, r.first), r.first)
+            high[key] = max(high.get(key, r.last), r.last)
+        for key, (_first, nxt) in (checkpoint.queues if checkpoint else {}).items():
+            if nxt - 1 > self.survivors.get(key, -1):
+                high[key] = max(high.get(key, nxt - 1), nxt - 1)
+        out = []
+        for key in sorted(high):
+            first = self.survivors[key] + 1 if key in self.survivors else low.get(key, high[key])
+            if high[key] >= first:
+                out.append(QueueRange(key[0], key[1], first, high[key], high[key] - first + 1))
+        return out
+
+
+def check_queues(directory: Path, config: StoreConfig, log: LogReport, checkpoint: Checkpoint | None,
+                 problems: list[LogProblem], valid_end: int) -> QueueCheck:  # fmt: skip
+    """Check every queue file of the store at ``directory`` against ``log``'s report."""
+    out = QueueCheck()
+    entries = _Entries()
+    root = directory / "consumequeue"
+    seen: set[QueueKey] = set()
+    for key, qdir in _queue_dirs(root):
+        seen.add(key)
+        _read_queue(key, qdir, config.cq_entries_per_file, checkpoint, out, entries)
+    for key, (first, nxt) in (checkpoint.queues if checkpoint else {}).items():
+        if key not in seen and nxt > first:
+            out.problems.append(QueueFinding(str(root / key[0] / str(key[1])), key[0], key[1], first, nxt - 1,
+                                             "queue files missing (the checkpoint lists entries)"))  # fmt: skip
+    code, qoff, off, size = entries.columns()
+    live = off >= log.start  # below: deleted by retention, not damage
+    for i, p in enumerate(problems):
+        inside = live & (off >= p.start) & (off < p.end)
+        out.affected[i] = _ranges(entries.keys, code[inside], qoff[inside])
+    cut = live & (off >= valid_end)
+    out.lost = _ranges(entries.keys, code[cut], qoff[cut])
+    kept = live & ~cut
+    for k, q in _last_per_queue(code[kept], qoff[kept]).items():
+        out.survivors[entries.keys[k]] = q
+    kept &= ~_in_any(off, problems)
+    _verify_entries(directory / "commitlog", entries.keys, code[kept], qoff[kept], off[kept], size[kept], out)
+    return out
+
+
+def _queue_dirs(root: Path) -> list[tuple[QueueKey, Path]]:
+    out = []
+    for topic in sorted(os.listdir(root)) if root.is_dir() else []:
+        tdir = root / topic
+        if tdir.is_dir():
+            out += [((topic, int(q)), tdir / q) for q in sorted(os.listdir(tdir), key=lambda q: (len(q), q)) if q.isdigit()]
+    return out
+
+
+def _read_queue(key: QueueKey, qdir: Path, per_file: int, checkpoint: Checkpoint | None, out: QueueCheck,
+                entries: _Entries) -> None:  # fmt: skip
+    """One queue's files: layout, zeroed entries, checkpointed length; entries kept."""
+    starts = sorted(int(n) for n in os.listdir(qdir) if len(n) == 20 and n.isdigit())
+    end = starts[0] if starts else 0
+    kept_q, kept_e = [], []
+    for i, start in enumerate(starts):
+        path = qdir / f"{start:020d}"
+        size = os.path.getsize(path)
+        reason = _layout_problem(start, size, end, per_file, last=i == len(starts) - 1)
+        if reason:
+            out.problems.append(QueueFinding(str(path), key[0], key[1], min(start, end), start + size // ENTRY_SIZE - 1, reason))
+        data = np.fromfile(path, dtype=ENTRY_DTYPE, count=size // ENTRY_SIZE)
+        qoffs = start + np.arange(len(data), dtype=np.int64)
+        zero = (data["offset"] == 0) & (data["size"] == 0) & (data["tag"] == 0)
+        for a, b in _runs(qoffs[zero]):
+            out.problems.append(QueueFinding(str(path), key[0], key[1], a, b, f"{b - a + 1} zeroed entries"))
+        kept_q.append(qoffs[~zero])
+        kept_e.append(data[~zero])
+        end = start + len(data)
+    if starts:
+        entries.add(key, np.concatenate(kept_q), np.concatenate(kept_e))
+    expected = checkpoint.queues.get(key) if checkpoint else None
+    if expected is not None and end < expected[1]:
+        out.problems.append(QueueFinding(str(qdir), key[0], key[1], end, expected[1] - 1,
+                                         f"queue files end at offset {end}, the checkpoint says {expected[1]}"))  # fmt: skip
+
+
+def _layout_problem(start: int, size: int, expected_start: int, per_file: int, last: bool) -> str | None:
+    if start % per_file:
+        return f"file name {start} is not a multiple of {per_file} entries per file"
+    if start > expected_start:
+        return f"files missing: offsets {expected_start}..{start - 1} are in no file"
+    if size % ENTRY_SIZE:
+        return f"holds {size} bytes, not a whole number of {ENTRY_SIZE}-byte entries"
+    if not last and size != per_file * ENTRY_SIZE:
+        return f"holds {size // ENTRY_SIZE} entries, but it is not the last file and must hold {per_file}"
+    return None
+
+
+def _runs(values: np.ndarray) -> list[tuple[int, int]]:
+    """Consecutive runs ``(first, last)`` of sorted integers."""
+    if not len(values):
+        return []
+    breaks = np.flatnonzero(np.diff(values) != 1)
+    firsts = np.concatenate([values[:1], values[breaks + 1]])
+    lasts = np.concatenate([values[breaks], values[-1:]])
+    return list(zip(firsts.tolist(), lasts.tolist()))
+
+
+def _ranges(keys: list[QueueKey], code: np.ndarray, qoff: np.ndarray) -> list[QueueRange]:
+    out = []
+    for k in np.unique(code).tolist():
+        sel = qoff[code == k]
+        out.append(QueueRange(keys[k][0], keys[k][1], int(sel.min()), int(sel.max()), len(sel)))
+    return out
+
+
+def _last_per_queue(code: np.ndarray, qoff: np.ndarray) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for k in np.unique(code).tolist():
+        out[k] = int(qoff[code == k].max())
+    return out
+
+
+def _in_any(off: np.ndarray, problems: list[LogProblem]) -> np.ndarray:
+    hit = np.zeros(len(off), dtype=bool)
+    for p in problems:
+        hit |= (off >= p.start) & (off < p.end)
+    return hit
+
+
+# ------------------------------------------------------- entries vs records
+def _verify_entries(log_dir: Path, keys: list[QueueKey], code: np.ndarray, qoff: np.ndarray, off: np.ndarray,
+                    size: np.ndarray, out: QueueCheck) -> None:  # fmt: skip
+    """Each entry must point at a whole record of its own topic, queue id and offset."""
+    segments = sorted((int(n[:20]), log_dir / n) for n in os.listdir(log_dir) if n.endswith(".log") and n[:20].isdigit())
+    if not segments or not len(off):
+        return
+    bases = np.array([b for b, _ in segments], dtype=np.int64)
+    which = np.searchsorted(bases, off, side="right") - 1
+    bad = np.zeros(len(off), dtype=bool)
+    for i, (base, path) in enumerate(segments):
+        sel = np.flatnonzero(which == i)
+        if len(sel):
+            bad[sel] = ~_entries_match(path, off[sel] - base, off[sel], size[sel], code[sel], qoff[sel], keys)
+    bad |= which < 0
+    for k in np.unique(code[bad]).tolist():
+        q = qoff[bad & (code == k)]
+        topic, qid = keys[k]
+        out.problems.append(QueueFinding(f"consumequeue/{topic}/{qid}", topic, qid, int(q.min()), int(q.max()),
+                                         f"{len(q)} entries point at no record of this queue and offset"))  # fmt: skip
+
+
+def _entries_match(path: Path, pos: np.ndarray, off: np.ndarray, size: np.ndarray, code: np.ndarray,
+                   qoff: np.ndarray, keys: list[QueueKey]) -> np.ndarray:  # fmt: skip
+    """Which entries find their record at ``pos`` of segment ``path``."""
+    length = os.path.getsize(path)
+    ok = (pos + np.maximum(size, HEADER_SIZE)) <= length
+    if not ok.any():
+        return np.asarray(ok, dtype=bool)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as data:
+        buf = np.frombuffer(data, dtype=np.uint8)
+        at = np.where(ok, pos, 0)
+        ok &= _field(buf, at, OFF_TOTAL_SIZE, "<u4") == size
+        ok &= _field(buf, at, OFF_MAGIC, "<u4") == RECORD_MAGIC
+        ok &= _field(buf, at, OFF_COMMITLOG_OFFSET, "<u8") == off
+        ok &= _field(buf, at, OFF_QUEUE_OFFSET, "<u8") == qoff
+        qids = np.array([q for _t, q in keys], dtype=np.int64)
+        ok &= _field(buf, at, OFF_QUEUE_ID, "<u4") == qids[code]
+        lengths = np.where(ok, _field(buf, at, OFF_TOPIC_LEN, "<u2"), 0)
+        names, inverse = gather_strings(buf, at + HEADER_SIZE, lengths)
+        del buf
+    topics = [t for t, _q in keys]
+    found = np.array([n.decode(errors="replace") for n in names], dtype=object)[inverse]
+    return np.asarray(ok & (found == np.array(topics, dtype=object)[code]), dtype=bool)
+
+
+def _field(buf: np.ndarray, pos: np.ndarray, offset: int, dtype: str) -> np.ndarray:
+    width = np.dtype(dtype).itemsize
+    cells = buf[pos[:, None] + np.arange(offset, offset + width)]
+    return np.ascontiguousarray(cells).view(dtype).reshape(len(pos)).astype(np.int64)
