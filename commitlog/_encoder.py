@@ -10,9 +10,10 @@ objects (:meth:`BatchEncoder.encode`) and packed messages as producers send them
 
 from __future__ import annotations
 
+import ipaddress
 import struct
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import crc32c as _crc32c
 
@@ -26,6 +27,7 @@ from ._record import (
     MAX_KEYS_BYTES,
     MAX_TAGS_BYTES,
     MAX_TOPIC_BYTES,
+    NO_HOST,
     RECORD_MAGIC,
     Message,
     decode_properties,
@@ -94,6 +96,19 @@ class BatchEncoder:
         self.store_ip, self.store_port = encode_host(store_host)
         self._utf8: dict[str, bytes] = dict(_EMPTY)
 
+    @staticmethod
+    def batch_error(messages: Sequence[Message]) -> str | None:
+        """Why ``messages`` cannot be encoded (a field's type or range), naming the
+        message and the field; None if they can. What :meth:`encode` checks, for
+        callers that must refuse a batch before any side effect (the store), except
+        the range of queue ids: the caller knows the topic's queue count."""
+        for i, m in enumerate(messages):
+            if not plain_message(m):
+                why = message_error(m, queue_range=False)
+                if why is not None:
+                    return f"message {i} of {len(messages)}: {why}"
+        return None
+
     def _bytes(self, text: str) -> bytes:
         raw = self._utf8.get(text)
         if raw is None:
@@ -104,17 +119,57 @@ class BatchEncoder:
 
     def encode(self, messages: Sequence[Message], seg_base: int, seg_pos: int, table: dict[QueueKey, int],
                undo: dict[QueueKey, int], store_ts: int) -> EncodedBatch:  # fmt: skip
-        """Assign offsets and build the records of ``messages``."""
+        """Assign offsets and build the records of ``messages``. Every field's type and
+        range is checked before ``table`` is touched: a bad message raises
+        :class:`EncodeError` naming it and the field, and no queue offset is taken."""
         out = _Layout(seg_pos, seg_base)
+        nxt: dict[QueueKey, int] = {}  # next queue offset per key: into ``table`` once all is encoded
+        try:
+            self._encode_all(messages, out, table, nxt, store_ts)
+            batch = out.finish()
+        except EncodeError:
+            raise
+        except Exception as e:  # a field of the wrong type or out of range: name it
+            i = len(out.starts)
+            why = message_error(messages[i]) if i < len(messages) else None
+            raise EncodeError(f"message {i} of {len(messages)}: {why or f'{type(e).__name__}: {e}'}") from None
+        for key, value in nxt.items():
+            if key not in undo:
+                undo[key] = table.get(key, -1)
+            table[key] = value
+        batch.batch_sizes.append(len(messages))
+        return batch
+
+    def _encode_all(self, messages: Sequence[Message], out: _Layout, table: dict[QueueKey, int],
+                    nxt: dict[QueueKey, int], store_ts: int) -> None:  # fmt: skip
         limit, room = self.max_message_bytes, self.segment_bytes - BLANK_SIZE
         pack, sip, sport, text, cache = HEADER.pack, self.store_ip, self.store_port, self._bytes, self._utf8
         pieces, starts, q_offsets, cl_offsets = out.pieces, out.starts, out.q_offsets, out.cl_offsets
-        pos, base = seg_pos, seg_base
+        pos, base = out.pos, out.base
         for i, m in enumerate(messages):
+            qid, p = m.queue_id, m.properties
+            if (
+                m.__class__ is not Message
+                or qid.__class__ is not int
+                or m.body.__class__ is not bytes
+                or m.flags.__class__ is not int
+                or m.born_timestamp_ms.__class__ is not int
+                or m.reconsume_times.__class__ is not int
+                or m.born_host is not NO_HOST
+                or p.__class__ is not dict
+            ):
+                why = message_error(m)  # not the usual kinds: look closer (a bool is no int, ...)
+                if why is not None:
+                    raise EncodeError(f"message {i} of {len(messages)}: {why}")
+            # A str not cached yet goes through text(); anything else fails there (named by encode()).
             topic = cache.get(m.topic) or text(m.topic)
-            tags = (cache.get(m.tags) or text(m.tags)) if m.tags else b""
-            keys = (cache.get(m.keys) or text(m.keys)) if m.keys else b""
-            props = encode_properties(m.properties) if m.properties else b""
+            tags = cache.get(m.tags)
+            if tags is None:
+                tags = text(m.tags)
+            keys = cache.get(m.keys)
+            if keys is None:
+                keys = text(m.keys)
+            props = encode_properties(p) if p else b""
             body = m.body
             tl, gl, kl, pl, bl = len(topic), len(tags), len(keys), len(props), len(body)
             size = HEADER_SIZE + tl + gl + kl + pl + bl
@@ -122,21 +177,20 @@ class BatchEncoder:
                 raise _too_large(i, len(messages), size, limit, tl, gl, kl)
             if pos + size > room:  # seal this segment with a blank marker, go on in the next
                 pos, base = out.seal(pos, base, self.segment_bytes)
-            key = (m.topic, m.queue_id)
-            q = table.get(key, 0)
-            if key not in undo:
-                undo[key] = q if key in table else -1
-            table[key] = q + 1
+            key = (m.topic, qid)
+            q = nxt.get(key)
+            if q is None:
+                q = table.get(key, 0)
+            nxt[key] = q + 1
             bip, bport = encode_host(m.born_host)
-            pieces += (pack(size, RECORD_MAGIC, 0, base + pos, q, m.queue_id, m.flags, m.born_timestamp_ms or store_ts,
+            pieces += (pack(size, RECORD_MAGIC, 0, base + pos, q, qid, m.flags, m.born_timestamp_ms or store_ts,
                             store_ts, bip, bport, sip, sport, m.reconsume_times, tl, gl, kl, pl, bl),
                        topic, tags, keys, props, body)  # fmt: skip
             starts.append(pos)
             q_offsets.append(q)
             cl_offsets.append(base + pos)
             pos += size
-        out.batch_sizes.append(len(messages))
-        return out.finish()
+        out.pos, out.base = pos, base
 
     def encode_packed(self, batches: Sequence[PackedMessages], queue_counts: Sequence[int], seg_base: int,
                       seg_pos: int, table: dict[QueueKey, int], undo: dict[QueueKey, int],
@@ -198,6 +252,86 @@ class BatchEncoder:
         _check_utf8(texts, batch)
         out.pos, out.base = pos, base
         return nxt
+
+
+MAX_U16, MAX_U32, MAX_U64 = 0xFFFF, 0xFFFF_FFFF, 0xFFFF_FFFF_FFFF_FFFF
+
+
+def plain_message(m: Message) -> bool:
+    """True for the usual message, checked in one expression: a :class:`Message` whose
+    fields have their exact types and ranges, no properties, the default born host.
+    False says nothing is wrong, only that :func:`message_error` must look closer."""
+    return (
+        m.__class__ is Message
+        and m.topic.__class__ is str
+        and m.queue_id.__class__ is int
+        and m.body.__class__ is bytes
+        and m.tags.__class__ is str
+        and m.keys.__class__ is str
+        and m.flags.__class__ is int
+        and m.born_timestamp_ms.__class__ is int
+        and m.reconsume_times.__class__ is int
+        and m.born_host is NO_HOST
+        and not m.properties
+        and m.properties.__class__ is dict
+        and 0 <= m.queue_id <= MAX_U32
+        and 0 <= m.flags <= MAX_U32
+        and 0 <= m.born_timestamp_ms <= MAX_U64
+        and 0 <= m.reconsume_times <= MAX_U32
+    )
+
+
+def message_error(m: object, queue_range: bool = True) -> str | None:
+    """What is wrong with a message's fields (type or range), naming the field; None
+    if it can be encoded (sizes aside: ``max_message_bytes`` is the encoder's). Without
+    ``queue_range`` a queue id's range is left to the caller (the store checks it
+    against the topic: INVALID_QUEUE_ID)."""
+    if not isinstance(m, Message):
+        return f"is a {type(m).__name__}, not a Message"
+    ints: tuple[tuple[str, object, int], ...] = (("queue_id", m.queue_id, MAX_U32), ("flags", m.flags, MAX_U32),
+                             ("born_timestamp_ms", m.born_timestamp_ms, MAX_U64),
+                             ("reconsume_times", m.reconsume_times, MAX_U32))  # fmt: skip
+    for name, value, top in ints:
+        if type(value) is not int:  # bool is refused too: True is no queue id
+            return f"field {name!r} must be an int, got {_kind(value)}"
+        if not 0 <= value <= top and (queue_range or name != "queue_id"):
+            return f"field {name!r} = {value} is out of range 0..{top}"
+    texts: tuple[tuple[str, object], ...] = (("topic", m.topic), ("tags", m.tags), ("keys", m.keys))
+    for name, text in texts:
+        if type(text) is not str:
+            return f"field {name!r} must be a str, got {_kind(text)}"
+    if type(m.body) not in (bytes, bytearray):
+        return f"field 'body' must be bytes, got {_kind(m.body)}"
+    return _properties_error(m.properties) or _host_error(m.born_host)
+
+
+def _properties_error(props: object) -> str | None:
+    if not isinstance(props, Mapping):
+        return f"field 'properties' must be a mapping of str to str, got {_kind(props)}"
+    for key, value in props.items():
+        if type(key) is not str or type(value) is not str:
+            return f"field 'properties' must map str to str, got {_kind(key)} -> {_kind(value)}"
+        if len(key.encode("utf-8", "surrogatepass")) > MAX_U16:
+            return f"field 'properties': a key of more than {MAX_U16} bytes"
+    return None
+
+
+def _host_error(host: object) -> str | None:
+    ok = isinstance(host, tuple) and len(host) == 2 and type(host[0]) is str and type(host[1]) is int
+    if not ok:
+        return f"field 'born_host' must be (ip address str, port int), got {host!r:.80}"
+    assert isinstance(host, tuple)
+    if not 0 <= host[1] <= MAX_U16:
+        return f"field 'born_host': port {host[1]} is out of range 0..{MAX_U16}"
+    try:
+        ipaddress.ip_address(host[0])
+    except ValueError:
+        return f"field 'born_host': {host[0]!r:.80} is not an IP address"
+    return None
+
+
+def _kind(value: object) -> str:
+    return f"{type(value).__name__} {value!r:.40}"
 
 
 @dataclass

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Callable, Collection, Iterable, Self, Sequence
 
 from commitlog import (
+    BatchEncoder,
     CommitLogConfig,
     ConfigError,
     DurableOffset,
     FlushMode,
+    InvalidInputError,
     Message,
     MiB,
     PackedMessages,
@@ -83,6 +85,11 @@ class StoreBase(ABC):
     abstract hooks (appending, durability, reading, background work)."""
 
     topics: TopicTable
+    # True for a mode whose append refuses a message with a field of the wrong type or
+    # range before any side effect, as the CommitLog's encoder does (it takes no queue
+    # offset before the whole batch is encoded): then put_batch does not check twice
+    # (the check costs about 0.3 us a message, a fifth of an append).
+    append_checks_fields: bool = False
 
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
@@ -238,13 +245,18 @@ class StoreBase(ABC):
         return count, None
 
     def _check_put(self, messages: Sequence[Message]) -> PutResult | None:
-        """Why this batch cannot be put (closed, empty, bad topic or queue), or None."""
+        """Why this batch cannot be put (closed, failed, empty, a field of the wrong type or
+        range, bad topic or queue), or None. Nothing is assigned before this passes."""
         if self._closed:
             return PutResult(PutStatus.STORE_CLOSED, "the store is closed")
         if self.failure is not None:
             return PutResult(PutStatus.STORE_FAILED, str(self.failure))
         if not messages:
             return PutResult(PutStatus.INVALID_MESSAGE, "empty batch")
+        if not self.append_checks_fields:  # every field, before any queue offset is taken
+            invalid = BatchEncoder.batch_error(messages)
+            if invalid is not None:
+                return PutResult(PutStatus.INVALID_MESSAGE, invalid)
         counts: dict[str, int] = {}
         for topic in {m.topic for m in messages}:  # per topic, not per message: the hot path
             counts[topic], bad = self._queue_count(topic)
@@ -368,11 +380,16 @@ class StoreBase(ABC):
     def get(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
             tags: Iterable[str] | None = None) -> GetResult:  # fmt: skip
         """Up to ``max_messages`` records from queue offset ``offset``, optionally only
-        those whose tag is in ``tags``."""
+        those whose tag is in ``tags``.
+
+        Arguments of the wrong type or range (``max_messages`` < 1, an offset that is no
+        int, ``tags`` that are not strings...) are a caller's bug: :class:`InvalidInputError`
+        (a ValueError) naming the argument, before anything is read. An offset outside
+        the queue is an answer: OFFSET_TOO_SMALL, NO_MESSAGE or OFFSET_OVERFLOW."""
+        tag_set = _check_get_args(topic, queue_id, offset, max_messages, tags, 1)
         early, lo, hi = self._check_get(topic, queue_id, offset)
         if early is not None:
             return GetResult(early[0], next_offset=early[1], min_offset=lo, max_offset=hi)
-        tag_set = set(tags) if tags is not None else None
         messages, next_offset = self._read(topic, queue_id, offset, max_messages, tag_set)
         status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
         return GetResult(status, messages, next_offset, lo, hi)
@@ -380,11 +397,12 @@ class StoreBase(ABC):
     def read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
                  tags: Iterable[str] | None = None, max_bytes: int = 4 * MiB) -> RawRead:  # fmt: skip
         """Like :meth:`get`, but the records as stored (file spans, for zero-copy sends);
-        at most ``max_bytes`` unless the first record alone is larger."""
+        at most ``max_bytes`` unless the first record alone is larger. Bad arguments
+        are refused as by :meth:`get`."""
+        tag_set = _check_get_args(topic, queue_id, offset, max_messages, tags, max_bytes)
         early, lo, hi = self._check_get(topic, queue_id, offset)
         if early is not None:
             return RawRead(early[0], next_offset=early[1], min_offset=lo, max_offset=hi)
-        tag_set = set(tags) if tags is not None else None
         spans, count, next_offset = self._read_raw(topic, queue_id, offset, max_messages, tag_set, max_bytes)
         return RawRead(GetStatus.FOUND if count else GetStatus.NO_MATCHED_MESSAGE, spans, count, next_offset, lo, hi)
 
@@ -422,3 +440,24 @@ class StoreBase(ABC):
     def add_arrival_listener(self, fn: Callable[[Collection[QueueKey]], None]) -> None:
         """Call ``fn(keys)`` when queues get new messages readers can see (long polling)."""
         self._arrival_listeners = [*self._arrival_listeners, fn]
+
+
+def _check_get_args(topic: object, queue_id: object, offset: object, max_messages: object, tags: object,
+                    max_bytes: object) -> set[str] | None:  # fmt: skip
+    """The tag set of a read, once every argument has its type and range; else
+    :class:`InvalidInputError` naming the argument (a caller's bug, not an answer)."""
+    if type(topic) is not str:
+        raise InvalidInputError(f"read: 'topic' must be a str, got {type(topic).__name__}")
+    for name, value, least in (("queue_id", queue_id, None), ("offset", offset, None),
+                               ("max_messages", max_messages, 1), ("max_bytes", max_bytes, 1)):  # fmt: skip
+        if type(value) is not int or (least is not None and value < least):
+            want = "an int" if least is None else f"an int >= {least}"
+            raise InvalidInputError(f"read: {name!r} must be {want}, got {value!r:.40}")
+    if tags is None:
+        return None
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable):  # a string would be its letters
+        raise InvalidInputError(f"read: 'tags' must be None or an iterable of str, got {tags!r:.40}")
+    tag_set = set(tags)
+    if not all(type(t) is str for t in tag_set):
+        raise InvalidInputError(f"read: 'tags' must hold only str, got {sorted(map(repr, tag_set))[:3]}")
+    return tag_set
