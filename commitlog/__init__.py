@@ -4,7 +4,7 @@ Plain, synchronous, typed storage code (no trio, msgpack, kazoo or pyspark). The
 public surface is re-exported here; the modules behind it are private.
 """
 
-from ._check import LogLayout, LogProblem, LogReport, QueueRange, check_log, merge_ranges, repair_log
+from ._check import LogLayout, LogProblem, LogReport, QueueRange, check_log, merge_ranges, queue_extents, repair_log
 from ._columns import HEADER_DTYPE, Walk, gather_fields, gather_headers, gather_strings, walk_records
 from ._config import CommitLogConfig, FlushMode, GiB, MiB
 from ._durability import DurableOffset
@@ -144,6 +144,7 @@ __all__ = [
     "merge_ranges",
     "now_ms",
     "pack_messages",
+    "queue_extents",
     "repair_log",
     "set_queue_id",
     "unpack_messages",

@@ -401,3 +401,16 @@ def repair_log(directory: Path, config: CommitLogConfig, layout: LogLayout = Log
     fsync_dir(Path(directory))
     report.repaired = True
     return report
+
+
+def queue_extents(directory: Path, config: CommitLogConfig, layout: LogLayout = LogLayout.COMMITLOG) -> list[QueueRange]:
+    """Per queue, the lowest and highest queue offsets (and the count) of the records in
+    the valid prefix of the log in ``directory``: what a repaired log still holds, and
+    the topics it can rebuild ``topics.json`` from. Reads (and CRC-checks) every segment."""
+    found: list[QueueRange] = []
+    for base, path in list_segments(Path(directory)):
+        seg = _walk_segment(path, base, layout, config)
+        found = merge_ranges(found + queue_ranges(path, seg.prefix_starts))
+        if seg.problems:
+            break
+    return found
