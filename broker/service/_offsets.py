@@ -1,16 +1,22 @@
-"""Consumer-group offsets: committed in memory, persisted by atomic replace of one
-JSON file (every ``offset_flush_interval_ms`` and at shutdown) and restored at start.
+"""Consumer-group offsets: committed in memory, persisted as one checked metadata file
+(``broker.store.write_json``: atomic, with a checksum and the previous generation; every
+``offset_flush_interval_ms`` and at shutdown) and restored at start.
 
 A crash loses at most the commits of the last interval: consumers then see those
-messages again, which at-least-once delivery allows; nothing is skipped.
+messages again, which at-least-once delivery allows; nothing is skipped. A damaged
+file falls back to the previous generation (older commits: again, messages seen
+twice, none skipped). If both generations are damaged the broker refuses to start
+(:class:`MetadataError`) rather than restart every group from scratch unasked.
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
-from broker.store import read_json, write_json
+from broker.store import MetadataSource, load_json, previous_path, write_json
+from commitlog import MetadataError
 
 OffsetKey = tuple[str, str, int]  # group, topic, queue id
 
@@ -22,9 +28,7 @@ class ConsumerOffsets:
         self._write_lock = threading.Lock()
         self._offsets: dict[OffsetKey, int] = {}
         self._dirty = False
-        data = read_json(path)
-        for group, topic, qid, offset in (data or {}).get("offsets", []):
-            self._offsets[(group, topic, int(qid))] = int(offset)
+        self._offsets.update(_load(path))
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         with self._lock:
@@ -61,3 +65,32 @@ class ConsumerOffsets:
                 self._dirty = True  # try again next time
                 raise
             return True
+
+
+def _rows(value: dict[str, Any]) -> dict[OffsetKey, int]:
+    """The offsets in a parsed file; raises ValueError/TypeError if it is not one."""
+    if value.get("version") != 1:
+        raise ValueError(f"version {value.get('version')!r}, expected 1")
+    return {(str(g), str(t), int(q)): int(o) for g, t, q, o in value["offsets"]}
+
+
+def _problem(value: dict[str, Any]) -> str | None:
+    try:
+        _rows(value)
+    except (KeyError, TypeError, ValueError) as e:
+        return f"not a consumer offsets file ({type(e).__name__}: {e})"
+    return None
+
+
+def _load(path: Path) -> dict[OffsetKey, int]:
+    """The committed offsets in ``path`` (or its previous generation); none if neither
+    was ever written; :class:`MetadataError` if neither generation is good."""
+    loaded = load_json(path, validate=_problem)
+    if loaded.source is MetadataSource.DAMAGED:
+        prev = previous_path(path)
+        raise MetadataError(
+            f"consumer offsets: neither {path} nor {prev} is usable ({loaded.describe()}). "
+            f"To start every consumer group from its configured start position instead, delete both files "
+            f"({path}, {prev}) and start the broker again; or restore them from a backup"
+        )
+    return _rows(loaded.value) if loaded.ok else {}

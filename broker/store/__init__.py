@@ -8,7 +8,7 @@ and stops.
 from typing import TYPE_CHECKING
 
 from ._base import STORAGE_MODES, StoreBase, StoreConfig, StoreLockedError
-from ._durable_file import read_json, write_atomic, write_json
+from ._durable_file import LoadedJson, MetadataSource, load_json, previous_path, read_json, write_atomic, write_json
 from ._engine import StorageEngine
 from ._partition_store import PartitionStore
 from ._results import GetResult, GetStatus, PutResult, PutStatus, RawRead, Span
@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # mypy checks here that both storage modes fulfil the contrac
 
 
 __all__ = [
-    "MAX_QUEUES_PER_TOPIC", "STORAGE_MODES", "GetResult", "GetStatus", "PartitionStore", "PutResult", "PutStatus",
-    "RawRead", "Span", "StorageEngine", "Store", "StoreBase", "StoreConfig", "StoreLockedError", "TopicTable",
-    "read_json", "topic_name_error", "write_atomic", "write_json",
+    "MAX_QUEUES_PER_TOPIC", "STORAGE_MODES", "GetResult", "GetStatus", "LoadedJson", "MetadataSource",
+    "PartitionStore", "PutResult", "PutStatus", "RawRead", "Span", "StorageEngine", "Store", "StoreBase", "StoreConfig",
+    "StoreLockedError", "TopicTable", "load_json", "previous_path", "read_json", "topic_name_error", "write_atomic",
+    "write_json",
 ]  # fmt: skip

@@ -2,20 +2,24 @@
 
 - ``abort`` exists while a store is open; it is created *before* loading starts, so a
   crash during loading also counts as unclean. A clean close removes it.
-- ``checkpoint`` (JSON, replaced atomically) records what is known on disk:
-  ``log_durable`` (the commit log is fsynced up to here), ``dispatched`` (every
-  consume-queue entry of records below it is in the queue files) and, per queue, the
-  next offset at that moment, so that deleted or truncated queue files are noticed.
+- ``checkpoint`` (a checked metadata file, see ``_durable_file``) records what is
+  known on disk: ``log_durable`` (the commit log is fsynced up to here),
+  ``dispatched`` (every consume-queue entry of records below it is in the queue files)
+  and, per queue, the next offset at that moment, so that deleted or truncated queue
+  files are noticed. If it is damaged, its previous generation is used and marked
+  (``from_previous``): older, so still true, but the open must validate as after an
+  unclean stop. Neither generation good: no checkpoint, a full recovery.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from commitlog import QueueKey, fsync_dir
 
-from ._durable_file import read_json, write_json
+from ._durable_file import MetadataSource, load_json, write_json
 
 CHECKPOINT_VERSION = 1
 
@@ -25,19 +29,21 @@ class Checkpoint:
     log_durable: int
     dispatched: int
     queues: dict[QueueKey, tuple[int, int]] = field(default_factory=dict)  # (first, next)
+    # Loaded from the previous generation (the current file was missing or damaged):
+    # the store must treat the open as unclean. Not part of the content (==).
+    from_previous: bool = field(default=False, compare=False)
 
     @classmethod
     def load(cls, path: Path) -> Checkpoint | None:
-        raw = read_json(path)
-        if not isinstance(raw, dict):  # missing, not JSON, or not an object: no checkpoint
+        """The checkpoint at ``path`` (or its previous generation, marked), or None if
+        neither generation is there and good: then the open is a full recovery."""
+        loaded = load_json(path, validate=_problem)
+        if not loaded.ok:
             return None
-        try:
-            if raw["version"] != CHECKPOINT_VERSION:
-                return None
-            queues = {(str(t), int(q)): (int(f), int(n)) for t, q, f, n in raw["queues"]}
-            return cls(int(raw["log_durable"]), int(raw["dispatched"]), queues)
-        except (TypeError, KeyError, ValueError):
-            return None
+        checkpoint = _parse(loaded.value)
+        assert checkpoint is not None  # _problem accepted it
+        checkpoint.from_previous = loaded.source is MetadataSource.PREVIOUS
+        return checkpoint
 
     def save(self, path: Path) -> None:
         write_json(path, {
@@ -46,6 +52,23 @@ class Checkpoint:
             "dispatched": self.dispatched,
             "queues": [[t, q, f, n] for (t, q), (f, n) in self.queues.items()],
         })  # fmt: skip
+
+
+def _parse(raw: dict[str, Any]) -> Checkpoint | None:
+    try:
+        if raw["version"] != CHECKPOINT_VERSION:
+            return None
+        queues = {(str(t), int(q)): (int(f), int(n)) for t, q, f, n in raw["queues"]}
+        return Checkpoint(int(raw["log_durable"]), int(raw["dispatched"]), queues)
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def _problem(raw: dict[str, Any]) -> str | None:
+    """Why a parsed checkpoint file is not a checkpoint of this version, or None."""
+    if raw.get("version") != CHECKPOINT_VERSION:
+        return f"version {raw.get('version')!r}, expected {CHECKPOINT_VERSION}"
+    return None if _parse(raw) is not None else "not a checkpoint (fields missing or of the wrong type)"
 
 
 class AbortMarker:
