@@ -269,7 +269,7 @@ def _continuity(cur: _SegmentScan, nxt: _SegmentScan, layout: LogLayout, config:
         return
     file_end, path = cur.base + cur.size, str(cur.path)
     if nxt.base > file_end:
-        complete = cur.sealed and not cur.problems and cur.size >= config.segment_bytes
+        complete = cur.sealed and not cur.problems  # its blank marker covers the file: whole
         reason = (f"missing segment: log offsets {file_end}..{nxt.base} are in no file" if complete
                   else f"segment is {nxt.base - file_end} bytes shorter than its successor's base {nxt.base} says")  # fmt: skip
         cur.problems.append(LogProblem(path, file_end, nxt.base, reason))
@@ -296,29 +296,22 @@ def _partition_continuity(cur: _SegmentScan, nxt: _SegmentScan) -> None:
 
 
 # ------------------------------------------------------------ boundary index
-def _expected_marks(starts: list[int], interval: int) -> list[int]:
-    """The boundary index a segment's record starts call for (see ``BoundaryIndex``)."""
-    marks, next_mark = [], interval
-    for start in starts:
-        if start >= next_mark:
-            marks.append(start)
-            next_mark = (start // interval + 1) * interval
-    return marks
-
-
-def _check_boundaries(seg: _SegmentScan, last: bool, interval: int) -> LogProblem | None:
-    """A damaged boundary index (a missing one is simply rebuilt at open)."""
+def _check_boundaries(seg: _SegmentScan) -> LogProblem | None:
+    """A damaged boundary index: unreadable, or naming a position where no record
+    starts (the interval it was built with need not be known; a missing one is simply
+    rebuilt at open)."""
     path = seg.path.with_suffix(BOUNDARY_SUFFIX)
     if not path.exists():
         return None
-    index = BoundaryIndex(path, interval)
+    index = BoundaryIndex(path, 1)
     if not index.load():
         return LogProblem(str(path), seg.base, seg.base + seg.size, "boundary index unreadable (bad size, order or checksum)")
-    have, want = list(index.positions), _expected_marks(seg.prefix_starts, interval)
-    if have == want or (last and have == want[: len(have)]):
+    have = np.asarray(index.positions, dtype=np.int64)
+    stray = have[~np.isin(have, np.asarray(seg.prefix_starts, dtype=np.int64))]
+    if not len(stray):
         return None
     return LogProblem(str(path), seg.base, seg.base + seg.size,
-                      f"boundary index holds {len(have)} positions that do not match the {len(want)} its records call for")  # fmt: skip
+                      f"boundary index names {len(stray)} positions where no record starts (first: {int(stray[0])})")  # fmt: skip
 
 
 # -------------------------------------------------------------- the check
@@ -360,7 +353,7 @@ def _summarise(report: LogReport, scans: list[_SegmentScan], layout: LogLayout, 
     for i, seg in enumerate(scans):
         report.problems.extend(seg.problems)
         if layout is LogLayout.COMMITLOG and not seg.problems:  # a damaged one is rebuilt anyway
-            problem = _check_boundaries(seg, seg is last, config.boundary_interval_bytes)
+            problem = _check_boundaries(seg)
             if problem is not None:
                 report.index_problems.append(problem)
         if seg.problems and report.cut is None:

@@ -8,9 +8,11 @@ and stops.
 from typing import TYPE_CHECKING
 
 from ._base import STORAGE_MODES, StoreBase, StoreConfig, StoreLockedError
+from ._check import Damage, MetadataStatus, QueueFinding, StoreReport, check_store, detect_mode, log_bytes
 from ._durable_file import LoadedJson, MetadataSource, load_json, previous_path, read_json, write_atomic, write_json
 from ._engine import StorageEngine
 from ._partition_store import PartitionStore
+from ._repair import repair_store
 from ._results import GetResult, GetStatus, PutResult, PutStatus, RawRead, Span
 from ._store import Store
 from ._topics import MAX_QUEUES_PER_TOPIC, TopicTable, topic_name_error
@@ -22,8 +24,9 @@ if TYPE_CHECKING:  # mypy checks here that both storage modes fulfil the contrac
 
 
 __all__ = [
-    "MAX_QUEUES_PER_TOPIC", "STORAGE_MODES", "GetResult", "GetStatus", "LoadedJson", "MetadataSource",
-    "PartitionStore", "PutResult", "PutStatus", "RawRead", "Span", "StorageEngine", "Store", "StoreBase", "StoreConfig",
-    "StoreLockedError", "TopicTable", "load_json", "previous_path", "read_json", "topic_name_error", "write_atomic",
+    "MAX_QUEUES_PER_TOPIC", "STORAGE_MODES", "Damage", "GetResult", "GetStatus", "LoadedJson", "MetadataSource",
+    "MetadataStatus", "PartitionStore", "PutResult", "PutStatus", "QueueFinding", "RawRead", "Span", "StorageEngine",
+    "Store", "StoreBase", "StoreConfig", "StoreLockedError", "StoreReport", "TopicTable", "check_store", "detect_mode",
+    "load_json", "log_bytes", "previous_path", "read_json", "repair_store", "topic_name_error", "write_atomic",
     "write_json",
 ]  # fmt: skip

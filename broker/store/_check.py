@@ -27,6 +27,7 @@ log range name the messages that damage costs.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import mmap
 import os
 from contextlib import contextmanager
@@ -341,9 +342,11 @@ def check_queues(directory: Path, config: StoreConfig, log: LogReport, checkpoin
     entries = _Entries()
     root = directory / "consumequeue"
     seen: set[QueueKey] = set()
-    for key, qdir in _queue_dirs(root):
+    queues = _queue_dirs(root)
+    per_file = _entries_per_file(queues, config.cq_entries_per_file)
+    for key, qdir in queues:
         seen.add(key)
-        _read_queue(key, qdir, config.cq_entries_per_file, checkpoint, out, entries)
+        _read_queue(key, qdir, per_file, checkpoint, out, entries)
     for key, (first, nxt) in (checkpoint.queues if checkpoint else {}).items():
         if key not in seen and nxt > first:
             out.problems.append(QueueFinding(str(root / key[0] / str(key[1])), key[0], key[1], first, nxt - 1,
@@ -370,6 +373,16 @@ def _queue_dirs(root: Path) -> list[tuple[QueueKey, Path]]:
         if tdir.is_dir():
             out += [((topic, int(q)), tdir / q) for q in sorted(os.listdir(tdir), key=lambda q: (len(q), q)) if q.isdigit()]
     return out
+
+
+def _entries_per_file(queues: list[tuple[QueueKey, Path]], configured: int) -> int:
+    """The file size the store was written with, read off the names of the files (the
+    smallest step between two of a queue's files); ``configured`` if no queue has two."""
+    steps = []
+    for _key, qdir in queues:
+        starts = sorted(int(n) for n in os.listdir(qdir) if len(n) == 20 and n.isdigit())
+        steps += [b - a for a, b in itertools.pairwise(starts) if b > a]
+    return min(steps, default=configured)
 
 
 def _read_queue(key: QueueKey, qdir: Path, per_file: int, checkpoint: Checkpoint | None, out: QueueCheck,

@@ -1,0 +1,157 @@
+"""``clmq store check DIR`` and ``clmq store repair DIR``: offline tools for a closed
+store directory, in the spirit of Kafka's ``kafka-dump-log`` and ``fsck``.
+
+Exit codes (as ``fsck``): 0 the store is clean (or was repaired), 1 damage was found
+(check) or left in place (repair declined), 2 the tool could not run (usage, not a
+directory, the store is open in a broker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+from broker.store import StoreConfig, StoreLockedError, StoreReport, check_store, detect_mode, log_bytes, repair_store
+from commitlog import QueueRange
+
+from .settings import SettingsError, load_settings
+
+EXIT_CLEAN, EXIT_DAMAGED, EXIT_USAGE = 0, 1, 2
+console = Console()
+
+
+def add_command(sub: Any) -> None:
+    """Add ``clmq store check|repair`` to the ``clmq`` parser."""
+    store = sub.add_parser("store", help="offline tools for a store directory (the broker must be stopped)")
+    verbs = store.add_subparsers(dest="store_verb", required=True)
+    check = verbs.add_parser("check", help="read every file of DIR and report damage (exit 1 if any)")
+    repair = verbs.add_parser("repair", help="cut the log to its longest valid prefix; rebuild queues, indexes, topics")
+    for p in (check, repair):
+        p.add_argument("directory", type=Path, metavar="DIR", help="the store's data directory")
+        p.add_argument("--json", action="store_true", help="print the report as JSON")
+        p.add_argument("--config", type=Path, help="the broker's TOML file (segment and queue-file sizes)")
+        p.add_argument("--storage-mode", choices=("commitlog", "partition-per-file"), help="default: detected")
+    repair.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    check.set_defaults(func=cmd_check)
+    repair.set_defaults(func=cmd_repair)
+
+
+def _config(args: argparse.Namespace) -> StoreConfig:
+    """The store's settings: the broker's (file, CLMQ_* variables), the mode detected."""
+    from broker.service import BrokerConfig
+
+    broker = load_settings(BrokerConfig, args.config, section="broker")
+    mode = args.storage_mode or detect_mode(args.directory)
+    return dataclasses.replace(broker.store_config(), data_dir=args.directory, storage_mode=mode)
+
+
+def _run(
+    args: argparse.Namespace, action: Callable[[StoreConfig, Callable[[int], None] | None], StoreReport]
+) -> StoreReport | int:
+    """Run a check or repair with a progress bar (on a terminal); an int is an exit code."""
+    try:
+        config = _config(args)
+    except SettingsError as e:
+        console.print(f"[red]error:[/red] {e}")
+        return EXIT_USAGE
+    if not args.directory.is_dir():
+        console.print(f"[red]error:[/red] {args.directory} is not a directory")
+        return EXIT_USAGE
+    logging.getLogger("clmq").setLevel(logging.ERROR)  # the report says it all, once
+    try:
+        if not sys.stdout.isatty() or args.json:
+            return action(config, None)
+        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                      TimeRemainingColumn(), console=console, transient=True) as bar:  # fmt: skip
+            task = bar.add_task("reading", total=log_bytes(args.directory))
+            return action(config, lambda n: bar.advance(task, n))
+    except StoreLockedError as e:
+        console.print(f"[red]error:[/red] {e}")
+        return EXIT_USAGE
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    report = _run(args, check_store)
+    if isinstance(report, int):
+        return report
+    _print(report, args.json)
+    return EXIT_DAMAGED if report.damaged else EXIT_CLEAN
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    if not args.yes:
+        report = _run(args, check_store)
+        if isinstance(report, int):
+            return report
+        if not report.damaged:
+            _print(report, args.json)
+            return EXIT_CLEAN
+        _print(report, json_out=False)
+        answer = input("Repair: cut the log as above, rebuild queues, indexes and topics? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            console.print("nothing changed")
+            return EXIT_DAMAGED
+    repaired = _run(args, repair_store)
+    if isinstance(repaired, int):
+        return repaired
+    _print(repaired, args.json)
+    return EXIT_CLEAN
+
+
+# ------------------------------------------------------------------ output
+def _print(report: StoreReport, json_out: bool) -> None:
+    if json_out:
+        print(json.dumps(report.to_json(), indent=2))
+        return
+    for log in report.logs[:1] if report.mode == "commitlog" else []:
+        console.print(f"log {log.directory}: {log.segments} segments, {log.records:,} records, {log.bytes:,} bytes")
+    if report.mode != "commitlog":
+        console.print(f"{len(report.logs)} partitions, {sum(r.records for r in report.logs):,} records")
+    _damage_table(report)
+    _rows("consume-queue files", ("file", "queue", "offsets", "what is wrong"),
+          [(q.file, f"{q.topic}/{q.queue_id}", f"{q.first}..{q.last}", q.reason) for q in report.queue_problems])  # fmt: skip
+    _rows("index files (rebuilt at open)", ("file", "what is wrong"), [(p.file, p.reason) for p in report.index_problems])
+    _rows("metadata files", ("file", "state", "detail"), [(m.file, m.state, m.detail) for m in report.metadata])
+    _ranges("a repair would drop" if not report.repaired else "dropped by the repair",
+            report.dropped if report.repaired else report.would_drop)  # fmt: skip
+    if report.repaired:
+        console.print("[green]repaired:[/green] the next open rebuilds queues, indexes and the checkpoint")
+    elif not report.damaged:
+        console.print("[green]no damage found[/green]")
+    else:
+        console.print("[red]damage found[/red]: `clmq store repair` cuts the log to its longest valid prefix")
+
+
+def _damage_table(report: StoreReport) -> None:
+    rows = []
+    for d in report.damage:
+        cost = ", ".join(f"{r.topic}/{r.queue_id} {r.first}..{r.last} ({r.count})" for r in d.affected[:5])
+        more = f" and {len(d.affected) - 5} more queues" if len(d.affected) > 5 else ""
+        rows.append((d.problem.file, f"{d.problem.start}..{d.problem.end}", d.problem.reason, (cost or "-") + more))
+    _rows("damaged log ranges", ("file", "range", "what is wrong", "messages there"), rows)
+
+
+def _ranges(title: str, ranges: list[QueueRange]) -> None:
+    total = sum(r.count for r in ranges)
+    _rows(f"{title}: {total:,} messages", ("topic", "queue", "offsets", "count"),
+          [(r.topic, str(r.queue_id), f"{r.first}..{r.last}", f"{r.count:,}") for r in ranges])  # fmt: skip
+
+
+def _rows(title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+    if not rows:
+        return
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
