@@ -29,6 +29,7 @@ from client import ClmqError, Message, Record, SendResult, open_admin, open_cons
 TOPICS = {"crash-a": 4, "crash-b": 3, "crash-c": 1}  # topic -> queue count
 PRODUCERS = 2  # client connections
 TASKS_PER_PRODUCER = 3  # concurrent sends per connection
+TERM_FIRST_SHARE = 0.25  # of the rounds: SIGTERM, then SIGKILL at a random moment of the graceful stop
 READY_TIMEOUT_S = 30
 ROUND_TIMEOUT_S = 60
 READ_TIMEOUT_S = 120
@@ -181,8 +182,10 @@ class RoundState:
     broker: BrokerProcess
     kill_after: int  # acknowledged messages of this round
     jitter_s: float  # then this much later
+    term_grace_s: float | None  # SIGTERM first, SIGKILL this much later (None: SIGKILL only)
     acked: int = 0
-    killed: bool = False
+    killed: bool = False  # the end of the round began: failed sends are expected from here on
+    exit_before_kill: int | None = None  # the graceful stop finished before the SIGKILL came, with this code
     errors_while_up: list[str] = field(default_factory=list)  # failed sends before the kill: must stay empty
 
     def kill(self) -> None:
@@ -193,11 +196,18 @@ class RoundState:
     async def acknowledged(self, count: int) -> None:
         """Count acknowledged messages; the one that reaches ``kill_after`` kills the broker."""
         before, self.acked = self.acked, self.acked + count
-        if before < self.kill_after <= self.acked:
-            # Not a wait for an event: a random delay while the other senders go on, so
-            # that the kill lands anywhere in the broker's work, not just after a reply.
+        if before < self.kill_after <= self.acked and not self.killed:
+            # Not waits for events: random delays while the other senders go on, so that
+            # the kill lands anywhere in the broker's work, not just after a reply (and,
+            # after a SIGTERM, before, during or after the graceful stop).
             await trio.sleep(self.jitter_s)
-            self.kill()
+            if self.term_grace_s is not None and not self.killed:
+                self.killed = True
+                self.broker.proc.terminate()
+                await trio.sleep(self.term_grace_s)
+                self.exit_before_kill = self.broker.proc.poll()
+            self.broker.proc.kill()
+            self.killed = True
 
 
 @dataclass
@@ -205,6 +215,10 @@ class Figures:
     rounds: int = 0
     healthy_rounds: int = 0  # the first produce after the restart succeeded
     startup_kills: int = 0  # extra kills that landed while the broker was starting
+    term_first: int = 0  # rounds ended by SIGTERM, then SIGKILL
+    stopped_before_kill: int = 0  # of those, the graceful stop had finished before the SIGKILL
+    unclean_stops: int = 0  # of those, with an exit code other than 0
+    topics_missing: int = 0  # topics the broker did not know after a restart
     short_queues: int = 0  # queues whose end, at a restart, was below an acknowledged offset
     reassigned: int = 0  # acknowledged offsets acknowledged again for another message
     sends_acked: int = 0
@@ -247,7 +261,8 @@ async def _produce(producer: object, state: RoundState, ledger: Ledger, figures:
             return
         if not result.durable or result.flush_timeout:
             ledger.failed(batch)  # not acknowledged as durable: treat as a failed send
-            state.errors_while_up.append(f"{batch.topic}/{batch.queue_id}: not durable ({result})")
+            if not state.killed:
+                state.errors_while_up.append(f"{batch.topic}/{batch.queue_id}: not durable ({result})")
             continue
         reassigned = ledger.record(batch, result)
         figures.reassigned += len(reassigned)
@@ -275,6 +290,9 @@ async def _queue_ends(addr: str) -> dict[tuple[str, int], int]:
 async def _check_ends(addr: str, ledger: Ledger, figures: Figures) -> None:
     """Every acknowledged offset is below its queue's end right after the restart."""
     ends = await _queue_ends(addr)
+    for topic in sorted(set(TOPICS) - {t for t, _q in ends}):
+        figures.topics_missing += 1
+        figures.examples.append(f"round {figures.rounds}: topic {topic} is missing after the restart")
     highest: dict[tuple[str, int], int] = {}
     for t, q, o in ledger.acked:
         highest[(t, q)] = max(highest.get((t, q), -1), o)
@@ -310,22 +328,35 @@ async def one_round(conf: Path, log: Path, ledger: Ledger, figures: Figures, rng
         with trio.fail_after(ROUND_TIMEOUT_S):
             await _check_ends(broker.addr, ledger, figures)
             await _probe(broker.addr, ledger, figures, rng, tag)
-            state = RoundState(broker, rng.randint(*acks_per_round), rng.uniform(0, 0.02))
+            grace = rng.uniform(0, 0.3) if rng.random() < TERM_FIRST_SHARE else None
+            state = RoundState(broker, rng.randint(*acks_per_round), rng.uniform(0, 0.02), grace)
             async with trio.open_nursery() as nursery:
                 for p in range(PRODUCERS):
-                    nursery.start_soon(
-                        _run_producer, broker.addr, state, ledger, figures, random.Random(rng.random()), f"{tag}-p{p}"
-                    )
-        assert not state.errors_while_up, (
-            f"round {figures.rounds}: sends failed while the broker was up: {state.errors_while_up[:3]}"
-        )
+                    nursery.start_soon(_run_producer, state, ledger, figures, random.Random(rng.random()), f"{tag}-p{p}")
+        _end_of_round(state, figures)
     finally:
         await reap(broker.proc)
         figures.rounds += 1
 
 
-async def _run_producer(addr: str, state: RoundState, ledger: Ledger, figures: Figures, rng: random.Random, tag: str) -> None:
-    async with open_producer(broker_addrs=[addr], retries=0, send_timeout_ms=10_000) as producer, trio.open_nursery() as n:
+def _end_of_round(state: RoundState, figures: Figures) -> None:
+    figures.term_first += state.term_grace_s is not None
+    if state.exit_before_kill is not None:
+        figures.stopped_before_kill += 1
+        if state.exit_before_kill != 0:
+            figures.unclean_stops += 1
+            figures.examples.append(f"round {figures.rounds}: the graceful stop exited {state.exit_before_kill}")
+    assert not state.errors_while_up, (
+        f"round {figures.rounds}: sends failed while the broker was up: {state.errors_while_up[:3]}; "
+        f"so far {figures.summary()}, e.g. {figures.examples[:5]}"
+    )
+
+
+async def _run_producer(state: RoundState, ledger: Ledger, figures: Figures, rng: random.Random, tag: str) -> None:
+    async with (
+        open_producer(broker_addrs=[state.broker.addr], retries=0, send_timeout_ms=10_000) as producer,
+        trio.open_nursery() as n,
+    ):
         for t in range(TASKS_PER_PRODUCER):
             n.start_soon(_produce, producer, state, ledger, figures, random.Random(rng.random()), f"{tag}t{t}")
 

@@ -19,9 +19,9 @@ def check(figures: Figures, rounds: int) -> None:
     detail = f"{figures.summary()}; e.g. {figures.examples[:5]}"
     assert figures.rounds == rounds, detail
     assert figures.healthy_rounds == rounds, detail  # the produce right after every restart succeeded
-    assert figures.missing == 0 and figures.short_queues == 0 and figures.reassigned == 0, detail
+    assert figures.topics_missing == 0 and figures.missing == 0 and figures.short_queues == 0 and figures.reassigned == 0, detail
     assert figures.differing == 0 and figures.unknown == 0, detail
-    assert figures.holes == 0, detail
+    assert figures.holes == 0 and figures.unclean_stops == 0, detail
     assert figures.unexplained_duplicates == 0, detail
     assert figures.acked > 0 and figures.read >= figures.acked, detail
 
