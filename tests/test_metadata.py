@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from broker.service._offsets import ConsumerOffsets
 from broker.store import STORAGE_MODES, GetStatus, Store, TopicTable, read_json, write_json
 from broker.store._checkpoint import Checkpoint
-from broker.store._durable_file import MetadataSource, load_json, previous_path
+from broker.store._durable_file import MetadataSource, delete_json, load_json, previous_path
 from commitlog import Message, MetadataError
 
 from .conftest import small_config
@@ -138,7 +138,7 @@ def test_both_generations_damaged_is_never_read_as_empty(
     damage(previous_path(path), how_prev, where // 7, other)
     loaded = load_json(path)
     assert loaded.source is MetadataSource.DAMAGED and loaded.value is None, loaded
-    assert len(loaded.problems) == (1 if how == "delete" else 2) or how == "delete", loaded.problems
+    assert len(loaded.problems) == 2, loaded.problems
     assert read_json(path) is None
     if kind == "offsets":
         with pytest.raises(MetadataError) as refused:
@@ -148,7 +148,8 @@ def test_both_generations_damaged_is_never_read_as_empty(
     elif kind == "checkpoint":
         assert load(path) is None  # an unclean open: full recovery
     elif kind == "topics":
-        assert load(path) == {}  # nothing on disk to rebuild them from (the store tests have data)
+        table = TopicTable(path)
+        assert table.all() == {} and table.source is MetadataSource.DAMAGED  # nothing on disk to rebuild from
 
 
 def test_both_generations_missing_is_a_new_store(tmp_path: Path) -> None:
@@ -357,8 +358,10 @@ def test_topics_rebuilt_when_every_metadata_file_is_gone(
     d = tmp_path / "store"
     shutil.copytree(src, d)
     for name in _store_files(mode):
-        (d / name).unlink()
-        previous_path(d / name).unlink()
+        delete_json(d / name)
+    table = TopicTable(d / "topics.json")
+    assert table.source is MetadataSource.MISSING and table.reconstructed == STORE_TOPICS
+    delete_json(d / "topics.json")  # again: the table just rewrote it
     with caplog.at_level(logging.WARNING):
         _reopen_and_check(d, mode, sent)
     assert any("2 topic(s) with 5 queue(s) reconstructed" in r.getMessage() for r in caplog.records), caplog.text
@@ -393,3 +396,12 @@ def test_broker_refuses_to_start_on_damaged_offsets_and_says_why(tmp_path: Path)
     assert out.returncode == 1, out.stdout + out.stderr
     text = " ".join(out.stdout.split())
     assert "consumer_offsets.json" in text and "consumer_offsets.json.prev" in text and "delete" in text, text
+
+
+def test_a_deleted_metadata_file_stays_deleted(tmp_path: Path) -> None:
+    """Removing a file no longer needed removes its previous generation too: it must
+    not come back at the next load (as a deleted current file with a good .prev does)."""
+    path, _older, _load = _points(tmp_path)
+    delete_json(path)
+    assert load_json(path).source is MetadataSource.MISSING
+    assert not list(tmp_path.glob("recovery-points*"))

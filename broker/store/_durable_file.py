@@ -179,6 +179,19 @@ def write_atomic(path: Path, data: bytes, keep_previous: bool = False) -> None:
     _replace(path, data, keep_previous and path.exists())
 
 
+def delete_json(path: Path) -> None:
+    """Remove ``path`` with its previous generation (and any temporary), durably. A
+    metadata file that is no longer needed must go this way: removing only ``path``
+    would make :func:`load_json` fall back to the previous generation."""
+    # The older generations first: a crash part-way leaves the current file (not yet
+    # deleted) or nothing (deleted), never the .prev alone (which would come back).
+    path.with_name(path.name + TEMPORARY_SUFFIX).unlink(missing_ok=True)
+    previous_path(path).unlink(missing_ok=True)
+    _fsync_directory(path.parent)
+    path.unlink(missing_ok=True)
+    _fsync_directory(path.parent)
+
+
 def _replace(path: Path, data: bytes, keep_previous: bool) -> None:
     tmp = path.with_name(path.name + TEMPORARY_SUFFIX)
     try:

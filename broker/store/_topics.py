@@ -75,17 +75,20 @@ class TopicTable:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self.source = MetadataSource.CURRENT  # where the table came from at load (set by _load)
+        self.reconstructed: dict[str, int] = {}  # topics (or queues) added from the data on disk at load
         self._topics: dict[str, int] = self._load()
 
     def _load(self) -> dict[str, int]:
         loaded = load_json(self.path, validate=_table_problem)
+        self.source = loaded.source
         if loaded.source is MetadataSource.CURRENT:
             return dict(loaded.value["topics"])
         found = topics_on_disk(self.path.parent)
         if loaded.source is MetadataSource.MISSING and not found:
             return {}  # a new store, or one that never had a topic
         topics = dict(loaded.value["topics"]) if loaded.ok else {}
-        added = {t: n for t, n in found.items() if topics.get(t, 0) < n}
+        added = self.reconstructed = {t: n for t, n in found.items() if topics.get(t, 0) < n}
         topics.update(added)
         why = loaded.describe() if loaded.problems else f"{self.path}: missing"
         base = "the previous generation" if loaded.ok else "no good generation of the file"
