@@ -4,20 +4,32 @@ Derived data: built asynchronously by the :class:`Dispatcher` from the log and r
 from it after a crash. Plain, synchronous, typed storage code (no trio).
 """
 
+from ._damage import AffectedQueue, affected_queues
 from ._dispatch import Dispatcher, tag_hash
 from ._files import FileCache
-from ._queue import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, ConsumeQueue, Entry
+from ._queue import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HOLE_ENTRY, HOLE_TAG, ConsumeQueue, Entry
 from ._set import Arrivals, ConsumeQueueSet
+from ._verify import PREAD_MAX_BYTES, EntryReader, FileSpan, check_headers, check_record_identity, contiguous_runs
 
 __all__ = [
     "ENTRY",
     "ENTRY_DTYPE",
     "ENTRY_SIZE",
+    "HOLE_ENTRY",
+    "HOLE_TAG",
+    "PREAD_MAX_BYTES",
+    "AffectedQueue",
     "Arrivals",
     "ConsumeQueue",
     "ConsumeQueueSet",
     "Dispatcher",
     "Entry",
+    "EntryReader",
     "FileCache",
+    "FileSpan",
+    "affected_queues",
+    "check_headers",
+    "check_record_identity",
+    "contiguous_runs",
     "tag_hash",
 ]  # fmt: skip

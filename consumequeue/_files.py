@@ -14,6 +14,9 @@ lock so long that the broker's reads, which need it too, halved consume throughp
 A descriptor opened while some file was forgotten (deleted) is used for its one
 operation and not cached, so that a deleted file's descriptor never lingers in the
 cache under its name.
+
+Every read, write, truncation and sync goes through ``commitlog.fileops.OPS`` (the
+seam tests inject faults into); errors propagate to the caller, never swallowed.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
+
+from commitlog import fileops
 
 
 class _Open:
@@ -93,25 +98,22 @@ class FileCache:
     def pread(self, path: Path, n: int, pos: int) -> bytes:
         entry = self._lease(path, False)
         try:
-            return os.pread(entry.fd, n, pos)
+            return fileops.OPS.pread(entry.fd, n, pos)
         finally:
             self._release(entry)
 
     def pwrite(self, path: Path, data: bytes | bytearray | memoryview, pos: int) -> None:
         entry = self._lease(path, True)
         try:
-            view = memoryview(data)
-            while view:  # a short write is rare: finish it
-                written = os.pwrite(entry.fd, view, pos)
-                view, pos = view[written:], pos + written
+            fileops.write_all(entry.fd, data, pos)  # a short write is rare: finished there
         finally:
             self._release(entry)
 
     def truncate(self, path: Path, size: int) -> None:
         entry = self._lease(path, False)
         try:
-            os.ftruncate(entry.fd, size)
-            os.fsync(entry.fd)
+            fileops.OPS.ftruncate(entry.fd, size)
+            fileops.OPS.fsync(entry.fd)
         finally:
             self._release(entry)
 
@@ -124,13 +126,13 @@ class FileCache:
                 entry.users += 1
         if entry is not None:
             try:
-                os.fdatasync(entry.fd)
+                fileops.OPS.fdatasync(entry.fd)
             finally:
                 self._release(entry)
         elif reopen and path.exists():
             fd = os.open(path, os.O_RDONLY)
             try:
-                os.fdatasync(fd)
+                fileops.OPS.fdatasync(fd)
             finally:
                 os.close(fd)
 

@@ -3,12 +3,20 @@
 Invariants:
 - The entry for queue offset ``q`` is at byte ``(q - start) * 20`` of the file named by
   ``start = q - q % entries_per_file`` (20 digits), so a look-up is arithmetic.
-- Files are contiguous from the first one kept; only the last one can be short.
+- Files are contiguous from the first one kept; every file but the last holds exactly
+  ``entries_per_file`` entries (the store checks this from sizes at every open).
 - Entries ``[flushed_next, next_offset)`` live in memory (``_pending``) until the next
   :meth:`flush`; the files are derived data, rebuilt from the log after a crash, so
   dispatch never waits for them.
-- An all-zero entry is a hole (an offset whose record fell out or was never seen);
-  readers skip holes. Within a queue, commit-log offsets increase with queue offsets.
+- A *hole* (an offset whose record the dispatcher never saw: it skipped a damaged
+  region of the log, or retention overtook it) is written as an explicit hole marker
+  (size 0, tag :data:`HOLE_TAG`), never left as zeros. So an all-zero entry inside the
+  extent is never legitimate: it is damage (a lost page, a zeroed file), and
+  :meth:`ConsumeQueue.read` raises :class:`CorruptRecordError` instead of skipping it.
+  Readers skip hole markers. Within a queue, commit-log offsets increase with queue
+  offsets.
+- A read never returns entries past the files' extent as zeros: a file that reads
+  short or is missing inside the extent is damage too (:class:`CorruptRecordError`).
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from typing import Callable
 
 import numpy as np
 
+from commitlog import CorruptRecordError
+
 from ._files import FileCache
 
 log = logging.getLogger("clmq.consumequeue")
@@ -32,6 +42,10 @@ ENTRY_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("tag", "<u8")])
 assert ENTRY_SIZE == 20 and ENTRY_DTYPE.itemsize == 20
 
 Entry = tuple[int, int, int]
+
+HOLE_TAG = 0x454C4F48_514D4C43  # b"CLMQHOLE": the tag of a hole marker (size 0)
+HOLE_ENTRY = ENTRY.pack(0, 0, HOLE_TAG)
+ZERO_ENTRY = bytes(ENTRY_SIZE)
 
 
 def file_name(start: int) -> str:
@@ -120,17 +134,19 @@ class ConsumeQueue:
         return self._loaded
 
     def looks_intact(self, first: int, nxt: int) -> bool:
-        """Without loading: do the files that must hold offsets ``first .. nxt-1`` exist
-        with at least those entries? (One or two stats; used at a clean open.)"""
+        """Without loading: do the files that must hold offsets ``first .. nxt-1`` all
+        exist, every one but the last full and the last holding at least its share?
+        (One stat per file, no reads: used at every open, for every checkpointed queue.)"""
         if nxt <= first:
             return True
         last = nxt - 1
-        start = last - last % self.per_file
+        head, tail = first - first % self.per_file, last - last % self.per_file
+        full = self.per_file * ENTRY_SIZE
         try:
-            if os.stat(self._path(start)).st_size < (last - start + 1) * ENTRY_SIZE:
-                return False
-            head = first - first % self.per_file
-            return head == start or os.path.exists(self._path(head))
+            for start in range(head, tail, self.per_file):
+                if os.stat(self._path(start)).st_size != full:
+                    return False
+            return os.stat(self._path(tail)).st_size >= (last - tail + 1) * ENTRY_SIZE
         except FileNotFoundError:
             return False
 
@@ -170,12 +186,11 @@ class ConsumeQueue:
                     return 0
                 data, first = data[skip:], nxt
             if first > nxt:
-                if nxt > self._first or self._starts or self._pending:
+                if not self._starts and not self._pending:  # an empty queue starts where its first record is
+                    self._first = self._flushed_next = first
+                else:  # explicit markers: zeros would be indistinguishable from a lost page
                     log.warning("consume queue %s/%d: hole at offsets %d..%d", self.topic, self.queue_id, nxt, first - 1)
-                self._flush_locked()
-                if not self._starts and not self._pending:
-                    self._first = first  # an empty queue starts where its first record is
-                self._flushed_next = first
+                    self._pending += HOLE_ENTRY * (first - nxt)
             self._pending += data
             return len(data) // ENTRY_SIZE
 
@@ -184,7 +199,7 @@ class ConsumeQueue:
         return len(self._pending)
 
     def oldest_pending(self) -> int | None:
-        """Commit-log offset of the first entry not yet in a file (None: all written)."""
+        """Commit-log offset of the first entry not yet in a file (None: all written or holes)."""
         with self._lock:
             for p in range(0, len(self._pending), ENTRY_SIZE):  # skip holes
                 phys, size, _ = ENTRY.unpack_from(self._pending, p)
@@ -234,13 +249,48 @@ class ConsumeQueue:
             while pos < min(end, self._flushed_next):
                 start = pos - pos % self.per_file
                 n = min(end, self._flushed_next, start + self.per_file) - pos
-                chunk = self._files.pread(self._path(start), n * ENTRY_SIZE, (pos - start) * ENTRY_SIZE)
-                out += chunk.ljust(n * ENTRY_SIZE, b"\0")  # a sparse tail reads short: holes
+                out += self._read_file(start, pos, n)
                 pos += n
             if pos < end:
                 rel = (pos - self._flushed_next) * ENTRY_SIZE
                 out += self._pending[rel : rel + (end - pos) * ENTRY_SIZE]
             return offset, bytes(out)
+
+    def _read_file(self, start: int, pos: int, n: int) -> bytes:
+        """``n`` entries from ``pos`` out of the file ``start``: all there, none zeroed."""
+        path, at = self._path(start), (pos - start) * ENTRY_SIZE
+        try:
+            chunk = self._files.pread(path, n * ENTRY_SIZE, at)
+        except FileNotFoundError:
+            raise self._damaged(path, at, "consume queue file", "present", "missing") from None
+        if len(chunk) < n * ENTRY_SIZE:
+            raise self._damaged(path, at + len(chunk), "consume queue file", f"{n * ENTRY_SIZE} bytes", f"{len(chunk)} bytes")
+        if ZERO_ENTRY in chunk:  # fast test (unaligned: may be a false alarm), exact one below
+            sizes = np.frombuffer(chunk, ENTRY_DTYPE)
+            zero = np.flatnonzero((sizes["size"] == 0) & (sizes["offset"] == 0) & (sizes["tag"] == 0))
+            if len(zero):
+                where = at + int(zero[0]) * ENTRY_SIZE
+                raise self._damaged(path, where, "consume queue entry", "an entry or a hole marker", "20 zero bytes")
+        return chunk
+
+    def _damaged(self, path: Path, at: int, check: str, expected: str, actual: str) -> CorruptRecordError:
+        """The error for damage met in a file (and remembered: the store rebuilds the queue)."""
+        self.damage = f"{check} at {path}:{at}: expected {expected}, got {actual}"
+        log.error("consume queue %s/%d: %s", self.topic, self.queue_id, self.damage)
+        return CorruptRecordError(str(path), at, check, expected, actual)
+
+    def first_zeroed(self) -> int | None:
+        """The first all-zero entry in the last two files (what a crash of the machine
+        can leave: sizes written, pages not), or None. Reads those files whole."""
+        with self._lock:
+            self._ensure_loaded()
+            for start in self._starts[-2:]:
+                size = os.stat(self._path(start)).st_size
+                rows = np.frombuffer(self._files.pread(self._path(start), size, 0), ENTRY_DTYPE)
+                zero = np.flatnonzero((rows["size"] == 0) & (rows["offset"] == 0) & (rows["tag"] == 0))
+                if len(zero):
+                    return start + int(zero[0])
+            return None
 
     def entry(self, offset: int) -> Entry | None:
         at, data = self.read(offset, 1)

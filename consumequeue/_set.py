@@ -13,6 +13,7 @@ for small rounds under light load (where per-queue work is cheap anyway).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -85,6 +86,7 @@ class ConsumeQueueSet:
         self._dirty: set[ConsumeQueue] = set()
         self._rounds: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._round_entries = 0
+        self.appended_entries = 0  # entries added to queues by merges (not re-dispatched duplicates)
         self._lock = threading.Lock()  # queue creation and topic interning
         self._merge_lock = threading.Lock()  # rounds and the dirty set
         self._all_discovered = False  # every queue with files on disk has an object here
@@ -165,8 +167,10 @@ class ConsumeQueueSet:
             if self._round_entries >= MERGE_ENTRIES or self._round_entries <= MERGE_NOW_ENTRIES:
                 try:
                     self._merge_locked()
-                except OSError as e:  # rounds are kept; the next merge retries
-                    log.warning("merging dispatched entries: %s", e)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise  # the dispatcher thread fails the store: nothing is retried silently
+                    log.warning("merging dispatched entries: %s; kept for the next merge", e)
         return Arrivals(codes, self)
 
     def merge(self) -> None:
@@ -185,12 +189,18 @@ class ConsumeQueueSet:
         cuts = np.flatnonzero((codes[1:] != codes[:-1]) | (qoffs[1:] != qoffs[:-1] + 1)) + 1
         starts = np.concatenate(([0], cuts))
         ends = np.concatenate((cuts, [len(codes)])) * 20
-        touched = []
-        for code, first, a, b in zip(codes[starts].tolist(), qoffs[starts].tolist(), (starts * 20).tolist(), ends.tolist()):
-            cq = self._by_code.get(code) or self._queue_by_code(code)
-            if cq.append(first, raw[a:b]):  # idempotent: a retried merge skips what it has
-                touched.append(cq)
-        self._dirty.update(touched)
+        touched: list[ConsumeQueue] = []
+        added = 0
+        try:
+            for code, first, a, b in zip(codes[starts].tolist(), qoffs[starts].tolist(), (starts * 20).tolist(), ends.tolist()):
+                cq = self._by_code.get(code) or self._queue_by_code(code)
+                n = cq.append(first, raw[a:b])  # idempotent: a retried merge skips what it has
+                if n:
+                    touched.append(cq)
+                    added += n
+        finally:  # queues given entries before a failure must still be flushed
+            self._dirty.update(touched)
+            self.appended_entries += added
         self._rounds, self._round_entries = [], 0
 
     # ---------------------------------------------------------------- files

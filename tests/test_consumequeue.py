@@ -12,9 +12,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitlog import CommitLog, CommitLogConfig, Message, decode_record, gather_headers, walk_records
+from commitlog import CommitLog, CommitLogConfig, CorruptRecordError, Message, decode_record, gather_headers, walk_records
 from commitlog._encoder import BatchEncoder
-from consumequeue import ENTRY, Arrivals, ConsumeQueue, ConsumeQueueSet, Dispatcher, FileCache, _dispatch, tag_hash
+from consumequeue import (
+    ENTRY,
+    ENTRY_SIZE,
+    HOLE_TAG,
+    Arrivals,
+    ConsumeQueue,
+    ConsumeQueueSet,
+    Dispatcher,
+    FileCache,
+    _dispatch,
+    tag_hash,
+)
 
 from .conftest import msgs
 
@@ -37,7 +48,7 @@ def test_entries_split_across_fixed_size_files(tmp_path: Path) -> None:
     assert at == 8 and [ENTRY.unpack_from(raw, 20 * i)[0] for i in range(5)] == [800, 900, 1000, 1100, 1200]
 
 
-def test_append_is_idempotent_and_holes_read_as_zero(tmp_path: Path) -> None:
+def test_append_is_idempotent_and_holes_are_marked(tmp_path: Path) -> None:
     cq = ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4))
     cq.append(0, entries(0, 5))
     assert cq.append(0, entries(0, 5)) == 0  # re-dispatch of the same records
@@ -45,7 +56,45 @@ def test_append_is_idempotent_and_holes_read_as_zero(tmp_path: Path) -> None:
     assert cq.next_offset == 7
     cq.append(9, entries(900, 1))  # offsets 7 and 8 were never seen
     cq.flush()
-    assert cq.entry(8) == (0, 0, 0) and cq.entry(9) == (900, 100, 7)
+    assert cq.entry(8) == (0, 0, HOLE_TAG) and cq.entry(9) == (900, 100, 7)
+    assert ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4)).entry(7) == (0, 0, HOLE_TAG)
+
+
+def test_a_hole_across_whole_files_survives_a_reload(tmp_path: Path) -> None:
+    """A hole used to be left sparse: a file it covered entirely was never created, and
+    the next load cut the queue at the gap, deleting every later file."""
+    cq = ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4))
+    cq.append(0, entries(0, 5))
+    cq.append(25, entries(2500, 3))
+    cq.flush()
+    again = ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4))
+    assert again.next_offset == 28 and again.damage is None
+    assert again.entry(26) == (2600, 100, 7) and again.entry(15) == (0, 0, HOLE_TAG)
+
+
+@pytest.mark.parametrize("damage", ["zeroed", "short", "missing"])
+def test_damage_inside_the_extent_is_an_error_not_a_hole(tmp_path: Path, damage: str) -> None:
+    """Zeros, a short file or a missing file where the extent says entries are: reads
+    (and searches, which skip holes) raise CorruptRecordError naming the file."""
+    files = FileCache(4)
+    cq = ConsumeQueue(tmp_path / "q", "t", 0, 10, files)
+    cq.append(0, entries(100, 30))
+    cq.flush()
+    victim = tmp_path / "q" / "00000000000000000010"
+    if damage == "zeroed":
+        with open(victim, "r+b") as f:
+            f.seek(3 * ENTRY_SIZE)
+            f.write(bytes(2 * ENTRY_SIZE))
+    elif damage == "short":
+        os.truncate(victim, 3 * ENTRY_SIZE)
+    else:
+        files.forget(victim)
+        victim.unlink()
+    for probe in (lambda: cq.read(11, 5), lambda: cq.read(0, 30), lambda: cq.search(lambda e: e[0] >= 100 + 100 * 14)):
+        with pytest.raises(CorruptRecordError) as info:
+            probe()
+        assert info.value.file == str(victim) and info.value.check.startswith("consume queue")
+    assert cq.read(0, 10)[1] == entries(100, 10)  # the intact file is still served
 
 
 def test_truncate_and_search(tmp_path: Path) -> None:

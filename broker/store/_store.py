@@ -4,28 +4,72 @@ This API (put, put_batch, get, offsets, flush, close) is what the broker uses an
 the partition-per-file mode implements too. It is synchronous and thread-safe; its
 background work (flushing, dispatching, checkpoints, retention) runs in threads that
 :meth:`Store.start` starts and :meth:`Store.close` stops.
+
+Invariants:
+- Nothing is served that the open did not check: a clean open passes the checkpoint's
+  durable offset to the log as its expected end, and queue files are checked against
+  the checkpoint (``_recovery``). Log bytes that are gone raise
+  :class:`LogDamageError` naming the affected queues and offsets, after the directory
+  lock is released (for ``clmq store repair``); nothing is cut implicitly.
+- Every record returned through a queue entry is that queue's: :meth:`Store.get`
+  decodes it (CRC checked) and checks size, commit-log offset, topic, queue id and
+  queue offset; :meth:`Store.read_raw` checks the same header fields of every record
+  it hands out as a file span (one read or map per contiguous run; the consumer
+  checks the CRC). An entry pointing past the log's end is damage, not retention.
+- A mismatch raises :class:`CorruptRecordError` (file, offset, field, expected,
+  actual) and *marks the queue for rebuild*: it is recorded durably in
+  ``rebuild-queues`` and the next open drops the queue and rebuilds it from the log
+  (one pass for all marked queues). Until then its other offsets are served, each
+  still checked; the damaged ones keep failing, never returning another record.
+- Background threads: a dispatcher or housekeeping error fails the store
+  (``StoreBase._fail``), except a full disk (ENOSPC) when writing queue files,
+  which the housekeeping thread retries (nothing is lost: entries stay in memory).
 """
 
 from __future__ import annotations
 
+import errno
+import inspect
 import logging
 import struct
-from typing import Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from commitlog import OFF_STORE_TS, CommitLog, DurableOffset, Message, MiB, PackedMessages, Record, decode_record
-from consumequeue import ENTRY_DTYPE, ConsumeQueueSet, Dispatcher, tag_hash
+from commitlog import (
+    OFF_STORE_TS,
+    CommitLog,
+    CorruptRecordError,
+    DurableOffset,
+    LogDamageError,
+    Message,
+    PackedMessages,
+    Record,
+)  # fmt: skip
+from consumequeue import (
+    ENTRY_DTYPE,
+    ConsumeQueueSet,
+    Dispatcher,
+    EntryReader,
+    affected_queues,
+    tag_hash,
+)  # fmt: skip
+from consumequeue import contiguous_runs as _contiguous_runs  # noqa: F401 (tests/test_store.py checks it here)
 
 from ._base import Stopwatch, StoreBase, StoreConfig, StoreLockedError
 from ._checkpoint import Checkpoint
 from ._partition_store import PartitionStore
-from ._recovery import recover_queues
+from ._recovery import RebuildList, Recovery, recover_queues
 from ._results import PutResult, Span
 
 __all__ = ["Store", "StoreConfig", "StoreLockedError"]
 
 log = logging.getLogger("clmq.store")
+
+REBUILD_FILE = "rebuild-queues"  # queues marked for rebuild at the next open
+_NOT_MARKED = frozenset({"crc32c"})  # the record itself is damaged: rebuilding its queue would not help
+# Until CommitLog.open takes the checkpoint's end (issue 14, the log's own checks).
+_OPEN_TAKES_EXPECTED_END = "expected_end" in inspect.signature(CommitLog.open).parameters
 
 
 class Store(StoreBase):
@@ -41,26 +85,44 @@ class Store(StoreBase):
     queues: ConsumeQueueSet
     dispatcher: Dispatcher
     _saved: Checkpoint | None  # the last checkpoint written
+    _rebuild: RebuildList  # queues marked for rebuild at the next open
+    _entries: EntryReader  # reads records through entries, checking their identity
 
     # ---------------------------------------------------------------- lifecycle
     @classmethod
     def open(cls, config: StoreConfig) -> Store:
-        """Open the data directory, recovering from an unclean stop if there was one."""
+        """Open the data directory, recovering from an unclean stop if there was one.
+
+        Raises :class:`LogDamageError` (with the affected queues) when log bytes that
+        were promised are gone; the directory is released first."""
         if config.storage_mode == "partition-per-file" and cls is Store:
             return PartitionStore.open(config)  # type: ignore[return-value]
         self = cls(config)
-        clock = Stopwatch()
         unclean = self._begin_open()
+        try:
+            self._open_parts(unclean)
+        except BaseException:
+            self._release_partial()
+            raise
+        return self
+
+    def _open_parts(self, unclean: bool) -> None:
+        config, clock = self.config, Stopwatch()
         checkpoint = Checkpoint.load(self.directory / "checkpoint")
-        unclean = unclean or checkpoint is None
-        self.log = CommitLog.open(self.directory / "commitlog", config.commitlog, clean=not unclean,
-                                  checkpoint_offset=checkpoint.log_durable if checkpoint else None)  # fmt: skip
-        clock.lap("log_open_s")
+        # A checkpoint of the previous generation (the current one was damaged) is old:
+        # what happened since is unknown, as after a crash.
+        unclean = unclean or checkpoint is None or bool(getattr(checkpoint, "from_previous", False))
         self.queues = ConsumeQueueSet(self.directory / "consumequeue", config.cq_entries_per_file, config.max_open_files)
-        start = recover_queues(self.log, self.queues, checkpoint, unclean)
+        self.log = self._open_log(checkpoint, unclean)
+        clock.lap("log_open_s")
+        self._rebuild = RebuildList(self.directory / REBUILD_FILE)
+        marked = dict(self._rebuild.marked)
+        plan = recover_queues(self.log, self.queues, checkpoint, unclean, marked)
         clock.lap("queue_check_s")
-        self.dispatcher = Dispatcher(self.log, self.queues, start, config.dispatch_chunk_bytes)
+        self._entries = EntryReader(self.log)
+        self.dispatcher = Dispatcher(self.log, self.queues, plan.start, config.dispatch_chunk_bytes)
         self.dispatcher.add_listener(self._notify_arrivals)
+        appended = self.queues.appended_entries
         clock.stats["redispatched_records"] = self.dispatcher.catch_up()  # serve nothing until queues agree with the log
         clock.lap("redispatch_s")
         # Queues not loaded (clean stop, files intact) keep the checkpoint's extents; the
@@ -72,12 +134,42 @@ class Store(StoreBase):
         self.log.set_queue_offset_table(table)
         try:
             self.checkpoint()
+            self._rebuild.clear(set(marked))  # rebuilt and written: unmark
         except OSError as e:  # e.g. disk full: entries stay in memory until there is room
             log.warning("store open: could not write consume queues yet: %s", e)
         clock.lap("queue_files_s")
+        self._report_rebuild(plan, self.queues.appended_entries - appended, clock)
         self.open_stats = {"unclean": unclean, **clock.stats}
         log.info("store opened (%s): %s", "after an unclean stop" if unclean else "clean", self.open_stats)
-        return self
+
+    def _open_log(self, checkpoint: Checkpoint | None, unclean: bool) -> CommitLog:
+        """Open the log; a clean open expects it to end where the checkpoint says."""
+        kwargs: dict[str, Any] = {"clean": not unclean, "checkpoint_offset": checkpoint.log_durable if checkpoint else None}
+        if not unclean and checkpoint is not None and _OPEN_TAKES_EXPECTED_END:
+            kwargs["expected_end"] = checkpoint.log_durable
+        try:
+            return CommitLog.open(self.directory / "commitlog", self.config.commitlog, **kwargs)
+        except LogDamageError as e:  # name what is lost, from the queue files (slow, but only here)
+            raise e.with_queues(affected_queues(self.queues.root, e.start, e.end)) from None
+
+    def _report_rebuild(self, plan: Recovery, entries: int, clock: Stopwatch) -> None:
+        """One line for everything the open rebuilt (a store may have 100,000 queues)."""
+        clock.stats["queues_rebuilt"] = len(plan.rebuilt)
+        if not plan.rebuilt:
+            return
+        redone = self.dispatcher.dispatched_offset - plan.start
+        log.warning("store open: %d queue(s) rebuilt from the log, %d entries re-dispatched from %d log bytes "
+                    "(from offset %d): %s%s", len(plan.rebuilt), entries, redone, plan.start,
+                    "; ".join(plan.rebuilt[:5]), " ..." if len(plan.rebuilt) > 5 else "")  # fmt: skip
+
+    def _release_partial(self) -> None:
+        """After a failed open: close what was opened and free the directory (the abort
+        marker stays, so the next open validates)."""
+        if hasattr(self, "queues"):
+            self.queues.files.close()
+        if hasattr(self, "log"):
+            self.log.abandon()
+        self._end_close(clean=False)
 
     def start(self) -> Store:
         """Start flushing, dispatching and housekeeping in background threads."""
@@ -147,6 +239,8 @@ class Store(StoreBase):
                 if rounds % every == 0:
                     self.apply_retention()
             except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise  # EIO and the like: the page cache cannot be trusted (_guarded fails the store)
                 log.warning("store housekeeping: %s; retrying in %d ms", e, self.config.cq_flush_interval_ms)
 
     def apply_retention(self, now: float | None = None) -> int:
@@ -189,15 +283,29 @@ class Store(StoreBase):
         self.log.set_queue_offset_table(self.queues.next_offsets())
 
     # --------------------------------------------------------------------- get
+    def _mark_for_rebuild(self, topic: str, queue_id: int, error: CorruptRecordError) -> None:
+        """Record durably that the queue must be rebuilt from the log (at the next open)."""
+        if error.check in _NOT_MARKED:
+            return
+        try:
+            if self._rebuild.add((topic, queue_id), f"{error.check} at {error.file}:{error.offset}"):
+                log.error("consume queue %s/%d marked for rebuild at the next open: %s", topic, queue_id, error)
+        except OSError as e:  # the read's own error says what is wrong; this only delays the rebuild
+            log.error("could not mark consume queue %s/%d for rebuild: %s", topic, queue_id, e)
+
     def min_offset(self, topic: str, queue_id: int) -> int:
-        return self.queues.queue(topic, queue_id).min_offset(self.log.min_offset)
+        return self.bounds(topic, queue_id)[0]
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         """One past the last dispatched message of the queue."""
         return self.queues.queue(topic, queue_id).next_offset
 
     def bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
-        return self.queues.queue(topic, queue_id).bounds(self.log.min_offset)
+        try:
+            return self.queues.queue(topic, queue_id).bounds(self.log.min_offset)
+        except CorruptRecordError as e:
+            self._mark_for_rebuild(topic, queue_id, e)
+            raise
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset stored at or after ``timestamp_ms`` (max offset if none)."""
@@ -210,21 +318,30 @@ class Store(StoreBase):
             raw = self.log.read_bytes(entry[0] + OFF_STORE_TS, 8)
             return raw is not None and struct.unpack("<Q", raw)[0] >= timestamp_ms
 
-        return cq.search(stored_at_or_after)
+        try:
+            return cq.search(stored_at_or_after)
+        except CorruptRecordError as e:
+            self._mark_for_rebuild(topic, queue_id, e)
+            raise
 
     def _read(self, topic: str, queue_id: int, offset: int, max_messages: int,
               tags: set[str] | None) -> tuple[list[Record], int]:  # fmt: skip
         scan = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
-        at, raw = self.queues.queue(topic, queue_id).read(offset, scan)
-        picked, next_offset = self._select(at, raw, max_messages, tags)
-        return [r for r in self._read_records(picked) if tags is None or r.tags in tags], next_offset
+        try:
+            at, raw = self.queues.queue(topic, queue_id).read(offset, scan)
+            picked, qoffs, next_offset = self._select(at, raw, max_messages, tags)
+            records = self._entries.records(picked, qoffs, topic, queue_id)
+        except CorruptRecordError as e:
+            self._mark_for_rebuild(topic, queue_id, e)
+            raise
+        return [r for r in records if tags is None or r.tags in tags], next_offset
 
     def _select(self, at: int, raw: bytes, max_messages: int, tag_set: set[str] | None,
-                max_bytes: int | None = None) -> tuple[np.ndarray, int]:  # fmt: skip
-        """The entries to read from ``raw`` (entries from queue offset ``at``) and the
-        queue offset after the last one looked at."""
+                max_bytes: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
+        """The entries to read from ``raw`` (entries from queue offset ``at``), their
+        queue offsets, and the queue offset after the last one looked at."""
         entries = np.frombuffer(raw, ENTRY_DTYPE)
-        mask = (entries["size"] > 0) & (entries["offset"] >= self.log.min_offset)
+        mask = (entries["size"] > 0) & (entries["offset"] >= self.log.min_offset)  # size 0: a hole marker
         if tag_set is not None:
             mask &= np.isin(entries["tag"], np.array([tag_hash(t) for t in tag_set], dtype=np.uint64))
         idx = np.flatnonzero(mask)[:max_messages]
@@ -234,57 +351,19 @@ class Store(StoreBase):
             keep = max(1, int(np.searchsorted(cum, max_bytes, side="right")))  # the first record always
             full, idx = full or keep < len(idx), idx[:keep]
         next_offset = at + (int(idx[-1]) + 1 if full else len(entries))
-        return entries[idx], next_offset
+        return entries[idx], idx + at, next_offset
 
     def _read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None,
                   max_bytes: int) -> tuple[list[Span], int, int]:  # fmt: skip
         scan = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
-        at, raw = self.queues.queue(topic, queue_id).read(offset, scan)
-        picked, next_offset = self._select(at, raw, max_messages, tags, max_bytes)
-        spans: list[Span] = []
-        count = 0
-        runs = _contiguous_runs(picked["offset"], picked["size"])
-        offsets, sizes = picked["offset"].tolist(), picked["size"].tolist()
-        for i, j in runs:
-            start, end = offsets[i], offsets[j - 1] + sizes[j - 1]
-            where = self.log.file_span(start, end - start)
-            if where is not None:
-                spans.append(Span(str(where[0]), where[1], end - start))
-                count += j - i
-                continue
-            for k in range(i, j):  # crosses a segment end, or fell out of retention: record by record
-                one = self.log.file_span(offsets[k], sizes[k])
-                if one is not None:
-                    spans.append(Span(str(one[0]), one[1], sizes[k]))
-                    count += 1
-        return spans, count, next_offset
-
-    def _read_records(self, picked: np.ndarray) -> list[Record]:
-        """Read picked records, coalescing runs that are contiguous in the log."""
-        out: list[Record] = []
-        for pieces in self._run_bytes(picked):
-            for at, data in pieces:
-                where, pos = self.log.segment_path(at), 0
-                while pos < len(data):
-                    rec = decode_record(data, pos, where, at + pos)
-                    out.append(rec)
-                    pos += rec.size
-        return out
-
-    def _run_bytes(self, picked: np.ndarray) -> Iterator[list[tuple[int, bytes]]]:
-        """Per run of log-contiguous records: ``[(offset, bytes), ...]``,
-        one piece unless the run crosses a segment end; records that fell out of
-        retention meanwhile are left out."""
-        runs = _contiguous_runs(picked["offset"], picked["size"])
-        offsets, sizes = picked["offset"].tolist(), picked["size"].tolist()
-        for i, j in runs:
-            start, end = offsets[i], offsets[j - 1] + sizes[j - 1]
-            data = self.log.read_bytes(start, end - start)
-            if data is not None:
-                yield [(start, data)]
-                continue
-            singles = [(offsets[k], self.log.read_bytes(offsets[k], sizes[k])) for k in range(i, j)]
-            yield [(o, d) for o, d in singles if d is not None]
+        try:
+            at, raw = self.queues.queue(topic, queue_id).read(offset, scan)
+            picked, qoffs, next_offset = self._select(at, raw, max_messages, tags, max_bytes)
+            found, count = self._entries.spans(picked, qoffs, topic.encode(), queue_id)
+        except CorruptRecordError as e:
+            self._mark_for_rebuild(topic, queue_id, e)
+            raise
+        return [Span(*span) for span in found], count, next_offset
 
     @property
     def dispatch_lag_bytes(self) -> int:
@@ -298,24 +377,3 @@ class Store(StoreBase):
     def end_offset(self) -> int:
         """Where the next append goes (the durability token of :meth:`wait_durable`)."""
         return self.log.write_offset
-
-
-def _contiguous_runs(offsets: np.ndarray, sizes: np.ndarray, max_run_bytes: int = 4 * MiB) -> list[tuple[int, int]]:
-    """Index ranges ``[i, j)`` of records that follow each other in the log; a run ends
-    before a record starting ``max_run_bytes`` or more after the run's start. Found
-    with array operations: a loop per record here cost half of a 256-record read."""
-    n = len(offsets)
-    if n == 0:
-        return []
-    starts = offsets.astype(np.int64)
-    cuts = (np.flatnonzero(starts[1:] != starts[:-1] + sizes[:-1]) + 1).tolist()
-    runs: list[tuple[int, int]] = []
-    i = 0
-    for j in cuts + [n]:
-        while int(starts[j - 1] - starts[i]) >= max_run_bytes:  # too long: split it
-            k = i + int(np.searchsorted(starts[i:j], starts[i] + max_run_bytes, side="left"))
-            runs.append((i, k))
-            i = k
-        runs.append((i, j))
-        i = j
-    return runs
