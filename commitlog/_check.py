@@ -307,7 +307,9 @@ def _check_boundaries(seg: _SegmentScan) -> LogProblem | None:
     if not index.load():
         return LogProblem(str(path), seg.base, seg.base + seg.size, "boundary index unreadable (bad size, order or checksum)")
     have = np.asarray(index.positions, dtype=np.int64)
-    stray = have[~np.isin(have, np.asarray(seg.prefix_starts, dtype=np.int64))]
+    starts = np.asarray(seg.prefix_starts, dtype=np.int64)  # increasing: a binary search per position
+    at = np.minimum(np.searchsorted(starts, have), max(len(starts) - 1, 0))
+    stray = have[starts[at] != have] if len(starts) else have
     if not len(stray):
         return None
     return LogProblem(str(path), seg.base, seg.base + seg.size,

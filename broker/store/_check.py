@@ -498,9 +498,10 @@ def _entries_match(path: Path, pos: np.ndarray, off: np.ndarray, size: np.ndarra
         lengths = np.where(ok, _field(buf, at, OFF_TOPIC_LEN, "<u2"), 0)
         names, inverse = gather_strings(buf, at + HEADER_SIZE, lengths)
         del buf
-    topics = [t for t, _q in keys]
-    found = np.array([n.decode(errors="replace") for n in names], dtype=object)[inverse]
-    return np.asarray(ok & (found == np.array(topics, dtype=object)[code]), dtype=bool)
+    ids = {topic: i for i, topic in enumerate(sorted({t for t, _q in keys}))}
+    found = np.array([ids.get(n.decode(errors="replace"), -1) for n in names], dtype=np.int64)[inverse]
+    wanted = np.array([ids[t] for t, _q in keys], dtype=np.int64)[code]
+    return np.asarray(ok & (found == wanted), dtype=bool)
 
 
 def _field(buf: np.ndarray, pos: np.ndarray, offset: int, dtype: str) -> np.ndarray:
