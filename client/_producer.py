@@ -14,7 +14,7 @@ import crc32c
 import trio
 
 from commitlog import ClientError, Message
-from protocol import ErrorCode, RequestCode, encode_batch
+from protocol import PROTOCOL_VERSION, ErrorCode, RequestCode, encode_batch
 from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 from ._routes import MessageQueue, NoRouteError, Routes
@@ -22,8 +22,11 @@ from ._routes import MessageQueue, NoRouteError, Routes
 log = logging.getLogger("clmq.producer")
 
 # Worth another try (elsewhere): the broker is busy, stopping, failing, or the route is stale.
+# STORE_FAILED: that broker's store failed (it reports itself unhealthy and name servers
+# stop routing to it); the message was not stored durably there, so another broker may.
 RETRIABLE = {ErrorCode.SYSTEM_BUSY, ErrorCode.SHUTTING_DOWN, ErrorCode.SYSTEM_ERROR, ErrorCode.IO_ERROR,
-             ErrorCode.DISK_FULL, ErrorCode.TOPIC_NOT_FOUND, ErrorCode.INVALID_QUEUE_ID, ErrorCode.TIMEOUT}  # fmt: skip
+             ErrorCode.DISK_FULL, ErrorCode.TOPIC_NOT_FOUND, ErrorCode.INVALID_QUEUE_ID, ErrorCode.TIMEOUT,
+             ErrorCode.STORE_FAILED}  # fmt: skip
 
 QueueSelector = Callable[[Sequence[MessageQueue], Message], MessageQueue]
 
@@ -88,6 +91,7 @@ class Producer:
             raise ValueError("send_batch needs at least one message")
         body, encoded_for = b"", -1
         errors: list[str] = []
+        last_code: int | None = None  # the last broker's error code, for the caller (e.g. STORE_FAILED)
         for attempt in range(self.retries + 1):
             mq = await self._pick(topic, msgs[0], sharding_key, selector, refresh=attempt > 0)
             if mq.queue_id != encoded_for:
@@ -99,12 +103,17 @@ class Producer:
             except (ConnectionFailed, trio.TooSlowError) as e:
                 errors.append(f"{mq.addr}: {e or 'timed out'}")
             except RpcError as e:
+                if e.code == ErrorCode.UNSUPPORTED_VERSION:
+                    raise SendError(f"broker {mq.addr} does not speak this client's protocol version "
+                                    f"{PROTOCOL_VERSION}: {e.text}", e.code) from None  # fmt: skip
                 if e.code not in RETRIABLE:
                     raise SendError(str(e), e.code) from None
                 errors.append(str(e))
+                last_code = e.code
             self._faulty[mq.addr] = time.monotonic() + self.fault_backoff_ms / 1000
             self.routes.forget(topic)
-        raise SendError(f"send to topic {topic!r} failed {self.retries + 1} times: {'; '.join(errors)}")
+        raise SendError(f"send to topic {topic!r} failed {self.retries + 1} times: {'; '.join(errors)}",
+                        last_code)  # fmt: skip
 
     async def send_to(self, mq: MessageQueue, body: bytes, count: int) -> SendResult:
         """Send an encoded batch (``encode_batch`` of messages whose ``queue_id`` is

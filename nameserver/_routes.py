@@ -14,6 +14,8 @@ class BrokerEntry:
     addr: str
     topics: dict[str, int] = field(default_factory=dict)  # name -> queue count
     last_seen_ms: float = 0.0
+    healthy: bool = True  # False: its store failed; no producer is routed to it
+    failure: str = ""  # why not healthy
 
 
 class RouteTable:
@@ -23,11 +25,17 @@ class RouteTable:
         self.expiry_ms = expiry_ms
         self._brokers: dict[str, BrokerEntry] = {}
 
-    def register(self, cluster: str, broker_name: str, addr: str, topics: dict[str, int], now_ms: float) -> bool:
+    def register(self, cluster: str, broker_name: str, addr: str, topics: dict[str, int], now_ms: float,
+                 healthy: bool = True, failure: str = "") -> bool:  # fmt: skip
         """Record a registration; True if the broker is new or its topics changed."""
         old = self._brokers.get(addr)
-        self._brokers[addr] = BrokerEntry(cluster, broker_name, addr, dict(topics), now_ms)
+        self._brokers[addr] = BrokerEntry(cluster, broker_name, addr, dict(topics), now_ms, healthy, failure)
         return old is None or old.topics != topics
+
+    def health(self, addr: str) -> bool | None:
+        """Whether the broker at ``addr`` said it is healthy (None: not registered)."""
+        entry = self._brokers.get(addr)
+        return None if entry is None else entry.healthy
 
     def unregister(self, addr: str) -> bool:
         return self._brokers.pop(addr, None) is not None
@@ -40,12 +48,19 @@ class RouteTable:
         return gone
 
     def route(self, topic: str) -> list[dict[str, Any]]:
-        """The brokers serving ``topic``, sorted by broker name then address."""
-        found = [b for b in self._brokers.values() if topic in b.topics]
+        """The healthy brokers serving ``topic``, sorted by broker name then address
+        (an unhealthy broker takes no produce: producers are not sent there)."""
+        found = [b for b in self._brokers.values() if topic in b.topics and b.healthy]
         return [{"broker_name": b.broker_name, "addr": b.addr, "queue_count": b.topics[topic]}
                 for b in sorted(found, key=lambda b: (b.broker_name, b.addr))]  # fmt: skip
 
+    def unhealthy(self, topic: str) -> list[str]:
+        """``"name at addr: why"`` of the unhealthy brokers that serve ``topic``."""
+        return [f"{b.broker_name} at {b.addr}: {b.failure}" for b in self._brokers.values()
+                if topic in b.topics and not b.healthy]  # fmt: skip
+
     def cluster(self, now_ms: float) -> list[dict[str, Any]]:
+        """Every registered broker, healthy or not (``healthy``, ``failure``)."""
         return [{"cluster": b.cluster, "broker_name": b.broker_name, "addr": b.addr, "topics": b.topics,
-                 "age_ms": int(now_ms - b.last_seen_ms)}
+                 "age_ms": int(now_ms - b.last_seen_ms), "healthy": b.healthy, "failure": b.failure}
                 for b in sorted(self._brokers.values(), key=lambda b: (b.broker_name, b.addr))]  # fmt: skip

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import trio
 
-from protocol import ErrorCode, Frame, RequestCode
-from protocol.transport import Peer, Reply, RequestError, RpcServer, need
+from protocol import SUPPORTED_VERSIONS, ErrorCode, Frame, RequestCode, check_request
+from protocol.transport import Handler, Later, Peer, Reply, RequestError, RpcServer
 
 from ._routes import RouteTable
 
@@ -39,10 +39,10 @@ class NameServer:
         self.config = config
         self.routes = RouteTable(config.broker_expiry_ms)
         self.rpc = RpcServer("nameserver", {
-            RequestCode.REGISTER_BROKER: self._register,
-            RequestCode.UNREGISTER_BROKER: self._unregister,
-            RequestCode.GET_ROUTE: self._route,
-            RequestCode.GET_CLUSTER: self._cluster,
+            RequestCode.REGISTER_BROKER: _checked(self._register),
+            RequestCode.UNREGISTER_BROKER: _checked(self._unregister),
+            RequestCode.GET_ROUTE: _checked(self._route),
+            RequestCode.GET_CLUSTER: _checked(self._cluster),
         }, max_frame_bytes=config.max_frame_bytes, idle_timeout_ms=config.idle_timeout_ms)  # fmt: skip
         self._stop = trio.Event()
 
@@ -55,24 +55,31 @@ class NameServer:
         self._stop.set()
 
     async def _register(self, frame: Frame, peer: Peer) -> Reply:
-        f = frame.fields
-        topics = need(f, "topics", dict)
-        if not all(isinstance(k, str) and isinstance(v, int) for k, v in topics.items()):
-            raise RequestError(ErrorCode.MALFORMED_REQUEST, "topics must map names to queue counts")
-        addr = need(f, "addr", str)
-        if self.routes.register(f.get("cluster", ""), need(f, "broker_name", str), addr, topics, _now_ms()):
+        f = frame.fields  # checked: protocol.REQUEST_FIELDS
+        addr, topics, healthy, failure = f["addr"], f["topics"], f.get("healthy", True), f.get("failure") or ""
+        was = self.routes.health(addr)
+        if self.routes.register(f.get("cluster") or "", f["broker_name"], addr, topics, _now_ms(), healthy, failure):
             log.info("broker %s at %s registered %d topics", f["broker_name"], addr, len(topics))
+        if was != healthy and not healthy:
+            log.warning("broker %s at %s is unhealthy: %s; no routes to it until it is healthy", f["broker_name"],
+                        addr, failure)  # fmt: skip
+        elif was is False and healthy:
+            log.info("broker %s at %s is healthy again", f["broker_name"], addr)
         return Reply()
 
     async def _unregister(self, frame: Frame, peer: Peer) -> Reply:
-        if self.routes.unregister(need(frame.fields, "addr", str)):
+        if self.routes.unregister(frame.fields["addr"]):
             log.info("broker at %s unregistered", frame.fields["addr"])
         return Reply()
 
     async def _route(self, frame: Frame, peer: Peer) -> Reply:
-        topic = need(frame.fields, "topic", str)
+        topic = frame.fields["topic"]
         brokers = self.routes.route(topic)
         if not brokers:
+            unhealthy = self.routes.unhealthy(topic)
+            if unhealthy:
+                raise RequestError(ErrorCode.NOT_FOUND, f"no healthy broker serves topic {topic!r}; unhealthy: "
+                                                        f"{'; '.join(unhealthy)}")  # fmt: skip
             raise RequestError(ErrorCode.NOT_FOUND, f"no broker serves topic {topic!r}")
         return Reply({"brokers": brokers})
 
@@ -84,6 +91,22 @@ class NameServer:
             await trio.sleep(self.config.scan_interval_ms / 1000)
             for addr in self.routes.expire(_now_ms()):
                 log.warning("broker at %s missed its registrations for %d ms: dropped", addr, self.config.broker_expiry_ms)
+
+
+def _checked(handler: Handler) -> Handler:
+    """``handler`` behind :func:`protocol.check_request` (as the broker's are): a version
+    this server does not speak, or a field missing or of the wrong type or range, is
+    answered before anything changes."""
+
+    async def run(frame: Frame, peer: Peer) -> Reply | Later:
+        problem = check_request(frame)
+        if problem is None:
+            return await handler(frame, peer)
+        code, text = problem
+        fields = {"versions": sorted(SUPPORTED_VERSIONS)} if code is ErrorCode.UNSUPPORTED_VERSION else {}
+        return Reply(fields, error_code=code, error_text=text)
+
+    return run
 
 
 async def serve(config: NameServerConfig, *, task_status: trio.TaskStatus[NameServer] = trio.TASK_STATUS_IGNORED) -> None:

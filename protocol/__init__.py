@@ -9,16 +9,18 @@ shares is the sub-package :mod:`protocol.transport`; nothing here imports it.
 from commitlog import ProtocolError
 
 from ._batch import BatchError, decode_batch, decode_records, encode_batch, set_queue_id
-from ._codes import ErrorCode, RequestCode
+from ._codes import REQUEST_FIELDS, ErrorCode, RequestCode, request_error
 from ._frame import (
     DEFAULT_MAX_FRAME_BYTES,
     FLAG_ONEWAY,
     FLAG_RESPONSE,
     NEED_DATA,
     PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
     Frame,
     FrameDecoder,
     FrameRejected,
+    check_request,
     encode_frame,
     encode_frame_prefix,
     response_to,
@@ -26,8 +28,9 @@ from ._frame import (
 from ._rows import FetchAsk, FetchResult, PullStatus, RowError
 
 __all__ = [
-    "DEFAULT_MAX_FRAME_BYTES", "FLAG_ONEWAY", "FLAG_RESPONSE", "NEED_DATA", "PROTOCOL_VERSION", "BatchError", "ErrorCode",
+    "DEFAULT_MAX_FRAME_BYTES", "FLAG_ONEWAY", "FLAG_RESPONSE", "NEED_DATA", "PROTOCOL_VERSION", "REQUEST_FIELDS", "SUPPORTED_VERSIONS",
+    "BatchError", "ErrorCode",
     "FetchAsk", "FetchResult", "Frame", "FrameDecoder", "FrameRejected", "ProtocolError", "PullStatus", "RequestCode",
-    "RowError", "decode_batch", "decode_records", "encode_batch", "encode_frame", "encode_frame_prefix", "response_to",
+    "RowError", "check_request", "decode_batch", "decode_records", "encode_batch", "encode_frame", "encode_frame_prefix", "request_error", "response_to",
     "set_queue_id",
 ]  # fmt: skip

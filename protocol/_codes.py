@@ -1,7 +1,13 @@
 """Every request code and error code of the wire protocol, in one place.
 
 Requests and their fields (``fields`` is the frame header's named-field map; "body"
-is the raw frame body). Responses carry the same request id, the RESPONSE flag, an
+is the raw frame body). Every field of every request is checked for its type and
+range before the request does anything (:func:`request_error`, the table
+``REQUEST_FIELDS``): a field missing or of the wrong type or range is answered with
+MALFORMED_REQUEST naming the field. Integers are never booleans; queue ids are in
+0..2^31-1, offsets, timestamps and byte counts in 0..2^63-1; limits a broker clamps
+(``max_messages``, ``max_wait_ms``...) must still be in range. Unknown fields are
+ignored (a newer client may send more). Responses carry the same request id, the RESPONSE flag, an
 error code (0 = OK) and text, and the fields listed after the arrow.
 
 Broker
@@ -36,7 +42,8 @@ CREATE_TOPIC           topic, queue_count -> (nothing); also changes a queue cou
 DELETE_TOPIC           topic -> (nothing)
 LIST_TOPICS            -> topics: {name: queue_count}
 DESCRIBE_TOPIC         topic -> queue_count, queues: [{queue_id, min_offset, max_offset}]
-BROKER_INFO            -> name, addr, storage_mode, flush_mode, end_offset, ...
+BROKER_INFO            -> name, addr, storage_mode, flush_mode, end_offset, ...,
+                       healthy (bool), failure (why not, "" if healthy)
 GET_LOG_LAYOUT         -> min_offset, end_offset (durable, dispatched and confirmed),
                        segments: [[base, data_end, [record starts...]], ...],
                        topics: {name: queue_count}, message_count, storage_mode
@@ -50,16 +57,20 @@ READ_LOG               offset, max_bytes, end_offset -> offset, length; body: th
 Name server
 ===========
 =====================  ============================================================
-REGISTER_BROKER        cluster, broker_name, addr, topics: {name: queue_count}
-UNREGISTER_BROKER      broker_name, addr
+REGISTER_BROKER        cluster, broker_name, addr, topics: {name: queue_count},
+                       healthy (bool, default true), failure (str: why not)
+UNREGISTER_BROKER      addr (broker_name optional)
 GET_ROUTE              topic -> brokers: [{broker_name, addr, queue_count}]
-GET_CLUSTER            -> brokers: [{broker_name, addr, cluster, topics, age_ms}]
+                       (healthy brokers only: an unhealthy one takes no produce)
+GET_CLUSTER            -> brokers: [{broker_name, addr, cluster, topics, age_ms,
+                       healthy, failure}]
 =====================  ============================================================
 """
 
 from __future__ import annotations
 
 import enum
+from typing import Any, Callable, Final
 
 
 class RequestCode(enum.IntEnum):
@@ -96,7 +107,7 @@ class ErrorCode(enum.IntEnum):
     REQUEST_NOT_SUPPORTED = 3  # unknown request code
     MALFORMED_REQUEST = 4  # missing or mistyped fields, undecodable body
     FRAME_TOO_LARGE = 5  # the frame exceeds the server's max_frame_bytes
-    VERSION_MISMATCH = 6
+    UNSUPPORTED_VERSION = 6  # the frame's protocol version is not one the server speaks (text: which it does)
     SHUTTING_DOWN = 7
     TIMEOUT = 8
     TOPIC_NOT_FOUND = 17
@@ -108,3 +119,124 @@ class ErrorCode(enum.IntEnum):
     DISK_FULL = 23
     IO_ERROR = 24
     NOT_FOUND = 25  # e.g. no route for a topic, unknown group
+    STORE_FAILED = 26  # the broker's store failed (e.g. an fsync error): it takes no produce until restarted
+
+
+# ------------------------------------------------------------- request fields
+Check = Callable[[Any], "str | None"]  # why a value is wrong, or None
+
+MAX_QUEUE_ID: Final = 2**31 - 1
+MAX_I64: Final = 2**63 - 1
+
+
+def _kind(value: object) -> str:
+    return f"{type(value).__name__} {value!r:.40}"
+
+
+def _int(lo: int = 0, hi: int = MAX_I64) -> Check:
+    def check(value: Any) -> str | None:
+        if type(value) is not int:
+            return f"must be an integer, got {_kind(value)}"
+        return None if lo <= value <= hi else f"must be in {lo}..{hi}, got {value}"
+
+    return check
+
+
+def _str(value: Any) -> str | None:
+    return None if type(value) is str else f"must be a string, got {_kind(value)}"
+
+
+def _bool(value: Any) -> str | None:
+    return None if type(value) is bool else f"must be a boolean, got {_kind(value)}"
+
+
+def _list(value: Any) -> str | None:  # rows checked by the handler, in the same pass that uses them
+    return None if type(value) is list else f"must be a list, got {_kind(value)}"
+
+
+def _strings(value: Any) -> str | None:
+    if type(value) is list and all(type(t) is str for t in value):
+        return None
+    return f"must be a list of strings, got {_kind(value)}"
+
+
+def _topics(value: Any) -> str | None:
+    if type(value) is dict and all(type(k) is str and type(v) is int and 0 < v <= MAX_QUEUE_ID for k, v in value.items()):
+        return None
+    return f"must map topic names to queue counts, got {_kind(value)}"
+
+
+def _rows(*cells: Check, shape: str) -> Check:
+    """A list of fixed-length rows whose cells pass ``cells`` (a small list: groups, offsets)."""
+
+    def check(value: Any) -> str | None:
+        if type(value) is not list:
+            return f"must be a list of {shape}, got {_kind(value)}"
+        for i, row in enumerate(value):
+            if type(row) is not list or len(row) != len(cells) or any(c(v) for c, v in zip(cells, row)):
+                return f"row {i} must be {shape}, got {row!r:.80}"
+        return None
+
+    return check
+
+
+def _groups(value: Any) -> str | None:
+    if type(value) is not list:
+        return f"must be a list of {{group, topics, mode}} maps, got {_kind(value)}"
+    for i, g in enumerate(value):
+        ok = type(g) is dict and type(g.get("group")) is str and _strings(g.get("topics", [])) is None
+        if not ok or g.get("mode", "clustering") not in ("clustering", "broadcasting"):
+            return f"item {i} must be {{group: str, topics: [str], mode: clustering|broadcasting}}, got {g!r:.80}"
+    return None
+
+
+TOPIC, QUEUE_ID, OFFSET, GROUP = _str, _int(0, MAX_QUEUE_ID), _int(), _str
+COUNT = _int(0, MAX_QUEUE_ID)  # a clamped limit: 0 means the least
+Spec = dict[str, tuple[Check, bool]]  # field -> (check, required)
+
+REQUEST_FIELDS: Final[dict[int, Spec]] = {
+    RequestCode.SEND_MESSAGE: {"topic": (TOPIC, True)},
+    RequestCode.PULL_MESSAGE: {"topic": (TOPIC, True), "queue_id": (QUEUE_ID, True), "offset": (OFFSET, True),
+                               "max_messages": (COUNT, False), "max_wait_ms": (_int(), False),
+                               "tags": (_strings, False), "group": (GROUP, False)},
+    RequestCode.PULL_MESSAGES: {"queues": (_list, True), "max_messages": (COUNT, False),
+                                "max_per_queue": (COUNT, False), "max_wait_ms": (_int(), False)},
+    RequestCode.QUERY_OFFSETS: {"topic": (TOPIC, True), "queue_id": (QUEUE_ID, True)},
+    RequestCode.SEARCH_OFFSET: {"topic": (TOPIC, True), "queue_id": (QUEUE_ID, True), "timestamp_ms": (_int(), True)},
+    RequestCode.COMMIT_OFFSET: {"group": (GROUP, True),
+                                "offsets": (_rows(TOPIC, QUEUE_ID, OFFSET, shape="[topic, queue_id, offset]"), True)},
+    RequestCode.QUERY_CONSUMER_OFFSET: {"group": (GROUP, True), "topic": (TOPIC, True), "queue_id": (QUEUE_ID, True)},
+    RequestCode.QUERY_QUEUE_OFFSETS: {"group": (GROUP, True), "queues": (_list, True)},
+    RequestCode.HEARTBEAT: {"client_id": (_str, True), "groups": (_groups, True)},
+    RequestCode.UNREGISTER_CLIENT: {"client_id": (_str, True)},
+    RequestCode.GET_GROUP_MEMBERS: {"group": (GROUP, True)},
+    RequestCode.LIST_GROUPS: {},
+    RequestCode.DESCRIBE_GROUP: {"group": (GROUP, True)},
+    RequestCode.CREATE_TOPIC: {"topic": (TOPIC, True), "queue_count": (_int(1, MAX_QUEUE_ID), True)},
+    RequestCode.DELETE_TOPIC: {"topic": (TOPIC, True)},
+    RequestCode.LIST_TOPICS: {},
+    RequestCode.DESCRIBE_TOPIC: {"topic": (TOPIC, True)},
+    RequestCode.BROKER_INFO: {},
+    RequestCode.GET_LOG_LAYOUT: {},
+    RequestCode.READ_LOG: {"offset": (OFFSET, True), "max_bytes": (_int(), True), "end_offset": (OFFSET, True)},
+    RequestCode.REGISTER_BROKER: {"cluster": (_str, False), "broker_name": (_str, True), "addr": (_str, True),
+                                  "topics": (_topics, True), "healthy": (_bool, False), "failure": (_str, False)},
+    RequestCode.UNREGISTER_BROKER: {"addr": (_str, True), "broker_name": (_str, False)},
+    RequestCode.GET_ROUTE: {"topic": (TOPIC, True)},
+    RequestCode.GET_CLUSTER: {},
+}  # fmt: skip
+
+
+def request_error(code: int, fields: dict[str, Any]) -> str | None:
+    """Why a request's fields are not what :data:`REQUEST_FIELDS` documents for its
+    code (missing, wrong type, out of range), naming the field; None if they are.
+    Codes not in the table (unknown requests) are the server's to refuse."""
+    for name, (check, required) in REQUEST_FIELDS.get(code, {}).items():
+        if name not in fields or (fields[name] is None and not required):
+            if required:
+                return f"field {name!r} is missing"
+            continue
+        why = check(fields[name])
+        if why is not None:
+            return f"field {name!r} {why}"
+    return None

@@ -13,6 +13,18 @@ A frame longer than ``max_frame_bytes`` is not buffered: its header is read (so 
 sender can be told which request failed), its body skipped, and a
 :class:`FrameRejected` event is produced; the stream stays usable.
 Anything undecodable raises :class:`ProtocolError`, after which the stream is dead.
+
+Versions. The header's ``v`` is the protocol version of the frame (a header without
+it is version 0, which no one speaks). The *envelope* never changes between versions:
+the prefix, and a msgpack map with ``v``, ``c`` (code), ``i`` (request id) and ``f``
+(flags), so any peer can read who asked what, whatever the version. A server answers
+a request whose version is not in its :data:`SUPPORTED_VERSIONS` with
+UNSUPPORTED_VERSION, a text naming the versions it speaks and the field ``versions``
+(the list), in a response of its own version; it does nothing else with the request
+(:func:`check_request`). A client sends :data:`PROTOCOL_VERSION` and, refused, raises
+an error naming both sides' versions (it does not retry: another broker of the same
+cluster speaks the same). A new version is added to ``SUPPORTED_VERSIONS`` on servers
+before clients start sending it.
 """
 
 from __future__ import annotations
@@ -26,7 +38,10 @@ import msgpack
 
 from commitlog import ProtocolError
 
-PROTOCOL_VERSION: Final = 1
+from ._codes import ErrorCode, request_error
+
+PROTOCOL_VERSION: Final = 1  # what this side sends
+SUPPORTED_VERSIONS: Final = frozenset({1})  # what this side answers
 FLAG_RESPONSE: Final = 1
 FLAG_ONEWAY: Final = 2
 
@@ -101,6 +116,19 @@ def encode_frame_prefix(frame: Frame, body_length: int) -> bytes:
 def response_to(request: Frame, fields: dict[str, Any] | None = None, body: bytes = b"",
                 error_code: int = 0, error_text: str = "") -> Frame:  # fmt: skip
     return Frame(request.code, request.request_id, fields or {}, body, FLAG_RESPONSE, error_code, error_text)
+
+
+def check_request(frame: Frame) -> tuple[ErrorCode, str] | None:
+    """Why a server must refuse a request before doing anything with it: a version it
+    does not speak (UNSUPPORTED_VERSION) or fields that are not as documented
+    (MALFORMED_REQUEST, naming the field); None if it may go ahead."""
+    if frame.version not in SUPPORTED_VERSIONS:
+        return ErrorCode.UNSUPPORTED_VERSION, (
+            f"protocol version {frame.version} is not supported; this server speaks version(s) "
+            f"{', '.join(map(str, sorted(SUPPORTED_VERSIONS)))}"
+        )
+    why = request_error(frame.code, frame.fields)
+    return None if why is None else (ErrorCode.MALFORMED_REQUEST, why)
 
 
 def _frame_from_header(h: object, body: bytes) -> Frame:

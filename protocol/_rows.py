@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 
 from commitlog import InvalidInputError
 
+from ._codes import MAX_I64, MAX_QUEUE_ID
+
 
 class RowError(InvalidInputError):
     """A row of a request or an answer that does not have the documented shape."""
@@ -45,8 +47,9 @@ class FetchAsk(NamedTuple):
             raise RowError(f"a fetch ask must be [topic, queue_id, offset, tags or nil], got {row!r:.80}")
         topic, queue_id, offset, tags = row
         _check(isinstance(topic, str), "topic", "a string", topic)
-        _check(_is_int(queue_id), "queue_id", "an integer", queue_id)
-        _check(_is_int(offset), "offset", "an integer", offset)
+        _check(_is_int(queue_id) and 0 <= queue_id <= MAX_QUEUE_ID, "queue_id", f"an integer in 0..{MAX_QUEUE_ID}",
+               queue_id)  # fmt: skip
+        _check(_is_int(offset) and 0 <= offset <= MAX_I64, "offset", f"an integer in 0..{MAX_I64}", offset)
         _check(tags is None or (isinstance(tags, list) and all(isinstance(t, str) for t in tags)), "tags",
                "nil or a list of strings", tags)  # fmt: skip
         return cls(topic, queue_id, offset, tags)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from protocol import FetchAsk, FetchResult, PullStatus, RowError
 
 ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
-asks = st.builds(FetchAsk, st.text(max_size=20), ints, ints, st.none() | st.lists(st.text(max_size=8), max_size=4))
+queue_ids, offsets = st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1)
+asks = st.builds(FetchAsk, st.text(max_size=20), queue_ids, offsets, st.none() | st.lists(st.text(max_size=8), max_size=4))
 results = st.builds(FetchResult, st.sampled_from(PullStatus), ints, st.integers(0, 2**31), st.integers(0, 2**31), ints)
 not_int = st.one_of(
     st.text(max_size=5), st.floats(allow_nan=False), st.booleans(), st.none(), st.lists(st.integers(), max_size=2)
@@ -28,6 +29,14 @@ def test_an_ask_survives_the_wire(ask: FetchAsk) -> None:
 @given(results)
 def test_a_result_survives_the_wire(result: FetchResult) -> None:
     assert FetchResult.from_wire(msgpack.unpackb(msgpack.packb(result.to_wire()))) == result
+
+
+@given(asks, st.integers(1, 2), st.sampled_from([-1, -(2**63), 2**63, 2**64 - 1]))
+def test_an_ask_with_a_queue_id_or_offset_out_of_range_is_refused_by_name(ask: FetchAsk, index: int, bad: int) -> None:
+    row = ask.to_wire()
+    row[index] = bad
+    with pytest.raises(RowError, match=["topic", "queue_id", "offset"][index]):
+        FetchAsk.from_wire(row)
 
 
 @given(asks, st.integers(0, 2), not_int)

@@ -4,15 +4,31 @@ with a bad argument is refused at the API; both storage modes, and the CommitLog
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import protocol._frame as protocol_frame
 from broker.store import GetStatus, PutStatus, Store
+from client import RpcClient, SendError, open_producer
 from commitlog import AppendStatus, CommitLog, CommitLogConfig, InvalidInputError, Message
+from protocol import (
+    PROTOCOL_VERSION,
+    REQUEST_FIELDS,
+    SUPPORTED_VERSIONS,
+    ErrorCode,
+    Frame,
+    FrameDecoder,
+    RequestCode,
+    encode_batch,
+    encode_frame,
+)  # fmt: skip
+from tests.service_helpers import Cluster
 
 # Per field of a Message: values of the wrong type, or out of range.
 WRONG: dict[str, list[Any]] = {
@@ -137,3 +153,170 @@ def test_get_at_a_negative_offset_is_a_result(store: Store) -> None:
     store.catch_up()
     got = store.get("orders", 0, -5, 10)
     assert got.status is GetStatus.OFFSET_TOO_SMALL and got.next_offset == 0
+
+
+# ------------------------------------------------------------- over the wire
+GOOD_BROKER: dict[int, dict[str, Any]] = {
+    RequestCode.SEND_MESSAGE: {"topic": "v"},
+    RequestCode.PULL_MESSAGE: {"topic": "v", "queue_id": 0, "offset": 0, "max_messages": 4, "max_wait_ms": 0,
+                               "tags": ["T"], "group": "g"},
+    RequestCode.PULL_MESSAGES: {"queues": [["v", 0, 0, None]], "max_messages": 4, "max_per_queue": 4,
+                                "max_wait_ms": 0},
+    RequestCode.QUERY_OFFSETS: {"topic": "v", "queue_id": 0},
+    RequestCode.SEARCH_OFFSET: {"topic": "v", "queue_id": 0, "timestamp_ms": 0},
+    RequestCode.COMMIT_OFFSET: {"group": "g", "offsets": [["v", 0, 0]]},
+    RequestCode.QUERY_CONSUMER_OFFSET: {"group": "g", "topic": "v", "queue_id": 0},
+    RequestCode.QUERY_QUEUE_OFFSETS: {"group": "g", "queues": [["v", 0]]},
+    RequestCode.HEARTBEAT: {"client_id": "c", "groups": [{"group": "g", "topics": ["v"], "mode": "clustering"}]},
+    RequestCode.UNREGISTER_CLIENT: {"client_id": "c"},
+    RequestCode.GET_GROUP_MEMBERS: {"group": "g"},
+    RequestCode.LIST_GROUPS: {},
+    RequestCode.DESCRIBE_GROUP: {"group": "g"},
+    RequestCode.CREATE_TOPIC: {"topic": "v2", "queue_count": 2},
+    RequestCode.DELETE_TOPIC: {"topic": "v"},
+    RequestCode.LIST_TOPICS: {},
+    RequestCode.DESCRIBE_TOPIC: {"topic": "v"},
+    RequestCode.BROKER_INFO: {},
+    RequestCode.GET_LOG_LAYOUT: {},
+    RequestCode.READ_LOG: {"offset": 0, "max_bytes": 100, "end_offset": 100},
+}  # fmt: skip
+GOOD_NAMESERVER: dict[int, dict[str, Any]] = {
+    RequestCode.REGISTER_BROKER: {"cluster": "c", "broker_name": "x", "addr": "127.0.0.1:1", "topics": {"t": 1},
+                                  "healthy": True, "failure": ""},
+    RequestCode.UNREGISTER_BROKER: {"addr": "127.0.0.1:1", "broker_name": "x"},
+    RequestCode.GET_ROUTE: {"topic": "t"},
+    RequestCode.GET_CLUSTER: {},
+}  # fmt: skip
+OPTIONAL = {
+    (RequestCode.PULL_MESSAGE, "max_messages"), (RequestCode.PULL_MESSAGE, "max_wait_ms"),
+    (RequestCode.PULL_MESSAGE, "tags"), (RequestCode.PULL_MESSAGE, "group"),
+    (RequestCode.PULL_MESSAGES, "max_messages"), (RequestCode.PULL_MESSAGES, "max_per_queue"),
+    (RequestCode.PULL_MESSAGES, "max_wait_ms"), (RequestCode.REGISTER_BROKER, "cluster"),
+    (RequestCode.REGISTER_BROKER, "healthy"), (RequestCode.REGISTER_BROKER, "failure"),
+    (RequestCode.UNREGISTER_BROKER, "broker_name"),
+}  # fmt: skip
+# A wrong value of each kind: every one is refused unless it has the field's own type
+# (a string for a string field) and is in range.
+WRONG_VALUES: list[Any] = ["x", [1], {"a": 1}, None, 1.5, 2**64 - 1, -1, True, b"raw"]
+
+
+def wrong_values(code: int, name: str, good_value: Any) -> list[Any]:
+    out = []
+    for value in WRONG_VALUES:
+        if value is None and (code, name) in OPTIONAL:
+            continue  # nil is "absent" for an optional field
+        if type(value) is type(good_value) and type(value) is not int:
+            continue  # the field's own type ("x" for a name, True for a flag): may be valid
+        out.append(value)
+    return out
+
+
+@pytest.fixture
+async def cluster(nursery: trio.Nursery, tmp_path: Path) -> Cluster:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    await c.start_broker("broker-a")
+    await c.create_topic("v", 1)
+    return c
+
+
+async def refuse_every_wrong_field(rpc: RpcClient, addr: str, table: dict[int, dict[str, Any]]) -> int:
+    """Send, for every code and field, every wrong kind of value (and the field left
+    out); each must be MALFORMED_REQUEST naming the field. Returns how many were sent."""
+    sent = 0
+    for code, good in table.items():
+        body = encode_batch([Message("v", 0, b"bad")]) if code == RequestCode.SEND_MESSAGE else b""
+        for name, good_value in good.items():
+            cases = [{**good, name: v} for v in wrong_values(code, name, good_value)]
+            if (code, name) not in OPTIONAL:
+                cases.append({k: v for k, v in good.items() if k != name})
+            for fields in cases:
+                reply = await rpc.request(addr, code, fields, body, check=False)
+                sent += 1
+                assert reply.error_code == ErrorCode.MALFORMED_REQUEST, (RequestCode(code).name, fields, reply)
+                assert repr(name) in reply.error_text, (RequestCode(code).name, name, reply.error_text)
+        info = await rpc.request(addr, RequestCode.BROKER_INFO if addr != "ns" else RequestCode.GET_CLUSTER)
+        assert info.error_code == 0  # the same connection goes on serving
+    return sent
+
+
+async def test_every_field_of_every_request_of_the_wrong_type_is_malformed_and_changes_nothing(cluster: Cluster) -> None:
+    broker = cluster.brokers["broker-a"]
+    assert cluster.nameserver is not None
+    # The tables above cover every code each server handles, and every field documented.
+    assert set(GOOD_BROKER) == set(broker.rpc.handlers)
+    assert set(GOOD_NAMESERVER) == set(cluster.nameserver.rpc.handlers)
+    for code, good in {**GOOD_BROKER, **GOOD_NAMESERVER}.items():
+        assert set(good) == set(REQUEST_FIELDS[code]), RequestCode(code).name
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        sent = await refuse_every_wrong_field(rpc, broker.addr, GOOD_BROKER)
+        for code, good in GOOD_NAMESERVER.items():
+            for name, good_value in good.items():
+                for value in wrong_values(code, name, good_value):
+                    reply = await rpc.request(cluster.ns[0], code, {**good, name: value}, check=False)
+                    assert reply.error_code == ErrorCode.MALFORMED_REQUEST and repr(name) in reply.error_text, reply
+                    sent += 1
+        assert sent > 300
+        # Nothing changed: no message stored, no offset committed, no topic made or lost,
+        # no broker registered.
+        offsets = await rpc.request(broker.addr, RequestCode.QUERY_OFFSETS, {"topic": "v", "queue_id": 0})
+        assert offsets.fields["max_offset"] == 0
+        topics = await rpc.request(broker.addr, RequestCode.LIST_TOPICS)
+        assert topics.fields["topics"] == {"v": 1}
+        committed = await rpc.request(
+            broker.addr, RequestCode.QUERY_CONSUMER_OFFSET, GOOD_BROKER[RequestCode.QUERY_CONSUMER_OFFSET]
+        )
+        assert committed.fields["offset"] == -1
+        brokers = await rpc.request(cluster.ns[0], RequestCode.GET_CLUSTER)
+        assert [b["broker_name"] for b in brokers.fields["brokers"]] == ["broker-a"]
+        # ... and good requests of every kind still work.
+        sent_ok = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "v"}, encode_batch([Message("v", 0, b"ok")]))
+        assert sent_ok.fields["queue_offsets"] == [0]
+        await rpc.aclose()
+
+
+def _exchange(addr: str, frame: bytes) -> Frame:
+    """One raw request on a fresh socket, and its response."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(frame)
+        decoder = FrameDecoder()
+        while True:
+            event = decoder.next_event()
+            if isinstance(event, Frame):
+                return event
+            data = sock.recv(65536)
+            assert data, "connection closed without an answer"
+            decoder.receive_data(data)
+
+
+@pytest.mark.parametrize("version", [0, 2, 99])
+async def test_a_frame_of_a_version_the_server_does_not_speak_is_refused_with_the_versions_it_does(
+    cluster: Cluster, version: int
+) -> None:
+    for addr, code, fields in [(cluster.brokers["broker-a"].addr, RequestCode.SEND_MESSAGE, {"topic": "v"}),
+                               (cluster.brokers["broker-a"].addr, RequestCode.BROKER_INFO, {}),
+                               (cluster.ns[0], RequestCode.GET_ROUTE, {"topic": "v"})]:  # fmt: skip
+        body = encode_batch([Message("v", 0, b"new")]) if code == RequestCode.SEND_MESSAGE else b""
+        frame = Frame(code, 7, fields, body, version=version)
+        reply = await trio.to_thread.run_sync(_exchange, addr, encode_frame(frame))
+        assert reply.request_id == 7 and reply.error_code == ErrorCode.UNSUPPORTED_VERSION
+        assert f"version {version} is not supported" in reply.error_text and "speaks version(s) 1" in reply.error_text
+        assert reply.fields["versions"] == sorted(SUPPORTED_VERSIONS)
+    async with open_producer(cluster.ns) as p:  # nothing stored by the refused frames
+        assert (await p.send("v", b"good")).queue_offset == 0
+
+
+async def test_a_producer_refused_for_its_version_raises_a_clear_error(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker that speaks only another version (as a newer one would): the producer
+    does not retry and says which version it spoke."""
+    async with open_producer(cluster.ns) as p:
+        await p.send("v", b"first")  # routes are known before the broker changes
+        monkeypatch.setattr(protocol_frame, "SUPPORTED_VERSIONS", frozenset({PROTOCOL_VERSION + 1}))
+        with pytest.raises(SendError) as e:
+            await p.send("v", b"refused")
+        assert e.value.code == ErrorCode.UNSUPPORTED_VERSION
+        assert f"protocol version {PROTOCOL_VERSION}" in str(e.value) and f"speaks version(s) {PROTOCOL_VERSION + 1}" in str(
+            e.value
+        )

@@ -40,9 +40,10 @@ class Fetch:
     async def handle(self, frame: Frame, _peer: object) -> Reply:
         f = frame.fields
         asks = parse_queues(f)
-        total = max(1, min(int(f.get("max_messages", 1024)), self.config.max_pull_messages))
-        per_queue = max(1, int(f.get("max_per_queue", 256)))
-        wait_ms = max(0, min(int(f.get("max_wait_ms", 0)), self.config.max_pull_wait_ms))
+        # Types and ranges were checked (protocol.check_request); limits are clamped to the broker's.
+        total = max(1, min(f.get("max_messages") or 1024, self.config.max_pull_messages))
+        per_queue = max(1, f.get("max_per_queue") or 256)
+        wait_ms = min(f.get("max_wait_ms") or 0, self.config.max_pull_wait_ms)
         await trio.lowlevel.checkpoint()
         results, spans, found = self._read(asks, total, per_queue)
         if not found and wait_ms:

@@ -11,9 +11,9 @@ from typing import Any
 
 import trio
 
-from broker.store import GetStatus, PutStatus, RawRead
-from commitlog import FlushMode
-from protocol import ErrorCode, Frame, RequestCode
+from broker.store import GetStatus, PutStatus, RawRead, StorageEngine, StoreBase
+from commitlog import FlushMode, StoreFailedError
+from protocol import SUPPORTED_VERSIONS, ErrorCode, Frame, RequestCode, check_request
 from protocol.transport import Handler, Later, Peer, Reply, RequestError, need
 
 from ._append import BusyError, PendingPut
@@ -37,7 +37,25 @@ _PUT_ERRORS = {
     PutStatus.IO_ERROR: ErrorCode.IO_ERROR,
     PutStatus.STORE_CLOSED: ErrorCode.SHUTTING_DOWN,
     PutStatus.FLUSH_DISK_TIMEOUT: ErrorCode.FLUSH_DISK_TIMEOUT,
+    PutStatus.STORE_FAILED: ErrorCode.STORE_FAILED,
 }
+
+
+def checked(handler: Handler) -> Handler:
+    """``handler`` behind :func:`protocol.check_request`: a request of a protocol
+    version this server does not speak, or with a field missing or of the wrong type
+    or range, is answered (UNSUPPORTED_VERSION, MALFORMED_REQUEST naming the field)
+    before it does anything. The name server wraps its handlers the same way."""
+
+    async def run(frame: Frame, peer: Peer) -> Reply | Later:
+        problem = check_request(frame)
+        if problem is None:
+            return await handler(frame, peer)
+        code, text = problem
+        fields = {"versions": sorted(SUPPORTED_VERSIONS)} if code is ErrorCode.UNSUPPORTED_VERSION else {}
+        return Reply(fields, error_code=code, error_text=text)
+
+    return run
 
 
 class Handlers:
@@ -50,8 +68,9 @@ class Handlers:
         self._read_limiter = trio.CapacityLimiter(4)
 
     def table(self) -> dict[int, Handler]:
+        """Every request code's handler, each behind :func:`checked`."""
         log_reads = LogReads(self.b)
-        return {
+        handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: self.send_message,
             RequestCode.PULL_MESSAGE: self.pull_message,
             RequestCode.PULL_MESSAGES: Fetch(self.b).handle,
@@ -73,6 +92,7 @@ class Handlers:
             RequestCode.GET_LOG_LAYOUT: log_reads.layout,
             RequestCode.READ_LOG: log_reads.read,
         }
+        return {code: checked(handler) for code, handler in handlers.items()}
 
     # ------------------------------------------------------------------ produce
     async def send_message(self, frame: Frame, peer: Peer) -> Later:
@@ -92,6 +112,9 @@ class Handlers:
             raise RequestError(_PUT_ERRORS[result.status], result.error)
         sync = self.store.config.commitlog.flush_mode is FlushMode.SYNC
         durable = await self._await_durable(result.end_offset) if sync else self.store.durable_offset >= result.end_offset
+        failure = store_failure(self.store)
+        if sync and not durable and failure is not None:  # the flush failed: not stored for sure
+            raise RequestError(ErrorCode.STORE_FAILED, f"written but not made durable: {failure}")
         fields = {"queue_offsets": result.queue_offsets, "commitlog_offsets": result.commitlog_offsets,
                   "durable": durable, "store_timestamp_ms": result.store_timestamp_ms}  # fmt: skip
         if sync and not durable:
@@ -110,20 +133,19 @@ class Handlers:
             except trio.RunFinishedError:
                 pass
 
-        self.store.on_durable(end_offset, wake)
+        self.store.on_durable(end_offset, wake)  # on failure: called at once (then store.failure is set)
         with trio.move_on_after(self.config.sync_flush_timeout_ms / 1000):
             await done.wait()
-        return done.is_set()
+        return done.is_set() and store_failure(self.store) is None and self.store.durable_offset >= end_offset
 
     # --------------------------------------------------------------------- pull
     async def pull_message(self, frame: Frame, peer: Peer) -> Reply:
         f = frame.fields
         topic, qid, offset = need(f, "topic", str), need(f, "queue_id", int), need(f, "offset", int)
-        limit = max(1, min(int(f.get("max_messages", 32)), self.config.max_pull_messages))
-        wait_ms = max(0, min(int(f.get("max_wait_ms", 0)), self.config.max_pull_wait_ms))
+        # Types and ranges were checked (checked()); limits are clamped to the broker's.
+        limit = max(1, min(f.get("max_messages") or 32, self.config.max_pull_messages))
+        wait_ms = min(f.get("max_wait_ms") or 0, self.config.max_pull_wait_ms)
         tags = f.get("tags")
-        if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
-            raise RequestError(ErrorCode.MALFORMED_REQUEST, "tags must be a list of strings")
         res = await self._read(topic, qid, offset, limit, tags)
         if res.status is GetStatus.NO_MESSAGE and wait_ms:
             await self._wait_for(topic, qid, offset, wait_ms)
@@ -220,7 +242,7 @@ class Handlers:
         for g in need(frame.fields, "groups", list):
             if not isinstance(g, dict) or not isinstance(g.get("group"), str):
                 raise RequestError(ErrorCode.MALFORMED_REQUEST, "groups must be maps with a 'group' name")
-            self.b.groups.heartbeat(client_id, g["group"], str(g.get("mode", "clustering")), list(g.get("topics", [])), now_ms())
+            self.b.groups.heartbeat(client_id, g["group"], g.get("mode", "clustering"), g.get("topics", []), now_ms())
         return Reply()
 
     async def unregister_client(self, frame: Frame, peer: Peer) -> Reply:
@@ -283,5 +305,26 @@ class Handlers:
         return Reply({"broker_name": c.broker_name, "cluster": c.cluster, "addr": self.b.addr(),
                       "storage_mode": c.storage_mode, "flush_mode": c.flush_mode, "end_offset": self.store.end_offset,
                       "durable_offset": self.store.durable_offset, "dispatch_lag_bytes": self.store.dispatch_lag_bytes,
-                      "connections": self.b.connections(),
-                      "topics": len(self.store.topics.all())})  # fmt: skip
+                      "connections": self.b.connections(), "topics": len(self.store.topics.all()),
+                      "healthy": store_failure(self.store) is None, "failure": health_text(self.store)})  # fmt: skip
+
+
+def store_failure(store: StorageEngine) -> StoreFailedError | None:
+    """Why the store failed (a background thread died: e.g. an fsync error), or None.
+    (Both storage modes are a :class:`StoreBase`, which holds the failed state.)"""
+    return store.failure if isinstance(store, StoreBase) else None
+
+
+def health_text(store: StorageEngine) -> str:
+    """Why the store is unhealthy ("" if it is), as the broker reports it."""
+    failure = store_failure(store)
+    return "" if failure is None else str(failure)
+
+
+def registration(context: BrokerContext) -> dict[str, Any]:
+    """The fields of the broker's REGISTER_BROKER: its topics and its health (a broker
+    whose store failed registers ``healthy: false`` and why, so that name servers stop
+    routing producers to it)."""
+    c, store = context.config, context.store
+    return {"cluster": c.cluster, "broker_name": c.broker_name, "addr": context.addr(), "topics": store.topics.all(),
+            "healthy": store_failure(store) is None, "failure": health_text(store)}  # fmt: skip
