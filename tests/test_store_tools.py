@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.store import Store, StoreConfig, StoreLockedError, check_store, repair_store
+from broker.store import Store, StoreConfig, StoreLockedError, TopicTable, check_store, repair_store
 from commitlog import CommitLogConfig, Message
 
 MODES = ("commitlog", "partition-per-file")
@@ -218,6 +218,19 @@ def test_damaged_topics_file(pristine: dict[str, Written], tmp_path: Path) -> No
     assert [m.state for m in report.metadata if m.file.endswith("topics.json")] == ["damaged"]
     repaired = repair_store(w.config)
     assert repaired.repaired and repaired.dropped == []
+    with Store.open(w.config) as store:
+        assert store.topics.all() == {"t": 2, "u": 1}
+        _assert_readable_except(store, w, [])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_topics_file_lacking_queues_on_disk(pristine: dict[str, Written], mode: str, tmp_path: Path) -> None:
+    w = _copy(pristine, mode, tmp_path / "s")
+    TopicTable(w.config.data_dir / "topics.json").replace({"t": 1})  # a valid file that lost t/1 and u
+    report = check_store(w.config)
+    assert [m.state for m in report.metadata if m.file.endswith("topics.json")] == ["incomplete"]
+    assert report.damaged and not report.log_damaged
+    assert repair_store(w.config).dropped == []
     with Store.open(w.config) as store:
         assert store.topics.all() == {"t": 2, "u": 1}
         _assert_readable_except(store, w, [])

@@ -125,6 +125,9 @@ def _print(report: StoreReport, json_out: bool) -> None:
             report.dropped if report.repaired else report.would_drop)  # fmt: skip
     if report.repaired:
         console.print("[green]repaired:[/green] the next open rebuilds queues, indexes and the checkpoint")
+        if any(m.file.endswith("consumer_offsets.json") and m.state == "damaged" for m in report.metadata):
+            console.print("[yellow]consumer offsets cannot be rebuilt from the log:[/yellow] delete consumer_offsets.json "
+                          "and consumer_offsets.json.prev to start consumer groups from their configured start")  # fmt: skip
     elif not report.damaged:
         console.print("[green]no damage found[/green]")
     else:

@@ -57,9 +57,9 @@ from commitlog import (
 )  # fmt: skip
 from consumequeue import ENTRY_DTYPE, ENTRY_SIZE
 
-from . import _durable_file
 from ._base import StoreConfig, StoreLockedError
 from ._checkpoint import Checkpoint
+from ._durable_file import MetadataSource, load_json, read_json
 
 Progress = Callable[[int], None]  # called with the number of log bytes just read
 METADATA_FILES = {  # per storage mode
@@ -79,7 +79,8 @@ class Damage:
 @dataclass(frozen=True, slots=True)
 class MetadataStatus:
     """One metadata file: ``ok``, ``missing`` (never written), ``previous`` (damaged,
-    its previous generation is good) or ``damaged`` (no good generation)."""
+    its previous generation is good), ``damaged`` (no good generation) or, for
+    ``topics.json``, ``incomplete`` (queues on disk that it does not list)."""
 
     file: str
     state: str
@@ -87,7 +88,7 @@ class MetadataStatus:
 
     @property
     def damaged(self) -> bool:
-        return self.state in ("previous", "damaged")
+        return self.state in ("previous", "damaged", "incomplete")
 
 
 @dataclass(slots=True)
@@ -191,7 +192,8 @@ def check_unlocked(config: StoreConfig, progress: Progress | None = None) -> Sto
     """:func:`check_store` for a caller that holds the lock (repair)."""
     directory = config.data_dir
     report = StoreReport(str(directory), config.storage_mode)
-    report.metadata = [_metadata_status(directory / name) for name in METADATA_FILES[config.storage_mode]]
+    metadata = [_metadata_status(directory / name) for name in METADATA_FILES[config.storage_mode]]
+    report.metadata = _topics_cover(directory, config.storage_mode, metadata)
     if config.storage_mode == "partition-per-file":
         _check_partitions(config, report, progress)
     else:
@@ -244,7 +246,7 @@ def _check_partitions(config: StoreConfig, report: StoreReport, progress: Progre
 
 
 def _recovery_points(path: Path) -> dict[QueueKey, int]:
-    raw = _durable_file.read_json(path)
+    raw = read_json(path)
     try:
         return {(str(t), int(q)): int(n) for t, q, n in raw["points"]} if isinstance(raw, dict) else {}
     except (TypeError, KeyError, ValueError):
@@ -253,15 +255,37 @@ def _recovery_points(path: Path) -> dict[QueueKey, int]:
 
 def _metadata_status(path: Path) -> MetadataStatus:
     """Readable? checksum good? Which generation would a store use?"""
-    load = getattr(_durable_file, "load_json", None)  # the checked loader, when present
-    if load is None:
-        if not path.exists():
-            return MetadataStatus(str(path), "missing")
-        ok = _durable_file.read_json(path) is not None
-        return MetadataStatus(str(path), "ok" if ok else "damaged", "" if ok else "not valid JSON")
-    loaded = load(path)
-    state = {"current": "ok", "previous": "previous", "missing": "missing"}.get(loaded.source.value, "damaged")
+    loaded = load_json(path)
+    state = {MetadataSource.CURRENT: "ok", MetadataSource.PREVIOUS: "previous",
+             MetadataSource.MISSING: "missing"}.get(loaded.source, "damaged")  # fmt: skip
     return MetadataStatus(str(path), state, "" if state in ("ok", "missing") else loaded.describe())
+
+
+def _topics_cover(directory: Path, mode: str, metadata: list[MetadataStatus]) -> list[MetadataStatus]:
+    """``topics.json`` marked ``incomplete`` when the queues on disk (consume-queue or
+    partition directories, the checkpoint) name a topic or queue id it lacks."""
+    loaded = load_json(directory / "topics.json")
+    topics = loaded.value.get("topics") if loaded.ok else None
+    if not isinstance(topics, dict):
+        return metadata
+    keys = set(on_disk_queues(directory, mode))
+    lacking = sorted(f"{t}/{q}" for t, q in keys if not isinstance(topics.get(t), int) or q >= topics[t])
+    if not lacking:
+        return metadata
+    detail = f"lacks {len(lacking)} queues found on disk: {', '.join(lacking[:5])}" + (" ..." if len(lacking) > 5 else "")
+    return [MetadataStatus(m.file, "incomplete", detail) if m.file.endswith("topics.json") else m for m in metadata]
+
+
+def on_disk_queues(directory: Path, mode: str) -> list[QueueKey]:
+    """The queues the store's files name: partition or consume-queue directories, and
+    the checkpoint's queue list."""
+    if mode == "partition-per-file":
+        root = directory / "partitions"
+        names = sorted(os.listdir(root)) if root.is_dir() else []
+        return [(t, int(q)) for t, _, q in (n.rpartition("-") for n in names) if q.isdigit() and t]
+    keys = [key for key, _path in _queue_dirs(directory / "consumequeue")]
+    checkpoint = Checkpoint.load(directory / "checkpoint")
+    return keys + list(checkpoint.queues if checkpoint else [])
 
 
 # ------------------------------------------------------------ consume queues

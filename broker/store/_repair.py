@@ -23,9 +23,8 @@ from pathlib import Path
 from commitlog import LogLayout, QueueKey, QueueRange, fsync_dir, queue_extents, repair_log
 
 from ._base import StoreConfig
-from ._check import Progress, StoreReport, check_unlocked, store_lock
-from ._checkpoint import Checkpoint
-from ._durable_file import read_json
+from ._check import Progress, StoreReport, check_unlocked, on_disk_queues, store_lock
+from ._durable_file import load_json, read_json
 from ._topics import TopicTable
 
 log = logging.getLogger("clmq.store")
@@ -51,7 +50,7 @@ def repair_store(config: StoreConfig, progress: Progress | None = None) -> Store
             for suffix in ("", ".prev", ".tmp"):
                 (directory / (name + suffix)).unlink(missing_ok=True)
         (directory / "abort").touch()  # the next open validates everything
-        if any(m.file.endswith("topics.json") and m.state == "damaged" for m in report.metadata):
+        if any(m.file.endswith("topics.json") and m.state in ("damaged", "incomplete") for m in report.metadata):
             _rebuild_topics(directory, known, kept)
         fsync_dir(directory)
         report.repaired = True
@@ -95,13 +94,15 @@ def _dropped(would_drop: list[QueueRange], kept: dict[QueueKey, int]) -> list[Qu
 
 def _known_queues(directory: Path, config: StoreConfig) -> set[QueueKey]:
     """Queues the store's derived files know of, read before a repair removes them."""
-    keys: set[QueueKey] = set()
-    checkpoint = Checkpoint.load(directory / "checkpoint")
-    if checkpoint is not None:
-        keys.update(checkpoint.queues)
+    keys: set[QueueKey] = set(on_disk_queues(directory, config.storage_mode))
     raw = read_json(directory / "recovery-points")
     if isinstance(raw, dict) and isinstance(raw.get("points"), list):
         keys.update((str(p[0]), int(p[1])) for p in raw["points"] if isinstance(p, list) and len(p) == 3)
+    loaded = load_json(directory / "topics.json")  # a readable but incomplete table keeps its topics
+    topics = loaded.value.get("topics") if loaded.ok else None
+    for topic, count in (topics or {}).items() if isinstance(topics, dict) else []:
+        if isinstance(count, int):
+            keys.update((topic, q) for q in range(count))
     return keys
 
 
