@@ -27,11 +27,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from commitlog import HEADER_SIZE, RECORD_MAGIC, CommitLog, CorruptRecordError, QueueKey, fsync_dir
+from commitlog import HEADER_SIZE, RECORD_MAGIC, CommitLog, CorruptRecordError, QueueKey
 from consumequeue import ConsumeQueue, ConsumeQueueSet, Entry
 
 from ._checkpoint import Checkpoint
-from ._durable_file import read_json, write_json
+from ._durable_file import delete_json, read_json, write_json
 
 log = logging.getLogger("clmq.recovery")
 
@@ -79,9 +79,8 @@ class RebuildList:
             self.marked = {k: v for k, v in self.marked.items() if k not in keys}
             if self.marked:
                 self._save()
-            else:
-                self.path.unlink(missing_ok=True)
-                fsync_dir(self.path.parent)
+            else:  # with its previous generation, which would otherwise come back
+                delete_json(self.path)
 
     def _save(self) -> None:
         write_json(self.path, {"version": 1, "queues": [[t, q, why] for (t, q), why in self.marked.items()]})

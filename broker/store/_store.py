@@ -111,7 +111,7 @@ class Store(StoreBase):
         checkpoint = Checkpoint.load(self.directory / "checkpoint")
         # A checkpoint of the previous generation (the current one was damaged) is old:
         # what happened since is unknown, as after a crash.
-        unclean = unclean or checkpoint is None or bool(getattr(checkpoint, "from_previous", False))
+        unclean = unclean or checkpoint is None or checkpoint.from_previous
         self.queues = ConsumeQueueSet(self.directory / "consumequeue", config.cq_entries_per_file, config.max_open_files)
         self.log = self._open_log(checkpoint, unclean)
         clock.lap("log_open_s")
