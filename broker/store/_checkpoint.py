@@ -37,11 +37,19 @@ class Checkpoint:
     def load(cls, path: Path) -> Checkpoint | None:
         """The checkpoint at ``path`` (or its previous generation, marked), or None if
         neither generation is there and good: then the open is a full recovery."""
-        loaded = load_json(path, validate=_problem)
+        parsed: list[Checkpoint] = []  # what the validator parsed: a checkpoint has no need of two parses
+
+        def validate(raw: dict[str, Any]) -> str | None:
+            checkpoint = _parse(raw)
+            if checkpoint is None:
+                return _problem(raw)
+            parsed.append(checkpoint)
+            return None
+
+        loaded = load_json(path, validate=validate)
         if not loaded.ok:
             return None
-        checkpoint = _parse(loaded.value)
-        assert checkpoint is not None  # _problem accepted it
+        checkpoint = parsed[-1]  # the generation load_json chose is the last that validated
         checkpoint.from_previous = loaded.source is MetadataSource.PREVIOUS
         return checkpoint
 
@@ -64,11 +72,11 @@ def _parse(raw: dict[str, Any]) -> Checkpoint | None:
         return None
 
 
-def _problem(raw: dict[str, Any]) -> str | None:
-    """Why a parsed checkpoint file is not a checkpoint of this version, or None."""
+def _problem(raw: dict[str, Any]) -> str:
+    """Why a parsed file that :func:`_parse` refused is not a checkpoint of this version."""
     if raw.get("version") != CHECKPOINT_VERSION:
         return f"version {raw.get('version')!r}, expected {CHECKPOINT_VERSION}"
-    return None if _parse(raw) is not None else "not a checkpoint (fields missing or of the wrong type)"
+    return "not a checkpoint (fields missing or of the wrong type)"
 
 
 class AbortMarker:

@@ -99,8 +99,15 @@ def encode(path: Path, value: dict[str, Any]) -> bytes:
 
 def decode(path: Path, data: bytes) -> tuple[Any, str | None]:
     """The value in ``data`` (the content of ``path``) and None, or None and what is wrong."""
+    body, problem = _checked_body(path, data)
+    return (None, problem) if body is None else _parse(path, body)
+
+
+def _checked_body(path: Path, data: bytes) -> tuple[bytes | None, str | None]:
+    """The JSON body of ``data`` if its checksum is good (files of earlier versions:
+    all of it, unchecked), else None and what is wrong."""
     if data.startswith(_LEGACY_PREFIX):
-        return _parse(path, data)
+        return data, None
     if not data.startswith(_CHECKED_PREFIX):
         return None, f"{path}: not a metadata file (starts {data[:16]!r}, {len(data)} bytes)"
     stored = data[len(_CHECKED_PREFIX) : _HEADER_BYTES - 1]
@@ -112,7 +119,7 @@ def decode(path: Path, data: bytes) -> tuple[Any, str | None]:
     if stored != actual:
         return None, (f"{path}: checksum mismatch (crc32c stored {stored.decode(errors='replace')}, "
                       f"computed {actual.decode()} over {len(data)} bytes)")  # fmt: skip
-    return _parse(path, body)
+    return body, None
 
 
 def _parse(path: Path, data: bytes) -> tuple[Any, str | None]:
@@ -168,8 +175,18 @@ def read_json(path: Path) -> Any | None:
 def write_json(path: Path, value: dict[str, Any]) -> None:
     """Replace ``path`` with ``value`` (format 2), keeping the current file as the
     previous generation if it checks. Raises OSError with the old content in place."""
-    _value, problem = _check(path, None)
-    _replace(path, encode(path, value), keep_previous=problem is None)
+    _replace(path, encode(path, value), keep_previous=_intact(path))
+
+
+def _intact(path: Path) -> bool:
+    """Whether ``path`` exists and checks (a damaged one must not push out a good .prev).
+    The checksum suffices: no need to parse the JSON of a file this process wrote."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    body, _problem = _checked_body(path, data)
+    return body is not None and (not data.startswith(_LEGACY_PREFIX) or _parse(path, data)[1] is None)
 
 
 def write_atomic(path: Path, data: bytes, keep_previous: bool = False) -> None:
