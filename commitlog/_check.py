@@ -122,15 +122,35 @@ class _Window:
     """A read-only view of a segment file from ``shift`` on, shaped like the
     :class:`Segment` that :func:`scan` walks (``base``, ``size``, ``path``, ``read``)."""
 
-    def __init__(self, fd: int, path: Path, origin: int, shift: int, size: int) -> None:
+    def __init__(self, fd: int, path: Path, origin: int, shift: int, size: int, meter: _Meter) -> None:
         self.fd = fd
         self.path = path
         self.shift = shift
         self.base = origin + shift  # what a record at window position p carries: base + p
         self.size = size - shift
+        self.meter = meter
 
     def read(self, pos: int, n: int) -> bytes:
-        return fileops.OPS.pread(self.fd, n, self.shift + pos)
+        data = fileops.OPS.pread(self.fd, n, self.shift + pos)
+        self.meter.add(len(data))
+        return data
+
+
+class _Meter:
+    """Reports progress per chunk read, and never more than a segment's size in all."""
+
+    def __init__(self, progress: Progress | None, size: int) -> None:
+        self.progress = progress
+        self.left = size
+
+    def add(self, n: int) -> None:
+        n = min(n, self.left)
+        if self.progress is not None and n > 0:
+            self.progress(n)
+        self.left -= n
+
+    def finish(self) -> None:
+        self.add(self.left)  # the sparse tail of a sealed segment, bytes past damage
 
 
 # ------------------------------------------------------------------ walking
@@ -149,15 +169,17 @@ def _origin(layout: LogLayout, base: int) -> int:
     return base if layout is LogLayout.COMMITLOG else 0
 
 
-def _walk_segment(path: Path, base: int, layout: LogLayout, config: CommitLogConfig) -> _SegmentScan:
+def _walk_segment(path: Path, base: int, layout: LogLayout, config: CommitLogConfig,
+                  progress: Progress | None = None) -> _SegmentScan:  # fmt: skip
     """Walk every byte of one segment: the valid prefix, then damage and resyncs."""
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         out = _SegmentScan(path, base, size)
+        meter = _Meter(progress, size)
         shift, in_prefix = 0, True
         while shift < size or (shift == 0 and size == 0):
-            window = _Window(fd, path, _origin(layout, base), shift, size)
+            window = _Window(fd, path, _origin(layout, base), shift, size, meter)
             result = scan(cast(Segment, window), config.max_message_bytes, verify=True)
             starts = [shift + s for s in result.starts]
             stop = shift + result.end
@@ -175,6 +197,7 @@ def _walk_segment(path: Path, base: int, layout: LogLayout, config: CommitLogCon
             if resume is None:
                 break
             shift = resume
+        meter.finish()
         return out
     finally:
         os.close(fd)
@@ -329,13 +352,11 @@ def check_log(directory: Path, config: CommitLogConfig, layout: LogLayout = LogL
     report = LogReport(str(directory), layout)
     scans = []
     for base, path in list_segments(directory):
-        seg = _walk_segment(path, base, layout, config)
+        seg = _walk_segment(path, base, layout, config, progress)
         if layout is LogLayout.PARTITION:
             _check_queue_offsets(seg)
         scans.append(seg)
         report.bytes += seg.size
-        if progress is not None:
-            progress(seg.size)
     for cur, nxt in itertools.pairwise(scans):
         _continuity(cur, nxt, layout, config)
     _summarise(report, scans, layout, config)
