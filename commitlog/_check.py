@@ -30,12 +30,13 @@ Invariants:
 from __future__ import annotations
 
 import enum
+import inspect
 import itertools
 import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, cast
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -320,16 +321,17 @@ def _partition_continuity(cur: _SegmentScan, nxt: _SegmentScan) -> None:
 
 # ------------------------------------------------------------ boundary index
 def _check_boundaries(seg: _SegmentScan) -> LogProblem | None:
-    """A damaged boundary index: unreadable, or naming a position where no record
-    starts (the interval it was built with need not be known; a missing one is simply
-    rebuilt at open)."""
+    """A damaged boundary index: one that does not check, or names a position where no
+    record starts (the interval it was built with need not be known). A missing one,
+    or one of an older format, is not damage: the next open rebuilds it."""
     path = seg.path.with_suffix(BOUNDARY_SUFFIX)
     if not path.exists():
         return None
-    index = BoundaryIndex(path, 1)
-    if not index.load():
-        return LogProblem(str(path), seg.base, seg.base + seg.size, "boundary index unreadable (bad size, order or checksum)")
-    have = np.asarray(index.positions, dtype=np.int64)
+    positions, why = _load_boundaries(path, seg.base, seg.size)
+    if positions is None:
+        return None if why in ("missing", "unrecognised") else LogProblem(
+            str(path), seg.base, seg.base + seg.size, f"boundary index does not check ({why})")  # fmt: skip
+    have = np.asarray(positions, dtype=np.int64)
     starts = np.asarray(seg.prefix_starts, dtype=np.int64)  # increasing: a binary search per position
     at = np.minimum(np.searchsorted(starts, have), max(len(starts) - 1, 0))
     stray = have[starts[at] != have] if len(starts) else have
@@ -337,6 +339,19 @@ def _check_boundaries(seg: _SegmentScan) -> LogProblem | None:
         return None
     return LogProblem(str(path), seg.base, seg.base + seg.size,
                       f"boundary index names {len(stray)} positions where no record starts (first: {int(stray[0])})")  # fmt: skip
+
+
+def _load_boundaries(path: Path, base: int, size: int) -> tuple[list[int] | None, str]:
+    """The positions of a boundary index through :class:`BoundaryIndex` (whichever of
+    its two forms this tree has: ``(path, interval)`` with ``load() -> bool``, or
+    ``(path, interval, base)`` with ``load(size) -> reason | None``)."""
+    make: Any = BoundaryIndex
+    if len(inspect.signature(BoundaryIndex).parameters) >= 3:
+        index = make(path, 1, base)
+        why = index.load(size)
+        return (list(index.positions), "") if why is None else (None, str(why))
+    index = make(path, 1)
+    return (list(index.positions), "") if index.load() else (None, "bad size or order")
 
 
 # -------------------------------------------------------------- the check
