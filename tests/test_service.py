@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import struct
+import threading
 from pathlib import Path
 
 import msgpack
@@ -23,6 +25,7 @@ from client import (
     open_consumer,
     open_producer,
 )  # fmt: skip
+from commitlog import fileops
 from protocol import ErrorCode, Frame, RequestCode, encode_frame
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
 from tests.waiting import await_until
@@ -582,3 +585,70 @@ async def test_a_fetch_row_with_a_mistyped_field_is_refused_by_name(cluster: Clu
         good = await rpc.request(addr, RequestCode.PULL_MESSAGES, {"queues": [["rows", 0, 0, None]], "max_wait_ms": 0})
         assert good.fields["results"] == [["NO_MESSAGE", 0, 0, 0, 0]]
         await rpc.aclose()
+
+
+class PreadsThatBlock(fileops.FileOps):
+    """Store file operations whose preads of one file kind block until released (a disk
+    that stalls on one file): not a mock, the real operations with a stall in front."""
+
+    def __init__(self, path_part: str) -> None:
+        self.path_part = path_part
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def pread(self, fd: int, n: int, pos: int) -> bytes:
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            path = ""
+        if self.path_part in path:
+            self.entered.set()
+            self.release.wait(20)  # bounded: a test that fails must not hang
+        return os.pread(fd, n, pos)
+
+
+@pytest.mark.parametrize("code", [RequestCode.PULL_MESSAGE, RequestCode.PULL_MESSAGES])
+async def test_a_pull_stalled_on_the_disk_holds_up_no_other_connection(nursery: trio.Nursery, tmp_path: Path,
+                                                                       code: int) -> None:  # fmt: skip
+    """Pulls read the store in worker threads: while one pull waits for a stalled read of
+    its queue's file, pulls of another queue on another connection, and pings, answer."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker("broker-a", storage_mode="partition-per-file")  # one file per queue
+    await c.create_topic("slow", 1)
+    await c.create_topic("fast", 1)
+    await send_direct(broker.addr, "slow", {0: [b"s%d" % i for i in range(5)]})
+    await send_direct(broker.addr, "fast", {0: [b"f%d" % i for i in range(5)]})
+
+    def pull(topic: str) -> tuple[dict, dict]:
+        if code == RequestCode.PULL_MESSAGE:
+            return {"topic": topic, "queue_id": 0, "offset": 0, "max_messages": 8}, {}
+        return {"queues": [[topic, 0, 0, None]], "max_wait_ms": 0}, {}
+
+    ops = PreadsThatBlock("/partitions/slow-0/")
+    previous = fileops.install(ops)
+    try:
+        async with trio.open_nursery() as n:
+            slow_rpc, fast_rpc = RpcClient(n), RpcClient(n)
+            slow_done = trio.Event()
+
+            async def slow_pull() -> None:
+                await slow_rpc.request(broker.addr, code, pull("slow")[0], timeout_ms=30_000)
+                slow_done.set()
+
+            n.start_soon(slow_pull)
+            await trio.to_thread.run_sync(ops.entered.wait, 10)
+            assert ops.entered.is_set()
+            with trio.fail_after(5):
+                fast = await fast_rpc.request(broker.addr, code, pull("fast")[0])
+                info = await fast_rpc.request(broker.addr, RequestCode.BROKER_INFO)
+            assert not ops.release.is_set() and not slow_done.is_set()  # answered while the slow read is stuck
+            assert (fast.fields.get("count") or fast.fields["results"][0][2]) == 5 and info.error_code == 0
+            ops.release.set()
+            with trio.fail_after(10):
+                await slow_done.wait()
+            await slow_rpc.aclose()
+            await fast_rpc.aclose()
+    finally:
+        ops.release.set()
+        fileops.install(previous)

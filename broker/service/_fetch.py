@@ -5,6 +5,10 @@ Queues are read in the order given, each up to ``max_per_queue`` messages, until
 request's ``max_messages`` or the broker's ``max_pull_bytes``; the rest are reported
 ``SKIPPED`` (the client asks again). If nothing is found the request waits (long
 polling) until any of its queues gets entries or ``max_wait_ms`` passes.
+
+The reads of one request run in one worker thread (a hop per request, not per queue),
+among at most ``pull_read_threads``: a slow disk read holds up that request, not the
+event loop.
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ WIRE_STATUS = {status: PullStatus[status.name] for status in GetStatus}
 
 
 class Fetch:
-    def __init__(self, context: BrokerContext) -> None:
+    def __init__(self, context: BrokerContext, read_limiter: trio.CapacityLimiter) -> None:
         self.waiters = context.waiters
         self.store = context.store
         self.config = context.config
+        self.read_limiter = read_limiter  # shared with the broker's other reads
 
     async def handle(self, frame: Frame, _peer: object) -> Reply:
         f = frame.fields
@@ -44,12 +49,15 @@ class Fetch:
         total = max(1, min(f.get("max_messages") or 1024, self.config.max_pull_messages))
         per_queue = max(1, f.get("max_per_queue") or 256)
         wait_ms = min(f.get("max_wait_ms") or 0, self.config.max_pull_wait_ms)
-        await trio.lowlevel.checkpoint()
-        results, spans, found = self._read(asks, total, per_queue)
+        results, spans, found = await self._read_in_thread(asks, total, per_queue)
         if not found and wait_ms:
             await self._wait_any(asks, wait_ms)
-            results, spans, found = self._read(asks, total, per_queue)
+            results, spans, found = await self._read_in_thread(asks, total, per_queue)
         return Reply({"results": results, "count": found}, spans=spans)
+
+    async def _read_in_thread(self, asks: list[FetchAsk], total: int,
+                              per_queue: int) -> tuple[list[list[Any]], list[Span], int]:  # fmt: skip
+        return await trio.to_thread.run_sync(self._read, asks, total, per_queue, limiter=self.read_limiter)
 
     def _read(self, asks: list[FetchAsk], total: int, per_queue: int) -> tuple[list[list[Any]], list[Span], int]:
         """Per queue a :class:`FetchResult` row (max offset -1 when SKIPPED: not looked

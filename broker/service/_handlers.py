@@ -1,8 +1,10 @@
 """The broker's request handlers: produce, pull, offsets, groups and topics.
 
-Appends and store calls that may scan or write run in worker threads
+Appends and every store call that may touch the disk run in worker threads
 (``trio.to_thread``), so a slow disk holds up the requests that need it, not the event
-loop; pulls read on the loop (see ``_read``).
+loop: pulls and offset look-ups share ``pull_read_threads`` threads (a
+``trio.CapacityLimiter``); the records a pull found still go out with ``sendfile``.
+Every request is checked (:func:`checked`) before its handler runs.
 """
 
 from __future__ import annotations
@@ -65,15 +67,18 @@ class Handlers:
         self.b = context
         self.store = context.store
         self.config = context.config
-        self._read_limiter = trio.CapacityLimiter(4)
+        # Pulls and look-ups read the disk in at most this many threads at once: a slow
+        # read (a page fault, a busy disk) holds up the pulls that wait for a thread, never
+        # the event loop that serves every connection.
+        self._read_limiter = trio.CapacityLimiter(context.config.pull_read_threads)
 
     def table(self) -> dict[int, Handler]:
         """Every request code's handler, each behind :func:`checked`."""
-        log_reads = LogReads(self.b)
+        log_reads = LogReads(self.b, self._read_limiter)
         handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: self.send_message,
             RequestCode.PULL_MESSAGE: self.pull_message,
-            RequestCode.PULL_MESSAGES: Fetch(self.b).handle,
+            RequestCode.PULL_MESSAGES: Fetch(self.b, self._read_limiter).handle,
             RequestCode.QUERY_OFFSETS: self.query_offsets,
             RequestCode.SEARCH_OFFSET: self.search_offset,
             RequestCode.COMMIT_OFFSET: self.commit_offset,
@@ -157,11 +162,11 @@ class Handlers:
         return Reply(fields, spans=res.spans)
 
     async def _read(self, topic: str, qid: int, offset: int, limit: int, tags: list[str] | None) -> RawRead:
-        # On the event loop, not in a thread: a pull reads a few 20-byte entries (from
-        # the page cache, for consumers that keep up) and the records themselves go out
-        # with sendfile, so a thread hop per pull would cost more than the read.
-        await trio.lowlevel.checkpoint()
-        return self.store.read_raw(topic, qid, offset, limit, tags, self.config.max_pull_bytes)
+        # In a worker thread, not on the event loop: even a read from the page cache can
+        # block (a page fault on a cold page, a disk that stalls), and on the loop one such
+        # read stalled every connection of the broker. The records go out with sendfile.
+        return await trio.to_thread.run_sync(self.store.read_raw, topic, qid, offset, limit, tags,
+                                             self.config.max_pull_bytes, limiter=self._read_limiter)  # fmt: skip
 
     async def _wait_for(self, topic: str, qid: int, offset: int, wait_ms: int) -> None:
         key = (topic, qid)

@@ -21,9 +21,10 @@ MAX_READ_LOG_BYTES = 16 << 20  # one READ_LOG answer at most (the broker's max_p
 
 
 class LogReads:
-    def __init__(self, context: BrokerContext) -> None:
+    def __init__(self, context: BrokerContext, read_limiter: trio.CapacityLimiter) -> None:
         self.store = context.store
         self.config = context.config
+        self.read_limiter = read_limiter  # the pulls' worker threads (offsets may be read from disk)
 
     def _store(self) -> Store:
         if not isinstance(self.store, Store):
@@ -50,10 +51,13 @@ class LogReads:
             data_end = min(base + size, end)
             starts = [base] + [b for b in log.boundaries(base) if base < b < data_end]
             segments.append([base, data_end, starts])
-        await trio.lowlevel.checkpoint()
         topics = self.store.topics.all()
-        counts = sum(max(0, self.store.max_offset(t, q) - self.store.min_offset(t, q))
-                     for t, n in topics.items() for q in range(n))  # fmt: skip
+
+        def count() -> int:  # min offsets may read queue files: in a worker thread
+            return sum(max(0, self.store.max_offset(t, q) - self.store.min_offset(t, q))
+                       for t, n in topics.items() for q in range(n))  # fmt: skip
+
+        counts = await trio.to_thread.run_sync(count, limiter=self.read_limiter)
         return Reply({"min_offset": log.min_offset, "end_offset": end, "segments": segments, "topics": topics,
                       "message_count": counts, "storage_mode": self.config.storage_mode})  # fmt: skip
 
