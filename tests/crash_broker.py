@@ -24,7 +24,7 @@ from pathlib import Path
 
 import trio
 
-from client import ClmqError, Message, Record, SendResult, open_admin, open_consumer, open_producer
+from client import ClmqError, Message, Producer, Record, SendResult, open_admin, open_consumer, open_producer
 
 TOPICS = {"crash-a": 4, "crash-b": 3, "crash-c": 1}  # topic -> queue count
 PRODUCERS = 2  # client connections
@@ -240,12 +240,13 @@ class Figures:
         return ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in vars(self).items() if k not in skip)
 
 
-async def _send(producer: object, batch: Batch) -> SendResult:
+async def _send(producer: Producer, batch: Batch) -> SendResult:
+    """Send ``batch`` to its queue (the producer sets each message's queue id)."""
     msgs = [Message(batch.topic, batch.queue_id, b) for b in batch.bodies]
-    return await producer.send_batch(batch.topic, msgs, selector=lambda mqs, _m: mqs[batch.queue_id])  # type: ignore[attr-defined]
+    return await producer.send_batch(batch.topic, msgs, selector=lambda mqs, _m: mqs[batch.queue_id])
 
 
-async def _produce(producer: object, state: RoundState, ledger: Ledger, figures: Figures, rng: random.Random, tag: str) -> None:
+async def _produce(producer: Producer, state: RoundState, ledger: Ledger, figures: Figures, rng: random.Random, tag: str) -> None:
     """Send batches (retries of failed ones first) until the broker is killed."""
     while not state.killed:
         batch = ledger.to_retry.pop() if ledger.to_retry else ledger.new_batch(rng, tag)
@@ -317,6 +318,9 @@ async def _probe(addr: str, ledger: Ledger, figures: Figures, rng: random.Random
             figures.reassigned += len(reassigned)
             figures.examples += reassigned
             figures.healthy_rounds += 1
+        else:
+            ledger.failed(batch)
+            figures.examples.append(f"round {figures.rounds}: the produce after the restart was not durable: {result}")
 
 
 async def one_round(conf: Path, log: Path, ledger: Ledger, figures: Figures, rng: random.Random,

@@ -36,7 +36,7 @@ async def test_acknowledged_messages_survive_broker_sigkill_quick(tmp_path: Path
 @pytest.mark.timeout(600)
 async def test_acknowledged_messages_survive_broker_sigkill(tmp_path: Path, mode: str) -> None:
     rounds = 50
-    figures = await crash_loop(tmp_path, mode, rounds, (100, 900), 1414, 5)
+    figures = await crash_loop(tmp_path, mode, rounds, (100, 700), 1414, 5)
     check(figures, rounds)
 
 
