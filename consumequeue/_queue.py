@@ -15,6 +15,10 @@ Invariants:
   :meth:`ConsumeQueue.read` raises :class:`CorruptRecordError` instead of skipping it.
   Readers skip hole markers. Within a queue, commit-log offsets increase with queue
   offsets.
+- A queue that begins inside its first file (its first record came after retention)
+  marks that in the file's slot 0 (size 0, tag :data:`START_TAG`, offset: the first
+  queue offset), so that the never-written entries before it are not taken for
+  zeroed ones when the queue is loaded again.
 - A read never returns entries past the files' extent as zeros: a file that reads
   short or is missing inside the extent is damage too (:class:`CorruptRecordError`).
 """
@@ -45,6 +49,7 @@ Entry = tuple[int, int, int]
 
 HOLE_TAG = 0x454C4F48_514D4C43  # b"CLMQHOLE": the tag of a hole marker (size 0)
 HOLE_ENTRY = ENTRY.pack(0, 0, HOLE_TAG)
+START_TAG = 0x54524154_534D4C43  # b"CLMSTART": slot 0 of a first file whose queue begins later
 ZERO_ENTRY = bytes(ENTRY_SIZE)
 
 
@@ -70,6 +75,9 @@ class ConsumeQueue:
         self._flushed_next = 0
         self._pending = bytearray()
         self.damage: str | None = None  # what loading found wrong, if anything
+        # The first offset the checkpoint promised (set by recovery before a lazy load):
+        # tells a sparse head (entries never written) from a zeroed one (damage).
+        self.expected_first: int | None = None
         # The first entry, remembered: a consumer of 10,000 queues asks every queue's
         # minimum at start, and reading each from its file costs an open() apiece.
         self._head: tuple[int, Entry] | None = None
@@ -113,9 +121,29 @@ class ConsumeQueue:
             problem = problem or f"{self._path(start)} follows a short file"
             self._delete_file(start)
         self._starts = keep
-        self._first = keep[0] if keep else 0
+        self._first = self._head_first(keep[0]) if keep else 0
         self._flushed_next = self._disk_next()
         return problem
+
+    def _head_first(self, start: int) -> int:
+        """The first offset held by the first file ``start``: ``start`` itself, unless
+        the queue began inside it (its slot 0 then holds a start marker)."""
+        raw = self._files.pread(self._path(start), ENTRY_SIZE, 0)
+        if len(raw) < ENTRY_SIZE:
+            return start
+        offset, size, tag = ENTRY.unpack(raw)
+        if size == 0 and tag == START_TAG and start < offset < start + self.per_file:
+            return int(offset)
+        if raw != ZERO_ENTRY:
+            return start
+        if self.expected_first is not None:  # zeros from there on are damage, found when read
+            return max(start, min(self.expected_first, start + self.per_file - 1))
+        # Written before start markers existed (or damaged, and nothing says otherwise):
+        # the first entry that is not zero.
+        data = self._files.pread(self._path(start), self.per_file * ENTRY_SIZE, 0)
+        rows = np.frombuffer(data[: len(data) - len(data) % ENTRY_SIZE], ENTRY_DTYPE)
+        real = np.flatnonzero((rows["size"] != 0) | (rows["offset"] != 0) | (rows["tag"] != 0))
+        return start + (int(real[0]) if len(real) else len(rows))
 
     def _disk_next(self) -> int:
         if not self._starts:
@@ -224,6 +252,8 @@ class ConsumeQueue:
             start = pos - pos % self.per_file
             room = (start + self.per_file - pos) * ENTRY_SIZE
             piece = view[:room]
+            if not self._starts and self._first > start:  # the queue begins inside its first file
+                self._files.pwrite(self._path(start), ENTRY.pack(self._first, 0, START_TAG), 0)
             self._files.pwrite(self._path(start), piece, (pos - start) * ENTRY_SIZE)
             if not self._starts or start > self._starts[-1]:
                 self._starts.append(start)
@@ -285,11 +315,14 @@ class ConsumeQueue:
         with self._lock:
             self._ensure_loaded()
             for start in self._starts[-2:]:
-                size = os.stat(self._path(start)).st_size
-                rows = np.frombuffer(self._files.pread(self._path(start), size, 0), ENTRY_DTYPE)
+                skip = max(0, self._first - start)  # below the first entry: never written (sparse)
+                size = os.stat(self._path(start)).st_size - skip * ENTRY_SIZE
+                if size <= 0:
+                    continue
+                rows = np.frombuffer(self._files.pread(self._path(start), size, skip * ENTRY_SIZE), ENTRY_DTYPE)
                 zero = np.flatnonzero((rows["size"] == 0) & (rows["offset"] == 0) & (rows["tag"] == 0))
                 if len(zero):
-                    return start + int(zero[0])
+                    return start + skip + int(zero[0])
             return None
 
     def entry(self, offset: int) -> Entry | None:

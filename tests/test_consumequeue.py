@@ -308,3 +308,19 @@ def test_small_rounds_parse_like_large_ones(records: list[tuple[str, int, str, b
         for a, b in zip(small, large):
             assert np.array_equal(a, b)
         lg.close()
+
+
+def test_a_queue_starting_inside_a_file_has_no_zeroed_entries(tmp_path: Path) -> None:
+    """A queue whose first record is at offset 13 (retention took the earlier ones)
+    writes its file from entry 13 on: the bytes before are no entries, not damage."""
+    cq = ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4))
+    cq.append(13, entries(1300, 4))
+    cq.flush()
+    again = ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4))
+    assert again.first_offset == 13  # from the start marker in slot 0
+    assert again.first_zeroed() is None
+    assert again.read(13, 4) == (13, entries(1300, 4))
+    with open(tmp_path / "q" / "00000000000000000010", "r+b") as f:
+        f.seek(5 * ENTRY_SIZE)
+        f.write(bytes(ENTRY_SIZE))
+    assert again.first_zeroed() == 15

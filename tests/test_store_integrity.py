@@ -391,3 +391,25 @@ def test_a_checkpoint_from_the_previous_generation_means_an_unclean_open(tmp_pat
     with Store.open(cfg) as s:
         assert s.open_stats["unclean"]
         assert [read_all(s, "a", q) for q in range(QUEUES)] == [sent[q] for q in range(QUEUES)]
+
+
+def test_queues_rebuilt_after_retention_start_inside_a_file_and_read_whole(tmp_path: Path) -> None:
+    """After retention, a rebuilt queue begins at its first record still in the log,
+    inside a queue file: the entries before it were never written (not damage), and a
+    later lazy load must neither refuse them nor skip anything after them."""
+    cfg = small_config(tmp_path, segment_bytes=16 * 1024, max_message_bytes=2048, cq_entries_per_file=PER_FILE,
+                       log={"retention_bytes": 8 * 1024})  # fmt: skip
+    sent = fill(tmp_path)
+    with Store.open(cfg) as s:
+        assert s.apply_retention() > 0
+        firsts = [s.min_offset("a", q) for q in range(QUEUES)]
+        assert any(f % PER_FILE for f in firsts)  # some queue begins inside a file
+    for p in (tmp_path / "consumequeue").rglob("0*"):
+        if p.is_file():
+            p.unlink()
+    with Store.open(cfg) as s:  # rebuilt from what the log still holds
+        assert [s.min_offset("a", q) for q in range(QUEUES)] == firsts
+    with Store.open(cfg) as s:  # clean: loaded lazily from the files
+        for q in range(QUEUES):
+            assert s.min_offset("a", q) == firsts[q]
+            assert read_all(s, "a", q, firsts[q]) == sent[q][firsts[q] :]

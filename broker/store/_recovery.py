@@ -163,6 +163,8 @@ def recover_queues(commitlog: CommitLog, queues: ConsumeQueueSet, checkpoint: Ch
 def _recover_queue(commitlog: CommitLog, cq: ConsumeQueue, expected: tuple[int, int], unclean: bool,
                    repaired: list[str]) -> int | None:  # fmt: skip
     """Repair one queue; return the log offset it must be re-dispatched from, if any."""
+    if expected[1]:
+        cq.expected_first = expected[0]
     if not unclean and expected[1] and cq.looks_intact(*expected):
         return None  # clean stop and the files are all there: load it lazily, on first use
     first, nxt = cq.first_offset, cq.next_offset  # loads the files, cutting at the first inconsistent one
