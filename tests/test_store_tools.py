@@ -181,15 +181,28 @@ def _flip(path: Path, pos: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_zeroed_queue_entries(pristine: dict[str, Written], tmp_path: Path) -> None:
+QUEUE_DAMAGES = {  # damage to u/0's second file (offsets 100..199) -> offsets reported
+    "zeroed": (lambda data: data[:200] + bytes(100) + data[300:], (110, 114)),
+    "swapped": (lambda data: data[:200] + data[220:240] + data[200:220] + data[240:], (110, 111)),
+    "short": (lambda data: data[:1000], (100, 149)),
+    "torn": (lambda data: data[:1010], (100, 150)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(QUEUE_DAMAGES))
+def test_damaged_queue_file(pristine: dict[str, Written], kind: str, tmp_path: Path) -> None:
     w = _copy(pristine, "commitlog", tmp_path / "s")
     qfile = w.config.data_dir / "consumequeue" / "u" / "0" / f"{100:020d}"
-    data = bytearray(qfile.read_bytes())
-    data[20 * 10 : 20 * 15] = bytes(100)
-    qfile.write_bytes(bytes(data))
+    damage, (first, last) = QUEUE_DAMAGES[kind]
+    qfile.write_bytes(damage(qfile.read_bytes()))
     report = check_store(w.config)
     assert report.damaged and not report.log_damaged
-    assert [(q.topic, q.queue_id, q.first, q.last) for q in report.queue_problems] == [("u", 0, 110, 114)]
+    found = {(q.topic, q.queue_id, q.first, q.last) for q in report.queue_problems}
+    assert ("u", 0, first, last) in found, found
+    assert all(q.topic == "u" and q.queue_id == 0 for q in report.queue_problems)
+    assert repair_store(w.config).dropped == []  # the log holds every message: queues are rebuilt
+    with Store.open(w.config) as store:
+        _assert_readable_except(store, w, [])
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -419,8 +419,9 @@ def _read_queue(key: QueueKey, qdir: Path, per_file: int, checkpoint: Checkpoint
         path = qdir / f"{start:020d}"
         size = os.path.getsize(path)
         reason = _layout_problem(start, size, end, per_file, last=i == len(starts) - 1)
-        if reason:
-            out.problems.append(QueueFinding(str(path), key[0], key[1], min(start, end), start + size // ENTRY_SIZE - 1, reason))
+        if reason:  # the offsets concerned: those in no file, or the file's own (a torn entry too)
+            first, last = (end, start - 1) if start > end else (start, start + -(-size // ENTRY_SIZE) - 1)
+            out.problems.append(QueueFinding(str(path), key[0], key[1], first, last, reason))
         data = np.fromfile(path, dtype=ENTRY_DTYPE, count=size // ENTRY_SIZE)
         qoffs = start + np.arange(len(data), dtype=np.int64)
         zero = (data["offset"] == 0) & (data["size"] == 0) & (data["tag"] == 0)
