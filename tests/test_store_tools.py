@@ -101,8 +101,14 @@ def test_clean_store_checks_clean_through_the_command(pristine: dict[str, Writte
     done = _clmq("store", "check", str(w.config.data_dir))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no damage" in done.stdout
+    before = _listing(w.config.data_dir)
     report = check_store(w.config)
     assert not report.damaged and report.logs and sum(r.records for r in report.logs) == COUNT
+    assert _listing(w.config.data_dir) == before  # a check writes nothing
+
+
+def _listing(directory: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def test_a_store_in_use_is_refused(pristine: dict[str, Written], tmp_path: Path) -> None:
@@ -259,7 +265,7 @@ def _assert_readable_except(store: Store, w: Written, dropped: list[tuple[str, i
     assert gone <= set(w.bodies)
 
 
-DAMAGES = ("truncate-middle", "flip-byte", "shorten-newest", "delete-middle")
+DAMAGES = ("truncate-middle", "flip-byte", "shorten-newest", "cut-newest-at-a-record", "delete-middle")
 
 
 def _damage(w: Written, kind: str) -> None:
@@ -270,6 +276,12 @@ def _damage(w: Written, kind: str) -> None:
         _flip(segs[1], 5_000)
     elif kind == "shorten-newest":
         os.truncate(segs[-1], segs[-1].stat().st_size - 50)
+    elif kind == "cut-newest-at-a-record":  # whole records only: the end is below what was promised
+        if w.config.storage_mode == "commitlog":
+            off = max(off for off, _size in w.places.values())
+            os.truncate(segs[-1], off - int(segs[-1].name[:20]))
+        else:  # t-1's last record, at its position in the partition's last segment
+            os.truncate(segs[-1], w.places[max(k for k in w.places if k[:2] == ("t", 1))][0])
     else:
         segs[1].unlink()
 
