@@ -15,7 +15,8 @@ bytes are below the log's first offset: retention took them, and they are left o
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import struct
+from typing import Callable
 
 import numpy as np
 
@@ -46,67 +47,102 @@ def _layout(topic_len: int) -> tuple[np.ndarray, np.dtype[np.void]]:
     """Columns gathered per record (header bytes and the topic) and their dtype."""
     got = _COLS_CACHE.get(topic_len)
     if got is None:
-        cols = np.concatenate([np.arange(_LOW), np.arange(OFF_TOPIC_LEN, HEADER_SIZE + topic_len)])
+        pad = [] if topic_len else [0]  # no topic: one padding column keeps the dtype valid
+        cols = np.concatenate([np.arange(_LOW), np.arange(OFF_TOPIC_LEN, HEADER_SIZE + topic_len), pad]).astype(np.int64)
         high = _LOW - OFF_TOPIC_LEN  # where header byte OFF_TOPIC_LEN lands in a gathered row
         dtype = np.dtype({
             "names": ["size", "magic", "offset", "queue_offset", "queue_id", "topic_len", "topic"],
             "formats": ["<u4", "<u4", "<u8", "<u8", "<u4", "<u2", f"V{max(topic_len, 1)}"],
             "offsets": [OFF_TOTAL_SIZE, OFF_MAGIC, OFF_COMMITLOG_OFFSET, OFF_QUEUE_OFFSET, OFF_QUEUE_ID,
                         OFF_TOPIC_LEN + high, HEADER_SIZE + high],
-            "itemsize": len(cols) + (0 if topic_len else 1),
+            "itemsize": len(cols),
         })  # fmt: skip
         got = _COLS_CACHE[topic_len] = (cols, dtype)
     return got
 
 
-def check_headers(data: bytes | memoryview, positions: np.ndarray, sizes: np.ndarray, offsets: np.ndarray,
-                  queue_offsets: np.ndarray, topic: bytes, queue_id: int, where: Callable[[int], str]) -> None:  # fmt: skip
-    """Check the headers of the records at ``positions`` of ``data`` against their
-    entries (``sizes``, log ``offsets``, ``queue_offsets``) and the queue.
+_HEAD = struct.Struct("<II4xQQI60xH")  # size, magic, (crc), commit-log offset, queue offset, queue id, topic length
+assert _HEAD.size == OFF_TOPIC_LEN + 2 and OFF_QUEUE_ID == 28
+SMALL_RUN = 64  # runs of at most this many records are checked with struct (numpy's per-call cost is more)
+
+
+def check_headers(data: bytes | memoryview, start: int, offsets: list[int], sizes: list[int], queue_offsets: list[int],
+                  topic: bytes, queue_id: int, where: Callable[[int], str]) -> None:  # fmt: skip
+    """Check the headers of the records at log ``offsets`` (``data`` holds the log from
+    ``start``) against their entries (``sizes``, ``queue_offsets``) and the queue.
 
     Raises :class:`CorruptRecordError` (file from ``where(offset)``, the record's log
     offset, the first field that differs, expected and actual) at the first mismatch.
     """
-    if not len(positions):
-        return
+    n = len(offsets)
+    positions = [o - start for o in offsets]
     cols, dtype = _layout(len(topic))
-    buf = np.frombuffer(data, np.uint8)
-    short = np.flatnonzero((sizes < HEADER_SIZE + len(topic)) | (positions + len(cols) > len(buf)))
-    if len(short):
-        i = int(short[0])
-        raise CorruptRecordError(where(int(offsets[i])), int(offsets[i]), "total size",
-                                 f">= {HEADER_SIZE + len(topic)} (header and topic)", str(int(sizes[i])))  # fmt: skip
-    if not len(topic):  # a padding column keeps the dtype valid
-        cols = np.append(cols, 0)
-    rows = buf[positions.astype(np.int64)[:, None] + cols].view(dtype).reshape(len(positions))
-    want_topic = np.frombuffer(topic.ljust(1, b"\0"), dtype=dtype["topic"])[0] if topic else None
-    checks: list[tuple[str, Any, Callable[[int], str], Callable[[int], str]]] = [
-        ("magic", rows["magic"] == RECORD_MAGIC, lambda i: hex(RECORD_MAGIC), lambda i: hex(int(rows["magic"][i]))),
-        ("total size", rows["size"] == sizes, lambda i: str(int(sizes[i])), lambda i: str(int(rows["size"][i]))),
-        ("commitlog offset", rows["offset"] == offsets, lambda i: str(int(offsets[i])), lambda i: str(int(rows["offset"][i]))),
-        ("topic", (rows["topic_len"] == len(topic)) & ((rows["topic"] == want_topic) if topic else True),
-         lambda i: repr(topic.decode()), lambda i: _topic_of(data, int(positions[i]))),
-        ("queue id", rows["queue_id"] == queue_id, lambda i: str(queue_id), lambda i: str(int(rows["queue_id"][i]))),
-        ("queue offset", rows["queue_offset"] == queue_offsets, lambda i: str(int(queue_offsets[i])),
-         lambda i: str(int(rows["queue_offset"][i]))),
-    ]  # fmt: skip
-    ok = np.logical_and.reduce([np.broadcast_to(c[1], len(rows)) for c in checks])
-    if ok.all():
+    if n <= SMALL_RUN or positions[-1] + len(cols) > len(data) or min(sizes) < HEADER_SIZE + len(topic):
+        _check_small(data, positions, sizes, offsets, queue_offsets, topic, queue_id, where)
         return
-    i = int(np.argmin(ok))
-    for name, good, expected, actual in checks:
-        if not np.broadcast_to(good, len(rows))[i]:
-            raise CorruptRecordError(where(int(offsets[i])), int(offsets[i]), name, expected(i), actual(i))
+    buf = np.frombuffer(data, np.uint8)
+    rows = buf[np.array(positions, dtype=np.int64)[:, None] + cols].view(dtype).reshape(n)
+    ok = rows["size"] == np.array(sizes, dtype=np.uint32)
+    ok &= rows["magic"] == RECORD_MAGIC
+    ok &= rows["offset"] == np.array(offsets, dtype=np.uint64)
+    ok &= rows["queue_offset"] == np.array(queue_offsets, dtype=np.uint64)
+    ok &= rows["queue_id"] == queue_id
+    ok &= rows["topic_len"] == len(topic)
+    if topic:
+        ok &= rows["topic"] == np.frombuffer(topic, dtype=dtype["topic"])[0]
+    if not ok.all():
+        i = int(np.argmin(ok))
+        _diagnose(data, positions[i], sizes[i], offsets[i], queue_offsets[i], topic, queue_id, where)
 
 
-def _topic_of(data: bytes | memoryview, pos: int) -> str:
-    n = int.from_bytes(bytes(data[pos + OFF_TOPIC_LEN : pos + OFF_TOPIC_LEN + 2]), "little")
-    return repr(bytes(data[pos + HEADER_SIZE : pos + HEADER_SIZE + n]).decode("utf-8", "replace"))
+def _check_small(data: bytes | memoryview, positions: list[int], sizes: list[int], offsets: list[int],
+                 queue_offsets: list[int], topic: bytes, queue_id: int, where: Callable[[int], str]) -> None:  # fmt: skip
+    """:func:`check_headers` record by record (few records, or some too short): one
+    unpack per record, topic included, compared as one tuple."""
+    tl, avail = len(topic), len(data)
+    head = _head_with_topic(tl)
+    for p, size, offset, qoff in zip(positions, sizes, offsets, queue_offsets):
+        if size < HEADER_SIZE + tl or p + HEADER_SIZE + tl > avail:
+            raise CorruptRecordError(where(offset), offset, "total size",
+                                     f">= {HEADER_SIZE + tl} (header and topic)", str(size))  # fmt: skip
+        if head.unpack_from(data, p) != (size, RECORD_MAGIC, offset, qoff, queue_id, tl, topic):
+            _diagnose(data, p, size, offset, qoff, topic, queue_id, where)
+
+
+_HEADS: dict[int, struct.Struct] = {}
+
+
+def _head_with_topic(topic_len: int) -> struct.Struct:
+    head = _HEADS.get(topic_len)
+    if head is None:
+        head = _HEADS[topic_len] = struct.Struct(f"{_HEAD.format}{HEADER_SIZE - _HEAD.size}x{topic_len}s")
+    return head
+
+
+def _diagnose(data: bytes | memoryview, p: int, size: int, offset: int, qoff: int, topic: bytes, queue_id: int,
+              where: Callable[[int], str]) -> None:  # fmt: skip
+    """Raise for the first field of the record at ``p`` that is not what its entry says."""
+    got_size, magic, got_offset, got_qoff, got_qid, tl = _HEAD.unpack_from(data, p)
+    got_topic = bytes(data[p + HEADER_SIZE : p + HEADER_SIZE + tl])
+    for check, expected, actual in (
+        ("magic", hex(RECORD_MAGIC), hex(magic)),
+        ("total size", str(size), str(got_size)),
+        ("commitlog offset", str(offset), str(got_offset)),
+        ("topic", repr(topic.decode()), repr(got_topic.decode("utf-8", "replace"))),
+        ("queue id", str(queue_id), str(got_qid)),
+        ("queue offset", str(qoff), str(got_qoff)),
+    ):
+        if expected != actual:
+            raise CorruptRecordError(where(offset), offset, check, expected, actual)
+    raise AssertionError("_diagnose called for a record that checks")  # pragma: no cover
 
 
 def check_record_identity(rec: Record, where: str, offset: int, size: int, topic: str, queue_id: int,
                           queue_offset: int) -> None:  # fmt: skip
     """A decoded (CRC-checked) record against its entry and its queue."""
+    if (rec.size == size and rec.commitlog_offset == offset and rec.queue_offset == queue_offset
+            and rec.queue_id == queue_id and rec.topic == topic):  # fmt: skip
+        return
     for check, expected, actual in (
         ("total size", size, rec.size),
         ("commitlog offset", offset, rec.commitlog_offset),
@@ -129,11 +165,11 @@ class EntryReader:
         """File spans of the picked records, per log-contiguous run, headers checked."""
         spans: list[FileSpan] = []
         count = 0
-        offsets, sizes = picked["offset"].tolist(), picked["size"].tolist()
+        offsets, sizes, qo = picked["offset"].tolist(), picked["size"].tolist(), qoffs.tolist()
         for i, j in contiguous_runs(picked["offset"], picked["size"]):
             start, end = offsets[i], offsets[j - 1] + sizes[j - 1]
             where = self._log.file_span(start, end - start)
-            if where is not None and self._check_run(start, end, picked[i:j], qoffs[i:j], topic, queue_id):
+            if where is not None and self._check_run(start, end, offsets[i:j], sizes[i:j], qo[i:j], topic, queue_id):
                 spans.append((str(where[0]), where[1], end - start))
                 count += j - i
                 continue
@@ -141,12 +177,13 @@ class EntryReader:
                 one = self._log.file_span(offsets[k], sizes[k])
                 if one is None:
                     self._gone(offsets[k], sizes[k])
-                elif self._check_run(offsets[k], offsets[k] + sizes[k], picked[k : k + 1], qoffs[k : k + 1], topic, queue_id):
+                elif self._check_run(offsets[k], offsets[k] + sizes[k], offsets[k : k + 1], sizes[k : k + 1],
+                                     qo[k : k + 1], topic, queue_id):  # fmt: skip
                     spans.append((str(one[0]), one[1], sizes[k]))
                     count += 1
         return spans, count
 
-    def _check_run(self, start: int, end: int, entries: np.ndarray, qoffs: np.ndarray, topic: bytes,
+    def _check_run(self, start: int, end: int, offsets: list[int], sizes: list[int], qoffs: list[int], topic: bytes,
                    queue_id: int) -> bool:  # fmt: skip
         """Check the headers of a run of records (False: retention took it meanwhile)."""
         if end - start <= PREAD_MAX_BYTES:
@@ -155,8 +192,7 @@ class EntryReader:
             data = self._log.map_chunk(start, end - start)[1]
         if data is None or len(data) < end - start:
             return self._gone(start, end - start)
-        positions = entries["offset"].astype(np.int64) - start
-        check_headers(data, positions, entries["size"], entries["offset"], qoffs, topic, queue_id, self._log.segment_path)
+        check_headers(data, start, offsets, sizes, qoffs, topic, queue_id, self._log.segment_path)
         return True
 
     def _gone(self, offset: int, size: int) -> bool:

@@ -14,6 +14,7 @@ import errno
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,8 +33,9 @@ QUEUES = 3
 PER_FILE = 16  # entries per queue file: several files per queue
 
 
-def config(path: Path, **more: object) -> StoreConfig:
-    return small_config(path, segment_bytes=16 * 1024, max_message_bytes=2048, cq_entries_per_file=PER_FILE, **more)
+def config(path: Path, **more: Any) -> StoreConfig:
+    more.setdefault("cq_entries_per_file", PER_FILE)
+    return small_config(path, segment_bytes=16 * 1024, max_message_bytes=2048, **more)
 
 
 def body(q: int, i: int) -> bytes:
@@ -134,8 +136,9 @@ def _entries(path: Path, topic: str, q: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _rewrite_entry(path: Path, topic: str, q: int, offset: int, entry: tuple[int, int, int]) -> None:
-    start = offset - offset % PER_FILE
+def _rewrite_entry(path: Path, topic: str, q: int, offset: int, entry: tuple[int, int, int],
+                   per_file: int = PER_FILE) -> None:  # fmt: skip
+    start = offset - offset % per_file
     with open(queue_file(path, topic, q, start), "r+b") as f:
         f.seek((offset - start) * ENTRY_SIZE)
         f.write(ENTRY.pack(*entry))
@@ -413,3 +416,31 @@ def test_queues_rebuilt_after_retention_start_inside_a_file_and_read_whole(tmp_p
         for q in range(QUEUES):
             assert s.min_offset("a", q) == firsts[q]
             assert read_all(s, "a", q, firsts[q]) == sent[q][firsts[q] :]
+
+
+@pytest.mark.parametrize("field", ["queue offset", "topic", "total size", "none"])
+def test_long_zero_copy_runs_are_checked_record_by_record(tmp_path: Path, field: str) -> None:
+    """A pull of hundreds of log-contiguous records (the vectorised check) catches one
+    bad record among them as the record-by-record check does."""
+    with Store.open(config(tmp_path, cq_entries_per_file=1000)) as s:
+        s.create_topic("a", 1)
+        s.create_topic("bb", 1)
+        assert s.put_batch([Message("a", 0, b"%04d" % i + b"." * 20) for i in range(150)]).ok
+        assert s.put_batch([Message("bb", 0, b"%04d" % i + b"." * 19) for i in range(3)]).ok
+    rows = _entries(tmp_path, "a", 0)
+    other = _entries(tmp_path, "bb", 0)
+    victim = 97
+    if field == "queue offset":
+        _rewrite_entry(tmp_path, "a", 0, victim, (int(rows["offset"][5]), int(rows["size"][5]), 0), 1000)
+    elif field == "topic":  # the same size, another topic: b's record
+        _rewrite_entry(tmp_path, "a", 0, victim, (int(other["offset"][0]), int(other["size"][0]), 0), 1000)
+    elif field == "total size":
+        _rewrite_entry(tmp_path, "a", 0, victim, (int(rows["offset"][victim]), int(rows["size"][victim]) + 1, 0), 1000)
+    with Store.open(config(tmp_path, cq_entries_per_file=1000)) as s:
+        if field == "none":
+            got = raw_records(s, "a", 0, 0, 150)
+            assert [(t, q, o) for t, q, o, _d in got] == [("a", 0, o) for o in range(150)]
+            return
+        with pytest.raises(CorruptRecordError) as info:
+            raw_records(s, "a", 0, 0, 150)
+        assert info.value.check == field or (field == "total size" and info.value.check == "record extent")
