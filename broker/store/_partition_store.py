@@ -9,6 +9,7 @@ partition, so that "durable up to X" means the same as in the CommitLog mode.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -17,12 +18,26 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from commitlog import BatchEncoder, DurableOffset, EncodeError, FlushMode, Message, QueueKey, Record, now_ms
+from commitlog import (
+    BatchEncoder,
+    CorruptRecordError,
+    DurableOffset,
+    EncodeError,
+    FlushMode,
+    LogDamageError,
+    Message,
+    MetadataError,
+    QueueKey,
+    Record,
+    StoreFailedError,
+    fsync_dir,
+    now_ms,
+)  # fmt: skip
 from consumequeue import FileCache
 
 from ._base import Stopwatch, StoreBase, StoreConfig
 from ._durable_file import read_json, write_json
-from ._partition_log import PartitionLog, PartSegment
+from ._partition_log import LoadReport, PartitionLoader, PartitionLog, PartSegment
 from ._results import PutResult, PutStatus, Span
 
 log = logging.getLogger("clmq.partition")
@@ -31,6 +46,7 @@ log = logging.getLogger("clmq.partition")
 # to, and (segment count, size, record count, index length, time index length,
 # since_index) as they were before the batch.
 _Undo = tuple[PartitionLog, PartSegment, tuple[int, int, int, int, int, int]]
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # the only errors housekeeping retries
 
 
 class PartitionStore(StoreBase):
@@ -47,7 +63,10 @@ class PartitionStore(StoreBase):
         self._written = 0  # virtual offset: bytes appended, all partitions together
         self._durable = DurableOffset()
         self._dirty: set[Path] = set()
-        self._recovery_points: dict[QueueKey, int] = {}
+        self._new_dirs: set[Path] = set()  # directories with new files since the last flush
+        # One flush at a time owns the durable offset: it publishes only after every
+        # fsync of what it took has returned (a second flush waits, then takes the rest).
+        self._flush_lock = threading.Lock()
 
     @property
     def root(self) -> Path:
@@ -56,22 +75,18 @@ class PartitionStore(StoreBase):
     # ---------------------------------------------------------------- lifecycle
     @classmethod
     def open(cls, config: StoreConfig) -> PartitionStore:
-        """Load every partition; after an unclean stop validate each from its recovery point."""
+        """Load every partition and verify it against its recovery point (see
+        :class:`PartitionLoader`); :class:`~commitlog.LogDamageError` if log bytes that
+        were promised durable are gone (the directory is released first)."""
         self = cls(config)
         clock = Stopwatch()
         unclean = self._begin_open()
-        points = _load_points(self.directory / "recovery-points")
-        unclean = unclean or points is None
-        self.root.mkdir(exist_ok=True)
-        repaired: list[str] = []
-        for name in sorted(os.listdir(self.root)):
-            topic, _, qid = name.rpartition("-")
-            if qid.isdigit():
-                key = (topic, int(qid))
-                recover_from = (points or {}).get(key, 0) if unclean else None
-                repaired += self._partition(key, load=False).load(self.files, recover_from)
-        if repaired:
-            log.warning("partition recovery: %d segment(s) cut: %s", len(repaired), "; ".join(repaired[:5]))
+        try:
+            unclean = self._load_partitions(unclean)
+        except BaseException:
+            self._release_files()
+            self._end_close(clean=False)
+            raise
         clock.lap("log_open_s")
         self.open_stats = {"unclean": unclean, **clock.stats}
         try:
@@ -80,15 +95,40 @@ class PartitionStore(StoreBase):
             log.warning("partition store open: could not write recovery points yet: %s", e)
         return self
 
-    def _partition(self, key: QueueKey, load: bool = True) -> PartitionLog:
+    def _load_partitions(self, unclean: bool) -> bool:
+        """Open every partition directory; returns whether the open is unclean (no
+        recovery points count as an unclean stop: everything is validated)."""
+        points = _load_points(self.directory / "recovery-points")
+        unclean = unclean or points is None
+        promised = points or {}
+        self.root.mkdir(exist_ok=True)
+        reports: list[LoadReport] = []
+        for name in sorted(os.listdir(self.root)):
+            topic, _, qid = name.rpartition("-")
+            if topic and qid.isdigit():
+                key = (topic, int(qid))
+                part = self._new_partition(key)
+                reports.append(PartitionLoader(part, self.files, promised.get(key, 0), unclean).run())
+                self.partitions[key] = part
+        for (t, q), point in promised.items():
+            if (t, q) not in self.partitions and point > 0:
+                raise LogDamageError(str(self.root / f"{t}-{q}"), 0, 0, "the partition's directory is missing",
+                                     [(t, q, 0, point - 1)])  # fmt: skip
+        _log_open(reports, len(self.partitions), unclean)
+        return unclean
+
+    def _new_partition(self, key: QueueKey) -> PartitionLog:
+        cl = self.config.commitlog
+        return PartitionLog(self.root / f"{key[0]}-{key[1]}", key[0], key[1], cl.segment_bytes,
+                            self.config.index_interval_bytes, cl.max_message_bytes)  # fmt: skip
+
+    def _partition(self, key: QueueKey) -> PartitionLog:
         """The partition of ``key``, created (directory and first segment) on first use."""
         part = self.partitions.get(key)
         if part is None:
-            cl = self.config.commitlog
-            part = PartitionLog(self.root / f"{key[0]}-{key[1]}", key[0], key[1], cl.segment_bytes,
-                                self.config.index_interval_bytes, cl.max_message_bytes)  # fmt: skip
-            if load:
-                part.load(self.files, None)
+            part = self._new_partition(key)
+            PartitionLoader(part, self.files, 0, unclean=False).run()
+            self._new_dirs.update((part.directory, self.root))  # made durable by the next flush
             self.partitions[key] = part
         return part
 
@@ -109,7 +149,7 @@ class PartitionStore(StoreBase):
     def _close_files(self) -> bool:
         self.flush()
         for part in self.partitions.values():
-            part._write_indexes(part.segments[-1])
+            part.write_indexes(part.segments[-1])
         try:
             self.checkpoint()
             clean = True
@@ -142,8 +182,11 @@ class PartitionStore(StoreBase):
                 return PutResult(PutStatus.MESSAGE_TOO_LARGE if e.too_large else PutStatus.INVALID_MESSAGE, str(e))
             except OSError as e:
                 self._rollback(undo)
-                status = PutStatus.DISK_FULL if e.errno in (28, 122) else PutStatus.IO_ERROR
+                status = PutStatus.DISK_FULL if e.errno in _DISK_FULL else PutStatus.IO_ERROR
                 return PutResult(status, f"{e.strerror} while appending to {self.root}: nothing written")
+            except BaseException:  # a bug or bad input past the checks: no offset stays assigned
+                self._rollback(undo)
+                raise
             end = self._written
         self._notify_arrivals(set(by_queue))
         if (
@@ -163,6 +206,7 @@ class PartitionStore(StoreBase):
         seg, rolled = part.active_for(len(data))
         undo.append((part, part.segments[-2] if rolled else seg, state))
         if rolled:  # positions changed: encode again at the start of the new file
+            self._new_dirs.add(part.directory)
             batch = self._encoder.encode(msgs, 0, 0, {key: part.next_offset}, {}, store_ts)
             data = batch.groups[0].data
         self.files.pwrite(seg.path, data, seg.size)
@@ -181,21 +225,34 @@ class PartitionStore(StoreBase):
             del part.segments[nsegs:]
             try:
                 self.files.truncate(seg.path, size)
-            except OSError:
-                log.exception("partition %s: could not cut %s back to %d", part.directory, seg.path, size)
+            except OSError as e:  # the file may keep bytes no offset owns, and an fsync failed
+                self._fail(f"rollback of {seg.path} to {size} bytes", e)
             seg.size, seg.count, seg.since_index = size, count, since
             del seg.index[nidx:]
             del seg.times[ntimes:]
 
     # ---------------------------------------------------------------- flushing
     def flush(self) -> int:
-        """fsync every file written since the last flush; returns the durable offset."""
-        with self._lock:
-            target, dirty, self._dirty = self._written, self._dirty, set()
-        for path in dirty:
-            self.files.sync(path, reopen=True)
-        self._durable.publish(target)
-        return target
+        """fsync every file written since the last flush, then publish the durable
+        offset; returns it. One flush at a time (see ``_flush_lock``). An fsync error
+        fails the store (:class:`~commitlog.StoreFailedError`): after it the page cache
+        cannot be trusted, so nothing is retried and nothing more is published."""
+        with self._flush_lock:
+            if self.failure is not None:
+                raise self.failure
+            with self._lock:
+                target, dirty, self._dirty = self._written, self._dirty, set()
+                new_dirs, self._new_dirs = self._new_dirs, set()
+            try:
+                for path in dirty:
+                    self.files.sync(path, reopen=True)
+                for directory in new_dirs:  # new segments' names, as durable as their bytes
+                    fsync_dir(directory)
+            except OSError as e:
+                self._fail("flush", e)
+                raise StoreFailedError("flush", e) from e
+            self._durable.publish(target)
+            return target
 
     def _durability(self) -> DurableOffset:
         return self._durable
@@ -218,16 +275,21 @@ class PartitionStore(StoreBase):
         write_json(self.directory / "recovery-points", {"version": 1, "points": [[t, q, n] for (t, q), n in points.items()]})
 
     def _housekeeping(self) -> None:
-        every = max(1, self.config.retention_check_interval_ms // self.config.cq_flush_interval_ms)
+        """Checkpoint every ``cq_flush_interval_ms``, retention now and then. A full disk
+        is retried next round; any other error ends the thread and fails the store."""
+        interval_ms = self.config.cq_flush_interval_ms
+        every = max(1, self.config.retention_check_interval_ms // interval_ms)
         rounds = 0
-        while not self._stop.wait(self.config.cq_flush_interval_ms / 1000):
+        while not self._stop.wait(interval_ms / 1000) and self.failure is None:
+            rounds += 1
             try:
                 self.checkpoint()
-                rounds += 1
                 if rounds % every == 0:
                     self.apply_retention()
             except OSError as e:
-                log.warning("partition housekeeping: %s", e)
+                if e.errno not in _DISK_FULL:
+                    raise
+                log.warning("partition housekeeping: %s; retried in %d ms", e, interval_ms)
 
     def apply_retention(self, now: float | None = None) -> int:
         cl = self.config.commitlog
@@ -255,7 +317,12 @@ class PartitionStore(StoreBase):
         scanned = 0
         limit = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
         while len(out) < max_messages and scanned < limit and offset < part.next_offset:
-            recs = part.read(self.files, offset, min(256, limit - scanned), 1 << 20)
+            try:
+                recs = part.read(self.files, offset, min(256, limit - scanned), 1 << 20)
+            except CorruptRecordError:
+                if out:  # answer what was good; the next read starts at the damage and fails
+                    break
+                raise
             if not recs:
                 break
             for r in recs:
@@ -273,7 +340,12 @@ class PartitionStore(StoreBase):
         scanned, total = 0, 0
         limit = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
         while len(spans) < max_messages and scanned < limit and offset < part.next_offset:
-            got = part.read_with_bytes(self.files, offset, min(256, limit - scanned), 1 << 20)
+            try:
+                got = part.read_with_bytes(self.files, offset, min(256, limit - scanned), 1 << 20)
+            except CorruptRecordError:
+                if spans:  # answer what was good; the next read starts at the damage and fails
+                    break
+                raise
             if not got:
                 break
             for rec, raw in got:
@@ -300,10 +372,33 @@ class PartitionStore(StoreBase):
 
 
 def _load_points(path: Path) -> dict[QueueKey, int] | None:
-    raw = read_json(path)
+    """Each partition's recovery point, or None if there are none to trust (then the
+    open validates every partition from its start)."""
+    try:
+        raw = read_json(path)
+    except MetadataError as e:
+        log.warning("partition store: %s; validating every partition", e)
+        return None
     if not isinstance(raw, dict):  # missing, not JSON, or not an object: no recovery points
         return None
     try:
         return {(str(t), int(q)): int(n) for t, q, n in raw["points"]}
     except (TypeError, KeyError, ValueError):
         return None
+
+
+def _log_open(reports: list[LoadReport], partitions: int, unclean: bool) -> None:
+    """One line for the whole open, with counts (and the first few reasons)."""
+    rebuilt = [r for rep in reports for r in rep.rebuilt]
+    cut = [c for rep in reports for c in rep.cut]
+    scanned = sum(rep.scanned for rep in reports)
+    if not (rebuilt or cut):
+        log.info("partition store open (%s): %d partitions, %d segments read whole",
+                 "unclean" if unclean else "clean", partitions, scanned)  # fmt: skip
+        return
+    log.warning(
+        "partition store open (%s): %d partitions; rebuilt the indexes of %d segment(s) that did not check%s;"
+        " cut %d torn tail(s) above the recovery point%s; %d segments read whole",
+        "unclean" if unclean else "clean", partitions, len(rebuilt),
+        f" ({'; '.join(rebuilt[:3])})" if rebuilt else "", len(cut), f" ({'; '.join(cut[:3])})" if cut else "", scanned,
+    )  # fmt: skip
