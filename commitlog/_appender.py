@@ -10,17 +10,25 @@ Invariants:
   was never visible to a reader.
 - Records never cross segments: a full segment ends in a blank marker, is sealed
   (extended to ``segment_bytes``) and followed by a new, empty active segment.
+- Once durability failed (``durable.failure``, an fsync error), nothing more is
+  written: every append answers STORE_FAILED, checked under the lock.
+- A failed append whose rollback cannot cut the active segment back (ftruncate
+  error) fails the log the same way: its file length no longer says where the log ends.
+- Every file operation goes through :data:`commitlog.fileops.OPS`.
+- Changes of the segment set are ordered so that a crash leaves a chain every open
+  accepts: a roll seals (extends) the old segment before creating the next, and a
+  truncation removes the later segments (directory fsync) before cutting the file.
 - Listeners and the flush request run after the lock is released.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable, Sequence
 
+from . import fileops
 from ._encoder import BatchEncoder, EncodedBatch, EncodeError, QueueKey, restore_offsets
-from ._errors import CorruptRecordError
+from ._errors import CorruptRecordError, StoreFailedError
 from ._flush import Flusher
 from ._packed import PackedMessages
 from ._raw import split_raw
@@ -71,6 +79,8 @@ class Appender:
 
     def _append_locked(self, encode: Encode) -> AppendResult:
         st = self._state
+        if st.durable.failure is not None:
+            return _refused(st)
         store_ts = now_ms()
         orig = st.snapshot.segments[-1]
         orig_size = orig.size
@@ -103,6 +113,8 @@ class Appender:
 
     def _append_raw_locked(self, offset: int, data: bytes) -> AppendResult:
         st = self._state
+        if st.durable.failure is not None:
+            return _refused(st)
         if offset != st.end:
             return AppendResult(AppendStatus.OFFSET_MISMATCH, f"raw append at {offset}, log ends at {st.end}")
         orig = st.snapshot.segments[-1]
@@ -139,8 +151,8 @@ class Appender:
         st = self._state
         config = st.config
         old = st.snapshot.segments[-1]
+        old.seal(config.segment_bytes)  # first: a crash in between leaves a sealed last segment
         new = Segment(st.directory, old.base + config.segment_bytes, config.boundary_interval_bytes, create=True)
-        old.seal(config.segment_bytes)
         st.snapshot = st.snapshot.extended(new)
         st.dir_dirty = True
 
@@ -159,29 +171,38 @@ class Appender:
             seg.delete()
         st.dirty.difference_update(added)
         try:
-            os.ftruncate(orig.fd, orig_size)
-        except OSError:
+            fileops.OPS.ftruncate(orig.fd, orig_size)
+        except OSError as e:
             log.exception("commitlog: could not cut %s back to %d after a failed append", orig.path, orig_size)
+            st.durable.fail(StoreFailedError("commitlog rollback", e))
         orig.size, orig.sealed = orig_size, False
         orig.boundaries.truncate(orig_size)
 
     def truncate(self, offset: int) -> None:
         """Durably cut the log to ``offset`` (see :meth:`CommitLog.truncate`)."""
         st = self._state
-        with st.lock:
+        # flush_lock first: a flush under way must not publish its (older, higher) end
+        # after the cut lowered the durable offset.
+        with st.flush_lock, st.lock:
             if offset >= st.end:
                 return
             snapshot = st.snapshot
             i = snapshot.index(offset)
-            for later in snapshot.segments[i + 1 :]:
-                later.delete()
-                st.graveyard.append(later)  # readers may still hold it: closed a retention pass later
-                st.dirty.discard(later)
-            seg = snapshot.segments[i]
-            seg.truncate(offset - seg.base)
-            seg.sealed = False
+            later = snapshot.segments[i + 1 :]
+            for seg in later:
+                seg.delete()
+                st.graveyard.append(seg)  # readers may still hold it: closed a retention pass later
+                st.dirty.discard(seg)
             st.snapshot = snapshot.head(i + 1)
-            fsync_dir(st.directory)
+            seg = snapshot.segments[i]
+            try:
+                if later:  # gone for good before the cut: a crash never leaves a short middle segment
+                    fsync_dir(st.directory)
+                seg.truncate(offset - seg.base)
+            except OSError as e:  # the cut may or may not be on disk: trust nothing more
+                st.durable.fail(StoreFailedError("commitlog truncate", e))
+                raise
+            seg.sealed = False
             st.end = offset
             st.durable.lower(offset)
             if st.confirmed is not None:
@@ -190,3 +211,7 @@ class Appender:
     def _after_write(self, end: int) -> None:
         self._flusher.note_written(end)
         self._state.notify_append()
+
+
+def _refused(st: LogState) -> AppendResult:
+    return AppendResult(AppendStatus.STORE_FAILED, f"{st.durable.failure}: nothing written")

@@ -1,11 +1,21 @@
 """Durability: fsyncing what was written, and deciding when to.
 
 Invariants:
+- One flusher owns the durable offset: a flush holds ``LogState.flush_lock`` from the
+  swap of the dirty set through its fsyncs to the publication, so flushes (the flush
+  loop, :meth:`CommitLog.flush` callers, close) run one at a time. The durable offset
+  therefore only moves forward, and only after every fsync that covers it returned:
+  a later flush cannot publish past bytes an earlier one is still fsyncing.
 - :meth:`Flusher.flush` publishes as durable only the ``end`` it read under the lock
   together with the dirty set, and only after fsyncing that set (every segment written
-  below that end); :meth:`CommitLog.truncate` lowers the durable offset with the end.
-- The lock is held only to swap out ``dirty``/``dir_dirty`` and read ``end``; the
-  fsyncs themselves run outside it, so appends continue during a flush (their
+  below that end); :meth:`CommitLog.truncate` (holding ``flush_lock`` as well) lowers
+  the durable offset with the end.
+- An fsync error is final: the page cache can no longer be trusted to hold what the
+  failed fsync should have written, so nothing is retried. The flush fails
+  ``durable`` with a :class:`StoreFailedError` (waiters and callbacks are released at
+  once), raises it, and so does every later flush; the flush loop ends by raising it.
+- ``LogState.lock`` is held only to swap out ``dirty``/``dir_dirty`` and read ``end``;
+  the fsyncs themselves run outside it, so appends continue during a flush (their
   segments land in the next dirty set).
 - A segment deleted by retention or truncation is removed from ``dirty`` under the
   lock, so a flush does not fsync files that no longer belong to the log.
@@ -13,11 +23,13 @@ Invariants:
 
 from __future__ import annotations
 
+import errno
 import threading
 from typing import Callable
 
 from ._config import FlushMode
-from ._segment import fsync_dir
+from ._errors import StoreFailedError
+from ._segment import Segment, fsync_dir
 from ._state import LogState
 
 
@@ -39,19 +51,30 @@ class Flusher:
             st.durable.flush_requested.set()
 
     def flush(self) -> int:
-        """fsync everything written so far; returns (and publishes) the durable offset."""
+        """fsync everything written so far; returns (and publishes) the durable offset.
+
+        Raises :class:`StoreFailedError` when an fsync fails, now or before.
+        """
         st = self._state
-        with st.lock:
-            target = st.end
-            dirty, st.dirty = st.dirty, set()
-            dir_dirty, st.dir_dirty = st.dir_dirty, False
-        for seg in sorted(dirty, key=lambda s: s.base):
-            if seg.fd >= 0:
-                seg.sync()
-        if dir_dirty:
-            fsync_dir(st.directory)
-        st.durable.publish(target)
-        return target
+        with st.flush_lock:
+            failed = st.durable.failure
+            if failed is not None:
+                raise failed if isinstance(failed, StoreFailedError) else StoreFailedError("commitlog flush", failed)
+            with st.lock:
+                target = st.end
+                dirty, st.dirty = st.dirty, set()
+                dir_dirty, st.dir_dirty = st.dir_dirty, False
+            try:
+                for seg in sorted(dirty, key=lambda s: s.base):
+                    _sync(seg)
+                if dir_dirty:
+                    fsync_dir(st.directory)
+            except OSError as e:
+                error = StoreFailedError("commitlog flush", e)
+                st.durable.fail(error)
+                raise error from e
+            st.durable.publish(target)
+            return target
 
     def wait_durable(self, offset: int, timeout_s: float) -> bool:
         """Block until ``offset`` is durable (group commit); False on timeout."""
@@ -66,7 +89,8 @@ class Flusher:
         self._state.durable.flush_requested.set()
 
     def run(self, stop: threading.Event, flush: Callable[[], object]) -> None:
-        """The flush loop calling ``flush`` until ``stop`` is set, then a final flush."""
+        """The flush loop calling ``flush`` until ``stop`` is set, then a final flush;
+        ends by raising :class:`StoreFailedError` when a flush fails."""
         st = self._state
         st.durable.run_flusher(flush, self._pending, stop, st.config.flush_interval_ms / 1000)
 
@@ -74,3 +98,15 @@ class Flusher:
         # Read without the lock: a stale answer only delays a flush by one interval.
         st = self._state
         return st.end > st.durable.value or st.dir_dirty
+
+
+def _sync(seg: Segment) -> None:
+    """fdatasync one segment; one closed meanwhile (deleted by retention a pass ago)
+    has nothing left to make durable."""
+    if seg.fd < 0:
+        return
+    try:
+        seg.sync()
+    except OSError as e:
+        if not (e.errno == errno.EBADF and seg.fd < 0):
+            raise

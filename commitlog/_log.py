@@ -39,7 +39,7 @@ from ._flush import Flusher
 from ._packed import PackedMessages
 from ._reader import Reader
 from ._record import Message, Record
-from ._recovery import load_segments, open_clean, recover
+from ._recovery import Repairs, load_segments, open_clean, recover
 from ._results import AppendResult, AppendStatus, now_ms
 from ._retention import Retention
 from ._scan import ScanResult
@@ -62,20 +62,33 @@ class CommitLog:
 
     @classmethod
     def open(cls, directory: Path | str, config: CommitLogConfig, *, clean: bool,
-             checkpoint_offset: int | None) -> CommitLog:  # fmt: skip
-        """Open (creating if needed) the log in ``directory``.
+             checkpoint_offset: int | None, expected_end: int | None = None) -> CommitLog:  # fmt: skip
+        """Open (creating if needed) the log in ``directory``, verifying what was promised.
 
-        After an unclean shutdown (``clean=False``) the log is validated from the start
-        of the segment holding ``checkpoint_offset`` (from the first segment when there
-        is no checkpoint) and a torn or corrupt tail is durably truncated.
+        Every open checks that each segment but the last ends where the next one
+        starts. After a clean shutdown (``clean=True``) the log must end at
+        ``expected_end`` (the checkpoint's durable offset; not checked when None) with
+        a whole last record and a good CRC. After an unclean one the log is validated
+        from the start of the segment holding ``checkpoint_offset`` (from the first
+        segment when there is no checkpoint) and a torn or corrupt tail at or past
+        ``checkpoint_offset`` is durably truncated. Damage to bytes that were promised
+        raises :class:`LogDamageError` (file, byte range, reason) and changes nothing.
+        Boundary indexes that fail their checks are rebuilt (one log line says so).
         """
         self = cls(Path(directory), config)
         st = self._state
+        repairs = Repairs()
         load_segments(st)
-        if clean:
-            open_clean(st)
-        else:
-            recover(st, checkpoint_offset, self._appender.roll_locked)
+        try:
+            if clean:
+                open_clean(st, expected_end, self._appender.roll_locked, repairs)
+            else:
+                recover(st, checkpoint_offset, self._appender.roll_locked, repairs)
+        except BaseException:
+            st.close_files()
+            raise
+        finally:
+            repairs.report(st)
         st.end = st.snapshot.active.end
         st.durable.publish(st.end)
         return self
@@ -179,7 +192,12 @@ class CommitLog:
         return self._reader.boundaries(base)
 
     def read_bytes(self, offset: int, size: int) -> bytes | None:
-        """Raw bytes of ``[offset, offset + size)`` if they lie in one segment, else None."""
+        """Raw bytes of ``[offset, offset + size)`` if they lie in one segment, else None.
+
+        None means "not in the log" (below :attr:`min_offset`, past the end) or "not in
+        one segment"; an I/O error or a short read inside the log raises
+        :class:`CorruptRecordError` (check ``read``), never None.
+        """
         return self._reader.read_bytes(offset, size)
 
     def read_record(self, offset: int, size: int | None = None) -> Record | None:
@@ -215,7 +233,12 @@ class CommitLog:
 
     # ----------------------------------------------------------------- flushing
     def flush(self) -> int:
-        """fsync everything written so far; returns (and publishes) the durable offset."""
+        """fsync everything written so far; returns (and publishes) the durable offset.
+
+        Flushes run one at a time. An fsync error is final: this and every later flush
+        raise :class:`StoreFailedError`, waiters are released, appends are refused
+        (STORE_FAILED); reopening the directory recovers what was durable.
+        """
         return self._flusher.flush()
 
     def wait_durable(self, offset: int, timeout_s: float) -> bool:
@@ -233,7 +256,8 @@ class CommitLog:
     def run_flusher(self, stop: threading.Event) -> None:
         """The flush loop: group commit in sync mode, interval/dirty bytes in async mode.
 
-        Run it in a thread; it returns after ``stop`` is set (with a final flush).
+        Run it in a thread; it returns after ``stop`` is set (with a final flush), or
+        raises :class:`StoreFailedError` when an fsync fails.
         """
         # ``self.flush``, looked up now rather than the flusher's own: whoever wraps the
         # instance's ``flush`` (a test counting fsyncs) sees the loop's flushes too.
@@ -248,9 +272,12 @@ class CommitLog:
         return self._retention.delete_expired(now)
 
     def close(self) -> None:
-        """Flush and close every file."""
-        self.flush()
-        self._state.close_files()
+        """Flush and close every file (closed even when the flush raises
+        :class:`StoreFailedError`)."""
+        try:
+            self.flush()
+        finally:
+            self._state.close_files()
 
     def abandon(self) -> None:
         """Close descriptors without flushing: what a crash leaves behind (tests, fencing)."""

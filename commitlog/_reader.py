@@ -9,6 +9,13 @@ Invariants:
   trusted to be at or below ``end``.
 - Reads stay inside one segment; crossing into the next segment is the caller's step
   (:meth:`Reader.next_segment_base`).
+- Reads never invent or drop data: ``None`` (or an empty chunk) means the range is not
+  in the log (below ``min_offset``, past ``end``) or not in one segment. A read inside
+  the log that fails or comes back short (I/O error, a file shortened underneath)
+  raises :class:`CorruptRecordError` (check ``read``) unless retention deleted the
+  range meanwhile. A segment whose descriptor was closed maps to an empty view, never
+  to anonymous zeros.
+- Every read goes through :data:`commitlog.fileops.OPS` (``pread``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Iterator
 from ._errors import CorruptRecordError
 from ._record import BLANK_MAGIC, BLANK_SIZE, HEADER_SIZE, RECORD_MAGIC, Record, decode_record
 from ._scan import SIZE_MAGIC
+from ._segment import Segment
 from ._state import LogState
 
 _U32 = struct.Struct("<I")
@@ -65,7 +73,9 @@ class Reader:
         return seg.end if seg is not None else offset
 
     def read_bytes(self, offset: int, size: int) -> bytes | None:
-        """Raw bytes of ``[offset, offset + size)`` if they lie in one segment, else None."""
+        """Raw bytes of ``[offset, offset + size)`` if they lie in one segment; None when
+        they are outside the log (or not in one segment); CorruptRecordError when the
+        read fails or comes back short."""
         # The same bounds as file_span, inlined: both are per-message paths of the store.
         st = self._state
         snapshot = st.snapshot
@@ -74,9 +84,21 @@ class Reader:
             return None
         try:
             data = seg.read(offset - seg.base, size)
-        except OSError:
+        except OSError as e:
+            self._bad_read(seg, offset, size, f"{type(e).__name__}: {e}")
             return None
-        return data if len(data) == size else None
+        if len(data) == size:
+            return data
+        self._bad_read(seg, offset, size, f"{len(data)} bytes")
+        return None
+
+    def _bad_read(self, seg: Segment, offset: int, size: int, actual: str) -> None:
+        """A read inside the log that failed: returns (the caller answers "not in the
+        log") if retention deleted the range meanwhile (the descriptor closed under a
+        stalled reader), else raises CorruptRecordError."""
+        if offset < self._state.snapshot.min_offset:
+            return None
+        raise CorruptRecordError(str(seg.path), offset, "read", f"{size} bytes", actual)
 
     def read_record(self, offset: int, size: int | None = None) -> Record | None:
         """The CRC-checked record at ``offset`` (see :meth:`CommitLog.read_record`)."""
@@ -107,10 +129,24 @@ class Reader:
         if seg is None or offset >= limit:
             return offset, b""
         n = min(max_bytes, seg.end - offset, limit - offset)
-        return offset, seg.read(offset - seg.base, n) if n > 0 else b""
+        if n <= 0:
+            return offset, b""
+        try:
+            data = seg.read(offset - seg.base, n)
+        except OSError as e:
+            self._bad_read(seg, offset, n, f"{type(e).__name__}: {e}")
+            return offset, b""
+        if len(data) != n:
+            self._bad_read(seg, offset, n, f"{len(data)} bytes")
+            return offset, b""
+        return offset, data
 
     def map_chunk(self, offset: int, max_bytes: int, limit: int | None = None) -> tuple[int, memoryview]:
-        """Like :meth:`read_chunk`, but a read-only memory map instead of a copy."""
+        """Like :meth:`read_chunk`, but a read-only memory map instead of a copy.
+
+        An empty view when the segment's descriptor was closed (retention deleted it
+        a pass ago): never a map of anything else.
+        """
         limit = self._state.end if limit is None else limit
         seg = self._state.snapshot.find(offset)
         if seg is None or offset >= limit:
@@ -118,9 +154,13 @@ class Reader:
         n = min(max_bytes, seg.end - offset, limit - offset)
         pos = offset - seg.base
         aligned = pos - pos % mmap.ALLOCATIONGRANULARITY
+        fd = seg.fd  # read once: mmap(-1, ...) would map anonymous zeros
+        if fd < 0 or n <= 0:
+            return offset, memoryview(b"")
         try:
-            mapped = mmap.mmap(seg.fd, pos + n - aligned, mmap.MAP_SHARED, mmap.PROT_READ, offset=aligned)
-        except (OSError, ValueError):  # the segment went away under us (retention)
+            mapped = mmap.mmap(fd, pos + n - aligned, mmap.MAP_SHARED, mmap.PROT_READ, offset=aligned)
+        except (OSError, ValueError) as e:  # closed under us (retention), or the file is shorter
+            self._bad_read(seg, offset, n, f"{type(e).__name__}: {e}")
             return offset, memoryview(b"")
         return offset, memoryview(mapped)[pos - aligned : pos - aligned + n]
 

@@ -1,28 +1,63 @@
-"""Opening a log: find its segments, then trust them (clean) or validate them (unclean).
+"""Opening a log: find its segments, verify them against what was promised, then trust
+them (clean) or validate their tail (unclean).
 
 Invariants:
 - Everything here runs inside :meth:`CommitLog.open`, before the log is handed to any
   other thread, so it uses the :class:`LogState` without taking its lock.
-- After a clean open every segment but the last is sealed and every boundary index
-  is loaded or rebuilt; nothing is validated (the checkpoint said it was all synced).
-- After an unclean open the log ends at the last valid record at or after the
-  checkpoint's segment: a torn or corrupt tail and every segment after it are
-  durably removed (file cut, fsync, directory fsync), and the active segment is
-  never sealed (a sealed one is followed by a fresh segment).
+- Every open, clean or not, checks the chain: each non-last segment's length equals
+  its successor's base minus its own base (a sealed segment is extended to its full
+  size). A mismatch (a segment truncated or extended in the middle of the log, a
+  segment file missing) raises :class:`LogDamageError` naming the file and the byte
+  range, never a silent cut. The one leniency: at an unclean open, when every later
+  segment is empty and the mismatch lies at or past the checkpoint (a crash while
+  rolling), the tail validation below cuts it like any torn tail.
+- A clean open trusts the sealed segments' records (every read checks their CRC) but
+  verifies the end: the active segment must end exactly at ``expected_end`` (the
+  checkpoint's durable offset, when the caller has one) and its records from the last
+  boundary-index position on must be whole with good CRCs. Otherwise
+  :class:`LogDamageError` with the missing or damaged range. (A shortened newest
+  segment opened cleanly would make new records reuse old offsets.)
+- An unclean open validates from the start of the checkpoint's segment and durably
+  cuts a torn or corrupt tail: later segments are removed and the directory fsynced
+  first, then the file is cut and fsynced. Only bytes at or after
+  ``checkpoint_offset`` (never promised durable) are cut: damage below it, or a log
+  that ends before it, raises :class:`LogDamageError` and nothing is changed.
+- Boundary indexes (derived data) are verified by checksum at every open; those
+  missing, damaged, another segment's or of the old format are rebuilt by a scan, and
+  the open says so in one log line with counts. After any open every segment but the
+  last is sealed, and so the last is never sealed (a sealed one is followed by a fresh
+  segment).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+from collections import Counter
 from typing import Callable
 
+from ._errors import LogDamageError
 from ._scan import ScanResult, scan
-from ._segment import Segment, fsync_dir, parse_segment_name
+from ._segment import Segment, fsync_dir, parse_segment_name, segment_name
 from ._segments import SegmentSet
 from ._state import LogState
 
 log = logging.getLogger("clmq.commitlog")
+
+
+class Repairs:
+    """What an open rebuilt from the log (derived data only), said in one line."""
+
+    def __init__(self) -> None:
+        self.boundaries: Counter[str] = Counter()  # why -> how many indexes rebuilt
+
+    def report(self, state: LogState) -> None:
+        """Log the repairs, if any, in one line with counts."""
+        if self.boundaries:
+            whys = ", ".join(f"{why}: {n}" for why, n in sorted(self.boundaries.items()))
+            log.warning("commitlog open %s: rebuilt %d boundary indexes by a scan (%s)",
+                        state.directory, sum(self.boundaries.values()), whys)  # fmt: skip
 
 
 def load_segments(state: LogState) -> None:
@@ -37,41 +72,113 @@ def load_segments(state: LogState) -> None:
     state.snapshot = SegmentSet.of(segments)
 
 
-def open_clean(state: LogState) -> None:
-    """After a clean shutdown: seal all but the last segment, load the boundary indexes."""
-    for seg in state.snapshot.segments[:-1]:
+def open_clean(state: LogState, expected_end: int | None, roll: Callable[[], None], repairs: Repairs) -> None:
+    """After a clean shutdown: check the chain and the end, seal all but the last
+    segment, load (or rebuild) the boundary indexes."""
+    check_chain(state, None)
+    segments = state.snapshot.segments
+    for seg in segments[:-1]:
         seg.sealed = True
-    for seg in state.snapshot.segments:
-        _load_boundaries(state, seg)
+        _load_boundaries(state, seg, repairs)
+    active = segments[-1]
+    if expected_end is not None and active.end != expected_end:
+        raise _end_damage(active, expected_end, "was closed cleanly at")
+    _verify_tail(state, active, repairs)
+    if active.sealed:
+        roll()
 
 
-def recover(state: LogState, checkpoint_offset: int | None, roll: Callable[[], None]) -> None:
+def recover(state: LogState, checkpoint_offset: int | None, roll: Callable[[], None], repairs: Repairs) -> None:
     """Validate from the segment holding ``checkpoint_offset`` (from the first without
-    one) and durably cut the log at the first problem; ``roll`` starts a new segment."""
+    one) and durably cut the log at the first problem past it; ``roll`` starts a new
+    segment."""
+    promised = checkpoint_offset or 0
+    check_chain(state, promised)
     snapshot = state.snapshot
     segments = list(snapshot.segments)
     first = 0 if checkpoint_offset is None else snapshot.index(checkpoint_offset)
     for seg in segments[:first]:
         seg.sealed = True
-        _load_boundaries(state, seg)
+        _load_boundaries(state, seg, repairs)
     for i in range(first, len(segments)):
         seg = segments[i]
         result = scan(seg, state.config.max_message_bytes, verify=True)
-        seg.boundaries.rewrite(result.starts)
         nxt = segments[i + 1] if i + 1 < len(segments) else None
         problem = _tail_problem(seg, result, nxt)
+        if problem is not None and seg.base + result.end < promised:
+            raise LogDamageError(str(seg.path), seg.base + result.end, promised,
+                                 f"{problem} (below the checkpoint's durable offset {promised})")  # fmt: skip
+        seg.boundaries.rewrite(result.starts)
         if problem is None and result.sealed:
             seg.sealed = True
             continue
         if problem is not None:
             _truncate_tail(state, segments, i, result, problem)
         break  # the active segment (intact to its end, or just cut there)
-    if state.snapshot.active.sealed:
+    active = state.snapshot.active
+    if active.end < promised:
+        raise _end_damage(active, promised, "has a checkpoint promising it durable up to")
+    if active.sealed:
         roll()
 
 
-def _load_boundaries(state: LogState, seg: Segment) -> None:
-    if not seg.boundaries.load():
+def check_chain(state: LogState, promised: int | None) -> None:
+    """Every non-last segment must end where its successor starts. ``promised`` is None
+    for a clean open, else the checkpoint's durable offset (see the module docstring)."""
+    segments = state.snapshot.segments
+    for i, (seg, nxt) in enumerate(itertools.pairwise(segments)):
+        if seg.size == nxt.base - seg.base:
+            continue
+        crash_while_rolling = all(s.size == 0 for s in segments[i + 1 :]) and min(seg.end, nxt.base) >= (promised or 0)
+        if promised is not None and crash_while_rolling:
+            return  # the tail validation cuts it
+        raise _chain_damage(state, seg, nxt)
+
+
+def _chain_damage(state: LogState, seg: Segment, nxt: Segment) -> LogDamageError:
+    expected = nxt.base - seg.base
+    if seg.size > expected:
+        return LogDamageError(str(seg.path), nxt.base, seg.end,
+                              f"segment extended: {seg.size} bytes, but the next segment starts at {nxt.base}, "
+                              f"{seg.size - expected} bytes earlier")  # fmt: skip
+    if seg.size == state.config.segment_bytes:  # a whole segment, then a gap: a file is gone
+        missing = state.directory / segment_name(seg.end)
+        return LogDamageError(str(missing), seg.end, nxt.base,
+                              f"segment file missing: {seg.path.name} ends at {seg.end}, the next one starts at {nxt.base}")  # fmt: skip
+    return LogDamageError(str(seg.path), seg.end, nxt.base,
+                          f"segment truncated: {seg.size} bytes, but the next segment starts at {nxt.base} "
+                          f"({expected - seg.size} bytes missing)")  # fmt: skip
+
+
+def _end_damage(active: Segment, promised: int, what: str) -> LogDamageError:
+    if active.end < promised:
+        return LogDamageError(str(active.path), active.end, promised,
+                              f"the log ends at {active.end} but {what} {promised}: "
+                              f"{promised - active.end} bytes missing")  # fmt: skip
+    return LogDamageError(str(active.path), promised, active.end,
+                          f"the log {what} {promised} but goes on to {active.end}: "
+                          f"{active.end - promised} bytes that were never written by it")  # fmt: skip
+
+
+def _verify_tail(state: LogState, seg: Segment, repairs: Repairs) -> None:
+    """The active segment's last records, from its last boundary position (the whole
+    segment when its index must be rebuilt), must be whole with good CRCs."""
+    problem = seg.boundaries.load(seg.size)
+    positions = seg.boundaries.positions
+    start = 0 if problem is not None or not positions else positions[-1]
+    result = scan(seg, state.config.max_message_bytes, verify=True, start=start)
+    if result.problem is not None:
+        raise LogDamageError(str(seg.path), seg.base + result.end, seg.end, f"clean open: {result.problem}")
+    if problem is not None:
+        repairs.boundaries[problem] += 1
+        seg.boundaries.rewrite(result.starts)
+    seg.sealed = result.sealed
+
+
+def _load_boundaries(state: LogState, seg: Segment, repairs: Repairs) -> None:
+    problem = seg.boundaries.load(seg.size)
+    if problem is not None:
+        repairs.boundaries[problem] += 1
         seg.boundaries.rewrite(scan(seg, state.config.max_message_bytes, verify=False).starts)
 
 
@@ -91,17 +198,20 @@ def _tail_problem(seg: Segment, result: ScanResult, nxt: Segment | None) -> str 
 
 
 def _truncate_tail(state: LogState, segments: list[Segment], i: int, result: ScanResult, reason: str) -> None:
-    """Durably cut ``segments[i]`` at ``result.end`` and delete every later segment."""
+    """Durably cut ``segments[i]`` at ``result.end`` and delete every later segment
+    (removed, directory fsynced, then the file cut: a crash in between leaves the
+    torn tail of a last segment, never a short segment in the middle)."""
     seg = segments[i]
     dropped = seg.size - result.end + sum(s.size for s in segments[i + 1 :])
     log.warning(
-        "commitlog recovery: truncated %s at offset %d (file position %d): %s; dropped %d bytes",
+        "commitlog recovery: truncated %s at offset %d (file position %d): %s; dropped %d bytes never promised durable",
         seg.path, seg.base + result.end, result.end, reason, dropped,
     )  # fmt: skip
     for later in segments[i + 1 :]:
         later.close()  # no reader exists yet: close at once, no graveyard
         later.delete()
+    state.snapshot = SegmentSet.of(segments[: i + 1])
+    if len(segments) > i + 1:
+        fsync_dir(state.directory)
     seg.truncate(result.end)
     seg.sealed = False
-    state.snapshot = SegmentSet.of(segments[: i + 1])
-    fsync_dir(state.directory)

@@ -38,11 +38,12 @@ def u64_at(data: bytes | memoryview, pos: int) -> int:
     return int.from_bytes(data[pos : pos + 8], "little")
 
 
-def scan(seg: Segment, max_message_bytes: int, verify: bool) -> ScanResult:
-    """Walk a segment's records from its start (with CRC checks when ``verify``)."""
+def scan(seg: Segment, max_message_bytes: int, verify: bool, start: int = 0) -> ScanResult:
+    """Walk a segment's records from file position ``start`` (a record start; the
+    segment's start by default), with CRC checks when ``verify``."""
     chunk = max(8 << 20, max_message_bytes + HEADER_SIZE)
     starts: list[int] = []
-    pos, length = 0, seg.size
+    pos, length = start, seg.size
     while pos < length:
         data = seg.read(pos, min(chunk, length - pos))
         walk = walk_records(data, 0, max_message_bytes)

@@ -15,7 +15,11 @@ read it without the lock:
   (a stale answer delays a flush by one interval).
 - ``confirmed``: stored without the lock by ``set_confirmed_offset`` (one store);
   lowered by ``truncate`` under it; read by readers.
-- ``durable``: guarded by its own condition variable.
+- ``durable``: guarded by its own condition variable; moved up only by a flush holding
+  ``flush_lock`` (one flush at a time: swap the dirty set, fsync it, publish), moved
+  down only by :meth:`CommitLog.truncate`, which holds ``flush_lock`` too. Once
+  ``durable.failure`` is set (an fsync error) it is final: nothing is published again
+  and appends are refused (checked under ``lock``).
 - ``listeners``: appended to by ``add_append_listener``; called after the lock.
 - The fields of the :class:`Segment` objects (``size``, ``sealed``, ``fd``, boundary
   positions) change under the lock (or in recovery, before any other thread exists);
@@ -32,14 +36,16 @@ a snapshot in one of two ways:
   open, and park the segment in ``graveyard``; it is closed only at the start of the
   *next* retention pass (``retention_check_interval_ms`` later in a broker). So a
   read through an old snapshot works unless it stalls for a whole pass: the safety is
-  time-based, not enforced. (A read that loses that race hits ``fd == -1``: ``pread``
-  fails with EBADF, but ``map_chunk`` would map anonymous zeros.)
+  time-based, not enforced. (A read that loses that race hits ``fd == -1``: it is
+  answered as "outside the log" when retention moved ``min_offset`` past it, and
+  ``map_chunk`` returns an empty view rather than mapping anonymous zeros.)
 - a failed append closes the segments it created at once; they never held a byte
   below ``end`` and every read is bounded by ``end`` (or a limit at or below it), so
   no reader reaches them.
 
 Appends and flushes never fsync while holding ``lock``; :meth:`CommitLog.truncate`
 (rare) fsyncs its cut under it, and recovery runs before any other thread exists.
+Lock order: ``flush_lock``, then ``lock``, then ``durable``'s condition.
 """
 
 from __future__ import annotations
@@ -58,13 +64,16 @@ from ._segments import SegmentSet
 class LogState:
     """The shared mutable state of one log (see the module docstring for the rules)."""
 
-    __slots__ = ("config", "confirmed", "dir_dirty", "directory", "dirty", "durable", "end", "graveyard", "listeners",
-                 "lock", "queue_offsets", "snapshot")  # fmt: skip
+    __slots__ = ("config", "confirmed", "dir_dirty", "directory", "dirty", "durable", "end", "flush_lock", "graveyard",
+                 "listeners", "lock", "queue_offsets", "snapshot")  # fmt: skip
 
     def __init__(self, directory: Path, config: CommitLogConfig) -> None:
         self.directory = directory
         self.config = config
         self.lock = threading.Lock()
+        # Serialises flushes (and truncation against them): whoever holds it is *the*
+        # flusher, the only one who moves ``durable``. Taken before ``lock``, never after.
+        self.flush_lock = threading.Lock()
         self.snapshot = SegmentSet((), ())  # set before use by the opening code
         # The end of the last *completed* append. Readers and the dispatcher never look
         # past it, so a batch rolled back (disk full) was never visible to anyone.
