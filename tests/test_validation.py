@@ -4,6 +4,7 @@ with a bad argument is refused at the API; both storage modes, and the CommitLog
 
 from __future__ import annotations
 
+import errno
 import socket
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import protocol._frame as protocol_frame
+from broker.service._handlers import registration
 from broker.store import GetStatus, PutStatus, Store
-from client import RpcClient, SendError, open_producer
+from client import RpcClient, SendError, open_admin, open_producer
 from commitlog import AppendStatus, CommitLog, CommitLogConfig, InvalidInputError, Message
 from protocol import (
     PROTOCOL_VERSION,
@@ -28,7 +30,11 @@ from protocol import (
     encode_batch,
     encode_frame,
 )  # fmt: skip
+from tests.faults import Fault, inject
 from tests.service_helpers import Cluster
+from tests.waiting import await_until, wait_until
+
+from .conftest import small_config
 
 # Per field of a Message: values of the wrong type, or out of range.
 WRONG: dict[str, list[Any]] = {
@@ -320,3 +326,103 @@ async def test_a_producer_refused_for_its_version_raises_a_clear_error(cluster: 
         assert f"protocol version {PROTOCOL_VERSION}" in str(e.value) and f"speaks version(s) {PROTOCOL_VERSION + 1}" in str(
             e.value
         )
+
+
+# ------------------------------------------------------------ a failed store
+def test_failure_listeners_are_told_once_and_late_ones_at_once(tmp_path: Path) -> None:
+    """The broker learns of its store's failure from a listener (to re-register as
+    unhealthy at once): told once, from the failing thread, or at once if it came late."""
+    store = Store.open(small_config(tmp_path / "s", cq_flush_interval_ms=20, cq_flush_min_bytes=20)).start()
+    try:
+        told: list[object] = []
+        store.add_failure_listener(told.append)
+        store.create_topic("orders", 1)
+        eio = [Fault(op, errno.EIO, path="/consumequeue/", times=None) for op in ("pwrite", "fdatasync", "fsync")]
+        with inject(*eio):
+            assert store.put_batch([good(0, i) for i in range(20)]).ok
+            wait_until(lambda: told, 10, "the housekeeping thread to fail on EIO and tell the listener")
+        assert told == [store.failure] and not store.healthy
+        late: list[object] = []
+        store.add_failure_listener(late.append)
+        assert late == [store.failure]
+        assert store.put_batch([good(0, 99)]).status is PutStatus.STORE_FAILED
+    finally:
+        store.close()
+    assert told == [late[0]]  # closing did not tell anyone again
+
+
+async def sync_cluster(nursery: trio.Nursery, root: Path, *names: str) -> Cluster:
+    c = Cluster(nursery, root)
+    await c.start_nameserver()
+    for name in names:
+        await c.start_broker(name, flush_mode="sync", sync_flush_timeout_ms=5000)
+    await c.create_topic("f", 2)
+    return c
+
+
+def fsync_fails(broker: str) -> Fault:
+    """Every fdatasync of this broker's commit log fails with EIO (as a dying disk's)."""
+    return Fault("fdatasync", errno.EIO, path=f"/{broker}/commitlog/", times=None)
+
+
+async def test_a_failed_store_answers_store_failed_and_reports_itself_unhealthy(nursery: trio.Nursery,
+                                                                               tmp_path: Path) -> None:  # fmt: skip
+    c = await sync_cluster(nursery, tmp_path, "broker-a")
+    broker = c.brokers["broker-a"]
+    body = encode_batch([Message("f", 0, b"m")])
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        ok = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "f"}, body)
+        assert ok.fields["durable"] is True
+        with inject(fsync_fails("broker-a")) as faults:
+            # A sync produce waiting for the flush that fails: STORE_FAILED, not "OK" nor a timeout.
+            waiting = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "f"}, body, check=False)
+            assert faults.fired
+            assert waiting.error_code == ErrorCode.STORE_FAILED and "Input/output error" in waiting.error_text
+            # Every later produce: refused at once.
+            later = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "f"}, body, check=False)
+            assert later.error_code == ErrorCode.STORE_FAILED
+            info = await rpc.request(broker.addr, RequestCode.BROKER_INFO)
+            assert info.fields["healthy"] is False and info.fields["failure"]
+            # Its registration says so, and the name server stops routing producers to it.
+            await rpc.request(c.ns[0], RequestCode.REGISTER_BROKER, registration(broker.context))
+            route = await rpc.request(c.ns[0], RequestCode.GET_ROUTE, {"topic": "f"}, check=False)
+            assert route.error_code == ErrorCode.NOT_FOUND and "unhealthy" in route.error_text
+            assert "broker-a" in route.error_text
+            listing = await rpc.request(c.ns[0], RequestCode.GET_CLUSTER)
+            (entry,) = listing.fields["brokers"]
+            assert entry["healthy"] is False and entry["failure"] == info.fields["failure"]
+            # Reads still answer (what was stored before the failure).
+            pulled = await rpc.request(broker.addr, RequestCode.PULL_MESSAGE, {"topic": "f", "queue_id": 0, "offset": 0})
+            assert pulled.fields["count"] >= 1
+        await rpc.aclose()
+
+
+async def test_a_producer_fails_over_from_a_broker_whose_store_failed(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c = await sync_cluster(nursery, tmp_path, "broker-a", "broker-b")
+    async with open_producer(c.ns, retries=2) as p:
+        with inject(fsync_fails("broker-a")):
+            results = [await p.send("f", b"%d" % i) for i in range(12)]  # round robin: half would go to broker-a
+        assert {r.queue.broker_name for r in results[-6:]} == {"broker-b"}
+        assert all(r.durable for r in results)
+    # With no healthy broker left the error says why.
+    async with open_producer(c.ns, retries=1) as p:
+        with inject(fsync_fails("broker-b")), pytest.raises(SendError) as e:
+            for i in range(6):
+                await p.send("f", b"late %d" % i)
+        assert e.value.code == ErrorCode.STORE_FAILED and "STORE_FAILED" in str(e.value)
+
+
+@pytest.mark.xfail(strict=False, reason="needs Broker._register_all (broker/service/_broker.py, not this helper's) "
+                                        "to send handlers.registration(context)")  # fmt: skip
+async def test_a_broker_whose_store_failed_registers_unhealthy_by_itself(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c = await sync_cluster(nursery, tmp_path, "broker-a")
+    async with open_producer(c.ns, retries=0) as p:
+        with inject(fsync_fails("broker-a")), pytest.raises(SendError):
+            await p.send("f", b"lost")
+        async with open_admin(c.ns) as admin:
+
+            async def unhealthy() -> bool:
+                return [b.get("healthy") for b in await admin.brokers()] == [False]
+
+            await await_until(unhealthy, 10, "the name server to list broker-a as unhealthy")

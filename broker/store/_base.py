@@ -104,6 +104,8 @@ class StoreBase(ABC):
         self._checkpoint_lock = threading.Lock()
         self._lock_fd = -1
         self._arrival_listeners: list[Callable[[Collection[QueueKey]], None]] = []
+        self._failure_listeners: list[Callable[[StoreFailedError], None]] = []
+        self._fail_lock = threading.Lock()
         self.open_stats: dict[str, float] = {}  # how long each phase of open took
         self._abort = AbortMarker(self.directory)
         self._manifest: dict[QueueKey, tuple[int, int]] = {}  # checkpointed extents of queues not loaded
@@ -144,10 +146,25 @@ class StoreBase(ABC):
     def _fail(self, where: str, error: BaseException) -> None:
         """Put the store into the failed state: pending and later puts fail at once with
         STORE_FAILED, :attr:`failure` says why. The first failure is kept."""
-        if self.failure is None:
-            self.failure = StoreFailedError(where, error)
-            log.error("%s", self.failure, exc_info=error)
-        self._durability().fail(self.failure)
+        with self._fail_lock:  # two threads failing at once: one failure, listeners told once
+            first = self.failure is None
+            if first:
+                self.failure = StoreFailedError(where, error)
+        failure = self.failure
+        assert failure is not None
+        if first:
+            log.error("%s", failure, exc_info=error)
+        self._durability().fail(failure)
+        if first:
+            for fn in self._failure_listeners:
+                fn(failure)
+
+    def add_failure_listener(self, fn: Callable[[StoreFailedError], None]) -> None:
+        """Call ``fn(failure)`` once, from the failing thread, when the store fails (the
+        broker re-registers at once as unhealthy). Called at once if it already has."""
+        self._failure_listeners = [*self._failure_listeners, fn]
+        if self.failure is not None:
+            fn(self.failure)
 
     @property
     def healthy(self) -> bool:
