@@ -4,6 +4,7 @@ repair every message not listed as dropped reads back with its content."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -109,6 +110,25 @@ def test_clean_store_checks_clean_through_the_command(pristine: dict[str, Writte
 
 def _listing(directory: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_store_after_retention_checks_clean(pristine: dict[str, Written], mode: str, tmp_path: Path) -> None:
+    """Segments and queue heads deleted by retention, queues rebuilt starting inside
+    their first file: nothing of that is damage."""
+    w = _copy(pristine, mode, tmp_path / "s")
+    kept = dataclasses.replace(LOG, retention_bytes=100_000)
+    config = dataclasses.replace(w.config, commitlog=kept)
+    with Store.open(config) as store:
+        assert store.apply_retention() > 0
+    if mode == "commitlog":  # rebuilt from what retention left: queues begin inside a file
+        shutil.rmtree(w.config.data_dir / "consumequeue")
+        for name in ("checkpoint", "checkpoint.prev"):
+            (w.config.data_dir / name).unlink(missing_ok=True)
+        Store.open(config).close()
+    report = check_store(w.config)
+    assert not report.damaged, report.to_json()
+    assert repair_store(w.config).repaired is False
 
 
 def test_a_store_in_use_is_refused(pristine: dict[str, Written], tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ from commitlog import (
     gather_strings,
     merge_ranges,
 )  # fmt: skip
-from consumequeue import ENTRY_DTYPE, ENTRY_SIZE
+from consumequeue import ENTRY_DTYPE, ENTRY_SIZE, HOLE_TAG, START_TAG
 
 from ._base import StoreConfig, StoreLockedError
 from ._checkpoint import Checkpoint
@@ -413,6 +413,7 @@ def _read_queue(key: QueueKey, qdir: Path, per_file: int, checkpoint: Checkpoint
                 entries: _Entries) -> None:  # fmt: skip
     """One queue's files: layout, zeroed entries, checkpointed length; entries kept."""
     starts = sorted(int(n) for n in os.listdir(qdir) if len(n) == 20 and n.isdigit())
+    expected = checkpoint.queues.get(key) if checkpoint else None
     end = starts[0] if starts else 0
     kept_q, kept_e = [], []
     for i, start in enumerate(starts):
@@ -424,18 +425,37 @@ def _read_queue(key: QueueKey, qdir: Path, per_file: int, checkpoint: Checkpoint
             out.problems.append(QueueFinding(str(path), key[0], key[1], first, last, reason))
         data = np.fromfile(path, dtype=ENTRY_DTYPE, count=size // ENTRY_SIZE)
         qoffs = start + np.arange(len(data), dtype=np.int64)
+        first = _queue_first(data, start, per_file, expected[0] if expected else None) if i == 0 else start
+        hole = (data["offset"] == 0) & (data["size"] == 0) & (data["tag"] == HOLE_TAG)  # dispatch saw a gap
         zero = (data["offset"] == 0) & (data["size"] == 0) & (data["tag"] == 0)
-        for a, b in _runs(qoffs[zero]):
+        real = (qoffs >= first) & ~hole  # below the first: never written, or the start marker
+        for a, b in _runs(qoffs[real & zero]):
             out.problems.append(QueueFinding(str(path), key[0], key[1], a, b, f"{b - a + 1} zeroed entries"))
-        kept_q.append(qoffs[~zero])
-        kept_e.append(data[~zero])
+        kept_q.append(qoffs[real & ~zero])
+        kept_e.append(data[real & ~zero])
         end = start + len(data)
     if starts:
         entries.add(key, np.concatenate(kept_q), np.concatenate(kept_e))
-    expected = checkpoint.queues.get(key) if checkpoint else None
     if expected is not None and end < expected[1]:
         out.problems.append(QueueFinding(str(qdir), key[0], key[1], end, expected[1] - 1,
                                          f"queue files end at offset {end}, the checkpoint says {expected[1]}"))  # fmt: skip
+
+
+def _queue_first(data: np.ndarray, start: int, per_file: int, expected_first: int | None) -> int:
+    """The first offset a queue's first file holds (``consumequeue``'s rule): a start
+    marker in slot 0 says it; a zero slot 0 defers to the checkpoint, else to the first
+    entry that is not zero (files written before start markers existed)."""
+    if not len(data):
+        return start
+    head = data[0]
+    if head["size"] == 0 and head["tag"] == START_TAG and start < int(head["offset"]) < start + per_file:
+        return int(head["offset"])
+    if head["offset"] or head["size"] or head["tag"]:
+        return start
+    if expected_first is not None:
+        return max(start, min(expected_first, start + per_file - 1))
+    nonzero = np.flatnonzero((data["offset"] != 0) | (data["size"] != 0) | (data["tag"] != 0))
+    return start + (int(nonzero[0]) if len(nonzero) else len(data))
 
 
 def _layout_problem(start: int, size: int, expected_start: int, per_file: int, last: bool) -> str | None:
