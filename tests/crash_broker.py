@@ -29,6 +29,7 @@ from client import ClmqError, Message, Producer, Record, SendResult, open_admin,
 TOPICS = {"crash-a": 4, "crash-b": 3, "crash-c": 1}  # topic -> queue count
 PRODUCERS = 2  # client connections
 TASKS_PER_PRODUCER = 3  # concurrent sends per connection
+GROUP = "crash-g"  # a clustering consumer reads (and commits) while the producers send
 TERM_FIRST_SHARE = 0.25  # of the rounds: SIGTERM, then SIGKILL at a random moment of the graceful stop
 READY_TIMEOUT_S = 30
 ROUND_TIMEOUT_S = 60
@@ -114,7 +115,7 @@ def broker_config(root: Path, mode: str) -> Path:
     conf = root / f"broker-{mode}.toml"
     conf.write_text(f'[broker]\nbroker_name = "crash"\nlisten_port = 0\ndata_dir = "{root / "data"}"\n'
                     f'storage_mode = "{mode}"\nflush_mode = "sync"\nsegment_bytes = {256 * 1024}\n'
-                    f"max_message_bytes = {64 * 1024}\nsync_flush_timeout_ms = 10000\n")  # fmt: skip
+                    f"max_message_bytes = {64 * 1024}\nsync_flush_timeout_ms = 10000\noffset_flush_interval_ms = 100\n")  # fmt: skip
     return conf
 
 
@@ -221,6 +222,11 @@ class Figures:
     topics_missing: int = 0  # topics the broker did not know after a restart
     short_queues: int = 0  # queues whose end, at a restart, was below an acknowledged offset
     reassigned: int = 0  # acknowledged offsets acknowledged again for another message
+    offsets_checked: int = 0  # (queue, committed offset) pairs of the group checked at restarts
+    offsets_beyond_end: int = 0  # a group's committed offset past its queue's end, after a restart
+    offsets_went_back: int = 0  # a committed offset lower after a restart than after the one before
+    live_read: int = 0  # messages the group's consumer received while the producers sent
+    live_differing: int = 0  # of those, at an acknowledged offset with another body (or never sent)
     sends_acked: int = 0
     sends_failed: int = 0
     acked: int = 0
@@ -303,6 +309,44 @@ async def _check_ends(addr: str, ledger: Ledger, figures: Figures) -> None:
             figures.examples.append(f"round {figures.rounds}: {tq} ends at {ends.get(tq)}, offset {o} was acknowledged")
 
 
+async def _check_group(addr: str, figures: Figures, restored: dict[tuple[str, int], int]) -> None:
+    """The group's committed offsets after the restart: within their queues, and not below
+    what the previous restart had restored (offsets are written atomically, and the group's
+    one consumer only commits forward from there)."""
+    async with open_admin(broker_addrs=[addr]) as admin:
+        rows = (await admin.describe_group(GROUP))["queues"]
+    figures.offsets_checked += len(rows)
+    for row in rows:
+        tq, committed = (row["topic"], row["queue_id"]), row["committed"]
+        if not 0 <= committed <= row["max_offset"]:
+            figures.offsets_beyond_end += 1
+            figures.examples.append(f"round {figures.rounds}: {GROUP} committed {committed} on {tq}, end {row['max_offset']}")
+        if committed < restored.get(tq, 0):
+            figures.offsets_went_back += 1
+            figures.examples.append(f"round {figures.rounds}: {GROUP} committed {committed} on {tq}, {restored[tq]} before")
+        restored[tq] = committed
+
+
+def _audit_live(live: dict[Key, bytes], ledger: Ledger, figures: Figures) -> None:
+    """What the group's consumer received during the round, against the ledger."""
+    figures.live_read += len(live)
+    for key, body in live.items():
+        want = ledger.acked.get(key)
+        if ledger.sent.get(msg_id_of(body)) != digest(body) or (want is not None and want != digest(body)):
+            figures.live_differing += 1
+            figures.examples.append(f"round {figures.rounds}: {key} received as {body[:40]!r}")
+
+
+async def _consume(addr: str, live: dict[Key, bytes]) -> None:
+    """Receive (and commit) as the group's one member until cancelled."""
+    async with open_consumer(None, GROUP, dict.fromkeys(TOPICS, "*"), broker_addrs=[addr], pull_wait_ms=200,
+                             heartbeat_interval_ms=200, rebalance_interval_ms=500, commit_interval_ms=50,
+                             request_timeout_ms=2000) as consumer:  # fmt: skip
+        while True:
+            for rec in await consumer.receive():
+                live[(rec.topic, rec.queue_id, rec.queue_offset)] = rec.body
+
+
 async def _probe(addr: str, ledger: Ledger, figures: Figures, rng: random.Random, tag: str) -> None:
     """One produce right after the restart: it must succeed (the broker is healthy)."""
     async with open_producer(broker_addrs=[addr], retries=0, send_timeout_ms=10_000) as producer:
@@ -324,19 +368,24 @@ async def _probe(addr: str, ledger: Ledger, figures: Figures, rng: random.Random
 
 
 async def one_round(conf: Path, log: Path, ledger: Ledger, figures: Figures, rng: random.Random,
-                    acks_per_round: tuple[int, int]) -> None:  # fmt: skip
-    """Restart the broker on its data directory, check it, produce, SIGKILL it."""
-    tag = f"r{figures.rounds}"
+                    acks_per_round: tuple[int, int], restored: dict[tuple[str, int], int]) -> None:  # fmt: skip
+    """Restart the broker on its data directory, check it, produce (and consume), kill it."""
+    tag, live = f"r{figures.rounds}", dict[Key, bytes]()
     broker = await start_broker(conf, log)
     try:
         with trio.fail_after(ROUND_TIMEOUT_S):
             await _check_ends(broker.addr, ledger, figures)
+            await _check_group(broker.addr, figures, restored)
             await _probe(broker.addr, ledger, figures, rng, tag)
             grace = rng.uniform(0, 0.3) if rng.random() < TERM_FIRST_SHARE else None
             state = RoundState(broker, rng.randint(*acks_per_round), rng.uniform(0, 0.02), grace)
-            async with trio.open_nursery() as nursery:
-                for p in range(PRODUCERS):
-                    nursery.start_soon(_run_producer, state, ledger, figures, random.Random(rng.random()), f"{tag}-p{p}")
+            async with trio.open_nursery() as outer:
+                outer.start_soon(_consume, broker.addr, live)
+                async with trio.open_nursery() as nursery:
+                    for p in range(PRODUCERS):
+                        nursery.start_soon(_run_producer, state, ledger, figures, random.Random(rng.random()), f"{tag}-p{p}")
+                outer.cancel_scope.cancel()  # the broker is gone: the consumer stops too
+        _audit_live(live, ledger, figures)
         _end_of_round(state, figures)
     finally:
         await reap(broker.proc)
@@ -425,6 +474,7 @@ async def crash_loop(root: Path, mode: str, rounds: int, acks_per_round: tuple[i
     started = time.monotonic()
     conf, log = broker_config(root, mode), root / "broker-stderr.log"
     ledger, figures, rng = Ledger(), Figures(), random.Random(seed)
+    restored: dict[tuple[str, int], int] = {}  # the group's committed offsets at the last restart
     async with open_admin(broker_addrs=[(first := await start_broker(conf, log)).addr]) as admin:
         for topic, queues in TOPICS.items():
             await admin.create_topic(topic, queues, on=[first.addr])
@@ -432,10 +482,11 @@ async def crash_loop(root: Path, mode: str, rounds: int, acks_per_round: tuple[i
     for r in range(rounds):
         if startup_kill_every and r % startup_kill_every == startup_kill_every - 1:
             figures.startup_kills += await kill_while_starting(conf, log, rng.uniform(0.2, 0.7))
-        await one_round(conf, log, ledger, figures, rng, acks_per_round)
+        await one_round(conf, log, ledger, figures, rng, acks_per_round, restored)
     final = await start_broker(conf, log)
     try:
         await _check_ends(final.addr, ledger, figures)
+        await _check_group(final.addr, figures, restored)
         audit(ledger, await read_everything(final.addr), figures)
         final.proc.terminate()  # graceful stop after all these crashes
         with trio.fail_after(30):
