@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -12,6 +14,9 @@ from commitlog import Message, encode_message
 from protocol import (
     FLAG_RESPONSE,
     NEED_DATA,
+    PROTOCOL_VERSION,
+    REQUEST_FIELDS,
+    SUPPORTED_VERSIONS,
     BatchError,
     ErrorCode,
     Frame,
@@ -19,10 +24,12 @@ from protocol import (
     FrameRejected,
     ProtocolError,
     RequestCode,
+    check_request,
     decode_batch,
     decode_records,
     encode_batch,
     encode_frame,
+    request_error,
     set_queue_id,
 )  # fmt: skip
 
@@ -173,3 +180,36 @@ def test_settings_come_from_file_then_environment_then_flags(tmp_path) -> None:
         load_settings(BrokerConfig, cfg)
     with pytest.raises(SettingsError, match=r"CLMQ_LISTEN_PORT.*integer"):
         load_settings(BrokerConfig, env={"CLMQ_LISTEN_PORT": "many"})
+
+
+def test_every_request_code_documents_its_fields_and_a_good_request_passes() -> None:
+    assert set(REQUEST_FIELDS) == set(RequestCode)
+    assert check_request(Frame(RequestCode.PULL_MESSAGE, 1, {"topic": "t", "queue_id": 0, "offset": 5})) is None
+    assert check_request(Frame(RequestCode.LIST_TOPICS, 1, {"a newer client's field": 1})) is None  # ignored
+
+
+@pytest.mark.parametrize("version", [0, 2, -1, 2**40])
+def test_a_request_of_a_version_not_spoken_is_refused_naming_the_versions(version: int) -> None:
+    code, text = check_request(Frame(RequestCode.BROKER_INFO, 1, version=version)) or (None, "")
+    assert code is ErrorCode.UNSUPPORTED_VERSION
+    assert f"version {version} is not supported" in text and "speaks version(s) 1" in text
+    assert PROTOCOL_VERSION in SUPPORTED_VERSIONS
+
+
+def test_a_frame_without_a_version_decodes_as_version_0() -> None:
+    header = msgpack.packb({"c": RequestCode.BROKER_INFO, "i": 3, "f": 0})
+    decoder = FrameDecoder()
+    decoder.receive_data(struct.pack("<II", 4 + len(header), len(header)) + header)
+    (frame,) = events(decoder)
+    assert frame.version == 0 and check_request(frame) is not None
+
+
+@given(st.sampled_from(sorted(REQUEST_FIELDS.items())), st.data())
+def test_a_field_of_another_type_is_malformed_naming_it(entry: tuple, data: st.DataObject) -> None:
+    code, spec = entry
+    if not spec:
+        return
+    name = data.draw(st.sampled_from(sorted(spec)))
+    bad = data.draw(st.sampled_from([1.5, b"raw", {"x": [1]}, [None], -1, 2**64 - 1]))
+    why = request_error(code, {name: bad})
+    assert why is not None and (repr(name) in why or "is missing" in why)

@@ -15,7 +15,7 @@ import trio
 
 from broker.store import GetStatus, PutStatus, RawRead, StorageEngine, StoreBase
 from commitlog import FlushMode, StoreFailedError
-from protocol import SUPPORTED_VERSIONS, ErrorCode, Frame, RequestCode, check_request
+from protocol import MAX_QUEUE_ID, SUPPORTED_VERSIONS, ErrorCode, Frame, RequestCode, check_request
 from protocol.transport import Handler, Later, Peer, Reply, RequestError, need
 
 from ._append import BusyError, PendingPut
@@ -224,8 +224,10 @@ class Handlers:
         group = need(frame.fields, "group", str)
         rows: list[list[int] | None] = []
         for i, item in enumerate(need(frame.fields, "queues", list)):
-            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)):
-                raise RequestError(ErrorCode.MALFORMED_REQUEST, "queues must be [topic, queue_id] lists")
+            if not (type(item) is list and len(item) == 2 and type(item[0]) is str and type(item[1]) is int
+                    and 0 <= item[1] <= MAX_QUEUE_ID):  # fmt: skip
+                raise RequestError(ErrorCode.MALFORMED_REQUEST,
+                                   f"field 'queues' row {i} must be [topic, queue_id], got {item!r:.80}")  # fmt: skip
             topic, qid = item
             if not self.store.queue_exists(topic, qid):
                 rows.append(None)
