@@ -446,3 +446,16 @@ def test_a_batch_that_fails_midway_leaves_no_offset_behind(tmp_path: Path) -> No
         assert [segments(d, q)[-1].stat().st_size for q in range(2)] == sizes
         assert [s.max_offset("t", q) for q in range(2)] == [1, 1]
         assert s.put_batch([Message("t", 0, b"f"), Message("t", 1, b"g")]).queue_offsets == [1, 1]
+
+
+@pytest.mark.parametrize("op", ["ftruncate", "fsync"])
+def test_a_rollback_that_cannot_cut_fails_the_store(tmp_path: Path, op: str) -> None:
+    """The failed batch's bytes may stay in the file, owned by no offset: no more writes."""
+    with Store.open(config(tmp_path / "s")) as s:
+        s.create_topic("t", 2)
+        with inject(Fault("pwrite", errno.EIO, path="t-1/"), Fault(op, errno.EIO, path="t-1/")) as faults:
+            res = s.put_batch([Message("t", 0, b"a"), Message("t", 1, b"b")])
+        assert res.status is PutStatus.IO_ERROR and faults.fired == 2
+        assert not s.healthy and s.failure is not None and "rollback" in str(s.failure)
+        assert s.put(Message("t", 0, b"c")).status is PutStatus.STORE_FAILED
+        assert s.max_offset("t", 0) == 0

@@ -167,27 +167,20 @@ class PartitionStore(StoreBase):
         by_queue: dict[QueueKey, list[int]] = defaultdict(list)
         for i, m in enumerate(messages):
             by_queue[(m.topic, m.queue_id)].append(i)
-        q_offsets = [0] * len(messages)
         store_ts = now_ms()
+        error: BaseException | None = None
+        cut_error: OSError | None = None
         with self._lock:
             undo: list[_Undo] = []
             try:
-                for key, idx in by_queue.items():
-                    part = self._partition(key)
-                    offsets = self._append_to(part, [messages[i] for i in idx], store_ts, undo)
-                    for i, q in zip(idx, offsets):
-                        q_offsets[i] = q
-            except EncodeError as e:
-                self._rollback(undo)
-                return PutResult(PutStatus.MESSAGE_TOO_LARGE if e.too_large else PutStatus.INVALID_MESSAGE, str(e))
-            except OSError as e:
-                self._rollback(undo)
-                status = PutStatus.DISK_FULL if e.errno in _DISK_FULL else PutStatus.IO_ERROR
-                return PutResult(status, f"{e.strerror} while appending to {self.root}: nothing written")
-            except BaseException:  # a bug or bad input past the checks: no offset stays assigned
-                self._rollback(undo)
-                raise
+                q_offsets = self._append_all(messages, by_queue, store_ts, undo)
+            except BaseException as e:  # whatever it is, no offset stays assigned
+                error, cut_error = e, self._rollback(undo)
             end = self._written
+        if cut_error is not None:  # outside the lock: failing runs the durability callbacks
+            self._fail("rollback of a failed append", cut_error)
+        if error is not None:
+            return _append_error(error, self.root)
         self._notify_arrivals(set(by_queue))
         if (
             self.config.commitlog.flush_mode is FlushMode.ASYNC
@@ -195,6 +188,16 @@ class PartitionStore(StoreBase):
         ):
             self._durable.flush_requested.set()
         return PutResult(PutStatus.OK, "", q_offsets, [], end, store_ts)
+
+    def _append_all(self, messages: Sequence[Message], by_queue: dict[QueueKey, list[int]], store_ts: int,
+                    undo: list[_Undo]) -> list[int]:  # fmt: skip
+        """Each queue's share of the batch, in turn; the queue offsets of all messages."""
+        q_offsets = [0] * len(messages)
+        for key, idx in by_queue.items():
+            offsets = self._append_to(self._partition(key), [messages[i] for i in idx], store_ts, undo)
+            for i, q in zip(idx, offsets):
+                q_offsets[i] = q
+        return q_offsets
 
     def _append_to(self, part: PartitionLog, msgs: list[Message], store_ts: int, undo: list[_Undo]) -> list[int]:
         """Encode and write one queue's share of a batch: one pwrite."""
@@ -216,8 +219,10 @@ class PartitionStore(StoreBase):
         self._written += len(data)
         return batch.queue_offsets
 
-    def _rollback(self, undo: list[_Undo]) -> None:
-        """Cut every partition touched by a failed batch back to where it was."""
+    def _rollback(self, undo: list[_Undo]) -> OSError | None:
+        """Cut every partition touched by a failed batch back to where it was; the error
+        of a cut that failed (then a file may keep bytes no offset owns: the store fails)."""
+        failed: OSError | None = None
         for part, seg, (nsegs, size, count, nidx, ntimes, since) in reversed(undo):
             for extra in part.segments[nsegs:]:
                 self.files.forget(extra.path)
@@ -225,11 +230,13 @@ class PartitionStore(StoreBase):
             del part.segments[nsegs:]
             try:
                 self.files.truncate(seg.path, size)
-            except OSError as e:  # the file may keep bytes no offset owns, and an fsync failed
-                self._fail(f"rollback of {seg.path} to {size} bytes", e)
+            except OSError as e:
+                log.error("partition %s: could not cut %s back to %d bytes: %s", part.directory, seg.path, size, e)
+                failed = failed or e
             seg.size, seg.count, seg.since_index = size, count, since
             del seg.index[nidx:]
             del seg.times[ntimes:]
+        return failed
 
     # ---------------------------------------------------------------- flushing
     def flush(self) -> int:
@@ -369,6 +376,17 @@ class PartitionStore(StoreBase):
 
     def catch_up(self) -> None:
         """Nothing to do: partition reads see what was written."""
+
+
+def _append_error(error: BaseException, root: Path) -> PutResult:
+    """The result of an append that failed and was rolled back; anything other than an
+    expected outcome (bad message, I/O error) is raised again."""
+    if isinstance(error, EncodeError):
+        return PutResult(PutStatus.MESSAGE_TOO_LARGE if error.too_large else PutStatus.INVALID_MESSAGE, str(error))
+    if isinstance(error, OSError):
+        status = PutStatus.DISK_FULL if error.errno in _DISK_FULL else PutStatus.IO_ERROR
+        return PutResult(status, f"{error.strerror} while appending to {root}: nothing written")
+    raise error
 
 
 def _load_points(path: Path) -> dict[QueueKey, int] | None:
