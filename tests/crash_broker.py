@@ -1,13 +1,17 @@
 """Kill -9 loops through a real broker process (used by ``test_crash_broker.py``).
 
-A round: start ``clmq broker`` (sync flush) on a data directory, check it is healthy
-(one produce must succeed), run producers that send numbered messages with distinct
-bodies to several topics and queues and record every acknowledged one, and SIGKILL the
-broker once a random number of messages of that round were acknowledged (several sends
-are in flight at that moment, so the kill lands at an arbitrary point of the broker's
-work). Sends that failed are sent again, identical, in the next round: that is the only
-way a message may be stored twice. At the end everything is read back through the
-public consumer and compared with the ledger of acknowledgements (:func:`audit`).
+A round: start ``clmq broker`` (sync flush) on a data directory; check what it
+recovered (every acknowledged offset below its queue's end, the group's committed
+offsets within their queues and not behind the previous restart's) and that it is
+healthy (one produce must succeed); run producers that send numbered messages with
+distinct bodies to several topics and queues and record every acknowledged one, and a
+consumer group that reads and commits meanwhile; SIGKILL the broker once a random
+number of messages of that round were acknowledged, a random few milliseconds later
+(several sends are in flight then, so the kill lands at an arbitrary point of the
+broker's work); in a quarter of the rounds SIGTERM first and SIGKILL at a random moment
+of the graceful stop. Sends that failed are sent again, identical, in the next round:
+that is the only way a message may be stored twice. At the end everything is read back
+through the public consumer and compared with the ledger (:func:`audit`).
 """
 
 from __future__ import annotations
@@ -327,7 +331,7 @@ async def _check_group(addr: str, figures: Figures, restored: dict[tuple[str, in
         restored[tq] = committed
 
 
-def _audit_live(live: dict[Key, bytes], ledger: Ledger, figures: Figures) -> None:
+def audit_live(live: dict[Key, bytes], ledger: Ledger, figures: Figures) -> None:
     """What the group's consumer received during the round, against the ledger."""
     figures.live_read += len(live)
     for key, body in live.items():
@@ -385,7 +389,7 @@ async def one_round(conf: Path, log: Path, ledger: Ledger, figures: Figures, rng
                     for p in range(PRODUCERS):
                         nursery.start_soon(_run_producer, state, ledger, figures, random.Random(rng.random()), f"{tag}-p{p}")
                 outer.cancel_scope.cancel()  # the broker is gone: the consumer stops too
-        _audit_live(live, ledger, figures)
+        audit_live(live, ledger, figures)
         _end_of_round(state, figures)
     finally:
         await reap(broker.proc)

@@ -11,7 +11,7 @@ import pytest
 
 from client import MessageQueue, Record, SendResult
 
-from .crash_broker import Batch, Figures, Ledger, audit, body_for, crash_loop, digest
+from .crash_broker import Batch, Figures, Ledger, audit, audit_live, body_for, crash_loop, digest
 
 
 def check(figures: Figures, rounds: int) -> None:
@@ -69,3 +69,6 @@ def test_the_audit_counts_every_kind_of_fault() -> None:
     audit(ledger, records, figures)
     assert (figures.acked, figures.read, figures.missing, figures.differing, figures.holes, figures.unknown) == (5, 7, 1, 1, 1, 1)
     assert (figures.duplicates, figures.unexplained_duplicates) == (1 + 1, 1)
+    live = {("t", 0, 0): b[0], ("t", 0, 1): b[2], ("t", 0, 9): b[3], ("t", 0, 10): b"y" * 5}  # good, differing, unacked, unknown
+    audit_live(live, ledger, figures)
+    assert (figures.live_read, figures.live_differing) == (4, 2)
