@@ -248,17 +248,24 @@ class ConsumeQueue:
 
     def _flush_locked(self) -> None:
         pos, view = self._flushed_next, memoryview(self._pending)
-        while view:
-            start = pos - pos % self.per_file
-            room = (start + self.per_file - pos) * ENTRY_SIZE
-            piece = view[:room]
-            if not self._starts and self._first > start:  # the queue begins inside its first file
-                self._files.pwrite(self._path(start), ENTRY.pack(self._first, 0, START_TAG), 0)
-            self._files.pwrite(self._path(start), piece, (pos - start) * ENTRY_SIZE)
-            if not self._starts or start > self._starts[-1]:
-                self._starts.append(start)
-            pos += len(piece) // ENTRY_SIZE
-            view = view[room:]
+        try:
+            while view:
+                start = pos - pos % self.per_file
+                room = (start + self.per_file - pos) * ENTRY_SIZE
+                piece = view[:room]
+                if not self._starts and self._first > start:  # the queue begins inside its first file
+                    self._files.pwrite(self._path(start), ENTRY.pack(self._first, 0, START_TAG), 0)
+                self._files.pwrite(self._path(start), piece, (pos - start) * ENTRY_SIZE)
+                if not self._starts or start > self._starts[-1]:
+                    self._starts.append(start)
+                pos += len(piece) // ENTRY_SIZE
+                view = view[room:]
+        except BaseException:
+            # The error's traceback holds views of the buffer (here and in the write),
+            # and a buffer with views cannot grow: go on with a copy (nothing is lost,
+            # the entries are written again by the next flush).
+            self._pending = bytearray(self._pending)
+            raise
         self._flushed_next = pos
         self._pending = bytearray()
 

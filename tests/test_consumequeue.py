@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import tempfile
@@ -28,6 +29,7 @@ from consumequeue import (
 )
 
 from .conftest import msgs
+from .faults import Fault, inject
 
 
 def entries(first_phys: int, n: int) -> bytes:
@@ -324,3 +326,16 @@ def test_a_queue_starting_inside_a_file_has_no_zeroed_entries(tmp_path: Path) ->
         f.seek(5 * ENTRY_SIZE)
         f.write(bytes(ENTRY_SIZE))
     assert again.first_zeroed() == 15
+
+
+def test_a_failed_flush_keeps_the_queue_appendable_and_loses_nothing(tmp_path: Path) -> None:
+    """A write that fails (disk full) leaves the entries in memory; the error, kept
+    alive by whoever logged it, must not pin the buffer so that appends then fail."""
+    cq = ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4))
+    cq.append(0, entries(0, 15))
+    with inject(Fault("pwrite", errno.ENOSPC, path="/q/", after=1)), pytest.raises(OSError) as kept:
+        cq.flush()
+    assert kept.value.errno == errno.ENOSPC
+    cq.append(15, entries(1500, 5))  # raised BufferError while the error was alive
+    cq.flush()
+    assert ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4)).read(0, 20) == (0, entries(0, 15) + entries(1500, 5))

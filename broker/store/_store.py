@@ -29,7 +29,6 @@ Invariants:
 from __future__ import annotations
 
 import errno
-import inspect
 import logging
 import struct
 from typing import Any, Sequence
@@ -67,9 +66,7 @@ __all__ = ["Store", "StoreConfig", "StoreLockedError"]
 log = logging.getLogger("clmq.store")
 
 REBUILD_FILE = "rebuild-queues"  # queues marked for rebuild at the next open
-_NOT_MARKED = frozenset({"crc32c"})  # the record itself is damaged: rebuilding its queue would not help
-# Until CommitLog.open takes the checkpoint's end (issue 14, the log's own checks).
-_OPEN_TAKES_EXPECTED_END = "expected_end" in inspect.signature(CommitLog.open).parameters
+_NOT_MARKED = frozenset({"crc32c", "read"})  # the record or the log's read failed: rebuilding the queue would not help
 
 
 class Store(StoreBase):
@@ -145,7 +142,7 @@ class Store(StoreBase):
     def _open_log(self, checkpoint: Checkpoint | None, unclean: bool) -> CommitLog:
         """Open the log; a clean open expects it to end where the checkpoint says."""
         kwargs: dict[str, Any] = {"clean": not unclean, "checkpoint_offset": checkpoint.log_durable if checkpoint else None}
-        if not unclean and checkpoint is not None and _OPEN_TAKES_EXPECTED_END:
+        if not unclean and checkpoint is not None:
             kwargs["expected_end"] = checkpoint.log_durable
         try:
             return CommitLog.open(self.directory / "commitlog", self.config.commitlog, **kwargs)
