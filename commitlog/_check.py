@@ -34,6 +34,7 @@ import inspect
 import itertools
 import mmap
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, cast
@@ -44,7 +45,17 @@ from . import fileops
 from ._columns import gather_strings
 from ._config import CommitLogConfig
 from ._errors import CorruptRecordError
-from ._record import HEADER_SIZE, OFF_COMMITLOG_OFFSET, OFF_QUEUE_ID, OFF_QUEUE_OFFSET, OFF_TOPIC_LEN, RECORD_MAGIC, check_record
+from ._record import (
+    BLANK_MAGIC,
+    BLANK_SIZE,
+    HEADER_SIZE,
+    OFF_COMMITLOG_OFFSET,
+    OFF_QUEUE_ID,
+    OFF_QUEUE_OFFSET,
+    OFF_TOPIC_LEN,
+    RECORD_MAGIC,
+    check_record,
+)
 from ._scan import scan
 from ._segment import BOUNDARY_SUFFIX, BoundaryIndex, Segment, fsync_dir, parse_segment_name
 
@@ -94,6 +105,7 @@ class LogReport:
     end: int = 0  # where the last segment's records end (log offset; partition: next queue offset)
     valid_end: int = 0  # end of the longest valid prefix, in the same unit as ``end``
     cut: tuple[str, int] | None = None  # (file, position) where that prefix ends, if damaged
+    trims: list[tuple[str, int]] = field(default_factory=list)  # (file, length): only padding is off
     problems: list[LogProblem] = field(default_factory=list)
     index_problems: list[LogProblem] = field(default_factory=list)  # derived files, rebuilt at open
     beyond: list[QueueRange] = field(default_factory=list)  # valid records past the cut: lost by it
@@ -117,6 +129,7 @@ class _SegmentScan:
     sealed: bool = False  # the valid prefix ends in a blank marker that covers the file
     problems: list[LogProblem] = field(default_factory=list)
     later_starts: list[int] = field(default_factory=list)  # valid records after a problem
+    claimed: int | None = None  # the length its blank marker claims, when not the file's
 
 
 class _Window:
@@ -190,6 +203,9 @@ def _walk_segment(path: Path, base: int, layout: LogLayout, config: CommitLogCon
                 out.later_starts.extend(starts)
             if result.problem is None:
                 break
+            if in_prefix and layout is LogLayout.COMMITLOG and (claimed := _claimed_length(fd, stop, size)):
+                out.claimed, out.prefix_end, out.sealed = claimed, claimed, True  # only its padding is off
+                break
             in_prefix = False
             resume = _resync(fd, size, stop, _origin(layout, base), config.max_message_bytes)
             where = base + stop if layout is LogLayout.COMMITLOG else stop
@@ -202,6 +218,17 @@ def _walk_segment(path: Path, base: int, layout: LogLayout, config: CommitLogCon
         return out
     finally:
         os.close(fd)
+
+
+def _claimed_length(fd: int, at: int, size: int) -> int | None:
+    """The file length the blank marker at ``at`` claims, if there is one and it is not
+    the file's (padding lost or added after it: the records are all there)."""
+    head = fileops.OPS.pread(fd, BLANK_SIZE, at)
+    if len(head) < BLANK_SIZE:
+        return None
+    remaining, magic = struct.unpack("<II", head)
+    claimed = at + remaining
+    return claimed if magic == BLANK_MAGIC and remaining >= BLANK_SIZE and claimed != size else None
 
 
 def _resync(fd: int, size: int, after: int, origin: int, max_message_bytes: int) -> int | None:
@@ -291,7 +318,7 @@ def _continuity(cur: _SegmentScan, nxt: _SegmentScan, layout: LogLayout, config:
     if layout is LogLayout.PARTITION:
         _partition_continuity(cur, nxt)
         return
-    file_end, path = cur.base + cur.size, str(cur.path)
+    file_end, path = cur.base + (cur.size if cur.claimed is None else cur.claimed), str(cur.path)
     if nxt.base > file_end:
         complete = cur.sealed and not cur.problems  # its blank marker covers the file: whole
         reason = (f"missing segment: log offsets {file_end}..{nxt.base} are in no file" if complete
@@ -390,6 +417,9 @@ def _summarise(report: LogReport, scans: list[_SegmentScan], layout: LogLayout, 
     report.valid_end = report.end
     for i, seg in enumerate(scans):
         report.problems.extend(seg.problems)
+        if seg.claimed is not None and not seg.problems:
+            report.problems.append(_trim_problem(seg))
+            report.trims.append((str(seg.path), seg.claimed))
         if layout is LogLayout.COMMITLOG and not seg.problems:  # a damaged one is rebuilt anyway
             problem = _check_boundaries(seg)
             if problem is not None:
@@ -403,35 +433,54 @@ def _summarise(report: LogReport, scans: list[_SegmentScan], layout: LogLayout, 
             report.beyond = merge_ranges([r for rs in lost for r in rs])
 
 
+def _trim_problem(seg: _SegmentScan) -> LogProblem:
+    claimed = cast(int, seg.claimed)
+    lo, hi = sorted((seg.size, claimed))
+    what = "missing" if seg.size < claimed else "added"
+    reason = (f"segment file holds {seg.size} bytes, its blank marker says {claimed}: {hi - lo} bytes of "
+              f"padding {what} after its last record (no record lost; repair restores the length)")  # fmt: skip
+    return LogProblem(str(seg.path), seg.base + lo, seg.base + hi, reason)
+
+
 # ------------------------------------------------------------- the repair
 def repair_log(directory: Path, config: CommitLogConfig, layout: LogLayout = LogLayout.COMMITLOG,
                progress: Progress | None = None) -> LogReport:  # fmt: skip
     """Cut the log to its longest valid prefix, durably; returns the check's report
-    with ``repaired`` set when something was cut (``beyond`` is what was lost).
+    with ``repaired`` set when something changed (``beyond`` is what was lost).
 
-    The cut segment is truncated and fsynced, every later segment is deleted, the
-    derived index files of both are removed, and the directory is fsynced.
+    Segments whose only fault is their padding get the length their blank marker
+    claims. The cut segment is truncated, every later segment is deleted, the derived
+    index files of both are removed; every change is fsynced, then the directory.
     """
     report = check_log(directory, config, layout, progress)
-    if report.cut is None:
+    if report.cut is None and not report.trims:
         return report
-    file, position = Path(report.cut[0]), report.cut[1]
-    cut_base = parse_segment_name(file.name)
-    fd = os.open(file, os.O_RDWR)
-    try:
-        fileops.OPS.ftruncate(fd, position)
-        fileops.OPS.fsync(fd)
-    finally:
-        os.close(fd)
-    for base, path in list_segments(Path(directory)):
-        if cut_base is not None and base > cut_base:
-            path.unlink()
-        if cut_base is not None and base >= cut_base:
-            for suffix in _DERIVED_SUFFIXES:
-                path.with_suffix(suffix).unlink(missing_ok=True)
+    cut_base = parse_segment_name(Path(report.cut[0]).name) if report.cut else None
+    for file, length in report.trims:
+        base = parse_segment_name(Path(file).name)
+        if cut_base is None or (base is not None and base < cut_base):
+            _set_length(Path(file), length)
+    if report.cut is not None and cut_base is not None:
+        _set_length(Path(report.cut[0]), report.cut[1])
+        for base, path in list_segments(Path(directory)):
+            if base > cut_base:
+                path.unlink()
+            if base >= cut_base:
+                for suffix in _DERIVED_SUFFIXES:
+                    path.with_suffix(suffix).unlink(missing_ok=True)
     fsync_dir(Path(directory))
     report.repaired = True
     return report
+
+
+def _set_length(path: Path, length: int) -> None:
+    """Truncate (or extend with zeros, sparsely) ``path`` to ``length``, durably."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fileops.OPS.ftruncate(fd, length)
+        fileops.OPS.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def queue_extents(directory: Path, config: CommitLogConfig, layout: LogLayout = LogLayout.COMMITLOG) -> list[QueueRange]:

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.store import Store, StoreConfig, StoreLockedError, TopicTable, check_store, repair_store
-from commitlog import CommitLogConfig, Message
+from commitlog import BLANK_MAGIC, BLANK_SIZE, CommitLogConfig, Message
 
 MODES = ("commitlog", "partition-per-file")
 LOG = CommitLogConfig(segment_bytes=64 * 1024, max_message_bytes=4096, boundary_interval_bytes=4096)
@@ -272,6 +272,35 @@ def test_topics_file_lacking_queues_on_disk(pristine: dict[str, Written], mode: 
     assert repair_store(w.config).dropped == []
     with Store.open(w.config) as store:
         assert store.topics.all() == {"t": 2, "u": 1}
+        _assert_readable_except(store, w, [])
+
+
+def _padding(seg: Path) -> int:
+    """Bytes after a sealed segment's blank marker."""
+    data = seg.read_bytes()
+    return len(data) - (data.rfind(BLANK_MAGIC.to_bytes(4, "little")) - 4 + BLANK_SIZE)
+
+
+@pytest.mark.parametrize("change", [-1, +3000])
+def test_padding_of_a_sealed_segment_is_restored_without_loss(pristine: dict[str, Written], change: int,
+                                                              tmp_path: Path) -> None:  # fmt: skip
+    """A middle segment shorter or longer than its successor's base says, but only in the
+    padding after its blank marker: reported, and repaired without dropping anything."""
+    w = _copy(pristine, "commitlog", tmp_path / "s")
+    segs = _segments(w)
+    seg = max(segs[:-1], key=_padding)  # the middle segment with the most padding after its marker
+    size, padding = seg.stat().st_size, _padding(seg)
+    change = change if change > 0 else -(padding // 2)
+    assert padding >= 2
+    os.truncate(seg, size + change)
+    report = check_store(w.config)
+    base = int(seg.name[:20])
+    lo, hi = sorted((size, size + change))
+    assert [(d.problem.start, d.problem.end) for d in report.damage] == [(base + lo, base + hi)]
+    assert "no record lost" in report.damage[0].problem.reason and report.would_drop == []
+    repaired = repair_store(w.config)
+    assert repaired.repaired and repaired.dropped == [] and seg.stat().st_size == size
+    with Store.open(w.config) as store:
         _assert_readable_except(store, w, [])
 
 

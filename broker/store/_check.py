@@ -212,7 +212,7 @@ def _check_commitlog(config: StoreConfig, report: StoreReport, progress: Progres
         last = max((str(p) for p in (directory / "commitlog").glob("*.log")), default=str(directory / "commitlog"))
         reason = f"log ends at {log.end}, below the checkpoint's durable offset {checkpoint.log_durable}"
         problems.append(LogProblem(last, log.end, checkpoint.log_durable, reason))
-    valid_end = min([log.valid_end, *(p.start for p in problems)])
+    valid_end = min(log.valid_end, log.end)  # what survives a cut (a padding fix cuts nothing)
     queues = check_queues(directory, config, log, checkpoint, problems, valid_end)
     report.queue_problems = queues.problems
     report.damage = [Damage(p, queues.affected.get(i, [])) for i, p in enumerate(problems)]
