@@ -381,7 +381,7 @@ async def one_round(conf: Path, log: Path, ledger: Ledger, figures: Figures, rng
             await _check_ends(broker.addr, ledger, figures)
             await _check_group(broker.addr, figures, restored)
             await _probe(broker.addr, ledger, figures, rng, tag)
-            grace = rng.uniform(0, 0.3) if rng.random() < TERM_FIRST_SHARE else None
+            grace = rng.uniform(0, 0.8) if rng.random() < TERM_FIRST_SHARE else None
             state = RoundState(broker, rng.randint(*acks_per_round), rng.uniform(0, 0.02), grace)
             async with trio.open_nursery() as outer:
                 outer.start_soon(_consume, broker.addr, live)
