@@ -304,6 +304,20 @@ def test_padding_of_a_sealed_segment_is_restored_without_loss(pristine: dict[str
         _assert_readable_except(store, w, [])
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_damaged_index_file(pristine: dict[str, Written], mode: str, tmp_path: Path) -> None:
+    w = _copy(pristine, mode, tmp_path / "s")
+    index = _segments(w)[0].with_suffix(".bidx" if mode == "commitlog" else ".index")
+    _flip(index, index.stat().st_size // 2)
+    report = check_store(w.config)
+    assert [p.file for p in report.index_problems] == [str(index)]
+    assert report.damaged and not report.log_damaged
+    assert repair_store(w.config).dropped == []
+    with Store.open(w.config) as store:
+        _assert_readable_except(store, w, [])
+    assert not check_store(w.config).damaged
+
+
 # ------------------------------------------------------------------ repair
 def _assert_readable_except(store: Store, w: Written, dropped: list[tuple[str, int, int, int]]) -> None:
     """Every message not in ``dropped`` reads back with its body; the dropped ones are

@@ -60,6 +60,7 @@ from consumequeue import ENTRY_DTYPE, ENTRY_SIZE, HOLE_TAG, START_TAG
 from ._base import StoreConfig, StoreLockedError
 from ._checkpoint import Checkpoint
 from ._durable_file import MetadataSource, load_json, read_json
+from ._partition_log import INDEX_MAGIC, TIME_MAGIC, open_index, read_whole
 
 Progress = Callable[[int], None]  # called with the number of log bytes just read
 METADATA_FILES = {  # per storage mode
@@ -225,24 +226,50 @@ def _check_partitions(config: StoreConfig, report: StoreReport, progress: Progre
     points = _recovery_points(config.data_dir / "recovery-points")
     for name in sorted(os.listdir(root)) if root.is_dir() else []:
         topic, _, qid = name.rpartition("-")
-        if not qid.isdigit():
+        if not qid.isdigit() or not topic:
             continue
         key = (topic, int(qid))
         log = check_log(root / name, config.commitlog, LogLayout.PARTITION, progress)
         report.logs.append(log)
+        report.index_problems += _partition_index_problems(root / name, log)
         problems = list(log.problems)
         point = points.get(key, 0)
-        if log.end < point:
-            last = max((str(p) for p in (root / name).glob("*.log")), default=str(root / name))
-            problems.append(
-                LogProblem(last, log.end, point, f"partition ends at queue offset {log.end}, below its recovery point {point}")
-            )
+        if log.end < point:  # whole records gone from the end: at the end of the last file
+            last = max((p for p in (root / name).glob("*.log")), default=None)
+            size = last.stat().st_size if last is not None else 0
+            reason = f"partition ends at queue offset {log.end}, below its recovery point {point}"
+            problems.append(LogProblem(str(last or root / name), size, size, reason))
         if not problems:
             continue
         top = max([point - 1, log.end - 1, *(r.last for r in log.beyond)])
         lost = [QueueRange(topic, key[1], log.valid_end, top, top - log.valid_end + 1)] if top >= log.valid_end else []
         report.damage += [Damage(p, lost) for p in problems]
         report.would_drop = merge_ranges(report.would_drop + lost)
+
+
+def _partition_index_problems(directory: Path, log: LogReport) -> list[LogProblem]:
+    """Index files (``.index``, ``.timeindex``) that do not check or were written for
+    another segment or more bytes than it holds (missing ones, or an active segment's
+    that lag, are rebuilt at open and are not damage)."""
+    out = []
+    segments = sorted((int(p.name[:20]), p) for p in directory.glob("*.log") if p.name[:20].isdigit())
+    for i, (base, path) in enumerate(segments):
+        size = path.stat().st_size
+        count = segments[i + 1][0] - base if i + 1 < len(segments) else log.end - base
+        for suffix, magic, entry in ((".index", INDEX_MAGIC, 8), (".timeindex", TIME_MAGIC, 12)):
+            opened = open_index(read_whole(path.with_suffix(suffix)), magic, entry)
+            if isinstance(opened, str):
+                why = None if opened == "missing" else opened
+            else:
+                _entries, at, covered, records = opened
+                last = i + 1 == len(segments)
+                whole = covered == size and records == count
+                why = (f"written for the segment at {at}" if at != base else None) or (
+                    None if whole or (last and covered <= size and records <= count)
+                    else f"covers {covered} bytes and {records} records, the segment holds {size} and {count}")  # fmt: skip
+            if why:
+                out.append(LogProblem(str(path.with_suffix(suffix)), 0, size, why))
+    return out
 
 
 def _recovery_points(path: Path) -> dict[QueueKey, int]:

@@ -74,6 +74,8 @@ def _repair_commitlog(config: StoreConfig, report: StoreReport) -> dict[QueueKey
 def _repair_partitions(config: StoreConfig, report: StoreReport) -> dict[QueueKey, int]:
     """Cut each damaged partition; the last offset kept per partition."""
     kept: dict[QueueKey, int] = {}
+    for problem in report.index_problems:  # derived: rebuilt at open
+        Path(problem.file).unlink(missing_ok=True)
     for log_report in report.logs:
         topic, _, qid = Path(log_report.directory).name.rpartition("-")
         if log_report.damaged:
