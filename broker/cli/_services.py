@@ -4,6 +4,7 @@ file, then ``CLMQ_*`` environment variables, then flags (``settings.py``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import time
@@ -27,9 +28,13 @@ console = Console()
 
 def add_commands(sub: Any) -> None:
     """Add the service commands (and the client verbs) to the ``clmq`` parser."""
-    dev = sub.add_parser("dev", help="name server and broker in one process, on a local data directory")
-    dev.add_argument("--data-dir", default="clmq-data", help="broker data directory (default ./clmq-data)")
-    dev.add_argument("--port", type=int, default=10911, help="broker port (default 10911)")
+    dev = sub.add_parser("dev", help="name server and broker in one process, on a local data directory; the broker "
+                         "takes the settings of 'clmq broker' (--config, CLMQ_* variables, flags)")  # fmt: skip
+    dev.add_argument("--config", type=Path, help="TOML file (keys: BrokerConfig fields, or a [broker] table)")
+    dev.add_argument("--data-dir", help="broker data directory (default ./clmq-data)")
+    dev.add_argument("--port", type=int, dest="listen_port", help="broker port (default 10911)")
+    dev.add_argument("--storage-mode", help="commitlog (default) or partition-per-file")
+    dev.add_argument("--flush-mode", help="async (default) or sync: acknowledge only once fsynced")
     dev.add_argument("--namesrv-port", type=int, default=9876, help="name server port (default 9876)")
     dev.add_argument("--demo", action="store_true", help="create a topic, produce and consume a few messages")
     dev.add_argument("--exit-after-demo", action="store_true", help="stop once the demo has run")
@@ -42,7 +47,10 @@ def add_commands(sub: Any) -> None:
     ns.set_defaults(func=cmd_nameserver)
 
     br = sub.add_parser("broker", help="run a broker")
-    br.add_argument("--config", type=Path, help="TOML file (keys: BrokerConfig fields, or a [broker] table)")
+    br.add_argument("--config", type=Path, help="TOML file (keys: BrokerConfig fields, or a [broker] table); every "
+                    "field can also be set as CLMQ_<FIELD> in the environment, e.g. CLMQ_MAX_CONNECTIONS=5000 "
+                    "(limits at the door: max_connections, reserved_file_descriptors, max_connection_buffer_bytes, "
+                    "max_buffered_request_bytes, frame_timeout_ms, idle_timeout_ms)")  # fmt: skip
     for flag, kind in (("broker-name", str), ("listen-host", str), ("listen-port", int), ("data-dir", str),
                        ("namesrv-addrs", str), ("storage-mode", str), ("flush-mode", str)):  # fmt: skip
         br.add_argument(f"--{flag}", type=kind)
@@ -107,13 +115,27 @@ def _run_service(main: Callable[[], Any]) -> int:
     return 0
 
 
+DEV_DEFAULTS = {"register_interval_ms": 1000}  # under the file, the environment and the flags
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
+    """The broker's settings load as ``clmq broker``'s do (file, CLMQ_* variables,
+    flags); only its name servers are set: the one this command runs."""
+    keys = ("listen_port", "data_dir", "storage_mode", "flush_mode")
+    try:
+        base = load_settings(BrokerConfig, args.config, section="broker", defaults=DEV_DEFAULTS,
+                             overrides={k: getattr(args, k) for k in keys})  # fmt: skip
+    except SettingsError as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 1
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             ns = await nursery.start(serve_nameserver, NameServerConfig(listen_port=args.namesrv_port))
-            cfg = BrokerConfig(listen_port=args.port, data_dir=args.data_dir, namesrv_addrs=[ns.addr], register_interval_ms=1000)
+            cfg = dataclasses.replace(base, namesrv_addrs=[ns.addr])
             broker = await nursery.start(serve_broker, cfg)
-            console.print(f"clmq dev: name server {ns.addr}, broker {broker.addr}, data in {args.data_dir}/")
+            console.print(f"clmq dev: name server {ns.addr}, broker {broker.addr}, data in {cfg.data_dir}/ "
+                          f"({cfg.storage_mode}, {cfg.flush_mode} flush)")  # fmt: skip
             if args.demo:
                 await _demo(ns.addr)
             if args.exit_after_demo:

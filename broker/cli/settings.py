@@ -52,13 +52,15 @@ def _fail(name: str, raw: Any, kind: type, source: str) -> Any:
 
 
 def load_settings(cls: type[T], path: str | Path | None = None, *, section: str | None = None,
-                  env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None) -> T:  # fmt: skip
-    """Build ``cls`` (a dataclass) from ``path`` (its ``[section]`` if given, else the
-    top level), the ``CLMQ_*`` variables of ``env`` and ``overrides`` (None values are
-    ignored), in increasing precedence."""
+                  env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None,
+                  defaults: Mapping[str, Any] | None = None) -> T:  # fmt: skip
+    """Build ``cls`` (a dataclass) from ``defaults`` (a command's own, e.g. ``clmq
+    dev``'s), ``path`` (its ``[section]`` if given, else the top level), the ``CLMQ_*``
+    variables of ``env`` and ``overrides`` (flags; None values are ignored), in
+    increasing precedence."""
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = dict(defaults or {})
     if path is not None:
         values.update(_from_file(Path(path), section, fields, hints))
     env = os.environ if env is None else env

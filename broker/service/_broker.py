@@ -41,7 +41,7 @@ class Broker:
         self.rpc = RpcServer(f"broker {config.broker_name}", self.handlers.table(), max_frame_bytes=config.max_frame_bytes,
                              idle_timeout_ms=config.idle_timeout_ms,
                              max_inflight_per_connection=config.max_inflight_per_connection,
-                             serial_codes=frozenset({RequestCode.SEND_MESSAGE}))  # fmt: skip
+                             serial_codes=frozenset({RequestCode.SEND_MESSAGE}), limits=config.server_limits())  # fmt: skip
         self._stop = trio.Event()
         self._register_wakeup = trio.Event()
         self._registered: dict[str, bool] = {}

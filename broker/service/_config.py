@@ -7,8 +7,9 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.store import StoreConfig
+from broker.store import STORAGE_MODES, StoreConfig
 from commitlog import CommitLogConfig, FlushMode, GiB, MiB
+from protocol.transport import ServerLimits
 
 
 @dataclass
@@ -37,12 +38,32 @@ class BrokerConfig:
     max_inflight_per_connection: int = 16_384  # a consumer of 10,000 queues holds a long poll for each
     register_interval_ms: int = 3000
     client_expiry_ms: int = 30_000  # a consumer silent this long leaves its groups
-    idle_timeout_ms: int = 120_000
+    idle_timeout_ms: int = 120_000  # a connection with no request in flight (long polls count) is closed after this
+    # Limits at the door (the name server has the same ones, at these defaults):
+    max_connections: int = 10_000  # one more is told SYSTEM_BUSY and closed; one log line per burst
+    reserved_file_descriptors: int = 128  # connections stop this far below the descriptor limit (ulimit -n)
+    max_connection_buffer_bytes: int = 64 * MiB  # request bytes one connection holds; beyond: not read (>= max_frame_bytes)
+    max_buffered_request_bytes: int = 256 * MiB  # request bytes all connections hold; beyond: not read
+    frame_timeout_ms: int = 60_000  # a frame begun must arrive whole within this, or its connection is closed
     request_timeout_ms: int = 30_000
     offset_flush_interval_ms: int = 1000
     shutdown_timeout_ms: int = 5000
     auto_create_topics: bool = False
     default_queue_count: int = 8
+
+    def __post_init__(self) -> None:
+        if self.flush_mode not in {m.value for m in FlushMode}:
+            raise ValueError(f"flush_mode must be one of {', '.join(m.value for m in FlushMode)}, got {self.flush_mode!r}")
+        if self.storage_mode not in STORAGE_MODES:
+            raise ValueError(f"storage_mode must be one of {', '.join(STORAGE_MODES)}, got {self.storage_mode!r}")
+        self.server_limits().check(self.max_frame_bytes)  # a ValueError naming the settings
+
+    def server_limits(self) -> ServerLimits:
+        """The limits of the broker's RpcServer."""
+        return ServerLimits(max_connections=self.max_connections, reserved_file_descriptors=self.reserved_file_descriptors,
+                            max_connection_buffer_bytes=self.max_connection_buffer_bytes,
+                            max_buffered_request_bytes=self.max_buffered_request_bytes,
+                            frame_timeout_ms=self.frame_timeout_ms)  # fmt: skip
 
     @property
     def advertised_addr_host(self) -> str:

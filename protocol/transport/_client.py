@@ -50,7 +50,7 @@ class _Connection:
             while True:
                 data = await self.stream.receive_some(1 << 18)
                 if not data:
-                    self.error = "connection closed by the server"
+                    self.error = self.error or "connection closed by the server"
                     return
                 self.decoder.receive_data(data)
                 self._deliver()
@@ -73,6 +73,9 @@ class _Connection:
             if isinstance(event, FrameRejected):
                 raise ProtocolError(f"response of {event.frame_bytes} bytes exceeds this client's max_frame_bytes")
             assert isinstance(event, Frame)
+            if event.request_id == 0 and event.error_code:  # no request has id 0: the server says why it closes
+                self.error = f"refused by the server: {event.error_text}"
+                continue
             waiter = self.waiting.pop(event.request_id, None)
             if waiter is not None:
                 waiter[1].append(event)

@@ -7,65 +7,137 @@ connection keep their order), which one task runs in arrival order. Every
 connection is bounded (``max_inflight_per_connection``; beyond it: SYSTEM_BUSY) and
 closed after ``idle_timeout_ms`` without requests. One misbehaving client only
 ever loses its own connection.
+
+Limits at the door (:class:`ServerLimits`): connections beyond ``max_connections`` (or
+beyond what the descriptor limit leaves) are told SYSTEM_BUSY and closed; accept
+failing for lack of descriptors (EMFILE, ENFILE) backs off and retries; request bytes
+held are bounded per connection and in all, by not reading (back-pressure); a frame
+must arrive within ``frame_timeout_ms``. Each kind of refusal is logged once per burst.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
-from typing import Awaitable, Callable, TypeVar
 
 import trio
 
-from protocol import (
-    FLAG_ONEWAY,
-    NEED_DATA,
-    ErrorCode,
-    Frame,
-    FrameDecoder,
-    FrameRejected,
-    ProtocolError,
-    encode_frame,
-    encode_frame_prefix,
-    response_to,
-)  # fmt: skip
+from protocol import FLAG_RESPONSE, ErrorCode, Frame, encode_frame
 
-from ._errors import RequestError
-from ._handler import Handler, Later, Peer, Reply
-from ._spans import send_spans
+from ._connection import ServerConnection
+from ._handler import Handler
+from ._limits import Burst, ByteBudget, ServerLimits
 
 log = logging.getLogger("clmq.server")
 
-T = TypeVar("T")
+ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+ACCEPT_RETRY_FIRST_S = 0.01  # after accept fails for lack of resources: back off, doubling ...
+ACCEPT_RETRY_MAX_S = 1.0  # ... up to this
+ACCEPT_QUIET_S = 5.0  # a lack of descriptors ends once accept has worked this long
+REFUSAL_SEND_S = 0.5  # how long a refused connection may take to be told why
 
 
 class RpcServer:
     """Serves ``handlers`` (request code -> handler) on a TCP port."""
 
     def __init__(self, name: str, handlers: dict[int, Handler], *, max_frame_bytes: int, idle_timeout_ms: int,
-                 max_inflight_per_connection: int = 256, serial_codes: frozenset[int] = frozenset()) -> None:  # fmt: skip
+                 max_inflight_per_connection: int = 256, serial_codes: frozenset[int] = frozenset(),
+                 limits: ServerLimits | None = None) -> None:  # fmt: skip
         self.name = name
         self.handlers = handlers
         self.max_frame_bytes = max_frame_bytes
         self.idle_timeout_ms = idle_timeout_ms
         self.max_inflight = max_inflight_per_connection
         self.serial_codes = serial_codes
+        self.limits = limits or ServerLimits()
+        self.limits.check(max_frame_bytes)
+        self.budget = ByteBudget(self.limits.max_buffered_request_bytes)
+        self.max_connections = self.limits.max_connections
         self.port = 0
         self.inflight = 0
         self.draining = False
         self.connections = 0
+        self.refused_connections = 0
+        self._refusals = Burst(log, f"{name}: connections refused")
+        self._no_descriptors = Burst(log, f"{name}: accepts failed for lack of descriptors")
         self._accept_scope = trio.CancelScope()
         self._idle = trio.Event()
+
+    @property
+    def buffered_request_bytes(self) -> int:
+        """Request bytes held now (read and not yet handled, or reserved for a frame
+        being read)."""
+        return self.budget.used
+
+    @property
+    def peak_buffered_request_bytes(self) -> int:
+        return self.budget.peak
 
     async def serve(self, host: str, port: int, handler_nursery: trio.Nursery, *,
                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:  # fmt: skip
         """Accept until :meth:`stop_accepting`; connections live in ``handler_nursery``."""
         listeners = await trio.open_tcp_listeners(port, host=host)
         self.port = listeners[0].socket.getsockname()[1]
-        with self._accept_scope:
-            await trio.serve_listeners(self._connection, listeners, handler_nursery=handler_nursery,
-                                       task_status=_Started(task_status, self.port))  # fmt: skip
-        for listener in listeners:
-            await listener.aclose()
+        self.max_connections = self.limits.connection_cap()
+        if self.max_connections < self.limits.max_connections:
+            log.info("%s: at most %d connections (max_connections=%d, lowered to leave reserved_file_descriptors=%d "
+                     "of the descriptor limit)", self.name, self.max_connections, self.limits.max_connections,
+                     self.limits.reserved_file_descriptors)  # fmt: skip
+        try:
+            with self._accept_scope:
+                async with trio.open_nursery() as accepting:
+                    for listener in listeners:
+                        accepting.start_soon(self._accept_loop, listener, handler_nursery)
+                    task_status.started(self.port)
+        finally:
+            for listener in listeners:
+                await trio.aclose_forcefully(listener)
+
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        """Accept for ever. Why not ``trio.serve_listeners``: it logs a traceback every
+        100 ms while descriptors are lacking, and it has no connection limit."""
+        backoff_s = ACCEPT_RETRY_FIRST_S
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as e:
+                if e.errno not in ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                self._no_descriptors.hit(f"{self.name}: cannot accept connections: out of file descriptors or "
+                                         f"memory ({errno.errorcode[e.errno]}); retrying, backing off up to "
+                                         f"{ACCEPT_RETRY_MAX_S:g} s")  # fmt: skip
+                await trio.sleep(backoff_s)
+                backoff_s = min(2 * backoff_s, ACCEPT_RETRY_MAX_S)
+                continue
+            backoff_s = ACCEPT_RETRY_FIRST_S
+            if trio.current_time() - self._no_descriptors.last_s > ACCEPT_QUIET_S:
+                self._no_descriptors.end()
+            self._start(stream, nursery)
+
+    def _start(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+        if self.connections >= self.max_connections:
+            self.refused_connections += 1
+            self._refusals.hit(f"{self.name}: refusing connections: {self.connections} open, "
+                               f"max_connections={self.max_connections}")  # fmt: skip
+            nursery.start_soon(self._refuse, stream)
+            return
+        self._refusals.end()
+        self.connections += 1  # counted here, not in the task: a burst of accepts cannot overshoot
+        nursery.start_soon(self._connection, stream)
+
+    async def _refuse(self, stream: trio.SocketStream) -> None:
+        """Tell a connection over the limit why (an error frame with request id 0, which
+        no request uses), then close it."""
+        text = f"too many connections to {self.name}: max_connections={self.max_connections}"
+        try:
+            with trio.move_on_after(REFUSAL_SEND_S):
+                await stream.send_all(
+                    encode_frame(Frame(0, 0, flags=FLAG_RESPONSE, error_code=ErrorCode.SYSTEM_BUSY, error_text=text))
+                )
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
 
     def stop_accepting(self) -> None:
         self._accept_scope.cancel()
@@ -81,10 +153,8 @@ class RpcServer:
         return False
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        conn = _ServerConnection(self, stream)
-        self.connections += 1
         try:
-            await conn.run()
+            await ServerConnection(self, stream).run()
         finally:
             self.connections -= 1
             with trio.CancelScope(shield=True):
@@ -94,161 +164,3 @@ class RpcServer:
         self.inflight -= 1
         if not self.inflight:
             self._idle.set()
-
-
-class _Started:
-    """Reports the bound port instead of the listeners."""
-
-    def __init__(self, status: trio.TaskStatus[int], port: int) -> None:
-        self._status, self._port = status, port
-
-    def started(self, _value: object = None) -> None:
-        self._status.started(self._port)
-
-
-class _ServerConnection:
-    def __init__(self, server: RpcServer, stream: trio.SocketStream) -> None:
-        self.server = server
-        self.stream = stream
-        self.decoder = FrameDecoder(server.max_frame_bytes)
-        self.send_lock = trio.Lock()
-        self.inflight = 0
-        try:
-            host, port = stream.socket.getpeername()[:2]
-        except (OSError, AttributeError):
-            host, port = "0.0.0.0", 0
-        self.peer = Peer(host, port)
-        self.serial_send, self.serial_recv = trio.open_memory_channel[Frame](server.max_inflight)
-
-    async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._serial_worker)
-            try:
-                await self._read_loop(nursery)
-            finally:
-                nursery.cancel_scope.cancel()
-
-    async def _read_loop(self, nursery: trio.Nursery) -> None:
-        idle_s = self.server.idle_timeout_ms / 1000
-        while True:
-            data = None
-            with trio.move_on_after(idle_s) as scope:
-                try:
-                    data = await self.stream.receive_some(1 << 18)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    return
-            if scope.cancelled_caught:
-                if self.inflight:
-                    continue  # long polls in flight: not idle
-                log.info("%s: closing idle connection from %s:%d", self.server.name, self.peer.host, self.peer.port)
-                return
-            if not data:
-                return
-            self.decoder.receive_data(data)
-            try:
-                self._take_events(nursery)
-            except ProtocolError as e:
-                log.warning("%s: closing connection from %s:%d: %s", self.server.name, self.peer.host, self.peer.port, e)
-                return
-
-    def _take_events(self, nursery: trio.Nursery) -> None:
-        while True:
-            event = self.decoder.next_event()
-            if event is NEED_DATA:
-                return
-            if isinstance(event, FrameRejected):
-                if event.request_id >= 0 and not event.flags & FLAG_ONEWAY:
-                    nursery.start_soon(self._send_error, event.code, event.request_id, ErrorCode.FRAME_TOO_LARGE, event.reason)
-                continue
-            assert isinstance(event, Frame)
-            if event.is_response:
-                continue  # servers do not send requests; ignore stray responses
-            self._admit(event, nursery)
-
-    def _admit(self, frame: Frame, nursery: trio.Nursery) -> None:
-        if self.server.draining:
-            nursery.start_soon(
-                self._send_error, frame.code, frame.request_id, ErrorCode.SHUTTING_DOWN, "the server is shutting down"
-            )
-            return
-        if self.inflight >= self.server.max_inflight:
-            nursery.start_soon(self._send_error, frame.code, frame.request_id, ErrorCode.SYSTEM_BUSY,
-                               f"more than {self.server.max_inflight} requests in flight on this connection")  # fmt: skip
-            return
-        self.inflight += 1
-        self.server.inflight += 1
-        if frame.code in self.server.serial_codes:
-            self.serial_send.send_nowait(frame)  # cannot block: the channel holds max_inflight
-        else:
-            nursery.start_soon(self._handle, frame)
-
-    async def _serial_worker(self) -> None:
-        async with trio.open_nursery() as finishing:
-            async for frame in self.serial_recv:
-                await self._handle(frame, finishing)
-
-    async def _handle(self, frame: Frame, finishing: trio.Nursery | None = None) -> None:
-        later = False
-        try:
-            reply = await self._run_handler(frame)
-            if isinstance(reply, Later) and finishing is not None:
-                later = True
-                finishing.start_soon(self._finish, frame, reply)
-                return
-            if isinstance(reply, Later):
-                reply = await self._guard(frame, reply.finish)
-            if not frame.is_oneway:
-                await self._send_reply(frame, reply)
-        finally:
-            if not later:
-                self.inflight -= 1
-                self.server._done()
-
-    async def _finish(self, frame: Frame, later: Later) -> None:
-        try:
-            reply = await self._guard(frame, later.finish)
-            if not frame.is_oneway:
-                await self._send_reply(frame, reply)
-        finally:
-            self.inflight -= 1
-            self.server._done()
-
-    async def _run_handler(self, frame: Frame) -> Reply | Later:
-        handler = self.server.handlers.get(frame.code)
-        if handler is None:
-            return Reply(
-                error_code=ErrorCode.REQUEST_NOT_SUPPORTED,
-                error_text=f"request code {frame.code} is not served by {self.server.name}",
-            )
-        return await self._guard(frame, lambda: handler(frame, self.peer))
-
-    async def _guard(self, frame: Frame, fn: Callable[[], Awaitable[T]]) -> T | Reply:
-        """Run a handler step; failures become error replies, never a dropped connection."""
-        try:
-            return await fn()
-        except RequestError as e:
-            return Reply(error_code=e.code, error_text=e.text)
-        except trio.TooSlowError:
-            return Reply(error_code=ErrorCode.TIMEOUT, error_text="the request timed out on the server")
-        except Exception as e:  # a handler bug must not take the connection down
-            log.exception("%s: request %d failed", self.server.name, frame.code)
-            return Reply(error_code=ErrorCode.SYSTEM_ERROR, error_text=f"{type(e).__name__}: {e}")
-
-    async def _send_error(self, code: int, request_id: int, error: ErrorCode, text: str) -> None:
-        await self._send_reply(Frame(code, request_id), Reply(error_code=error, error_text=text))
-
-    async def _send_reply(self, request: Frame, reply: Reply) -> None:
-        frame = response_to(request, reply.fields, reply.body, reply.error_code, reply.error_text)
-        try:
-            async with self.send_lock:
-                if reply.spans:
-                    length = sum(s.length for s in reply.spans)
-                    await self.stream.send_all(encode_frame_prefix(frame, length))
-                    await send_spans(self.stream, reply.spans)
-                else:
-                    await self.stream.send_all(encode_frame(frame))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-            # A frame may be half-sent: the stream is unusable from here on.
-            log.info("%s: could not answer %s:%d: %s", self.server.name, self.peer.host, self.peer.port, e)
-            with trio.CancelScope(shield=True):
-                await self.stream.aclose()

@@ -1,0 +1,217 @@
+"""One server connection: read frames within the server's limits (:class:`Intake`),
+run their handlers (serial codes in arrival order, the rest concurrently), write the
+replies. A misbehaving client only ever loses its own connection."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
+
+import trio
+
+from protocol import (
+    FLAG_ONEWAY,
+    NEED_DATA,
+    ErrorCode,
+    Frame,
+    FrameDecoder,
+    FrameRejected,
+    ProtocolError,
+    encode_frame,
+    encode_frame_prefix,
+    response_to,
+)  # fmt: skip
+
+from ._errors import RequestError
+from ._handler import Later, Peer, Reply
+from ._intake import Intake
+from ._spans import send_spans
+
+if TYPE_CHECKING:
+    from ._server import RpcServer
+
+log = logging.getLogger("clmq.server")
+
+T = TypeVar("T")
+_BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+class ServerConnection:
+    def __init__(self, server: RpcServer, stream: trio.SocketStream) -> None:
+        self.server = server
+        self.stream = stream
+        self.decoder = FrameDecoder(server.max_frame_bytes)
+        limits = server.limits
+        self.intake = Intake(server.budget, self.decoder, server.max_frame_bytes, limits.max_connection_buffer_bytes,
+                             limits.frame_timeout_ms / 1000)  # fmt: skip
+        self.send_lock = trio.Lock()
+        self.inflight = 0
+        try:
+            host, port = stream.socket.getpeername()[:2]
+        except (OSError, AttributeError):
+            host, port = "0.0.0.0", 0
+        self.peer = Peer(host, port)
+        self.serial_send, self.serial_recv = trio.open_memory_channel[tuple[Frame, int]](server.max_inflight)
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._serial_worker)
+                try:
+                    await self._read_loop(nursery)
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            self.intake.close()
+
+    def _say(self, level: int, what: str, *args: object) -> None:
+        log.log(level, "%s: %s:%d: " + what, self.server.name, self.peer.host, self.peer.port, *args)
+
+    async def _read_loop(self, nursery: trio.Nursery) -> None:
+        while await self._await_bytes():
+            n = await self.intake.admit_read()  # charged only now: a silent connection holds nothing
+            try:
+                data = await self.stream.receive_some(n)
+            except _BROKEN:
+                return
+            if not data:
+                return
+            self.intake.receive(data)
+            try:
+                self._take_events(nursery)
+            except ProtocolError as e:
+                self._say(logging.WARNING, "closing the connection: %s", e)
+                return
+            finally:
+                self.intake.settle()
+
+    async def _await_bytes(self) -> bool:
+        """Wait until the socket has bytes (or an end); False when the connection is to
+        be closed instead: idle too long, or a frame not complete within its deadline."""
+        intake = self.intake
+        while True:
+            mid_frame = intake.mid_frame
+            timeout_s = intake.frame_left_s if mid_frame else self.server.idle_timeout_ms / 1000
+            start = trio.current_time()
+            with trio.move_on_after(timeout_s) as scope:
+                try:
+                    await trio.lowlevel.wait_readable(self.stream.socket)
+                except _BROKEN:
+                    return False
+            if mid_frame:  # the frame's clock runs only while waiting for its bytes, not for the budget
+                intake.frame_left_s -= trio.current_time() - start
+            if not scope.cancelled_caught:
+                return True
+            if mid_frame:
+                self._say(logging.INFO, "closing: a frame did not arrive within frame_timeout_ms=%d",
+                          self.server.limits.frame_timeout_ms)  # fmt: skip
+                return False
+            if not self.inflight:
+                self._say(logging.INFO, "closing the idle connection")
+                return False
+            # long polls in flight: not idle
+
+    def _take_events(self, nursery: trio.Nursery) -> None:
+        while True:
+            event = self.decoder.next_event()
+            if event is NEED_DATA:
+                return
+            assert isinstance(event, (Frame, FrameRejected))
+            size = self.intake.claim(event)
+            if isinstance(event, FrameRejected):
+                if event.request_id >= 0 and not event.flags & FLAG_ONEWAY:
+                    nursery.start_soon(self._send_error, event.code, event.request_id, ErrorCode.FRAME_TOO_LARGE, event.reason)
+            elif event.is_response or not self._admit(event, size, nursery):
+                self.intake.release(size)  # servers send no requests: stray responses are dropped
+
+    def _admit(self, frame: Frame, size: int, nursery: trio.Nursery) -> bool:
+        if self.server.draining:
+            nursery.start_soon(
+                self._send_error, frame.code, frame.request_id, ErrorCode.SHUTTING_DOWN, "the server is shutting down"
+            )
+            return False
+        if self.inflight >= self.server.max_inflight:
+            nursery.start_soon(self._send_error, frame.code, frame.request_id, ErrorCode.SYSTEM_BUSY,
+                               f"more than {self.server.max_inflight} requests in flight on this connection")  # fmt: skip
+            return False
+        self.inflight += 1
+        self.server.inflight += 1
+        if frame.code in self.server.serial_codes:
+            self.serial_send.send_nowait((frame, size))  # cannot block: the channel holds max_inflight
+        else:
+            nursery.start_soon(self._handle, frame, size)
+        return True
+
+    async def _serial_worker(self) -> None:
+        async with trio.open_nursery() as finishing:
+            async for frame, size in self.serial_recv:
+                await self._handle(frame, size, finishing)
+
+    async def _handle(self, frame: Frame, size: int, finishing: trio.Nursery | None = None) -> None:
+        later = False
+        try:
+            reply = await self._run_handler(frame)
+            if isinstance(reply, Later) and finishing is not None:
+                later = True
+                finishing.start_soon(self._finish, frame, size, reply)
+                return
+            if isinstance(reply, Later):
+                reply = await self._guard(frame, reply.finish)
+            if not frame.is_oneway:
+                await self._send_reply(frame, reply)
+        finally:
+            if not later:
+                self._done(size)
+
+    async def _finish(self, frame: Frame, size: int, later: Later) -> None:
+        try:
+            reply = await self._guard(frame, later.finish)
+            if not frame.is_oneway:
+                await self._send_reply(frame, reply)
+        finally:
+            self._done(size)
+
+    def _done(self, size: int) -> None:
+        self.inflight -= 1
+        self.intake.release(size)
+        self.server._done()
+
+    async def _run_handler(self, frame: Frame) -> Reply | Later:
+        handler = self.server.handlers.get(frame.code)
+        if handler is None:
+            return Reply(
+                error_code=ErrorCode.REQUEST_NOT_SUPPORTED,
+                error_text=f"request code {frame.code} is not served by {self.server.name}",
+            )
+        return await self._guard(frame, lambda: handler(frame, self.peer))
+
+    async def _guard(self, frame: Frame, fn: Callable[[], Awaitable[T]]) -> T | Reply:
+        """Run a handler step; failures become error replies, never a dropped connection."""
+        try:
+            return await fn()
+        except RequestError as e:
+            return Reply(error_code=e.code, error_text=e.text)
+        except trio.TooSlowError:
+            return Reply(error_code=ErrorCode.TIMEOUT, error_text="the request timed out on the server")
+        except Exception as e:  # a handler bug must not take the connection down
+            log.exception("%s: request %d failed", self.server.name, frame.code)
+            return Reply(error_code=ErrorCode.SYSTEM_ERROR, error_text=f"{type(e).__name__}: {e}")
+
+    async def _send_error(self, code: int, request_id: int, error: ErrorCode, text: str) -> None:
+        await self._send_reply(Frame(code, request_id), Reply(error_code=error, error_text=text))
+
+    async def _send_reply(self, request: Frame, reply: Reply) -> None:
+        frame = response_to(request, reply.fields, reply.body, reply.error_code, reply.error_text)
+        try:
+            async with self.send_lock:
+                if reply.spans:
+                    length = sum(s.length for s in reply.spans)
+                    await self.stream.send_all(encode_frame_prefix(frame, length))
+                    await send_spans(self.stream, reply.spans)
+                else:
+                    await self.stream.send_all(encode_frame(frame))
+        except _BROKEN as e:
+            # A frame may be half-sent: the stream is unusable from here on.
+            self._say(logging.INFO, "could not answer: %s", e)
+            with trio.CancelScope(shield=True):
+                await self.stream.aclose()
