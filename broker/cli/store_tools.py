@@ -144,15 +144,16 @@ def _damage_table(report: StoreReport) -> None:
 
 
 def _ranges(title: str, ranges: list[QueueRange]) -> None:
-    total = sum(r.count for r in ranges)
-    _rows(f"{title}: {total:,} messages", ("topic", "queue", "offsets", "count"),
+    if ranges:
+        console.print(f"{title}: {sum(r.count for r in ranges):,} messages in {len(ranges)} queues")
+    _rows("", ("topic", "queue", "offsets", "count"),
           [(r.topic, str(r.queue_id), f"{r.first}..{r.last}", f"{r.count:,}") for r in ranges])  # fmt: skip
 
 
 def _rows(title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
     if not rows:
         return
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title or None, title_justify="left")
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
