@@ -459,3 +459,15 @@ def test_a_rollback_that_cannot_cut_fails_the_store(tmp_path: Path, op: str) -> 
         assert not s.healthy and s.failure is not None and "rollback" in str(s.failure)
         assert s.put(Message("t", 0, b"c")).status is PutStatus.STORE_FAILED
         assert s.max_offset("t", 0) == 0
+
+
+def test_an_fsync_error_while_closing_leaves_an_unclean_stop_and_a_free_directory(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    s = Store.open(config(d))
+    s.create_topic("t", QUEUES)
+    acked: Acked = {}
+    put_some(s, acked, 0, 30)
+    with inject(Fault("fdatasync", errno.EIO, path="partitions/")):
+        s.close()
+    assert not s.healthy and (d / "abort").exists()
+    assert_reads(d, acked)  # reopened (the lock is free), recovered after the unclean stop

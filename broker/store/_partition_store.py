@@ -147,7 +147,11 @@ class PartitionStore(StoreBase):
         self._durable.flush_requested.set()
 
     def _close_files(self) -> bool:
-        self.flush()
+        try:
+            self.flush()
+        except StoreFailedError:  # fsync failed just now: the next open recovers (abort marker stays)
+            self.files.close()
+            return False
         for part in self.partitions.values():
             part.write_indexes(part.segments[-1])
         try:
