@@ -34,6 +34,7 @@ TOPICS = {"crash-a": 4, "crash-b": 3, "crash-c": 1}  # topic -> queue count
 PRODUCERS = 2  # client connections
 TASKS_PER_PRODUCER = 3  # concurrent sends per connection
 GROUP = "crash-g"  # a clustering consumer reads (and commits) while the producers send
+LARGE_SHARE, LARGE_BODY_BYTES = 0.03, 30_000  # a few large bodies: batches past the inline-append size, big records
 TERM_FIRST_SHARE = 0.25  # of the rounds: SIGTERM, then SIGKILL at a random moment of the graceful stop
 READY_TIMEOUT_S = 30
 ROUND_TIMEOUT_S = 60
@@ -84,7 +85,7 @@ class Ledger:
         topic = rng.choice(sorted(TOPICS))
         ids = [f"{tag}-{self.next_id + i}" for i in range(rng.randint(1, 8))]
         self.next_id += len(ids)
-        bodies = [body_for(i, rng.randint(24, 3000)) for i in ids]
+        bodies = [body_for(i, rng.randint(24, LARGE_BODY_BYTES if rng.random() < LARGE_SHARE else 3000)) for i in ids]
         self.sent.update((i, digest(b)) for i, b in zip(ids, bodies))
         return Batch(topic, rng.randrange(TOPICS[topic]), ids, bodies)
 
