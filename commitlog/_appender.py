@@ -50,11 +50,15 @@ class Appender:
     ``SegmentSet.active``: the same thing, without a property call on the append path.
     """
 
-    __slots__ = ("_encoder", "_flusher", "_state")
+    __slots__ = ("_broken", "_encoder", "_flusher", "_state")
 
     def __init__(self, state: LogState, flusher: Flusher) -> None:
         self._state = state
         self._flusher = flusher
+        # Set under the lock when a file operation left the log's files in doubt; the
+        # durability is failed with it right after the lock is released (failing runs
+        # callbacks, which must not run under the lock).
+        self._broken: StoreFailedError | None = None
         config = state.config
         self._encoder = BatchEncoder(config.segment_bytes, config.max_message_bytes, config.store_host)
 
@@ -73,14 +77,15 @@ class Appender:
     def _run(self, encode: Encode) -> AppendResult:
         with self._state.lock:
             result = self._append_locked(encode)
+        self._fail_if_broken()
         if result.ok:
             self._after_write(result.end_offset)
         return result
 
     def _append_locked(self, encode: Encode) -> AppendResult:
         st = self._state
-        if st.durable.failure is not None:
-            return _refused(st)
+        if st.durable.failure is not None or self._broken is not None:
+            return self._refused()
         store_ts = now_ms()
         orig = st.snapshot.segments[-1]
         orig_size = orig.size
@@ -107,14 +112,15 @@ class Appender:
         """Append validated, already-formatted bytes (see :meth:`CommitLog.append_raw`)."""
         with self._state.lock:
             result = self._append_raw_locked(offset, data)
+        self._fail_if_broken()
         if result.ok:
             self._after_write(result.end_offset)
         return result
 
     def _append_raw_locked(self, offset: int, data: bytes) -> AppendResult:
         st = self._state
-        if st.durable.failure is not None:
-            return _refused(st)
+        if st.durable.failure is not None or self._broken is not None:
+            return self._refused()
         if offset != st.end:
             return AppendResult(AppendStatus.OFFSET_MISMATCH, f"raw append at {offset}, log ends at {st.end}")
         orig = st.snapshot.segments[-1]
@@ -174,12 +180,18 @@ class Appender:
             fileops.OPS.ftruncate(orig.fd, orig_size)
         except OSError as e:
             log.exception("commitlog: could not cut %s back to %d after a failed append", orig.path, orig_size)
-            st.durable.fail(StoreFailedError("commitlog rollback", e))
+            self._broken = StoreFailedError("commitlog rollback", e)
         orig.size, orig.sealed = orig_size, False
         orig.boundaries.truncate(orig_size)
 
     def truncate(self, offset: int) -> None:
         """Durably cut the log to ``offset`` (see :meth:`CommitLog.truncate`)."""
+        try:
+            self._truncate(offset)
+        finally:
+            self._fail_if_broken()
+
+    def _truncate(self, offset: int) -> None:
         st = self._state
         # flush_lock first: a flush under way must not publish its (older, higher) end
         # after the cut lowered the durable offset.
@@ -200,7 +212,7 @@ class Appender:
                     fsync_dir(st.directory)
                 seg.truncate(offset - seg.base)
             except OSError as e:  # the cut may or may not be on disk: trust nothing more
-                st.durable.fail(StoreFailedError("commitlog truncate", e))
+                self._broken = StoreFailedError("commitlog truncate", e)
                 raise
             seg.sealed = False
             st.end = offset
@@ -212,6 +224,11 @@ class Appender:
         self._flusher.note_written(end)
         self._state.notify_append()
 
+    def _refused(self) -> AppendResult:
+        failure = self._state.durable.failure or self._broken
+        return AppendResult(AppendStatus.STORE_FAILED, f"{failure}: nothing written")
 
-def _refused(st: LogState) -> AppendResult:
-    return AppendResult(AppendStatus.STORE_FAILED, f"{st.durable.failure}: nothing written")
+    def _fail_if_broken(self) -> None:
+        """After the lock: fail durability when a file operation under it went wrong."""
+        if self._broken is not None:
+            self._state.durable.fail(self._broken)

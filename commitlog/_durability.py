@@ -3,6 +3,14 @@
 Writers ask for a flush and wait (threads) or register a callback (event loops); the
 flusher fsyncs everything written so far once, then publishes the new durable offset
 and releases every waiter at or below it.
+
+Invariants:
+- ``value`` only grows through :meth:`DurableOffset.publish` (never past a value the
+  caller has fsynced; the CommitLog's flushes are serialised by its flush lock) and
+  only shrinks through :meth:`DurableOffset.lower` (a truncation).
+- :meth:`DurableOffset.fail` is final: nothing is published afterwards, every waiter
+  and callback is released at once, and they tell failure from success by
+  :attr:`DurableOffset.failure`.
 """
 
 from __future__ import annotations
@@ -85,7 +93,9 @@ class DurableOffset:
     def run_flusher(self, flush: Callable[[], object], pending: Callable[[], bool], stop: threading.Event,
                     interval_s: float) -> None:  # fmt: skip
         """The flush loop: flush when asked (group commit) or every ``interval_s``, until
-        ``stop`` is set; then a last flush."""
+        ``stop`` is set; then a last flush. An exception from ``flush`` (a
+        :class:`StoreFailedError` after an fsync error) ends the loop: it propagates to
+        the thread's runner, which puts the store into its failed state."""
         while not stop.is_set():
             self.flush_requested.wait(interval_s)
             self.flush_requested.clear()

@@ -59,7 +59,10 @@ class Flusher:
         with st.flush_lock:
             failed = st.durable.failure
             if failed is not None:
-                raise failed if isinstance(failed, StoreFailedError) else StoreFailedError("commitlog flush", failed)
+                # a fresh error each time: re-raising one object would pile up tracebacks
+                if isinstance(failed, StoreFailedError):
+                    raise StoreFailedError(failed.where, failed.cause)
+                raise StoreFailedError("commitlog flush", failed)
             with st.lock:
                 target = st.end
                 dirty, st.dirty = st.dirty, set()

@@ -10,6 +10,13 @@ Invariants:
   past ``confirmed_offset`` is handed to consumers (replication lowers it).
 - No append waits for fsync while holding the lock (flushes fsync outside it); only
   the rare :meth:`CommitLog.truncate` makes its cut durable before releasing it.
+- Flushes run one at a time and an fsync error is final: the log then refuses appends
+  (STORE_FAILED) and every flush raises :class:`StoreFailedError`.
+- Every open verifies what was promised (segment chain; at a clean open the end and
+  the last record; at an unclean one nothing below the checkpoint is cut) and raises
+  :class:`LogDamageError` rather than dropping promised bytes; reads inside the log
+  raise :class:`CorruptRecordError` rather than answering "not there".
+- Every file operation goes through :data:`commitlog.fileops.OPS`.
 
 :class:`CommitLog` is a facade over parts that each state their own invariants:
 

@@ -119,6 +119,9 @@ def test_truncation_and_its_fsync_go_through_the_seam(tmp_path: Path, op: str) -
     with inject(Fault(op, errno.EIO, path="commitlog/")) as ops, pytest.raises(OSError):
         lg.truncate(res.commitlog_offsets[10])
     assert ops.fired == 1
+    # the cut may or may not be on disk: the log takes no more writes
+    assert isinstance(lg.durability.failure, StoreFailedError)
+    assert lg.append(msgs("t", 1, 1)).status is AppendStatus.STORE_FAILED
     lg.abandon()
 
 
