@@ -14,8 +14,9 @@ from client import MessageQueue, Record, SendResult
 from .crash_broker import Batch, Figures, Ledger, audit, audit_live, body_for, crash_loop, digest
 
 
-def check(figures: Figures, rounds: int) -> None:
+def check(figures: Figures, rounds: int, root: Path) -> None:
     print(f"\nkill -9 loop: {figures.summary()}")
+    assert not (root / "data" / "abort").exists(), "the last, graceful stop left the unclean-shutdown marker"
     detail = f"{figures.summary()}; e.g. {figures.examples[:5]}"
     assert figures.rounds == rounds, detail
     assert figures.healthy_rounds == rounds, detail  # the produce right after every restart succeeded
@@ -31,7 +32,7 @@ def check(figures: Figures, rounds: int) -> None:
 async def test_acknowledged_messages_survive_broker_sigkill_quick(tmp_path: Path, mode: str) -> None:
     rounds = 3
     figures = await crash_loop(tmp_path, mode, rounds, (100, 300), 14)
-    check(figures, rounds)
+    check(figures, rounds, tmp_path)
 
 
 @pytest.mark.slow
@@ -39,7 +40,7 @@ async def test_acknowledged_messages_survive_broker_sigkill_quick(tmp_path: Path
 async def test_acknowledged_messages_survive_broker_sigkill(tmp_path: Path, mode: str) -> None:
     rounds = 50
     figures = await crash_loop(tmp_path, mode, rounds, (100, 600), 1414, 5)
-    check(figures, rounds)
+    check(figures, rounds, tmp_path)
 
 
 def _record(topic: str, queue_id: int, offset: int, body: bytes) -> Record:
