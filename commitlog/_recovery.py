@@ -82,7 +82,7 @@ def open_clean(state: LogState, expected_end: int | None, roll: Callable[[], Non
         _load_boundaries(state, seg, repairs)
     active = segments[-1]
     if expected_end is not None and active.end != expected_end:
-        raise _end_damage(active, expected_end, "was closed cleanly at")
+        raise _end_damage(state, active, expected_end, "was closed cleanly at")
     _verify_tail(state, active, repairs)
     if active.sealed:
         roll()
@@ -117,7 +117,7 @@ def recover(state: LogState, checkpoint_offset: int | None, roll: Callable[[], N
         break  # the active segment (intact to its end, or just cut there)
     active = state.snapshot.active
     if active.end < promised:
-        raise _end_damage(active, promised, "has a checkpoint promising it durable up to")
+        raise _end_damage(state, active, promised, "has a checkpoint promising it durable up to")
     if active.sealed:
         roll()
 
@@ -150,9 +150,11 @@ def _chain_damage(state: LogState, seg: Segment, nxt: Segment) -> LogDamageError
                           f"({expected - seg.size} bytes missing)")  # fmt: skip
 
 
-def _end_damage(active: Segment, promised: int, what: str) -> LogDamageError:
+def _end_damage(state: LogState, active: Segment, promised: int, what: str) -> LogDamageError:
     if active.end < promised:
-        return LogDamageError(str(active.path), active.end, promised,
+        whole = active.size == state.config.segment_bytes  # the next segment file is gone
+        where = state.directory / segment_name(active.end) if whole else active.path
+        return LogDamageError(str(where), active.end, promised,
                               f"the log ends at {active.end} but {what} {promised}: "
                               f"{promised - active.end} bytes missing")  # fmt: skip
     return LogDamageError(str(active.path), promised, active.end,

@@ -313,6 +313,37 @@ def test_a_damaged_middle_segment_is_never_cut_silently(tmp_path: Path, clean: b
     assert sorted(p.name for p in directory.glob("*.log")) == sorted(p.name for _, _, p in segs if p.exists())
 
 
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_middle_segment_cut_anywhere_is_refused(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+    directory = tmp_path_factory.mktemp("log") / "commitlog"
+    end, segs = filled(directory, 3)
+    i = data.draw(st.integers(0, len(segs) - 2))
+    base, size, path = segs[i]
+    cut = data.draw(st.integers(0, size - 1))
+    set_size(path, cut)
+    clean = data.draw(st.booleans())
+    with pytest.raises(LogDamageError) as info:
+        if clean:
+            open_clean(directory, end)
+        else:
+            open_unclean(directory, data.draw(st.sampled_from([None, base, end])))
+    assert (info.value.file, info.value.start, info.value.end) == (str(path), base + cut, segs[i + 1][0])
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_missing_newest_segment_is_refused(tmp_path: Path, clean: bool) -> None:
+    directory = log_dir(tmp_path)
+    end, segs = filled(directory, 3)
+    segs[-1][2].unlink()
+    with pytest.raises(LogDamageError) as info:
+        if clean:
+            open_clean(directory, end)
+        else:
+            open_unclean(directory, end)
+    assert (info.value.file, info.value.start, info.value.end) == (str(segs[-1][2]), segs[-1][0], end)
+
+
 def test_an_unclean_open_cuts_a_torn_tail_after_the_checkpoint(tmp_path: Path) -> None:
     directory = log_dir(tmp_path)
     lg = CommitLog.open(directory, CFG, clean=False, checkpoint_offset=None)
