@@ -146,18 +146,14 @@ class BatchEncoder:
         pack, sip, sport, text, cache = HEADER.pack, self.store_ip, self.store_port, self._bytes, self._utf8
         pieces, starts, q_offsets, cl_offsets = out.pieces, out.starts, out.q_offsets, out.cl_offsets
         pos, base = out.pos, out.base
+        msg_t, int_t, bytes_t, dict_t, no_host = Message, int, bytes, dict, NO_HOST  # locals: the loop's hot path
+        default_ip, default_port = encode_host(NO_HOST)
         for i, m in enumerate(messages):
-            qid, p = m.queue_id, m.properties
-            if (
-                m.__class__ is not Message
-                or qid.__class__ is not int
-                or m.body.__class__ is not bytes
-                or m.flags.__class__ is not int
-                or m.born_timestamp_ms.__class__ is not int
-                or m.reconsume_times.__class__ is not int
-                or m.born_host is not NO_HOST
-                or p.__class__ is not dict
-            ):
+            qid, body, p, host = m.queue_id, m.body, m.properties, m.born_host
+            flags, born, again = m.flags, m.born_timestamp_ms, m.reconsume_times
+            if (m.__class__ is not msg_t or qid.__class__ is not int_t or body.__class__ is not bytes_t
+                    or flags.__class__ is not int_t or born.__class__ is not int_t or again.__class__ is not int_t
+                    or host is not no_host or p.__class__ is not dict_t):  # fmt: skip
                 why = message_error(m)  # not the usual kinds: look closer (a bool is no int, ...)
                 if why is not None:
                     raise EncodeError(f"message {i} of {len(messages)}: {why}")
@@ -170,7 +166,6 @@ class BatchEncoder:
             if keys is None:
                 keys = text(m.keys)
             props = encode_properties(p) if p else b""
-            body = m.body
             tl, gl, kl, pl, bl = len(topic), len(tags), len(keys), len(props), len(body)
             size = HEADER_SIZE + tl + gl + kl + pl + bl
             if size > limit or tl > MAX_TOPIC_BYTES or gl > MAX_TAGS_BYTES or kl > MAX_KEYS_BYTES:
@@ -182,9 +177,9 @@ class BatchEncoder:
             if q is None:
                 q = table.get(key, 0)
             nxt[key] = q + 1
-            bip, bport = encode_host(m.born_host)
-            pieces += (pack(size, RECORD_MAGIC, 0, base + pos, q, qid, m.flags, m.born_timestamp_ms or store_ts,
-                            store_ts, bip, bport, sip, sport, m.reconsume_times, tl, gl, kl, pl, bl),
+            bip, bport = (default_ip, default_port) if host is no_host else encode_host(host)
+            pieces += (pack(size, RECORD_MAGIC, 0, base + pos, q, qid, flags, born or store_ts, store_ts, bip, bport,
+                            sip, sport, again, tl, gl, kl, pl, bl),
                        topic, tags, keys, props, body)  # fmt: skip
             starts.append(pos)
             q_offsets.append(q)

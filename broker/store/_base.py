@@ -85,11 +85,6 @@ class StoreBase(ABC):
     abstract hooks (appending, durability, reading, background work)."""
 
     topics: TopicTable
-    # True for a mode whose append refuses a message with a field of the wrong type or
-    # range before any side effect, as the CommitLog's encoder does (it takes no queue
-    # offset before the whole batch is encoded): then put_batch does not check twice
-    # (the check costs about 0.3 us a message, a fifth of an append).
-    append_checks_fields: bool = False
 
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
@@ -165,6 +160,15 @@ class StoreBase(ABC):
         self._failure_listeners = [*self._failure_listeners, fn]
         if self.failure is not None:
             fn(self.failure)
+
+    @property
+    def append_checks_fields(self) -> bool:
+        """True if the mode's append refuses a message with a field of the wrong type or
+        range before any side effect, so that put_batch need not check first (the check
+        costs about 0.4 us a message, a sixth of a put). The CommitLog mode's does: its
+        encoder checks every message before it takes a queue offset. The partition mode
+        writes one queue's share before it encodes the next, so it is checked first."""
+        return self.config.storage_mode == "commitlog"
 
     @property
     def healthy(self) -> bool:
@@ -270,12 +274,13 @@ class StoreBase(ABC):
             return PutResult(PutStatus.STORE_FAILED, str(self.failure))
         if not messages:
             return PutResult(PutStatus.INVALID_MESSAGE, "empty batch")
-        if not self.append_checks_fields:  # every field, before any queue offset is taken
+        topics = _topics_of(messages)  # None: a topic that is no str (or no message at all)
+        if topics is None or not self.append_checks_fields:  # every field, before any queue offset is taken
             invalid = BatchEncoder.batch_error(messages)
             if invalid is not None:
                 return PutResult(PutStatus.INVALID_MESSAGE, invalid)
         counts: dict[str, int] = {}
-        for topic in {m.topic for m in messages}:  # per topic, not per message: the hot path
+        for topic in topics or ():  # per topic, not per message: the hot path
             counts[topic], bad = self._queue_count(topic)
             if bad is not None:
                 return bad
@@ -284,9 +289,11 @@ class StoreBase(ABC):
             qids = [m.queue_id for m in messages]
             if all(type(q) is int for q in qids) and min(qids) >= 0 and max(qids) < count:
                 return None
-        for m in messages:
+        for i, m in enumerate(messages):
             count = counts[m.topic]
-            if type(m.queue_id) is not int or not 0 <= m.queue_id < count:
+            if type(m.queue_id) is not int:  # a bool, a float...: the field is wrong, not the queue
+                return PutResult(PutStatus.INVALID_MESSAGE, BatchEncoder.batch_error(messages) or f"message {i}")
+            if not 0 <= m.queue_id < count:
                 return PutResult(PutStatus.INVALID_QUEUE_ID, f"queue id {m.queue_id} not in 0..{count - 1} of topic {m.topic!r}")
         return None
 
@@ -478,3 +485,12 @@ def _check_get_args(topic: object, queue_id: object, offset: object, max_message
     if not all(type(t) is str for t in tag_set):
         raise InvalidInputError(f"read: 'tags' must hold only str, got {sorted(map(repr, tag_set))[:3]}")
     return tag_set
+
+
+def _topics_of(messages: Sequence[Message]) -> set[str] | None:
+    """The topics of a batch, or None if one is no string (unhashable, or no message)."""
+    try:
+        topics = {m.topic for m in messages}
+    except (TypeError, AttributeError):
+        return None
+    return topics if all(type(t) is str for t in topics) else None
