@@ -15,7 +15,10 @@ bytes are below the log's first offset: retention took them, and they are left o
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -34,6 +37,7 @@ from commitlog import (
     MiB,
     Record,
     decode_record,
+    fileops,
 )  # fmt: skip
 
 PREAD_MAX_BYTES = 64 * 1024  # zero-copy reads: runs up to this are read to check headers, longer ones mapped
@@ -156,44 +160,111 @@ def check_record_identity(rec: Record, where: str, offset: int, size: int, topic
 
 
 class EntryReader:
-    """Reads the records that queue entries point at, checking each one's identity."""
+    """Reads the records that queue entries point at, checking each one's identity.
+
+    The zero-copy path reads headers through its own read-only descriptor per segment
+    (the spans it checks came from :meth:`CommitLog.file_span`, so the bounds are
+    checked already): a pull of one record from each of many queues costs one
+    ``pread`` per record and no more. Descriptors of segments that retention or a
+    truncation removed are dropped by :meth:`forget_missing` (the store calls it then)
+    and closed one call later, as the log closes deleted segments: a read that took
+    the descriptor just before still has it open, so its number is never reused
+    under it.
+    """
 
     def __init__(self, log: CommitLog) -> None:
         self._log = log
+        self._fds: dict[Path, int] = {}
+        self._retired: list[int] = []  # dropped by the last forget_missing, closed by the next
+        self._lock = threading.Lock()
 
     def spans(self, picked: np.ndarray, qoffs: np.ndarray, topic: bytes, queue_id: int) -> tuple[list[FileSpan], int]:
         """File spans of the picked records, per log-contiguous run, headers checked."""
         spans: list[FileSpan] = []
         count = 0
         offsets, sizes, qo = picked["offset"].tolist(), picked["size"].tolist(), qoffs.tolist()
+        head, want = _head_with_topic(len(topic)), HEADER_SIZE + len(topic)
         for i, j in contiguous_runs(picked["offset"], picked["size"]):
             start, end = offsets[i], offsets[j - 1] + sizes[j - 1]
             where = self._log.file_span(start, end - start)
-            if where is not None and self._check_run(start, end, offsets[i:j], sizes[i:j], qo[i:j], topic, queue_id):
-                spans.append((str(where[0]), where[1], end - start))
-                count += j - i
+            if where is not None and j - i == 1 and sizes[i] >= want:  # the usual run of a pull of many queues
+                data = self._pread(where[0], want, where[1], start)  # the header and topic only
+                if data is None or len(data) < want:
+                    self._gone(start, sizes[i])
+                    continue
+                if head.unpack_from(data) != (sizes[i], RECORD_MAGIC, start, qo[i], queue_id, len(topic), topic):
+                    _diagnose(data, 0, sizes[i], start, qo[i], topic, queue_id, self._log.segment_path)
+                spans.append((str(where[0]), where[1], sizes[i]))
+                count += 1
+                continue
+            if where is not None:
+                if self._check_at(where, start, end, offsets[i:j], sizes[i:j], qo[i:j], topic, queue_id):
+                    spans.append((str(where[0]), where[1], end - start))
+                    count += j - i
                 continue
             for k in range(i, j):  # crosses a segment end, or fell out of retention: record by record
                 one = self._log.file_span(offsets[k], sizes[k])
                 if one is None:
                     self._gone(offsets[k], sizes[k])
-                elif self._check_run(offsets[k], offsets[k] + sizes[k], offsets[k : k + 1], sizes[k : k + 1],
-                                     qo[k : k + 1], topic, queue_id):  # fmt: skip
+                elif self._check_at(one, offsets[k], offsets[k] + sizes[k], offsets[k : k + 1], sizes[k : k + 1],
+                                    qo[k : k + 1], topic, queue_id):  # fmt: skip
                     spans.append((str(one[0]), one[1], sizes[k]))
                     count += 1
         return spans, count
 
-    def _check_run(self, start: int, end: int, offsets: list[int], sizes: list[int], qoffs: list[int], topic: bytes,
-                   queue_id: int) -> bool:  # fmt: skip
-        """Check the headers of a run of records (False: retention took it meanwhile)."""
+    def _check_at(self, where: tuple[Path, int], start: int, end: int, offsets: list[int], sizes: list[int],
+                  qoffs: list[int], topic: bytes, queue_id: int) -> bool:  # fmt: skip
+        """Check the headers of a run of records at ``where`` (segment, position);
+        False if retention took them meanwhile."""
+        path, pos = where
+        data: bytes | memoryview | None
         if end - start <= PREAD_MAX_BYTES:
-            data: bytes | memoryview | None = self._log.read_bytes(start, end - start)
+            data = self._pread(path, end - start, pos, start)
         else:  # a long run: map it, only the header pages are touched
             data = self._log.map_chunk(start, end - start)[1]
         if data is None or len(data) < end - start:
             return self._gone(start, end - start)
         check_headers(data, start, offsets, sizes, qoffs, topic, queue_id, self._log.segment_path)
         return True
+
+    def _pread(self, path: Path, n: int, pos: int, offset: int) -> bytes | None:
+        """``n`` bytes of a segment (None: deleted meanwhile); a failed read inside the
+        log is :class:`CorruptRecordError` ("read")."""
+        try:
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._open(path)
+            return fileops.OPS.pread(fd, n, pos)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if offset < self._log.min_offset:
+                return None
+            raise CorruptRecordError(str(path), offset, "read", f"{n} bytes", f"{type(e).__name__}: {e}") from e
+
+    def _open(self, path: Path) -> int:
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+            return fd
+
+    def forget_missing(self) -> None:
+        """Drop the descriptors of segments no longer in the log (retention, truncation);
+        those dropped by the previous call are closed now."""
+        keep = {path for _base, _size, path in self._log.segments()}
+        with self._lock:
+            closing, self._retired = self._retired, [fd for p, fd in self._fds.items() if p not in keep]
+            self._fds = {p: fd for p, fd in self._fds.items() if p in keep}
+        for fd in closing:
+            os.close(fd)
+
+    def close(self) -> None:
+        with self._lock:
+            fds, self._fds = [*self._fds.values(), *self._retired], {}
+            self._retired = []
+        for fd in fds:
+            os.close(fd)
 
     def _gone(self, offset: int, size: int) -> bool:
         """A record its entry names is not in the log: retention (False), or damage."""

@@ -162,6 +162,8 @@ class Store(StoreBase):
     def _release_partial(self) -> None:
         """After a failed open: close what was opened and free the directory (the abort
         marker stays, so the next open validates)."""
+        if hasattr(self, "_entries"):
+            self._entries.close()
         if hasattr(self, "queues"):
             self.queues.files.close()
         if hasattr(self, "log"):
@@ -192,10 +194,12 @@ class Store(StoreBase):
             log.error("store close: could not write consume queues (%s); next open will rebuild them", e)
             self.queues.files.close()
             clean = False
+        self._entries.close()
         self.log.close()
         return clean
 
     def _release_files(self) -> None:
+        self._entries.close()
         self.queues.files.close()
         self.log.abandon()
 
@@ -244,6 +248,7 @@ class Store(StoreBase):
         """Delete expired log segments and the queue files that only point into them."""
         deleted = self.log.delete_expired(now)
         if deleted:
+            self._entries.forget_missing()
             for key in self.queues.known():  # queues not loaded yet are trimmed when they are
                 cq = self.queues.queue(*key)
                 if cq.loaded:
@@ -274,6 +279,7 @@ class Store(StoreBase):
         """
         self.dispatcher.catch_up()  # every queue is complete up to here, then cut
         self.log.truncate(offset)
+        self._entries.forget_missing()  # a segment made again under the same name must be read anew
         for key in self.queues.known():
             self.queues.queue(*key).truncate_past(self.log.write_offset)
         self.dispatcher.dispatched_offset = min(self.dispatcher.dispatched_offset, self.log.write_offset)
