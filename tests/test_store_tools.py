@@ -248,6 +248,18 @@ def test_shortened_newest_segment(pristine: dict[str, Written], mode: str, tmp_p
     assert drops == [(topic, qid, last, last, 1)]
 
 
+def test_topics_file_damaged_with_a_good_previous_generation(pristine: dict[str, Written], tmp_path: Path) -> None:
+    w = _copy(pristine, "commitlog", tmp_path / "s")
+    TopicTable(w.config.data_dir / "topics.json").replace({"t": 2, "u": 1})  # both generations complete
+    _flip(w.config.data_dir / "topics.json", 5)
+    report = check_store(w.config)
+    assert [m.state for m in report.metadata if m.file.endswith("topics.json")] == ["previous"]
+    assert repair_store(w.config).dropped == []
+    assert [m.state for m in check_store(w.config).metadata if m.file.endswith("topics.json")] == ["ok"]
+    with Store.open(w.config) as store:
+        assert store.topics.all() == {"t": 2, "u": 1}
+
+
 def test_damaged_topics_file(pristine: dict[str, Written], tmp_path: Path) -> None:
     w = _copy(pristine, "commitlog", tmp_path / "s")
     (w.config.data_dir / "topics.json").write_bytes(b'{"crc32c":"00000000","version":1,"topics":{}}')

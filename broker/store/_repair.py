@@ -50,8 +50,12 @@ def repair_store(config: StoreConfig, progress: Progress | None = None) -> Store
             for suffix in ("", ".prev", ".tmp"):
                 (directory / (name + suffix)).unlink(missing_ok=True)
         (directory / "abort").touch()  # the next open validates everything
-        if any(m.file.endswith("topics.json") and m.state in ("damaged", "incomplete") for m in report.metadata):
+        topics_state = next((m.state for m in report.metadata if m.file.endswith("topics.json")), "ok")
+        if topics_state in ("damaged", "incomplete"):
             _rebuild_topics(directory, known, kept)
+        elif topics_state == "previous":  # write the good previous generation back as the current one
+            table = TopicTable(directory / "topics.json")
+            table.replace(table.all())
         fsync_dir(directory)
         report.repaired = True
         log.warning("store repair of %s: dropped %d messages in %d queues", directory,
@@ -116,11 +120,5 @@ def _rebuild_topics(directory: Path, known: set[QueueKey], kept: dict[QueueKey, 
     path = directory / "topics.json"
     for suffix in ("", ".prev", ".tmp"):
         path.with_name(path.name + suffix).unlink(missing_ok=True)
-    table = TopicTable(path)
-    replace = getattr(table, "replace", None)  # the whole table at once, where offered
-    if replace is not None:
-        replace(topics)
-    else:
-        for topic, count in sorted(topics.items()):
-            table.create(topic, count)
+    TopicTable(path).replace(topics)
     log.warning("store repair: topics.json rebuilt from the log: %d topics, %d queues", len(topics), sum(topics.values()))
