@@ -44,12 +44,10 @@ class FileCache:
     """LRU of open descriptors, at most ``max_open_files`` at a time (plus those still
     leased when evicted)."""
 
-    def __init__(self, max_open_files: int, read_only: bool = False) -> None:
-        """``read_only``: descriptors are opened for reading only (writes then fail)."""
+    def __init__(self, max_open_files: int) -> None:
         if max_open_files < 1:
             raise ValueError("max_open_files must be at least 1")
         self.max_open_files = max_open_files
-        self._mode = os.O_RDONLY if read_only else os.O_RDWR
         self._fds: OrderedDict[Path, _Open] = OrderedDict()
         self._lock = threading.Lock()
         self._forgets = 0  # how many forget() calls so far
@@ -68,7 +66,7 @@ class FileCache:
             forgets = self._forgets
         if create:
             path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, self._mode | (os.O_CREAT if create else 0), 0o644)
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
         with self._lock:
             entry = self._fds.get(path)
             if entry is None and forgets != self._forgets:  # maybe this very file: not cached

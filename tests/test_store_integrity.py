@@ -444,3 +444,27 @@ def test_long_zero_copy_runs_are_checked_record_by_record(tmp_path: Path, field:
         with pytest.raises(CorruptRecordError) as info:
             raw_records(s, "a", 0, 0, 150)
         assert info.value.check == field or (field == "total size" and info.value.check == "record extent")
+
+
+def _deleted_segments_open() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith(".log (deleted)"):
+            out.append(target)
+    return out
+
+
+def test_segments_removed_by_retention_are_not_kept_open_by_zero_copy_reads(tmp_path: Path) -> None:
+    cfg = small_config(tmp_path, segment_bytes=16 * 1024, max_message_bytes=2048, cq_entries_per_file=PER_FILE,
+                       log={"retention_bytes": 8 * 1024})  # fmt: skip
+    fill(tmp_path)
+    with Store.open(cfg) as s:
+        for q in range(QUEUES):
+            assert raw_records(s, "a", q, 0, 60)  # every segment read through the zero-copy check
+        assert s.apply_retention() > 0
+        s.apply_retention()  # descriptors dropped by one pass are closed by the next
+        assert [p for p in _deleted_segments_open() if str(tmp_path) in p] == []

@@ -247,8 +247,8 @@ class Store(StoreBase):
     def apply_retention(self, now: float | None = None) -> int:
         """Delete expired log segments and the queue files that only point into them."""
         deleted = self.log.delete_expired(now)
+        self._entries.forget_missing()  # every pass: what the last one dropped is closed now
         if deleted:
-            self._entries.forget_missing()
             for key in self.queues.known():  # queues not loaded yet are trimmed when they are
                 cq = self.queues.queue(*key)
                 if cq.loaded:
