@@ -1,4 +1,14 @@
-"""The dispatcher: builds consume-queue entries by tailing the log, vectorised."""
+"""The dispatcher: builds consume-queue entries by tailing the log, vectorised.
+
+Invariants:
+- Entries are built only from records below the log's confirmed offset, in log order;
+  re-dispatching a range is idempotent (queues skip entries they hold).
+- Nothing in the loop catches errors: an exception leaves :meth:`Dispatcher.run`, and
+  the store's thread guard puts the store into its failed state.
+- A record header that does not walk (damage under a running store) is skipped to
+  the next known record start with an error naming the offsets; the queue offsets it
+  held become explicit hole markers in their queues (see ``_queue``), never zeros.
+"""
 
 from __future__ import annotations
 

@@ -9,6 +9,14 @@ queue for all its entries of all pending rounds. A merge happens before anything
 a queue (so readers always see every dispatched entry), when the housekeeping flush
 runs, when the rounds hold ``MERGE_ENTRIES`` entries (bounding memory), and at once
 for small rounds under light load (where per-queue work is cheap anyway).
+
+Invariants:
+- A merge applies rounds idempotently (a queue skips entries it has), so a merge that
+  failed part-way is retried whole; queues given entries before the failure are still
+  marked dirty, so they are flushed.
+- A merge that fails in the dispatcher thread raises, and the thread's guard fails the
+  store, except for a full disk (ENOSPC), after which the rounds are kept for the next
+  merge: nothing is dropped or retried silently.
 """
 
 from __future__ import annotations

@@ -256,20 +256,26 @@ def test_log_damage_names_the_queues_and_offsets_it_affects(tmp_path: Path) -> N
     assert sorted(queues) == expected
 
 
-def test_the_directory_is_free_after_open_refuses(tmp_path: Path) -> None:
-    """Whatever open raises, the directory lock is released (``clmq store repair`` needs it)."""
+def test_log_damage_refuses_the_open_naming_the_lost_messages_and_frees_the_directory(tmp_path: Path) -> None:
+    """A middle segment lost its tail: the open refuses with LogDamageError naming, per
+    queue, the offsets whose records were there; the directory lock is released, so
+    the next open (or ``clmq store repair``) can run, and it refuses the same way."""
     fill(tmp_path)
+    entries = {q: _entries(tmp_path, "a", q) for q in range(QUEUES)}
     segments = sorted((tmp_path / "commitlog").glob("*.log"))
-    os.truncate(segments[1], 100)  # a middle segment shortened: its successor's base says so
-    for _ in range(2):
-        try:
-            Store.open(config(tmp_path)).close()
-        except LogDamageError as e:
-            assert e.queues
-            continue
-        except CorruptRecordError:
-            continue
-        break
+    os.truncate(segments[1], 100)
+    for _ in range(2):  # a second open is not refused as "locked"
+        with pytest.raises(LogDamageError) as info:
+            Store.open(config(tmp_path))
+    e = info.value
+    expected = []
+    for q in range(QUEUES):
+        offs, sizes = entries[q]["offset"].astype(np.int64), entries[q]["size"].astype(np.int64)
+        hit = np.flatnonzero((offs < e.end) & (offs + sizes > e.start))
+        if len(hit):
+            expected.append(("a", q, int(hit[0]), int(hit[-1])))
+    assert expected and sorted(e.queues) == expected
+    assert "a/0 offsets" in str(e)
 
 
 # ------------------------------------------------------------------ the seam
