@@ -4,6 +4,7 @@ replies. A misbehaving client only ever loses its own connection."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
 
@@ -68,14 +69,15 @@ class ServerConnection:
         log.log(level, "%s: %s:%d: " + what, self.server.name, self.peer.host, self.peer.port, *args)
 
     async def _read_loop(self, nursery: trio.Nursery) -> None:
-        while await self._await_bytes():
-            n = await self.intake.admit_read()  # charged only now: a silent connection holds nothing
-            try:
-                data = await self.stream.receive_some(n)
-            except _BROKEN:
-                return
+        more = False  # the last read filled its buffer: more bytes are likely waiting
+        while True:
+            if not (more or self.intake.reserved) and not await self._deadline(self._readable):
+                return  # charged only once bytes are there: a silent connection holds nothing
+            n = await self.intake.admit_read()
+            data = await self._deadline(functools.partial(self.stream.receive_some, n))
             if not data:
                 return
+            more = len(data) == n
             self.intake.receive(data)
             try:
                 self._take_events(nursery)
@@ -85,31 +87,36 @@ class ServerConnection:
             finally:
                 self.intake.settle()
 
-    async def _await_bytes(self) -> bool:
-        """Wait until the socket has bytes (or an end); False when the connection is to
-        be closed instead: idle too long, or a frame not complete within its deadline."""
+    async def _readable(self) -> bool:
+        await trio.lowlevel.wait_readable(self.stream.socket)
+        return True
+
+    async def _deadline(self, wait: Callable[[], Awaitable[T]]) -> T | None:
+        """``wait()`` for bytes within the connection's deadline; None when the
+        connection is to be closed instead: broken, idle too long (with no request in
+        flight: long polls count), or a frame not complete within frame_timeout_ms."""
         intake = self.intake
         while True:
             mid_frame = intake.mid_frame
             timeout_s = intake.frame_left_s if mid_frame else self.server.idle_timeout_ms / 1000
             start = trio.current_time()
+            result: T | None = None
             with trio.move_on_after(timeout_s) as scope:
                 try:
-                    await trio.lowlevel.wait_readable(self.stream.socket)
+                    result = await wait()
                 except _BROKEN:
-                    return False
+                    return None
             if mid_frame:  # the frame's clock runs only while waiting for its bytes, not for the budget
                 intake.frame_left_s -= trio.current_time() - start
             if not scope.cancelled_caught:
-                return True
-            if mid_frame:
+                return result
+            if mid_frame and intake.frame_left_s <= 0:
                 self._say(logging.INFO, "closing: a frame did not arrive within frame_timeout_ms=%d",
                           self.server.limits.frame_timeout_ms)  # fmt: skip
-                return False
-            if not self.inflight:
+                return None
+            if not mid_frame and not self.inflight:
                 self._say(logging.INFO, "closing the idle connection")
-                return False
-            # long polls in flight: not idle
+                return None
 
     def _take_events(self, nursery: trio.Nursery) -> None:
         while True:
