@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
+from typing import Awaitable, Callable, Protocol, TypeVar
 
 import trio
 
@@ -24,12 +24,28 @@ from protocol import (
 )  # fmt: skip
 
 from ._errors import RequestError
-from ._handler import Later, Peer, Reply
+from ._handler import Handler, Later, Peer, Reply
 from ._intake import Intake
+from ._limits import ByteBudget, ServerLimits
 from ._spans import send_spans
 
-if TYPE_CHECKING:
-    from ._server import RpcServer
+
+class ConnectionHost(Protocol):
+    """What a connection uses of its server (:class:`RpcServer`)."""
+
+    name: str
+    handlers: dict[int, Handler]
+    max_frame_bytes: int
+    idle_timeout_ms: int
+    max_inflight: int
+    serial_codes: frozenset[int]
+    limits: ServerLimits
+    budget: ByteBudget
+    draining: bool
+    inflight: int
+
+    def request_done(self) -> None: ...
+
 
 log = logging.getLogger("clmq.server")
 
@@ -38,7 +54,7 @@ _BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 class ServerConnection:
-    def __init__(self, server: RpcServer, stream: trio.SocketStream) -> None:
+    def __init__(self, server: ConnectionHost, stream: trio.SocketStream) -> None:
         self.server = server
         self.stream = stream
         self.decoder = FrameDecoder(server.max_frame_bytes)
@@ -181,7 +197,7 @@ class ServerConnection:
     def _done(self, size: int) -> None:
         self.inflight -= 1
         self.intake.release(size)
-        self.server._done()
+        self.server.request_done()
 
     async def _run_handler(self, frame: Frame) -> Reply | Later:
         handler = self.server.handlers.get(frame.code)

@@ -160,7 +160,8 @@ class RpcServer:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
-    def _done(self) -> None:
+    def request_done(self) -> None:
+        """A connection's request is finished (answered, or given up)."""
         self.inflight -= 1
         if not self.inflight:
             self._idle.set()
