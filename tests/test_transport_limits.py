@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.service import Broker
-from client import open_admin, open_producer
+from client import ConnectionFailed, RpcClient, open_admin, open_producer
 from commitlog import MiB
 from protocol import ErrorCode, RequestCode
+from protocol.transport import background_nursery
 from tests.service_helpers import Cluster
 from tests.waiting import await_until, wait_until
 from tests.wire_fuzz import (
@@ -95,6 +96,11 @@ async def _flood_beyond_the_limit(broker: Broker, count: int = 60) -> None:
     for data in refused:  # each refused one is told why, then closed
         (header,) = decode_frames(data)
         assert header["e"] == ErrorCode.SYSTEM_BUSY and "max_connections=20" in header["m"]
+    async with background_nursery() as n:  # what a client refused says
+        rpc = RpcClient(n)
+        with pytest.raises(ConnectionFailed, match=r"refused by the server: too many connections.*max_connections=20"):
+            await rpc.request(broker.addr, RequestCode.BROKER_INFO)
+        await rpc.aclose()
     for s in flood:
         await s.aclose()
     await await_until(lambda: broker.rpc.connections <= before, 10, "the flood's connections to close")
