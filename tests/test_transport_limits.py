@@ -253,20 +253,24 @@ async def test_large_frames_beyond_the_global_cap_wait_their_turn_and_complete(c
     good, stop = await _good_client(nursery, broker.addr)
     await GoodClient(broker.addr, topic="big").prepare()  # a topic of their own (see the report on OFFSET_OVERFLOW)
     done: list[int] = []
+    checked = trio.Event()
 
     async def big_sender(i: int) -> None:
         async with open_producer(broker_addrs=[broker.addr]) as producer:
             batch = [b"%d-%d-" % (i, k) + b"y" * 240_000 for k in range(12)]  # ~2.9 MiB in one frame
             await producer.send_batch("big", batch)
             done.append(i)
+            await checked.wait()  # its connection stays open, silent
 
     async with trio.open_nursery() as n:
         for i in range(4):
             n.start_soon(big_sender, i)
-    assert sorted(done) == [0, 1, 2, 3]
-    assert broker.rpc.peak_buffered_request_bytes <= 6 * MiB
-    stop.set()
-    await await_until(lambda: broker.rpc.buffered_request_bytes == 0, 10, "the accounting to return to zero")
+        await await_until(lambda: len(done) == 4, 30, "every big frame to be taken")
+        assert broker.rpc.peak_buffered_request_bytes <= 6 * MiB
+        stop.set()
+        # silent connections hold nothing, whatever they sent before
+        await await_until(lambda: broker.rpc.buffered_request_bytes == 0, 10, "the accounting to return to zero")
+        checked.set()
     assert good.errors == []
 
 

@@ -85,15 +85,16 @@ class ServerConnection:
         log.log(level, "%s: %s:%d: " + what, self.server.name, self.peer.host, self.peer.port, *args)
 
     async def _read_loop(self, nursery: trio.Nursery) -> None:
-        more = False  # the last read filled its buffer: more bytes are likely waiting
+        more = False  # the last read between frames filled its buffer: more bytes are likely waiting
         while True:
             if not (more or self.intake.reserved) and not await self._deadline(self._readable):
                 return  # charged only once bytes are there: a silent connection holds nothing
             n = await self.intake.admit_read()
+            between_frames = not self.intake.reserved  # this read is charged until decoded
             data = await self._deadline(functools.partial(self.stream.receive_some, n))
             if not data:
                 return
-            more = len(data) == n
+            more = between_frames and len(data) == n
             self.intake.receive(data)
             try:
                 self._take_events(nursery)
