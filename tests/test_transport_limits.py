@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from broker.service import Broker
 from client import ConnectionFailed, RpcClient, open_admin, open_producer
 from commitlog import MiB
-from protocol import ErrorCode, RequestCode
+from protocol import NEED_DATA, ErrorCode, RequestCode
 from protocol.transport import background_nursery
 from tests.service_helpers import Cluster
 from tests.waiting import await_until, wait_until
@@ -379,3 +379,27 @@ def test_dev_takes_the_broker_settings_from_the_environment_file_and_flags(tmp_p
     assert "commitlog, async flush" in out.stdout and (tmp_path / "from-file" / "commitlog").is_dir(), out.stdout
     bad = _clmq(*demo, cwd=tmp_path, CLMQ_FLUSH_MODE="sometimes")
     assert bad.returncode == 1 and "sometimes" in bad.stdout, bad.stdout + bad.stderr
+
+
+# ----------------------------------------------------------------- the framing the budget relies on
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=8), cuts=st.lists(st.integers(1, 700), max_size=6))
+def test_framing_agrees_with_the_decoder_on_every_frame(sizes: list[int], cuts: list[int]) -> None:
+    """The budget charges each decoded frame the length the framing saw: both must
+    agree frame by frame, however the stream is cut, with frames too large among them."""
+    from protocol import Frame, FrameDecoder, encode_frame
+    from protocol.transport._limits import Framing
+
+    limit = 2048
+    stream = b"".join(encode_frame(Frame(60, i + 1, {}, b"b" * n)) for i, n in enumerate(sizes))
+    decoder, framing = FrameDecoder(limit), Framing(limit)
+    emitted: list[int] = []
+    for piece in iter_chunks(stream, cuts):
+        decoder.receive_data(piece)
+        framing.feed(piece)
+        while not isinstance(event := decoder.next_event(), type(NEED_DATA)):
+            if isinstance(event, Frame):
+                emitted.append(framing.done.popleft())
+                assert emitted[-1] == len(encode_frame(event))
+    assert not framing.done and not framing.started
+    assert len(emitted) == sum(1 for n in sizes if len(encode_frame(Frame(60, 1, {}, b"b" * n))) <= limit)
