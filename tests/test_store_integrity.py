@@ -474,3 +474,21 @@ def test_segments_removed_by_retention_are_not_kept_open_by_zero_copy_reads(tmp_
         assert s.apply_retention() > 0
         s.apply_retention()  # descriptors dropped by one pass are closed by the next
         assert [p for p in _deleted_segments_open() if str(tmp_path) in p] == []
+
+
+def test_an_entry_garbled_below_the_logs_start_is_not_taken_for_retention(tmp_path: Path) -> None:
+    """After retention, entries pointing below the log's start are skipped as deleted,
+    but only at a queue's head: one in the middle of live entries is damage."""
+    cfg = small_config(tmp_path, segment_bytes=16 * 1024, max_message_bytes=2048, cq_entries_per_file=PER_FILE,
+                       log={"retention_bytes": 20 * 1024})  # fmt: skip
+    fill(tmp_path)
+    with Store.open(cfg) as s:
+        assert s.apply_retention() > 0
+        lo = s.min_offset("a", 1)
+    assert 0 < lo < 50
+    victim = lo + 5
+    _rewrite_entry(tmp_path, "a", 1, victim, (0, 150, 0))  # offset 0: long gone
+    with Store.open(cfg) as s:
+        with pytest.raises(CorruptRecordError) as info:
+            read_all(s, "a", 1, lo)
+        assert info.value.check == "consume queue entry" and info.value.offset == victim

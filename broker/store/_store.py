@@ -331,20 +331,26 @@ class Store(StoreBase):
               tags: set[str] | None) -> tuple[list[Record], int]:  # fmt: skip
         scan = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
         try:
-            at, raw = self.queues.queue(topic, queue_id).read(offset, scan)
-            picked, qoffs, next_offset = self._select(at, raw, max_messages, tags)
+            cq = self.queues.queue(topic, queue_id)
+            at, raw = cq.read(offset, scan)
+            picked, qoffs, next_offset = self._select(str(cq.directory), at, raw, max_messages, tags)
             records = self._entries.records(picked, qoffs, topic, queue_id)
         except CorruptRecordError as e:
             self._mark_for_rebuild(topic, queue_id, e)
             raise
         return [r for r in records if tags is None or r.tags in tags], next_offset
 
-    def _select(self, at: int, raw: bytes, max_messages: int, tag_set: set[str] | None,
+    def _select(self, where: str, at: int, raw: bytes, max_messages: int, tag_set: set[str] | None,
                 max_bytes: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
-        """The entries to read from ``raw`` (entries from queue offset ``at``), their
-        queue offsets, and the queue offset after the last one looked at."""
+        """The entries to read from ``raw`` (entries from queue offset ``at`` of the
+        queue in directory ``where``), their queue offsets, and the queue offset after
+        the last one looked at."""
         entries = np.frombuffer(raw, ENTRY_DTYPE)
-        mask = (entries["size"] > 0) & (entries["offset"] >= self.log.min_offset)  # size 0: a hole marker
+        live = entries["offset"] >= self.log.min_offset
+        mask = entries["size"] > 0  # size 0: a hole marker
+        if not live.all():  # below the log's start: retention, which only ever takes a queue's head
+            _retained_prefix(entries, mask, live, at, where, self.log.min_offset)
+            mask &= live
         if tag_set is not None:
             mask &= np.isin(entries["tag"], np.array([tag_hash(t) for t in tag_set], dtype=np.uint64))
         idx = np.flatnonzero(mask)[:max_messages]
@@ -360,8 +366,9 @@ class Store(StoreBase):
                   max_bytes: int) -> tuple[list[Span], int, int]:  # fmt: skip
         scan = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
         try:
-            at, raw = self.queues.queue(topic, queue_id).read(offset, scan)
-            picked, qoffs, next_offset = self._select(at, raw, max_messages, tags, max_bytes)
+            cq = self.queues.queue(topic, queue_id)
+            at, raw = cq.read(offset, scan)
+            picked, qoffs, next_offset = self._select(str(cq.directory), at, raw, max_messages, tags, max_bytes)
             found, count = self._entries.spans(picked, qoffs, topic.encode(), queue_id)
         except CorruptRecordError as e:
             self._mark_for_rebuild(topic, queue_id, e)
@@ -380,3 +387,18 @@ class Store(StoreBase):
     def end_offset(self) -> int:
         """Where the next append goes (the durability token of :meth:`wait_durable`)."""
         return self.log.write_offset
+
+
+def _retained_prefix(entries: np.ndarray, real: np.ndarray, live: np.ndarray, at: int, where: str,
+                     log_min: int) -> None:  # fmt: skip
+    """Entries pointing below the log's start must be a prefix (retention deletes the
+    oldest records first); one after a live entry is damage, not retention."""
+    first_live = np.flatnonzero(real & live)
+    if not len(first_live):
+        return
+    late = np.flatnonzero(real & ~live)
+    late = late[late > first_live[0]]
+    if len(late):
+        i = int(late[0])
+        raise CorruptRecordError(where, at + i, "consume queue entry", f"a commit-log offset >= {log_min} (the log's start)",
+                                 str(int(entries["offset"][i])))  # fmt: skip
