@@ -5,6 +5,15 @@ grouped by queue and written with one system call per queue file; the flusher fs
 every file written since the last flush (sync mode: group commit over all of them).
 Durability is tracked by a *virtual offset*: the count of bytes appended across every
 partition, so that "durable up to X" means the same as in the CommitLog mode.
+
+Promises (issue 14), as in the CommitLog mode:
+- ``recovery-points`` holds, per partition, the queue offset below which everything was
+  fsynced when it was written (each checkpoint). Every open, clean or not, checks each
+  partition against it (:class:`~._partition_log.PartitionLoader`): bytes promised and
+  gone refuse the open with :class:`~commitlog.LogDamageError`.
+- One flush at a time: the durable offset is published only after every fsync covering
+  it has returned. An fsync error fails the store (nothing retried, nothing published);
+  housekeeping retries only a full disk.
 """
 
 from __future__ import annotations
