@@ -27,6 +27,7 @@ from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import crc32c as _crc32c
 import numpy as np
@@ -341,6 +342,22 @@ class PartitionLog:
             if not out:
                 raise
         return out
+
+    def records_from(self, files: FileCache, offset: int, limit: int) -> Iterator[tuple[Record, bytes]]:
+        """Up to ``limit`` checked records from ``offset`` on, read in chunks. A damaged
+        record ends the run: raised if it is the first, else the next run starts there."""
+        seen = 0
+        while seen < limit and offset < self.next_offset:
+            try:
+                got = self.read_with_bytes(files, offset, min(256, limit - seen), 1 << 20)
+            except CorruptRecordError:
+                if seen:
+                    return
+                raise
+            if not got:
+                return
+            yield from got
+            seen, offset = seen + len(got), got[-1][0].queue_offset + 1
 
     def offset_for_timestamp(self, files: FileCache, ts: int) -> int:
         for seg in self.segments:

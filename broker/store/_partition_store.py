@@ -29,7 +29,6 @@ from typing import Sequence
 
 from commitlog import (
     BatchEncoder,
-    CorruptRecordError,
     DurableOffset,
     EncodeError,
     FlushMode,
@@ -334,49 +333,30 @@ class PartitionStore(StoreBase):
               tags: set[str] | None) -> tuple[list[Record], int]:  # fmt: skip
         part = self.partitions[(topic, queue_id)]
         out: list[Record] = []
-        scanned = 0
         limit = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
-        while len(out) < max_messages and scanned < limit and offset < part.next_offset:
-            try:
-                recs = part.read(self.files, offset, min(256, limit - scanned), 1 << 20)
-            except CorruptRecordError:
-                if out:  # answer what was good; the next read starts at the damage and fails
+        for rec, _raw in part.records_from(self.files, offset, limit):
+            offset = rec.queue_offset + 1
+            if tags is None or rec.tags in tags:
+                out.append(rec)
+                if len(out) == max_messages:
                     break
-                raise
-            if not recs:
-                break
-            for r in recs:
-                offset, scanned = r.queue_offset + 1, scanned + 1
-                if tags is None or r.tags in tags:
-                    out.append(r)
-                    if len(out) == max_messages:
-                        break
         return out, offset
 
     def _read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None,
                   max_bytes: int) -> tuple[list[Span], int, int]:  # fmt: skip
         part = self.partitions[(topic, queue_id)]
         spans: list[Span] = []
-        scanned, total = 0, 0
+        total = 0
         limit = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
-        while len(spans) < max_messages and scanned < limit and offset < part.next_offset:
-            try:
-                got = part.read_with_bytes(self.files, offset, min(256, limit - scanned), 1 << 20)
-            except CorruptRecordError:
-                if spans:  # answer what was good; the next read starts at the damage and fails
-                    break
-                raise
-            if not got:
+        for rec, raw in part.records_from(self.files, offset, limit):
+            if spans and total + rec.size > max_bytes:
                 break
-            for rec, raw in got:
-                if spans and total + rec.size > max_bytes:
-                    return spans, len(spans), offset
-                offset, scanned = rec.queue_offset + 1, scanned + 1
-                if tags is None or rec.tags in tags:
-                    spans.append(Span(None, rec.commitlog_offset, rec.size, raw))
-                    total += rec.size
-                    if len(spans) == max_messages:
-                        break
+            offset = rec.queue_offset + 1
+            if tags is None or rec.tags in tags:
+                spans.append(Span(None, rec.commitlog_offset, rec.size, raw))
+                total += rec.size
+                if len(spans) == max_messages:
+                    break
         return spans, len(spans), offset
 
     @property
