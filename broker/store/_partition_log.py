@@ -60,6 +60,7 @@ _FOOTER = struct.Struct("<QQQ4sI")
 INDEX_MAGIC, TIME_MAGIC = b"PIX2", b"PTX2"
 INDEX_SUFFIXES = (".index", ".timeindex")
 _IDENTITY = struct.Struct("<QQI")  # commitlog_offset (= file position), queue_offset, queue_id
+assert OFF_QUEUE_OFFSET == OFF_COMMITLOG_OFFSET + 8 and OFF_QUEUE_ID == OFF_QUEUE_OFFSET + 8  # one unpack reads all three
 
 
 def _name(base: int, suffix: str) -> str:
@@ -116,7 +117,7 @@ def read_whole(path: Path) -> bytes | None:
         size = os.fstat(fd).st_size
         return fileops.OPS.pread(fd, size, 0) if size else b""
     except OSError as e:
-        log.warning("partition: cannot read %s (%s); rebuilding it", path, e)
+        log.warning("partition: cannot read %s (%s)", path, e)
         return None
     finally:
         os.close(fd)
@@ -150,7 +151,6 @@ def header_identity(data: bytes, start: int, topic_len: int) -> tuple[bytes, int
     """``(topic bytes, queue id, queue offset, position field)`` from a record's header,
     without decoding it (the topic read with the expected length)."""
     position, offset, qid = _IDENTITY.unpack_from(data, start + OFF_COMMITLOG_OFFSET)
-    assert OFF_QUEUE_OFFSET == OFF_COMMITLOG_OFFSET + 8 and OFF_QUEUE_ID == OFF_QUEUE_OFFSET + 8
     return data[start + HEADER_SIZE : start + HEADER_SIZE + topic_len], qid, offset, position
 
 
