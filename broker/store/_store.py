@@ -333,34 +333,12 @@ class Store(StoreBase):
         try:
             cq = self.queues.queue(topic, queue_id)
             at, raw = cq.read(offset, scan)
-            picked, qoffs, next_offset = self._select(str(cq.directory), at, raw, max_messages, tags)
+            picked, qoffs, next_offset = _select(self.log.min_offset, str(cq.directory), at, raw, max_messages, tags)
             records = self._entries.records(picked, qoffs, topic, queue_id)
         except CorruptRecordError as e:
             self._mark_for_rebuild(topic, queue_id, e)
             raise
         return [r for r in records if tags is None or r.tags in tags], next_offset
-
-    def _select(self, where: str, at: int, raw: bytes, max_messages: int, tag_set: set[str] | None,
-                max_bytes: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
-        """The entries to read from ``raw`` (entries from queue offset ``at`` of the
-        queue in directory ``where``), their queue offsets, and the queue offset after
-        the last one looked at."""
-        entries = np.frombuffer(raw, ENTRY_DTYPE)
-        live = entries["offset"] >= self.log.min_offset
-        mask = entries["size"] > 0  # size 0: a hole marker
-        if not live.all():  # below the log's start: retention, which only ever takes a queue's head
-            _retained_prefix(entries, mask, live, at, where, self.log.min_offset)
-            mask &= live
-        if tag_set is not None:
-            mask &= np.isin(entries["tag"], np.array([tag_hash(t) for t in tag_set], dtype=np.uint64))
-        idx = np.flatnonzero(mask)[:max_messages]
-        full = len(idx) == max_messages
-        if max_bytes is not None and len(idx):
-            cum = np.cumsum(entries["size"][idx].astype(np.int64))
-            keep = max(1, int(np.searchsorted(cum, max_bytes, side="right")))  # the first record always
-            full, idx = full or keep < len(idx), idx[:keep]
-        next_offset = at + (int(idx[-1]) + 1 if full else len(entries))
-        return entries[idx], idx + at, next_offset
 
     def _read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None,
                   max_bytes: int) -> tuple[list[Span], int, int]:  # fmt: skip
@@ -368,7 +346,7 @@ class Store(StoreBase):
         try:
             cq = self.queues.queue(topic, queue_id)
             at, raw = cq.read(offset, scan)
-            picked, qoffs, next_offset = self._select(str(cq.directory), at, raw, max_messages, tags, max_bytes)
+            picked, qoffs, next_offset = _select(self.log.min_offset, str(cq.directory), at, raw, max_messages, tags, max_bytes)
             found, count = self._entries.spans(picked, qoffs, topic.encode(), queue_id)
         except CorruptRecordError as e:
             self._mark_for_rebuild(topic, queue_id, e)
@@ -387,6 +365,29 @@ class Store(StoreBase):
     def end_offset(self) -> int:
         """Where the next append goes (the durability token of :meth:`wait_durable`)."""
         return self.log.write_offset
+
+
+def _select(log_min: int, where: str, at: int, raw: bytes, max_messages: int, tag_set: set[str] | None,
+            max_bytes: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
+    """The entries to read from ``raw`` (entries from queue offset ``at`` of the
+    queue in directory ``where``), their queue offsets, and the queue offset after
+    the last one looked at. Entries below ``log_min`` fell out of retention."""
+    entries = np.frombuffer(raw, ENTRY_DTYPE)
+    live = entries["offset"] >= log_min
+    mask = entries["size"] > 0  # size 0: a hole marker
+    if not live.all():  # below the log's start: retention, which only ever takes a queue's head
+        _retained_prefix(entries, mask, live, at, where, log_min)
+        mask &= live
+    if tag_set is not None:
+        mask &= np.isin(entries["tag"], np.array([tag_hash(t) for t in tag_set], dtype=np.uint64))
+    idx = np.flatnonzero(mask)[:max_messages]
+    full = len(idx) == max_messages
+    if max_bytes is not None and len(idx):
+        cum = np.cumsum(entries["size"][idx].astype(np.int64))
+        keep = max(1, int(np.searchsorted(cum, max_bytes, side="right")))  # the first record always
+        full, idx = full or keep < len(idx), idx[:keep]
+    next_offset = at + (int(idx[-1]) + 1 if full else len(entries))
+    return entries[idx], idx + at, next_offset
 
 
 def _retained_prefix(entries: np.ndarray, real: np.ndarray, live: np.ndarray, at: int, where: str,
