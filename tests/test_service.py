@@ -15,6 +15,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker.service._fetch import ReadThreads
 from client import (
     BlockingConsumer,
     BlockingProducer,
@@ -652,3 +653,37 @@ async def test_a_pull_stalled_on_the_disk_holds_up_no_other_connection(nursery: 
     finally:
         ops.release.set()
         fileops.install(previous)
+
+
+async def test_read_threads_return_results_and_errors_and_never_run_more_than_their_size() -> None:
+    readers = ReadThreads(3, idle_s=0.05)
+    running, most, lock = [0], [0], threading.Lock()
+
+    def read(i: int) -> int:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            threading.Event().wait(0.002)  # a read that takes a while
+            if i % 7 == 3:
+                raise OSError(f"read {i} failed")
+            return i * i
+        finally:
+            with lock:
+                running[0] -= 1
+
+    results: dict[int, object] = {}
+
+    async def one(i: int) -> None:
+        try:
+            results[i] = await readers.run(read, i)
+        except OSError as e:
+            results[i] = str(e)
+
+    async with trio.open_nursery() as n:
+        for i in range(60):
+            n.start_soon(one, i)
+    assert results == {i: (f"read {i} failed" if i % 7 == 3 else i * i) for i in range(60)}
+    assert 1 <= most[0] <= 3 and readers.threads <= 3
+    await await_until(lambda: readers.threads == 0, 5, "idle read threads to end")
+    assert await readers.run(read, 2) == 4  # and start again on demand

@@ -2,8 +2,8 @@
 
 Appends and every store call that may touch the disk run in worker threads
 (``trio.to_thread``), so a slow disk holds up the requests that need it, not the event
-loop: pulls and offset look-ups share ``pull_read_threads`` threads (a
-``trio.CapacityLimiter``); the records a pull found still go out with ``sendfile``.
+loop: pulls and offset look-ups share ``pull_read_threads`` threads
+(:class:`ReadThreads`); the records a pull found still go out with ``sendfile``.
 Every request is checked (:func:`checked`) before its handler runs.
 """
 
@@ -20,7 +20,7 @@ from protocol.transport import Handler, Later, Peer, Reply, RequestError, need
 
 from ._append import BusyError, PendingPut
 from ._context import BrokerContext, now_ms
-from ._fetch import WIRE_STATUS, Fetch
+from ._fetch import WIRE_STATUS, Fetch, ReadThreads, optional
 from ._log_reads import LogReads
 
 # A look-up of thousands of queues yields to other clients every this many rows: a
@@ -70,15 +70,15 @@ class Handlers:
         # Pulls and look-ups read the disk in at most this many threads at once: a slow
         # read (a page fault, a busy disk) holds up the pulls that wait for a thread, never
         # the event loop that serves every connection.
-        self._read_limiter = trio.CapacityLimiter(context.config.pull_read_threads)
+        self._readers = ReadThreads(context.config.pull_read_threads)
 
     def table(self) -> dict[int, Handler]:
         """Every request code's handler, each behind :func:`checked`."""
-        log_reads = LogReads(self.b, self._read_limiter)
+        log_reads = LogReads(self.b, self._readers)
         handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: self.send_message,
             RequestCode.PULL_MESSAGE: self.pull_message,
-            RequestCode.PULL_MESSAGES: Fetch(self.b, self._read_limiter).handle,
+            RequestCode.PULL_MESSAGES: Fetch(self.b, self._readers).handle,
             RequestCode.QUERY_OFFSETS: self.query_offsets,
             RequestCode.SEARCH_OFFSET: self.search_offset,
             RequestCode.COMMIT_OFFSET: self.commit_offset,
@@ -148,8 +148,8 @@ class Handlers:
         f = frame.fields
         topic, qid, offset = need(f, "topic", str), need(f, "queue_id", int), need(f, "offset", int)
         # Types and ranges were checked (checked()); limits are clamped to the broker's.
-        limit = max(1, min(f.get("max_messages") or 32, self.config.max_pull_messages))
-        wait_ms = min(f.get("max_wait_ms") or 0, self.config.max_pull_wait_ms)
+        limit = max(1, min(optional(f, "max_messages", 32), self.config.max_pull_messages))
+        wait_ms = min(optional(f, "max_wait_ms", 0), self.config.max_pull_wait_ms)
         tags = f.get("tags")
         res = await self._read(topic, qid, offset, limit, tags)
         if res.status is GetStatus.NO_MESSAGE and wait_ms:
@@ -165,8 +165,7 @@ class Handlers:
         # In a worker thread, not on the event loop: even a read from the page cache can
         # block (a page fault on a cold page, a disk that stalls), and on the loop one such
         # read stalled every connection of the broker. The records go out with sendfile.
-        return await trio.to_thread.run_sync(self.store.read_raw, topic, qid, offset, limit, tags,
-                                             self.config.max_pull_bytes, limiter=self._read_limiter)  # fmt: skip
+        return await self._readers.run(self.store.read_raw, topic, qid, offset, limit, tags, self.config.max_pull_bytes)
 
     async def _wait_for(self, topic: str, qid: int, offset: int, wait_ms: int) -> None:
         key = (topic, qid)
@@ -195,13 +194,13 @@ class Handlers:
 
     async def query_offsets(self, frame: Frame, peer: Peer) -> Reply:
         topic, qid = self._queue(frame.fields)
-        lo = await trio.to_thread.run_sync(self.store.min_offset, topic, qid, limiter=self._read_limiter)
+        lo = await self._readers.run(self.store.min_offset, topic, qid)
         return Reply({"min_offset": lo, "max_offset": self.store.max_offset(topic, qid)})
 
     async def search_offset(self, frame: Frame, peer: Peer) -> Reply:
         topic, qid = self._queue(frame.fields)
         ts = need(frame.fields, "timestamp_ms", int)
-        found = await trio.to_thread.run_sync(self.store.offset_for_timestamp, topic, qid, ts, limiter=self._read_limiter)
+        found = await self._readers.run(self.store.offset_for_timestamp, topic, qid, ts)
         return Reply({"offset": found})
 
     async def commit_offset(self, frame: Frame, peer: Peer) -> Reply:
@@ -305,7 +304,7 @@ class Handlers:
             return [{"queue_id": q, "min_offset": self.store.min_offset(topic, q), "max_offset": self.store.max_offset(topic, q)}
                     for q in range(count)]  # fmt: skip
 
-        return Reply({"queue_count": count, "queues": await trio.to_thread.run_sync(offsets, limiter=self._read_limiter)})
+        return Reply({"queue_count": count, "queues": await self._readers.run(offsets)})
 
     async def broker_info(self, frame: Frame, peer: Peer) -> Reply:
         c = self.config

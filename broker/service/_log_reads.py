@@ -16,15 +16,16 @@ from protocol import ErrorCode, Frame
 from protocol.transport import Reply, RequestError, need
 
 from ._context import BrokerContext
+from ._fetch import ReadThreads
 
 MAX_READ_LOG_BYTES = 16 << 20  # one READ_LOG answer at most (the broker's max_pull_bytes caps it too)
 
 
 class LogReads:
-    def __init__(self, context: BrokerContext, read_limiter: trio.CapacityLimiter) -> None:
+    def __init__(self, context: BrokerContext, readers: ReadThreads) -> None:
         self.store = context.store
         self.config = context.config
-        self.read_limiter = read_limiter  # the pulls' worker threads (offsets may be read from disk)
+        self.readers = readers  # the pulls' worker threads (offsets may be read from disk)
 
     def _store(self) -> Store:
         if not isinstance(self.store, Store):
@@ -57,7 +58,7 @@ class LogReads:
             return sum(max(0, self.store.max_offset(t, q) - self.store.min_offset(t, q))
                        for t, n in topics.items() for q in range(n))  # fmt: skip
 
-        counts = await trio.to_thread.run_sync(count, limiter=self.read_limiter)
+        counts = await self.readers.run(count)
         return Reply({"min_offset": log.min_offset, "end_offset": end, "segments": segments, "topics": topics,
                       "message_count": counts, "storage_mode": self.config.storage_mode})  # fmt: skip
 
