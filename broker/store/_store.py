@@ -31,7 +31,7 @@ from __future__ import annotations
 import errno
 import logging
 import struct
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -141,11 +141,10 @@ class Store(StoreBase):
 
     def _open_log(self, checkpoint: Checkpoint | None, unclean: bool) -> CommitLog:
         """Open the log; a clean open expects it to end where the checkpoint says."""
-        kwargs: dict[str, Any] = {"clean": not unclean, "checkpoint_offset": checkpoint.log_durable if checkpoint else None}
-        if not unclean and checkpoint is not None:
-            kwargs["expected_end"] = checkpoint.log_durable
+        durable = checkpoint.log_durable if checkpoint is not None else None
         try:
-            return CommitLog.open(self.directory / "commitlog", self.config.commitlog, **kwargs)
+            return CommitLog.open(self.directory / "commitlog", self.config.commitlog, clean=not unclean,
+                                  checkpoint_offset=durable, expected_end=None if unclean else durable)  # fmt: skip
         except LogDamageError as e:  # name what is lost, from the queue files (slow, but only here)
             raise e.with_queues(affected_queues(self.queues.root, e.start, e.end)) from None
 
