@@ -492,3 +492,21 @@ def test_an_entry_garbled_below_the_logs_start_is_not_taken_for_retention(tmp_pa
         with pytest.raises(CorruptRecordError) as info:
             read_all(s, "a", 1, lo)
         assert info.value.check == "consume queue entry" and info.value.offset == victim
+
+
+def test_retention_over_a_damaged_queue_marks_it_and_goes_on(tmp_path: Path) -> None:
+    """Retention reads the last entry of a queue's first file; if that entry is zeroed,
+    the queue is marked for rebuild and retention goes on (the housekeeping thread
+    must not fail the whole store for one damaged queue)."""
+    cfg = small_config(tmp_path, segment_bytes=16 * 1024, max_message_bytes=2048, cq_entries_per_file=PER_FILE,
+                       log={"retention_bytes": 20 * 1024})  # fmt: skip
+    sent = fill(tmp_path)
+    _rewrite_entry(tmp_path, "a", 2, PER_FILE - 1, (0, 0, 0))
+    with Store.open(cfg) as s:
+        assert read_all(s, "a", 2, PER_FILE)[0] == sent[2][PER_FILE]  # loaded, from the intact part
+        assert s.apply_retention() > 0
+        assert s.healthy
+    assert (tmp_path / "rebuild-queues").exists()
+    with Store.open(cfg) as s:
+        lo = s.min_offset("a", 2)
+        assert read_all(s, "a", 2, lo) == sent[2][lo:]

@@ -250,8 +250,12 @@ class Store(StoreBase):
         if deleted:
             for key in self.queues.known():  # queues not loaded yet are trimmed when they are
                 cq = self.queues.queue(*key)
-                if cq.loaded:
+                if not cq.loaded:
+                    continue
+                try:
                     cq.delete_before(self.log.min_offset)
+                except CorruptRecordError as e:  # one damaged queue must not fail the housekeeping thread
+                    self._mark_for_rebuild(key[0], key[1], e)
         return deleted
 
     # --------------------------------------------------------------------- put
