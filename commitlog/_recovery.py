@@ -23,8 +23,10 @@ Invariants:
   ``checkpoint_offset`` (never promised durable) are cut: damage below it, or a log
   that ends before it, raises :class:`LogDamageError` and nothing is changed.
 - Boundary indexes (derived data) are verified by checksum at every open; those
-  missing, damaged, another segment's or of the old format are rebuilt by a scan, and
-  the open says so in one log line with counts. After any open every segment but the
+  missing, damaged or another segment's are rebuilt by a scan, those of the old format
+  (unchecked u32s) converted when every position is a record start (its magic and
+  embedded offset read there) and rebuilt otherwise; the open says so in one log line
+  with counts. After any open every segment but the
   last is sealed, and so the last is never sealed (a sealed one is followed by a fresh
   segment).
 """
@@ -34,16 +36,20 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import struct
 from collections import Counter
 from typing import Callable
 
 from ._errors import LogDamageError
+from ._record import RECORD_MAGIC
 from ._scan import ScanResult, scan
 from ._segment import Segment, fsync_dir, parse_segment_name, segment_name
 from ._segments import SegmentSet
 from ._state import LogState
 
 log = logging.getLogger("clmq.commitlog")
+
+_START = struct.Struct("<IIIQ")  # a record's total size, magic, CRC, commit-log offset
 
 
 class Repairs:
@@ -52,11 +58,18 @@ class Repairs:
     def __init__(self) -> None:
         self.boundaries: Counter[str] = Counter()  # why -> how many indexes rebuilt
 
+    def note(self, problem: str, converted: bool) -> None:
+        """One index rebuilt for ``problem`` (by a scan, unless ``converted`` from the
+        old format's checked positions)."""
+        if problem == "old format":
+            problem += ", converted" if converted else ", rescanned"
+        self.boundaries[problem] += 1
+
     def report(self, state: LogState) -> None:
         """Log the repairs, if any, in one line with counts."""
         if self.boundaries:
             whys = ", ".join(f"{why}: {n}" for why, n in sorted(self.boundaries.items()))
-            log.warning("commitlog open %s: rebuilt %d boundary indexes by a scan (%s)",
+            log.warning("commitlog open %s: rebuilt %d boundary indexes (%s)",
                         state.directory, sum(self.boundaries.values()), whys)  # fmt: skip
 
 
@@ -166,22 +179,50 @@ def _verify_tail(state: LogState, seg: Segment, repairs: Repairs) -> None:
     """The active segment's last records, from its last boundary position (the whole
     segment when its index must be rebuilt), must be whole with good CRCs."""
     problem = seg.boundaries.load(seg.size)
-    positions = seg.boundaries.positions
-    start = 0 if problem is not None or not positions else positions[-1]
+    known = _trusted_positions(state, seg, problem, sealed=False)
+    start = known[-1] if known else 0
     result = scan(seg, state.config.max_message_bytes, verify=True, start=start)
     if result.problem is not None:
         raise LogDamageError(str(seg.path), seg.base + result.end, seg.end, f"clean open: {result.problem}")
     if problem is not None:
-        repairs.boundaries[problem] += 1
-        seg.boundaries.rewrite(result.starts)
+        repairs.note(problem, bool(known))
+        seg.boundaries.rewrite([*known, *result.starts])  # rewrite() drops the repeated start
     seg.sealed = result.sealed
 
 
 def _load_boundaries(state: LogState, seg: Segment, repairs: Repairs) -> None:
     problem = seg.boundaries.load(seg.size)
     if problem is not None:
-        repairs.boundaries[problem] += 1
-        seg.boundaries.rewrite(scan(seg, state.config.max_message_bytes, verify=False).starts)
+        known = _trusted_positions(state, seg, problem, sealed=True)
+        repairs.note(problem, bool(known))
+        seg.boundaries.rewrite(known or scan(seg, state.config.max_message_bytes, verify=False).starts)
+
+
+def _trusted_positions(state: LogState, seg: Segment, problem: str | None, sealed: bool) -> list[int]:
+    """The index positions that may be trusted after ``load``: all of a good index; those
+    of an old-format one when they are dense enough to be whole (no gap a mark would
+    have filled; to the end too when the segment is ``sealed``) and each is a record
+    start (magic and embedded offset read there: a few hundred small reads instead of
+    a scan of the segment); else none."""
+    if problem is None:
+        return list(seg.boundaries.positions)
+    legacy = seg.boundaries.legacy
+    if legacy is None:
+        return []
+    config = state.config
+    # The first record start at or after a mark lies within one record of it.
+    max_gap = config.boundary_interval_bytes + 2 * config.max_message_bytes
+    ends = [0, *legacy, seg.size] if sealed else [0, *legacy]
+    if any(b - a > max_gap for a, b in itertools.pairwise(ends)):
+        return []
+    for pos in legacy:
+        head = seg.read(pos, _START.size)
+        if len(head) < _START.size:
+            return []
+        _size, magic, _crc, offset = _START.unpack(head)
+        if magic != RECORD_MAGIC or offset != seg.base + pos:
+            return []
+    return list(legacy)
 
 
 def _tail_problem(seg: Segment, result: ScanResult, nxt: Segment | None) -> str | None:

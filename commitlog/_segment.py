@@ -11,8 +11,9 @@ Invariants:
   of the first record start at or after every ``interval`` bytes; each entry carries a
   CRC32C of (segment base, position) and the file a checksummed header naming the
   base. It is derived data: written without fsync, verified at every open, and rebuilt
-  by a scan whenever it is missing, damaged, another segment's, of the old format
-  (plain u32s), or its segment was recovered. A new segment gets a header-only index
+  by a scan whenever it is missing, damaged, another segment's, or its segment was
+  recovered; one of the old format (plain u32s) is converted once its positions are
+  checked to be record starts. A new segment gets a header-only index
   at once, so a missing index always means damage.
 - Every read, write, truncation and sync of a segment or index file goes through
   :data:`commitlog.fileops.OPS` (the fault-injection seam); opening, closing, stat and
@@ -21,6 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import struct
@@ -82,18 +84,25 @@ class BoundaryIndex:
         self.positions = array("I")
         self._next_mark = interval
         self._stale = False  # the file is behind memory; do not append to it
+        # After load() answered "old format": the positions of the old (unchecked) file,
+        # for the opener to check against the segment and convert instead of a scan.
+        self.legacy: array[int] | None = None
 
     def load(self, size: int) -> str | None:
         """Read and verify the file against a segment of ``size`` bytes; None when it is
-        good, else why not (``missing``, ``damaged``, ``foreign``, ``unrecognised``):
-        the caller rebuilds it."""
+        good, else why not (``missing``, ``damaged``, ``foreign``, ``unrecognised``, or
+        ``old format``: then :attr:`legacy` holds its unchecked positions): the caller
+        rebuilds it."""
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return "missing"
+        self.legacy = None
         positions, problem = decode_boundaries(data, self.base, size)
         if positions is None:
-            return problem
+            if problem == "unrecognised":
+                self.legacy = decode_legacy(data, size)
+            return problem if self.legacy is None else "old format"
         self.positions = positions
         self._next_mark = (positions[-1] // self.interval + 1) * self.interval if positions else self.interval
         self._stale = False
@@ -169,6 +178,18 @@ def encode_entries(base: int, positions: Iterable[int]) -> bytes:
     for pos in positions:
         out += ENTRY.pack(pos, crc32c(_BASE_POS.pack(base, pos)))
     return bytes(out)
+
+
+def decode_legacy(data: bytes, size: int) -> array[int] | None:
+    """The positions of an index of the old format (increasing u32s, no checksum) for a
+    segment of ``size`` bytes; None when the bytes cannot be one."""
+    if len(data) % 4:
+        return None
+    positions = array("I")
+    positions.frombytes(data)
+    if any(b <= a for a, b in itertools.pairwise(positions)) or (positions and positions[-1] >= size):
+        return None
+    return positions
 
 
 def decode_boundaries(data: bytes, base: int, size: int) -> tuple[array[int] | None, str]:

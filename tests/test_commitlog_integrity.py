@@ -417,6 +417,26 @@ def test_a_damaged_boundary_index_is_rebuilt_and_said_once(tmp_path: Path, damag
     assert not [r for r in caplog.records if "boundary ind" in r.getMessage()]
 
 
+def test_an_old_format_boundary_index_is_converted_when_its_positions_check(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    directory = log_dir(tmp_path)
+    end, segs = filled(directory, 3)
+    lg = open_clean(directory, end)
+    expected = {b: lg.boundaries(b) for b, _, _ in segs}
+    lg.close()
+    for base, _, path in segs:  # what the old code wrote: the same positions, plain u32s
+        path.with_suffix(".bidx").write_bytes(struct.pack(f"<{len(expected[base])}I", *(p - base for p in expected[base])))
+    caplog.set_level(logging.INFO, "clmq.commitlog")
+    lg = open_clean(directory, end)
+    assert {b: lg.boundaries(b) for b, _, _ in segs} == expected
+    lines = [r.getMessage() for r in caplog.records if "boundary ind" in r.getMessage()]
+    assert len(lines) == 1 and f"old format, converted: {len(segs)}" in lines[0], lines
+    lg.close()
+    caplog.clear()
+    open_clean(directory, end).close()  # converted for good
+    assert not [r for r in caplog.records if "boundary ind" in r.getMessage()]
+
+
 # ------------------------------------------------------------------- reads
 def test_reads_outside_the_log_are_none_inside_it_an_error(tmp_path: Path) -> None:
     directory = log_dir(tmp_path)
