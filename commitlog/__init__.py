@@ -63,7 +63,7 @@ from ._record import (
     decode_record,
     encode_properties,
 )  # fmt: skip
-from ._segment import fsync_dir
+from ._segment import fsync_dir, read_boundary_index
 
 __all__ = [
     "BLANK_MAGIC",
@@ -145,6 +145,7 @@ __all__ = [
     "now_ms",
     "pack_messages",
     "queue_extents",
+    "read_boundary_index",
     "repair_log",
     "set_queue_id",
     "unpack_messages",

@@ -180,6 +180,36 @@ def encode_entries(base: int, positions: Iterable[int]) -> bytes:
     return bytes(out)
 
 
+def read_boundary_index(path: Path | str, base: int) -> list[int]:
+    """The record-start file positions in the boundary index at ``path`` of the segment
+    based at ``base``, for readers outside the store (a Spark planner) that take them
+    as hints and check the records they land on.
+
+    Entries are read up to the first one that fails its check (a broker may be
+    appending one right now); an index of the old format (plain u32s) is taken as it
+    is; a missing, unreadable or another segment's index gives ``[]``.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return []
+    if data[:4] != BOUNDARY_MAGIC:
+        legacy = decode_legacy(data, 1 << 32)
+        return list(legacy) if legacy is not None else []
+    if len(data) < HEADER.size:
+        return []
+    _magic, version, _reserved, file_base, crc = HEADER.unpack_from(data)
+    if crc != crc32c(data[: HEADER_START.size]) or version != BOUNDARY_VERSION or file_base != base:
+        return []
+    out: list[int] = []
+    whole = (len(data) - HEADER.size) // ENTRY.size * ENTRY.size
+    for pos, entry_crc in ENTRY.iter_unpack(memoryview(data)[HEADER.size : HEADER.size + whole]):
+        if entry_crc != crc32c(_BASE_POS.pack(base, pos)) or (out and pos <= out[-1]):
+            break
+        out.append(pos)
+    return out
+
+
 def decode_legacy(data: bytes, size: int) -> array[int] | None:
     """The positions of an index of the old format (increasing u32s, no checksum) for a
     segment of ``size`` bytes; None when the bytes cannot be one."""

@@ -27,6 +27,7 @@ from commitlog import (
     LogDamageError,
     StoreFailedError,
     fileops,
+    read_boundary_index,
 )  # fmt: skip
 from tests.faults import SHORT, Fault, inject
 
@@ -435,6 +436,23 @@ def test_an_old_format_boundary_index_is_converted_when_its_positions_check(tmp_
     caplog.clear()
     open_clean(directory, end).close()  # converted for good
     assert not [r for r in caplog.records if "boundary ind" in r.getMessage()]
+
+
+def test_outside_readers_get_the_checked_positions_of_a_boundary_index(tmp_path: Path) -> None:
+    """read_boundary_index (for a Spark planner): checked entries, up to a torn one."""
+    directory = log_dir(tmp_path)
+    end, segs = filled(directory, 2)
+    lg = open_clean(directory, end)
+    base, _, path = segs[1]
+    expected = [p - base for p in lg.boundaries(base)]
+    lg.close()
+    index = path.with_suffix(".bidx")
+    assert expected and read_boundary_index(index, base) == expected
+    with open(index, "ab") as f:
+        f.write(b"\x01\x02\x03")  # an entry being appended
+    assert read_boundary_index(index, base) == expected
+    assert read_boundary_index(index, segs[0][0]) == []  # another segment's
+    assert read_boundary_index(tmp_path / "nothing.bidx", base) == []
 
 
 # ------------------------------------------------------------------- reads
