@@ -356,7 +356,7 @@ def _check_boundaries(seg: _SegmentScan) -> LogProblem | None:
         return None
     positions, why = _load_boundaries(path, seg.base, seg.size)
     if positions is None:
-        return None if why in ("missing", "unrecognised") else LogProblem(
+        return None if why in ("missing", "unrecognised", "old format") else LogProblem(
             str(path), seg.base, seg.base + seg.size, f"boundary index does not check ({why})")  # fmt: skip
     have = np.asarray(positions, dtype=np.int64)
     starts = np.asarray(seg.prefix_starts, dtype=np.int64)  # increasing: a binary search per position

@@ -21,14 +21,13 @@ from __future__ import annotations
 import json
 import os
 import struct
-from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from commitlog import OFF_STORE_TS, ConnectorError
+from commitlog import OFF_STORE_TS, ConnectorError, read_boundary_index
 
 ENTRY_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("tag", "<u8")])  # as consumequeue writes them
 
@@ -85,13 +84,7 @@ def _segment_files(log_dir: Path) -> list[tuple[int, Path]]:
 
 def _boundaries(seg_path: Path, base: int, data_end: int) -> tuple[int, ...]:
     """The segment's boundary index as log offsets (just ``base`` if the file is missing)."""
-    positions = array("I")
-    try:
-        raw = seg_path.with_suffix(".bidx").read_bytes()
-        if len(raw) % 4 == 0:
-            positions.frombytes(raw)
-    except FileNotFoundError:
-        pass
+    positions = read_boundary_index(seg_path.with_suffix(".bidx"), base)
     starts = [base] + [base + p for p in positions if 0 < base + p < data_end]
     return tuple(sorted(set(starts)))
 
