@@ -396,6 +396,8 @@ def test_broker_refuses_to_start_on_damaged_offsets_and_says_why(tmp_path: Path)
     assert out.returncode == 1, out.stdout + out.stderr
     text = " ".join(out.stdout.split())
     assert "consumer_offsets.json" in text and "consumer_offsets.json.prev" in text and "delete" in text, text
+    # The store it had opened was closed cleanly: no unclean-stop marker left behind.
+    assert not (data / "abort").exists(), "the refused start left the store open (abort marker)"
 
 
 def test_a_deleted_metadata_file_stays_deleted(tmp_path: Path) -> None:

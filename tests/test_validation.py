@@ -413,8 +413,6 @@ async def test_a_producer_fails_over_from_a_broker_whose_store_failed(nursery: t
         assert e.value.code == ErrorCode.STORE_FAILED and "STORE_FAILED" in str(e.value)
 
 
-@pytest.mark.xfail(strict=False, reason="needs Broker._register_all (broker/service/_broker.py, not this helper's) "
-                                        "to send handlers.registration(context)")  # fmt: skip
 async def test_a_broker_whose_store_failed_registers_unhealthy_by_itself(nursery: trio.Nursery, tmp_path: Path) -> None:
     c = await sync_cluster(nursery, tmp_path, "broker-a")
     async with open_producer(c.ns, retries=0) as p:

@@ -4,7 +4,7 @@ with every name server, stopped gracefully within a deadline."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
@@ -16,7 +16,7 @@ from ._append import AppendLane
 from ._config import BrokerConfig
 from ._context import BrokerContext, now_ms
 from ._groups import ConsumerGroups
-from ._handlers import Handlers
+from ._handlers import Handlers, registration
 from ._longpoll import PullWaiters
 from ._offsets import ConsumerOffsets
 
@@ -46,6 +46,9 @@ class Broker:
         self._register_wakeup = trio.Event()
         self._registered: dict[str, bool] = {}
         self.client: RpcClient | None = None
+        # A store that fails (an fsync error) says so to the name servers at once, not at
+        # the next registration interval: producers must stop being routed here.
+        store.add_failure_listener(lambda _failure: _call_soon(token, self.register_now))
 
     @property
     def addr(self) -> str:
@@ -67,8 +70,7 @@ class Broker:
             self._register_wakeup = trio.Event()
 
     async def _register_all(self) -> None:
-        fields = {"cluster": self.config.cluster, "broker_name": self.config.broker_name, "addr": self.addr,
-                  "topics": self.store.topics.all()}  # fmt: skip
+        fields = registration(self.context)
         async with trio.open_nursery() as nursery:
             for ns in self.config.namesrv_addrs:
                 nursery.start_soon(self._register_with, ns, fields)
@@ -122,6 +124,14 @@ class Broker:
             self.store.close()
 
 
+def _call_soon(token: trio.lowlevel.TrioToken, fn: Callable[[], None]) -> None:
+    """Run ``fn`` on the event loop from another thread; nothing if the loop has ended."""
+    try:
+        token.run_sync_soon(fn)
+    except trio.RunFinishedError:
+        pass
+
+
 def open_store(config: BrokerConfig) -> StorageEngine:
     """Open (recovering if need be) and start the store a broker of ``config`` serves."""
     return Store.open(config.store_config()).start()
@@ -131,7 +141,12 @@ async def serve(config: BrokerConfig, *, task_status: trio.TaskStatus[Broker] = 
     """Run a broker until cancelled or :meth:`Broker.shutdown`; the store is closed
     cleanly either way."""
     store = await trio.to_thread.run_sync(open_store, config)
-    broker = Broker(config, store, trio.lowlevel.current_trio_token())
+    try:
+        broker = Broker(config, store, trio.lowlevel.current_trio_token())
+    except BaseException:  # e.g. MetadataError from the consumer offsets: close what was opened
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(store.close)
+        raise
     try:
         async with trio.open_nursery() as nursery:
             broker.client = RpcClient(nursery)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Protocol, Sequence, runtime_checkable
 
-from commitlog import Message, PackedMessages, QueueKey
+from commitlog import Message, PackedMessages, QueueKey, StoreFailedError
 
 from ._base import StoreConfig
 from ._results import GetResult, PutResult, RawRead
@@ -75,3 +75,10 @@ class StorageEngine(Protocol):
                  tags: Iterable[str] | None = None, max_bytes: int = ...) -> RawRead: ...  # fmt: skip
     def wait_for_entries(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool: ...
     def add_arrival_listener(self, fn: Callable[[Collection[QueueKey]], None]) -> None: ...
+
+    # health: a failed background thread (an fsync error, ...) is a state, not a silence
+    failure: StoreFailedError | None
+
+    @property
+    def healthy(self) -> bool: ...
+    def add_failure_listener(self, fn: Callable[[StoreFailedError], None]) -> None: ...
