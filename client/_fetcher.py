@@ -151,7 +151,10 @@ class Fetcher:
             self.c.processed.setdefault(mq, st.offset)
             # Nothing to read yet: straight to the watches. Asking first would cost a
             # round of asks that all come back empty (8,000 of them in the benchmark).
-            st.idle = st.offset == row[2]  # (beyond it: a data ask answers OFFSET_OVERFLOW at once)
+            # Beyond the max: a data ask, which answers at once either NO_MESSAGE (the
+            # offset is assigned but not dispatched yet: then watched) or OFFSET_OVERFLOW
+            # (past everything the log assigned: then moved back to the max).
+            st.idle = st.offset == row[2]
             self._ready[(addr, st.idle)][mq] = st
         self.wake(addr)
 
@@ -253,7 +256,7 @@ class Fetcher:
                 continue  # given up meanwhile
             if status is not PullStatus.SKIPPED:
                 st.idle = status in _NOTHING_THERE or _caught_up(row)
-            if status in _OUT_OF_RANGE:
+            if status in _OUT_OF_RANGE:  # never for an offset assigned but not yet visible (the broker waits)
                 log.warning("consumer %s: offset %d of %s/%d is %s; moving to %d", self.c.client_id, st.offset,
                             mq.topic, mq.queue_id, status.value.lower().replace("_", " "), nxt)  # fmt: skip
             elif status in _NOT_READ:

@@ -4,7 +4,9 @@ thousands of queues pays one round trip for many of them, not one per queue.
 Queues are read in the order given, each up to ``max_per_queue`` messages, until the
 request's ``max_messages`` or the broker's ``max_pull_bytes``; the rest are reported
 ``SKIPPED`` (the client asks again). If nothing is found the request waits (long
-polling) until any of its queues gets entries or ``max_wait_ms`` passes.
+polling) until any of its queues gets entries or ``max_wait_ms`` passes. An offset the
+log has assigned but the queue does not show yet (the dispatcher, or replication,
+lags) is "nothing yet", never OFFSET_OVERFLOW (:class:`Visibility`).
 
 The reads of one request run in one worker thread (a hop per request, not per queue),
 among at most ``pull_read_threads`` (:class:`ReadThreads`, which every pull and
@@ -20,7 +22,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 import trio
 
-from broker.store import GetStatus, Span
+from broker.store import GetStatus, RawRead, Span, StorageEngine, Store
 from protocol import ErrorCode, FetchAsk, FetchResult, Frame, PullStatus, RowError
 from protocol.transport import Reply, RequestError, need
 
@@ -145,6 +147,44 @@ def optional(fields: dict[str, Any], name: str, default: int) -> int:
 WIRE_STATUS = {status: PullStatus[status.name] for status in GetStatus}
 
 
+class Visibility:
+    """Tells an offset that is not visible *yet* from one that is past the queue's end.
+
+    The store acknowledges a put once it is in the log; the dispatcher makes the queue
+    entries afterwards (and only up to the log's confirmed offset, which replication
+    holds back), so ``max_offset`` can be below queue offsets already assigned and
+    acknowledged. A pull there must wait (NO_MESSAGE, then the long poll), not answer
+    OFFSET_OVERFLOW: a consumer told "overflow" moves its offset back to the max and
+    reads, and commits, again what it had. Only an offset past the next one the log
+    will assign is an overflow.
+
+    One per request: the log's table of next offsets is copied at most once (under the
+    log's lock, so in the worker thread, never on the event loop).
+    """
+
+    def __init__(self, store: StorageEngine) -> None:
+        self.store = store
+        self._assigned: dict[tuple[str, int], int] | None = None
+
+    def next_assigned(self, topic: str, queue_id: int) -> int:
+        """The next queue offset the store will assign in the queue (at least its max)."""
+        visible = self.store.max_offset(topic, queue_id)
+        if not isinstance(self.store, Store):  # partition mode: a put is visible before it is acknowledged
+            return visible
+        if self._assigned is None:
+            self._assigned = self.store.log.queue_offset_table()
+        return max(visible, self._assigned.get((topic, queue_id), 0))
+
+    def read(self, topic: str, queue_id: int, offset: int, limit: int, tags: list[str] | None,
+             max_bytes: int) -> RawRead:  # fmt: skip
+        """:meth:`StorageEngine.read_raw`, with an offset assigned but not yet dispatched
+        answered NO_MESSAGE (``next_offset`` the offset asked: nothing moves)."""
+        res = self.store.read_raw(topic, queue_id, offset, limit, tags, max_bytes)
+        if res.status is GetStatus.OFFSET_OVERFLOW and offset <= self.next_assigned(topic, queue_id):
+            return RawRead(GetStatus.NO_MESSAGE, next_offset=offset, min_offset=res.min_offset, max_offset=res.max_offset)
+        return res
+
+
 class Fetch:
     def __init__(self, context: BrokerContext, readers: ReadThreads) -> None:
         self.waiters = context.waiters
@@ -175,12 +215,13 @@ class Fetch:
         results: list[list[Any]] = []
         spans: list[Span] = []
         found = nbytes = 0
+        visibility = Visibility(self.store)
         for topic, qid, offset, tags in asks:
             if found >= total or nbytes >= self.config.max_pull_bytes:
                 results.append(FetchResult.row(PullStatus.SKIPPED, offset, 0, 0, -1))
                 continue
-            res = self.store.read_raw(topic, qid, offset, min(per_queue, total - found), tags,
-                                      self.config.max_pull_bytes - nbytes)  # fmt: skip
+            res = visibility.read(topic, qid, offset, min(per_queue, total - found), tags,
+                                  self.config.max_pull_bytes - nbytes)  # fmt: skip
             size = res.nbytes  # a sum over the spans: once
             results.append(FetchResult.row(WIRE_STATUS[res.status], res.next_offset, res.count, size, res.max_offset))
             spans += res.spans

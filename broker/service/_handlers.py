@@ -20,7 +20,7 @@ from protocol.transport import Handler, Later, Peer, Reply, RequestError, need
 
 from ._append import BusyError, PendingPut
 from ._context import BrokerContext, now_ms
-from ._fetch import WIRE_STATUS, Fetch, ReadThreads, optional
+from ._fetch import WIRE_STATUS, Fetch, ReadThreads, Visibility, optional
 from ._log_reads import LogReads
 
 # A look-up of thousands of queues yields to other clients every this many rows: a
@@ -165,7 +165,9 @@ class Handlers:
         # In a worker thread, not on the event loop: even a read from the page cache can
         # block (a page fault on a cold page, a disk that stalls), and on the loop one such
         # read stalled every connection of the broker. The records go out with sendfile.
-        return await self._readers.run(self.store.read_raw, topic, qid, offset, limit, tags, self.config.max_pull_bytes)
+        # An offset assigned but not yet dispatched is NO_MESSAGE, so the pull waits (Visibility).
+        visibility = Visibility(self.store)
+        return await self._readers.run(visibility.read, topic, qid, offset, limit, tags, self.config.max_pull_bytes)
 
     async def _wait_for(self, topic: str, qid: int, offset: int, wait_ms: int) -> None:
         key = (topic, qid)
