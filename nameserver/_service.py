@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import trio
 
 from protocol import SUPPORTED_VERSIONS, ErrorCode, Frame, RequestCode, check_request
-from protocol.transport import Handler, Later, Peer, Reply, RequestError, RpcServer
+from protocol.transport import Handler, Later, Peer, Reply, RequestError, RpcServer, ServerLimits
 
 from ._routes import RouteTable
 
@@ -26,6 +26,16 @@ class NameServerConfig:
     max_frame_bytes: int = 16 << 20
     idle_timeout_ms: int = 120_000
     shutdown_timeout_ms: int = 2000
+    # Limits at the door, as the broker's (see its settings of the same names).
+    max_connections: int = 10_000
+    reserved_file_descriptors: int = 128
+    max_connection_buffer_bytes: int = 64 << 20
+    max_buffered_request_bytes: int = 256 << 20
+    frame_timeout_ms: int = 60_000
+
+    def server_limits(self) -> ServerLimits:
+        return ServerLimits(self.max_connections, self.reserved_file_descriptors, self.max_connection_buffer_bytes,
+                            self.max_buffered_request_bytes, self.frame_timeout_ms)  # fmt: skip
 
 
 def _now_ms() -> float:
@@ -43,7 +53,8 @@ class NameServer:
             RequestCode.UNREGISTER_BROKER: _checked(self._unregister),
             RequestCode.GET_ROUTE: _checked(self._route),
             RequestCode.GET_CLUSTER: _checked(self._cluster),
-        }, max_frame_bytes=config.max_frame_bytes, idle_timeout_ms=config.idle_timeout_ms)  # fmt: skip
+        }, max_frame_bytes=config.max_frame_bytes, idle_timeout_ms=config.idle_timeout_ms,
+            limits=config.server_limits())  # fmt: skip
         self._stop = trio.Event()
 
     @property

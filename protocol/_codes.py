@@ -110,6 +110,7 @@ class ErrorCode(enum.IntEnum):
     UNSUPPORTED_VERSION = 6  # the frame's protocol version is not one the server speaks (text: which it does)
     SHUTTING_DOWN = 7
     TIMEOUT = 8
+    TOO_MANY_CONNECTIONS = 9  # the server is at max_connections: it closes this connection (request id 0)
     TOPIC_NOT_FOUND = 17
     INVALID_TOPIC = 18
     INVALID_QUEUE_ID = 19

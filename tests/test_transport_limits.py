@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from broker.service import Broker
 from client import ConnectionFailed, RpcClient, open_admin, open_producer
 from commitlog import MiB
+from nameserver import NameServerConfig
+from nameserver import serve as serve_nameserver
 from protocol import NEED_DATA, ErrorCode, RequestCode
 from protocol.transport import background_nursery
 from tests.service_helpers import Cluster
@@ -95,7 +97,7 @@ async def _flood_beyond_the_limit(broker: Broker, count: int = 60) -> None:
     assert broker.rpc.connections == 20  # the accepted ones stay open
     for data in refused:  # each refused one is told why, then closed
         (header,) = decode_frames(data)
-        assert header["e"] == ErrorCode.SYSTEM_BUSY and "max_connections=20" in header["m"]
+        assert header["e"] == ErrorCode.TOO_MANY_CONNECTIONS and "max_connections=20" in header["m"]
     async with background_nursery() as n:  # what a client refused says
         rpc = RpcClient(n)
         with pytest.raises(ConnectionFailed, match=r"refused by the server: too many connections.*max_connections=20"):
@@ -403,3 +405,20 @@ def test_framing_agrees_with_the_decoder_on_every_frame(sizes: list[int], cuts: 
                 assert emitted[-1] == len(encode_frame(event))
     assert not framing.done and not framing.started
     assert len(emitted) == sum(1 for n in sizes if len(encode_frame(Frame(60, 1, {}, b"b" * n))) <= limit)
+
+
+async def test_the_name_server_takes_its_own_connection_limit(nursery: trio.Nursery) -> None:
+    """The name server has the broker's limits at the door, as its own settings."""
+    ns = await nursery.start(serve_nameserver, NameServerConfig(listen_port=0, max_connections=3))
+    addr = f"127.0.0.1:{ns.rpc.port}"
+    held = [await trio.open_tcp_stream("127.0.0.1", ns.rpc.port) for _ in range(3)]
+    await await_until(lambda: ns.rpc.connections == 3, 10, "the name server to take 3 connections")
+    async with background_nursery() as n:
+        rpc = RpcClient(n)
+        with pytest.raises(ConnectionFailed, match=r"too many connections.*max_connections=3"):
+            await rpc.request(addr, RequestCode.GET_CLUSTER)
+        for s in held:
+            await s.aclose()
+        await await_until(lambda: ns.rpc.connections == 0, 10, "the held connections to close")
+        await rpc.request(addr, RequestCode.GET_CLUSTER)  # served again once there is room
+        await rpc.aclose()

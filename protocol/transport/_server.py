@@ -132,7 +132,7 @@ class RpcServer:
         try:
             with trio.move_on_after(REFUSAL_SEND_S):
                 await stream.send_all(
-                    encode_frame(Frame(0, 0, flags=FLAG_RESPONSE, error_code=ErrorCode.SYSTEM_BUSY, error_text=text))
+                    encode_frame(Frame(0, 0, flags=FLAG_RESPONSE, error_code=ErrorCode.TOO_MANY_CONNECTIONS, error_text=text))
                 )
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
