@@ -161,7 +161,16 @@ class ConsumeQueueSet:
 
     def known(self) -> list[QueueKey]:
         self.merge()
-        return list(self._queues)
+        return [key for key, _cq in self._snapshot()]
+
+    def _snapshot(self) -> list[tuple[QueueKey, ConsumeQueue]]:
+        """Every queue, copied under the creation lock. Why the lock, though the copy is
+        one C call: a garbage collection can start inside it (each item is a new
+        tuple) and run finalizers, Python code during which a reader thread creating a
+        queue changes the dict ("dictionary changed size during iteration": it failed
+        the housekeeping thread's checkpoint, and so the store)."""
+        with self._lock:
+            return list(self._queues.items())
 
     # ------------------------------------------------------------ dispatch path
     def add_round(self, codes: np.ndarray, queue_offsets: np.ndarray, entries: np.ndarray) -> Arrivals:
@@ -244,12 +253,12 @@ class ConsumeQueueSet:
     def next_offsets(self) -> dict[QueueKey, int]:
         """Next offset of every *loaded* queue."""
         self.merge()
-        return {key: cq.next_offset for key, cq in list(self._queues.items()) if cq.loaded}
+        return {key: cq.next_offset for key, cq in self._snapshot() if cq.loaded}
 
     def extents(self) -> dict[QueueKey, tuple[int, int]]:
         """``(first, next)`` of the entries in the files, for every *loaded* queue."""
         self.merge()
-        return {key: cq.disk_extent() for key, cq in list(self._queues.items()) if cq.loaded}
+        return {key: cq.disk_extent() for key, cq in self._snapshot() if cq.loaded}
 
     def close(self) -> None:
         self.flush()

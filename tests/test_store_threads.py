@@ -1,0 +1,183 @@
+"""The store read from many threads at once, as the broker's pull workers do, while
+the appending, dispatching, housekeeping (checkpoints, retention) and flushing
+threads run: no exception, no false damage, and every record read is the one its
+queue offset names.
+
+Races are shaken out with a tiny switch interval and with garbage collections that
+let other threads run (``gc.callbacks``): a collection can start inside any C-level
+allocation, even in the middle of ``list(d.items())``, and the finalizers it runs are
+Python code, during which another thread may change ``d``.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from broker.store import GetStatus, Store
+from commitlog import Message, Record, decode_record
+
+from .conftest import small_config
+
+RUN_S = 6.0  # how long the threads hammer the store
+READERS = 4  # as many as the broker's default pull_read_threads
+WIDE_QUEUES = 3000  # a topic whose queues readers create lazily (a consumer of thousands of queues)
+BUSY_QUEUES = 32  # queues the writer fills
+
+
+@pytest.fixture
+def shaken() -> Iterator[None]:
+    """Switch threads as often as possible, also inside garbage collections."""
+    interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
+
+    def yield_gil(_phase: str, _info: dict[str, Any]) -> None:
+        time.sleep(0)  # releases the GIL: another thread runs mid-collection
+
+    sys.setswitchinterval(1e-6)
+    gc.set_threshold(50, 5, 5)
+    gc.callbacks.append(yield_gil)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(yield_gil)
+        gc.set_threshold(*thresholds)
+        sys.setswitchinterval(interval)
+
+
+def body(topic: str, qid: int, qoffset: int) -> bytes:
+    return f"{topic}/{qid}/{qoffset}/".encode().ljust(200, b"x")
+
+
+class Hammer:
+    """The threads of one run and the errors they met."""
+
+    def __init__(self, store: Store, deadline: float) -> None:
+        self.store = store
+        self.deadline = deadline
+        self.errors: list[str] = []
+        self.written = 0
+        self.read = 0
+        self.stop = threading.Event()
+
+    def guarded(self, fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                while not self.stop.is_set() and time.monotonic() < self.deadline:
+                    fn()
+            except BaseException as e:  # every error is the test's failure, with its traceback
+                import traceback
+
+                self.errors.append(f"{threading.current_thread().name}: {e!r}\n{traceback.format_exc()}")
+                self.stop.set()
+
+        return run
+
+    def write(self, counts: dict[int, int]) -> None:
+        batch = []
+        for _ in range(16):
+            qid = random.randrange(BUSY_QUEUES)
+            batch.append(Message("busy", qid, body("busy", qid, counts[qid]), tags=f"T{counts[qid] % 3}"))
+            counts[qid] += 1
+        res = self.store.put_batch(batch)
+        assert res.ok, res
+        self.written += len(batch)
+
+    def housekeep(self) -> None:
+        self.store.checkpoint(full=random.random() < 0.5)
+        self.store.apply_retention()
+        self.stop.wait(0.02)  # paced like the real loop: a read still holding a deleted segment finishes
+
+    def read_one(self, positions: dict[tuple[str, int], int]) -> None:
+        if random.random() < 0.5:
+            key = ("wide", random.randrange(WIDE_QUEUES))
+        else:
+            key = ("busy", random.randrange(BUSY_QUEUES))
+        offset = positions.get(key, 0)
+        lo, hi = self.store.bounds(*key)
+        assert lo <= hi, (key, lo, hi)
+        if random.random() < 0.1:
+            found = self.store.offset_for_timestamp(*key, 0)
+            assert found >= 0, (key, found)
+        if random.random() < 0.5:
+            positions[key] = self._get(key, offset)
+        else:
+            positions[key] = self._read_raw(key, offset)
+
+    def _get(self, key: tuple[str, int], offset: int) -> int:
+        res = self.store.get(*key, offset, 16, tags=["T1", "T2"] if random.random() < 0.3 else None)
+        if res.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.NO_MESSAGE):
+            return res.next_offset
+        if res.status is GetStatus.NO_MATCHED_MESSAGE:  # filtered out, or retention took them after the bounds
+            assert res.next_offset > offset, (key, offset, res)
+            return res.next_offset
+        assert res.status is GetStatus.FOUND, (key, offset, res.status)
+        self.check(key, offset, res.messages)
+        return res.next_offset
+
+    def _read_raw(self, key: tuple[str, int], offset: int) -> int:
+        res = self.store.read_raw(*key, offset, 16)
+        if res.status is GetStatus.NO_MATCHED_MESSAGE:  # no filter: retention took them after the bounds were read
+            assert res.next_offset > offset, (key, offset, res)
+            return res.next_offset
+        if res.status is not GetStatus.FOUND:
+            assert res.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.NO_MESSAGE), (key, offset, res.status)
+            return res.next_offset
+        records: list[Record] = []
+        for span in res.spans:
+            assert span.path is not None
+            try:
+                with open(span.path, "rb") as f:
+                    f.seek(span.position)
+                    data = f.read(span.length)
+            except FileNotFoundError:  # retention deleted the segment since (the broker's sendfile holds it open)
+                return res.next_offset
+            pos = 0
+            while pos < len(data):
+                rec = decode_record(data, pos, span.path, -1)
+                records.append(rec)
+                pos += rec.size
+        assert len(records) == res.count, (key, offset, len(records), res.count)
+        self.check(key, offset, records)
+        return res.next_offset
+
+    def check(self, key: tuple[str, int], offset: int, records: list[Record]) -> None:
+        offsets = [r.queue_offset for r in records]
+        assert offsets == sorted(set(offsets)) and offsets[0] >= offset, (key, offset, offsets)
+        for r in records:
+            assert (r.topic, r.queue_id) == key and r.body == body(*key, r.queue_offset), (key, r)
+        self.read += len(records)
+
+
+def test_reads_from_many_threads_during_writes_checkpoints_and_retention(tmp_path: Path, shaken: None) -> None:
+    config = small_config(tmp_path / "store", log={"retention_bytes": 512 * 1024}, cq_flush_interval_ms=5,
+                          retention_check_interval_ms=10, max_open_files=64)  # fmt: skip
+    store = Store.open(config).start()
+    try:
+        store.create_topic("busy", BUSY_QUEUES)
+        store.create_topic("wide", WIDE_QUEUES)
+        hammer = Hammer(store, time.monotonic() + RUN_S)
+        counts = {q: 0 for q in range(BUSY_QUEUES)}
+        work = [("writer", lambda: hammer.write(counts)), ("housekeeper", hammer.housekeep)]
+        for i in range(READERS):
+            positions: dict[tuple[str, int], int] = {}
+            work.append((f"reader-{i}", lambda p=positions: hammer.read_one(p)))  # type: ignore[misc]
+        threads = [threading.Thread(target=hammer.guarded(fn), name=name) for name, fn in work]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(RUN_S + 60)
+        assert not any(t.is_alive() for t in threads), "a thread is stuck (deadlock?)"
+        assert store.failure is None, store.failure  # a background thread died: its error says why
+        assert not hammer.errors, "\n".join(hammer.errors[:3])
+        assert not store._rebuild.marked, store._rebuild.marked  # no false damage
+        assert hammer.written > 1000 and hammer.read > 100, (hammer.written, hammer.read)
+        assert store.log.min_offset > 0  # retention ran
+    finally:
+        store.close()
