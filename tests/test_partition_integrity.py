@@ -26,12 +26,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.store import PartitionStore, PutStatus, Store, StoreConfig
-from broker.store._partition_store import _load_points
+from broker.store._partition_store import _load_points as _load_points_and_source
 from commitlog import CorruptRecordError, LogDamageError, Message, StoreFailedError, fileops
 from tests.faults import Fault, inject
 from tests.waiting import wait_until
 
 from .conftest import small_config
+
+
+def _load_points(path: Path) -> dict[tuple[str, int], int] | None:
+    return _load_points_and_source(path)[0]
+
 
 QUEUES = 3
 Acked = dict[tuple[int, int], bytes]  # (queue, offset) -> body
@@ -472,3 +477,21 @@ def test_an_fsync_error_while_closing_leaves_an_unclean_stop_and_a_free_director
         s.close()
     assert not s.healthy and (d / "abort").exists()
     assert_reads(d, acked)  # reopened (the lock is free), recovered after the unclean stop
+
+
+def test_recovery_points_from_the_previous_generation_mean_an_unclean_open(tmp_path: Path) -> None:
+    """The current recovery points are damaged and the previous ones are used: older
+    than what the files hold, so the open validates as after a crash."""
+    cfg = small_config(tmp_path / "s", mode="partition-per-file")
+    with Store.open(cfg) as s:
+        s.create_topic("t", 1)
+        assert s.put(Message("t", 0, b"first")).ok
+    with Store.open(cfg) as s:  # the close writes a second generation
+        assert s.put(Message("t", 0, b"second")).ok
+    with open(tmp_path / "s" / "recovery-points", "r+b") as f:
+        f.seek(12)
+        f.write(b"#")
+    with Store.open(cfg) as s:
+        assert s.open_stats["unclean"]
+        s.catch_up()
+        assert [r.body for r in s.get("t", 0, 0, 10).messages] == [b"first", b"second"]

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from commitlog import (
     BatchEncoder,
@@ -34,7 +34,6 @@ from commitlog import (
     FlushMode,
     LogDamageError,
     Message,
-    MetadataError,
     QueueKey,
     Record,
     StoreFailedError,
@@ -44,7 +43,7 @@ from commitlog import (
 from consumequeue import FileCache
 
 from ._base import Stopwatch, StoreBase, StoreConfig
-from ._durable_file import read_json, write_json
+from ._durable_file import MetadataSource, load_json, write_json
 from ._partition_log import LoadReport, PartitionLoader, PartitionLog, PartSegment
 from ._results import PutResult, PutStatus, Span
 
@@ -106,8 +105,8 @@ class PartitionStore(StoreBase):
     def _load_partitions(self, unclean: bool) -> bool:
         """Open every partition directory; returns whether the open is unclean (no
         recovery points count as an unclean stop: everything is validated)."""
-        points = _load_points(self.directory / "recovery-points")
-        unclean = unclean or points is None
+        points, from_previous = _load_points(self.directory / "recovery-points")
+        unclean = unclean or points is None or from_previous
         promised = points or {}
         self.root.mkdir(exist_ok=True)
         reports: list[LoadReport] = []
@@ -382,20 +381,23 @@ def _append_error(error: BaseException, root: Path) -> PutResult:
     raise error
 
 
-def _load_points(path: Path) -> dict[QueueKey, int] | None:
-    """Each partition's recovery point, or None if there are none to trust (then the
-    open validates every partition from its start)."""
+def _load_points(path: Path) -> tuple[dict[QueueKey, int] | None, bool]:
+    """Each partition's recovery point (None if there are none to trust: then the open
+    validates every partition from its start), and whether they came from the previous
+    generation: older but true points, which a clean open must not trust as the end."""
+    loaded = load_json(path, _points_error)
+    if not loaded.ok:
+        return None, False
+    raw = loaded.value
+    return {(str(t), int(q)): int(n) for t, q, n in raw["points"]}, loaded.source is MetadataSource.PREVIOUS
+
+
+def _points_error(raw: Any) -> str | None:
     try:
-        raw = read_json(path)
-    except MetadataError as e:
-        log.warning("partition store: %s; validating every partition", e)
-        return None
-    if not isinstance(raw, dict):  # missing, not JSON, or not an object: no recovery points
-        return None
-    try:
-        return {(str(t), int(q)): int(n) for t, q, n in raw["points"]}
+        [(str(t), int(q), int(n)) for t, q, n in raw["points"]]
     except (TypeError, KeyError, ValueError):
-        return None
+        return "not a list of [topic, queue id, offset] points"
+    return None
 
 
 def _log_open(reports: list[LoadReport], partitions: int, unclean: bool) -> None:

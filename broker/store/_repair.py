@@ -24,7 +24,7 @@ from commitlog import LogLayout, QueueKey, QueueRange, fsync_dir, queue_extents,
 
 from ._base import StoreConfig
 from ._check import Progress, StoreReport, check_unlocked, on_disk_queues, store_lock
-from ._durable_file import load_json, read_json
+from ._durable_file import delete_json, load_json, read_json
 from ._topics import TopicTable
 
 log = logging.getLogger("clmq.store")
@@ -69,6 +69,7 @@ def _repair_commitlog(config: StoreConfig, report: StoreReport) -> dict[QueueKey
     if report.log_damaged:
         repair_log(directory / "commitlog", config.commitlog, LogLayout.COMMITLOG)
     shutil.rmtree(directory / "consumequeue", ignore_errors=True)
+    delete_json(directory / "rebuild-queues")  # every queue is rebuilt at the next open anyway
     for problem in report.index_problems:
         Path(problem.file).unlink(missing_ok=True)
     extents = queue_extents(directory / "commitlog", config.commitlog, LogLayout.COMMITLOG)
