@@ -165,11 +165,13 @@ class EntryReader:
     The zero-copy path reads headers through its own read-only descriptor per segment
     (the spans it checks came from :meth:`CommitLog.file_span`, so the bounds are
     checked already): a pull of one record from each of many queues costs one
-    ``pread`` per record and no more. Descriptors of segments that retention or a
-    truncation removed are dropped by :meth:`forget_missing` (the store calls it then)
-    and closed one call later, as the log closes deleted segments: a read that took
-    the descriptor just before still has it open, so its number is never reused
-    under it.
+    ``pread`` per record and no more, and takes no lock. Descriptors of segments that
+    retention or a truncation removed are dropped by :meth:`forget_missing` (the store
+    calls it then) and closed one call later, as the log closes deleted segments. A
+    read that took a descriptor before it was dropped checks after reading that it is
+    still its segment's: if not, the bytes may come from another file that got the
+    number (two calls can come a moment apart), and the read answers "not in the log"
+    (the segment is gone: its records are below the log's start).
     """
 
     def __init__(self, log: CommitLog) -> None:
@@ -234,9 +236,15 @@ class EntryReader:
             fd = self._fds.get(path)
             if fd is None:
                 fd = self._open(path)
-            return fileops.OPS.pread(fd, n, pos)
+            data = fileops.OPS.pread(fd, n, pos)
+            # Dropped meanwhile (its segment deleted), maybe closed and the number reused
+            # by another file: what was read cannot be trusted, and the records are gone.
+            return data if self._fds.get(path) == fd else None
         except FileNotFoundError:
-            return None
+            # Unlinked. Retention unlinks a segment a moment before it moves the log's
+            # start (readers in between found "damage"); the log's own descriptor still
+            # reads it, and answers None once the records are below the start.
+            return self._log.read_bytes(offset, n)
         except OSError as e:
             if offset < self._log.min_offset:
                 return None
@@ -252,8 +260,11 @@ class EntryReader:
     def forget_missing(self) -> None:
         """Drop the descriptors of segments no longer in the log (retention, truncation);
         those dropped by the previous call are closed now."""
-        keep = {path for _base, _size, path in self._log.segments()}
         with self._lock:
+            # Listed under the lock: a segment a reader opened (under the lock) before is
+            # listed, so a live segment is never dropped. Listed before the lock, one the
+            # log rolled to in between was dropped and then closed under its readers.
+            keep = {path for _base, _size, path in self._log.segments()}
             closing, self._retired = self._retired, [fd for p, fd in self._fds.items() if p not in keep]
             self._fds = {p: fd for p, fd in self._fds.items() if p in keep}
         for fd in closing:
