@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -407,3 +408,36 @@ def test_a_deleted_metadata_file_stays_deleted(tmp_path: Path) -> None:
     delete_json(path)
     assert load_json(path).source is MetadataSource.MISSING
     assert not list(tmp_path.glob("recovery-points*"))
+
+
+def test_committed_offsets_past_a_cut_log_move_back_at_start(tmp_path: Path) -> None:
+    """A repair (or a follower's truncation) cuts the log: a group committed past the new
+    end would skip the new messages that take the dropped offsets. The broker moves it
+    back to the end at start, and leaves offsets inside the queue alone."""
+    from broker.service import Broker, BrokerConfig
+    from broker.service._offsets import ConsumerOffsets
+
+    data = tmp_path / "data"
+    cfg = BrokerConfig(data_dir=str(data))
+    with Store.open(cfg.store_config()) as s:
+        s.create_topic("t", 1)
+        res = s.put_batch([Message("t", 0, b"m%d" % i) for i in range(10)])
+        s.catch_up()
+        s.truncate(res.commitlog_offsets[6])  # queue offsets 6.. are gone
+    offsets = ConsumerOffsets(data / "consumer_offsets.json")
+    offsets.commit("ahead", "t", 0, 10)
+    offsets.commit("inside", "t", 0, 3)
+    offsets.commit("gone", "nosuch", 0, 7)
+    offsets.flush()
+
+    async def start() -> None:
+        store = Store.open(cfg.store_config()).start()
+        try:
+            broker = Broker(cfg, store, trio.lowlevel.current_trio_token())
+            assert broker.offsets.query("ahead", "t", 0) == 6
+            assert broker.offsets.query("inside", "t", 0) == 3
+            assert broker.offsets.query("gone", "nosuch", 0) == 7
+        finally:
+            store.close()
+
+    trio.run(start)

@@ -30,6 +30,9 @@ class Broker:
         self.config = config
         self.store = store
         self.offsets = ConsumerOffsets(store.directory / "consumer_offsets.json")
+        self.offsets.clamp(
+            lambda topic, queue_id: store.max_offset(topic, queue_id) if store.queue_exists(topic, queue_id) else None
+        )
         self.groups = ConsumerGroups(config.client_expiry_ms)
         self.waiters = PullWaiters(token)
         store.add_arrival_listener(self.waiters.on_arrivals)

@@ -40,7 +40,7 @@ class BrokerConfig:
     client_expiry_ms: int = 30_000  # a consumer silent this long leaves its groups
     idle_timeout_ms: int = 120_000  # a connection with no request in flight (long polls count) is closed after this
     # Limits at the door (the name server has the same ones, at these defaults):
-    max_connections: int = 10_000  # one more is told SYSTEM_BUSY and closed; one log line per burst
+    max_connections: int = 10_000  # one more is told TOO_MANY_CONNECTIONS and closed; one log line per burst
     reserved_file_descriptors: int = 128  # connections stop this far below the descriptor limit (ulimit -n)
     max_connection_buffer_bytes: int = 64 * MiB  # request bytes one connection holds; beyond: not read (>= max_frame_bytes)
     max_buffered_request_bytes: int = 256 * MiB  # request bytes all connections hold; beyond: not read

@@ -11,14 +11,17 @@ twice, none skipped). If both generations are damaged the broker refuses to star
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from broker.store import MetadataSource, load_json, previous_path, write_json
 from commitlog import MetadataError
 
 OffsetKey = tuple[str, str, int]  # group, topic, queue id
+
+log = logging.getLogger("clmq.broker")
 
 
 class ConsumerOffsets:
@@ -50,6 +53,26 @@ class ConsumerOffsets:
             for key in [k for k in self._offsets if k[1] == topic]:
                 del self._offsets[key]
             self._dirty = True
+
+    def clamp(self, max_offset: Callable[[str, int], int | None]) -> int:
+        """Lower committed offsets past their queue's end to the end (``max_offset`` gives
+        it, or None for a queue that no longer exists: left alone); returns how many.
+
+        Only a lost log tail (``clmq store repair``, a follower's truncation) leaves a
+        group past the end. Left there, the group would skip the new messages that take
+        the dropped offsets: as Kafka and RocketMQ do, the broker moves it back at start.
+        """
+        lowered = 0
+        with self._lock:
+            for (group, topic, queue_id), offset in list(self._offsets.items()):
+                end = max_offset(topic, queue_id)
+                if end is not None and offset > end:
+                    log.warning("consumer group %s: committed offset %d of %s/%d is past the queue's end %d "
+                                "(log cut by a repair?); moved back to %d", group, offset, topic, queue_id, end, end)  # fmt: skip
+                    self._offsets[(group, topic, queue_id)] = end
+                    lowered += 1
+            self._dirty = self._dirty or lowered > 0
+        return lowered
 
     def flush(self) -> bool:
         """Persist if anything changed; returns whether a file was written."""

@@ -9,7 +9,7 @@ closed after ``idle_timeout_ms`` without requests. One misbehaving client only
 ever loses its own connection.
 
 Limits at the door (:class:`ServerLimits`): connections beyond ``max_connections`` (or
-beyond what the descriptor limit leaves) are told SYSTEM_BUSY and closed; accept
+beyond what the descriptor limit leaves) are told TOO_MANY_CONNECTIONS and closed; accept
 failing for lack of descriptors (EMFILE, ENFILE) backs off and retries; request bytes
 held are bounded per connection and in all, by not reading (back-pressure); a frame
 must arrive within ``frame_timeout_ms``. Each kind of refusal is logged once per burst.
