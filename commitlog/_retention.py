@@ -39,14 +39,17 @@ class Retention:
             st.graveyard = []
             snapshot = st.snapshot
             doomed = self._count_doomed(snapshot.segments, now)
+            if doomed:
+                # The log's start moves first, then the files go: a reader that finds a
+                # file missing then also finds its range below the start (gone, not
+                # damage) instead of a hole inside the log.
+                st.snapshot = snapshot.tail(doomed)
+                st.dir_dirty = True
             for seg in snapshot.segments[:doomed]:
                 log.info("commitlog retention: deleting %s", seg.path)
                 seg.delete()
                 st.graveyard.append(seg)
                 st.dirty.discard(seg)
-            if doomed:
-                st.snapshot = snapshot.tail(doomed)
-                st.dir_dirty = True
             return doomed
 
     def _count_doomed(self, segments: tuple[Segment, ...], now: float) -> int:
