@@ -199,6 +199,11 @@ class EntryReader:
                 spans.append((str(where[0]), where[1], sizes[i]))
                 count += 1
                 continue
+            if where is not None and j - i > 2 and min(sizes[i], sizes[j - 1]) >= want:
+                if self._check_ends(where, offsets, sizes, qo, i, j, topic, queue_id):
+                    spans.append((str(where[0]), where[1], end - start))
+                    count += j - i
+                continue
             if where is not None:
                 if self._check_at(where, start, end, offsets[i:j], sizes[i:j], qo[i:j], topic, queue_id):
                     spans.append((str(where[0]), where[1], end - start))
@@ -213,6 +218,30 @@ class EntryReader:
                     spans.append((str(one[0]), one[1], sizes[k]))
                     count += 1
         return spans, count
+
+    def _check_ends(self, where: tuple[Path, int], offsets: list[int], sizes: list[int], qo: list[int], i: int,
+                    j: int, topic: bytes, queue_id: int) -> bool:  # fmt: skip
+        """Check the first and the last record of a log-contiguous run of entries
+        ``[i, j)``; False if retention took them meanwhile.
+
+        Why the two ends are enough for the entries between: the dispatcher wrote them
+        from consecutive records of this queue, and the run is contiguous only while
+        each entry's offset is the previous one's offset plus size. Damage to any
+        offset or size breaks the run (its pieces are then checked on their own), and
+        the last record's header must hold the queue offset and log offset that the
+        sizes in between add up to. Damage *inside* a record (the log's bytes) is the
+        consumer's CRC check to find, as for every record sent without a copy.
+        """
+        path, pos = where
+        want = HEADER_SIZE + len(topic)
+        head = _head_with_topic(len(topic))
+        for k in (i, j - 1):
+            data = self._pread(path, want, pos + offsets[k] - offsets[i], offsets[k])
+            if data is None or len(data) < want:
+                return self._gone(offsets[i], offsets[j - 1] + sizes[j - 1] - offsets[i])
+            if head.unpack_from(data) != (sizes[k], RECORD_MAGIC, offsets[k], qo[k], queue_id, len(topic), topic):
+                _diagnose(data, 0, sizes[k], offsets[k], qo[k], topic, queue_id, self._log.segment_path)
+        return True
 
     def _check_at(self, where: tuple[Path, int], start: int, end: int, offsets: list[int], sizes: list[int],
                   qoffs: list[int], topic: bytes, queue_id: int) -> bool:  # fmt: skip
