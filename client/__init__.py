@@ -8,6 +8,7 @@ from ._admin import Admin, open_admin
 from ._allocate import allocate_averagely
 from ._blocking import BlockingAdmin, BlockingConsumer, BlockingProducer
 from ._consumer import Consumer, open_consumer
+from ._fetcher import DamagedQueueError
 from ._options import ConsumerOptions, TagFilter
 from ._producer import Producer, SendError, SendResult, open_producer, shard
 from ._routes import MessageQueue, NoRouteError, Routes
@@ -22,6 +23,7 @@ __all__ = [
     "ConnectionFailed",
     "Consumer",
     "ConsumerOptions",
+    "DamagedQueueError",
     "Message",
     "MessageQueue",
     "NoRouteError",

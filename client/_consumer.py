@@ -6,6 +6,9 @@
 - Broadcasting mode: every member reads every queue; offsets stay with the member.
 - At least once: a batch's offsets are committed only after it was processed, which
   is when the next :meth:`Consumer.receive` is called (or :meth:`Consumer.ack`).
+- A queue whose next record is damaged on its broker is not read past: it is listed
+  in :attr:`Consumer.errors` (and logged once), paused and asked again every
+  ``damaged_queue_retry_ms``; the other queues are consumed as usual.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from protocol import Frame, RequestCode
 from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 from ._allocate import allocate_averagely
-from ._fetcher import Batch, Fetcher, QueueState
+from ._fetcher import Batch, DamagedQueueError, Fetcher, QueueState
 from ._options import ConsumerOptions, TagFilter
 from ._routes import MessageQueue, NoRouteError, Routes
 
@@ -47,6 +50,8 @@ class Consumer:
         self.assigned: dict[MessageQueue, QueueState] = {}
         self._generation = 0
         self.processed: dict[MessageQueue, int] = {}
+        # Assigned queues stopped at a damaged record (an entry goes once the queue reads again).
+        self.errors: dict[MessageQueue, DamagedQueueError] = {}
         self._committed: dict[MessageQueue, int] = {}
         self._send, self._recv = trio.open_memory_channel[Batch](options.buffered_batches)
         self._pending: Batch | None = None
@@ -191,6 +196,7 @@ class Consumer:
 
     async def _revoke(self, mq: MessageQueue) -> None:
         del self.assigned[mq]  # answers still in flight for it are dropped
+        self.errors.pop(mq, None)
         if self._pending is not None and self._pending.mq == mq:
             self._pending = None  # not acknowledged: its new owner reads it again
         offset = self.processed.pop(mq, None)

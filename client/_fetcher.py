@@ -11,6 +11,11 @@ watches wait get a watch of their own. The others go into *data* requests
 that never wait. Why two kinds: if a request mixing in idle queues waited, a few
 requests of idle queues would take every slot while other queues still had messages,
 and those would wait a whole ``pull_wait_ms`` (catching up ends unevenly).
+
+A queue whose next record is damaged (a CORRUPT row) is neither skipped past nor asked
+again at once: it is reported (one ERROR line per queue and offset, and the
+consumer's ``errors``), paused, and asked again every ``damaged_queue_retry_ms`` in
+case it is repaired; the other queues go on.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, Awaitable, Callable, Iterator, Protocol, TypeVar
 
 import trio
 
-from commitlog import Record
+from commitlog import ClientError, Record
 from protocol import FetchAsk, FetchResult, Frame, ProtocolError, PullStatus, RequestCode, RowError, decode_records
 
 from ._options import ConsumerOptions, TagFilter
@@ -63,11 +68,24 @@ class QueueState:
     generation: int
     offset: int | None = None  # next offset to read; None until looked up
     idle: bool = False  # nothing more to read at the look-up or the last answer: watched, not fetched
+    paused: bool = False  # its next record is damaged: asked again only after damaged_queue_retry_ms
 
     def known_offset(self) -> int:
         """The next offset, for a queue that is fetched (only once it is known)."""
         assert self.offset is not None, "a queue is fetched only after its start offset is looked up"
         return self.offset
+
+
+class DamagedQueueError(ClientError):
+    """A queue whose record at ``offset`` is damaged on its broker (the text is the
+    broker's: file, log offset, which check failed). The consumer does not read past
+    it; it asks again every ``damaged_queue_retry_ms``."""
+
+    def __init__(self, queue: MessageQueue, offset: int, text: str) -> None:
+        super().__init__(f"{queue.topic}/{queue.queue_id} on {queue.broker_name} ({queue.addr}), offset {offset}: {text}")
+        self.queue = queue
+        self.offset = offset
+        self.text = text
 
 
 @dataclass
@@ -87,6 +105,7 @@ class FetchHost(Protocol):
     assigned: dict[MessageQueue, QueueState]  # a queue given up is no longer in here
     filters: dict[str, TagFilter]
     processed: dict[MessageQueue, int]  # next offset to commit per queue
+    errors: dict[MessageQueue, DamagedQueueError]  # queues stopped at a damaged record, now
     net_errors: tuple[type[BaseException], ...]
 
     async def request(self, addr: str, code: int, fields: dict[str, Any], timeout_ms: float | None = None) -> Frame: ...
@@ -187,7 +206,7 @@ class Fetcher:
                 ready[mq] = st
                 ready.move_to_end(mq, last=False)
         for mq, st in picked:
-            if mq not in skipped and self.c.assigned.get(mq) is st:
+            if mq not in skipped and self.c.assigned.get(mq) is st and not st.paused:
                 self._ready[(mq.addr, st.idle)][mq] = st
 
     async def _loop(self, addr: str, idle: bool) -> None:
@@ -254,6 +273,12 @@ class Fetcher:
             mine, at = records[at : at + count], at + count
             if self.c.assigned.get(mq) is not st:
                 continue  # given up meanwhile
+            if status is PullStatus.CORRUPT:
+                self._damaged(mq, st, row)
+                continue
+            if status in _READ and mq in self.c.errors:
+                log.info("consumer %s: %s/%d reads again", self.c.client_id, mq.topic, mq.queue_id)
+                del self.c.errors[mq]
             if status is not PullStatus.SKIPPED:
                 st.idle = status in _NOTHING_THERE or _caught_up(row)
             if status in _OUT_OF_RANGE:  # never for an offset assigned but not yet visible (the broker waits)
@@ -271,6 +296,25 @@ class Fetcher:
             if not self.c.deliver_nowait(batch):
                 await self.c.deliver(batch)
             st.offset = nxt
+
+    def _damaged(self, mq: MessageQueue, st: QueueState, row: FetchResult) -> None:
+        """Report the damaged record (an ERROR line once per queue and offset), pause
+        the queue, and ask again after ``damaged_queue_retry_ms``."""
+        error = DamagedQueueError(mq, row.next_offset, row.error)
+        known = self.c.errors.get(mq)
+        if known is None or known.offset != error.offset:
+            log.error("consumer %s: not reading past a damaged record; asking again every %d ms: %s",
+                      self.c.client_id, self.options.damaged_queue_retry_ms, error)  # fmt: skip
+        self.c.errors[mq] = error
+        st.offset, st.idle, st.paused = row.next_offset, False, True
+        self._nursery.start_soon(self._resume_later, mq, st)
+
+    async def _resume_later(self, mq: MessageQueue, st: QueueState) -> None:
+        await trio.sleep(self.options.damaged_queue_retry_ms / 1000)
+        st.paused = False
+        if self.c.assigned.get(mq) is st:
+            self._ready[(mq.addr, False)][mq] = st
+            self.wake(mq.addr)
 
 
 _NOTHING_THERE = frozenset({PullStatus.NO_MESSAGE, PullStatus.NO_QUEUE})

@@ -19,11 +19,13 @@ PULL_MESSAGE           topic, queue_id, offset, max_messages, max_wait_ms,
                        tags (list or absent), group (for lag accounting)
                        -> status, next_offset, min_offset, max_offset, count;
                        body: the records, exactly as stored in the CommitLog
+                       (a damaged record at offset: CORRUPT_DATA naming file and offset)
 PULL_MESSAGES          queues: [[topic, queue_id, offset, tags or nil], ...],
                        max_messages (in all), max_per_queue, max_wait_ms
                        -> results: [[status, next_offset, count, bytes, max_offset], ...]
                        (one per queue, in order; SKIPPED: not read this time, max_offset
-                       -1), count; body: the records of each queue in turn, ``bytes`` of
+                       -1; CORRUPT: the record at next_offset is damaged, and a sixth
+                       cell names the file, offset and check), count; body: the records of each queue in turn, ``bytes`` of
                        them per queue. max_offset (Kafka's high watermark) tells a
                        client that it has caught up without asking again
 QUERY_OFFSETS          topic, queue_id -> min_offset, max_offset
@@ -60,8 +62,9 @@ Name server
 REGISTER_BROKER        cluster, broker_name, addr, topics: {name: queue_count},
                        healthy (bool, default true), failure (str: why not)
 UNREGISTER_BROKER      addr (broker_name optional)
-GET_ROUTE              topic -> brokers: [{broker_name, addr, queue_count}]
-                       (healthy brokers only: an unhealthy one takes no produce)
+GET_ROUTE              topic -> brokers: [{broker_name, addr, queue_count, healthy,
+                       failure}] (every live broker: producers skip unhealthy ones,
+                       consumers still read from them)
 GET_CLUSTER            -> brokers: [{broker_name, addr, cluster, topics, age_ms,
                        healthy, failure}]
 =====================  ============================================================
@@ -121,6 +124,7 @@ class ErrorCode(enum.IntEnum):
     IO_ERROR = 24
     NOT_FOUND = 25  # e.g. no route for a topic, unknown group
     STORE_FAILED = 26  # the broker's store failed (e.g. an fsync error): it takes no produce until restarted
+    CORRUPT_DATA = 27  # a record read is damaged (text: file, offset, check); other queues still read
 
 
 # ------------------------------------------------------------- request fields

@@ -31,6 +31,10 @@ class PullStatus(str, enum.Enum):
     OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"  # below min: those messages fell out of retention
     NO_QUEUE = "NO_QUEUE"  # no such topic or queue id on this broker
     SKIPPED = "SKIPPED"  # fetch only: not read this time (the request's limits were reached)
+    # Fetch only: the record at ``next_offset`` is damaged (it does not match its queue
+    # entry, or its CRC); the row's ``error`` names the file, offset and check. The
+    # queue does not move past it; other queues of the request are served as usual.
+    CORRUPT = "CORRUPT"
 
 
 class FetchAsk(NamedTuple):
@@ -67,22 +71,28 @@ class FetchResult(NamedTuple):
     """One queue's part of a PULL_MESSAGES answer, in the order asked. ``nbytes`` of the
     answer's body are this queue's records; ``max_offset`` is the queue's high
     watermark (-1 when SKIPPED: not looked at). ``message_count`` is the wire's
-    ``count``: a field named ``count`` would shadow ``tuple.count``."""
+    ``count``: a field named ``count`` would shadow ``tuple.count``. ``error`` is the
+    broker's description of the damage of a CORRUPT row ("" otherwise); on the wire it
+    is a sixth cell, present only when not empty."""
 
     status: PullStatus
     next_offset: int
     message_count: int
     nbytes: int
     max_offset: int
+    error: str = ""
 
     @classmethod
     def skipped(cls, offset: int) -> FetchResult:
         return cls(PullStatus.SKIPPED, offset, 0, 0, -1)
 
     @staticmethod
-    def row(status: PullStatus, next_offset: int, message_count: int, nbytes: int, max_offset: int) -> list[Any]:
+    def row(status: PullStatus, next_offset: int, message_count: int, nbytes: int, max_offset: int,
+            error: str = "") -> list[Any]:  # fmt: skip
         """The wire row of a result, built without the tuple: a broker answers for up to
         thousands of queues per fetch, and the tuple would triple the cost of each."""
+        if error:
+            return [status.value, next_offset, message_count, nbytes, max_offset, error]
         return [status.value, next_offset, message_count, nbytes, max_offset]
 
     @classmethod
@@ -95,14 +105,17 @@ class FetchResult(NamedTuple):
             parsed = _STATUS_BY_WIRE.get(status) if type(status) is str else None
             ints = type(nxt) is int and type(count) is int and type(nbytes) is int and type(hwm) is int
             if parsed is not None and ints and count >= 0 and nbytes >= 0:
-                return tuple.__new__(cls, (parsed, nxt, count, nbytes, hwm))
+                return tuple.__new__(cls, (parsed, nxt, count, nbytes, hwm, ""))
         return cls._refuse(row)
 
     @classmethod
     def _refuse(cls, row: Any) -> FetchResult:
-        if not (isinstance(row, list) and len(row) == 5):
-            raise RowError(f"a fetch result must be [status, next_offset, count, bytes, max_offset], got {row!r:.80}")
-        status, next_offset, count, nbytes, max_offset = row
+        if not (isinstance(row, list) and len(row) in (5, 6)):
+            raise RowError(f"a fetch result must be [status, next_offset, count, bytes, max_offset, error if any], "
+                           f"got {row!r:.80}")  # fmt: skip
+        status, next_offset, count, nbytes, max_offset = row[:5]
+        error = row[5] if len(row) == 6 else ""
+        _check(isinstance(error, str), "error", "a string", error)
         try:
             parsed = PullStatus(status)
         except ValueError:
@@ -110,7 +123,7 @@ class FetchResult(NamedTuple):
         for name, value in (("next_offset", next_offset), ("count", count), ("bytes", nbytes), ("max_offset", max_offset)):
             _check(_is_int(value), name, "an integer", value)
         _check(count >= 0 and nbytes >= 0, "count and bytes", "not negative", (count, nbytes))
-        return cls(parsed, next_offset, count, nbytes, max_offset)
+        return cls(parsed, next_offset, count, nbytes, max_offset, error)
 
     def to_wire(self) -> list[Any]:
         return self.row(*self)

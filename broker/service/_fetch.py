@@ -12,6 +12,11 @@ The reads of one request run in one worker thread (a hop per request, not per qu
 among at most ``pull_read_threads`` (:class:`ReadThreads`, which every pull and
 look-up of the broker shares): a slow disk read holds up that request, not the event
 loop.
+
+A damaged record (:class:`CorruptRecordError`: it does not match its queue entry, or
+its CRC) fails its queue only: the records before it are answered, then the queue's
+row is CORRUPT with the error's text (file, offset, check) and never moves past it;
+the other queues of the request are read as usual.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any, Callable, Generic, TypeVar
 import trio
 
 from broker.store import GetStatus, RawRead, Span, StorageEngine, Store
+from commitlog import CorruptRecordError
 from protocol import ErrorCode, FetchAsk, FetchResult, Frame, PullStatus, RowError
 from protocol.transport import Reply, RequestError, need
 
@@ -184,6 +190,19 @@ class Visibility:
             return RawRead(GetStatus.NO_MESSAGE, next_offset=offset, min_offset=res.min_offset, max_offset=res.max_offset)
         return res
 
+    def read_to_damage(self, topic: str, queue_id: int, offset: int, limit: int, tags: list[str] | None,
+                       max_bytes: int) -> RawRead | CorruptRecordError:  # fmt: skip
+        """:meth:`read`, or the error of a damaged record at ``offset``. A read that
+        meets a damaged record further on is retried with half the limit until it
+        stops before it, so that the records before the damage are still served."""
+        while True:
+            try:
+                return self.read(topic, queue_id, offset, limit, tags, max_bytes)
+            except CorruptRecordError as e:
+                if limit <= 1:
+                    return e
+                limit //= 2
+
 
 class Fetch:
     def __init__(self, context: BrokerContext, readers: ReadThreads) -> None:
@@ -220,8 +239,12 @@ class Fetch:
             if found >= total or nbytes >= self.config.max_pull_bytes:
                 results.append(FetchResult.row(PullStatus.SKIPPED, offset, 0, 0, -1))
                 continue
-            res = visibility.read(topic, qid, offset, min(per_queue, total - found), tags,
-                                  self.config.max_pull_bytes - nbytes)  # fmt: skip
+            res = visibility.read_to_damage(topic, qid, offset, min(per_queue, total - found), tags,
+                                            self.config.max_pull_bytes - nbytes)  # fmt: skip
+            if isinstance(res, CorruptRecordError):  # this queue stops here; the others are served
+                results.append(FetchResult.row(PullStatus.CORRUPT, offset, 0, 0, self.store.max_offset(topic, qid),
+                                               str(res)))  # fmt: skip
+                continue
             size = res.nbytes  # a sum over the spans: once
             results.append(FetchResult.row(WIRE_STATUS[res.status], res.next_offset, res.count, size, res.max_offset))
             spans += res.spans

@@ -14,7 +14,7 @@ from typing import Any
 import trio
 
 from broker.store import GetStatus, PutStatus, RawRead, StorageEngine, StoreBase
-from commitlog import FlushMode, StoreFailedError
+from commitlog import CorruptRecordError, FlushMode, StoreFailedError
 from protocol import MAX_QUEUE_ID, SUPPORTED_VERSIONS, ErrorCode, Frame, RequestCode, check_request
 from protocol.transport import Handler, Later, Peer, Reply, RequestError, need
 
@@ -166,8 +166,14 @@ class Handlers:
         # block (a page fault on a cold page, a disk that stalls), and on the loop one such
         # read stalled every connection of the broker. The records go out with sendfile.
         # An offset assigned but not yet dispatched is NO_MESSAGE, so the pull waits (Visibility).
+        # A damaged record at ``offset``: CORRUPT_DATA naming its file, offset and check
+        # (records before it are answered first: the consumer reads up to the damage).
         visibility = Visibility(self.store)
-        return await self._readers.run(visibility.read, topic, qid, offset, limit, tags, self.config.max_pull_bytes)
+        res = await self._readers.run(visibility.read_to_damage, topic, qid, offset, limit, tags,
+                                      self.config.max_pull_bytes)  # fmt: skip
+        if isinstance(res, CorruptRecordError):
+            raise RequestError(ErrorCode.CORRUPT_DATA, f"{topic}/{qid} offset {offset}: {res}")
+        return res
 
     async def _wait_for(self, topic: str, qid: int, offset: int, wait_ms: int) -> None:
         key = (topic, qid)
