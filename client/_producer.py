@@ -22,8 +22,8 @@ from ._routes import MessageQueue, NoRouteError, Routes
 log = logging.getLogger("clmq.producer")
 
 # Worth another try (elsewhere): the broker is busy, stopping, failing, or the route is stale.
-# STORE_FAILED: that broker's store failed (it reports itself unhealthy and name servers
-# stop routing to it); the message was not stored durably there, so another broker may.
+# STORE_FAILED: that broker's store failed (it reports itself unhealthy, and routes mark
+# it so: producers skip it); the message was not stored durably there, so another broker may.
 RETRIABLE = {ErrorCode.SYSTEM_BUSY, ErrorCode.SHUTTING_DOWN, ErrorCode.SYSTEM_ERROR, ErrorCode.IO_ERROR,
              ErrorCode.DISK_FULL, ErrorCode.TOPIC_NOT_FOUND, ErrorCode.INVALID_QUEUE_ID, ErrorCode.TIMEOUT,
              ErrorCode.STORE_FAILED}  # fmt: skip
@@ -138,6 +138,13 @@ class Producer:
         mqs = await self.routes.queues(topic, refresh=refresh)
         if not mqs:
             raise NoRouteError(f"topic {topic!r} has no queues")
+        failures = self.routes.failures
+        if failures:  # unhealthy brokers take no produce (consumers still read them)
+            routed, mqs = mqs, [m for m in mqs if m.addr not in failures]
+            if not mqs:
+                down = sorted({failures[m.addr] for m in routed})
+                raise SendError(f"topic {topic!r}: no healthy broker to send to (STORE_FAILED): {'; '.join(down)}",
+                                ErrorCode.STORE_FAILED)  # fmt: skip
         if selector is not None:
             return selector(mqs, first)
         if sharding_key is not None:

@@ -1,5 +1,9 @@
 """Topic routes from the name servers: which brokers hold a topic, with how many
-queues. Any name server that answers will do; routes are cached and refreshed."""
+queues, and whether each is healthy. Any name server that answers will do; routes
+are cached and refreshed.
+
+A broker whose store failed stays in the routes, marked unhealthy (:attr:`Routes.failures`):
+producers skip its queues, consumers still read what it acknowledged."""
 
 from __future__ import annotations
 
@@ -44,6 +48,9 @@ class Routes:
         # per topic: when fetched, its brokers as (name, address, queue count), its queues
         self._cache: dict[str, tuple[float, list[tuple[str, str, int]], list[MessageQueue]]] = {}
         self._next_ns = 0
+        # Unhealthy brokers as the last route answers said: address -> "name at address: why".
+        # Not part of a queue's identity: a consumer keeps its queues when health changes.
+        self.failures: dict[str, str] = {}
 
     async def queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
         """The topic's queues on every broker, sorted (broker name, queue id)."""
@@ -51,6 +58,11 @@ class Routes:
         if cached and not refresh and time.monotonic() - cached[0] < self.refresh_interval_ms / 1000:
             return cached[2]
         brokers = await self._fetch(topic)
+        for b in brokers:  # absent (an older name server): healthy
+            if b.get("healthy", True):
+                self.failures.pop(b["addr"], None)
+            else:
+                self.failures[b["addr"]] = f"{b['broker_name']} at {b['addr']}: {b.get('failure') or 'unhealthy'}"
         shape = [(b["broker_name"], b["addr"], b["queue_count"]) for b in brokers]
         if cached and cached[1] == shape:  # unchanged: keep the objects (10,000 cost milliseconds)
             mqs = cached[2]
@@ -90,7 +102,9 @@ class Routes:
                 continue
             count = topics.fields["topics"].get(topic)
             if count:
-                found.append({"broker_name": info.fields["broker_name"], "addr": addr, "queue_count": count})
+                f = info.fields
+                found.append({"broker_name": f["broker_name"], "addr": addr, "queue_count": count,
+                              "healthy": f.get("healthy", True), "failure": f.get("failure", "")})  # fmt: skip
         if not found:
             raise NoRouteError(f"no reachable broker of {self.broker_addrs} has topic {topic!r}")
         return found

@@ -14,7 +14,7 @@ class BrokerEntry:
     addr: str
     topics: dict[str, int] = field(default_factory=dict)  # name -> queue count
     last_seen_ms: float = 0.0
-    healthy: bool = True  # False: its store failed; no producer is routed to it
+    healthy: bool = True  # False: its store failed; producers skip it, consumers still read it
     failure: str = ""  # why not healthy
 
 
@@ -48,16 +48,12 @@ class RouteTable:
         return gone
 
     def route(self, topic: str) -> list[dict[str, Any]]:
-        """The healthy brokers serving ``topic``, sorted by broker name then address
-        (an unhealthy broker takes no produce: producers are not sent there)."""
-        found = [b for b in self._brokers.values() if topic in b.topics and b.healthy]
-        return [{"broker_name": b.broker_name, "addr": b.addr, "queue_count": b.topics[topic]}
-                for b in sorted(found, key=lambda b: (b.broker_name, b.addr))]  # fmt: skip
-
-    def unhealthy(self, topic: str) -> list[str]:
-        """``"name at addr: why"`` of the unhealthy brokers that serve ``topic``."""
-        return [f"{b.broker_name} at {b.addr}: {b.failure}" for b in self._brokers.values()
-                if topic in b.topics and not b.healthy]  # fmt: skip
+        """Every live broker serving ``topic``, sorted by broker name then address, each
+        marked ``healthy`` (and ``failure``: why not). An unhealthy broker stays in the
+        route: producers skip it, but consumers still read what it acknowledged."""
+        found = [b for b in self._brokers.values() if topic in b.topics]
+        return [{"broker_name": b.broker_name, "addr": b.addr, "queue_count": b.topics[topic], "healthy": b.healthy,
+                 "failure": b.failure} for b in sorted(found, key=lambda b: (b.broker_name, b.addr))]  # fmt: skip
 
     def cluster(self, now_ms: float) -> list[dict[str, Any]]:
         """Every registered broker, healthy or not (``healthy``, ``failure``)."""

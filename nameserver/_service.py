@@ -72,7 +72,7 @@ class NameServer:
         if self.routes.register(f.get("cluster") or "", f["broker_name"], addr, topics, _now_ms(), healthy, failure):
             log.info("broker %s at %s registered %d topics", f["broker_name"], addr, len(topics))
         if was != healthy and not healthy:
-            log.warning("broker %s at %s is unhealthy: %s; no routes to it until it is healthy", f["broker_name"],
+            log.warning("broker %s at %s is unhealthy: %s; producers skip it until it is healthy", f["broker_name"],
                         addr, failure)  # fmt: skip
         elif was is False and healthy:
             log.info("broker %s at %s is healthy again", f["broker_name"], addr)
@@ -87,10 +87,6 @@ class NameServer:
         topic = frame.fields["topic"]
         brokers = self.routes.route(topic)
         if not brokers:
-            unhealthy = self.routes.unhealthy(topic)
-            if unhealthy:
-                raise RequestError(ErrorCode.NOT_FOUND, f"no healthy broker serves topic {topic!r}; unhealthy: "
-                                                        f"{'; '.join(unhealthy)}")  # fmt: skip
             raise RequestError(ErrorCode.NOT_FOUND, f"no broker serves topic {topic!r}")
         return Reply({"brokers": brokers})
 

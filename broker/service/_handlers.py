@@ -337,8 +337,8 @@ def health_text(store: StorageEngine) -> str:
 
 def registration(context: BrokerContext) -> dict[str, Any]:
     """The fields of the broker's REGISTER_BROKER: its topics and its health (a broker
-    whose store failed registers ``healthy: false`` and why, so that name servers stop
-    routing producers to it)."""
+    whose store failed registers ``healthy: false`` and why: name servers keep it in the
+    routes, marked, so that producers skip it and consumers still read it)."""
     c, store = context.config, context.store
     return {"cluster": c.cluster, "broker_name": c.broker_name, "addr": context.addr(), "topics": store.topics.all(),
             "healthy": store_failure(store) is None, "failure": health_text(store)}  # fmt: skip
