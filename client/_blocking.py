@@ -15,7 +15,9 @@ from commitlog import Record
 
 from ._admin import Admin, open_admin
 from ._consumer import Consumer, open_consumer
+from ._fetcher import DamagedQueueError
 from ._producer import Producer, SendResult, open_producer
+from ._routes import MessageQueue
 
 T = TypeVar("T")
 
@@ -98,6 +100,15 @@ class BlockingConsumer:
             return []
 
         return self._portal.run(receive)
+
+    @property
+    def errors(self) -> dict[MessageQueue, DamagedQueueError]:
+        """A copy of :attr:`Consumer.errors`: the queues stopped at a damaged record."""
+
+        async def copy() -> dict[MessageQueue, DamagedQueueError]:
+            return dict(self.consumer.errors)
+
+        return self._portal.run(copy)
 
     def commit(self) -> None:
         self.consumer.ack()
