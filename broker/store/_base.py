@@ -144,7 +144,8 @@ class StoreBase(ABC):
         with self._fail_lock:  # two threads failing at once: one failure, listeners told once
             first = self.failure is None
             if first:
-                self.failure = StoreFailedError(where, error)
+                # The log's own StoreFailedError already says where: not wrapped twice.
+                self.failure = error if isinstance(error, StoreFailedError) else StoreFailedError(where, error)
         failure = self.failure
         assert failure is not None
         if first:
