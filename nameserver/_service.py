@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import trio
 
-from protocol import SUPPORTED_VERSIONS, ErrorCode, Frame, RequestCode, check_request
-from protocol.transport import Handler, Later, Peer, Reply, RequestError, RpcServer, ServerLimits
+from protocol import ErrorCode, Frame, RequestCode
+from protocol.transport import Peer, Reply, RequestError, RpcServer, ServerLimits, checked
 
 from ._routes import RouteTable
 
@@ -49,10 +49,10 @@ class NameServer:
         self.config = config
         self.routes = RouteTable(config.broker_expiry_ms)
         self.rpc = RpcServer("nameserver", {
-            RequestCode.REGISTER_BROKER: _checked(self._register),
-            RequestCode.UNREGISTER_BROKER: _checked(self._unregister),
-            RequestCode.GET_ROUTE: _checked(self._route),
-            RequestCode.GET_CLUSTER: _checked(self._cluster),
+            RequestCode.REGISTER_BROKER: checked(self._register),
+            RequestCode.UNREGISTER_BROKER: checked(self._unregister),
+            RequestCode.GET_ROUTE: checked(self._route),
+            RequestCode.GET_CLUSTER: checked(self._cluster),
         }, max_frame_bytes=config.max_frame_bytes, idle_timeout_ms=config.idle_timeout_ms,
             limits=config.server_limits())  # fmt: skip
         self._stop = trio.Event()
@@ -98,22 +98,6 @@ class NameServer:
             await trio.sleep(self.config.scan_interval_ms / 1000)
             for addr in self.routes.expire(_now_ms()):
                 log.warning("broker at %s missed its registrations for %d ms: dropped", addr, self.config.broker_expiry_ms)
-
-
-def _checked(handler: Handler) -> Handler:
-    """``handler`` behind :func:`protocol.check_request` (as the broker's are): a version
-    this server does not speak, or a field missing or of the wrong type or range, is
-    answered before anything changes."""
-
-    async def run(frame: Frame, peer: Peer) -> Reply | Later:
-        problem = check_request(frame)
-        if problem is None:
-            return await handler(frame, peer)
-        code, text = problem
-        fields = {"versions": sorted(SUPPORTED_VERSIONS)} if code is ErrorCode.UNSUPPORTED_VERSION else {}
-        return Reply(fields, error_code=code, error_text=text)
-
-    return run
 
 
 async def serve(config: NameServerConfig, *, task_status: trio.TaskStatus[NameServer] = trio.TASK_STATUS_IGNORED) -> None:

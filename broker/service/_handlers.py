@@ -15,8 +15,8 @@ import trio
 
 from broker.store import GetStatus, PutStatus, RawRead, StorageEngine, StoreBase
 from commitlog import CorruptRecordError, FlushMode, StoreFailedError
-from protocol import MAX_QUEUE_ID, SUPPORTED_VERSIONS, ErrorCode, Frame, RequestCode, check_request
-from protocol.transport import Handler, Later, Peer, Reply, RequestError, need
+from protocol import MAX_QUEUE_ID, ErrorCode, Frame, RequestCode
+from protocol.transport import Handler, Later, Peer, Reply, RequestError, checked, need
 
 from ._append import BusyError, PendingPut
 from ._context import BrokerContext, now_ms
@@ -41,23 +41,6 @@ _PUT_ERRORS = {
     PutStatus.FLUSH_DISK_TIMEOUT: ErrorCode.FLUSH_DISK_TIMEOUT,
     PutStatus.STORE_FAILED: ErrorCode.STORE_FAILED,
 }
-
-
-def checked(handler: Handler) -> Handler:
-    """``handler`` behind :func:`protocol.check_request`: a request of a protocol
-    version this server does not speak, or with a field missing or of the wrong type
-    or range, is answered (UNSUPPORTED_VERSION, MALFORMED_REQUEST naming the field)
-    before it does anything. The name server wraps its handlers the same way."""
-
-    async def run(frame: Frame, peer: Peer) -> Reply | Later:
-        problem = check_request(frame)
-        if problem is None:
-            return await handler(frame, peer)
-        code, text = problem
-        fields = {"versions": sorted(SUPPORTED_VERSIONS)} if code is ErrorCode.UNSUPPORTED_VERSION else {}
-        return Reply(fields, error_code=code, error_text=text)
-
-    return run
 
 
 class Handlers:

@@ -9,12 +9,12 @@ this one) and the services built on it (broker, name server, clients).
 
 from ._client import RpcClient, background_nursery, split_addr
 from ._errors import ConnectionFailed, RequestError, RpcError
-from ._handler import FileSpan, Handler, Later, Peer, Reply, need
+from ._handler import FileSpan, Handler, Later, Peer, Reply, checked, need
 from ._limits import ServerLimits
 from ._server import RpcServer
 from ._spans import send_spans
 
 __all__ = [
     "ConnectionFailed", "FileSpan", "Handler", "Later", "Peer", "Reply", "RequestError", "RpcClient", "RpcError",
-    "RpcServer", "ServerLimits", "background_nursery", "need", "send_spans", "split_addr",
+    "RpcServer", "ServerLimits", "background_nursery", "checked", "need", "send_spans", "split_addr",
 ]  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 
-from protocol import ErrorCode, Frame
+from protocol import SUPPORTED_VERSIONS, ErrorCode, Frame, check_request
 
 from ._errors import RequestError
 
@@ -53,3 +53,21 @@ def need(fields: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> An
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field {name!r} missing or not {getattr(kind, '__name__', kind)}")
     return value
+
+
+def checked(handler: Handler) -> Handler:
+    """``handler`` behind :func:`protocol.check_request`: a request of a protocol
+    version this server does not speak, or with a field missing or of the wrong type
+    or range, is answered (UNSUPPORTED_VERSION with the versions it does speak,
+    MALFORMED_REQUEST naming the field) before it does anything. Every service wraps
+    its handlers so."""
+
+    async def run(frame: Frame, peer: Peer) -> Reply | Later:
+        problem = check_request(frame)
+        if problem is None:
+            return await handler(frame, peer)
+        code, text = problem
+        fields = {"versions": sorted(SUPPORTED_VERSIONS)} if code is ErrorCode.UNSUPPORTED_VERSION else {}
+        return Reply(fields, error_code=code, error_text=text)
+
+    return run
