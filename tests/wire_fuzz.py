@@ -201,11 +201,12 @@ class GoodClient:
 
 
 # ----------------------------------------------------------------- wire garbage
-_FIELDS = st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=8), st.binary(max_size=8),
+_INTS = st.integers(-(2**63), 2**64 - 1)  # what msgpack can carry: anything larger cannot be on the wire
+_FIELDS = st.dictionaries(st.text(max_size=8), st.one_of(_INTS, st.text(max_size=8), st.binary(max_size=8),
                                                          st.none()), max_size=4)  # fmt: skip
 _HEADER_MAPS = st.fixed_dictionaries({"v": st.integers(-2, 3), "c": st.sampled_from([60, 9999, 10, 11, 12, 52]),
                                       "i": st.integers(-5, 2**40), "f": st.integers(0, 3)}, optional={"x": _FIELDS})  # fmt: skip
-_HEADERS = st.one_of(_HEADER_MAPS, st.integers(), st.text(max_size=20), st.lists(st.integers(), max_size=4),
+_HEADERS = st.one_of(_HEADER_MAPS, _INTS, st.text(max_size=20), st.lists(_INTS, max_size=4),
                      st.binary(max_size=16))  # fmt: skip
 
 
