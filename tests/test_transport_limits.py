@@ -350,8 +350,8 @@ def test_wire_garbage_costs_only_its_own_connection(fuzz_broker, junk: tuple[byt
             if not keep_open:
                 s.shutdown(socket.SHUT_WR)
             read_until_closed(s, 1.0 if keep_open else 5.0)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the broker gave up on us first
+        except OSError:
+            pass  # the broker gave up on us first (EPIPE, ECONNRESET, or ENOTCONN at our shutdown)
     # the good client's own requests (under 1 KiB each) come and go meanwhile
     wait_until(lambda: fuzz_broker.call(lambda: rpc.buffered_request_bytes < 4096 and rpc.connections <= 2), 10,
                "the broker to drop the garbage connection and its bytes")  # fmt: skip
