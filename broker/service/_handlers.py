@@ -13,8 +13,8 @@ from typing import Any
 
 import trio
 
-from broker.store import GetStatus, PutStatus, RawRead, StorageEngine, StoreBase
-from commitlog import CorruptRecordError, FlushMode, StoreFailedError
+from broker.store import GetStatus, PutStatus, RawRead, StorageEngine
+from commitlog import CorruptRecordError, FlushMode
 from protocol import MAX_QUEUE_ID, ErrorCode, Frame, RequestCode
 from protocol.transport import Handler, Later, Peer, Reply, RequestError, checked, need
 
@@ -100,7 +100,7 @@ class Handlers:
             raise RequestError(_PUT_ERRORS[result.status], result.error)
         sync = self.store.config.commitlog.flush_mode is FlushMode.SYNC
         durable = await self._await_durable(result.end_offset) if sync else self.store.durable_offset >= result.end_offset
-        failure = store_failure(self.store)
+        failure = self.store.failure
         if sync and not durable and failure is not None:  # the flush failed: not stored for sure
             raise RequestError(ErrorCode.STORE_FAILED, f"written but not made durable: {failure}")
         fields = {"queue_offsets": result.queue_offsets, "commitlog_offsets": result.commitlog_offsets,
@@ -124,7 +124,7 @@ class Handlers:
         self.store.on_durable(end_offset, wake)  # on failure: called at once (then store.failure is set)
         with trio.move_on_after(self.config.sync_flush_timeout_ms / 1000):
             await done.wait()
-        return done.is_set() and store_failure(self.store) is None and self.store.durable_offset >= end_offset
+        return done.is_set() and self.store.failure is None and self.store.durable_offset >= end_offset
 
     # --------------------------------------------------------------------- pull
     async def pull_message(self, frame: Frame, peer: Peer) -> Reply:
@@ -303,19 +303,12 @@ class Handlers:
                       "storage_mode": c.storage_mode, "flush_mode": c.flush_mode, "end_offset": self.store.end_offset,
                       "durable_offset": self.store.durable_offset, "dispatch_lag_bytes": self.store.dispatch_lag_bytes,
                       "connections": self.b.connections(), "topics": len(self.store.topics.all()),
-                      "healthy": store_failure(self.store) is None, "failure": health_text(self.store)})  # fmt: skip
-
-
-def store_failure(store: StorageEngine) -> StoreFailedError | None:
-    """Why the store failed (a background thread died: e.g. an fsync error), or None.
-    (Both storage modes are a :class:`StoreBase`, which holds the failed state.)"""
-    return store.failure if isinstance(store, StoreBase) else None
+                      "healthy": self.store.failure is None, "failure": health_text(self.store)})  # fmt: skip
 
 
 def health_text(store: StorageEngine) -> str:
     """Why the store is unhealthy ("" if it is), as the broker reports it."""
-    failure = store_failure(store)
-    return "" if failure is None else str(failure)
+    return "" if store.failure is None else str(store.failure)
 
 
 def registration(context: BrokerContext) -> dict[str, Any]:
@@ -324,4 +317,4 @@ def registration(context: BrokerContext) -> dict[str, Any]:
     routes, marked, so that producers skip it and consumers still read it)."""
     c, store = context.config, context.store
     return {"cluster": c.cluster, "broker_name": c.broker_name, "addr": context.addr(), "topics": store.topics.all(),
-            "healthy": store_failure(store) is None, "failure": health_text(store)}  # fmt: skip
+            "healthy": store.failure is None, "failure": health_text(store)}  # fmt: skip
