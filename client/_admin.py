@@ -35,9 +35,25 @@ class Admin:
             raise ConnectionFailed(f"no name server answered: {'; '.join(errors)}")
         return [await self._call(a, RequestCode.BROKER_INFO) for a in self.broker_addrs]
 
+    async def leaders(self) -> list[dict[str, Any]]:
+        """Every group's leader (a broker without replication is its own group's leader):
+        the brokers that take writes and answer for their group."""
+        return [b for b in await self.brokers() if b.get("role", "leader") != "follower"]
+
+    async def replica_status(self, addr: str) -> dict[str, Any]:
+        """One broker's replication state (REPLICA_STATUS): role, epoch, log end, and a
+        leader's view of its followers (lag in bytes and ms, in sync)."""
+        return await self._call(addr, RequestCode.REPLICA_STATUS)
+
+    async def promote(self, addr: str, *, force: bool = False) -> int:
+        """Make the follower at ``addr`` its group's leader; returns the new epoch.
+        Refused (NOT_IN_SYNC) for a follower not known in sync unless ``force``."""
+        return int((await self._call(addr, RequestCode.PROMOTE, {"force": force}))["epoch"])
+
     async def create_topic(self, topic: str, queue_count: int, on: list[str] | None = None) -> list[str]:
-        """Create (or grow) ``topic`` on the brokers ``on`` (default: every broker)."""
-        addrs = on or [b["addr"] for b in await self.brokers()]
+        """Create (or grow) ``topic`` on the brokers ``on`` (default: every group's
+        leader; followers copy it)."""
+        addrs = on or [b["addr"] for b in await self.leaders()]
         if not addrs:
             raise ConnectionFailed("no broker is registered with the name servers yet")
         for addr in addrs:
@@ -47,7 +63,7 @@ class Admin:
     async def delete_topic(self, topic: str) -> list[str]:
         """Delete ``topic`` on every broker that has it; returns their addresses."""
         done = []
-        for b in await self.brokers():
+        for b in await self.leaders():
             try:
                 await self._call(b["addr"], RequestCode.DELETE_TOPIC, {"topic": topic})
                 done.append(b["addr"])
@@ -58,7 +74,7 @@ class Admin:
     async def list_topics(self) -> dict[str, dict[str, int]]:
         """topic -> {broker name: queue count}."""
         out: dict[str, dict[str, int]] = {}
-        for b in await self.brokers():
+        for b in await self.leaders():
             topics = (await self._call(b["addr"], RequestCode.LIST_TOPICS))["topics"]
             for name, count in topics.items():
                 out.setdefault(name, {})[b["broker_name"]] = count
@@ -66,7 +82,7 @@ class Admin:
 
     async def describe_topic(self, topic: str) -> list[dict[str, Any]]:
         rows = []
-        for b in await self.brokers():
+        for b in await self.leaders():
             try:
                 info = await self._call(b["addr"], RequestCode.DESCRIBE_TOPIC, {"topic": topic})
             except RpcError:
@@ -76,14 +92,14 @@ class Admin:
 
     async def list_groups(self) -> list[str]:
         groups: set[str] = set()
-        for b in await self.brokers():
+        for b in await self.leaders():
             groups |= set((await self._call(b["addr"], RequestCode.LIST_GROUPS))["groups"])
         return sorted(groups)
 
     async def describe_group(self, group: str) -> dict[str, Any]:
         """Per queue: committed offset, max offset and lag; and the members."""
         queues, members = [], {}
-        for b in await self.brokers():
+        for b in await self.leaders():
             info = await self._call(b["addr"], RequestCode.DESCRIBE_GROUP, {"group": group})
             queues += [{"broker_name": b["broker_name"], **q} for q in info["queues"]]
             members.update({m["client_id"]: m for m in info["members"]})

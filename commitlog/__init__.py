@@ -27,6 +27,7 @@ from ._errors import (
 from ._log import AppendResult, AppendStatus, CommitLog, QueueKey, ScanResult, now_ms
 from ._many import decode_records_many
 from ._packed import ITEM_SIZE, PackedMessages, PackError, pack_messages, set_queue_id, unpack_messages
+from ._raw import whole_prefix
 from ._record import (
     BLANK_MAGIC,
     BLANK_SIZE,
@@ -150,4 +151,5 @@ __all__ = [
     "set_queue_id",
     "unpack_messages",
     "walk_records",
+    "whole_prefix",
 ]  # fmt: skip

@@ -35,6 +35,7 @@ from ._raw import split_raw
 from ._record import Message
 from ._results import ENCODE_STATUS, AppendResult, AppendStatus, now_ms
 from ._segment import Segment, fsync_dir
+from ._segments import SegmentSet
 from ._state import LogState
 
 log = logging.getLogger("clmq.commitlog")
@@ -219,6 +220,35 @@ class Appender:
             st.durable.lower(offset)
             if st.confirmed is not None:
                 st.confirmed = min(st.confirmed, offset)
+
+    def restart_at(self, base: int) -> None:
+        """Durably empty the log and start it again at ``base`` (see :meth:`CommitLog.restart_at`)."""
+        try:
+            self._restart_at(base)
+        finally:
+            self._fail_if_broken()
+
+    def _restart_at(self, base: int) -> None:
+        st = self._state
+        with st.flush_lock, st.lock:
+            for seg in st.snapshot.segments:
+                seg.delete()
+                st.graveyard.append(seg)  # readers may still hold it: closed a retention pass later
+                st.dirty.discard(seg)
+            try:
+                fsync_dir(st.directory)  # the old files are gone before the new start exists
+                new = Segment(st.directory, base, st.config.boundary_interval_bytes, create=True)
+                fsync_dir(st.directory)
+            except OSError as e:
+                self._broken = StoreFailedError("commitlog restart", e)
+                raise
+            st.snapshot = SegmentSet.of([new])
+            st.end = base
+            st.queue_offsets = {}
+            st.durable.lower(base)
+            st.durable.publish(base)
+            if st.confirmed is not None:
+                st.confirmed = min(st.confirmed, base)
 
     def _after_write(self, end: int) -> None:
         self._flusher.note_written(end)

@@ -180,6 +180,12 @@ class CommitLog:
         """
         self._appender.truncate(offset)
 
+    def restart_at(self, base: int) -> None:
+        """Durably delete every segment and start an empty log at ``base`` (a follower
+        whose leader's log starts past this log's end: it copies from there). Queue
+        offsets start again from the records appended next."""
+        self._appender.restart_at(base)
+
     # ------------------------------------------------------------------ reading
     def segment_path(self, offset: int) -> str:
         """The file holding ``offset`` (for error messages)."""

@@ -84,3 +84,24 @@ def _take_queue_offset(data: bytes, p: int, table: dict[QueueKey, int], undo: di
 def _topic_at(data: bytes | memoryview, pos: int) -> str:
     tlen = int.from_bytes(data[pos + OFF_TOPIC_LEN : pos + OFF_TOPIC_LEN + 2], "little")
     return bytes(data[pos + HEADER_SIZE : pos + HEADER_SIZE + tlen]).decode()
+
+
+def whole_prefix(data: bytes | memoryview, max_record_bytes: int) -> tuple[int, int, bool]:
+    """How much of a chunk of raw log bytes is whole records: ``(length, needed,
+    sealed)``. ``length`` bytes are whole records, ending with a blank marker when
+    ``sealed`` (the rest of such a chunk is the segment's unused tail: ignore it);
+    ``needed`` is the total size of the record cut at the end (0 if none), so that the
+    next read can ask for at least that much. Only sizes are read here; the records
+    are checked (CRC included) by :func:`split_raw` when they are appended. A size
+    that no record can have raises :class:`CorruptRecordError`."""
+    p, n = 0, len(data)
+    while n - p >= BLANK_SIZE:
+        size, magic = SIZE_MAGIC.unpack_from(data, p)
+        if magic == BLANK_MAGIC:
+            return p + BLANK_SIZE, 0, True
+        if size < HEADER_SIZE or size > max_record_bytes:
+            raise CorruptRecordError("raw chunk", p, "record size", f"{HEADER_SIZE}..{max_record_bytes}", str(size))
+        if n - p < size:
+            return p, size, False
+        p += size
+    return p, (HEADER_SIZE if p < n else 0), False

@@ -69,14 +69,21 @@ class NameServer:
         f = frame.fields  # checked: protocol.REQUEST_FIELDS
         addr, topics, healthy, failure = f["addr"], f["topics"], f.get("healthy", True), f.get("failure") or ""
         was = self.routes.health(addr)
-        if self.routes.register(f.get("cluster") or "", f["broker_name"], addr, topics, _now_ms(), healthy, failure):
-            log.info("broker %s at %s registered %d topics", f["broker_name"], addr, len(topics))
+        claimed = f.get("role") or "leader"
+        if self.routes.register(f.get("cluster") or "", f["broker_name"], addr, topics, _now_ms(), healthy, failure,
+                                broker_id=f.get("broker_id") or 0, role=claimed,
+                                epoch=f["epoch"] if f.get("epoch") is not None else -1):  # fmt: skip
+            log.info("broker %s at %s registered %d topics (%s)", f["broker_name"], addr, len(topics), claimed)
         if was != healthy and not healthy:
             log.warning("broker %s at %s is unhealthy: %s; producers skip it until it is healthy", f["broker_name"],
                         addr, failure)  # fmt: skip
         elif was is False and healthy:
             log.info("broker %s at %s is healthy again", f["broker_name"], addr)
-        return Reply()
+        leader_addr, leader_epoch = self.routes.leader_of(f["broker_name"])
+        if claimed == "leader" and leader_addr != addr:
+            log.warning("broker %s at %s claims leadership with epoch %s, but %s leads with epoch %d: told to follow",
+                        f["broker_name"], addr, f.get("epoch"), leader_addr, leader_epoch)  # fmt: skip
+        return Reply({"leader_addr": leader_addr, "leader_epoch": leader_epoch})
 
     async def _unregister(self, frame: Frame, peer: Peer) -> Reply:
         if self.routes.unregister(frame.fields["addr"]):

@@ -56,15 +56,52 @@ READ_LOG               offset, max_bytes, end_offset -> offset, length; body: th
                        CRC-checks the records; a record may be cut at the end)
 =====================  ============================================================
 
+Replication (a follower to its leader; an operator to a replica)
+================================================================
+=====================  ============================================================
+REPLICA_JOIN           broker_name, broker_id, epoch (the follower's latest, -1:
+                       none), end_offset, segment_bytes -> session, epoch, epochs:
+                       [[epoch, start_offset], ...], end_offset, min_offset,
+                       confirmed_offset, ack_durability ("written" | "flushed").
+                       Refused (REPLICA_REFUSED) for another group's broker, the
+                       leader's own id, an id not in the leader's replica_ids, or a
+                       different segment size; NOT_LEADER from a follower
+REPLICA_FETCH          broker_id, session, epoch, offset (the follower's log end:
+                       this acknowledges every byte below it), flushed (its durable
+                       offset), max_bytes, max_wait_ms -> epoch, offset, length,
+                       end_offset, min_offset, confirmed_offset, in_sync,
+                       metadata_version; body: the leader's raw log bytes [offset,
+                       offset + length) within one segment (a record may be cut at
+                       the end). STALE_EPOCH: join again; OFFSET_OUT_OF_RANGE: the
+                       offset is below the leader's log start (fields: min_offset);
+                       REPLICA_REFUSED: an offset past the leader's end, or a report
+                       that goes backwards (the connection is then closed)
+REPLICA_METADATA       broker_id, session -> version, topics: {name: queue_count},
+                       offsets: [[group, topic, queue_id, offset], ...],
+                       subscriptions: [[group, mode, [topics]], ...]
+PROMOTE                force (bool, optional) -> epoch. Makes a follower the
+                       leader of its group with a new epoch; NOT_IN_SYNC if the
+                       follower is not known in sync (force overrides: may lose data)
+REPLICA_STATUS         -> role, broker_name, broker_id, epoch, end_offset,
+                       confirmed_offset, durable_offset, leader_addr, in_sync,
+                       lag_bytes, lag_ms, replicas: [{broker_id, addr, acked_offset,
+                       flushed_offset, lag_bytes, lag_ms, in_sync}] (a leader's view)
+=====================  ============================================================
+
 Name server
 ===========
 =====================  ============================================================
 REGISTER_BROKER        cluster, broker_name, addr, topics: {name: queue_count},
-                       healthy (bool, default true), failure (str: why not)
+                       healthy (bool, default true), failure (str: why not),
+                       broker_id, role ("leader" | "follower"), epoch (optional)
+                       -> leader_addr, leader_epoch: the group's leader as the name
+                       server knows it (the highest epoch claimed); a broker claiming
+                       leadership with a lower epoch is recorded as a follower
 UNREGISTER_BROKER      addr (broker_name optional)
 GET_ROUTE              topic -> brokers: [{broker_name, addr, queue_count, healthy,
-                       failure}] (every live broker: producers skip unhealthy ones,
-                       consumers still read from them)
+                       failure, epoch, followers: [{addr, broker_id}]}] (each group's
+                       leader, live: producers skip unhealthy ones, consumers still
+                       read from them; followers may serve reads)
 GET_CLUSTER            -> brokers: [{broker_name, addr, cluster, topics, age_ms,
                        healthy, failure}]
 =====================  ============================================================
@@ -97,6 +134,11 @@ class RequestCode(enum.IntEnum):
     BROKER_INFO = 60
     GET_LOG_LAYOUT = 70
     READ_LOG = 71
+    REPLICA_JOIN = 80
+    REPLICA_FETCH = 81
+    REPLICA_METADATA = 82
+    PROMOTE = 83
+    REPLICA_STATUS = 84
     REGISTER_BROKER = 100
     UNREGISTER_BROKER = 101
     GET_ROUTE = 102
@@ -125,6 +167,13 @@ class ErrorCode(enum.IntEnum):
     NOT_FOUND = 25  # e.g. no route for a topic, unknown group
     STORE_FAILED = 26  # the broker's store failed (e.g. an fsync error): it takes no produce until restarted
     CORRUPT_DATA = 27  # a record read is damaged (text: file, offset, check); other queues still read
+    NOT_LEADER = 28  # this broker is a follower: produce, commits and topic changes go to the leader (fields: leader_addr)
+    NOT_ENOUGH_REPLICAS = 29  # sync acks: fewer than min_insync_replicas in sync; nothing was written. Retry the same queue
+    REPLICATION_TIMEOUT = 30  # sync acks: stored on the leader, not held by enough replicas in time. Retry the same queue
+    STALE_EPOCH = 31  # a request from an older (or newer) leadership term: learn the current leader and epoch
+    REPLICA_REFUSED = 32  # a replication request the leader will not serve (unknown replica, lying report)
+    OFFSET_OUT_OF_RANGE = 33  # a fetch below the leader's log start (fields: min_offset)
+    NOT_IN_SYNC = 34  # PROMOTE of a follower not known in sync (use force to accept losing data)
 
 
 # ------------------------------------------------------------- request fields
@@ -195,7 +244,12 @@ def _groups(value: Any) -> str | None:
     return None
 
 
+def _role(value: Any) -> str | None:
+    return None if value in ("leader", "follower") else f"must be 'leader' or 'follower', got {_kind(value)}"
+
+
 TOPIC, QUEUE_ID, OFFSET, GROUP = _str, _int(0, MAX_QUEUE_ID), _int(), _str
+EPOCH = _int(-1)  # a leadership term; -1: none yet
 COUNT = _int(0, MAX_QUEUE_ID)  # a clamped limit: 0 means the least
 Spec = dict[str, tuple[Check, bool]]  # field -> (check, required)
 
@@ -224,8 +278,17 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
     RequestCode.BROKER_INFO: {},
     RequestCode.GET_LOG_LAYOUT: {},
     RequestCode.READ_LOG: {"offset": (OFFSET, True), "max_bytes": (_int(), True), "end_offset": (OFFSET, True)},
+    RequestCode.REPLICA_JOIN: {"broker_name": (_str, True), "broker_id": (_int(), True), "epoch": (EPOCH, True),
+                               "end_offset": (OFFSET, True), "segment_bytes": (_int(1), True)},
+    RequestCode.REPLICA_FETCH: {"broker_id": (_int(), True), "session": (_int(), True), "epoch": (EPOCH, True),
+                                "offset": (OFFSET, True), "flushed": (OFFSET, True), "max_bytes": (_int(1), True),
+                                "max_wait_ms": (_int(), True)},
+    RequestCode.REPLICA_METADATA: {"broker_id": (_int(), True), "session": (_int(), True)},
+    RequestCode.PROMOTE: {"force": (_bool, False)},
+    RequestCode.REPLICA_STATUS: {},
     RequestCode.REGISTER_BROKER: {"cluster": (_str, False), "broker_name": (_str, True), "addr": (_str, True),
-                                  "topics": (_topics, True), "healthy": (_bool, False), "failure": (_str, False)},
+                                  "topics": (_topics, True), "healthy": (_bool, False), "failure": (_str, False),
+                                  "broker_id": (_int(), False), "role": (_role, False), "epoch": (EPOCH, False)},
     RequestCode.UNREGISTER_BROKER: {"addr": (_str, True), "broker_name": (_str, False)},
     RequestCode.GET_ROUTE: {"topic": (TOPIC, True)},
     RequestCode.GET_CLUSTER: {},

@@ -43,8 +43,11 @@ class Cluster:
         return self.nameserver
 
     async def start_broker(self, name: str = "broker-a", port: int = 0, namesrv_addrs: list[str] | None = None,
-                           **settings: Any) -> Broker:  # fmt: skip
-        cfg = BrokerConfig(broker_name=name, listen_port=port, data_dir=str(self.root / name),
+                           key: str | None = None, **settings: Any) -> Broker:  # fmt: skip
+        """Start a broker named ``name``, known in this cluster as ``key`` (default: its
+        name; replicas of one group need distinct keys), with its own data directory."""
+        name, key = name, key or name
+        cfg = BrokerConfig(broker_name=name, listen_port=port, data_dir=str(self.root / key),
                            namesrv_addrs=namesrv_addrs or self.ns,
                            register_interval_ms=200, client_expiry_ms=1000, segment_bytes=4 * MiB,
                            max_message_bytes=256 * 1024, **settings)  # fmt: skip
@@ -58,7 +61,7 @@ class Cluster:
                 stopped.set()
 
         broker = await self.nursery.start(run)
-        self.brokers[name], self.scopes[name], self.stopped[name] = broker, scope, stopped
+        self.brokers[key], self.scopes[key], self.stopped[key] = broker, scope, stopped
         return broker
 
     async def stop_broker(self, name: str) -> None:
@@ -76,7 +79,7 @@ class Cluster:
 
             await await_until(all_registered, 10, f"all {len(self.brokers)} brokers registered with the name server")
             await admin.create_topic(topic, queues)
-        await self.wait_routed(topic, set(self.brokers))
+        await self.wait_routed(topic, {b.config.broker_name for b in self.brokers.values()})
 
     async def wait_routed(self, topic: str, brokers: set[str], ns: list[str] | None = None, timeout_s: float = 10) -> None:
         """Wait until the name servers ``ns`` (default: the cluster's) route ``topic`` to

@@ -185,10 +185,16 @@ GOOD_BROKER: dict[int, dict[str, Any]] = {
     RequestCode.BROKER_INFO: {},
     RequestCode.GET_LOG_LAYOUT: {},
     RequestCode.READ_LOG: {"offset": 0, "max_bytes": 100, "end_offset": 100},
+    RequestCode.REPLICA_JOIN: {"broker_name": "zz", "broker_id": 7, "epoch": 0, "end_offset": 0, "segment_bytes": 1024},
+    RequestCode.REPLICA_FETCH: {"broker_id": 7, "session": 1, "epoch": 0, "offset": 0, "flushed": 0, "max_bytes": 100,
+                                "max_wait_ms": 0},
+    RequestCode.REPLICA_METADATA: {"broker_id": 7, "session": 1},
+    RequestCode.PROMOTE: {"force": False},
+    RequestCode.REPLICA_STATUS: {},
 }  # fmt: skip
 GOOD_NAMESERVER: dict[int, dict[str, Any]] = {
     RequestCode.REGISTER_BROKER: {"cluster": "c", "broker_name": "x", "addr": "127.0.0.1:1", "topics": {"t": 1},
-                                  "healthy": True, "failure": ""},
+                                  "healthy": True, "failure": "", "broker_id": 0, "role": "leader", "epoch": 0},
     RequestCode.UNREGISTER_BROKER: {"addr": "127.0.0.1:1", "broker_name": "x"},
     RequestCode.GET_ROUTE: {"topic": "t"},
     RequestCode.GET_CLUSTER: {},
@@ -199,7 +205,8 @@ OPTIONAL = {
     (RequestCode.PULL_MESSAGES, "max_messages"), (RequestCode.PULL_MESSAGES, "max_per_queue"),
     (RequestCode.PULL_MESSAGES, "max_wait_ms"), (RequestCode.REGISTER_BROKER, "cluster"),
     (RequestCode.REGISTER_BROKER, "healthy"), (RequestCode.REGISTER_BROKER, "failure"),
-    (RequestCode.UNREGISTER_BROKER, "broker_name"),
+    (RequestCode.UNREGISTER_BROKER, "broker_name"), (RequestCode.REGISTER_BROKER, "broker_id"),
+    (RequestCode.REGISTER_BROKER, "role"), (RequestCode.REGISTER_BROKER, "epoch"), (RequestCode.PROMOTE, "force"),
 }  # fmt: skip
 # A wrong value of each kind: every one is refused unless it has the field's own type
 # (a string for a string field) and is in range.
@@ -211,6 +218,8 @@ def wrong_values(code: int, name: str, good_value: Any) -> list[Any]:
     for value in WRONG_VALUES:
         if value is None and (code, name) in OPTIONAL:
             continue  # nil is "absent" for an optional field
+        if value == -1 and name == "epoch" and type(value) is int:
+            continue  # -1 is "no epoch yet"
         if type(value) is type(good_value) and type(value) is not int:
             continue  # the field's own type ("x" for a name, True for a flag): may be valid
         out.append(value)

@@ -10,7 +10,8 @@ import trio
 
 from broker.store import StorageEngine, Store
 from protocol import RequestCode
-from protocol.transport import ConnectionFailed, RpcClient, RpcError, RpcServer
+from broker.replication import Replica
+from protocol.transport import ConnectionFailed, RpcClient, RpcError, RpcServer, checked
 
 from ._append import AppendLane
 from ._config import BrokerConfig
@@ -19,6 +20,7 @@ from ._groups import ConsumerGroups
 from ._handlers import Handlers, registration
 from ._longpoll import PullWaiters
 from ._offsets import ConsumerOffsets
+from ._replicated import ReplicatedMetadata
 
 log = logging.getLogger("clmq.broker")
 
@@ -37,11 +39,16 @@ class Broker:
         self.waiters = PullWaiters(token)
         store.add_arrival_listener(self.waiters.on_arrivals)
         self.lane = AppendLane(store, config.max_inflight_produce_bytes, inline_max_bytes=config.inline_append_max_bytes)
+        self.metadata = ReplicatedMetadata(store, self.offsets, self.groups)
+        self.replica = Replica(config.replication_config(), store, self.metadata, token, self.register_now,
+                               writes_idle=lambda: self.lane.queued_bytes == 0)  # fmt: skip
         self.context = BrokerContext(config, store, self.offsets, self.groups, self.waiters, self.lane,
                                      register_now=self.register_now, addr=lambda: self.addr,
-                                     connections=lambda: self.rpc.connections)  # fmt: skip
+                                     connections=lambda: self.rpc.connections, replica=self.replica,
+                                     metadata=self.metadata)  # fmt: skip
         self.handlers = Handlers(self.context)
-        self.rpc = RpcServer(f"broker {config.broker_name}", self.handlers.table(), max_frame_bytes=config.max_frame_bytes,
+        table = {**self.handlers.table(), **{code: checked(h) for code, h in self.replica.handlers().items()}}
+        self.rpc = RpcServer(f"broker {config.broker_name}", table, max_frame_bytes=config.max_frame_bytes,
                              idle_timeout_ms=config.idle_timeout_ms,
                              max_inflight_per_connection=config.max_inflight_per_connection,
                              serial_codes=frozenset({RequestCode.SEND_MESSAGE}), limits=config.server_limits())  # fmt: skip
@@ -81,8 +88,11 @@ class Broker:
     async def _register_with(self, ns: str, fields: dict[str, Any]) -> None:
         assert self.client is not None
         try:
-            await self.client.request(ns, RequestCode.REGISTER_BROKER, fields, timeout_ms=3000)
+            reply = await self.client.request(ns, RequestCode.REGISTER_BROKER, fields, timeout_ms=3000)
             ok = True
+            leader = reply.fields.get("leader_addr")
+            if isinstance(leader, str) and isinstance(reply.fields.get("leader_epoch"), int):
+                self.replica.group_leader(leader, reply.fields["leader_epoch"], self.addr)
         except (ConnectionFailed, RpcError, trio.TooSlowError) as e:
             ok = False
             if self._registered.get(ns, True):  # say it once per outage, not every few seconds
@@ -157,13 +167,9 @@ async def serve(config: BrokerConfig, *, task_status: trio.TaskStatus[Broker] = 
             nursery.start_soon(broker.lane.run)
             nursery.start_soon(broker._register_loop)
             nursery.start_soon(broker._housekeeping_loop)
-            log.info(
-                "broker %s listening on %s (%s, %s flush)",
-                config.broker_name,
-                broker.addr,
-                config.storage_mode,
-                config.flush_mode,
-            )
+            nursery.start_soon(broker.replica.run, broker.client)
+            log.info("broker %s/%d listening on %s (%s, %s flush, %s, epoch %d)", config.broker_name, config.broker_id,
+                     broker.addr, config.storage_mode, config.flush_mode, broker.replica.role, broker.replica.epoch)  # fmt: skip
             task_status.started(broker)
             await broker._stop.wait()
             await broker._stop_gracefully()

@@ -7,6 +7,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.replication import ReplicationConfig
 from broker.store import STORAGE_MODES, StoreConfig
 from commitlog import CommitLogConfig, FlushMode, GiB, MiB
 from protocol.transport import ServerLimits
@@ -50,6 +51,22 @@ class BrokerConfig:
     shutdown_timeout_ms: int = 5000
     auto_create_topics: bool = False
     default_queue_count: int = 8
+    # Replication (docs/replication.md). Brokers with the same broker_name form a group.
+    broker_id: int = 0  # unique within the group
+    role: str = "leader"  # at the first start; later the role of the last promotion/demotion (kept in the data dir)
+    leader_addr: str = ""  # a follower's leader (host:port); the name servers' word wins once they know the group
+    ack_mode: str = "async"  # "sync": a produce is acknowledged once every in-sync replica holds it
+    topic_ack_modes: dict[str, str] = field(default_factory=dict)  # per-topic ack_mode, e.g. {"orders": "sync"}
+    min_insync_replicas: int = 1  # sync writes are refused while fewer replicas (leader included) are in sync
+    replica_ack: str = "written"  # a follower holds bytes once "written" or once "flushed" (fsynced)
+    replication_timeout_ms: int = 5000  # a sync write not held in time: REPLICATION_TIMEOUT (retryable)
+    replica_lag_max_ms: int = 5000  # a follower not caught up for this long leaves the in-sync set
+    replica_fetch_max_bytes: int = 4 * MiB
+    replica_fetch_wait_ms: int = 500
+    replica_catchup_bytes_per_s: int = 256 * MiB  # per follower catching up (0: unlimited)
+    replica_ids: list[int] = field(default_factory=list)  # ids allowed to replicate (empty: any of the group)
+    replica_metadata_interval_ms: int = 1000
+    replica_retry_ms: int = 500
 
     def __post_init__(self) -> None:
         if self.flush_mode not in {m.value for m in FlushMode}:
@@ -57,6 +74,23 @@ class BrokerConfig:
         if self.storage_mode not in STORAGE_MODES:
             raise ValueError(f"storage_mode must be one of {', '.join(STORAGE_MODES)}, got {self.storage_mode!r}")
         self.server_limits().check(self.max_frame_bytes)  # a ValueError naming the settings
+        self.replication_config()  # a ValueError naming the setting
+        if self.role == "follower" and self.storage_mode != "commitlog":
+            raise ValueError("role = follower needs storage_mode = commitlog: replication copies the CommitLog")
+
+    def replication_config(self) -> ReplicationConfig:
+        """The broker's replication settings."""
+        return ReplicationConfig(broker_name=self.broker_name, broker_id=self.broker_id, role=self.role,
+                                 leader_addr=self.leader_addr, ack_mode=self.ack_mode,
+                                 topic_ack_modes=dict(self.topic_ack_modes), min_insync_replicas=self.min_insync_replicas,
+                                 replica_ack=self.replica_ack, replication_timeout_ms=self.replication_timeout_ms,
+                                 replica_lag_max_ms=self.replica_lag_max_ms,
+                                 replica_fetch_max_bytes=self.replica_fetch_max_bytes,
+                                 replica_fetch_wait_ms=self.replica_fetch_wait_ms,
+                                 replica_catchup_bytes_per_s=self.replica_catchup_bytes_per_s,
+                                 replica_ids=tuple(self.replica_ids),
+                                 replica_metadata_interval_ms=self.replica_metadata_interval_ms,
+                                 replica_retry_ms=self.replica_retry_ms)  # fmt: skip
 
     def server_limits(self) -> ServerLimits:
         """The limits of the broker's RpcServer."""

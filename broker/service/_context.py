@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from broker.replication import Replica
 from broker.store import StorageEngine
 
 from ._append import AppendLane
@@ -15,6 +16,7 @@ from ._config import BrokerConfig
 from ._groups import ConsumerGroups
 from ._longpoll import PullWaiters
 from ._offsets import ConsumerOffsets
+from ._replicated import ReplicatedMetadata
 
 
 def now_ms() -> float:
@@ -35,3 +37,5 @@ class BrokerContext:
     register_now: Callable[[], None]  # re-register with the name servers now (topics changed)
     addr: Callable[[], str]  # the address clients are told to use
     connections: Callable[[], int]  # connections open now
+    replica: Replica  # leader or follower: asked before every write
+    metadata: ReplicatedMetadata  # what followers copy (bump() on every change)

@@ -86,6 +86,7 @@ class Handlers:
     async def send_message(self, frame: Frame, peer: Peer) -> Later:
         """Queued in arrival order (the ordered part); the reply follows once stored."""
         topic = need(frame.fields, "topic", str)
+        self.b.replica.check_sync_write(topic)  # a follower, or too few replicas in sync: nothing written
         try:
             put = self.b.lane.submit(topic, frame.body, (peer.host, peer.port))
         except BusyError as e:
@@ -108,6 +109,9 @@ class Handlers:
         if sync and not durable:
             return Reply(fields, error_code=ErrorCode.FLUSH_DISK_TIMEOUT,
                          error_text=f"stored, but not fsynced within sync_flush_timeout_ms={self.config.sync_flush_timeout_ms}")  # fmt: skip
+        problem = await self.b.replica.wait_held(put.topic, result.end_offset)  # sync acks: the replicas hold it
+        if problem is not None:
+            return Reply(fields, error_code=problem[0], error_text=problem[1])
         return Reply(fields)
 
     async def _await_durable(self, end_offset: int) -> bool:
@@ -199,6 +203,8 @@ class Handlers:
         them in one request); queues that no longer exist are ignored."""
         group = need(frame.fields, "group", str)
         rows = need(frame.fields, "offsets", list)
+        self.b.replica.check_writable()
+        self.b.metadata.bump()
         for row in rows:
             if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str) and isinstance(row[1], int)
                     and isinstance(row[2], int)):  # fmt: skip
@@ -239,7 +245,8 @@ class Handlers:
         for g in need(frame.fields, "groups", list):
             if not isinstance(g, dict) or not isinstance(g.get("group"), str):
                 raise RequestError(ErrorCode.MALFORMED_REQUEST, "groups must be maps with a 'group' name")
-            self.b.groups.heartbeat(client_id, g["group"], g.get("mode", "clustering"), g.get("topics", []), now_ms())
+            if self.b.groups.heartbeat(client_id, g["group"], g.get("mode", "clustering"), g.get("topics", []), now_ms()):
+                self.b.metadata.bump()
         return Reply()
 
     async def unregister_client(self, frame: Frame, peer: Peer) -> Reply:
@@ -267,18 +274,22 @@ class Handlers:
     # ------------------------------------------------------------------- topics
     async def create_topic(self, frame: Frame, peer: Peer) -> Reply:
         topic, count = need(frame.fields, "topic", str), need(frame.fields, "queue_count", int)
+        self.b.replica.check_writable()
         try:
             await trio.to_thread.run_sync(self.store.create_topic, topic, count)
         except ValueError as e:
             raise RequestError(ErrorCode.INVALID_TOPIC, str(e)) from None
+        self.b.metadata.bump()
         self.b.register_now()
         return Reply({"queue_count": self.store.topics.queue_count(topic)})
 
     async def delete_topic(self, frame: Frame, peer: Peer) -> Reply:
         topic = need(frame.fields, "topic", str)
+        self.b.replica.check_writable()
         if not await trio.to_thread.run_sync(self.store.delete_topic, topic):
             raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}")
         self.b.offsets.drop_topic(topic)
+        self.b.metadata.bump()
         self.b.register_now()
         return Reply()
 
@@ -303,7 +314,8 @@ class Handlers:
                       "storage_mode": c.storage_mode, "flush_mode": c.flush_mode, "end_offset": self.store.end_offset,
                       "durable_offset": self.store.durable_offset, "dispatch_lag_bytes": self.store.dispatch_lag_bytes,
                       "connections": self.b.connections(), "topics": len(self.store.topics.all()),
-                      "healthy": self.store.failure is None, "failure": health_text(self.store)})  # fmt: skip
+                      "healthy": self.store.failure is None, "failure": health_text(self.store),
+                      "broker_id": c.broker_id, "role": self.b.replica.role, "epoch": self.b.replica.epoch})  # fmt: skip
 
 
 def health_text(store: StorageEngine) -> str:
@@ -317,4 +329,5 @@ def registration(context: BrokerContext) -> dict[str, Any]:
     routes, marked, so that producers skip it and consumers still read it)."""
     c, store = context.config, context.store
     return {"cluster": c.cluster, "broker_name": c.broker_name, "addr": context.addr(), "topics": store.topics.all(),
-            "healthy": store.failure is None, "failure": health_text(store)}  # fmt: skip
+            "healthy": store.failure is None, "failure": health_text(store), "broker_id": c.broker_id,
+            "role": context.replica.role, "epoch": context.replica.epoch}  # fmt: skip

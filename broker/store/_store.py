@@ -288,6 +288,17 @@ class Store(StoreBase):
         self.dispatcher.dispatched_offset = min(self.dispatcher.dispatched_offset, self.log.write_offset)
         self.log.set_queue_offset_table(self.queues.next_offsets())
 
+    def restart_at(self, base: int) -> None:
+        """Delete the whole log and start it empty at ``base`` (a follower whose leader's
+        log starts past this one's end). Queue entries all point below ``base`` then, as
+        after retention; each queue continues at the offsets the next records carry.
+        Callers must not append concurrently."""
+        self.dispatcher.catch_up()
+        self.log.restart_at(base)
+        self._entries.forget_missing()
+        self.dispatcher.dispatched_offset = base
+        self.log.set_queue_offset_table(self.queues.next_offsets())
+
     # --------------------------------------------------------------------- get
     def _mark_for_rebuild(self, topic: str, queue_id: int, error: CorruptRecordError) -> None:
         """Record durably that the queue must be rebuilt from the log (at the next open)."""

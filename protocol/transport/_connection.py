@@ -214,7 +214,7 @@ class ServerConnection:
         try:
             return await fn()
         except RequestError as e:
-            return Reply(error_code=e.code, error_text=e.text)
+            return Reply(error_code=e.code, error_text=e.text, close_after=e.close)
         except trio.TooSlowError:
             return Reply(error_code=ErrorCode.TIMEOUT, error_text="the request timed out on the server")
         except Exception as e:  # a handler bug must not take the connection down
@@ -234,6 +234,11 @@ class ServerConnection:
                     await send_spans(self.stream, reply.spans)
                 else:
                     await self.stream.send_all(encode_frame(frame))
+                if reply.close_after:
+                    self._say(logging.WARNING, "closing the connection after %s: %s", ErrorCode(reply.error_code).name,
+                              reply.error_text)  # fmt: skip
+                    with trio.CancelScope(shield=True):
+                        await self.stream.aclose()
         except _BROKEN as e:
             # A frame may be half-sent: the stream is unusable from here on.
             self._say(logging.INFO, "could not answer: %s", e)

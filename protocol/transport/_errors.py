@@ -24,8 +24,9 @@ class ConnectionFailed(TransportError):
 
 
 class RequestError(TransportError):
-    """Raised by a handler to answer with an error code."""
+    """Raised by a handler to answer with an error code (and, with ``close``, to close
+    the connection after the answer: a peer that broke the protocol's promises)."""
 
-    def __init__(self, code: ErrorCode, text: str) -> None:
+    def __init__(self, code: ErrorCode, text: str, *, close: bool = False) -> None:
         super().__init__(text)
-        self.code, self.text = code, text
+        self.code, self.text, self.close = code, text, close

@@ -28,6 +28,7 @@ class Reply:
     spans: list[Any] | None = None
     error_code: int = 0
     error_text: str = ""
+    close_after: bool = False  # close the connection once this reply is sent (a peer that lied)
 
 
 @dataclass

@@ -1,0 +1,173 @@
+"""The follower's side of the stream: one connection to the leader; join, cut the log
+back to where it agrees with the leader's (epochs), then fetch from the log's end
+forever, appending the leader's bytes at the same offsets.
+
+Every record is checked (CRC, offset) by :meth:`CommitLog.append_raw` before it is
+written; the follower's own dispatcher builds its consume queues, up to the confirmed
+offset the leader reports (so reads from a follower never show more than the in-sync
+replicas hold). Topics and consumer offsets are copied when the leader's metadata
+version changes, at most every ``replica_metadata_interval_ms``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+import trio
+
+from broker.store import Store
+from commitlog import CorruptRecordError, whole_prefix
+from protocol import ErrorCode, RequestCode
+from protocol.transport import ConnectionFailed, RpcClient, RpcError
+
+from ._config import ReplicationConfig
+from ._epochs import Entry, LeaderEpochs, divergence
+from ._ports import MetadataPort
+
+log = logging.getLogger("clmq.replication")
+
+REQUEST_SLACK_MS = 5000  # a fetch's answer may take its wait plus this long
+
+
+class Rejoin(Exception):
+    """The leader asked for a new session (a new epoch, or a log start past ours)."""
+
+
+class Follower:
+    def __init__(self, config: ReplicationConfig, store: Store, epochs: LeaderEpochs, metadata: MetadataPort,
+                 rpc: RpcClient, leader_hint: Callable[[], str]) -> None:  # fmt: skip
+        self.config = config
+        self.store = store
+        self.log = store.log
+        self.epochs = epochs
+        self.metadata = metadata
+        self.rpc = rpc
+        self.leader_hint = leader_hint  # the leader's address as the name servers last said ("" : unknown)
+        self.leader_addr = ""
+        self.leader_epoch = -1
+        self.in_sync = False  # as the leader last said
+        self.connected = False
+        self.leader_end = 0
+        self.confirmed = 0
+        self.last_reply_ms = 0.0
+        self.error = ""
+        self._leader_terms: list[Entry] = []
+        self._metadata_version = -1
+        self._metadata_at = 0.0
+        self._flush_each = False
+        # Consumers of a follower see only what the leader confirmed: until it says, what
+        # was dispatched before (confirmed when it was) and nothing more.
+        self._told = min(self.log.write_offset, store.dispatcher.dispatched_offset)
+        self.log.set_confirmed_offset(self._told)
+
+    async def run(self) -> None:
+        """Forever: follow the leader; on any failure, say so (once per kind) and retry."""
+        while True:
+            addr = self.leader_hint() or self.config.leader_addr
+            if addr:
+                try:
+                    await self._follow(addr)
+                except Rejoin as e:
+                    log.info("%s: rejoining leader %s: %s", self.config.broker_name, addr, e)
+                    continue
+                except (ConnectionFailed, RpcError, trio.TooSlowError, CorruptRecordError, OSError) as e:
+                    self._failed(addr, e)
+            elif self.error != "no leader known":
+                self.error = "no leader known"
+                log.warning("%s: follower without a leader: set leader_addr or name servers", self.config.broker_name)
+            self.connected = False
+            await trio.sleep(self.config.replica_retry_ms / 1000)
+
+    def _failed(self, addr: str, e: BaseException) -> None:
+        text = f"{addr}: {e or type(e).__name__}"
+        if text != self.error:
+            log.warning("%s: replication from %s failed: %s", self.config.broker_name, addr, text)
+        self.error = text
+        self.in_sync = False
+
+    async def _follow(self, addr: str) -> None:
+        c = self.config
+        fields = {"broker_name": c.broker_name, "broker_id": c.broker_id, "epoch": self.epochs.latest,
+                  "end_offset": self.log.write_offset, "segment_bytes": self.log.config.segment_bytes}  # fmt: skip
+        joined = await self.rpc.request(addr, RequestCode.REPLICA_JOIN, fields, timeout_ms=REQUEST_SLACK_MS)
+        j = joined.fields
+        self.leader_addr, self.leader_epoch, self.connected, self.error = addr, j["epoch"], True, ""
+        self._flush_each = j["ack_durability"] == "flushed"
+        self._leader_terms = [(int(e), int(s), int(b)) for e, s, b in j["epochs"]]
+        cut = await trio.to_thread.run_sync(self._reconcile, j["end_offset"], j["min_offset"])
+        if cut:
+            self.metadata.after_truncation()
+        log.info("%s: following leader %s (epoch %d) from offset %d", c.broker_name, addr, self.leader_epoch,
+                 self.log.write_offset)  # fmt: skip
+        await self._fetch_loop(addr, j["session"])
+
+    def _reconcile(self, leader_end: int, leader_min: int) -> bool:
+        """Cut the log to where it agrees with the leader's (a worker thread); True if cut."""
+        own_end = self.log.write_offset
+        point = divergence(self.epochs.entries, own_end, self._leader_terms, leader_end)
+        cut = point < own_end
+        if cut:
+            log.warning("%s: cutting the log from %d to %d: bytes there were written in a term the leader (epoch %d) "
+                        "does not share", self.config.broker_name, own_end, point, self.leader_epoch)  # fmt: skip
+            self.store.truncate(point)
+            self.epochs.truncate(point)
+        if self.log.write_offset < leader_min or (self.log.write_offset == 0 and leader_min > self.log.min_offset):
+            log.warning("%s: the leader's log starts at %d, past this log's end %d: starting an empty log there",
+                        self.config.broker_name, leader_min, self.log.write_offset)  # fmt: skip
+            self.store.restart_at(leader_min)
+            cut = True
+        self.epochs.adopt(self._leader_terms, self.log.write_offset)
+        return cut
+
+    async def _fetch_loop(self, addr: str, session: int) -> None:
+        c = self.config
+        max_bytes = c.replica_fetch_max_bytes
+        while True:
+            fields = {"broker_id": c.broker_id, "session": session, "epoch": self.leader_epoch,
+                      "offset": self.log.write_offset, "flushed": min(self.log.durable_offset, self.log.write_offset),
+                      "max_bytes": max_bytes, "max_wait_ms": c.replica_fetch_wait_ms}  # fmt: skip
+            reply = await self.rpc.request(addr, RequestCode.REPLICA_FETCH, fields,
+                                           timeout_ms=c.replica_fetch_wait_ms + REQUEST_SLACK_MS, check=False)  # fmt: skip
+            if reply.error_code in (ErrorCode.STALE_EPOCH, ErrorCode.OFFSET_OUT_OF_RANGE):
+                raise Rejoin(reply.error_text)
+            if reply.error_code:
+                raise RpcError(addr, reply.error_code, reply.error_text)
+            f = reply.fields
+            needed = await trio.to_thread.run_sync(self._take, fields["offset"], reply.body) if reply.body else 0
+            max_bytes = max(c.replica_fetch_max_bytes, needed)
+            self._note(f)
+            if f["metadata_version"] != self._metadata_version:
+                await self._copy_metadata(addr, session, f["metadata_version"])
+
+    def _take(self, offset: int, body: bytes) -> int:
+        """Append the whole records of a chunk (a worker thread); returns the size of a
+        record cut at its end (0: none)."""
+        n, needed, _sealed = whole_prefix(body, self.log.config.max_message_bytes)
+        if n:
+            result = self.log.append_raw(offset, body[:n] if n < len(body) else body)
+            if not result.ok:
+                raise CorruptRecordError(f"replication from {self.leader_addr}", offset, "raw append", "OK",
+                                         f"{result.status.name}: {result.error}")  # fmt: skip
+            if self._flush_each:  # the leader counts only fsynced bytes as held
+                self.store.flush()
+            self.epochs.catch_up(self._leader_terms, self.log.write_offset)
+        return needed
+
+    def _note(self, f: dict[str, Any]) -> None:
+        self.leader_end, self.in_sync, self.last_reply_ms = f["end_offset"], bool(f["in_sync"]), time.monotonic() * 1000
+        self.confirmed = min(f["confirmed_offset"], self.log.write_offset)
+        if self.confirmed != self._told:
+            self._told = self.confirmed
+            self.log.set_confirmed_offset(self.confirmed)
+
+    async def _copy_metadata(self, addr: str, session: int, version: int) -> None:
+        now = time.monotonic()
+        if now - self._metadata_at < self.config.replica_metadata_interval_ms / 1000:
+            return
+        self._metadata_at = now
+        reply = await self.rpc.request(addr, RequestCode.REPLICA_METADATA,
+                                       {"broker_id": self.config.broker_id, "session": session})  # fmt: skip
+        await trio.to_thread.run_sync(self.metadata.apply, reply.fields)
+        self._metadata_version = version

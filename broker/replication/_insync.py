@@ -1,0 +1,106 @@
+"""The leader's view of its followers: what each holds, who is in sync, and the
+confirmed offset. Plain data and arithmetic, no I/O (the leader drives it).
+
+Rules (Kafka's ISR, in a commit-log's offsets):
+- A follower's report of its log end acknowledges every byte below it; its *hold* is
+  that end, or its fsynced offset when ``replica_ack = "flushed"``.
+- A follower is *caught up* at the moment it has everything the leader had: when it
+  reports at least the end that the leader's previous answer to it reached (and that
+  answer carried everything up to the leader's end). It is in sync while it was caught
+  up within ``replica_lag_max_ms``: it joins the set once caught up, and leaves it
+  when it has not been caught up for longer.
+- The confirmed offset is the least hold in the in-sync set (the leader's own end
+  included) and never goes backwards: nothing past it is handed to consumers, so
+  nothing a consumer saw is missing from an in-sync replica. (A follower that joins
+  holding less than the confirmed offset holds it back until it has caught up: a sync
+  write is acknowledged only once the confirmed offset passes its end.)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger("clmq.replication")
+
+
+@dataclass
+class FollowerState:
+    broker_id: int
+    host: str
+    session: int
+    joined_ms: float
+    acked: int = -1  # the follower's log end as last reported (-1: no fetch yet)
+    flushed: int = -1  # how far it says its log is fsynced
+    last_fetch_ms: float = 0.0
+    caught_up_ms: float = -1.0  # when it last had everything the leader had (-1: never)
+    reply_end: int = -1  # the leader's end that the last answer reached (-1: it did not reach the end)
+    reply_ms: float = 0.0
+    in_sync: bool = False
+
+    def hold(self, flushed: bool) -> int:
+        return self.flushed if flushed else self.acked
+
+
+class InSyncSet:
+    def __init__(self, broker_name: str, lag_max_ms: int, count_flushed: bool, confirmed: int) -> None:
+        self.broker_name = broker_name
+        self.lag_max_ms = lag_max_ms
+        self.count_flushed = count_flushed
+        self.followers: dict[int, FollowerState] = {}
+        self.confirmed = confirmed
+
+    def size(self) -> int:
+        """Replicas in sync, the leader included."""
+        return 1 + sum(1 for f in self.followers.values() if f.in_sync)
+
+    def join(self, state: FollowerState) -> None:
+        """A (re)joining follower: a new session starts out of sync."""
+        old = self.followers.get(state.broker_id)
+        if old is not None and old.in_sync:
+            log.warning("%s: replica %d re-joined (new session): out of the in-sync set until caught up",
+                        self.broker_name, state.broker_id)  # fmt: skip
+        self.followers[state.broker_id] = state
+
+    def drop(self, broker_id: int) -> None:
+        self.followers.pop(broker_id, None)
+
+    def report(self, f: FollowerState, offset: int, flushed: int, leader_end: int, now_ms: float) -> None:
+        """A fetch from ``f``: ``offset`` (its end) and ``flushed`` (validated by the caller)."""
+        assert f.acked <= offset <= leader_end and flushed <= offset, (f.acked, offset, flushed, leader_end)
+        f.acked, f.flushed, f.last_fetch_ms = offset, flushed, now_ms
+        if offset >= leader_end:
+            f.caught_up_ms = now_ms
+        elif 0 <= f.reply_end <= offset:
+            f.caught_up_ms = max(f.caught_up_ms, f.reply_ms)
+        if not f.in_sync and self._lag_ok(f, now_ms):
+            f.in_sync = True
+            log.info("%s: replica %d at %s joined the in-sync set (holds %d)", self.broker_name, f.broker_id, f.host,
+                     f.hold(self.count_flushed))  # fmt: skip
+
+    def answered(self, f: FollowerState, reached: int, leader_end: int, now_ms: float) -> None:
+        """The leader answered ``f`` with bytes up to ``reached`` while its end was ``leader_end``."""
+        f.reply_end = reached if reached >= leader_end else -1
+        f.reply_ms = now_ms
+
+    def expire(self, now_ms: float) -> list[FollowerState]:
+        """Followers that have not been caught up for ``lag_max_ms`` leave the set."""
+        left = [f for f in self.followers.values() if f.in_sync and not self._lag_ok(f, now_ms)]
+        for f in left:
+            f.in_sync = False
+            log.warning("%s: replica %d at %s left the in-sync set: not caught up for %d ms (replica_lag_max_ms=%d), "
+                        "%d bytes behind", self.broker_name, f.broker_id, f.host, now_ms - f.caught_up_ms,
+                        self.lag_max_ms, max(0, self.confirmed - f.acked))  # fmt: skip
+        return left
+
+    def recompute(self, leader_end: int) -> int:
+        """The confirmed offset now (never lower than before, never past the leader's end)."""
+        holds = [f.hold(self.count_flushed) for f in self.followers.values() if f.in_sync]
+        self.confirmed = min(leader_end, max(self.confirmed, min([leader_end, *holds])))
+        return self.confirmed
+
+    def followers_in_sync(self) -> bool:
+        return any(f.in_sync for f in self.followers.values())
+
+    def _lag_ok(self, f: FollowerState, now_ms: float) -> bool:
+        return f.caught_up_ms >= 0 and now_ms - f.caught_up_ms <= self.lag_max_ms

@@ -1,0 +1,218 @@
+"""The leader's side of the stream: followers join, then fetch the log's raw bytes
+from where their own logs end, in large chunks sent with ``sendfile``; every fetch
+acknowledges what the follower holds. The leader does no per-record work: a chunk may
+end inside a record (the follower asks again from its end).
+
+Every report is checked: the session and epoch must be current, the offset within the
+leader's log and never behind the follower's previous report, the flushed offset not
+past it. A follower that lies is answered REPLICA_REFUSED, forgotten and disconnected.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any
+
+import trio
+
+from broker.store import Span, Store
+from protocol import ErrorCode, Frame
+from protocol.transport import Peer, Reply, RequestError
+
+from ._config import ReplicationConfig
+from ._epochs import LeaderEpochs
+from ._insync import FollowerState, InSyncSet
+from ._ports import MetadataPort
+
+log = logging.getLogger("clmq.replication")
+
+MAX_FETCH_WAIT_MS = 30_000
+
+
+def now_ms() -> float:
+    return time.monotonic() * 1000
+
+
+class Leader:
+    """One leadership term: the followers' sessions, the in-sync set, sync-write waits."""
+
+    def __init__(self, config: ReplicationConfig, store: Store, epochs: LeaderEpochs, metadata: MetadataPort) -> None:
+        self.config = config
+        self.store = store
+        self.log = store.log
+        self.epochs = epochs
+        self.epoch = epochs.latest
+        self.metadata = metadata
+        self.isr = InSyncSet(config.broker_name, config.replica_lag_max_ms, config.replica_ack == "flushed",
+                             self.log.write_offset)  # fmt: skip
+        self._sessions = itertools.count(int(time.time() * 1000) % 1_000_000_000)
+        self._grew = trio.Event()  # set when the log grows: long-polled fetches answer
+        self._changed = trio.Event()  # set when the confirmed offset or the in-sync set changes
+        self._buckets: dict[int, tuple[float, float]] = {}  # follower -> (tokens, at): catch-up throttle
+        self._told: int | None = None  # what the log was last told its confirmed offset is
+        self.log.set_confirmed_offset(None)  # alone in the in-sync set: consumers see the whole log
+
+    # ------------------------------------------------------------ from the log
+    def log_grew(self) -> None:
+        """On the event loop, after appends: wake long-polled fetches (and sync writes
+        waiting while the leader is the only replica in sync)."""
+        self._grew.set()
+        self._grew = trio.Event()
+        self._publish()
+
+    # ---------------------------------------------------------- the in-sync set
+    def _publish(self) -> None:
+        """Recompute the confirmed offset, tell the log (consumers) and the waiters."""
+        confirmed = self.isr.recompute(self.log.write_offset)
+        target = confirmed if self.isr.followers_in_sync() else None
+        if target != self._told:  # only on a change: telling the log wakes its append listeners
+            self._told = target
+            self.log.set_confirmed_offset(target)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def watch_lag(self) -> None:
+        """Forever: followers not caught up for ``replica_lag_max_ms`` leave the in-sync set."""
+        period = max(0.01, min(0.1, self.config.replica_lag_max_ms / 4000))
+        while True:
+            await trio.sleep(period)
+            if self.isr.expire(now_ms()):
+                self._publish()
+
+    # -------------------------------------------------------------- sync writes
+    def check_sync_write(self, topic: str) -> None:
+        """Before appending a sync write: refuse it while too few replicas are in sync."""
+        if self.config.ack_mode_of(topic) == "sync" and self.isr.size() < self.config.min_insync_replicas:
+            raise RequestError(ErrorCode.NOT_ENOUGH_REPLICAS, self._too_few("nothing was written"))
+
+    async def wait_held(self, topic: str, end: int) -> tuple[ErrorCode, str] | None:
+        """After appending a sync write ending at ``end``: wait (never under the append
+        lock) until every in-sync replica holds it and they are at least
+        ``min_insync_replicas``. An error code and text if not in time, or if the set shrinks."""
+        if self.config.ack_mode_of(topic) != "sync":
+            return None
+        with trio.move_on_after(self.config.replication_timeout_ms / 1000):
+            while True:
+                changed = self._changed
+                if self.isr.size() < self.config.min_insync_replicas:
+                    return ErrorCode.REPLICATION_TIMEOUT, self._too_few("stored on the leader only")
+                if self.isr.confirmed >= end:
+                    return None
+                await changed.wait()
+        return ErrorCode.REPLICATION_TIMEOUT, (
+            f"stored on the leader, not held by the in-sync replicas within replication_timeout_ms="
+            f"{self.config.replication_timeout_ms} (confirmed {self.isr.confirmed}, needed {end}); retry")
+
+    def _too_few(self, what: str) -> str:
+        return (f"{self.isr.size()} replicas in sync, min_insync_replicas={self.config.min_insync_replicas}: {what}; "
+                "retry once followers catch up")  # fmt: skip
+
+    # ---------------------------------------------------------------- requests
+    async def join(self, frame: Frame, peer: Peer) -> Reply:
+        f = frame.fields
+        self._check_member(f["broker_name"], f["broker_id"], f["segment_bytes"], peer)
+        state = FollowerState(f["broker_id"], f"{peer.host}:{peer.port}", next(self._sessions), now_ms())
+        self.isr.join(state)
+        self._publish()
+        log.info("%s: replica %d joined from %s (its log ends at %d, epoch %d)", self.config.broker_name,
+                 state.broker_id, state.host, f["end_offset"], f["epoch"])  # fmt: skip
+        return Reply({"session": state.session, "epoch": self.epoch, "epochs": [list(e) for e in self.epochs.entries],
+                      "end_offset": self.log.write_offset, "min_offset": self.log.min_offset,
+                      "confirmed_offset": self.isr.confirmed,
+                      "ack_durability": self.config.replica_ack})  # fmt: skip
+
+    def _check_member(self, name: str, broker_id: int, segment_bytes: int, peer: Peer) -> None:
+        c = self.config
+        why = ""
+        if name != c.broker_name:
+            why = f"broker name {name!r} is not this group's ({c.broker_name!r})"
+        elif broker_id == c.broker_id:
+            why = f"broker id {broker_id} is the leader's own"
+        elif c.replica_ids and broker_id not in c.replica_ids:
+            why = f"broker id {broker_id} is not in replica_ids {list(c.replica_ids)}"
+        elif segment_bytes != self.log.config.segment_bytes:
+            why = f"segment_bytes {segment_bytes} differs from the leader's {self.log.config.segment_bytes}"
+        if why:
+            log.warning("%s: refused replication from %s:%d: %s", c.broker_name, peer.host, peer.port, why)
+            raise RequestError(ErrorCode.REPLICA_REFUSED, why, close=True)
+
+    def _session(self, f: dict[str, Any]) -> FollowerState:
+        state = self.isr.followers.get(f["broker_id"])
+        if state is None or state.session != f["session"]:
+            raise RequestError(ErrorCode.REPLICA_REFUSED, f"no replication session {f['session']} for broker id "
+                                                          f"{f['broker_id']}: join first", close=True)  # fmt: skip
+        return state
+
+    def _refuse(self, state: FollowerState, why: str) -> RequestError:
+        log.warning("%s: replica %d at %s lied (%s): session dropped", self.config.broker_name, state.broker_id,
+                    state.host, why)  # fmt: skip
+        self.isr.drop(state.broker_id)
+        self._publish()
+        return RequestError(ErrorCode.REPLICA_REFUSED, why, close=True)
+
+    async def fetch(self, frame: Frame, peer: Peer) -> Reply:
+        f = frame.fields
+        state = self._session(f)
+        if f["epoch"] != self.epoch:
+            raise RequestError(ErrorCode.STALE_EPOCH, f"epoch {f['epoch']} is not the leader's {self.epoch}: join again")
+        offset, flushed, end = f["offset"], f["flushed"], self.log.write_offset
+        if offset > end:
+            raise self._refuse(state, f"offset {offset} is past the leader's end {end}")
+        if offset < state.acked:
+            raise self._refuse(state, f"offset {offset} is behind its previous report {state.acked}")
+        if flushed > offset:
+            raise self._refuse(state, f"flushed offset {flushed} is past its offset {offset}")
+        if offset < self.log.min_offset:
+            return Reply({"min_offset": self.log.min_offset}, error_code=ErrorCode.OFFSET_OUT_OF_RANGE,
+                         error_text=f"offset {offset} is below the leader's log start {self.log.min_offset}")  # fmt: skip
+        self.isr.report(state, offset, flushed, end, now_ms())
+        self._publish()
+        if offset >= end:
+            with trio.move_on_after(min(f["max_wait_ms"], MAX_FETCH_WAIT_MS) / 1000):
+                await self._grew.wait()
+        return await self._answer(state, offset, f["max_bytes"])
+
+    async def _answer(self, state: FollowerState, offset: int, max_bytes: int) -> Reply:
+        end = self.log.write_offset
+        span = self._span(offset, min(max_bytes, end - offset)) if end > offset else None
+        length = span.length if span else 0
+        if length and end - offset > self.config.replica_fetch_max_bytes:  # catching up: throttled
+            await self._throttle(state.broker_id, length)
+        self.isr.answered(state, offset + length, end, now_ms())
+        fields = {"epoch": self.epoch, "offset": offset, "length": length, "end_offset": end,
+                  "min_offset": self.log.min_offset, "confirmed_offset": self.isr.confirmed,
+                  "in_sync": state.in_sync, "metadata_version": self.metadata.version()}  # fmt: skip
+        return Reply(fields, spans=[span] if span else [])
+
+    def _span(self, offset: int, n: int) -> Span | None:
+        for base, size, path in self.log.segments():
+            if base <= offset < base + size:
+                return Span(str(path), offset - base, min(n, base + size - offset))
+        return None
+
+    async def _throttle(self, broker_id: int, n: int) -> None:
+        """A token bucket of ``replica_catchup_bytes_per_s`` per follower (one second deep)."""
+        rate = self.config.replica_catchup_bytes_per_s
+        if rate <= 0:
+            return
+        tokens, at = self._buckets.get(broker_id, (float(rate), time.monotonic()))
+        now = time.monotonic()
+        tokens = min(float(rate), tokens + (now - at) * rate) - n
+        self._buckets[broker_id] = (tokens, now)
+        if tokens < 0:
+            await trio.sleep(-tokens / rate)
+
+    async def metadata_request(self, frame: Frame, peer: Peer) -> Reply:
+        self._session(frame.fields)
+        snapshot = self.metadata.snapshot()
+        return Reply({"version": self.metadata.version(), **snapshot})
+
+    # ------------------------------------------------------------------ status
+    def replicas(self) -> list[dict[str, Any]]:
+        end, now = self.log.write_offset, now_ms()
+        return [{"broker_id": f.broker_id, "addr": f.host, "acked_offset": f.acked, "flushed_offset": f.flushed,
+                 "lag_bytes": max(0, end - f.acked) if f.acked >= 0 else end,
+                 "lag_ms": int(now - f.caught_up_ms) if f.caught_up_ms >= 0 else -1, "in_sync": f.in_sync}
+                for f in sorted(self.isr.followers.values(), key=lambda f: f.broker_id)]  # fmt: skip

@@ -1,0 +1,62 @@
+"""The broker's metadata as replication copies it (:class:`broker.replication.MetadataPort`):
+topics, consumer-group offsets and subscriptions. A leader counts changes (a version
+its followers watch); a follower makes its own metadata the leader's."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from broker.store import StorageEngine
+
+from ._groups import ConsumerGroups
+from ._offsets import ConsumerOffsets
+
+log = logging.getLogger("clmq.broker")
+
+
+class ReplicatedMetadata:
+    def __init__(self, store: StorageEngine, offsets: ConsumerOffsets, groups: ConsumerGroups) -> None:
+        self.store = store
+        self.offsets = offsets
+        self.groups = groups
+        self._version = 0
+        # Subscriptions copied from the leader: group -> (mode, topics). A promoted
+        # follower lists these groups before their consumers' first heartbeat.
+        self.subscriptions: dict[str, tuple[str, list[str]]] = {}
+
+    def bump(self) -> None:
+        """Something replicated changed (a topic, a committed offset, a subscription)."""
+        self._version += 1
+
+    def version(self) -> int:
+        return self._version
+
+    def snapshot(self) -> dict[str, Any]:
+        offsets = [[g, t, q, o] for g in self.offsets.groups() for (t, q), o in sorted(self.offsets.of_group(g).items())]
+        subs = dict(self.subscriptions)
+        for g in self.groups.groups():
+            members = self.groups.members(g)
+            subs[g] = (members[0].mode, sorted({t for m in members for t in m.topics}))
+        return {"topics": self.store.topics.all(), "offsets": offsets,
+                "subscriptions": [[g, mode, topics] for g, (mode, topics) in sorted(subs.items())]}  # fmt: skip
+
+    def apply(self, snapshot: dict[str, Any]) -> None:
+        """Make this (follower's) metadata the leader's; runs in a worker thread."""
+        topics: dict[str, int] = snapshot.get("topics") or {}
+        mine = self.store.topics.all()
+        for name, count in topics.items():
+            if mine.get(name) != count:
+                self.store.create_topic(name, count)
+        for name in mine.keys() - topics.keys():
+            self.store.delete_topic(name)
+            self.offsets.drop_topic(name)
+        for g, t, q, o in snapshot.get("offsets") or []:
+            if self.offsets.query(g, t, q) != o:
+                self.offsets.commit(g, t, q, o)
+        self.subscriptions = {g: (mode, list(ts)) for g, mode, ts in snapshot.get("subscriptions") or []}
+        self.bump()
+
+    def after_truncation(self) -> None:
+        store = self.store
+        self.offsets.clamp(lambda t, q: store.max_offset(t, q) if store.queue_exists(t, q) else None)
