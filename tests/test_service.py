@@ -345,8 +345,9 @@ def test_route_table_drops_silent_brokers_and_sorts_routes() -> None:
     assert not table.register("c", "a", "h1:1", {"t": 2, "u": 1}, now_ms=900)  # unchanged
     assert [b["broker_name"] for b in table.route("t")] == ["a", "b"]
     assert table.expire(now_ms=1200) == ["h2:1"]
-    assert table.route("t") == [{"broker_name": "a", "addr": "h1:1", "queue_count": 2, "healthy": True, "failure": "",
-                                 "epoch": -1, "followers": []}]
+    assert table.route("t") == [
+        {"broker_name": "a", "addr": "h1:1", "queue_count": 2, "healthy": True, "failure": "", "epoch": -1, "followers": []}
+    ]
 
 
 async def test_name_server_drops_a_broker_that_stops_registering(cluster: Cluster) -> None:

@@ -20,6 +20,7 @@ Invariants (checked when loaded and when changed):
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def _invalid(value: Any) -> str | None:
 
 def order_problem(entries: list[Entry]) -> str | None:
     """Why a list of terms breaks the invariants, or None."""
-    for (e1, s1, _), (e2, s2, _) in zip(entries, entries[1:]):
+    for (e1, s1, _), (e2, s2, _) in itertools.pairwise(entries):
         if e2 <= e1 or s2 < s1:
             return f"epochs out of order: ({e1}, {s1}) then ({e2}, {s2})"
     return None

@@ -103,7 +103,8 @@ class Leader:
                 await changed.wait()
         return ErrorCode.REPLICATION_TIMEOUT, (
             f"stored on the leader, not held by the in-sync replicas within replication_timeout_ms="
-            f"{self.config.replication_timeout_ms} (confirmed {self.isr.confirmed}, needed {end}); retry")
+            f"{self.config.replication_timeout_ms} (confirmed {self.isr.confirmed}, needed {end}); retry"
+        )
 
     def _too_few(self, what: str) -> str:
         return (f"{self.isr.size()} replicas in sync, min_insync_replicas={self.config.min_insync_replicas}: {what}; "

@@ -36,7 +36,7 @@ QUIESCE_S = 5.0  # a demoted leader waits at most this long for appends under wa
 class Replica:
     def __init__(self, config: ReplicationConfig, store: StorageEngine, metadata: MetadataPort,
                  token: trio.lowlevel.TrioToken, register_now: Callable[[], None],
-                 writes_idle: Callable[[], bool]) -> None:  # fmt: skip
+                 writes_idle: Callable[[], Awaitable[None]]) -> None:  # fmt: skip
         self.config = config
         self.metadata = metadata
         self.register_now = register_now
@@ -97,9 +97,8 @@ class Replica:
                 nursery.cancel_scope.cancel()
 
     async def _follow(self, follower: Follower) -> None:
-        with trio.move_on_after(QUIESCE_S):  # a demoted leader: appends already queued finish first
-            while not self.writes_idle():
-                await trio.sleep(0.01)
+        with trio.move_on_after(QUIESCE_S):  # a demoted leader: appends already accepted finish first
+            await self.writes_idle()
         await follower.run()
 
     def _appended(self) -> None:

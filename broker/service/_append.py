@@ -50,6 +50,7 @@ class AppendLane:
         self._queue: deque[PendingPut] = deque()
         self._queued_bytes = 0
         self._wakeup = trio.Event()
+        self._drained = trio.Event()  # set whenever nothing is queued or being appended
 
     @property
     def queued_bytes(self) -> int:
@@ -65,6 +66,12 @@ class AppendLane:
         self._queued_bytes += len(body)
         self._wakeup.set()
         return put
+
+    async def wait_idle(self) -> None:
+        """Return once nothing is queued or being appended (a leader stepping down lets
+        the appends it accepted finish before its log may be cut)."""
+        while self._queued_bytes:
+            await self._drained.wait()
 
     async def run(self) -> None:
         """The lane's task: forever take what is waiting and append it."""
@@ -85,6 +92,9 @@ class AppendLane:
                         if put.result is None:
                             put.result = PutResult(PutStatus.IO_ERROR, "the append was interrupted")
                         put.done.set()
+                    if not self._queued_bytes:
+                        self._drained.set()
+                        self._drained = trio.Event()
 
     def _take(self) -> tuple[list[PendingPut], int]:
         group = [self._queue.popleft()]
