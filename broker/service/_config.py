@@ -67,6 +67,10 @@ class BrokerConfig:
     replica_ids: list[int] = field(default_factory=list)  # ids allowed to replicate (empty: any of the group)
     replica_metadata_interval_ms: int = 1000
     replica_retry_ms: int = 500
+    # A leader with in-sync followers tells a consumer this far behind (messages) in a
+    # queue to read from a follower (RocketMQ's slave read: old data is cold and costs
+    # the leader disk reads that producers wait behind); 0: never.
+    follower_read_lag_messages: int = 100_000
 
     def __post_init__(self) -> None:
         if self.flush_mode not in {m.value for m in FlushMode}:
