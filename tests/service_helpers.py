@@ -47,10 +47,10 @@ class Cluster:
         """Start a broker named ``name``, known in this cluster as ``key`` (default: its
         name; replicas of one group need distinct keys), with its own data directory."""
         name, key = name, key or name
+        defaults: dict[str, Any] = {"register_interval_ms": 200, "client_expiry_ms": 1000, "segment_bytes": 4 * MiB,
+                                    "max_message_bytes": 256 * 1024}  # fmt: skip
         cfg = BrokerConfig(broker_name=name, listen_port=port, data_dir=str(self.root / key),
-                           namesrv_addrs=namesrv_addrs or self.ns,
-                           register_interval_ms=200, client_expiry_ms=1000, segment_bytes=4 * MiB,
-                           max_message_bytes=256 * 1024, **settings)  # fmt: skip
+                           namesrv_addrs=namesrv_addrs or self.ns, **{**defaults, **settings})  # fmt: skip
         scope, stopped = trio.CancelScope(), trio.Event()
 
         async def run(task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED) -> None:
