@@ -284,6 +284,11 @@ class CommitLog:
         """
         return self._retention.delete_expired(now)
 
+    def delete_before(self, offset: int) -> int:
+        """Delete the oldest whole segments that end at or below ``offset``, never the
+        active one (a follower follows its leader's retention); returns how many."""
+        return self._retention.delete_before(offset)
+
     def close(self) -> None:
         """Flush and close every file (closed even when the flush raises
         :class:`StoreFailedError`)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Callable
 
 from ._segment import Segment
 from ._state import LogState
@@ -31,6 +32,14 @@ class Retention:
     def delete_expired(self, now: float | None = None) -> int:
         """Delete expired segments (see :meth:`CommitLog.delete_expired`); returns how many."""
         now = time.time() if now is None else now
+        return self._delete(lambda segments: self._count_doomed(segments, now))
+
+    def delete_before(self, offset: int) -> int:
+        """Delete the oldest segments that end at or below ``offset``, never the active
+        one (a follower following its leader's retention); returns how many."""
+        return self._delete(lambda segments: sum(1 for s in segments[:-1] if s.end <= offset))
+
+    def _delete(self, count: Callable[[tuple[Segment, ...]], int]) -> int:
         st = self._state
         with st.lock:
             # Deleted a pass ago: a reader has had a whole retention interval to finish.
@@ -38,7 +47,7 @@ class Retention:
                 seg.close()
             st.graveyard = []
             snapshot = st.snapshot
-            doomed = self._count_doomed(snapshot.segments, now)
+            doomed = count(snapshot.segments)
             if doomed:
                 # The log's start moves first, then the files go: a reader that finds a
                 # file missing then also finds its range below the start (gone, not

@@ -307,3 +307,37 @@ async def test_a_promoted_follower_leads_and_the_old_leader_cuts_its_divergent_t
         got = old.store.get("t", 0, 0, 10)
         assert [m.body for m in got.messages] == [b"both0", b"new leader 0", b"new leader 1"]
         await rpc.aclose()
+
+
+async def test_retention_on_followers_follows_the_leader_and_a_new_follower_copies_from_its_log_start(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    small = {"segment_bytes": 128 * 1024, "max_message_bytes": 32 * 1024}
+    lead, (f,) = await start_group(c, 1, small)
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 2})
+        for i in range(40):
+            await send_raw(rpc, lead.addr, "t", [Message("t", i % 2, b"%d" % i + b"." * 8000)])
+        await caught_up(lead, [f])
+        bases = [base for base, _, _ in lead.store.log.segments()]
+        assert len(bases) >= 3
+        # The leader's retention removes its oldest segments (as retention_ms would).
+        assert lead.store.log.delete_before(bases[2]) == 2
+        await send_raw(rpc, lead.addr, "t", [Message("t", 0, b"after retention")])
+        await await_until(lambda: f.store.log.min_offset == bases[2], 10, "the follower's retention")
+        # A new, empty follower copies from the leader's first segment, not from 0.
+        new = await c.start_broker("g", key="g5", broker_id=5, role="follower", leader_addr=lead.addr,
+                                   **{**FAST, **small})  # fmt: skip
+        end = await caught_up(lead, [f, new])
+        assert new.store.log.min_offset == bases[2]
+        assert log_digest(new, end) == log_digest(lead, end)
+        await await_until(lambda: new.store.max_offset("t", 0) == lead.store.max_offset("t", 0), 10, "queues built")
+        await await_until(lambda: new.store.topics.all() == {"t": 2}, 10, "the topic copied")
+        lo, hi = new.store.bounds("t", 0)
+        assert (lo, hi) == lead.store.bounds("t", 0) and lo > 0
+        got = new.store.get("t", 0, hi - 1, 1)
+        assert [m.body for m in got.messages] == [b"after retention"], (got, lead.store.get("t", 0, hi - 1, 1))
+        await rpc.aclose()

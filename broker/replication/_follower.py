@@ -138,6 +138,8 @@ class Follower:
             needed = await trio.to_thread.run_sync(self._take, fields["offset"], reply.body) if reply.body else 0
             max_bytes = max(c.replica_fetch_max_bytes, needed)
             self._note(f)
+            if f["min_offset"] > self.log.min_offset:  # the leader's retention removed segments: so does this log
+                await trio.to_thread.run_sync(self.log.delete_before, f["min_offset"])
             if f["metadata_version"] != self._metadata_version:
                 await self._copy_metadata(addr, session, f["metadata_version"])
 
