@@ -341,3 +341,24 @@ async def test_retention_on_followers_follows_the_leader_and_a_new_follower_copi
         got = new.store.get("t", 0, hi - 1, 1)
         assert [m.body for m in got.messages] == [b"after retention"], (got, lead.store.get("t", 0, hi - 1, 1))
         await rpc.aclose()
+
+
+async def test_a_follower_in_sync_when_its_leader_died_is_promoted_without_force(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, (f, other) = await start_group(c, 2, ack_mode="sync", min_insync_replicas=2)
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1})
+        await in_sync(lead, 2)
+        assert (await send_raw(rpc, lead.addr, "t", [Message("t", 0, b"acked")])).error_code == 0
+        await await_until(lambda: f.replica.follower is not None and f.replica.follower.in_sync, 10, "in sync")
+        await c.stop_broker("g0")
+        await await_until(lambda: not f.replica.follower.in_sync, 10, "the follower noticing")  # type: ignore[union-attr]
+        promoted = await rpc.request(f.addr, RequestCode.PROMOTE, {})
+        assert promoted.fields["role"] == "leader"
+        await await_until(lambda: other.replica.follower is not None and other.replica.follower.leader_addr == f.addr,
+                          15, "the other follower following the new leader")  # fmt: skip
+        got = f.store.get("t", 0, 0, 10)
+        assert [m.body for m in got.messages] == [b"acked"]
+        await rpc.aclose()

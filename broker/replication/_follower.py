@@ -47,7 +47,11 @@ class Follower:
         self.leader_hint = leader_hint  # the leader's address as the name servers last said ("" : unknown)
         self.leader_addr = ""
         self.leader_epoch = -1
-        self.in_sync = False  # as the leader last said
+        self.in_sync = False  # as the leader last said, while connected
+        # The leader's last word before the connection was lost: in sync, and the
+        # confirmed offset it reported. A leader that died leaves its followers with this.
+        self.was_in_sync = False
+        self.last_confirmed = 0
         self.connected = False
         self.leader_end = 0
         self.confirmed = 0
@@ -79,6 +83,12 @@ class Follower:
                 log.warning("%s: follower without a leader: set leader_addr or name servers", self.config.broker_name)
             self.connected = False
             await trio.sleep(self.config.replica_retry_ms / 1000)
+
+    def promotable(self) -> bool:
+        """Whether this follower holds everything its leader may have acknowledged: in
+        sync now, or in sync at the leader's last answer and holding the confirmed
+        offset that answer carried (every sync-acknowledged byte is below it)."""
+        return self.in_sync or (self.was_in_sync and self.log.write_offset >= self.last_confirmed)
 
     def _failed(self, addr: str, e: BaseException) -> None:
         text = f"{addr}: {e or type(e).__name__}"
@@ -159,6 +169,7 @@ class Follower:
 
     def _note(self, f: dict[str, Any]) -> None:
         self.leader_end, self.in_sync, self.last_reply_ms = f["end_offset"], bool(f["in_sync"]), time.monotonic() * 1000
+        self.was_in_sync, self.last_confirmed = self.in_sync, f["confirmed_offset"]
         self.confirmed = min(f["confirmed_offset"], self.log.write_offset)
         if self.confirmed != self._told:
             self._told = self.confirmed

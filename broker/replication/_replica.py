@@ -118,7 +118,7 @@ class Replica:
         f = self.follower
         if self.role == "leader":
             return self.epoch
-        if not force and (f is None or not f.in_sync):
+        if not force and (f is None or not f.promotable()):
             why = f.error if f is not None and f.error else "the leader has not said it is in sync"
             raise RequestError(ErrorCode.NOT_IN_SYNC, f"broker {self.config.broker_id} is not known to be in sync "
                                                       f"({why}); promote with force to accept losing data")  # fmt: skip
@@ -201,7 +201,8 @@ class Replica:
         if self.leader is not None:
             out["replicas"] = self.leader.replicas()
         elif f is not None and log_ is not None:
-            out.update(leader_addr=f.leader_addr, in_sync=f.in_sync, lag_bytes=max(0, f.leader_end - log_.write_offset),
+            out.update(leader_addr=f.leader_addr, in_sync=f.in_sync, was_in_sync=f.was_in_sync,
+                       lag_bytes=max(0, f.leader_end - log_.write_offset),
                        lag_ms=int(time.monotonic() * 1000 - f.last_reply_ms) if f.last_reply_ms else -1,
                        error=f.error)  # fmt: skip
         return out
