@@ -29,10 +29,9 @@ class SettingsError(ClmqError, ValueError):
 def _convert(name: str, raw: Any, kind: Any, source: str) -> Any:
     origin = typing.get_origin(kind)
     if origin is list or kind is list:
-        items = raw.split(",") if isinstance(raw, str) else raw
-        if not isinstance(items, list):
-            raise SettingsError(f"{source}: {name} must be a list, got {raw!r}")
-        return [str(i).strip() for i in items if str(i).strip()]
+        return _convert_list(name, raw, kind, source)
+    if origin is dict or kind is dict:
+        return _convert_dict(name, raw, kind, source)
     if kind is bool:
         if isinstance(raw, bool):
             return raw
@@ -40,11 +39,58 @@ def _convert(name: str, raw: Any, kind: Any, source: str) -> Any:
             return raw.lower() in {"1", "true", "yes", "on"}
         raise SettingsError(f"{source}: {name} must be true or false, got {raw!r}")
     if kind in (int, float):
+        if isinstance(raw, bool) or (kind is int and isinstance(raw, float)):  # TOML's 1.5 is no integer
+            return _fail(name, raw, kind, source)
         try:
-            return kind(raw) if not isinstance(raw, bool) else _fail(name, raw, kind, source)
+            return kind(raw)
         except (TypeError, ValueError):
             raise SettingsError(f"{source}: {name} must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
     return str(raw)
+
+
+def _convert_list(name: str, raw: Any, kind: Any, source: str) -> list[Any]:
+    """A TOML array, or a comma-separated string (environment variables and flags);
+    each item converted to the element type (``list[int]``: integers)."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, list):
+        raise SettingsError(f"{source}: {name} must be a list, got {raw!r}")
+    (item_kind,) = typing.get_args(kind) or (str,)
+    out = []
+    for item in items:
+        text = item.strip() if isinstance(item, str) else item
+        if text == "":
+            continue  # "a,,b" or a trailing comma: nothing meant
+        try:
+            out.append(_convert(f"{name} item", text, item_kind, source))
+        except SettingsError:
+            raise SettingsError(f"{source}: {name} must be a list of {_kind_name(item_kind)}, got {raw!r} "
+                                f"({item!r} is not)") from None  # fmt: skip
+    return out
+
+
+def _convert_dict(name: str, raw: Any, kind: Any, source: str) -> dict[Any, Any]:
+    """A TOML table, or ``key=value,key2=value2`` (environment variables and flags)."""
+    key_kind, value_kind = typing.get_args(kind) or (str, str)
+    if isinstance(raw, str):
+        pairs = []
+        for part in (p.strip() for p in raw.split(",")):
+            if not part:
+                continue
+            key, sep, value = part.partition("=")
+            if not sep or not key.strip():
+                raise SettingsError(f"{source}: {name} must be key=value pairs separated by commas, got {raw!r} "
+                                    f"({part!r} is not key=value)")  # fmt: skip
+            pairs.append((key.strip(), value.strip()))
+    elif isinstance(raw, dict):
+        pairs = list(raw.items())
+    else:
+        raise SettingsError(f"{source}: {name} must be a table (or key=value,key2=value2), got {raw!r}")
+    return {_convert(f"{name} key", k, key_kind, source): _convert(f"{name}[{k!r}]", v, value_kind, source)
+            for k, v in pairs}  # fmt: skip
+
+
+def _kind_name(kind: Any) -> str:
+    return {int: "integers", float: "numbers", bool: "booleans", str: "strings"}.get(kind, str(kind))
 
 
 def _fail(name: str, raw: Any, kind: type, source: str) -> Any:
