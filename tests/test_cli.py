@@ -35,7 +35,8 @@ def test_help_on_every_command(tmp_path: Path) -> None:
     commands = [[], ["demo"], ["bench", "store"], ["bench", "compare"], ["bench", "e2e"], ["dev"], ["nameserver"],
                 ["broker"], ["topic"], ["topic", "create"], ["topic", "list"], ["topic", "describe"], ["topic", "delete"],
                 ["produce"], ["consume"], ["group"], ["group", "list"], ["group", "describe"], ["export"],
-                ["bench", "spark"]]  # fmt: skip
+                ["bench", "spark"], ["cluster"], ["cluster", "list"], ["admin"], ["admin", "promote"],
+                ["broker", "status"]]  # fmt: skip
     for args in ([*c, "--help"] for c in commands):
         out = clmq(*args, cwd=tmp_path)
         assert out.returncode == 0 and "usage: clmq" in out.stdout

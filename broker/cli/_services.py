@@ -21,6 +21,8 @@ from nameserver import NameServerConfig
 from nameserver import serve as serve_nameserver
 
 from ._client_verbs import add_client_commands
+from .dev_replicas import run_replica_group
+from .replication_verbs import add_status_args, cmd_broker_status
 from .settings import SettingsError, load_settings
 
 console = Console()
@@ -36,6 +38,11 @@ def add_commands(sub: Any) -> None:
     dev.add_argument("--storage-mode", help="commitlog (default) or partition-per-file")
     dev.add_argument("--flush-mode", help="async (default) or sync: acknowledge only once fsynced")
     dev.add_argument("--namesrv-port", type=int, default=9876, help="name server port (default 9876)")
+    dev.add_argument("--replicas", type=int, default=1, help="brokers in the group (default 1: one broker in this "
+                     "process); N > 1: a leader and N-1 followers, each a separate process with its own data "
+                     "directory (<data-dir>/replica-<id>) and port (--port + id)")  # fmt: skip
+    dev.add_argument("--ack-mode", help="async (default) or sync: acknowledge once every in-sync replica holds it")
+    dev.add_argument("--min-insync-replicas", type=int, help="sync acks: replicas (leader included) that must be in sync")
     dev.add_argument("--demo", action="store_true", help="create a topic, produce and consume a few messages")
     dev.add_argument("--exit-after-demo", action="store_true", help="stop once the demo has run")
     dev.set_defaults(func=cmd_dev)
@@ -46,14 +53,16 @@ def add_commands(sub: Any) -> None:
     ns.add_argument("--listen-port", type=int)
     ns.set_defaults(func=cmd_nameserver)
 
-    br = sub.add_parser("broker", help="run a broker")
+    br = sub.add_parser("broker", help="run a broker ('clmq broker status --addr host:port': one broker's replication state)")
+    br.add_argument("action", nargs="?", choices=["status"], help="status: show the replication state of the broker "
+                    "at --addr instead of running one")  # fmt: skip
     br.add_argument("--config", type=Path, help="TOML file (keys: BrokerConfig fields, or a [broker] table); every "
                     "field can also be set as CLMQ_<FIELD> in the environment, e.g. CLMQ_MAX_CONNECTIONS=5000 "
                     "(limits at the door: max_connections, reserved_file_descriptors, max_connection_buffer_bytes, "
                     "max_buffered_request_bytes, frame_timeout_ms, idle_timeout_ms)")  # fmt: skip
-    for flag, kind in (("broker-name", str), ("listen-host", str), ("listen-port", int), ("data-dir", str),
-                       ("namesrv-addrs", str), ("storage-mode", str), ("flush-mode", str)):  # fmt: skip
-        br.add_argument(f"--{flag}", type=kind)
+    for flag, kind, helptext in BROKER_FLAGS:
+        br.add_argument(f"--{flag}", type=kind, help=helptext)
+    add_status_args(br)
     br.set_defaults(func=cmd_broker)
 
     add_client_commands(sub)
@@ -85,8 +94,25 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
     return 0
 
 
+# The broker's flags (each one a BrokerConfig field; also settable in the TOML file and as CLMQ_<FIELD>).
+BROKER_FLAGS: tuple[tuple[str, type, str | None], ...] = (
+    ("broker-name", str, "the group: brokers with the same name replicate one log"), ("listen-host", str, None),
+    ("listen-port", int, None), ("data-dir", str, None), ("namesrv-addrs", str, "host:port,host:port"),
+    ("storage-mode", str, None), ("flush-mode", str, None),
+    ("broker-id", int, "unique within the group"),
+    ("role", str, "leader or follower, at the first start (later: the role kept in the data directory)"),
+    ("leader-addr", str, "a follower's leader, host:port (default: the group's leader as the name servers know it)"),
+    ("ack-mode", str, "async or sync: acknowledge a produce once every in-sync replica holds it"),
+    ("topic-ack-modes", str, "per-topic ack mode: topic=sync,topic2=async"),
+    ("min-insync-replicas", int, "sync writes are refused while fewer replicas (leader included) are in sync"),
+    ("replica-ids", str, "ids allowed to replicate from this leader: 1,2 (default: any of the group)"),
+)  # fmt: skip
+
+
 def cmd_broker(args: argparse.Namespace) -> int:
-    keys = ("broker_name", "listen_host", "listen_port", "data_dir", "namesrv_addrs", "storage_mode", "flush_mode")
+    if args.action == "status":
+        return cmd_broker_status(args)
+    keys = [flag.replace("-", "_") for flag, _, _ in BROKER_FLAGS]
     try:
         cfg = load_settings(BrokerConfig, args.config, section="broker", overrides={k: getattr(args, k) for k in keys})
     except SettingsError as e:
@@ -98,6 +124,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
             broker = await nursery.start(serve_broker, cfg)
             console.print(f"broker {cfg.broker_name} on {broker.addr}, data in {cfg.data_dir} "
                           f"({cfg.storage_mode}, {cfg.flush_mode} flush); name servers: {', '.join(cfg.namesrv_addrs) or 'none'}")  # fmt: skip
+            role = broker.replica.role  # the role kept in the data directory wins over the setting
+            console.print(f"replica {cfg.broker_id} of group {cfg.broker_name}: {role}"
+                          + (f" of {cfg.leader_addr or 'the leader the name servers know'}" if role == "follower"
+                             else f", epoch {broker.replica.epoch}")
+                          + f"; {cfg.ack_mode} acks, min_insync_replicas {cfg.min_insync_replicas}")  # fmt: skip
             nursery.start_soon(_until_signal, broker.shutdown)
 
     return _run_service(main)
@@ -105,14 +136,13 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 def _run_service(main: Callable[[], Any]) -> int:
     try:
-        trio.run(main)
+        return int(trio.run(main) or 0)  # main may return an exit code
     except Exception as e:  # e.g. the data directory is locked, the port is taken
         err: BaseException = e
         while isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
             err = err.exceptions[0]
         console.print(f"[red]error:[/red] {err}")
         return 1
-    return 0
 
 
 DEV_DEFAULTS = {"register_interval_ms": 1000}  # under the file, the environment and the flags
@@ -121,13 +151,18 @@ DEV_DEFAULTS = {"register_interval_ms": 1000}  # under the file, the environment
 def cmd_dev(args: argparse.Namespace) -> int:
     """The broker's settings load as ``clmq broker``'s do (file, CLMQ_* variables,
     flags); only its name servers are set: the one this command runs."""
-    keys = ("listen_port", "data_dir", "storage_mode", "flush_mode")
+    keys = ("listen_port", "data_dir", "storage_mode", "flush_mode", "ack_mode", "min_insync_replicas")
     try:
         base = load_settings(BrokerConfig, args.config, section="broker", defaults=DEV_DEFAULTS,
                              overrides={k: getattr(args, k) for k in keys})  # fmt: skip
     except SettingsError as e:
         console.print(f"[red]error:[/red] {e}")
         return 1
+    if args.replicas < 1:
+        console.print(f"[red]error:[/red] --replicas must be at least 1, got {args.replicas}")
+        return 1
+    if args.replicas > 1:  # separate processes; this one runs the name server
+        return _run_service(lambda: run_replica_group(args, base, _demo))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

@@ -18,6 +18,7 @@ from .bench.commands import add_store_and_compare
 from .bench.e2e import add_command as add_bench_e2e
 from .bench.spark import add_command as add_bench_spark
 from .export import add_command as add_export
+from .replication_verbs import add_replication_commands
 from .store_tools import add_command as add_store_tools
 
 console = Console()
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_and_compare(bench_sub)
     add_bench_e2e(bench_sub)
     add_commands(sub)
+    add_replication_commands(sub)
     # The Spark commands define arguments only; pyspark loads when they run.
     add_bench_spark(bench_sub)
     add_export(sub)

@@ -1,0 +1,259 @@
+"""``clmq dev --replicas N``: a name server (in this process) and one broker group of N
+replicas, each a separate ``clmq broker`` process with its own data directory.
+
+Settings resolve once, here (the TOML file, ``CLMQ_*`` variables, flags, as for ``clmq
+dev``); each replica gets them complete in ``<data-dir>/replica-<id>.toml`` (reusable
+with ``clmq broker --config``) and logs to ``<data-dir>/replica-<id>.log``. The
+replicas run in their own sessions, so a Ctrl-C reaches only this process, which
+stops them with SIGTERM (each stops gracefully) and waits for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import trio
+from rich.console import Console
+
+from broker.service import BrokerConfig
+from client import ConnectionFailed, RpcError, open_admin
+from nameserver import NameServerConfig
+from nameserver import serve as serve_nameserver
+
+from .replication_verbs import cluster_rows, print_cluster_table
+
+console = Console()
+
+START_TIMEOUT_S = 30.0  # every replica registered with the name server
+IN_SYNC_TIMEOUT_S = 20.0  # every follower joined and in sync (a warning after this, not an error)
+CATCH_UP_TIMEOUT_S = 10.0  # after the demo: the followers' log ends reach the leader's
+STOP_TIMEOUT_S = 20.0  # a replica still running this long after SIGTERM is killed
+POLL_S = 0.1  # the name server and the brokers send no notifications: their state is asked for
+
+
+@dataclass
+class ReplicaProcess:
+    """One replica: its settings, where they and its log are, and its process."""
+
+    config: BrokerConfig
+    settings_path: Path
+    log_path: Path
+    process: trio.Process | None = None
+
+    @property
+    def addr(self) -> str:
+        return f"{self.config.advertised_addr_host}:{self.config.listen_port}"
+
+
+def plan_replicas(base: BrokerConfig, namesrv: str, count: int) -> list[ReplicaProcess]:
+    """Replica 0 leads; the others follow it. Ports: ``listen_port`` + id (free ports if
+    0); data: ``<data_dir>/replica-<id>``. A bad combination (e.g. followers with
+    partition-per-file storage) is a ValueError naming the setting."""
+    root = Path(base.data_dir)
+    ports = _free_ports(count) if base.listen_port == 0 else [base.listen_port + i for i in range(count)]
+    leader_addr = f"{base.advertised_addr_host}:{ports[0]}"
+    out = []
+    for i, port in enumerate(ports):
+        cfg = dataclasses.replace(base, broker_id=i, role="leader" if i == 0 else "follower",
+                                  leader_addr="" if i == 0 else leader_addr, listen_port=port,
+                                  data_dir=str(root / f"replica-{i}"), namesrv_addrs=[namesrv])  # fmt: skip
+        out.append(ReplicaProcess(cfg, root / f"replica-{i}.toml", root / f"replica-{i}.log"))
+    return out
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports free now (the replicas bind them a moment later: good enough for a dev
+    command, and the followers need their leader's port before it starts)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def settings_toml(config: BrokerConfig) -> str:
+    """Every setting of ``config`` as a ``[broker]`` table (what ``clmq broker --config``
+    reads back to the same config)."""
+    lines = ["# written by clmq dev --replicas: this replica's complete settings", "[broker]"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in dataclasses.asdict(config).items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)  # a JSON string, integer, float or boolean is TOML too
+
+
+async def run_replica_group(args: Any, base: BrokerConfig, demo: Callable[[str], Awaitable[None]]) -> int:
+    """The whole of ``clmq dev --replicas N``; returns the exit code."""
+    exited: list[ReplicaProcess] = []  # replicas that exited on their own: the command fails
+    async with trio.open_nursery() as nursery:
+        ns = await nursery.start(serve_nameserver, NameServerConfig(listen_port=args.namesrv_port))
+        try:
+            replicas = plan_replicas(base, ns.addr, args.replicas)
+        except ValueError as e:
+            console.print(f"[red]error:[/red] {e}")
+            ns.shutdown()
+            return 1
+        try:
+            with trio.CancelScope() as scope:
+                nursery.start_soon(_cancel_on_signal, scope)
+                await _start_and_serve(replicas, ns.addr, args, demo, scope, exited)
+        finally:
+            with trio.CancelScope(shield=True):
+                await _stop_all(replicas)
+            ns.shutdown()
+            nursery.cancel_scope.cancel()  # the signal watcher
+    return 1 if exited else 0
+
+
+async def _cancel_on_signal(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            console.print("stopping the replicas and the name server (graceful)")
+            scope.cancel()
+            return
+
+
+async def _start_and_serve(replicas: list[ReplicaProcess], namesrv: str, args: Any,
+                           demo: Callable[[str], Awaitable[None]], scope: trio.CancelScope,
+                           exited: list[ReplicaProcess]) -> None:  # fmt: skip
+    """Start the replicas, show them, run the demo, serve until ``scope`` is cancelled
+    (a signal, or a replica exiting: listed in ``exited``)."""
+    async with trio.open_nursery() as nursery:
+        for r in replicas:
+            await _spawn(r)
+            nursery.start_soon(_watch_exit, r, exited, scope)
+        _print_plan(replicas, namesrv)
+        with trio.fail_after(START_TIMEOUT_S):
+            await _wait_registered(namesrv, {r.addr for r in replicas})
+        await _wait_in_sync(replicas[0].addr, len(replicas) - 1)
+        if args.demo:
+            await demo(namesrv)
+            await _wait_caught_up(replicas)
+            await print_cluster(namesrv)
+        if args.exit_after_demo:
+            nursery.cancel_scope.cancel()
+            return
+        console.print(f"serving; watch the state: clmq cluster list --namesrv {namesrv}\n"
+                      f"         produce:         clmq produce demo hello --namesrv {namesrv}\n"
+                      f"         promote:         clmq admin promote --addr {replicas[-1].addr}   (Ctrl-C stops all)")  # fmt: skip
+        await trio.sleep_forever()
+
+
+async def _spawn(r: ReplicaProcess) -> None:
+    r.settings_path.parent.mkdir(parents=True, exist_ok=True)
+    r.settings_path.write_text(settings_toml(r.config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLMQ_")}  # resolved into the settings file
+    with r.log_path.open("ab") as log_file:  # the child has its own descriptor; this one closes
+        r.process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "broker.cli", "broker", "--config", str(r.settings_path)],
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=env, start_new_session=True)  # fmt: skip
+
+
+async def _watch_exit(r: ReplicaProcess, exited: list[ReplicaProcess], scope: trio.CancelScope) -> None:
+    """A replica that exits on its own stops the whole command, showing why."""
+    assert r.process is not None
+    code = await r.process.wait()
+    exited.append(r)
+    console.print(f"[red]replica {r.config.broker_id} at {r.addr} exited (code {code}); its log, {r.log_path}:")
+    console.print(_tail(r.log_path), markup=False, highlight=False)
+    scope.cancel()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(unreadable: {e})"
+
+
+def _print_plan(replicas: list[ReplicaProcess], namesrv: str) -> None:
+    c = replicas[0].config
+    console.print(f"clmq dev: name server {namesrv}; group {c.broker_name} of {len(replicas)} replicas, "
+                  f"{c.ack_mode} acks, min_insync_replicas {c.min_insync_replicas}, {c.flush_mode} flush")  # fmt: skip
+    for r in replicas:
+        console.print(f"  replica {r.config.broker_id} ({r.config.role} at first start) on {r.addr}, pid "
+                      f"{r.process.pid if r.process else '-'}\n    data {r.config.data_dir}/\n    settings {r.settings_path}, "
+                      f"log {r.log_path}", highlight=False)  # fmt: skip
+    console.print(f"the state: clmq cluster list --namesrv {namesrv}   one replica: clmq broker status --addr {replicas[0].addr}")
+
+
+async def _wait_registered(namesrv: str, addrs: set[str]) -> None:
+    async with open_admin([namesrv]) as admin:
+        while not addrs <= {b["addr"] for b in await admin.brokers()}:  # noqa: ASYNC110 - no watch to wait on
+            await trio.sleep(POLL_S)
+
+
+async def _wait_in_sync(leader: str, followers: int) -> None:
+    """Until the leader counts every follower in sync; a warning (not a failure) after
+    IN_SYNC_TIMEOUT_S: the group still serves, and the table shows who is behind."""
+    with trio.move_on_after(IN_SYNC_TIMEOUT_S):
+        async with open_admin(broker_addrs=[leader]) as admin:
+            while True:
+                try:
+                    s = await admin.replica_status(leader)
+                    if sum(1 for r in s["replicas"] if r["in_sync"]) >= followers:
+                        return
+                except (ConnectionFailed, RpcError):
+                    pass  # not up yet
+                await trio.sleep(POLL_S)
+    console.print(f"[yellow]not every follower is in sync after {IN_SYNC_TIMEOUT_S:.0f} s; see clmq cluster list")
+
+
+async def _wait_caught_up(replicas: list[ReplicaProcess]) -> None:
+    """Until every follower's log end is the leader's (after the demo's messages)."""
+    with trio.move_on_after(CATCH_UP_TIMEOUT_S):
+        async with open_admin(broker_addrs=[r.addr for r in replicas]) as admin:
+            while True:
+                try:
+                    if len({(await admin.replica_status(r.addr))["end_offset"] for r in replicas}) == 1:
+                        return
+                except (ConnectionFailed, RpcError):
+                    pass  # a replica that died is reported by its watcher
+                await trio.sleep(POLL_S)
+
+
+async def print_cluster(namesrv: str) -> None:
+    """``clmq cluster list``'s table, from inside a command."""
+    async with open_admin([namesrv]) as admin:
+        rows = await cluster_rows(admin)
+    print_cluster_table(rows, "replication state (clmq cluster list)")
+
+
+async def _stop_all(replicas: list[ReplicaProcess]) -> None:
+    """SIGTERM to every replica still running, then wait; a replica still running after
+    STOP_TIMEOUT_S is killed (and said so)."""
+    running = [r for r in replicas if r.process is not None and r.process.returncode is None]
+    for r in running:
+        assert r.process is not None
+        r.process.send_signal(signal.SIGTERM)
+    async with trio.open_nursery() as nursery:
+        for r in running:
+            nursery.start_soon(_await_stop, r)
+
+
+async def _await_stop(r: ReplicaProcess) -> None:
+    assert r.process is not None
+    with trio.move_on_after(STOP_TIMEOUT_S):
+        await r.process.wait()
+        console.print(f"replica {r.config.broker_id} stopped (code {r.process.returncode})")
+        return
+    console.print(f"[red]replica {r.config.broker_id} did not stop within {STOP_TIMEOUT_S:.0f} s: killed")
+    r.process.kill()
+    await r.process.wait()

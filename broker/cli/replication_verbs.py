@@ -1,0 +1,209 @@
+"""The ``clmq`` verbs of replication: ``clmq cluster list`` (every broker the name
+servers know, with its replication state), ``clmq broker status --addr`` (one broker)
+and ``clmq admin promote --addr [--force]`` (manual promotion)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import trio
+from rich.console import Console
+from rich.table import Table
+
+from client import Admin, ConnectionFailed, RpcError, open_admin
+from protocol import ErrorCode
+
+from ._client_verbs import _addrs, _namesrv_arg, run_client
+
+console = Console()
+
+# A row of ``clmq cluster list``, in this order (the table's columns, the JSON's keys).
+CLUSTER_COLUMNS = ("group", "broker_id", "addr", "role", "epoch", "end_offset", "confirmed_offset", "lag_bytes",
+                   "lag_ms", "in_sync")  # fmt: skip
+
+
+def add_replication_commands(sub: Any) -> None:
+    """Add ``clmq cluster list`` and ``clmq admin promote`` to the ``clmq`` parser."""
+    cluster = sub.add_parser("cluster", help="the brokers the name servers know, with their replication state")
+    csub = cluster.add_subparsers(dest="cluster_command", required=True)
+    ls = csub.add_parser("list", help="every broker: group, id, address, role, epoch, log end, confirmed offset, "
+                         "lag (bytes, ms), in sync")  # fmt: skip
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _namesrv_arg(ls)
+    cluster.set_defaults(func=cmd_cluster)
+    admin = sub.add_parser("admin", help="operator actions on one broker: promote")
+    asub = admin.add_subparsers(dest="admin_command", required=True)
+    promote = asub.add_parser("promote", help="make the follower at --addr the leader of its group (a new epoch); the "
+                              "old leader steps down when it next registers with the name servers")  # fmt: skip
+    promote.add_argument("--addr", required=True, help="the follower, host:port")
+    promote.add_argument("--force", action="store_true", help="promote even if the follower is not known to be in "
+                         "sync: messages it has not copied yet are lost")  # fmt: skip
+    admin.set_defaults(func=cmd_admin)
+
+
+def add_status_args(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``clmq broker status`` (on the ``clmq broker`` parser)."""
+    parser.add_argument("--addr", help="status: the broker to ask, host:port")
+    parser.add_argument("--json", action="store_true", help="status: print JSON instead of tables")
+
+
+# ------------------------------------------------------------------ cluster list
+async def cluster_rows(admin: Admin) -> list[dict[str, Any]]:
+    """One row per broker the name servers know: the name server's entry joined with
+    the broker's own REPLICA_STATUS and, for a follower, its leader's view of it
+    (which is what decides the in-sync set). A broker that does not answer keeps
+    its name server's entry and an ``error``."""
+    brokers = sorted(await admin.brokers(), key=lambda b: (b["broker_name"], b.get("broker_id", 0), b["addr"]))
+    statuses: dict[str, dict[str, Any]] = {}
+
+    async def ask(addr: str) -> None:
+        try:
+            statuses[addr] = await admin.replica_status(addr)
+        except (ConnectionFailed, RpcError, trio.TooSlowError) as e:
+            statuses[addr] = {"error": str(e) or "timed out"}
+
+    async with trio.open_nursery() as nursery:
+        for b in brokers:
+            nursery.start_soon(ask, b["addr"])
+    views = _leaders_views(brokers, statuses)
+    return [_row(b, statuses[b["addr"]], views.get(b["broker_name"], {})) for b in brokers]
+
+
+def _leaders_views(brokers: list[dict[str, Any]], statuses: dict[str, dict[str, Any]]) -> dict[str, dict[int, Any]]:
+    """group -> follower id -> the group's leader's view of that follower."""
+    views: dict[str, dict[int, Any]] = {}
+    for b in brokers:
+        s = statuses[b["addr"]]
+        if s.get("role") == "leader":
+            views.setdefault(b["broker_name"], {}).update({r["broker_id"]: r for r in s.get("replicas", [])})
+    return views
+
+
+def _row(entry: dict[str, Any], status: dict[str, Any], view: dict[int, Any]) -> dict[str, Any]:
+    registered_role = entry.get("role", "leader")
+    row: dict[str, Any] = {"group": entry["broker_name"], "broker_id": entry.get("broker_id", 0), "addr": entry["addr"],
+                           "role": status.get("role", registered_role), "registered_role": registered_role,
+                           "epoch": status.get("epoch", entry.get("epoch", -1)),
+                           "end_offset": status.get("end_offset"), "confirmed_offset": status.get("confirmed_offset"),
+                           "lag_bytes": status.get("lag_bytes"), "lag_ms": status.get("lag_ms"),
+                           "in_sync": status.get("in_sync"), "healthy": entry.get("healthy", True),
+                           "age_ms": entry.get("age_ms"), "error": status.get("error", "")}  # fmt: skip
+    if row["role"] == "follower":
+        row["leader_addr"] = status.get("leader_addr", "")
+        seen = view.get(row["broker_id"])
+        if seen is not None:  # the leader's word: it decides who is in sync
+            row.update(acked_offset=seen["acked_offset"], lag_bytes=seen["lag_bytes"], lag_ms=seen["lag_ms"],
+                       in_sync=seen["in_sync"])  # fmt: skip
+    elif row["role"] == "leader":
+        row["followers_in_sync"] = sum(1 for r in status.get("replicas", []) if r["in_sync"])
+    return row
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        async with open_admin(_addrs(args)) as admin:
+            rows = await cluster_rows(admin)
+        if args.json:
+            print(json.dumps({"brokers": rows}, indent=2), flush=True)
+            return 0
+        print_cluster_table(rows, f"brokers known to {args.namesrv}")
+        return 0
+
+    return run_client(main)
+
+
+def print_cluster_table(rows: list[dict[str, Any]], title: str) -> None:
+    """The rows of :func:`cluster_rows` as a table, then any broker's error."""
+    table = Table(title=title)
+    for c in ("group", "id", "address", "role", "epoch", "log end", "confirmed", "lag bytes", "lag ms", "in sync"):
+        table.add_column(c, justify="right" if c in {"id", "epoch", "log end", "confirmed", "lag bytes", "lag ms"} else "left")
+    for r in rows:
+        table.add_row(*[_cell(k, r) for k in CLUSTER_COLUMNS])
+    console.print(table)
+    for r in rows:
+        if r["error"]:
+            console.print(f"[yellow]{r['group']}/{r['broker_id']} at {r['addr']}: {r['error']}")
+    if not rows:
+        console.print("no broker is registered with the name servers")
+
+
+def _cell(key: str, row: dict[str, Any]) -> str:
+    value = row[key]
+    if key == "role" and row["registered_role"] != value and value is not None:
+        return f"{value} (name server: {row['registered_role']})"  # e.g. an old leader about to step down
+    if value is None:
+        return "-"
+    if key == "in_sync":
+        return "[green]yes" if value else "[red]no"
+    if key == "lag_ms" and value < 0:
+        return "-"  # never caught up yet
+    return f"{value:,}" if isinstance(value, int) and key not in {"broker_id", "epoch"} else str(value)
+
+
+# ---------------------------------------------------------------- broker status
+def cmd_broker_status(args: argparse.Namespace) -> int:
+    """``clmq broker status --addr host:port``: one broker's REPLICA_STATUS."""
+    if not args.addr:
+        console.print("[red]error:[/red] clmq broker status needs --addr host:port")
+        return 2
+
+    async def main() -> int:
+        async with open_admin(broker_addrs=[args.addr]) as admin:
+            status = await admin.replica_status(args.addr)
+        if args.json:
+            print(json.dumps(status, indent=2), flush=True)
+            return 0
+        _print_status(args.addr, status)
+        return 0
+
+    return run_client(main)
+
+
+def _print_status(addr: str, s: dict[str, Any]) -> None:
+    table = Table(title=f"broker {s['broker_name']}/{s['broker_id']} at {addr}", show_header=False)
+    keys = ["role", "epoch", "end_offset", "confirmed_offset", "durable_offset"]
+    if s["role"] == "follower":
+        keys += ["leader_addr", "in_sync", "lag_bytes", "lag_ms", "error"]
+    for k in keys:
+        table.add_row(k.replace("_", " "), f"{s[k]:,}" if isinstance(s[k], int) and not isinstance(s[k], bool) else str(s[k]))
+    console.print(table)
+    if s["role"] == "leader":
+        followers = Table(title="followers (the leader's view)")
+        for c in ("id", "address", "acked offset", "flushed offset", "lag bytes", "lag ms", "in sync"):
+            followers.add_column(c)
+        for r in s["replicas"]:
+            followers.add_row(str(r["broker_id"]), r["addr"], f"{r['acked_offset']:,}", f"{r['flushed_offset']:,}",
+                              f"{r['lag_bytes']:,}", "-" if r["lag_ms"] < 0 else f"{r['lag_ms']:,}",
+                              "[green]yes" if r["in_sync"] else "[red]no")  # fmt: skip
+        console.print(followers if s["replicas"] else "no follower has joined")
+
+
+# ---------------------------------------------------------------------- promote
+def cmd_admin(args: argparse.Namespace) -> int:
+    """``clmq admin promote --addr host:port [--force]``."""
+
+    async def main() -> int:
+        async with open_admin(broker_addrs=[args.addr]) as admin:
+            before = await admin.replica_status(args.addr)
+            name = f"{before['broker_name']}/{before['broker_id']}"
+            if before["role"] == "leader":
+                console.print(f"{name} at {args.addr} already leads its group (epoch {before['epoch']}); nothing to do")
+                return 0
+            try:
+                epoch = await admin.promote(args.addr, force=args.force)
+            except RpcError as e:
+                if e.code != ErrorCode.NOT_IN_SYNC:
+                    raise
+                console.print(f"[red]refused:[/red] {name} at {args.addr} is not known to be in sync with its leader "
+                              f"({e.text}).\nPromoting it anyway with --force makes it the leader with what it has: "
+                              "messages the old leader acknowledged that it has not copied are LOST, and the old "
+                              "leader cuts them from its log when it rejoins as a follower.")  # fmt: skip
+                return 1
+        console.print(f"{name} at {args.addr} is now the leader of group {before['broker_name']}, epoch {epoch}"
+                      + (" (forced: it may have lacked the latest messages)" if args.force else ""))  # fmt: skip
+        console.print("the old leader steps down when it next registers with the name servers; see: clmq cluster list")
+        return 0
+
+    return run_client(main)
