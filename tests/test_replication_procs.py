@@ -8,10 +8,10 @@ Waits poll REPLICA_STATUS (``tests/waiting.py``); the harness is ``replica_procs
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
 from client import shard
@@ -114,7 +114,6 @@ def _row(status: dict[str, Any], broker_id: int) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------- promotion after a crash
-@pytest.mark.xfail(strict=True, reason="a follower forgets it was in sync when its leader dies (requests-procs.md #1)")
 async def test_promote_without_force_after_the_leader_died(tmp_path: Path) -> None:
     """A follower the leader listed in sync, its leader SIGKILLed with no traffic: PROMOTE
     without force is accepted (nothing was acknowledged that the follower lacks)."""
@@ -147,13 +146,10 @@ async def produce_keyed(g: Group, key: str, sharding_key: str, ledger: Ledger, o
         seq += len(bodies)
 
 
-async def promote(g: Group, key: str) -> int:
-    """PROMOTE broker ``key``; with force only if it is refused as not in sync (a known
-    gap: a follower forgets it was in sync when its leader dies, requests-procs.md #1)."""
-    reply = await g.call(key, RequestCode.PROMOTE, {})
-    if reply.error_code == ErrorCode.NOT_IN_SYNC:
-        reply = await g.call(key, RequestCode.PROMOTE, {"force": True})
-    assert not reply.error_code, f"PROMOTE {key}: {reply.error_text}"
+async def promote(g: Group, key: str, force: bool = False) -> int:
+    """PROMOTE broker ``key``; returns its epoch as the leader."""
+    reply = await g.call(key, RequestCode.PROMOTE, {"force": force})
+    assert not reply.error_code, f"PROMOTE {key} (force {force}): {reply.error_text}"
     return int(reply.fields["epoch"])
 
 
@@ -223,3 +219,125 @@ async def test_leader_killed_under_sync_acks_promoted_follower_has_every_ack(tmp
         assert not reply.error_code, f"a sync write to the new leader: {reply.error_text}"
         end = await g.wait_in_sync(new, [other])
         assert_identical({k: g[k].data_dir for k in (new, other)}, end)
+
+
+# ----------------------------------------------------------------- 3. divergent tail
+async def write_bytes(g: Group, key: str, tag: str, at_least: int, ledger: Ledger) -> None:
+    """Send messages to broker ``key`` until ``at_least`` bytes were acknowledged."""
+    rng, n, goal = random.Random(tag), 0, ledger.bytes_acked + at_least
+    while ledger.bytes_acked < goal:
+        bodies = [body_for(f"{tag}-{n + i}", rng.randint(500, 4000)) for i in range(8)]
+        n += len(bodies)
+        reply = await send_and_record(g, key, TOPIC, rng.randrange(QUEUES), bodies, ledger)
+        assert reply is not None and not reply.error_code, ledger.errors[-1:]
+
+
+async def queue_ends(g: Group, key: str) -> dict[tuple[str, int], int]:
+    rows = await committed_offsets(g, key, CONSUMER_GROUP, [(TOPIC, q) for q in range(QUEUES)])
+    return {(TOPIC, q): row[2] for q, row in enumerate(rows) if row}
+
+
+async def test_old_leader_rejoins_and_cuts_its_divergent_tail(tmp_path: Path) -> None:
+    """The followers are killed; the leader takes (async) writes no follower has, then
+    dies; a follower is started and promoted (forced: it was not in sync) and takes
+    other writes at the same offsets. The old leader, started again, hears from the name
+    server that a newer leader exists, steps down, cuts its log to where the terms
+    agree, copies the new leader's bytes, and ends byte-identical to it; its
+    consumer offsets are within its queues."""
+    async with open_group(tmp_path) as g:
+        keys = await start_group(g)
+        common, divergent, later = Ledger(), Ledger(), Ledger()
+        await write_bytes(g, "g0", "common", 200_000, common)
+        agreed = await g.wait_in_sync("g0", ["g1", "g2"])
+        ends = await queue_ends(g, "g0")
+        await commit(g, "g0", CONSUMER_GROUP, ends)
+        await wait_offsets(g, ["g1", "g2"], ends, "the followers to copy the group's offsets")
+        await g["g1"].kill()
+        await g["g2"].kill()
+        await write_bytes(g, "g0", "divergent", 600_000, divergent)  # only the leader has these
+        await commit(g, "g0", CONSUMER_GROUP, await queue_ends(g, "g0"))  # offsets only the old leader knows
+        old_end = (await g.status("g0"))["end_offset"]
+        await g["g0"].kill()
+        await g["g1"].start()
+        assert (await g.status("g1"))["end_offset"] == agreed
+        not_in_sync = await g.call("g1", RequestCode.PROMOTE, {})
+        assert not_in_sync.error_code == ErrorCode.NOT_IN_SYNC, not_in_sync  # it never caught up with g0's last writes
+        epoch = await promote(g, "g1", force=True)
+        await write_bytes(g, "g1", "later", 100_000, later)  # at the offsets of the old leader's divergent tail
+        await g["g2"].start()
+        await g.wait_status("g2", lambda s: s["leader_addr"] == g["g1"].addr, 30, "g2 to follow the new leader g1")
+        await g["g0"].start()
+        st = await g.wait_status("g0", lambda s: s["role"] == "follower" and s["leader_addr"] == g["g1"].addr, 30,
+                                 "the old leader to step down and follow g1")  # fmt: skip
+        assert st["epoch"] >= epoch
+        end = await g.wait_in_sync("g1", ["g0", "g2"])
+        assert agreed < end < old_end  # the old leader's log end dropped: its divergent tail is gone
+        assert f"cutting the log from {old_end} to {agreed}" in g["g0"].tail(100_000), g["g0"].tail()
+        assert_identical({k: g[k].data_dir for k in keys}, end)
+        ids = {msg_id_of(r.body) for q in range(QUEUES) for r in await read_queue(g, "g0", TOPIC, q)}
+        assert not {msg_id_of(b) for b in divergent.acked.values()} & ids, "a divergent message survived"
+        assert {msg_id_of(b) for b in [*common.acked.values(), *later.acked.values()]} <= ids
+        rows = await committed_offsets(g, "g0", CONSUMER_GROUP, sorted(ends))
+        assert all(row is not None and row[0] <= row[2] for row in rows), rows  # no offset past a queue's end
+        await wait_offsets(g, ["g0"], ends, "the old leader to take the new leader's group offsets")
+
+
+# ----------------------------------------------------------------- 4. lagging followers
+LAG_MAX_MS = 1000
+REPLICATION_TIMEOUT_MS = 3000
+SLACK_S = 3.0  # a loaded 2-core machine: scheduling, registration and poll intervals
+
+
+async def refused_quickly(g: Group, deadline_s: float) -> list[tuple[str, float]]:
+    """Send sync writes one after another until one is refused with NOT_ENOUGH_REPLICAS;
+    each answer's code and seconds. Every answer must come in time (none hangs) and
+    none may be OK (no follower can hold the bytes)."""
+    answers: list[tuple[str, float]] = []
+    give_up = time.monotonic() + deadline_s
+    while not answers or answers[-1][0] != "NOT_ENOUGH_REPLICAS":
+        assert time.monotonic() < give_up, f"no NOT_ENOUGH_REPLICAS within {deadline_s} s: {answers}"
+        t0 = time.monotonic()
+        reply = await send(g, "g0", TOPIC, 1, [b"while both followers are paused"],
+                           timeout_ms=REPLICATION_TIMEOUT_MS + int(SLACK_S * 1000))  # fmt: skip
+        answers.append((ErrorCode(reply.error_code).name, time.monotonic() - t0))
+        assert answers[-1][0] in ("REPLICATION_TIMEOUT", "NOT_ENOUGH_REPLICAS"), answers
+    return answers
+
+
+async def test_paused_followers_leave_and_rejoin_the_in_sync_set(tmp_path: Path) -> None:
+    """Sync acks, min_insync_replicas=2: a follower paused with SIGSTOP leaves the in-sync
+    set within about replica_lag_max_ms and writes go on with the other; with both
+    paused, writes are refused (NOT_ENOUGH_REPLICAS, or REPLICATION_TIMEOUT for one
+    caught while the set shrank), never hung; resumed, both catch up and rejoin, and
+    sync writes are acknowledged again."""
+    async with open_group(tmp_path) as g:
+        keys = await start_group(g, ack_mode="sync", min_insync_replicas=2, replica_lag_max_ms=LAG_MAX_MS,
+                                 replication_timeout_ms=REPLICATION_TIMEOUT_MS)  # fmt: skip
+        ledger, stop = Ledger(), trio.Event()
+        async with trio.open_nursery() as n:
+            n.start_soon(produce_until, g, "g0", ledger, stop, random.Random(4), "p")
+            await await_until(lambda: ledger.sends >= 20, 20, "20 sync sends")
+            g["g1"].pause()
+            t0 = time.monotonic()
+            await g.wait_status("g0", lambda s: not _row(s, 1)["in_sync"], 10, "the leader to drop paused g1")
+            left_after = time.monotonic() - t0
+            sends = ledger.sends
+            await await_until(lambda: ledger.sends >= sends + 20, 20, "20 more sync sends with g1 paused")
+            stop.set()
+        assert not ledger.errors, ledger.errors[:5]  # sends waited for g1 to leave, then went on with g2
+        assert left_after < LAG_MAX_MS / 1000 + SLACK_S, left_after
+        g["g2"].pause()
+        answers = await refused_quickly(g, LAG_MAX_MS / 1000 + REPLICATION_TIMEOUT_MS / 1000 + 3 * SLACK_S)
+        assert all(s < REPLICATION_TIMEOUT_MS / 1000 + SLACK_S for _code, s in answers), answers
+        assert answers[-1][1] < 1.0, answers  # refused before anything is written: no waiting
+        print(f"\ng1 left the in-sync set after {left_after:.2f} s; writes with both paused: {answers}")
+        st = await g.status("g0")
+        assert not _row(st, 1)["in_sync"] and not _row(st, 2)["in_sync"], st
+        g["g1"].resume()
+        g["g2"].resume()
+        await g.wait_status("g0", lambda s: _row(s, 1)["in_sync"] and _row(s, 2)["in_sync"], 30,
+                            "both followers to rejoin the in-sync set")  # fmt: skip
+        ok = await send_and_record(g, "g0", TOPIC, 2, [b"after the followers rejoined"], ledger)
+        assert ok is not None and not ok.error_code, ledger.errors[-1:]
+        end = await g.wait_in_sync("g0", keys[1:])
+        assert_identical({k: g[k].data_dir for k in keys}, end)
