@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from broker.cli.dev_replicas import settings_toml
 from broker.cli.settings import SettingsError, load_settings
 from broker.service import BrokerConfig
 from tests.waiting import wait_until
@@ -50,6 +51,15 @@ def test_list_and_table_settings_load_from_toml_environment_and_flags(tmp_path: 
     assert (cfg.replica_ids, cfg.topic_ack_modes, cfg.broker_id, cfg.role) == ([5], {"x": "sync"}, 2, "follower")
     assert (cfg.leader_addr, cfg.ack_mode, cfg.min_insync_replicas) == ("127.0.0.1:1", "sync", 2)
     assert load_settings(BrokerConfig, env={"CLMQ_REPLICA_IDS": "", "CLMQ_TOPIC_ACK_MODES": ""}).replica_ids == []
+
+
+def test_the_settings_file_of_a_dev_replica_reads_back_to_the_same_settings(tmp_path: Path) -> None:
+    cfg = BrokerConfig(broker_name='g "1"', broker_id=2, role="follower", leader_addr="127.0.0.1:7",
+                       topic_ack_modes={"orders": "sync", "a b": "async"}, replica_ids=[1, 2], ack_mode="sync",
+                       namesrv_addrs=["127.0.0.1:1", "127.0.0.1:2"], auto_create_topics=True)  # fmt: skip
+    path = tmp_path / "r.toml"
+    path.write_text(settings_toml(cfg))
+    assert load_settings(BrokerConfig, path, section="broker", env={}) == cfg
 
 
 BAD_TOML = {  # a TOML line -> what the error must name

@@ -112,6 +112,9 @@ BROKER_FLAGS: tuple[tuple[str, type, str | None], ...] = (
 def cmd_broker(args: argparse.Namespace) -> int:
     if args.action == "status":
         return cmd_broker_status(args)
+    if args.addr or args.json:
+        console.print("[red]error:[/red] --addr and --json belong to 'clmq broker status'")
+        return 2
     keys = [flag.replace("-", "_") for flag, _, _ in BROKER_FLAGS]
     try:
         cfg = load_settings(BrokerConfig, args.config, section="broker", overrides={k: getattr(args, k) for k in keys})

@@ -136,12 +136,13 @@ async def _start_and_serve(replicas: list[ReplicaProcess], namesrv: str, args: A
     """Start the replicas, show them, run the demo, serve until ``scope`` is cancelled
     (a signal, or a replica exiting: listed in ``exited``)."""
     async with trio.open_nursery() as nursery:
-        for r in replicas:
-            await _spawn(r)
-            nursery.start_soon(_watch_exit, r, exited, scope)
-        _print_plan(replicas, namesrv)
         with trio.fail_after(START_TIMEOUT_S):
-            await _wait_registered(namesrv, {r.addr for r in replicas})
+            for group in (replicas[:1], replicas[1:]):  # the leader listens before its followers call it
+                for r in group:
+                    await _spawn(r)
+                    nursery.start_soon(_watch_exit, r, exited, scope)
+                await _wait_registered(namesrv, {r.addr for r in group})
+        _print_plan(replicas, namesrv)
         await _wait_in_sync(replicas[0].addr, len(replicas) - 1)
         if args.demo:
             await demo(namesrv)
