@@ -136,12 +136,11 @@ async def _start_and_serve(replicas: list[ReplicaProcess], namesrv: str, args: A
     """Start the replicas, show them, run the demo, serve until ``scope`` is cancelled
     (a signal, or a replica exiting: listed in ``exited``)."""
     async with trio.open_nursery() as nursery:
-        with trio.fail_after(START_TIMEOUT_S):
-            for group in (replicas[:1], replicas[1:]):  # the leader listens before its followers call it
-                for r in group:
-                    await _spawn(r)
-                    nursery.start_soon(_watch_exit, r, exited, scope)
-                await _wait_registered(namesrv, {r.addr for r in group})
+        for group in (replicas[:1], replicas[1:]):  # the leader listens before its followers call it
+            for r in group:
+                await _spawn(r)
+                nursery.start_soon(_watch_exit, r, exited, scope)
+            await _wait_registered(namesrv, {r.addr for r in group}, group)
         _print_plan(replicas, namesrv)
         await _wait_in_sync(replicas[0].addr, len(replicas) - 1)
         if args.demo:
@@ -195,10 +194,16 @@ def _print_plan(replicas: list[ReplicaProcess], namesrv: str) -> None:
     console.print(f"the state: clmq cluster list --namesrv {namesrv}   one replica: clmq broker status --addr {replicas[0].addr}")
 
 
-async def _wait_registered(namesrv: str, addrs: set[str]) -> None:
-    async with open_admin([namesrv]) as admin:
-        while not addrs <= {b["addr"] for b in await admin.brokers()}:  # noqa: ASYNC110 - no watch to wait on
-            await trio.sleep(POLL_S)
+async def _wait_registered(namesrv: str, addrs: set[str], group: list[ReplicaProcess]) -> None:
+    try:
+        with trio.fail_after(START_TIMEOUT_S):
+            async with open_admin([namesrv]) as admin:
+                while not addrs <= {b["addr"] for b in await admin.brokers()}:  # noqa: ASYNC110 - no watch to wait on
+                    await trio.sleep(POLL_S)
+    except trio.TooSlowError:
+        logs = ", ".join(str(r.log_path) for r in group)
+        raise RuntimeError(f"replicas not registered with the name server within {START_TIMEOUT_S:.0f} s; "
+                           f"their logs: {logs}") from None  # fmt: skip
 
 
 async def _wait_in_sync(leader: str, followers: int) -> None:
