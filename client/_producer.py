@@ -1,5 +1,6 @@
 """The producer: sends messages to the queues of a topic, chosen round robin, by a
-sharding key (one key, one queue, in order) or by a function; retries elsewhere."""
+sharding key (one key, one queue, in order) or by a function; retries elsewhere, or on
+the same queue when a replicated group's followers are behind (sync acks)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,14 @@ log = logging.getLogger("clmq.producer")
 # it so: producers skip it); the message was not stored durably there, so another broker may.
 RETRIABLE = {ErrorCode.SYSTEM_BUSY, ErrorCode.SHUTTING_DOWN, ErrorCode.SYSTEM_ERROR, ErrorCode.IO_ERROR,
              ErrorCode.DISK_FULL, ErrorCode.TOPIC_NOT_FOUND, ErrorCode.INVALID_QUEUE_ID, ErrorCode.TIMEOUT,
-             ErrorCode.STORE_FAILED}  # fmt: skip
+             ErrorCode.STORE_FAILED, ErrorCode.NOT_LEADER, ErrorCode.NOT_ENOUGH_REPLICAS,
+             ErrorCode.REPLICATION_TIMEOUT}  # fmt: skip
+# Replication (sync acks): the group's replicas are behind, not its broker. Retried on
+# the same queue (same group and queue id), so that the batch keeps its place in the
+# queue's order; REPLICATION_TIMEOUT means stored on the leader, so the retry may store
+# it twice (at least once). NOT_LEADER (the group's leader moved) is retried after
+# fresh routes, like a stale route.
+SAME_QUEUE = {ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.REPLICATION_TIMEOUT}
 
 QueueSelector = Callable[[Sequence[MessageQueue], Message], MessageQueue]
 
@@ -57,6 +65,15 @@ class SendResult:
         return [f"{self.queue.addr}@{o:016X}" for o in self.commitlog_offsets]
 
 
+def _encoded(msgs: list[Message], queue_id: int, cache: dict[int, bytes]) -> bytes:
+    """The batch encoded for ``queue_id`` (the messages' ``queue_id`` set to it), once."""
+    for m in msgs:
+        m.queue_id = queue_id
+    if queue_id not in cache:
+        cache[queue_id] = encode_batch(msgs)
+    return cache[queue_id]
+
+
 def shard(key: str, count: int) -> int:
     """The queue index for a sharding key: stable across processes and machines."""
     return crc32c.crc32c(key.encode()) % count
@@ -66,8 +83,9 @@ class Producer:
     """Use :func:`open_producer` (trio) or :class:`client.BlockingProducer`."""
 
     def __init__(self, rpc: RpcClient, routes: Routes, *, send_timeout_ms: int = 3000, retries: int = 2,
-                 fault_backoff_ms: int = 3000) -> None:  # fmt: skip
+                 fault_backoff_ms: int = 3000, replication_retry_backoff_ms: int = 200) -> None:  # fmt: skip
         self.rpc = rpc
+        self.replication_retry_backoff_ms = replication_retry_backoff_ms
         self.routes = routes
         self.send_timeout_ms = send_timeout_ms
         self.retries = retries
@@ -85,35 +103,71 @@ class Producer:
     async def send_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
                          selector: QueueSelector | None = None) -> SendResult:  # fmt: skip
         """Send messages as one request to one queue (in order). The producer sets the
-        messages' ``queue_id`` to the queue it picks."""
+        messages' ``queue_id`` to the queue it picks.
+
+        Retries (``retries``): a busy, failing or unreachable broker, or a stale route,
+        elsewhere (fresh routes); NOT_LEADER (the group's leader moved) after fresh
+        routes. NOT_ENOUGH_REPLICAS and REPLICATION_TIMEOUT (sync acks) to *the same
+        queue* (same group and queue id, its leader's address looked up again), after
+        ``replication_retry_backoff_ms`` (NOT_LEADER waits as long: a promotion takes a
+        moment to reach the name servers): the batch keeps its place in the queue's order.
+        At least once: a batch answered REPLICATION_TIMEOUT is stored on the leader (only
+        not yet held by enough replicas), so its retry may store it twice (Kafka without
+        idempotence). A send that fails for good raises :class:`SendError` whose ``code``
+        is the last broker's error code (e.g. NOT_ENOUGH_REPLICAS)."""
         msgs = [m if isinstance(m, Message) else Message(topic, 0, m) for m in messages]
         if not msgs:
             raise ValueError("send_batch needs at least one message")
-        body, encoded_for = b"", -1
+        encoded: dict[int, bytes] = {}  # queue id -> the batch encoded for it
         errors: list[str] = []
         last_code: int | None = None  # the last broker's error code, for the caller (e.g. STORE_FAILED)
+        pinned: MessageQueue | None = None  # set by a replication error: every retry goes to this queue
+        wait = False  # before the next attempt: the replicas, or the new leader, need time
         for attempt in range(self.retries + 1):
-            mq = await self._pick(topic, msgs[0], sharding_key, selector, refresh=attempt > 0)
-            if mq.queue_id != encoded_for:
-                for m in msgs:
-                    m.queue_id = mq.queue_id
-                body, encoded_for = encode_batch(msgs), mq.queue_id
+            if wait:
+                await trio.sleep(self.replication_retry_backoff_ms / 1000)
+            target: MessageQueue | None
+            if pinned is None:
+                target = await self._pick(topic, msgs[0], sharding_key, selector, refresh=attempt > 0)
+            elif (target := await self._same_queue(pinned)) is None:
+                errors.append(f"{pinned.broker_name} queue {pinned.queue_id}: not routed")
+                continue  # wait stays set
+            mq, wait = target, False
             try:
-                return await self.send_to(mq, body, len(msgs))
+                return await self.send_to(mq, _encoded(msgs, mq.queue_id, encoded), len(msgs))
             except (ConnectionFailed, trio.TooSlowError) as e:
                 errors.append(f"{mq.addr}: {e or 'timed out'}")
             except RpcError as e:
-                if e.code == ErrorCode.UNSUPPORTED_VERSION:
-                    raise SendError(f"broker {mq.addr} does not speak this client's protocol version "
-                                    f"{PROTOCOL_VERSION}: {e.text}", e.code) from None  # fmt: skip
-                if e.code not in RETRIABLE:
-                    raise SendError(str(e), e.code) from None
+                self._check_retriable(mq, e)
                 errors.append(str(e))
                 last_code = e.code
+                wait = e.code in SAME_QUEUE or e.code == ErrorCode.NOT_LEADER
+                if e.code in SAME_QUEUE:
+                    pinned = mq
+                    continue  # its broker is fine: the replicas are behind
             self._faulty[mq.addr] = time.monotonic() + self.fault_backoff_ms / 1000
             self.routes.forget(topic)
         raise SendError(f"send to topic {topic!r} failed {self.retries + 1} times: {'; '.join(errors)}",
                         last_code)  # fmt: skip
+
+    @staticmethod
+    def _check_retriable(mq: MessageQueue, e: RpcError) -> None:
+        """Raise :class:`SendError` for an error answer not worth another try."""
+        if e.code == ErrorCode.UNSUPPORTED_VERSION:
+            raise SendError(f"broker {mq.addr} does not speak this client's protocol version "
+                            f"{PROTOCOL_VERSION}: {e.text}", e.code) from None  # fmt: skip
+        if e.code not in RETRIABLE:
+            raise SendError(str(e), e.code) from None
+
+    async def _same_queue(self, mq: MessageQueue) -> MessageQueue | None:
+        """``mq`` (same group and queue id) as fresh routes have it: its group's leader
+        may have changed. None if the routes no longer have it."""
+        self.routes.forget(mq.topic)
+        try:
+            mqs = await self.routes.queues(mq.topic, refresh=True)
+        except NoRouteError:
+            return None
+        return next((m for m in mqs if m.broker_name == mq.broker_name and m.queue_id == mq.queue_id), None)
 
     async def send_to(self, mq: MessageQueue, body: bytes, count: int) -> SendResult:
         """Send an encoded batch (``encode_batch`` of messages whose ``queue_id`` is
