@@ -9,6 +9,12 @@
 - A queue whose next record is damaged on its broker is not read past: it is listed
   in :attr:`Consumer.errors` (and logged once), paused and asked again every
   ``damaged_queue_retry_ms``; the other queues are consumed as usual.
+- Replicated groups: commits, heartbeats and offset look-ups go to each group's leader
+  (:attr:`MessageQueue.addr`). Pulls go there too, unless ``read_from_followers`` is
+  set or the leader hinted that this consumer is far behind (then for
+  ``follower_read_hold_ms``): those pulls go to one of the group's followers, which
+  serve up to the confirmed offset, and fall back to the leader while it fails
+  (:class:`ReadRouter`).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from protocol.transport import ConnectionFailed, RpcClient, RpcError, background
 from ._allocate import allocate_averagely
 from ._fetcher import Batch, DamagedQueueError, Fetcher, QueueState
 from ._options import ConsumerOptions, TagFilter
-from ._routes import MessageQueue, NoRouteError, Routes
+from ._routes import MessageQueue, NoRouteError, ReadRouter, Routes
 
 log = logging.getLogger("clmq.consumer")
 
@@ -58,6 +64,8 @@ class Consumer:
         self._rebalance_now = trio.Event()
         self._fetcher: Fetcher | None = None
         self.net_errors: tuple[type[BaseException], ...] = _NET_ERRORS  # what the fetcher retries after
+        self.reads = ReadRouter(routes, always=options.read_from_followers, hold_ms=options.follower_read_hold_ms,
+                                failure_backoff_ms=options.follower_failure_backoff_ms, seed=self.client_id)  # fmt: skip
 
     # ------------------------------------------------------------------ public
     async def receive(self) -> list[Record]:

@@ -16,6 +16,15 @@ A queue whose next record is damaged (a CORRUPT row) is neither skipped past nor
 again at once: it is reported (one ERROR line per queue and offset, and the
 consumer's ``errors``), paused, and asked again every ``damaged_queue_retry_ms`` in
 case it is repaired; the other queues go on.
+
+Replicated groups: the fetcher's loops are per group leader (``MessageQueue.addr``),
+but each request goes where the consumer's :class:`ReadRouter` says, the leader or one
+of its followers. A follower that fails a request, or cannot serve a queue as the
+leader would (it does not hold the offset yet, or no longer; it does not know the
+queue; its copy of a record is damaged), is avoided for ``follower_failure_backoff_ms``
+and those queues are asked again from the leader, at the same offsets. A leader's
+answer with ``suggest_follower`` (this consumer is far behind) moves the group's pulls
+to a follower for ``follower_read_hold_ms``.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from commitlog import ClientError, Record
 from protocol import FetchAsk, FetchResult, Frame, ProtocolError, PullStatus, RequestCode, RowError, decode_records
 
 from ._options import ConsumerOptions, TagFilter
-from ._routes import MessageQueue
+from ._routes import MessageQueue, ReadRouter
 
 log = logging.getLogger("clmq.consumer")
 
@@ -107,6 +116,7 @@ class FetchHost(Protocol):
     processed: dict[MessageQueue, int]  # next offset to commit per queue
     errors: dict[MessageQueue, DamagedQueueError]  # queues stopped at a damaged record, now
     net_errors: tuple[type[BaseException], ...]
+    reads: ReadRouter  # where pulls go: the group's leader (MessageQueue.addr) or a follower
 
     async def request(self, addr: str, code: int, fields: dict[str, Any], timeout_ms: float | None = None) -> Frame: ...
     async def retrying(self, fn: Callable[[], Awaitable[T]]) -> T: ...
@@ -235,14 +245,22 @@ class Fetcher:
             asks = [FetchAsk.row(mq.topic, mq.queue_id, st.known_offset(), filters[mq.topic].tags) for mq, st in picked]
             fields = {"queues": asks, "max_messages": self.options.fetch_max_messages,
                       "max_per_queue": self.options.pull_batch, "max_wait_ms": wait_ms}  # fmt: skip
+            target = self.c.reads.target(picked[0][0])  # the group's leader (addr) or a follower
             try:
-                reply = await self.c.request(addr, RequestCode.PULL_MESSAGES, fields,
+                reply = await self.c.request(target, RequestCode.PULL_MESSAGES, fields,
                                              wait_ms + self.options.request_timeout_ms)  # fmt: skip
             except self.c.net_errors as e:
-                log.debug("consumer %s: fetch from %s failed: %s", self.c.client_id, addr, e)
-                await trio.sleep(0.2)
+                log.debug("consumer %s: fetch from %s failed: %s", self.c.client_id, target, e)
+                if target == addr:
+                    await trio.sleep(0.2)
+                else:  # the leader serves meanwhile, at once
+                    self._follower_failed(target, str(e))
                 return
-            results = _results(addr, reply.fields.get("results"), len(picked))
+            results = _results(target, reply.fields.get("results"), len(picked))
+            if target != addr:
+                results = self._follower_misses(target, picked, results)
+            elif reply.fields.get("suggest_follower") is True:
+                self._hinted(picked[0][0])
             skipped = {mq for (mq, _st), r in zip(picked, results) if r.status is PullStatus.SKIPPED}
             if not wait_ms:  # watch answers are mostly idle queues: they say nothing of density
                 self._learn(addr, results, int(reply.fields.get("count", 0)))
@@ -251,6 +269,35 @@ class Fetcher:
             self._put_back(picked, skipped)
             slots.release()
             self.wake(addr)
+
+    def _follower_failed(self, addr: str, why: str) -> None:
+        log.info("consumer %s: not pulling from follower %s for %d ms (reading from the leader): %s",
+                 self.c.client_id, addr, self.options.follower_failure_backoff_ms, why)  # fmt: skip
+        self.c.reads.failed(addr)
+
+    def _follower_misses(self, addr: str, picked: list[tuple[MessageQueue, QueueState]],
+                         results: list[FetchResult]) -> list[FetchResult]:  # fmt: skip
+        """A follower's answer, with the queues it could not serve as the leader would
+        turned SKIPPED (asked again, from the leader): an offset past what it holds (it
+        lags, and the offset came from the leader), below its log start, a queue it does
+        not know yet, a record damaged on its disk. Moving the offset to where the
+        follower is would read again (or skip) what the leader has."""
+        missed = [i for i, r in enumerate(results) if r.status in _FOLLOWER_MISSES]
+        if not missed:
+            return results
+        mq, first = picked[missed[0]][0], results[missed[0]]
+        self._follower_failed(addr, f"{mq.topic}/{mq.queue_id} at offset {picked[missed[0]][1].known_offset()}: "
+                                    f"{first.status.value} {first.error}".rstrip())  # fmt: skip
+        out = list(results)
+        for i in missed:
+            out[i] = results[i]._replace(status=PullStatus.SKIPPED, next_offset=picked[i][1].known_offset())
+        return out
+
+    def _hinted(self, mq: MessageQueue) -> None:
+        """The leader says this consumer is far behind: read the group from a follower."""
+        if not self.c.reads.reading_from_follower(mq.broker_name) and self.c.reads.hinted(mq.broker_name):
+            log.info("consumer %s: %s suggests reading from a follower: pulling %s from one for %d ms",
+                     self.c.client_id, mq.addr, mq.broker_name, self.options.follower_read_hold_ms)  # fmt: skip
 
     def _learn(self, addr: str, results: list[FetchResult], found: int) -> None:
         """Messages per queue the broker got to in data answers (an average over recent
@@ -321,6 +368,9 @@ _NOTHING_THERE = frozenset({PullStatus.NO_MESSAGE, PullStatus.NO_QUEUE})
 _OUT_OF_RANGE = frozenset({PullStatus.OFFSET_TOO_SMALL, PullStatus.OFFSET_OVERFLOW})
 _NOT_READ = frozenset({PullStatus.NO_MESSAGE, PullStatus.SKIPPED, PullStatus.NO_QUEUE})
 _READ = frozenset({PullStatus.FOUND, PullStatus.NO_MATCHED_MESSAGE})
+# A follower's rows the leader may answer otherwise (see Fetcher._follower_misses).
+_FOLLOWER_MISSES = frozenset({PullStatus.OFFSET_TOO_SMALL, PullStatus.OFFSET_OVERFLOW, PullStatus.NO_QUEUE,
+                              PullStatus.CORRUPT})  # fmt: skip
 
 
 def _caught_up(row: FetchResult) -> bool:

@@ -39,3 +39,13 @@ class ConsumerOptions:
     # A queue whose next record is damaged (the broker answers CORRUPT) is paused and
     # asked again this often, in case an operator repairs it; the others go on.
     damaged_queue_retry_ms: int = 10_000
+    # Replication (docs/replication.md): pull from one of a group's followers instead of
+    # its leader (commits, heartbeats and offset look-ups stay with the leader). Falls
+    # back to the leader while the group has no follower or its follower fails.
+    read_from_followers: bool = False
+    # A leader's hint (suggest_follower: this consumer is far behind) moves the group's
+    # pulls to a follower for this long, then back to the leader; 0: ignore hints.
+    follower_read_hold_ms: int = 30_000
+    # A follower that failed a pull (down, an error, or it lacks what was asked) is not
+    # pulled from for this long: the leader serves meanwhile.
+    follower_failure_backoff_ms: int = 5_000

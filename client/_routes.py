@@ -3,13 +3,20 @@ queues, and whether each is healthy. Any name server that answers will do; route
 are cached and refreshed.
 
 A broker whose store failed stays in the routes, marked unhealthy (:attr:`Routes.failures`):
-producers skip its queues, consumers still read what it acknowledged."""
+producers skip its queues, consumers still read what it acknowledged.
+
+Brokers sharing a broker name form a replication group. A :class:`MessageQueue` names
+the group's leader (the address that takes writes and commits); the group's followers
+(:meth:`Routes.followers`) may serve reads. A group whose leader is gone is routed by
+the name server to a follower, marked unhealthy ("no leader"): producers skip it,
+consumers keep reading from it."""
 
 from __future__ import annotations
 
 import time
 from typing import Any, NamedTuple
 
+import crc32c
 import trio
 
 from commitlog import ClientError
@@ -51,6 +58,9 @@ class Routes:
         # Unhealthy brokers as the last route answers said: address -> "name at address: why".
         # Not part of a queue's identity: a consumer keeps its queues when health changes.
         self.failures: dict[str, str] = {}
+        # Per group (broker name): its followers' addresses as the last route answer said
+        # (absent from older name servers: none). They serve reads, never writes.
+        self._followers: dict[str, list[str]] = {}
 
     async def queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
         """The topic's queues on every broker, sorted (broker name, queue id)."""
@@ -63,6 +73,7 @@ class Routes:
                 self.failures.pop(b["addr"], None)
             else:
                 self.failures[b["addr"]] = f"{b['broker_name']} at {b['addr']}: {b.get('failure') or 'unhealthy'}"
+            self._followers[b["broker_name"]] = [f["addr"] for f in b.get("followers") or () if f.get("addr")]
         shape = [(b["broker_name"], b["addr"], b["queue_count"]) for b in brokers]
         if cached and cached[1] == shape:  # unchanged: keep the objects (10,000 cost milliseconds)
             mqs = cached[2]
@@ -70,6 +81,12 @@ class Routes:
             mqs = sorted(MessageQueue(topic, name, q, addr) for name, addr, count in shape for q in range(count))
         self._cache[topic] = (time.monotonic(), shape, mqs)
         return mqs
+
+    def followers(self, broker_name: str) -> list[str]:
+        """The addresses of the group's followers, as the last route answer for any
+        topic it serves said (empty: none, or not known yet). Reads only: a follower
+        answers NOT_LEADER to produce and commits."""
+        return list(self._followers.get(broker_name, ()))
 
     def forget(self, topic: str) -> None:
         self._cache.pop(topic, None)
@@ -108,3 +125,51 @@ class Routes:
         if not found:
             raise NoRouteError(f"no reachable broker of {self.broker_addrs} has topic {topic!r}")
         return found
+
+
+class ReadRouter:
+    """Where a consumer pulls a group's queues from: its leader, or one of its followers
+    (RocketMQ's slave read). Commits, heartbeats and offset look-ups always go to the
+    leader (:attr:`MessageQueue.addr`); only pulls move.
+
+    A group is read from a follower when ``read_from_followers`` is set, or for
+    ``hold_ms`` after its leader hinted so (``suggest_follower``: this consumer is far
+    behind, and old data costs the leader disk reads its producers wait behind). A
+    follower that fails a pull (unreachable, an error, or it does not hold what was
+    asked) is avoided for ``failure_backoff_ms``: meanwhile the leader serves. Which
+    follower: the same one for every pull of this consumer (chosen by its client id), so
+    that its reads stay on one broker's page cache.
+    """
+
+    def __init__(self, routes: Routes, *, always: bool, hold_ms: int, failure_backoff_ms: int, seed: str) -> None:
+        self.routes = routes
+        self.always = always
+        self.hold_ms = hold_ms
+        self.failure_backoff_ms = failure_backoff_ms
+        self._seed = crc32c.crc32c(seed.encode())
+        self._hinted: dict[str, float] = {}  # broker name -> read from a follower until (monotonic s)
+        self._failed: dict[str, float] = {}  # follower address -> avoid until (monotonic s)
+
+    def target(self, mq: MessageQueue) -> str:
+        """The address to pull ``mq``'s group from now."""
+        now = time.monotonic()
+        if not self.always and self._hinted.get(mq.broker_name, 0.0) <= now:
+            return mq.addr
+        usable = [a for a in self.routes.followers(mq.broker_name) if a != mq.addr and self._failed.get(a, 0.0) <= now]
+        return usable[self._seed % len(usable)] if usable else mq.addr
+
+    def hinted(self, broker_name: str) -> bool:
+        """The leader suggested reading ``broker_name``'s queues from a follower: do for
+        ``hold_ms`` (True if that starts or extends a hold and there is a follower)."""
+        if self.hold_ms <= 0 or not self.routes.followers(broker_name):
+            return False
+        self._hinted[broker_name] = time.monotonic() + self.hold_ms / 1000
+        return True
+
+    def reading_from_follower(self, broker_name: str) -> bool:
+        """Whether pulls of the group go to a follower now (if it has a usable one)."""
+        return self.always or self._hinted.get(broker_name, 0.0) > time.monotonic()
+
+    def failed(self, addr: str) -> None:
+        """A follower failed a pull: read from the leader for ``failure_backoff_ms``."""
+        self._failed[addr] = time.monotonic() + self.failure_backoff_ms / 1000
