@@ -17,6 +17,10 @@ A damaged record (:class:`CorruptRecordError`: it does not match its queue entry
 its CRC) fails its queue only: the records before it are answered, then the queue's
 row is CORRUPT with the error's text (file, offset, check) and never moves past it;
 the other queues of the request are read as usual.
+
+A leader with followers in sync adds ``suggest_follower: true`` to an answer that
+leaves some queue more than ``follower_read_lag_messages`` behind its max offset
+(:func:`suggest_follower`): the consumer reads that group from a follower for a while.
 """
 
 from __future__ import annotations
@@ -153,6 +157,26 @@ def optional(fields: dict[str, Any], name: str, default: int) -> int:
 WIRE_STATUS = {status: PullStatus[status.name] for status in GetStatus}
 
 
+def suggest_follower(context: BrokerContext, behind: int | Callable[[], int]) -> bool:
+    """Whether a pull answer leaving its reader ``behind`` messages short of a queue's
+    max offset should tell it to read from a follower (RocketMQ's "suggest pulling from
+    slave"): this broker leads, some follower is in sync (so it serves nearly all of
+    it), and the reader is more than ``follower_read_lag_messages`` behind (0: never).
+    Old data is cold: its disk reads would hold up the leader's producers. ``behind``
+    may be a function, called only when the rest says yes."""
+    lag_messages = context.config.follower_read_lag_messages
+    leader = context.replica.leader
+    if lag_messages <= 0 or leader is None or not leader.isr.followers_in_sync():
+        return False
+    return (behind() if callable(behind) else behind) > lag_messages
+
+
+def max_behind(results: list[list[Any]]) -> Callable[[], int]:
+    """How far the reader of a PULL_MESSAGES answer is behind, at most over its queues
+    (a row: status, next_offset, count, bytes, max_offset; max_offset -1: not read)."""
+    return lambda: max((row[4] - row[1] for row in results if row[4] >= 0), default=0)
+
+
 class Visibility:
     """Tells an offset that is not visible *yet* from one that is past the queue's end.
 
@@ -210,6 +234,7 @@ class Fetch:
         self.store = context.store
         self.config = context.config
         self.readers = readers  # shared with the broker's other reads
+        self.context = context
 
     async def handle(self, frame: Frame, _peer: object) -> Reply:
         f = frame.fields
@@ -222,7 +247,10 @@ class Fetch:
         if not found and wait_ms:
             await self._wait_any(asks, wait_ms)
             results, spans, found = await self._read_in_thread(asks, total, per_queue)
-        return Reply({"results": results, "count": found}, spans=spans)
+        fields: dict[str, Any] = {"results": results, "count": found}
+        if suggest_follower(self.context, max_behind(results)):
+            fields["suggest_follower"] = True
+        return Reply(fields, spans=spans)
 
     async def _read_in_thread(self, asks: list[FetchAsk], total: int,
                               per_queue: int) -> tuple[list[list[Any]], list[Span], int]:  # fmt: skip

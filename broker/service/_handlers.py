@@ -20,7 +20,7 @@ from protocol.transport import Handler, Later, Peer, Reply, RequestError, checke
 
 from ._append import BusyError, PendingPut
 from ._context import BrokerContext, now_ms
-from ._fetch import WIRE_STATUS, Fetch, ReadThreads, Visibility, optional
+from ._fetch import WIRE_STATUS, Fetch, ReadThreads, Visibility, optional, suggest_follower
 from ._log_reads import LogReads
 
 # A look-up of thousands of queues yields to other clients every this many rows: a
@@ -146,6 +146,8 @@ class Handlers:
             self._no_queue(topic, qid)
         fields = {"status": WIRE_STATUS[res.status].value, "next_offset": res.next_offset, "min_offset": res.min_offset,
                   "max_offset": res.max_offset, "count": res.count}  # fmt: skip
+        if suggest_follower(self.b, res.max_offset - res.next_offset):  # far behind: read from a follower
+            fields["suggest_follower"] = True
         return Reply(fields, spans=res.spans)
 
     async def _read(self, topic: str, qid: int, offset: int, limit: int, tags: list[str] | None) -> RawRead:
