@@ -11,7 +11,7 @@ from ._consumer import Consumer, open_consumer
 from ._fetcher import DamagedQueueError
 from ._options import ConsumerOptions, TagFilter
 from ._producer import Producer, SendError, SendResult, open_producer, shard
-from ._routes import MessageQueue, NoRouteError, Routes
+from ._routes import MessageQueue, NoRouteError, ReadRouter, Routes
 
 __all__ = [
     "Admin",
@@ -28,6 +28,7 @@ __all__ = [
     "MessageQueue",
     "NoRouteError",
     "Producer",
+    "ReadRouter",
     "Record",
     "Routes",
     "RpcClient",
