@@ -298,3 +298,30 @@ async def test_a_hinted_consumer_reads_from_a_follower(nursery: trio.Nursery, tm
         assert consumer.reads.reading_from_follower("g")
         assert f.rpc.connections >= 1
     assert [r.body for r in got] == [b"m%d" % i for i in range(300)]
+
+
+async def test_a_group_without_a_leader_is_read_from_its_follower_and_takes_no_writes(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The leader stops: the name server routes the group to its follower, marked
+    unhealthy ("no leader"). Consumers keep reading there; producers do not send there."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, f = await start_group(c)
+    assert f is not None
+    await c.create_topic("t", 2)
+    await in_sync(lead, 2)
+    await produce(c, "t", 60)
+    end = lead.store.log.write_offset
+    await await_until(lambda: f.store.log.confirmed_offset >= end, 10, "the follower confirmed to the leader's end")
+    await c.stop_broker("g0")
+    async with open_consumer(c.ns, "cg", {"t": "*"}, **FAST_CONSUMER) as consumer:
+        await await_until(lambda: {mq.addr for mq in consumer.assignment()} == {f.addr}, 10, "queues on the follower")
+        assert f.addr in consumer.routes.failures and "no leader" in consumer.routes.failures[f.addr]
+        got = await consume(consumer, 60)
+    assert sorted(r.body for r in got) == sorted(b"m%d" % i for i in range(60))
+    async with open_producer(c.ns, retries=1) as p:
+        with pytest.raises(SendError) as e:
+            await p.send("t", b"nowhere to go")
+    assert "no leader" in str(e.value)
+    assert f.store.log.write_offset == end
