@@ -70,7 +70,7 @@ REPLICA_FETCH          broker_id, session, epoch, offset (the follower's log end
                        this acknowledges every byte below it), flushed (its durable
                        offset), max_bytes, max_wait_ms -> epoch, offset, length,
                        end_offset, min_offset, confirmed_offset, in_sync,
-                       metadata_version; body: the leader's raw log bytes [offset,
+                       metadata_version, topics_version; body: the leader's raw log bytes [offset,
                        offset + length) within one segment (a record may be cut at
                        the end). STALE_EPOCH: join again; OFFSET_OUT_OF_RANGE: the
                        offset is below the leader's log start (fields: min_offset);

@@ -359,6 +359,22 @@ async def test_a_follower_in_sync_when_its_leader_died_is_promoted_without_force
         assert promoted.fields["role"] == "leader"
         await await_until(lambda: other.replica.follower is not None and other.replica.follower.leader_addr == f.addr,
                           15, "the other follower following the new leader")  # fmt: skip
-        got = f.store.get("t", 0, 0, 10)
-        assert [m.body for m in got.messages] == [b"acked"]
+        await await_until(lambda: [m.body for m in f.store.get("t", 0, 0, 10).messages] == [b"acked"], 10,
+                          "the acknowledged message readable on the new leader")  # fmt: skip
+        await rpc.aclose()
+
+
+async def test_sync_acks_of_a_leader_alone_in_sync_answer_at_once(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """min_insync_replicas = 1 and no follower (none configured, or none in sync): the
+    leader alone holds the write, so the ack does not wait for anybody."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, _ = await start_group(c, 0, ack_mode="sync", replication_timeout_ms=3000)
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1})
+        with trio.fail_after(1):
+            for i in range(3):
+                reply = await send_raw(rpc, lead.addr, "t", [Message("t", 0, b"%d" % i)])
+                assert reply.error_code == 0, reply
         await rpc.aclose()

@@ -59,6 +59,7 @@ class Follower:
         self.error = ""
         self._leader_terms: list[Entry] = []
         self._metadata_version = -1
+        self._topics_version: int | None = -1
         self._metadata_at = 0.0
         self._flush_each = False
         # Consumers of a follower see only what the leader confirmed: until it says, what
@@ -151,7 +152,10 @@ class Follower:
             if f["min_offset"] > self.log.min_offset:  # the leader's retention removed segments: so does this log
                 await trio.to_thread.run_sync(self.log.delete_before, f["min_offset"])
             if f["metadata_version"] != self._metadata_version:
-                await self._copy_metadata(addr, session, f["metadata_version"])
+                urgent = f.get("topics_version") != self._topics_version
+                await self._copy_metadata(addr, session, f["metadata_version"], urgent)
+                if self._metadata_version == f["metadata_version"]:
+                    self._topics_version = f.get("topics_version")
 
     def _take(self, offset: int, body: bytes) -> int:
         """Append the whole records of a chunk (a worker thread); returns the size of a
@@ -175,9 +179,11 @@ class Follower:
             self._told = self.confirmed
             self.log.set_confirmed_offset(self.confirmed)
 
-    async def _copy_metadata(self, addr: str, session: int, version: int) -> None:
+    async def _copy_metadata(self, addr: str, session: int, version: int, urgent: bool) -> None:
+        """Copy topics, offsets and subscriptions: at once after a topic change, else at
+        most every ``replica_metadata_interval_ms`` (offsets change with every commit)."""
         now = time.monotonic()
-        if now - self._metadata_at < self.config.replica_metadata_interval_ms / 1000:
+        if not urgent and now - self._metadata_at < self.config.replica_metadata_interval_ms / 1000:
             return
         self._metadata_at = now
         reply = await self.rpc.request(addr, RequestCode.REPLICA_METADATA,

@@ -98,7 +98,7 @@ class Leader:
                 changed = self._changed
                 if self.isr.size() < self.config.min_insync_replicas:
                     return ErrorCode.REPLICATION_TIMEOUT, self._too_few("stored on the leader only")
-                if self.isr.confirmed >= end:
+                if not self.isr.followers_in_sync() or self.isr.confirmed >= end:  # alone: the leader holds it
                     return None
                 await changed.wait()
         return ErrorCode.REPLICATION_TIMEOUT, (
@@ -184,7 +184,8 @@ class Leader:
         self.isr.answered(state, offset + length, end, now_ms())
         fields = {"epoch": self.epoch, "offset": offset, "length": length, "end_offset": end,
                   "min_offset": self.log.min_offset, "confirmed_offset": self.isr.confirmed,
-                  "in_sync": state.in_sync, "metadata_version": self.metadata.version()}  # fmt: skip
+                  "in_sync": state.in_sync, "metadata_version": self.metadata.version(),
+                  "topics_version": self.metadata.topics_version()}  # fmt: skip
         return Reply(fields, spans=[span] if span else [])
 
     def _span(self, offset: int, n: int) -> Span | None:

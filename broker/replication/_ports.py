@@ -13,6 +13,11 @@ class MetadataPort(Protocol):
         """A number that changes whenever the metadata does (followers copy it then)."""
         ...
 
+    def topics_version(self) -> int:
+        """A number that changes whenever a topic is created, resized or deleted (followers
+        copy at once then: a message of a topic its replicas do not know cannot be read there)."""
+        ...
+
     def snapshot(self) -> dict[str, Any]:
         """``topics`` {name: queue_count}, ``offsets`` [[group, topic, queue_id, offset]],
         ``subscriptions`` [[group, mode, [topics]]] (a leader's answer to REPLICA_METADATA)."""

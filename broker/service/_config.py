@@ -79,8 +79,9 @@ class BrokerConfig:
             raise ValueError(f"storage_mode must be one of {', '.join(STORAGE_MODES)}, got {self.storage_mode!r}")
         self.server_limits().check(self.max_frame_bytes)  # a ValueError naming the settings
         self.replication_config()  # a ValueError naming the setting
-        if self.role == "follower" and self.storage_mode != "commitlog":
-            raise ValueError("role = follower needs storage_mode = commitlog: replication copies the CommitLog")
+        if self.storage_mode != "commitlog" and (self.role == "follower" or self.min_insync_replicas > 1):
+            raise ValueError("role = follower and min_insync_replicas > 1 need storage_mode = commitlog: "
+                             "replication copies the CommitLog")  # fmt: skip
 
     def replication_config(self) -> ReplicationConfig:
         """The broker's replication settings."""

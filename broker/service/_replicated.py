@@ -21,6 +21,7 @@ class ReplicatedMetadata:
         self.offsets = offsets
         self.groups = groups
         self._version = 0
+        self._topics_version = 0
         # Subscriptions copied from the leader: group -> (mode, topics). A promoted
         # follower lists these groups before their consumers' first heartbeat.
         self.subscriptions: dict[str, tuple[str, list[str]]] = {}
@@ -29,8 +30,16 @@ class ReplicatedMetadata:
         """Something replicated changed (a topic, a committed offset, a subscription)."""
         self._version += 1
 
+    def bump_topics(self) -> None:
+        """A topic was created, resized or deleted."""
+        self._topics_version += 1
+        self._version += 1
+
     def version(self) -> int:
         return self._version
+
+    def topics_version(self) -> int:
+        return self._topics_version
 
     def snapshot(self) -> dict[str, Any]:
         offsets = [[g, t, q, o] for g in self.offsets.groups() for (t, q), o in sorted(self.offsets.of_group(g).items())]
