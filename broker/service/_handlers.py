@@ -281,7 +281,7 @@ class Handlers:
             await trio.to_thread.run_sync(self.store.create_topic, topic, count)
         except ValueError as e:
             raise RequestError(ErrorCode.INVALID_TOPIC, str(e)) from None
-        self.b.metadata.bump()
+        self.b.metadata.bump_topics()
         self.b.register_now()
         return Reply({"queue_count": self.store.topics.queue_count(topic)})
 
@@ -291,7 +291,7 @@ class Handlers:
         if not await trio.to_thread.run_sync(self.store.delete_topic, topic):
             raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}")
         self.b.offsets.drop_topic(topic)
-        self.b.metadata.bump()
+        self.b.metadata.bump_topics()
         self.b.register_now()
         return Reply()
 
