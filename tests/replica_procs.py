@@ -230,6 +230,22 @@ class Group:
         except TimeoutError as e:
             raise AssertionError(f"{e}; last status {await self.try_status(key)}\n{self.logs()}") from None
 
+    async def cluster(self) -> dict[str, dict[str, Any]]:
+        """The name server's GET_CLUSTER: broker key -> its row (brokers of this group only)."""
+        reply = await self.rpc.request(self.ns_addr, RequestCode.GET_CLUSTER, timeout_ms=3000)
+        by_addr = {b["addr"]: b for b in reply.fields["brokers"]}
+        return {k: by_addr[b.addr] for k, b in self.brokers.items() if b.addr in by_addr}
+
+    async def wait_cluster(self, check: Callable[[dict[str, dict[str, Any]]], bool], timeout_s: float,
+                           what: str) -> dict[str, dict[str, Any]]:  # fmt: skip
+        """Poll the name server's GET_CLUSTER until ``check`` accepts it."""
+
+        async def ok() -> dict[str, dict[str, Any]] | None:
+            rows = await self.cluster()
+            return rows if check(rows) else None
+
+        return await await_until(ok, timeout_s, f"the name server: {what}")
+
     async def replica_view(self, leader: str, follower: str) -> dict[str, Any] | None:
         """The leader's row for ``follower`` in its REPLICA_STATUS (None: not joined)."""
         st = await self.try_status(leader)

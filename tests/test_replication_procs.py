@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -135,12 +136,17 @@ KEYS = [f"key-{i}" for i in range(12)]  # sharding keys: one producer task each,
 CONSUMER_GROUP = "cg"
 
 
-async def produce_keyed(g: Group, key: str, sharding_key: str, ledger: Ledger, order: dict[str, list[int]]) -> None:
+async def produce_keyed(g: Group, key: str, sharding_key: str, ledger: Ledger, order: dict[str, list[int]],
+                        next_seq: dict[str, int] | None = None) -> None:  # fmt: skip
     """Send 1-3 messages at a time, in order, to the sharding key's queue until an error
-    (the leader's death); ``order[sharding_key]`` lists the sequence numbers acknowledged."""
-    queue_id, rng, seq = shard(sharding_key, QUEUES), random.Random(sharding_key), 0
+    (the leader's death); ``order[sharding_key]`` lists the sequence numbers acknowledged,
+    ``next_seq`` (kept across calls) the next one to send."""
+    seqs = next_seq if next_seq is not None else {}
+    queue_id, seq = shard(sharding_key, QUEUES), seqs.get(sharding_key, 0)
+    rng = random.Random(f"{sharding_key}-{seq}")
     while True:
         bodies = [body_for(f"{sharding_key}-{seq + i}", rng.randint(16, 2000)) for i in range(rng.randint(1, 3))]
+        seqs[sharding_key] = seq + len(bodies)  # a failed send's numbers are not used again
         reply = await send_and_record(g, key, TOPIC, queue_id, bodies, ledger)
         if reply is None or reply.error_code:
             return
@@ -272,6 +278,8 @@ async def test_old_leader_rejoins_and_cuts_its_divergent_tail(tmp_path: Path) ->
         st = await g.wait_status("g0", lambda s: s["role"] == "follower" and s["leader_addr"] == g["g1"].addr, 30,
                                  "the old leader to step down and follow g1")  # fmt: skip
         assert st["epoch"] >= epoch
+        rows = await g.wait_cluster(lambda c: c.get("g0", {}).get("role") == "follower", 10, "g0 listed as a follower")
+        assert rows["g1"]["role"] == "leader" and rows["g1"]["epoch"] == epoch, rows
         end = await g.wait_in_sync("g1", ["g0", "g2"])
         assert agreed < end < old_end  # the old leader's log end dropped: its divergent tail is gone
         assert f"cutting the log from {old_end} to {agreed}" in g["g0"].tail(100_000), g["g0"].tail()
@@ -327,7 +335,7 @@ async def test_paused_followers_leave_and_rejoin_the_in_sync_set(tmp_path: Path)
             await await_until(lambda: ledger.sends >= sends + 20, 20, "20 more sync sends with g1 paused")
             stop.set()
         assert not ledger.errors, ledger.errors[:5]  # sends waited for g1 to leave, then went on with g2
-        assert left_after < LAG_MAX_MS / 1000 + SLACK_S, left_after
+        assert LAG_MAX_MS / 2000 < left_after < LAG_MAX_MS / 1000 + 2.0, left_after  # about replica_lag_max_ms
         g["g2"].pause()
         answers = await refused_quickly(g, LAG_MAX_MS / 1000 + REPLICATION_TIMEOUT_MS / 1000 + 3 * SLACK_S)
         assert all(s < REPLICATION_TIMEOUT_MS / 1000 + SLACK_S for _code, s in answers), answers
@@ -425,3 +433,115 @@ async def test_logs_byte_identical_after_mixed_traffic_over_thousands_of_queues(
 async def test_logs_byte_identical_after_heavy_mixed_traffic(tmp_path: Path, ack_mode: str) -> None:
     """As above with 32 MB of traffic (32 segments)."""
     await wide_traffic_identical_logs(tmp_path, ack_mode, 32 << 20)
+
+
+# ----------------------------------------------------------------- a loop of faults
+FAULTS = ("kill_leader", "kill_follower", "pause_follower")
+
+
+@dataclass
+class Loop:
+    """A fault loop's state: who leads, what was acknowledged and committed."""
+
+    g: Group
+    rng: random.Random
+    leader: str = "g0"
+    ledger: Ledger = field(default_factory=Ledger)
+    order: dict[str, list[int]] = field(default_factory=dict)
+    committed: dict[tuple[str, int], int] = field(default_factory=dict)
+    next_seq: dict[str, int] = field(default_factory=dict)
+    faults: list[str] = field(default_factory=list)
+
+    @property
+    def followers(self) -> list[str]:
+        return sorted(set(self.g.brokers) - {self.leader})
+
+    async def acks(self, more: int) -> None:
+        goal = len(self.ledger.acked) + more
+        await await_until(lambda: len(self.ledger.acked) >= goal, 60, f"{more} more acknowledged messages")
+
+
+async def kill_leader(loop: Loop) -> None:
+    """SIGKILL the leader; promote the in-sync follower with the longest log (without
+    force); the other follows it; the old leader restarts, steps down and follows."""
+    g, old = loop.g, loop.leader
+    await g[old].kill()
+    ends = {k: (await g.status(k))["end_offset"] for k in loop.followers}
+    candidates = sorted(ends, key=lambda k: -ends[k])
+    for key in candidates:
+        reply = await g.call(key, RequestCode.PROMOTE, {})
+        if not reply.error_code:
+            break
+    assert not reply.error_code, f"no follower of {candidates} could be promoted: {reply.error_text}"
+    loop.leader = key
+    for other in loop.followers:
+        if other != old:
+            await g.wait_status(other, lambda s: s["leader_addr"] == g[key].addr, 30, f"{other} to follow {key}")
+    await g[old].start()
+    await g.wait_status(old, lambda s: s["role"] == "follower" and s["leader_addr"] == g[key].addr, 30,
+                        f"the old leader {old} to step down and follow {key}")  # fmt: skip
+
+
+async def fault_round(loop: Loop) -> None:
+    """Produce by key; at a random moment inflict a random fault; stop; check that
+    every replica is in sync and byte-identical, and the group's offsets survived."""
+    g, fault = loop.g, loop.rng.choice(FAULTS)
+    loop.faults.append(fault)
+    errors_before = len(loop.ledger.errors)
+    async with trio.open_nursery() as n:
+        for sharding_key in KEYS:
+            n.start_soon(produce_keyed, g, loop.leader, sharding_key, loop.ledger, loop.order, loop.next_seq)
+        await loop.acks(loop.rng.randint(50, 400))
+        loop.committed = {(TOPIC, q): len(acked) // 2 for (_t, q), acked in loop.ledger.per_queue().items()}
+        await commit(g, loop.leader, CONSUMER_GROUP, loop.committed)
+        await wait_offsets(g, loop.followers, loop.committed, "the followers to copy the group's offsets")
+        if fault == "kill_leader":
+            await kill_leader(loop)  # the producers stop at their first failed send
+        else:
+            await follower_fault(loop, fault)
+            n.cancel_scope.cancel()
+    errors = loop.ledger.errors[errors_before:]
+    assert len(errors) <= (len(KEYS) if fault == "kill_leader" else 0), errors[:5]
+    end = await g.wait_in_sync(loop.leader, loop.followers, timeout_s=60)
+    assert_identical({k: g[k].data_dir for k in g.brokers}, end)
+    await wait_offsets(g, [loop.leader], loop.committed, "the leader to hold the group's offsets")
+
+
+async def follower_fault(loop: Loop, fault: str) -> None:
+    """SIGKILL (then restart) or SIGSTOP (then SIGCONT) a follower under load: it leaves
+    the in-sync set, writes go on, and it rejoins while they do."""
+    g, key = loop.g, loop.rng.choice(loop.followers)
+    broker_id = g[key].broker_id
+    if fault == "kill_follower":
+        await g[key].kill()
+    else:
+        g[key].pause()
+    await g.wait_status(loop.leader, lambda s: not _row(s, broker_id)["in_sync"], 20, f"{key} to leave the in-sync set")
+    await loop.acks(loop.rng.randint(50, 300))
+    if fault == "kill_follower":
+        await g[key].start()
+    else:
+        g[key].resume()
+    await g.wait_status(loop.leader, lambda s: _row(s, broker_id)["in_sync"], 30, f"{key} to rejoin under load")
+    await loop.acks(50)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_loop_of_leader_and_follower_faults_loses_no_acknowledged_message(tmp_path: Path) -> None:
+    """Sync acks, min_insync_replicas=2, three brokers; rounds of keyed traffic, each with
+    a random fault (leader SIGKILLed and a follower promoted, the old leader rejoining;
+    a follower SIGKILLed and restarted; a follower paused and resumed). After every
+    round all logs are byte-identical and the group's offsets are on the leader; at
+    the end every acknowledged message is on the last leader, in order per key."""
+    async with open_group(tmp_path) as g:
+        await start_group(g, ack_mode="sync", min_insync_replicas=2, replica_lag_max_ms=1000)
+        loop = Loop(g, random.Random(1515))
+        for _ in range(20):
+            await fault_round(loop)
+        reads = {q: await read_queue(g, loop.leader, TOPIC, q) for q in range(QUEUES)}
+        problems = [p for (_t, q), acked in loop.ledger.per_queue().items() for p in queue_check(reads[q], acked, f"queue {q}")]
+        problems += check_key_order(reads, loop.order)
+        assert not problems, problems[:20]
+        assert set(loop.faults) == set(FAULTS), loop.faults
+        print(f"\nfaults {loop.faults}: {len(loop.ledger.acked)} acknowledged messages, all on {loop.leader}")
