@@ -233,3 +233,21 @@ def test_a_zero_copy_read_between_retentions_unlink_and_its_new_log_start_finds_
         assert not store._rebuild.marked, store._rebuild.marked
     finally:
         store.abandon()
+
+
+@pytest.mark.parametrize("mode", ["commitlog", "partition-per-file"])
+def test_a_durability_failure_is_the_stores_failure_the_moment_waiters_are_released(tmp_path: Path, mode: str) -> None:
+    """The flushing thread fails the durable offset (releasing sync waiters) before the
+    store's guard hears of the exception: a waiter woken then must already see the store
+    failed, or it reports a flush timeout for what was a failed fsync."""
+    from commitlog import StoreFailedError
+
+    store = Store.open(small_config(tmp_path, storage_mode=mode)).start()
+    try:
+        seen: list[object] = []
+        store.on_durable(10**9, lambda: seen.append(store.failure))
+        store._durability().fail(StoreFailedError("commitlog flush", OSError(5, "injected")))
+        assert seen and seen[0] is not None and "injected" in str(seen[0])
+        assert store.failure is not None and not store.healthy
+    finally:
+        store.close()

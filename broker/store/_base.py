@@ -104,7 +104,7 @@ class StoreBase(ABC):
         self.open_stats: dict[str, float] = {}  # how long each phase of open took
         self._abort = AbortMarker(self.directory)
         self._manifest: dict[QueueKey, tuple[int, int]] = {}  # checkpointed extents of queues not loaded
-        self.failure: StoreFailedError | None = None  # set once by _fail(); final until reopened
+        self._failure: StoreFailedError | None = None  # set once by _fail(); final until reopened
 
     # ---------------------------------------------------------------- lifecycle
     def _begin_open(self) -> bool:
@@ -138,14 +138,27 @@ class StoreBase(ABC):
         except BaseException as e:
             self._fail(name, e)
 
+    @property
+    def failure(self) -> StoreFailedError | None:
+        """Why the store failed (None: it has not). Final until reopened. Includes a
+        failure of the log's durability: the flushing thread records it (releasing sync
+        waiters) before the exception reaches the thread's guard and :meth:`_fail`, and a
+        waiter released then must see a failed store, not a flush timeout."""
+        failure = self._failure
+        if failure is None:
+            lost = self._durability().failure
+            if lost is not None:
+                return lost if isinstance(lost, StoreFailedError) else StoreFailedError("durability", lost)
+        return failure
+
     def _fail(self, where: str, error: BaseException) -> None:
         """Put the store into the failed state: pending and later puts fail at once with
         STORE_FAILED, :attr:`failure` says why. The first failure is kept."""
         with self._fail_lock:  # two threads failing at once: one failure, listeners told once
-            first = self.failure is None
+            first = self._failure is None
             if first:
                 # The log's own StoreFailedError already says where: not wrapped twice.
-                self.failure = error if isinstance(error, StoreFailedError) else StoreFailedError(where, error)
+                self._failure = error if isinstance(error, StoreFailedError) else StoreFailedError(where, error)
         failure = self.failure
         assert failure is not None
         if first:
