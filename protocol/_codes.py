@@ -17,7 +17,8 @@ SEND_MESSAGE           topic; body: a message batch (``encode_batch``)
                        -> queue_ids, queue_offsets, msg_ids, durable (bool)
 PULL_MESSAGE           topic, queue_id, offset, max_messages, max_wait_ms,
                        tags (list or absent), group (for lag accounting)
-                       -> status, next_offset, min_offset, max_offset, count;
+                       -> status, next_offset, min_offset, max_offset, count,
+                       suggest_follower (true, or absent: see below);
                        body: the records, exactly as stored in the CommitLog
                        (a damaged record at offset: CORRUPT_DATA naming file and offset)
 PULL_MESSAGES          queues: [[topic, queue_id, offset, tags or nil], ...],
@@ -25,9 +26,18 @@ PULL_MESSAGES          queues: [[topic, queue_id, offset, tags or nil], ...],
                        -> results: [[status, next_offset, count, bytes, max_offset], ...]
                        (one per queue, in order; SKIPPED: not read this time, max_offset
                        -1; CORRUPT: the record at next_offset is damaged, and a sixth
-                       cell names the file, offset and check), count; body: the records of each queue in turn, ``bytes`` of
-                       them per queue. max_offset (Kafka's high watermark) tells a
-                       client that it has caught up without asking again
+                       cell names the file, offset and check), count, suggest_follower
+                       (true, or absent); body: the records of each queue in turn,
+                       ``bytes`` of them per queue. max_offset (Kafka's high watermark)
+                       tells a client that it has caught up without asking again.
+                       suggest_follower (RocketMQ's "suggest pulling from slave"): set
+                       by a leader with at least one follower in sync when the answer
+                       leaves the reader more than the broker's
+                       follower_read_lag_messages (0: never) behind a queue's
+                       max_offset (for PULL_MESSAGES: any queue of the answer). A
+                       client may read that group from a follower for a while
+                       (clmq's consumer: follower_read_hold_ms). Followers serve
+                       pulls up to their confirmed offset and never set it.
 QUERY_OFFSETS          topic, queue_id -> min_offset, max_offset
 SEARCH_OFFSET          topic, queue_id, timestamp_ms -> offset
 COMMIT_OFFSET          group, offsets: [[topic, queue_id, offset], ...] -> (nothing)

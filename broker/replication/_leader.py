@@ -216,5 +216,12 @@ class Leader:
         end, now = self.log.write_offset, now_ms()
         return [{"broker_id": f.broker_id, "addr": f.host, "acked_offset": f.acked, "flushed_offset": f.flushed,
                  "lag_bytes": max(0, end - f.acked) if f.acked >= 0 else end,
-                 "lag_ms": int(now - f.caught_up_ms) if f.caught_up_ms >= 0 else -1, "in_sync": f.in_sync}
+                 "lag_ms": _lag_ms(f, end, now), "in_sync": f.in_sync}
                 for f in sorted(self.isr.followers.values(), key=lambda f: f.broker_id)]  # fmt: skip
+
+
+def _lag_ms(f: FollowerState, end: int, now: float) -> int:
+    """How long since the follower last had everything (0: it has it now; -1: never)."""
+    if f.acked >= end:
+        return 0
+    return int(now - f.caught_up_ms) if f.caught_up_ms >= 0 else -1
