@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import pytest
 import trio
 
+from broker.replication import LeaderEpochs
 from client import shard
 from commitlog import Record
 from protocol import ErrorCode, RequestCode
@@ -57,10 +58,13 @@ async def start_group(g: Group, followers: int = 2, **settings: Any) -> list[str
 
 
 async def produce_until(g: Group, key: str, ledger: Ledger, stop: trio.Event, rng: random.Random, tag: str,
-                        sizes: tuple[int, int] = (16, 4000), stop_on_error: bool = False) -> None:  # fmt: skip
-    """Send batches of 1-8 messages to random queues of :data:`TOPIC` until ``stop``."""
+                        sizes: tuple[int, int] = (16, 4000), stop_on_error: bool = False,
+                        pace_s: float = 0.0) -> None:  # fmt: skip
+    """Send batches of 1-8 messages to random queues of :data:`TOPIC` until ``stop``
+    (``pace_s`` apart: a producer slower than a throttle)."""
     n = 0
     while not stop.is_set():
+        await trio.sleep(pace_s)  # pacing, not a wait for an event
         queue_id = rng.randrange(QUEUES)
         bodies = [body_for(f"{tag}-{n + i}", rng.randint(*sizes)) for i in range(rng.randint(1, 8))]
         n += len(bodies)
@@ -433,6 +437,39 @@ async def test_logs_byte_identical_after_mixed_traffic_over_thousands_of_queues(
 async def test_logs_byte_identical_after_heavy_mixed_traffic(tmp_path: Path, ack_mode: str) -> None:
     """As above with 32 MB of traffic (32 segments)."""
     await wide_traffic_identical_logs(tmp_path, ack_mode, 32 << 20)
+
+
+# ----------------------------------------------------------------- a new, empty replica
+CATCHUP_BYTES_PER_S = 1 << 20
+
+
+async def test_an_empty_follower_added_under_load_copies_the_log_throttled(tmp_path: Path) -> None:
+    """A third broker with an empty data directory joins a group whose log spans
+    several segments while a producer sends: it copies the whole log from the first
+    segment, no faster than replica_catchup_bytes_per_s allows (one second of tokens
+    in hand), joins the in-sync set, and ends byte-identical, with the leader's terms."""
+    async with open_group(tmp_path) as g:
+        throttled = {"replica_catchup_bytes_per_s": CATCHUP_BYTES_PER_S, "replica_fetch_max_bytes": 128 << 10}
+        await start_group(g, followers=1, **throttled)
+        await write_bytes(g, "g0", "before", 3 << 20, Ledger())
+        ledger, stop = Ledger(), trio.Event()
+        async with trio.open_nursery() as n:
+            # Paced below the throttle (about 0.2 MB/s): a follower must be able to catch up.
+            n.start_soon(produce_until, g, "g0", ledger, stop, random.Random(6), "during", (16, 1000), False, 0.01)
+            log_at_join = (await g.status("g0"))["end_offset"]
+            t0 = time.monotonic()
+            await g.start_broker("g2", 2, follow="g0", **throttled)
+            await g.wait_status("g0", lambda s: _row(s, 2)["in_sync"], 60, "the new follower to join the in-sync set")
+            took = time.monotonic() - t0
+            stop.set()
+        assert not ledger.errors, ledger.errors[:5]
+        floor_s = (log_at_join - CATCHUP_BYTES_PER_S - (128 << 10)) / CATCHUP_BYTES_PER_S
+        assert took >= floor_s, f"{log_at_join} bytes copied in {took:.2f} s: faster than the throttle allows"
+        end = await g.wait_in_sync("g0", ["g1", "g2"])
+        assert_identical({k: g[k].data_dir for k in ("g0", "g1", "g2")}, end)
+        assert LeaderEpochs.load(g["g2"].data_dir).entries == LeaderEpochs.load(g["g0"].data_dir).entries
+        await check_queues(g, "g2", ledger)
+        print(f"\nan empty follower copied {log_at_join} bytes (and the traffic meanwhile) in {took:.2f} s")
 
 
 # ----------------------------------------------------------------- a loop of faults
