@@ -18,7 +18,7 @@ from typing import Any, Callable
 import trio
 
 from broker.store import Store
-from commitlog import CorruptRecordError, whole_prefix
+from commitlog import ClmqError, CorruptRecordError, whole_prefix
 from protocol import ErrorCode, RequestCode
 from protocol.transport import ConnectionFailed, RpcClient, RpcError
 
@@ -77,8 +77,8 @@ class Follower:
                 except Rejoin as e:
                     log.info("%s: rejoining leader %s: %s", self.config.broker_name, addr, e)
                     continue
-                except (ConnectionFailed, RpcError, trio.TooSlowError, CorruptRecordError, OSError) as e:
-                    self._failed(addr, e)
+                except (ConnectionFailed, RpcError, trio.TooSlowError, ClmqError, OSError) as e:
+                    self._failed(addr, e)  # e.g. a damaged chunk, a store that failed: said, then retried
             elif self.error != "no leader known":
                 self.error = "no leader known"
                 log.warning("%s: follower without a leader: set leader_addr or name servers", self.config.broker_name)
