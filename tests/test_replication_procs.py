@@ -120,21 +120,6 @@ def _row(status: dict[str, Any], broker_id: int) -> dict[str, Any]:
     return rows[0] if rows else {"in_sync": False, "acked_offset": -1, "broker_id": broker_id}
 
 
-# ----------------------------------------------------------------- promotion after a crash
-async def test_promote_without_force_after_the_leader_died(tmp_path: Path) -> None:
-    """A follower the leader listed in sync, its leader SIGKILLed with no traffic: PROMOTE
-    without force is accepted (nothing was acknowledged that the follower lacks)."""
-    async with open_group(tmp_path) as g:
-        await start_group(g, followers=1, ack_mode="sync", min_insync_replicas=2)
-        reply = await send(g, "g0", TOPIC, 0, [b"held by both"])
-        assert not reply.error_code, reply.error_text
-        await g.wait_in_sync("g0", ["g1"])
-        await g["g0"].kill()
-        await g.wait_status("g1", lambda s: s["error"] != "", 10, "g1 to notice its leader is gone")
-        promoted = await g.call("g1", RequestCode.PROMOTE, {})
-        assert promoted.error_code == ErrorCode.OK, promoted.error_text
-
-
 # ----------------------------------------------------------------- 2. leader SIGKILL, sync acks
 KEYS = [f"key-{i}" for i in range(12)]  # sharding keys: one producer task each, several per queue
 CONSUMER_GROUP = "cg"
@@ -163,6 +148,19 @@ async def promote(g: Group, key: str, force: bool = False) -> int:
     reply = await g.call(key, RequestCode.PROMOTE, {"force": force})
     assert not reply.error_code, f"PROMOTE {key} (force {force}): {reply.error_text}"
     return int(reply.fields["epoch"])
+
+
+async def promote_longest(g: Group, followers: list[str]) -> str:
+    """After the leader's death: PROMOTE (without force) the follower with the longest
+    log that accepts (it was in sync at the leader's last answer); returns its key."""
+    ends = {k: (await g.status(k))["end_offset"] for k in followers}
+    refusals = []
+    for key in sorted(followers, key=lambda k: -ends[k]):
+        reply = await g.call(key, RequestCode.PROMOTE, {})
+        if not reply.error_code:
+            return key
+        refusals.append(f"{key}: {ErrorCode(reply.error_code).name}: {reply.error_text}")
+    raise AssertionError(f"no follower could be promoted: {refusals}")
 
 
 async def wait_offsets(g: Group, keys: list[str], want: dict[tuple[str, int], int], what: str) -> None:
@@ -204,7 +202,7 @@ async def test_leader_killed_under_sync_acks_promoted_follower_has_every_ack(tmp
     there; the other follower follows the new leader, byte for byte, and sync writes
     work again."""
     async with open_group(tmp_path) as g:
-        await start_group(g, ack_mode="sync", min_insync_replicas=2, replica_lag_max_ms=2000)
+        await start_group(g, ack_mode="sync", min_insync_replicas=2)
         ledger, order = Ledger(), dict[str, list[int]]()
         async with trio.open_nursery() as n:
             for sharding_key in KEYS:
@@ -217,9 +215,8 @@ async def test_leader_killed_under_sync_acks_promoted_follower_has_every_ack(tmp
             await await_until(lambda: len(ledger.acked) >= at_kill + 300, 30, "300 more acknowledged messages")
             await g["g0"].kill()  # the producers stop at their first failed send
         assert len(ledger.errors) <= len(KEYS), ledger.errors  # one failed send per producer: the kill
-        ends = {k: (await g.status(k))["end_offset"] for k in ("g1", "g2")}
-        new, other = sorted(ends, key=lambda k: ends[k])[::-1]
-        await promote(g, new)
+        new = await promote_longest(g, ["g1", "g2"])
+        other = "g2" if new == "g1" else "g1"
         reads = {q: await read_queue(g, new, TOPIC, q) for q in range(QUEUES)}
         problems = [p for (_t, q), acked in ledger.per_queue().items() for p in queue_check(reads[q], acked, f"{new} {q}")]
         assert not problems + check_key_order(reads, order), (problems + check_key_order(reads, order))[:20]
@@ -339,7 +336,7 @@ async def test_paused_followers_leave_and_rejoin_the_in_sync_set(tmp_path: Path)
             await await_until(lambda: ledger.sends >= sends + 20, 20, "20 more sync sends with g1 paused")
             stop.set()
         assert not ledger.errors, ledger.errors[:5]  # sends waited for g1 to leave, then went on with g2
-        assert LAG_MAX_MS / 2000 < left_after < LAG_MAX_MS / 1000 + 2.0, left_after  # about replica_lag_max_ms
+        assert LAG_MAX_MS / 2000 < left_after < LAG_MAX_MS / 1000 + SLACK_S, left_after  # about replica_lag_max_ms
         g["g2"].pause()
         answers = await refused_quickly(g, LAG_MAX_MS / 1000 + REPLICATION_TIMEOUT_MS / 1000 + 3 * SLACK_S)
         assert all(s < REPLICATION_TIMEOUT_MS / 1000 + SLACK_S for _code, s in answers), answers
@@ -503,14 +500,7 @@ async def kill_leader(loop: Loop) -> None:
     force); the other follows it; the old leader restarts, steps down and follows."""
     g, old = loop.g, loop.leader
     await g[old].kill()
-    ends = {k: (await g.status(k))["end_offset"] for k in loop.followers}
-    candidates = sorted(ends, key=lambda k: -ends[k])
-    for key in candidates:
-        reply = await g.call(key, RequestCode.PROMOTE, {})
-        if not reply.error_code:
-            break
-    assert not reply.error_code, f"no follower of {candidates} could be promoted: {reply.error_text}"
-    loop.leader = key
+    loop.leader = key = await promote_longest(g, loop.followers)
     for other in loop.followers:
         if other != old:
             await g.wait_status(other, lambda s: s["leader_addr"] == g[key].addr, 30, f"{other} to follow {key}")
