@@ -58,8 +58,7 @@ async def start_group(g: Group, followers: int = 2, **settings: Any) -> list[str
 
 
 async def produce_until(g: Group, key: str, ledger: Ledger, stop: trio.Event, rng: random.Random, tag: str,
-                        sizes: tuple[int, int] = (16, 4000), stop_on_error: bool = False,
-                        pace_s: float = 0.0) -> None:  # fmt: skip
+                        sizes: tuple[int, int] = (16, 4000), pace_s: float = 0.0) -> None:  # fmt: skip
     """Send batches of 1-8 messages to random queues of :data:`TOPIC` until ``stop``
     (``pace_s`` apart: a producer slower than a throttle)."""
     n = 0
@@ -68,9 +67,7 @@ async def produce_until(g: Group, key: str, ledger: Ledger, stop: trio.Event, rn
         queue_id = rng.randrange(QUEUES)
         bodies = [body_for(f"{tag}-{n + i}", rng.randint(*sizes)) for i in range(rng.randint(1, 8))]
         n += len(bodies)
-        reply = await send_and_record(g, key, TOPIC, queue_id, bodies, ledger)
-        if stop_on_error and (reply is None or reply.error_code):
-            return
+        await send_and_record(g, key, TOPIC, queue_id, bodies, ledger)
 
 
 async def wait_bytes(g: Group, key: str, at_least: int, what: str, timeout_s: float = 30) -> int:
@@ -283,7 +280,6 @@ async def test_old_leader_rejoins_and_cuts_its_divergent_tail(tmp_path: Path) ->
         assert rows["g1"]["role"] == "leader" and rows["g1"]["epoch"] == epoch, rows
         end = await g.wait_in_sync("g1", ["g0", "g2"])
         assert agreed < end < old_end  # the old leader's log end dropped: its divergent tail is gone
-        assert f"cutting the log from {old_end} to {agreed}" in g["g0"].tail(100_000), g["g0"].tail()
         assert_identical({k: g[k].data_dir for k in keys}, end)
         ids = {msg_id_of(r.body) for q in range(QUEUES) for r in await read_queue(g, "g0", TOPIC, q)}
         assert not {msg_id_of(b) for b in divergent.acked.values()} & ids, "a divergent message survived"
@@ -452,7 +448,7 @@ async def test_an_empty_follower_added_under_load_copies_the_log_throttled(tmp_p
         ledger, stop = Ledger(), trio.Event()
         async with trio.open_nursery() as n:
             # Paced below the throttle (about 0.2 MB/s): a follower must be able to catch up.
-            n.start_soon(produce_until, g, "g0", ledger, stop, random.Random(6), "during", (16, 1000), False, 0.01)
+            n.start_soon(produce_until, g, "g0", ledger, stop, random.Random(6), "during", (16, 1000), 0.01)
             log_at_join = (await g.status("g0"))["end_offset"]
             t0 = time.monotonic()
             await g.start_broker("g2", 2, follow="g0", **throttled)
