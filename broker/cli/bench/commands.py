@@ -1,5 +1,5 @@
 """``clmq bench store`` and ``clmq bench compare``: their arguments, and the tables
-they print."""
+they print (and the registration of ``clmq bench replication``, in ``replication.py``)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,12 @@ def plot_available() -> bool:
 
 
 def add_store_and_compare(bench_sub: Any) -> None:
-    """Add ``store`` and ``compare`` to the ``clmq bench`` parser."""
+    """Add ``store``, ``compare`` and ``replication`` to the ``clmq bench`` parser."""
+    from .replication import add_command as add_replication
+
     _add_store(bench_sub)
     _add_compare(bench_sub)
+    add_replication(bench_sub)
 
 
 def _add_store(bench_sub: Any) -> None:
