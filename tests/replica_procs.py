@@ -11,7 +11,6 @@ directories: the bytes ``[start, end)`` of two replicas must be identical.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import signal
 import socket
@@ -30,7 +29,6 @@ from protocol.transport import ConnectionFailed, RpcClient, RpcError, background
 from tests.waiting import await_until
 
 READY_TIMEOUT_S = 30
-PR_SET_PDEATHSIG = 1  # prctl(2)
 REQUEST_TIMEOUT_MS = 10_000
 GROUP = "g"  # the replication group's broker name
 _ROOT = str(Path(__file__).resolve().parents[1])  # the project, for PYTHONPATH
@@ -51,13 +49,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGKILL it when the test process dies, so that a
-    test killed by its timeout leaves no broker running."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def toml_value(value: Any) -> str:
@@ -110,7 +101,7 @@ class Service:
         with self.out.open("ab") as out, self.err.open("ab") as err:
             self.proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "broker.cli", self.verb, "--config", str(self.conf)],
-                stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)  # fmt: skip
+                stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
         self.paused = False
 
         def ready() -> bool:

@@ -466,7 +466,8 @@ async def test_an_empty_follower_added_under_load_copies_the_log_throttled(tmp_p
 
 
 # ----------------------------------------------------------------- a loop of faults
-FAULTS = ("kill_leader", "kill_follower", "pause_follower")
+FAULTS = ("kill_leader", "pause_leader", "kill_follower", "kill_follower_catching_up", "pause_follower")
+LEADER_FAULTS = ("kill_leader", "pause_leader")  # the producers stop at their first failed send
 
 
 @dataclass
@@ -505,6 +506,16 @@ async def kill_leader(loop: Loop) -> None:
                         f"the old leader {old} to step down and follow {key}")  # fmt: skip
 
 
+async def pause_leader(loop: Loop) -> None:
+    """SIGSTOP the leader for 0.5-3 s (a stall: its followers' fetches time out, sends
+    wait), then SIGCONT: it goes on leading; the followers rejoin."""
+    g = loop.g
+    g[loop.leader].pause()
+    await trio.sleep(loop.rng.uniform(0.5, 3.0))  # the stall's length is the fault, not a wait for an event
+    g[loop.leader].resume()
+    await g.wait_status(loop.leader, lambda s: s["role"] == "leader", 10, "the stalled leader to answer")
+
+
 async def fault_round(loop: Loop) -> None:
     """Produce by key; at a random moment inflict a random fault; stop; check that
     every replica is in sync and byte-identical, and the group's offsets survived."""
@@ -519,12 +530,14 @@ async def fault_round(loop: Loop) -> None:
         await commit(g, loop.leader, CONSUMER_GROUP, loop.committed)
         await wait_offsets(g, loop.followers, loop.committed, "the followers to copy the group's offsets")
         if fault == "kill_leader":
-            await kill_leader(loop)  # the producers stop at their first failed send
+            await kill_leader(loop)
+        elif fault == "pause_leader":
+            await pause_leader(loop)
         else:
             await follower_fault(loop, fault)
-            n.cancel_scope.cancel()
+        n.cancel_scope.cancel()
     errors = loop.ledger.errors[errors_before:]
-    assert len(errors) <= (len(KEYS) if fault == "kill_leader" else 0), errors[:5]
+    assert len(errors) <= (len(KEYS) if fault in LEADER_FAULTS else 0), errors[:5]
     end = await g.wait_in_sync(loop.leader, loop.followers, timeout_s=60)
     assert_identical({k: g[k].data_dir for k in g.brokers}, end)
     await wait_offsets(g, [loop.leader], loop.committed, "the leader to hold the group's offsets")
@@ -532,35 +545,44 @@ async def fault_round(loop: Loop) -> None:
 
 async def follower_fault(loop: Loop, fault: str) -> None:
     """SIGKILL (then restart) or SIGSTOP (then SIGCONT) a follower under load: it leaves
-    the in-sync set, writes go on, and it rejoins while they do."""
+    the in-sync set, writes go on, and it rejoins while they do. ``kill_follower_catching_up``
+    kills it once more at a random moment of its catch-up."""
     g, key = loop.g, loop.rng.choice(loop.followers)
     broker_id = g[key].broker_id
-    if fault == "kill_follower":
-        await g[key].kill()
-    else:
+    if fault == "pause_follower":
         g[key].pause()
+    else:
+        await g[key].kill()
     await g.wait_status(loop.leader, lambda s: not _row(s, broker_id)["in_sync"], 20, f"{key} to leave the in-sync set")
     await loop.acks(loop.rng.randint(50, 300))
-    if fault == "kill_follower":
-        await g[key].start()
-    else:
+    if fault == "pause_follower":
         g[key].resume()
+    else:
+        await g[key].start()
+    if fault == "kill_follower_catching_up":
+        at = (await g.status(key))["end_offset"]
+        await g.wait_status(key, lambda s: s["end_offset"] > at, 20, f"{key} to start catching up")
+        await trio.sleep(loop.rng.uniform(0, 0.3))  # a random moment of the catch-up, not a wait for an event
+        await g[key].kill()
+        await g[key].start()
     await g.wait_status(loop.leader, lambda s: _row(s, broker_id)["in_sync"], 30, f"{key} to rejoin under load")
     await loop.acks(50)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-async def test_loop_of_leader_and_follower_faults_loses_no_acknowledged_message(tmp_path: Path) -> None:
+@pytest.mark.parametrize("replica_ack", ["written", "flushed"])
+async def test_loop_of_leader_and_follower_faults_loses_no_acknowledged_message(tmp_path: Path, replica_ack: str) -> None:
     """Sync acks, min_insync_replicas=2, three brokers; rounds of keyed traffic, each with
-    a random fault (leader SIGKILLed and a follower promoted, the old leader rejoining;
-    a follower SIGKILLed and restarted; a follower paused and resumed). After every
-    round all logs are byte-identical and the group's offsets are on the leader; at
-    the end every acknowledged message is on the last leader, in order per key."""
+    a random fault: the leader SIGKILLed and a follower promoted, the old leader
+    rejoining; the leader stalled (SIGSTOP) and resumed; a follower SIGKILLed and
+    restarted (and killed again while catching up); a follower paused and resumed.
+    After every round all logs are byte-identical and the group's offsets are on the
+    leader; at the end every acknowledged message is on the last leader, in order per key."""
     async with open_group(tmp_path) as g:
-        await start_group(g, ack_mode="sync", min_insync_replicas=2, replica_lag_max_ms=1000)
-        loop = Loop(g, random.Random(1515))
-        for _ in range(20):
+        await start_group(g, ack_mode="sync", min_insync_replicas=2, replica_lag_max_ms=1000, replica_ack=replica_ack)
+        loop = Loop(g, random.Random(f"faults-{replica_ack}"))
+        for _ in range(16):
             await fault_round(loop)
         reads = {q: await read_queue(g, loop.leader, TOPIC, q) for q in range(QUEUES)}
         problems = [p for (_t, q), acked in loop.ledger.per_queue().items() for p in queue_check(reads[q], acked, f"queue {q}")]
