@@ -71,11 +71,12 @@ def _wait_listening(svc: Service) -> None:
 
 
 def _spawn(name: str, d: Path, args: list[str], cpus: set[int] | None, profile: Path | None) -> Service:
-    """Start ``python -m broker.cli <args>`` in ``d`` (under cProfile if ``profile``),
+    """Start ``python -m broker.cli <args>`` in ``d`` (every thread profiled if ``profile``),
     pinned to ``cpus``."""
     port = _free_port()
-    prefix = ["-m", "cProfile", "-o", str(profile)] if profile else []
-    cmd = [sys.executable, *prefix, "-m", "broker.cli", *args, "--listen-port", str(port)]
+    # every thread profiled (python -m cProfile would see only the main thread)
+    module = ["-m", "broker.cli.bench.profiled", str(profile)] if profile else ["-m", "broker.cli"]
+    cmd = [sys.executable, *module, *args, "--listen-port", str(port)]
     log = d / "service.log"  # a file, not a pipe: a full pipe would stall the service
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=d)
@@ -119,7 +120,7 @@ class Group:
                   "namesrv_addrs": [self.nameserver.addr]}  # fmt: skip
         settings = d / "broker.toml"
         settings.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items()))
-        profile = self.profile_dir / f"broker{broker_id}-{os.getpid()}-{time.time_ns()}.prof" if self.profile_dir else None
+        profile = self.profile_dir / f"broker{broker_id}-{time.time_ns()}" if self.profile_dir else None
         name = "leader" if broker_id == 0 else f"follower {broker_id}"
         return _spawn(name, d, ["broker", "--config", str(settings)], self.broker_cpus, profile)
 
