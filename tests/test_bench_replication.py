@@ -19,7 +19,7 @@ def clmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                                             "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
 
 
-TINY = ["--queues", "1,20", "--followers", "0,1", "--ack-modes", "async,sync", "--seconds", "0.4", "--warmup-seconds",
+TINY = ["--queues", "20", "--followers", "0,1", "--ack-modes", "async,sync", "--seconds", "0.4", "--warmup-seconds",
         "0.1", "--runs", "1", "--lag-followers", "1", "--lag-seconds", "0.4", "--lag-sample-ms", "5", "--catchup-mb", "2",
         "--settle-seconds", "0", "--batch-messages", "16", "--senders", "4"]  # fmt: skip
 
@@ -37,8 +37,7 @@ def test_every_throughput_case_runs_with_figures_and_ratios(run: tuple[dict, str
     result, stdout, _ = run
     rows = result["throughput"]
     cases = [(r["queues"], r["followers"], r["ack_mode"], r["flush_mode"]) for r in rows]
-    expected = [(q, f, a, "async") for f in (0, 1) for a in ("async", "sync") for q in (1, 20)] + [(1, 0, "async", "sync"),
-                                                                                                  (20, 0, "async", "sync")]  # fmt: skip
+    expected = [(20, f, a, "async") for f in (0, 1) for a in ("async", "sync")] + [(20, 0, "async", "sync")]
     assert sorted(cases) == sorted(expected)
     for r in rows:
         assert r["msgs_per_s"] > 0 and r["mb_per_s"] > 0 and r["errors"] == 0, r
@@ -53,7 +52,7 @@ def test_every_throughput_case_runs_with_figures_and_ratios(run: tuple[dict, str
 
 def test_lag_catchup_aims_and_outputs(run: tuple[dict, str, Path]) -> None:  # type: ignore[type-arg]
     result, stdout, tmp = run
-    assert [r["queues"] for r in result["lag"]] == [1, 20]
+    assert [r["queues"] for r in result["lag"]] == [20]
     for r in result["lag"]:
         assert r["followers"] == 1 and r["target_msgs_per_s"] > 0 and r["msgs_per_s"] > 0
         assert r["per_follower"]["1"]["samples"] > 0 and 0 <= r["lag_p50_ms"] <= r["lag_p99_ms"] <= r["lag_max_ms"]
@@ -62,7 +61,7 @@ def test_lag_catchup_aims_and_outputs(run: tuple[dict, str, Path]) -> None:  # t
     assert c["log_mb"] >= 2 and c["mb_per_s"] > 0 and not math.isnan(c["copy_s"])
     assert c["catchup_bytes_per_s_setting"] == 256 << 20
     aims = [a["aim"] for a in result["aims"]]
-    assert len(aims) == 3 and all(isinstance(a["met"], bool) for a in result["aims"])  # lag x 2 queue counts, catch-up
-    assert result["machine"]["cpus"] >= 1 and len(result["runs"]) == 1
+    assert len(aims) == 2 and all(isinstance(a["met"], bool) for a in result["aims"])  # lag, catch-up
+    assert result["machine"]["cpus"] >= 1 and len(result["runs"]) == 1 and "load_before" in result["machine"]
     assert "| queues |" in (tmp / "r.md").read_text() and (tmp / "r.png").stat().st_size > 0
     assert "catch-up of an empty follower" in stdout and "JSON written to" in stdout

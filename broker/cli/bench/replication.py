@@ -21,6 +21,7 @@ share this machine's cores.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import tempfile
@@ -121,23 +122,23 @@ def throughput_case(args: argparse.Namespace, root: Path, queues: int, followers
 
 
 def lag_case(args: argparse.Namespace, root: Path, queues: int, rate: float, report: Callable[[str], None]) -> dict[str, Any]:
-    """``--lag-followers`` followers, async acks, producing at ``rate``: the leader's view of their lag."""
+    """``--lag-followers`` followers, async acks, producing at ``rate``: how far behind they are
+    (the age of the oldest byte a follower lacks, in ms; the bytes it lacks)."""
     followers = args.lag_followers
     group = _group(args, root, _settings(args, "async", followers, "async"))
     spec = _spec(args, args.lag_seconds, rate_msgs_per_s=rate, lag_sample_ms=args.lag_sample_ms)
     w = _run_group(group, followers, queues, spec, report)
-    ms = [float(m) for rows in w.lag.values() for m, _ in rows]
-    nbytes = [float(b) for rows in w.lag.values() for _, b in rows]
-    per = {str(f): {"p50_ms": percentile([float(m) for m, _ in rows], 50), "p99_ms": percentile([float(m) for m, _ in rows], 99),
-                    "p99_bytes": percentile([float(b) for _, b in rows], 99), "samples": len(rows)}
-           for f, rows in sorted(w.lag.items())}  # fmt: skip
+    age = [a for rows in w.lag.values() for a, _, _ in rows]
     row = {"queues": queues, "followers": followers, "target_msgs_per_s": rate, **_figures(w, args.size_bytes),
-           "lag_p50_ms": percentile(ms, 50), "lag_p99_ms": percentile(ms, 99), "lag_max_ms": max(ms, default=float("nan")),
-           "lag_p50_bytes": percentile(nbytes, 50), "lag_p99_bytes": percentile(nbytes, 99), "per_follower": per}  # fmt: skip
-    # the bytes behind, as time at the rate achieved: a cross-check of the leader's lag_ms
-    row["lag_p99_bytes_as_ms"] = row["lag_p99_bytes"] / (row["mb_per_s"] * 1e3) if row["mb_per_s"] else float("nan")
+           "lag_p50_ms": percentile(age, 50), "lag_p99_ms": percentile(age, 99), "lag_max_ms": max(age, default=math.nan),
+           "leader_lag_ms_p99": percentile([float(m) for rows in w.lag.values() for _, m, _ in rows], 99),
+           "lag_p50_bytes": percentile([float(b) for rows in w.lag.values() for _, _, b in rows], 50),
+           "lag_p99_bytes": percentile([float(b) for rows in w.lag.values() for _, _, b in rows], 99),
+           "per_follower": {str(f): {"p50_ms": percentile([a for a, _, _ in rows], 50),
+                                     "p99_ms": percentile([a for a, _, _ in rows], 99), "samples": len(rows)}
+                            for f, rows in sorted(w.lag.items())}}  # fmt: skip
     report(f"lag, {queues:,} queues at {rate:,.0f} msgs/s (got {row['msgs_per_s']:,.0f}): p50 {row['lag_p50_ms']:.0f} ms, "
-           f"p99 {row['lag_p99_ms']:.0f} ms, p99 {row['lag_p99_bytes'] / 1e3:,.0f} kB ({len(ms)} samples)")  # fmt: skip
+           f"p99 {row['lag_p99_ms']:.0f} ms, p99 {row['lag_p99_bytes'] / 1e3:,.0f} kB ({len(age)} samples)")  # fmt: skip
     return row
 
 
@@ -238,13 +239,26 @@ def _one_run(args: argparse.Namespace, root: Path, report: Callable[[str], None]
     return {"throughput": rows, "lag": lag, "catchup": catchup}
 
 
+def pressure() -> dict[str, float]:
+    """The kernel's pressure stall figures (share of the last 60 s some task waited for
+    CPU or I/O, in %): how busy the machine was besides this benchmark."""
+    out = {}
+    for kind in ("cpu", "io"):
+        try:
+            with open(f"/proc/pressure/{kind}") as f:
+                out[f"{kind}_some_avg60_pct"] = float(f.readline().split()[2].split("=")[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
 def _summary(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The settings, the machine, and the medians of the runs (every run kept too)."""
     settings = {k: (sorted(v) if isinstance(v, set) else str(v) if isinstance(v, Path) else v)
                 for k, v in vars(args).items() if k != "func"}  # fmt: skip
     machine = {"cpus": os.cpu_count(), "client_cpus": sorted(os.sched_getaffinity(0)),
                "broker_cpus": sorted(args.broker_cpus) if args.broker_cpus else "not pinned",
-               "load_after": os.getloadavg()}  # fmt: skip
+               "load_after": os.getloadavg(), "pressure_after": pressure()}  # fmt: skip
     key = ("queues", "followers", "ack_mode", "flush_mode")
     throughput = _with_ratios(_median_rows([x for run in runs for x in run["throughput"]], key))
     lag = _median_rows([x for run in runs for x in run["lag"]], ("queues",))
@@ -259,13 +273,13 @@ def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str
         os.sched_setaffinity(0, args.client_cpus)
     root = Path(args.dir or tempfile.mkdtemp(prefix="clmq-bench-repl-"))
     root.mkdir(parents=True, exist_ok=True)
-    load_before = os.getloadavg()
+    load_before, pressure_before = os.getloadavg(), pressure()
     runs = []
     for r in range(args.runs):
-        report(f"[bold]run {r + 1}/{args.runs}")
+        report(f"[bold]run {r + 1}/{args.runs}[/] (load {os.getloadavg()[0]:.1f}, pressure {pressure()})")
         runs.append(_one_run(args, root, report))
     result = _summary(args, runs)
-    result["machine"]["load_before"] = load_before
+    result["machine"].update(load_before=load_before, pressure_before=pressure_before)
     result["aims"] = _aims(result)
     if not args.dir and not any(root.iterdir()):
         root.rmdir()  # every case removes its own directories

@@ -4,6 +4,7 @@ with many sends in flight (optionally paced to a rate), and what is sampled mean
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import resource
@@ -43,7 +44,7 @@ class Window:
     latencies_ms: list[float] = field(default_factory=list)
     seconds: float = 0.0
     cpu_s: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds in the window
-    lag: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # follower id -> [(lag_ms, lag_bytes)]
+    lag: dict[int, list[tuple[float, int, int]]] = field(default_factory=dict)  # follower -> [(age ms, lag_ms, bytes)]
     total_bytes: int = 0  # acknowledged over the whole run, warm-up included
 
 
@@ -135,12 +136,26 @@ async def _cpu_probe(group: Group, window: Window, start: float, end: float) -> 
 
 
 async def _lag_probe(group: Group, window: Window, every_ms: int, start: float, end: float) -> None:
+    """Sample REPLICA_STATUS of the leader: per follower, the age of the oldest byte it
+    lacks (from this probe's history of the leader's end), the leader's own ``lag_ms``
+    (time since the follower was last caught up: it includes idle time in a long-polled
+    fetch) and the bytes behind."""
     assert group.leader is not None
+    ends: list[int] = []  # the leader's end offset at each sample (never decreasing)
+    times: list[float] = []
     async with open_admin(broker_addrs=[group.leader.addr]) as admin:
         await trio.sleep_until(start)
         while trio.current_time() < end:
-            for r in (await admin.replica_status(group.leader.addr))["replicas"]:
-                window.lag.setdefault(int(r["broker_id"]), []).append((int(r["lag_ms"]), int(r["lag_bytes"])))
+            status = await admin.replica_status(group.leader.addr)
+            now = trio.current_time()
+            ends.append(int(status["end_offset"]))
+            times.append(now)
+            for r in status["replicas"]:
+                held = int(r["acked_offset"])
+                # the first sample whose end was past what the follower holds: its missing bytes existed since then
+                i = bisect.bisect_right(ends, held)
+                age_ms = (now - times[i]) * 1000 if i < len(ends) else 0.0
+                window.lag.setdefault(int(r["broker_id"]), []).append((age_ms, int(r["lag_ms"]), int(r["lag_bytes"])))
             await trio.sleep(every_ms / 1000)
 
 

@@ -32,13 +32,13 @@ def throughput_cells(r: dict[str, Any]) -> list[str]:
 
 
 LAG_HEAD = ["queues", "target msgs/s", "got msgs/s", "lag p50 ms", "lag p99 ms", "lag max ms", "lag p50 kB", "lag p99 kB",
-            "p99 kB as ms", "CPU % client / leader / followers"]  # fmt: skip
+            "leader's lag_ms p99", "CPU % client / leader / followers"]  # fmt: skip
 
 
 def lag_cells(r: dict[str, Any]) -> list[str]:
     return [f"{r['queues']:,}", _f(r["target_msgs_per_s"], ",.0f"), _f(r["msgs_per_s"], ",.0f"), _f(r["lag_p50_ms"], ".0f"),
             _f(r["lag_p99_ms"], ".0f"), _f(r["lag_max_ms"], ".0f"), _f(r["lag_p50_bytes"] / 1e3, ",.0f"),
-            _f(r["lag_p99_bytes"] / 1e3, ",.0f"), _f(r["lag_p99_bytes_as_ms"], ".0f"), _cpu(r)]  # fmt: skip
+            _f(r["lag_p99_bytes"] / 1e3, ",.0f"), _f(r["leader_lag_ms_p99"], ".0f"), _cpu(r)]  # fmt: skip
 
 
 def _title(result: dict[str, Any]) -> str:
@@ -63,8 +63,8 @@ def print_tables(result: dict[str, Any], console: Any) -> None:
         table.add_row(*throughput_cells(r))
     console.print(table)
     if result["lag"]:
-        lag = Table(title=f"follower lag ({result['settings']['lag_followers']} followers, async acks; the leader's view: "
-                          "time since caught up, bytes behind)")  # fmt: skip
+        lag = Table(title=f"follower lag ({result['settings']['lag_followers']} followers, async acks; lag ms: age of the "
+                          "oldest byte a follower lacks)")  # fmt: skip
         for col in LAG_HEAD:
             lag.add_column(col, justify="right")
         for r in result["lag"]:
