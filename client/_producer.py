@@ -197,8 +197,10 @@ class Producer:
             routed, mqs = mqs, [m for m in mqs if m.addr not in failures]
             if not mqs:
                 down = sorted({failures[m.addr] for m in routed})
-                raise SendError(f"topic {topic!r}: no healthy broker to send to (STORE_FAILED): {'; '.join(down)}",
-                                ErrorCode.STORE_FAILED)  # fmt: skip
+                # Every group leaderless: NOT_LEADER (a promotion is due), else a failed store.
+                code = ErrorCode.NOT_LEADER if {m.addr for m in routed} <= self.routes.leaderless else ErrorCode.STORE_FAILED
+                raise SendError(f"topic {topic!r}: no healthy broker to send to ({code.name}): {'; '.join(down)}",
+                                code)  # fmt: skip
         if selector is not None:
             return selector(mqs, first)
         if sharding_key is not None:

@@ -61,6 +61,8 @@ class Routes:
         # Per group (broker name): its followers' addresses as the last route answer said
         # (absent from older name servers: none). They serve reads, never writes.
         self._followers: dict[str, list[str]] = {}
+        # Addresses routed only for reads: their group has no leader (routes say leader: false).
+        self.leaderless: set[str] = set()
 
     async def queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
         """The topic's queues on every broker, sorted (broker name, queue id)."""
@@ -74,6 +76,10 @@ class Routes:
             else:
                 self.failures[b["addr"]] = f"{b['broker_name']} at {b['addr']}: {b.get('failure') or 'unhealthy'}"
             self._followers[b["broker_name"]] = [f["addr"] for f in b.get("followers") or () if f.get("addr")]
+            if b.get("leader", True):
+                self.leaderless.discard(b["addr"])
+            else:
+                self.leaderless.add(b["addr"])
         shape = [(b["broker_name"], b["addr"], b["queue_count"]) for b in brokers]
         if cached and cached[1] == shape:  # unchanged: keep the objects (10,000 cost milliseconds)
             mqs = cached[2]

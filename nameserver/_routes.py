@@ -96,7 +96,7 @@ class RouteTable:
             healthy, failure = False, f"group {name} has no leader (reads only, from a follower)"
         followers = [{"addr": b.addr, "broker_id": b.broker_id} for b in members if b is not head]
         return {"broker_name": name, "addr": head.addr, "queue_count": head.topics[topic], "healthy": healthy,
-                "failure": failure, "epoch": head.epoch, "followers": followers}  # fmt: skip
+                "failure": failure, "epoch": head.epoch, "leader": bool(leaders), "followers": followers}  # fmt: skip
 
     def cluster(self, now_ms: float) -> list[dict[str, Any]]:
         """Every registered broker, healthy or not (``healthy``, ``failure``)."""

@@ -109,9 +109,11 @@ REGISTER_BROKER        cluster, broker_name, addr, topics: {name: queue_count},
                        leadership with a lower epoch is recorded as a follower
 UNREGISTER_BROKER      addr (broker_name optional)
 GET_ROUTE              topic -> brokers: [{broker_name, addr, queue_count, healthy,
-                       failure, epoch, followers: [{addr, broker_id}]}] (each group's
-                       leader, live: producers skip unhealthy ones, consumers still
-                       read from them; followers may serve reads)
+                       failure, epoch, leader, followers: [{addr, broker_id}]}] (each
+                       group's leader, live: producers skip unhealthy ones, consumers
+                       still read from them; followers may serve reads; a group
+                       without a live leader is routed to a follower, leader: false,
+                       unhealthy)
 GET_CLUSTER            -> brokers: [{broker_name, addr, cluster, topics, age_ms,
                        healthy, failure}]
 =====================  ============================================================

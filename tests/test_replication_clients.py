@@ -323,5 +323,5 @@ async def test_a_group_without_a_leader_is_read_from_its_follower_and_takes_no_w
     async with open_producer(c.ns, retries=1) as p:
         with pytest.raises(SendError) as e:
             await p.send("t", b"nowhere to go")
-    assert "no leader" in str(e.value)
+    assert "no leader" in str(e.value) and e.value.code == ErrorCode.NOT_LEADER
     assert f.store.log.write_offset == end

@@ -346,7 +346,16 @@ def test_route_table_drops_silent_brokers_and_sorts_routes() -> None:
     assert [b["broker_name"] for b in table.route("t")] == ["a", "b"]
     assert table.expire(now_ms=1200) == ["h2:1"]
     assert table.route("t") == [
-        {"broker_name": "a", "addr": "h1:1", "queue_count": 2, "healthy": True, "failure": "", "epoch": -1, "followers": []}
+        {
+            "broker_name": "a",
+            "addr": "h1:1",
+            "queue_count": 2,
+            "healthy": True,
+            "failure": "",
+            "epoch": -1,
+            "leader": True,
+            "followers": [],
+        }
     ]
 
 
