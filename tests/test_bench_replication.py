@@ -40,7 +40,7 @@ def test_every_throughput_case_runs_with_figures_and_ratios(run: tuple[dict, str
     expected = [(20, f, a, "async") for f in (0, 1) for a in ("async", "sync")] + [(20, 0, "async", "sync")]
     assert sorted(cases) == sorted(expected)
     for r in rows:
-        assert r["msgs_per_s"] > 0 and r["mb_per_s"] > 0 and r["errors"] == 0, r
+        assert r["msgs_per_s"] > 0 and r["mb_per_s"] > 0 and r["errors"] == 0 and 1 <= r["queues_written"] <= 20, r
         assert 0 < r["p50_ms"] <= r["p99_ms"], r
         assert r["vs_0_followers"] > 0 and r["vs_sync_flush"] > 0
         assert {"client", "leader", "nameserver"} <= set(r["cpu_pct"]), r["cpu_pct"]

@@ -107,7 +107,8 @@ def _cpu_pct(w: Window) -> dict[str, float]:
 def _figures(w: Window, size: int) -> dict[str, Any]:
     rate = w.messages / w.seconds if w.seconds > 0 else 0.0
     return {"msgs_per_s": rate, "mb_per_s": rate * size / 1e6, "p50_ms": percentile(w.latencies_ms, 50),
-            "p99_ms": percentile(w.latencies_ms, 99), "errors": w.errors, "cpu_pct": _cpu_pct(w)}  # fmt: skip
+            "p99_ms": percentile(w.latencies_ms, 99), "errors": w.errors, "queues_written": len(w.queues_written),
+            "cpu_pct": _cpu_pct(w)}  # fmt: skip
 
 
 def throughput_case(args: argparse.Namespace, root: Path, queues: int, followers: int, ack: str, flush: str,

@@ -46,6 +46,7 @@ class Window:
     cpu_s: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds in the window
     lag: dict[int, list[tuple[float, int, int]]] = field(default_factory=dict)  # follower -> [(age ms, lag_ms, bytes)]
     total_bytes: int = 0  # acknowledged over the whole run, warm-up included
+    queues_written: set[int] = field(default_factory=set)  # distinct queues written in the window
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -116,7 +117,7 @@ async def _sender(producer: Producer, spec: LoadSpec, window: Window, slots: Any
         msgs = [Message(spec.topic, 0, body, "TagA", born_timestamp_ms=now_ms) for _ in range(spec.batch_messages)]
         t0 = trio.current_time()
         try:
-            await producer.send_batch(spec.topic, msgs)
+            result = await producer.send_batch(spec.topic, msgs)
         except SendError:
             window.errors += start <= trio.current_time() <= end
             continue
@@ -125,6 +126,7 @@ async def _sender(producer: Producer, spec: LoadSpec, window: Window, slots: Any
         if start <= done <= end:  # completions inside the window: no bias from sends in flight at its edges
             window.messages += spec.batch_messages
             window.latencies_ms.append((done - t0) * 1000)
+            window.queues_written.add(result.queue.queue_id)
 
 
 async def _cpu_probe(group: Group, window: Window, start: float, end: float) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
-HEAD = ["queues", "followers", "ack", "flush", "msgs/s", "MB/s", "p50 ms", "p99 ms", "vs 0 followers", "vs sync flush",
+HEAD = ["queues (written)", "followers", "ack", "flush", "msgs/s", "MB/s", "p50 ms", "p99 ms", "vs 0 followers", "vs sync flush",
         "errors", "CPU % client / leader / followers"]  # fmt: skip
 
 
@@ -26,8 +26,8 @@ def _f(x: float, fmt: str) -> str:
 
 
 def throughput_cells(r: dict[str, Any]) -> list[str]:
-    return [f"{r['queues']:,}", str(r["followers"]), r["ack_mode"], r["flush_mode"], _f(r["msgs_per_s"], ",.0f"),
-            _f(r["mb_per_s"], ".1f"), _f(r["p50_ms"], ".1f"), _f(r["p99_ms"], ".1f"), _f(r["vs_0_followers"], ".2f"),
+    return [f"{r['queues']:,} ({r['queues_written']:,.0f})", str(r["followers"]), r["ack_mode"], r["flush_mode"],
+            _f(r["msgs_per_s"], ",.0f"), _f(r["mb_per_s"], ".1f"), _f(r["p50_ms"], ".1f"), _f(r["p99_ms"], ".1f"), _f(r["vs_0_followers"], ".2f"),
             _f(r["vs_sync_flush"], ".2f"), f"{r['errors']:.0f}", _cpu(r)]  # fmt: skip
 
 
