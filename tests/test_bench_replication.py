@@ -20,7 +20,7 @@ def clmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 TINY = ["--queues", "20", "--followers", "0,1", "--ack-modes", "async,sync", "--seconds", "0.4", "--warmup-seconds",
-        "0.1", "--runs", "1", "--lag-followers", "1", "--lag-seconds", "0.4", "--lag-sample-ms", "5", "--catchup-mb", "2",
+        "0.1", "--runs", "1", "--lag-followers", "1", "--lag-seconds", "0.4", "--lag-warmup-seconds", "0.1", "--lag-sample-ms", "5", "--catchup-mb", "2",
         "--settle-seconds", "0", "--batch-messages", "16", "--senders", "4"]  # fmt: skip
 
 

@@ -21,6 +21,7 @@ share this machine's cores.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import statistics
@@ -59,6 +60,8 @@ def add_command(bench_sub: Any) -> None:
     a("--warmup-seconds", type=float, default=1.0, help="producing before each case's window (default 1)")
     a("--runs", type=int, default=3, help="runs of every case; medians are reported (default 3)")
     a("--lag-seconds", type=float, default=8.0, help="measured seconds of the lag case (0: skip it)")
+    a("--lag-warmup-seconds", type=float, default=3.0,
+      help="producing before the lag window (default 3: a new follower's first second has one-off costs)")  # fmt: skip
     a("--lag-followers", type=int, default=2, help="followers in the lag case (default 2)")
     a("--lag-sample-ms", type=int, default=10, help="how often the leader's view of lag is sampled (default 10)")
     a("--catchup-mb", type=float, default=512.0, help="log the empty follower copies, MB (0: skip; default 512)")
@@ -127,7 +130,9 @@ def lag_case(args: argparse.Namespace, root: Path, queues: int, rate: float, rep
     (the age of the oldest byte a follower lacks, in ms; the bytes it lacks)."""
     followers = args.lag_followers
     group = _group(args, root, _settings(args, "async", followers, "async"))
-    spec = _spec(args, args.lag_seconds, rate_msgs_per_s=rate, lag_sample_ms=args.lag_sample_ms)
+    spec = dataclasses.replace(
+        _spec(args, args.lag_seconds, rate_msgs_per_s=rate, lag_sample_ms=args.lag_sample_ms), warmup_s=args.lag_warmup_seconds
+    )
     w = _run_group(group, followers, queues, spec, report)
     age = [a for rows in w.lag.values() for a, _, _ in rows]
     row = {"queues": queues, "followers": followers, "target_msgs_per_s": rate, **_figures(w, args.size_bytes),
