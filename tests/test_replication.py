@@ -378,3 +378,21 @@ async def test_sync_acks_of_a_leader_alone_in_sync_answer_at_once(nursery: trio.
                 reply = await send_raw(rpc, lead.addr, "t", [Message("t", 0, b"%d" % i)])
                 assert reply.error_code == 0, reply
         await rpc.aclose()
+
+
+async def test_a_burst_never_throttles_an_in_sync_follower(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The catch-up throttle is for followers out of the in-sync set (Kafka's KIP-73): a
+    burst bigger than one chunk must not slow a follower that sync acks wait for."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    slow = {"replica_catchup_bytes_per_s": 64 * 1024, "replica_fetch_max_bytes": 64 * 1024}
+    lead, (f,) = await start_group(c, 1, slow, ack_mode="sync", min_insync_replicas=2, replication_timeout_ms=10_000)
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1})
+        await in_sync(lead, 1)
+        burst = [Message("t", 0, b"x" * 8000) for _ in range(64)]  # 512 KiB: 8 s at the throttle's rate
+        with trio.fail_after(4):
+            reply = await send_raw(rpc, lead.addr, "t", burst)
+        assert reply.error_code == 0, reply
+        await rpc.aclose()

@@ -31,7 +31,7 @@ class ReplicationConfig:
     replica_lag_max_ms: int = 5000  # a follower not caught up for this long leaves the in-sync set
     replica_fetch_max_bytes: int = 4 << 20  # one fetch answer at most (a bigger record is fetched whole)
     replica_fetch_wait_ms: int = 500  # a fetch at the leader's end waits this long for new bytes
-    replica_catchup_bytes_per_s: int = 256 << 20  # per follower still catching up (0: unlimited)
+    replica_catchup_bytes_per_s: int = 256 << 20  # per follower catching up, out of the in-sync set (0: unlimited)
     replica_ids: tuple[int, ...] = ()  # ids allowed to replicate from the leader (empty: any id of the group)
     replica_metadata_interval_ms: int = 1000  # a follower copies topics and consumer offsets at most this often
     replica_retry_ms: int = 500  # a follower that lost its leader tries again after this

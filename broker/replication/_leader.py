@@ -179,7 +179,9 @@ class Leader:
         end = self.log.write_offset
         span = self._span(offset, min(max_bytes, end - offset)) if end > offset else None
         length = span.length if span else 0
-        if length and end - offset > self.config.replica_fetch_max_bytes:  # catching up: throttled
+        if length and not state.in_sync and end - offset > self.config.replica_fetch_max_bytes:
+            # Catching up, out of the in-sync set: throttled (Kafka's KIP-73). Never a follower
+            # in sync: sync acks wait for it, and a burst must not make it fall out.
             await self._throttle(state.broker_id, length)
         self.isr.answered(state, offset + length, end, now_ms())
         fields = {"epoch": self.epoch, "offset": offset, "length": length, "end_offset": end,

@@ -63,7 +63,7 @@ class BrokerConfig:
     replica_lag_max_ms: int = 5000  # a follower not caught up for this long leaves the in-sync set
     replica_fetch_max_bytes: int = 4 * MiB
     replica_fetch_wait_ms: int = 500
-    replica_catchup_bytes_per_s: int = 256 * MiB  # per follower catching up (0: unlimited)
+    replica_catchup_bytes_per_s: int = 256 * MiB  # per follower catching up, out of the in-sync set (0: unlimited)
     replica_ids: list[int] = field(default_factory=list)  # ids allowed to replicate (empty: any of the group)
     replica_metadata_interval_ms: int = 1000
     replica_retry_ms: int = 500
