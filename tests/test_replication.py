@@ -386,7 +386,7 @@ async def test_a_burst_never_throttles_an_in_sync_follower(nursery: trio.Nursery
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     slow = {"replica_catchup_bytes_per_s": 64 * 1024, "replica_fetch_max_bytes": 64 * 1024}
-    lead, (f,) = await start_group(c, 1, slow, ack_mode="sync", min_insync_replicas=2, replication_timeout_ms=10_000)
+    lead, _ = await start_group(c, 1, slow, ack_mode="sync", min_insync_replicas=2, replication_timeout_ms=10_000)
     async with trio.open_nursery() as n:
         rpc = RpcClient(n)
         await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1})
