@@ -246,12 +246,6 @@ class Group:
 
         return await await_until(ok, timeout_s, f"the name server: {what}")
 
-    async def replica_view(self, leader: str, follower: str) -> dict[str, Any] | None:
-        """The leader's row for ``follower`` in its REPLICA_STATUS (None: not joined)."""
-        st = await self.try_status(leader)
-        rows = [r for r in (st or {}).get("replicas", []) if r["broker_id"] == self[follower].broker_id]
-        return rows[0] if rows else None
-
     async def wait_in_sync(self, leader: str, followers: list[str], timeout_s: float = 30) -> int:
         """Wait until every follower's log ends where the leader's does and the leader
         lists it in sync (traffic must have stopped); returns that end."""
@@ -316,10 +310,6 @@ def log_bytes(data_dir: Path, start: int, end: int) -> bytes:
         pos += len(chunk)
     assert pos == end, f"{data_dir}: the log's files end at {pos}, not {end}"
     return bytes(out)
-
-
-def log_digest(data_dir: Path, start: int, end: int) -> str:
-    return hashlib.sha256(log_bytes(data_dir, start, end)).hexdigest()
 
 
 def first_difference(a: bytes, b: bytes) -> int | None:
