@@ -70,7 +70,8 @@ Replication (a follower to its leader; an operator to a replica)
 ================================================================
 =====================  ============================================================
 REPLICA_JOIN           broker_name, broker_id, epoch (the follower's latest, -1:
-                       none), end_offset, segment_bytes -> session, epoch, epochs:
+                       none), end_offset, segment_bytes, addr (optional: where the
+                       follower listens, shown in REPLICA_STATUS) -> session, epoch, epochs:
                        [[epoch, start_offset], ...], end_offset, min_offset,
                        confirmed_offset, ack_durability ("written" | "flushed").
                        Refused (REPLICA_REFUSED) for another group's broker, the
@@ -291,7 +292,7 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
     RequestCode.GET_LOG_LAYOUT: {},
     RequestCode.READ_LOG: {"offset": (OFFSET, True), "max_bytes": (_int(), True), "end_offset": (OFFSET, True)},
     RequestCode.REPLICA_JOIN: {"broker_name": (_str, True), "broker_id": (_int(), True), "epoch": (EPOCH, True),
-                               "end_offset": (OFFSET, True), "segment_bytes": (_int(1), True)},
+                               "end_offset": (OFFSET, True), "segment_bytes": (_int(1), True), "addr": (_str, False)},
     RequestCode.REPLICA_FETCH: {"broker_id": (_int(), True), "session": (_int(), True), "epoch": (EPOCH, True),
                                 "offset": (OFFSET, True), "flushed": (OFFSET, True), "max_bytes": (_int(1), True),
                                 "max_wait_ms": (_int(), True)},

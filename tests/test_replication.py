@@ -89,6 +89,8 @@ async def test_follower_logs_are_byte_identical_after_mixed_traffic_over_thousan
         await rpc.aclose()
     end = await caught_up(lead, fs)
     assert len(lead.store.log.segments()) > 3  # the stream crossed segment ends (blank markers)
+    rows = lead.replica.status()["replicas"]
+    assert [(r["broker_id"], r["addr"]) for r in rows] == [(f.config.broker_id, f.addr) for f in fs]
     for f in fs:
         assert log_digest(f, end) == log_digest(lead, end)
         await await_until(lambda f=f: f.store.topics.all() == topics, 10, "topics copied")

@@ -185,7 +185,8 @@ GOOD_BROKER: dict[int, dict[str, Any]] = {
     RequestCode.BROKER_INFO: {},
     RequestCode.GET_LOG_LAYOUT: {},
     RequestCode.READ_LOG: {"offset": 0, "max_bytes": 100, "end_offset": 100},
-    RequestCode.REPLICA_JOIN: {"broker_name": "zz", "broker_id": 7, "epoch": 0, "end_offset": 0, "segment_bytes": 1024},
+    RequestCode.REPLICA_JOIN: {"broker_name": "zz", "broker_id": 7, "epoch": 0, "end_offset": 0, "segment_bytes": 1024,
+                               "addr": "127.0.0.1:1"},
     RequestCode.REPLICA_FETCH: {"broker_id": 7, "session": 1, "epoch": 0, "offset": 0, "flushed": 0, "max_bytes": 100,
                                 "max_wait_ms": 0},
     RequestCode.REPLICA_METADATA: {"broker_id": 7, "session": 1},
@@ -207,6 +208,7 @@ OPTIONAL = {
     (RequestCode.REGISTER_BROKER, "healthy"), (RequestCode.REGISTER_BROKER, "failure"),
     (RequestCode.UNREGISTER_BROKER, "broker_name"), (RequestCode.REGISTER_BROKER, "broker_id"),
     (RequestCode.REGISTER_BROKER, "role"), (RequestCode.REGISTER_BROKER, "epoch"), (RequestCode.PROMOTE, "force"),
+    (RequestCode.REPLICA_JOIN, "addr"),
 }  # fmt: skip
 # A wrong value of each kind: every one is refused unless it has the field's own type
 # (a string for a string field) and is in range.

@@ -37,7 +37,7 @@ class Rejoin(Exception):
 
 class Follower:
     def __init__(self, config: ReplicationConfig, store: Store, epochs: LeaderEpochs, metadata: MetadataPort,
-                 rpc: RpcClient, leader_hint: Callable[[], str]) -> None:  # fmt: skip
+                 rpc: RpcClient, leader_hint: Callable[[], str], addr: Callable[[], str] = lambda: "") -> None:  # fmt: skip
         self.config = config
         self.store = store
         self.log = store.log
@@ -45,6 +45,7 @@ class Follower:
         self.metadata = metadata
         self.rpc = rpc
         self.leader_hint = leader_hint  # the leader's address as the name servers last said ("" : unknown)
+        self.addr = addr  # where this follower listens (its leader shows it in REPLICA_STATUS)
         self.leader_addr = ""
         self.leader_epoch = -1
         self.in_sync = False  # as the leader last said, while connected
@@ -101,7 +102,8 @@ class Follower:
     async def _follow(self, addr: str) -> None:
         c = self.config
         fields = {"broker_name": c.broker_name, "broker_id": c.broker_id, "epoch": self.epochs.latest,
-                  "end_offset": self.log.write_offset, "segment_bytes": self.log.config.segment_bytes}  # fmt: skip
+                  "end_offset": self.log.write_offset, "segment_bytes": self.log.config.segment_bytes,
+                  "addr": self.addr()}  # fmt: skip
         joined = await self.rpc.request(addr, RequestCode.REPLICA_JOIN, fields, timeout_ms=REQUEST_SLACK_MS)
         j = joined.fields
         self.leader_addr, self.leader_epoch, self.connected, self.error = addr, j["epoch"], True, ""

@@ -114,7 +114,7 @@ class Leader:
     async def join(self, frame: Frame, peer: Peer) -> Reply:
         f = frame.fields
         self._check_member(f["broker_name"], f["broker_id"], f["segment_bytes"], peer)
-        state = FollowerState(f["broker_id"], f"{peer.host}:{peer.port}", next(self._sessions), now_ms())
+        state = FollowerState(f["broker_id"], f.get("addr") or f"{peer.host}:{peer.port}", next(self._sessions), now_ms())
         self.isr.join(state)
         self._publish()
         log.info("%s: replica %d joined from %s (its log ends at %d, epoch %d)", self.config.broker_name,

@@ -36,11 +36,12 @@ QUIESCE_S = 5.0  # a demoted leader waits at most this long for appends under wa
 class Replica:
     def __init__(self, config: ReplicationConfig, store: StorageEngine, metadata: MetadataPort,
                  token: trio.lowlevel.TrioToken, register_now: Callable[[], None],
-                 writes_idle: Callable[[], Awaitable[None]]) -> None:  # fmt: skip
+                 writes_idle: Callable[[], Awaitable[None]], addr: Callable[[], str] = lambda: "") -> None:  # fmt: skip
         self.config = config
         self.metadata = metadata
         self.register_now = register_now
         self.writes_idle = writes_idle
+        self.addr = addr  # where this broker listens (a follower tells its leader)
         self.store = store if isinstance(store, Store) else None
         saved = load_json(store.directory / ROLE_FILE)
         self.role = saved.value["role"] if saved.source in (MetadataSource.CURRENT, MetadataSource.PREVIOUS) else config.role
@@ -91,7 +92,7 @@ class Replica:
                     nursery.start_soon(self.leader.watch_lag)
                 elif self.role == "follower" and self.store is not None:
                     self.follower = Follower(self.config, self.store, self.epochs, self.metadata, rpc,
-                                             lambda: self.leader_hint)  # fmt: skip
+                                             lambda: self.leader_hint, self.addr)  # fmt: skip
                     nursery.start_soon(self._follow, self.follower)
                 await self._switched.wait()
                 nursery.cancel_scope.cancel()

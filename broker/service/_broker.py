@@ -41,7 +41,7 @@ class Broker:
         self.lane = AppendLane(store, config.max_inflight_produce_bytes, inline_max_bytes=config.inline_append_max_bytes)
         self.metadata = ReplicatedMetadata(store, self.offsets, self.groups)
         self.replica = Replica(config.replication_config(), store, self.metadata, token, self.register_now,
-                               writes_idle=self.lane.wait_idle)  # fmt: skip
+                               writes_idle=self.lane.wait_idle, addr=lambda: self.addr)  # fmt: skip
         self.context = BrokerContext(config, store, self.offsets, self.groups, self.waiters, self.lane,
                                      register_now=self.register_now, addr=lambda: self.addr,
                                      connections=lambda: self.rpc.connections, replica=self.replica,
