@@ -171,7 +171,7 @@ def _print_status(addr: str, s: dict[str, Any]) -> None:
     console.print(table)
     if s["role"] == "leader":
         followers = Table(title="followers (the leader's view)")
-        for c in ("id", "connection from", "acked offset", "flushed offset", "lag bytes", "lag ms", "in sync"):
+        for c in ("id", "address", "acked offset", "flushed offset", "lag bytes", "lag ms", "in sync"):
             followers.add_column(c)
         for r in s["replicas"]:
             followers.add_row(str(r["broker_id"]), r["addr"], f"{r['acked_offset']:,}", f"{r['flushed_offset']:,}",
