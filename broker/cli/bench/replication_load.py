@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import trio
 
-from client import MessageQueue, Producer, SendError, open_admin, open_producer
+from client import MessageQueue, NoRouteError, Producer, SendError, open_admin, open_producer
 from commitlog import Message
 
 from .replication_cluster import Group
@@ -82,9 +82,16 @@ async def prepare(group: Group, topic: str, queues: int, followers: int) -> None
                 await trio.sleep(0.05)
     async with open_producer([group.nameserver.addr]) as producer:
         with trio.fail_after(READY_TIMEOUT_S):
-            # polling another process: there is no event to wait on
-            while len(await producer.routes.queues(topic, refresh=True)) < queues:  # noqa: ASYNC110
+            while await _routed(producer, topic) < queues:  # noqa: ASYNC110 - polling another process
                 await trio.sleep(0.1)
+
+
+async def _routed(producer: Producer, topic: str) -> int:
+    """How many of the topic's queues the name server routes (0 before the leader registers it)."""
+    try:
+        return len(await producer.routes.queues(topic, refresh=True))
+    except NoRouteError:
+        return 0
 
 
 async def produce(group: Group, spec: LoadSpec) -> Window:
