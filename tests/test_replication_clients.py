@@ -156,6 +156,20 @@ async def produce(c: Cluster, topic: str, count: int, prefix: bytes = b"m", pad:
             await p.send(topic, body, keys=f"k{i}", tags="even" if i % 2 == 0 else "odd")
 
 
+async def ready_group(nursery: trio.Nursery, tmp_path: Path, queues: int, messages: int,
+                      **leader: Any) -> tuple[Cluster, Broker, Broker]:  # fmt: skip
+    """A name server, a leader and an in-sync follower, topic "t" of ``queues`` queues
+    holding ``messages`` messages."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, f = await start_group(c, **leader)
+    assert f is not None
+    await c.create_topic("t", queues)
+    await in_sync(lead, 2)
+    await produce(c, "t", messages)
+    return c, lead, f
+
+
 async def test_routes_list_each_groups_followers(nursery: trio.Nursery, tmp_path: Path) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
@@ -170,13 +184,7 @@ async def test_routes_list_each_groups_followers(nursery: trio.Nursery, tmp_path
 async def test_a_consumer_reading_from_followers_reads_what_the_leader_has_and_commits_to_it(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    lead, f = await start_group(c)
-    assert f is not None
-    await c.create_topic("t", 4)
-    await in_sync(lead, 2)
-    await produce(c, "t", 400)
+    c, lead, f = await ready_group(nursery, tmp_path, 4, 400)
     async with open_consumer(c.ns, "cg", {"t": "*"}, read_from_followers=True, pull_batch=16,
                              **FAST_CONSUMER) as consumer:  # fmt: skip
         got = await consume(consumer, 400)
@@ -193,13 +201,7 @@ async def test_a_consumer_reading_from_followers_reads_what_the_leader_has_and_c
 
 
 async def test_a_consumer_not_asking_for_followers_reads_from_the_leader(nursery: trio.Nursery, tmp_path: Path) -> None:
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    lead, f = await start_group(c)
-    assert f is not None
-    await c.create_topic("t", 2)
-    await in_sync(lead, 2)
-    await produce(c, "t", 50)
+    c, _lead, f = await ready_group(nursery, tmp_path, 2, 50)
     async with open_consumer(c.ns, "cg", {"t": "*"}, **FAST_CONSUMER) as consumer:
         await consume(consumer, 50)
         assert f.rpc.connections == 0
@@ -208,13 +210,7 @@ async def test_a_consumer_not_asking_for_followers_reads_from_the_leader(nursery
 async def test_a_consumer_falls_back_to_the_leader_when_its_follower_fails(nursery: trio.Nursery, tmp_path: Path) -> None:
     """The follower stops while the name server still lists it: pulls to it fail, and
     the leader serves them."""
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    lead, f = await start_group(c)
-    assert f is not None
-    await c.create_topic("t", 2)
-    await in_sync(lead, 2)
-    await produce(c, "t", 100)
+    c, _lead, f = await ready_group(nursery, tmp_path, 2, 100)
     async with open_consumer(c.ns, "cg", {"t": "*"}, read_from_followers=True, follower_failure_backoff_ms=60_000,
                              **FAST_CONSUMER) as consumer:  # fmt: skip
         first = await consume(consumer, 1)
@@ -231,13 +227,9 @@ async def test_a_follower_that_lacks_the_offset_sends_the_consumer_to_the_leader
     """A follower that missed messages (stopped, then catching up slowly: throttled)
     does not hold the group's committed offset: the consumer reads from the leader
     there, never moving its offset back to the follower's end (no message twice)."""
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    lead, f = await start_group(c, replica_fetch_max_bytes=16 * 1024, replica_catchup_bytes_per_s=8 * 1024)
-    assert f is not None
-    await c.create_topic("t", 1)
-    await in_sync(lead, 2)
-    await produce(c, "t", 10)
+    c, lead, f = await ready_group(
+        nursery, tmp_path, 1, 10, replica_fetch_max_bytes=16 * 1024, replica_catchup_bytes_per_s=8 * 1024
+    )
     await await_until(lambda: f.store.max_offset("t", 0) == 10, 10, "the follower holding the first 10")
     await c.stop_broker("g1")
     await produce(c, "t", 10, prefix=b"late", pad=8 * 1024)  # async acks: the leader alone holds these
@@ -285,13 +277,7 @@ async def test_the_leader_hints_a_lagging_reader_to_read_from_a_follower(nursery
 
 
 async def test_a_hinted_consumer_reads_from_a_follower(nursery: trio.Nursery, tmp_path: Path) -> None:
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    lead, f = await start_group(c, follower_read_lag_messages=20)
-    assert f is not None
-    await c.create_topic("t", 1)
-    await in_sync(lead, 2)
-    await produce(c, "t", 300)
+    c, _lead, f = await ready_group(nursery, tmp_path, 1, 300, follower_read_lag_messages=20)
     async with open_consumer(c.ns, "cg", {"t": "*"}, pull_batch=8, follower_read_hold_ms=60_000,
                              **FAST_CONSUMER) as consumer:  # fmt: skip
         got = await consume(consumer, 300)
@@ -305,13 +291,7 @@ async def test_a_group_without_a_leader_is_read_from_its_follower_and_takes_no_w
 ) -> None:
     """The leader stops: the name server routes the group to its follower, marked
     unhealthy ("no leader"). Consumers keep reading there; producers do not send there."""
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    lead, f = await start_group(c)
-    assert f is not None
-    await c.create_topic("t", 2)
-    await in_sync(lead, 2)
-    await produce(c, "t", 60)
+    c, lead, f = await ready_group(nursery, tmp_path, 2, 60)
     end = lead.store.log.write_offset
     await await_until(lambda: f.store.log.confirmed_offset >= end, 10, "the follower confirmed to the leader's end")
     await c.stop_broker("g0")
