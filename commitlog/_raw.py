@@ -5,29 +5,45 @@ Invariants:
   :func:`check_record` (CRC included), carries the log offset where it lands, and
   leaves room for a blank marker in its segment; each blank marker fills its segment
   exactly. Nothing is written here: a :class:`CorruptRecordError` means "write none".
+  The error names the first bad record (or marker) of the chunk, as a record-by-record
+  walk would.
 - Queue offsets are taken from the records into the caller's table, with the old
   values noted in ``undo`` (-1: the key was new) so that the caller can restore them.
+  They are taken only once every record has passed, so that a refused chunk leaves
+  the table as it was.
+
+How (a follower copies whole chunks of MiBs, so per-record Python is what limits its
+catch-up): the chunk is walked once per segment with :func:`walk_records` (runs of
+same-size records are found vectorised), every check but the CRC is done column-wise
+(``_raw_columns``), the CRC is one call per record, and queue offsets are taken once
+per distinct queue. A chunk of a few records skips numpy (its per-call cost is more
+than the work) and checks each record with :func:`check_record`.
 """
 
 from __future__ import annotations
 
 import struct
 
+import numpy as np
+
+from ._columns import walk_records
 from ._encoder import QueueKey
 from ._errors import CorruptRecordError
+from ._raw_columns import Span, check_columns
 from ._record import (
     BLANK_MAGIC,
     BLANK_SIZE,
     HEADER_SIZE,
     OFF_COMMITLOG_OFFSET,
-    OFF_QUEUE_ID,
     OFF_QUEUE_OFFSET,
     OFF_TOPIC_LEN,
     check_record,
 )
 from ._scan import SIZE_MAGIC, u64_at
 
-_U32 = struct.Struct("<I")
+_QUEUE = struct.Struct("<QI")  # queue offset, queue id (adjacent header fields)
+_U16 = struct.Struct("<H")
+SMALL_RAW_RECORDS = 64  # chunks of at most this many records are checked without numpy (~crossover)
 
 # A run of bytes to write into one segment: the bytes, the file positions of the records
 # in it, and whether it ends with a blank marker (the segment is then full).
@@ -35,31 +51,100 @@ Piece = tuple[bytes, list[int], bool]
 
 
 def split_raw(data: bytes, offset: int, seg_base: int, seg_pos: int, segment_bytes: int,
-              table: dict[QueueKey, int], undo: dict[QueueKey, int]) -> list[Piece]:  # fmt: skip
+              table: dict[QueueKey, int], undo: dict[QueueKey, int],
+              small_records: int = SMALL_RAW_RECORDS) -> list[Piece]:  # fmt: skip
     """Validate raw bytes landing at ``offset`` (file position ``seg_pos`` of the
-    segment based at ``seg_base``) and cut them at blank markers."""
-    pieces: list[Piece] = []
-    base, pos, p, piece_start = seg_base, seg_pos, 0, 0
-    starts: list[int] = []
+    segment based at ``seg_base``) and cut them at blank markers. Chunks of at most
+    ``small_records`` records are checked record by record, larger ones column-wise
+    (the same checks and errors: the choice is only about speed)."""
     where = f"raw append at {offset}"
-    while p < len(data):
-        if len(data) - p < BLANK_SIZE:
-            raise CorruptRecordError(where, offset + p, "record", "whole records", f"{len(data) - p} stray bytes")
-        size, magic = SIZE_MAGIC.unpack_from(data, p)
-        if magic == BLANK_MAGIC:
-            if size != segment_bytes - pos:
-                raise CorruptRecordError(where, offset + p, "blank size", str(segment_bytes - pos), str(size))
-            pieces.append((data[piece_start : p + BLANK_SIZE], starts, True))
-            p += BLANK_SIZE
-            base, pos, piece_start, starts = base + segment_bytes, 0, p, []
-            continue
-        _check_placed(data, p, where, offset + p, base + pos, segment_bytes - pos)
-        _take_queue_offset(data, p, table, undo)
-        starts.append(pos)
-        p, pos = p + size, pos + size
-    if piece_start < len(data):
-        pieces.append((data[piece_start:], starts, False))
-    return pieces
+    spans, stop_error = _lay_out(data, offset, seg_base, seg_pos, segment_bytes)
+    if sum(s.count for s in spans) <= small_records:
+        latest = _check_small(data, spans, where, offset, segment_bytes)
+    else:
+        latest = _check_many(data, spans, where, offset, segment_bytes)
+    if stop_error is not None:  # after the records before it: those are reported first
+        raise stop_error
+    _take_queue_offsets(latest, table, undo)
+    return [(data[s.start : s.end], (s.starts + s.file_delta).tolist(), s.sealed) for s in spans]
+
+
+def _lay_out(data: bytes, offset: int, seg_base: int, seg_pos: int,
+             segment_bytes: int) -> tuple[list[Span], CorruptRecordError | None]:  # fmt: skip
+    """Walk the chunk's record sizes, one segment's share (span) at a time.
+
+    Returns the spans and the error found where the walk stopped early (a blank marker
+    of the wrong size, a header that does not walk, stray bytes), if any: it is raised
+    only if every record before it passes."""
+    spans: list[Span] = []
+    n, start, base, pos0 = len(data), 0, seg_base, seg_pos
+    while True:
+        walk = walk_records(data, start)
+        p = walk.stop
+        span = Span(start, p, base, pos0 - start, walk.runs)
+        if walk.reason != "blank":
+            if start < n:
+                spans.append(span)
+            return spans, (_stop_error(data, p, f"raw append at {offset}", offset + p) if p < n else None)
+        spans.append(span)
+        size = SIZE_MAGIC.unpack_from(data, p)[0]
+        room = segment_bytes - span.file_delta - p
+        if size != room:
+            return spans, CorruptRecordError(f"raw append at {offset}", offset + p, "blank size", str(room), str(size))
+        span.end, span.sealed = p + BLANK_SIZE, True
+        start, base, pos0 = p + BLANK_SIZE, base + segment_bytes, 0
+
+
+def _stop_error(data: bytes, p: int, where: str, at: int) -> CorruptRecordError:
+    """The error for bytes at ``p`` that the walk could not step over (not a marker)."""
+    if len(data) - p < BLANK_SIZE:
+        return CorruptRecordError(where, at, "record", "whole records", f"{len(data) - p} stray bytes")
+    try:
+        check_record(data, p, where, at)  # a bad magic, size or header: it raises
+    except CorruptRecordError as e:
+        return e
+    raise AssertionError(f"the walk stopped at {p} before a valid record")
+
+
+def _check_small(data: bytes, spans: list[Span], where: str, offset: int,
+                 segment_bytes: int) -> dict[QueueKey, int]:  # fmt: skip
+    """Check each record in turn; return each queue's highest queue offset."""
+    latest: dict[QueueKey, int] = {}
+    topics: dict[bytes, str] = {}
+    for s in spans:
+        for p in s.starts.tolist():
+            _check_placed(data, p, where, offset + p, s.base + s.file_delta + p, segment_bytes - s.file_delta - p)
+            q_off, qid = _QUEUE.unpack_from(data, p + OFF_QUEUE_OFFSET)
+            t = p + HEADER_SIZE
+            raw = data[t : t + _U16.unpack_from(data, p + OFF_TOPIC_LEN)[0]]
+            topic = topics.get(raw)
+            if topic is None:
+                topic = topics[raw] = _decode_topic(raw, where, offset + p)
+            key = (topic, qid)
+            if latest.get(key, -1) < q_off:
+                latest[key] = q_off
+    return latest
+
+
+def _check_many(data: bytes, spans: list[Span], where: str, offset: int,
+                segment_bytes: int) -> dict[QueueKey, int]:  # fmt: skip
+    """Check the records column-wise; raise for the first bad one (exactly as
+    :func:`_check_small` would); return each queue's highest queue offset."""
+    found = check_columns(data, spans, segment_bytes)
+    names: list[str] = []
+    for i, raw in enumerate(found.topics):
+        try:
+            names.append(raw.decode())
+        except UnicodeDecodeError:
+            first = int(np.argmax(found.topic_index == i))  # only the records before found.bad are here
+            p = int(found.starts[first])
+            raise CorruptRecordError(where, offset + p, "topic", "UTF-8", repr(raw)) from None
+    if found.bad < len(found.starts):
+        p = int(found.starts[found.bad])
+        s = next(s for s in spans if s.start <= p < s.end)
+        _check_placed(data, p, where, offset + p, s.base + s.file_delta + p, segment_bytes - s.file_delta - p)
+        raise AssertionError(f"record at {p} failed a column check and passed the scalar one")
+    return {(names[t], qid): q for t, qid, q in found.latest}
 
 
 def _check_placed(data: bytes, p: int, where: str, at: int, expected_offset: int, room: int) -> None:
@@ -73,17 +158,20 @@ def _check_placed(data: bytes, p: int, where: str, at: int, expected_offset: int
         raise CorruptRecordError(where, at, "segment room", f"<= {room - BLANK_SIZE}", str(size))
 
 
-def _take_queue_offset(data: bytes, p: int, table: dict[QueueKey, int], undo: dict[QueueKey, int]) -> None:
-    """Advance the record's queue past its queue offset, noting the old value in ``undo``."""
-    key = (_topic_at(data, p), _U32.unpack_from(data, p + OFF_QUEUE_ID)[0])
-    old = table.get(key, 0)
-    undo.setdefault(key, old if key in table else -1)
-    table[key] = max(old, u64_at(data, p + OFF_QUEUE_OFFSET) + 1)
+def _decode_topic(raw: bytes, where: str, at: int) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise CorruptRecordError(where, at, "topic", "UTF-8", repr(raw)) from None
 
 
-def _topic_at(data: bytes | memoryview, pos: int) -> str:
-    tlen = int.from_bytes(data[pos + OFF_TOPIC_LEN : pos + OFF_TOPIC_LEN + 2], "little")
-    return bytes(data[pos + HEADER_SIZE : pos + HEADER_SIZE + tlen]).decode()
+def _take_queue_offsets(latest: dict[QueueKey, int], table: dict[QueueKey, int], undo: dict[QueueKey, int]) -> None:
+    """Advance each queue past its highest queue offset, noting old values in ``undo``."""
+    for key, q_off in latest.items():
+        old = table.get(key)
+        undo.setdefault(key, -1 if old is None else old)
+        if old is None or old <= q_off:
+            table[key] = q_off + 1
 
 
 def whole_prefix(data: bytes | memoryview, max_record_bytes: int) -> tuple[int, int, bool]:
@@ -94,8 +182,8 @@ def whole_prefix(data: bytes | memoryview, max_record_bytes: int) -> tuple[int, 
     next read can ask for at least that much. Only sizes are read here; the records
     are checked (CRC included) by :func:`split_raw` when they are appended. A size
     that no record can have raises :class:`CorruptRecordError`."""
-    p, n = 0, len(data)
-    while n - p >= BLANK_SIZE:
+    p, n = walk_records(data, 0, max_record_bytes).stop, len(data)  # the vectorised part;
+    while n - p >= BLANK_SIZE:  # what stopped it (a marker, a cut record, a bad size) is read here
         size, magic = SIZE_MAGIC.unpack_from(data, p)
         if magic == BLANK_MAGIC:
             return p + BLANK_SIZE, 0, True
