@@ -43,7 +43,8 @@ class Replica:
         self.writes_idle = writes_idle
         self.addr = addr  # where this broker listens (a follower tells its leader)
         self.store = store if isinstance(store, Store) else None
-        saved = load_json(store.directory / ROLE_FILE)
+        self._role_file = store.directory / ROLE_FILE
+        saved = load_json(self._role_file)
         self.role = saved.value["role"] if saved.source in (MetadataSource.CURRENT, MetadataSource.PREVIOUS) else config.role
         if self.store is None and self.role == "follower":
             raise ConfigError("replication needs storage_mode = commitlog (a partition-per-file store has no log to copy)")
@@ -71,12 +72,7 @@ class Replica:
                  self.config.broker_id, epoch, log_.write_offset)  # fmt: skip
 
     def _save_role(self) -> None:
-        write_json(self.store_directory / ROLE_FILE, {"role": self.role})
-
-    @property
-    def store_directory(self) -> Any:
-        assert self.store is not None
-        return self.store.directory
+        write_json(self._role_file, {"role": self.role})
 
     @property
     def epoch(self) -> int:
