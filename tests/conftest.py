@@ -69,3 +69,7 @@ def spark() -> Iterator[Any]:
     spark_connector.register(session)
     yield session
     session.stop()
+
+
+# ZooKeeper fixtures (tests/zk.py): a session server, a chroot per test, a restartable server.
+from tests.zk import zk_connect, zk_restartable, zk_server  # noqa: E402, F401
