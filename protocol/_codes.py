@@ -92,11 +92,20 @@ REPLICA_METADATA       broker_id, session -> version, topics: {name: queue_count
                        subscriptions: [[group, mode, [topics]], ...]
 PROMOTE                force (bool, optional) -> epoch. Makes a follower the
                        leader of its group with a new epoch; NOT_IN_SYNC if the
-                       follower is not known in sync (force overrides: may lose data)
+                       follower is not known in sync (force overrides: may lose data).
+                       In ZooKeeper mode: a graceful hand-over (TRANSFER_LEADERSHIP
+                       from the follower to its leader); force is refused
 REPLICA_STATUS         -> role, broker_name, broker_id, epoch, end_offset,
                        confirmed_offset, durable_offset, leader_addr, in_sync,
                        lag_bytes, lag_ms, replicas: [{broker_id, addr, acked_offset,
-                       flushed_offset, lag_bytes, lag_ms, in_sync}] (a leader's view)
+                       flushed_offset, lag_bytes, lag_ms, in_sync}] (a leader's view),
+                       coordination: {mode ("manual" | "zookeeper"), session,
+                       leader, epoch, isr, lease_ms_left} (ZooKeeper's view)
+TRANSFER_LEADERSHIP    broker_id, timeout_ms -> epoch. Asks a leader (ZooKeeper
+                       mode) to hand its group over to the follower broker_id: it
+                       refuses new writes (NOT_LEADER, retryable), waits until that
+                       follower holds its whole log, then writes the group's state
+                       in ZooKeeper; TIMEOUT if the follower does not catch up
 =====================  ============================================================
 
 Name server
@@ -152,6 +161,7 @@ class RequestCode(enum.IntEnum):
     REPLICA_METADATA = 82
     PROMOTE = 83
     REPLICA_STATUS = 84
+    TRANSFER_LEADERSHIP = 85
     REGISTER_BROKER = 100
     UNREGISTER_BROKER = 101
     GET_ROUTE = 102
@@ -299,6 +309,7 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
     RequestCode.REPLICA_METADATA: {"broker_id": (_int(), True), "session": (_int(), True)},
     RequestCode.PROMOTE: {"force": (_bool, False)},
     RequestCode.REPLICA_STATUS: {},
+    RequestCode.TRANSFER_LEADERSHIP: {"broker_id": (_int(), True), "timeout_ms": (_int(), False)},
     RequestCode.REGISTER_BROKER: {"cluster": (_str, False), "broker_name": (_str, True), "addr": (_str, True),
                                   "topics": (_topics, True), "healthy": (_bool, False), "failure": (_str, False),
                                   "broker_id": (_int(), False), "role": (_role, False), "epoch": (EPOCH, False)},

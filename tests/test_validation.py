@@ -192,6 +192,7 @@ GOOD_BROKER: dict[int, dict[str, Any]] = {
     RequestCode.REPLICA_METADATA: {"broker_id": 7, "session": 1},
     RequestCode.PROMOTE: {"force": False},
     RequestCode.REPLICA_STATUS: {},
+    RequestCode.TRANSFER_LEADERSHIP: {"broker_id": 7, "timeout_ms": 100},
 }  # fmt: skip
 GOOD_NAMESERVER: dict[int, dict[str, Any]] = {
     RequestCode.REGISTER_BROKER: {"cluster": "c", "broker_name": "x", "addr": "127.0.0.1:1", "topics": {"t": 1},
@@ -208,7 +209,7 @@ OPTIONAL = {
     (RequestCode.REGISTER_BROKER, "healthy"), (RequestCode.REGISTER_BROKER, "failure"),
     (RequestCode.UNREGISTER_BROKER, "broker_name"), (RequestCode.REGISTER_BROKER, "broker_id"),
     (RequestCode.REGISTER_BROKER, "role"), (RequestCode.REGISTER_BROKER, "epoch"), (RequestCode.PROMOTE, "force"),
-    (RequestCode.REPLICA_JOIN, "addr"),
+    (RequestCode.REPLICA_JOIN, "addr"), (RequestCode.TRANSFER_LEADERSHIP, "timeout_ms"),
 }  # fmt: skip
 # A wrong value of each kind: every one is refused unless it has the field's own type
 # (a string for a string field) and is in range.

@@ -5,3 +5,8 @@ The only room of clmq allowed to import kazoo (``tests/test_layering.py`` checks
 It sits in the *services* layer and drives ``broker.replication``; kazoo's threads
 hand their events to trio through a trio token, never by blocking the event loop.
 """
+
+from ._coordinator import CoordinationConfig, GroupCoordinator
+from ._state import CoordinationError, GroupState, split_connect
+
+__all__ = ["CoordinationConfig", "CoordinationError", "GroupCoordinator", "GroupState", "split_connect"]

@@ -35,6 +35,8 @@ class ReplicationConfig:
     replica_ids: tuple[int, ...] = ()  # ids allowed to replicate from the leader (empty: any id of the group)
     replica_metadata_interval_ms: int = 1000  # a follower copies topics and consumer offsets at most this often
     replica_retry_ms: int = 500  # a follower that lost its leader tries again after this
+    coordinated: bool = False  # ZooKeeper decides the roles (broker.coordination); role/leader_addr are ignored
+    leader_transfer_timeout_ms: int = 5000  # a graceful hand-over waits this long for the follower to catch up
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("role", self.role, ROLES), ("ack_mode", self.ack_mode, ACK_MODES),

@@ -37,7 +37,9 @@ class Rejoin(Exception):
 
 class Follower:
     def __init__(self, config: ReplicationConfig, store: Store, epochs: LeaderEpochs, metadata: MetadataPort,
-                 rpc: RpcClient, leader_hint: Callable[[], str], addr: Callable[[], str] = lambda: "") -> None:  # fmt: skip
+                 rpc: RpcClient, leader_hint: Callable[[], str], addr: Callable[[], str] = lambda: "",
+                 min_leader_epoch: Callable[[], int] = lambda: -1) -> None:  # fmt: skip
+        self.min_leader_epoch = min_leader_epoch  # ZooKeeper's epoch: a leader with an older one is refused
         self.config = config
         self.store = store
         self.log = store.log
@@ -82,7 +84,10 @@ class Follower:
                     self._failed(addr, e)  # e.g. a damaged chunk, a store that failed: said, then retried
             elif self.error != "no leader known":
                 self.error = "no leader known"
-                log.warning("%s: follower without a leader: set leader_addr or name servers", self.config.broker_name)
+                if self.config.coordinated:
+                    log.info("%s: follower waiting for ZooKeeper to name a leader", self.config.broker_name)
+                else:
+                    log.warning("%s: follower without a leader: set leader_addr or name servers", self.config.broker_name)
             self.connected = False
             await trio.sleep(self.config.replica_retry_ms / 1000)
 
@@ -106,6 +111,9 @@ class Follower:
                   "addr": self.addr()}  # fmt: skip
         joined = await self.rpc.request(addr, RequestCode.REPLICA_JOIN, fields, timeout_ms=REQUEST_SLACK_MS)
         j = joined.fields
+        if j["epoch"] < self.min_leader_epoch():
+            raise RpcError(addr, ErrorCode.STALE_EPOCH, f"leader's epoch {j['epoch']} is older than the group's "
+                                                        f"{self.min_leader_epoch()} in ZooKeeper: not following it")  # fmt: skip
         self.leader_addr, self.leader_epoch, self.connected, self.error = addr, j["epoch"], True, ""
         self._flush_each = j["ack_durability"] == "flushed"
         self._leader_terms = [(int(e), int(s), int(b)) for e, s, b in j["epochs"]]

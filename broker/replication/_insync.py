@@ -14,6 +14,14 @@ Rules (Kafka's ISR, in a commit-log's offsets):
   nothing a consumer saw is missing from an in-sync replica. (A follower that joins
   holding less than the confirmed offset holds it back until it has caught up: a sync
   write is acknowledged only once the confirmed offset passes its end.)
+
+Coordinated (ZooKeeper) mode adds one rule: the in-sync set recorded in ZooKeeper is
+the set elections choose from, so every replica in it must hold every acknowledged
+write. Locally the set may be larger than ZooKeeper's, never smaller: a follower joins
+here first and is written to ZooKeeper afterwards; it leaves ZooKeeper's set first and
+only then stops being waited for here (:meth:`lagging` proposes, :meth:`leave`
+applies). The replicas of ZooKeeper's set start a term in sync (:meth:`seed`), and a
+new session of an in-sync follower stays in sync until ZooKeeper says otherwise.
 """
 
 from __future__ import annotations
@@ -43,8 +51,10 @@ class FollowerState:
 
 
 class InSyncSet:
-    def __init__(self, broker_name: str, lag_max_ms: int, count_flushed: bool, confirmed: int) -> None:
+    def __init__(self, broker_name: str, lag_max_ms: int, count_flushed: bool, confirmed: int,
+                 coordinated: bool = False) -> None:  # fmt: skip
         self.broker_name = broker_name
+        self.coordinated = coordinated
         self.lag_max_ms = lag_max_ms
         self.count_flushed = count_flushed
         self.followers: dict[int, FollowerState] = {}
@@ -54,16 +64,31 @@ class InSyncSet:
         """Replicas in sync, the leader included."""
         return 1 + sum(1 for f in self.followers.values() if f.in_sync)
 
+    def seed(self, broker_ids: list[int], now_ms: float) -> None:
+        """Coordinated mode, at a term's start: the followers of ZooKeeper's in-sync set
+        are in sync (waited for) before they join, until they lag too long."""
+        for i in broker_ids:
+            self.followers[i] = FollowerState(i, "", -1, now_ms, caught_up_ms=now_ms, in_sync=True)
+
     def join(self, state: FollowerState) -> None:
-        """A (re)joining follower: a new session starts out of sync."""
+        """A (re)joining follower: a new session starts out of sync (coordinated mode: an
+        in-sync follower stays in sync, its hold unknown until it fetches)."""
         old = self.followers.get(state.broker_id)
         if old is not None and old.in_sync:
-            log.warning("%s: replica %d re-joined (new session): out of the in-sync set until caught up",
-                        self.broker_name, state.broker_id)  # fmt: skip
+            if self.coordinated:
+                state.in_sync, state.caught_up_ms = True, old.caught_up_ms
+            else:
+                log.warning("%s: replica %d re-joined (new session): out of the in-sync set until caught up",
+                            self.broker_name, state.broker_id)  # fmt: skip
         self.followers[state.broker_id] = state
 
     def drop(self, broker_id: int) -> None:
-        self.followers.pop(broker_id, None)
+        """Forget a follower's session (coordinated mode: an in-sync follower stays
+        waited for, its hold unknown, until it leaves ZooKeeper's set)."""
+        old = self.followers.pop(broker_id, None)
+        if self.coordinated and old is not None and old.in_sync:
+            self.followers[broker_id] = FollowerState(broker_id, old.host, -1, old.joined_ms,
+                                                      caught_up_ms=old.caught_up_ms, in_sync=True)  # fmt: skip
 
     def report(self, f: FollowerState, offset: int, flushed: int, leader_end: int, now_ms: float) -> None:
         """A fetch from ``f``: ``offset`` (its end) and ``flushed`` (validated by the caller)."""
@@ -85,13 +110,27 @@ class InSyncSet:
 
     def expire(self, now_ms: float) -> list[FollowerState]:
         """Followers that have not been caught up for ``lag_max_ms`` leave the set."""
-        left = [f for f in self.followers.values() if f.in_sync and not self._lag_ok(f, now_ms)]
+        left = self.lagging(now_ms)
         for f in left:
-            f.in_sync = False
-            log.warning("%s: replica %d at %s left the in-sync set: not caught up for %d ms (replica_lag_max_ms=%d), "
-                        "%d bytes behind", self.broker_name, f.broker_id, f.host, now_ms - f.caught_up_ms,
-                        self.lag_max_ms, max(0, self.confirmed - f.acked))  # fmt: skip
+            self.leave(f, now_ms)
         return left
+
+    def lagging(self, now_ms: float) -> list[FollowerState]:
+        """In-sync followers not caught up for ``lag_max_ms`` (due to leave the set)."""
+        return [f for f in self.followers.values() if f.in_sync and not self._lag_ok(f, now_ms)]
+
+    def leave(self, f: FollowerState, now_ms: float) -> None:
+        f.in_sync = False
+        log.warning("%s: replica %d at %s left the in-sync set: not caught up for %d ms (replica_lag_max_ms=%d), "
+                    "%d bytes behind", self.broker_name, f.broker_id, f.host or "(not joined)",
+                    now_ms - f.caught_up_ms, self.lag_max_ms, max(0, self.confirmed - f.acked))  # fmt: skip
+
+    def ready_to_record(self, recorded: set[int]) -> list[int]:
+        """In-sync followers not yet in ZooKeeper's set (``recorded``) that hold every
+        confirmed byte: safe to add there (an election may then choose them)."""
+        return [f.broker_id for f in self.followers.values()
+                if f.in_sync and f.broker_id not in recorded and f.acked >= 0
+                and f.hold(self.count_flushed) >= self.confirmed]  # fmt: skip
 
     def recompute(self, leader_end: int) -> int:
         """The confirmed offset now (never lower than before, never past the leader's end)."""

@@ -24,7 +24,7 @@ from protocol.transport import Peer, Reply, RequestError
 from ._config import ReplicationConfig
 from ._epochs import LeaderEpochs
 from ._insync import FollowerState, InSyncSet
-from ._ports import MetadataPort
+from ._ports import CoordinatorPort, MetadataPort
 
 log = logging.getLogger("clmq.replication")
 
@@ -38,15 +38,23 @@ def now_ms() -> float:
 class Leader:
     """One leadership term: the followers' sessions, the in-sync set, sync-write waits."""
 
-    def __init__(self, config: ReplicationConfig, store: Store, epochs: LeaderEpochs, metadata: MetadataPort) -> None:
+    def __init__(self, config: ReplicationConfig, store: Store, epochs: LeaderEpochs, metadata: MetadataPort,
+                 coordinator: CoordinatorPort | None = None, recorded_isr: tuple[int, ...] = ()) -> None:  # fmt: skip
         self.config = config
+        # ZooKeeper mode: the in-sync set ZooKeeper records (this leader included) and the
+        # coordinator that writes it; the local set is never smaller (see _insync).
+        self.coordinator = coordinator
+        self.recorded_isr = {*recorded_isr, config.broker_id}
+        self.first_ack_logged = False
         self.store = store
         self.log = store.log
         self.epochs = epochs
         self.epoch = epochs.latest
         self.metadata = metadata
         self.isr = InSyncSet(config.broker_name, config.replica_lag_max_ms, config.replica_ack == "flushed",
-                             self.log.write_offset)  # fmt: skip
+                             self.log.write_offset, coordinated=coordinator is not None)  # fmt: skip
+        if coordinator is not None:
+            self.isr.seed(sorted(self.recorded_isr - {config.broker_id}), now_ms())
         self._sessions = itertools.count(int(time.time() * 1000) % 1_000_000_000)
         self._grew = trio.Event()  # set when the log grows: long-polled fetches answer
         self._changed = trio.Event()  # set when the confirmed offset or the in-sync set changes
@@ -74,12 +82,40 @@ class Leader:
         self._changed = trio.Event()
 
     async def watch_lag(self) -> None:
-        """Forever: followers not caught up for ``replica_lag_max_ms`` leave the in-sync set."""
+        """Forever: followers not caught up for ``replica_lag_max_ms`` leave the in-sync
+        set (ZooKeeper mode: ZooKeeper's set first; followers that caught up join it)."""
         period = max(0.01, min(0.1, self.config.replica_lag_max_ms / 4000))
         while True:
             await trio.sleep(period)
-            if self.isr.expire(now_ms()):
+            if self.coordinator is not None:
+                await self._record_isr(self.coordinator)
+            elif self.isr.expire(now_ms()):
                 self._publish()
+
+    async def _record_isr(self, coordinator: CoordinatorPort) -> None:
+        """Shrink ZooKeeper's set before the local one (acks stop waiting for a replica
+        only once no election can choose it); grow the local one before ZooKeeper's."""
+        lagging = [f.broker_id for f in self.isr.lagging(now_ms())]
+        if lagging and await coordinator.shrink(lagging):
+            self.recorded_isr -= set(lagging)
+            for i in lagging:
+                f = self.isr.followers.get(i)
+                if f is not None and f.in_sync:
+                    self.isr.leave(f, now_ms())
+            self._publish()
+        ready = self.isr.ready_to_record(self.recorded_isr)
+        if ready and await coordinator.expand(ready):
+            self.recorded_isr |= set(ready)
+
+    async def wait_caught_up(self, broker_id: int) -> None:
+        """Until follower ``broker_id`` holds the whole log (a graceful hand-over; the
+        caller has stopped new writes)."""
+        while True:
+            changed = self._changed
+            f = self.isr.followers.get(broker_id)
+            if f is not None and f.in_sync and f.hold(self.isr.count_flushed) >= self.log.write_offset:
+                return
+            await changed.wait()
 
     # -------------------------------------------------------------- sync writes
     def check_sync_write(self, topic: str) -> None:

@@ -30,3 +30,35 @@ class MetadataPort(Protocol):
     def after_truncation(self) -> None:
         """The log was cut: consumer offsets past the queues' new ends come back to them."""
         ...
+
+
+class CoordinatorPort(Protocol):
+    """What a replica asks of the coordinator (ZooKeeper mode: ``broker.coordination``
+    implements it). The coordinator in turn calls :meth:`Replica.become_leader` and
+    :meth:`Replica.become_follower`."""
+
+    def may_ack(self) -> str | None:
+        """None while this broker may acknowledge writes as its group's leader (its
+        ZooKeeper lease holds); else why not."""
+        ...
+
+    def min_leader_epoch(self) -> int:
+        """The group's epoch as ZooKeeper last said: a leader with an older one is stale."""
+        ...
+
+    async def shrink(self, broker_ids: list[int]) -> bool:
+        """Remove followers from the group's in-sync set in ZooKeeper; True once written."""
+        ...
+
+    async def expand(self, broker_ids: list[int]) -> bool:
+        """Add followers to the group's in-sync set in ZooKeeper; True once written."""
+        ...
+
+    async def hand_over(self, broker_id: int) -> int:
+        """Make follower ``broker_id`` the group's leader in ZooKeeper (a new epoch,
+        returned); this broker then follows it."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """``mode``, ``session``, ``leader``, ``epoch``, ``isr``, ``lease_ms_left``."""
+        ...

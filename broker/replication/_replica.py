@@ -1,11 +1,13 @@
 """One broker's place in its group: leader or follower, and the switches between them
-(manual promotion; demotion when the name servers know a newer leader).
+(manual mode: promotion by an operator, demotion when the name servers know a newer
+leader; ZooKeeper mode: whatever the coordinator decides, see ``broker.coordination``).
 
 The role at the first start is the ``role`` setting; the role of the last switch is
 kept in ``replica-role`` in the data directory and wins over the setting at later
 starts. Every start as leader begins a new term (a new epoch): a leader that lost an
 unflushed tail in a crash and wrote new bytes at the same offsets must not look like
-the term its followers copied from.
+the term its followers copied from. In ZooKeeper mode a broker starts as a follower
+and leads only when ZooKeeper's state names it (the epoch comes from there).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ._config import ReplicationConfig
 from ._epochs import LeaderEpochs
 from ._follower import Follower
 from ._leader import Leader
-from ._ports import MetadataPort
+from ._ports import CoordinatorPort, MetadataPort
 
 log = logging.getLogger("clmq.replication")
 
@@ -46,12 +48,18 @@ class Replica:
         self._role_file = store.directory / ROLE_FILE
         saved = load_json(self._role_file)
         self.role = saved.value["role"] if saved.source in (MetadataSource.CURRENT, MetadataSource.PREVIOUS) else config.role
+        if config.coordinated:
+            self.role = "follower"  # until ZooKeeper names this broker
         if self.store is None and self.role == "follower":
             raise ConfigError("replication needs storage_mode = commitlog (a partition-per-file store has no log to copy)")
         self.epochs = LeaderEpochs.load(store.directory)
         self.leader: Leader | None = None
         self.follower: Follower | None = None
-        self.leader_hint = ""  # the group's leader as the name servers said
+        self.leader_hint = ""  # the group's leader as the name servers (or ZooKeeper) said
+        self.coordinator: CoordinatorPort | None = None  # ZooKeeper mode: set by the service before run()
+        self._pending_lead: tuple[int, tuple[int, ...]] | None = None  # (epoch, ZooKeeper's in-sync set)
+        self._lead_started = trio.Event()
+        self._handing_over = False  # a graceful hand-over is under way: new writes are refused
         self._token = token
         self._switched = trio.Event()
         self._rpc: RpcClient | None = None
@@ -62,12 +70,12 @@ class Replica:
             self._lead(self.epochs.latest + 1)
 
     # ------------------------------------------------------------------ roles
-    def _lead(self, epoch: int) -> None:
+    def _lead(self, epoch: int, recorded_isr: tuple[int, ...] = ()) -> None:
         if self.store is None:
             return
         log_ = self.store.log
         self.epochs.start(epoch, log_.write_offset if self.epochs.entries else log_.min_offset, self.config.broker_id)
-        self.leader = Leader(self.config, self.store, self.epochs, self.metadata)
+        self.leader = Leader(self.config, self.store, self.epochs, self.metadata, self.coordinator, recorded_isr)
         log.info("%s: broker %d leads the group, epoch %d, from offset %d", self.config.broker_name,
                  self.config.broker_id, epoch, log_.write_offset)  # fmt: skip
 
@@ -88,10 +96,22 @@ class Replica:
                     nursery.start_soon(self.leader.watch_lag)
                 elif self.role == "follower" and self.store is not None:
                     self.follower = Follower(self.config, self.store, self.epochs, self.metadata, rpc,
-                                             lambda: self.leader_hint, self.addr)  # fmt: skip
+                                             lambda: self.leader_hint, self.addr, self._min_leader_epoch)  # fmt: skip
                     nursery.start_soon(self._follow, self.follower)
                 await self._switched.wait()
                 nursery.cancel_scope.cancel()
+            # Every task of the old role has ended (a follower's raw append in a worker
+            # thread included): a new term may start at the log's end.
+            if self._pending_lead is not None:
+                (epoch, isr), self._pending_lead = self._pending_lead, None
+                self.role, self.follower = "leader", None
+                self._save_role()
+                self._lead(epoch, isr)
+                self._lead_started.set()
+                self.register_now()
+
+    def _min_leader_epoch(self) -> int:
+        return self.coordinator.min_leader_epoch() if self.coordinator is not None else -1
 
     async def _follow(self, follower: Follower) -> None:
         with trio.move_on_after(QUIESCE_S):  # a demoted leader: appends already accepted finish first
@@ -127,9 +147,37 @@ class Replica:
         self.register_now()
         return epoch
 
+    # ------------------------------------------------------------ ZooKeeper mode
+    async def become_leader(self, epoch: int, recorded_isr: tuple[int, ...]) -> None:
+        """The coordinator won (or was handed) the group with ``epoch``: lead once the
+        follower's tasks have stopped. ``recorded_isr``: ZooKeeper's in-sync set."""
+        if self.leader is not None and self.leader.epoch == epoch:
+            return
+        self._lead_started = started = trio.Event()
+        self._pending_lead = (epoch, recorded_isr)
+        self.leader = None
+        self._switched.set()
+        await started.wait()
+
+    def become_follower(self, addr: str, epoch: int) -> None:
+        """ZooKeeper names another leader (``addr``, "" if unknown) for ``epoch``."""
+        changed = addr != self.leader_hint
+        self.leader_hint = addr
+        if self.leader is not None:
+            log.warning("%s: broker %d steps down: ZooKeeper names %s the leader, epoch %d (this broker's epoch %d)",
+                        self.config.broker_name, self.config.broker_id, addr or "no broker", epoch,
+                        self.leader.epoch)  # fmt: skip
+            self.role, self.leader = "follower", None
+            self._save_role()
+            self._switched.set()
+            self.register_now()
+        elif changed and self.follower is not None and self.follower.connected:
+            self._switched.set()  # following an old leader: start again with the new one
+
     def group_leader(self, addr: str, epoch: int, own_addr: str) -> None:
-        """The name servers' view of the group's leader (after each registration)."""
-        if not addr or addr == own_addr:
+        """The name servers' view of the group's leader (after each registration; in
+        ZooKeeper mode only ZooKeeper's word counts)."""
+        if not addr or addr == own_addr or self.config.coordinated:
             return
         self.leader_hint = addr
         if self.leader is not None and epoch >= self.leader.epoch:
@@ -142,10 +190,16 @@ class Replica:
 
     # ------------------------------------------------------- the broker's checks
     def check_writable(self) -> None:
-        """Produce, commits and topic changes: only on the leader."""
+        """Produce, commits and topic changes: only on the leader (in ZooKeeper mode,
+        only while its lease holds and no hand-over is under way)."""
         if self.role != "leader":
             raise RequestError(ErrorCode.NOT_LEADER, f"broker {self.config.broker_name}/{self.config.broker_id} is a "
                                                      f"follower; the leader is {self.leader_hint or 'unknown'}")  # fmt: skip
+        if self._handing_over:
+            raise RequestError(ErrorCode.NOT_LEADER, "handing the group over to a follower; retry")
+        why = self.coordinator.may_ack() if self.coordinator is not None else None
+        if why is not None:
+            raise RequestError(ErrorCode.NOT_LEADER, why)
 
     def check_sync_write(self, topic: str) -> None:
         self.check_writable()
@@ -153,18 +207,32 @@ class Replica:
             self.leader.check_sync_write(topic)
 
     async def wait_held(self, topic: str, end: int) -> tuple[ErrorCode, str] | None:
+        """After a write: None once it may be acknowledged, else the error to answer.
+        In ZooKeeper mode the lease is checked last, just before the answer: a leader
+        paused past its session (SIGSTOP) must not acknowledge when it wakes up."""
         leader = self.leader
         if leader is None:
             if self.role == "leader":  # a store that is not replicated
                 return None
             return ErrorCode.NOT_LEADER, "this broker stepped down before the write was replicated; retry"
-        return await leader.wait_held(topic, end)
+        problem = await leader.wait_held(topic, end)
+        if problem is not None:
+            return problem
+        why = self.coordinator.may_ack() if self.coordinator is not None else None
+        if why is not None or self.leader is not leader:
+            return ErrorCode.NOT_LEADER, f"stored, not acknowledged: {why or 'stepped down'}; retry"
+        if not leader.first_ack_logged:
+            leader.first_ack_logged = True
+            log.info("%s: broker %d acknowledged its first write of epoch %d", self.config.broker_name,
+                     self.config.broker_id, leader.epoch)  # fmt: skip
+        return None
 
     # -------------------------------------------------------------- requests
     def handlers(self) -> dict[int, Handler]:
         return {RequestCode.REPLICA_JOIN: self._on_leader("join"), RequestCode.REPLICA_FETCH: self._on_leader("fetch"),
                 RequestCode.REPLICA_METADATA: self._on_leader("metadata_request"),
-                RequestCode.PROMOTE: self._promote_request, RequestCode.REPLICA_STATUS: self._status_request}  # fmt: skip
+                RequestCode.PROMOTE: self._promote_request, RequestCode.REPLICA_STATUS: self._status_request,
+                RequestCode.TRANSFER_LEADERSHIP: self._transfer_request}  # fmt: skip
 
     def _on_leader(self, name: str) -> Callable[[Frame, Peer], Awaitable[Reply]]:
         async def handle(frame: Frame, peer: Peer) -> Reply:
@@ -180,8 +248,53 @@ class Replica:
         return handle
 
     async def _promote_request(self, frame: Frame, peer: Peer) -> Reply:
-        epoch = self.promote(bool(frame.fields.get("force", False)))  # on the loop: it switches trio tasks
+        force = bool(frame.fields.get("force", False))
+        if self.coordinator is not None:
+            return Reply({"epoch": await self._ask_hand_over(force), "role": "leader"})
+        epoch = self.promote(force)  # on the loop: it switches trio tasks
         return Reply({"epoch": epoch, "role": self.role})
+
+    async def _ask_hand_over(self, force: bool) -> int:
+        """ZooKeeper mode, PROMOTE of this follower: ask the leader to hand over."""
+        if force:
+            raise RequestError(ErrorCode.REQUEST_NOT_SUPPORTED, "promote with force is for manual mode; with ZooKeeper "
+                                                               "set unclean_leader_election instead")  # fmt: skip
+        if self.role == "leader":
+            return self.epoch
+        if not self.leader_hint or self._rpc is None:
+            raise RequestError(ErrorCode.NOT_LEADER, "no leader known to hand over from")
+        timeout_ms = self.config.leader_transfer_timeout_ms
+        reply = await self._rpc.request(self.leader_hint, RequestCode.TRANSFER_LEADERSHIP,
+                                        {"broker_id": self.config.broker_id, "timeout_ms": timeout_ms},
+                                        timeout_ms=timeout_ms + 5000, check=False)  # fmt: skip
+        if reply.error_code:
+            raise RequestError(ErrorCode(reply.error_code), f"{self.leader_hint}: {reply.error_text}")
+        epoch: int = reply.fields["epoch"]
+        return epoch
+
+    async def _transfer_request(self, frame: Frame, peer: Peer) -> Reply:
+        f = frame.fields
+        timeout_ms = f.get("timeout_ms") or self.config.leader_transfer_timeout_ms
+        return Reply({"epoch": await self.hand_over(f["broker_id"], timeout_ms)})
+
+    async def hand_over(self, broker_id: int, timeout_ms: int) -> int:
+        """Graceful leader change: refuse new writes, let those under way finish, wait
+        until follower ``broker_id`` holds the whole log, then switch in ZooKeeper."""
+        leader, coordinator = self.leader, self.coordinator
+        if leader is None or coordinator is None:
+            raise RequestError(ErrorCode.NOT_LEADER if coordinator else ErrorCode.REQUEST_NOT_SUPPORTED,
+                               "not a leader in ZooKeeper mode")  # fmt: skip
+        self._handing_over = True
+        try:
+            with trio.move_on_after(timeout_ms / 1000) as scope:
+                await self.writes_idle()
+                await leader.wait_caught_up(broker_id)
+            if scope.cancelled_caught:
+                raise RequestError(ErrorCode.TIMEOUT, f"broker {broker_id} did not catch up within {timeout_ms} ms; "
+                                                      "this broker stays the leader")  # fmt: skip
+            return await coordinator.hand_over(broker_id)
+        finally:
+            self._handing_over = False
 
     async def _status_request(self, frame: Frame, peer: Peer) -> Reply:
         return Reply(self.status())
@@ -194,7 +307,8 @@ class Replica:
                                "confirmed_offset": log_.confirmed_offset if log_ else 0,
                                "durable_offset": log_.durable_offset if log_ else 0, "replicas": [],
                                "leader_addr": "", "in_sync": self.leader is not None, "lag_bytes": 0, "lag_ms": 0,
-                               "error": ""}  # fmt: skip
+                               "error": "",
+                               "coordination": self.coordinator.status() if self.coordinator else {"mode": "manual"}}  # fmt: skip
         if self.leader is not None:
             out["replicas"] = self.leader.replicas()
         elif f is not None and log_ is not None:

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import trio
 
+from broker.coordination import CoordinationConfig, GroupCoordinator
 from broker.replication import Replica
 from broker.store import StorageEngine, Store
 from protocol import RequestCode
@@ -56,6 +57,10 @@ class Broker:
         self._register_wakeup = trio.Event()
         self._registered: dict[str, bool] = {}
         self.client: RpcClient | None = None
+        self.coordinator: GroupCoordinator | None = None
+        if config.zookeeper:  # automatic failover: ZooKeeper decides the replica's role
+            zk = CoordinationConfig(config.zookeeper, config.zk_session_timeout_ms, config.unclean_leader_election)
+            self.coordinator = GroupCoordinator(zk, self.replica, lambda: self.addr, token)
         # A store that fails (an fsync error) says so to the name servers at once, not at
         # the next registration interval: producers must stop being routed here.
         store.add_failure_listener(lambda _failure: _call_soon(token, self.register_now))
@@ -123,6 +128,9 @@ class Broker:
 
     async def _stop_gracefully(self) -> None:
         self.rpc.stop_accepting()
+        if self.coordinator is not None:  # the group elects now, not after the session timeout
+            with trio.move_on_after(self.config.shutdown_timeout_ms / 1000):
+                await self.coordinator.resign()
         drained = await self.rpc.drain(self.config.shutdown_timeout_ms / 1000)
         if not drained:
             log.warning("broker %s: %d requests still in flight after shutdown_timeout_ms=%d; cutting them off",
@@ -168,6 +176,8 @@ async def serve(config: BrokerConfig, *, task_status: trio.TaskStatus[Broker] = 
             nursery.start_soon(broker._register_loop)
             nursery.start_soon(broker._housekeeping_loop)
             nursery.start_soon(broker.replica.run, broker.client)
+            if broker.coordinator is not None:
+                await nursery.start(broker.coordinator.run)
             log.info("broker %s/%d listening on %s (%s, %s flush, %s, epoch %d)", config.broker_name, config.broker_id,
                      broker.addr, config.storage_mode, config.flush_mode, broker.replica.role, broker.replica.epoch)  # fmt: skip
             task_status.started(broker)

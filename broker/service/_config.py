@@ -71,6 +71,12 @@ class BrokerConfig:
     # queue to read from a follower (RocketMQ's slave read: old data is cold and costs
     # the leader disk reads that producers wait behind); 0: never.
     follower_read_lag_messages: int = 100_000
+    # Automatic failover (docs/replication.md): ZooKeeper elects each group's leader
+    # among its in-sync replicas; role and leader_addr are then ignored.
+    zookeeper: str = ""  # "host:port[,host:port...][/chroot]"; empty: manual mode
+    zk_session_timeout_ms: int = 2000  # a dead leader is replaced about this long after it stops answering
+    unclean_leader_election: bool = False  # elect a replica out of the in-sync set when none is left: LOSES DATA
+    leader_transfer_timeout_ms: int = 5000  # a graceful hand-over waits this long for the follower to catch up
 
     def __post_init__(self) -> None:
         if self.flush_mode not in {m.value for m in FlushMode}:
@@ -82,6 +88,10 @@ class BrokerConfig:
         if self.storage_mode != "commitlog" and (self.role == "follower" or self.min_insync_replicas > 1):
             raise ValueError("role = follower and min_insync_replicas > 1 need storage_mode = commitlog: "
                              "replication copies the CommitLog")  # fmt: skip
+        if self.zookeeper and self.storage_mode != "commitlog":
+            raise ValueError("zookeeper (automatic failover) needs storage_mode = commitlog: replication copies the CommitLog")
+        if self.zk_session_timeout_ms < 1000:
+            raise ValueError(f"zk_session_timeout_ms must be at least 1000, got {self.zk_session_timeout_ms}")
 
     def replication_config(self) -> ReplicationConfig:
         """The broker's replication settings."""
@@ -95,7 +105,8 @@ class BrokerConfig:
                                  replica_catchup_bytes_per_s=self.replica_catchup_bytes_per_s,
                                  replica_ids=tuple(self.replica_ids),
                                  replica_metadata_interval_ms=self.replica_metadata_interval_ms,
-                                 replica_retry_ms=self.replica_retry_ms)  # fmt: skip
+                                 replica_retry_ms=self.replica_retry_ms, coordinated=bool(self.zookeeper),
+                                 leader_transfer_timeout_ms=self.leader_transfer_timeout_ms)  # fmt: skip
 
     def server_limits(self) -> ServerLimits:
         """The limits of the broker's RpcServer."""
