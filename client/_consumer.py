@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -28,7 +29,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 import trio
 
 from commitlog import Record
-from protocol import Frame, RequestCode
+from protocol import ErrorCode, Frame, RequestCode
 from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 from ._allocate import allocate_averagely
@@ -104,13 +105,39 @@ class Consumer:
             await self._commit_to(addr, offsets)
 
     async def _commit_to(self, addr: str, offsets: dict[MessageQueue, int]) -> None:
+        """Commit to the group's leader; a dead or demoted leader (the connection fails,
+        NOT_LEADER) is followed to the leader fresh routes name, for up to
+        ``retry_budget_ms``. Offsets not committed stay processed: committed later."""
         rows = [[mq.topic, mq.queue_id, o] for mq, o in offsets.items()]
-        try:
-            await self.request(addr, RequestCode.COMMIT_OFFSET, {"group": self.group, "offsets": rows})
-        except _NET_ERRORS as e:
-            log.warning("consumer %s: commit of %d offsets to %s failed: %s", self.client_id, len(rows), addr, e)
-            return
+        deadline = trio.current_time() + self.options.retry_budget_ms / 1000
+        delay = 0.05
+        while True:
+            try:
+                await self.request(addr, RequestCode.COMMIT_OFFSET, {"group": self.group, "offsets": rows})
+                break
+            except _NET_ERRORS as e:
+                if not _leader_moved(e) or trio.current_time() + delay > deadline:
+                    log.warning("consumer %s: commit of %d offsets to %s failed: %s", self.client_id, len(rows), addr, e)
+                    return
+            await trio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+            addr = await self._leader_now(next(iter(offsets)), addr)
         self._committed.update(offsets)
+
+    async def _leader_now(self, mq: MessageQueue, addr: str) -> str:
+        """The address of ``mq``'s group leader as fresh routes say (``addr`` if unknown)."""
+        try:
+            mqs = await self.routes.queues(mq.topic, refresh=True)
+        except _NET_ERRORS:
+            return addr
+        self._rebalance_now.set()  # move the group's queues to its new leader
+        return next((m.addr for m in mqs if (m.broker_name, m.queue_id) == (mq.broker_name, mq.queue_id)
+                     and m.addr not in self.routes.leaderless), addr)  # fmt: skip
+
+    def route_failed(self, addr: str) -> None:
+        """A group leader failed a request: refresh routes and rebalance now (its
+        group may have a new leader)."""
+        self._rebalance_now.set()
 
     # ------------------------------------------------------------- background
     async def _start(self, nursery: trio.Nursery) -> None:
@@ -185,6 +212,8 @@ class Consumer:
                 wanted |= {mq for mq in self.assigned if mq.topic == topic}  # keep what we have
                 continue
             wanted |= set(await self._my_share(mqs))
+        for old, new in _moved(set(self.assigned), wanted).items():
+            self._move(old, new)
         for mq in [mq for mq in self.assigned if mq not in wanted]:
             await self._revoke(mq)
         for mq in sorted(wanted - set(self.assigned)):
@@ -193,11 +222,14 @@ class Consumer:
     async def _my_share(self, mqs: list[MessageQueue]) -> list[MessageQueue]:
         if self.options.mode == "broadcasting" or not mqs:
             return mqs
-        try:
-            reply = await self.request(mqs[0].addr, RequestCode.GET_GROUP_MEMBERS, {"group": self.group})
+        members: list[str] = []
+        for addr in sorted({mq.addr for mq in mqs}):  # any broker that answers (one may be down)
+            try:
+                reply = await self.request(addr, RequestCode.GET_GROUP_MEMBERS, {"group": self.group})
+            except _NET_ERRORS:
+                continue
             members = list(reply.fields["members"])
-        except _NET_ERRORS:
-            members = []
+            break
         if self.client_id not in members:
             members.append(self.client_id)
         return allocate_averagely(mqs, members, self.client_id)
@@ -212,6 +244,28 @@ class Consumer:
             await self._commit_to(mq.addr, {mq: offset})
         self._committed.pop(mq, None)
         log.info("consumer %s: released %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
+
+    def _move(self, old: MessageQueue, new: MessageQueue) -> None:
+        """The queue's group has a new leader: read on from it where this consumer is
+        (the batch being processed stays acknowledged to the queue), and commit the
+        processed offset there (its copy of the group's offsets may lag)."""
+        state = self.assigned.pop(old)
+        self.errors.pop(old, None)
+        self._committed.pop(old, None)
+        self._generation += 1
+        offset = self.processed.pop(old, None)
+        fetch_from = offset
+        pending = self._pending
+        if pending is not None and pending.mq == old:
+            self._pending = dataclasses.replace(pending, mq=new, generation=self._generation)
+            fetch_from = pending.next_offset
+        if offset is not None:
+            self.processed[new] = offset
+        new_state = self.assigned[new] = QueueState(self._generation, fetch_from if state.offset is not None else None)
+        assert self._fetcher is not None
+        self._fetcher.add(new, new_state)
+        log.info("consumer %s: %s/%s/%d moved to its new leader %s", self.client_id, new.broker_name, new.topic,
+                 new.queue_id, new.addr)  # fmt: skip
 
     def _assign(self, mq: MessageQueue) -> None:
         self._generation += 1
@@ -250,6 +304,20 @@ class Consumer:
         reply = await self.retrying(lambda: self.request(mq.addr, RequestCode.SEARCH_OFFSET, q))
         offset: int = reply.fields["offset"]
         return offset
+
+
+def _leader_moved(e: BaseException) -> bool:
+    """A failure after which the group may have a new leader (retry there)."""
+    if isinstance(e, RpcError):
+        return e.code in (ErrorCode.NOT_LEADER, ErrorCode.SHUTTING_DOWN)
+    return isinstance(e, (ConnectionFailed, trio.TooSlowError))
+
+
+def _moved(assigned: set[MessageQueue], wanted: set[MessageQueue]) -> dict[MessageQueue, MessageQueue]:
+    """Assigned queues whose group's leader changed: the same topic, group and queue id
+    wanted at another address (old -> new)."""
+    gone = {(mq.topic, mq.broker_name, mq.queue_id): mq for mq in assigned - wanted}
+    return {gone[key]: mq for mq in wanted - assigned if (key := (mq.topic, mq.broker_name, mq.queue_id)) in gone}
 
 
 @asynccontextmanager

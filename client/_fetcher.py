@@ -124,6 +124,7 @@ class FetchHost(Protocol):
     async def start_offset(self, mq: MessageQueue, committed: int, lo: int, hi: int) -> int: ...
     def deliver_nowait(self, batch: Batch) -> bool: ...
     async def deliver(self, batch: Batch) -> None: ...
+    def route_failed(self, addr: str) -> None: ...
 
 
 class Fetcher:
@@ -141,8 +142,12 @@ class Fetcher:
         self._ready: defaultdict[tuple[str, bool], OrderedDict[MessageQueue, QueueState]] = defaultdict(OrderedDict)
 
     def add(self, mq: MessageQueue, state: QueueState) -> None:
-        """Start reading ``mq``: look up its offset, then include it in fetches."""
-        self._to_look_up.setdefault(mq.addr, []).append((mq, state))
+        """Start reading ``mq``: look up its offset (unless ``state`` knows it: a queue
+        that moved to its group's new leader), then include it in fetches."""
+        if state.offset is None:
+            self._to_look_up.setdefault(mq.addr, []).append((mq, state))
+        else:
+            self._ready[(mq.addr, state.idle)][mq] = state
         if mq.addr not in self._loops:
             self._loops.add(mq.addr)
             self._lookup_wakeups[mq.addr] = trio.Event()
@@ -150,6 +155,7 @@ class Fetcher:
             self._nursery.start_soon(self._loop, mq.addr, True)
             self._nursery.start_soon(self._lookup_loop, mq.addr)
         self._lookup_wakeups[mq.addr].set()
+        self.wake(mq.addr)
 
     def wake(self, addr: str) -> None:
         for idle in (False, True):
@@ -171,7 +177,15 @@ class Fetcher:
 
     async def _look_up(self, addr: str, batch: list[tuple[MessageQueue, QueueState]]) -> None:
         fields = {"group": self.c.group, "queues": [[mq.topic, mq.queue_id] for mq, _ in batch]}
-        reply = await self.c.retrying(lambda: self.c.request(addr, RequestCode.QUERY_QUEUE_OFFSETS, fields))
+
+        async def ask() -> Frame | None:
+            if not any(self.c.assigned.get(mq) is st for mq, st in batch):
+                return None  # given up meanwhile (e.g. moved to a new leader): stop asking this broker
+            return await self.c.request(addr, RequestCode.QUERY_QUEUE_OFFSETS, fields)
+
+        reply = await self.c.retrying(ask)
+        if reply is None:
+            return
         for (mq, st), row in zip(batch, reply.fields["offsets"]):
             if row is None or self.c.assigned.get(mq) is not st:
                 continue  # the queue is gone (a rebalance will notice) or was given up
@@ -251,7 +265,8 @@ class Fetcher:
                                              wait_ms + self.options.request_timeout_ms)  # fmt: skip
             except self.c.net_errors as e:
                 log.debug("consumer %s: fetch from %s failed: %s", self.c.client_id, target, e)
-                if target == addr:
+                if target == addr:  # the group's leader: it may have moved
+                    self.c.route_failed(addr)
                     await trio.sleep(0.2)
                 else:  # the leader serves meanwhile, at once
                     self._follower_failed(target, str(e))

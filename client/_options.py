@@ -36,6 +36,9 @@ class ConsumerOptions:
     commit_interval_ms: int = 1000
     buffered_batches: int = 64  # pulled and not yet received (backpressure)
     request_timeout_ms: int = 3000
+    # A commit that hits a dead or demoted leader (connection failed, NOT_LEADER) is
+    # retried at the group's leader as fresh routes name it, for up to this long.
+    retry_budget_ms: int = 15_000
     # A queue whose next record is damaged (the broker answers CORRUPT) is paused and
     # asked again this often, in case an operator repairs it; the others go on.
     damaged_queue_retry_ms: int = 10_000

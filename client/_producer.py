@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
+import secrets
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Mapping, Sequence
+from typing import AsyncIterator, Callable, Mapping, NoReturn, Sequence
 
 import crc32c
 import trio
@@ -31,10 +33,19 @@ RETRIABLE = {ErrorCode.SYSTEM_BUSY, ErrorCode.SHUTTING_DOWN, ErrorCode.SYSTEM_ER
              ErrorCode.REPLICATION_TIMEOUT}  # fmt: skip
 # Replication (sync acks): the group's replicas are behind, not its broker. Retried on
 # the same queue (same group and queue id), so that the batch keeps its place in the
-# queue's order; REPLICATION_TIMEOUT means stored on the leader, so the retry may store
-# it twice (at least once). NOT_LEADER (the group's leader moved) is retried after
-# fresh routes, like a stale route.
+# queue's order. NOT_LEADER (the group's leader moved) is retried on the same queue
+# too, at the leader it names or after fresh routes.
 SAME_QUEUE = {ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.REPLICATION_TIMEOUT}
+# Answers after which the batch may be stored all the same: REPLICATION_TIMEOUT (stored
+# on the leader, not yet held by enough replicas), NOT_LEADER (the leader stepped down
+# after writing it). Their retries are marked dedup (as are those after a broken
+# connection or a timeout).
+AMBIGUOUS = {ErrorCode.REPLICATION_TIMEOUT, ErrorCode.NOT_LEADER}
+UNIQ_KEY = "UNIQ_KEY"  # the message property naming a message uniquely (RocketMQ's name)
+DEFAULT_RETRIES = 2
+DEFAULT_RETRY_BUDGET_MS = 15_000
+MAX_ERRORS_REPORTED = 6  # a SendError names this many of the failures (the last ones)
+_LEADER_IN_TEXT = re.compile(r"the leader is (\S+:\d+)")
 
 QueueSelector = Callable[[Sequence[MessageQueue], Message], MessageQueue]
 
@@ -54,6 +65,7 @@ class SendResult:
     commitlog_offsets: list[int]
     durable: bool  # fsynced before the answer (always, with sync flush, unless flush_timeout)
     flush_timeout: bool = False  # stored, but the broker's fsync did not finish in time
+    duplicate: bool = False  # a retry the broker found stored already (by UNIQ_KEY): these are the first try's offsets
 
     @property
     def queue_offset(self) -> int:
@@ -63,6 +75,64 @@ class SendResult:
     def msg_ids(self) -> list[str]:
         """Broker address and commit-log offset: where the message can be found."""
         return [f"{self.queue.addr}@{o:016X}" for o in self.commitlog_offsets]
+
+
+class _NotLeader(RpcError):
+    """NOT_LEADER, with the leader the broker named (``leader_addr``, "" if none)."""
+
+    def __init__(self, addr: str, code: int, text: str, leader_addr: str) -> None:
+        super().__init__(addr, code, text)
+        self.leader_addr = leader_addr
+
+
+def _leader_in(text: str) -> str:
+    """The leader's address a NOT_LEADER text names ("... the leader is host:port")."""
+    found = _LEADER_IN_TEXT.search(text)
+    return found.group(1) if found else ""
+
+
+class _Tries:
+    """One send's tries: how many, until when, the next wait, and where the next goes."""
+
+    def __init__(self, producer: Producer, started: float) -> None:
+        self.minimum = producer.retries + 1
+        self.deadline = started + producer.retry_budget_ms / 1000
+        self.backoff_s = producer.retry_backoff_ms / 1000
+        self.backoff_max_s = producer.retry_backoff_max_ms / 1000
+        self.attempts = 0
+        self.errors: list[str] = []
+        self.last_code: int | None = None
+        self.pinned: MessageQueue | None = None  # every retry goes to this queue (its group's leader now)
+        self.hint: MessageQueue | None = None  # the next try goes here at once (NOT_LEADER named the leader)
+        self.replicas_behind = False  # the last answer said so: wait for the group even if not routed
+        self.dedup = False  # an earlier try may have been stored: ask the broker to check
+        self.wait_s = 0.0  # at least this long before the next try
+
+    def note(self, error: str, code: int | None) -> None:
+        self.errors.append(error)
+        if code is not None:
+            self.last_code = code
+
+    def more(self) -> bool:
+        """Another try: fewer than the minimum so far, or time left in the budget."""
+        return self.attempts < self.minimum or time.monotonic() < self.deadline
+
+    async def pause(self) -> None:
+        """The wait before the next try (none for a named leader), within the budget
+        once the minimum is done."""
+        if self.hint is not None:
+            return
+        delay = max(self.backoff_s, self.wait_s)
+        self.backoff_s, self.wait_s = min(self.backoff_s * 2, self.backoff_max_s), 0.0
+        if self.attempts >= self.minimum:
+            delay = min(delay, max(0.0, self.deadline - time.monotonic()))
+        await trio.sleep(delay)
+
+    def give_up(self, topic: str) -> NoReturn:
+        shown = self.errors[-MAX_ERRORS_REPORTED:]
+        more = f"({len(self.errors) - len(shown)} earlier failures not shown) " if len(self.errors) > len(shown) else ""
+        raise SendError(f"send to topic {topic!r} failed {self.attempts} times: {more}{'; '.join(shown)}",
+                        self.last_code)  # fmt: skip
 
 
 def _encoded(msgs: list[Message], queue_id: int, cache: dict[int, bytes]) -> bytes:
@@ -80,16 +150,33 @@ def shard(key: str, count: int) -> int:
 
 
 class Producer:
-    """Use :func:`open_producer` (trio) or :class:`client.BlockingProducer`."""
+    """Use :func:`open_producer` (trio) or :class:`client.BlockingProducer`.
 
-    def __init__(self, rpc: RpcClient, routes: Routes, *, send_timeout_ms: int = 3000, retries: int = 2,
-                 fault_backoff_ms: int = 3000, replication_retry_backoff_ms: int = 200) -> None:  # fmt: skip
+    Retries: a send is tried at least ``1 + retries`` times and, beyond that, until
+    ``retry_budget_ms`` has passed since it started (Kafka's ``delivery.timeout.ms``),
+    waiting ``retry_backoff_ms`` before a retry, doubled each time up to
+    ``retry_backoff_max_ms``. Default: ``retries`` 2 and a budget of 15 s; giving
+    ``retries`` without ``retry_budget_ms`` keeps the count-only behaviour of earlier
+    versions (budget 0). Only retriable failures are retried (see :meth:`send_batch`).
+    """
+
+    def __init__(self, rpc: RpcClient, routes: Routes, *, send_timeout_ms: int = 3000, retries: int | None = None,
+                 fault_backoff_ms: int = 3000, replication_retry_backoff_ms: int = 200,
+                 retry_budget_ms: int | None = None, retry_backoff_ms: int = 50,
+                 retry_backoff_max_ms: int = 500) -> None:  # fmt: skip
         self.rpc = rpc
         self.replication_retry_backoff_ms = replication_retry_backoff_ms
         self.routes = routes
         self.send_timeout_ms = send_timeout_ms
-        self.retries = retries
+        self.retries = DEFAULT_RETRIES if retries is None else retries
+        if retry_budget_ms is None:
+            retry_budget_ms = DEFAULT_RETRY_BUDGET_MS if retries is None else 0
+        self.retry_budget_ms = retry_budget_ms
+        self.retry_backoff_ms = retry_backoff_ms
+        self.retry_backoff_max_ms = retry_backoff_max_ms
         self.fault_backoff_ms = fault_backoff_ms
+        self.producer_id = secrets.token_hex(8)  # the first half of every UNIQ_KEY this producer makes
+        self._uniq = itertools.count()
         self._rr = itertools.count()
         self._faulty: dict[str, float] = {}  # broker address -> avoid until (monotonic s)
         self._filtered: dict[tuple[str, str], tuple[list[MessageQueue], frozenset[str], list[MessageQueue]]] = {}
@@ -104,52 +191,113 @@ class Producer:
     async def send_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
                          selector: QueueSelector | None = None) -> SendResult:  # fmt: skip
         """Send messages as one request to one queue (in order). The producer sets the
-        messages' ``queue_id`` to the queue it picks.
+        messages' ``queue_id`` to the queue it picks, and gives each message without
+        one a unique id, the property ``UNIQ_KEY``.
 
-        Retries (``retries``): a busy, failing or unreachable broker, or a stale route,
-        elsewhere (fresh routes); NOT_LEADER (the group's leader moved) after fresh
-        routes. NOT_ENOUGH_REPLICAS and REPLICATION_TIMEOUT (sync acks) to *the same
-        queue* (same group and queue id, its leader's address looked up again), after
-        ``replication_retry_backoff_ms`` (NOT_LEADER waits as long: a promotion takes a
-        moment to reach the name servers): the batch keeps its place in the queue's order.
-        At least once: a batch answered REPLICATION_TIMEOUT is stored on the leader (only
-        not yet held by enough replicas), so its retry may store it twice (Kafka without
-        idempotence). A send that fails for good raises :class:`SendError` whose ``code``
-        is the last broker's error code (e.g. NOT_ENOUGH_REPLICAS)."""
+        Retries (see the class): a busy, failing or unreachable broker, or a stale
+        route, elsewhere (fresh routes). After a failure whose outcome is unknown (the
+        connection broke after sending, no answer in ``send_timeout_ms``,
+        REPLICATION_TIMEOUT, NOT_LEADER), and after NOT_ENOUGH_REPLICAS, to *the same
+        queue* (same group and queue id, its leader's address looked up again) while the
+        routes still have that group: the batch keeps its place in the queue's order,
+        and the retry is marked ``dedup`` so that the broker answers with the offsets of
+        a first try that was in fact stored instead of storing it twice (within the
+        broker's ``dedup_window_ms``). NOT_LEADER naming the new leader is retried there
+        at once. A send that fails for good raises :class:`SendError` whose ``code`` is
+        the last broker's error code (e.g. NOT_ENOUGH_REPLICAS)."""
         msgs = [m if isinstance(m, Message) else Message(topic, 0, m) for m in messages]
         if not msgs:
             raise ValueError("send_batch needs at least one message")
+        self._identify(msgs)
         encoded: dict[int, bytes] = {}  # queue id -> the batch encoded for it
-        errors: list[str] = []
-        last_code: int | None = None  # the last broker's error code, for the caller (e.g. STORE_FAILED)
-        pinned: MessageQueue | None = None  # set by a replication error: every retry goes to this queue
-        wait = False  # before the next attempt: the replicas, or the new leader, need time
-        for attempt in range(self.retries + 1):
-            if wait:
-                await trio.sleep(self.replication_retry_backoff_ms / 1000)
-            target: MessageQueue | None
-            if pinned is None:
-                target = await self._pick(topic, msgs[0], sharding_key, selector, refresh=attempt > 0)
-            elif (target := await self._same_queue(pinned)) is None:
-                errors.append(f"{pinned.broker_name} queue {pinned.queue_id}: not routed")
-                continue  # wait stays set
-            mq, wait = target, False
-            try:
-                return await self.send_to(mq, _encoded(msgs, mq.queue_id, encoded), len(msgs))
-            except (ConnectionFailed, trio.TooSlowError) as e:
-                errors.append(f"{mq.addr}: {e or 'timed out'}")
-            except RpcError as e:
-                self._check_retriable(mq, e)
-                errors.append(str(e))
-                last_code = e.code
-                wait = e.code in SAME_QUEUE or e.code == ErrorCode.NOT_LEADER
+        tries = _Tries(self, time.monotonic())
+        while True:
+            mq = await self._target(topic, msgs[0], sharding_key, selector, tries)
+            if mq is not None:
+                try:
+                    return await self.send_to(mq, _encoded(msgs, mq.queue_id, encoded), len(msgs), dedup=tries.dedup)
+                except (ConnectionFailed, trio.TooSlowError, RpcError) as e:
+                    self._failed(mq, e, tries)
+            if not tries.more():
+                tries.give_up(topic)
+            await tries.pause()
+
+    def _identify(self, msgs: list[Message]) -> None:
+        """Give every message without a ``UNIQ_KEY`` one: this producer's id and a count."""
+        for m in msgs:
+            if UNIQ_KEY not in m.properties:
+                key = f"{self.producer_id}{next(self._uniq):016X}"
+                if isinstance(m.properties, dict):
+                    m.properties[UNIQ_KEY] = key
+                else:
+                    m.properties = {**m.properties, UNIQ_KEY: key}
+
+    async def _target(self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None,
+                      tries: _Tries) -> MessageQueue | None:  # fmt: skip
+        """The queue of the next try; None if there is none now (the failure is noted)."""
+        tries.attempts += 1
+        if tries.hint is not None:
+            mq, tries.hint = tries.hint, None
+            return mq
+        if tries.pinned is not None:
+            return await self._pinned(tries.pinned, tries)
+        try:
+            return await self._pick(topic, first, sharding_key, selector, refresh=tries.attempts > 1)
+        except NoRouteError as e:
+            if not e.unreachable:
+                raise
+            tries.note(str(e), None)
+        except SendError as e:  # no healthy broker: leaderless groups, failed stores
+            if e.code not in RETRIABLE:
+                raise
+            tries.note(str(e), e.code)
+        return None
+
+    async def _pinned(self, pinned: MessageQueue, tries: _Tries) -> MessageQueue | None:
+        """The pinned queue as fresh routes have it; None while its group has no leader.
+        A group the routes no longer have unpins the batch (unless the replicas were
+        behind: then the group is waited for)."""
+        mq = await self._same_queue(pinned)
+        if mq is None:
+            tries.note(f"{pinned.broker_name} queue {pinned.queue_id}: not routed", None)
+            if not tries.replicas_behind:
+                tries.pinned = None
+            return None
+        if mq.addr in self.routes.leaderless:
+            tries.note(f"{pinned.broker_name}: no leader (waiting for one)", ErrorCode.NOT_LEADER)
+            return None
+        return mq
+
+    def _failed(self, mq: MessageQueue, e: Exception, tries: _Tries) -> None:
+        """Note a failed try and decide where the next goes; raises :class:`SendError`
+        for an error not worth another try."""
+        if isinstance(e, RpcError):
+            self._check_retriable(mq, e)
+            tries.note(str(e), e.code)
+            tries.replicas_behind = e.code in SAME_QUEUE
+            if e.code in AMBIGUOUS:
+                tries.dedup = True
+            if e.code in SAME_QUEUE or e.code == ErrorCode.NOT_LEADER:
+                tries.pinned, tries.wait_s = mq, self.replication_retry_backoff_ms / 1000
+                if e.code == ErrorCode.NOT_LEADER:
+                    self._follow_hint(mq, e, tries)
                 if e.code in SAME_QUEUE:
-                    pinned = mq
-                    continue  # its broker is fine: the replicas are behind
-            self._faulty[mq.addr] = time.monotonic() + self.fault_backoff_ms / 1000
-            self.routes.forget(topic)
-        raise SendError(f"send to topic {topic!r} failed {self.retries + 1} times: {'; '.join(errors)}",
-                        last_code)  # fmt: skip
+                    return  # its broker is fine: the replicas are behind
+        else:
+            sent = not (isinstance(e, ConnectionFailed) and str(e).startswith("cannot connect"))
+            tries.note(f"{mq.addr}: {e or 'timed out'}", None)
+            tries.dedup |= sent  # it may have been stored
+            if sent or self.routes.followers(mq.broker_name):  # a replicated group gets a new leader
+                tries.pinned = mq
+        self._faulty[mq.addr] = time.monotonic() + self.fault_backoff_ms / 1000
+        self.routes.forget(mq.topic)
+
+    def _follow_hint(self, mq: MessageQueue, e: RpcError, tries: _Tries) -> None:
+        """NOT_LEADER naming the leader: the next try goes there at once (with name
+        servers, or when a direct connection lists that address)."""
+        leader = (e.leader_addr if isinstance(e, _NotLeader) else "") or _leader_in(e.text)
+        if leader and leader != mq.addr and (self.routes.namesrv_addrs or leader in self.routes.broker_addrs):
+            tries.hint = mq._replace(addr=leader)
 
     @staticmethod
     def _check_retriable(mq: MessageQueue, e: RpcError) -> None:
@@ -170,16 +318,22 @@ class Producer:
             return None
         return next((m for m in mqs if m.broker_name == mq.broker_name and m.queue_id == mq.queue_id), None)
 
-    async def send_to(self, mq: MessageQueue, body: bytes, count: int) -> SendResult:
+    async def send_to(self, mq: MessageQueue, body: bytes, count: int, *, dedup: bool = False) -> SendResult:
         """Send an encoded batch (``encode_batch`` of messages whose ``queue_id`` is
-        ``mq.queue_id``) to one queue; no retries."""
-        reply = await self.rpc.request(mq.addr, RequestCode.SEND_MESSAGE, {"topic": mq.topic}, body,
+        ``mq.queue_id``) to one queue; no retries. ``dedup``: the broker answers with
+        the offsets of the same batch (by ``UNIQ_KEY``) if it has stored it already."""
+        fields: dict[str, object] = {"topic": mq.topic, "dedup": True} if dedup else {"topic": mq.topic}
+        reply = await self.rpc.request(mq.addr, RequestCode.SEND_MESSAGE, fields, body,
                                        timeout_ms=self.send_timeout_ms, check=False)  # fmt: skip
         flush_timeout = reply.error_code == ErrorCode.FLUSH_DISK_TIMEOUT
         if reply.error_code and not flush_timeout:
+            if reply.error_code == ErrorCode.NOT_LEADER:
+                leader = reply.fields.get("leader_addr")
+                raise _NotLeader(mq.addr, reply.error_code, reply.error_text, leader if isinstance(leader, str) else "")
             raise RpcError(mq.addr, reply.error_code, reply.error_text)
         f = reply.fields
-        return SendResult(mq, f["queue_offsets"], f["commitlog_offsets"], bool(f["durable"]), flush_timeout)
+        return SendResult(mq, f["queue_offsets"], f["commitlog_offsets"], bool(f["durable"]), flush_timeout,
+                          bool(f.get("duplicate", False)))  # fmt: skip
 
     async def send_oneway(self, topic: str, body: bytes, *, tags: str = "", keys: str = "",
                           sharding_key: str | None = None) -> None:  # fmt: skip

@@ -39,12 +39,18 @@ class MessageQueue(NamedTuple):
 
 
 class NoRouteError(ClientError):
-    """No name server knows a broker for the topic (or none answered)."""
+    """No name server knows a broker for the topic (or none answered: ``unreachable``,
+    worth another try)."""
+
+    def __init__(self, text: str, *, unreachable: bool = False) -> None:
+        super().__init__(text)
+        self.unreachable = unreachable
 
 
 class Routes:
     def __init__(self, rpc: RpcClient, namesrv_addrs: list[str], *, broker_addrs: list[str] | None = None,
-                 refresh_interval_ms: int = 30_000, timeout_ms: int = 3000) -> None:  # fmt: skip
+                 refresh_interval_ms: int = 30_000, timeout_ms: int = 3000,
+                 namesrv_retry_ms: int = 10_000) -> None:  # fmt: skip
         if not namesrv_addrs and not broker_addrs:
             raise ValueError("give name server addresses (or broker addresses for a direct connection)")
         self.rpc = rpc
@@ -55,6 +61,10 @@ class Routes:
         # per topic: when fetched, its brokers as (name, address, queue count), its queues
         self._cache: dict[str, tuple[float, list[tuple[str, str, int]], list[MessageQueue]]] = {}
         self._next_ns = 0
+        # A name server that failed to answer is asked again only after namesrv_retry_ms
+        # (or when every other one fails too): not on every route look-up.
+        self.namesrv_retry_ms = namesrv_retry_ms
+        self._ns_down: dict[str, float] = {}  # address -> not asked until (monotonic s)
         # Unhealthy brokers as the last route answers said: address -> "name at address: why".
         # Not part of a queue's identity: a consumer keeps its queues when health changes.
         self.failures: dict[str, str] = {}
@@ -101,19 +111,28 @@ class Routes:
         if not self.namesrv_addrs:
             return await self._from_brokers(topic)
         errors = []
-        for i in range(len(self.namesrv_addrs)):
-            ns = self.namesrv_addrs[(self._next_ns + i) % len(self.namesrv_addrs)]
+        for ns in self._namesrv_order():
             try:
                 reply = await self.rpc.request(ns, RequestCode.GET_ROUTE, {"topic": topic}, timeout_ms=self.timeout_ms)
-                self._next_ns = (self._next_ns + i) % len(self.namesrv_addrs)
-                return list(reply.fields["brokers"])
             except RpcError as e:
                 if e.code == ErrorCode.NOT_FOUND:
                     raise NoRouteError(f"topic {topic!r}: {e.text}") from None
                 errors.append(str(e))
             except (ConnectionFailed, trio.TooSlowError) as e:
                 errors.append(f"{ns}: {e or 'timed out'}")
-        raise NoRouteError(f"no name server answered for topic {topic!r}: {'; '.join(errors)}")
+            else:
+                self._ns_down.pop(ns, None)
+                self._next_ns = self.namesrv_addrs.index(ns)
+                return list(reply.fields["brokers"])
+            self._ns_down[ns] = time.monotonic() + self.namesrv_retry_ms / 1000
+        raise NoRouteError(f"no name server answered for topic {topic!r}: {'; '.join(errors)}", unreachable=True)
+
+    def _namesrv_order(self) -> list[str]:
+        """The name servers to ask, in turn: the last one that answered first, those
+        that failed recently last (asked only if every other one fails)."""
+        n, now = len(self.namesrv_addrs), time.monotonic()
+        turn = [self.namesrv_addrs[(self._next_ns + i) % n] for i in range(n)]
+        return sorted(turn, key=lambda ns: self._ns_down.get(ns, 0.0) > now)  # stable: keeps the turn
 
     async def _from_brokers(self, topic: str) -> list[dict[str, Any]]:
         found = []
