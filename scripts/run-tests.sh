@@ -7,6 +7,9 @@ source "$(dirname "$0")/_env.sh" "test,spark,bench,dev"
 apt_install util-linux
 # The Spark tests run a real local SparkSession: it needs a Java runtime (17 or later).
 command -v java >/dev/null 2>&1 || apt_install default-jre-headless
+# The failover tests run real ZooKeeper servers (tests/zk.py): Debian's jar, started with
+# that Java runtime (not the `zookeeper` package, which pulls a desktop JRE and a service).
+[ -f /usr/share/java/zookeeper.jar ] || apt_install libzookeeper-java
 echo "== ruff check"; .venv/bin/ruff check .
 echo "== ruff format --check"; .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy
