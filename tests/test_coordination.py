@@ -1,0 +1,270 @@
+"""Automatic failover through ZooKeeper, in one process: brokers with the ``zookeeper``
+setting elect their group's leader, record the in-sync set there, hand over
+gracefully, and stop acknowledging when their ZooKeeper lease lapses. A real
+ZooKeeper server (``tests/zk.py``); the brokers are real services on 127.0.0.1.
+Real broker processes killed and paused: ``test_failover_procs.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+from kazoo.client import KazooClient
+
+from broker.coordination import CoordinationError, GroupState, split_connect
+from broker.coordination.zkserver import LocalZooKeeper
+from broker.service import Broker
+from client import open_admin, open_producer
+from tests.service_helpers import Cluster
+from tests.waiting import await_until
+
+GROUP = "g"
+FAST = {"ack_mode": "sync", "min_insync_replicas": 2, "replica_lag_max_ms": 1000, "replica_retry_ms": 100,
+        "replica_fetch_wait_ms": 200, "replica_metadata_interval_ms": 100, "zk_session_timeout_ms": 2000}  # fmt: skip
+
+
+def leaders(cluster: Cluster) -> list[Broker]:
+    return [b for b in cluster.brokers.values() if b.replica.leader is not None]
+
+
+async def one_leader(cluster: Cluster, timeout_s: float = 15, other_than: Broker | None = None) -> Broker:
+    def found() -> Broker | None:
+        ls = [b for b in leaders(cluster) if b is not other_than]
+        return ls[0] if len(ls) == 1 and len(leaders(cluster)) == 1 else None
+
+    return await await_until(found, timeout_s, "exactly one leader in the group")
+
+
+async def start_group(cluster: Cluster, zk: str, n: int = 3, **settings: Any) -> list[Broker]:
+    return [await cluster.start_broker(GROUP, key=f"g{i}", broker_id=i, zookeeper=zk, **{**FAST, **settings})
+            for i in range(n)]  # fmt: skip
+
+
+def zk_state(connect: str) -> dict[str, Any]:
+    """The group's state node as JSON (read with a client of the test's own)."""
+    hosts, chroot = split_connect(connect)
+    zk = KazooClient(hosts=hosts)
+    zk.start(timeout=10)
+    try:
+        data, _ = zk.get(f"{chroot}/clmq/groups/{GROUP}/state")
+        return dict(json.loads(data))
+    finally:
+        zk.stop()
+        zk.close()
+
+
+async def send_until_ok(producer: Any, body: bytes, timeout_s: float = 20) -> None:
+    async def sent() -> bool:
+        try:
+            await producer.send("t", body)
+            return True
+        except Exception:
+            return False
+
+    await await_until(sent, timeout_s, f"a send of {body!r} acknowledged")
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    async with trio.open_nursery() as nursery:
+        c = Cluster(nursery, tmp_path)
+        await c.start_nameserver()
+        yield c
+        nursery.cancel_scope.cancel()
+
+
+def body_set(broker: Broker, queues: int = 4) -> list[bytes]:
+    out = []
+    for q in range(queues):
+        got = broker.store.get("t", q, 0, 100_000)
+        out += [m.body for m in got.messages]
+    return out
+
+
+async def test_a_group_elects_one_leader_and_records_its_in_sync_set(cluster: Cluster, zk_connect: str) -> None:
+    bs = await start_group(cluster, zk_connect)
+    leader = await one_leader(cluster)
+    await cluster.create_topic("t", 4)
+    await await_until(lambda: sorted(zk_state(zk_connect)["isr"]) == [0, 1, 2], 15, "every replica in ZooKeeper's set")
+    state = zk_state(zk_connect)
+    assert state["leader"] == leader.config.broker_id and state["epoch"] == leader.replica.epoch
+    async with open_admin(cluster.ns) as admin:
+        for b in bs:
+            c = (await admin.replica_status(b.addr))["coordination"]
+            assert c["mode"] == "zookeeper" and c["session"] == "CONNECTED" and c["leader"] == leader.config.broker_id
+            assert (c["lease_ms_left"] > 0) == (b is leader)
+
+
+async def test_a_stopped_leader_is_replaced_by_an_in_sync_follower_with_a_higher_epoch(cluster: Cluster, zk_connect: str) -> None:
+    await start_group(cluster, zk_connect)
+    old = await one_leader(cluster)
+    await cluster.create_topic("t", 4)
+    await await_until(lambda: len(zk_state(zk_connect)["isr"]) == 3, 15, "every replica in sync")
+    acked = []
+    async with open_producer(cluster.ns, retries=10) as p:
+        for i in range(50):
+            await p.send("t", b"m%d" % i)
+            acked.append(b"m%d" % i)
+        old_epoch = old.replica.epoch
+        await cluster.stop_broker(f"g{old.config.broker_id}")  # graceful: its session ends at once
+        new = await one_leader(cluster, timeout_s=5)
+        assert new.replica.epoch > old_epoch
+        await send_until_ok(p, b"after")
+    assert set(acked) <= set(body_set(new)), "an acknowledged sync write is missing on the new leader"
+    state = zk_state(zk_connect)
+    assert state["leader"] == new.config.broker_id and old.config.broker_id not in state["isr"]
+
+
+async def test_a_leader_without_zookeeper_stops_acknowledging_then_recovers(
+    cluster: Cluster, zk_restartable: LocalZooKeeper
+) -> None:
+    """ZooKeeper paused: within the lease (3/4 of the session timeout) the leader
+    refuses writes (NOT_LEADER, nothing acknowledged); ZooKeeper back: writes resume."""
+    await start_group(cluster, zk_restartable.connect_string("/lease"))
+    leader = await one_leader(cluster)
+    await cluster.create_topic("t", 4)
+    async with open_producer(cluster.ns, retries=0) as p:
+        await send_until_ok(p, b"before")
+        zk_restartable.pause()
+        try:
+            await await_until(lambda: leader.replica.coordinator and leader.replica.coordinator.may_ack(), 3,
+                              "the leader's lease to lapse")  # fmt: skip
+            with pytest.raises(Exception) as refused:
+                await p.send("t", b"refused")
+            assert "NOT_LEADER" in str(refused.value) or "no healthy" in str(refused.value)
+        finally:
+            zk_restartable.resume()
+        await send_until_ok(p, b"after", timeout_s=20)
+    await one_leader(cluster)
+
+
+async def test_in_sync_set_shrinks_in_zookeeper_and_only_in_sync_replicas_are_elected(cluster: Cluster, zk_connect: str) -> None:
+    bs = await start_group(cluster, zk_connect)
+    leader = await one_leader(cluster)
+    await cluster.create_topic("t", 4)
+    await await_until(lambda: len(zk_state(zk_connect)["isr"]) == 3, 15, "every replica in sync")
+    lagger = next(b for b in bs if b is not leader)
+    lagger_key, lagger_id = f"g{lagger.config.broker_id}", lagger.config.broker_id
+    await cluster.stop_broker(lagger_key)
+    await await_until(lambda: lagger_id not in zk_state(zk_connect)["isr"], 10, "the stopped follower out of the set")
+    async with open_producer(cluster.ns, retries=10) as p:
+        await send_until_ok(p, b"only two hold this")
+    # The stopped follower comes back while the other two are gone: it is not in sync,
+    # so it must not lead (unclean election off by default).
+    for b in [b for b in bs if b is not lagger]:
+        await cluster.stop_broker(f"g{b.config.broker_id}")
+    back = await cluster.start_broker(GROUP, key=lagger_key, broker_id=lagger_id, zookeeper=zk_connect, **FAST)
+    await await_until(lambda: back.replica.coordinator is not None and back.replica.coordinator.state is not None, 10,
+                      "the returning follower to read the state")  # fmt: skip
+    with trio.move_on_after(3):  # the session timeout and more: nothing may elect it
+        await await_until(lambda: back.replica.leader is not None, 3, "never")
+    assert back.replica.leader is None and zk_state(zk_connect)["leader"] != lagger_id
+
+
+async def test_unclean_election_elects_an_out_of_sync_replica_when_allowed(cluster: Cluster, zk_connect: str) -> None:
+    bs = await start_group(cluster, zk_connect, n=2, min_insync_replicas=1)
+    leader = await one_leader(cluster)
+    other = next(b for b in bs if b is not leader)
+    await cluster.create_topic("t", 4)
+    await cluster.stop_broker(f"g{other.config.broker_id}")
+    await await_until(lambda: other.config.broker_id not in zk_state(zk_connect)["isr"], 10, "the follower out of the set")
+    await cluster.stop_broker(f"g{leader.config.broker_id}")
+    back = await cluster.start_broker(GROUP, key=f"g{other.config.broker_id}", broker_id=other.config.broker_id,
+                                      zookeeper=zk_connect, unclean_leader_election=True, **{**FAST, "min_insync_replicas": 1})  # fmt: skip
+    await await_until(lambda: back.replica.leader is not None, 10, "the unclean election")
+    assert zk_state(zk_connect)["isr"] == [other.config.broker_id]
+
+
+async def test_graceful_hand_over_while_producing_loses_nothing_and_shows_no_error(cluster: Cluster, zk_connect: str) -> None:
+    bs = await start_group(cluster, zk_connect)
+    old = await one_leader(cluster)
+    await cluster.create_topic("t", 4)
+    await await_until(lambda: len(zk_state(zk_connect)["isr"]) == 3, 15, "every replica in sync")
+    target = next(b for b in bs if b is not old)
+    acked: list[bytes] = []
+    errors: list[BaseException] = []
+    async with open_producer(cluster.ns, retries=20) as p, open_admin(cluster.ns) as admin:
+        await send_until_ok(p, b"first")
+
+        async def produce(stop: trio.Event) -> None:
+            i = 0
+            while not stop.is_set():
+                try:
+                    await p.send("t", b"h%d" % i)
+                    acked.append(b"h%d" % i)
+                except Exception as e:
+                    errors.append(e)
+                i += 1
+
+        async with trio.open_nursery() as n:
+            stop = trio.Event()
+            n.start_soon(produce, stop)
+            await await_until(lambda: len(acked) >= 20, 10, "writes before the hand-over")
+            epoch = await admin.promote(target.addr)
+            count = len(acked)
+            await await_until(lambda: len(acked) >= count + 20, 10, "writes after the hand-over")
+            stop.set()
+    assert errors == []
+    assert epoch == old.replica.epochs.latest and target.replica.leader is not None and old.replica.leader is None
+    assert set(acked) <= set(body_set(target))
+
+
+async def test_a_damaged_state_node_is_reported_not_crashed_on(cluster: Cluster, zk_connect: str,
+                                                              caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    hosts, chroot = split_connect(zk_connect)
+    zk = KazooClient(hosts=hosts)
+    zk.start(timeout=10)
+    zk.create(f"{chroot}/clmq/groups/{GROUP}/state", b'{"leader": "zero"}', makepath=True)
+    try:
+        (b,) = await start_group(cluster, zk_connect, n=1, min_insync_replicas=1)
+        await await_until(lambda: "not a group state" in caplog.text, 10, "the damaged node reported")
+        assert b.replica.leader is None
+        zk.set(f"{chroot}/clmq/groups/{GROUP}/state", GroupState(-1, 3, (0,)).encode())
+        await await_until(lambda: b.replica.leader is not None, 10, "an election once the node is readable")
+        assert b.replica.epoch == 4
+    finally:
+        zk.stop()
+        zk.close()
+
+
+# ----------------------------------------------------------------------- units
+@given(st.binary(max_size=60) | st.text(max_size=60).map(str.encode))
+def test_group_state_decode_accepts_only_valid_states(data: bytes) -> None:
+    try:
+        s = GroupState.decode(data, "/p")
+    except CoordinationError as e:
+        assert "/p" in str(e)
+    else:
+        assert s.leader == -1 or s.leader in s.isr
+
+
+@pytest.mark.parametrize("state", [GroupState(-1, -1, ()), GroupState(2, 7, (0, 2)), GroupState(0, 0, (0,))])
+def test_group_state_round_trips(state: GroupState) -> None:
+    assert GroupState.decode(state.encode(), "/p") == state
+
+
+@pytest.mark.parametrize(("connect", "expected"), [
+    ("127.0.0.1:2181", ("127.0.0.1:2181", "")), ("a:1,b:2/x/y/", ("a:1,b:2", "/x/y")), ("h:1/", ("h:1", "")),
+])  # fmt: skip
+def test_split_connect(connect: str, expected: tuple[str, str]) -> None:
+    assert split_connect(connect) == expected
+
+
+@pytest.mark.parametrize("connect", ["", "/chroot", "host", "h:x", "h:1,,h:2"])
+def test_split_connect_refuses_malformed_strings(connect: str) -> None:
+    with pytest.raises(ValueError, match="zookeeper must be"):
+        split_connect(connect)
+
+
+def test_settings_refuse_zookeeper_with_the_partition_store() -> None:
+    from broker.service import BrokerConfig
+
+    with pytest.raises(ValueError, match="needs storage_mode = commitlog"):
+        BrokerConfig(zookeeper="127.0.0.1:2181", storage_mode="partition-per-file")
+    with pytest.raises(ValueError, match="zk_session_timeout_ms"):
+        BrokerConfig(zookeeper="127.0.0.1:2181", zk_session_timeout_ms=10)
