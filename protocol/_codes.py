@@ -13,8 +13,14 @@ error code (0 = OK) and text, and the fields listed after the arrow.
 Broker
 ======
 =====================  ============================================================
-SEND_MESSAGE           topic; body: a message batch (``encode_batch``)
-                       -> queue_ids, queue_offsets, msg_ids, durable (bool)
+SEND_MESSAGE           topic, dedup (bool, optional); body: a message batch (``encode_batch``)
+                       -> queue_ids, queue_offsets, msg_ids, durable (bool),
+                       duplicate (true, or absent). dedup: a retry of a batch whose
+                       earlier try had an unknown outcome: if the queue's tail holds
+                       the batch (by the messages' UNIQ_KEY property, within
+                       dedup_window_ms / dedup_max_messages) the answer carries the
+                       offsets found and duplicate: true, and nothing is appended.
+                       NOT_LEADER answers carry leader_addr when it is known
 PULL_MESSAGE           topic, queue_id, offset, max_messages, max_wait_ms,
                        tags (list or absent), group (for lag accounting)
                        -> status, next_offset, min_offset, max_offset, count,
@@ -277,7 +283,7 @@ COUNT = _int(0, MAX_QUEUE_ID)  # a clamped limit: 0 means the least
 Spec = dict[str, tuple[Check, bool]]  # field -> (check, required)
 
 REQUEST_FIELDS: Final[dict[int, Spec]] = {
-    RequestCode.SEND_MESSAGE: {"topic": (TOPIC, True)},
+    RequestCode.SEND_MESSAGE: {"topic": (TOPIC, True), "dedup": (_bool, False)},
     RequestCode.PULL_MESSAGE: {"topic": (TOPIC, True), "queue_id": (QUEUE_ID, True), "offset": (OFFSET, True),
                                "max_messages": (COUNT, False), "max_wait_ms": (_int(), False),
                                "tags": (_strings, False), "group": (GROUP, False)},

@@ -163,7 +163,7 @@ def test_get_at_a_negative_offset_is_a_result(store: Store) -> None:
 
 # ------------------------------------------------------------- over the wire
 GOOD_BROKER: dict[int, dict[str, Any]] = {
-    RequestCode.SEND_MESSAGE: {"topic": "v"},
+    RequestCode.SEND_MESSAGE: {"topic": "v", "dedup": False},
     RequestCode.PULL_MESSAGE: {"topic": "v", "queue_id": 0, "offset": 0, "max_messages": 4, "max_wait_ms": 0,
                                "tags": ["T"], "group": "g"},
     RequestCode.PULL_MESSAGES: {"queues": [["v", 0, 0, None]], "max_messages": 4, "max_per_queue": 4,
@@ -209,7 +209,7 @@ OPTIONAL = {
     (RequestCode.REGISTER_BROKER, "healthy"), (RequestCode.REGISTER_BROKER, "failure"),
     (RequestCode.UNREGISTER_BROKER, "broker_name"), (RequestCode.REGISTER_BROKER, "broker_id"),
     (RequestCode.REGISTER_BROKER, "role"), (RequestCode.REGISTER_BROKER, "epoch"), (RequestCode.PROMOTE, "force"),
-    (RequestCode.REPLICA_JOIN, "addr"), (RequestCode.TRANSFER_LEADERSHIP, "timeout_ms"),
+    (RequestCode.REPLICA_JOIN, "addr"), (RequestCode.TRANSFER_LEADERSHIP, "timeout_ms"), (RequestCode.SEND_MESSAGE, "dedup"),
 }  # fmt: skip
 # A wrong value of each kind: every one is refused unless it has the field's own type
 # (a string for a string field) and is in range.

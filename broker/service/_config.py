@@ -71,6 +71,11 @@ class BrokerConfig:
     # queue to read from a follower (RocketMQ's slave read: old data is cold and costs
     # the leader disk reads that producers wait behind); 0: never.
     follower_read_lag_messages: int = 100_000
+    # A producer's retry after an unknown outcome (dedup: true) is answered with the
+    # offsets of the copy already stored, if the queue's tail holds it (by UNIQ_KEY):
+    dedup_window_ms: int = 120_000  # looked back this far by store time at most
+    dedup_max_messages: int = 10_000  # and through this many of the queue's last messages at most
+    dedup_catch_up_timeout_ms: int = 5000  # waited for the queues to show the whole log; then SYSTEM_BUSY (retryable)
     # Automatic failover (docs/replication.md): ZooKeeper elects each group's leader
     # among its in-sync replicas; role and leader_addr are then ignored.
     zookeeper: str = ""  # "host:port[,host:port...][/chroot]"; empty: manual mode
