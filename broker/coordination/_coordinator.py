@@ -44,6 +44,7 @@ from ._state import CoordinationError, GroupState, decode_member, encode_member,
 log = logging.getLogger("clmq.coordination")
 
 RECHECK_S = 0.5  # a round even without a watch event (watches are re-set each round)
+LEAD_START_TIMEOUT_S = 10.0  # the replica's follower tasks must stop within this to start leading
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,8 @@ class GroupCoordinator:
         self.session.note_contact(t0, session)
         self.leading_session = session
         self._stepped_aside = -1
-        await self.replica.become_leader(s.epoch, s.isr)
+        with trio.fail_after(LEAD_START_TIMEOUT_S):
+            await self.replica.become_leader(s.epoch, s.isr)
         self.replica.leader_hint = self.addr()
 
     # ----------------------------------------------------------------- writing
