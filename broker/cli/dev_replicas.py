@@ -6,10 +6,17 @@ dev``); each replica gets them complete in ``<data-dir>/replica-<id>.toml`` (reu
 with ``clmq broker --config``) and logs to ``<data-dir>/replica-<id>.log``. The
 replicas run in their own sessions, so a Ctrl-C reaches only this process, which
 stops them with SIGTERM (each stops gracefully) and waits for them.
+
+With ``--zookeeper`` the command also runs a standalone ZooKeeper server (a ``java``
+process, ``<data-dir>/zookeeper/``) and every replica gets ``zookeeper =
+"127.0.0.1:PORT/clmq-dev"``: ZooKeeper elects the leader (the command waits until one
+replica says it leads, and names none itself), and it is stopped last, after the
+replicas. Without the flag replica 0 leads and the others follow it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -19,11 +26,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 from rich.console import Console
 
+from broker.coordination.zkserver import LocalZooKeeper, ZooKeeperError
 from broker.service import BrokerConfig
 from client import ConnectionFailed, RpcError, open_admin
 from nameserver import NameServerConfig
@@ -37,6 +45,9 @@ START_TIMEOUT_S = 30.0  # every replica registered with the name server
 IN_SYNC_TIMEOUT_S = 20.0  # every follower joined and in sync (a warning after this, not an error)
 CATCH_UP_TIMEOUT_S = 10.0  # after the demo: the followers' log ends reach the leader's
 STOP_TIMEOUT_S = 20.0  # a replica still running this long after SIGTERM is killed
+ELECTION_TIMEOUT_S = 30.0  # --zookeeper: one replica leads (ZooKeeper elected it)
+ZK_TICK_TIME_MS = 500  # a 2000 ms session is 4 ticks: failover in about 2 s, not Debian's 4 s
+ZK_CHROOT = "/clmq-dev"
 POLL_S = 0.1  # the name server and the brokers send no notifications: their state is asked for
 
 
@@ -54,17 +65,19 @@ class ReplicaProcess:
         return f"{self.config.advertised_addr_host}:{self.config.listen_port}"
 
 
-def plan_replicas(base: BrokerConfig, namesrv: str, count: int) -> list[ReplicaProcess]:
-    """Replica 0 leads; the others follow it. Ports: ``listen_port`` + id (free ports if
-    0); data: ``<data_dir>/replica-<id>``. A bad combination (e.g. followers with
-    partition-per-file storage) is a ValueError naming the setting."""
+def plan_replicas(base: BrokerConfig, namesrv: str, count: int, zookeeper: str = "") -> list[ReplicaProcess]:
+    """Replica 0 leads; the others follow it (with ``zookeeper``, a connect string: every
+    replica starts as a follower and ZooKeeper elects). Ports: ``listen_port`` + id
+    (free ports if 0); data: ``<data_dir>/replica-<id>``. A bad combination (e.g.
+    followers with partition-per-file storage) is a ValueError naming the setting."""
     root = Path(base.data_dir)
     ports = _free_ports(count) if base.listen_port == 0 else [base.listen_port + i for i in range(count)]
-    leader_addr = f"{base.advertised_addr_host}:{ports[0]}"
+    leader_addr = "" if zookeeper else f"{base.advertised_addr_host}:{ports[0]}"
     out = []
     for i, port in enumerate(ports):
-        cfg = dataclasses.replace(base, broker_id=i, role="leader" if i == 0 else "follower",
-                                  leader_addr="" if i == 0 else leader_addr, listen_port=port,
+        leads = i == 0 and not zookeeper
+        cfg = dataclasses.replace(base, broker_id=i, role="leader" if leads else "follower",
+                                  leader_addr="" if leads else leader_addr, listen_port=port, zookeeper=zookeeper,
                                   data_dir=str(root / f"replica-{i}"), namesrv_addrs=[namesrv])  # fmt: skip
         out.append(ReplicaProcess(cfg, root / f"replica-{i}.toml", root / f"replica-{i}.log"))
     return out
@@ -102,10 +115,38 @@ def _toml_value(value: Any) -> str:
 async def run_replica_group(args: Any, base: BrokerConfig, demo: Callable[[str], Awaitable[None]]) -> int:
     """The whole of ``clmq dev --replicas N``; returns the exit code."""
     exited: list[ReplicaProcess] = []  # replicas that exited on their own: the command fails
+    try:
+        async with _zookeeper(Path(base.data_dir), getattr(args, "zookeeper", False)) as zk:
+            return await _run_group(args, base, demo, zk, exited)
+    except ZooKeeperError as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 1
+
+
+@contextlib.asynccontextmanager
+async def _zookeeper(data_dir: Path, wanted: bool) -> AsyncIterator[LocalZooKeeper | None]:
+    """A ZooKeeper server under ``<data_dir>/zookeeper/`` while the block runs (None
+    without ``--zookeeper``); stopped after the block, i.e. after the replicas."""
+    if not wanted:
+        yield None
+        return
+    zk = LocalZooKeeper(data_dir / "zookeeper", tick_time_ms=ZK_TICK_TIME_MS)
+    await trio.to_thread.run_sync(zk.start)
+    console.print(f"clmq dev: ZooKeeper {zk.connect_string()} (pid {zk.pid}), data and log in {zk.directory}/")
+    try:
+        yield zk
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(zk.stop)
+        console.print("ZooKeeper stopped")
+
+
+async def _run_group(args: Any, base: BrokerConfig, demo: Callable[[str], Awaitable[None]], zk: LocalZooKeeper | None,
+                     exited: list[ReplicaProcess]) -> int:  # fmt: skip
     async with trio.open_nursery() as nursery:
         ns = await nursery.start(serve_nameserver, NameServerConfig(listen_port=args.namesrv_port))
         try:
-            replicas = plan_replicas(base, ns.addr, args.replicas)
+            replicas = plan_replicas(base, ns.addr, args.replicas, zk.connect_string(ZK_CHROOT) if zk else "")
         except ValueError as e:
             console.print(f"[red]error:[/red] {e}")
             ns.shutdown()
@@ -135,14 +176,18 @@ async def _start_and_serve(replicas: list[ReplicaProcess], namesrv: str, args: A
                            exited: list[ReplicaProcess]) -> None:  # fmt: skip
     """Start the replicas, show them, run the demo, serve until ``scope`` is cancelled
     (a signal, or a replica exiting: listed in ``exited``)."""
+    elected = bool(replicas[0].config.zookeeper)
     async with trio.open_nursery() as nursery:
-        for group in (replicas[:1], replicas[1:]):  # the leader listens before its followers call it
+        # Manual mode: the leader listens before its followers call it. ZooKeeper mode:
+        # all at once, and ZooKeeper elects.
+        for group in [replicas] if elected else [replicas[:1], replicas[1:]]:
             for r in group:
                 await _spawn(r)
                 nursery.start_soon(_watch_exit, r, exited, scope)
             await _wait_registered(namesrv, {r.addr for r in group}, group)
-        _print_plan(replicas, namesrv)
-        await _wait_in_sync(replicas[0].addr, len(replicas) - 1)
+        leader = await _wait_elected(replicas) if elected else replicas[0]
+        _print_plan(replicas, namesrv, leader)
+        await _wait_in_sync(leader.addr, len(replicas) - 1)
         if args.demo:
             await demo(namesrv)
             await _wait_caught_up(replicas)
@@ -152,7 +197,8 @@ async def _start_and_serve(replicas: list[ReplicaProcess], namesrv: str, args: A
             return
         console.print(f"serving; watch the state: clmq cluster list --namesrv {namesrv}\n"
                       f"         produce:         clmq produce demo hello --namesrv {namesrv}\n"
-                      f"         promote:         clmq admin promote --addr {replicas[-1].addr}   (Ctrl-C stops all)")  # fmt: skip
+                      f"         promote:         clmq admin promote --addr {_a_follower(replicas, leader).addr}   "
+                      "(Ctrl-C stops all)")  # fmt: skip
         await trio.sleep_forever()
 
 
@@ -183,12 +229,20 @@ def _tail(path: Path, lines: int = 15) -> str:
         return f"(unreadable: {e})"
 
 
-def _print_plan(replicas: list[ReplicaProcess], namesrv: str) -> None:
+def _a_follower(replicas: list[ReplicaProcess], leader: ReplicaProcess) -> ReplicaProcess:
+    return next(r for r in reversed(replicas) if r is not leader)
+
+
+def _print_plan(replicas: list[ReplicaProcess], namesrv: str, leader: ReplicaProcess) -> None:
     c = replicas[0].config
     console.print(f"clmq dev: name server {namesrv}; group {c.broker_name} of {len(replicas)} replicas, "
                   f"{c.ack_mode} acks, min_insync_replicas {c.min_insync_replicas}, {c.flush_mode} flush")  # fmt: skip
+    if c.zookeeper:
+        console.print(f"  ZooKeeper {c.zookeeper} elected replica {leader.config.broker_id} the leader "
+                      f"(zk_session_timeout_ms {c.zk_session_timeout_ms}: a dead leader is replaced about that fast)")  # fmt: skip
     for r in replicas:
-        console.print(f"  replica {r.config.broker_id} ({r.config.role} at first start) on {r.addr}, pid "
+        role = ("leader" if r is leader else "follower") + (", elected" if c.zookeeper else " at first start")
+        console.print(f"  replica {r.config.broker_id} ({role}) on {r.addr}, pid "
                       f"{r.process.pid if r.process else '-'}\n    data {r.config.data_dir}/\n    settings {r.settings_path}, "
                       f"log {r.log_path}", highlight=False)  # fmt: skip
     console.print(f"the state: clmq cluster list --namesrv {namesrv}   one replica: clmq broker status --addr {replicas[0].addr}")
@@ -204,6 +258,23 @@ async def _wait_registered(namesrv: str, addrs: set[str], group: list[ReplicaPro
         logs = ", ".join(str(r.log_path) for r in group)
         raise RuntimeError(f"replicas not registered with the name server within {START_TIMEOUT_S:.0f} s; "
                            f"their logs: {logs}") from None  # fmt: skip
+
+
+async def _wait_elected(replicas: list[ReplicaProcess]) -> ReplicaProcess:
+    """Until one replica says it leads (ZooKeeper elected it); a RuntimeError naming the
+    logs after ELECTION_TIMEOUT_S."""
+    with trio.move_on_after(ELECTION_TIMEOUT_S):
+        async with open_admin(broker_addrs=[r.addr for r in replicas]) as admin:
+            while True:
+                for r in replicas:
+                    try:
+                        if (await admin.replica_status(r.addr))["role"] == "leader":
+                            return r
+                    except (ConnectionFailed, RpcError):
+                        pass  # a replica that died is reported by its watcher
+                await trio.sleep(POLL_S)
+    logs = ", ".join(str(r.log_path) for r in replicas)
+    raise RuntimeError(f"no replica was elected leader through ZooKeeper within {ELECTION_TIMEOUT_S:.0f} s; their logs: {logs}")
 
 
 async def _wait_in_sync(leader: str, followers: int) -> None:

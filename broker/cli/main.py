@@ -40,12 +40,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_and_compare(bench_sub)
     add_bench_e2e(bench_sub)
     add_commands(sub)
+    _add_dev_zookeeper_flag(sub.choices["dev"])
     add_replication_commands(sub)
     # The Spark commands define arguments only; pyspark loads when they run.
     add_bench_spark(bench_sub)
     add_export(sub)
     add_store_tools(sub)
     return parser
+
+
+def _add_dev_zookeeper_flag(dev: argparse.ArgumentParser) -> None:
+    """``clmq dev --replicas N --zookeeper`` (run by ``dev_replicas.py``)."""
+    dev.add_argument("--zookeeper", action="store_true", help="with --replicas N > 1: also run a local ZooKeeper "
+                     "server (<data-dir>/zookeeper/, needs Java and Debian's libzookeeper-java) and let it elect the "
+                     "group's leader and replace it automatically when it dies")  # fmt: skip
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
