@@ -141,12 +141,12 @@ def test_promote_refuses_a_follower_not_in_sync_unless_forced(tmp_path: Path) ->
 
 # ------------------------------------------------------------ clmq dev --replicas
 class DevGroup:
-    """``clmq dev --replicas 3 --demo`` running in its own process."""
+    """``clmq dev --replicas 3 --demo`` (plus ``extra`` flags) running in its own process."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *extra: str) -> None:
         self.tmp, self.ns = tmp, f"127.0.0.1:{_free_port()}"
         self.proc = subprocess.Popen([*CLI, "dev", "--replicas", "3", "--demo", "--port", "0", "--namesrv-port",
-                                      self.ns.split(":")[1], "--data-dir", str(tmp / "dev")], cwd=tmp, env=ENV,
+                                      self.ns.split(":")[1], "--data-dir", str(tmp / "dev"), *extra], cwd=tmp, env=ENV,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         self.output: list[str] = []
 
@@ -166,20 +166,28 @@ class DevGroup:
         return list(json.loads(out.stdout)["brokers"])
 
 
-@pytest.fixture(scope="module")
-def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevGroup]:
-    group = DevGroup(tmp_path_factory.mktemp("dev"))
+def _running_group(group: DevGroup) -> Iterator[DevGroup]:
     try:
         yield group
     finally:
         if group.proc.poll() is None:
-            group.proc.kill()  # a test failed before stopping it; its replicas are in their own sessions
+            group.proc.kill()  # a test failed before stopping it; its replicas (and ZooKeeper) are in their own sessions
             for pid in (int(p) for p in re.findall(r"pid (\d+)", "".join(group.output))):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
         group.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevGroup]:
+    yield from _running_group(DevGroup(tmp_path_factory.mktemp("dev")))
+
+
+@pytest.fixture(scope="module")
+def dev_zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevGroup]:
+    yield from _running_group(DevGroup(tmp_path_factory.mktemp("devzk"), "--zookeeper"))
 
 
 def _settled(brokers: list[dict[str, Any]]) -> bool:
@@ -209,6 +217,8 @@ def test_dev_replicas_runs_a_group_of_three_processes_and_messages_flow(dev: Dev
         assert f["confirmed_offset"] == leader["confirmed_offset"] == leader["end_offset"]
     table = clmq("cluster", "list", "--namesrv", dev.ns, cwd=dev.tmp).stdout
     assert table.count("broker-a") == 3 and table.count("follower") == 2 and "yes" in table
+    assert "ZK session" not in table  # manual mode: no ZooKeeper columns
+    assert all(b["coordination"] == {"mode": "manual"} for b in brokers)
 
 
 @pytest.mark.timeout(120)
@@ -249,3 +259,77 @@ def test_ctrl_c_stops_every_replica_cleanly(dev: DevGroup) -> None:
             os.kill(pid, 0)  # gone (and reaped by clmq dev)
     for i in range(3):
         assert not (dev.tmp / "dev" / f"replica-{i}" / "abort").exists()  # each closed its store cleanly
+
+
+# ------------------------------------------------- clmq dev --replicas --zookeeper
+def _zk_settled(brokers: list[dict[str, Any]]) -> bool:
+    """Settled, and ZooKeeper agrees: every session connected, one epoch, all in its in-sync set."""
+    if not _settled(brokers) or not all(b["coordination"]["mode"] == "zookeeper" for b in brokers):
+        return False
+    zk = [b["coordination"] for b in brokers]
+    leader = next(b for b in brokers if b["role"] == "leader")
+    return (all(c["session"] == "CONNECTED" and sorted(c["isr"]) == [0, 1, 2] for c in zk)
+            and {c["epoch"] for c in zk} == {leader["epoch"]} and {c["leader"] for c in zk} == {leader["broker_id"]})  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+def test_dev_replicas_with_zookeeper_lets_zookeeper_elect_and_cluster_list_shows_it(dev_zk: DevGroup) -> None:
+    out = dev_zk.read_until("serving;")
+    zk = re.search(r"ZooKeeper 127\.0\.0\.1:(\d+) \(pid (\d+)\)", out)
+    assert zk is not None, out
+    connect = f"127.0.0.1:{zk.group(1)}/clmq-dev"
+    assert f"ZooKeeper {connect} elected replica" in out and "messages flowed: produced 5, consumed 5" in out, out
+    for i in range(3):  # every replica is told the same connect string (and keeps it for `clmq broker --config`)
+        settings = load_settings(BrokerConfig, dev_zk.tmp / "dev" / f"replica-{i}.toml", section="broker", env={})
+        assert (settings.zookeeper, settings.broker_id, settings.role, settings.leader_addr) == (connect, i, "follower", "")
+    assert (dev_zk.tmp / "dev" / "zookeeper" / "zoo.cfg").read_text().count("tickTime=500") == 1
+    brokers = wait_until(lambda: (b := dev_zk.brokers()) and _zk_settled(b) and b, 30, "ZooKeeper to agree on the group")
+    leader = next(b for b in brokers if b["role"] == "leader")
+    assert f"elected replica {leader['broker_id']} the leader" in out
+    assert leader["coordination"]["lease_ms_left"] > 0
+    table = clmq("cluster", "list", "--namesrv", dev_zk.ns, cwd=dev_zk.tmp).stdout
+    for column in ("ZK session", "ZK epoch", "ZK in-sync set", "lease left"):
+        assert column in table, table
+    assert table.count("CONNECTED") == 3 and "0,1,2" in table and " ms" in table, table
+    status = clmq("broker", "status", "--addr", leader["addr"], cwd=dev_zk.tmp).stdout
+    assert "ZooKeeper session" in status and "CONNECTED" in status, status
+
+
+@pytest.mark.timeout(120)
+def test_promote_under_zookeeper_hands_the_group_over(dev_zk: DevGroup) -> None:
+    before = wait_until(lambda: (b := dev_zk.brokers()) and _zk_settled(b) and b, 30, "the group to settle")
+    old = next(b for b in before if b["role"] == "leader")
+    chosen = next(b for b in before if b["role"] == "follower")
+    promoted = clmq("admin", "promote", "--addr", chosen["addr"], cwd=dev_zk.tmp)
+    assert promoted.returncode == 0 and "handed the group over through ZooKeeper" in promoted.stdout, (
+        promoted.stdout + promoted.stderr
+    )
+    new_epoch = int(re.search(r"epoch (\d+)", promoted.stdout).group(1))  # type: ignore[union-attr]
+    assert new_epoch > old["epoch"]
+
+    def handed_over() -> list[dict[str, Any]] | None:
+        b = dev_zk.brokers()
+        by_addr = {x["addr"]: x for x in b}
+        done = by_addr[chosen["addr"]]["role"] == "leader" and by_addr[old["addr"]]["role"] == "follower"
+        return b if done and _zk_settled(b) else None
+
+    after = wait_until(handed_over, 30, f"{chosen['addr']} to lead epoch {new_epoch} with everyone in sync")
+    assert {b["coordination"]["epoch"] for b in after} == {b["epoch"] for b in after} == {new_epoch}
+    produced = clmq("produce", "demo", "after", "--namesrv", dev_zk.ns, cwd=dev_zk.tmp)
+    assert produced.returncode == 0 and chosen["addr"] in produced.stdout, produced.stdout + produced.stderr
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_the_replicas_then_zookeeper(dev_zk: DevGroup) -> None:
+    dev_zk.proc.send_signal(signal.SIGINT)
+    assert dev_zk.proc.wait(60) == 0
+    assert dev_zk.proc.stdout is not None
+    out = "".join(dev_zk.output) + dev_zk.proc.stdout.read()
+    stops = re.findall(r"replica (\d) stopped \(code 0\)", out)
+    assert sorted(stops) == ["0", "1", "2"], out
+    assert out.index("ZooKeeper stopped") > max(out.index(f"replica {i} stopped") for i in stops)  # last
+    for pid in (int(p) for p in re.findall(r"pid (\d+)", out)):  # the replicas' and ZooKeeper's
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    for i in range(3):
+        assert not (dev_zk.tmp / "dev" / f"replica-{i}" / "abort").exists()

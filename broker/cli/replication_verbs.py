@@ -22,6 +22,10 @@ console = Console()
 # A row of ``clmq cluster list``, in this order (the table's columns, the JSON's keys).
 CLUSTER_COLUMNS = ("group", "broker_id", "addr", "role", "epoch", "end_offset", "confirmed_offset", "lag_bytes",
                    "lag_ms", "in_sync")  # fmt: skip
+# Added when some broker is in ZooKeeper mode (``coordination.mode == "zookeeper"``):
+# its session's state, the group's epoch and in-sync set as ZooKeeper records them, and
+# (a leader) how long its lease still lets it acknowledge writes.
+ZK_COLUMNS = {"zk_session": "ZK session", "zk_epoch": "ZK epoch", "zk_isr": "ZK in-sync set", "lease_ms_left": "lease left"}
 
 
 def add_replication_commands(sub: Any) -> None:
@@ -90,6 +94,8 @@ def _row(entry: dict[str, Any], status: dict[str, Any], view: dict[int, Any]) ->
                            "lag_bytes": status.get("lag_bytes"), "lag_ms": status.get("lag_ms"),
                            "in_sync": status.get("in_sync"), "healthy": entry.get("healthy", True),
                            "age_ms": entry.get("age_ms"), "error": status.get("error", "")}  # fmt: skip
+    if "coordination" in status:
+        row["coordination"] = status["coordination"]
     if row["role"] == "follower":
         row["leader_addr"] = status.get("leader_addr", "")
         seen = view.get(row["broker_id"])
@@ -117,16 +123,36 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 def print_cluster_table(rows: list[dict[str, Any]], title: str) -> None:
     """The rows of :func:`cluster_rows` as a table, then any broker's error."""
     table = Table(title=title)
-    for c in ("group", "id", "address", "role", "epoch", "log end", "confirmed", "lag bytes", "lag ms", "in sync"):
-        table.add_column(c, justify="right" if c in {"id", "epoch", "log end", "confirmed", "lag bytes", "lag ms"} else "left")
+    zk = any(_zk_mode(r) for r in rows)
+    right = {"id", "epoch", "log end", "confirmed", "lag bytes", "lag ms", "ZK epoch", "lease left"}
+    headers = ["group", "id", "address", "role", "epoch", "log end", "confirmed", "lag bytes", "lag ms", "in sync"]
+    for c in headers + (list(ZK_COLUMNS.values()) if zk else []):
+        table.add_column(c, justify="right" if c in right else "left")
     for r in rows:
-        table.add_row(*[_cell(k, r) for k in CLUSTER_COLUMNS])
+        table.add_row(*[_cell(k, r) for k in CLUSTER_COLUMNS], *(_zk_cells(r) if zk else []))
     console.print(table)
     for r in rows:
         if r["error"]:
             console.print(f"[yellow]{r['group']}/{r['broker_id']} at {r['addr']}: {r['error']}")
     if not rows:
         console.print("no broker is registered with the name servers")
+
+
+def _zk_mode(row: dict[str, Any]) -> bool:
+    return bool(row.get("coordination", {}).get("mode") == "zookeeper")
+
+
+def _zk_cells(row: dict[str, Any]) -> list[str]:
+    """The ZooKeeper columns of one row ("-" for a broker in manual mode or not answering)."""
+    if not _zk_mode(row):
+        return ["-"] * len(ZK_COLUMNS)
+    c = row["coordination"]
+    session = c.get("session", "-")
+    colour = {"CONNECTED": "green", "SUSPENDED": "yellow"}.get(session, "red")
+    isr = c.get("isr")
+    lease = c.get("lease_ms_left")
+    return [f"[{colour}]{session}", str(c.get("epoch", "-")), "-" if isr is None else ",".join(str(i) for i in isr),
+            f"{lease:,} ms" if row["role"] == "leader" and isinstance(lease, int) else "-"]  # fmt: skip
 
 
 def _cell(key: str, row: dict[str, Any]) -> str:
@@ -168,6 +194,10 @@ def _print_status(addr: str, s: dict[str, Any]) -> None:
         keys += ["leader_addr", "in_sync", "lag_bytes", "lag_ms", "error"]
     for k in keys:
         table.add_row(k.replace("_", " "), f"{s[k]:,}" if isinstance(s[k], int) and not isinstance(s[k], bool) else str(s[k]))
+    coordination = s.get("coordination", {})
+    if coordination.get("mode") == "zookeeper":
+        for k in ("session", "leader", "epoch", "isr", "lease_ms_left"):
+            table.add_row(f"ZooKeeper {k.replace('_', ' ')}", str(coordination.get(k, "-")))
     console.print(table)
     if s["role"] == "leader":
         followers = Table(title="followers (the leader's view)")
@@ -203,7 +233,10 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 return 1
         console.print(f"{name} at {args.addr} is now the leader of group {before['broker_name']}, epoch {epoch}"
                       + (" (forced: it may have lacked the latest messages)" if args.force else ""))  # fmt: skip
-        console.print("the old leader steps down when it next registers with the name servers; see: clmq cluster list")
+        if before.get("coordination", {}).get("mode") == "zookeeper":
+            console.print("the old leader handed the group over through ZooKeeper and follows; see: clmq cluster list")
+        else:
+            console.print("the old leader steps down when it next registers with the name servers; see: clmq cluster list")
         return 0
 
     return run_client(main)
