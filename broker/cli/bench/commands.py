@@ -26,12 +26,14 @@ def plot_available() -> bool:
 
 
 def add_store_and_compare(bench_sub: Any) -> None:
-    """Add ``store``, ``compare`` and ``replication`` to the ``clmq bench`` parser."""
+    """Add ``store``, ``compare``, ``replication`` and ``failover`` to the ``clmq bench`` parser."""
+    from .failover import add_command as add_failover
     from .replication import add_command as add_replication
 
     _add_store(bench_sub)
     _add_compare(bench_sub)
     add_replication(bench_sub)
+    add_failover(bench_sub)
 
 
 def _add_store(bench_sub: Any) -> None:
