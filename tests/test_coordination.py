@@ -268,3 +268,5 @@ def test_settings_refuse_zookeeper_with_the_partition_store() -> None:
         BrokerConfig(zookeeper="127.0.0.1:2181", storage_mode="partition-per-file")
     with pytest.raises(ValueError, match="zk_session_timeout_ms"):
         BrokerConfig(zookeeper="127.0.0.1:2181", zk_session_timeout_ms=10)
+    with pytest.raises(ValueError, match="zookeeper must be"):
+        BrokerConfig(zookeeper="zk-without-port/chroot")

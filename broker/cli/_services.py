@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import trio
 from rich.console import Console
+from rich.markup import escape
 
 from broker.service import BrokerConfig
 from broker.service import serve as serve_broker
@@ -81,7 +82,7 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
     try:
         cfg = load_settings(NameServerConfig, args.config, section="nameserver", overrides=overrides)
     except SettingsError as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e))}")
         return 1
 
     async def main() -> None:
@@ -106,6 +107,9 @@ BROKER_FLAGS: tuple[tuple[str, type, str | None], ...] = (
     ("topic-ack-modes", str, "per-topic ack mode: topic=sync,topic2=async"),
     ("min-insync-replicas", int, "sync writes are refused while fewer replicas (leader included) are in sync"),
     ("replica-ids", str, "ids allowed to replicate from this leader: 1,2 (default: any of the group)"),
+    ("zookeeper", str, "automatic failover: host:port[,host:port...][/chroot] (role and leader-addr are then ignored)"),
+    ("zk-session-timeout-ms", int, "a dead leader is replaced about this long after it stops answering (default 2000)"),
+    ("unclean-leader-election", str, "true: elect an out-of-sync replica when no in-sync one is left (LOSES DATA)"),
 )  # fmt: skip
 
 
@@ -119,7 +123,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     try:
         cfg = load_settings(BrokerConfig, args.config, section="broker", overrides={k: getattr(args, k) for k in keys})
     except SettingsError as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e))}")
         return 1
 
     async def main() -> None:
@@ -128,10 +132,15 @@ def cmd_broker(args: argparse.Namespace) -> int:
             console.print(f"broker {cfg.broker_name} on {broker.addr}, data in {cfg.data_dir} "
                           f"({cfg.storage_mode}, {cfg.flush_mode} flush); name servers: {', '.join(cfg.namesrv_addrs) or 'none'}")  # fmt: skip
             role = broker.replica.role  # the role kept in the data directory wins over the setting
-            console.print(f"replica {cfg.broker_id} of group {cfg.broker_name}: {role}"
-                          + (f" of {cfg.leader_addr or 'the leader the name servers know'}" if role == "follower"
-                             else f", epoch {broker.replica.epoch}")
-                          + f"; {cfg.ack_mode} acks, min_insync_replicas {cfg.min_insync_replicas}")  # fmt: skip
+            if cfg.zookeeper:
+                console.print(f"replica {cfg.broker_id} of group {cfg.broker_name}: its role comes from ZooKeeper "
+                              f"({cfg.zookeeper}, session {cfg.zk_session_timeout_ms} ms); {cfg.ack_mode} acks, "
+                              f"min_insync_replicas {cfg.min_insync_replicas}")  # fmt: skip
+            else:
+                console.print(f"replica {cfg.broker_id} of group {cfg.broker_name}: {role}"
+                              + (f" of {cfg.leader_addr or 'the leader the name servers know'}" if role == "follower"
+                                 else f", epoch {broker.replica.epoch}")
+                              + f"; {cfg.ack_mode} acks, min_insync_replicas {cfg.min_insync_replicas}")  # fmt: skip
             nursery.start_soon(_until_signal, broker.shutdown)
 
     return _run_service(main)
@@ -144,7 +153,7 @@ def _run_service(main: Callable[[], Any]) -> int:
         err: BaseException = e
         while isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
             err = err.exceptions[0]
-        console.print(f"[red]error:[/red] {err}")
+        console.print(f"[red]error:[/red] {escape(str(err))}")
         return 1
 
 
@@ -159,7 +168,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         base = load_settings(BrokerConfig, args.config, section="broker", defaults=DEV_DEFAULTS,
                              overrides={k: getattr(args, k) for k in keys})  # fmt: skip
     except SettingsError as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e))}")
         return 1
     if args.replicas < 1:
         console.print(f"[red]error:[/red] --replicas must be at least 1, got {args.replicas}")

@@ -7,6 +7,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.coordination import split_connect
 from broker.replication import ReplicationConfig
 from broker.store import STORAGE_MODES, StoreConfig
 from commitlog import CommitLogConfig, FlushMode, GiB, MiB
@@ -93,6 +94,8 @@ class BrokerConfig:
         if self.storage_mode != "commitlog" and (self.role == "follower" or self.min_insync_replicas > 1):
             raise ValueError("role = follower and min_insync_replicas > 1 need storage_mode = commitlog: "
                              "replication copies the CommitLog")  # fmt: skip
+        if self.zookeeper:
+            split_connect(self.zookeeper)  # a ValueError naming the setting
         if self.zookeeper and self.storage_mode != "commitlog":
             raise ValueError("zookeeper (automatic failover) needs storage_mode = commitlog: replication copies the CommitLog")
         if self.zk_session_timeout_ms < 1000:
