@@ -143,6 +143,29 @@ async def test_a_leader_without_zookeeper_stops_acknowledging_then_recovers(
     await one_leader(cluster)
 
 
+@pytest.mark.parametrize("down_s", [0.5, 4.0])
+async def test_zookeeper_restarted_writes_resume_with_one_leader(
+    cluster: Cluster, zk_restartable: LocalZooKeeper, down_s: float
+) -> None:
+    """ZooKeeper stopped (SIGTERM) and started again on the same port, down for less
+    and for more than the session timeout: writes resume, one leader, every
+    acknowledged write on it."""
+    await start_group(cluster, zk_restartable.connect_string("/restart"))
+    await one_leader(cluster)
+    await cluster.create_topic("t", 4)
+    acked = []
+    async with open_producer(cluster.ns, retries=10) as p:
+        await send_until_ok(p, b"before")
+        acked.append(b"before")
+        zk_restartable.stop()
+        await trio.sleep(down_s)  # the fault's length is the test's subject, not a wait for an event
+        zk_restartable.start()
+        await send_until_ok(p, b"after", timeout_s=30)
+        acked.append(b"after")
+    leader = await one_leader(cluster, timeout_s=15)
+    assert set(acked) <= set(body_set(leader))
+
+
 async def test_in_sync_set_shrinks_in_zookeeper_and_only_in_sync_replicas_are_elected(cluster: Cluster, zk_connect: str) -> None:
     bs = await start_group(cluster, zk_connect)
     leader = await one_leader(cluster)
