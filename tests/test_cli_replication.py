@@ -145,9 +145,11 @@ class DevGroup:
 
     def __init__(self, tmp: Path, *extra: str) -> None:
         self.tmp, self.ns = tmp, f"127.0.0.1:{_free_port()}"
+        # A session of its own: the Ctrl-C test signals its whole process group, as a terminal does.
         self.proc = subprocess.Popen([*CLI, "dev", "--replicas", "3", "--demo", "--port", "0", "--namesrv-port",
                                       self.ns.split(":")[1], "--data-dir", str(tmp / "dev"), *extra], cwd=tmp, env=ENV,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)  # fmt: skip
         self.output: list[str] = []
 
     def read_until(self, text: str) -> str:
@@ -321,7 +323,7 @@ def test_promote_under_zookeeper_hands_the_group_over(dev_zk: DevGroup) -> None:
 
 @pytest.mark.timeout(120)
 def test_ctrl_c_stops_the_replicas_then_zookeeper(dev_zk: DevGroup) -> None:
-    dev_zk.proc.send_signal(signal.SIGINT)
+    os.killpg(dev_zk.proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: its whole process group
     assert dev_zk.proc.wait(60) == 0
     assert dev_zk.proc.stdout is not None
     out = "".join(dev_zk.output) + dev_zk.proc.stdout.read()

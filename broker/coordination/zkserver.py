@@ -128,8 +128,10 @@ class LocalZooKeeper:
             self._port = free_port()
         self._write_config()
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open while the server runs
+        # A session of its own: a Ctrl-C at a terminal reaches only the command that owns
+        # the server (e.g. clmq dev), which stops it last, after the brokers using it.
         self._proc = subprocess.Popen(self._command(), stdout=self._log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, cwd=self.directory)  # fmt: skip
+                                      stdin=subprocess.DEVNULL, cwd=self.directory, start_new_session=True)  # fmt: skip
         self._await_ready()
         return self
 
