@@ -1,0 +1,211 @@
+"""Clients across a change of a group's leader, with real brokers in this process (real
+sockets, real files): producers keep sending through a manual promotion and through the
+leader being stopped, with no error seen and every acknowledged message stored exactly
+once (counted by its UNIQ_KEY) and in order per queue; consumers' commits follow the
+leader; a client given two name servers keeps working when one is down."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from broker.service import Broker
+from client import Producer, Routes, open_admin, open_consumer, open_producer, shard
+from commitlog import Message, Record
+from nameserver import NameServer, NameServerConfig
+from nameserver import serve as serve_nameserver
+from tests.service_helpers import FAST_CONSUMER, Cluster
+from tests.waiting import await_until
+
+UNIQ_KEY = "UNIQ_KEY"
+FAST = {"replica_metadata_interval_ms": 100, "replica_fetch_wait_ms": 100, "replica_retry_ms": 100}
+QUEUES = 4
+
+
+async def start_group(c: Cluster, **settings: Any) -> tuple[Broker, Broker]:
+    """Group "g": leader g0 (id 0) and follower g1 (id 1), both with ``settings``."""
+    lead = await c.start_broker("g", key="g0", broker_id=0, **{**FAST, **settings})
+    f = await c.start_broker("g", key="g1", broker_id=1, role="follower", leader_addr=lead.addr, **{**FAST, **settings})
+    await c.create_topic("t", QUEUES)
+    await await_until(lambda: lead.replica.leader is not None and lead.replica.leader.isr.size() == 2, 15, "in sync")
+    await await_until(lambda: f.store.topics.queue_count("t") == QUEUES, 10, "the topic on the follower")
+    return lead, f
+
+
+class Sender:
+    """``QUEUES`` tasks, one per queue (a sharding key each), sending numbered messages
+    one after another; every acknowledged message's UNIQ_KEY and number is kept."""
+
+    def __init__(self, producer: Producer) -> None:
+        self.p = producer
+        self.acked: dict[int, list[tuple[int, str]]] = {q: [] for q in range(QUEUES)}
+        self.errors: list[BaseException] = []
+        self.duplicates = 0
+
+    def count(self) -> int:
+        return sum(len(v) for v in self.acked.values())
+
+    async def run(self, per_queue: int) -> None:
+        async with trio.open_nursery() as n:
+            for key in range(QUEUES):
+                n.start_soon(self._queue, key, per_queue)
+
+    async def _queue(self, key: int, per_queue: int) -> None:
+        sharding_key = next(k for j in range(1000) if shard(k := f"key-{j}", QUEUES) == key)  # one task per queue
+        for seq in range(per_queue):
+            msg = Message("t", 0, b"%d:%d" % (key, seq))
+            try:
+                result = await self.p.send_batch("t", [msg], sharding_key=sharding_key)
+            except Exception as e:  # the test asserts there are none
+                self.errors.append(e)
+                return
+            self.duplicates += result.duplicate
+            assert result.queue.queue_id == key, "a message's queue changed"
+            self.acked[key].append((seq, msg.properties[UNIQ_KEY]))
+
+
+def check_stored(broker: Broker, sender: Sender) -> None:
+    """Every acknowledged message once (by UNIQ_KEY), in the order sent, in its queue."""
+    for q in range(QUEUES):
+        records: list[Record] = broker.store.get("t", q, 0, 100_000).messages
+        keys = [r.properties.get(UNIQ_KEY) for r in records]
+        counts = Counter(keys)
+        acked = [k for _seq, k in sender.acked[q]]
+        assert all(counts[k] == 1 for k in acked), f"queue {q}: {[(k, counts[k]) for k in acked if counts[k] != 1]}"
+        stored_order = [k for k in keys if k in set(acked)]
+        assert stored_order == acked, f"queue {q}: acknowledged messages out of order"
+        seqs = [int(r.body.split(b":")[1]) for r in records]
+        assert seqs == sorted(seqs), f"queue {q}: stored out of order: {seqs}"
+
+
+async def test_a_producer_sends_through_a_manual_promotion_without_errors_or_duplicates(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Sync acks with two replicas required: after the promotion the new leader refuses
+    writes (NOT_ENOUGH_REPLICAS) until the old one has stepped down and caught up as
+    its follower; the old leader answers NOT_LEADER meanwhile. No error reaches the
+    producer, nothing acknowledged is lost or stored twice, and no queue changes."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, f = await start_group(c, ack_mode="sync", min_insync_replicas=2, replica_lag_max_ms=5000)
+    async with open_producer(c.ns, retry_budget_ms=20_000, send_timeout_ms=2000) as p:
+        sender = Sender(p)
+        async with trio.open_nursery() as n:
+            n.start_soon(sender.run, 60)
+            await await_until(lambda: sender.count() >= 40 or sender.errors, 20, "40 messages acknowledged")
+            async with open_admin(c.ns) as admin:
+                assert await admin.promote(f.addr) >= 1
+    assert not sender.errors, sender.errors
+    assert sender.count() == QUEUES * 60
+    await await_until(lambda: lead.replica.role == "follower", 10, "the old leader to step down")
+    check_stored(f, sender)
+    await await_until(lambda: lead.store.log.write_offset == f.store.log.write_offset, 15, "the old leader to catch up")
+    check_stored(lead, sender)
+
+
+async def test_a_producer_carries_on_when_the_leader_stops_until_a_follower_is_promoted(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The leader stops in the middle of the sends: the producer's tries fail (the
+    connection, then a group without a leader) and are retried on the same queues
+    within the budget, marked dedup; once the follower is promoted they go there.
+    (replica_lag_max_ms above the leader's shutdown_timeout_ms: a stopping leader
+    refuses its follower's fetches, and would otherwise acknowledge alone what it holds
+    once the follower left the in-sync set: see the requests file.)"""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    settings = {"replica_lag_max_ms": 10_000, "replication_timeout_ms": 1000, "shutdown_timeout_ms": 3000}
+    _lead, f = await start_group(c, ack_mode="sync", min_insync_replicas=1, **settings)
+    async with open_producer(c.ns, retry_budget_ms=20_000, send_timeout_ms=2000) as p:
+        sender = Sender(p)
+        async with trio.open_nursery() as n:
+            n.start_soon(sender.run, 50)
+            await await_until(lambda: sender.count() >= 40 or sender.errors, 20, "40 messages acknowledged")
+            await c.stop_broker("g0")
+            acked_before = sender.count()
+            async with open_admin(c.ns) as admin:
+                await admin.promote(f.addr)
+    assert not sender.errors, sender.errors
+    assert sender.count() == QUEUES * 50 and acked_before < QUEUES * 50
+    check_stored(f, sender)
+
+
+async def test_a_consumers_commits_follow_the_group_to_its_new_leader(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, f = await start_group(c, replica_lag_max_ms=5000)
+    async with open_producer(c.ns) as p:
+        for i in range(40):
+            await p.send("t", b"before %d" % i, sharding_key=str(i))
+        received: list[Record] = []
+        async with open_consumer(c.ns, "cg", {"t": "*"}, **FAST_CONSUMER) as consumer:
+            with trio.fail_after(20):
+                while len(received) < 40:
+                    received += await consumer.receive()
+                consumer.ack()
+                await consumer.commit()
+            ends = {q: lead.store.max_offset("t", q) for q in range(QUEUES)}
+            assert {q: lead.offsets.query("cg", "t", q) for q in range(QUEUES)} == ends
+            async with open_admin(c.ns) as admin:
+                await admin.promote(f.addr)
+            await await_until(lambda: lead.replica.role == "follower", 10, "the old leader to step down")
+            for i in range(40):
+                await p.send("t", b"after %d" % i, sharding_key=str(i))
+            with trio.fail_after(20):
+                while len(received) < 80:
+                    received += await consumer.receive()
+                consumer.ack()
+            assert {mq.addr for mq in consumer.assignment()} == {f.addr}
+
+            async def committed_on_new_leader() -> bool:
+                await consumer.commit()
+                return all(f.offsets.query("cg", "t", q) == f.store.max_offset("t", q) for q in range(QUEUES))
+
+            await await_until(committed_on_new_leader, 15, "the commits on the new leader")
+    bodies = Counter(r.body for r in received)
+    assert len(bodies) == 80 and set(bodies.values()) == {1}, "each message received once"
+
+
+async def start_second_nameserver(nursery: trio.Nursery) -> tuple[NameServer, trio.Event]:
+    stopped = trio.Event()
+
+    async def run(task_status: trio.TaskStatus[NameServer] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await serve_nameserver(NameServerConfig(listen_port=0, broker_expiry_ms=1500, scan_interval_ms=100),
+                                   task_status=task_status)  # fmt: skip
+        finally:
+            stopped.set()
+
+    ns: NameServer = await nursery.start(run)
+    return ns, stopped
+
+
+async def test_clients_given_two_name_servers_keep_working_when_one_is_down(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c = Cluster(nursery, tmp_path)
+    first = await c.start_nameserver()
+    second, second_stopped = await start_second_nameserver(nursery)
+    both = [first.addr, second.addr]
+    await c.start_broker(namesrv_addrs=both)
+    await c.create_topic("t", 2)
+    await c.wait_routed("t", {"broker-a"}, ns=[second.addr])
+    async with open_producer(both) as p, open_consumer(both, "cg", {"t": "*"}, **FAST_CONSUMER) as consumer:
+        await p.send("t", b"both up")
+        first.shutdown()  # the one every client asks first
+        sent = [await p.send("t", b"one down %d" % i) for i in range(10)]
+        assert len(sent) == 10
+        routes: Routes = p.routes
+        await routes.queues("t", refresh=True)
+        assert first.addr in routes._ns_down  # noted down: asked again only later
+        async with open_producer(both) as fresh:  # a new client: its first look-up finds the first one down
+            await fresh.send("t", b"from a new producer")
+        got: set[bytes] = set()
+        with trio.fail_after(20):
+            while len(got) < 12:
+                got |= {r.body for r in await consumer.receive()}
+        assert got == {b"both up", b"from a new producer"} | {b"one down %d" % i for i in range(10)}
+    second.shutdown()
+    with trio.fail_after(10):
+        await second_stopped.wait()
