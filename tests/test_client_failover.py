@@ -13,10 +13,13 @@ from typing import Any
 import trio
 
 from broker.service import Broker
-from client import Producer, Routes, open_admin, open_consumer, open_producer, shard
+from client import NoRouteError, Producer, Routes, open_admin, open_consumer, open_producer, shard
 from commitlog import Message, Record
 from nameserver import NameServer, NameServerConfig
 from nameserver import serve as serve_nameserver
+from protocol import RequestCode
+from tests.replica_procs import create_topic as procs_create_topic
+from tests.replica_procs import open_group, read_queue
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until
 
@@ -68,9 +71,12 @@ class Sender:
 
 
 def check_stored(broker: Broker, sender: Sender) -> None:
+    check_records({q: broker.store.get("t", q, 0, 100_000).messages for q in range(QUEUES)}, sender)
+
+
+def check_records(queues: dict[int, list[Record]], sender: Sender) -> None:
     """Every acknowledged message once (by UNIQ_KEY), in the order sent, in its queue."""
-    for q in range(QUEUES):
-        records: list[Record] = broker.store.get("t", q, 0, 100_000).messages
+    for q, records in queues.items():
         keys = [r.properties.get(UNIQ_KEY) for r in records]
         counts = Counter(keys)
         acked = [k for _seq, k in sender.acked[q]]
@@ -131,6 +137,37 @@ async def test_a_producer_carries_on_when_the_leader_stops_until_a_follower_is_p
     assert not sender.errors, sender.errors
     assert sender.count() == QUEUES * 50 and acked_before < QUEUES * 50
     check_stored(f, sender)
+
+
+async def test_a_producer_carries_on_when_the_leader_process_is_killed(tmp_path: Path) -> None:
+    """Real processes: the leader is SIGKILLed mid-send (connections break with requests
+    in flight: outcomes unknown), the follower is promoted; the producer's retries go
+    to it marked dedup. No error, every acknowledged message once, in order."""
+    settings = {"ack_mode": "sync", "min_insync_replicas": 1, "replica_lag_max_ms": 10_000}
+    async with open_group(tmp_path) as g:
+        await g.start_broker("g0", 0, **settings)
+        await g.start_broker("g1", 1, follow="g0", **settings)
+        await procs_create_topic(g, "g0", "t", QUEUES)
+        await g.wait_in_sync("g0", ["g1"])
+        async with open_producer([g.ns_addr], retry_budget_ms=30_000, send_timeout_ms=2000) as p:
+            await await_until(lambda: routed(p.routes), 10, "the topic routed")
+            sender = Sender(p)
+            async with trio.open_nursery() as n:
+                n.start_soon(sender.run, 50)
+                await await_until(lambda: sender.count() >= 60 or sender.errors, 30, "60 messages acknowledged")
+                await g["g0"].kill()
+                reply = await g.call("g1", RequestCode.PROMOTE, {})
+                assert not reply.error_code, reply.error_text
+        assert not sender.errors, sender.errors
+        assert sender.count() == QUEUES * 50
+        check_records({q: await read_queue(g, "g1", "t", q) for q in range(QUEUES)}, sender)
+
+
+async def routed(routes: Routes) -> bool:
+    try:
+        return len(await routes.queues("t", refresh=True)) == QUEUES
+    except NoRouteError:
+        return False
 
 
 async def test_a_consumers_commits_follow_the_group_to_its_new_leader(nursery: trio.Nursery, tmp_path: Path) -> None:
