@@ -10,14 +10,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from broker.service import Broker
-from client import NoRouteError, Producer, Routes, open_admin, open_consumer, open_producer, shard
+from client import NoRouteError, Producer, Routes, RpcClient, SendError, open_admin, open_consumer, open_producer, shard
 from commitlog import Message, Record
 from nameserver import NameServer, NameServerConfig
 from nameserver import serve as serve_nameserver
-from protocol import RequestCode
+from protocol import ErrorCode, RequestCode
 from tests.replica_procs import create_topic as procs_create_topic
 from tests.replica_procs import open_group, read_queue
 from tests.service_helpers import FAST_CONSUMER, Cluster
@@ -204,6 +205,30 @@ async def test_a_consumers_commits_follow_the_group_to_its_new_leader(nursery: t
             await await_until(committed_on_new_leader, 15, "the commits on the new leader")
     bodies = Counter(r.body for r in received)
     assert len(bodies) == 80 and set(bodies.values()) == {1}, "each message received once"
+
+
+async def test_a_send_gives_up_after_its_budget_and_at_once_for_an_error_not_worth_a_retry(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, f = await start_group(c, replica_lag_max_ms=5000)
+    rpc = RpcClient(nursery)
+    refused = await rpc.request(f.addr, RequestCode.SEND_MESSAGE, {"topic": "t"}, b"", check=False)
+    assert refused.error_code == ErrorCode.NOT_LEADER and refused.fields["leader_addr"] == lead.addr
+    await rpc.aclose()
+    async with open_producer(c.ns, retry_budget_ms=800, retry_backoff_ms=20) as p:
+        started = trio.current_time()
+        with pytest.raises(SendError) as too_big:
+            await p.send("t", b"x" * 300_000)
+        assert too_big.value.code == ErrorCode.MESSAGE_TOO_LARGE and trio.current_time() - started < 0.5
+        await c.stop_broker("g0")  # the group has no leader and nobody promotes one
+        started = trio.current_time()
+        with pytest.raises(SendError) as gave_up:
+            await p.send("t", b"nowhere", sharding_key="k")
+        took = trio.current_time() - started
+    assert 0.8 <= took < 5, took
+    assert gave_up.value.code == ErrorCode.NOT_LEADER and "no leader" in str(gave_up.value)
 
 
 async def start_second_nameserver(nursery: trio.Nursery) -> tuple[NameServer, trio.Event]:
