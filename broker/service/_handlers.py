@@ -55,6 +55,10 @@ class Handlers:
         # read (a page fault, a busy disk) holds up the pulls that wait for a thread, never
         # the event loop that serves every connection.
         self._readers = ReadThreads(context.config.pull_read_threads)
+        # The last produce request handed to the append lane: the lane appends in order,
+        # so once it is done every earlier one is too (a dedup check waits for it: the
+        # first try of a retried batch may still be waiting in the lane).
+        self._last_put: PendingPut | None = None
 
     def table(self) -> dict[int, Handler]:
         """Every request code's handler, each behind :func:`checked`."""
@@ -101,7 +105,7 @@ class Handlers:
             if (refused := self._not_leader(topic)) is not None:  # the leader may have moved meanwhile
                 return refused
         try:
-            put = self.b.lane.submit(topic, frame.body, (peer.host, peer.port))
+            put = self._last_put = self.b.lane.submit(topic, frame.body, (peer.host, peer.port))
         except BusyError as e:
             raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
         return Later(lambda: self._stored(put))
@@ -128,7 +132,7 @@ class Handlers:
         if not msgs or None in keys or len({m.queue_id for m in msgs}) != 1:
             return None  # without an id per message, or across queues: nothing to look for
         limits = DedupLimits.of(self.config)
-        if not await wait_visible(self.store, limits.catch_up_timeout_ms):
+        if not await self._log_visible(limits.catch_up_timeout_ms):
             raise RequestError(ErrorCode.SYSTEM_BUSY, f"dedup: the queues did not show the whole log within "
                                                       f"{limits.catch_up_timeout_ms} ms; retry")  # fmt: skip
         try:
@@ -136,6 +140,17 @@ class Handlers:
                                            [str(k) for k in keys], limits, now_ms())  # fmt: skip
         except PartlyStored as e:
             raise RequestError(ErrorCode.INVALID_MESSAGE, str(e)) from None
+
+    async def _log_visible(self, timeout_ms: int) -> bool:
+        """Wait until every produce request accepted so far is appended (the lane keeps
+        their order: the last one's end covers the others) and visible in its queue."""
+        earlier = self._last_put
+        if earlier is not None:
+            with trio.move_on_after(timeout_ms / 1000):
+                await earlier.done.wait()
+            if not earlier.done.is_set():
+                return False
+        return await wait_visible(self.store, timeout_ms)
 
     async def _duplicate(self, topic: str, found: Stored) -> Reply:
         fields = {"queue_offsets": found.queue_offsets, "commitlog_offsets": found.commitlog_offsets,
