@@ -289,6 +289,8 @@ class Producer:
                     self._follow_hint(mq, e, tries)
                 if e.code in SAME_QUEUE:
                     return  # its broker is fine: the replicas are behind
+            elif e.code == ErrorCode.STORE_FAILED:
+                tries.pinned = None  # that broker takes no produce until restarted: another may
         else:
             sent = not (isinstance(e, ConnectionFailed) and str(e).startswith("cannot connect"))
             tries.note(f"{mq.addr}: {e or 'timed out'}", None)

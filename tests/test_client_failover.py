@@ -171,7 +171,13 @@ async def routed(routes: Routes) -> bool:
         return False
 
 
-async def test_a_consumers_commits_follow_the_group_to_its_new_leader(nursery: trio.Nursery, tmp_path: Path) -> None:
+@pytest.mark.parametrize("old_leader", ["demoted", "stopped"])
+async def test_a_consumers_commits_follow_the_group_to_its_new_leader(
+    nursery: trio.Nursery, tmp_path: Path, old_leader: str
+) -> None:
+    """The consumer's queues move to the new leader (no message received twice or
+    missed) and its commits go there, whether the old leader stepped down (it answers
+    NOT_LEADER) or stopped (connections refused)."""
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     lead, f = await start_group(c, replica_lag_max_ms=5000)
@@ -187,9 +193,12 @@ async def test_a_consumers_commits_follow_the_group_to_its_new_leader(nursery: t
                 await consumer.commit()
             ends = {q: lead.store.max_offset("t", q) for q in range(QUEUES)}
             assert {q: lead.offsets.query("cg", "t", q) for q in range(QUEUES)} == ends
+            if old_leader == "stopped":
+                await c.stop_broker("g0")
             async with open_admin(c.ns) as admin:
                 await admin.promote(f.addr)
-            await await_until(lambda: lead.replica.role == "follower", 10, "the old leader to step down")
+            if old_leader == "demoted":
+                await await_until(lambda: lead.replica.role == "follower", 10, "the old leader to step down")
             for i in range(40):
                 await p.send("t", b"after %d" % i, sharding_key=str(i))
             with trio.fail_after(20):
