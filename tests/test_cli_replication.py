@@ -335,3 +335,10 @@ def test_ctrl_c_stops_the_replicas_then_zookeeper(dev_zk: DevGroup) -> None:
             os.kill(pid, 0)
     for i in range(3):
         assert not (dev_zk.tmp / "dev" / f"replica-{i}" / "abort").exists()
+
+
+def test_dev_zookeeper_needs_a_group_and_broker_refuses_a_bad_connect_string(tmp_path: Path) -> None:
+    out = clmq("dev", "--zookeeper", "--data-dir", str(tmp_path / "d"), cwd=tmp_path)
+    assert out.returncode == 1 and "--replicas 2 or more" in out.stdout + out.stderr
+    out = clmq("broker", "--zookeeper", "zk/chroot", "--data-dir", str(tmp_path / "b"), "--listen-port", "0", cwd=tmp_path)
+    assert out.returncode == 1 and "zookeeper must be 'host:port" in out.stdout + out.stderr

@@ -173,6 +173,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         console.print(f"[red]error:[/red] --replicas must be at least 1, got {args.replicas}")
         return 1
+    if getattr(args, "zookeeper", False) and args.replicas < 2:
+        console.print("[red]error:[/red] --zookeeper elects a group's leader: it needs --replicas 2 or more")
+        return 1
     if args.replicas > 1:  # separate processes; this one runs the name server
         return _run_service(lambda: run_replica_group(args, base, _demo))
 
