@@ -4,6 +4,7 @@ the same queue when a replicated group's followers are behind (sync acks)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import re
@@ -66,6 +67,7 @@ class SendResult:
     durable: bool  # fsynced before the answer (always, with sync flush, unless flush_timeout)
     flush_timeout: bool = False  # stored, but the broker's fsync did not finish in time
     duplicate: bool = False  # a retry the broker found stored already (by UNIQ_KEY): these are the first try's offsets
+    uniq_keys: tuple[str, ...] = ()  # the messages' UNIQ_KEY properties, in order (empty without unique_ids)
 
     @property
     def queue_offset(self) -> int:
@@ -221,7 +223,10 @@ class Producer:
             mq = await self._target(topic, msgs[0], sharding_key, selector, tries)
             if mq is not None:
                 try:
-                    return await self.send_to(mq, _encoded(msgs, mq.queue_id, encoded), len(msgs), dedup=tries.dedup)
+                    result = await self.send_to(mq, _encoded(msgs, mq.queue_id, encoded), len(msgs), dedup=tries.dedup)
+                    if not self.unique_ids:
+                        return result
+                    return dataclasses.replace(result, uniq_keys=tuple(m.properties[UNIQ_KEY] for m in msgs))
                 except (ConnectionFailed, trio.TooSlowError, RpcError) as e:
                     self._failed(mq, e, tries)
             if not tries.more():

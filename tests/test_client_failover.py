@@ -68,7 +68,8 @@ class Sender:
                 return
             self.duplicates += result.duplicate
             assert result.queue.queue_id == key, "a message's queue changed"
-            self.acked[key].append((seq, msg.properties[UNIQ_KEY]))
+            assert result.uniq_keys == (msg.properties[UNIQ_KEY],)
+            self.acked[key].append((seq, result.uniq_keys[0]))
 
 
 def check_stored(broker: Broker, sender: Sender) -> None:
