@@ -241,6 +241,27 @@ async def test_a_send_gives_up_after_its_budget_and_at_once_for_an_error_not_wor
     assert gave_up.value.code == ErrorCode.NOT_LEADER and "no leader" in str(gave_up.value)
 
 
+async def test_a_send_whose_answer_timed_out_is_acknowledged_once_with_the_first_tries_offsets(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Sync acks, the follower stopped but still counted in sync: the first try is
+    stored and waits for the follower; its answer times out at the producer. The retry
+    (dedup) waits until the leader's queues show the write (once the follower has left
+    the in-sync set) and is answered with the first try's offsets: stored once."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, _f = await start_group(c, ack_mode="sync", min_insync_replicas=1, replica_lag_max_ms=3000,
+                                 replication_timeout_ms=20_000)  # fmt: skip
+    async with open_producer(c.ns, send_timeout_ms=300) as p:
+        await p.send("t", b"warm up", sharding_key="k")  # routes and connection ready: the next try is quick
+        await c.stop_broker("g1")
+        result = await p.send("t", b"once", sharding_key="k")
+    assert result.duplicate, "the retry was not recognised as the stored first try"
+    stored = lead.store.get("t", result.queue.queue_id, 0, 100).messages
+    assert [r.body for r in stored] == [b"warm up", b"once"]
+    assert stored[1].queue_offset == result.queue_offset and stored[1].properties[UNIQ_KEY] == result.uniq_keys[0]
+
+
 async def start_second_nameserver(nursery: trio.Nursery) -> tuple[NameServer, trio.Event]:
     stopped = trio.Event()
 
