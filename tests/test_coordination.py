@@ -78,6 +78,13 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         nursery.cancel_scope.cancel()
 
 
+async def holds(broker: Broker, acked: list[bytes], timeout_s: float = 10) -> None:
+    """Every acknowledged body is readable on ``broker`` (its dispatcher may still be
+    indexing the log's last records when the test looks)."""
+    await await_until(lambda: set(acked) <= set(body_set(broker)), timeout_s,
+                      f"every acknowledged message on broker {broker.config.broker_id}")  # fmt: skip
+
+
 def body_set(broker: Broker, queues: int = 4) -> list[bytes]:
     out = []
     for q in range(queues):
@@ -115,7 +122,7 @@ async def test_a_stopped_leader_is_replaced_by_an_in_sync_follower_with_a_higher
         new = await one_leader(cluster, timeout_s=5)
         assert new.replica.epoch > old_epoch
         await send_until_ok(p, b"after")
-    assert set(acked) <= set(body_set(new)), "an acknowledged sync write is missing on the new leader"
+    await holds(new, acked)
     state = zk_state(zk_connect)
     assert state["leader"] == new.config.broker_id and old.config.broker_id not in state["isr"]
 
@@ -143,15 +150,16 @@ async def test_a_leader_without_zookeeper_stops_acknowledging_then_recovers(
     await one_leader(cluster)
 
 
-@pytest.mark.parametrize("down_s", [0.5, 4.0])
+@pytest.mark.parametrize("down_s", [0.5, 1.2, 4.0])
 async def test_zookeeper_restarted_writes_resume_with_one_leader(
-    cluster: Cluster, zk_restartable: LocalZooKeeper, down_s: float
+    cluster: Cluster, zk_restartable: LocalZooKeeper, down_s: float, caplog: pytest.LogCaptureFixture
 ) -> None:
     """ZooKeeper stopped (SIGTERM) and started again on the same port, down for less
     and for more than the session timeout: writes resume, one leader, every
-    acknowledged write on it."""
+    acknowledged write on it; the leader keeps its term unless a session expired."""
     await start_group(cluster, zk_restartable.connect_string("/restart"))
-    await one_leader(cluster)
+    first = await one_leader(cluster)
+    epoch = first.replica.epoch
     await cluster.create_topic("t", 4)
     acked = []
     async with open_producer(cluster.ns, retries=10) as p:
@@ -163,7 +171,9 @@ async def test_zookeeper_restarted_writes_resume_with_one_leader(
         await send_until_ok(p, b"after", timeout_s=30)
         acked.append(b"after")
     leader = await one_leader(cluster, timeout_s=15)
-    assert set(acked) <= set(body_set(leader))
+    await holds(leader, acked)
+    if (leader, leader.replica.epoch) != (first, epoch):  # only if the outage outlived a session
+        assert "ZooKeeper session LOST" in caplog.text, "the leader changed while every session survived"
 
 
 async def test_in_sync_set_shrinks_in_zookeeper_and_only_in_sync_replicas_are_elected(cluster: Cluster, zk_connect: str) -> None:
@@ -234,7 +244,7 @@ async def test_graceful_hand_over_while_producing_loses_nothing_and_shows_no_err
             stop.set()
     assert errors == []
     assert epoch == old.replica.epochs.latest and target.replica.leader is not None and old.replica.leader is None
-    assert set(acked) <= set(body_set(target))
+    await holds(target, acked)
 
 
 async def test_a_damaged_state_node_is_reported_not_crashed_on(cluster: Cluster, zk_connect: str,

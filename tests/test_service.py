@@ -74,7 +74,8 @@ async def test_messages_of_one_key_arrive_in_order(cluster: Cluster) -> None:
     assert batch.queue_offsets == list(range(100, 150))
     got = await consume(cluster.ns, "g", "orders", 150)
     assert [r.body for r in got] == [b"%d" % i for i in range(100)] + [b"b%d" % i for i in range(50)]
-    assert got[3].keys == "k3" and got[3].properties == {"i": "3"} and got[3].tags == "T"
+    assert got[3].keys == "k3" and got[3].tags == "T"
+    assert got[3].properties == {"i": "3", "UNIQ_KEY": results[3].uniq_keys[0]}  # the producer's id of the message
 
 
 async def test_clear_errors_for_unknown_topics_and_oversized_messages(cluster: Cluster) -> None:

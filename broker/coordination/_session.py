@@ -83,8 +83,12 @@ class ZkSession:
         return bool(self.state == KazooState.CONNECTED)
 
     def session_id(self) -> int | None:
-        cid = self.client.client_id
-        return int(cid[0]) if cid else None
+        """The session's id, kept while the connection is down (SUSPENDED: the session
+        may still live); None once it expired (LOST) or before the first connection.
+        kazoo's ``client_id`` is None whenever disconnected, which would make a leader
+        whose ZooKeeper merely restarted believe it lost its session."""
+        sid = getattr(self.client, "_session_id", None)
+        return int(sid) if sid else None
 
     def start(self) -> None:
         """Begin connecting (in kazoo's threads; CONNECTED arrives as a state change)."""
