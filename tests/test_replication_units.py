@@ -142,6 +142,35 @@ def test_the_confirmed_offset_is_the_least_hold_and_never_goes_back() -> None:
     assert isr.recompute(leader_end=300) == 300
 
 
+def test_a_frozen_set_keeps_its_followers_however_long_they_lag() -> None:
+    isr = InSyncSet("g", lag_max_ms=100, count_flushed=False, confirmed=0)
+    f = _follower()
+    isr.join(f)
+    isr.report(f, 500, 0, leader_end=500, now_ms=10)
+    isr.frozen = True  # the leader stops
+    assert isr.expire(now_ms=10_000) == [] and f.in_sync and isr.size() == 2
+
+
+def test_coordinated_set_seeds_zookeepers_members_and_keeps_them_across_sessions() -> None:
+    """ZooKeeper mode: a follower leaves only through ZooKeeper (lagging, then leave),
+    never because its session ended or it re-joined."""
+    isr = InSyncSet("g", lag_max_ms=1000, count_flushed=False, confirmed=300, coordinated=True)
+    isr.seed([1, 2], now_ms=0)
+    assert isr.size() == 3 and isr.recompute(leader_end=400) == 300  # holds unknown: nothing more confirmed
+    new = _follower(1)
+    isr.join(new)  # its first session of this term: still in sync, hold unknown
+    assert new.in_sync and isr.ready_to_record({0}) == []
+    isr.report(new, 400, 0, leader_end=400, now_ms=5)
+    assert isr.ready_to_record({0}) == [1]  # holds every confirmed byte: may be recorded
+    isr.drop(1)  # a refused report or a closed session: waited for until ZooKeeper drops it
+    assert isr.followers[1].in_sync and isr.followers[1].acked == -1 and isr.size() == 3
+    assert sorted(f.broker_id for f in isr.lagging(now_ms=1500)) == [1, 2]  # proposed, not applied
+    assert isr.size() == 3
+    for f in isr.lagging(now_ms=1500):
+        isr.leave(f, now_ms=1500)
+    assert isr.size() == 1
+
+
 def test_reports_must_not_go_backwards_or_past_the_end() -> None:
     isr = InSyncSet("g", lag_max_ms=1000, count_flushed=False, confirmed=0)
     f = _follower()

@@ -55,6 +55,7 @@ class InSyncSet:
                  coordinated: bool = False) -> None:  # fmt: skip
         self.broker_name = broker_name
         self.coordinated = coordinated
+        self.frozen = False  # set when the leader stops: nobody leaves the set any more
         self.lag_max_ms = lag_max_ms
         self.count_flushed = count_flushed
         self.followers: dict[int, FollowerState] = {}
@@ -116,7 +117,11 @@ class InSyncSet:
         return left
 
     def lagging(self, now_ms: float) -> list[FollowerState]:
-        """In-sync followers not caught up for ``lag_max_ms`` (due to leave the set)."""
+        """In-sync followers not caught up for ``lag_max_ms`` (due to leave the set);
+        none once :attr:`frozen` (a stopping leader refuses fetches: its followers must
+        not leave for that, or it would acknowledge alone what they never got)."""
+        if self.frozen:
+            return []
         return [f for f in self.followers.values() if f.in_sync and not self._lag_ok(f, now_ms)]
 
     def leave(self, f: FollowerState, now_ms: float) -> None:

@@ -147,6 +147,13 @@ class Replica:
         self.register_now()
         return epoch
 
+    def stopping(self) -> None:
+        """The broker stops: it refuses fetches from now on, so its followers must not
+        leave the in-sync set for lagging (sync writes under way then time out instead
+        of being acknowledged by the leader alone)."""
+        if self.leader is not None:
+            self.leader.isr.frozen = True
+
     # ------------------------------------------------------------ ZooKeeper mode
     async def become_leader(self, epoch: int, recorded_isr: tuple[int, ...]) -> None:
         """The coordinator won (or was handed) the group with ``epoch``: lead once the

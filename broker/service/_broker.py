@@ -127,6 +127,7 @@ class Broker:
                 log.warning("cannot persist consumer offsets yet: %s", e)
 
     async def _stop_gracefully(self) -> None:
+        self.replica.stopping()
         self.rpc.stop_accepting()
         if self.coordinator is not None:  # the group elects now, not after the session timeout
             with trio.move_on_after(self.config.shutdown_timeout_ms / 1000):
