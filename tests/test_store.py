@@ -311,6 +311,27 @@ def test_truncation_cuts_queues_and_continues_offsets(store_dir: Path) -> None:
     store.close()
 
 
+@pytest.mark.parametrize("confirmed_at", [0, 10, 22, 30])
+def test_truncation_above_the_confirmed_offset_continues_after_records_not_dispatched(store_dir: Path, confirmed_at: int) -> None:
+    """A follower dispatches only up to the confirmed offset; a cut above it keeps
+    records that are in no queue yet. Their queue offsets must not be given again
+    (found by the failover chaos run: a promoted follower acknowledged a batch at the
+    queue offsets of an earlier one, which consumers then never saw)."""
+    store = Store.open(small_config(store_dir))
+    store.create_topic("orders", 4)
+    store.log.set_confirmed_offset(0)  # a follower's view: nothing dispatched past it
+    res = store.put_batch(msgs("orders", 40, 4))
+    store.log.set_confirmed_offset(res.commitlog_offsets[confirmed_at])
+    store.catch_up()
+    store.truncate(res.commitlog_offsets[22])  # keeps messages 0..21: queues 0,1 have 6; 2,3 have 5
+    assert store.put(Message("orders", 2, b"new")).queue_offsets == [5]
+    store.log.set_confirmed_offset(None)  # promoted: the whole log is visible
+    store.catch_up()
+    assert [store.max_offset("orders", q) for q in range(4)] == [6, 6, 6, 5]
+    assert store.get("orders", 2, 5, 1).messages[0].body == b"new"
+    store.close()
+
+
 def _runs_by_loop(offsets: list[int], sizes: list[int], max_run_bytes: int) -> list[tuple[int, int]]:
     """The definition, one record at a time."""
     runs, i = [], 0

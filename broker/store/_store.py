@@ -280,13 +280,23 @@ class Store(StoreBase):
         For replication: a follower that diverged from its leader cuts back to where
         they agree. Callers must not append concurrently.
         """
-        self.dispatcher.catch_up()  # every queue is complete up to here, then cut
+        self.dispatcher.catch_up()  # every queue is complete up to here (the confirmed offset), then cut
         self.log.truncate(offset)
         self._entries.forget_missing()  # a segment made again under the same name must be read anew
         for key in self.queues.known():
             self.queues.queue(*key).truncate_past(self.log.write_offset)
         self.dispatcher.dispatched_offset = min(self.dispatcher.dispatched_offset, self.log.write_offset)
-        self.log.set_queue_offset_table(self.queues.next_offsets())
+        self.log.set_queue_offset_table(self._next_offsets_after_cut())
+
+    def _next_offsets_after_cut(self) -> dict[tuple[str, int], int]:
+        """Each queue's next offset: past its entries, and past the records the log
+        keeps that are in no queue yet (a follower dispatches only up to the confirmed
+        offset; a cut above it keeps such records, whose offsets must not be reused)."""
+        table = self.queues.next_offsets()
+        for rec in self.log.iter_records(self.dispatcher.dispatched_offset, self.log.write_offset):
+            key = (rec.topic, rec.queue_id)
+            table[key] = max(table.get(key, 0), rec.queue_offset + 1)
+        return table
 
     def restart_at(self, base: int) -> None:
         """Delete the whole log and start it empty at ``base`` (a follower whose leader's
