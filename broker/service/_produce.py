@@ -1,0 +1,159 @@
+"""The produce path: SEND_MESSAGE through the append lane, the answer once the batch
+is durable (sync flush) and held by the replicas (sync acks), and retries marked
+``dedup`` answered with the copy an earlier try stored (``_dedup``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from broker.store import PutStatus
+from commitlog import FlushMode
+from protocol import BatchError, ErrorCode, Frame, decode_batch
+from protocol.transport import Later, Peer, Reply, RequestError, need
+
+from ._append import BusyError, PendingPut
+from ._context import BrokerContext, now_ms
+from ._dedup import UNIQ_KEY, DedupLimits, PartlyStored, Stored, find_stored, wait_visible
+from ._fetch import ReadThreads
+
+_PUT_ERRORS = {
+    PutStatus.MESSAGE_TOO_LARGE: ErrorCode.MESSAGE_TOO_LARGE,
+    PutStatus.INVALID_MESSAGE: ErrorCode.INVALID_MESSAGE,
+    PutStatus.INVALID_TOPIC: ErrorCode.INVALID_TOPIC,
+    PutStatus.UNKNOWN_TOPIC: ErrorCode.TOPIC_NOT_FOUND,
+    PutStatus.INVALID_QUEUE_ID: ErrorCode.INVALID_QUEUE_ID,
+    PutStatus.MALFORMED_BATCH: ErrorCode.MALFORMED_REQUEST,
+    PutStatus.DISK_FULL: ErrorCode.DISK_FULL,
+    PutStatus.IO_ERROR: ErrorCode.IO_ERROR,
+    PutStatus.STORE_CLOSED: ErrorCode.SHUTTING_DOWN,
+    PutStatus.FLUSH_DISK_TIMEOUT: ErrorCode.FLUSH_DISK_TIMEOUT,
+    PutStatus.STORE_FAILED: ErrorCode.STORE_FAILED,
+}
+
+
+class Produce:
+    """SEND_MESSAGE for one broker."""
+
+    def __init__(self, context: BrokerContext, readers: ReadThreads) -> None:
+        self.b = context
+        self.store = context.store
+        self.config = context.config
+        self._readers = readers
+        # The last produce request handed to the append lane: the lane appends in order,
+        # so once it is done every earlier one is too (a dedup check waits for it: the
+        # first try of a retried batch may still be waiting in the lane).
+        self._last_put: PendingPut | None = None
+
+    async def send_message(self, frame: Frame, peer: Peer) -> Reply | Later:
+        """Queued in arrival order (the ordered part); the reply follows once stored.
+        A retry marked ``dedup`` that was in fact stored is answered with the offsets
+        found, ``duplicate: true``, and not appended again (``_dedup``)."""
+        topic = need(frame.fields, "topic", str)
+        dedup = frame.fields.get("dedup", False)
+        if type(dedup) is not bool:
+            raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field 'dedup' must be a boolean, got {dedup!r:.40}")
+        if (refused := self._not_leader(topic)) is not None:
+            return refused
+        if dedup:
+            found = await self._stored_before(topic, frame.body, peer)
+            if found is not None:
+                return Later(lambda: self._duplicate(topic, found))
+            if (refused := self._not_leader(topic)) is not None:  # the leader may have moved meanwhile
+                return refused
+        try:
+            put = self._last_put = self.b.lane.submit(topic, frame.body, (peer.host, peer.port))
+        except BusyError as e:
+            raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
+        return Later(lambda: self._stored(put))
+
+    def _not_leader(self, topic: str) -> Reply | None:
+        """The checks before a write (a follower, or too few replicas in sync: nothing
+        written). NOT_LEADER names the leader in the field ``leader_addr`` too, so that
+        a producer can retry there at once."""
+        try:
+            self.b.replica.check_sync_write(topic)
+        except RequestError as e:
+            if e.code != ErrorCode.NOT_LEADER:
+                raise
+            return Reply({"leader_addr": self.b.replica.leader_hint}, error_code=e.code, error_text=e.text)
+        return None
+
+    async def _stored_before(self, topic: str, body: bytes, peer: Peer) -> Stored | None:
+        """Where a retried batch was stored by an earlier try, or None (append it)."""
+        try:
+            msgs = decode_batch(body, topic, (peer.host, peer.port))
+        except BatchError:
+            return None  # the append answers MALFORMED_REQUEST
+        keys = [m.properties.get(UNIQ_KEY) for m in msgs]
+        if not msgs or None in keys or len({m.queue_id for m in msgs}) != 1:
+            return None  # without an id per message, or across queues: nothing to look for
+        limits = DedupLimits.of(self.config)
+        if not await self._log_visible(limits.catch_up_timeout_ms):
+            raise RequestError(ErrorCode.SYSTEM_BUSY, f"dedup: the queues did not show the whole log within "
+                                                      f"{limits.catch_up_timeout_ms} ms; retry")  # fmt: skip
+        try:
+            return await self._readers.run(find_stored, self.store, topic, msgs[0].queue_id,
+                                           [str(k) for k in keys], limits, now_ms())  # fmt: skip
+        except PartlyStored as e:
+            raise RequestError(ErrorCode.INVALID_MESSAGE, str(e)) from None
+
+    async def _log_visible(self, timeout_ms: int) -> bool:
+        """Wait until every produce request accepted so far is appended (the lane keeps
+        their order: the last one's end covers the others) and visible in its queue."""
+        earlier = self._last_put
+        if earlier is not None:
+            with trio.move_on_after(timeout_ms / 1000):
+                await earlier.done.wait()
+            if not earlier.done.is_set():
+                return False
+        return await wait_visible(self.store, timeout_ms)
+
+    async def _duplicate(self, topic: str, found: Stored) -> Reply:
+        fields = {"queue_offsets": found.queue_offsets, "commitlog_offsets": found.commitlog_offsets,
+                  "store_timestamp_ms": found.store_timestamp_ms, "duplicate": True}  # fmt: skip
+        return await self._acknowledged(topic, fields, found.end_offset)
+
+    async def _stored(self, put: PendingPut) -> Reply:
+        await put.done.wait()
+        result = put.result
+        assert result is not None
+        if not result.ok:
+            raise RequestError(_PUT_ERRORS[result.status], result.error)
+        fields = {"queue_offsets": result.queue_offsets, "commitlog_offsets": result.commitlog_offsets,
+                  "store_timestamp_ms": result.store_timestamp_ms}  # fmt: skip
+        return await self._acknowledged(put.topic, fields, result.end_offset)
+
+    async def _acknowledged(self, topic: str, fields: dict[str, Any], end_offset: int) -> Reply:
+        """The answer to a stored batch, once durable (sync flush) and held by the
+        replicas (sync acks)."""
+        sync = self.store.config.commitlog.flush_mode is FlushMode.SYNC
+        durable = await self._await_durable(end_offset) if sync else self.store.durable_offset >= end_offset
+        failure = self.store.failure
+        if sync and not durable and failure is not None:  # the flush failed: not stored for sure
+            raise RequestError(ErrorCode.STORE_FAILED, f"written but not made durable: {failure}")
+        fields["durable"] = durable
+        if sync and not durable:
+            return Reply(fields, error_code=ErrorCode.FLUSH_DISK_TIMEOUT,
+                         error_text=f"stored, but not fsynced within sync_flush_timeout_ms={self.config.sync_flush_timeout_ms}")  # fmt: skip
+        problem = await self.b.replica.wait_held(topic, end_offset)  # sync acks: the replicas hold it
+        if problem is not None:
+            return Reply(fields, error_code=problem[0], error_text=problem[1])
+        return Reply(fields)
+
+    async def _await_durable(self, end_offset: int) -> bool:
+        """Sync flush: wait for the group commit that covers ``end_offset``."""
+        done = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def wake() -> None:  # runs on the flusher thread
+            try:
+                token.run_sync_soon(done.set)
+            except trio.RunFinishedError:
+                pass
+
+        self.store.on_durable(end_offset, wake)  # on failure: called at once (then store.failure is set)
+        with trio.move_on_after(self.config.sync_flush_timeout_ms / 1000):
+            await done.wait()
+        return done.is_set() and self.store.failure is None and self.store.durable_offset >= end_offset
