@@ -22,8 +22,9 @@ def clmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:  # type: ignore[type-arg]
     tmp = tmp_path_factory.mktemp("bench-failover")
     out = clmq("bench", "failover", "--failovers", "2", "--after-seconds", "1", "--queues", "4", "--dir",
-               str(tmp / "d"), "--json", str(tmp / "f.json"), cwd=tmp)  # fmt: skip
+               str(tmp / "d"), "--json", str(tmp / "f.json"), "--plot", str(tmp / "f.png"), cwd=tmp)  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert (tmp / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the plot was drawn
     assert not list((tmp / "d").iterdir()), "the run's directories were left behind"
     return json.loads((tmp / "f.json").read_text()), out.stdout
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -74,3 +75,36 @@ def print_report(console: Console, result: dict[str, Any]) -> None:
                   if result["client_errors"] else ""))  # fmt: skip
     for problem in result.get("problems", []):
         console.print(f"[yellow]{problem}")
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Each failover's time to the new leader's first ack and its write pause, per
+    kind, with the issue's aims (SIGKILL: median 3 s, p99 6 s; graceful: pause 1 s)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(result["summary"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, field, title in ((axes[0], "failover_s", "death/switch -> first ack of the new leader"),
+                             (axes[1], "pause_s", "longest write pause around the failover")):  # fmt: skip
+        for i, kind in enumerate(kinds):
+            values = [r[field] for r in result["failovers"] if r["kind"] == kind and r[field] is not None]
+            ax.scatter([i + (j % 7 - 3) * 0.03 for j in range(len(values))], values, s=14, alpha=0.7, label=kind)
+            med, p99 = median_p99(values)
+            if med is not None and p99 is not None:
+                ax.hlines([med, p99], i - 0.3, i + 0.3, colors=["black", "grey"], linestyles=["-", ":"])
+        ax.axhline(3.0, color="red", linestyle="--", linewidth=0.8, label="aim: SIGKILL median 3 s")
+        ax.axhline(6.0, color="red", linestyle=":", linewidth=0.8, label="aim: SIGKILL p99 6 s")
+        ax.axhline(1.0, color="green", linestyle="--", linewidth=0.8, label="aim: graceful pause 1 s")
+        ax.set_xticks(range(len(kinds)), kinds)
+        ax.set_ylabel("seconds")
+        ax.set_title(title, fontsize=9)
+    axes[0].legend(fontsize=7)
+    st = result["settings"]
+    fig.suptitle(f"clmq bench failover: {st['brokers']} brokers, session {st['session_ms']} ms, tickTime "
+                 f"{st['tick_ms']} ms, sync acks by {st['min_insync_replicas']} (bar: median, dotted: p99)",
+                 fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
