@@ -44,6 +44,10 @@ class RouteTable:
             role = "follower"
         entry = BrokerEntry(cluster, broker_name, addr, dict(topics), now_ms, healthy, failure, broker_id, role, epoch)
         self._brokers[addr] = entry
+        if role == "leader":  # the group's one leader now: an older leader's entry (dead, or not yet told) follows
+            for other in self._brokers.values():
+                if other.broker_name == broker_name and other.addr != addr and other.role == "leader":
+                    other.role = "follower"
         return old is None or old.topics != topics or old.role != role
 
     def _claim(self, broker_name: str, epoch: int, addr: str) -> bool:
