@@ -109,6 +109,7 @@ class _Tries:
         self.replicas_behind = False  # the last answer said so: wait for the group even if not routed
         self.dedup = False  # an earlier try may have been stored: ask the broker to check
         self.wait_s = 0.0  # at least this long before the next try
+        self._hinted = False  # the last try went to a named leader without a pause
 
     def note(self, error: str, code: int | None) -> None:
         self.errors.append(error)
@@ -120,10 +121,14 @@ class _Tries:
         return self.attempts < self.minimum or time.monotonic() < self.deadline
 
     async def pause(self) -> None:
-        """The wait before the next try (none for a named leader), within the budget
-        once the minimum is done."""
-        if self.hint is not None:
+        """The wait before the next try, within the budget once the minimum is done. A
+        leader named by NOT_LEADER is tried at once, but not twice in a row: during a
+        hand-over the old leader names the new one, which names the old one until it
+        leads, and a ping-pong without pauses spent the tries in milliseconds."""
+        if self.hint is not None and not self._hinted:
+            self._hinted = True
             return
+        self._hinted = False
         delay = max(self.backoff_s, self.wait_s)
         self.backoff_s, self.wait_s = min(self.backoff_s * 2, self.backoff_max_s), 0.0
         if self.attempts >= self.minimum:

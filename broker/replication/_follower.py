@@ -29,6 +29,7 @@ from ._ports import MetadataPort
 log = logging.getLogger("clmq.replication")
 
 REQUEST_SLACK_MS = 5000  # a fetch's answer may take its wait plus this long
+NOT_LEADER_RETRY_S = 0.02
 
 
 class Rejoin(Exception):
@@ -71,9 +72,14 @@ class Follower:
         self.log.set_confirmed_offset(self._told)
 
     async def run(self) -> None:
-        """Forever: follow the leader; on any failure, say so (once per kind) and retry."""
+        """Forever: follow the leader; on any failure, say so (once per kind) and retry.
+        A leader named by ZooKeeper that answers NOT_LEADER is about to lead (its switch
+        takes milliseconds): asked again soon, every 20 ms doubling up to
+        ``replica_retry_ms``, since sync writes of the new term wait for this follower."""
+        soon_s = NOT_LEADER_RETRY_S
         while True:
             addr = self.leader_hint() or self.config.leader_addr
+            wait_s = self.config.replica_retry_ms / 1000
             if addr:
                 try:
                     await self._follow(addr)
@@ -82,6 +88,10 @@ class Follower:
                     continue
                 except (ConnectionFailed, RpcError, trio.TooSlowError, ClmqError, OSError) as e:
                     self._failed(addr, e)  # e.g. a damaged chunk, a store that failed: said, then retried
+                    if isinstance(e, RpcError) and e.code == ErrorCode.NOT_LEADER and self.config.coordinated:
+                        wait_s, soon_s = min(wait_s, soon_s), soon_s * 2
+                    else:
+                        soon_s = NOT_LEADER_RETRY_S
             elif self.error != "no leader known":
                 self.error = "no leader known"
                 if self.config.coordinated:
@@ -89,7 +99,7 @@ class Follower:
                 else:
                     log.warning("%s: follower without a leader: set leader_addr or name servers", self.config.broker_name)
             self.connected = False
-            await trio.sleep(self.config.replica_retry_ms / 1000)
+            await trio.sleep(wait_s)
 
     def promotable(self) -> bool:
         """Whether this follower holds everything its leader may have acknowledged: in

@@ -109,7 +109,11 @@ class Leader:
 
     async def wait_caught_up(self, broker_id: int) -> None:
         """Until follower ``broker_id`` holds the whole log (a graceful hand-over; the
-        caller has stopped new writes)."""
+        caller has stopped new writes). Long-polled fetches are answered at once first:
+        the follower's next fetch reports what it holds, instead of after
+        ``replica_fetch_wait_ms`` of waiting for bytes that will not come."""
+        self._grew.set()
+        self._grew = trio.Event()
         while True:
             changed = self._changed
             f = self.isr.followers.get(broker_id)

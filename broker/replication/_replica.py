@@ -59,7 +59,8 @@ class Replica:
         self.coordinator: CoordinatorPort | None = None  # ZooKeeper mode: set by the service before run()
         self._pending_lead: tuple[int, tuple[int, ...]] | None = None  # (epoch, ZooKeeper's in-sync set)
         self._lead_started = trio.Event()
-        self._handing_over = False  # a graceful hand-over is under way: new writes are refused
+        self._handing_over = False  # a graceful hand-over is under way: new writes are held, then refused
+        self._handover_done: trio.Event | None = None
         self._token = token
         self._switched = trio.Event()
         self._rpc: RpcClient | None = None
@@ -291,7 +292,7 @@ class Replica:
         if leader is None or coordinator is None:
             raise RequestError(ErrorCode.NOT_LEADER if coordinator else ErrorCode.REQUEST_NOT_SUPPORTED,
                                "not a leader in ZooKeeper mode")  # fmt: skip
-        self._handing_over = True
+        self._handing_over, self._handover_done = True, trio.Event()
         try:
             with trio.move_on_after(timeout_ms / 1000) as scope:
                 await self.writes_idle()
@@ -302,6 +303,21 @@ class Replica:
             return await coordinator.hand_over(broker_id)
         finally:
             self._handing_over = False
+            self._handover_done.set()
+            self._handover_done = None
+
+    async def writes_settled(self) -> None:
+        """Before a write: wait out a graceful hand-over under way, or this broker's own
+        switch to leading. New writes are held rather than refused meanwhile, so that the
+        old leader's NOT_LEADER names the new leader and the new leader takes them once
+        it leads (refused at once, they were retried with a growing backoff)."""
+        done = self._handover_done
+        if done is not None:
+            with trio.move_on_after(self.config.leader_transfer_timeout_ms / 1000):
+                await done.wait()
+        if self._pending_lead is not None:  # named leader, switching from follower: milliseconds
+            with trio.move_on_after(self.config.leader_transfer_timeout_ms / 1000):
+                await self._lead_started.wait()
 
     async def _status_request(self, frame: Frame, peer: Peer) -> Reply:
         return Reply(self.status())

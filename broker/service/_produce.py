@@ -54,6 +54,7 @@ class Produce:
         dedup = frame.fields.get("dedup", False)
         if type(dedup) is not bool:
             raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field 'dedup' must be a boolean, got {dedup!r:.40}")
+        await self.b.replica.writes_settled()  # a graceful hand-over under way: held, then answered
         if (refused := self._not_leader(topic)) is not None:
             return refused
         if dedup:

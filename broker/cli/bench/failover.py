@@ -38,6 +38,7 @@ from .replication_load import _routed
 KINDS = ("sigkill", "graceful")
 STEP_TIMEOUT_S = 60.0  # an election, a restart or a catch-up that takes longer is a failure of the run
 console = Console()
+PAUSE_TAIL_S = 0.5  # the write pause is looked for up to this long after the new leader's first ack
 
 
 def _kinds(text: str) -> list[str]:
@@ -137,6 +138,7 @@ async def _sigkill(admin: Admin, cluster: FailoverCluster, acks: Acks) -> dict[s
     took = await wait_first_ack(acks, killed_at, {n.addr for n in cluster.nodes} - {old}, STEP_TIMEOUT_S)
     new = await wait_leader(admin, cluster, STEP_TIMEOUT_S, exclude=old)
     await trio.to_thread.run_sync(node.start)
+    await trio.sleep_until(killed_at + took + PAUSE_TAIL_S)  # the pause's window must be over before it is measured
     return _row(acks, old, new, cluster, killed_at, took, errors_before)
 
 
@@ -148,12 +150,13 @@ async def _graceful(admin: Admin, cluster: FailoverCluster, acks: Acks) -> dict[
     asked_at = trio.current_time()
     await admin.promote(target)
     took = await wait_first_ack(acks, asked_at, {target}, STEP_TIMEOUT_S)
+    await trio.sleep_until(asked_at + took + PAUSE_TAIL_S)  # the pause's window must be over before it is measured
     return _row(acks, old, target, cluster, asked_at, took, errors_before)
 
 
 def _row(acks: Acks, old: str, new: str, cluster: FailoverCluster, at: float, took: float,
          errors_before: int) -> dict[str, Any]:  # fmt: skip
     """One failover's figures; the write pause spans from the fault to 0.5 s past the first new ack."""
-    pause = acks.longest_gap(at, at + took + 0.5)
+    pause = acks.longest_gap(at, at + took + PAUSE_TAIL_S)
     return {"from": cluster.node(old).broker_id, "to": cluster.node(new).broker_id, "failover_s": took,
             "pause_s": max(pause, 0.0), "errors": len(acks.errors) - errors_before}  # fmt: skip
