@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from broker.service import Broker
-from client import MessageQueue, RpcClient, SendError, open_consumer, open_producer
+from client import MessageQueue, Routes, RpcClient, SendError, open_admin, open_consumer, open_producer
 from commitlog import Message, Record
 from protocol import ErrorCode, FetchAsk, RequestCode
 from tests.service_helpers import FAST_CONSUMER, Cluster
@@ -210,10 +210,24 @@ async def test_a_consumer_not_asking_for_followers_reads_from_the_leader(nursery
         assert f.rpc.connections == 0
 
 
+async def follower_routed(c: Cluster, topic: str, addr: str) -> None:
+    """Until the name server lists the follower at ``addr`` in ``topic``'s route (a
+    follower registers a topic once it copied it from its leader)."""
+    async with open_admin(c.ns) as admin:
+        routes = Routes(admin.rpc, c.ns)
+
+        async def listed() -> bool:
+            await routes.queues(topic, refresh=True)
+            return addr in routes.followers("g")
+
+        await await_until(listed, 10, f"the follower {addr} in the route of {topic!r}")
+
+
 async def test_a_consumer_falls_back_to_the_leader_when_its_follower_fails(nursery: trio.Nursery, tmp_path: Path) -> None:
     """The follower stops while the name server still lists it: pulls to it fail, and
     the leader serves them."""
     c, _lead, f = await ready_group(nursery, tmp_path, 2, 100)
+    await follower_routed(c, "t", f.addr)  # else the consumer starts on the leader alone
     async with open_consumer(c.ns, "cg", {"t": "*"}, read_from_followers=True, follower_failure_backoff_ms=60_000,
                              **FAST_CONSUMER) as consumer:  # fmt: skip
         first = await consume(consumer, 1)
