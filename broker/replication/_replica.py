@@ -163,7 +163,7 @@ class Replica:
             return
         self._lead_started = started = trio.Event()
         self._pending_lead = (epoch, recorded_isr)
-        self.leader = None
+        self.role, self.leader = "follower", None  # until the switch: writes are held or refused, never unchecked
         self._switched.set()
         await started.wait()
 
