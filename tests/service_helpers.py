@@ -125,3 +125,16 @@ def cluster_in_thread(root: Path) -> Iterator[Cluster]:
     finally:
         stop.set()
         server.join(30)
+
+
+async def follower_routed(c: Cluster, topic: str, addr: str, group: str = "g") -> None:
+    """Until the name server lists the follower at ``addr`` in ``topic``'s route (a
+    follower registers a topic once it copied it from its leader)."""
+    async with open_admin(c.ns) as admin:
+        routes = Routes(admin.rpc, c.ns)
+
+        async def listed() -> bool:
+            await routes.queues(topic, refresh=True)
+            return addr in routes.followers(group)
+
+        await await_until(listed, 10, f"the follower {addr} in the route of {topic!r}")

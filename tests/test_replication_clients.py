@@ -12,10 +12,10 @@ import pytest
 import trio
 
 from broker.service import Broker
-from client import MessageQueue, Routes, RpcClient, SendError, open_admin, open_consumer, open_producer
+from client import MessageQueue, RpcClient, SendError, open_consumer, open_producer
 from commitlog import Message, Record
 from protocol import ErrorCode, FetchAsk, RequestCode
-from tests.service_helpers import FAST_CONSUMER, Cluster
+from tests.service_helpers import FAST_CONSUMER, Cluster, follower_routed
 from tests.waiting import await_until
 
 FAST = {"replica_metadata_interval_ms": 100, "replica_fetch_wait_ms": 200, "replica_retry_ms": 100}
@@ -208,19 +208,6 @@ async def test_a_consumer_not_asking_for_followers_reads_from_the_leader(nursery
     async with open_consumer(c.ns, "cg", {"t": "*"}, **FAST_CONSUMER) as consumer:
         await consume(consumer, 50)
         assert f.rpc.connections == 0
-
-
-async def follower_routed(c: Cluster, topic: str, addr: str) -> None:
-    """Until the name server lists the follower at ``addr`` in ``topic``'s route (a
-    follower registers a topic once it copied it from its leader)."""
-    async with open_admin(c.ns) as admin:
-        routes = Routes(admin.rpc, c.ns)
-
-        async def listed() -> bool:
-            await routes.queues(topic, refresh=True)
-            return addr in routes.followers("g")
-
-        await await_until(listed, 10, f"the follower {addr} in the route of {topic!r}")
 
 
 async def test_a_consumer_falls_back_to_the_leader_when_its_follower_fails(nursery: trio.Nursery, tmp_path: Path) -> None:
