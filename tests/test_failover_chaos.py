@@ -155,10 +155,12 @@ async def check_after(fg: FailoverGroup, traffic: Traffic, delivered: bool) -> N
     final = await fg.wait_leader()
     await fg.check_end(final, traffic.ledger())  # every acknowledged message stored once, logs identical
     assert delivered, await undelivered(fg, final, traffic)
-    # every failure made a new term, and the one-ack-per-epoch check was not vacuous
+    # every failure made a new term, and the one-ack-per-epoch check was not vacuous (a
+    # term may end before it acknowledges anything: killed or paused right after its
+    # election, so most terms, not all, must have acknowledged)
     terms = fg.terms()
     assert traffic.count() >= 40 + 8 * FAILURES, traffic.count()
-    assert len(terms.leads) > FAILURES and len(terms.acks) > FAILURES, (len(terms.leads), len(terms.acks))
+    assert len(terms.leads) > FAILURES and len(terms.acks) >= FAILURES * 4 // 5, (len(terms.leads), len(terms.acks))
 
 
 def order_problems(traffic: Traffic) -> list[str]:
