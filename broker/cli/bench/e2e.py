@@ -1,73 +1,88 @@
 """``clmq bench e2e``: produce and consume through a real broker over loopback.
 
 The broker runs in its own process (its own interpreter and core), started fresh per
-case on an empty data directory; the clients run in this process with clmq's own
-trio client. Cases: message size x queue count x flush mode, produce throughput
-(``--producers`` concurrent batch senders, round robin over the queues), then
-consume throughput (a consumer group reading everything back), and produce latency
-at a fixed rate with synchronous flush.
+case on an empty data directory; the clients run in this process with clmq's own trio
+client, through two APIs (``--api``): ``public``, exactly what a user writes
+(``e2e_public``), and ``raw``, batches encoded by the benchmark and sent as they are
+(``e2e_raw``). Cases: the timed case (message size x queue count x flush mode: produce
+for ``--seconds``, then a consumer group reads everything back), the sparse case (a
+fixed total spread over 1 to 10,000 queues, so that at 10,000 each holds a few), and
+produce latency at a fixed rate with synchronous flush. Figures in ``e2e_report``, the
+plot in ``e2e_plot``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 
-from client import MessageQueue, Producer, Routes, open_admin, open_consumer
-from commitlog import Message
-from protocol import encode_batch
-from protocol.transport import RpcClient
+from client import open_admin
+
+from .e2e_load import Consumed, Load, ProcessCpu, Produced
+from .e2e_public import consume_public, latency_public, produce_batches, produce_public
+from .e2e_raw import consume_raw, latency_raw, produce_raw
+from .e2e_report import Latency, Throughput, aims, latency_of, markdown, medians
+
+PRODUCE: dict[str, Callable[[str, Load], Awaitable[Produced]]] = {
+    "public": produce_public, "public-batches": produce_batches, "raw": produce_raw}  # fmt: skip
+CONSUME: dict[str, Callable[[str, str, int], Awaitable[Consumed]]] = {
+    "public": consume_public, "public-batches": consume_public, "raw": consume_raw}  # fmt: skip
+LATENCY_QUEUES = 8  # the latency case's topic
+RAW_LATENCY_BATCH = 10  # raw: messages per send in the latency case (public: one per send)
 
 
-@dataclass
-class Throughput:
-    size: int
-    queues: int
-    flush: str
-    produce_msgs_per_s: float
-    produce_mb_per_s: float
-    consume_msgs_per_s: float  # from opening the consumer to closing it: joining, look-ups and commits included
-    consume_fetch_msgs_per_s: float  # from the first batch to the last (Kafka's fetch.nMsg.sec)
-    consumer_start_s: float  # from opening the consumer to its first batch
-    messages: int
+def _ints(text: str) -> list[int]:
+    return [int(x.replace("_", "")) for x in text.split(",") if x]
 
 
-@dataclass
-class Latency:
-    rate_msgs_per_s: int
-    batch: int
-    p50_ms: float
-    p99_ms: float
-    max_ms: float
-    sends: int
+def _apis(text: str) -> list[str]:
+    apis = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in apis if a not in PRODUCE]
+    if unknown or not apis:
+        raise argparse.ArgumentTypeError(f"unknown api {unknown}: choose among {', '.join(PRODUCE)}")
+    return apis
 
 
 def add_command(bench_sub: Any) -> None:
     p = bench_sub.add_parser("e2e", help="produce and consume through a broker over loopback")
-    p.add_argument("--sizes", default="100,1024", help="message sizes in bytes (default 100,1024)")
-    p.add_argument("--queues", default="1,1000,10000", help="queue counts (default 1,1000,10000)")
-    p.add_argument("--flush", default="async,sync", help="flush modes (default async,sync)")
-    p.add_argument("--seconds", type=float, default=3.0, help="seconds of producing per case (default 3)")
-    p.add_argument("--runs", type=int, default=3, help="runs; medians are reported (default 3)")
-    p.add_argument("--producers", type=int, default=4, help="concurrent batch senders (default 4)")
-    p.add_argument("--batch", type=int, default=256, help="messages per batch (default 256)")
-    p.add_argument("--latency-rate", type=int, default=10_000, help="msgs/s for the latency case (0: skip)")
-    p.add_argument("--settle-seconds", type=float, default=3.0,
-                   help="before each case: os.sync(), then this long idle, so that a case does not measure the "
-                        "previous one's writeback and file deletions (default 3)")  # fmt: skip
-    p.add_argument("--json", type=Path, default=Path("bench-e2e.json"))
-    p.add_argument("--markdown", type=Path, default=None)
+    a = p.add_argument
+    a("--api", type=_apis, default=["public", "raw"],
+      help="client APIs, comma-separated (default public,raw: one run gives both, cases alternated so that drift "
+           "affects both alike). public: what a user writes, with default options: open_producer, per message "
+           "submit(topic, body, selector=...) then flush(); open_consumer and receive(). public-batches: per window of "
+           "1,000 messages one send_batch per queue it touches, concurrently (issue 17's first measurement). raw: "
+           "batches encoded by the bench and sent with Producer.send_to, --producers in flight, --batch per request")  # fmt: skip
+    a("--sizes", default="100,1024", help="message sizes in bytes (default 100,1024)")
+    a("--queues", default="1,1000,10000", help="queue counts (default 1,1000,10000)")
+    a("--flush", default="async,sync", help="flush modes (default async,sync)")
+    a("--seconds", type=float, default=3.0, help="seconds of producing per timed case (default 3)")
+    a("--sparse-total", type=int, default=100_000,
+      help="sparse case: messages spread over --sparse-queues, produced then consumed (default 100,000; 0: skip)")  # fmt: skip
+    a("--sparse-queues", default="1,1000,10000", help="sparse case: queue counts (default 1,1000,10000)")
+    a("--sparse-size", type=int, default=1024, help="sparse case: message size in bytes, async flush (default 1024)")
+    a("--runs", type=int, default=3, help="runs; medians are reported (default 3)")
+    a("--producers", type=int, default=4, help="raw: concurrent batch senders (default 4)")
+    a("--batch", type=int, default=256, help="raw: messages per request (default 256)")
+    a("--latency-rate", type=int, default=10_000,
+      help="msgs/s for the latency case, sync flush, 1 KiB (default 10,000; 0: skip). public: one send per message, "
+           "each awaited in its own task; raw: sends of 10")  # fmt: skip
+    a("--settle-seconds", type=float, default=3.0,
+      help="before each case: os.sync(), then this long idle, so that a case does not measure the "
+           "previous one's writeback and file deletions (default 3)")  # fmt: skip
+    a("--json", type=Path, default=Path("bench-e2e.json"), help="every case of every run, the medians and the aims")
+    a("--markdown", type=Path, default=None, help="also write the tables and the aims as Markdown here")
+    a("--plot", type=Path, default=None, help="draw produce and consume per queue count against the aims (matplotlib)")
     p.set_defaults(func=cmd_bench_e2e)
 
 
@@ -113,123 +128,92 @@ class BrokerProcess:
         subprocess.run(["rm", "-rf", str(self.dir)], check=False)
 
 
-async def _produce(
-    addr: str, topic: str, size: int, queues: int, seconds: float, producers: int, batch: int
-) -> tuple[int, float]:
-    async with trio.open_nursery() as nursery:
-        rpc = RpcClient(nursery)
-        producer = Producer(rpc, Routes(rpc, [], broker_addrs=[addr]))
-        mqs = await producer.routes.queues(topic)
-        body = os.urandom(size)
-        sent = [0]
-        deadline = time.perf_counter() + seconds
-
-        async def sender(k: int) -> None:
-            i = k
-            while time.perf_counter() < deadline:
-                mq = mqs[i % len(mqs)]
-                i += producers
-                now = int(time.time() * 1000)  # a real client encodes every batch it sends
-                data = encode_batch([Message(topic, mq.queue_id, body, "TagA", born_timestamp_ms=now) for _ in range(batch)])
-                await producer.send_to(mq, data, batch)
-                sent[0] += batch
-
-        t0 = time.perf_counter()
-        async with trio.open_nursery() as senders:
-            for k in range(producers):
-                senders.start_soon(sender, k)
-        elapsed = time.perf_counter() - t0
-        await rpc.aclose()
-        nursery.cancel_scope.cancel()
-    return sent[0], elapsed
+async def _case(broker: BrokerProcess, api: str, case: str, load: Load, flush: str) -> Throughput:
+    async with open_admin(broker_addrs=[broker.addr]) as admin:
+        await admin.create_topic(load.topic, load.queues, on=[broker.addr])
+    client, server = ProcessCpu(), ProcessCpu(broker.proc.pid)
+    produced = await PRODUCE[api](broker.addr, load)
+    produce_cpu = (client.used_s(), server.used_s())
+    stored = produced.sent - produced.failed
+    if stored <= 0:
+        raise RuntimeError(f"{api}: no message stored ({produced.failed:,} failed)")
+    client, server = ProcessCpu(), ProcessCpu(broker.proc.pid)
+    consumed = await CONSUME[api](broker.addr, load.topic, stored)
+    consume_cpu = (client.used_s(), server.used_s())
+    rate = stored / produced.elapsed_s
+    return Throughput(api, case, load.size, load.queues, flush, rate, rate * load.size / 1e6, consumed.overall_msgs_per_s,
+                      consumed.fetch_msgs_per_s, consumed.first_batch_s, stored, produced.failed, consumed.messages,
+                      produce_cpu[0] * 1e6 / stored, produce_cpu[1] * 1e6 / stored, consume_cpu[0] * 1e6 / stored,
+                      consume_cpu[1] * 1e6 / stored, produced.call)  # fmt: skip
 
 
-async def _consume(addr: str, topic: str, expected: int) -> tuple[float, float, float]:
-    """Overall rate (joining and closing included), fetch rate (first batch to last, as
-    Kafka's consumer benchmark reports it) and seconds to the first batch."""
-    t0 = time.perf_counter()
-    got, first, last = 0, 0.0, 0.0
-    async with open_consumer(None, "bench", {topic: "*"}, broker_addrs=[addr], pull_batch=1024, buffered_batches=256) as c:
-        with trio.fail_after(300):
-            got += len(await c.receive())
-            first = time.perf_counter()
-            while got < expected:
-                got += len(await c.receive())
-            last = time.perf_counter()
-    overall = got / (time.perf_counter() - t0)
-    return overall, got / max(last - first, 1e-9), first - t0
+def _run_case(root: Path, api: str, case: str, load: Load, flush: str, args: argparse.Namespace) -> Throughput:
+    _settle(args.settle_seconds)
+    broker = BrokerProcess(root, flush)
+    try:
+        return trio.run(_case, broker, api, case, load, flush)
+    finally:
+        broker.stop()
 
 
-async def _latency(addr: str, topic: str, rate: int, seconds: float, batch: int = 10) -> Latency:
-    """Send ``batch`` messages every ``batch / rate`` seconds, each send its own task."""
-    lat: list[float] = []
-    async with trio.open_nursery() as nursery:
-        rpc = RpcClient(nursery)
-        producer = Producer(rpc, Routes(rpc, [], broker_addrs=[addr]))
-        mqs: list[MessageQueue] = await producer.routes.queues(topic)
-        body = os.urandom(1024)
-
-        async def one(mq: MessageQueue) -> None:
-            t = time.perf_counter()
-            data = encode_batch([Message(topic, mq.queue_id, body) for _ in range(batch)])
-            await producer.send_to(mq, data, batch)
-            lat.append((time.perf_counter() - t) * 1000)
-
-        period, n = batch / rate, int(seconds * rate / batch)
-        start = trio.current_time()
-        async with trio.open_nursery() as senders:
-            for i in range(n):
-                await trio.sleep_until(start + i * period)
-                senders.start_soon(one, mqs[i % len(mqs)])
-        await rpc.aclose()
-        nursery.cancel_scope.cancel()
-    lat.sort()
-    return Latency(rate, batch, statistics.median(lat), lat[int(len(lat) * 0.99) - 1], lat[-1], len(lat))
-
-
-async def _case(addr: str, size: int, queues: int, flush: str, args: argparse.Namespace) -> Throughput:
-    async with open_admin(broker_addrs=[addr]) as admin:
-        await admin.create_topic("bench", queues, on=[addr])
-    sent, elapsed = await _produce(addr, "bench", size, queues, args.seconds, args.producers, args.batch)
-    consume, fetch, start = await _consume(addr, "bench", sent)
-    return Throughput(size, queues, flush, sent / elapsed, sent * size / elapsed / 1e6, consume, fetch, start, sent)
+def _line(r: int, args: argparse.Namespace, t: Throughput) -> str:
+    return (f"run {r + 1}/{args.runs}: {t.api}, {t.case}: {t.size} B x {t.queues:,} queues, {t.flush} flush: "
+            f"produce {t.produce_msgs_per_s:,.0f} msgs/s ({t.produce_client_cpu_us_per_msg:.1f} / "
+            f"{t.produce_broker_cpu_us_per_msg:.1f} µs CPU per message in client / broker), consume "
+            f"{t.consume_msgs_per_s:,.0f} msgs/s (fetch {t.consume_fetch_msgs_per_s:,.0f}, first batch after "
+            f"{t.consumer_start_s:.2f} s), {t.consumed:,} of {t.messages:,} read back"
+            + (f", {t.failed:,} failed" if t.failed else ""))  # fmt: skip
 
 
 def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:
+    """Every case ``args.runs`` times (the APIs alternated, their order reversed every
+    other run); the samples, their medians and the aims."""
     root = Path(tempfile.mkdtemp(prefix="clmq-bench-e2e-"))
-    sizes = [int(x) for x in args.sizes.split(",")]
-    queue_counts = [int(x.replace("_", "")) for x in args.queues.split(",")]
-    cases = [(s, q, f) for f in args.flush.split(",") for s in sizes for q in queue_counts]
-    samples: dict[tuple[int, int, str], list[Throughput]] = {c: [] for c in cases}
-    lat_samples: list[Latency] = []
-    for r in range(args.runs):
-        for s, q, f in cases:
-            _settle(args.settle_seconds)
-            broker = BrokerProcess(root, f)
-            try:
-                t = trio.run(_case, broker.addr, s, q, f, args)
-            finally:
-                broker.stop()
-            samples[(s, q, f)].append(t)
-            report(f"run {r + 1}/{args.runs}: {s} B x {q} queues, {f} flush: produce {t.produce_msgs_per_s:,.0f} msgs/s, "
-                   f"consume {t.consume_msgs_per_s:,.0f} msgs/s (fetch {t.consume_fetch_msgs_per_s:,.0f}, "
-                   f"first batch after {t.consumer_start_s:.2f} s)")  # fmt: skip
-        if args.latency_rate:
-            lat_samples.append(_latency_case(root, args))
-            report(f"run {r + 1}/{args.runs}: sync flush at {args.latency_rate:,} msgs/s: p50 {lat_samples[-1].p50_ms:.2f} ms, "
-                   f"p99 {lat_samples[-1].p99_ms:.2f} ms")  # fmt: skip
-    rows = [{k: (statistics.median(getattr(x, k) for x in v) if isinstance(getattr(v[0], k), float) else getattr(v[0], k))
-             for k in asdict(v[0])} for v in samples.values()]  # fmt: skip
+    apis: list[str] = args.api
+    timed = [Load("bench", s, q, seconds=args.seconds, producers=args.producers, batch=args.batch)
+             for s in _ints(args.sizes) for q in _ints(args.queues)]  # fmt: skip
+    sparse = [Load("bench", args.sparse_size, q, total=args.sparse_total, producers=args.producers, batch=args.batch)
+              for q in _ints(args.sparse_queues)] if args.sparse_total > 0 else []  # fmt: skip
+    samples: list[dict[str, Any]] = []
+    sparse_samples: list[dict[str, Any]] = []
+    lat_samples: dict[str, list[dict[str, Any]]] = {api: [] for api in apis if api in ("public", "raw")}
+    try:
+        for r in range(args.runs):
+            order = apis if r % 2 == 0 else apis[::-1]
+            for flush in args.flush.split(","):
+                for load in timed:
+                    for api in order:
+                        samples.append(asdict(t := _run_case(root, api, "timed", load, flush, args)))
+                        report(_line(r, args, t))
+            for load in sparse:
+                for api in order:
+                    sparse_samples.append(asdict(t := _run_case(root, api, "sparse", load, "async", args)))
+                    report(_line(r, args, t))
+            for api in (a for a in order if a in lat_samples and args.latency_rate):
+                lat = _latency_case(root, api, args)
+                lat_samples[api].append(asdict(lat))
+                report(f"run {r + 1}/{args.runs}: {api}, sync flush at {args.latency_rate:,} msgs/s: p50 {lat.p50_ms:.2f} ms, "
+                       f"p99 {lat.p99_ms:.2f} ms, max {lat.max_ms:.2f} ms" + (f", {lat.failed:,} sends failed" if lat.failed else ""))  # fmt: skip
+    finally:
+        subprocess.run(["rm", "-rf", str(root)], check=False)
+    return _result(args, samples, sparse_samples, lat_samples)
+
+
+def _result(args: argparse.Namespace, samples: list[dict[str, Any]], sparse_samples: list[dict[str, Any]],
+            lat_samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:  # fmt: skip
     out: dict[str, Any] = {
         "runs": args.runs,
+        "apis": args.api,
         "seconds": args.seconds,
         "producers": args.producers,
         "batch": args.batch,
-        "rows": rows,
+        "sparse_total": args.sparse_total,
+        "rows": medians(samples),
+        "sparse": medians(sparse_samples),
+        "latency": {api: medians(v)[0] for api, v in lat_samples.items() if v},
+        "samples": {"rows": samples, "sparse": sparse_samples, "latency": lat_samples},
     }
-    if lat_samples:
-        out["latency"] = {k: statistics.median(getattr(x, k) for x in lat_samples) for k in asdict(lat_samples[0])}
-    subprocess.run(["rm", "-rf", str(root)], check=False)
+    out["aims"] = aims(out)
     return out
 
 
@@ -241,35 +225,25 @@ def _settle(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _latency_case(root: Path, args: argparse.Namespace) -> Latency:
+def _latency_case(root: Path, api: str, args: argparse.Namespace) -> Latency:
     # The throughput cases leave gigabytes of dirty pages; their writeback would share
     # the disk with this case's fsyncs. Measure the broker, not the previous cases.
     _settle(args.settle_seconds)
     broker = BrokerProcess(root, "sync")
+    seconds = max(3.0, args.seconds)
     try:
 
-        async def main() -> Latency:
+        async def main() -> tuple[list[float], int]:
             async with open_admin(broker_addrs=[broker.addr]) as admin:
-                await admin.create_topic("lat", 8, on=[broker.addr])
-            return await _latency(broker.addr, "lat", args.latency_rate, max(3.0, args.seconds))
+                await admin.create_topic("lat", LATENCY_QUEUES, on=[broker.addr])
+            if api == "raw":
+                return await latency_raw(broker.addr, "lat", args.latency_rate, seconds, RAW_LATENCY_BATCH)
+            return await latency_public(broker.addr, "lat", args.latency_rate, seconds, LATENCY_QUEUES)
 
-        return trio.run(main)
+        lat, failed = trio.run(main)
     finally:
         broker.stop()
-
-
-def markdown(result: dict[str, Any]) -> str:
-    lines = ["| size B | queues | flush | produce msgs/s | produce MB/s | consume msgs/s | consume fetch msgs/s | first batch s |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for r in result["rows"]:
-        lines.append(f"| {r['size']} | {r['queues']:,} | {r['flush']} | {r['produce_msgs_per_s']:,.0f} | "
-                     f"{r['produce_mb_per_s']:.0f} | {r['consume_msgs_per_s']:,.0f} | {r['consume_fetch_msgs_per_s']:,.0f} | "
-                     f"{r['consumer_start_s']:.2f} |")  # fmt: skip
-    lat = result.get("latency")
-    if lat:
-        lines += ["", f"Produce latency, sync flush, 1 KiB, {lat['rate_msgs_per_s']:,.0f} msgs/s in sends of {lat['batch']:.0f}: "
-                  f"p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.2f} ms."]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return latency_of(api, args.latency_rate, RAW_LATENCY_BATCH if api == "raw" else 1, lat, failed)
 
 
 def cmd_bench_e2e(args: argparse.Namespace) -> int:
@@ -280,4 +254,12 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
     console = Console()
     result = run_all(args, lambda line: console.print(line, highlight=False))
     save(result, markdown(result), args.json, args.markdown, console)
+    if args.plot is not None:
+        if importlib.util.find_spec("matplotlib") is not None:  # the bench extra
+            from .e2e_plot import plot
+
+            plot(result, args.plot)
+            console.print(f"plot: {args.plot}")
+        else:
+            console.print("[yellow]no plot: it needs matplotlib (pip install 'clmq[bench]')")
     return 0
