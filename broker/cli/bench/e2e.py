@@ -62,7 +62,9 @@ def add_command(bench_sub: Any) -> None:
            "affects both alike). public: what a user writes, with default options: open_producer, per message "
            "submit(topic, body, selector=...) then flush(); open_consumer and receive(). public-batches: per window of "
            "1,000 messages one send_batch per queue it touches, concurrently (issue 17's first measurement). raw: "
-           "batches encoded by the bench and sent with Producer.send_to, --producers in flight, --batch per request")  # fmt: skip
+           "batches encoded by the bench and sent with Producer.send_to, --producers in flight, --batch per request "
+           "(sparse case: message i to queue i mod Q, so a request spans up to --batch queues), read back with "
+           "pull_batch 1024 and buffered_batches 256")  # fmt: skip
     a("--sizes", default="100,1024", help="message sizes in bytes (default 100,1024)")
     a("--queues", default="1,1000,10000", help="queue counts (default 1,1000,10000)")
     a("--flush", default="async,sync", help="flush modes (default async,sync)")
