@@ -34,6 +34,9 @@ def add_store_and_compare(bench_sub: Any) -> None:
     _add_compare(bench_sub)
     add_replication(bench_sub)
     add_failover(bench_sub)
+    from .cold_reader import add_command as add_cold_reader
+
+    add_cold_reader(bench_sub)
 
 
 def _add_store(bench_sub: Any) -> None:
