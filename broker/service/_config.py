@@ -35,6 +35,9 @@ class BrokerConfig:
     max_pull_bytes: int = 8 * MiB
     max_pull_wait_ms: int = 30_000
     pull_read_threads: int = 4  # worker threads reading the store for pulls: a slow disk read holds up pulls, not the event loop
+    cold_read_threads: int = 2  # worker threads for pulls of data not in the page cache: they never occupy pull_read_threads
+    cold_read_memory_queues: int = 4096  # queue positions remembered as cold (their next pull goes straight to the cold threads)
+    cold_read_distance_bytes: int = 256 * MiB  # no page-cache check here: this far before its file's end is cold
     max_inflight_produce_bytes: int = 256 * MiB  # beyond this, producers get SYSTEM_BUSY
     inline_append_max_bytes: int = 64 * 1024  # smaller appends run on the event loop, not in a thread
     max_inflight_per_connection: int = 16_384  # a consumer of 10,000 queues holds a long poll for each

@@ -35,7 +35,8 @@ from protocol import ErrorCode, FetchAsk, FetchResult, Frame, PullStatus, RowErr
 from protocol.transport import Reply, RequestError, need
 
 from ._context import BrokerContext
-from ._read_threads import ReadThreads
+from ._read_threads import ColdReads
+from ._read_threads import ReadThreads as ReadThreads  # re-exported: its old home
 
 
 def parse_queues(fields: dict[str, Any]) -> list[FetchAsk]:
@@ -133,6 +134,8 @@ class Fetch:
         self.config = context.config
         self.readers = readers  # shared with the broker's other reads
         self.context = context
+        cfg = context.config  # pulls of data not in the page cache go to their own threads
+        self.cold = ColdReads(readers, cfg.cold_read_threads, cfg.cold_read_memory_queues, cfg.cold_read_distance_bytes)
 
     async def handle(self, frame: Frame, _peer: object) -> Reply:
         f = frame.fields
@@ -152,7 +155,10 @@ class Fetch:
 
     async def _read_in_thread(self, asks: list[FetchAsk], total: int,
                               per_queue: int) -> tuple[list[list[Any]], list[Span], int]:  # fmt: skip
-        return await self.readers.run(self._read, asks, total, per_queue)
+        try:
+            return await self.cold.read(self._read, asks, total, per_queue)
+        except OSError as e:  # a cold span could not be read (the file changed underneath): this pull fails, not the connection
+            raise RequestError(ErrorCode.IO_ERROR, f"reading stored records: {e}") from e
 
     def _read(self, asks: list[FetchAsk], total: int, per_queue: int) -> tuple[list[list[Any]], list[Span], int]:
         """Per queue a :class:`FetchResult` row (max offset -1 when SKIPPED: not looked

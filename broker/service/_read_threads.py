@@ -1,16 +1,30 @@
 """The broker's read threads: a small pool of worker threads for the store reads of
-pulls and look-ups, so that a slow disk read holds up its request, not the event loop.
+pulls and look-ups, so that a slow disk read holds up its request, not the event loop;
+and a second, small pool for *cold* pulls (data no longer in the page cache), so that a
+consumer far behind never occupies the threads that serve the tail (:class:`ColdReads`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import logging
+import mmap
+import os
 import queue
+import resource
+import sys
 import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
 import trio
 
+from broker.store import Span
+
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 MAX_BATCH = 64  # jobs a busy worker takes at once; their results go back to the event loop in one wake-up
 IDLE_THREAD_S = 10.0  # a worker with nothing to do this long ends (a new one starts on demand)
@@ -44,11 +58,14 @@ class ReadThreads:
     after ``idle_s`` idle (no shutdown hook needed).
     """
 
-    def __init__(self, size: int, idle_s: float = IDLE_THREAD_S) -> None:
+    def __init__(self, size: int, idle_s: float = IDLE_THREAD_S, name: str = "pull_read_threads") -> None:
         if size < 1:
-            raise ValueError(f"pull_read_threads={size}: at least 1")
+            raise ValueError(f"{name}={size}: at least 1")
         self.size = size
         self.idle_s = idle_s
+        self.name = name
+        self.stats = ReadStats()  # shared with the cold pool: one place to read the broker's counters
+        self._cold: ReadThreads | None = None
         self._jobs: queue.SimpleQueue[_Job[Any]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self.threads = 0  # running now (at most ``size``)
@@ -63,13 +80,30 @@ class ReadThreads:
             if start:
                 self.threads += 1
         if start:
-            threading.Thread(target=self._work, name="clmq-pull-read", daemon=True).start()
+            threading.Thread(target=self._work, name=f"clmq-{self.name}", daemon=True).start()
         await job.done.wait()
         if job.error is not None:
             raise job.error
         return job.value  # type: ignore[return-value]  # set by execute() when no error
 
+    def cold_pool(self, size: int) -> ReadThreads:
+        """The pool for cold pulls (``cold_read_threads``), made on first use and shared
+        by every caller; its counters are this pool's."""
+        if self._cold is None:
+            self._cold = ReadThreads(size, self.idle_s, "cold_read_threads")
+            self._cold.stats = self.stats
+        return self._cold
+
     def _work(self) -> None:
+        try:
+            self._serve()
+        except BaseException:  # a bug here, not in a job (jobs keep their own errors): never a silent death
+            log.exception("%s: a read thread failed", self.name)
+            with self._lock:
+                self.threads -= 1  # the next job starts a new thread
+            raise
+
+    def _serve(self) -> None:
         while True:
             with self._lock:
                 self._idle += 1
@@ -109,3 +143,216 @@ def _deliver_soon(batch: list[_Job[Any]]) -> None:
 def _set_done(jobs: list[_Job[Any]]) -> None:
     for job in jobs:
         job.done.set()
+
+
+@dataclass
+class ReadStats:
+    """What the read threads did since the broker started (``Handlers._readers.stats``)."""
+
+    hot_pulls: int = 0  # pulls read in the pull_read_threads
+    cold_pulls: int = 0  # pulls read in the cold_read_threads (known cold before they were read)
+    disk_pulls: int = 0  # pulls whose reads waited for the disk (found cold while read)
+    cold_spans: int = 0  # spans read into bytes in a cold thread (not sendfile'd on the event loop)
+    cold_bytes: int = 0
+    resident_spans: int = 0  # spans found in the page cache: sent with sendfile
+
+
+# --------------------------------------------------------------- page-cache checks
+PAGE = mmap.PAGESIZE
+SYS_CACHESTAT = 451  # cachestat(2), Linux 6.5; the generic syscall table's number (x86_64, arm64)
+NOWAIT_PROBE_BYTES = 256 * 1024  # without cachestat: RWF_NOWAIT reads of at most this many bytes
+
+
+class _Range(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Stat(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recent")]
+
+
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+_how = ["cachestat" if _libc is not None else "nowait"]  # the first way that works here (then "none")
+
+
+def pages_missing(fd: int, position: int, length: int) -> bool | None:
+    """Whether some page of ``length`` bytes at ``position`` of ``fd`` is not in the
+    page cache (reading it would wait for the disk); None if this system cannot tell.
+    (The same check as ``send_spans``' in protocol.transport.)"""
+    if length <= 0:
+        return False
+    if _how[0] == "cachestat":
+        first = position // PAGE
+        pages = (position + length + PAGE - 1) // PAGE - first
+        rng, st = _Range(first * PAGE, pages * PAGE), _Stat()
+        assert _libc is not None
+        if _libc.syscall(SYS_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(st), 0) == 0:
+            return bool(st.nr_cache < pages)
+        if ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM, errno.EOPNOTSUPP):
+            raise OSError(ctypes.get_errno(), f"cachestat of fd {fd}")
+        _how[0] = "nowait"
+    if _how[0] == "nowait":
+        got = _nowait_missing(fd, position, length)
+        if got is not None:
+            return got
+        _how[0] = "none"
+    return None
+
+
+def _nowait_missing(fd: int, position: int, length: int) -> bool | None:
+    flag = getattr(os, "RWF_NOWAIT", None)
+    if flag is None:
+        return None
+    buf = memoryview(bytearray(min(length, NOWAIT_PROBE_BYTES)))
+    done = 0
+    while done < length:
+        view = buf[: min(len(buf), length - done)]
+        try:
+            n = os.preadv(fd, [view], position + done, flag)
+        except BlockingIOError:
+            return True
+        except OSError as e:
+            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # no non-blocking reads on this file system
+                return None
+            raise
+        if n < len(view):  # cached only up to here (or the file ends)
+            return True
+        done += n
+    return False
+
+
+def read_exactly(fd: int, position: int, length: int, path: str) -> bytes:
+    """``length`` bytes at ``position``; OSError if the file ends first (truncated underneath)."""
+    data = os.pread(fd, length, position)
+    while len(data) < length:
+        more = os.pread(fd, length - len(data), position + len(data))
+        if not more:
+            raise OSError(errno.EIO, f"{path} ended at {position + len(data)} while reading {length} bytes at {position}")
+        data += more
+    return data
+
+
+def _disk_reads() -> int:
+    """Blocks this thread has read from the disk so far (page-cache hits do not count)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_inblock
+
+
+class ResidentSpan(Span):
+    """A span found in the page cache by a read thread just now: ``send_spans`` sends
+    it with ``sendfile`` without asking again."""
+
+    __slots__ = ()
+    resident = True
+
+
+# ---------------------------------------------------------------------- cold pulls
+Pull = tuple[list[list[Any]], list[Span], int]  # result rows, spans, messages found
+_QueueAt = tuple[str, int, int]  # topic, queue id, offset
+
+
+class ColdReads:
+    """Runs a pull's reads in the hot pool or, when its data is cold, in the cold pool.
+
+    A pull is cold when its reads waited for the disk (the thread's block-input count
+    grew: a consume-queue file or record headers not cached) or some of its spans are
+    not in the page cache. Its uncached spans are read into bytes in a cold thread (an
+    error there is the pull's error reply), never ``sendfile``'d on the event loop.
+    Each queue it read is remembered at its next offset, a consumer's next pull asks
+    exactly that: that pull goes straight to the cold pool, without occupying a hot
+    thread first. A pull served cold stays cold while its queues lag (the readahead of
+    one cold pull makes the next look cached); one that reaches a queue's end leaves.
+    At most ``memory`` positions are remembered (the oldest forgotten first).
+    """
+
+    def __init__(self, hot: ReadThreads, cold_threads: int, memory: int, distance_bytes: int) -> None:
+        self.hot, self.cold = hot, hot.cold_pool(cold_threads)
+        self.stats = hot.stats
+        self.memory_max, self.distance_bytes = max(1, memory), distance_bytes
+        self._memory: OrderedDict[_QueueAt, None] = OrderedDict()
+
+    async def read(self, fn: Callable[..., Pull], asks: list[Any], *args: Any) -> Pull:
+        """``fn(asks, *args)`` (a pull's reads: rows, spans, count) in the right pool;
+        every uncached span turned into bytes. OSError: a cold read failed."""
+        known = self._recall(asks)
+        pool = self.cold if known else self.hot
+        rows, spans, found, cold = await pool.run(self._checked, fn, known, asks, *args)
+        if any(s.data is None and not isinstance(s, ResidentSpan) for s in spans):  # cold, read in the hot pool
+            spans = await self.cold.run(self._fill, spans)
+        if cold or known:
+            self._remember(asks, rows, lagging_only=not cold)
+        return rows, spans, found
+
+    def _checked(self, fn: Callable[..., Pull], known: bool, asks: list[Any], *args: Any) -> tuple[*Pull, bool]:
+        before = _disk_reads()
+        rows, spans, found = fn(asks, *args)
+        disk = _disk_reads() > before
+        spans, missing = self._classify(spans)
+        if known:
+            self.stats.cold_pulls += 1
+            spans = self._fill(spans)
+        else:
+            self.stats.hot_pulls += 1
+        self.stats.disk_pulls += disk
+        return rows, spans, found, disk or missing
+
+    def _classify(self, spans: list[Span]) -> tuple[list[Span], bool]:
+        """The spans, those in the page cache as :class:`ResidentSpan`; whether any is not."""
+        out: list[Span] = []
+        missing = False
+        fds: dict[str, int] = {}
+        try:
+            for s in spans:
+                if s.data is not None or s.path is None:
+                    out.append(s)
+                    continue
+                fd = fds.get(s.path)
+                if fd is None:
+                    fd = fds[s.path] = os.open(s.path, os.O_RDONLY)
+                if self._cold_span(fd, s):
+                    missing = True
+                    out.append(s)
+                else:
+                    self.stats.resident_spans += 1
+                    out.append(ResidentSpan(s.path, s.position, s.length))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        return out, missing
+
+    def _cold_span(self, fd: int, s: Span) -> bool:
+        got = pages_missing(fd, s.position, s.length)
+        if got is None:  # this system cannot tell: far from its file's end is cold
+            return os.fstat(fd).st_size - s.position > self.distance_bytes
+        return got
+
+    def _fill(self, spans: list[Span]) -> list[Span]:
+        """Every span not known cached read into bytes (in a cold thread)."""
+        out: list[Span] = []
+        for s in spans:
+            if s.data is not None or s.path is None or isinstance(s, ResidentSpan):
+                out.append(s)
+                continue
+            with open(s.path, "rb") as f:
+                data = read_exactly(f.fileno(), s.position, s.length, s.path)
+            self.stats.cold_spans += 1
+            self.stats.cold_bytes += s.length
+            out.append(Span(None, s.position, s.length, data))
+        return out
+
+    def _recall(self, asks: list[Any]) -> bool:
+        memory = self._memory
+        hit = False
+        for a in asks:
+            if memory.pop((a[0], a[1], a[2]), False) is None:  # popped: its next position is remembered anew
+                hit = True
+        return hit
+
+    def _remember(self, asks: list[Any], rows: list[list[Any]], lagging_only: bool) -> None:
+        """Each queue read (row: status, next_offset, count, bytes, max_offset) at its
+        next offset; ``lagging_only``: only queues still short of their end."""
+        memory = self._memory
+        for a, row in zip(asks, rows):
+            if row[2] > 0 and (not lagging_only or row[4] > row[1]):
+                memory[(a[0], a[1], row[1])] = None
+        while len(memory) > self.memory_max:
+            memory.popitem(last=False)

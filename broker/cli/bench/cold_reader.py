@@ -15,6 +15,7 @@ the evicted backlog as fast as it can. Raw requests (``SEND_MESSAGE``,
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import struct
 import tempfile
@@ -91,9 +92,7 @@ def cmd_bench_cold_reader(args: argparse.Namespace) -> int:
         broker.stop()
     save(result, markdown(result), args.json, args.markdown, console)
     if args.plot:
-        from .commands import plot_available
-
-        if plot_available():
+        if importlib.util.find_spec("matplotlib") is not None:
             plot(result, args.plot)
         else:
             console.print("[yellow]no plot: it needs matplotlib (pip install 'clmq[bench]')")

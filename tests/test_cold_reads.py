@@ -1,0 +1,222 @@
+"""Cold reads (issue 17): a pull of data no longer in the page cache is read in a cold
+read thread, into bytes, never ``sendfile``'d on the event loop; pulls of cached data
+still go out with ``sendfile``; a cold read's failure is an error reply.
+
+Data is made cold for real: ``os.sync()``, then ``posix_fadvise(DONTNEED)`` on every
+file of the broker's data directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.service import Broker
+from broker.service._read_threads import ColdReads, ReadStats, ReadThreads, ResidentSpan, pages_missing, read_exactly
+from broker.store import Span, Store
+from client import RpcClient
+from commitlog import Message
+from protocol import ErrorCode, FetchResult, PullStatus, RequestCode, decode_records, encode_batch
+from protocol.transport._spans import SPAN_COUNTERS
+from protocol.transport._spans import pages_missing as transport_pages_missing
+from tests.service_helpers import Cluster
+
+TOPIC = "cold"
+BODY_BYTES = 16 * 1024
+MESSAGES = 128  # 2 MiB in one queue: far more than the kernel's readahead of a header read
+
+
+def evict(root: Path) -> None:
+    """Every file under ``root`` out of the page cache (dirty pages are written first)."""
+    os.sync()
+    for path in root.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def stats_of(broker: Broker) -> ReadStats:
+    readers: ReadThreads = broker.handlers._readers
+    return readers.stats
+
+
+@pytest.fixture
+async def cluster(nursery: trio.Nursery, tmp_path: Path) -> Cluster:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    await c.start_broker("broker-a")
+    await c.create_topic(TOPIC, 2)
+    return c
+
+
+async def fill(rpc: RpcClient, broker: Broker, queue_id: int = 0) -> list[bytes]:
+    """MESSAGES distinct bodies in one queue (one contiguous run of the log), dispatched."""
+    bodies = [os.urandom(BODY_BYTES) for _ in range(MESSAGES)]
+    for i in range(0, MESSAGES, 32):
+        batch = encode_batch([Message(TOPIC, queue_id, b) for b in bodies[i : i + 32]])
+        reply = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": TOPIC}, batch)
+        assert reply.error_code == 0, reply.error_text
+    assert isinstance(broker.store, Store)
+    broker.store.catch_up()
+    return bodies
+
+
+async def pull(rpc: RpcClient, broker: Broker, offset: int, queue_id: int = 0, limit: int = MESSAGES) -> Any:
+    fields = {"queues": [[TOPIC, queue_id, offset, None]], "max_messages": limit, "max_per_queue": limit}
+    return await rpc.request(broker.addr, RequestCode.PULL_MESSAGES, fields, timeout_ms=30_000, check=False)
+
+
+def data_dir(broker: Broker) -> Path:
+    return Path(broker.config.data_dir)
+
+
+async def test_a_pull_of_evicted_data_is_read_by_a_cold_thread_with_exactly_the_stored_bytes(
+    cluster: Cluster, nursery: trio.Nursery
+) -> None:
+    broker = cluster.brokers["broker-a"]
+    rpc = RpcClient(nursery)
+    bodies = await fill(rpc, broker)
+    evict(data_dir(broker))
+    stats = stats_of(broker)
+    before_bytes, before_cold = stats.cold_bytes, stats.cold_pulls
+    half = MESSAGES // 2
+    first = await pull(rpc, broker, 0, limit=half)
+    assert first.error_code == 0, first.error_text
+    assert [r.body for r in decode_records(first.body)] == bodies[:half]
+    assert stats.cold_bytes > before_bytes, "the evicted records were read into bytes by the cold path"
+    evict(data_dir(broker))
+    second = await pull(rpc, broker, half)  # where the first left off: known cold, straight to the cold threads
+    assert [r.body for r in decode_records(second.body)] == bodies[half:]
+    assert stats.cold_pulls == before_cold + 1
+
+
+async def test_a_pull_of_cached_data_is_sent_with_sendfile(cluster: Cluster, nursery: trio.Nursery) -> None:
+    broker = cluster.brokers["broker-a"]
+    rpc = RpcClient(nursery)
+    bodies = await fill(rpc, broker, queue_id=1)
+    stats = stats_of(broker)
+    cold_bytes, resident, sent = stats.cold_bytes, stats.resident_spans, SPAN_COUNTERS["sendfile_spans"]
+    reply = await pull(rpc, broker, 0, queue_id=1)
+    assert [r.body for r in decode_records(reply.body)] == bodies
+    assert stats.cold_bytes == cold_bytes
+    assert stats.resident_spans > resident
+    assert SPAN_COUNTERS["sendfile_spans"] > sent
+
+
+@pytest.mark.parametrize("fault", ["removed", "truncated"])
+async def test_a_cold_read_that_fails_is_an_error_reply_and_the_connection_goes_on(
+    cluster: Cluster, nursery: trio.Nursery, fault: str
+) -> None:
+    broker = cluster.brokers["broker-a"]
+    rpc = RpcClient(nursery)
+    await fill(rpc, broker)
+    evict(data_dir(broker))
+    segments = [p for p in (data_dir(broker) / "commitlog").rglob("*") if p.is_file()]
+    assert segments
+    for seg in segments:
+        if fault == "removed":
+            seg.unlink()
+        else:
+            os.truncate(seg, 64 * 1024)  # the first records only: the rest of the pull is a short read
+    reply = await pull(rpc, broker, 0)
+    if reply.error_code == 0:  # the store found the damage itself: the queue's row says so
+        row = FetchResult.from_wire(reply.fields["results"][0])
+        assert row.status is PullStatus.CORRUPT or row.count < MESSAGES
+    else:
+        assert reply.error_code in (ErrorCode.IO_ERROR, ErrorCode.SYSTEM_ERROR), reply.error_text
+    again = await rpc.request(broker.addr, RequestCode.QUERY_OFFSETS, {"topic": TOPIC, "queue_id": 1})
+    assert again.fields["max_offset"] == 0
+
+
+# ------------------------------------------------------------------ the read threads
+class Boom(Exception):
+    pass
+
+
+def _fail(what: str) -> None:
+    raise Boom(what)
+
+
+@pytest.mark.parametrize("pool", ["hot", "cold"])
+async def test_an_exception_in_a_read_thread_reaches_the_waiting_request_and_the_pool_goes_on(pool: str) -> None:
+    hot = ReadThreads(2, idle_s=0.05)
+    threads = hot if pool == "hot" else hot.cold_pool(1)
+    for i in range(3):  # the same threads, again and again
+        with pytest.raises(Boom, match=f"job {i}"):
+            await threads.run(_fail, f"job {i}")
+        assert await threads.run(sum, [i, 1]) == i + 1
+
+
+# ------------------------------------------------------ residency check, read path
+@pytest.fixture(scope="module")
+def blob(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
+    path = tmp_path_factory.mktemp("cold") / "blob"
+    data = os.urandom(4 * 1024 * 1024 + 123)
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)  # clean pages only: dirty ones are not dropped from the cache
+    os.close(fd)
+    return path, data
+
+
+spans = st.integers(0, 4 * 1024 * 1024 + 122).flatmap(
+    lambda pos: st.tuples(st.just(pos), st.integers(1, 4 * 1024 * 1024 + 123 - pos))
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(span=spans)
+def test_a_range_is_missing_once_evicted_and_present_once_read(blob: tuple[Path, bytes], span: tuple[int, int]) -> None:
+    path, data = blob
+    pos, length = span
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert pages_missing(fd, pos, length) is True
+        assert transport_pages_missing(fd, pos, length) is True
+        assert read_exactly(fd, pos, length, str(path)) == data[pos : pos + length]
+        assert pages_missing(fd, pos, length) is False
+        assert transport_pages_missing(fd, pos, length) is False
+    finally:
+        os.close(fd)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chosen=st.lists(spans, min_size=1, max_size=6), evicted=st.booleans())
+def test_the_cold_read_path_gives_every_byte_of_the_file(
+    blob: tuple[Path, bytes], chosen: list[tuple[int, int]], evicted: bool
+) -> None:
+    path, data = blob
+    if evicted:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    reads = ColdReads(ReadThreads(1), cold_threads=1, memory=16, distance_bytes=1 << 30)
+    classified, missing = reads._classify([Span(str(path), p, n) for p, n in chosen])
+    if evicted:  # else what earlier examples read (and its readahead) decides
+        assert missing and not any(isinstance(s, ResidentSpan) for s in classified)
+    filled = reads._fill(classified)
+    for (p, n), s in zip(chosen, filled):
+        assert (s.data is None) == isinstance(s, ResidentSpan)
+        if s.data is None:
+            with open(path, "rb") as f:
+                assert os.pread(f.fileno(), s.length, s.position) == data[p : p + n]
+        else:
+            assert s.data == data[p : p + n]
+
+
+def test_a_span_past_the_end_of_its_file_is_an_error_not_short_bytes(blob: tuple[Path, bytes]) -> None:
+    path, data = blob
+    reads = ColdReads(ReadThreads(1), cold_threads=1, memory=16, distance_bytes=1 << 30)
+    with pytest.raises(OSError, match="ended at"):
+        reads._fill([Span(str(path), len(data) - 10, 20)])
