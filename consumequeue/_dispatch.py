@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
+import time
 from typing import Callable
 
 import numpy as np
@@ -33,6 +34,13 @@ _SMALL_HEAD = struct.Struct("<I8xQQI")  # total size, (magic, crc), commit-log o
 _SMALL_LENS = struct.Struct("<HH")  # topic length, tags length
 assert _SMALL_HEAD.size == OFF_QUEUE_ID + 4
 MAX_CHUNK_BYTES = 32 << 20  # while lagging, read more at once: longer runs per queue
+# After a round that caught up, the next one starts no sooner than this after it began
+# (unless this many bytes wait): under a stream of small appends one round then covers
+# many of them, instead of waking the thread (and taking the GIL from the event loop)
+# for every one or two records. The first append after a quiet spell is dispatched at
+# once, so a long-polled consumer waits at most this much longer, and only under load.
+ROUND_INTERVAL_MS = 1.0
+ROUND_EAGER_BYTES = 1 << 20
 
 
 def tag_hash(tag: str | bytes) -> int:
@@ -58,7 +66,8 @@ class Dispatcher:
         self._round_lock = threading.Lock()
         self._topic_ids: dict[bytes, int] = {}  # raw topic name -> the queue set's id
         self._tags: dict[bytes, int] = {b"": 0}
-        commitlog.add_append_listener(self._wake.set)
+        self.rounds = 0  # rounds that dispatched something (each wakes long polls once)
+        commitlog.add_append_listener(self._on_append)
 
     @property
     def lag_bytes(self) -> int:
@@ -81,6 +90,7 @@ class Dispatcher:
             columns, consumed = self._parse(at, data)
             arrivals = self.queues.add_round(*columns) if columns else None
             self.dispatched_offset = at + consumed if consumed >= 0 else self.log.next_segment_base(at)
+        self.rounds += 1
         if arrivals is not None:
             for fn in self._listeners:
                 fn(arrivals)
@@ -157,12 +167,26 @@ class Dispatcher:
             total += self.dispatch_once()
         return total
 
-    def run(self, stop: threading.Event, idle_wait_ms: int = 100) -> None:
-        """The background loop: dispatch whenever the log grows, until ``stop`` is set."""
+    def run(self, stop: threading.Event, idle_wait_ms: int = 100, round_interval_ms: float = ROUND_INTERVAL_MS) -> None:
+        """The background loop: dispatch whenever the log grows, until ``stop`` is set;
+        after a round that caught up, the next begins ``round_interval_ms`` after it at
+        the earliest (sooner when ``ROUND_EAGER_BYTES`` wait)."""
+        interval_s = round_interval_ms / 1000
         while not stop.is_set():
             self._wake.clear()  # before the round: an append during it sets it again
+            began = time.monotonic()
             if not self.dispatch_once():
                 self._wake.wait(idle_wait_ms / 1000)
+                continue
+            rest_s = interval_s - (time.monotonic() - began)
+            if rest_s > 0 and self.lag_bytes < ROUND_EAGER_BYTES:
+                stop.wait(rest_s)  # appends meanwhile gather for the next round
+
+    def _on_append(self) -> None:
+        """The log's append listener (on the appending thread): a set event is not set
+        again (``Event.set`` takes a lock and notifies, per append)."""
+        if not self._wake.is_set():
+            self._wake.set()
 
     def wake(self) -> None:
         self._wake.set()

@@ -50,6 +50,7 @@ class BrokerConfig:
     max_connection_buffer_bytes: int = 64 * MiB  # request bytes one connection holds; beyond: not read (>= max_frame_bytes)
     max_buffered_request_bytes: int = 256 * MiB  # request bytes all connections hold; beyond: not read
     frame_timeout_ms: int = 60_000  # a frame begun must arrive whole within this, or its connection is closed
+    max_connection_send_buffer_bytes: int = 32 * MiB  # unwritten replies of a connection; beyond: its requests not read
     request_timeout_ms: int = 30_000
     offset_flush_interval_ms: int = 1000
     shutdown_timeout_ms: int = 5000
@@ -124,7 +125,8 @@ class BrokerConfig:
         return ServerLimits(max_connections=self.max_connections, reserved_file_descriptors=self.reserved_file_descriptors,
                             max_connection_buffer_bytes=self.max_connection_buffer_bytes,
                             max_buffered_request_bytes=self.max_buffered_request_bytes,
-                            frame_timeout_ms=self.frame_timeout_ms)  # fmt: skip
+                            frame_timeout_ms=self.frame_timeout_ms,
+                            max_connection_send_buffer_bytes=self.max_connection_send_buffer_bytes)  # fmt: skip
 
     @property
     def advertised_addr_host(self) -> str:

@@ -1,12 +1,14 @@
 """One server connection: read frames within the server's limits (:class:`Intake`),
 run their handlers (serial codes in arrival order, the rest concurrently), write the
-replies. A misbehaving client only ever loses its own connection."""
+replies (:class:`Outbox`: the replies ready together go out in one send). A
+misbehaving client only ever loses its own connection."""
 
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Awaitable, Callable, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import trio
 
@@ -43,6 +45,7 @@ class ConnectionHost(Protocol):
     budget: ByteBudget
     draining: bool
     inflight: int
+    stats: WriteStats
 
     def request_done(self) -> None: ...
 
@@ -53,6 +56,131 @@ T = TypeVar("T")
 _BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
+def _nothing() -> None:
+    pass
+
+
+@dataclass
+class WriteStats:
+    """What a server's connections wrote: replies, and the send calls they took (one
+    per run of replies ready together, one more per reply with file spans)."""
+
+    replies: int = 0
+    writes: int = 0
+
+
+class _Out:
+    """One reply waiting in an :class:`Outbox`."""
+
+    __slots__ = ("close_text", "data", "done", "size", "spans")
+
+    def __init__(self, data: bytes, spans: list[Any] | None, done: Callable[[], None], close_text: str | None) -> None:
+        self.data = data  # the frame, or with spans its prefix (header and fields)
+        self.spans = spans
+        self.size = len(data) + (sum(s.length for s in spans) if spans else 0)
+        self.done = done  # called once written, or given up (the connection is gone)
+        self.close_text = close_text  # not None: close the connection after this reply, saying why
+
+
+class Outbox:
+    """A connection's replies waiting to be written, and the one task that writes them.
+
+    Why: a reply written by its own handler costs a ``send`` system call (and a lock)
+    per request; with hundreds of requests in flight on a connection, most of them
+    finish together. Replies are queued synchronously; the writer takes all that are
+    waiting and sends them joined, in one call (a reply with file spans: its prefix
+    joined with what precedes it, then its spans, so bytes of different replies never
+    interleave). Replies go out in the order they were queued.
+    """
+
+    def __init__(self, stream: trio.SocketStream, limit_bytes: int, stats: WriteStats,
+                 say: Callable[..., None]) -> None:  # fmt: skip
+        self.stream = stream
+        self.limit_bytes = limit_bytes  # max_connection_send_buffer_bytes
+        self.stats = stats
+        self._say = say
+        self._items: list[_Out] = []
+        self.pending_bytes = 0  # queued or being written
+        self.closed = False
+        self._ready = trio.Event()
+        self._room = trio.Event()
+
+    def put(self, out: _Out) -> None:
+        """Queue a reply (never blocks; the reader stops while the box is full)."""
+        if self.closed:
+            out.done()
+            return
+        self._items.append(out)
+        self.pending_bytes += out.size
+        self._ready.set()
+
+    async def wait_room(self) -> None:
+        """Wait while more than ``limit_bytes`` wait to be written (the client is not
+        reading its replies): the connection's requests are not read meanwhile."""
+        while self.pending_bytes > self.limit_bytes and not self.closed:
+            self._room = trio.Event()
+            await self._room.wait()
+
+    async def run(self) -> None:
+        """The writer task: until the connection closes, write what is waiting."""
+        try:
+            while not self.closed:
+                if not self._items:
+                    self._ready = trio.Event()
+                    await self._ready.wait()
+                items, self._items = self._items, []
+                try:
+                    await self._write(items)
+                finally:
+                    for out in items:
+                        self.pending_bytes -= out.size
+                        out.done()
+                    self._room.set()
+        finally:
+            self.closed = True
+            self._room.set()
+            left, self._items = self._items, []
+            for out in left:
+                out.done()
+
+    async def _write(self, items: list[_Out]) -> None:
+        chunk: list[bytes] = []
+        replies = 0  # in ``chunk``, counted as written once sent
+        try:
+            for out in items:
+                chunk.append(out.data)
+                replies += 1
+                if out.spans:
+                    await self._send(chunk)
+                    await send_spans(self.stream, out.spans)
+                    self.stats.writes += 1
+                if out.spans or out.close_text is not None:
+                    await self._send(chunk)
+                    self.stats.replies, replies = self.stats.replies + replies, 0
+                if out.close_text is not None:
+                    self._say(logging.WARNING, "closing the connection after %s", out.close_text)
+                    await self._close()
+                    return
+            await self._send(chunk)
+            self.stats.replies += replies
+        except _BROKEN as e:
+            # A frame may be half-sent: the stream is unusable from here on.
+            self._say(logging.INFO, "could not answer: %s", e)
+            await self._close()
+
+    async def _send(self, chunk: list[bytes]) -> None:
+        if chunk:
+            data = chunk[0] if len(chunk) == 1 else b"".join(chunk)
+            chunk.clear()
+            self.stats.writes += 1
+            await self.stream.send_all(data)
+
+    async def _close(self) -> None:
+        self.closed = True
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+
+
 class ServerConnection:
     def __init__(self, server: ConnectionHost, stream: trio.SocketStream) -> None:
         self.server = server
@@ -61,18 +189,19 @@ class ServerConnection:
         limits = server.limits
         self.intake = Intake(server.budget, self.decoder, server.max_frame_bytes, limits.max_connection_buffer_bytes,
                              limits.frame_timeout_ms / 1000)  # fmt: skip
-        self.send_lock = trio.Lock()
         self.inflight = 0
         try:
             host, port = stream.socket.getpeername()[:2]
         except (OSError, AttributeError):
             host, port = "0.0.0.0", 0
         self.peer = Peer(host, port)
+        self.outbox = Outbox(stream, limits.max_connection_send_buffer_bytes, server.stats, self._say)
         self.serial_send, self.serial_recv = trio.open_memory_channel[tuple[Frame, int]](server.max_inflight)
 
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.outbox.run)
                 nursery.start_soon(self._serial_worker)
                 try:
                     await self._read_loop(nursery)
@@ -87,6 +216,9 @@ class ServerConnection:
     async def _read_loop(self, nursery: trio.Nursery) -> None:
         more = False  # the last read between frames filled its buffer: more bytes are likely waiting
         while True:
+            await self.outbox.wait_room()  # a client not reading its replies: read no more requests
+            if self.outbox.closed:
+                return
             if not (more or self.intake.reserved) and not await self._deadline(self._readable):
                 return  # charged only once bytes are there: a silent connection holds nothing
             n = await self.intake.admit_read()
@@ -144,19 +276,17 @@ class ServerConnection:
             size = self.intake.claim(event)
             if isinstance(event, FrameRejected):
                 if event.request_id >= 0 and not event.flags & FLAG_ONEWAY:
-                    nursery.start_soon(self._send_error, event.code, event.request_id, ErrorCode.FRAME_TOO_LARGE, event.reason)
+                    self._send_error(event.code, event.request_id, ErrorCode.FRAME_TOO_LARGE, event.reason)
             elif event.is_response or not self._admit(event, size, nursery):
                 self.intake.release(size)  # servers send no requests: stray responses are dropped
 
     def _admit(self, frame: Frame, size: int, nursery: trio.Nursery) -> bool:
         if self.server.draining:
-            nursery.start_soon(
-                self._send_error, frame.code, frame.request_id, ErrorCode.SHUTTING_DOWN, "the server is shutting down"
-            )
+            self._send_error(frame.code, frame.request_id, ErrorCode.SHUTTING_DOWN, "the server is shutting down")
             return False
         if self.inflight >= self.server.max_inflight:
-            nursery.start_soon(self._send_error, frame.code, frame.request_id, ErrorCode.SYSTEM_BUSY,
-                               f"more than {self.server.max_inflight} requests in flight on this connection")  # fmt: skip
+            self._send_error(frame.code, frame.request_id, ErrorCode.SYSTEM_BUSY,
+                             f"more than {self.server.max_inflight} requests in flight on this connection")  # fmt: skip
             return False
         self.inflight += 1
         self.server.inflight += 1
@@ -170,30 +300,40 @@ class ServerConnection:
         async with trio.open_nursery() as finishing:
             async for frame, size in self.serial_recv:
                 await self._handle(frame, size, finishing)
+                # Then every serial frame already decoded, without yielding in between
+                # (a produce handler does not block): the append lane takes them as one group.
+                while True:
+                    try:
+                        frame, size = self.serial_recv.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                    await self._handle(frame, size, finishing)
 
     async def _handle(self, frame: Frame, size: int, finishing: trio.Nursery | None = None) -> None:
-        later = False
+        handed = False  # the reply (or the Later) now owns the request's accounting
         try:
             reply = await self._run_handler(frame)
             if isinstance(reply, Later) and finishing is not None:
-                later = True
                 finishing.start_soon(self._finish, frame, size, reply)
+                handed = True
                 return
             if isinstance(reply, Later):
                 reply = await self._guard(frame, reply.finish)
-            if not frame.is_oneway:
-                await self._send_reply(frame, reply)
+            handed = True
+            self._answer(frame, reply, functools.partial(self._done, size))
         finally:
-            if not later:
+            if not handed:
                 self._done(size)
 
     async def _finish(self, frame: Frame, size: int, later: Later) -> None:
+        handed = False
         try:
             reply = await self._guard(frame, later.finish)
-            if not frame.is_oneway:
-                await self._send_reply(frame, reply)
+            handed = True
+            self._answer(frame, reply, functools.partial(self._done, size))
         finally:
-            self._done(size)
+            if not handed:
+                self._done(size)
 
     def _done(self, size: int) -> None:
         self.inflight -= 1
@@ -221,26 +361,22 @@ class ServerConnection:
             log.exception("%s: request %d failed", self.server.name, frame.code)
             return Reply(error_code=ErrorCode.SYSTEM_ERROR, error_text=f"{type(e).__name__}: {e}")
 
-    async def _send_error(self, code: int, request_id: int, error: ErrorCode, text: str) -> None:
-        await self._send_reply(Frame(code, request_id), Reply(error_code=error, error_text=text))
+    def _send_error(self, code: int, request_id: int, error: ErrorCode, text: str) -> None:
+        self._answer(Frame(code, request_id), Reply(error_code=error, error_text=text), _nothing)
 
-    async def _send_reply(self, request: Frame, reply: Reply) -> None:
-        frame = response_to(request, reply.fields, reply.body, reply.error_code, reply.error_text)
+    def _answer(self, request: Frame, reply: Reply, done: Callable[[], None]) -> None:
+        """Queue the reply to ``request`` for the writer; ``done`` once it is written
+        (at once for a one-way request, which gets none)."""
+        if request.is_oneway:
+            done()
+            return
         try:
-            async with self.send_lock:
-                if reply.spans:
-                    length = sum(s.length for s in reply.spans)
-                    await self.stream.send_all(encode_frame_prefix(frame, length))
-                    await send_spans(self.stream, reply.spans)
-                else:
-                    await self.stream.send_all(encode_frame(frame))
-                if reply.close_after:
-                    self._say(logging.WARNING, "closing the connection after %s: %s", ErrorCode(reply.error_code).name,
-                              reply.error_text)  # fmt: skip
-                    with trio.CancelScope(shield=True):
-                        await self.stream.aclose()
-        except _BROKEN as e:
-            # A frame may be half-sent: the stream is unusable from here on.
-            self._say(logging.INFO, "could not answer: %s", e)
-            with trio.CancelScope(shield=True):
-                await self.stream.aclose()
+            frame = response_to(request, reply.fields, reply.body, reply.error_code, reply.error_text)
+            data = encode_frame_prefix(frame, sum(s.length for s in reply.spans)) if reply.spans else encode_frame(frame)
+        except Exception as e:  # fields a handler should not have answered: still an answer
+            log.exception("%s: cannot encode the reply to request %d", self.server.name, request.code)
+            reply = Reply(error_code=ErrorCode.SYSTEM_ERROR, error_text=f"cannot encode the reply: {type(e).__name__}: {e}")
+            frame = response_to(request, {}, b"", reply.error_code, reply.error_text)
+            data = encode_frame(frame)
+        close_text = f"{ErrorCode(reply.error_code).name}: {reply.error_text}" if reply.close_after else None
+        self.outbox.put(_Out(data, reply.spans or None, done, close_text))

@@ -38,6 +38,10 @@ class ServerLimits:
     max_connection_buffer_bytes: int = 64 * MiB
     max_buffered_request_bytes: int = 256 * MiB
     frame_timeout_ms: int = 60_000
+    # Reply bytes (file spans counted) one connection may have waiting to be written;
+    # beyond it the server stops reading that connection's requests until its client
+    # reads (a client that never reads cannot make the server buffer without bound).
+    max_connection_send_buffer_bytes: int = 32 * MiB
 
     def check(self, max_frame_bytes: int) -> None:
         """Raise ValueError naming the settings if these limits cannot work together."""
@@ -48,6 +52,8 @@ class ServerLimits:
         if self.max_buffered_request_bytes < self.max_connection_buffer_bytes:
             raise ValueError(f"max_buffered_request_bytes={self.max_buffered_request_bytes} must be at least "
                              f"max_connection_buffer_bytes={self.max_connection_buffer_bytes}")  # fmt: skip
+        if self.max_connection_send_buffer_bytes < 1:
+            raise ValueError(f"max_connection_send_buffer_bytes must be positive, got {self.max_connection_send_buffer_bytes}")
         if self.max_connections < 1 or self.frame_timeout_ms <= 0 or self.reserved_file_descriptors < 0:
             raise ValueError("max_connections and frame_timeout_ms must be positive, reserved_file_descriptors >= 0")
 

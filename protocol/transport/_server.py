@@ -24,7 +24,7 @@ import trio
 
 from protocol import FLAG_RESPONSE, ErrorCode, Frame, encode_frame
 
-from ._connection import ServerConnection
+from ._connection import ServerConnection, WriteStats
 from ._handler import Handler
 from ._limits import Burst, ByteBudget, ServerLimits
 
@@ -58,6 +58,7 @@ class RpcServer:
         self.draining = False
         self.connections = 0
         self.refused_connections = 0
+        self.stats = WriteStats()  # replies written and the send calls they took, all connections
         self._refusals = Burst(log, f"{name}: connections refused")
         self._no_descriptors = Burst(log, f"{name}: accepts failed for lack of descriptors")
         self._accept_scope = trio.CancelScope()

@@ -29,11 +29,13 @@ def add_store_and_compare(bench_sub: Any) -> None:
     """Add ``store``, ``compare``, ``replication`` and ``failover`` to the ``clmq bench`` parser."""
     from .failover import add_command as add_failover
     from .replication import add_command as add_replication
+    from .request_cost import add_command as add_request_cost
 
     _add_store(bench_sub)
     _add_compare(bench_sub)
     add_replication(bench_sub)
     add_failover(bench_sub)
+    add_request_cost(bench_sub)
     from .cold_reader import add_command as add_cold_reader
 
     add_cold_reader(bench_sub)

@@ -1,0 +1,172 @@
+"""Replies ready together go out together: many requests in flight on one connection are
+answered with far fewer send calls than replies, every reply matched to its request,
+and the bytes of different replies (sendfile spans included) never interleave. A
+client that does not read its replies stops the server from reading its requests
+(``max_connection_send_buffer_bytes``) instead of making it buffer without bound."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from pathlib import Path
+
+import msgpack
+import pytest
+import trio
+
+from broker.service import Broker
+from commitlog import Message, decode_records_many
+from protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, RequestCode, encode_batch, encode_frame
+from tests.service_helpers import Cluster
+from tests.waiting import await_until
+
+TOPIC = "co"
+
+
+@pytest.fixture
+async def broker(nursery: trio.Nursery, tmp_path: Path) -> Broker:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    b = await c.start_broker("broker-a")
+    await c.create_topic(TOPIC, 2)
+    return b
+
+
+def _body(i: int) -> bytes:
+    return b"message %06d " % i + bytes([i % 251]) * (i % 97)
+
+
+async def _exchange(addr: str, frames: list[Frame]) -> dict[int, Frame]:
+    """Send ``frames`` on one new connection in one write (as a client with that many
+    requests in flight does once its socket is busy) and read every reply; by request id."""
+    host, port = addr.rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    decoder = FrameDecoder(64 << 20)
+    replies: dict[int, Frame] = {}
+    async with stream:
+        await stream.send_all(b"".join(encode_frame(f) for f in frames))
+        with trio.fail_after(30):
+            while len(replies) < len(frames):
+                data = await stream.receive_some(1 << 16)
+                assert data, "the broker closed the connection"
+                decoder.receive_data(data)
+                while (event := decoder.next_event()) is not NEED_DATA:
+                    assert isinstance(event, Frame) and event.request_id not in replies
+                    replies[event.request_id] = event
+    return replies
+
+
+def _produce_frame(rid: int, queue_id: int = 0) -> Frame:
+    data = encode_batch([Message(TOPIC, queue_id, _body(rid))])
+    return Frame(RequestCode.SEND_MESSAGE, rid, {"topic": TOPIC}, data)
+
+
+def _pull_frame(rid: int, queue_id: int, offset: int, count: int) -> Frame:
+    fields = {"topic": TOPIC, "queue_id": queue_id, "offset": offset, "max_messages": count, "max_wait_ms": 10_000}
+    return Frame(RequestCode.PULL_MESSAGE, rid, fields)
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+async def test_concurrent_produces_on_one_connection_are_answered_together(nursery: trio.Nursery, tmp_path: Path,
+                                                                          flush: str) -> None:  # fmt: skip
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    b = await c.start_broker("broker-a", flush_mode=flush)
+    await c.create_topic(TOPIC, 2)
+    n = 200
+    before = (b.rpc.stats.replies, b.rpc.stats.writes)
+    replies = await _exchange(b.addr, [_produce_frame(rid) for rid in range(1, n + 1)])
+    sent, writes = b.rpc.stats.replies - before[0], b.rpc.stats.writes - before[1]
+    assert sent == n
+    assert writes < sent / 4, (writes, sent)
+    assert all(r.error_code == ErrorCode.OK for r in replies.values())
+    # Each reply names where its own request's message went: read every one back.
+    where = {rid: (r.fields["queue_offsets"][0], r.fields["commitlog_offsets"][0]) for rid, r in replies.items()}
+    assert sorted(q for q, _ in where.values()) == list(range(n))
+    pulled = await _exchange(b.addr, [_pull_frame(1, 0, 0, n)])
+    records = decode_records_many(pulled[1].body)
+    assert len(records) == n
+    assert {r.queue_offset: r.body for r in records} == {where[rid][0]: _body(rid) for rid in replies}
+    assert {r.queue_offset: r.commitlog_offset for r in records} == dict(where.values())
+
+
+async def test_produce_and_sendfile_pull_replies_never_interleave(broker: Broker) -> None:
+    """Pull replies carry records by sendfile; produce replies are bytes. Many of both in
+    flight on one connection: every reply is whole and is the one its request asked for."""
+    stored = 300
+    await _exchange(broker.addr, [Frame(RequestCode.SEND_MESSAGE, 1, {"topic": TOPIC},
+                                         encode_batch([Message(TOPIC, 1, _body(k)) for k in range(stored)]))])  # fmt: skip
+    before = (broker.rpc.stats.replies, broker.rpc.stats.writes)
+    frames: list[Frame] = []
+    asked: dict[int, list[int]] = {}
+    for i in range(150):
+        want = 1 + i % 5
+        frames.append(_pull_frame(2 * i + 1, 1, i, want))
+        asked[2 * i + 1] = [k for k in range(i, min(i + want, stored))]
+        frames.append(_produce_frame(2 * i + 2))
+    replies = await _exchange(broker.addr, frames)
+    for rid, offsets in asked.items():
+        records = decode_records_many(replies[rid].body)  # CRC-checked: a torn or mixed body fails here
+        assert [(r.queue_offset, r.body) for r in records] == [(k, _body(k)) for k in offsets], rid
+    produced = sorted(r.fields["queue_offsets"][0] for rid, r in replies.items() if rid not in asked)
+    assert produced == list(range(150))
+    assert broker.rpc.stats.replies - before[0] == 300
+
+
+def _raw_produce(rid: int) -> bytes:
+    data = encode_batch([Message(TOPIC, 0, b"x" * 512)])
+    return encode_frame(Frame(RequestCode.SEND_MESSAGE, rid, {"topic": TOPIC}, data))
+
+
+async def test_a_client_that_does_not_read_replies_is_not_read_either(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """With replies piling up unread past max_connection_send_buffer_bytes, the broker
+    stops reading that connection's requests (so it buffers a bounded amount); once the
+    client reads, every request is answered."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    b = await c.start_broker("broker-a", max_connection_send_buffer_bytes=4096)
+    await c.create_topic(TOPIC, 1)
+    host, port = b.addr.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    sock.setblocking(False)
+    frames, pending, stalled = 0, b"", 0
+    written_before = b.rpc.stats.replies
+    with trio.fail_after(60):
+        while stalled < 20:  # the client cannot send for a second: the broker no longer reads
+            if not pending:
+                frames += 1
+                pending = _raw_produce(frames)
+            try:
+                pending = pending[sock.send(pending) :]
+                stalled = 0
+            except BlockingIOError:
+                stalled += 1
+                await trio.sleep(0.05)
+        # Without the limit the broker would read (and answer into memory) for ever and the
+        # loop would not end; the replies written are what the socket buffers took.
+        assert b.rpc.stats.replies - written_before < frames
+        sock.setblocking(True)
+        async with trio.open_nursery() as both:  # read the replies while the rest is sent
+            both.start_soon(trio.to_thread.run_sync, sock.sendall, pending)
+            replies = await trio.to_thread.run_sync(_read_replies, sock, frames)
+    sock.close()
+    assert sorted(rid for rid, _ in replies) == list(range(1, frames + 1))  # each answered once
+    assert all(code == ErrorCode.OK for _, code in replies)
+    await await_until(lambda: b.rpc.inflight == 0, 10, "every request finished")
+
+
+def _read_replies(sock: socket.socket, count: int) -> list[tuple[int, int]]:
+    """(request id, error code) of ``count`` replies read from ``sock``."""
+    out, buf = [], b""
+    while len(out) < count:
+        while len(buf) < 4 or len(buf) < 4 + struct.unpack_from("<I", buf)[0]:
+            chunk = sock.recv(1 << 16)
+            assert chunk, "connection closed"
+            buf += chunk
+        length, header_len = struct.unpack_from("<II", buf)
+        header = msgpack.unpackb(buf[8 : 8 + header_len])
+        out.append((header["i"], header.get("e", ErrorCode.OK)))
+        buf = buf[4 + length :]
+    return out
