@@ -33,7 +33,7 @@ from protocol import ErrorCode, Frame, RequestCode
 from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 from ._allocate import allocate_averagely
-from ._fetcher import Batch, DamagedQueueError, Fetcher, QueueState
+from ._fetcher import Batch, DamagedQueueError, Fetcher, PrefetchBuffer, QueueState
 from ._options import ConsumerOptions, TagFilter
 from ._routes import MessageQueue, NoRouteError, ReadRouter, Routes
 
@@ -60,8 +60,8 @@ class Consumer:
         # Assigned queues stopped at a damaged record (an entry goes once the queue reads again).
         self.errors: dict[MessageQueue, DamagedQueueError] = {}
         self._committed: dict[MessageQueue, int] = {}
-        self._send, self._recv = trio.open_memory_channel[Batch](options.buffered_batches)
-        self._pending: Batch | None = None
+        self.prefetch = PrefetchBuffer(options.prefetch_max_bytes)
+        self._pending: list[Batch] = []  # returned by the last receive(), not yet acknowledged
         self._rebalance_now = trio.Event()
         self._fetcher: Fetcher | None = None
         self.net_errors: tuple[type[BaseException], ...] = _NET_ERRORS  # what the fetcher retries after
@@ -70,25 +70,48 @@ class Consumer:
 
     # ------------------------------------------------------------------ public
     async def receive(self) -> list[Record]:
-        """The next batch of messages (waits for one); acknowledges the previous batch."""
+        """The next messages (waits for some): everything buffered, across queues, up
+        to ``receive_max_messages`` (a queue's batch is not split), each queue's in
+        order. Acknowledges what the previous call returned."""
         self.ack()
         while True:
-            batch = await self._recv.receive()
-            current = self.assigned.get(batch.mq)
+            records = self._take()
+            if records:
+                return records
+            self.ack()  # only batches with nothing to process (filtered out): done with
+            await self.prefetch.arrival()
+
+    def _take(self) -> list[Record]:
+        """Buffered batches up to ``receive_max_messages``, made pending."""
+        limit, buffer, assigned, pending = self.options.receive_max_messages, self.prefetch, self.assigned, self._pending
+        lists: list[list[Record]] = []
+        n = 0
+        while buffer.batches:
+            size = len(buffer.batches[0].records)
+            if n and n + size > limit:
+                break
+            batch = buffer.pop()
+            current = assigned.get(batch.mq)
             if current is None or current.generation != batch.generation:
                 continue  # pulled before a rebalance took the queue away: its new owner reads it
-            if not batch.records:
-                self.processed[batch.mq] = batch.next_offset
-                continue
-            self._pending = batch
-            return batch.records
+            pending.append(batch)
+            if size:
+                lists.append(batch.records)
+                n += size
+        if len(lists) == 1:
+            return lists[0]
+        return [r for records in lists for r in records]
 
     def ack(self) -> None:
-        """Mark the batch last returned by :meth:`receive` as processed."""
-        batch, self._pending = self._pending, None
-        current = self.assigned.get(batch.mq) if batch is not None else None
-        if batch is not None and current is not None and current.generation == batch.generation:
-            self.processed[batch.mq] = batch.next_offset
+        """Mark the messages last returned by :meth:`receive` as processed."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        assigned, processed = self.assigned, self.processed
+        for batch in pending:  # a queue's batches in order: its last one wins
+            current = assigned.get(batch.mq)
+            if current is not None and current.generation == batch.generation:
+                processed[batch.mq] = batch.next_offset
 
     def assignment(self) -> list[MessageQueue]:
         return sorted(self.assigned)
@@ -158,18 +181,6 @@ class Consumer:
                 except _NET_ERRORS:
                     pass
 
-    def deliver_nowait(self, batch: Batch) -> bool:
-        """Hand a fetched batch to :meth:`receive` if there is room now (no checkpoint)."""
-        try:
-            self._send.send_nowait(batch)
-        except trio.WouldBlock:
-            return False
-        return True
-
-    async def deliver(self, batch: Batch) -> None:
-        """Hand a fetched batch to :meth:`receive`, waiting for room (backpressure)."""
-        await self._send.send(batch)
-
     async def _every(self, interval_ms: int, fn: Callable[[], Awaitable[object]]) -> None:
         while True:
             await trio.sleep(interval_ms / 1000)
@@ -237,8 +248,7 @@ class Consumer:
     async def _revoke(self, mq: MessageQueue) -> None:
         del self.assigned[mq]  # answers still in flight for it are dropped
         self.errors.pop(mq, None)
-        if self._pending is not None and self._pending.mq == mq:
-            self._pending = None  # not acknowledged: its new owner reads it again
+        self._pending = [b for b in self._pending if b.mq != mq]  # not acknowledged: its new owner reads it again
         offset = self.processed.pop(mq, None)
         if offset is not None and self.options.mode == "clustering" and self._committed.get(mq) != offset:
             await self._commit_to(mq.addr, {mq: offset})
@@ -255,10 +265,10 @@ class Consumer:
         self._generation += 1
         offset = self.processed.pop(old, None)
         fetch_from = offset
-        pending = self._pending
-        if pending is not None and pending.mq == old:
-            self._pending = dataclasses.replace(pending, mq=new, generation=self._generation)
-            fetch_from = pending.next_offset
+        for i, pending in enumerate(self._pending):
+            if pending.mq == old:
+                self._pending[i] = dataclasses.replace(pending, mq=new, generation=self._generation)
+                fetch_from = pending.next_offset  # the last one of the queue: in order
         if offset is not None:
             self.processed[new] = offset
         new_state = self.assigned[new] = QueueState(self._generation, fetch_from if state.offset is not None else None)

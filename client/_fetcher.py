@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterator, Protocol, TypeVar
@@ -97,12 +97,72 @@ class DamagedQueueError(ClientError):
         self.text = text
 
 
-@dataclass
+@dataclass(slots=True)
 class Batch:
     mq: MessageQueue
     generation: int
     records: list[Record]
     next_offset: int
+    nbytes: int = 0  # the records' size on the wire (what the prefetch bound counts)
+
+
+class PrefetchBuffer:
+    """Fetched batches not yet returned by ``receive()``, and the byte budget of the
+    fetches: a request reserves the bytes its answer may bring (its ``max_bytes``)
+    before it is sent, and gives the reservation back once its batches are buffered.
+    Buffered and reserved bytes together stay within ``max_bytes``; when nothing is
+    held, one request may reserve its whole cap, so that a message larger than the
+    bound is still read (alone)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 1:
+            raise ValueError(f"prefetch_max_bytes={max_bytes}: at least 1")
+        self.max_bytes = max_bytes
+        self.batches: deque[Batch] = deque()
+        self.buffered_bytes = 0
+        self.reserved_bytes = 0
+        self._arrived = trio.Event()
+        self._room = trio.Event()
+
+    def _grant(self, cap: int) -> int:
+        held = self.buffered_bytes + self.reserved_bytes
+        if self.max_bytes - held >= cap:
+            return cap
+        return min(cap, self.max_bytes) if held == 0 else 0
+
+    async def reserve(self, cap: int) -> int:
+        """Reserve up to ``cap`` bytes (waits for room); the bytes reserved."""
+        while not (granted := self._grant(cap)):
+            await self._room.wait()
+        self.reserved_bytes += granted
+        return granted
+
+    def release(self, reserved: int) -> None:
+        self.reserved_bytes -= reserved
+        self._wake_room()
+
+    def put(self, batch: Batch) -> None:
+        self.batches.append(batch)
+        self.buffered_bytes += batch.nbytes
+        if not self._arrived.is_set():
+            self._arrived.set()
+
+    def pop(self) -> Batch:
+        batch = self.batches.popleft()
+        self.buffered_bytes -= batch.nbytes
+        self._wake_room()
+        return batch
+
+    async def arrival(self) -> None:
+        """Wait until some batch is buffered."""
+        if not self.batches:
+            if self._arrived.is_set():
+                self._arrived = trio.Event()
+            await self._arrived.wait()
+
+    def _wake_room(self) -> None:
+        room, self._room = self._room, trio.Event()  # waiters wait on the current one: none is left behind
+        room.set()
 
 
 class FetchHost(Protocol):
@@ -122,8 +182,9 @@ class FetchHost(Protocol):
     async def retrying(self, fn: Callable[[], Awaitable[T]]) -> T: ...
     def start_offset_now(self, committed: int, lo: int, hi: int) -> int | None: ...
     async def start_offset(self, mq: MessageQueue, committed: int, lo: int, hi: int) -> int: ...
-    def deliver_nowait(self, batch: Batch) -> bool: ...
-    async def deliver(self, batch: Batch) -> None: ...
+
+    prefetch: PrefetchBuffer  # batches for receive(); the byte budget of requests
+
     def route_failed(self, addr: str) -> None: ...
 
 
@@ -240,6 +301,7 @@ class Fetcher:
         slot would leave their new messages unseen for up to ``pull_wait_ms``."""
         slots = trio.Semaphore(self.options.watches_in_flight if idle else self.options.fetches_in_flight)
         wait_ms = self.options.pull_wait_ms if idle else 0
+        cap = self.options.watch_max_bytes if idle else self.options.fetch_max_bytes
         async with trio.open_nursery() as nursery:
             while True:
                 await slots.acquire()
@@ -249,16 +311,19 @@ class Fetcher:
                     if picked:
                         break
                     await event.wait()
-                nursery.start_soon(self._fetch, addr, picked, slots, wait_ms)
+                # Picked first: a reservation held while waiting for queues would keep
+                # the other kind of request (watches, data) from the budget.
+                max_bytes = await self.c.prefetch.reserve(cap)
+                nursery.start_soon(self._fetch, addr, picked, slots, wait_ms, max_bytes)
 
     async def _fetch(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], slots: trio.Semaphore,
-                     wait_ms: int) -> None:  # fmt: skip
+                     wait_ms: int, max_bytes: int) -> None:  # fmt: skip
         skipped = {mq for mq, _st in picked}  # until an answer says otherwise
         try:
             filters = self.c.filters
             asks = [FetchAsk.row(mq.topic, mq.queue_id, st.known_offset(), filters[mq.topic].tags) for mq, st in picked]
             fields = {"queues": asks, "max_messages": self.options.fetch_max_messages,
-                      "max_per_queue": self.options.pull_batch, "max_wait_ms": wait_ms}  # fmt: skip
+                      "max_per_queue": self.options.pull_batch, "max_wait_ms": wait_ms, "max_bytes": max_bytes}  # fmt: skip
             target = self.c.reads.target(picked[0][0])  # the group's leader (addr) or a follower
             try:
                 reply = await self.c.request(target, RequestCode.PULL_MESSAGES, fields,
@@ -279,9 +344,10 @@ class Fetcher:
             skipped = {mq for (mq, _st), r in zip(picked, results) if r.status is PullStatus.SKIPPED}
             if not wait_ms:  # watch answers are mostly idle queues: they say nothing of density
                 self._learn(addr, results, int(reply.fields.get("count", 0)))
-            await self._deliver(addr, picked, results, reply.body)
+            self._deliver(addr, picked, results, reply.body)
         finally:
             self._put_back(picked, skipped)
+            self.c.prefetch.release(max_bytes)
             slots.release()
             self.wake(addr)
 
@@ -323,13 +389,14 @@ class Fetcher:
             sample = found / visited
             self._density[addr] = 0.7 * self._density.get(addr, sample) + 0.3 * sample
 
-    async def _deliver(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], results: list[FetchResult],
-                       body: bytes) -> None:  # fmt: skip
+    def _deliver(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], results: list[FetchResult],
+                 body: bytes) -> None:  # fmt: skip
         # One decode for the whole answer: with thousands of queues each holds a few
         # records, and a decode call per queue would cost more than its records.
         with collector_paused():
             records = decode_records(body, f"fetch from {addr}") if body else []
         at = 0
+        put = self.c.prefetch.put
         for (mq, st), row in zip(picked, results):
             status, nxt, count = row.status, row.next_offset, row.message_count
             mine, at = records[at : at + count], at + count
@@ -353,10 +420,9 @@ class Fetcher:
             flt = self.c.filters[mq.topic]
             if flt.tags is not None:  # the broker filtered by tag hash; collisions are dropped here
                 mine = [r for r in mine if flt.matches(r.tags)]
-            batch = Batch(mq, st.generation, mine, nxt)
-            # Without a checkpoint per queue: an answer can hold a few messages of each of hundreds.
-            if not self.c.deliver_nowait(batch):
-                await self.c.deliver(batch)
+            # No checkpoint per queue (an answer can hold a few messages of each of
+            # thousands): its bytes were reserved before the request was sent.
+            put(Batch(mq, st.generation, mine, nxt, row.nbytes))
             st.offset = nxt
 
     def _damaged(self, mq: MessageQueue, st: QueueState, row: FetchResult) -> None:

@@ -25,16 +25,30 @@ class ConsumerOptions:
     mode: str = "clustering"  # or "broadcasting"
     start_from: str | int = "earliest"  # "earliest", "latest" or a timestamp in ms (for queues never committed)
     client_id: str = ""
-    pull_batch: int = 256  # messages per queue per fetch
+    pull_batch: int = 1024  # messages per queue per fetch
     pull_wait_ms: int = 15_000  # long poll of idle queues on the broker (woken by new messages; RocketMQ holds 15 s)
     fetch_queues: int = 1024  # queues per fetch request
     fetch_max_messages: int = 4096  # messages per fetch request, in all
+    # Bytes of records per fetch answer (the broker stops adding queues past it, and
+    # clamps it to its max_pull_bytes); a first message larger than it comes alone.
+    fetch_max_bytes: int = 4 << 20
+    # Bytes per watch answer (watches wake idle queues; data requests then read them):
+    # small, so that up to watches_in_flight of them fit in the prefetch bound.
+    watch_max_bytes: int = 64 << 10
     fetches_in_flight: int = 4  # data requests per broker
     watches_in_flight: int = 64  # long polls of idle queues per broker (each newly idle set gets one at once)
+    # Prefetch: records fetched and not yet returned by receive(), plus what the
+    # requests in flight may still bring, stay within this many bytes (a single
+    # message larger than it is still fetched, alone). Fetches go on while the
+    # application processes what receive() returned, so receive() rarely waits.
+    prefetch_max_bytes: int = 32 << 20
+    # Messages one receive() returns at most: everything buffered, across queues, up
+    # to this (a queue's batch is never split, so one batch may exceed it).
+    receive_max_messages: int = 4096
     heartbeat_interval_ms: int = 1000
     rebalance_interval_ms: int = 2000
-    commit_interval_ms: int = 1000
-    buffered_batches: int = 64  # pulled and not yet received (backpressure)
+    commit_interval_ms: int = 1000  # processed offsets are committed this often: one request per broker
+    buffered_batches: int = 0  # obsolete (prefetch_max_bytes bounds the buffer); accepted and ignored
     request_timeout_ms: int = 3000
     # A commit that hits a dead or demoted leader (connection failed, NOT_LEADER) is
     # retried at the group's leader as fresh routes name it, for up to this long.

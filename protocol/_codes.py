@@ -28,7 +28,10 @@ PULL_MESSAGE           topic, queue_id, offset, max_messages, max_wait_ms,
                        body: the records, exactly as stored in the CommitLog
                        (a damaged record at offset: CORRUPT_DATA naming file and offset)
 PULL_MESSAGES          queues: [[topic, queue_id, offset, tags or nil], ...],
-                       max_messages (in all), max_per_queue, max_wait_ms
+                       max_messages (in all), max_per_queue, max_wait_ms,
+                       max_bytes (optional: the answer's body at most, clamped to
+                       the broker's max_pull_bytes; queues past it are SKIPPED, but
+                       the first record read is always answered, however large)
                        -> results: [[status, next_offset, count, bytes, max_offset], ...]
                        (one per queue, in order; SKIPPED: not read this time, max_offset
                        -1; CORRUPT: the record at next_offset is damaged, and a sixth
@@ -288,7 +291,8 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
                                "max_messages": (COUNT, False), "max_wait_ms": (_int(), False),
                                "tags": (_strings, False), "group": (GROUP, False)},
     RequestCode.PULL_MESSAGES: {"queues": (_list, True), "max_messages": (COUNT, False),
-                                "max_per_queue": (COUNT, False), "max_wait_ms": (_int(), False)},
+                                "max_per_queue": (COUNT, False), "max_wait_ms": (_int(), False),
+                                "max_bytes": (_int(), False)},
     RequestCode.QUERY_OFFSETS: {"topic": (TOPIC, True), "queue_id": (QUEUE_ID, True)},
     RequestCode.SEARCH_OFFSET: {"topic": (TOPIC, True), "queue_id": (QUEUE_ID, True), "timestamp_ms": (_int(), True)},
     RequestCode.COMMIT_OFFSET: {"group": (GROUP, True),

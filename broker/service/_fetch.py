@@ -25,12 +25,13 @@ leaves some queue more than ``follower_read_lag_messages`` behind its max offset
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import trio
 
 from broker.store import GetStatus, RawRead, Span, StorageEngine, Store
-from commitlog import CorruptRecordError
+from commitlog import CorruptRecordError, fileops
 from protocol import ErrorCode, FetchAsk, FetchResult, Frame, PullStatus, RowError
 from protocol.transport import Reply, RequestError, need
 
@@ -44,6 +45,101 @@ def parse_queues(fields: dict[str, Any]) -> list[FetchAsk]:
         return [FetchAsk.from_wire(row) for row in need(fields, "queues", list)]
     except RowError as e:
         raise RequestError(ErrorCode.MALFORMED_REQUEST, f"queues: {e}") from None
+
+
+INLINE_SPAN_MAX_BYTES = 64 << 10  # file spans shorter than this are read into the answer, not sent with sendfile
+INLINE_GAP_MAX_BYTES = 16 << 10  # spans at most this far apart in a file are read with one pread (the gap too)
+INLINE_READ_MAX_BYTES = 1 << 20  # one such pread at most (longer: split)
+
+
+def inline_small_spans(spans: list[Span]) -> list[Span]:
+    """The spans with each run of short file spans read into one bytes span (in the
+    read thread). A queue's records are contiguous in the log only when it was
+    written alone; with thousands of queues a fetch's spans are mostly one 1 KiB
+    record each, and sending each with open, sendfile and close on the event loop
+    cost the broker more than everything else of the fetch (10,000 queues of 10
+    messages: 134,000 sendfiles, 61 us of broker CPU per message). Records of the
+    queues of one fetch were mostly written at about the same time, so they lie
+    close together in the log: sorted by position, neighbours are read with one
+    ``pread`` each (up to ``INLINE_GAP_MAX_BYTES`` apart), not one per record. A
+    file that cannot be read here (deleted by retention meanwhile) keeps its file
+    spans: sending them then fails as it did before."""
+    small = [i for i, s in enumerate(spans) if s.data is None and s.path is not None and s.length < INLINE_SPAN_MAX_BYTES]
+    if len(small) < 2:
+        return spans
+    data: dict[int, bytes] = {}
+    fds: dict[str, int] = {}
+    try:
+        small.sort(key=lambda i: (spans[i].path, spans[i].position))
+        for window in _windows(spans, small):
+            _read_window(fds, spans, window, data)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    out: list[Span] = []
+    run: list[bytes] = []
+    for i, span in enumerate(spans):
+        piece = data.get(i)
+        if piece is not None:
+            run.append(piece)
+            continue
+        if run:
+            out.append(_joined(run))
+            run = []
+        out.append(span)
+    if run:
+        out.append(_joined(run))
+    return out
+
+
+def _windows(spans: list[Span], order: list[int]) -> list[list[int]]:
+    """The spans (indexes, sorted by file and position) grouped into reads: neighbours
+    in one file, at most ``INLINE_GAP_MAX_BYTES`` apart, ``INLINE_READ_MAX_BYTES`` in all."""
+    windows: list[list[int]] = []
+    current: list[int] = []
+    path, start, end = None, 0, 0
+    for i in order:
+        s = spans[i]
+        if current and s.path == path and s.position >= start and s.position - end <= INLINE_GAP_MAX_BYTES \
+                and s.position + s.length - start <= INLINE_READ_MAX_BYTES:  # fmt: skip
+            current.append(i)
+            end = max(end, s.position + s.length)
+            continue
+        if current:
+            windows.append(current)
+        current, path, start, end = [i], s.path, s.position, s.position + s.length
+    if current:
+        windows.append(current)
+    return windows
+
+
+def _read_window(fds: dict[str, int], spans: list[Span], window: list[int], data: dict[int, bytes]) -> None:
+    """Read the window's spans with one pread into ``data`` (none of them if it fails)."""
+    first = spans[window[0]]
+    start = first.position
+    end = max(spans[i].position + spans[i].length for i in window)
+    assert first.path is not None
+    try:
+        fd = fds.get(first.path)
+        if fd is None:
+            fd = fds[first.path] = os.open(first.path, os.O_RDONLY)
+        chunk = fileops.OPS.pread(fd, end - start, start)
+    except OSError:
+        return
+    if len(chunk) < end - start:
+        return
+    if len(window) == 1:
+        data[window[0]] = chunk
+        return
+    view = memoryview(chunk)
+    for i in window:
+        s = spans[i]
+        data[i] = bytes(view[s.position - start : s.position - start + s.length])
+
+
+def _joined(pieces: list[bytes]) -> Span:
+    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    return Span(None, 0, len(data), data)
 
 
 def optional(fields: dict[str, Any], name: str, default: int) -> int:
@@ -144,45 +240,51 @@ class Fetch:
         total = max(1, min(optional(f, "max_messages", 1024), self.config.max_pull_messages))
         per_queue = max(1, optional(f, "max_per_queue", 256))
         wait_ms = min(optional(f, "max_wait_ms", 0), self.config.max_pull_wait_ms)
-        results, spans, found = await self._read_in_thread(asks, total, per_queue)
+        max_bytes = max(1, min(optional(f, "max_bytes", self.config.max_pull_bytes), self.config.max_pull_bytes))
+        results, spans, found = await self._read_in_thread(asks, total, per_queue, max_bytes)
         if not found and wait_ms:
             await self._wait_any(asks, wait_ms)
-            results, spans, found = await self._read_in_thread(asks, total, per_queue)
+            results, spans, found = await self._read_in_thread(asks, total, per_queue, max_bytes)
         fields: dict[str, Any] = {"results": results, "count": found}
         if suggest_follower(self.context, max_behind(results)):
             fields["suggest_follower"] = True
         return Reply(fields, spans=spans)
 
-    async def _read_in_thread(self, asks: list[FetchAsk], total: int,
-                              per_queue: int) -> tuple[list[list[Any]], list[Span], int]:  # fmt: skip
+    async def _read_in_thread(self, asks: list[FetchAsk], total: int, per_queue: int,
+                              max_bytes: int) -> tuple[list[list[Any]], list[Span], int]:  # fmt: skip
         try:
-            return await self.cold.read(self._read, asks, total, per_queue)
+            return await self.cold.read(self._read, asks, total, per_queue, max_bytes)
         except OSError as e:  # a cold span could not be read (the file changed underneath): this pull fails, not the connection
             raise RequestError(ErrorCode.IO_ERROR, f"reading stored records: {e}") from e
 
-    def _read(self, asks: list[FetchAsk], total: int, per_queue: int) -> tuple[list[list[Any]], list[Span], int]:
+    def _read(self, asks: list[FetchAsk], total: int, per_queue: int,
+              max_bytes: int) -> tuple[list[list[Any]], list[Span], int]:  # fmt: skip
         """Per queue a :class:`FetchResult` row (max offset -1 when SKIPPED: not looked
-        at), the spans, and the count."""
+        at), the spans, and the count. The body stays within ``max_bytes``, except that
+        a first record larger than it is answered alone (the reader must progress)."""
         results: list[list[Any]] = []
         spans: list[Span] = []
         found = nbytes = 0
         visibility = Visibility(self.store)
         for topic, qid, offset, tags in asks:
-            if found >= total or nbytes >= self.config.max_pull_bytes:
+            if found >= total or nbytes >= max_bytes:
                 results.append(FetchResult.row(PullStatus.SKIPPED, offset, 0, 0, -1))
                 continue
-            res = visibility.read_to_damage(topic, qid, offset, min(per_queue, total - found), tags,
-                                            self.config.max_pull_bytes - nbytes)  # fmt: skip
+            res = visibility.read_to_damage(topic, qid, offset, min(per_queue, total - found), tags, max_bytes - nbytes)
             if isinstance(res, CorruptRecordError):  # this queue stops here; the others are served
                 results.append(FetchResult.row(PullStatus.CORRUPT, offset, 0, 0, self.store.max_offset(topic, qid),
                                                str(res)))  # fmt: skip
                 continue
             size = res.nbytes  # a sum over the spans: once
+            if nbytes and nbytes + size > max_bytes:  # its first record alone is past the bound: next time
+                results.append(FetchResult.row(PullStatus.SKIPPED, offset, 0, 0, -1))
+                nbytes = max_bytes
+                continue
             results.append(FetchResult.row(WIRE_STATUS[res.status], res.next_offset, res.count, size, res.max_offset))
             spans += res.spans
             found += res.count
             nbytes += size
-        return results, spans, found
+        return results, inline_small_spans(spans), found
 
     async def _wait_any(self, asks: list[FetchAsk], wait_ms: int) -> None:
         event = trio.Event()
