@@ -10,14 +10,25 @@ from ._blocking import BlockingAdmin, BlockingConsumer, BlockingProducer
 from ._consumer import Consumer, open_consumer
 from ._fetcher import DamagedQueueError
 from ._options import ConsumerOptions, TagFilter
-from ._producer import Producer, SendError, SendResult, open_producer, shard
+from ._producer import (
+    BatchTooLargeError,
+    BufferFullError,
+    Producer,
+    SendError,
+    SendFuture,
+    SendResult,
+    open_producer,
+    shard,
+)
 from ._routes import MessageQueue, NoRouteError, ReadRouter, Routes
 
 __all__ = [
     "Admin",
+    "BatchTooLargeError",
     "BlockingAdmin",
     "BlockingConsumer",
     "BlockingProducer",
+    "BufferFullError",
     "ClientError",
     "ClmqError",
     "ConnectionFailed",
@@ -34,6 +45,7 @@ __all__ = [
     "RpcClient",
     "RpcError",
     "SendError",
+    "SendFuture",
     "SendResult",
     "TagFilter",
     "allocate_averagely",

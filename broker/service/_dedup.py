@@ -6,9 +6,14 @@ broke after sending, the answer timed out, REPLICATION_TIMEOUT, NOT_LEADER), it 
 the retry with ``dedup: true``. For such a request the broker first waits until
 everything already in its log is visible in the queues (the dispatcher has caught up
 with the log end, which replication may hold back until the in-sync replicas hold it),
-then looks back through the tail of *that* queue for the batch's first id. Found, with
+then looks back through the tail of *that* queue for the batch's first id (a request
+spanning queues: through each of its queues, for that queue's part). Found, with
 the batch's other ids right after it (a batch is one append: all of it is stored or
-none), the request is answered with the offsets found and nothing is appended.
+none), the request is answered with the offsets found and nothing is appended. A
+multi-queue request is one append too: every queue's part found, it is answered
+``duplicate`` with the offsets in request order; none found, it is appended; some
+found and others not, it is refused (:class:`PartlyStored`: not the request that was
+sent).
 
 The look-back is bounded: at most ``dedup_window_ms`` back by store timestamp and at
 most ``dedup_max_messages`` entries. A retry that comes later than that, or after more
@@ -108,6 +113,27 @@ def find_stored(store: StorageEngine, topic: str, queue_id: int, keys: list[str]
                 return _whole(store, topic, queue_id, r.queue_offset, keys)
         end = start
     return None
+
+
+def find_stored_queues(store: StorageEngine, topic: str, keys_by_queue: dict[int, list[str]], limits: DedupLimits,
+                       now_ms: int) -> dict[int, Stored | None]:  # fmt: skip
+    """:func:`find_stored` for each queue of a multi-queue batch (one request spanning
+    queues is one append: all of it is stored or none). Blocking: a worker thread."""
+    return {qid: find_stored(store, topic, qid, keys, limits, now_ms) for qid, keys in keys_by_queue.items()}
+
+
+def merge_stored(queue_ids: list[int], found: dict[int, Stored]) -> Stored:
+    """The offsets of a multi-queue batch in request order (``queue_ids``: each
+    message's queue), from what was found per queue."""
+    at = dict.fromkeys(found, 0)
+    qoffs, coffs = [], []
+    for qid in queue_ids:
+        i = at[qid]
+        at[qid] = i + 1
+        qoffs.append(found[qid].queue_offsets[i])
+        coffs.append(found[qid].commitlog_offsets[i])
+    stamp = min(s.store_timestamp_ms for s in found.values())
+    return Stored(qoffs, coffs, stamp, max(s.end_offset for s in found.values()))
 
 
 def _read(store: StorageEngine, topic: str, queue_id: int, offset: int, count: int) -> list[Record]:

@@ -15,7 +15,7 @@ from protocol.transport import Later, Peer, Reply, RequestError, need
 
 from ._append import BusyError, PendingPut
 from ._context import BrokerContext, now_ms
-from ._dedup import UNIQ_KEY, DedupLimits, PartlyStored, Stored, find_stored, wait_visible
+from ._dedup import UNIQ_KEY, DedupLimits, PartlyStored, Stored, find_stored_queues, merge_stored, wait_visible
 from ._fetch import ReadThreads
 
 _PUT_ERRORS = {
@@ -82,23 +82,29 @@ class Produce:
         return None
 
     async def _stored_before(self, topic: str, body: bytes, peer: Peer) -> Stored | None:
-        """Where a retried batch was stored by an earlier try, or None (append it)."""
+        """Where a retried batch was stored by an earlier try, or None (append it). A
+        batch spanning queues is looked for in each of them: a request is appended whole
+        or not at all, so each part must be found, or none."""
         try:
             msgs = decode_batch(body, topic, (peer.host, peer.port))
         except BatchError:
             return None  # the append answers MALFORMED_REQUEST
         keys = [m.properties.get(UNIQ_KEY) for m in msgs]
-        if not msgs or None in keys or len({m.queue_id for m in msgs}) != 1:
-            return None  # without an id per message, or across queues: nothing to look for
+        if not msgs or None in keys:
+            return None  # without an id per message: nothing to look for
+        queue_ids = [m.queue_id for m in msgs]
+        keys_by_queue: dict[int, list[str]] = {}
+        for qid, key in zip(queue_ids, keys):
+            keys_by_queue.setdefault(qid, []).append(str(key))
         limits = DedupLimits.of(self.config)
         if not await self._log_visible(limits.catch_up_timeout_ms):
             raise RequestError(ErrorCode.SYSTEM_BUSY, f"dedup: the queues did not show the whole log within "
                                                       f"{limits.catch_up_timeout_ms} ms; retry")  # fmt: skip
         try:
-            return await self._readers.run(find_stored, self.store, topic, msgs[0].queue_id,
-                                           [str(k) for k in keys], limits, now_ms())  # fmt: skip
+            found = await self._readers.run(find_stored_queues, self.store, topic, keys_by_queue, limits, now_ms())
         except PartlyStored as e:
             raise RequestError(ErrorCode.INVALID_MESSAGE, str(e)) from None
+        return _all_or_none(topic, queue_ids, found)
 
     async def _log_visible(self, timeout_ms: int) -> bool:
         """Wait until every produce request accepted so far is appended (the lane keeps
@@ -158,3 +164,18 @@ class Produce:
         with trio.move_on_after(self.config.sync_flush_timeout_ms / 1000):
             await done.wait()
         return done.is_set() and self.store.failure is None and self.store.durable_offset >= end_offset
+
+
+def _all_or_none(topic: str, queue_ids: list[int], found: dict[int, Stored | None]) -> Stored | None:
+    """The stored copy of a (multi-queue) batch if every queue's part was found; None if
+    none was; refused (INVALID_MESSAGE) if only some were: not the request first sent."""
+    stored = {qid: s for qid, s in found.items() if s is not None}
+    if not stored:
+        return None
+    if len(stored) < len(found):
+        missing = sorted(qid for qid, s in found.items() if s is None)
+        raise RequestError(ErrorCode.INVALID_MESSAGE, f"{topic}: the retried batch is stored in queues "
+                           f"{sorted(stored)} but not in {missing}: not the batch that was sent")  # fmt: skip
+    if len(stored) == 1:
+        return next(iter(stored.values()))
+    return merge_stored(queue_ids, stored)

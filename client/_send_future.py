@@ -1,0 +1,162 @@
+"""What the producer's ``submit`` gives back: a :class:`SendFuture`, resolved once the
+broker answered the message's batch (or the producer gave up on it); and the producer's
+result and error types."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Sequence
+
+import trio
+
+from commitlog import ClientError, Message
+
+from ._routes import MessageQueue
+
+log = logging.getLogger("clmq.producer")
+
+UNIQ_KEY = "UNIQ_KEY"  # the message property naming a message uniquely (RocketMQ's name)
+
+
+class SendError(ClientError):
+    """A send that failed for good (after retries, or not retriable)."""
+
+    def __init__(self, text: str, code: int | None = None) -> None:
+        super().__init__(text)
+        self.code = code
+
+
+class BufferFullError(SendError):
+    """The producer's buffer (``buffer_max_bytes``) had no room for the message: at once
+    with ``buffer_full="raise"``, else after ``buffer_block_max_ms``."""
+
+
+class BatchTooLargeError(SendError):
+    """One batch larger than the producer's ``buffer_max_bytes`` or the transport's
+    frame limit: it could never be sent."""
+
+
+@dataclass(frozen=True)
+class SendResult:
+    queue: MessageQueue
+    queue_offsets: list[int]
+    commitlog_offsets: list[int]
+    durable: bool  # fsynced before the answer (always, with sync flush, unless flush_timeout)
+    flush_timeout: bool = False  # stored, but the broker's fsync did not finish in time
+    duplicate: bool = False  # a retry the broker found stored already (by UNIQ_KEY): these are the first try's offsets
+    uniq_keys: tuple[str, ...] = ()  # the messages' UNIQ_KEY properties, in order (empty without unique_ids)
+
+    @property
+    def queue_offset(self) -> int:
+        return self.queue_offsets[0]
+
+    @property
+    def msg_ids(self) -> list[str]:
+        """Broker address and commit-log offset: where the message can be found."""
+        return [f"{self.queue.addr}@{o:016X}" for o in self.commitlog_offsets]
+
+
+class Answer(NamedTuple):
+    """The broker's answer for one batch (its slice of a request's answer)."""
+
+    queue: MessageQueue
+    queue_offsets: list[int]
+    commitlog_offsets: list[int]
+    durable: bool
+    flush_timeout: bool
+    duplicate: bool
+
+
+DoneCallback = Callable[["SendFuture"], object]
+
+
+class SendFuture:
+    """The outcome of one ``submit`` (one message) or ``submit_batch`` (one batch).
+
+    Resolved by the producer on its trio thread: ``done()``, ``result()`` (the
+    :class:`SendResult`; raises the :class:`SendError` if it failed, RuntimeError if not
+    done), ``exception()``, ``await wait()``, ``add_done_callback(fn)`` (``fn(future)``
+    on the producer's thread once done; at once if done already). The result is built
+    when first asked for: a fire-and-forget producer does not pay for it.
+    """
+
+    __slots__ = ("_answer", "_callbacks", "_count", "_error", "_event", "_msgs", "_result", "_start")
+
+    def __init__(self) -> None:
+        self._answer: Answer | None = None
+        self._msgs: Sequence[Message] = ()
+        self._start = 0
+        self._count = 0
+        self._result: SendResult | None = None
+        self._error: SendError | None = None
+        self._callbacks: list[DoneCallback] | None = None
+        self._event: trio.Event | None = None
+
+    def done(self) -> bool:
+        return self._answer is not None or self._error is not None
+
+    def result(self) -> SendResult:
+        """The result; raises the :class:`SendError` if the send failed."""
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            answer = self._answer
+            if answer is None:
+                raise RuntimeError("the send is not done yet: await wait() or add a done callback")
+            s, e = self._start, self._start + self._count
+            keys = tuple(m.properties.get(UNIQ_KEY, "") for m in self._msgs[s:e]) if self._msgs else ()
+            self._result = SendResult(answer.queue, answer.queue_offsets[s:e], answer.commitlog_offsets[s:e],
+                                      answer.durable, answer.flush_timeout, answer.duplicate, keys)  # fmt: skip
+        return self._result
+
+    def exception(self) -> SendError | None:
+        """The error if the send failed, None if it succeeded; RuntimeError if not done."""
+        if not self.done():
+            raise RuntimeError("the send is not done yet: await wait() or add a done callback")
+        return self._error
+
+    async def wait(self) -> SendResult:
+        """Wait until done; the result, or raises the :class:`SendError`."""
+        if not self.done():
+            if self._event is None:
+                self._event = trio.Event()
+            await self._event.wait()
+        return self.result()
+
+    def add_done_callback(self, fn: DoneCallback) -> None:
+        """Call ``fn(self)`` once done (at once if done already)."""
+        if self.done():
+            _call(fn, self)
+        elif self._callbacks is None:
+            self._callbacks = [fn]
+        else:
+            self._callbacks.append(fn)
+
+    def _resolve(self, answer: Answer, msgs: Sequence[Message], start: int, count: int) -> None:
+        """Answered: ``msgs`` (with UNIQ_KEYs, else empty) are slice ``start``.. of ``answer``."""
+        if self.done():
+            return
+        self._answer, self._msgs, self._start, self._count = answer, msgs, start, count
+        self._finish()
+
+    def _fail(self, error: SendError) -> None:
+        if self.done():
+            return
+        self._error = error
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._event is not None:
+            self._event.set()
+        if self._callbacks is not None:
+            callbacks, self._callbacks = self._callbacks, None
+            for fn in callbacks:
+                _call(fn, self)
+
+
+def _call(fn: DoneCallback, fut: SendFuture) -> None:
+    try:
+        fn(fut)
+    except Exception:  # a user's callback must not break the producer
+        log.exception("a send's done callback raised")
