@@ -259,8 +259,8 @@ class ColdReads:
     error there is the pull's error reply), never ``sendfile``'d on the event loop.
     Each queue it read is remembered at its next offset, a consumer's next pull asks
     exactly that: that pull goes straight to the cold pool, without occupying a hot
-    thread first. A pull served cold stays cold while its queues lag (the readahead of
-    one cold pull makes the next look cached); one that reaches a queue's end leaves.
+    thread first. Only pulls found cold are remembered: a tail reader that met the disk
+    once (a consume-queue page just evicted) goes back to the hot pool after one pull.
     At most ``memory`` positions are remembered (the oldest forgotten first).
     """
 
@@ -278,8 +278,8 @@ class ColdReads:
         rows, spans, found, cold = await pool.run(self._checked, fn, known, asks, *args)
         if any(s.data is None and not isinstance(s, ResidentSpan) for s in spans):  # cold, read in the hot pool
             spans = await self.cold.run(self._fill, spans)
-        if cold or known:
-            self._remember(asks, rows, lagging_only=not cold)
+        if cold:
+            self._remember(asks, rows)
         return rows, spans, found
 
     def _checked(self, fn: Callable[..., Pull], known: bool, asks: list[Any], *args: Any) -> tuple[*Pull, bool]:
@@ -347,12 +347,11 @@ class ColdReads:
                 hit = True
         return hit
 
-    def _remember(self, asks: list[Any], rows: list[list[Any]], lagging_only: bool) -> None:
-        """Each queue read (row: status, next_offset, count, bytes, max_offset) at its
-        next offset; ``lagging_only``: only queues still short of their end."""
+    def _remember(self, asks: list[Any], rows: list[list[Any]]) -> None:
+        """Each queue read (row: status, next_offset, count, ...) at its next offset."""
         memory = self._memory
         for a, row in zip(asks, rows):
-            if row[2] > 0 and (not lagging_only or row[4] > row[1]):
+            if row[2] > 0:
                 memory[(a[0], a[1], row[1])] = None
         while len(memory) > self.memory_max:
             memory.popitem(last=False)

@@ -268,7 +268,8 @@ async def _cold(rpc: RpcClient, addr: str, topic: str, args: argparse.Namespace,
                 phase.cold_messages += row[2]
             nbytes[0] += len(reply.body)
             rows = dict(zip(mine, reply.fields["results"]))
-            mine = [q for q in mine if rows[q][1] < rows[q][4]]  # caught up: no longer a cold reader
+            # caught up: no longer a cold reader (a SKIPPED row, max_offset -1, was not read this time)
+            mine = [q for q in mine if rows[q][4] < 0 or rows[q][1] < rows[q][4]]
 
     t0 = time.perf_counter()
     with trio.move_on_at(deadline):
