@@ -13,6 +13,7 @@ most 50 us per small produce request.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -197,13 +198,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def cmd_bench_request_cost(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .commands import plot_available
     from .report import save
 
     console = Console()
     result = run_all(args, lambda line: console.print(line, highlight=False))
     save(result, markdown(result), args.json, args.markdown, console)
-    if plot_available():
+    if importlib.util.find_spec("matplotlib") is not None:  # the bench extra
         plot(result, args.plot)
         console.print(f"plot written to {args.plot}")
     return 0
