@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import trio
 
-from client import ClientError, Message, MessageQueue, Producer, open_producer
+from client import ClientError, Message, MessageQueue, Producer, SendFuture, open_producer
 
 from .e2e_load import CHECK_CLOCK_EVERY, Consumed, Load, Produced, consume
 
@@ -42,22 +42,18 @@ async def produce_public(addr: str, load: Load) -> Produced:
     selectors = [_at(q) for q in range(load.queues)]
     failed = [0]
 
-    def done(fut: Any) -> None:
+    def done(fut: SendFuture) -> None:
         if fut.exception() is not None:
             failed[0] += 1
 
     async with open_producer(broker_addrs=[addr]) as p:
-        # The accumulator's API (issue 17); before it the client has neither.
-        submit, flush = getattr(p, "submit", None), getattr(p, "flush", None)
-        if submit is None or flush is None:
-            return await _windows(p, load, body, selectors, "send_batch (no submit in this client)")
         sent, t0 = 0, time.perf_counter()
         deadline = t0 + (load.seconds or 0.0)
         while load.more(sent, deadline):
             for _ in range(load.next_count(sent, CHECK_CLOCK_EVERY)):
-                await submit(load.topic, body, selector=selectors[sent % load.queues], callback=done)
+                await p.submit(load.topic, body, selector=selectors[sent % load.queues], callback=done)
                 sent += 1
-        await flush()
+        await p.flush()
         elapsed = time.perf_counter() - t0
     return Produced(sent, failed[0], elapsed, "submit")
 
@@ -65,11 +61,12 @@ async def produce_public(addr: str, load: Load) -> Produced:
 async def produce_batches(addr: str, load: Load) -> Produced:
     """Per window of 1,000 messages, one ``send_batch`` per queue it touches, concurrently."""
     body = os.urandom(load.size)
+    selectors = [_at(q) for q in range(load.queues)]
     async with open_producer(broker_addrs=[addr]) as p:
-        return await _windows(p, load, body, [_at(q) for q in range(load.queues)], "send_batch")
+        return await _windows(p, load, body, selectors)
 
 
-async def _windows(p: Producer, load: Load, body: bytes, selectors: list[Selector], call: str) -> Produced:
+async def _windows(p: Producer, load: Load, body: bytes, selectors: list[Selector]) -> Produced:
     sent, failed = 0, [0]
     t0 = time.perf_counter()
     deadline = t0 + (load.seconds or 0.0)
@@ -89,7 +86,7 @@ async def _windows(p: Producer, load: Load, body: bytes, selectors: list[Selecto
             for queue, bodies in per_queue.items():
                 nursery.start_soon(send, queue, bodies)
         sent += count
-    return Produced(sent, failed[0], time.perf_counter() - t0, call)
+    return Produced(sent, failed[0], time.perf_counter() - t0, "send_batch")
 
 
 async def consume_public(addr: str, topic: str, expected: int) -> Consumed:
