@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import multiprocessing
 import os
 import struct
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -177,16 +179,26 @@ async def _phase(rpc: RpcClient, broker: BrokerProcess, topic: str, args: argpar
     phase = Phase(cold, args.seconds)
     latencies: list[tuple[float, float]] = []  # (receive time, ms)
     starts = [await _max_offset(rpc, broker.addr, topic, q) for q in range(args.queues)]
+    if cold:
+        ctx = multiprocessing.get_context("spawn")
+        conn, child = ctx.Pipe()
+        proc = ctx.Process(target=_cold_process, daemon=True,
+                           args=(child, broker.addr, topic, args.queues, args.cold_pulls, args.cold_max_messages))  # fmt: skip
+        proc.start()
+        await trio.to_thread.run_sync(conn.recv)  # started: its imports are not in the window
+        conn.send(args.seconds)
     cpu = ProcessCpu(broker.proc.pid)
     t0 = time.perf_counter()
     deadline = trio.current_time() + args.seconds
     async with trio.open_nursery() as n:
         n.start_soon(_hot, rpc, broker.addr, topic, starts, latencies, deadline)
-        if cold:
-            n.start_soon(_cold, rpc, broker.addr, topic, args, phase, deadline)
         phase.produced = await _produce(rpc, broker.addr, topic, args, deadline)
     elapsed = time.perf_counter() - t0
     phase.broker_cpu_s = cpu.used_s()
+    if cold:
+        phase.cold_messages, nbytes, cold_s = await trio.to_thread.run_sync(conn.recv)
+        proc.join()
+        phase.cold_msgs_per_s, phase.cold_mb_per_s = phase.cold_messages / cold_s, nbytes / 2**20 / cold_s
     _summarise(phase, latencies, t0, elapsed)
     return phase
 
@@ -197,7 +209,6 @@ def _summarise(phase: Phase, latencies: list[tuple[float, float]], t0: float, el
     phase.hot_msgs_per_s = len(ms) / elapsed
     if ms:
         phase.hot_p50_ms, phase.hot_p99_ms, phase.hot_max_ms = _pct(ms, 0.5), _pct(ms, 0.99), ms[-1]
-    phase.cold_msgs_per_s = phase.cold_messages / elapsed
     windows: dict[int, list[float]] = {}
     for t, lat in latencies:
         windows.setdefault(int((t - t0) / WINDOW_S), []).append(lat)
@@ -249,34 +260,48 @@ async def _hot(rpc: RpcClient, addr: str, topic: str, offsets: list[int], latenc
                 latencies.append((now, (now_ns - STAMP.unpack_from(rec.body)[0]) / 1e6))
 
 
-async def _cold(rpc: RpcClient, addr: str, topic: str, args: argparse.Namespace, phase: Phase, deadline: float) -> None:
-    """The lagging consumer: from the earliest offsets, ``--cold-pulls`` pulls in flight
-    (each over its share of the queues), no long poll; counts, does not decode."""
-    offsets = [0] * args.queues
-    nbytes = [0]
+def _cold_process(conn: Connection, addr: str, topic: str, queues: int, pulls: int, max_messages: int) -> None:
+    """The lagging consumer's own process (its receiving must not slow the tail
+    consumer's client down): says "ready", waits for the seconds to run, sends back
+    (messages, bytes, seconds)."""
+    conn.send("ready")
+    seconds = conn.recv()
+    conn.send(trio.run(_cold, addr, topic, queues, pulls, max_messages, seconds))
 
-    async def puller(k: int) -> None:
-        mine = [q for q in range(args.queues) if q % args.cold_pulls == k]
+
+async def _cold(addr: str, topic: str, queues: int, pulls: int, max_messages: int,
+                seconds: float) -> tuple[int, int, float]:  # fmt: skip
+    """From the earliest offsets, ``pulls`` pulls in flight (each over its share of the
+    queues), no long poll; counts, does not decode."""
+    offsets = [0] * queues
+    got = [0, 0]  # messages, bytes
+
+    async def puller(rpc: RpcClient, k: int) -> None:
+        mine = [q for q in range(queues) if q % pulls == k]
         while mine:
             asks = [[topic, q, offsets[q], None] for q in mine]
             reply = await rpc.request(addr, RequestCode.PULL_MESSAGES,
-                                      {"queues": asks, "max_messages": args.cold_max_messages,
-                                       "max_per_queue": args.cold_max_messages, "max_wait_ms": 0},
-                                      timeout_ms=60_000)  # fmt: skip
-            for q, row in zip(mine, reply.fields["results"]):
-                offsets[q] = row[1]
-                phase.cold_messages += row[2]
-            nbytes[0] += len(reply.body)
+                                      {"queues": asks, "max_messages": max_messages, "max_per_queue": max_messages,
+                                       "max_wait_ms": 0}, timeout_ms=60_000)  # fmt: skip
             rows = dict(zip(mine, reply.fields["results"]))
+            for q, row in rows.items():
+                offsets[q] = row[1]
+                got[0] += row[2]
+            got[1] += len(reply.body)
             # caught up: no longer a cold reader (a SKIPPED row, max_offset -1, was not read this time)
             mine = [q for q in mine if rows[q][4] < 0 or rows[q][1] < rows[q][4]]
 
     t0 = time.perf_counter()
-    with trio.move_on_at(deadline):
-        async with trio.open_nursery() as n:
-            for k in range(min(args.cold_pulls, args.queues)):
-                n.start_soon(puller, k)
-    phase.cold_mb_per_s = nbytes[0] / 2**20 / (time.perf_counter() - t0)
+    async with trio.open_nursery() as nursery:
+        rpc = RpcClient(nursery)
+        with trio.move_on_after(seconds):
+            async with trio.open_nursery() as n:
+                for k in range(min(pulls, queues)):
+                    n.start_soon(puller, rpc, k)
+        elapsed = time.perf_counter() - t0
+        await rpc.aclose()
+        nursery.cancel_scope.cancel()
+    return got[0], got[1], elapsed
 
 
 def markdown(result: dict[str, Any]) -> str:
