@@ -137,6 +137,11 @@ class PrefetchBuffer:
         self.reserved_bytes += granted
         return granted
 
+    def fits(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more (an answer that reserved nothing) keep within the bound."""
+        held = self.buffered_bytes + self.reserved_bytes
+        return held == 0 or held + nbytes <= self.max_bytes
+
     def release(self, reserved: int) -> None:
         self.reserved_bytes -= reserved
         self._wake_room()
@@ -312,8 +317,9 @@ class Fetcher:
                         break
                     await event.wait()
                 # Picked first: a reservation held while waiting for queues would keep
-                # the other kind of request (watches, data) from the budget.
-                max_bytes = await self.c.prefetch.reserve(cap)
+                # watches from the budget. Watches reserve nothing: they wait up to
+                # pull_wait_ms, and 64 of them holding reservations kept data out.
+                max_bytes = cap if idle else await self.c.prefetch.reserve(cap)
                 nursery.start_soon(self._fetch, addr, picked, slots, wait_ms, max_bytes)
 
     async def _fetch(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], slots: trio.Semaphore,
@@ -342,14 +348,29 @@ class Fetcher:
             elif reply.fields.get("suggest_follower") is True:
                 self._hinted(picked[0][0])
             skipped = {mq for (mq, _st), r in zip(picked, results) if r.status is PullStatus.SKIPPED}
+            body = reply.body
             if not wait_ms:  # watch answers are mostly idle queues: they say nothing of density
                 self._learn(addr, results, int(reply.fields.get("count", 0)))
-            self._deliver(addr, picked, results, reply.body)
+            elif not self.c.prefetch.fits(len(body)):
+                results, body = self._no_room(picked, results), b""
+            self._deliver(addr, picked, results, body)
         finally:
             self._put_back(picked, skipped)
-            self.c.prefetch.release(max_bytes)
+            if not wait_ms:
+                self.c.prefetch.release(max_bytes)
             slots.release()
             self.wake(addr)
+
+    def _no_room(self, picked: list[tuple[MessageQueue, QueueState]], results: list[FetchResult]) -> list[FetchResult]:
+        """A watch answer with records while the prefetch buffer is full: its queues
+        are not idle any more (data requests read them, at the same offsets, once
+        there is room) and its records are dropped, so the bound holds."""
+        out = list(results)
+        for i, ((_mq, st), row) in enumerate(zip(picked, results)):
+            if row.message_count or row.status in _READ:
+                st.idle = False
+                out[i] = FetchResult.skipped(st.known_offset())
+        return out
 
     def _follower_failed(self, addr: str, why: str) -> None:
         log.info("consumer %s: not pulling from follower %s for %d ms (reading from the leader): %s",
