@@ -6,6 +6,15 @@ from protocol.transport import ConnectionFailed, RpcClient, RpcError, split_addr
 
 from ._admin import Admin, open_admin
 from ._allocate import allocate_averagely
+from ._asyncio import (
+    AsyncioAdmin,
+    AsyncioConsumer,
+    AsyncioProducer,
+    ClientClosedError,
+    open_asyncio_admin,
+    open_asyncio_consumer,
+    open_asyncio_producer,
+)
 from ._blocking import BlockingAdmin, BlockingConsumer, BlockingProducer
 from ._consumer import Consumer, open_consumer
 from ._fetcher import DamagedQueueError
@@ -24,11 +33,15 @@ from ._routes import MessageQueue, NoRouteError, ReadRouter, Routes
 
 __all__ = [
     "Admin",
+    "AsyncioAdmin",
+    "AsyncioConsumer",
+    "AsyncioProducer",
     "BatchTooLargeError",
     "BlockingAdmin",
     "BlockingConsumer",
     "BlockingProducer",
     "BufferFullError",
+    "ClientClosedError",
     "ClientError",
     "ClmqError",
     "ConnectionFailed",
@@ -50,6 +63,9 @@ __all__ = [
     "TagFilter",
     "allocate_averagely",
     "open_admin",
+    "open_asyncio_admin",
+    "open_asyncio_consumer",
+    "open_asyncio_producer",
     "open_consumer",
     "open_producer",
     "shard",

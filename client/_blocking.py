@@ -3,6 +3,7 @@ background thread with their own event loop; each call waits for its result."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import queue
 import threading
@@ -58,8 +59,21 @@ class _Portal:
             self._thread.join()
 
 
+SendCallback = Callable[["concurrent.futures.Future[SendResult]"], object]
+
+
+def _settle(out: concurrent.futures.Future[SendResult], fut: Any) -> None:
+    """Copy a ``SendFuture``'s outcome to a ``concurrent.futures.Future``."""
+    error = fut.exception()
+    if error is not None:
+        out.set_exception(error)
+    else:
+        out.set_result(fut.result())
+
+
 class BlockingProducer:
-    """``BlockingProducer(["127.0.0.1:9876"]).send("topic", b"body")``; see :class:`Producer`."""
+    """``BlockingProducer(["127.0.0.1:9876"]).send("topic", b"body")``; see :class:`Producer`
+    (every keyword argument is one of its options, e.g. ``linger_ms``)."""
 
     def __init__(self, namesrv_addrs: list[str] | None = None, **kwargs: Any) -> None:
         self._portal = _Portal(lambda: open_producer(namesrv_addrs, **kwargs))
@@ -73,6 +87,38 @@ class BlockingProducer:
 
     def send_oneway(self, topic: str, body: bytes, **kwargs: Any) -> None:
         self._portal.run(self.producer.send_oneway, topic, body, **kwargs)
+
+    def submit(self, topic: str, body: bytes, *, callback: SendCallback | None = None,
+               **kwargs: Any) -> concurrent.futures.Future[SendResult]:  # fmt: skip
+        """:meth:`Producer.submit`: returns once the message is buffered (blocking only
+        for buffer room). The future's ``result(timeout)`` is the :class:`SendResult`
+        or raises :class:`SendError`. ``callback(future)`` and the future's done
+        callbacks run on the client's thread: keep them short and do not call this
+        producer from them (it would wait for itself)."""
+        return self._submit(self.producer.submit, topic, body, callback, kwargs)
+
+    def submit_batch(self, topic: str, messages: list[Any], *, callback: SendCallback | None = None,
+                     **kwargs: Any) -> concurrent.futures.Future[SendResult]:  # fmt: skip
+        """:meth:`Producer.submit_batch`: :meth:`submit` for a batch to one queue."""
+        return self._submit(self.producer.submit_batch, topic, messages, callback, kwargs)
+
+    def _submit(self, submit: Callable[..., Awaitable[Any]], topic: str, what: Any, callback: SendCallback | None,
+                kwargs: dict[str, Any]) -> concurrent.futures.Future[SendResult]:  # fmt: skip
+        out: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+        out.set_running_or_notify_cancel()  # running already: it cannot be cancelled from here
+        if callback is not None:
+            out.add_done_callback(callback)
+
+        async def buffered() -> None:
+            fut = await submit(topic, what, **kwargs)
+            fut.add_done_callback(functools.partial(_settle, out))
+
+        self._portal.run(buffered)
+        return out
+
+    def flush(self) -> None:
+        """:meth:`Producer.flush`: until every message submitted before is answered."""
+        self._portal.run(self.producer.flush)
 
     def close(self) -> None:
         self._portal.close()

@@ -4,9 +4,10 @@ group, produce, consume."""
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 import trio
 from rich.console import Console
@@ -18,6 +19,8 @@ from .settings import SettingsError
 
 console = Console()
 DEFAULT_NAMESRV = "127.0.0.1:9876"
+DEFAULT_MAX_LINE_BYTES = 4 << 20  # a broker's default max_message_bytes
+STDIN_READ_BYTES = 64 << 10  # one read of stdin: whatever has arrived, up to this much
 
 
 def add_client_commands(sub: Any) -> None:
@@ -49,12 +52,18 @@ def _add_topic_commands(sub: Any) -> None:
 
 
 def _add_client_commands(sub: Any) -> None:
-    prod = sub.add_parser("produce", help="send messages (arguments, or lines of stdin)")
+    prod = sub.add_parser("produce", help="send messages (arguments, or lines of stdin as they arrive)")
     prod.add_argument("topic")
-    prod.add_argument("messages", nargs="*", help="message bodies (default: read lines from stdin)")
+    prod.add_argument("messages", nargs="*", help="message bodies (default: each line of stdin, sent as it arrives)")
     prod.add_argument("--tags", default="")
     prod.add_argument("--keys", default="")
     prod.add_argument("--sharding-key", help="send every message to the queue of this key, in order")
+    prod.add_argument("--linger-ms", type=int, help="wait up to this long to fill a request (producer default 5)")
+    prod.add_argument("--batch-max-bytes", type=int, help="bytes per request to a broker (producer default 1 MiB)")
+    prod.add_argument("--retry-budget-ms", type=int, help="give a message up after trying this long (default 15000)")
+    prod.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
+                      help=f"longest line of stdin taken as a message (default {DEFAULT_MAX_LINE_BYTES:,}): "
+                           "a longer one is reported and skipped")  # fmt: skip
     _namesrv_arg(prod)
     prod.set_defaults(func=cmd_produce)
     cons = sub.add_parser("consume", help="receive messages as a member of a consumer group")
@@ -138,16 +147,100 @@ def _print_rows(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    bodies = [m.encode() for m in args.messages] or [line.rstrip("\n").encode() for line in sys.stdin]
+    """Send each argument, or each line of stdin as it arrives (bytes, the newline
+    stripped), through the producer's buffer (``submit``; waits when it is full) and
+    print each message's queue and offset in input order; a failed message is reported
+    on stderr with its reason, and any failure makes the exit status 1."""
+    options = {name: value for name, value in (("linger_ms", args.linger_ms), ("batch_max_bytes", args.batch_max_bytes),
+                                               ("retry_budget_ms", args.retry_budget_ms)) if value is not None}  # fmt: skip
 
     async def main() -> int:
-        async with open_producer(_addrs(args)) as producer:
-            for body in bodies:
-                r = await producer.send(args.topic, body, tags=args.tags, keys=args.keys, sharding_key=args.sharding_key)
-                console.print(f"{r.queue.broker_name} queue {r.queue.queue_id} offset {r.queue_offset} id {r.msg_ids[0]}")
-        return 0
+        if args.max_line_bytes <= 0:
+            raise SettingsError(f"--max-line-bytes {args.max_line_bytes}: must be positive")
+        report = _ProduceReport()
+        bodies = _argument_bodies(args.messages) if args.messages else _stdin_lines(args.max_line_bytes, report)
+        async with open_producer(_addrs(args), **options) as producer:
+            number = 0
+            async for body in bodies:
+                number += 1
+                if body is None:  # a line over --max-line-bytes: reported by _stdin_lines
+                    continue
+                fut = await producer.submit(args.topic, body, tags=args.tags, keys=args.keys, sharding_key=args.sharding_key)
+                report.add(number, fut)
+            await producer.flush()
+        return report.finish()
 
     return run_client(main)
+
+
+async def _argument_bodies(messages: list[str]) -> AsyncIterator[bytes | None]:
+    for m in messages:
+        yield m.encode()
+
+
+async def _stdin_lines(max_line_bytes: int, report: _ProduceReport) -> AsyncIterator[bytes | None]:
+    """Each line of stdin as bytes (newline stripped), as soon as it arrives: reads take
+    whatever is there (a thread, so trio goes on meanwhile; files, pipes and terminals
+    alike). A line longer than ``max_line_bytes`` yields None (reported, not kept)."""
+    fd, rest, number, too_long = sys.stdin.fileno(), b"", 0, False
+    while True:
+        chunk = await trio.to_thread.run_sync(os.read, fd, STDIN_READ_BYTES, abandon_on_cancel=True)
+        if not chunk:
+            break
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            number += 1
+            if too_long or len(line) > max_line_bytes:
+                report.too_long(number, max_line_bytes)
+                too_long = False
+                yield None
+            else:
+                yield line
+        if len(rest) > max_line_bytes:  # drop what is read of it: memory stays bounded
+            rest, too_long = b"", True
+    if rest or too_long:
+        number += 1
+        if too_long:
+            report.too_long(number, max_line_bytes)
+        yield None if too_long else rest
+
+
+class _ProduceReport:
+    """Prints the outcome of each message in input order, as soon as it and every
+    message before it are answered (stdout: where stored; stderr: why it failed)."""
+
+    def __init__(self) -> None:
+        self.waiting: collections.deque[tuple[int, Any]] = collections.deque()  # (message number, SendFuture)
+        self.stored = 0
+        self.failed = 0
+
+    def add(self, number: int, fut: Any) -> None:
+        self.waiting.append((number, fut))
+        fut.add_done_callback(self._print_ready)
+
+    def too_long(self, number: int, max_line_bytes: int) -> None:
+        self.failed += 1
+        print(f"error: message {number}: line longer than --max-line-bytes {max_line_bytes:,}: not sent", file=sys.stderr)
+
+    def _print_ready(self, _: Any = None) -> None:
+        while self.waiting and self.waiting[0][1].done():
+            number, fut = self.waiting.popleft()
+            error = fut.exception()
+            if error is None:
+                r = fut.result()
+                self.stored += 1
+                sys.stdout.write(f"{r.queue.broker_name} queue {r.queue.queue_id} offset {r.queue_offset} id {r.msg_ids[0]}\n")
+            else:
+                self.failed += 1
+                print(f"error: message {number}: {error}", file=sys.stderr)
+        sys.stdout.flush()
+
+    def finish(self) -> int:
+        self._print_ready()
+        if self.failed:
+            print(f"error: {self.failed:,} of {self.failed + self.stored:,} messages not stored", file=sys.stderr)
+        return 1 if self.failed or self.waiting else 0
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
