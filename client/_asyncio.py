@@ -248,7 +248,7 @@ class _Handoff:
 
     def __init__(self, max_bytes: int) -> None:
         if max_bytes <= 0:
-            raise ValueError(f"asyncio_handoff_max_bytes={max_bytes}: must be positive")
+            raise ValueError(f"handoff_max_bytes={max_bytes}: must be positive")
         self.max_bytes = max_bytes
         self.run: _GuestRun | None = None  # set once the producer is open (before any put)
         self.producer: Producer | None = None  # set on the trio side before the pump starts
@@ -318,7 +318,7 @@ class AsyncioProducer:
     a failure to buffer it there (:class:`BufferFullError` with ``buffer_full="raise"``
     or after ``buffer_block_max_ms``, :class:`NoRouteError`, bad input) fails that
     future instead of being raised by ``submit`` (Kafka's producer does the same). At
-    most ``asyncio_handoff_max_bytes`` (bodies and ~256 bytes each) wait to be handed
+    most ``handoff_max_bytes`` (bodies and ~256 bytes each) wait to be handed
     over; beyond that ``submit`` waits (back-pressure from the producer's buffer).
     :meth:`send` and :meth:`send_batch` take the same path (so sends and submits keep
     their order) and await the future. Cancelling a task that awaits :meth:`send`
@@ -470,13 +470,13 @@ class AsyncioAdmin:
 
 @asynccontextmanager
 async def open_asyncio_producer(namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None,
-                                asyncio_handoff_max_bytes: int = 4 << 20,
+                                handoff_max_bytes: int = 4 << 20,
                                 **options: Any) -> AsyncIterator[AsyncioProducer]:  # fmt: skip
     """A producer for asyncio code, with :func:`open_producer`'s arguments:
     ``async with open_asyncio_producer(["127.0.0.1:9876"]) as p: await p.send("t", b"x")``.
-    ``asyncio_handoff_max_bytes``: see :class:`AsyncioProducer`. On leaving, every
+    ``handoff_max_bytes``: see :class:`AsyncioProducer`. On leaving, every
     message submitted is handed over, then the producer closes (which flushes)."""
-    handoff = _Handoff(asyncio_handoff_max_bytes)
+    handoff = _Handoff(handoff_max_bytes)
 
     @asynccontextmanager
     async def producer_and_pump() -> AsyncIterator[Producer]:

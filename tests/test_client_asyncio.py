@@ -283,18 +283,41 @@ def test_one_scenario_gives_the_same_results_through_every_facade(facade: str, c
 
 # ------------------------------------------------------------------ the blocking facade's new calls
 def test_blocking_submit_flush_and_producer_options(cluster: Cluster) -> None:
-    """submit gives concurrent.futures futures, resolved by flush; a refusal raises the
-    trio producer's error; the producer's options pass through."""
+    """submit gives concurrent.futures futures, resolved by flush; a refusal fails its
+    future with the trio producer's error; the producer's options pass through."""
     called: list[int] = []
     with BlockingProducer(cluster.ns, linger_ms=20, batch_max_bytes=64 * 1024) as p:
         futs = [p.submit("sync", b"b%d" % i, sharding_key="k", callback=lambda f: called.append(f.result().queue_offset))
                 for i in range(20)]  # fmt: skip
         futs.append(p.submit_batch("sync", [b"x", b"y"], sharding_key="k"))
-        with pytest.raises(NoRouteError):  # refused at once, as with trio
-            p.submit("nope", b"x")
+        bad = p.submit("nope", b"x")
         p.flush()
         assert [f.result(timeout=0).queue_offset for f in futs] == list(range(21))
         assert futs[-1].result(timeout=0).queue_offsets == [20, 21]
+        assert isinstance(bad.exception(timeout=0), NoRouteError)  # refused by the trio side: fails the future
+        with pytest.raises(NoRouteError):  # and send raises it
+            p.send("nope", b"x")
         assert sorted(called) == list(range(20))
     with pytest.raises(ValueError, match="buffer_full"):
         BlockingProducer(cluster.ns, buffer_full="sometimes")
+
+
+def test_a_full_handoff_makes_submit_wait_and_keeps_the_order(cluster: Cluster) -> None:
+    """``handoff_max_bytes`` of 1: every message waits for the one before to be handed
+    over (the bounded path); all arrive, in order, through both facades."""
+    count = 200
+
+    async def with_asyncio() -> list[int]:
+        async with open_asyncio_producer(cluster.ns, handoff_max_bytes=1) as p:
+            futs = [await p.submit("sync", b"a%d" % i, sharding_key="a") for i in range(count)]
+            await p.flush()
+            return [f.result().queue_offset for f in futs]
+
+    assert asyncio.run(with_asyncio()) == list(range(count))
+    with BlockingProducer(cluster.ns, handoff_max_bytes=1) as p:
+        futs = [p.submit("sync", b"b%d" % i, sharding_key="b") for i in range(count)]
+        p.flush()
+        first = futs[0].result(timeout=0).queue_offset
+        assert [f.result(timeout=0).queue_offset for f in futs] == list(range(first, first + count))
+    with pytest.raises(ValueError, match="handoff_max_bytes"):
+        BlockingProducer(cluster.ns, handoff_max_bytes=0)
