@@ -220,3 +220,27 @@ def test_a_span_past_the_end_of_its_file_is_an_error_not_short_bytes(blob: tuple
     reads = ColdReads(ReadThreads(1), cold_threads=1, memory=16, distance_bytes=1 << 30)
     with pytest.raises(OSError, match="ended at"):
         reads._fill([Span(str(path), len(data) - 10, 20)])
+
+
+@pytest.mark.parametrize("code", [RequestCode.READ_LOG, RequestCode.PULL_MESSAGE])
+async def test_an_uncached_span_of_any_reply_is_read_in_a_thread_not_sendfiled_on_the_event_loop(
+    cluster: Cluster, nursery: trio.Nursery, code: int
+) -> None:
+    """READ_LOG (a follower's catch-up goes the same way) and PULL_MESSAGE send their
+    spans as they are: send_spans itself checks the page cache."""
+    broker = cluster.brokers["broker-a"]
+    rpc = RpcClient(nursery)
+    bodies = await fill(rpc, broker)
+    assert isinstance(broker.store, Store)
+    end = broker.store.log.write_offset
+    await trio.to_thread.run_sync(broker.store.log.flush)  # READ_LOG serves durable bytes only
+    evict(data_dir(broker))
+    read_in_thread, sent = SPAN_COUNTERS["thread_read_spans"], SPAN_COUNTERS["sendfile_spans"]
+    if code == RequestCode.READ_LOG:
+        fields: dict[str, Any] = {"offset": 0, "max_bytes": end, "end_offset": end}
+    else:
+        fields = {"topic": TOPIC, "queue_id": 0, "offset": 0, "max_messages": MESSAGES}
+    reply = await rpc.request(broker.addr, code, fields, timeout_ms=30_000)
+    assert [r.body for r in decode_records(reply.body)] == bodies
+    assert SPAN_COUNTERS["thread_read_spans"] > read_in_thread
+    assert SPAN_COUNTERS["sendfile_spans"] == sent
