@@ -47,8 +47,11 @@ class Flusher:
         # to wait for it (a broker's reply path hops threads before it registers).
         st = self._state
         config = st.config
+        requested = st.durable.flush_requested
+        if requested.is_set():  # already asked (set() takes a lock and notifies, per append)
+            return
         if config.flush_mode is FlushMode.SYNC or end - st.durable.value >= config.flush_dirty_bytes:
-            st.durable.flush_requested.set()
+            requested.set()
 
     def flush(self) -> int:
         """fsync everything written so far; returns (and publishes) the durable offset.

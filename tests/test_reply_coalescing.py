@@ -15,8 +15,12 @@ import pytest
 import trio
 
 from broker.service import Broker
-from commitlog import Message, decode_records_many
+from broker.service._append import AppendLane
+from broker.store import Store, StoreConfig
+from commitlog import CommitLogConfig, FlushMode, Message, decode_records_many, pack_messages
 from protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, RequestCode, encode_batch, encode_frame
+from protocol.transport import Later, Peer, Reply, RpcServer
+from protocol.transport._handler import Deliver
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
 
@@ -170,3 +174,59 @@ def _read_replies(sock: socket.socket, count: int) -> list[tuple[int, int]]:
         out.append((header["i"], header.get("e", ErrorCode.OK)))
         buf = buf[4 + length :]
     return out
+
+
+async def test_subscribed_laters_are_answered_without_a_task_each_or_through_finish(nursery: trio.Nursery) -> None:
+    """A serial handler's Later with ``subscribe``: replies delivered in bulk by whatever
+    completes the work reach their requests; one delivered as None is finished by
+    ``finish`` instead; requests still in flight when delivered are all accounted for."""
+    pending: list[tuple[int, Deliver]] = []
+
+    async def handler(frame: Frame, peer: Peer) -> Reply | Later:
+        n = frame.fields["n"]
+
+        async def finish() -> Reply:
+            return Reply({"n": n, "how": "finish"})
+
+        return Later(finish, subscribe=lambda deliver: pending.append((n, deliver)))
+
+    async def completer() -> None:  # as the append lane does: every waiting request at once
+        await await_until(lambda: len(pending) >= 100, 10, "100 requests waiting")
+        for n, deliver in pending:
+            deliver(None if n % 10 == 0 else Reply({"n": n, "how": "bulk"}))
+
+    server = RpcServer("t", {1: handler}, max_frame_bytes=1 << 20, idle_timeout_ms=10_000, serial_codes=frozenset({1}))
+    port = await nursery.start(server.serve, "127.0.0.1", 0, nursery)
+    nursery.start_soon(completer)
+    replies = await _exchange(f"127.0.0.1:{port}", [Frame(1, rid, {"n": rid}) for rid in range(1, 101)])
+    assert {rid: r.fields["n"] for rid, r in replies.items()} == {rid: rid for rid in range(1, 101)}
+    assert {rid for rid, r in replies.items() if r.fields["how"] == "finish"} == set(range(10, 101, 10))
+    await await_until(lambda: server.inflight == 0, 10, "every request accounted for")
+
+
+async def test_sync_flush_waiters_are_released_by_the_group_commits(tmp_path: Path) -> None:
+    """DurableWaiters: many answers waiting for their fsync, one store callback at a time;
+    each is released once its bytes are durable, and at once (False) if the store failed."""
+    log = CommitLogConfig(flush_mode=FlushMode.SYNC, segment_bytes=1 << 20, max_message_bytes=4096)
+    store = Store.open(StoreConfig(tmp_path / "s", log)).start()
+    try:
+        store.create_topic(TOPIC, 1)
+        lane = AppendLane(store, 1 << 20)
+        results: list[tuple[int, bool]] = []
+        async with trio.open_nursery() as n:
+            n.start_soon(lane.run)
+
+            async def one(i: int) -> None:
+                put = lane.submit(TOPIC, pack_messages([Message(TOPIC, 0, _body(i))]), ("127.0.0.1", 1))
+                await put.done.wait()
+                assert put.result is not None and put.result.ok
+                results.append((put.result.end_offset, await lane.durable.wait(put.result.end_offset, 10)))
+
+            async with trio.open_nursery() as waiters:
+                for i in range(200):
+                    waiters.start_soon(one, i)
+            assert len(results) == 200 and all(ok for _, ok in results)
+            assert store.durable_offset >= max(end for end, _ in results)
+            n.cancel_scope.cancel()
+    finally:
+        store.close()

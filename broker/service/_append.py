@@ -15,8 +15,12 @@ a few small messages takes about 0.1 ms, less than the two thread hops it would 
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import trio
 
@@ -25,6 +29,9 @@ from commitlog import Host, PackedMessages, ServiceError
 
 _BAD_INPUT = {PutStatus.MESSAGE_TOO_LARGE, PutStatus.INVALID_MESSAGE, PutStatus.INVALID_TOPIC, PutStatus.UNKNOWN_TOPIC,
               PutStatus.INVALID_QUEUE_ID, PutStatus.MALFORMED_BATCH}  # fmt: skip
+
+
+log = logging.getLogger("clmq.broker")
 
 
 class BusyError(ServiceError):
@@ -38,6 +45,24 @@ class PendingPut:
     born_host: Host
     done: trio.Event = field(default_factory=trio.Event)
     result: PutResult | None = None
+    callbacks: list[Callable[[PendingPut], None]] = field(default_factory=list)
+
+    def add_done_callback(self, fn: Callable[[PendingPut], None]) -> None:
+        """Call ``fn(put)`` on the event loop once the put has its result (at once if it
+        has): a waiter without a task of its own (see ``Later.subscribe``)."""
+        if self.done.is_set():
+            fn(self)
+        else:
+            self.callbacks.append(fn)
+
+    def _complete(self) -> None:
+        self.done.set()
+        callbacks, self.callbacks = self.callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:  # one waiter's bug must not keep the others (or the lane) from going on
+                log.exception("a produce completion callback failed")
 
 
 class AppendLane:
@@ -51,6 +76,7 @@ class AppendLane:
         self._queued_bytes = 0
         self._wakeup = trio.Event()
         self._drained = trio.Event()  # set whenever nothing is queued or being appended
+        self.durable = DurableWaiters(store)  # sync flush: answers wait here for their group commit
 
     @property
     def queued_bytes(self) -> int:
@@ -91,7 +117,7 @@ class AppendLane:
                         self._queued_bytes -= len(put.body)
                         if put.result is None:
                             put.result = PutResult(PutStatus.IO_ERROR, "the append was interrupted")
-                        put.done.set()
+                        put._complete()
                     if not self._queued_bytes:
                         self._drained.set()
                         self._drained = trio.Event()
@@ -119,3 +145,56 @@ class AppendLane:
         else:
             for put in group:
                 put.result = result
+
+
+class DurableWaiters:
+    """Sync flush: requests waiting until their bytes are fsynced (group commit), woken
+    together. Why: a store callback and a hop onto the event loop per request (each hop
+    writes the loop's wake-up socket) cost more than the request's append; here one
+    callback is registered at a time, for the lowest offset waited for, and each group
+    commit that reaches it wakes every waiter it covers with one hop."""
+
+    def __init__(self, store: StorageEngine) -> None:
+        self.store = store
+        self._heap: list[tuple[int, int, trio.Event]] = []
+        self._seq = itertools.count()
+        self._armed = False  # a store callback is registered (for the lowest offset then waited for)
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    async def wait(self, end_offset: int, timeout_s: float) -> bool:
+        """Whether everything below ``end_offset`` is durable within ``timeout_s``
+        (False as well when the store failed: see ``store.failure``)."""
+        if self.store.durable_offset >= end_offset and self.store.failure is None:
+            return True
+        event = trio.Event()
+        heapq.heappush(self._heap, (end_offset, next(self._seq), event))
+        self._arm()
+        with trio.move_on_after(timeout_s):
+            await event.wait()
+        return event.is_set() and self.store.failure is None and self.store.durable_offset >= end_offset
+
+    def _arm(self) -> None:
+        if self._armed or not self._heap:
+            return
+        self._armed = True
+        if self._token is None:
+            self._token = trio.lowlevel.current_trio_token()
+        token = self._token
+
+        def durable() -> None:  # on the flusher thread (or at once, on failure or if already durable)
+            try:
+                token.run_sync_soon(self._release)
+            except trio.RunFinishedError:
+                pass
+
+        self.store.on_durable(self._heap[0][0], durable)
+
+    def _release(self) -> None:
+        """Wake every waiter the durable offset covers (all of them if the store
+        failed), then register for the lowest one left."""
+        self._armed = False
+        reached = self.store.durable_offset
+        failed = self.store.failure is not None
+        while self._heap and (failed or self._heap[0][0] <= reached):
+            heapq.heappop(self._heap)[2].set()
+        self._arm()

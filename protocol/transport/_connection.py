@@ -314,7 +314,10 @@ class ServerConnection:
         try:
             reply = await self._run_handler(frame)
             if isinstance(reply, Later) and finishing is not None:
-                finishing.start_soon(self._finish, frame, size, reply)
+                if reply.subscribe is not None:
+                    reply.subscribe(functools.partial(self._delivered, frame, size, reply, finishing))
+                else:
+                    finishing.start_soon(self._finish, frame, size, reply)
                 handed = True
                 return
             if isinstance(reply, Later):
@@ -324,6 +327,16 @@ class ServerConnection:
         finally:
             if not handed:
                 self._done(size)
+
+    def _delivered(self, frame: Frame, size: int, later: Later, finishing: trio.Nursery, reply: Reply | None) -> None:
+        """A subscribed Later's outcome: its reply, or None (await ``finish`` after all)."""
+        if reply is not None:
+            self._answer(frame, reply, functools.partial(self._done, size))
+            return
+        try:
+            finishing.start_soon(self._finish, frame, size, later)
+        except RuntimeError:  # the connection is gone (its nursery closed): nobody to answer
+            self._done(size)
 
     async def _finish(self, frame: Frame, size: int, later: Later) -> None:
         handed = False

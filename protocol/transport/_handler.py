@@ -31,12 +31,25 @@ class Reply:
     close_after: bool = False  # close the connection once this reply is sent (a peer that lied)
 
 
+Deliver = Callable[["Reply | None"], None]
+
+
 @dataclass
 class Later:
     """A handler's answer for a *serial* request whose ordered part is done: the
-    connection goes on to its next request while ``finish`` produces the reply."""
+    connection goes on to its next request while ``finish`` produces the reply.
+
+    ``subscribe`` (optional) saves the task and the wait per request that ``finish``
+    costs when the reply is usually known the moment some shared work completes (a
+    produce: once the append lane stored its group). The connection calls
+    ``subscribe(deliver)``; the handler arranges for ``deliver(reply)`` to be called
+    once, on the event loop's thread, by whatever completes the work, or
+    ``deliver(None)`` when the reply needs waiting after all (the connection then
+    awaits ``finish()`` in a task, as without ``subscribe``).
+    """
 
     finish: Callable[[], Awaitable[Reply]]
+    subscribe: Callable[[Deliver], None] | None = None
 
 
 @dataclass(frozen=True)
