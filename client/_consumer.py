@@ -56,7 +56,7 @@ class Consumer:
         self.client_id = options.client_id or f"{socket.gethostname()}@{os.getpid()}@{id(self):x}"
         self.assigned: dict[MessageQueue, QueueState] = {}
         self._generation = 0
-        self.processed: dict[MessageQueue, int] = {}
+        self.processed: dict[MessageQueue, int] = Processed()
         # Assigned queues stopped at a damaged record (an entry goes once the queue reads again).
         self.errors: dict[MessageQueue, DamagedQueueError] = {}
         self._committed: dict[MessageQueue, int] = {}
@@ -121,8 +121,12 @@ class Consumer:
         if self.options.mode != "clustering":
             return
         by_broker: dict[str, dict[MessageQueue, int]] = {}
-        for mq, offset in list(self.processed.items()):
-            if self._committed.get(mq) != offset:
+        processed = self.processed
+        assert isinstance(processed, Processed)
+        changed, processed.changed = processed.changed, set()  # not a walk over 10,000 queues per interval
+        for mq in changed:
+            offset = processed.get(mq)
+            if offset is not None and self._committed.get(mq) != offset:
                 by_broker.setdefault(mq.addr, {})[mq] = offset
         for addr, offsets in by_broker.items():  # one request per broker, however many queues
             await self._commit_to(addr, offsets)
@@ -141,6 +145,8 @@ class Consumer:
             except _NET_ERRORS as e:
                 if not _leader_moved(e) or trio.current_time() + delay > deadline:
                     log.warning("consumer %s: commit of %d offsets to %s failed: %s", self.client_id, len(rows), addr, e)
+                    if isinstance(self.processed, Processed):
+                        self.processed.changed.update(offsets)  # committed next time
                     return
             await trio.sleep(delay)
             delay = min(delay * 2, 0.5)
@@ -314,6 +320,23 @@ class Consumer:
         reply = await self.retrying(lambda: self.request(mq.addr, RequestCode.SEARCH_OFFSET, q))
         offset: int = reply.fields["offset"]
         return offset
+
+
+class Processed(dict[MessageQueue, int]):
+    """Next offset to commit per queue, and the queues whose offset was set since the
+    last commit (``changed``): a commit looks at those only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed: set[MessageQueue] = set()
+
+    def __setitem__(self, mq: MessageQueue, offset: int) -> None:
+        super().__setitem__(mq, offset)
+        self.changed.add(mq)
+
+    def setdefault(self, mq: MessageQueue, offset: int) -> int:
+        self.changed.add(mq)
+        return super().setdefault(mq, offset)
 
 
 def _leader_moved(e: BaseException) -> bool:

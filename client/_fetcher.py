@@ -230,16 +230,29 @@ class Fetcher:
                 event.set()
 
     async def _lookup_loop(self, addr: str) -> None:
-        """Start offsets of newly assigned queues, up to ``fetch_queues`` per request."""
-        while True:
-            await self._lookup_wakeups[addr].wait()
-            self._lookup_wakeups[addr] = trio.Event()
-            while self._to_look_up.get(addr):
-                pending = self._to_look_up[addr]
-                batch, self._to_look_up[addr] = pending[: self.options.fetch_queues], pending[self.options.fetch_queues :]
-                batch = [(mq, st) for mq, st in batch if self.c.assigned.get(mq) is st]
-                if batch:
-                    await self._look_up(addr, batch)
+        """Start offsets of newly assigned queues, up to ``fetch_queues`` per request and
+        ``fetches_in_flight`` requests at a time: a consumer of 10,000 queues asked for
+        them one request after another, and its first fetch waited for the round trips."""
+        slots = trio.Semaphore(self.options.fetches_in_flight)
+
+        async def one(batch: list[tuple[MessageQueue, QueueState]]) -> None:
+            try:
+                await self._look_up(addr, batch)
+            finally:
+                slots.release()
+
+        async with trio.open_nursery() as nursery:
+            while True:
+                await self._lookup_wakeups[addr].wait()
+                self._lookup_wakeups[addr] = trio.Event()
+                while self._to_look_up.get(addr):
+                    pending = self._to_look_up[addr]
+                    n = self.options.fetch_queues
+                    batch, self._to_look_up[addr] = pending[:n], pending[n:]
+                    batch = [(mq, st) for mq, st in batch if self.c.assigned.get(mq) is st]
+                    if batch:
+                        await slots.acquire()
+                        nursery.start_soon(one, batch)
 
     async def _look_up(self, addr: str, batch: list[tuple[MessageQueue, QueueState]]) -> None:
         fields = {"group": self.c.group, "queues": [[mq.topic, mq.queue_id] for mq, _ in batch]}
