@@ -99,6 +99,21 @@ async def test_a_pull_of_evicted_data_is_read_by_a_cold_thread_with_exactly_the_
     assert stats.cold_pulls == before_cold + 1
 
 
+async def test_a_cold_reader_does_not_send_a_tail_reader_to_the_cold_threads(cluster: Cluster, nursery: trio.Nursery) -> None:
+    broker = cluster.brokers["broker-a"]
+    rpc = RpcClient(nursery)
+    await fill(rpc, broker)
+    evict(data_dir(broker))
+    stats = stats_of(broker)
+    cold = await pull(rpc, broker, 0, limit=MESSAGES // 2)  # queue 0, evicted: found cold, remembered
+    assert cold.error_code == 0 and stats.cold_bytes > 0
+    tail = await fill(rpc, broker, queue_id=1)  # queue 1, just written: cached
+    hot_pulls, cold_pulls = stats.hot_pulls, stats.cold_pulls
+    reply = await pull(rpc, broker, 0, queue_id=1)
+    assert [r.body for r in decode_records(reply.body)] == tail
+    assert (stats.hot_pulls, stats.cold_pulls) == (hot_pulls + 1, cold_pulls)
+
+
 async def test_a_pull_of_cached_data_is_sent_with_sendfile(cluster: Cluster, nursery: trio.Nursery) -> None:
     broker = cluster.brokers["broker-a"]
     rpc = RpcClient(nursery)
