@@ -27,6 +27,7 @@ from ._errors import (
 from ._log import AppendResult, AppendStatus, CommitLog, QueueKey, ScanResult, now_ms
 from ._many import decode_records_many
 from ._packed import ITEM_SIZE, PackedMessages, PackError, pack_messages, set_queue_id, unpack_messages
+from ._pagecache import pages_missing, read_exactly
 from ._raw import whole_prefix
 from ._record import (
     BLANK_MAGIC,
@@ -145,8 +146,10 @@ __all__ = [
     "merge_ranges",
     "now_ms",
     "pack_messages",
+    "pages_missing",
     "queue_extents",
     "read_boundary_index",
+    "read_exactly",
     "repair_log",
     "set_queue_id",
     "unpack_messages",

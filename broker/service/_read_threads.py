@@ -6,14 +6,10 @@ consumer far behind never occupies the threads that serve the tail (:class:`Cold
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import logging
-import mmap
 import os
 import queue
 import resource
-import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -22,6 +18,7 @@ from typing import Any, Callable, Generic, TypeVar
 import trio
 
 from broker.store import Span
+from commitlog import pages_missing, read_exactly
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -155,81 +152,6 @@ class ReadStats:
     cold_spans: int = 0  # spans read into bytes in a cold thread (not sendfile'd on the event loop)
     cold_bytes: int = 0
     resident_spans: int = 0  # spans found in the page cache: sent with sendfile
-
-
-# --------------------------------------------------------------- page-cache checks
-PAGE = mmap.PAGESIZE
-SYS_CACHESTAT = 451  # cachestat(2), Linux 6.5; the generic syscall table's number (x86_64, arm64)
-NOWAIT_PROBE_BYTES = 256 * 1024  # without cachestat: RWF_NOWAIT reads of at most this many bytes
-
-
-class _Range(ctypes.Structure):
-    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
-
-
-class _Stat(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint64) for n in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recent")]
-
-
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-_how = ["cachestat" if _libc is not None else "nowait"]  # the first way that works here (then "none")
-
-
-def pages_missing(fd: int, position: int, length: int) -> bool | None:
-    """Whether some page of ``length`` bytes at ``position`` of ``fd`` is not in the
-    page cache (reading it would wait for the disk); None if this system cannot tell.
-    (The same check as ``send_spans``' in protocol.transport.)"""
-    if length <= 0:
-        return False
-    if _how[0] == "cachestat":
-        first = position // PAGE
-        pages = (position + length + PAGE - 1) // PAGE - first
-        rng, st = _Range(first * PAGE, pages * PAGE), _Stat()
-        assert _libc is not None
-        if _libc.syscall(SYS_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(st), 0) == 0:
-            return bool(st.nr_cache < pages)
-        if ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM, errno.EOPNOTSUPP):
-            raise OSError(ctypes.get_errno(), f"cachestat of fd {fd}")
-        _how[0] = "nowait"
-    if _how[0] == "nowait":
-        got = _nowait_missing(fd, position, length)
-        if got is not None:
-            return got
-        _how[0] = "none"
-    return None
-
-
-def _nowait_missing(fd: int, position: int, length: int) -> bool | None:
-    flag = getattr(os, "RWF_NOWAIT", None)
-    if flag is None:
-        return None
-    buf = memoryview(bytearray(min(length, NOWAIT_PROBE_BYTES)))
-    done = 0
-    while done < length:
-        view = buf[: min(len(buf), length - done)]
-        try:
-            n = os.preadv(fd, [view], position + done, flag)
-        except BlockingIOError:
-            return True
-        except OSError as e:
-            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # no non-blocking reads on this file system
-                return None
-            raise
-        if n < len(view):  # cached only up to here (or the file ends)
-            return True
-        done += n
-    return False
-
-
-def read_exactly(fd: int, position: int, length: int, path: str) -> bytes:
-    """``length`` bytes at ``position``; OSError if the file ends first (truncated underneath)."""
-    data = os.pread(fd, length, position)
-    while len(data) < length:
-        more = os.pread(fd, length - len(data), position + len(data))
-        if not more:
-            raise OSError(errno.EIO, f"{path} ended at {position + len(data)} while reading {length} bytes at {position}")
-        data += more
-    return data
 
 
 def _disk_reads() -> int:
