@@ -25,9 +25,11 @@ leaves some queue more than ``follower_read_lag_messages`` behind its max offset
 
 from __future__ import annotations
 
+import itertools
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+import numpy as np
 import trio
 
 from broker.store import GetStatus, RawRead, Span, StorageEngine, Store
@@ -60,24 +62,23 @@ def inline_small_spans(spans: list[Span]) -> list[Span]:
     cost the broker more than everything else of the fetch (10,000 queues of 10
     messages: 134,000 sendfiles, 61 us of broker CPU per message). Records of the
     queues of one fetch were mostly written at about the same time, so they lie
-    close together in the log: sorted by position, neighbours are read with one
-    ``pread`` each (up to ``INLINE_GAP_MAX_BYTES`` apart), not one per record. A
-    file that cannot be read here (deleted by retention meanwhile) keeps its file
-    spans: sending them then fails as it did before."""
+    close together in the log: sorted by position (with array operations), neighbours
+    are read with one ``pread`` each (up to ``INLINE_GAP_MAX_BYTES`` apart), not one
+    per record. A file that cannot be read here (deleted by retention meanwhile)
+    keeps its file spans: sending them then fails as it did before."""
     small = [i for i, s in enumerate(spans) if s.data is None and s.path is not None and s.length < INLINE_SPAN_MAX_BYTES]
     if len(small) < 2:
         return spans
-    data: dict[int, bytes] = {}
+    data: dict[int, bytes | memoryview] = {}
     fds: dict[str, int] = {}
     try:
-        small.sort(key=lambda i: (spans[i].path, spans[i].position))
-        for window in _windows(spans, small):
-            _read_window(fds, spans, window, data)
+        for path, idx, starts, ends in _windows(spans, small):
+            _read_window(fds, path, spans, idx, starts, ends, data)
     finally:
         for fd in fds.values():
             os.close(fd)
     out: list[Span] = []
-    run: list[bytes] = []
+    run: list[bytes | memoryview] = []
     for i, span in enumerate(spans):
         piece = data.get(i)
         if piece is not None:
@@ -92,53 +93,50 @@ def inline_small_spans(spans: list[Span]) -> list[Span]:
     return out
 
 
-def _windows(spans: list[Span], order: list[int]) -> list[list[int]]:
-    """The spans (indexes, sorted by file and position) grouped into reads: neighbours
-    in one file, at most ``INLINE_GAP_MAX_BYTES`` apart, ``INLINE_READ_MAX_BYTES`` in all."""
-    windows: list[list[int]] = []
-    current: list[int] = []
-    path, start, end = None, 0, 0
-    for i in order:
-        s = spans[i]
-        if current and s.path == path and s.position >= start and s.position - end <= INLINE_GAP_MAX_BYTES \
-                and s.position + s.length - start <= INLINE_READ_MAX_BYTES:  # fmt: skip
-            current.append(i)
-            end = max(end, s.position + s.length)
-            continue
-        if current:
-            windows.append(current)
-        current, path, start, end = [i], s.path, s.position, s.position + s.length
-    if current:
-        windows.append(current)
-    return windows
+def _windows(spans: list[Span], small: list[int]) -> Iterator[tuple[str, list[int], list[int], list[int]]]:
+    """The small spans grouped into reads: ``(path, span indexes, starts, ends)`` of
+    neighbours in one file, sorted by position, gaps at most ``INLINE_GAP_MAX_BYTES``,
+    ``INLINE_READ_MAX_BYTES`` in all (a longer group is cut)."""
+    path_ids: dict[str, int] = {}
+    pid = np.fromiter((path_ids.setdefault(spans[i].path or "", len(path_ids)) for i in small), np.int64, len(small))
+    pos = np.fromiter((spans[i].position for i in small), np.int64, len(small))
+    end = pos + np.fromiter((spans[i].length for i in small), np.int64, len(small))
+    order = np.lexsort((pos, pid))
+    pid, pos, end, idx = pid[order], pos[order], end[order], np.asarray(small, np.int64)[order]
+    cuts = np.flatnonzero((pid[1:] != pid[:-1]) | (pos[1:] - end[:-1] > INLINE_GAP_MAX_BYTES)
+                          | (pos[1:] < end[:-1])) + 1  # fmt: skip
+    paths = list(path_ids)
+    bounds = [0, *cuts.tolist(), len(small)]
+    for a, b in itertools.pairwise(bounds):
+        while a < b:  # too long for one read: cut where the read would pass the limit
+            k = a + max(1, int(np.searchsorted(end[a:b], pos[a] + INLINE_READ_MAX_BYTES, side="right")))
+            yield paths[int(pid[a])], idx[a:k].tolist(), pos[a:k].tolist(), end[a:k].tolist()
+            a = k
 
 
-def _read_window(fds: dict[str, int], spans: list[Span], window: list[int], data: dict[int, bytes]) -> None:
-    """Read the window's spans with one pread into ``data`` (none of them if it fails)."""
-    first = spans[window[0]]
-    start = first.position
-    end = max(spans[i].position + spans[i].length for i in window)
-    assert first.path is not None
+def _read_window(fds: dict[str, int], path: str, spans: list[Span], idx: list[int], starts: list[int],
+                 ends: list[int], data: dict[int, bytes | memoryview]) -> None:  # fmt: skip
+    """Read one window with one pread into ``data`` (none of its spans if that fails)."""
+    first, last = starts[0], max(ends)
     try:
-        fd = fds.get(first.path)
+        fd = fds.get(path)
         if fd is None:
-            fd = fds[first.path] = os.open(first.path, os.O_RDONLY)
-        chunk = fileops.OPS.pread(fd, end - start, start)
+            fd = fds[path] = os.open(path, os.O_RDONLY)
+        chunk = fileops.OPS.pread(fd, last - first, first)
     except OSError:
         return
-    if len(chunk) < end - start:
+    if len(chunk) < last - first:
         return
-    if len(window) == 1:
-        data[window[0]] = chunk
+    if len(idx) == 1:
+        data[idx[0]] = chunk
         return
-    view = memoryview(chunk)
-    for i in window:
-        s = spans[i]
-        data[i] = bytes(view[s.position - start : s.position - start + s.length])
+    view = memoryview(chunk)  # slices without a copy: the answer's join copies once
+    for i, a, b in zip(idx, starts, ends):
+        data[i] = view[a - first : b - first]
 
 
-def _joined(pieces: list[bytes]) -> Span:
-    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+def _joined(pieces: list[bytes | memoryview]) -> Span:
+    data = bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
     return Span(None, 0, len(data), data)
 
 
