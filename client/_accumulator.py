@@ -14,118 +14,19 @@ buffered batch ready at once.
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import trio
 
-from commitlog import Message
-from protocol import encode_batch
 from protocol.transport import RpcClient
 
 from ._routes import MessageQueue
-from ._send_future import BatchTooLargeError, BufferFullError, SendError, SendFuture
-from ._send_tries import QueueSelector, RetryPolicy, Targets, Tries
+from ._send_batch import AccumulatorSettings, Batch, QueueBuffer, QueueKey, Request
+from ._send_future import BatchTooLargeError, BufferFullError, SendError
+from ._send_retry import failed, retry
+from ._send_sender import Sender
+from ._send_tries import RetryPolicy, Targets
 
-if TYPE_CHECKING:
-    from ._send_sender import Sender
-
-QueueKey = tuple[str, str, int]  # topic, broker name, queue id
-BUFFER_FULL_MODES = ("block", "raise")
 FRAME_HEADROOM_BYTES = 64 << 10  # a request's fields and framing, besides its messages
 YIELD_EVERY_SUBMITS = 64  # a submit that found nothing to wait for yields this often (lets the senders run)
-
-
-@dataclass(frozen=True)
-class AccumulatorSettings:
-    """The producer's batching settings (see :class:`client.Producer`)."""
-
-    linger_ms: int = 5
-    batch_max_bytes: int = 1 << 20
-    max_in_flight: int = 5
-    buffer_max_bytes: int = 64 << 20
-    buffer_full: str = "block"
-    buffer_block_max_ms: int = 60_000
-
-    def __post_init__(self) -> None:
-        for name in ("batch_max_bytes", "max_in_flight", "buffer_max_bytes"):
-            value = getattr(self, name)
-            if type(value) is not int or value <= 0:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
-        for name in ("linger_ms", "buffer_block_max_ms"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 0:
-                raise ValueError(f"{name}={value!r}: must be an integer >= 0")
-        if self.buffer_full not in BUFFER_FULL_MODES:
-            raise ValueError(f"buffer_full={self.buffer_full!r}: must be one of {', '.join(BUFFER_FULL_MODES)}")
-
-
-class Batch:
-    """Messages to one queue sent together, with the futures of the calls they came from."""
-
-    __slots__ = (
-        "alone",
-        "chunks",
-        "created",
-        "done",
-        "encoded_for",
-        "futures",
-        "gen",
-        "history",
-        "mq",
-        "msgs",
-        "next_mq",
-        "open",
-        "selector",
-        "sharding_key",
-        "size",
-        "topic",
-        "tries",
-    )  # fmt: skip
-
-    def __init__(self, topic: str, msgs: list[Message], chunk: bytes, fut: SendFuture, mq: MessageQueue, gen: int,
-                 sharding_key: str | None, selector: QueueSelector | None, open_: bool) -> None:  # fmt: skip
-        self.topic = topic
-        self.msgs = msgs
-        self.chunks = [chunk]  # encoded for queue ``encoded_for``; the request joins them
-        self.size = len(chunk)
-        self.futures: list[tuple[SendFuture, int, int]] = [(fut, 0, len(msgs))]  # future, first message, count
-        self.mq = mq  # the queue of its last (or next) try
-        self.created = time.monotonic()  # its retry budget and linger count from here
-        self.gen = gen  # flush generation
-        self.tries: Tries | None = None  # made at its first failure
-        self.history: tuple[int, ...] = ()  # the requests whose outcome was unknown: dedup, sent only with its like
-        self.alone = False  # sent in a request of its own (another batch's bad message failed a shared one)
-        self.sharding_key = sharding_key
-        self.selector = selector
-        self.open = open_  # single submits may still join it
-        self.encoded_for = mq.queue_id
-        self.done = False
-        self.next_mq: MessageQueue | None = None  # a retry's target, until the batch is queued again
-
-    def encode_for(self, queue_id: int) -> None:
-        """Encode for another queue (a retry elsewhere): each message's queue id changes."""
-        if queue_id != self.encoded_for:
-            for m in self.msgs:
-                m.queue_id = queue_id
-            self.chunks = [encode_batch(self.msgs)]
-            self.encoded_for = queue_id
-
-
-class QueueBuffer:
-    """One queue's batches waiting to be sent, in order, and the broker they go to."""
-
-    __slots__ = ("batches", "bytes", "key", "mq", "muted", "sender")
-
-    def __init__(self, key: QueueKey, mq: MessageQueue, sender: Sender) -> None:
-        self.key = key
-        self.mq = mq  # the queue at its current address (the group's leader)
-        self.sender = sender
-        self.batches: deque[Batch] = deque()
-        self.bytes = 0
-        self.muted = False  # a batch of it is in flight or being retried
 
 
 class Accumulator:
@@ -200,29 +101,36 @@ class Accumulator:
         raise BufferFullError(f"the producer's buffer is full: {self.buffered_bytes:,} bytes accepted and not "
                               f"answered, buffer_max_bytes={limit:,} (buffer_full='raise')")  # fmt: skip
 
-    def add(self, topic: str, msgs: list[Message], chunk: bytes, fut: SendFuture, mq: MessageQueue,
-            sharding_key: str | None, selector: QueueSelector | None, single: bool) -> bool:  # fmt: skip
-        """Buffer a submit's messages (bytes reserved). True if the caller should yield:
-        a sender has a request to make."""
-        key = (topic, mq.broker_name, mq.queue_id)
+    def reserve_now(self, size: int) -> bool:
+        """Room for ``size`` bytes taken at once if there is some (no await)."""
+        if self.buffered_bytes + size <= self.settings.buffer_max_bytes and not self.closing:
+            self.buffered_bytes += size
+            return True
+        return False
+
+    def add(self, mq: MessageQueue, batch: Batch) -> bool:
+        """Buffer a submitted batch (its bytes reserved), or merge a single message's
+        batch into the queue's open one. True if the caller should yield: a sender has
+        a request to make (or it has not yielded for a while)."""
+        key = (batch.topic, mq.broker_name, mq.queue_id)
         qb = self.queues.get(key)
         if qb is None:
             qb = self.queues[key] = QueueBuffer(key, mq, self.sender_for(mq.addr))
         elif not qb.batches and not qb.muted and qb.mq != mq:
             self.home(qb, mq)  # idle: follow the routes (a new leader)
-        size = len(chunk)
         last = qb.batches[-1] if qb.batches else None
-        if (single and last is not None and last.open and last.gen == self.gen and last.selector is selector
-                and last.sharding_key == sharding_key and last.size + size <= self.batch_max_bytes):  # fmt: skip
-            last.futures.append((fut, len(last.msgs), 1))
-            last.msgs.append(msgs[0])
-            last.chunks.append(chunk)
-            last.size += size
+        if (batch.per_message and last is not None and last.open and last.gen == batch.gen
+                and last.selector is batch.selector and last.sharding_key == batch.sharding_key
+                and last.size + batch.size <= self.batch_max_bytes):  # fmt: skip
+            last.futures.append(batch.futures[0])
+            last.keys += batch.keys
+            last.chunks.append(batch.chunks[0])
+            last.size += batch.size
+            last.count += 1
         else:
-            batch = Batch(topic, msgs, chunk, fut, mq, self.gen, sharding_key, selector, single)
             self._track(batch)
             qb.batches.append(batch)
-        self._grew(qb, size)
+        self._grew(qb, batch.size)
         sender = qb.sender
         self._since_yield += 1
         if sender.pending >= self.batch_max_bytes and sender.in_flight < self.settings.max_in_flight:
@@ -250,14 +158,18 @@ class Accumulator:
         self._pending_by_gen[batch.gen] = self._pending_by_gen.get(batch.gen, 0) + 1
 
     def add_retry(self, batch: Batch) -> None:
-        """A batch whose first try found no queue (no route now): tracked until its retry."""
+        """A batch whose first try found no queue (no route now): retried from the start."""
         self._track(batch)
+        groups: dict[QueueKey | None, list[Batch]] = {None: [batch]}
+        self.nursery.start_soon(retry, self, batch.topic, groups)
+
+    def failed(self, req: Request, error: Exception) -> None:
+        """A request failed as a whole: its batches are retried or failed (``_send_retry``)."""
+        failed(self, req, error)
 
     def sender_for(self, addr: str) -> Sender:
         sender = self.senders.get(addr)
         if sender is None:
-            from ._send_sender import Sender
-
             sender = self.senders[addr] = Sender(self, addr)
             self.nursery.start_soon(sender.run)
         return sender
@@ -326,7 +238,7 @@ class Accumulator:
         if batch.done:
             return
         self.finished(batch)
-        for fut, _start, _count in batch.futures:
+        for fut in batch.futures:
             fut._fail(error)
 
     # ------------------------------------------------------------------ flush, close

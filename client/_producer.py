@@ -18,8 +18,10 @@ from commitlog import Message
 from protocol import RequestCode, encode_batch
 from protocol.transport import RpcClient, background_nursery
 
-from ._accumulator import Accumulator, AccumulatorSettings, Batch, QueueKey
+from ._accumulator import Accumulator
 from ._routes import MessageQueue, NoRouteError, Routes
+from ._send_batch import AccumulatorSettings, Batch
+from ._send_encode import encode_one
 from ._send_future import (
     UNIQ_KEY,
     BatchTooLargeError,
@@ -29,13 +31,13 @@ from ._send_future import (
     SendFuture,
     SendResult,
 )
-from ._send_retry import retry
 from ._send_sender import reply_error
 from ._send_tries import AMBIGUOUS, RETRIABLE, SAME_QUEUE, QueueSelector, RetryPolicy, Targets, Tries, shard
 
 __all__ = ["AMBIGUOUS", "RETRIABLE", "SAME_QUEUE", "UNIQ_KEY", "BatchTooLargeError", "BufferFullError", "Producer",
            "QueueSelector", "SendError", "SendFuture", "SendResult", "open_producer", "shard"]  # fmt: skip
 
+_NO_QUEUE = MessageQueue("", "", -1, "")  # a batch's queue before its first try found one
 DEFAULT_RETRIES = 2
 DEFAULT_RETRY_BUDGET_MS = 15_000
 
@@ -131,46 +133,68 @@ class Producer:
         ``callback(future)`` is called then, on the producer's trio thread. Raises at
         once: :class:`BufferFullError`, :class:`BatchTooLargeError`, NoRouteError for an
         unknown topic, SendError for an error not worth a retry."""
-        msg = Message(topic, 0, body, tags, keys, dict(properties) if properties else {},
-                      born_timestamp_ms=int(time.time() * 1000))  # fmt: skip
-        return await self._submit(topic, [msg], sharding_key, selector, callback, True)
+        acc = self._accumulator()
+        props = dict(properties) if properties else {}
+        uniq: list[str] = []
+        if self.unique_ids:
+            key = props.get(UNIQ_KEY)
+            if key is None:
+                key = props[UNIQ_KEY] = f"{self.producer_id}{next(self._uniq):016X}"
+            uniq.append(key)
+        msg = Message(topic, 0, body, tags, keys, props, born_timestamp_ms=int(time.time() * 1000))
+        mq = self.targets.pick_now(topic, msg, sharding_key, selector)
+        tries = None
+        if mq is None:
+            mq, tries = await self._first_target(topic, msg, sharding_key, selector)
+        if mq is not None:
+            msg.queue_id = mq.queue_id
+        fut = SendFuture()
+        batch = Batch(topic, msg, 1, uniq, encode_one(msg), fut, mq or _NO_QUEUE, acc.gen, sharding_key, selector, True)
+        return await self._buffer(acc, batch, mq, tries, callback)
 
     async def submit_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
                            selector: QueueSelector | None = None, callback: DoneCallback | None = None) -> SendFuture:  # fmt: skip
         """:meth:`submit` for messages sent as one batch to one queue (see :meth:`send_batch`)."""
+        acc = self._accumulator()
         msgs = [m if isinstance(m, Message) else Message(topic, 0, m) for m in messages]
         if not msgs:
             raise ValueError("send_batch needs at least one message")
-        return await self._submit(topic, msgs, sharding_key, selector, callback, False)
-
-    async def _submit(self, topic: str, msgs: list[Message], sharding_key: str | None, selector: QueueSelector | None,
-                      callback: DoneCallback | None, single: bool) -> SendFuture:  # fmt: skip
-        acc = self._acc
-        if acc is None:
-            raise RuntimeError("this Producer has no nursery for its senders: open it with open_producer()")
-        if acc.closing:
-            raise SendError("producer closed")
         if self.unique_ids:
             self._identify(msgs)
-        mq, tries = await self._first_target(topic, msgs[0], sharding_key, selector)
+        mq, tries = self.targets.pick_now(topic, msgs[0], sharding_key, selector), None
+        if mq is None:
+            mq, tries = await self._first_target(topic, msgs[0], sharding_key, selector)
         qid = mq.queue_id if mq is not None else 0
         for m in msgs:
             m.queue_id = qid
-        chunk = encode_batch(msgs)
-        acc.check_size(len(chunk))
-        await acc.reserve(len(chunk))
+        uniq = [m.properties[UNIQ_KEY] for m in msgs] if self.unique_ids else []
         fut = SendFuture()
+        batch = Batch(topic, msgs[0], len(msgs), uniq, encode_batch(msgs), fut, mq or _NO_QUEUE, acc.gen, sharding_key,
+                      selector, False)  # fmt: skip
+        return await self._buffer(acc, batch, mq, tries, callback)
+
+    def _accumulator(self) -> Accumulator:
+        if self._acc is None:
+            raise RuntimeError("this Producer has no nursery for its senders: open it with open_producer()")
+        if self._acc.closing:
+            raise SendError("producer closed")
+        return self._acc
+
+    async def _buffer(self, acc: Accumulator, batch: Batch, mq: MessageQueue | None, tries: Tries | None,
+                      callback: DoneCallback | None) -> SendFuture:  # fmt: skip
+        """Reserve the batch's bytes, then queue it (or, without a queue now, retry it)."""
+        acc.check_size(batch.size)
+        if not acc.reserve_now(batch.size):
+            await acc.reserve(batch.size)
+            batch.gen = acc.gen  # a flush may have begun meanwhile
+        fut = batch.futures[0]
         if callback is not None:
             fut.add_done_callback(callback)
-        if mq is not None:
-            if acc.add(topic, msgs, chunk, fut, mq, sharding_key, selector, single):
-                await trio.lowlevel.checkpoint()  # a sender has a request to make
-            return fut
-        batch = Batch(topic, msgs, chunk, fut, MessageQueue(topic, "", -1, ""), acc.gen, sharding_key, selector, False)
-        batch.tries = tries
-        acc.add_retry(batch)
-        groups: dict[QueueKey | None, list[Batch]] = {None: [batch]}  # no queue now: it starts with a retry
-        acc.nursery.start_soon(retry, acc, topic, groups)
+        if mq is None:
+            batch.tries = tries
+            acc.add_retry(batch)
+        elif acc.add(mq, batch):
+            await trio.lowlevel.checkpoint()  # a sender has a request to make
         return fut
 
     async def _first_target(self, topic: str, first: Message, sharding_key: str | None,

@@ -10,7 +10,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import trio
 
-from commitlog import ClientError, Message
+from commitlog import ClientError
 
 from ._routes import MessageQueue
 
@@ -81,11 +81,11 @@ class SendFuture:
     when first asked for: a fire-and-forget producer does not pay for it.
     """
 
-    __slots__ = ("_answer", "_callbacks", "_count", "_error", "_event", "_msgs", "_result", "_start")
+    __slots__ = ("_answer", "_callbacks", "_count", "_error", "_event", "_keys", "_result", "_start")
 
     def __init__(self) -> None:
         self._answer: Answer | None = None
-        self._msgs: Sequence[Message] = ()
+        self._keys: Sequence[str] = ()
         self._start = 0
         self._count = 0
         self._result: SendResult | None = None
@@ -105,9 +105,9 @@ class SendFuture:
             if answer is None:
                 raise RuntimeError("the send is not done yet: await wait() or add a done callback")
             s, e = self._start, self._start + self._count
-            keys = tuple(m.properties.get(UNIQ_KEY, "") for m in self._msgs[s:e]) if self._msgs else ()
             self._result = SendResult(answer.queue, answer.queue_offsets[s:e], answer.commitlog_offsets[s:e],
-                                      answer.durable, answer.flush_timeout, answer.duplicate, keys)  # fmt: skip
+                                      answer.durable, answer.flush_timeout, answer.duplicate,
+                                      tuple(self._keys[s:e]))  # fmt: skip
         return self._result
 
     def exception(self) -> SendError | None:
@@ -133,11 +133,12 @@ class SendFuture:
         else:
             self._callbacks.append(fn)
 
-    def _resolve(self, answer: Answer, msgs: Sequence[Message], start: int, count: int) -> None:
-        """Answered: ``msgs`` (with UNIQ_KEYs, else empty) are slice ``start``.. of ``answer``."""
+    def _resolve(self, answer: Answer, keys: Sequence[str], start: int, count: int) -> None:
+        """Answered: its messages are slice ``start``.. of ``answer`` (and of ``keys``,
+        the batch's UNIQ_KEYs: empty without unique ids)."""
         if self.done():
             return
-        self._answer, self._msgs, self._start, self._count = answer, msgs, start, count
+        self._answer, self._keys, self._start, self._count = answer, keys, start, count
         self._finish()
 
     def _fail(self, error: SendError) -> None:

@@ -7,24 +7,20 @@ one pause, one route refresh, not one per batch (a request may carry 1,000 queue
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import trio
 
 from protocol.transport import RpcError
 
-from ._routes import NoRouteError, Routes
+from ._routes import NoRouteError
+from ._send_batch import Batch, Buffers, QueueKey, Request
 from ._send_future import SendError
-from ._send_tries import RETRIABLE, Tries
-
-if TYPE_CHECKING:
-    from ._accumulator import Accumulator, Batch, QueueKey
-    from ._send_sender import Request
+from ._send_tries import RETRIABLE, Targets, Tries
 
 log = logging.getLogger("clmq.producer")
 
 
-def failed(acc: Accumulator, req: Request, error: Exception) -> None:
+def failed(acc: Buffers, req: Request, error: Exception) -> None:
     """The request failed as a whole (no answer, or an error answer)."""
     if isinstance(error, RpcError) and error.code not in RETRIABLE and len(req.batches) > 1:
         _isolate(acc, req)
@@ -55,7 +51,7 @@ def failed(acc: Accumulator, req: Request, error: Exception) -> None:
         acc.nursery.start_soon(retry, acc, req.topic, groups)
 
 
-def _isolate(acc: Accumulator, req: Request) -> None:
+def _isolate(acc: Buffers, req: Request) -> None:
     """An error answer not worth a retry for a request of several batches: it may be one
     batch's fault (a message too large, a bad one). Each batch is sent again in a
     request of its own (not counted as a try): only the culprit fails."""
@@ -66,7 +62,7 @@ def _isolate(acc: Accumulator, req: Request) -> None:
         acc.requeue(qb.key, own)
 
 
-async def retry(acc: Accumulator, topic: str, groups: dict[QueueKey | None, list[Batch]]) -> None:
+async def retry(acc: Buffers, topic: str, groups: dict[QueueKey | None, list[Batch]]) -> None:
     """Retry ``groups`` (per old queue, in order) until each batch has a queue or is
     failed; a queue's batches are queued again together, once all have their target."""
     try:
@@ -76,7 +72,7 @@ async def retry(acc: Accumulator, topic: str, groups: dict[QueueKey | None, list
             if waiting:
                 await trio.sleep(max(_tries(b).delay() for b in waiting))
                 if any(_tries(b).hint is None for b in waiting):
-                    unreachable = await _refresh(acc.targets.routes, topic)
+                    unreachable = await _refresh(acc.targets, topic)
             for key, bs in list(groups.items()):
                 if await _retarget(acc, topic, bs, unreachable):
                     del groups[key]
@@ -95,17 +91,17 @@ def _tries(b: Batch) -> Tries:
     return b.tries
 
 
-async def _refresh(routes: Routes, topic: str) -> str | None:
+async def _refresh(targets: Targets, topic: str) -> str | None:
     """Fresh routes for the whole group; the error text if no name server answered."""
-    routes.forget(topic)
+    targets.forget(topic)
     try:
-        await routes.queues(topic, refresh=True)
+        await targets.routes.queues(topic, refresh=True)
     except NoRouteError as e:
         return str(e) if e.unreachable else None
     return None
 
 
-async def _retarget(acc: Accumulator, topic: str, batches: list[Batch], unreachable: str | None) -> bool:
+async def _retarget(acc: Buffers, topic: str, batches: list[Batch], unreachable: str | None) -> bool:
     """Find the next queue of each batch in order; False at the first that has none yet
     (it and those after it wait for the next round: their order is kept)."""
     for b in batches:
@@ -118,7 +114,7 @@ async def _retarget(acc: Accumulator, topic: str, batches: list[Batch], unreacha
             tries.note(unreachable, None)
         else:
             try:
-                mq = await acc.targets.target(topic, b.msgs[0], b.sharding_key, b.selector, tries, refresh=False)
+                mq = await acc.targets.target(topic, b.first, b.sharding_key, b.selector, tries, refresh=False)
             except (SendError, NoRouteError) as e:
                 acc.fail(b, e if isinstance(e, SendError) else SendError(str(e)))
                 continue

@@ -8,33 +8,18 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from protocol import ErrorCode, Frame, RequestCode
 from protocol.transport import ConnectionFailed, RpcError
 
+from ._send_batch import Batch, Buffers, QueueBuffer, QueueKey, Request
 from ._send_future import Answer, SendError
-from ._send_retry import failed
 from ._send_tries import NotLeader
 
-if TYPE_CHECKING:
-    from ._accumulator import Accumulator, Batch, QueueBuffer, QueueKey
-
 log = logging.getLogger("clmq.producer")
-
-
-@dataclass
-class Request:
-    """Batches of one topic sent together (to one broker)."""
-
-    id: int
-    topic: str
-    batches: list[Batch]
-    queues: list[QueueBuffer]  # muted until the answer
-    dedup: bool
 
 
 def reply_error(addr: str, reply: Frame) -> RpcError | None:
@@ -49,7 +34,7 @@ def reply_error(addr: str, reply: Frame) -> RpcError | None:
 
 
 class Sender:
-    def __init__(self, acc: Accumulator, addr: str) -> None:
+    def __init__(self, acc: Buffers, addr: str) -> None:
         self.acc = acc
         self.addr = addr
         self.ready: dict[QueueKey, QueueBuffer] = {}  # unmuted queues with batches, oldest first (roughly)
@@ -159,11 +144,11 @@ class Sender:
                 reply = await acc.rpc.request(self.addr, RequestCode.SEND_MESSAGE, fields, body,
                                               timeout_ms=acc.send_timeout_ms, check=False)  # fmt: skip
             except (ConnectionFailed, trio.TooSlowError) as e:
-                failed(acc, req, e)
+                acc.failed(req, e)
                 return
             error = reply_error(self.addr, reply)
             if error is not None:
-                failed(acc, req, error)
+                acc.failed(req, error)
             else:
                 self._answered(req, reply.fields, reply.error_code == ErrorCode.FLUSH_DISK_TIMEOUT)
         except Exception as e:  # a bug must not lose batches silently: they fail, the producer goes on
@@ -179,22 +164,26 @@ class Sender:
     def _answered(self, req: Request, fields: dict[str, Any], flush_timeout: bool) -> None:
         acc = self.acc
         qoffs, coffs = fields["queue_offsets"], fields["commitlog_offsets"]
-        total = sum(len(b.msgs) for b in req.batches)
+        total = sum(b.count for b in req.batches)
         if len(qoffs) != total or len(coffs) != total:
             error = SendError(f"{self.addr} answered {len(qoffs)} offsets for {total} messages")
             for b in req.batches:
                 acc.fail(b, error)
         else:
             durable, duplicate = bool(fields["durable"]), bool(fields.get("duplicate", False))
-            keyed = acc.unique_ids
             i = 0
             for b in req.batches:
-                n = len(b.msgs)
+                n = b.count
                 answer = Answer(b.mq, qoffs[i : i + n], coffs[i : i + n], durable, flush_timeout, duplicate)
                 i += n
-                if not b.done:
-                    acc.finished(b)
-                    for fut, start, count in b.futures:
-                        fut._resolve(answer, b.msgs if keyed else (), start, count)
+                if b.done:
+                    continue
+                acc.finished(b)
+                keys = b.keys
+                if b.per_message:
+                    for j, fut in enumerate(b.futures):
+                        fut._resolve(answer, keys, j, 1)
+                else:
+                    b.futures[0]._resolve(answer, keys, 0, n)
         for qb in req.queues:
             acc.unmute(qb)

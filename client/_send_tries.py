@@ -134,6 +134,7 @@ class Targets:
         self._rr = itertools.count()
         self._faulty: dict[str, float] = {}  # broker address -> avoid until (monotonic s)
         self._filtered: dict[tuple[str, str], tuple[list[MessageQueue], frozenset[str], list[MessageQueue]]] = {}
+        self._routed: dict[str, tuple[float, list[MessageQueue]]] = {}  # topic -> (fresh until, its queues)
 
     async def target(self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None,
                      tries: Tries, refresh: bool | None = None) -> MessageQueue | None:  # fmt: skip
@@ -200,7 +201,7 @@ class Targets:
             if maybe_stored or self.routes.followers(mq.broker_name):  # a replicated group gets a new leader
                 tries.pinned = mq
         self._faulty[mq.addr] = time.monotonic() + self.policy.fault_backoff_ms / 1000
-        self.routes.forget(mq.topic)
+        self.forget(mq.topic)
         return maybe_stored
 
     def _follow_hint(self, mq: MessageQueue, e: RpcError, tries: Tries) -> None:
@@ -223,16 +224,36 @@ class Targets:
         """``mq`` (same group and queue id) as fresh routes have it: its group's leader
         may have changed. None if the routes no longer have it."""
         if refresh:
-            self.routes.forget(mq.topic)
+            self.forget(mq.topic)
         try:
             mqs = await self.routes.queues(mq.topic, refresh=refresh)
         except NoRouteError:
             return None
+        self._routed[mq.topic] = (time.monotonic() + self.routes.refresh_interval_ms / 1000, mqs)
         return next((m for m in mqs if m.broker_name == mq.broker_name and m.queue_id == mq.queue_id), None)
 
     async def pick(self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None,
                    refresh: bool) -> MessageQueue:  # fmt: skip
         mqs = await self.routes.queues(topic, refresh=refresh)
+        self._routed[topic] = (time.monotonic() + self.routes.refresh_interval_ms / 1000, mqs)
+        return self._choose(topic, mqs, first, sharding_key, selector)
+
+    def pick_now(self, topic: str, first: Message, sharding_key: str | None,
+                 selector: QueueSelector | None) -> MessageQueue | None:  # fmt: skip
+        """:meth:`pick` from the routes this producer fetched last, if still fresh (no
+        await: a submit's common case); None if they must be fetched."""
+        routed = self._routed.get(topic)
+        if routed is None or routed[0] < time.monotonic():
+            return None
+        return self._choose(topic, routed[1], first, sharding_key, selector)
+
+    def forget(self, topic: str) -> None:
+        """Routes known stale: the next pick fetches them."""
+        self._routed.pop(topic, None)
+        self.routes.forget(topic)
+
+    def _choose(self, topic: str, mqs: list[MessageQueue], first: Message, sharding_key: str | None,
+                selector: QueueSelector | None) -> MessageQueue:  # fmt: skip
         if not mqs:
             raise NoRouteError(f"topic {topic!r} has no queues")
         failures = self.routes.failures
