@@ -11,6 +11,7 @@ import time
 from typing import Callable, Sequence
 
 import crc32c
+import trio
 
 from commitlog import Message
 from protocol import PROTOCOL_VERSION, ErrorCode
@@ -135,6 +136,7 @@ class Targets:
         self._faulty: dict[str, float] = {}  # broker address -> avoid until (monotonic s)
         self._filtered: dict[tuple[str, str], tuple[list[MessageQueue], frozenset[str], list[MessageQueue]]] = {}
         self._routed: dict[str, tuple[float, list[MessageQueue]]] = {}  # topic -> (fresh until, its queues)
+        self._looking_up: dict[str, trio.Lock] = {}
 
     async def target(self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None,
                      tries: Tries, refresh: bool | None = None) -> MessageQueue | None:  # fmt: skip
@@ -234,7 +236,14 @@ class Targets:
 
     async def pick(self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None,
                    refresh: bool) -> MessageQueue:  # fmt: skip
-        mqs = await self.routes.queues(topic, refresh=refresh)
+        if not refresh:  # one look-up for many concurrent sends of a topic not routed yet, not one each
+            async with self._looking_up.setdefault(topic, trio.Lock()):
+                chosen = self.pick_now(topic, first, sharding_key, selector)
+                if chosen is not None:
+                    return chosen
+                mqs = await self.routes.queues(topic)
+        else:
+            mqs = await self.routes.queues(topic, refresh=True)
         self._routed[topic] = (time.monotonic() + self.routes.refresh_interval_ms / 1000, mqs)
         return self._choose(topic, mqs, first, sharding_key, selector)
 

@@ -163,3 +163,37 @@ async def test_a_dedup_field_of_the_wrong_type_is_a_malformed_request(nursery: t
         assert reply.error_code == ErrorCode.MALFORMED_REQUEST and "dedup" in reply.error_text, (bad, reply)
     assert broker.store.end_offset == 0
     await rpc.aclose()
+
+
+async def test_a_retried_multi_queue_request_is_answered_whole_or_appended_whole_or_refused(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """One request spanning queues is one append: its retry marked dedup is answered
+    ``duplicate`` with every message's first offsets in request order (nothing
+    appended); a request none of whose parts is stored is appended; one whose parts are
+    stored in some queues and not in others is refused (not the request first sent)."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker()
+    await c.create_topic("t", 3)
+    rpc = RpcClient(nursery)
+    await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t"}, encode_batch(keyed("t", 2, ["before"])))
+    mixed = keyed("t", 0, ["a0"]) + keyed("t", 2, ["c0", "c1"]) + keyed("t", 1, ["b0"]) + keyed("t", 0, ["a1"])
+    body = encode_batch(mixed)
+    first = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t"}, body)
+    assert first.fields["queue_offsets"] == [0, 1, 2, 0, 1]
+    end = broker.store.end_offset
+    again = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": True}, body)
+    assert again.fields["duplicate"] is True
+    assert again.fields["queue_offsets"] == first.fields["queue_offsets"]
+    assert again.fields["commitlog_offsets"] == first.fields["commitlog_offsets"]
+    assert broker.store.end_offset == end  # nothing appended
+    fresh = encode_batch(keyed("t", 0, ["n0"]) + keyed("t", 1, ["n1"]))
+    new = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": True}, fresh)
+    assert new.fields["queue_offsets"] == [2, 1] and "duplicate" not in new.fields
+    half = encode_batch(keyed("t", 0, ["a0", "a1"]) + keyed("t", 1, ["never"]))  # queue 0's part is stored
+    refused = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": True}, half,
+                                check=False)  # fmt: skip
+    assert refused.error_code == ErrorCode.INVALID_MESSAGE and "not in [1]" in refused.error_text
+    assert broker.store.end_offset > end
+    await rpc.aclose()
