@@ -292,7 +292,7 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
                                "tags": (_strings, False), "group": (GROUP, False)},
     RequestCode.PULL_MESSAGES: {"queues": (_list, True), "max_messages": (COUNT, False),
                                 "max_per_queue": (COUNT, False), "max_wait_ms": (_int(), False),
-                                "max_bytes": (_int(), False)},
+                                "max_bytes": (_int(1), False)},
     RequestCode.QUERY_OFFSETS: {"topic": (TOPIC, True), "queue_id": (QUEUE_ID, True)},
     RequestCode.SEARCH_OFFSET: {"topic": (TOPIC, True), "queue_id": (QUEUE_ID, True), "timestamp_ms": (_int(), True)},
     RequestCode.COMMIT_OFFSET: {"group": (GROUP, True),
