@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import trio
 
+from commitlog import Message
 from protocol.transport import RpcClient
 
 from ._routes import MessageQueue
 from ._send_batch import AccumulatorSettings, Batch, QueueBuffer, QueueKey, Request
-from ._send_future import BatchTooLargeError, BufferFullError, SendError
+from ._send_future import BatchTooLargeError, BufferFullError, SendError, SendFuture
 from ._send_retry import failed, retry
 from ._send_sender import Sender
-from ._send_tries import RetryPolicy, Targets
+from ._send_tries import QueueSelector, RetryPolicy, Targets
 
 FRAME_HEADROOM_BYTES = 64 << 10  # a request's fields and framing, besides its messages
 YIELD_EVERY_SUBMITS = 64  # a submit that found nothing to wait for yields this often (lets the senders run)
@@ -109,29 +110,55 @@ class Accumulator:
         return False
 
     def add(self, mq: MessageQueue, batch: Batch) -> bool:
-        """Buffer a submitted batch (its bytes reserved), or merge a single message's
-        batch into the queue's open one. True if the caller should yield: a sender has
-        a request to make (or it has not yielded for a while)."""
-        key = (batch.topic, mq.broker_name, mq.queue_id)
+        """Buffer a submitted batch (its bytes reserved). True if the caller should
+        yield: a sender has a request to make (or it has not yielded for a while)."""
+        qb = self._queue(batch.topic, mq)
+        batch.gen = self.gen
+        self._track(batch)
+        qb.batches.append(batch)
+        return self._grew(qb, batch.size)
+
+    def add_one(self, mq: MessageQueue, msg: Message, uniq: list[str], chunk: bytes, fut: SendFuture,
+                sharding_key: str | None, selector: QueueSelector | None) -> bool:  # fmt: skip
+        """:meth:`add` for one message: merged into the queue's open batch if it has one
+        (no new batch: the common case under load costs an append or two)."""
+        qb = self._queue(msg.topic, mq)
+        size = len(chunk)
+        last = qb.batches[-1] if qb.batches else None
+        if (last is not None and last.open and last.gen == self.gen and last.selector is selector
+                and last.sharding_key == sharding_key and last.size + size <= self.batch_max_bytes):  # fmt: skip
+            last.futures.append(fut)
+            if uniq:
+                last.keys.append(uniq[0])
+            last.chunks.append(chunk)
+            last.size += size
+            last.count += 1
+        else:
+            batch = Batch(msg.topic, msg, 1, uniq, chunk, fut, mq, self.gen, sharding_key, selector, True)
+            self._track(batch)
+            qb.batches.append(batch)
+        return self._grew(qb, size)
+
+    def _queue(self, topic: str, mq: MessageQueue) -> QueueBuffer:
+        key = (topic, mq.broker_name, mq.queue_id)
         qb = self.queues.get(key)
         if qb is None:
             qb = self.queues[key] = QueueBuffer(key, mq, self.sender_for(mq.addr))
         elif not qb.batches and not qb.muted and qb.mq != mq:
             self.home(qb, mq)  # idle: follow the routes (a new leader)
-        last = qb.batches[-1] if qb.batches else None
-        if (batch.per_message and last is not None and last.open and last.gen == batch.gen
-                and last.selector is batch.selector and last.sharding_key == batch.sharding_key
-                and last.size + batch.size <= self.batch_max_bytes):  # fmt: skip
-            last.futures.append(batch.futures[0])
-            last.keys += batch.keys
-            last.chunks.append(batch.chunks[0])
-            last.size += batch.size
-            last.count += 1
-        else:
-            self._track(batch)
-            qb.batches.append(batch)
-        self._grew(qb, batch.size)
+        return qb
+
+    def _grew(self, qb: QueueBuffer, size: int) -> bool:
+        """``size`` bytes more at the back of ``qb``: counted by its sender if ready.
+        True if the submitting task should yield (see :meth:`add`)."""
+        qb.bytes += size
+        if qb.muted:
+            return False
         sender = qb.sender
+        if qb.key in sender.ready:
+            sender.pending += size
+        else:
+            sender.make_ready(qb)
         self._since_yield += 1
         if sender.pending >= self.batch_max_bytes and sender.in_flight < self.settings.max_in_flight:
             sender.wake()
@@ -141,17 +168,6 @@ class Accumulator:
             self._since_yield = 0
             return True
         return False
-
-    @staticmethod
-    def _grew(qb: QueueBuffer, size: int) -> None:
-        """``size`` bytes more at the back of ``qb``: counted by its sender if ready."""
-        qb.bytes += size
-        if not qb.muted:
-            sender = qb.sender
-            if qb.key in sender.ready:
-                sender.pending += size
-            else:
-                sender.make_ready(qb)
 
     def _track(self, batch: Batch) -> None:
         self.live.add(batch)
@@ -206,7 +222,7 @@ class Accumulator:
             elif not qb.batches and not qb.muted:
                 self.home(qb, mq)
             qb.batches.append(b)
-            self._grew(qb, b.size)
+            self._grew(qb, b.size)  # no yield: a retry task has none to give
         if old is None:
             return
         qb = self.queues[old]

@@ -148,9 +148,21 @@ class Producer:
             mq, tries = await self._first_target(topic, msg, sharding_key, selector)
         if mq is not None:
             msg.queue_id = mq.queue_id
+        chunk = encode_one(msg)
+        size = len(chunk)
+        acc.check_size(size)
+        if not acc.reserve_now(size):
+            await acc.reserve(size)
         fut = SendFuture()
-        batch = Batch(topic, msg, 1, uniq, encode_one(msg), fut, mq or _NO_QUEUE, acc.gen, sharding_key, selector, True)
-        return await self._buffer(acc, batch, mq, tries, callback)
+        if callback is not None:
+            fut.add_done_callback(callback)
+        if mq is None:
+            batch = Batch(topic, msg, 1, uniq, chunk, fut, _NO_QUEUE, acc.gen, sharding_key, selector, True)
+            batch.tries = tries
+            acc.add_retry(batch)
+        elif acc.add_one(mq, msg, uniq, chunk, fut, sharding_key, selector):
+            await trio.lowlevel.checkpoint()  # a sender has a request to make
+        return fut
 
     async def submit_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
                            selector: QueueSelector | None = None, callback: DoneCallback | None = None) -> SendFuture:  # fmt: skip

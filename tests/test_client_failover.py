@@ -22,7 +22,7 @@ from protocol import ErrorCode, RequestCode
 from tests.replica_procs import create_topic as procs_create_topic
 from tests.replica_procs import open_group, read_queue
 from tests.service_helpers import FAST_CONSUMER, Cluster, follower_routed
-from tests.waiting import await_until
+from tests.waiting import await_until, wait_until
 
 UNIQ_KEY = "UNIQ_KEY"
 FAST = {"replica_metadata_interval_ms": 100, "replica_fetch_wait_ms": 100, "replica_retry_ms": 100}
@@ -73,6 +73,8 @@ class Sender:
 
 
 def check_stored(broker: Broker, sender: Sender) -> None:
+    # The queues show an acknowledged record once the dispatcher (a thread) has caught up.
+    wait_until(lambda: broker.store.dispatch_lag_bytes == 0, 10, "the dispatcher to catch up")
     check_records({q: broker.store.get("t", q, 0, 100_000).messages for q in range(QUEUES)}, sender)
 
 
