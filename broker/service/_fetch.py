@@ -25,15 +25,12 @@ leaves some queue more than ``follower_read_lag_messages`` behind its max offset
 
 from __future__ import annotations
 
-import itertools
-import os
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-import numpy as np
 import trio
 
 from broker.store import GetStatus, RawRead, Span, StorageEngine, Store
-from commitlog import CorruptRecordError, fileops
+from commitlog import CorruptRecordError
 from protocol import ErrorCode, FetchAsk, FetchResult, Frame, PullStatus, RowError
 from protocol.transport import Reply, RequestError, need
 
@@ -49,40 +46,14 @@ def parse_queues(fields: dict[str, Any]) -> list[FetchAsk]:
         raise RequestError(ErrorCode.MALFORMED_REQUEST, f"queues: {e}") from None
 
 
-INLINE_SPAN_MAX_BYTES = 64 << 10  # file spans shorter than this are read into the answer, not sent with sendfile
-INLINE_GAP_MAX_BYTES = 16 << 10  # spans at most this far apart in a file are read with one pread (the gap too)
-INLINE_READ_MAX_BYTES = 1 << 20  # one such pread at most (longer: split)
-
-
-def inline_small_spans(spans: list[Span]) -> list[Span]:
-    """The spans with each run of short file spans read into one bytes span (in the
-    read thread). A queue's records are contiguous in the log only when it was
-    written alone; with thousands of queues a fetch's spans are mostly one 1 KiB
-    record each, and sending each with open, sendfile and close on the event loop
-    cost the broker more than everything else of the fetch (10,000 queues of 10
-    messages: 134,000 sendfiles, 61 us of broker CPU per message). Records of the
-    queues of one fetch were mostly written at about the same time, so they lie
-    close together in the log: sorted by position (with array operations), neighbours
-    are read with one ``pread`` each (up to ``INLINE_GAP_MAX_BYTES`` apart), not one
-    per record. A file that cannot be read here (deleted by retention meanwhile)
-    keeps its file spans: sending them then fails as it did before."""
-    small = [i for i, s in enumerate(spans) if s.data is None and s.path is not None and s.length < INLINE_SPAN_MAX_BYTES]
-    if len(small) < 2:
-        return spans
-    data: dict[int, bytes | memoryview] = {}
-    fds: dict[str, int] = {}
-    try:
-        for path, idx, starts, ends in _windows(spans, small):
-            _read_window(fds, path, spans, idx, starts, ends, data)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+def joined_spans(spans: list[Span]) -> list[Span]:
+    """The spans with each run of bytes spans joined into one (the transport sends each
+    span on its own: one send per queue of a many-queue answer cost more than the copy)."""
     out: list[Span] = []
-    run: list[bytes | memoryview] = []
-    for i, span in enumerate(spans):
-        piece = data.get(i)
-        if piece is not None:
-            run.append(piece)
+    run: list[bytes] = []
+    for span in spans:
+        if span.data is not None:
+            run.append(span.data)
             continue
         if run:
             out.append(_joined(run))
@@ -93,50 +64,8 @@ def inline_small_spans(spans: list[Span]) -> list[Span]:
     return out
 
 
-def _windows(spans: list[Span], small: list[int]) -> Iterator[tuple[str, list[int], list[int], list[int]]]:
-    """The small spans grouped into reads: ``(path, span indexes, starts, ends)`` of
-    neighbours in one file, sorted by position, gaps at most ``INLINE_GAP_MAX_BYTES``,
-    ``INLINE_READ_MAX_BYTES`` in all (a longer group is cut)."""
-    path_ids: dict[str, int] = {}
-    pid = np.fromiter((path_ids.setdefault(spans[i].path or "", len(path_ids)) for i in small), np.int64, len(small))
-    pos = np.fromiter((spans[i].position for i in small), np.int64, len(small))
-    end = pos + np.fromiter((spans[i].length for i in small), np.int64, len(small))
-    order = np.lexsort((pos, pid))
-    pid, pos, end, idx = pid[order], pos[order], end[order], np.asarray(small, np.int64)[order]
-    cuts = np.flatnonzero((pid[1:] != pid[:-1]) | (pos[1:] - end[:-1] > INLINE_GAP_MAX_BYTES)
-                          | (pos[1:] < end[:-1])) + 1  # fmt: skip
-    paths = list(path_ids)
-    bounds = [0, *cuts.tolist(), len(small)]
-    for a, b in itertools.pairwise(bounds):
-        while a < b:  # too long for one read: cut where the read would pass the limit
-            k = a + max(1, int(np.searchsorted(end[a:b], pos[a] + INLINE_READ_MAX_BYTES, side="right")))
-            yield paths[int(pid[a])], idx[a:k].tolist(), pos[a:k].tolist(), end[a:k].tolist()
-            a = k
-
-
-def _read_window(fds: dict[str, int], path: str, spans: list[Span], idx: list[int], starts: list[int],
-                 ends: list[int], data: dict[int, bytes | memoryview]) -> None:  # fmt: skip
-    """Read one window with one pread into ``data`` (none of its spans if that fails)."""
-    first, last = starts[0], max(ends)
-    try:
-        fd = fds.get(path)
-        if fd is None:
-            fd = fds[path] = os.open(path, os.O_RDONLY)
-        chunk = fileops.OPS.pread(fd, last - first, first)
-    except OSError:
-        return
-    if len(chunk) < last - first:
-        return
-    if len(idx) == 1:
-        data[idx[0]] = chunk
-        return
-    view = memoryview(chunk)  # slices without a copy: the answer's join copies once
-    for i, a, b in zip(idx, starts, ends):
-        data[i] = view[a - first : b - first]
-
-
-def _joined(pieces: list[bytes | memoryview]) -> Span:
-    data = bytes(pieces[0]) if len(pieces) == 1 else b"".join(pieces)
+def _joined(pieces: list[bytes]) -> Span:
+    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
     return Span(None, 0, len(data), data)
 
 
@@ -198,27 +127,19 @@ class Visibility:
             self._assigned = self.store.log.queue_offset_table()
         return max(visible, self._assigned.get((topic, queue_id), 0))
 
-    def read(self, topic: str, queue_id: int, offset: int, limit: int, tags: list[str] | None,
-             max_bytes: int) -> RawRead:  # fmt: skip
-        """:meth:`StorageEngine.read_raw`, with an offset assigned but not yet dispatched
-        answered NO_MESSAGE (``next_offset`` the offset asked: nothing moves)."""
-        res = self.store.read_raw(topic, queue_id, offset, limit, tags, max_bytes)
+    def visible(self, topic: str, queue_id: int, offset: int, res: RawRead) -> RawRead:
+        """``res`` (a read of the queue at ``offset``), OFFSET_OVERFLOW answered
+        NO_MESSAGE (``next_offset`` the offset asked: nothing moves) if the offset is
+        assigned but not yet dispatched."""
         if res.status is GetStatus.OFFSET_OVERFLOW and offset <= self.next_assigned(topic, queue_id):
             return RawRead(GetStatus.NO_MESSAGE, next_offset=offset, min_offset=res.min_offset, max_offset=res.max_offset)
         return res
 
     def read_to_damage(self, topic: str, queue_id: int, offset: int, limit: int, tags: list[str] | None,
                        max_bytes: int) -> RawRead | CorruptRecordError:  # fmt: skip
-        """:meth:`read`, or the error of a damaged record at ``offset``. A read that
-        meets a damaged record further on is retried with half the limit until it
-        stops before it, so that the records before the damage are still served."""
-        while True:
-            try:
-                return self.read(topic, queue_id, offset, limit, tags, max_bytes)
-            except CorruptRecordError as e:
-                if limit <= 1:
-                    return e
-                limit //= 2
+        """:meth:`StorageEngine.read_raw_to_damage`, seen through :meth:`visible`."""
+        res = self.store.read_raw_to_damage(topic, queue_id, offset, limit, tags, max_bytes)
+        return res if isinstance(res, CorruptRecordError) else self.visible(topic, queue_id, offset, res)
 
 
 class Fetch:
@@ -262,27 +183,22 @@ class Fetch:
         a first record larger than it is answered alone (the reader must progress)."""
         results: list[list[Any]] = []
         spans: list[Span] = []
-        found = nbytes = 0
+        found = 0
         visibility = Visibility(self.store)
-        for topic, qid, offset, tags in asks:
-            if found >= total or nbytes >= max_bytes:
+        reads = self.store.read_raw_many(asks, total, per_queue, max_bytes)
+        for (topic, qid, offset, _tags), res in zip(asks, reads):
+            if res is None:
                 results.append(FetchResult.row(PullStatus.SKIPPED, offset, 0, 0, -1))
-                continue
-            res = visibility.read_to_damage(topic, qid, offset, min(per_queue, total - found), tags, max_bytes - nbytes)
-            if isinstance(res, CorruptRecordError):  # this queue stops here; the others are served
+            elif isinstance(res, CorruptRecordError):  # this queue stops here; the others are served
                 results.append(FetchResult.row(PullStatus.CORRUPT, offset, 0, 0, self.store.max_offset(topic, qid),
                                                str(res)))  # fmt: skip
-                continue
-            size = res.nbytes  # a sum over the spans: once
-            if nbytes and nbytes + size > max_bytes:  # its first record alone is past the bound: next time
-                results.append(FetchResult.row(PullStatus.SKIPPED, offset, 0, 0, -1))
-                nbytes = max_bytes
-                continue
-            results.append(FetchResult.row(WIRE_STATUS[res.status], res.next_offset, res.count, size, res.max_offset))
-            spans += res.spans
-            found += res.count
-            nbytes += size
-        return results, inline_small_spans(spans), found
+            else:
+                res = visibility.visible(topic, qid, offset, res)
+                results.append(FetchResult.row(WIRE_STATUS[res.status], res.next_offset, res.count, res.nbytes,
+                                               res.max_offset))  # fmt: skip
+                spans += res.spans
+                found += res.count
+        return results, joined_spans(spans), found
 
     async def _wait_any(self, asks: list[FetchAsk], wait_ms: int) -> None:
         event = trio.Event()

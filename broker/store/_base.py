@@ -17,6 +17,7 @@ from commitlog import (
     BatchEncoder,
     CommitLogConfig,
     ConfigError,
+    CorruptRecordError,
     DurableOffset,
     FlushMode,
     InvalidInputError,
@@ -38,6 +39,9 @@ from ._topics import TopicTable, topic_name_error
 STORAGE_MODES = ("commitlog", "partition-per-file")
 
 log = logging.getLogger("clmq.store")
+
+ReadAsk = tuple[str, int, int, Iterable[str] | None]  # topic, queue id, offset, tags (None: all)
+ManyRead = RawRead | CorruptRecordError | None  # a queue's read, its damage, or not read (bounds reached)
 
 
 class StoreLockedError(StoreError):
@@ -424,8 +428,8 @@ class StoreBase(ABC):
         int, ``tags`` that are not strings...) are a caller's bug: :class:`InvalidInputError`
         (a ValueError) naming the argument, before anything is read. An offset outside
         the queue is an answer: OFFSET_TOO_SMALL, NO_MESSAGE or OFFSET_OVERFLOW."""
-        tag_set = _check_get_args(topic, queue_id, offset, max_messages, tags, 1)
-        early, lo, hi = self._check_get(topic, queue_id, offset)
+        tag_set = check_get_args(topic, queue_id, offset, max_messages, tags, 1)
+        early, lo, hi = self.check_get(topic, queue_id, offset)
         if early is not None:
             return GetResult(early[0], next_offset=early[1], min_offset=lo, max_offset=hi)
         messages, next_offset = self._read(topic, queue_id, offset, max_messages, tag_set)
@@ -437,14 +441,59 @@ class StoreBase(ABC):
         """Like :meth:`get`, but the records as stored (file spans, for zero-copy sends);
         at most ``max_bytes`` unless the first record alone is larger. Bad arguments
         are refused as by :meth:`get`."""
-        tag_set = _check_get_args(topic, queue_id, offset, max_messages, tags, max_bytes)
-        early, lo, hi = self._check_get(topic, queue_id, offset)
+        tag_set = check_get_args(topic, queue_id, offset, max_messages, tags, max_bytes)
+        early, lo, hi = self.check_get(topic, queue_id, offset)
         if early is not None:
             return RawRead(early[0], next_offset=early[1], min_offset=lo, max_offset=hi)
         spans, count, next_offset = self._read_raw(topic, queue_id, offset, max_messages, tag_set, max_bytes)
         return RawRead(GetStatus.FOUND if count else GetStatus.NO_MATCHED_MESSAGE, spans, count, next_offset, lo, hi)
 
-    def _check_get(self, topic: str, queue_id: int, offset: int) -> tuple[tuple[GetStatus, int] | None, int, int]:
+    def read_raw_many(self, asks: Sequence[ReadAsk], max_messages: int, max_per_queue: int,
+                      max_bytes: int) -> list[ManyRead]:  # fmt: skip
+        """:meth:`read_raw` of many queues ``(topic, queue id, offset, tags or None)`` in
+        the order given (Kafka's fetch): each up to ``max_per_queue`` records, all of
+        them up to ``max_messages`` and ``max_bytes`` (except that a first record larger
+        than it is answered alone: the reader must progress). Per ask its
+        :class:`RawRead`; the :class:`CorruptRecordError` of a damaged record where the
+        queue stands (the records before one further on are answered, as far as halving
+        the limit reaches them; the other queues are read as usual); None for a queue
+        not read (the request's bounds were reached: ask again)."""
+        out: list[ManyRead] = []
+        found = nbytes = 0
+        for ask in asks:
+            res, found, nbytes = self.read_one_of_many(ask, found, nbytes, max_messages, max_per_queue, max_bytes)
+            out.append(res)
+        return out
+
+    def read_one_of_many(self, ask: ReadAsk, found: int, nbytes: int, max_messages: int, max_per_queue: int,
+                         max_bytes: int) -> tuple[ManyRead, int, int]:  # fmt: skip
+        """One step of :meth:`read_raw_many`: the ask's read after ``found`` records of
+        ``nbytes``, and the counts after it."""
+        topic, queue_id, offset, tags = ask
+        if found >= max_messages or nbytes >= max_bytes:
+            return None, found, nbytes
+        limit = min(max_per_queue, max_messages - found)
+        res = self.read_raw_to_damage(topic, queue_id, offset, limit, tags, max_bytes - nbytes)
+        if not isinstance(res, RawRead):
+            return res, found, nbytes
+        if nbytes and nbytes + res.nbytes > max_bytes:  # its first record alone is past the bound: next time
+            return None, found, max_bytes
+        return res, found + res.count, nbytes + res.nbytes
+
+    def read_raw_to_damage(self, topic: str, queue_id: int, offset: int, limit: int, tags: Iterable[str] | None,
+                           max_bytes: int) -> RawRead | CorruptRecordError:  # fmt: skip
+        """:meth:`read_raw`, or the error of a damaged record at ``offset``. A read that
+        meets a damaged record further on is retried with half the limit until it
+        stops before it, so that the records before the damage are still served."""
+        while True:
+            try:
+                return self.read_raw(topic, queue_id, offset, limit, tags, max_bytes)
+            except CorruptRecordError as e:
+                if limit <= 1:
+                    return e
+                limit //= 2
+
+    def check_get(self, topic: str, queue_id: int, offset: int) -> tuple[tuple[GetStatus, int] | None, int, int]:
         """``(None or (status, next offset) when there is nothing to read, min, max)``."""
         if not self.queue_exists(topic, queue_id):
             return (GetStatus.NO_QUEUE, 0), 0, 0
@@ -480,7 +529,7 @@ class StoreBase(ABC):
         self._arrival_listeners = [*self._arrival_listeners, fn]
 
 
-def _check_get_args(topic: object, queue_id: object, offset: object, max_messages: object, tags: object,
+def check_get_args(topic: object, queue_id: object, offset: object, max_messages: object, tags: object,
                     max_bytes: object) -> set[str] | None:  # fmt: skip
     """The tag set of a read, once every argument has its type and range; else
     :class:`InvalidInputError` naming the argument (a caller's bug, not an answer)."""

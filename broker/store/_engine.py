@@ -23,9 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Protocol, Sequence, runtime_checkable
 
-from commitlog import Message, PackedMessages, QueueKey, StoreFailedError
+from commitlog import CorruptRecordError, Message, PackedMessages, QueueKey, StoreFailedError
 
-from ._base import StoreConfig
+from ._base import ManyRead, ReadAsk, StoreConfig
 from ._results import GetResult, PutResult, RawRead
 from ._topics import TopicTable
 
@@ -73,6 +73,10 @@ class StorageEngine(Protocol):
             tags: Iterable[str] | None = None) -> GetResult: ...  # fmt: skip
     def read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
                  tags: Iterable[str] | None = None, max_bytes: int = ...) -> RawRead: ...  # fmt: skip
+    def read_raw_to_damage(self, topic: str, queue_id: int, offset: int, limit: int, tags: Iterable[str] | None,
+                           max_bytes: int) -> RawRead | CorruptRecordError: ...  # fmt: skip
+    def read_raw_many(self, asks: Sequence[ReadAsk], max_messages: int, max_per_queue: int,
+                      max_bytes: int) -> list[ManyRead]: ...  # fmt: skip
     def wait_for_entries(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool: ...
     def add_arrival_listener(self, fn: Callable[[Collection[QueueKey]], None]) -> None: ...
 

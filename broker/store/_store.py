@@ -29,8 +29,10 @@ Invariants:
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import struct
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -50,16 +52,17 @@ from consumequeue import (
     ConsumeQueueSet,
     Dispatcher,
     EntryReader,
+    FileSpan,
     affected_queues,
     tag_hash,
 )  # fmt: skip
 from consumequeue import contiguous_runs as _contiguous_runs  # noqa: F401 (tests/test_store.py checks it here)
 
-from ._base import Stopwatch, StoreBase, StoreConfig, StoreLockedError
+from ._base import ManyRead, ReadAsk, Stopwatch, StoreBase, StoreConfig, StoreLockedError, check_get_args
 from ._checkpoint import Checkpoint
 from ._partition_store import PartitionStore
 from ._recovery import RebuildList, Recovery, recover_queues
-from ._results import PutResult, Span
+from ._results import GetStatus, PutResult, RawRead, Span
 
 __all__ = ["Store", "StoreConfig", "StoreLockedError"]
 
@@ -377,6 +380,34 @@ class Store(StoreBase):
             raise
         return [Span(*span) for span in found], count, next_offset
 
+    def read_raw_many(self, asks: Sequence[ReadAsk], max_messages: int, max_per_queue: int,
+                      max_bytes: int) -> list[ManyRead]:  # fmt: skip
+        """:meth:`StoreBase.read_raw_many`, the records of all queues read together
+        (:meth:`EntryReader.spans_many`: sorted by log position, one pread per
+        neighbourhood, headers checked with array operations): every queue's entries
+        are picked within the bounds first, then the records read. A queue whose
+        entries or records are not what they should be (damage, retention meanwhile, a
+        segment end) is read alone as by :meth:`read_raw`, and the queues after it are
+        picked again from there: the answers are the per-queue loop's."""
+        out: list[ManyRead] = []
+        found = nbytes = 0
+        while len(out) < len(asks):
+            steps, end_found, end_nbytes = _plan_many(self, asks, len(out), found, nbytes,
+                                                      (max_messages, max_per_queue, max_bytes))  # fmt: skip
+            got = iter(self._entries.spans_many([st.read.pick for st in steps if isinstance(st.read, _Planned)]))
+            found, nbytes = end_found, end_nbytes
+            for st in steps:
+                res = st.read.result(next(got)) if isinstance(st.read, _Planned) else st.read
+                if res is _TROUBLE:  # read alone below, from the counts before it
+                    found, nbytes = st.found, st.nbytes
+                    break
+                out.append(res)
+            if len(out) < len(asks):
+                res, found, nbytes = self.read_one_of_many(asks[len(out)], found, nbytes, max_messages,
+                                                           max_per_queue, max_bytes)  # fmt: skip
+                out.append(res)
+        return out
+
     @property
     def dispatch_lag_bytes(self) -> int:
         return self.dispatcher.lag_bytes
@@ -389,6 +420,77 @@ class Store(StoreBase):
     def end_offset(self) -> int:
         """Where the next append goes (the durability token of :meth:`wait_durable`)."""
         return self.log.write_offset
+
+
+_TROUBLE = CorruptRecordError("", 0, "", "", "")  # a queue of a many-queue read to read alone
+
+
+@dataclass(slots=True)
+class _Planned:
+    """A queue of a many-queue read whose entries are picked: its records to read."""
+
+    pick: tuple[np.ndarray, np.ndarray, bytes, int]  # entries, their queue offsets, topic, queue id
+    next_offset: int
+    bounds: tuple[int, int]
+    nbytes: int
+
+    def result(self, got: tuple[list[FileSpan | bytes], int] | None) -> RawRead | CorruptRecordError:
+        """Its :class:`RawRead` from what :meth:`EntryReader.spans_many` read; ``_TROUBLE``
+        when that was not every record picked."""
+        if got is None or got[1] != len(self.pick[0]):
+            return _TROUBLE
+        spans = [Span(None, 0, len(s), s) if isinstance(s, bytes) else Span(*s) for s in got[0]]
+        return RawRead(GetStatus.FOUND, spans, got[1], self.next_offset, *self.bounds)
+
+
+@dataclass(slots=True)
+class _Step:
+    """An ask's place in a many-queue read: the counts before it, and its read."""
+
+    found: int
+    nbytes: int
+    read: ManyRead | _Planned
+
+
+def _plan_many(store: Store, asks: Sequence[ReadAsk], begin: int, found: int, nbytes: int,
+               limits: tuple[int, int, int]) -> tuple[list[_Step], int, int]:  # fmt: skip
+    """The asks from ``begin`` on picked in order within the bounds ``limits`` (max
+    messages, per queue, max bytes) as :meth:`StoreBase.read_one_of_many` would, and the
+    counts after them. It stops before an ask whose picking failed (read it alone)."""
+    max_messages, max_per_queue, max_bytes = limits
+    steps: list[_Step] = []
+    for ask in itertools.islice(asks, begin, None):
+        if found >= max_messages or nbytes >= max_bytes:
+            steps.append(_Step(found, nbytes, None))
+            continue
+        try:
+            read = _pick(store, ask, min(max_per_queue, max_messages - found), max_bytes - nbytes)
+        except CorruptRecordError:
+            break
+        step = _Step(found, nbytes, read)
+        if isinstance(read, _Planned):
+            if nbytes and nbytes + read.nbytes > max_bytes:  # its first record alone is past the bound: next time
+                step.read, nbytes = None, max_bytes
+            else:
+                found, nbytes = found + len(read.pick[0]), nbytes + read.nbytes
+        steps.append(step)
+    return steps, found, nbytes
+
+
+def _pick(store: Store, ask: ReadAsk, limit: int, max_bytes: int) -> RawRead | _Planned:
+    """An ask's early answer (no such queue, an offset outside it, nothing matched) or
+    its entries to read, as :meth:`StoreBase.read_raw` picks them."""
+    topic, queue_id, offset, tags = ask
+    tag_set = check_get_args(topic, queue_id, offset, limit, tags, max_bytes)
+    early, lo, hi = store.check_get(topic, queue_id, offset)
+    if early is not None:
+        return RawRead(early[0], next_offset=early[1], min_offset=lo, max_offset=hi)
+    cq = store.queues.queue(topic, queue_id)
+    at, raw = cq.read(offset, limit if tag_set is None else max(limit, store.config.max_scan_entries))
+    picked, qoffs, next_offset = _select(store.log.min_offset, str(cq.directory), at, raw, limit, tag_set, max_bytes)
+    if not len(picked):
+        return RawRead(GetStatus.NO_MATCHED_MESSAGE, [], 0, next_offset, lo, hi)
+    return _Planned((picked, qoffs, topic.encode(), queue_id), next_offset, (lo, hi), int(picked["size"].sum()))
 
 
 def _select(log_min: int, where: str, at: int, raw: bytes, max_messages: int, tag_set: set[str] | None,
