@@ -5,7 +5,6 @@ are counted by a frame-decoding TCP proxy between the consumer and the broker.""
 
 from __future__ import annotations
 
-import os
 import random
 from collections import Counter
 from pathlib import Path
@@ -14,8 +13,6 @@ from typing import Any
 import pytest
 import trio
 
-from broker.service._fetch import INLINE_SPAN_MAX_BYTES, inline_small_spans
-from broker.store import Span
 from client import Consumer, RpcClient, open_consumer
 from commitlog import Message, Record
 from protocol import FLAG_RESPONSE, NEED_DATA, Frame, FrameDecoder, RequestCode, decode_records, encode_batch
@@ -272,35 +269,3 @@ async def test_idle_consumer_of_10000_queues_long_polls_them_together(cluster: C
             assert [r.body for r in got] == [f"late-{q}".encode()]
         pulls = proxy.count(RequestCode.PULL_MESSAGES) - watches
         assert pulls <= 3 * 4  # per arrival: its woken watch, a fresh watch for the rest, and a few more
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_small_spans_are_read_into_the_answer_byte_for_byte(tmp_path: Path, seed: int) -> None:
-    """Whatever the spans (in any order, neighbours or far apart, in two files, some
-    large, one in a file that is gone): the answer's bytes are the files' bytes in the
-    order given; large spans and unreadable ones stay file spans."""
-    rng = random.Random(seed)
-    files = []
-    for name in ("a", "b"):
-        path = tmp_path / name
-        path.write_bytes(rng.randbytes(3 << 20))
-        files.append(str(path))
-    gone = str(tmp_path / "gone")
-    spans = []
-    for _ in range(rng.randint(2, 400)):
-        path = rng.choice([*files, *files, gone]) if rng.random() < 0.05 else rng.choice(files)
-        length = rng.choice([rng.randint(1, 2000), rng.randint(1, 100_000)])
-        spans.append(Span(path, rng.randint(0, (3 << 20) - length), length))
-    out = inline_small_spans(spans)
-
-    def content(s: Span) -> bytes:
-        if s.data is not None:
-            return bytes(s.data)
-        with open(s.path, "rb") as f:  # type: ignore[arg-type]
-            return os.pread(f.fileno(), s.length, s.position)
-
-    readable = [s for s in spans if s.path != gone]
-    assert sum(s.length for s in out) == sum(s.length for s in spans)
-    assert b"".join(content(s) for s in out if s.path != gone) == b"".join(content(s) for s in readable)
-    kept = [s for s in spans if s.path == gone or s.length >= INLINE_SPAN_MAX_BYTES]
-    assert [s for s in out if s.data is None] == kept
