@@ -135,18 +135,21 @@ class Routes:
         return sorted(turn, key=lambda ns: self._ns_down.get(ns, 0.0) > now)  # stable: keeps the turn
 
     async def _from_brokers(self, topic: str) -> list[dict[str, Any]]:
-        found = []
+        found, failed = [], []
         for addr in self.broker_addrs:
             try:
                 info = await self.rpc.request(addr, RequestCode.BROKER_INFO, timeout_ms=self.timeout_ms)
                 topics = await self.rpc.request(addr, RequestCode.LIST_TOPICS, timeout_ms=self.timeout_ms)
-            except (ConnectionFailed, RpcError, trio.TooSlowError):
+            except (ConnectionFailed, RpcError, trio.TooSlowError) as e:
+                failed.append(f"{addr}: {e or 'timed out'}")
                 continue
             count = topics.fields["topics"].get(topic)
             if count:
                 f = info.fields
                 found.append({"broker_name": f["broker_name"], "addr": addr, "queue_count": count,
                               "healthy": f.get("healthy", True), "failure": f.get("failure", "")})  # fmt: skip
+        if not found and len(failed) == len(self.broker_addrs):  # no answer at all: the topic may well exist
+            raise NoRouteError(f"no broker answered for topic {topic!r}: {'; '.join(failed)}", unreachable=True)
         if not found:
             raise NoRouteError(f"no reachable broker of {self.broker_addrs} has topic {topic!r}")
         return found

@@ -305,3 +305,21 @@ async def test_clients_given_two_name_servers_keep_working_when_one_is_down(nurs
     second.shutdown()
     with trio.fail_after(10):
         await second_stopped.wait()
+
+
+async def test_a_producer_given_broker_addrs_retries_while_its_broker_restarts(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Without name servers, a broker that does not answer the route look-up is
+    unreachable, not a topic that does not exist: the send retries within its budget
+    and succeeds once the broker is back (it used to fail at once, "no broker has
+    topic")."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker("solo")
+    await c.create_topic("t", 2)
+    port = int(broker.addr.rsplit(":", 1)[1])
+    await c.stop_broker("solo")
+    async with open_producer(broker_addrs=[broker.addr], retry_budget_ms=20_000) as p, trio.open_nursery() as n:
+        n.start_soon(c.start_broker, "solo", port)  # back on the same port and data
+        with trio.fail_after(25):
+            result = await p.send("t", b"after the restart")
+    assert result.queue_offsets == [0]
