@@ -17,7 +17,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.service import Broker
+from broker.service import Broker, BrokerConfig
 from broker.service._read_threads import ColdReads, ReadStats, ReadThreads, ResidentSpan
 from broker.store import Span, Store
 from client import RpcClient
@@ -259,3 +259,11 @@ async def test_an_uncached_span_of_any_reply_is_read_in_a_thread_not_sendfiled_o
     assert [r.body for r in decode_records(reply.body)] == bodies
     assert SPAN_COUNTERS["thread_read_spans"] > read_in_thread
     assert SPAN_COUNTERS["sendfile_spans"] == sent
+
+
+@pytest.mark.parametrize(
+    "setting", ["pull_read_threads", "cold_read_threads", "cold_read_memory_queues", "cold_read_distance_bytes"]
+)
+def test_read_pool_settings_below_one_are_refused_naming_the_setting(setting: str) -> None:
+    with pytest.raises(ValueError, match=setting):
+        BrokerConfig(**{setting: 0})
