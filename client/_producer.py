@@ -133,14 +133,16 @@ class Producer:
         ``callback(future)`` is called then, on the producer's trio thread. Raises at
         once: :class:`BufferFullError`, :class:`BatchTooLargeError`, NoRouteError for an
         unknown topic, SendError for an error not worth a retry."""
-        acc = self._accumulator()
+        acc = self._acc
+        if acc is None or acc.closing:
+            acc = self._accumulator()  # raises why
         props = dict(properties) if properties else {}
         uniq: list[str] = []
         if self.unique_ids:
-            key = props.get(UNIQ_KEY)
+            key = props.get(UNIQ_KEY) if properties else None
             if key is None:
                 key = props[UNIQ_KEY] = f"{self.producer_id}{next(self._uniq):016X}"
-            uniq.append(key)
+            uniq = [key]
         msg = Message(topic, 0, body, tags, keys, props, born_timestamp_ms=int(time.time() * 1000))
         mq = self.targets.pick_now(topic, msg, sharding_key, selector)
         tries = None

