@@ -128,12 +128,14 @@ def _diagnose(data: bytes | memoryview, p: int, size: int, offset: int, qoff: in
               where: Callable[[int], str]) -> None:  # fmt: skip
     """Raise for the first field of the record at ``p`` that is not what its entry says."""
     got_size, magic, got_offset, got_qoff, got_qid, tl = _HEAD.unpack_from(data, p)
-    got_topic = bytes(data[p + HEADER_SIZE : p + HEADER_SIZE + tl])
+    got_topic = repr(bytes(data[p + HEADER_SIZE : p + HEADER_SIZE + tl]).decode("utf-8", "replace"))
+    if tl != len(topic):  # its length differs (the bytes read may stop at the expected length)
+        got_topic = f"{got_topic} ({tl} bytes)"
     for check, expected, actual in (
         ("magic", hex(RECORD_MAGIC), hex(magic)),
         ("total size", str(size), str(got_size)),
         ("commitlog offset", str(offset), str(got_offset)),
-        ("topic", repr(topic.decode()), repr(got_topic.decode("utf-8", "replace"))),
+        ("topic", repr(topic.decode()), got_topic),
         ("queue id", str(queue_id), str(got_qid)),
         ("queue offset", str(qoff), str(got_qoff)),
     ):
