@@ -28,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import bisect
 import errno
 import itertools
 import logging
@@ -49,6 +50,7 @@ from commitlog import (
 )  # fmt: skip
 from consumequeue import (
     ENTRY_DTYPE,
+    ENTRY_SIZE,
     ConsumeQueueSet,
     Dispatcher,
     EntryReader,
@@ -452,45 +454,134 @@ class _Step:
     read: ManyRead | _Planned
 
 
+PLAN_CHUNK_ASKS = 256  # asks whose entries are fetched before their picks are worked out together
+
+
+@dataclass(slots=True)
+class _Head:
+    """An ask whose queue holds entries at its offset: those entries (``raw`` from queue
+    offset ``at``, up to the request's per-queue limit) and its queue's bounds."""
+
+    ask: ReadAsk
+    tag_set: set[str] | None
+    at: int
+    raw: bytes
+    bounds: tuple[int, int]
+
+
+def _heads(store: Store, asks: Sequence[ReadAsk], per_queue: int) -> tuple[list[RawRead | _Head], bool]:
+    """Each ask's early answer (no such queue, an offset outside it) or its entries, in
+    order; whether it stopped before an ask whose look-up failed (read that one alone)."""
+    out: list[RawRead | _Head] = []
+    for ask in asks:
+        topic, queue_id, offset, tags = ask
+        tag_set = check_get_args(topic, queue_id, offset, per_queue, tags, 1)
+        try:
+            early, lo, hi = store.check_get(topic, queue_id, offset)
+            if early is not None:
+                out.append(RawRead(early[0], next_offset=early[1], min_offset=lo, max_offset=hi))
+                continue
+            scan = per_queue if tag_set is None else max(per_queue, store.config.max_scan_entries)
+            at, raw = store.queues.queue(topic, queue_id).read(offset, scan)
+        except CorruptRecordError:
+            return out, True
+        out.append(_Head(ask, tag_set, at, raw, (lo, hi)))
+    return out, False
+
+
 def _plan_many(store: Store, asks: Sequence[ReadAsk], begin: int, found: int, nbytes: int,
                limits: tuple[int, int, int]) -> tuple[list[_Step], int, int]:  # fmt: skip
     """The asks from ``begin`` on picked in order within the bounds ``limits`` (max
     messages, per queue, max bytes) as :meth:`StoreBase.read_one_of_many` would, and the
-    counts after them. It stops before an ask whose picking failed (read it alone)."""
+    counts after them. It stops before an ask whose picking failed (read it alone).
+    Entries are looked at a chunk of asks at a time, with array operations over all of
+    them: per queue they cost more than its records' reading did."""
     max_messages, max_per_queue, max_bytes = limits
     steps: list[_Step] = []
-    for ask in itertools.islice(asks, begin, None):
+    i = begin
+    while i < len(asks):
         if found >= max_messages or nbytes >= max_bytes:
-            steps.append(_Step(found, nbytes, None))
-            continue
-        try:
-            read = _pick(store, ask, min(max_per_queue, max_messages - found), max_bytes - nbytes)
-        except CorruptRecordError:
+            steps += [_Step(found, nbytes, None) for _ in range(i, len(asks))]
             break
-        step = _Step(found, nbytes, read)
-        if isinstance(read, _Planned):
-            if nbytes and nbytes + read.nbytes > max_bytes:  # its first record alone is past the bound: next time
-                step.read, nbytes = None, max_bytes
-            else:
-                found, nbytes = found + len(read.pick[0]), nbytes + read.nbytes
-        steps.append(step)
+        heads, stopped = _heads(store, asks[i : i + PLAN_CHUNK_ASKS], max_per_queue)
+        picker = _Picker(store, heads, limits)
+        for head in heads:
+            step = picker.step(head, found, nbytes)
+            if step is None:  # its picking failed: read it alone
+                return steps, found, nbytes
+            steps.append(step)
+            found, nbytes = picker.found, picker.nbytes
+        i += len(heads)
+        if stopped:
+            break
     return steps, found, nbytes
 
 
-def _pick(store: Store, ask: ReadAsk, limit: int, max_bytes: int) -> RawRead | _Planned:
-    """An ask's early answer (no such queue, an offset outside it, nothing matched) or
-    its entries to read, as :meth:`StoreBase.read_raw` picks them."""
-    topic, queue_id, offset, tags = ask
-    tag_set = check_get_args(topic, queue_id, offset, limit, tags, max_bytes)
-    early, lo, hi = store.check_get(topic, queue_id, offset)
-    if early is not None:
-        return RawRead(early[0], next_offset=early[1], min_offset=lo, max_offset=hi)
-    cq = store.queues.queue(topic, queue_id)
-    at, raw = cq.read(offset, limit if tag_set is None else max(limit, store.config.max_scan_entries))
-    picked, qoffs, next_offset = _select(store.log.min_offset, str(cq.directory), at, raw, limit, tag_set, max_bytes)
-    if not len(picked):
-        return RawRead(GetStatus.NO_MATCHED_MESSAGE, [], 0, next_offset, lo, hi)
-    return _Planned((picked, qoffs, topic.encode(), queue_id), next_offset, (lo, hi), int(picked["size"].sum()))
+class _Picker:
+    """Works out the picks of a chunk of heads in order (the counts run on from one to
+    the next). A queue whose entries are all live records and is read without a tag
+    filter (the usual one) is picked from arrays made once for the chunk; others as by
+    :func:`_select`."""
+
+    def __init__(self, store: Store, heads: list[RawRead | _Head], limits: tuple[int, int, int]) -> None:
+        self.store, self.limits = store, limits
+        self.found = self.nbytes = 0
+        raws = [h.raw for h in heads if isinstance(h, _Head)]
+        self.entries = np.frombuffer(b"".join(raws), ENTRY_DTYPE)
+        sizes = self.entries["size"].astype(np.int64)
+        odd = (sizes == 0) | (self.entries["offset"] < store.log.min_offset)  # holes, retention
+        self.cum = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        self.odd = np.concatenate([[0], np.cumsum(odd)]).tolist()
+        self.starts = iter(itertools.accumulate((len(r) // ENTRY_SIZE for r in raws), initial=0))
+
+    def step(self, head: RawRead | _Head, found: int, nbytes: int) -> _Step | None:
+        """The head's step after ``found`` records of ``nbytes``; None if picking failed."""
+        max_messages, max_per_queue, max_bytes = self.limits
+        self.found, self.nbytes = found, nbytes
+        base = next(self.starts) if isinstance(head, _Head) else 0
+        if found >= max_messages or nbytes >= max_bytes:
+            return _Step(found, nbytes, None)
+        if isinstance(head, RawRead):
+            return _Step(found, nbytes, head)
+        limit, room = min(max_per_queue, max_messages - found), max_bytes - nbytes
+        n = len(head.raw) // ENTRY_SIZE
+        try:
+            read = self._simple(head, base, n, limit, room) if self._plain(head, base, n) else self._any(head, limit, room)
+        except CorruptRecordError:
+            return None
+        if isinstance(read, _Planned):
+            if nbytes and nbytes + read.nbytes > max_bytes:  # its first record alone is past the bound: next time
+                self.nbytes = max_bytes
+                return _Step(found, nbytes, None)
+            self.found, self.nbytes = found + len(read.pick[0]), nbytes + read.nbytes
+        return _Step(found, nbytes, read)
+
+    def _plain(self, head: _Head, base: int, n: int) -> bool:
+        return head.tag_set is None and n > 0 and self.odd[base + n] == self.odd[base]
+
+    def _simple(self, head: _Head, base: int, n: int, limit: int, room: int) -> _Planned:
+        """:func:`_select` for entries that are all live records, no tag filter."""
+        k = min(limit, n)
+        cum = self.cum
+        keep = max(1, bisect.bisect_right(cum, cum[base] + room, base + 1, base + k + 1) - base - 1)
+        full = k == limit or keep < k
+        topic, queue_id, _offset, _tags = head.ask
+        picked = self.entries[base : base + keep]
+        qoffs = np.arange(head.at, head.at + keep, dtype=np.int64)
+        return _Planned((picked, qoffs, topic.encode(), queue_id), head.at + (keep if full else n), head.bounds,
+                        cum[base + keep] - cum[base])  # fmt: skip
+
+    def _any(self, head: _Head, limit: int, room: int) -> RawRead | _Planned:
+        """The pick of :func:`_select` (the entries the per-queue read would scan)."""
+        topic, queue_id, _offset, _tags = head.ask
+        scan = limit if head.tag_set is None else max(limit, self.store.config.max_scan_entries)
+        cq = self.store.queues.queue(topic, queue_id)
+        raw = head.raw[: scan * ENTRY_SIZE]
+        picked, qoffs, next_offset = _select(self.store.log.min_offset, str(cq.directory), head.at, raw, limit,
+                                             head.tag_set, room)  # fmt: skip
+        if not len(picked):
+            return RawRead(GetStatus.NO_MATCHED_MESSAGE, [], 0, next_offset, *head.bounds)
+        return _Planned((picked, qoffs, topic.encode(), queue_id), next_offset, head.bounds, int(picked["size"].sum()))
 
 
 def _select(log_min: int, where: str, at: int, raw: bytes, max_messages: int, tag_set: set[str] | None,
