@@ -285,7 +285,7 @@ async def test_order_per_queue_and_exactly_once_when_connections_are_cut_at_rand
                             props = {UNIQ_KEY: f"{i}"}
                             futures.append((q, await p.submit("t", b"%d" % i, selector=to(q), properties=props)))
                             submitted[q].append(f"{i}")
-                    except NoRouteError:  # the route look-up was cut (see the requests file: Routes, broker_addrs)
+                    except NoRouteError:  # a route look-up cut (older Routes gave up: not "unreachable")
                         refused += 1
                     if i % 10 == 0:
                         await trio.sleep(0.003)  # let the cuts land among requests
