@@ -370,12 +370,12 @@ WINDOW_GAP_MAX_BYTES = 16 * 1024  # records at most this far apart in the log ar
 WINDOW_READ_MAX_BYTES = 1 * MiB  # one such pread at most (a longer neighbourhood is cut; its last record may pass it)
 Pick = tuple[np.ndarray, np.ndarray, bytes, int]  # entries picked, their queue offsets, topic, queue id
 PickSpans = list["FileSpan | bytes"]  # file spans (long runs) or the records' bytes, in queue order
-_HEAD_COLS = np.arange(HEADER_SIZE, dtype=np.int64)
+_HEAD_COLS = np.r_[0:_LOW, OFF_TOPIC_LEN : OFF_TOPIC_LEN + 2].astype(np.int64)  # the checked header bytes only
 _HEAD_DTYPE = np.dtype({
     "names": ["size", "magic", "offset", "queue_offset", "queue_id", "topic_len"],
     "formats": ["<u4", "<u4", "<u8", "<u8", "<u4", "<u2"],
-    "offsets": [OFF_TOTAL_SIZE, OFF_MAGIC, OFF_COMMITLOG_OFFSET, OFF_QUEUE_OFFSET, OFF_QUEUE_ID, OFF_TOPIC_LEN],
-    "itemsize": HEADER_SIZE,
+    "offsets": [OFF_TOTAL_SIZE, OFF_MAGIC, OFF_COMMITLOG_OFFSET, OFF_QUEUE_OFFSET, OFF_QUEUE_ID, _LOW],
+    "itemsize": _LOW + 2,
 })  # fmt: skip
 
 
@@ -507,9 +507,9 @@ def _cut_pieces(buf: bytes, at: np.ndarray, flat: _Flat, good: np.ndarray, out: 
     first = np.concatenate([[0], cut])
     lengths = np.add.reduceat(size, first)
     view = memoryview(buf)
-    pieces: dict[int, list[memoryview]] = {}
+    pieces = [view[p : p + n] for p, n in zip(pos[first].tolist(), lengths.tolist())]
+    piece_owner = owner[first]
+    picks, begin = np.unique(piece_owner, return_index=True)
     counts = np.bincount(owner, minlength=len(out))
-    for k, p, n in zip(owner[first].tolist(), pos[first].tolist(), lengths.tolist()):
-        pieces.setdefault(k, []).append(view[p : p + n])
-    for k, got in pieces.items():
-        out[k] = ([got[0].tobytes() if len(got) == 1 else b"".join(got)], int(counts[k]))
+    for k, a, b in zip(picks.tolist(), begin.tolist(), [*begin[1:].tolist(), len(pieces)]):
+        out[k] = ([pieces[a].tobytes() if b - a == 1 else b"".join(pieces[a:b])], int(counts[k]))

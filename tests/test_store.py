@@ -360,3 +360,28 @@ def test_contiguous_runs_match_their_definition(gaps_sizes: list[tuple[int, int]
         at += size
     got = _contiguous_runs(np.array(offsets, dtype=np.uint64), np.array(sizes, dtype=np.uint32), max_run_bytes)
     assert got == _runs_by_loop(offsets, sizes, max_run_bytes)
+
+
+def test_read_raw_many_reads_queues_in_order_within_the_bounds(store: Store) -> None:
+    """Both modes: queues in the order asked, each up to the per-queue limit, all of
+    them up to max_messages and max_bytes (a first record past it answered alone), the
+    rest not read (None); early answers as read_raw's."""
+    store.put_batch([Message("orders", i % 3, b"m%03d" % i + b"." * 200, "a" if i % 2 else "b") for i in range(60)])
+    store.catch_up()
+    asks = [("orders", 2, 0, None), ("orders", 0, 5, ["a"]), ("orders", 3, 0, None), ("orders", 1, 999, None),
+            ("orders", 1, 0, None)]  # fmt: skip
+    got = store.read_raw_many(asks, 25, 10, 1 << 20)
+    assert [r.status if r is not None and not isinstance(r, Exception) else r for r in got] == [
+        GetStatus.FOUND, GetStatus.FOUND, GetStatus.NO_MESSAGE, GetStatus.OFFSET_OVERFLOW, GetStatus.FOUND]  # fmt: skip
+    counts = [r.count for r in got if r is not None and not isinstance(r, Exception)]
+    assert counts == [10, 8, 0, 0, 7]  # 25 in all: the last queue gets what is left (8 of queue 0 are tagged a)
+    for ask, r in zip(asks, got):
+        alone = store.read_raw(ask[0], ask[1], ask[2], 10, ask[3])
+        assert r is not None and not isinstance(r, Exception)
+        assert (r.next_offset, r.min_offset, r.max_offset) == (alone.next_offset, alone.min_offset, alone.max_offset) \
+            or (ask[1] == 1 and ask[2] == 0)  # fmt: skip
+    size = store.read_raw("orders", 0, 0, 1).nbytes
+    few = store.read_raw_many(asks[:2], 100, 10, 3 * size)
+    assert [r.count if r is not None and not isinstance(r, Exception) else r for r in few] == [3, None]
+    one = store.read_raw_many(asks[:2], 100, 10, 1)  # a first record larger than max_bytes: alone
+    assert [r.count if r is not None and not isinstance(r, Exception) else r for r in one] == [1, None]
