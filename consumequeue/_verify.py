@@ -11,6 +11,12 @@ also has the CRC checked by the decoder; the zero-copy path checks headers only
 :class:`EntryReader` reads through entries both ways. An entry naming bytes that are
 not in the log is damage (:class:`CorruptRecordError`, "record extent"), unless the
 bytes are below the log's first offset: retention took them, and they are left out.
+
+:func:`spans_many` reads the records of many queues at once (a pull of thousands of
+queues of a few records each): sorted by log position, read in windows of neighbours,
+the same identity fields checked with array operations over all of them. It reports
+no damage itself: a queue whose records do not check (or are not in one segment, or
+no longer in the log) is left to the per-queue read, which says what is wrong.
 """
 
 from __future__ import annotations

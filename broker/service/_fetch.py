@@ -8,10 +8,12 @@ polling) until any of its queues gets entries or ``max_wait_ms`` passes. An offs
 log has assigned but the queue does not show yet (the dispatcher, or replication,
 lags) is "nothing yet", never OFFSET_OVERFLOW (:class:`Visibility`).
 
-The reads of one request run in one worker thread (a hop per request, not per queue),
-among at most ``pull_read_threads`` (:class:`ReadThreads`, which every pull and
-look-up of the broker shares): a slow disk read holds up that request, not the event
-loop.
+The queues of one request are read together (:meth:`StorageEngine.read_raw_many`: their
+records sorted by log position, one read per neighbourhood, answered as bytes; a queue
+written alone in long runs is still sent with sendfile). The reads of one request run
+in one worker thread (a hop per request, not per queue), among at most
+``pull_read_threads`` (:class:`ReadThreads`, which every pull and look-up of the broker
+shares): a slow disk read holds up that request, not the event loop.
 
 A damaged record (:class:`CorruptRecordError`: it does not match its queue entry, or
 its CRC) fails its queue only: the records before it are answered, then the queue's

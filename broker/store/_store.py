@@ -15,7 +15,9 @@ Invariants:
   decodes it (CRC checked) and checks size, commit-log offset, topic, queue id and
   queue offset; :meth:`Store.read_raw` checks the same header fields of every record
   it hands out as a file span (one read or map per contiguous run; the consumer
-  checks the CRC). An entry pointing past the log's end is damage, not retention.
+  checks the CRC), and :meth:`Store.read_raw_many` of every record it reads for many
+  queues at once (one read per neighbourhood in the log). An entry pointing past the
+  log's end is damage, not retention.
 - A mismatch raises :class:`CorruptRecordError` (file, offset, field, expected,
   actual) and *marks the queue for rebuild*: it is recorded durably in
   ``rebuild-queues`` and the next open drops the queue and rebuilds it from the log
@@ -400,7 +402,7 @@ class Store(StoreBase):
             found, nbytes = end_found, end_nbytes
             for st in steps:
                 res = st.read.result(next(got)) if isinstance(st.read, _Planned) else st.read
-                if res is _TROUBLE:  # read alone below, from the counts before it
+                if isinstance(st.read, _Planned) and res is None:  # read alone below, from the counts before it
                     found, nbytes = st.found, st.nbytes
                     break
                 out.append(res)
@@ -424,9 +426,6 @@ class Store(StoreBase):
         return self.log.write_offset
 
 
-_TROUBLE = CorruptRecordError("", 0, "", "", "")  # a queue of a many-queue read to read alone
-
-
 @dataclass(slots=True)
 class _Planned:
     """A queue of a many-queue read whose entries are picked: its records to read."""
@@ -436,11 +435,11 @@ class _Planned:
     bounds: tuple[int, int]
     nbytes: int
 
-    def result(self, got: tuple[list[FileSpan | bytes], int] | None) -> RawRead | CorruptRecordError:
-        """Its :class:`RawRead` from what :meth:`EntryReader.spans_many` read; ``_TROUBLE``
-        when that was not every record picked."""
+    def result(self, got: tuple[list[FileSpan | bytes], int] | None) -> RawRead | None:
+        """Its :class:`RawRead` from what :meth:`EntryReader.spans_many` read; None
+        when that was not every record picked (the queue is then read alone)."""
         if got is None or got[1] != len(self.pick[0]):
-            return _TROUBLE
+            return None
         spans = [Span(None, 0, len(s), s) if isinstance(s, bytes) else Span(*s) for s in got[0]]
         return RawRead(GetStatus.FOUND, spans, got[1], self.next_offset, *self.bounds)
 
