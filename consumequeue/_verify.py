@@ -391,8 +391,11 @@ class _Flat:
     def __init__(self, picks: list[Pick]) -> None:
         counts = [len(p[0]) for p in picks]
         self.owner = np.repeat(np.arange(len(picks), dtype=np.int64), counts)
-        self.offset = np.concatenate([p[0]["offset"] for p in picks]).astype(np.int64)
-        self.size = np.concatenate([p[0]["size"] for p in picks]).astype(np.int64)
+        # One copy of the entries, fields taken once (np.concatenate of record arrays
+        # promotes their fields: 9 us per array, most of the work for one record each).
+        entries = np.frombuffer(b"".join([p[0].tobytes() for p in picks]), picks[0][0].dtype)
+        self.offset = entries["offset"].astype(np.int64)
+        self.size = entries["size"].astype(np.int64)
         self.qoff = np.concatenate([p[1] for p in picks]).astype(np.int64)
         self.queue_id = np.repeat(np.array([p[3] for p in picks], dtype=np.int64), counts)
         topics = [p[2] for p in picks]
