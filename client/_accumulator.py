@@ -58,6 +58,10 @@ class Accumulator:
         self.closed = False
         self._since_yield = 0
         self._request_ids = 0
+        # Per topic: batches that found no queue yet (no route), in submission order. A
+        # later submit of the topic queues behind them (not straight into a queue):
+        # else a batch retried once the routes are back would land after later ones.
+        self.unrouted: dict[str, list[Batch]] = {}
 
     def next_request_id(self) -> int:
         self._request_ids += 1
@@ -174,9 +178,15 @@ class Accumulator:
         self._pending_by_gen[batch.gen] = self._pending_by_gen.get(batch.gen, 0) + 1
 
     def add_retry(self, batch: Batch) -> None:
-        """A batch whose first try found no queue (no route now): retried from the start."""
+        """A batch whose first try found no queue (no route now), or submitted behind
+        such batches of its topic: retried from the start, after them."""
         self._track(batch)
-        groups: dict[QueueKey | None, list[Batch]] = {None: [batch]}
+        waiting = self.unrouted.get(batch.topic)
+        if waiting is not None:
+            waiting.append(batch)  # the topic's retry task takes it in order
+            return
+        self.unrouted[batch.topic] = waiting = [batch]
+        groups: dict[QueueKey | None, list[Batch]] = {None: waiting}
         self.nursery.start_soon(retry, self, batch.topic, groups)
 
     def failed(self, req: Request, error: Exception) -> None:

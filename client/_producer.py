@@ -69,7 +69,7 @@ class Producer:
     def __init__(self, rpc: RpcClient, routes: Routes, *, send_timeout_ms: int = 3000, retries: int | None = None,
                  fault_backoff_ms: int = 3000, replication_retry_backoff_ms: int = 200,
                  retry_budget_ms: int | None = None, retry_backoff_ms: int = 50,
-                 retry_backoff_max_ms: int = 500, unique_ids: bool = True, linger_ms: int = 5,
+                 retry_backoff_max_ms: int = 500, unique_ids: bool = True, linger_ms: int = 0,
                  batch_max_bytes: int = 1 << 20, max_in_flight: int = 5, buffer_max_bytes: int = 64 << 20,
                  buffer_full: str = "block", buffer_block_max_ms: int = 60_000,
                  nursery: trio.Nursery | None = None) -> None:  # fmt: skip
@@ -158,9 +158,9 @@ class Producer:
         fut = SendFuture()
         if callback is not None:
             fut.add_done_callback(callback)
-        if mq is None:
+        if mq is None or topic in acc.unrouted:  # no queue now, or behind batches that had none
             batch = Batch(topic, msg, 1, uniq, chunk, fut, _NO_QUEUE, acc.gen, sharding_key, selector, True)
-            batch.tries = tries
+            batch.tries = tries or Tries(self.policy, batch.created)
             acc.add_retry(batch)
         elif acc.add_one(mq, msg, uniq, chunk, fut, sharding_key, selector):
             await trio.lowlevel.checkpoint()  # a sender has a request to make
@@ -204,8 +204,8 @@ class Producer:
         fut = batch.futures[0]
         if callback is not None:
             fut.add_done_callback(callback)
-        if mq is None:
-            batch.tries = tries
+        if mq is None or batch.topic in acc.unrouted:  # no queue now, or behind batches that had none
+            batch.tries = tries or Tries(self.policy, batch.created)
             acc.add_retry(batch)
         elif acc.add(mq, batch):
             await trio.lowlevel.checkpoint()  # a sender has a request to make

@@ -26,7 +26,7 @@ BUFFER_FULL_MODES = ("block", "raise")
 class AccumulatorSettings:
     """The producer's batching settings (see :class:`client.Producer`)."""
 
-    linger_ms: int = 5
+    linger_ms: int = 0
     batch_max_bytes: int = 1 << 20
     max_in_flight: int = 5
     buffer_max_bytes: int = 64 << 20
@@ -132,6 +132,7 @@ class Buffers(Protocol):
     settings: AccumulatorSettings
     nursery: trio.Nursery
     queues: dict[QueueKey, QueueBuffer]
+    unrouted: dict[str, list[Batch]]
     linger_s: float
     batch_max_bytes: int
     send_timeout_ms: int

@@ -64,7 +64,9 @@ def _isolate(acc: Buffers, req: Request) -> None:
 
 async def retry(acc: Buffers, topic: str, groups: dict[QueueKey | None, list[Batch]]) -> None:
     """Retry ``groups`` (per old queue, in order) until each batch has a queue or is
-    failed; a queue's batches are queued again together, once all have their target."""
+    failed; a queue's batches are queued again together, once all have their target.
+    Group ``None`` is the topic's unrouted batches (``acc.unrouted[topic]``): submits
+    append to it meanwhile, and it is let go in the same step as it is queued."""
     try:
         while groups:
             waiting = [b for bs in groups.values() for b in bs if b.next_mq is None and not b.done]
@@ -76,9 +78,13 @@ async def retry(acc: Buffers, topic: str, groups: dict[QueueKey | None, list[Bat
             for key, bs in list(groups.items()):
                 if await _retarget(acc, topic, bs, unreachable):
                     del groups[key]
+                    if key is None:  # the topic's unrouted batches, all placed now (no await since)
+                        acc.unrouted.pop(topic, None)
                     acc.requeue(key, [b for b in bs if not b.done])
     except Exception as e:  # a bug must not lose batches silently, nor keep their queues muted
         log.exception("retrying batches of topic %r failed", topic)
+        if None in groups:
+            acc.unrouted.pop(topic, None)
         for key, bs in groups.items():
             for b in bs:
                 acc.fail(b, SendError(f"send to topic {topic!r} failed: {e!r}"))
