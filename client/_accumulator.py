@@ -41,17 +41,20 @@ class Accumulator:
         self.settings = settings
         self.linger_s = settings.linger_ms / 1000
         self.batch_max_bytes = settings.batch_max_bytes
+        self.buffer_max_bytes = settings.buffer_max_bytes
         self.send_timeout_ms = send_timeout_ms
         self.unique_ids = unique_ids
         self.nursery = nursery
         self.max_request_bytes = rpc.max_frame_bytes - FRAME_HEADROOM_BYTES
+        self.size_max_bytes = min(self.buffer_max_bytes, self.max_request_bytes)  # a larger batch: check_size refuses
         self.queues: dict[QueueKey, QueueBuffer] = {}
         self.senders: dict[str, Sender] = {}
         self.live: set[Batch] = set()  # not done: failed with "producer closed" if still here at the end
         self.buffered_bytes = 0
         self._room: trio.Event | None = None  # set when bytes are released (blocked submits wait on it)
         self.gen = 0
-        self._pending_by_gen: dict[int, int] = {}
+        self._pending_by_gen: dict[int, int] = {}  # older generations' batches not done (a flush waits on them)
+        self._pending_now = 0  # the current generation's (no flush waits on them: a counter is enough)
         self._gen_done: trio.Event | None = None
         self.flushing = 0
         self.closing = False
@@ -175,7 +178,10 @@ class Accumulator:
 
     def _track(self, batch: Batch) -> None:
         self.live.add(batch)
-        self._pending_by_gen[batch.gen] = self._pending_by_gen.get(batch.gen, 0) + 1
+        if batch.gen == self.gen:
+            self._pending_now += 1
+        else:
+            self._pending_by_gen[batch.gen] = self._pending_by_gen.get(batch.gen, 0) + 1
 
     def add_retry(self, batch: Batch) -> None:
         """A batch whose first try found no queue (no route now), or submitted behind
@@ -251,6 +257,9 @@ class Accumulator:
         if self._room is not None:
             self._room.set()
             self._room = None
+        if batch.gen == self.gen:
+            self._pending_now -= 1
+            return
         left = self._pending_by_gen[batch.gen] - 1
         if left:
             self._pending_by_gen[batch.gen] = left
@@ -271,6 +280,9 @@ class Accumulator:
     async def flush(self) -> None:
         """Until every batch submitted before the call is answered or failed for good."""
         gen = self.gen
+        if self._pending_now:
+            self._pending_by_gen[gen] = self._pending_now
+            self._pending_now = 0
         self.gen += 1
         self.flushing += 1
         self._wake_all()

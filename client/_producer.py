@@ -136,14 +136,20 @@ class Producer:
         acc = self._acc
         if acc is None or acc.closing:
             acc = self._accumulator()  # raises why
-        props = dict(properties) if properties else {}
         uniq: list[str] = []
-        if self.unique_ids:
-            key = props.get(UNIQ_KEY) if properties else None
-            if key is None:
-                key = props[UNIQ_KEY] = f"{self.producer_id}{next(self._uniq):016X}"
-            uniq = [key]
-        msg = Message(topic, 0, body, tags, keys, props, born_timestamp_ms=int(time.time() * 1000))
+        if properties:
+            props = dict(properties)
+            if self.unique_ids:
+                key = props.get(UNIQ_KEY)
+                if key is None:
+                    key = props[UNIQ_KEY] = f"{self.producer_id}{next(self._uniq):016X}"
+                uniq = [key]
+        elif self.unique_ids:
+            key = f"{self.producer_id}{next(self._uniq):016X}"
+            props, uniq = {UNIQ_KEY: key}, [key]
+        else:
+            props = {}
+        msg = Message(topic, 0, body, tags, keys, props, 0, int(time.time() * 1000))
         mq = self.targets.pick_now(topic, msg, sharding_key, selector)
         tries = None
         if mq is None:
@@ -152,8 +158,11 @@ class Producer:
             msg.queue_id = mq.queue_id
         chunk = encode_one(msg)
         size = len(chunk)
-        acc.check_size(size)
-        if not acc.reserve_now(size):
+        if size > acc.size_max_bytes:
+            acc.check_size(size)  # raises why
+        if acc.buffered_bytes + size <= acc.buffer_max_bytes and not acc.closing:  # reserve_now, inline
+            acc.buffered_bytes += size
+        else:
             await acc.reserve(size)
         fut = SendFuture()
         if callback is not None:

@@ -51,14 +51,11 @@ class Batch:
     from: one ``submit_batch`` (one future), or single ``submit`` calls merged (a future
     per message, ``per_message``). Only the first message is kept as an object (a
     retry's selector needs one); the rest is encoded bytes and UNIQ_KEYs: fewer objects
-    for the cyclic collector to scan while a buffer of 64 MiB waits."""
+    for the cyclic collector to scan while a buffer of 64 MiB waits (slots: no dict
+    each, at 10,000 queues a batch per message)."""
 
-    # Rarely changed: class-level defaults (a batch per message at 10,000 queues).
-    tries: Tries | None = None  # made at its first failure
-    history: tuple[int, ...] = ()  # the requests whose outcome was unknown: dedup, sent only with its like
-    alone = False  # sent in a request of its own (another batch's bad message failed a shared one)
-    done = False
-    next_mq: MessageQueue | None = None  # a retry's target, until the batch is queued again
+    __slots__ = ("alone", "chunks", "count", "created", "done", "encoded_for", "first", "futures", "gen", "history",
+                 "keys", "mq", "next_mq", "open", "per_message", "selector", "sharding_key", "size", "topic", "tries")  # fmt: skip
 
     def __init__(self, topic: str, first: Message, count: int, keys: list[str], chunk: bytes, fut: SendFuture,
                  mq: MessageQueue, gen: int, sharding_key: str | None, selector: QueueSelector | None,
@@ -78,6 +75,11 @@ class Batch:
         self.selector = selector
         self.open = per_message  # single submits may still join it
         self.encoded_for = first.queue_id
+        self.tries: Tries | None = None  # made at its first failure
+        self.history: tuple[int, ...] = ()  # the requests whose outcome was unknown: dedup, sent only with its like
+        self.alone = False  # sent in a request of its own (another batch's bad message failed a shared one)
+        self.done = False
+        self.next_mq: MessageQueue | None = None  # a retry's target, until the batch is queued again
 
     def encode_for(self, queue_id: int) -> None:
         """Encode for another queue (a retry elsewhere): each message's queue id changes."""

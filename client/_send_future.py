@@ -135,10 +135,11 @@ class SendFuture:
     def _resolve(self, answer: Answer, keys: Sequence[str], start: int, count: int) -> None:
         """Answered: its messages are slice ``start``.. of ``answer`` (and of ``keys``,
         the batch's UNIQ_KEYs: empty without unique ids)."""
-        if self.done():
+        if self._answer is not None or self._error is not None:
             return
         self._answer, self._keys, self._start, self._count = answer, keys, start, count
-        self._finish()
+        if self._event is not None or self._callbacks is not None:
+            self._finish()
 
     def _fail(self, error: SendError) -> None:
         if self.done():
@@ -153,6 +154,16 @@ class SendFuture:
             callbacks, self._callbacks = self._callbacks, None
             for fn in callbacks:
                 _call(fn, self)
+
+
+def resolve_each(futures: list[SendFuture], answer: Answer, keys: Sequence[str]) -> None:
+    """A batch of single messages answered: future ``i`` is message ``i`` (one loop, no
+    call per future unless someone waits on it)."""
+    for i, fut in enumerate(futures):
+        if fut._answer is None and fut._error is None:
+            fut._answer, fut._keys, fut._start, fut._count = answer, keys, i, 1
+            if fut._event is not None or fut._callbacks is not None:
+                fut._finish()
 
 
 def _call(fn: DoneCallback, fut: SendFuture) -> None:

@@ -16,7 +16,7 @@ from protocol import ErrorCode, Frame, RequestCode
 from protocol.transport import ConnectionFailed, RpcError
 
 from ._send_batch import Batch, Buffers, QueueBuffer, QueueKey, Request
-from ._send_future import Answer, SendError
+from ._send_future import Answer, SendError, resolve_each
 from ._send_tries import NotLeader
 
 log = logging.getLogger("clmq.producer")
@@ -181,8 +181,7 @@ class Sender:
                 acc.finished(b)
                 keys = b.keys
                 if b.per_message:
-                    for j, fut in enumerate(b.futures):
-                        fut._resolve(answer, keys, j, 1)
+                    resolve_each(b.futures, answer, keys)
                 else:
                     b.futures[0]._resolve(answer, keys, 0, n)
         for qb in req.queues:
