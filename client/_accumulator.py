@@ -125,19 +125,25 @@ class Accumulator:
         qb.batches.append(batch)
         return self._grew(qb, batch.size)
 
-    def add_one(self, mq: MessageQueue, msg: Message, uniq: list[str], chunk: bytes, fut: SendFuture,
+    def add_one(self, mq: MessageQueue, msg: Message, uniq: tuple[str, ...], chunk: bytes, fut: SendFuture,
                 sharding_key: str | None, selector: QueueSelector | None) -> bool:  # fmt: skip
         """:meth:`add` for one message: merged into the queue's open batch if it has one
-        (no new batch: the common case under load costs an append or two)."""
+        (no new batch: the common case under load costs an append or two). ``uniq``:
+        its UNIQ_KEY, or none without unique ids."""
         qb = self._queue(msg.topic, mq)
         size = len(chunk)
         last = qb.batches[-1] if qb.batches else None
         if (last is not None and last.open and last.gen == self.gen and last.selector is selector
                 and last.sharding_key == sharding_key and last.size + size <= self.batch_max_bytes):  # fmt: skip
             last.futures.append(fut)
+            chunks, keys = last.chunks, last.keys
+            if isinstance(chunks, tuple):  # its first merge: lists from now on
+                last.chunks = chunks = list(chunks)
+            if isinstance(keys, tuple):
+                last.keys = keys = list(keys)
+            chunks.append(chunk)
             if uniq:
-                last.keys.append(uniq[0])
-            last.chunks.append(chunk)
+                keys.append(uniq[0])
             last.size += size
             last.count += 1
         else:

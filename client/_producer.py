@@ -21,7 +21,7 @@ from protocol.transport import RpcClient, background_nursery
 from ._accumulator import Accumulator
 from ._routes import MessageQueue, NoRouteError, Routes
 from ._send_batch import AccumulatorSettings, Batch
-from ._send_encode import encode_one
+from ._send_encode import PLAIN_CHECKED, UNIQ_KEY_CHARS, encode_one, encode_plain
 from ._send_future import (
     UNIQ_KEY,
     BatchTooLargeError,
@@ -136,27 +136,17 @@ class Producer:
         acc = self._acc
         if acc is None or acc.closing:
             acc = self._accumulator()  # raises why
-        uniq: list[str] = []
-        if properties:
-            props = dict(properties)
-            if self.unique_ids:
-                key = props.get(UNIQ_KEY)
-                if key is None:
-                    key = props[UNIQ_KEY] = f"{self.producer_id}{next(self._uniq):016X}"
-                uniq = [key]
-        elif self.unique_ids:
-            key = f"{self.producer_id}{next(self._uniq):016X}"
-            props, uniq = {UNIQ_KEY: key}, [key]
-        else:
-            props = {}
-        msg = Message(topic, 0, body, tags, keys, props, 0, int(time.time() * 1000))
+        msg, uniq, plain = self._message(topic, body, tags, keys, properties)
         mq = self.targets.pick_now(topic, msg, sharding_key, selector)
         tries = None
         if mq is None:
             mq, tries = await self._first_target(topic, msg, sharding_key, selector)
         if mq is not None:
             msg.queue_id = mq.queue_id
-        chunk = encode_one(msg)
+        if plain and PLAIN_CHECKED:
+            chunk = encode_plain(msg.queue_id, msg.born_timestamp_ms, uniq[0], body)
+        else:
+            chunk = encode_one(msg)
         size = len(chunk)
         if size > acc.size_max_bytes:
             acc.check_size(size)  # raises why
@@ -166,7 +156,7 @@ class Producer:
             await acc.reserve(size)
         fut = SendFuture()
         if callback is not None:
-            fut.add_done_callback(callback)
+            fut._callbacks = [callback]  # add_done_callback of a future not done (no call)
         if mq is None or topic in acc.unrouted:  # no queue now, or behind batches that had none
             batch = Batch(topic, msg, 1, uniq, chunk, fut, _NO_QUEUE, acc.gen, sharding_key, selector, True)
             batch.tries = tries or Tries(self.policy, batch.created)
@@ -174,6 +164,26 @@ class Producer:
         elif acc.add_one(mq, msg, uniq, chunk, fut, sharding_key, selector):
             await trio.lowlevel.checkpoint()  # a sender has a request to make
         return fut
+
+    def _message(self, topic: str, body: bytes, tags: str, keys: str,
+                 properties: Mapping[str, str] | None) -> tuple[Message, tuple[str, ...], bool]:  # fmt: skip
+        """One submit's message with its UNIQ_KEY (given, or made if ``unique_ids``), the
+        key, and whether :func:`encode_plain` may encode it (no tags, keys or properties
+        but the key this producer made)."""
+        born_ms = int(time.time() * 1000)
+        if not properties:
+            if not self.unique_ids:
+                return Message(topic, 0, body, tags, keys, {}, 0, born_ms), (), False
+            key = f"{self.producer_id}{next(self._uniq):016X}"
+            plain = not tags and not keys and len(key) == UNIQ_KEY_CHARS
+            return Message(topic, 0, body, tags, keys, {UNIQ_KEY: key}, 0, born_ms), (key,), plain
+        props = dict(properties)
+        uniq: tuple[str, ...] = ()
+        if self.unique_ids:
+            given = props.get(UNIQ_KEY)
+            key = props[UNIQ_KEY] = f"{self.producer_id}{next(self._uniq):016X}" if given is None else given
+            uniq = (key,)
+        return Message(topic, 0, body, tags, keys, props, 0, born_ms), uniq, False
 
     async def submit_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
                            selector: QueueSelector | None = None, callback: DoneCallback | None = None) -> SendFuture:  # fmt: skip
@@ -190,7 +200,7 @@ class Producer:
         qid = mq.queue_id if mq is not None else 0
         for m in msgs:
             m.queue_id = qid
-        uniq = [m.properties[UNIQ_KEY] for m in msgs] if self.unique_ids else []
+        uniq = tuple([m.properties[UNIQ_KEY] for m in msgs]) if self.unique_ids else ()
         fut = SendFuture()
         batch = Batch(topic, msgs[0], len(msgs), uniq, encode_batch(msgs), fut, mq or _NO_QUEUE, acc.gen, sharding_key,
                       selector, False)  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import trio
 
@@ -57,14 +57,16 @@ class Batch:
     __slots__ = ("alone", "chunks", "count", "created", "done", "encoded_for", "first", "futures", "gen", "history",
                  "keys", "mq", "next_mq", "open", "per_message", "selector", "sharding_key", "size", "topic", "tries")  # fmt: skip
 
-    def __init__(self, topic: str, first: Message, count: int, keys: list[str], chunk: bytes, fut: SendFuture,
+    def __init__(self, topic: str, first: Message, count: int, keys: Sequence[str], chunk: bytes, fut: SendFuture,
                  mq: MessageQueue, gen: int, sharding_key: str | None, selector: QueueSelector | None,
                  per_message: bool) -> None:  # fmt: skip
         self.topic = topic
         self.first = first
         self.count = count
-        self.keys = keys  # the messages' UNIQ_KEYs in order (empty without unique ids)
-        self.chunks = [chunk]  # encoded for queue ``encoded_for``; the request joins them
+        # Tuples until a message joins (a tuple of strings or bytes is not tracked by the
+        # collector once it has seen it: two objects fewer per batch to scan again).
+        self.keys: list[str] | tuple[str, ...] = keys if isinstance(keys, tuple) else list(keys)  # UNIQ_KEYs, in order
+        self.chunks: list[bytes] | tuple[bytes, ...] = (chunk,)  # encoded for queue ``encoded_for``; a request joins them
         self.size = len(chunk)
         self.futures = [fut]
         self.per_message = per_message  # futures[i] is message i's (else futures[0] is the whole batch's)
@@ -84,7 +86,7 @@ class Batch:
     def encode_for(self, queue_id: int) -> None:
         """Encode for another queue (a retry elsewhere): each message's queue id changes."""
         if queue_id != self.encoded_for:
-            self.chunks = [set_queue_id(b"".join(self.chunks), queue_id, self.count)]
+            self.chunks = (set_queue_id(b"".join(self.chunks), queue_id, self.count),)
             self.first.queue_id = self.encoded_for = queue_id
 
 

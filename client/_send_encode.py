@@ -43,4 +43,23 @@ def _general(m: Message) -> bytes:
     return encode_batch([m])
 
 
-encode_one = _fast if _same_layout() else _general
+_UNIQ_PROPS_BYTES = len(_UNIQ_PREFIX) + UNIQ_KEY_CHARS
+
+
+def encode_plain(queue_id: int, born_ms: int, key: str, body: bytes) -> bytes:
+    """:func:`encode_one` of a message with no tags, no keys and no property but its
+    ``UNIQ_KEY`` ``key`` (the producer's own: ``UNIQ_KEY_CHARS`` ASCII characters),
+    without the Message: most submits."""
+    header = _ITEM.pack(queue_id, 0, born_ms, 0, 0, _UNIQ_PROPS_BYTES, len(body))
+    return b"".join((header, _UNIQ_PREFIX, key.encode(), body))
+
+
+def _plain_same() -> bool:
+    key = "0123456789ABCDEF" * 2
+    m = Message("t", 5, b"body", "", "", {UNIQ_KEY: key}, 0, 1234567890123)
+    return encode_plain(5, 1234567890123, key, b"body") == encode_batch([m])
+
+
+LAYOUT_CHECKED = _same_layout()
+encode_one = _fast if LAYOUT_CHECKED else _general
+PLAIN_CHECKED = LAYOUT_CHECKED and _plain_same()  # else every submit uses encode_one

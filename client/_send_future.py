@@ -58,7 +58,8 @@ class SendResult:
 
 
 class Answer(NamedTuple):
-    """The broker's answer for one batch (its slice of a request's answer)."""
+    """The broker's answer for one batch: the request's offsets (not sliced per batch:
+    most batches' futures never build a result), the batch's from ``base`` on."""
 
     queue: MessageQueue
     queue_offsets: list[int]
@@ -66,6 +67,7 @@ class Answer(NamedTuple):
     durable: bool
     flush_timeout: bool
     duplicate: bool
+    base: int = 0  # the batch's first message in the offsets
 
 
 DoneCallback = Callable[["SendFuture"], object]
@@ -104,9 +106,10 @@ class SendFuture:
             if answer is None:
                 raise RuntimeError("the send is not done yet: await wait() or add a done callback")
             s, e = self._start, self._start + self._count
-            self._result = SendResult(answer.queue, answer.queue_offsets[s:e], answer.commitlog_offsets[s:e],
-                                      answer.durable, answer.flush_timeout, answer.duplicate,
-                                      tuple(self._keys[s:e]))  # fmt: skip
+            b = answer.base
+            self._result = SendResult(answer.queue, answer.queue_offsets[b + s : b + e],
+                                      answer.commitlog_offsets[b + s : b + e], answer.durable, answer.flush_timeout,
+                                      answer.duplicate, tuple(self._keys[s:e]))  # fmt: skip
         return self._result
 
     def exception(self) -> SendError | None:

@@ -174,7 +174,7 @@ class Sender:
             i = 0
             for b in req.batches:
                 n = b.count
-                answer = Answer(b.mq, qoffs[i : i + n], coffs[i : i + n], durable, flush_timeout, duplicate)
+                answer = Answer(b.mq, qoffs, coffs, durable, flush_timeout, duplicate, i)
                 i += n
                 if b.done:
                     continue
