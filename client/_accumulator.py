@@ -126,10 +126,10 @@ class Accumulator:
         return self._grew(qb, batch.size)
 
     def add_one(self, mq: MessageQueue, msg: Message, uniq: tuple[str, ...], chunk: bytes, fut: SendFuture,
-                sharding_key: str | None, selector: QueueSelector | None) -> bool:  # fmt: skip
+                sharding_key: str | None, selector: QueueSelector | None, plain: bool) -> bool:  # fmt: skip
         """:meth:`add` for one message: merged into the queue's open batch if it has one
         (no new batch: the common case under load costs an append or two). ``uniq``:
-        its UNIQ_KEY, or none without unique ids."""
+        its UNIQ_KEY, or none without unique ids; ``plain``: see :class:`Batch`."""
         qb = self._queue(msg.topic, mq)
         size = len(chunk)
         last = qb.batches[-1] if qb.batches else None
@@ -147,7 +147,7 @@ class Accumulator:
             last.size += size
             last.count += 1
         else:
-            batch = Batch(msg.topic, msg, 1, uniq, chunk, fut, mq, self.gen, sharding_key, selector, True)
+            batch = Batch(msg.topic, msg, 1, uniq, chunk, fut, mq, self.gen, sharding_key, selector, True, plain)
             self._track(batch)
             qb.batches.append(batch)
         return self._grew(qb, size)

@@ -161,7 +161,7 @@ class Producer:
             batch = Batch(topic, msg, 1, uniq, chunk, fut, _NO_QUEUE, acc.gen, sharding_key, selector, True)
             batch.tries = tries or Tries(self.policy, batch.created)
             acc.add_retry(batch)
-        elif acc.add_one(mq, msg, uniq, chunk, fut, sharding_key, selector):
+        elif acc.add_one(mq, msg, uniq, chunk, fut, sharding_key, selector, plain):
             await trio.lowlevel.checkpoint()  # a sender has a request to make
         return fut
 

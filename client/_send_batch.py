@@ -15,7 +15,7 @@ from commitlog import Message, set_queue_id
 from protocol.transport import RpcClient
 
 from ._routes import MessageQueue
-from ._send_future import SendError, SendFuture
+from ._send_future import UNIQ_KEY, SendError, SendFuture
 from ._send_tries import QueueSelector, RetryPolicy, Targets, Tries
 
 QueueKey = tuple[str, str, int]  # topic, broker name, queue id
@@ -54,14 +54,18 @@ class Batch:
     for the cyclic collector to scan while a buffer of 64 MiB waits (slots: no dict
     each, at 10,000 queues a batch per message)."""
 
-    __slots__ = ("alone", "chunks", "count", "created", "done", "encoded_for", "first", "futures", "gen", "history",
-                 "keys", "mq", "next_mq", "open", "per_message", "selector", "sharding_key", "size", "topic", "tries")  # fmt: skip
+    __slots__ = ("_body", "_born_ms", "_first", "alone", "chunks", "count", "created", "done", "encoded_for",
+                 "futures", "gen", "history", "keys", "mq", "next_mq", "open", "per_message", "selector",
+                 "sharding_key", "size", "topic", "tries")  # fmt: skip
 
     def __init__(self, topic: str, first: Message, count: int, keys: Sequence[str], chunk: bytes, fut: SendFuture,
                  mq: MessageQueue, gen: int, sharding_key: str | None, selector: QueueSelector | None,
-                 per_message: bool) -> None:  # fmt: skip
+                 per_message: bool, plain: bool = False) -> None:  # fmt: skip
         self.topic = topic
-        self.first = first
+        # A plain message (no tags, keys or properties but its UNIQ_KEY, ``keys[0]``) is
+        # made again if a retry's selector wants it: three objects fewer to keep.
+        self._first: Message | None = None if plain else first
+        self._body, self._born_ms = first.body, first.born_timestamp_ms
         self.count = count
         # Tuples until a message joins (a tuple of strings or bytes is not tracked by the
         # collector once it has seen it: two objects fewer per batch to scan again).
@@ -83,11 +87,21 @@ class Batch:
         self.done = False
         self.next_mq: MessageQueue | None = None  # a retry's target, until the batch is queued again
 
+    @property
+    def first(self) -> Message:
+        """The batch's first message (a retry's selector is given it)."""
+        if self._first is None:
+            props = {UNIQ_KEY: self.keys[0]}
+            self._first = Message(self.topic, self.encoded_for, self._body, "", "", props, 0, self._born_ms)
+        return self._first
+
     def encode_for(self, queue_id: int) -> None:
         """Encode for another queue (a retry elsewhere): each message's queue id changes."""
         if queue_id != self.encoded_for:
             self.chunks = (set_queue_id(b"".join(self.chunks), queue_id, self.count),)
-            self.first.queue_id = self.encoded_for = queue_id
+            self.encoded_for = queue_id
+            if self._first is not None:
+                self._first.queue_id = queue_id
 
 
 class QueueBuffer:

@@ -31,7 +31,8 @@ from client import (
     SendFuture,
     open_producer,
 )
-from client._send_encode import encode_one
+from client._send_batch import Batch
+from client._send_encode import encode_one, encode_plain
 from protocol import Frame, FrameDecoder, RequestCode, encode_batch
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
@@ -402,3 +403,29 @@ def test_the_single_message_encoding_is_the_batch_encoding(body: bytes, tags: st
         props = {**props, UNIQ_KEY: uniq}
     m = Message("t", queue_id, body, tags, keys, props, born_timestamp_ms=born)
     assert encode_one(m) == encode_batch([m])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    body=st.binary(max_size=300),
+    uniq=st.text(alphabet="0123456789ABCDEF", min_size=32, max_size=32),
+    queue_id=st.integers(0, 2**31),
+    retried_on=st.integers(0, 2**31),
+    born=st.integers(0, 2**62),
+)
+def test_a_plain_message_is_encoded_and_made_again_as_it_was_submitted(body: bytes, uniq: str, queue_id: int,
+                                                                       retried_on: int, born: int) -> None:  # fmt: skip
+    """A submit without tags, keys or properties is encoded by ``encode_plain`` and its
+    batch keeps no Message: the one a retry's selector is given is made again, equal to
+    the submitted one (on the queue it is encoded for)."""
+    m = Message("t", queue_id, body, "", "", {UNIQ_KEY: uniq}, born_timestamp_ms=born)
+    assert encode_plain(queue_id, born, uniq, body) == encode_batch([m])
+    mq = MessageQueue("t", "b", queue_id, "127.0.0.1:1")
+    asked_before, asked_after = (Batch("t", m, 1, (uniq,), encode_plain(queue_id, born, uniq, body), SendFuture(), mq,
+                                       0, None, None, True, True) for _ in range(2))  # fmt: skip
+    assert asked_before.first == m
+    expected = Message("t", retried_on, body, "", "", {UNIQ_KEY: uniq}, born_timestamp_ms=born)
+    for batch in (asked_before, asked_after):
+        batch.encode_for(retried_on)
+        assert b"".join(batch.chunks) == encode_batch([expected])
+        assert batch.first == expected
