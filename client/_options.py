@@ -66,3 +66,13 @@ class ConsumerOptions:
     # A follower that failed a pull (down, an error, or it lacks what was asked) is not
     # pulled from for this long: the leader serves meanwhile.
     follower_failure_backoff_ms: int = 5_000
+
+    def __post_init__(self) -> None:
+        for name in _AT_LEAST_ONE:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+# Limits a consumer cannot work with at 0 (a byte bound of 0 left every fetch waiting).
+_AT_LEAST_ONE = ("pull_batch", "fetch_queues", "fetch_max_messages", "fetch_max_bytes", "watch_max_bytes",
+                 "fetches_in_flight", "watches_in_flight", "prefetch_max_bytes", "receive_max_messages")  # fmt: skip

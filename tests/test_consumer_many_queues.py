@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from client import Consumer, RpcClient, open_consumer
+from client import Consumer, ConsumerOptions, RpcClient, open_consumer
 from commitlog import Message, Record
 from protocol import FLAG_RESPONSE, NEED_DATA, Frame, FrameDecoder, RequestCode, decode_records, encode_batch
 from tests.service_helpers import FAST_CONSUMER, Cluster
@@ -269,3 +269,13 @@ async def test_idle_consumer_of_10000_queues_long_polls_them_together(cluster: C
             assert [r.body for r in got] == [f"late-{q}".encode()]
         pulls = proxy.count(RequestCode.PULL_MESSAGES) - watches
         assert pulls <= 3 * 4  # per arrival: its woken watch, a fresh watch for the rest, and a few more
+
+
+@pytest.mark.parametrize("setting", ["pull_batch", "fetch_queues", "fetch_max_messages", "fetch_max_bytes",
+                                     "watch_max_bytes", "fetches_in_flight", "watches_in_flight",
+                                     "prefetch_max_bytes", "receive_max_messages"])  # fmt: skip
+def test_consumer_limits_below_one_are_refused_naming_the_setting(setting: str) -> None:
+    """A limit of 0 used to be accepted and, for the byte bounds, made every fetch wait
+    for room that never came (the consumer hung)."""
+    with pytest.raises(ValueError, match=setting):
+        ConsumerOptions(**{setting: 0})
