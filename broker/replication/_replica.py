@@ -214,6 +214,17 @@ class Replica:
         if self.leader is not None:  # None: a partition-per-file store, never replicated
             self.leader.check_sync_write(topic)
 
+    def acks_at_once(self, topic: str) -> bool:
+        """Whether a write to ``topic`` stored now may be acknowledged without waiting:
+        :meth:`wait_held` would answer None at once (a store not replicated, or async
+        acks with the lease held). False whenever it might wait or refuse."""
+        leader = self.leader
+        if leader is None:
+            return self.role == "leader"
+        if leader.config.ack_mode_of(topic) == "sync" or not leader.first_ack_logged:
+            return False
+        return self.coordinator is None or self.coordinator.may_ack() is None
+
     async def wait_held(self, topic: str, end: int) -> tuple[ErrorCode, str] | None:
         """After a write: None once it may be acknowledged, else the error to answer.
         In ZooKeeper mode the lease is checked last, just before the answer: a leader

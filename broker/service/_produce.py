@@ -67,7 +67,21 @@ class Produce:
             put = self._last_put = self.b.lane.submit(topic, frame.body, (peer.host, peer.port))
         except BusyError as e:
             raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
-        return Later(lambda: self._stored(put))
+        return Later(lambda: self._stored(put), subscribe=lambda deliver: put.add_done_callback(
+            lambda p: deliver(self._reply_now(p))))  # fmt: skip
+
+    def _reply_now(self, put: PendingPut) -> Reply | None:
+        """The answer to a stored put when it needs no waiting (async flush, acknowledged
+        without replicas to wait for), made as the lane completes its group: no task per
+        request. None: the answer waits (``_stored``: sync flush, sync acks, errors)."""
+        result = put.result
+        if result is None or not result.ok or self.store.config.commitlog.flush_mode is FlushMode.SYNC:
+            return None
+        if not self.b.replica.acks_at_once(put.topic):
+            return None
+        return Reply({"queue_offsets": result.queue_offsets, "commitlog_offsets": result.commitlog_offsets,
+                      "store_timestamp_ms": result.store_timestamp_ms,
+                      "durable": self.store.durable_offset >= result.end_offset})  # fmt: skip
 
     def _not_leader(self, topic: str) -> Reply | None:
         """The checks before a write (a follower, or too few replicas in sync: nothing
@@ -150,20 +164,9 @@ class Produce:
         return Reply(fields)
 
     async def _await_durable(self, end_offset: int) -> bool:
-        """Sync flush: wait for the group commit that covers ``end_offset``."""
-        done = trio.Event()
-        token = trio.lowlevel.current_trio_token()
-
-        def wake() -> None:  # runs on the flusher thread
-            try:
-                token.run_sync_soon(done.set)
-            except trio.RunFinishedError:
-                pass
-
-        self.store.on_durable(end_offset, wake)  # on failure: called at once (then store.failure is set)
-        with trio.move_on_after(self.config.sync_flush_timeout_ms / 1000):
-            await done.wait()
-        return done.is_set() and self.store.failure is None and self.store.durable_offset >= end_offset
+        """Sync flush: wait for the group commit that covers ``end_offset`` (woken with
+        every other request it covers: ``AppendLane.durable``)."""
+        return await self.b.lane.durable.wait(end_offset, self.config.sync_flush_timeout_ms / 1000)
 
 
 def _all_or_none(topic: str, queue_ids: list[int], found: dict[int, Stored | None]) -> Stored | None:
