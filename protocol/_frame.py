@@ -140,7 +140,8 @@ def _frame_from_header(h: object, body: bytes) -> Frame:
         err, text, version = h.get("e", 0), h.get("m", ""), h.get("v", 0)
     except KeyError as e:
         raise ProtocolError(f"frame header lacks {e.args[0]!r}") from None
-    if not all(isinstance(v, int) for v in (code, rid, flags, err, version)):
+    ints = isinstance(code, int) and isinstance(rid, int) and isinstance(flags, int)  # no generator: once per frame
+    if not (ints and isinstance(err, int) and isinstance(version, int)):
         raise ProtocolError("frame header: code, id, flags, error code and version must be integers")
     if not isinstance(fields, dict) or not isinstance(text, str):
         raise ProtocolError("frame header: fields must be a map and the error text a string")

@@ -13,13 +13,16 @@ from pathlib import Path
 import msgpack
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from broker.service import Broker
 from broker.service._append import AppendLane
 from broker.store import Store, StoreConfig
 from commitlog import CommitLogConfig, FlushMode, Message, decode_records_many, pack_messages
-from protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, RequestCode, encode_batch, encode_frame
+from protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, RequestCode, encode_batch, encode_frame, response_to
 from protocol.transport import Later, Peer, Reply, RpcServer
+from protocol.transport._connection import encode_reply
 from protocol.transport._handler import Deliver
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
@@ -230,3 +233,20 @@ async def test_sync_flush_waiters_are_released_by_the_group_commits(tmp_path: Pa
             n.cancel_scope.cancel()
     finally:
         store.close()
+
+
+@given(code=st.integers(0, 1 << 16), rid=st.integers(-(1 << 40), 1 << 40), error_code=st.integers(0, 300),
+       error_text=st.text(max_size=20), body=st.binary(max_size=40),
+       fields=st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-(1 << 62), 1 << 62), st.booleans(),
+                              st.lists(st.integers(0, 1 << 40), max_size=4), st.text(max_size=8)), max_size=4))  # fmt: skip
+def test_a_reply_encoded_without_a_frame_is_the_frame_encoding_byte_for_byte(code: int, rid: int, error_code: int,
+                                                                            error_text: str, body: bytes,
+                                                                            fields: dict[str, object]) -> None:  # fmt: skip
+    request = Frame(code, rid, {"topic": "t"}, b"x")
+    reply = Reply(dict(fields), body, error_code=error_code, error_text=error_text)
+    expected = encode_frame(response_to(request, fields, body, error_code, error_text))
+    assert encode_reply(request, reply) == expected
+    decoder = FrameDecoder()
+    decoder.receive_data(expected)
+    event = decoder.next_event()
+    assert isinstance(event, Frame) and event.is_response and (event.request_id, event.body) == (rid, body)

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import functools
 import logging
+import struct
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
+import msgpack
 import trio
 
 from protocol import (
     FLAG_ONEWAY,
+    FLAG_RESPONSE,
     NEED_DATA,
+    PROTOCOL_VERSION,
     ErrorCode,
     Frame,
     FrameDecoder,
@@ -58,6 +62,22 @@ _BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 def _nothing() -> None:
     pass
+
+
+_PREFIX = struct.Struct("<II")  # protocol._frame's prefix: frame length, header length
+
+
+def encode_reply(request: Frame, reply: Reply) -> bytes:
+    """``encode_frame(response_to(request, ...))`` of a reply without file spans, without
+    making the Frame (once per reply on a busy server; same bytes: tests/test_reply_coalescing)."""
+    h: dict[str, Any] = {"v": PROTOCOL_VERSION, "c": request.code, "i": request.request_id, "f": FLAG_RESPONSE}
+    if reply.error_code:
+        h["e"], h["m"] = reply.error_code, reply.error_text
+    if reply.fields:
+        h["x"] = reply.fields
+    header = msgpack.packb(h, use_bin_type=True)
+    body = reply.body
+    return b"".join((_PREFIX.pack(4 + len(header) + len(body), len(header)), header, body))
 
 
 @dataclass
@@ -219,11 +239,15 @@ class ServerConnection:
             await self.outbox.wait_room()  # a client not reading its replies: read no more requests
             if self.outbox.closed:
                 return
-            if not (more or self.intake.reserved) and not await self._deadline(self._readable):
+            waited = not (more or self.intake.reserved)
+            if waited and not await self._deadline(self._readable):
                 return  # charged only once bytes are there: a silent connection holds nothing
             n = await self.intake.admit_read()
             between_frames = not self.intake.reserved  # this read is charged until decoded
-            data = await self._deadline(functools.partial(self.stream.receive_some, n))
+            if waited:  # readable: the receive does not block (no deadline, a cancel scope fewer per read)
+                data = await self._receive(n)
+            else:
+                data = await self._deadline(functools.partial(self.stream.receive_some, n))
             if not data:
                 return
             more = between_frames and len(data) == n
@@ -235,6 +259,12 @@ class ServerConnection:
                 return
             finally:
                 self.intake.settle()
+
+    async def _receive(self, n: int) -> bytes | None:
+        try:
+            return await self.stream.receive_some(n)
+        except _BROKEN:
+            return None
 
     async def _readable(self) -> bool:
         await trio.lowlevel.wait_readable(self.stream.socket)
@@ -360,19 +390,26 @@ class ServerConnection:
                 error_code=ErrorCode.REQUEST_NOT_SUPPORTED,
                 error_text=f"request code {frame.code} is not served by {self.server.name}",
             )
-        return await self._guard(frame, lambda: handler(frame, self.peer))
+        try:  # as _guard, without its wrapper (once per request)
+            return await handler(frame, self.peer)
+        except Exception as e:
+            return self._failed(frame, e)
 
     async def _guard(self, frame: Frame, fn: Callable[[], Awaitable[T]]) -> T | Reply:
         """Run a handler step; failures become error replies, never a dropped connection."""
         try:
             return await fn()
-        except RequestError as e:
+        except Exception as e:
+            return self._failed(frame, e)
+
+    def _failed(self, frame: Frame, e: Exception) -> Reply:
+        if isinstance(e, RequestError):
             return Reply(error_code=e.code, error_text=e.text, close_after=e.close)
-        except trio.TooSlowError:
+        if isinstance(e, trio.TooSlowError):
             return Reply(error_code=ErrorCode.TIMEOUT, error_text="the request timed out on the server")
-        except Exception as e:  # a handler bug must not take the connection down
-            log.exception("%s: request %d failed", self.server.name, frame.code)
-            return Reply(error_code=ErrorCode.SYSTEM_ERROR, error_text=f"{type(e).__name__}: {e}")
+        # a handler bug must not take the connection down
+        log.exception("%s: request %d failed", self.server.name, frame.code, exc_info=e)
+        return Reply(error_code=ErrorCode.SYSTEM_ERROR, error_text=f"{type(e).__name__}: {e}")
 
     def _send_error(self, code: int, request_id: int, error: ErrorCode, text: str) -> None:
         self._answer(Frame(code, request_id), Reply(error_code=error, error_text=text), _nothing)
@@ -384,8 +421,11 @@ class ServerConnection:
             done()
             return
         try:
-            frame = response_to(request, reply.fields, reply.body, reply.error_code, reply.error_text)
-            data = encode_frame_prefix(frame, sum(s.length for s in reply.spans)) if reply.spans else encode_frame(frame)
+            if reply.spans:
+                frame = response_to(request, reply.fields, reply.body, reply.error_code, reply.error_text)
+                data = encode_frame_prefix(frame, sum(s.length for s in reply.spans))
+            else:
+                data = encode_reply(request, reply)
         except Exception as e:  # fields a handler should not have answered: still an answer
             log.exception("%s: cannot encode the reply to request %d", self.server.name, request.code)
             reply = Reply(error_code=ErrorCode.SYSTEM_ERROR, error_text=f"cannot encode the reply: {type(e).__name__}: {e}")
