@@ -19,7 +19,6 @@ import heapq
 import itertools
 import logging
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable
 
 import trio
@@ -38,27 +37,47 @@ class BusyError(ServiceError):
     """More produce bytes are waiting than ``max_inflight_produce_bytes`` allows."""
 
 
-@dataclass
 class PendingPut:
-    topic: str
-    body: bytes
-    born_host: Host
-    done: trio.Event = field(default_factory=trio.Event)
-    result: PutResult | None = None
-    callbacks: list[Callable[[PendingPut], None]] = field(default_factory=list)
+    """One produce request in the lane: its result once appended. ``done`` (a trio
+    Event) is made only when someone waits on it: most puts are answered through
+    :meth:`add_done_callback`, and an Event per request costs as much as its answer."""
+
+    __slots__ = ("_event", "body", "born_host", "callbacks", "finished", "result", "topic")
+
+    def __init__(self, topic: str, body: bytes, born_host: Host) -> None:
+        self.topic = topic
+        self.body = body
+        self.born_host = born_host
+        self.result: PutResult | None = None
+        self.finished = False
+        self.callbacks: list[Callable[[PendingPut], None]] | None = None
+        self._event: trio.Event | None = None
+
+    @property
+    def done(self) -> trio.Event:
+        """Set once the put has its result."""
+        if self._event is None:
+            self._event = trio.Event()
+            if self.finished:
+                self._event.set()
+        return self._event
 
     def add_done_callback(self, fn: Callable[[PendingPut], None]) -> None:
         """Call ``fn(put)`` on the event loop once the put has its result (at once if it
         has): a waiter without a task of its own (see ``Later.subscribe``)."""
-        if self.done.is_set():
+        if self.finished:
             fn(self)
+        elif self.callbacks is None:
+            self.callbacks = [fn]
         else:
             self.callbacks.append(fn)
 
     def _complete(self) -> None:
-        self.done.set()
-        callbacks, self.callbacks = self.callbacks, []
-        for fn in callbacks:
+        self.finished = True
+        if self._event is not None:
+            self._event.set()
+        callbacks, self.callbacks = self.callbacks, None
+        for fn in callbacks or ():
             try:
                 fn(self)
             except Exception:  # one waiter's bug must not keep the others (or the lane) from going on

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import struct
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
@@ -216,7 +217,11 @@ class ServerConnection:
             host, port = "0.0.0.0", 0
         self.peer = Peer(host, port)
         self.outbox = Outbox(stream, limits.max_connection_send_buffer_bytes, server.stats, self._say)
-        self.serial_send, self.serial_recv = trio.open_memory_channel[tuple[Frame, int]](server.max_inflight)
+        # Serial frames waiting for the serial worker (at most max_inflight: _admit), and
+        # the event it waits on when there are none (a deque: a channel costs a few
+        # microseconds per frame, as much as the rest of its reading).
+        self._serial: deque[tuple[Frame, int]] = deque()
+        self._serial_ready: trio.Event | None = None
 
     async def run(self) -> None:
         try:
@@ -321,22 +326,25 @@ class ServerConnection:
         self.inflight += 1
         self.server.inflight += 1
         if frame.code in self.server.serial_codes:
-            self.serial_send.send_nowait((frame, size))  # cannot block: the channel holds max_inflight
+            self._serial.append((frame, size))
+            if self._serial_ready is not None:
+                self._serial_ready.set()
         else:
             nursery.start_soon(self._handle, frame, size)
         return True
 
     async def _serial_worker(self) -> None:
+        queue = self._serial
         async with trio.open_nursery() as finishing:
-            async for frame, size in self.serial_recv:
-                await self._handle(frame, size, finishing)
-                # Then every serial frame already decoded, without yielding in between
+            while True:
+                if not queue:
+                    self._serial_ready = trio.Event()
+                    await self._serial_ready.wait()
+                    self._serial_ready = None
+                # Every serial frame already decoded, in order, without yielding in between
                 # (a produce handler does not block): the append lane takes them as one group.
-                while True:
-                    try:
-                        frame, size = self.serial_recv.receive_nowait()
-                    except trio.WouldBlock:
-                        break
+                while queue:
+                    frame, size = queue.popleft()
                     await self._handle(frame, size, finishing)
 
     async def _handle(self, frame: Frame, size: int, finishing: trio.Nursery | None = None) -> None:
