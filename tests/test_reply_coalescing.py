@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.service import Broker
-from broker.service._append import AppendLane
+from broker.service._append import AppendLane, PendingPut
 from broker.store import Store, StoreConfig
 from commitlog import CommitLogConfig, FlushMode, Message, decode_records_many, pack_messages
 from protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, RequestCode, encode_batch, encode_frame, response_to
@@ -230,6 +230,39 @@ async def test_sync_flush_waiters_are_released_by_the_group_commits(tmp_path: Pa
                     waiters.start_soon(one, i)
             assert len(results) == 200 and all(ok for _, ok in results)
             assert store.durable_offset >= max(end for end, _ in results)
+            n.cancel_scope.cancel()
+    finally:
+        store.close()
+
+
+async def test_sync_flush_callbacks_are_called_once_durable_or_once_timed_out(tmp_path: Path) -> None:
+    """DurableWaiters.call_when_durable (answers without a task each): every callback is
+    called exactly once, True once its bytes are durable; one waiting for bytes never
+    written is called with False after its timeout (DurableWaiters.run), and only then."""
+    log = CommitLogConfig(flush_mode=FlushMode.SYNC, segment_bytes=1 << 20, max_message_bytes=4096)
+    store = Store.open(StoreConfig(tmp_path / "s", log)).start()
+    try:
+        store.create_topic(TOPIC, 1)
+        lane = AppendLane(store, 1 << 20)
+        calls: list[tuple[int, bool]] = []  # (end offset waited for, durable)
+        async with trio.open_nursery() as n:
+            n.start_soon(lane.run)
+            n.start_soon(lane.durable.run)
+
+            def stored(put: PendingPut) -> None:
+                assert put.result is not None and put.result.ok
+                end = put.result.end_offset
+                lane.durable.call_when_durable(end, 10, lambda ok: calls.append((end, ok)))
+
+            for i in range(200):
+                lane.submit(TOPIC, pack_messages([Message(TOPIC, 0, _body(i))]), ("127.0.0.1", 1)).add_done_callback(stored)
+            await await_until(lambda: len(calls) >= 200, 10, "every callback called")
+            assert len(calls) == 200 and all(ok for _, ok in calls) and store.durable_offset >= max(e for e, _ in calls)
+            never = store.log.write_offset + (1 << 40)  # a real waiter's bytes are written: it waits for the fsync
+            lane.durable.call_when_durable(never, 0.2, lambda ok: calls.append((never, ok)))
+            assert len(calls) == 200
+            await await_until(lambda: len(calls) > 200, 10, "the timeout")
+            assert calls[200:] == [(never, False)]
             n.cancel_scope.cancel()
     finally:
         store.close()

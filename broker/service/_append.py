@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 from collections import deque
 from typing import Callable
 
@@ -166,31 +167,80 @@ class AppendLane:
                 put.result = result
 
 
+class _Callback:
+    """A sync-flush waiter without a task: ``fn(durable)`` once released or timed out."""
+
+    __slots__ = ("deadline", "done", "end_offset", "fn")
+
+    def __init__(self, end_offset: int, deadline: float, fn: Callable[[bool], None]) -> None:
+        self.end_offset = end_offset
+        self.deadline = deadline
+        self.fn = fn
+        self.done = False
+
+
 class DurableWaiters:
     """Sync flush: requests waiting until their bytes are fsynced (group commit), woken
     together. Why: a store callback and a hop onto the event loop per request (each hop
     writes the loop's wake-up socket) cost more than the request's append; here one
     callback is registered at a time, for the lowest offset waited for, and each group
-    commit that reaches it wakes every waiter it covers with one hop."""
+    commit that reaches it wakes every waiter it covers with one hop. A waiter is a
+    task (:meth:`wait`) or a callback (:meth:`call_when_durable`: no task per request;
+    its timeouts need :meth:`run`)."""
 
     def __init__(self, store: StorageEngine) -> None:
         self.store = store
-        self._heap: list[tuple[int, int, trio.Event]] = []
+        self._heap: list[tuple[int, int, trio.Event | _Callback]] = []
         self._seq = itertools.count()
         self._armed = False  # a store callback is registered (for the lowest offset then waited for)
         self._token: trio.lowlevel.TrioToken | None = None
+        self._timed: list[tuple[float, int, _Callback]] = []  # callbacks by deadline (a heap)
+        self._timer_at = math.inf  # when run() wakes next
+        self._timer_wake = trio.Event()
+
+    def _durable(self, end_offset: int) -> bool:
+        return self.store.failure is None and self.store.durable_offset >= end_offset
 
     async def wait(self, end_offset: int, timeout_s: float) -> bool:
         """Whether everything below ``end_offset`` is durable within ``timeout_s``
         (False as well when the store failed: see ``store.failure``)."""
-        if self.store.durable_offset >= end_offset and self.store.failure is None:
+        if self._durable(end_offset):
             return True
         event = trio.Event()
         heapq.heappush(self._heap, (end_offset, next(self._seq), event))
         self._arm()
         with trio.move_on_after(timeout_s):
             await event.wait()
-        return event.is_set() and self.store.failure is None and self.store.durable_offset >= end_offset
+        return event.is_set() and self._durable(end_offset)
+
+    def call_when_durable(self, end_offset: int, timeout_s: float, fn: Callable[[bool], None]) -> None:
+        """:meth:`wait` without a task: ``fn(durable)`` is called once on the event loop
+        (at once if durable now) with what :meth:`wait` would return."""
+        if self._durable(end_offset):
+            fn(True)
+            return
+        entry = _Callback(end_offset, trio.current_time() + timeout_s, fn)
+        seq = next(self._seq)
+        heapq.heappush(self._heap, (end_offset, seq, entry))
+        timed = self._timed
+        while timed and timed[0][2].done:  # answered ones leave from the front
+            heapq.heappop(timed)
+        heapq.heappush(timed, (entry.deadline, seq, entry))
+        if entry.deadline < self._timer_at:  # rare: the same timeout for all, run() sleeps until an earlier one
+            self._timer_wake.set()
+        self._arm()
+
+    async def run(self) -> None:
+        """The timeouts of :meth:`call_when_durable` (a task for as long as the lane runs)."""
+        timed = self._timed
+        while True:
+            now = trio.current_time()
+            while timed and (timed[0][2].done or timed[0][0] <= now):
+                _call(heapq.heappop(timed)[2], False)
+            self._timer_at = timed[0][0] if timed else math.inf
+            self._timer_wake = trio.Event()
+            with trio.move_on_at(self._timer_at):
+                await self._timer_wake.wait()
 
     def _arm(self) -> None:
         if self._armed or not self._heap:
@@ -215,5 +265,20 @@ class DurableWaiters:
         reached = self.store.durable_offset
         failed = self.store.failure is not None
         while self._heap and (failed or self._heap[0][0] <= reached):
-            heapq.heappop(self._heap)[2].set()
+            waiter = heapq.heappop(self._heap)[2]
+            if isinstance(waiter, _Callback):
+                _call(waiter, not failed)
+            else:
+                waiter.set()
         self._arm()
+
+
+def _call(entry: _Callback, durable: bool) -> None:
+    """A callback waiter's outcome, once (a timed-out one may still sit in the heap)."""
+    if entry.done:
+        return
+    entry.done = True
+    try:
+        entry.fn(durable)
+    except Exception:  # one waiter's bug must not keep the others from being answered
+        log.exception("a sync-flush completion callback failed")

@@ -216,6 +216,7 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
             broker.client = RpcClient(nursery)
             await nursery.start(broker.rpc.serve, config.listen_host, config.listen_port, nursery)
             nursery.start_soon(broker.lane.run)
+            nursery.start_soon(broker.lane.durable.run)  # timeouts of sync-flush answers without a task
             nursery.start_soon(broker._register_loop)
             nursery.start_soon(broker._housekeeping_loop)
             nursery.start_soon(broker.replica.run, broker.client)

@@ -4,7 +4,7 @@ is durable (sync flush) and held by the replicas (sync acks), and retries marked
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
@@ -67,21 +67,32 @@ class Produce:
             put = self._last_put = self.b.lane.submit(topic, frame.body, (peer.host, peer.port))
         except BusyError as e:
             raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
-        return Later(lambda: self._stored(put), subscribe=lambda deliver: put.add_done_callback(
-            lambda p: deliver(self._reply_now(p))))  # fmt: skip
+        return Later(lambda: self._stored(put),
+                     subscribe=lambda deliver: put.add_done_callback(lambda p: self._answer_now(p, deliver)))  # fmt: skip
 
-    def _reply_now(self, put: PendingPut) -> Reply | None:
-        """The answer to a stored put when it needs no waiting (async flush, acknowledged
-        without replicas to wait for), made as the lane completes its group: no task per
-        request. None: the answer waits (``_stored``: sync flush, sync acks, errors)."""
+    def _answer_now(self, put: PendingPut, deliver: Callable[[Reply | None], None]) -> None:
+        """Answer a stored put without a task when nothing is to wait for but the group
+        commit (sync flush: :meth:`DurableWaiters.call_when_durable`): acknowledged
+        without replicas to wait for, stored without error. Else ``deliver(None)``: the
+        connection awaits ``_stored`` (sync acks, errors)."""
         result = put.result
-        if result is None or not result.ok or self.store.config.commitlog.flush_mode is FlushMode.SYNC:
-            return None
-        if not self.b.replica.acks_at_once(put.topic):
-            return None
-        return Reply({"queue_offsets": result.queue_offsets, "commitlog_offsets": result.commitlog_offsets,
-                      "store_timestamp_ms": result.store_timestamp_ms,
-                      "durable": self.store.durable_offset >= result.end_offset})  # fmt: skip
+        if result is None or not result.ok or not self.b.replica.acks_at_once(put.topic):
+            deliver(None)
+            return
+        fields = {"queue_offsets": result.queue_offsets, "commitlog_offsets": result.commitlog_offsets,
+                  "store_timestamp_ms": result.store_timestamp_ms}  # fmt: skip
+        if self.store.config.commitlog.flush_mode is not FlushMode.SYNC:
+            fields["durable"] = self.store.durable_offset >= result.end_offset
+            deliver(Reply(fields))
+            return
+
+        def flushed(durable: bool) -> None:
+            if durable and not self.b.replica.acks_at_once(put.topic):  # the role changed meanwhile
+                deliver(None)  # _stored: durable at once, then wait_held decides
+            else:
+                deliver(self._flush_failed(fields, durable) or Reply(fields))
+
+        self.b.lane.durable.call_when_durable(result.end_offset, self.config.sync_flush_timeout_ms / 1000, flushed)
 
     def _not_leader(self, topic: str) -> Reply | None:
         """The checks before a write (a follower, or too few replicas in sync: nothing
@@ -149,19 +160,27 @@ class Produce:
     async def _acknowledged(self, topic: str, fields: dict[str, Any], end_offset: int) -> Reply:
         """The answer to a stored batch, once durable (sync flush) and held by the
         replicas (sync acks)."""
-        sync = self.store.config.commitlog.flush_mode is FlushMode.SYNC
-        durable = await self._await_durable(end_offset) if sync else self.store.durable_offset >= end_offset
-        failure = self.store.failure
-        if sync and not durable and failure is not None:  # the flush failed: not stored for sure
-            raise RequestError(ErrorCode.STORE_FAILED, f"written but not made durable: {failure}")
-        fields["durable"] = durable
-        if sync and not durable:
-            return Reply(fields, error_code=ErrorCode.FLUSH_DISK_TIMEOUT,
-                         error_text=f"stored, but not fsynced within sync_flush_timeout_ms={self.config.sync_flush_timeout_ms}")  # fmt: skip
+        if self.store.config.commitlog.flush_mode is FlushMode.SYNC:
+            if (failed := self._flush_failed(fields, await self._await_durable(end_offset))) is not None:
+                return failed
+        else:
+            fields["durable"] = self.store.durable_offset >= end_offset
         problem = await self.b.replica.wait_held(topic, end_offset)  # sync acks: the replicas hold it
         if problem is not None:
             return Reply(fields, error_code=problem[0], error_text=problem[1])
         return Reply(fields)
+
+    def _flush_failed(self, fields: dict[str, Any], durable: bool) -> Reply | None:
+        """Sync flush, once waited for: the answer if not durable (the flush failed: not
+        stored for sure; or not within sync_flush_timeout_ms), else None. Sets ``durable``."""
+        fields["durable"] = durable
+        if durable:
+            return None
+        failure = self.store.failure
+        if failure is not None:
+            return Reply(error_code=ErrorCode.STORE_FAILED, error_text=f"written but not made durable: {failure}")
+        return Reply(fields, error_code=ErrorCode.FLUSH_DISK_TIMEOUT,
+                     error_text=f"stored, but not fsynced within sync_flush_timeout_ms={self.config.sync_flush_timeout_ms}")  # fmt: skip
 
     async def _await_durable(self, end_offset: int) -> bool:
         """Sync flush: wait for the group commit that covers ``end_offset`` (woken with
