@@ -17,7 +17,7 @@ from typing import Any, Callable, cast
 
 import crc32c
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from commitlog import BLANK_MAGIC, AppendStatus, CommitLog, CommitLogConfig, CorruptRecordError, Message
@@ -299,6 +299,7 @@ def test_a_wrong_embedded_offset_is_refused_as_before(chunk: Chunk, table: dict[
 @HYP
 @given(whole_chunks(), tables, st.data())
 def test_a_size_past_the_chunk_is_refused_as_before(chunk: Chunk, table: dict[QueueKey, int], data: st.DataObject) -> None:
+    assume(chunk.records)  # a chunk can be a lone blank marker (drawn about 1 run in 100)
     p = data.draw(st.sampled_from(chunk.records), label="record")
     size = data.draw(st.integers(len(chunk.data) - p + 1, 0xFFFF_FFFF), label="size")
     result = same(with_data(chunk, rewrite(chunk.data, p, "<I", 0, size, recrc=False)), table)
