@@ -58,13 +58,21 @@ def pages_missing(fd: int, position: int, length: int) -> bool | None:
 def _cachestat(fd: int, position: int, length: int) -> bool | None:
     first = position // PAGE
     pages = (position + length + PAGE - 1) // PAGE - first
-    rng, st = _Range(first * PAGE, pages * PAGE), _Stat()
-    assert _libc is not None
+    cached = cached_pages(fd, first * PAGE, pages * PAGE)
+    return None if cached is None else cached < pages
+
+
+def cached_pages(fd: int, position: int, length: int) -> int | None:
+    """How many pages of the range are in the page cache, by cachestat(2); None where
+    this kernel (or a sandbox) has no cachestat."""
+    if _libc is None:
+        return None
+    rng, st = _Range(position, length), _Stat()
     if _libc.syscall(SYS_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(st), 0) != 0:
-        if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM, errno.EOPNOTSUPP):  # not this kernel (or a sandbox)
+        if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM, errno.EOPNOTSUPP):
             return None
         raise OSError(ctypes.get_errno(), f"cachestat of fd {fd}")
-    return bool(st.nr_cache < pages)
+    return int(st.nr_cache)
 
 
 def _nowait(fd: int, position: int, length: int) -> bool | None:
