@@ -33,8 +33,8 @@ ONLY_IN: dict[str, set[str]] = {
 }
 # Libraries a layer must not import (storage is plain synchronous Python; the protocol is sans-IO).
 FORBIDDEN_IN_LAYER: dict[str, set[str]] = {
-    "storage": {"trio", "msgpack", "kazoo", "pyspark", "pyarrow", "socket", "asyncio"},
-    "protocol": {"trio", "kazoo", "pyspark", "pyarrow", "socket", "asyncio", "selectors"},
+    "storage": {"trio", "msgpack", "kazoo", "pyspark", "pyarrow", "socket", "asyncio", "rich", "prometheus_client"},
+    "protocol": {"trio", "kazoo", "pyspark", "pyarrow", "socket", "asyncio", "selectors", "rich", "prometheus_client"},
 }
 
 
