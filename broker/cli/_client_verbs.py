@@ -1,5 +1,5 @@
 """The ``clmq`` verbs that talk to a running cluster through the client library: topic,
-group, produce, consume."""
+group, produce (``consume`` is in ``consume_verbs.py``)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,16 @@ import argparse
 import collections
 import os
 import sys
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 import trio
-from rich.console import Console
-from rich.table import Table
 
-from client import ConnectionFailed, NoRouteError, RpcError, SendError, open_admin, open_consumer, open_producer
+from client import open_admin, open_producer
 
+from ._common import addrs, console, namesrv_arg, print_rows, run_client
+from .consume_verbs import add_command as add_consume
 from .settings import SettingsError
 
-console = Console()
-DEFAULT_NAMESRV = "127.0.0.1:9876"
 DEFAULT_MAX_LINE_BYTES = 4 << 20  # a broker's default max_message_bytes
 STDIN_READ_BYTES = 64 << 10  # one read of stdin: whatever has arrived, up to this much
 
@@ -27,6 +25,7 @@ def add_client_commands(sub: Any) -> None:
     """Add the verbs that talk to a running cluster: topic, group, produce, consume."""
     _add_topic_commands(sub)
     _add_client_commands(sub)
+    add_consume(sub)
 
 
 def _add_topic_commands(sub: Any) -> None:
@@ -40,14 +39,14 @@ def _add_topic_commands(sub: Any) -> None:
         if name != "list":
             p.add_argument("name")
     for p in tsub.choices.values():
-        _namesrv_arg(p)
+        namesrv_arg(p)
     topic.set_defaults(func=cmd_topic)
     group = sub.add_parser("group", help="consumer groups: list, describe (per-queue lag)")
     gsub = group.add_subparsers(dest="group_command", required=True)
-    _namesrv_arg(gsub.add_parser("list", help="list consumer groups"))
+    namesrv_arg(gsub.add_parser("list", help="list consumer groups"))
     gd = gsub.add_parser("describe", help="committed offsets, lag and members of a group")
     gd.add_argument("name")
-    _namesrv_arg(gd)
+    namesrv_arg(gd)
     group.set_defaults(func=cmd_group)
 
 
@@ -64,42 +63,14 @@ def _add_client_commands(sub: Any) -> None:
     prod.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
                       help=f"longest line of stdin taken as a message (default {DEFAULT_MAX_LINE_BYTES:,}): "
                            "a longer one is reported and skipped")  # fmt: skip
-    _namesrv_arg(prod)
+    namesrv_arg(prod)
     prod.set_defaults(func=cmd_produce)
-    cons = sub.add_parser("consume", help="receive messages as a member of a consumer group")
-    cons.add_argument("topic")
-    cons.add_argument("--group", default="clmq-cli", help="consumer group (default clmq-cli)")
-    cons.add_argument("--tags", default="*", help="tag expression, e.g. 'TagA || TagB' (default *)")
-    cons.add_argument("--from", dest="start_from", default="earliest", help="earliest, latest, or a timestamp in ms")
-    cons.add_argument("--count", type=int, default=0, help="stop after this many messages (default: run until Ctrl-C)")
-    cons.add_argument("--idle-timeout", type=float, default=0, help="stop after this many seconds without messages")
-    cons.add_argument("--broadcast", action="store_true", help="broadcasting mode (every member gets every message)")
-    _namesrv_arg(cons)
-    cons.set_defaults(func=cmd_consume)
-
-
-def _namesrv_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--namesrv", default=os.environ.get("CLMQ_NAMESRV", DEFAULT_NAMESRV),
-                   help=f"name server address(es), comma separated (default $CLMQ_NAMESRV or {DEFAULT_NAMESRV})")  # fmt: skip
-
-
-def _addrs(args: argparse.Namespace) -> list[str]:
-    return [a.strip() for a in args.namesrv.split(",") if a.strip()]
-
-
-def run_client(fn: Callable[[], Any]) -> int:
-    """Run a client command; errors a person can act on become one line and exit 1."""
-    try:
-        return int(trio.run(fn) or 0)
-    except (ConnectionFailed, NoRouteError, RpcError, SendError, SettingsError, trio.TooSlowError) as e:
-        console.print(f"[red]error:[/red] {e or 'timed out'}")
-        return 1
 
 
 # ------------------------------------------------------------------ services
 def cmd_topic(args: argparse.Namespace) -> int:
     async def main() -> int:
-        async with open_admin(_addrs(args)) as admin:
+        async with open_admin(addrs(args)) as admin:
             if args.topic_command == "create":
                 on = await admin.create_topic(args.name, args.queues)
                 console.print(f"topic {args.name}: {args.queues} queues on {', '.join(on)}")
@@ -108,14 +79,14 @@ def cmd_topic(args: argparse.Namespace) -> int:
                 console.print(f"topic {args.name} deleted on {', '.join(on)}" if on else f"[red]no broker has topic {args.name}")
                 return 0 if on else 1
             elif args.topic_command == "list":
-                _print_rows("topics", ["topic", "queues per broker"],
+                print_rows("topics", ["topic", "queues per broker"],
                             [[t, ", ".join(f"{b}: {n}" for b, n in by.items())] for t, by in (await admin.list_topics()).items()])  # fmt: skip
             else:
                 rows = await admin.describe_topic(args.name)
                 if not rows:
                     console.print(f"[red]no broker has topic {args.name}")
                     return 1
-                _print_rows(f"topic {args.name}", ["broker", "queue", "min offset", "max offset"],
+                print_rows(f"topic {args.name}", ["broker", "queue", "min offset", "max offset"],
                             [[r["broker_name"], r["queue_id"], r["min_offset"], r["max_offset"]] for r in rows])  # fmt: skip
         return 0
 
@@ -124,26 +95,17 @@ def cmd_topic(args: argparse.Namespace) -> int:
 
 def cmd_group(args: argparse.Namespace) -> int:
     async def main() -> int:
-        async with open_admin(_addrs(args)) as admin:
+        async with open_admin(addrs(args)) as admin:
             if args.group_command == "list":
-                _print_rows("consumer groups", ["group"], [[g] for g in await admin.list_groups()])
+                print_rows("consumer groups", ["group"], [[g] for g in await admin.list_groups()])
                 return 0
             info = await admin.describe_group(args.name)
-            _print_rows(f"group {args.name} (total lag {info['lag']:,})", ["broker", "topic", "queue", "committed", "max offset", "lag"],
+            print_rows(f"group {args.name} (total lag {info['lag']:,})", ["broker", "topic", "queue", "committed", "max offset", "lag"],
                         [[q["broker_name"], q["topic"], q["queue_id"], q["committed"], q["max_offset"], q["lag"]] for q in info["queues"]])  # fmt: skip
             console.print("members: " + (", ".join(m["client_id"] for m in info["members"]) or "none connected"))
         return 0
 
     return run_client(main)
-
-
-def _print_rows(title: str, columns: list[str], rows: list[list[Any]]) -> None:
-    table = Table(title=title)
-    for c in columns:
-        table.add_column(c)
-    for r in rows:
-        table.add_row(*[f"{v:,}" if isinstance(v, int) else str(v) for v in r])
-    console.print(table)
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
@@ -159,7 +121,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
             raise SettingsError(f"--max-line-bytes {args.max_line_bytes}: must be positive")
         report = _ProduceReport()
         bodies = _argument_bodies(args.messages) if args.messages else _stdin_lines(args.max_line_bytes, report)
-        async with open_producer(_addrs(args), **options) as producer:
+        async with open_producer(addrs(args), **options) as producer:
             number = 0
             async for body in bodies:
                 number += 1
@@ -241,27 +203,3 @@ class _ProduceReport:
         if self.failed:
             print(f"error: {self.failed:,} of {self.failed + self.stored:,} messages not stored", file=sys.stderr)
         return 1 if self.failed or self.waiting else 0
-
-
-def cmd_consume(args: argparse.Namespace) -> int:
-    start: str | int = int(args.start_from) if args.start_from.isdigit() else args.start_from
-
-    async def main() -> int:
-        seen = 0
-        async with open_consumer(_addrs(args), args.group, {args.topic: args.tags}, start_from=start,
-                                 mode="broadcasting" if args.broadcast else "clustering") as consumer:  # fmt: skip
-            while not args.count or seen < args.count:
-                with trio.move_on_after(args.idle_timeout or float("inf")) as scope:
-                    batch = await consumer.receive()
-                if scope.cancelled_caught:
-                    break
-                for rec in batch:
-                    seen += 1
-                    print(
-                        f"{rec.topic} q{rec.queue_id} @{rec.queue_offset} [{rec.tags}] {rec.body.decode(errors='replace')}",
-                        flush=True,
-                    )
-        console.print(f"{seen} messages", style="dim")
-        return 0
-
-    return run_client(main)

@@ -1,11 +1,10 @@
 """The ``clmq`` command line: the parser, ``clmq demo`` (the store alone), and the
-entry point. The verbs live beside it: services and clients in ``_services.py`` and
-``_client_verbs.py``, ``export.py``, and the benchmarks in ``bench/``."""
+entry point. The verbs live beside it: services and clients in ``_services.py``,
+``_client_verbs.py`` and ``consume_verbs.py``, ``export.py``, and the benchmarks in ``bench/``."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from ._logging import add_logging_args, configure_logging
 from ._services import add_commands
 from .bench.commands import add_store_and_compare
 from .bench.e2e import add_command as add_bench_e2e
@@ -26,7 +26,7 @@ console = Console()
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clmq", description="clmq: a message broker built on one CommitLog.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    add_logging_args(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="store demo: append to a local store, restart it, read the queues back")
@@ -92,8 +92,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    configure_logging(args)
     return int(args.func(args) or 0)
 
 

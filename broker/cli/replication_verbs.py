@@ -15,7 +15,7 @@ from rich.table import Table
 from client import Admin, ConnectionFailed, RpcError, open_admin
 from protocol import ErrorCode
 
-from ._client_verbs import _addrs, _namesrv_arg, run_client
+from ._common import addrs, namesrv_arg, run_client
 
 console = Console()
 
@@ -35,7 +35,7 @@ def add_replication_commands(sub: Any) -> None:
     ls = csub.add_parser("list", help="every broker: group, id, address, role, epoch, log end, confirmed offset, "
                          "lag (bytes, ms), in sync")  # fmt: skip
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    _namesrv_arg(ls)
+    namesrv_arg(ls)
     cluster.set_defaults(func=cmd_cluster)
     admin = sub.add_parser("admin", help="operator actions on one broker: promote")
     asub = admin.add_subparsers(dest="admin_command", required=True)
@@ -109,7 +109,7 @@ def _row(entry: dict[str, Any], status: dict[str, Any], view: dict[int, Any]) ->
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     async def main() -> int:
-        async with open_admin(_addrs(args)) as admin:
+        async with open_admin(addrs(args)) as admin:
             rows = await cluster_rows(admin)
         if args.json:
             print(json.dumps({"brokers": rows}, indent=2), flush=True)
