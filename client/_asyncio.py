@@ -398,10 +398,11 @@ class AsyncioConsumer:
             raise
 
     # Plain methods run here directly: trio runs on this thread, never at the same time.
-    def ack(self) -> None:
-        """:meth:`Consumer.ack`: the batch last received is processed."""
+    def ack(self, records: Sequence[Record] | None = None) -> None:
+        """:meth:`Consumer.ack`: the batch last received is processed (or, with
+        ``records``, only those and the ones before them in their queue)."""
         if self._kept is None:  # a kept batch was never returned: not processed
-            self.consumer.ack()
+            self.consumer.ack(records)
 
     def assignment(self) -> list[MessageQueue]:
         """:meth:`Consumer.assignment`: the queues this member reads now."""

@@ -5,7 +5,10 @@
   members or routes change; offsets are committed to the brokers.
 - Broadcasting mode: every member reads every queue; offsets stay with the member.
 - At least once: a batch's offsets are committed only after it was processed, which
-  is when the next :meth:`Consumer.receive` is called (or :meth:`Consumer.ack`).
+  is when the next :meth:`Consumer.receive` is called (or :meth:`Consumer.ack`, which
+  can also acknowledge part of a batch), or when the ``async with`` block ends
+  normally. A block left by an exception (Ctrl-C included) does not acknowledge what
+  the last receive returned: it is delivered again.
 - A queue whose next record is damaged on its broker is not read past: it is listed
   in :attr:`Consumer.errors` (and logged once), paused and asked again every
   ``damaged_queue_retry_ms``; the other queues are consumed as usual.
@@ -24,7 +27,7 @@ import logging
 import os
 import socket
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import trio
 
@@ -102,16 +105,29 @@ class Consumer:
             return lists[0]
         return [r for records in lists for r in records]
 
-    def ack(self) -> None:
-        """Mark the messages last returned by :meth:`receive` as processed."""
+    def ack(self, records: Sequence[Record] | None = None) -> None:
+        """Mark the messages last returned by :meth:`receive` as processed: all of
+        them, or (``records``) only those and the ones before them in their queue.
+        Either way the rest of what receive returned is no longer pending: call it
+        with ``records`` when you stop part-way through (Ctrl-C, a count reached), and
+        what was not processed is delivered again to the group's next reader."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
         assigned, processed = self.assigned, self.processed
+        upto = None if records is None else _last_offsets(records)
         for batch in pending:  # a queue's batches in order: its last one wins
             current = assigned.get(batch.mq)
-            if current is not None and current.generation == batch.generation:
+            if current is None or current.generation != batch.generation:
+                continue
+            if upto is None:
                 processed[batch.mq] = batch.next_offset
+            elif (batch.mq.topic, batch.mq.queue_id) in upto and batch.records:
+                last = upto[batch.mq.topic, batch.mq.queue_id]
+                if last >= batch.records[-1].queue_offset:  # all of this batch (and what its filter skipped)
+                    processed[batch.mq] = batch.next_offset
+                elif last >= batch.records[0].queue_offset:  # part of it
+                    processed[batch.mq] = last + 1
 
     def assignment(self) -> list[MessageQueue]:
         return sorted(self.assigned)
@@ -177,8 +193,11 @@ class Consumer:
         nursery.start_soon(self._rebalance_loop)
         nursery.start_soon(self._every, self.options.commit_interval_ms, self.commit)
 
-    async def _close(self) -> None:
-        self.ack()
+    async def _close(self, *, ack_pending: bool = True) -> None:
+        """Commit and leave the group. ``ack_pending`` false (the block was left by an
+        exception, e.g. Ctrl-C): what receive returned last is not acknowledged."""
+        if ack_pending:
+            self.ack()
         with trio.CancelScope(shield=True), trio.move_on_after(3):
             await self.commit()
             for addr in await self._broker_addrs():
@@ -339,6 +358,16 @@ class Processed(dict[MessageQueue, int]):
         return super().setdefault(mq, offset)
 
 
+def _last_offsets(records: Sequence[Record]) -> dict[tuple[str, int], int]:
+    """(topic, queue id) -> the highest queue offset among ``records``."""
+    last: dict[tuple[str, int], int] = {}
+    for r in records:
+        key = (r.topic, r.queue_id)
+        if r.queue_offset > last.get(key, -1):
+            last[key] = r.queue_offset
+    return last
+
+
 def _leader_moved(e: BaseException) -> bool:
     """A failure after which the group may have a new leader (retry there)."""
     if isinstance(e, RpcError):
@@ -361,10 +390,12 @@ async def open_consumer(namesrv_addrs: list[str] | None, group: str, subscriptio
         rpc = RpcClient(nursery)
         consumer = Consumer(rpc, Routes(rpc, namesrv_addrs or [], broker_addrs=broker_addrs, refresh_interval_ms=0),
                             group, subscriptions, ConsumerOptions(**options))  # type: ignore[arg-type]  # fmt: skip
+        ack_pending = False
         try:
             await consumer._start(nursery)
             yield consumer
+            ack_pending = True
         finally:
-            await consumer._close()
+            await consumer._close(ack_pending=ack_pending)
             await rpc.aclose()
             nursery.cancel_scope.cancel()

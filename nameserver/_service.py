@@ -33,6 +33,10 @@ class NameServerConfig:
     max_buffered_request_bytes: int = 256 << 20
     frame_timeout_ms: int = 60_000
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.listen_port <= 65535:  # 0: any free port
+            raise ValueError(f"listen_port must be in 0..65535 (0: any free port), got {self.listen_port}")
+
     def server_limits(self) -> ServerLimits:
         return ServerLimits(self.max_connections, self.reserved_file_descriptors, self.max_connection_buffer_bytes,
                             self.max_buffered_request_bytes, self.frame_timeout_ms)  # fmt: skip

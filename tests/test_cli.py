@@ -169,7 +169,7 @@ def test_service_commands_against_a_running_broker(tmp_path: Path) -> None:
         missing = clmq("produce", "nope", "x", "--namesrv", ns, cwd=tmp_path)
         assert missing.returncode == 1 and "no broker serves topic 'nope'" in missing.stdout + missing.stderr
         bad = clmq("broker", "--config", str(tmp_path / "absent.toml"), cwd=tmp_path)
-        assert bad.returncode == 1 and "does not exist" in bad.stdout
+        assert bad.returncode == 2 and "does not exist" in bad.stderr  # a usage error
     finally:
         for p in procs:
             p.terminate()

@@ -106,7 +106,7 @@ def test_clmq_broker_refuses_bad_replication_flags_naming_the_setting(tmp_path: 
              ("--ack-mode", "sometimes"): "ack_mode"}  # fmt: skip
     for flag, setting in cases.items():
         out = clmq("broker", *flag, "--data-dir", str(tmp_path / "d"), "--listen-port", "0", cwd=tmp_path)
-        assert out.returncode == 1 and "error:" in out.stdout and setting in out.stdout, (flag, out.stdout, out.stderr)
+        assert out.returncode == 2 and "error:" in out.stderr and setting in out.stderr, (flag, out.stdout, out.stderr)
     assert not (tmp_path / "d").exists()  # refused before anything was opened
 
 
@@ -136,7 +136,7 @@ def test_promote_refuses_a_follower_not_in_sync_unless_forced(tmp_path: Path) ->
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     missing = clmq("broker", "status", "--addr", f"127.0.0.1:{nowhere}", cwd=tmp_path)
-    assert missing.returncode == 1 and "error:" in missing.stdout
+    assert missing.returncode == 3 and missing.stderr.startswith("error:")  # nobody answered
 
 
 # ------------------------------------------------------------ clmq dev --replicas
@@ -339,6 +339,6 @@ def test_ctrl_c_stops_the_replicas_then_zookeeper(dev_zk: DevGroup) -> None:
 
 def test_dev_zookeeper_needs_a_group_and_broker_refuses_a_bad_connect_string(tmp_path: Path) -> None:
     out = clmq("dev", "--zookeeper", "--data-dir", str(tmp_path / "d"), cwd=tmp_path)
-    assert out.returncode == 1 and "--replicas 2 or more" in out.stdout + out.stderr
+    assert out.returncode == 2 and "--replicas 2 or more" in out.stdout + out.stderr
     out = clmq("broker", "--zookeeper", "zk/chroot", "--data-dir", str(tmp_path / "b"), "--listen-port", "0", cwd=tmp_path)
-    assert out.returncode == 1 and "zookeeper must be 'host:port" in out.stdout + out.stderr
+    assert out.returncode == 2 and "zookeeper must be 'host:port" in out.stdout + out.stderr

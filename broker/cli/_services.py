@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import os
 import signal
 import time
@@ -13,7 +14,6 @@ from typing import Any, Callable
 
 import trio
 from rich.console import Console
-from rich.markup import escape
 
 from broker.service import BrokerConfig
 from broker.service import serve as serve_broker
@@ -22,9 +22,11 @@ from nameserver import NameServerConfig
 from nameserver import serve as serve_nameserver
 
 from ._client_verbs import add_client_commands
+from ._common import listen_port_arg
+from ._errors import EXIT_USAGE, CliError, innermost
 from .dev_replicas import run_replica_group
 from .replication_verbs import add_status_args, cmd_broker_status
-from .settings import SettingsError, load_settings
+from .settings import load_settings
 
 console = Console()
 
@@ -35,10 +37,10 @@ def add_commands(sub: Any) -> None:
                          "takes the settings of 'clmq broker' (--config, CLMQ_* variables, flags)")  # fmt: skip
     dev.add_argument("--config", type=Path, help="TOML file (keys: BrokerConfig fields, or a [broker] table)")
     dev.add_argument("--data-dir", help="broker data directory (default ./clmq-data)")
-    dev.add_argument("--port", type=int, dest="listen_port", help="broker port (default 10911)")
+    dev.add_argument("--port", type=listen_port_arg, dest="listen_port", help="broker port (default 10911)")
     dev.add_argument("--storage-mode", help="commitlog (default) or partition-per-file")
     dev.add_argument("--flush-mode", help="async (default) or sync: acknowledge only once fsynced")
-    dev.add_argument("--namesrv-port", type=int, default=9876, help="name server port (default 9876)")
+    dev.add_argument("--namesrv-port", type=listen_port_arg, default=9876, help="name server port (default 9876)")
     dev.add_argument("--replicas", type=int, default=1, help="brokers in the group (default 1: one broker in this "
                      "process); N > 1: a leader and N-1 followers, each a separate process with its own data "
                      "directory (<data-dir>/replica-<id>) and port (--port + id)")  # fmt: skip
@@ -51,7 +53,7 @@ def add_commands(sub: Any) -> None:
     ns = sub.add_parser("nameserver", help="run a name server")
     ns.add_argument("--config", type=Path, help="TOML file (keys: NameServerConfig fields, or a [nameserver] table)")
     ns.add_argument("--listen-host")
-    ns.add_argument("--listen-port", type=int)
+    ns.add_argument("--listen-port", type=listen_port_arg)
     ns.set_defaults(func=cmd_nameserver)
 
     br = sub.add_parser("broker", help="run a broker ('clmq broker status --addr host:port': one broker's replication state)")
@@ -79,11 +81,7 @@ async def _until_signal(stop: Callable[[], object]) -> None:  # what stop return
 
 def cmd_nameserver(args: argparse.Namespace) -> int:
     overrides = {"listen_host": args.listen_host, "listen_port": args.listen_port}
-    try:
-        cfg = load_settings(NameServerConfig, args.config, section="nameserver", overrides=overrides)
-    except SettingsError as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}")
-        return 1
+    cfg = load_settings(NameServerConfig, args.config, section="nameserver", overrides=overrides)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -91,14 +89,13 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
             console.print(f"name server on {ns.addr}")
             nursery.start_soon(_until_signal, ns.shutdown)
 
-    trio.run(main)
-    return 0
+    return _run_service(main, f"{cfg.listen_host}:{cfg.listen_port}")
 
 
 # The broker's flags (each one a BrokerConfig field; also settable in the TOML file and as CLMQ_<FIELD>).
-BROKER_FLAGS: tuple[tuple[str, type, str | None], ...] = (
+BROKER_FLAGS: tuple[tuple[str, Callable[[str], Any], str | None], ...] = (
     ("broker-name", str, "the group: brokers with the same name replicate one log"), ("listen-host", str, None),
-    ("listen-port", int, None), ("data-dir", str, None), ("namesrv-addrs", str, "host:port,host:port"),
+    ("listen-port", listen_port_arg, None), ("data-dir", str, None), ("namesrv-addrs", str, "host:port,host:port"),
     ("storage-mode", str, None), ("flush-mode", str, None),
     ("broker-id", int, "unique within the group"),
     ("role", str, "leader or follower, at the first start (later: the role kept in the data directory)"),
@@ -117,14 +114,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if args.action == "status":
         return cmd_broker_status(args)
     if args.addr or args.json:
-        console.print("[red]error:[/red] --addr and --json belong to 'clmq broker status'")
-        return 2
+        raise CliError("--addr and --json belong to 'clmq broker status'", EXIT_USAGE)
     keys = [flag.replace("-", "_") for flag, _, _ in BROKER_FLAGS]
-    try:
-        cfg = load_settings(BrokerConfig, args.config, section="broker", overrides={k: getattr(args, k) for k in keys})
-    except SettingsError as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}")
-        return 1
+    cfg = load_settings(BrokerConfig, args.config, section="broker", overrides={k: getattr(args, k) for k in keys})
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -143,18 +135,20 @@ def cmd_broker(args: argparse.Namespace) -> int:
                               + f"; {cfg.ack_mode} acks, min_insync_replicas {cfg.min_insync_replicas}")  # fmt: skip
             nursery.start_soon(_until_signal, broker.shutdown)
 
-    return _run_service(main)
+    return _run_service(main, f"{cfg.listen_host}:{cfg.listen_port}")
 
 
-def _run_service(main: Callable[[], Any]) -> int:
+def _run_service(main: Callable[[], Any], listen: str | None = None) -> int:
+    """Run a service under trio; its errors (a locked data directory, a port taken)
+    reach ``main``, which prints them as one line. ``listen``: the address it takes."""
     try:
         return int(trio.run(main) or 0)  # main may return an exit code
-    except Exception as e:  # e.g. the data directory is locked, the port is taken
-        err: BaseException = e
-        while isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
-            err = err.exceptions[0]
-        console.print(f"[red]error:[/red] {escape(str(err))}")
-        return 1
+    except BaseException as e:
+        err = innermost(e)
+        if isinstance(err, OSError) and err.errno == errno.EADDRINUSE:
+            raise CliError(f"cannot listen on {listen or 'its port'}: address already in use "
+                           "(another clmq, or another program, has it)") from err  # fmt: skip
+        raise
 
 
 DEV_DEFAULTS = {"register_interval_ms": 1000}  # under the file, the environment and the flags
@@ -164,18 +158,12 @@ def cmd_dev(args: argparse.Namespace) -> int:
     """The broker's settings load as ``clmq broker``'s do (file, CLMQ_* variables,
     flags); only its name servers are set: the one this command runs."""
     keys = ("listen_port", "data_dir", "storage_mode", "flush_mode", "ack_mode", "min_insync_replicas")
-    try:
-        base = load_settings(BrokerConfig, args.config, section="broker", defaults=DEV_DEFAULTS,
-                             overrides={k: getattr(args, k) for k in keys})  # fmt: skip
-    except SettingsError as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}")
-        return 1
+    base = load_settings(BrokerConfig, args.config, section="broker", defaults=DEV_DEFAULTS,
+                         overrides={k: getattr(args, k) for k in keys})  # fmt: skip
     if args.replicas < 1:
-        console.print(f"[red]error:[/red] --replicas must be at least 1, got {args.replicas}")
-        return 1
+        raise CliError(f"--replicas must be at least 1, got {args.replicas}", EXIT_USAGE)
     if getattr(args, "zookeeper", False) and args.replicas < 2:
-        console.print("[red]error:[/red] --zookeeper elects a group's leader: it needs --replicas 2 or more")
-        return 1
+        raise CliError("--zookeeper elects a group's leader: it needs --replicas 2 or more", EXIT_USAGE)
     if args.replicas > 1:  # separate processes; this one runs the name server
         return _run_service(lambda: run_replica_group(args, base, _demo))
 
@@ -195,7 +183,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
             console.print(f"serving; try: clmq produce demo hello --namesrv {ns.addr}   (Ctrl-C stops)")
             nursery.start_soon(_until_signal, lambda: (broker.shutdown(), ns.shutdown()))
 
-    return _run_service(main)
+    return _run_service(main, f"name server 127.0.0.1:{args.namesrv_port} or broker {base.listen_host}:{base.listen_port}")
 
 
 async def _demo(namesrv: str) -> None:

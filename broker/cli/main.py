@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from ._errors import report
 from ._logging import add_logging_args, configure_logging
 from ._services import add_commands
 from .bench.commands import add_store_and_compare
@@ -91,9 +92,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    configure_logging(args)
-    return int(args.func(args) or 0)
+    """Run one ``clmq`` command; every failure is one line on stderr and an exit code
+    (``broker/cli/_errors.py``; ``-v`` adds the stack)."""
+    verbose = "-v" in (argv if argv is not None else sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])
+    try:
+        args = build_parser().parse_args(argv)
+        verbose = args.verbose
+        configure_logging(args)
+        return int(args.func(args) or 0)
+    except SystemExit:  # argparse's own usage errors (exit 2) and --help (exit 0)
+        raise
+    except BaseException as e:  # everything else, KeyboardInterrupt included: one line
+        return report(e, verbose)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,8 @@ class BrokerConfig:
             raise ValueError("zookeeper (automatic failover) needs storage_mode = commitlog: replication copies the CommitLog")
         if self.zk_session_timeout_ms < 1000:
             raise ValueError(f"zk_session_timeout_ms must be at least 1000, got {self.zk_session_timeout_ms}")
+        if not 0 <= self.listen_port <= 65535:  # 0: any free port
+            raise ValueError(f"listen_port must be in 0..65535 (0: any free port), got {self.listen_port}")
         for name in ("pull_read_threads", "cold_read_threads", "cold_read_memory_queues", "cold_read_distance_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -1,0 +1,70 @@
+"""Running the real ``clmq`` in tests: a command as a subprocess, and a ``clmq dev``
+(name server and broker) to run commands against."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import trio
+
+from client import ConnectionFailed, open_admin
+from tests.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+
+
+def clmq(*args: str, cwd: Path, stdin: bytes | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``clmq args`` to the end; its exit code, stdout and stderr."""
+    return subprocess.run([sys.executable, "-m", "broker.cli", *args], cwd=cwd, capture_output=True, timeout=timeout_s,
+                          env=ENV, input=stdin.decode("latin-1") if stdin is not None else None, text=True)  # fmt: skip
+
+
+def popen(*args: str, cwd: Path, **kw: object) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "broker.cli", *args], cwd=cwd, env=ENV, **kw)  # type: ignore[call-overload]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _brokers(ns: str) -> int:
+    async def ask() -> int:
+        async with open_admin([ns]) as admin:
+            try:
+                return len(await admin.brokers())
+            except ConnectionFailed:
+                return 0
+
+    return trio.run(ask)
+
+
+@contextmanager
+def running_dev(tmp_path: Path) -> Iterator[str]:
+    """A ``clmq dev`` process (name server and broker); yields the name server's address.
+    Stopped with SIGINT (a graceful stop) at the end."""
+    ns_port, broker_port = free_port(), free_port()
+    ns = f"127.0.0.1:{ns_port}"
+    proc = popen("dev", "--data-dir", str(tmp_path / "dev-data"), "--port", str(broker_port), "--namesrv-port",
+                 str(ns_port), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        wait_until(lambda: proc.poll() is not None or _brokers(ns) > 0, 60, "clmq dev to register its broker")
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        yield ns
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
