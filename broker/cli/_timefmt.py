@@ -20,7 +20,7 @@ _RELATIVE = re.compile(r"^-?(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
 # An epoch in milliseconds has at least 10 digits from 2001 on: shorter numbers are
 # more likely a mistake (seconds, or an offset) than a time in 1970.
 _EPOCH_MS_MIN_DIGITS = 10
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def parse_time_ms(text: str, *, now_ms: int | None = None) -> int:
