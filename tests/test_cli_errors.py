@@ -82,3 +82,9 @@ def test_anything_else_is_a_usage_error_or_a_time(text: str) -> None:
         parse_time_ms(text, now_ms=NOW)
     except CliError as e:
         assert e.exit_code == EXIT_USAGE and ("not understood" in str(e) or "too small" in str(e))
+
+
+def test_the_store_demo_keeps_out_of_the_dev_data_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = clmq("demo", "--messages", "10", "--queues", "1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "clmq-demo-data").is_dir() and not (tmp_path / "clmq-data").exists()

@@ -31,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="store demo: append to a local store, restart it, read the queues back")
-    demo.add_argument("--data-dir", type=Path, default=Path("clmq-data"), help="store directory (default ./clmq-data)")
+    # Not ./clmq-data: that is `clmq dev`'s broker directory, which this demo must not write into.
+    demo.add_argument("--data-dir", type=Path, default=Path("clmq-demo-data"),
+                      help="store directory (default ./clmq-demo-data)")  # fmt: skip
     demo.add_argument("--messages", type=int, default=100_000, help="messages to append (default 100000)")
     demo.add_argument("--queues", type=int, default=16, help="queues in the demo topic (default 16)")
     demo.set_defaults(func=cmd_demo)
