@@ -5,6 +5,7 @@ from commitlog import ClientError, ClmqError, Message, Record
 from protocol.transport import ConnectionFailed, RpcClient, RpcError, split_addr
 
 from ._admin import Admin, open_admin
+from ._admin_reads import KeyLookup
 from ._allocate import allocate_averagely
 from ._asyncio import (
     AsyncioAdmin,
@@ -48,6 +49,7 @@ __all__ = [
     "Consumer",
     "ConsumerOptions",
     "DamagedQueueError",
+    "KeyLookup",
     "Message",
     "MessageQueue",
     "NoRouteError",

@@ -7,8 +7,13 @@ from typing import Any, AsyncIterator
 
 import trio
 
-from protocol import RequestCode
+from commitlog import Record
+from protocol import ErrorCode, RequestCode, decode_records
 from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
+
+from ._admin_reads import KeyLookup, parse_msg_id, pull, scan_for_key, topic_leaders
+
+DEFAULT_MAX_KEY_SCAN_MESSAGES = 100_000  # a key lookup reads at most this many messages (no key index yet)
 
 
 class Admin:
@@ -105,6 +110,109 @@ class Admin:
             members.update({m["client_id"]: m for m in info["members"]})
         return {"group": group, "queues": queues, "members": sorted(members.values(), key=lambda m: m["client_id"]),
                 "lag": sum(q["lag"] for q in queues)}  # fmt: skip
+
+    async def group_members(self, group: str) -> list[dict[str, Any]]:
+        """The group's connected members (client_id, mode, topics), from every leader."""
+        return list((await self.describe_group(group))["members"])
+
+    async def delete_group(self, group: str) -> list[str]:
+        """Forget ``group``'s committed offsets on every broker that has some; the names
+        of those brokers (empty: no broker knows the group). RpcError GROUP_ACTIVE while
+        members are connected."""
+        done = []
+        for b in await self.leaders():
+            try:
+                await self._call(b["addr"], RequestCode.DELETE_GROUP, {"group": group})
+                done.append(b["broker_name"])
+            except RpcError as e:
+                if e.code != ErrorCode.NOT_FOUND:
+                    raise
+        return done
+
+    async def reset_offsets(self, group: str, topic: str, *, to: str | int = "earliest", timestamp_ms: int | None = None,
+                            queue_ids: list[int] | None = None, dry_run: bool = False,
+                            force: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+        """Set ``group``'s committed offsets of ``topic`` (its queues ``queue_ids``, or
+        all) to ``to`` ("earliest", "latest" or an exact offset, clamped to what the
+        queue holds), or to the first message stored at or after ``timestamp_ms``.
+        Rows: broker_name, topic, queue_id, before (-1: none), after. Refused
+        (ValueError) while the group has members connected unless ``force`` (they
+        would overwrite the reset with their next commit); ``dry_run`` changes nothing."""
+        if not force and await self.group_members(group):
+            raise ValueError(f"group {group!r} has members connected: stop them first (or force)")
+        rows = []
+        for b in await topic_leaders(self, topic):
+            queues = [q for q in b["queues"] if queue_ids is None or q["queue_id"] in queue_ids]
+            commits = []
+            for q in queues:
+                after = await self._reset_target(b["addr"], topic, q, to, timestamp_ms)
+                before = (await self._call(b["addr"], RequestCode.QUERY_CONSUMER_OFFSET,
+                                           {"group": group, "topic": topic, "queue_id": q["queue_id"]}))["offset"]  # fmt: skip
+                rows.append({"broker_name": b["broker_name"], "topic": topic, "queue_id": q["queue_id"], "before": before,
+                             "after": after})  # fmt: skip
+                commits.append([topic, q["queue_id"], after])
+            if commits and not dry_run:
+                await self._call(b["addr"], RequestCode.COMMIT_OFFSET, {"group": group, "offsets": commits})
+        return rows
+
+    async def _reset_target(self, addr: str, topic: str, q: dict[str, Any], to: str | int, timestamp_ms: int | None) -> int:
+        if timestamp_ms is not None:
+            found = await self._call(addr, RequestCode.SEARCH_OFFSET,
+                                     {"topic": topic, "queue_id": q["queue_id"], "timestamp_ms": timestamp_ms})  # fmt: skip
+            return int(found["offset"])
+        if to == "earliest":
+            return int(q["min_offset"])
+        if to == "latest":
+            return int(q["max_offset"])
+        if isinstance(to, int):
+            return max(int(q["min_offset"]), min(to, int(q["max_offset"])))
+        raise ValueError(f"to={to!r}: use 'earliest', 'latest' or an offset")
+
+    async def read_queue(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
+                         broker_name: str | None = None) -> list[Record]:  # fmt: skip
+        """Up to ``max_messages`` of one queue from ``offset``, without a consumer group
+        (nothing is committed). ValueError for a topic or queue that does not exist."""
+        for b in await topic_leaders(self, topic, broker_name):
+            if any(q["queue_id"] == queue_id for q in b["queues"]):
+                return (await pull(self, b["addr"], topic, queue_id, offset, max_messages))[0]
+        raise ValueError(f"topic {topic!r} has no queue {queue_id}" + (f" on {broker_name}" if broker_name else ""))
+
+    async def message_by_id(self, msg_id: str) -> Record | None:
+        """The message a send's id names (``host:port@HEXOFFSET``); None if that broker
+        has no message there (retention removed it, or the id is made up)."""
+        addr, offset = parse_msg_id(msg_id)
+        try:
+            reply = await self.rpc.request(
+                addr, RequestCode.GET_MESSAGE, {"commitlog_offset": offset}, timeout_ms=self.timeout_ms
+            )
+        except RpcError as e:
+            if e.code == ErrorCode.NOT_FOUND:
+                return None
+            raise
+        return decode_records(reply.body, f"message {msg_id}")[0]
+
+    async def messages_by_key(self, topic: str, key: str, *, max_messages: int = 32, since_ms: int | None = None,
+                              until_ms: int | None = None,
+                              max_scan_messages: int = DEFAULT_MAX_KEY_SCAN_MESSAGES) -> KeyLookup:  # fmt: skip
+        """Messages of ``topic`` carrying ``key`` among their keys, newest first. There is
+        no key index yet: each queue's newest messages are read (from ``since_ms`` if
+        given), at most ``max_scan_messages`` in all; the result says if that cut it short."""
+        if max_scan_messages < 1 or max_messages < 1:
+            raise ValueError("max_scan_messages and max_messages must be at least 1")
+        return await scan_for_key(self, topic, key, max_messages=max_messages, max_scan_messages=max_scan_messages,
+                                  since_ms=since_ms, until_ms=until_ms)  # fmt: skip
+
+    async def update_topic(self, topic: str, *, queue_count: int) -> list[str]:
+        """Grow an existing topic's queue count on every leader that has it (RpcError
+        INVALID_TOPIC for fewer queues than it has; ValueError if no broker has it)."""
+        leaders = await topic_leaders(self, topic)
+        if not leaders:
+            raise ValueError(f"topic {topic!r} does not exist")
+        return await self.create_topic(topic, queue_count, on=[b["addr"] for b in leaders])
+
+    async def broker_info(self, addr: str) -> dict[str, Any]:
+        """One broker's BROKER_INFO: name, role, store and connection figures."""
+        return await self._call(addr, RequestCode.BROKER_INFO)
 
 
 @asynccontextmanager

@@ -59,10 +59,20 @@ GET_GROUP_MEMBERS      group -> members (sorted client ids)
 LIST_GROUPS            -> groups
 DESCRIBE_GROUP         group -> queues: [{topic, queue_id, committed, max_offset, lag}],
                        members
-CREATE_TOPIC           topic, queue_count -> (nothing); also changes a queue count
+DELETE_GROUP           group -> queues (how many committed offsets were dropped).
+                       GROUP_ACTIVE while members are connected; NOT_FOUND for a
+                       group with neither offsets nor members on this broker
+CREATE_TOPIC           topic, queue_count -> queue_count; also grows a topic's queue
+                       count (INVALID_TOPIC for fewer queues than it has: queues
+                       cannot be removed, their messages would be stranded)
 DELETE_TOPIC           topic -> (nothing)
 LIST_TOPICS            -> topics: {name: queue_count}
 DESCRIBE_TOPIC         topic -> queue_count, queues: [{queue_id, min_offset, max_offset}]
+GET_MESSAGE            commitlog_offset -> (nothing); body: the record stored at that
+                       offset of the CommitLog (a message id names the broker and this
+                       offset), CRC-checked. NOT_FOUND if no record starts there (or
+                       retention removed it); REQUEST_NOT_SUPPORTED in
+                       partition-per-file mode
 BROKER_INFO            -> name, addr, storage_mode, flush_mode, end_offset, ...,
                        healthy (bool), failure (why not, "" if healthy)
 GET_LOG_LAYOUT         -> min_offset, end_offset (durable, dispatched and confirmed),
@@ -158,10 +168,12 @@ class RequestCode(enum.IntEnum):
     GET_GROUP_MEMBERS = 42
     LIST_GROUPS = 43
     DESCRIBE_GROUP = 44
+    DELETE_GROUP = 45
     CREATE_TOPIC = 50
     DELETE_TOPIC = 51
     LIST_TOPICS = 52
     DESCRIBE_TOPIC = 53
+    GET_MESSAGE = 54
     BROKER_INFO = 60
     GET_LOG_LAYOUT = 70
     READ_LOG = 71
@@ -206,6 +218,7 @@ class ErrorCode(enum.IntEnum):
     REPLICA_REFUSED = 32  # a replication request the leader will not serve (unknown replica, lying report)
     OFFSET_OUT_OF_RANGE = 33  # a fetch below the leader's log start (fields: min_offset)
     NOT_IN_SYNC = 34  # PROMOTE of a follower not known in sync (use force to accept losing data)
+    GROUP_ACTIVE = 35  # DELETE_GROUP of a group with members connected: stop them first
 
 
 # ------------------------------------------------------------- request fields
@@ -304,10 +317,12 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
     RequestCode.GET_GROUP_MEMBERS: {"group": (GROUP, True)},
     RequestCode.LIST_GROUPS: {},
     RequestCode.DESCRIBE_GROUP: {"group": (GROUP, True)},
+    RequestCode.DELETE_GROUP: {"group": (GROUP, True)},
     RequestCode.CREATE_TOPIC: {"topic": (TOPIC, True), "queue_count": (_int(1, MAX_QUEUE_ID), True)},
     RequestCode.DELETE_TOPIC: {"topic": (TOPIC, True)},
     RequestCode.LIST_TOPICS: {},
     RequestCode.DESCRIBE_TOPIC: {"topic": (TOPIC, True)},
+    RequestCode.GET_MESSAGE: {"commitlog_offset": (OFFSET, True)},
     RequestCode.BROKER_INFO: {},
     RequestCode.GET_LOG_LAYOUT: {},
     RequestCode.READ_LOG: {"offset": (OFFSET, True), "max_bytes": (_int(), True), "end_offset": (OFFSET, True)},

@@ -22,9 +22,12 @@ ENV = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
 
 
 def clmq(*args: str, cwd: Path, stdin: bytes | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``clmq args`` to the end; its exit code, stdout and stderr."""
-    return subprocess.run([sys.executable, "-m", "broker.cli", *args], cwd=cwd, capture_output=True, timeout=timeout_s,
-                          env=ENV, input=stdin.decode("latin-1") if stdin is not None else None, text=True)  # fmt: skip
+    """Run ``clmq args`` to the end (``stdin``: its input, as bytes); its exit code,
+    stdout and stderr (decoded as UTF-8)."""
+    done = subprocess.run([sys.executable, "-m", "broker.cli", *args], cwd=cwd, capture_output=True, timeout=timeout_s,
+                          env=ENV, input=stdin if stdin is not None else b"")  # fmt: skip
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode("utf-8", "replace"),
+                                       done.stderr.decode("utf-8", "replace"))  # fmt: skip
 
 
 def popen(*args: str, cwd: Path, **kw: object) -> subprocess.Popen[bytes]:

@@ -7,15 +7,19 @@ import argparse
 import collections
 import os
 import sys
-from typing import Any, AsyncIterator
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
 
 import trio
 
 from client import open_admin, open_producer
 
-from ._common import addrs, console, namesrv_arg, print_rows, run_client
+from ._common import addrs, namesrv_arg, run_client
+from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
+from ._output import add_output_arg, emit, is_json, note
 from .consume_verbs import add_command as add_consume
-from .settings import SettingsError
+from .group_verbs import add_command as add_group
+from .message_verbs import add_command as add_message
 
 DEFAULT_MAX_LINE_BYTES = 4 << 20  # a broker's default max_message_bytes
 STDIN_READ_BYTES = 64 << 10  # one read of stdin: whatever has arrived, up to this much
@@ -26,28 +30,28 @@ def add_client_commands(sub: Any) -> None:
     _add_topic_commands(sub)
     _add_client_commands(sub)
     add_consume(sub)
+    add_group(sub)
+    add_message(sub)
 
 
 def _add_topic_commands(sub: Any) -> None:
-    topic = sub.add_parser("topic", help="create, list, describe, delete topics")
+    topic = sub.add_parser("topic", help="create, list, describe, update, delete topics")
     tsub = topic.add_subparsers(dest="topic_command", required=True)
     create = tsub.add_parser("create", help="create a topic (or grow its queue count) on every broker")
     create.add_argument("name")
     create.add_argument("--queues", type=int, default=8, help="queue count (default 8)")
-    for name, helptext in (("list", "list topics"), ("describe", "queues and offsets of a topic"), ("delete", "delete a topic")):
+    update = tsub.add_parser("update", help="change an existing topic: grow its queue count (queues cannot be removed)")
+    update.add_argument("name")
+    update.add_argument("--queues", type=int, required=True, help="the new queue count (at least the current one)")
+    for name, helptext in (("list", "list topics"), ("describe", "per queue: min and max offsets, messages held"),
+                           ("delete", "delete a topic")):  # fmt: skip
         p = tsub.add_parser(name, help=helptext)
         if name != "list":
             p.add_argument("name")
     for p in tsub.choices.values():
+        add_output_arg(p)
         namesrv_arg(p)
     topic.set_defaults(func=cmd_topic)
-    group = sub.add_parser("group", help="consumer groups: list, describe (per-queue lag)")
-    gsub = group.add_subparsers(dest="group_command", required=True)
-    namesrv_arg(gsub.add_parser("list", help="list consumer groups"))
-    gd = gsub.add_parser("describe", help="committed offsets, lag and members of a group")
-    gd.add_argument("name")
-    namesrv_arg(gd)
-    group.set_defaults(func=cmd_group)
 
 
 def _add_client_commands(sub: Any) -> None:
@@ -56,6 +60,10 @@ def _add_client_commands(sub: Any) -> None:
     prod.add_argument("messages", nargs="*", help="message bodies (default: each line of stdin, sent as it arrives)")
     prod.add_argument("--tags", default="")
     prod.add_argument("--keys", default="")
+    prod.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
+                      help="a message property (header), repeatable")  # fmt: skip
+    prod.add_argument("--queue", type=int, help="send to this queue id (default: spread, or --sharding-key's queue)")
+    prod.add_argument("--file", type=Path, help="read the messages from this file, one per line, instead of stdin")
     prod.add_argument("--sharding-key", help="send every message to the queue of this key, in order")
     prod.add_argument("--linger-ms", type=int, help="wait up to this long to fill a request (producer default 5)")
     prod.add_argument("--batch-max-bytes", type=int, help="bytes per request to a broker (producer default 1 MiB)")
@@ -69,43 +77,48 @@ def _add_client_commands(sub: Any) -> None:
 
 # ------------------------------------------------------------------ services
 def cmd_topic(args: argparse.Namespace) -> int:
+    if getattr(args, "queues", 1) < 1:
+        raise CliError(f"--queues must be at least 1, got {args.queues}", EXIT_USAGE)
+
     async def main() -> int:
         async with open_admin(addrs(args)) as admin:
-            if args.topic_command == "create":
-                on = await admin.create_topic(args.name, args.queues)
-                console.print(f"topic {args.name}: {args.queues} queues on {', '.join(on)}")
+            if args.topic_command in ("create", "update"):
+                try:
+                    on = await (admin.create_topic(args.name, args.queues) if args.topic_command == "create"
+                                else admin.update_topic(args.name, queue_count=args.queues))  # fmt: skip
+                except ValueError as e:
+                    raise CliError(str(e), EXIT_FAILED) from None
+                if is_json(args):
+                    emit(args, "", [], [], data={"topic": args.name, "queues": args.queues, "brokers": on})
+                else:
+                    note(args, f"topic {args.name}: {args.queues} queues on {', '.join(on)}")
             elif args.topic_command == "delete":
                 on = await admin.delete_topic(args.name)
-                console.print(f"topic {args.name} deleted on {', '.join(on)}" if on else f"[red]no broker has topic {args.name}")
-                return 0 if on else 1
+                if not on:
+                    raise CliError(f"no broker has topic {args.name!r}", EXIT_FAILED)
+                if is_json(args):
+                    emit(args, "", [], [], data={"topic": args.name, "brokers": on})
+                else:
+                    note(args, f"topic {args.name} deleted on {', '.join(on)}")
             elif args.topic_command == "list":
-                print_rows("topics", ["topic", "queues per broker"],
-                            [[t, ", ".join(f"{b}: {n}" for b, n in by.items())] for t, by in (await admin.list_topics()).items()])  # fmt: skip
+                topics = await admin.list_topics()
+                emit(args, "topics", ["topic", "queues per broker"],
+                     [[t, ", ".join(f"{b}: {n}" for b, n in by.items())] for t, by in topics.items()], data=topics)  # fmt: skip
             else:
-                rows = await admin.describe_topic(args.name)
-                if not rows:
-                    console.print(f"[red]no broker has topic {args.name}")
-                    return 1
-                print_rows(f"topic {args.name}", ["broker", "queue", "min offset", "max offset"],
-                            [[r["broker_name"], r["queue_id"], r["min_offset"], r["max_offset"]] for r in rows])  # fmt: skip
+                await _describe_topic(args, admin)
         return 0
 
     return run_client(main)
 
 
-def cmd_group(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        async with open_admin(addrs(args)) as admin:
-            if args.group_command == "list":
-                print_rows("consumer groups", ["group"], [[g] for g in await admin.list_groups()])
-                return 0
-            info = await admin.describe_group(args.name)
-            print_rows(f"group {args.name} (total lag {info['lag']:,})", ["broker", "topic", "queue", "committed", "max offset", "lag"],
-                        [[q["broker_name"], q["topic"], q["queue_id"], q["committed"], q["max_offset"], q["lag"]] for q in info["queues"]])  # fmt: skip
-            console.print("members: " + (", ".join(m["client_id"] for m in info["members"]) or "none connected"))
-        return 0
-
-    return run_client(main)
+async def _describe_topic(args: argparse.Namespace, admin: Any) -> None:
+    rows = await admin.describe_topic(args.name)
+    if not rows:
+        raise CliError(f"no broker has topic {args.name!r} (clmq topic list shows the topics)", EXIT_FAILED)
+    for r in rows:
+        r["messages"] = r["max_offset"] - r["min_offset"]
+    emit(args, f"topic {args.name}", ["broker", "queue", "min offset", "max offset", "messages"],
+         [[r["broker_name"], r["queue_id"], r["min_offset"], r["max_offset"], r["messages"]] for r in rows], data=rows)  # fmt: skip
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
@@ -118,16 +131,20 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         if args.max_line_bytes <= 0:
-            raise SettingsError(f"--max-line-bytes {args.max_line_bytes}: must be positive")
+            raise CliError(f"--max-line-bytes {args.max_line_bytes}: must be positive", EXIT_USAGE)
         report = _ProduceReport()
-        bodies = _argument_bodies(args.messages) if args.messages else _stdin_lines(args.max_line_bytes, report)
+        properties = _properties(args.property)
+        fd = _input_fd(args)
+        bodies = _argument_bodies(args.messages) if args.messages else _stdin_lines(args.max_line_bytes, report, fd)
         async with open_producer(addrs(args), **options) as producer:
+            selector = await _queue_selector(producer, args.topic, args.queue)
             number = 0
             async for body in bodies:
                 number += 1
                 if body is None:  # a line over --max-line-bytes: reported by _stdin_lines
                     continue
-                fut = await producer.submit(args.topic, body, tags=args.tags, keys=args.keys, sharding_key=args.sharding_key)
+                fut = await producer.submit(args.topic, body, tags=args.tags, keys=args.keys, properties=properties,
+                                            sharding_key=args.sharding_key, selector=selector)  # fmt: skip
                 report.add(number, fut)
             await producer.flush()
         return report.finish()
@@ -135,16 +152,49 @@ def cmd_produce(args: argparse.Namespace) -> int:
     return run_client(main)
 
 
+def _properties(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CliError(f"--property {pair!r}: give KEY=VALUE", EXIT_USAGE)
+        out[key] = value
+    return out
+
+
+def _input_fd(args: argparse.Namespace) -> int:
+    """stdin, or the --file opened (closed when the process ends)."""
+    if args.file is None:
+        return sys.stdin.fileno()
+    if args.messages:
+        raise CliError("give messages as arguments or --file, not both", EXIT_USAGE)
+    try:
+        return os.open(args.file, os.O_RDONLY)
+    except OSError as e:
+        raise CliError(f"--file {args.file}: {e.strerror}", EXIT_USAGE) from None
+
+
+async def _queue_selector(producer: Any, topic: str, queue_id: int | None) -> Callable[..., Any] | None:
+    """With --queue: a selector that picks that queue (an error if the topic has none)."""
+    if queue_id is None:
+        return None
+    queues = await producer.routes.queues(topic)
+    chosen = [mq for mq in queues if mq.queue_id == queue_id]
+    if not chosen:
+        raise CliError(f"topic {topic!r} has no queue {queue_id} (queues 0..{len(queues) - 1})", EXIT_FAILED)
+    return lambda mqs, _msg: next((mq for mq in mqs if mq.queue_id == queue_id), chosen[0])
+
+
 async def _argument_bodies(messages: list[str]) -> AsyncIterator[bytes | None]:
     for m in messages:
         yield m.encode()
 
 
-async def _stdin_lines(max_line_bytes: int, report: _ProduceReport) -> AsyncIterator[bytes | None]:
+async def _stdin_lines(max_line_bytes: int, report: _ProduceReport, fd: int) -> AsyncIterator[bytes | None]:
     """Each line of stdin as bytes (newline stripped), as soon as it arrives: reads take
     whatever is there (a thread, so trio goes on meanwhile; files, pipes and terminals
     alike). A line longer than ``max_line_bytes`` yields None (reported, not kept)."""
-    fd, rest, number, too_long = sys.stdin.fileno(), b"", 0, False
+    rest, number, too_long = b"", 0, False
     while True:
         chunk = await trio.to_thread.run_sync(os.read, fd, STDIN_READ_BYTES, abandon_on_cancel=True)
         if not chunk:

@@ -210,9 +210,8 @@ async def _demo(namesrv: str) -> None:
             sent.append(r)
             console.print(f"sent     queue {r.queue.queue_id} offset {r.queue_offset}: hello #{i}")
     want = {(r.queue.queue_id, r.queue_offset) for r in sent}
-    async with open_consumer(
-        [namesrv], f"demo-{os.getpid()}-{time.time_ns()}", {"demo": "*"}, start_from="earliest", pull_wait_ms=200
-    ) as consumer:
+    group = f"demo-{os.getpid()}-{time.time_ns()}"
+    async with open_consumer([namesrv], group, {"demo": "*"}, start_from="earliest", pull_wait_ms=200) as consumer:
         with trio.move_on_after(10):
             while want:
                 for rec in await consumer.receive():
@@ -224,6 +223,8 @@ async def _demo(namesrv: str) -> None:
     console.print(
         "[green]messages flowed: produced 5, consumed 5[/green]" if not want else f"[red]{len(want)} messages not consumed[/red]"
     )
+    async with open_admin([namesrv]) as admin:  # the demo's group has done its job: leave no group behind
+        await admin.delete_group(group)
 
 
 # ------------------------------------------------------------------- clients

@@ -18,6 +18,7 @@ from commitlog import CorruptRecordError
 from protocol import MAX_QUEUE_ID, ErrorCode, Frame, RequestCode
 from protocol.transport import Handler, Peer, Reply, RequestError, checked, need
 
+from ._admin_requests import AdminRequests
 from ._context import BrokerContext, now_ms
 from ._fetch import WIRE_STATUS, Fetch, ReadThreads, Visibility, optional, suggest_follower
 from ._log_reads import LogReads
@@ -45,6 +46,7 @@ class Handlers:
     def table(self) -> dict[int, Handler]:
         """Every request code's handler, each behind :func:`checked`."""
         log_reads = LogReads(self.b, self._readers)
+        admin = AdminRequests(self.b)
         handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: self.produce.send_message,
             RequestCode.PULL_MESSAGE: self.pull_message,
@@ -59,6 +61,8 @@ class Handlers:
             RequestCode.GET_GROUP_MEMBERS: self.group_members,
             RequestCode.LIST_GROUPS: self.list_groups,
             RequestCode.DESCRIBE_GROUP: self.describe_group,
+            RequestCode.DELETE_GROUP: admin.delete_group,
+            RequestCode.GET_MESSAGE: admin.get_message,
             RequestCode.CREATE_TOPIC: self.create_topic,
             RequestCode.DELETE_TOPIC: self.delete_topic,
             RequestCode.LIST_TOPICS: self.list_topics,
@@ -216,6 +220,10 @@ class Handlers:
     async def create_topic(self, frame: Frame, peer: Peer) -> Reply:
         topic, count = need(frame.fields, "topic", str), need(frame.fields, "queue_count", int)
         self.b.replica.check_writable()
+        have = self.store.topics.queue_count(topic)
+        if have is not None and count < have:  # queues cannot go: their messages and offsets would be stranded
+            raise RequestError(ErrorCode.INVALID_TOPIC, f"topic {topic!r} has {have} queues on {self.config.broker_name}: "
+                                                        f"a queue count can grow, not shrink (asked {count})")  # fmt: skip
         try:
             await trio.to_thread.run_sync(self.store.create_topic, topic, count)
         except ValueError as e:

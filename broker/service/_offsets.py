@@ -48,6 +48,15 @@ class ConsumerOffsets:
     def of_group(self, group: str) -> dict[tuple[str, int], int]:
         return {(t, q): o for (g, t, q), o in list(self._offsets.items()) if g == group}
 
+    def drop_group(self, group: str) -> int:
+        """Forget every committed offset of ``group``; how many there were."""
+        with self._lock:
+            keys = [k for k in self._offsets if k[0] == group]
+            for key in keys:
+                del self._offsets[key]
+            self._dirty = True
+        return len(keys)
+
     def drop_topic(self, topic: str) -> None:
         with self._lock:
             for key in [k for k in self._offsets if k[1] == topic]:

@@ -1,0 +1,110 @@
+"""``clmq group``: list, describe, members, delete, reset-offsets."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from client import Admin, open_admin
+
+from ._common import addrs, namesrv_arg, run_client
+from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
+from ._output import add_output_arg, emit, note
+from ._timefmt import FORMS, parse_time_ms
+
+
+def add_command(sub: Any) -> None:
+    """Add ``clmq group ...`` to the ``clmq`` parser."""
+    group = sub.add_parser("group", help="consumer groups: list, describe (per-queue lag), members, delete, reset-offsets")
+    gsub = group.add_subparsers(dest="group_command", required=True)
+    gsub.add_parser("list", help="list consumer groups")
+    gsub.add_parser("describe", help="committed offsets, lag and members of a group").add_argument("name")
+    gsub.add_parser("members", help="the members connected and the topics they read").add_argument("name")
+    gsub.add_parser("delete", help="forget a group's committed offsets (refused while members are connected)").add_argument(
+        "name"
+    )
+    _add_reset(gsub)
+    for p in gsub.choices.values():
+        add_output_arg(p)
+        namesrv_arg(p)
+    group.set_defaults(func=cmd_group)
+
+
+def _add_reset(gsub: Any) -> None:
+    reset = gsub.add_parser("reset-offsets", help="move a group's committed offsets (kafka-consumer-groups --reset-offsets)")
+    reset.add_argument("name")
+    reset.add_argument("--topic", required=True)
+    reset.add_argument("--queue", type=int, action="append", dest="queues", help="only this queue (repeatable; default all)")
+    to = reset.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-earliest", action="store_true", help="the oldest message still stored")
+    to.add_argument("--to-latest", action="store_true", help="past the newest message (skip everything stored)")
+    to.add_argument("--to-offset", type=int, help="an exact offset (clamped to what each queue holds)")
+    to.add_argument("--to-time", help=f"the first message stored at or after a time: {FORMS}")
+    to.add_argument("--by-duration", help="the first message stored this long ago, e.g. 1h, 30m, 2d")
+    reset.add_argument("--dry-run", action="store_true", help="show before/after, change nothing")
+    reset.add_argument("--force", action="store_true", help="even while members are connected (they may overwrite it)")
+
+
+def cmd_group(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        async with open_admin(addrs(args)) as admin:
+            if args.group_command == "list":
+                emit(args, "consumer groups", ["group"], [[g] for g in await admin.list_groups()])
+            elif args.group_command == "describe":
+                await _describe(args, admin)
+            elif args.group_command == "members":
+                members = await _existing(admin, args.name)
+                emit(args, f"members of group {args.name}", ["client_id", "mode", "topics"],
+                     [[m["client_id"], m["mode"], ", ".join(m["topics"])] for m in members])  # fmt: skip
+            elif args.group_command == "delete":
+                await _delete(args, admin)
+            else:
+                await _reset(args, admin)
+        return 0
+
+    return run_client(main)
+
+
+async def _existing(admin: Admin, group: str) -> list[dict[str, Any]]:
+    info = await admin.describe_group(group)
+    if not info["queues"] and not info["members"]:
+        raise CliError(f"group {group!r} does not exist (clmq group list shows the groups)", EXIT_FAILED)
+    return list(info["members"])
+
+
+async def _describe(args: argparse.Namespace, admin: Admin) -> None:
+    info = await admin.describe_group(args.name)
+    if not info["queues"] and not info["members"]:
+        raise CliError(f"group {args.name!r} does not exist (clmq group list shows the groups)", EXIT_FAILED)
+    emit(args, f"group {args.name} (total lag {info['lag']:,})", ["broker", "topic", "queue", "committed", "max offset", "lag"],
+         [[q["broker_name"], q["topic"], q["queue_id"], q["committed"], q["max_offset"], q["lag"]] for q in info["queues"]],
+         data=info)  # fmt: skip
+    note(args, "members: " + (", ".join(m["client_id"] for m in info["members"]) or "none connected"))
+
+
+async def _delete(args: argparse.Namespace, admin: Admin) -> None:
+    on = await admin.delete_group(args.name)
+    if not on:
+        raise CliError(f"group {args.name!r} does not exist (clmq group list shows the groups)", EXIT_FAILED)
+    emit(args, f"group {args.name} deleted", ["broker"], [[b] for b in on], data={"group": args.name, "deleted_on": on})
+
+
+async def _reset(args: argparse.Namespace, admin: Admin) -> None:
+    to: str | int = "earliest" if args.to_earliest else "latest" if args.to_latest else args.to_offset or 0
+    when = None
+    if args.to_time is not None:
+        when = parse_time_ms(args.to_time)
+    elif args.by_duration is not None:
+        when = parse_time_ms(args.by_duration if args.by_duration.startswith("-") else f"-{args.by_duration}")
+    if args.to_offset is not None and args.to_offset < 0:
+        raise CliError("--to-offset must not be negative", EXIT_USAGE)
+    try:
+        rows = await admin.reset_offsets(args.name, args.topic, to=to, timestamp_ms=when, queue_ids=args.queues,
+                                         dry_run=args.dry_run, force=args.force)  # fmt: skip
+    except ValueError as e:
+        raise CliError(str(e), EXIT_FAILED) from None
+    if not rows:
+        raise CliError(f"topic {args.topic!r} does not exist, or has none of the queues named", EXIT_FAILED)
+    title = f"group {args.name}, topic {args.topic}: " + ("would reset (dry run)" if args.dry_run else "reset")
+    emit(args, title, ["broker", "queue", "before", "after"],
+         [[r["broker_name"], r["queue_id"], r["before"], r["after"]] for r in rows], data=rows)  # fmt: skip

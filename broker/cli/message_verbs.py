@@ -1,0 +1,109 @@
+"""``clmq message``: read one queue from an offset without a group, look a message up
+by its id or by key; printed with timestamps, queue, offset, keys and properties."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import trio
+
+from client import Admin, open_admin
+
+from ._common import addrs, namesrv_arg, run_client
+from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
+from ._output import add_output_arg, note, print_record
+from ._timefmt import FORMS, parse_time_ms
+
+FOLLOW_POLL_MS = 500  # --follow: how often an idle queue is asked again
+
+
+def add_command(sub: Any) -> None:
+    """Add ``clmq message read|get|find`` to the ``clmq`` parser."""
+    msg = sub.add_parser("message", help="read a queue without a group; look a message up by id or key")
+    msub = msg.add_subparsers(dest="message_command", required=True)
+    read = msub.add_parser("read", help="messages of one queue from an offset (no group, nothing committed)")
+    read.add_argument("topic")
+    read.add_argument("--queue", type=int, required=True)
+    read.add_argument("--offset", type=int, default=0, help="first offset (default 0; clamped to what is stored)")
+    read.add_argument("--count", type=int, default=32, help="at most this many messages (default 32)")
+    read.add_argument("--broker", help="the broker group's name, when several serve the topic")
+    read.add_argument("--follow", action="store_true", help="keep waiting for new messages (Ctrl-C stops)")
+    get = msub.add_parser("get", help="the message a send's id names (host:port@HEXOFFSET)")
+    get.add_argument("msg_id")
+    find = msub.add_parser("find", help="messages carrying a key (a bounded scan of the topic's newest messages)")
+    find.add_argument("topic")
+    find.add_argument("--key", required=True)
+    find.add_argument("--since", help=f"only messages stored at or after: {FORMS}")
+    find.add_argument("--until", help="only messages stored at or before (same forms)")
+    find.add_argument("--count", type=int, default=32, help="at most this many messages, newest first (default 32)")
+    find.add_argument("--max-scan-messages", type=int, default=100_000, help="read at most this many messages (default 100000)")
+    for p in msub.choices.values():
+        p.add_argument("--details", action="store_true", help="also print keys, properties and attempts")
+        add_output_arg(p)
+        namesrv_arg(p)
+    msg.set_defaults(func=cmd_message)
+
+
+def cmd_message(args: argparse.Namespace) -> int:
+    for name in ("count", "max_scan_messages"):
+        if getattr(args, name, 1) < 1:
+            raise CliError(f"--{name.replace('_', '-')} must be at least 1", EXIT_USAGE)
+    if getattr(args, "offset", 0) < 0 or getattr(args, "queue", 0) < 0:
+        raise CliError("--queue and --offset must not be negative", EXIT_USAGE)
+
+    async def main() -> int:
+        async with open_admin(addrs(args)) as admin:
+            if args.message_command == "read":
+                await _read(args, admin)
+            elif args.message_command == "get":
+                await _get(args, admin)
+            else:
+                await _find(args, admin)
+        return 0
+
+    return run_client(main)
+
+
+async def _read(args: argparse.Namespace, admin: Admin) -> None:
+    offset, shown = args.offset, 0
+    while args.follow or shown < args.count:
+        try:
+            records = await admin.read_queue(args.topic, args.queue, offset, args.count if args.follow else args.count - shown,
+                                             broker_name=args.broker)  # fmt: skip
+        except ValueError as e:
+            raise CliError(str(e), EXIT_FAILED) from None
+        for rec in records:
+            print_record(args, rec)
+        shown += len(records)
+        if records:
+            offset = records[-1].queue_offset + 1
+        elif args.follow:
+            await trio.sleep(FOLLOW_POLL_MS / 1000)  # a poll of a remote queue, not a wait for a local event
+        else:
+            break
+    note(args, f"[dim]{shown} messages")
+
+
+async def _get(args: argparse.Namespace, admin: Admin) -> None:
+    try:
+        rec = await admin.message_by_id(args.msg_id)
+    except ValueError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+    if rec is None:
+        raise CliError(f"no message {args.msg_id} (retention may have removed it)", EXIT_FAILED)
+    args.details = True
+    print_record(args, rec, msg_id=args.msg_id)
+
+
+async def _find(args: argparse.Namespace, admin: Admin) -> None:
+    since = parse_time_ms(args.since) if args.since else None
+    until = parse_time_ms(args.until) if args.until else None
+    found = await admin.messages_by_key(args.topic, args.key, max_messages=args.count, since_ms=since, until_ms=until,
+                                        max_scan_messages=args.max_scan_messages)  # fmt: skip
+    for rec in found.records:
+        print_record(args, rec)
+    cut = "" if found.complete else f"; older messages not searched (--max-scan-messages {args.max_scan_messages:,})"
+    note(args, f"[dim]{len(found.records)} found, {found.scanned:,} messages read{cut}")
+    if not found.records:
+        raise CliError(f"no message of topic {args.topic!r} has key {args.key!r}" + (cut and " among those read"), EXIT_FAILED)

@@ -1,0 +1,56 @@
+"""Operator requests of the broker beyond topics and offsets: deleting a consumer
+group, and a message looked up by its id (its CommitLog offset)."""
+
+from __future__ import annotations
+
+import trio
+
+from commitlog import CorruptRecordError
+from protocol import ErrorCode, Frame
+from protocol.transport import Peer, Reply, RequestError, need
+
+from ._context import BrokerContext
+
+
+class AdminRequests:
+    """DELETE_GROUP and GET_MESSAGE (see ``protocol/_codes.py``)."""
+
+    def __init__(self, context: BrokerContext) -> None:
+        self.b = context
+
+    async def delete_group(self, frame: Frame, peer: Peer) -> Reply:
+        """Drop a group's committed offsets; refused while members are connected (they
+        would commit again at once, as Kafka refuses to delete an active group)."""
+        group = need(frame.fields, "group", str)
+        self.b.replica.check_writable()
+        members = self.b.groups.members(group)
+        if members:
+            names = ", ".join(m.client_id for m in members[:5])
+            raise RequestError(ErrorCode.GROUP_ACTIVE, f"group {group!r} has {len(members)} member(s) connected "
+                                                       f"({names}): stop them first")  # fmt: skip
+        if not self.b.offsets.of_group(group):
+            raise RequestError(ErrorCode.NOT_FOUND, f"group {group!r} does not exist on {self.b.config.broker_name}")
+        dropped = self.b.offsets.drop_group(group)
+        self.b.metadata.bump()
+        return Reply({"queues": dropped})
+
+    async def get_message(self, frame: Frame, peer: Peer) -> Reply:
+        """The record at a CommitLog offset (what a message id names), CRC-checked."""
+        offset = need(frame.fields, "commitlog_offset", int)
+        log = getattr(self.b.store, "log", None)
+        if log is None:
+            raise RequestError(ErrorCode.REQUEST_NOT_SUPPORTED, "message ids name CommitLog offsets: this broker "
+                                                                f"runs {self.b.config.storage_mode}")  # fmt: skip
+
+        def read() -> bytes | None:
+            record = log.read_record(offset)  # CRC-checked: a made-up offset is no record
+            return None if record is None else log.read_bytes(offset, record.size)
+
+        try:
+            raw = await trio.to_thread.run_sync(read)
+        except CorruptRecordError as e:  # not the start of a record (a made-up id), or damage
+            raise RequestError(ErrorCode.NOT_FOUND, f"no message starts at CommitLog offset {offset}: {e}") from None
+        if raw is None:
+            raise RequestError(ErrorCode.NOT_FOUND, f"CommitLog offset {offset} is not in the log "
+                                                    f"(retention may have removed it)")  # fmt: skip
+        return Reply(body=raw)
