@@ -1,0 +1,169 @@
+"""The broker's numbers for people and machines: traffic per topic, rates, status
+fields of BROKER_INFO, and a Prometheus collector that reads all of it when scraped.
+
+Counting on the request path is a few integer adds (``TopicTraffic``); everything else
+(store size, group lag, replication lag, fsync times) is read from the running state
+at scrape time, bounded in cost.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from commitlog import FSYNC_BUCKETS_S
+from protocol import RequestCode
+from protocol.transport import HttpRequest, HttpResponse, RequestStats
+
+from ._context import BrokerContext
+
+METRICS_MAX_LAG_SERIES = 10_000  # group lag series per scrape at most (a label per group and queue)
+
+
+def clmq_version() -> str:
+    try:
+        return importlib_metadata.version("clmq")
+    except importlib_metadata.PackageNotFoundError:  # run from a source tree
+        return "0.1.0+source"
+
+
+def status_fields(context: BrokerContext, started: float) -> dict[str, Any]:
+    """The fields BROKER_INFO adds for ``clmq broker status`` and the dashboard."""
+    store = context.store
+    directory = store.directory
+    usage = shutil.disk_usage(directory)
+    segments = _segments(context)
+    return {"version": clmq_version(), "uptime_s": round(time.monotonic() - started, 1),
+            "disk_used_bytes": usage.used, "disk_free_bytes": usage.free, "disk_total_bytes": usage.total,
+            "store_bytes": sum(size for _base, size, _path in segments), "segments": len(segments),
+            **context.traffic.rates()}  # fmt: skip
+
+
+def _segments(context: BrokerContext) -> list[tuple[int, int, Any]]:
+    log = getattr(context.store, "log", None)
+    return list(log.segments()) if log is not None else []
+
+
+def open_files() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:  # not Linux: unknown
+        return -1
+
+
+class BrokerCollector:
+    """A Prometheus collector reading the broker's state when scraped."""
+
+    def __init__(self, context: BrokerContext, requests: RequestStats, connections: Any) -> None:
+        self.c, self.requests, self.connections = context, requests, connections
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._traffic()
+        yield from self._request_metrics()
+        yield from self._store_metrics()
+        yield from self._group_lag()
+        yield from self._replication()
+
+    def _traffic(self) -> Iterator[Metric]:
+        names = (("messages_in", "Messages stored, per topic"), ("bytes_in", "Message bytes stored, per topic"),
+                 ("messages_out", "Messages served to readers, per topic"),
+                 ("bytes_out", "Record bytes served to readers, per topic"))  # fmt: skip
+        for i, (name, text) in enumerate(names):
+            family = CounterMetricFamily(f"clmq_{name}", text, labels=["topic"])
+            for topic, row in sorted(self.c.traffic.by_topic.items()):
+                family.add_metric([topic], row[i])
+            yield family
+
+    def _request_metrics(self) -> Iterator[Metric]:
+        total = CounterMetricFamily("clmq_requests", "Requests answered, per request code", labels=["code"])
+        errors = CounterMetricFamily("clmq_request_errors", "Requests answered with an error, per code", labels=["code"])
+        latency = HistogramMetricFamily("clmq_request_duration_seconds", "From taking a request up to its answer queued",
+                                        labels=["code"])  # fmt: skip
+        for code, st, cumulative in self.requests.histogram_rows():
+            name = _code_name(code)
+            total.add_metric([name], st.requests)
+            errors.add_metric([name], st.errors)
+            latency.add_metric([name], cumulative, st.seconds_sum)
+        yield from (total, errors, latency)
+
+    def _store_metrics(self) -> Iterator[Metric]:
+        store = self.c.store
+        segments = _segments(self.c)
+        yield _gauge("clmq_store_bytes", "Bytes of CommitLog segments on disk", sum(s for _b, s, _p in segments))
+        yield _gauge("clmq_store_segments", "CommitLog segment files", len(segments))
+        yield _gauge("clmq_log_end_offset_bytes", "The CommitLog's end (bytes ever written)", store.end_offset)
+        yield _gauge("clmq_log_durable_offset_bytes", "How far the CommitLog is fsynced", store.durable_offset)
+        yield _gauge("clmq_dispatch_lag_bytes", "CommitLog bytes not yet dispatched to the queues", store.dispatch_lag_bytes)
+        yield _gauge("clmq_connections", "Client connections open", self.connections())
+        yield _gauge("clmq_open_files", "File descriptors open in the broker's process", open_files())
+        log = getattr(store, "log", None)
+        if log is not None:
+            _count, total, buckets = log.flush_times.snapshot()
+            family = HistogramMetricFamily("clmq_flush_duration_seconds", "One flush of the CommitLog (its fsyncs)")
+            family.add_metric([], _cumulative(FSYNC_BUCKETS_S, buckets), total)
+            yield family
+
+    def _group_lag(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("clmq_group_lag_messages", "Messages of a queue a group has not committed past",
+                                   labels=["group", "topic", "queue"])  # fmt: skip
+        store, rows = self.c.store, 0
+        for group in self.c.offsets.groups():
+            for (topic, qid), committed in sorted(self.c.offsets.of_group(group).items()):
+                if rows >= METRICS_MAX_LAG_SERIES:
+                    break
+                if store.queue_exists(topic, qid):
+                    family.add_metric([group, topic, str(qid)], max(0, store.max_offset(topic, qid) - committed))
+                    rows += 1
+        yield family
+
+    def _replication(self) -> Iterator[Metric]:
+        status = self.c.replica.status()
+        lag = GaugeMetricFamily("clmq_replica_lag_bytes", "A follower's lag behind its leader (leader's view)",
+                                labels=["broker_id", "addr"])  # fmt: skip
+        in_sync = GaugeMetricFamily("clmq_replica_in_sync", "1 if a follower is in sync (leader's view)",
+                                    labels=["broker_id", "addr"])  # fmt: skip
+        for r in status.get("replicas", []):
+            lag.add_metric([str(r.get("broker_id")), str(r.get("addr", ""))], r.get("lag_bytes", 0))
+            in_sync.add_metric([str(r.get("broker_id")), str(r.get("addr", ""))], 1 if r.get("in_sync") else 0)
+        yield from (lag, in_sync)
+        yield _gauge("clmq_leader", "1 if this broker leads its group", 1 if status.get("role") == "leader" else 0)
+
+
+def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=value)
+
+
+def _code_name(code: int) -> str:
+    try:
+        return RequestCode(code).name
+    except ValueError:
+        return str(code)
+
+
+def _cumulative(bounds: tuple[float, ...], buckets: list[int]) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    running = 0
+    for bound, n in zip(bounds, buckets):
+        running += n
+        out.append((repr(bound), running))
+    out.append(("+Inf", running + buckets[-1]))
+    return out
+
+
+def metrics_route(registry: CollectorRegistry) -> Any:
+    """The HTTP route of a metrics port: GET /metrics."""
+
+    async def route(request: HttpRequest) -> HttpResponse:
+        if request.path != "/metrics":
+            return HttpResponse(404, b"try /metrics\n")
+        return HttpResponse(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+
+    return route

@@ -1,0 +1,56 @@
+"""The name server's Prometheus metrics: requests per code (count, errors, latency),
+brokers registered (healthy or not), topics routed. Read when scraped."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from protocol import RequestCode
+from protocol.transport import HttpRequest, HttpResponse, RequestStats
+
+from ._routes import RouteTable
+
+
+class NameServerCollector:
+    def __init__(self, routes: RouteTable, requests: RequestStats) -> None:
+        self.routes, self.requests = routes, requests
+
+    def collect(self) -> Iterator[Metric]:
+        total = CounterMetricFamily("clmq_nameserver_requests", "Requests answered, per request code", labels=["code"])
+        errors = CounterMetricFamily("clmq_nameserver_request_errors", "Requests answered with an error", labels=["code"])
+        latency = HistogramMetricFamily("clmq_nameserver_request_duration_seconds", "From taking a request up to its answer",
+                                        labels=["code"])  # fmt: skip
+        for code, st, cumulative in self.requests.histogram_rows():
+            name = RequestCode(code).name if code in RequestCode._value2member_map_ else str(code)
+            total.add_metric([name], st.requests)
+            errors.add_metric([name], st.errors)
+            latency.add_metric([name], cumulative, st.seconds_sum)
+        yield from (total, errors, latency)
+        brokers = self.routes.cluster(time.monotonic() * 1000)
+        registered = GaugeMetricFamily("clmq_nameserver_brokers", "Brokers registered", labels=["healthy"])
+        registered.add_metric(["true"], sum(1 for b in brokers if b.get("healthy", True)))
+        registered.add_metric(["false"], sum(1 for b in brokers if not b.get("healthy", True)))
+        yield registered
+        topics = {t for b in brokers for t in b.get("topics", {})}
+        yield GaugeMetricFamily("clmq_nameserver_topics", "Topics routed", value=len(topics))
+
+
+def metrics_registry(routes: RouteTable, requests: RequestStats) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NameServerCollector(routes, requests))
+    return registry
+
+
+def metrics_route(registry: CollectorRegistry) -> Any:
+    async def route(request: HttpRequest) -> HttpResponse:
+        if request.path != "/metrics":
+            return HttpResponse(404, b"try /metrics\n")
+        return HttpResponse(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+
+    return route

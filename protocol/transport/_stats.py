@@ -1,0 +1,53 @@
+"""Per request code: how many requests a server answered, how many with an error, and
+how long they took (a histogram), counted with integer adds on the request path and
+read by the metrics collector when scraped."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+# Upper bounds of the latency buckets, in seconds (Prometheus' defaults, from 100 us).
+LATENCY_BUCKETS_S: tuple[float, ...] = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                         0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+
+
+@dataclass
+class CodeStats:
+    """One request code's counts; ``buckets[i]`` counts latencies up to
+    ``LATENCY_BUCKETS_S[i]`` (not cumulative), the last one everything slower."""
+
+    requests: int = 0
+    errors: int = 0
+    seconds_sum: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+
+
+class RequestStats:
+    """Every request code's :class:`CodeStats` (the event loop's thread only)."""
+
+    def __init__(self) -> None:
+        self.by_code: dict[int, CodeStats] = {}
+
+    def record(self, code: int, seconds: float, error: bool) -> None:
+        stats = self.by_code.get(code)
+        if stats is None:
+            stats = self.by_code[code] = CodeStats()
+        stats.requests += 1
+        stats.errors += error
+        stats.seconds_sum += seconds
+        stats.buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+
+    def histogram_rows(self) -> list[tuple[int, CodeStats, list[tuple[str, float]]]]:
+        """Per code (sorted): its stats and its cumulative buckets as Prometheus wants
+        them (``[("0.0001", n), ..., ("+Inf", total)]``)."""
+        rows = []
+        for code, st in sorted(self.by_code.items()):
+            cumulative: list[tuple[str, float]] = []
+            running = 0
+            for bound, n in zip(LATENCY_BUCKETS_S, st.buckets):
+                running += n
+                cumulative.append((repr(bound), running))
+            cumulative.append(("+Inf", running + st.buckets[-1]))
+            rows.append((code, st, cumulative))
+        return rows
