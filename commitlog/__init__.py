@@ -66,12 +66,14 @@ from ._record import (
     encode_properties,
 )  # fmt: skip
 from ._segment import fsync_dir, read_boundary_index
+from ._timings import FSYNC_BUCKETS_S, Timings
 
 __all__ = [
     "BLANK_MAGIC",
     "BLANK_SIZE",
     "CRC_START",
     "FORMAT_VERSION",
+    "FSYNC_BUCKETS_S",
     "HEADER",
     "HEADER_DTYPE",
     "HEADER_SIZE",
@@ -129,6 +131,7 @@ __all__ = [
     "ServiceError",
     "StoreError",
     "StoreFailedError",
+    "Timings",
     "TransportError",
     "Walk",
     "check_log",

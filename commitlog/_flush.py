@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import threading
+import time
 from typing import Callable
 
 from ._config import FlushMode
@@ -70,6 +71,7 @@ class Flusher:
                 target = st.end
                 dirty, st.dirty = st.dirty, set()
                 dir_dirty, st.dir_dirty = st.dir_dirty, False
+            started = time.perf_counter()
             try:
                 for seg in sorted(dirty, key=lambda s: s.base):
                     _sync(seg)
@@ -79,6 +81,8 @@ class Flusher:
                 error = StoreFailedError("commitlog flush", e)
                 st.durable.fail(error)
                 raise error from e
+            if dirty or dir_dirty:
+                st.flush_times.record(time.perf_counter() - started)
             st.durable.publish(target)
             return target
 

@@ -51,6 +51,7 @@ from ._results import AppendResult, AppendStatus, now_ms
 from ._retention import Retention
 from ._scan import ScanResult
 from ._state import LogState
+from ._timings import Timings
 
 __all__ = ["AppendResult", "AppendStatus", "CommitLog", "QueueKey", "ScanResult", "now_ms"]
 
@@ -110,6 +111,11 @@ class CommitLog:
     def min_offset(self) -> int:
         """The first offset still in the log (retention advances it)."""
         return self._state.snapshot.segments[0].base
+
+    @property
+    def flush_times(self) -> Timings:
+        """How long flushes took (the fsyncs of one flush together): a histogram."""
+        return self._state.flush_times
 
     @property
     def durable_offset(self) -> int:

@@ -59,12 +59,13 @@ from ._durability import DurableOffset
 from ._encoder import QueueKey
 from ._segment import Segment
 from ._segments import SegmentSet
+from ._timings import Timings
 
 
 class LogState:
     """The shared mutable state of one log (see the module docstring for the rules)."""
 
-    __slots__ = ("config", "confirmed", "dir_dirty", "directory", "dirty", "durable", "end", "flush_lock", "graveyard",
+    __slots__ = ("config", "confirmed", "dir_dirty", "directory", "dirty", "durable", "end", "flush_lock", "flush_times", "graveyard",
                  "listeners", "lock", "queue_offsets", "snapshot")  # fmt: skip
 
     def __init__(self, directory: Path, config: CommitLogConfig) -> None:
@@ -84,6 +85,7 @@ class LogState:
         self.graveyard: list[Segment] = []  # deleted, closed one retention pass later
         self.confirmed: int | None = None
         self.durable = DurableOffset()
+        self.flush_times = Timings()  # each flush's fsyncs, for the broker's metrics
         self.listeners: list[Callable[[], None]] = []
 
     @property

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import trio
 
 from protocol import ErrorCode, Frame, RequestCode
-from protocol.transport import Peer, Reply, RequestError, RpcServer, ServerLimits, checked
+from protocol.transport import Peer, Reply, RequestError, RpcServer, ServerLimits, checked, serve_http
 
+from ._metrics import metrics_registry, metrics_route
 from ._routes import RouteTable
 
 log = logging.getLogger("clmq.nameserver")
@@ -32,10 +33,14 @@ class NameServerConfig:
     max_connection_buffer_bytes: int = 64 << 20
     max_buffered_request_bytes: int = 256 << 20
     frame_timeout_ms: int = 60_000
+    metrics_port: int = -1  # Prometheus metrics over HTTP (GET /metrics): -1 none, 0 any free port
+    metrics_host: str = ""  # "": the listen host
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:  # 0: any free port
             raise ValueError(f"listen_port must be in 0..65535 (0: any free port), got {self.listen_port}")
+        if not -1 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in -1..65535 (-1: none, 0: any free port), got {self.metrics_port}")
 
     def server_limits(self) -> ServerLimits:
         return ServerLimits(self.max_connections, self.reserved_file_descriptors, self.max_connection_buffer_bytes,
@@ -60,6 +65,8 @@ class NameServer:
         }, max_frame_bytes=config.max_frame_bytes, idle_timeout_ms=config.idle_timeout_ms,
             limits=config.server_limits())  # fmt: skip
         self._stop = trio.Event()
+        self.metrics = metrics_registry(self.routes, self.rpc.request_stats)
+        self.metrics_port = -1  # where /metrics is served, once started (-1: none)
 
     @property
     def addr(self) -> str:
@@ -117,6 +124,9 @@ async def serve(config: NameServerConfig, *, task_status: trio.TaskStatus[NameSe
     async with trio.open_nursery() as nursery:
         await nursery.start(ns.rpc.serve, config.listen_host, config.listen_port, nursery)
         nursery.start_soon(ns._expire_loop)
+        if config.metrics_port >= 0:
+            ns.metrics_port = await nursery.start(serve_http, config.metrics_host or config.listen_host, config.metrics_port,
+                                                  metrics_route(ns.metrics), "name server metrics")  # fmt: skip
         log.info("name server listening on %s", ns.addr)
         task_status.started(ns)
         await ns._stop.wait()

@@ -30,6 +30,7 @@ ONLY_IN: dict[str, set[str]] = {
     "pyarrow": {"spark_connector"},
     "kazoo": {"broker.coordination"},
     "matplotlib": {"broker.cli.bench"},
+    "prometheus_client": {"broker.service", "nameserver"},
 }
 # Libraries a layer must not import (storage is plain synchronous Python; the protocol is sans-IO).
 FORBIDDEN_IN_LAYER: dict[str, set[str]] = {

@@ -40,6 +40,7 @@ def add_commands(sub: Any) -> None:
     dev.add_argument("--port", type=listen_port_arg, dest="listen_port", help="broker port (default 10911)")
     dev.add_argument("--storage-mode", help="commitlog (default) or partition-per-file")
     dev.add_argument("--flush-mode", help="async (default) or sync: acknowledge only once fsynced")
+    dev.add_argument("--metrics-port", type=int, help="the broker's Prometheus metrics port (GET /metrics)")
     dev.add_argument("--namesrv-port", type=listen_port_arg, default=9876, help="name server port (default 9876)")
     dev.add_argument("--replicas", type=int, default=1, help="brokers in the group (default 1: one broker in this "
                      "process); N > 1: a leader and N-1 followers, each a separate process with its own data "
@@ -54,6 +55,7 @@ def add_commands(sub: Any) -> None:
     ns.add_argument("--config", type=Path, help="TOML file (keys: NameServerConfig fields, or a [nameserver] table)")
     ns.add_argument("--listen-host")
     ns.add_argument("--listen-port", type=listen_port_arg)
+    ns.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on GET /metrics at this port (0: any free)")
     ns.set_defaults(func=cmd_nameserver)
 
     br = sub.add_parser("broker", help="run a broker ('clmq broker status --addr host:port': one broker's replication state)")
@@ -80,13 +82,14 @@ async def _until_signal(stop: Callable[[], object]) -> None:  # what stop return
 
 
 def cmd_nameserver(args: argparse.Namespace) -> int:
-    overrides = {"listen_host": args.listen_host, "listen_port": args.listen_port}
+    overrides = {"listen_host": args.listen_host, "listen_port": args.listen_port, "metrics_port": args.metrics_port}
     cfg = load_settings(NameServerConfig, args.config, section="nameserver", overrides=overrides)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             ns = await nursery.start(serve_nameserver, cfg)
-            console.print(f"name server on {ns.addr}")
+            console.print(f"name server on {ns.addr}" + (f"; metrics on http://{cfg.metrics_host or cfg.listen_host}:"
+                                                         f"{ns.metrics_port}/metrics" if ns.metrics_port >= 0 else ""))  # fmt: skip
             nursery.start_soon(_until_signal, ns.shutdown)
 
     return _run_service(main, f"{cfg.listen_host}:{cfg.listen_port}")
@@ -95,7 +98,9 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
 # The broker's flags (each one a BrokerConfig field; also settable in the TOML file and as CLMQ_<FIELD>).
 BROKER_FLAGS: tuple[tuple[str, Callable[[str], Any], str | None], ...] = (
     ("broker-name", str, "the group: brokers with the same name replicate one log"), ("listen-host", str, None),
-    ("listen-port", listen_port_arg, None), ("data-dir", str, None), ("namesrv-addrs", str, "host:port,host:port"),
+    ("listen-port", listen_port_arg, None),
+    ("metrics-port", int, "serve Prometheus metrics on GET /metrics at this port (0: any free; default -1: none)"),
+    ("data-dir", str, None), ("namesrv-addrs", str, "host:port,host:port"),
     ("storage-mode", str, None), ("flush-mode", str, None),
     ("broker-id", int, "unique within the group"),
     ("role", str, "leader or follower, at the first start (later: the role kept in the data directory)"),
@@ -123,6 +128,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
             broker = await nursery.start(serve_broker, cfg)
             console.print(f"broker {cfg.broker_name} on {broker.addr}, data in {cfg.data_dir} "
                           f"({cfg.storage_mode}, {cfg.flush_mode} flush); name servers: {', '.join(cfg.namesrv_addrs) or 'none'}")  # fmt: skip
+            if broker.metrics_port >= 0:
+                console.print(f"metrics on http://{cfg.metrics_host or cfg.listen_host}:{broker.metrics_port}/metrics")
             role = broker.replica.role  # the role kept in the data directory wins over the setting
             if cfg.zookeeper:
                 console.print(f"replica {cfg.broker_id} of group {cfg.broker_name}: its role comes from ZooKeeper "
@@ -157,7 +164,7 @@ DEV_DEFAULTS = {"register_interval_ms": 1000}  # under the file, the environment
 def cmd_dev(args: argparse.Namespace) -> int:
     """The broker's settings load as ``clmq broker``'s do (file, CLMQ_* variables,
     flags); only its name servers are set: the one this command runs."""
-    keys = ("listen_port", "data_dir", "storage_mode", "flush_mode", "ack_mode", "min_insync_replicas")
+    keys = ("listen_port", "data_dir", "storage_mode", "flush_mode", "ack_mode", "min_insync_replicas", "metrics_port")
     base = load_settings(BrokerConfig, args.config, section="broker", defaults=DEV_DEFAULTS,
                          overrides={k: getattr(args, k) for k in keys})  # fmt: skip
     if args.replicas < 1:

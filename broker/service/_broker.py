@@ -6,15 +6,17 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import time
 from typing import Any, Callable, Iterator
 
 import trio
+from prometheus_client import CollectorRegistry
 
 from broker.coordination import CoordinationConfig, GroupCoordinator
 from broker.replication import Replica
 from broker.store import StorageEngine, Store
 from protocol import RequestCode
-from protocol.transport import ConnectionFailed, RpcClient, RpcError, RpcServer, checked
+from protocol.transport import ConnectionFailed, RpcClient, RpcError, RpcServer, checked, serve_http
 
 from ._append import AppendLane
 from ._config import BrokerConfig
@@ -22,6 +24,7 @@ from ._context import BrokerContext, now_ms
 from ._groups import ConsumerGroups
 from ._handlers import Handlers, registration
 from ._longpoll import PullWaiters
+from ._metrics import BrokerCollector, metrics_route
 from ._offsets import ConsumerOffsets
 from ._replicated import ReplicatedMetadata
 
@@ -63,6 +66,10 @@ class Broker:
                              idle_timeout_ms=config.idle_timeout_ms,
                              max_inflight_per_connection=config.max_inflight_per_connection,
                              serial_codes=frozenset({RequestCode.SEND_MESSAGE}), limits=config.server_limits())  # fmt: skip
+        self.started = time.monotonic()
+        self.metrics = CollectorRegistry(auto_describe=False)  # this broker's own: several may share a process
+        self.metrics.register(BrokerCollector(self.context, self.rpc.request_stats, lambda: self.rpc.connections))
+        self.metrics_port = -1  # the port /metrics is served on, once started (-1: none)
         self._stop = trio.Event()
         self._register_wakeup = trio.Event()
         self._registered: dict[str, bool] = {}
@@ -135,6 +142,12 @@ class Broker:
                 await trio.to_thread.run_sync(self.offsets.flush)
             except OSError as e:
                 log.warning("cannot persist consumer offsets yet: %s", e)
+
+    async def _sample_rates(self) -> None:
+        """A sample of the traffic counters every second: BROKER_INFO's rates."""
+        while True:
+            self.context.traffic.rates()
+            await trio.sleep(1)
 
     async def _stop_gracefully(self) -> None:
         self.replica.stopping()
@@ -219,6 +232,10 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
             nursery.start_soon(broker.lane.durable.run)  # timeouts of sync-flush answers without a task
             nursery.start_soon(broker._register_loop)
             nursery.start_soon(broker._housekeeping_loop)
+            nursery.start_soon(broker._sample_rates)
+            if config.metrics_port >= 0:
+                broker.metrics_port = await nursery.start(serve_http, config.metrics_host or config.listen_host,
+                                                          config.metrics_port, metrics_route(broker.metrics), "broker metrics")  # fmt: skip
             nursery.start_soon(broker.replica.run, broker.client)
             if broker.coordinator is not None:
                 await nursery.start(broker.coordinator.run)

@@ -87,6 +87,9 @@ class BrokerConfig:
     zk_session_timeout_ms: int = 2000  # a dead leader is replaced about this long after it stops answering
     unclean_leader_election: bool = False  # elect a replica out of the in-sync set when none is left: LOSES DATA
     leader_transfer_timeout_ms: int = 5000  # a graceful hand-over waits this long for the follower to catch up
+    # Observability (issue 18): Prometheus metrics over HTTP (GET /metrics).
+    metrics_port: int = -1  # -1: no metrics port; 0: any free port
+    metrics_host: str = ""  # "": the listen host
 
     def __post_init__(self) -> None:
         if self.flush_mode not in {m.value for m in FlushMode}:
@@ -106,6 +109,8 @@ class BrokerConfig:
             raise ValueError(f"zk_session_timeout_ms must be at least 1000, got {self.zk_session_timeout_ms}")
         if not 0 <= self.listen_port <= 65535:  # 0: any free port
             raise ValueError(f"listen_port must be in 0..65535 (0: any free port), got {self.listen_port}")
+        if not -1 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in -1..65535 (-1: none, 0: any free port), got {self.metrics_port}")
         for name in ("pull_read_threads", "cold_read_threads", "cold_read_memory_queues", "cold_read_distance_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

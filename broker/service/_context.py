@@ -5,7 +5,7 @@ imports them: the other way would be a cycle)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from broker.replication import Replica
@@ -17,6 +17,7 @@ from ._groups import ConsumerGroups
 from ._longpoll import PullWaiters
 from ._offsets import ConsumerOffsets
 from ._replicated import ReplicatedMetadata
+from ._traffic import TopicTraffic
 
 
 def now_ms() -> float:
@@ -39,3 +40,4 @@ class BrokerContext:
     connections: Callable[[], int]  # connections open now
     replica: Replica  # leader or follower: asked before every write
     metadata: ReplicatedMetadata  # what followers copy (bump() on every change)
+    traffic: TopicTraffic = field(default_factory=TopicTraffic)  # messages and bytes in and out per topic

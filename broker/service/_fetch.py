@@ -166,6 +166,11 @@ class Fetch:
         if not found and wait_ms:
             await self._wait_any(asks, wait_ms)
             results, spans, found = await self._read_in_thread(asks, total, per_queue, max_bytes)
+        if found:
+            traffic = self.context.traffic
+            for ask, row in zip(asks, results):
+                if row[2]:
+                    traffic.add_out(ask.topic, row[2], row[3])
         fields: dict[str, Any] = {"results": results, "count": found}
         if suggest_follower(self.context, max_behind(results)):
             fields["suggest_follower"] = True

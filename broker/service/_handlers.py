@@ -9,6 +9,7 @@ Every request is checked (:func:`checked`) before its handler runs.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import trio
@@ -22,6 +23,7 @@ from ._admin_requests import AdminRequests
 from ._context import BrokerContext, now_ms
 from ._fetch import WIRE_STATUS, Fetch, ReadThreads, Visibility, optional, suggest_follower
 from ._log_reads import LogReads
+from ._metrics import status_fields
 from ._produce import Produce
 
 # A look-up of thousands of queues yields to other clients every this many rows: a
@@ -42,6 +44,7 @@ class Handlers:
         # the event loop that serves every connection.
         self._readers = ReadThreads(context.config.pull_read_threads)
         self.produce = Produce(context, self._readers)
+        self.started = time.monotonic()  # BROKER_INFO's uptime
 
     def table(self) -> dict[int, Handler]:
         """Every request code's handler, each behind :func:`checked`."""
@@ -89,6 +92,8 @@ class Handlers:
             self._no_queue(topic, qid)
         fields = {"status": WIRE_STATUS[res.status].value, "next_offset": res.next_offset, "min_offset": res.min_offset,
                   "max_offset": res.max_offset, "count": res.count}  # fmt: skip
+        if res.count:
+            self.b.traffic.add_out(topic, res.count, sum(s.length for s in res.spans))
         if suggest_follower(self.b, res.max_offset - res.next_offset):  # far behind: read from a follower
             fields["suggest_follower"] = True
         return Reply(fields, spans=res.spans)
@@ -264,7 +269,8 @@ class Handlers:
                       "durable_offset": self.store.durable_offset, "dispatch_lag_bytes": self.store.dispatch_lag_bytes,
                       "connections": self.b.connections(), "topics": len(self.store.topics.all()),
                       "healthy": self.store.failure is None, "failure": health_text(self.store),
-                      "broker_id": c.broker_id, "role": self.b.replica.role, "epoch": self.b.replica.epoch})  # fmt: skip
+                      "broker_id": c.broker_id, "role": self.b.replica.role, "epoch": self.b.replica.epoch,
+                      **status_fields(self.b, self.started)})  # fmt: skip
 
 
 def health_text(store: StorageEngine) -> str:

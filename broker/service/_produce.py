@@ -67,8 +67,14 @@ class Produce:
             put = self._last_put = self.b.lane.submit(topic, frame.body, (peer.host, peer.port))
         except BusyError as e:
             raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
+        put.add_done_callback(self._count)
         return Later(lambda: self._stored(put),
                      subscribe=lambda deliver: put.add_done_callback(lambda p: self._answer_now(p, deliver)))  # fmt: skip
+
+    def _count(self, put: PendingPut) -> None:
+        result = put.result
+        if result is not None and result.ok:
+            self.b.traffic.add_in(put.topic, len(result.queue_offsets), len(put.body))
 
     def _answer_now(self, put: PendingPut, deliver: Callable[[Reply | None], None]) -> None:
         """Answer a stored put without a task when nothing is to wait for but the group

@@ -10,11 +10,33 @@ this one) and the services built on it (broker, name server, clients).
 from ._client import RpcClient, background_nursery, split_addr
 from ._errors import ConnectionFailed, RequestError, RpcError
 from ._handler import FileSpan, Handler, Later, Peer, Reply, checked, need
+from ._http import HttpRequest, HttpResponse, serve_http
 from ._limits import ServerLimits
 from ._server import RpcServer
 from ._spans import send_spans
+from ._stats import LATENCY_BUCKETS_S, CodeStats, RequestStats
 
 __all__ = [
-    "ConnectionFailed", "FileSpan", "Handler", "Later", "Peer", "Reply", "RequestError", "RpcClient", "RpcError",
-    "RpcServer", "ServerLimits", "background_nursery", "checked", "need", "send_spans", "split_addr",
+    "LATENCY_BUCKETS_S",
+    "CodeStats",
+    "ConnectionFailed",
+    "FileSpan",
+    "Handler",
+    "HttpRequest",
+    "HttpResponse",
+    "Later",
+    "Peer",
+    "Reply",
+    "RequestError",
+    "RequestStats",
+    "RpcClient",
+    "RpcError",
+    "RpcServer",
+    "ServerLimits",
+    "background_nursery",
+    "checked",
+    "need",
+    "send_spans",
+    "serve_http",
+    "split_addr",
 ]  # fmt: skip

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import struct
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
@@ -35,6 +36,7 @@ from ._handler import Handler, Later, Peer, Reply
 from ._intake import Intake
 from ._limits import ByteBudget, ServerLimits
 from ._spans import send_spans
+from ._stats import RequestStats
 
 
 class ConnectionHost(Protocol):
@@ -51,6 +53,7 @@ class ConnectionHost(Protocol):
     draining: bool
     inflight: int
     stats: WriteStats
+    request_stats: RequestStats
 
     def request_done(self) -> None: ...
 
@@ -349,39 +352,41 @@ class ServerConnection:
 
     async def _handle(self, frame: Frame, size: int, finishing: trio.Nursery | None = None) -> None:
         handed = False  # the reply (or the Later) now owns the request's accounting
+        started = time.perf_counter()
         try:
             reply = await self._run_handler(frame)
             if isinstance(reply, Later) and finishing is not None:
                 if reply.subscribe is not None:
-                    reply.subscribe(functools.partial(self._delivered, frame, size, reply, finishing))
+                    reply.subscribe(functools.partial(self._delivered, frame, size, reply, finishing, started))
                 else:
-                    finishing.start_soon(self._finish, frame, size, reply)
+                    finishing.start_soon(self._finish, frame, size, reply, started)
                 handed = True
                 return
             if isinstance(reply, Later):
                 reply = await self._guard(frame, reply.finish)
             handed = True
-            self._answer(frame, reply, functools.partial(self._done, size))
+            self._answer(frame, reply, functools.partial(self._done, size), started)
         finally:
             if not handed:
                 self._done(size)
 
-    def _delivered(self, frame: Frame, size: int, later: Later, finishing: trio.Nursery, reply: Reply | None) -> None:
+    def _delivered(self, frame: Frame, size: int, later: Later, finishing: trio.Nursery, started: float,
+                   reply: Reply | None) -> None:  # fmt: skip
         """A subscribed Later's outcome: its reply, or None (await ``finish`` after all)."""
         if reply is not None:
-            self._answer(frame, reply, functools.partial(self._done, size))
+            self._answer(frame, reply, functools.partial(self._done, size), started)
             return
         try:
-            finishing.start_soon(self._finish, frame, size, later)
+            finishing.start_soon(self._finish, frame, size, later, started)
         except RuntimeError:  # the connection is gone (its nursery closed): nobody to answer
             self._done(size)
 
-    async def _finish(self, frame: Frame, size: int, later: Later) -> None:
+    async def _finish(self, frame: Frame, size: int, later: Later, started: float) -> None:
         handed = False
         try:
             reply = await self._guard(frame, later.finish)
             handed = True
-            self._answer(frame, reply, functools.partial(self._done, size))
+            self._answer(frame, reply, functools.partial(self._done, size), started)
         finally:
             if not handed:
                 self._done(size)
@@ -422,9 +427,12 @@ class ServerConnection:
     def _send_error(self, code: int, request_id: int, error: ErrorCode, text: str) -> None:
         self._answer(Frame(code, request_id), Reply(error_code=error, error_text=text), _nothing)
 
-    def _answer(self, request: Frame, reply: Reply, done: Callable[[], None]) -> None:
+    def _answer(self, request: Frame, reply: Reply, done: Callable[[], None], started: float | None = None) -> None:
         """Queue the reply to ``request`` for the writer; ``done`` once it is written
-        (at once for a one-way request, which gets none)."""
+        (at once for a one-way request, which gets none). ``started``: when the request
+        was taken up (its latency is counted in the server's request stats)."""
+        if started is not None:
+            self.server.request_stats.record(request.code, time.perf_counter() - started, reply.error_code != 0)
         if request.is_oneway:
             done()
             return

@@ -27,6 +27,7 @@ from protocol import FLAG_RESPONSE, ErrorCode, Frame, encode_frame
 from ._connection import ServerConnection, WriteStats
 from ._handler import Handler
 from ._limits import Burst, ByteBudget, ServerLimits
+from ._stats import RequestStats
 
 log = logging.getLogger("clmq.server")
 
@@ -59,6 +60,7 @@ class RpcServer:
         self.connections = 0
         self.refused_connections = 0
         self.stats = WriteStats()  # replies written and the send calls they took, all connections
+        self.request_stats = RequestStats()  # per request code: count, errors, latency
         self._refusals = Burst(log, f"{name}: connections refused")
         self._no_descriptors = Burst(log, f"{name}: accepts failed for lack of descriptors")
         self._accept_scope = trio.CancelScope()
