@@ -125,3 +125,17 @@ def test_the_dev_demo_leaves_no_group_behind(ns: str, tmp_path: Path) -> None:
     trio.run(_demo, ns)
     groups = [g["group"] for g in js(run(ns, tmp_path, "group", "list", "-o", "json"))]
     assert not [g for g in groups if g.startswith("demo-")], groups
+
+
+def test_broker_status_shows_store_connections_and_rates(ns: str, tmp_path: Path) -> None:
+    topic_with(ns, tmp_path, "status", 1, 3)
+    rows = js(run(ns, tmp_path, "cluster", "list", "-o", "json"))
+    addr = rows["brokers"][0]["addr"]
+    status = clmq("broker", "status", "--addr", addr, "-o", "json", cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    info = json.loads(status.stdout)["broker"]
+    assert info["version"] and info["segments"] >= 1 and info["store_bytes"] > 0 and "messages_in_per_s" in info
+    table = clmq("broker", "status", "--addr", addr, cwd=tmp_path)
+    assert "store bytes" in table.stdout and "messages in per" in table.stdout, table.stdout
+    bad = clmq("broker", "status", "--addr", "nowhere", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: address 'nowhere'"), bad.stderr

@@ -15,7 +15,8 @@ from rich.table import Table
 from client import Admin, ConnectionFailed, RpcError, open_admin
 from protocol import ErrorCode
 
-from ._common import addrs, namesrv_arg, run_client
+from ._common import addrs, check_addr, namesrv_arg, run_client
+from ._errors import EXIT_USAGE, CliError
 
 console = Console()
 
@@ -34,7 +35,8 @@ def add_replication_commands(sub: Any) -> None:
     csub = cluster.add_subparsers(dest="cluster_command", required=True)
     ls = csub.add_parser("list", help="every broker: group, id, address, role, epoch, log end, confirmed offset, "
                          "lag (bytes, ms), in sync")  # fmt: skip
-    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table (same as -o json)")
+    ls.add_argument("-o", "--output", choices=["table", "json"], default="table", help="table or json")
     namesrv_arg(ls)
     cluster.set_defaults(func=cmd_cluster)
     admin = sub.add_parser("admin", help="operator actions on one broker: promote")
@@ -50,7 +52,8 @@ def add_replication_commands(sub: Any) -> None:
 def add_status_args(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``clmq broker status`` (on the ``clmq broker`` parser)."""
     parser.add_argument("--addr", help="status: the broker to ask, host:port")
-    parser.add_argument("--json", action="store_true", help="status: print JSON instead of tables")
+    parser.add_argument("--json", action="store_true", help="status: print JSON instead of tables (same as -o json)")
+    parser.add_argument("-o", "--output", choices=["table", "json"], default="table", help="status: table or json")
 
 
 # ------------------------------------------------------------------ cluster list
@@ -111,7 +114,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_admin(addrs(args)) as admin:
             rows = await cluster_rows(admin)
-        if args.json:
+        if args.json or args.output == "json":
             print(json.dumps({"brokers": rows}, indent=2), flush=True)
             return 0
         print_cluster_table(rows, f"brokers known to {args.namesrv}")
@@ -172,19 +175,37 @@ def _cell(key: str, row: dict[str, Any]) -> str:
 def cmd_broker_status(args: argparse.Namespace) -> int:
     """``clmq broker status --addr host:port``: one broker's REPLICA_STATUS."""
     if not args.addr:
-        console.print("[red]error:[/red] clmq broker status needs --addr host:port")
-        return 2
+        raise CliError("clmq broker status needs --addr host:port", EXIT_USAGE)
+    check_addr(args.addr)
 
     async def main() -> int:
         async with open_admin(broker_addrs=[args.addr]) as admin:
             status = await admin.replica_status(args.addr)
-        if args.json:
+            status["broker"] = await admin.broker_info(args.addr)
+        if args.json or args.output == "json":
             print(json.dumps(status, indent=2), flush=True)
             return 0
         _print_status(args.addr, status)
+        _print_info(status["broker"])
         return 0
 
     return run_client(main)
+
+
+# BROKER_INFO's fields ``clmq broker status`` shows, in this order (each name says its unit).
+INFO_ROWS = ("version", "uptime_s", "storage_mode", "flush_mode", "healthy", "failure", "store_bytes", "segments",
+             "disk_used_bytes", "disk_free_bytes", "dispatch_lag_bytes", "connections", "topics", "messages_in_per_s",
+             "bytes_in_per_s", "messages_out_per_s", "bytes_out_per_s")  # fmt: skip
+
+
+def _print_info(info: dict[str, Any]) -> None:
+    table = Table(title="store, connections and rates (last ~10 s)", show_header=False)
+    for key in INFO_ROWS:
+        if key in info and (key != "failure" or info[key]):
+            value = info[key]
+            text = f"{value:,}" if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
+            table.add_row(key.replace("_", " "), text)
+    console.print(table)
 
 
 def _print_status(addr: str, s: dict[str, Any]) -> None:
