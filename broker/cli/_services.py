@@ -73,8 +73,13 @@ def add_commands(sub: Any) -> None:
     add_client_commands(sub)
 
 
-async def _until_signal(stop: Callable[[], object]) -> None:  # what stop returns is of no use
+async def _until_signal(stop: Callable[[], object], *,
+                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:  # fmt: skip
+    """Call ``stop`` (what it returns is of no use) at the first SIGINT or SIGTERM; started
+    once the signals are caught, so that a Ctrl-C after the service says it runs stops it
+    gracefully."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
         async for _ in signals:
             console.print("stopping (graceful; a second Ctrl-C does not hurry it)")
             stop()
@@ -88,9 +93,9 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             ns = await nursery.start(serve_nameserver, cfg)
+            await nursery.start(_until_signal, ns.shutdown)
             console.print(f"name server on {ns.addr}" + (f"; metrics on http://{cfg.metrics_host or cfg.listen_host}:"
                                                          f"{ns.metrics_port}/metrics" if ns.metrics_port >= 0 else ""))  # fmt: skip
-            nursery.start_soon(_until_signal, ns.shutdown)
 
     return _run_service(main, f"{cfg.listen_host}:{cfg.listen_port}")
 
@@ -126,6 +131,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             broker = await nursery.start(serve_broker, cfg)
+            await nursery.start(_until_signal, broker.shutdown)
             console.print(f"broker {cfg.broker_name} on {broker.addr}, data in {cfg.data_dir} "
                           f"({cfg.storage_mode}, {cfg.flush_mode} flush); name servers: {', '.join(cfg.namesrv_addrs) or 'none'}")  # fmt: skip
             if broker.metrics_port >= 0:
@@ -140,7 +146,6 @@ def cmd_broker(args: argparse.Namespace) -> int:
                               + (f" of {cfg.leader_addr or 'the leader the name servers know'}" if role == "follower"
                                  else f", epoch {broker.replica.epoch}")
                               + f"; {cfg.ack_mode} acks, min_insync_replicas {cfg.min_insync_replicas}")  # fmt: skip
-            nursery.start_soon(_until_signal, broker.shutdown)
 
     return _run_service(main, f"{cfg.listen_host}:{cfg.listen_port}")
 
