@@ -88,3 +88,21 @@ def test_the_store_demo_keeps_out_of_the_dev_data_directory(tmp_path) -> None:  
     out = clmq("demo", "--messages", "10", "--queues", "1", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "clmq-demo-data").is_dir() and not (tmp_path / "clmq-data").exists()
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "json"])
+def test_export_from_a_directory_that_does_not_exist_is_one_line_and_makes_nothing(tmp_path, fmt: str) -> None:  # type: ignore[no-untyped-def]
+    out = clmq("export", "--data-dir", str(tmp_path / "absent"), "--format", fmt, "--output", str(tmp_path / "out"),
+               cwd=tmp_path)  # fmt: skip
+    one_line_error(out, 1, "no such directory")
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_into_an_existing_output_is_refused_before_spark_starts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "out").mkdir()
+    one_line_error(clmq("export", "--data-dir", str(tmp_path / "data"), "--output", str(tmp_path / "out"), cwd=tmp_path),
+                   EXIT_USAGE, "exists")  # fmt: skip
+    bad_time = clmq("export", "--data-dir", str(tmp_path / "data"), "--from-time", "soon", "--output", str(tmp_path / "o2"),
+                    cwd=tmp_path)  # fmt: skip
+    assert bad_time.returncode == 2 and "not understood" in bad_time.stderr

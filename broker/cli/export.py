@@ -4,10 +4,13 @@ only until it runs: pyspark is imported then, so ``clmq --help`` stays fast."""
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from spark_connector import FORMATS, LayoutError, OptionError, spark_available
+
+from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
+from ._timefmt import FORMS, parse_time_ms
 
 
 def add_command(sub: Any) -> None:
@@ -23,7 +26,7 @@ def add_command(sub: Any) -> None:
     p.add_argument("--queues", help="queue ids '0,1' or JSON {\"topic\": [0, 1]} (default: all)")
     p.add_argument("--from-offsets", help='\'earliest\' (default) or JSON {"topic": {"0": 42}}')
     p.add_argument("--to-offsets", help="'latest' (default) or JSON; exclusive")
-    p.add_argument("--from-time", help="start at messages stored at or after this time (ms since epoch or ISO 8601)")
+    p.add_argument("--from-time", help=f"start at messages stored at or after this time: {FORMS}")
     p.add_argument("--to-time", help="stop before messages stored at or after this time")
     p.add_argument("--format", choices=FORMATS, default="parquet", help="output format (default parquet)")
     p.add_argument("--output", required=True, help="output directory (a Spark path)")
@@ -45,15 +48,21 @@ def add_command(sub: Any) -> None:
 
 
 def _ms(text: str) -> str:
-    if text.strip().isdigit():
-        return text.strip()
-    try:
-        dt = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise SystemExit(f"clmq export: {text!r} is neither ms since the epoch nor an ISO 8601 time") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return str(int(dt.timestamp() * 1000))
+    return str(parse_time_ms(text))
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """What can be checked before Spark starts (seconds, and an output directory it
+    would leave half made on failure): the source exists, the output is free."""
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():
+        raise CliError(f"--data-dir {args.data_dir}: no such directory (a broker's data directory, e.g. ./clmq-data)")
+    output = Path(args.output)
+    if "://" not in args.output and output.exists() and args.mode == "errorifexists":
+        raise CliError(f"--output {args.output} exists: choose another, or --mode overwrite|append", EXIT_USAGE)
+    for name in ("max_split_bytes",):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise CliError(f"--{name.replace('_', '-')} must be at least 1, got {value}", EXIT_USAGE)
 
 
 def reader_options(args: argparse.Namespace) -> dict[str, str]:
@@ -76,19 +85,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console()
+    check_arguments(args)
+    options = reader_options(args)
     if not spark_available():
-        console.print("[red]clmq export needs Spark: pip install 'clmq[spark]' (and a Java runtime)")
-        return 2
+        raise CliError("clmq export needs Spark: pip install 'clmq[spark]' (and a Java runtime)", EXIT_USAGE)
     from spark_connector import export, spark_session
 
     spark = spark_session(args.master)
     try:
-        summary = export(spark, reader_options(args), args.format, args.output, args.mode, args.body_as,
+        summary = export(spark, options, args.format, args.output, args.mode, args.body_as,
                          progress=not args.no_progress)  # fmt: skip
     except Exception as e:  # Spark wraps the reader's errors (raised in its workers): show the reader's words
         message = _root_message(e)
-        console.print(f"[red]clmq export: {message}", highlight=False)
-        return 2 if message.startswith(("OptionError", "LayoutError")) else 1
+        raise CliError(message, EXIT_USAGE if message.startswith(("OptionError", "LayoutError")) else EXIT_FAILED) from e
     finally:
         spark.stop()
     console.print(f"exported [bold]{summary.rows:,}[/] rows ({summary.body_bytes / 1e6:,.1f} MB of bodies) "
