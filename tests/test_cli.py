@@ -176,3 +176,15 @@ def test_service_commands_against_a_running_broker(tmp_path: Path) -> None:
         for p in procs:
             assert p.wait(30) == 0  # graceful stop on SIGTERM
     assert (tmp_path / "data" / "consumer_offsets.json").exists() and not (tmp_path / "data" / "abort").exists()
+
+
+def test_benchmark_results_go_to_their_directory_with_a_plot(tmp_path: Path) -> None:
+    """Not loose files in the current directory: ``--out-dir`` (default ./clmq-bench-results/),
+    a JSON and a PNG per run."""
+    out = clmq("bench", "store", "--sizes", "100", "--queues", "1", "--flush", "async", "--seconds", "0.1", "--runs", "1",
+               "--rebuild-messages", "0", "--scale-queues", "0", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    results = tmp_path / "clmq-bench-results"
+    assert [p.suffix for p in sorted(results.glob("store-*.*"))] == [".json", ".png"]
+    assert json.loads(next(results.glob("store-*.json")).read_text())["append"][0]["msgs_per_s"] > 0
+    assert {p.name for p in tmp_path.iterdir()} == {"clmq-bench-results"}  # nothing else written here

@@ -17,6 +17,7 @@ from ._logging import add_logging_args, configure_logging
 from ._services import add_commands
 from .bench.commands import add_store_and_compare
 from .bench.e2e import add_command as add_bench_e2e
+from .bench.results import add_out_dir_args, resolve_result_paths
 from .bench.spark import add_command as add_bench_spark
 from .export import add_command as add_export
 from .replication_verbs import add_replication_commands
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replication_commands(sub)
     # The Spark commands define arguments only; pyspark loads when they run.
     add_bench_spark(bench_sub)
+    add_out_dir_args(bench_sub.choices)
     add_export(sub)
     add_store_tools(sub)
     return parser
@@ -101,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         verbose = args.verbose
         configure_logging(args)
+        if args.command == "bench":
+            resolve_result_paths(args)
         return int(args.func(args) or 0)
     except SystemExit:  # argparse's own usage errors (exit 2) and --help (exit 0)
         raise

@@ -59,7 +59,7 @@ def add_command(bench_sub: Any) -> None:
     a("--cold-max-messages", type=int, default=1024, help="messages per cold pull (default 1024)")
     a("--settle-seconds", type=float, default=2.0, help="after the fill: os.sync(), then idle this long (default 2)")
     a("--dir", type=Path, default=None, help="where the broker's data directory goes (default: a temporary dir)")
-    a("--json", type=Path, default=Path("bench-cold-reader.json"), help="where to write the JSON")
+    a("--json", type=Path, default=None, help="where to write the JSON")
     a("--markdown", type=Path, default=None, help="also write the table as Markdown here")
     a("--plot", type=Path, default=None, help="draw the tail consumer's latency over time, both runs (matplotlib)")
     p.set_defaults(func=cmd_bench_cold_reader)
@@ -88,7 +88,7 @@ def cmd_bench_cold_reader(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console()
-    root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-", dir="."))
+    root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-data-", dir=args.out_dir))
     broker = BrokerProcess(root, "async")
     try:
         result = trio.run(_run, broker, args, lambda s: console.print(f"[dim]{s}"))

@@ -52,7 +52,7 @@ def _add_store(bench_sub: Any) -> None:
     store.add_argument("--batch", type=int, default=256, help="messages per append batch (default 256)")
     store.add_argument("--rebuild-messages", type=int, default=1_000_000, help="store size for the rebuild case (0: skip)")
     store.add_argument("--scale-queues", type=int, default=100_000, help="queues in the scale case (0: skip)")
-    store.add_argument("--json", type=Path, default=Path("bench-store.json"), help="where to write the JSON")
+    store.add_argument("--json", type=Path, default=None, help="where to write the JSON")
     store.add_argument("--markdown", type=Path, default=None, help="also write the tables as Markdown here")
     store.set_defaults(func=cmd_bench_store)
 
@@ -67,8 +67,8 @@ def _add_compare(bench_sub: Any) -> None:
     cmp_.add_argument("--flush", default="async,sync", help="flush modes (default async,sync)")
     cmp_.add_argument("--seconds", type=float, default=2.0, help="seconds per case (default 2)")
     cmp_.add_argument("--runs", type=int, default=3, help="runs; medians are reported (default 3)")
-    cmp_.add_argument("--json", type=Path, default=Path("bench-compare.json"), help="where to write the JSON")
-    cmp_.add_argument("--plot", type=Path, default=Path("bench-compare.png"), help="where to draw the plot")
+    cmp_.add_argument("--json", type=Path, default=None, help="where to write the JSON")
+    cmp_.add_argument("--plot", type=Path, default=None, help="where to draw the plot")
     cmp_.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown here")
     cmp_.add_argument(
         "--via",
@@ -80,9 +80,10 @@ def _add_compare(bench_sub: Any) -> None:
 
 
 def cmd_bench_store(args: argparse.Namespace) -> int:
+    from .results import draw, plot_store
     from .store import run_all, write_json
 
-    root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-", dir="."))
+    root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-data-", dir=args.out_dir))
     result = run_all(root, sizes=args.sizes, queue_counts=args.queues, flushes=args.flush.split(","),
                      seconds=args.seconds, runs=args.runs, batch=args.batch,
                      rebuild_messages=args.rebuild_messages, scale_queues=args.scale_queues,
@@ -93,13 +94,14 @@ def cmd_bench_store(args: argparse.Namespace) -> int:
 
         args.markdown.write_text(store_markdown(result))
     console.print(f"JSON written to {args.json}")
+    draw(plot_store, result, args.plot, console)
     return 0
 
 
 def cmd_bench_compare(args: argparse.Namespace) -> int:
     from .compare import compare, plot
 
-    root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-", dir="."))
+    root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-data-", dir=args.out_dir))
     queues = args.queues + ([100_000] if args.huge else [])
     result = compare(root, sizes=args.sizes, queue_counts=queues, patterns=args.patterns.split(","),
                      flushes=args.flush.split(","), seconds=args.seconds, runs=args.runs,

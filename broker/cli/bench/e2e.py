@@ -82,7 +82,7 @@ def add_command(bench_sub: Any) -> None:
     a("--settle-seconds", type=float, default=3.0,
       help="before each case: os.sync(), then this long idle, so that a case does not measure the "
            "previous one's writeback and file deletions (default 3)")  # fmt: skip
-    a("--json", type=Path, default=Path("bench-e2e.json"), help="every case of every run, the medians and the aims")
+    a("--json", type=Path, default=None, help="every case of every run, the medians and the aims")
     a("--markdown", type=Path, default=None, help="also write the tables and the aims as Markdown here")
     a("--plot", type=Path, default=None, help="draw produce and consume per queue count against the aims (matplotlib)")
     p.set_defaults(func=cmd_bench_e2e)

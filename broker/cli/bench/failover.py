@@ -34,6 +34,7 @@ from .failover_cluster import FailoverCluster
 from .failover_load import TOPIC, Acks, send_forever, wait_all_in_sync, wait_first_ack, wait_leader
 from .failover_report import plot, print_report, summarize
 from .replication_load import _routed
+from .results import draw
 
 KINDS = ("sigkill", "graceful")
 STEP_TIMEOUT_S = 60.0  # an election, a restart or a catch-up that takes longer is a failure of the run
@@ -64,7 +65,7 @@ def add_command(bench_sub: Any) -> None:
     a("--retry-budget-ms", type=int, default=30_000, help="the producer's retry_budget_ms (default 30000)")
     a("--after-seconds", type=float, default=5.0, help="produce measured after the last failover (default 5)")
     a("--dir", type=Path, default=None, help="where the processes' directories go (default: a temporary directory)")
-    a("--json", type=Path, default=Path("bench-failover.json"), help="where to write every figure as JSON")
+    a("--json", type=Path, default=None, help="where to write every figure as JSON")
     a("--plot", type=Path, default=None, help="draw each failover's time and pause here (needs matplotlib)")
     p.set_defaults(func=cmd_bench_failover)
 
@@ -84,9 +85,7 @@ def cmd_bench_failover(args: argparse.Namespace) -> int:
     args.json.write_text(json.dumps(result, indent=2))
     print_report(console, result)
     console.print(f"JSON: {args.json}")
-    if args.plot is not None:
-        plot(result, args.plot)
-        console.print(f"plot: {args.plot}")
+    draw(plot, result, args.plot, console)
     return 0
 
 

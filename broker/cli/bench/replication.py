@@ -72,7 +72,7 @@ def add_command(bench_sub: Any) -> None:
     a("--broker-cpus", type=_cpus, default=None, help="pin the services to these CPUs, e.g. 1 (default: not pinned)")
     a("--profile-dir", type=Path, default=None, help="run every broker under cProfile, profiles written here")
     a("--dir", type=Path, default=None, help="where the data directories go (default: a temporary directory)")
-    a("--json", type=Path, default=Path("bench-replication.json"), help="where to write every figure as JSON")
+    a("--json", type=Path, default=None, help="where to write every figure as JSON")
     a("--markdown", type=Path, default=None, help="also write the tables as Markdown here")
     a("--plot", type=Path, default=None, help="draw the plot here (needs matplotlib)")
     p.set_defaults(func=cmd_bench_replication)

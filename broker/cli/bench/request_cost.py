@@ -56,9 +56,9 @@ def add_command(bench_sub: Any) -> None:
     p.add_argument("--size", type=int, default=1024, help="message body bytes (default 1024)")
     p.add_argument("--flush", default="async,sync", help="flush modes (default async,sync)")
     p.add_argument("--kind", default="produce", help="produce, pull, or both: produce,pull (default produce)")
-    p.add_argument("--json", type=Path, default=Path("bench-request-cost.json"))
+    p.add_argument("--json", type=Path, default=None)
     p.add_argument("--markdown", type=Path, default=None)
-    p.add_argument("--plot", type=Path, default=Path("bench-request-cost.png"))
+    p.add_argument("--plot", type=Path, default=None)
     p.set_defaults(func=cmd_bench_request_cost)
 
 

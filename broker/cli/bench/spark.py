@@ -27,7 +27,7 @@ def add_command(bench_sub: Any) -> None:
     p.add_argument("--runs", type=int, default=5, help="scans of each kind; medians are reported (default 5)")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
-    p.add_argument("--json", type=Path, default=Path("bench-spark.json"))
+    p.add_argument("--json", type=Path, default=None)
     p.add_argument("--markdown", type=Path, default=None)
     p.set_defaults(func=cmd_bench_spark)
 
@@ -121,13 +121,14 @@ def cmd_bench_spark(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from .report import save
+    from .results import draw, plot_spark
 
     if not spark_available():
         Console().print("[red]clmq bench spark needs Spark: pip install 'clmq[spark]' (and a Java runtime)")
         return 2
 
     console = Console()
-    root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-spark-", dir="."))
+    root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-spark-", dir=args.out_dir))
     try:
         result = run(root, args.messages, args.size, args.queues, args.runs, args.master,
                      lambda s: console.print(f"[dim]{s}"))  # fmt: skip
@@ -135,4 +136,5 @@ def cmd_bench_spark(args: argparse.Namespace) -> int:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
     save(result, markdown(result), args.json, args.markdown, console)
+    draw(plot_spark, result, args.plot, console)
     return 0
