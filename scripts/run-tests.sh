@@ -10,6 +10,8 @@ command -v java >/dev/null 2>&1 || apt_install default-jre-headless
 # The failover tests run real ZooKeeper servers (tests/zk.py): Debian's jar, started with
 # that Java runtime (not the `zookeeper` package, which pulls a desktop JRE and a service).
 [ -f /usr/share/java/zookeeper.jar ] || apt_install libzookeeper-java
+# The dashboard's tests load its pages in a real headless browser: Debian's Chromium.
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || apt_install chromium
 echo "== ruff check"; .venv/bin/ruff check .
 echo "== ruff format --check"; .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy

@@ -19,6 +19,7 @@ from .bench.commands import add_store_and_compare
 from .bench.e2e import add_command as add_bench_e2e
 from .bench.results import add_out_dir_args, resolve_result_paths
 from .bench.spark import add_command as add_bench_spark
+from .dashboard import add_command as add_dashboard
 from .export import add_command as add_export
 from .replication_verbs import add_replication_commands
 from .store_tools import add_command as add_store_tools
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_out_dir_args(bench_sub.choices)
     add_export(sub)
     add_store_tools(sub)
+    add_dashboard(sub)
     return parser
 
 
