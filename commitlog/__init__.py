@@ -28,6 +28,7 @@ from ._log import AppendResult, AppendStatus, CommitLog, QueueKey, ScanResult, n
 from ._many import decode_records_many
 from ._packed import ITEM_SIZE, PackedMessages, PackError, pack_messages, set_queue_id, unpack_messages
 from ._pagecache import pages_missing, read_exactly
+from ._progress import ProgressSink, report_progress, set_progress_sink
 from ._raw import whole_prefix
 from ._record import (
     BLANK_MAGIC,
@@ -123,6 +124,7 @@ __all__ = [
     "MiB",
     "PackError",
     "PackedMessages",
+    "ProgressSink",
     "ProtocolError",
     "QueueKey",
     "QueueRange",
@@ -154,6 +156,8 @@ __all__ = [
     "read_boundary_index",
     "read_exactly",
     "repair_log",
+    "report_progress",
+    "set_progress_sink",
     "set_queue_id",
     "unpack_messages",
     "walk_records",

@@ -41,6 +41,7 @@ from collections import Counter
 from typing import Callable
 
 from ._errors import LogDamageError
+from ._progress import report_progress
 from ._record import RECORD_MAGIC
 from ._scan import ScanResult, scan
 from ._segment import Segment, fsync_dir, parse_segment_name, segment_name
@@ -101,6 +102,9 @@ def open_clean(state: LogState, expected_end: int | None, roll: Callable[[], Non
         roll()
 
 
+VALIDATING = "validating the CommitLog (CRC of every record past the checkpoint)"
+
+
 def recover(state: LogState, checkpoint_offset: int | None, roll: Callable[[], None], repairs: Repairs) -> None:
     """Validate from the segment holding ``checkpoint_offset`` (from the first without
     one) and durably cut the log at the first problem past it; ``roll`` starts a new
@@ -113,9 +117,13 @@ def recover(state: LogState, checkpoint_offset: int | None, roll: Callable[[], N
     for seg in segments[:first]:
         seg.sealed = True
         _load_boundaries(state, seg, repairs)
+    to_check = sum(seg.end for seg in segments[first:])
+    checked = 0
     for i in range(first, len(segments)):
         seg = segments[i]
+        report_progress(VALIDATING, checked, to_check)
         result = scan(seg, state.config.max_message_bytes, verify=True)
+        checked += seg.end
         nxt = segments[i + 1] if i + 1 < len(segments) else None
         problem = _tail_problem(seg, result, nxt)
         if problem is not None and seg.base + result.end < promised:
@@ -128,6 +136,7 @@ def recover(state: LogState, checkpoint_offset: int | None, roll: Callable[[], N
         if problem is not None:
             _truncate_tail(state, segments, i, result, problem)
         break  # the active segment (intact to its end, or just cut there)
+    report_progress(VALIDATING, to_check, to_check)
     active = state.snapshot.active
     if active.end < promised:
         raise _end_damage(state, active, promised, "has a checkpoint promising it durable up to")

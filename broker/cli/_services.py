@@ -24,6 +24,7 @@ from nameserver import serve as serve_nameserver
 from ._client_verbs import add_client_commands
 from ._common import listen_port_arg
 from ._errors import EXIT_USAGE, CliError, innermost
+from ._progress import show_catch_up, start_progress
 from .dev_replicas import run_replica_group
 from .replication_verbs import add_status_args, cmd_broker_status
 from .settings import load_settings
@@ -130,7 +131,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            broker = await nursery.start(serve_broker, cfg)
+            with start_progress():  # a long recovery after a crash shows its progress
+                broker = await nursery.start(serve_broker, cfg)
+            nursery.start_soon(show_catch_up, broker.store)
             await nursery.start(_until_signal, broker.shutdown)
             console.print(f"broker {cfg.broker_name} on {broker.addr}, data in {cfg.data_dir} "
                           f"({cfg.storage_mode}, {cfg.flush_mode} flush); name servers: {', '.join(cfg.namesrv_addrs) or 'none'}")  # fmt: skip
