@@ -16,9 +16,9 @@ import trio
 from client import open_admin
 from protocol.transport import serve_http
 
-from .._common import addrs, console, listen_port_arg, namesrv_arg, run_client
-from .._errors import EXIT_USAGE, CliError
-from ._app import Dashboard, DashboardSettings
+from ._common import addrs, console, listen_port_arg, namesrv_arg, run_client
+from ._dashboard_app import Dashboard, DashboardSettings
+from ._errors import EXIT_USAGE, CliError
 
 __all__ = ["Dashboard", "DashboardSettings", "add_command"]
 

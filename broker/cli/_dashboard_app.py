@@ -20,8 +20,8 @@ import trio
 from client import Admin, ConnectionFailed, NoRouteError, RpcError
 from protocol.transport import HttpRequest, HttpResponse
 
-from .._output import record_fields
-from ..replication_verbs import cluster_rows
+from ._output import record_fields
+from .replication_verbs import cluster_rows
 
 NET_ERRORS = (ConnectionFailed, RpcError, NoRouteError, trio.TooSlowError, OSError)
 
@@ -89,7 +89,7 @@ def _static(path: str) -> HttpResponse:
     name = "index.html" if path in ("", "/") else path.lstrip("/")
     if ".." in name.split("/"):
         return HttpResponse(404, b"not found\n")
-    files = resources.files("broker.cli.dashboard") / "static"
+    files = resources.files("broker.cli") / "dashboard_static"
     target = files.joinpath(*name.split("/"))
     if not target.is_file():
         return HttpResponse(404, b"not found\n")
