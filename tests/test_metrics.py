@@ -115,3 +115,25 @@ def test_the_metrics_port_setting_is_checked(port: int) -> None:
         BrokerConfig(metrics_port=port)
     with pytest.raises(ValueError, match="metrics_port"):
         NameServerConfig(metrics_port=port)
+
+
+async def test_every_metric_the_sample_grafana_dashboard_uses_is_served(nursery: trio.Nursery, tmp_path: Path) -> None:
+    import json
+    import re
+
+    ns: NameServer = await nursery.start(serve_nameserver, NameServerConfig(listen_port=0, metrics_port=0))
+    cluster = Cluster(nursery, tmp_path, nameserver=ns)
+    broker = await cluster.start_broker("broker-a", metrics_port=0)
+    await cluster.create_topic(TOPIC, 1)
+    async with open_producer(cluster.ns) as producer:
+        await producer.send(TOPIC, b"z")
+    async with open_consumer(cluster.ns, "g", {TOPIC: "*"}, start_from="earliest") as consumer:
+        await consumer.receive()
+    served = set()
+    for port in (broker.metrics_port, ns.metrics_port):
+        text = (await http_get(port, "/metrics"))[1]
+        served |= {name for name, _labels in samples(text)}  # what has samples
+        served |= {f.name for f in text_string_to_metric_families(text.decode())}  # and families with none yet
+    board = json.loads((Path(__file__).parents[1] / "docs" / "grafana" / "clmq-dashboard.json").read_text())
+    used = {n for p in board["panels"] for t in p["targets"] for n in re.findall(r"clmq_[a-z_]+", t["expr"])}
+    assert used and used <= served, used - served
