@@ -55,3 +55,18 @@ async def show_catch_up(store: Any) -> None:
         while (now := store.dispatch_lag_bytes) > 0:
             progress.update(task, completed=lag - now)
             await trio.sleep(CATCH_UP_POLL_S)  # polling a counter of another thread: no event to wait for
+
+
+@contextmanager
+def bench_progress(name: str) -> Iterator[None]:
+    """While a benchmark runs: a line at the bottom of the terminal with its elapsed
+    time (its own lines print above it). The number of steps is not known ahead for
+    every benchmark, so no ETA."""
+    from rich.progress import SpinnerColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    progress = Progress(SpinnerColumn(), TextColumn(f"clmq bench {name}"), TimeElapsedColumn(), console=console,
+                        transient=True, disable=not console.is_terminal)  # fmt: skip
+    with progress:
+        progress.add_task(name, total=None)
+        yield

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from ._errors import report
 from ._logging import add_logging_args, configure_logging
+from ._progress import bench_progress
 from ._services import add_commands
 from .bench.commands import add_store_and_compare
 from .bench.e2e import add_command as add_bench_e2e
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging(args)
         if args.command == "bench":
             resolve_result_paths(args)
+            with bench_progress(args.bench):
+                return int(args.func(args) or 0)
         return int(args.func(args) or 0)
     except SystemExit:  # argparse's own usage errors (exit 2) and --help (exit 0)
         raise
