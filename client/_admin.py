@@ -12,6 +12,7 @@ from protocol import ErrorCode, RequestCode, decode_records
 from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 from ._admin_reads import KeyLookup, parse_msg_id, pull, scan_for_key, topic_leaders
+from ._allocate import allocate_averagely
 
 DEFAULT_MAX_KEY_SCAN_MESSAGES = 100_000  # a key lookup reads at most this many messages (no key index yet)
 
@@ -112,8 +113,23 @@ class Admin:
                 "lag": sum(q["lag"] for q in queues)}  # fmt: skip
 
     async def group_members(self, group: str) -> list[dict[str, Any]]:
-        """The group's connected members (client_id, mode, topics), from every leader."""
-        return list((await self.describe_group(group))["members"])
+        """The group's connected members (client_id, mode, topics) and the queues each
+        reads now (``queues``: [[topic, broker_name, queue_id], ...]), computed as the
+        members compute them (:func:`allocate_averagely`; broadcasting: every queue)."""
+        members = list((await self.describe_group(group))["members"])
+        ids = [m["client_id"] for m in members]
+        by_topic: dict[str, list[tuple[str, str, int]]] = {}
+        for m in members:
+            m["queues"] = []
+            for topic in m["topics"]:
+                if topic not in by_topic:
+                    rows = await self.describe_topic(topic)
+                    by_topic[topic] = sorted((topic, r["broker_name"], r["queue_id"]) for r in rows)
+                share = (
+                    by_topic[topic] if m["mode"] == "broadcasting" else allocate_averagely(by_topic[topic], ids, m["client_id"])
+                )
+                m["queues"] += [list(q) for q in share]
+        return members
 
     async def delete_group(self, group: str) -> list[str]:
         """Forget ``group``'s committed offsets on every broker that has some; the names

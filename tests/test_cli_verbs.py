@@ -139,3 +139,31 @@ def test_broker_status_shows_store_connections_and_rates(ns: str, tmp_path: Path
     assert "store bytes" in table.stdout and "messages in per" in table.stdout, table.stdout
     bad = clmq("broker", "status", "--addr", "nowhere", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.startswith("error: address 'nowhere'"), bad.stderr
+
+
+def test_members_and_their_queues_while_one_consumes_and_delete_refused_meanwhile(ns: str, tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from tests.cli_helpers import popen
+    from tests.waiting import wait_until
+
+    topic_with(ns, tmp_path, "membered", 3, 3)
+    proc = popen("consume", "membered", "--group", "mg", "--namesrv", ns, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+
+        def members() -> list[dict[str, Any]]:
+            out = clmq("group", "members", "mg", "-o", "json", "--namesrv", ns, cwd=tmp_path)
+            return json.loads(out.stdout) if out.returncode == 0 else []
+
+        wait_until(lambda: len(members()) == 1, 30, "the consumer to join group mg")
+        (member,) = members()
+        assert member["mode"] == "clustering" and [q[2] for q in member["queues"]] == [0, 1, 2]
+        refused = run(ns, tmp_path, "group", "delete", "mg", code=1)
+        assert "member(s) connected" in refused.stderr
+        refused = run(ns, tmp_path, "group", "reset-offsets", "mg", "--topic", "membered", "--to-earliest", code=1)
+        assert "members connected" in refused.stderr
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(30)

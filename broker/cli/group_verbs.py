@@ -53,9 +53,10 @@ def cmd_group(args: argparse.Namespace) -> int:
             elif args.group_command == "describe":
                 await _describe(args, admin)
             elif args.group_command == "members":
-                members = await _existing(admin, args.name)
-                emit(args, f"members of group {args.name}", ["client_id", "mode", "topics"],
-                     [[m["client_id"], m["mode"], ", ".join(m["topics"])] for m in members])  # fmt: skip
+                await _existing(admin, args.name)
+                members = await admin.group_members(args.name)
+                emit(args, f"members of group {args.name}", ["client_id", "mode", "queues"],
+                     [[m["client_id"], m["mode"], _queues_text(m["queues"])] for m in members], data=members)  # fmt: skip
             elif args.group_command == "delete":
                 await _delete(args, admin)
             else:
@@ -63,6 +64,14 @@ def cmd_group(args: argparse.Namespace) -> int:
         return 0
 
     return run_client(main)
+
+
+def _queues_text(queues: list[list[Any]]) -> str:
+    """[[topic, broker, id], ...] -> "orders@broker-a: 0,1,2; audit@broker-a: 3"."""
+    grouped: dict[str, list[str]] = {}
+    for topic, broker, qid in queues:
+        grouped.setdefault(f"{topic}@{broker}", []).append(str(qid))
+    return "; ".join(f"{k}: {','.join(v)}" for k, v in grouped.items()) or "-"
 
 
 async def _existing(admin: Admin, group: str) -> list[dict[str, Any]]:
