@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from protocol import RequestCode
-from protocol.transport import HttpRequest, HttpResponse, RequestStats
+from protocol.transport import RequestStats, metrics_page
 
 from ._routes import RouteTable
 
@@ -48,9 +48,5 @@ def metrics_registry(routes: RouteTable, requests: RequestStats) -> CollectorReg
 
 
 def metrics_route(registry: CollectorRegistry) -> Any:
-    async def route(request: HttpRequest) -> HttpResponse:
-        if request.path != "/metrics":
-            return HttpResponse(404, b"try /metrics\n")
-        return HttpResponse(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-
-    return route
+    """The HTTP route of the metrics port: GET /metrics."""
+    return metrics_page(lambda: generate_latest(registry), CONTENT_TYPE_LATEST)

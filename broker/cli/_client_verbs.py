@@ -14,9 +14,9 @@ import trio
 
 from client import open_admin, open_producer
 
-from ._common import addrs, namesrv_arg, run_client
+from ._common import add_client_args, addrs, namesrv_arg, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
-from ._output import add_output_arg, emit, is_json, note
+from ._output import emit, is_json, note
 from .consume_verbs import add_command as add_consume
 from .group_verbs import add_command as add_group
 from .message_verbs import add_command as add_message
@@ -48,9 +48,7 @@ def _add_topic_commands(sub: Any) -> None:
         p = tsub.add_parser(name, help=helptext)
         if name != "list":
             p.add_argument("name")
-    for p in tsub.choices.values():
-        add_output_arg(p)
-        namesrv_arg(p)
+    add_client_args(tsub.choices)
     topic.set_defaults(func=cmd_topic)
 
 

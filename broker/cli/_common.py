@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ._errors import EXIT_USAGE, CliError
+from ._output import add_output_arg
 
 console = Console()
 DEFAULT_NAMESRV = "127.0.0.1:9876"
@@ -21,6 +22,13 @@ def namesrv_arg(p: argparse.ArgumentParser) -> None:
     """``--namesrv host:port[,host:port...]`` (checked when parsed)."""
     p.add_argument("--namesrv", default=os.environ.get("CLMQ_NAMESRV", DEFAULT_NAMESRV), type=addr_list,
                    help=f"name server address(es), comma separated (default $CLMQ_NAMESRV or {DEFAULT_NAMESRV})")  # fmt: skip
+
+
+def add_client_args(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """``-o/--output`` and ``--namesrv`` on each of a verb's sub-commands."""
+    for p in parsers.values():
+        add_output_arg(p)
+        namesrv_arg(p)
 
 
 def addr_list(text: str) -> str:

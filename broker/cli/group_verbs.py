@@ -7,9 +7,9 @@ from typing import Any
 
 from client import Admin, open_admin
 
-from ._common import addrs, namesrv_arg, run_client
+from ._common import add_client_args, addrs, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
-from ._output import add_output_arg, emit, note
+from ._output import emit, note
 from ._timefmt import FORMS, parse_time_ms
 
 
@@ -24,9 +24,7 @@ def add_command(sub: Any) -> None:
         "name"
     )
     _add_reset(gsub)
-    for p in gsub.choices.values():
-        add_output_arg(p)
-        namesrv_arg(p)
+    add_client_args(gsub.choices)
     group.set_defaults(func=cmd_group)
 
 

@@ -10,9 +10,9 @@ import trio
 
 from client import Admin, open_admin
 
-from ._common import addrs, namesrv_arg, run_client
+from ._common import add_client_args, addrs, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
-from ._output import add_output_arg, note, print_record
+from ._output import note, print_record
 from ._timefmt import FORMS, parse_time_ms
 
 FOLLOW_POLL_MS = 500  # --follow: how often an idle queue is asked again
@@ -40,8 +40,7 @@ def add_command(sub: Any) -> None:
     find.add_argument("--max-scan-messages", type=int, default=100_000, help="read at most this many messages (default 100000)")
     for p in msub.choices.values():
         p.add_argument("--details", action="store_true", help="also print keys, properties and attempts")
-        add_output_arg(p)
-        namesrv_arg(p)
+    add_client_args(msub.choices)
     msg.set_defaults(func=cmd_message)
 
 

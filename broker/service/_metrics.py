@@ -21,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from commitlog import FSYNC_BUCKETS_S
 from protocol import RequestCode
-from protocol.transport import HttpRequest, HttpResponse, RequestStats
+from protocol.transport import RequestStats, cumulative_buckets, metrics_page
 
 from ._context import BrokerContext
 
@@ -108,7 +108,7 @@ class BrokerCollector:
         if log is not None:
             _count, total, buckets = log.flush_times.snapshot()
             family = HistogramMetricFamily("clmq_flush_duration_seconds", "One flush of the CommitLog (its fsyncs)")
-            family.add_metric([], _cumulative(FSYNC_BUCKETS_S, buckets), total)
+            family.add_metric([], cumulative_buckets(FSYNC_BUCKETS_S, buckets), total)
             yield family
 
     def _group_lag(self) -> Iterator[Metric]:
@@ -148,22 +148,6 @@ def _code_name(code: int) -> str:
         return str(code)
 
 
-def _cumulative(bounds: tuple[float, ...], buckets: list[int]) -> list[tuple[str, float]]:
-    out: list[tuple[str, float]] = []
-    running = 0
-    for bound, n in zip(bounds, buckets):
-        running += n
-        out.append((repr(bound), running))
-    out.append(("+Inf", running + buckets[-1]))
-    return out
-
-
 def metrics_route(registry: CollectorRegistry) -> Any:
-    """The HTTP route of a metrics port: GET /metrics."""
-
-    async def route(request: HttpRequest) -> HttpResponse:
-        if request.path != "/metrics":
-            return HttpResponse(404, b"try /metrics\n")
-        return HttpResponse(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-
-    return route
+    """The HTTP route of the metrics port: GET /metrics."""
+    return metrics_page(lambda: generate_latest(registry), CONTENT_TYPE_LATEST)

@@ -10,11 +10,11 @@ this one) and the services built on it (broker, name server, clients).
 from ._client import RpcClient, background_nursery, split_addr
 from ._errors import ConnectionFailed, RequestError, RpcError
 from ._handler import FileSpan, Handler, Later, Peer, Reply, checked, need
-from ._http import HttpRequest, HttpResponse, serve_http
+from ._http import HttpRequest, HttpResponse, metrics_page, serve_http
 from ._limits import ServerLimits
 from ._server import RpcServer
 from ._spans import send_spans
-from ._stats import LATENCY_BUCKETS_S, CodeStats, RequestStats
+from ._stats import LATENCY_BUCKETS_S, CodeStats, RequestStats, cumulative_buckets
 
 __all__ = [
     "LATENCY_BUCKETS_S",
@@ -35,6 +35,8 @@ __all__ = [
     "ServerLimits",
     "background_nursery",
     "checked",
+    "cumulative_buckets",
+    "metrics_page",
     "need",
     "send_spans",
     "serve_http",

@@ -104,3 +104,14 @@ def _encode(response: HttpResponse, *, head_only: bool) -> bytes:
             f"Content-Type: {response.content_type}\r\nContent-Length: {len(response.body)}\r\n"
             "Cache-Control: no-store\r\nConnection: close\r\n\r\n")  # fmt: skip
     return head.encode("latin-1") + (b"" if head_only else response.body)
+
+
+def metrics_page(render: Callable[[], bytes], content_type: str) -> Route:
+    """The route of a metrics port: ``GET /metrics`` answers ``render()``."""
+
+    async def route(request: HttpRequest) -> HttpResponse:
+        if request.path != "/metrics":
+            return HttpResponse(404, b"try /metrics\n")
+        return HttpResponse(200, render(), content_type)
+
+    return route

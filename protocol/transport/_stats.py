@@ -41,13 +41,16 @@ class RequestStats:
     def histogram_rows(self) -> list[tuple[int, CodeStats, list[tuple[str, float]]]]:
         """Per code (sorted): its stats and its cumulative buckets as Prometheus wants
         them (``[("0.0001", n), ..., ("+Inf", total)]``)."""
-        rows = []
-        for code, st in sorted(self.by_code.items()):
-            cumulative: list[tuple[str, float]] = []
-            running = 0
-            for bound, n in zip(LATENCY_BUCKETS_S, st.buckets):
-                running += n
-                cumulative.append((repr(bound), running))
-            cumulative.append(("+Inf", running + st.buckets[-1]))
-            rows.append((code, st, cumulative))
-        return rows
+        return [(code, st, cumulative_buckets(LATENCY_BUCKETS_S, st.buckets)) for code, st in sorted(self.by_code.items())]
+
+
+def cumulative_buckets(bounds: tuple[float, ...], buckets: list[int]) -> list[tuple[str, float]]:
+    """Per-bucket counts (the last: above every bound) -> Prometheus' cumulative
+    ``[(upper bound, count at or below), ..., ("+Inf", total)]``."""
+    out: list[tuple[str, float]] = []
+    running = 0
+    for bound, n in zip(bounds, buckets):
+        running += n
+        out.append((repr(bound), running))
+    out.append(("+Inf", running + buckets[-1]))
+    return out
