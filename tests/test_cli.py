@@ -36,7 +36,9 @@ def test_help_on_every_command(tmp_path: Path) -> None:
                 ["broker"], ["topic"], ["topic", "create"], ["topic", "list"], ["topic", "describe"], ["topic", "delete"],
                 ["produce"], ["consume"], ["group"], ["group", "list"], ["group", "describe"], ["export"],
                 ["bench", "spark"], ["cluster"], ["cluster", "list"], ["admin"], ["admin", "promote"],
-                ["broker", "status"]]  # fmt: skip
+                ["broker", "status"], ["dashboard"], ["message"], ["message", "read"], ["message", "get"],
+                ["message", "find"], ["group", "members"], ["group", "delete"], ["group", "reset-offsets"],
+                ["topic", "update"], ["store"], ["bench", "request-cost"], ["bench", "cold-reader"]]  # fmt: skip
     for args in ([*c, "--help"] for c in commands):
         out = clmq(*args, cwd=tmp_path)
         assert out.returncode == 0 and "usage: clmq" in out.stdout
