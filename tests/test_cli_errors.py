@@ -106,3 +106,12 @@ def test_export_into_an_existing_output_is_refused_before_spark_starts(tmp_path)
     bad_time = clmq("export", "--data-dir", str(tmp_path / "data"), "--from-time", "soon", "--output", str(tmp_path / "o2"),
                     cwd=tmp_path)  # fmt: skip
     assert bad_time.returncode == 2 and "not understood" in bad_time.stderr
+
+
+def test_a_metrics_port_already_taken_is_one_line_naming_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = clmq("nameserver", "--listen-port", "0", "--metrics-port", str(port), cwd=tmp_path)
+    one_line_error(out, 1, f"cannot listen on 127.0.0.1:{port} for the name server metrics")

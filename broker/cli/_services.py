@@ -160,6 +160,8 @@ def _run_service(main: Callable[[], Any], listen: str | None = None) -> int:
         return int(trio.run(main) or 0)  # main may return an exit code
     except BaseException as e:
         err = innermost(e)
+        if isinstance(err, OSError) and err.errno == errno.EADDRINUSE and "cannot listen on" in str(err):
+            raise CliError(str(err.strerror)) from err
         if isinstance(err, OSError) and err.errno == errno.EADDRINUSE:
             raise CliError(f"cannot listen on {listen or 'its port'}: address already in use "
                            "(another clmq, or another program, has it)") from err  # fmt: skip

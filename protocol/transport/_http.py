@@ -41,7 +41,10 @@ async def serve_http(host: str, port: int, route: Route, name: str = "http", *,
                      task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:  # fmt: skip
     """Answer every request with ``route`` until cancelled; reports the port it listens on
     (``port`` 0: any free port)."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as e:  # say which port: a service may listen on several
+        raise OSError(e.errno, f"cannot listen on {host}:{port} for the {name}: {e.strerror}") from e
     slots = trio.CapacityLimiter(HTTP_MAX_CONNECTIONS)
     bound = listeners[0].socket.getsockname()[1]
     log.info("%s: HTTP on %s:%d", name, host, bound)
