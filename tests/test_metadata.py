@@ -395,7 +395,7 @@ def test_broker_refuses_to_start_on_damaged_offsets_and_says_why(tmp_path: Path)
         env={"COLUMNS": "400", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )  # fmt: skip
     assert out.returncode == 1, out.stdout + out.stderr
-    text = " ".join(out.stdout.split())
+    text = " ".join(out.stderr.split())
     assert "consumer_offsets.json" in text and "consumer_offsets.json.prev" in text and "delete" in text, text
     # The store it had opened was closed cleanly: no unclean-stop marker left behind.
     assert not (data / "abort").exists(), "the refused start left the store open (abort marker)"

@@ -380,7 +380,7 @@ def test_dev_takes_the_broker_settings_from_the_environment_file_and_flags(tmp_p
     assert out.returncode == 0, out.stdout + out.stderr  # the flag wins over the environment and the file
     assert "commitlog, async flush" in out.stdout and (tmp_path / "from-file" / "commitlog").is_dir(), out.stdout
     bad = _clmq(*demo, cwd=tmp_path, CLMQ_FLUSH_MODE="sometimes")
-    assert bad.returncode == 1 and "sometimes" in bad.stdout, bad.stdout + bad.stderr
+    assert bad.returncode == 2 and "sometimes" in bad.stderr, bad.stdout + bad.stderr  # a usage error
 
 
 # ----------------------------------------------------------------- the framing the budget relies on

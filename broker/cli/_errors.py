@@ -66,7 +66,7 @@ def describe(error: BaseException) -> str:
     if isinstance(error, BaseExceptionGroup):
         return "; ".join(describe(innermost(e)) for e in error.exceptions)
     known = (ClmqError, ClientError, RpcError, SendError, OSError)
-    text = str(error).splitlines()[0] if str(error) else ""
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())  # one line, nothing dropped
     if isinstance(error, known):
         return text or type(error).__name__
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
