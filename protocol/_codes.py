@@ -67,7 +67,10 @@ CREATE_TOPIC           topic, queue_count -> queue_count; also grows a topic's q
                        cannot be removed, their messages would be stranded)
 DELETE_TOPIC           topic -> (nothing)
 LIST_TOPICS            -> topics: {name: queue_count}
-DESCRIBE_TOPIC         topic -> queue_count, queues: [{queue_id, min_offset, max_offset}]
+DESCRIBE_TOPIC         topic -> queue_count, queues: [{queue_id, min_offset, max_offset,
+                       size_bytes}] (size_bytes: the records a queue holds, summed from
+                       its index; -1 past describe_size_max_entries messages, or in
+                       partition-per-file mode)
 GET_MESSAGE            commitlog_offset -> (nothing); body: the record stored at that
                        offset of the CommitLog (a message id names the broker and this
                        offset), CRC-checked. NOT_FOUND if no record starts there (or

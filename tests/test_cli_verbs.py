@@ -56,6 +56,9 @@ def test_topic_update_grows_and_refuses_to_shrink(ns: str, tmp_path: Path) -> No
     assert "can grow, not shrink" in refused.stderr
     rows = js(run(ns, tmp_path, "topic", "describe", "grow", "-o", "json"))
     assert [r["queue_id"] for r in rows] == [0, 1, 2] and sum(r["messages"] for r in rows) == 6
+    for r in rows:  # a queue's bytes: the sizes of the records it holds
+        held = lines(run(ns, tmp_path, "message", "read", "grow", "--queue", str(r["queue_id"]), "--count", "10", "-o", "json"))
+        assert r["size_bytes"] == sum(m["size"] for m in held) and (r["size_bytes"] > 0) == bool(held)
     run(ns, tmp_path, "topic", "update", "absent", "--queues", "3", code=1)
     run(ns, tmp_path, "topic", "describe", "absent", code=1)
     run(ns, tmp_path, "topic", "delete", "absent", code=1)

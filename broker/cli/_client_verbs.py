@@ -115,8 +115,9 @@ async def _describe_topic(args: argparse.Namespace, admin: Any) -> None:
         raise CliError(f"no broker has topic {args.name!r} (clmq topic list shows the topics)", EXIT_FAILED)
     for r in rows:
         r["messages"] = r["max_offset"] - r["min_offset"]
-    emit(args, f"topic {args.name}", ["broker", "queue", "min offset", "max offset", "messages"],
-         [[r["broker_name"], r["queue_id"], r["min_offset"], r["max_offset"], r["messages"]] for r in rows], data=rows)  # fmt: skip
+    emit(args, f"topic {args.name}", ["broker", "queue", "min offset", "max offset", "messages", "bytes"],
+         [[r["broker_name"], r["queue_id"], r["min_offset"], r["max_offset"], r["messages"],
+           r["size_bytes"] if r.get("size_bytes", -1) >= 0 else "-"] for r in rows], data=rows)  # fmt: skip
 
 
 def cmd_produce(args: argparse.Namespace) -> int:

@@ -90,6 +90,7 @@ class BrokerConfig:
     # Observability (issue 18): Prometheus metrics over HTTP (GET /metrics).
     metrics_port: int = -1  # -1: no metrics port; 0: any free port
     metrics_host: str = ""  # "": the listen host
+    describe_size_max_entries: int = 1_000_000  # DESCRIBE_TOPIC sums a queue's bytes up to this many messages (else -1)
 
     def __post_init__(self) -> None:
         if self.flush_mode not in {m.value for m in FlushMode}:
@@ -111,7 +112,13 @@ class BrokerConfig:
             raise ValueError(f"listen_port must be in 0..65535 (0: any free port), got {self.listen_port}")
         if not -1 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in -1..65535 (-1: none, 0: any free port), got {self.metrics_port}")
-        for name in ("pull_read_threads", "cold_read_threads", "cold_read_memory_queues", "cold_read_distance_bytes"):
+        for name in (
+            "pull_read_threads",
+            "cold_read_threads",
+            "cold_read_memory_queues",
+            "cold_read_distance_bytes",
+            "describe_size_max_entries",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 

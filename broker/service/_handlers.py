@@ -256,9 +256,16 @@ class Handlers:
         if count is None:
             raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}")
 
+        sizes = getattr(self.store, "queue_bytes", None)  # commitlog mode; partition-per-file: not summed (-1)
+        cap = self.config.describe_size_max_entries
+
         def offsets() -> list[dict[str, int]]:
-            return [{"queue_id": q, "min_offset": self.store.min_offset(topic, q), "max_offset": self.store.max_offset(topic, q)}
-                    for q in range(count)]  # fmt: skip
+            rows = []
+            for q in range(count):
+                size = sizes(topic, q, cap) if sizes is not None else None
+                rows.append({"queue_id": q, "min_offset": self.store.min_offset(topic, q),
+                             "max_offset": self.store.max_offset(topic, q), "size_bytes": -1 if size is None else size})  # fmt: skip
+            return rows
 
         return Reply({"queue_count": count, "queues": await self._readers.run(offsets)})
 

@@ -70,6 +70,8 @@ from ._results import GetStatus, PutResult, RawRead, Span
 
 __all__ = ["Store", "StoreConfig", "StoreLockedError"]
 
+QUEUE_BYTES_CHUNK_ENTRIES = 65_536  # index entries read at once when a queue's bytes are summed
+
 log = logging.getLogger("clmq.store")
 
 REBUILD_FILE = "rebuild-queues"  # queues marked for rebuild at the next open
@@ -337,6 +339,27 @@ class Store(StoreBase):
     def bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
         try:
             return self.queues.queue(topic, queue_id).bounds(self.log.min_offset)
+        except CorruptRecordError as e:
+            self._mark_for_rebuild(topic, queue_id, e)
+            raise
+
+    def queue_bytes(self, topic: str, queue_id: int, max_entries: int) -> int | None:
+        """Bytes of the records a queue still holds (its entries' sizes summed); None
+        when it holds more than ``max_entries`` (summing would read too much index)."""
+        lo, hi = self.bounds(topic, queue_id)
+        if hi - lo > max_entries:
+            return None
+        try:
+            cq = self.queues.queue(topic, queue_id)
+            total, offset = 0, lo
+            while offset < hi:
+                at, raw = cq.read(offset, min(QUEUE_BYTES_CHUNK_ENTRIES, hi - offset))
+                if not raw:
+                    break
+                entries = np.frombuffer(raw, ENTRY_DTYPE)
+                total += int(entries["size"].sum(dtype=np.uint64))  # a hole marker has size 0
+                offset = at + len(entries)
+            return total
         except CorruptRecordError as e:
             self._mark_for_rebuild(topic, queue_id, e)
             raise
