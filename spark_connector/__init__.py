@@ -16,13 +16,13 @@ _EXPORTS = {
     "LayoutError": "._layout", "LogLayout": "._layout", "local_layout": "._layout",
     "OptionError": "._options", "ReadOptions": "._options", "parse_options": "._options",
     "read_corrupt_log": "._scan",
-    "ClmqDataSource": "._source", "register": "._source",
+    "ClmqDataSource": "._source", "register": "._source", "explain": "._source", "DataLossError": "._select",
     "export": "._export", "spark_session": "._export", "ExportSummary": "._export", "FORMATS": "._export",
 }  # fmt: skip
 
 __all__ = [
-    "COLUMNS", "FORMATS", "SCHEMA_DDL", "ClmqDataSource", "ExportSummary", "LayoutError", "LogLayout", "OptionError",
-    "ReadOptions", "export", "local_layout", "parse_options", "read_corrupt_log", "register", "spark_available",
+    "COLUMNS", "FORMATS", "SCHEMA_DDL", "ClmqDataSource", "DataLossError", "ExportSummary", "LayoutError", "LogLayout", "OptionError",
+    "ReadOptions", "explain", "export", "local_layout", "parse_options", "read_corrupt_log", "register", "spark_available",
     "spark_session",
 ]  # fmt: skip
 

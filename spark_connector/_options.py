@@ -39,8 +39,13 @@ class ReadOptions:
     ending: Positions | None = None  # None: latest (the snapshot's end) everywhere
     starting_timestamp_ms: int | None = None
     ending_timestamp_ms: int | None = None
+    starting_by_timestamp: Positions | None = None  # topic -> queue id -> ms since the epoch
+    ending_by_timestamp: Positions | None = None
+    fail_on_data_loss: bool = True
     max_split_bytes: int = 128 * MiB
+    min_split_bytes: int = MiB
     min_partitions: int | None = None  # None: twice the planning machine's cores
+    max_partitions: int = 10_000
     max_batch_rows: int = 65_536
     max_batch_bytes: int = 8 * MiB
     on_corrupt: str = "fail"  # or "skip"
@@ -58,10 +63,10 @@ class ReadOptions:
 
 KNOWN = {
     "path", "broker", "brokers", "nameserver", "nameservers", "topics", "topic", "topicpattern", "queues",
-    "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp", "maxsplitbytes", "minpartitions",
-    "maxbatchrows",
-    "maxbatchbytes", "oncorrupt", "corruptrecordslog", "readpath", "indexpathfraction", "maxrowspertrigger",
-    "maxbytespertrigger", "timeoutms",
+    "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp", "startingoffsetsbytimestamp",
+    "endingoffsetsbytimestamp", "failondataloss", "maxsplitbytes", "minsplitbytes", "minpartitions",
+    "maxpartitions", "maxbatchrows", "maxbatchbytes", "oncorrupt", "corruptrecordslog", "readpath",
+    "indexpathfraction", "maxrowspertrigger", "maxoffsetspertrigger", "maxbytespertrigger", "timeoutms",
 }  # fmt: skip
 
 
@@ -92,10 +97,48 @@ def _positions(name: str, raw: str | None, default_word: str) -> Positions | Non
         return {"*": {-1: word}}  # every queue
     try:
         doc = json.loads(text)
-        return {str(t): {int(q): int(o) for q, o in per.items()} for t, per in doc.items()}
+        out = {str(t): {_whole(q): _whole(o) for q, o in per.items()} for t, per in doc.items()}
     except (ValueError, AttributeError, TypeError):
         raise OptionError(f"option {name}={raw!r}: expected 'earliest', 'latest' or JSON such as "
                           '{"orders": {"0": 42, "1": -2}} (-2: earliest, -1: latest)') from None  # fmt: skip
+    for topic, per in out.items():
+        for q, o in per.items():
+            if q < 0 or o < EARLIEST:
+                raise OptionError(f"option {name}: {topic}/{q} -> {o}: queue ids are 0 or more and offsets are "
+                                  "0 or more, or -2 (earliest) / -1 (latest)")  # fmt: skip
+    return out
+
+
+def _whole(value: object) -> int:
+    """An int from JSON: whole numbers or their decimal strings, never floats or booleans."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(value)
+    return int(value)
+
+
+def _timestamps(name: str, raw: str | None) -> Positions | None:
+    """JSON ``{"topic": {"0": 1700000000000}}``: per queue, ms since the epoch."""
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+        out = {str(t): {_whole(q): _whole(ms) for q, ms in per.items()} for t, per in doc.items()}
+    except (ValueError, AttributeError, TypeError):
+        raise OptionError(f"option {name}={raw!r}: expected JSON such as "
+                          '{"orders": {"0": 1700000000000}} (ms since the epoch per queue)') from None  # fmt: skip
+    bad = [f"{t}/{q}" for t, per in out.items() for q, ms in per.items() if q < 0 or ms < 0]
+    if bad:
+        raise OptionError(f"option {name}: queue ids and timestamps must be 0 or more ({', '.join(bad)})")
+    return out
+
+
+def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    if raw.strip().lower() not in ("true", "false"):
+        raise OptionError(f"option {name}={raw!r}: expected true or false")
+    return raw.strip().lower() == "true"
 
 
 def _queues(raw: str | None) -> dict[str, tuple[int, ...]] | tuple[int, ...] | None:
@@ -104,10 +147,19 @@ def _queues(raw: str | None) -> dict[str, tuple[int, ...]] | tuple[int, ...] | N
     text = raw.strip()
     try:
         if text.startswith("{"):
-            return {str(t): tuple(int(q) for q in qs) for t, qs in json.loads(text).items()}
-        return tuple(int(q) for q in _list(text))
+            doc = json.loads(text)
+            if not all(isinstance(qs, list) for qs in doc.values()):
+                raise TypeError(doc)
+            out: dict[str, tuple[int, ...]] | tuple[int, ...]
+            out = {str(t): tuple(_whole(q) for q in qs) for t, qs in doc.items()}
+        else:
+            out = tuple(int(q) for q in _list(text))
     except (ValueError, TypeError, AttributeError):
         raise OptionError(f"option queues={raw!r}: expected '0,1,2' or JSON such as {{\"orders\": [0, 1]}}") from None
+    ids = list(out.values()) if isinstance(out, dict) else [out]
+    if any(q < 0 for qs in ids for q in qs):
+        raise OptionError(f"option queues={raw!r}: queue ids are 0 or more")
+    return out
 
 
 def _choice(opts: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
@@ -115,6 +167,32 @@ def _choice(opts: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str
     if value not in choices:
         raise OptionError(f"option {name}={value!r}: expected one of {', '.join(choices)}")
     return value
+
+
+def _fraction(opts: Mapping[str, str], name: str, default: float) -> float:
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise OptionError(f"option {name}={raw!r}: expected a number between 0 and 1") from None
+    if not 0 <= value <= 1:
+        raise OptionError(f"option {name}={value}: expected a number between 0 and 1")
+    return value
+
+
+def _check_combinations(o: ReadOptions) -> None:
+    """Options that exclude each other (Kafka's source refuses the same pairs)."""
+    starts = [n for n, v in (("startingOffsets", o.starting), ("startingTimestamp", o.starting_timestamp_ms),
+                              ("startingOffsetsByTimestamp", o.starting_by_timestamp)) if v is not None]  # fmt: skip
+    ends = [n for n, v in (("endingOffsets", o.ending), ("endingTimestamp", o.ending_timestamp_ms),
+                            ("endingOffsetsByTimestamp", o.ending_by_timestamp)) if v is not None]  # fmt: skip
+    for group in (starts, ends):
+        if len(group) > 1:
+            raise OptionError(f"options {' and '.join(group)} exclude each other: give one")
+    if o.min_partitions is not None and o.min_partitions > o.max_partitions:
+        raise OptionError(f"option minPartitions={o.min_partitions} is above maxPartitions={o.max_partitions}")
 
 
 def parse_options(options: Mapping[str, Any]) -> ReadOptions:
@@ -136,22 +214,34 @@ def parse_options(options: Mapping[str, Any]) -> ReadOptions:
         except re.error as e:
             raise OptionError(f"option topicPattern={pattern!r}: not a regular expression ({e})") from None
     topics = _list(opts.get("topics") or opts.get("topic")) or None
-    return ReadOptions(
+    if opts.get("maxrowspertrigger") and opts.get("maxoffsetspertrigger"):
+        raise OptionError("give maxRowsPerTrigger or its Kafka name maxOffsetsPerTrigger, not both")
+    rows_name = "maxOffsetsPerTrigger" if opts.get("maxoffsetspertrigger") else "maxRowsPerTrigger"
+    parsed = ReadOptions(
         path=path, brokers=brokers, nameservers=nameservers, topics=topics, topic_pattern=pattern,
         queues=_queues(opts.get("queues")),
         starting=_positions("startingOffsets", opts.get("startingoffsets"), "earliest"),
         ending=_positions("endingOffsets", opts.get("endingoffsets"), "latest"),
         starting_timestamp_ms=_int(opts, "startingTimestamp", None, 0),
         ending_timestamp_ms=_int(opts, "endingTimestamp", None, 0),
+        starting_by_timestamp=_timestamps("startingOffsetsByTimestamp", opts.get("startingoffsetsbytimestamp")),
+        ending_by_timestamp=_timestamps("endingOffsetsByTimestamp", opts.get("endingoffsetsbytimestamp")),
+        fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
         max_split_bytes=_int(opts, "maxSplitBytes", 128 * MiB) or 0,
+        min_split_bytes=_int(opts, "minSplitBytes", MiB) or 0,
         min_partitions=_int(opts, "minPartitions", None),
+        max_partitions=_int(opts, "maxPartitions", 10_000) or 0,
         max_batch_rows=_int(opts, "maxBatchRows", 65_536) or 0,
         max_batch_bytes=_int(opts, "maxBatchBytes", 8 * MiB, 4096) or 0,
         on_corrupt=_choice(opts, "onCorrupt", ("fail", "skip")),
         corrupt_records_log=opts.get("corruptrecordslog"),
         read_path=_choice(opts, "readPath", ("auto", "scan", "index")),
-        index_path_fraction=float(opts.get("indexpathfraction", 0.25)),
-        max_rows_per_trigger=_int(opts, "maxRowsPerTrigger", None),
+        index_path_fraction=_fraction(opts, "indexPathFraction", 0.25),
+        max_rows_per_trigger=_int(opts, rows_name, None),
         max_bytes_per_trigger=_int(opts, "maxBytesPerTrigger", None),
         timeout_ms=_int(opts, "timeoutMs", 30_000) or 0,
     )  # fmt: skip
+    _check_combinations(parsed)
+    if "minsplitbytes" in opts and parsed.min_split_bytes > parsed.max_split_bytes:
+        raise OptionError(f"option minSplitBytes={parsed.min_split_bytes} is above maxSplitBytes={parsed.max_split_bytes}")
+    return parsed

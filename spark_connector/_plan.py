@@ -16,42 +16,16 @@ read; otherwise it scans.
 
 from __future__ import annotations
 
+import logging
 import os
-import re
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable
 
 from ._layout import LogLayout, SegmentInfo
-from ._options import EARLIEST, LATEST, OptionError, Positions, ReadOptions
+from ._options import ReadOptions
+from ._select import DataLossError, QueueSource, Selection, resolve_topics, select
 
-INDEX_PATH_MAX_QUEUES = 256  # beyond this many queues a scan is cheaper to plan and to run
-MIN_SPLIT_BYTES = 1 << 20  # below this, Spark's cost per task outweighs the parallelism
-
-
-class QueueSource(Protocol):
-    """What planning needs of one store (a data directory or one broker)."""
-
-    layout: LogLayout
-
-    def bounds(self, topic: str, qid: int) -> tuple[int, int]: ...  # (min, max) queue offsets
-    def offset_for_timestamp(self, topic: str, qid: int, timestamp_ms: int) -> int: ...
-    def message_count(self) -> int: ...
-    def read(self, seg_base: int, offset: int, n: int) -> bytes: ...
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Selection:
-    """What a query selects, shared by every task (filters applied to parsed records)."""
-
-    topics: tuple[str, ...]
-    queues: dict[str, tuple[int, ...]]  # topic -> selected queue ids
-    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)  # "topic/qid" -> [lo, hi)
-    all_queues: bool = True  # every queue of every selected topic, no offset bounds
-
-    def queue_count(self) -> int:
-        return sum(len(q) for q in self.queues.values())
-
+log = logging.getLogger("clmq.spark")
 
 @dataclass(frozen=True)
 class ScanSplit:
@@ -75,86 +49,6 @@ class IndexSplit:
 
 
 Split = ScanSplit | IndexSplit
-
-
-def resolve_topics(opts: ReadOptions, available: dict[str, int], where: str) -> tuple[str, ...]:
-    names: list[str] = []
-    if opts.topics:
-        missing = [t for t in opts.topics if t not in available]
-        if missing:
-            raise OptionError(f"topic(s) {', '.join(missing)} not found in {where}; "
-                              f"topics there: {', '.join(sorted(available)) or 'none'}")  # fmt: skip
-        names += opts.topics
-    if opts.topic_pattern:
-        rx = re.compile(opts.topic_pattern)
-        names += [t for t in sorted(available) if rx.fullmatch(t) and t not in names]
-    if not opts.topics and not opts.topic_pattern:
-        names = sorted(available)
-    return tuple(names)
-
-
-def _queue_ids(opts: ReadOptions, topic: str, count: int) -> tuple[int, ...]:
-    wanted = opts.queues
-    if isinstance(wanted, dict):
-        ids = wanted.get(topic, tuple(range(count)))
-    else:
-        ids = wanted if wanted is not None else tuple(range(count))
-    bad = [q for q in ids if not 0 <= q < count]
-    if bad:
-        raise OptionError(f"queue id(s) {bad} not in 0..{count - 1} of topic {topic!r}")
-    return tuple(sorted(set(ids)))
-
-
-def _position(positions: Positions | None, topic: str, qid: int) -> int | None:
-    if positions is None:
-        return None
-    per = positions.get(topic) or positions.get("*") or {}
-    return per.get(qid, per.get(-1))
-
-
-def _range(src: QueueSource, opts: ReadOptions, topic: str, qid: int) -> tuple[int, int] | None:
-    """``[lo, hi)`` queue offsets for one queue, or None for the whole snapshot."""
-    lo, hi = 0, -1  # -1: to the snapshot's end
-    if opts.starting_timestamp_ms is not None:
-        lo = src.offset_for_timestamp(topic, qid, opts.starting_timestamp_ms)
-    else:
-        start = _position(opts.starting, topic, qid)
-        if start == LATEST:
-            lo = src.bounds(topic, qid)[1]
-        elif start is not None and start != EARLIEST:
-            lo = start
-    if opts.ending_timestamp_ms is not None:
-        hi = src.offset_for_timestamp(topic, qid, opts.ending_timestamp_ms)
-    else:
-        end = _position(opts.ending, topic, qid)
-        if end is not None and end not in (LATEST, EARLIEST):
-            hi = end
-        elif end == EARLIEST:
-            hi = src.bounds(topic, qid)[0]
-    if lo == 0 and hi == -1:
-        return None
-    return lo, hi
-
-
-def select(opts: ReadOptions, sources: list[QueueSource]) -> Selection:
-    """Resolve topics, queues and per-queue offset ranges (once, at planning)."""
-    available: dict[str, int] = {}
-    for src in sources:
-        for t, n in src.layout.topics.items():
-            available[t] = max(n, available.get(t, 0))
-    where = ", ".join(s.layout.source for s in sources)
-    topics = resolve_topics(opts, available, where)
-    queues = {t: _queue_ids(opts, t, available[t]) for t in topics}
-    ranges: dict[str, tuple[int, int]] = {}
-    for src in sources:
-        for t in topics:
-            for q in queues[t]:
-                if src.layout.topics.get(t, 0) > q:
-                    r = _range(src, opts, t, q)
-                    if r is not None:
-                        ranges[f"{src.layout.source}|{t}/{q}"] = r
-    all_queues = not ranges and all(len(queues[t]) == available[t] for t in topics)
-    return Selection(topics, queues, ranges, all_queues)
 
 
 # ---------------------------------------------------------------- scan splits
@@ -188,7 +82,10 @@ def _cut_segment(source: str, network: bool, seg: SegmentInfo, a: int, b: int, m
 
 
 # --------------------------------------------------------------- index splits
-def index_pieces(src: QueueSource, sel: Selection) -> list[tuple[str, int, int, int]]:
+Piece = tuple[str, int, int, int]  # (topic, queue id, lo, hi): queue offsets [lo, hi)
+
+
+def index_pieces(src: QueueSource, sel: Selection) -> list[Piece]:
     """Each selected queue's ``(topic, qid, lo, hi)`` inside this source's snapshot."""
     pieces = []
     for t in sel.topics:
@@ -203,53 +100,130 @@ def index_pieces(src: QueueSource, sel: Selection) -> list[tuple[str, int, int, 
     return pieces
 
 
-def index_splits(src: QueueSource, network: bool, pieces: list[tuple[str, int, int, int]],
-                 messages_per_split: int) -> list[IndexSplit]:  # fmt: skip
-    out = []
+def index_splits(src: QueueSource, network: bool, pieces: list[Piece], messages_per_split: int) -> list[IndexSplit]:
+    """Pieces packed into tasks of about ``messages_per_split`` messages each: one task
+    reads many queues (a data directory reads them merged in log order, see _local)."""
+    out: list[IndexSplit] = []
+    batch: list[Piece] = []
+    room = messages_per_split
     for t, q, lo, hi in pieces:
-        for a in range(lo, hi, messages_per_split):
-            piece = (t, q, a, min(hi, a + messages_per_split))
-            out.append(IndexSplit(src.layout.source, network, (piece,), src.layout.end_offset, src.layout.storage_mode))
+        while lo < hi:
+            take = min(hi - lo, room)
+            batch.append((t, q, lo, lo + take))
+            lo, room = lo + take, room - take
+            if room == 0:
+                out.append(IndexSplit(src.layout.source, network, tuple(batch), src.layout.end_offset,
+                                      src.layout.storage_mode))  # fmt: skip
+                batch, room = [], messages_per_split
+    if batch:
+        out.append(IndexSplit(src.layout.source, network, tuple(batch), src.layout.end_offset, src.layout.storage_mode))
     return out
 
 
-def choose_index_path(opts: ReadOptions, src: QueueSource, sel: Selection,
-                      pieces: list[tuple[str, int, int, int]] | None) -> bool:  # fmt: skip
+def choose_index_path(opts: ReadOptions, src: QueueSource, sel: Selection, pieces: list[Piece] | None) -> bool:
     """Whether reading through consume queues beats scanning (see the module doc)."""
+    return _path_choice(opts, src, sel, pieces)[0]
+
+
+def _path_choice(opts: ReadOptions, src: QueueSource, sel: Selection, pieces: list[Piece] | None) -> tuple[bool, str]:
+    """``(index?, why)``: the read path of one source and the reason, for the plan's description."""
     if opts.read_path != "auto":
-        return opts.read_path == "index"
+        return opts.read_path == "index", f"readPath={opts.read_path}"
     if src.layout.storage_mode != "commitlog":
-        return True
-    if (sel.all_queues and not sel.ranges) or pieces is None:
-        return False
+        return True, f"a {src.layout.storage_mode} store has no CommitLog to scan"
+    if pieces is None:
+        return False, "every queue of every topic is selected"
     messages = sum(hi - lo for _t, _q, lo, hi in pieces)
     total = max(1, src.message_count())
-    scan_bytes = src.layout.end_offset - src.layout.min_offset
-    return messages * scan_bytes / total < opts.index_path_fraction * scan_bytes
+    share = messages / total
+    index = share < opts.index_path_fraction
+    verb = "under" if index else "at least"
+    return index, f"the selection is {share:.1%} of the messages, {verb} indexPathFraction={opts.index_path_fraction}"
 
 
+# ------------------------------------------------------------------ split sizes
 def split_bytes(opts: ReadOptions, sources: list[QueueSource]) -> int:
     """Bytes per scan split: as large as ``maxSplitBytes`` allows (each Spark task costs
     tens of milliseconds), but small enough for ``minPartitions`` tasks, so that every
-    core has work (default: twice the cores of the machine that plans)."""
+    core has work (default: twice the cores of the machine that plans); never below
+    ``minSplitBytes``."""
     total = sum(s.layout.end_offset - s.layout.min_offset for s in sources if s.layout.storage_mode == "commitlog")
     parts = opts.min_partitions or 2 * (os.cpu_count() or 1)
-    return min(opts.max_split_bytes, max(MIN_SPLIT_BYTES, -(-total // parts)))
+    return min(max_split(opts), max(opts.min_split_bytes, -(-total // parts)))
 
 
-def plan(opts: ReadOptions, sources: list[QueueSource], network: bool) -> tuple[Selection, list[Split]]:
+def max_split(opts: ReadOptions) -> int:
+    return max(opts.max_split_bytes, opts.min_split_bytes)
+
+
+def clamp_notes(opts: ReadOptions) -> list[str]:
+    """What planning changed of the options given, said once per query."""
+    if opts.max_split_bytes < opts.min_split_bytes:
+        return [f"option maxSplitBytes={opts.max_split_bytes} raised to minSplitBytes={opts.min_split_bytes}: "
+                "below it each task costs more than it reads (set minSplitBytes to go lower)"]  # fmt: skip
+    return []
+
+
+@dataclass
+class Plan:
+    """The selection, every task's split, and what was decided, in words (``explain``)."""
+
+    selection: Selection
+    splits: list[Split]
+    lines: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # options clamped: also logged as warnings
+
+    def describe(self) -> str:
+        return "\n".join(self.lines + [f"note: {n}" for n in self.notes])
+
+
+def _bounded(opts: ReadOptions, splits: list[Split], plan_one: Callable[[int], list[Split]], size: int,
+             notes: list[str]) -> list[Split]:  # fmt: skip
+    """Re-plan with larger splits while there are more than ``maxPartitions`` tasks."""
+    first = len(splits)
+    while len(splits) > opts.max_partitions and size < 1 << 40:
+        size *= 2
+        splits = plan_one(size)
+    if len(splits) != first:
+        notes.append(f"{first:,} tasks would exceed maxPartitions={opts.max_partitions:,}: "
+                     f"planned {len(splits):,} tasks of up to {size:,} bytes instead")  # fmt: skip
+    return splits
+
+
+def _plan_source(opts: ReadOptions, src: QueueSource, sel: Selection, size: int, network: bool,
+                 notes: list[str]) -> tuple[list[Split], str]:  # fmt: skip
+    everything = sel.all_queues and set(sel.topics) >= set(src.layout.topics)
+    narrow = not everything or opts.read_path == "index" or src.layout.storage_mode != "commitlog"
+    pieces = index_pieces(src, sel) if narrow else None
+    index, why = _path_choice(opts, src, sel, pieces)
+    if not index:
+        splits: list[Split] = list(scan_splits(src.layout, network, size))
+        splits = _bounded(opts, splits, lambda b: list(scan_splits(src.layout, network, b)), size, notes)
+        return splits, f"{src.layout.source}: scan path ({why}): {len(splits)} task(s) of up to {size:,} log bytes"
+    got = pieces if pieces is not None else index_pieces(src, sel)
+    avg = max(1, (src.layout.end_offset - src.layout.min_offset) // max(1, src.message_count()))
+    per_split = max(1, size // avg)  # messages of about one scan split's bytes
+    splits = list(index_splits(src, network, got, per_split))
+    splits = _bounded(opts, splits, lambda b: list(index_splits(src, network, got, max(per_split, b // avg))), size,
+                      notes)  # fmt: skip
+    queues = len({(t, q) for t, q, _a, _b in got})
+    return splits, f"{src.layout.source}: index path ({why}): {queues} queue(s) in {len(splits)} task(s)"
+
+
+def plan(opts: ReadOptions, sources: list[QueueSource], network: bool) -> Plan:
     """The selection and every task's split, over all sources (brokers)."""
     sel = select(opts, sources)
     size = split_bytes(opts, sources)
-    splits: list[Split] = []
+    result = Plan(sel, [], notes=clamp_notes(opts))
     for src in sources:
-        narrow = sel.queue_count() <= INDEX_PATH_MAX_QUEUES and not sel.all_queues
-        pieces = index_pieces(src, sel) if (narrow or opts.read_path == "index"
-                                            or src.layout.storage_mode != "commitlog") else None  # fmt: skip
-        if choose_index_path(opts, src, sel, pieces):
-            avg = max(1, (src.layout.end_offset - src.layout.min_offset) // max(1, src.message_count()))
-            per_split = max(1024, size // avg)
-            splits += index_splits(src, network, pieces if pieces is not None else index_pieces(src, sel), per_split)
-        else:
-            splits += scan_splits(src.layout, network, size)
-    return sel, splits
+        splits, line = _plan_source(opts, src, sel, size, network, result.notes)
+        result.splits += splits
+        result.lines.append(line)
+    for note in result.notes:
+        log.warning("%s", note)
+    log.info("%s", result.describe())
+    return result
+
+
+__all__ = ["DataLossError", "IndexSplit", "Plan", "QueueSource", "ScanSplit", "Selection", "Split", "plan",
+           "resolve_topics", "scan_splits", "select", "split_bytes"]  # fmt: skip

@@ -72,6 +72,7 @@ class ReadSpec:
     max_batch_rows: int = 65_536
     max_batch_bytes: int = 8 << 20
     corrupt_records_log: str | None = None
+    fail_on_data_loss: bool = True
 
 
 class Filter:
@@ -233,7 +234,12 @@ def _past_damage(data: bytes, stop: int, pos: int, src: ByteSource, emitter: Emi
 
 # ------------------------------------------------------------------- index path
 def read_index_split(split: IndexSplit, src: ByteSource, emitter: Emitter) -> Iterator[pa.RecordBatch]:
-    for topic, qid, lo, hi in split.pieces:
+    windows = getattr(src, "index_windows", None)
+    if windows is not None:  # a data directory: every queue of the task merged in log order
+        for data, starts, base, where in windows(split.pieces, split.end_offset):
+            yield from emitter.parse(data, starts, base, where)
+        return
+    for topic, qid, lo, hi in split.pieces:  # a broker: pulls, queue by queue
         for data in src.queue_records(topic, qid, lo, hi, split.end_offset):
             walk = walk_records(data)
             if walk.reason != "end" or walk.stop != len(data):

@@ -10,7 +10,14 @@ from __future__ import annotations
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
 from pyspark.sql.types import StructType
 
 from ._arrow import SCHEMA_DDL
@@ -28,11 +35,12 @@ class ClmqReader(DataSourceReader):
         self.columns = check_schema(schema)
         sources = open_sources(self.opts)
         try:
-            selection, self.splits = plan(self.opts, sources, self.opts.network)
+            self.plan = plan(self.opts, sources, self.opts.network)
         finally:
             for s in sources:
                 s.close()
-        self.spec = read_spec(self.opts, selection)
+        self.splits = self.plan.splits
+        self.spec = read_spec(self.opts, self.plan.selection)
 
     def partitions(self) -> Sequence[InputPartition]:
         return [ClmqPartition(s) for s in self.splits]
@@ -57,10 +65,32 @@ class ClmqDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return ClmqStreamReader(dict(self.options), schema)
 
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from ._sink import ClmqWriter  # the sink: df.write.format("clmq")
+
+        return ClmqWriter(dict(self.options), schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from ._sink import ClmqStreamWriter  # the sink: df.writeStream.format("clmq")
+
+        return ClmqStreamWriter(dict(self.options), schema, overwrite)
+
+
+def explain(options: dict[str, str]) -> str:
+    """What a read with these options would do, without Spark: per store, the read path
+    chosen and why, the number of tasks and their size, and any option clamped."""
+    opts = parse_options(options)
+    sources = open_sources(opts)
+    try:
+        return plan(opts, sources, opts.network).describe()
+    finally:
+        for s in sources:
+            s.close()
+
 
 def register(spark: Any) -> None:
     """Make ``format("clmq")`` available in ``spark`` (a SparkSession)."""
     spark.dataSource.register(ClmqDataSource)
 
 
-__all__ = ["ClmqDataSource", "ClmqReader", "register"]
+__all__ = ["ClmqDataSource", "ClmqReader", "explain", "register"]

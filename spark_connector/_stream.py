@@ -11,6 +11,7 @@ snapshot taken when the query started.
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator, Sequence
 
 import pyarrow as pa
@@ -26,18 +27,20 @@ from pyspark.sql.types import StructType
 
 from commitlog import walk_records
 
-from ._options import OptionError, parse_options
-from ._plan import QueueSource, scan_splits, select, split_bytes
-from ._scan import ReadSpec
-from ._tasks import CHUNK_BYTES, ClmqPartition, check_schema, open_sources, read_split
+from ._options import OptionError, ReadOptions, parse_options
+from ._plan import DataLossError, QueueSource, scan_splits, select, split_bytes
+from ._tasks import CHUNK_BYTES, ClmqPartition, check_schema, open_sources, read_spec, read_split
 
 Offsets = dict[str, int]
+log = logging.getLogger("clmq.spark")
 
 
 class ClmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.opts = parse_options(options)
-        if self.opts.ending is not None or self.opts.ending_timestamp_ms is not None or self.opts.starting_timestamp_ms:
+        o = self.opts
+        if any(v is not None for v in (o.ending, o.ending_timestamp_ms, o.starting_timestamp_ms,
+                                       o.starting_by_timestamp, o.ending_by_timestamp)):  # fmt: skip
             raise OptionError("a stream has no end and starts at 'earliest' or 'latest' (startingOffsets); "
                               "endingOffsets and timestamps are for batch reads")  # fmt: skip
         if self.opts.starting is not None and self.opts.starting != {"*": {-1: -1}} and self.opts.starting != {"*": {-1: -2}}:
@@ -45,8 +48,7 @@ class ClmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.columns = check_schema(schema)
         sources = self._sources()
         try:
-            self.spec = ReadSpec(select(self.opts, sources), self.opts.on_corrupt, self.opts.max_batch_rows,
-                                 self.opts.max_batch_bytes, self.opts.corrupt_records_log)  # fmt: skip
+            self.spec = read_spec(self.opts, select(self.opts, sources))
             latest = self.opts.starting == {"*": {-1: -1}}
             self.initial = {s.layout.source: s.layout.end_offset if latest else s.layout.min_offset for s in sources}
         finally:
@@ -86,8 +88,20 @@ class ClmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for s in sources:
                 name = s.layout.source
                 end = s.layout.end_offset if self.target is None else min(self.target.get(name, 0), s.layout.end_offset)
-                out[name] = _advance(s, start.get(name, s.layout.min_offset), end, limit)
+                at = start.get(name, s.layout.min_offset)
+                if at < s.layout.min_offset:
+                    _lost(self.opts, name, at, s.layout.min_offset)
+                out[name] = _advance(s, at, end, limit)
             return out
+        finally:
+            _close(sources)
+
+    def reportLatestOffset(self) -> Offsets:
+        """Where each store's log ends now: Spark reports it beside the batch's end, so
+        the progress (and the UI) shows how far the query lags."""
+        sources = self._sources()
+        try:
+            return {s.layout.source: s.layout.end_offset for s in sources}
         finally:
             _close(sources)
 
@@ -109,6 +123,15 @@ class ClmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: Offsets) -> None:
         """Nothing to do: the store keeps its data by retention, not by acknowledgement."""
+
+
+def _lost(opts: ReadOptions, source: str, at: int, min_offset: int) -> None:
+    """Retention deleted records the stream had not read yet: fail (failOnDataLoss) or warn."""
+    text = (f"{source}: the stream is at log position {at}, but the log now starts at {min_offset}: "
+            f"records in [{at}, {min_offset}) were deleted by retention before the query read them")  # fmt: skip
+    if opts.fail_on_data_loss:
+        raise DataLossError(text + " (option failOnDataLoss=false goes on from what is there)")
+    log.warning("%s; going on from %d (failOnDataLoss=false)", text, min_offset)
 
 
 def _advance(src: QueueSource, start: int, end: int, limit: ReadLimit) -> int:

@@ -78,4 +78,5 @@ class ClmqPartition(InputPartition):
 
 
 def read_spec(opts: ReadOptions, selection: Any) -> ReadSpec:
-    return ReadSpec(selection, opts.on_corrupt, opts.max_batch_rows, opts.max_batch_bytes, opts.corrupt_records_log)
+    return ReadSpec(selection, opts.on_corrupt, opts.max_batch_rows, opts.max_batch_bytes, opts.corrupt_records_log,
+                    opts.fail_on_data_loss)  # fmt: skip
