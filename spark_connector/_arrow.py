@@ -35,6 +35,12 @@ COLUMNS: dict[str, tuple[str, pa.DataType]] = {
     "reconsume_times": ("INT", pa.int32()),
 }
 SCHEMA_DDL = ", ".join(f"{name} {ddl}" for name, (ddl, _t) in COLUMNS.items())
+# Columns only a user schema asks for (not in the default schema, so exports keep their
+# shape): what a query can use instead of a column it would otherwise have to copy.
+EXTRA_COLUMNS: dict[str, tuple[str, pa.DataType]] = {
+    "body_length": ("INT", pa.int32()),  # length(body) without copying any body
+}
+ALL_COLUMNS = {**COLUMNS, **EXTRA_COLUMNS}
 
 
 class Fields:
@@ -66,14 +72,15 @@ def cut(chunk: pa.Buffer, starts: np.ndarray, lengths: np.ndarray, type_: pa.Dat
     return picked if type_ == pa.binary() else picked.view(type_)
 
 
-def _hosts(buf: np.ndarray, starts: np.ndarray, at: int) -> pa.Array:
-    """``"ip:port"`` strings, decoded once per distinct host."""
-    raw = buf[starts[:, None] + np.arange(at, at + 18)]
+def _hosts(h: np.ndarray, ip: str, port: str) -> pa.Array:
+    """``"ip:port"`` strings from the header fields, decoded once per distinct host."""
+    n = len(h)
+    raw = np.empty(n, dtype=[("ip", "V16"), ("port", "<u2")])
+    raw["ip"], raw["port"] = h[ip], h[port]
     if (raw == raw[0]).all():  # the common case: one host for the whole batch
-        return pa.array([_host_name(raw[0].tobytes())], pa.string()).take(pa.array(np.zeros(len(starts), np.int32)))
-    rows = np.ascontiguousarray(raw).view("V18").reshape(len(starts))
-    uniq, inverse = np.unique(rows, return_inverse=True)
-    names = [_host_name(bytes(u)) for u in uniq.tolist()]
+        return pa.array([_host_name(raw[0].tobytes())], pa.string()).take(pa.array(np.zeros(n, np.int32)))
+    uniq, inverse = np.unique(raw, return_inverse=True)
+    names = [_host_name(u.tobytes()) for u in uniq]
     return pa.array(names, pa.string()).take(pa.array(inverse.reshape(-1).astype(np.int32)))
 
 
@@ -117,9 +124,10 @@ def build_batch(chunk: bytes, buf: np.ndarray, starts: np.ndarray, h: np.ndarray
         "body": lambda: cut(pbuf, f.body, f.body_len, pa.binary()),
         "born_timestamp": lambda: _timestamps(h["born_ts"]),
         "store_timestamp": lambda: _timestamps(h["store_ts"]),
-        "born_host": lambda: _hosts(buf, starts, 52),
-        "store_host": lambda: _hosts(buf, starts, 70),
+        "born_host": lambda: _hosts(h, "born_host", "born_port"),
+        "store_host": lambda: _hosts(h, "store_host", "store_port"),
         "reconsume_times": lambda: pa.array(h["reconsume_times"].astype(np.int32)),
+        "body_length": lambda: pa.array(h["body_len"].astype(np.int32)),
     }
     arrays = [makers[name]() for name in schema.names]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -127,7 +135,7 @@ def build_batch(chunk: bytes, buf: np.ndarray, starts: np.ndarray, h: np.ndarray
 
 def arrow_schema(names: list[str]) -> pa.Schema:
     """The Arrow schema Spark expects for these columns (all nullable, as Spark's are)."""
-    unknown = [n for n in names if n not in COLUMNS]
+    unknown = [n for n in names if n not in ALL_COLUMNS]
     if unknown:
-        raise ValueError(f"unknown column(s) {unknown}; clmq rows have: {', '.join(COLUMNS)}")
-    return pa.schema([pa.field(n, COLUMNS[n][1], nullable=True) for n in names])
+        raise ValueError(f"unknown column(s) {unknown}; clmq rows have: {', '.join(ALL_COLUMNS)}")
+    return pa.schema([pa.field(n, ALL_COLUMNS[n][1], nullable=True) for n in names])

@@ -95,7 +95,7 @@ class Filter:
             cand = np.flatnonzero(tl == len(raw))
             if not len(cand):
                 continue
-            names = buf[starts[cand, None] + HEADER_SIZE + np.arange(len(raw))]
+            names = windows(buf, HEADER_SIZE + len(raw))[starts[cand], HEADER_SIZE:]
             hit = cand[(names == np.frombuffer(raw, np.uint8)).all(axis=1)]
             keep[hit] = np.isin(h["queue_id"][hit], self.queues[name])
             for (t, q), (lo, hi) in self.ranges.items():
@@ -156,14 +156,23 @@ class Emitter:
 
 def headers_at(buf: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """The record headers at ``starts`` as a structured array (a strided copy when the
-    records are evenly spaced, as same-size records are; a gather otherwise)."""
+    records are evenly spaced, as same-size records are; a gather of rows otherwise)."""
     n = len(starts)
     stride = int(starts[1] - starts[0]) if n > 1 else HEADER_SIZE
     if n > 1 and stride >= HEADER_SIZE and starts[-1] - starts[0] == stride * (n - 1) and (np.diff(starts) == stride).all():
         rows = np.lib.stride_tricks.as_strided(buf[int(starts[0]) :], shape=(n, HEADER_SIZE), strides=(stride, 1))
     else:
-        rows = buf[starts[:, None] + np.arange(HEADER_SIZE)]
+        rows = windows(buf, HEADER_SIZE)[starts]
     return np.ascontiguousarray(rows).view(HEADER_DTYPE).reshape(n)
+
+
+def windows(buf: np.ndarray, width: int) -> np.ndarray:
+    """Every ``width``-byte window of ``buf`` as rows of a view (no copy): indexing it with
+    record starts copies just those rows, where an index array of starts + arange(width)
+    would first build ``width`` indexes per record."""
+    if len(buf) < width:
+        buf = np.concatenate((buf, np.zeros(width - len(buf), np.uint8)))
+    return np.lib.stride_tricks.sliding_window_view(buf, width)
 
 
 def _describe(data: bytes, pos: int, where: str, offset: int) -> CorruptRecordError:

@@ -10,7 +10,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import StructType
 
-from ._arrow import COLUMNS, arrow_schema
+from ._arrow import ALL_COLUMNS, arrow_schema
 from ._layout import LogLayout, SegmentInfo, local_layout
 from ._local import LocalStore
 from ._options import OptionError, ReadOptions
@@ -27,9 +27,9 @@ def check_schema(schema: StructType) -> list[str]:
     """The columns a (possibly narrower) user schema asks for, checked against clmq's."""
     names = []
     for f in schema.fields:
-        if f.name not in COLUMNS:
-            raise OptionError(f"schema column {f.name!r} is not a clmq column; columns: {', '.join(COLUMNS)}")
-        want = _SIMPLE[COLUMNS[f.name][0]]
+        if f.name not in ALL_COLUMNS:
+            raise OptionError(f"schema column {f.name!r} is not a clmq column; columns: {', '.join(ALL_COLUMNS)}")
+        want = _SIMPLE[ALL_COLUMNS[f.name][0]]
         if f.dataType.simpleString() != want:
             raise OptionError(f"schema column {f.name!r} must be {want}, not {f.dataType.simpleString()}")
         names.append(f.name)
@@ -58,7 +58,9 @@ def task_source(split: Split, timeout_ms: int) -> ByteSource:
     return LocalStore(split.source, replace(local_layout(split.source), end_offset=split.end_offset))
 
 
-def read_split(split: Split, spec: ReadSpec, columns: list[str], timeout_ms: int) -> Iterator[pa.RecordBatch]:
+def read_split(split: Split | None, spec: ReadSpec, columns: list[str], timeout_ms: int) -> Iterator[pa.RecordBatch]:
+    if split is None:  # a plan of no splits: Spark runs one task with an empty partition
+        return
     src = task_source(split, timeout_ms)
     damage = Damage()
     emitter = Emitter(spec, Filter(spec.selection, split.source), arrow_schema(columns), damage)

@@ -257,3 +257,12 @@ def test_through_spark_errors_name_the_queue(spark: Any, built: tuple[Path, list
     lenient = spark.read.format("clmq").options(topics="orders", endingOffsets='{"orders": {"2": 77}}',
                                                   failOnDataLoss="false").load(str(path))  # fmt: skip
     assert lenient.count() == 4 * 40
+
+
+def test_body_length_column_needs_no_body_and_an_empty_selection_reads_nothing(spark: Any, built: tuple[Path, list]) -> None:
+    path, _rows = built
+    full = spark.read.format("clmq").load(str(path)).selectExpr("queue_offset", "commitlog_offset", "length(body) AS n")
+    narrow = spark.read.format("clmq").schema("queue_offset bigint, commitlog_offset bigint, body_length int").load(str(path))
+    assert sorted(narrow.collect()) == sorted(full.collect())
+    assert spark.read.format("clmq").options(startingOffsets="latest").load(str(path)).count() == 0
+    assert "body_length" not in spark.read.format("clmq").load(str(path)).columns  # not in the default schema

@@ -81,7 +81,7 @@ def plot_store(result: dict[str, Any], path: Path) -> None:
 
 
 def plot_spark(result: dict[str, Any], path: Path) -> None:
-    """``clmq bench spark``: rows/s of each reader, and the export."""
-    bars = {"clmq source, all columns": result["clmq_rows_per_s"], "clmq source, 4 columns": result["clmq_narrow_rows_per_s"],
-            "Parquet, same rows": result["parquet_rows_per_s"], "export to Parquet": result["export_rows_per_s"]}  # fmt: skip
-    bar_plot(path, f"clmq bench spark: {result['messages']:,} rows of {result['body_bytes']} B (medians)", bars, "rows/s")
+    """``clmq bench spark``: rows/s of each workload, clmq beside Parquet, per body size."""
+    from .spark_report import plot
+
+    plot(result, path)

@@ -1,16 +1,23 @@
-"""``clmq bench spark``: the data source's scan against Spark reading Parquet, same rows.
+"""``clmq bench spark``: the clmq data source against Spark reading Parquet of the same rows.
 
-One run builds a store of ``--messages`` messages, exports it to Parquet once (timed:
-that is ``clmq export``'s work), then scans both alternately ``--runs`` times with
-``write.format("noop")`` (every row materialised, nothing written). Figures are medians;
-the ratio compares the two scans of the same run set.
+For each body size (``--sizes``, default 200, 600 and 4096 bytes) one run builds a store,
+exports it to Parquet (that Parquet is the comparison's input), warms both readers up,
+then runs every workload ``--runs`` times alternately:
+
+- **full**: every row and column materialised (``write.format("noop")``);
+- **narrow**: ``count``, ``max(queue_offset)`` and the sum of body lengths per queue
+  (clmq through a user schema with ``body_length``; also through the default schema);
+- **export**: ``clmq export`` to Parquet against Spark copying the Parquet (``--export-runs``).
+
+Figures are medians; ratios compare medians of the same run; CPU per row is the JVM's and
+its Python workers' CPU time (from /proc) divided by rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -18,13 +25,20 @@ from typing import Any, Callable
 
 from spark_connector import spark_available
 
+from .spark_cases import Meter, export_cases, run_alternating, scan_cases
+
+SIZES = (200, 600, 4096)
+MAX_BODY_BYTES_PER_SIZE = 1 << 30  # bodies per size at most: 4 KiB bodies get fewer rows
+
 
 def add_command(bench_sub: Any) -> None:
-    p = bench_sub.add_parser("spark", help="Spark scan of the clmq data source against Parquet (needs clmq[spark])")
-    p.add_argument("--messages", type=int, default=1_000_000, help="messages in the store (default 1,000,000)")
-    p.add_argument("--size", type=int, default=200, help="body bytes (default 200)")
+    p = bench_sub.add_parser("spark", help="the clmq Spark source and export against Parquet (needs clmq[spark])")
+    p.add_argument("--messages", type=int, default=1_000_000,
+                   help="rows per size (default 1,000,000; fewer where bodies would pass 1 GiB)")  # fmt: skip
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="body sizes in bytes (default 200,600,4096)")
     p.add_argument("--queues", type=int, default=16, help="queues of the topic (default 16)")
-    p.add_argument("--runs", type=int, default=5, help="scans of each kind; medians are reported (default 5)")
+    p.add_argument("--runs", type=int, default=5, help="runs of each scan; medians are reported (default 5)")
+    p.add_argument("--export-runs", type=int, default=3, help="runs of each export (default 3; 0: none)")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
     p.add_argument("--json", type=Path, default=None)
@@ -34,8 +48,6 @@ def add_command(bench_sub: Any) -> None:
 
 def build_store(path: Path, messages: int, size: int, queues: int) -> int:
     """A store of ``messages`` messages; returns the log's size in bytes."""
-    import os
-
     from broker.store import Store, StoreConfig
     from commitlog import CommitLogConfig, Message
 
@@ -51,70 +63,48 @@ def build_store(path: Path, messages: int, size: int, queues: int) -> int:
         return store.end_offset
 
 
-def _timed(action: Callable[[], Any]) -> float:
+def run_size(spark: Any, root: Path, messages: int, size: int, args: argparse.Namespace,
+             report: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    """Every workload at one body size."""
+    from spark_connector import export
+
+    store, parquet = root / f"store-{size}", root / f"parquet-{size}"
     t0 = time.perf_counter()
-    action()
-    return time.perf_counter() - t0
+    log_bytes = build_store(store, messages, size, args.queues)
+    report(f"{size} B: {messages:,} messages, {log_bytes / 1e6:,.0f} MB of log, built in {time.perf_counter() - t0:.1f} s")
+    export(spark, {"path": str(store)}, "parquet", str(parquet), "overwrite")
+    meter = Meter(spark)
+    samples = run_alternating(meter, scan_cases(spark, store, parquet), args.runs, report, messages)
+    if args.export_runs:
+        samples |= run_alternating(meter, export_cases(spark, store, parquet, root), args.export_runs, report, messages)
+    cases = {name: s.summary(messages) for name, s in samples.items()}
+    out = {"body_bytes": size, "messages": messages, "log_bytes": log_bytes,
+           "parquet_bytes": sum(p.stat().st_size for p in parquet.rglob("*.parquet")), "cases": cases,
+           "samples_s": {name: s.wall_s for name, s in samples.items()}}  # fmt: skip
+
+    def ratio(a: str, b: str) -> float | None:
+        return cases[a]["rows_per_s"] / cases[b]["rows_per_s"] if a in cases and b in cases else None
+
+    out["ratios"] = {"full": ratio("clmq_full", "parquet_full"), "narrow": ratio("clmq_narrow", "parquet_narrow"),
+                     "narrow_default_schema": ratio("clmq_narrow_default_schema", "parquet_narrow"),
+                     "export": ratio("clmq_export", "parquet_copy")}  # fmt: skip
+    shutil.rmtree(store, ignore_errors=True)
+    shutil.rmtree(parquet, ignore_errors=True)
+    return out
 
 
-def run(root: Path, messages: int, size: int, queues: int, runs: int, master: str,
-        report: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
-    from spark_connector import export, spark_session
+def run(root: Path, args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:
+    from spark_connector import spark_session
 
-    store_dir, parquet_dir = root / "store", root / "parquet"
-    t0 = time.perf_counter()
-    log_bytes = build_store(store_dir, messages, size, queues)
-    report(
-        f"store: {messages:,} messages of {size} B, {log_bytes / 1e6:,.0f} MB of log, built in {time.perf_counter() - t0:.1f} s"
-    )
-    spark = spark_session(master, "clmq bench spark")
+    sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
+    spark = spark_session(args.master, "clmq bench spark")
     try:
-        clmq = spark.read.format("clmq").load(str(store_dir))
-        clmq.limit(1).collect()  # start the Python workers once, outside the timings
-        summary = export(spark, {"path": str(store_dir)}, "parquet", str(parquet_dir), "overwrite")
-        report(f"export to Parquet: {summary.rows:,} rows in {summary.seconds:.2f} s ({summary.rows_per_s:,.0f} rows/s)")
-        parquet = spark.read.parquet(str(parquet_dir))
-        samples: dict[str, list[float]] = {"clmq": [], "parquet": [], "clmq_narrow": []}
-        narrow = (
-            spark.read.format("clmq").schema("topic string, queue_id int, queue_offset bigint, body binary").load(str(store_dir))
-        )
-        for r in range(runs):
-            for name, df in (("clmq", clmq), ("parquet", parquet), ("clmq_narrow", narrow))[:: 1 if r % 2 == 0 else -1]:
-                # A pyspark DataFrame: Any, as spark_connector types it (only it may import pyspark).
-                def scan(df: Any = df) -> None:  # this iteration's frame, not the loop's latest
-                    df.write.format("noop").mode("overwrite").save()
-
-                seconds = _timed(scan)
-                samples[name].append(seconds)
-                report(f"run {r + 1}/{runs} {name:>11}: {messages / seconds:,.0f} rows/s")
+        results = [run_size(spark, root, min(args.messages, max(1, MAX_BODY_BYTES_PER_SIZE // s)), s, args, report)
+                   for s in sizes]  # fmt: skip
     finally:
         spark.stop()
-    parquet_bytes = sum(p.stat().st_size for p in parquet_dir.rglob("*.parquet"))
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    return {
-        "messages": messages, "body_bytes": size, "queues": queues, "runs": runs, "master": master,
-        "log_bytes": log_bytes, "parquet_bytes": parquet_bytes,
-        "clmq_rows_per_s": messages / med["clmq"], "clmq_mb_per_s": log_bytes / med["clmq"] / 1e6,
-        "clmq_narrow_rows_per_s": messages / med["clmq_narrow"],
-        "parquet_rows_per_s": messages / med["parquet"], "parquet_mb_per_s": parquet_bytes / med["parquet"] / 1e6,
-        "parquet_over_clmq": med["clmq"] / med["parquet"],
-        "export_seconds": summary.seconds, "export_rows_per_s": summary.rows_per_s,
-        "samples_s": samples,
-    }  # fmt: skip
-
-
-def markdown(r: dict[str, Any]) -> str:
-    return "\n".join([
-        f"| scan ({r['master']}, {r['messages']:,} rows of {r['body_bytes']} B) | rows/s | MB/s |",
-        "|---|---:|---:|",
-        f"| clmq data source, all 13 columns | {r['clmq_rows_per_s']:,.0f} | {r['clmq_mb_per_s']:,.0f} (log) |",
-        f"| clmq data source, 4 columns (`.schema(...)`) | {r['clmq_narrow_rows_per_s']:,.0f} | |",
-        f"| Parquet, same rows | {r['parquet_rows_per_s']:,.0f} | {r['parquet_mb_per_s']:,.0f} (files) |",
-        "",
-        f"Parquet / clmq scan time ratio: **{r['parquet_over_clmq']:.2f}x**. "
-        f"Export to Parquet: {r['export_seconds']:.1f} s ({r['export_rows_per_s']:,.0f} rows/s).",
-        "",
-    ])  # fmt: skip
+    return {"master": args.master, "queues": args.queues, "runs": args.runs, "export_runs": args.export_runs,
+            "cores": os.cpu_count(), "sizes": results}  # fmt: skip
 
 
 def cmd_bench_spark(args: argparse.Namespace) -> int:
@@ -122,16 +112,15 @@ def cmd_bench_spark(args: argparse.Namespace) -> int:
 
     from .report import save
     from .results import draw, plot_spark
+    from .spark_report import markdown
 
     if not spark_available():
         Console().print("[red]clmq bench spark needs Spark: pip install 'clmq[spark]' (and a Java runtime)")
         return 2
-
     console = Console()
     root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-spark-", dir=args.out_dir))
     try:
-        result = run(root, args.messages, args.size, args.queues, args.runs, args.master,
-                     lambda s: console.print(f"[dim]{s}"))  # fmt: skip
+        result = run(root, args, lambda s: console.print(f"[dim]{s}"))
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,65 @@
+"""The Markdown table and the plot of ``clmq bench spark``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+LABELS = {
+    "clmq_full": "clmq source, every column",
+    "parquet_full": "Parquet, every column",
+    "clmq_narrow": "clmq source, narrow aggregate (body_length)",
+    "clmq_narrow_default_schema": "clmq source, narrow aggregate (default schema)",
+    "parquet_narrow": "Parquet, narrow aggregate",
+    "clmq_export": "clmq export to Parquet",
+    "parquet_copy": "Spark Parquet-to-Parquet copy",
+}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    head = (f"| workload ({result['master']}, {result['queues']} queues) | body B | rows | rows/s | CPU µs/row |\n"
+            "|---|---:|---:|---:|---:|")  # fmt: skip
+    lines = [head]
+    for size in result["sizes"]:
+        for name, label in LABELS.items():
+            c = size["cases"].get(name)
+            if c:
+                lines.append(f"| {label} | {size['body_bytes']} | {size['messages']:,} | {c['rows_per_s']:,.0f} | "
+                             f"{c['cpu_us_per_row']:.2f} |")  # fmt: skip
+    lines += ["", "| body B | full scan clmq / Parquet | narrow aggregate | narrow, default schema | export / copy |",
+              "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for size in result["sizes"]:
+        r = size["ratios"]
+        lines.append(f"| {size['body_bytes']} | {fmt(r['full'])} | {fmt(r['narrow'])} | "
+                     f"{fmt(r['narrow_default_schema'])} | {fmt(r['export'])} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def fmt(ratio: float | None) -> str:
+    return "-" if ratio is None else f"**{ratio:.2f}×**"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Grouped bars: rows/s of each workload, clmq beside Parquet, per body size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in LABELS if any(n in s["cases"] for s in result["sizes"])]
+    fig, ax = plt.subplots(figsize=(10, 5))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        xs = [j + i * width for j in range(len(result["sizes"]))]
+        ys = [s["cases"].get(name, {}).get("rows_per_s", 0) for s in result["sizes"]]
+        ax.bar(xs, ys, width, label=LABELS[name], hatch="//" if "parquet" in name else None)
+    ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(result["sizes"]))])
+    ax.set_xticklabels([f"{s['body_bytes']} B bodies" for s in result["sizes"]])
+    ax.set_yscale("log")
+    ax.set_ylabel("rows/s (median)")
+    ax.set_title(f"clmq bench spark ({result['master']}): the clmq source against Parquet of the same rows")
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
