@@ -8,6 +8,16 @@ from ._check import LogLayout, LogProblem, LogReport, QueueRange, check_log, mer
 from ._columns import HEADER_DTYPE, Walk, gather_fields, gather_headers, gather_strings, walk_records
 from ._config import CommitLogConfig, FlushMode, GiB, MiB
 from ._durability import DurableOffset
+from ._durable_file import (
+    LoadedJson,
+    MetadataSource,
+    delete_json,
+    load_json,
+    previous_path,
+    read_json,
+    write_atomic,
+    write_json,
+)
 from ._encoder import BatchEncoder, EncodeError, encode_message
 from ._errors import (
     ClientError,
@@ -115,12 +125,14 @@ __all__ = [
     "GiB",
     "Host",
     "InvalidInputError",
+    "LoadedJson",
     "LogDamageError",
     "LogLayout",
     "LogProblem",
     "LogReport",
     "Message",
     "MetadataError",
+    "MetadataSource",
     "MiB",
     "PackError",
     "PackedMessages",
@@ -142,19 +154,23 @@ __all__ = [
     "decode_properties",
     "decode_record",
     "decode_records_many",
+    "delete_json",
     "encode_message",
     "encode_properties",
     "fsync_dir",
     "gather_fields",
     "gather_headers",
     "gather_strings",
+    "load_json",
     "merge_ranges",
     "now_ms",
     "pack_messages",
     "pages_missing",
+    "previous_path",
     "queue_extents",
     "read_boundary_index",
     "read_exactly",
+    "read_json",
     "repair_log",
     "report_progress",
     "set_progress_sink",
@@ -162,4 +178,6 @@ __all__ = [
     "unpack_messages",
     "walk_records",
     "whole_prefix",
+    "write_atomic",
+    "write_json",
 ]  # fmt: skip

@@ -17,13 +17,16 @@ _EXPORTS = {
     "OptionError": "._options", "ReadOptions": "._options", "parse_options": "._options",
     "read_corrupt_log": "._scan",
     "ClmqDataSource": "._source", "register": "._source", "explain": "._source", "DataLossError": "._select",
+    "ManifestError": "._manifest", "Snapshot": "._manifest", "read_manifest": "._manifest",
+    "resolve_snapshot": "._manifest",
+    "parse_profile": "._profile", "register_replay": "._replay", "write_replay_files": "._replay",
     "export": "._export", "spark_session": "._export", "ExportSummary": "._export", "FORMATS": "._export",
 }  # fmt: skip
 
 __all__ = [
-    "COLUMNS", "FORMATS", "SCHEMA_DDL", "ClmqDataSource", "DataLossError", "ExportSummary", "LayoutError", "LogLayout", "OptionError",
-    "ReadOptions", "explain", "export", "local_layout", "parse_options", "read_corrupt_log", "register", "spark_available",
-    "spark_session",
+    "COLUMNS", "FORMATS", "SCHEMA_DDL", "ClmqDataSource", "DataLossError", "ExportSummary", "LayoutError", "LogLayout", "ManifestError", "OptionError",
+    "ReadOptions", "Snapshot", "explain", "export", "local_layout", "parse_options", "parse_profile", "read_corrupt_log", "read_manifest", "register", "register_replay", "resolve_snapshot", "spark_available",
+    "spark_session", "write_replay_files",
 ]  # fmt: skip
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from commitlog import OFF_STORE_TS, ConnectorError, read_boundary_index
+from commitlog import OFF_STORE_TS, ConnectorError, load_json, read_boundary_index
 
 ENTRY_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("tag", "<u8")])  # as consumequeue writes them
 
@@ -99,9 +99,13 @@ def local_layout(data_dir: str | Path) -> LogLayout:
                           "its broker instead (option 'broker' or 'nameserver')")  # fmt: skip
     if not (root / "commitlog").is_dir():
         raise LayoutError(f"{root}: no commitlog/ directory (is this a clmq data directory?)")
-    cp = _read_json(root / "checkpoint")
+    # Checked, falling back to the previous generation: a store replacing its checkpoint
+    # renames the current one to .prev before it moves the new one in.
+    loaded = load_json(root / "checkpoint")
+    cp = loaded.value if isinstance(loaded.value, dict) else None
     if cp is None or "log_durable" not in cp:
-        raise LayoutError(f"{root}: no checkpoint yet (open the store once so that it records what is durable)")
+        why = "; ".join(loaded.problems) or "open the store once so that it records what is durable"
+        raise LayoutError(f"{root}: no usable checkpoint ({why})")
     end = min(int(cp["log_durable"]), int(cp["dispatched"]))
     topics_doc = _read_json(root / "topics.json") or {}
     topics = {str(k): int(v) for k, v in dict(topics_doc.get("topics", {})).items()}

@@ -42,6 +42,7 @@ class ReadOptions:
     starting_by_timestamp: Positions | None = None  # topic -> queue id -> ms since the epoch
     ending_by_timestamp: Positions | None = None
     fail_on_data_loss: bool = True
+    check_crc: bool = True  # Kafka's check.crcs: off trades detecting damage for speed
     max_split_bytes: int = 128 * MiB
     min_split_bytes: int = MiB
     min_partitions: int | None = None  # None: twice the planning machine's cores
@@ -64,7 +65,7 @@ class ReadOptions:
 KNOWN = {
     "path", "broker", "brokers", "nameserver", "nameservers", "topics", "topic", "topicpattern", "queues",
     "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp", "startingoffsetsbytimestamp",
-    "endingoffsetsbytimestamp", "failondataloss", "maxsplitbytes", "minsplitbytes", "minpartitions",
+    "endingoffsetsbytimestamp", "failondataloss", "checkcrc", "maxsplitbytes", "minsplitbytes", "minpartitions",
     "maxpartitions", "maxbatchrows", "maxbatchbytes", "oncorrupt", "corruptrecordslog", "readpath",
     "indexpathfraction", "maxrowspertrigger", "maxoffsetspertrigger", "maxbytespertrigger", "timeoutms",
 }  # fmt: skip
@@ -227,6 +228,7 @@ def parse_options(options: Mapping[str, Any]) -> ReadOptions:
         starting_by_timestamp=_timestamps("startingOffsetsByTimestamp", opts.get("startingoffsetsbytimestamp")),
         ending_by_timestamp=_timestamps("endingOffsetsByTimestamp", opts.get("endingoffsetsbytimestamp")),
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
+        check_crc=_bool(opts, "checkCrc", True),
         max_split_bytes=_int(opts, "maxSplitBytes", 128 * MiB) or 0,
         min_split_bytes=_int(opts, "minSplitBytes", MiB) or 0,
         min_partitions=_int(opts, "minPartitions", None),

@@ -27,6 +27,7 @@ from ._select import DataLossError, QueueSource, Selection, resolve_topics, sele
 
 log = logging.getLogger("clmq.spark")
 
+
 @dataclass(frozen=True)
 class ScanSplit:
     source: str  # data directory or broker address

@@ -59,6 +59,7 @@ def task_source(split: Split, timeout_ms: int) -> ByteSource:
 
 
 def read_split(split: Split | None, spec: ReadSpec, columns: list[str], timeout_ms: int) -> Iterator[pa.RecordBatch]:
+    """The Arrow batches of one split."""
     if split is None:  # a plan of no splits: Spark runs one task with an empty partition
         return
     src = task_source(split, timeout_ms)
@@ -81,4 +82,4 @@ class ClmqPartition(InputPartition):
 
 def read_spec(opts: ReadOptions, selection: Any) -> ReadSpec:
     return ReadSpec(selection, opts.on_corrupt, opts.max_batch_rows, opts.max_batch_bytes, opts.corrupt_records_log,
-                    opts.fail_on_data_loss)  # fmt: skip
+                    opts.fail_on_data_loss, opts.check_crc)  # fmt: skip

@@ -27,8 +27,7 @@ from hypothesis import strategies as st
 from broker.service._offsets import ConsumerOffsets
 from broker.store import STORAGE_MODES, GetStatus, Store, TopicTable, read_json, write_json
 from broker.store._checkpoint import Checkpoint
-from broker.store._durable_file import MetadataSource, delete_json, load_json, previous_path
-from commitlog import Message, MetadataError
+from commitlog import Message, MetadataError, MetadataSource, delete_json, load_json, previous_path
 
 from .conftest import small_config
 from .faults import SHORT, Fault, inject

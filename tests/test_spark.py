@@ -317,7 +317,7 @@ def test_clmq_export_command_json_and_csv(filled: tuple[Path, list[tuple]], tmp_
     assert out.returncode == 0, out.stderr[-3000:]
     audit = [r for r in rows if r[0] == "audit"]
     assert f"exported {len(audit):,} rows" in out.stdout
-    lines = [json.loads(line) for f in sorted((tmp_path / "j").glob("*.json")) for line in f.read_text().splitlines()]
+    lines = [json.loads(line) for f in sorted((tmp_path / "j").glob("part-*.json")) for line in f.read_text().splitlines()]
     assert sorted(x["commitlog_offset"] for x in lines) == [r[3] for r in audit]
     bad = subprocess.run([*base, "--output", str(tmp_path / "x"), "--topics", "nope"], capture_output=True, text=True,
                          timeout=300, env=env)  # fmt: skip

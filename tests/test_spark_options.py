@@ -266,3 +266,43 @@ def test_body_length_column_needs_no_body_and_an_empty_selection_reads_nothing(s
     assert sorted(narrow.collect()) == sorted(full.collect())
     assert spark.read.format("clmq").options(startingOffsets="latest").load(str(path)).count() == 0
     assert "body_length" not in spark.read.format("clmq").load(str(path)).columns  # not in the default schema
+
+
+def test_a_reader_in_the_checkpoint_rotation_window_or_beside_a_damaged_checkpoint_uses_the_previous(
+    built: tuple[Path, list], tmp_path: Path
+) -> None:
+    """The store replaces its checkpoint by renaming the current one to ``.prev`` and
+    then moving the new one in: a reader between the two renames finds no checkpoint."""
+    import shutil
+
+    from spark_connector import local_layout
+
+    path = tmp_path / "copy"
+    shutil.copytree(built[0], path)
+    before = local_layout(path)
+    (path / "checkpoint").rename(path / "checkpoint.prev")  # the window between the renames
+    assert local_layout(path).end_offset == before.end_offset
+    shutil.copy(path / "checkpoint.prev", path / "checkpoint")
+    raw = (path / "checkpoint").read_bytes()
+    (path / "checkpoint").write_bytes(raw.replace(b'"log_durable":', b'"log_durable": 1'))  # fails its checksum
+    assert local_layout(path).end_offset == before.end_offset
+
+
+@pytest.mark.slow
+def test_bench_spark_measures_every_workload_against_parquet(tmp_path: Path) -> None:
+    from tests.cli_helpers import clmq
+
+    out = clmq("bench", "spark", "--messages", "3000", "--sizes", "200", "--runs", "1", "--export-runs", "1",
+               "--index-queues", "40", "--out-dir", str(tmp_path / "r"), cwd=tmp_path, timeout_s=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    (result_path,) = (tmp_path / "r").glob("spark-*.json")
+    result = json.loads(result_path.read_text())
+    (size,) = result["sizes"]
+    assert set(size["cases"]) == {"clmq_full", "clmq_full_no_crc", "arrow_replay_full", "parquet_full", "clmq_narrow",
+                                  "clmq_narrow_default_schema", "parquet_narrow", "clmq_export", "parquet_copy"}  # fmt: skip
+    assert all(c["rows_per_s"] > 0 and c["cpu_us_per_row"] > 0 for c in size["cases"].values())
+    assert all(v is not None and v > 0 for v in size["ratios"].values())
+    assert size["parse_ns_per_row"]["crc32c"] > 0 and "column body" in size["parse_ns_per_row"]
+    assert result["index"]["queues"] == 40 and result["index"]["index_over_scan"] > 0
+    assert result_path.with_suffix(".png").stat().st_size > 10_000
+    assert "full scan clmq / Parquet" in out.stdout and "index / scan over every queue" in out.stdout

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from spark_connector import FORMATS, LayoutError, OptionError, spark_available
 
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
 from ._timefmt import FORMS, parse_time_ms
+
+T = TypeVar("T")
 
 
 def add_command(sub: Any) -> None:
@@ -28,6 +30,9 @@ def add_command(sub: Any) -> None:
     p.add_argument("--to-offsets", help="'latest' (default) or JSON; exclusive")
     p.add_argument("--from-time", help=f"start at messages stored at or after this time: {FORMS}")
     p.add_argument("--to-time", help="stop before messages stored at or after this time")
+    p.add_argument("--since-manifest", metavar="PATH",
+                   help="continue an earlier export: start every queue where its manifest (_clmq_manifest.json, "
+                        "or the output directory holding it) ends it; new queues from their earliest offset")  # fmt: skip
     p.add_argument("--format", choices=FORMATS, default="parquet", help="output format (default parquet)")
     p.add_argument("--output", required=True, help="output directory (a Spark path)")
     p.add_argument("--mode", choices=("errorifexists", "overwrite", "append"), default="errorifexists",
@@ -59,6 +64,10 @@ def check_arguments(args: argparse.Namespace) -> None:
     output = Path(args.output)
     if "://" not in args.output and output.exists() and args.mode == "errorifexists":
         raise CliError(f"--output {args.output} exists: choose another, or --mode overwrite|append", EXIT_USAGE)
+    if args.since_manifest is not None:
+        given = [flag for flag, value in (("--from-offsets", args.from_offsets), ("--from-time", args.from_time)) if value]
+        if given:
+            raise CliError(f"--since-manifest sets where every queue starts: leave out {' and '.join(given)}", EXIT_USAGE)
     for name in ("max_split_bytes",):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -91,21 +100,47 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise CliError("clmq export needs Spark: pip install 'clmq[spark]' (and a Java runtime)", EXIT_USAGE)
     from spark_connector import export, spark_session
 
+    snapshot = None
+    if not _remote(args.since_manifest):  # resolved before Spark starts: a bad manifest fails in a moment
+        snapshot = _failing_clearly(lambda: _resolve(options, args.since_manifest))
     spark = spark_session(args.master)
     try:
-        summary = export(spark, options, args.format, args.output, args.mode, args.body_as,
-                         progress=not args.no_progress)  # fmt: skip
-    except Exception as e:  # Spark wraps the reader's errors (raised in its workers): show the reader's words
-        message = _root_message(e)
-        raise CliError(message, EXIT_USAGE if message.startswith(("OptionError", "LayoutError")) else EXIT_FAILED) from e
+        summary = _failing_clearly(lambda: export(spark, options, args.format, args.output, args.mode, args.body_as,
+                                                  progress=not args.no_progress and console.is_terminal,
+                                                  since_manifest=args.since_manifest, snapshot=snapshot,
+                                                  console=console))  # fmt: skip
     finally:
         spark.stop()
     console.print(f"exported [bold]{summary.rows:,}[/] rows ({summary.body_bytes / 1e6:,.1f} MB of bodies) "
                   f"to {summary.output} as {summary.format} in {summary.seconds:.1f} s "
-                  f"({summary.rows_per_s:,.0f} rows/s)")  # fmt: skip
+                  f"({summary.rows_per_s:,.0f} rows/s); manifest {summary.manifest_path or _NO_MANIFEST}",
+                  soft_wrap=True)  # fmt: skip
     if summary.corrupt_skipped:
         console.print(f"[yellow]skipped {summary.corrupt_skipped} corrupt record(s) (see the Spark executors' log)")
     return 0
+
+
+_NO_MANIFEST = "none (several brokers: queue positions are per broker)"
+
+
+def _remote(path: str | None) -> bool:
+    return path is not None and "://" in path
+
+
+def _resolve(options: dict[str, str], since_manifest: str | None) -> Any:
+    from spark_connector import resolve_snapshot  # imports no pyspark: planning is plain Python
+
+    return resolve_snapshot(options, since_manifest)
+
+
+def _failing_clearly(run: Callable[[], T]) -> T:
+    """``run()``, its errors made one line: the reader's own words, usage errors exit 2."""
+    try:
+        return run()
+    except Exception as e:  # Spark wraps the reader's errors (raised in its workers): show the reader's words
+        message = _root_message(e)
+        usage = isinstance(e, (OptionError, LayoutError)) or message.startswith(("OptionError", "LayoutError"))
+        raise CliError(message, EXIT_USAGE if usage else EXIT_FAILED) from e
 
 
 def _root_message(e: BaseException) -> str:

@@ -49,17 +49,19 @@ from commitlog import (
     LogLayout,
     LogProblem,
     LogReport,
+    MetadataSource,
     QueueKey,
     QueueRange,
     check_log,
     gather_strings,
+    load_json,
     merge_ranges,
+    read_json,
 )  # fmt: skip
 from consumequeue import ENTRY_DTYPE, ENTRY_SIZE, HOLE_TAG, START_TAG
 
 from ._base import StoreConfig, StoreLockedError
 from ._checkpoint import Checkpoint
-from ._durable_file import MetadataSource, load_json, read_json
 from ._partition_log import INDEX_MAGIC, TIME_MAGIC, open_index, read_whole
 
 Progress = Callable[[int], None]  # called with the number of log bytes just read

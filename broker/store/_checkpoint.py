@@ -2,7 +2,7 @@
 
 - ``abort`` exists while a store is open; it is created *before* loading starts, so a
   crash during loading also counts as unclean. A clean close removes it.
-- ``checkpoint`` (a checked metadata file, see ``_durable_file``) records what is
+- ``checkpoint`` (a checked metadata file, see ``commitlog._durable_file``) records what is
   known on disk: ``log_durable`` (the commit log is fsynced up to here),
   ``dispatched`` (every consume-queue entry of records below it is in the queue files)
   and, per queue, the next offset at that moment, so that deleted or truncated queue
@@ -17,9 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from commitlog import QueueKey, fsync_dir
-
-from ._durable_file import MetadataSource, load_json, write_json
+from commitlog import MetadataSource, QueueKey, fsync_dir, load_json, write_json
 
 CHECKPOINT_VERSION = 1
 

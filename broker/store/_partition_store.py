@@ -34,16 +34,18 @@ from commitlog import (
     FlushMode,
     LogDamageError,
     Message,
+    MetadataSource,
     QueueKey,
     Record,
     StoreFailedError,
     fsync_dir,
+    load_json,
     now_ms,
+    write_json,
 )  # fmt: skip
 from consumequeue import FileCache
 
 from ._base import Stopwatch, StoreBase, StoreConfig
-from ._durable_file import MetadataSource, load_json, write_json
 from ._partition_log import LoadReport, PartitionLoader, PartitionLog, PartSegment
 from ._results import PutResult, PutStatus, Span
 

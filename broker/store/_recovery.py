@@ -27,11 +27,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from commitlog import HEADER_SIZE, RECORD_MAGIC, CommitLog, CorruptRecordError, QueueKey
+from commitlog import HEADER_SIZE, RECORD_MAGIC, CommitLog, CorruptRecordError, QueueKey, delete_json, read_json, write_json
 from consumequeue import ConsumeQueue, ConsumeQueueSet, Entry
 
 from ._checkpoint import Checkpoint
-from ._durable_file import delete_json, read_json, write_json
 
 log = logging.getLogger("clmq.recovery")
 

@@ -20,11 +20,10 @@ import logging
 import shutil
 from pathlib import Path
 
-from commitlog import LogLayout, QueueKey, QueueRange, fsync_dir, queue_extents, repair_log
+from commitlog import LogLayout, QueueKey, QueueRange, delete_json, fsync_dir, load_json, queue_extents, read_json, repair_log
 
 from ._base import StoreConfig
 from ._check import Progress, StoreReport, check_unlocked, on_disk_queues, store_lock
-from ._durable_file import delete_json, load_json, read_json
 from ._topics import TopicTable
 
 log = logging.getLogger("clmq.store")

@@ -18,10 +18,9 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-from commitlog import QueueKey
+from commitlog import MetadataSource, QueueKey, load_json, read_json, write_json
 
 from ._checkpoint import Checkpoint
-from ._durable_file import MetadataSource, load_json, read_json, write_json
 
 log = logging.getLogger("clmq.store")
 

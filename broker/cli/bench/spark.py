@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from spark_connector import spark_available
 
-from .spark_cases import Meter, export_cases, run_alternating, scan_cases
+from .spark_cases import Meter, export_cases, index_cases, run_alternating, scan_cases
 
 SIZES = (200, 600, 4096)
 MAX_BODY_BYTES_PER_SIZE = 1 << 30  # bodies per size at most: 4 KiB bodies get fewer rows
@@ -39,6 +39,8 @@ def add_command(bench_sub: Any) -> None:
     p.add_argument("--queues", type=int, default=16, help="queues of the topic (default 16)")
     p.add_argument("--runs", type=int, default=5, help="runs of each scan; medians are reported (default 5)")
     p.add_argument("--export-runs", type=int, default=3, help="runs of each export (default 3; 0: none)")
+    p.add_argument("--index-queues", type=int, default=1000,
+                   help="queues of the store read by index and by scan (default 1,000; 0: skip)")  # fmt: skip
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
     p.add_argument("--json", type=Path, default=None)
@@ -73,24 +75,43 @@ def run_size(spark: Any, root: Path, messages: int, size: int, args: argparse.Na
     log_bytes = build_store(store, messages, size, args.queues)
     report(f"{size} B: {messages:,} messages, {log_bytes / 1e6:,.0f} MB of log, built in {time.perf_counter() - t0:.1f} s")
     export(spark, {"path": str(store)}, "parquet", str(parquet), "overwrite")
+    from spark_connector import parse_profile
+
+    profile = parse_profile(str(store))
     meter = Meter(spark)
-    samples = run_alternating(meter, scan_cases(spark, store, parquet), args.runs, report, messages)
+    samples = run_alternating(meter, scan_cases(spark, store, parquet, root / f"replay-{size}"), args.runs, report,
+                              messages)  # fmt: skip
     if args.export_runs:
         samples |= run_alternating(meter, export_cases(spark, store, parquet, root), args.export_runs, report, messages)
     cases = {name: s.summary(messages) for name, s in samples.items()}
     out = {"body_bytes": size, "messages": messages, "log_bytes": log_bytes,
            "parquet_bytes": sum(p.stat().st_size for p in parquet.rglob("*.parquet")), "cases": cases,
-           "samples_s": {name: s.wall_s for name, s in samples.items()}}  # fmt: skip
+           "samples_s": {name: s.wall_s for name, s in samples.items()}, "parse_ns_per_row": profile}  # fmt: skip
 
     def ratio(a: str, b: str) -> float | None:
         return cases[a]["rows_per_s"] / cases[b]["rows_per_s"] if a in cases and b in cases else None
 
-    out["ratios"] = {"full": ratio("clmq_full", "parquet_full"), "narrow": ratio("clmq_narrow", "parquet_narrow"),
+    out["ratios"] = {"full": ratio("clmq_full", "parquet_full"), "replay": ratio("arrow_replay_full", "parquet_full"), "narrow": ratio("clmq_narrow", "parquet_narrow"),
                      "narrow_default_schema": ratio("clmq_narrow_default_schema", "parquet_narrow"),
                      "export": ratio("clmq_export", "parquet_copy")}  # fmt: skip
-    shutil.rmtree(store, ignore_errors=True)
-    shutil.rmtree(parquet, ignore_errors=True)
+    for scratch in (store, parquet, root / f"replay-{size}"):
+        shutil.rmtree(scratch, ignore_errors=True)
     return out
+
+
+def run_index(spark: Any, root: Path, messages: int, args: argparse.Namespace,
+              report: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    """The index path over every queue of a many-queue store, against the scan."""
+    store = root / "store-index"
+    log_bytes = build_store(store, messages, 600, args.index_queues)
+    report(f"index: {messages:,} messages of 600 B over {args.index_queues:,} queues, {log_bytes / 1e6:,.0f} MB of log")
+    cases = index_cases(spark, store, args.index_queues)
+    samples = run_alternating(Meter(spark), cases, args.runs, report, messages)
+    few_rows = messages * 10 // args.index_queues
+    out = {name: s.summary(few_rows if name.startswith("auto") else messages) for name, s in samples.items()}
+    shutil.rmtree(store, ignore_errors=True)
+    return {"queues": args.index_queues, "messages": messages, "body_bytes": 600, "cases": out,
+            "index_over_scan": out["index_all_queues"]["rows_per_s"] / out["scan_all_queues"]["rows_per_s"]}  # fmt: skip
 
 
 def run(root: Path, args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:
@@ -101,10 +122,11 @@ def run(root: Path, args: argparse.Namespace, report: Callable[[str], None]) -> 
     try:
         results = [run_size(spark, root, min(args.messages, max(1, MAX_BODY_BYTES_PER_SIZE // s)), s, args, report)
                    for s in sizes]  # fmt: skip
+        index = run_index(spark, root, args.messages, args, report) if args.index_queues else None
     finally:
         spark.stop()
     return {"master": args.master, "queues": args.queues, "runs": args.runs, "export_runs": args.export_runs,
-            "cores": os.cpu_count(), "sizes": results}  # fmt: skip
+            "cores": os.cpu_count(), "sizes": results, "index": index}  # fmt: skip
 
 
 def cmd_bench_spark(args: argparse.Namespace) -> int:

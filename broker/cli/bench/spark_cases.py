@@ -70,27 +70,50 @@ class Meter:
         return wall
 
 
-def scan_cases(spark: Any, store: Path, parquet: Path) -> dict[str, Callable[[], Any]]:
-    """Every row and column materialised (``noop`` writes), and the narrow aggregate."""
-    from pyspark.sql import functions as F
+def scan_cases(spark: Any, store: Path, parquet: Path, replay: Path) -> dict[str, Callable[[], Any]]:
+    """Every row and column materialised (``noop`` writes), and the narrow aggregate;
+    ``replay`` holds the same rows as Arrow files (the transfer's ceiling, see _replay)."""
+    from spark_connector import register_replay, write_replay_files
 
+    write_replay_files(str(store), str(replay))
+    register_replay(spark)
     clmq = spark.read.format("clmq").load(str(store))
+    unchecked = spark.read.format("clmq").option("checkCrc", "false").load(str(store))
+    arrow = spark.read.format("clmq_arrow_replay").load(str(replay))
     narrow = spark.read.format("clmq").schema(NARROW_SCHEMA).load(str(store))
     pq = spark.read.parquet(str(parquet))
 
     def noop(df: Any) -> Callable[[], Any]:
         return lambda: df.write.format("noop").mode("overwrite").save()
 
-    def aggregate(df: Any, length: Any) -> Callable[[], Any]:
-        return lambda: df.groupBy("queue_id").agg(F.count(F.lit(1)), F.max("queue_offset"), F.sum(length)).collect()
+    def aggregate(df: Any, length: str) -> Callable[[], Any]:
+        # SQL expressions: only spark_connector imports pyspark (its functions included)
+        narrow = df.selectExpr("queue_id", "queue_offset", f"{length} AS n")
+        return lambda: narrow.groupBy("queue_id").agg({"*": "count", "queue_offset": "max", "n": "sum"}).collect()
 
     return {
         "clmq_full": noop(clmq),
+        "clmq_full_no_crc": noop(unchecked),
+        "arrow_replay_full": noop(arrow),
         "parquet_full": noop(pq),
-        "clmq_narrow": aggregate(narrow, F.col("body_length")),
-        "clmq_narrow_default_schema": aggregate(clmq, F.length("body")),
-        "parquet_narrow": aggregate(pq, F.length("body")),
+        "clmq_narrow": aggregate(narrow, "body_length"),
+        "clmq_narrow_default_schema": aggregate(clmq, "length(body)"),
+        "parquet_narrow": aggregate(pq, "length(body)"),
     }
+
+
+def index_cases(spark: Any, store: Path, queues: int) -> dict[str, Callable[[], Any]]:
+    """Every queue of a many-queue store read through its consume queues (readPath=index)
+    against the scan, and a few of its queues (auto: the index path)."""
+    import json
+
+    def noop(**options: str) -> Callable[[], Any]:
+        df = spark.read.format("clmq").options(**options).load(str(store))
+        return lambda: df.write.format("noop").mode("overwrite").save()
+
+    few = json.dumps({"bench": list(range(0, queues, max(1, queues // 10)))[:10]})
+    return {"scan_all_queues": noop(readPath="scan"), "index_all_queues": noop(readPath="index"),
+            "auto_10_queues": noop(queues=few)}  # fmt: skip
 
 
 def export_cases(spark: Any, store: Path, parquet: Path, scratch: Path) -> dict[str, Callable[[], Any]]:

@@ -7,6 +7,8 @@ from typing import Any
 
 LABELS = {
     "clmq_full": "clmq source, every column",
+    "clmq_full_no_crc": "clmq source, every column, checkCrc=false",
+    "arrow_replay_full": "ready Arrow batches replayed (any Python source's ceiling)",
     "parquet_full": "Parquet, every column",
     "clmq_narrow": "clmq source, narrow aggregate (body_length)",
     "clmq_narrow_default_schema": "clmq source, narrow aggregate (default schema)",
@@ -26,12 +28,29 @@ def markdown(result: dict[str, Any]) -> str:
             if c:
                 lines.append(f"| {label} | {size['body_bytes']} | {size['messages']:,} | {c['rows_per_s']:,.0f} | "
                              f"{c['cpu_us_per_row']:.2f} |")  # fmt: skip
-    lines += ["", "| body B | full scan clmq / Parquet | narrow aggregate | narrow, default schema | export / copy |",
-              "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines += ["", "| body B | full scan clmq / Parquet | replayed Arrow / Parquet | narrow aggregate | "
+              "narrow, default schema | export / copy |", "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for size in result["sizes"]:
         r = size["ratios"]
-        lines.append(f"| {size['body_bytes']} | {fmt(r['full'])} | {fmt(r['narrow'])} | "
+        lines.append(f"| {size['body_bytes']} | {fmt(r['full'])} | {fmt(r.get('replay'))} | {fmt(r['narrow'])} | "
                      f"{fmt(r['narrow_default_schema'])} | {fmt(r['export'])} |")  # fmt: skip
+    lines += ["", "| body B | Python parse ns/row (in process) | of which CRC32C | walk + headers + mask | columns |",
+              "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for size in result["sizes"]:
+        p = size["parse_ns_per_row"]
+        cols = sum(v for k, v in p.items() if k.startswith("column") or k == "fields")
+        lines.append(f"| {size['body_bytes']} | {sum(p.values()):.0f} | {p['crc32c']:.0f} | "
+                     f"{p['walk'] + p['headers'] + p['mask']:.0f} | {cols:.0f} |")  # fmt: skip
+    index = result.get("index")
+    if index:
+        c = index["cases"]
+        lines += ["", f"| {index['messages']:,} messages of 600 B over {index['queues']:,} queues | rows/s | CPU µs/row |",
+                  "|---|---:|---:|"]  # fmt: skip
+        for name, label in (("scan_all_queues", "every queue, readPath=scan"),
+                            ("index_all_queues", "every queue, readPath=index"),
+                            ("auto_10_queues", "10 queues, readPath=auto (index)")):  # fmt: skip
+            lines.append(f"| {label} | {c[name]['rows_per_s']:,.0f} | {c[name]['cpu_us_per_row']:.2f} |")
+        lines.append(f"\nindex / scan over every queue: **{index['index_over_scan']:.2f}×**")
     return "\n".join(lines) + "\n"
 
 

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import crc32c as _crc32c
 
-from commitlog import fileops
+from . import fileops
 
 log = logging.getLogger("clmq.store")
 
