@@ -41,13 +41,18 @@ class ExportSummary:
         return self.rows / max(self.seconds, 1e-9)
 
 
-def spark_session(master: str, app: str = "clmq export") -> Any:
-    """A SparkSession whose Python workers run this interpreter (so they find clmq)."""
+DRIVER_MEMORY = "2g"  # Spark's 1g default runs out writing Parquet of 4 KiB bodies
+
+
+def spark_session(master: str, app: str = "clmq export", driver_memory: str = DRIVER_MEMORY) -> Any:
+    """A SparkSession whose Python workers run this interpreter (so they find clmq).
+    ``driver_memory`` is the JVM's heap (with a local master, where the tasks run too)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master(master).appName(app).config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())  # fmt: skip
+             .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", driver_memory)
+             .getOrCreate())  # fmt: skip
     spark.sparkContext.setLogLevel("ERROR")
     from ._source import register
 

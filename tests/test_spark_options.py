@@ -298,7 +298,7 @@ def test_bench_spark_measures_every_workload_against_parquet(tmp_path: Path) -> 
     (result_path,) = (tmp_path / "r").glob("spark-*.json")
     result = json.loads(result_path.read_text())
     (size,) = result["sizes"]
-    assert set(size["cases"]) == {"clmq_full", "clmq_full_no_crc", "arrow_replay_full", "parquet_full", "clmq_narrow",
+    assert set(size["cases"]) == {"clmq_full", "clmq_full_no_crc", "arrow_replay_full", "parquet_full", "clmq_narrow", "clmq_narrow_no_crc",
                                   "clmq_narrow_default_schema", "parquet_narrow", "clmq_export", "parquet_copy"}  # fmt: skip
     assert all(c["rows_per_s"] > 0 and c["cpu_us_per_row"] > 0 for c in size["cases"].values())
     assert all(v is not None and v > 0 for v in size["ratios"].values())

@@ -40,6 +40,8 @@ def add_command(sub: Any) -> None:
     p.add_argument("--body-as", choices=("raw", "text", "base64"), default=None,
                    help="body column: raw bytes (default; base64 for csv), UTF-8 text, or base64")  # fmt: skip
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*]: every core here)")
+    p.add_argument("--driver-memory", default="2g",
+                   help="the Spark driver's heap, where a local master runs its tasks (default 2g)")  # fmt: skip
     p.add_argument(
         "--max-split-bytes",
         type=int,
@@ -103,7 +105,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     snapshot = None
     if not _remote(args.since_manifest):  # resolved before Spark starts: a bad manifest fails in a moment
         snapshot = _failing_clearly(lambda: _resolve(options, args.since_manifest))
-    spark = spark_session(args.master)
+    spark = spark_session(args.master, driver_memory=args.driver_memory)
     try:
         summary = _failing_clearly(lambda: export(spark, options, args.format, args.output, args.mode, args.body_as,
                                                   progress=not args.no_progress and console.is_terminal,

@@ -42,6 +42,7 @@ def add_command(bench_sub: Any) -> None:
     p.add_argument("--index-queues", type=int, default=1000,
                    help="queues of the store read by index and by scan (default 1,000; 0: skip)")  # fmt: skip
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument("--driver-memory", default="4g", help="the Spark driver's heap (default 4g)")
     p.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--markdown", type=Path, default=None)
@@ -91,7 +92,9 @@ def run_size(spark: Any, root: Path, messages: int, size: int, args: argparse.Na
     def ratio(a: str, b: str) -> float | None:
         return cases[a]["rows_per_s"] / cases[b]["rows_per_s"] if a in cases and b in cases else None
 
-    out["ratios"] = {"full": ratio("clmq_full", "parquet_full"), "replay": ratio("arrow_replay_full", "parquet_full"), "narrow": ratio("clmq_narrow", "parquet_narrow"),
+    out["ratios"] = {"full": ratio("clmq_full", "parquet_full"), "replay": ratio("arrow_replay_full", "parquet_full"),
+                     "full_no_crc": ratio("clmq_full_no_crc", "parquet_full"),
+                     "narrow_no_crc": ratio("clmq_narrow_no_crc", "parquet_narrow"), "narrow": ratio("clmq_narrow", "parquet_narrow"),
                      "narrow_default_schema": ratio("clmq_narrow_default_schema", "parquet_narrow"),
                      "export": ratio("clmq_export", "parquet_copy")}  # fmt: skip
     for scratch in (store, parquet, root / f"replay-{size}"):
@@ -118,7 +121,7 @@ def run(root: Path, args: argparse.Namespace, report: Callable[[str], None]) -> 
     from spark_connector import spark_session
 
     sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
-    spark = spark_session(args.master, "clmq bench spark")
+    spark = spark_session(args.master, "clmq bench spark", driver_memory=args.driver_memory)
     try:
         results = [run_size(spark, root, min(args.messages, max(1, MAX_BODY_BYTES_PER_SIZE // s)), s, args, report)
                    for s in sizes]  # fmt: skip

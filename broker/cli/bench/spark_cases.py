@@ -81,6 +81,7 @@ def scan_cases(spark: Any, store: Path, parquet: Path, replay: Path) -> dict[str
     unchecked = spark.read.format("clmq").option("checkCrc", "false").load(str(store))
     arrow = spark.read.format("clmq_arrow_replay").load(str(replay))
     narrow = spark.read.format("clmq").schema(NARROW_SCHEMA).load(str(store))
+    narrow_unchecked = spark.read.format("clmq").schema(NARROW_SCHEMA).option("checkCrc", "false").load(str(store))
     pq = spark.read.parquet(str(parquet))
 
     def noop(df: Any) -> Callable[[], Any]:
@@ -97,6 +98,7 @@ def scan_cases(spark: Any, store: Path, parquet: Path, replay: Path) -> dict[str
         "arrow_replay_full": noop(arrow),
         "parquet_full": noop(pq),
         "clmq_narrow": aggregate(narrow, "body_length"),
+        "clmq_narrow_no_crc": aggregate(narrow_unchecked, "body_length"),
         "clmq_narrow_default_schema": aggregate(clmq, "length(body)"),
         "parquet_narrow": aggregate(pq, "length(body)"),
     }
