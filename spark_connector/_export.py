@@ -77,6 +77,11 @@ def export(spark: Any, options: dict[str, str], fmt: str, output: str, mode: str
     corrupt_dir = None
     if options.get("onCorrupt") == "skip":
         corrupt_dir = options["corruptRecordsLog"] = tempfile.mkdtemp(prefix="clmq-corrupt-")
+    if console is not None and snap.planned_rows:  # which read path, how many tasks, any option clamped
+        from ._source import explain
+
+        for line in explain(options).splitlines():
+            console.print(f"[dim]plan: {line}", soft_wrap=True, highlight=False)
     df, obs = _frame(spark, snap, options, fmt, body_as)
     writer = df.write.mode(mode).format(fmt)
     if fmt == "csv":

@@ -6,6 +6,7 @@ the broker that owns the directory (the snapshot says how far to read).
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -14,10 +15,16 @@ import numpy as np
 
 from ._layout import LayoutError, LocalQueueIndex, LogLayout, local_layout, segment_path
 
+log = logging.getLogger("clmq.spark")
+
 READ_RUN_BYTES = 8 << 20  # the index path reads contiguous records in runs up to this size
 # Records of other queues closer together than this are read through rather than seeked
 # over: one larger sequential read beats many small ones on every disk here.
 MAX_GAP_BYTES = 256 << 10
+
+
+class SegmentGoneError(LayoutError):
+    """Records a query planned to read were deleted (by retention) before its task read them."""
 
 
 class LocalStore:
@@ -59,8 +66,8 @@ class LocalStore:
             try:
                 fd = self._fds[base] = os.open(segment_path(self.layout, base), os.O_RDONLY)
             except FileNotFoundError:
-                raise LayoutError(f"{segment_path(self.layout, base)} is gone (retention deleted it while the "
-                                  "query ran); read again to plan on what is there now") from None  # fmt: skip
+                raise SegmentGoneError(f"{segment_path(self.layout, base)} is gone: retention deleted it after the "
+                                       "query was planned") from None  # fmt: skip
         return fd
 
     def read(self, seg_base: int, offset: int, n: int) -> bytes:
@@ -81,12 +88,12 @@ class LocalStore:
         if out:
             yield bytes(out)
 
-    def index_windows(self, pieces: Sequence[tuple[str, int, int, int]],
-                      end_offset: int) -> Iterator[tuple[bytes, np.ndarray, int, str]]:  # fmt: skip
+    def index_windows(self, pieces: Sequence[tuple[str, int, int, int]], end_offset: int,
+                      fail_on_lost: bool = True) -> Iterator[tuple[bytes, np.ndarray, int, str]]:  # fmt: skip
         """The records of many queues' ranges merged in log order: ``(bytes, record starts
         in them, log offset of the bytes, file)`` per window of nearby records, so a task
         over a thousand queues reads the log forwards instead of queue by queue."""
-        offs, sizes = self._entries_of(pieces, end_offset)
+        offs, sizes = self._entries_of(pieces, end_offset, fail_on_lost)
         if not len(offs):
             return
         bases = np.asarray([seg.base for seg in self.layout.segments], dtype=np.int64)
@@ -96,12 +103,23 @@ class LocalStore:
             a, b, base = int(offs[i]), int(ends[j - 1]), int(bases[seg[i]])
             yield self.read(base, a, b - a), offs[i:j] - a, a, segment_path(self.layout, base)
 
-    def _entries_of(self, pieces: Sequence[tuple[str, int, int, int]], end_offset: int) -> tuple[np.ndarray, np.ndarray]:
-        """Offsets and sizes of the live records of every piece, sorted by log offset."""
+    def _entries_of(self, pieces: Sequence[tuple[str, int, int, int]], end_offset: int,
+                    fail_on_lost: bool) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """Offsets and sizes of the records of every piece, sorted by log offset. Planning
+        started each piece inside the log, so a record below its start now was deleted
+        since: SegmentGoneError, or (``fail_on_lost`` false) a warning and left out."""
         parts = []
         for topic, qid, lo, hi in pieces:
             _first, e = self.index.entries(topic, qid, lo, hi)
-            parts.append(e[(e["size"] > 0) & (e["offset"] >= self.layout.min_offset) & (e["offset"] + e["size"] <= end_offset)])
+            e = e[(e["size"] > 0) & (e["offset"] + e["size"] <= end_offset)]
+            lost = int(np.count_nonzero(e["offset"] < self.layout.min_offset))
+            if lost:
+                text = (f"{self.root}: {lost} record(s) of queue {topic}/{qid} in [{lo}, {hi}) were deleted by "
+                        "retention after the query was planned")  # fmt: skip
+                if fail_on_lost:
+                    raise SegmentGoneError(text)
+                log.warning("%s; left out (failOnDataLoss=false)", text)
+            parts.append(e[e["offset"] >= self.layout.min_offset])
         if not parts:
             return np.empty(0, np.int64), np.empty(0, np.int64)
         live = np.concatenate(parts)

@@ -248,7 +248,7 @@ def _past_damage(data: bytes, stop: int, pos: int, src: ByteSource, emitter: Emi
 def read_index_split(split: IndexSplit, src: ByteSource, emitter: Emitter) -> Iterator[pa.RecordBatch]:
     windows = getattr(src, "index_windows", None)
     if windows is not None:  # a data directory: every queue of the task merged in log order
-        for data, starts, base, where in windows(split.pieces, split.end_offset):
+        for data, starts, base, where in windows(split.pieces, split.end_offset, emitter.spec.fail_on_data_loss):
             yield from emitter.parse(data, starts, base, where)
         return
     for topic, qid, lo, hi in split.pieces:  # a broker: pulls, queue by queue

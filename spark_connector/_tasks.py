@@ -3,6 +3,7 @@ schema's check, the sources of a plan, and reading one split on an executor."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any, Iterator
 
@@ -12,10 +13,12 @@ from pyspark.sql.types import StructType
 
 from ._arrow import ALL_COLUMNS, arrow_schema
 from ._layout import LogLayout, SegmentInfo, local_layout
-from ._local import LocalStore
+from ._local import LocalStore, SegmentGoneError
 from ._options import OptionError, ReadOptions
-from ._plan import QueueSource, ScanSplit, Split
+from ._plan import DataLossError, QueueSource, ScanSplit, Split
 from ._scan import ByteSource, Damage, Emitter, Filter, ReadSpec, read_index_split, read_scan_split, report_damage
+
+log = logging.getLogger("clmq.spark")
 
 CHUNK_BYTES = 4 << 20  # bytes read (and walked) at once by a scan task
 
@@ -70,6 +73,10 @@ def read_split(split: Split | None, spec: ReadSpec, columns: list[str], timeout_
             yield from read_scan_split(split, src, emitter, CHUNK_BYTES)
         else:
             yield from read_index_split(split, src, emitter)
+    except SegmentGoneError as e:
+        if spec.fail_on_data_loss:
+            raise DataLossError(f"{e} (option failOnDataLoss=false reads what is left)") from None
+        log.warning("%s; this task's records there are left out (failOnDataLoss=false)", e)
     finally:
         src.close()
     report_damage(spec, damage, split)

@@ -306,3 +306,37 @@ def test_bench_spark_measures_every_workload_against_parquet(tmp_path: Path) -> 
     assert result["index"]["queues"] == 40 and result["index"]["index_over_scan"] > 0
     assert result_path.with_suffix(".png").stat().st_size > 10_000
     assert "full scan clmq / Parquet" in out.stdout and "index / scan over every queue" in out.stdout
+
+
+@pytest.mark.parametrize("read_path", ["scan", "index"])
+def test_records_deleted_between_planning_and_reading_fail_the_task_or_are_left_out(
+    tmp_path: Path, read_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from spark_connector._arrow import COLUMNS
+    from spark_connector._tasks import read_spec, read_split
+
+    path = tmp_path / "store"
+    rows = build(path, per_queue=30, segment_bytes=32 << 10)
+    first = sorted((path / "commitlog").glob("*.log"))[0]
+    lenient_rows = None
+    for fail in ("true", "false"):
+        options = {"path": str(path), "readPath": read_path, "minSplitBytes": "1", "failOnDataLoss": fail}
+        opts = parse_options(options)
+        src = LocalStore(path)
+        p = plan(opts, [src], False)
+        src.close()
+        if fail == "true":
+            saved = first.read_bytes()
+            first.unlink()  # what retention does to the oldest segment while tasks are queued
+        spec = read_spec(opts, p.selection)
+        if fail == "true":
+            with pytest.raises(DataLossError, match="deleted|is gone"):
+                for s in p.splits:
+                    list(read_split(s, spec, list(COLUMNS), 1000))
+            first.write_bytes(saved)
+            continue
+        first.unlink()
+        with caplog.at_level(logging.WARNING, "clmq.spark"):
+            lenient_rows = sum(b.num_rows for s in p.splits for b in read_split(s, spec, list(COLUMNS), 1000))
+        assert "failOnDataLoss=false" in caplog.text
+    assert lenient_rows is not None and 0 < lenient_rows < len(rows)
