@@ -330,7 +330,7 @@ def test_records_deleted_between_planning_and_reading_fail_the_task_or_are_left_
             first.unlink()  # what retention does to the oldest segment while tasks are queued
         spec = read_spec(opts, p.selection)
         if fail == "true":
-            with pytest.raises(DataLossError, match="deleted|is gone"):
+            with pytest.raises(DataLossError, match=r"deleted|is gone"):
                 for s in p.splits:
                     list(read_split(s, spec, list(COLUMNS), 1000))
             first.write_bytes(saved)
