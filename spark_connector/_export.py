@@ -11,6 +11,7 @@ the manifest, and any corrupt records skipped (``--on-corrupt skip``).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -74,9 +75,11 @@ def export(spark: Any, options: dict[str, str], fmt: str, output: str, mode: str
     started = time.perf_counter()
     snap = snapshot if snapshot is not None else resolve_snapshot(options, since_manifest, spark)
     options = snap.reader_options(options)
-    corrupt_dir = None
-    if options.get("onCorrupt") == "skip":
-        corrupt_dir = options["corruptRecordsLog"] = tempfile.mkdtemp(prefix="clmq-corrupt-")
+    corrupt_dir, user_dir = None, _option(options, "corruptRecordsLog")
+    if _option(options, "onCorrupt").strip().lower() == "skip":
+        corrupt_dir = user_dir or tempfile.mkdtemp(prefix="clmq-corrupt-")
+        options = {k: v for k, v in options.items() if k.lower() != "corruptrecordslog"}
+        options["corruptRecordsLog"] = corrupt_dir
     if console is not None and snap.planned_rows:  # which read path, how many tasks, any option clamped
         from ._source import explain
 
@@ -99,7 +102,14 @@ def export(spark: Any, options: dict[str, str], fmt: str, output: str, mode: str
     from ._scan import read_corrupt_log
 
     skipped = read_corrupt_log(corrupt_dir)["records"] if corrupt_dir else 0
+    if corrupt_dir and not user_dir:
+        shutil.rmtree(corrupt_dir, ignore_errors=True)  # ours: the count is in the summary
     return ExportSummary(rows, int(got["bytes"]), seconds, output, fmt, skipped, manifest, manifest_path)
+
+
+def _option(options: dict[str, str], name: str) -> str:
+    """An option's value whatever the case of its key (Spark's options are case-insensitive)."""
+    return next((str(v) for k, v in options.items() if k.lower() == name.lower()), "")
 
 
 def _frame(spark: Any, snap: Snapshot, options: dict[str, str], fmt: str, body_as: str | None) -> tuple[Any, Any]:

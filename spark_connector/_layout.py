@@ -176,14 +176,15 @@ class LocalQueueIndex:
     def offset_for_timestamp(self, topic: str, qid: int, timestamp_ms: int) -> int:
         """The first queue offset stored at or after ``timestamp_ms`` (the max offset if none)."""
         first, e = self.entries(topic, qid)
-        lo, hi = 0, len(e)
-        while lo < hi:  # store timestamps grow with queue offsets
+        live = np.flatnonzero((e["size"] > 0) & (e["offset"] >= self.layout.min_offset))
+        lo, hi = 0, len(live)
+        while lo < hi:  # store timestamps grow with queue offsets; holes and deleted records have none
             mid = (lo + hi) // 2
-            if self._stored_at(e[mid]) >= timestamp_ms:
+            if self._stored_at(e[live[mid]]) >= timestamp_ms:
                 hi = mid
             else:
                 lo = mid + 1
-        return first + lo
+        return first + (int(live[lo]) if lo < len(live) else len(e))
 
     def _stored_at(self, entry: np.void) -> int:
         offset = int(entry["offset"])

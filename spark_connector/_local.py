@@ -101,7 +101,14 @@ class LocalStore:
         ends = offs + sizes
         for i, j in _windows(offs, ends, seg):
             a, b, base = int(offs[i]), int(ends[j - 1]), int(bases[seg[i]])
-            yield self.read(base, a, b - a), offs[i:j] - a, a, segment_path(self.layout, base)
+            try:
+                data = self.read(base, a, b - a)
+            except SegmentGoneError as e:
+                if fail_on_lost:
+                    raise
+                log.warning("%s; its %d record(s) here are left out (failOnDataLoss=false)", e, j - i)
+                continue  # the windows of segments still there are read
+            yield data, offs[i:j] - a, a, segment_path(self.layout, base)
 
     def _entries_of(self, pieces: Sequence[tuple[str, int, int, int]], end_offset: int,
                     fail_on_lost: bool) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
@@ -110,9 +117,10 @@ class LocalStore:
         since: SegmentGoneError, or (``fail_on_lost`` false) a warning and left out."""
         parts = []
         for topic, qid, lo, hi in pieces:
-            _first, e = self.index.entries(topic, qid, lo, hi)
+            first, e = self.index.entries(topic, qid, lo, hi)
             e = e[(e["size"] > 0) & (e["offset"] + e["size"] <= end_offset)]
-            lost = int(np.count_nonzero(e["offset"] < self.layout.min_offset))
+            # retention also deletes whole queue files: then the entries start past ``lo``
+            lost = max(0, first - lo) + int(np.count_nonzero(e["offset"] < self.layout.min_offset))
             if lost:
                 text = (f"{self.root}: {lost} record(s) of queue {topic}/{qid} in [{lo}, {hi}) were deleted by "
                         "retention after the query was planned")  # fmt: skip

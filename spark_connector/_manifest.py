@@ -17,7 +17,6 @@ No pyspark at import: the command line reads manifests before it starts Spark.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,11 +25,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from commitlog import gather_fields, walk_records
+from commitlog import gather_fields, walk_records, write_atomic
 
 from ._layout import LayoutError
 from ._options import OptionError, ReadOptions, parse_options
-from ._plan import QueueSource, Selection, select
+from ._plan import QueueSource, Selection, select, selected_ranges
 
 MANIFEST_NAME = "_clmq_manifest.json"  # a leading "_": Spark leaves it out when it reads the output back
 MANIFEST_KIND = "clmq-export-manifest"
@@ -38,8 +37,8 @@ MANIFEST_VERSION = 1
 MANIFEST_MAX_BYTES = 64 << 20  # a manifest is a few bytes per queue; anything larger is not one
 SETTLE_TIMEOUT_S = 30.0  # network mode: how long to wait for the broker to fsync the snapshot's last records
 SETTLE_POLL_S = 0.05  # ... and how often to ask meanwhile
-_REPLACED = ("startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp", "topics", "topic",
-             "topicpattern", "queues")  # fmt: skip
+_REPLACED = ("startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp", "startingoffsetsbytimestamp",
+             "endingoffsetsbytimestamp", "topics", "topic", "topicpattern", "queues")  # fmt: skip
 
 Ranges = dict[str, dict[int, tuple[int, int]]]  # topic -> queue id -> (start, end)
 
@@ -155,9 +154,8 @@ def write_manifest(doc: dict[str, Any], output: str, spark: Any = None) -> str:
     if is_remote(output):
         return _hadoop_write(spark, output.rstrip("/") + "/" + MANIFEST_NAME, json.dumps(doc, indent=1).encode())
     target = Path(output) / MANIFEST_NAME
-    tmp = target.with_name(f"{MANIFEST_NAME}.{os.getpid()}.tmp")  # "_" too: readers skip it meanwhile
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, target)  # readers see the old manifest or the new one, never half of one
+    # fsynced, then renamed over the old one: readers (and a crash) see the old manifest or the new one
+    write_atomic(target, (json.dumps(doc, indent=1) + "\n").encode())
     return str(target)
 
 
@@ -213,7 +211,8 @@ def resolve_snapshot(options: Mapping[str, str], since_manifest: str | None = No
     """
     opts = parse_options(options)
     previous = read_manifest(since_manifest, spark) if since_manifest else None
-    if previous is not None and (opts.starting is not None or opts.starting_timestamp_ms is not None):
+    if previous is not None and any(v is not None for v in (opts.starting, opts.starting_timestamp_ms,
+                                                            opts.starting_by_timestamp)):  # fmt: skip
         raise ManifestError("since-manifest sets where every queue starts: leave out startingOffsets and "
                             "startingTimestamp (--from-offsets, --from-time)")  # fmt: skip
     from ._tasks import open_sources  # (imports pyspark: only once a snapshot is resolved)
@@ -247,17 +246,10 @@ def _source_of(src: QueueSource, opts: ReadOptions) -> dict[str, str]:
 
 
 def _ranges(opts: ReadOptions, src: QueueSource, sel: Selection) -> Ranges:
-    """Each selected queue's ``[start, end)`` in this source's snapshot, empty ones too
-    (as ``_plan.index_pieces`` resolves them, which leaves those out)."""
+    """Each selected queue's ``[start, end)`` in this source's snapshot, empty ones too."""
     out: Ranges = {}
-    for t in sel.topics:
-        for q in sel.queues[t]:
-            if src.layout.topics.get(t, 0) <= q:
-                continue
-            qmin, qmax = src.bounds(t, q)
-            lo, hi = sel.ranges.get(f"{src.layout.source}|{t}/{q}", (0, -1))
-            hi = qmax if hi < 0 else min(hi, qmax)
-            out.setdefault(t, {})[q] = (min(max(lo, qmin), hi), hi)
+    for t, q, lo, hi in selected_ranges(src, sel):
+        out.setdefault(t, {})[q] = (lo, hi)
     return out
 
 

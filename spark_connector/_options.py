@@ -96,18 +96,23 @@ def _positions(name: str, raw: str | None, default_word: str) -> Positions | Non
     if text.lower() in ("earliest", "latest"):
         word = EARLIEST if text.lower() == "earliest" else LATEST
         return {"*": {-1: word}}  # every queue
-    try:
-        doc = json.loads(text)
-        out = {str(t): {_whole(q): _whole(o) for q, o in per.items()} for t, per in doc.items()}
-    except (ValueError, AttributeError, TypeError):
-        raise OptionError(f"option {name}={raw!r}: expected 'earliest', 'latest' or JSON such as "
-                          '{"orders": {"0": 42, "1": -2}} (-2: earliest, -1: latest)') from None  # fmt: skip
+    out = _per_queue(name, text, "'earliest', 'latest' or JSON such as "
+                                 '{"orders": {"0": 42, "1": -2}} (-2: earliest, -1: latest)')  # fmt: skip
     for topic, per in out.items():
         for q, o in per.items():
             if q < 0 or o < EARLIEST:
                 raise OptionError(f"option {name}: {topic}/{q} -> {o}: queue ids are 0 or more and offsets are "
                                   "0 or more, or -2 (earliest) / -1 (latest)")  # fmt: skip
     return out
+
+
+def _per_queue(name: str, raw: str, expected: str) -> Positions:
+    """JSON ``{"topic": {"<queue id>": <whole number>}}``, or an error saying what was expected."""
+    try:
+        doc = json.loads(raw)
+        return {str(t): {_whole(q): _whole(v) for q, v in per.items()} for t, per in doc.items()}
+    except (ValueError, AttributeError, TypeError):
+        raise OptionError(f"option {name}={raw!r}: expected {expected}") from None
 
 
 def _whole(value: object) -> int:
@@ -121,12 +126,7 @@ def _timestamps(name: str, raw: str | None) -> Positions | None:
     """JSON ``{"topic": {"0": 1700000000000}}``: per queue, ms since the epoch."""
     if raw is None:
         return None
-    try:
-        doc = json.loads(raw)
-        out = {str(t): {_whole(q): _whole(ms) for q, ms in per.items()} for t, per in doc.items()}
-    except (ValueError, AttributeError, TypeError):
-        raise OptionError(f"option {name}={raw!r}: expected JSON such as "
-                          '{"orders": {"0": 1700000000000}} (ms since the epoch per queue)') from None  # fmt: skip
+    out = _per_queue(name, raw, 'JSON such as {"orders": {"0": 1700000000000}} (ms since the epoch per queue)')
     bad = [f"{t}/{q}" for t, per in out.items() for q, ms in per.items() if q < 0 or ms < 0]
     if bad:
         raise OptionError(f"option {name}: queue ids and timestamps must be 0 or more ({', '.join(bad)})")
@@ -244,6 +244,6 @@ def parse_options(options: Mapping[str, Any]) -> ReadOptions:
         timeout_ms=_int(opts, "timeoutMs", 30_000) or 0,
     )  # fmt: skip
     _check_combinations(parsed)
-    if "minsplitbytes" in opts and parsed.min_split_bytes > parsed.max_split_bytes:
+    if "minsplitbytes" in opts and "maxsplitbytes" in opts and parsed.min_split_bytes > parsed.max_split_bytes:
         raise OptionError(f"option minSplitBytes={parsed.min_split_bytes} is above maxSplitBytes={parsed.max_split_bytes}")
     return parsed

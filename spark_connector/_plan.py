@@ -86,19 +86,24 @@ def _cut_segment(source: str, network: bool, seg: SegmentInfo, a: int, b: int, m
 Piece = tuple[str, int, int, int]  # (topic, queue id, lo, hi): queue offsets [lo, hi)
 
 
-def index_pieces(src: QueueSource, sel: Selection) -> list[Piece]:
-    """Each selected queue's ``(topic, qid, lo, hi)`` inside this source's snapshot."""
-    pieces = []
+def selected_ranges(src: QueueSource, sel: Selection) -> list[Piece]:
+    """Each selected queue's ``(topic, qid, lo, hi)`` inside this source's snapshot, empty
+    ranges included (an export's manifest records those too)."""
+    out = []
     for t in sel.topics:
         for q in sel.queues[t]:
             if src.layout.topics.get(t, 0) <= q:
                 continue
             qmin, qmax = src.bounds(t, q)
             lo, hi = sel.ranges.get(f"{src.layout.source}|{t}/{q}", (0, -1))
-            lo, hi = max(lo, qmin), qmax if hi < 0 else min(hi, qmax)
-            if lo < hi:
-                pieces.append((t, q, lo, hi))
-    return pieces
+            hi = qmax if hi < 0 else min(hi, qmax)
+            out.append((t, q, min(max(lo, qmin), hi), hi))
+    return out
+
+
+def index_pieces(src: QueueSource, sel: Selection) -> list[Piece]:
+    """The non-empty ones of :func:`selected_ranges`: what the index path reads."""
+    return [p for p in selected_ranges(src, sel) if p[2] < p[3]]
 
 
 def index_splits(src: QueueSource, network: bool, pieces: list[Piece], messages_per_split: int) -> list[IndexSplit]:
@@ -227,4 +232,4 @@ def plan(opts: ReadOptions, sources: list[QueueSource], network: bool) -> Plan:
 
 
 __all__ = ["DataLossError", "IndexSplit", "Plan", "QueueSource", "ScanSplit", "Selection", "Split", "plan",
-           "resolve_topics", "scan_splits", "select", "split_bytes"]  # fmt: skip
+           "resolve_topics", "scan_splits", "select", "selected_ranges", "split_bytes"]  # fmt: skip

@@ -298,7 +298,8 @@ class QueueId:
         for mq in mqs:
             if mq.queue_id == self.queue_id:
                 return mq
-        return mqs[self.queue_id % len(mqs)]  # the routes lost it since it was checked: somewhere, not nowhere
+        # the routes lost it since the task checked it: fail the row rather than put it elsewhere
+        raise ValueError(f"no queue {self.queue_id} in the topic's routes any more (the topic changed while writing)")
 
 
 class TaskSend:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.store import Store, StoreConfig
-from commitlog import CommitLogConfig, Message, now_ms
+from commitlog import CommitLogConfig, Message, now_ms, walk_records
 from spark_connector import explain
 from spark_connector._local import LocalStore
 from spark_connector._options import OptionError, parse_options
@@ -27,12 +27,12 @@ TOPICS = {"orders": 4, "audit": 3, "t1000": 8}
 
 
 def build(path: Path, per_queue: int = 40, segment_bytes: int = 64 << 10, retention_bytes: int | None = None,
-          body: int = 200) -> list[tuple[str, int, int, int]]:  # fmt: skip
+          body: int = 200, cq_entries_per_file: int = 300_000) -> list[tuple[str, int, int, int]]:  # fmt: skip
     """A store with every queue of TOPICS holding ``per_queue`` messages, written in
     rounds (every queue once per round, so queues interleave in the log), each round
     in a millisecond of its own. Returns (topic, queue, queue offset, store ms) rows."""
     cfg = StoreConfig(path, CommitLogConfig(segment_bytes=segment_bytes, retention_bytes=retention_bytes, max_message_bytes=8192,
-                                            boundary_interval_bytes=4096))  # fmt: skip
+                                            boundary_interval_bytes=4096), cq_entries_per_file=cq_entries_per_file)  # fmt: skip
     rows = []
     with Store.open(cfg).start() as store:
         for t, n in TOPICS.items():
@@ -339,4 +339,47 @@ def test_records_deleted_between_planning_and_reading_fail_the_task_or_are_left_
         with caplog.at_level(logging.WARNING, "clmq.spark"):
             lenient_rows = sum(b.num_rows for s in p.splits for b in read_split(s, spec, list(COLUMNS), 1000))
         assert "failOnDataLoss=false" in caplog.text
-    assert lenient_rows is not None and 0 < lenient_rows < len(rows)
+    first.write_bytes(saved)
+    in_first = len(walk_records(saved).starts)  # every record of the deleted segment, no other
+    assert lenient_rows == len(rows) - in_first, "the records of the segments still there are all read"
+
+
+def test_a_queue_file_deleted_after_planning_is_data_loss_not_a_shorter_read(tmp_path: Path) -> None:
+    """Retention deletes whole consume-queue files: the entries of a piece then start
+    past the offset it was planned from."""
+    from spark_connector._arrow import COLUMNS
+    from spark_connector._tasks import read_spec, read_split
+
+    path = tmp_path / "store"
+    rows = build(path, per_queue=30, cq_entries_per_file=10)
+    results = {}
+    for fail in ("true", "false"):
+        opts = parse_options({"path": str(path), "readPath": "index", "failOnDataLoss": fail})
+        src = LocalStore(path)
+        p = plan(opts, [src], False)
+        src.close()
+        head = path / "consumequeue" / "orders" / "0" / f"{0:020d}"
+        saved = head.read_bytes()
+        head.unlink()
+        spec = read_spec(opts, p.selection)
+        try:
+            results[fail] = sum(b.num_rows for s in p.splits for b in read_split(s, spec, list(COLUMNS), 1000))
+        except DataLossError as e:
+            results[fail] = str(e)
+        head.write_bytes(saved)
+    assert "10 record(s) of queue orders/0 in [0, 30) were deleted" in str(results["true"])
+    assert results["false"] == len(rows) - 10
+
+
+def test_timestamps_skip_holes_in_a_queue(tmp_path: Path) -> None:
+    from spark_connector._layout import LocalQueueIndex, local_layout
+
+    path = tmp_path / "store"
+    build(path, per_queue=10)
+    cq = path / "consumequeue" / "orders" / "1" / f"{0:020d}"
+    raw = bytearray(cq.read_bytes())
+    raw[20:40] = bytes(20)  # entry 1: a hole (recovery leaves these where it lost an entry)
+    cq.write_bytes(bytes(raw))
+    index = LocalQueueIndex(path, local_layout(path))
+    assert index.offset_for_timestamp("orders", 1, 0) == 0
+    assert index.offset_for_timestamp("orders", 1, 1 << 62) == 10
