@@ -160,6 +160,9 @@ def queue_range(src: QueueSource, opts: ReadOptions, topic: str, qid: int) -> tu
     where = f"{src.layout.source} queue {topic}/{qid}"
     lo = qmin if lo is None else _within(opts, "start", lo, qmin, qmax, where)
     hi = qmax if hi is None else _within(opts, "end", hi, qmin, qmax, where)
+    settle = getattr(src, "ensure_readable", None)  # a broker: its snapshot may lag its queues' ends
+    if settle is not None and hi > lo:
+        settle(topic, qid, hi, opts.timeout_ms)
     if hi < lo:
         raise OptionError(f"{where}: the end offset {hi} is before the start offset {lo}")
     return lo, hi

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import socket
+import time
 from typing import Any, Iterator
 
 import numpy as np
@@ -22,6 +23,7 @@ from ._options import ReadOptions
 
 NO_END = 1 << 62  # partition-per-file brokers have no log offsets to bound a snapshot by
 PULL_BATCH = 4096  # messages per pull on the index path
+SETTLE_POLL_S = 0.05  # how often to ask for a newer snapshot while waiting for a flush
 
 
 class RemoteError(ConnectorError):
@@ -115,6 +117,28 @@ class RemoteStore:
     def bounds(self, topic: str, qid: int) -> tuple[int, int]:
         f = self.conn.call(RequestCode.QUERY_OFFSETS, {"topic": topic, "queue_id": qid}).fields
         return int(f["min_offset"]), int(f["max_offset"])
+
+    def ensure_readable(self, topic: str, qid: int, end: int, timeout_ms: int) -> None:
+        """Make the snapshot cover queue offsets below ``end``: a broker counts records it
+        has dispatched but not yet fsynced (async flush) in its queues' ends, while its
+        snapshot stops at what is durable. Waits (at most ``timeout_ms``) for the flush
+        and takes the newer snapshot; without this an explicit end offset in that window
+        would read short without a word."""
+        if end <= 0 or self.layout.storage_mode != "commitlog":
+            return
+        frame = self.conn.call(RequestCode.PULL_MESSAGE, {"topic": topic, "queue_id": qid, "offset": end - 1,
+                                                          "max_messages": 1})  # fmt: skip
+        if not frame.fields.get("count"):
+            return  # not there at all: the range check reports it
+        walk = walk_records(frame.body)
+        need = int(gather_fields(np.frombuffer(frame.body, np.uint8), walk, ["commitlog_offset"])["commitlog_offset"][0])
+        deadline = time.monotonic() + timeout_ms / 1000
+        while self.layout.end_offset <= need:
+            if time.monotonic() > deadline:
+                raise LayoutError(f"broker {self.addr}: queue {topic}/{qid} offset {end - 1} is not durable after "
+                                  f"{timeout_ms} ms (its snapshot ends at {self.layout.end_offset}); is it flushing?")  # fmt: skip
+            time.sleep(SETTLE_POLL_S)  # the broker fsyncs every flush_interval_ms: nothing to wait on over the wire
+            self.layout = self._fetch_layout()
 
     def offset_for_timestamp(self, topic: str, qid: int, timestamp_ms: int) -> int:
         f = self.conn.call(RequestCode.SEARCH_OFFSET, {"topic": topic, "queue_id": qid, "timestamp_ms": timestamp_ms})

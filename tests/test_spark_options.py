@@ -383,3 +383,32 @@ def test_timestamps_skip_holes_in_a_queue(tmp_path: Path) -> None:
     index = LocalQueueIndex(path, local_layout(path))
     assert index.offset_for_timestamp("orders", 1, 0) == 0
     assert index.offset_for_timestamp("orders", 1, 1 << 62) == 10
+
+
+def test_an_end_offset_the_broker_has_not_flushed_yet_is_waited_for_not_read_short(spark: Any, tmp_path: Path) -> None:
+    """A broker counts dispatched records in its queues' ends before its async flush makes
+    them durable, and its snapshot for readers stops at what is durable."""
+    import os
+    import signal
+    import subprocess
+
+    from client import BlockingAdmin, BlockingProducer
+    from tests.cli_helpers import _brokers, free_port, popen
+
+    ns_port, port = free_port(), free_port()
+    ns = f"127.0.0.1:{ns_port}"
+    (tmp_path / "broker.toml").write_text("flush_interval_ms = 4000\n")
+    proc = popen("dev", "--config", str(tmp_path / "broker.toml"), "--data-dir", str(tmp_path / "data"), "--port",
+                 str(port), "--namesrv-port", str(ns_port), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_until(lambda: proc.poll() is not None or _brokers(ns) > 0, 60, "clmq dev to register its broker")
+        with BlockingAdmin([ns]) as admin:
+            admin.create_topic("late", 1)
+        with BlockingProducer([ns]) as p:
+            p.send_batch("late", [b"x%d" % i for i in range(100)])
+        df = spark.read.format("clmq").options(broker=f"127.0.0.1:{port}", endingOffsets='{"late": {"0": 100}}').load()
+        assert sorted(bytes(r.body) for r in df.select("body").collect()) == sorted(b"x%d" % i for i in range(100))
+    finally:
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(30)
