@@ -16,6 +16,7 @@ through the public consumer and compared with the ledger (:func:`audit`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import re
@@ -125,6 +126,13 @@ def broker_config(root: Path, mode: str) -> Path:
     return conf
 
 
+def _data_dir(conf: Path) -> Path:
+    """The data directory a :func:`broker_config` file names."""
+    found = re.search(r'^data_dir = "(.*)"$', conf.read_text(), re.M)
+    assert found, f"no data_dir in {conf}"
+    return Path(found.group(1))
+
+
 def tail(log: Path) -> str:
     """The end of the brokers' stderr, for an assertion's message."""
     return log.read_text(errors="replace")[-3000:]
@@ -194,6 +202,7 @@ class RoundState:
     killed: bool = False  # the end of the round began: failed sends are expected from here on
     exit_before_kill: int | None = None  # the graceful stop finished before the SIGKILL came, with this code
     errors_while_up: list[str] = field(default_factory=list)  # failed sends before the kill: must stay empty
+    offsets_file: Path | None = None  # the broker's consumer offsets: the kill waits until the group is in it
 
     def kill(self) -> None:
         if not self.killed:
@@ -207,6 +216,7 @@ class RoundState:
             # Not waits for events: random delays while the other senders go on, so that
             # the kill lands anywhere in the broker's work, not just after a reply (and,
             # after a SIGTERM, before, during or after the graceful stop).
+            await self._group_recorded()
             await trio.sleep(self.jitter_s)
             if self.term_grace_s is not None and not self.killed:
                 self.killed = True
@@ -215,6 +225,24 @@ class RoundState:
                 self.exit_before_kill = self.broker.proc.poll()
             self.broker.proc.kill()
             self.killed = True
+
+    async def _group_recorded(self) -> None:
+        """Until the group's committed offsets are on disk (an event, not a time): on a fast
+        machine a round's acknowledgements can all come before the group's first commit is
+        flushed, and a restart would then have no offsets to check. Bounded: if they never
+        come, the round goes on and the offsets check reports it."""
+        path = self.offsets_file
+        if path is None:
+            return
+
+        def recorded() -> bool:
+            try:
+                return GROUP.encode() in path.read_bytes()
+            except FileNotFoundError:
+                return False
+
+        with contextlib.suppress(TimeoutError):
+            await await_until(recorded, ROUND_TIMEOUT_S / 3, f"group {GROUP}'s offsets in {path}")
 
 
 @dataclass
@@ -384,7 +412,8 @@ async def one_round(conf: Path, log: Path, ledger: Ledger, figures: Figures, rng
             await _check_group(broker.addr, figures, restored)
             await _probe(broker.addr, ledger, figures, rng, tag)
             grace = rng.uniform(0, 0.8) if rng.random() < TERM_FIRST_SHARE else None
-            state = RoundState(broker, rng.randint(*acks_per_round), rng.uniform(0, 0.02), grace)
+            state = RoundState(broker, rng.randint(*acks_per_round), rng.uniform(0, 0.02), grace,
+                               offsets_file=_data_dir(conf) / "consumer_offsets.json")  # fmt: skip
             async with trio.open_nursery() as outer:
                 outer.start_soon(_consume, broker.addr, live)
                 async with trio.open_nursery() as nursery:
