@@ -208,7 +208,9 @@ async def test_a_consumers_commits_follow_the_group_to_its_new_leader(
                 while len(received) < 80:
                     received += await consumer.receive()
                 consumer.ack()
-            assert {mq.addr for mq in consumer.assignment()} == {f.addr}
+            # the routes refresh on their own schedule: the queues move once it has come
+            await await_until(lambda: {mq.addr for mq in consumer.assignment()} == {f.addr}, 10,
+                              "the consumer's queues to move to the new leader")  # fmt: skip
 
             async def committed_on_new_leader() -> bool:
                 await consumer.commit()

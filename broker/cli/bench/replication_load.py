@@ -150,9 +150,11 @@ async def _sender(producer: Producer, spec: LoadSpec, window: Window, slots: Any
 async def _cpu_probe(group: Group, window: Window, start: float, end: float) -> None:
     await trio.sleep_until(start)
     before = _cpu_snapshot(group)
-    await trio.sleep_until(end)
-    after = _cpu_snapshot(group)
-    window.cpu_s = {k: after[k] - before.get(k, 0.0) for k in after}
+    try:
+        await trio.sleep_until(end)
+    finally:  # also when cancelled: the senders can finish (and cancel this) in the same tick as ``end``
+        after = _cpu_snapshot(group)
+        window.cpu_s = {k: after[k] - before.get(k, 0.0) for k in after}
 
 
 async def _lag_probe(group: Group, window: Window, every_ms: int, start: float, end: float) -> None:
