@@ -37,6 +37,7 @@ from typing import Any, Callable
 import crc32c as _crc32c
 
 from . import fileops
+from ._segment import fsync_dir
 
 log = logging.getLogger("clmq.store")
 
@@ -204,9 +205,9 @@ def delete_json(path: Path) -> None:
     # deleted) or nothing (deleted), never the .prev alone (which would come back).
     path.with_name(path.name + TEMPORARY_SUFFIX).unlink(missing_ok=True)
     previous_path(path).unlink(missing_ok=True)
-    _fsync_directory(path.parent)
+    fsync_dir(path.parent)
     path.unlink(missing_ok=True)
-    _fsync_directory(path.parent)
+    fsync_dir(path.parent)
 
 
 def _replace(path: Path, data: bytes, keep_previous: bool) -> None:
@@ -219,7 +220,7 @@ def _replace(path: Path, data: bytes, keep_previous: bool) -> None:
     if keep_previous:
         os.replace(path, previous_path(path))  # a crash here leaves .prev as the newest good copy
     os.replace(tmp, path)
-    _fsync_directory(path.parent)
+    fsync_dir(path.parent)
 
 
 def _write_synced(path: Path, data: bytes) -> None:
@@ -232,15 +233,6 @@ def _write_synced(path: Path, data: bytes) -> None:
             if n <= 0:
                 raise OSError(f"write to {path} wrote {n} bytes with {len(view)} to go")
             view = view[n:]
-        fileops.OPS.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the renames in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
         fileops.OPS.fsync(fd)
     finally:
         os.close(fd)

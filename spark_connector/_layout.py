@@ -18,16 +18,14 @@ tests alike.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from commitlog import OFF_STORE_TS, ConnectorError, load_json, read_boundary_index
+from commitlog import OFF_STORE_TS, ConnectorError, load_json, read_boundary_index, read_json
 
 ENTRY_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("tag", "<u8")])  # as consumequeue writes them
 
@@ -61,16 +59,6 @@ class LogLayout:
             if seg.base <= offset:
                 return seg
         raise LayoutError(f"{self.source}: offset {offset} is before the first segment (retention removed it)")
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except ValueError as e:
-        raise LayoutError(f"{path}: not valid JSON ({e})") from None
-    return value if isinstance(value, dict) else None
 
 
 def _segment_files(log_dir: Path) -> list[tuple[int, Path]]:
@@ -107,7 +95,7 @@ def local_layout(data_dir: str | Path) -> LogLayout:
         why = "; ".join(loaded.problems) or "open the store once so that it records what is durable"
         raise LayoutError(f"{root}: no usable checkpoint ({why})")
     end = min(int(cp["log_durable"]), int(cp["dispatched"]))
-    topics_doc = _read_json(root / "topics.json") or {}
+    topics_doc = read_json(root / "topics.json") or {}  # checked, or its previous generation
     topics = {str(k): int(v) for k, v in dict(topics_doc.get("topics", {})).items()}
     segments = []
     for base, path in _segment_files(root / "commitlog"):

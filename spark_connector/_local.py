@@ -73,21 +73,6 @@ class LocalStore:
     def read(self, seg_base: int, offset: int, n: int) -> bytes:
         return os.pread(self._fd(seg_base), n, offset - seg_base)
 
-    def queue_records(self, topic: str, qid: int, lo: int, hi: int, end_offset: int) -> Iterator[bytes]:
-        """The records of queue offsets ``[lo, hi)`` back to back, in runs of contiguous bytes."""
-        _first, entries = self.index.entries(topic, qid, lo, hi)
-        live = entries[(entries["size"] > 0) & (entries["offset"] >= self.layout.min_offset)]
-        live = live[live["offset"] + live["size"] <= end_offset]
-        offs, sizes = live["offset"].astype(np.int64), live["size"].astype(np.int64)
-        out = bytearray()
-        for a, b in _runs(offs, sizes):
-            out += self.read(self.layout.segment_at(a).base, a, b - a)
-            if len(out) >= READ_RUN_BYTES:
-                yield bytes(out)
-                out = bytearray()
-        if out:
-            yield bytes(out)
-
     def index_windows(self, pieces: Sequence[tuple[str, int, int, int]], end_offset: int,
                       fail_on_lost: bool = True) -> Iterator[tuple[bytes, np.ndarray, int, str]]:  # fmt: skip
         """The records of many queues' ranges merged in log order: ``(bytes, record starts
@@ -150,19 +135,3 @@ def _windows(offs: np.ndarray, ends: np.ndarray, seg: np.ndarray) -> Iterator[tu
         piece = (offs[i:j] - offs[i]) // READ_RUN_BYTES
         cuts = (np.flatnonzero(np.diff(piece)) + 1 + i).tolist()
         yield from zip([i] + cuts, cuts + [j])
-
-
-def _runs(offs: np.ndarray, sizes: np.ndarray) -> Iterator[tuple[int, int]]:
-    """Byte ranges covering the records, merging records that lie back to back."""
-    if not len(offs):
-        return
-    ends = offs + sizes
-    breaks = np.flatnonzero(offs[1:] != ends[:-1]) + 1
-    firsts = np.concatenate(([0], breaks))
-    lasts = np.concatenate((breaks - 1, [len(offs) - 1]))
-    for i, j in zip(firsts.tolist(), lasts.tolist()):
-        # within a run, cut every READ_RUN_BYTES at a record start
-        piece = (offs[i : j + 1] - offs[i]) // READ_RUN_BYTES
-        cuts = np.flatnonzero(np.diff(piece)) + 1 + i
-        for a, b in zip(np.concatenate(([i], cuts)).tolist(), np.concatenate((cuts - 1, [j])).tolist()):
-            yield int(offs[a]), int(ends[b])

@@ -17,17 +17,13 @@ No pyspark at import: the command line reads manifests before it starts Spark.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
+from commitlog import write_atomic
 
-from commitlog import gather_fields, walk_records, write_atomic
-
-from ._layout import LayoutError
 from ._options import OptionError, ReadOptions, parse_options
 from ._plan import QueueSource, Selection, select, selected_ranges
 
@@ -35,8 +31,6 @@ MANIFEST_NAME = "_clmq_manifest.json"  # a leading "_": Spark leaves it out when
 MANIFEST_KIND = "clmq-export-manifest"
 MANIFEST_VERSION = 1
 MANIFEST_MAX_BYTES = 64 << 20  # a manifest is a few bytes per queue; anything larger is not one
-SETTLE_TIMEOUT_S = 30.0  # network mode: how long to wait for the broker to fsync the snapshot's last records
-SETTLE_POLL_S = 0.05  # ... and how often to ask meanwhile
 _REPLACED = ("startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp", "startingoffsetsbytimestamp",
              "endingoffsetsbytimestamp", "topics", "topic", "topicpattern", "queues")  # fmt: skip
 
@@ -268,8 +262,12 @@ def _resolve_one(opts: ReadOptions, src: QueueSource, previous: dict[str, Any] |
         carried = {t: {q: (e, e) for q, (_s, e) in per.items() if q not in queues.get(t, {})}
                    for t, per in before.items()}  # fmt: skip
         carried = {t: per for t, per in carried.items() if per}
-    if opts.network and src.layout.storage_mode == "commitlog":
-        _settle(src, queues, opts)
+    settle = getattr(src, "ensure_readable", None)  # a broker: its snapshot may lag its queues' ends
+    if settle is not None:
+        for t, per in queues.items():
+            for q, (start, end) in per.items():
+                if end > start:
+                    settle(t, q, end, opts.timeout_ms)
     planned = sum(e - s for per in queues.values() for s, e in per.values())
     return Snapshot(source, sel.topics, queues, planned, since, carried)
 
@@ -306,39 +304,3 @@ def _continue(queues: Ranges, before: Ranges, src: QueueSource, since: str | Non
 
 
 # ----------------------------------------------------------------------- network mode
-def _settle(src: Any, queues: Ranges, opts: ReadOptions) -> None:
-    """A broker's queue ends count records dispatched but perhaps not yet fsynced (async
-    flush), which its snapshot (``GET_LOG_LAYOUT``) leaves out until they are. Wait until
-    that snapshot covers the last record of every range, so the reader reads each in full."""
-    from ._wire import NO_END, RemoteStore
-
-    need = 0
-    for t, per in queues.items():
-        for q, (start, end) in per.items():
-            if end > start:
-                for body in src.queue_records(t, q, end - 1, end, NO_END):
-                    need = max(need, _last_record_offset(body) + 1)
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while True:
-        probe = RemoteStore(src.layout.source, opts.timeout_ms)
-        try:
-            have = probe.layout.end_offset
-        finally:
-            probe.close()
-        if have >= need:
-            return
-        if time.monotonic() > deadline:
-            raise LayoutError(
-                f"broker {src.layout.source}: its durable end stayed at {have} for "
-                f"{SETTLE_TIMEOUT_S:.0f} s, below the queues' last record at {need - 1}; is it flushing?"
-            )
-        time.sleep(SETTLE_POLL_S)  # the broker fsyncs every flush_interval_ms: nothing to wait on over the wire
-
-
-def _last_record_offset(body: bytes) -> int:
-    """The commit-log offset of the last record in ``body`` (-1 if none)."""
-    walk = walk_records(body)
-    if not walk.runs:
-        return -1
-    offs = gather_fields(np.frombuffer(body, np.uint8), walk, ["commitlog_offset"])["commitlog_offset"]
-    return int(offs[-1])

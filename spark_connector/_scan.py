@@ -15,7 +15,7 @@ import os
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator, Protocol, cast
 
 import crc32c as _crc32c
 import numpy as np
@@ -33,6 +33,7 @@ from commitlog import (
 )  # fmt: skip
 
 from ._arrow import build_batch
+from ._local import LocalStore
 from ._plan import IndexSplit, ScanSplit, Selection
 
 log = logging.getLogger("clmq.spark")
@@ -45,8 +46,13 @@ class ByteSource(Protocol):
 
     def read(self, seg_base: int, offset: int, n: int) -> bytes: ...  # fewer bytes only at the data's end
     def where(self, seg_base: int) -> str: ...
-    def queue_records(self, topic: str, qid: int, lo: int, hi: int, end_offset: int) -> Iterator[bytes]: ...
     def close(self) -> None: ...
+
+
+class PullSource(ByteSource, Protocol):
+    """A broker: the index path pulls its queues (a data directory reads them in log order)."""
+
+    def queue_records(self, topic: str, qid: int, lo: int, hi: int, end_offset: int) -> Iterator[bytes]: ...
 
 
 @dataclass
@@ -246,13 +252,14 @@ def _past_damage(data: bytes, stop: int, pos: int, src: ByteSource, emitter: Emi
 
 # ------------------------------------------------------------------- index path
 def read_index_split(split: IndexSplit, src: ByteSource, emitter: Emitter) -> Iterator[pa.RecordBatch]:
-    windows = getattr(src, "index_windows", None)
-    if windows is not None:  # a data directory: every queue of the task merged in log order
-        for data, starts, base, where in windows(split.pieces, split.end_offset, emitter.spec.fail_on_data_loss):
+    if isinstance(src, LocalStore):  # a data directory: every queue of the task merged in log order
+        strict = emitter.spec.fail_on_data_loss
+        for data, starts, base, where in src.index_windows(split.pieces, split.end_offset, strict):
             yield from emitter.parse(data, starts, base, where)
         return
-    for topic, qid, lo, hi in split.pieces:  # a broker: pulls, queue by queue
-        for data in src.queue_records(topic, qid, lo, hi, split.end_offset):
+    pulls = cast(PullSource, src)  # a broker: pulls, queue by queue
+    for topic, qid, lo, hi in split.pieces:
+        for data in pulls.queue_records(topic, qid, lo, hi, split.end_offset):
             walk = walk_records(data)
             if walk.reason != "end" or walk.stop != len(data):
                 where = f"{src.where(-1)} queue {topic}/{qid}"
