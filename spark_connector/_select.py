@@ -53,9 +53,6 @@ class Selection:
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict)  # "source|topic/qid" -> [lo, hi)
     all_queues: bool = True  # every queue of every selected topic, no offset bounds
 
-    def queue_count(self) -> int:
-        return sum(len(q) for q in self.queues.values())
-
 
 def resolve_topics(opts: ReadOptions, available: dict[str, int], where: str) -> tuple[str, ...]:
     """The selected topics, in the order named (then by name); an unknown one is an error."""

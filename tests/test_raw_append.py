@@ -289,6 +289,7 @@ def test_a_bit_flipped_anywhere_is_refused_as_before(chunk: Chunk, table: dict[Q
 @HYP
 @given(whole_chunks(), tables, st.data())
 def test_a_wrong_embedded_offset_is_refused_as_before(chunk: Chunk, table: dict[QueueKey, int], data: st.DataObject) -> None:
+    assume(chunk.records)  # a chunk can be a lone blank marker (drawn about 1 run in 100)
     p = data.draw(st.sampled_from(chunk.records), label="record")
     found = _u64(chunk.data, p + OFF_COMMITLOG_OFFSET)
     wrong = data.draw(st.integers(0, 2**64 - 1).filter(lambda v: v != found), label="offset")
