@@ -10,6 +10,7 @@ import itertools
 import secrets
 import time
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import trio
@@ -21,6 +22,7 @@ from protocol.transport import RpcClient, background_nursery
 from ._accumulator import Accumulator
 from ._routes import MessageQueue, NoRouteError, Routes
 from ._send_batch import AccumulatorSettings, Batch
+from ._scheduled import due_ms, send_scheduled
 from ._send_encode import PLAIN_CHECKED, UNIQ_KEY_CHARS, encode_one, encode_plain
 from ._send_future import (
     UNIQ_KEY,
@@ -99,14 +101,25 @@ class Producer:
 
     async def send(self, topic: str, body: bytes, *, tags: str = "", keys: str = "",
                    properties: Mapping[str, str] | None = None, sharding_key: str | None = None,
-                   selector: QueueSelector | None = None) -> SendResult:  # fmt: skip
-        """Send one message; returns where it was stored (:meth:`submit`, then wait)."""
+                   selector: QueueSelector | None = None, delay_ms: float | None = None,
+                   deliver_at: int | datetime | None = None) -> SendResult:  # fmt: skip
+        """Send one message; returns where it was stored (:meth:`submit`, then wait).
+
+        ``delay_ms`` or ``deliver_at`` (epoch ms, or an aware datetime) schedule it: the
+        broker stores it now and delivers it into the queue picked now once, at that
+        time (within ``timer_tick_ms``), across broker restarts; the result's message
+        id is then the scheduled copy's, for :meth:`Admin.cancel_message`."""
+        due = due_ms(delay_ms, deliver_at)
+        if due is not None:
+            msg, _uniq, _plain = self._message(topic, body, tags, keys, properties)
+            return await send_scheduled(self, topic, [msg], due, sharding_key, selector)
         fut = await self.submit(topic, body, tags=tags, keys=keys, properties=properties, sharding_key=sharding_key,
                                 selector=selector)  # fmt: skip
         return await fut.wait()
 
     async def send_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
-                         selector: QueueSelector | None = None) -> SendResult:  # fmt: skip
+                         selector: QueueSelector | None = None, delay_ms: float | None = None,
+                         deliver_at: int | datetime | None = None) -> SendResult:  # fmt: skip
         """Send messages as one batch to one queue (in order, stored together). The
         producer sets the messages' ``queue_id`` to the queue it picks, and gives each
         message without one a unique id, the property ``UNIQ_KEY``.
@@ -121,7 +134,16 @@ class Producer:
         a first try that was in fact stored instead of storing it twice (within the
         broker's ``dedup_window_ms``). NOT_LEADER naming the new leader is retried there
         at once. A send that fails for good raises :class:`SendError` whose ``code`` is
-        the last broker's error code (e.g. NOT_ENOUGH_REPLICAS)."""
+        the last broker's error code (e.g. NOT_ENOUGH_REPLICAS). ``delay_ms`` /
+        ``deliver_at``: every message of the batch is scheduled (see :meth:`send`)."""
+        due = due_ms(delay_ms, deliver_at)
+        if due is not None:
+            msgs = [m if isinstance(m, Message) else Message(topic, 0, m) for m in messages]
+            if not msgs:
+                raise ValueError("send_batch needs at least one message")
+            if self.unique_ids:
+                self._identify(msgs)
+            return await send_scheduled(self, topic, msgs, due, sharding_key, selector)
         fut = await self.submit_batch(topic, messages, sharding_key=sharding_key, selector=selector)
         return await fut.wait()
 

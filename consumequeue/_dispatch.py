@@ -25,9 +25,11 @@ from commitlog import HEADER_SIZE, OFF_QUEUE_ID, OFF_TOPIC_LEN, CommitLog, gathe
 
 from ._queue import ENTRY_DTYPE
 from ._set import Arrivals, ConsumeQueueSet
+from ._system import TIMER_TOPIC, timer_tag_code
 
 log = logging.getLogger("clmq.dispatch")
 
+_TIMER_RAW = TIMER_TOPIC.encode()
 _FIELDS = ["total_size", "commitlog_offset", "queue_offset", "queue_id", "topic_len", "tags_len"]
 SMALL_ROUND = 48  # rounds of at most this many records are parsed without numpy
 _SMALL_HEAD = struct.Struct("<I8xQQI")  # total size, (magic, crc), commit-log offset, queue offset, queue id
@@ -122,6 +124,9 @@ class Dispatcher:
         entries["size"] = heads["total_size"]
         entries["tag"] = np.array([self._tag_code(t) for t in tags], dtype=np.uint64)[tag_idx]
         topic_ids = np.array([self._topic_id(t) for t in topics], dtype=np.uint64)[topic_idx]
+        if _TIMER_RAW in topics:  # scheduled messages: the tag code is the delivery time
+            timer = np.nonzero(topic_ids == self._topic_id(_TIMER_RAW))[0]
+            entries["tag"][timer] = [timer_tag_code(tags[i]) for i in tag_idx[timer].tolist()]
         codes = (topic_ids << np.uint64(32)) | heads["queue_id"].astype(np.uint64)
         return (codes, heads["queue_offset"].astype(np.int64), entries), consumed
 
@@ -133,9 +138,10 @@ class Dispatcher:
             size, cl_off, q_off, qid = _SMALL_HEAD.unpack_from(data, p)
             tl, gl = _SMALL_LENS.unpack_from(data, p + OFF_TOPIC_LEN)
             t = p + HEADER_SIZE
-            codes.append(self._topic_id(bytes(data[t : t + tl])) << 32 | qid)
+            topic, tag = bytes(data[t : t + tl]), bytes(data[t + tl : t + tl + gl])
+            codes.append(self._topic_id(topic) << 32 | qid)
             qoffs.append(q_off)
-            rows.append((cl_off, size, self._tag_code(bytes(data[t + tl : t + tl + gl]))))
+            rows.append((cl_off, size, timer_tag_code(tag) if topic == _TIMER_RAW else self._tag_code(tag)))
         return (np.array(codes, dtype=np.uint64), np.array(qoffs, dtype=np.int64), np.array(rows, dtype=ENTRY_DTYPE))
 
     def _tag_code(self, raw: bytes) -> int:

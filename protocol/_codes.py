@@ -20,7 +20,15 @@ SEND_MESSAGE           topic, dedup (bool, optional); body: a message batch (``e
                        the batch (by the messages' UNIQ_KEY property, within
                        dedup_window_ms / dedup_max_messages) the answer carries the
                        offsets found and duplicate: true, and nothing is appended.
-                       NOT_LEADER answers carry leader_addr when it is known
+                       NOT_LEADER answers carry leader_addr when it is known.
+                       Scheduled messages: a batch to topic ``%TIMER%`` whose every
+                       message carries DELIVER_AT_MS (epoch ms), REAL_TOPIC, REAL_QID
+                       and REAL_TAGS properties and, as tags, its DELIVER_AT_MS
+                       digits; the broker checks them (INVALID_MESSAGE naming the
+                       message; TOPIC_NOT_FOUND for a real topic it lacks; a time past
+                       timer_max_delay_ms) and its timer delivers each once, at its
+                       time, into the real queue. msg_ids then name the scheduled
+                       copies: CANCEL_MESSAGE takes them
 PULL_MESSAGE           topic, queue_id, offset, max_messages, max_wait_ms,
                        tags (list or absent), group (for lag accounting)
                        -> status, next_offset, min_offset, max_offset, count,
@@ -66,7 +74,33 @@ CREATE_TOPIC           topic, queue_count -> queue_count; also grows a topic's q
                        count (INVALID_TOPIC for fewer queues than it has: queues
                        cannot be removed, their messages would be stranded)
 DELETE_TOPIC           topic -> (nothing)
-LIST_TOPICS            -> topics: {name: queue_count}
+LIST_TOPICS            include_system (bool, optional) -> topics: {name: queue_count}
+                       (system topics, named ``%...``: ``%TIMER%``, ``%RETRY%group``,
+                       ``%DLQ%group``, only with include_system)
+CONSUMER_SEND_BACK     group, messages: [[commitlog_offset, delay_ms], ...],
+                       max_reconsume_times (optional, default the broker's),
+                       to_dlq (bool, optional: straight to the dead letters, for
+                       orderly consumers that gave up in place)
+                       -> results: [[destination ("retry" | "dlq"),
+                       reconsume_times, deliver_at_ms (0 for dlq)], ...]. The group
+                       failed on each record: the broker copies it (the attempt
+                       count, the record header's reconsume_times, plus one) to
+                       ``%RETRY%group`` through the timer, due after delay_ms (-1:
+                       the group's back-off for that attempt), or to ``%DLQ%group``
+                       once the count passes max_reconsume_times. The original topic,
+                       queue and offset travel as properties (ORIGIN_*).
+                       NOT_FOUND: no record at an offset (its whole request fails,
+                       nothing is copied)
+LOCK_QUEUES            group, client_id, queues: [[topic, queue_id], ...]
+                       -> locked: [[topic, queue_id], ...] (those this client now
+                       holds, each for lock_lease_ms from now), lease_ms. Orderly
+                       consumers: a queue is processed only by the member holding
+                       its lock; a held lock is renewed by asking again
+UNLOCK_QUEUES          group, client_id, queues -> (nothing): releases those held
+CANCEL_MESSAGE         commitlog_offset (a scheduled message's id names it)
+                       -> state ("cancelled" | "already_cancelled" | "too_late":
+                       delivered or due within timer_cancel_margin_ms), deliver_at_ms.
+                       NOT_FOUND: no scheduled message there
 DESCRIBE_TOPIC         topic -> queue_count, queues: [{queue_id, min_offset, max_offset,
                        size_bytes}] (size_bytes: the records a queue holds, summed from
                        its index; -1 past describe_size_max_entries messages, or in
@@ -172,11 +206,15 @@ class RequestCode(enum.IntEnum):
     LIST_GROUPS = 43
     DESCRIBE_GROUP = 44
     DELETE_GROUP = 45
+    CONSUMER_SEND_BACK = 46
+    LOCK_QUEUES = 47
+    UNLOCK_QUEUES = 48
     CREATE_TOPIC = 50
     DELETE_TOPIC = 51
     LIST_TOPICS = 52
     DESCRIBE_TOPIC = 53
     GET_MESSAGE = 54
+    CANCEL_MESSAGE = 55
     BROKER_INFO = 60
     GET_LOG_LAYOUT = 70
     READ_LOG = 71
@@ -323,7 +361,14 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
     RequestCode.DELETE_GROUP: {"group": (GROUP, True)},
     RequestCode.CREATE_TOPIC: {"topic": (TOPIC, True), "queue_count": (_int(1, MAX_QUEUE_ID), True)},
     RequestCode.DELETE_TOPIC: {"topic": (TOPIC, True)},
-    RequestCode.LIST_TOPICS: {},
+    RequestCode.LIST_TOPICS: {"include_system": (_bool, False)},
+    RequestCode.CONSUMER_SEND_BACK: {"group": (GROUP, True), "messages": (_rows(OFFSET, _int(-1), shape="[commitlog_offset, delay_ms]"), True),
+                                     "max_reconsume_times": (_int(0, 1000), False), "to_dlq": (_bool, False)},
+    RequestCode.LOCK_QUEUES: {"group": (GROUP, True), "client_id": (_str, True),
+                              "queues": (_rows(TOPIC, QUEUE_ID, shape="[topic, queue_id]"), True)},
+    RequestCode.UNLOCK_QUEUES: {"group": (GROUP, True), "client_id": (_str, True),
+                                "queues": (_rows(TOPIC, QUEUE_ID, shape="[topic, queue_id]"), True)},
+    RequestCode.CANCEL_MESSAGE: {"commitlog_offset": (OFFSET, True)},
     RequestCode.DESCRIBE_TOPIC: {"topic": (TOPIC, True)},
     RequestCode.GET_MESSAGE: {"commitlog_offset": (OFFSET, True)},
     RequestCode.BROKER_INFO: {},

@@ -61,6 +61,7 @@ class Broker:
                                      connections=lambda: self.rpc.connections, replica=self.replica,
                                      metadata=self.metadata)  # fmt: skip
         self.handlers = Handlers(self.context)
+        self.metadata.timer = self.handlers.timer
         table = {**self.handlers.table(), **{code: checked(h) for code, h in self.replica.handlers().items()}}
         self.rpc = RpcServer(f"broker {config.broker_name}", table, max_frame_bytes=config.max_frame_bytes,
                              idle_timeout_ms=config.idle_timeout_ms,
@@ -237,6 +238,7 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
                 broker.metrics_port = await nursery.start(serve_http, config.metrics_host or config.listen_host,
                                                           config.metrics_port, metrics_route(broker.metrics), "broker metrics")  # fmt: skip
             nursery.start_soon(broker.replica.run, broker.client)
+            nursery.start_soon(broker.handlers.timer.run)
             if broker.coordinator is not None:
                 await nursery.start(broker.coordinator.run)
             log.info("broker %s/%d listening on %s (%s, %s flush, %s, epoch %d)", config.broker_name, config.broker_id,

@@ -13,6 +13,10 @@ from broker.store import STORAGE_MODES, StoreConfig
 from commitlog import CommitLogConfig, FlushMode, GiB, MiB
 from protocol.transport import ServerLimits
 
+# RocketMQ's default delay levels from level 3 (its retries start there): 10 s ... 2 h.
+DEFAULT_RETRY_DELAYS_MS = tuple(s * 1000 for s in (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800,
+                                                     3600, 7200))  # fmt: skip
+
 
 @dataclass
 class BrokerConfig:
@@ -91,6 +95,16 @@ class BrokerConfig:
     metrics_port: int = -1  # -1: no metrics port; 0: any free port
     metrics_host: str = ""  # "": the listen host
     describe_size_max_entries: int = 1_000_000  # DESCRIBE_TOPIC sums a queue's bytes up to this many messages (else -1)
+    # Redelivery (docs/consuming.md): retries, dead letters, scheduled messages, orderly locks.
+    # A group's back-off per attempt (RocketMQ's delay levels from 10 s); a consumer may send its own.
+    retry_delays_ms: list[int] = field(default_factory=lambda: list(DEFAULT_RETRY_DELAYS_MS))
+    max_reconsume_times: int = 16  # attempts after the first before a message goes to %DLQ%group (a consumer may send its own)
+    timer_max_delay_ms: int = 7 * 24 * 3600 * 1000  # a scheduled message due later than this is refused
+    timer_tick_ms: int = 100  # how often the timer looks for due messages (its precision)
+    timer_checkpoint_interval_ms: int = 1000  # what the timer delivered is recorded this often (after a log flush)
+    timer_deliver_batch_messages: int = 1024  # due messages appended per store call
+    timer_cancel_margin_ms: int = 2000  # a message due sooner than this can no longer be cancelled
+    lock_lease_ms: int = 30_000  # an orderly consumer's queue lock lasts this long unless renewed
 
     def __post_init__(self) -> None:
         if self.flush_mode not in {m.value for m in FlushMode}:
@@ -118,9 +132,19 @@ class BrokerConfig:
             "cold_read_memory_queues",
             "cold_read_distance_bytes",
             "describe_size_max_entries",
+            "timer_tick_ms",
+            "timer_checkpoint_interval_ms",
+            "timer_deliver_batch_messages",
+            "timer_max_delay_ms",
+            "lock_lease_ms",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+        if not self.retry_delays_ms or any(type(d) is not int or d < 0 for d in self.retry_delays_ms):
+            raise ValueError(f"retry_delays_ms must be a non-empty list of milliseconds >= 0, got {self.retry_delays_ms!r}")
+        if not 0 <= self.max_reconsume_times <= 1000:
+            raise ValueError(f"max_reconsume_times must be in 0..1000, got {self.max_reconsume_times}")
 
     def replication_config(self) -> ReplicationConfig:
         """The broker's replication settings."""

@@ -16,15 +16,20 @@ import trio
 
 from broker.store import GetStatus, RawRead, StorageEngine
 from commitlog import CorruptRecordError
+from consumequeue import is_system_topic
 from protocol import MAX_QUEUE_ID, ErrorCode, Frame, RequestCode
 from protocol.transport import Handler, Peer, Reply, RequestError, checked, need
 
 from ._admin_requests import AdminRequests
 from ._context import BrokerContext, now_ms
 from ._fetch import WIRE_STATUS, Fetch, ReadThreads, Visibility, optional, suggest_follower
+from ._locks import LockRequests
 from ._log_reads import LogReads
 from ._metrics import status_fields
 from ._produce import Produce
+from ._scheduled import ScheduledRequests
+from ._sendback import SendBack
+from ._timer import Timer
 
 # A look-up of thousands of queues yields to other clients every this many rows: a
 # checkpoint per row cost more than the row (about 2 us) and let every other request
@@ -43,7 +48,10 @@ class Handlers:
         # read (a page fault, a busy disk) holds up the pulls that wait for a thread, never
         # the event loop that serves every connection.
         self._readers = ReadThreads(context.config.pull_read_threads)
-        self.produce = Produce(context, self._readers)
+        self.timer = Timer(context)
+        self.scheduled = ScheduledRequests(context, self.timer)
+        self.produce = Produce(context, self._readers, self.scheduled)
+        self.locks = LockRequests(context)
         self.started = time.monotonic()  # BROKER_INFO's uptime
 
     def table(self) -> dict[int, Handler]:
@@ -65,6 +73,10 @@ class Handlers:
             RequestCode.LIST_GROUPS: self.list_groups,
             RequestCode.DESCRIBE_GROUP: self.describe_group,
             RequestCode.DELETE_GROUP: admin.delete_group,
+            RequestCode.CONSUMER_SEND_BACK: SendBack(self.b).handle,
+            RequestCode.CANCEL_MESSAGE: self.scheduled.cancel,
+            RequestCode.LOCK_QUEUES: self.locks.lock,
+            RequestCode.UNLOCK_QUEUES: self.locks.unlock,
             RequestCode.GET_MESSAGE: admin.get_message,
             RequestCode.CREATE_TOPIC: self.create_topic,
             RequestCode.DELETE_TOPIC: self.delete_topic,
@@ -200,7 +212,9 @@ class Handlers:
         return Reply()
 
     async def unregister_client(self, frame: Frame, peer: Peer) -> Reply:
-        self.b.groups.leave(need(frame.fields, "client_id", str))
+        client_id = need(frame.fields, "client_id", str)
+        self.b.groups.leave(client_id)
+        self.locks.release_client(client_id)
         return Reply()
 
     async def group_members(self, frame: Frame, peer: Peer) -> Reply:
@@ -248,7 +262,10 @@ class Handlers:
         return Reply()
 
     async def list_topics(self, frame: Frame, peer: Peer) -> Reply:
-        return Reply({"topics": self.store.topics.all()})
+        topics = self.store.topics.all()
+        if not frame.fields.get("include_system"):
+            topics = {name: count for name, count in topics.items() if not is_system_topic(name)}
+        return Reply({"topics": topics})
 
     async def describe_topic(self, frame: Frame, peer: Peer) -> Reply:
         topic = need(frame.fields, "topic", str)

@@ -10,6 +10,7 @@ import trio
 
 from broker.store import PutStatus
 from commitlog import FlushMode
+from consumequeue import TIMER_TOPIC
 from protocol import BatchError, ErrorCode, Frame, decode_batch
 from protocol.transport import Later, Peer, Reply, RequestError, need
 
@@ -17,6 +18,7 @@ from ._append import BusyError, PendingPut
 from ._context import BrokerContext, now_ms
 from ._dedup import UNIQ_KEY, DedupLimits, PartlyStored, Stored, find_stored_queues, merge_stored, wait_visible
 from ._fetch import ReadThreads
+from ._scheduled import ScheduledRequests
 
 _PUT_ERRORS = {
     PutStatus.MESSAGE_TOO_LARGE: ErrorCode.MESSAGE_TOO_LARGE,
@@ -36,8 +38,9 @@ _PUT_ERRORS = {
 class Produce:
     """SEND_MESSAGE for one broker."""
 
-    def __init__(self, context: BrokerContext, readers: ReadThreads) -> None:
+    def __init__(self, context: BrokerContext, readers: ReadThreads, scheduled: ScheduledRequests) -> None:
         self.b = context
+        self.scheduled = scheduled
         self.store = context.store
         self.config = context.config
         self._readers = readers
@@ -57,6 +60,8 @@ class Produce:
         await self.b.replica.writes_settled()  # a graceful hand-over under way: held, then answered
         if (refused := self._not_leader(topic)) is not None:
             return refused
+        if topic == TIMER_TOPIC:  # scheduled messages: checked before the timer trusts them
+            await self.scheduled.check_send(frame.body, peer)
         if dedup:
             found = await self._stored_before(topic, frame.body, peer)
             if found is not None:

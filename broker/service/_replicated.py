@@ -5,7 +5,7 @@ its followers watch); a follower makes its own metadata the leader's."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from broker.store import StorageEngine
 
@@ -13,6 +13,13 @@ from ._groups import ConsumerGroups
 from ._offsets import ConsumerOffsets
 
 log = logging.getLogger("clmq.broker")
+
+
+class TimerCheckpoints(Protocol):
+    """The timer's side (``_timer.Timer``): its last checkpoint, and a leader's, adopted."""
+
+    def checkpoint_json(self) -> dict[str, Any] | None: ...
+    def adopt_checkpoint(self, value: dict[str, Any]) -> None: ...
 
 
 class ReplicatedMetadata:
@@ -25,6 +32,7 @@ class ReplicatedMetadata:
         # Subscriptions copied from the leader: group -> (mode, topics). A promoted
         # follower lists these groups before their consumers' first heartbeat.
         self.subscriptions: dict[str, tuple[str, list[str]]] = {}
+        self.timer: TimerCheckpoints | None = None  # set by the broker
 
     def bump(self) -> None:
         """Something replicated changed (a topic, a committed offset, a subscription)."""
@@ -47,7 +55,8 @@ class ReplicatedMetadata:
         for g in self.groups.groups():
             members = self.groups.members(g)
             subs[g] = (members[0].mode, sorted({t for m in members for t in m.topics}))
-        return {"topics": self.store.topics.all(), "offsets": offsets,
+        timer = self.timer.checkpoint_json() if self.timer is not None else None
+        return {"topics": self.store.topics.all(), "offsets": offsets, "timer": timer,
                 "subscriptions": [[g, mode, topics] for g, (mode, topics) in sorted(subs.items())]}  # fmt: skip
 
     def apply(self, snapshot: dict[str, Any]) -> None:
@@ -64,6 +73,9 @@ class ReplicatedMetadata:
             if self.offsets.query(g, t, q) != o:
                 self.offsets.commit(g, t, q, o)
         self.subscriptions = {g: (mode, list(ts)) for g, mode, ts in snapshot.get("subscriptions") or []}
+        timer = snapshot.get("timer")
+        if isinstance(timer, dict) and self.timer is not None:
+            self.timer.adopt_checkpoint(timer)
         self.bump()
 
     def after_truncation(self) -> None:

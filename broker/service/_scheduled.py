@@ -1,0 +1,97 @@
+"""Scheduled messages at the door: a SEND_MESSAGE to ``%TIMER%`` is checked before it
+is stored (the timer trusts what it finds there), and CANCEL_MESSAGE."""
+
+from __future__ import annotations
+
+import trio
+
+from broker.store import Store
+from commitlog import CorruptRecordError, Message, Record
+from consumequeue import (
+    PROP_CANCEL_OF,
+    PROP_DELIVER_AT,
+    PROP_REAL_QID,
+    PROP_REAL_TAGS,
+    PROP_REAL_TOPIC,
+    TIMER_TOPIC,
+    timer_tag,
+)
+from protocol import BatchError, ErrorCode, Frame, decode_batch
+from protocol.transport import Peer, Reply, RequestError, need
+
+from ._context import BrokerContext
+from ._system_put import ensure_topic, put_messages
+from ._timer import Timer, wall_ms
+from ._timer_state import CANCEL_QUEUE, SCHEDULED_QUEUE, TIMER_QUEUES
+
+
+class ScheduledRequests:
+    def __init__(self, context: BrokerContext, timer: Timer) -> None:
+        self.b = context
+        self.timer = timer
+
+    def _store(self) -> Store:
+        store = self.b.store
+        if not isinstance(store, Store):
+            raise RequestError(ErrorCode.REQUEST_NOT_SUPPORTED, "scheduled messages live in the CommitLog: this broker "
+                                                                f"runs {self.b.config.storage_mode}")  # fmt: skip
+        return store
+
+    async def check_send(self, body: bytes, peer: Peer) -> None:
+        """Refuse a batch for ``%TIMER%`` unless every message is a well-formed
+        scheduled message for an existing queue, due within ``timer_max_delay_ms``."""
+        self._store()
+        try:
+            messages = decode_batch(body, TIMER_TOPIC, (peer.host, peer.port))
+        except BatchError as e:
+            raise RequestError(ErrorCode.MALFORMED_REQUEST, f"undecodable batch: {e}") from None
+        latest = wall_ms() + self.b.config.timer_max_delay_ms
+        for i, m in enumerate(messages):
+            self._check_one(i, m, latest)
+        await ensure_topic(self.b, TIMER_TOPIC, TIMER_QUEUES)
+
+    def _check_one(self, i: int, m: Message, latest: int) -> None:
+        props = m.properties
+        due, topic, qid = props.get(PROP_DELIVER_AT, ""), props.get(PROP_REAL_TOPIC, ""), props.get(PROP_REAL_QID, "")
+        if m.queue_id != SCHEDULED_QUEUE or not due.isdigit() or len(due) > 15 or m.tags != timer_tag(int(due)):
+            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: not a scheduled message (queue 0, "
+                                                          f"{PROP_DELIVER_AT} digits, the same as its tags)")  # fmt: skip
+        if PROP_REAL_TAGS not in props or PROP_CANCEL_OF in props:
+            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: needs {PROP_REAL_TAGS}, no {PROP_CANCEL_OF}")
+        if int(due) > latest:
+            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: due at {due}, later than timer_max_delay_ms="
+                                                          f"{self.b.config.timer_max_delay_ms} from now")  # fmt: skip
+        count = self.b.store.topics.queue_count(topic)
+        if count is None:
+            raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"message {i}: topic {topic!r} does not exist on "
+                                                          f"{self.b.config.broker_name}")  # fmt: skip
+        if not qid.isdigit() or int(qid) >= count:
+            raise RequestError(ErrorCode.INVALID_QUEUE_ID, f"message {i}: queue {qid!r} not in 0..{count - 1} of {topic!r}")
+
+    async def cancel(self, frame: Frame, peer: Peer) -> Reply:
+        """CANCEL_MESSAGE: a marker in ``%TIMER%`` queue 1, due when its target is (the
+        timer skips the target when its second comes)."""
+        offset = need(frame.fields, "commitlog_offset", int)
+        store = self._store()
+        self.b.replica.check_writable()
+        record = await trio.to_thread.run_sync(_scheduled_at, store, offset)
+        due = int(record.properties[PROP_DELIVER_AT])
+        if self.timer.is_cancelled(offset):
+            return Reply({"state": "already_cancelled", "deliver_at_ms": due})
+        if due <= wall_ms() + self.b.config.timer_cancel_margin_ms:
+            return Reply({"state": "too_late", "deliver_at_ms": due})
+        marker = Message(TIMER_TOPIC, CANCEL_QUEUE, b"", timer_tag(due), "", {PROP_CANCEL_OF: str(offset)})
+        result = await put_messages(self.b, [marker])
+        if not result.ok:
+            raise RequestError(ErrorCode.IO_ERROR, f"cancel marker not stored: {result.status.value}: {result.error}")
+        return Reply({"state": "cancelled", "deliver_at_ms": due})
+
+
+def _scheduled_at(store: Store, offset: int) -> Record:
+    try:
+        record = store.log.read_record(offset)
+    except CorruptRecordError as e:  # a made-up offset is no record
+        raise RequestError(ErrorCode.NOT_FOUND, f"no message starts at CommitLog offset {offset}: {e}") from None
+    if record is None or record.topic != TIMER_TOPIC or record.queue_id != SCHEDULED_QUEUE:
+        raise RequestError(ErrorCode.NOT_FOUND, f"no scheduled message at CommitLog offset {offset}")
+    return record

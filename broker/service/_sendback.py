@@ -1,0 +1,132 @@
+"""CONSUMER_SEND_BACK: a group failed on messages; copy each to the group's retry topic
+through the timer (due after the group's back-off), or to its dead-letter topic once
+it has failed too often. The group's committed offset on the original queue then
+moves on: one bad message never blocks its queue (RocketMQ's consumer send-back)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from broker.store import Store
+from commitlog import CorruptRecordError, Message, Record
+from consumequeue import (
+    PROP_CANCEL_OF,
+    PROP_DELIVER_AT,
+    PROP_DLQ_GROUP,
+    PROP_ORIGIN_ADDR,
+    PROP_ORIGIN_MSG_ID,
+    PROP_ORIGIN_OFFSET,
+    PROP_ORIGIN_QID,
+    PROP_ORIGIN_TOPIC,
+    PROP_REAL_QID,
+    PROP_REAL_TAGS,
+    PROP_REAL_TOPIC,
+    PROP_TIMER_SRC,
+    TIMER_TOPIC,
+    dlq_topic,
+    is_system_topic,
+    retry_topic,
+    timer_tag,
+)
+from protocol import ErrorCode, Frame
+from protocol.transport import Peer, Reply, RequestError, need
+
+from ._append import BusyError
+from ._context import BrokerContext
+from ._system_put import ensure_topic, put_messages
+from ._timer import wall_ms
+from ._timer_state import SCHEDULED_QUEUE, TIMER_QUEUES
+
+# The timer's own properties: a retried message does not carry its last trip's.
+_TRANSIENT = (PROP_DELIVER_AT, PROP_REAL_TOPIC, PROP_REAL_QID, PROP_REAL_TAGS, PROP_TIMER_SRC, PROP_CANCEL_OF)
+
+
+class SendBack:
+    def __init__(self, context: BrokerContext) -> None:
+        self.b = context
+
+    async def handle(self, frame: Frame, peer: Peer) -> Reply:
+        group = need(frame.fields, "group", str)
+        rows: list[list[int]] = need(frame.fields, "messages", list)
+        limit = frame.fields.get("max_reconsume_times")
+        limit = self.b.config.max_reconsume_times if limit is None else limit
+        to_dlq = bool(frame.fields.get("to_dlq", False))
+        if not group or is_system_topic(group):
+            raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field 'group' must name a consumer group, got {group!r}")
+        store = self.b.store
+        if not isinstance(store, Store):
+            raise RequestError(ErrorCode.REQUEST_NOT_SUPPORTED, "retries live in the CommitLog: this broker runs "
+                                                                f"{self.b.config.storage_mode}")  # fmt: skip
+        self.b.replica.check_writable()
+        records = await trio.to_thread.run_sync(_records_at, store, [r[0] for r in rows])
+        now = wall_ms()
+        messages, results = [], []
+        for record, (_offset, delay) in zip(records, rows):
+            times = record.reconsume_times + 1
+            if to_dlq or times > limit:
+                messages.append(self._dead_letter(group, record, times))
+                results.append(["dlq", times, 0])
+            else:
+                due = now + (delay if delay >= 0 else self._backoff(times))
+                messages.append(self._retry(group, record, times, due))
+                results.append(["retry", times, due])
+        await self._ensure_topics(group, results)
+        try:
+            result = await put_messages(self.b, messages)
+        except BusyError as e:
+            raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
+        if not result.ok:
+            raise RequestError(ErrorCode.IO_ERROR, f"not stored: {result.status.value}: {result.error}")
+        return Reply({"results": results})
+
+    def _backoff(self, times: int) -> int:
+        delays = self.b.config.retry_delays_ms
+        return delays[min(times, len(delays)) - 1]
+
+    async def _ensure_topics(self, group: str, results: list[list[Any]]) -> None:
+        if any(r[0] == "retry" for r in results):
+            await ensure_topic(self.b, TIMER_TOPIC, TIMER_QUEUES)
+            await ensure_topic(self.b, retry_topic(group), 1)
+        if any(r[0] == "dlq" for r in results):
+            await ensure_topic(self.b, dlq_topic(group), 1)
+
+    def _origin(self, record: Record) -> dict[str, str]:
+        """The record's properties, with where it came from first (kept from the
+        first failure on, across retries)."""
+        props = {k: v for k, v in record.properties.items() if k not in _TRANSIENT}
+        if PROP_ORIGIN_TOPIC not in props:
+            props[PROP_ORIGIN_TOPIC] = record.topic
+            props[PROP_ORIGIN_QID] = str(record.queue_id)
+            props[PROP_ORIGIN_OFFSET] = str(record.queue_offset)
+            props[PROP_ORIGIN_ADDR] = self.b.addr()
+            props[PROP_ORIGIN_MSG_ID] = f"{self.b.addr()}@{record.commitlog_offset:016X}"
+        return props
+
+    def _retry(self, group: str, record: Record, times: int, due: int) -> Message:
+        props = self._origin(record)
+        props.update({PROP_DELIVER_AT: str(due), PROP_REAL_TOPIC: retry_topic(group), PROP_REAL_QID: "0",
+                      PROP_REAL_TAGS: record.tags})  # fmt: skip
+        return Message(TIMER_TOPIC, SCHEDULED_QUEUE, record.body, timer_tag(due), record.keys, props, record.flags,
+                       record.born_timestamp_ms, record.born_host, times)  # fmt: skip
+
+    def _dead_letter(self, group: str, record: Record, times: int) -> Message:
+        props = self._origin(record)
+        props[PROP_DLQ_GROUP] = group
+        return Message(dlq_topic(group), 0, record.body, record.tags, record.keys, props, record.flags,
+                       record.born_timestamp_ms, record.born_host, times)  # fmt: skip
+
+
+def _records_at(store: Store, offsets: list[int]) -> list[Record]:
+    """The records at these commit-log offsets; NOT_FOUND naming the first that is none."""
+    out = []
+    for offset in offsets:
+        try:
+            record = store.log.read_record(offset)
+        except CorruptRecordError as e:
+            raise RequestError(ErrorCode.NOT_FOUND, f"no message starts at CommitLog offset {offset}: {e}") from None
+        if record is None:
+            raise RequestError(ErrorCode.NOT_FOUND, f"CommitLog offset {offset} is not in the log (retention?)")
+        out.append(record)
+    return out

@@ -1,0 +1,285 @@
+"""The broker's timer: scheduled messages (delayed sends, retries) delivered once each,
+at their time, into their real queues. See ``_timer_state`` for what is durable and
+why a crash or a fail-over delivers nothing twice, and ``_timer_wheel`` for the wheel.
+
+One task, on the leader only (a follower's log gets the deliveries by replication):
+every ``timer_tick_ms`` it reads the ``%TIMER%`` entries written since its last look
+into the wheel (or, due this second or earlier, straight into ``current``: a heap by
+due time), moves the wheel's second into ``current`` when it begins, and delivers
+what is due from ``current`` in batches through the append lane. Every batch starts
+with a snapshot of how far delivery is done (``done_ms``, the log's end): the next
+checkpoint saves the latest, after a flush.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import trio
+
+from broker.store import PutStatus, Store
+from commitlog import Message, Record
+from consumequeue import PROP_REAL_QID, PROP_REAL_TAGS, PROP_REAL_TOPIC, PROP_TIMER_SRC, TIMER_TOPIC
+from protocol.transport import RequestError
+
+from ._append import BusyError
+from ._context import BrokerContext
+from ._system_put import put_messages
+from ._timer_state import (
+    CANCEL_QUEUE,
+    SCHEDULED_QUEUE,
+    Rebuilt,
+    TimerCheckpoint,
+    load_checkpoint,
+    read_cancels,
+    read_entries,
+    real,
+    rebuild,
+    save_checkpoint,
+)
+
+log = logging.getLogger("clmq.timer")
+
+WINDOW_MARGIN_S = 3600  # the wheel spans timer_max_delay_ms and this much more
+Due = tuple[int, int, int, int]  # due ms, queue offset, commit-log offset, size
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class TimerStats:
+    delivered: int = 0
+    cancelled: int = 0
+    undeliverable: int = 0  # real topic or queue gone
+    last_lateness_ms: list[int] = field(default_factory=list)  # of the last batch
+
+
+class Timer:
+    """Use :meth:`run` as a task of the broker's nursery."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.store: Store | None = ctx.store if isinstance(ctx.store, Store) else None
+        self.state: Rebuilt | None = None
+        self.current: list[Due] = []  # heap: due now or this second
+        self.snapshot = TimerCheckpoint()
+        self.saved = TimerCheckpoint()
+        self.stats = TimerStats()
+        self._last_save = 0.0
+        self.window_s = self.config.timer_max_delay_ms // 1000 + WINDOW_MARGIN_S
+
+    @property
+    def pending(self) -> int:
+        """Scheduled messages not yet delivered (-1: this broker's timer is not running)."""
+        if self.state is None:
+            return -1
+        return self.state.wheel.pending + len(self.state.wheel.overflow) + len(self.current)
+
+    def is_cancelled(self, commitlog_offset: int) -> bool:
+        return self.state is not None and commitlog_offset in self.state.cancelled
+
+    async def run(self) -> None:
+        if self.store is None:
+            return  # partition-per-file mode: SEND_MESSAGE to %TIMER% is refused there
+        while True:
+            await trio.sleep(self.config.timer_tick_ms / 1000)
+            try:
+                self.ctx.replica.check_writable()
+            except RequestError:
+                self._stand_down()
+                continue
+            if self.state is None:
+                await self._start()
+            try:
+                await self._tick()
+            except BusyError as e:
+                log.warning("timer: deliveries wait: %s", e)
+
+    def _stand_down(self) -> None:
+        if self.state is not None:
+            log.info("timer: not the leader: delivery stops (the new leader's timer goes on)")
+        self.state, self.current = None, []
+
+    async def _start(self) -> None:
+        store = self.store
+        assert store is not None
+        cp = await trio.to_thread.run_sync(load_checkpoint, store)
+        self.state = await trio.to_thread.run_sync(rebuild, store, cp, self.window_s, wall_ms() // 1000)
+        self.current = []
+        self.snapshot = self.saved = cp
+
+    async def _tick(self) -> None:
+        await trio.to_thread.run_sync(self._enqueue)
+        while True:
+            batch = await trio.to_thread.run_sync(self._due, wall_ms())
+            delivered = bool(batch) and await self._deliver(batch)
+            if time.monotonic() - self._last_save >= self.config.timer_checkpoint_interval_ms / 1000:
+                await self._save()
+            if not delivered:
+                break
+
+    # ------------------------------------------------------------- enqueue
+    def _enqueue(self) -> None:
+        """Read the entries written since the last look (in a thread)."""
+        state, store = self.state, self.store
+        assert state is not None and store is not None
+        wheel = state.wheel
+        while True:
+            first, entries = read_entries(store, SCHEDULED_QUEUE, state.enqueued)
+            if not len(entries):
+                break
+            keep = real(entries)
+            offsets = np.arange(first, first + len(entries))[keep].tolist()
+            kept = entries[keep]
+            for q, off, size, due in zip(offsets, kept["offset"].tolist(), kept["size"].tolist(), kept["tag"].tolist()):
+                if due // 1000 < wheel.next_second:
+                    heapq.heappush(self.current, (due, q, off, size))
+                else:
+                    wheel.add(q, due // 1000)
+            state.enqueued = first + len(entries)
+        cancelled, state.cancels_read = read_cancels(store, state.cancels_read, -1)
+        state.cancelled |= cancelled
+
+    # ------------------------------------------------------------- due
+    def _due(self, now: int) -> list[Due]:
+        """Up to ``timer_deliver_batch_messages`` messages due at ``now``, in due order
+        (in a thread); first a snapshot of how far delivery is done."""
+        state = self.state
+        assert state is not None
+        self._fill(now)
+        nxt = self.current[0][0] if self.current else state.wheel.next_second * 1000
+        done = nxt - 1
+        if done > self.snapshot.done_ms:
+            assert self.store is not None
+            self.snapshot = TimerCheckpoint(done, self.store.log.write_offset, state.enqueued)
+        batch: list[Due] = []
+        limit = self.config.timer_deliver_batch_messages
+        while self.current and self.current[0][0] <= now and len(batch) < limit:
+            batch.append(heapq.heappop(self.current))
+        return batch
+
+    def _fill(self, now: int) -> None:
+        """Move the wheel's seconds that have begun into ``current``."""
+        state, store = self.state, self.store
+        assert state is not None and store is not None
+        wheel, now_s = state.wheel, now // 1000
+        while wheel.next_second <= now_s:
+            wheel.skip_empty(now_s)
+            offsets = wheel.take()
+            for due in _entries_at(store, offsets):
+                heapq.heappush(self.current, due)
+
+    # ------------------------------------------------------------- deliver
+    async def _deliver(self, batch: list[Due]) -> bool:
+        """Append the batch's messages to their real queues; False (and the batch back in
+        ``current``) if the store refused: tried again next tick."""
+        state = self.state
+        assert state is not None
+        todo = [d for d in batch if d[2] not in state.delivered and d[2] not in state.cancelled]
+        self.stats.cancelled += sum(1 for d in batch if d[2] in state.cancelled)
+        messages = await trio.to_thread.run_sync(self._messages, todo)
+        if messages:
+            result = await put_messages(self.ctx, messages)
+            if result.status is not PutStatus.OK and result.status is not PutStatus.FLUSH_DISK_TIMEOUT:
+                log.warning("timer: delivery of %d messages failed (%s: %s); retrying", len(messages),
+                            result.status.value, result.error)  # fmt: skip
+                for d in batch:
+                    heapq.heappush(self.current, d)
+                return False
+        now = wall_ms()
+        self.stats.delivered += len(messages)
+        self.stats.last_lateness_ms = [now - d[0] for d in todo]
+        for d in batch:
+            state.delivered.discard(d[2])
+            state.cancelled.discard(d[2])
+        return True
+
+    def _messages(self, todo: list[Due]) -> list[Message]:
+        store = self.store
+        assert store is not None
+        out = []
+        for _due, _q, off, size in todo:
+            record = store.log.read_record(off, size)
+            msg = None if record is None else self._delivery(record)
+            if msg is None:
+                self.stats.undeliverable += 1
+            else:
+                out.append(msg)
+        return out
+
+    def _delivery(self, record: Record) -> Message | None:
+        """The message the scheduled record stands for, as its real queue gets it."""
+        props = dict(record.properties)
+        topic, qid = props.pop(PROP_REAL_TOPIC, ""), props.pop(PROP_REAL_QID, "")
+        tags = props.pop(PROP_REAL_TAGS, "")
+        count = self.ctx.store.topics.queue_count(topic) if topic else None
+        if count is None or not qid.isdigit() or int(qid) >= count:
+            log.warning("timer: scheduled message at %d is for %s/%s, which does not exist: dropped",
+                        record.commitlog_offset, topic, qid)  # fmt: skip
+            return None
+        props[PROP_TIMER_SRC] = str(record.commitlog_offset)
+        return Message(topic, int(qid), record.body, tags, record.keys, props, record.flags,
+                       record.born_timestamp_ms, record.born_host, record.reconsume_times)  # fmt: skip
+
+    # ------------------------------------------------------------- checkpoint
+    def checkpoint_json(self) -> dict[str, Any] | None:
+        """The last checkpoint saved (a leader's followers adopt it)."""
+        return self.saved.to_json() if self.state is not None else None
+
+    def adopt_checkpoint(self, value: dict[str, Any]) -> None:
+        """A follower takes its leader's checkpoint (in a worker thread), once its own
+        log holds everything the checkpoint counts as delivered (``mark_offset``):
+        promoted, it then neither loses nor repeats a delivery."""
+        store = self.store
+        if store is None or self.state is not None:
+            return
+        try:
+            cp = TimerCheckpoint.from_json(value)
+        except (KeyError, TypeError, ValueError) as e:
+            log.warning("timer: the leader's checkpoint is unusable (%s); keeping ours", e)
+            return
+        if cp.mark_offset <= store.log.write_offset and cp != self.saved:
+            save_checkpoint(store, cp)
+            self.saved = cp
+
+    async def _save(self) -> None:
+        store = self.store
+        assert store is not None
+        cp = self.snapshot
+        if cp == self.saved:
+            self._last_save = time.monotonic()
+            return
+        await trio.to_thread.run_sync(store.flush)  # nothing the checkpoint claims may be lost
+        await trio.to_thread.run_sync(save_checkpoint, store, cp)
+        self.saved = cp
+        self._last_save = time.monotonic()
+        self.ctx.metadata.bump()
+
+
+def _entries_at(store: Store, offsets: list[int]) -> list[Due]:
+    """The entries of queue 0 at ``offsets`` (ascending runs read together)."""
+    out: list[Due] = []
+    i = 0
+    offsets = sorted(offsets)
+    while i < len(offsets):
+        j = i + 1
+        while j < len(offsets) and offsets[j] - offsets[i] < 4096:
+            j += 1
+        first, entries = read_entries(store, SCHEDULED_QUEUE, offsets[i], offsets[j - 1] - offsets[i] + 1)
+        for q in offsets[i:j]:
+            off, size, due = entries[q - first].tolist() if 0 <= q - first < len(entries) else (0, 0, 0)
+            if size:
+                out.append((due, q, off, size))
+        i = j
+    return out
+
+
+__all__ = ["CANCEL_QUEUE", "TIMER_TOPIC", "Timer"]

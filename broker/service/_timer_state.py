@@ -1,0 +1,173 @@
+"""The timer's durable state and its rebuild at start (or promotion).
+
+Everything the timer knows is in the CommitLog: scheduled messages (``%TIMER%``
+queue 0, the entry's tag code is the due time), cancel markers (queue 1, the same),
+and what it delivered (each delivered message carries ``TIMER_SRC``, its scheduled
+record's commit-log offset). The checkpoint (``timer/checkpoint.json``, a checked file
+with its previous generation) only says how far that is done, so that a start does not
+read the whole log:
+
+- ``done_ms``: every scheduled message due at or before it, among queue offsets below
+  ``enqueued``, is delivered (or cancelled);
+- ``mark_offset``: the log's end when ``done_ms`` was last moved: whatever the timer
+  delivered since is above it, and a start finds it by reading the log from there for
+  ``TIMER_SRC`` (at most a checkpoint interval of writes): those are not delivered again;
+- ``enqueued``: queue 0's offset the timer had read up to. An entry above it may be
+  due before ``done_ms`` (it came late): it is delivered at once after a start.
+
+The log is flushed before a checkpoint is written, so a checkpoint never claims a
+delivery the disk may lose. Exactly once, across crashes, follows.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from broker.store import MetadataSource, Store, load_json, write_json
+from commitlog import decode_record, walk_records
+from consumequeue import ENTRY_DTYPE, HOLE_TAG, PROP_CANCEL_OF, PROP_TIMER_SRC, START_TAG, TIMER_TOPIC
+
+from ._timer_wheel import TimerWheel
+
+log = logging.getLogger("clmq.timer")
+
+SCHEDULED_QUEUE = 0  # %TIMER% queue of scheduled messages
+CANCEL_QUEUE = 1  # %TIMER% queue of cancel markers
+TIMER_QUEUES = 2
+READ_ENTRIES = 65_536  # queue entries read per step
+SCAN_BYTES = 4 << 20  # log bytes read per step when looking for deliveries after the mark
+_MARKER = PROP_TIMER_SRC.encode()
+
+
+@dataclass
+class TimerCheckpoint:
+    done_ms: int = -1
+    mark_offset: int = 0
+    enqueued: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": 1, **asdict(self)}
+
+    @staticmethod
+    def from_json(value: dict[str, Any]) -> TimerCheckpoint:
+        if value.get("version") != 1:
+            raise ValueError(f"version {value.get('version')!r}, expected 1")
+        return TimerCheckpoint(int(value["done_ms"]), int(value["mark_offset"]), int(value["enqueued"]))
+
+
+def checkpoint_path(store: Store) -> Path:
+    return store.directory / "timer" / "checkpoint.json"
+
+
+def load_checkpoint(store: Store) -> TimerCheckpoint:
+    """The saved checkpoint; with none (the timer never ran here), one that makes the
+    rebuild read the whole log: correct, and only slow for a store that has
+    scheduled messages and lost its checkpoint."""
+    loaded = load_json(checkpoint_path(store), validate=_problem)
+    if loaded.source in (MetadataSource.CURRENT, MetadataSource.PREVIOUS):
+        return TimerCheckpoint.from_json(loaded.value)
+    if loaded.source is MetadataSource.DAMAGED:
+        log.warning("timer: no usable checkpoint (%s); rebuilding from the whole log", loaded.describe())
+    return TimerCheckpoint(-1, store.log.min_offset, 0)
+
+
+def save_checkpoint(store: Store, cp: TimerCheckpoint) -> None:
+    path = checkpoint_path(store)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, cp.to_json())
+
+
+def _problem(value: dict[str, Any]) -> str | None:
+    try:
+        TimerCheckpoint.from_json(value)
+    except (KeyError, TypeError, ValueError) as e:
+        return f"not a timer checkpoint ({type(e).__name__}: {e})"
+    return None
+
+
+def read_entries(store: Store, queue_id: int, start: int, limit: int = READ_ENTRIES) -> tuple[int, np.ndarray]:
+    """Entries of ``%TIMER%`` queue ``queue_id`` from ``start`` (raised to the first
+    held): ``(first offset, entries)``."""
+    if not store.queue_exists(TIMER_TOPIC, queue_id):
+        return start, np.empty(0, dtype=ENTRY_DTYPE)
+    first, raw = store.queues.queue(TIMER_TOPIC, queue_id).read(start, limit)
+    entries: np.ndarray = np.frombuffer(raw, dtype=ENTRY_DTYPE)
+    return first, entries
+
+
+def real(entries: np.ndarray) -> np.ndarray:
+    """A mask of the entries that point at records (not holes or start markers)."""
+    tags = entries["tag"]
+    mask: np.ndarray = (entries["size"] > 0) & (tags != HOLE_TAG) & (tags != START_TAG)
+    return mask
+
+
+@dataclass
+class Rebuilt:
+    wheel: TimerWheel
+    enqueued: int  # queue 0's next offset to read
+    cancels_read: int  # queue 1's next offset to read
+    cancelled: set[int]  # commit-log offsets of scheduled records cancelled and not yet due
+    delivered: set[int]  # commit-log offsets of scheduled records delivered after the mark
+
+
+def rebuild(store: Store, cp: TimerCheckpoint, window_s: int, now_s: int) -> Rebuilt:
+    """The wheel and sets as the checkpoint and the log say (runs in a thread). The
+    wheel starts at the current second: what fell due while the broker was down (or a
+    follower) is delivered at once."""
+    wheel = TimerWheel(window_s, max(cp.done_ms // 1000, now_s))
+    nxt = cp.enqueued
+    at = 0
+    while True:
+        first, entries = read_entries(store, SCHEDULED_QUEUE, at)
+        if not len(entries):
+            break
+        offsets = np.arange(first, first + len(entries))
+        keep = real(entries) & ((offsets >= cp.enqueued) | (entries["tag"].astype(np.int64) > cp.done_ms))
+        for q, due in zip(offsets[keep].tolist(), entries["tag"][keep].tolist()):
+            wheel.add(q, due // 1000)
+        at = nxt = first + len(entries)
+    cancelled, cancels_read = read_cancels(store, 0, cp.done_ms)
+    delivered = delivered_since(store, cp.mark_offset)
+    log.info("timer: %d scheduled messages pending, %d cancelled, %d delivered after the checkpoint",
+             wheel.pending + len(wheel.overflow), len(cancelled), len(delivered))  # fmt: skip
+    return Rebuilt(wheel, nxt, cancels_read, cancelled, delivered)
+
+
+def read_cancels(store: Store, start: int, after_ms: int) -> tuple[set[int], int]:
+    """The scheduled records cancelled by markers from ``start`` on, due after
+    ``after_ms``; and the cancel queue's next offset."""
+    cancelled: set[int] = set()
+    at = start
+    while True:
+        first, entries = read_entries(store, CANCEL_QUEUE, at)
+        if not len(entries):
+            return cancelled, at
+        keep = real(entries) & (entries["tag"].astype(np.int64) > after_ms)
+        for off, size in zip(entries["offset"][keep].tolist(), entries["size"][keep].tolist()):
+            record = store.log.read_record(off, size)
+            if record is not None and record.properties.get(PROP_CANCEL_OF, "").isdigit():
+                cancelled.add(int(record.properties[PROP_CANCEL_OF]))
+        at = first + len(entries)
+
+
+def delivered_since(store: Store, mark: int) -> set[int]:
+    """``TIMER_SRC`` of every record in the log from ``mark`` to its end."""
+    found: set[int] = set()
+    at, end = max(mark, store.log.min_offset), store.log.write_offset
+    chunk = max(SCAN_BYTES, 2 * store.log.config.max_message_bytes)
+    while at < end:
+        at, data = store.log.map_chunk(at, chunk, end)
+        walk = walk_records(data, 0, store.log.config.max_message_bytes)
+        if bytes(data).find(_MARKER) >= 0:
+            for p in walk.starts.tolist():
+                src = decode_record(data, p).properties.get(PROP_TIMER_SRC, "")
+                if src.isdigit():
+                    found.add(int(src))
+        at = at + walk.stop if walk.reason != "blank" and walk.stop > 0 else store.log.next_segment_base(at)
+    return found

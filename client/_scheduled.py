@@ -1,0 +1,80 @@
+"""Scheduled (delayed) sends: a message due later is sent to its broker's ``%TIMER%``
+topic, with its real topic, queue and tags as properties and its due time as tags
+(the wire contract: SEND_MESSAGE in ``protocol/_codes.py``); the broker's timer
+delivers it once, at its time, into the queue chosen here. Its message id names the
+scheduled copy: :meth:`client.Admin.cancel_message` cancels it until shortly before
+it is due."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import TYPE_CHECKING, Sequence
+
+import trio
+
+from commitlog import Message
+from consumequeue import PROP_DELIVER_AT, PROP_REAL_QID, PROP_REAL_TAGS, PROP_REAL_TOPIC, TIMER_TOPIC, timer_tag
+from protocol import encode_batch
+from protocol.transport import ConnectionFailed, RpcError
+
+from ._routes import MessageQueue
+from ._send_future import SendError, SendResult
+from ._send_tries import AMBIGUOUS, RETRIABLE, QueueSelector
+
+if TYPE_CHECKING:
+    from ._producer import Producer
+
+
+def due_ms(delay_ms: int | float | None, deliver_at: int | dt.datetime | None) -> int | None:
+    """The due time in epoch ms of a send given ``delay_ms`` or ``deliver_at`` (epoch ms
+    or an aware datetime); None for neither. Both is a ValueError."""
+    if delay_ms is not None and deliver_at is not None:
+        raise ValueError("give delay_ms or deliver_at, not both")
+    if delay_ms is not None:
+        if isinstance(delay_ms, bool) or not isinstance(delay_ms, (int, float)) or delay_ms < 0:
+            raise ValueError(f"delay_ms must be a number of milliseconds >= 0, got {delay_ms!r}")
+        return int(time.time() * 1000 + delay_ms)
+    if isinstance(deliver_at, dt.datetime):
+        if deliver_at.tzinfo is None:
+            raise ValueError("deliver_at must be an aware datetime (with tzinfo) or epoch milliseconds")
+        return int(deliver_at.timestamp() * 1000)
+    if deliver_at is not None and (isinstance(deliver_at, bool) or not isinstance(deliver_at, int) or deliver_at < 0):
+        raise ValueError(f"deliver_at must be epoch milliseconds or a datetime, got {deliver_at!r}")
+    return deliver_at
+
+
+def scheduled(m: Message, real: MessageQueue, due: int) -> Message:
+    """``m`` as the scheduled message for queue ``real`` at ``due``."""
+    props = {**m.properties, PROP_DELIVER_AT: str(due), PROP_REAL_TOPIC: real.topic, PROP_REAL_QID: str(real.queue_id),
+             PROP_REAL_TAGS: m.tags}  # fmt: skip
+    return Message(TIMER_TOPIC, 0, m.body, timer_tag(due), m.keys, props, m.flags, m.born_timestamp_ms, m.born_host,
+                   m.reconsume_times)  # fmt: skip
+
+
+async def send_scheduled(producer: Producer, topic: str, msgs: Sequence[Message], due: int,
+                         sharding_key: str | None, selector: QueueSelector | None) -> SendResult:  # fmt: skip
+    """Send ``msgs`` as one batch due at ``due``: to the queue picked as for a plain send,
+    retried (routes refreshed) on a retriable error within the producer's retries, with
+    ``dedup`` after an unknown outcome. The result's queue is the real one; its offsets
+    and message ids are the scheduled copies'."""
+    born = int(time.time() * 1000)
+    for m in msgs:
+        m.born_timestamp_ms = m.born_timestamp_ms or born
+    dedup, last = False, None
+    for attempt in range(producer.retries + 1):
+        real = await producer.targets.pick(topic, msgs[0], sharding_key, selector, refresh=attempt > 0)
+        body = encode_batch([scheduled(m, real, due) for m in msgs])
+        timer = MessageQueue(TIMER_TOPIC, real.broker_name, 0, real.addr)
+        try:
+            got = await producer.send_to(timer, body, len(msgs), dedup=dedup)
+            return SendResult(real, got.queue_offsets, got.commitlog_offsets, got.durable, got.flush_timeout,
+                              got.duplicate)  # fmt: skip
+        except (RpcError, ConnectionFailed, trio.TooSlowError) as e:
+            code = e.code if isinstance(e, RpcError) else None
+            if code is not None and code not in RETRIABLE:
+                raise SendError(f"scheduled send to {topic} refused by {real.addr}: {e}", code) from None
+            last = e
+            dedup = dedup or code is None or code in AMBIGUOUS
+        await trio.sleep(min(producer.policy.retry_backoff_ms * 2**attempt, producer.policy.retry_backoff_max_ms) / 1000)
+    raise SendError(f"scheduled send to {topic} failed after {producer.retries + 1} tries: {last}")

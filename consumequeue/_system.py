@@ -1,0 +1,65 @@
+"""System topics and the message properties that route messages through them.
+
+Names start with ``%`` (RocketMQ's convention), which is a legal topic character, so a
+system topic is an ordinary topic of the one CommitLog: replicated, retained and
+recovered like any other. ``LIST_TOPICS`` hides them unless asked.
+
+- ``%TIMER%`` (one queue): scheduled messages waiting for their time. Each record's
+  tags field holds its delivery time in epoch milliseconds as decimal digits, and the
+  dispatcher stores that *number* as the consume-queue entry's tag code (RocketMQ does
+  the same for its schedule topic), so the broker's timer builds its wheel from the
+  20-byte entries alone, never reading a record until it is due.
+  The real topic, queue id and tags travel as properties (``REAL_*``).
+- ``%RETRY%<group>`` (one queue): messages the group failed on, redelivered to that
+  group only; the original topic is property ``ORIGIN_TOPIC``.
+- ``%DLQ%<group>`` (one queue): messages the group failed on ``max_reconsume_times``
+  times; nothing consumes them unless someone asks.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+TIMER_TOPIC: Final = "%TIMER%"
+RETRY_PREFIX: Final = "%RETRY%"
+DLQ_PREFIX: Final = "%DLQ%"
+SYSTEM_PREFIX: Final = "%"
+
+# Properties of a scheduled message (set by the producer, checked by the broker).
+PROP_DELIVER_AT: Final = "DELIVER_AT_MS"  # epoch ms, decimal: when to deliver
+PROP_REAL_TOPIC: Final = "REAL_TOPIC"  # where to deliver
+PROP_REAL_QID: Final = "REAL_QID"  # the queue there (decimal)
+PROP_REAL_TAGS: Final = "REAL_TAGS"  # the message's own tags (the timer record's tags hold the time)
+PROP_CANCEL_OF: Final = "CANCEL_OF"  # a cancel marker: the commit-log offset of the timer record it cancels
+# Properties the broker sets on what the timer delivers, and on retries.
+PROP_TIMER_SRC: Final = "TIMER_SRC"  # on a delivered message: its timer record's commit-log offset
+PROP_ORIGIN_TOPIC: Final = "ORIGIN_TOPIC"  # on a retry / dead letter: the topic it was first sent to
+PROP_ORIGIN_QID: Final = "ORIGIN_QID"
+PROP_ORIGIN_OFFSET: Final = "ORIGIN_QUEUE_OFFSET"
+PROP_ORIGIN_MSG_ID: Final = "ORIGIN_MSG_ID"  # the first message's id (broker address + commit-log offset)
+PROP_ORIGIN_ADDR: Final = "ORIGIN_ADDR"  # the broker that stored the first message
+PROP_DLQ_GROUP: Final = "DLQ_GROUP"  # on a dead letter: the group that gave up on it
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_PREFIX + group
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic.startswith(SYSTEM_PREFIX)
+
+
+def timer_tag(deliver_at_ms: int) -> str:
+    """The tags of a ``%TIMER%`` record: its delivery time, which the dispatcher turns
+    into the entry's tag code (:func:`timer_tag_code`)."""
+    return str(deliver_at_ms)
+
+
+def timer_tag_code(raw: bytes) -> int:
+    """A ``%TIMER%`` record's tag code: the delivery time its tags hold (0 if they do
+    not hold one: the broker refuses such records, so only a damaged log has them)."""
+    return int(raw) if raw.isdigit() and len(raw) <= 15 else 0
