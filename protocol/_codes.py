@@ -111,7 +111,11 @@ GET_MESSAGE            commitlog_offset -> (nothing); body: the record stored at
                        retention removed it); REQUEST_NOT_SUPPORTED in
                        partition-per-file mode
 BROKER_INFO            -> name, addr, storage_mode, flush_mode, end_offset, ...,
-                       healthy (bool), failure (why not, "" if healthy)
+                       healthy (bool), failure (why not, "" if healthy); timer_pending
+                       (scheduled messages not yet delivered, -1 where the timer
+                       does not run: a follower, partition-per-file), timer_delivered,
+                       timer_cancelled, timer_undeliverable (since start),
+                       timer_memory_bytes
 GET_LOG_LAYOUT         -> min_offset, end_offset (durable, dispatched and confirmed),
                        segments: [[base, data_end, [record starts...]], ...],
                        topics: {name: queue_count}, message_count, storage_mode

@@ -20,12 +20,12 @@ import itertools
 import logging
 import math
 from collections import deque
-from typing import Callable
+from typing import Callable, Sequence
 
 import trio
 
 from broker.store import PutResult, PutStatus, StorageEngine
-from commitlog import Host, PackedMessages, ServiceError
+from commitlog import Host, Message, PackedMessages, ServiceError
 
 _BAD_INPUT = {PutStatus.MESSAGE_TOO_LARGE, PutStatus.INVALID_MESSAGE, PutStatus.INVALID_TOPIC, PutStatus.UNKNOWN_TOPIC,
               PutStatus.INVALID_QUEUE_ID, PutStatus.MALFORMED_BATCH}  # fmt: skip
@@ -43,11 +43,14 @@ class PendingPut:
     Event) is made only when someone waits on it: most puts are answered through
     :meth:`add_done_callback`, and an Event per request costs as much as its answer."""
 
-    __slots__ = ("_event", "body", "born_host", "callbacks", "finished", "result", "topic")
+    __slots__ = ("_event", "body", "born_host", "callbacks", "finished", "messages", "result", "topic")
 
-    def __init__(self, topic: str, body: bytes, born_host: Host) -> None:
+    def __init__(self, topic: str, body: bytes, born_host: Host, messages: Sequence[Message] | None = None) -> None:
         self.topic = topic
         self.body = body
+        # The broker's own appends (timer deliveries, retries): message objects, which
+        # keep what a producer's packed batch cannot carry (reconsume_times, born hosts).
+        self.messages = messages
         self.born_host = born_host
         self.result: PutResult | None = None
         self.finished = False
@@ -102,12 +105,14 @@ class AppendLane:
     def queued_bytes(self) -> int:
         return self._queued_bytes
 
-    def submit(self, topic: str, body: bytes, born_host: Host) -> PendingPut:
-        """Queue a request (synchronous, so callers keep their order); raises BusyError."""
+    def submit(self, topic: str, body: bytes, born_host: Host, messages: Sequence[Message] | None = None) -> PendingPut:
+        """Queue a request (synchronous, so callers keep their order); raises BusyError.
+        ``messages``: the broker's own, as objects (``body`` is then their encoding, for
+        the byte count)."""
         if self._queued_bytes and self._queued_bytes + len(body) > self.max_inflight_bytes:
             raise BusyError(f"broker busy: {self._queued_bytes:,} bytes waiting to be stored, "
                             f"max_inflight_produce_bytes={self.max_inflight_bytes:,}; retry later")  # fmt: skip
-        put = PendingPut(topic, body, born_host)
+        put = PendingPut(topic, body, born_host, messages)
         self._queue.append(put)
         self._queued_bytes += len(body)
         self._wakeup.set()
@@ -154,6 +159,11 @@ class AppendLane:
     def _append_group(self, group: list[PendingPut]) -> None:
         """Append every request's messages together (in a worker thread, or on the event
         loop for a small group)."""
+        if any(put.messages is not None for put in group):  # rare: the broker's own appends, each alone
+            for put in group:
+                put.result = (self.store.put_batch(put.messages, wait_durable=False) if put.messages is not None else
+                              self.store.put_packed([PackedMessages(put.topic, put.body, put.born_host)], wait_durable=False))  # fmt: skip
+            return
         batches = [PackedMessages(put.topic, put.body, put.born_host) for put in group]
         result = self.store.put_packed(batches, wait_durable=False)
         if result.status in _BAD_INPUT and len(group) > 1:  # someone's bad messages: each on its own

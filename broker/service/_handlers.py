@@ -294,7 +294,13 @@ class Handlers:
                       "connections": self.b.connections(), "topics": len(self.store.topics.all()),
                       "healthy": self.store.failure is None, "failure": health_text(self.store),
                       "broker_id": c.broker_id, "role": self.b.replica.role, "epoch": self.b.replica.epoch,
-                      **status_fields(self.b, self.started)})  # fmt: skip
+                      **self.timer_fields(), **status_fields(self.b, self.started)})  # fmt: skip
+
+    def timer_fields(self) -> dict[str, int]:
+        """BROKER_INFO's view of the timer (pending -1: not running here, e.g. a follower)."""
+        t = self.timer
+        return {"timer_pending": t.pending, "timer_delivered": t.stats.delivered, "timer_cancelled": t.stats.cancelled,
+                "timer_undeliverable": t.stats.undeliverable, "timer_memory_bytes": t.memory_bytes()}  # fmt: skip
 
 
 def health_text(store: StorageEngine) -> str:

@@ -9,7 +9,7 @@ from typing import Sequence
 import trio
 
 from broker.store import PutResult, PutStatus
-from commitlog import Host, Message
+from commitlog import Message
 from protocol import encode_batch
 
 from ._context import BrokerContext
@@ -26,16 +26,11 @@ async def ensure_topic(ctx: BrokerContext, topic: str, queue_count: int) -> None
 
 
 async def put_messages(ctx: BrokerContext, messages: Sequence[Message]) -> PutResult:
-    """Append ``messages`` through the lane, one request per (topic, born host) run in
-    order; the first result that is not OK, else the last (raises BusyError if the
-    lane is full)."""
-    runs: list[tuple[str, Host, list[Message]]] = []
-    for m in messages:
-        if runs and runs[-1][0] == m.topic and runs[-1][1] == m.born_host:
-            runs[-1][2].append(m)
-        else:
-            runs.append((m.topic, m.born_host, [m]))
-    puts = [ctx.lane.submit(topic, encode_batch(msgs), host) for topic, host, msgs in runs]
+    """Append ``messages`` through the lane (as objects: their attempt counts and born
+    hosts kept), in one request; its result (raises BusyError if the lane is full)."""
+    if not messages:
+        return PutResult(PutStatus.OK)
+    puts = [ctx.lane.submit(messages[0].topic, encode_batch(messages), messages[0].born_host, messages)]
     result = PutResult(PutStatus.OK)
     for put in puts:
         await put.done.wait()

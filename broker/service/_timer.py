@@ -83,6 +83,13 @@ class Timer:
             return -1
         return self.state.wheel.pending + len(self.state.wheel.overflow) + len(self.current)
 
+    def memory_bytes(self) -> int:
+        """What the timer holds in memory: the wheel, the current second, the sets."""
+        if self.state is None:
+            return 0
+        s = self.state
+        return s.wheel.memory_bytes() + 80 * len(self.current) + 64 * (len(s.cancelled) + len(s.delivered))
+
     def is_cancelled(self, commitlog_offset: int) -> bool:
         return self.state is not None and commitlog_offset in self.state.cancelled
 

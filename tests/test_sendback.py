@@ -1,0 +1,116 @@
+"""CONSUMER_SEND_BACK on a real broker: retries through the timer with the group's
+back-off, the attempt count carried along, dead letters after max_reconsume_times."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from client import Record, open_admin, open_producer
+from consumequeue import PROP_DELIVER_AT, PROP_DLQ_GROUP, PROP_ORIGIN_MSG_ID, PROP_ORIGIN_TOPIC, dlq_topic, retry_topic
+from protocol import ErrorCode, RequestCode, decode_records
+from protocol.transport import RpcError
+from tests.service_helpers import Cluster
+from tests.waiting import await_until
+
+SETTINGS = {"timer_tick_ms": 20, "retry_delays_ms": [200, 400], "max_reconsume_times": 2}
+
+
+async def _start(nursery: trio.Nursery, root: Path) -> tuple[Cluster, str]:
+    c = Cluster(nursery, root)
+    await c.start_nameserver()
+    broker = await c.start_broker(**SETTINGS)
+    await c.create_topic("t", 1)
+    return c, broker.addr
+
+
+async def _request(addr: str, code: int, fields: dict[str, Any]) -> Any:
+    async with open_admin(None, broker_addrs=[addr]) as admin:
+        return await admin.rpc.request(addr, code, fields)
+
+
+async def _records(addr: str, topic: str, n: int) -> list[Record]:
+    """The first ``n`` records of ``topic`` queue 0, waiting for them."""
+
+    async def pulled() -> list[Record] | None:
+        try:
+            reply = await _request(addr, RequestCode.PULL_MESSAGE, {"topic": topic, "queue_id": 0, "offset": 0,
+                                                                    "max_messages": 100, "max_wait_ms": 0})  # fmt: skip
+        except RpcError:
+            return None  # the topic does not exist yet
+        records = decode_records(reply.body)
+        return records if len(records) >= n else None
+
+    found: list[Record] = await await_until(pulled, 10, f"{n} records in {topic}")
+    return found
+
+
+async def _send_back(addr: str, record: Record, delay_ms: int = -1, **more: Any) -> list[Any]:
+    reply = await _request(addr, RequestCode.CONSUMER_SEND_BACK,
+                           {"group": "g", "messages": [[record.commitlog_offset, delay_ms]], **more})  # fmt: skip
+    results: list[Any] = reply.fields["results"]
+    return results
+
+
+async def test_retries_back_off_then_the_message_goes_to_the_dead_letters_once(nursery: trio.Nursery,
+                                                                                tmp_path: Path) -> None:  # fmt: skip
+    c, addr = await _start(nursery, tmp_path)
+    async with open_producer(c.ns) as producer:
+        await producer.send("t", b"bad", tags="x", keys="k")
+    (original,) = await _records(addr, "t", 1)
+    current, seen = original, []
+    for attempt, backoff in ((1, 200), (2, 400)):
+        t0 = int(time.time() * 1000)
+        [[where, times, due]] = await _send_back(addr, current)
+        assert (where, times) == ("retry", attempt) and t0 + backoff <= due <= int(time.time() * 1000) + backoff
+        current = (await _records(addr, retry_topic("g"), attempt))[-1]
+        seen.append(current)
+        assert current.store_timestamp_ms >= int(current.properties[PROP_DELIVER_AT])
+        assert current.store_timestamp_ms - t0 >= backoff, "redelivered before its back-off"
+    for r in seen:
+        assert r.body == b"bad" and r.tags == "x" and r.keys == "k"
+        assert r.properties[PROP_ORIGIN_TOPIC] == "t"
+        assert r.properties[PROP_ORIGIN_MSG_ID] == f"{addr}@{original.commitlog_offset:016X}"
+    assert [r.reconsume_times for r in seen] == [1, 2]
+    [[where, times, _]] = await _send_back(addr, current)  # a third failure: past max_reconsume_times=2
+    assert (where, times) == ("dlq", 3)
+    (dead,) = await _records(addr, dlq_topic("g"), 1)
+    assert dead.body == b"bad" and dead.reconsume_times == 3 and dead.properties[PROP_DLQ_GROUP] == "g"
+    assert dead.properties[PROP_ORIGIN_TOPIC] == "t"
+    await trio.sleep(0.5)  # nothing else may arrive: no second retry, no second dead letter
+    assert len(await _records(addr, dlq_topic("g"), 1)) == 1
+    assert len(await _records(addr, retry_topic("g"), 2)) == 2
+
+
+async def test_an_explicit_delay_and_straight_to_the_dead_letters(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, addr = await _start(nursery, tmp_path)
+    async with open_producer(c.ns) as producer:
+        await producer.send("t", b"a")
+        await producer.send("t", b"b")
+    a, b = await _records(addr, "t", 2)
+    [[where, _, due]] = await _send_back(addr, a, delay_ms=50)
+    assert where == "retry" and due - time.time() * 1000 <= 50
+    [[where, times, _]] = await _send_back(addr, b, to_dlq=True)
+    assert (where, times) == ("dlq", 1)
+    assert [r.body for r in await _records(addr, retry_topic("g"), 1)] == [b"a"]
+    assert [r.body for r in await _records(addr, dlq_topic("g"), 1)] == [b"b"]
+
+
+@pytest.mark.parametrize("fields", [
+    {"group": "g", "messages": [[12345, -1]]},  # no record starts there
+    {"group": "%DLQ%g", "messages": []},  # not a group
+    {"group": "g", "messages": [[0, -2]]},  # a delay below -1
+    {"group": "g", "messages": [["0", -1]]},  # a wrong type
+])  # fmt: skip
+async def test_a_bad_send_back_is_refused_and_stores_nothing(nursery: trio.Nursery, tmp_path: Path,
+                                                             fields: dict[str, Any]) -> None:  # fmt: skip
+    _c, addr = await _start(nursery, tmp_path)
+    with pytest.raises(RpcError) as e:
+        await _request(addr, RequestCode.CONSUMER_SEND_BACK, fields)
+    assert e.value.code in (ErrorCode.NOT_FOUND, ErrorCode.MALFORMED_REQUEST)
+    topics = await _request(addr, RequestCode.LIST_TOPICS, {"include_system": True})
+    assert set(topics.fields["topics"]) == {"t"}
