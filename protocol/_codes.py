@@ -115,7 +115,8 @@ BROKER_INFO            -> name, addr, storage_mode, flush_mode, end_offset, ...,
                        (scheduled messages not yet delivered, -1 where the timer
                        does not run: a follower, partition-per-file), timer_delivered,
                        timer_cancelled, timer_undeliverable (since start),
-                       timer_memory_bytes
+                       timer_memory_bytes, timer_failure (the error that stopped
+                       the timer, retried every second; "" while it works)
 GET_LOG_LAYOUT         -> min_offset, end_offset (durable, dispatched and confirmed),
                        segments: [[base, data_end, [record starts...]], ...],
                        topics: {name: queue_count}, message_count, storage_mode

@@ -180,6 +180,31 @@ async def test_system_topics_are_hidden_from_listings(nursery: trio.Nursery, tmp
     assert set(every.fields["topics"]) == {"t", TIMER_TOPIC}
 
 
+async def test_a_timer_that_cannot_save_says_so_and_still_delivers_exactly_once(nursery: trio.Nursery,
+                                                                               tmp_path: Path) -> None:  # fmt: skip
+    (tmp_path / "broker-a").mkdir()
+    (tmp_path / "broker-a" / "timer").write_text("a file where the timer's directory goes")
+    c = await _cluster(nursery, tmp_path)
+    n = 20
+    async with open_producer(c.ns) as producer:
+        for i in range(n):
+            await producer.send("t", b"%d" % i, delay_ms=100 + 100 * i)
+    addr = admin_addr(c)
+    failure = await await_until(lambda: _failure(addr), 10, "the timer to report that it cannot save")
+    assert "timer" in failure
+    got = await _receive(c, "g", n)
+    with trio.move_on_after(1.0):  # a second copy of any would come now
+        got += await _receive(c, "g", 1, timeout_s=2)
+    assert sorted(r.body for r, _ in got) == sorted(b"%d" % i for i in range(n))
+
+
+async def _failure(addr: str) -> str:
+    async with open_admin(None, broker_addrs=[addr]) as admin:
+        reply = await admin.rpc.request(addr, RequestCode.BROKER_INFO, {})
+    failure: str = reply.fields["timer_failure"]
+    return failure
+
+
 # ---------------------------------------------------------------- kill -9
 def _config(root: Path) -> Path:
     conf = root / "broker.toml"

@@ -296,10 +296,10 @@ class Handlers:
                       "broker_id": c.broker_id, "role": self.b.replica.role, "epoch": self.b.replica.epoch,
                       **self.timer_fields(), **status_fields(self.b, self.started)})  # fmt: skip
 
-    def timer_fields(self) -> dict[str, int]:
+    def timer_fields(self) -> dict[str, int | str]:
         """BROKER_INFO's view of the timer (pending -1: not running here, e.g. a follower)."""
         t = self.timer
-        return {"timer_pending": t.pending, "timer_delivered": t.stats.delivered, "timer_cancelled": t.stats.cancelled,
+        return {"timer_pending": t.pending, "timer_failure": t.failure, "timer_delivered": t.stats.delivered, "timer_cancelled": t.stats.cancelled,
                 "timer_undeliverable": t.stats.undeliverable, "timer_memory_bytes": t.memory_bytes()}  # fmt: skip
 
 

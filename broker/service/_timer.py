@@ -23,7 +23,7 @@ import numpy as np
 import trio
 
 from broker.store import PutStatus, Store
-from commitlog import Message, Record
+from commitlog import CorruptRecordError, Message, Record, StoreError
 from consumequeue import PROP_REAL_QID, PROP_REAL_TAGS, PROP_REAL_TOPIC, PROP_TIMER_SRC, TIMER_TOPIC
 from protocol.transport import RequestError
 
@@ -45,6 +45,7 @@ from ._timer_state import (
 
 log = logging.getLogger("clmq.timer")
 
+FAILURE_RETRY_S = 1.0  # after a disk or store error, the timer starts again this much later
 WINDOW_MARGIN_S = 3600  # the wheel spans timer_max_delay_ms and this much more
 Due = tuple[int, int, int, int]  # due ms, queue offset, commit-log offset, size
 
@@ -73,6 +74,7 @@ class Timer:
         self.snapshot = TimerCheckpoint()
         self.saved = TimerCheckpoint()
         self.stats = TimerStats()
+        self.failure = ""  # the last error that stopped the timer ("" while it works)
         self._last_save = 0.0
         self.window_s = self.config.timer_max_delay_ms // 1000 + WINDOW_MARGIN_S
 
@@ -103,12 +105,26 @@ class Timer:
             except RequestError:
                 self._stand_down()
                 continue
-            if self.state is None:
-                await self._start()
             try:
+                if self.state is None:
+                    await self._start()
                 await self._tick()
+                self.failure = ""
             except BusyError as e:
                 log.warning("timer: deliveries wait: %s", e)
+            except (OSError, StoreError) as e:
+                await self._failed(e)
+
+    async def _failed(self, error: BaseException) -> None:
+        """A disk or store error: said (log, BROKER_INFO's ``timer_failure``), and tried
+        again after ``FAILURE_RETRY_S`` from the last checkpoint: the rebuild finds what
+        was delivered since in the log, so nothing is delivered twice."""
+        text = f"{type(error).__name__}: {error}"
+        if text != self.failure:
+            log.error("timer: %s; retrying every %.0f s from the last checkpoint", text, FAILURE_RETRY_S)
+        self.failure = text
+        self.state, self.current = None, []
+        await trio.sleep(FAILURE_RETRY_S)
 
     def _stand_down(self) -> None:
         if self.state is not None:
@@ -214,7 +230,11 @@ class Timer:
         assert store is not None
         out = []
         for _due, _q, off, size in todo:
-            record = store.log.read_record(off, size)
+            try:
+                record = store.log.read_record(off, size)
+            except CorruptRecordError as e:  # one damaged record must not stop every other delivery
+                log.error("timer: the scheduled message at %d is damaged, not delivered: %s", off, e)
+                record = None
             msg = None if record is None else self._delivery(record)
             if msg is None:
                 self.stats.undeliverable += 1
