@@ -19,6 +19,7 @@ from consumequeue import (
     ENTRY,
     ENTRY_SIZE,
     HOLE_TAG,
+    TIMER_TOPIC,
     Arrivals,
     ConsumeQueue,
     ConsumeQueueSet,
@@ -26,6 +27,8 @@ from consumequeue import (
     FileCache,
     _dispatch,
     tag_hash,
+    timer_tag,
+    timer_tag_code,
 )
 
 from .conftest import msgs
@@ -339,3 +342,28 @@ def test_a_failed_flush_keeps_the_queue_appendable_and_loses_nothing(tmp_path: P
     cq.append(15, entries(1500, 5))  # raised BufferError while the error was alive
     cq.flush()
     assert ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4)).read(0, 20) == (0, entries(0, 15) + entries(1500, 5))
+
+
+@pytest.mark.parametrize("n", [3, 400])  # a small round (record by record) and a vectorised one
+def test_a_timer_record_s_entry_holds_its_due_time_as_the_tag_code(tmp_path: Path, n: int) -> None:
+    lg = CommitLog.open(tmp_path / "log", CommitLogConfig(), clean=False, checkpoint_offset=None)
+    queues = ConsumeQueueSet(tmp_path / "cq", 1024, 8)
+    d = Dispatcher(lg, queues, 0)
+    due = [1_795_000_000_000 + 7 * i for i in range(n)]
+    batch = []
+    for i, when in enumerate(due):
+        batch.append(Message(TIMER_TOPIC, 0, b"x", timer_tag(when)))
+        batch.append(Message("plain", 0, b"y", timer_tag(when)))  # the same tags elsewhere: a hash as ever
+    lg.append(batch)
+    d.catch_up()
+    timer, plain = queues.queue(TIMER_TOPIC, 0), queues.queue("plain", 0)
+    assert [timer.entry(i)[2] for i in range(n)] == due
+    assert [plain.entry(i)[2] for i in range(n)] == [tag_hash(timer_tag(w)) for w in due]
+    lg.close()
+
+
+@given(st.binary(max_size=20))
+def test_a_timer_tag_code_is_its_digits_or_zero(raw: bytes) -> None:
+    code = timer_tag_code(raw)
+    assert code == (int(raw) if raw.isdigit() and len(raw) <= 15 else 0)
+    assert 0 <= code < 10**15
