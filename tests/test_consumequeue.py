@@ -351,7 +351,7 @@ def test_a_timer_record_s_entry_holds_its_due_time_as_the_tag_code(tmp_path: Pat
     d = Dispatcher(lg, queues, 0)
     due = [1_795_000_000_000 + 7 * i for i in range(n)]
     batch = []
-    for i, when in enumerate(due):
+    for when in due:
         batch.append(Message(TIMER_TOPIC, 0, b"x", timer_tag(when)))
         batch.append(Message("plain", 0, b"y", timer_tag(when)))  # the same tags elsewhere: a hash as ever
     lg.append(batch)
