@@ -21,8 +21,8 @@ from protocol.transport import RpcClient, background_nursery
 
 from ._accumulator import Accumulator
 from ._routes import MessageQueue, NoRouteError, Routes
-from ._send_batch import AccumulatorSettings, Batch
 from ._scheduled import due_ms, send_scheduled
+from ._send_batch import AccumulatorSettings, Batch
 from ._send_encode import PLAIN_CHECKED, UNIQ_KEY_CHARS, encode_one, encode_plain
 from ._send_future import (
     UNIQ_KEY,
