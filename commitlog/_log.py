@@ -290,6 +290,12 @@ class CommitLog:
         """
         return self._retention.delete_expired(now)
 
+    def hold_retention(self, floor: Callable[[], int | None]) -> None:
+        """Keep every segment from the one holding ``floor()`` on, whatever its age or
+        the log's size (retention by time or bytes deletes only below it; None: no
+        floor). The broker's timer holds the scheduled messages it has yet to deliver."""
+        self._retention.floor = floor
+
     def delete_before(self, offset: int) -> int:
         """Delete the oldest whole segments that end at or below ``offset``, never the
         active one (a follower follows its leader's retention); returns how many."""

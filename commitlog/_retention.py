@@ -24,10 +24,13 @@ log = logging.getLogger("clmq.commitlog")
 class Retention:
     """Deletes segments past ``retention_ms`` or ``retention_bytes``."""
 
-    __slots__ = ("_state",)
+    __slots__ = ("_state", "floor")
 
     def __init__(self, state: LogState) -> None:
         self._state = state
+        # The lowest offset that must stay whatever its age (None: none): records
+        # someone still needs, e.g. scheduled messages not yet delivered.
+        self.floor: Callable[[], int | None] = lambda: None
 
     def delete_expired(self, now: float | None = None) -> int:
         """Delete expired segments (see :meth:`CommitLog.delete_expired`); returns how many."""
@@ -66,7 +69,10 @@ class Retention:
         config = self._state.config
         total = sum(s.size for s in segments)
         doomed = 0
+        floor = self.floor()
         for seg in segments[:-1]:
+            if floor is not None and seg.end > floor:
+                break  # it holds records still needed: kept, and every later one
             too_old = config.retention_ms is not None and (now - os.fstat(seg.fd).st_mtime) * 1000 > config.retention_ms
             too_big = config.retention_bytes is not None and total > config.retention_bytes
             if not (too_old or too_big):

@@ -205,6 +205,26 @@ async def _failure(addr: str) -> str:
     return failure
 
 
+async def test_retention_keeps_a_scheduled_message_until_it_is_delivered(nursery: trio.Nursery,
+                                                                         tmp_path: Path) -> None:  # fmt: skip
+    c = await _cluster(nursery, tmp_path, segment_bytes=64 * 1024, max_message_bytes=8 * 1024)
+    broker = next(iter(c.brokers.values()))
+    async with open_producer(c.ns) as producer:
+        await producer.send("t", b"filler")
+        scheduled = await producer.send("t", b"later", delay_ms=1500)
+        for _ in range(8):  # several segments after it
+            await producer.send_batch("t", [b"x" * 4000] * 16)
+    await await_until(lambda: broker.handlers.timer.pending == 1, 5, "the message in the timer")
+    far_future = time.time() + 10**6  # every segment is past retention_ms then
+    deleted = await trio.to_thread.run_sync(broker.store.apply_retention, far_future)
+    assert broker.store.log.min_offset <= scheduled.commitlog_offsets[0], "retention deleted a pending message"
+    assert deleted == 0  # the scheduled record is in the first segment
+    (record, _), *_ = await _receive(c, "g", 1 + 16 * 8 + 1)
+    assert record.body in (b"filler", b"later")
+    await await_until(lambda: broker.handlers.timer.pending == 0, 5, "the message delivered")
+    assert await trio.to_thread.run_sync(broker.store.apply_retention, far_future) > 0  # now it may go
+
+
 # ---------------------------------------------------------------- kill -9
 def _config(root: Path) -> Path:
     conf = root / "broker.toml"

@@ -77,6 +77,8 @@ class Timer:
         self.failure = ""  # the last error that stopped the timer ("" while it works)
         self._last_save = 0.0
         self.window_s = self.config.timer_max_delay_ms // 1000 + WINDOW_MARGIN_S
+        if self.store is not None:
+            self.store.log.hold_retention(self.retention_floor)
 
     @property
     def pending(self) -> int:
@@ -91,6 +93,24 @@ class Timer:
             return 0
         s = self.state
         return s.wheel.memory_bytes() + 80 * len(self.current) + 64 * (len(s.cancelled) + len(s.delivered))
+
+    def retention_floor(self) -> int | None:
+        """The commit-log offset retention must keep (called by the store's housekeeping
+        thread): the oldest scheduled message not yet delivered, to within a page of
+        the wheel's links; all of ``%TIMER%`` while this leader's timer is not running.
+        A scheduled message is never lost to retention, however far ahead it is due."""
+        store = self.store
+        if store is None or self.ctx.replica.role != "leader" or not store.queue_exists(TIMER_TOPIC, SCHEDULED_QUEUE):
+            return None  # a follower follows its leader's retention
+        state, current = self.state, list(self.current)
+        if state is None:
+            q = 0
+        else:
+            lows = [state.enqueued, min((due[1] for due in current), default=None), state.wheel.lowest_pending()]
+            q = min(low for low in lows if low is not None)
+        _first, entries = read_entries(store, SCHEDULED_QUEUE, q, 4096)
+        offsets = entries["offset"][real(entries)]
+        return int(offsets.min()) if len(offsets) else None
 
     def is_cancelled(self, commitlog_offset: int) -> bool:
         return self.state is not None and commitlog_offset in self.state.cancelled

@@ -97,6 +97,15 @@ class TimerWheel:
             else:
                 self.overflow.append((q, due))
 
+    def lowest_pending(self) -> int | None:
+        """A queue offset at or below every pending one (the first of the lowest page
+        with one pending, or the overflow's lowest); None if none is pending. Safe to
+        call from another thread: it only copies."""
+        pages, overflow = list(self._page_pending), list(self.overflow)
+        lows = [min(pages) * PAGE_ENTRIES] if pages else []
+        lows += [min(q for q, _ in overflow)] if overflow else []
+        return min(lows) if lows else None
+
     def memory_bytes(self) -> int:
         """Bytes the wheel holds (slots, link pages, overflow)."""
         return 8 * self.window_s + len(self._pages) * 8 * PAGE_ENTRIES + 64 * len(self.overflow)
