@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from consumequeue import is_system_topic
+
 from ._layout import LogLayout
 from ._options import EARLIEST, LATEST, OptionError, Positions, ReadOptions
 
@@ -65,11 +67,13 @@ def resolve_topics(opts: ReadOptions, available: dict[str, int], where: str) -> 
         raise OptionError(f"topic(s) {', '.join(missing)} not found in {where}; "
                           f"topics there: {', '.join(sorted(available)) or 'none'}")  # fmt: skip
     names = list(dict.fromkeys(named))
+    # The broker's own topics (%TIMER%, %RETRY%g, %DLQ%g) are read only when named.
+    user = sorted(t for t in available if not is_system_topic(t))
     if opts.topic_pattern:
         rx = re.compile(opts.topic_pattern)
-        names += [t for t in sorted(available) if rx.fullmatch(t) and t not in names]
+        names += [t for t in user if rx.fullmatch(t) and t not in names]
     if not opts.topics and not opts.topic_pattern and not by_queues:
-        names = sorted(available)
+        names = user
     outside = [t for t in by_queues if t not in names]
     if outside:
         raise OptionError(f"option queues names topic(s) {', '.join(outside)} that topics/topicPattern do not select")

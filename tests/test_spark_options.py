@@ -20,7 +20,7 @@ from spark_connector import explain
 from spark_connector._local import LocalStore
 from spark_connector._options import OptionError, parse_options
 from spark_connector._plan import IndexSplit, ScanSplit, plan
-from spark_connector._select import DataLossError, select
+from spark_connector._select import DataLossError, resolve_topics, select
 from tests.waiting import wait_until
 
 TOPICS = {"orders": 4, "audit": 3, "t1000": 8}
@@ -412,3 +412,11 @@ def test_an_end_offset_the_broker_has_not_flushed_yet_is_waited_for_not_read_sho
     finally:
         os.kill(proc.pid, signal.SIGINT)
         proc.wait(30)
+
+
+def test_the_broker_s_own_topics_are_read_only_when_named(tmp_path: Path) -> None:
+    available = {"orders": 2, "%TIMER%": 2, "%RETRY%g": 1, "%DLQ%g": 1}
+    path = {"path": str(tmp_path)}
+    assert resolve_topics(parse_options(path), available, "here") == ("orders",)
+    assert resolve_topics(parse_options({**path, "topicPattern": ".*"}), available, "here") == ("orders",)
+    assert resolve_topics(parse_options({**path, "topics": "%DLQ%g"}), available, "here") == ("%DLQ%g",)
