@@ -112,7 +112,7 @@ class Producer:
         due = due_ms(delay_ms, deliver_at)
         if due is not None:
             msg, _uniq, _plain = self._message(topic, body, tags, keys, properties)
-            return await send_scheduled(self, topic, [msg], due, sharding_key, selector)
+            return await send_scheduled(self.send_to, self.targets, self.policy, topic, [msg], due, sharding_key, selector)
         fut = await self.submit(topic, body, tags=tags, keys=keys, properties=properties, sharding_key=sharding_key,
                                 selector=selector)  # fmt: skip
         return await fut.wait()
@@ -143,7 +143,7 @@ class Producer:
                 raise ValueError("send_batch needs at least one message")
             if self.unique_ids:
                 self._identify(msgs)
-            return await send_scheduled(self, topic, msgs, due, sharding_key, selector)
+            return await send_scheduled(self.send_to, self.targets, self.policy, topic, msgs, due, sharding_key, selector)
         fut = await self.submit_batch(topic, messages, sharding_key=sharding_key, selector=selector)
         return await fut.wait()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import Awaitable, Callable, Sequence
 
 import trio
 
@@ -20,10 +20,9 @@ from protocol.transport import ConnectionFailed, RpcError
 
 from ._routes import MessageQueue
 from ._send_future import SendError, SendResult
-from ._send_tries import AMBIGUOUS, RETRIABLE, QueueSelector
+from ._send_tries import AMBIGUOUS, RETRIABLE, QueueSelector, RetryPolicy, Targets
 
-if TYPE_CHECKING:
-    from ._producer import Producer
+SendTo = Callable[..., Awaitable[SendResult]]  # Producer.send_to(mq, body, count, dedup=...)
 
 
 def due_ms(delay_ms: int | float | None, deliver_at: int | dt.datetime | None) -> int | None:
@@ -52,8 +51,8 @@ def scheduled(m: Message, real: MessageQueue, due: int) -> Message:
                    m.reconsume_times)  # fmt: skip
 
 
-async def send_scheduled(producer: Producer, topic: str, msgs: Sequence[Message], due: int,
-                         sharding_key: str | None, selector: QueueSelector | None) -> SendResult:  # fmt: skip
+async def send_scheduled(send_to: SendTo, targets: Targets, policy: RetryPolicy, topic: str, msgs: Sequence[Message],
+                         due: int, sharding_key: str | None, selector: QueueSelector | None) -> SendResult:  # fmt: skip
     """Send ``msgs`` as one batch due at ``due``: to the queue picked as for a plain send,
     retried (routes refreshed) on a retriable error within the producer's retries, with
     ``dedup`` after an unknown outcome. The result's queue is the real one; its offsets
@@ -62,12 +61,12 @@ async def send_scheduled(producer: Producer, topic: str, msgs: Sequence[Message]
     for m in msgs:
         m.born_timestamp_ms = m.born_timestamp_ms or born
     dedup, last = False, None
-    for attempt in range(producer.retries + 1):
-        real = await producer.targets.pick(topic, msgs[0], sharding_key, selector, refresh=attempt > 0)
+    for attempt in range(policy.retries + 1):
+        real = await targets.pick(topic, msgs[0], sharding_key, selector, refresh=attempt > 0)
         body = encode_batch([scheduled(m, real, due) for m in msgs])
         timer = MessageQueue(TIMER_TOPIC, real.broker_name, 0, real.addr)
         try:
-            got = await producer.send_to(timer, body, len(msgs), dedup=dedup)
+            got = await send_to(timer, body, len(msgs), dedup=dedup)
             return SendResult(real, got.queue_offsets, got.commitlog_offsets, got.durable, got.flush_timeout,
                               got.duplicate)  # fmt: skip
         except (RpcError, ConnectionFailed, trio.TooSlowError) as e:
@@ -76,5 +75,5 @@ async def send_scheduled(producer: Producer, topic: str, msgs: Sequence[Message]
                 raise SendError(f"scheduled send to {topic} refused by {real.addr}: {e}", code) from None
             last = e
             dedup = dedup or code is None or code in AMBIGUOUS
-        await trio.sleep(min(producer.policy.retry_backoff_ms * 2**attempt, producer.policy.retry_backoff_max_ms) / 1000)
-    raise SendError(f"scheduled send to {topic} failed after {producer.retries + 1} tries: {last}")
+        await trio.sleep(min(policy.retry_backoff_ms * 2**attempt, policy.retry_backoff_max_ms) / 1000)
+    raise SendError(f"scheduled send to {topic} failed after {policy.retries + 1} tries: {last}")
