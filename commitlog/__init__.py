@@ -36,7 +36,7 @@ from ._errors import (
 )  # fmt: skip
 from ._log import AppendResult, AppendStatus, CommitLog, QueueKey, ScanResult, now_ms
 from ._many import decode_records_many
-from ._packed import ITEM_SIZE, PackedMessages, PackError, pack_messages, set_queue_id, unpack_messages
+from ._packed import ITEM_SIZE, PackedMessages, PackError, pack_messages, packed_heads, set_queue_id, unpack_messages
 from ._pagecache import pages_missing, read_exactly
 from ._progress import ProgressSink, report_progress, set_progress_sink
 from ._raw import whole_prefix
@@ -165,6 +165,7 @@ __all__ = [
     "merge_ranges",
     "now_ms",
     "pack_messages",
+    "packed_heads",
     "pages_missing",
     "previous_path",
     "queue_extents",

@@ -79,6 +79,27 @@ def unpack_messages(packed: PackedMessages) -> list[Message]:
     return out
 
 
+def packed_heads(data: bytes) -> list[tuple[int, bytes, bytes]]:
+    """``(queue id, tags, properties)`` of each packed message, the rest not decoded: a
+    check of what routes a batch costs a third of :func:`unpack_messages`. Raises
+    :class:`PackError` if the batch is malformed."""
+    out: list[tuple[int, bytes, bytes]] = []
+    pos, end = 0, len(data)
+    unpack = ITEM.unpack_from
+    try:
+        while pos < end:
+            qid, _flags, _born, tl, kl, pl, bl = unpack(data, pos)
+            p = pos + ITEM_SIZE
+            pos = p + tl + kl + pl + bl
+            if pos > end:
+                raise PackError(overrun_error(p - ITEM_SIZE, pos, end))
+            q = p + tl + kl
+            out.append((qid, data[p : p + tl], data[q : q + pl]))
+    except struct.error as e:
+        raise PackError(f"undecodable message batch: {e}") from None
+    return out
+
+
 def overrun_error(start: int, stop: int, end: int) -> str:
     return f"undecodable message batch: message at byte {start} runs past the batch ({stop} > {end})"
 

@@ -168,13 +168,16 @@ def encode_properties(props: Mapping[str, str]) -> bytes:
 def decode_properties(data: bytes | memoryview) -> dict[str, str]:
     props: dict[str, str] = {}
     pos, end = 0, len(data)
+    key_len, value_len = _PROP_KEY.unpack_from, _PROP_VALUE.unpack_from
     while pos < end:
-        (klen,) = _PROP_KEY.unpack_from(data, pos)
-        key = bytes(data[pos + 2 : pos + 2 + klen]).decode()
-        pos += 2 + klen
-        (vlen,) = _PROP_VALUE.unpack_from(data, pos)
-        props[key] = bytes(data[pos + 4 : pos + 4 + vlen]).decode()
-        pos += 4 + vlen
+        (klen,) = key_len(data, pos)
+        pos += 2
+        key = str(data[pos : pos + klen], "utf-8")  # bytes or a memoryview: decoded without a copy
+        pos += klen
+        (vlen,) = value_len(data, pos)
+        pos += 4
+        props[key] = str(data[pos : pos + vlen], "utf-8")
+        pos += vlen
     if pos != end:
         raise ValueError("properties run past their length")
     return props

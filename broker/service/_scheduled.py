@@ -3,10 +3,12 @@ is stored (the timer trusts what it finds there), and CANCEL_MESSAGE."""
 
 from __future__ import annotations
 
+import struct
+
 import trio
 
 from broker.store import Store
-from commitlog import CorruptRecordError, Message, Record
+from commitlog import CorruptRecordError, Message, PackError, Record, decode_properties, packed_heads
 from consumequeue import (
     PROP_CANCEL_OF,
     PROP_DELIVER_AT,
@@ -16,7 +18,7 @@ from consumequeue import (
     TIMER_TOPIC,
     timer_tag,
 )
-from protocol import BatchError, ErrorCode, Frame, decode_batch
+from protocol import ErrorCode, Frame
 from protocol.transport import Peer, Reply, RequestError, need
 
 from ._context import BrokerContext
@@ -39,28 +41,41 @@ class ScheduledRequests:
 
     async def check_send(self, body: bytes, peer: Peer) -> None:
         """Refuse a batch for ``%TIMER%`` unless every message is a well-formed
-        scheduled message for an existing queue, due within ``timer_max_delay_ms``."""
+        scheduled message for an existing queue, due within ``timer_max_delay_ms``.
+        Only the heads are read (queue id, tags, properties), not the bodies."""
         self._store()
         try:
-            messages = decode_batch(body, TIMER_TOPIC, (peer.host, peer.port))
-        except BatchError as e:
-            raise RequestError(ErrorCode.MALFORMED_REQUEST, f"undecodable batch: {e}") from None
+            heads = packed_heads(body)
+        except PackError as e:
+            raise RequestError(ErrorCode.MALFORMED_REQUEST, str(e)) from None
         latest = wall_ms() + self.b.config.timer_max_delay_ms
-        for i, m in enumerate(messages):
-            self._check_one(i, m, latest)
-        await ensure_topic(self.b, TIMER_TOPIC, TIMER_QUEUES)
+        known: dict[tuple[str, str], None] = {}  # (topic, queue) already checked in this batch
+        for i, (qid, tags, raw_props) in enumerate(heads):
+            try:
+                props = decode_properties(raw_props)
+            except (ValueError, struct.error, UnicodeDecodeError) as e:
+                raise RequestError(ErrorCode.MALFORMED_REQUEST, f"message {i}: undecodable properties: {e}") from None
+            self._check_one(i, qid, tags, props, latest)
+            target = (props[PROP_REAL_TOPIC], props[PROP_REAL_QID])
+            if target not in known:
+                self._check_target(i, *target)
+                known[target] = None
+        if self.b.store.topics.queue_count(TIMER_TOPIC) is None:
+            await ensure_topic(self.b, TIMER_TOPIC, TIMER_QUEUES)
 
-    def _check_one(self, i: int, m: Message, latest: int) -> None:
-        props = m.properties
-        due, topic, qid = props.get(PROP_DELIVER_AT, ""), props.get(PROP_REAL_TOPIC, ""), props.get(PROP_REAL_QID, "")
-        if m.queue_id != SCHEDULED_QUEUE or not due.isdigit() or len(due) > 15 or m.tags != timer_tag(int(due)):
+    def _check_one(self, i: int, qid: int, tags: bytes, props: dict[str, str], latest: int) -> None:
+        due = props.get(PROP_DELIVER_AT, "")
+        if qid != SCHEDULED_QUEUE or not due.isdigit() or len(due) > 15 or tags != due.encode():
             raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: not a scheduled message (queue 0, "
                                                           f"{PROP_DELIVER_AT} digits, the same as its tags)")  # fmt: skip
-        if PROP_REAL_TAGS not in props or PROP_CANCEL_OF in props:
-            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: needs {PROP_REAL_TAGS}, no {PROP_CANCEL_OF}")
+        if not {PROP_REAL_TAGS, PROP_REAL_TOPIC, PROP_REAL_QID} <= props.keys() or PROP_CANCEL_OF in props:
+            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: needs {PROP_REAL_TOPIC}, {PROP_REAL_QID} "
+                                                          f"and {PROP_REAL_TAGS}, no {PROP_CANCEL_OF}")  # fmt: skip
         if int(due) > latest:
             raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: due at {due}, later than timer_max_delay_ms="
                                                           f"{self.b.config.timer_max_delay_ms} from now")  # fmt: skip
+
+    def _check_target(self, i: int, topic: str, qid: str) -> None:
         count = self.b.store.topics.queue_count(topic)
         if count is None:
             raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"message {i}: topic {topic!r} does not exist on "

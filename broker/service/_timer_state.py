@@ -121,8 +121,7 @@ def rebuild(store: Store, cp: TimerCheckpoint, window_s: int, now_s: int) -> Reb
     wheel starts at the current second: what fell due while the broker was down (or a
     follower) is delivered at once."""
     wheel = TimerWheel(window_s, max(cp.done_ms // 1000, now_s))
-    nxt = cp.enqueued
-    at = 0
+    nxt, at, lowest = cp.enqueued, 0, None
     while True:
         first, entries = read_entries(store, SCHEDULED_QUEUE, at)
         if not len(entries):
@@ -131,9 +130,14 @@ def rebuild(store: Store, cp: TimerCheckpoint, window_s: int, now_s: int) -> Reb
         keep = real(entries) & ((offsets >= cp.enqueued) | (entries["tag"].astype(np.int64) > cp.done_ms))
         for q, due in zip(offsets[keep].tolist(), entries["tag"][keep].tolist()):
             wheel.add(q, due // 1000)
+        if lowest is None and keep.any():
+            lowest = int(entries["offset"][keep][0])  # queue order is log order
         at = nxt = first + len(entries)
     cancelled, cancels_read = read_cancels(store, 0, cp.done_ms)
-    delivered = delivered_since(store, cp.mark_offset)
+    # A delivery comes after its scheduled record in the log: the look for deliveries
+    # starts at the oldest pending record if that is later than the mark (a store
+    # without a checkpoint does not read its whole log), and nothing pending, none.
+    delivered = delivered_since(store, max(cp.mark_offset, lowest)) if lowest is not None else set()
     log.info("timer: %d scheduled messages pending, %d cancelled, %d delivered after the checkpoint",
              wheel.pending + len(wheel.overflow), len(cancelled), len(delivered))  # fmt: skip
     return Rebuilt(wheel, nxt, cancels_read, cancelled, delivered)
