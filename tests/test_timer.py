@@ -94,6 +94,8 @@ async def test_delayed_messages_arrive_on_time_in_their_queue(nursery: trio.Nurs
         assert PROP_TIMER_SRC in record.properties
         if record.body.startswith(b"m"):
             assert record.tags == "T" and record.keys.startswith("k")
+    timer = next(iter(c.brokers.values())).handlers.timer
+    await await_until(lambda: timer.saved.pending_from == len(sent), 5, "a checkpoint past every delivered message")
 
 
 async def test_a_cancelled_message_is_never_delivered(nursery: trio.Nursery, tmp_path: Path) -> None:

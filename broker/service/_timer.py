@@ -103,11 +103,7 @@ class Timer:
         if store is None or self.ctx.replica.role != "leader" or not store.queue_exists(TIMER_TOPIC, SCHEDULED_QUEUE):
             return None  # a follower follows its leader's retention
         state, current = self.state, list(self.current)
-        if state is None:
-            q = 0
-        else:
-            lows = [state.enqueued, min((due[1] for due in current), default=None), state.wheel.lowest_pending()]
-            q = min(low for low in lows if low is not None)
+        q = 0 if state is None else _lowest_pending(state, current)
         _first, entries = read_entries(store, SCHEDULED_QUEUE, q, 4096)
         offsets = entries["offset"][real(entries)]
         return int(offsets.min()) if len(offsets) else None
@@ -202,7 +198,8 @@ class Timer:
         done = nxt - 1
         if done > self.snapshot.done_ms:
             assert self.store is not None
-            self.snapshot = TimerCheckpoint(done, self.store.log.write_offset, state.enqueued)
+            pending_from = _lowest_pending(state, list(self.current))
+            self.snapshot = TimerCheckpoint(done, self.store.log.write_offset, state.enqueued, pending_from)
         batch: list[Due] = []
         limit = self.config.timer_deliver_batch_messages
         while self.current and self.current[0][0] <= now and len(batch) < limit:
@@ -227,7 +224,6 @@ class Timer:
         state = self.state
         assert state is not None
         todo = [d for d in batch if d[2] not in state.delivered and d[2] not in state.cancelled]
-        self.stats.cancelled += sum(1 for d in batch if d[2] in state.cancelled)
         messages = await trio.to_thread.run_sync(self._messages, todo)
         if messages:
             result = await put_messages(self.ctx, messages)
@@ -238,6 +234,7 @@ class Timer:
                     heapq.heappush(self.current, d)
                 return False
         now = wall_ms()
+        self.stats.cancelled += sum(1 for d in batch if d[2] in state.cancelled)
         self.stats.delivered += len(messages)
         self.stats.last_lateness_ms = [now - d[0] for d in todo]
         for d in batch:
@@ -309,6 +306,13 @@ class Timer:
         self.saved = cp
         self._last_save = time.monotonic()
         self.ctx.metadata.bump()
+
+
+def _lowest_pending(state: Rebuilt, current: list[Due]) -> int:
+    """A queue-0 offset at or below every message not yet delivered: in the wheel, in
+    ``current`` (this second's), or not read yet."""
+    lows = [state.enqueued, min((d[1] for d in current), default=None), state.wheel.lowest_pending()]
+    return min(low for low in lows if low is not None)
 
 
 def _entries_at(store: Store, offsets: list[int]) -> list[Due]:

@@ -14,6 +14,8 @@ read the whole log:
   ``TIMER_SRC`` (at most a checkpoint interval of writes): those are not delivered again;
 - ``enqueued``: queue 0's offset the timer had read up to. An entry above it may be
   due before ``done_ms`` (it came late): it is delivered at once after a start.
+- ``pending_from``: queue 0 has nothing pending below it, so a start reads the queue
+  from there, not from its first retained entry.
 
 The log is flushed before a checkpoint is written, so a checkpoint never claims a
 delivery the disk may lose. Exactly once, across crashes, follows.
@@ -49,6 +51,7 @@ class TimerCheckpoint:
     done_ms: int = -1
     mark_offset: int = 0
     enqueued: int = 0
+    pending_from: int = 0  # queue 0 has nothing pending below this (a start reads from here)
 
     def to_json(self) -> dict[str, Any]:
         return {"version": 1, **asdict(self)}
@@ -57,7 +60,8 @@ class TimerCheckpoint:
     def from_json(value: dict[str, Any]) -> TimerCheckpoint:
         if value.get("version") != 1:
             raise ValueError(f"version {value.get('version')!r}, expected 1")
-        return TimerCheckpoint(int(value["done_ms"]), int(value["mark_offset"]), int(value["enqueued"]))
+        return TimerCheckpoint(int(value["done_ms"]), int(value["mark_offset"]), int(value["enqueued"]),
+                               int(value.get("pending_from", 0)))  # fmt: skip
 
 
 def checkpoint_path(store: Store) -> Path:
@@ -121,7 +125,7 @@ def rebuild(store: Store, cp: TimerCheckpoint, window_s: int, now_s: int) -> Reb
     wheel starts at the current second: what fell due while the broker was down (or a
     follower) is delivered at once."""
     wheel = TimerWheel(window_s, max(cp.done_ms // 1000, now_s))
-    nxt, at, lowest = cp.enqueued, 0, None
+    nxt, at, lowest = cp.enqueued, min(cp.pending_from, cp.enqueued), None
     while True:
         first, entries = read_entries(store, SCHEDULED_QUEUE, at)
         if not len(entries):
