@@ -15,6 +15,7 @@ from client import open_admin, open_consumer, open_producer
 from nameserver import NameServer, NameServerConfig
 from nameserver import serve as serve_nameserver
 from tests.service_helpers import Cluster
+from tests.waiting import await_until
 
 TOPIC = "metered"
 
@@ -137,3 +138,22 @@ async def test_every_metric_the_sample_grafana_dashboard_uses_is_served(nursery:
     board = json.loads((Path(__file__).parents[1] / "docs" / "grafana" / "clmq-dashboard.json").read_text())
     used = {n for p in board["panels"] for t in p["targets"] for n in re.findall(r"clmq_[a-z_]+", t["expr"])}
     assert used and used <= served, used - served
+
+
+async def test_the_timer_s_figures_are_served(nursery: trio.Nursery, tmp_path: Path) -> None:
+    cluster = Cluster(nursery, tmp_path)
+    await cluster.start_nameserver()
+    broker = await cluster.start_broker("broker-a", metrics_port=0, timer_tick_ms=20)
+    await cluster.create_topic(TOPIC, 1)
+    async with open_producer(cluster.ns) as producer:
+        await producer.send(TOPIC, b"now", delay_ms=10)
+        await producer.send(TOPIC, b"later", delay_ms=600_000)
+
+    async def scraped() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+        m = samples((await http_get(broker.metrics_port, "/metrics"))[1])
+        return m if m.get(("clmq_timer_delivered_total", ())) == 1 else None
+
+    m = await await_until(scraped, 10, "the timer's first delivery in the metrics")
+    assert m[("clmq_timer_pending_messages", ())] == 1
+    assert m[("clmq_timer_memory_bytes", ())] > 0 and m[("clmq_timer_failing", ())] == 0
+    assert m[("clmq_timer_cancelled_total", ())] == 0 and m[("clmq_timer_undeliverable_total", ())] == 0

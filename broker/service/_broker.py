@@ -69,7 +69,8 @@ class Broker:
                              serial_codes=frozenset({RequestCode.SEND_MESSAGE}), limits=config.server_limits())  # fmt: skip
         self.started = time.monotonic()
         self.metrics = CollectorRegistry(auto_describe=False)  # this broker's own: several may share a process
-        self.metrics.register(BrokerCollector(self.context, self.rpc.request_stats, lambda: self.rpc.connections))
+        self.metrics.register(BrokerCollector(self.context, self.rpc.request_stats, lambda: self.rpc.connections,
+                                              self.handlers.timer_fields))  # fmt: skip
         self.metrics_port = -1  # the port /metrics is served on, once started (-1: none)
         self._stop = trio.Event()
         self._register_wakeup = trio.Event()

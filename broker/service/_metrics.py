@@ -13,7 +13,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from importlib import metadata as importlib_metadata
-from typing import Any
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -62,8 +62,10 @@ def open_files() -> int:
 class BrokerCollector:
     """A Prometheus collector reading the broker's state when scraped."""
 
-    def __init__(self, context: BrokerContext, requests: RequestStats, connections: Any) -> None:
+    def __init__(self, context: BrokerContext, requests: RequestStats, connections: Any,
+                 timer: Callable[[], dict[str, int | str]] | None = None) -> None:  # fmt: skip
         self.c, self.requests, self.connections = context, requests, connections
+        self.timer = timer  # BROKER_INFO's timer fields
 
     def collect(self) -> Iterator[Metric]:
         yield from self._traffic()
@@ -71,6 +73,23 @@ class BrokerCollector:
         yield from self._store_metrics()
         yield from self._group_lag()
         yield from self._replication()
+        yield from self._timer()
+
+    def _timer(self) -> Iterator[Metric]:
+        if self.timer is None:
+            return
+        f = self.timer()
+        yield _gauge("clmq_timer_pending_messages", "Scheduled messages not yet delivered (-1: no timer runs here)",
+                     int(f["timer_pending"]))  # fmt: skip
+        yield _gauge(
+            "clmq_timer_memory_bytes", "Memory the timer holds (wheel, links, this second)", int(f["timer_memory_bytes"])
+        )
+        yield _gauge("clmq_timer_failing", "1 while the timer is stopped by an error (retried every second)",
+                     1 if f["timer_failure"] else 0)  # fmt: skip
+        for name, text in (("delivered", "Scheduled messages delivered since start"),
+                           ("cancelled", "Scheduled messages cancelled at their time since start"),
+                           ("undeliverable", "Scheduled messages dropped: real queue gone or record damaged")):  # fmt: skip
+            yield CounterMetricFamily(f"clmq_timer_{name}", text, value=int(f[f"timer_{name}"]))
 
     def _traffic(self) -> Iterator[Metric]:
         names = (("messages_in", "Messages stored, per topic"), ("bytes_in", "Message bytes stored, per topic"),
