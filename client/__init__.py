@@ -5,7 +5,7 @@ from commitlog import ClientError, ClmqError, Message, Record
 from protocol.transport import ConnectionFailed, RpcClient, RpcError, split_addr
 
 from ._admin import Admin, open_admin
-from ._admin_reads import KeyLookup
+from ._admin_reads import CancelResult, DeadLetter, KeyLookup, ResendResult, ResentLetter
 from ._allocate import allocate_averagely
 from ._asyncio import (
     AsyncioAdmin,
@@ -30,6 +30,7 @@ from ._producer import (
     open_producer,
     shard,
 )
+from ._redelivery import ConsumeStatus, SendBackError, SendBackResult
 from ._routes import MessageQueue, NoRouteError, ReadRouter, Routes
 
 __all__ = [
@@ -42,13 +43,16 @@ __all__ = [
     "BlockingConsumer",
     "BlockingProducer",
     "BufferFullError",
+    "CancelResult",
     "ClientClosedError",
     "ClientError",
     "ClmqError",
     "ConnectionFailed",
+    "ConsumeStatus",
     "Consumer",
     "ConsumerOptions",
     "DamagedQueueError",
+    "DeadLetter",
     "KeyLookup",
     "Message",
     "MessageQueue",
@@ -56,9 +60,13 @@ __all__ = [
     "Producer",
     "ReadRouter",
     "Record",
+    "ResendResult",
+    "ResentLetter",
     "Routes",
     "RpcClient",
     "RpcError",
+    "SendBackError",
+    "SendBackResult",
     "SendError",
     "SendFuture",
     "SendResult",

@@ -8,10 +8,24 @@ from typing import Any, AsyncIterator
 import trio
 
 from commitlog import Record
+from consumequeue import is_system_topic
 from protocol import ErrorCode, RequestCode, decode_records
 from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
-from ._admin_reads import KeyLookup, parse_msg_id, pull, scan_for_key, topic_leaders
+from ._admin_reads import (
+    CancelResult,
+    DeadLetter,
+    KeyLookup,
+    ResendResult,
+    dead_letter_counts,
+    parse_msg_id,
+    pull,
+    read_dead_letters,
+    resend_dead_letters,
+    retry_counts,
+    scan_for_key,
+    topic_leaders,
+)
 from ._allocate import allocate_averagely
 
 DEFAULT_MAX_KEY_SCAN_MESSAGES = 100_000  # a key lookup reads at most this many messages (no key index yet)
@@ -77,11 +91,13 @@ class Admin:
                 pass
         return done
 
-    async def list_topics(self) -> dict[str, dict[str, int]]:
-        """topic -> {broker name: queue count}."""
+    async def list_topics(self, *, include_system: bool = False) -> dict[str, dict[str, int]]:
+        """topic -> {broker name: queue count}; system topics (``%TIMER%``,
+        ``%RETRY%group``, ``%DLQ%group``) only with ``include_system``."""
         out: dict[str, dict[str, int]] = {}
         for b in await self.leaders():
-            topics = (await self._call(b["addr"], RequestCode.LIST_TOPICS))["topics"]
+            asked = {"include_system": True} if include_system else None
+            topics = (await self._call(b["addr"], RequestCode.LIST_TOPICS, asked))["topics"]
             for name, count in topics.items():
                 out.setdefault(name, {})[b["broker_name"]] = count
         return dict(sorted(out.items()))
@@ -96,21 +112,65 @@ class Admin:
             rows += [{"broker_name": b["broker_name"], "addr": b["addr"], **q} for q in info["queues"]]
         return rows
 
-    async def list_groups(self) -> list[str]:
+    async def list_groups(self, *, include_system: bool = False) -> list[str]:
+        """Every group with committed offsets or members; the reserved ``%...`` groups
+        (``%DLQ_RESENT%group``: dead letters resent) only with ``include_system``."""
         groups: set[str] = set()
         for b in await self.leaders():
             groups |= set((await self._call(b["addr"], RequestCode.LIST_GROUPS))["groups"])
-        return sorted(groups)
+        return sorted(g for g in groups if include_system or not is_system_topic(g))
 
     async def describe_group(self, group: str) -> dict[str, Any]:
-        """Per queue: committed offset, max offset and lag; and the members."""
-        queues, members = [], {}
+        """Per queue: committed offset, max offset and lag (``%RETRY%group`` included
+        once the group committed there); the members; and per broker (``retries``)
+        and in all, the retry backlog (messages of ``%RETRY%group`` not consumed yet)
+        and the dead letters (messages ``%DLQ%group`` holds)."""
+        queues, members, retries = [], {}, []
         for b in await self.leaders():
             info = await self._call(b["addr"], RequestCode.DESCRIBE_GROUP, {"group": group})
             queues += [{"broker_name": b["broker_name"], **q} for q in info["queues"]]
             members.update({m["client_id"]: m for m in info["members"]})
+            retries.append(await retry_counts(self, b, group))
         return {"group": group, "queues": queues, "members": sorted(members.values(), key=lambda m: m["client_id"]),
-                "lag": sum(q["lag"] for q in queues)}  # fmt: skip
+                "lag": sum(q["lag"] for q in queues), "retry_backlog": sum(r["retry_backlog"] for r in retries),
+                "dead_letters": sum(r["dead_letters"] for r in retries), "retries": retries}  # fmt: skip
+
+    async def cancel_message(self, msg_id: str) -> CancelResult:
+        """Cancel a scheduled message by the id its send returned (``host:port@HEXOFFSET``):
+        state "cancelled", "already_cancelled", "too_late" (delivered, or due within the
+        broker's ``timer_cancel_margin_ms``) or "not_found". ValueError for a malformed id."""
+        addr, offset = parse_msg_id(msg_id)
+        try:
+            got = await self._call(addr, RequestCode.CANCEL_MESSAGE, {"commitlog_offset": offset})
+        except RpcError as e:
+            if e.code == ErrorCode.NOT_FOUND:
+                return CancelResult("not_found", 0)
+            raise
+        return CancelResult(str(got["state"]), int(got.get("deliver_at_ms", 0)))
+
+    async def dead_letters(self, group: str, *, max_messages: int = 100, start: int = 0) -> list[DeadLetter]:
+        """Up to ``max_messages`` of ``group``'s dead letters (``%DLQ%group`` queue 0,
+        from offset ``start``) on every broker that has them, each with its broker.
+        The origin topic, queue and offset are properties (``DeadLetter.origin_*``)."""
+        if max_messages < 1 or start < 0:
+            raise ValueError("max_messages must be at least 1 and start not negative")
+        return await read_dead_letters(self, group, max_messages, start)
+
+    async def dead_letter_counts(self, group: str | None = None) -> list[dict[str, Any]]:
+        """Groups with dead letters (only ``group`` if given), one row per group and
+        broker: group, broker_name, addr, dead_letters, not_resent, min/max_offset."""
+        return await dead_letter_counts(self, group)
+
+    async def resend_dead_letters(self, group: str, *, offsets: list[int] | None = None,
+                                  resend_all: bool = False) -> ResendResult:  # fmt: skip
+        """Send ``group``'s dead letters again, as fresh messages (reconsume count 0;
+        body, tags, keys and the user's properties, without ``ORIGIN_*``/``DLQ_GROUP``),
+        to their origin topic (the origin queue when it still exists): the group
+        consumes them again. Only those past each broker's resend mark (the committed
+        offset of the reserved group ``%DLQ_RESENT%group`` on the DLQ), which then moves
+        past the last one resent: a second call resends nothing new. ``offsets``: only
+        these DLQ offsets; ``resend_all``: ignore the mark."""
+        return await resend_dead_letters(self, group, None if offsets is None else set(offsets), resend_all)
 
     async def group_members(self, group: str) -> list[dict[str, Any]]:
         """The group's connected members (client_id, mode, topics) and the queues each

@@ -1,21 +1,48 @@
 """The admin client's reads of messages and its changes to consumer groups: a queue
-read without a group, a message by id or by key, offsets reset, a group deleted."""
+read without a group, a message by id or by key, offsets reset, a group deleted; a
+group's retry backlog and dead letters, and dead letters sent again."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
-from commitlog import Record
+import trio
+
+from commitlog import Message, Record
+from consumequeue import (
+    DLQ_PREFIX,
+    PROP_CANCEL_OF,
+    PROP_DELIVER_AT,
+    PROP_DLQ_GROUP,
+    PROP_ORIGIN_ADDR,
+    PROP_ORIGIN_MSG_ID,
+    PROP_ORIGIN_OFFSET,
+    PROP_ORIGIN_QID,
+    PROP_ORIGIN_TOPIC,
+    PROP_REAL_QID,
+    PROP_REAL_TAGS,
+    PROP_REAL_TOPIC,
+    PROP_TIMER_SRC,
+    dlq_topic,
+    retry_topic,
+)
 from protocol import ErrorCode, RequestCode, decode_records
-from protocol.transport import RpcClient, RpcError
+from protocol.transport import ConnectionFailed, RpcClient, RpcError
+
+from ._producer import Producer, open_producer
+from ._routes import MessageQueue, NoRouteError
+from ._send_future import SendError
 
 KEY_SCAN_CHUNK_MESSAGES = 256  # one PULL_MESSAGE of a key lookup's scan
+_SEND_ERRORS = (SendError, NoRouteError, ConnectionFailed, RpcError, trio.TooSlowError)
 
 
 class _Calls(Protocol):
     rpc: RpcClient
     timeout_ms: int
+    namesrv_addrs: list[str]
+    broker_addrs: list[str]
 
     async def _call(self, addr: str, code: int, fields: dict[str, Any] | None = None) -> dict[str, Any]: ...
     async def leaders(self) -> list[dict[str, Any]]: ...
@@ -92,3 +119,208 @@ async def scan_for_key(admin: _Calls, topic: str, key: str, *, max_messages: int
             out += [r for r in records if key in r.keys.split() and (until_ms is None or r.store_timestamp_ms <= until_ms)]
     out.sort(key=lambda r: r.store_timestamp_ms, reverse=True)
     return KeyLookup(out[:max_messages], scanned, complete)
+
+
+# ------------------------------------------------------------ retries and dead letters
+RESENT_GROUP_PREFIX = "%DLQ_RESENT%"  # the reserved group whose committed DLQ offset marks what was resent
+RESEND_READ_CHUNK_MESSAGES = 256  # one PULL_MESSAGE of a resend's read of a dead-letter queue
+# Properties a resent message does not carry: where the dead letter came from, the
+# timer's, and its old UNIQ_KEY (kept, a send after an unknown outcome could be taken
+# for the original by the broker's duplicate check).
+DROPPED_ON_RESEND = frozenset({PROP_ORIGIN_TOPIC, PROP_ORIGIN_QID, PROP_ORIGIN_OFFSET, PROP_ORIGIN_MSG_ID,
+                               PROP_ORIGIN_ADDR, PROP_DLQ_GROUP, PROP_DELIVER_AT, PROP_REAL_TOPIC, PROP_REAL_QID,
+                               PROP_REAL_TAGS, PROP_TIMER_SRC, PROP_CANCEL_OF, "UNIQ_KEY"})  # fmt: skip
+
+
+@dataclass
+class CancelResult:
+    """What :meth:`Admin.cancel_message` did: ``state`` "cancelled", "already_cancelled",
+    "too_late" (delivered, or due within the broker's timer_cancel_margin_ms) or
+    "not_found" (no scheduled message has that id); ``deliver_at_ms`` its due time (0 if
+    not found)."""
+
+    state: str
+    deliver_at_ms: int
+
+
+@dataclass
+class DeadLetter:
+    """One message of a group's dead-letter queue (``%DLQ%group``, queue 0) on the broker
+    ``addr`` (group ``broker_name``); ``record.queue_offset`` is its place there."""
+
+    addr: str
+    broker_name: str
+    record: Record
+
+    @property
+    def msg_id(self) -> str:
+        return f"{self.addr}@{self.record.commitlog_offset:016X}"
+
+    @property
+    def origin_topic(self) -> str:
+        return self.record.properties.get(PROP_ORIGIN_TOPIC, "")
+
+    @property
+    def origin_queue_id(self) -> int:
+        return int(self.record.properties.get(PROP_ORIGIN_QID, "-1") or -1)
+
+    @property
+    def origin_offset(self) -> int:
+        return int(self.record.properties.get(PROP_ORIGIN_OFFSET, "-1") or -1)
+
+
+@dataclass
+class ResentLetter:
+    """One dead letter sent again: where it was (broker, DLQ offset) and its new id."""
+
+    broker_name: str
+    dlq_offset: int
+    origin_topic: str
+    msg_id: str
+
+
+@dataclass
+class ResendResult:
+    """What :meth:`Admin.resend_dead_letters` did: the letters resent, those skipped as
+    resent before (at or below a broker's resend mark; ``resend_all`` sends them
+    anyway), and failures (``broker_name: reason``; that broker's mark stops before the
+    first letter that failed)."""
+
+    resent: list[ResentLetter]
+    skipped: int
+    errors: list[str]
+
+
+def resent_group(group: str) -> str:
+    """The reserved group whose committed offset on ``%DLQ%group`` marks what was resent."""
+    return RESENT_GROUP_PREFIX + group
+
+
+async def queue_offsets(admin: _Calls, addr: str, topic: str) -> dict[str, Any] | None:
+    """Queue 0 of ``topic`` on ``addr`` (min_offset, max_offset...), None if it has none."""
+    try:
+        info = await admin._call(addr, RequestCode.DESCRIBE_TOPIC, {"topic": topic})
+    except RpcError as e:
+        if e.code == ErrorCode.TOPIC_NOT_FOUND:
+            return None
+        raise
+    return next((q for q in info["queues"] if q["queue_id"] == 0), None)
+
+
+async def committed(admin: _Calls, addr: str, group: str, topic: str) -> int:
+    """``group``'s committed offset of ``topic`` queue 0 on ``addr`` (-1: none)."""
+    found = await admin._call(addr, RequestCode.QUERY_CONSUMER_OFFSET, {"group": group, "topic": topic, "queue_id": 0})
+    return int(found["offset"])
+
+
+async def retry_counts(admin: _Calls, b: dict[str, Any], group: str) -> dict[str, Any]:
+    """One broker's figures for ``group``: retry backlog (messages of ``%RETRY%group``
+    the group has not consumed) and dead letters (messages ``%DLQ%group`` holds)."""
+    row: dict[str, Any] = {"broker_name": b["broker_name"], "addr": b["addr"], "retry_backlog": 0, "dead_letters": 0}
+    retry = await queue_offsets(admin, b["addr"], retry_topic(group))
+    if retry is not None:
+        done = await committed(admin, b["addr"], group, retry_topic(group))
+        row["retry_backlog"] = max(0, retry["max_offset"] - max(done, retry["min_offset"]))
+    dlq = await queue_offsets(admin, b["addr"], dlq_topic(group))
+    if dlq is not None:
+        row["dead_letters"] = dlq["max_offset"] - dlq["min_offset"]
+    return row
+
+
+async def read_dead_letters(admin: _Calls, group: str, max_messages: int, start: int) -> list[DeadLetter]:
+    """Up to ``max_messages`` dead letters of ``group`` from DLQ offset ``start`` on, broker by broker."""
+    out: list[DeadLetter] = []
+    for b in await admin.leaders():
+        q = await queue_offsets(admin, b["addr"], dlq_topic(group))
+        offset = max(start, q["min_offset"]) if q is not None else 0
+        while q is not None and offset < q["max_offset"] and len(out) < max_messages:
+            chunk = min(RESEND_READ_CHUNK_MESSAGES, max_messages - len(out))
+            records, offset = await pull(admin, b["addr"], dlq_topic(group), 0, offset, chunk)
+            if not records:
+                break
+            out += [DeadLetter(b["addr"], b["broker_name"], r) for r in records]
+    return out
+
+
+def resend_message(letter: DeadLetter) -> tuple[str, dict[str, str], int, str]:
+    """A dead letter's resend: origin topic, its properties minus the system ones, and
+    the queue and broker it came from (-1 / "": any)."""
+    props = {k: v for k, v in letter.record.properties.items() if k not in DROPPED_ON_RESEND}
+    return letter.origin_topic, props, letter.origin_queue_id, letter.record.properties.get(PROP_ORIGIN_ADDR, "")
+
+
+async def resend_dead_letters(admin: _Calls, group: str, offsets: set[int] | None, resend_all: bool) -> ResendResult:
+    """Send dead letters of ``group`` again to their origin topics (see
+    :meth:`Admin.resend_dead_letters`), broker by broker, in DLQ order."""
+    result = ResendResult([], 0, [])
+    async with open_producer(admin.namesrv_addrs, broker_addrs=admin.broker_addrs) as producer:
+        for b in await admin.leaders():
+            q = await queue_offsets(admin, b["addr"], dlq_topic(group))
+            if q is not None:
+                await _resend_from(admin, producer, b, q, group, offsets, resend_all, result)
+    return result
+
+
+async def _resend_from(admin: _Calls, producer: Producer, b: dict[str, Any], q: dict[str, Any], group: str,
+                       offsets: set[int] | None, resend_all: bool, result: ResendResult) -> None:  # fmt: skip
+    """One broker's dead letters; its resend mark then moves past the last one sent."""
+    topic = dlq_topic(group)
+    mark = max(0, await committed(admin, b["addr"], resent_group(group), topic))
+    offset, new_mark = q["min_offset"], mark
+    if not resend_all and offsets is None:  # the letters resent before are not even read
+        offset = max(mark, q["min_offset"])
+        result.skipped += min(offset, q["max_offset"]) - q["min_offset"]
+    while offset < q["max_offset"]:
+        records, offset = await pull(admin, b["addr"], topic, 0, offset, RESEND_READ_CHUNK_MESSAGES)
+        if not records:
+            break
+        for r in records:
+            if offsets is not None and r.queue_offset not in offsets:
+                continue
+            if r.queue_offset < mark and not resend_all:
+                result.skipped += 1
+                continue
+            try:
+                result.resent.append(await _resend_one(producer, DeadLetter(b["addr"], b["broker_name"], r)))
+            except _SEND_ERRORS as e:
+                result.errors.append(f"{b['broker_name']}: dead letter {r.queue_offset}: {e or type(e).__name__}")
+                offset = q["max_offset"]  # stop here: the mark must not pass a letter not resent
+                break
+            new_mark = max(new_mark, r.queue_offset + 1)
+    if new_mark > mark:
+        await admin._call(b["addr"], RequestCode.COMMIT_OFFSET, {"group": resent_group(group), "offsets": [[topic, 0, new_mark]]})
+
+
+async def _resend_one(producer: Producer, letter: DeadLetter) -> ResentLetter:
+    topic, props, qid, origin_addr = resend_message(letter)
+    if not topic:
+        raise SendError(f"it has no {PROP_ORIGIN_TOPIC} property")
+
+    def pick(mqs: Sequence[MessageQueue], _msg: Message) -> MessageQueue:
+        same = [mq for mq in mqs if mq.queue_id == qid]
+        return next(
+            (mq for mq in same if mq.addr == origin_addr), same[0] if same else mqs[letter.record.queue_offset % len(mqs)]
+        )
+
+    r = letter.record
+    sent = await producer.send(topic, r.body, tags=r.tags, keys=r.keys, properties=props, selector=pick)
+    return ResentLetter(letter.broker_name, r.queue_offset, topic, sent.msg_ids[0])
+
+
+async def dead_letter_counts(admin: _Calls, group: str | None) -> list[dict[str, Any]]:
+    """Per group with a dead-letter queue (only ``group`` if given) and broker: the dead
+    letters held, and how many of them are past the resend mark (not resent yet)."""
+    rows = []
+    for b in await admin.leaders():
+        topics = (await admin._call(b["addr"], RequestCode.LIST_TOPICS, {"include_system": True}))["topics"]
+        names = sorted(t for t in topics if t.startswith(DLQ_PREFIX))
+        for topic in names if group is None else [t for t in names if t == dlq_topic(group)]:
+            q = await queue_offsets(admin, b["addr"], topic)
+            if q is None:
+                continue
+            g = topic.removeprefix(DLQ_PREFIX)
+            mark = max(q["min_offset"], await committed(admin, b["addr"], resent_group(g), topic))
+            rows.append({"group": g, "broker_name": b["broker_name"], "addr": b["addr"],
+                         "dead_letters": q["max_offset"] - q["min_offset"], "not_resent": max(0, q["max_offset"] - mark),
+                         "min_offset": q["min_offset"], "max_offset": q["max_offset"]})  # fmt: skip
+    return rows

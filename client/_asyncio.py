@@ -30,9 +30,11 @@ import trio
 from commitlog import ClientError, Message, Record
 
 from ._admin import Admin, open_admin
+from ._admin_reads import CancelResult, DeadLetter, ResendResult
 from ._consumer import Consumer, open_consumer
 from ._fetcher import DamagedQueueError
 from ._producer import Producer, SendResult, open_producer
+from ._redelivery import Handler, SendBackResult, check_limit, judge
 from ._routes import MessageQueue
 
 T = TypeVar("T")
@@ -417,6 +419,36 @@ class AsyncioConsumer:
         """:meth:`Consumer.commit`: commit processed offsets now."""
         await self._run.call(self.consumer.commit)
 
+    async def nack(self, records: Sequence[Record], delay_ms: int | None = None) -> list[SendBackResult]:
+        """:meth:`Consumer.nack`: ``records`` (from the last :meth:`receive`) failed:
+        delivered again later (orderly: in place); raises :class:`SendBackError`."""
+        return await self._run.call(functools.partial(self.consumer.nack, records, delay_ms))
+
+    reconsume_later = nack
+
+    async def run(self, handler: Handler, *, max_messages: int | None = None) -> int:
+        """:meth:`Consumer.run`: ``handler(record)`` (plain or a coroutine function,
+        run on this asyncio loop) returns ``ConsumeStatus`` or None; an exception is
+        RECONSUME_LATER. Returns the number of messages handled, after
+        ``max_messages`` (None: runs until cancelled; what was not handled then is
+        delivered again)."""
+        check_limit(max_messages)
+        redelivery = self.consumer.redelivery
+        handled = 0
+        while max_messages is None or handled < max_messages:
+            records = await self.receive()
+            # Plain calls here: trio runs on this thread, never at the same time.
+            rnd = redelivery.round(records, None if max_messages is None else max_messages - handled)
+            try:
+                for r in rnd.todo():
+                    rnd.done(r, await judge(handler, r))
+            except BaseException:
+                redelivery.abandon(rnd)
+                raise
+            handled += rnd.handled
+            await self._run.call(functools.partial(redelivery.settle, rnd))
+        return handled
+
 
 class AsyncioAdmin:
     """The :class:`Admin` calls for asyncio code; use :func:`open_asyncio_admin`."""
@@ -452,21 +484,38 @@ class AsyncioAdmin:
         """:meth:`Admin.delete_topic`."""
         return await self._call(self.admin.delete_topic, topic)
 
-    async def list_topics(self) -> dict[str, dict[str, int]]:
+    async def list_topics(self, *, include_system: bool = False) -> dict[str, dict[str, int]]:
         """:meth:`Admin.list_topics`."""
-        return await self._call(self.admin.list_topics)
+        return await self._call(self.admin.list_topics, include_system=include_system)
 
     async def describe_topic(self, topic: str) -> list[dict[str, Any]]:
         """:meth:`Admin.describe_topic`."""
         return await self._call(self.admin.describe_topic, topic)
 
-    async def list_groups(self) -> list[str]:
+    async def list_groups(self, *, include_system: bool = False) -> list[str]:
         """:meth:`Admin.list_groups`."""
-        return await self._call(self.admin.list_groups)
+        return await self._call(self.admin.list_groups, include_system=include_system)
 
     async def describe_group(self, group: str) -> dict[str, Any]:
         """:meth:`Admin.describe_group`."""
         return await self._call(self.admin.describe_group, group)
+
+    async def cancel_message(self, msg_id: str) -> CancelResult:
+        """:meth:`Admin.cancel_message`."""
+        return await self._call(self.admin.cancel_message, msg_id)
+
+    async def dead_letters(self, group: str, *, max_messages: int = 100, start: int = 0) -> list[DeadLetter]:
+        """:meth:`Admin.dead_letters`."""
+        return await self._call(self.admin.dead_letters, group, max_messages=max_messages, start=start)
+
+    async def dead_letter_counts(self, group: str | None = None) -> list[dict[str, Any]]:
+        """:meth:`Admin.dead_letter_counts`."""
+        return await self._call(self.admin.dead_letter_counts, group)
+
+    async def resend_dead_letters(self, group: str, *, offsets: list[int] | None = None,
+                                  resend_all: bool = False) -> ResendResult:  # fmt: skip
+        """:meth:`Admin.resend_dead_letters`."""
+        return await self._call(self.admin.resend_dead_letters, group, offsets=offsets, resend_all=resend_all)
 
 
 @asynccontextmanager

@@ -9,7 +9,7 @@ import functools
 import queue
 import threading
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import trio
 
@@ -20,6 +20,7 @@ from ._asyncio import ClientClosedError
 from ._consumer import Consumer, open_consumer
 from ._fetcher import DamagedQueueError
 from ._producer import Producer, SendResult, open_producer
+from ._redelivery import ConsumeStatus, Round, SendBackResult, check_limit, judge_sync
 from ._routes import MessageQueue
 
 T = TypeVar("T")
@@ -272,6 +273,43 @@ class BlockingConsumer:
     def commit(self) -> None:
         self.consumer.ack()
         self._portal.run(self.consumer.commit)
+
+    def nack(self, records: Sequence[Record], delay_ms: int | None = None) -> list[SendBackResult]:
+        """:meth:`Consumer.nack`: ``records`` (from the last :meth:`poll`) failed:
+        delivered again later (orderly: in place); raises :class:`SendBackError`."""
+        return self._portal.run(self.consumer.nack, records, delay_ms)
+
+    reconsume_later = nack
+
+    def run(self, handler: Callable[[Record], ConsumeStatus | None], *, max_messages: int | None = None,
+            poll_timeout_s: float = 1.0) -> int:  # fmt: skip
+        """:meth:`Consumer.run` with a plain ``handler(record)`` called in this thread
+        (returning ``ConsumeStatus`` or None; an exception is RECONSUME_LATER). Returns
+        the number of messages handled, after ``max_messages`` (None: runs until
+        interrupted, e.g. by Ctrl-C: what was not handled then is delivered again)."""
+        check_limit(max_messages)
+        redelivery = self.consumer.redelivery
+        handled = 0
+        while max_messages is None or handled < max_messages:
+            records = self.poll(poll_timeout_s)
+            if not records:
+                continue
+            limit = None if max_messages is None else max_messages - handled
+            rnd: Round = self._portal.run(self._sync, redelivery.round, records, limit)
+            try:
+                for r in rnd.todo():
+                    rnd.done(r, judge_sync(handler, r))
+            except BaseException:
+                self._portal.run(self._sync, redelivery.abandon, rnd)
+                raise
+            handled += rnd.handled
+            self._portal.run(redelivery.settle, rnd)
+        return handled
+
+    @staticmethod
+    async def _sync(fn: Callable[..., T], *args: Any) -> T:
+        """A plain call run in the client's thread (it reads the consumer's state)."""
+        return fn(*args)
 
     def close(self) -> None:
         self._portal.close()

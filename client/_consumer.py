@@ -18,6 +18,15 @@
   ``follower_read_hold_ms``): those pulls go to one of the group's followers, which
   serve up to the confirmed offset, and fall back to the leader while it fails
   (:class:`ReadRouter`).
+- Redelivery (clustering mode): :meth:`Consumer.nack` hands failed messages back to
+  their broker (CONSUMER_SEND_BACK), which redelivers them to this group through
+  ``%RETRY%<group>`` after a back-off (a consumer subscribes to it by itself), or puts
+  them in ``%DLQ%<group>`` once they failed ``max_reconsume_times`` times.
+  :meth:`Consumer.run` calls a handler per message and does the rest.
+- Orderly (``orderly=True``): a queue is read only while this member holds its lock
+  on the group's leader (``_orderly.py``), so that no two members process it at once,
+  even while the group rebalances; a failed message is retried in place, its queue
+  waiting behind it.
 """
 
 from __future__ import annotations
@@ -32,12 +41,15 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 import trio
 
 from commitlog import Record
+from consumequeue import retry_topic
 from protocol import ErrorCode, Frame, RequestCode
 from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 from ._allocate import allocate_averagely
-from ._fetcher import Batch, DamagedQueueError, Fetcher, PrefetchBuffer, QueueState
+from ._fetcher import DamagedQueueError, Fetcher, PendingBatches, PrefetchBuffer, QueueState
 from ._options import ConsumerOptions, TagFilter
+from ._orderly import QueueLocks
+from ._redelivery import Handler, Redelivery, SendBackResult
 from ._routes import MessageQueue, NoRouteError, ReadRouter, Routes
 
 log = logging.getLogger("clmq.consumer")
@@ -56,6 +68,11 @@ class Consumer:
             raise ValueError(f"mode={options.mode!r}: use clustering or broadcasting")
         self.rpc, self.routes, self.group, self.options = rpc, routes, group, options
         self.filters = {topic: TagFilter(expr) for topic, expr in subscriptions.items()}
+        # Messages this group failed on come back through its retry topic (not to an
+        # orderly consumer: it retries in place). It exists from the group's first send-back.
+        self.retry_topic = retry_topic(group) if options.mode == "clustering" and not options.orderly else None
+        if self.retry_topic is not None:
+            self.filters.setdefault(self.retry_topic, TagFilter("*"))
         self.client_id = options.client_id or f"{socket.gethostname()}@{os.getpid()}@{id(self):x}"
         self.assigned: dict[MessageQueue, QueueState] = {}
         self._generation = 0
@@ -64,12 +81,18 @@ class Consumer:
         self.errors: dict[MessageQueue, DamagedQueueError] = {}
         self._committed: dict[MessageQueue, int] = {}
         self.prefetch = PrefetchBuffer(options.prefetch_max_bytes)
-        self._pending: list[Batch] = []  # returned by the last receive(), not yet acknowledged
+        self.pending = PendingBatches()  # returned by the last receive(), not yet acknowledged
         self._rebalance_now = trio.Event()
         self._fetcher: Fetcher | None = None
         self.net_errors: tuple[type[BaseException], ...] = _NET_ERRORS  # what the fetcher retries after
         self.reads = ReadRouter(routes, always=options.read_from_followers, hold_ms=options.follower_read_hold_ms,
                                 failure_backoff_ms=options.follower_failure_backoff_ms, seed=self.client_id)  # fmt: skip
+        # Orderly: the queue locks (None otherwise).
+        self.locks = (QueueLocks(self, retry_ms=options.lock_retry_ms, renew_interval_ms=options.lock_renew_interval_ms)
+                      if options.orderly else None)  # fmt: skip
+        self.redelivery = Redelivery(self)
+        self._commit_lock = trio.Lock()  # a queue's commits never overlap: an older one must not land after a newer
+        self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ public
     async def receive(self) -> list[Record]:
@@ -86,7 +109,8 @@ class Consumer:
 
     def _take(self) -> list[Record]:
         """Buffered batches up to ``receive_max_messages``, made pending."""
-        limit, buffer, assigned, pending = self.options.receive_max_messages, self.prefetch, self.assigned, self._pending
+        limit, buffer, assigned, pending = self.options.receive_max_messages, self.prefetch, self.assigned, self.pending
+        locks, now = self.locks, trio.current_time()
         lists: list[list[Record]] = []
         n = 0
         while buffer.batches:
@@ -95,8 +119,13 @@ class Consumer:
                 break
             batch = buffer.pop()
             current = assigned.get(batch.mq)
-            if current is None or current.generation != batch.generation:
+            if current is None or current.generation != batch.generation or current.stopped:
                 continue  # pulled before a rebalance took the queue away: its new owner reads it
+            if locks is not None:
+                if not locks.holds(batch.mq, now):  # its lease may have ended: stop, unacknowledged
+                    locks.lapse(batch.mq, "its lease ended before a renewal was granted")
+                    continue
+                self.redelivery.mark_attempt(batch)
             pending.append(batch)
             if size:
                 lists.append(batch.records)
@@ -111,9 +140,9 @@ class Consumer:
         Either way the rest of what receive returned is no longer pending: call it
         with ``records`` when you stop part-way through (Ctrl-C, a count reached), and
         what was not processed is delivered again to the group's next reader."""
-        if not self._pending:
+        if not self.pending:
             return
-        pending, self._pending = self._pending, []
+        pending = self.pending.take()
         assigned, processed = self.assigned, self.processed
         upto = None if records is None else _last_offsets(records)
         for batch in pending:  # a queue's batches in order: its last one wins
@@ -129,6 +158,54 @@ class Consumer:
                 elif last >= batch.records[0].queue_offset:  # part of it
                     processed[batch.mq] = last + 1
 
+    async def nack(self, records: Sequence[Record], delay_ms: int | None = None) -> list[SendBackResult]:
+        """``records`` (of what the last :meth:`receive` returned) failed: deliver them to
+        the group again later (clustering mode only, else ``ValueError``). Each goes
+        back to its broker, which redelivers it through ``%RETRY%<group>`` after
+        ``delay_ms`` (default: ``retry_delays_ms`` for its attempt, else the broker's
+        back-off), or moves it to ``%DLQ%<group>`` once it failed
+        ``max_reconsume_times`` times; sent back, it counts as processed. Returns a
+        :class:`SendBackResult` per record. :class:`SendBackError`: some were not sent
+        back within ``retry_budget_ms``; their queues are read again from the first.
+        Orderly: retried in place, see :class:`Redelivery`."""
+        return await self.redelivery.nack(records, delay_ms)
+
+    reconsume_later = nack
+
+    async def run(self, handler: Handler, *, max_messages: int | None = None) -> int:
+        """Receive and hand each message to ``handler(record)`` (plain or async), which
+        returns ``ConsumeStatus.SUCCESS`` (or None) or ``ConsumeStatus.RECONSUME_LATER``;
+        an exception counts as RECONSUME_LATER (logged with its traceback). Failed
+        messages are :meth:`nack`-ed (orderly: a queue stops at its failed message,
+        retried in place, the ones before it acknowledged), the rest acknowledged.
+        Returns the number of messages handled, after ``max_messages`` (None: runs
+        until cancelled); messages received beyond it are delivered again. In
+        broadcasting mode failures are logged and not retried."""
+        return await self.redelivery.run(handler, max_messages)
+
+    def rewind(self, mq: MessageQueue, offset: int, delay_s: float = 0.0) -> None:
+        """Read ``mq`` again from ``offset`` (after ``delay_s``): processed up to it, its
+        pending and buffered batches dropped (not acknowledged)."""
+        state = self.assigned.get(mq)
+        if state is None:
+            return
+        self.pending.drop(mq)
+        self.processed[mq] = offset
+        if self.locks is not None and mq in self.locks.releasing:
+            return  # being released: committed at the offset, never read again here
+        self._generation += 1
+        new = self.assigned[mq] = QueueState(self._generation, offset, stopped=True)
+        assert self._fetcher is not None and self._nursery is not None
+        if delay_s > 0:
+            self._nursery.start_soon(self._resume_after, mq, new, delay_s)
+        else:
+            self._fetcher.resume(mq, new)
+
+    async def _resume_after(self, mq: MessageQueue, state: QueueState, delay_s: float) -> None:
+        await trio.sleep(delay_s)
+        if self._fetcher is not None and not (self.locks is not None and mq in self.locks.releasing):
+            self._fetcher.resume(mq, state)
+
     def assignment(self) -> list[MessageQueue]:
         return sorted(self.assigned)
 
@@ -136,38 +213,46 @@ class Consumer:
         """Commit processed offsets to the brokers now (clustering mode)."""
         if self.options.mode != "clustering":
             return
-        by_broker: dict[str, dict[MessageQueue, int]] = {}
-        processed = self.processed
-        assert isinstance(processed, Processed)
-        changed, processed.changed = processed.changed, set()  # not a walk over 10,000 queues per interval
-        for mq in changed:
-            offset = processed.get(mq)
-            if offset is not None and self._committed.get(mq) != offset:
-                by_broker.setdefault(mq.addr, {})[mq] = offset
-        for addr, offsets in by_broker.items():  # one request per broker, however many queues
-            await self._commit_to(addr, offsets)
+        async with self._commit_lock:
+            by_broker: dict[str, dict[MessageQueue, int]] = {}
+            processed = self.processed
+            assert isinstance(processed, Processed)
+            changed, processed.changed = processed.changed, set()  # not a walk over 10,000 queues per interval
+            for mq in changed:
+                offset = processed.get(mq)
+                if offset is not None and self._committed.get(mq) != offset:
+                    by_broker.setdefault(mq.addr, {})[mq] = offset
+            for addr, offsets in by_broker.items():  # one request per broker, however many queues
+                await self._commit_to(addr, offsets)
 
     async def _commit_to(self, addr: str, offsets: dict[MessageQueue, int]) -> None:
-        """Commit to the group's leader; a dead or demoted leader (the connection fails,
-        NOT_LEADER) is followed to the leader fresh routes name, for up to
-        ``retry_budget_ms``. Offsets not committed stay processed: committed later."""
+        """Commit to the group's leader (:meth:`to_leader`). Offsets not committed stay
+        processed: committed later."""
         rows = [[mq.topic, mq.queue_id, o] for mq, o in offsets.items()]
+        try:
+            await self.to_leader(next(iter(offsets)), addr, RequestCode.COMMIT_OFFSET, {"group": self.group, "offsets": rows})
+        except _NET_ERRORS as e:
+            log.warning("consumer %s: commit of %d offsets to %s failed: %s", self.client_id, len(rows), addr, e)
+            if isinstance(self.processed, Processed):
+                self.processed.changed.update(offsets)  # committed next time
+            return
+        self._committed.update(offsets)
+
+    async def to_leader(self, mq: MessageQueue, addr: str, code: int, fields: dict[str, Any]) -> Frame:
+        """A request to ``mq``'s group leader at ``addr``; a dead or demoted leader (the
+        connection fails, NOT_LEADER) is followed to the leader fresh routes name, for
+        up to ``retry_budget_ms``. Raises the last failure (one of ``net_errors``)."""
         deadline = trio.current_time() + self.options.retry_budget_ms / 1000
         delay = 0.05
         while True:
             try:
-                await self.request(addr, RequestCode.COMMIT_OFFSET, {"group": self.group, "offsets": rows})
-                break
+                return await self.request(addr, code, fields)
             except _NET_ERRORS as e:
                 if not _leader_moved(e) or trio.current_time() + delay > deadline:
-                    log.warning("consumer %s: commit of %d offsets to %s failed: %s", self.client_id, len(rows), addr, e)
-                    if isinstance(self.processed, Processed):
-                        self.processed.changed.update(offsets)  # committed next time
-                    return
+                    raise
             await trio.sleep(delay)
             delay = min(delay * 2, 0.5)
-            addr = await self._leader_now(next(iter(offsets)), addr)
-        self._committed.update(offsets)
+            addr = await self._leader_now(mq, addr)
 
     async def _leader_now(self, mq: MessageQueue, addr: str) -> str:
         """The address of ``mq``'s group leader as fresh routes say (``addr`` if unknown)."""
@@ -186,7 +271,10 @@ class Consumer:
 
     # ------------------------------------------------------------- background
     async def _start(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
         self._fetcher = Fetcher(self, nursery)
+        if self.locks is not None:
+            self.locks.start(nursery)
         await self._heartbeat()
         await self._rebalance()
         nursery.start_soon(self._every, self.options.heartbeat_interval_ms, self._heartbeat)
@@ -215,8 +303,11 @@ class Consumer:
         return await self.rpc.request(addr, code, fields, timeout_ms=timeout_ms or self.options.request_timeout_ms)
 
     async def _broker_addrs(self) -> list[str]:
+        """The brokers of the subscribed topics (the retry topic lives on the same ones)."""
         addrs: set[str] = set()
         for topic in self.filters:
+            if topic == self.retry_topic:
+                continue
             try:
                 addrs |= {mq.addr for mq in await self.routes.queues(topic)}
             except _NET_ERRORS:
@@ -244,10 +335,15 @@ class Consumer:
             try:
                 mqs = await self.routes.queues(topic, refresh=True)
             except _NET_ERRORS as e:
+                if topic == self.retry_topic and isinstance(e, NoRouteError) and not e.unreachable:
+                    continue  # no message of this group failed yet: the broker creates it at the first send-back
                 log.warning("consumer %s: no route for %s: %s", self.client_id, topic, e)
-                wanted |= {mq for mq in self.assigned if mq.topic == topic}  # keep what we have
+                wanted |= {mq for mq in self._current() if mq.topic == topic}  # keep what we have
                 continue
             wanted |= set(await self._my_share(mqs))
+        if self.locks is not None:
+            self.locks.rebalance(wanted)
+            return
         for old, new in _moved(set(self.assigned), wanted).items():
             self._move(old, new)
         for mq in [mq for mq in self.assigned if mq not in wanted]:
@@ -270,13 +366,47 @@ class Consumer:
             members.append(self.client_id)
         return allocate_averagely(mqs, members, self.client_id)
 
+    def _current(self) -> set[MessageQueue]:
+        """The queues this member reads or (orderly) wants to."""
+        return set(self.assigned) | (self.locks.wanted if self.locks is not None else set())
+
+    def stop_queue(self, mq: MessageQueue) -> None:
+        """Neither fetch ``mq`` nor hand it out from now on (orderly: being released)."""
+        state = self.assigned.get(mq)
+        if state is not None:
+            state.stopped = True
+
+    async def commit_queue(self, mq: MessageQueue) -> None:
+        """Commit ``mq``'s processed offset now (if it moved)."""
+        async with self._commit_lock:
+            offset = self.processed.get(mq)
+            if offset is not None and self._committed.get(mq) != offset:
+                await self._commit_to(mq.addr, {mq: offset})
+
+    def take_queue(self, mq: MessageQueue) -> None:
+        """Orderly: the queue's lock was granted: read it from the committed offset."""
+        self._assign(mq)
+
+    def drop_queue(self, mq: MessageQueue) -> None:
+        """Stop reading ``mq`` at once, keeping nothing of it: nothing more is committed,
+        its pending and buffered batches are not acknowledged (orderly: its lease may
+        have ended, or it was released)."""
+        self.assigned.pop(mq, None)
+        self.errors.pop(mq, None)
+        self.processed.pop(mq, None)
+        self._committed.pop(mq, None)
+        self.redelivery.forget(mq)
+        self.pending.drop(mq)
+
     async def _revoke(self, mq: MessageQueue) -> None:
         del self.assigned[mq]  # answers still in flight for it are dropped
         self.errors.pop(mq, None)
-        self._pending = [b for b in self._pending if b.mq != mq]  # not acknowledged: its new owner reads it again
+        self.pending.drop(mq)  # not acknowledged: its new owner reads it again
+        self.redelivery.forget(mq)
         offset = self.processed.pop(mq, None)
         if offset is not None and self.options.mode == "clustering" and self._committed.get(mq) != offset:
-            await self._commit_to(mq.addr, {mq: offset})
+            async with self._commit_lock:
+                await self._commit_to(mq.addr, {mq: offset})
         self._committed.pop(mq, None)
         log.info("consumer %s: released %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
 
@@ -290,9 +420,9 @@ class Consumer:
         self._generation += 1
         offset = self.processed.pop(old, None)
         fetch_from = offset
-        for i, pending in enumerate(self._pending):
+        for i, pending in enumerate(self.pending):
             if pending.mq == old:
-                self._pending[i] = dataclasses.replace(pending, mq=new, generation=self._generation)
+                self.pending[i] = dataclasses.replace(pending, mq=new, generation=self._generation)
                 fetch_from = pending.next_offset  # the last one of the queue: in order
         if offset is not None:
             self.processed[new] = offset

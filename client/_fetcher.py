@@ -34,7 +34,7 @@ import logging
 from collections import OrderedDict, defaultdict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, Protocol, Sequence, TypeVar
 
 import trio
 
@@ -78,6 +78,9 @@ class QueueState:
     offset: int | None = None  # next offset to read; None until looked up
     idle: bool = False  # nothing more to read at the look-up or the last answer: watched, not fetched
     paused: bool = False  # its next record is damaged: asked again only after damaged_queue_retry_ms
+    # Neither fetched nor handed out by receive() until Fetcher.resume (orderly: being
+    # released, or waiting to redeliver a failed message in place).
+    stopped: bool = False
 
     def known_offset(self) -> int:
         """The next offset, for a queue that is fetched (only once it is known)."""
@@ -168,6 +171,54 @@ class PrefetchBuffer:
     def _wake_room(self) -> None:
         room, self._room = self._room, trio.Event()  # waiters wait on the current one: none is left behind
         room.set()
+
+
+class PendingBatches(list[Batch]):
+    """The batches ``receive()`` returned that are not acknowledged yet, in order, and
+    a wake-up for whoever waits for them to change (an orderly consumer releasing a
+    queue waits until its batch being processed is acknowledged)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._changed: trio.Event | None = None
+
+    def take(self) -> list[Batch]:
+        """All of them, leaving none pending (acknowledged)."""
+        taken = list(self)
+        self.clear()
+        self.changed()
+        return taken
+
+    def changed(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def wait_changed(self) -> None:
+        if self._changed is None:
+            self._changed = trio.Event()
+        await self._changed.wait()
+
+    def of(self, mq: MessageQueue) -> bool:
+        """Whether a batch of ``mq`` is pending."""
+        return any(b.mq == mq for b in self)
+
+    def drop(self, mq: MessageQueue) -> None:
+        """Forget ``mq``'s batches: never acknowledged."""
+        if self.of(mq):
+            self[:] = [b for b in self if b.mq != mq]
+            self.changed()
+
+    def where(self, records: Sequence[Record], *, strict: bool = True) -> dict[int, MessageQueue]:
+        """``id(record)`` -> its queue, for pending records. ``strict``: a record not
+        pending is a ``ValueError``; else it is left out."""
+        where = {id(r): batch.mq for batch in self for r in batch.records}
+        if strict:
+            for r in records:
+                if id(r) not in where:
+                    raise ValueError(f"{r.topic}/{r.queue_id} offset {r.queue_offset} is not among the messages the "
+                                     "last receive() returned (or they were acknowledged since)")  # fmt: skip
+        return {id(r): where[id(r)] for r in records if id(r) in where}
 
 
 class FetchHost(Protocol):
@@ -296,7 +347,7 @@ class Fetcher:
         picked: list[tuple[MessageQueue, QueueState]] = []
         while ready and len(picked) < cap:
             mq, st = ready.popitem(last=False)
-            if self.c.assigned.get(mq) is st:  # else given up meanwhile: forget it
+            if self.c.assigned.get(mq) is st and not st.stopped:  # else given up or stopped meanwhile: forget it
                 picked.append((mq, st))
         return picked
 
@@ -309,7 +360,7 @@ class Fetcher:
                 ready[mq] = st
                 ready.move_to_end(mq, last=False)
         for mq, st in picked:
-            if mq not in skipped and self.c.assigned.get(mq) is st and not st.paused:
+            if mq not in skipped and self.c.assigned.get(mq) is st and not st.paused and not st.stopped:
                 self._ready[(mq.addr, st.idle)][mq] = st
 
     async def _loop(self, addr: str, idle: bool) -> None:
@@ -434,8 +485,8 @@ class Fetcher:
         for (mq, st), row in zip(picked, results):
             status, nxt, count = row.status, row.next_offset, row.message_count
             mine, at = records[at : at + count], at + count
-            if self.c.assigned.get(mq) is not st:
-                continue  # given up meanwhile
+            if self.c.assigned.get(mq) is not st or st.stopped:
+                continue  # given up or stopped meanwhile (a stopped queue is read again from st.offset)
             if status is PullStatus.CORRUPT:
                 self._damaged(mq, st, row)
                 continue
@@ -474,9 +525,18 @@ class Fetcher:
     async def _resume_later(self, mq: MessageQueue, st: QueueState) -> None:
         await trio.sleep(self.options.damaged_queue_retry_ms / 1000)
         st.paused = False
-        if self.c.assigned.get(mq) is st:
+        if self.c.assigned.get(mq) is st and not st.stopped:
             self._ready[(mq.addr, False)][mq] = st
             self.wake(mq.addr)
+
+    def resume(self, mq: MessageQueue, st: QueueState) -> None:
+        """Start fetching a queue state that was made stopped and never given to
+        :meth:`add` (a rewound queue waiting out a delay), from ``st.offset``. (A state
+        that was fetched before may still be in a request: it is never resumed.)"""
+        st.stopped = False
+        if self.c.assigned.get(mq) is st:
+            st.idle = False  # asked at once: a watch would wait for new messages only
+            self.add(mq, st)
 
 
 _NOTHING_THERE = frozenset({PullStatus.NO_MESSAGE, PullStatus.NO_QUEUE})

@@ -66,13 +66,44 @@ class ConsumerOptions:
     # A follower that failed a pull (down, an error, or it lacks what was asked) is not
     # pulled from for this long: the leader serves meanwhile.
     follower_failure_backoff_ms: int = 5_000
+    # Redelivery (docs/consuming.md), clustering mode. Failed messages (Consumer.nack)
+    # come back after a delay; after this many redeliveries they go to %DLQ%<group>
+    # (None: the broker's max_reconsume_times, 16).
+    max_reconsume_times: int | None = None
+    # The delay before the n-th redelivery is retry_delays_ms[min(n - 1, len - 1)]
+    # (None: the broker's back-off levels, 10 s ... 2 h).
+    retry_delays_ms: tuple[int, ...] | None = None
+    # Orderly consumption: each queue is processed by one member at a time, in order,
+    # holding the queue's lock on its broker (clustering mode only).
+    orderly: bool = False
+    lock_retry_ms: int = 500  # assigned queues not locked yet (another member holds them) are asked for this often
+    # Held locks are renewed this often (or every third of the broker's lock_lease_ms, 30 s, if that is shorter).
+    lock_renew_interval_ms: int = 10_000
+    orderly_retry_delay_ms: int = 1000  # orderly: a failed message is delivered again, in place, after this long
 
     def __post_init__(self) -> None:
         for name in _AT_LEAST_ONE:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.orderly and self.mode != "clustering":
+            raise ValueError(f"orderly=True needs mode='clustering' (queue locks are per group), got mode={self.mode!r}")
+        if self.orderly_retry_delay_ms < 0:
+            raise ValueError(f"orderly_retry_delay_ms must be >= 0, got {self.orderly_retry_delay_ms}")
+        if self.max_reconsume_times is not None and not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES_LIMIT:
+            raise ValueError(f"max_reconsume_times must be in 0..{MAX_RECONSUME_TIMES_LIMIT} (or None: the broker's), "
+                             f"got {self.max_reconsume_times}")  # fmt: skip
+        if self.retry_delays_ms is not None:
+            self.retry_delays_ms = tuple(self.retry_delays_ms)
+            if not self.retry_delays_ms or any(type(d) is not int or d < 0 for d in self.retry_delays_ms):
+                raise ValueError(f"retry_delays_ms must be a non-empty sequence of milliseconds >= 0 (or None: the "
+                                 f"broker's), got {self.retry_delays_ms!r}")  # fmt: skip
 
 
 # Limits a consumer cannot work with at 0 (a byte bound of 0 left every fetch waiting).
 _AT_LEAST_ONE = ("pull_batch", "fetch_queues", "fetch_max_messages", "fetch_max_bytes", "watch_max_bytes",
-                 "fetches_in_flight", "watches_in_flight", "prefetch_max_bytes", "receive_max_messages")  # fmt: skip
+                 "fetches_in_flight", "watches_in_flight", "prefetch_max_bytes", "receive_max_messages",
+                 "lock_retry_ms", "lock_renew_interval_ms")  # fmt: skip
+MAX_RECONSUME_TIMES_LIMIT = 1000  # what CONSUMER_SEND_BACK accepts
+# An orderly consumer's limit when max_reconsume_times is None (the broker's default:
+# the client gives up in place, so it needs a number of its own).
+DEFAULT_MAX_RECONSUME_TIMES = 16

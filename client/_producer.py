@@ -6,12 +6,13 @@ requests."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import secrets
 import time
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Mapping, Sequence
 
 import trio
 
@@ -21,7 +22,7 @@ from protocol.transport import RpcClient, background_nursery
 
 from ._accumulator import Accumulator
 from ._routes import MessageQueue, NoRouteError, Routes
-from ._scheduled import due_ms, send_scheduled
+from ._scheduled import due_ms, send_scheduled, start_scheduled
 from ._send_batch import AccumulatorSettings, Batch
 from ._send_encode import PLAIN_CHECKED, UNIQ_KEY_CHARS, encode_one, encode_plain
 from ._send_future import (
@@ -96,6 +97,7 @@ class Producer:
         self.unique_ids = unique_ids
         self.producer_id = secrets.token_hex(8)  # the first half of every UNIQ_KEY this producer makes
         self._uniq = itertools.count()
+        self._scheduled: set[SendFuture] = set()  # scheduled sends not answered yet
         self._acc = (Accumulator(rpc, self.targets, self.policy, self.settings, send_timeout_ms, unique_ids, nursery)
                      if nursery is not None else None)  # fmt: skip
 
@@ -109,12 +111,8 @@ class Producer:
         broker stores it now and delivers it into the queue picked now once, at that
         time (within ``timer_tick_ms``), across broker restarts; the result's message
         id is then the scheduled copy's, for :meth:`Admin.cancel_message`."""
-        due = due_ms(delay_ms, deliver_at)
-        if due is not None:
-            msg, _uniq, _plain = self._message(topic, body, tags, keys, properties)
-            return await send_scheduled(self.send_to, self.targets, self.policy, topic, [msg], due, sharding_key, selector)
         fut = await self.submit(topic, body, tags=tags, keys=keys, properties=properties, sharding_key=sharding_key,
-                                selector=selector)  # fmt: skip
+                                selector=selector, delay_ms=delay_ms, deliver_at=deliver_at)  # fmt: skip
         return await fut.wait()
 
     async def send_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
@@ -136,29 +134,27 @@ class Producer:
         at once. A send that fails for good raises :class:`SendError` whose ``code`` is
         the last broker's error code (e.g. NOT_ENOUGH_REPLICAS). ``delay_ms`` /
         ``deliver_at``: every message of the batch is scheduled (see :meth:`send`)."""
-        due = due_ms(delay_ms, deliver_at)
-        if due is not None:
-            msgs = [m if isinstance(m, Message) else Message(topic, 0, m) for m in messages]
-            if not msgs:
-                raise ValueError("send_batch needs at least one message")
-            if self.unique_ids:
-                self._identify(msgs)
-            return await send_scheduled(self.send_to, self.targets, self.policy, topic, msgs, due, sharding_key, selector)
-        fut = await self.submit_batch(topic, messages, sharding_key=sharding_key, selector=selector)
+        fut = await self.submit_batch(topic, messages, sharding_key=sharding_key, selector=selector, delay_ms=delay_ms,
+                                      deliver_at=deliver_at)  # fmt: skip
         return await fut.wait()
 
     async def submit(self, topic: str, body: bytes, *, tags: str = "", keys: str = "",
                      properties: Mapping[str, str] | None = None, sharding_key: str | None = None,
-                     selector: QueueSelector | None = None, callback: DoneCallback | None = None) -> SendFuture:  # fmt: skip
+                     selector: QueueSelector | None = None, callback: DoneCallback | None = None,
+                     delay_ms: float | None = None, deliver_at: int | datetime | None = None) -> SendFuture:  # fmt: skip
         """Buffer one message and return at once (waiting only for buffer room): the
         :class:`SendFuture` resolves once the broker answered (or the tries are spent).
         ``callback(future)`` is called then, on the producer's trio thread. Raises at
         once: :class:`BufferFullError`, :class:`BatchTooLargeError`, NoRouteError for an
-        unknown topic, SendError for an error not worth a retry."""
+        unknown topic, SendError for an error not worth a retry. ``delay_ms`` /
+        ``deliver_at``: scheduled (see :meth:`send`), sent at once in a request of its own."""
         acc = self._acc
         if acc is None or acc.closing:
             acc = self._accumulator()  # raises why
         msg, uniq, plain = self._message(topic, body, tags, keys, properties)
+        due = due_ms(delay_ms, deliver_at)
+        if due is not None:
+            return self._schedule(acc, topic, [msg], uniq, due, sharding_key, selector, callback)
         mq = self.targets.pick_now(topic, msg, sharding_key, selector)
         tries = None
         if mq is None:
@@ -208,7 +204,8 @@ class Producer:
         return Message(topic, 0, body, tags, keys, props, 0, born_ms), uniq, False
 
     async def submit_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
-                           selector: QueueSelector | None = None, callback: DoneCallback | None = None) -> SendFuture:  # fmt: skip
+                           selector: QueueSelector | None = None, callback: DoneCallback | None = None,
+                           delay_ms: float | None = None, deliver_at: int | datetime | None = None) -> SendFuture:  # fmt: skip
         """:meth:`submit` for messages sent as one batch to one queue (see :meth:`send_batch`)."""
         acc = self._accumulator()
         msgs = [m if isinstance(m, Message) else Message(topic, 0, m) for m in messages]
@@ -216,6 +213,10 @@ class Producer:
             raise ValueError("send_batch needs at least one message")
         if self.unique_ids:
             self._identify(msgs)
+        due = due_ms(delay_ms, deliver_at)
+        if due is not None:
+            keys = tuple(m.properties[UNIQ_KEY] for m in msgs) if self.unique_ids else ()
+            return self._schedule(acc, topic, msgs, keys, due, sharding_key, selector, callback)
         mq, tries = self.targets.pick_now(topic, msgs[0], sharding_key, selector), None
         if mq is None:
             mq, tries = await self._first_target(topic, msgs[0], sharding_key, selector)
@@ -227,6 +228,13 @@ class Producer:
         batch = Batch(topic, msgs[0], len(msgs), uniq, encode_batch(msgs), fut, mq or _NO_QUEUE, acc.gen, sharding_key,
                       selector, False)  # fmt: skip
         return await self._buffer(acc, batch, mq, tries, callback)
+
+    def _schedule(self, acc: Accumulator, topic: str, msgs: list[Message], keys: Sequence[str], due: int,
+                  sharding_key: str | None, selector: QueueSelector | None, callback: DoneCallback | None) -> SendFuture:  # fmt: skip
+        def send() -> Awaitable[SendResult]:
+            return send_scheduled(self.send_to, self.targets, self.policy, topic, msgs, due, sharding_key, selector)
+
+        return start_scheduled(acc.nursery, self._scheduled, keys, send, callback)
 
     def _accumulator(self) -> Accumulator:
         if self._acc is None:
@@ -275,6 +283,9 @@ class Producer:
         failed for good); buffered messages are sent at once (no linger)."""
         if self._acc is not None:
             await self._acc.flush()
+        for fut in list(self._scheduled):  # scheduled sends run on their own
+            with contextlib.suppress(SendError):
+                await fut.wait()
 
     async def aclose(self) -> None:
         """Flush (for at most the retry budget), then fail whatever is left with
@@ -282,6 +293,12 @@ class Producer:
         this on leaving."""
         if self._acc is not None:
             bound_ms = self.retry_budget_ms + (self.retries + 1) * self.send_timeout_ms
+            with trio.move_on_after(bound_ms / 1000):
+                for fut in list(self._scheduled):
+                    with contextlib.suppress(SendError):
+                        await fut.wait()
+            for fut in list(self._scheduled):
+                fut._fail(SendError("producer closed"))
             await self._acc.aclose(bound_ms / 1000)
 
     def _identify(self, msgs: list[Message]) -> None:

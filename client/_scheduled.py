@@ -13,13 +13,13 @@ from typing import Awaitable, Callable, Sequence
 
 import trio
 
-from commitlog import Message
+from commitlog import ClmqError, Message
 from consumequeue import PROP_DELIVER_AT, PROP_REAL_QID, PROP_REAL_TAGS, PROP_REAL_TOPIC, TIMER_TOPIC, timer_tag
 from protocol import encode_batch
 from protocol.transport import ConnectionFailed, RpcError
 
 from ._routes import MessageQueue
-from ._send_future import SendError, SendResult
+from ._send_future import Answer, DoneCallback, SendError, SendFuture, SendResult
 from ._send_tries import AMBIGUOUS, RETRIABLE, QueueSelector, RetryPolicy, Targets
 
 SendTo = Callable[..., Awaitable[SendResult]]  # Producer.send_to(mq, body, count, dedup=...)
@@ -77,3 +77,29 @@ async def send_scheduled(send_to: SendTo, targets: Targets, policy: RetryPolicy,
             dedup = dedup or code is None or code in AMBIGUOUS
         await trio.sleep(min(policy.retry_backoff_ms * 2**attempt, policy.retry_backoff_max_ms) / 1000)
     raise SendError(f"scheduled send to {topic} failed after {policy.retries + 1} tries: {last}")
+
+
+def start_scheduled(nursery: trio.Nursery, inflight: set[SendFuture], keys: Sequence[str],
+                    send: Callable[[], Awaitable[SendResult]], callback: DoneCallback | None) -> SendFuture:  # fmt: skip
+    """A :class:`SendFuture` for a scheduled send run as a task of the producer's
+    nursery (``submit(..., delay_ms=...)``); ``inflight`` holds it until it is done,
+    for the producer's ``flush``."""
+    fut = SendFuture()
+    if callback is not None:
+        fut.add_done_callback(callback)
+    inflight.add(fut)
+
+    async def run() -> None:
+        try:
+            r = await send()
+            answer = Answer(r.queue, r.queue_offsets, r.commitlog_offsets, r.durable, r.flush_timeout, r.duplicate)
+            fut._resolve(answer, keys, 0, len(r.queue_offsets))
+        except SendError as e:
+            fut._fail(e)
+        except ClmqError as e:  # no route for the topic, say
+            fut._fail(SendError(f"scheduled send failed: {e}", getattr(e, "code", None)))
+        finally:
+            inflight.discard(fut)
+
+    nursery.start_soon(run)
+    return fut

@@ -95,8 +95,12 @@ LOCK_QUEUES            group, client_id, queues: [[topic, queue_id], ...]
                        -> locked: [[topic, queue_id], ...] (those this client now
                        holds, each for lock_lease_ms from now), lease_ms. Orderly
                        consumers: a queue is processed only by the member holding
-                       its lock; a held lock is renewed by asking again
+                       its lock; a held lock is renewed by asking again. A broker
+                       that has just become the leader (or restarted over a store
+                       holding topics) answers locked: [] for lock_lease_ms: it does
+                       not know the locks granted before. NOT_LEADER on a follower
 UNLOCK_QUEUES          group, client_id, queues -> (nothing): releases those held
+                       (NOT_LEADER on a follower)
 CANCEL_MESSAGE         commitlog_offset (a scheduled message's id names it)
                        -> state ("cancelled" | "already_cancelled" | "too_late":
                        delivered or due within timer_cancel_margin_ms), deliver_at_ms.

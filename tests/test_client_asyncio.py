@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
@@ -321,3 +322,27 @@ def test_a_full_handoff_makes_submit_wait_and_keeps_the_order(cluster: Cluster) 
         assert [f.result(timeout=0).queue_offset for f in futs] == list(range(first, first + count))
     with pytest.raises(ValueError, match="handoff_max_bytes"):
         BlockingProducer(cluster.ns, handoff_max_bytes=0)
+
+
+def test_the_asyncio_and_blocking_clients_schedule_and_cancel(cluster: Cluster) -> None:
+    """delay_ms / deliver_at through both facades, and the admin's cancel."""
+
+    async def main() -> list[str]:
+        async with open_asyncio_admin(cluster.ns) as admin, open_asyncio_producer(cluster.ns) as p:
+            soon = await p.send("sync", b"async-soon", delay_ms=200, sharding_key="s")
+            later = await p.send_batch("sync", [b"never"], delay_ms=60_000, sharding_key="s")
+            cancelled = await admin.cancel_message(later.msg_ids[0])
+            return [soon.msg_ids[0], cancelled.state]
+
+    soon_id, state = asyncio.run(main())
+    assert state == "cancelled" and "@" in soon_id
+    with BlockingProducer(cluster.ns) as p:
+        p.send("sync", b"blocking-soon", deliver_at=int(time.time() * 1000) + 200, sharding_key="s")
+        with pytest.raises(ValueError):
+            p.send("sync", b"x", delay_ms=5, deliver_at=5)
+    with BlockingConsumer(cluster.ns, "sched", {"sync": "*"}, **FAST_CONSUMER) as c:
+        got: list[bytes] = []
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += [r.body for r in c.poll(1.0)]
+    assert sorted(got) == [b"async-soon", b"blocking-soon"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import clmq, free_port, popen, running_dev
+from tests.test_cli_dlq import send_back
 from tests.waiting import wait_until
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -57,6 +58,7 @@ def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[
         assert sent.returncode == 0, sent.stderr
         ids = [line.split()[-1] for line in sent.stdout.splitlines()]
         assert clmq("consume", "orders", "--group", "billing", "--count", "10", "--namesrv", ns, cwd=tmp).returncode == 0
+        send_back(ids[5:7], "refunds", to_dlq=True)  # two dead letters of group refunds
         port = free_port()
         proc = popen("dashboard", "--namesrv", ns, "--listen-port", str(port), "--poll-interval-ms", "200", cwd=tmp,
                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
@@ -87,6 +89,13 @@ def test_the_groups_pages_show_the_lag(board: tuple[str, list[str]]) -> None:
     assert "billing" in dom and ">30<" in dom  # 40 sent, 10 consumed
     dom = browse(board[0] + "#/groups?name=billing")
     assert "total lag" in dom and '<span class="lag">30</span>' in dom and "Lag trend" in dom
+
+
+def test_the_groups_pages_show_retries_and_dead_letters(board: tuple[str, list[str]]) -> None:
+    dom = browse(board[0] + "#/groups")
+    assert "refunds" in dom and '<span class="dlq">2</span>' in dom
+    dom = browse(board[0] + "#/groups?name=refunds")
+    assert '<span class="dlq">2</span>' in dom and "Dead letters" in dom and "order #5 for alice" in dom and ">orders<" in dom
 
 
 def test_messages_are_browsed_and_looked_up_by_id_and_key(board: tuple[str, list[str]]) -> None:

@@ -6,23 +6,29 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
 import sys
+import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import trio
 
-from client import open_admin, open_producer
+from client import SendError, open_admin, open_producer
 
 from ._common import add_client_args, addrs, namesrv_arg, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
 from ._output import emit, is_json, note
+from ._timefmt import format_time_ms, parse_time_ms
 from .consume_verbs import add_command as add_consume
 from .group_verbs import add_command as add_group
 from .message_verbs import add_command as add_message
 
 DEFAULT_MAX_LINE_BYTES = 4 << 20  # a broker's default max_message_bytes
 STDIN_READ_BYTES = 64 << 10  # one read of stdin: whatever has arrived, up to this much
+FORMS_AT = "ISO-8601 (2026-11-23T10:00:00Z) or epoch milliseconds"
+_DELAY = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_DELAY_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 def add_client_commands(sub: Any) -> None:
@@ -48,6 +54,9 @@ def _add_topic_commands(sub: Any) -> None:
         p = tsub.add_parser(name, help=helptext)
         if name != "list":
             p.add_argument("name")
+        else:  # system topics: %TIMER%, %RETRY%group, %DLQ%group
+            p.add_argument("--all", "--include-system", action="store_true", dest="include_system",
+                           help="also the system topics (%%TIMER%%, %%RETRY%%group, %%DLQ%%group)")  # fmt: skip
     add_client_args(tsub.choices)
     topic.set_defaults(func=cmd_topic)
 
@@ -69,6 +78,9 @@ def _add_client_commands(sub: Any) -> None:
     prod.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
                       help=f"longest line of stdin taken as a message (default {DEFAULT_MAX_LINE_BYTES:,}): "
                            "a longer one is reported and skipped")  # fmt: skip
+    when = prod.add_mutually_exclusive_group()
+    when.add_argument("--delay", help="schedule the messages: deliver them this long from now (30s, 5m, 1h, 1500ms)")
+    when.add_argument("--deliver-at", help=f"schedule the messages: deliver them at this time: {FORMS_AT}")
     namesrv_arg(prod)
     prod.set_defaults(func=cmd_produce)
 
@@ -99,7 +111,7 @@ def cmd_topic(args: argparse.Namespace) -> int:
                 else:
                     note(args, f"topic {args.name} deleted on {', '.join(on)}")
             elif args.topic_command == "list":
-                topics = await admin.list_topics()
+                topics = await admin.list_topics(include_system=args.include_system)
                 emit(args, "topics", ["topic", "queues per broker"],
                      [[t, ", ".join(f"{b}: {n}" for b, n in by.items())] for t, by in topics.items()], data=topics)  # fmt: skip
             else:
@@ -135,8 +147,11 @@ def cmd_produce(args: argparse.Namespace) -> int:
         properties = _properties(args.property)
         fd = _input_fd(args)
         bodies = _argument_bodies(args.messages) if args.messages else _stdin_lines(args.max_line_bytes, report, fd)
+        due = _due_ms(args)
         async with open_producer(addrs(args), **options) as producer:
             selector = await _queue_selector(producer, args.topic, args.queue)
+            if due is not None:
+                return await _produce_scheduled(args, producer, bodies, properties, selector, due)
             number = 0
             async for body in bodies:
                 number += 1
@@ -149,6 +164,42 @@ def cmd_produce(args: argparse.Namespace) -> int:
         return report.finish()
 
     return run_client(main)
+
+
+def _due_ms(args: argparse.Namespace) -> int | None:
+    """--delay / --deliver-at as the due time in epoch ms (None: send now)."""
+    if args.deliver_at is not None:
+        return parse_time_ms(args.deliver_at)
+    if args.delay is None:
+        return None
+    found = _DELAY.match(args.delay.strip())
+    if not found:
+        raise CliError(f"--delay {args.delay!r}: give a duration like 30s, 5m, 1h, 1500ms", EXIT_USAGE)
+    return int(time.time() * 1000 + float(found.group(1)) * _DELAY_UNIT_MS[found.group(2)])
+
+
+async def _produce_scheduled(args: argparse.Namespace, producer: Any, bodies: AsyncIterator[bytes | None],
+                             properties: dict[str, str], selector: Any, due: int) -> int:  # fmt: skip
+    """Send each message scheduled for ``due``, one after another; print each one's
+    queue, due time and id (``clmq message cancel`` takes it)."""
+    sent = failed = 0
+    async for body in bodies:
+        if body is None:  # a line over --max-line-bytes: reported by _stdin_lines
+            failed += 1
+            continue
+        try:
+            r = await producer.send(args.topic, body, tags=args.tags, keys=args.keys, properties=properties,
+                                    sharding_key=args.sharding_key, selector=selector, deliver_at=due)  # fmt: skip
+        except SendError as e:
+            failed += 1
+            print(f"error: message {sent + failed}: {e}", file=sys.stderr)
+            continue
+        sent += 1
+        sys.stdout.write(f"{r.queue.broker_name} queue {r.queue.queue_id} scheduled {format_time_ms(due)} id {r.msg_ids[0]}\n")
+        sys.stdout.flush()
+    if failed:
+        print(f"error: {failed:,} of {failed + sent:,} messages not scheduled", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _properties(pairs: list[str]) -> dict[str, str]:

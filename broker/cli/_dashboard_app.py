@@ -21,6 +21,7 @@ from client import Admin, ConnectionFailed, NoRouteError, RpcError
 from protocol.transport import HttpRequest, HttpResponse
 
 from ._output import record_fields
+from .dlq_verbs import letter_fields
 from .replication_verbs import cluster_rows
 
 NET_ERRORS = (ConnectionFailed, RpcError, NoRouteError, trio.TooSlowError, OSError)
@@ -122,16 +123,20 @@ async def api_topic(d: Dashboard, q: dict[str, str]) -> dict[str, Any]:
 
 
 async def api_groups(d: Dashboard, q: dict[str, str]) -> dict[str, Any]:
+    """Every group (those with only dead letters too): lag, members, queues, retry
+    backlog and dead letters."""
     out = []
-    for group in await d.admin.list_groups():
+    with_letters = {r["group"] for r in await d.admin.dead_letter_counts()}
+    for group in sorted(set(await d.admin.list_groups()) | with_letters):
         info = await d.admin.describe_group(group)
-        out.append({"group": group, "lag": info["lag"], "members": len(info["members"]), "queues": len(info["queues"])})
+        out.append({"group": group, "lag": info["lag"], "members": len(info["members"]), "queues": len(info["queues"]),
+                    "retry_backlog": info["retry_backlog"], "dead_letters": info["dead_letters"]})  # fmt: skip
     return {"groups": out}
 
 
 async def api_group(d: Dashboard, q: dict[str, str]) -> dict[str, Any]:
     info = await d.admin.describe_group(q["name"])
-    if not info["queues"] and not info["members"]:
+    if not info["queues"] and not info["members"] and not info["dead_letters"] and not info["retry_backlog"]:
         raise ValueError(f"group {q['name']!r} does not exist")
     trend = [{"t": h["t"], "lag": h["lag"].get(q["name"])} for h in d.history if q["name"] in h["lag"]]
     return {**info, "trend": trend}
@@ -155,5 +160,12 @@ async def api_find(d: Dashboard, q: dict[str, str]) -> dict[str, Any]:
     return {"messages": [record_fields(r) for r in found.records], "scanned": found.scanned, "complete": found.complete}
 
 
+async def api_dead_letters(d: Dashboard, q: dict[str, str]) -> dict[str, Any]:
+    """A group's dead letters (``clmq dlq show``): id, origin, attempts, body."""
+    count = min(int(q.get("count", "20")), d.settings.max_page_messages)
+    letters = await d.admin.dead_letters(q["group"], max_messages=count, start=int(q.get("offset", "0")))
+    return {"group": q["group"], "messages": [letter_fields(lt) for lt in letters]}
+
+
 API = {"overview": api_overview, "topics": api_topics, "topic": api_topic, "groups": api_groups, "group": api_group,
-       "messages": api_messages, "message": api_message, "find": api_find}  # fmt: skip
+       "messages": api_messages, "message": api_message, "find": api_find, "deadletters": api_dead_letters}  # fmt: skip

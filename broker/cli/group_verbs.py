@@ -81,12 +81,18 @@ async def _existing(admin: Admin, group: str) -> list[dict[str, Any]]:
 
 async def _describe(args: argparse.Namespace, admin: Admin) -> None:
     info = await admin.describe_group(args.name)
-    if not info["queues"] and not info["members"]:
+    if not info["queues"] and not info["members"] and not info["dead_letters"] and not info["retry_backlog"]:
         raise CliError(f"group {args.name!r} does not exist (clmq group list shows the groups)", EXIT_FAILED)
-    emit(args, f"group {args.name} (total lag {info['lag']:,})", ["broker", "topic", "queue", "committed", "max offset", "lag"],
+    title = (f"group {args.name} (total lag {info['lag']:,}, retry backlog {info['retry_backlog']:,}, "
+             f"dead letters {info['dead_letters']:,})")  # fmt: skip
+    emit(args, title, ["broker", "topic", "queue", "committed", "max offset", "lag"],
          [[q["broker_name"], q["topic"], q["queue_id"], q["committed"], q["max_offset"], q["lag"]] for q in info["queues"]],
          data=info)  # fmt: skip
     note(args, "members: " + (", ".join(m["client_id"] for m in info["members"]) or "none connected"))
+    per_broker = ", ".join(f"{r['broker_name']}: {r['retry_backlog']:,} / {r['dead_letters']:,}" for r in info["retries"])
+    note(args, f"retry backlog {info['retry_backlog']:,}, dead letters {info['dead_letters']:,}"
+               + (f" (per broker, retries / dead letters: {per_broker})" if len(info["retries"]) > 1 else "")
+               + (" (clmq dlq show shows them)" if info["dead_letters"] else ""))  # fmt: skip
 
 
 async def _delete(args: argparse.Namespace, admin: Admin) -> None:

@@ -17,10 +17,12 @@ from ._logging import add_logging_args, configure_logging
 from ._progress import bench_progress
 from ._services import add_commands
 from .bench.commands import add_store_and_compare
+from .bench.delay import add_command as add_bench_delay
 from .bench.e2e import add_command as add_bench_e2e
 from .bench.results import add_out_dir_args, resolve_result_paths
 from .bench.spark import add_command as add_bench_spark
 from .dashboard import add_command as add_dashboard
+from .dlq_verbs import add_command as add_dlq
 from .export import add_command as add_export
 from .replication_verbs import add_replication_commands
 from .store_tools import add_command as add_store_tools
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     add_store_and_compare(bench_sub)
     add_bench_e2e(bench_sub)
+    add_bench_delay(bench_sub)
     add_commands(sub)
     _add_dev_zookeeper_flag(sub.choices["dev"])
     add_replication_commands(sub)
@@ -54,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export(sub)
     add_store_tools(sub)
     add_dashboard(sub)
+    add_dlq(sub)
     return parser
 
 

@@ -1,5 +1,6 @@
 """``clmq message``: read one queue from an offset without a group, look a message up
-by its id or by key; printed with timestamps, queue, offset, keys and properties."""
+by its id or by key (printed with timestamps, queue, offset, keys and properties);
+cancel a scheduled message."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ from client import Admin, open_admin
 
 from ._common import add_client_args, addrs, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
-from ._output import note, print_record
-from ._timefmt import FORMS, parse_time_ms
+from ._output import emit, is_json, note, print_record
+from ._timefmt import FORMS, format_time_ms, parse_time_ms
 
 FOLLOW_POLL_MS = 500  # --follow: how often an idle queue is asked again
 
 
 def add_command(sub: Any) -> None:
-    """Add ``clmq message read|get|find`` to the ``clmq`` parser."""
+    """Add ``clmq message read|get|find|cancel`` to the ``clmq`` parser."""
     msg = sub.add_parser("message", help="read a queue without a group; look a message up by id or key")
     msub = msg.add_subparsers(dest="message_command", required=True)
     read = msub.add_parser("read", help="messages of one queue from an offset (no group, nothing committed)")
@@ -40,6 +41,8 @@ def add_command(sub: Any) -> None:
     find.add_argument("--max-scan-messages", type=int, default=100_000, help="read at most this many messages (default 100000)")
     for p in msub.choices.values():
         p.add_argument("--details", action="store_true", help="also print keys, properties and attempts")
+    cancel = msub.add_parser("cancel", help="cancel a scheduled message by the id its send printed")
+    cancel.add_argument("msg_id")
     add_client_args(msub.choices)
     msg.set_defaults(func=cmd_message)
 
@@ -57,6 +60,8 @@ def cmd_message(args: argparse.Namespace) -> int:
                 await _read(args, admin)
             elif args.message_command == "get":
                 await _get(args, admin)
+            elif args.message_command == "cancel":
+                await _cancel(args, admin)
             else:
                 await _find(args, admin)
         return 0
@@ -106,3 +111,21 @@ async def _find(args: argparse.Namespace, admin: Admin) -> None:
     note(args, f"[dim]{len(found.records)} found, {found.scanned:,} messages read{cut}")
     if not found.records:
         raise CliError(f"no message of topic {args.topic!r} has key {args.key!r}" + (cut and " among those read"), EXIT_FAILED)
+
+
+async def _cancel(args: argparse.Namespace, admin: Admin) -> None:
+    """Cancelled (or cancelled before): exit 0; too late or unknown: exit 1, saying so."""
+    try:
+        result = await admin.cancel_message(args.msg_id)
+    except ValueError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+    due = format_time_ms(result.deliver_at_ms) if result.deliver_at_ms else "-"
+    data = {"msg_id": args.msg_id, "state": result.state, "deliver_at_ms": result.deliver_at_ms}
+    if result.state == "not_found":
+        raise CliError(f"no scheduled message {args.msg_id} (give the id a delayed send printed)", EXIT_FAILED)
+    if result.state == "too_late":
+        raise CliError(f"message {args.msg_id} is delivered or due too soon ({due}) to cancel", EXIT_FAILED)
+    if is_json(args):
+        emit(args, "", [], [], data=data)
+    else:
+        note(args, f"message {args.msg_id}: {result.state.replace('_', ' ')} (was due {due})")

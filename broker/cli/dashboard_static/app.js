@@ -64,17 +64,24 @@ const pages = {
     const name = params().get("name");
     if (name) {
       const doc = await api("group?name=" + encodeURIComponent(name));
+      const dead = await api("deadletters?group=" + encodeURIComponent(name));
       el.innerHTML = `<h2>Group ${esc(name)}: total lag <span class="lag">${num(doc.lag)}</span></h2>` +
+        `<p>retry backlog <span class="retry">${num(doc.retry_backlog)}</span>, dead letters <span class="dlq">${num(doc.dead_letters)}</span></p>` +
         table(["broker", "topic", "queue", "committed", "max offset", "lag"], doc.queues.map(q =>
           [esc(q.broker_name), esc(q.topic), q.queue_id, q.committed, q.max_offset, `<span class="${q.lag ? "lag" : "ok"}">${num(q.lag)}</span>`]), [2, 3, 4, 5]) +
         `<h2>Members</h2>` + (doc.members.length ? table(["client id", "mode", "topics"], doc.members.map(m =>
           [esc(m.client_id), esc(m.mode), esc(m.topics.join(", "))])) : "<p>none connected</p>") + `<h2>Lag trend</h2><div id="charts"></div>`;
       chart(el.querySelector("#charts"), "lag (messages)", doc.trend.map(x => x.t), [{label: "lag", values: doc.trend.map(x => x.lag), color: "#b03a2e"}]);
+      el.insertAdjacentHTML("beforeend", `<h2>Dead letters</h2>` + (dead.messages.length ? table(["broker", "offset", "msg id",
+        "origin topic", "origin queue", "attempts", "body"], dead.messages.map(m => [esc(m.broker_name), m.queue_offset, esc(m.msg_id),
+        esc(m.origin_topic), m.origin_queue_id, m.reconsume_times, `<span class="body">${esc((m.body ?? ("base64:" + m.body_base64)).slice(0, 80))}</span>`]),
+        [1, 4, 5]) + "<p>clmq dlq resend sends them again</p>" : "<p>none</p>"));
       return;
     }
     const doc = await api("groups");
-    el.innerHTML = `<h2>Consumer groups</h2>` + table(["group", "lag", "members", "queues"], doc.groups.map(g =>
-      [`<a href="#/groups?name=${encodeURIComponent(g.group)}">${esc(g.group)}</a>`, g.lag, g.members, g.queues]), [1, 2, 3]);
+    el.innerHTML = `<h2>Consumer groups</h2>` + table(["group", "lag", "members", "queues", "retry backlog", "dead letters"], doc.groups.map(g =>
+      [`<a href="#/groups?name=${encodeURIComponent(g.group)}">${esc(g.group)}</a>`, g.lag, g.members, g.queues, g.retry_backlog,
+       `<span class="${g.dead_letters ? "dlq" : "ok"}">${num(g.dead_letters)}</span>`]), [1, 2, 3, 4, 5]);
   },
   async messages(el) {
     const p = params();
