@@ -13,8 +13,8 @@ the lock's lease holds by this member's clock.
   it) is dropped at once, not committed, its prefetched and pending batches not
   acknowledged; it is asked for again while it is wanted.
 - Released (the rebalance moved it, or it was granted after it stopped being wanted):
-  the consumer waits until its batch being processed is acknowledged, commits, then
-  unlocks (:meth:`QueueLocks.unlock`). Lock and unlock requests never overlap (one
+  the consumer waits until its batch being processed is acknowledged (however long:
+  the lease is renewed meanwhile), commits, then unlocks (:meth:`QueueLocks.unlock`). Lock and unlock requests never overlap (one
   lock): a renewal sent before an unlock could otherwise reach the broker after it and
   take the queue again.
 """
@@ -91,18 +91,17 @@ class QueueLocks:
             self._nursery.start_soon(self.release, mq)
 
     async def release(self, mq: MessageQueue) -> None:
-        """Stop handing ``mq`` out, wait (at most a lease) until its batch being
+        """Stop handing ``mq`` out, wait (renewing meanwhile) until its batch being
         processed is acknowledged, commit, then unlock it for its next owner."""
         h = self.host
         try:
             h.stop_queue(mq)
-            with trio.move_on_after(self.lease_s) as waited:
-                while h.pending.of(mq) and self.holds(mq, trio.current_time()):
+            # However long the batch takes: the lock loop renews the lease meanwhile, so
+            # the next owner cannot lock the queue while this member still processes it
+            # (a lapse, renewals failing, ends the wait and the queue is dropped).
+            while h.pending.of(mq) and self.holds(mq, trio.current_time()):
+                with trio.move_on_after(max(self.renew_s, 0.05)):
                     await h.pending.wait_changed()
-            if waited.cancelled_caught:
-                log.warning("consumer %s: %s/%d still not acknowledged after %.0f s: released unprocessed",
-                            h.client_id, mq.topic, mq.queue_id, self.lease_s)  # fmt: skip
-                h.pending.drop(mq)
             if self.holds(mq, trio.current_time()):  # else it lapsed: another member may own it, commit nothing
                 await h.commit_queue(mq)
                 h.drop_queue(mq)

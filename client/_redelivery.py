@@ -25,6 +25,8 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Iterator, NamedTuple, Protocol, Sequence
 
+import trio
+
 from commitlog import ClientError, Record
 from protocol import Frame, ProtocolError, RequestCode
 
@@ -139,23 +141,30 @@ class Round:
     in order). ``limit``: records to handle at most (the rest are left, and delivered
     again)."""
 
-    def __init__(self, records: list[Record], keys: dict[int, Any], *, orderly: bool, limit: int | None) -> None:
+    def __init__(self, records: list[Record], keys: dict[int, Any], *, orderly: bool, limit: int | None,
+                 still_held: Callable[[Any], bool] | None = None) -> None:  # fmt: skip
         self.records = records
         self.keys = keys
         self.orderly = orderly
         self.limit = limit
+        self.still_held = still_held  # orderly: whether this member still holds a queue's lock
         self.handled = 0
         self.failed: list[Record] = []
         self._done: set[int] = set()
         self._stopped: set[Any] = set()
+        self._lost: set[Any] = set()  # queues whose lock lapsed during the round: their new owner reads them
 
     def todo(self) -> Iterator[Record]:
         """The records to hand to the handler, in order (call :meth:`done` for each)."""
         for r in self.records:
             if self.limit is not None and self.handled >= self.limit:
                 return
-            if self.orderly and self.keys.get(id(r)) in self._stopped:
+            key = self.keys.get(id(r))
+            if self.orderly and key in self._stopped:
                 continue  # after a failure in its queue: delivered again after the failed one
+            if self.still_held is not None and key is not None and (key in self._lost or not self.still_held(key)):
+                self._lost.add(key)  # checked before every record: another member may own the queue now
+                continue
             yield r
 
     def done(self, record: Record, ok: bool) -> None:
@@ -169,7 +178,8 @@ class Round:
     def left(self) -> list[Record]:
         """Records not handled (the limit was reached, or the round was interrupted),
         but for those of queues stopped at a failure (the failure rewinds them)."""
-        return [r for r in self.records if id(r) not in self._done and self.keys.get(id(r)) not in self._stopped]
+        return [r for r in self.records
+                if id(r) not in self._done and self.keys.get(id(r)) not in self._stopped | self._lost]  # fmt: skip
 
 
 class RedeliveryHost(Protocol):
@@ -322,7 +332,10 @@ class Redelivery:
     # ------------------------------------------------------------------- run()
     def round(self, records: list[Record], limit: int | None) -> Round:
         """A round over what ``receive()`` just returned."""
-        return Round(records, self.c.pending.where(records, strict=False), orderly=self.c.locks is not None, limit=limit)
+        locks = self.c.locks
+        held = None if locks is None else (lambda mq: bool(locks.holds(mq, trio.current_time())))
+        return Round(records, self.c.pending.where(records, strict=False), orderly=locks is not None, limit=limit,
+                     still_held=held)  # fmt: skip
 
     async def run(self, handler: Handler, max_messages: int | None) -> int:
         check_limit(max_messages)

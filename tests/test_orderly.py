@@ -5,6 +5,7 @@ rebalances, and in-place retries ending in the dead letters."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from pathlib import Path
 from typing import Any
@@ -146,7 +147,8 @@ class Interval:
 
 
 async def _member(cluster: Cluster, name: str, log: list[Interval], members: dict[str, Consumer],
-                  stop: trio.Event, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:  # fmt: skip
+                  stop: trio.Event, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+                  work_s: float = 0.002) -> None:  # fmt: skip
     """An orderly member that logs, per queue, each batch from receive() to its ack."""
     async with open_consumer(cluster.ns, "og", {"ord": "*"}, client_id=name, **ORDERLY) as c:
         members[name] = c
@@ -163,7 +165,8 @@ async def _member(cluster: Cluster, name: str, log: list[Interval], members: dic
             with trio.move_on_after(0.1):
                 records = await c.receive()
                 held.append((trio.current_time(), records))
-                await trio.sleep(0.002)  # processing: a window another member would have to overlap
+            if held:
+                await trio.sleep(work_s)  # processing: a window another member would have to overlap
         del members[name]
 
 
@@ -239,6 +242,46 @@ async def test_members_joining_and_leaving_never_process_a_queue_at_the_same_tim
     handed_over = {q for q in range(8) if len({i.member for i in log if i.queue == q}) > 1}
     assert len(handed_over) >= 4, handed_over  # the rebalances moved queues between members
     _check(log, dict.fromkeys(range(8), sent[0]))
+
+
+async def test_a_batch_processed_longer_than_a_lease_keeps_its_queue_from_the_next_owner(nursery: trio.Nursery,
+                                                                                        tmp_path: Path) -> None:  # fmt: skip
+    """The member losing a queue to a rebalance keeps renewing its lock until its slow
+    batch is acknowledged: the next owner gets the queue only then."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker(lock_lease_ms=900)
+    await c.create_topic("ord", 8)
+    per_queue = 5
+    await _send_all(broker.addr, per_queue)
+    log: list[Interval] = []
+    members: dict[str, Consumer] = {}
+    stops = {"slow": trio.Event(), "quick": trio.Event()}
+    async with trio.open_nursery() as n:
+        n.start_soon(functools.partial(_member, c, "slow", log, members, stops["slow"], work_s=2.5))
+        await await_until(lambda: "slow" in members and len(members["slow"].assignment()) == 8, 10, "slow to hold all")
+        await await_until(lambda: any(i.member == "slow" for i in log) or _busy(members["slow"]), 10, "slow at work")
+        await n.start(_member, c, "quick", log, members, stops["quick"])
+        await await_until(lambda: "quick" in members and bool(members["quick"].assignment()), 20, "quick to get queues")
+        await _send_all(broker.addr, per_queue, start=per_queue)
+        await await_until(lambda: all(any(i.queue == q and i.last == 2 * per_queue - 1 for i in log) for q in range(8)),
+                          20, "every queue processed")  # fmt: skip
+        stops["slow"].set()
+        stops["quick"].set()
+    assert {i.member for i in log} == {"slow", "quick"}
+    _check(log, dict.fromkeys(range(8), 2 * per_queue))
+
+
+def _busy(consumer: Consumer) -> bool:
+    return bool(list(consumer.pending))
+
+
+async def _send_all(addr: str, per_queue: int, start: int = 0) -> None:
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        batch = [Message("ord", q, b"%d" % i) for i in range(start, start + per_queue) for q in range(8)]
+        await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": "ord"}, encode_batch(batch))
+        await rpc.aclose()
 
 
 # -------------------------------------------------------------- in-place retry
