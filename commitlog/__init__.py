@@ -75,6 +75,7 @@ from ._record import (
     decode_properties,
     decode_record,
     encode_properties,
+    record_size,
 )  # fmt: skip
 from ._segment import fsync_dir, read_boundary_index
 from ._timings import FSYNC_BUCKETS_S, Timings
@@ -172,6 +173,7 @@ __all__ = [
     "read_boundary_index",
     "read_exactly",
     "read_json",
+    "record_size",
     "repair_log",
     "report_progress",
     "set_progress_sink",

@@ -165,6 +165,12 @@ def encode_properties(props: Mapping[str, str]) -> bytes:
     return bytes(out)
 
 
+def record_size(m: Message) -> int:
+    """The bytes ``m`` takes as a record (compare with ``max_message_bytes``)."""
+    props = encode_properties(m.properties) if m.properties else b""
+    return HEADER_SIZE + len(m.topic.encode()) + len(m.tags.encode()) + len(m.keys.encode()) + len(props) + len(m.body)
+
+
 def decode_properties(data: bytes | memoryview) -> dict[str, str]:
     props: dict[str, str] = {}
     pos, end = 0, len(data)

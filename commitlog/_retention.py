@@ -35,7 +35,12 @@ class Retention:
     def delete_expired(self, now: float | None = None) -> int:
         """Delete expired segments (see :meth:`CommitLog.delete_expired`); returns how many."""
         now = time.time() if now is None else now
-        return self._delete(lambda segments: self._count_doomed(segments, now))
+        try:  # asked before the log's lock is taken: it may read files (the timer's queue)
+            floor = self.floor()
+        except Exception as e:  # whatever failed, keeping every segment is safe
+            log.error("commitlog retention: no segment deleted this pass, the retention floor failed: %s", e)
+            return 0
+        return self._delete(lambda segments: self._count_doomed(segments, now, floor))
 
     def delete_before(self, offset: int) -> int:
         """Delete the oldest segments that end at or below ``offset``, never the active
@@ -64,12 +69,11 @@ class Retention:
                 st.dirty.discard(seg)
             return doomed
 
-    def _count_doomed(self, segments: tuple[Segment, ...], now: float) -> int:
+    def _count_doomed(self, segments: tuple[Segment, ...], now: float, floor: int | None) -> int:
         """How many segments, oldest first and never the active one, are past a limit."""
         config = self._state.config
         total = sum(s.size for s in segments)
         doomed = 0
-        floor = self.floor()
         for seg in segments[:-1]:
             if floor is not None and seg.end > floor:
                 break  # it holds records still needed: kept, and every later one

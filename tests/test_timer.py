@@ -3,6 +3,7 @@ the door, and exactly once across a kill -9 of a real broker process."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -276,6 +277,77 @@ async def _read_all(addr: str, n: int) -> list[tuple[Record, float]]:
         with trio.move_on_after(1.0):  # anything delivered twice would come now
             got += [(r, time.time()) for r in await consumer.receive()]
     return got
+
+
+async def test_many_messages_due_at_the_same_moment_survive_a_kill_mid_delivery_once(tmp_path: Path) -> None:
+    """20,000 messages due at one millisecond, delivered 10 per batch with a checkpoint
+    every 50 ms; kill -9 while they are being delivered: after the restart each is in
+    its queue once (a snapshot never claims a due time it has only partly delivered)."""
+    conf, log = _config(tmp_path), tmp_path / "broker.log"
+    conf.write_text(
+        conf.read_text().replace("timer_checkpoint_interval_ms = 100", "timer_checkpoint_interval_ms = 50")
+        + "timer_deliver_batch_messages = 10\n"
+    )
+    proc = await launch(conf, log)
+    n = 20_000
+    try:
+        addr = await wait_ready(proc, log)
+        async with open_admin(None, broker_addrs=[addr]) as admin:
+            await admin.create_topic("t", 2)
+        async with open_producer(None, broker_addrs=[addr]) as producer:
+            due = int(time.time() * 1000) + 1500
+            await producer.send("t", b"later", delay_ms=600_000)  # pending below the rest: a start reads them all
+            await producer.send("t", b"first", deliver_at=due - 1)  # the first batch: it, then part of the rest
+            for start in range(0, n, 500):
+                await producer.send_batch("t", [b"%d" % i for i in range(start, start + 500)], deliver_at=due)
+        await await_until(lambda: _delivered_at_least(addr, 2000), 20, "part of the messages delivered")
+        assert await _info(addr, "timer_delivered") < n, "all delivered before the kill: the test missed its moment"
+    finally:
+        await reap(proc)
+    proc = await launch(conf, log)
+    try:
+        addr = await wait_ready(proc, log)
+        got = await _read_all(addr, n + 1)
+    finally:
+        await reap(proc)
+    bodies = sorted(r.body for r, _ in got)
+    assert bodies == sorted([b"first", *(b"%d" % i for i in range(n))]), f"{len(bodies)} for {n + 1}"
+
+
+async def _delivered_at_least(addr: str, n: int) -> bool:
+    return await _info(addr, "timer_delivered") >= n
+
+
+async def test_deliveries_wait_for_a_full_lane_and_lose_nothing(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Producers keep the append lane at its byte limit while scheduled messages fall
+    due: the timer's appends are refused (busy) and tried again; every one arrives once."""
+    c = await _cluster(nursery, tmp_path, max_inflight_produce_bytes=4096)
+    n = 300
+    async with open_producer(c.ns) as producer:
+        for start in range(0, n, 50):
+            await producer.send_batch("t", [b"s%d" % i for i in range(start, start + 50)], delay_ms=400)
+    flooding = trio.Event()
+
+    async def flood() -> None:
+        async with open_producer(c.ns, retries=50, retry_budget_ms=60_000) as p:
+            while not flooding.is_set():
+                futures = [await p.submit("t", b"f" * 1000) for _ in range(64)]
+                for f in futures:
+                    with contextlib.suppress(Exception):
+                        await f.wait()
+
+    async with trio.open_nursery() as n2:
+        n2.start_soon(flood)
+        timer = next(iter(c.brokers.values())).handlers.timer
+        await await_until(lambda: timer.stats.delivered >= n, 30, "every scheduled message delivered")
+        flooding.set()
+    got = []
+    async with open_consumer(c.ns, "g", {"t": "*"}, **FAST_CONSUMER) as consumer:
+        with trio.move_on_after(3):
+            while sum(1 for r in got if r.body.startswith(b"s")) < n:
+                got += await consumer.receive()
+    scheduled = sorted(r.body for r in got if r.body.startswith(b"s"))
+    assert scheduled == sorted(b"s%d" % i for i in range(n))
 
 
 # ---------------------------------------------------------------- a million pending

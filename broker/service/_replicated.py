@@ -20,6 +20,7 @@ class TimerCheckpoints(Protocol):
 
     def checkpoint_json(self) -> dict[str, Any] | None: ...
     def adopt_checkpoint(self, value: dict[str, Any]) -> None: ...
+    def after_truncation(self) -> None: ...
 
 
 class ReplicatedMetadata:
@@ -81,3 +82,5 @@ class ReplicatedMetadata:
     def after_truncation(self) -> None:
         store = self.store
         self.offsets.clamp(lambda t, q: store.max_offset(t, q) if store.queue_exists(t, q) else None)
+        if self.timer is not None:
+            self.timer.after_truncation()

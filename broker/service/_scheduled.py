@@ -15,6 +15,7 @@ from consumequeue import (
     PROP_REAL_QID,
     PROP_REAL_TAGS,
     PROP_REAL_TOPIC,
+    PROP_TIMER_SRC,
     TIMER_TOPIC,
     timer_tag,
 )
@@ -22,7 +23,7 @@ from protocol import ErrorCode, Frame
 from protocol.transport import Peer, Reply, RequestError, need
 
 from ._context import BrokerContext
-from ._system_put import ensure_topic, put_messages
+from ._system_put import ensure_topic, put_acknowledged
 from ._timer import Timer, wall_ms
 from ._timer_state import CANCEL_QUEUE, SCHEDULED_QUEUE, TIMER_QUEUES
 
@@ -68,9 +69,13 @@ class ScheduledRequests:
         if qid != SCHEDULED_QUEUE or not due.isdigit() or len(due) > 15 or tags != due.encode():
             raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: not a scheduled message (queue 0, "
                                                           f"{PROP_DELIVER_AT} digits, the same as its tags)")  # fmt: skip
-        if not {PROP_REAL_TAGS, PROP_REAL_TOPIC, PROP_REAL_QID} <= props.keys() or PROP_CANCEL_OF in props:
+        if (
+            not {PROP_REAL_TAGS, PROP_REAL_TOPIC, PROP_REAL_QID} <= props.keys()
+            or PROP_CANCEL_OF in props
+            or PROP_TIMER_SRC in props
+        ):  # the broker's own marks: a forged one would hide a delivery
             raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: needs {PROP_REAL_TOPIC}, {PROP_REAL_QID} "
-                                                          f"and {PROP_REAL_TAGS}, no {PROP_CANCEL_OF}")  # fmt: skip
+                                                          f"and {PROP_REAL_TAGS}, no {PROP_CANCEL_OF} or {PROP_TIMER_SRC}")  # fmt: skip
         if int(due) > latest:
             raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: due at {due}, later than timer_max_delay_ms="
                                                           f"{self.b.config.timer_max_delay_ms} from now")  # fmt: skip
@@ -93,12 +98,13 @@ class ScheduledRequests:
         due = int(record.properties[PROP_DELIVER_AT])
         if self.timer.is_cancelled(offset):
             return Reply({"state": "already_cancelled", "deliver_at_ms": due})
-        if due <= wall_ms() + self.b.config.timer_cancel_margin_ms:
+        # Against the clock and the timer's own progress (it may be ahead of its
+        # schedule in a second, or have delivered a late message already).
+        handled = max(wall_ms(), self.timer.handled_ms())
+        if due <= handled + self.b.config.timer_cancel_margin_ms or self.timer.was_delivered(offset):
             return Reply({"state": "too_late", "deliver_at_ms": due})
         marker = Message(TIMER_TOPIC, CANCEL_QUEUE, b"", timer_tag(due), "", {PROP_CANCEL_OF: str(offset)})
-        result = await put_messages(self.b, [marker])
-        if not result.ok:
-            raise RequestError(ErrorCode.IO_ERROR, f"cancel marker not stored: {result.status.value}: {result.error}")
+        await put_acknowledged(self.b, [marker])  # "cancelled" must survive a crash and a fail-over
         return Reply({"state": "cancelled", "deliver_at_ms": due})
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from broker.store import Store
-from commitlog import CorruptRecordError, Message, Record
+from commitlog import CorruptRecordError, Message, Record, record_size
 from consumequeue import (
     PROP_CANCEL_OF,
     PROP_DELIVER_AT,
@@ -33,9 +33,8 @@ from consumequeue import (
 from protocol import ErrorCode, Frame
 from protocol.transport import Peer, Reply, RequestError, need
 
-from ._append import BusyError
 from ._context import BrokerContext
-from ._system_put import ensure_topic, put_messages
+from ._system_put import ensure_topic, put_acknowledged
 from ._timer import wall_ms
 from ._timer_state import SCHEDULED_QUEUE, TIMER_QUEUES
 
@@ -61,29 +60,27 @@ class SendBack:
                                                                 f"{self.b.config.storage_mode}")  # fmt: skip
         self.b.replica.check_writable()
         records = await trio.to_thread.run_sync(_records_at, store, [r[0] for r in rows])
-        now = wall_ms()
+        now, longest = wall_ms(), self.b.config.timer_max_delay_ms
+        if any(delay > longest for _offset, delay in rows):
+            raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field 'messages': a delay_ms past timer_max_delay_ms={longest}")
         messages, results = [], []
         for record, (_offset, delay) in zip(records, rows):
             times = record.reconsume_times + 1
-            if to_dlq or times > limit:
+            due = now + (delay if delay >= 0 else self._backoff(times))
+            copy = None if to_dlq or times > limit else self._retry(group, record, times, due)
+            if copy is not None and record_size(copy) <= self.b.config.max_message_bytes:
+                messages.append(copy)
+                results.append(["retry", times, due])
+            else:  # past the limit, or a record too near the size limit to carry the retry's properties
                 messages.append(self._dead_letter(group, record, times))
                 results.append(["dlq", times, 0])
-            else:
-                due = now + (delay if delay >= 0 else self._backoff(times))
-                messages.append(self._retry(group, record, times, due))
-                results.append(["retry", times, due])
         await self._ensure_topics(group, results)
-        try:
-            result = await put_messages(self.b, messages)
-        except BusyError as e:
-            raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
-        if not result.ok:
-            raise RequestError(ErrorCode.IO_ERROR, f"not stored: {result.status.value}: {result.error}")
+        await put_acknowledged(self.b, messages)
         return Reply({"results": results})
 
     def _backoff(self, times: int) -> int:
-        delays = self.b.config.retry_delays_ms
-        return delays[min(times, len(delays)) - 1]
+        delays = self.b.config.retry_delays_ms  # a level past timer_max_delay_ms waits that long
+        return min(delays[min(times, len(delays)) - 1], self.b.config.timer_max_delay_ms)
 
     async def _ensure_topics(self, group: str, results: list[list[Any]]) -> None:
         if any(r[0] == "retry" for r in results):
@@ -114,8 +111,12 @@ class SendBack:
     def _dead_letter(self, group: str, record: Record, times: int) -> Message:
         props = self._origin(record)
         props[PROP_DLQ_GROUP] = group
-        return Message(dlq_topic(group), 0, record.body, record.tags, record.keys, props, record.flags,
-                       record.born_timestamp_ms, record.born_host, times)  # fmt: skip
+        out = Message(dlq_topic(group), 0, record.body, record.tags, record.keys, props, record.flags,
+                      record.born_timestamp_ms, record.born_host, times)  # fmt: skip
+        if record_size(out) > self.b.config.max_message_bytes:  # only the essentials: it must not block its queue
+            out.properties = {PROP_DLQ_GROUP: group, PROP_ORIGIN_MSG_ID: props[PROP_ORIGIN_MSG_ID],
+                              PROP_ORIGIN_TOPIC: props[PROP_ORIGIN_TOPIC]}  # fmt: skip
+        return out
 
 
 def _records_at(store: Store, offsets: list[int]) -> list[Record]:

@@ -9,9 +9,11 @@ from typing import Sequence
 import trio
 
 from broker.store import PutResult, PutStatus
-from commitlog import Message
-from protocol import encode_batch
+from commitlog import FlushMode, Message
+from protocol import ErrorCode, encode_batch
+from protocol.transport import RequestError
 
+from ._append import BusyError
 from ._context import BrokerContext
 
 
@@ -38,3 +40,24 @@ async def put_messages(ctx: BrokerContext, messages: Sequence[Message]) -> PutRe
         if (not put.result.ok and result.ok) or result.ok:
             result = put.result
     return result
+
+
+async def put_acknowledged(ctx: BrokerContext, messages: Sequence[Message]) -> None:
+    """:func:`put_messages` for an answer that promises the copy: refused (RequestError)
+    unless stored, durable as the flush mode promises a producer (sync: fsynced) and held
+    by the replicas the topic's ack mode asks for (a retry or a dead letter replaces the
+    original, whose offset the consumer then commits past: it must not be lost)."""
+    topic = messages[0].topic
+    ctx.replica.check_sync_write(topic)
+    try:
+        result = await put_messages(ctx, messages)
+    except BusyError as e:
+        raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
+    if not result.ok:
+        raise RequestError(ErrorCode.IO_ERROR, f"not stored: {result.status.value}: {result.error}")
+    sync = ctx.store.config.commitlog.flush_mode is FlushMode.SYNC
+    if sync and not await ctx.lane.durable.wait(result.end_offset, ctx.config.sync_flush_timeout_ms / 1000):
+        raise RequestError(ErrorCode.FLUSH_DISK_TIMEOUT, "stored, but not fsynced within sync_flush_timeout_ms")
+    problem = await ctx.replica.wait_held(topic, result.end_offset)
+    if problem is not None:
+        raise RequestError(problem[0], problem[1])

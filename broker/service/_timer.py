@@ -75,6 +75,11 @@ class Timer:
         self.saved = TimerCheckpoint()
         self.stats = TimerStats()
         self.failure = ""  # the last error that stopped the timer ("" while it works)
+        self._inflight: list[Due] = []  # the batch being appended
+        # The latest due time of what was handled: a snapshot may say "done up to T" only
+        # for T at or past it (a batch can split equal due times; a late entry can come
+        # due before what was already delivered).
+        self._max_due = -1
         self._last_save = 0.0
         self.window_s = self.config.timer_max_delay_ms // 1000 + WINDOW_MARGIN_S
         if self.store is not None:
@@ -97,13 +102,16 @@ class Timer:
     def retention_floor(self) -> int | None:
         """The commit-log offset retention must keep (called by the store's housekeeping
         thread): the oldest scheduled message not yet delivered, to within a page of
-        the wheel's links; all of ``%TIMER%`` while this leader's timer is not running.
+        the wheel's links; from the last checkpoint's ``pending_from`` while the timer is
+        not running (on a follower: its leader's checkpoint).
         A scheduled message is never lost to retention, however far ahead it is due."""
         store = self.store
-        if store is None or self.ctx.replica.role != "leader" or not store.queue_exists(TIMER_TOPIC, SCHEDULED_QUEUE):
-            return None  # a follower follows its leader's retention
-        state, current = self.state, list(self.current)
-        q = 0 if state is None else _lowest_pending(state, current)
+        if store is None or not store.queue_exists(TIMER_TOPIC, SCHEDULED_QUEUE):
+            return None
+        state, current = self.state, list(self.current) + list(self._inflight)
+        # Not running (a follower, a leader starting or failed): what the last checkpoint
+        # (a follower's: its leader's) says may be pending.
+        q = self.saved.pending_from if state is None else _lowest_pending(state, current)
         _first, entries = read_entries(store, SCHEDULED_QUEUE, q, 4096)
         offsets = entries["offset"][real(entries)]
         return int(offsets.min()) if len(offsets) else None
@@ -152,12 +160,13 @@ class Timer:
         assert store is not None
         cp = await trio.to_thread.run_sync(load_checkpoint, store)
         self.state = await trio.to_thread.run_sync(rebuild, store, cp, self.window_s, wall_ms() // 1000)
-        self.current = []
+        self.current, self._inflight = [], []
         self.snapshot = self.saved = cp
+        self._max_due = cp.done_ms
 
     async def _tick(self) -> None:
-        await trio.to_thread.run_sync(self._enqueue)
-        while True:
+        while True:  # new entries and cancels are read before every batch: a backlog never hides them
+            await trio.to_thread.run_sync(self._enqueue)
             batch = await trio.to_thread.run_sync(self._due, wall_ms())
             delivered = bool(batch) and await self._deliver(batch)
             if time.monotonic() - self._last_save >= self.config.timer_checkpoint_interval_ms / 1000:
@@ -175,8 +184,11 @@ class Timer:
             first, entries = read_entries(store, SCHEDULED_QUEUE, state.enqueued)
             if not len(entries):
                 break
-            keep = real(entries)
-            offsets = np.arange(first, first + len(entries))[keep].tolist()
+            offsets_all = np.arange(first, first + len(entries))
+            # Entries the checkpoint counts as delivered (read here when the queue lagged
+            # the log at the start: a promotion before dispatch caught up) are not again.
+            keep = real(entries) & ((offsets_all >= state.skip_below) | (entries["tag"].astype(np.int64) > state.skip_done_ms))
+            offsets = offsets_all[keep].tolist()
             kept = entries[keep]
             for q, off, size, due in zip(offsets, kept["offset"].tolist(), kept["size"].tolist(), kept["tag"].tolist()):
                 if due // 1000 < wheel.next_second:
@@ -184,7 +196,7 @@ class Timer:
                 else:
                     wheel.add(q, due // 1000)
             state.enqueued = first + len(entries)
-        cancelled, state.cancels_read = read_cancels(store, state.cancels_read, -1)
+        cancelled, state.cancels_read = read_cancels(store, state.cancels_read, self.snapshot.done_ms)
         state.cancelled |= cancelled
 
     # ------------------------------------------------------------- due
@@ -196,10 +208,13 @@ class Timer:
         self._fill(now)
         nxt = self.current[0][0] if self.current else state.wheel.next_second * 1000
         done = nxt - 1
-        if done > self.snapshot.done_ms:
+        if done > self.snapshot.done_ms and done >= self._max_due:
             assert self.store is not None
             pending_from = _lowest_pending(state, list(self.current))
-            self.snapshot = TimerCheckpoint(done, self.store.log.write_offset, state.enqueued, pending_from)
+            # Deliveries found after the start's mark whose messages are still pending
+            # keep the mark where it was: a second start must find them too.
+            mark = self.snapshot.mark_offset if state.delivered else self.store.log.write_offset
+            self.snapshot = TimerCheckpoint(done, mark, state.enqueued, pending_from)
         batch: list[Due] = []
         limit = self.config.timer_deliver_batch_messages
         while self.current and self.current[0][0] <= now and len(batch) < limit:
@@ -224,15 +239,18 @@ class Timer:
         state = self.state
         assert state is not None
         todo = [d for d in batch if d[2] not in state.delivered and d[2] not in state.cancelled]
-        messages = await trio.to_thread.run_sync(self._messages, todo)
-        if messages:
-            result = await put_messages(self.ctx, messages)
-            if result.status is not PutStatus.OK and result.status is not PutStatus.FLUSH_DISK_TIMEOUT:
-                log.warning("timer: delivery of %d messages failed (%s: %s); retrying", len(messages),
-                            result.status.value, result.error)  # fmt: skip
-                for d in batch:
-                    heapq.heappush(self.current, d)
-                return False
+        self._inflight = batch
+        try:
+            messages = await trio.to_thread.run_sync(self._messages, todo)
+            problem = await self._append(messages) if messages else None
+        finally:
+            self._inflight = []
+        if problem is not None:
+            log.warning("timer: delivery of %d messages waits (%s); retrying", len(messages), problem)
+            for d in batch:
+                heapq.heappush(self.current, d)
+            return False
+        self._max_due = max(self._max_due, batch[-1][0])
         now = wall_ms()
         self.stats.cancelled += sum(1 for d in batch if d[2] in state.cancelled)
         self.stats.delivered += len(messages)
@@ -241,6 +259,16 @@ class Timer:
             state.delivered.discard(d[2])
             state.cancelled.discard(d[2])
         return True
+
+    async def _append(self, messages: list[Message]) -> str | None:
+        """Append through the lane; why not, or None once stored."""
+        try:
+            result = await put_messages(self.ctx, messages)
+        except BusyError as e:  # producers filled the lane: the batch waits, nothing is lost
+            return str(e)
+        if result.status is not PutStatus.OK and result.status is not PutStatus.FLUSH_DISK_TIMEOUT:
+            return f"{result.status.value}: {result.error}"
+        return None
 
     def _messages(self, todo: list[Due]) -> list[Message]:
         store = self.store
@@ -291,8 +319,36 @@ class Timer:
             log.warning("timer: the leader's checkpoint is unusable (%s); keeping ours", e)
             return
         if cp.mark_offset <= store.log.write_offset and cp != self.saved:
-            save_checkpoint(store, cp)
+            try:
+                save_checkpoint(store, cp)
+            except OSError as e:  # replication goes on; the checkpoint is adopted next time
+                log.warning("timer: cannot save the leader's checkpoint: %s", e)
+                return
             self.saved = cp
+
+    def after_truncation(self) -> None:
+        """A follower's log was cut to its leader's: a checkpoint that counts deliveries
+        past the new end is dropped (a start then reads the log for them)."""
+        store = self.store
+        if store is None or self.state is not None or self.saved.mark_offset <= store.log.write_offset:
+            return
+        self.saved = TimerCheckpoint(-1, store.log.min_offset, 0, 0)
+        try:
+            save_checkpoint(store, self.saved)
+        except OSError as e:
+            log.warning("timer: cannot reset the checkpoint after a truncation: %s", e)
+
+    def handled_ms(self) -> int:
+        """A due time up to which the timer may have delivered something: a cancel of a
+        message due at or before it (plus a margin) is too late."""
+        state = self.state
+        if state is None:
+            return max(self.snapshot.done_ms, self._max_due)
+        heads = [d[0] for d in list(self.current[:1]) + list(self._inflight[:1])]
+        return max(self._max_due, min([state.wheel.next_second * 1000, *heads]) - 1)
+
+    def was_delivered(self, commitlog_offset: int) -> bool:
+        return self.state is not None and commitlog_offset in self.state.delivered
 
     async def _save(self) -> None:
         store = self.store

@@ -118,6 +118,8 @@ class Rebuilt:
     cancels_read: int  # queue 1's next offset to read
     cancelled: set[int]  # commit-log offsets of scheduled records cancelled and not yet due
     delivered: set[int]  # commit-log offsets of scheduled records delivered after the mark
+    skip_below: int = 0  # the checkpoint's enqueued and done_ms: an entry below the one and
+    skip_done_ms: int = -1  # due at or before the other is delivered (read late or not)
 
 
 def rebuild(store: Store, cp: TimerCheckpoint, window_s: int, now_s: int) -> Rebuilt:
@@ -144,7 +146,7 @@ def rebuild(store: Store, cp: TimerCheckpoint, window_s: int, now_s: int) -> Reb
     delivered = delivered_since(store, max(cp.mark_offset, lowest)) if lowest is not None else set()
     log.info("timer: %d scheduled messages pending, %d cancelled, %d delivered after the checkpoint",
              wheel.pending + len(wheel.overflow), len(cancelled), len(delivered))  # fmt: skip
-    return Rebuilt(wheel, nxt, cancels_read, cancelled, delivered)
+    return Rebuilt(wheel, nxt, cancels_read, cancelled, delivered, cp.enqueued, cp.done_ms)
 
 
 def read_cancels(store: Store, start: int, after_ms: int) -> tuple[set[int], int]:
