@@ -263,10 +263,12 @@ async def resend_dead_letters(admin: _Calls, group: str, offsets: set[int] | Non
 
 async def _resend_from(admin: _Calls, producer: Producer, b: dict[str, Any], q: dict[str, Any], group: str,
                        offsets: set[int] | None, resend_all: bool, result: ResendResult) -> None:  # fmt: skip
-    """One broker's dead letters; its resend mark then moves past the last one sent."""
+    """One broker's dead letters; its resend mark then moves over the letters resent
+    from it on without a gap (``--offset`` of a later letter leaves it: the letters
+    before are still to resend)."""
     topic = dlq_topic(group)
     mark = max(0, await committed(admin, b["addr"], resent_group(group), topic))
-    offset, new_mark = q["min_offset"], mark
+    offset, new_mark = q["min_offset"], max(mark, q["min_offset"])
     if not resend_all and offsets is None:  # the letters resent before are not even read
         offset = max(mark, q["min_offset"])
         result.skipped += min(offset, q["max_offset"]) - q["min_offset"]
@@ -286,7 +288,8 @@ async def _resend_from(admin: _Calls, producer: Producer, b: dict[str, Any], q: 
                 result.errors.append(f"{b['broker_name']}: dead letter {r.queue_offset}: {e or type(e).__name__}")
                 offset = q["max_offset"]  # stop here: the mark must not pass a letter not resent
                 break
-            new_mark = max(new_mark, r.queue_offset + 1)
+            if r.queue_offset == new_mark:  # the mark moves over a run resent from it, never past a letter skipped
+                new_mark += 1
     if new_mark > mark:
         await admin._call(b["addr"], RequestCode.COMMIT_OFFSET, {"group": resent_group(group), "offsets": [[topic, 0, new_mark]]})
 

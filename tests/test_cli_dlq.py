@@ -178,3 +178,14 @@ def test_a_cancelled_message_is_never_delivered(ns: str, tmp_path: Path) -> None
     assert lines(run(ns, tmp_path, "message", "read", "cancelled", "--queue", "0", "-o", "json")) == []
     run(ns, tmp_path, "message", "cancel", far.rpartition("@")[0] + "@0000000000000000", code=1)
     run(ns, tmp_path, "message", "cancel", "not-an-id", code=2)
+
+
+def test_resending_one_late_letter_leaves_the_earlier_ones_to_resend(ns: str, tmp_path: Path) -> None:
+    run(ns, tmp_path, "topic", "create", "parcels", "--queues", "1")
+    ids = produce(ns, tmp_path, "parcels", "p0", "p1", "p2")
+    send_back(ids, "post", to_dlq=True)
+    one = js(run(ns, tmp_path, "dlq", "resend", "post", "--offset", "2", "-o", "json"))
+    assert [r["dlq_offset"] for r in one["resent"]] == [2]
+    assert js(run(ns, tmp_path, "dlq", "list", "--group", "post", "-o", "json"))[0]["not_resent"] == 3
+    rest = js(run(ns, tmp_path, "dlq", "resend", "post", "-o", "json"))
+    assert [r["dlq_offset"] for r in rest["resent"]][:2] == [0, 1]  # none lost (2 goes again: documented)
