@@ -181,9 +181,13 @@ GOOD_BROKER: dict[int, dict[str, Any]] = {
     RequestCode.DELETE_GROUP: {"group": "g"},
     RequestCode.CREATE_TOPIC: {"topic": "v2", "queue_count": 2},
     RequestCode.DELETE_TOPIC: {"topic": "v"},
-    RequestCode.LIST_TOPICS: {},
+    RequestCode.LIST_TOPICS: {"include_system": False},
     RequestCode.DESCRIBE_TOPIC: {"topic": "v"},
     RequestCode.GET_MESSAGE: {"commitlog_offset": 0},
+    RequestCode.CONSUMER_SEND_BACK: {"group": "g", "messages": [[0, -1]], "max_reconsume_times": 2, "to_dlq": False},
+    RequestCode.LOCK_QUEUES: {"group": "g", "client_id": "c", "queues": [["v", 0]]},
+    RequestCode.UNLOCK_QUEUES: {"group": "g", "client_id": "c", "queues": [["v", 0]]},
+    RequestCode.CANCEL_MESSAGE: {"commitlog_offset": 0},
     RequestCode.BROKER_INFO: {},
     RequestCode.GET_LOG_LAYOUT: {},
     RequestCode.READ_LOG: {"offset": 0, "max_bytes": 100, "end_offset": 100},
@@ -213,6 +217,8 @@ OPTIONAL = {
     (RequestCode.UNREGISTER_BROKER, "broker_name"), (RequestCode.REGISTER_BROKER, "broker_id"),
     (RequestCode.REGISTER_BROKER, "role"), (RequestCode.REGISTER_BROKER, "epoch"), (RequestCode.PROMOTE, "force"),
     (RequestCode.REPLICA_JOIN, "addr"), (RequestCode.TRANSFER_LEADERSHIP, "timeout_ms"), (RequestCode.SEND_MESSAGE, "dedup"),
+    (RequestCode.LIST_TOPICS, "include_system"), (RequestCode.CONSUMER_SEND_BACK, "max_reconsume_times"),
+    (RequestCode.CONSUMER_SEND_BACK, "to_dlq"),
 }  # fmt: skip
 # A wrong value of each kind: every one is refused unless it has the field's own type
 # (a string for a string field) and is in range.
