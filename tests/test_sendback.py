@@ -105,6 +105,7 @@ async def test_an_explicit_delay_and_straight_to_the_dead_letters(nursery: trio.
     {"group": "%DLQ%g", "messages": []},  # not a group
     {"group": "g", "messages": [[0, -2]]},  # a delay below -1
     {"group": "g", "messages": [["0", -1]]},  # a wrong type
+    {"group": "g", "messages": [[0, 10**12]]},  # a delay past timer_max_delay_ms
 ])  # fmt: skip
 async def test_a_bad_send_back_is_refused_and_stores_nothing(nursery: trio.Nursery, tmp_path: Path,
                                                              fields: dict[str, Any]) -> None:  # fmt: skip
@@ -114,3 +115,20 @@ async def test_a_bad_send_back_is_refused_and_stores_nothing(nursery: trio.Nurse
     assert e.value.code in (ErrorCode.NOT_FOUND, ErrorCode.MALFORMED_REQUEST)
     topics = await _request(addr, RequestCode.LIST_TOPICS, {"include_system": True})
     assert set(topics.fields["topics"]) == {"t"}
+
+
+async def test_a_record_too_large_to_carry_a_retry_s_properties_goes_to_the_dead_letters(nursery: trio.Nursery,
+                                                                                      tmp_path: Path) -> None:  # fmt: skip
+    """A failed record near max_message_bytes cannot take the retry's properties: it goes
+    to the dead letters (with the essentials) rather than block its queue."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker(**SETTINGS, max_message_bytes=4096)
+    await c.create_topic("t", 1)
+    async with open_producer(c.ns) as producer:
+        await producer.send("t", b"x" * 3800, properties={"note": "y" * 40})
+    (big,) = await _records(broker.addr, "t", 1)
+    [[where, times, _]] = await _send_back(broker.addr, big)
+    assert (where, times) == ("dlq", 1)
+    (dead,) = await _records(broker.addr, dlq_topic("g"), 1)
+    assert dead.body == big.body and dead.properties[PROP_ORIGIN_TOPIC] == "t" and dead.properties[PROP_DLQ_GROUP] == "g"

@@ -52,3 +52,20 @@ async def test_a_promoted_follower_delivers_the_rest_once(nursery: trio.Nursery,
     assert sorted(b for b, _, _ in got) == sorted(b"%d" % i for i in range(n)), f"{len(got)} stored for {n}"
     assert all(stored >= due - 5 for _, due, stored in got), "delivered early"
     assert f.store.queue_exists(TIMER_TOPIC, 0)
+
+
+async def test_a_follower_s_retention_keeps_the_scheduled_messages_its_leader_has_pending(nursery: trio.Nursery,
+                                                                                         tmp_path: Path) -> None:  # fmt: skip
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, (f,) = await start_group(c, 1, common={**TIMER, "segment_bytes": 64 * 1024, "max_message_bytes": 8 * 1024})
+    await c.create_topic("t", 1)
+    async with open_producer(c.ns) as producer:
+        scheduled = await producer.send("t", b"next week", delay_ms=600_000)
+        for _ in range(8):  # segments after it
+            await producer.send_batch("t", [b"x" * 4000] * 16)
+    await await_until(lambda: lead.handlers.timer.pending == 1, 5, "the message pending on the leader")
+    await caught_up(lead, [f])
+    far_future = time.time() + 10**6
+    await trio.to_thread.run_sync(f.store.apply_retention, far_future)
+    assert f.store.log.min_offset <= scheduled.commitlog_offsets[0], "the follower's retention deleted a pending message"
