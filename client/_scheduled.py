@@ -13,9 +13,8 @@ from typing import Awaitable, Callable, Sequence
 
 import trio
 
-from commitlog import ClmqError, Message
+from commitlog import ClmqError, Message, encode_properties, pack_parts
 from consumequeue import PROP_DELIVER_AT, PROP_REAL_QID, PROP_REAL_TAGS, PROP_REAL_TOPIC, TIMER_TOPIC, timer_tag
-from protocol import encode_batch
 from protocol.transport import ConnectionFailed, RpcError
 
 from ._routes import MessageQueue
@@ -43,12 +42,25 @@ def due_ms(delay_ms: int | float | None, deliver_at: int | dt.datetime | None) -
     return deliver_at
 
 
-def scheduled(m: Message, real: MessageQueue, due: int) -> Message:
-    """``m`` as the scheduled message for queue ``real`` at ``due``."""
-    props = {**m.properties, PROP_DELIVER_AT: str(due), PROP_REAL_TOPIC: real.topic, PROP_REAL_QID: str(real.queue_id),
-             PROP_REAL_TAGS: m.tags}  # fmt: skip
-    return Message(TIMER_TOPIC, 0, m.body, timer_tag(due), m.keys, props, m.flags, m.born_timestamp_ms, m.born_host,
-                   m.reconsume_times)  # fmt: skip
+_RESERVED = frozenset({PROP_DELIVER_AT, PROP_REAL_TOPIC, PROP_REAL_QID, PROP_REAL_TAGS})
+
+
+def encode_scheduled(msgs: Sequence[Message], real: MessageQueue, due: int) -> bytes:
+    """The SEND_MESSAGE body of ``msgs`` as scheduled messages for queue ``real`` at
+    ``due``. Their properties start with the ones every message of the batch shares
+    (due time, real topic and queue: encoded once), then REAL_TAGS, then the message's
+    own (a user property of a reserved name is left out): the broker checks the shared
+    part of a batch once."""
+    lead = encode_properties({PROP_DELIVER_AT: str(due), PROP_REAL_TOPIC: real.topic, PROP_REAL_QID: str(real.queue_id)})
+    tags = timer_tag(due).encode()
+    parts: list[bytes] = []
+    for m in msgs:
+        own = m.properties
+        if own and not _RESERVED.isdisjoint(own):
+            own = {k: v for k, v in own.items() if k not in _RESERVED}
+        props = lead + encode_properties({PROP_REAL_TAGS: m.tags}) + (encode_properties(own) if own else b"")
+        parts += pack_parts(0, m.flags, m.born_timestamp_ms, tags, m.keys.encode(), props, m.body)
+    return b"".join(parts)
 
 
 async def send_scheduled(send_to: SendTo, targets: Targets, policy: RetryPolicy, topic: str, msgs: Sequence[Message],
@@ -63,7 +75,7 @@ async def send_scheduled(send_to: SendTo, targets: Targets, policy: RetryPolicy,
     dedup, last = False, None
     for attempt in range(policy.retries + 1):
         real = await targets.pick(topic, msgs[0], sharding_key, selector, refresh=attempt > 0)
-        body = encode_batch([scheduled(m, real, due) for m in msgs])
+        body = encode_scheduled(msgs, real, due)
         timer = MessageQueue(TIMER_TOPIC, real.broker_name, 0, real.addr)
         try:
             got = await send_to(timer, body, len(msgs), dedup=dedup)

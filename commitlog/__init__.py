@@ -36,7 +36,16 @@ from ._errors import (
 )  # fmt: skip
 from ._log import AppendResult, AppendStatus, CommitLog, QueueKey, ScanResult, now_ms
 from ._many import decode_records_many
-from ._packed import ITEM_SIZE, PackedMessages, PackError, pack_messages, packed_heads, set_queue_id, unpack_messages
+from ._packed import (
+    ITEM_SIZE,
+    PackedMessages,
+    PackError,
+    pack_messages,
+    pack_parts,
+    packed_heads,
+    set_queue_id,
+    unpack_messages,
+)
 from ._pagecache import pages_missing, read_exactly
 from ._progress import ProgressSink, report_progress, set_progress_sink
 from ._raw import whole_prefix
@@ -70,6 +79,7 @@ from ._record import (
     Host,
     Message,
     Record,
+    check_properties,
     check_record,
     decode_host,
     decode_properties,
@@ -150,6 +160,7 @@ __all__ = [
     "TransportError",
     "Walk",
     "check_log",
+    "check_properties",
     "check_record",
     "decode_host",
     "decode_properties",
@@ -166,6 +177,7 @@ __all__ = [
     "merge_ranges",
     "now_ms",
     "pack_messages",
+    "pack_parts",
     "packed_heads",
     "pages_missing",
     "previous_path",

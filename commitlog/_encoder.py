@@ -30,7 +30,7 @@ from ._record import (
     NO_HOST,
     RECORD_MAGIC,
     Message,
-    decode_properties,
+    check_properties,
     encode_blank,
     encode_host,
     encode_properties,
@@ -397,7 +397,7 @@ def _bad_item(topic: str, at: int, stop: int, end: int, size: int, limit: int, q
 
 def _check_properties(raw: memoryview, at: int) -> None:
     try:
-        decode_properties(raw)
+        check_properties(raw)
     except (ValueError, struct.error) as e:
         raise EncodeError(f"undecodable message batch: properties of the message at byte {at}: {e}", "malformed") from None
 

@@ -53,6 +53,16 @@ def pack_messages(messages: Sequence[Message]) -> bytes:
     return b"".join(parts)
 
 
+def pack_parts(
+    queue_id: int, flags: int, born_timestamp_ms: int, tags: bytes, keys: bytes, props: bytes, body: bytes
+) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    """One packed message from its encoded parts (``props``: the record format's
+    property encoding), for a caller that builds many alike (``b"".join`` them)."""
+    if len(tags) > 0xFFFF or len(keys) > 0xFFFF:
+        raise PackError(f"tags or keys longer than 65535 bytes in a message for queue {queue_id}")
+    return ITEM.pack(queue_id, flags, born_timestamp_ms, len(tags), len(keys), len(props), len(body)), tags, keys, props, body
+
+
 def unpack_messages(packed: PackedMessages) -> list[Message]:
     """The messages of ``packed``; raises :class:`PackError` if it is malformed."""
     out: list[Message] = []

@@ -171,6 +171,23 @@ def record_size(m: Message) -> int:
     return HEADER_SIZE + len(m.topic.encode()) + len(m.tags.encode()) + len(m.keys.encode()) + len(props) + len(m.body)
 
 
+def check_properties(data: bytes | memoryview) -> None:
+    """Raise ValueError (or struct.error) unless ``data`` is a valid property encoding.
+    ASCII, the usual case, needs only its lengths walked: every length is then below
+    128 and every text valid UTF-8 (no string is built); otherwise it is decoded."""
+    raw = bytes(data)
+    if not raw.isascii():
+        decode_properties(raw)
+        return
+    pos, end = 0, len(raw)
+    key_len, value_len = _PROP_KEY.unpack_from, _PROP_VALUE.unpack_from
+    while pos < end:
+        pos += 2 + key_len(raw, pos)[0]
+        pos += 4 + value_len(raw, pos)[0]
+    if pos != end:
+        raise ValueError("properties run past their length")
+
+
 def decode_properties(data: bytes | memoryview) -> dict[str, str]:
     props: dict[str, str] = {}
     pos, end = 0, len(data)

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commitlog import HEADER_SIZE, RECORD_MAGIC, CorruptRecordError, Message, decode_record, encode_message
+from commitlog._record import check_properties, decode_properties, encode_properties
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 hosts = st.one_of(
@@ -78,3 +79,27 @@ def test_truncated_record_is_reported_with_sizes() -> None:
     raw = encode_message(Message("tp", 0, b"x" * 50))
     with pytest.raises(CorruptRecordError, match="total size"):
         decode_record(raw[:-1], 0, "f", 0)
+
+
+@given(
+    st.one_of(
+        st.binary(max_size=64),
+        st.dictionaries(st.text(max_size=8), st.text(max_size=140), max_size=4).map(encode_properties),
+        st.tuples(st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3), st.binary(max_size=4)).map(
+            lambda kv: encode_properties(kv[0]) + kv[1]
+        ),
+    )
+)
+def test_the_quick_property_check_agrees_with_decoding(data: bytes) -> None:
+    """check_properties (the appender's, fast for ASCII) accepts exactly what decodes."""
+    try:
+        decode_properties(data)
+        decodes = True
+    except (ValueError, struct.error):
+        decodes = False
+    try:
+        check_properties(data)
+        checks = True
+    except (ValueError, struct.error):
+        checks = False
+    assert checks == decodes

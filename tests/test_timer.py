@@ -7,14 +7,16 @@ import contextlib
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.service._timer_wheel import PAGE_ENTRIES, TimerWheel
-from client import Admin, Record, open_admin, open_consumer, open_producer
-from commitlog import Message
+from client import Admin, MessageQueue, Record, open_admin, open_consumer, open_producer
+from client._scheduled import encode_scheduled
+from commitlog import Message, encode_properties, pack_parts
 from consumequeue import PROP_DELIVER_AT, PROP_TIMER_SRC, TIMER_TOPIC
 from protocol import ErrorCode, RequestCode, encode_batch
 from protocol.transport import RpcError
@@ -45,6 +47,19 @@ def test_the_wheel_gives_every_offset_once_at_or_after_its_second(dues: list[int
     for q, due in enumerate(dues):
         assert taken[q] == max(due, start), f"offset {q} due {due} taken at {taken[q]}"
     assert wheel.pending == 0 and not wheel.overflow and wheel.memory_bytes() == 8 * 16
+
+
+@given(st.lists(st.integers(0, 40), max_size=300), st.integers(0, 10), st.integers(0, 3 * PAGE_ENTRIES))
+@settings(max_examples=200, deadline=None)
+def test_adding_many_at_once_is_adding_them_one_by_one(dues: list[int], start: int, base: int) -> None:
+    one, many = TimerWheel(window_s=16, first_second=start), TimerWheel(window_s=16, first_second=start)
+    for q, due in enumerate(dues):
+        one.add(base + q, due)
+    many.add_many(np.arange(base, base + len(dues), dtype=np.int64), np.array(dues, dtype=np.int64))
+    assert (one.pending, sorted(one.overflow)) == (many.pending, sorted(many.overflow))
+    for _ in range(60):
+        assert one.take() == many.take()
+    assert one.memory_bytes() == many.memory_bytes()
 
 
 def test_a_page_of_links_goes_once_none_of_it_is_pending() -> None:
@@ -169,6 +184,26 @@ async def test_a_malformed_scheduled_message_is_refused(nursery: trio.Nursery, t
 async def _pending_known(addr: str) -> list[int] | None:
     pending = await _info(addr, "timer_pending")
     return [pending] if pending >= 0 else None
+
+
+@pytest.mark.parametrize("extra", [{"TIMER_SRC": "0"}, {"CANCEL_OF": "0"}, {"REAL_TOPIC": "nope"}, {"REAL_QID": "9"}])
+async def test_a_message_sharing_a_checked_lead_cannot_smuggle_routing_properties(nursery: trio.Nursery, tmp_path: Path,
+                                                                                  extra: dict[str, str]) -> None:  # fmt: skip
+    """The broker checks a batch's shared properties once; a later message that starts
+    with them but adds its own routing (or the broker's marks) is refused."""
+    c = await _cluster(nursery, tmp_path)
+    addr = admin_addr(c)
+    due = int(time.time() * 1000) + 60_000
+    real = MessageQueue("t", "broker-a", 1, addr)
+    good = encode_scheduled([Message("t", 0, b"ok")], real, due)
+    lead = encode_properties({PROP_DELIVER_AT: str(due), "REAL_TOPIC": "t", "REAL_QID": "1"})
+    props = lead + encode_properties({"REAL_TAGS": "", **extra})
+    bad = b"".join(pack_parts(0, 0, 0, str(due).encode(), b"", props, b"bad"))
+    async with open_admin(None, broker_addrs=[addr]) as admin:
+        with pytest.raises(RpcError) as e:
+            await admin.rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": TIMER_TOPIC}, good + bad)
+    assert e.value.code in (ErrorCode.INVALID_MESSAGE, ErrorCode.TOPIC_NOT_FOUND, ErrorCode.INVALID_QUEUE_ID)
+    assert "message 1" in str(e.value)
 
 
 async def test_system_topics_are_hidden_from_listings(nursery: trio.Nursery, tmp_path: Path) -> None:

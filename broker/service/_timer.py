@@ -188,13 +188,13 @@ class Timer:
             # Entries the checkpoint counts as delivered (read here when the queue lagged
             # the log at the start: a promotion before dispatch caught up) are not again.
             keep = real(entries) & ((offsets_all >= state.skip_below) | (entries["tag"].astype(np.int64) > state.skip_done_ms))
-            offsets = offsets_all[keep].tolist()
-            kept = entries[keep]
-            for q, off, size, due in zip(offsets, kept["offset"].tolist(), kept["size"].tolist(), kept["tag"].tolist()):
-                if due // 1000 < wheel.next_second:
-                    heapq.heappush(self.current, (due, q, off, size))
-                else:
-                    wheel.add(q, due // 1000)
+            offsets, kept = offsets_all[keep], entries[keep]
+            seconds = (kept["tag"] // 1000).astype(np.int64)
+            late = seconds < wheel.next_second  # due in the second being delivered, or before: into current
+            for q, off, size, due in zip(offsets[late].tolist(), kept["offset"][late].tolist(),
+                                         kept["size"][late].tolist(), kept["tag"][late].tolist()):  # fmt: skip
+                heapq.heappush(self.current, (due, q, off, size))
+            wheel.add_many(offsets[~late], seconds[~late])
             state.enqueued = first + len(entries)
         cancelled, state.cancels_read = read_cancels(store, state.cancels_read, self.snapshot.done_ms)
         state.cancelled |= cancelled

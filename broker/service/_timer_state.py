@@ -134,8 +134,7 @@ def rebuild(store: Store, cp: TimerCheckpoint, window_s: int, now_s: int) -> Reb
             break
         offsets = np.arange(first, first + len(entries))
         keep = real(entries) & ((offsets >= cp.enqueued) | (entries["tag"].astype(np.int64) > cp.done_ms))
-        for q, due in zip(offsets[keep].tolist(), entries["tag"][keep].tolist()):
-            wheel.add(q, due // 1000)
+        wheel.add_many(offsets[keep], (entries["tag"][keep] // 1000).astype(np.int64))
         if lowest is None and keep.any():
             lowest = int(entries["offset"][keep][0])  # queue order is log order
         at = nxt = first + len(entries)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from array import array
 
+import numpy as np
+
 PAGE_ENTRIES = 65_536  # links per page: 512 KiB
 
 
@@ -44,14 +46,47 @@ class TimerWheel:
             return
         slot = second % self.window_s
         page_no, pos = divmod(queue_offset, PAGE_ENTRIES)
-        page = self._pages.get(page_no)
-        if page is None:
-            page = self._pages[page_no] = array("q", [-1]) * PAGE_ENTRIES
-            self._page_pending[page_no] = 0
+        page = self._page(page_no)
         page[pos] = self.heads[slot]
         self.heads[slot] = queue_offset
         self._page_pending[page_no] += 1
         self.pending += 1
+
+    def add_many(self, offsets: np.ndarray, due_seconds: np.ndarray) -> None:
+        """:meth:`add` for many offsets (ascending), vectorised: a scheduling burst of
+        100,000 messages a second must not cost a Python call each. Within a slot the
+        links come out as the same adds one by one would leave them."""
+        seconds = np.maximum(due_seconds, self.next_second)
+        far = seconds >= self.next_second + self.window_s
+        if far.any():
+            self.overflow += list(zip(offsets[far].tolist(), due_seconds[far].tolist()))
+            offsets, seconds = offsets[~far], seconds[~far]
+        if not len(offsets):
+            return
+        order = np.argsort(seconds % self.window_s, kind="stable")
+        slots, qs = (seconds % self.window_s)[order], offsets[order].astype(np.int64)
+        first = np.ones(len(slots), dtype=bool)
+        first[1:] = slots[1:] != slots[:-1]
+        last = np.ones(len(slots), dtype=bool)
+        last[:-1] = first[1:]
+        heads = np.frombuffer(self.heads, dtype=np.int64)  # a view: writes go to the array
+        prev = np.empty_like(qs)
+        prev[1:] = qs[:-1]
+        prev[first] = heads[slots[first]]
+        heads[slots[last]] = qs[last]
+        pages = qs // PAGE_ENTRIES
+        for page_no in np.unique(pages).tolist():
+            sel = pages == page_no
+            np.frombuffer(self._page(page_no), dtype=np.int64)[qs[sel] % PAGE_ENTRIES] = prev[sel]
+            self._page_pending[page_no] += int(sel.sum())
+        self.pending += len(qs)
+
+    def _page(self, page_no: int) -> array[int]:
+        page = self._pages.get(page_no)
+        if page is None:
+            page = self._pages[page_no] = array("q", [-1]) * PAGE_ENTRIES
+            self._page_pending[page_no] = 0
+        return page
 
     def take(self) -> list[int]:
         """The offsets due in second ``next_second`` (in the order added), and move the
