@@ -263,6 +263,24 @@ async def test_retention_keeps_a_scheduled_message_until_it_is_delivered(nursery
     assert await trio.to_thread.run_sync(broker.store.apply_retention, far_future) > 0  # now it may go
 
 
+async def test_a_cancel_holds_while_the_timer_works_through_a_backlog(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The timer reads new entries and cancels before every batch: a message cancelled
+    while a long backlog is being delivered is not delivered with it."""
+    c = await _cluster(nursery, tmp_path, timer_deliver_batch_messages=10, timer_cancel_margin_ms=500)
+    timer = next(iter(c.brokers.values())).handlers.timer
+    n = 20_000
+    async with open_producer(c.ns) as producer, open_admin(c.ns) as admin:
+        due = int(time.time() * 1000) + 300
+        for start in range(0, n, 1000):
+            await producer.send_batch("t", [b"b%d" % i for i in range(start, start + 1000)], deliver_at=due)
+        await await_until(lambda: timer.stats.delivered > 0, 10, "the backlog's delivery to begin")
+        doomed = await producer.send("t", b"doomed", delay_ms=1500)
+        assert timer.stats.delivered < n - 2000, "the backlog was delivered too fast to test anything"
+        assert (await admin.cancel_message(doomed.msg_ids[0])).state == "cancelled"
+    await await_until(lambda: timer.stats.delivered >= n and timer.stats.cancelled == 1, 60, "the backlog and the cancel")
+    assert timer.stats.delivered == n
+
+
 # ---------------------------------------------------------------- kill -9
 def _config(root: Path) -> Path:
     conf = root / "broker.toml"
