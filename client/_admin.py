@@ -28,6 +28,7 @@ from ._admin_reads import (
 )
 from ._allocate import allocate_averagely
 
+CANCEL_BUSY_RETRY_S = 10  # a cancel waits this long at most for a broker's timer to start
 DEFAULT_MAX_KEY_SCAN_MESSAGES = 100_000  # a key lookup reads at most this many messages (no key index yet)
 
 
@@ -140,13 +141,18 @@ class Admin:
         state "cancelled", "already_cancelled", "too_late" (delivered, or due within the
         broker's ``timer_cancel_margin_ms``) or "not_found". ValueError for a malformed id."""
         addr, offset = parse_msg_id(msg_id)
-        try:
-            got = await self._call(addr, RequestCode.CANCEL_MESSAGE, {"commitlog_offset": offset})
-        except RpcError as e:
-            if e.code == ErrorCode.NOT_FOUND:
-                return CancelResult("not_found", 0)
-            raise
-        return CancelResult(str(got["state"]), int(got.get("deliver_at_ms", 0)))
+        with trio.move_on_after(CANCEL_BUSY_RETRY_S):  # SYSTEM_BUSY: the broker's timer is starting
+            while True:
+                try:
+                    got = await self._call(addr, RequestCode.CANCEL_MESSAGE, {"commitlog_offset": offset})
+                    return CancelResult(str(got["state"]), int(got.get("deliver_at_ms", 0)))
+                except RpcError as e:
+                    if e.code == ErrorCode.NOT_FOUND:
+                        return CancelResult("not_found", 0)
+                    if e.code != ErrorCode.SYSTEM_BUSY:
+                        raise
+                await trio.sleep(0.05)
+        raise RpcError(addr, ErrorCode.SYSTEM_BUSY, f"the broker's timer did not start within {CANCEL_BUSY_RETRY_S} s")
 
     async def dead_letters(self, group: str, *, max_messages: int = 100, start: int = 0) -> list[DeadLetter]:
         """Up to ``max_messages`` of ``group``'s dead letters (``%DLQ%group`` queue 0,

@@ -14,6 +14,7 @@ from consumequeue import (
     DLQ_PREFIX,
     PROP_CANCEL_OF,
     PROP_DELIVER_AT,
+    PROP_DLQ_BODY_OF,
     PROP_DLQ_GROUP,
     PROP_ORIGIN_ADDR,
     PROP_ORIGIN_MSG_ID,
@@ -129,7 +130,7 @@ RESEND_READ_CHUNK_MESSAGES = 256  # one PULL_MESSAGE of a resend's read of a dea
 # for the original by the broker's duplicate check).
 DROPPED_ON_RESEND = frozenset({PROP_ORIGIN_TOPIC, PROP_ORIGIN_QID, PROP_ORIGIN_OFFSET, PROP_ORIGIN_MSG_ID,
                                PROP_ORIGIN_ADDR, PROP_DLQ_GROUP, PROP_DELIVER_AT, PROP_REAL_TOPIC, PROP_REAL_QID,
-                               PROP_REAL_TAGS, PROP_TIMER_SRC, PROP_CANCEL_OF, "UNIQ_KEY"})  # fmt: skip
+                               PROP_REAL_TAGS, PROP_TIMER_SRC, PROP_CANCEL_OF, PROP_DLQ_BODY_OF, "UNIQ_KEY"})  # fmt: skip
 
 
 @dataclass
@@ -306,8 +307,20 @@ async def _resend_one(producer: Producer, letter: DeadLetter) -> ResentLetter:
         )
 
     r = letter.record
-    sent = await producer.send(topic, r.body, tags=r.tags, keys=r.keys, properties=props, selector=pick)
+    body = r.body
+    if PROP_DLQ_BODY_OF in r.properties:  # a letter too large to copy: its body is in the failed record
+        body = await _body_of(producer, r.properties[PROP_DLQ_BODY_OF])
+    sent = await producer.send(topic, body, tags=r.tags, keys=r.keys, properties=props, selector=pick)
     return ResentLetter(letter.broker_name, r.queue_offset, topic, sent.msg_ids[0])
+
+
+async def _body_of(producer: Producer, msg_id: str) -> bytes:
+    addr, offset = parse_msg_id(msg_id)
+    try:
+        reply = await producer.rpc.request(addr, RequestCode.GET_MESSAGE, {"commitlog_offset": offset})
+    except RpcError as e:
+        raise SendError(f"its body, at {msg_id}, is gone ({e}): the dead letter is only a reference") from None
+    return decode_records(reply.body, f"message {msg_id}")[0].body
 
 
 async def dead_letter_counts(admin: _Calls, group: str | None) -> list[dict[str, Any]]:

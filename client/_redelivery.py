@@ -333,7 +333,10 @@ class Redelivery:
     def round(self, records: list[Record], limit: int | None) -> Round:
         """A round over what ``receive()`` just returned."""
         locks = self.c.locks
-        held = None if locks is None else (lambda mq: bool(locks.holds(mq, trio.current_time())))
+        pending = self.c.pending
+        # Held now, and its batch still the one handed out (a lapse drops it; a lock won
+        # back meanwhile would not bring it back).
+        held = None if locks is None else (lambda mq: bool(locks.holds(mq, trio.current_time()) and pending.of(mq)))
         return Round(records, self.c.pending.where(records, strict=False), orderly=locks is not None, limit=limit,
                      still_held=held)  # fmt: skip
 
@@ -359,8 +362,9 @@ class Redelivery:
             log.warning("consumer %s: %d messages failed (broadcasting mode: not delivered again)", self.c.client_id,
                         len(rnd.failed))  # fmt: skip
         elif rnd.failed:
+            still = self.c.pending.where(rnd.failed, strict=False)  # a queue lost meanwhile: its new owner reads it
             try:
-                await self.nack(rnd.failed, None)
+                await self.nack([r for r in rnd.failed if id(r) in still], None)
             except SendBackError as e:
                 log.warning("consumer %s: %s", self.c.client_id, e)
         self.abandon(rnd, failed=False)

@@ -13,7 +13,7 @@ from typing import Awaitable, Callable, Sequence
 
 import trio
 
-from commitlog import ClmqError, Message, encode_properties, pack_parts
+from commitlog import MAX_TAGS_BYTES, ClmqError, Message, PackError, encode_properties, pack_parts
 from consumequeue import PROP_DELIVER_AT, PROP_REAL_QID, PROP_REAL_TAGS, PROP_REAL_TOPIC, TIMER_TOPIC, timer_tag
 from protocol.transport import ConnectionFailed, RpcError
 
@@ -58,6 +58,9 @@ def encode_scheduled(msgs: Sequence[Message], real: MessageQueue, due: int) -> b
         own = m.properties
         if own and not _RESERVED.isdisjoint(own):
             own = {k: v for k, v in own.items() if k not in _RESERVED}
+        real_tags = m.tags.encode()
+        if len(real_tags) > MAX_TAGS_BYTES:  # they are a message's tags again when it is delivered
+            raise PackError(f"tags of {len(real_tags)} bytes: at most {MAX_TAGS_BYTES}")
         props = lead + encode_properties({PROP_REAL_TAGS: m.tags}) + (encode_properties(own) if own else b"")
         parts += pack_parts(0, m.flags, m.born_timestamp_ms, tags, m.keys.encode(), props, m.body)
     return b"".join(parts)

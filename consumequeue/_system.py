@@ -39,6 +39,9 @@ PROP_ORIGIN_OFFSET: Final = "ORIGIN_QUEUE_OFFSET"
 PROP_ORIGIN_MSG_ID: Final = "ORIGIN_MSG_ID"  # the first message's id (broker address + commit-log offset)
 PROP_ORIGIN_ADDR: Final = "ORIGIN_ADDR"  # the broker that stored the first message
 PROP_DLQ_GROUP: Final = "DLQ_GROUP"  # on a dead letter: the group that gave up on it
+# On a dead letter too large to copy: the id (broker address + commit-log offset) of the
+# record that holds its body, which the dead letter then lacks (resend reads it there).
+PROP_DLQ_BODY_OF: Final = "DLQ_BODY_OF"
 
 
 def retry_topic(group: str) -> str:

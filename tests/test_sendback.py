@@ -11,7 +11,15 @@ import pytest
 import trio
 
 from client import Record, open_admin, open_producer
-from consumequeue import PROP_DELIVER_AT, PROP_DLQ_GROUP, PROP_ORIGIN_MSG_ID, PROP_ORIGIN_TOPIC, dlq_topic, retry_topic
+from consumequeue import (
+    PROP_DELIVER_AT,
+    PROP_DLQ_BODY_OF,
+    PROP_DLQ_GROUP,
+    PROP_ORIGIN_MSG_ID,
+    PROP_ORIGIN_TOPIC,
+    dlq_topic,
+    retry_topic,
+)
 from protocol import ErrorCode, RequestCode, decode_records
 from protocol.transport import RpcError
 from tests.service_helpers import Cluster
@@ -120,7 +128,8 @@ async def test_a_bad_send_back_is_refused_and_stores_nothing(nursery: trio.Nurse
 async def test_a_record_too_large_to_carry_a_retry_s_properties_goes_to_the_dead_letters(nursery: trio.Nursery,
                                                                                       tmp_path: Path) -> None:  # fmt: skip
     """A failed record near max_message_bytes cannot take the retry's properties: it goes
-    to the dead letters (with the essentials) rather than block its queue."""
+    to the dead letters, as a reference to the failed record if even that copy is too
+    large, rather than block its queue; a resend sends its body."""
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     broker = await c.start_broker(**SETTINGS, max_message_bytes=4096)
@@ -131,4 +140,10 @@ async def test_a_record_too_large_to_carry_a_retry_s_properties_goes_to_the_dead
     [[where, times, _]] = await _send_back(broker.addr, big)
     assert (where, times) == ("dlq", 1)
     (dead,) = await _records(broker.addr, dlq_topic("g"), 1)
-    assert dead.body == big.body and dead.properties[PROP_ORIGIN_TOPIC] == "t" and dead.properties[PROP_DLQ_GROUP] == "g"
+    assert dead.properties[PROP_ORIGIN_TOPIC] == "t" and dead.properties[PROP_DLQ_GROUP] == "g"
+    assert dead.body == b"" and dead.properties[PROP_DLQ_BODY_OF] == f"{broker.addr}@{big.commitlog_offset:016X}"
+    async with open_admin(c.ns) as admin:  # resent with the body it refers to
+        resent = await admin.resend_dead_letters("g")
+    assert len(resent.resent) == 1 and not resent.errors
+    again = (await _records(broker.addr, "t", 2))[1]
+    assert again.body == big.body and PROP_DLQ_BODY_OF not in again.properties

@@ -9,6 +9,7 @@ import trio
 
 from broker.store import Store
 from commitlog import (
+    MAX_TAGS_BYTES,
     CorruptRecordError,
     Message,
     PackError,
@@ -67,7 +68,7 @@ class ScheduledRequests:
             if lead and qid == SCHEDULED_QUEUE and tags == lead_tags and raw.startswith(lead):
                 rest = raw[len(lead) :]
                 _check(i, rest)  # well-formed; a routing key's name anywhere in it: the full check decides
-                if not any(name in rest for name in _ROUTING_NAMES):
+                if len(rest) <= MAX_TAGS_BYTES and not any(name in rest for name in _ROUTING_NAMES):
                     continue
             props = _decode(i, raw)
             self._check_one(i, qid, tags, props, latest)
@@ -93,6 +94,8 @@ class ScheduledRequests:
         ):  # the broker's own marks: a forged one would hide a delivery
             raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: needs {PROP_REAL_TOPIC}, {PROP_REAL_QID} "
                                                           f"and {PROP_REAL_TAGS}, no {PROP_CANCEL_OF} or {PROP_TIMER_SRC}")  # fmt: skip
+        if len(props[PROP_REAL_TAGS].encode()) > MAX_TAGS_BYTES:  # the delivered message's tags
+            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: {PROP_REAL_TAGS} longer than {MAX_TAGS_BYTES} bytes")
         if int(due) > latest:
             raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: due at {due}, later than timer_max_delay_ms="
                                                           f"{self.b.config.timer_max_delay_ms} from now")  # fmt: skip
@@ -111,6 +114,8 @@ class ScheduledRequests:
         offset = need(frame.fields, "commitlog_offset", int)
         store = self._store()
         self.b.replica.check_writable()
+        if not self.timer.running:  # what it delivered is known once it has started
+            raise RequestError(ErrorCode.SYSTEM_BUSY, "the timer is starting (or recovering): retry")
         record = await trio.to_thread.run_sync(_scheduled_at, store, offset)
         due = int(record.properties[PROP_DELIVER_AT])
         if self.timer.is_cancelled(offset):

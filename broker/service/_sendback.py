@@ -14,6 +14,7 @@ from commitlog import CorruptRecordError, Message, Record, record_size
 from consumequeue import (
     PROP_CANCEL_OF,
     PROP_DELIVER_AT,
+    PROP_DLQ_BODY_OF,
     PROP_DLQ_GROUP,
     PROP_ORIGIN_ADDR,
     PROP_ORIGIN_MSG_ID,
@@ -113,9 +114,9 @@ class SendBack:
         props[PROP_DLQ_GROUP] = group
         out = Message(dlq_topic(group), 0, record.body, record.tags, record.keys, props, record.flags,
                       record.born_timestamp_ms, record.born_host, times)  # fmt: skip
-        if record_size(out) > self.b.config.max_message_bytes:  # only the essentials: it must not block its queue
-            out.properties = {PROP_DLQ_GROUP: group, PROP_ORIGIN_MSG_ID: props[PROP_ORIGIN_MSG_ID],
-                              PROP_ORIGIN_TOPIC: props[PROP_ORIGIN_TOPIC]}  # fmt: skip
+        if record_size(out) > self.b.config.max_message_bytes:  # it must not block its queue: a reference
+            out.body = b""  # the failed record keeps the body until retention removes it
+            out.properties = {**props, PROP_DLQ_BODY_OF: f"{self.b.addr()}@{record.commitlog_offset:016X}"}
         return out
 
 

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import trio
 
-from broker.store import PutStatus, Store
-from commitlog import CorruptRecordError, Message, Record, StoreError
+from broker.store import PutResult, PutStatus, Store
+from commitlog import CorruptRecordError, InvalidInputError, Message, Record, StoreError
 from consumequeue import PROP_REAL_QID, PROP_REAL_TAGS, PROP_REAL_TOPIC, PROP_TIMER_SRC, TIMER_TOPIC
 from protocol.transport import RequestError
 
-from ._append import BusyError
+from ._append import _BAD_INPUT, BusyError
 from ._context import BrokerContext
 from ._system_put import put_messages
 from ._timer_state import (
@@ -71,15 +71,22 @@ class Timer:
         self.store: Store | None = ctx.store if isinstance(ctx.store, Store) else None
         self.state: Rebuilt | None = None
         self.current: list[Due] = []  # heap: due now or this second
-        self.snapshot = TimerCheckpoint()
-        self.saved = TimerCheckpoint()
+        # The last checkpoint on disk (a follower's: its leader's, adopted), and the
+        # newest state that may be saved next.
+        self.saved = load_checkpoint(self.store) if self.store is not None else TimerCheckpoint()
+        self.snapshot = self.saved
         self.stats = TimerStats()
         self.failure = ""  # the last error that stopped the timer ("" while it works)
         self._inflight: list[Due] = []  # the batch being appended
         # The latest due time of what was handled: a snapshot may say "done up to T" only
         # for T at or past it (a batch can split equal due times; a late entry can come
         # due before what was already delivered).
-        self._max_due = -1
+        self._max_due = -1  # the latest due time handled (a cancel of one due before it is too late)
+        # Batches appended whose latest due time is past the last snapshot's done_ms:
+        # (log end before the batch, its latest due). A snapshot's mark stays at or
+        # below the first of them, so that a start finds their deliveries in the log.
+        self._batches: list[tuple[int, int]] = []
+        self._start_mark = 0  # the loaded checkpoint's mark, while deliveries found after it are pending
         self._last_save = 0.0
         self.window_s = self.config.timer_max_delay_ms // 1000 + WINDOW_MARGIN_S
         if self.store is not None:
@@ -129,6 +136,8 @@ class Timer:
             except RequestError:
                 self._stand_down()
                 continue
+            if self.state is None and self.ctx.store.dispatch_lag_bytes > 0:
+                continue  # the %TIMER% queue must show the whole log before the wheel is built from it
             try:
                 if self.state is None:
                     await self._start()
@@ -162,7 +171,7 @@ class Timer:
         self.state = await trio.to_thread.run_sync(rebuild, store, cp, self.window_s, wall_ms() // 1000)
         self.current, self._inflight = [], []
         self.snapshot = self.saved = cp
-        self._max_due = cp.done_ms
+        self._max_due, self._batches, self._start_mark = cp.done_ms, [], cp.mark_offset
 
     async def _tick(self) -> None:
         while True:  # new entries and cancels are read before every batch: a backlog never hides them
@@ -208,12 +217,15 @@ class Timer:
         self._fill(now)
         nxt = self.current[0][0] if self.current else state.wheel.next_second * 1000
         done = nxt - 1
-        if done > self.snapshot.done_ms and done >= self._max_due:
+        if done > self.snapshot.done_ms:
             assert self.store is not None
+            # Every delivery of a message due after ``done`` must lie past the mark: the
+            # batches that delivered one, and (while any is pending) what the start found
+            # delivered after the loaded checkpoint's mark.
+            self._batches = [b for b in self._batches if b[1] > done]
+            marks = [start for start, _ in self._batches] + ([self._start_mark] if state.delivered else [])
+            mark = min([self.store.log.write_offset, *marks])
             pending_from = _lowest_pending(state, list(self.current))
-            # Deliveries found after the start's mark whose messages are still pending
-            # keep the mark where it was: a second start must find them too.
-            mark = self.snapshot.mark_offset if state.delivered else self.store.log.write_offset
             self.snapshot = TimerCheckpoint(done, mark, state.enqueued, pending_from)
         batch: list[Due] = []
         limit = self.config.timer_deliver_batch_messages
@@ -240,6 +252,8 @@ class Timer:
         assert state is not None
         todo = [d for d in batch if d[2] not in state.delivered and d[2] not in state.cancelled]
         self._inflight = batch
+        assert self.store is not None
+        start = self.store.log.write_offset  # the batch's deliveries lie past it
         try:
             messages = await trio.to_thread.run_sync(self._messages, todo)
             problem = await self._append(messages) if messages else None
@@ -251,6 +265,8 @@ class Timer:
                 heapq.heappush(self.current, d)
             return False
         self._max_due = max(self._max_due, batch[-1][0])
+        if messages:
+            self._batches.append((start, batch[-1][0]))
         now = wall_ms()
         self.stats.cancelled += sum(1 for d in batch if d[2] in state.cancelled)
         self.stats.delivered += len(messages)
@@ -261,14 +277,40 @@ class Timer:
         return True
 
     async def _append(self, messages: list[Message]) -> str | None:
-        """Append through the lane; why not, or None once stored."""
+        """Append through the lane; why not, or None once stored. A message the store
+        refuses as it is (one that passed the door's checks and still cannot be stored)
+        is dropped, logged and counted, never allowed to stop every later delivery."""
         try:
             result = await put_messages(self.ctx, messages)
         except BusyError as e:  # producers filled the lane: the batch waits, nothing is lost
             return str(e)
-        if result.status is not PutStatus.OK and result.status is not PutStatus.FLUSH_DISK_TIMEOUT:
+        except InvalidInputError:
+            result = None
+        if result is not None and result.status in (PutStatus.OK, PutStatus.FLUSH_DISK_TIMEOUT):
+            return None
+        if result is not None and result.status not in _BAD_INPUT:
             return f"{result.status.value}: {result.error}"
+        await self._append_one_by_one(messages)
         return None
+
+    async def _append_one_by_one(self, messages: list[Message]) -> None:
+        for m in messages:
+            while True:  # a full lane or a failing disk waits here: what went before is stored
+                try:
+                    result = await put_messages(self.ctx, [m])
+                except BusyError:
+                    await trio.sleep(self.config.timer_tick_ms / 1000)
+                    continue
+                except InvalidInputError as e:
+                    result = PutResult(PutStatus.INVALID_MESSAGE, str(e))
+                if result.status in _BAD_INPUT:
+                    log.error("timer: a scheduled message for %s/%d cannot be stored (%s: %s): dropped",
+                              m.topic, m.queue_id, result.status.value, result.error)  # fmt: skip
+                    self.stats.undeliverable += 1
+                elif result.status not in (PutStatus.OK, PutStatus.FLUSH_DISK_TIMEOUT):
+                    await trio.sleep(self.config.timer_tick_ms / 1000)
+                    continue
+                break
 
     def _messages(self, todo: list[Due]) -> list[Message]:
         store = self.store
@@ -330,13 +372,19 @@ class Timer:
         """A follower's log was cut to its leader's: a checkpoint that counts deliveries
         past the new end is dropped (a start then reads the log for them)."""
         store = self.store
-        if store is None or self.state is not None or self.saved.mark_offset <= store.log.write_offset:
+        if store is None or self.state is not None:
+            return
+        if load_checkpoint(store).mark_offset <= store.log.write_offset:  # the file: after a restart, it is all there is
             return
         self.saved = TimerCheckpoint(-1, store.log.min_offset, 0, 0)
         try:
             save_checkpoint(store, self.saved)
         except OSError as e:
             log.warning("timer: cannot reset the checkpoint after a truncation: %s", e)
+
+    @property
+    def running(self) -> bool:
+        return self.state is not None
 
     def handled_ms(self) -> int:
         """A due time up to which the timer may have delivered something: a cancel of a

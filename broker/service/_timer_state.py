@@ -128,6 +128,7 @@ def rebuild(store: Store, cp: TimerCheckpoint, window_s: int, now_s: int) -> Reb
     follower) is delivered at once."""
     wheel = TimerWheel(window_s, max(cp.done_ms // 1000, now_s))
     nxt, at, lowest = cp.enqueued, min(cp.pending_from, cp.enqueued), None
+    kept_offsets: list[np.ndarray] = []
     while True:
         first, entries = read_entries(store, SCHEDULED_QUEUE, at)
         if not len(entries):
@@ -135,6 +136,7 @@ def rebuild(store: Store, cp: TimerCheckpoint, window_s: int, now_s: int) -> Reb
         offsets = np.arange(first, first + len(entries))
         keep = real(entries) & ((offsets >= cp.enqueued) | (entries["tag"].astype(np.int64) > cp.done_ms))
         wheel.add_many(offsets[keep], (entries["tag"][keep] // 1000).astype(np.int64))
+        kept_offsets.append(entries["offset"][keep])
         if lowest is None and keep.any():
             lowest = int(entries["offset"][keep][0])  # queue order is log order
         at = nxt = first + len(entries)
@@ -143,6 +145,9 @@ def rebuild(store: Store, cp: TimerCheckpoint, window_s: int, now_s: int) -> Reb
     # starts at the oldest pending record if that is later than the mark (a store
     # without a checkpoint does not read its whole log), and nothing pending, none.
     delivered = delivered_since(store, max(cp.mark_offset, lowest)) if lowest is not None else set()
+    if delivered:  # only those still pending matter (and they leave the set as they come due)
+        found = np.fromiter(delivered, dtype=np.uint64, count=len(delivered))
+        delivered = set(found[np.isin(found, np.concatenate(kept_offsets))].tolist())
     log.info("timer: %d scheduled messages pending, %d cancelled, %d delivered after the checkpoint",
              wheel.pending + len(wheel.overflow), len(cancelled), len(delivered))  # fmt: skip
     return Rebuilt(wheel, nxt, cancels_read, cancelled, delivered, cp.enqueued, cp.done_ms)
