@@ -150,7 +150,7 @@ async def _cancelled_known(admin: Admin, c: Cluster) -> bool:
     return bool(broker.handlers.timer.state and broker.handlers.timer.state.cancelled)
 
 
-@pytest.mark.parametrize("why", ["no real topic", "unknown topic", "tags differ", "too far", "bad queue"])
+@pytest.mark.parametrize("why", ["no real topic", "unknown topic", "tags differ", "too far", "bad queue", "huge tags"])
 async def test_a_malformed_scheduled_message_is_refused(nursery: trio.Nursery, tmp_path: Path, why: str) -> None:
     c = await _cluster(nursery, tmp_path, timer_max_delay_ms=60_000)
     due = int(time.time() * 1000) + 1000
@@ -164,6 +164,8 @@ async def test_a_malformed_scheduled_message_is_refused(nursery: trio.Nursery, t
         tags = "x"
     elif why == "too far":
         props[PROP_DELIVER_AT] = tags = str(due + 120_000)
+    elif why == "huge tags":  # the delivered message could not be stored: refused now, not at its time
+        props["REAL_TAGS"] = "x" * 70_000
     else:
         props["REAL_QID"] = "7"
     body = encode_batch([Message(TIMER_TOPIC, 0, b"x", tags, "", props)])
