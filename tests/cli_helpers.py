@@ -52,13 +52,18 @@ def _brokers(ns: str) -> int:
 
 
 @contextmanager
-def running_dev(tmp_path: Path) -> Iterator[str]:
-    """A ``clmq dev`` process (name server and broker); yields the name server's address.
-    Stopped with SIGINT (a graceful stop) at the end."""
+def running_dev(tmp_path: Path, config: str | None = None) -> Iterator[str]:
+    """A ``clmq dev`` process (name server and broker; ``config``: the text of its
+    TOML settings file); yields the name server's address. Stopped with SIGINT (a
+    graceful stop) at the end."""
     ns_port, broker_port = free_port(), free_port()
     ns = f"127.0.0.1:{ns_port}"
-    proc = popen("dev", "--data-dir", str(tmp_path / "dev-data"), "--port", str(broker_port), "--namesrv-port",
-                 str(ns_port), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    settings: tuple[str, ...] = ()
+    if config is not None:
+        (tmp_path / "broker.toml").write_text(config)
+        settings = ("--config", str(tmp_path / "broker.toml"))
+    proc = popen("dev", *settings, "--data-dir", str(tmp_path / "dev-data"), "--port", str(broker_port),
+                 "--namesrv-port", str(ns_port), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     try:
         wait_until(lambda: proc.poll() is not None or _brokers(ns) > 0, 60, "clmq dev to register its broker")
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""

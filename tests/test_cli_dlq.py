@@ -8,8 +8,6 @@ count, ``topic list`` with and without system topics, ``produce --delay`` and
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,7 +20,7 @@ import trio
 from client import open_admin
 from protocol import RequestCode
 from protocol.transport import RpcClient, background_nursery
-from tests.cli_helpers import _brokers, clmq, free_port, popen
+from tests.cli_helpers import clmq, running_dev
 from tests.waiting import wait_until
 
 # A fast timer: deliveries within 50 ms of their time, cancels up to 500 ms before it.
@@ -34,24 +32,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def ns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A ``clmq dev`` (name server and broker) with :data:`DEV_CONFIG`; its name server."""
-    tmp = tmp_path_factory.mktemp("dlq")
-    (tmp / "broker.toml").write_text(DEV_CONFIG)
-    ns_port, broker_port = free_port(), free_port()
-    addr = f"127.0.0.1:{ns_port}"
-    proc = popen("dev", "--config", str(tmp / "broker.toml"), "--data-dir", str(tmp / "dev-data"), "--port",
-                 str(broker_port), "--namesrv-port", str(ns_port), cwd=tmp, stdout=subprocess.DEVNULL,
-                 stderr=subprocess.PIPE)  # fmt: skip
-    try:
-        wait_until(lambda: proc.poll() is not None or _brokers(addr) > 0, 60, "clmq dev to register its broker")
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    with running_dev(tmp_path_factory.mktemp("dlq"), DEV_CONFIG) as addr:
         yield addr
-    finally:
-        os.kill(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def run(ns: str, tmp_path: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,6 @@ from ._append import _BAD_INPUT, BusyError
 from ._context import BrokerContext
 from ._system_put import put_messages
 from ._timer_state import (
-    CANCEL_QUEUE,
     SCHEDULED_QUEUE,
     Rebuilt,
     TimerCheckpoint,
@@ -59,7 +58,6 @@ class TimerStats:
     delivered: int = 0
     cancelled: int = 0
     undeliverable: int = 0  # real topic or queue gone
-    last_lateness_ms: list[int] = field(default_factory=list)  # of the last batch
 
 
 class Timer:
@@ -143,8 +141,6 @@ class Timer:
                     await self._start()
                 await self._tick()
                 self.failure = ""
-            except BusyError as e:
-                log.warning("timer: deliveries wait: %s", e)
             except (OSError, StoreError) as e:
                 await self._failed(e)
 
@@ -267,10 +263,8 @@ class Timer:
         self._max_due = max(self._max_due, batch[-1][0])
         if messages:
             self._batches.append((start, batch[-1][0]))
-        now = wall_ms()
         self.stats.cancelled += sum(1 for d in batch if d[2] in state.cancelled)
         self.stats.delivered += len(messages)
-        self.stats.last_lateness_ms = [now - d[0] for d in todo]
         for d in batch:
             state.delivered.discard(d[2])
             state.cancelled.discard(d[2])
@@ -435,6 +429,3 @@ def _entries_at(store: Store, offsets: list[int]) -> list[Due]:
                 out.append((due, q, off, size))
         i = j
     return out
-
-
-__all__ = ["CANCEL_QUEUE", "TIMER_TOPIC", "Timer"]
