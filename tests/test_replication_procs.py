@@ -276,9 +276,10 @@ async def test_old_leader_rejoins_and_cuts_its_divergent_tail(tmp_path: Path) ->
         await g["g2"].start()
         await g.wait_status("g2", lambda s: s["leader_addr"] == g["g1"].addr, 30, "g2 to follow the new leader g1")
         await g["g0"].start()
-        st = await g.wait_status("g0", lambda s: s["role"] == "follower" and s["leader_addr"] == g["g1"].addr, 30,
-                                 "the old leader to step down and follow g1")  # fmt: skip
-        assert st["epoch"] >= epoch
+        # A follower's epoch is its log's latest term: it reaches the new leader's once the
+        # first bytes of that term are copied, a moment after it names the new leader.
+        await g.wait_status("g0", lambda s: s["role"] == "follower" and s["leader_addr"] == g["g1"].addr
+                            and s["epoch"] >= epoch, 30, "the old leader to step down, follow g1 and copy its term")  # fmt: skip
         rows = await g.wait_cluster(lambda c: c.get("g0", {}).get("role") == "follower", 10, "g0 listed as a follower")
         assert rows["g1"]["role"] == "leader" and rows["g1"]["epoch"] == epoch, rows
         end = await g.wait_in_sync("g1", ["g0", "g2"])
