@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
-import os
 import sys
 
 from .fileops import OPS
@@ -19,9 +18,15 @@ PAGE = mmap.PAGESIZE
 # cachestat(2) (Linux 6.5): the page-cache state of a file range, no data copied. Same
 # number on every architecture with the generic syscall table (x86_64, arm64).
 SYS_CACHESTAT = 451
-# Where cachestat is missing: a non-blocking read of the range (preadv2 RWF_NOWAIT,
-# Linux 4.14) tells the same at the cost of a copy, in pieces of at most this many bytes.
-NOWAIT_PROBE_BYTES = 256 * 1024
+# Where cachestat is missing (older kernels, container seccomp filters): mincore(2) on a
+# shared read-only mapping of the range. It starts no read and copies no data (a
+# non-blocking read, RWF_NOWAIT, would do both: it starts reading what it misses, on
+# the event loop, and may then find it read). It counts only pages already read, which
+# is what matters here: a page still being read would make a read wait. Linux reports
+# pages of a file mapping only to its owner or a writer (else all as present): the
+# broker owns its data files.
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_LOW_BIT = bytes(b & 1 for b in range(256))  # mincore sets bit 0; the others are reserved
 
 
 class _Range(ctypes.Structure):
@@ -33,33 +38,50 @@ class _Stat(ctypes.Structure):
 
 
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-_how = ["cachestat" if _libc is not None else "nowait"]  # the first way that works on this system
+if _libc is not None:
+    _mmap, _munmap, _mincore_call = _libc.mmap, _libc.munmap, _libc.mincore
+    _mmap.restype, _mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                                      ctypes.c_int, ctypes.c_int64]  # fmt: skip
+    _munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    _mincore_call.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_how = ["cachestat" if _libc is not None else "none"]  # the first way that works on this system
 
 
 def pages_missing(fd: int, position: int, length: int) -> bool | None:
     """Whether some page of ``length`` bytes at ``position`` of open file ``fd`` is not
     in the page cache (a read there would wait for the disk); None if this system
-    cannot tell (no cachestat, no RWF_NOWAIT: the caller decides by other means)."""
+    cannot tell (no cachestat, no mincore: the caller decides by other means)."""
     if length <= 0:
         return False
     if _how[0] == "cachestat":
         got = _cachestat(fd, position, length)
         if got is not None:
             return got
-        _how[0] = "nowait"
-    if _how[0] == "nowait":
-        got = _nowait(fd, position, length)
+        _how[0] = "mincore"
+    if _how[0] == "mincore":
+        got = _mincore(fd, position, length)
         if got is not None:
             return got
         _how[0] = "none"
     return None
 
 
-def _cachestat(fd: int, position: int, length: int) -> bool | None:
+def _pages(position: int, length: int) -> tuple[int, int]:
+    """The first page of the range and how many pages it touches."""
     first = position // PAGE
-    pages = (position + length + PAGE - 1) // PAGE - first
+    return first, (position + length + PAGE - 1) // PAGE - first
+
+
+def _cachestat(fd: int, position: int, length: int) -> bool | None:
+    first, pages = _pages(position, length)
     cached = cached_pages(fd, first * PAGE, pages * PAGE)
     return None if cached is None else cached < pages
+
+
+def _mincore(fd: int, position: int, length: int) -> bool | None:
+    first, pages = _pages(position, length)
+    read = read_pages(fd, first * PAGE, pages * PAGE)
+    return None if read is None else read < pages
 
 
 def cached_pages(fd: int, position: int, length: int) -> int | None:
@@ -75,26 +97,29 @@ def cached_pages(fd: int, position: int, length: int) -> int | None:
     return int(st.nr_cache)
 
 
-def _nowait(fd: int, position: int, length: int) -> bool | None:
-    flag = getattr(os, "RWF_NOWAIT", None)
-    if flag is None:
+def read_pages(fd: int, position: int, length: int) -> int | None:
+    """How many pages of the range (``position`` page-aligned) are in the page cache
+    and read, by mincore(2) on a mapping of it (pages past the end of the file count
+    as missing); None where this system cannot map the file or has no mincore."""
+    if _libc is None:
         return None
-    buf = bytearray(min(length, NOWAIT_PROBE_BYTES))
-    done = 0
-    while done < length:
-        view = memoryview(buf)[: min(len(buf), length - done)]
-        try:
-            n = os.preadv(fd, [view], position + done, flag)
-        except BlockingIOError:
-            return True
-        except OSError as e:
-            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without non-blocking reads
+    if length <= 0:
+        return 0
+    assert position % PAGE == 0, f"mincore range at {position}: not page-aligned"
+    addr = _mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, position)
+    if addr is None or addr == _MAP_FAILED:
+        if ctypes.get_errno() in (errno.ENODEV, errno.EACCES, errno.EINVAL, errno.EPERM):
+            return None  # a file system that cannot map files
+        raise OSError(ctypes.get_errno(), f"mmap of fd {fd} at {position} for mincore")
+    try:
+        vec = ctypes.create_string_buffer((length + PAGE - 1) // PAGE)
+        if _mincore_call(addr, length, vec) != 0:
+            if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
                 return None
-            raise
-        if n < len(view):  # cached only up to here, or the file ends: a read would wait or fall short
-            return True
-        done += n
-    return False
+            raise OSError(ctypes.get_errno(), f"mincore of fd {fd} at {position}")
+        return len(vec.raw) - vec.raw.translate(_LOW_BIT).count(0)
+    finally:
+        _munmap(addr, length)
 
 
 def read_exactly(fd: int, position: int, length: int, path: str) -> bytes:
