@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
+import os
 import sys
 
 from .fileops import OPS
@@ -23,8 +24,8 @@ SYS_CACHESTAT = 451
 # non-blocking read, RWF_NOWAIT, would do both: it starts reading what it misses, on
 # the event loop, and may then find it read). It counts only pages already read, which
 # is what matters here: a page still being read would make a read wait. Linux reports
-# pages of a file mapping only to its owner or a writer (else all as present): the
-# broker owns its data files.
+# the pages of a file mapping only to the file's owner, root or a process that may
+# write the file, and to any other as all present: for such a file, this cannot tell.
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _LOW_BIT = bytes(b & 1 for b in range(256))  # mincore sets bit 0; the others are reserved
 
@@ -39,31 +40,42 @@ class _Stat(ctypes.Structure):
 
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 if _libc is not None:
-    _mmap, _munmap, _mincore_call = _libc.mmap, _libc.munmap, _libc.mincore
+    # mmap64: a 64-bit offset on 32-bit systems too (on 64-bit ones, the same function)
+    _mmap, _munmap, _mincore_call = getattr(_libc, "mmap64", _libc.mmap), _libc.munmap, _libc.mincore
     _mmap.restype, _mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                                                       ctypes.c_int, ctypes.c_int64]  # fmt: skip
     _munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     _mincore_call.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-_how = ["cachestat" if _libc is not None else "none"]  # the first way that works on this system
+_how = ["cachestat" if _libc is not None else "none"]  # the way that works on this system
 
 
 def pages_missing(fd: int, position: int, length: int) -> bool | None:
     """Whether some page of ``length`` bytes at ``position`` of open file ``fd`` is not
     in the page cache (a read there would wait for the disk); None if this system
-    cannot tell (no cachestat, no mincore: the caller decides by other means)."""
+    cannot tell for this file (no cachestat, and mincore cannot see its pages or is
+    missing: the caller decides by other means)."""
     if length <= 0:
         return False
     if _how[0] == "cachestat":
         got = _cachestat(fd, position, length)
         if got is not None:
             return got
-        _how[0] = "mincore"
-    if _how[0] == "mincore":
-        got = _mincore(fd, position, length)
-        if got is not None:
-            return got
-        _how[0] = "none"
-    return None
+        # cachestat refuses files this process may not write, as mincore hides their
+        # pages; refusing one it may write, it is missing or filtered here: stop trying it.
+        if mincore_sees(fd):
+            _how[0] = "mincore"
+    if _how[0] == "none":
+        return None
+    return _mincore(fd, position, length)
+
+
+def mincore_sees(fd: int) -> bool:
+    """Whether mincore reports the page-cache state of open file ``fd`` to this process
+    (the file's owner, root, or a process that may write the file)."""
+    euid = os.geteuid()
+    if euid == 0 or os.fstat(fd).st_uid == euid:
+        return True
+    return os.access(f"/proc/self/fd/{fd}", os.W_OK, effective_ids=True)
 
 
 def _pages(position: int, length: int) -> tuple[int, int]:
@@ -100,17 +112,17 @@ def cached_pages(fd: int, position: int, length: int) -> int | None:
 def read_pages(fd: int, position: int, length: int) -> int | None:
     """How many pages of the range (``position`` page-aligned) are in the page cache
     and read, by mincore(2) on a mapping of it (pages past the end of the file count
-    as missing); None where this system cannot map the file or has no mincore."""
-    if _libc is None:
+    as missing); None where mincore cannot tell for this file (see :func:`mincore_sees`),
+    the file cannot be mapped now (its file system, the process's address space or map
+    count) or this system has no mincore."""
+    if _libc is None or not mincore_sees(fd):
         return None
     if length <= 0:
         return 0
     assert position % PAGE == 0, f"mincore range at {position}: not page-aligned"
     addr = _mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, position)
     if addr is None or addr == _MAP_FAILED:
-        if ctypes.get_errno() in (errno.ENODEV, errno.EACCES, errno.EINVAL, errno.EPERM):
-            return None  # a file system that cannot map files
-        raise OSError(ctypes.get_errno(), f"mmap of fd {fd} at {position} for mincore")
+        return None  # ENODEV, EACCES, ENOMEM, EAGAIN...: for this file, or for now
     try:
         vec = ctypes.create_string_buffer((length + PAGE - 1) // PAGE)
         if _mincore_call(addr, length, vec) != 0:

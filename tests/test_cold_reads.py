@@ -3,7 +3,9 @@ read thread, into bytes, never ``sendfile``'d on the event loop; pulls of cached
 still go out with ``sendfile``; a cold read's failure is an error reply.
 
 Data is made cold for real: ``fsync``, then ``posix_fadvise(DONTNEED)`` on every file
-of the broker's data directory, again until cachestat counts no page of it.
+of the broker's data directory, again until no page of it is counted (by cachestat,
+else by mincore). The page-cache checks are tried both ways: by cachestat, and as on
+a kernel without it (``way``).
 """
 
 from __future__ import annotations
@@ -48,10 +50,10 @@ def evict_fd(fd: int) -> None:
     else by mincore, which sees no page still being read: so the whole file is read
     first, which waits for every read in flight (the files here are a few MiB)."""
     counting = cached_pages(fd, 0, PAGE) is not None
-    if not counting:
-        _drain(fd)
     give_up = time.monotonic() + EVICT_MAX_S
     while True:
+        if not counting:
+            _drain(fd)
         os.fsync(fd)  # dirty pages are not dropped
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         size = os.fstat(fd).st_size + PAGE
@@ -286,6 +288,48 @@ def test_the_cold_read_path_gives_every_byte_of_the_file(
                 assert os.pread(f.fileno(), s.length, s.position) == data[p : p + n]
         else:
             assert s.data == data[p : p + n]
+
+
+NOBODY = 65534
+
+
+def _as_nobody(fn: Any) -> str:
+    """``repr(fn())`` computed in a forked child running as user and group ``NOBODY``
+    (no exec: the interpreter may live where that user cannot read)."""
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(rd)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.write(wr, repr(fn()).encode())
+        except BaseException as e:  # reported to the parent, whatever it was
+            os.write(wr, f"failed: {e!r}".encode())
+        finally:
+            os._exit(0)
+    os.close(wr)
+    with os.fdopen(rd, "rb") as f:
+        out = f.read().decode()
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_a_file_this_process_may_not_write_is_never_reported_cached(way: str, blob: Blob) -> None:
+    """mincore shows every page of a file mapping as present to a process that neither
+    owns the file nor may write it, and cachestat refuses such a file: the check then
+    cannot tell (None, or missing where cachestat answers), never "cached", and the
+    way chosen for the process's own files stays."""
+    assert os.geteuid() == 0, "run as root (as CI does): the check runs as another user"
+    fd = os.open(blob.path, os.O_RDONLY)  # root's file, 0644: readable, not writable, by NOBODY
+    try:
+        evict_fd(fd)
+        got = _as_nobody(lambda: (read_pages(fd, 0, PAGE), pages_missing(fd, 0, PAGE), _pagecache._how[0]))
+        assert got in (f"(None, None, '{way}')", f"(None, True, '{way}')"), got
+        assert pages_missing(fd, 0, PAGE) is True, "the owner sees the page missing"
+    finally:
+        os.close(fd)
 
 
 def test_a_span_past_the_end_of_its_file_is_an_error_not_short_bytes(blob: Blob) -> None:

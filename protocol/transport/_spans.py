@@ -3,10 +3,11 @@
 ``sendfile`` of bytes that are not in the page cache reads the disk synchronously in
 the calling thread: on the event loop, that stalls every connection for as long as
 the disk takes (a consumer far behind, a follower catching up from old segments). So
-a file span goes out with ``sendfile`` only when its pages are all cached (checked
-here with one ``cachestat`` call, or by the caller: a span whose ``resident``
-attribute is true was checked in a read thread just before); otherwise its bytes are
-read in a worker thread and sent as bytes. The check: :func:`pages_missing`.
+a file span goes out with ``sendfile`` only when its pages are known to be cached
+(checked here with one ``cachestat`` or ``mincore`` call, or by the caller: a span
+whose ``resident`` attribute is true was checked in a read thread just before);
+otherwise, or where the check cannot tell, its bytes are read in a worker thread and
+sent as bytes. The check: :func:`pages_missing`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ async def send_spans(stream: trio.abc.SendStream, spans: list[Any]) -> None:
             continue
         fd = os.open(span.path, os.O_RDONLY)
         try:
-            if sock is not None and (getattr(span, "resident", False) or not pages_missing(fd, span.position, span.length)):
+            if sock is not None and (getattr(span, "resident", False) or pages_missing(fd, span.position, span.length) is False):
                 SPAN_COUNTERS["sendfile_spans"] += 1
                 await _sendfile(sock, fd, span.path, span.position, span.length)
             else:  # cold (or no socket): the disk is read in a thread, never on the event loop
