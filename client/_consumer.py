@@ -36,27 +36,24 @@ import logging
 import os
 import socket
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import trio
 
 from commitlog import Record
 from consumequeue import retry_topic
-from protocol import ErrorCode, Frame, RequestCode
-from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
+from protocol import Frame, RequestCode
+from protocol.transport import RpcClient, background_nursery
 
-from ._allocate import allocate_averagely
+from ._commits import Commits
 from ._fetcher import DamagedQueueError, Fetcher, PendingBatches, PrefetchBuffer, QueueState
+from ._membership import NET_ERRORS, Membership
 from ._options import ConsumerOptions, TagFilter
 from ._orderly import QueueLocks
 from ._redelivery import Handler, Redelivery, SendBackResult
-from ._routes import MessageQueue, NoRouteError, ReadRouter, Routes
+from ._routes import MessageQueue, ReadRouter, Routes
 
 log = logging.getLogger("clmq.consumer")
-
-_NET_ERRORS = (ConnectionFailed, RpcError, trio.TooSlowError, NoRouteError)
-
-T = TypeVar("T")
 
 
 class Consumer:
@@ -76,22 +73,21 @@ class Consumer:
         self.client_id = options.client_id or f"{socket.gethostname()}@{os.getpid()}@{id(self):x}"
         self.assigned: dict[MessageQueue, QueueState] = {}
         self._generation = 0
-        self.processed: dict[MessageQueue, int] = Processed()
+        self.commits = Commits(self)
+        self.processed: dict[MessageQueue, int] = self.commits.processed
         # Assigned queues stopped at a damaged record (an entry goes once the queue reads again).
         self.errors: dict[MessageQueue, DamagedQueueError] = {}
-        self._committed: dict[MessageQueue, int] = {}
         self.prefetch = PrefetchBuffer(options.prefetch_max_bytes)
         self.pending = PendingBatches()  # returned by the last receive(), not yet acknowledged
-        self._rebalance_now = trio.Event()
         self._fetcher: Fetcher | None = None
-        self.net_errors: tuple[type[BaseException], ...] = _NET_ERRORS  # what the fetcher retries after
+        self.net_errors: tuple[type[BaseException], ...] = NET_ERRORS  # what the fetcher retries after
         self.reads = ReadRouter(routes, always=options.read_from_followers, hold_ms=options.follower_read_hold_ms,
                                 failure_backoff_ms=options.follower_failure_backoff_ms, seed=self.client_id)  # fmt: skip
         # Orderly: the queue locks (None otherwise).
         self.locks = (QueueLocks(self, retry_ms=options.lock_retry_ms, renew_interval_ms=options.lock_renew_interval_ms)
                       if options.orderly else None)  # fmt: skip
         self.redelivery = Redelivery(self)
-        self._commit_lock = trio.Lock()  # a queue's commits never overlap: an older one must not land after a newer
+        self.membership = Membership(self)
         self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ public
@@ -211,63 +207,17 @@ class Consumer:
 
     async def commit(self) -> None:
         """Commit processed offsets to the brokers now (clustering mode)."""
-        if self.options.mode != "clustering":
-            return
-        async with self._commit_lock:
-            by_broker: dict[str, dict[MessageQueue, int]] = {}
-            processed = self.processed
-            assert isinstance(processed, Processed)
-            changed, processed.changed = processed.changed, set()  # not a walk over 10,000 queues per interval
-            for mq in changed:
-                offset = processed.get(mq)
-                if offset is not None and self._committed.get(mq) != offset:
-                    by_broker.setdefault(mq.addr, {})[mq] = offset
-            for addr, offsets in by_broker.items():  # one request per broker, however many queues
-                await self._commit_to(addr, offsets)
-
-    async def _commit_to(self, addr: str, offsets: dict[MessageQueue, int]) -> None:
-        """Commit to the group's leader (:meth:`to_leader`). Offsets not committed stay
-        processed: committed later."""
-        rows = [[mq.topic, mq.queue_id, o] for mq, o in offsets.items()]
-        try:
-            await self.to_leader(next(iter(offsets)), addr, RequestCode.COMMIT_OFFSET, {"group": self.group, "offsets": rows})
-        except _NET_ERRORS as e:
-            log.warning("consumer %s: commit of %d offsets to %s failed: %s", self.client_id, len(rows), addr, e)
-            if isinstance(self.processed, Processed):
-                self.processed.changed.update(offsets)  # committed next time
-            return
-        self._committed.update(offsets)
+        if self.options.mode == "clustering":
+            await self.commits.commit_changed()
 
     async def to_leader(self, mq: MessageQueue, addr: str, code: int, fields: dict[str, Any]) -> Frame:
-        """A request to ``mq``'s group leader at ``addr``; a dead or demoted leader (the
-        connection fails, NOT_LEADER) is followed to the leader fresh routes name, for
-        up to ``retry_budget_ms``. Raises the last failure (one of ``net_errors``)."""
-        deadline = trio.current_time() + self.options.retry_budget_ms / 1000
-        delay = 0.05
-        while True:
-            try:
-                return await self.request(addr, code, fields)
-            except _NET_ERRORS as e:
-                if not _leader_moved(e) or trio.current_time() + delay > deadline:
-                    raise
-            await trio.sleep(delay)
-            delay = min(delay * 2, 0.5)
-            addr = await self._leader_now(mq, addr)
-
-    async def _leader_now(self, mq: MessageQueue, addr: str) -> str:
-        """The address of ``mq``'s group leader as fresh routes say (``addr`` if unknown)."""
-        try:
-            mqs = await self.routes.queues(mq.topic, refresh=True)
-        except _NET_ERRORS:
-            return addr
-        self._rebalance_now.set()  # move the group's queues to its new leader
-        return next((m.addr for m in mqs if (m.broker_name, m.queue_id) == (mq.broker_name, mq.queue_id)
-                     and m.addr not in self.routes.leaderless), addr)  # fmt: skip
+        """A request to ``mq``'s group leader, following it if it moves (:class:`Membership`)."""
+        return await self.membership.to_leader(mq, addr, code, fields)
 
     def route_failed(self, addr: str) -> None:
         """A group leader failed a request: refresh routes and rebalance now (its
         group may have a new leader)."""
-        self._rebalance_now.set()
+        self.membership.rebalance_soon()
 
     # ------------------------------------------------------------- background
     async def _start(self, nursery: trio.Nursery) -> None:
@@ -275,10 +225,10 @@ class Consumer:
         self._fetcher = Fetcher(self, nursery)
         if self.locks is not None:
             self.locks.start(nursery)
-        await self._heartbeat()
-        await self._rebalance()
-        nursery.start_soon(self._every, self.options.heartbeat_interval_ms, self._heartbeat)
-        nursery.start_soon(self._rebalance_loop)
+        await self.membership.heartbeat()
+        await self.membership.rebalance()
+        nursery.start_soon(self._every, self.options.heartbeat_interval_ms, self.membership.heartbeat)
+        nursery.start_soon(self.membership.rebalance_loop)
         nursery.start_soon(self._every, self.options.commit_interval_ms, self.commit)
 
     async def _close(self, *, ack_pending: bool = True) -> None:
@@ -288,10 +238,10 @@ class Consumer:
             self.ack()
         with trio.CancelScope(shield=True), trio.move_on_after(3):
             await self.commit()
-            for addr in await self._broker_addrs():
+            for addr in await self.membership.broker_addrs():
                 try:
                     await self.request(addr, RequestCode.UNREGISTER_CLIENT, {"client_id": self.client_id})
-                except _NET_ERRORS:
+                except NET_ERRORS:
                     pass
 
     async def _every(self, interval_ms: int, fn: Callable[[], Awaitable[object]]) -> None:
@@ -302,45 +252,10 @@ class Consumer:
     async def request(self, addr: str, code: int, fields: dict[str, Any], timeout_ms: float | None = None) -> Frame:
         return await self.rpc.request(addr, code, fields, timeout_ms=timeout_ms or self.options.request_timeout_ms)
 
-    async def _broker_addrs(self) -> list[str]:
-        """The brokers of the subscribed topics (the retry topic lives on the same ones)."""
-        addrs: set[str] = set()
-        for topic in self.filters:
-            if topic == self.retry_topic:
-                continue
-            try:
-                addrs |= {mq.addr for mq in await self.routes.queues(topic)}
-            except _NET_ERRORS:
-                pass
-        return sorted(addrs)
-
-    async def _heartbeat(self) -> None:
-        groups = [{"group": self.group, "mode": self.options.mode, "topics": sorted(self.filters)}]
-        for addr in await self._broker_addrs():
-            try:
-                await self.request(addr, RequestCode.HEARTBEAT, {"client_id": self.client_id, "groups": groups})
-            except _NET_ERRORS as e:
-                log.debug("heartbeat to %s failed: %s", addr, e)
-
-    async def _rebalance_loop(self) -> None:
-        while True:
-            with trio.move_on_after(self.options.rebalance_interval_ms / 1000):
-                await self._rebalance_now.wait()
-            self._rebalance_now = trio.Event()
-            await self._rebalance()
-
-    async def _rebalance(self) -> None:
-        wanted: set[MessageQueue] = set()
-        for topic in self.filters:
-            try:
-                mqs = await self.routes.queues(topic, refresh=True)
-            except _NET_ERRORS as e:
-                if topic == self.retry_topic and isinstance(e, NoRouteError) and not e.unreachable:
-                    continue  # no message of this group failed yet: the broker creates it at the first send-back
-                log.warning("consumer %s: no route for %s: %s", self.client_id, topic, e)
-                wanted |= {mq for mq in self._current() if mq.topic == topic}  # keep what we have
-                continue
-            wanted |= set(await self._my_share(mqs))
+    async def apply_share(self, wanted: set[MessageQueue]) -> None:
+        """Read the queues of this member's share (:class:`Membership`): queues whose
+        group has a new leader move, the others are released or taken (orderly: locked
+        first, released once their batch is acknowledged)."""
         if self.locks is not None:
             self.locks.rebalance(wanted)
             return
@@ -351,22 +266,7 @@ class Consumer:
         for mq in sorted(wanted - set(self.assigned)):
             self._assign(mq)
 
-    async def _my_share(self, mqs: list[MessageQueue]) -> list[MessageQueue]:
-        if self.options.mode == "broadcasting" or not mqs:
-            return mqs
-        members: list[str] = []
-        for addr in sorted({mq.addr for mq in mqs}):  # any broker that answers (one may be down)
-            try:
-                reply = await self.request(addr, RequestCode.GET_GROUP_MEMBERS, {"group": self.group})
-            except _NET_ERRORS:
-                continue
-            members = list(reply.fields["members"])
-            break
-        if self.client_id not in members:
-            members.append(self.client_id)
-        return allocate_averagely(mqs, members, self.client_id)
-
-    def _current(self) -> set[MessageQueue]:
+    def current(self) -> set[MessageQueue]:
         """The queues this member reads or (orderly) wants to."""
         return set(self.assigned) | (self.locks.wanted if self.locks is not None else set())
 
@@ -378,10 +278,7 @@ class Consumer:
 
     async def commit_queue(self, mq: MessageQueue) -> None:
         """Commit ``mq``'s processed offset now (if it moved)."""
-        async with self._commit_lock:
-            offset = self.processed.get(mq)
-            if offset is not None and self._committed.get(mq) != offset:
-                await self._commit_to(mq.addr, {mq: offset})
+        await self.commits.commit_queue(mq)
 
     def take_queue(self, mq: MessageQueue) -> None:
         """Orderly: the queue's lock was granted: read it from the committed offset."""
@@ -393,8 +290,7 @@ class Consumer:
         have ended, or it was released)."""
         self.assigned.pop(mq, None)
         self.errors.pop(mq, None)
-        self.processed.pop(mq, None)
-        self._committed.pop(mq, None)
+        self.commits.forget(mq)
         self.redelivery.forget(mq)
         self.pending.drop(mq)
 
@@ -404,10 +300,9 @@ class Consumer:
         self.pending.drop(mq)  # not acknowledged: its new owner reads it again
         self.redelivery.forget(mq)
         offset = self.processed.pop(mq, None)
-        if offset is not None and self.options.mode == "clustering" and self._committed.get(mq) != offset:
-            async with self._commit_lock:
-                await self._commit_to(mq.addr, {mq: offset})
-        self._committed.pop(mq, None)
+        if offset is not None and self.options.mode == "clustering" and self.commits.committed.get(mq) != offset:
+            await self.commits.commit_queue(mq, offset)  # (an idle queue does not wait for a commit under way)
+        self.commits.forget(mq)
         log.info("consumer %s: released %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
 
     def _move(self, old: MessageQueue, new: MessageQueue) -> None:
@@ -416,9 +311,8 @@ class Consumer:
         processed offset there (its copy of the group's offsets may lag)."""
         state = self.assigned.pop(old)
         self.errors.pop(old, None)
-        self._committed.pop(old, None)
         self._generation += 1
-        offset = self.processed.pop(old, None)
+        offset = self.commits.forget(old)
         fetch_from = offset
         for i, pending in enumerate(self.pending):
             if pending.mq == old:
@@ -439,54 +333,6 @@ class Consumer:
         self._fetcher.add(mq, state)
         log.info("consumer %s: took %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
 
-    async def retrying(self, fn: Callable[[], Awaitable[T]]) -> T:
-        delay = 0.05
-        while True:
-            try:
-                return await fn()
-            except _NET_ERRORS as e:
-                log.debug("consumer %s: %s; retrying in %.2f s", self.client_id, e, delay)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-
-    def start_offset_now(self, committed: int, lo: int, hi: int) -> int | None:
-        """:meth:`start_offset` when it needs no request (all but timestamps), else None:
-        a consumer of 10,000 queues calls it for each, and an await apiece adds up."""
-        if self.options.mode == "clustering" and committed >= 0:
-            return committed
-        start = self.options.start_from
-        if isinstance(start, int) or (isinstance(start, str) and start.isdigit()):
-            return None
-        return hi if start == "latest" else lo
-
-    async def start_offset(self, mq: MessageQueue, committed: int, lo: int, hi: int) -> int:
-        """Where to start reading a queue: the group's committed offset, else
-        ``start_from`` (a timestamp is searched on the broker)."""
-        now = self.start_offset_now(committed, lo, hi)
-        if now is not None:
-            return now
-        q = {"topic": mq.topic, "queue_id": mq.queue_id, "timestamp_ms": int(self.options.start_from)}
-        reply = await self.retrying(lambda: self.request(mq.addr, RequestCode.SEARCH_OFFSET, q))
-        offset: int = reply.fields["offset"]
-        return offset
-
-
-class Processed(dict[MessageQueue, int]):
-    """Next offset to commit per queue, and the queues whose offset was set since the
-    last commit (``changed``): a commit looks at those only."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.changed: set[MessageQueue] = set()
-
-    def __setitem__(self, mq: MessageQueue, offset: int) -> None:
-        super().__setitem__(mq, offset)
-        self.changed.add(mq)
-
-    def setdefault(self, mq: MessageQueue, offset: int) -> int:
-        self.changed.add(mq)
-        return super().setdefault(mq, offset)
-
 
 def _last_offsets(records: Sequence[Record]) -> dict[tuple[str, int], int]:
     """(topic, queue id) -> the highest queue offset among ``records``."""
@@ -496,13 +342,6 @@ def _last_offsets(records: Sequence[Record]) -> dict[tuple[str, int], int]:
         if r.queue_offset > last.get(key, -1):
             last[key] = r.queue_offset
     return last
-
-
-def _leader_moved(e: BaseException) -> bool:
-    """A failure after which the group may have a new leader (retry there)."""
-    if isinstance(e, RpcError):
-        return e.code in (ErrorCode.NOT_LEADER, ErrorCode.SHUTTING_DOWN)
-    return isinstance(e, (ConnectionFailed, trio.TooSlowError))
 
 
 def _moved(assigned: set[MessageQueue], wanted: set[MessageQueue]) -> dict[MessageQueue, MessageQueue]:

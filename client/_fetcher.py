@@ -34,7 +34,7 @@ import logging
 from collections import OrderedDict, defaultdict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator, Protocol, Sequence, TypeVar
+from typing import Any, Iterator, Protocol, Sequence
 
 import trio
 
@@ -43,12 +43,11 @@ from protocol import FetchAsk, FetchResult, Frame, ProtocolError, PullStatus, Re
 
 from ._options import ConsumerOptions, TagFilter
 from ._routes import MessageQueue, ReadRouter
+from ._start_offset import retrying, start_offset, start_offset_now
 
 log = logging.getLogger("clmq.consumer")
 
 MIN_FETCH_QUEUES = 16  # a request covers at least this many queues (when it has them)
-
-T = TypeVar("T")
 
 
 @contextmanager
@@ -235,9 +234,6 @@ class FetchHost(Protocol):
     reads: ReadRouter  # where pulls go: the group's leader (MessageQueue.addr) or a follower
 
     async def request(self, addr: str, code: int, fields: dict[str, Any], timeout_ms: float | None = None) -> Frame: ...
-    async def retrying(self, fn: Callable[[], Awaitable[T]]) -> T: ...
-    def start_offset_now(self, committed: int, lo: int, hi: int) -> int | None: ...
-    async def start_offset(self, mq: MessageQueue, committed: int, lo: int, hi: int) -> int: ...
 
     prefetch: PrefetchBuffer  # batches for receive(); the byte budget of requests
 
@@ -313,14 +309,14 @@ class Fetcher:
                 return None  # given up meanwhile (e.g. moved to a new leader): stop asking this broker
             return await self.c.request(addr, RequestCode.QUERY_QUEUE_OFFSETS, fields)
 
-        reply = await self.c.retrying(ask)
+        reply = await retrying(self.c, ask)
         if reply is None:
             return
         for (mq, st), row in zip(batch, reply.fields["offsets"]):
             if row is None or self.c.assigned.get(mq) is not st:
                 continue  # the queue is gone (a rebalance will notice) or was given up
-            start = self.c.start_offset_now(*row)  # the usual case: no request, no await
-            st.offset = start if start is not None else await self.c.start_offset(mq, *row)
+            start = start_offset_now(self.options, *row)  # the usual case: no request, no await
+            st.offset = start if start is not None else await start_offset(self.c, mq, *row)
             self.c.processed.setdefault(mq, st.offset)
             # Nothing to read yet: straight to the watches. Asking first would cost a
             # round of asks that all come back empty (8,000 of them in the benchmark).

@@ -16,20 +16,18 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import trio
 
-from broker.store import PutResult, PutStatus, Store
-from commitlog import CorruptRecordError, InvalidInputError, Message, Record, StoreError
-from consumequeue import PROP_REAL_QID, PROP_REAL_TAGS, PROP_REAL_TOPIC, PROP_TIMER_SRC, TIMER_TOPIC
+from broker.store import Store
+from commitlog import StoreError
+from consumequeue import TIMER_TOPIC
 from protocol.transport import RequestError
 
-from ._append import _BAD_INPUT, BusyError
 from ._context import BrokerContext
-from ._system_put import put_messages
+from ._timer_delivery import Delivery, Due, TimerStats
 from ._timer_state import (
     SCHEDULED_QUEUE,
     Rebuilt,
@@ -46,18 +44,10 @@ log = logging.getLogger("clmq.timer")
 
 FAILURE_RETRY_S = 1.0  # after a disk or store error, the timer starts again this much later
 WINDOW_MARGIN_S = 3600  # the wheel spans timer_max_delay_ms and this much more
-Due = tuple[int, int, int, int]  # due ms, queue offset, commit-log offset, size
 
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass
-class TimerStats:
-    delivered: int = 0
-    cancelled: int = 0
-    undeliverable: int = 0  # real topic or queue gone
 
 
 class Timer:
@@ -88,6 +78,7 @@ class Timer:
         self._last_save = 0.0
         self.window_s = self.config.timer_max_delay_ms // 1000 + WINDOW_MARGIN_S
         if self.store is not None:
+            self.delivery = Delivery(ctx, self.store, self.stats)
             self.store.log.hold_retention(self.retention_floor)
 
     @property
@@ -251,8 +242,8 @@ class Timer:
         assert self.store is not None
         start = self.store.log.write_offset  # the batch's deliveries lie past it
         try:
-            messages = await trio.to_thread.run_sync(self._messages, todo)
-            problem = await self._append(messages) if messages else None
+            messages = await trio.to_thread.run_sync(self.delivery.messages, todo)
+            problem = await self.delivery.append(messages) if messages else None
         finally:
             self._inflight = []
         if problem is not None:
@@ -269,73 +260,6 @@ class Timer:
             state.delivered.discard(d[2])
             state.cancelled.discard(d[2])
         return True
-
-    async def _append(self, messages: list[Message]) -> str | None:
-        """Append through the lane; why not, or None once stored. A message the store
-        refuses as it is (one that passed the door's checks and still cannot be stored)
-        is dropped, logged and counted, never allowed to stop every later delivery."""
-        try:
-            result = await put_messages(self.ctx, messages)
-        except BusyError as e:  # producers filled the lane: the batch waits, nothing is lost
-            return str(e)
-        except InvalidInputError:
-            result = None
-        if result is not None and result.status in (PutStatus.OK, PutStatus.FLUSH_DISK_TIMEOUT):
-            return None
-        if result is not None and result.status not in _BAD_INPUT:
-            return f"{result.status.value}: {result.error}"
-        await self._append_one_by_one(messages)
-        return None
-
-    async def _append_one_by_one(self, messages: list[Message]) -> None:
-        for m in messages:
-            while True:  # a full lane or a failing disk waits here: what went before is stored
-                try:
-                    result = await put_messages(self.ctx, [m])
-                except BusyError:
-                    await trio.sleep(self.config.timer_tick_ms / 1000)
-                    continue
-                except InvalidInputError as e:
-                    result = PutResult(PutStatus.INVALID_MESSAGE, str(e))
-                if result.status in _BAD_INPUT:
-                    log.error("timer: a scheduled message for %s/%d cannot be stored (%s: %s): dropped",
-                              m.topic, m.queue_id, result.status.value, result.error)  # fmt: skip
-                    self.stats.undeliverable += 1
-                elif result.status not in (PutStatus.OK, PutStatus.FLUSH_DISK_TIMEOUT):
-                    await trio.sleep(self.config.timer_tick_ms / 1000)
-                    continue
-                break
-
-    def _messages(self, todo: list[Due]) -> list[Message]:
-        store = self.store
-        assert store is not None
-        out = []
-        for _due, _q, off, size in todo:
-            try:
-                record = store.log.read_record(off, size)
-            except CorruptRecordError as e:  # one damaged record must not stop every other delivery
-                log.error("timer: the scheduled message at %d is damaged, not delivered: %s", off, e)
-                record = None
-            msg = None if record is None else self._delivery(record)
-            if msg is None:
-                self.stats.undeliverable += 1
-            else:
-                out.append(msg)
-        return out
-
-    def _delivery(self, record: Record) -> Message | None:
-        """The message the scheduled record stands for, as its real queue gets it."""
-        props = dict(record.properties)
-        topic, qid = props.pop(PROP_REAL_TOPIC, ""), props.pop(PROP_REAL_QID, "")
-        tags = props.pop(PROP_REAL_TAGS, "")
-        count = self.ctx.store.topics.queue_count(topic) if topic else None
-        if count is None or not qid.isdigit() or int(qid) >= count:
-            log.warning("timer: scheduled message at %d is for %s/%s, which does not exist: dropped",
-                        record.commitlog_offset, topic, qid)  # fmt: skip
-            return None
-        props[PROP_TIMER_SRC] = str(record.commitlog_offset)
-        return Message(topic, int(qid), record.body, tags, record.keys, props, record.flags,
-                       record.born_timestamp_ms, record.born_host, record.reconsume_times)  # fmt: skip
 
     # ------------------------------------------------------------- checkpoint
     def checkpoint_json(self) -> dict[str, Any] | None:
