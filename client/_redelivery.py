@@ -30,7 +30,7 @@ import trio
 from commitlog import ClientError, Record
 from protocol import Frame, ProtocolError, RequestCode
 
-from ._fetcher import PendingBatches
+from ._fetcher import PendingBatches, QueueState
 from ._options import DEFAULT_MAX_RECONSUME_TIMES, ConsumerOptions
 from ._routes import MessageQueue
 
@@ -176,10 +176,11 @@ class Round:
                 self._stopped.add(self.keys.get(id(record)))
 
     def left(self) -> list[Record]:
-        """Records not handled (the limit was reached, or the round was interrupted),
-        but for those of queues stopped at a failure (the failure rewinds them)."""
-        return [r for r in self.records
-                if id(r) not in self._done and self.keys.get(id(r)) not in self._stopped | self._lost]  # fmt: skip
+        """Records not handled (the limit was reached, the round was interrupted, or the
+        queue's lock lapsed: never acknowledged past them), but for those of queues
+        stopped at a failure (the failure rewinds them)."""
+        stopped = self._stopped
+        return [r for r in self.records if id(r) not in self._done and self.keys.get(id(r)) not in stopped]
 
 
 class RedeliveryHost(Protocol):
@@ -190,6 +191,8 @@ class RedeliveryHost(Protocol):
     client_id: str
     locks: Any  # QueueLocks (orderly) or None
     net_errors: tuple[type[BaseException], ...]
+
+    assigned: dict[MessageQueue, QueueState]  # the queues read now (a lapse or release drops one)
 
     async def receive(self) -> list[Record]: ...
     def ack(self, records: Sequence[Record] | None = None) -> None: ...
@@ -332,13 +335,20 @@ class Redelivery:
     # ------------------------------------------------------------------- run()
     def round(self, records: list[Record], limit: int | None) -> Round:
         """A round over what ``receive()`` just returned."""
-        locks = self.c.locks
-        pending = self.c.pending
-        # Held now, and its batch still the one handed out (a lapse drops it; a lock won
-        # back meanwhile would not bring it back).
-        held = None if locks is None else (lambda mq: bool(locks.holds(mq, trio.current_time()) and pending.of(mq)))
+        locks, assigned = self.c.locks, self.c.assigned
+        # Held now, and its batch still the one handed out: a lapse drops the queue, a
+        # lock won back meanwhile reads it anew (another generation). The clock, not
+        # trio.current_time(): a blocking consumer's handler thread asks too.
+        clock = trio.lowlevel.current_clock()
+        generations = {b.mq: b.generation for b in self.c.pending}
+
+        def held(mq: Any) -> bool:
+            assert locks is not None
+            st = assigned.get(mq)
+            return st is not None and st.generation == generations.get(mq) and locks.holds(mq, clock.current_time())
+
         return Round(records, self.c.pending.where(records, strict=False), orderly=locks is not None, limit=limit,
-                     still_held=held)  # fmt: skip
+                     still_held=None if locks is None else held)  # fmt: skip
 
     async def run(self, handler: Handler, max_messages: int | None) -> int:
         check_limit(max_messages)

@@ -8,13 +8,14 @@ import dataclasses
 import functools
 import itertools
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
 
 from broker.service._context import now_ms
-from client import Consumer, ConsumeStatus, Record, RpcClient, open_consumer
+from client import BlockingConsumer, Consumer, ConsumeStatus, Record, RpcClient, open_consumer
+from client._redelivery import Round
 from commitlog import Message
 from consumequeue import PROP_ORIGIN_TOPIC, dlq_topic
 from protocol import ErrorCode, RequestCode, encode_batch
@@ -345,6 +346,44 @@ async def test_a_message_that_always_fails_ends_in_the_dead_letters_and_its_queu
     dead = await await_until(dead_letters, 5, "the dead letter")  # appended; dispatched a moment later
     assert [m.body for m in dead] == [b"m1"]
     assert dead[0].properties[PROP_ORIGIN_TOPIC] == "io"
+
+
+def test_a_round_never_acknowledges_past_the_records_of_a_queue_whose_lock_lapsed() -> None:
+    """The lease of q0 ends after its first record: its other records are not handed to
+    the handler, and are left (read again from the first), not acknowledged past."""
+    q0, q1 = [object() for _ in range(3)], [object() for _ in range(2)]
+    records = cast(list[Record], [q0[0], q1[0], q0[1], q1[1], q0[2]])
+    keys = {**{id(r): "q0" for r in q0}, **{id(r): "q1" for r in q1}}
+    handled: list[object] = []
+    rnd = Round(records, keys, orderly=True, limit=None, still_held=lambda mq: mq == "q1" or not handled)
+    for r in rnd.todo():
+        handled.append(r)
+        rnd.done(r, True)
+    assert handled == [q0[0], q1[0], q1[1]]
+    assert rnd.left() == [q0[1], q0[2]]
+
+
+async def test_a_blocking_orderly_consumer_runs_its_handler_in_its_own_thread(nursery: trio.Nursery,
+                                                                              tmp_path: Path) -> None:  # fmt: skip
+    """BlockingConsumer.run with orderly=True: the handler runs in the caller's thread,
+    which checks each queue's lock before every record (without trio's clock there)."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    await c.start_broker()
+    await c.create_topic("io", 1)
+    await _send(c.brokers["broker-a"].addr, "io", [b"m%d" % i for i in range(4)])
+    seen: list[tuple[bytes, int]] = []
+
+    def handler(r: Record) -> ConsumeStatus:
+        seen.append((r.body, r.reconsume_times))
+        return ConsumeStatus.RECONSUME_LATER if r.body == b"m1" and r.reconsume_times < 1 else ConsumeStatus.SUCCESS
+
+    def consume() -> int:
+        with BlockingConsumer(c.ns, "bg", {"io": "*"}, **{**ORDERLY, "orderly_retry_delay_ms": 50}) as consumer:
+            return consumer.run(handler, max_messages=5)
+
+    assert await trio.to_thread.run_sync(consume) == 5
+    assert seen == [(b"m0", 0), (b"m1", 0), (b"m1", 1), (b"m2", 0), (b"m3", 0)]
 
 
 async def test_an_orderly_consumer_needs_clustering_mode(nursery: trio.Nursery, tmp_path: Path) -> None:
