@@ -19,7 +19,7 @@ from protocol.transport import ConnectionFailed, RpcError
 
 from ._routes import MessageQueue
 from ._send_future import Answer, DoneCallback, SendError, SendFuture, SendResult
-from ._send_tries import AMBIGUOUS, RETRIABLE, QueueSelector, RetryPolicy, Targets
+from ._send_tries import QueueSelector, RetryPolicy, Targets, Tries
 
 SendTo = Callable[..., Awaitable[SendResult]]  # Producer.send_to(mq, body, count, dedup=...)
 
@@ -69,29 +69,25 @@ def encode_scheduled(msgs: Sequence[Message], real: MessageQueue, due: int) -> b
 async def send_scheduled(send_to: SendTo, targets: Targets, policy: RetryPolicy, topic: str, msgs: Sequence[Message],
                          due: int, sharding_key: str | None, selector: QueueSelector | None) -> SendResult:  # fmt: skip
     """Send ``msgs`` as one batch due at ``due``: to the queue picked as for a plain send,
-    retried (routes refreshed) on a retriable error within the producer's retries, with
-    ``dedup`` after an unknown outcome. The result's queue is the real one; its offsets
-    and message ids are the scheduled copies'."""
+    retried as a plain send is (:class:`Tries`: ``retries`` and ``retry_budget_ms``, the
+    same queue after an unknown outcome, with ``dedup``, a leader NOT_LEADER names). The
+    result's queue is the real one; its offsets and message ids are the scheduled copies'."""
     born = int(time.time() * 1000)
     for m in msgs:
         m.born_timestamp_ms = m.born_timestamp_ms or born
-    dedup, last = False, None
-    for attempt in range(policy.retries + 1):
-        real = await targets.pick(topic, msgs[0], sharding_key, selector, refresh=attempt > 0)
-        body = encode_scheduled(msgs, real, due)
-        timer = MessageQueue(TIMER_TOPIC, real.broker_name, 0, real.addr)
-        try:
-            got = await send_to(timer, body, len(msgs), dedup=dedup)
-            return SendResult(real, got.queue_offsets, got.commitlog_offsets, got.durable, got.flush_timeout,
-                              got.duplicate)  # fmt: skip
-        except (RpcError, ConnectionFailed, trio.TooSlowError) as e:
-            code = e.code if isinstance(e, RpcError) else None
-            if code is not None and code not in RETRIABLE:
-                raise SendError(f"scheduled send to {topic} refused by {real.addr}: {e}", code) from None
-            last = e
-            dedup = dedup or code is None or code in AMBIGUOUS
-        await trio.sleep(min(policy.retry_backoff_ms * 2**attempt, policy.retry_backoff_max_ms) / 1000)
-    raise SendError(f"scheduled send to {topic} failed after {policy.retries + 1} tries: {last}")
+    tries = Tries(policy, time.monotonic())
+    while tries.more():
+        real = await targets.target(topic, msgs[0], sharding_key, selector, tries)
+        if real is not None:
+            timer = MessageQueue(TIMER_TOPIC, real.broker_name, 0, real.addr)
+            try:
+                got = await send_to(timer, encode_scheduled(msgs, real, due), len(msgs), dedup=tries.dedup)
+                return SendResult(real, got.queue_offsets, got.commitlog_offsets, got.durable, got.flush_timeout,
+                                  got.duplicate)  # fmt: skip
+            except (RpcError, ConnectionFailed, trio.TooSlowError) as e:
+                targets.failed(real, e, tries)  # raises SendError for an error not worth another try
+        await trio.sleep(tries.delay())
+    raise tries.error(topic)
 
 
 def start_scheduled(nursery: trio.Nursery, inflight: set[SendFuture], keys: Sequence[str],
