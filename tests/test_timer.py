@@ -36,6 +36,7 @@ def test_the_wheel_gives_every_offset_once_at_or_after_its_second(dues: list[int
         wheel.add(q, due)
     taken: dict[int, int] = {}
     while len(taken) < len(dues):
+        assert wheel.next_second < start + 100, "entries left behind"  # else a lost entry would loop forever
         second = wheel.next_second
         wheel.skip_empty(second + 1)
         if wheel.next_second != second:
@@ -43,7 +44,6 @@ def test_the_wheel_gives_every_offset_once_at_or_after_its_second(dues: list[int
         for q in wheel.take():
             assert q not in taken, f"offset {q} taken twice"
             taken[q] = second
-        assert second < start + 100, "entries left behind"
     for q, due in enumerate(dues):
         assert taken[q] == max(due, start), f"offset {q} due {due} taken at {taken[q]}"
     assert wheel.pending == 0 and not wheel.overflow and wheel.memory_bytes() == 8 * 16
@@ -254,8 +254,8 @@ async def test_retention_keeps_a_scheduled_message_until_it_is_delivered(nursery
     deleted = await trio.to_thread.run_sync(broker.store.apply_retention, far_future)
     assert broker.store.log.min_offset <= scheduled.commitlog_offsets[0], "retention deleted a pending message"
     assert deleted == 0  # the scheduled record is in the first segment
-    (record, _), *_ = await _receive(c, "g", 1 + 16 * 8 + 1)
-    assert record.body in (b"filler", b"later")
+    got = await _receive(c, "g", 1 + 16 * 8 + 1)
+    assert b"later" in [record.body for record, _ in got]
     await await_until(lambda: broker.handlers.timer.pending == 0, 5, "the message delivered")
     assert await trio.to_thread.run_sync(broker.store.apply_retention, far_future) > 0  # now it may go
 

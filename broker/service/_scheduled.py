@@ -68,7 +68,7 @@ class ScheduledRequests:
             if lead and qid == SCHEDULED_QUEUE and tags == lead_tags and raw.startswith(lead):
                 rest = raw[len(lead) :]
                 _check(i, rest)  # well-formed; a routing key's name anywhere in it: the full check decides
-                if len(rest) <= MAX_TAGS_BYTES and not any(name in rest for name in _ROUTING_NAMES):
+                if len(rest) <= MAX_TAGS_BYTES and _REAL_TAGS in rest and not any(name in rest for name in _ROUTING_NAMES):
                     continue
             props = _decode(i, raw)
             self._check_one(i, qid, tags, props, latest)
@@ -135,6 +135,7 @@ _ROUTING = frozenset({PROP_DELIVER_AT, PROP_REAL_TOPIC, PROP_REAL_QID, PROP_CANC
 
 
 _ROUTING_NAMES = tuple(name.encode() for name in _ROUTING)
+_REAL_TAGS = PROP_REAL_TAGS.encode()  # the fast path's message must carry it too, as the full check requires
 
 
 def _check(i: int, raw: bytes) -> None:

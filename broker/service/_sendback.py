@@ -60,10 +60,11 @@ class SendBack:
             raise RequestError(ErrorCode.REQUEST_NOT_SUPPORTED, "retries live in the CommitLog: this broker runs "
                                                                 f"{self.b.config.storage_mode}")  # fmt: skip
         self.b.replica.check_writable()
-        records = await trio.to_thread.run_sync(_records_at, store, [r[0] for r in rows])
-        now, longest = wall_ms(), self.b.config.timer_max_delay_ms
+        longest = self.b.config.timer_max_delay_ms
         if any(delay > longest for _offset, delay in rows):
             raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field 'messages': a delay_ms past timer_max_delay_ms={longest}")
+        records = await trio.to_thread.run_sync(_records_at, store, [r[0] for r in rows])
+        now = wall_ms()
         messages, results = [], []
         for record, (_offset, delay) in zip(records, rows):
             times = record.reconsume_times + 1
@@ -76,7 +77,7 @@ class SendBack:
                 messages.append(self._dead_letter(group, record, times))
                 results.append(["dlq", times, 0])
         await self._ensure_topics(group, results)
-        await put_acknowledged(self.b, messages)
+        await put_acknowledged(self.b, messages, also={r.topic for r in records})  # the originals' ack mode too
         return Reply({"results": results})
 
     def _backoff(self, times: int) -> int:

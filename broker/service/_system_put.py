@@ -4,7 +4,7 @@ requests, counted in flight, and held back while a leader hands its group over."
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import trio
 
@@ -38,13 +38,15 @@ async def put_messages(ctx: BrokerContext, messages: Sequence[Message]) -> PutRe
     return put.result
 
 
-async def put_acknowledged(ctx: BrokerContext, messages: Sequence[Message]) -> None:
+async def put_acknowledged(ctx: BrokerContext, messages: Sequence[Message], also: Iterable[str] = ()) -> None:
     """:func:`put_messages` for an answer that promises the copy: refused (RequestError)
     unless stored, durable as the flush mode promises a producer (sync: fsynced) and held
-    by the replicas the topic's ack mode asks for (a retry or a dead letter replaces the
-    original, whose offset the consumer then commits past: it must not be lost)."""
-    topic = messages[0].topic
-    ctx.replica.check_sync_write(topic)
+    by the replicas the ack mode of each topic asks for: the messages' and ``also``'s (a
+    retry or a dead letter replaces the original, whose offset the consumer then commits
+    past: it must not be lost)."""
+    topics = sorted({m.topic for m in messages} | set(also))
+    for topic in topics:
+        ctx.replica.check_sync_write(topic)
     try:
         result = await put_messages(ctx, messages)
     except BusyError as e:
@@ -54,6 +56,7 @@ async def put_acknowledged(ctx: BrokerContext, messages: Sequence[Message]) -> N
     sync = ctx.store.config.commitlog.flush_mode is FlushMode.SYNC
     if sync and not await ctx.lane.durable.wait(result.end_offset, ctx.config.sync_flush_timeout_ms / 1000):
         raise RequestError(ErrorCode.FLUSH_DISK_TIMEOUT, "stored, but not fsynced within sync_flush_timeout_ms")
-    problem = await ctx.replica.wait_held(topic, result.end_offset)
-    if problem is not None:
-        raise RequestError(problem[0], problem[1])
+    for topic in topics:  # each topic's ack mode (an async one answers at once)
+        problem = await ctx.replica.wait_held(topic, result.end_offset)
+        if problem is not None:
+            raise RequestError(problem[0], problem[1])

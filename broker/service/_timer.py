@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import threading
 import time
 from typing import Any
 
@@ -66,6 +67,9 @@ class Timer:
         self.stats = TimerStats()
         self.failure = ""  # the last error that stopped the timer ("" while it works)
         self._inflight: list[Due] = []  # the batch being appended
+        # Held while due entries move between the wheel, ``current`` and ``_inflight``:
+        # retention's floor (another thread) must see each pending entry in one of them.
+        self._moving = threading.Lock()
         # The latest due time of what was handled: a snapshot may say "done up to T" only
         # for T at or past it (a batch can split equal due times; a late entry can come
         # due before what was already delivered).
@@ -104,13 +108,19 @@ class Timer:
         store = self.store
         if store is None or not store.queue_exists(TIMER_TOPIC, SCHEDULED_QUEUE):
             return None
-        state, current = self.state, list(self.current) + list(self._inflight)
-        # Not running (a follower, a leader starting or failed): what the last checkpoint
-        # (a follower's: its leader's) says may be pending.
-        q = self.saved.pending_from if state is None else _lowest_pending(state, current)
-        _first, entries = read_entries(store, SCHEDULED_QUEUE, q, 4096)
-        offsets = entries["offset"][real(entries)]
-        return int(offsets.min()) if len(offsets) else None
+        with self._moving:
+            state = self.state
+            # Not running (a follower, a leader starting or failed): what the last
+            # checkpoint (a follower's: its leader's) says may be pending.
+            q = self.saved.pending_from if state is None else _lowest_pending(state, self.current + self._inflight)
+        while True:  # the first real entry from q (a repair may have left a run of holes)
+            first, entries = read_entries(store, SCHEDULED_QUEUE, q, 4096)
+            if not len(entries):
+                return None  # nothing scheduled from q on
+            offsets = entries["offset"][real(entries)]
+            if len(offsets):
+                return int(offsets.min())
+            q = first + len(entries)
 
     def is_cancelled(self, commitlog_offset: int) -> bool:
         return self.state is not None and commitlog_offset in self.state.cancelled
@@ -216,8 +226,10 @@ class Timer:
             self.snapshot = TimerCheckpoint(done, mark, state.enqueued, pending_from)
         batch: list[Due] = []
         limit = self.config.timer_deliver_batch_messages
-        while self.current and self.current[0][0] <= now and len(batch) < limit:
-            batch.append(heapq.heappop(self.current))
+        with self._moving:
+            while self.current and self.current[0][0] <= now and len(batch) < limit:
+                batch.append(heapq.heappop(self.current))
+            self._inflight = batch
         return batch
 
     def _fill(self, now: int) -> None:
@@ -226,10 +238,11 @@ class Timer:
         assert state is not None and store is not None
         wheel, now_s = state.wheel, now // 1000
         while wheel.next_second <= now_s:
-            wheel.skip_empty(now_s)
-            offsets = wheel.take()
-            for due in _entries_at(store, offsets):
-                heapq.heappush(self.current, due)
+            with self._moving:
+                wheel.skip_empty(now_s)
+                offsets = wheel.take()
+                for due in _entries_at(store, offsets):
+                    heapq.heappush(self.current, due)
 
     # ------------------------------------------------------------- deliver
     async def _deliver(self, batch: list[Due]) -> bool:
@@ -238,24 +251,27 @@ class Timer:
         state = self.state
         assert state is not None
         todo = [d for d in batch if d[2] not in state.delivered and d[2] not in state.cancelled]
-        self._inflight = batch
         assert self.store is not None
         start = self.store.log.write_offset  # the batch's deliveries lie past it
-        try:
-            messages = await trio.to_thread.run_sync(self.delivery.messages, todo)
-            problem = await self.delivery.append(messages) if messages else None
-        finally:
-            self._inflight = []
+        # (``_inflight`` is the batch until it is stored or back in ``current``; after an
+        # error the timer stops, and its floor comes from the checkpoint.)
+        messages = await trio.to_thread.run_sync(self.delivery.messages, todo)
+        dropped = self.stats.undeliverable
+        problem = await self.delivery.append(messages) if messages else None
+        dropped = self.stats.undeliverable - dropped  # refused by the store as they are
         if problem is not None:
             log.warning("timer: delivery of %d messages waits (%s); retrying", len(messages), problem)
-            for d in batch:
-                heapq.heappush(self.current, d)
+            with self._moving:
+                for d in batch:
+                    heapq.heappush(self.current, d)
+                self._inflight = []
             return False
+        self._inflight = []
         self._max_due = max(self._max_due, batch[-1][0])
         if messages:
             self._batches.append((start, batch[-1][0]))
         self.stats.cancelled += sum(1 for d in batch if d[2] in state.cancelled)
-        self.stats.delivered += len(messages)
+        self.stats.delivered += len(messages) - dropped
         for d in batch:
             state.delivered.discard(d[2])
             state.cancelled.discard(d[2])
