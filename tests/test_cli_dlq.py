@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 import trio
 
+from broker.cli._timefmt import parse_time_ms
 from client import open_admin
 from protocol import RequestCode
 from protocol.transport import RpcClient, background_nursery
-from tests.cli_helpers import clmq, running_dev
+from tests.cli_helpers import clmq, popen, running_dev
 from tests.waiting import wait_until
 
 # A fast timer: deliveries within 50 ms of their time, cancels up to 500 ms before it.
@@ -135,16 +136,49 @@ def test_retry_backlog_and_system_topics(ns: str, tmp_path: Path) -> None:
     assert {"%RETRY%ledger", "%TIMER%", "payments"} <= set(every)
 
 
+def _delay_ms(row: dict[str, Any]) -> int:
+    """How long after its send a message was stored in its real queue."""
+    return parse_time_ms(row["store_time"]) - parse_time_ms(row["born_time"])
+
+
 def test_produce_with_a_delay_delivers_after_it(ns: str, tmp_path: Path) -> None:
     run(ns, tmp_path, "topic", "create", "later", "--queues", "1")
-    started = time.time()
     out = run(ns, tmp_path, "produce", "later", "soon", "--delay", "1s")
     assert " scheduled " in out.stdout and "@" in out.stdout.split()[-1]
     got = wait_until(lambda: lines(run(ns, tmp_path, "message", "read", "later", "--queue", "0", "-o", "json")), 30,
                      "the delayed message")  # fmt: skip
-    assert [g["body"] for g in got] == ["soon"] and time.time() - started >= 1.0
+    assert [g["body"] for g in got] == ["soon"] and _delay_ms(got[0]) >= 1000
     run(ns, tmp_path, "produce", "later", "x", "--delay", "soon", code=2)
     run(ns, tmp_path, "produce", "later", "x", "--delay", "1s", "--deliver-at", "1763891000000", code=2)
+    refused = run(ns, tmp_path, "produce", "later", "x", "--deliver-at", "1h", code=2)  # "1h" elsewhere means an hour ago
+    assert "--delay" in refused.stderr
+
+
+def test_a_delay_counts_from_each_line_of_stdin_as_it_is_sent(ns: str, tmp_path: Path) -> None:
+    """produce streams stdin: a line that comes late is delayed from its own send, not
+    from the command's start."""
+    run(ns, tmp_path, "topic", "create", "paced", "--queues", "1")
+    proc = popen("produce", "paced", "--queue", "0", "--delay", "1s", "--namesrv", ns, cwd=tmp_path,
+                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(b"first\n")
+        proc.stdin.flush()
+        assert b" scheduled " in proc.stdout.readline()  # sent
+        time.sleep(1.5)  # the input's pace: the next line comes after the first one's delay
+        proc.stdin.write(b"second\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+
+    def read() -> list[dict[str, Any]] | None:
+        rows = lines(run(ns, tmp_path, "message", "read", "paced", "--queue", "0", "-o", "json"))
+        return rows if len(rows) >= 2 else None
+
+    rows = wait_until(read, 30, "both delayed messages")
+    assert [r["body"] for r in rows] == ["first", "second"]
+    assert [_delay_ms(r) >= 1000 for r in rows] == [True, True], rows
 
 
 def test_a_cancelled_message_is_never_delivered(ns: str, tmp_path: Path) -> None:

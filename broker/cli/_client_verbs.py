@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -19,16 +18,13 @@ from client import SendError, open_admin, open_producer
 from ._common import add_client_args, addrs, namesrv_arg, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
 from ._output import emit, is_json, note
-from ._timefmt import format_time_ms, parse_time_ms
+from ._timefmt import FORMS_WHEN, format_time_ms, parse_duration_ms, parse_when_ms
 from .consume_verbs import add_command as add_consume
 from .group_verbs import add_command as add_group
 from .message_verbs import add_command as add_message
 
 DEFAULT_MAX_LINE_BYTES = 4 << 20  # a broker's default max_message_bytes
 STDIN_READ_BYTES = 64 << 10  # one read of stdin: whatever has arrived, up to this much
-FORMS_AT = "ISO-8601 (2026-11-23T10:00:00Z) or epoch milliseconds"
-_DELAY = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
-_DELAY_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 def add_client_commands(sub: Any) -> None:
@@ -79,8 +75,8 @@ def _add_client_commands(sub: Any) -> None:
                       help=f"longest line of stdin taken as a message (default {DEFAULT_MAX_LINE_BYTES:,}): "
                            "a longer one is reported and skipped")  # fmt: skip
     when = prod.add_mutually_exclusive_group()
-    when.add_argument("--delay", help="schedule the messages: deliver them this long from now (30s, 5m, 1h, 1500ms)")
-    when.add_argument("--deliver-at", help=f"schedule the messages: deliver them at this time: {FORMS_AT}")
+    when.add_argument("--delay", help="schedule each message: deliver it this long after it is sent (30s, 5m, 1h, 1500ms)")
+    when.add_argument("--deliver-at", help=f"schedule the messages: deliver them at this time: {FORMS_WHEN}")
     namesrv_arg(prod)
     prod.set_defaults(func=cmd_produce)
 
@@ -147,11 +143,11 @@ def cmd_produce(args: argparse.Namespace) -> int:
         properties = _properties(args.property)
         fd = _input_fd(args)
         bodies = _argument_bodies(args.messages) if args.messages else _stdin_lines(args.max_line_bytes, report, fd)
-        due = _due_ms(args)
+        schedule = _schedule(args)
         async with open_producer(addrs(args), **options) as producer:
             selector = await _queue_selector(producer, args.topic, args.queue)
-            if due is not None:
-                return await _produce_scheduled(args, producer, bodies, properties, selector, due)
+            if schedule is not None:
+                return await _produce_scheduled(args, producer, bodies, properties, selector, schedule)
             number = 0
             async for body in bodies:
                 number += 1
@@ -166,30 +162,32 @@ def cmd_produce(args: argparse.Namespace) -> int:
     return run_client(main)
 
 
-def _due_ms(args: argparse.Namespace) -> int | None:
-    """--delay / --deliver-at as the due time in epoch ms (None: send now)."""
+def _schedule(args: argparse.Namespace) -> dict[str, int] | None:
+    """--delay / --deliver-at as the send's ``delay_ms`` or ``deliver_at`` (None: send
+    now). A delay counts from each message's send: stdin may bring lines much later."""
     if args.deliver_at is not None:
-        return parse_time_ms(args.deliver_at)
+        return {"deliver_at": parse_when_ms(args.deliver_at)}
     if args.delay is None:
         return None
-    found = _DELAY.match(args.delay.strip())
-    if not found:
+    delay_ms = parse_duration_ms(args.delay)
+    if delay_ms is None:
         raise CliError(f"--delay {args.delay!r}: give a duration like 30s, 5m, 1h, 1500ms", EXIT_USAGE)
-    return int(time.time() * 1000 + float(found.group(1)) * _DELAY_UNIT_MS[found.group(2)])
+    return {"delay_ms": delay_ms}
 
 
 async def _produce_scheduled(args: argparse.Namespace, producer: Any, bodies: AsyncIterator[bytes | None],
-                             properties: dict[str, str], selector: Any, due: int) -> int:  # fmt: skip
-    """Send each message scheduled for ``due``, one after another; print each one's
-    queue, due time and id (``clmq message cancel`` takes it)."""
+                             properties: dict[str, str], selector: Any, schedule: dict[str, int]) -> int:  # fmt: skip
+    """Send each message scheduled as ``schedule`` says, one after another; print each
+    one's queue, due time and id (``clmq message cancel`` takes it)."""
     sent = failed = 0
     async for body in bodies:
         if body is None:  # a line over --max-line-bytes: reported by _stdin_lines
             failed += 1
             continue
+        due = schedule.get("deliver_at") or int(time.time() * 1000) + schedule["delay_ms"]
         try:
             r = await producer.send(args.topic, body, tags=args.tags, keys=args.keys, properties=properties,
-                                    sharding_key=args.sharding_key, selector=selector, deliver_at=due)  # fmt: skip
+                                    sharding_key=args.sharding_key, selector=selector, **schedule)  # fmt: skip
         except SendError as e:
             failed += 1
             print(f"error: message {sent + failed}: {e}", file=sys.stderr)
