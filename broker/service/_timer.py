@@ -33,10 +33,11 @@ from ._timer_state import (
     SCHEDULED_QUEUE,
     Rebuilt,
     TimerCheckpoint,
+    first_record_from,
     load_checkpoint,
+    pending_mask,
     read_cancels,
     read_entries,
-    real,
     rebuild,
     save_checkpoint,
 )
@@ -67,6 +68,9 @@ class Timer:
         self.stats = TimerStats()
         self.failure = ""  # the last error that stopped the timer ("" while it works)
         self._inflight: list[Due] = []  # the batch being appended
+        # At or below the queue offset of every entry in ``current`` (None: it is empty);
+        # it may lag (lower is safe): a snapshot then needs no walk over ``current``.
+        self._current_low: int | None = None
         # Held while due entries move between the wheel, ``current`` and ``_inflight``:
         # retention's floor (another thread) must see each pending entry in one of them.
         self._moving = threading.Lock()
@@ -112,15 +116,9 @@ class Timer:
             state = self.state
             # Not running (a follower, a leader starting or failed): what the last
             # checkpoint (a follower's: its leader's) says may be pending.
-            q = self.saved.pending_from if state is None else _lowest_pending(state, self.current + self._inflight)
-        while True:  # the first real entry from q (a repair may have left a run of holes)
-            first, entries = read_entries(store, SCHEDULED_QUEUE, q, 4096)
-            if not len(entries):
-                return None  # nothing scheduled from q on
-            offsets = entries["offset"][real(entries)]
-            if len(offsets):
-                return int(offsets.min())
-            q = first + len(entries)
+            held = self.current + self._inflight
+            q = self.saved.pending_from if state is None else _lowest_pending(state, min((d[1] for d in held), default=None))
+        return first_record_from(store, q)
 
     def is_cancelled(self, commitlog_offset: int) -> bool:
         return self.state is not None and commitlog_offset in self.state.cancelled
@@ -153,20 +151,20 @@ class Timer:
         if text != self.failure:
             log.error("timer: %s; retrying every %.0f s from the last checkpoint", text, FAILURE_RETRY_S)
         self.failure = text
-        self.state, self.current = None, []
+        self.state, self.current, self._current_low = None, [], None
         await trio.sleep(FAILURE_RETRY_S)
 
     def _stand_down(self) -> None:
         if self.state is not None:
             log.info("timer: not the leader: delivery stops (the new leader's timer goes on)")
-        self.state, self.current = None, []
+        self.state, self.current, self._current_low = None, [], None
 
     async def _start(self) -> None:
         store = self.store
         assert store is not None
         cp = await trio.to_thread.run_sync(load_checkpoint, store)
         self.state = await trio.to_thread.run_sync(rebuild, store, cp, self.window_s, wall_ms() // 1000)
-        self.current, self._inflight = [], []
+        self.current, self._inflight, self._current_low = [], [], None
         self.snapshot = self.saved = cp
         self._max_due, self._batches, self._start_mark = cp.done_ms, [], cp.mark_offset
 
@@ -193,13 +191,14 @@ class Timer:
             offsets_all = np.arange(first, first + len(entries))
             # Entries the checkpoint counts as delivered (read here when the queue lagged
             # the log at the start: a promotion before dispatch caught up) are not again.
-            keep = real(entries) & ((offsets_all >= state.skip_below) | (entries["tag"].astype(np.int64) > state.skip_done_ms))
+            keep = pending_mask(entries, offsets_all, state.skip_below, state.skip_done_ms)
             offsets, kept = offsets_all[keep], entries[keep]
             seconds = (kept["tag"] // 1000).astype(np.int64)
             late = seconds < wheel.next_second  # due in the second being delivered, or before: into current
             for q, off, size, due in zip(offsets[late].tolist(), kept["offset"][late].tolist(),
                                          kept["size"][late].tolist(), kept["tag"][late].tolist()):  # fmt: skip
                 heapq.heappush(self.current, (due, q, off, size))
+                self._lower_current(q)
             wheel.add_many(offsets[~late], seconds[~late])
             state.enqueued = first + len(entries)
         cancelled, state.cancels_read = read_cancels(store, state.cancels_read, self.snapshot.done_ms)
@@ -222,7 +221,7 @@ class Timer:
             self._batches = [b for b in self._batches if b[1] > done]
             marks = [start for start, _ in self._batches] + ([self._start_mark] if state.delivered else [])
             mark = min([self.store.log.write_offset, *marks])
-            pending_from = _lowest_pending(state, list(self.current))
+            pending_from = _lowest_pending(state, self._current_low)
             self.snapshot = TimerCheckpoint(done, mark, state.enqueued, pending_from)
         batch: list[Due] = []
         limit = self.config.timer_deliver_batch_messages
@@ -230,7 +229,14 @@ class Timer:
             while self.current and self.current[0][0] <= now and len(batch) < limit:
                 batch.append(heapq.heappop(self.current))
             self._inflight = batch
+            if not self.current:
+                self._current_low = None
         return batch
+
+    def _lower_current(self, q: int) -> None:
+        """An entry with queue offset ``q`` went into ``current``."""
+        if self._current_low is None or q < self._current_low:
+            self._current_low = q
 
     def _fill(self, now: int) -> None:
         """Move the wheel's seconds that have begun into ``current``."""
@@ -243,6 +249,7 @@ class Timer:
                 offsets = wheel.take()
                 for due in _entries_at(store, offsets):
                     heapq.heappush(self.current, due)
+                    self._lower_current(due[1])
 
     # ------------------------------------------------------------- deliver
     async def _deliver(self, batch: list[Due]) -> bool:
@@ -264,6 +271,7 @@ class Timer:
             with self._moving:
                 for d in batch:
                     heapq.heappush(self.current, d)
+                    self._lower_current(d[1])
                 self._inflight = []
             return False
         self._inflight = []
@@ -346,10 +354,10 @@ class Timer:
         self.ctx.metadata.bump()
 
 
-def _lowest_pending(state: Rebuilt, current: list[Due]) -> int:
+def _lowest_pending(state: Rebuilt, current_low: int | None) -> int:
     """A queue-0 offset at or below every message not yet delivered: in the wheel, in
-    ``current`` (this second's), or not read yet."""
-    lows = [state.enqueued, min((d[1] for d in current), default=None), state.wheel.lowest_pending()]
+    ``current`` (this second's: at or above ``current_low``), or not read yet."""
+    lows = [state.enqueued, current_low, state.wheel.lowest_pending()]
     return min(low for low in lows if low is not None)
 
 

@@ -111,6 +111,26 @@ def real(entries: np.ndarray) -> np.ndarray:
     return mask
 
 
+def pending_mask(entries: np.ndarray, offsets: np.ndarray, enqueued: int, done_ms: int) -> np.ndarray:
+    """The entries (at queue ``offsets``) a checkpoint leaves pending: real ones not yet
+    read when it was taken (at or past ``enqueued``), or due after ``done_ms``."""
+    mask: np.ndarray = real(entries) & ((offsets >= enqueued) | (entries["tag"].astype(np.int64) > done_ms))
+    return mask
+
+
+def first_record_from(store: Store, start: int) -> int | None:
+    """The lowest commit-log offset among queue 0's records from ``start`` on (past any
+    run of holes a repair left); None if there is none."""
+    while True:
+        first, entries = read_entries(store, SCHEDULED_QUEUE, start, 4096)
+        if not len(entries):
+            return None
+        offsets = entries["offset"][real(entries)]
+        if len(offsets):
+            return int(offsets.min())
+        start = first + len(entries)
+
+
 @dataclass
 class Rebuilt:
     wheel: TimerWheel
@@ -134,7 +154,7 @@ def rebuild(store: Store, cp: TimerCheckpoint, window_s: int, now_s: int) -> Reb
         if not len(entries):
             break
         offsets = np.arange(first, first + len(entries))
-        keep = real(entries) & ((offsets >= cp.enqueued) | (entries["tag"].astype(np.int64) > cp.done_ms))
+        keep = pending_mask(entries, offsets, cp.enqueued, cp.done_ms)
         wheel.add_many(offsets[keep], (entries["tag"][keep] // 1000).astype(np.int64))
         kept_offsets.append(entries["offset"][keep])
         if lowest is None and keep.any():
