@@ -122,11 +122,16 @@ class Dispatcher:
         entries = np.empty(len(starts), dtype=ENTRY_DTYPE)
         entries["offset"] = heads["commitlog_offset"]
         entries["size"] = heads["total_size"]
-        entries["tag"] = np.array([self._tag_code(t) for t in tags], dtype=np.uint64)[tag_idx]
         topic_ids = np.array([self._topic_id(t) for t in topics], dtype=np.uint64)[topic_idx]
         if _TIMER_RAW in topics:  # scheduled messages: the tag code is the delivery time
-            timer = np.nonzero(topic_ids == self._topic_id(_TIMER_RAW))[0]
+            timer = topic_ids == self._topic_id(_TIMER_RAW)
+            hashed = np.zeros(len(tags), dtype=bool)  # a due time (one per ms) is neither hashed nor cached
+            hashed[tag_idx[~timer]] = True
+            codes_of = [self._tag_code(t) if h else 0 for t, h in zip(tags, hashed.tolist())]
+            entries["tag"] = np.array(codes_of, dtype=np.uint64)[tag_idx]
             entries["tag"][timer] = [timer_tag_code(tags[i]) for i in tag_idx[timer].tolist()]
+        else:
+            entries["tag"] = np.array([self._tag_code(t) for t in tags], dtype=np.uint64)[tag_idx]
         codes = (topic_ids << np.uint64(32)) | heads["queue_id"].astype(np.uint64)
         return (codes, heads["queue_offset"].astype(np.int64), entries), consumed
 
