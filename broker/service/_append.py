@@ -148,9 +148,15 @@ class AppendLane:
                         self._drained = trio.Event()
 
     def _take(self) -> tuple[list[PendingPut], int]:
+        """The next group, in arrival order: producers' puts up to ``max_group_bytes``
+        together, or one of the broker's own (timer deliveries, retries) alone, so that
+        those never take group commit from the producers' puts around them."""
         group = [self._queue.popleft()]
         size = len(group[0].body)
-        while self._queue and size + len(self._queue[0].body) <= self.max_group_bytes:
+        if group[0].messages is not None:
+            return group, size
+        while (self._queue and self._queue[0].messages is None
+               and size + len(self._queue[0].body) <= self.max_group_bytes):  # fmt: skip
             put = self._queue.popleft()
             group.append(put)
             size += len(put.body)
@@ -159,10 +165,9 @@ class AppendLane:
     def _append_group(self, group: list[PendingPut]) -> None:
         """Append every request's messages together (in a worker thread, or on the event
         loop for a small group)."""
-        if any(put.messages is not None for put in group):  # rare: the broker's own appends, each alone
-            for put in group:
-                put.result = (self.store.put_batch(put.messages, wait_durable=False) if put.messages is not None else
-                              self.store.put_packed([PackedMessages(put.topic, put.body, put.born_host)], wait_durable=False))  # fmt: skip
+        messages = group[0].messages
+        if messages is not None:  # the broker's own append (as Message objects): always alone
+            group[0].result = self.store.put_batch(messages, wait_durable=False)
             return
         batches = [PackedMessages(put.topic, put.body, put.born_host) for put in group]
         result = self.store.put_packed(batches, wait_durable=False)
