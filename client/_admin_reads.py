@@ -216,15 +216,15 @@ async def committed(admin: _Calls, addr: str, group: str, topic: str) -> int:
 
 async def retry_counts(admin: _Calls, b: dict[str, Any], group: str) -> dict[str, Any]:
     """One broker's figures for ``group``: retry backlog (messages of ``%RETRY%group``
-    the group has not consumed) and dead letters (messages ``%DLQ%group`` holds)."""
+    the group has not consumed) and dead letters (messages ``%DLQ%group`` holds). One
+    QUERY_QUEUE_OFFSETS (the dashboard asks for every group every few seconds)."""
     row: dict[str, Any] = {"broker_name": b["broker_name"], "addr": b["addr"], "retry_backlog": 0, "dead_letters": 0}
-    retry = await queue_offsets(admin, b["addr"], retry_topic(group))
-    if retry is not None:
-        done = await committed(admin, b["addr"], group, retry_topic(group))
-        row["retry_backlog"] = max(0, retry["max_offset"] - max(done, retry["min_offset"]))
-    dlq = await queue_offsets(admin, b["addr"], dlq_topic(group))
+    asked = {"group": group, "queues": [[retry_topic(group), 0], [dlq_topic(group), 0]]}
+    retry, dlq = (await admin._call(b["addr"], RequestCode.QUERY_QUEUE_OFFSETS, asked))["offsets"]
+    if retry is not None:  # [committed (-1: none), min, max]
+        row["retry_backlog"] = max(0, retry[2] - max(retry[0], retry[1]))
     if dlq is not None:
-        row["dead_letters"] = dlq["max_offset"] - dlq["min_offset"]
+        row["dead_letters"] = dlq[2] - dlq[1]
     return row
 
 
