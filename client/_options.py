@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol import MAX_RECONSUME_TIMES
+
 
 class TagFilter:
     """A subscription expression: ``*`` (everything) or ``TagA || TagB``."""
@@ -89,8 +91,8 @@ class ConsumerOptions:
             raise ValueError(f"orderly=True needs mode='clustering' (queue locks are per group), got mode={self.mode!r}")
         if self.orderly_retry_delay_ms < 0:
             raise ValueError(f"orderly_retry_delay_ms must be >= 0, got {self.orderly_retry_delay_ms}")
-        if self.max_reconsume_times is not None and not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES_LIMIT:
-            raise ValueError(f"max_reconsume_times must be in 0..{MAX_RECONSUME_TIMES_LIMIT} (or None: the broker's), "
+        if self.max_reconsume_times is not None and not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES:
+            raise ValueError(f"max_reconsume_times must be in 0..{MAX_RECONSUME_TIMES} (or None: the broker's), "
                              f"got {self.max_reconsume_times}")  # fmt: skip
         if self.retry_delays_ms is not None:
             self.retry_delays_ms = tuple(self.retry_delays_ms)
@@ -103,7 +105,3 @@ class ConsumerOptions:
 _AT_LEAST_ONE = ("pull_batch", "fetch_queues", "fetch_max_messages", "fetch_max_bytes", "watch_max_bytes",
                  "fetches_in_flight", "watches_in_flight", "prefetch_max_bytes", "receive_max_messages",
                  "lock_retry_ms", "lock_renew_interval_ms")  # fmt: skip
-MAX_RECONSUME_TIMES_LIMIT = 1000  # what CONSUMER_SEND_BACK accepts
-# An orderly consumer's limit when max_reconsume_times is None (the broker's default:
-# the client gives up in place, so it needs a number of its own).
-DEFAULT_MAX_RECONSUME_TIMES = 16

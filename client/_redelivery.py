@@ -28,10 +28,10 @@ from typing import Any, Awaitable, Callable, Iterator, NamedTuple, Protocol, Seq
 import trio
 
 from commitlog import ClientError, Record
-from protocol import Frame, ProtocolError, RequestCode
+from protocol import DEFAULT_MAX_RECONSUME_TIMES, Frame, ProtocolError, RequestCode
 
 from ._fetcher import PendingBatches, QueueState
-from ._options import DEFAULT_MAX_RECONSUME_TIMES, ConsumerOptions
+from ._options import ConsumerOptions
 from ._routes import MessageQueue
 
 log = logging.getLogger("clmq.consumer")

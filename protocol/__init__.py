@@ -9,7 +9,16 @@ shares is the sub-package :mod:`protocol.transport`; nothing here imports it.
 from commitlog import ProtocolError
 
 from ._batch import BatchError, decode_batch, decode_records, encode_batch, set_queue_id
-from ._codes import MAX_I64, MAX_QUEUE_ID, REQUEST_FIELDS, ErrorCode, RequestCode, request_error
+from ._codes import (
+    DEFAULT_MAX_RECONSUME_TIMES,
+    MAX_I64,
+    MAX_QUEUE_ID,
+    MAX_RECONSUME_TIMES,
+    REQUEST_FIELDS,
+    ErrorCode,
+    RequestCode,
+    request_error,
+)
 from ._frame import (
     DEFAULT_MAX_FRAME_BYTES,
     FLAG_ONEWAY,
@@ -28,9 +37,35 @@ from ._frame import (
 from ._rows import FetchAsk, FetchResult, PullStatus, RowError
 
 __all__ = [
-    "DEFAULT_MAX_FRAME_BYTES", "FLAG_ONEWAY", "FLAG_RESPONSE", "MAX_I64", "MAX_QUEUE_ID", "NEED_DATA", "PROTOCOL_VERSION", "REQUEST_FIELDS", "SUPPORTED_VERSIONS",
-    "BatchError", "ErrorCode",
-    "FetchAsk", "FetchResult", "Frame", "FrameDecoder", "FrameRejected", "ProtocolError", "PullStatus", "RequestCode",
-    "RowError", "check_request", "decode_batch", "decode_records", "encode_batch", "encode_frame", "encode_frame_prefix", "request_error", "response_to",
+    "DEFAULT_MAX_FRAME_BYTES",
+    "DEFAULT_MAX_RECONSUME_TIMES",
+    "FLAG_ONEWAY",
+    "FLAG_RESPONSE",
+    "MAX_I64",
+    "MAX_QUEUE_ID",
+    "MAX_RECONSUME_TIMES",
+    "NEED_DATA",
+    "PROTOCOL_VERSION",
+    "REQUEST_FIELDS",
+    "SUPPORTED_VERSIONS",
+    "BatchError",
+    "ErrorCode",
+    "FetchAsk",
+    "FetchResult",
+    "Frame",
+    "FrameDecoder",
+    "FrameRejected",
+    "ProtocolError",
+    "PullStatus",
+    "RequestCode",
+    "RowError",
+    "check_request",
+    "decode_batch",
+    "decode_records",
+    "encode_batch",
+    "encode_frame",
+    "encode_frame_prefix",
+    "request_error",
+    "response_to",
     "set_queue_id",
 ]  # fmt: skip

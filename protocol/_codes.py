@@ -275,6 +275,10 @@ class ErrorCode(enum.IntEnum):
 Check = Callable[[Any], "str | None"]  # why a value is wrong, or None
 
 MAX_QUEUE_ID: Final = 2**31 - 1
+# CONSUMER_SEND_BACK's max_reconsume_times: the most a request may ask, and the broker's
+# default (RocketMQ's): attempts after the first before a message goes to %DLQ%group.
+MAX_RECONSUME_TIMES: Final = 1000
+DEFAULT_MAX_RECONSUME_TIMES: Final = 16
 MAX_I64: Final = 2**63 - 1
 
 
@@ -372,7 +376,7 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
     RequestCode.DELETE_TOPIC: {"topic": (TOPIC, True)},
     RequestCode.LIST_TOPICS: {"include_system": (_bool, False)},
     RequestCode.CONSUMER_SEND_BACK: {"group": (GROUP, True), "messages": (_rows(OFFSET, _int(-1), shape="[commitlog_offset, delay_ms]"), True),
-                                     "max_reconsume_times": (_int(0, 1000), False), "to_dlq": (_bool, False)},
+                                     "max_reconsume_times": (_int(0, MAX_RECONSUME_TIMES), False), "to_dlq": (_bool, False)},
     RequestCode.LOCK_QUEUES: {"group": (GROUP, True), "client_id": (_str, True),
                               "queues": (_rows(TOPIC, QUEUE_ID, shape="[topic, queue_id]"), True)},
     RequestCode.UNLOCK_QUEUES: {"group": (GROUP, True), "client_id": (_str, True),

@@ -11,6 +11,7 @@ from broker.coordination import split_connect
 from broker.replication import ReplicationConfig
 from broker.store import STORAGE_MODES, StoreConfig
 from commitlog import CommitLogConfig, FlushMode, GiB, MiB
+from protocol import DEFAULT_MAX_RECONSUME_TIMES, MAX_RECONSUME_TIMES
 from protocol.transport import ServerLimits
 
 # RocketMQ's default delay levels from level 3 (its retries start there): 10 s ... 2 h.
@@ -98,7 +99,8 @@ class BrokerConfig:
     # Redelivery (docs/consuming.md): retries, dead letters, scheduled messages, orderly locks.
     # A group's back-off per attempt (RocketMQ's delay levels from 10 s); a consumer may send its own.
     retry_delays_ms: list[int] = field(default_factory=lambda: list(DEFAULT_RETRY_DELAYS_MS))
-    max_reconsume_times: int = 16  # attempts after the first before a message goes to %DLQ%group (a consumer may send its own)
+    # Attempts after the first before a message goes to %DLQ%group (a consumer may send its own).
+    max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES
     timer_max_delay_ms: int = 7 * 24 * 3600 * 1000  # a scheduled message due later than this is refused
     timer_tick_ms: int = 100  # how often the timer looks for due messages (its precision)
     timer_checkpoint_interval_ms: int = 1000  # what the timer delivered is recorded this often (after a log flush)
@@ -143,8 +145,8 @@ class BrokerConfig:
 
         if not self.retry_delays_ms or any(type(d) is not int or d < 0 for d in self.retry_delays_ms):
             raise ValueError(f"retry_delays_ms must be a non-empty list of milliseconds >= 0, got {self.retry_delays_ms!r}")
-        if not 0 <= self.max_reconsume_times <= 1000:
-            raise ValueError(f"max_reconsume_times must be in 0..1000, got {self.max_reconsume_times}")
+        if not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES:
+            raise ValueError(f"max_reconsume_times must be in 0..{MAX_RECONSUME_TIMES}, got {self.max_reconsume_times}")
 
     def replication_config(self) -> ReplicationConfig:
         """The broker's replication settings."""

@@ -32,13 +32,13 @@ import trio
 
 from client import open_admin, open_producer
 
+from .commands import _ints
 from .delay_load import (
     Bulk,
     Window,
     broker_info,
     measure_window,
     memory_figures,
-    percentile,
     proc_memory,
     schedule,
     send_rate,
@@ -48,16 +48,13 @@ from .delay_load import (
 )
 from .delay_report import aims, markdown, plot, throughput_summary
 from .e2e import BrokerProcess
+from .replication_load import percentile
 
 TOPIC = "delayed"
 WARM_TOPIC = "warm"
 WARMUP_S = 0.5  # of each kind of send before the measured runs
 LEAD_RATE_SHARE = 0.5  # the lead assumes scheduling at half the rate measured (a margin for a noisy machine)
 WINDOW_AFTER_ENQUEUED_MS = 1000  # the window starts at least this long after the timer counted the bulk
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x.replace("_", "")) for x in text.split(",") if x]
 
 
 def add_command(bench_sub: Any) -> None:

@@ -45,14 +45,6 @@ def proc_memory(pid: int) -> dict[str, int]:
     return out
 
 
-def percentile(values: list[float], pct: float) -> float:
-    """The ``pct`` percentile (nearest rank); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(pct / 100 * len(ordered)) - 1))]
-
-
 async def send_rate(p: Producer, topic: str, bodies: list[bytes], senders: int, seconds: float,
                     delay_ms: float | None, broker_pid: int) -> dict[str, float]:  # fmt: skip
     """``senders`` tasks each calling ``send_batch(topic, bodies, delay_ms=...)`` in a loop
