@@ -1,8 +1,8 @@
 """clmq's clients: producer, consumer and admin, for trio code (``open_producer``,
 ``open_consumer``, ``open_admin``) and for plain synchronous Python (``Blocking*``)."""
 
-from commitlog import ClientError, ClmqError, Message, Record
-from protocol.transport import ConnectionFailed, RpcClient, RpcError, split_addr
+from clmq.commitlog import ClientError, ClmqError, Message, Record
+from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, split_addr
 
 from ._admin import Admin, open_admin
 from ._admin_reads import CancelResult, DeadLetter, KeyLookup, ResendResult, ResentLetter
@@ -20,16 +20,7 @@ from ._blocking import BlockingAdmin, BlockingConsumer, BlockingProducer
 from ._consumer import Consumer, open_consumer
 from ._fetcher import DamagedQueueError
 from ._options import ConsumerOptions, TagFilter
-from ._producer import (
-    BatchTooLargeError,
-    BufferFullError,
-    Producer,
-    SendError,
-    SendFuture,
-    SendResult,
-    open_producer,
-    shard,
-)
+from ._producer import BatchTooLargeError, BufferFullError, Producer, SendError, SendFuture, SendResult, open_producer, shard
 from ._redelivery import ConsumeStatus, SendBackError, SendBackResult
 from ._routes import MessageQueue, NoRouteError, ReadRouter, Routes
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import trio
 
-from commitlog import Message
-from protocol.transport import RpcClient
+from clmq.commitlog import Message
+from clmq.protocol.transport import RpcClient
 
 from ._routes import MessageQueue
 from ._send_batch import AccumulatorSettings, Batch, QueueBuffer, QueueKey, Request

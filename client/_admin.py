@@ -7,10 +7,10 @@ from typing import Any, AsyncIterator
 
 import trio
 
-from commitlog import Record
-from consumequeue import is_system_topic
-from protocol import ErrorCode, RequestCode, decode_records
-from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
+from clmq.commitlog import Record
+from clmq.consumequeue import is_system_topic
+from clmq.protocol import ErrorCode, RequestCode, decode_records
+from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
 from ._admin_reads import (
     CancelResult,

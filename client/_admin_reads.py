@@ -9,8 +9,8 @@ from typing import Any, Protocol, Sequence
 
 import trio
 
-from commitlog import Message, Record
-from consumequeue import (
+from clmq.commitlog import Message, Record
+from clmq.consumequeue import (
     DLQ_PREFIX,
     PROP_CANCEL_OF,
     PROP_DELIVER_AT,
@@ -28,8 +28,8 @@ from consumequeue import (
     dlq_topic,
     retry_topic,
 )
-from protocol import ErrorCode, RequestCode, decode_records
-from protocol.transport import ConnectionFailed, RpcClient, RpcError
+from clmq.protocol import ErrorCode, RequestCode, decode_records
+from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError
 
 from ._producer import Producer, open_producer
 from ._routes import MessageQueue, NoRouteError

@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 import outcome
 import trio
 
-from commitlog import ClientError, Message, Record
+from clmq.commitlog import ClientError, Message, Record
 
 from ._admin import Admin, open_admin
 from ._admin_reads import CancelResult, DeadLetter, ResendResult

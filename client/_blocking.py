@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import trio
 
-from commitlog import Message, Record
+from clmq.commitlog import Message, Record
 
 from ._admin import Admin, open_admin
 from ._asyncio import ClientClosedError

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import trio
 
-from protocol import Frame, RequestCode
+from clmq.protocol import Frame, RequestCode
 
 from ._membership import NET_ERRORS
 from ._routes import MessageQueue

@@ -40,10 +40,10 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import trio
 
-from commitlog import Record
-from consumequeue import retry_topic
-from protocol import Frame, RequestCode
-from protocol.transport import RpcClient, background_nursery
+from clmq.commitlog import Record
+from clmq.consumequeue import retry_topic
+from clmq.protocol import Frame, RequestCode
+from clmq.protocol.transport import RpcClient, background_nursery
 
 from ._commits import Commits
 from ._fetcher import DamagedQueueError, Fetcher, PendingBatches, PrefetchBuffer, QueueState

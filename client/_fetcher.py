@@ -38,8 +38,8 @@ from typing import Any, Iterator, Protocol, Sequence
 
 import trio
 
-from commitlog import ClientError, Record
-from protocol import FetchAsk, FetchResult, Frame, ProtocolError, PullStatus, RequestCode, RowError, decode_records
+from clmq.commitlog import ClientError, Record
+from clmq.protocol import FetchAsk, FetchResult, Frame, ProtocolError, PullStatus, RequestCode, RowError, decode_records
 
 from ._options import ConsumerOptions, TagFilter
 from ._routes import MessageQueue, ReadRouter

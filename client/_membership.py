@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 import trio
 
-from protocol import ErrorCode, Frame, RequestCode
-from protocol.transport import ConnectionFailed, RpcError
+from clmq.protocol import ErrorCode, Frame, RequestCode
+from clmq.protocol.transport import ConnectionFailed, RpcError
 
 from ._allocate import allocate_averagely
 from ._options import ConsumerOptions, TagFilter

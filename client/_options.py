@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol import MAX_RECONSUME_TIMES
+from clmq.protocol import MAX_RECONSUME_TIMES
 
 
 class TagFilter:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import trio
 
-from protocol import Frame, RequestCode
+from clmq.protocol import Frame, RequestCode
 
 from ._fetcher import PendingBatches
 from ._routes import MessageQueue

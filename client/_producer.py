@@ -16,24 +16,16 @@ from typing import Any, AsyncIterator, Awaitable, Mapping, Sequence
 
 import trio
 
-from commitlog import Message
-from protocol import RequestCode, encode_batch
-from protocol.transport import RpcClient, background_nursery
+from clmq.commitlog import Message
+from clmq.protocol import RequestCode, encode_batch
+from clmq.protocol.transport import RpcClient, background_nursery
 
 from ._accumulator import Accumulator
 from ._routes import MessageQueue, NoRouteError, Routes
 from ._scheduled import due_ms, send_scheduled, start_scheduled
 from ._send_batch import AccumulatorSettings, Batch
 from ._send_encode import PLAIN_CHECKED, UNIQ_KEY_CHARS, encode_one, encode_plain
-from ._send_future import (
-    UNIQ_KEY,
-    BatchTooLargeError,
-    BufferFullError,
-    DoneCallback,
-    SendError,
-    SendFuture,
-    SendResult,
-)
+from ._send_future import UNIQ_KEY, BatchTooLargeError, BufferFullError, DoneCallback, SendError, SendFuture, SendResult
 from ._send_sender import reply_error
 from ._send_tries import AMBIGUOUS, RETRIABLE, SAME_QUEUE, QueueSelector, RetryPolicy, Targets, Tries, shard
 

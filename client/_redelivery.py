@@ -27,8 +27,8 @@ from typing import Any, Awaitable, Callable, Iterator, NamedTuple, Protocol, Seq
 
 import trio
 
-from commitlog import ClientError, Record
-from protocol import DEFAULT_MAX_RECONSUME_TIMES, Frame, ProtocolError, RequestCode
+from clmq.commitlog import ClientError, Record
+from clmq.protocol import DEFAULT_MAX_RECONSUME_TIMES, Frame, ProtocolError, RequestCode
 
 from ._fetcher import PendingBatches, QueueState
 from ._options import ConsumerOptions

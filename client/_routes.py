@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 import crc32c
 import trio
 
-from commitlog import ClientError
-from protocol import ErrorCode, RequestCode
-from protocol.transport import ConnectionFailed, RpcClient, RpcError
+from clmq.commitlog import ClientError
+from clmq.protocol import ErrorCode, RequestCode
+from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError
 
 
 class MessageQueue(NamedTuple):

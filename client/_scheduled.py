@@ -13,9 +13,9 @@ from typing import Awaitable, Callable, Sequence
 
 import trio
 
-from commitlog import MAX_TAGS_BYTES, ClmqError, Message, PackError, encode_properties, pack_parts
-from consumequeue import PROP_DELIVER_AT, PROP_REAL_QID, PROP_REAL_TAGS, PROP_REAL_TOPIC, TIMER_TOPIC, timer_tag
-from protocol.transport import ConnectionFailed, RpcError
+from clmq.commitlog import MAX_TAGS_BYTES, ClmqError, Message, PackError, encode_properties, pack_parts
+from clmq.consumequeue import PROP_DELIVER_AT, PROP_REAL_QID, PROP_REAL_TAGS, PROP_REAL_TOPIC, TIMER_TOPIC, timer_tag
+from clmq.protocol.transport import ConnectionFailed, RpcError
 
 from ._routes import MessageQueue
 from ._send_future import Answer, DoneCallback, SendError, SendFuture, SendResult

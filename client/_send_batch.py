@@ -11,8 +11,8 @@ from typing import Protocol, Sequence
 
 import trio
 
-from commitlog import Message, set_queue_id
-from protocol.transport import RpcClient
+from clmq.commitlog import Message, set_queue_id
+from clmq.protocol.transport import RpcClient
 
 from ._routes import MessageQueue
 from ._send_future import UNIQ_KEY, SendError, SendFuture

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import struct
 
-from commitlog import ITEM_SIZE, Message, encode_properties
-from protocol import encode_batch
+from clmq.commitlog import ITEM_SIZE, Message, encode_properties
+from clmq.protocol import encode_batch
 
 from ._send_future import UNIQ_KEY
 

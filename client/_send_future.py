@@ -10,7 +10,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import trio
 
-from commitlog import ClientError
+from clmq.commitlog import ClientError
 
 from ._routes import MessageQueue
 

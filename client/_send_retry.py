@@ -10,7 +10,7 @@ import logging
 
 import trio
 
-from protocol.transport import RpcError
+from clmq.protocol.transport import RpcError
 
 from ._routes import NoRouteError
 from ._send_batch import Batch, Buffers, QueueKey, Request

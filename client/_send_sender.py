@@ -12,8 +12,8 @@ from typing import Any
 
 import trio
 
-from protocol import ErrorCode, Frame, RequestCode
-from protocol.transport import ConnectionFailed, RpcError
+from clmq.protocol import ErrorCode, Frame, RequestCode
+from clmq.protocol.transport import ConnectionFailed, RpcError
 
 from ._send_batch import Batch, Buffers, QueueBuffer, QueueKey, Request
 from ._send_future import Answer, SendError, resolve_each

@@ -13,9 +13,9 @@ from typing import Callable, Sequence
 import crc32c
 import trio
 
-from commitlog import Message
-from protocol import PROTOCOL_VERSION, ErrorCode
-from protocol.transport import ConnectionFailed, RpcError
+from clmq.commitlog import Message
+from clmq.protocol import PROTOCOL_VERSION, ErrorCode
+from clmq.protocol.transport import ConnectionFailed, RpcError
 
 from ._routes import MessageQueue, NoRouteError, Routes
 from ._send_future import SendError

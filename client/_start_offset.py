@@ -9,7 +9,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import trio
 
-from protocol import Frame, RequestCode
+from clmq.protocol import Frame, RequestCode
 
 from ._options import ConsumerOptions
 from ._routes import MessageQueue

@@ -8,18 +8,9 @@ from ._check import LogLayout, LogProblem, LogReport, QueueRange, check_log, mer
 from ._columns import HEADER_DTYPE, Walk, gather_fields, gather_headers, gather_strings, walk_records
 from ._config import CommitLogConfig, FlushMode, GiB, MiB
 from ._durability import DurableOffset
-from ._durable_file import (
-    LoadedJson,
-    MetadataSource,
-    delete_json,
-    load_json,
-    previous_path,
-    read_json,
-    write_atomic,
-    write_json,
-)
+from ._durable_file import LoadedJson, MetadataSource, delete_json, load_json, previous_path, read_json, write_atomic, write_json
 from ._encoder import BatchEncoder, EncodeError, encode_message
-from ._errors import (
+from ._errors import (  # fmt: skip
     ClientError,
     ClmqError,
     ConfigError,
@@ -33,23 +24,14 @@ from ._errors import (
     StoreError,
     StoreFailedError,
     TransportError,
-)  # fmt: skip
+)
 from ._log import AppendResult, AppendStatus, CommitLog, QueueKey, ScanResult, now_ms
 from ._many import decode_records_many
-from ._packed import (
-    ITEM_SIZE,
-    PackedMessages,
-    PackError,
-    pack_messages,
-    pack_parts,
-    packed_heads,
-    set_queue_id,
-    unpack_messages,
-)
+from ._packed import ITEM_SIZE, PackedMessages, PackError, pack_messages, pack_parts, packed_heads, set_queue_id, unpack_messages
 from ._pagecache import pages_missing, read_exactly
 from ._progress import ProgressSink, report_progress, set_progress_sink
 from ._raw import whole_prefix
-from ._record import (
+from ._record import (  # fmt: skip
     BLANK_MAGIC,
     BLANK_SIZE,
     CRC_START,
@@ -87,7 +69,7 @@ from ._record import (
     decode_record,
     encode_properties,
     record_size,
-)  # fmt: skip
+)
 from ._segment import fsync_dir, read_boundary_index
 from ._timings import FSYNC_BUCKETS_S, Timings
 

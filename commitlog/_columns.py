@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ._record import (
+from ._record import (  # fmt: skip
     BLANK_MAGIC,
     HEADER_SIZE,
     OFF_BODY_LEN,
@@ -35,7 +35,7 @@ from ._record import (
     OFF_TOPIC_LEN,
     OFF_TOTAL_SIZE,
     RECORD_MAGIC,
-)  # fmt: skip
+)
 
 HEADER_DTYPE = np.dtype({
     "names": ["total_size", "magic", "crc", "commitlog_offset", "queue_offset", "queue_id", "flags", "born_ts",

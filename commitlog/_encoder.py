@@ -19,7 +19,7 @@ import crc32c as _crc32c
 
 from ._errors import InvalidInputError
 from ._packed import ITEM, ITEM_SIZE, PackedMessages, PackError, overrun_error, unpack_messages
-from ._record import (
+from ._record import (  # fmt: skip
     BLANK_SIZE,
     CRC_START,
     HEADER,
@@ -34,7 +34,7 @@ from ._record import (
     encode_blank,
     encode_host,
     encode_properties,
-)  # fmt: skip
+)
 
 QueueKey = tuple[str, int]
 _EMPTY: dict[str, bytes] = {"": b""}

@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 import xxhash
 
-from commitlog import HEADER_SIZE, OFF_QUEUE_ID, OFF_TOPIC_LEN, CommitLog, gather_fields, gather_strings, walk_records
+from clmq.commitlog import HEADER_SIZE, OFF_QUEUE_ID, OFF_TOPIC_LEN, CommitLog, gather_fields, gather_strings, walk_records
 
 from ._queue import ENTRY_DTYPE
 from ._set import Arrivals, ConsumeQueueSet

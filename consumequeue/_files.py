@@ -26,7 +26,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from commitlog import fileops
+from clmq.commitlog import fileops
 
 
 class _Open:

@@ -34,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from commitlog import CorruptRecordError
+from clmq.commitlog import CorruptRecordError
 
 from ._files import FileCache
 

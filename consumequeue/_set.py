@@ -30,7 +30,7 @@ from typing import Iterator
 
 import numpy as np
 
-from commitlog import QueueKey
+from clmq.commitlog import QueueKey
 
 from ._files import FileCache
 from ._queue import ConsumeQueue

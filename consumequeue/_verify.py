@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from commitlog import (
+from clmq.commitlog import (  # fmt: skip
     HEADER_SIZE,
     OFF_COMMITLOG_OFFSET,
     OFF_MAGIC,
@@ -45,7 +45,7 @@ from commitlog import (
     Record,
     decode_record,
     fileops,
-)  # fmt: skip
+)
 
 PREAD_MAX_BYTES = 64 * 1024  # zero-copy reads: runs up to this are read to check headers, longer ones mapped
 FileSpan = tuple[str, int, int]  # segment path, position in it, length

@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from protocol import RequestCode
-from protocol.transport import RequestStats, metrics_page
+from clmq.protocol import RequestCode
+from clmq.protocol.transport import RequestStats, metrics_page
 
 from ._routes import RouteTable
 

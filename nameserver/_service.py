@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import trio
 
-from protocol import ErrorCode, Frame, RequestCode
-from protocol.transport import Peer, Reply, RequestError, RpcServer, ServerLimits, checked, serve_http
+from clmq.protocol import ErrorCode, Frame, RequestCode
+from clmq.protocol.transport import Peer, Reply, RequestError, RpcServer, ServerLimits, checked, serve_http
 
 from ._metrics import metrics_registry, metrics_route
 from ._routes import RouteTable

@@ -6,7 +6,7 @@ from their streams (the model is h11). The trio adapter every service and client
 shares is the sub-package :mod:`protocol.transport`; nothing here imports it.
 """
 
-from commitlog import ProtocolError
+from clmq.commitlog import ProtocolError
 
 from ._batch import BatchError, decode_batch, decode_records, encode_batch, set_queue_id
 from ._codes import (
@@ -19,7 +19,7 @@ from ._codes import (
     RequestCode,
     request_error,
 )
-from ._frame import (
+from ._frame import (  # fmt: skip
     DEFAULT_MAX_FRAME_BYTES,
     FLAG_ONEWAY,
     FLAG_RESPONSE,
@@ -33,7 +33,7 @@ from ._frame import (
     encode_frame,
     encode_frame_prefix,
     response_to,
-)  # fmt: skip
+)
 from ._rows import FetchAsk, FetchResult, PullStatus, RowError
 
 __all__ = [

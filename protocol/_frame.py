@@ -36,7 +36,7 @@ from typing import Any, Final
 
 import msgpack
 
-from commitlog import ProtocolError
+from clmq.commitlog import ProtocolError
 
 from ._codes import ErrorCode, request_error
 

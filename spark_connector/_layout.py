@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from commitlog import OFF_STORE_TS, ConnectorError, load_json, read_boundary_index, read_json
+from clmq.commitlog import OFF_STORE_TS, ConnectorError, load_json, read_boundary_index, read_json
 
 ENTRY_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("tag", "<u8")])  # as consumequeue writes them
 

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Mapping
 
-from commitlog import write_atomic
+from clmq.commitlog import write_atomic
 
 from ._options import OptionError, ReadOptions, parse_options
 from ._plan import QueueSource, Selection, select, selected_ranges

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from commitlog import ConnectorError
+from clmq.commitlog import ConnectorError
 
 MiB = 1 << 20
 

@@ -21,7 +21,7 @@ import crc32c as _crc32c
 import numpy as np
 import pyarrow as pa
 
-from commitlog import (
+from clmq.commitlog import (  # fmt: skip
     CRC_START,
     HEADER_DTYPE,
     HEADER_SIZE,
@@ -30,7 +30,7 @@ from commitlog import (
     Walk,
     check_record,
     walk_records,
-)  # fmt: skip
+)
 
 from ._arrow import build_batch
 from ._local import LocalStore

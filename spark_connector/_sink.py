@@ -25,8 +25,8 @@ import trio
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from client import Message, MessageQueue, NoRouteError, Producer, SendError, SendFuture, open_producer, shard
-from commitlog import ConnectorError
+from clmq.client import Message, MessageQueue, NoRouteError, Producer, SendError, SendFuture, open_producer, shard
+from clmq.commitlog import ConnectorError
 
 from ._options import OptionError
 

@@ -15,8 +15,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from commitlog import ConnectorError, gather_fields, walk_records
-from protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, FrameRejected, RequestCode, encode_frame
+from clmq.commitlog import ConnectorError, gather_fields, walk_records
+from clmq.protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, FrameRejected, RequestCode, encode_frame
 
 from ._layout import LayoutError, LogLayout, SegmentInfo
 from ._options import ReadOptions

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import trio
 
-from client import ConnectionFailed, open_admin
+from clmq.client import ConnectionFailed, open_admin
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,14 +24,14 @@ ENV = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
 def clmq(*args: str, cwd: Path, stdin: bytes | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``clmq args`` to the end (``stdin``: its input, as bytes); its exit code,
     stdout and stderr (decoded as UTF-8)."""
-    done = subprocess.run([sys.executable, "-m", "broker.cli", *args], cwd=cwd, capture_output=True, timeout=timeout_s,
+    done = subprocess.run([sys.executable, "-m", "clmq", *args], cwd=cwd, capture_output=True, timeout=timeout_s,
                           env=ENV, input=stdin if stdin is not None else b"")  # fmt: skip
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode("utf-8", "replace"),
                                        done.stderr.decode("utf-8", "replace"))  # fmt: skip
 
 
 def popen(*args: str, cwd: Path, **kw: object) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "broker.cli", *args], cwd=cwd, env=ENV, **kw)  # type: ignore[call-overload]
+    return subprocess.Popen([sys.executable, "-m", "clmq", *args], cwd=cwd, env=ENV, **kw)  # type: ignore[call-overload]
 
 
 def free_port() -> int:

@@ -7,8 +7,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from broker.store import STORAGE_MODES, Store, StoreConfig
-from commitlog import CommitLogConfig, Message
+from clmq.broker.store import STORAGE_MODES, Store, StoreConfig
+from clmq.commitlog import CommitLogConfig, Message
 
 
 def small_config(data_dir: Path, *, segment_bytes: int = 64 * 1024, max_message_bytes: int = 8 * 1024,
@@ -60,7 +60,7 @@ def spark() -> Iterator[Any]:
 
     from pyspark.sql import SparkSession
 
-    import spark_connector
+    import clmq.spark_connector as spark_connector
 
     session = (SparkSession.builder.master("local[2]").appName("clmq tests").config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")

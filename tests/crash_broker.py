@@ -29,7 +29,7 @@ from pathlib import Path
 
 import trio
 
-from client import ClmqError, Message, NoRouteError, Producer, Record, SendResult, open_admin, open_consumer, open_producer
+from clmq.client import ClmqError, Message, NoRouteError, Producer, Record, SendResult, open_admin, open_consumer, open_producer
 from tests.waiting import await_until
 
 TOPICS = {"crash-a": 4, "crash-b": 3, "crash-c": 1}  # topic -> queue count
@@ -143,7 +143,7 @@ async def launch(conf: Path, log: Path) -> trio.Process:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": _ROOT, "PYTHONUNBUFFERED": "1",
            "COLUMNS": "1000"}  # fmt: skip
     with log.open("ab") as err:
-        return await trio.lowlevel.open_process([sys.executable, "-m", "broker.cli", "broker", "--config", str(conf)],
+        return await trio.lowlevel.open_process([sys.executable, "-m", "clmq", "broker", "--config", str(conf)],
                                                 stdout=subprocess.PIPE, stderr=err, env=env)  # fmt: skip
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker.store import Store
-from commitlog import FlushMode, Message
+from clmq.broker.store import Store
+from clmq.commitlog import FlushMode, Message
 from tests.conftest import small_config
 
 QUEUES = 8

@@ -28,8 +28,8 @@ from typing import Any
 
 import trio
 
-from commitlog import Record
-from protocol.transport import ConnectionFailed, RpcError
+from clmq.commitlog import Record
+from clmq.protocol.transport import ConnectionFailed, RpcError
 from tests.waiting import await_until
 
 from .replica_procs import (
@@ -79,7 +79,7 @@ class VerboseBroker(Broker):
         before = self._ready_lines()
         with self.out.open("ab") as out, self.err.open("ab") as err:
             self.proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "broker.cli", "-v", self.verb, "--config", str(self.conf)],
+                [sys.executable, "-m", "clmq", "-v", self.verb, "--config", str(self.conf)],
                 stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
         self.paused = False
 

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator
 
-from commitlog import fileops
+from clmq.commitlog import fileops
 
 SHORT = -1  # the error of a fault that makes a write short instead of failing it
 

@@ -10,27 +10,28 @@ small synthetic trees as well as passing on the real one.
 from __future__ import annotations
 
 import ast
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 # Rooms in the order of the layers, lowest first: a module may import its own layer
 # and the layers below, never one above. A module belongs to its longest room prefix.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("storage", ["commitlog", "consumequeue", "broker.store", "broker"]),  # ``broker`` itself exports nothing
-    ("protocol", ["protocol"]),  # sans-IO
-    ("transport", ["protocol.transport"]),
-    ("services", ["broker.service", "broker.replication", "broker.coordination", "nameserver"]),
-    ("clients", ["client", "spark_connector"]),
-    ("cli", ["broker.cli"]),
+    ("storage", ["clmq.commitlog", "clmq.consumequeue", "clmq.broker.store", "clmq.broker"]),  # ``broker`` itself exports nothing
+    ("protocol", ["clmq.protocol"]),  # sans-IO
+    ("transport", ["clmq.protocol.transport"]),
+    ("services", ["clmq.broker.service", "clmq.broker.replication", "clmq.broker.coordination", "clmq.nameserver"]),
+    ("clients", ["clmq.client", "clmq.spark_connector"]),
+    ("cli", ["clmq.broker.cli"]),
 ]
 
 # Third-party libraries allowed only in these rooms (and their sub-rooms).
 ONLY_IN: dict[str, set[str]] = {
-    "pyspark": {"spark_connector"},
-    "pyarrow": {"spark_connector"},
-    "kazoo": {"broker.coordination"},
-    "matplotlib": {"broker.cli.bench"},
-    "prometheus_client": {"broker.service", "nameserver"},
+    "pyspark": {"clmq.spark_connector"},
+    "pyarrow": {"clmq.spark_connector"},
+    "kazoo": {"clmq.broker.coordination"},
+    "matplotlib": {"clmq.broker.cli.bench"},
+    "prometheus_client": {"clmq.broker.service", "clmq.nameserver"},
 }
 # Libraries a layer must not import (storage is plain synchronous Python; the protocol is sans-IO).
 FORBIDDEN_IN_LAYER: dict[str, set[str]] = {
@@ -74,14 +75,22 @@ def build(sources: dict[str, str], top_level: set[str], packages: set[str] | Non
 
 def tree_packages(root: Path, top_level: list[str]) -> set[str]:
     """The dotted names of every package (a directory with ``__init__.py``) of ``top_level``."""
-    return {".".join(p.parent.relative_to(root).parts) for t in top_level for p in (root / t).rglob("__init__.py")}
+    return {
+        ".".join(p.parent.relative_to(root).parts) for t in top_level for p in _python_files(root / t) if p.name == "__init__.py"
+    }
+
+
+def _python_files(folder: Path) -> list[Path]:
+    """Every ``.py`` file under ``folder``, through symlinked folders (``clmq/client ->
+    ../client``: the package is made of them)."""
+    return sorted(Path(d, f) for d, _, files in os.walk(folder, followlinks=True) for f in files if f.endswith(".py"))
 
 
 def tree_sources(root: Path, top_level: list[str]) -> dict[str, str]:
     """Module name -> source for every ``.py`` file of the packages ``top_level`` under ``root``."""
     found: dict[str, str] = {}
     for package in top_level:
-        for path in sorted((root / package).rglob("*.py")):
+        for path in _python_files(root / package):
             parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
@@ -183,7 +192,14 @@ def private_imports(graph: Graph) -> list[str]:
     return sorted(bad)
 
 
+# Modules that are a layer by themselves, not a room: the package's public face (it
+# re-exports names of every layer, lazily) and ``python -m clmq``.
+EXACT_LAYER: dict[str, str] = {"clmq": "cli", "clmq.__main__": "cli"}
+
+
 def layer_of(module: str) -> str | None:
+    if module in EXACT_LAYER:
+        return EXACT_LAYER[module]
     best, layer = "", None
     for name, rooms in LAYERS:
         for room in rooms:

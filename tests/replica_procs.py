@@ -23,9 +23,9 @@ from typing import Any, AsyncIterator, Callable
 
 import trio
 
-from commitlog import Message, Record
-from protocol import ErrorCode, Frame, PullStatus, RequestCode, decode_records, encode_batch
-from protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
+from clmq.commitlog import Message, Record
+from clmq.protocol import ErrorCode, Frame, PullStatus, RequestCode, decode_records, encode_batch
+from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 from tests.waiting import await_until
 
 READY_TIMEOUT_S = 30
@@ -100,7 +100,7 @@ class Service:
         lines_before = self._ready_lines()
         with self.out.open("ab") as out, self.err.open("ab") as err:
             self.proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "broker.cli", self.verb, "--config", str(self.conf)],
+                [sys.executable, "-m", "clmq", self.verb, "--config", str(self.conf)],
                 stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
         self.paused = False
 

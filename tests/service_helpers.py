@@ -11,12 +11,12 @@ from typing import Any, Iterator
 
 import trio
 
-from broker.service import Broker, BrokerConfig
-from broker.service import serve as serve_broker
-from client import NoRouteError, Routes, open_admin
-from commitlog import MiB
-from nameserver import NameServer, NameServerConfig
-from nameserver import serve as serve_nameserver
+from clmq.broker.service import Broker, BrokerConfig
+from clmq.broker.service import serve as serve_broker
+from clmq.client import NoRouteError, Routes, open_admin
+from clmq.commitlog import MiB
+from clmq.nameserver import NameServer, NameServerConfig
+from clmq.nameserver import serve as serve_nameserver
 from tests.waiting import await_until
 
 FAST_CONSUMER = {"heartbeat_interval_ms": 100, "rebalance_interval_ms": 200, "commit_interval_ms": 100}

@@ -19,8 +19,8 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.service import Broker
-from client import (
+from clmq.broker.service import Broker
+from clmq.client import (
     BatchTooLargeError,
     BufferFullError,
     ClientError,
@@ -31,9 +31,9 @@ from client import (
     SendFuture,
     open_producer,
 )
-from client._send_batch import Batch
-from client._send_encode import encode_one, encode_plain
-from protocol import Frame, FrameDecoder, RequestCode, encode_batch
+from clmq.client._send_batch import Batch
+from clmq.client._send_encode import encode_one, encode_plain
+from clmq.protocol import Frame, FrameDecoder, RequestCode, encode_batch
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
 
@@ -145,7 +145,7 @@ async def test_concurrent_sends_to_many_queues_share_requests(nursery: trio.Nurs
 
 
 def decode_queues(frame: Frame) -> list[int]:
-    from protocol import decode_batch
+    from clmq.protocol import decode_batch
 
     return [m.queue_id for m in decode_batch(frame.body, "t", ("127.0.0.1", 0))]
 

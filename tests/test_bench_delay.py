@@ -17,7 +17,7 @@ PENDING = [300, 3000]
 
 
 def clmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "clmq", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin",
                                             "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
 

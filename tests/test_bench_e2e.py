@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from broker.cli.bench.e2e_report import aims, medians
+from clmq.broker.cli.bench.e2e_report import aims, medians
 
 APIS = ["public", "public-batches", "raw"]
 SPARSE_TOTAL = 2000
@@ -21,7 +21,7 @@ LATENCY_RATE = 200  # msgs/s, for 3 s (the latency case's shortest)
 
 
 def clmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "clmq", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin",
                                             "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
 

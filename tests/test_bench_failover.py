@@ -13,7 +13,7 @@ import pytest
 
 
 def clmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "clmq", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin",
                                             "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from client import ConnectionFailed, NoRouteError, Routes, open_admin
+from clmq.client import ConnectionFailed, NoRouteError, Routes, open_admin
 from tests.waiting import wait_until
 
 
 def clmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "clmq", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin",
                                             "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
 
@@ -148,8 +148,8 @@ def test_service_commands_against_a_running_broker(tmp_path: Path) -> None:
     conf.write_text(f'[broker]\nbroker_name = "b1"\nlisten_port = {broker_port}\nnamesrv_addrs = ["{ns}"]\n'
                     f'data_dir = "{tmp_path / "data"}"\nregister_interval_ms = 200\n')  # fmt: skip
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "CLMQ_LISTEN_PORT": str(ns_port)}
-    procs = [subprocess.Popen([sys.executable, "-m", "broker.cli", "nameserver"], env=env, cwd=tmp_path),
-             subprocess.Popen([sys.executable, "-m", "broker.cli", "broker", "--config", str(conf)], cwd=tmp_path,
+    procs = [subprocess.Popen([sys.executable, "-m", "clmq", "nameserver"], env=env, cwd=tmp_path),
+             subprocess.Popen([sys.executable, "-m", "clmq", "broker", "--config", str(conf)], cwd=tmp_path,
                               env={**env, "CLMQ_LISTEN_PORT": str(broker_port)})]  # fmt: skip
     try:
         wait_until(lambda: _registered_brokers(ns) == {"b1"}, 30, "broker b1 to register with the name server")

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import trio
 
-from broker.cli._timefmt import parse_time_ms
-from client import open_admin
-from protocol import RequestCode
-from protocol.transport import RpcClient, background_nursery
+from clmq.broker.cli._timefmt import parse_time_ms
+from clmq.client import open_admin
+from clmq.protocol import RequestCode
+from clmq.protocol.transport import RpcClient, background_nursery
 from tests.cli_helpers import clmq, popen, running_dev
 from tests.waiting import wait_until
 

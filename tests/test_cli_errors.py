@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.cli._errors import EXIT_USAGE, CliError
-from broker.cli._timefmt import format_time_ms, parse_time_ms
+from clmq.broker.cli._errors import EXIT_USAGE, CliError
+from clmq.broker.cli._timefmt import format_time_ms, parse_time_ms
 from tests.cli_helpers import clmq
 
 CLIENT_VERBS = [["topic", "list"], ["topic", "describe", "t"], ["topic", "create", "t"], ["group", "list"],

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from client import BlockingAdmin, BlockingConsumer, Record, shard
+from clmq.client import BlockingAdmin, BlockingConsumer, Record, shard
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
 from tests.waiting import wait_until
 
@@ -25,7 +25,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def produce(ns: list[str], *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "broker.cli", "produce", *args, "--namesrv", ",".join(ns)],
+    return subprocess.Popen([sys.executable, "-m", "clmq", "produce", *args, "--namesrv", ",".join(ns)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})  # fmt: skip
 

@@ -16,14 +16,14 @@ from typing import Any, Iterator
 
 import pytest
 
-from broker.cli.dev_replicas import settings_toml
-from broker.cli.settings import SettingsError, load_settings
-from broker.service import BrokerConfig
+from clmq.broker.cli.dev_replicas import settings_toml
+from clmq.broker.cli.settings import SettingsError, load_settings
+from clmq.broker.service import BrokerConfig
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
-CLI = [sys.executable, "-m", "broker.cli"]
+CLI = [sys.executable, "-m", "clmq"]
 
 
 def clmq(*args: str, cwd: Path, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:

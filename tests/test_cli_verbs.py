@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from broker.cli._services import _demo
+from clmq.broker.cli._services import _demo
 from tests.cli_helpers import clmq, running_dev
 
 

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from client import (
+from clmq.client import (
     AsyncioConsumer,
     BlockingConsumer,
     BlockingProducer,
@@ -30,7 +30,7 @@ from client import (
     open_producer,
     shard,
 )
-from client._asyncio import _RUNS
+from clmq.client._asyncio import _RUNS
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
 
 TIMEOUT_S = 20

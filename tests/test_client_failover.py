@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import trio
 
-from broker.service import Broker
-from client import NoRouteError, Producer, Routes, RpcClient, SendError, open_admin, open_consumer, open_producer, shard
-from commitlog import Message, Record
-from nameserver import NameServer, NameServerConfig
-from nameserver import serve as serve_nameserver
-from protocol import ErrorCode, RequestCode
+from clmq.broker.service import Broker
+from clmq.client import NoRouteError, Producer, Routes, RpcClient, SendError, open_admin, open_consumer, open_producer, shard
+from clmq.commitlog import Message, Record
+from clmq.nameserver import NameServer, NameServerConfig
+from clmq.nameserver import serve as serve_nameserver
+from clmq.protocol import ErrorCode, RequestCode
 from tests.replica_procs import create_topic as procs_create_topic
 from tests.replica_procs import open_group, read_queue
 from tests.service_helpers import FAST_CONSUMER, Cluster, follower_routed

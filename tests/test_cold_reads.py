@@ -22,15 +22,15 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.service import Broker, BrokerConfig
-from broker.service._read_threads import ColdReads, ReadStats, ReadThreads, ResidentSpan
-from broker.store import Span, Store
-from client import RpcClient
-from commitlog import Message, _pagecache, pages_missing, read_exactly
-from commitlog._pagecache import PAGE, cached_pages, read_pages
-from commitlog._pagecache import _mincore as mincore_missing
-from protocol import ErrorCode, FetchResult, PullStatus, RequestCode, decode_records, encode_batch
-from protocol.transport._spans import SPAN_COUNTERS
+from clmq.broker.service import Broker, BrokerConfig
+from clmq.broker.service._read_threads import ColdReads, ReadStats, ReadThreads, ResidentSpan
+from clmq.broker.store import Span, Store
+from clmq.client import RpcClient
+from clmq.commitlog import Message, _pagecache, pages_missing, read_exactly
+from clmq.commitlog._pagecache import PAGE, cached_pages, read_pages
+from clmq.commitlog._pagecache import _mincore as mincore_missing
+from clmq.protocol import ErrorCode, FetchResult, PullStatus, RequestCode, decode_records, encode_batch
+from clmq.protocol.transport._spans import SPAN_COUNTERS
 from tests.service_helpers import Cluster
 
 TOPIC = "cold"

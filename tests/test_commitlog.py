@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitlog import (
+from clmq.commitlog import (  # fmt: skip
     BLANK_MAGIC,
     AppendStatus,
     CommitLog,
@@ -26,8 +26,8 @@ from commitlog import (
     decode_records_many,
     pack_messages,
     unpack_messages,
-)  # fmt: skip
-from commitlog._encoder import BatchEncoder, EncodeError
+)
+from clmq.commitlog._encoder import BatchEncoder, EncodeError
 from tests.waiting import wait_until
 
 from .conftest import msgs

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from commitlog import (
+from clmq.commitlog import (  # fmt: skip
     AppendStatus,
     CommitLog,
     CommitLogConfig,
@@ -28,7 +28,7 @@ from commitlog import (
     StoreFailedError,
     fileops,
     read_boundary_index,
-)  # fmt: skip
+)
 from tests.faults import SHORT, Fault, inject
 
 from .conftest import msgs

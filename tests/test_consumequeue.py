@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitlog import CommitLog, CommitLogConfig, CorruptRecordError, Message, decode_record, gather_headers, walk_records
-from commitlog._encoder import BatchEncoder
-from consumequeue import (
+from clmq.commitlog import CommitLog, CommitLogConfig, CorruptRecordError, Message, decode_record, gather_headers, walk_records
+from clmq.commitlog._encoder import BatchEncoder
+from clmq.consumequeue import (
     ENTRY,
     ENTRY_SIZE,
     HOLE_TAG,

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import trio
 
-from client import Consumer, ConsumerOptions, RpcClient, open_consumer
-from commitlog import Message, Record
-from protocol import FLAG_RESPONSE, NEED_DATA, Frame, FrameDecoder, RequestCode, decode_records, encode_batch
+from clmq.client import Consumer, ConsumerOptions, RpcClient, open_consumer
+from clmq.commitlog import Message, Record
+from clmq.protocol import FLAG_RESPONSE, NEED_DATA, Frame, FrameDecoder, RequestCode, decode_records, encode_batch
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until
 

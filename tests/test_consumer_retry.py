@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from client import (
+from clmq.client import (  # fmt: skip
     BlockingConsumer,
     ConsumeStatus,
     Record,
@@ -17,10 +17,10 @@ from client import (
     SendBackError,
     open_asyncio_consumer,
     open_consumer,
-)  # fmt: skip
-from commitlog import Message
-from consumequeue import PROP_ORIGIN_TOPIC, dlq_topic, retry_topic
-from protocol import RequestCode, encode_batch
+)
+from clmq.commitlog import Message
+from clmq.consumequeue import PROP_ORIGIN_TOPIC, dlq_topic, retry_topic
+from clmq.protocol import RequestCode, encode_batch
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
 from tests.waiting import await_until
 
@@ -156,7 +156,7 @@ async def test_a_send_back_that_fails_raises_and_the_message_is_read_again(clust
 
 def test_the_blocking_consumer_runs_a_handler_and_nacks(tmp_path: Path) -> None:
     with cluster_in_thread(tmp_path) as c:
-        from client import BlockingProducer
+        from clmq.client import BlockingProducer
 
         with BlockingProducer(c.ns) as producer:
             producer.send("sync", b"once")
@@ -190,7 +190,7 @@ def test_the_asyncio_consumer_runs_a_coroutine_handler(tmp_path: Path) -> None:
     import asyncio
 
     with cluster_in_thread(tmp_path) as c:
-        from client import BlockingProducer
+        from clmq.client import BlockingProducer
 
         with BlockingProducer(c.ns) as producer:
             producer.send("sync", b"async")

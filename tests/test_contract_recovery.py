@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.store import Store
-from commitlog import Message
+from clmq.broker.store import Store
+from clmq.commitlog import Message
 
 from .conftest import small_config
 

@@ -8,14 +8,14 @@ import inspect
 
 import pytest
 
-from broker.store import StorageEngine, Store
-from commitlog import ClmqError, CorruptRecordError
+from clmq.broker.store import StorageEngine, Store
+from clmq.commitlog import ClmqError, CorruptRecordError
 
 from .conftest import small_config
 
 PACKAGES = [
-    "commitlog", "consumequeue", "protocol", "protocol.transport", "broker.store", "broker.service", "broker.cli.settings",
-    "nameserver", "client", "spark_connector",
+    "clmq", "clmq.commitlog", "clmq.consumequeue", "clmq.protocol", "clmq.protocol.transport", "clmq.broker.store",
+    "clmq.broker.service", "clmq.broker.cli.settings", "clmq.nameserver", "clmq.client", "clmq.spark_connector",
 ]  # fmt: skip
 
 
@@ -38,7 +38,7 @@ def test_every_exported_exception_is_a_clmq_error(package: str) -> None:
         getattr(module, n) for n in names if inspect.isclass(getattr(module, n)) and issubclass(getattr(module, n), BaseException)
     ]
     assert [e.__name__ for e in exceptions if not issubclass(e, ClmqError)] == []
-    if package in ("commitlog", "protocol", "protocol.transport", "client"):
+    if package in ("clmq", "clmq.commitlog", "clmq.protocol", "clmq.protocol.transport", "clmq.client"):
         assert exceptions, f"{package} exports exceptions"
 
 

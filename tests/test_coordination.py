@@ -16,10 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kazoo.client import KazooClient
 
-from broker.coordination import CoordinationError, GroupState, split_connect
-from broker.coordination.zkserver import LocalZooKeeper
-from broker.service import Broker
-from client import open_admin, open_producer
+from clmq.broker.coordination import CoordinationError, GroupState, split_connect
+from clmq.broker.coordination.zkserver import LocalZooKeeper
+from clmq.broker.service import Broker
+from clmq.client import open_admin, open_producer
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
 
@@ -302,7 +302,7 @@ def test_split_connect_refuses_malformed_strings(connect: str) -> None:
 
 
 def test_settings_refuse_zookeeper_with_the_partition_store() -> None:
-    from broker.service import BrokerConfig
+    from clmq.broker.service import BrokerConfig
 
     with pytest.raises(ValueError, match="needs storage_mode = commitlog"):
         BrokerConfig(zookeeper="127.0.0.1:2181", storage_mode="partition-per-file")
@@ -317,7 +317,7 @@ def test_the_name_server_routes_to_the_newest_claim_not_a_dead_leaders_entry() -
     expires; a follower elected with a newer epoch must get the route at once, whatever
     the addresses' order (found by clmq bench failover: 7 s pauses when the dead
     leader's address sorted first)."""
-    from nameserver import RouteTable
+    from clmq.nameserver import RouteTable
 
     for dead, new in (("h:1", "h:2"), ("h:2", "h:1")):
         table = RouteTable(expiry_ms=60_000)

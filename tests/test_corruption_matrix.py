@@ -29,8 +29,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.store import STORAGE_MODES, GetStatus, Store, StoreConfig
-from commitlog import CorruptRecordError, LogDamageError, Message, StoreError
+from clmq.broker.store import STORAGE_MODES, GetStatus, Store, StoreConfig
+from clmq.commitlog import CorruptRecordError, LogDamageError, Message, StoreError
 
 from .conftest import small_config
 

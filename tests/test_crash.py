@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.store import Store
+from clmq.broker.store import Store
 
 from .crash_writer import QUEUES, config
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from client import MessageQueue, Record, SendResult
+from clmq.client import MessageQueue, Record, SendResult
 
 from .crash_broker import Batch, Figures, Ledger, audit, audit_live, body_for, crash_loop, digest
 

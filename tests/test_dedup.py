@@ -11,18 +11,11 @@ from typing import Iterator
 import pytest
 import trio
 
-from broker.service._dedup import (
-    UNIQ_KEY,
-    DedupLimits,
-    PartlyStored,
-    find_stored,
-    visible_end,
-    wait_visible,
-)
-from broker.store import Store
-from client import RpcClient
-from commitlog import Message
-from protocol import ErrorCode, RequestCode, encode_batch
+from clmq.broker.service._dedup import UNIQ_KEY, DedupLimits, PartlyStored, find_stored, visible_end, wait_visible
+from clmq.broker.store import Store
+from clmq.client import RpcClient
+from clmq.commitlog import Message
+from clmq.protocol import ErrorCode, RequestCode, encode_batch
 from tests.conftest import small_config
 from tests.service_helpers import Cluster
 

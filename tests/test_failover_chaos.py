@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from client import SendError, open_admin, open_consumer, open_producer
-from commitlog import Message
+from clmq.client import SendError, open_admin, open_consumer, open_producer
+from clmq.commitlog import Message
 from tests.waiting import await_until
 
 from .failover_procs import FailoverGroup

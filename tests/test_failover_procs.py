@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import trio
 
-from broker.coordination.zkserver import LocalZooKeeper
-from client import SendError, open_admin, open_producer
-from commitlog import Message
-from protocol import ErrorCode
+from clmq.broker.coordination.zkserver import LocalZooKeeper
+from clmq.client import SendError, open_admin, open_producer
+from clmq.commitlog import Message
+from clmq.protocol import ErrorCode
 from tests.waiting import await_until
 
 from .failover_procs import (

@@ -13,7 +13,7 @@ import pytest
 from tests import import_graph as ig
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP_LEVEL = ["commitlog", "consumequeue", "protocol", "broker", "nameserver", "client", "spark_connector"]
+TOP_LEVEL = ["clmq"]
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +59,17 @@ def test_a_private_module_imported_from_another_package_is_found() -> None:
 
 
 def test_an_upward_import_and_a_module_in_no_layer_are_found() -> None:
-    g = synthetic(commitlog="import client\n", client="", elsewhere="")
-    assert ig.upward_imports(g) == ["commitlog (storage) imports client (clients), a higher layer",
-                                    "elsewhere is in no layer: add its room to LAYERS"]  # fmt: skip
+    g = synthetic(clmq__commitlog="import clmq.client\n", clmq__client="", clmq__elsewhere="")
+    assert ig.upward_imports(g) == ["clmq.commitlog (storage) imports clmq.client (clients), a higher layer",
+                                    "clmq.elsewhere is in no layer: add its room to LAYERS"]  # fmt: skip
 
 
 def test_a_forbidden_library_is_found() -> None:
-    g = synthetic(commitlog="def f():\n    import trio\n", protocol="import socket\n", client="import kazoo.client\n")
-    assert sorted(ig.library_violations(g)) == ["client imports kazoo, allowed only in broker.coordination",
-                                                "commitlog (storage) imports trio", "protocol (protocol) imports socket"]  # fmt: skip
+    g = synthetic(clmq__commitlog="def f():\n    import trio\n", clmq__protocol="import socket\n",
+                  clmq__client="import kazoo.client\n")  # fmt: skip
+    assert sorted(ig.library_violations(g)) == ["clmq.client imports kazoo, allowed only in clmq.broker.coordination",
+                                                "clmq.commitlog (storage) imports trio",
+                                                "clmq.protocol (protocol) imports socket"]  # fmt: skip
 
 
 # ------------------------------------------------------------ on the real tree
@@ -77,7 +79,7 @@ def test_no_module_imports_itself_back(tree: ig.Graph) -> None:
 
 def test_no_cycle_between_rooms_or_top_level_packages(tree: ig.Graph) -> None:
     assert ig.cycles(ig.package_edges(tree)) == []
-    assert ig.cycles(ig.package_edges(tree, depth=1)) == []
+    assert ig.cycles(ig.package_edges(tree, depth=2)) == []
 
 
 def test_no_package_imports_another_packages_private_modules(tree: ig.Graph) -> None:
@@ -94,14 +96,14 @@ def test_libraries_stay_in_their_rooms(tree: ig.Graph) -> None:
 
 def test_commitlog_does_not_know_about_consume_queues(tree: ig.Graph) -> None:
     for module, targets in tree.internal.items():
-        if module.startswith("commitlog"):
-            assert not any(t.startswith("consumequeue") for t in targets), module
+        if module.startswith("clmq.commitlog"):
+            assert not any(t.startswith("clmq.consumequeue") for t in targets), module
 
 
 def test_every_room_is_where_the_architecture_says(tree: ig.Graph) -> None:
     """The rooms docs/architecture.md names exist, and each has its layer."""
-    for room, layer in [("broker.store", "storage"), ("protocol.transport", "transport"), ("broker.service", "services"),
-                        ("broker.replication", "services"), ("broker.coordination", "services"),
-                        ("broker.cli", "cli"), ("broker.cli.bench", "cli")]:  # fmt: skip
+    for room, layer in [("clmq.broker.store", "storage"), ("clmq.protocol.transport", "transport"), ("clmq.broker.service", "services"),
+                        ("clmq.broker.replication", "services"), ("clmq.broker.coordination", "services"),
+                        ("clmq.broker.cli", "cli"), ("clmq.broker.cli.bench", "cli")]:  # fmt: skip
         assert room in tree.packages, room
         assert ig.layer_of(room) == layer, room

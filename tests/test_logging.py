@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli._logging import JsonFormatter
+from clmq.broker.cli._logging import JsonFormatter
 from tests.cli_helpers import clmq, popen
 
 

@@ -24,10 +24,10 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.service._offsets import ConsumerOffsets
-from broker.store import STORAGE_MODES, GetStatus, Store, TopicTable, read_json, write_json
-from broker.store._checkpoint import Checkpoint
-from commitlog import Message, MetadataError, MetadataSource, delete_json, load_json, previous_path
+from clmq.broker.service._offsets import ConsumerOffsets
+from clmq.broker.store import STORAGE_MODES, GetStatus, Store, TopicTable, read_json, write_json
+from clmq.broker.store._checkpoint import Checkpoint
+from clmq.commitlog import Message, MetadataError, MetadataSource, delete_json, load_json, previous_path
 
 from .conftest import small_config
 from .faults import SHORT, Fault, inject
@@ -389,7 +389,7 @@ def test_broker_refuses_to_start_on_damaged_offsets_and_says_why(tmp_path: Path)
         damage(p, "flip", 20, p)
         shutil.move(p, data / p.name)
     out = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "broker", "--data-dir", str(data), "--listen-port", "0"],
+        [sys.executable, "-m", "clmq", "broker", "--data-dir", str(data), "--listen-port", "0"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
         env={"COLUMNS": "400", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )  # fmt: skip
@@ -413,8 +413,8 @@ def test_committed_offsets_past_a_cut_log_move_back_at_start(tmp_path: Path) -> 
     """A repair (or a follower's truncation) cuts the log: a group committed past the new
     end would skip the new messages that take the dropped offsets. The broker moves it
     back to the end at start, and leaves offsets inside the queue alone."""
-    from broker.service import Broker, BrokerConfig
-    from broker.service._offsets import ConsumerOffsets
+    from clmq.broker.service import Broker, BrokerConfig
+    from clmq.broker.service._offsets import ConsumerOffsets
 
     data = tmp_path / "data"
     cfg = BrokerConfig(data_dir=str(data))

@@ -10,10 +10,10 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.service import BrokerConfig
-from client import open_admin, open_consumer, open_producer
-from nameserver import NameServer, NameServerConfig
-from nameserver import serve as serve_nameserver
+from clmq.broker.service import BrokerConfig
+from clmq.client import open_admin, open_consumer, open_producer
+from clmq.nameserver import NameServer, NameServerConfig
+from clmq.nameserver import serve as serve_nameserver
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
 

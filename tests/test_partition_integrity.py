@@ -25,9 +25,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.store import PartitionStore, PutStatus, Store, StoreConfig
-from broker.store._partition_store import _load_points as _load_points_and_source
-from commitlog import CorruptRecordError, LogDamageError, Message, StoreFailedError, fileops
+from clmq.broker.store import PartitionStore, PutStatus, Store, StoreConfig
+from clmq.broker.store._partition_store import _load_points as _load_points_and_source
+from clmq.commitlog import CorruptRecordError, LogDamageError, Message, StoreFailedError, fileops
 from tests.faults import Fault, inject
 from tests.waiting import wait_until
 

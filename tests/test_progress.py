@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from commitlog import CommitLog, CommitLogConfig, set_progress_sink
+from clmq.commitlog import CommitLog, CommitLogConfig, set_progress_sink
 from tests.conftest import msgs
 
 CFG = CommitLogConfig(segment_bytes=32 * 1024, max_message_bytes=4096, boundary_interval_bytes=4096)

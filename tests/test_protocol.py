@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.cli.settings import SettingsError, load_settings
-from commitlog import Message, encode_message
-from protocol import (
+from clmq.broker.cli.settings import SettingsError, load_settings
+from clmq.commitlog import Message, encode_message
+from clmq.protocol import (  # fmt: skip
     FLAG_RESPONSE,
     NEED_DATA,
     PROTOCOL_VERSION,
@@ -31,7 +31,7 @@ from protocol import (
     encode_frame,
     request_error,
     set_queue_id,
-)  # fmt: skip
+)
 
 
 def events(decoder: FrameDecoder) -> list:
@@ -160,7 +160,7 @@ def test_pulled_records_are_crc_checked() -> None:
 
 
 def test_settings_come_from_file_then_environment_then_flags(tmp_path) -> None:
-    from broker.service import BrokerConfig
+    from clmq.broker.service import BrokerConfig
 
     cfg = tmp_path / "broker.toml"
     cfg.write_text(

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from client import RpcClient, open_consumer
-from commitlog import OFF_QUEUE_OFFSET, Message
-from protocol import ErrorCode, FetchResult, PullStatus, RequestCode, encode_batch
+from clmq.client import RpcClient, open_consumer
+from clmq.commitlog import OFF_QUEUE_OFFSET, Message
+from clmq.protocol import ErrorCode, FetchResult, PullStatus, RequestCode, encode_batch
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until
 

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import trio
 
-from broker.service import Broker
-from broker.store import Store
-from client import RpcClient, open_consumer
-from commitlog import Message
-from protocol import FetchResult, RequestCode, decode_records, encode_batch
+from clmq.broker.service import Broker
+from clmq.broker.store import Store
+from clmq.client import RpcClient, open_consumer
+from clmq.commitlog import Message
+from clmq.protocol import FetchResult, RequestCode, decode_records, encode_batch
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.store import Store, StoreConfig
+from clmq.broker.store import Store, StoreConfig
 from tests.conftest import msgs
 
 

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from commitlog import BLANK_MAGIC, AppendStatus, CommitLog, CommitLogConfig, CorruptRecordError, Message
-from commitlog._encoder import QueueKey, restore_offsets
-from commitlog._raw import SMALL_RAW_RECORDS, Piece, split_raw, whole_prefix
-from commitlog._record import (
+from clmq.commitlog import BLANK_MAGIC, AppendStatus, CommitLog, CommitLogConfig, CorruptRecordError, Message
+from clmq.commitlog._encoder import QueueKey, restore_offsets
+from clmq.commitlog._raw import SMALL_RAW_RECORDS, Piece, split_raw, whole_prefix
+from clmq.commitlog._record import (
     BLANK_SIZE,
     CRC_START,
     HEADER_SIZE,

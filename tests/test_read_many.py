@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.store import GetStatus, RawRead, Span, Store, StoreConfig
-from broker.store._base import StoreBase
-from commitlog import (
+from clmq.broker.store import GetStatus, RawRead, Span, Store, StoreConfig
+from clmq.broker.store._base import StoreBase
+from clmq.commitlog import (  # fmt: skip
     HEADER_SIZE,
     OFF_COMMITLOG_OFFSET,
     OFF_QUEUE_ID,
@@ -23,7 +23,7 @@ from commitlog import (
     CommitLogConfig,
     CorruptRecordError,
     Message,
-)  # fmt: skip
+)
 
 TOPICS = {"t": 12, "a-longer-topic": 5}
 TAGS = ["", "a", "b", "c"]

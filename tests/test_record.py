@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from commitlog import HEADER_SIZE, RECORD_MAGIC, CorruptRecordError, Message, decode_record, encode_message
-from commitlog._record import check_properties, decode_properties, encode_properties
+from clmq.commitlog import HEADER_SIZE, RECORD_MAGIC, CorruptRecordError, Message, decode_record, encode_message
+from clmq.commitlog._record import check_properties, decode_properties, encode_properties
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 hosts = st.one_of(

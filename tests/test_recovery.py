@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.store import Store
-from commitlog import CorruptRecordError, Message
+from clmq.broker.store import Store
+from clmq.commitlog import CorruptRecordError, Message
 
 from .conftest import small_config
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import trio
 
-from broker.service import Broker
-from commitlog import Message
-from protocol import ErrorCode, Frame, FrameDecoder, RequestCode, encode_batch, encode_frame
-from protocol.transport import ConnectionFailed, RpcClient, split_addr
+from clmq.broker.service import Broker
+from clmq.commitlog import Message
+from clmq.protocol import ErrorCode, Frame, FrameDecoder, RequestCode, encode_batch, encode_frame
+from clmq.protocol.transport import ConnectionFailed, RpcClient, split_addr
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
 

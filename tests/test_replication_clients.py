@@ -11,10 +11,10 @@ from typing import Any, Sequence
 import pytest
 import trio
 
-from broker.service import Broker
-from client import MessageQueue, RpcClient, SendError, open_consumer, open_producer
-from commitlog import Message, Record
-from protocol import ErrorCode, FetchAsk, RequestCode
+from clmq.broker.service import Broker
+from clmq.client import MessageQueue, RpcClient, SendError, open_consumer, open_producer
+from clmq.commitlog import Message, Record
+from clmq.protocol import ErrorCode, FetchAsk, RequestCode
 from tests.service_helpers import FAST_CONSUMER, Cluster, follower_routed
 from tests.waiting import await_until
 

@@ -16,12 +16,12 @@ from typing import Any, Iterator
 import pytest
 import trio
 
-from broker.replication import LeaderEpochs
-from broker.store import load_json
-from client import shard
-from commitlog import Record
-from protocol import ErrorCode, RequestCode
-from protocol.transport import ConnectionFailed, RpcError
+from clmq.broker.replication import LeaderEpochs
+from clmq.broker.store import load_json
+from clmq.client import shard
+from clmq.commitlog import Record
+from clmq.protocol import ErrorCode, RequestCode
+from clmq.protocol.transport import ConnectionFailed, RpcError
 from tests.waiting import await_until
 
 from .replica_procs import (

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.replication import FollowerState, InSyncSet, LeaderEpochs, divergence
-from broker.replication._epochs import Entry
-from commitlog import MetadataError
+from clmq.broker.replication import FollowerState, InSyncSet, LeaderEpochs, divergence
+from clmq.broker.replication._epochs import Entry
+from clmq.commitlog import MetadataError
 
 
 # ------------------------------------------------------------------ divergence

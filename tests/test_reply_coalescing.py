@@ -16,14 +16,14 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.service import Broker
-from broker.service._append import AppendLane, PendingPut
-from broker.store import Store, StoreConfig
-from commitlog import CommitLogConfig, FlushMode, Message, decode_records_many, pack_messages
-from protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, RequestCode, encode_batch, encode_frame, response_to
-from protocol.transport import Later, Peer, Reply, RpcServer
-from protocol.transport._connection import encode_reply
-from protocol.transport._handler import Deliver
+from clmq.broker.service import Broker
+from clmq.broker.service._append import AppendLane, PendingPut
+from clmq.broker.store import Store, StoreConfig
+from clmq.commitlog import CommitLogConfig, FlushMode, Message, decode_records_many, pack_messages
+from clmq.protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, RequestCode, encode_batch, encode_frame, response_to
+from clmq.protocol.transport import Later, Peer, Reply, RpcServer
+from clmq.protocol.transport._connection import encode_reply
+from clmq.protocol.transport._handler import Deliver
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
 

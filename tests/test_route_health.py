@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from client import RpcClient, SendError, open_admin, open_consumer, open_producer
-from commitlog import Message
-from protocol import ErrorCode, RequestCode, encode_batch
+from clmq.client import RpcClient, SendError, open_admin, open_consumer, open_producer
+from clmq.commitlog import Message
+from clmq.protocol import ErrorCode, RequestCode, encode_batch
 from tests.faults import inject
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.test_validation import fsync_fails, sync_cluster

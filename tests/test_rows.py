@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol import FetchAsk, FetchResult, PullStatus, RowError
+from clmq.protocol import FetchAsk, FetchResult, PullStatus, RowError
 
 ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 queue_ids, offsets = st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import trio
 
-from client import Record, open_admin, open_producer
-from consumequeue import (
+from clmq.client import Record, open_admin, open_producer
+from clmq.consumequeue import (
     PROP_DELIVER_AT,
     PROP_DLQ_BODY_OF,
     PROP_DLQ_GROUP,
@@ -20,8 +20,8 @@ from consumequeue import (
     dlq_topic,
     retry_topic,
 )
-from protocol import ErrorCode, RequestCode, decode_records
-from protocol.transport import RpcError
+from clmq.protocol import ErrorCode, RequestCode, decode_records
+from clmq.protocol.transport import RpcError
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
 

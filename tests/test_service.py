@@ -15,8 +15,8 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.service._fetch import ReadThreads
-from client import (
+from clmq.broker.service._fetch import ReadThreads
+from clmq.client import (  # fmt: skip
     BlockingConsumer,
     BlockingProducer,
     Consumer,
@@ -25,9 +25,9 @@ from client import (
     open_admin,
     open_consumer,
     open_producer,
-)  # fmt: skip
-from commitlog import Record, fileops
-from protocol import ErrorCode, Frame, RequestCode, encode_frame
+)
+from clmq.commitlog import Record, fileops
+from clmq.protocol import ErrorCode, Frame, RequestCode, encode_frame
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
 from tests.waiting import await_until
 
@@ -51,8 +51,8 @@ async def consume(ns: list[str], group: str, topic: str, want: int, expr: str = 
 
 async def send_direct(addr: str, topic: str, bodies: dict[int, list[bytes]]) -> None:
     """Send each queue's bodies to one broker as one raw SEND_MESSAGE (no producer)."""
-    from commitlog import Message
-    from protocol import encode_batch
+    from clmq.commitlog import Message
+    from clmq.protocol import encode_batch
 
     async with trio.open_nursery() as n:
         rpc = RpcClient(n)
@@ -338,7 +338,7 @@ def test_fuzzed_frames_get_errors_or_a_closed_connection_and_lose_nothing(tmp_pa
 
 
 def test_route_table_drops_silent_brokers_and_sorts_routes() -> None:
-    from nameserver import RouteTable
+    from clmq.nameserver import RouteTable
 
     table = RouteTable(expiry_ms=1000)
     assert table.register("c", "b", "h2:1", {"t": 4}, now_ms=0)
@@ -373,8 +373,8 @@ async def test_name_server_drops_a_broker_that_stops_registering(cluster: Cluste
 
 
 async def test_brokers_register_with_every_name_server_and_clients_use_any_that_answers(cluster: Cluster) -> None:
-    from nameserver import NameServerConfig
-    from nameserver import serve as serve_nameserver
+    from clmq.nameserver import NameServerConfig
+    from clmq.nameserver import serve as serve_nameserver
 
     second = await cluster.nursery.start(serve_nameserver, NameServerConfig(listen_port=0))
     b = await cluster.start_broker("broker-b", namesrv_addrs=[*cluster.ns, second.addr])
@@ -397,8 +397,8 @@ async def test_brokers_register_with_every_name_server_and_clients_use_any_that_
 async def test_requests_appended_together_keep_their_own_outcomes(cluster: Cluster) -> None:
     """The append lane groups waiting requests into one store call; a bad one among
     them fails alone, and the good ones keep their order and offsets."""
-    from commitlog import Message
-    from protocol import encode_batch
+    from clmq.commitlog import Message
+    from clmq.protocol import encode_batch
 
     await cluster.create_topic("lane", 1)
     addr = cluster.brokers["broker-a"].addr
@@ -427,8 +427,8 @@ async def test_requests_appended_together_keep_their_own_outcomes(cluster: Clust
 
 
 async def test_producers_get_busy_instead_of_an_unbounded_queue(cluster: Cluster) -> None:
-    from commitlog import Message
-    from protocol import encode_batch
+    from clmq.commitlog import Message
+    from clmq.protocol import encode_batch
 
     broker = await cluster.start_broker("broker-busy", max_inflight_produce_bytes=1)
     async with open_admin(cluster.ns) as admin:
@@ -545,7 +545,7 @@ def test_the_collector_pause_around_decoding_leaves_the_applications_setting() -
     ``collector_paused``); whatever the application had set holds after, errors included."""
     import gc
 
-    from client._fetcher import collector_paused
+    from clmq.client._fetcher import collector_paused
 
     assert gc.isenabled()
     runs: list[str] = []

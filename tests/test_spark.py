@@ -15,13 +15,13 @@ from typing import Any, Iterator
 
 import pytest
 
-from broker.store import Store, StoreConfig
-from client import BlockingAdmin, BlockingProducer
-from commitlog import CommitLogConfig, Message, Record, now_ms
-from spark_connector._layout import LayoutError, local_layout
-from spark_connector._local import LocalStore
-from spark_connector._options import OptionError, parse_options
-from spark_connector._plan import choose_index_path, index_pieces, plan, scan_splits, select
+from clmq.broker.store import Store, StoreConfig
+from clmq.client import BlockingAdmin, BlockingProducer
+from clmq.commitlog import CommitLogConfig, Message, Record, now_ms
+from clmq.spark_connector._layout import LayoutError, local_layout
+from clmq.spark_connector._local import LocalStore
+from clmq.spark_connector._options import OptionError, parse_options
+from clmq.spark_connector._plan import choose_index_path, index_pieces, plan, scan_splits, select
 from tests.service_helpers import cluster_in_thread
 from tests.waiting import wait_until
 
@@ -216,7 +216,7 @@ def test_a_corrupt_record_fails_the_query_or_is_skipped_and_counted(spark: Any, 
     log_dir = tmp_path / "corrupt"
     skipping = spark.read.format("clmq").options(onCorrupt="skip", corruptRecordsLog=str(log_dir)).load(str(tmp_path / "s"))
     assert spark_rows(skipping) == [r for r in rows if r[3] != offset]
-    from spark_connector import read_corrupt_log
+    from clmq.spark_connector import read_corrupt_log
 
     report = read_corrupt_log(str(log_dir))
     assert report["records"] == 1 and report["regions"][0]["offset"] == offset
@@ -242,7 +242,7 @@ def test_damaged_header_is_skipped_to_the_next_boundary(spark: Any, tmp_path: Pa
 
 
 def from_log(directory: Path) -> int:
-    from spark_connector import read_corrupt_log
+    from clmq.spark_connector import read_corrupt_log
 
     return read_corrupt_log(str(directory))["records"]
 
@@ -298,7 +298,7 @@ def test_an_available_now_stream_collects_every_message_exactly_once(spark: Any,
 
 # ------------------------------------------------------------------------ export
 def test_export_function_writes_every_row(spark: Any, filled: tuple[Path, list[tuple]], tmp_path: Path) -> None:
-    from spark_connector import export
+    from clmq.spark_connector import export
 
     path, rows = filled
     summary = export(spark, {"path": str(path), "topics": "orders"}, "parquet", str(tmp_path / "o"))
@@ -311,7 +311,7 @@ def test_export_function_writes_every_row(spark: Any, filled: tuple[Path, list[t
 def test_clmq_export_command_json_and_csv(filled: tuple[Path, list[tuple]], tmp_path: Path) -> None:
     path, rows = filled
     env = {**os.environ, "COLUMNS": "200", "PYSPARK_PYTHON": sys.executable}
-    base = [sys.executable, "-m", "broker.cli", "export", "--data-dir", str(path), "--master", "local[2]"]
+    base = [sys.executable, "-m", "clmq", "export", "--data-dir", str(path), "--master", "local[2]"]
     out = subprocess.run([*base, "--format", "json", "--topics", "audit", "--output", str(tmp_path / "j")],
                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
@@ -328,8 +328,8 @@ def test_clmq_export_command_json_and_csv(filled: tuple[Path, list[tuple]], tmp_
 def test_every_record_is_checked_for_crc_lengths_and_its_own_offset(tmp_path: Path) -> None:
     import numpy as np
 
-    from commitlog import walk_records
-    from spark_connector._scan import check_crcs, headers_at
+    from clmq.commitlog import walk_records
+    from clmq.spark_connector._scan import check_crcs, headers_at
 
     store = fill(tmp_path / "s", 1 << 20, n=200)
     store.close()

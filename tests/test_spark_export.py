@@ -19,12 +19,12 @@ from typing import Any, Iterator
 
 import pytest
 
-from broker.store import Store
-from client import BlockingAdmin, BlockingProducer
-from commitlog import Message
-from spark_connector import export
-from spark_connector._export import rate_text, rows_done
-from spark_connector._manifest import (
+from clmq.broker.store import Store
+from clmq.client import BlockingAdmin, BlockingProducer
+from clmq.commitlog import Message
+from clmq.spark_connector import export
+from clmq.spark_connector._export import rate_text, rows_done
+from clmq.spark_connector._manifest import (
     MANIFEST_NAME,
     ManifestError,
     check_manifest,
@@ -384,7 +384,7 @@ def test_the_command_shows_progress_on_a_terminal_only_and_names_the_manifest(tm
 def run_on_a_terminal(args: list[str]) -> str:
     """``clmq args`` with stdout on a pseudo-terminal; what it printed there, as text."""
     main, sub = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "broker.cli", *args], cwd=ROOT, stdout=sub,
+    proc = subprocess.Popen([sys.executable, "-m", "clmq", *args], cwd=ROOT, stdout=sub,
                             stderr=subprocess.DEVNULL, env={**ENV, "TERM": "xterm"})  # fmt: skip
     os.close(sub)
     out = bytearray()

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.store import Store, StoreConfig
-from commitlog import CommitLogConfig, Message, now_ms, walk_records
-from spark_connector import explain
-from spark_connector._local import LocalStore
-from spark_connector._options import OptionError, parse_options
-from spark_connector._plan import IndexSplit, ScanSplit, plan
-from spark_connector._select import DataLossError, resolve_topics, select
+from clmq.broker.store import Store, StoreConfig
+from clmq.commitlog import CommitLogConfig, Message, now_ms, walk_records
+from clmq.spark_connector import explain
+from clmq.spark_connector._local import LocalStore
+from clmq.spark_connector._options import OptionError, parse_options
+from clmq.spark_connector._plan import IndexSplit, ScanSplit, plan
+from clmq.spark_connector._select import DataLossError, resolve_topics, select
 from tests.waiting import wait_until
 
 TOPICS = {"orders": 4, "audit": 3, "t1000": 8}
@@ -275,7 +275,7 @@ def test_a_reader_in_the_checkpoint_rotation_window_or_beside_a_damaged_checkpoi
     then moving the new one in: a reader between the two renames finds no checkpoint."""
     import shutil
 
-    from spark_connector import local_layout
+    from clmq.spark_connector import local_layout
 
     path = tmp_path / "copy"
     shutil.copytree(built[0], path)
@@ -312,8 +312,8 @@ def test_bench_spark_measures_every_workload_against_parquet(tmp_path: Path) -> 
 def test_records_deleted_between_planning_and_reading_fail_the_task_or_are_left_out(
     tmp_path: Path, read_path: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from spark_connector._arrow import COLUMNS
-    from spark_connector._tasks import read_spec, read_split
+    from clmq.spark_connector._arrow import COLUMNS
+    from clmq.spark_connector._tasks import read_spec, read_split
 
     path = tmp_path / "store"
     rows = build(path, per_queue=30, segment_bytes=32 << 10)
@@ -347,8 +347,8 @@ def test_records_deleted_between_planning_and_reading_fail_the_task_or_are_left_
 def test_a_queue_file_deleted_after_planning_is_data_loss_not_a_shorter_read(tmp_path: Path) -> None:
     """Retention deletes whole consume-queue files: the entries of a piece then start
     past the offset it was planned from."""
-    from spark_connector._arrow import COLUMNS
-    from spark_connector._tasks import read_spec, read_split
+    from clmq.spark_connector._arrow import COLUMNS
+    from clmq.spark_connector._tasks import read_spec, read_split
 
     path = tmp_path / "store"
     rows = build(path, per_queue=30, cq_entries_per_file=10)
@@ -372,7 +372,7 @@ def test_a_queue_file_deleted_after_planning_is_data_loss_not_a_shorter_read(tmp
 
 
 def test_timestamps_skip_holes_in_a_queue(tmp_path: Path) -> None:
-    from spark_connector._layout import LocalQueueIndex, local_layout
+    from clmq.spark_connector._layout import LocalQueueIndex, local_layout
 
     path = tmp_path / "store"
     build(path, per_queue=10)
@@ -392,7 +392,7 @@ def test_an_end_offset_the_broker_has_not_flushed_yet_is_waited_for_not_read_sho
     import signal
     import subprocess
 
-    from client import BlockingAdmin, BlockingProducer
+    from clmq.client import BlockingAdmin, BlockingProducer
     from tests.cli_helpers import _brokers, free_port, popen
 
     ns_port, port = free_port(), free_port()

@@ -12,9 +12,9 @@ from typing import Any, Iterator
 import pytest
 from pyspark.sql.types import BinaryType, StructField, StructType
 
-from client import BlockingAdmin, BlockingProducer, shard
-from spark_connector._options import OptionError
-from spark_connector._sink import KNOWN, SinkColumns, check_columns, parse_sink_options, send_all
+from clmq.client import BlockingAdmin, BlockingProducer, shard
+from clmq.spark_connector._options import OptionError
+from clmq.spark_connector._sink import KNOWN, SinkColumns, check_columns, parse_sink_options, send_all
 from tests.service_helpers import Cluster, cluster_in_thread
 
 UNIQ_KEY = "UNIQ_KEY"  # the id the producer gives every message (a property)

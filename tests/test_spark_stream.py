@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from broker.store import Store, StoreConfig
-from client import BlockingAdmin, BlockingProducer
-from commitlog import CommitLogConfig, Message
+from clmq.broker.store import Store, StoreConfig
+from clmq.client import BlockingAdmin, BlockingProducer
+from clmq.commitlog import CommitLogConfig, Message
 from tests.cli_helpers import _brokers, free_port, popen
 from tests.waiting import wait_until
 

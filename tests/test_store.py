@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.store import GetStatus, PartitionStore, PutStatus, Store
-from commitlog import Message, PackedMessages, now_ms, pack_messages
+from clmq.broker.store import GetStatus, PartitionStore, PutStatus, Store
+from clmq.commitlog import Message, PackedMessages, now_ms, pack_messages
 from tests.waiting import wait_until
 
 from .conftest import msgs, small_config
@@ -283,7 +283,7 @@ def test_retention_moves_queue_minimums_and_deletes_their_files(tmp_path: Path, 
 
 
 def test_sync_flush_acks_only_durable_bytes_and_reports_timeouts(store_dir: Path, mode: str) -> None:
-    from commitlog import FlushMode
+    from clmq.commitlog import FlushMode
 
     cfg = small_config(store_dir, log={"flush_mode": FlushMode.SYNC, "sync_flush_timeout_ms": 100}, mode=mode)
     s = Store.open(cfg).start()
@@ -350,7 +350,7 @@ def test_contiguous_runs_match_their_definition(gaps_sizes: list[tuple[int, int]
     array version must cut exactly where the record-by-record definition does."""
     import numpy as np
 
-    from broker.store._store import _contiguous_runs
+    from clmq.broker.store._store import _contiguous_runs
 
     offsets, sizes, at = [], [], 1000
     for gap, size in gaps_sizes:  # gap 0: this record follows the previous one

@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.store import PutStatus, Store, StoreConfig
-from commitlog import HEADER_SIZE, CorruptRecordError, LogDamageError, Message
-from consumequeue import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, affected_queues
+from clmq.broker.store import PutStatus, Store, StoreConfig
+from clmq.commitlog import HEADER_SIZE, CorruptRecordError, LogDamageError, Message
+from clmq.consumequeue import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, affected_queues
 
 from .conftest import small_config
 from .faults import Fault, inject

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.store import Store, StoreConfig, StoreLockedError, TopicTable, check_store, repair_store
-from commitlog import BLANK_MAGIC, BLANK_SIZE, CommitLogConfig, LogDamageError, Message
+from clmq.broker.store import Store, StoreConfig, StoreLockedError, TopicTable, check_store, repair_store
+from clmq.commitlog import BLANK_MAGIC, BLANK_SIZE, CommitLogConfig, LogDamageError, Message
 
 MODES = ("commitlog", "partition-per-file")
 LOG = CommitLogConfig(segment_bytes=64 * 1024, max_message_bytes=4096, boundary_interval_bytes=4096)
@@ -92,7 +92,7 @@ def _segments(w: Written, partition: str = "t-1") -> list[Path]:
 
 
 def _clmq(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "clmq", *args], capture_output=True, text=True, timeout=120)
 
 
 # ------------------------------------------------------------------- clean
@@ -389,7 +389,7 @@ def test_repair_drops_exactly_what_it_lists(pristine: dict[str, Written], mode: 
 def test_repair_asks_first(pristine: dict[str, Written], tmp_path: Path) -> None:
     w = _copy(pristine, "commitlog", tmp_path / "s")
     _damage(w, "flip-byte")
-    done = subprocess.run([sys.executable, "-m", "broker.cli", "store", "repair", str(w.config.data_dir)],
+    done = subprocess.run([sys.executable, "-m", "clmq", "store", "repair", str(w.config.data_dir)],
                           input="n\n", capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 1 and "nothing changed" in done.stdout
     assert check_store(w.config).log_damaged

@@ -13,13 +13,13 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.service._timer_wheel import PAGE_ENTRIES, TimerWheel
-from client import Admin, MessageQueue, Record, open_admin, open_consumer, open_producer
-from client._scheduled import encode_scheduled
-from commitlog import Message, encode_properties, pack_parts
-from consumequeue import PROP_DELIVER_AT, PROP_TIMER_SRC, TIMER_TOPIC
-from protocol import ErrorCode, RequestCode, encode_batch
-from protocol.transport import RpcError
+from clmq.broker.service._timer_wheel import PAGE_ENTRIES, TimerWheel
+from clmq.client import Admin, MessageQueue, Record, open_admin, open_consumer, open_producer
+from clmq.client._scheduled import encode_scheduled
+from clmq.commitlog import Message, encode_properties, pack_parts
+from clmq.consumequeue import PROP_DELIVER_AT, PROP_TIMER_SRC, TIMER_TOPIC
+from clmq.protocol import ErrorCode, RequestCode, encode_batch
+from clmq.protocol.transport import RpcError
 from tests.crash_broker import launch, reap, wait_ready
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until

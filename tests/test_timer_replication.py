@@ -8,10 +8,10 @@ from pathlib import Path
 
 import trio
 
-from client import open_producer
-from consumequeue import PROP_DELIVER_AT, TIMER_TOPIC
-from protocol import RequestCode
-from protocol.transport import RpcClient
+from clmq.client import open_producer
+from clmq.consumequeue import PROP_DELIVER_AT, TIMER_TOPIC
+from clmq.protocol import RequestCode
+from clmq.protocol.transport import RpcClient
 from tests.service_helpers import Cluster
 from tests.test_replication import caught_up, start_group
 from tests.waiting import await_until

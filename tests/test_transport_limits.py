@@ -16,13 +16,13 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.service import Broker
-from client import ConnectionFailed, RpcClient, open_admin, open_producer
-from commitlog import MiB
-from nameserver import NameServerConfig
-from nameserver import serve as serve_nameserver
-from protocol import NEED_DATA, ErrorCode, RequestCode
-from protocol.transport import background_nursery
+from clmq.broker.service import Broker
+from clmq.client import ConnectionFailed, RpcClient, open_admin, open_producer
+from clmq.commitlog import MiB
+from clmq.nameserver import NameServerConfig
+from clmq.nameserver import serve as serve_nameserver
+from clmq.protocol import NEED_DATA, ErrorCode, RequestCode
+from clmq.protocol.transport import background_nursery
 from tests.service_helpers import Cluster
 from tests.waiting import await_until, wait_until
 from tests.wire_fuzz import (
@@ -362,7 +362,7 @@ def test_wire_garbage_costs_only_its_own_connection(fuzz_broker, junk: tuple[byt
 
 # ----------------------------------------------------------------- clmq dev
 def _clmq(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "clmq", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
                           env={"COLUMNS": "300", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **env})  # fmt: skip
 
 
@@ -389,8 +389,8 @@ def test_dev_takes_the_broker_settings_from_the_environment_file_and_flags(tmp_p
 def test_framing_agrees_with_the_decoder_on_every_frame(sizes: list[int], cuts: list[int]) -> None:
     """The budget charges each decoded frame the length the framing saw: both must
     agree frame by frame, however the stream is cut, with frames too large among them."""
-    from protocol import Frame, FrameDecoder, encode_frame
-    from protocol.transport._limits import Framing
+    from clmq.protocol import Frame, FrameDecoder, encode_frame
+    from clmq.protocol.transport._limits import Framing
 
     limit = 2048
     stream = b"".join(encode_frame(Frame(60, i + 1, {}, b"b" * n)) for i, n in enumerate(sizes))

@@ -14,12 +14,12 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import protocol._frame as protocol_frame
-from broker.service._handlers import registration
-from broker.store import GetStatus, PutStatus, Store
-from client import RpcClient, SendError, open_admin, open_producer
-from commitlog import AppendStatus, CommitLog, CommitLogConfig, InvalidInputError, Message
-from protocol import (
+import clmq.protocol._frame as protocol_frame
+from clmq.broker.service._handlers import registration
+from clmq.broker.store import GetStatus, PutStatus, Store
+from clmq.client import RpcClient, SendError, open_admin, open_producer
+from clmq.commitlog import AppendStatus, CommitLog, CommitLogConfig, InvalidInputError, Message
+from clmq.protocol import (  # fmt: skip
     PROTOCOL_VERSION,
     REQUEST_FIELDS,
     SUPPORTED_VERSIONS,
@@ -29,7 +29,7 @@ from protocol import (
     RequestCode,
     encode_batch,
     encode_frame,
-)  # fmt: skip
+)
 from tests.faults import Fault, inject
 from tests.service_helpers import Cluster
 from tests.waiting import await_until, wait_until

@@ -24,9 +24,9 @@ import trio
 import trio.lowlevel
 from hypothesis import strategies as st
 
-from client import open_admin, open_producer
-from protocol import Frame, RequestCode, encode_frame
-from protocol.transport import RpcClient, background_nursery
+from clmq.client import open_admin, open_producer
+from clmq.protocol import Frame, RequestCode, encode_frame
+from clmq.protocol.transport import RpcClient, background_nursery
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = struct.Struct("<II")
@@ -79,7 +79,7 @@ def start_broker_process(tmp: Path, settings: dict[str, Any], *, nofile: int | N
     log_path = tmp / "broker.log"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "COLUMNS": "300"}
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "broker", "--config", str(conf)], cwd=tmp, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "clmq", "broker", "--config", str(conf)], cwd=tmp, env=env,
                                 stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=limit)  # fmt: skip
     assert proc.stdout is not None
     deadline = time.monotonic() + 30

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from broker.coordination.zkserver import LocalZooKeeper, ZooKeeperError
+from clmq.broker.coordination.zkserver import LocalZooKeeper, ZooKeeperError
 
 # Fast failover in tests: a 2000 ms session is 4 ticks, not Debian's 1 tick of 2000 ms.
 TEST_TICK_TIME_MS = 500

@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Callable
 
 import trio
 
-from client import SendError, open_admin, open_producer
+from clmq.client import SendError, open_admin, open_producer
 
 from ._common import add_client_args, addrs, namesrv_arg, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError

@@ -17,8 +17,8 @@ from typing import Any
 
 import trio
 
-from client import Admin, ConnectionFailed, NoRouteError, RpcError
-from protocol.transport import HttpRequest, HttpResponse
+from clmq.client import Admin, ConnectionFailed, NoRouteError, RpcError
+from clmq.protocol.transport import HttpRequest, HttpResponse
 
 from ._output import record_fields
 from .dlq_verbs import letter_fields
@@ -90,7 +90,7 @@ def _static(path: str) -> HttpResponse:
     name = "index.html" if path in ("", "/") else path.lstrip("/")
     if ".." in name.split("/"):
         return HttpResponse(404, b"not found\n")
-    files = resources.files("broker.cli") / "dashboard_static"
+    files = resources.files("clmq.broker.cli") / "dashboard_static"
     target = files.joinpath(*name.split("/"))
     if not target.is_file():
         return HttpResponse(404, b"not found\n")

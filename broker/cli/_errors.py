@@ -12,8 +12,8 @@ import traceback
 
 import trio
 
-from client import ClientError, ConnectionFailed, NoRouteError, RpcError, SendError
-from commitlog import ClmqError
+from clmq.client import ClientError, ConnectionFailed, NoRouteError, RpcError, SendError
+from clmq.commitlog import ClmqError
 
 from .settings import SettingsError
 

@@ -13,7 +13,7 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from commitlog import set_progress_sink
+from clmq.commitlog import set_progress_sink
 
 CATCH_UP_POLL_S = 0.2  # how often the dispatch lag is looked at while it shrinks
 CATCH_UP_SHOW_BYTES = 64 << 20  # a smaller lag at start is gone before a bar would help

@@ -15,11 +15,11 @@ from typing import Any, Callable
 import trio
 from rich.console import Console
 
-from broker.service import BrokerConfig
-from broker.service import serve as serve_broker
-from client import NoRouteError, open_admin, open_consumer, open_producer
-from nameserver import NameServerConfig
-from nameserver import serve as serve_nameserver
+from clmq.broker.service import BrokerConfig
+from clmq.broker.service import serve as serve_broker
+from clmq.client import NoRouteError, open_admin, open_consumer, open_producer
+from clmq.nameserver import NameServerConfig
+from clmq.nameserver import serve as serve_nameserver
 
 from ._client_verbs import add_client_commands
 from ._common import listen_port_arg

@@ -12,8 +12,8 @@ from typing import Any
 
 import trio
 
-from client import Consumer, open_admin, open_consumer
-from commitlog import Record
+from clmq.client import Consumer, open_admin, open_consumer
+from clmq.commitlog import Record
 
 from ._common import addrs, namesrv_arg, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError

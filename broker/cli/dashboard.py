@@ -13,8 +13,8 @@ from typing import Any
 
 import trio
 
-from client import open_admin
-from protocol.transport import serve_http
+from clmq.client import open_admin
+from clmq.protocol.transport import serve_http
 
 from ._common import addrs, console, listen_port_arg, namesrv_arg, run_client
 from ._dashboard_app import Dashboard, DashboardSettings

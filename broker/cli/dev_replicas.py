@@ -31,11 +31,11 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import trio
 from rich.console import Console
 
-from broker.coordination.zkserver import LocalZooKeeper, ZooKeeperError
-from broker.service import BrokerConfig
-from client import ConnectionFailed, RpcError, open_admin
-from nameserver import NameServerConfig
-from nameserver import serve as serve_nameserver
+from clmq.broker.coordination.zkserver import LocalZooKeeper, ZooKeeperError
+from clmq.broker.service import BrokerConfig
+from clmq.client import ConnectionFailed, RpcError, open_admin
+from clmq.nameserver import NameServerConfig
+from clmq.nameserver import serve as serve_nameserver
 
 from .replication_verbs import cluster_rows, print_cluster_table
 
@@ -208,7 +208,7 @@ async def _spawn(r: ReplicaProcess) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLMQ_")}  # resolved into the settings file
     with r.log_path.open("ab") as log_file:  # the child has its own descriptor; this one closes
         r.process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "broker.cli", "broker", "--config", str(r.settings_path)],
+            [sys.executable, "-m", "clmq", "broker", "--config", str(r.settings_path)],
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=env, start_new_session=True)  # fmt: skip
 
 

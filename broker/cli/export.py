@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from spark_connector import FORMATS, LayoutError, OptionError, spark_available
+from clmq.spark_connector import FORMATS, LayoutError, OptionError, spark_available
 
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
 from ._timefmt import FORMS, parse_time_ms
@@ -100,7 +100,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     options = reader_options(args)
     if not spark_available():
         raise CliError("clmq export needs Spark: pip install 'clmq[spark]' (and a Java runtime)", EXIT_USAGE)
-    from spark_connector import export, spark_session
+    from clmq.spark_connector import export, spark_session
 
     snapshot = None
     if not _remote(args.since_manifest):  # resolved before Spark starts: a bad manifest fails in a moment
@@ -130,7 +130,7 @@ def _remote(path: str | None) -> bool:
 
 
 def _resolve(options: dict[str, str], since_manifest: str | None) -> Any:
-    from spark_connector import resolve_snapshot  # imports no pyspark: planning is plain Python
+    from clmq.spark_connector import resolve_snapshot  # imports no pyspark: planning is plain Python
 
     return resolve_snapshot(options, since_manifest)
 

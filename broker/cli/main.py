@@ -69,8 +69,8 @@ def _add_dev_zookeeper_flag(dev: argparse.ArgumentParser) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from broker.store import Store, StoreConfig
-    from commitlog import Message
+    from clmq.broker.store import Store, StoreConfig
+    from clmq.commitlog import Message
 
     cfg = StoreConfig(args.data_dir)
     with Store.open(cfg).start() as store:

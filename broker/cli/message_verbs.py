@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 
-from client import Admin, open_admin
+from clmq.client import Admin, open_admin
 
 from ._common import add_client_args, addrs, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError

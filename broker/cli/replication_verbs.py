@@ -12,8 +12,8 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
-from client import Admin, ConnectionFailed, RpcError, open_admin
-from protocol import ErrorCode
+from clmq.client import Admin, ConnectionFailed, RpcError, open_admin
+from clmq.protocol import ErrorCode
 
 from ._common import addrs, check_addr, namesrv_arg, run_client
 from ._errors import EXIT_USAGE, CliError

@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from broker.store import StoreConfig, StoreLockedError, StoreReport, check_store, detect_mode, log_bytes, repair_store
-from commitlog import QueueRange
+from clmq.broker.store import StoreConfig, StoreLockedError, StoreReport, check_store, detect_mode, log_bytes, repair_store
+from clmq.commitlog import QueueRange
 
 from .settings import SettingsError, load_settings
 
@@ -47,7 +47,7 @@ def add_command(sub: Any) -> None:
 
 def _config(args: argparse.Namespace) -> StoreConfig:
     """The store's settings: the broker's (file, CLMQ_* variables), the mode detected."""
-    from broker.service import BrokerConfig
+    from clmq.broker.service import BrokerConfig
 
     broker = load_settings(BrokerConfig, args.config, section="broker")
     mode = args.storage_mode or detect_mode(args.directory)

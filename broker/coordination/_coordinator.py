@@ -34,9 +34,9 @@ from typing import Any, Callable
 import trio
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
-from broker.replication import Replica
-from protocol import ErrorCode
-from protocol.transport import RequestError
+from clmq.broker.replication import Replica
+from clmq.protocol import ErrorCode
+from clmq.protocol.transport import RequestError
 
 from ._session import ZkSession
 from ._state import CoordinationError, GroupState, decode_member, encode_member, group_path, split_connect

@@ -24,8 +24,8 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from broker.store import MetadataSource, load_json, write_json
-from commitlog import MetadataError
+from clmq.broker.store import MetadataSource, load_json, write_json
+from clmq.commitlog import MetadataError
 
 FILE_NAME = "leader-epochs"
 Entry = tuple[int, int, int]  # (epoch, start offset, leader's broker id)

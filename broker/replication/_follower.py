@@ -17,10 +17,10 @@ from typing import Any, Callable
 
 import trio
 
-from broker.store import Store
-from commitlog import ClmqError, CorruptRecordError, whole_prefix
-from protocol import ErrorCode, RequestCode
-from protocol.transport import ConnectionFailed, RpcClient, RpcError
+from clmq.broker.store import Store
+from clmq.commitlog import ClmqError, CorruptRecordError, whole_prefix
+from clmq.protocol import ErrorCode, RequestCode
+from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError
 
 from ._config import ReplicationConfig
 from ._epochs import Entry, LeaderEpochs, divergence

@@ -17,9 +17,9 @@ from typing import Any
 
 import trio
 
-from broker.store import Span, Store
-from protocol import ErrorCode, Frame
-from protocol.transport import Peer, Reply, RequestError
+from clmq.broker.store import Span, Store
+from clmq.protocol import ErrorCode, Frame
+from clmq.protocol.transport import Peer, Reply, RequestError
 
 from ._config import ReplicationConfig
 from ._epochs import LeaderEpochs

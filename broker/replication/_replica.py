@@ -18,10 +18,10 @@ from typing import Any, Awaitable, Callable
 
 import trio
 
-from broker.store import MetadataSource, StorageEngine, Store, load_json, write_json
-from commitlog import ConfigError
-from protocol import ErrorCode, Frame, RequestCode
-from protocol.transport import Handler, Peer, Reply, RequestError, RpcClient
+from clmq.broker.store import MetadataSource, StorageEngine, Store, load_json, write_json
+from clmq.commitlog import ConfigError
+from clmq.protocol import ErrorCode, Frame, RequestCode
+from clmq.protocol.transport import Handler, Peer, Reply, RequestError, RpcClient
 
 from ._config import ReplicationConfig
 from ._epochs import LeaderEpochs

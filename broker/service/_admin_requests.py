@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import trio
 
-from commitlog import CorruptRecordError
-from protocol import ErrorCode, Frame
-from protocol.transport import Peer, Reply, RequestError, need
+from clmq.commitlog import CorruptRecordError
+from clmq.protocol import ErrorCode, Frame
+from clmq.protocol.transport import Peer, Reply, RequestError, need
 
 from ._context import BrokerContext
 

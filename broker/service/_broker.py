@@ -12,11 +12,11 @@ from typing import Any, Callable, Iterator
 import trio
 from prometheus_client import CollectorRegistry
 
-from broker.coordination import CoordinationConfig, GroupCoordinator
-from broker.replication import Replica
-from broker.store import StorageEngine, Store
-from protocol import RequestCode
-from protocol.transport import ConnectionFailed, RpcClient, RpcError, RpcServer, checked, serve_http
+from clmq.broker.coordination import CoordinationConfig, GroupCoordinator
+from clmq.broker.replication import Replica
+from clmq.broker.store import StorageEngine, Store
+from clmq.protocol import RequestCode
+from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, RpcServer, checked, serve_http
 
 from ._append import AppendLane
 from ._config import BrokerConfig

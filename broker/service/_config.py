@@ -7,12 +7,12 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.coordination import split_connect
-from broker.replication import ReplicationConfig
-from broker.store import STORAGE_MODES, StoreConfig
-from commitlog import CommitLogConfig, FlushMode, GiB, MiB
-from protocol import DEFAULT_MAX_RECONSUME_TIMES, MAX_RECONSUME_TIMES
-from protocol.transport import ServerLimits
+from clmq.broker.coordination import split_connect
+from clmq.broker.replication import ReplicationConfig
+from clmq.broker.store import STORAGE_MODES, StoreConfig
+from clmq.commitlog import CommitLogConfig, FlushMode, GiB, MiB
+from clmq.protocol import DEFAULT_MAX_RECONSUME_TIMES, MAX_RECONSUME_TIMES
+from clmq.protocol.transport import ServerLimits
 
 # RocketMQ's default delay levels from level 3 (its retries start there): 10 s ... 2 h.
 DEFAULT_RETRY_DELAYS_MS = tuple(s * 1000 for s in (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800,

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from broker.replication import Replica
-from broker.store import StorageEngine
+from clmq.broker.replication import Replica
+from clmq.broker.store import StorageEngine
 
 from ._append import AppendLane
 from ._config import BrokerConfig

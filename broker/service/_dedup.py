@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.store import GetStatus, StorageEngine, Store
-from commitlog import Record
+from clmq.broker.store import GetStatus, StorageEngine, Store
+from clmq.commitlog import Record
 
 UNIQ_KEY = "UNIQ_KEY"  # the message property that names a message uniquely (set by the producer)
 

@@ -31,10 +31,10 @@ from typing import Any, Callable
 
 import trio
 
-from broker.store import GetStatus, RawRead, Span, StorageEngine, Store
-from commitlog import CorruptRecordError
-from protocol import ErrorCode, FetchAsk, FetchResult, Frame, PullStatus, RowError
-from protocol.transport import Reply, RequestError, need
+from clmq.broker.store import GetStatus, RawRead, Span, StorageEngine, Store
+from clmq.commitlog import CorruptRecordError
+from clmq.protocol import ErrorCode, FetchAsk, FetchResult, Frame, PullStatus, RowError
+from clmq.protocol.transport import Reply, RequestError, need
 
 from ._context import BrokerContext
 from ._read_threads import ColdReads

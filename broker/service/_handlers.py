@@ -14,11 +14,11 @@ from typing import Any
 
 import trio
 
-from broker.store import GetStatus, RawRead, StorageEngine
-from commitlog import CorruptRecordError
-from consumequeue import is_system_topic
-from protocol import MAX_QUEUE_ID, ErrorCode, Frame, RequestCode
-from protocol.transport import Handler, Peer, Reply, RequestError, checked, need
+from clmq.broker.store import GetStatus, RawRead, StorageEngine
+from clmq.commitlog import CorruptRecordError
+from clmq.consumequeue import is_system_topic
+from clmq.protocol import MAX_QUEUE_ID, ErrorCode, Frame, RequestCode
+from clmq.protocol.transport import Handler, Peer, Reply, RequestError, checked, need
 
 from ._admin_requests import AdminRequests
 from ._context import BrokerContext, now_ms

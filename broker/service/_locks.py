@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import logging
 
-from protocol import Frame
-from protocol.transport import Peer, Reply, need
+from clmq.protocol import Frame
+from clmq.protocol.transport import Peer, Reply, need
 
 from ._context import BrokerContext, now_ms
 

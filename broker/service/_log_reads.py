@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import trio
 
-from broker.store import Span, Store
-from commitlog import CommitLog
-from protocol import ErrorCode, Frame
-from protocol.transport import Reply, RequestError, need
+from clmq.broker.store import Span, Store
+from clmq.commitlog import CommitLog
+from clmq.protocol import ErrorCode, Frame
+from clmq.protocol.transport import Reply, RequestError, need
 
 from ._context import BrokerContext
 from ._fetch import ReadThreads

@@ -19,9 +19,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from commitlog import FSYNC_BUCKETS_S
-from protocol import RequestCode
-from protocol.transport import RequestStats, cumulative_buckets, metrics_page
+from clmq.commitlog import FSYNC_BUCKETS_S
+from clmq.protocol import RequestCode
+from clmq.protocol.transport import RequestStats, cumulative_buckets, metrics_page
 
 from ._context import BrokerContext
 

@@ -16,8 +16,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from broker.store import MetadataSource, load_json, previous_path, write_json
-from commitlog import MetadataError
+from clmq.broker.store import MetadataSource, load_json, previous_path, write_json
+from clmq.commitlog import MetadataError
 
 OffsetKey = tuple[str, str, int]  # group, topic, queue id
 

@@ -8,11 +8,11 @@ from typing import Any, Callable
 
 import trio
 
-from broker.store import PutStatus
-from commitlog import FlushMode
-from consumequeue import TIMER_TOPIC
-from protocol import BatchError, ErrorCode, Frame, decode_batch
-from protocol.transport import Later, Peer, Reply, RequestError, need
+from clmq.broker.store import PutStatus
+from clmq.commitlog import FlushMode
+from clmq.consumequeue import TIMER_TOPIC
+from clmq.protocol import BatchError, ErrorCode, Frame, decode_batch
+from clmq.protocol.transport import Later, Peer, Reply, RequestError, need
 
 from ._append import BusyError, PendingPut
 from ._context import BrokerContext, now_ms

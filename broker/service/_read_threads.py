@@ -17,8 +17,8 @@ from typing import Any, Callable, Generic, TypeVar
 
 import trio
 
-from broker.store import Span
-from commitlog import pages_missing, read_exactly
+from clmq.broker.store import Span
+from clmq.commitlog import pages_missing, read_exactly
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from broker.store import StorageEngine
+from clmq.broker.store import StorageEngine
 
 from ._groups import ConsumerGroups
 from ._offsets import ConsumerOffsets

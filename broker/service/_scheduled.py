@@ -7,8 +7,8 @@ import struct
 
 import trio
 
-from broker.store import Store
-from commitlog import (
+from clmq.broker.store import Store
+from clmq.commitlog import (
     MAX_TAGS_BYTES,
     CorruptRecordError,
     Message,
@@ -19,7 +19,7 @@ from commitlog import (
     encode_properties,
     packed_heads,
 )
-from consumequeue import (
+from clmq.consumequeue import (
     PROP_CANCEL_OF,
     PROP_DELIVER_AT,
     PROP_REAL_QID,
@@ -29,8 +29,8 @@ from consumequeue import (
     TIMER_TOPIC,
     timer_tag,
 )
-from protocol import ErrorCode, Frame
-from protocol.transport import Peer, Reply, RequestError, need
+from clmq.protocol import ErrorCode, Frame
+from clmq.protocol.transport import Peer, Reply, RequestError, need
 
 from ._context import BrokerContext
 from ._system_put import ensure_topic, put_acknowledged

@@ -9,9 +9,9 @@ from typing import Any
 
 import trio
 
-from broker.store import Store
-from commitlog import CorruptRecordError, Message, Record, record_size
-from consumequeue import (
+from clmq.broker.store import Store
+from clmq.commitlog import CorruptRecordError, Message, Record, record_size
+from clmq.consumequeue import (
     PROP_CANCEL_OF,
     PROP_DELIVER_AT,
     PROP_DLQ_BODY_OF,
@@ -31,8 +31,8 @@ from consumequeue import (
     retry_topic,
     timer_tag,
 )
-from protocol import ErrorCode, Frame
-from protocol.transport import Peer, Reply, RequestError, need
+from clmq.protocol import ErrorCode, Frame
+from clmq.protocol.transport import Peer, Reply, RequestError, need
 
 from ._context import BrokerContext
 from ._system_put import ensure_topic, put_acknowledged

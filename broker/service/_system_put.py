@@ -8,10 +8,10 @@ from typing import Iterable, Sequence
 
 import trio
 
-from broker.store import PutResult, PutStatus
-from commitlog import FlushMode, Message
-from protocol import ErrorCode, encode_batch
-from protocol.transport import RequestError
+from clmq.broker.store import PutResult, PutStatus
+from clmq.commitlog import FlushMode, Message
+from clmq.protocol import ErrorCode, encode_batch
+from clmq.protocol.transport import RequestError
 
 from ._append import BusyError
 from ._context import BrokerContext

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import trio
 
-from broker.store import Store
-from commitlog import StoreError
-from consumequeue import TIMER_TOPIC
-from protocol.transport import RequestError
+from clmq.broker.store import Store
+from clmq.commitlog import StoreError
+from clmq.consumequeue import TIMER_TOPIC
+from clmq.protocol.transport import RequestError
 
 from ._context import BrokerContext
 from ._timer_delivery import Delivery, Due, TimerStats

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.store import PutResult, PutStatus, Store
-from commitlog import CorruptRecordError, InvalidInputError, Message, Record
-from consumequeue import PROP_REAL_QID, PROP_REAL_TAGS, PROP_REAL_TOPIC, PROP_TIMER_SRC
+from clmq.broker.store import PutResult, PutStatus, Store
+from clmq.commitlog import CorruptRecordError, InvalidInputError, Message, Record
+from clmq.consumequeue import PROP_REAL_QID, PROP_REAL_TAGS, PROP_REAL_TOPIC, PROP_TIMER_SRC
 
 from ._append import _BAD_INPUT, BusyError
 from ._context import BrokerContext

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from broker.store import MetadataSource, Store, load_json, write_json
-from commitlog import decode_record, walk_records
-from consumequeue import ENTRY_DTYPE, HOLE_TAG, PROP_CANCEL_OF, PROP_TIMER_SRC, START_TAG, TIMER_TOPIC
+from clmq.broker.store import MetadataSource, Store, load_json, write_json
+from clmq.commitlog import decode_record, walk_records
+from clmq.consumequeue import ENTRY_DTYPE, HOLE_TAG, PROP_CANCEL_OF, PROP_TIMER_SRC, START_TAG, TIMER_TOPIC
 
 from ._timer_wheel import TimerWheel
 

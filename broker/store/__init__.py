@@ -7,7 +7,7 @@ and stops.
 
 from typing import TYPE_CHECKING
 
-from commitlog import LoadedJson, MetadataSource, load_json, previous_path, read_json, write_atomic, write_json
+from clmq.commitlog import LoadedJson, MetadataSource, load_json, previous_path, read_json, write_atomic, write_json
 
 from ._base import STORAGE_MODES, StoreBase, StoreConfig, StoreLockedError
 from ._check import Damage, MetadataStatus, QueueFinding, StoreReport, check_store, detect_mode, log_bytes

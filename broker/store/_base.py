@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Self, Sequence
 
-from commitlog import (
+from clmq.commitlog import (  # fmt: skip
     BatchEncoder,
     CommitLogConfig,
     ConfigError,
@@ -30,7 +30,7 @@ from commitlog import (
     StoreError,
     StoreFailedError,
     unpack_messages,
-)  # fmt: skip
+)
 
 from ._checkpoint import AbortMarker
 from ._results import GetResult, GetStatus, PutResult, PutStatus, RawRead, Span

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from commitlog import (
+from clmq.commitlog import (  # fmt: skip
     HEADER_SIZE,
     OFF_COMMITLOG_OFFSET,
     OFF_MAGIC,
@@ -57,8 +57,8 @@ from commitlog import (
     load_json,
     merge_ranges,
     read_json,
-)  # fmt: skip
-from consumequeue import ENTRY_DTYPE, ENTRY_SIZE, HOLE_TAG, START_TAG
+)
+from clmq.consumequeue import ENTRY_DTYPE, ENTRY_SIZE, HOLE_TAG, START_TAG
 
 from ._base import StoreConfig, StoreLockedError
 from ._checkpoint import Checkpoint

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from commitlog import MetadataSource, QueueKey, fsync_dir, load_json, write_json
+from clmq.commitlog import MetadataSource, QueueKey, fsync_dir, load_json, write_json
 
 CHECKPOINT_VERSION = 1
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Protocol, Sequence, runtime_checkable
 
-from commitlog import CorruptRecordError, Message, PackedMessages, QueueKey, StoreFailedError
+from clmq.commitlog import CorruptRecordError, Message, PackedMessages, QueueKey, StoreFailedError
 
 from ._base import ManyRead, ReadAsk, StoreConfig
 from ._results import GetResult, PutResult, RawRead

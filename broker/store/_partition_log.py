@@ -32,7 +32,7 @@ from typing import Iterator
 import crc32c as _crc32c
 import numpy as np
 
-from commitlog import (
+from clmq.commitlog import (  # fmt: skip
     HEADER_SIZE,
     OFF_COMMITLOG_OFFSET,
     OFF_QUEUE_ID,
@@ -47,8 +47,8 @@ from commitlog import (
     fsync_dir,
     gather_fields,
     walk_records,
-)  # fmt: skip
-from consumequeue import FileCache
+)
+from clmq.consumequeue import FileCache
 
 log = logging.getLogger("clmq.partition")
 

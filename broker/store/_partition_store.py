@@ -27,7 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from commitlog import (
+from clmq.commitlog import (  # fmt: skip
     BatchEncoder,
     DurableOffset,
     EncodeError,
@@ -42,8 +42,8 @@ from commitlog import (
     load_json,
     now_ms,
     write_json,
-)  # fmt: skip
-from consumequeue import FileCache
+)
+from clmq.consumequeue import FileCache
 
 from ._base import Stopwatch, StoreBase, StoreConfig
 from ._partition_log import LoadReport, PartitionLoader, PartitionLog, PartSegment

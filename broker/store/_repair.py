@@ -20,7 +20,17 @@ import logging
 import shutil
 from pathlib import Path
 
-from commitlog import LogLayout, QueueKey, QueueRange, delete_json, fsync_dir, load_json, queue_extents, read_json, repair_log
+from clmq.commitlog import (
+    LogLayout,
+    QueueKey,
+    QueueRange,
+    delete_json,
+    fsync_dir,
+    load_json,
+    queue_extents,
+    read_json,
+    repair_log,
+)
 
 from ._base import StoreConfig
 from ._check import Progress, StoreReport, check_unlocked, on_disk_queues, store_lock

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from commitlog import AppendResult, AppendStatus, Record
+from clmq.commitlog import AppendResult, AppendStatus, Record
 
 
 class PutStatus(enum.Enum):

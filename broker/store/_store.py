@@ -40,7 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
-from commitlog import (
+from clmq.commitlog import (  # fmt: skip
     OFF_STORE_TS,
     CommitLog,
     CorruptRecordError,
@@ -49,8 +49,8 @@ from commitlog import (
     Message,
     PackedMessages,
     Record,
-)  # fmt: skip
-from consumequeue import (
+)
+from clmq.consumequeue import (  # fmt: skip
     ENTRY_DTYPE,
     ENTRY_SIZE,
     ConsumeQueueSet,
@@ -59,8 +59,8 @@ from consumequeue import (
     FileSpan,
     affected_queues,
     tag_hash,
-)  # fmt: skip
-from consumequeue import contiguous_runs as _contiguous_runs  # noqa: F401 (tests/test_store.py checks it here)
+)
+from clmq.consumequeue import contiguous_runs as _contiguous_runs  # noqa: F401 (tests/test_store.py checks it here)
 
 from ._base import ManyRead, ReadAsk, Stopwatch, StoreBase, StoreConfig, StoreLockedError, check_get_args
 from ._checkpoint import Checkpoint

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-from commitlog import MetadataSource, QueueKey, load_json, read_json, write_json
+from clmq.commitlog import MetadataSource, QueueKey, load_json, read_json, write_json
 
 from ._checkpoint import Checkpoint
 

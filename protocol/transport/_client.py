@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator
 
 import trio
 
-from protocol import (
+from clmq.protocol import (  # fmt: skip
     DEFAULT_MAX_FRAME_BYTES,
     FLAG_ONEWAY,
     NEED_DATA,
@@ -20,7 +20,7 @@ from protocol import (
     FrameRejected,
     ProtocolError,
     encode_frame,
-)  # fmt: skip
+)
 
 from ._errors import ConnectionFailed, RpcError
 

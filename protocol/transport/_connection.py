@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 import msgpack
 import trio
 
-from protocol import (
+from clmq.protocol import (  # fmt: skip
     FLAG_ONEWAY,
     FLAG_RESPONSE,
     NEED_DATA,
@@ -29,7 +29,7 @@ from protocol import (
     encode_frame,
     encode_frame_prefix,
     response_to,
-)  # fmt: skip
+)
 
 from ._errors import RequestError
 from ._handler import Handler, Later, Peer, Reply

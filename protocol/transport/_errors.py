@@ -3,8 +3,8 @@ and a handler's way to give one."""
 
 from __future__ import annotations
 
-from commitlog import TransportError
-from protocol import ErrorCode
+from clmq.commitlog import TransportError
+from clmq.protocol import ErrorCode
 
 
 class RpcError(TransportError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 
-from protocol import SUPPORTED_VERSIONS, ErrorCode, Frame, check_request
+from clmq.protocol import SUPPORTED_VERSIONS, ErrorCode, Frame, check_request
 
 from ._errors import RequestError
 

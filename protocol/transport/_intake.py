@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import trio
 
-from protocol import Frame, FrameDecoder, FrameRejected
+from clmq.protocol import Frame, FrameDecoder, FrameRejected
 
 from ._limits import ByteBudget, Framing
 

@@ -22,7 +22,7 @@ import logging
 
 import trio
 
-from protocol import FLAG_RESPONSE, ErrorCode, Frame, encode_frame
+from clmq.protocol import FLAG_RESPONSE, ErrorCode, Frame, encode_frame
 
 from ._connection import ServerConnection, WriteStats
 from ._handler import Handler

@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from commitlog import pages_missing, read_exactly
+from clmq.commitlog import pages_missing, read_exactly
 
 # What send_spans did, process-wide (tests and the broker's counters read them).
 SPAN_COUNTERS: dict[str, int] = {"sendfile_spans": 0, "thread_read_spans": 0, "data_spans": 0}

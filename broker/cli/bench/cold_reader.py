@@ -28,9 +28,9 @@ from typing import Any
 
 import trio
 
-from commitlog import Message
-from protocol import RequestCode, decode_records, encode_batch
-from protocol.transport import RpcClient
+from clmq.commitlog import Message
+from clmq.protocol import RequestCode, decode_records, encode_batch
+from clmq.protocol.transport import RpcClient
 
 from .e2e import BrokerProcess
 from .e2e_load import ProcessCpu

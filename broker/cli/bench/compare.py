@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from commitlog import CommitLogConfig, FlushMode, Message
+from clmq.commitlog import CommitLogConfig, FlushMode, Message
 
 from .cases import BATCH, MODES, Case, Figures, queue_sequence
 from .via_broker import run_case_via_broker
@@ -31,7 +31,7 @@ from .via_broker import run_case_via_broker
 
 def run_case(case: Case) -> Figures:
     """Measure one case in this process (called in a fresh subprocess)."""
-    from broker.store import Store, StoreConfig
+    from clmq.broker.store import Store, StoreConfig
 
     path = Path(tempfile.mkdtemp(dir=case.root))
     cfg = StoreConfig(path, CommitLogConfig(flush_mode=FlushMode(case.flush), segment_bytes=256 << 20),
@@ -91,7 +91,7 @@ def _open_fds() -> int:
 
 
 def run_in_subprocess(case: Case) -> Figures:
-    out = subprocess.run([sys.executable, "-m", "broker.cli.bench.compare", json.dumps(asdict(case))],
+    out = subprocess.run([sys.executable, "-m", "clmq.broker.cli.bench.compare", json.dumps(asdict(case))],
                          capture_output=True, text=True, check=False)  # fmt: skip
     if out.returncode != 0:
         raise RuntimeError(f"case {case} failed:\n{out.stderr[-2000:]}")

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import trio
 
-from client import open_admin, open_producer
+from clmq.client import open_admin, open_producer
 
 from .commands import _ints
 from .delay_load import (

@@ -14,8 +14,8 @@ from typing import Any
 
 import trio
 
-from client import ClientError, Producer, Record, open_admin, open_consumer
-from consumequeue import PROP_DELIVER_AT
+from clmq.client import ClientError, Producer, Record, open_admin, open_consumer
+from clmq.consumequeue import PROP_DELIVER_AT
 
 from .replication_cluster import cpu_seconds
 

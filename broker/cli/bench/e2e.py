@@ -27,7 +27,7 @@ from typing import Any, Awaitable, Callable
 
 import trio
 
-from client import open_admin
+from clmq.client import open_admin
 
 from .e2e_load import Consumed, Load, ProcessCpu, Produced
 from .e2e_public import consume_public, latency_public, produce_batches, produce_public
@@ -102,7 +102,7 @@ class BrokerProcess:
         self.dir = Path(tempfile.mkdtemp(dir=root))
         self.port = _free_port()
         self.addr = f"127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "broker.cli", "broker", "--listen-port", str(self.port), "--data-dir",
+        cmd = [sys.executable, "-m", "clmq", "broker", "--listen-port", str(self.port), "--data-dir",
                str(self.dir / "data"), "--flush-mode", flush, "--storage-mode", storage_mode]  # fmt: skip
         self.log = self.dir / "broker.log"  # a file, not a pipe: a full pipe would stall the broker
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))  # noqa: SIM115 - the broker process owns it

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import trio
 
-from client import open_consumer
+from clmq.client import open_consumer
 
 CONSUME_TIMEOUT_S = 300  # a consumer that has not read everything back by then: the case fails
 CHECK_CLOCK_EVERY = 64  # messages between two looks at the clock in a timed case

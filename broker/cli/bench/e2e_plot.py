@@ -6,13 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .e2e_report import (
-    AIM_CONSUME_MSGS_PER_S,
-    AIM_P99_MS,
-    AIM_PRODUCE_MANY_OVER_ONE,
-    AIM_PRODUCE_ONE_QUEUE_MSGS_PER_S,
-    AIM_SIZE,
-)
+from .e2e_report import AIM_CONSUME_MSGS_PER_S, AIM_P99_MS, AIM_PRODUCE_MANY_OVER_ONE, AIM_PRODUCE_ONE_QUEUE_MSGS_PER_S, AIM_SIZE
 
 
 def _pick(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

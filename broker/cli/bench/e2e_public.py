@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import trio
 
-from client import ClientError, Message, MessageQueue, Producer, SendFuture, open_producer
+from clmq.client import ClientError, Message, MessageQueue, Producer, SendFuture, open_producer
 
 from .e2e_load import CHECK_CLOCK_EVERY, Consumed, Load, Produced, consume
 

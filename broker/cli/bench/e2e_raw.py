@@ -10,10 +10,10 @@ import time
 
 import trio
 
-from client import MessageQueue, Producer, Routes
-from commitlog import Message
-from protocol import encode_batch
-from protocol.transport import RpcClient
+from clmq.client import MessageQueue, Producer, Routes
+from clmq.commitlog import Message
+from clmq.protocol import encode_batch
+from clmq.protocol.transport import RpcClient
 
 from .e2e_load import Consumed, Load, Produced, consume
 

@@ -28,7 +28,7 @@ from typing import Any
 import trio
 from rich.console import Console
 
-from client import Admin, open_admin, open_producer
+from clmq.client import Admin, open_admin, open_producer
 
 from .failover_cluster import FailoverCluster
 from .failover_load import TOPIC, Acks, send_forever, wait_all_in_sync, wait_first_ack, wait_leader

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.coordination.zkserver import LocalZooKeeper
+from clmq.broker.coordination.zkserver import LocalZooKeeper
 
 from .e2e import _free_port
 from .replication_cluster import STOP_TIMEOUT_S, Service, _spawn, _toml_value, _wait_listening
@@ -50,7 +50,7 @@ class Node:
         """Start the process and return once it listens (blocking: call it from a thread
         while trio code runs)."""
         # -v: the per-term INFO lines ("leads the group, epoch E") land in the log
-        cmd = [sys.executable, "-m", "broker.cli", "-v", "broker", "--config", str(self.settings)]
+        cmd = [sys.executable, "-m", "clmq", "-v", "broker", "--config", str(self.settings)]
         with open(self.log, "ab") as out:  # a file, not a pipe: a full pipe would stall the broker
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=self.dir)
         _wait_listening(Service(f"broker {self.broker_id}", self.addr, self.dir, self.proc, self.log))

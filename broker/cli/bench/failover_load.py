@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 import trio
 
-from client import Admin, ConnectionFailed, MessageQueue, NoRouteError, Producer, RpcError, SendError
-from commitlog import Message
+from clmq.client import Admin, ConnectionFailed, MessageQueue, NoRouteError, Producer, RpcError, SendError
+from clmq.commitlog import Message
 
 from .failover_cluster import FailoverCluster
 

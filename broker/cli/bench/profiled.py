@@ -24,13 +24,13 @@ def _start_in_thread(*_: Any) -> None:
 
 
 def main() -> None:
-    out, sys.argv = sys.argv[1], ["broker.cli", *sys.argv[2:]]
+    out, sys.argv = sys.argv[1], ["clmq", *sys.argv[2:]]
     threading.setprofile(_start_in_thread)
     prof = cProfile.Profile()
     _profiles.insert(0, ("MainThread", prof))
     prof.enable()
     try:
-        runpy.run_module("broker.cli", run_name="__main__", alter_sys=True)
+        runpy.run_module("clmq", run_name="__main__", alter_sys=True)
     except SystemExit:
         pass
     finally:

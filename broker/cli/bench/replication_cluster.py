@@ -75,7 +75,7 @@ def _spawn(name: str, d: Path, args: list[str], cpus: set[int] | None, profile: 
     pinned to ``cpus``."""
     port = _free_port()
     # every thread profiled (python -m cProfile would see only the main thread)
-    module = ["-m", "broker.cli.bench.profiled", str(profile)] if profile else ["-m", "broker.cli"]
+    module = ["-m", "clmq.broker.cli.bench.profiled", str(profile)] if profile else ["-m", "clmq"]
     cmd = [sys.executable, *module, *args, "--listen-port", str(port)]
     log = d / "service.log"  # a file, not a pipe: a full pipe would stall the service
     with open(log, "wb") as out:

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import trio
 
-from client import MessageQueue, NoRouteError, Producer, SendError, open_admin, open_producer
-from commitlog import Message
+from clmq.client import MessageQueue, NoRouteError, Producer, SendError, open_admin, open_producer
+from clmq.commitlog import Message
 
 from .replication_cluster import Group
 

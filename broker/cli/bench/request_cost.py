@@ -24,10 +24,10 @@ from typing import Any, Awaitable, Callable
 
 import trio
 
-from client import Producer, Routes, open_admin
-from commitlog import Message
-from protocol import RequestCode, encode_batch
-from protocol.transport import RpcClient
+from clmq.client import Producer, Routes, open_admin
+from clmq.commitlog import Message
+from clmq.protocol import RequestCode, encode_batch
+from clmq.protocol.transport import RpcClient
 
 from .e2e import BrokerProcess
 

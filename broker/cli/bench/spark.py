@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from spark_connector import spark_available
+from clmq.spark_connector import spark_available
 
 from .spark_cases import Meter, export_cases, index_cases, run_alternating, scan_cases
 
@@ -51,8 +51,8 @@ def add_command(bench_sub: Any) -> None:
 
 def build_store(path: Path, messages: int, size: int, queues: int) -> int:
     """A store of ``messages`` messages; returns the log's size in bytes."""
-    from broker.store import Store, StoreConfig
-    from commitlog import CommitLogConfig, Message
+    from clmq.broker.store import Store, StoreConfig
+    from clmq.commitlog import CommitLogConfig, Message
 
     with Store.open(StoreConfig(path, CommitLogConfig(segment_bytes=256 << 20))).start() as store:
         store.create_topic("bench", queues)
@@ -69,14 +69,14 @@ def build_store(path: Path, messages: int, size: int, queues: int) -> int:
 def run_size(spark: Any, root: Path, messages: int, size: int, args: argparse.Namespace,
              report: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
     """Every workload at one body size."""
-    from spark_connector import export
+    from clmq.spark_connector import export
 
     store, parquet = root / f"store-{size}", root / f"parquet-{size}"
     t0 = time.perf_counter()
     log_bytes = build_store(store, messages, size, args.queues)
     report(f"{size} B: {messages:,} messages, {log_bytes / 1e6:,.0f} MB of log, built in {time.perf_counter() - t0:.1f} s")
     export(spark, {"path": str(store)}, "parquet", str(parquet), "overwrite")
-    from spark_connector import parse_profile
+    from clmq.spark_connector import parse_profile
 
     profile = parse_profile(str(store))
     meter = Meter(spark)
@@ -118,7 +118,7 @@ def run_index(spark: Any, root: Path, messages: int, args: argparse.Namespace,
 
 
 def run(root: Path, args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:
-    from spark_connector import spark_session
+    from clmq.spark_connector import spark_session
 
     sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
     spark = spark_session(args.master, "clmq bench spark", driver_memory=args.driver_memory)

@@ -73,7 +73,7 @@ class Meter:
 def scan_cases(spark: Any, store: Path, parquet: Path, replay: Path) -> dict[str, Callable[[], Any]]:
     """Every row and column materialised (``noop`` writes), and the narrow aggregate;
     ``replay`` holds the same rows as Arrow files (the transfer's ceiling, see _replay)."""
-    from spark_connector import register_replay, write_replay_files
+    from clmq.spark_connector import register_replay, write_replay_files
 
     write_replay_files(str(store), str(replay))
     register_replay(spark)
@@ -120,7 +120,7 @@ def index_cases(spark: Any, store: Path, queues: int) -> dict[str, Callable[[], 
 
 def export_cases(spark: Any, store: Path, parquet: Path, scratch: Path) -> dict[str, Callable[[], Any]]:
     """``clmq export`` to Parquet against Spark copying the same rows Parquet to Parquet."""
-    from spark_connector import export
+    from clmq.spark_connector import export
 
     def clmq_export() -> None:
         out = scratch / "export-out"

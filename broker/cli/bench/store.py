@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from broker.store import Store, StoreConfig
-from commitlog import CommitLogConfig, FlushMode, Message
+from clmq.broker.store import Store, StoreConfig
+from clmq.commitlog import CommitLogConfig, FlushMode, Message
 
 
 @dataclass

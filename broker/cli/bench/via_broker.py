@@ -15,10 +15,10 @@ from pathlib import Path
 
 import trio
 
-from client import open_admin
-from commitlog import Message
-from protocol import RequestCode, encode_batch
-from protocol.transport import RpcClient
+from clmq.client import open_admin
+from clmq.commitlog import Message
+from clmq.protocol import RequestCode, encode_batch
+from clmq.protocol.transport import RpcClient
 
 from .cases import BATCH, Case, Figures, queue_sequence
 from .e2e import BrokerProcess

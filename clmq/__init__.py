@@ -1,0 +1,161 @@
+"""clmq: a message broker that stores every queue in one sequential CommitLog.
+
+The one import package of clmq. Its sub-packages are the project's rooms
+(``clmq.commitlog``, ``clmq.client``, ``clmq.broker.service``, ...; docs/architecture.md
+draws them); this module is the public face::
+
+    from clmq import open_producer, open_consumer, open_admin, Message
+
+    async with open_producer("127.0.0.1:9876") as producer:
+        await producer.send("orders", b"hello")
+
+Names are loaded on first use (PEP 562), so ``import clmq.commitlog`` or
+``from clmq import Store`` never imports trio, and ``import clmq`` alone imports nothing
+heavy. Type checkers and IDEs see every name through the ``TYPE_CHECKING`` block below.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+# public name -> the module that defines it (one table: __all__, __getattr__ and the
+# test that imports every public name from a built wheel all read it)
+_EXPORTS: dict[str, str] = {
+    # clients (trio)
+    "open_producer": "clmq.client", "open_consumer": "clmq.client", "open_admin": "clmq.client",
+    "Producer": "clmq.client", "Consumer": "clmq.client", "Admin": "clmq.client",
+    "ConsumerOptions": "clmq.client",
+    # clients (asyncio, plain synchronous Python)
+    "open_asyncio_producer": "clmq.client", "open_asyncio_consumer": "clmq.client",
+    "open_asyncio_admin": "clmq.client",
+    "AsyncioProducer": "clmq.client", "AsyncioConsumer": "clmq.client", "AsyncioAdmin": "clmq.client",
+    "BlockingProducer": "clmq.client", "BlockingConsumer": "clmq.client", "BlockingAdmin": "clmq.client",
+    # what clients send, receive and get back
+    "Message": "clmq.commitlog", "Record": "clmq.commitlog",
+    "SendResult": "clmq.client", "SendFuture": "clmq.client", "ConsumeStatus": "clmq.client",
+    "TagFilter": "clmq.client", "MessageQueue": "clmq.client",
+    # errors
+    "ClmqError": "clmq.commitlog", "ClientError": "clmq.commitlog", "SendError": "clmq.client",
+    "NoRouteError": "clmq.client", "ConnectionFailed": "clmq.client", "RpcError": "clmq.client",
+    "BufferFullError": "clmq.client", "BatchTooLargeError": "clmq.client",
+    "StoreError": "clmq.commitlog", "CorruptRecordError": "clmq.commitlog", "ConfigError": "clmq.commitlog",
+    # the embedded store and the services
+    "Store": "clmq.broker.store", "StoreConfig": "clmq.broker.store", "FlushMode": "clmq.commitlog",
+    "CommitLog": "clmq.commitlog", "CommitLogConfig": "clmq.commitlog",
+    "BrokerConfig": "clmq.broker.service", "serve_broker": "clmq.broker.service",
+    "NameServerConfig": "clmq.nameserver", "serve_nameserver": "clmq.nameserver",
+}  # fmt: skip
+# names whose defining module calls them something else
+_RENAMED = {"serve_broker": "serve", "serve_nameserver": "serve"}
+
+__all__ = [  # the names of _EXPORTS (a test checks that they agree)
+    "Admin",
+    "AsyncioAdmin",
+    "AsyncioConsumer",
+    "AsyncioProducer",
+    "BatchTooLargeError",
+    "BlockingAdmin",
+    "BlockingConsumer",
+    "BlockingProducer",
+    "BrokerConfig",
+    "BufferFullError",
+    "ClientError",
+    "ClmqError",
+    "CommitLog",
+    "CommitLogConfig",
+    "ConfigError",
+    "ConnectionFailed",
+    "ConsumeStatus",
+    "Consumer",
+    "ConsumerOptions",
+    "CorruptRecordError",
+    "FlushMode",
+    "Message",
+    "MessageQueue",
+    "NameServerConfig",
+    "NoRouteError",
+    "Producer",
+    "Record",
+    "RpcError",
+    "SendError",
+    "SendFuture",
+    "SendResult",
+    "Store",
+    "StoreConfig",
+    "StoreError",
+    "TagFilter",
+    "__version__",
+    "open_admin",
+    "open_asyncio_admin",
+    "open_asyncio_consumer",
+    "open_asyncio_producer",
+    "open_consumer",
+    "open_producer",
+    "serve_broker",
+    "serve_nameserver",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'clmq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), _RENAMED.get(name, name))
+    globals()[name] = value  # the next look-up does not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:
+    from clmq.broker.service import BrokerConfig
+    from clmq.broker.service import serve as serve_broker
+    from clmq.broker.store import Store, StoreConfig
+    from clmq.client import (
+        Admin,
+        AsyncioAdmin,
+        AsyncioConsumer,
+        AsyncioProducer,
+        BatchTooLargeError,
+        BlockingAdmin,
+        BlockingConsumer,
+        BlockingProducer,
+        BufferFullError,
+        ConnectionFailed,
+        Consumer,
+        ConsumerOptions,
+        ConsumeStatus,
+        MessageQueue,
+        NoRouteError,
+        Producer,
+        RpcError,
+        SendError,
+        SendFuture,
+        SendResult,
+        TagFilter,
+        open_admin,
+        open_asyncio_admin,
+        open_asyncio_consumer,
+        open_asyncio_producer,
+        open_consumer,
+        open_producer,
+    )  # fmt: skip
+    from clmq.commitlog import (
+        ClientError,
+        ClmqError,
+        CommitLog,
+        CommitLogConfig,
+        ConfigError,
+        CorruptRecordError,
+        FlushMode,
+        Message,
+        Record,
+        StoreError,
+    )
+    from clmq.nameserver import NameServerConfig
+    from clmq.nameserver import serve as serve_nameserver
