@@ -1,12 +1,11 @@
 """clmq's clients: producer, consumer and admin, for trio code (``open_producer``,
 ``open_consumer``, ``open_admin``) and for plain synchronous Python (``Blocking*``)."""
 
-from clmq.commitlog import ClientError, ClmqError, Message, Record
+from clmq.common import ClientError, ClmqError, Message, Record
 from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, split_addr
 
 from ._admin import Admin, open_admin
 from ._admin_reads import CancelResult, DeadLetter, KeyLookup, ResendResult, ResentLetter
-from ._allocate import allocate_averagely
 from ._asyncio import (
     AsyncioAdmin,
     AsyncioConsumer,
@@ -17,12 +16,19 @@ from ._asyncio import (
     open_asyncio_producer,
 )
 from ._blocking import BlockingAdmin, BlockingConsumer, BlockingProducer
-from ._consumer import Consumer, open_consumer
-from ._fetcher import DamagedQueueError
-from ._options import ConsumerOptions, TagFilter
-from ._producer import BatchTooLargeError, BufferFullError, Producer, SendError, SendFuture, SendResult, open_producer, shard
-from ._redelivery import ConsumeStatus, SendBackError, SendBackResult
 from ._routes import MessageQueue, NoRouteError, ReadRouter, Routes
+from .consumer import (
+    Consumer,
+    ConsumerOptions,
+    ConsumeStatus,
+    DamagedQueueError,
+    SendBackError,
+    SendBackResult,
+    TagFilter,
+    allocate_averagely,
+    open_consumer,
+)
+from .producer import BatchTooLargeError, BufferFullError, Producer, SendError, SendFuture, SendResult, open_producer, shard
 
 __all__ = [
     "Admin",

@@ -7,8 +7,7 @@ from typing import Any, AsyncIterator
 
 import trio
 
-from clmq.commitlog import Record
-from clmq.consumequeue import is_system_topic
+from clmq.common import Record, is_system_topic
 from clmq.protocol import ErrorCode, RequestCode, decode_records
 from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
@@ -26,7 +25,7 @@ from ._admin_reads import (
     scan_for_key,
     topic_leaders,
 )
-from ._allocate import allocate_averagely
+from .consumer import allocate_averagely
 
 CANCEL_BUSY_RETRY_S = 10  # a cancel waits this long at most for a broker's timer to start
 DEFAULT_MAX_KEY_SCAN_MESSAGES = 100_000  # a key lookup reads at most this many messages (no key index yet)

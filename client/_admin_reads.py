@@ -9,8 +9,7 @@ from typing import Any, Protocol, Sequence
 
 import trio
 
-from clmq.commitlog import Message, Record
-from clmq.consumequeue import (
+from clmq.common import (
     DLQ_PREFIX,
     PROP_CANCEL_OF,
     PROP_DELIVER_AT,
@@ -25,15 +24,16 @@ from clmq.consumequeue import (
     PROP_REAL_TAGS,
     PROP_REAL_TOPIC,
     PROP_TIMER_SRC,
+    Message,
+    Record,
     dlq_topic,
     retry_topic,
 )
 from clmq.protocol import ErrorCode, RequestCode, decode_records
 from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError
 
-from ._producer import Producer, open_producer
 from ._routes import MessageQueue, NoRouteError
-from ._send_future import SendError
+from .producer import Producer, SendError, open_producer
 
 KEY_SCAN_CHUNK_MESSAGES = 256  # one PULL_MESSAGE of a key lookup's scan
 _SEND_ERRORS = (SendError, NoRouteError, ConnectionFailed, RpcError, trio.TooSlowError)

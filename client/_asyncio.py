@@ -27,15 +27,13 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 import outcome
 import trio
 
-from clmq.commitlog import ClientError, Message, Record
+from clmq.common import ClientError, Message, Record
 
 from ._admin import Admin, open_admin
 from ._admin_reads import CancelResult, DeadLetter, ResendResult
-from ._consumer import Consumer, open_consumer
-from ._fetcher import DamagedQueueError
-from ._producer import Producer, SendResult, open_producer
-from ._redelivery import Handler, SendBackResult, check_limit, judge
 from ._routes import MessageQueue
+from .consumer import Consumer, DamagedQueueError, Handler, SendBackResult, check_limit, judge, open_consumer
+from .producer import Producer, SendResult, open_producer
 
 T = TypeVar("T")
 

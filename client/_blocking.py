@@ -13,15 +13,13 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import trio
 
-from clmq.commitlog import Message, Record
+from clmq.common import Message, Record
 
 from ._admin import Admin, open_admin
 from ._asyncio import ClientClosedError
-from ._consumer import Consumer, open_consumer
-from ._fetcher import DamagedQueueError
-from ._producer import Producer, SendResult, open_producer
-from ._redelivery import ConsumeStatus, Round, SendBackResult, check_limit, judge_sync
 from ._routes import MessageQueue
+from .consumer import Consumer, ConsumeStatus, DamagedQueueError, Round, SendBackResult, check_limit, judge_sync, open_consumer
+from .producer import Producer, SendResult, open_producer
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import crc32c
 import trio
 
-from clmq.commitlog import ClientError
+from clmq.common import ClientError
 from clmq.protocol import ErrorCode, RequestCode
 from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError
 

@@ -34,14 +34,14 @@ _EXPORTS: dict[str, str] = {
     "AsyncioProducer": "clmq.client", "AsyncioConsumer": "clmq.client", "AsyncioAdmin": "clmq.client",
     "BlockingProducer": "clmq.client", "BlockingConsumer": "clmq.client", "BlockingAdmin": "clmq.client",
     # what clients send, receive and get back
-    "Message": "clmq.commitlog", "Record": "clmq.commitlog",
+    "Message": "clmq.common", "Record": "clmq.common",
     "SendResult": "clmq.client", "SendFuture": "clmq.client", "ConsumeStatus": "clmq.client",
     "TagFilter": "clmq.client", "MessageQueue": "clmq.client",
     # errors
-    "ClmqError": "clmq.commitlog", "ClientError": "clmq.commitlog", "SendError": "clmq.client",
+    "ClmqError": "clmq.common", "ClientError": "clmq.common", "SendError": "clmq.client",
     "NoRouteError": "clmq.client", "ConnectionFailed": "clmq.client", "RpcError": "clmq.client",
     "BufferFullError": "clmq.client", "BatchTooLargeError": "clmq.client",
-    "StoreError": "clmq.commitlog", "CorruptRecordError": "clmq.commitlog", "ConfigError": "clmq.commitlog",
+    "StoreError": "clmq.common", "CorruptRecordError": "clmq.common", "ConfigError": "clmq.common",
     # the embedded store and the services
     "Store": "clmq.broker.store", "StoreConfig": "clmq.broker.store", "FlushMode": "clmq.commitlog",
     "CommitLog": "clmq.commitlog", "CommitLogConfig": "clmq.commitlog",
@@ -145,17 +145,7 @@ if TYPE_CHECKING:
         open_consumer,
         open_producer,
     )  # fmt: skip
-    from clmq.commitlog import (
-        ClientError,
-        ClmqError,
-        CommitLog,
-        CommitLogConfig,
-        ConfigError,
-        CorruptRecordError,
-        FlushMode,
-        Message,
-        Record,
-        StoreError,
-    )
+    from clmq.commitlog import CommitLog, CommitLogConfig, FlushMode
+    from clmq.common import ClientError, ClmqError, ConfigError, CorruptRecordError, Message, Record, StoreError
     from clmq.nameserver import NameServerConfig
     from clmq.nameserver import serve as serve_nameserver

@@ -14,7 +14,7 @@ Invariants:
   written: every append answers STORE_FAILED, checked under the lock.
 - A failed append whose rollback cannot cut the active segment back (ftruncate
   error) fails the log the same way: its file length no longer says where the log ends.
-- Every file operation goes through :data:`commitlog.fileops.OPS`.
+- Every file operation goes through :data:`clmq.commitlog.fileops.OPS`.
 - Changes of the segment set are ordered so that a crash leaves a chain every open
   accepts: a roll seals (extends) the old segment before creating the next, and a
   truncation removes the later segments (directory fsync) before cutting the file.
@@ -26,13 +26,12 @@ from __future__ import annotations
 import logging
 from typing import Callable, Sequence
 
+from clmq.common import CorruptRecordError, Message, PackedMessages, StoreFailedError
+
 from . import fileops
 from ._encoder import BatchEncoder, EncodedBatch, EncodeError, QueueKey, restore_offsets
-from ._errors import CorruptRecordError, StoreFailedError
 from ._flush import Flusher
-from ._packed import PackedMessages
 from ._raw import split_raw
-from ._record import Message
 from ._results import ENCODE_STATUS, AppendResult, AppendStatus, now_ms
 from ._segment import Segment, fsync_dir
 from ._segments import SegmentSet

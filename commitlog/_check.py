@@ -41,11 +41,7 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
-from . import fileops
-from ._columns import gather_strings
-from ._config import CommitLogConfig
-from ._errors import CorruptRecordError
-from ._record import (
+from clmq.common import (
     BLANK_MAGIC,
     BLANK_SIZE,
     HEADER_SIZE,
@@ -54,8 +50,13 @@ from ._record import (
     OFF_QUEUE_OFFSET,
     OFF_TOPIC_LEN,
     RECORD_MAGIC,
+    CorruptRecordError,
     check_record,
+    gather_strings,
 )
+
+from . import fileops
+from ._config import CommitLogConfig
 from ._scan import scan
 from ._segment import BOUNDARY_SUFFIX, BoundaryIndex, Segment, fsync_dir, parse_segment_name
 

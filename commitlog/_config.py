@@ -5,11 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ._errors import ConfigError
-from ._record import BLANK_SIZE, HEADER_SIZE, NO_HOST, Host
-
-GiB = 1 << 30
-MiB = 1 << 20
+from clmq.common import BLANK_SIZE, HEADER_SIZE, NO_HOST, ConfigError, GiB, Host, MiB
 
 
 class FlushMode(str, enum.Enum):

@@ -17,23 +17,28 @@ from typing import Mapping, Sequence
 
 import crc32c as _crc32c
 
-from ._errors import InvalidInputError
-from ._packed import ITEM, ITEM_SIZE, PackedMessages, PackError, overrun_error, unpack_messages
-from ._record import (  # fmt: skip
+from clmq.common import (
     BLANK_SIZE,
     CRC_START,
     HEADER,
     HEADER_SIZE,
+    ITEM,
+    ITEM_SIZE,
     MAX_KEYS_BYTES,
     MAX_TAGS_BYTES,
     MAX_TOPIC_BYTES,
     NO_HOST,
     RECORD_MAGIC,
+    InvalidInputError,
     Message,
+    PackedMessages,
+    PackError,
     check_properties,
     encode_blank,
     encode_host,
     encode_properties,
+    overrun_error,
+    unpack_messages,
 )
 
 QueueKey = tuple[str, int]

@@ -28,8 +28,9 @@ import threading
 import time
 from typing import Callable
 
+from clmq.common import StoreFailedError
+
 from ._config import FlushMode
-from ._errors import StoreFailedError
 from ._segment import Segment, fsync_dir
 from ._state import LogState
 

@@ -16,7 +16,7 @@ Invariants:
   the last record; at an unclean one nothing below the checkpoint is cut) and raises
   :class:`LogDamageError` rather than dropping promised bytes; reads inside the log
   raise :class:`CorruptRecordError` rather than answering "not there".
-- Every file operation goes through :data:`commitlog.fileops.OPS`.
+- Every file operation goes through :data:`clmq.commitlog.fileops.OPS`.
 
 :class:`CommitLog` is a facade over parts that each state their own invariants:
 
@@ -38,14 +38,14 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from clmq.common import Message, PackedMessages, Record
+
 from ._appender import Appender
 from ._config import CommitLogConfig
 from ._durability import DurableOffset
 from ._encoder import QueueKey
 from ._flush import Flusher
-from ._packed import PackedMessages
 from ._reader import Reader
-from ._record import Message, Record
 from ._recovery import Repairs, load_segments, open_clean, recover
 from ._results import AppendResult, AppendStatus, now_ms
 from ._retention import Retention

@@ -26,11 +26,20 @@ import struct
 
 import numpy as np
 
-from ._columns import walk_records
+from clmq.common import (
+    BLANK_MAGIC,
+    BLANK_SIZE,
+    HEADER_SIZE,
+    OFF_COMMITLOG_OFFSET,
+    OFF_QUEUE_OFFSET,
+    OFF_TOPIC_LEN,
+    CorruptRecordError,
+    check_record,
+    walk_records,
+)
+
 from ._encoder import QueueKey
-from ._errors import CorruptRecordError
 from ._raw_columns import Span, check_columns
-from ._record import BLANK_MAGIC, BLANK_SIZE, HEADER_SIZE, OFF_COMMITLOG_OFFSET, OFF_QUEUE_OFFSET, OFF_TOPIC_LEN, check_record
 from ._scan import SIZE_MAGIC, u64_at
 
 _QUEUE = struct.Struct("<QI")  # queue offset, queue id (adjacent header fields)

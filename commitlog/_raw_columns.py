@@ -8,8 +8,7 @@ from typing import Any
 import crc32c as _crc32c
 import numpy as np
 
-from ._columns import HEADER_DTYPE, Walk, gather_fields, gather_strings
-from ._record import BLANK_SIZE, CRC_START, HEADER_SIZE
+from clmq.common import BLANK_SIZE, CRC_START, HEADER_DTYPE, HEADER_SIZE, Walk, gather_fields, gather_strings
 
 _FIELDS = ["total_size", "crc", "commitlog_offset", "queue_offset", "queue_id",
            "topic_len", "tags_len", "keys_len", "props_len", "body_len"]  # fmt: skip

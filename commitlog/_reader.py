@@ -2,7 +2,7 @@
 
 Invariants:
 - Readers never take ``LogState.lock``. Each call loads ``LogState.snapshot`` once
-  and works on that immutable :class:`SegmentSet` (see :mod:`commitlog._state` for why
+  and works on that immutable :class:`SegmentSet` (see :mod:`clmq.commitlog._state` for why
   an old snapshot stays readable).
 - Nothing at or past ``end`` (the last completed append) is returned, nor past
   ``confirmed_offset`` by :meth:`Reader.iter_records`; a caller's ``limit`` is
@@ -15,7 +15,7 @@ Invariants:
   raises :class:`CorruptRecordError` (check ``read``) unless retention deleted the
   range meanwhile. A segment whose descriptor was closed maps to an empty view, never
   to anonymous zeros.
-- Every read goes through :data:`commitlog.fileops.OPS` (``pread``).
+- Every read goes through :data:`clmq.commitlog.fileops.OPS` (``pread``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import struct
 from pathlib import Path
 from typing import Iterator
 
-from ._errors import CorruptRecordError
-from ._record import BLANK_MAGIC, BLANK_SIZE, HEADER_SIZE, RECORD_MAGIC, Record, decode_record
+from clmq.common import BLANK_MAGIC, BLANK_SIZE, HEADER_SIZE, RECORD_MAGIC, CorruptRecordError, Record, decode_record
+
 from ._scan import SIZE_MAGIC
 from ._segment import Segment
 from ._state import LogState

@@ -40,9 +40,9 @@ import struct
 from collections import Counter
 from typing import Callable
 
-from ._errors import LogDamageError
+from clmq.common import RECORD_MAGIC, LogDamageError
+
 from ._progress import report_progress
-from ._record import RECORD_MAGIC
 from ._scan import ScanResult, scan
 from ._segment import Segment, fsync_dir, parse_segment_name, segment_name
 from ._segments import SegmentSet

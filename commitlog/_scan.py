@@ -12,9 +12,17 @@ from dataclasses import dataclass
 import crc32c as _crc32c
 import numpy as np
 
-from ._columns import Walk, gather_fields, walk_records
-from ._errors import CorruptRecordError
-from ._record import CRC_START, HEADER_SIZE, OFF_COMMITLOG_OFFSET, check_record
+from clmq.common import (
+    CRC_START,
+    HEADER_SIZE,
+    OFF_COMMITLOG_OFFSET,
+    CorruptRecordError,
+    Walk,
+    check_record,
+    gather_fields,
+    walk_records,
+)
+
 from ._segment import Segment
 
 _U32 = struct.Struct("<I")

@@ -16,7 +16,7 @@ Invariants:
   checked to be record starts. A new segment gets a header-only index
   at once, so a missing index always means damage.
 - Every read, write, truncation and sync of a segment or index file goes through
-  :data:`commitlog.fileops.OPS` (the fault-injection seam); opening, closing, stat and
+  :data:`clmq.commitlog.fileops.OPS` (the fault-injection seam); opening, closing, stat and
   unlinking use :mod:`os` directly.
 """
 

@@ -7,7 +7,7 @@ Invariants:
 - A snapshot is never empty: the last segment is the active one.
 - Only the membership is frozen. The :class:`Segment` objects themselves are shared
   between snapshots and stay mutable (the active one's ``size`` grows, ``sealed`` and
-  ``fd`` change); see :class:`commitlog._state.LogState` for who may touch them.
+  ``fd`` change); see :class:`clmq.commitlog._state.LogState` for who may touch them.
 """
 
 from __future__ import annotations

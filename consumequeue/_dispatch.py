@@ -21,11 +21,20 @@ from typing import Callable
 import numpy as np
 import xxhash
 
-from clmq.commitlog import HEADER_SIZE, OFF_QUEUE_ID, OFF_TOPIC_LEN, CommitLog, gather_fields, gather_strings, walk_records
+from clmq.commitlog import CommitLog
+from clmq.common import (
+    HEADER_SIZE,
+    OFF_QUEUE_ID,
+    OFF_TOPIC_LEN,
+    TIMER_TOPIC,
+    gather_fields,
+    gather_strings,
+    timer_tag_code,
+    walk_records,
+)
 
 from ._queue import ENTRY_DTYPE
 from ._set import Arrivals, ConsumeQueueSet
-from ._system import TIMER_TOPIC, timer_tag_code
 
 log = logging.getLogger("clmq.dispatch")
 

@@ -15,7 +15,7 @@ A descriptor opened while some file was forgotten (deleted) is used for its one
 operation and not cached, so that a deleted file's descriptor never lingers in the
 cache under its name.
 
-Every read, write, truncation and sync goes through ``commitlog.fileops.OPS`` (the
+Every read, write, truncation and sync goes through ``clmq.commitlog.fileops.OPS`` (the
 seam tests inject faults into); errors propagate to the caller, never swallowed.
 """
 

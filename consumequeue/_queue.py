@@ -34,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from clmq.commitlog import CorruptRecordError
+from clmq.common import CorruptRecordError
 
 from ._files import FileCache
 

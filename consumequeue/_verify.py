@@ -30,7 +30,8 @@ from typing import Callable
 
 import numpy as np
 
-from clmq.commitlog import (  # fmt: skip
+from clmq.commitlog import CommitLog, fileops
+from clmq.common import (
     HEADER_SIZE,
     OFF_COMMITLOG_OFFSET,
     OFF_MAGIC,
@@ -39,12 +40,10 @@ from clmq.commitlog import (  # fmt: skip
     OFF_TOPIC_LEN,
     OFF_TOTAL_SIZE,
     RECORD_MAGIC,
-    CommitLog,
     CorruptRecordError,
     MiB,
     Record,
     decode_record,
-    fileops,
 )
 
 PREAD_MAX_BYTES = 64 * 1024  # zero-copy reads: runs up to this are read to check headers, longer ones mapped

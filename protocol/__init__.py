@@ -3,10 +3,10 @@ and the typed rows of multi-queue requests.
 
 Pure codecs and state machines, with no socket and no trio: adapters feed them bytes
 from their streams (the model is h11). The trio adapter every service and client
-shares is the sub-package :mod:`protocol.transport`; nothing here imports it.
+shares is the sub-package :mod:`clmq.protocol.transport`; nothing here imports it.
 """
 
-from clmq.commitlog import ProtocolError
+from clmq.common import ProtocolError
 
 from ._batch import BatchError, decode_batch, decode_records, encode_batch, set_queue_id
 from ._codes import (
@@ -19,7 +19,7 @@ from ._codes import (
     RequestCode,
     request_error,
 )
-from ._frame import (  # fmt: skip
+from ._frame import (
     DEFAULT_MAX_FRAME_BYTES,
     FLAG_ONEWAY,
     FLAG_RESPONSE,

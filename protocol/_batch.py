@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from clmq.commitlog import (
+from clmq.common import (
     HEADER_SIZE,
     Host,
     Message,
@@ -28,7 +28,7 @@ from clmq.commitlog import (
     pack_messages,
     unpack_messages,
 )
-from clmq.commitlog import set_queue_id as set_queue_id
+from clmq.common import set_queue_id as set_queue_id
 
 BatchError = PackError  # a batch body that does not decode
 

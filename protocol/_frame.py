@@ -36,7 +36,7 @@ from typing import Any, Final
 
 import msgpack
 
-from clmq.commitlog import ProtocolError
+from clmq.common import ProtocolError
 
 from ._codes import ErrorCode, request_error
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from typing import Any, NamedTuple
 
-from clmq.commitlog import InvalidInputError
+from clmq.common import InvalidInputError
 
 from ._codes import MAX_I64, MAX_QUEUE_ID
 

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from clmq.commitlog import HEADER_SIZE, decode_host, decode_properties
+from clmq.common import HEADER_SIZE, decode_host, decode_properties
 
 TS = pa.timestamp("us", tz="UTC")
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from clmq.commitlog import OFF_STORE_TS, ConnectorError, load_json, read_boundary_index, read_json
+from clmq.commitlog import load_json, read_boundary_index, read_json
+from clmq.common import OFF_STORE_TS, ConnectorError
 
 ENTRY_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("tag", "<u8")])  # as consumequeue writes them
 

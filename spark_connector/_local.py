@@ -28,7 +28,7 @@ class SegmentGoneError(LayoutError):
 
 
 class LocalStore:
-    """A :class:`~spark_connector._plan.QueueSource` and ``ByteSource`` over a data directory."""
+    """A :class:`~clmq.spark_connector._plan.QueueSource` and ``ByteSource`` over a data directory."""
 
     def __init__(self, data_dir: str | Path, layout: LogLayout | None = None) -> None:
         self.root = Path(data_dir)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from clmq.commitlog import ConnectorError
+from clmq.common import ConnectorError
 
 MiB = 1 << 20
 

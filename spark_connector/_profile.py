@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from clmq.commitlog import Walk, walk_records
+from clmq.common import Walk, walk_records
 
 from ._arrow import COLUMNS, Fields, arrow_schema, build_batch
 from ._local import LocalStore

@@ -21,7 +21,7 @@ import crc32c as _crc32c
 import numpy as np
 import pyarrow as pa
 
-from clmq.commitlog import (  # fmt: skip
+from clmq.common import (
     CRC_START,
     HEADER_DTYPE,
     HEADER_SIZE,

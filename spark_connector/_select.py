@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from clmq.consumequeue import is_system_topic
+from clmq.common import is_system_topic
 
 from ._layout import LogLayout
 from ._options import EARLIEST, LATEST, OptionError, Positions, ReadOptions

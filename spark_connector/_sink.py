@@ -1,6 +1,6 @@
 """The clmq sink: ``df.write.format("clmq")`` and ``df.writeStream.format("clmq")``.
 
-Rows become messages sent through the public trio producer (``client.open_producer``),
+Rows become messages sent through the public trio producer (``clmq.client.open_producer``),
 one producer per Spark task, run by ``trio.run`` inside the task. Spark hands the rows
 over as Arrow record batches (``DataSourceArrowWriter``); each batch's columns become
 Python lists once, and every row is one ``Producer.submit`` (the producer's accumulator
@@ -26,7 +26,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from clmq.client import Message, MessageQueue, NoRouteError, Producer, SendError, SendFuture, open_producer, shard
-from clmq.commitlog import ConnectorError
+from clmq.common import ConnectorError
 
 from ._options import OptionError
 

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - older pyspark
 
 from pyspark.sql.types import StructType
 
-from clmq.commitlog import walk_records
+from clmq.common import walk_records
 
 from ._options import OptionError, ReadOptions, parse_options
 from ._plan import DataLossError, QueueSource, scan_splits, select, split_bytes

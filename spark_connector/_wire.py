@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from clmq.commitlog import ConnectorError, gather_fields, walk_records
+from clmq.common import ConnectorError, gather_fields, walk_records
 from clmq.protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, FrameRejected, RequestCode, encode_frame
 
 from ._layout import LayoutError, LogLayout, SegmentInfo

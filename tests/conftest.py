@@ -8,7 +8,8 @@ from typing import Any, Iterator
 import pytest
 
 from clmq.broker.store import STORAGE_MODES, Store, StoreConfig
-from clmq.commitlog import CommitLogConfig, Message
+from clmq.commitlog import CommitLogConfig
+from clmq.common import Message
 
 
 def small_config(data_dir: Path, *, segment_bytes: int = 64 * 1024, max_message_bytes: int = 8 * 1024,

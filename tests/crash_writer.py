@@ -11,7 +11,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from clmq.broker.store import Store
-from clmq.commitlog import FlushMode, Message
+from clmq.commitlog import FlushMode
+from clmq.common import Message
 from tests.conftest import small_config
 
 QUEUES = 8

@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from clmq.commitlog import Record
+from clmq.common import Record
 from clmq.protocol.transport import ConnectionFailed, RpcError
 from tests.waiting import await_until
 

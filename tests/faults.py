@@ -1,4 +1,4 @@
-"""Fault injection under the store's file operations (the seam of ``commitlog.fileops``).
+"""Fault injection under the store's file operations (the seam of ``clmq.commitlog.fileops``).
 
     with inject(Fault("fdatasync", errno.EIO, path="commitlog/")) as faults:
         ...                       # the first fdatasync of a commit-log file fails

@@ -17,12 +17,13 @@ from pathlib import Path
 # Rooms in the order of the layers, lowest first: a module may import its own layer
 # and the layers below, never one above. A module belongs to its longest room prefix.
 LAYERS: list[tuple[str, list[str]]] = [
+    ("common", ["clmq.common"]),  # record and batch formats, errors, system topics, units
     ("storage", ["clmq.commitlog", "clmq.consumequeue", "clmq.broker.store", "clmq.broker"]),  # ``broker`` itself exports nothing
     ("protocol", ["clmq.protocol"]),  # sans-IO
     ("transport", ["clmq.protocol.transport"]),
     ("services", ["clmq.broker.service", "clmq.broker.replication", "clmq.broker.coordination", "clmq.nameserver"]),
     ("clients", ["clmq.client", "clmq.spark_connector"]),
-    ("cli", ["clmq.broker.cli"]),
+    ("cli", ["clmq.broker.cli", "clmq.bench", "clmq.devtools"]),
 ]
 
 # Third-party libraries allowed only in these rooms (and their sub-rooms).
@@ -30,11 +31,12 @@ ONLY_IN: dict[str, set[str]] = {
     "pyspark": {"clmq.spark_connector"},
     "pyarrow": {"clmq.spark_connector"},
     "kazoo": {"clmq.broker.coordination"},
-    "matplotlib": {"clmq.broker.cli.bench"},
+    "matplotlib": {"clmq.bench"},
     "prometheus_client": {"clmq.broker.service", "clmq.nameserver"},
 }
 # Libraries a layer must not import (storage is plain synchronous Python; the protocol is sans-IO).
 FORBIDDEN_IN_LAYER: dict[str, set[str]] = {
+    "common": {"trio", "msgpack", "kazoo", "pyspark", "pyarrow", "socket", "asyncio", "rich", "prometheus_client"},
     "storage": {"trio", "msgpack", "kazoo", "pyspark", "pyarrow", "socket", "asyncio", "rich", "prometheus_client"},
     "protocol": {"trio", "kazoo", "pyspark", "pyarrow", "socket", "asyncio", "selectors", "rich", "prometheus_client"},
 }
@@ -161,13 +163,36 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def package_edges(graph: Graph, depth: int | None = None) -> dict[str, set[str]]:
     """Imports between packages (rooms: a module belongs to the package that holds it);
-    ``depth=1``: between top-level packages."""
+    ``depth=2``: between the packages below ``clmq``.
+
+    An import of a module of an enclosing package is not an edge: a family of files
+    (``client/producer/``) may use the shared modules of its room (``clmq.client._routes``)
+    while the room's ``__init__`` re-exports the family. Cycles between sibling
+    families, or between rooms, still are; and no module cycle is allowed at all."""
     edges: dict[str, set[str]] = {}
     for module, targets in graph.internal.items():
         src = _cut(graph.package_of(module), depth)
         for target in targets:
             dst = _cut(graph.package_of(target), depth)
-            if src != dst:
+            if src != dst and not src.startswith(dst + "."):
+                edges.setdefault(src, set()).add(dst)
+    return edges
+
+
+def room_of(module: str) -> str | None:
+    """The room (of ``LAYERS``) that holds ``module``: its longest room prefix."""
+    found = [room for _, rooms in LAYERS for room in rooms if module == room or module.startswith(room + ".")]
+    return max(found, key=len) if found else None
+
+
+def room_edges(graph: Graph) -> dict[str, set[str]]:
+    """Imports between the rooms of ``LAYERS`` (``clmq.broker.cli`` and ``clmq.broker.store``
+    are two rooms though one folder holds both)."""
+    edges: dict[str, set[str]] = {}
+    for module, targets in graph.internal.items():
+        for target in targets:
+            src, dst = room_of(module), room_of(target)
+            if src and dst and src != dst:
                 edges.setdefault(src, set()).add(dst)
     return edges
 

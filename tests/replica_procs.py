@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Callable
 
 import trio
 
-from clmq.commitlog import Message, Record
+from clmq.common import Message, Record
 from clmq.protocol import ErrorCode, Frame, PullStatus, RequestCode, decode_records, encode_batch
 from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 from tests.waiting import await_until

@@ -14,7 +14,7 @@ import trio
 from clmq.broker.service import Broker, BrokerConfig
 from clmq.broker.service import serve as serve_broker
 from clmq.client import NoRouteError, Routes, open_admin
-from clmq.commitlog import MiB
+from clmq.common import MiB
 from clmq.nameserver import NameServer, NameServerConfig
 from clmq.nameserver import serve as serve_nameserver
 from tests.waiting import await_until

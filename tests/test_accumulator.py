@@ -31,8 +31,8 @@ from clmq.client import (
     SendFuture,
     open_producer,
 )
-from clmq.client._send_batch import Batch
-from clmq.client._send_encode import encode_one, encode_plain
+from clmq.client.producer._batch import Batch
+from clmq.client.producer._encode import encode_one, encode_plain
 from clmq.protocol import Frame, FrameDecoder, RequestCode, encode_batch
 from tests.service_helpers import Cluster
 from tests.waiting import await_until

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from clmq.broker.cli.bench.e2e_report import aims, medians
+from clmq.bench.e2e_report import aims, medians
 
 APIS = ["public", "public-batches", "raw"]
 SPARSE_TOTAL = 2000

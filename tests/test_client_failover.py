@@ -15,7 +15,7 @@ import trio
 
 from clmq.broker.service import Broker
 from clmq.client import NoRouteError, Producer, Routes, RpcClient, SendError, open_admin, open_consumer, open_producer, shard
-from clmq.commitlog import Message, Record
+from clmq.common import Message, Record
 from clmq.nameserver import NameServer, NameServerConfig
 from clmq.nameserver import serve as serve_nameserver
 from clmq.protocol import ErrorCode, RequestCode

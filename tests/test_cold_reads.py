@@ -26,9 +26,10 @@ from clmq.broker.service import Broker, BrokerConfig
 from clmq.broker.service._read_threads import ColdReads, ReadStats, ReadThreads, ResidentSpan
 from clmq.broker.store import Span, Store
 from clmq.client import RpcClient
-from clmq.commitlog import Message, _pagecache, pages_missing, read_exactly
+from clmq.commitlog import _pagecache, pages_missing, read_exactly
 from clmq.commitlog._pagecache import PAGE, cached_pages, read_pages
 from clmq.commitlog._pagecache import _mincore as mincore_missing
+from clmq.common import Message
 from clmq.protocol import ErrorCode, FetchResult, PullStatus, RequestCode, decode_records, encode_batch
 from clmq.protocol.transport._spans import SPAN_COUNTERS
 from tests.service_helpers import Cluster

@@ -12,14 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clmq.commitlog import (  # fmt: skip
+from clmq.commitlog import AppendStatus, CommitLog, CommitLogConfig, FlushMode
+from clmq.commitlog._encoder import BatchEncoder, EncodeError
+from clmq.common import (
     BLANK_MAGIC,
-    AppendStatus,
-    CommitLog,
-    CommitLogConfig,
     ConfigError,
     CorruptRecordError,
-    FlushMode,
     Message,
     PackedMessages,
     PackError,
@@ -27,7 +25,6 @@ from clmq.commitlog import (  # fmt: skip
     pack_messages,
     unpack_messages,
 )
-from clmq.commitlog._encoder import BatchEncoder, EncodeError
 from tests.waiting import wait_until
 
 from .conftest import msgs

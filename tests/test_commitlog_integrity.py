@@ -18,17 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clmq.commitlog import (  # fmt: skip
-    AppendStatus,
-    CommitLog,
-    CommitLogConfig,
-    CorruptRecordError,
-    FlushMode,
-    LogDamageError,
-    StoreFailedError,
-    fileops,
-    read_boundary_index,
-)
+from clmq.commitlog import AppendStatus, CommitLog, CommitLogConfig, FlushMode, fileops, read_boundary_index
+from clmq.common import CorruptRecordError, LogDamageError, StoreFailedError
 from tests.faults import SHORT, Fault, inject
 
 from .conftest import msgs

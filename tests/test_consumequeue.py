@@ -13,13 +13,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clmq.commitlog import CommitLog, CommitLogConfig, CorruptRecordError, Message, decode_record, gather_headers, walk_records
+from clmq.commitlog import CommitLog, CommitLogConfig
 from clmq.commitlog._encoder import BatchEncoder
+from clmq.common import (
+    TIMER_TOPIC,
+    CorruptRecordError,
+    Message,
+    decode_record,
+    gather_headers,
+    timer_tag,
+    timer_tag_code,
+    walk_records,
+)
 from clmq.consumequeue import (
     ENTRY,
     ENTRY_SIZE,
     HOLE_TAG,
-    TIMER_TOPIC,
     Arrivals,
     ConsumeQueue,
     ConsumeQueueSet,
@@ -27,8 +36,6 @@ from clmq.consumequeue import (
     FileCache,
     _dispatch,
     tag_hash,
-    timer_tag,
-    timer_tag_code,
 )
 
 from .conftest import msgs

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from clmq.client import Consumer, ConsumerOptions, RpcClient, open_consumer
-from clmq.commitlog import Message, Record
+from clmq.common import Message, Record
 from clmq.protocol import FLAG_RESPONSE, NEED_DATA, Frame, FrameDecoder, RequestCode, decode_records, encode_batch
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until

@@ -9,17 +9,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from clmq.client import (  # fmt: skip
-    BlockingConsumer,
-    ConsumeStatus,
-    Record,
-    RpcClient,
-    SendBackError,
-    open_asyncio_consumer,
-    open_consumer,
-)
-from clmq.commitlog import Message
-from clmq.consumequeue import PROP_ORIGIN_TOPIC, dlq_topic, retry_topic
+from clmq.client import BlockingConsumer, ConsumeStatus, Record, RpcClient, SendBackError, open_asyncio_consumer, open_consumer
+from clmq.common import PROP_ORIGIN_TOPIC, Message, dlq_topic, retry_topic
 from clmq.protocol import RequestCode, encode_batch
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
 from tests.waiting import await_until

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clmq.broker.store import Store
-from clmq.commitlog import Message
+from clmq.common import Message
 
 from .conftest import small_config
 

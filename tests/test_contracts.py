@@ -9,7 +9,7 @@ import inspect
 import pytest
 
 from clmq.broker.store import StorageEngine, Store
-from clmq.commitlog import ClmqError, CorruptRecordError
+from clmq.common import ClmqError, CorruptRecordError
 
 from .conftest import small_config
 

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from kazoo.client import KazooClient
 
 from clmq.broker.coordination import CoordinationError, GroupState, split_connect
-from clmq.broker.coordination.zkserver import LocalZooKeeper
 from clmq.broker.service import Broker
 from clmq.client import open_admin, open_producer
+from clmq.devtools.zkserver import LocalZooKeeper
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
 

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clmq.broker.store import STORAGE_MODES, GetStatus, Store, StoreConfig
-from clmq.commitlog import CorruptRecordError, LogDamageError, Message, StoreError
+from clmq.common import CorruptRecordError, LogDamageError, Message, StoreError
 
 from .conftest import small_config
 

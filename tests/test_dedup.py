@@ -14,7 +14,7 @@ import trio
 from clmq.broker.service._dedup import UNIQ_KEY, DedupLimits, PartlyStored, find_stored, visible_end, wait_visible
 from clmq.broker.store import Store
 from clmq.client import RpcClient
-from clmq.commitlog import Message
+from clmq.common import Message
 from clmq.protocol import ErrorCode, RequestCode, encode_batch
 from tests.conftest import small_config
 from tests.service_helpers import Cluster

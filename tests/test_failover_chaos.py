@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from clmq.client import SendError, open_admin, open_consumer, open_producer
-from clmq.commitlog import Message
+from clmq.common import Message
 from tests.waiting import await_until
 
 from .failover_procs import FailoverGroup

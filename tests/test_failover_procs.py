@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import trio
 
-from clmq.broker.coordination.zkserver import LocalZooKeeper
 from clmq.client import SendError, open_admin, open_producer
-from clmq.commitlog import Message
+from clmq.common import Message
+from clmq.devtools.zkserver import LocalZooKeeper
 from clmq.protocol import ErrorCode
 from tests.waiting import await_until
 

@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from clmq.broker.service._offsets import ConsumerOffsets
 from clmq.broker.store import STORAGE_MODES, GetStatus, Store, TopicTable, read_json, write_json
 from clmq.broker.store._checkpoint import Checkpoint
-from clmq.commitlog import Message, MetadataError, MetadataSource, delete_json, load_json, previous_path
+from clmq.commitlog import MetadataSource, delete_json, load_json, previous_path
+from clmq.common import Message, MetadataError
 
 from .conftest import small_config
 from .faults import SHORT, Fault, inject

@@ -15,9 +15,8 @@ import trio
 
 from clmq.broker.service._context import now_ms
 from clmq.client import BlockingConsumer, Consumer, ConsumeStatus, Record, RpcClient, open_consumer
-from clmq.client._redelivery import Round
-from clmq.commitlog import Message
-from clmq.consumequeue import PROP_ORIGIN_TOPIC, dlq_topic
+from clmq.client.consumer._redelivery import Round
+from clmq.common import PROP_ORIGIN_TOPIC, Message, dlq_topic
 from clmq.protocol import ErrorCode, RequestCode, encode_batch
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until

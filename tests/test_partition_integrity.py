@@ -7,7 +7,7 @@
   ``CorruptRecordError``.
 - An fsync error is the store's failure, never retried; one flusher at a time owns the
   durable offset.
-Real files in ``tmp_path``; faults through ``commitlog.fileops`` (``tests/faults.py``).
+Real files in ``tmp_path``; faults through ``clmq.commitlog.fileops`` (``tests/faults.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from clmq.broker.store import PartitionStore, PutStatus, Store, StoreConfig
 from clmq.broker.store._partition_store import _load_points as _load_points_and_source
-from clmq.commitlog import CorruptRecordError, LogDamageError, Message, StoreFailedError, fileops
+from clmq.commitlog import fileops
+from clmq.common import CorruptRecordError, LogDamageError, Message, StoreFailedError
 from tests.faults import Fault, inject
 from tests.waiting import wait_until
 

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clmq.broker.cli.settings import SettingsError, load_settings
-from clmq.commitlog import Message, encode_message
-from clmq.protocol import (  # fmt: skip
+from clmq.commitlog import encode_message
+from clmq.common import Message
+from clmq.protocol import (
     FLAG_RESPONSE,
     NEED_DATA,
     PROTOCOL_VERSION,

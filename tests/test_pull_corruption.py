@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from clmq.client import RpcClient, open_consumer
-from clmq.commitlog import OFF_QUEUE_OFFSET, Message
+from clmq.common import OFF_QUEUE_OFFSET, Message
 from clmq.protocol import ErrorCode, FetchResult, PullStatus, RequestCode, encode_batch
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until

@@ -24,7 +24,7 @@ import trio
 from clmq.broker.service import Broker
 from clmq.broker.store import Store
 from clmq.client import RpcClient, open_consumer
-from clmq.commitlog import Message
+from clmq.common import Message
 from clmq.protocol import FetchResult, RequestCode, decode_records, encode_batch
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until

@@ -1,4 +1,4 @@
-"""A follower's validation of replicated bytes (``commitlog._raw.split_raw``).
+"""A follower's validation of replicated bytes (``clmq.commitlog._raw.split_raw``).
 
 The column-wise implementation must accept exactly the chunks that the record-by-record
 one (kept below as the reference) accepted, cut them into the same pieces, take the
@@ -20,10 +20,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from clmq.commitlog import BLANK_MAGIC, AppendStatus, CommitLog, CommitLogConfig, CorruptRecordError, Message
+from clmq.commitlog import AppendStatus, CommitLog, CommitLogConfig
 from clmq.commitlog._encoder import QueueKey, restore_offsets
 from clmq.commitlog._raw import SMALL_RAW_RECORDS, Piece, split_raw, whole_prefix
-from clmq.commitlog._record import (
+from clmq.common import BLANK_MAGIC, CorruptRecordError, Message
+from clmq.common._record import (
     BLANK_SIZE,
     CRC_START,
     HEADER_SIZE,

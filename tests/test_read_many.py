@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 
 from clmq.broker.store import GetStatus, RawRead, Span, Store, StoreConfig
 from clmq.broker.store._base import StoreBase
-from clmq.commitlog import (  # fmt: skip
+from clmq.commitlog import CommitLogConfig
+from clmq.common import (
     HEADER_SIZE,
     OFF_COMMITLOG_OFFSET,
     OFF_QUEUE_ID,
     OFF_QUEUE_OFFSET,
     OFF_TOPIC_LEN,
-    CommitLogConfig,
     CorruptRecordError,
     Message,
 )

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clmq.commitlog import HEADER_SIZE, RECORD_MAGIC, CorruptRecordError, Message, decode_record, encode_message
-from clmq.commitlog._record import check_properties, decode_properties, encode_properties
+from clmq.commitlog import encode_message
+from clmq.common import HEADER_SIZE, RECORD_MAGIC, CorruptRecordError, Message, decode_record
+from clmq.common._record import check_properties, decode_properties, encode_properties
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 hosts = st.one_of(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clmq.broker.store import Store
-from clmq.commitlog import CorruptRecordError, Message
+from clmq.common import CorruptRecordError, Message
 
 from .conftest import small_config
 

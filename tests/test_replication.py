@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from clmq.broker.service import Broker
-from clmq.commitlog import Message
+from clmq.common import Message
 from clmq.protocol import ErrorCode, Frame, FrameDecoder, RequestCode, encode_batch, encode_frame
 from clmq.protocol.transport import ConnectionFailed, RpcClient, split_addr
 from tests.service_helpers import Cluster

@@ -13,7 +13,7 @@ import trio
 
 from clmq.broker.service import Broker
 from clmq.client import MessageQueue, RpcClient, SendError, open_consumer, open_producer
-from clmq.commitlog import Message, Record
+from clmq.common import Message, Record
 from clmq.protocol import ErrorCode, FetchAsk, RequestCode
 from tests.service_helpers import FAST_CONSUMER, Cluster, follower_routed
 from tests.waiting import await_until

@@ -19,7 +19,7 @@ import trio
 from clmq.broker.replication import LeaderEpochs
 from clmq.broker.store import load_json
 from clmq.client import shard
-from clmq.commitlog import Record
+from clmq.common import Record
 from clmq.protocol import ErrorCode, RequestCode
 from clmq.protocol.transport import ConnectionFailed, RpcError
 from tests.waiting import await_until

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from clmq.broker.replication import FollowerState, InSyncSet, LeaderEpochs, divergence
 from clmq.broker.replication._epochs import Entry
-from clmq.commitlog import MetadataError
+from clmq.common import MetadataError
 
 
 # ------------------------------------------------------------------ divergence

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from clmq.broker.service import Broker
 from clmq.broker.service._append import AppendLane, PendingPut
 from clmq.broker.store import Store, StoreConfig
-from clmq.commitlog import CommitLogConfig, FlushMode, Message, decode_records_many, pack_messages
+from clmq.commitlog import CommitLogConfig, FlushMode
+from clmq.common import Message, decode_records_many, pack_messages
 from clmq.protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, RequestCode, encode_batch, encode_frame, response_to
 from clmq.protocol.transport import Later, Peer, Reply, RpcServer
 from clmq.protocol.transport._connection import encode_reply

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from clmq.client import RpcClient, SendError, open_admin, open_consumer, open_producer
-from clmq.commitlog import Message
+from clmq.common import Message
 from clmq.protocol import ErrorCode, RequestCode, encode_batch
 from tests.faults import inject
 from tests.service_helpers import FAST_CONSUMER, Cluster

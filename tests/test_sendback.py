@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from clmq.client import Record, open_admin, open_producer
-from clmq.consumequeue import (
+from clmq.common import (
     PROP_DELIVER_AT,
     PROP_DLQ_BODY_OF,
     PROP_DLQ_GROUP,

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clmq.broker.service._fetch import ReadThreads
-from clmq.client import (  # fmt: skip
+from clmq.client import (
     BlockingConsumer,
     BlockingProducer,
     Consumer,
@@ -26,7 +26,8 @@ from clmq.client import (  # fmt: skip
     open_consumer,
     open_producer,
 )
-from clmq.commitlog import Record, fileops
+from clmq.commitlog import fileops
+from clmq.common import Record
 from clmq.protocol import ErrorCode, Frame, RequestCode, encode_frame
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
 from tests.waiting import await_until
@@ -51,7 +52,7 @@ async def consume(ns: list[str], group: str, topic: str, want: int, expr: str = 
 
 async def send_direct(addr: str, topic: str, bodies: dict[int, list[bytes]]) -> None:
     """Send each queue's bodies to one broker as one raw SEND_MESSAGE (no producer)."""
-    from clmq.commitlog import Message
+    from clmq.common import Message
     from clmq.protocol import encode_batch
 
     async with trio.open_nursery() as n:
@@ -397,7 +398,7 @@ async def test_brokers_register_with_every_name_server_and_clients_use_any_that_
 async def test_requests_appended_together_keep_their_own_outcomes(cluster: Cluster) -> None:
     """The append lane groups waiting requests into one store call; a bad one among
     them fails alone, and the good ones keep their order and offsets."""
-    from clmq.commitlog import Message
+    from clmq.common import Message
     from clmq.protocol import encode_batch
 
     await cluster.create_topic("lane", 1)
@@ -427,7 +428,7 @@ async def test_requests_appended_together_keep_their_own_outcomes(cluster: Clust
 
 
 async def test_producers_get_busy_instead_of_an_unbounded_queue(cluster: Cluster) -> None:
-    from clmq.commitlog import Message
+    from clmq.common import Message
     from clmq.protocol import encode_batch
 
     broker = await cluster.start_broker("broker-busy", max_inflight_produce_bytes=1)
@@ -545,7 +546,7 @@ def test_the_collector_pause_around_decoding_leaves_the_applications_setting() -
     ``collector_paused``); whatever the application had set holds after, errors included."""
     import gc
 
-    from clmq.client._fetcher import collector_paused
+    from clmq.client.consumer._fetcher import collector_paused
 
     assert gc.isenabled()
     runs: list[str] = []

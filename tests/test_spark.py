@@ -17,7 +17,8 @@ import pytest
 
 from clmq.broker.store import Store, StoreConfig
 from clmq.client import BlockingAdmin, BlockingProducer
-from clmq.commitlog import CommitLogConfig, Message, Record, now_ms
+from clmq.commitlog import CommitLogConfig, now_ms
+from clmq.common import Message, Record
 from clmq.spark_connector._layout import LayoutError, local_layout
 from clmq.spark_connector._local import LocalStore
 from clmq.spark_connector._options import OptionError, parse_options
@@ -328,7 +329,7 @@ def test_clmq_export_command_json_and_csv(filled: tuple[Path, list[tuple]], tmp_
 def test_every_record_is_checked_for_crc_lengths_and_its_own_offset(tmp_path: Path) -> None:
     import numpy as np
 
-    from clmq.commitlog import walk_records
+    from clmq.common import walk_records
     from clmq.spark_connector._scan import check_crcs, headers_at
 
     store = fill(tmp_path / "s", 1 << 20, n=200)

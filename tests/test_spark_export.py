@@ -21,7 +21,7 @@ import pytest
 
 from clmq.broker.store import Store
 from clmq.client import BlockingAdmin, BlockingProducer
-from clmq.commitlog import Message
+from clmq.common import Message
 from clmq.spark_connector import export
 from clmq.spark_connector._export import rate_text, rows_done
 from clmq.spark_connector._manifest import (

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clmq.broker.store import Store, StoreConfig
-from clmq.commitlog import CommitLogConfig, Message, now_ms, walk_records
+from clmq.commitlog import CommitLogConfig, now_ms
+from clmq.common import Message, walk_records
 from clmq.spark_connector import explain
 from clmq.spark_connector._local import LocalStore
 from clmq.spark_connector._options import OptionError, parse_options

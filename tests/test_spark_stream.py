@@ -15,7 +15,8 @@ import pytest
 
 from clmq.broker.store import Store, StoreConfig
 from clmq.client import BlockingAdmin, BlockingProducer
-from clmq.commitlog import CommitLogConfig, Message
+from clmq.commitlog import CommitLogConfig
+from clmq.common import Message
 from tests.cli_helpers import _brokers, free_port, popen
 from tests.waiting import wait_until
 

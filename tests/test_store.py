@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clmq.broker.store import GetStatus, PartitionStore, PutStatus, Store
-from clmq.commitlog import Message, PackedMessages, now_ms, pack_messages
+from clmq.commitlog import now_ms
+from clmq.common import Message, PackedMessages, pack_messages
 from tests.waiting import wait_until
 
 from .conftest import msgs, small_config

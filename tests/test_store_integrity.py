@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clmq.broker.store import PutStatus, Store, StoreConfig
-from clmq.commitlog import HEADER_SIZE, CorruptRecordError, LogDamageError, Message
+from clmq.common import HEADER_SIZE, CorruptRecordError, LogDamageError, Message
 from clmq.consumequeue import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, affected_queues
 
 from .conftest import small_config

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from clmq.broker.store import GetStatus, Store
-from clmq.commitlog import Message, Record, decode_record
+from clmq.common import Message, Record, decode_record
 
 from .conftest import small_config
 
@@ -240,7 +240,7 @@ def test_a_durability_failure_is_the_stores_failure_the_moment_waiters_are_relea
     """The flushing thread fails the durable offset (releasing sync waiters) before the
     store's guard hears of the exception: a waiter woken then must already see the store
     failed, or it reports a flush timeout for what was a failed fsync."""
-    from clmq.commitlog import StoreFailedError
+    from clmq.common import StoreFailedError
 
     store = Store.open(small_config(tmp_path, storage_mode=mode)).start()
     try:

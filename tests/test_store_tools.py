@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clmq.broker.store import Store, StoreConfig, StoreLockedError, TopicTable, check_store, repair_store
-from clmq.commitlog import BLANK_MAGIC, BLANK_SIZE, CommitLogConfig, LogDamageError, Message
+from clmq.commitlog import CommitLogConfig
+from clmq.common import BLANK_MAGIC, BLANK_SIZE, LogDamageError, Message
 
 MODES = ("commitlog", "partition-per-file")
 LOG = CommitLogConfig(segment_bytes=64 * 1024, max_message_bytes=4096, boundary_interval_bytes=4096)

@@ -13,11 +13,10 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clmq.broker.service._timer_wheel import PAGE_ENTRIES, TimerWheel
+from clmq.broker.service.timer._wheel import PAGE_ENTRIES, TimerWheel
 from clmq.client import Admin, MessageQueue, Record, open_admin, open_consumer, open_producer
-from clmq.client._scheduled import encode_scheduled
-from clmq.commitlog import Message, encode_properties, pack_parts
-from clmq.consumequeue import PROP_DELIVER_AT, PROP_TIMER_SRC, TIMER_TOPIC
+from clmq.client.producer._scheduled import encode_scheduled
+from clmq.common import PROP_DELIVER_AT, PROP_TIMER_SRC, TIMER_TOPIC, Message, encode_properties, pack_parts
 from clmq.protocol import ErrorCode, RequestCode, encode_batch
 from clmq.protocol.transport import RpcError
 from tests.crash_broker import launch, reap, wait_ready

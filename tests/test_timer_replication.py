@@ -9,7 +9,7 @@ from pathlib import Path
 import trio
 
 from clmq.client import open_producer
-from clmq.consumequeue import PROP_DELIVER_AT, TIMER_TOPIC
+from clmq.common import PROP_DELIVER_AT, TIMER_TOPIC
 from clmq.protocol import RequestCode
 from clmq.protocol.transport import RpcClient
 from tests.service_helpers import Cluster

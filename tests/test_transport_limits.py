@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from clmq.broker.service import Broker
 from clmq.client import ConnectionFailed, RpcClient, open_admin, open_producer
-from clmq.commitlog import MiB
+from clmq.common import MiB
 from clmq.nameserver import NameServerConfig
 from clmq.nameserver import serve as serve_nameserver
 from clmq.protocol import NEED_DATA, ErrorCode, RequestCode

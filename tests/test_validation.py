@@ -18,8 +18,9 @@ import clmq.protocol._frame as protocol_frame
 from clmq.broker.service._handlers import registration
 from clmq.broker.store import GetStatus, PutStatus, Store
 from clmq.client import RpcClient, SendError, open_admin, open_producer
-from clmq.commitlog import AppendStatus, CommitLog, CommitLogConfig, InvalidInputError, Message
-from clmq.protocol import (  # fmt: skip
+from clmq.commitlog import AppendStatus, CommitLog, CommitLogConfig
+from clmq.common import InvalidInputError, Message
+from clmq.protocol import (
     PROTOCOL_VERSION,
     REQUEST_FIELDS,
     SUPPORTED_VERSIONS,

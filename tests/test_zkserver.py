@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from clmq.broker.coordination.zkserver import LocalZooKeeper, ZooKeeperError, four_letter_word, free_port
+from clmq.devtools.zkserver import LocalZooKeeper, ZooKeeperError, four_letter_word, free_port
 from tests.tcp_proxy import Proxy
 
 REPLY_TIMEOUT_S = 5.0

@@ -1,5 +1,5 @@
 """ZooKeeper for the tests: one real standalone server per test session (a ``java``
-subprocess, see :class:`broker.coordination.zkserver.LocalZooKeeper`), a fresh chroot
+subprocess, see :class:`clmq.devtools.zkserver.LocalZooKeeper`), a fresh chroot
 per test on it, and a server of its own for tests that stop or restart ZooKeeper.
 
 Nothing is skipped: without Java or ZooKeeper's jar the fixtures fail with the
@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from clmq.broker.coordination.zkserver import LocalZooKeeper, ZooKeeperError
+from clmq.devtools.zkserver import LocalZooKeeper, ZooKeeperError
 
 # Fast failover in tests: a 2000 ms session is 4 ticks, not Debian's 1 tick of 2000 ms.
 TEST_TICK_TIME_MS = 500

@@ -13,7 +13,7 @@ import traceback
 import trio
 
 from clmq.client import ClientError, ConnectionFailed, NoRouteError, RpcError, SendError
-from clmq.commitlog import ClmqError
+from clmq.common import ClmqError
 
 from .settings import SettingsError
 

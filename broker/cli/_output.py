@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from clmq.commitlog import Record
+from clmq.common import Record
 
 from ._timefmt import format_time_ms
 

@@ -1,5 +1,5 @@
 """Progress bars (rate and ETA) of a service's start: the CommitLog validated after a
-crash (reported by the storage layer through ``commitlog.set_progress_sink``) and the
+crash (reported by the storage layer through ``clmq.commitlog.set_progress_sink``) and the
 consume queues catching up with the log (the broker's dispatch lag). Shown only on a
 terminal; nothing is printed into pipes and logs."""
 

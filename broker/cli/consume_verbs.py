@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from clmq.client import Consumer, open_admin, open_consumer
-from clmq.commitlog import Record
+from clmq.common import Record
 
 from ._common import addrs, namesrv_arg, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError

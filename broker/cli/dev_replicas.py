@@ -31,9 +31,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import trio
 from rich.console import Console
 
-from clmq.broker.coordination.zkserver import LocalZooKeeper, ZooKeeperError
 from clmq.broker.service import BrokerConfig
 from clmq.client import ConnectionFailed, RpcError, open_admin
+from clmq.devtools.zkserver import LocalZooKeeper, ZooKeeperError
 from clmq.nameserver import NameServerConfig
 from clmq.nameserver import serve as serve_nameserver
 

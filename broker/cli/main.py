@@ -12,15 +12,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from clmq.bench.commands import add_store_and_compare
+from clmq.bench.delay import add_command as add_bench_delay
+from clmq.bench.e2e import add_command as add_bench_e2e
+from clmq.bench.results import add_out_dir_args, resolve_result_paths
+from clmq.bench.spark import add_command as add_bench_spark
+
 from ._errors import report
 from ._logging import add_logging_args, configure_logging
 from ._progress import bench_progress
 from ._services import add_commands
-from .bench.commands import add_store_and_compare
-from .bench.delay import add_command as add_bench_delay
-from .bench.e2e import add_command as add_bench_e2e
-from .bench.results import add_out_dir_args, resolve_result_paths
-from .bench.spark import add_command as add_bench_spark
 from .dashboard import add_command as add_dashboard
 from .dlq_verbs import add_command as add_dlq
 from .export import add_command as add_export
@@ -70,7 +71,7 @@ def _add_dev_zookeeper_flag(dev: argparse.ArgumentParser) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from clmq.broker.store import Store, StoreConfig
-    from clmq.commitlog import Message
+    from clmq.common import Message
 
     cfg = StoreConfig(args.data_dir)
     with Store.open(cfg).start() as store:

@@ -14,7 +14,7 @@ import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
-from clmq.commitlog import ClmqError
+from clmq.common import ClmqError
 
 if TYPE_CHECKING:  # typeshed's name for "any dataclass"; not importable at run time
     from _typeshed import DataclassInstance

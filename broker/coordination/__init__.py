@@ -2,7 +2,7 @@
 epochs for broker groups (issue 16 builds it here).
 
 The only room of clmq allowed to import kazoo (``tests/test_layering.py`` checks it).
-It sits in the *services* layer and drives ``broker.replication``; kazoo's threads
+It sits in the *services* layer and drives ``clmq.broker.replication``; kazoo's threads
 hand their events to trio through a trio token, never by blocking the event loop.
 """
 

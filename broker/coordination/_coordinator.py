@@ -21,7 +21,7 @@ and the members. Whenever something changes it reads both and decides:
 
 The leader writes every change of the in-sync set here before the change lets it
 acknowledge more (shrink) and after its followers hold everything confirmed (grow):
-see ``broker.replication._insync``.
+see ``clmq.broker.replication._insync``.
 """
 
 from __future__ import annotations

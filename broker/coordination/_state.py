@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from clmq.commitlog import ClmqError
+from clmq.common import ClmqError
 
 ROOT = "/clmq"
 

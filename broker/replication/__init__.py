@@ -11,9 +11,9 @@ raw bytes in order (docs/replication.md).
 - :class:`LeaderEpochs` and :func:`divergence`: which term wrote which bytes, and where
   a rejoining replica's log stops agreeing with its leader's.
 
-It sits in the *services* layer: it imports ``broker.store``, ``protocol`` and
-``protocol.transport``, never the service (which implements :class:`MetadataPort` for
-it). No kazoo here: automatic election belongs to ``broker.coordination``.
+It sits in the *services* layer: it imports ``clmq.broker.store``, ``protocol`` and
+``clmq.protocol.transport``, never the service (which implements :class:`MetadataPort` for
+it). No kazoo here: automatic election belongs to ``clmq.broker.coordination``.
 """
 
 from ._config import ACK_MODES, REPLICA_ACKS, ROLES, ReplicationConfig

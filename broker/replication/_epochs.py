@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from clmq.broker.store import MetadataSource, load_json, write_json
-from clmq.commitlog import MetadataError
+from clmq.common import MetadataError
 
 FILE_NAME = "leader-epochs"
 Entry = tuple[int, int, int]  # (epoch, start offset, leader's broker id)

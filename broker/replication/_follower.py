@@ -18,7 +18,8 @@ from typing import Any, Callable
 import trio
 
 from clmq.broker.store import Store
-from clmq.commitlog import ClmqError, CorruptRecordError, whole_prefix
+from clmq.commitlog import whole_prefix
+from clmq.common import ClmqError, CorruptRecordError
 from clmq.protocol import ErrorCode, RequestCode
 from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError
 

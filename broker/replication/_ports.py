@@ -33,7 +33,7 @@ class MetadataPort(Protocol):
 
 
 class CoordinatorPort(Protocol):
-    """What a replica asks of the coordinator (ZooKeeper mode: ``broker.coordination``
+    """What a replica asks of the coordinator (ZooKeeper mode: ``clmq.broker.coordination``
     implements it). The coordinator in turn calls :meth:`Replica.become_leader` and
     :meth:`Replica.become_follower`."""
 

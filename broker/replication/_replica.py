@@ -1,6 +1,6 @@
 """One broker's place in its group: leader or follower, and the switches between them
 (manual mode: promotion by an operator, demotion when the name servers know a newer
-leader; ZooKeeper mode: whatever the coordinator decides, see ``broker.coordination``).
+leader; ZooKeeper mode: whatever the coordinator decides, see ``clmq.broker.coordination``).
 
 The role at the first start is the ``role`` setting; the role of the last switch is
 kept in ``replica-role`` in the data directory and wins over the setting at later
@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from clmq.broker.store import MetadataSource, StorageEngine, Store, load_json, write_json
-from clmq.commitlog import ConfigError
+from clmq.common import ConfigError
 from clmq.protocol import ErrorCode, Frame, RequestCode
 from clmq.protocol.transport import Handler, Peer, Reply, RequestError, RpcClient
 

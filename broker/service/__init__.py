@@ -1,5 +1,5 @@
-"""The broker as a network service: a :class:`~broker.store.StorageEngine` behind the
-wire protocol (``protocol.transport``'s server), registered with every name server,
+"""The broker as a network service: a :class:`~clmq.broker.store.StorageEngine` behind the
+wire protocol (``clmq.protocol.transport``'s server), registered with every name server,
 stopped gracefully within a deadline. Start it with :func:`serve`."""
 
 from ._broker import Broker, open_store, serve

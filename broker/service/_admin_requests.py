@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from clmq.commitlog import CorruptRecordError
+from clmq.common import CorruptRecordError
 from clmq.protocol import ErrorCode, Frame
 from clmq.protocol.transport import Peer, Reply, RequestError, need
 

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import trio
 
 from clmq.broker.store import PutResult, PutStatus, StorageEngine
-from clmq.commitlog import Host, Message, PackedMessages, ServiceError
+from clmq.common import Host, Message, PackedMessages, ServiceError
 
 _BAD_INPUT = {PutStatus.MESSAGE_TOO_LARGE, PutStatus.INVALID_MESSAGE, PutStatus.INVALID_TOPIC, PutStatus.UNKNOWN_TOPIC,
               PutStatus.INVALID_QUEUE_ID, PutStatus.MALFORMED_BATCH}  # fmt: skip

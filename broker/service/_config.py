@@ -10,7 +10,8 @@ from pathlib import Path
 from clmq.broker.coordination import split_connect
 from clmq.broker.replication import ReplicationConfig
 from clmq.broker.store import STORAGE_MODES, StoreConfig
-from clmq.commitlog import CommitLogConfig, FlushMode, GiB, MiB
+from clmq.commitlog import CommitLogConfig, FlushMode
+from clmq.common import GiB, MiB
 from clmq.protocol import DEFAULT_MAX_RECONSUME_TIMES, MAX_RECONSUME_TIMES
 from clmq.protocol.transport import ServerLimits
 

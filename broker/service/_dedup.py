@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import trio
 
 from clmq.broker.store import GetStatus, StorageEngine, Store
-from clmq.commitlog import Record
+from clmq.common import Record
 
 UNIQ_KEY = "UNIQ_KEY"  # the message property that names a message uniquely (set by the producer)
 

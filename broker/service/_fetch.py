@@ -32,7 +32,7 @@ from typing import Any, Callable
 import trio
 
 from clmq.broker.store import GetStatus, RawRead, Span, StorageEngine, Store
-from clmq.commitlog import CorruptRecordError
+from clmq.common import CorruptRecordError
 from clmq.protocol import ErrorCode, FetchAsk, FetchResult, Frame, PullStatus, RowError
 from clmq.protocol.transport import Reply, RequestError, need
 

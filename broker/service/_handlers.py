@@ -15,8 +15,7 @@ from typing import Any
 import trio
 
 from clmq.broker.store import GetStatus, RawRead, StorageEngine
-from clmq.commitlog import CorruptRecordError
-from clmq.consumequeue import is_system_topic
+from clmq.common import CorruptRecordError, is_system_topic
 from clmq.protocol import MAX_QUEUE_ID, ErrorCode, Frame, RequestCode
 from clmq.protocol.transport import Handler, Peer, Reply, RequestError, checked, need
 
@@ -29,7 +28,7 @@ from ._metrics import status_fields
 from ._produce import Produce
 from ._scheduled import ScheduledRequests
 from ._sendback import SendBack
-from ._timer import Timer
+from .timer import Timer
 
 # A look-up of thousands of queues yields to other clients every this many rows: a
 # checkpoint per row cost more than the row (about 2 us) and let every other request

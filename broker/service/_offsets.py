@@ -1,5 +1,5 @@
 """Consumer-group offsets: committed in memory, persisted as one checked metadata file
-(``broker.store.write_json``: atomic, with a checksum and the previous generation; every
+(``clmq.broker.store.write_json``: atomic, with a checksum and the previous generation; every
 ``offset_flush_interval_ms`` and at shutdown) and restored at start.
 
 A crash loses at most the commits of the last interval: consumers then see those
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from clmq.broker.store import MetadataSource, load_json, previous_path, write_json
-from clmq.commitlog import MetadataError
+from clmq.common import MetadataError
 
 OffsetKey = tuple[str, str, int]  # group, topic, queue id
 

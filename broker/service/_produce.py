@@ -10,7 +10,7 @@ import trio
 
 from clmq.broker.store import PutStatus
 from clmq.commitlog import FlushMode
-from clmq.consumequeue import TIMER_TOPIC
+from clmq.common import TIMER_TOPIC
 from clmq.protocol import BatchError, ErrorCode, Frame, decode_batch
 from clmq.protocol.transport import Later, Peer, Reply, RequestError, need
 

@@ -1,4 +1,4 @@
-"""The broker's metadata as replication copies it (:class:`broker.replication.MetadataPort`):
+"""The broker's metadata as replication copies it (:class:`clmq.broker.replication.MetadataPort`):
 topics, consumer-group offsets and subscriptions. A leader counts changes (a version
 its followers watch); a follower makes its own metadata the leader's."""
 

@@ -8,8 +8,15 @@ import struct
 import trio
 
 from clmq.broker.store import Store
-from clmq.commitlog import (
+from clmq.common import (
     MAX_TAGS_BYTES,
+    PROP_CANCEL_OF,
+    PROP_DELIVER_AT,
+    PROP_REAL_QID,
+    PROP_REAL_TAGS,
+    PROP_REAL_TOPIC,
+    PROP_TIMER_SRC,
+    TIMER_TOPIC,
     CorruptRecordError,
     Message,
     PackError,
@@ -18,15 +25,6 @@ from clmq.commitlog import (
     decode_properties,
     encode_properties,
     packed_heads,
-)
-from clmq.consumequeue import (
-    PROP_CANCEL_OF,
-    PROP_DELIVER_AT,
-    PROP_REAL_QID,
-    PROP_REAL_TAGS,
-    PROP_REAL_TOPIC,
-    PROP_TIMER_SRC,
-    TIMER_TOPIC,
     timer_tag,
 )
 from clmq.protocol import ErrorCode, Frame
@@ -34,8 +32,7 @@ from clmq.protocol.transport import Peer, Reply, RequestError, need
 
 from ._context import BrokerContext
 from ._system_put import ensure_topic, put_acknowledged
-from ._timer import Timer, wall_ms
-from ._timer_state import CANCEL_QUEUE, SCHEDULED_QUEUE, TIMER_QUEUES
+from .timer import CANCEL_QUEUE, SCHEDULED_QUEUE, TIMER_QUEUES, Timer, wall_ms
 
 
 class ScheduledRequests:

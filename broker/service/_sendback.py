@@ -10,8 +10,7 @@ from typing import Any
 import trio
 
 from clmq.broker.store import Store
-from clmq.commitlog import CorruptRecordError, Message, Record, record_size
-from clmq.consumequeue import (
+from clmq.common import (
     PROP_CANCEL_OF,
     PROP_DELIVER_AT,
     PROP_DLQ_BODY_OF,
@@ -26,8 +25,12 @@ from clmq.consumequeue import (
     PROP_REAL_TOPIC,
     PROP_TIMER_SRC,
     TIMER_TOPIC,
+    CorruptRecordError,
+    Message,
+    Record,
     dlq_topic,
     is_system_topic,
+    record_size,
     retry_topic,
     timer_tag,
 )
@@ -36,8 +39,7 @@ from clmq.protocol.transport import Peer, Reply, RequestError, need
 
 from ._context import BrokerContext
 from ._system_put import ensure_topic, put_acknowledged
-from ._timer import wall_ms
-from ._timer_state import SCHEDULED_QUEUE, TIMER_QUEUES
+from .timer import SCHEDULED_QUEUE, TIMER_QUEUES, wall_ms
 
 # The timer's own properties: a retried message does not carry its last trip's.
 _TRANSIENT = (PROP_DELIVER_AT, PROP_REAL_TOPIC, PROP_REAL_QID, PROP_REAL_TAGS, PROP_TIMER_SRC, PROP_CANCEL_OF)

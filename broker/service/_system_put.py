@@ -9,7 +9,8 @@ from typing import Iterable, Sequence
 import trio
 
 from clmq.broker.store import PutResult, PutStatus
-from clmq.commitlog import FlushMode, Message
+from clmq.commitlog import FlushMode
+from clmq.common import Message
 from clmq.protocol import ErrorCode, encode_batch
 from clmq.protocol.transport import RequestError
 

@@ -13,19 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Self, Sequence
 
-from clmq.commitlog import (  # fmt: skip
-    BatchEncoder,
-    CommitLogConfig,
+from clmq.commitlog import BatchEncoder, CommitLogConfig, DurableOffset, FlushMode, QueueKey
+from clmq.common import (
     ConfigError,
     CorruptRecordError,
-    DurableOffset,
-    FlushMode,
     InvalidInputError,
     Message,
     MiB,
     PackedMessages,
     PackError,
-    QueueKey,
     Record,
     StoreError,
     StoreFailedError,

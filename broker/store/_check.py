@@ -2,7 +2,7 @@
 and which messages that costs. Read-only; the store must be closed (its ``lock``).
 
 What is read, per storage mode:
-- CommitLog mode: every segment (:func:`commitlog.check_log`), the log's end against
+- CommitLog mode: every segment (:func:`clmq.commitlog.check_log`), the log's end against
   the checkpoint's durable offset, every consume-queue file (shape, zeroed entries,
   the checkpointed lengths, and every entry against the record it points at).
 - Partition mode: every partition's segments (the same check, partition layout) and
@@ -37,7 +37,19 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from clmq.commitlog import (  # fmt: skip
+from clmq.commitlog import (
+    LogLayout,
+    LogProblem,
+    LogReport,
+    MetadataSource,
+    QueueKey,
+    QueueRange,
+    check_log,
+    load_json,
+    merge_ranges,
+    read_json,
+)
+from clmq.common import (
     HEADER_SIZE,
     OFF_COMMITLOG_OFFSET,
     OFF_MAGIC,
@@ -46,17 +58,7 @@ from clmq.commitlog import (  # fmt: skip
     OFF_TOPIC_LEN,
     OFF_TOTAL_SIZE,
     RECORD_MAGIC,
-    LogLayout,
-    LogProblem,
-    LogReport,
-    MetadataSource,
-    QueueKey,
-    QueueRange,
-    check_log,
     gather_strings,
-    load_json,
-    merge_ranges,
-    read_json,
 )
 from clmq.consumequeue import ENTRY_DTYPE, ENTRY_SIZE, HOLE_TAG, START_TAG
 

@@ -2,7 +2,7 @@
 
 - ``abort`` exists while a store is open; it is created *before* loading starts, so a
   crash during loading also counts as unclean. A clean close removes it.
-- ``checkpoint`` (a checked metadata file, see ``commitlog._durable_file``) records what is
+- ``checkpoint`` (a checked metadata file, see ``clmq.commitlog._durable_file``) records what is
   known on disk: ``log_durable`` (the commit log is fsynced up to here),
   ``dispatched`` (every consume-queue entry of records below it is in the queue files)
   and, per queue, the next offset at that moment, so that deleted or truncated queue

@@ -1,6 +1,6 @@
 """The contract of a storage engine: what the broker service, the benchmarks and the
-command line may rely on, and what both storage modes (:class:`~broker.store.Store`,
-one CommitLog; :class:`~broker.store.PartitionStore`, one log per queue) fulfil.
+command line may rely on, and what both storage modes (:class:`~clmq.broker.store.Store`,
+one CommitLog; :class:`~clmq.broker.store.PartitionStore`, one log per queue) fulfil.
 
 mypy checks the conformance of both modes (``broker/store/__init__.py``); the
 contract suite (``tests/test_store.py`` and friends, run against both modes) checks
@@ -23,7 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Protocol, Sequence, runtime_checkable
 
-from clmq.commitlog import CorruptRecordError, Message, PackedMessages, QueueKey, StoreFailedError
+from clmq.commitlog import QueueKey
+from clmq.common import CorruptRecordError, Message, PackedMessages, StoreFailedError
 
 from ._base import ManyRead, ReadAsk, StoreConfig
 from ._results import GetResult, PutResult, RawRead

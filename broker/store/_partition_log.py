@@ -32,7 +32,8 @@ from typing import Iterator
 import crc32c as _crc32c
 import numpy as np
 
-from clmq.commitlog import (  # fmt: skip
+from clmq.commitlog import fileops, fsync_dir
+from clmq.common import (
     HEADER_SIZE,
     OFF_COMMITLOG_OFFSET,
     OFF_QUEUE_ID,
@@ -43,8 +44,6 @@ from clmq.commitlog import (  # fmt: skip
     Walk,
     check_record,
     decode_record,
-    fileops,
-    fsync_dir,
     gather_fields,
     walk_records,
 )

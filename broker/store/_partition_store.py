@@ -27,22 +27,19 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from clmq.commitlog import (  # fmt: skip
+from clmq.commitlog import (
     BatchEncoder,
     DurableOffset,
     EncodeError,
     FlushMode,
-    LogDamageError,
-    Message,
     MetadataSource,
     QueueKey,
-    Record,
-    StoreFailedError,
     fsync_dir,
     load_json,
     now_ms,
     write_json,
 )
+from clmq.common import LogDamageError, Message, Record, StoreFailedError
 from clmq.consumequeue import FileCache
 
 from ._base import Stopwatch, StoreBase, StoreConfig

@@ -27,7 +27,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clmq.commitlog import HEADER_SIZE, RECORD_MAGIC, CommitLog, CorruptRecordError, QueueKey, delete_json, read_json, write_json
+from clmq.commitlog import CommitLog, QueueKey, delete_json, read_json, write_json
+from clmq.common import HEADER_SIZE, RECORD_MAGIC, CorruptRecordError
 from clmq.consumequeue import ConsumeQueue, ConsumeQueueSet, Entry
 
 from ._checkpoint import Checkpoint

@@ -4,7 +4,7 @@ damage instead).
 
 What a repair does, under the store's lock:
 1. checks the store (:func:`check_unlocked`);
-2. cuts each damaged log to its longest valid prefix (:func:`commitlog.repair_log`:
+2. cuts each damaged log to its longest valid prefix (:func:`clmq.commitlog.repair_log`:
    truncate, fsync, later segments deleted, directory fsync);
 3. removes what the next open rebuilds from the log: the consume queues, damaged
    index files, the checkpoint or recovery points (both generations), and creates the

@@ -5,7 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from clmq.commitlog import AppendResult, AppendStatus, Record
+from clmq.commitlog import AppendResult, AppendStatus
+from clmq.common import Record
 
 
 class PutStatus(enum.Enum):

@@ -40,17 +40,9 @@ from typing import Sequence
 
 import numpy as np
 
-from clmq.commitlog import (  # fmt: skip
-    OFF_STORE_TS,
-    CommitLog,
-    CorruptRecordError,
-    DurableOffset,
-    LogDamageError,
-    Message,
-    PackedMessages,
-    Record,
-)
-from clmq.consumequeue import (  # fmt: skip
+from clmq.commitlog import CommitLog, DurableOffset
+from clmq.common import OFF_STORE_TS, CorruptRecordError, LogDamageError, Message, PackedMessages, Record
+from clmq.consumequeue import (
     ENTRY_DTYPE,
     ENTRY_SIZE,
     ConsumeQueueSet,
@@ -82,7 +74,7 @@ class Store(StoreBase):
     """The CommitLog store. Open with :meth:`open`, then :meth:`start` the background threads.
 
     ``Store.open`` with ``storage_mode="partition-per-file"`` returns a
-    :class:`~broker.store.PartitionStore` instead (the same API).
+    :class:`~clmq.broker.store.PartitionStore` instead (the same API).
     """
 
     # Set by :meth:`open`, which builds them in recovery order (the log, then the queues

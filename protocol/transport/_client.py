@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator
 
 import trio
 
-from clmq.protocol import (  # fmt: skip
+from clmq.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     FLAG_ONEWAY,
     NEED_DATA,

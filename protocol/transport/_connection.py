@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 import msgpack
 import trio
 
-from clmq.protocol import (  # fmt: skip
+from clmq.protocol import (
     FLAG_ONEWAY,
     FLAG_RESPONSE,
     NEED_DATA,

@@ -3,7 +3,7 @@ and a handler's way to give one."""
 
 from __future__ import annotations
 
-from clmq.commitlog import TransportError
+from clmq.common import TransportError
 from clmq.protocol import ErrorCode
 
 

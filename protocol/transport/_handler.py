@@ -70,7 +70,7 @@ def need(fields: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> An
 
 
 def checked(handler: Handler) -> Handler:
-    """``handler`` behind :func:`protocol.check_request`: a request of a protocol
+    """``handler`` behind :func:`clmq.protocol.check_request`: a request of a protocol
     version this server does not speak, or with a field missing or of the wrong type
     or range, is answered (UNSUPPORTED_VERSION with the versions it does speak,
     MALFORMED_REQUEST naming the field) before it does anything. Every service wraps

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import trio
 
-from clmq.commitlog import MiB
+from clmq.common import MiB
 
 _PREFIX = struct.Struct("<II")
 MAX_HEADER_BYTES = 1 << 20  # as protocol's FrameDecoder: the most a rejected frame's header buffers

@@ -1,0 +1,378 @@
+"""The broker's timer: scheduled messages (delayed sends, retries) delivered once each,
+at their time, into their real queues. See ``_timer_state`` for what is durable and
+why a crash or a fail-over delivers nothing twice, and ``_timer_wheel`` for the wheel.
+
+One task, on the leader only (a follower's log gets the deliveries by replication):
+every ``timer_tick_ms`` it reads the ``%TIMER%`` entries written since its last look
+into the wheel (or, due this second or earlier, straight into ``current``: a heap by
+due time), moves the wheel's second into ``current`` when it begins, and delivers
+what is due from ``current`` in batches through the append lane. Every batch starts
+with a snapshot of how far delivery is done (``done_ms``, the log's end): the next
+checkpoint saves the latest, after a flush.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import trio
+
+from clmq.broker.store import Store
+from clmq.common import TIMER_TOPIC, StoreError
+from clmq.protocol.transport import RequestError
+
+from .._context import BrokerContext
+from ._delivery import Delivery, Due, TimerStats
+from ._state import (
+    SCHEDULED_QUEUE,
+    Rebuilt,
+    TimerCheckpoint,
+    first_record_from,
+    load_checkpoint,
+    pending_mask,
+    read_cancels,
+    read_entries,
+    rebuild,
+    save_checkpoint,
+)
+
+log = logging.getLogger("clmq.timer")
+
+FAILURE_RETRY_S = 1.0  # after a disk or store error, the timer starts again this much later
+WINDOW_MARGIN_S = 3600  # the wheel spans timer_max_delay_ms and this much more
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Timer:
+    """Use :meth:`run` as a task of the broker's nursery."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.store: Store | None = ctx.store if isinstance(ctx.store, Store) else None
+        self.state: Rebuilt | None = None
+        self.current: list[Due] = []  # heap: due now or this second
+        # The last checkpoint on disk (a follower's: its leader's, adopted), and the
+        # newest state that may be saved next.
+        self.saved = load_checkpoint(self.store) if self.store is not None else TimerCheckpoint()
+        self.snapshot = self.saved
+        self.stats = TimerStats()
+        self.failure = ""  # the last error that stopped the timer ("" while it works)
+        self._inflight: list[Due] = []  # the batch being appended
+        # At or below the queue offset of every entry in ``current`` (None: it is empty);
+        # it may lag (lower is safe): a snapshot then needs no walk over ``current``.
+        self._current_low: int | None = None
+        # Held while due entries move between the wheel, ``current`` and ``_inflight``:
+        # retention's floor (another thread) must see each pending entry in one of them.
+        self._moving = threading.Lock()
+        # The latest due time of what was handled: a snapshot may say "done up to T" only
+        # for T at or past it (a batch can split equal due times; a late entry can come
+        # due before what was already delivered).
+        self._max_due = -1  # the latest due time handled (a cancel of one due before it is too late)
+        # Batches appended whose latest due time is past the last snapshot's done_ms:
+        # (log end before the batch, its latest due). A snapshot's mark stays at or
+        # below the first of them, so that a start finds their deliveries in the log.
+        self._batches: list[tuple[int, int]] = []
+        self._start_mark = 0  # the loaded checkpoint's mark, while deliveries found after it are pending
+        self._last_save = 0.0
+        self.window_s = self.config.timer_max_delay_ms // 1000 + WINDOW_MARGIN_S
+        if self.store is not None:
+            self.delivery = Delivery(ctx, self.store, self.stats)
+            self.store.log.hold_retention(self.retention_floor)
+
+    @property
+    def pending(self) -> int:
+        """Scheduled messages not yet delivered (-1: this broker's timer is not running)."""
+        if self.state is None:
+            return -1
+        return self.state.wheel.pending + len(self.state.wheel.overflow) + len(self.current)
+
+    def memory_bytes(self) -> int:
+        """What the timer holds in memory: the wheel, the current second, the sets."""
+        if self.state is None:
+            return 0
+        s = self.state
+        return s.wheel.memory_bytes() + 80 * len(self.current) + 64 * (len(s.cancelled) + len(s.delivered))
+
+    def retention_floor(self) -> int | None:
+        """The commit-log offset retention must keep (called by the store's housekeeping
+        thread): the oldest scheduled message not yet delivered, to within a page of
+        the wheel's links; from the last checkpoint's ``pending_from`` while the timer is
+        not running (on a follower: its leader's checkpoint).
+        A scheduled message is never lost to retention, however far ahead it is due."""
+        store = self.store
+        if store is None or not store.queue_exists(TIMER_TOPIC, SCHEDULED_QUEUE):
+            return None
+        with self._moving:
+            state = self.state
+            # Not running (a follower, a leader starting or failed): what the last
+            # checkpoint (a follower's: its leader's) says may be pending.
+            held = self.current + self._inflight
+            q = self.saved.pending_from if state is None else _lowest_pending(state, min((d[1] for d in held), default=None))
+        return first_record_from(store, q)
+
+    def is_cancelled(self, commitlog_offset: int) -> bool:
+        return self.state is not None and commitlog_offset in self.state.cancelled
+
+    async def run(self) -> None:
+        if self.store is None:
+            return  # partition-per-file mode: SEND_MESSAGE to %TIMER% is refused there
+        while True:
+            await trio.sleep(self.config.timer_tick_ms / 1000)
+            try:
+                self.ctx.replica.check_writable()
+            except RequestError:
+                self._stand_down()
+                continue
+            if self.state is None and self.ctx.store.dispatch_lag_bytes > 0:
+                continue  # the %TIMER% queue must show the whole log before the wheel is built from it
+            try:
+                if self.state is None:
+                    await self._start()
+                await self._tick()
+                self.failure = ""
+            except (OSError, StoreError) as e:
+                await self._failed(e)
+
+    async def _failed(self, error: BaseException) -> None:
+        """A disk or store error: said (log, BROKER_INFO's ``timer_failure``), and tried
+        again after ``FAILURE_RETRY_S`` from the last checkpoint: the rebuild finds what
+        was delivered since in the log, so nothing is delivered twice."""
+        text = f"{type(error).__name__}: {error}"
+        if text != self.failure:
+            log.error("timer: %s; retrying every %.0f s from the last checkpoint", text, FAILURE_RETRY_S)
+        self.failure = text
+        self.state, self.current, self._current_low = None, [], None
+        await trio.sleep(FAILURE_RETRY_S)
+
+    def _stand_down(self) -> None:
+        if self.state is not None:
+            log.info("timer: not the leader: delivery stops (the new leader's timer goes on)")
+        self.state, self.current, self._current_low = None, [], None
+
+    async def _start(self) -> None:
+        store = self.store
+        assert store is not None
+        cp = await trio.to_thread.run_sync(load_checkpoint, store)
+        self.state = await trio.to_thread.run_sync(rebuild, store, cp, self.window_s, wall_ms() // 1000)
+        self.current, self._inflight, self._current_low = [], [], None
+        self.snapshot = self.saved = cp
+        self._max_due, self._batches, self._start_mark = cp.done_ms, [], cp.mark_offset
+
+    async def _tick(self) -> None:
+        while True:  # new entries and cancels are read before every batch: a backlog never hides them
+            await trio.to_thread.run_sync(self._enqueue)
+            batch = await trio.to_thread.run_sync(self._due, wall_ms())
+            delivered = bool(batch) and await self._deliver(batch)
+            if time.monotonic() - self._last_save >= self.config.timer_checkpoint_interval_ms / 1000:
+                await self._save()
+            if not delivered:
+                break
+
+    # ------------------------------------------------------------- enqueue
+    def _enqueue(self) -> None:
+        """Read the entries written since the last look (in a thread)."""
+        state, store = self.state, self.store
+        assert state is not None and store is not None
+        wheel = state.wheel
+        while True:
+            first, entries = read_entries(store, SCHEDULED_QUEUE, state.enqueued)
+            if not len(entries):
+                break
+            offsets_all = np.arange(first, first + len(entries))
+            # Entries the checkpoint counts as delivered (read here when the queue lagged
+            # the log at the start: a promotion before dispatch caught up) are not again.
+            keep = pending_mask(entries, offsets_all, state.skip_below, state.skip_done_ms)
+            offsets, kept = offsets_all[keep], entries[keep]
+            seconds = (kept["tag"] // 1000).astype(np.int64)
+            late = seconds < wheel.next_second  # due in the second being delivered, or before: into current
+            for q, off, size, due in zip(offsets[late].tolist(), kept["offset"][late].tolist(),
+                                         kept["size"][late].tolist(), kept["tag"][late].tolist()):  # fmt: skip
+                heapq.heappush(self.current, (due, q, off, size))
+                self._lower_current(q)
+            wheel.add_many(offsets[~late], seconds[~late])
+            state.enqueued = first + len(entries)
+        cancelled, state.cancels_read = read_cancels(store, state.cancels_read, self.snapshot.done_ms)
+        state.cancelled |= cancelled
+
+    # ------------------------------------------------------------- due
+    def _due(self, now: int) -> list[Due]:
+        """Up to ``timer_deliver_batch_messages`` messages due at ``now``, in due order
+        (in a thread); first a snapshot of how far delivery is done."""
+        state = self.state
+        assert state is not None
+        self._fill(now)
+        nxt = self.current[0][0] if self.current else state.wheel.next_second * 1000
+        done = nxt - 1
+        if done > self.snapshot.done_ms:
+            assert self.store is not None
+            # Every delivery of a message due after ``done`` must lie past the mark: the
+            # batches that delivered one, and (while any is pending) what the start found
+            # delivered after the loaded checkpoint's mark.
+            self._batches = [b for b in self._batches if b[1] > done]
+            marks = [start for start, _ in self._batches] + ([self._start_mark] if state.delivered else [])
+            mark = min([self.store.log.write_offset, *marks])
+            pending_from = _lowest_pending(state, self._current_low)
+            self.snapshot = TimerCheckpoint(done, mark, state.enqueued, pending_from)
+        batch: list[Due] = []
+        limit = self.config.timer_deliver_batch_messages
+        with self._moving:
+            while self.current and self.current[0][0] <= now and len(batch) < limit:
+                batch.append(heapq.heappop(self.current))
+            self._inflight = batch
+            if not self.current:
+                self._current_low = None
+        return batch
+
+    def _lower_current(self, q: int) -> None:
+        """An entry with queue offset ``q`` went into ``current``."""
+        if self._current_low is None or q < self._current_low:
+            self._current_low = q
+
+    def _fill(self, now: int) -> None:
+        """Move the wheel's seconds that have begun into ``current``."""
+        state, store = self.state, self.store
+        assert state is not None and store is not None
+        wheel, now_s = state.wheel, now // 1000
+        while wheel.next_second <= now_s:
+            with self._moving:
+                wheel.skip_empty(now_s)
+                offsets = wheel.take()
+                for due in _entries_at(store, offsets):
+                    heapq.heappush(self.current, due)
+                    self._lower_current(due[1])
+
+    # ------------------------------------------------------------- deliver
+    async def _deliver(self, batch: list[Due]) -> bool:
+        """Append the batch's messages to their real queues; False (and the batch back in
+        ``current``) if the store refused: tried again next tick."""
+        state = self.state
+        assert state is not None
+        todo = [d for d in batch if d[2] not in state.delivered and d[2] not in state.cancelled]
+        assert self.store is not None
+        start = self.store.log.write_offset  # the batch's deliveries lie past it
+        # (``_inflight`` is the batch until it is stored or back in ``current``; after an
+        # error the timer stops, and its floor comes from the checkpoint.)
+        messages = await trio.to_thread.run_sync(self.delivery.messages, todo)
+        dropped = self.stats.undeliverable
+        problem = await self.delivery.append(messages) if messages else None
+        dropped = self.stats.undeliverable - dropped  # refused by the store as they are
+        if problem is not None:
+            log.warning("timer: delivery of %d messages waits (%s); retrying", len(messages), problem)
+            with self._moving:
+                for d in batch:
+                    heapq.heappush(self.current, d)
+                    self._lower_current(d[1])
+                self._inflight = []
+            return False
+        self._inflight = []
+        self._max_due = max(self._max_due, batch[-1][0])
+        if messages:
+            self._batches.append((start, batch[-1][0]))
+        self.stats.cancelled += sum(1 for d in batch if d[2] in state.cancelled)
+        self.stats.delivered += len(messages) - dropped
+        for d in batch:
+            state.delivered.discard(d[2])
+            state.cancelled.discard(d[2])
+        return True
+
+    # ------------------------------------------------------------- checkpoint
+    def checkpoint_json(self) -> dict[str, Any] | None:
+        """The last checkpoint saved (a leader's followers adopt it)."""
+        return self.saved.to_json() if self.state is not None else None
+
+    def adopt_checkpoint(self, value: dict[str, Any]) -> None:
+        """A follower takes its leader's checkpoint (in a worker thread), once its own
+        log holds everything the checkpoint counts as delivered (``mark_offset``):
+        promoted, it then neither loses nor repeats a delivery."""
+        store = self.store
+        if store is None or self.state is not None:
+            return
+        try:
+            cp = TimerCheckpoint.from_json(value)
+        except (KeyError, TypeError, ValueError) as e:
+            log.warning("timer: the leader's checkpoint is unusable (%s); keeping ours", e)
+            return
+        if cp.mark_offset <= store.log.write_offset and cp != self.saved:
+            try:
+                save_checkpoint(store, cp)
+            except OSError as e:  # replication goes on; the checkpoint is adopted next time
+                log.warning("timer: cannot save the leader's checkpoint: %s", e)
+                return
+            self.saved = cp
+
+    def after_truncation(self) -> None:
+        """A follower's log was cut to its leader's: a checkpoint that counts deliveries
+        past the new end is dropped (a start then reads the log for them)."""
+        store = self.store
+        if store is None or self.state is not None:
+            return
+        if load_checkpoint(store).mark_offset <= store.log.write_offset:  # the file: after a restart, it is all there is
+            return
+        self.saved = TimerCheckpoint(-1, store.log.min_offset, 0, 0)
+        try:
+            save_checkpoint(store, self.saved)
+        except OSError as e:
+            log.warning("timer: cannot reset the checkpoint after a truncation: %s", e)
+
+    @property
+    def running(self) -> bool:
+        return self.state is not None
+
+    def handled_ms(self) -> int:
+        """A due time up to which the timer may have delivered something: a cancel of a
+        message due at or before it (plus a margin) is too late."""
+        state = self.state
+        if state is None:
+            return max(self.snapshot.done_ms, self._max_due)
+        heads = [d[0] for d in list(self.current[:1]) + list(self._inflight[:1])]
+        return max(self._max_due, min([state.wheel.next_second * 1000, *heads]) - 1)
+
+    def was_delivered(self, commitlog_offset: int) -> bool:
+        return self.state is not None and commitlog_offset in self.state.delivered
+
+    async def _save(self) -> None:
+        store = self.store
+        assert store is not None
+        cp = self.snapshot
+        if cp == self.saved:
+            self._last_save = time.monotonic()
+            return
+        await trio.to_thread.run_sync(store.flush)  # nothing the checkpoint claims may be lost
+        await trio.to_thread.run_sync(save_checkpoint, store, cp)
+        self.saved = cp
+        self._last_save = time.monotonic()
+        self.ctx.metadata.bump()
+
+
+def _lowest_pending(state: Rebuilt, current_low: int | None) -> int:
+    """A queue-0 offset at or below every message not yet delivered: in the wheel, in
+    ``current`` (this second's: at or above ``current_low``), or not read yet."""
+    lows = [state.enqueued, current_low, state.wheel.lowest_pending()]
+    return min(low for low in lows if low is not None)
+
+
+def _entries_at(store: Store, offsets: list[int]) -> list[Due]:
+    """The entries of queue 0 at ``offsets`` (ascending runs read together)."""
+    out: list[Due] = []
+    i = 0
+    offsets = sorted(offsets)
+    while i < len(offsets):
+        j = i + 1
+        while j < len(offsets) and offsets[j] - offsets[i] < 4096:
+            j += 1
+        first, entries = read_entries(store, SCHEDULED_QUEUE, offsets[i], offsets[j - 1] - offsets[i] + 1)
+        for q in offsets[i:j]:
+            off, size, due = entries[q - first].tolist() if 0 <= q - first < len(entries) else (0, 0, 0)
+            if size:
+                out.append((due, q, off, size))
+        i = j
+    return out

@@ -1,0 +1,369 @@
+"""The consumer: a member of a consumer group, pulling the queues it is assigned.
+
+- Clustering mode: the group's queues are split over its members by every member
+  alike (:func:`allocate_averagely` over sorted members and queues), re-run when
+  members or routes change; offsets are committed to the brokers.
+- Broadcasting mode: every member reads every queue; offsets stay with the member.
+- At least once: a batch's offsets are committed only after it was processed, which
+  is when the next :meth:`Consumer.receive` is called (or :meth:`Consumer.ack`, which
+  can also acknowledge part of a batch), or when the ``async with`` block ends
+  normally. A block left by an exception (Ctrl-C included) does not acknowledge what
+  the last receive returned: it is delivered again.
+- A queue whose next record is damaged on its broker is not read past: it is listed
+  in :attr:`Consumer.errors` (and logged once), paused and asked again every
+  ``damaged_queue_retry_ms``; the other queues are consumed as usual.
+- Replicated groups: commits, heartbeats and offset look-ups go to each group's leader
+  (:attr:`MessageQueue.addr`). Pulls go there too, unless ``read_from_followers`` is
+  set or the leader hinted that this consumer is far behind (then for
+  ``follower_read_hold_ms``): those pulls go to one of the group's followers, which
+  serve up to the confirmed offset, and fall back to the leader while it fails
+  (:class:`ReadRouter`).
+- Redelivery (clustering mode): :meth:`Consumer.nack` hands failed messages back to
+  their broker (CONSUMER_SEND_BACK), which redelivers them to this group through
+  ``%RETRY%<group>`` after a back-off (a consumer subscribes to it by itself), or puts
+  them in ``%DLQ%<group>`` once they failed ``max_reconsume_times`` times.
+  :meth:`Consumer.run` calls a handler per message and does the rest.
+- Orderly (``orderly=True``): a queue is read only while this member holds its lock
+  on the group's leader (``_orderly.py``), so that no two members process it at once,
+  even while the group rebalances; a failed message is retried in place, its queue
+  waiting behind it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+
+import trio
+
+from clmq.common import Record, retry_topic
+from clmq.protocol import Frame, RequestCode
+from clmq.protocol.transport import RpcClient, background_nursery
+
+from .._routes import MessageQueue, ReadRouter, Routes
+from ._commits import Commits
+from ._fetcher import DamagedQueueError, Fetcher, PendingBatches, PrefetchBuffer, QueueState
+from ._membership import NET_ERRORS, Membership
+from ._options import ConsumerOptions, TagFilter
+from ._orderly import QueueLocks
+from ._redelivery import Handler, Redelivery, SendBackResult
+
+log = logging.getLogger("clmq.consumer")
+
+
+class Consumer:
+    """Use :func:`open_consumer` (trio) or :class:`client.BlockingConsumer`."""
+
+    def __init__(self, rpc: RpcClient, routes: Routes, group: str, subscriptions: dict[str, str],
+                 options: ConsumerOptions) -> None:  # fmt: skip
+        if options.mode not in ("clustering", "broadcasting"):
+            raise ValueError(f"mode={options.mode!r}: use clustering or broadcasting")
+        self.rpc, self.routes, self.group, self.options = rpc, routes, group, options
+        self.filters = {topic: TagFilter(expr) for topic, expr in subscriptions.items()}
+        # Messages this group failed on come back through its retry topic (not to an
+        # orderly consumer: it retries in place). It exists from the group's first send-back.
+        self.retry_topic = retry_topic(group) if options.mode == "clustering" and not options.orderly else None
+        if self.retry_topic is not None:
+            self.filters.setdefault(self.retry_topic, TagFilter("*"))
+        self.client_id = options.client_id or f"{socket.gethostname()}@{os.getpid()}@{id(self):x}"
+        self.assigned: dict[MessageQueue, QueueState] = {}
+        self._generation = 0
+        self.commits = Commits(self)
+        self.processed: dict[MessageQueue, int] = self.commits.processed
+        # Assigned queues stopped at a damaged record (an entry goes once the queue reads again).
+        self.errors: dict[MessageQueue, DamagedQueueError] = {}
+        self.prefetch = PrefetchBuffer(options.prefetch_max_bytes)
+        self.pending = PendingBatches()  # returned by the last receive(), not yet acknowledged
+        self._fetcher: Fetcher | None = None
+        self.net_errors: tuple[type[BaseException], ...] = NET_ERRORS  # what the fetcher retries after
+        self.reads = ReadRouter(routes, always=options.read_from_followers, hold_ms=options.follower_read_hold_ms,
+                                failure_backoff_ms=options.follower_failure_backoff_ms, seed=self.client_id)  # fmt: skip
+        # Orderly: the queue locks (None otherwise).
+        self.locks = (QueueLocks(self, retry_ms=options.lock_retry_ms, renew_interval_ms=options.lock_renew_interval_ms)
+                      if options.orderly else None)  # fmt: skip
+        self.redelivery = Redelivery(self)
+        self.membership = Membership(self)
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ public
+    async def receive(self) -> list[Record]:
+        """The next messages (waits for some): everything buffered, across queues, up
+        to ``receive_max_messages`` (a queue's batch is not split), each queue's in
+        order. Acknowledges what the previous call returned."""
+        self.ack()
+        while True:
+            records = self._take()
+            if records:
+                return records
+            self.ack()  # only batches with nothing to process (filtered out): done with
+            await self.prefetch.arrival()
+
+    def _take(self) -> list[Record]:
+        """Buffered batches up to ``receive_max_messages``, made pending."""
+        limit, buffer, assigned, pending = self.options.receive_max_messages, self.prefetch, self.assigned, self.pending
+        locks, now = self.locks, trio.current_time()
+        lists: list[list[Record]] = []
+        n = 0
+        while buffer.batches:
+            size = len(buffer.batches[0].records)
+            if n and n + size > limit:
+                break
+            batch = buffer.pop()
+            current = assigned.get(batch.mq)
+            if current is None or current.generation != batch.generation or current.stopped:
+                continue  # pulled before a rebalance took the queue away: its new owner reads it
+            if locks is not None:
+                if not locks.holds(batch.mq, now):  # its lease may have ended: stop, unacknowledged
+                    locks.lapse(batch.mq, "its lease ended before a renewal was granted")
+                    continue
+                self.redelivery.mark_attempt(batch)
+            pending.append(batch)
+            if size:
+                lists.append(batch.records)
+                n += size
+        if len(lists) == 1:
+            return lists[0]
+        return [r for records in lists for r in records]
+
+    def ack(self, records: Sequence[Record] | None = None) -> None:
+        """Mark the messages last returned by :meth:`receive` as processed: all of
+        them, or (``records``) only those and the ones before them in their queue.
+        Either way the rest of what receive returned is no longer pending: call it
+        with ``records`` when you stop part-way through (Ctrl-C, a count reached), and
+        what was not processed is delivered again to the group's next reader."""
+        if not self.pending:
+            return
+        pending = self.pending.take()
+        assigned, processed = self.assigned, self.processed
+        upto = None if records is None else _last_offsets(records)
+        for batch in pending:  # a queue's batches in order: its last one wins
+            current = assigned.get(batch.mq)
+            if current is None or current.generation != batch.generation:
+                continue
+            if upto is None:
+                processed[batch.mq] = batch.next_offset
+            elif (batch.mq.topic, batch.mq.queue_id) in upto and batch.records:
+                last = upto[batch.mq.topic, batch.mq.queue_id]
+                if last >= batch.records[-1].queue_offset:  # all of this batch (and what its filter skipped)
+                    processed[batch.mq] = batch.next_offset
+                elif last >= batch.records[0].queue_offset:  # part of it
+                    processed[batch.mq] = last + 1
+
+    async def nack(self, records: Sequence[Record], delay_ms: int | None = None) -> list[SendBackResult]:
+        """``records`` (of what the last :meth:`receive` returned) failed: deliver them to
+        the group again later (clustering mode only, else ``ValueError``). Each goes
+        back to its broker, which redelivers it through ``%RETRY%<group>`` after
+        ``delay_ms`` (default: ``retry_delays_ms`` for its attempt, else the broker's
+        back-off), or moves it to ``%DLQ%<group>`` once it failed
+        ``max_reconsume_times`` times; sent back, it counts as processed. Returns a
+        :class:`SendBackResult` per record. :class:`SendBackError`: some were not sent
+        back within ``retry_budget_ms``; their queues are read again from the first.
+        Orderly: retried in place, see :class:`Redelivery`."""
+        return await self.redelivery.nack(records, delay_ms)
+
+    reconsume_later = nack
+
+    async def run(self, handler: Handler, *, max_messages: int | None = None) -> int:
+        """Receive and hand each message to ``handler(record)`` (plain or async), which
+        returns ``ConsumeStatus.SUCCESS`` (or None) or ``ConsumeStatus.RECONSUME_LATER``;
+        an exception counts as RECONSUME_LATER (logged with its traceback). Failed
+        messages are :meth:`nack`-ed (orderly: a queue stops at its failed message,
+        retried in place, the ones before it acknowledged), the rest acknowledged.
+        Returns the number of messages handled, after ``max_messages`` (None: runs
+        until cancelled); messages received beyond it are delivered again. In
+        broadcasting mode failures are logged and not retried."""
+        return await self.redelivery.run(handler, max_messages)
+
+    def rewind(self, mq: MessageQueue, offset: int, delay_s: float = 0.0) -> None:
+        """Read ``mq`` again from ``offset`` (after ``delay_s``): processed up to it, its
+        pending and buffered batches dropped (not acknowledged)."""
+        state = self.assigned.get(mq)
+        if state is None:
+            return
+        self.pending.drop(mq)
+        self.processed[mq] = offset
+        if self.locks is not None and mq in self.locks.releasing:
+            return  # being released: committed at the offset, never read again here
+        self._generation += 1
+        new = self.assigned[mq] = QueueState(self._generation, offset, stopped=True)
+        assert self._fetcher is not None and self._nursery is not None
+        if delay_s > 0:
+            self._nursery.start_soon(self._resume_after, mq, new, delay_s)
+        else:
+            self._fetcher.resume(mq, new)
+
+    async def _resume_after(self, mq: MessageQueue, state: QueueState, delay_s: float) -> None:
+        await trio.sleep(delay_s)
+        if self._fetcher is not None and not (self.locks is not None and mq in self.locks.releasing):
+            self._fetcher.resume(mq, state)
+
+    def assignment(self) -> list[MessageQueue]:
+        return sorted(self.assigned)
+
+    async def commit(self) -> None:
+        """Commit processed offsets to the brokers now (clustering mode)."""
+        if self.options.mode == "clustering":
+            await self.commits.commit_changed()
+
+    async def to_leader(self, mq: MessageQueue, addr: str, code: int, fields: dict[str, Any]) -> Frame:
+        """A request to ``mq``'s group leader, following it if it moves (:class:`Membership`)."""
+        return await self.membership.to_leader(mq, addr, code, fields)
+
+    def route_failed(self, addr: str) -> None:
+        """A group leader failed a request: refresh routes and rebalance now (its
+        group may have a new leader)."""
+        self.membership.rebalance_soon()
+
+    # ------------------------------------------------------------- background
+    async def _start(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        self._fetcher = Fetcher(self, nursery)
+        if self.locks is not None:
+            self.locks.start(nursery)
+        await self.membership.heartbeat()
+        await self.membership.rebalance()
+        nursery.start_soon(self._every, self.options.heartbeat_interval_ms, self.membership.heartbeat)
+        nursery.start_soon(self.membership.rebalance_loop)
+        nursery.start_soon(self._every, self.options.commit_interval_ms, self.commit)
+
+    async def _close(self, *, ack_pending: bool = True) -> None:
+        """Commit and leave the group. ``ack_pending`` false (the block was left by an
+        exception, e.g. Ctrl-C): what receive returned last is not acknowledged."""
+        if ack_pending:
+            self.ack()
+        with trio.CancelScope(shield=True), trio.move_on_after(3):
+            await self.commit()
+            for addr in await self.membership.broker_addrs():
+                try:
+                    await self.request(addr, RequestCode.UNREGISTER_CLIENT, {"client_id": self.client_id})
+                except NET_ERRORS:
+                    pass
+
+    async def _every(self, interval_ms: int, fn: Callable[[], Awaitable[object]]) -> None:
+        while True:
+            await trio.sleep(interval_ms / 1000)
+            await fn()
+
+    async def request(self, addr: str, code: int, fields: dict[str, Any], timeout_ms: float | None = None) -> Frame:
+        return await self.rpc.request(addr, code, fields, timeout_ms=timeout_ms or self.options.request_timeout_ms)
+
+    async def apply_share(self, wanted: set[MessageQueue]) -> None:
+        """Read the queues of this member's share (:class:`Membership`): queues whose
+        group has a new leader move, the others are released or taken (orderly: locked
+        first, released once their batch is acknowledged)."""
+        if self.locks is not None:
+            self.locks.rebalance(wanted)
+            return
+        for old, new in _moved(set(self.assigned), wanted).items():
+            self._move(old, new)
+        for mq in [mq for mq in self.assigned if mq not in wanted]:
+            await self._revoke(mq)
+        for mq in sorted(wanted - set(self.assigned)):
+            self._assign(mq)
+
+    def current(self) -> set[MessageQueue]:
+        """The queues this member reads or (orderly) wants to."""
+        return set(self.assigned) | (self.locks.wanted if self.locks is not None else set())
+
+    def stop_queue(self, mq: MessageQueue) -> None:
+        """Neither fetch ``mq`` nor hand it out from now on (orderly: being released)."""
+        state = self.assigned.get(mq)
+        if state is not None:
+            state.stopped = True
+
+    async def commit_queue(self, mq: MessageQueue) -> None:
+        """Commit ``mq``'s processed offset now (if it moved)."""
+        await self.commits.commit_queue(mq)
+
+    def take_queue(self, mq: MessageQueue) -> None:
+        """Orderly: the queue's lock was granted: read it from the committed offset."""
+        self._assign(mq)
+
+    def drop_queue(self, mq: MessageQueue) -> None:
+        """Stop reading ``mq`` at once, keeping nothing of it: nothing more is committed,
+        its pending and buffered batches are not acknowledged (orderly: its lease may
+        have ended, or it was released)."""
+        self.assigned.pop(mq, None)
+        self.errors.pop(mq, None)
+        self.commits.forget(mq)
+        self.redelivery.forget(mq)
+        self.pending.drop(mq)
+
+    async def _revoke(self, mq: MessageQueue) -> None:
+        del self.assigned[mq]  # answers still in flight for it are dropped
+        self.errors.pop(mq, None)
+        self.pending.drop(mq)  # not acknowledged: its new owner reads it again
+        self.redelivery.forget(mq)
+        offset = self.processed.pop(mq, None)
+        if offset is not None and self.options.mode == "clustering" and self.commits.committed.get(mq) != offset:
+            await self.commits.commit_queue(mq, offset)  # (an idle queue does not wait for a commit under way)
+        self.commits.forget(mq)
+        log.info("consumer %s: released %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
+
+    def _move(self, old: MessageQueue, new: MessageQueue) -> None:
+        """The queue's group has a new leader: read on from it where this consumer is
+        (the batch being processed stays acknowledged to the queue), and commit the
+        processed offset there (its copy of the group's offsets may lag)."""
+        state = self.assigned.pop(old)
+        self.errors.pop(old, None)
+        self._generation += 1
+        offset = self.commits.forget(old)
+        fetch_from = offset
+        for i, pending in enumerate(self.pending):
+            if pending.mq == old:
+                self.pending[i] = dataclasses.replace(pending, mq=new, generation=self._generation)
+                fetch_from = pending.next_offset  # the last one of the queue: in order
+        if offset is not None:
+            self.processed[new] = offset
+        new_state = self.assigned[new] = QueueState(self._generation, fetch_from if state.offset is not None else None)
+        assert self._fetcher is not None
+        self._fetcher.add(new, new_state)
+        log.info("consumer %s: %s/%s/%d moved to its new leader %s", self.client_id, new.broker_name, new.topic,
+                 new.queue_id, new.addr)  # fmt: skip
+
+    def _assign(self, mq: MessageQueue) -> None:
+        self._generation += 1
+        state = self.assigned[mq] = QueueState(self._generation)
+        assert self._fetcher is not None
+        self._fetcher.add(mq, state)
+        log.info("consumer %s: took %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
+
+
+def _last_offsets(records: Sequence[Record]) -> dict[tuple[str, int], int]:
+    """(topic, queue id) -> the highest queue offset among ``records``."""
+    last: dict[tuple[str, int], int] = {}
+    for r in records:
+        key = (r.topic, r.queue_id)
+        if r.queue_offset > last.get(key, -1):
+            last[key] = r.queue_offset
+    return last
+
+
+def _moved(assigned: set[MessageQueue], wanted: set[MessageQueue]) -> dict[MessageQueue, MessageQueue]:
+    """Assigned queues whose group's leader changed: the same topic, group and queue id
+    wanted at another address (old -> new)."""
+    gone = {(mq.topic, mq.broker_name, mq.queue_id): mq for mq in assigned - wanted}
+    return {gone[key]: mq for mq in wanted - assigned if (key := (mq.topic, mq.broker_name, mq.queue_id)) in gone}
+
+
+@asynccontextmanager
+async def open_consumer(namesrv_addrs: list[str] | None, group: str, subscriptions: dict[str, str], *,
+                        broker_addrs: list[str] | None = None, **options: object) -> AsyncIterator[Consumer]:  # fmt: skip
+    """A started consumer: ``async with open_consumer(ns, "g", {"orders": "*"}) as c:``."""
+    async with background_nursery() as nursery:
+        rpc = RpcClient(nursery)
+        consumer = Consumer(rpc, Routes(rpc, namesrv_addrs or [], broker_addrs=broker_addrs, refresh_interval_ms=0),
+                            group, subscriptions, ConsumerOptions(**options))  # type: ignore[arg-type]  # fmt: skip
+        ack_pending = False
+        try:
+            await consumer._start(nursery)
+            yield consumer
+            ack_pending = True
+        finally:
+            await consumer._close(ack_pending=ack_pending)
+            await rpc.aclose()
+            nursery.cancel_scope.cancel()

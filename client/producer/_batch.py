@@ -1,0 +1,166 @@
+"""The accumulator's parts shared by its modules: a batch, a queue's buffer, a request,
+the settings, and what the sender and the retries need of the accumulator (protocols:
+the modules import this one, not each other)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import trio
+
+from clmq.common import Message, set_queue_id
+from clmq.protocol.transport import RpcClient
+
+from .._routes import MessageQueue
+from ._future import UNIQ_KEY, SendError, SendFuture
+from ._tries import QueueSelector, RetryPolicy, Targets, Tries
+
+QueueKey = tuple[str, str, int]  # topic, broker name, queue id
+BUFFER_FULL_MODES = ("block", "raise")
+
+
+@dataclass(frozen=True)
+class AccumulatorSettings:
+    """The producer's batching settings (see :class:`client.Producer`)."""
+
+    linger_ms: int = 0
+    batch_max_bytes: int = 1 << 20
+    max_in_flight: int = 5
+    buffer_max_bytes: int = 64 << 20
+    buffer_full: str = "block"
+    buffer_block_max_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        for name in ("batch_max_bytes", "max_in_flight", "buffer_max_bytes"):
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:
+                raise ValueError(f"{name}={value!r}: must be a positive integer")
+        for name in ("linger_ms", "buffer_block_max_ms"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 0")
+        if self.buffer_full not in BUFFER_FULL_MODES:
+            raise ValueError(f"buffer_full={self.buffer_full!r}: must be one of {', '.join(BUFFER_FULL_MODES)}")
+
+
+class Batch:
+    """Messages to one queue sent together, with the futures of the calls they came
+    from: one ``submit_batch`` (one future), or single ``submit`` calls merged (a future
+    per message, ``per_message``). Only the first message is kept as an object (a
+    retry's selector needs one); the rest is encoded bytes and UNIQ_KEYs: fewer objects
+    for the cyclic collector to scan while a buffer of 64 MiB waits (slots: no dict
+    each, at 10,000 queues a batch per message)."""
+
+    __slots__ = ("_body", "_born_ms", "_first", "alone", "chunks", "count", "created", "done", "encoded_for",
+                 "futures", "gen", "history", "keys", "mq", "next_mq", "open", "per_message", "selector",
+                 "sharding_key", "size", "topic", "tries")  # fmt: skip
+
+    def __init__(self, topic: str, first: Message, count: int, keys: Sequence[str], chunk: bytes, fut: SendFuture,
+                 mq: MessageQueue, gen: int, sharding_key: str | None, selector: QueueSelector | None,
+                 per_message: bool, plain: bool = False) -> None:  # fmt: skip
+        self.topic = topic
+        # A plain message (no tags, keys or properties but its UNIQ_KEY, ``keys[0]``) is
+        # made again if a retry's selector wants it: three objects fewer to keep.
+        self._first: Message | None = None if plain else first
+        self._body, self._born_ms = first.body, first.born_timestamp_ms
+        self.count = count
+        # Tuples until a message joins (a tuple of strings or bytes is not tracked by the
+        # collector once it has seen it: two objects fewer per batch to scan again).
+        self.keys: list[str] | tuple[str, ...] = keys if isinstance(keys, tuple) else list(keys)  # UNIQ_KEYs, in order
+        self.chunks: list[bytes] | tuple[bytes, ...] = (chunk,)  # encoded for queue ``encoded_for``; a request joins them
+        self.size = len(chunk)
+        self.futures = [fut]
+        self.per_message = per_message  # futures[i] is message i's (else futures[0] is the whole batch's)
+        self.mq = mq  # the queue of its last (or next) try
+        self.created = time.monotonic()  # its retry budget and linger count from here
+        self.gen = gen  # flush generation
+        self.sharding_key = sharding_key
+        self.selector = selector
+        self.open = per_message  # single submits may still join it
+        self.encoded_for = first.queue_id
+        self.tries: Tries | None = None  # made at its first failure
+        self.history: tuple[int, ...] = ()  # the requests whose outcome was unknown: dedup, sent only with its like
+        self.alone = False  # sent in a request of its own (another batch's bad message failed a shared one)
+        self.done = False
+        self.next_mq: MessageQueue | None = None  # a retry's target, until the batch is queued again
+
+    @property
+    def first(self) -> Message:
+        """The batch's first message (a retry's selector is given it)."""
+        if self._first is None:
+            props = {UNIQ_KEY: self.keys[0]}
+            self._first = Message(self.topic, self.encoded_for, self._body, "", "", props, 0, self._born_ms)
+        return self._first
+
+    def encode_for(self, queue_id: int) -> None:
+        """Encode for another queue (a retry elsewhere): each message's queue id changes."""
+        if queue_id != self.encoded_for:
+            self.chunks = (set_queue_id(b"".join(self.chunks), queue_id, self.count),)
+            self.encoded_for = queue_id
+            if self._first is not None:
+                self._first.queue_id = queue_id
+
+
+class QueueBuffer:
+    """One queue's batches waiting to be sent, in order, and the broker they go to."""
+
+    __slots__ = ("batches", "bytes", "key", "mq", "muted", "sender")
+
+    def __init__(self, key: QueueKey, mq: MessageQueue, sender: SenderLike) -> None:
+        self.key = key
+        self.mq = mq  # the queue at its current address (the group's leader)
+        self.sender = sender
+        self.batches: deque[Batch] = deque()
+        self.bytes = 0
+        self.muted = False  # a batch of it is in flight or being retried
+
+
+@dataclass
+class Request:
+    """Batches of one topic sent together (to one broker)."""
+
+    id: int
+    topic: str
+    batches: list[Batch]
+    queues: list[QueueBuffer]  # muted until the answer
+    dedup: bool
+
+
+class SenderLike(Protocol):
+    """One broker's sender, as the accumulator sees it (``_send_sender.Sender``)."""
+
+    ready: dict[QueueKey, QueueBuffer]
+    pending: int
+    in_flight: int
+
+    def wake(self) -> None: ...
+    def make_ready(self, qb: QueueBuffer) -> None: ...
+    def forget(self, qb: QueueBuffer) -> None: ...
+
+
+class Buffers(Protocol):
+    """The accumulator, as its sender and its retries see it (``_accumulator.Accumulator``)."""
+
+    rpc: RpcClient
+    targets: Targets
+    policy: RetryPolicy
+    settings: AccumulatorSettings
+    nursery: trio.Nursery
+    queues: dict[QueueKey, QueueBuffer]
+    unrouted: dict[str, list[Batch]]
+    linger_s: float
+    batch_max_bytes: int
+    send_timeout_ms: int
+    unique_ids: bool
+
+    @property
+    def urgent(self) -> bool: ...
+    def next_request_id(self) -> int: ...
+    def failed(self, req: Request, error: Exception) -> None: ...
+    def fail(self, batch: Batch, error: SendError) -> None: ...
+    def finished(self, batch: Batch) -> None: ...
+    def unmute(self, qb: QueueBuffer) -> None: ...
+    def requeue(self, old: QueueKey | None, batches: list[Batch]) -> None: ...

@@ -1,0 +1,65 @@
+"""A single message's SEND_MESSAGE encoding, fast: ``encode_batch([message])`` costs
+about 2.6 us (a loop, a property encoder, a join) where a producer submitting 150,000
+messages a second has about 6 us for everything. The layout is commitlog's packed
+message (``pack_messages``); it is checked against it once at import, and if they
+ever differ the general encoder is used instead."""
+
+from __future__ import annotations
+
+import struct
+
+from clmq.common import ITEM_SIZE, Message, encode_properties
+from clmq.protocol import encode_batch
+
+from ._future import UNIQ_KEY
+
+UNIQ_KEY_CHARS = 32  # the producer's UNIQ_KEYs: 16 hex digits of producer id, 16 of a count
+_ITEM = struct.Struct("<IIQHHII")  # queue id, flags, born ms, tags, keys, properties and body lengths
+_UNIQ_PREFIX = encode_properties({UNIQ_KEY: "0" * UNIQ_KEY_CHARS})[:-UNIQ_KEY_CHARS]
+_MAX_SHORT = 0xFFFF
+
+
+def _fast(m: Message) -> bytes:
+    props = m.properties
+    if len(props) == 1 and len(key := props.get(UNIQ_KEY, "")) == UNIQ_KEY_CHARS and key.isascii():
+        pb = _UNIQ_PREFIX + key.encode()
+    else:
+        pb = encode_properties(props) if props else b""
+    tb = m.tags.encode() if m.tags else b""
+    kb = m.keys.encode() if m.keys else b""
+    if len(tb) > _MAX_SHORT or len(kb) > _MAX_SHORT:
+        return encode_batch([m])  # its error
+    header = _ITEM.pack(m.queue_id, m.flags, m.born_timestamp_ms, len(tb), len(kb), len(pb), len(m.body))
+    return b"".join((header, tb, kb, pb, m.body))
+
+
+def _same_layout() -> bool:
+    samples = [Message("t", 7, b"body", "tag", "k1 k2", {UNIQ_KEY: "A" * UNIQ_KEY_CHARS}, 3, 1234567890123),
+               Message("t", 0, b"", "", "", {}), Message("t", 1, b"x", "", "", {"a": "b", UNIQ_KEY: "c"})]  # fmt: skip
+    return _ITEM.size == ITEM_SIZE and all(_fast(m) == encode_batch([m]) for m in samples)
+
+
+def _general(m: Message) -> bytes:
+    return encode_batch([m])
+
+
+_UNIQ_PROPS_BYTES = len(_UNIQ_PREFIX) + UNIQ_KEY_CHARS
+
+
+def encode_plain(queue_id: int, born_ms: int, key: str, body: bytes) -> bytes:
+    """:func:`encode_one` of a message with no tags, no keys and no property but its
+    ``UNIQ_KEY`` ``key`` (the producer's own: ``UNIQ_KEY_CHARS`` ASCII characters),
+    without the Message: most submits."""
+    header = _ITEM.pack(queue_id, 0, born_ms, 0, 0, _UNIQ_PROPS_BYTES, len(body))
+    return b"".join((header, _UNIQ_PREFIX, key.encode(), body))
+
+
+def _plain_same() -> bool:
+    key = "0123456789ABCDEF" * 2
+    m = Message("t", 5, b"body", "", "", {UNIQ_KEY: key}, 0, 1234567890123)
+    return encode_plain(5, 1234567890123, key, b"body") == encode_batch([m])
+
+
+LAYOUT_CHECKED = _same_layout()
+encode_one = _fast if LAYOUT_CHECKED else _general
+PLAIN_CHECKED = LAYOUT_CHECKED and _plain_same()  # else every submit uses encode_one

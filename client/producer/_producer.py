@@ -1,0 +1,359 @@
+"""The producer: sends messages to the queues of a topic, chosen round robin, by a
+sharding key (one key, one queue, in order) or by a function; retries elsewhere, or on
+the same queue when a replicated group's followers are behind (sync acks). Sends go
+through the accumulator (``_accumulator``): concurrent sends to one broker share
+requests."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import secrets
+import time
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any, AsyncIterator, Awaitable, Mapping, Sequence
+
+import trio
+
+from clmq.common import Message
+from clmq.protocol import RequestCode, encode_batch
+from clmq.protocol.transport import RpcClient, background_nursery
+
+from .._routes import MessageQueue, NoRouteError, Routes
+from ._accumulator import Accumulator
+from ._batch import AccumulatorSettings, Batch
+from ._encode import PLAIN_CHECKED, UNIQ_KEY_CHARS, encode_one, encode_plain
+from ._future import UNIQ_KEY, BatchTooLargeError, BufferFullError, DoneCallback, SendError, SendFuture, SendResult
+from ._scheduled import due_ms, send_scheduled, start_scheduled
+from ._sender import reply_error
+from ._tries import AMBIGUOUS, RETRIABLE, SAME_QUEUE, QueueSelector, RetryPolicy, Targets, Tries, shard
+
+__all__ = ["AMBIGUOUS", "RETRIABLE", "SAME_QUEUE", "UNIQ_KEY", "BatchTooLargeError", "BufferFullError", "Producer",
+           "QueueSelector", "SendError", "SendFuture", "SendResult", "open_producer", "shard"]  # fmt: skip
+
+_NO_QUEUE = MessageQueue("", "", -1, "")  # a batch's queue before its first try found one
+DEFAULT_RETRIES = 2
+DEFAULT_RETRY_BUDGET_MS = 15_000
+
+
+class Producer:
+    """Use :func:`open_producer` (trio) or :class:`client.BlockingProducer`.
+
+    Retries: a send is tried at least ``1 + retries`` times and, beyond that, until
+    ``retry_budget_ms`` has passed since it was submitted (Kafka's
+    ``delivery.timeout.ms``), waiting ``retry_backoff_ms`` before a retry, doubled each
+    time up to ``retry_backoff_max_ms``. Default: ``retries`` 2 and a budget of 15 s;
+    giving ``retries`` without ``retry_budget_ms`` keeps the count-only behaviour of
+    earlier versions (budget 0). Only retriable failures are retried (see
+    :meth:`send_batch`). ``unique_ids`` (default on) gives messages their
+    ``UNIQ_KEY``: off, retries after an unknown outcome may store a batch twice.
+
+    Batching (the accumulator): sends wait in per-queue buffers; one request to a
+    broker carries every ready queue's batches of a topic, up to ``batch_max_bytes``
+    (a larger batch goes alone), once that much is waiting or the oldest has waited
+    ``linger_ms`` (0: at once, coalescing what arrives meanwhile), with at most
+    ``max_in_flight`` requests per broker. Per queue, batches are stored in the order
+    submitted, retries included: a queue with a batch in flight sends no other until
+    its answer. ``buffer_max_bytes``: encoded bytes accepted and not yet answered; when
+    full, ``buffer_full="block"`` waits up to ``buffer_block_max_ms`` for room, then
+    raises :class:`BufferFullError` (``"raise"``: at once). A batch larger than
+    ``buffer_max_bytes`` is refused at once (:class:`BatchTooLargeError`).
+    """
+
+    def __init__(self, rpc: RpcClient, routes: Routes, *, send_timeout_ms: int = 3000, retries: int | None = None,
+                 fault_backoff_ms: int = 3000, replication_retry_backoff_ms: int = 200,
+                 retry_budget_ms: int | None = None, retry_backoff_ms: int = 50,
+                 retry_backoff_max_ms: int = 500, unique_ids: bool = True, linger_ms: int = 0,
+                 batch_max_bytes: int = 1 << 20, max_in_flight: int = 5, buffer_max_bytes: int = 64 << 20,
+                 buffer_full: str = "block", buffer_block_max_ms: int = 60_000,
+                 nursery: trio.Nursery | None = None) -> None:  # fmt: skip
+        self.rpc = rpc
+        self.routes = routes
+        self.send_timeout_ms = send_timeout_ms
+        self.retries = DEFAULT_RETRIES if retries is None else retries
+        if retry_budget_ms is None:
+            retry_budget_ms = DEFAULT_RETRY_BUDGET_MS if retries is None else 0
+        self.retry_budget_ms = retry_budget_ms
+        _check_positive(send_timeout_ms=send_timeout_ms)
+        _check_not_negative(retries=self.retries, retry_budget_ms=retry_budget_ms, retry_backoff_ms=retry_backoff_ms,
+                            retry_backoff_max_ms=retry_backoff_max_ms, fault_backoff_ms=fault_backoff_ms,
+                            replication_retry_backoff_ms=replication_retry_backoff_ms)  # fmt: skip
+        self.policy = RetryPolicy(self.retries, retry_budget_ms, retry_backoff_ms, retry_backoff_max_ms,
+                                  fault_backoff_ms, replication_retry_backoff_ms)  # fmt: skip
+        self.settings = AccumulatorSettings(linger_ms, batch_max_bytes, max_in_flight, buffer_max_bytes, buffer_full,
+                                            buffer_block_max_ms)  # fmt: skip
+        self.targets = Targets(routes, self.policy)
+        # UNIQ_KEY per message (about 1.5 us and 45 bytes per message): without it a
+        # retry after an unknown outcome cannot be recognised (at least once).
+        self.unique_ids = unique_ids
+        self.producer_id = secrets.token_hex(8)  # the first half of every UNIQ_KEY this producer makes
+        self._uniq = itertools.count()
+        self._scheduled: set[SendFuture] = set()  # scheduled sends not answered yet
+        self._acc = (Accumulator(rpc, self.targets, self.policy, self.settings, send_timeout_ms, unique_ids, nursery)
+                     if nursery is not None else None)  # fmt: skip
+
+    async def send(self, topic: str, body: bytes, *, tags: str = "", keys: str = "",
+                   properties: Mapping[str, str] | None = None, sharding_key: str | None = None,
+                   selector: QueueSelector | None = None, delay_ms: float | None = None,
+                   deliver_at: int | datetime | None = None) -> SendResult:  # fmt: skip
+        """Send one message; returns where it was stored (:meth:`submit`, then wait).
+
+        ``delay_ms`` or ``deliver_at`` (epoch ms, or an aware datetime) schedule it: the
+        broker stores it now and delivers it into the queue picked now once, at that
+        time (within ``timer_tick_ms``), across broker restarts; the result's message
+        id is then the scheduled copy's, for :meth:`Admin.cancel_message`."""
+        fut = await self.submit(topic, body, tags=tags, keys=keys, properties=properties, sharding_key=sharding_key,
+                                selector=selector, delay_ms=delay_ms, deliver_at=deliver_at)  # fmt: skip
+        return await fut.wait()
+
+    async def send_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
+                         selector: QueueSelector | None = None, delay_ms: float | None = None,
+                         deliver_at: int | datetime | None = None) -> SendResult:  # fmt: skip
+        """Send messages as one batch to one queue (in order, stored together). The
+        producer sets the messages' ``queue_id`` to the queue it picks, and gives each
+        message without one a unique id, the property ``UNIQ_KEY``.
+
+        Retries (see the class): a busy, failing or unreachable broker, or a stale
+        route, elsewhere (fresh routes). After a failure whose outcome is unknown (the
+        connection broke after sending, no answer in ``send_timeout_ms``,
+        REPLICATION_TIMEOUT, NOT_LEADER), and after NOT_ENOUGH_REPLICAS, to *the same
+        queue* (same group and queue id, its leader's address looked up again) while the
+        routes still have that group: the batch keeps its place in the queue's order,
+        and the retry is marked ``dedup`` so that the broker answers with the offsets of
+        a first try that was in fact stored instead of storing it twice (within the
+        broker's ``dedup_window_ms``). NOT_LEADER naming the new leader is retried there
+        at once. A send that fails for good raises :class:`SendError` whose ``code`` is
+        the last broker's error code (e.g. NOT_ENOUGH_REPLICAS). ``delay_ms`` /
+        ``deliver_at``: every message of the batch is scheduled (see :meth:`send`)."""
+        fut = await self.submit_batch(topic, messages, sharding_key=sharding_key, selector=selector, delay_ms=delay_ms,
+                                      deliver_at=deliver_at)  # fmt: skip
+        return await fut.wait()
+
+    async def submit(self, topic: str, body: bytes, *, tags: str = "", keys: str = "",
+                     properties: Mapping[str, str] | None = None, sharding_key: str | None = None,
+                     selector: QueueSelector | None = None, callback: DoneCallback | None = None,
+                     delay_ms: float | None = None, deliver_at: int | datetime | None = None) -> SendFuture:  # fmt: skip
+        """Buffer one message and return at once (waiting only for buffer room): the
+        :class:`SendFuture` resolves once the broker answered (or the tries are spent).
+        ``callback(future)`` is called then, on the producer's trio thread. Raises at
+        once: :class:`BufferFullError`, :class:`BatchTooLargeError`, NoRouteError for an
+        unknown topic, SendError for an error not worth a retry. ``delay_ms`` /
+        ``deliver_at``: scheduled (see :meth:`send`), sent at once in a request of its own."""
+        acc = self._acc
+        if acc is None or acc.closing:
+            acc = self._accumulator()  # raises why
+        msg, uniq, plain = self._message(topic, body, tags, keys, properties)
+        due = due_ms(delay_ms, deliver_at)
+        if due is not None:
+            return self._schedule(acc, topic, [msg], uniq, due, sharding_key, selector, callback)
+        mq = self.targets.pick_now(topic, msg, sharding_key, selector)
+        tries = None
+        if mq is None:
+            mq, tries = await self._first_target(topic, msg, sharding_key, selector)
+        if mq is not None:
+            msg.queue_id = mq.queue_id
+        if plain and PLAIN_CHECKED:
+            chunk = encode_plain(msg.queue_id, msg.born_timestamp_ms, uniq[0], body)
+        else:
+            chunk = encode_one(msg)
+        size = len(chunk)
+        if size > acc.size_max_bytes:
+            acc.check_size(size)  # raises why
+        if acc.buffered_bytes + size <= acc.buffer_max_bytes and not acc.closing:  # reserve_now, inline
+            acc.buffered_bytes += size
+        else:
+            await acc.reserve(size)
+        fut = SendFuture()
+        if callback is not None:
+            fut._callbacks = [callback]  # add_done_callback of a future not done (no call)
+        if mq is None or topic in acc.unrouted:  # no queue now, or behind batches that had none
+            batch = Batch(topic, msg, 1, uniq, chunk, fut, _NO_QUEUE, acc.gen, sharding_key, selector, True)
+            batch.tries = tries or Tries(self.policy, batch.created)
+            acc.add_retry(batch)
+        elif acc.add_one(mq, msg, uniq, chunk, fut, sharding_key, selector, plain):
+            await trio.lowlevel.checkpoint()  # a sender has a request to make
+        return fut
+
+    def _message(self, topic: str, body: bytes, tags: str, keys: str,
+                 properties: Mapping[str, str] | None) -> tuple[Message, tuple[str, ...], bool]:  # fmt: skip
+        """One submit's message with its UNIQ_KEY (given, or made if ``unique_ids``), the
+        key, and whether :func:`encode_plain` may encode it (no tags, keys or properties
+        but the key this producer made)."""
+        born_ms = int(time.time() * 1000)
+        if not properties:
+            if not self.unique_ids:
+                return Message(topic, 0, body, tags, keys, {}, 0, born_ms), (), False
+            key = f"{self.producer_id}{next(self._uniq):016X}"
+            plain = not tags and not keys and len(key) == UNIQ_KEY_CHARS
+            return Message(topic, 0, body, tags, keys, {UNIQ_KEY: key}, 0, born_ms), (key,), plain
+        props = dict(properties)
+        uniq: tuple[str, ...] = ()
+        if self.unique_ids:
+            given = props.get(UNIQ_KEY)
+            key = props[UNIQ_KEY] = f"{self.producer_id}{next(self._uniq):016X}" if given is None else given
+            uniq = (key,)
+        return Message(topic, 0, body, tags, keys, props, 0, born_ms), uniq, False
+
+    async def submit_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
+                           selector: QueueSelector | None = None, callback: DoneCallback | None = None,
+                           delay_ms: float | None = None, deliver_at: int | datetime | None = None) -> SendFuture:  # fmt: skip
+        """:meth:`submit` for messages sent as one batch to one queue (see :meth:`send_batch`)."""
+        acc = self._accumulator()
+        msgs = [m if isinstance(m, Message) else Message(topic, 0, m) for m in messages]
+        if not msgs:
+            raise ValueError("send_batch needs at least one message")
+        if self.unique_ids:
+            self._identify(msgs)
+        due = due_ms(delay_ms, deliver_at)
+        if due is not None:
+            keys = tuple(m.properties[UNIQ_KEY] for m in msgs) if self.unique_ids else ()
+            return self._schedule(acc, topic, msgs, keys, due, sharding_key, selector, callback)
+        mq, tries = self.targets.pick_now(topic, msgs[0], sharding_key, selector), None
+        if mq is None:
+            mq, tries = await self._first_target(topic, msgs[0], sharding_key, selector)
+        qid = mq.queue_id if mq is not None else 0
+        for m in msgs:
+            m.queue_id = qid
+        uniq = tuple([m.properties[UNIQ_KEY] for m in msgs]) if self.unique_ids else ()
+        fut = SendFuture()
+        batch = Batch(topic, msgs[0], len(msgs), uniq, encode_batch(msgs), fut, mq or _NO_QUEUE, acc.gen, sharding_key,
+                      selector, False)  # fmt: skip
+        return await self._buffer(acc, batch, mq, tries, callback)
+
+    def _schedule(self, acc: Accumulator, topic: str, msgs: list[Message], keys: Sequence[str], due: int,
+                  sharding_key: str | None, selector: QueueSelector | None, callback: DoneCallback | None) -> SendFuture:  # fmt: skip
+        def send() -> Awaitable[SendResult]:
+            return send_scheduled(self.send_to, self.targets, self.policy, topic, msgs, due, sharding_key, selector)
+
+        return start_scheduled(acc.nursery, self._scheduled, keys, send, callback)
+
+    def _accumulator(self) -> Accumulator:
+        if self._acc is None:
+            raise RuntimeError("this Producer has no nursery for its senders: open it with open_producer()")
+        if self._acc.closing:
+            raise SendError("producer closed")
+        return self._acc
+
+    async def _buffer(self, acc: Accumulator, batch: Batch, mq: MessageQueue | None, tries: Tries | None,
+                      callback: DoneCallback | None) -> SendFuture:  # fmt: skip
+        """Reserve the batch's bytes, then queue it (or, without a queue now, retry it)."""
+        acc.check_size(batch.size)
+        if not acc.reserve_now(batch.size):
+            await acc.reserve(batch.size)
+            batch.gen = acc.gen  # a flush may have begun meanwhile
+        fut = batch.futures[0]
+        if callback is not None:
+            fut.add_done_callback(callback)
+        if mq is None or batch.topic in acc.unrouted:  # no queue now, or behind batches that had none
+            batch.tries = tries or Tries(self.policy, batch.created)
+            acc.add_retry(batch)
+        elif acc.add(mq, batch):
+            await trio.lowlevel.checkpoint()  # a sender has a request to make
+        return fut
+
+    async def _first_target(self, topic: str, first: Message, sharding_key: str | None,
+                            selector: QueueSelector | None) -> tuple[MessageQueue | None, Tries | None]:  # fmt: skip
+        """The queue of a batch's first try; None and its first failure if none now."""
+        try:
+            return await self.targets.pick(topic, first, sharding_key, selector, refresh=False), None
+        except NoRouteError as e:
+            if not e.unreachable:
+                raise
+            text, code = str(e), None
+        except SendError as e:  # no healthy broker: leaderless groups, failed stores
+            if e.code not in RETRIABLE:
+                raise
+            text, code = str(e), e.code
+        tries = Tries(self.policy, time.monotonic())
+        tries.attempts = 1
+        tries.note(text, code)
+        return None, tries
+
+    async def flush(self) -> None:
+        """Wait until every message submitted before the call is answered (stored, or
+        failed for good); buffered messages are sent at once (no linger)."""
+        if self._acc is not None:
+            await self._acc.flush()
+        for fut in list(self._scheduled):  # scheduled sends run on their own
+            with contextlib.suppress(SendError):
+                await fut.wait()
+
+    async def aclose(self) -> None:
+        """Flush (for at most the retry budget), then fail whatever is left with
+        SendError("producer closed"); later submits are refused. ``open_producer`` does
+        this on leaving."""
+        if self._acc is not None:
+            bound_ms = self.retry_budget_ms + (self.retries + 1) * self.send_timeout_ms
+            with trio.move_on_after(bound_ms / 1000):
+                for fut in list(self._scheduled):
+                    with contextlib.suppress(SendError):
+                        await fut.wait()
+            for fut in list(self._scheduled):
+                fut._fail(SendError("producer closed"))
+            await self._acc.aclose(bound_ms / 1000)
+
+    def _identify(self, msgs: list[Message]) -> None:
+        """Give every message without a ``UNIQ_KEY`` one: this producer's id and a count."""
+        for m in msgs:
+            if UNIQ_KEY not in m.properties:
+                key = f"{self.producer_id}{next(self._uniq):016X}"
+                if isinstance(m.properties, dict):
+                    m.properties[UNIQ_KEY] = key
+                else:
+                    m.properties = {**m.properties, UNIQ_KEY: key}
+
+    async def send_to(self, mq: MessageQueue, body: bytes, count: int, *, dedup: bool = False) -> SendResult:
+        """Send an encoded batch (``encode_batch`` of messages whose ``queue_id`` is
+        ``mq.queue_id``) to one queue at once: no accumulator, no retries. ``dedup``:
+        the broker answers with the offsets of the same batch (by ``UNIQ_KEY``) if it
+        has stored it already."""
+        fields: dict[str, object] = {"topic": mq.topic, "dedup": True} if dedup else {"topic": mq.topic}
+        reply = await self.rpc.request(mq.addr, RequestCode.SEND_MESSAGE, fields, body,
+                                       timeout_ms=self.send_timeout_ms, check=False)  # fmt: skip
+        error = reply_error(mq.addr, reply)
+        if error is not None:
+            raise error
+        f = reply.fields
+        return SendResult(mq, f["queue_offsets"], f["commitlog_offsets"], bool(f["durable"]),
+                          bool(reply.error_code), bool(f.get("duplicate", False)))  # fmt: skip
+
+    async def send_oneway(self, topic: str, body: bytes, *, tags: str = "", keys: str = "",
+                          sharding_key: str | None = None) -> None:  # fmt: skip
+        """Send without waiting for (or getting) an answer: fastest, no guarantee."""
+        mq = await self.targets.pick(topic, Message(topic, 0, body, tags, keys), sharding_key, None, refresh=False)
+        msg = Message(topic, mq.queue_id, body, tags, keys, born_timestamp_ms=int(time.time() * 1000))
+        await self.rpc.oneway(mq.addr, RequestCode.SEND_MESSAGE, {"topic": topic}, encode_batch([msg]))
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if type(value) is not int or value <= 0:
+            raise ValueError(f"{name}={value!r}: must be a positive integer")
+
+
+def _check_not_negative(**values: int) -> None:
+    for name, value in values.items():
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{name}={value!r}: must be an integer >= 0")
+
+
+@asynccontextmanager
+async def open_producer(namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None,
+                        **options: Any) -> AsyncIterator[Producer]:  # fmt: skip
+    """A producer for trio code: ``async with open_producer(["127.0.0.1:9876"]) as p:``.
+    On leaving, buffered messages are sent (``aclose``: flushed, within the retry budget)."""
+    async with background_nursery() as nursery:
+        rpc = RpcClient(nursery)
+        producer = None
+        try:
+            producer = Producer(rpc, Routes(rpc, namesrv_addrs or [], broker_addrs=broker_addrs), nursery=nursery,
+                                **options)  # fmt: skip
+            yield producer
+        finally:
+            try:
+                if producer is not None:
+                    await producer.aclose()
+            finally:
+                await rpc.aclose()
+                nursery.cancel_scope.cancel()

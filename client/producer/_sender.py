@@ -1,0 +1,190 @@
+"""One broker's sender (Kafka's Sender): drains the ready queues of one topic into one
+SEND_MESSAGE request, once ``batch_max_bytes`` is waiting, the oldest batch has waited
+``linger_ms``, or a flush asks; at most ``max_in_flight`` requests at a time. The
+answer's offsets are per message in request order: each batch gets its slice."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import trio
+
+from clmq.protocol import ErrorCode, Frame, RequestCode
+from clmq.protocol.transport import ConnectionFailed, RpcError
+
+from ._batch import Batch, Buffers, QueueBuffer, QueueKey, Request
+from ._future import Answer, SendError, resolve_each
+from ._tries import NotLeader
+
+log = logging.getLogger("clmq.producer")
+
+
+def reply_error(addr: str, reply: Frame) -> RpcError | None:
+    """The error a SEND_MESSAGE answer carries (None: stored; FLUSH_DISK_TIMEOUT is
+    stored too, not fsynced in time)."""
+    if not reply.error_code or reply.error_code == ErrorCode.FLUSH_DISK_TIMEOUT:
+        return None
+    if reply.error_code == ErrorCode.NOT_LEADER:
+        leader = reply.fields.get("leader_addr")
+        return NotLeader(addr, reply.error_code, reply.error_text, leader if isinstance(leader, str) else "")
+    return RpcError(addr, reply.error_code, reply.error_text)
+
+
+class Sender:
+    def __init__(self, acc: Buffers, addr: str) -> None:
+        self.acc = acc
+        self.addr = addr
+        self.ready: dict[QueueKey, QueueBuffer] = {}  # unmuted queues with batches, oldest first (roughly)
+        self.pending = 0  # bytes in the ready queues
+        self.in_flight = 0
+        self.due = math.inf  # when the oldest ready batch has lingered enough (monotonic s)
+        self._wake = trio.Event()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def make_ready(self, qb: QueueBuffer) -> None:
+        """``qb`` (unmuted, with batches) may be sent."""
+        if qb.key in self.ready:
+            return
+        self.ready[qb.key] = qb
+        self.pending += qb.bytes
+        due = qb.batches[0].created + self.acc.linger_s
+        if due < self.due:
+            self.due = due
+            self._wake.set()
+
+    def forget(self, qb: QueueBuffer) -> None:
+        if self.ready.pop(qb.key, None) is not None:
+            self.pending -= qb.bytes
+
+    async def run(self) -> None:
+        """Forever: wait until a request is due and a slot is free, make it, send it."""
+        acc = self.acc
+        while True:
+            if self.in_flight >= acc.settings.max_in_flight or not self.ready:
+                await self._sleep(math.inf)
+                continue
+            if self.pending < acc.batch_max_bytes and not acc.urgent:
+                left = self.due - time.monotonic()
+                if left > 0:
+                    await self._sleep(left)
+                    continue
+            request = self.drain()
+            if self.ready:
+                self.due = next(iter(self.ready.values())).batches[0].created + acc.linger_s
+            else:
+                self.due = math.inf
+            if request is not None:
+                self.in_flight += 1
+                acc.nursery.start_soon(self.send, request)
+
+    async def _sleep(self, seconds: float) -> None:
+        with trio.move_on_after(seconds):
+            await self._wake.wait()
+        self._wake = trio.Event()
+
+    def drain(self) -> Request | None:
+        """Take the ready queues' batches of one topic, oldest queue first, up to
+        ``batch_max_bytes`` (a larger batch goes alone). A batch whose tries had unknown
+        outcomes goes only with batches of the same history (the broker's dedup answers
+        a request all found or none found); one marked ``alone`` goes alone."""
+        limit = self.acc.batch_max_bytes
+        topic: str | None = None
+        history: tuple[int, ...] = ()
+        taken: list[Batch] = []
+        took: list[tuple[QueueBuffer, int, int]] = []  # queue, batches taken, their bytes
+        size, full = 0, False
+        for qb in self.ready.values():
+            first = qb.batches[0]
+            if topic is None:
+                topic, history = qb.key[0], first.history
+            elif qb.key[0] != topic or first.history != history or first.alone:
+                continue
+            mq, count, nbytes = qb.mq, 0, 0
+            for b in qb.batches:
+                if taken and (b.alone or b.history != history or size + b.size > limit):
+                    full = size + b.size > limit
+                    break
+                b.open = False
+                b.mq = mq
+                if b.encoded_for != mq.queue_id:
+                    b.encode_for(mq.queue_id)
+                taken.append(b)
+                size += b.size
+                count += 1
+                nbytes += b.size
+                if b.alone:
+                    full = True
+                    break
+            if count:
+                took.append((qb, count, nbytes))
+            if full:
+                break
+        for qb, count, nbytes in took:
+            self.forget(qb)
+            for _ in range(count):
+                qb.batches.popleft()
+            qb.bytes -= nbytes
+            qb.muted = True
+        if topic is None:
+            return None
+        return Request(self.acc.next_request_id(), topic, taken, [qb for qb, _c, _n in took], bool(history))
+
+    async def send(self, req: Request) -> None:
+        """One request: its answer resolves the batches, a failure retries them."""
+        acc = self.acc
+        try:
+            body = b"".join([c for b in req.batches for c in b.chunks])
+            fields: dict[str, object] = {"topic": req.topic, "dedup": True} if req.dedup else {"topic": req.topic}
+            try:
+                reply = await acc.rpc.request(self.addr, RequestCode.SEND_MESSAGE, fields, body,
+                                              timeout_ms=acc.send_timeout_ms, check=False)  # fmt: skip
+            except (ConnectionFailed, trio.TooSlowError) as e:
+                acc.failed(req, e)
+                return
+            error = reply_error(self.addr, reply)
+            if error is not None:
+                acc.failed(req, error)
+            else:
+                self._answered(req, reply.fields, reply.error_code == ErrorCode.FLUSH_DISK_TIMEOUT)
+        except Exception as e:  # a bug must not lose batches silently: they fail, the producer goes on
+            log.exception("sending a request to %s failed", self.addr)
+            for b in req.batches:
+                acc.fail(b, SendError(f"send to {self.addr} failed: {e!r}"))
+            for qb in req.queues:
+                acc.unmute(qb)
+        finally:
+            self.in_flight -= 1
+            self._wake.set()
+
+    def _answered(self, req: Request, fields: dict[str, Any], flush_timeout: bool) -> None:
+        acc = self.acc
+        qoffs, coffs = fields["queue_offsets"], fields["commitlog_offsets"]
+        total = sum(b.count for b in req.batches)
+        # No commit-log offsets from a partition-per-file broker (it has no commit log).
+        if len(qoffs) != total or len(coffs) not in (0, total):
+            error = SendError(f"{self.addr} answered {len(qoffs)} queue offsets and {len(coffs)} commit-log offsets "
+                              f"for {total} messages")  # fmt: skip
+            for b in req.batches:
+                acc.fail(b, error)
+        else:
+            durable, duplicate = bool(fields["durable"]), bool(fields.get("duplicate", False))
+            i = 0
+            for b in req.batches:
+                n = b.count
+                answer = Answer(b.mq, qoffs, coffs, durable, flush_timeout, duplicate, i)
+                i += n
+                if b.done:
+                    continue
+                acc.finished(b)
+                keys = b.keys
+                if b.per_message:
+                    resolve_each(b.futures, answer, keys)
+                else:
+                    b.futures[0]._resolve(answer, keys, 0, n)
+        for qb in req.queues:
+            acc.unmute(qb)
