@@ -49,9 +49,13 @@ def add_command(bench_sub: Any) -> None:
     p = bench_sub.add_parser("cold-reader", help="a lagging consumer reading evicted data against tail consumers")
     a = p.add_argument
     a("--backlog-mb", type=int, default=2048, help="backlog written, then evicted from the page cache (default 2048)")
-    a("--rate", type=int, default=5_000,
-      help="steady producer, messages/s (default 5,000: on a 2-core machine this client's Python, producing and "
-           "decoding at 20,000/s, was the bottleneck even without the cold reader)")  # fmt: skip
+    a(
+        "--rate",
+        type=int,
+        default=5_000,
+        help="steady producer, messages/s (default 5,000: on a 2-core machine this client's Python, producing and "
+        "decoding at 20,000/s, was the bottleneck even without the cold reader)",
+    )
     a("--seconds", type=float, default=10.0, help="measured seconds per run, without and with the cold reader")
     a("--queues", type=int, default=8, help="queues of the topic (default 8)")
     a("--size", type=int, default=1024, help="message size in bytes (default 1024)")
@@ -117,7 +121,9 @@ async def _run(broker: BrokerProcess, args: argparse.Namespace, say: Any) -> dic
             os.sync()
             await trio.sleep(args.settle_seconds)
             evicted = evict(broker.dir / "data")
-            say(f"evicted {evicted / 2**20:,.0f} MiB from the page cache; run {'with' if cold else 'without'} the cold reader")
+            say(
+                f"evicted {evicted / 2**20:,.0f} MiB from the page cache; run {'with' if cold else 'without'} the cold reader"
+            )
             phases.append(await _phase(rpc, broker, topic, args, cold))
             say(f"  {asdict(phases[-1]) | {'windows_p99_ms': '...'}}")
         await rpc.aclose()
@@ -125,11 +131,14 @@ async def _run(broker: BrokerProcess, args: argparse.Namespace, say: Any) -> dic
     without, with_ = phases
     settings = {k: v for k, v in vars(args).items() if k not in ("func", "json", "markdown", "plot", "dir")}
     return {
-        "settings": settings, "backlog_messages": filled, "fill_s": fill_s,
-        "without": asdict(without), "with": asdict(with_),
+        "settings": settings,
+        "backlog_messages": filled,
+        "fill_s": fill_s,
+        "without": asdict(without),
+        "with": asdict(with_),
         "hot_throughput_ratio": with_.hot_msgs_per_s / without.hot_msgs_per_s if without.hot_msgs_per_s else 0.0,
         "aim_ratio": 0.9,
-    }  # fmt: skip
+    }
 
 
 def evict(data_dir: Path) -> int:
@@ -167,8 +176,13 @@ async def _fill(rpc: RpcClient, addr: str, topic: str, args: argparse.Namespace)
         q = k
         while sent[0] < target:
             sent[0] += FILL_BATCH
-            await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": topic},
-                              _batch(topic, q % args.queues, body, FILL_BATCH), timeout_ms=30_000)  # fmt: skip
+            await rpc.request(
+                addr,
+                RequestCode.SEND_MESSAGE,
+                {"topic": topic},
+                _batch(topic, q % args.queues, body, FILL_BATCH),
+                timeout_ms=30_000,
+            )
             q += FILL_SENDERS
 
     async with trio.open_nursery() as n:
@@ -184,8 +198,11 @@ async def _phase(rpc: RpcClient, broker: BrokerProcess, topic: str, args: argpar
     if cold:
         ctx = multiprocessing.get_context("spawn")
         conn, child = ctx.Pipe()
-        proc = ctx.Process(target=_cold_process, daemon=True,
-                           args=(child, broker.addr, topic, args.queues, args.cold_pulls, args.cold_max_messages))  # fmt: skip
+        proc = ctx.Process(
+            target=_cold_process,
+            daemon=True,
+            args=(child, broker.addr, topic, args.queues, args.cold_pulls, args.cold_max_messages),
+        )
         proc.start()
         await trio.to_thread.run_sync(conn.recv)  # started: its imports are not in the window
         conn.send(args.seconds)
@@ -234,8 +251,13 @@ async def _produce(rpc: RpcClient, addr: str, topic: str, args: argparse.Namespa
     start, i = trio.current_time(), 0
 
     async def one(queue_id: int) -> None:
-        await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": topic},
-                          _batch(topic, queue_id, body, TICK_MESSAGES), timeout_ms=30_000)  # fmt: skip
+        await rpc.request(
+            addr,
+            RequestCode.SEND_MESSAGE,
+            {"topic": topic},
+            _batch(topic, queue_id, body, TICK_MESSAGES),
+            timeout_ms=30_000,
+        )
 
     async with trio.open_nursery() as n:
         while start + i * period < deadline:
@@ -245,16 +267,20 @@ async def _produce(rpc: RpcClient, addr: str, topic: str, args: argparse.Namespa
     return i * TICK_MESSAGES
 
 
-async def _hot(rpc: RpcClient, addr: str, topic: str, offsets: list[int], latencies: list[tuple[float, float]],
-               deadline: float) -> None:  # fmt: skip
+async def _hot(
+    rpc: RpcClient, addr: str, topic: str, offsets: list[int], latencies: list[tuple[float, float]], deadline: float
+) -> None:
     """The tail consumer: one pull of every queue at a time, long polling; each
     message's latency from its send time."""
     with trio.move_on_at(deadline):
         while True:
             asks = [[topic, q, o, None] for q, o in enumerate(offsets)]
-            reply = await rpc.request(addr, RequestCode.PULL_MESSAGES,
-                                      {"queues": asks, "max_messages": 4096, "max_per_queue": 1024,
-                                       "max_wait_ms": HOT_WAIT_MS}, timeout_ms=60_000)  # fmt: skip
+            reply = await rpc.request(
+                addr,
+                RequestCode.PULL_MESSAGES,
+                {"queues": asks, "max_messages": 4096, "max_per_queue": 1024, "max_wait_ms": HOT_WAIT_MS},
+                timeout_ms=60_000,
+            )
             now_ns, now = time.time_ns(), time.perf_counter()
             for q, row in enumerate(reply.fields["results"]):
                 offsets[q] = row[1]
@@ -271,8 +297,9 @@ def _cold_process(conn: Connection, addr: str, topic: str, queues: int, pulls: i
     conn.send(trio.run(_cold, addr, topic, queues, pulls, max_messages, seconds))
 
 
-async def _cold(addr: str, topic: str, queues: int, pulls: int, max_messages: int,
-                seconds: float) -> tuple[int, int, float]:  # fmt: skip
+async def _cold(
+    addr: str, topic: str, queues: int, pulls: int, max_messages: int, seconds: float
+) -> tuple[int, int, float]:
     """From the earliest offsets, ``pulls`` pulls in flight (each over its share of the
     queues), no long poll; counts, does not decode."""
     offsets = [0] * queues
@@ -282,9 +309,12 @@ async def _cold(addr: str, topic: str, queues: int, pulls: int, max_messages: in
         mine = [q for q in range(queues) if q % pulls == k]
         while mine:
             asks = [[topic, q, offsets[q], None] for q in mine]
-            reply = await rpc.request(addr, RequestCode.PULL_MESSAGES,
-                                      {"queues": asks, "max_messages": max_messages, "max_per_queue": max_messages,
-                                       "max_wait_ms": 0}, timeout_ms=60_000)  # fmt: skip
+            reply = await rpc.request(
+                addr,
+                RequestCode.PULL_MESSAGES,
+                {"queues": asks, "max_messages": max_messages, "max_per_queue": max_messages, "max_wait_ms": 0},
+                timeout_ms=60_000,
+            )
             rows = dict(zip(mine, reply.fields["results"]))
             for q, row in rows.items():
                 offsets[q] = row[1]
@@ -311,15 +341,39 @@ def markdown(result: dict[str, Any]) -> str:
     rows = []
     for name in ("without", "with"):
         p = result[name]
-        rows.append([name, f"{p['produced']:,}", f"{p['hot_msgs_per_s']:,.0f}", f"{p['hot_p50_ms']:.1f}",
-                     f"{p['hot_p99_ms']:.1f}", f"{p['hot_max_ms']:.0f}", f"{p['cold_msgs_per_s']:,.0f}",
-                     f"{p['cold_mb_per_s']:.1f}", f"{p['broker_cpu_s']:.1f}"])  # fmt: skip
+        rows.append(
+            [
+                name,
+                f"{p['produced']:,}",
+                f"{p['hot_msgs_per_s']:,.0f}",
+                f"{p['hot_p50_ms']:.1f}",
+                f"{p['hot_p99_ms']:.1f}",
+                f"{p['hot_max_ms']:.0f}",
+                f"{p['cold_msgs_per_s']:,.0f}",
+                f"{p['cold_mb_per_s']:.1f}",
+                f"{p['broker_cpu_s']:.1f}",
+            ]
+        )
     s = result["settings"]
-    head = (f"Cold reader: {result['backlog_messages']:,} messages of {s['size']} B evicted from the page cache; "
-            f"producer at {s['rate']:,} msgs/s over {s['queues']} queues, {s['seconds']:.0f} s per run. "
-            f"Hot throughput with/without: **{result['hot_throughput_ratio']:.2f}** (aim >= {result['aim_ratio']}).\n\n")  # fmt: skip
-    return head + _table(["cold reader", "produced", "hot msgs/s", "hot p50 ms", "hot p99 ms", "hot max ms",
-                          "cold msgs/s", "cold MB/s", "broker CPU s"], rows)  # fmt: skip
+    head = (
+        f"Cold reader: {result['backlog_messages']:,} messages of {s['size']} B evicted from the page cache; "
+        f"producer at {s['rate']:,} msgs/s over {s['queues']} queues, {s['seconds']:.0f} s per run. "
+        f"Hot throughput with/without: **{result['hot_throughput_ratio']:.2f}** (aim >= {result['aim_ratio']}).\n\n"
+    )
+    return head + _table(
+        [
+            "cold reader",
+            "produced",
+            "hot msgs/s",
+            "hot p50 ms",
+            "hot p99 ms",
+            "hot max ms",
+            "cold msgs/s",
+            "cold MB/s",
+            "broker CPU s",
+        ],
+        rows,
+    )
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

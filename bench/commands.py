@@ -50,7 +50,9 @@ def _add_store(bench_sub: Any) -> None:
     store.add_argument("--seconds", type=float, default=3.0, help="seconds per append case (default 3)")
     store.add_argument("--runs", type=int, default=3, help="runs per case; medians are reported (default 3)")
     store.add_argument("--batch", type=int, default=256, help="messages per append batch (default 256)")
-    store.add_argument("--rebuild-messages", type=int, default=1_000_000, help="store size for the rebuild case (0: skip)")
+    store.add_argument(
+        "--rebuild-messages", type=int, default=1_000_000, help="store size for the rebuild case (0: skip)"
+    )
     store.add_argument("--scale-queues", type=int, default=100_000, help="queues in the scale case (0: skip)")
     store.add_argument("--json", type=Path, default=None, help="where to write the JSON")
     store.add_argument("--markdown", type=Path, default=None, help="also write the tables as Markdown here")
@@ -84,10 +86,19 @@ def cmd_bench_store(args: argparse.Namespace) -> int:
     from .store import run_all, write_json
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-data-", dir=args.out_dir))
-    result = run_all(root, sizes=args.sizes, queue_counts=args.queues, flushes=args.flush.split(","),
-                     seconds=args.seconds, runs=args.runs, batch=args.batch,
-                     rebuild_messages=args.rebuild_messages, scale_queues=args.scale_queues,
-                     report=lambda s: console.print(f"[dim]{s}"), save=lambda r: write_json(r, args.json))  # fmt: skip
+    result = run_all(
+        root,
+        sizes=args.sizes,
+        queue_counts=args.queues,
+        flushes=args.flush.split(","),
+        seconds=args.seconds,
+        runs=args.runs,
+        batch=args.batch,
+        rebuild_messages=args.rebuild_messages,
+        scale_queues=args.scale_queues,
+        report=lambda s: console.print(f"[dim]{s}"),
+        save=lambda r: write_json(r, args.json),
+    )
     _print_store_tables(result)
     if args.markdown:
         from .report import store_markdown
@@ -103,9 +114,17 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-data-", dir=args.out_dir))
     queues = args.queues + ([100_000] if args.huge else [])
-    result = compare(root, sizes=args.sizes, queue_counts=queues, patterns=args.patterns.split(","),
-                     flushes=args.flush.split(","), seconds=args.seconds, runs=args.runs,
-                     report=lambda s: console.print(f"[dim]{s}"), via=args.via)  # fmt: skip
+    result = compare(
+        root,
+        sizes=args.sizes,
+        queue_counts=queues,
+        patterns=args.patterns.split(","),
+        flushes=args.flush.split(","),
+        seconds=args.seconds,
+        runs=args.runs,
+        report=lambda s: console.print(f"[dim]{s}"),
+        via=args.via,
+    )
     args.json.write_text(json.dumps(result, indent=2))
     plotted = plot_available()
     if plotted:
@@ -122,8 +141,10 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
 
 
 def _print_compare_table(result: dict[str, Any]) -> None:
-    table = Table(title=f"commit-log (CL) vs partition-per-file (PPF), batches of {result['batch']}, "
-                        f"median of {result['runs']} runs")  # fmt: skip
+    table = Table(
+        title=f"commit-log (CL) vs partition-per-file (PPF), batches of {result['batch']}, "
+        f"median of {result['runs']} runs"
+    )
     for col in (
         "size B",
         "queues",
@@ -144,11 +165,23 @@ def _print_compare_table(result: dict[str, Any]) -> None:
         table.add_column(col, justify="right")
     for r in result["rows"]:
         cl, pp = r["commitlog"], r["partition-per-file"]
-        table.add_row(str(r["size"]), f"{r['queues']:,}", r["pattern"], r["flush"], f"{cl['msgs_per_s']:,.0f}",
-                      f"{pp['msgs_per_s']:,.0f}", f"{r['ratio']:.2f}", f"{cl['mb_per_s']:.1f}", f"{pp['mb_per_s']:.1f}",
-                      f"{cl['p50_ms']:.1f}/{cl['p99_ms']:.1f}", f"{pp['p50_ms']:.1f}/{pp['p99_ms']:.1f}",
-                      f"{cl['max_open_fds']:.0f}", f"{pp['max_open_fds']:.0f}", f"{cl['peak_rss_mb']:.0f}",
-                      f"{pp['peak_rss_mb']:.0f}")  # fmt: skip
+        table.add_row(
+            str(r["size"]),
+            f"{r['queues']:,}",
+            r["pattern"],
+            r["flush"],
+            f"{cl['msgs_per_s']:,.0f}",
+            f"{pp['msgs_per_s']:,.0f}",
+            f"{r['ratio']:.2f}",
+            f"{cl['mb_per_s']:.1f}",
+            f"{pp['mb_per_s']:.1f}",
+            f"{cl['p50_ms']:.1f}/{cl['p99_ms']:.1f}",
+            f"{pp['p50_ms']:.1f}/{pp['p99_ms']:.1f}",
+            f"{cl['max_open_fds']:.0f}",
+            f"{pp['max_open_fds']:.0f}",
+            f"{cl['peak_rss_mb']:.0f}",
+            f"{pp['peak_rss_mb']:.0f}",
+        )
     Console(width=max(console.width, 200)).print(table)
 
 
@@ -157,8 +190,15 @@ def _print_store_tables(result: dict[str, Any]) -> None:
     for col in ("size B", "queues", "flush", "msgs/s", "MB/s", "max dispatch lag MB", "catch-up ms"):
         table.add_column(col, justify="right")
     for r in result["append"]:
-        table.add_row(str(r["size"]), f"{r['queues']:,}", r["flush"], f"{r['msgs_per_s']:,.0f}", f"{r['mb_per_s']:.1f}",
-                      f"{r['max_dispatch_lag_mb']:.1f}", f"{r['catch_up_ms']:.0f}")  # fmt: skip
+        table.add_row(
+            str(r["size"]),
+            f"{r['queues']:,}",
+            r["flush"],
+            f"{r['msgs_per_s']:,.0f}",
+            f"{r['mb_per_s']:.1f}",
+            f"{r['max_dispatch_lag_mb']:.1f}",
+            f"{r['catch_up_ms']:.0f}",
+        )
     console.print(table)
     rb = result.get("rebuild")
     if rb:

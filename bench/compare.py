@@ -35,14 +35,20 @@ def run_case(case: Case) -> Figures:
     from clmq.broker.store import Store, StoreConfig
 
     path = Path(tempfile.mkdtemp(dir=case.root))
-    cfg = StoreConfig(path, CommitLogConfig(flush_mode=FlushMode(case.flush), segment_bytes=256 << 20),
-                      storage_mode=case.mode, max_open_files=1024)  # fmt: skip
+    cfg = StoreConfig(
+        path,
+        CommitLogConfig(flush_mode=FlushMode(case.flush), segment_bytes=256 << 20),
+        storage_mode=case.mode,
+        max_open_files=1024,
+    )
     store = Store.open(cfg).start()
     store.create_topic("bench", case.queues)
     body = b"x" * case.size
     n_batches = max(128, -(-case.queues // BATCH))  # alike for every queue count: only queue ids differ
     seq = queue_sequence(case.pattern, case.queues, n_batches * BATCH)
-    batches = [[Message("bench", q, body, tags="TagA") for q in seq[i * BATCH : (i + 1) * BATCH]] for i in range(n_batches)]
+    batches = [
+        [Message("bench", q, body, tags="TagA") for q in seq[i * BATCH : (i + 1) * BATCH]] for i in range(n_batches)
+    ]
     producers = 4 if case.flush == "sync" else 1
     latencies: list[float] = []
     fds = [_open_fds()]
@@ -82,9 +88,14 @@ def run_case(case: Case) -> Figures:
     store.close()
     shutil.rmtree(path)
     lat = sorted(latencies) or [0.0]
-    return Figures(sum(counts) / elapsed, written / elapsed / 1e6, lat[len(lat) // 2] * 1000,
-                   lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, max(fds),
-                   resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # fmt: skip
+    return Figures(
+        sum(counts) / elapsed,
+        written / elapsed / 1e6,
+        lat[len(lat) // 2] * 1000,
+        lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+        max(fds),
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    )
 
 
 def _open_fds() -> int:
@@ -92,15 +103,29 @@ def _open_fds() -> int:
 
 
 def run_in_subprocess(case: Case) -> Figures:
-    out = subprocess.run([sys.executable, "-m", "clmq.bench.compare", json.dumps(asdict(case))],
-                         capture_output=True, text=True, check=False)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "clmq.bench.compare", json.dumps(asdict(case))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"case {case} failed:\n{out.stderr[-2000:]}")
     return Figures(**json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def compare(root: Path, *, sizes: list[int], queue_counts: list[int], patterns: list[str], flushes: list[str],
-            seconds: float, runs: int, report: Callable[[str], None], via: str = "store") -> dict[str, Any]:  # fmt: skip
+def compare(
+    root: Path,
+    *,
+    sizes: list[int],
+    queue_counts: list[int],
+    patterns: list[str],
+    flushes: list[str],
+    seconds: float,
+    runs: int,
+    report: Callable[[str], None],
+    via: str = "store",
+) -> dict[str, Any]:
     """Every case in both modes, alternating, ``runs`` times; medians per case.
 
     ``via="store"`` appends in a fresh process per case; ``via="broker"`` sends the same
@@ -114,8 +139,10 @@ def compare(root: Path, *, sizes: list[int], queue_counts: list[int], patterns: 
             for mode in MODES if r % 2 == 0 else reversed(MODES):  # alternate who goes first, too
                 fig = run_one(Case(mode, s, q, p, f, seconds, str(root)))
                 samples[(s, q, p, f)][mode].append(fig)
-                report(f"run {r + 1}/{runs} {mode:>18} {s:>5} B {q:>6} queues {p:>11} {f:>5}: "
-                       f"{fig.msgs_per_s:>10,.0f} msgs/s p99 {fig.p99_ms:7.1f} ms")  # fmt: skip
+                report(
+                    f"run {r + 1}/{runs} {mode:>18} {s:>5} B {q:>6} queues {p:>11} {f:>5}: "
+                    f"{fig.msgs_per_s:>10,.0f} msgs/s p99 {fig.p99_ms:7.1f} ms"
+                )
     rows = []
     for (s, q, p, f), by_mode in samples.items():
         row: dict[str, Any] = {"size": s, "queues": q, "pattern": p, "flush": f}
@@ -143,10 +170,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax = axes[i][j]
             for flush in sorted({r["flush"] for r in rows}):
                 for mode in MODES:
-                    pts = sorted((r["queues"], r[mode]["msgs_per_s"]) for r in rows
-                                 if r["size"] == size and r["pattern"] == pattern and r["flush"] == flush)  # fmt: skip
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[mode], marker="o",
-                            label=f"{mode}, {flush} flush")  # fmt: skip
+                    pts = sorted(
+                        (r["queues"], r[mode]["msgs_per_s"])
+                        for r in rows
+                        if r["size"] == size and r["pattern"] == pattern and r["flush"] == flush
+                    )
+                    ax.plot(
+                        [p[0] for p in pts],
+                        [p[1] for p in pts],
+                        styles[mode],
+                        marker="o",
+                        label=f"{mode}, {flush} flush",
+                    )
             ax.set_xscale("log")
             ax.set_yscale("log")  # partition-per-file's rates are far below: a linear axis hides them
             ax.set_title(f"{size} B messages, {pattern}")
@@ -155,7 +190,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
     via = " through a broker" if result.get("via") == "broker" else ""
-    fig.suptitle(f"clmq: CommitLog vs partition-per-file{via}\n(median of {result['runs']} runs, batches of {result['batch']})")
+    fig.suptitle(
+        f"clmq: CommitLog vs partition-per-file{via}\n(median of {result['runs']} runs, batches of {result['batch']})"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -59,7 +59,9 @@ WINDOW_AFTER_ENQUEUED_MS = 1000  # the window starts at least this long after th
 
 def add_command(bench_sub: Any) -> None:
     """Add ``clmq bench delay`` to the parser."""
-    p = bench_sub.add_parser("delay", help="scheduled messages: send rate, delivery lateness, memory per pending message")
+    p = bench_sub.add_parser(
+        "delay", help="scheduled messages: send rate, delivery lateness, memory per pending message"
+    )
     a = p.add_argument
     a("--size-bytes", type=int, default=100, help="message body size (default 100)")
     a("--batch", type=int, default=200, help="messages per send_batch (default 200)")
@@ -67,14 +69,32 @@ def add_command(bench_sub: Any) -> None:
     a("--queues", type=int, default=8, help="queues of the real topic (default 8)")
     a("--seconds", type=float, default=3.0, help="throughput: seconds per measured send run (default 3)")
     a("--runs", type=int, default=5, help="throughput: runs of plain and scheduled, alternated; medians (default 5)")
-    a("--schedule-delay-ms", type=int, default=600_000, help="throughput: delay_ms of the scheduled sends (default 10 min)")
-    a("--pending", type=_ints, default=[10_000, 1_000_000],
-      help="precision and memory: messages pending, one case per count, comma-separated (default 10000,1000000; "
-           "the aims are judged at the largest)")  # fmt: skip
-    a("--spread-seconds", type=float, default=300.0, help="the pending messages come due evenly over this (default 300)")
+    a(
+        "--schedule-delay-ms",
+        type=int,
+        default=600_000,
+        help="throughput: delay_ms of the scheduled sends (default 10 min)",
+    )
+    a(
+        "--pending",
+        type=_ints,
+        default=[10_000, 1_000_000],
+        help="precision and memory: messages pending, one case per count, comma-separated (default 10000,1000000; "
+        "the aims are judged at the largest)",
+    )
+    a(
+        "--spread-seconds",
+        type=float,
+        default=300.0,
+        help="the pending messages come due evenly over this (default 300)",
+    )
     a("--measure-seconds", type=float, default=20.0, help="the lateness window, from the first due (default 20)")
-    a("--lead-seconds", type=float, default=3.0,
-      help="the first due: this long after scheduling starts, plus the time scheduling should take (default 3)")  # fmt: skip
+    a(
+        "--lead-seconds",
+        type=float,
+        default=3.0,
+        help="the first due: this long after scheduling starts, plus the time scheduling should take (default 3)",
+    )
     a("--settle-seconds", type=float, default=2.0, help="os.sync(), then idle this long before each broker (default 2)")
     a("--json", type=Path, default=None, help="every figure as JSON")
     a("--markdown", type=Path, default=None, help="also write the tables and the aims as Markdown here")
@@ -94,7 +114,9 @@ async def _create(addr: str, queues: int) -> None:
         await admin.create_topic(WARM_TOPIC, 1, on=[addr])
 
 
-async def _throughput(broker: BrokerProcess, args: argparse.Namespace, report: Callable[[str], None]) -> list[dict[str, Any]]:
+async def _throughput(
+    broker: BrokerProcess, args: argparse.Namespace, report: Callable[[str], None]
+) -> list[dict[str, Any]]:
     addr, pid = broker.addr, broker.proc.pid
     await _create(addr, args.queues)
     bodies = [os.urandom(args.size_bytes)] * args.batch
@@ -107,8 +129,11 @@ async def _throughput(broker: BrokerProcess, args: argparse.Namespace, report: C
             for kind in ("plain", "scheduled") if r % 2 == 0 else ("scheduled", "plain"):
                 s = await send_rate(p, TOPIC, bodies, args.senders, args.seconds, delay[kind], pid)
                 samples.append({"run": r, "kind": kind, **s})
-                report(f"run {r + 1}/{args.runs}: {kind}: {s['msgs_per_s']:,.0f} msgs/s, CPU per message: client "
-                       f"{s['client_cpu_us_per_msg']:.1f} us, broker {s['broker_cpu_us_per_msg']:.1f} us" + (f", {s['failed']:,} failed" if s["failed"] else ""))  # fmt: skip
+                report(
+                    f"run {r + 1}/{args.runs}: {kind}: {s['msgs_per_s']:,.0f} msgs/s, CPU per message: client "
+                    f"{s['client_cpu_us_per_msg']:.1f} us, broker {s['broker_cpu_us_per_msg']:.1f} us"
+                    + (f", {s['failed']:,} failed" if s["failed"] else "")
+                )
     return samples
 
 
@@ -137,15 +162,29 @@ async def _precision(broker: BrokerProcess, args: argparse.Namespace, pending: i
     window = Window(start, end, bulk.expected(start, end))
     await measure_window(addr, TOPIC, window)
     lat = window.lateness_ms
-    return {"pending": pending, "lead_s": lead_s, **sched, "pending_at_window": int(window.info_at_start.get("timer_pending", -1)),
-            "window_from_first_due_s": (start - bulk.start_ms) / 1000, "expected": window.expected, "samples": len(lat),
-            "missing": window.expected - len(lat), "read_before_window": window.before, "p50_ms": percentile(lat, 50),
-            "p90_ms": percentile(lat, 90), "p99_ms": percentile(lat, 99), "max_ms": max(lat, default=float("nan")),
-            "min_ms": min(lat, default=float("nan")), "memory": memory_figures(mem0, mem1, info1, info0),
-            "delivered_at_end": int((await broker_info(addr))["timer_delivered"])}  # fmt: skip
+    return {
+        "pending": pending,
+        "lead_s": lead_s,
+        **sched,
+        "pending_at_window": int(window.info_at_start.get("timer_pending", -1)),
+        "window_from_first_due_s": (start - bulk.start_ms) / 1000,
+        "expected": window.expected,
+        "samples": len(lat),
+        "missing": window.expected - len(lat),
+        "read_before_window": window.before,
+        "p50_ms": percentile(lat, 50),
+        "p90_ms": percentile(lat, 90),
+        "p99_ms": percentile(lat, 99),
+        "max_ms": max(lat, default=float("nan")),
+        "min_ms": min(lat, default=float("nan")),
+        "memory": memory_figures(mem0, mem1, info1, info0),
+        "delivered_at_end": int((await broker_info(addr))["timer_delivered"]),
+    }
 
 
-def precision(args: argparse.Namespace, root: Path, pending: int, rate: float, report: Callable[[str], None]) -> dict[str, Any]:
+def precision(
+    args: argparse.Namespace, root: Path, pending: int, rate: float, report: Callable[[str], None]
+) -> dict[str, Any]:
     """One precision and memory case on a fresh broker: its figures."""
     broker = _broker(root, args.settle_seconds)
     try:
@@ -153,11 +192,13 @@ def precision(args: argparse.Namespace, root: Path, pending: int, rate: float, r
     finally:
         broker.stop()
     m = row["memory"]
-    report(f"{pending:,} pending: scheduled in {row['schedule_s']:.1f} s ({row['schedule_msgs_per_s']:,.0f} msgs/s); "
-           f"lateness of {row['samples']:,} of {row['expected']:,} due in the window ({row['pending_at_window']:,} pending "
-           f"then): p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms, max {row['max_ms']:.0f} ms; memory per "
-           f"pending: VmRSS {m['rss_bytes_per_pending']:.1f} B, RssAnon {m['rss_anon_bytes_per_pending']:.1f} B, "
-           f"timer_memory_bytes {m['timer_memory_bytes_per_pending']:.1f} B")  # fmt: skip
+    report(
+        f"{pending:,} pending: scheduled in {row['schedule_s']:.1f} s ({row['schedule_msgs_per_s']:,.0f} msgs/s); "
+        f"lateness of {row['samples']:,} of {row['expected']:,} due in the window ({row['pending_at_window']:,} pending "
+        f"then): p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms, max {row['max_ms']:.0f} ms; memory per "
+        f"pending: VmRSS {m['rss_bytes_per_pending']:.1f} B, RssAnon {m['rss_anon_bytes_per_pending']:.1f} B, "
+        f"timer_memory_bytes {m['timer_memory_bytes_per_pending']:.1f} B"
+    )
     return row
 
 
@@ -171,8 +212,12 @@ def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
-    result: dict[str, Any] = {"settings": settings, "machine": {"cpus": os.cpu_count(), "load_after": os.getloadavg()},
-                              "throughput": t, "precision": rows}  # fmt: skip
+    result: dict[str, Any] = {
+        "settings": settings,
+        "machine": {"cpus": os.cpu_count(), "load_after": os.getloadavg()},
+        "throughput": t,
+        "precision": rows,
+    }
     result["aims"] = aims(result)
     return result
 

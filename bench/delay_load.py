@@ -45,8 +45,9 @@ def proc_memory(pid: int) -> dict[str, int]:
     return out
 
 
-async def send_rate(p: Producer, topic: str, bodies: list[bytes], senders: int, seconds: float,
-                    delay_ms: float | None, broker_pid: int) -> dict[str, float]:  # fmt: skip
+async def send_rate(
+    p: Producer, topic: str, bodies: list[bytes], senders: int, seconds: float, delay_ms: float | None, broker_pid: int
+) -> dict[str, float]:
     """``senders`` tasks each calling ``send_batch(topic, bodies, delay_ms=...)`` in a loop
     for ``seconds``: messages stored per second, how many failed, and the CPU time per
     message of this process and of the broker's (where a slower kind spends it)."""
@@ -67,9 +68,13 @@ async def send_rate(p: Producer, topic: str, bodies: list[bytes], senders: int, 
         for _ in range(senders):
             nursery.start_soon(sender)
     per = 1e6 / max(1, sent[0])
-    return {"msgs_per_s": sent[0] / (time.perf_counter() - t0), "sent": sent[0], "failed": failed[0],
-            "client_cpu_us_per_msg": (time.process_time() - client0) * per,
-            "broker_cpu_us_per_msg": (cpu_seconds(broker_pid) - broker0) * per}  # fmt: skip
+    return {
+        "msgs_per_s": sent[0] / (time.perf_counter() - t0),
+        "sent": sent[0],
+        "failed": failed[0],
+        "client_cpu_us_per_msg": (time.process_time() - client0) * per,
+        "broker_cpu_us_per_msg": (cpu_seconds(broker_pid) - broker0) * per,
+    }
 
 
 @dataclass
@@ -181,7 +186,9 @@ async def warm_up(p: Producer, topic: str, bodies: list[bytes]) -> None:
         await p.send_batch(topic, bodies)
 
 
-def memory_figures(before: dict[str, int], after: dict[str, int], info: dict[str, Any], info0: dict[str, Any]) -> dict[str, Any]:
+def memory_figures(
+    before: dict[str, int], after: dict[str, int], info: dict[str, Any], info0: dict[str, Any]
+) -> dict[str, Any]:
     """Bytes per pending message: the broker's RSS growth (and its anonymous part's),
     and the timer's own account (``timer_memory_bytes``)."""
     pending = int(info["timer_pending"]) - max(0, int(info0["timer_pending"]))
@@ -189,8 +196,15 @@ def memory_figures(before: dict[str, int], after: dict[str, int], info: dict[str
     def per(key: str) -> float:
         return (after.get(key, 0) - before.get(key, 0)) / pending if pending > 0 else math.nan
 
-    return {"pending_counted": pending, "rss_before_bytes": before.get("VmRSS", 0), "rss_after_bytes": after.get("VmRSS", 0),
-            "rss_anon_before_bytes": before.get("RssAnon", 0), "rss_anon_after_bytes": after.get("RssAnon", 0),
-            "rss_bytes_per_pending": per("VmRSS"), "rss_anon_bytes_per_pending": per("RssAnon"),
-            "rss_file_bytes_per_pending": per("RssFile"), "timer_memory_bytes": int(info["timer_memory_bytes"]),
-            "timer_memory_bytes_per_pending": int(info["timer_memory_bytes"]) / pending if pending > 0 else math.nan}  # fmt: skip
+    return {
+        "pending_counted": pending,
+        "rss_before_bytes": before.get("VmRSS", 0),
+        "rss_after_bytes": after.get("VmRSS", 0),
+        "rss_anon_before_bytes": before.get("RssAnon", 0),
+        "rss_anon_after_bytes": after.get("RssAnon", 0),
+        "rss_bytes_per_pending": per("VmRSS"),
+        "rss_anon_bytes_per_pending": per("RssAnon"),
+        "rss_file_bytes_per_pending": per("RssFile"),
+        "timer_memory_bytes": int(info["timer_memory_bytes"]),
+        "timer_memory_bytes_per_pending": int(info["timer_memory_bytes"]) / pending if pending > 0 else math.nan,
+    }

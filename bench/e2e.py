@@ -35,9 +35,15 @@ from .e2e_raw import consume_raw, latency_raw, produce_raw
 from .e2e_report import Latency, Throughput, aims, latency_of, markdown, medians
 
 PRODUCE: dict[str, Callable[[str, Load], Awaitable[Produced]]] = {
-    "public": produce_public, "public-batches": produce_batches, "raw": produce_raw}  # fmt: skip
+    "public": produce_public,
+    "public-batches": produce_batches,
+    "raw": produce_raw,
+}
 CONSUME: dict[str, Callable[[str, str, int], Awaitable[Consumed]]] = {
-    "public": consume_public, "public-batches": consume_public, "raw": consume_raw}  # fmt: skip
+    "public": consume_public,
+    "public-batches": consume_public,
+    "raw": consume_raw,
+}
 LATENCY_QUEUES = 8  # the latency case's topic
 RAW_LATENCY_BATCH = 10  # raw: messages per send in the latency case (public: one per send)
 
@@ -57,31 +63,47 @@ def _apis(text: str) -> list[str]:
 def add_command(bench_sub: Any) -> None:
     p = bench_sub.add_parser("e2e", help="produce and consume through a broker over loopback")
     a = p.add_argument
-    a("--api", type=_apis, default=["public", "raw"],
-      help="client APIs, comma-separated (default public,raw: one run gives both, cases alternated so that drift "
-           "affects both alike). public: what a user writes, with default options: open_producer, per message "
-           "submit(topic, body, selector=...) then flush(); open_consumer and receive(). public-batches: per window of "
-           "1,000 messages one send_batch per queue it touches, concurrently (issue 17's first measurement). raw: "
-           "batches encoded by the bench and sent with Producer.send_to, --producers in flight, --batch per request "
-           "(sparse case: message i to queue i mod Q, so a request spans up to --batch queues), read back with "
-           "pull_batch 1024 and buffered_batches 256")  # fmt: skip
+    a(
+        "--api",
+        type=_apis,
+        default=["public", "raw"],
+        help="client APIs, comma-separated (default public,raw: one run gives both, cases alternated so that drift "
+        "affects both alike). public: what a user writes, with default options: open_producer, per message "
+        "submit(topic, body, selector=...) then flush(); open_consumer and receive(). public-batches: per window of "
+        "1,000 messages one send_batch per queue it touches, concurrently (issue 17's first measurement). raw: "
+        "batches encoded by the bench and sent with Producer.send_to, --producers in flight, --batch per request "
+        "(sparse case: message i to queue i mod Q, so a request spans up to --batch queues), read back with "
+        "pull_batch 1024 and buffered_batches 256",
+    )
     a("--sizes", default="100,1024", help="message sizes in bytes (default 100,1024)")
     a("--queues", default="1,1000,10000", help="queue counts (default 1,1000,10000)")
     a("--flush", default="async,sync", help="flush modes (default async,sync)")
     a("--seconds", type=float, default=3.0, help="seconds of producing per timed case (default 3)")
-    a("--sparse-total", type=int, default=100_000,
-      help="sparse case: messages spread over --sparse-queues, produced then consumed (default 100,000; 0: skip)")  # fmt: skip
+    a(
+        "--sparse-total",
+        type=int,
+        default=100_000,
+        help="sparse case: messages spread over --sparse-queues, produced then consumed (default 100,000; 0: skip)",
+    )
     a("--sparse-queues", default="1,1000,10000", help="sparse case: queue counts (default 1,1000,10000)")
     a("--sparse-size", type=int, default=1024, help="sparse case: message size in bytes, async flush (default 1024)")
     a("--runs", type=int, default=3, help="runs; medians are reported (default 3)")
     a("--producers", type=int, default=4, help="raw: concurrent batch senders (default 4)")
     a("--batch", type=int, default=256, help="raw: messages per request (default 256)")
-    a("--latency-rate", type=int, default=10_000,
-      help="msgs/s for the latency case, sync flush, 1 KiB (default 10,000; 0: skip). public: one send per message, "
-           "each awaited in its own task; raw: sends of 10")  # fmt: skip
-    a("--settle-seconds", type=float, default=3.0,
-      help="before each case: os.sync(), then this long idle, so that a case does not measure the "
-           "previous one's writeback and file deletions (default 3)")  # fmt: skip
+    a(
+        "--latency-rate",
+        type=int,
+        default=10_000,
+        help="msgs/s for the latency case, sync flush, 1 KiB (default 10,000; 0: skip). public: one send per message, "
+        "each awaited in its own task; raw: sends of 10",
+    )
+    a(
+        "--settle-seconds",
+        type=float,
+        default=3.0,
+        help="before each case: os.sync(), then this long idle, so that a case does not measure the "
+        "previous one's writeback and file deletions (default 3)",
+    )
     a("--json", type=Path, default=None, help="every case of every run, the medians and the aims")
     a("--markdown", type=Path, default=None, help="also write the tables and the aims as Markdown here")
     a("--plot", type=Path, default=None, help="draw produce and consume per queue count against the aims (matplotlib)")
@@ -102,8 +124,20 @@ class BrokerProcess:
         self.dir = Path(tempfile.mkdtemp(dir=root))
         self.port = _free_port()
         self.addr = f"127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "clmq", "broker", "--listen-port", str(self.port), "--data-dir",
-               str(self.dir / "data"), "--flush-mode", flush, "--storage-mode", storage_mode]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "clmq",
+            "broker",
+            "--listen-port",
+            str(self.port),
+            "--data-dir",
+            str(self.dir / "data"),
+            "--flush-mode",
+            flush,
+            "--storage-mode",
+            storage_mode,
+        ]
         self.log = self.dir / "broker.log"  # a file, not a pipe: a full pipe would stall the broker
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))  # noqa: SIM115 - the broker process owns it
         deadline = time.monotonic() + 30
@@ -124,7 +158,9 @@ class BrokerProcess:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-        problems = [line for line in self.log.read_text(errors="replace").splitlines() if "ERROR" in line or "Traceback" in line]
+        problems = [
+            line for line in self.log.read_text(errors="replace").splitlines() if "ERROR" in line or "Traceback" in line
+        ]
         if problems:
             print(f"broker log ({self.log}): {len(problems)} errors, first: {problems[0]}", file=sys.stderr)
         subprocess.run(["rm", "-rf", str(self.dir)], check=False)
@@ -143,10 +179,26 @@ async def _case(broker: BrokerProcess, api: str, case: str, load: Load, flush: s
     consumed = await CONSUME[api](broker.addr, load.topic, stored)
     consume_cpu = (client.used_s(), server.used_s())
     rate = stored / produced.elapsed_s
-    return Throughput(api, case, load.size, load.queues, flush, rate, rate * load.size / 1e6, consumed.overall_msgs_per_s,
-                      consumed.fetch_msgs_per_s, consumed.first_batch_s, stored, produced.failed, consumed.messages,
-                      produce_cpu[0] * 1e6 / stored, produce_cpu[1] * 1e6 / stored, consume_cpu[0] * 1e6 / stored,
-                      consume_cpu[1] * 1e6 / stored, produced.call)  # fmt: skip
+    return Throughput(
+        api,
+        case,
+        load.size,
+        load.queues,
+        flush,
+        rate,
+        rate * load.size / 1e6,
+        consumed.overall_msgs_per_s,
+        consumed.fetch_msgs_per_s,
+        consumed.first_batch_s,
+        stored,
+        produced.failed,
+        consumed.messages,
+        produce_cpu[0] * 1e6 / stored,
+        produce_cpu[1] * 1e6 / stored,
+        consume_cpu[0] * 1e6 / stored,
+        consume_cpu[1] * 1e6 / stored,
+        produced.call,
+    )
 
 
 def _run_case(root: Path, api: str, case: str, load: Load, flush: str, args: argparse.Namespace) -> Throughput:
@@ -159,12 +211,14 @@ def _run_case(root: Path, api: str, case: str, load: Load, flush: str, args: arg
 
 
 def _line(r: int, args: argparse.Namespace, t: Throughput) -> str:
-    return (f"run {r + 1}/{args.runs}: {t.api}, {t.case}: {t.size} B x {t.queues:,} queues, {t.flush} flush: "
-            f"produce {t.produce_msgs_per_s:,.0f} msgs/s ({t.produce_client_cpu_us_per_msg:.1f} / "
-            f"{t.produce_broker_cpu_us_per_msg:.1f} µs CPU per message in client / broker), consume "
-            f"{t.consume_msgs_per_s:,.0f} msgs/s (fetch {t.consume_fetch_msgs_per_s:,.0f}, first batch after "
-            f"{t.consumer_start_s:.2f} s), {t.consumed:,} of {t.messages:,} read back"
-            + (f", {t.failed:,} failed" if t.failed else ""))  # fmt: skip
+    return (
+        f"run {r + 1}/{args.runs}: {t.api}, {t.case}: {t.size} B x {t.queues:,} queues, {t.flush} flush: "
+        f"produce {t.produce_msgs_per_s:,.0f} msgs/s ({t.produce_client_cpu_us_per_msg:.1f} / "
+        f"{t.produce_broker_cpu_us_per_msg:.1f} µs CPU per message in client / broker), consume "
+        f"{t.consume_msgs_per_s:,.0f} msgs/s (fetch {t.consume_fetch_msgs_per_s:,.0f}, first batch after "
+        f"{t.consumer_start_s:.2f} s), {t.consumed:,} of {t.messages:,} read back"
+        + (f", {t.failed:,} failed" if t.failed else "")
+    )
 
 
 def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:
@@ -172,10 +226,19 @@ def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str
     other run); the samples, their medians and the aims."""
     root = Path(tempfile.mkdtemp(prefix="clmq-bench-e2e-"))
     apis: list[str] = args.api
-    timed = [Load("bench", s, q, seconds=args.seconds, producers=args.producers, batch=args.batch)
-             for s in _ints(args.sizes) for q in _ints(args.queues)]  # fmt: skip
-    sparse = [Load("bench", args.sparse_size, q, total=args.sparse_total, producers=args.producers, batch=args.batch)
-              for q in _ints(args.sparse_queues)] if args.sparse_total > 0 else []  # fmt: skip
+    timed = [
+        Load("bench", s, q, seconds=args.seconds, producers=args.producers, batch=args.batch)
+        for s in _ints(args.sizes)
+        for q in _ints(args.queues)
+    ]
+    sparse = (
+        [
+            Load("bench", args.sparse_size, q, total=args.sparse_total, producers=args.producers, batch=args.batch)
+            for q in _ints(args.sparse_queues)
+        ]
+        if args.sparse_total > 0
+        else []
+    )
     samples: list[dict[str, Any]] = []
     sparse_samples: list[dict[str, Any]] = []
     lat_samples: dict[str, list[dict[str, Any]]] = {api: [] for api in apis if api in ("public", "raw")}
@@ -194,15 +257,22 @@ def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str
             for api in (a for a in order if a in lat_samples and args.latency_rate):
                 lat = _latency_case(root, api, args)
                 lat_samples[api].append(asdict(lat))
-                report(f"run {r + 1}/{args.runs}: {api}, sync flush at {args.latency_rate:,} msgs/s: p50 {lat.p50_ms:.2f} ms, "
-                       f"p99 {lat.p99_ms:.2f} ms, max {lat.max_ms:.2f} ms" + (f", {lat.failed:,} sends failed" if lat.failed else ""))  # fmt: skip
+                report(
+                    f"run {r + 1}/{args.runs}: {api}, sync flush at {args.latency_rate:,} msgs/s: p50 {lat.p50_ms:.2f} ms, "
+                    f"p99 {lat.p99_ms:.2f} ms, max {lat.max_ms:.2f} ms"
+                    + (f", {lat.failed:,} sends failed" if lat.failed else "")
+                )
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
     return _result(args, samples, sparse_samples, lat_samples)
 
 
-def _result(args: argparse.Namespace, samples: list[dict[str, Any]], sparse_samples: list[dict[str, Any]],
-            lat_samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:  # fmt: skip
+def _result(
+    args: argparse.Namespace,
+    samples: list[dict[str, Any]],
+    sparse_samples: list[dict[str, Any]],
+    lat_samples: dict[str, list[dict[str, Any]]],
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "runs": args.runs,
         "apis": args.api,

@@ -48,8 +48,10 @@ async def produce_raw(addr: str, load: Load) -> Produced:
                 else:
                     first = sent[0] - count
                     mq = mqs[first % len(mqs)]
-                    msgs = [Message(load.topic, j % load.queues, body, "TagA", born_timestamp_ms=now)
-                            for j in range(first, first + count)]  # fmt: skip
+                    msgs = [
+                        Message(load.topic, j % load.queues, body, "TagA", born_timestamp_ms=now)
+                        for j in range(first, first + count)
+                    ]
                 await producer.send_to(mq, encode_batch(msgs), count)
 
         t0 = time.perf_counter()

@@ -52,7 +52,9 @@ class Latency:
 
 def latency_of(api: str, rate: int, batch: int, lat_ms: list[float], failed: int) -> Latency:
     s = sorted(lat_ms) or [float("nan")]
-    return Latency(api, rate, batch, statistics.median(s), s[max(0, int(len(s) * 0.99) - 1)], s[-1], len(lat_ms), failed)
+    return Latency(
+        api, rate, batch, statistics.median(s), s[max(0, int(len(s) * 0.99) - 1)], s[-1], len(lat_ms), failed
+    )
 
 
 def medians(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -73,8 +75,14 @@ def medians(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _row(result: dict[str, Any], api: str, case: str, queues: int, flush: str = "async") -> dict[str, Any] | None:
     table = result["rows"] if case == "timed" else result.get("sparse", [])
-    return next((r for r in table if r["api"] == api and r["size"] == AIM_SIZE and r["queues"] == queues
-                 and r["flush"] == flush), None)  # fmt: skip
+    return next(
+        (
+            r
+            for r in table
+            if r["api"] == api and r["size"] == AIM_SIZE and r["queues"] == queues and r["flush"] == flush
+        ),
+        None,
+    )
 
 
 def _queues(n: int) -> str:
@@ -82,8 +90,15 @@ def _queues(n: int) -> str:
 
 
 def _aim(api: str, aim: str, measured: float, target: float, at_least: bool) -> dict[str, Any]:
-    return {"api": api, "aim": aim, "measured": measured, "want": "≥" if at_least else "≤", "target": target,
-            "ratio": measured / target, "met": measured >= target if at_least else measured <= target}  # fmt: skip
+    return {
+        "api": api,
+        "aim": aim,
+        "measured": measured,
+        "want": "≥" if at_least else "≤",
+        "target": target,
+        "ratio": measured / target,
+        "met": measured >= target if at_least else measured <= target,
+    }
 
 
 def aims(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -95,59 +110,133 @@ def aims(result: dict[str, Any]) -> list[dict[str, Any]]:
         most = max((r["queues"] for r in result["rows"] if r["queues"] > 1), default=None)
         many = _row(result, api, "timed", most) if most else None
         if one:
-            out.append(_aim(api, "produce at 1 queue, 1 KiB, async flush (msgs/s)", one["produce_msgs_per_s"],
-                            AIM_PRODUCE_ONE_QUEUE_MSGS_PER_S, True))  # fmt: skip
+            out.append(
+                _aim(
+                    api,
+                    "produce at 1 queue, 1 KiB, async flush (msgs/s)",
+                    one["produce_msgs_per_s"],
+                    AIM_PRODUCE_ONE_QUEUE_MSGS_PER_S,
+                    True,
+                )
+            )
         if one and many and most:
-            out.append(_aim(api, f"produce at {_queues(most)} / at 1 queue", many["produce_msgs_per_s"] /
-                            one["produce_msgs_per_s"], AIM_PRODUCE_MANY_OVER_ONE, True))  # fmt: skip
+            out.append(
+                _aim(
+                    api,
+                    f"produce at {_queues(most)} / at 1 queue",
+                    many["produce_msgs_per_s"] / one["produce_msgs_per_s"],
+                    AIM_PRODUCE_MANY_OVER_ONE,
+                    True,
+                )
+            )
         for case in ("timed", "sparse"):
             table = result["rows"] if case == "timed" else result.get("sparse", [])
             for r in table:
                 if r["api"] == api and r["size"] == AIM_SIZE and r["flush"] == "async":
-                    out.append(_aim(api, f"consume, {case}, {_queues(r['queues'])} (msgs/s, whole life; first batch to "
-                                    f"last {r['consume_fetch_msgs_per_s']:,.0f})", r["consume_msgs_per_s"],
-                                    AIM_CONSUME_MSGS_PER_S, True))  # fmt: skip
+                    out.append(
+                        _aim(
+                            api,
+                            f"consume, {case}, {_queues(r['queues'])} (msgs/s, whole life; first batch to "
+                            f"last {r['consume_fetch_msgs_per_s']:,.0f})",
+                            r["consume_msgs_per_s"],
+                            AIM_CONSUME_MSGS_PER_S,
+                            True,
+                        )
+                    )
         lat = result.get("latency", {}).get(api)
         if lat:
-            aim = _aim(api, f"produce p99 at {lat['rate_msgs_per_s']:,.0f} msgs/s, sync flush, 1 KiB (ms; "
-                       f"{lat['failed']:,.0f} sends failed)", lat["p99_ms"], AIM_P99_MS, False)  # fmt: skip
+            aim = _aim(
+                api,
+                f"produce p99 at {lat['rate_msgs_per_s']:,.0f} msgs/s, sync flush, 1 KiB (ms; "
+                f"{lat['failed']:,.0f} sends failed)",
+                lat["p99_ms"],
+                AIM_P99_MS,
+                False,
+            )
             aim["met"] = aim["met"] and not lat["failed"]  # a failed send took send_timeout_ms at least
             out.append(aim)
     return out
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "|".join("---" if h in ("api", "flush", "aim") else "---:" for h in head) + "|",
-            *("| " + " | ".join(r) + " |" for r in rows)]  # fmt: skip
+    return [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" if h in ("api", "flush", "aim") else "---:" for h in head) + "|",
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
 
 
 def _throughput_rows(rows: list[dict[str, Any]], sparse: bool) -> list[str]:
-    head = ["api", "size B", "queues", *(["per queue"] if sparse else []), "flush", "produce msgs/s", "produce MB/s",
-            "consume msgs/s", "consume fetch msgs/s", "first batch s", "produce CPU µs/msg client / broker",
-            "consume CPU µs/msg client / broker"]  # fmt: skip
-    body = [[r["api"], str(r["size"]), f"{r['queues']:,}", *([f"{r['messages'] / r['queues']:,.0f}"] if sparse else []),
-             r["flush"], f"{r['produce_msgs_per_s']:,.0f}", f"{r['produce_mb_per_s']:.0f}", f"{r['consume_msgs_per_s']:,.0f}",
-             f"{r['consume_fetch_msgs_per_s']:,.0f}", f"{r['consumer_start_s']:.2f}",
-             f"{r['produce_client_cpu_us_per_msg']:.1f} / {r['produce_broker_cpu_us_per_msg']:.1f}",
-             f"{r['consume_client_cpu_us_per_msg']:.1f} / {r['consume_broker_cpu_us_per_msg']:.1f}"] for r in rows]  # fmt: skip
+    head = [
+        "api",
+        "size B",
+        "queues",
+        *(["per queue"] if sparse else []),
+        "flush",
+        "produce msgs/s",
+        "produce MB/s",
+        "consume msgs/s",
+        "consume fetch msgs/s",
+        "first batch s",
+        "produce CPU µs/msg client / broker",
+        "consume CPU µs/msg client / broker",
+    ]
+    body = [
+        [
+            r["api"],
+            str(r["size"]),
+            f"{r['queues']:,}",
+            *([f"{r['messages'] / r['queues']:,.0f}"] if sparse else []),
+            r["flush"],
+            f"{r['produce_msgs_per_s']:,.0f}",
+            f"{r['produce_mb_per_s']:.0f}",
+            f"{r['consume_msgs_per_s']:,.0f}",
+            f"{r['consume_fetch_msgs_per_s']:,.0f}",
+            f"{r['consumer_start_s']:.2f}",
+            f"{r['produce_client_cpu_us_per_msg']:.1f} / {r['produce_broker_cpu_us_per_msg']:.1f}",
+            f"{r['consume_client_cpu_us_per_msg']:.1f} / {r['consume_broker_cpu_us_per_msg']:.1f}",
+        ]
+        for r in rows
+    ]
     return _table(head, body)
 
 
 def markdown(result: dict[str, Any]) -> str:
     """The timed and sparse tables, the latency figures and the aims, as Markdown."""
-    lines = [f"Timed cases: produce for {result['seconds']} s, then consume everything; medians of {result['runs']} runs.",
-             "", *_throughput_rows(result["rows"], sparse=False)]  # fmt: skip
+    lines = [
+        f"Timed cases: produce for {result['seconds']} s, then consume everything; medians of {result['runs']} runs.",
+        "",
+        *_throughput_rows(result["rows"], sparse=False),
+    ]
     if result.get("sparse"):
-        lines += ["", f"Sparse case: {result['sparse_total']:,} messages spread over the queues, produced then consumed.",
-                  "", *_throughput_rows(result["sparse"], sparse=True)]  # fmt: skip
+        lines += [
+            "",
+            f"Sparse case: {result['sparse_total']:,} messages spread over the queues, produced then consumed.",
+            "",
+            *_throughput_rows(result["sparse"], sparse=True),
+        ]
     for api, lat in result.get("latency", {}).items():
-        lines += ["", f"Produce latency ({api}), sync flush, 1 KiB, {lat['rate_msgs_per_s']:,.0f} msgs/s in sends of "
-                  f"{lat['batch']:.0f}: p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.2f} ms "
-                  f"({lat['sends']:,.0f} sends answered, {lat['failed']:,.0f} failed)."]  # fmt: skip
+        lines += [
+            "",
+            f"Produce latency ({api}), sync flush, 1 KiB, {lat['rate_msgs_per_s']:,.0f} msgs/s in sends of "
+            f"{lat['batch']:.0f}: p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.2f} ms "
+            f"({lat['sends']:,.0f} sends answered, {lat['failed']:,.0f} failed).",
+        ]
     lines += ["", "### Aims", ""]
-    rows = [[a["aim"], a["api"], f"{a['measured']:,.2f}", f"{a['want']} {a['target']:,}",
-             f"{a['ratio']:.2f}", "met" if a["met"] else "**not met**"] for a in result.get("aims", [])]  # fmt: skip
+    rows = [
+        [
+            a["aim"],
+            a["api"],
+            f"{a['measured']:,.2f}",
+            f"{a['want']} {a['target']:,}",
+            f"{a['ratio']:.2f}",
+            "met" if a["met"] else "**not met**",
+        ]
+        for a in result.get("aims", [])
+    ]
     lines += (
-        _table(["aim", "api", "measured", "target", "measured / target", "verdict"], rows) if rows else ["(no 1 KiB async case)"]
+        _table(["aim", "api", "measured", "target", "measured / target", "verdict"], rows)
+        if rows
+        else ["(no 1 KiB async case)"]
     )
     return "\n".join(lines) + "\n"

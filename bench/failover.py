@@ -113,8 +113,9 @@ async def run(args: argparse.Namespace, cluster: FailoverCluster) -> dict[str, A
     return summarize(args, rows, acks, during, after)
 
 
-async def _failovers(args: argparse.Namespace, admin: Admin, cluster: FailoverCluster,
-                     acks: Acks) -> tuple[list[dict[str, Any]], tuple[float, float]]:  # fmt: skip
+async def _failovers(
+    args: argparse.Namespace, admin: Admin, cluster: FailoverCluster, acks: Acks
+) -> tuple[list[dict[str, Any]], tuple[float, float]]:
     rows: list[dict[str, Any]] = []
     start = trio.current_time()
     for i in range(args.failovers):
@@ -122,8 +123,10 @@ async def _failovers(args: argparse.Namespace, admin: Admin, cluster: FailoverCl
             row = await (_sigkill(admin, cluster, acks) if kind == "sigkill" else _graceful(admin, cluster, acks))
             row.update(kind=kind, index=i)
             rows.append(row)
-            console.print(f"{kind} #{i + 1}: broker {row['from']} -> {row['to']}: first ack after "
-                          f"{row['failover_s']:.3f} s, write pause {row['pause_s']:.3f} s")  # fmt: skip
+            console.print(
+                f"{kind} #{i + 1}: broker {row['from']} -> {row['to']}: first ack after "
+                f"{row['failover_s']:.3f} s, write pause {row['pause_s']:.3f} s"
+            )
     return rows, (start, trio.current_time())
 
 
@@ -153,9 +156,15 @@ async def _graceful(admin: Admin, cluster: FailoverCluster, acks: Acks) -> dict[
     return _row(acks, old, target, cluster, asked_at, took, errors_before)
 
 
-def _row(acks: Acks, old: str, new: str, cluster: FailoverCluster, at: float, took: float,
-         errors_before: int) -> dict[str, Any]:  # fmt: skip
+def _row(
+    acks: Acks, old: str, new: str, cluster: FailoverCluster, at: float, took: float, errors_before: int
+) -> dict[str, Any]:
     """One failover's figures; the write pause spans from the fault to 0.5 s past the first new ack."""
     pause = acks.longest_gap(at, at + took + PAUSE_TAIL_S)
-    return {"from": cluster.node(old).broker_id, "to": cluster.node(new).broker_id, "failover_s": took,
-            "pause_s": max(pause, 0.0), "errors": len(acks.errors) - errors_before}  # fmt: skip
+    return {
+        "from": cluster.node(old).broker_id,
+        "to": cluster.node(new).broker_id,
+        "failover_s": took,
+        "pause_s": max(pause, 0.0),
+        "errors": len(acks.errors) - errors_before,
+    }

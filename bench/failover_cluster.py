@@ -106,9 +106,15 @@ class FailoverCluster:
         d = self.root / f"broker{broker_id}"
         d.mkdir(parents=True, exist_ok=True)
         port = _free_port()
-        values = {"broker_name": GROUP, **self.settings, "broker_id": broker_id, "listen_port": port,
-                  "data_dir": str(d / "data"), "namesrv_addrs": [self.ns_addr],
-                  "zookeeper": self.zookeeper.connect_string(CHROOT)}  # fmt: skip
+        values = {
+            "broker_name": GROUP,
+            **self.settings,
+            "broker_id": broker_id,
+            "listen_port": port,
+            "data_dir": str(d / "data"),
+            "namesrv_addrs": [self.ns_addr],
+            "zookeeper": self.zookeeper.connect_string(CHROOT),
+        }
         settings = d / "broker.toml"
         settings.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items()))
         return Node(broker_id, port, d, settings)

@@ -85,7 +85,9 @@ async def statuses(admin: Admin, cluster: FailoverCluster) -> dict[str, dict[str
 def leads(status: dict[str, Any]) -> bool:
     coord = status.get("coordination") or {}
     return (
-        status.get("role") == "leader" and coord.get("session") == "CONNECTED" and coord.get("leader") == status.get("broker_id")
+        status.get("role") == "leader"
+        and coord.get("session") == "CONNECTED"
+        and coord.get("leader") == status.get("broker_id")
     )
 
 

@@ -29,27 +29,57 @@ def _rate(acks: Acks, window: tuple[float, float]) -> float | None:
     return acks.messages_between(*window) / seconds if seconds > 0 else None
 
 
-def summarize(args: argparse.Namespace, rows: list[dict[str, Any]], acks: Acks, during: tuple[float, float],
-              after: tuple[float, float]) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    acks: Acks,
+    during: tuple[float, float],
+    after: tuple[float, float],
+) -> dict[str, Any]:
     """Every figure of the run, JSON-ready (None where there is no value)."""
     kinds: dict[str, Any] = {}
     for kind in args.kinds:
         mine = [r for r in rows if r["kind"] == kind]
         med, p99 = median_p99([r["failover_s"] for r in mine])
         pause_med, pause_p99 = median_p99([r["pause_s"] for r in mine])
-        kinds[kind] = {"count": len(mine), "median_s": med, "p99_s": p99,
-                       "max_s": max((r["failover_s"] for r in mine), default=None),
-                       "pause_median_s": pause_med, "pause_p99_s": pause_p99,
-                       "errors": sum(r["errors"] for r in mine)}  # fmt: skip
-    settings = {"failovers": args.failovers, "kinds": list(args.kinds), "session_ms": args.session_ms,
-                "tick_ms": args.tick_ms, "senders": args.senders, "queues": args.queues, "size_bytes": args.size_bytes,
-                "batch_messages": args.batch_messages, "retry_budget_ms": args.retry_budget_ms, "ack_mode": "sync",
-                "min_insync_replicas": 2, "brokers": 3}  # fmt: skip
-    throughput = {"during_msgs_per_s": _rate(acks, during), "during_s": during[1] - during[0],
-                  "after_msgs_per_s": _rate(acks, after), "after_s": after[1] - after[0]}  # fmt: skip
-    return {"settings": settings, "failovers": rows, "summary": kinds, "throughput": throughput,
-            "client_errors": len(acks.errors), "client_error_samples": acks.errors[:5],
-            "acknowledged_messages": sum(acks.messages)}  # fmt: skip
+        kinds[kind] = {
+            "count": len(mine),
+            "median_s": med,
+            "p99_s": p99,
+            "max_s": max((r["failover_s"] for r in mine), default=None),
+            "pause_median_s": pause_med,
+            "pause_p99_s": pause_p99,
+            "errors": sum(r["errors"] for r in mine),
+        }
+    settings = {
+        "failovers": args.failovers,
+        "kinds": list(args.kinds),
+        "session_ms": args.session_ms,
+        "tick_ms": args.tick_ms,
+        "senders": args.senders,
+        "queues": args.queues,
+        "size_bytes": args.size_bytes,
+        "batch_messages": args.batch_messages,
+        "retry_budget_ms": args.retry_budget_ms,
+        "ack_mode": "sync",
+        "min_insync_replicas": 2,
+        "brokers": 3,
+    }
+    throughput = {
+        "during_msgs_per_s": _rate(acks, during),
+        "during_s": during[1] - during[0],
+        "after_msgs_per_s": _rate(acks, after),
+        "after_s": after[1] - after[0],
+    }
+    return {
+        "settings": settings,
+        "failovers": rows,
+        "summary": kinds,
+        "throughput": throughput,
+        "client_errors": len(acks.errors),
+        "client_error_samples": acks.errors[:5],
+        "acknowledged_messages": sum(acks.messages),
+    }
 
 
 def _s(value: float | None) -> str:
@@ -59,20 +89,34 @@ def _s(value: float | None) -> str:
 def print_report(console: Console, result: dict[str, Any]) -> None:
     """The per-kind table, then throughput and errors."""
     st = result["settings"]
-    table = Table(title=f"failover: {st['brokers']} brokers, ZooKeeper session {st['session_ms']} ms "
-                        f"(tickTime {st['tick_ms']} ms), sync acks by {st['min_insync_replicas']}")  # fmt: skip
+    table = Table(
+        title=f"failover: {st['brokers']} brokers, ZooKeeper session {st['session_ms']} ms "
+        f"(tickTime {st['tick_ms']} ms), sync acks by {st['min_insync_replicas']}"
+    )
     for col in ("kind", "failovers", "median s", "p99 s", "max s", "pause median s", "pause p99 s", "client errors"):
         table.add_column(col, justify="left" if col == "kind" else "right")
     for kind, k in result["summary"].items():
-        table.add_row(kind, str(k["count"]), _s(k["median_s"]), _s(k["p99_s"]), _s(k["max_s"]),
-                      _s(k["pause_median_s"]), _s(k["pause_p99_s"]), str(k["errors"]))  # fmt: skip
+        table.add_row(
+            kind,
+            str(k["count"]),
+            _s(k["median_s"]),
+            _s(k["p99_s"]),
+            _s(k["max_s"]),
+            _s(k["pause_median_s"]),
+            _s(k["pause_p99_s"]),
+            str(k["errors"]),
+        )
     console.print(table)
     tp = result["throughput"]
     rate = {k: "-" if v is None else f"{v:,.0f}" for k, v in tp.items() if k.endswith("msgs_per_s")}
-    console.print(f"produce: {rate['during_msgs_per_s']} msgs/s during the failovers ({tp['during_s']:.1f} s), "
-                  f"{rate['after_msgs_per_s']} msgs/s after ({tp['after_s']:.1f} s)")  # fmt: skip
-    console.print(f"client errors: {result['client_errors']}" + (f" (first: {result['client_error_samples'][0]})"
-                  if result["client_errors"] else ""))  # fmt: skip
+    console.print(
+        f"produce: {rate['during_msgs_per_s']} msgs/s during the failovers ({tp['during_s']:.1f} s), "
+        f"{rate['after_msgs_per_s']} msgs/s after ({tp['after_s']:.1f} s)"
+    )
+    console.print(
+        f"client errors: {result['client_errors']}"
+        + (f" (first: {result['client_error_samples'][0]})" if result["client_errors"] else "")
+    )
     for problem in result.get("problems", []):
         console.print(f"[yellow]{problem}")
 
@@ -87,8 +131,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     kinds = list(result["summary"])
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, field, title in ((axes[0], "failover_s", "death/switch -> first ack of the new leader"),
-                             (axes[1], "pause_s", "longest write pause around the failover")):  # fmt: skip
+    for ax, field, title in (
+        (axes[0], "failover_s", "death/switch -> first ack of the new leader"),
+        (axes[1], "pause_s", "longest write pause around the failover"),
+    ):
         for i, kind in enumerate(kinds):
             values = [r[field] for r in result["failovers"] if r["kind"] == kind and r[field] is not None]
             ax.scatter([i + (j % 7 - 3) * 0.03 for j in range(len(values))], values, s=14, alpha=0.7, label=kind)
@@ -103,8 +149,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_title(title, fontsize=9)
     axes[0].legend(fontsize=7)
     st = result["settings"]
-    fig.suptitle(f"clmq bench failover: {st['brokers']} brokers, session {st['session_ms']} ms, tickTime "
-                 f"{st['tick_ms']} ms, sync acks by {st['min_insync_replicas']} (bar: median, dotted: p99)",
-                 fontsize=9)  # fmt: skip
+    fig.suptitle(
+        f"clmq bench failover: {st['brokers']} brokers, session {st['session_ms']} ms, tickTime "
+        f"{st['tick_ms']} ms, sync acks by {st['min_insync_replicas']} (bar: median, dotted: p99)",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

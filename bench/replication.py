@@ -60,13 +60,21 @@ def add_command(bench_sub: Any) -> None:
     a("--warmup-seconds", type=float, default=1.0, help="producing before each case's window (default 1)")
     a("--runs", type=int, default=3, help="runs of every case; medians are reported (default 3)")
     a("--lag-seconds", type=float, default=8.0, help="measured seconds of the lag case (0: skip it)")
-    a("--lag-warmup-seconds", type=float, default=3.0,
-      help="producing before the lag window (default 3: a new follower's first second has one-off costs)")  # fmt: skip
+    a(
+        "--lag-warmup-seconds",
+        type=float,
+        default=3.0,
+        help="producing before the lag window (default 3: a new follower's first second has one-off costs)",
+    )
     a("--lag-followers", type=int, default=2, help="followers in the lag case (default 2)")
     a("--lag-sample-ms", type=int, default=10, help="how often the leader's view of lag is sampled (default 10)")
     a("--catchup-mb", type=float, default=512.0, help="log the empty follower copies, MB (0: skip; default 512)")
-    a("--catchup-bytes-per-s", type=int, default=256 << 20,
-      help="the replica_catchup_bytes_per_s setting (0: unlimited; default 256 MiB/s, the broker's default)")  # fmt: skip
+    a(
+        "--catchup-bytes-per-s",
+        type=int,
+        default=256 << 20,
+        help="the replica_catchup_bytes_per_s setting (0: unlimited; default 256 MiB/s, the broker's default)",
+    )
     a("--settle-seconds", type=float, default=2.0, help="os.sync(), then idle this long before each case (default 2)")
     a("--client-cpus", type=_cpus, default=None, help="pin this process to these CPUs, e.g. 0 (default: not pinned)")
     a("--broker-cpus", type=_cpus, default=None, help="pin the services to these CPUs, e.g. 1 (default: not pinned)")
@@ -79,8 +87,14 @@ def add_command(bench_sub: Any) -> None:
 
 
 def _settings(args: argparse.Namespace, ack: str, followers: int, flush: str) -> dict[str, Any]:
-    return {"broker_name": "bench", "ack_mode": ack, "min_insync_replicas": 1 + followers if ack == "sync" else 1,
-            "flush_mode": flush, "register_interval_ms": 500, "replica_catchup_bytes_per_s": args.catchup_bytes_per_s}  # fmt: skip
+    return {
+        "broker_name": "bench",
+        "ack_mode": ack,
+        "min_insync_replicas": 1 + followers if ack == "sync" else 1,
+        "flush_mode": flush,
+        "register_interval_ms": 500,
+        "replica_catchup_bytes_per_s": args.catchup_bytes_per_s,
+    }
 
 
 def _spec(args: argparse.Namespace, seconds: float, **kw: Any) -> LoadSpec:
@@ -109,42 +123,80 @@ def _cpu_pct(w: Window) -> dict[str, float]:
 
 def _figures(w: Window, size: int) -> dict[str, Any]:
     rate = w.messages / w.seconds if w.seconds > 0 else 0.0
-    return {"msgs_per_s": rate, "mb_per_s": rate * size / 1e6, "p50_ms": percentile(w.latencies_ms, 50),
-            "p99_ms": percentile(w.latencies_ms, 99), "errors": w.errors, "queues_written": len(w.queues_written),
-            "cpu_pct": _cpu_pct(w)}  # fmt: skip
+    return {
+        "msgs_per_s": rate,
+        "mb_per_s": rate * size / 1e6,
+        "p50_ms": percentile(w.latencies_ms, 50),
+        "p99_ms": percentile(w.latencies_ms, 99),
+        "errors": w.errors,
+        "queues_written": len(w.queues_written),
+        "cpu_pct": _cpu_pct(w),
+    }
 
 
-def throughput_case(args: argparse.Namespace, root: Path, queues: int, followers: int, ack: str, flush: str,
-                    report: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+def throughput_case(
+    args: argparse.Namespace,
+    root: Path,
+    queues: int,
+    followers: int,
+    ack: str,
+    flush: str,
+    report: Callable[[str], None],
+) -> dict[str, Any]:
     """One produce case as fast as the senders go: its figures."""
     group = _group(args, root, _settings(args, ack, followers, flush))
     w = _run_group(group, followers, queues, _spec(args, args.seconds), report)
-    row = {"queues": queues, "followers": followers, "ack_mode": ack, "flush_mode": flush, **_figures(w, args.size_bytes)}
-    report(f"{queues:,} queues, {followers} followers, ack {ack}, flush {flush}: {row['msgs_per_s']:,.0f} msgs/s, "
-           f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms, errors {w.errors}, CPU % {row['cpu_pct']}")  # fmt: skip
+    row = {
+        "queues": queues,
+        "followers": followers,
+        "ack_mode": ack,
+        "flush_mode": flush,
+        **_figures(w, args.size_bytes),
+    }
+    report(
+        f"{queues:,} queues, {followers} followers, ack {ack}, flush {flush}: {row['msgs_per_s']:,.0f} msgs/s, "
+        f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms, errors {w.errors}, CPU % {row['cpu_pct']}"
+    )
     return row
 
 
-def lag_case(args: argparse.Namespace, root: Path, queues: int, rate: float, report: Callable[[str], None]) -> dict[str, Any]:
+def lag_case(
+    args: argparse.Namespace, root: Path, queues: int, rate: float, report: Callable[[str], None]
+) -> dict[str, Any]:
     """``--lag-followers`` followers, async acks, producing at ``rate``: how far behind they are
     (the age of the oldest byte a follower lacks, in ms; the bytes it lacks)."""
     followers = args.lag_followers
     group = _group(args, root, _settings(args, "async", followers, "async"))
     spec = dataclasses.replace(
-        _spec(args, args.lag_seconds, rate_msgs_per_s=rate, lag_sample_ms=args.lag_sample_ms), warmup_s=args.lag_warmup_seconds
+        _spec(args, args.lag_seconds, rate_msgs_per_s=rate, lag_sample_ms=args.lag_sample_ms),
+        warmup_s=args.lag_warmup_seconds,
     )
     w = _run_group(group, followers, queues, spec, report)
     age = [a for rows in w.lag.values() for a, _, _ in rows]
-    row = {"queues": queues, "followers": followers, "target_msgs_per_s": rate, **_figures(w, args.size_bytes),
-           "lag_p50_ms": percentile(age, 50), "lag_p99_ms": percentile(age, 99), "lag_max_ms": max(age, default=math.nan),
-           "leader_lag_ms_p99": percentile([float(m) for rows in w.lag.values() for _, m, _ in rows], 99),
-           "lag_p50_bytes": percentile([float(b) for rows in w.lag.values() for _, _, b in rows], 50),
-           "lag_p99_bytes": percentile([float(b) for rows in w.lag.values() for _, _, b in rows], 99),
-           "per_follower": {str(f): {"p50_ms": percentile([a for a, _, _ in rows], 50),
-                                     "p99_ms": percentile([a for a, _, _ in rows], 99), "samples": len(rows)}
-                            for f, rows in sorted(w.lag.items())}}  # fmt: skip
-    report(f"lag, {queues:,} queues at {rate:,.0f} msgs/s (got {row['msgs_per_s']:,.0f}): p50 {row['lag_p50_ms']:.0f} ms, "
-           f"p99 {row['lag_p99_ms']:.0f} ms, p99 {row['lag_p99_bytes'] / 1e3:,.0f} kB ({len(age)} samples)")  # fmt: skip
+    row = {
+        "queues": queues,
+        "followers": followers,
+        "target_msgs_per_s": rate,
+        **_figures(w, args.size_bytes),
+        "lag_p50_ms": percentile(age, 50),
+        "lag_p99_ms": percentile(age, 99),
+        "lag_max_ms": max(age, default=math.nan),
+        "leader_lag_ms_p99": percentile([float(m) for rows in w.lag.values() for _, m, _ in rows], 99),
+        "lag_p50_bytes": percentile([float(b) for rows in w.lag.values() for _, _, b in rows], 50),
+        "lag_p99_bytes": percentile([float(b) for rows in w.lag.values() for _, _, b in rows], 99),
+        "per_follower": {
+            str(f): {
+                "p50_ms": percentile([a for a, _, _ in rows], 50),
+                "p99_ms": percentile([a for a, _, _ in rows], 99),
+                "samples": len(rows),
+            }
+            for f, rows in sorted(w.lag.items())
+        },
+    }
+    report(
+        f"lag, {queues:,} queues at {rate:,.0f} msgs/s (got {row['msgs_per_s']:,.0f}): p50 {row['lag_p50_ms']:.0f} ms, "
+        f"p99 {row['lag_p99_ms']:.0f} ms, p99 {row['lag_p99_bytes'] / 1e3:,.0f} kB ({len(age)} samples)"
+    )
     return row
 
 
@@ -167,12 +219,20 @@ def catchup_case(args: argparse.Namespace, root: Path, report: Callable[[str], N
     from_listening = t["target_bytes"] / 1e6 / t["done_s"]
     # Timed from the first byte seen (the follower's join and first fetch excluded), unless
     # the whole log arrived between two polls: then from the follower listening.
-    row = {"log_mb": t["target_bytes"] / 1e6, "catchup_bytes_per_s_setting": args.catchup_bytes_per_s,
-           "process_start_s": started_s, "first_byte_s": t["first_byte_s"], "done_s": t["done_s"], "copy_s": copy_s,
-           "mb_per_s": (t["target_bytes"] - t["first_end_bytes"]) / 1e6 / copy_s if copy_s > 0 else from_listening,
-           "mb_per_s_from_listening": from_listening}  # fmt: skip
-    report(f"catch-up of {row['log_mb']:,.0f} MB: {row['mb_per_s']:,.0f} MB/s from the first byte "
-           f"({row['mb_per_s_from_listening']:,.0f} MB/s from the follower listening; process start {started_s:.2f} s)")  # fmt: skip
+    row = {
+        "log_mb": t["target_bytes"] / 1e6,
+        "catchup_bytes_per_s_setting": args.catchup_bytes_per_s,
+        "process_start_s": started_s,
+        "first_byte_s": t["first_byte_s"],
+        "done_s": t["done_s"],
+        "copy_s": copy_s,
+        "mb_per_s": (t["target_bytes"] - t["first_end_bytes"]) / 1e6 / copy_s if copy_s > 0 else from_listening,
+        "mb_per_s_from_listening": from_listening,
+    }
+    report(
+        f"catch-up of {row['log_mb']:,.0f} MB: {row['mb_per_s']:,.0f} MB/s from the first byte "
+        f"({row['mb_per_s_from_listening']:,.0f} MB/s from the follower listening; process start {started_s:.2f} s)"
+    )
     return row
 
 
@@ -188,7 +248,9 @@ def _median_rows(rows: list[dict[str, Any]], key: tuple[str, ...]) -> list[dict[
 def _median_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in rows[0].items():
-        if isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool) and k != "queues" and k != "followers"):
+        if isinstance(v, float) or (
+            isinstance(v, int) and not isinstance(v, bool) and k != "queues" and k != "followers"
+        ):
             out[k] = statistics.median(r[k] for r in rows)
         elif isinstance(v, dict) and all(isinstance(x, (int, float)) for x in v.values()):
             out[k] = {kk: statistics.median(r[k].get(kk, 0.0) for r in rows) for kk in v}
@@ -200,7 +262,9 @@ def _median_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def rate(q: int, f: int, ack: str, flush: str) -> float:
         found = [
-            r["msgs_per_s"] for r in rows if (r["queues"], r["followers"], r["ack_mode"], r["flush_mode"]) == (q, f, ack, flush)
+            r["msgs_per_s"]
+            for r in rows
+            if (r["queues"], r["followers"], r["ack_mode"], r["flush_mode"]) == (q, f, ack, flush)
         ]
         return float(found[0]) if found and found[0] else float("nan")
 
@@ -214,15 +278,33 @@ def _aims(result: dict[str, Any]) -> list[dict[str, Any]]:
     aims = []
     for r in result["throughput"]:
         if r["followers"] == 2 and r["ack_mode"] == "sync" and r["flush_mode"] == "async":
-            aims.append({"aim": f"sync replication to 2 followers >= 0.5 x single broker sync flush ({r['queues']:,} queues)",
-                         "value": r["vs_sync_flush"], "target": 0.5, "met": r["vs_sync_flush"] >= 0.5})  # fmt: skip
+            aims.append(
+                {
+                    "aim": f"sync replication to 2 followers >= 0.5 x single broker sync flush ({r['queues']:,} queues)",
+                    "value": r["vs_sync_flush"],
+                    "target": 0.5,
+                    "met": r["vs_sync_flush"] >= 0.5,
+                }
+            )
     for r in result["lag"]:
-        aims.append({"aim": f"follower lag p99 < 100 ms at half the single broker's async rate ({r['queues']:,} queues)",
-                     "value": r["lag_p99_ms"], "target": 100.0, "met": r["lag_p99_ms"] < 100.0})  # fmt: skip
+        aims.append(
+            {
+                "aim": f"follower lag p99 < 100 ms at half the single broker's async rate ({r['queues']:,} queues)",
+                "value": r["lag_p99_ms"],
+                "target": 100.0,
+                "met": r["lag_p99_ms"] < 100.0,
+            }
+        )
     c = result["catchup"]
     if c:
-        aims.append({"aim": "catch-up of an empty follower >= 100 MB/s", "value": c["mb_per_s"], "target": 100.0,
-                     "met": c["mb_per_s"] >= 100.0})  # fmt: skip
+        aims.append(
+            {
+                "aim": "catch-up of an empty follower >= 100 MB/s",
+                "value": c["mb_per_s"],
+                "target": 100.0,
+                "met": c["mb_per_s"] >= 100.0,
+            }
+        )
     return aims
 
 
@@ -230,8 +312,11 @@ def _one_run(args: argparse.Namespace, root: Path, report: Callable[[str], None]
     rows = []
     for q in args.queues:
         rows.append(throughput_case(args, root, q, 0, "async", "sync", report))  # the single broker's sync flush
-        rows += [throughput_case(args, root, q, f, ack, "async", report)
-                 for f in args.followers for ack in args.ack_modes.split(",")]  # fmt: skip
+        rows += [
+            throughput_case(args, root, q, f, ack, "async", report)
+            for f in args.followers
+            for ack in args.ack_modes.split(",")
+        ]
     lag = []
     for q in args.queues if args.lag_seconds else []:
         base = [
@@ -260,17 +345,30 @@ def pressure() -> dict[str, float]:
 
 def _summary(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The settings, the machine, and the medians of the runs (every run kept too)."""
-    settings = {k: (sorted(v) if isinstance(v, set) else str(v) if isinstance(v, Path) else v)
-                for k, v in vars(args).items() if k != "func"}  # fmt: skip
-    machine = {"cpus": os.cpu_count(), "client_cpus": sorted(os.sched_getaffinity(0)),
-               "broker_cpus": sorted(args.broker_cpus) if args.broker_cpus else "not pinned",
-               "load_after": os.getloadavg(), "pressure_after": pressure()}  # fmt: skip
+    settings = {
+        k: (sorted(v) if isinstance(v, set) else str(v) if isinstance(v, Path) else v)
+        for k, v in vars(args).items()
+        if k != "func"
+    }
+    machine = {
+        "cpus": os.cpu_count(),
+        "client_cpus": sorted(os.sched_getaffinity(0)),
+        "broker_cpus": sorted(args.broker_cpus) if args.broker_cpus else "not pinned",
+        "load_after": os.getloadavg(),
+        "pressure_after": pressure(),
+    }
     key = ("queues", "followers", "ack_mode", "flush_mode")
     throughput = _with_ratios(_median_rows([x for run in runs for x in run["throughput"]], key))
     lag = _median_rows([x for run in runs for x in run["lag"]], ("queues",))
     catchup = _median_of([run["catchup"] for run in runs]) if args.catchup_mb else None
-    return {"settings": settings, "machine": machine, "throughput": throughput, "lag": lag, "catchup": catchup,
-            "runs": runs}  # fmt: skip
+    return {
+        "settings": settings,
+        "machine": machine,
+        "throughput": throughput,
+        "lag": lag,
+        "catchup": catchup,
+        "runs": runs,
+    }
 
 
 def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:

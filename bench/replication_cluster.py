@@ -116,8 +116,13 @@ class Group:
     def _broker(self, broker_id: int, extra: dict[str, Any]) -> Service:
         assert self.nameserver is not None
         d = Path(tempfile.mkdtemp(prefix=f"broker{broker_id}-", dir=self.root))
-        values = {**self.settings, **extra, "broker_id": broker_id, "data_dir": str(d / "data"),
-                  "namesrv_addrs": [self.nameserver.addr]}  # fmt: skip
+        values = {
+            **self.settings,
+            **extra,
+            "broker_id": broker_id,
+            "data_dir": str(d / "data"),
+            "namesrv_addrs": [self.nameserver.addr],
+        }
         settings = d / "broker.toml"
         settings.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items()))
         profile = self.profile_dir / f"broker{broker_id}-{time.time_ns()}" if self.profile_dir else None

@@ -123,8 +123,9 @@ def _round_robin(mqs: Sequence[MessageQueue], _first: Message) -> MessageQueue:
 _turn = itertools.count()
 
 
-async def _sender(producer: Producer, spec: LoadSpec, window: Window, slots: Any,
-                  times: tuple[float, float, float]) -> None:  # fmt: skip
+async def _sender(
+    producer: Producer, spec: LoadSpec, window: Window, slots: Any, times: tuple[float, float, float]
+) -> None:
     began, start, end = times
     body = os.urandom(spec.size_bytes)
     period = spec.batch_messages / spec.rate_msgs_per_s if spec.rate_msgs_per_s else 0.0
@@ -196,5 +197,10 @@ async def wait_caught_up(group: Group, follower_addr: str, poll_ms: int) -> dict
                 if end > 0 and math.isnan(first_s):
                     first_s, first_end = now, end
                 if end >= target:
-                    return {"target_bytes": target, "first_byte_s": first_s, "first_end_bytes": first_end, "done_s": now}
+                    return {
+                        "target_bytes": target,
+                        "first_byte_s": first_s,
+                        "first_end_bytes": first_end,
+                        "done_s": now,
+                    }
                 await trio.sleep(poll_ms / 1000)

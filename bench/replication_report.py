@@ -11,8 +11,20 @@ from typing import Any
 
 from rich.table import Table
 
-HEAD = ["queues (written)", "followers", "ack", "flush", "msgs/s", "MB/s", "p50 ms", "p99 ms", "vs 0 followers", "vs sync flush",
-        "errors", "CPU % client / leader / followers"]  # fmt: skip
+HEAD = [
+    "queues (written)",
+    "followers",
+    "ack",
+    "flush",
+    "msgs/s",
+    "MB/s",
+    "p50 ms",
+    "p99 ms",
+    "vs 0 followers",
+    "vs sync flush",
+    "errors",
+    "CPU % client / leader / followers",
+]
 
 
 def _cpu(r: dict[str, Any]) -> str:
@@ -26,32 +38,66 @@ def _f(x: float, fmt: str) -> str:
 
 
 def throughput_cells(r: dict[str, Any]) -> list[str]:
-    return [f"{r['queues']:,} ({r['queues_written']:,.0f})", str(r["followers"]), r["ack_mode"], r["flush_mode"],
-            _f(r["msgs_per_s"], ",.0f"), _f(r["mb_per_s"], ".1f"), _f(r["p50_ms"], ".1f"), _f(r["p99_ms"], ".1f"), _f(r["vs_0_followers"], ".2f"),
-            _f(r["vs_sync_flush"], ".2f"), f"{r['errors']:.0f}", _cpu(r)]  # fmt: skip
+    return [
+        f"{r['queues']:,} ({r['queues_written']:,.0f})",
+        str(r["followers"]),
+        r["ack_mode"],
+        r["flush_mode"],
+        _f(r["msgs_per_s"], ",.0f"),
+        _f(r["mb_per_s"], ".1f"),
+        _f(r["p50_ms"], ".1f"),
+        _f(r["p99_ms"], ".1f"),
+        _f(r["vs_0_followers"], ".2f"),
+        _f(r["vs_sync_flush"], ".2f"),
+        f"{r['errors']:.0f}",
+        _cpu(r),
+    ]
 
 
-LAG_HEAD = ["queues", "target msgs/s", "got msgs/s", "lag p50 ms", "lag p99 ms", "lag max ms", "lag p50 kB", "lag p99 kB",
-            "leader's lag_ms p99", "CPU % client / leader / followers"]  # fmt: skip
+LAG_HEAD = [
+    "queues",
+    "target msgs/s",
+    "got msgs/s",
+    "lag p50 ms",
+    "lag p99 ms",
+    "lag max ms",
+    "lag p50 kB",
+    "lag p99 kB",
+    "leader's lag_ms p99",
+    "CPU % client / leader / followers",
+]
 
 
 def lag_cells(r: dict[str, Any]) -> list[str]:
-    return [f"{r['queues']:,}", _f(r["target_msgs_per_s"], ",.0f"), _f(r["msgs_per_s"], ",.0f"), _f(r["lag_p50_ms"], ".0f"),
-            _f(r["lag_p99_ms"], ".0f"), _f(r["lag_max_ms"], ".0f"), _f(r["lag_p50_bytes"] / 1e3, ",.0f"),
-            _f(r["lag_p99_bytes"] / 1e3, ",.0f"), _f(r["leader_lag_ms_p99"], ".0f"), _cpu(r)]  # fmt: skip
+    return [
+        f"{r['queues']:,}",
+        _f(r["target_msgs_per_s"], ",.0f"),
+        _f(r["msgs_per_s"], ",.0f"),
+        _f(r["lag_p50_ms"], ".0f"),
+        _f(r["lag_p99_ms"], ".0f"),
+        _f(r["lag_max_ms"], ".0f"),
+        _f(r["lag_p50_bytes"] / 1e3, ",.0f"),
+        _f(r["lag_p99_bytes"] / 1e3, ",.0f"),
+        _f(r["leader_lag_ms_p99"], ".0f"),
+        _cpu(r),
+    ]
 
 
 def _title(result: dict[str, Any]) -> str:
     s, m = result["settings"], result["machine"]
-    return (f"{s['size_bytes']} B messages in sends of {s['batch_messages']}, {s['senders']} in flight; median of "
-            f"{s['runs']} runs of {s['seconds']:g} s; {m['cpus']} CPUs shared (client on {m['client_cpus']}, "
-            f"services {m['broker_cpus']})")  # fmt: skip
+    return (
+        f"{s['size_bytes']} B messages in sends of {s['batch_messages']}, {s['senders']} in flight; median of "
+        f"{s['runs']} runs of {s['seconds']:g} s; {m['cpus']} CPUs shared (client on {m['client_cpus']}, "
+        f"services {m['broker_cpus']})"
+    )
 
 
 def _catchup_line(c: dict[str, Any]) -> str:
-    return (f"catch-up of an empty follower: {c['log_mb']:,.0f} MB at {c['mb_per_s']:,.0f} MB/s from its first byte "
-            f"({c['copy_s']:.2f} s; {c['mb_per_s_from_listening']:,.0f} MB/s counting from the follower listening), "
-            f"replica_catchup_bytes_per_s = {c['catchup_bytes_per_s_setting']:,}")  # fmt: skip
+    return (
+        f"catch-up of an empty follower: {c['log_mb']:,.0f} MB at {c['mb_per_s']:,.0f} MB/s from its first byte "
+        f"({c['copy_s']:.2f} s; {c['mb_per_s_from_listening']:,.0f} MB/s counting from the follower listening), "
+        f"replica_catchup_bytes_per_s = {c['catchup_bytes_per_s_setting']:,}"
+    )
 
 
 def print_tables(result: dict[str, Any], console: Any) -> None:
@@ -63,8 +109,10 @@ def print_tables(result: dict[str, Any], console: Any) -> None:
         table.add_row(*throughput_cells(r))
     console.print(table)
     if result["lag"]:
-        lag = Table(title=f"follower lag ({result['settings']['lag_followers']} followers, async acks; lag ms: age of the "
-                          "oldest byte a follower lacks)")  # fmt: skip
+        lag = Table(
+            title=f"follower lag ({result['settings']['lag_followers']} followers, async acks; lag ms: age of the "
+            "oldest byte a follower lacks)"
+        )
         for col in LAG_HEAD:
             lag.add_column(col, justify="right")
         for r in result["lag"]:
@@ -73,7 +121,9 @@ def print_tables(result: dict[str, Any], console: Any) -> None:
     if result["catchup"]:
         console.print(_catchup_line(result["catchup"]))
     for a in result["aims"]:
-        console.print(f"{'[green]met' if a['met'] else '[red]missed'}[/]: {a['aim']}: {a['value']:.2f} (aim {a['target']:g})")
+        console.print(
+            f"{'[green]met' if a['met'] else '[red]missed'}[/]: {a['aim']}: {a['value']:.2f} (aim {a['target']:g})"
+        )
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
@@ -91,8 +141,12 @@ def markdown(result: dict[str, Any]) -> str:
         ]
     if result["catchup"]:
         out.append(_catchup_line(result["catchup"]) + ".\n")
-    out.append(_md_table(["aim", "measured", "met"], [[a["aim"], f"{a['value']:.2f}", "yes" if a["met"] else "**no**"]
-                                                      for a in result["aims"]]))  # fmt: skip
+    out.append(
+        _md_table(
+            ["aim", "measured", "met"],
+            [[a["aim"], f"{a['value']:.2f}", "yes" if a["met"] else "**no**"] for a in result["aims"]],
+        )
+    )
     return "\n".join(out)
 
 
@@ -109,8 +163,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for col, q in enumerate(queue_counts):
         rows = [r for r in result["throughput"] if r["queues"] == q]
         labels = ["sync flush" if r["flush_mode"] == "sync" else f"{r['followers']}F {r['ack_mode']}" for r in rows]
-        colors = ["grey" if r["flush_mode"] == "sync" else "tab:blue" if r["ack_mode"] == "async" else "tab:orange"
-                  for r in rows]  # fmt: skip
+        colors = [
+            "grey" if r["flush_mode"] == "sync" else "tab:blue" if r["ack_mode"] == "async" else "tab:orange"
+            for r in rows
+        ]
         ax = axes[0][col]
         ax.bar(labels, [r["msgs_per_s"] for r in rows], color=colors)
         ref = [r["msgs_per_s"] for r in rows if r["flush_mode"] == "sync"]

@@ -24,30 +24,86 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
 def store_markdown(result: dict[str, Any]) -> str:
     append = _table(
         ["size B", "queues", "flush", "msgs/s", "MB/s", "vs 1 queue", "max dispatch lag MB", "catch-up ms"],
-        [[str(r["size"]), f"{r['queues']:,}", r["flush"], f"{r['msgs_per_s']:,.0f}", f"{r['mb_per_s']:.0f}",
-          f"{r['msgs_per_s'] / _one_queue(result, r):.2f}", f"{r['max_dispatch_lag_mb']:.1f}", f"{r['catch_up_ms']:.0f}"]
-         for r in result["append"]],
-    )  # fmt: skip
+        [
+            [
+                str(r["size"]),
+                f"{r['queues']:,}",
+                r["flush"],
+                f"{r['msgs_per_s']:,.0f}",
+                f"{r['mb_per_s']:.0f}",
+                f"{r['msgs_per_s'] / _one_queue(result, r):.2f}",
+                f"{r['max_dispatch_lag_mb']:.1f}",
+                f"{r['catch_up_ms']:.0f}",
+            ]
+            for r in result["append"]
+        ],
+    )
     out = [append]
     rb = result.get("rebuild")
     if rb:
-        out.append(_table(
-            ["messages", "queues", "log MB", "rebuild s", "re-dispatch s", "re-dispatch records/s", "queue files s",
-             "recovery s (no checkpoint)", "CRC validation s", "validation records/s"],
-            [[f"{rb['messages']:,}", f"{rb['queues']:,}", f"{rb['log_mb']:.0f}", f"{rb['rebuild_s']:.2f}",
-              f"{rb['redispatch_s']:.2f}", f"{rb['redispatch_records_per_s']:,.0f}", f"{rb['queue_files_s']:.2f}",
-              f"{rb['recovery_s']:.2f}", f"{rb['log_validation_s']:.2f}", f"{rb['log_validation_records_per_s']:,.0f}"]],
-        ))  # fmt: skip
+        out.append(
+            _table(
+                [
+                    "messages",
+                    "queues",
+                    "log MB",
+                    "rebuild s",
+                    "re-dispatch s",
+                    "re-dispatch records/s",
+                    "queue files s",
+                    "recovery s (no checkpoint)",
+                    "CRC validation s",
+                    "validation records/s",
+                ],
+                [
+                    [
+                        f"{rb['messages']:,}",
+                        f"{rb['queues']:,}",
+                        f"{rb['log_mb']:.0f}",
+                        f"{rb['rebuild_s']:.2f}",
+                        f"{rb['redispatch_s']:.2f}",
+                        f"{rb['redispatch_records_per_s']:,.0f}",
+                        f"{rb['queue_files_s']:.2f}",
+                        f"{rb['recovery_s']:.2f}",
+                        f"{rb['log_validation_s']:.2f}",
+                        f"{rb['log_validation_records_per_s']:,.0f}",
+                    ]
+                ],
+            )
+        )
     if result.get("read"):
-        out.append(_table(["read-back over queues", "msgs/s (pulls of 32)"],
-                          [[f"{r['queues']:,}", f"{r['msgs_per_s']:,.0f}"] for r in result["read"]]))  # fmt: skip
+        out.append(
+            _table(
+                ["read-back over queues", "msgs/s (pulls of 32)"],
+                [[f"{r['queues']:,}", f"{r['msgs_per_s']:,.0f}"] for r in result["read"]],
+            )
+        )
     sc = result.get("scale")
     if sc:
-        out.append(_table(
-            ["queues", "messages", "append msgs/s", "clean reopen s", "read-back msgs/s", "max open fds", "max_open_files"],
-            [[f"{sc['queues']:,}", f"{sc['messages']:,}", f"{sc['append_msgs_per_s']:,.0f}", f"{sc['reopen_s']:.2f}",
-              f"{sc['read_msgs_per_s']:,.0f}", str(sc["max_open_fds"]), str(sc["max_open_files_setting"])]],
-        ))  # fmt: skip
+        out.append(
+            _table(
+                [
+                    "queues",
+                    "messages",
+                    "append msgs/s",
+                    "clean reopen s",
+                    "read-back msgs/s",
+                    "max open fds",
+                    "max_open_files",
+                ],
+                [
+                    [
+                        f"{sc['queues']:,}",
+                        f"{sc['messages']:,}",
+                        f"{sc['append_msgs_per_s']:,.0f}",
+                        f"{sc['reopen_s']:.2f}",
+                        f"{sc['read_msgs_per_s']:,.0f}",
+                        str(sc["max_open_fds"]),
+                        str(sc["max_open_files_setting"]),
+                    ]
+                ],
+            )
+        )
     return "\n".join(out)
 
 
@@ -60,15 +116,44 @@ def _one_queue(result: dict[str, Any], row: dict[str, Any]) -> float:
 
 
 def compare_markdown(result: dict[str, Any]) -> str:
-    one = {(r["size"], r["pattern"], r["flush"]): r["commitlog"]["msgs_per_s"] for r in result["rows"] if r["queues"] == 1}
+    one = {
+        (r["size"], r["pattern"], r["flush"]): r["commitlog"]["msgs_per_s"] for r in result["rows"] if r["queues"] == 1
+    }
     rows = []
     for r in result["rows"]:
         cl, pp = r["commitlog"], r["partition-per-file"]
         base = one.get((r["size"], r["pattern"], r["flush"]))
         flat = f"{cl['msgs_per_s'] / base:.2f}" if base else "-"
-        rows.append([str(r["size"]), f"{r['queues']:,}", r["pattern"], r["flush"], f"{cl['msgs_per_s']:,.0f}",
-                     f"{pp['msgs_per_s']:,.0f}", f"**{r['ratio']:.2f}**", flat, f"{cl['p50_ms']:.1f} / {cl['p99_ms']:.1f}",
-                     f"{pp['p50_ms']:.1f} / {pp['p99_ms']:.1f}", f"{cl['max_open_fds']:.0f} / {pp['max_open_fds']:.0f}",
-                     f"{cl['peak_rss_mb']:.0f} / {pp['peak_rss_mb']:.0f}"])  # fmt: skip
-    return _table(["size B", "queues", "pattern", "flush", "CL msgs/s", "PPF msgs/s", "CL / PPF", "CL vs 1 queue",
-                   "CL p50 / p99 ms", "PPF p50 / p99 ms", "fds CL / PPF", "peak MB CL / PPF"], rows)  # fmt: skip
+        rows.append(
+            [
+                str(r["size"]),
+                f"{r['queues']:,}",
+                r["pattern"],
+                r["flush"],
+                f"{cl['msgs_per_s']:,.0f}",
+                f"{pp['msgs_per_s']:,.0f}",
+                f"**{r['ratio']:.2f}**",
+                flat,
+                f"{cl['p50_ms']:.1f} / {cl['p99_ms']:.1f}",
+                f"{pp['p50_ms']:.1f} / {pp['p99_ms']:.1f}",
+                f"{cl['max_open_fds']:.0f} / {pp['max_open_fds']:.0f}",
+                f"{cl['peak_rss_mb']:.0f} / {pp['peak_rss_mb']:.0f}",
+            ]
+        )
+    return _table(
+        [
+            "size B",
+            "queues",
+            "pattern",
+            "flush",
+            "CL msgs/s",
+            "PPF msgs/s",
+            "CL / PPF",
+            "CL vs 1 queue",
+            "CL p50 / p99 ms",
+            "PPF p50 / p99 ms",
+            "fds CL / PPF",
+            "peak MB CL / PPF",
+        ],
+        rows,
+    )

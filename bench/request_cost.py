@@ -83,18 +83,30 @@ async def _keep_in_flight(concurrency: int, requests: int, one: Callable[[int], 
             nursery.start_soon(worker)
 
 
-async def _measure(pid: int, kind: str, flush: str, concurrency: int, requests: int,
-                   one: Callable[[int], Awaitable[None]]) -> Cost:  # fmt: skip
+async def _measure(
+    pid: int, kind: str, flush: str, concurrency: int, requests: int, one: Callable[[int], Awaitable[None]]
+) -> Cost:
     await _keep_in_flight(concurrency, min(requests, 200), one)  # warm up: connection, code paths
     broker0, client0, t0 = cpu_seconds(pid), time.process_time(), time.perf_counter()
     await _keep_in_flight(concurrency, requests, one)
     elapsed = time.perf_counter() - t0
     broker_s, client_s = cpu_seconds(pid) - broker0, time.process_time() - client0
-    return Cost(kind, flush, concurrency, requests, elapsed, requests / elapsed, broker_s, broker_s / requests * 1e6,
-                client_s / requests * 1e6)  # fmt: skip
+    return Cost(
+        kind,
+        flush,
+        concurrency,
+        requests,
+        elapsed,
+        requests / elapsed,
+        broker_s,
+        broker_s / requests * 1e6,
+        client_s / requests * 1e6,
+    )
 
 
-async def _cases(broker: BrokerProcess, flush: str, args: argparse.Namespace, report: Callable[[str], None]) -> list[Cost]:
+async def _cases(
+    broker: BrokerProcess, flush: str, args: argparse.Namespace, report: Callable[[str], None]
+) -> list[Cost]:
     levels = [int(x) for x in args.concurrency.split(",") if x]
     kinds = args.kind.split(",")
     out: list[Cost] = []
@@ -115,10 +127,14 @@ async def _cases(broker: BrokerProcess, flush: str, args: argparse.Namespace, re
 
         for kind in kinds:
             for c in levels:
-                cost = await _measure(broker.proc.pid, kind, flush, c, args.requests, produce if kind == "produce" else pull)
+                cost = await _measure(
+                    broker.proc.pid, kind, flush, c, args.requests, produce if kind == "produce" else pull
+                )
                 out.append(cost)
-                report(f"{kind}, {flush} flush, {c} in flight: {cost.broker_us_per_request:.0f} us of broker CPU per "
-                       f"request, {cost.requests_per_s:,.0f} requests/s, client {cost.client_us_per_request:.0f} us")  # fmt: skip
+                report(
+                    f"{kind}, {flush} flush, {c} in flight: {cost.broker_us_per_request:.0f} us of broker CPU per "
+                    f"request, {cost.requests_per_s:,.0f} requests/s, client {cost.client_us_per_request:.0f} us"
+                )
         await rpc.aclose()
         nursery.cancel_scope.cancel()
     return out
@@ -157,13 +173,20 @@ async def _fill(addr: str, args: argparse.Namespace) -> None:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = ["| kind | flush | in flight | broker CPU us / request | requests/s | client CPU us / request |",
-             "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| kind | flush | in flight | broker CPU us / request | requests/s | client CPU us / request |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {r['kind']} | {r['flush']} | {r['concurrency']:,} | {r['broker_us_per_request']:.0f} | "
-                     f"{r['requests_per_s']:,.0f} | {r['client_us_per_request']:.0f} |")  # fmt: skip
-    lines += ["", f"{result['requests']:,} one-message requests of {result['size']} B per case, on one connection; "
-              f"aim: at most {result['aim_us']:.0f} us of broker CPU per produce request."]  # fmt: skip
+        lines.append(
+            f"| {r['kind']} | {r['flush']} | {r['concurrency']:,} | {r['broker_us_per_request']:.0f} | "
+            f"{r['requests_per_s']:,.0f} | {r['client_us_per_request']:.0f} |"
+        )
+    lines += [
+        "",
+        f"{result['requests']:,} one-message requests of {result['size']} B per case, on one connection; "
+        f"aim: at most {result['aim_us']:.0f} us of broker CPU per produce request.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -181,7 +204,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     width = 0.8 / max(1, len(series))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for k, (kind, flush) in enumerate(series):
-        values = {r["concurrency"]: r["broker_us_per_request"] for r in rows if (r["kind"], r["flush"]) == (kind, flush)}
+        values = {
+            r["concurrency"]: r["broker_us_per_request"] for r in rows if (r["kind"], r["flush"]) == (kind, flush)
+        }
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(levels))]
         ax.bar(xs, [values.get(c, 0.0) for c in levels], width, label=f"{kind}, {flush} flush")
     ax.axhline(result["aim_us"], color="red", linestyle="--", label=f"aim: {result['aim_us']:.0f} us")

@@ -15,10 +15,16 @@ DEFAULT_OUT_DIR = Path("clmq-bench-results")
 def add_out_dir_args(bench_parsers: dict[str, Any]) -> None:
     """``--out-dir`` on every ``clmq bench`` command, and ``--plot`` where it has none."""
     for parser in bench_parsers.values():
-        parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
-                            help=f"where the JSON and the plot go (default ./{DEFAULT_OUT_DIR}/, created)")  # fmt: skip
+        parser.add_argument(
+            "--out-dir",
+            type=Path,
+            default=DEFAULT_OUT_DIR,
+            help=f"where the JSON and the plot go (default ./{DEFAULT_OUT_DIR}/, created)",
+        )
         if not any("--plot" in a.option_strings for a in parser._actions):
-            parser.add_argument("--plot", type=Path, default=None, help="where to draw the plot (default: beside the JSON)")
+            parser.add_argument(
+                "--plot", type=Path, default=None, help="where to draw the plot (default: beside the JSON)"
+            )
 
 
 def resolve_result_paths(args: argparse.Namespace) -> None:
@@ -68,8 +74,10 @@ def bar_plot(path: Path, title: str, bars: dict[str, float], unit: str, *, log: 
 
 def plot_store(result: dict[str, Any], path: Path) -> None:
     """``clmq bench store``: append rate per case, and the re-dispatch and read figures."""
-    bars = {f"append {r['size']} B, {r['queues']:,} queues, {r.get('flush', '')}".rstrip(", "): r["msgs_per_s"]
-            for r in result.get("append", [])}  # fmt: skip
+    bars = {
+        f"append {r['size']} B, {r['queues']:,} queues, {r.get('flush', '')}".rstrip(", "): r["msgs_per_s"]
+        for r in result.get("append", [])
+    }
     for r in result.get("read") or []:
         bars[f"read back, {r['queues']:,} queues"] = r.get("msgs_per_s", 0)
     if result.get("rebuild"):

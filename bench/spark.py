@@ -33,14 +33,22 @@ MAX_BODY_BYTES_PER_SIZE = 1 << 30  # bodies per size at most: 4 KiB bodies get f
 
 def add_command(bench_sub: Any) -> None:
     p = bench_sub.add_parser("spark", help="the clmq Spark source and export against Parquet (needs clmq[spark])")
-    p.add_argument("--messages", type=int, default=1_000_000,
-                   help="rows per size (default 1,000,000; fewer where bodies would pass 1 GiB)")  # fmt: skip
+    p.add_argument(
+        "--messages",
+        type=int,
+        default=1_000_000,
+        help="rows per size (default 1,000,000; fewer where bodies would pass 1 GiB)",
+    )
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="body sizes in bytes (default 200,600,4096)")
     p.add_argument("--queues", type=int, default=16, help="queues of the topic (default 16)")
     p.add_argument("--runs", type=int, default=5, help="runs of each scan; medians are reported (default 5)")
     p.add_argument("--export-runs", type=int, default=3, help="runs of each export (default 3; 0: none)")
-    p.add_argument("--index-queues", type=int, default=1000,
-                   help="queues of the store read by index and by scan (default 1,000; 0: skip)")  # fmt: skip
+    p.add_argument(
+        "--index-queues",
+        type=int,
+        default=1000,
+        help="queues of the store read by index and by scan (default 1,000; 0: skip)",
+    )
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--driver-memory", default="4g", help="the Spark driver's heap (default 4g)")
     p.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
@@ -59,52 +67,69 @@ def build_store(path: Path, messages: int, size: int, queues: int) -> int:
         store.create_topic("bench", queues)
         for start in range(0, messages, 1024):
             # random bodies: Parquet gets no help from compression that real payloads would not give
-            batch = [Message("bench", (start + i) % queues, os.urandom(size), tags="TagA", keys=f"k{start + i}")
-                     for i in range(min(1024, messages - start))]  # fmt: skip
+            batch = [
+                Message("bench", (start + i) % queues, os.urandom(size), tags="TagA", keys=f"k{start + i}")
+                for i in range(min(1024, messages - start))
+            ]
             res = store.put_batch(batch)
             if not res.ok:
                 raise RuntimeError(f"append failed: {res.status.value}: {res.error}")
         return store.end_offset
 
 
-def run_size(spark: Any, root: Path, messages: int, size: int, args: argparse.Namespace,
-             report: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+def run_size(
+    spark: Any, root: Path, messages: int, size: int, args: argparse.Namespace, report: Callable[[str], None]
+) -> dict[str, Any]:
     """Every workload at one body size."""
     from clmq.spark_connector import export
 
     store, parquet = root / f"store-{size}", root / f"parquet-{size}"
     t0 = time.perf_counter()
     log_bytes = build_store(store, messages, size, args.queues)
-    report(f"{size} B: {messages:,} messages, {log_bytes / 1e6:,.0f} MB of log, built in {time.perf_counter() - t0:.1f} s")
+    report(
+        f"{size} B: {messages:,} messages, {log_bytes / 1e6:,.0f} MB of log, built in {time.perf_counter() - t0:.1f} s"
+    )
     export(spark, {"path": str(store)}, "parquet", str(parquet), "overwrite")
     from clmq.spark_connector import parse_profile
 
     profile = parse_profile(str(store))
     meter = Meter(spark)
-    samples = run_alternating(meter, scan_cases(spark, store, parquet, root / f"replay-{size}"), args.runs, report,
-                              messages)  # fmt: skip
+    samples = run_alternating(
+        meter, scan_cases(spark, store, parquet, root / f"replay-{size}"), args.runs, report, messages
+    )
     if args.export_runs:
         samples |= run_alternating(meter, export_cases(spark, store, parquet, root), args.export_runs, report, messages)
     cases = {name: s.summary(messages) for name, s in samples.items()}
-    out = {"body_bytes": size, "messages": messages, "log_bytes": log_bytes,
-           "parquet_bytes": sum(p.stat().st_size for p in parquet.rglob("*.parquet")), "cases": cases,
-           "samples_s": {name: s.wall_s for name, s in samples.items()}, "parse_ns_per_row": profile}  # fmt: skip
+    out = {
+        "body_bytes": size,
+        "messages": messages,
+        "log_bytes": log_bytes,
+        "parquet_bytes": sum(p.stat().st_size for p in parquet.rglob("*.parquet")),
+        "cases": cases,
+        "samples_s": {name: s.wall_s for name, s in samples.items()},
+        "parse_ns_per_row": profile,
+    }
 
     def ratio(a: str, b: str) -> float | None:
         return cases[a]["rows_per_s"] / cases[b]["rows_per_s"] if a in cases and b in cases else None
 
-    out["ratios"] = {"full": ratio("clmq_full", "parquet_full"), "replay": ratio("arrow_replay_full", "parquet_full"),
-                     "full_no_crc": ratio("clmq_full_no_crc", "parquet_full"),
-                     "narrow_no_crc": ratio("clmq_narrow_no_crc", "parquet_narrow"), "narrow": ratio("clmq_narrow", "parquet_narrow"),
-                     "narrow_default_schema": ratio("clmq_narrow_default_schema", "parquet_narrow"),
-                     "export": ratio("clmq_export", "parquet_copy")}  # fmt: skip
+    out["ratios"] = {
+        "full": ratio("clmq_full", "parquet_full"),
+        "replay": ratio("arrow_replay_full", "parquet_full"),
+        "full_no_crc": ratio("clmq_full_no_crc", "parquet_full"),
+        "narrow_no_crc": ratio("clmq_narrow_no_crc", "parquet_narrow"),
+        "narrow": ratio("clmq_narrow", "parquet_narrow"),
+        "narrow_default_schema": ratio("clmq_narrow_default_schema", "parquet_narrow"),
+        "export": ratio("clmq_export", "parquet_copy"),
+    }
     for scratch in (store, parquet, root / f"replay-{size}"):
         shutil.rmtree(scratch, ignore_errors=True)
     return out
 
 
-def run_index(spark: Any, root: Path, messages: int, args: argparse.Namespace,
-              report: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+def run_index(
+    spark: Any, root: Path, messages: int, args: argparse.Namespace, report: Callable[[str], None]
+) -> dict[str, Any]:
     """The index path over every queue of a many-queue store, against the scan."""
     store = root / "store-index"
     log_bytes = build_store(store, messages, 600, args.index_queues)
@@ -114,8 +139,13 @@ def run_index(spark: Any, root: Path, messages: int, args: argparse.Namespace,
     few_rows = messages * 10 // args.index_queues
     out = {name: s.summary(few_rows if name.startswith("auto") else messages) for name, s in samples.items()}
     shutil.rmtree(store, ignore_errors=True)
-    return {"queues": args.index_queues, "messages": messages, "body_bytes": 600, "cases": out,
-            "index_over_scan": out["index_all_queues"]["rows_per_s"] / out["scan_all_queues"]["rows_per_s"]}  # fmt: skip
+    return {
+        "queues": args.index_queues,
+        "messages": messages,
+        "body_bytes": 600,
+        "cases": out,
+        "index_over_scan": out["index_all_queues"]["rows_per_s"] / out["scan_all_queues"]["rows_per_s"],
+    }
 
 
 def run(root: Path, args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:
@@ -124,13 +154,22 @@ def run(root: Path, args: argparse.Namespace, report: Callable[[str], None]) -> 
     sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
     spark = spark_session(args.master, "clmq bench spark", driver_memory=args.driver_memory)
     try:
-        results = [run_size(spark, root, min(args.messages, max(1, MAX_BODY_BYTES_PER_SIZE // s)), s, args, report)
-                   for s in sizes]  # fmt: skip
+        results = [
+            run_size(spark, root, min(args.messages, max(1, MAX_BODY_BYTES_PER_SIZE // s)), s, args, report)
+            for s in sizes
+        ]
         index = run_index(spark, root, args.messages, args, report) if args.index_queues else None
     finally:
         spark.stop()
-    return {"master": args.master, "queues": args.queues, "runs": args.runs, "export_runs": args.export_runs,
-            "cores": os.cpu_count(), "sizes": results, "index": index}  # fmt: skip
+    return {
+        "master": args.master,
+        "queues": args.queues,
+        "runs": args.runs,
+        "export_runs": args.export_runs,
+        "cores": os.cpu_count(),
+        "sizes": results,
+        "index": index,
+    }
 
 
 def cmd_bench_spark(args: argparse.Namespace) -> int:

@@ -114,8 +114,11 @@ def index_cases(spark: Any, store: Path, queues: int) -> dict[str, Callable[[], 
         return lambda: df.write.format("noop").mode("overwrite").save()
 
     few = json.dumps({"bench": list(range(0, queues, max(1, queues // 10)))[:10]})
-    return {"scan_all_queues": noop(readPath="scan"), "index_all_queues": noop(readPath="index"),
-            "auto_10_queues": noop(queues=few)}  # fmt: skip
+    return {
+        "scan_all_queues": noop(readPath="scan"),
+        "index_all_queues": noop(readPath="index"),
+        "auto_10_queues": noop(queues=few),
+    }
 
 
 def export_cases(spark: Any, store: Path, parquet: Path, scratch: Path) -> dict[str, Callable[[], Any]]:
@@ -135,8 +138,9 @@ def export_cases(spark: Any, store: Path, parquet: Path, scratch: Path) -> dict[
     return {"clmq_export": clmq_export, "parquet_copy": parquet_copy}
 
 
-def run_alternating(meter: Meter, cases: dict[str, Callable[[], Any]], runs: int,
-                    report: Callable[[str], None], rows: int) -> dict[str, Samples]:  # fmt: skip
+def run_alternating(
+    meter: Meter, cases: dict[str, Callable[[], Any]], runs: int, report: Callable[[str], None], rows: int
+) -> dict[str, Samples]:
     """Each case once to warm up (a cold JVM's first scan is ~3x slower), then ``runs``
     rounds, the order reversed every other round so neither side always goes first."""
     for action in cases.values():

@@ -20,38 +20,57 @@ LABELS = {
 
 
 def markdown(result: dict[str, Any]) -> str:
-    head = (f"| workload ({result['master']}, {result['queues']} queues) | body B | rows | rows/s | CPU µs/row |\n"
-            "|---|---:|---:|---:|---:|")  # fmt: skip
+    head = (
+        f"| workload ({result['master']}, {result['queues']} queues) | body B | rows | rows/s | CPU µs/row |\n"
+        "|---|---:|---:|---:|---:|"
+    )
     lines = [head]
     for size in result["sizes"]:
         for name, label in LABELS.items():
             c = size["cases"].get(name)
             if c:
-                lines.append(f"| {label} | {size['body_bytes']} | {size['messages']:,} | {c['rows_per_s']:,.0f} | "
-                             f"{c['cpu_us_per_row']:.2f} |")  # fmt: skip
-    lines += ["", "| body B | full scan clmq / Parquet | full, checkCrc=false | replayed Arrow / Parquet | "
-              "narrow aggregate | narrow, checkCrc=false | narrow, default schema | export / copy |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+                lines.append(
+                    f"| {label} | {size['body_bytes']} | {size['messages']:,} | {c['rows_per_s']:,.0f} | "
+                    f"{c['cpu_us_per_row']:.2f} |"
+                )
+    lines += [
+        "",
+        "| body B | full scan clmq / Parquet | full, checkCrc=false | replayed Arrow / Parquet | "
+        "narrow aggregate | narrow, checkCrc=false | narrow, default schema | export / copy |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for size in result["sizes"]:
         r = size["ratios"]
-        lines.append(f"| {size['body_bytes']} | {fmt(r['full'])} | {fmt(r.get('full_no_crc'))} | {fmt(r.get('replay'))} | "
-                     f"{fmt(r['narrow'])} | {fmt(r.get('narrow_no_crc'))} | {fmt(r['narrow_default_schema'])} | "
-                     f"{fmt(r['export'])} |")  # fmt: skip
-    lines += ["", "| body B | Python parse ns/row (in process) | of which CRC32C | walk + headers + mask | columns |",
-              "|---:|---:|---:|---:|---:|"]  # fmt: skip
+        lines.append(
+            f"| {size['body_bytes']} | {fmt(r['full'])} | {fmt(r.get('full_no_crc'))} | {fmt(r.get('replay'))} | "
+            f"{fmt(r['narrow'])} | {fmt(r.get('narrow_no_crc'))} | {fmt(r['narrow_default_schema'])} | "
+            f"{fmt(r['export'])} |"
+        )
+    lines += [
+        "",
+        "| body B | Python parse ns/row (in process) | of which CRC32C | walk + headers + mask | columns |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for size in result["sizes"]:
         p = size["parse_ns_per_row"]
         cols = sum(v for k, v in p.items() if k.startswith("column") or k == "fields")
-        lines.append(f"| {size['body_bytes']} | {sum(p.values()):.0f} | {p['crc32c']:.0f} | "
-                     f"{p['walk'] + p['headers'] + p['mask']:.0f} | {cols:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {size['body_bytes']} | {sum(p.values()):.0f} | {p['crc32c']:.0f} | "
+            f"{p['walk'] + p['headers'] + p['mask']:.0f} | {cols:.0f} |"
+        )
     index = result.get("index")
     if index:
         c = index["cases"]
-        lines += ["", f"| {index['messages']:,} messages of 600 B over {index['queues']:,} queues | rows/s | CPU µs/row |",
-                  "|---|---:|---:|"]  # fmt: skip
-        for name, label in (("scan_all_queues", "every queue, readPath=scan"),
-                            ("index_all_queues", "every queue, readPath=index"),
-                            ("auto_10_queues", "10 queues, readPath=auto (index)")):  # fmt: skip
+        lines += [
+            "",
+            f"| {index['messages']:,} messages of 600 B over {index['queues']:,} queues | rows/s | CPU µs/row |",
+            "|---|---:|---:|",
+        ]
+        for name, label in (
+            ("scan_all_queues", "every queue, readPath=scan"),
+            ("index_all_queues", "every queue, readPath=index"),
+            ("auto_10_queues", "10 queues, readPath=auto (index)"),
+        ):
             lines.append(f"| {label} | {c[name]['rows_per_s']:,.0f} | {c[name]['cpu_us_per_row']:.2f} |")
         lines.append(f"\nindex / scan over every queue: **{index['index_over_scan']:.2f}×**")
     return "\n".join(lines) + "\n"

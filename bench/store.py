@@ -71,8 +71,12 @@ Figures = TypeVar("Figures", AppendFigures, RebuildFigures, ScaleFigures, ReadFi
 
 
 def _config(path: Path, flush: str, cq_entries_per_file: int = 300_000) -> StoreConfig:
-    return StoreConfig(path, CommitLogConfig(flush_mode=FlushMode(flush), segment_bytes=256 << 20),
-                       cq_entries_per_file=cq_entries_per_file, max_open_files=1024)  # fmt: skip
+    return StoreConfig(
+        path,
+        CommitLogConfig(flush_mode=FlushMode(flush), segment_bytes=256 << 20),
+        cq_entries_per_file=cq_entries_per_file,
+        max_open_files=1024,
+    )
 
 
 def _batches(size: int, queues: int, batch: int, count: int) -> list[list[Message]]:
@@ -87,8 +91,9 @@ def _batches(size: int, queues: int, batch: int, count: int) -> list[list[Messag
     return out
 
 
-def bench_append(root: Path, size: int, queues: int, flush: str, seconds: float, batch: int,
-                 producers: int) -> AppendFigures:  # fmt: skip
+def bench_append(
+    root: Path, size: int, queues: int, flush: str, seconds: float, batch: int, producers: int
+) -> AppendFigures:
     """Append for ``seconds`` from ``producers`` threads; the dispatcher runs meanwhile."""
     path = Path(tempfile.mkdtemp(dir=root))
     store = Store.open(_config(path, flush)).start()
@@ -126,7 +131,9 @@ def bench_append(root: Path, size: int, queues: int, flush: str, seconds: float,
     store.close()
     shutil.rmtree(path)
     n = sum(counts)
-    return AppendFigures(size, queues, flush, n / elapsed, written / elapsed / 1e6, max(lags, default=0) / 1e6, catch_up * 1000)
+    return AppendFigures(
+        size, queues, flush, n / elapsed, written / elapsed / 1e6, max(lags, default=0) / 1e6, catch_up * 1000
+    )
 
 
 def bench_rebuild(root: Path, messages: int, size: int, queues: int) -> RebuildFigures:
@@ -145,8 +152,18 @@ def bench_rebuild(root: Path, messages: int, size: int, queues: int) -> RebuildF
     (path / "checkpoint").unlink()  # no checkpoint: CRC-validate the whole log too
     recovery, vs = _timed_open(path)
     shutil.rmtree(path)
-    return RebuildFigures(messages, queues, log_mb, rebuild, rs["redispatch_s"], messages / rs["redispatch_s"],
-                          rs["queue_files_s"], recovery, vs["log_open_s"], messages / vs["log_open_s"])  # fmt: skip
+    return RebuildFigures(
+        messages,
+        queues,
+        log_mb,
+        rebuild,
+        rs["redispatch_s"],
+        messages / rs["redispatch_s"],
+        rs["queue_files_s"],
+        recovery,
+        vs["log_open_s"],
+        messages / vs["log_open_s"],
+    )
 
 
 def bench_read(root: Path, messages: int, size: int, queues: int, pull: int = 32) -> ReadFigures:
@@ -176,8 +193,9 @@ def bench_read(root: Path, messages: int, size: int, queues: int, pull: int = 32
 def bench_scale(root: Path, queues: int, per_queue: int = 3, max_open_files: int = 1024) -> ScaleFigures:
     """Many queues: append ``per_queue`` messages to each, reopen, read every queue back."""
     path = Path(tempfile.mkdtemp(dir=root))
-    cfg = StoreConfig(path, CommitLogConfig(segment_bytes=256 << 20), cq_entries_per_file=300_000,
-                      max_open_files=max_open_files)  # fmt: skip
+    cfg = StoreConfig(
+        path, CommitLogConfig(segment_bytes=256 << 20), cq_entries_per_file=300_000, max_open_files=max_open_files
+    )
     fds = [_open_fds()]
     store = Store.open(cfg).start()
     per_topic = 50_000  # topics hold at most 65,536 queues: spread the queues over several
@@ -233,9 +251,20 @@ def median_of(runs: list[Figures]) -> Figures:
     return type(first)(**fields)
 
 
-def run_all(root: Path, *, sizes: list[int], queue_counts: list[int], flushes: list[str], seconds: float,
-            runs: int, batch: int, rebuild_messages: int, scale_queues: int,
-            report: Callable[[str], None], save: Callable[[dict[str, Any]], None] = lambda r: None) -> dict[str, Any]:  # fmt: skip
+def run_all(
+    root: Path,
+    *,
+    sizes: list[int],
+    queue_counts: list[int],
+    flushes: list[str],
+    seconds: float,
+    runs: int,
+    batch: int,
+    rebuild_messages: int,
+    scale_queues: int,
+    report: Callable[[str], None],
+    save: Callable[[dict[str, Any]], None] = lambda r: None,
+) -> dict[str, Any]:
     """Every measurement, alternating cases within a run so that drift hits all alike."""
     root.mkdir(parents=True, exist_ok=True)
     cases = [(s, q, f) for f in flushes for s in sizes for q in queue_counts]
@@ -244,7 +273,9 @@ def run_all(root: Path, *, sizes: list[int], queue_counts: list[int], flushes: l
         for s, q, f in cases:
             producers = 4 if f == "sync" else 1
             samples[(s, q, f)].append(bench_append(root, s, q, f, seconds, batch, producers))
-            report(f"run {r + 1}/{runs}: append {s} B x {q} queues, {f} flush: {samples[(s, q, f)][-1].msgs_per_s:,.0f} msgs/s")
+            report(
+                f"run {r + 1}/{runs}: append {s} B x {q} queues, {f} flush: {samples[(s, q, f)][-1].msgs_per_s:,.0f} msgs/s"
+            )
     result: dict[str, Any] = {
         "runs": runs,
         "seconds_per_case": seconds,
@@ -256,7 +287,9 @@ def run_all(root: Path, *, sizes: list[int], queue_counts: list[int], flushes: l
         rebuild = [bench_rebuild(root, rebuild_messages, 100, 1000) for _ in range(runs)]
         result["rebuild"] = asdict(median_of(rebuild))
         save(result)
-        report(f"rebuild of {rebuild_messages:,} messages: re-dispatch {rebuild[-1].redispatch_records_per_s:,.0f} records/s")
+        report(
+            f"rebuild of {rebuild_messages:,} messages: re-dispatch {rebuild[-1].redispatch_records_per_s:,.0f} records/s"
+        )
     reads = [bench_read(root, 200_000, 1024, q) for q in (1, 1000) for _ in range(runs)]
     result["read"] = [asdict(median_of([x for x in reads if x.queues == q])) for q in (1, 1000)]
     save(result)

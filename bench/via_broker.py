@@ -55,8 +55,10 @@ async def _drive(broker: BrokerProcess, case: Case) -> Figures:
     body = b"x" * case.size
     n_batches = max(128, -(-case.queues // BATCH))
     seq = queue_sequence(case.pattern, case.queues, n_batches * BATCH)
-    batches = [encode_batch([Message("bench", q, body, "TagA") for q in seq[i * BATCH : (i + 1) * BATCH]])
-               for i in range(n_batches)]  # fmt: skip
+    batches = [
+        encode_batch([Message("bench", q, body, "TagA") for q in seq[i * BATCH : (i + 1) * BATCH]])
+        for i in range(n_batches)
+    ]
     latencies: list[float] = []
     fds = [_fds(broker.proc.pid)]
     sent = [0]
@@ -67,8 +69,9 @@ async def _drive(broker: BrokerProcess, case: Case) -> Figures:
         async def sender(k: int) -> None:
             while time.perf_counter() < deadline:
                 t0 = time.perf_counter()
-                await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "bench"}, batches[k % n_batches],
-                                  timeout_ms=30_000)  # fmt: skip
+                await rpc.request(
+                    broker.addr, RequestCode.SEND_MESSAGE, {"topic": "bench"}, batches[k % n_batches], timeout_ms=30_000
+                )
                 latencies.append(time.perf_counter() - t0)
                 sent[0] += BATCH
                 k += SENDERS
@@ -89,5 +92,11 @@ async def _drive(broker: BrokerProcess, case: Case) -> Figures:
         await rpc.aclose()
         nursery.cancel_scope.cancel()
     lat = sorted(latencies) or [0.0]
-    return Figures(sent[0] / elapsed, sent[0] * case.size / elapsed / 1e6, lat[len(lat) // 2] * 1000,
-                   lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, max(fds), _peak_rss_mb(broker.proc.pid))  # fmt: skip
+    return Figures(
+        sent[0] / elapsed,
+        sent[0] * case.size / elapsed / 1e6,
+        lat[len(lat) // 2] * 1000,
+        lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+        max(fds),
+        _peak_rss_mb(broker.proc.pid),
+    )

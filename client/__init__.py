@@ -28,7 +28,16 @@ from .consumer import (
     allocate_averagely,
     open_consumer,
 )
-from .producer import BatchTooLargeError, BufferFullError, Producer, SendError, SendFuture, SendResult, open_producer, shard
+from .producer import (
+    BatchTooLargeError,
+    BufferFullError,
+    Producer,
+    SendError,
+    SendFuture,
+    SendResult,
+    open_producer,
+    shard,
+)
 
 __all__ = [
     "Admin",
@@ -77,4 +86,4 @@ __all__ = [
     "open_producer",
     "shard",
     "split_addr",
-]  # fmt: skip
+]

@@ -34,11 +34,17 @@ DEFAULT_MAX_KEY_SCAN_MESSAGES = 100_000  # a key lookup reads at most this many 
 class Admin:
     """Use :func:`open_admin` (trio) or :class:`client.BlockingAdmin`."""
 
-    def __init__(self, rpc: RpcClient, namesrv_addrs: list[str], broker_addrs: list[str] | None = None,
-                 timeout_ms: int = 5000) -> None:  # fmt: skip
+    def __init__(
+        self, rpc: RpcClient, namesrv_addrs: list[str], broker_addrs: list[str] | None = None, timeout_ms: int = 5000
+    ) -> None:
         if not namesrv_addrs and not broker_addrs:
             raise ValueError("give name server addresses or broker addresses")
-        self.rpc, self.namesrv_addrs, self.broker_addrs, self.timeout_ms = rpc, namesrv_addrs, broker_addrs or [], timeout_ms
+        self.rpc, self.namesrv_addrs, self.broker_addrs, self.timeout_ms = (
+            rpc,
+            namesrv_addrs,
+            broker_addrs or [],
+            timeout_ms,
+        )
 
     async def _call(self, addr: str, code: int, fields: dict[str, Any] | None = None) -> dict[str, Any]:
         return (await self.rpc.request(addr, code, fields, timeout_ms=self.timeout_ms)).fields
@@ -131,9 +137,15 @@ class Admin:
             queues += [{"broker_name": b["broker_name"], **q} for q in info["queues"]]
             members.update({m["client_id"]: m for m in info["members"]})
             retries.append(await retry_counts(self, b, group))
-        return {"group": group, "queues": queues, "members": sorted(members.values(), key=lambda m: m["client_id"]),
-                "lag": sum(q["lag"] for q in queues), "retry_backlog": sum(r["retry_backlog"] for r in retries),
-                "dead_letters": sum(r["dead_letters"] for r in retries), "retries": retries}  # fmt: skip
+        return {
+            "group": group,
+            "queues": queues,
+            "members": sorted(members.values(), key=lambda m: m["client_id"]),
+            "lag": sum(q["lag"] for q in queues),
+            "retry_backlog": sum(r["retry_backlog"] for r in retries),
+            "dead_letters": sum(r["dead_letters"] for r in retries),
+            "retries": retries,
+        }
 
     async def cancel_message(self, msg_id: str) -> CancelResult:
         """Cancel a scheduled message by the id its send returned (``host:port@HEXOFFSET``):
@@ -166,8 +178,9 @@ class Admin:
         broker: group, broker_name, addr, dead_letters, not_resent, min/max_offset."""
         return await dead_letter_counts(self, group)
 
-    async def resend_dead_letters(self, group: str, *, offsets: list[int] | None = None,
-                                  resend_all: bool = False) -> ResendResult:  # fmt: skip
+    async def resend_dead_letters(
+        self, group: str, *, offsets: list[int] | None = None, resend_all: bool = False
+    ) -> ResendResult:
         """Send ``group``'s dead letters again, as fresh messages (reconsume count 0;
         body, tags, keys and the user's properties, without ``ORIGIN_*``/``DLQ_GROUP``),
         to their origin topic (the origin queue when it still exists): the group
@@ -191,7 +204,9 @@ class Admin:
                     rows = await self.describe_topic(topic)
                     by_topic[topic] = sorted((topic, r["broker_name"], r["queue_id"]) for r in rows)
                 share = (
-                    by_topic[topic] if m["mode"] == "broadcasting" else allocate_averagely(by_topic[topic], ids, m["client_id"])
+                    by_topic[topic]
+                    if m["mode"] == "broadcasting"
+                    else allocate_averagely(by_topic[topic], ids, m["client_id"])
                 )
                 m["queues"] += [list(q) for q in share]
         return members
@@ -210,9 +225,17 @@ class Admin:
                     raise
         return done
 
-    async def reset_offsets(self, group: str, topic: str, *, to: str | int = "earliest", timestamp_ms: int | None = None,
-                            queue_ids: list[int] | None = None, dry_run: bool = False,
-                            force: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    async def reset_offsets(
+        self,
+        group: str,
+        topic: str,
+        *,
+        to: str | int = "earliest",
+        timestamp_ms: int | None = None,
+        queue_ids: list[int] | None = None,
+        dry_run: bool = False,
+        force: bool = False,
+    ) -> list[dict[str, Any]]:
         """Set ``group``'s committed offsets of ``topic`` (its queues ``queue_ids``, or
         all) to ``to`` ("earliest", "latest" or an exact offset, clamped to what the
         queue holds), or to the first message stored at or after ``timestamp_ms``.
@@ -227,19 +250,36 @@ class Admin:
             commits = []
             for q in queues:
                 after = await self._reset_target(b["addr"], topic, q, to, timestamp_ms)
-                before = (await self._call(b["addr"], RequestCode.QUERY_CONSUMER_OFFSET,
-                                           {"group": group, "topic": topic, "queue_id": q["queue_id"]}))["offset"]  # fmt: skip
-                rows.append({"broker_name": b["broker_name"], "topic": topic, "queue_id": q["queue_id"], "before": before,
-                             "after": after})  # fmt: skip
+                before = (
+                    await self._call(
+                        b["addr"],
+                        RequestCode.QUERY_CONSUMER_OFFSET,
+                        {"group": group, "topic": topic, "queue_id": q["queue_id"]},
+                    )
+                )["offset"]
+                rows.append(
+                    {
+                        "broker_name": b["broker_name"],
+                        "topic": topic,
+                        "queue_id": q["queue_id"],
+                        "before": before,
+                        "after": after,
+                    }
+                )
                 commits.append([topic, q["queue_id"], after])
             if commits and not dry_run:
                 await self._call(b["addr"], RequestCode.COMMIT_OFFSET, {"group": group, "offsets": commits})
         return rows
 
-    async def _reset_target(self, addr: str, topic: str, q: dict[str, Any], to: str | int, timestamp_ms: int | None) -> int:
+    async def _reset_target(
+        self, addr: str, topic: str, q: dict[str, Any], to: str | int, timestamp_ms: int | None
+    ) -> int:
         if timestamp_ms is not None:
-            found = await self._call(addr, RequestCode.SEARCH_OFFSET,
-                                     {"topic": topic, "queue_id": q["queue_id"], "timestamp_ms": timestamp_ms})  # fmt: skip
+            found = await self._call(
+                addr,
+                RequestCode.SEARCH_OFFSET,
+                {"topic": topic, "queue_id": q["queue_id"], "timestamp_ms": timestamp_ms},
+            )
             return int(found["offset"])
         if to == "earliest":
             return int(q["min_offset"])
@@ -249,8 +289,9 @@ class Admin:
             return max(int(q["min_offset"]), min(to, int(q["max_offset"])))
         raise ValueError(f"to={to!r}: use 'earliest', 'latest' or an offset")
 
-    async def read_queue(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
-                         broker_name: str | None = None) -> list[Record]:  # fmt: skip
+    async def read_queue(
+        self, topic: str, queue_id: int, offset: int, max_messages: int = 32, broker_name: str | None = None
+    ) -> list[Record]:
         """Up to ``max_messages`` of one queue from ``offset``, without a consumer group
         (nothing is committed). ValueError for a topic or queue that does not exist."""
         for b in await topic_leaders(self, topic, broker_name):
@@ -272,16 +313,30 @@ class Admin:
             raise
         return decode_records(reply.body, f"message {msg_id}")[0]
 
-    async def messages_by_key(self, topic: str, key: str, *, max_messages: int = 32, since_ms: int | None = None,
-                              until_ms: int | None = None,
-                              max_scan_messages: int = DEFAULT_MAX_KEY_SCAN_MESSAGES) -> KeyLookup:  # fmt: skip
+    async def messages_by_key(
+        self,
+        topic: str,
+        key: str,
+        *,
+        max_messages: int = 32,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        max_scan_messages: int = DEFAULT_MAX_KEY_SCAN_MESSAGES,
+    ) -> KeyLookup:
         """Messages of ``topic`` carrying ``key`` among their keys, newest first. There is
         no key index yet: each queue's newest messages are read (from ``since_ms`` if
         given), at most ``max_scan_messages`` in all; the result says if that cut it short."""
         if max_scan_messages < 1 or max_messages < 1:
             raise ValueError("max_scan_messages and max_messages must be at least 1")
-        return await scan_for_key(self, topic, key, max_messages=max_messages, max_scan_messages=max_scan_messages,
-                                  since_ms=since_ms, until_ms=until_ms)  # fmt: skip
+        return await scan_for_key(
+            self,
+            topic,
+            key,
+            max_messages=max_messages,
+            max_scan_messages=max_scan_messages,
+            since_ms=since_ms,
+            until_ms=until_ms,
+        )
 
     async def update_topic(self, topic: str, *, queue_count: int) -> list[str]:
         """Grow an existing topic's queue count on every leader that has it (RpcError
@@ -297,7 +352,9 @@ class Admin:
 
 
 @asynccontextmanager
-async def open_admin(namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None) -> AsyncIterator[Admin]:
+async def open_admin(
+    namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None
+) -> AsyncIterator[Admin]:
     async with background_nursery() as nursery:
         rpc = RpcClient(nursery)
         try:

@@ -71,7 +71,9 @@ def parse_msg_id(msg_id: str) -> tuple[str, int]:
         raise ValueError(f"message id {msg_id!r} is not host:port@HEXOFFSET (as a send returns it)") from None
 
 
-async def pull(admin: _Calls, addr: str, topic: str, queue_id: int, offset: int, max_messages: int) -> tuple[list[Record], int]:
+async def pull(
+    admin: _Calls, addr: str, topic: str, queue_id: int, offset: int, max_messages: int
+) -> tuple[list[Record], int]:
     """One PULL_MESSAGE without a group: the records and the next offset."""
     fields = {"topic": topic, "queue_id": queue_id, "offset": offset, "max_messages": max_messages, "max_wait_ms": 0}
     reply = await admin.rpc.request(addr, RequestCode.PULL_MESSAGE, fields, timeout_ms=admin.timeout_ms)
@@ -95,8 +97,16 @@ async def topic_leaders(admin: _Calls, topic: str, broker_name: str | None = Non
     return found
 
 
-async def scan_for_key(admin: _Calls, topic: str, key: str, *, max_messages: int, max_scan_messages: int,
-                       since_ms: int | None, until_ms: int | None) -> KeyLookup:  # fmt: skip
+async def scan_for_key(
+    admin: _Calls,
+    topic: str,
+    key: str,
+    *,
+    max_messages: int,
+    max_scan_messages: int,
+    since_ms: int | None,
+    until_ms: int | None,
+) -> KeyLookup:
     """Read each queue's newest messages (from ``since_ms`` if given) for ``key``."""
     leaders = await topic_leaders(admin, topic)
     queues = [(b["addr"], q) for b in leaders for q in b["queues"]]
@@ -106,8 +116,9 @@ async def scan_for_key(admin: _Calls, topic: str, key: str, *, max_messages: int
     for addr, q in queues:
         required = q["min_offset"]
         if since_ms is not None:
-            found = await admin._call(addr, RequestCode.SEARCH_OFFSET,
-                                      {"topic": topic, "queue_id": q["queue_id"], "timestamp_ms": since_ms})  # fmt: skip
+            found = await admin._call(
+                addr, RequestCode.SEARCH_OFFSET, {"topic": topic, "queue_id": q["queue_id"], "timestamp_ms": since_ms}
+            )
             required = max(required, int(found["offset"]))
         start = max(required, q["max_offset"] - budget)  # the newest messages within the budget
         complete = complete and start == required
@@ -117,7 +128,9 @@ async def scan_for_key(admin: _Calls, topic: str, key: str, *, max_messages: int
             if not records:
                 break
             scanned += len(records)
-            out += [r for r in records if key in r.keys.split() and (until_ms is None or r.store_timestamp_ms <= until_ms)]
+            out += [
+                r for r in records if key in r.keys.split() and (until_ms is None or r.store_timestamp_ms <= until_ms)
+            ]
     out.sort(key=lambda r: r.store_timestamp_ms, reverse=True)
     return KeyLookup(out[:max_messages], scanned, complete)
 
@@ -128,9 +141,24 @@ RESEND_READ_CHUNK_MESSAGES = 256  # one PULL_MESSAGE of a resend's read of a dea
 # Properties a resent message does not carry: where the dead letter came from, the
 # timer's, and its old UNIQ_KEY (kept, a send after an unknown outcome could be taken
 # for the original by the broker's duplicate check).
-DROPPED_ON_RESEND = frozenset({PROP_ORIGIN_TOPIC, PROP_ORIGIN_QID, PROP_ORIGIN_OFFSET, PROP_ORIGIN_MSG_ID,
-                               PROP_ORIGIN_ADDR, PROP_DLQ_GROUP, PROP_DELIVER_AT, PROP_REAL_TOPIC, PROP_REAL_QID,
-                               PROP_REAL_TAGS, PROP_TIMER_SRC, PROP_CANCEL_OF, PROP_DLQ_BODY_OF, "UNIQ_KEY"})  # fmt: skip
+DROPPED_ON_RESEND = frozenset(
+    {
+        PROP_ORIGIN_TOPIC,
+        PROP_ORIGIN_QID,
+        PROP_ORIGIN_OFFSET,
+        PROP_ORIGIN_MSG_ID,
+        PROP_ORIGIN_ADDR,
+        PROP_DLQ_GROUP,
+        PROP_DELIVER_AT,
+        PROP_REAL_TOPIC,
+        PROP_REAL_QID,
+        PROP_REAL_TAGS,
+        PROP_TIMER_SRC,
+        PROP_CANCEL_OF,
+        PROP_DLQ_BODY_OF,
+        "UNIQ_KEY",
+    }
+)
 
 
 @dataclass
@@ -262,8 +290,16 @@ async def resend_dead_letters(admin: _Calls, group: str, offsets: set[int] | Non
     return result
 
 
-async def _resend_from(admin: _Calls, producer: Producer, b: dict[str, Any], q: dict[str, Any], group: str,
-                       offsets: set[int] | None, resend_all: bool, result: ResendResult) -> None:  # fmt: skip
+async def _resend_from(
+    admin: _Calls,
+    producer: Producer,
+    b: dict[str, Any],
+    q: dict[str, Any],
+    group: str,
+    offsets: set[int] | None,
+    resend_all: bool,
+    result: ResendResult,
+) -> None:
     """One broker's dead letters; its resend mark then moves over the letters resent
     from it on without a gap (``--offset`` of a later letter leaves it: the letters
     before are still to resend)."""
@@ -292,7 +328,9 @@ async def _resend_from(admin: _Calls, producer: Producer, b: dict[str, Any], q: 
             if r.queue_offset == new_mark:  # the mark moves over a run resent from it, never past a letter skipped
                 new_mark += 1
     if new_mark > mark:
-        await admin._call(b["addr"], RequestCode.COMMIT_OFFSET, {"group": resent_group(group), "offsets": [[topic, 0, new_mark]]})
+        await admin._call(
+            b["addr"], RequestCode.COMMIT_OFFSET, {"group": resent_group(group), "offsets": [[topic, 0, new_mark]]}
+        )
 
 
 async def _resend_one(producer: Producer, letter: DeadLetter) -> ResentLetter:
@@ -303,7 +341,8 @@ async def _resend_one(producer: Producer, letter: DeadLetter) -> ResentLetter:
     def pick(mqs: Sequence[MessageQueue], _msg: Message) -> MessageQueue:
         same = [mq for mq in mqs if mq.queue_id == qid]
         return next(
-            (mq for mq in same if mq.addr == origin_addr), same[0] if same else mqs[letter.record.queue_offset % len(mqs)]
+            (mq for mq in same if mq.addr == origin_addr),
+            same[0] if same else mqs[letter.record.queue_offset % len(mqs)],
         )
 
     r = letter.record
@@ -336,7 +375,15 @@ async def dead_letter_counts(admin: _Calls, group: str | None) -> list[dict[str,
                 continue
             g = topic.removeprefix(DLQ_PREFIX)
             mark = max(q["min_offset"], await committed(admin, b["addr"], resent_group(g), topic))
-            rows.append({"group": g, "broker_name": b["broker_name"], "addr": b["addr"],
-                         "dead_letters": q["max_offset"] - q["min_offset"], "not_resent": max(0, q["max_offset"] - mark),
-                         "min_offset": q["min_offset"], "max_offset": q["max_offset"]})  # fmt: skip
+            rows.append(
+                {
+                    "group": g,
+                    "broker_name": b["broker_name"],
+                    "addr": b["addr"],
+                    "dead_letters": q["max_offset"] - q["min_offset"],
+                    "not_resent": max(0, q["max_offset"] - mark),
+                    "min_offset": q["min_offset"],
+                    "max_offset": q["max_offset"],
+                }
+            )
     return rows

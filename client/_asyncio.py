@@ -198,8 +198,12 @@ async def _held(context: Callable[[], AbstractAsyncContextManager[T]]) -> AsyncI
         await _release(run)
 
 
-async def _hold(context: Callable[[], AbstractAsyncContextManager[T]], opened: asyncio.Future[T],
-                closed: asyncio.Future[None], leave: trio.Event) -> None:  # fmt: skip
+async def _hold(
+    context: Callable[[], AbstractAsyncContextManager[T]],
+    opened: asyncio.Future[T],
+    closed: asyncio.Future[None],
+    leave: trio.Event,
+) -> None:
     """The trio side of :func:`_held`: open, report, wait to leave, close, report. A
     failure to open goes to ``opened``, a failure to close to ``closed``."""
     error: BaseException | None = None
@@ -252,7 +256,9 @@ class _Handoff:
         self.max_bytes = max_bytes
         self.run: _GuestRun | None = None  # set once the producer is open (before any put)
         self.producer: Producer | None = None  # set on the trio side before the pump starts
-        self.items: collections.deque[tuple[str, str, Any, dict[str, Any], asyncio.Future[SendResult], int]] = collections.deque()
+        self.items: collections.deque[tuple[str, str, Any, dict[str, Any], asyncio.Future[SendResult], int]] = (
+            collections.deque()
+        )
         self.bytes = 0
         self.room = asyncio.Event()  # set by the pump as it frees room
         self.drained = asyncio.Event()  # set while nothing waits for the pump
@@ -293,8 +299,9 @@ class _Handoff:
                     item[4].set_exception(ClientClosedError("the producer closed before the message was buffered"))
             self.drained.set()
 
-    async def _hand_over(self, method: str, topic: str, what: Any, kwargs: dict[str, Any],
-                         out: asyncio.Future[SendResult], size: int) -> None:  # fmt: skip
+    async def _hand_over(
+        self, method: str, topic: str, what: Any, kwargs: dict[str, Any], out: asyncio.Future[SendResult], size: int
+    ) -> None:
         if out.cancelled():  # cancelled before it reached the producer: not sent
             return
         try:
@@ -343,8 +350,9 @@ class AsyncioProducer:
         """:meth:`Producer.send_oneway`: no answer waited for, no guarantee."""
         await self._run.call(functools.partial(self.producer.send_oneway, topic, body, **kwargs))
 
-    async def submit(self, topic: str, body: bytes, *, callback: SendCallback | None = None,
-                     **kwargs: Any) -> asyncio.Future[SendResult]:  # fmt: skip
+    async def submit(
+        self, topic: str, body: bytes, *, callback: SendCallback | None = None, **kwargs: Any
+    ) -> asyncio.Future[SendResult]:
         """:meth:`Producer.submit` (see the class for errors): the future resolves to
         the message's :class:`SendResult` or fails with :class:`SendError`;
         ``callback(future)`` runs on the asyncio loop once it is done."""
@@ -353,8 +361,9 @@ class AsyncioProducer:
             out.add_done_callback(callback)
         return out
 
-    async def submit_batch(self, topic: str, messages: Sequence[Message | bytes], *,
-                           callback: SendCallback | None = None, **kwargs: Any) -> asyncio.Future[SendResult]:  # fmt: skip
+    async def submit_batch(
+        self, topic: str, messages: Sequence[Message | bytes], *, callback: SendCallback | None = None, **kwargs: Any
+    ) -> asyncio.Future[SendResult]:
         """:meth:`Producer.submit_batch`: :meth:`submit` for a batch to one queue."""
         out = await self._handoff.put("submit_batch", topic, messages, kwargs)
         if callback is not None:
@@ -510,16 +519,21 @@ class AsyncioAdmin:
         """:meth:`Admin.dead_letter_counts`."""
         return await self._call(self.admin.dead_letter_counts, group)
 
-    async def resend_dead_letters(self, group: str, *, offsets: list[int] | None = None,
-                                  resend_all: bool = False) -> ResendResult:  # fmt: skip
+    async def resend_dead_letters(
+        self, group: str, *, offsets: list[int] | None = None, resend_all: bool = False
+    ) -> ResendResult:
         """:meth:`Admin.resend_dead_letters`."""
         return await self._call(self.admin.resend_dead_letters, group, offsets=offsets, resend_all=resend_all)
 
 
 @asynccontextmanager
-async def open_asyncio_producer(namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None,
-                                handoff_max_bytes: int = 4 << 20,
-                                **options: Any) -> AsyncIterator[AsyncioProducer]:  # fmt: skip
+async def open_asyncio_producer(
+    namesrv_addrs: list[str] | None = None,
+    *,
+    broker_addrs: list[str] | None = None,
+    handoff_max_bytes: int = 4 << 20,
+    **options: Any,
+) -> AsyncIterator[AsyncioProducer]:
     """A producer for asyncio code, with :func:`open_producer`'s arguments:
     ``async with open_asyncio_producer(["127.0.0.1:9876"]) as p: await p.send("t", b"x")``.
     ``handoff_max_bytes``: see :class:`AsyncioProducer`. On leaving, every
@@ -528,7 +542,10 @@ async def open_asyncio_producer(namesrv_addrs: list[str] | None = None, *, broke
 
     @asynccontextmanager
     async def producer_and_pump() -> AsyncIterator[Producer]:
-        async with open_producer(namesrv_addrs, broker_addrs=broker_addrs, **options) as producer, trio.open_nursery() as nursery:
+        async with (
+            open_producer(namesrv_addrs, broker_addrs=broker_addrs, **options) as producer,
+            trio.open_nursery() as nursery,
+        ):
             handoff.producer = producer
             nursery.start_soon(handoff.pump)
             yield producer
@@ -543,8 +560,14 @@ async def open_asyncio_producer(namesrv_addrs: list[str] | None = None, *, broke
 
 
 @asynccontextmanager
-async def open_asyncio_consumer(namesrv_addrs: list[str] | None, group: str, subscriptions: dict[str, str], *,
-                                broker_addrs: list[str] | None = None, **options: Any) -> AsyncIterator[AsyncioConsumer]:  # fmt: skip
+async def open_asyncio_consumer(
+    namesrv_addrs: list[str] | None,
+    group: str,
+    subscriptions: dict[str, str],
+    *,
+    broker_addrs: list[str] | None = None,
+    **options: Any,
+) -> AsyncIterator[AsyncioConsumer]:
     """A started consumer for asyncio code, with :func:`open_consumer`'s arguments."""
     opener = functools.partial(open_consumer, namesrv_addrs, group, subscriptions, broker_addrs=broker_addrs, **options)
     async with _held(opener) as (run, consumer):
@@ -552,8 +575,9 @@ async def open_asyncio_consumer(namesrv_addrs: list[str] | None, group: str, sub
 
 
 @asynccontextmanager
-async def open_asyncio_admin(namesrv_addrs: list[str] | None = None, *,
-                             broker_addrs: list[str] | None = None) -> AsyncIterator[AsyncioAdmin]:  # fmt: skip
+async def open_asyncio_admin(
+    namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None
+) -> AsyncIterator[AsyncioAdmin]:
     """The admin client for asyncio code, with :func:`open_admin`'s arguments."""
     async with _held(lambda: open_admin(namesrv_addrs, broker_addrs=broker_addrs)) as (run, admin):
         yield AsyncioAdmin(run, admin)

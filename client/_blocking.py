@@ -18,7 +18,16 @@ from clmq.common import Message, Record
 from ._admin import Admin, open_admin
 from ._asyncio import ClientClosedError
 from ._routes import MessageQueue
-from .consumer import Consumer, ConsumeStatus, DamagedQueueError, Round, SendBackResult, check_limit, judge_sync, open_consumer
+from .consumer import (
+    Consumer,
+    ConsumeStatus,
+    DamagedQueueError,
+    Round,
+    SendBackResult,
+    check_limit,
+    judge_sync,
+    open_consumer,
+)
 from .producer import Producer, SendResult, open_producer
 
 T = TypeVar("T")
@@ -155,8 +164,15 @@ class _ThreadHandoff:
                 self.bytes = 0
                 self.changed.notify_all()
 
-    async def _hand_over(self, method: str, topic: str, what: Any, kwargs: dict[str, Any],
-                         out: concurrent.futures.Future[SendResult], size: int) -> None:  # fmt: skip
+    async def _hand_over(
+        self,
+        method: str,
+        topic: str,
+        what: Any,
+        kwargs: dict[str, Any],
+        out: concurrent.futures.Future[SendResult],
+        size: int,
+    ) -> None:
         try:
             fut = await getattr(self.producer, method)(topic, what, **kwargs)
         except Exception as e:  # refused at once (BufferFullError, NoRouteError, bad input)
@@ -177,8 +193,13 @@ class BlockingProducer:
     :meth:`send` and :meth:`send_batch` take the same path (sends and submits keep their
     order) and wait for the result."""
 
-    def __init__(self, namesrv_addrs: list[str] | None = None, *, handoff_max_bytes: int = DEFAULT_HANDOFF_MAX_BYTES,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        namesrv_addrs: list[str] | None = None,
+        *,
+        handoff_max_bytes: int = DEFAULT_HANDOFF_MAX_BYTES,
+        **kwargs: Any,
+    ) -> None:
         handoff = self._handoff = _ThreadHandoff(handoff_max_bytes)
 
         @asynccontextmanager
@@ -204,8 +225,9 @@ class BlockingProducer:
         """:meth:`Producer.send_oneway`: no answer waited for, no guarantee."""
         self._portal.run(self.producer.send_oneway, topic, body, **kwargs)
 
-    def submit(self, topic: str, body: bytes, *, callback: SendCallback | None = None,
-               **kwargs: Any) -> concurrent.futures.Future[SendResult]:  # fmt: skip
+    def submit(
+        self, topic: str, body: bytes, *, callback: SendCallback | None = None, **kwargs: Any
+    ) -> concurrent.futures.Future[SendResult]:
         """:meth:`Producer.submit` (errors: see the class). The future's
         ``result(timeout)`` is the :class:`SendResult` or raises :class:`SendError`.
         ``callback(future)`` and the future's done callbacks run on the client's thread:
@@ -216,8 +238,9 @@ class BlockingProducer:
             out.add_done_callback(callback)
         return out
 
-    def submit_batch(self, topic: str, messages: list[Any], *, callback: SendCallback | None = None,
-                     **kwargs: Any) -> concurrent.futures.Future[SendResult]:  # fmt: skip
+    def submit_batch(
+        self, topic: str, messages: list[Any], *, callback: SendCallback | None = None, **kwargs: Any
+    ) -> concurrent.futures.Future[SendResult]:
         """:meth:`Producer.submit_batch`: :meth:`submit` for a batch to one queue."""
         out = self._handoff.put("submit_batch", topic, messages, kwargs)
         if callback is not None:
@@ -245,7 +268,9 @@ class BlockingProducer:
 class BlockingConsumer:
     """``poll()`` returns the next batch (acknowledging the previous); see :class:`Consumer`."""
 
-    def __init__(self, namesrv_addrs: list[str] | None, group: str, subscriptions: dict[str, str], **kwargs: Any) -> None:
+    def __init__(
+        self, namesrv_addrs: list[str] | None, group: str, subscriptions: dict[str, str], **kwargs: Any
+    ) -> None:
         self._portal = _Portal(lambda: open_consumer(namesrv_addrs, group, subscriptions, **kwargs))
         self.consumer: Consumer = self._portal.value
 
@@ -279,8 +304,13 @@ class BlockingConsumer:
 
     reconsume_later = nack
 
-    def run(self, handler: Callable[[Record], ConsumeStatus | None], *, max_messages: int | None = None,
-            poll_timeout_s: float = 1.0) -> int:  # fmt: skip
+    def run(
+        self,
+        handler: Callable[[Record], ConsumeStatus | None],
+        *,
+        max_messages: int | None = None,
+        poll_timeout_s: float = 1.0,
+    ) -> int:
         """:meth:`Consumer.run` with a plain ``handler(record)`` called in this thread
         (returning ``ConsumeStatus`` or None; an exception is RECONSUME_LATER). Returns
         the number of messages handled, after ``max_messages`` (None: runs until

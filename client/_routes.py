@@ -48,9 +48,16 @@ class NoRouteError(ClientError):
 
 
 class Routes:
-    def __init__(self, rpc: RpcClient, namesrv_addrs: list[str], *, broker_addrs: list[str] | None = None,
-                 refresh_interval_ms: int = 30_000, timeout_ms: int = 3000,
-                 namesrv_retry_ms: int = 10_000) -> None:  # fmt: skip
+    def __init__(
+        self,
+        rpc: RpcClient,
+        namesrv_addrs: list[str],
+        *,
+        broker_addrs: list[str] | None = None,
+        refresh_interval_ms: int = 30_000,
+        timeout_ms: int = 3000,
+        namesrv_retry_ms: int = 10_000,
+    ) -> None:
         if not namesrv_addrs and not broker_addrs:
             raise ValueError("give name server addresses (or broker addresses for a direct connection)")
         self.rpc = rpc
@@ -146,8 +153,15 @@ class Routes:
             count = topics.fields["topics"].get(topic)
             if count:
                 f = info.fields
-                found.append({"broker_name": f["broker_name"], "addr": addr, "queue_count": count,
-                              "healthy": f.get("healthy", True), "failure": f.get("failure", "")})  # fmt: skip
+                found.append(
+                    {
+                        "broker_name": f["broker_name"],
+                        "addr": addr,
+                        "queue_count": count,
+                        "healthy": f.get("healthy", True),
+                        "failure": f.get("failure", ""),
+                    }
+                )
         if not found and len(failed) == len(self.broker_addrs):  # no answer at all: the topic may well exist
             raise NoRouteError(f"no broker answered for topic {topic!r}: {'; '.join(failed)}", unreachable=True)
         if not found:

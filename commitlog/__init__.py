@@ -7,7 +7,16 @@ public surface is re-exported here; the modules behind it are private.
 from ._check import LogLayout, LogProblem, LogReport, QueueRange, check_log, merge_ranges, queue_extents, repair_log
 from ._config import CommitLogConfig, FlushMode
 from ._durability import DurableOffset
-from ._durable_file import LoadedJson, MetadataSource, delete_json, load_json, previous_path, read_json, write_atomic, write_json
+from ._durable_file import (
+    LoadedJson,
+    MetadataSource,
+    delete_json,
+    load_json,
+    previous_path,
+    read_json,
+    write_atomic,
+    write_json,
+)
 from ._encoder import BatchEncoder, EncodeError, encode_message
 from ._log import AppendResult, AppendStatus, CommitLog, QueueKey, ScanResult, now_ms
 from ._pagecache import pages_missing, read_exactly

@@ -71,8 +71,11 @@ class Appender:
     def append_packed(self, batches: Sequence[PackedMessages], queue_counts: Sequence[int]) -> AppendResult:
         """Append packed batches as one batch (see :meth:`CommitLog.append_packed`)."""
         encoder, st = self._encoder, self._state
-        return self._run(lambda base, pos, undo, ts: encoder.encode_packed(
-            batches, queue_counts, base, pos, st.queue_offsets, undo, ts))  # fmt: skip
+        return self._run(
+            lambda base, pos, undo, ts: encoder.encode_packed(
+                batches, queue_counts, base, pos, st.queue_offsets, undo, ts
+            )
+        )
 
     def _run(self, encode: Encode) -> AppendResult:
         with self._state.lock:
@@ -104,8 +107,16 @@ class Appender:
             status = AppendStatus.DISK_FULL if e.errno in (28, 122) else AppendStatus.IO_ERROR
             return AppendResult(status, f"{e.strerror} while appending to {st.directory}: nothing written")
         st.end = end = st.snapshot.segments[-1].end
-        return AppendResult(AppendStatus.OK, "", batch.commitlog_offsets[0] if batch.commitlog_offsets else end,
-                            end, store_ts, batch.queue_offsets, batch.commitlog_offsets, batch.batch_sizes)  # fmt: skip
+        return AppendResult(
+            AppendStatus.OK,
+            "",
+            batch.commitlog_offsets[0] if batch.commitlog_offsets else end,
+            end,
+            store_ts,
+            batch.queue_offsets,
+            batch.commitlog_offsets,
+            batch.batch_sizes,
+        )
 
     # ---------------------------------------------------------------- raw appends
     def append_raw(self, offset: int, data: bytes) -> AppendResult:

@@ -184,8 +184,9 @@ def _origin(layout: LogLayout, base: int) -> int:
     return base if layout is LogLayout.COMMITLOG else 0
 
 
-def _walk_segment(path: Path, base: int, layout: LogLayout, config: CommitLogConfig,
-                  progress: Progress | None = None) -> _SegmentScan:  # fmt: skip
+def _walk_segment(
+    path: Path, base: int, layout: LogLayout, config: CommitLogConfig, progress: Progress | None = None
+) -> _SegmentScan:
     """Walk every byte of one segment: the valid prefix, then damage and resyncs."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -241,7 +242,10 @@ def _resync(fd: int, size: int, after: int, origin: int, max_message_bytes: int)
         at = data.find(_MAGIC_BYTES, after + 1 + 4)
         while at >= 0:
             pos = at - 4
-            if int.from_bytes(data[pos + OFF_COMMITLOG_OFFSET : pos + OFF_COMMITLOG_OFFSET + 8], "little") == origin + pos:
+            if (
+                int.from_bytes(data[pos + OFF_COMMITLOG_OFFSET : pos + OFF_COMMITLOG_OFFSET + 8], "little")
+                == origin + pos
+            ):
                 try:
                     check_record(data[pos : pos + max_message_bytes], 0, "", origin + pos)
                     return pos
@@ -322,8 +326,11 @@ def _continuity(cur: _SegmentScan, nxt: _SegmentScan, layout: LogLayout, config:
     file_end, path = cur.base + (cur.size if cur.claimed is None else cur.claimed), str(cur.path)
     if nxt.base > file_end:
         complete = cur.sealed and not cur.problems  # its blank marker covers the file: whole
-        reason = (f"missing segment: log offsets {file_end}..{nxt.base} are in no file" if complete
-                  else f"segment is {nxt.base - file_end} bytes shorter than its successor's base {nxt.base} says")  # fmt: skip
+        reason = (
+            f"missing segment: log offsets {file_end}..{nxt.base} are in no file"
+            if complete
+            else f"segment is {nxt.base - file_end} bytes shorter than its successor's base {nxt.base} says"
+        )
         cur.problems.append(LogProblem(path, file_end, nxt.base, reason))
     elif nxt.base < file_end:
         reason = f"segment is {file_end - nxt.base} bytes longer than its successor's base {nxt.base} says"
@@ -338,8 +345,10 @@ def _partition_continuity(cur: _SegmentScan, nxt: _SegmentScan) -> None:
         return  # the count is already wrong; the damage says why
     count, path = len(cur.prefix_starts), str(cur.path)
     if nxt.base > cur.base + count:
-        reason = (f"segment holds {count} records but its successor starts at queue offset {nxt.base}: "
-                  f"queue offsets {cur.base + count}..{nxt.base - 1} are in no file")  # fmt: skip
+        reason = (
+            f"segment holds {count} records but its successor starts at queue offset {nxt.base}: "
+            f"queue offsets {cur.base + count}..{nxt.base - 1} are in no file"
+        )
         cur.problems.append(LogProblem(path, cur.size, cur.size, reason))
     elif nxt.base < cur.base + count:
         at = cur.prefix_starts[nxt.base - cur.base]
@@ -357,16 +366,23 @@ def _check_boundaries(seg: _SegmentScan) -> LogProblem | None:
         return None
     positions, why = _load_boundaries(path, seg.base, seg.size)
     if positions is None:
-        return None if why in ("missing", "unrecognised", "old format") else LogProblem(
-            str(path), seg.base, seg.base + seg.size, f"boundary index does not check ({why})")  # fmt: skip
+        return (
+            None
+            if why in ("missing", "unrecognised", "old format")
+            else LogProblem(str(path), seg.base, seg.base + seg.size, f"boundary index does not check ({why})")
+        )
     have = np.asarray(positions, dtype=np.int64)
     starts = np.asarray(seg.prefix_starts, dtype=np.int64)  # increasing: a binary search per position
     at = np.minimum(np.searchsorted(starts, have), max(len(starts) - 1, 0))
     stray = have[starts[at] != have] if len(starts) else have
     if not len(stray):
         return None
-    return LogProblem(str(path), seg.base, seg.base + seg.size,
-                      f"boundary index names {len(stray)} positions where no record starts (first: {int(stray[0])})")  # fmt: skip
+    return LogProblem(
+        str(path),
+        seg.base,
+        seg.base + seg.size,
+        f"boundary index names {len(stray)} positions where no record starts (first: {int(stray[0])})",
+    )
 
 
 def _load_boundaries(path: Path, base: int, size: int) -> tuple[list[int] | None, str]:
@@ -383,8 +399,9 @@ def _load_boundaries(path: Path, base: int, size: int) -> tuple[list[int] | None
 
 
 # -------------------------------------------------------------- the check
-def check_log(directory: Path, config: CommitLogConfig, layout: LogLayout = LogLayout.COMMITLOG,
-              progress: Progress | None = None) -> LogReport:  # fmt: skip
+def check_log(
+    directory: Path, config: CommitLogConfig, layout: LogLayout = LogLayout.COMMITLOG, progress: Progress | None = None
+) -> LogReport:
     """Read every segment of the log in ``directory`` and report what is damaged.
 
     Read-only. Every record's size bounds, magic, embedded offset and CRC are checked
@@ -438,14 +455,17 @@ def _trim_problem(seg: _SegmentScan) -> LogProblem:
     claimed = cast(int, seg.claimed)
     lo, hi = sorted((seg.size, claimed))
     what = "missing" if seg.size < claimed else "added"
-    reason = (f"segment file holds {seg.size} bytes, its blank marker says {claimed}: {hi - lo} bytes of "
-              f"padding {what} after its last record (no record lost; repair restores the length)")  # fmt: skip
+    reason = (
+        f"segment file holds {seg.size} bytes, its blank marker says {claimed}: {hi - lo} bytes of "
+        f"padding {what} after its last record (no record lost; repair restores the length)"
+    )
     return LogProblem(str(seg.path), seg.base + lo, seg.base + hi, reason)
 
 
 # ------------------------------------------------------------- the repair
-def repair_log(directory: Path, config: CommitLogConfig, layout: LogLayout = LogLayout.COMMITLOG,
-               progress: Progress | None = None) -> LogReport:  # fmt: skip
+def repair_log(
+    directory: Path, config: CommitLogConfig, layout: LogLayout = LogLayout.COMMITLOG, progress: Progress | None = None
+) -> LogReport:
     """Cut the log to its longest valid prefix, durably; returns the check's report
     with ``repaired`` set when something changed (``beyond`` is what was lost).
 
@@ -484,7 +504,9 @@ def _set_length(path: Path, length: int) -> None:
         os.close(fd)
 
 
-def queue_extents(directory: Path, config: CommitLogConfig, layout: LogLayout = LogLayout.COMMITLOG) -> list[QueueRange]:
+def queue_extents(
+    directory: Path, config: CommitLogConfig, layout: LogLayout = LogLayout.COMMITLOG
+) -> list[QueueRange]:
     """Per queue, the lowest and highest queue offsets (and the count) of the records in
     the valid prefix of the log in ``directory``: what a repaired log still holds, and
     the topics it can rebuild ``topics.json`` from. Reads (and CRC-checks) every segment."""

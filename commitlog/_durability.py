@@ -90,8 +90,9 @@ class DurableOffset:
                 return
         callback()
 
-    def run_flusher(self, flush: Callable[[], object], pending: Callable[[], bool], stop: threading.Event,
-                    interval_s: float) -> None:  # fmt: skip
+    def run_flusher(
+        self, flush: Callable[[], object], pending: Callable[[], bool], stop: threading.Event, interval_s: float
+    ) -> None:
         """The flush loop: flush when asked (group commit) or every ``interval_s``, until
         ``stop`` is set; then a last flush. An exception from ``flush`` (a
         :class:`StoreFailedError` after an fsync error) ends the loop: it propagates to

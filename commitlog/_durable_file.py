@@ -118,8 +118,10 @@ def _checked_body(path: Path, data: bytes) -> tuple[bytes | None, str | None]:
     body = b"{}" if rest == b'"}' else b"{" + rest[2:]
     actual = b"%08x" % _crc32c.crc32c(_kind(path) + body)
     if stored != actual:
-        return None, (f"{path}: checksum mismatch (crc32c stored {stored.decode(errors='replace')}, "
-                      f"computed {actual.decode()} over {len(data)} bytes)")  # fmt: skip
+        return None, (
+            f"{path}: checksum mismatch (crc32c stored {stored.decode(errors='replace')}, "
+            f"computed {actual.decode()} over {len(data)} bytes)"
+        )
     return body, None
 
 

@@ -122,8 +122,15 @@ class BatchEncoder:
             raw = self._utf8[text] = text.encode()
         return raw
 
-    def encode(self, messages: Sequence[Message], seg_base: int, seg_pos: int, table: dict[QueueKey, int],
-               undo: dict[QueueKey, int], store_ts: int) -> EncodedBatch:  # fmt: skip
+    def encode(
+        self,
+        messages: Sequence[Message],
+        seg_base: int,
+        seg_pos: int,
+        table: dict[QueueKey, int],
+        undo: dict[QueueKey, int],
+        store_ts: int,
+    ) -> EncodedBatch:
         """Assign offsets and build the records of ``messages``. Every field's type and
         range is checked before ``table`` is touched: a bad message raises
         :class:`EncodeError` naming it and the field, and no queue offset is taken."""
@@ -145,8 +152,14 @@ class BatchEncoder:
         batch.batch_sizes.append(len(messages))
         return batch
 
-    def _encode_all(self, messages: Sequence[Message], out: _Layout, table: dict[QueueKey, int],
-                    nxt: dict[QueueKey, int], store_ts: int) -> None:  # fmt: skip
+    def _encode_all(
+        self,
+        messages: Sequence[Message],
+        out: _Layout,
+        table: dict[QueueKey, int],
+        nxt: dict[QueueKey, int],
+        store_ts: int,
+    ) -> None:
         limit, room = self.max_message_bytes, self.segment_bytes - BLANK_SIZE
         pack, sip, sport, text, cache = HEADER.pack, self.store_ip, self.store_port, self._bytes, self._utf8
         pieces, starts, q_offsets, cl_offsets = out.pieces, out.starts, out.q_offsets, out.cl_offsets
@@ -156,9 +169,16 @@ class BatchEncoder:
         for i, m in enumerate(messages):
             qid, body, p, host = m.queue_id, m.body, m.properties, m.born_host
             flags, born, again = m.flags, m.born_timestamp_ms, m.reconsume_times
-            if (m.__class__ is not msg_t or qid.__class__ is not int_t or body.__class__ is not bytes_t
-                    or flags.__class__ is not int_t or born.__class__ is not int_t or again.__class__ is not int_t
-                    or host is not no_host or p.__class__ is not dict_t):  # fmt: skip
+            if (
+                m.__class__ is not msg_t
+                or qid.__class__ is not int_t
+                or body.__class__ is not bytes_t
+                or flags.__class__ is not int_t
+                or born.__class__ is not int_t
+                or again.__class__ is not int_t
+                or host is not no_host
+                or p.__class__ is not dict_t
+            ):
                 why = message_error(m)  # not the usual kinds: look closer (a bool is no int, ...)
                 if why is not None:
                     raise EncodeError(f"message {i} of {len(messages)}: {why}")
@@ -183,18 +203,50 @@ class BatchEncoder:
                 q = table.get(key, 0)
             nxt[key] = q + 1
             bip, bport = (default_ip, default_port) if host is no_host else encode_host(host)
-            pieces += (pack(size, RECORD_MAGIC, 0, base + pos, q, qid, flags, born or store_ts, store_ts, bip, bport,
-                            sip, sport, again, tl, gl, kl, pl, bl),
-                       topic, tags, keys, props, body)  # fmt: skip
+            pieces += (
+                pack(
+                    size,
+                    RECORD_MAGIC,
+                    0,
+                    base + pos,
+                    q,
+                    qid,
+                    flags,
+                    born or store_ts,
+                    store_ts,
+                    bip,
+                    bport,
+                    sip,
+                    sport,
+                    again,
+                    tl,
+                    gl,
+                    kl,
+                    pl,
+                    bl,
+                ),
+                topic,
+                tags,
+                keys,
+                props,
+                body,
+            )
             starts.append(pos)
             q_offsets.append(q)
             cl_offsets.append(base + pos)
             pos += size
         out.pos, out.base = pos, base
 
-    def encode_packed(self, batches: Sequence[PackedMessages], queue_counts: Sequence[int], seg_base: int,
-                      seg_pos: int, table: dict[QueueKey, int], undo: dict[QueueKey, int],
-                      store_ts: int) -> EncodedBatch:  # fmt: skip
+    def encode_packed(
+        self,
+        batches: Sequence[PackedMessages],
+        queue_counts: Sequence[int],
+        seg_base: int,
+        seg_pos: int,
+        table: dict[QueueKey, int],
+        undo: dict[QueueKey, int],
+        store_ts: int,
+    ) -> EncodedBatch:
         """Assign offsets and build the records of packed messages, checking them as it
         goes: item bounds, ``max_message_bytes``, queue ids below ``queue_counts`` (one
         per batch), UTF-8 tags and keys, well-formed properties. A record's tail is a
@@ -211,8 +263,9 @@ class BatchEncoder:
                 table[key] = value
         return out.finish()
 
-    def _encode_one_packed(self, batch: PackedMessages, queue_count: int, out: _Layout, table: dict[QueueKey, int],
-                           store_ts: int) -> dict[int, int]:  # fmt: skip
+    def _encode_one_packed(
+        self, batch: PackedMessages, queue_count: int, out: _Layout, table: dict[QueueKey, int], store_ts: int
+    ) -> dict[int, int]:
         """Lay out one batch's records; returns the next queue offset per queue id."""
         topic, data = self._bytes(batch.topic), batch.data
         tl, limit, room = len(topic), self.max_message_bytes, self.segment_bytes - BLANK_SIZE
@@ -243,8 +296,31 @@ class BatchEncoder:
             if q is None:
                 q = table.get((batch.topic, qid), 0)
             nxt[qid] = q + 1
-            pieces += (pack(size, RECORD_MAGIC, 0, base + pos, q, qid, flags, born or store_ts, store_ts, bip, bport,
-                            sip, sport, 0, tl, gl, kl, pl, bl), topic, mv[t:p])  # fmt: skip
+            pieces += (
+                pack(
+                    size,
+                    RECORD_MAGIC,
+                    0,
+                    base + pos,
+                    q,
+                    qid,
+                    flags,
+                    born or store_ts,
+                    store_ts,
+                    bip,
+                    bport,
+                    sip,
+                    sport,
+                    0,
+                    tl,
+                    gl,
+                    kl,
+                    pl,
+                    bl,
+                ),
+                topic,
+                mv[t:p],
+            )
             starts.append(pos)
             q_offsets.append(q)
             cl_offsets.append(base + pos)
@@ -288,9 +364,12 @@ def message_error(m: object, queue_range: bool = True) -> str | None:
     against the topic: INVALID_QUEUE_ID)."""
     if not isinstance(m, Message):
         return f"is a {type(m).__name__}, not a Message"
-    ints: tuple[tuple[str, object, int], ...] = (("queue_id", m.queue_id, MAX_U32), ("flags", m.flags, MAX_U32),
-                             ("born_timestamp_ms", m.born_timestamp_ms, MAX_U64),
-                             ("reconsume_times", m.reconsume_times, MAX_U32))  # fmt: skip
+    ints: tuple[tuple[str, object, int], ...] = (
+        ("queue_id", m.queue_id, MAX_U32),
+        ("flags", m.flags, MAX_U32),
+        ("born_timestamp_ms", m.born_timestamp_ms, MAX_U64),
+        ("reconsume_times", m.reconsume_times, MAX_U32),
+    )
     for name, value, top in ints:
         if type(value) is not int:  # bool is refused too: True is no queue id
             return f"field {name!r} must be an int, got {_kind(value)}"
@@ -361,18 +440,28 @@ class _Layout:
         return 0, base + segment_bytes
 
     def finish(self) -> EncodedBatch:
-        return EncodedBatch(_assemble(self.pieces, self.starts, self.cuts, self.first_pos), self.q_offsets,
-                            self.cl_offsets, self.batch_sizes)  # fmt: skip
+        return EncodedBatch(
+            _assemble(self.pieces, self.starts, self.cuts, self.first_pos),
+            self.q_offsets,
+            self.cl_offsets,
+            self.batch_sizes,
+        )
 
 
-def _assemble(pieces: list[bytes | memoryview], starts: list[int], cuts: list[tuple[int, int]], seg_pos: int) -> list[Group]:
+def _assemble(
+    pieces: list[bytes | memoryview], starts: list[int], cuts: list[tuple[int, int]], seg_pos: int
+) -> list[Group]:
     """One group per segment touched: its bytes joined, then every record's CRC."""
     groups: list[Group] = []
     first_piece = first_start = 0
     for last_piece, last_start in [*cuts, (len(pieces), len(starts))]:
         sealed = len(groups) < len(cuts)
-        group = Group(seg_pos if not groups else 0, bytearray().join(pieces[first_piece:last_piece]),
-                      starts[first_start:last_start], sealed)  # fmt: skip
+        group = Group(
+            seg_pos if not groups else 0,
+            bytearray().join(pieces[first_piece:last_piece]),
+            starts[first_start:last_start],
+            sealed,
+        )
         _fill_crcs(group)
         groups.append(group)
         first_piece, first_start = last_piece, last_start
@@ -396,7 +485,9 @@ def _bad_item(topic: str, at: int, stop: int, end: int, size: int, limit: int, q
     if stop > end:
         return EncodeError(overrun_error(at, stop, end), "malformed")
     if size > limit:
-        return EncodeError(f"message at byte {at} of the batch is {size} bytes, over max_message_bytes={limit}", "too_large")
+        return EncodeError(
+            f"message at byte {at} of the batch is {size} bytes, over max_message_bytes={limit}", "too_large"
+        )
     return EncodeError(f"queue id {qid} not in 0..{count - 1} of topic {topic!r}", "queue")
 
 
@@ -404,7 +495,9 @@ def _check_properties(raw: memoryview, at: int) -> None:
     try:
         check_properties(raw)
     except (ValueError, struct.error) as e:
-        raise EncodeError(f"undecodable message batch: properties of the message at byte {at}: {e}", "malformed") from None
+        raise EncodeError(
+            f"undecodable message batch: properties of the message at byte {at}: {e}", "malformed"
+        ) from None
 
 
 def _check_utf8(texts: list[memoryview], batch: PackedMessages) -> None:
@@ -427,8 +520,13 @@ def _too_large(i: int, n: int, size: int, limit: int, tl: int, gl: int, kl: int)
     )
 
 
-def encode_message(msg: Message, commitlog_offset: int = 0, queue_offset: int = 0, store_ts: int = 0,
-                   store_host: tuple[str, int] = ("0.0.0.0", 0)) -> bytes:  # fmt: skip
+def encode_message(
+    msg: Message,
+    commitlog_offset: int = 0,
+    queue_offset: int = 0,
+    store_ts: int = 0,
+    store_host: tuple[str, int] = ("0.0.0.0", 0),
+) -> bytes:
     """Encode one message into a standalone record (for tests and tools)."""
     encoder = BatchEncoder(1 << 62, 1 << 31, store_host)
     batch = encoder.encode([msg], commitlog_offset, 0, {(msg.topic, msg.queue_id): queue_offset}, {}, store_ts)

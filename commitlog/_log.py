@@ -69,8 +69,15 @@ class CommitLog:
         self._retention = Retention(self._state)
 
     @classmethod
-    def open(cls, directory: Path | str, config: CommitLogConfig, *, clean: bool,
-             checkpoint_offset: int | None, expected_end: int | None = None) -> CommitLog:  # fmt: skip
+    def open(
+        cls,
+        directory: Path | str,
+        config: CommitLogConfig,
+        *,
+        clean: bool,
+        checkpoint_offset: int | None,
+        expected_end: int | None = None,
+    ) -> CommitLog:
         """Open (creating if needed) the log in ``directory``, verifying what was promised.
 
         Every open checks that each segment but the last ends where the next one

@@ -42,8 +42,10 @@ _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 if _libc is not None:
     # mmap64: a 64-bit offset on 32-bit systems too (on 64-bit ones, the same function)
     _mmap, _munmap, _mincore_call = getattr(_libc, "mmap64", _libc.mmap), _libc.munmap, _libc.mincore
-    _mmap.restype, _mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                                                      ctypes.c_int, ctypes.c_int64]  # fmt: skip
+    _mmap.restype, _mmap.argtypes = (
+        ctypes.c_void_p,
+        [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64],
+    )
     _munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     _mincore_call.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 _how = ["cachestat" if _libc is not None else "none"]  # the way that works on this system
@@ -141,6 +143,8 @@ def read_exactly(fd: int, position: int, length: int, path: str) -> bytes:
     while len(data) < length:
         more = OPS.pread(fd, length - len(data), position + len(data))
         if not more:
-            raise OSError(errno.EIO, f"{path} ended at {position + len(data)} while reading {length} bytes at {position}")
+            raise OSError(
+                errno.EIO, f"{path} ended at {position + len(data)} while reading {length} bytes at {position}"
+            )
         data += more
     return data

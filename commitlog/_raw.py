@@ -51,9 +51,16 @@ SMALL_RAW_RECORDS = 64  # chunks of at most this many records are checked withou
 Piece = tuple[bytes, list[int], bool]
 
 
-def split_raw(data: bytes, offset: int, seg_base: int, seg_pos: int, segment_bytes: int,
-              table: dict[QueueKey, int], undo: dict[QueueKey, int],
-              small_records: int = SMALL_RAW_RECORDS) -> list[Piece]:  # fmt: skip
+def split_raw(
+    data: bytes,
+    offset: int,
+    seg_base: int,
+    seg_pos: int,
+    segment_bytes: int,
+    table: dict[QueueKey, int],
+    undo: dict[QueueKey, int],
+    small_records: int = SMALL_RAW_RECORDS,
+) -> list[Piece]:
     """Validate raw bytes landing at ``offset`` (file position ``seg_pos`` of the
     segment based at ``seg_base``) and cut them at blank markers. Chunks of at most
     ``small_records`` records are checked record by record, larger ones column-wise
@@ -70,8 +77,9 @@ def split_raw(data: bytes, offset: int, seg_base: int, seg_pos: int, segment_byt
     return [(data[s.start : s.end], (s.starts + s.file_delta).tolist(), s.sealed) for s in spans]
 
 
-def _lay_out(data: bytes, offset: int, seg_base: int, seg_pos: int,
-             segment_bytes: int) -> tuple[list[Span], CorruptRecordError | None]:  # fmt: skip
+def _lay_out(
+    data: bytes, offset: int, seg_base: int, seg_pos: int, segment_bytes: int
+) -> tuple[list[Span], CorruptRecordError | None]:
     """Walk the chunk's record sizes, one segment's share (span) at a time.
 
     Returns the spans and the error found where the walk stopped early (a blank marker
@@ -107,8 +115,7 @@ def _stop_error(data: bytes, p: int, where: str, at: int) -> CorruptRecordError:
     raise AssertionError(f"the walk stopped at {p} before a valid record")
 
 
-def _check_small(data: bytes, spans: list[Span], where: str, offset: int,
-                 segment_bytes: int) -> dict[QueueKey, int]:  # fmt: skip
+def _check_small(data: bytes, spans: list[Span], where: str, offset: int, segment_bytes: int) -> dict[QueueKey, int]:
     """Check each record in turn; return each queue's highest queue offset."""
     latest: dict[QueueKey, int] = {}
     topics: dict[bytes, str] = {}
@@ -127,8 +134,7 @@ def _check_small(data: bytes, spans: list[Span], where: str, offset: int,
     return latest
 
 
-def _check_many(data: bytes, spans: list[Span], where: str, offset: int,
-                segment_bytes: int) -> dict[QueueKey, int]:  # fmt: skip
+def _check_many(data: bytes, spans: list[Span], where: str, offset: int, segment_bytes: int) -> dict[QueueKey, int]:
     """Check the records column-wise; raise for the first bad one (exactly as
     :func:`_check_small` would); return each queue's highest queue offset."""
     found = check_columns(data, spans, segment_bytes)

@@ -10,8 +10,18 @@ import numpy as np
 
 from clmq.common import BLANK_SIZE, CRC_START, HEADER_DTYPE, HEADER_SIZE, Walk, gather_fields, gather_strings
 
-_FIELDS = ["total_size", "crc", "commitlog_offset", "queue_offset", "queue_id",
-           "topic_len", "tags_len", "keys_len", "props_len", "body_len"]  # fmt: skip
+_FIELDS = [
+    "total_size",
+    "crc",
+    "commitlog_offset",
+    "queue_offset",
+    "queue_id",
+    "topic_len",
+    "tags_len",
+    "keys_len",
+    "props_len",
+    "body_len",
+]
 _fields = HEADER_DTYPE.fields
 assert _fields is not None
 _SPECS: dict[str, tuple[np.dtype[Any], int]] = {name: (_fields[name][0], _fields[name][1]) for name in _FIELDS}
@@ -47,8 +57,14 @@ class Found:
 
     __slots__ = ("bad", "latest", "starts", "topic_index", "topics")
 
-    def __init__(self, starts: np.ndarray, bad: int, topics: list[bytes], topic_index: np.ndarray,
-                 latest: list[tuple[int, int, int]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        starts: np.ndarray,
+        bad: int,
+        topics: list[bytes],
+        topic_index: np.ndarray,
+        latest: list[tuple[int, int, int]],
+    ) -> None:
         self.starts, self.bad, self.topics, self.topic_index, self.latest = starts, bad, topics, topic_index, latest
 
 

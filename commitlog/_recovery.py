@@ -70,8 +70,12 @@ class Repairs:
         """Log the repairs, if any, in one line with counts."""
         if self.boundaries:
             whys = ", ".join(f"{why}: {n}" for why, n in sorted(self.boundaries.items()))
-            log.warning("commitlog open %s: rebuilt %d boundary indexes (%s)",
-                        state.directory, sum(self.boundaries.values()), whys)  # fmt: skip
+            log.warning(
+                "commitlog open %s: rebuilt %d boundary indexes (%s)",
+                state.directory,
+                sum(self.boundaries.values()),
+                whys,
+            )
 
 
 def load_segments(state: LogState) -> None:
@@ -127,8 +131,12 @@ def recover(state: LogState, checkpoint_offset: int | None, roll: Callable[[], N
         nxt = segments[i + 1] if i + 1 < len(segments) else None
         problem = _tail_problem(seg, result, nxt)
         if problem is not None and seg.base + result.end < promised:
-            raise LogDamageError(str(seg.path), seg.base + result.end, promised,
-                                 f"{problem} (below the checkpoint's durable offset {promised})")  # fmt: skip
+            raise LogDamageError(
+                str(seg.path),
+                seg.base + result.end,
+                promised,
+                f"{problem} (below the checkpoint's durable offset {promised})",
+            )
         seg.boundaries.rewrite(result.starts)
         if problem is None and result.sealed:
             seg.sealed = True
@@ -160,28 +168,47 @@ def check_chain(state: LogState, promised: int | None) -> None:
 def _chain_damage(state: LogState, seg: Segment, nxt: Segment) -> LogDamageError:
     expected = nxt.base - seg.base
     if seg.size > expected:
-        return LogDamageError(str(seg.path), nxt.base, seg.end,
-                              f"segment extended: {seg.size} bytes, but the next segment starts at {nxt.base}, "
-                              f"{seg.size - expected} bytes earlier")  # fmt: skip
+        return LogDamageError(
+            str(seg.path),
+            nxt.base,
+            seg.end,
+            f"segment extended: {seg.size} bytes, but the next segment starts at {nxt.base}, "
+            f"{seg.size - expected} bytes earlier",
+        )
     if seg.size == state.config.segment_bytes:  # a whole segment, then a gap: a file is gone
         missing = state.directory / segment_name(seg.end)
-        return LogDamageError(str(missing), seg.end, nxt.base,
-                              f"segment file missing: {seg.path.name} ends at {seg.end}, the next one starts at {nxt.base}")  # fmt: skip
-    return LogDamageError(str(seg.path), seg.end, nxt.base,
-                          f"segment truncated: {seg.size} bytes, but the next segment starts at {nxt.base} "
-                          f"({expected - seg.size} bytes missing)")  # fmt: skip
+        return LogDamageError(
+            str(missing),
+            seg.end,
+            nxt.base,
+            f"segment file missing: {seg.path.name} ends at {seg.end}, the next one starts at {nxt.base}",
+        )
+    return LogDamageError(
+        str(seg.path),
+        seg.end,
+        nxt.base,
+        f"segment truncated: {seg.size} bytes, but the next segment starts at {nxt.base} "
+        f"({expected - seg.size} bytes missing)",
+    )
 
 
 def _end_damage(state: LogState, active: Segment, promised: int, what: str) -> LogDamageError:
     if active.end < promised:
         whole = active.size == state.config.segment_bytes  # the next segment file is gone
         where = state.directory / segment_name(active.end) if whole else active.path
-        return LogDamageError(str(where), active.end, promised,
-                              f"the log ends at {active.end} but {what} {promised}: "
-                              f"{promised - active.end} bytes missing")  # fmt: skip
-    return LogDamageError(str(active.path), promised, active.end,
-                          f"the log {what} {promised} but goes on to {active.end}: "
-                          f"{active.end - promised} bytes that were never written by it")  # fmt: skip
+        return LogDamageError(
+            str(where),
+            active.end,
+            promised,
+            f"the log ends at {active.end} but {what} {promised}: {promised - active.end} bytes missing",
+        )
+    return LogDamageError(
+        str(active.path),
+        promised,
+        active.end,
+        f"the log {what} {promised} but goes on to {active.end}: "
+        f"{active.end - promised} bytes that were never written by it",
+    )
 
 
 def _verify_tail(state: LogState, seg: Segment, repairs: Repairs) -> None:
@@ -257,8 +284,12 @@ def _truncate_tail(state: LogState, segments: list[Segment], i: int, result: Sca
     dropped = seg.size - result.end + sum(s.size for s in segments[i + 1 :])
     log.warning(
         "commitlog recovery: truncated %s at offset %d (file position %d): %s; dropped %d bytes never promised durable",
-        seg.path, seg.base + result.end, result.end, reason, dropped,
-    )  # fmt: skip
+        seg.path,
+        seg.base + result.end,
+        result.end,
+        reason,
+        dropped,
+    )
     for later in segments[i + 1 :]:
         later.close()  # no reader exists yet: close at once, no graveyard
         later.delete()

@@ -22,8 +22,12 @@ class AppendStatus(enum.Enum):
 
 
 # EncodeError.kind -> the status reported for it.
-ENCODE_STATUS = {"too_large": AppendStatus.MESSAGE_TOO_LARGE, "invalid": AppendStatus.INVALID_MESSAGE,
-                 "queue": AppendStatus.INVALID_QUEUE_ID, "malformed": AppendStatus.MALFORMED_BATCH}  # fmt: skip
+ENCODE_STATUS = {
+    "too_large": AppendStatus.MESSAGE_TOO_LARGE,
+    "invalid": AppendStatus.INVALID_MESSAGE,
+    "queue": AppendStatus.INVALID_QUEUE_ID,
+    "malformed": AppendStatus.MALFORMED_BATCH,
+}
 
 
 @dataclass(slots=True)

@@ -103,7 +103,9 @@ def _describe(seg: Segment, data: bytes, at: int, file_pos: int) -> str:
         check_record(data, at, str(seg.path), seg.base + file_pos)
         found = u64_at(data, at + OFF_COMMITLOG_OFFSET)
         return str(
-            CorruptRecordError(str(seg.path), seg.base + file_pos, "commitlog offset", str(seg.base + file_pos), str(found))
+            CorruptRecordError(
+                str(seg.path), seg.base + file_pos, "commitlog offset", str(seg.base + file_pos), str(found)
+            )
         )
     except CorruptRecordError as e:
         return str(e)

@@ -258,7 +258,9 @@ class Segment:
         self.fd = os.open(self.path, flags, 0o644)
         self.size = os.fstat(self.fd).st_size  # write position == file length
         self.sealed = False
-        self.boundaries = BoundaryIndex(directory / (segment_name(base)[:-4] + BOUNDARY_SUFFIX), boundary_interval, base)
+        self.boundaries = BoundaryIndex(
+            directory / (segment_name(base)[:-4] + BOUNDARY_SUFFIX), boundary_interval, base
+        )
         if create:  # an empty index, so that a missing one always means damage
             self.boundaries.rewrite([])
 

@@ -65,8 +65,22 @@ from ._timings import Timings
 class LogState:
     """The shared mutable state of one log (see the module docstring for the rules)."""
 
-    __slots__ = ("config", "confirmed", "dir_dirty", "directory", "dirty", "durable", "end", "flush_lock", "flush_times", "graveyard",
-                 "listeners", "lock", "queue_offsets", "snapshot")  # fmt: skip
+    __slots__ = (
+        "config",
+        "confirmed",
+        "dir_dirty",
+        "directory",
+        "dirty",
+        "durable",
+        "end",
+        "flush_lock",
+        "flush_times",
+        "graveyard",
+        "listeners",
+        "lock",
+        "queue_offsets",
+        "snapshot",
+    )
 
     def __init__(self, directory: Path, config: CommitLogConfig) -> None:
         self.directory = directory

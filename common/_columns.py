@@ -37,17 +37,74 @@ from ._record import (
     RECORD_MAGIC,
 )
 
-HEADER_DTYPE = np.dtype({
-    "names": ["total_size", "magic", "crc", "commitlog_offset", "queue_offset", "queue_id", "flags", "born_ts",
-              "store_ts", "born_host", "born_port", "store_host", "store_port", "reconsume_times", "topic_len",
-              "tags_len", "keys_len", "props_len", "body_len"],
-    "formats": ["<u4", "<u4", "<u4", "<u8", "<u8", "<u4", "<u4", "<u8", "<u8", "V16", "<u2", "V16", "<u2", "<u4",
-                "<u2", "<u2", "<u2", "<u4", "<u4"],
-    "offsets": [OFF_TOTAL_SIZE, OFF_MAGIC, OFF_CRC, OFF_COMMITLOG_OFFSET, OFF_QUEUE_OFFSET, OFF_QUEUE_ID, OFF_FLAGS,
-                OFF_BORN_TS, OFF_STORE_TS, OFF_BORN_HOST, OFF_BORN_PORT, OFF_STORE_HOST, OFF_STORE_PORT, OFF_RECONSUME,
-                OFF_TOPIC_LEN, OFF_TAGS_LEN, OFF_KEYS_LEN, OFF_PROPS_LEN, OFF_BODY_LEN],
-    "itemsize": HEADER_SIZE,
-})  # fmt: skip
+HEADER_DTYPE = np.dtype(
+    {
+        "names": [
+            "total_size",
+            "magic",
+            "crc",
+            "commitlog_offset",
+            "queue_offset",
+            "queue_id",
+            "flags",
+            "born_ts",
+            "store_ts",
+            "born_host",
+            "born_port",
+            "store_host",
+            "store_port",
+            "reconsume_times",
+            "topic_len",
+            "tags_len",
+            "keys_len",
+            "props_len",
+            "body_len",
+        ],
+        "formats": [
+            "<u4",
+            "<u4",
+            "<u4",
+            "<u8",
+            "<u8",
+            "<u4",
+            "<u4",
+            "<u8",
+            "<u8",
+            "V16",
+            "<u2",
+            "V16",
+            "<u2",
+            "<u4",
+            "<u2",
+            "<u2",
+            "<u2",
+            "<u4",
+            "<u4",
+        ],
+        "offsets": [
+            OFF_TOTAL_SIZE,
+            OFF_MAGIC,
+            OFF_CRC,
+            OFF_COMMITLOG_OFFSET,
+            OFF_QUEUE_OFFSET,
+            OFF_QUEUE_ID,
+            OFF_FLAGS,
+            OFF_BORN_TS,
+            OFF_STORE_TS,
+            OFF_BORN_HOST,
+            OFF_BORN_PORT,
+            OFF_STORE_HOST,
+            OFF_STORE_PORT,
+            OFF_RECONSUME,
+            OFF_TOPIC_LEN,
+            OFF_TAGS_LEN,
+            OFF_KEYS_LEN,
+            OFF_PROPS_LEN,
+            OFF_BODY_LEN,
+        ],
+        "itemsize": HEADER_SIZE,
+    }
+)
 assert HEADER_DTYPE.itemsize == HEADER_SIZE
 # Field name -> (dtype, offset). ``dtype.fields`` is typed Optional (None for dtypes
 # without fields); this one has fields, so narrow it once here for the gathers below.
@@ -157,7 +214,9 @@ def gather_fields(buf: np.ndarray, walk: Walk, names: list[str]) -> dict[str, np
     out: dict[str, np.ndarray] = {}
     for name in names:
         dtype, offset = _FIELDS[name]
-        out[name] = np.ascontiguousarray(rows[:, offset - lo : offset - lo + dtype.itemsize]).view(dtype).reshape(len(rows))
+        out[name] = (
+            np.ascontiguousarray(rows[:, offset - lo : offset - lo + dtype.itemsize]).view(dtype).reshape(len(rows))
+        )
     return out
 
 

@@ -93,8 +93,9 @@ class LogDamageError(StoreError):
     implicitly: ``clmq store repair`` does that, and says what it dropped.
     """
 
-    def __init__(self, file: str, start: int, end: int, reason: str,
-                 queues: list[tuple[str, int, int, int]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, file: str, start: int, end: int, reason: str, queues: list[tuple[str, int, int, int]] | None = None
+    ) -> None:
         self.file = file
         self.start = start
         self.end = end

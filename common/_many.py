@@ -58,8 +58,17 @@ def decode_records_many(data: bytes, where: str = "<buffer>", base_offset: int =
     return _build(h, mv, buf, starts, tl, gl, kl, pl, bl)
 
 
-def _build(h: np.ndarray, mv: memoryview, buf: np.ndarray, starts: np.ndarray, tl: np.ndarray, gl: np.ndarray,
-           kl: np.ndarray, pl: np.ndarray, bl: np.ndarray) -> list[Record]:  # fmt: skip
+def _build(
+    h: np.ndarray,
+    mv: memoryview,
+    buf: np.ndarray,
+    starts: np.ndarray,
+    tl: np.ndarray,
+    gl: np.ndarray,
+    kl: np.ndarray,
+    pl: np.ndarray,
+    bl: np.ndarray,
+) -> list[Record]:
     p_topic = starts + HEADER_SIZE
     p_tags = p_topic + tl
     p_keys = p_tags + gl
@@ -67,12 +76,41 @@ def _build(h: np.ndarray, mv: memoryview, buf: np.ndarray, starts: np.ndarray, t
     p_body = p_props + pl
     topics, tags, keys = _texts(buf, p_topic, tl), _texts(buf, p_tags, gl), _texts(buf, p_keys, kl)
     born, store = _hosts(h["born_host"].tolist(), h["born_port"]), _hosts(h["store_host"].tolist(), h["store_port"])
-    cols = [h[f].tolist() for f in ("queue_id", "queue_offset", "commitlog_offset", "total_size", "flags", "born_ts",
-                                    "store_ts", "reconsume_times")]  # fmt: skip
+    cols = [
+        h[f].tolist()
+        for f in (
+            "queue_id",
+            "queue_offset",
+            "commitlog_offset",
+            "total_size",
+            "flags",
+            "born_ts",
+            "store_ts",
+            "reconsume_times",
+        )
+    ]
     qid, qoff, cloff, size, flags, born_ts, store_ts, recon = cols
     data = mv.obj if isinstance(mv.obj, bytes) else bytes(mv)  # slicing bytes copies once
     bodies = [data[a : a + n] for a, n in zip(p_body.tolist(), bl.tolist())]
     props = [decode_properties(mv[a : a + n]) if n else {} for a, n in zip(p_props.tolist(), pl.tolist())]
     # map() builds the records without a Python-level loop body: about a third faster
-    return list(map(Record, topics, qid, qoff, cloff, size, bodies, tags, keys, props, flags, born_ts, store_ts,
-                    born, store, recon))  # fmt: skip
+    return list(
+        map(
+            Record,
+            topics,
+            qid,
+            qoff,
+            cloff,
+            size,
+            bodies,
+            tags,
+            keys,
+            props,
+            flags,
+            born_ts,
+            store_ts,
+            born,
+            store,
+            recon,
+        )
+    )

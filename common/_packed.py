@@ -60,7 +60,13 @@ def pack_parts(
     property encoding), for a caller that builds many alike (``b"".join`` them)."""
     if len(tags) > 0xFFFF or len(keys) > 0xFFFF:
         raise PackError(f"tags or keys longer than 65535 bytes in a message for queue {queue_id}")
-    return ITEM.pack(queue_id, flags, born_timestamp_ms, len(tags), len(keys), len(props), len(body)), tags, keys, props, body
+    return (
+        ITEM.pack(queue_id, flags, born_timestamp_ms, len(tags), len(keys), len(props), len(body)),
+        tags,
+        keys,
+        props,
+        body,
+    )
 
 
 def unpack_messages(packed: PackedMessages) -> list[Message]:

@@ -233,8 +233,27 @@ def check_record(data: bytes | memoryview, pos: int, where: str, offset: int) ->
 def decode_record(data: bytes | memoryview, pos: int = 0, where: str = "<buffer>", offset: int = -1) -> Record:
     """Decode and CRC-check the record at ``data[pos:]``."""
     check_record(data, pos, where, offset if offset >= 0 else pos)
-    (size, _m, _c, cl_off, q_off, qid, flags, born_ts, store_ts, born_ip, born_port,
-     store_ip, store_port, reconsume, tl, gl, kl, pl, bl) = HEADER.unpack_from(data, pos)  # fmt: skip
+    (
+        size,
+        _m,
+        _c,
+        cl_off,
+        q_off,
+        qid,
+        flags,
+        born_ts,
+        store_ts,
+        born_ip,
+        born_port,
+        store_ip,
+        store_port,
+        reconsume,
+        tl,
+        gl,
+        kl,
+        pl,
+        bl,
+    ) = HEADER.unpack_from(data, pos)
     mv = memoryview(data)
     p = pos + HEADER_SIZE
     topic = bytes(mv[p : p + tl]).decode()
@@ -247,12 +266,22 @@ def decode_record(data: bytes | memoryview, pos: int = 0, where: str = "<buffer>
     p += pl
     body = bytes(mv[p : p + bl])
     return Record(
-        topic=topic, queue_id=qid, queue_offset=q_off, commitlog_offset=cl_off, size=size,
-        body=body, tags=tags, keys=keys, properties=props, flags=flags,
-        born_timestamp_ms=born_ts, store_timestamp_ms=store_ts,
-        born_host=decode_host(born_ip, born_port), store_host=decode_host(store_ip, store_port),
+        topic=topic,
+        queue_id=qid,
+        queue_offset=q_off,
+        commitlog_offset=cl_off,
+        size=size,
+        body=body,
+        tags=tags,
+        keys=keys,
+        properties=props,
+        flags=flags,
+        born_timestamp_ms=born_ts,
+        store_timestamp_ms=store_ts,
+        born_host=decode_host(born_ip, born_port),
+        store_host=decode_host(store_ip, store_port),
         reconsume_times=reconsume,
-    )  # fmt: skip
+    )
 
 
 def encode_blank(remaining: int) -> bytes:

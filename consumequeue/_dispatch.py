@@ -66,8 +66,9 @@ class Dispatcher:
     log's confirmed offset. Appends never wait for it; waiters are woken per round.
     """
 
-    def __init__(self, commitlog: CommitLog, queues: ConsumeQueueSet, start_offset: int,
-                 chunk_bytes: int = 4 << 20) -> None:  # fmt: skip
+    def __init__(
+        self, commitlog: CommitLog, queues: ConsumeQueueSet, start_offset: int, chunk_bytes: int = 4 << 20
+    ) -> None:
         self.log = commitlog
         self.queues = queues
         self.dispatched_offset = max(start_offset, commitlog.min_offset)

@@ -60,8 +60,15 @@ def file_name(start: int) -> str:
 class ConsumeQueue:
     """Entries of one queue; loaded lazily on first use. Thread-safe."""
 
-    def __init__(self, directory: Path, topic: str, queue_id: int, entries_per_file: int, files: FileCache,
-                 no_files: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        directory: Path,
+        topic: str,
+        queue_id: int,
+        entries_per_file: int,
+        files: FileCache,
+        no_files: bool = False,
+    ) -> None:
         """``no_files``: the caller knows the queue has no files yet (nothing to load)."""
         self.directory = directory
         self.topic = topic
@@ -109,7 +116,9 @@ class ConsumeQueue:
         for start in starts:
             size = os.stat(self._path(start)).st_size
             if start % self.per_file or (keep and start != keep[-1] + self.per_file):
-                problem = problem or f"file {file_name(start)} does not continue {file_name(keep[-1]) if keep else 'nothing'}"
+                problem = (
+                    problem or f"file {file_name(start)} does not continue {file_name(keep[-1]) if keep else 'nothing'}"
+                )
                 break
             keep.append(start)
             if size != self.per_file * ENTRY_SIZE:
@@ -217,7 +226,9 @@ class ConsumeQueue:
                 if not self._starts and not self._pending:  # an empty queue starts where its first record is
                     self._first = self._flushed_next = first
                 else:  # explicit markers: zeros would be indistinguishable from a lost page
-                    log.warning("consume queue %s/%d: hole at offsets %d..%d", self.topic, self.queue_id, nxt, first - 1)
+                    log.warning(
+                        "consume queue %s/%d: hole at offsets %d..%d", self.topic, self.queue_id, nxt, first - 1
+                    )
                     self._pending += HOLE_ENTRY * (first - nxt)
             self._pending += data
             return len(data) // ENTRY_SIZE
@@ -301,7 +312,9 @@ class ConsumeQueue:
         except FileNotFoundError:
             raise self._damaged(path, at, "consume queue file", "present", "missing") from None
         if len(chunk) < n * ENTRY_SIZE:
-            raise self._damaged(path, at + len(chunk), "consume queue file", f"{n * ENTRY_SIZE} bytes", f"{len(chunk)} bytes")
+            raise self._damaged(
+                path, at + len(chunk), "consume queue file", f"{n * ENTRY_SIZE} bytes", f"{len(chunk)} bytes"
+            )
         if ZERO_ENTRY in chunk:  # fast test (unaligned: may be a false alarm), exact one below
             sizes = np.frombuffer(chunk, ENTRY_DTYPE)
             zero = np.flatnonzero((sizes["size"] == 0) & (sizes["offset"] == 0) & (sizes["tag"] == 0))

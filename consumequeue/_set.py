@@ -126,8 +126,14 @@ class ConsumeQueueSet:
                     tdir = self._topic_dirs.get(topic)
                     if tdir is None:  # a path join costs microseconds: one per topic, not two per queue
                         tdir = self._topic_dirs[topic] = self.root / topic
-                    cq = ConsumeQueue(tdir / str(queue_id), topic, queue_id, self.entries_per_file, self.files,
-                                      no_files=self._all_discovered)  # fmt: skip
+                    cq = ConsumeQueue(
+                        tdir / str(queue_id),
+                        topic,
+                        queue_id,
+                        self.entries_per_file,
+                        self.files,
+                        no_files=self._all_discovered,
+                    )
                     self._queues[key] = cq
         return cq
 
@@ -209,7 +215,9 @@ class ConsumeQueueSet:
         touched: list[ConsumeQueue] = []
         added = 0
         try:
-            for code, first, a, b in zip(codes[starts].tolist(), qoffs[starts].tolist(), (starts * 20).tolist(), ends.tolist()):
+            for code, first, a, b in zip(
+                codes[starts].tolist(), qoffs[starts].tolist(), (starts * 20).tolist(), ends.tolist()
+            ):
                 cq = self._by_code.get(code) or self._queue_by_code(code)
                 n = cq.append(first, raw[a:b])  # idempotent: a retried merge skips what it has
                 if n:

@@ -58,15 +58,26 @@ def _layout(topic_len: int) -> tuple[np.ndarray, np.dtype[np.void]]:
     got = _COLS_CACHE.get(topic_len)
     if got is None:
         pad = [] if topic_len else [0]  # no topic: one padding column keeps the dtype valid
-        cols = np.concatenate([np.arange(_LOW), np.arange(OFF_TOPIC_LEN, HEADER_SIZE + topic_len), pad]).astype(np.int64)
+        cols = np.concatenate([np.arange(_LOW), np.arange(OFF_TOPIC_LEN, HEADER_SIZE + topic_len), pad]).astype(
+            np.int64
+        )
         high = _LOW - OFF_TOPIC_LEN  # where header byte OFF_TOPIC_LEN lands in a gathered row
-        dtype = np.dtype({
-            "names": ["size", "magic", "offset", "queue_offset", "queue_id", "topic_len", "topic"],
-            "formats": ["<u4", "<u4", "<u8", "<u8", "<u4", "<u2", f"V{max(topic_len, 1)}"],
-            "offsets": [OFF_TOTAL_SIZE, OFF_MAGIC, OFF_COMMITLOG_OFFSET, OFF_QUEUE_OFFSET, OFF_QUEUE_ID,
-                        OFF_TOPIC_LEN + high, HEADER_SIZE + high],
-            "itemsize": len(cols),
-        })  # fmt: skip
+        dtype = np.dtype(
+            {
+                "names": ["size", "magic", "offset", "queue_offset", "queue_id", "topic_len", "topic"],
+                "formats": ["<u4", "<u4", "<u8", "<u8", "<u4", "<u2", f"V{max(topic_len, 1)}"],
+                "offsets": [
+                    OFF_TOTAL_SIZE,
+                    OFF_MAGIC,
+                    OFF_COMMITLOG_OFFSET,
+                    OFF_QUEUE_OFFSET,
+                    OFF_QUEUE_ID,
+                    OFF_TOPIC_LEN + high,
+                    HEADER_SIZE + high,
+                ],
+                "itemsize": len(cols),
+            }
+        )
         got = _COLS_CACHE[topic_len] = (cols, dtype)
     return got
 
@@ -76,8 +87,16 @@ assert _HEAD.size == OFF_TOPIC_LEN + 2 and OFF_QUEUE_ID == 28
 SMALL_RUN = 64  # runs of at most this many records are checked with struct (numpy's per-call cost is more)
 
 
-def check_headers(data: bytes | memoryview, start: int, offsets: list[int], sizes: list[int], queue_offsets: list[int],
-                  topic: bytes, queue_id: int, where: Callable[[int], str]) -> None:  # fmt: skip
+def check_headers(
+    data: bytes | memoryview,
+    start: int,
+    offsets: list[int],
+    sizes: list[int],
+    queue_offsets: list[int],
+    topic: bytes,
+    queue_id: int,
+    where: Callable[[int], str],
+) -> None:
     """Check the headers of the records at log ``offsets`` (``data`` holds the log from
     ``start``) against their entries (``sizes``, ``queue_offsets``) and the queue.
 
@@ -105,16 +124,25 @@ def check_headers(data: bytes | memoryview, start: int, offsets: list[int], size
         _diagnose(data, positions[i], sizes[i], offsets[i], queue_offsets[i], topic, queue_id, where)
 
 
-def _check_small(data: bytes | memoryview, positions: list[int], sizes: list[int], offsets: list[int],
-                 queue_offsets: list[int], topic: bytes, queue_id: int, where: Callable[[int], str]) -> None:  # fmt: skip
+def _check_small(
+    data: bytes | memoryview,
+    positions: list[int],
+    sizes: list[int],
+    offsets: list[int],
+    queue_offsets: list[int],
+    topic: bytes,
+    queue_id: int,
+    where: Callable[[int], str],
+) -> None:
     """:func:`check_headers` record by record (few records, or some too short): one
     unpack per record, topic included, compared as one tuple."""
     tl, avail = len(topic), len(data)
     head = _head_with_topic(tl)
     for p, size, offset, qoff in zip(positions, sizes, offsets, queue_offsets):
         if size < HEADER_SIZE + tl or p + HEADER_SIZE + tl > avail:
-            raise CorruptRecordError(where(offset), offset, "total size",
-                                     f">= {HEADER_SIZE + tl} (header and topic)", str(size))  # fmt: skip
+            raise CorruptRecordError(
+                where(offset), offset, "total size", f">= {HEADER_SIZE + tl} (header and topic)", str(size)
+            )
         if head.unpack_from(data, p) != (size, RECORD_MAGIC, offset, qoff, queue_id, tl, topic):
             _diagnose(data, p, size, offset, qoff, topic, queue_id, where)
 
@@ -129,8 +157,16 @@ def _head_with_topic(topic_len: int) -> struct.Struct:
     return head
 
 
-def _diagnose(data: bytes | memoryview, p: int, size: int, offset: int, qoff: int, topic: bytes, queue_id: int,
-              where: Callable[[int], str]) -> None:  # fmt: skip
+def _diagnose(
+    data: bytes | memoryview,
+    p: int,
+    size: int,
+    offset: int,
+    qoff: int,
+    topic: bytes,
+    queue_id: int,
+    where: Callable[[int], str],
+) -> None:
     """Raise for the first field of the record at ``p`` that is not what its entry says."""
     got_size, magic, got_offset, got_qoff, got_qid, tl = _HEAD.unpack_from(data, p)
     got_topic = repr(bytes(data[p + HEADER_SIZE : p + HEADER_SIZE + tl]).decode("utf-8", "replace"))
@@ -149,11 +185,17 @@ def _diagnose(data: bytes | memoryview, p: int, size: int, offset: int, qoff: in
     raise AssertionError("_diagnose called for a record that checks")  # pragma: no cover
 
 
-def check_record_identity(rec: Record, where: str, offset: int, size: int, topic: str, queue_id: int,
-                          queue_offset: int) -> None:  # fmt: skip
+def check_record_identity(
+    rec: Record, where: str, offset: int, size: int, topic: str, queue_id: int, queue_offset: int
+) -> None:
     """A decoded (CRC-checked) record against its entry and its queue."""
-    if (rec.size == size and rec.commitlog_offset == offset and rec.queue_offset == queue_offset
-            and rec.queue_id == queue_id and rec.topic == topic):  # fmt: skip
+    if (
+        rec.size == size
+        and rec.commitlog_offset == offset
+        and rec.queue_offset == queue_offset
+        and rec.queue_id == queue_id
+        and rec.topic == topic
+    ):
         return
     for check, expected, actual in (
         ("total size", size, rec.size),
@@ -163,8 +205,13 @@ def check_record_identity(rec: Record, where: str, offset: int, size: int, topic
         ("queue offset", queue_offset, rec.queue_offset),
     ):
         if expected != actual:
-            raise CorruptRecordError(where, offset, check, repr(expected) if check == "topic" else str(expected),
-                                     repr(actual) if check == "topic" else str(actual))  # fmt: skip
+            raise CorruptRecordError(
+                where,
+                offset,
+                check,
+                repr(expected) if check == "topic" else str(expected),
+                repr(actual) if check == "topic" else str(actual),
+            )
 
 
 class EntryReader:
@@ -221,8 +268,16 @@ class EntryReader:
                 one = self._log.file_span(offsets[k], sizes[k])
                 if one is None:
                     self._gone(offsets[k], sizes[k])
-                elif self._check_at(one, offsets[k], offsets[k] + sizes[k], offsets[k : k + 1], sizes[k : k + 1],
-                                    qo[k : k + 1], topic, queue_id):  # fmt: skip
+                elif self._check_at(
+                    one,
+                    offsets[k],
+                    offsets[k] + sizes[k],
+                    offsets[k : k + 1],
+                    sizes[k : k + 1],
+                    qo[k : k + 1],
+                    topic,
+                    queue_id,
+                ):
                     spans.append((str(one[0]), one[1], sizes[k]))
                     count += 1
         return spans, count
@@ -231,8 +286,17 @@ class EntryReader:
         """:func:`spans_many`: the records of many queues' picks, read together."""
         return spans_many(self, picks)
 
-    def _check_ends(self, where: tuple[Path, int], offsets: list[int], sizes: list[int], qo: list[int], i: int,
-                    j: int, topic: bytes, queue_id: int) -> bool:  # fmt: skip
+    def _check_ends(
+        self,
+        where: tuple[Path, int],
+        offsets: list[int],
+        sizes: list[int],
+        qo: list[int],
+        i: int,
+        j: int,
+        topic: bytes,
+        queue_id: int,
+    ) -> bool:
         """Check the first and the last record of a log-contiguous run of entries
         ``[i, j)``; False if retention took them meanwhile.
 
@@ -255,8 +319,17 @@ class EntryReader:
                 _diagnose(data, 0, sizes[k], offsets[k], qo[k], topic, queue_id, self._log.segment_path)
         return True
 
-    def _check_at(self, where: tuple[Path, int], start: int, end: int, offsets: list[int], sizes: list[int],
-                  qoffs: list[int], topic: bytes, queue_id: int) -> bool:  # fmt: skip
+    def _check_at(
+        self,
+        where: tuple[Path, int],
+        start: int,
+        end: int,
+        offsets: list[int],
+        sizes: list[int],
+        qoffs: list[int],
+        topic: bytes,
+        queue_id: int,
+    ) -> bool:
         """Check the headers of a run of records at ``where`` (segment, position);
         False if retention took them meanwhile."""
         path, pos = where
@@ -322,9 +395,13 @@ class EntryReader:
         """A record its entry names is not in the log: retention (False), or damage."""
         if offset < self._log.min_offset:
             return False
-        raise CorruptRecordError(self._log.segment_path(offset), offset, "record extent",
-                                 f"inside the log (ends at {self._log.write_offset}, one segment)",
-                                 f"{size} bytes from {offset}")  # fmt: skip
+        raise CorruptRecordError(
+            self._log.segment_path(offset),
+            offset,
+            "record extent",
+            f"inside the log (ends at {self._log.write_offset}, one segment)",
+            f"{size} bytes from {offset}",
+        )
 
     def records(self, picked: np.ndarray, qoffs: np.ndarray, topic: str, queue_id: int) -> list[Record]:
         """Read, decode (CRC) and check the picked records, one read per log-contiguous run."""
@@ -376,12 +453,14 @@ WINDOW_READ_MAX_BYTES = 1 * MiB  # one such pread at most (a longer neighbourhoo
 Pick = tuple[np.ndarray, np.ndarray, bytes, int]  # entries picked, their queue offsets, topic, queue id
 PickSpans = list["FileSpan | bytes"]  # file spans (long runs) or the records' bytes, in queue order
 _HEAD_COLS = np.r_[0:_LOW, OFF_TOPIC_LEN : OFF_TOPIC_LEN + 2].astype(np.int64)  # the checked header bytes only
-_HEAD_DTYPE = np.dtype({
-    "names": ["size", "magic", "offset", "queue_offset", "queue_id", "topic_len"],
-    "formats": ["<u4", "<u4", "<u8", "<u8", "<u4", "<u2"],
-    "offsets": [OFF_TOTAL_SIZE, OFF_MAGIC, OFF_COMMITLOG_OFFSET, OFF_QUEUE_OFFSET, OFF_QUEUE_ID, _LOW],
-    "itemsize": _LOW + 2,
-})  # fmt: skip
+_HEAD_DTYPE = np.dtype(
+    {
+        "names": ["size", "magic", "offset", "queue_offset", "queue_id", "topic_len"],
+        "formats": ["<u4", "<u4", "<u8", "<u8", "<u4", "<u2"],
+        "offsets": [OFF_TOTAL_SIZE, OFF_MAGIC, OFF_COMMITLOG_OFFSET, OFF_QUEUE_OFFSET, OFF_QUEUE_ID, _LOW],
+        "itemsize": _LOW + 2,
+    }
+)
 
 
 class _Flat:
@@ -504,7 +583,9 @@ def _check_many(buf: bytes, at: np.ndarray, flat: _Flat, small: np.ndarray, bad:
     bad[flat.owner[idx[~ok]]] = True
 
 
-def _cut_pieces(buf: bytes, at: np.ndarray, flat: _Flat, good: np.ndarray, out: list[tuple[PickSpans, int] | None]) -> None:
+def _cut_pieces(
+    buf: bytes, at: np.ndarray, flat: _Flat, good: np.ndarray, out: list[tuple[PickSpans, int] | None]
+) -> None:
     """Each good small pick's records as one bytes object, in queue order (neighbours in
     ``buf`` sliced together)."""
     idx = np.flatnonzero(good)

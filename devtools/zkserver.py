@@ -65,9 +65,17 @@ class LocalZooKeeper:
     """One standalone ZooKeeper server (a ``java`` subprocess) with its config, data and
     log in ``directory``. Use as a context manager, or call ``start()``/``stop()``."""
 
-    def __init__(self, directory: Path | str, *, client_port: int = 0, tick_time_ms: int = DEFAULT_TICK_TIME_MS,
-                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S, jar: Path | str = ZOOKEEPER_JAR,
-                 slf4j_jar: Path | str = SLF4J_JAR, java: str = "java") -> None:  # fmt: skip
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        client_port: int = 0,
+        tick_time_ms: int = DEFAULT_TICK_TIME_MS,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        jar: Path | str = ZOOKEEPER_JAR,
+        slf4j_jar: Path | str = SLF4J_JAR,
+        java: str = "java",
+    ) -> None:
         self.directory = Path(directory)
         self.tick_time_ms = tick_time_ms
         self.start_timeout_s = start_timeout_s
@@ -130,8 +138,14 @@ class LocalZooKeeper:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open while the server runs
         # A session of its own: a Ctrl-C at a terminal reaches only the command that owns
         # the server (e.g. clmq dev), which stops it last, after the brokers using it.
-        self._proc = subprocess.Popen(self._command(), stdout=self._log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, cwd=self.directory, start_new_session=True)  # fmt: skip
+        self._proc = subprocess.Popen(
+            self._command(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.directory,
+            start_new_session=True,
+        )
         self._await_ready()
         return self
 
@@ -187,8 +201,9 @@ class LocalZooKeeper:
     def __enter__(self) -> LocalZooKeeper:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -226,11 +241,15 @@ class LocalZooKeeper:
             if proc is not None and proc.poll() is not None:
                 code = proc.returncode
                 self._forget()
-                raise ZooKeeperError(f"ZooKeeper exited with status {code} at start; log {self.log_path}:\n{self.log_tail()}")
+                raise ZooKeeperError(
+                    f"ZooKeeper exited with status {code} at start; log {self.log_path}:\n{self.log_tail()}"
+                )
             if time.monotonic() >= deadline:
                 self.kill()
-                raise ZooKeeperError(f"ZooKeeper on port {self._port} did not answer ruok within {self.start_timeout_s} s; "
-                                     f"log {self.log_path}:\n{self.log_tail()}")  # fmt: skip
+                raise ZooKeeperError(
+                    f"ZooKeeper on port {self._port} did not answer ruok within {self.start_timeout_s} s; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
             time.sleep(interval)
             interval = min(interval * 2, 0.2)
 

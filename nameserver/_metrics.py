@@ -23,9 +23,12 @@ class NameServerCollector:
 
     def collect(self) -> Iterator[Metric]:
         total = CounterMetricFamily("clmq_nameserver_requests", "Requests answered, per request code", labels=["code"])
-        errors = CounterMetricFamily("clmq_nameserver_request_errors", "Requests answered with an error", labels=["code"])
-        latency = HistogramMetricFamily("clmq_nameserver_request_duration_seconds", "From taking a request up to its answer",
-                                        labels=["code"])  # fmt: skip
+        errors = CounterMetricFamily(
+            "clmq_nameserver_request_errors", "Requests answered with an error", labels=["code"]
+        )
+        latency = HistogramMetricFamily(
+            "clmq_nameserver_request_duration_seconds", "From taking a request up to its answer", labels=["code"]
+        )
         for code, st, cumulative in self.requests.histogram_rows():
             name = RequestCode(code).name if code in RequestCode._value2member_map_ else str(code)
             total.add_metric([name], st.requests)

@@ -35,9 +35,20 @@ class RouteTable:
         self._brokers: dict[str, BrokerEntry] = {}
         self._leaders: dict[str, tuple[int, str]] = {}  # broker name -> (epoch, address) of its leader
 
-    def register(self, cluster: str, broker_name: str, addr: str, topics: dict[str, int], now_ms: float,
-                 healthy: bool = True, failure: str = "", *, broker_id: int = 0, role: str = "leader",
-                 epoch: int = -1) -> bool:  # fmt: skip
+    def register(
+        self,
+        cluster: str,
+        broker_name: str,
+        addr: str,
+        topics: dict[str, int],
+        now_ms: float,
+        healthy: bool = True,
+        failure: str = "",
+        *,
+        broker_id: int = 0,
+        role: str = "leader",
+        epoch: int = -1,
+    ) -> bool:
         """Record a registration; True if the broker is new or its topics or role changed."""
         old = self._brokers.get(addr)
         if role == "leader" and not self._claim(broker_name, epoch, addr):
@@ -99,12 +110,31 @@ class RouteTable:
         if not leaders:
             healthy, failure = False, f"group {name} has no leader (reads only, from a follower)"
         followers = [{"addr": b.addr, "broker_id": b.broker_id} for b in members if b is not head]
-        return {"broker_name": name, "addr": head.addr, "queue_count": head.topics[topic], "healthy": healthy,
-                "failure": failure, "epoch": head.epoch, "leader": bool(leaders), "followers": followers}  # fmt: skip
+        return {
+            "broker_name": name,
+            "addr": head.addr,
+            "queue_count": head.topics[topic],
+            "healthy": healthy,
+            "failure": failure,
+            "epoch": head.epoch,
+            "leader": bool(leaders),
+            "followers": followers,
+        }
 
     def cluster(self, now_ms: float) -> list[dict[str, Any]]:
         """Every registered broker, healthy or not (``healthy``, ``failure``)."""
-        return [{"cluster": b.cluster, "broker_name": b.broker_name, "addr": b.addr, "topics": b.topics,
-                 "age_ms": int(now_ms - b.last_seen_ms), "healthy": b.healthy, "failure": b.failure,
-                 "broker_id": b.broker_id, "role": b.role, "epoch": b.epoch}
-                for b in sorted(self._brokers.values(), key=lambda b: (b.broker_name, b.addr))]  # fmt: skip
+        return [
+            {
+                "cluster": b.cluster,
+                "broker_name": b.broker_name,
+                "addr": b.addr,
+                "topics": b.topics,
+                "age_ms": int(now_ms - b.last_seen_ms),
+                "healthy": b.healthy,
+                "failure": b.failure,
+                "broker_id": b.broker_id,
+                "role": b.role,
+                "epoch": b.epoch,
+            }
+            for b in sorted(self._brokers.values(), key=lambda b: (b.broker_name, b.addr))
+        ]

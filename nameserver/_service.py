@@ -43,8 +43,13 @@ class NameServerConfig:
             raise ValueError(f"metrics_port must be in -1..65535 (-1: none, 0: any free port), got {self.metrics_port}")
 
     def server_limits(self) -> ServerLimits:
-        return ServerLimits(self.max_connections, self.reserved_file_descriptors, self.max_connection_buffer_bytes,
-                            self.max_buffered_request_bytes, self.frame_timeout_ms)  # fmt: skip
+        return ServerLimits(
+            self.max_connections,
+            self.reserved_file_descriptors,
+            self.max_connection_buffer_bytes,
+            self.max_buffered_request_bytes,
+            self.frame_timeout_ms,
+        )
 
 
 def _now_ms() -> float:
@@ -57,13 +62,18 @@ class NameServer:
     def __init__(self, config: NameServerConfig) -> None:
         self.config = config
         self.routes = RouteTable(config.broker_expiry_ms)
-        self.rpc = RpcServer("nameserver", {
-            RequestCode.REGISTER_BROKER: checked(self._register),
-            RequestCode.UNREGISTER_BROKER: checked(self._unregister),
-            RequestCode.GET_ROUTE: checked(self._route),
-            RequestCode.GET_CLUSTER: checked(self._cluster),
-        }, max_frame_bytes=config.max_frame_bytes, idle_timeout_ms=config.idle_timeout_ms,
-            limits=config.server_limits())  # fmt: skip
+        self.rpc = RpcServer(
+            "nameserver",
+            {
+                RequestCode.REGISTER_BROKER: checked(self._register),
+                RequestCode.UNREGISTER_BROKER: checked(self._unregister),
+                RequestCode.GET_ROUTE: checked(self._route),
+                RequestCode.GET_CLUSTER: checked(self._cluster),
+            },
+            max_frame_bytes=config.max_frame_bytes,
+            idle_timeout_ms=config.idle_timeout_ms,
+            limits=config.server_limits(),
+        )
         self._stop = trio.Event()
         self.metrics = metrics_registry(self.routes, self.rpc.request_stats)
         self.metrics_port = -1  # where /metrics is served, once started (-1: none)
@@ -81,19 +91,38 @@ class NameServer:
         addr, topics, healthy, failure = f["addr"], f["topics"], f.get("healthy", True), f.get("failure") or ""
         was = self.routes.health(addr)
         claimed = f.get("role") or "leader"
-        if self.routes.register(f.get("cluster") or "", f["broker_name"], addr, topics, _now_ms(), healthy, failure,
-                                broker_id=f.get("broker_id") or 0, role=claimed,
-                                epoch=f["epoch"] if f.get("epoch") is not None else -1):  # fmt: skip
+        if self.routes.register(
+            f.get("cluster") or "",
+            f["broker_name"],
+            addr,
+            topics,
+            _now_ms(),
+            healthy,
+            failure,
+            broker_id=f.get("broker_id") or 0,
+            role=claimed,
+            epoch=f["epoch"] if f.get("epoch") is not None else -1,
+        ):
             log.info("broker %s at %s registered %d topics (%s)", f["broker_name"], addr, len(topics), claimed)
         if was != healthy and not healthy:
-            log.warning("broker %s at %s is unhealthy: %s; producers skip it until it is healthy", f["broker_name"],
-                        addr, failure)  # fmt: skip
+            log.warning(
+                "broker %s at %s is unhealthy: %s; producers skip it until it is healthy",
+                f["broker_name"],
+                addr,
+                failure,
+            )
         elif was is False and healthy:
             log.info("broker %s at %s is healthy again", f["broker_name"], addr)
         leader_addr, leader_epoch = self.routes.leader_of(f["broker_name"])
         if claimed == "leader" and leader_addr != addr:
-            log.warning("broker %s at %s claims leadership with epoch %s, but %s leads with epoch %d: told to follow",
-                        f["broker_name"], addr, f.get("epoch"), leader_addr, leader_epoch)  # fmt: skip
+            log.warning(
+                "broker %s at %s claims leadership with epoch %s, but %s leads with epoch %d: told to follow",
+                f["broker_name"],
+                addr,
+                f.get("epoch"),
+                leader_addr,
+                leader_epoch,
+            )
         return Reply({"leader_addr": leader_addr, "leader_epoch": leader_epoch})
 
     async def _unregister(self, frame: Frame, peer: Peer) -> Reply:
@@ -115,18 +144,27 @@ class NameServer:
         while True:
             await trio.sleep(self.config.scan_interval_ms / 1000)
             for addr in self.routes.expire(_now_ms()):
-                log.warning("broker at %s missed its registrations for %d ms: dropped", addr, self.config.broker_expiry_ms)
+                log.warning(
+                    "broker at %s missed its registrations for %d ms: dropped", addr, self.config.broker_expiry_ms
+                )
 
 
-async def serve(config: NameServerConfig, *, task_status: trio.TaskStatus[NameServer] = trio.TASK_STATUS_IGNORED) -> None:
+async def serve(
+    config: NameServerConfig, *, task_status: trio.TaskStatus[NameServer] = trio.TASK_STATUS_IGNORED
+) -> None:
     """Run a name server until cancelled or :meth:`NameServer.shutdown`."""
     ns = NameServer(config)
     async with trio.open_nursery() as nursery:
         await nursery.start(ns.rpc.serve, config.listen_host, config.listen_port, nursery)
         nursery.start_soon(ns._expire_loop)
         if config.metrics_port >= 0:
-            ns.metrics_port = await nursery.start(serve_http, config.metrics_host or config.listen_host, config.metrics_port,
-                                                  metrics_route(ns.metrics), "name server metrics")  # fmt: skip
+            ns.metrics_port = await nursery.start(
+                serve_http,
+                config.metrics_host or config.listen_host,
+                config.metrics_port,
+                metrics_route(ns.metrics),
+                "name server metrics",
+            )
         log.info("name server listening on %s", ns.addr)
         task_status.started(ns)
         await ns._stop.wait()

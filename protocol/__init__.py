@@ -68,4 +68,4 @@ __all__ = [
     "request_error",
     "response_to",
     "set_queue_id",
-]  # fmt: skip
+]

@@ -261,9 +261,15 @@ class ErrorCode(enum.IntEnum):
     NOT_FOUND = 25  # e.g. no route for a topic, unknown group
     STORE_FAILED = 26  # the broker's store failed (e.g. an fsync error): it takes no produce until restarted
     CORRUPT_DATA = 27  # a record read is damaged (text: file, offset, check); other queues still read
-    NOT_LEADER = 28  # this broker is a follower: produce, commits and topic changes go to the leader (fields: leader_addr)
-    NOT_ENOUGH_REPLICAS = 29  # sync acks: fewer than min_insync_replicas in sync; nothing was written. Retry the same queue
-    REPLICATION_TIMEOUT = 30  # sync acks: stored on the leader, not held by enough replicas in time. Retry the same queue
+    NOT_LEADER = (
+        28  # this broker is a follower: produce, commits and topic changes go to the leader (fields: leader_addr)
+    )
+    NOT_ENOUGH_REPLICAS = (
+        29  # sync acks: fewer than min_insync_replicas in sync; nothing was written. Retry the same queue
+    )
+    REPLICATION_TIMEOUT = (
+        30  # sync acks: stored on the leader, not held by enough replicas in time. Retry the same queue
+    )
     STALE_EPOCH = 31  # a request from an older (or newer) leadership term: learn the current leader and epoch
     REPLICA_REFUSED = 32  # a replication request the leader will not serve (unknown replica, lying report)
     OFFSET_OUT_OF_RANGE = 33  # a fetch below the leader's log start (fields: min_offset)
@@ -314,7 +320,9 @@ def _strings(value: Any) -> str | None:
 
 
 def _topics(value: Any) -> str | None:
-    if type(value) is dict and all(type(k) is str and type(v) is int and 0 < v <= MAX_QUEUE_ID for k, v in value.items()):
+    if type(value) is dict and all(
+        type(k) is str and type(v) is int and 0 < v <= MAX_QUEUE_ID for k, v in value.items()
+    ):
         return None
     return f"must map topic names to queue counts, got {_kind(value)}"
 
@@ -354,16 +362,28 @@ Spec = dict[str, tuple[Check, bool]]  # field -> (check, required)
 
 REQUEST_FIELDS: Final[dict[int, Spec]] = {
     RequestCode.SEND_MESSAGE: {"topic": (TOPIC, True), "dedup": (_bool, False)},
-    RequestCode.PULL_MESSAGE: {"topic": (TOPIC, True), "queue_id": (QUEUE_ID, True), "offset": (OFFSET, True),
-                               "max_messages": (COUNT, False), "max_wait_ms": (_int(), False),
-                               "tags": (_strings, False), "group": (GROUP, False)},
-    RequestCode.PULL_MESSAGES: {"queues": (_list, True), "max_messages": (COUNT, False),
-                                "max_per_queue": (COUNT, False), "max_wait_ms": (_int(), False),
-                                "max_bytes": (_int(1), False)},
+    RequestCode.PULL_MESSAGE: {
+        "topic": (TOPIC, True),
+        "queue_id": (QUEUE_ID, True),
+        "offset": (OFFSET, True),
+        "max_messages": (COUNT, False),
+        "max_wait_ms": (_int(), False),
+        "tags": (_strings, False),
+        "group": (GROUP, False),
+    },
+    RequestCode.PULL_MESSAGES: {
+        "queues": (_list, True),
+        "max_messages": (COUNT, False),
+        "max_per_queue": (COUNT, False),
+        "max_wait_ms": (_int(), False),
+        "max_bytes": (_int(1), False),
+    },
     RequestCode.QUERY_OFFSETS: {"topic": (TOPIC, True), "queue_id": (QUEUE_ID, True)},
     RequestCode.SEARCH_OFFSET: {"topic": (TOPIC, True), "queue_id": (QUEUE_ID, True), "timestamp_ms": (_int(), True)},
-    RequestCode.COMMIT_OFFSET: {"group": (GROUP, True),
-                                "offsets": (_rows(TOPIC, QUEUE_ID, OFFSET, shape="[topic, queue_id, offset]"), True)},
+    RequestCode.COMMIT_OFFSET: {
+        "group": (GROUP, True),
+        "offsets": (_rows(TOPIC, QUEUE_ID, OFFSET, shape="[topic, queue_id, offset]"), True),
+    },
     RequestCode.QUERY_CONSUMER_OFFSET: {"group": (GROUP, True), "topic": (TOPIC, True), "queue_id": (QUEUE_ID, True)},
     RequestCode.QUERY_QUEUE_OFFSETS: {"group": (GROUP, True), "queues": (_list, True)},
     RequestCode.HEARTBEAT: {"client_id": (_str, True), "groups": (_groups, True)},
@@ -375,34 +395,64 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
     RequestCode.CREATE_TOPIC: {"topic": (TOPIC, True), "queue_count": (_int(1, MAX_QUEUE_ID), True)},
     RequestCode.DELETE_TOPIC: {"topic": (TOPIC, True)},
     RequestCode.LIST_TOPICS: {"include_system": (_bool, False)},
-    RequestCode.CONSUMER_SEND_BACK: {"group": (GROUP, True), "messages": (_rows(OFFSET, _int(-1), shape="[commitlog_offset, delay_ms]"), True),
-                                     "max_reconsume_times": (_int(0, MAX_RECONSUME_TIMES), False), "to_dlq": (_bool, False)},
-    RequestCode.LOCK_QUEUES: {"group": (GROUP, True), "client_id": (_str, True),
-                              "queues": (_rows(TOPIC, QUEUE_ID, shape="[topic, queue_id]"), True)},
-    RequestCode.UNLOCK_QUEUES: {"group": (GROUP, True), "client_id": (_str, True),
-                                "queues": (_rows(TOPIC, QUEUE_ID, shape="[topic, queue_id]"), True)},
+    RequestCode.CONSUMER_SEND_BACK: {
+        "group": (GROUP, True),
+        "messages": (_rows(OFFSET, _int(-1), shape="[commitlog_offset, delay_ms]"), True),
+        "max_reconsume_times": (_int(0, MAX_RECONSUME_TIMES), False),
+        "to_dlq": (_bool, False),
+    },
+    RequestCode.LOCK_QUEUES: {
+        "group": (GROUP, True),
+        "client_id": (_str, True),
+        "queues": (_rows(TOPIC, QUEUE_ID, shape="[topic, queue_id]"), True),
+    },
+    RequestCode.UNLOCK_QUEUES: {
+        "group": (GROUP, True),
+        "client_id": (_str, True),
+        "queues": (_rows(TOPIC, QUEUE_ID, shape="[topic, queue_id]"), True),
+    },
     RequestCode.CANCEL_MESSAGE: {"commitlog_offset": (OFFSET, True)},
     RequestCode.DESCRIBE_TOPIC: {"topic": (TOPIC, True)},
     RequestCode.GET_MESSAGE: {"commitlog_offset": (OFFSET, True)},
     RequestCode.BROKER_INFO: {},
     RequestCode.GET_LOG_LAYOUT: {},
     RequestCode.READ_LOG: {"offset": (OFFSET, True), "max_bytes": (_int(), True), "end_offset": (OFFSET, True)},
-    RequestCode.REPLICA_JOIN: {"broker_name": (_str, True), "broker_id": (_int(), True), "epoch": (EPOCH, True),
-                               "end_offset": (OFFSET, True), "segment_bytes": (_int(1), True), "addr": (_str, False)},
-    RequestCode.REPLICA_FETCH: {"broker_id": (_int(), True), "session": (_int(), True), "epoch": (EPOCH, True),
-                                "offset": (OFFSET, True), "flushed": (OFFSET, True), "max_bytes": (_int(1), True),
-                                "max_wait_ms": (_int(), True)},
+    RequestCode.REPLICA_JOIN: {
+        "broker_name": (_str, True),
+        "broker_id": (_int(), True),
+        "epoch": (EPOCH, True),
+        "end_offset": (OFFSET, True),
+        "segment_bytes": (_int(1), True),
+        "addr": (_str, False),
+    },
+    RequestCode.REPLICA_FETCH: {
+        "broker_id": (_int(), True),
+        "session": (_int(), True),
+        "epoch": (EPOCH, True),
+        "offset": (OFFSET, True),
+        "flushed": (OFFSET, True),
+        "max_bytes": (_int(1), True),
+        "max_wait_ms": (_int(), True),
+    },
     RequestCode.REPLICA_METADATA: {"broker_id": (_int(), True), "session": (_int(), True)},
     RequestCode.PROMOTE: {"force": (_bool, False)},
     RequestCode.REPLICA_STATUS: {},
     RequestCode.TRANSFER_LEADERSHIP: {"broker_id": (_int(), True), "timeout_ms": (_int(), False)},
-    RequestCode.REGISTER_BROKER: {"cluster": (_str, False), "broker_name": (_str, True), "addr": (_str, True),
-                                  "topics": (_topics, True), "healthy": (_bool, False), "failure": (_str, False),
-                                  "broker_id": (_int(), False), "role": (_role, False), "epoch": (EPOCH, False)},
+    RequestCode.REGISTER_BROKER: {
+        "cluster": (_str, False),
+        "broker_name": (_str, True),
+        "addr": (_str, True),
+        "topics": (_topics, True),
+        "healthy": (_bool, False),
+        "failure": (_str, False),
+        "broker_id": (_int(), False),
+        "role": (_role, False),
+        "epoch": (EPOCH, False),
+    },
     RequestCode.UNREGISTER_BROKER: {"addr": (_str, True), "broker_name": (_str, False)},
     RequestCode.GET_ROUTE: {"topic": (TOPIC, True)},
     RequestCode.GET_CLUSTER: {},
-}  # fmt: skip
+}
 
 
 def request_error(code: int, fields: dict[str, Any]) -> str | None:

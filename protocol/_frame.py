@@ -113,8 +113,9 @@ def encode_frame_prefix(frame: Frame, body_length: int) -> bytes:
     return _PREFIX.pack(4 + len(header) + body_length, len(header)) + header
 
 
-def response_to(request: Frame, fields: dict[str, Any] | None = None, body: bytes = b"",
-                error_code: int = 0, error_text: str = "") -> Frame:  # fmt: skip
+def response_to(
+    request: Frame, fields: dict[str, Any] | None = None, body: bytes = b"", error_code: int = 0, error_text: str = ""
+) -> Frame:
     return Frame(request.code, request.request_id, fields or {}, body, FLAG_RESPONSE, error_code, error_text)
 
 
@@ -266,8 +267,13 @@ class FrameDecoder:
         self._buf.drop(min(rest, have))
         self._skip = max(0, rest - have)
         reason = f"frame of {length + 4} bytes exceeds max_frame_bytes={self.max_frame_bytes}"
-        return FrameRejected(rid if isinstance(rid, int) else -1, code if isinstance(code, int) else 0,
-                             flags if isinstance(flags, int) else 0, length + 4, reason)  # fmt: skip
+        return FrameRejected(
+            rid if isinstance(rid, int) else -1,
+            code if isinstance(code, int) else 0,
+            flags if isinstance(flags, int) else 0,
+            length + 4,
+            reason,
+        )
 
     @staticmethod
     def _unpack_header(raw: bytes) -> Any:

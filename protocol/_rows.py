@@ -51,11 +51,19 @@ class FetchAsk(NamedTuple):
             raise RowError(f"a fetch ask must be [topic, queue_id, offset, tags or nil], got {row!r:.80}")
         topic, queue_id, offset, tags = row
         _check(isinstance(topic, str), "topic", "a string", topic)
-        _check(_is_int(queue_id) and 0 <= queue_id <= MAX_QUEUE_ID, "queue_id", f"an integer in 0..{MAX_QUEUE_ID}",
-               queue_id)  # fmt: skip
+        _check(
+            _is_int(queue_id) and 0 <= queue_id <= MAX_QUEUE_ID,
+            "queue_id",
+            f"an integer in 0..{MAX_QUEUE_ID}",
+            queue_id,
+        )
         _check(_is_int(offset) and 0 <= offset <= MAX_I64, "offset", f"an integer in 0..{MAX_I64}", offset)
-        _check(tags is None or (isinstance(tags, list) and all(isinstance(t, str) for t in tags)), "tags",
-               "nil or a list of strings", tags)  # fmt: skip
+        _check(
+            tags is None or (isinstance(tags, list) and all(isinstance(t, str) for t in tags)),
+            "tags",
+            "nil or a list of strings",
+            tags,
+        )
         return cls(topic, queue_id, offset, tags)
 
     @staticmethod
@@ -87,8 +95,9 @@ class FetchResult(NamedTuple):
         return cls(PullStatus.SKIPPED, offset, 0, 0, -1)
 
     @staticmethod
-    def row(status: PullStatus, next_offset: int, message_count: int, nbytes: int, max_offset: int,
-            error: str = "") -> list[Any]:  # fmt: skip
+    def row(
+        status: PullStatus, next_offset: int, message_count: int, nbytes: int, max_offset: int, error: str = ""
+    ) -> list[Any]:
         """The wire row of a result, built without the tuple: a broker answers for up to
         thousands of queues per fetch, and the tuple would triple the cost of each."""
         if error:
@@ -111,8 +120,9 @@ class FetchResult(NamedTuple):
     @classmethod
     def _refuse(cls, row: Any) -> FetchResult:
         if not (isinstance(row, list) and len(row) in (5, 6)):
-            raise RowError(f"a fetch result must be [status, next_offset, count, bytes, max_offset, error if any], "
-                           f"got {row!r:.80}")  # fmt: skip
+            raise RowError(
+                f"a fetch result must be [status, next_offset, count, bytes, max_offset, error if any], got {row!r:.80}"
+            )
         status, next_offset, count, nbytes, max_offset = row[:5]
         error = row[5] if len(row) == 6 else ""
         _check(isinstance(error, str), "error", "a string", error)
@@ -120,7 +130,12 @@ class FetchResult(NamedTuple):
             parsed = PullStatus(status)
         except ValueError:
             raise RowError(f"fetch result: unknown status {status!r}") from None
-        for name, value in (("next_offset", next_offset), ("count", count), ("bytes", nbytes), ("max_offset", max_offset)):
+        for name, value in (
+            ("next_offset", next_offset),
+            ("count", count),
+            ("bytes", nbytes),
+            ("max_offset", max_offset),
+        ):
             _check(_is_int(value), name, "an integer", value)
         _check(count >= 0 and nbytes >= 0, "count and bytes", "not negative", (count, nbytes))
         return cls(parsed, next_offset, count, nbytes, max_offset, error)

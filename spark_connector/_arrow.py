@@ -100,8 +100,9 @@ def _properties(chunk: memoryview, f: Fields) -> pa.Array:
         keys += props.keys()
         values += props.values()
         counts[i + 1] = len(props)
-    return pa.MapArray.from_arrays(pa.array(np.cumsum(counts, dtype=np.int32)), pa.array(keys, pa.string()),
-                                   pa.array(values, pa.string()))  # fmt: skip
+    return pa.MapArray.from_arrays(
+        pa.array(np.cumsum(counts, dtype=np.int32)), pa.array(keys, pa.string()), pa.array(values, pa.string())
+    )
 
 
 def _timestamps(ms: np.ndarray) -> pa.Array:

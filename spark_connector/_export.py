@@ -51,9 +51,14 @@ def spark_session(master: str, app: str = "clmq export", driver_memory: str = DR
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(master).appName(app).config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", driver_memory)
-             .getOrCreate())  # fmt: skip
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", driver_memory)
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     from ._source import register
 
@@ -61,9 +66,19 @@ def spark_session(master: str, app: str = "clmq export", driver_memory: str = DR
     return spark
 
 
-def export(spark: Any, options: dict[str, str], fmt: str, output: str, mode: str = "errorifexists",
-           body_as: str | None = None, progress: bool = False, *, since_manifest: str | None = None,
-           snapshot: Snapshot | None = None, console: Any = None) -> ExportSummary:  # fmt: skip
+def export(
+    spark: Any,
+    options: dict[str, str],
+    fmt: str,
+    output: str,
+    mode: str = "errorifexists",
+    body_as: str | None = None,
+    progress: bool = False,
+    *,
+    since_manifest: str | None = None,
+    snapshot: Snapshot | None = None,
+    console: Any = None,
+) -> ExportSummary:
     """Read with ``format("clmq")`` and ``options``, write ``fmt`` to ``output``.
 
     The snapshot (each queue's ``[start, end)``) is resolved first, or given as
@@ -181,9 +196,16 @@ class _Progress:
 
         self.sc = spark.sparkContext
         self.planned = planned
-        self.bar = Progress(TextColumn("exporting"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} rows"),
-                            Rate(), TextColumn("ETA"), TimeRemainingColumn(), console=console or Console(),
-                            transient=False)  # fmt: skip
+        self.bar = Progress(
+            TextColumn("exporting"),
+            BarColumn(),
+            TextColumn("{task.completed:,.0f}/{task.total:,.0f} rows"),
+            Rate(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console or Console(),
+            transient=False,
+        )
         self.task = self.bar.add_task("export", total=planned)
         self.stages: dict[int, tuple[int, int, int | None]] = {}  # stage -> (tasks done, tasks, rows written)
         self.stop = threading.Event()

@@ -84,8 +84,10 @@ def local_layout(data_dir: str | Path) -> LogLayout:
     if not root.is_dir():
         raise LayoutError(f"{root}: no such directory (give the data directory of a clmq store)")
     if (root / "partitions").is_dir() and not (root / "commitlog").is_dir():
-        raise LayoutError(f"{root} is a partition-per-file store: it has no CommitLog to scan; read it through "
-                          "its broker instead (option 'broker' or 'nameserver')")  # fmt: skip
+        raise LayoutError(
+            f"{root} is a partition-per-file store: it has no CommitLog to scan; read it through "
+            "its broker instead (option 'broker' or 'nameserver')"
+        )
     if not (root / "commitlog").is_dir():
         raise LayoutError(f"{root}: no commitlog/ directory (is this a clmq data directory?)")
     # Checked, falling back to the previous generation: a store replacing its checkpoint

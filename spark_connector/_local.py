@@ -66,15 +66,17 @@ class LocalStore:
             try:
                 fd = self._fds[base] = os.open(segment_path(self.layout, base), os.O_RDONLY)
             except FileNotFoundError:
-                raise SegmentGoneError(f"{segment_path(self.layout, base)} is gone: retention deleted it after the "
-                                       "query was planned") from None  # fmt: skip
+                raise SegmentGoneError(
+                    f"{segment_path(self.layout, base)} is gone: retention deleted it after the query was planned"
+                ) from None
         return fd
 
     def read(self, seg_base: int, offset: int, n: int) -> bytes:
         return os.pread(self._fd(seg_base), n, offset - seg_base)
 
-    def index_windows(self, pieces: Sequence[tuple[str, int, int, int]], end_offset: int,
-                      fail_on_lost: bool = True) -> Iterator[tuple[bytes, np.ndarray, int, str]]:  # fmt: skip
+    def index_windows(
+        self, pieces: Sequence[tuple[str, int, int, int]], end_offset: int, fail_on_lost: bool = True
+    ) -> Iterator[tuple[bytes, np.ndarray, int, str]]:
         """The records of many queues' ranges merged in log order: ``(bytes, record starts
         in them, log offset of the bytes, file)`` per window of nearby records, so a task
         over a thousand queues reads the log forwards instead of queue by queue."""
@@ -95,8 +97,9 @@ class LocalStore:
                 continue  # the windows of segments still there are read
             yield data, offs[i:j] - a, a, segment_path(self.layout, base)
 
-    def _entries_of(self, pieces: Sequence[tuple[str, int, int, int]], end_offset: int,
-                    fail_on_lost: bool) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    def _entries_of(
+        self, pieces: Sequence[tuple[str, int, int, int]], end_offset: int, fail_on_lost: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Offsets and sizes of the records of every piece, sorted by log offset. Planning
         started each piece inside the log, so a record below its start now was deleted
         since: SegmentGoneError, or (``fail_on_lost`` false) a warning and left out."""
@@ -107,8 +110,10 @@ class LocalStore:
             # retention also deletes whole queue files: then the entries start past ``lo``
             lost = max(0, first - lo) + int(np.count_nonzero(e["offset"] < self.layout.min_offset))
             if lost:
-                text = (f"{self.root}: {lost} record(s) of queue {topic}/{qid} in [{lo}, {hi}) were deleted by "
-                        "retention after the query was planned")  # fmt: skip
+                text = (
+                    f"{self.root}: {lost} record(s) of queue {topic}/{qid} in [{lo}, {hi}) were deleted by "
+                    "retention after the query was planned"
+                )
                 if fail_on_lost:
                     raise SegmentGoneError(text)
                 log.warning("%s; left out (failOnDataLoss=false)", text)

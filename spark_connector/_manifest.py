@@ -31,8 +31,18 @@ MANIFEST_NAME = "_clmq_manifest.json"  # a leading "_": Spark leaves it out when
 MANIFEST_KIND = "clmq-export-manifest"
 MANIFEST_VERSION = 1
 MANIFEST_MAX_BYTES = 64 << 20  # a manifest is a few bytes per queue; anything larger is not one
-_REPLACED = ("startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp", "startingoffsetsbytimestamp",
-             "endingoffsetsbytimestamp", "topics", "topic", "topicpattern", "queues")  # fmt: skip
+_REPLACED = (
+    "startingoffsets",
+    "endingoffsets",
+    "startingtimestamp",
+    "endingtimestamp",
+    "startingoffsetsbytimestamp",
+    "endingoffsetsbytimestamp",
+    "topics",
+    "topic",
+    "topicpattern",
+    "queues",
+)
 
 Ranges = dict[str, dict[int, tuple[int, int]]]  # topic -> queue id -> (start, end)
 
@@ -76,13 +86,18 @@ class Snapshot:
             queues.setdefault(t, {}).update(per)
         now = datetime.now(UTC)
         return {
-            "kind": MANIFEST_KIND, "version": MANIFEST_VERSION, "source": dict(self.source),
+            "kind": MANIFEST_KIND,
+            "version": MANIFEST_VERSION,
+            "source": dict(self.source),
             "topics": list(self.topics),
-            "queues": {t: {str(q): {"start": s, "end": e} for q, (s, e) in sorted(per.items())}
-                       for t, per in sorted(queues.items())},
-            "rows": rows, "created": now.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "queues": {
+                t: {str(q): {"start": s, "end": e} for q, (s, e) in sorted(per.items())}
+                for t, per in sorted(queues.items())
+            },
+            "rows": rows,
+            "created": now.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "since": self.since,
-        }  # fmt: skip
+        }
 
 
 # ------------------------------------------------------------------ reading and writing
@@ -102,12 +117,16 @@ def read_manifest(path: str, spark: Any = None) -> dict[str, Any]:
         where = str(file)
         try:
             if file.stat().st_size > MANIFEST_MAX_BYTES:
-                raise ManifestError(f"since-manifest {where}: {file.stat().st_size:,} bytes is too large for a "
-                                    f"manifest (at most {MANIFEST_MAX_BYTES:,})")  # fmt: skip
+                raise ManifestError(
+                    f"since-manifest {where}: {file.stat().st_size:,} bytes is too large for a "
+                    f"manifest (at most {MANIFEST_MAX_BYTES:,})"
+                )
             raw = file.read_bytes()
         except OSError as e:
-            raise ManifestError(f"since-manifest {path}: cannot read it ({e.strerror or e}); give the "
-                                f"{MANIFEST_NAME} of an earlier export, or its output directory") from None  # fmt: skip
+            raise ManifestError(
+                f"since-manifest {path}: cannot read it ({e.strerror or e}); give the "
+                f"{MANIFEST_NAME} of an earlier export, or its output directory"
+            ) from None
     return check_manifest(raw, where)
 
 
@@ -121,8 +140,10 @@ def check_manifest(raw: bytes, where: str) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("kind") != MANIFEST_KIND:
         raise ManifestError(f'since-manifest {where}: not a clmq export manifest (no "kind": "{MANIFEST_KIND}")')
     if doc.get("version") != MANIFEST_VERSION:
-        raise ManifestError(f"since-manifest {where}: manifest version {doc.get('version')!r}; this clmq reads "
-                            f"version {MANIFEST_VERSION} (a newer clmq wrote it?)")  # fmt: skip
+        raise ManifestError(
+            f"since-manifest {where}: manifest version {doc.get('version')!r}; this clmq reads "
+            f"version {MANIFEST_VERSION} (a newer clmq wrote it?)"
+        )
     source = doc.get("source")
     if not (isinstance(source, dict) and len(source) == 1 and set(source) <= {"data_dir", "broker"}):
         raise ManifestError(f'since-manifest {where}: "source" must be {{"data_dir": ...}} or {{"broker": ...}}')
@@ -134,8 +155,9 @@ def _queue_ranges(value: Any, where: str) -> Ranges:
     try:
         out = {str(t): {int(q): (int(r["start"]), int(r["end"])) for q, r in per.items()} for t, per in value.items()}
     except (AttributeError, KeyError, TypeError, ValueError):
-        raise ManifestError(f"since-manifest {where}: \"queues\" must be "
-                            '{"topic": {"0": {"start": 0, "end": 42}}}') from None  # fmt: skip
+        raise ManifestError(
+            f'since-manifest {where}: "queues" must be {{"topic": {{"0": {{"start": 0, "end": 42}}}}}}'
+        ) from None
     for t, per in out.items():
         for q, (start, end) in per.items():
             if not 0 <= start <= end:
@@ -173,11 +195,14 @@ def _hadoop_read(spark: Any, path: str) -> tuple[str, bytes]:
     if fs.exists(p) and fs.getFileStatus(p).isDirectory():
         p = spark._jvm.org.apache.hadoop.fs.Path(p, MANIFEST_NAME)
     if not fs.exists(p):
-        raise ManifestError(f"since-manifest {p.toString()}: no such file; give the {MANIFEST_NAME} of an earlier "
-                            "export, or its output directory")  # fmt: skip
+        raise ManifestError(
+            f"since-manifest {p.toString()}: no such file; give the {MANIFEST_NAME} of an earlier "
+            "export, or its output directory"
+        )
     if fs.getFileStatus(p).getLen() > MANIFEST_MAX_BYTES:
-        raise ManifestError(f"since-manifest {p.toString()}: too large for a manifest (at most "
-                            f"{MANIFEST_MAX_BYTES:,} bytes)")  # fmt: skip
+        raise ManifestError(
+            f"since-manifest {p.toString()}: too large for a manifest (at most {MANIFEST_MAX_BYTES:,} bytes)"
+        )
     stream = fs.open(p)
     try:
         return p.toString(), bytes(spark._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
@@ -205,10 +230,13 @@ def resolve_snapshot(options: Mapping[str, str], since_manifest: str | None = No
     """
     opts = parse_options(options)
     previous = read_manifest(since_manifest, spark) if since_manifest else None
-    if previous is not None and any(v is not None for v in (opts.starting, opts.starting_timestamp_ms,
-                                                            opts.starting_by_timestamp)):  # fmt: skip
-        raise ManifestError("since-manifest sets where every queue starts: leave out startingOffsets and "
-                            "startingTimestamp (--from-offsets, --from-time)")  # fmt: skip
+    if previous is not None and any(
+        v is not None for v in (opts.starting, opts.starting_timestamp_ms, opts.starting_by_timestamp)
+    ):
+        raise ManifestError(
+            "since-manifest sets where every queue starts: leave out startingOffsets and "
+            "startingTimestamp (--from-offsets, --from-time)"
+        )
     from ._tasks import open_sources  # (imports pyspark: only once a snapshot is resolved)
 
     sources = open_sources(opts)
@@ -228,9 +256,11 @@ def resolve_snapshot(options: Mapping[str, str], since_manifest: str | None = No
 def _several_stores(opts: ReadOptions, sources: list[QueueSource]) -> str:
     names = ", ".join(s.layout.source for s in sources) or "none"
     via = f"name server {','.join(opts.nameservers)} knows" if opts.nameservers else "--broker names"
-    return (f"an incremental export (since-manifest) needs one store, but {via} {len(sources)} brokers ({names}): "
-            "each has its own queues (its own orders/0), so one manifest cannot carry their positions; export each "
-            "broker on its own with --broker host:port")  # fmt: skip
+    return (
+        f"an incremental export (since-manifest) needs one store, but {via} {len(sources)} brokers ({names}): "
+        "each has its own queues (its own orders/0), so one manifest cannot carry their positions; export each "
+        "broker on its own with --broker host:port"
+    )
 
 
 def _source_of(src: QueueSource, opts: ReadOptions) -> dict[str, str]:
@@ -254,13 +284,16 @@ def _resolve_one(opts: ReadOptions, src: QueueSource, previous: dict[str, Any] |
     carried: Ranges = {}
     if previous is not None:
         if previous["source"] != source:
-            raise ManifestError(f"since-manifest {since}: it is of {_describe(previous['source'])}, this export "
-                                f"reads {_describe(source)}; a manifest holds one store's queue offsets (a full "
-                                "export needs no --since-manifest)")  # fmt: skip
+            raise ManifestError(
+                f"since-manifest {since}: it is of {_describe(previous['source'])}, this export "
+                f"reads {_describe(source)}; a manifest holds one store's queue offsets (a full "
+                "export needs no --since-manifest)"
+            )
         before = _queue_ranges(previous["queues"], str(since))
         queues = _continue(queues, before, src, since)
-        carried = {t: {q: (e, e) for q, (_s, e) in per.items() if q not in queues.get(t, {})}
-                   for t, per in before.items()}  # fmt: skip
+        carried = {
+            t: {q: (e, e) for q, (_s, e) in per.items() if q not in queues.get(t, {})} for t, per in before.items()
+        }
         carried = {t: per for t, per in carried.items() if per}
     settle = getattr(src, "ensure_readable", None)  # a broker: its snapshot may lag its queues' ends
     if settle is not None:

@@ -63,12 +63,38 @@ class ReadOptions:
 
 
 KNOWN = {
-    "path", "broker", "brokers", "nameserver", "nameservers", "topics", "topic", "topicpattern", "queues",
-    "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp", "startingoffsetsbytimestamp",
-    "endingoffsetsbytimestamp", "failondataloss", "checkcrc", "maxsplitbytes", "minsplitbytes", "minpartitions",
-    "maxpartitions", "maxbatchrows", "maxbatchbytes", "oncorrupt", "corruptrecordslog", "readpath",
-    "indexpathfraction", "maxrowspertrigger", "maxoffsetspertrigger", "maxbytespertrigger", "timeoutms",
-}  # fmt: skip
+    "path",
+    "broker",
+    "brokers",
+    "nameserver",
+    "nameservers",
+    "topics",
+    "topic",
+    "topicpattern",
+    "queues",
+    "startingoffsets",
+    "endingoffsets",
+    "startingtimestamp",
+    "endingtimestamp",
+    "startingoffsetsbytimestamp",
+    "endingoffsetsbytimestamp",
+    "failondataloss",
+    "checkcrc",
+    "maxsplitbytes",
+    "minsplitbytes",
+    "minpartitions",
+    "maxpartitions",
+    "maxbatchrows",
+    "maxbatchbytes",
+    "oncorrupt",
+    "corruptrecordslog",
+    "readpath",
+    "indexpathfraction",
+    "maxrowspertrigger",
+    "maxoffsetspertrigger",
+    "maxbytespertrigger",
+    "timeoutms",
+}
 
 
 def _int(opts: Mapping[str, str], name: str, default: int | None, minimum: int = 1) -> int | None:
@@ -96,13 +122,16 @@ def _positions(name: str, raw: str | None, default_word: str) -> Positions | Non
     if text.lower() in ("earliest", "latest"):
         word = EARLIEST if text.lower() == "earliest" else LATEST
         return {"*": {-1: word}}  # every queue
-    out = _per_queue(name, text, "'earliest', 'latest' or JSON such as "
-                                 '{"orders": {"0": 42, "1": -2}} (-2: earliest, -1: latest)')  # fmt: skip
+    out = _per_queue(
+        name, text, '\'earliest\', \'latest\' or JSON such as {"orders": {"0": 42, "1": -2}} (-2: earliest, -1: latest)'
+    )
     for topic, per in out.items():
         for q, o in per.items():
             if q < 0 or o < EARLIEST:
-                raise OptionError(f"option {name}: {topic}/{q} -> {o}: queue ids are 0 or more and offsets are "
-                                  "0 or more, or -2 (earliest) / -1 (latest)")  # fmt: skip
+                raise OptionError(
+                    f"option {name}: {topic}/{q} -> {o}: queue ids are 0 or more and offsets are "
+                    "0 or more, or -2 (earliest) / -1 (latest)"
+                )
     return out
 
 
@@ -185,10 +214,24 @@ def _fraction(opts: Mapping[str, str], name: str, default: float) -> float:
 
 def _check_combinations(o: ReadOptions) -> None:
     """Options that exclude each other (Kafka's source refuses the same pairs)."""
-    starts = [n for n, v in (("startingOffsets", o.starting), ("startingTimestamp", o.starting_timestamp_ms),
-                              ("startingOffsetsByTimestamp", o.starting_by_timestamp)) if v is not None]  # fmt: skip
-    ends = [n for n, v in (("endingOffsets", o.ending), ("endingTimestamp", o.ending_timestamp_ms),
-                            ("endingOffsetsByTimestamp", o.ending_by_timestamp)) if v is not None]  # fmt: skip
+    starts = [
+        n
+        for n, v in (
+            ("startingOffsets", o.starting),
+            ("startingTimestamp", o.starting_timestamp_ms),
+            ("startingOffsetsByTimestamp", o.starting_by_timestamp),
+        )
+        if v is not None
+    ]
+    ends = [
+        n
+        for n, v in (
+            ("endingOffsets", o.ending),
+            ("endingTimestamp", o.ending_timestamp_ms),
+            ("endingOffsetsByTimestamp", o.ending_by_timestamp),
+        )
+        if v is not None
+    ]
     for group in (starts, ends):
         if len(group) > 1:
             raise OptionError(f"options {' and '.join(group)} exclude each other: give one")
@@ -206,8 +249,10 @@ def parse_options(options: Mapping[str, Any]) -> ReadOptions:
     nameservers = _list(opts.get("nameservers") or opts.get("nameserver"))
     path = opts.get("path")
     if bool(path) + bool(brokers or nameservers) != 1:
-        raise OptionError("give exactly one of: a data directory (load(path) or option path), "
-                          "option broker=host:port, or option nameserver=host:port")  # fmt: skip
+        raise OptionError(
+            "give exactly one of: a data directory (load(path) or option path), "
+            "option broker=host:port, or option nameserver=host:port"
+        )
     pattern = opts.get("topicpattern")
     if pattern is not None:
         try:
@@ -219,7 +264,11 @@ def parse_options(options: Mapping[str, Any]) -> ReadOptions:
         raise OptionError("give maxRowsPerTrigger or its Kafka name maxOffsetsPerTrigger, not both")
     rows_name = "maxOffsetsPerTrigger" if opts.get("maxoffsetspertrigger") else "maxRowsPerTrigger"
     parsed = ReadOptions(
-        path=path, brokers=brokers, nameservers=nameservers, topics=topics, topic_pattern=pattern,
+        path=path,
+        brokers=brokers,
+        nameservers=nameservers,
+        topics=topics,
+        topic_pattern=pattern,
         queues=_queues(opts.get("queues")),
         starting=_positions("startingOffsets", opts.get("startingoffsets"), "earliest"),
         ending=_positions("endingOffsets", opts.get("endingoffsets"), "latest"),
@@ -242,8 +291,10 @@ def parse_options(options: Mapping[str, Any]) -> ReadOptions:
         max_rows_per_trigger=_int(opts, rows_name, None),
         max_bytes_per_trigger=_int(opts, "maxBytesPerTrigger", None),
         timeout_ms=_int(opts, "timeoutMs", 30_000) or 0,
-    )  # fmt: skip
+    )
     _check_combinations(parsed)
     if "minsplitbytes" in opts and "maxsplitbytes" in opts and parsed.min_split_bytes > parsed.max_split_bytes:
-        raise OptionError(f"option minSplitBytes={parsed.min_split_bytes} is above maxSplitBytes={parsed.max_split_bytes}")
+        raise OptionError(
+            f"option minSplitBytes={parsed.min_split_bytes} is above maxSplitBytes={parsed.max_split_bytes}"
+        )
     return parsed

@@ -53,8 +53,9 @@ Split = ScanSplit | IndexSplit
 
 
 # ---------------------------------------------------------------- scan splits
-def scan_splits(layout: LogLayout, network: bool, max_split_bytes: int, start: int | None = None,
-                end: int | None = None) -> list[ScanSplit]:  # fmt: skip
+def scan_splits(
+    layout: LogLayout, network: bool, max_split_bytes: int, start: int | None = None, end: int | None = None
+) -> list[ScanSplit]:
     """Cut ``[start, end)`` of the log (default: the whole snapshot) into splits."""
     lo = layout.min_offset if start is None else max(start, layout.min_offset)
     hi = layout.end_offset if end is None else min(end, layout.end_offset)
@@ -118,8 +119,9 @@ def index_splits(src: QueueSource, network: bool, pieces: list[Piece], messages_
             batch.append((t, q, lo, lo + take))
             lo, room = lo + take, room - take
             if room == 0:
-                out.append(IndexSplit(src.layout.source, network, tuple(batch), src.layout.end_offset,
-                                      src.layout.storage_mode))  # fmt: skip
+                out.append(
+                    IndexSplit(src.layout.source, network, tuple(batch), src.layout.end_offset, src.layout.storage_mode)
+                )
                 batch, room = [], messages_per_split
     if batch:
         out.append(IndexSplit(src.layout.source, network, tuple(batch), src.layout.end_offset, src.layout.storage_mode))
@@ -165,8 +167,10 @@ def max_split(opts: ReadOptions) -> int:
 def clamp_notes(opts: ReadOptions) -> list[str]:
     """What planning changed of the options given, said once per query."""
     if opts.max_split_bytes < opts.min_split_bytes:
-        return [f"option maxSplitBytes={opts.max_split_bytes} raised to minSplitBytes={opts.min_split_bytes}: "
-                "below it each task costs more than it reads (set minSplitBytes to go lower)"]  # fmt: skip
+        return [
+            f"option maxSplitBytes={opts.max_split_bytes} raised to minSplitBytes={opts.min_split_bytes}: "
+            "below it each task costs more than it reads (set minSplitBytes to go lower)"
+        ]
     return []
 
 
@@ -183,21 +187,25 @@ class Plan:
         return "\n".join(self.lines + [f"note: {n}" for n in self.notes])
 
 
-def _bounded(opts: ReadOptions, splits: list[Split], plan_one: Callable[[int], list[Split]], size: int,
-             notes: list[str]) -> list[Split]:  # fmt: skip
+def _bounded(
+    opts: ReadOptions, splits: list[Split], plan_one: Callable[[int], list[Split]], size: int, notes: list[str]
+) -> list[Split]:
     """Re-plan with larger splits while there are more than ``maxPartitions`` tasks."""
     first = len(splits)
     while len(splits) > opts.max_partitions and size < 1 << 40:
         size *= 2
         splits = plan_one(size)
     if len(splits) != first:
-        notes.append(f"{first:,} tasks would exceed maxPartitions={opts.max_partitions:,}: "
-                     f"planned {len(splits):,} tasks of up to {size:,} bytes instead")  # fmt: skip
+        notes.append(
+            f"{first:,} tasks would exceed maxPartitions={opts.max_partitions:,}: "
+            f"planned {len(splits):,} tasks of up to {size:,} bytes instead"
+        )
     return splits
 
 
-def _plan_source(opts: ReadOptions, src: QueueSource, sel: Selection, size: int, network: bool,
-                 notes: list[str]) -> tuple[list[Split], str]:  # fmt: skip
+def _plan_source(
+    opts: ReadOptions, src: QueueSource, sel: Selection, size: int, network: bool, notes: list[str]
+) -> tuple[list[Split], str]:
     everything = sel.all_queues and set(sel.topics) >= set(src.layout.topics)
     narrow = not everything or opts.read_path == "index" or src.layout.storage_mode != "commitlog"
     pieces = index_pieces(src, sel) if narrow else None
@@ -210,8 +218,9 @@ def _plan_source(opts: ReadOptions, src: QueueSource, sel: Selection, size: int,
     avg = max(1, (src.layout.end_offset - src.layout.min_offset) // max(1, src.message_count()))
     per_split = max(1, size // avg)  # messages of about one scan split's bytes
     splits = list(index_splits(src, network, got, per_split))
-    splits = _bounded(opts, splits, lambda b: list(index_splits(src, network, got, max(per_split, b // avg))), size,
-                      notes)  # fmt: skip
+    splits = _bounded(
+        opts, splits, lambda b: list(index_splits(src, network, got, max(per_split, b // avg))), size, notes
+    )
     queues = len({(t, q) for t, q, _a, _b in got})
     return splits, f"{src.layout.source}: index path ({why}): {queues} queue(s) in {len(splits)} task(s)"
 
@@ -231,5 +240,18 @@ def plan(opts: ReadOptions, sources: list[QueueSource], network: bool) -> Plan:
     return result
 
 
-__all__ = ["DataLossError", "IndexSplit", "Plan", "QueueSource", "ScanSplit", "Selection", "Split", "plan",
-           "resolve_topics", "scan_splits", "select", "selected_ranges", "split_bytes"]  # fmt: skip
+__all__ = [
+    "DataLossError",
+    "IndexSplit",
+    "Plan",
+    "QueueSource",
+    "ScanSplit",
+    "Selection",
+    "Split",
+    "plan",
+    "resolve_topics",
+    "scan_splits",
+    "select",
+    "selected_ranges",
+    "split_bytes",
+]

@@ -117,12 +117,15 @@ def check_crcs(data: bytes, starts: np.ndarray, h: np.ndarray, base: int, crc: b
     """Indexes of records whose CRC32C (unless ``crc`` is false), field lengths or stored
     offset are wrong."""
     sizes = h["total_size"].astype(np.int64)
-    lengths = HEADER_SIZE + sum(h[f].astype(np.int64) for f in ("topic_len", "tags_len", "keys_len", "props_len", "body_len"))
+    lengths = HEADER_SIZE + sum(
+        h[f].astype(np.int64) for f in ("topic_len", "tags_len", "keys_len", "props_len", "body_len")
+    )
     bad = lengths != sizes
     if crc:  # one C call per record: about a third of the reader's Python time
         mv, crc32c = memoryview(data), _crc32c.crc32c
-        actual = np.fromiter((crc32c(mv[s + CRC_START : s + z]) for s, z in zip(starts.tolist(), sizes.tolist())),
-                             np.uint32, len(starts))  # fmt: skip
+        actual = np.fromiter(
+            (crc32c(mv[s + CRC_START : s + z]) for s, z in zip(starts.tolist(), sizes.tolist())), np.uint32, len(starts)
+        )
         bad |= actual != h["crc"]
     if base >= 0:  # CommitLog reads know each record's offset; it must match what it says
         bad |= h["commitlog_offset"].astype(np.int64) != starts + base
@@ -168,7 +171,12 @@ def headers_at(buf: np.ndarray, starts: np.ndarray) -> np.ndarray:
     records are evenly spaced, as same-size records are; a gather of rows otherwise)."""
     n = len(starts)
     stride = int(starts[1] - starts[0]) if n > 1 else HEADER_SIZE
-    if n > 1 and stride >= HEADER_SIZE and starts[-1] - starts[0] == stride * (n - 1) and (np.diff(starts) == stride).all():
+    if (
+        n > 1
+        and stride >= HEADER_SIZE
+        and starts[-1] - starts[0] == stride * (n - 1)
+        and (np.diff(starts) == stride).all()
+    ):
         rows = np.lib.stride_tricks.as_strided(buf[int(starts[0]) :], shape=(n, HEADER_SIZE), strides=(stride, 1))
     else:
         rows = windows(buf, HEADER_SIZE)[starts]
@@ -234,8 +242,9 @@ def _walk_chunk(data: bytes, pos: int, src: ByteSource, split: ScanSplit) -> _Ch
     return _Chunk(data, walk)
 
 
-def _past_damage(data: bytes, stop: int, pos: int, src: ByteSource, emitter: Emitter, resyncs: list[int],
-                 split: ScanSplit) -> int:  # fmt: skip
+def _past_damage(
+    data: bytes, stop: int, pos: int, src: ByteSource, emitter: Emitter, resyncs: list[int], split: ScanSplit
+) -> int:
     """Fail with the damage described, or (skip mode) resume at the next boundary."""
     offset = pos + stop
     if offset >= split.end:

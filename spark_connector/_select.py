@@ -64,8 +64,10 @@ def resolve_topics(opts: ReadOptions, available: dict[str, int], where: str) -> 
         named = by_queues  # queues JSON alone: exactly the topics it names
     missing = [t for t in dict.fromkeys(named + by_queues) if t not in available]
     if missing:
-        raise OptionError(f"topic(s) {', '.join(missing)} not found in {where}; "
-                          f"topics there: {', '.join(sorted(available)) or 'none'}")  # fmt: skip
+        raise OptionError(
+            f"topic(s) {', '.join(missing)} not found in {where}; "
+            f"topics there: {', '.join(sorted(available)) or 'none'}"
+        )
     names = list(dict.fromkeys(named))
     # The broker's own topics (%TIMER%, %RETRY%g, %DLQ%g) are read only when named.
     user = sorted(t for t in available if not is_system_topic(t))
@@ -95,24 +97,40 @@ def _queue_ids(opts: ReadOptions, topic: str, count: int) -> tuple[int, ...]:
 def _check_named(opts: ReadOptions, queues: dict[str, tuple[int, ...]]) -> None:
     """Offsets and timestamps may only name selected topics and queues (a typo would
     otherwise read the queue in full)."""
-    for name, positions in (("startingOffsets", opts.starting), ("endingOffsets", opts.ending),
-                            ("startingOffsetsByTimestamp", opts.starting_by_timestamp),
-                            ("endingOffsetsByTimestamp", opts.ending_by_timestamp)):  # fmt: skip
+    for name, positions in (
+        ("startingOffsets", opts.starting),
+        ("endingOffsets", opts.ending),
+        ("startingOffsetsByTimestamp", opts.starting_by_timestamp),
+        ("endingOffsetsByTimestamp", opts.ending_by_timestamp),
+    ):
         for topic, per in (positions or {}).items():
             if topic == "*":
                 continue
             if topic not in queues:
-                raise OptionError(f"option {name} names topic {topic!r}, which the query does not select "
-                                  f"(selected: {', '.join(queues) or 'none'})")  # fmt: skip
+                raise OptionError(
+                    f"option {name} names topic {topic!r}, which the query does not select "
+                    f"(selected: {', '.join(queues) or 'none'})"
+                )
             extra = sorted(q for q in per if q not in queues[topic])
             if extra:
-                raise OptionError(f"option {name} names queue(s) {extra} of topic {topic!r}, which the query does "
-                                  f"not select (selected: {list(queues[topic])})")  # fmt: skip
+                raise OptionError(
+                    f"option {name} names queue(s) {extra} of topic {topic!r}, which the query does "
+                    f"not select (selected: {list(queues[topic])})"
+                )
 
 
 def _has_bounds(opts: ReadOptions) -> bool:
-    return any(v is not None for v in (opts.starting, opts.ending, opts.starting_timestamp_ms, opts.ending_timestamp_ms,
-                                       opts.starting_by_timestamp, opts.ending_by_timestamp))  # fmt: skip
+    return any(
+        v is not None
+        for v in (
+            opts.starting,
+            opts.ending,
+            opts.starting_timestamp_ms,
+            opts.ending_timestamp_ms,
+            opts.starting_by_timestamp,
+            opts.ending_by_timestamp,
+        )
+    )
 
 
 def _named(positions: Positions | None, topic: str, qid: int) -> int | None:
@@ -141,8 +159,9 @@ def _within(opts: ReadOptions, what: str, at: int, qmin: int, qmax: int, where: 
     """``at`` if the queue holds it, else (failOnDataLoss=false) the nearest offset it holds."""
     if qmin <= at <= qmax:
         return at
-    why = (f"offsets [{at}, {qmin}) are no longer retained" if at < qmin
-           else f"offsets [{qmax}, {at}) are not yet written")  # fmt: skip
+    why = (
+        f"offsets [{at}, {qmin}) are no longer retained" if at < qmin else f"offsets [{qmax}, {at}) are not yet written"
+    )
     text = f"{where}: {what} {at} is outside the queue's [{qmin}, {qmax}): {why}"
     if opts.fail_on_data_loss:
         raise DataLossError(text + " (option failOnDataLoss=false reads what is there instead)")

@@ -67,8 +67,17 @@ WRITTEN: dict[str, tuple[str, ...]] = {
     "topic": ("string",),
 }
 # What the reader returns and a message cannot be given: the broker sets these.
-IGNORED = frozenset(("queue_offset", "commitlog_offset", "born_timestamp", "store_timestamp", "born_host",
-                     "store_host", "reconsume_times"))  # fmt: skip
+IGNORED = frozenset(
+    (
+        "queue_offset",
+        "commitlog_offset",
+        "born_timestamp",
+        "store_timestamp",
+        "born_host",
+        "store_host",
+        "reconsume_times",
+    )
+)
 
 
 class SinkError(ConnectorError):
@@ -115,8 +124,10 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
     opts = {str(k).lower(): str(v) for k, v in options.items()}
     unknown = sorted(k for k in opts if k not in KNOWN)
     if unknown:
-        raise OptionError(f"unknown sink option(s) {', '.join(unknown)}; the clmq sink takes: nameserver, broker, "
-                          f"topic, queue, {', '.join(s[0] for s in SETTINGS.values())}")  # fmt: skip
+        raise OptionError(
+            f"unknown sink option(s) {', '.join(unknown)}; the clmq sink takes: nameserver, broker, "
+            f"topic, queue, {', '.join(s[0] for s in SETTINGS.values())}"
+        )
     ns_name = next((n for n in ("nameservers", "nameserver") if n in opts), None)
     br_name = next((n for n in ("brokers", "broker") if n in opts), None)
     if (ns_name is None) == (br_name is None):
@@ -129,9 +140,11 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
         brokers=_addresses(br_name, opts[br_name]) if br_name else (),
         topic=topic.strip() if topic else None,
         queue=_whole("queue", opts["queue"], 0) if "queue" in opts else None,
-        producer=tuple((kw, _whole(name, opts[key], low) if key in opts else default)
-                       for key, (name, kw, default, low) in SETTINGS.items()),
-    )  # fmt: skip
+        producer=tuple(
+            (kw, _whole(name, opts[key], low) if key in opts else default)
+            for key, (name, kw, default, low) in SETTINGS.items()
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -148,8 +161,14 @@ class SinkColumns:
 
     def fields(self) -> dict[str, str]:
         """field -> column, for the fields given."""
-        named = {"body": self.body, "keys": self.keys, "tags": self.tags, "properties": self.properties,
-                 "queue_id": self.queue_id, "topic": self.topic}  # fmt: skip
+        named = {
+            "body": self.body,
+            "keys": self.keys,
+            "tags": self.tags,
+            "properties": self.properties,
+            "queue_id": self.queue_id,
+            "topic": self.topic,
+        }
         return {f: c for f, c in named.items() if c is not None}
 
 
@@ -161,8 +180,10 @@ def check_columns(schema: StructType, opts: SinkOptions) -> SinkColumns:
         if name in IGNORED:
             continue  # the reader's columns the broker sets: a read DataFrame writes back as it is
         if name not in WRITTEN:
-            raise OptionError(f"column {f.name!r} is not one the clmq sink writes: it writes body, key (or keys), "
-                              f"tag (or tags), properties, queue_id, topic; it ignores {', '.join(sorted(IGNORED))}")  # fmt: skip
+            raise OptionError(
+                f"column {f.name!r} is not one the clmq sink writes: it writes body, key (or keys), "
+                f"tag (or tags), properties, queue_id, topic; it ignores {', '.join(sorted(IGNORED))}"
+            )
         kind = f.dataType.simpleString()
         if kind not in WRITTEN[name]:
             raise OptionError(f"column {f.name!r} must be {' or '.join(WRITTEN[name])}, not {kind}")
@@ -206,8 +227,13 @@ class ClmqWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         tasks, rows, size = _totals(messages)
-        log.warning("clmq sink: write failed; %d tasks had sent %d messages (%d bytes) before (at least once: "
-                    "they stay in the topic)", tasks, rows, size)  # fmt: skip
+        log.warning(
+            "clmq sink: write failed; %d tasks had sent %d messages (%d bytes) before (at least once: "
+            "they stay in the topic)",
+            tasks,
+            rows,
+            size,
+        )
 
 
 class ClmqStreamWriter(_StreamWriterBase):
@@ -227,12 +253,19 @@ class ClmqStreamWriter(_StreamWriterBase):
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         tasks, rows, size = _totals(messages)
-        log.warning("clmq sink: micro-batch %d failed; %d tasks had sent %d messages (%d bytes) before "
-                    "(at least once: the batch is sent again when the query restarts)", batchId, tasks, rows, size)  # fmt: skip
+        log.warning(
+            "clmq sink: micro-batch %d failed; %d tasks had sent %d messages (%d bytes) before "
+            "(at least once: the batch is sent again when the query restarts)",
+            batchId,
+            tasks,
+            rows,
+            size,
+        )
 
 
-def _checked(options: dict[str, str], schema: StructType, overwrite: bool,
-             what: str = "mode('overwrite')") -> tuple[SinkOptions, SinkColumns]:  # fmt: skip
+def _checked(
+    options: dict[str, str], schema: StructType, overwrite: bool, what: str = "mode('overwrite')"
+) -> tuple[SinkOptions, SinkColumns]:
     if overwrite:
         raise OptionError(f"the clmq sink only appends (a topic cannot be overwritten): {what} is not supported")
     opts = parse_sink_options(options)
@@ -266,8 +299,9 @@ def send_all(opts: SinkOptions, cols: SinkColumns, batches: Iterator[Columns]) -
 
 
 async def _send_all(opts: SinkOptions, cols: SinkColumns, batches: Iterator[Columns]) -> SinkCommit:
-    async with open_producer(list(opts.nameservers) or None, broker_addrs=list(opts.brokers) or None,
-                             **opts.producer_kwargs()) as producer:  # fmt: skip
+    async with open_producer(
+        list(opts.nameservers) or None, broker_addrs=list(opts.brokers) or None, **opts.producer_kwargs()
+    ) as producer:
         task = TaskSend(producer, opts)
         while True:
             # Spark's iterator reads a socket: off the event loop, so the producer's senders keep going.
@@ -341,8 +375,10 @@ class TaskSend:
         if queue_id is None:
             return by_key if keys else None
         if queue_id not in known:
-            raise SinkError(f"topic {topic!r} has no queue {queue_id} (column queue_id or option queue): its queue "
-                            f"ids are {min(known)}..{max(known)}")  # fmt: skip
+            raise SinkError(
+                f"topic {topic!r} has no queue {queue_id} (column queue_id or option queue): its queue "
+                f"ids are {min(known)}..{max(known)}"
+            )
         sel = self._selectors.get(queue_id)
         if sel is None:
             sel = self._selectors[queue_id] = QueueId(queue_id)
@@ -372,11 +408,13 @@ class TaskSend:
             return f"row {self.rows} of this task: column topic is null or empty and no option topic is given"
         return f"row {self.rows} of this task (topic {topic!r}): column body is null (a message needs a body)"
 
-    async def _submit(self, topic: str, body: bytes, tags: str, keys: str, props: dict[str, str] | None,
-                      selector: Any) -> None:  # fmt: skip
+    async def _submit(
+        self, topic: str, body: bytes, tags: str, keys: str, props: dict[str, str] | None, selector: Any
+    ) -> None:
         try:
-            await self.producer.submit(topic, body, tags=tags, keys=keys, properties=props, selector=selector,
-                                       callback=self._done)  # fmt: skip
+            await self.producer.submit(
+                topic, body, tags=tags, keys=keys, properties=props, selector=selector, callback=self._done
+            )
         except NoRouteError as e:
             if e.unreachable:
                 raise

@@ -39,11 +39,25 @@ class ClmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.opts = parse_options(options)
         o = self.opts
-        if any(v is not None for v in (o.ending, o.ending_timestamp_ms, o.starting_timestamp_ms,
-                                       o.starting_by_timestamp, o.ending_by_timestamp)):  # fmt: skip
-            raise OptionError("a stream has no end and starts at 'earliest' or 'latest' (startingOffsets); "
-                              "endingOffsets and timestamps are for batch reads")  # fmt: skip
-        if self.opts.starting is not None and self.opts.starting != {"*": {-1: -1}} and self.opts.starting != {"*": {-1: -2}}:
+        if any(
+            v is not None
+            for v in (
+                o.ending,
+                o.ending_timestamp_ms,
+                o.starting_timestamp_ms,
+                o.starting_by_timestamp,
+                o.ending_by_timestamp,
+            )
+        ):
+            raise OptionError(
+                "a stream has no end and starts at 'earliest' or 'latest' (startingOffsets); "
+                "endingOffsets and timestamps are for batch reads"
+            )
+        if (
+            self.opts.starting is not None
+            and self.opts.starting != {"*": {-1: -1}}
+            and self.opts.starting != {"*": {-1: -2}}
+        ):
             raise OptionError("startingOffsets of a stream is 'earliest' or 'latest'")
         self.columns = check_schema(schema)
         sources = self._sources()
@@ -60,8 +74,10 @@ class ClmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for s in sources:
             if s.layout.storage_mode != "commitlog":
                 _close(sources)
-                raise OptionError(f"{s.layout.source} stores in {s.layout.storage_mode} mode: streams follow "
-                                  "CommitLog positions; read it with batch queries")  # fmt: skip
+                raise OptionError(
+                    f"{s.layout.source} stores in {s.layout.storage_mode} mode: streams follow "
+                    "CommitLog positions; read it with batch queries"
+                )
         return sources
 
     def initialOffset(self) -> Offsets:
@@ -127,8 +143,10 @@ class ClmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 def _lost(opts: ReadOptions, source: str, at: int, min_offset: int) -> None:
     """Retention deleted records the stream had not read yet: fail (failOnDataLoss) or warn."""
-    text = (f"{source}: the stream is at log position {at}, but the log now starts at {min_offset}: "
-            f"records in [{at}, {min_offset}) were deleted by retention before the query read them")  # fmt: skip
+    text = (
+        f"{source}: the stream is at log position {at}, but the log now starts at {min_offset}: "
+        f"records in [{at}, {min_offset}) were deleted by retention before the query read them"
+    )
     if opts.fail_on_data_loss:
         raise DataLossError(text + " (option failOnDataLoss=false goes on from what is there)")
     log.warning("%s; going on from %d (failOnDataLoss=false)", text, min_offset)

@@ -22,8 +22,14 @@ log = logging.getLogger("clmq.spark")
 
 CHUNK_BYTES = 4 << 20  # bytes read (and walked) at once by a scan task
 
-_SIMPLE = {"STRING": "string", "INT": "int", "BIGINT": "bigint", "BINARY": "binary", "TIMESTAMP": "timestamp",
-           "MAP<STRING, STRING>": "map<string,string>"}  # fmt: skip
+_SIMPLE = {
+    "STRING": "string",
+    "INT": "int",
+    "BIGINT": "bigint",
+    "BINARY": "binary",
+    "TIMESTAMP": "timestamp",
+    "MAP<STRING, STRING>": "map<string,string>",
+}
 
 
 def check_schema(schema: StructType) -> list[str]:
@@ -88,5 +94,12 @@ class ClmqPartition(InputPartition):
 
 
 def read_spec(opts: ReadOptions, selection: Any) -> ReadSpec:
-    return ReadSpec(selection, opts.on_corrupt, opts.max_batch_rows, opts.max_batch_bytes, opts.corrupt_records_log,
-                    opts.fail_on_data_loss, opts.check_crc)  # fmt: skip
+    return ReadSpec(
+        selection,
+        opts.on_corrupt,
+        opts.max_batch_rows,
+        opts.max_batch_bytes,
+        opts.corrupt_records_log,
+        opts.fail_on_data_loss,
+        opts.check_crc,
+    )

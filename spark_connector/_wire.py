@@ -110,8 +110,14 @@ class RemoteStore:
             return LogLayout(self.addr, 0, NO_END, (), dict(topics), "partition-per-file")
         self._count = int(f.get("message_count", 0))
         segs = tuple(SegmentInfo(int(b), int(e), tuple(int(x) for x in bs)) for b, e, bs in f["segments"])
-        return LogLayout(self.addr, int(f["min_offset"]), int(f["end_offset"]), segs, dict(f["topics"]),
-                         f.get("storage_mode", "commitlog"))  # fmt: skip
+        return LogLayout(
+            self.addr,
+            int(f["min_offset"]),
+            int(f["end_offset"]),
+            segs,
+            dict(f["topics"]),
+            f.get("storage_mode", "commitlog"),
+        )
 
     # ------------------------------------------------------------- planning
     def bounds(self, topic: str, qid: int) -> tuple[int, int]:
@@ -126,17 +132,22 @@ class RemoteStore:
         would read short without a word."""
         if end <= 0 or self.layout.storage_mode != "commitlog":
             return
-        frame = self.conn.call(RequestCode.PULL_MESSAGE, {"topic": topic, "queue_id": qid, "offset": end - 1,
-                                                          "max_messages": 1})  # fmt: skip
+        frame = self.conn.call(
+            RequestCode.PULL_MESSAGE, {"topic": topic, "queue_id": qid, "offset": end - 1, "max_messages": 1}
+        )
         if not frame.fields.get("count"):
             return  # not there at all: the range check reports it
         walk = walk_records(frame.body)
-        need = int(gather_fields(np.frombuffer(frame.body, np.uint8), walk, ["commitlog_offset"])["commitlog_offset"][0])
+        need = int(
+            gather_fields(np.frombuffer(frame.body, np.uint8), walk, ["commitlog_offset"])["commitlog_offset"][0]
+        )
         deadline = time.monotonic() + timeout_ms / 1000
         while self.layout.end_offset <= need:
             if time.monotonic() > deadline:
-                raise LayoutError(f"broker {self.addr}: queue {topic}/{qid} offset {end - 1} is not durable after "
-                                  f"{timeout_ms} ms (its snapshot ends at {self.layout.end_offset}); is it flushing?")  # fmt: skip
+                raise LayoutError(
+                    f"broker {self.addr}: queue {topic}/{qid} offset {end - 1} is not durable after "
+                    f"{timeout_ms} ms (its snapshot ends at {self.layout.end_offset}); is it flushing?"
+                )
             time.sleep(SETTLE_POLL_S)  # the broker fsyncs every flush_interval_ms: nothing to wait on over the wire
             self.layout = self._fetch_layout()
 

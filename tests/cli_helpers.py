@@ -24,10 +24,17 @@ ENV = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
 def clmq(*args: str, cwd: Path, stdin: bytes | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``clmq args`` to the end (``stdin``: its input, as bytes); its exit code,
     stdout and stderr (decoded as UTF-8)."""
-    done = subprocess.run([sys.executable, "-m", "clmq", *args], cwd=cwd, capture_output=True, timeout=timeout_s,
-                          env=ENV, input=stdin if stdin is not None else b"")  # fmt: skip
-    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode("utf-8", "replace"),
-                                       done.stderr.decode("utf-8", "replace"))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "clmq", *args],
+        cwd=cwd,
+        capture_output=True,
+        timeout=timeout_s,
+        env=ENV,
+        input=stdin if stdin is not None else b"",
+    )
+    return subprocess.CompletedProcess(
+        done.args, done.returncode, done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace")
+    )
 
 
 def popen(*args: str, cwd: Path, **kw: object) -> subprocess.Popen[bytes]:
@@ -62,8 +69,19 @@ def running_dev(tmp_path: Path, config: str | None = None) -> Iterator[str]:
     if config is not None:
         (tmp_path / "broker.toml").write_text(config)
         settings = ("--config", str(tmp_path / "broker.toml"))
-    proc = popen("dev", *settings, "--data-dir", str(tmp_path / "dev-data"), "--port", str(broker_port),
-                 "--namesrv-port", str(ns_port), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    proc = popen(
+        "dev",
+        *settings,
+        "--data-dir",
+        str(tmp_path / "dev-data"),
+        "--port",
+        str(broker_port),
+        "--namesrv-port",
+        str(ns_port),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_until(lambda: proc.poll() is not None or _brokers(ns) > 0, 60, "clmq dev to register its broker")
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""

@@ -12,13 +12,24 @@ from clmq.commitlog import CommitLogConfig
 from clmq.common import Message
 
 
-def small_config(data_dir: Path, *, segment_bytes: int = 64 * 1024, max_message_bytes: int = 8 * 1024,
-                 log: dict[str, Any] | None = None, mode: str = "commitlog", **store: Any) -> StoreConfig:  # fmt: skip
+def small_config(
+    data_dir: Path,
+    *,
+    segment_bytes: int = 64 * 1024,
+    max_message_bytes: int = 8 * 1024,
+    log: dict[str, Any] | None = None,
+    mode: str = "commitlog",
+    **store: Any,
+) -> StoreConfig:
     """A store config with tiny segments (rollover every ~60 records of 1 KiB)."""
     store.setdefault("storage_mode", mode)
     store.setdefault("index_interval_bytes", 1024)
-    log_cfg = CommitLogConfig(segment_bytes=segment_bytes, max_message_bytes=max_message_bytes,
-                              boundary_interval_bytes=8 * 1024, **(log or {}))  # fmt: skip
+    log_cfg = CommitLogConfig(
+        segment_bytes=segment_bytes,
+        max_message_bytes=max_message_bytes,
+        boundary_interval_bytes=8 * 1024,
+        **(log or {}),
+    )
     store.setdefault("cq_entries_per_file", 50)
     return StoreConfig(data_dir, log_cfg, **store)
 
@@ -63,9 +74,14 @@ def spark() -> Iterator[Any]:
 
     import clmq.spark_connector as spark_connector
 
-    session = (SparkSession.builder.master("local[2]").appName("clmq tests").config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
-               .getOrCreate())  # fmt: skip
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("clmq tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("ERROR")
     spark_connector.register(session)
     yield session

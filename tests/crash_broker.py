@@ -29,7 +29,17 @@ from pathlib import Path
 
 import trio
 
-from clmq.client import ClmqError, Message, NoRouteError, Producer, Record, SendResult, open_admin, open_consumer, open_producer
+from clmq.client import (
+    ClmqError,
+    Message,
+    NoRouteError,
+    Producer,
+    Record,
+    SendResult,
+    open_admin,
+    open_consumer,
+    open_producer,
+)
 from tests.waiting import await_until
 
 TOPICS = {"crash-a": 4, "crash-b": 3, "crash-c": 1}  # topic -> queue count
@@ -120,9 +130,11 @@ class BrokerProcess:
 def broker_config(root: Path, mode: str) -> Path:
     """A broker config with sync flush and small segments (every round rolls files)."""
     conf = root / f"broker-{mode}.toml"
-    conf.write_text(f'[broker]\nbroker_name = "crash"\nlisten_port = 0\ndata_dir = "{root / "data"}"\n'
-                    f'storage_mode = "{mode}"\nflush_mode = "sync"\nsegment_bytes = {256 * 1024}\n'
-                    f"max_message_bytes = {64 * 1024}\nsync_flush_timeout_ms = 10000\noffset_flush_interval_ms = 100\n")  # fmt: skip
+    conf.write_text(
+        f'[broker]\nbroker_name = "crash"\nlisten_port = 0\ndata_dir = "{root / "data"}"\n'
+        f'storage_mode = "{mode}"\nflush_mode = "sync"\nsegment_bytes = {256 * 1024}\n'
+        f"max_message_bytes = {64 * 1024}\nsync_flush_timeout_ms = 10000\noffset_flush_interval_ms = 100\n"
+    )
     return conf
 
 
@@ -140,11 +152,11 @@ def tail(log: Path) -> str:
 
 async def launch(conf: Path, log: Path) -> trio.Process:
     """``clmq broker --config conf``; stderr appended to ``log``."""
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": _ROOT, "PYTHONUNBUFFERED": "1",
-           "COLUMNS": "1000"}  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": _ROOT, "PYTHONUNBUFFERED": "1", "COLUMNS": "1000"}
     with log.open("ab") as err:
-        return await trio.lowlevel.open_process([sys.executable, "-m", "clmq", "broker", "--config", str(conf)],
-                                                stdout=subprocess.PIPE, stderr=err, env=env)  # fmt: skip
+        return await trio.lowlevel.open_process(
+            [sys.executable, "-m", "clmq", "broker", "--config", str(conf)], stdout=subprocess.PIPE, stderr=err, env=env
+        )
 
 
 async def wait_ready(proc: trio.Process, log: Path) -> str:
@@ -160,8 +172,9 @@ async def wait_ready(proc: trio.Process, log: Path) -> str:
             if m := _READY.search(seen):
                 return m.group(1).decode()
     await reap(proc)
-    raise AssertionError(f"the broker did not start (exit {proc.returncode}): {seen.decode(errors='replace')}\n"
-                         f"stderr: {tail(log)}")  # fmt: skip
+    raise AssertionError(
+        f"the broker did not start (exit {proc.returncode}): {seen.decode(errors='replace')}\nstderr: {tail(log)}"
+    )
 
 
 async def reap(proc: trio.Process) -> None:
@@ -277,7 +290,9 @@ class Figures:
 
     def summary(self) -> str:
         skip = {"examples"}
-        return ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in vars(self).items() if k not in skip)
+        return ", ".join(
+            f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in vars(self).items() if k not in skip
+        )
 
 
 async def _send(producer: Producer, batch: Batch) -> SendResult:
@@ -286,7 +301,9 @@ async def _send(producer: Producer, batch: Batch) -> SendResult:
     return await producer.send_batch(batch.topic, msgs, selector=lambda mqs, _m: mqs[batch.queue_id])
 
 
-async def _produce(producer: Producer, state: RoundState, ledger: Ledger, figures: Figures, rng: random.Random, tag: str) -> None:
+async def _produce(
+    producer: Producer, state: RoundState, ledger: Ledger, figures: Figures, rng: random.Random, tag: str
+) -> None:
     """Send batches (retries of failed ones first) until the broker is killed."""
     while not state.killed:
         batch = ledger.to_retry.pop() if ledger.to_retry else ledger.new_batch(rng, tag)
@@ -354,10 +371,14 @@ async def _check_group(addr: str, figures: Figures, restored: dict[tuple[str, in
         tq, committed = (row["topic"], row["queue_id"]), row["committed"]
         if not 0 <= committed <= row["max_offset"]:
             figures.offsets_beyond_end += 1
-            figures.examples.append(f"round {figures.rounds}: {GROUP} committed {committed} on {tq}, end {row['max_offset']}")
+            figures.examples.append(
+                f"round {figures.rounds}: {GROUP} committed {committed} on {tq}, end {row['max_offset']}"
+            )
         if committed < restored.get(tq, 0):
             figures.offsets_went_back += 1
-            figures.examples.append(f"round {figures.rounds}: {GROUP} committed {committed} on {tq}, {restored[tq]} before")
+            figures.examples.append(
+                f"round {figures.rounds}: {GROUP} committed {committed} on {tq}, {restored[tq]} before"
+            )
         restored[tq] = committed
 
 
@@ -373,9 +394,17 @@ def audit_live(live: dict[Key, bytes], ledger: Ledger, figures: Figures) -> None
 
 async def _consume(addr: str, live: dict[Key, bytes]) -> None:
     """Receive (and commit) as the group's one member until cancelled."""
-    async with open_consumer(None, GROUP, dict.fromkeys(TOPICS, "*"), broker_addrs=[addr], pull_wait_ms=200,
-                             heartbeat_interval_ms=200, rebalance_interval_ms=500, commit_interval_ms=50,
-                             request_timeout_ms=2000) as consumer:  # fmt: skip
+    async with open_consumer(
+        None,
+        GROUP,
+        dict.fromkeys(TOPICS, "*"),
+        broker_addrs=[addr],
+        pull_wait_ms=200,
+        heartbeat_interval_ms=200,
+        rebalance_interval_ms=500,
+        commit_interval_ms=50,
+        request_timeout_ms=2000,
+    ) as consumer:
         while True:
             for rec in await consumer.receive():
                 live[(rec.topic, rec.queue_id, rec.queue_offset)] = rec.body
@@ -401,8 +430,15 @@ async def _probe(addr: str, ledger: Ledger, figures: Figures, rng: random.Random
             figures.examples.append(f"round {figures.rounds}: the produce after the restart was not durable: {result}")
 
 
-async def one_round(conf: Path, log: Path, ledger: Ledger, figures: Figures, rng: random.Random,
-                    acks_per_round: tuple[int, int], restored: dict[tuple[str, int], int]) -> None:  # fmt: skip
+async def one_round(
+    conf: Path,
+    log: Path,
+    ledger: Ledger,
+    figures: Figures,
+    rng: random.Random,
+    acks_per_round: tuple[int, int],
+    restored: dict[tuple[str, int], int],
+) -> None:
     """Restart the broker on its data directory, check it, produce (and consume), kill it."""
     tag, live = f"r{figures.rounds}", dict[Key, bytes]()
     broker = await start_broker(conf, log)
@@ -412,13 +448,20 @@ async def one_round(conf: Path, log: Path, ledger: Ledger, figures: Figures, rng
             await _check_group(broker.addr, figures, restored)
             await _probe(broker.addr, ledger, figures, rng, tag)
             grace = rng.uniform(0, 0.8) if rng.random() < TERM_FIRST_SHARE else None
-            state = RoundState(broker, rng.randint(*acks_per_round), rng.uniform(0, 0.02), grace,
-                               offsets_file=_data_dir(conf) / "consumer_offsets.json")  # fmt: skip
+            state = RoundState(
+                broker,
+                rng.randint(*acks_per_round),
+                rng.uniform(0, 0.02),
+                grace,
+                offsets_file=_data_dir(conf) / "consumer_offsets.json",
+            )
             async with trio.open_nursery() as outer:
                 outer.start_soon(_consume, broker.addr, live)
                 async with trio.open_nursery() as nursery:
                     for p in range(PRODUCERS):
-                        nursery.start_soon(_run_producer, state, ledger, figures, random.Random(rng.random()), f"{tag}-p{p}")
+                        nursery.start_soon(
+                            _run_producer, state, ledger, figures, random.Random(rng.random()), f"{tag}-p{p}"
+                        )
                 outer.cancel_scope.cancel()  # the broker is gone: the consumer stops too
         audit_live(live, ledger, figures)
         _end_of_round(state, figures)
@@ -472,8 +515,15 @@ async def read_everything(addr: str) -> list[Record]:
     got: list[Record] = []
     next_offset: dict[tuple[str, int], int] = defaultdict(int)
     subscriptions = dict.fromkeys(TOPICS, "*")
-    async with open_consumer(None, "crash-audit", subscriptions, broker_addrs=[addr], mode="broadcasting",
-                             start_from="earliest", pull_wait_ms=200) as consumer:  # fmt: skip
+    async with open_consumer(
+        None,
+        "crash-audit",
+        subscriptions,
+        broker_addrs=[addr],
+        mode="broadcasting",
+        start_from="earliest",
+        pull_wait_ms=200,
+    ) as consumer:
         with trio.move_on_after(READ_TIMEOUT_S):
             while any(next_offset[tq] < end for tq, end in ends.items()):
                 for rec in await consumer.receive():
@@ -519,8 +569,9 @@ def audit(ledger: Ledger, records: list[Record], figures: Figures) -> None:
     figures.stored_unacked = sum(1 for msg_id in places if msg_id not in ledger.acked_ids)
 
 
-async def crash_loop(root: Path, mode: str, rounds: int, acks_per_round: tuple[int, int], seed: int,
-                     startup_kill_every: int = 0) -> Figures:  # fmt: skip
+async def crash_loop(
+    root: Path, mode: str, rounds: int, acks_per_round: tuple[int, int], seed: int, startup_kill_every: int = 0
+) -> Figures:
     """``rounds`` kill -9 rounds, then a clean start, the read-back and the audit."""
     started = time.monotonic()
     conf, log = broker_config(root, mode), root / "broker-stderr.log"

@@ -19,8 +19,15 @@ QUEUES = 8
 
 
 def config(data_dir: str, mode: str = "commitlog"):  # type: ignore[no-untyped-def]
-    return small_config(Path(data_dir), segment_bytes=64 * 1024, max_message_bytes=4096, mode=mode,
-                        log={"flush_mode": FlushMode.SYNC}, cq_entries_per_file=64, cq_flush_interval_ms=50)  # fmt: skip
+    return small_config(
+        Path(data_dir),
+        segment_bytes=64 * 1024,
+        max_message_bytes=4096,
+        mode=mode,
+        log={"flush_mode": FlushMode.SYNC},
+        cq_entries_per_file=64,
+        cq_flush_interval_ms=50,
+    )
 
 
 def main(data_dir: str, tag: str, mode: str) -> None:

@@ -53,9 +53,14 @@ from .replica_procs import (
 SESSION_TIMEOUT_MS = 2000
 # Every broker may lead: ZooKeeper decides. Sync acks held by 2 of the 3 replicas.
 FAILOVER_DEFAULTS: dict[str, Any] = {
-    **BROKER_DEFAULTS, "zk_session_timeout_ms": SESSION_TIMEOUT_MS, "ack_mode": "sync", "min_insync_replicas": 2,
-    "replication_timeout_ms": 3000, "replica_lag_max_ms": 2000, "leader_transfer_timeout_ms": 5000,
-}  # fmt: skip
+    **BROKER_DEFAULTS,
+    "zk_session_timeout_ms": SESSION_TIMEOUT_MS,
+    "ack_mode": "sync",
+    "min_insync_replicas": 2,
+    "replication_timeout_ms": 3000,
+    "replica_lag_max_ms": 2000,
+    "leader_transfer_timeout_ms": 5000,
+}
 # A new leader within the session timeout plus this much (election, registration, a
 # loaded 2-core machine running other tests).
 ELECTION_SLACK_S = 8.0
@@ -80,7 +85,11 @@ class VerboseBroker(Broker):
         with self.out.open("ab") as out, self.err.open("ab") as err:
             self.proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "clmq", "-v", self.verb, "--config", str(self.conf)],
-                stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
         self.paused = False
 
         def ready() -> bool:
@@ -138,19 +147,28 @@ class FailoverGroup:
         """Start broker ``key``; ``zk_port``: reach ZooKeeper through this port (a proxy's)."""
         zk = self.zk if zk_port is None else f"127.0.0.1:{zk_port}{chroot_of(self.zk)}"
         port, data_dir = free_port(), self.g.root / key
-        values = {**FAILOVER_DEFAULTS, "broker_id": broker_id, "listen_port": port, "data_dir": str(data_dir),
-                  "namesrv_addrs": [self.g.ns_addr], "zookeeper": zk, **settings}  # fmt: skip
+        values = {
+            **FAILOVER_DEFAULTS,
+            "broker_id": broker_id,
+            "listen_port": port,
+            "data_dir": str(data_dir),
+            "namesrv_addrs": [self.g.ns_addr],
+            "zookeeper": zk,
+            **settings,
+        }
         conf = write_settings(self.g.root / f"{key}.toml", "broker", values)
         root = self.g.root
-        broker = VerboseBroker(key, "broker", conf, root / f"{key}.out", root / f"{key}.err", port,
-                               data_dir=data_dir, broker_id=broker_id)  # fmt: skip
+        broker = VerboseBroker(
+            key, "broker", conf, root / f"{key}.out", root / f"{key}.err", port, data_dir=data_dir, broker_id=broker_id
+        )
         self.g.brokers[key] = broker
         self.keys.append(key)
         await broker.start()
         return broker
 
-    async def start(self, topics: dict[str, int], n: int = 3, zk_ports: dict[str, int] | None = None,
-                    **settings: Any) -> str:  # fmt: skip
+    async def start(
+        self, topics: dict[str, int], n: int = 3, zk_ports: dict[str, int] | None = None, **settings: Any
+    ) -> str:
         """Brokers g0..g<n-1> (all started before any is needed as leader), ``topics``
         created on the elected leader and every replica in sync; returns the leader's key."""
         async with trio.open_nursery() as nursery:
@@ -191,8 +209,12 @@ class FailoverGroup:
         followers = [k for k in self.keys if k != leader and self.g[k].running]
         end = await self.g.wait_in_sync(leader, followers, timeout_s)
         want = sorted(self.g[k].broker_id for k in [leader, *followers])
-        await self.g.wait_status(leader, lambda st: sorted((st.get("coordination") or {}).get("isr", [])) == want,
-                                 timeout_s, f"ZooKeeper's in-sync set to be {want}")  # fmt: skip
+        await self.g.wait_status(
+            leader,
+            lambda st: sorted((st.get("coordination") or {}).get("isr", [])) == want,
+            timeout_s,
+            f"ZooKeeper's in-sync set to be {want}",
+        )
         return end
 
     # ------------------------------------------------------------- faults
@@ -230,8 +252,11 @@ class FailoverGroup:
             counts: dict[str, int] = defaultdict(int)
             for r in records:
                 counts[msg_id_of(r.body)] += 1
-            problems += [f"{topic}/{queue_id}: {msg_id_of(b)} stored {counts[msg_id_of(b)]} times"
-                         for b in acked.values() if counts[msg_id_of(b)] != 1][:5]  # fmt: skip
+            problems += [
+                f"{topic}/{queue_id}: {msg_id_of(b)} stored {counts[msg_id_of(b)]} times"
+                for b in acked.values()
+                if counts[msg_id_of(b)] != 1
+            ][:5]
         assert not problems, "\n".join(problems[:20])
         return read
 
@@ -275,8 +300,9 @@ class Sender:
                 continue
             bodies = [body_for(f"{self.tag}-{self.sent + i}", self.size) for i in range(self.batch)]
             self.sent += self.batch
-            reply = await send_and_record(self.fg.g, leader, self.topic, self.queue_id, bodies, self.ledger,
-                                          self.timeout_ms)  # fmt: skip
+            reply = await send_and_record(
+                self.fg.g, leader, self.topic, self.queue_id, bodies, self.ledger, self.timeout_ms
+            )
             if reply is None or reply.error_code:
                 leader = None
             else:

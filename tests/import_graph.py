@@ -18,7 +18,10 @@ from pathlib import Path
 # and the layers below, never one above. A module belongs to its longest room prefix.
 LAYERS: list[tuple[str, list[str]]] = [
     ("common", ["clmq.common"]),  # record and batch formats, errors, system topics, units
-    ("storage", ["clmq.commitlog", "clmq.consumequeue", "clmq.broker.store", "clmq.broker"]),  # ``broker`` itself exports nothing
+    (
+        "storage",
+        ["clmq.commitlog", "clmq.consumequeue", "clmq.broker.store", "clmq.broker"],
+    ),  # ``broker`` itself exports nothing
     ("protocol", ["clmq.protocol"]),  # sans-IO
     ("transport", ["clmq.protocol.transport"]),
     ("services", ["clmq.broker.service", "clmq.broker.replication", "clmq.broker.coordination", "clmq.nameserver"]),
@@ -60,7 +63,9 @@ def build(sources: dict[str, str], top_level: set[str], packages: set[str] | Non
     ``packages`` names the modules that are packages (default: those with modules below)."""
     graph = Graph()
     if packages is None:
-        packages = {n for n in sources if any(other.startswith(n + ".") for other in sources)} | set(top_level) & set(sources)
+        packages = {n for n in sources if any(other.startswith(n + ".") for other in sources)} | set(top_level) & set(
+            sources
+        )
     graph.packages = packages
     for name, text in sources.items():
         inside: set[str] = set()
@@ -78,7 +83,10 @@ def build(sources: dict[str, str], top_level: set[str], packages: set[str] | Non
 def tree_packages(root: Path, top_level: list[str]) -> set[str]:
     """The dotted names of every package (a directory with ``__init__.py``) of ``top_level``."""
     return {
-        ".".join(p.parent.relative_to(root).parts) for t in top_level for p in _python_files(root / t) if p.name == "__init__.py"
+        ".".join(p.parent.relative_to(root).parts)
+        for t in top_level
+        for p in _python_files(root / t)
+        if p.name == "__init__.py"
     }
 
 

@@ -36,10 +36,16 @@ _READY_LINE = {"broker": "broker ", "nameserver": "name server on "}
 
 # Fast reactions for tests: registrations, metadata copies and retries every 100-200 ms.
 BROKER_DEFAULTS: dict[str, Any] = {
-    "broker_name": GROUP, "segment_bytes": 1 << 20, "max_message_bytes": 64 << 10, "register_interval_ms": 200,
-    "replica_metadata_interval_ms": 100, "replica_retry_ms": 100, "replica_fetch_wait_ms": 200,
-    "offset_flush_interval_ms": 100, "client_expiry_ms": 2000,
-}  # fmt: skip
+    "broker_name": GROUP,
+    "segment_bytes": 1 << 20,
+    "max_message_bytes": 64 << 10,
+    "register_interval_ms": 200,
+    "replica_metadata_interval_ms": 100,
+    "replica_retry_ms": 100,
+    "replica_fetch_wait_ms": 200,
+    "offset_flush_interval_ms": 100,
+    "client_expiry_ms": 2000,
+}
 NAMESERVER_DEFAULTS: dict[str, Any] = {"broker_expiry_ms": 3000, "scan_interval_ms": 100}
 
 
@@ -101,7 +107,11 @@ class Service:
         with self.out.open("ab") as out, self.err.open("ab") as err:
             self.proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "clmq", self.verb, "--config", str(self.conf)],
-                stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
         self.paused = False
 
         def ready() -> bool:
@@ -114,8 +124,9 @@ class Service:
     def _ready_lines(self) -> int:
         if not self.out.exists():
             return 0
-        return sum(1 for line in self.out.read_text(errors="replace").splitlines()
-                   if line.startswith(_READY_LINE[self.verb]))  # fmt: skip
+        return sum(
+            1 for line in self.out.read_text(errors="replace").splitlines() if line.startswith(_READY_LINE[self.verb])
+        )
 
     def returncode(self) -> int | None:
         return self.proc.returncode if self.proc is not None else None
@@ -167,8 +178,9 @@ class Group:
 
     async def start_nameserver(self, **settings: Any) -> Service:
         port = free_port()
-        conf = write_settings(self.root / "ns.toml", "nameserver",
-                              {"listen_port": port, **NAMESERVER_DEFAULTS, **settings})  # fmt: skip
+        conf = write_settings(
+            self.root / "ns.toml", "nameserver", {"listen_port": port, **NAMESERVER_DEFAULTS, **settings}
+        )
         self.nameserver = Service("ns", "nameserver", conf, self.root / "ns.out", self.root / "ns.err", port)
         await self.nameserver.start()
         return self.nameserver
@@ -176,13 +188,26 @@ class Group:
     async def start_broker(self, key: str, broker_id: int, *, follow: str | None = None, **settings: Any) -> Broker:
         """Start broker ``key`` of the group (a follower of broker ``follow``, if given)."""
         port, data_dir = free_port(), self.root / key
-        base: dict[str, Any] = {**BROKER_DEFAULTS, "broker_id": broker_id, "listen_port": port,
-                                "data_dir": str(data_dir), "namesrv_addrs": [self.ns_addr]}  # fmt: skip
+        base: dict[str, Any] = {
+            **BROKER_DEFAULTS,
+            "broker_id": broker_id,
+            "listen_port": port,
+            "data_dir": str(data_dir),
+            "namesrv_addrs": [self.ns_addr],
+        }
         if follow is not None:
             base.update(role="follower", leader_addr=self.brokers[follow].addr)
         conf = write_settings(self.root / f"{key}.toml", "broker", {**base, **settings})
-        broker = Broker(key, "broker", conf, self.root / f"{key}.out", self.root / f"{key}.err", port,
-                        data_dir=data_dir, broker_id=broker_id)  # fmt: skip
+        broker = Broker(
+            key,
+            "broker",
+            conf,
+            self.root / f"{key}.out",
+            self.root / f"{key}.err",
+            port,
+            data_dir=data_dir,
+            broker_id=broker_id,
+        )
         self.brokers[key] = broker
         await broker.start()
         return broker
@@ -199,8 +224,14 @@ class Group:
         return "\n".join(f"--- {k}:\n{b.tail(1500)}" for k, b in self.brokers.items())
 
     # ------------------------------------------------------------- asking
-    async def call(self, key: str, code: int, fields: dict[str, Any] | None = None, body: bytes = b"",
-                   timeout_ms: int = REQUEST_TIMEOUT_MS) -> Frame:  # fmt: skip
+    async def call(
+        self,
+        key: str,
+        code: int,
+        fields: dict[str, Any] | None = None,
+        body: bytes = b"",
+        timeout_ms: int = REQUEST_TIMEOUT_MS,
+    ) -> Frame:
         """A request to broker ``key``; the answer, error or not."""
         return await self.rpc.request(self[key].addr, code, fields, body, timeout_ms=timeout_ms, check=False)
 
@@ -217,8 +248,9 @@ class Group:
         except (ConnectionFailed, RpcError, trio.TooSlowError):
             return None
 
-    async def wait_status(self, key: str, check: Callable[[dict[str, Any]], bool], timeout_s: float,
-                          what: str) -> dict[str, Any]:  # fmt: skip
+    async def wait_status(
+        self, key: str, check: Callable[[dict[str, Any]], bool], timeout_s: float, what: str
+    ) -> dict[str, Any]:
         """Poll broker ``key``'s REPLICA_STATUS until ``check`` accepts it."""
 
         async def ok() -> dict[str, Any] | None:
@@ -236,8 +268,9 @@ class Group:
         by_addr = {b["addr"]: b for b in reply.fields["brokers"]}
         return {k: by_addr[b.addr] for k, b in self.brokers.items() if b.addr in by_addr}
 
-    async def wait_cluster(self, check: Callable[[dict[str, dict[str, Any]]], bool], timeout_s: float,
-                           what: str) -> dict[str, dict[str, Any]]:  # fmt: skip
+    async def wait_cluster(
+        self, check: Callable[[dict[str, dict[str, Any]]], bool], timeout_s: float, what: str
+    ) -> dict[str, dict[str, Any]]:
         """Poll the name server's GET_CLUSTER until ``check`` accepts it."""
 
         async def ok() -> dict[str, dict[str, Any]] | None:
@@ -299,7 +332,9 @@ def log_bytes(data_dir: Path, start: int, end: int) -> bytes:
     for i, (base, path) in enumerate(segs):
         size = path.stat().st_size
         if i + 1 < len(segs):
-            assert base + size == segs[i + 1][0], f"{data_dir}: segment {base} ends at {base + size}, next at {segs[i + 1][0]}"
+            assert base + size == segs[i + 1][0], (
+                f"{data_dir}: segment {base} ends at {base + size}, next at {segs[i + 1][0]}"
+            )
         if base + size <= pos or base >= end:
             continue
         assert base <= pos, f"{data_dir}: no segment holds offset {pos} (next begins at {base})"
@@ -342,8 +377,9 @@ def msg_id_of(body: bytes) -> str:
     return body.split(b"|", 1)[0].decode(errors="replace")
 
 
-async def send(group: Group, key: str, topic: str, queue_id: int, bodies: list[bytes],
-               timeout_ms: int = REQUEST_TIMEOUT_MS) -> Frame:  # fmt: skip
+async def send(
+    group: Group, key: str, topic: str, queue_id: int, bodies: list[bytes], timeout_ms: int = REQUEST_TIMEOUT_MS
+) -> Frame:
     """SEND_MESSAGE of ``bodies`` to one queue of broker ``key``; the answer, error or not."""
     batch = encode_batch([Message(topic, queue_id, b) for b in bodies])
     return await group.call(key, RequestCode.SEND_MESSAGE, {"topic": topic}, batch, timeout_ms=timeout_ms)
@@ -359,8 +395,9 @@ async def read_queue(group: Group, key: str, topic: str, queue_id: int, start: i
     records: list[Record] = []
     offset = start
     while True:
-        reply = await group.call(key, RequestCode.PULL_MESSAGE, {"topic": topic, "queue_id": queue_id,
-                                                                  "offset": offset, "max_messages": 512})  # fmt: skip
+        reply = await group.call(
+            key, RequestCode.PULL_MESSAGE, {"topic": topic, "queue_id": queue_id, "offset": offset, "max_messages": 512}
+        )
         assert reply.error_code == ErrorCode.OK, f"{key}: pull {topic}/{queue_id}@{offset}: {reply.error_text}"
         f = reply.fields
         if f["status"] != PullStatus.FOUND.value:
@@ -371,18 +408,23 @@ async def read_queue(group: Group, key: str, topic: str, queue_id: int, start: i
         offset = f["next_offset"]
 
 
-async def committed_offsets(group: Group, key: str, consumer_group: str,
-                            queues: list[tuple[str, int]]) -> list[list[int] | None]:  # fmt: skip
+async def committed_offsets(
+    group: Group, key: str, consumer_group: str, queues: list[tuple[str, int]]
+) -> list[list[int] | None]:
     """QUERY_QUEUE_OFFSETS on broker ``key``: per queue [committed or -1, min, max] (None: no queue)."""
-    reply = await group.call(key, RequestCode.QUERY_QUEUE_OFFSETS,
-                             {"group": consumer_group, "queues": [list(q) for q in queues]})  # fmt: skip
+    reply = await group.call(
+        key, RequestCode.QUERY_QUEUE_OFFSETS, {"group": consumer_group, "queues": [list(q) for q in queues]}
+    )
     assert not reply.error_code, f"{key}: QUERY_QUEUE_OFFSETS: {reply.error_text}"
     return list(reply.fields["offsets"])
 
 
 async def commit(group: Group, key: str, consumer_group: str, offsets: dict[tuple[str, int], int]) -> None:
-    reply = await group.call(key, RequestCode.COMMIT_OFFSET, {"group": consumer_group,
-                             "offsets": [[t, q, o] for (t, q), o in sorted(offsets.items())]})  # fmt: skip
+    reply = await group.call(
+        key,
+        RequestCode.COMMIT_OFFSET,
+        {"group": consumer_group, "offsets": [[t, q, o] for (t, q), o in sorted(offsets.items())]},
+    )
     assert not reply.error_code, f"{key}: COMMIT_OFFSET: {reply.error_text}"
 
 
@@ -412,8 +454,15 @@ class Ledger:
         return out
 
 
-async def send_and_record(group: Group, key: str, topic: str, queue_id: int, bodies: list[bytes], ledger: Ledger,
-                          timeout_ms: int = REQUEST_TIMEOUT_MS) -> Frame | None:  # fmt: skip
+async def send_and_record(
+    group: Group,
+    key: str,
+    topic: str,
+    queue_id: int,
+    bodies: list[bytes],
+    ledger: Ledger,
+    timeout_ms: int = REQUEST_TIMEOUT_MS,
+) -> Frame | None:
     """Send; record an acknowledgement in ``ledger``, or the error (None: no answer)."""
     try:
         reply = await send(group, key, topic, queue_id, bodies, timeout_ms)
@@ -430,11 +479,17 @@ async def send_and_record(group: Group, key: str, topic: str, queue_id: int, bod
 def queue_check(records: list[Record], acked: dict[int, bytes], where: str) -> list[str]:
     """Problems of one queue read back: offsets not 0, 1, 2... (a gap), an acknowledged
     offset missing or holding another body."""
-    problems = [f"{where}: offset {r.queue_offset} read at position {i}" for i, r in enumerate(records) if r.queue_offset != i]
+    problems = [
+        f"{where}: offset {r.queue_offset} read at position {i}" for i, r in enumerate(records) if r.queue_offset != i
+    ]
     read = {r.queue_offset: r.body for r in records}
     for offset, body in sorted(acked.items()):
         if offset not in read:
-            problems.append(f"{where}: acknowledged offset {offset} ({msg_id_of(body)}) missing (queue has {len(records)})")
+            problems.append(
+                f"{where}: acknowledged offset {offset} ({msg_id_of(body)}) missing (queue has {len(records)})"
+            )
         elif read[offset] != body:
-            problems.append(f"{where}: offset {offset} holds {msg_id_of(read[offset])}, {msg_id_of(body)} was acknowledged")
+            problems.append(
+                f"{where}: offset {offset} holds {msg_id_of(read[offset])}, {msg_id_of(body)} was acknowledged"
+            )
     return problems[:20]

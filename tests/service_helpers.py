@@ -42,15 +42,30 @@ class Cluster:
         )
         return self.nameserver
 
-    async def start_broker(self, name: str = "broker-a", port: int = 0, namesrv_addrs: list[str] | None = None,
-                           key: str | None = None, **settings: Any) -> Broker:  # fmt: skip
+    async def start_broker(
+        self,
+        name: str = "broker-a",
+        port: int = 0,
+        namesrv_addrs: list[str] | None = None,
+        key: str | None = None,
+        **settings: Any,
+    ) -> Broker:
         """Start a broker named ``name``, known in this cluster as ``key`` (default: its
         name; replicas of one group need distinct keys), with its own data directory."""
         name, key = name, key or name
-        defaults: dict[str, Any] = {"register_interval_ms": 200, "client_expiry_ms": 1000, "segment_bytes": 4 * MiB,
-                                    "max_message_bytes": 256 * 1024}  # fmt: skip
-        cfg = BrokerConfig(broker_name=name, listen_port=port, data_dir=str(self.root / key),
-                           namesrv_addrs=namesrv_addrs or self.ns, **{**defaults, **settings})  # fmt: skip
+        defaults: dict[str, Any] = {
+            "register_interval_ms": 200,
+            "client_expiry_ms": 1000,
+            "segment_bytes": 4 * MiB,
+            "max_message_bytes": 256 * 1024,
+        }
+        cfg = BrokerConfig(
+            broker_name=name,
+            listen_port=port,
+            data_dir=str(self.root / key),
+            namesrv_addrs=namesrv_addrs or self.ns,
+            **{**defaults, **settings},
+        )
         scope, stopped = trio.CancelScope(), trio.Event()
 
         async def run(task_status: trio.TaskStatus[Broker] = trio.TASK_STATUS_IGNORED) -> None:
@@ -81,7 +96,9 @@ class Cluster:
             await admin.create_topic(topic, queues)
         await self.wait_routed(topic, {b.config.broker_name for b in self.brokers.values()})
 
-    async def wait_routed(self, topic: str, brokers: set[str], ns: list[str] | None = None, timeout_s: float = 10) -> None:
+    async def wait_routed(
+        self, topic: str, brokers: set[str], ns: list[str] | None = None, timeout_s: float = 10
+    ) -> None:
         """Wait until the name servers ``ns`` (default: the cluster's) route ``topic`` to
         exactly ``brokers`` (names): brokers register new topics at once, but the name
         server tells nobody when it has them."""

@@ -175,7 +175,9 @@ async def test_a_lone_message_waits_linger_ms_and_a_full_batch_does_not(nursery:
         await p.flush()
 
 
-async def test_no_request_exceeds_batch_max_bytes_and_a_larger_batch_goes_alone(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_no_request_exceeds_batch_max_bytes_and_a_larger_batch_goes_alone(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     _c, broker = await start(nursery, tmp_path, 3)
     proxy = await FrameProxy(broker.addr).start(nursery)
     limit = 8 * KiB
@@ -260,8 +262,9 @@ async def test_order_per_queue_and_exactly_once_when_connections_are_cut_at_rand
     submitted: dict[int, list[str]] = {q: [] for q in range(queues)}
     futures: list[tuple[int, SendFuture]] = []
     refused = 0
-    async with open_producer(broker_addrs=[proxy.addr], linger_ms=2, send_timeout_ms=2000,
-                             retry_budget_ms=30_000, retry_backoff_ms=5) as p:  # fmt: skip
+    async with open_producer(
+        broker_addrs=[proxy.addr], linger_ms=2, send_timeout_ms=2000, retry_budget_ms=30_000, retry_backoff_ms=5
+    ) as p:
         await p.send("t", b"warm up", selector=to(0), properties={UNIQ_KEY: "warm"})
         submitted[0].append("warm")
         done = trio.Event()
@@ -278,8 +281,10 @@ async def test_order_per_queue_and_exactly_once_when_connections_are_cut_at_rand
                     q = rnd.randrange(queues)
                     try:
                         if rnd.random() < 0.2:
-                            msgs = [Message("t", 0, b"%d.%d" % (i, j), properties={UNIQ_KEY: f"{i}.{j}"})
-                                    for j in range(rnd.randint(1, 4))]  # fmt: skip
+                            msgs = [
+                                Message("t", 0, b"%d.%d" % (i, j), properties={UNIQ_KEY: f"{i}.{j}"})
+                                for j in range(rnd.randint(1, 4))
+                            ]
                             futures.append((q, await p.submit_batch("t", msgs, selector=to(q))))
                             submitted[q] += [m.properties[UNIQ_KEY] for m in msgs]
                         else:
@@ -319,7 +324,9 @@ async def test_order_per_queue_and_exactly_once_when_connections_are_cut_at_rand
 
 
 # ------------------------------------------------------------------ restart
-async def test_a_broker_restart_leaves_every_future_stored_once_or_failed(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_a_broker_restart_leaves_every_future_stored_once_or_failed(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     queues = 4
     c, broker = await start(nursery, tmp_path, queues)
     port = int(broker.addr.rpartition(":")[2])
@@ -378,9 +385,17 @@ async def test_futures_callbacks_and_close_sends_what_is_buffered(nursery: trio.
 
 @pytest.mark.parametrize(
     ("setting", "value"),
-    [("linger_ms", -1), ("batch_max_bytes", 0), ("max_in_flight", 0), ("buffer_max_bytes", -5),
-     ("buffer_full", "drop"), ("buffer_block_max_ms", -1), ("send_timeout_ms", 0), ("max_in_flight", 1.5)],
-)  # fmt: skip
+    [
+        ("linger_ms", -1),
+        ("batch_max_bytes", 0),
+        ("max_in_flight", 0),
+        ("buffer_max_bytes", -5),
+        ("buffer_full", "drop"),
+        ("buffer_block_max_ms", -1),
+        ("send_timeout_ms", 0),
+        ("max_in_flight", 1.5),
+    ],
+)
 async def test_settings_are_checked_when_the_producer_is_made(setting: str, value: Any) -> None:
     with pytest.raises(ValueError, match=setting):
         async with open_producer(broker_addrs=["127.0.0.1:1"], **{setting: value}):
@@ -397,8 +412,9 @@ async def test_settings_are_checked_when_the_producer_is_made(setting: str, valu
     queue_id=st.integers(0, 2**31),
     born=st.integers(0, 2**62),
 )
-def test_the_single_message_encoding_is_the_batch_encoding(body: bytes, tags: str, keys: str, props: dict[str, str],
-                                                           uniq: str | None, queue_id: int, born: int) -> None:  # fmt: skip
+def test_the_single_message_encoding_is_the_batch_encoding(
+    body: bytes, tags: str, keys: str, props: dict[str, str], uniq: str | None, queue_id: int, born: int
+) -> None:
     if uniq is not None:
         props = {**props, UNIQ_KEY: uniq}
     m = Message("t", queue_id, body, tags, keys, props, born_timestamp_ms=born)
@@ -413,16 +429,19 @@ def test_the_single_message_encoding_is_the_batch_encoding(body: bytes, tags: st
     retried_on=st.integers(0, 2**31),
     born=st.integers(0, 2**62),
 )
-def test_a_plain_message_is_encoded_and_made_again_as_it_was_submitted(body: bytes, uniq: str, queue_id: int,
-                                                                       retried_on: int, born: int) -> None:  # fmt: skip
+def test_a_plain_message_is_encoded_and_made_again_as_it_was_submitted(
+    body: bytes, uniq: str, queue_id: int, retried_on: int, born: int
+) -> None:
     """A submit without tags, keys or properties is encoded by ``encode_plain`` and its
     batch keeps no Message: the one a retry's selector is given is made again, equal to
     the submitted one (on the queue it is encoded for)."""
     m = Message("t", queue_id, body, "", "", {UNIQ_KEY: uniq}, born_timestamp_ms=born)
     assert encode_plain(queue_id, born, uniq, body) == encode_batch([m])
     mq = MessageQueue("t", "b", queue_id, "127.0.0.1:1")
-    asked_before, asked_after = (Batch("t", m, 1, (uniq,), encode_plain(queue_id, born, uniq, body), SendFuture(), mq,
-                                       0, None, None, True, True) for _ in range(2))  # fmt: skip
+    asked_before, asked_after = (
+        Batch("t", m, 1, (uniq,), encode_plain(queue_id, born, uniq, body), SendFuture(), mq, 0, None, None, True, True)
+        for _ in range(2)
+    )
     assert asked_before.first == m
     expected = Message("t", retried_on, body, "", "", {UNIQ_KEY: uniq}, born_timestamp_ms=born)
     for batch in (asked_before, asked_after):

@@ -21,18 +21,50 @@ LATENCY_RATE = 200  # msgs/s, for 3 s (the latency case's shortest)
 
 
 def clmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clmq", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin",
-                                            "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "clmq", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
     tmp = tmp_path_factory.mktemp("bench-e2e")
-    out = clmq("bench", "e2e", "--api", ",".join(APIS), "--runs", "1", "--seconds", "0.3", "--sizes", "1024",
-               "--queues", "1,20", "--flush", "async", "--sparse-total", str(SPARSE_TOTAL), "--sparse-queues", "1,200",
-               "--latency-rate", str(LATENCY_RATE), "--settle-seconds", "0", "--json", str(tmp / "e.json"),
-               "--markdown", str(tmp / "e.md"), "--plot", str(tmp / "e.png"), cwd=tmp)  # fmt: skip
+    out = clmq(
+        "bench",
+        "e2e",
+        "--api",
+        ",".join(APIS),
+        "--runs",
+        "1",
+        "--seconds",
+        "0.3",
+        "--sizes",
+        "1024",
+        "--queues",
+        "1,20",
+        "--flush",
+        "async",
+        "--sparse-total",
+        str(SPARSE_TOTAL),
+        "--sparse-queues",
+        "1,200",
+        "--latency-rate",
+        str(LATENCY_RATE),
+        "--settle-seconds",
+        "0",
+        "--json",
+        str(tmp / "e.json"),
+        "--markdown",
+        str(tmp / "e.md"),
+        "--plot",
+        str(tmp / "e.png"),
+        cwd=tmp,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return json.loads((tmp / "e.json").read_text()), out.stdout, tmp
 
@@ -71,7 +103,10 @@ def test_aims_markdown_and_plot(run: tuple[dict[str, Any], str, Path]) -> None:
     result, _, tmp = run
     public = [a["aim"] for a in result["aims"] if a["api"] == "public"]
     assert public[:2] == ["produce at 1 queue, 1 KiB, async flush (msgs/s)", "produce at 20 queues / at 1 queue"]
-    assert sum(a.startswith("consume, timed") for a in public) == 2 and sum(a.startswith("consume, sparse") for a in public) == 2
+    assert (
+        sum(a.startswith("consume, timed") for a in public) == 2
+        and sum(a.startswith("consume, sparse") for a in public) == 2
+    )
     assert public[-1].startswith(f"produce p99 at {LATENCY_RATE}")
     for a in result["aims"]:
         assert isinstance(a["met"], bool) and a["ratio"] == pytest.approx(a["measured"] / a["target"]), a
@@ -86,8 +121,17 @@ def test_unknown_api_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def _row(api: str, case: str, queues: int, produce: float, consume: float) -> dict[str, Any]:
-    return {"api": api, "case": case, "size": 1024, "queues": queues, "flush": "async", "produce_msgs_per_s": produce,
-            "consume_msgs_per_s": consume, "consume_fetch_msgs_per_s": consume * 1.1, "messages": 100}  # fmt: skip
+    return {
+        "api": api,
+        "case": case,
+        "size": 1024,
+        "queues": queues,
+        "flush": "async",
+        "produce_msgs_per_s": produce,
+        "consume_msgs_per_s": consume,
+        "consume_fetch_msgs_per_s": consume * 1.1,
+        "messages": 100,
+    }
 
 
 def test_aims_verdicts_from_given_figures() -> None:
@@ -95,8 +139,12 @@ def test_aims_verdicts_from_given_figures() -> None:
     runs += [_row("public", "timed", 10_000, 125_000 + d, 240_000) for d in (0, 10_000, -10_000)]
     rows = medians(runs)
     assert [(r["queues"], r["produce_msgs_per_s"]) for r in rows] == [(1, 160_000), (10_000, 125_000)]
-    result = {"apis": ["public"], "rows": rows, "sparse": [_row("public", "sparse", 10_000, 50_000, 251_000)],
-              "latency": {"public": {"rate_msgs_per_s": 10_000, "p99_ms": 4.2, "failed": 0}}}  # fmt: skip
+    result = {
+        "apis": ["public"],
+        "rows": rows,
+        "sparse": [_row("public", "sparse", 10_000, 50_000, 251_000)],
+        "latency": {"public": {"rate_msgs_per_s": 10_000, "p99_ms": 4.2, "failed": 0}},
+    }
     verdicts = {a["aim"].split(" (")[0]: (a["met"], round(a["ratio"], 4)) for a in aims(result)}
     assert verdicts == {
         "produce at 1 queue, 1 KiB, async flush": (True, round(160_000 / 150_000, 4)),

@@ -13,16 +13,36 @@ import pytest
 
 
 def clmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clmq", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin",
-                                            "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "clmq", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:  # type: ignore[type-arg]
     tmp = tmp_path_factory.mktemp("bench-failover")
-    out = clmq("bench", "failover", "--failovers", "2", "--after-seconds", "1", "--queues", "4", "--dir",
-               str(tmp / "d"), "--json", str(tmp / "f.json"), "--plot", str(tmp / "f.png"), cwd=tmp)  # fmt: skip
+    out = clmq(
+        "bench",
+        "failover",
+        "--failovers",
+        "2",
+        "--after-seconds",
+        "1",
+        "--queues",
+        "4",
+        "--dir",
+        str(tmp / "d"),
+        "--json",
+        str(tmp / "f.json"),
+        "--plot",
+        str(tmp / "f.png"),
+        cwd=tmp,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert (tmp / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the plot was drawn
     assert not list((tmp / "d").iterdir()), "the run's directories were left behind"

@@ -14,21 +14,65 @@ import pytest
 
 
 def clmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clmq", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin",
-                                            "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "clmq", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
 
 
-TINY = ["--queues", "20", "--followers", "0,1", "--ack-modes", "async,sync", "--seconds", "0.4", "--warmup-seconds",
-        "0.1", "--runs", "1", "--lag-followers", "1", "--lag-seconds", "0.4", "--lag-warmup-seconds", "0.1", "--lag-sample-ms", "5", "--catchup-mb", "2",
-        "--settle-seconds", "0", "--batch-messages", "16", "--senders", "4"]  # fmt: skip
+TINY = [
+    "--queues",
+    "20",
+    "--followers",
+    "0,1",
+    "--ack-modes",
+    "async,sync",
+    "--seconds",
+    "0.4",
+    "--warmup-seconds",
+    "0.1",
+    "--runs",
+    "1",
+    "--lag-followers",
+    "1",
+    "--lag-seconds",
+    "0.4",
+    "--lag-warmup-seconds",
+    "0.1",
+    "--lag-sample-ms",
+    "5",
+    "--catchup-mb",
+    "2",
+    "--settle-seconds",
+    "0",
+    "--batch-messages",
+    "16",
+    "--senders",
+    "4",
+]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, object], str, Path]:
     tmp = tmp_path_factory.mktemp("bench-repl")
-    out = clmq("bench", "replication", *TINY, "--dir", str(tmp / "d"), "--json", str(tmp / "r.json"), "--markdown",
-               str(tmp / "r.md"), "--plot", str(tmp / "r.png"), cwd=tmp)  # fmt: skip
+    out = clmq(
+        "bench",
+        "replication",
+        *TINY,
+        "--dir",
+        str(tmp / "d"),
+        "--json",
+        str(tmp / "r.json"),
+        "--markdown",
+        str(tmp / "r.md"),
+        "--plot",
+        str(tmp / "r.png"),
+        cwd=tmp,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return json.loads((tmp / "r.json").read_text()), out.stdout, tmp
 

@@ -17,9 +17,14 @@ from tests.waiting import wait_until
 
 
 def clmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clmq", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin",
-                                            "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "clmq", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
 
 
 def test_demo_appends_restarts_and_reads_back(tmp_path: Path) -> None:
@@ -32,13 +37,45 @@ def test_demo_appends_restarts_and_reads_back(tmp_path: Path) -> None:
 
 
 def test_help_on_every_command(tmp_path: Path) -> None:
-    commands = [[], ["demo"], ["bench", "store"], ["bench", "compare"], ["bench", "e2e"], ["dev"], ["nameserver"],
-                ["broker"], ["topic"], ["topic", "create"], ["topic", "list"], ["topic", "describe"], ["topic", "delete"],
-                ["produce"], ["consume"], ["group"], ["group", "list"], ["group", "describe"], ["export"],
-                ["bench", "spark"], ["cluster"], ["cluster", "list"], ["admin"], ["admin", "promote"],
-                ["broker", "status"], ["dashboard"], ["message"], ["message", "read"], ["message", "get"],
-                ["message", "find"], ["group", "members"], ["group", "delete"], ["group", "reset-offsets"],
-                ["topic", "update"], ["store"], ["bench", "request-cost"], ["bench", "cold-reader"]]  # fmt: skip
+    commands = [
+        [],
+        ["demo"],
+        ["bench", "store"],
+        ["bench", "compare"],
+        ["bench", "e2e"],
+        ["dev"],
+        ["nameserver"],
+        ["broker"],
+        ["topic"],
+        ["topic", "create"],
+        ["topic", "list"],
+        ["topic", "describe"],
+        ["topic", "delete"],
+        ["produce"],
+        ["consume"],
+        ["group"],
+        ["group", "list"],
+        ["group", "describe"],
+        ["export"],
+        ["bench", "spark"],
+        ["cluster"],
+        ["cluster", "list"],
+        ["admin"],
+        ["admin", "promote"],
+        ["broker", "status"],
+        ["dashboard"],
+        ["message"],
+        ["message", "read"],
+        ["message", "get"],
+        ["message", "find"],
+        ["group", "members"],
+        ["group", "delete"],
+        ["group", "reset-offsets"],
+        ["topic", "update"],
+        ["store"],
+        ["bench", "request-cost"],
+        ["bench", "cold-reader"],
+    ]
     for args in ([*c, "--help"] for c in commands):
         out = clmq(*args, cwd=tmp_path)
         assert out.returncode == 0 and "usage: clmq" in out.stdout
@@ -46,9 +83,29 @@ def test_help_on_every_command(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_bench_store_reports_every_measurement(tmp_path: Path) -> None:
-    out = clmq("bench", "store", "--dir", str(tmp_path / "b"), "--sizes", "100", "--queues", "1,50", "--flush", "async",
-               "--seconds", "0.2", "--runs", "1", "--rebuild-messages", "5000", "--scale-queues", "2000",
-               "--json", str(tmp_path / "s.json"), cwd=tmp_path)  # fmt: skip
+    out = clmq(
+        "bench",
+        "store",
+        "--dir",
+        str(tmp_path / "b"),
+        "--sizes",
+        "100",
+        "--queues",
+        "1,50",
+        "--flush",
+        "async",
+        "--seconds",
+        "0.2",
+        "--runs",
+        "1",
+        "--rebuild-messages",
+        "5000",
+        "--scale-queues",
+        "2000",
+        "--json",
+        str(tmp_path / "s.json"),
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads((tmp_path / "s.json").read_text())
     assert [(r["size"], r["queues"]) for r in result["append"]] == [(100, 1), (100, 50)]
@@ -59,8 +116,31 @@ def test_bench_store_reports_every_measurement(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_bench_e2e_reports_produce_consume_and_latency(tmp_path: Path) -> None:
-    out = clmq("bench", "e2e", "--api", "raw", "--sparse-total", "0", "--sizes", "100", "--queues", "1,20", "--flush", "async", "--seconds", "0.3", "--runs", "1",
-               "--latency-rate", "1000", "--settle-seconds", "0", "--json", str(tmp_path / "e.json"), cwd=tmp_path)  # fmt: skip
+    out = clmq(
+        "bench",
+        "e2e",
+        "--api",
+        "raw",
+        "--sparse-total",
+        "0",
+        "--sizes",
+        "100",
+        "--queues",
+        "1,20",
+        "--flush",
+        "async",
+        "--seconds",
+        "0.3",
+        "--runs",
+        "1",
+        "--latency-rate",
+        "1000",
+        "--settle-seconds",
+        "0",
+        "--json",
+        str(tmp_path / "e.json"),
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads((tmp_path / "e.json").read_text())
     assert [(r["size"], r["queues"], r["flush"]) for r in result["rows"]] == [(100, 1, "async"), (100, 20, "async")]
@@ -74,12 +154,35 @@ def test_bench_e2e_reports_produce_consume_and_latency(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_bench_compare_runs_both_modes_and_draws_the_plot(tmp_path: Path) -> None:
-    out = clmq("bench", "compare", "--dir", str(tmp_path / "b"), "--sizes", "100", "--queues", "1,20",
-               "--flush", "async", "--seconds", "0.2", "--runs", "1", "--json", str(tmp_path / "c.json"),
-               "--plot", str(tmp_path / "c.png"), cwd=tmp_path)  # fmt: skip
+    out = clmq(
+        "bench",
+        "compare",
+        "--dir",
+        str(tmp_path / "b"),
+        "--sizes",
+        "100",
+        "--queues",
+        "1,20",
+        "--flush",
+        "async",
+        "--seconds",
+        "0.2",
+        "--runs",
+        "1",
+        "--json",
+        str(tmp_path / "c.json"),
+        "--plot",
+        str(tmp_path / "c.png"),
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     rows = json.loads((tmp_path / "c.json").read_text())["rows"]
-    assert {(r["queues"], r["pattern"]) for r in rows} == {(1, "round-robin"), (20, "round-robin"), (1, "skewed"), (20, "skewed")}
+    assert {(r["queues"], r["pattern"]) for r in rows} == {
+        (1, "round-robin"),
+        (20, "round-robin"),
+        (1, "skewed"),
+        (20, "skewed"),
+    }
     for r in rows:
         assert r["ratio"] == pytest.approx(r["commitlog"]["msgs_per_s"] / r["partition-per-file"]["msgs_per_s"])
         assert r["partition-per-file"]["max_open_fds"] > 0 and r["commitlog"]["p99_ms"] >= r["commitlog"]["p50_ms"]
@@ -89,9 +192,31 @@ def test_bench_compare_runs_both_modes_and_draws_the_plot(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_bench_compare_via_broker_drives_a_broker_per_mode(tmp_path: Path) -> None:
-    out = clmq("bench", "compare", "--via", "broker", "--dir", str(tmp_path / "b"), "--sizes", "100", "--queues",
-               "1,300", "--patterns", "round-robin", "--flush", "sync", "--seconds", "0.5", "--runs", "1",
-               "--json", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png"), cwd=tmp_path)  # fmt: skip
+    out = clmq(
+        "bench",
+        "compare",
+        "--via",
+        "broker",
+        "--dir",
+        str(tmp_path / "b"),
+        "--sizes",
+        "100",
+        "--queues",
+        "1,300",
+        "--patterns",
+        "round-robin",
+        "--flush",
+        "sync",
+        "--seconds",
+        "0.5",
+        "--runs",
+        "1",
+        "--json",
+        str(tmp_path / "c.json"),
+        "--plot",
+        str(tmp_path / "c.png"),
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads((tmp_path / "c.json").read_text())
     assert result["via"] == "broker" and [r["queues"] for r in result["rows"]] == [1, 300]
@@ -102,8 +227,18 @@ def test_bench_compare_via_broker_drives_a_broker_per_mode(tmp_path: Path) -> No
 
 
 def test_dev_demo_shows_messages_flowing(tmp_path: Path) -> None:
-    out = clmq("dev", "--demo", "--exit-after-demo", "--data-dir", str(tmp_path / "d"), "--port", "0", "--namesrv-port", "0",
-               cwd=tmp_path)  # fmt: skip
+    out = clmq(
+        "dev",
+        "--demo",
+        "--exit-after-demo",
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--port",
+        "0",
+        "--namesrv-port",
+        "0",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("sent     queue") == 5 and out.stdout.count("received queue") == 5
     assert "messages flowed: produced 5, consumed 5" in out.stdout
@@ -145,12 +280,23 @@ def test_service_commands_against_a_running_broker(tmp_path: Path) -> None:
     ns_port, broker_port = _free_port(), _free_port()
     ns = f"127.0.0.1:{ns_port}"
     conf = tmp_path / "broker.toml"
-    conf.write_text(f'[broker]\nbroker_name = "b1"\nlisten_port = {broker_port}\nnamesrv_addrs = ["{ns}"]\n'
-                    f'data_dir = "{tmp_path / "data"}"\nregister_interval_ms = 200\n')  # fmt: skip
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "CLMQ_LISTEN_PORT": str(ns_port)}
-    procs = [subprocess.Popen([sys.executable, "-m", "clmq", "nameserver"], env=env, cwd=tmp_path),
-             subprocess.Popen([sys.executable, "-m", "clmq", "broker", "--config", str(conf)], cwd=tmp_path,
-                              env={**env, "CLMQ_LISTEN_PORT": str(broker_port)})]  # fmt: skip
+    conf.write_text(
+        f'[broker]\nbroker_name = "b1"\nlisten_port = {broker_port}\nnamesrv_addrs = ["{ns}"]\n'
+        f'data_dir = "{tmp_path / "data"}"\nregister_interval_ms = 200\n'
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "CLMQ_LISTEN_PORT": str(ns_port),
+    }
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "clmq", "nameserver"], env=env, cwd=tmp_path),
+        subprocess.Popen(
+            [sys.executable, "-m", "clmq", "broker", "--config", str(conf)],
+            cwd=tmp_path,
+            env={**env, "CLMQ_LISTEN_PORT": str(broker_port)},
+        ),
+    ]
     try:
         wait_until(lambda: _registered_brokers(ns) == {"b1"}, 30, "broker b1 to register with the name server")
         listed = clmq("topic", "list", "--namesrv", ns, cwd=tmp_path)
@@ -160,7 +306,9 @@ def test_service_commands_against_a_running_broker(tmp_path: Path) -> None:
         wait_until(lambda: _routed_brokers(ns, "cli") == {"b1"}, 10, "the name server to route topic cli to b1")
         produced = clmq("produce", "cli", "one", "two", "three", "--tags", "T", "--namesrv", ns, cwd=tmp_path)
         assert produced.returncode == 0 and produced.stdout.count("offset 0") == 3, produced.stdout + produced.stderr
-        consumed = clmq("consume", "cli", "--group", "g", "--count", "3", "--idle-timeout", "10", "--namesrv", ns, cwd=tmp_path)
+        consumed = clmq(
+            "consume", "cli", "--group", "g", "--count", "3", "--idle-timeout", "10", "--namesrv", ns, cwd=tmp_path
+        )
         assert consumed.returncode == 0 and sorted(
             line.split()[-1] for line in consumed.stdout.splitlines() if "[T]" in line
         ) == ["one", "three", "two"]
@@ -183,8 +331,25 @@ def test_service_commands_against_a_running_broker(tmp_path: Path) -> None:
 def test_benchmark_results_go_to_their_directory_with_a_plot(tmp_path: Path) -> None:
     """Not loose files in the current directory: ``--out-dir`` (default ./clmq-bench-results/),
     a JSON and a PNG per run."""
-    out = clmq("bench", "store", "--sizes", "100", "--queues", "1", "--flush", "async", "--seconds", "0.1", "--runs", "1",
-               "--rebuild-messages", "0", "--scale-queues", "0", cwd=tmp_path)  # fmt: skip
+    out = clmq(
+        "bench",
+        "store",
+        "--sizes",
+        "100",
+        "--queues",
+        "1",
+        "--flush",
+        "async",
+        "--seconds",
+        "0.1",
+        "--runs",
+        "1",
+        "--rebuild-messages",
+        "0",
+        "--scale-queues",
+        "0",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     results = tmp_path / "clmq-bench-results"
     assert [p.suffix for p in sorted(results.glob("store-*.*"))] == [".json", ".png"]

@@ -60,8 +60,19 @@ def test_ctrl_c_commits_what_was_printed_and_not_the_rest(ns: str, tmp_path: Pat
     """256 messages of 2 KiB: far more than a pipe holds. The reader stops reading after
     10 lines, so the consumer blocks part-way through printing; then Ctrl-C."""
     make_topic(ns, tmp_path, "interrupted", 256, body_bytes=2048)
-    proc = popen("consume", "interrupted", "--group", "g", "-o", "json", "--namesrv", ns, cwd=tmp_path,
-                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = popen(
+        "consume",
+        "interrupted",
+        "--group",
+        "g",
+        "-o",
+        "json",
+        "--namesrv",
+        ns,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None
     head = [proc.stdout.readline() for _ in range(10)]
     os.kill(proc.pid, signal.SIGINT)
@@ -100,8 +111,16 @@ def test_a_start_that_is_no_time_is_a_usage_error(tmp_path: Path, start: str) ->
 def test_ctrl_c_of_a_produce_waiting_for_stdin_is_exit_130(ns: str, tmp_path: Path) -> None:
     """One line sent and answered, then the producer waits on stdin; Ctrl-C stops it."""
     assert clmq("topic", "create", "waiting", "--queues", "1", "--namesrv", ns, cwd=tmp_path).returncode == 0
-    proc = popen("produce", "waiting", "--namesrv", ns, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                 stderr=subprocess.PIPE)  # fmt: skip
+    proc = popen(
+        "produce",
+        "waiting",
+        "--namesrv",
+        ns,
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(b"first\n")
     proc.stdin.flush()

@@ -66,8 +66,9 @@ def send_back(msg_ids: list[str], group: str, *, to_dlq: bool) -> list[list[Any]
             rpc = RpcClient(nursery)
             addr = msg_ids[0].rpartition("@")[0]
             rows = [[int(m.rpartition("@")[2], 16), 0] for m in msg_ids]
-            reply = await rpc.request(addr, RequestCode.CONSUMER_SEND_BACK, {"group": group, "messages": rows,
-                                                                              "to_dlq": to_dlq})  # fmt: skip
+            reply = await rpc.request(
+                addr, RequestCode.CONSUMER_SEND_BACK, {"group": group, "messages": rows, "to_dlq": to_dlq}
+            )
             await rpc.aclose()
             nursery.cancel_scope.cancel()
             return list(reply.fields["results"])
@@ -95,7 +96,9 @@ def test_dead_letters_are_listed_shown_and_resent_once(ns: str, tmp_path: Path) 
 
     shown = js(run(ns, tmp_path, "dlq", "show", "billing", "-o", "json"))
     assert [s["body"] for s in shown] == ["o1", "o2", "o3"]
-    assert all(s["origin_topic"] == "orders" and s["origin_queue_id"] == 0 and s["reconsume_times"] == 1 for s in shown), shown[0]
+    assert all(
+        s["origin_topic"] == "orders" and s["origin_queue_id"] == 0 and s["reconsume_times"] == 1 for s in shown
+    ), shown[0]
     assert [s["origin_offset"] for s in shown] == [1, 2, 3] and shown[0]["properties"]["DLQ_GROUP"] == "billing"
     assert "orders q0 @1" in run(ns, tmp_path, "dlq", "show", "billing", "-n", "1").stdout
     assert js(run(ns, tmp_path, "group", "describe", "billing", "-o", "json"))["dead_letters"] == 3
@@ -104,8 +107,9 @@ def test_dead_letters_are_listed_shown_and_resent_once(ns: str, tmp_path: Path) 
     run(ns, tmp_path, "group", "reset-offsets", "billing", "--topic", "orders", "--to-latest")
     resent = js(run(ns, tmp_path, "dlq", "resend", "billing", "-o", "json"))
     assert len(resent["resent"]) == 3 and resent["skipped"] == 0 and not resent["errors"]
-    again = lines(run(ns, tmp_path, "message", "read", "orders", "--queue", "0", "--offset", "4", "--count", "10",
-                      "-o", "json"))  # fmt: skip
+    again = lines(
+        run(ns, tmp_path, "message", "read", "orders", "--queue", "0", "--offset", "4", "--count", "10", "-o", "json")
+    )
     assert [m["body"] for m in again] == ["o1", "o2", "o3"]
     for m in again:
         assert m["reconsume_times"] == 0 and m["keys"] == "k1" and m["properties"]["colour"] == "red"
@@ -126,8 +130,11 @@ def test_retry_backlog_and_system_topics(ns: str, tmp_path: Path) -> None:
     run(ns, tmp_path, "topic", "create", "payments", "--queues", "1")
     ids = produce(ns, tmp_path, "payments", "p0", "p1")
     assert [r[0] for r in send_back(ids, "ledger", to_dlq=False)] == ["retry", "retry"]
-    wait_until(lambda: js(run(ns, tmp_path, "group", "describe", "ledger", "-o", "json"))["retry_backlog"] == 2, 30,
-               "the timer to deliver both retries to %RETRY%ledger")  # fmt: skip
+    wait_until(
+        lambda: js(run(ns, tmp_path, "group", "describe", "ledger", "-o", "json"))["retry_backlog"] == 2,
+        30,
+        "the timer to deliver both retries to %RETRY%ledger",
+    )
     described = run(ns, tmp_path, "group", "describe", "ledger")
     assert "retry backlog 2" in described.stdout and "dead letters 0" in described.stdout
     plain = js(run(ns, tmp_path, "topic", "list", "-o", "json"))
@@ -145,12 +152,17 @@ def test_produce_with_a_delay_delivers_after_it(ns: str, tmp_path: Path) -> None
     run(ns, tmp_path, "topic", "create", "later", "--queues", "1")
     out = run(ns, tmp_path, "produce", "later", "soon", "--delay", "1s")
     assert " scheduled " in out.stdout and "@" in out.stdout.split()[-1]
-    got = wait_until(lambda: lines(run(ns, tmp_path, "message", "read", "later", "--queue", "0", "-o", "json")), 30,
-                     "the delayed message")  # fmt: skip
+    got = wait_until(
+        lambda: lines(run(ns, tmp_path, "message", "read", "later", "--queue", "0", "-o", "json")),
+        30,
+        "the delayed message",
+    )
     assert [g["body"] for g in got] == ["soon"] and _delay_ms(got[0]) >= 1000
     run(ns, tmp_path, "produce", "later", "x", "--delay", "soon", code=2)
     run(ns, tmp_path, "produce", "later", "x", "--delay", "1s", "--deliver-at", "1763891000000", code=2)
-    refused = run(ns, tmp_path, "produce", "later", "x", "--deliver-at", "1h", code=2)  # "1h" elsewhere means an hour ago
+    refused = run(
+        ns, tmp_path, "produce", "later", "x", "--deliver-at", "1h", code=2
+    )  # "1h" elsewhere means an hour ago
     assert "--delay" in refused.stderr
 
 
@@ -158,8 +170,19 @@ def test_a_delay_counts_from_each_line_of_stdin_as_it_is_sent(ns: str, tmp_path:
     """produce streams stdin: a line that comes late is delayed from its own send, not
     from the command's start."""
     run(ns, tmp_path, "topic", "create", "paced", "--queues", "1")
-    proc = popen("produce", "paced", "--queue", "0", "--delay", "1s", "--namesrv", ns, cwd=tmp_path,
-                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    proc = popen(
+        "produce",
+        "paced",
+        "--queue",
+        "0",
+        "--delay",
+        "1s",
+        "--namesrv",
+        ns,
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert proc.stdin is not None and proc.stdout is not None
     try:
         proc.stdin.write(b"first\n")

@@ -15,8 +15,16 @@ from clmq.broker.cli._errors import EXIT_USAGE, CliError
 from clmq.broker.cli._timefmt import format_time_ms, parse_time_ms
 from tests.cli_helpers import clmq
 
-CLIENT_VERBS = [["topic", "list"], ["topic", "describe", "t"], ["topic", "create", "t"], ["group", "list"],
-                ["group", "describe", "g"], ["produce", "t", "x"], ["consume", "t"], ["cluster", "list"]]  # fmt: skip
+CLIENT_VERBS = [
+    ["topic", "list"],
+    ["topic", "describe", "t"],
+    ["topic", "create", "t"],
+    ["group", "list"],
+    ["group", "describe", "g"],
+    ["produce", "t", "x"],
+    ["consume", "t"],
+    ["cluster", "list"],
+]
 
 
 def one_line_error(out: subprocess.CompletedProcess[str], code: int, says: str) -> None:
@@ -31,8 +39,10 @@ def test_a_name_server_address_without_a_usable_port_is_a_usage_error(tmp_path, 
     one_line_error(clmq(*verb, "--namesrv", addr, cwd=tmp_path), EXIT_USAGE, "")
 
 
-@pytest.mark.parametrize("command", [["nameserver", "--listen-port"], ["broker", "--listen-port"], ["dev", "--port"],
-                                     ["dev", "--namesrv-port"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "command",
+    [["nameserver", "--listen-port"], ["broker", "--listen-port"], ["dev", "--port"], ["dev", "--namesrv-port"]],
+)
 @pytest.mark.parametrize("port", ["70000", "65536", "-1", "abc"])
 def test_a_port_outside_the_range_is_a_usage_error(tmp_path, command: list[str], port: str) -> None:  # type: ignore[no-untyped-def]
     out = (
@@ -56,7 +66,9 @@ def test_a_port_already_taken_is_one_line(tmp_path, service: str) -> None:  # ty
 
 
 def test_a_bad_setting_is_a_usage_error_naming_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    one_line_error(clmq("broker", "--config", str(tmp_path / "absent.toml"), cwd=tmp_path), EXIT_USAGE, "does not exist")
+    one_line_error(
+        clmq("broker", "--config", str(tmp_path / "absent.toml"), cwd=tmp_path), EXIT_USAGE, "does not exist"
+    )
     one_line_error(clmq("broker", "--flush-mode", "sometimes", cwd=tmp_path), EXIT_USAGE, "flush_mode")
 
 
@@ -64,7 +76,11 @@ def test_a_bad_setting_is_a_usage_error_naming_it(tmp_path) -> None:  # type: ig
 NOW = 1_763_891_000_000
 
 
-@given(amount=st.integers(0, 10_000), unit=st.sampled_from(["ms", "s", "m", "h", "d", "w"]), sign=st.sampled_from(["", "-"]))
+@given(
+    amount=st.integers(0, 10_000),
+    unit=st.sampled_from(["ms", "s", "m", "h", "d", "w"]),
+    sign=st.sampled_from(["", "-"]),
+)
 def test_a_duration_ago_is_now_minus_it(amount: int, unit: str, sign: str) -> None:
     ms = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}[unit]
     assert parse_time_ms(f"{sign}{amount}{unit}", now_ms=NOW) == NOW - amount * ms
@@ -92,8 +108,16 @@ def test_the_store_demo_keeps_out_of_the_dev_data_directory(tmp_path) -> None:  
 
 @pytest.mark.parametrize("fmt", ["parquet", "json"])
 def test_export_from_a_directory_that_does_not_exist_is_one_line_and_makes_nothing(tmp_path, fmt: str) -> None:  # type: ignore[no-untyped-def]
-    out = clmq("export", "--data-dir", str(tmp_path / "absent"), "--format", fmt, "--output", str(tmp_path / "out"),
-               cwd=tmp_path)  # fmt: skip
+    out = clmq(
+        "export",
+        "--data-dir",
+        str(tmp_path / "absent"),
+        "--format",
+        fmt,
+        "--output",
+        str(tmp_path / "out"),
+        cwd=tmp_path,
+    )
     one_line_error(out, 1, "no such directory")
     assert not (tmp_path / "out").exists()
 
@@ -101,10 +125,21 @@ def test_export_from_a_directory_that_does_not_exist_is_one_line_and_makes_nothi
 def test_export_into_an_existing_output_is_refused_before_spark_starts(tmp_path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "data").mkdir()
     (tmp_path / "out").mkdir()
-    one_line_error(clmq("export", "--data-dir", str(tmp_path / "data"), "--output", str(tmp_path / "out"), cwd=tmp_path),
-                   EXIT_USAGE, "exists")  # fmt: skip
-    bad_time = clmq("export", "--data-dir", str(tmp_path / "data"), "--from-time", "soon", "--output", str(tmp_path / "o2"),
-                    cwd=tmp_path)  # fmt: skip
+    one_line_error(
+        clmq("export", "--data-dir", str(tmp_path / "data"), "--output", str(tmp_path / "out"), cwd=tmp_path),
+        EXIT_USAGE,
+        "exists",
+    )
+    bad_time = clmq(
+        "export",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--from-time",
+        "soon",
+        "--output",
+        str(tmp_path / "o2"),
+        cwd=tmp_path,
+    )
     assert bad_time.returncode == 2 and "not understood" in bad_time.stderr
 
 

@@ -25,9 +25,14 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def produce(ns: list[str], *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "clmq", "produce", *args, "--namesrv", ",".join(ns)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
-                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "clmq", "produce", *args, "--namesrv", ",".join(ns)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
 
 
 def stored(ns: list[str], topic: str = "sync") -> int:

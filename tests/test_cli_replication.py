@@ -45,8 +45,15 @@ def test_list_and_table_settings_load_from_toml_environment_and_flags(tmp_path: 
     env = {"CLMQ_REPLICA_IDS": " 3, 4,", "CLMQ_TOPIC_ACK_MODES": "orders=async, audit = sync"}
     from_env = load_settings(BrokerConfig, conf, section="broker", env=env)  # the environment wins over the file
     assert from_env.replica_ids == [3, 4] and from_env.topic_ack_modes == {"orders": "async", "audit": "sync"}
-    flags = {"replica_ids": "5", "topic_ack_modes": "x=sync", "broker_id": "2", "role": "follower",
-             "leader_addr": "127.0.0.1:1", "ack_mode": "sync", "min_insync_replicas": "2"}  # fmt: skip
+    flags = {
+        "replica_ids": "5",
+        "topic_ack_modes": "x=sync",
+        "broker_id": "2",
+        "role": "follower",
+        "leader_addr": "127.0.0.1:1",
+        "ack_mode": "sync",
+        "min_insync_replicas": "2",
+    }
     cfg = load_settings(BrokerConfig, conf, section="broker", env=env, overrides=flags)  # flags win over both
     assert (cfg.replica_ids, cfg.topic_ack_modes, cfg.broker_id, cfg.role) == ([5], {"x": "sync"}, 2, "follower")
     assert (cfg.leader_addr, cfg.ack_mode, cfg.min_insync_replicas) == ("127.0.0.1:1", "sync", 2)
@@ -54,9 +61,17 @@ def test_list_and_table_settings_load_from_toml_environment_and_flags(tmp_path: 
 
 
 def test_the_settings_file_of_a_dev_replica_reads_back_to_the_same_settings(tmp_path: Path) -> None:
-    cfg = BrokerConfig(broker_name='g "1"', broker_id=2, role="follower", leader_addr="127.0.0.1:7",
-                       topic_ack_modes={"orders": "sync", "a b": "async"}, replica_ids=[1, 2], ack_mode="sync",
-                       namesrv_addrs=["127.0.0.1:1", "127.0.0.1:2"], auto_create_topics=True)  # fmt: skip
+    cfg = BrokerConfig(
+        broker_name='g "1"',
+        broker_id=2,
+        role="follower",
+        leader_addr="127.0.0.1:7",
+        topic_ack_modes={"orders": "sync", "a b": "async"},
+        replica_ids=[1, 2],
+        ack_mode="sync",
+        namesrv_addrs=["127.0.0.1:1", "127.0.0.1:2"],
+        auto_create_topics=True,
+    )
     path = tmp_path / "r.toml"
     path.write_text(settings_toml(cfg))
     assert load_settings(BrokerConfig, path, section="broker", env={}) == cfg
@@ -101,9 +116,13 @@ def test_a_bad_value_in_the_environment_is_an_error_naming_the_setting(assignmen
 
 
 def test_clmq_broker_refuses_bad_replication_flags_naming_the_setting(tmp_path: Path) -> None:
-    cases = {("--role", "boss"): "role", ("--replica-ids", "1,x"): "replica_ids",
-             ("--topic-ack-modes", "orders"): "topic_ack_modes", ("--min-insync-replicas", "0"): "min_insync_replicas",
-             ("--ack-mode", "sometimes"): "ack_mode"}  # fmt: skip
+    cases = {
+        ("--role", "boss"): "role",
+        ("--replica-ids", "1,x"): "replica_ids",
+        ("--topic-ack-modes", "orders"): "topic_ack_modes",
+        ("--min-insync-replicas", "0"): "min_insync_replicas",
+        ("--ack-mode", "sometimes"): "ack_mode",
+    }
     for flag, setting in cases.items():
         out = clmq("broker", *flag, "--data-dir", str(tmp_path / "d"), "--listen-port", "0", cwd=tmp_path)
         assert out.returncode == 2 and "error:" in out.stderr and setting in out.stderr, (flag, out.stdout, out.stderr)
@@ -116,9 +135,28 @@ def test_promote_refuses_a_follower_not_in_sync_unless_forced(tmp_path: Path) ->
     --force and its risk, and --force makes it the leader of a new epoch."""
     port, nowhere = _free_port(), _free_port()
     addr = f"127.0.0.1:{port}"
-    proc = subprocess.Popen([*CLI, "broker", "--broker-name", "solo", "--broker-id", "1", "--role", "follower",
-                             "--leader-addr", f"127.0.0.1:{nowhere}", "--listen-port", str(port), "--data-dir",
-                             str(tmp_path / "d")], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            *CLI,
+            "broker",
+            "--broker-name",
+            "solo",
+            "--broker-id",
+            "1",
+            "--role",
+            "follower",
+            "--leader-addr",
+            f"127.0.0.1:{nowhere}",
+            "--listen-port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "d"),
+        ],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         assert "broker solo on" in proc.stdout.readline()  # it is listening
@@ -146,10 +184,28 @@ class DevGroup:
     def __init__(self, tmp: Path, *extra: str) -> None:
         self.tmp, self.ns = tmp, f"127.0.0.1:{_free_port()}"
         # A session of its own: the Ctrl-C test signals its whole process group, as a terminal does.
-        self.proc = subprocess.Popen([*CLI, "dev", "--replicas", "3", "--demo", "--port", "0", "--namesrv-port",
-                                      self.ns.split(":")[1], "--data-dir", str(tmp / "dev"), *extra], cwd=tmp, env=ENV,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [
+                *CLI,
+                "dev",
+                "--replicas",
+                "3",
+                "--demo",
+                "--port",
+                "0",
+                "--namesrv-port",
+                self.ns.split(":")[1],
+                "--data-dir",
+                str(tmp / "dev"),
+                *extra,
+            ],
+            cwd=tmp,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         self.output: list[str] = []
 
     def read_until(self, text: str) -> str:
@@ -195,8 +251,11 @@ def dev_zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevGroup]:
 def _settled(brokers: list[dict[str, Any]]) -> bool:
     """One leader, two in-sync followers, every log end the same."""
     roles = sorted(b["role"] for b in brokers)
-    return (roles == ["follower", "follower", "leader"] and all(b["in_sync"] for b in brokers)
-            and len({b["end_offset"] for b in brokers}) == 1)  # fmt: skip
+    return (
+        roles == ["follower", "follower", "leader"]
+        and all(b["in_sync"] for b in brokers)
+        and len({b["end_offset"] for b in brokers}) == 1
+    )
 
 
 @pytest.mark.timeout(120)
@@ -209,7 +268,9 @@ def test_dev_replicas_runs_a_group_of_three_processes_and_messages_flow(dev: Dev
         assert f"{dev.tmp / 'dev' / f'replica-{i}'}/" in out  # each replica's own data directory is shown
     produced = clmq("produce", "demo", "one", "two", "three", "--namesrv", dev.ns, cwd=dev.tmp)
     assert produced.returncode == 0 and produced.stdout.count("broker-a queue") == 3, produced.stdout + produced.stderr
-    brokers = wait_until(lambda: (b := dev.brokers()) and _settled(b) and b, 30, "1 leader, 2 in-sync followers, equal log ends")
+    brokers = wait_until(
+        lambda: (b := dev.brokers()) and _settled(b) and b, 30, "1 leader, 2 in-sync followers, equal log ends"
+    )
     assert {b["group"] for b in brokers} == {"broker-a"} and sorted(b["broker_id"] for b in brokers) == [0, 1, 2]
     assert len({b["addr"] for b in brokers}) == 3 and len({b["epoch"] for b in brokers}) == 1
     leader = next(b for b in brokers if b["role"] == "leader")
@@ -236,7 +297,12 @@ def test_promoting_a_follower_makes_it_the_leader_and_the_old_leader_follows(dev
     def switched() -> list[dict[str, Any]] | None:
         by_addr = {b["addr"]: b for b in dev.brokers()}
         new, was = by_addr[chosen["addr"]], by_addr[old["addr"]]
-        done = (new["role"], new["epoch"], was["role"], was["registered_role"]) == ("leader", new_epoch, "follower", "follower")
+        done = (new["role"], new["epoch"], was["role"], was["registered_role"]) == (
+            "leader",
+            new_epoch,
+            "follower",
+            "follower",
+        )
         return list(by_addr.values()) if done else None
 
     wait_until(switched, 30, f"{chosen['addr']} to lead with epoch {new_epoch} and {old['addr']} to follow")
@@ -270,8 +336,11 @@ def _zk_settled(brokers: list[dict[str, Any]]) -> bool:
         return False
     zk = [b["coordination"] for b in brokers]
     leader = next(b for b in brokers if b["role"] == "leader")
-    return (all(c["session"] == "CONNECTED" and sorted(c["isr"]) == [0, 1, 2] for c in zk)
-            and {c["epoch"] for c in zk} == {leader["epoch"]} and {c["leader"] for c in zk} == {leader["broker_id"]})  # fmt: skip
+    return (
+        all(c["session"] == "CONNECTED" and sorted(c["isr"]) == [0, 1, 2] for c in zk)
+        and {c["epoch"] for c in zk} == {leader["epoch"]}
+        and {c["leader"] for c in zk} == {leader["broker_id"]}
+    )
 
 
 @pytest.mark.timeout(120)
@@ -283,9 +352,16 @@ def test_dev_replicas_with_zookeeper_lets_zookeeper_elect_and_cluster_list_shows
     assert f"ZooKeeper {connect} elected replica" in out and "messages flowed: produced 5, consumed 5" in out, out
     for i in range(3):  # every replica is told the same connect string (and keeps it for `clmq broker --config`)
         settings = load_settings(BrokerConfig, dev_zk.tmp / "dev" / f"replica-{i}.toml", section="broker", env={})
-        assert (settings.zookeeper, settings.broker_id, settings.role, settings.leader_addr) == (connect, i, "follower", "")
+        assert (settings.zookeeper, settings.broker_id, settings.role, settings.leader_addr) == (
+            connect,
+            i,
+            "follower",
+            "",
+        )
     assert (dev_zk.tmp / "dev" / "zookeeper" / "zoo.cfg").read_text().count("tickTime=500") == 1
-    brokers = wait_until(lambda: (b := dev_zk.brokers()) and _zk_settled(b) and b, 30, "ZooKeeper to agree on the group")
+    brokers = wait_until(
+        lambda: (b := dev_zk.brokers()) and _zk_settled(b) and b, 30, "ZooKeeper to agree on the group"
+    )
     leader = next(b for b in brokers if b["role"] == "leader")
     assert f"elected replica {leader['broker_id']} the leader" in out
     assert leader["coordination"]["lease_ms_left"] > 0
@@ -340,5 +416,7 @@ def test_ctrl_c_stops_the_replicas_then_zookeeper(dev_zk: DevGroup) -> None:
 def test_dev_zookeeper_needs_a_group_and_broker_refuses_a_bad_connect_string(tmp_path: Path) -> None:
     out = clmq("dev", "--zookeeper", "--data-dir", str(tmp_path / "d"), cwd=tmp_path)
     assert out.returncode == 2 and "--replicas 2 or more" in out.stdout + out.stderr
-    out = clmq("broker", "--zookeeper", "zk/chroot", "--data-dir", str(tmp_path / "b"), "--listen-port", "0", cwd=tmp_path)
+    out = clmq(
+        "broker", "--zookeeper", "zk/chroot", "--data-dir", str(tmp_path / "b"), "--listen-port", "0", cwd=tmp_path
+    )
     assert out.returncode == 2 and "zookeeper must be 'host:port" in out.stdout + out.stderr

@@ -24,7 +24,9 @@ def ns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield addr
 
 
-def run(ns: str, tmp_path: Path, *args: str, code: int = 0, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    ns: str, tmp_path: Path, *args: str, code: int = 0, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[str]:
     out = clmq(*args, "--namesrv", ns, cwd=tmp_path, stdin=stdin)
     assert out.returncode == code, (args, out.returncode, out.stdout, out.stderr)
     if code:
@@ -57,7 +59,9 @@ def test_topic_update_grows_and_refuses_to_shrink(ns: str, tmp_path: Path) -> No
     rows = js(run(ns, tmp_path, "topic", "describe", "grow", "-o", "json"))
     assert [r["queue_id"] for r in rows] == [0, 1, 2] and sum(r["messages"] for r in rows) == 6
     for r in rows:  # a queue's bytes: the sizes of the records it holds
-        held = lines(run(ns, tmp_path, "message", "read", "grow", "--queue", str(r["queue_id"]), "--count", "10", "-o", "json"))
+        held = lines(
+            run(ns, tmp_path, "message", "read", "grow", "--queue", str(r["queue_id"]), "--count", "10", "-o", "json")
+        )
         assert r["size_bytes"] == sum(m["size"] for m in held) and (r["size_bytes"] > 0) == bool(held)
     run(ns, tmp_path, "topic", "update", "absent", "--queues", "3", code=1)
     run(ns, tmp_path, "topic", "describe", "absent", code=1)
@@ -67,12 +71,29 @@ def test_topic_update_grows_and_refuses_to_shrink(ns: str, tmp_path: Path) -> No
 
 def test_produce_with_properties_a_queue_a_file_and_binary_bodies(ns: str, tmp_path: Path) -> None:
     run(ns, tmp_path, "topic", "create", "props", "--queues", "4")
-    run(ns, tmp_path, "produce", "props", "hello", "--queue", "2", "--property", "colour=red", "--property", "n=1",
-        "--tags", "T", "--keys", "key-1")  # fmt: skip
+    run(
+        ns,
+        tmp_path,
+        "produce",
+        "props",
+        "hello",
+        "--queue",
+        "2",
+        "--property",
+        "colour=red",
+        "--property",
+        "n=1",
+        "--tags",
+        "T",
+        "--keys",
+        "key-1",
+    )
     (tmp_path / "in.txt").write_bytes(b"one\ntwo\n")
     run(ns, tmp_path, "produce", "props", "--file", str(tmp_path / "in.txt"), "--queue", "2")
     run(ns, tmp_path, "produce", "props", "--queue", "2", stdin=b"\xff\xfe\x00binary\n")
-    got = lines(run(ns, tmp_path, "message", "read", "props", "--queue", "2", "--offset", "0", "--count", "10", "-o", "json"))
+    got = lines(
+        run(ns, tmp_path, "message", "read", "props", "--queue", "2", "--offset", "0", "--count", "10", "-o", "json")
+    )
     assert [g.get("body") for g in got] == ["hello", "one", "two", None]
     assert got[3]["body_base64"] == "//4AYmluYXJ5"  # not UTF-8: base64, not a traceback
     assert got[0]["properties"]["colour"] == "red" and got[0]["tags"] == "T" and got[0]["keys"] == "key-1"
@@ -100,11 +121,31 @@ def test_a_message_by_id_and_by_key(ns: str, tmp_path: Path) -> None:
 def test_group_reset_offsets_dry_run_then_each_target(ns: str, tmp_path: Path) -> None:
     topic_with(ns, tmp_path, "resets", 1, 5)
     run(ns, tmp_path, "consume", "resets", "--group", "rg", "--count", "5")
-    dry = js(run(ns, tmp_path, "group", "reset-offsets", "rg", "--topic", "resets", "--to-earliest", "--dry-run", "-o", "json"))
+    dry = js(
+        run(
+            ns,
+            tmp_path,
+            "group",
+            "reset-offsets",
+            "rg",
+            "--topic",
+            "resets",
+            "--to-earliest",
+            "--dry-run",
+            "-o",
+            "json",
+        )
+    )
     assert [(r["before"], r["after"]) for r in dry] == [(5, 0)]
     assert js(run(ns, tmp_path, "group", "describe", "rg", "-o", "json"))["lag"] == 0  # a dry run changes nothing
-    for target, after in ((["--to-earliest"], 0), (["--to-offset", "3"], 3), (["--to-offset", "99"], 5), (["--to-latest"], 5),
-                          (["--to-time", "2001-01-01T00:00:00Z"], 0), (["--by-duration", "1h"], 0)):  # fmt: skip
+    for target, after in (
+        (["--to-earliest"], 0),
+        (["--to-offset", "3"], 3),
+        (["--to-offset", "99"], 5),
+        (["--to-latest"], 5),
+        (["--to-time", "2001-01-01T00:00:00Z"], 0),
+        (["--by-duration", "1h"], 0),
+    ):
         rows = js(run(ns, tmp_path, "group", "reset-offsets", "rg", "--topic", "resets", *target, "-o", "json"))
         assert [r["after"] for r in rows] == [after], target
     again = lines(run(ns, tmp_path, "consume", "resets", "--group", "rg", "--idle-timeout", "2", "-o", "json"))
@@ -152,8 +193,17 @@ def test_members_and_their_queues_while_one_consumes_and_delete_refused_meanwhil
     from tests.waiting import wait_until
 
     topic_with(ns, tmp_path, "membered", 3, 3)
-    proc = popen("consume", "membered", "--group", "mg", "--namesrv", ns, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                 stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = popen(
+        "consume",
+        "membered",
+        "--group",
+        "mg",
+        "--namesrv",
+        ns,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
 
         def members() -> list[dict[str, Any]]:

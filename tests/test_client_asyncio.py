@@ -85,7 +85,9 @@ def test_asyncio_errors_are_the_trio_errors(cluster: Cluster) -> None:
     """A failing call raises the same class with the same text as with trio."""
     dead = "127.0.0.1:1"
 
-    async def failures(send: Callable[..., Awaitable[Any]], status: Callable[[str], Awaitable[Any]]) -> list[tuple[type, str]]:
+    async def failures(
+        send: Callable[..., Awaitable[Any]], status: Callable[[str], Awaitable[Any]]
+    ) -> list[tuple[type, str]]:
         out = []
         for call in (lambda: send("nope", b"x"), lambda: status(dead)):
             with pytest.raises(Exception) as e:
@@ -111,8 +113,10 @@ def test_cancelling_an_asyncio_call_cancels_its_trio_task_and_loses_nothing(clus
     message sent afterwards is received by the next call."""
 
     async def main() -> None:
-        async with open_asyncio_producer(cluster.ns) as p, open_asyncio_consumer(cluster.ns, "cg", {"sync": "*"},
-                                                                                   **FAST_CONSUMER) as c:  # fmt: skip
+        async with (
+            open_asyncio_producer(cluster.ns) as p,
+            open_asyncio_consumer(cluster.ns, "cg", {"sync": "*"}, **FAST_CONSUMER) as c,
+        ):
             run = _RUNS[asyncio.get_running_loop()]
             assert run._nursery is not None
             tasks_before = len(run._nursery.child_tasks)
@@ -121,7 +125,9 @@ def test_cancelling_an_asyncio_call_cancels_its_trio_task_and_loses_nothing(clus
                     await c.receive()
 
             async def trio_tasks_once_settled() -> int:
-                await trio.testing.wait_all_tasks_blocked()  # the cancelled receive has run by now (it was cancelled first)
+                await (
+                    trio.testing.wait_all_tasks_blocked()
+                )  # the cancelled receive has run by now (it was cancelled first)
                 assert run._nursery is not None
                 return len(run._nursery.child_tasks) - 1  # not counting this one
 
@@ -141,10 +147,14 @@ def test_asyncio_submit_flush_callbacks_on_the_loop(cluster: Cluster) -> None:
         called: list[tuple[bool, int | None]] = []
         async with open_asyncio_producer(cluster.ns, linger_ms=50) as p:
             futs = [
-                await p.submit("sync", b"s%d" % i, sharding_key="k",
-                               callback=lambda f: called.append((asyncio.get_running_loop() is loop, f.result().queue_offset)))
+                await p.submit(
+                    "sync",
+                    b"s%d" % i,
+                    sharding_key="k",
+                    callback=lambda f: called.append((asyncio.get_running_loop() is loop, f.result().queue_offset)),
+                )
                 for i in range(50)
-            ]  # fmt: skip
+            ]
             futs.append(await p.submit_batch("sync", [b"x", b"y"], sharding_key="k"))
             bad = await p.submit("nope", b"x")
             await p.flush()
@@ -288,8 +298,10 @@ def test_blocking_submit_flush_and_producer_options(cluster: Cluster) -> None:
     future with the trio producer's error; the producer's options pass through."""
     called: list[int] = []
     with BlockingProducer(cluster.ns, linger_ms=20, batch_max_bytes=64 * 1024) as p:
-        futs = [p.submit("sync", b"b%d" % i, sharding_key="k", callback=lambda f: called.append(f.result().queue_offset))
-                for i in range(20)]  # fmt: skip
+        futs = [
+            p.submit("sync", b"b%d" % i, sharding_key="k", callback=lambda f: called.append(f.result().queue_offset))
+            for i in range(20)
+        ]
         futs.append(p.submit_batch("sync", [b"x", b"y"], sharding_key="k"))
         bad = p.submit("nope", b"x")
         p.flush()

@@ -14,7 +14,17 @@ import pytest
 import trio
 
 from clmq.broker.service import Broker
-from clmq.client import NoRouteError, Producer, Routes, RpcClient, SendError, open_admin, open_consumer, open_producer, shard
+from clmq.client import (
+    NoRouteError,
+    Producer,
+    Routes,
+    RpcClient,
+    SendError,
+    open_admin,
+    open_consumer,
+    open_producer,
+    shard,
+)
 from clmq.common import Message, Record
 from clmq.nameserver import NameServer, NameServerConfig
 from clmq.nameserver import serve as serve_nameserver
@@ -209,8 +219,11 @@ async def test_a_consumers_commits_follow_the_group_to_its_new_leader(
                     received += await consumer.receive()
                 consumer.ack()
             # the routes refresh on their own schedule: the queues move once it has come
-            await await_until(lambda: {mq.addr for mq in consumer.assignment()} == {f.addr}, 10,
-                              "the consumer's queues to move to the new leader")  # fmt: skip
+            await await_until(
+                lambda: {mq.addr for mq in consumer.assignment()} == {f.addr},
+                10,
+                "the consumer's queues to move to the new leader",
+            )
 
             async def committed_on_new_leader() -> bool:
                 await consumer.commit()
@@ -255,8 +268,9 @@ async def test_a_send_whose_answer_timed_out_is_acknowledged_once_with_the_first
     the in-sync set) and is answered with the first try's offsets: stored once."""
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
-    lead, _f = await start_group(c, ack_mode="sync", min_insync_replicas=1, replica_lag_max_ms=3000,
-                                 replication_timeout_ms=20_000)  # fmt: skip
+    lead, _f = await start_group(
+        c, ack_mode="sync", min_insync_replicas=1, replica_lag_max_ms=3000, replication_timeout_ms=20_000
+    )
     async with open_producer(c.ns, send_timeout_ms=300) as p:
         await p.send("t", b"warm up", sharding_key="k")  # routes and connection ready: the next try is quick
         await c.stop_broker("g1")
@@ -272,8 +286,9 @@ async def start_second_nameserver(nursery: trio.Nursery) -> tuple[NameServer, tr
 
     async def run(task_status: trio.TaskStatus[NameServer] = trio.TASK_STATUS_IGNORED) -> None:
         try:
-            await serve_nameserver(NameServerConfig(listen_port=0, broker_expiry_ms=1500, scan_interval_ms=100),
-                                   task_status=task_status)  # fmt: skip
+            await serve_nameserver(
+                NameServerConfig(listen_port=0, broker_expiry_ms=1500, scan_interval_ms=100), task_status=task_status
+            )
         finally:
             stopped.set()
 
@@ -281,7 +296,9 @@ async def start_second_nameserver(nursery: trio.Nursery) -> tuple[NameServer, tr
     return ns, stopped
 
 
-async def test_clients_given_two_name_servers_keep_working_when_one_is_down(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_clients_given_two_name_servers_keep_working_when_one_is_down(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     c = Cluster(nursery, tmp_path)
     first = await c.start_nameserver()
     second, second_stopped = await start_second_nameserver(nursery)
@@ -309,7 +326,9 @@ async def test_clients_given_two_name_servers_keep_working_when_one_is_down(nurs
         await second_stopped.wait()
 
 
-async def test_a_producer_given_broker_addrs_retries_while_its_broker_restarts(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_a_producer_given_broker_addrs_retries_while_its_broker_restarts(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     """Without name servers, a broker that does not answer the route look-up is
     unreachable, not a topic that does not exist: the send retries within its budget
     and succeeds once the broker is back (it used to fail at once, "no broker has

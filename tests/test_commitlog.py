@@ -53,7 +53,8 @@ def test_records_never_cross_segments_and_sealed_segments_end_in_blank(tmp_path:
     # the byte after each segment's last record is a blank marker filling the rest
     for base, _, path in segs[:-1]:
         last = max(
-            (r for r in records if base <= r.commitlog_offset < base + CFG.segment_bytes), key=lambda r: r.commitlog_offset
+            (r for r in records if base <= r.commitlog_offset < base + CFG.segment_bytes),
+            key=lambda r: r.commitlog_offset,
         )
         raw = path.read_bytes()
         pos = last.commitlog_offset - base + last.size
@@ -226,7 +227,9 @@ def test_group_commit_shares_fsyncs_and_acks_only_durable_bytes(tmp_path: Path) 
 def test_sync_mode_starts_the_fsync_at_the_write_not_when_someone_waits(tmp_path: Path) -> None:
     """A broker registers its wait only after hopping back to its event loop; the fsync
     should already be under way by then."""
-    cfg = CommitLogConfig(flush_mode=FlushMode.SYNC, flush_interval_ms=60_000, segment_bytes=1 << 20, max_message_bytes=4096)
+    cfg = CommitLogConfig(
+        flush_mode=FlushMode.SYNC, flush_interval_ms=60_000, segment_bytes=1 << 20, max_message_bytes=4096
+    )
     lg = open_log(tmp_path, cfg)
     stop = threading.Event()
     flusher = threading.Thread(target=lg.run_flusher, args=(stop,))
@@ -262,7 +265,9 @@ def test_on_durable_callbacks_fire_in_offset_order(tmp_path: Path) -> None:
 
 
 def test_retention_deletes_whole_old_segments_never_the_active_one(tmp_path: Path) -> None:
-    cfg = CommitLogConfig(segment_bytes=32 * 1024, max_message_bytes=4096, retention_bytes=100 * 1024, retention_ms=None)
+    cfg = CommitLogConfig(
+        segment_bytes=32 * 1024, max_message_bytes=4096, retention_bytes=100 * 1024, retention_ms=None
+    )
     lg = open_log(tmp_path, cfg)
     for i in range(20):
         lg.append(msgs("t", 20, 1, size=900, start=i * 20))
@@ -292,8 +297,20 @@ def test_packed_appends_store_what_message_appends_do_across_segments(tmp_path: 
     lg = open_log(tmp_path / "packed")
     ref = open_log(tmp_path / "objects")
     for i in range(12):
-        batch = [Message("t", q % 3, b"%d-%d" % (i, q) * (50 + 40 * i), f"T{q}", f"k{i}", {"p": str(q)}, flags=q,
-                         born_timestamp_ms=1000 + i, born_host=("10.0.0.7", 4321)) for q in range(7)]  # fmt: skip
+        batch = [
+            Message(
+                "t",
+                q % 3,
+                b"%d-%d" % (i, q) * (50 + 40 * i),
+                f"T{q}",
+                f"k{i}",
+                {"p": str(q)},
+                flags=q,
+                born_timestamp_ms=1000 + i,
+                born_host=("10.0.0.7", 4321),
+            )
+            for q in range(7)
+        ]
         res = lg.append_packed([_packed(batch[:3]), _packed(batch[3:])], [3, 3])
         assert res.ok and res.batch_sizes == [3, 4]
         assert ref.append(batch).ok
@@ -311,18 +328,35 @@ def vars_of(record: object) -> dict:
     return {k: getattr(record, k) for k in record.__dataclass_fields__}  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("damage, status, text", [
-    (lambda b: b[:-3], AppendStatus.MALFORMED_BATCH, "runs past the batch"),
-    (lambda b: b + b"\x01\x02", AppendStatus.MALFORMED_BATCH, "runs past the batch"),
-    (lambda b: b"", AppendStatus.INVALID_MESSAGE, "empty batch"),
-    (lambda b: b + pack_messages([Message("t", 5, b"x")]), AppendStatus.INVALID_QUEUE_ID, "queue id 5 not in 0..1"),
-    (lambda b: b + pack_messages([Message("t", 0, b"x" * 5000)]), AppendStatus.MESSAGE_TOO_LARGE, "max_message_bytes=4096"),
-    (lambda b: b + pack_messages([Message("t", 0, b"x", tags="\u00e9")]).replace("\u00e9".encode(), b"\xff\xfe"),
-     AppendStatus.MALFORMED_BATCH, "utf-8"),
-    (lambda b: b + pack_messages([Message("t", 0, b"x", properties={"k": "v"})]).replace(b"\x01\x00k", b"\x09\x00k"),
-     AppendStatus.MALFORMED_BATCH, "properties"),
-])  # fmt: skip
-def test_bad_packed_bytes_are_a_result_and_write_nothing(tmp_path: Path, damage, status: AppendStatus, text: str) -> None:
+@pytest.mark.parametrize(
+    "damage, status, text",
+    [
+        (lambda b: b[:-3], AppendStatus.MALFORMED_BATCH, "runs past the batch"),
+        (lambda b: b + b"\x01\x02", AppendStatus.MALFORMED_BATCH, "runs past the batch"),
+        (lambda b: b"", AppendStatus.INVALID_MESSAGE, "empty batch"),
+        (lambda b: b + pack_messages([Message("t", 5, b"x")]), AppendStatus.INVALID_QUEUE_ID, "queue id 5 not in 0..1"),
+        (
+            lambda b: b + pack_messages([Message("t", 0, b"x" * 5000)]),
+            AppendStatus.MESSAGE_TOO_LARGE,
+            "max_message_bytes=4096",
+        ),
+        (
+            lambda b: b + pack_messages([Message("t", 0, b"x", tags="\u00e9")]).replace("\u00e9".encode(), b"\xff\xfe"),
+            AppendStatus.MALFORMED_BATCH,
+            "utf-8",
+        ),
+        (
+            lambda b: (
+                b + pack_messages([Message("t", 0, b"x", properties={"k": "v"})]).replace(b"\x01\x00k", b"\x09\x00k")
+            ),
+            AppendStatus.MALFORMED_BATCH,
+            "properties",
+        ),
+    ],
+)
+def test_bad_packed_bytes_are_a_result_and_write_nothing(
+    tmp_path: Path, damage, status: AppendStatus, text: str
+) -> None:
     lg = open_log(tmp_path)
     assert lg.append_packed([_packed([Message("t", 1, b"first")])], [2]).ok
     end, table = lg.write_offset, lg.queue_offset_table()

@@ -25,8 +25,9 @@ from tests.faults import SHORT, Fault, inject
 from .conftest import msgs
 
 CFG = CommitLogConfig(segment_bytes=32 * 1024, max_message_bytes=4096, boundary_interval_bytes=4096)
-SYNC = CommitLogConfig(segment_bytes=32 * 1024, max_message_bytes=4096, boundary_interval_bytes=4096,
-                       flush_mode=FlushMode.SYNC)  # fmt: skip
+SYNC = CommitLogConfig(
+    segment_bytes=32 * 1024, max_message_bytes=4096, boundary_interval_bytes=4096, flush_mode=FlushMode.SYNC
+)
 
 
 def log_dir(tmp_path: Path) -> Path:
@@ -259,8 +260,9 @@ def test_a_clean_open_finds_a_shortened_newest_segment(tmp_path: Path) -> None:
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_a_clean_open_refuses_any_damage_to_the_newest_segment(tmp_path_factory: pytest.TempPathFactory,
-                                                               data: st.DataObject) -> None:  # fmt: skip
+def test_a_clean_open_refuses_any_damage_to_the_newest_segment(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
     """Shortened, extended, or a flipped byte in the last record: never a clean open."""
     directory = tmp_path_factory.mktemp("log") / "commitlog"
     end, segs = filled(directory, 2)
@@ -307,7 +309,9 @@ def test_a_damaged_middle_segment_is_never_cut_silently(tmp_path: Path, clean: b
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_a_middle_segment_cut_anywhere_is_refused(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+def test_a_middle_segment_cut_anywhere_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
     directory = tmp_path_factory.mktemp("log") / "commitlog"
     end, segs = filled(directory, 3)
     i = data.draw(st.integers(0, len(segs) - 2))
@@ -388,8 +392,9 @@ def corrupt_bidx(path: Path, damage: str, other: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "foreign", "old-format"])
-def test_a_damaged_boundary_index_is_rebuilt_and_said_once(tmp_path: Path, damage: str,
-                                                          caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_a_damaged_boundary_index_is_rebuilt_and_said_once(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
     directory = log_dir(tmp_path)
     end, segs = filled(directory, 4)
     lg = open_clean(directory, end)
@@ -409,15 +414,18 @@ def test_a_damaged_boundary_index_is_rebuilt_and_said_once(tmp_path: Path, damag
     assert not [r for r in caplog.records if "boundary ind" in r.getMessage()]
 
 
-def test_an_old_format_boundary_index_is_converted_when_its_positions_check(tmp_path: Path,
-                                                                         caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_an_old_format_boundary_index_is_converted_when_its_positions_check(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     directory = log_dir(tmp_path)
     end, segs = filled(directory, 3)
     lg = open_clean(directory, end)
     expected = {b: lg.boundaries(b) for b, _, _ in segs}
     lg.close()
     for base, _, path in segs:  # what the old code wrote: the same positions, plain u32s
-        path.with_suffix(".bidx").write_bytes(struct.pack(f"<{len(expected[base])}I", *(p - base for p in expected[base])))
+        path.with_suffix(".bidx").write_bytes(
+            struct.pack(f"<{len(expected[base])}I", *(p - base for p in expected[base]))
+        )
     caplog.set_level(logging.INFO, "clmq.commitlog")
     lg = open_clean(directory, end)
     assert {b: lg.boundaries(b) for b, _, _ in segs} == expected

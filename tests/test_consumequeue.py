@@ -215,8 +215,12 @@ def test_descriptor_cache_under_concurrent_reads_and_writes(tmp_path: Path) -> N
 
 
 def test_dispatch_builds_queues_and_rerunning_it_changes_nothing(tmp_path: Path) -> None:
-    lg = CommitLog.open(tmp_path / "log", CommitLogConfig(segment_bytes=32 * 1024, max_message_bytes=4096),
-                        clean=False, checkpoint_offset=None)  # fmt: skip
+    lg = CommitLog.open(
+        tmp_path / "log",
+        CommitLogConfig(segment_bytes=32 * 1024, max_message_bytes=4096),
+        clean=False,
+        checkpoint_offset=None,
+    )
     queues = ConsumeQueueSet(tmp_path / "cq", 16, 8)
     d = Dispatcher(lg, queues, 0, chunk_bytes=8192)
     res = lg.append(msgs("a", 300, 5, size=300) + msgs("b", 40, 2, size=50))
@@ -255,8 +259,10 @@ def test_vectorised_walk_agrees_with_decoding_one_by_one(body_sizes: list[int], 
     rng = random.Random(len(body_sizes))
     if uniform:
         body_sizes = [body_sizes[0]] * len(body_sizes)
-    batch = [Message(rng.choice(["t", "topic-two"]), rng.randrange(9), b"z" * n, tags=rng.choice(["", "A", "BB"]))
-             for n in body_sizes]  # fmt: skip
+    batch = [
+        Message(rng.choice(["t", "topic-two"]), rng.randrange(9), b"z" * n, tags=rng.choice(["", "A", "BB"]))
+        for n in body_sizes
+    ]
     data = bytes(BatchEncoder(1 << 30, 1 << 20, ("1.2.3.4", 5)).encode(batch, 4096, 0, {}, {}, 77).groups[0].data)
     cut = len(data) - rng.randrange(0, 50)  # sometimes a torn last record
     walk = walk_records(data[:cut])

@@ -114,8 +114,14 @@ async def test_every_message_once_per_group_across_10000_sparse_queues(cluster: 
     opts = {**FAST_CONSUMER, "client_id": ""}
     async with open_consumer(cluster.ns, "g", {"many": "*"}, **opts) as a:
         async with open_consumer(cluster.ns, "g", {"many": "*"}, **opts) as b:
-            await await_until(lambda: len(a.assignment()) + len(b.assignment()) == QUEUES
-                              and not set(a.assignment()) & set(b.assignment()), 20, "the queues split")  # fmt: skip
+            await await_until(
+                lambda: (
+                    len(a.assignment()) + len(b.assignment()) == QUEUES
+                    and not set(a.assignment()) & set(b.assignment())
+                ),
+                20,
+                "the queues split",
+            )
             await fill(addr, "many", first)
             got_a: list[Record] = []
             got_b: list[Record] = []
@@ -165,8 +171,9 @@ async def test_fetch_answers_stay_within_max_bytes_and_always_progress(cluster: 
         with trio.fail_after(30):
             while len(got) < len(sizes):
                 asks = [[topic, q, offsets[q], None] for q in range(queues)]
-                reply = await rpc.request(addr, RequestCode.PULL_MESSAGES, {"queues": asks, "max_bytes": max_bytes,
-                                                                            "max_messages": 4096})  # fmt: skip
+                reply = await rpc.request(
+                    addr, RequestCode.PULL_MESSAGES, {"queues": asks, "max_bytes": max_bytes, "max_messages": 4096}
+                )
                 records = decode_records(reply.body, "test")
                 assert records, "no progress"
                 assert len(reply.body) <= max_bytes or len(records) == 1
@@ -181,8 +188,9 @@ async def test_fetch_answers_stay_within_max_bytes_and_always_progress(cluster: 
 async def test_a_message_larger_than_fetch_max_bytes_is_still_received(cluster: Cluster) -> None:
     await cluster.create_topic("big", 3)
     await fill(cluster.brokers["broker-a"].addr, "big", {0: [b"x" * 300_000], 1: [b"s"] * 50, 2: [b"y" * 200_000] * 2})
-    async with open_consumer(cluster.ns, "g", {"big": "*"}, **FAST_CONSUMER, fetch_max_bytes=10_000,
-                             prefetch_max_bytes=50_000) as c:  # fmt: skip
+    async with open_consumer(
+        cluster.ns, "g", {"big": "*"}, **FAST_CONSUMER, fetch_max_bytes=10_000, prefetch_max_bytes=50_000
+    ) as c:
         got = await read(c, 53)
     assert sorted(len(r.body) for r in got) == [1] * 50 + [200_000, 200_000, 300_000]
 
@@ -194,8 +202,15 @@ async def test_prefetch_stays_within_its_bound_while_the_application_does_not_re
     body = b"p" * 1000
     await fill(cluster.brokers["broker-a"].addr, "pre", {q: [body] * 20 for q in range(200)})
     bound = 256 << 10
-    async with open_consumer(cluster.ns, "g", {"pre": "*"}, **FAST_CONSUMER, prefetch_max_bytes=bound,
-                             fetch_max_bytes=32 << 10, watch_max_bytes=8 << 10) as c:  # fmt: skip
+    async with open_consumer(
+        cluster.ns,
+        "g",
+        {"pre": "*"},
+        **FAST_CONSUMER,
+        prefetch_max_bytes=bound,
+        fetch_max_bytes=32 << 10,
+        watch_max_bytes=8 << 10,
+    ) as c:
         buf = c.prefetch
         await await_until(lambda: buf.buffered_bytes > bound - (32 << 10) - 2000, 10, "the buffer filled")
         for _ in range(10):  # it stays full, and within the bound, while nobody receives
@@ -214,8 +229,9 @@ async def test_receive_returns_at_most_receive_max_messages_and_acknowledges_the
     one batch is); after the next receive() every returned batch is processed."""
     await cluster.create_topic("rx", 50)
     await fill(cluster.brokers["broker-a"].addr, "rx", {q: [b"m"] * 30 for q in range(50)})
-    async with open_consumer(cluster.ns, "g", {"rx": "*"}, **FAST_CONSUMER, receive_max_messages=100,
-                             pull_batch=30) as c:  # fmt: skip
+    async with open_consumer(
+        cluster.ns, "g", {"rx": "*"}, **FAST_CONSUMER, receive_max_messages=100, pull_batch=30
+    ) as c:
         got: list[Record] = []
         with trio.fail_after(20):
             while len(got) < 1500:
@@ -237,8 +253,9 @@ async def test_commits_are_one_request_per_broker_per_interval(cluster: Cluster,
     proxy = CountingProxy(addr)
     await proxy.start(nursery)
     t0 = trio.current_time()
-    async with open_consumer(None, "g", {"cm": "*"}, broker_addrs=[proxy.addr],
-                             **{**FAST_CONSUMER, "commit_interval_ms": 200}) as c:  # fmt: skip
+    async with open_consumer(
+        None, "g", {"cm": "*"}, broker_addrs=[proxy.addr], **{**FAST_CONSUMER, "commit_interval_ms": 200}
+    ) as c:
         got = await read(c, 5000)
         c.ack()
         await await_until(lambda: cluster.brokers["broker-a"].offsets.query("g", "cm", 999) == 5, 10, "committed")
@@ -257,8 +274,9 @@ async def test_idle_consumer_of_10000_queues_long_polls_them_together(cluster: C
     broker = cluster.brokers["broker-a"]
     proxy = CountingProxy(broker.addr)
     await proxy.start(nursery)
-    async with open_consumer(None, "g", {"idle": "*"}, broker_addrs=[proxy.addr], **FAST_CONSUMER,
-                             pull_wait_ms=20_000) as c:  # fmt: skip
+    async with open_consumer(
+        None, "g", {"idle": "*"}, broker_addrs=[proxy.addr], **FAST_CONSUMER, pull_wait_ms=20_000
+    ) as c:
         await await_until(lambda: broker.waiters.waiting >= QUEUES, 20, "every queue watched")
         watches = proxy.count(RequestCode.PULL_MESSAGES)
         assert watches <= 2 * (QUEUES // 1024 + 1)
@@ -271,9 +289,20 @@ async def test_idle_consumer_of_10000_queues_long_polls_them_together(cluster: C
         assert pulls <= 3 * 4  # per arrival: its woken watch, a fresh watch for the rest, and a few more
 
 
-@pytest.mark.parametrize("setting", ["pull_batch", "fetch_queues", "fetch_max_messages", "fetch_max_bytes",
-                                     "watch_max_bytes", "fetches_in_flight", "watches_in_flight",
-                                     "prefetch_max_bytes", "receive_max_messages"])  # fmt: skip
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "pull_batch",
+        "fetch_queues",
+        "fetch_max_messages",
+        "fetch_max_bytes",
+        "watch_max_bytes",
+        "fetches_in_flight",
+        "watches_in_flight",
+        "prefetch_max_bytes",
+        "receive_max_messages",
+    ],
+)
 def test_consumer_limits_below_one_are_refused_naming_the_setting(setting: str) -> None:
     """A limit of 0 used to be accepted and, for the byte bounds, made every fetch wait
     for room that never came (the consumer hung)."""

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from clmq.client import BlockingConsumer, ConsumeStatus, Record, RpcClient, SendBackError, open_asyncio_consumer, open_consumer
+from clmq.client import (
+    BlockingConsumer,
+    ConsumeStatus,
+    Record,
+    RpcClient,
+    SendBackError,
+    open_asyncio_consumer,
+    open_consumer,
+)
 from clmq.common import PROP_ORIGIN_TOPIC, Message, dlq_topic, retry_topic
 from clmq.protocol import RequestCode, encode_batch
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
@@ -29,8 +37,9 @@ async def cluster(nursery: trio.Nursery, tmp_path: Path) -> Cluster:
 async def _send(addr: str, topic: str, bodies: list[bytes], queue: int = 0) -> None:
     async with trio.open_nursery() as n:
         rpc = RpcClient(n)
-        await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": topic},
-                          encode_batch([Message(topic, queue, b) for b in bodies]))  # fmt: skip
+        await rpc.request(
+            addr, RequestCode.SEND_MESSAGE, {"topic": topic}, encode_batch([Message(topic, queue, b) for b in bodies])
+        )
         await rpc.aclose()
 
 
@@ -46,8 +55,10 @@ async def test_a_nacked_message_comes_back_to_its_group_only_after_its_delay(clu
     await cluster.create_topic("rt", 1)
     broker = cluster.brokers["broker-a"]
     await _send(broker.addr, "rt", [b"a", b"b"])
-    async with open_consumer(cluster.ns, "g1", {"rt": "*"}, **FAST_CONSUMER) as g1, \
-               open_consumer(cluster.ns, "g2", {"rt": "*"}, **FAST_CONSUMER) as g2:  # fmt: skip
+    async with (
+        open_consumer(cluster.ns, "g1", {"rt": "*"}, **FAST_CONSUMER) as g1,
+        open_consumer(cluster.ns, "g2", {"rt": "*"}, **FAST_CONSUMER) as g2,
+    ):
         first = await _receive(g1, 2)
         assert [r.body for r in first] == [b"a", b"b"]
         assert [r.body for r in await _receive(g2, 2)] == [b"a", b"b"]
@@ -106,7 +117,11 @@ async def test_after_max_reconsume_times_a_message_goes_to_the_dead_letters(clus
         assert (result.destination, result.deliver_at_ms) == ("dlq", 0)
 
     def dead_letters() -> list[Record]:
-        return broker.store.get(dlq_topic("dg"), 0, 0, 10).messages if broker.store.queue_exists(dlq_topic("dg"), 0) else []
+        return (
+            broker.store.get(dlq_topic("dg"), 0, 0, 10).messages
+            if broker.store.queue_exists(dlq_topic("dg"), 0)
+            else []
+        )
 
     dead = await await_until(dead_letters, 5, "the dead letter")
     assert [(m.body, m.properties[PROP_ORIGIN_TOPIC]) for m in dead] == [(b"bad", "dl")]

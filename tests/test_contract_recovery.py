@@ -28,7 +28,9 @@ def fill(path: Path, mode: str, rng: random.Random) -> dict[int, list[tuple[byte
     s = Store.open(config(path, mode))
     s.create_topic("t", QUEUES)
     for _ in range(rng.randint(15, 30)):
-        batch = [Message("t", rng.randrange(QUEUES), rng.randbytes(rng.randint(1, 700))) for _ in range(rng.randint(1, 15))]
+        batch = [
+            Message("t", rng.randrange(QUEUES), rng.randbytes(rng.randint(1, 700))) for _ in range(rng.randint(1, 15))
+        ]
         assert s.put_batch(batch).ok
     s.catch_up()
     sent = {q: [(r.body, _location(path, mode, r)) for r in s.get("t", q, 0, 100_000).messages] for q in range(QUEUES)}
@@ -89,8 +91,11 @@ def test_lost_checkpoint_and_derived_files_are_rebuilt(tmp_path: Path, mode: str
     sent = fill(tmp_path, mode, rng)
     for name in ("checkpoint", "recovery-points"):
         (tmp_path / name).unlink(missing_ok=True)
-    derived = [p for p in tmp_path.rglob("*") if p.is_file() and (p.suffix in (".bidx", ".index", ".timeindex")
-                                                                   or "consumequeue" in p.parts)]  # fmt: skip
+    derived = [
+        p
+        for p in tmp_path.rglob("*")
+        if p.is_file() and (p.suffix in (".bidx", ".index", ".timeindex") or "consumequeue" in p.parts)
+    ]
     for p in rng.sample(derived, k=(len(derived) + 1) // 2):
         p.unlink()
     check(tmp_path, mode, {q: [b for b, _ in msgs] for q, msgs in sent.items()})

@@ -14,9 +14,18 @@ from clmq.common import ClmqError, CorruptRecordError
 from .conftest import small_config
 
 PACKAGES = [
-    "clmq", "clmq.commitlog", "clmq.consumequeue", "clmq.protocol", "clmq.protocol.transport", "clmq.broker.store",
-    "clmq.broker.service", "clmq.broker.cli.settings", "clmq.nameserver", "clmq.client", "clmq.spark_connector",
-]  # fmt: skip
+    "clmq",
+    "clmq.commitlog",
+    "clmq.consumequeue",
+    "clmq.protocol",
+    "clmq.protocol.transport",
+    "clmq.broker.store",
+    "clmq.broker.service",
+    "clmq.broker.cli.settings",
+    "clmq.nameserver",
+    "clmq.client",
+    "clmq.spark_connector",
+]
 
 
 def test_both_storage_modes_are_storage_engines(tmp_path, mode: str) -> None:
@@ -35,7 +44,9 @@ def test_every_exported_exception_is_a_clmq_error(package: str) -> None:
     lazy = getattr(module, "_EXPORTS", {})
     names = [n for n in names if lazy.get(n) not in ("._source", "._export")]
     exceptions = [
-        getattr(module, n) for n in names if inspect.isclass(getattr(module, n)) and issubclass(getattr(module, n), BaseException)
+        getattr(module, n)
+        for n in names
+        if inspect.isclass(getattr(module, n)) and issubclass(getattr(module, n), BaseException)
     ]
     assert [e.__name__ for e in exceptions if not issubclass(e, ClmqError)] == []
     if package in ("clmq", "clmq.commitlog", "clmq.protocol", "clmq.protocol.transport", "clmq.client"):
@@ -44,7 +55,15 @@ def test_every_exported_exception_is_a_clmq_error(package: str) -> None:
 
 def test_a_corruption_error_carries_where_and_what() -> None:
     e = CorruptRecordError("/data/commitlog/00000000000000000000", 4096, "crc", "0x1234abcd", "0x0")
-    assert (e.file, e.offset, e.check, e.expected, e.actual) == ("/data/commitlog/00000000000000000000", 4096, "crc",
-                                                                 "0x1234abcd", "0x0")  # fmt: skip
+    assert (e.file, e.offset, e.check, e.expected, e.actual) == (
+        "/data/commitlog/00000000000000000000",
+        4096,
+        "crc",
+        "0x1234abcd",
+        "0x0",
+    )
     assert isinstance(e, ClmqError)
-    assert str(e) == "corrupt record in /data/commitlog/00000000000000000000 at offset 4096: crc expected 0x1234abcd, got 0x0"
+    assert (
+        str(e)
+        == "corrupt record in /data/commitlog/00000000000000000000 at offset 4096: crc expected 0x1234abcd, got 0x0"
+    )

@@ -24,8 +24,15 @@ from tests.service_helpers import Cluster
 from tests.waiting import await_until
 
 GROUP = "g"
-FAST = {"ack_mode": "sync", "min_insync_replicas": 2, "replica_lag_max_ms": 1000, "replica_retry_ms": 100,
-        "replica_fetch_wait_ms": 200, "replica_metadata_interval_ms": 100, "zk_session_timeout_ms": 2000}  # fmt: skip
+FAST = {
+    "ack_mode": "sync",
+    "min_insync_replicas": 2,
+    "replica_lag_max_ms": 1000,
+    "replica_retry_ms": 100,
+    "replica_fetch_wait_ms": 200,
+    "replica_metadata_interval_ms": 100,
+    "zk_session_timeout_ms": 2000,
+}
 
 
 def leaders(cluster: Cluster) -> list[Broker]:
@@ -41,8 +48,10 @@ async def one_leader(cluster: Cluster, timeout_s: float = 15, other_than: Broker
 
 
 async def start_group(cluster: Cluster, zk: str, n: int = 3, **settings: Any) -> list[Broker]:
-    return [await cluster.start_broker(GROUP, key=f"g{i}", broker_id=i, zookeeper=zk, **{**FAST, **settings})
-            for i in range(n)]  # fmt: skip
+    return [
+        await cluster.start_broker(GROUP, key=f"g{i}", broker_id=i, zookeeper=zk, **{**FAST, **settings})
+        for i in range(n)
+    ]
 
 
 async def group_in_sync(cluster: Cluster, zk: str) -> tuple[list[Broker], Broker]:
@@ -98,8 +107,11 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
 async def holds(broker: Broker, acked: list[bytes], timeout_s: float = 10) -> None:
     """Every acknowledged body is readable on ``broker`` (its dispatcher may still be
     indexing the log's last records when the test looks)."""
-    await await_until(lambda: set(acked) <= set(body_set(broker)), timeout_s,
-                      f"every acknowledged message on broker {broker.config.broker_id}")  # fmt: skip
+    await await_until(
+        lambda: set(acked) <= set(body_set(broker)),
+        timeout_s,
+        f"every acknowledged message on broker {broker.config.broker_id}",
+    )
 
 
 def body_set(broker: Broker, queues: int = 4) -> list[bytes]:
@@ -124,7 +136,9 @@ async def test_a_group_elects_one_leader_and_records_its_in_sync_set(cluster: Cl
             assert (c["lease_ms_left"] > 0) == (b is leader)
 
 
-async def test_a_stopped_leader_is_replaced_by_an_in_sync_follower_with_a_higher_epoch(cluster: Cluster, zk_connect: str) -> None:
+async def test_a_stopped_leader_is_replaced_by_an_in_sync_follower_with_a_higher_epoch(
+    cluster: Cluster, zk_connect: str
+) -> None:
     _, old = await group_in_sync(cluster, zk_connect)
     acked = []
     async with open_producer(cluster.ns, retries=10) as p:
@@ -153,8 +167,11 @@ async def test_a_leader_without_zookeeper_stops_acknowledging_then_recovers(
         await send_until_ok(p, b"before")
         zk_restartable.pause()
         try:
-            await await_until(lambda: leader.replica.coordinator and leader.replica.coordinator.may_ack(), 3,
-                              "the leader's lease to lapse")  # fmt: skip
+            await await_until(
+                lambda: leader.replica.coordinator and leader.replica.coordinator.may_ack(),
+                3,
+                "the leader's lease to lapse",
+            )
             with pytest.raises(Exception) as refused:
                 await p.send("t", b"refused")
             assert "NOT_LEADER" in str(refused.value) or "no healthy" in str(refused.value)
@@ -190,7 +207,9 @@ async def test_zookeeper_restarted_writes_resume_with_one_leader(
         assert "ZooKeeper session LOST" in caplog.text, "the leader changed while every session survived"
 
 
-async def test_in_sync_set_shrinks_in_zookeeper_and_only_in_sync_replicas_are_elected(cluster: Cluster, zk_connect: str) -> None:
+async def test_in_sync_set_shrinks_in_zookeeper_and_only_in_sync_replicas_are_elected(
+    cluster: Cluster, zk_connect: str
+) -> None:
     bs, leader = await group_in_sync(cluster, zk_connect)
     lagger = next(b for b in bs if b is not leader)
     lagger_key, lagger_id = f"g{lagger.config.broker_id}", lagger.config.broker_id
@@ -203,8 +222,11 @@ async def test_in_sync_set_shrinks_in_zookeeper_and_only_in_sync_replicas_are_el
     for b in [b for b in bs if b is not lagger]:
         await cluster.stop_broker(f"g{b.config.broker_id}")
     back = await cluster.start_broker(GROUP, key=lagger_key, broker_id=lagger_id, zookeeper=zk_connect, **FAST)
-    await await_until(lambda: back.replica.coordinator is not None and back.replica.coordinator.state is not None, 10,
-                      "the returning follower to read the state")  # fmt: skip
+    await await_until(
+        lambda: back.replica.coordinator is not None and back.replica.coordinator.state is not None,
+        10,
+        "the returning follower to read the state",
+    )
     await stays_false(lambda: back.replica.leader is not None, 3)  # the session timeout and more
     assert zk_state(zk_connect)["leader"] != lagger_id
 
@@ -215,15 +237,25 @@ async def test_unclean_election_elects_an_out_of_sync_replica_when_allowed(clust
     other = next(b for b in bs if b is not leader)
     await cluster.create_topic("t", 4)
     await cluster.stop_broker(f"g{other.config.broker_id}")
-    await await_until(lambda: other.config.broker_id not in zk_state(zk_connect)["isr"], 10, "the follower out of the set")
+    await await_until(
+        lambda: other.config.broker_id not in zk_state(zk_connect)["isr"], 10, "the follower out of the set"
+    )
     await cluster.stop_broker(f"g{leader.config.broker_id}")
-    back = await cluster.start_broker(GROUP, key=f"g{other.config.broker_id}", broker_id=other.config.broker_id,
-                                      zookeeper=zk_connect, unclean_leader_election=True, **{**FAST, "min_insync_replicas": 1})  # fmt: skip
+    back = await cluster.start_broker(
+        GROUP,
+        key=f"g{other.config.broker_id}",
+        broker_id=other.config.broker_id,
+        zookeeper=zk_connect,
+        unclean_leader_election=True,
+        **{**FAST, "min_insync_replicas": 1},
+    )
     await await_until(lambda: back.replica.leader is not None, 10, "the unclean election")
     assert zk_state(zk_connect)["isr"] == [other.config.broker_id]
 
 
-async def test_graceful_hand_over_while_producing_loses_nothing_and_shows_no_error(cluster: Cluster, zk_connect: str) -> None:
+async def test_graceful_hand_over_while_producing_loses_nothing_and_shows_no_error(
+    cluster: Cluster, zk_connect: str
+) -> None:
     bs, old = await group_in_sync(cluster, zk_connect)
     target = next(b for b in bs if b is not old)
     acked: list[bytes] = []
@@ -254,8 +286,9 @@ async def test_graceful_hand_over_while_producing_loses_nothing_and_shows_no_err
     await holds(target, acked)
 
 
-async def test_a_damaged_state_node_is_reported_not_crashed_on(cluster: Cluster, zk_connect: str,
-                                                              caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+async def test_a_damaged_state_node_is_reported_not_crashed_on(
+    cluster: Cluster, zk_connect: str, caplog: pytest.LogCaptureFixture
+) -> None:
     hosts, chroot = split_connect(zk_connect)
     zk = KazooClient(hosts=hosts)
     zk.start(timeout=10)
@@ -288,9 +321,14 @@ def test_group_state_round_trips(state: GroupState) -> None:
     assert GroupState.decode(state.encode(), "/p") == state
 
 
-@pytest.mark.parametrize(("connect", "expected"), [
-    ("127.0.0.1:2181", ("127.0.0.1:2181", "")), ("a:1,b:2/x/y/", ("a:1,b:2", "/x/y")), ("h:1/", ("h:1", "")),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("connect", "expected"),
+    [
+        ("127.0.0.1:2181", ("127.0.0.1:2181", "")),
+        ("a:1,b:2/x/y/", ("a:1,b:2", "/x/y")),
+        ("h:1/", ("h:1", "")),
+    ],
+)
 def test_split_connect(connect: str, expected: tuple[str, str]) -> None:
     assert split_connect(connect) == expected
 

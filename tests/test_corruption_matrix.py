@@ -100,7 +100,9 @@ def _pick(d: Path, mode: str, kind: str) -> tuple[Path, Path | None]:
     if kind == "index":
         suffix = "*.bidx" if mode == "commitlog" else "*.index"
         files = (
-            sorted((d / "commitlog").glob(suffix)) if mode == "commitlog" else sorted((d / "partitions" / "alpha-1").glob(suffix))
+            sorted((d / "commitlog").glob(suffix))
+            if mode == "commitlog"
+            else sorted((d / "partitions" / "alpha-1").glob(suffix))
         )
         return files[len(files) // 2], files[len(files) // 2 - 1]
     if kind == "recovery-points":
@@ -179,7 +181,10 @@ def _check_queue(store: Store, topic: str, qid: int, acked: Acked) -> BaseExcept
             assert (rec.topic, rec.queue_id) == (topic, qid), "another queue's record served"
             assert want.get(rec.queue_offset) == rec.body, f"wrong data at {topic}/{qid}@{rec.queue_offset}"
             got[rec.queue_offset] = rec.body
-        if res.status in (GetStatus.NO_MESSAGE, GetStatus.NO_QUEUE, GetStatus.OFFSET_OVERFLOW) or res.next_offset <= offset:
+        if (
+            res.status in (GetStatus.NO_MESSAGE, GetStatus.NO_QUEUE, GetStatus.OFFSET_OVERFLOW)
+            or res.next_offset <= offset
+        ):
             break
         offset = res.next_offset
     missing = sorted(set(want) - set(got))
@@ -218,8 +223,13 @@ def _expected(mode: str, kind: str, damage: str, clean: bool) -> str:
     return READ_FAILS if damage == "flip" and (clean or mode != "commitlog") else REFUSED
 
 
-CELLS = [(mode, kind, damage, clean) for mode in STORAGE_MODES for kind in KINDS[mode] for damage in DAMAGES
-         for clean in (True, False)]  # fmt: skip
+CELLS = [
+    (mode, kind, damage, clean)
+    for mode in STORAGE_MODES
+    for kind in KINDS[mode]
+    for damage in DAMAGES
+    for clean in (True, False)
+]
 
 
 def _copy(pristine: dict[tuple[str, bool], tuple[Path, Acked]], mode: str, clean: bool, to: Path) -> tuple[Path, Acked]:
@@ -233,8 +243,9 @@ def _copy(pristine: dict[tuple[str, bool], tuple[Path, Acked]], mode: str, clean
 @pytest.mark.parametrize(
     ("mode", "kind", "damage", "clean"), CELLS, ids=[f"{m}-{k}-{d}-{'clean' if c else 'crash'}" for m, k, d, c in CELLS]
 )
-def test_matrix_cell(pristine: dict[tuple[str, bool], tuple[Path, Acked]], tmp_path: Path, mode: str, kind: str,
-                     damage: str, clean: bool) -> None:  # fmt: skip
+def test_matrix_cell(
+    pristine: dict[tuple[str, bool], tuple[Path, Acked]], tmp_path: Path, mode: str, kind: str, damage: str, clean: bool
+) -> None:
     d, acked = _copy(pristine, mode, clean, tmp_path)
     path, other = _pick(d, mode, kind)
     _damage(path, other, damage)

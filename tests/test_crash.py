@@ -55,8 +55,9 @@ def test_acknowledged_messages_survive_sigkill(tmp_path: Path, mode: str) -> Non
     for r in range(rounds):
         # Most rounds die while appending; some while opening (recovery itself).
         wait_ready = r % 4 != 3
-        acked += run_and_kill(tmp_path, f"r{r}", rng.uniform(0.05, 0.6) if wait_ready else rng.uniform(0.05, 0.4),
-                              wait_ready, mode)  # fmt: skip
+        acked += run_and_kill(
+            tmp_path, f"r{r}", rng.uniform(0.05, 0.6) if wait_ready else rng.uniform(0.05, 0.4), wait_ready, mode
+        )
         with Store.open(config(str(tmp_path), mode)) as store:
             stored: list[str] = []
             for q in range(QUEUES):

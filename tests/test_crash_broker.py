@@ -20,7 +20,9 @@ def check(figures: Figures, rounds: int, root: Path) -> None:
     detail = f"{figures.summary()}; e.g. {figures.examples[:5]}"
     assert figures.rounds == rounds, detail
     assert figures.healthy_rounds == rounds, detail  # the produce right after every restart succeeded
-    assert figures.topics_missing == 0 and figures.missing == 0 and figures.short_queues == 0 and figures.reassigned == 0, detail
+    assert (
+        figures.topics_missing == 0 and figures.missing == 0 and figures.short_queues == 0 and figures.reassigned == 0
+    ), detail
     assert figures.differing == 0 and figures.unknown == 0, detail
     assert figures.holes == 0 and figures.unclean_stops == 0, detail
     assert figures.unexplained_duplicates == 0, detail
@@ -56,20 +58,40 @@ def test_the_audit_counts_every_kind_of_fault() -> None:
     ledger.sent.update((i, digest(b)) for i, b in zip(batch.ids, batch.bodies))
     ledger.failed(Batch("t", 0, ["m5"], [batch.bodies[5]]))  # m5's first send failed; it was retried
     mq = MessageQueue("t", "b", 0, "a")
-    assert ledger.record(Batch("t", 0, batch.ids[:5], batch.bodies[:5]), SendResult(mq, [0, 1, 2, 3, 4], [0] * 5, True)) == []
-    assert len(ledger.record(Batch("t", 0, ["m5"], [batch.bodies[5]]), SendResult(mq, [4], [0], True))) == 1  # offset 4 again
+    assert (
+        ledger.record(Batch("t", 0, batch.ids[:5], batch.bodies[:5]), SendResult(mq, [0, 1, 2, 3, 4], [0] * 5, True))
+        == []
+    )
+    assert (
+        len(ledger.record(Batch("t", 0, ["m5"], [batch.bodies[5]]), SendResult(mq, [4], [0], True))) == 1
+    )  # offset 4 again
     b = batch.bodies
-    records = [_record("t", 0, 0, b[0]),  # m0 good
-               _record("t", 0, 1, b[2]),  # another message at m1's acknowledged offset: differing
-               _record("t", 0, 2, b[2]),  # m2 good, and m2 twice without a retry: an unexplained duplicate
-               # offset 3 (m3) absent: missing, and a hole
-               _record("t", 0, 4, b[4]),
-               _record("t", 0, 5, b"x" * 10),  # never sent
-               _record("t", 0, 6, b[5]), _record("t", 0, 7, b[5])]  # m5 twice: its retry, allowed  # fmt: skip
+    records = [
+        _record("t", 0, 0, b[0]),  # m0 good
+        _record("t", 0, 1, b[2]),  # another message at m1's acknowledged offset: differing
+        _record("t", 0, 2, b[2]),  # m2 good, and m2 twice without a retry: an unexplained duplicate
+        # offset 3 (m3) absent: missing, and a hole
+        _record("t", 0, 4, b[4]),
+        _record("t", 0, 5, b"x" * 10),  # never sent
+        _record("t", 0, 6, b[5]),
+        _record("t", 0, 7, b[5]),
+    ]  # m5 twice: its retry, allowed
     figures = Figures()
     audit(ledger, records, figures)
-    assert (figures.acked, figures.read, figures.missing, figures.differing, figures.holes, figures.unknown) == (5, 7, 1, 1, 1, 1)
+    assert (figures.acked, figures.read, figures.missing, figures.differing, figures.holes, figures.unknown) == (
+        5,
+        7,
+        1,
+        1,
+        1,
+        1,
+    )
     assert (figures.duplicates, figures.unexplained_duplicates) == (1 + 1, 1)
-    live = {("t", 0, 0): b[0], ("t", 0, 1): b[2], ("t", 0, 9): b[3], ("t", 0, 10): b"y" * 5}  # good, differing, unacked, unknown
+    live = {
+        ("t", 0, 0): b[0],
+        ("t", 0, 1): b[2],
+        ("t", 0, 9): b[3],
+        ("t", 0, 10): b"y" * 5,
+    }  # good, differing, unacked, unknown
     audit_live(live, ledger, figures)
     assert (figures.live_read, figures.live_differing) == (4, 2)

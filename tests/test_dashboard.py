@@ -34,8 +34,12 @@ def browse(url: str) -> str:
 
 def screenshot(url: str, path: Path) -> None:
     assert BROWSER
-    out = subprocess.run([BROWSER, *BROWSER_FLAGS, "--window-size=1280,760", f"--screenshot={path}", url],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [BROWSER, *BROWSER_FLAGS, "--window-size=1280,760", f"--screenshot={path}", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", out.stderr[-2000:]
 
 
@@ -53,20 +57,45 @@ def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[
     tmp = tmp_path_factory.mktemp("dashboard")
     with running_dev(tmp) as ns:
         assert clmq("topic", "create", "orders", "--queues", "4", "--namesrv", ns, cwd=tmp).returncode == 0
-        sent = clmq("produce", "orders", *[f"order #{i} for alice" for i in range(40)], "--keys", "customer-alice",
-                    "--queue", "0", "--namesrv", ns, cwd=tmp)  # fmt: skip
+        sent = clmq(
+            "produce",
+            "orders",
+            *[f"order #{i} for alice" for i in range(40)],
+            "--keys",
+            "customer-alice",
+            "--queue",
+            "0",
+            "--namesrv",
+            ns,
+            cwd=tmp,
+        )
         assert sent.returncode == 0, sent.stderr
         ids = [line.split()[-1] for line in sent.stdout.splitlines()]
-        assert clmq("consume", "orders", "--group", "billing", "--count", "10", "--namesrv", ns, cwd=tmp).returncode == 0
+        assert (
+            clmq("consume", "orders", "--group", "billing", "--count", "10", "--namesrv", ns, cwd=tmp).returncode == 0
+        )
         send_back(ids[5:7], "refunds", to_dlq=True)  # two dead letters of group refunds
         port = free_port()
-        proc = popen("dashboard", "--namesrv", ns, "--listen-port", str(port), "--poll-interval-ms", "200", cwd=tmp,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        proc = popen(
+            "dashboard",
+            "--namesrv",
+            ns,
+            "--listen-port",
+            str(port),
+            "--poll-interval-ms",
+            "200",
+            cwd=tmp,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             url = f"http://127.0.0.1:{port}/"
             wait_until(lambda: answers(url + "api/overview"), 30, "the dashboard to answer")
-            wait_until(lambda: len(json.loads(urllib.request.urlopen(url + "api/overview").read())["history"]) >= 3, 30,
-                       "three samples for the charts")  # fmt: skip
+            wait_until(
+                lambda: len(json.loads(urllib.request.urlopen(url + "api/overview").read())["history"]) >= 3,
+                30,
+                "three samples for the charts",
+            )
             yield url, ids
         finally:
             proc.terminate()
@@ -95,7 +124,12 @@ def test_the_groups_pages_show_retries_and_dead_letters(board: tuple[str, list[s
     dom = browse(board[0] + "#/groups")
     assert "refunds" in dom and '<span class="dlq">2</span>' in dom
     dom = browse(board[0] + "#/groups?name=refunds")
-    assert '<span class="dlq">2</span>' in dom and "Dead letters" in dom and "order #5 for alice" in dom and ">orders<" in dom
+    assert (
+        '<span class="dlq">2</span>' in dom
+        and "Dead letters" in dom
+        and "order #5 for alice" in dom
+        and ">orders<" in dom
+    )
 
 
 def test_messages_are_browsed_and_looked_up_by_id_and_key(board: tuple[str, list[str]]) -> None:
@@ -108,7 +142,11 @@ def test_messages_are_browsed_and_looked_up_by_id_and_key(board: tuple[str, list
 
 def test_a_screenshot_of_each_page(board: tuple[str, list[str]], tmp_path: Path) -> None:
     out = Path(os.environ.get("CLMQ_DASHBOARD_SCREENSHOTS", tmp_path))
-    pages = {"brokers": "#/brokers", "topic": "#/topics?name=orders", "group": "#/groups?name=billing",
-             "messages": "#/messages?topic=orders&queue=0&offset=0"}  # fmt: skip
+    pages = {
+        "brokers": "#/brokers",
+        "topic": "#/topics?name=orders",
+        "group": "#/groups?name=billing",
+        "messages": "#/messages?topic=orders&queue=0&offset=0",
+    }
     for name, fragment in pages.items():
         screenshot(board[0] + fragment, out / f"dashboard-{name}.png")

@@ -135,8 +135,9 @@ async def test_the_broker_answers_a_stored_retry_with_its_first_offsets_and_appe
         first.fields["commitlog_offsets"],
     )
     assert broker.store.end_offset == end  # nothing appended
-    new = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": True},
-                            encode_batch(keyed("t", 1, ["k3"])))  # fmt: skip
+    new = await rpc.request(
+        broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": True}, encode_batch(keyed("t", 1, ["k3"]))
+    )
     assert new.fields["queue_offsets"] == [2] and "duplicate" not in new.fields
     plain = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t"}, body)  # no dedup asked: stored
     assert plain.fields["queue_offsets"] == [3, 4]
@@ -151,8 +152,9 @@ async def test_a_dedup_field_of_the_wrong_type_is_a_malformed_request(nursery: t
     rpc = RpcClient(nursery)
     body = encode_batch(keyed("t", 0, ["k"]))
     for bad in (1, "true", None, [True], {"x": 1}):
-        reply = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": bad}, body,
-                                  check=False)  # fmt: skip
+        reply = await rpc.request(
+            broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": bad}, body, check=False
+        )
         assert reply.error_code == ErrorCode.MALFORMED_REQUEST and "dedup" in reply.error_text, (bad, reply)
     assert broker.store.end_offset == 0
     await rpc.aclose()
@@ -185,8 +187,7 @@ async def test_a_retried_multi_queue_request_is_answered_whole_or_appended_whole
     new = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": True}, fresh)
     assert new.fields["queue_offsets"] == [2, 1] and "duplicate" not in new.fields
     half = encode_batch(keyed("t", 0, ["a0", "a1"]) + keyed("t", 1, ["never"]))  # queue 0's part is stored
-    refused = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": True}, half,
-                                check=False)  # fmt: skip
+    refused = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": True}, half, check=False)
     assert refused.error_code == ErrorCode.INVALID_MESSAGE and "not in [1]" in refused.error_text
     assert broker.store.end_offset > end
     await rpc.aclose()

@@ -63,14 +63,17 @@ async def producer_loop(ns: str, queue_id: int, traffic: Traffic, stop: trio.Eve
         while not stop.is_set():
             bodies = [body_for(f"q{queue_id}-{seq + i}", 150) for i in range(4)]
             try:
-                res = await producer.send_batch(TOPIC, [Message(TOPIC, 0, b) for b in bodies],
-                                                selector=lambda mqs, _m: mqs[queue_id])  # fmt: skip
+                res = await producer.send_batch(
+                    TOPIC, [Message(TOPIC, 0, b) for b in bodies], selector=lambda mqs, _m: mqs[queue_id]
+                )
             except SendError as e:
                 traffic.errors.append(f"q{queue_id}-{seq}: {e}")
             else:
                 rows += [(seq + i, off, b) for i, (off, b) in enumerate(zip(res.queue_offsets, bodies))]
-                traffic.how[(queue_id, seq)] = (f"{res.queue.addr}{' duplicate' if res.duplicate else ''} "
-                                                f"{res.queue_offsets} at {time.strftime('%H:%M:%S')}")  # fmt: skip
+                traffic.how[(queue_id, seq)] = (
+                    f"{res.queue.addr}{' duplicate' if res.duplicate else ''} "
+                    f"{res.queue_offsets} at {time.strftime('%H:%M:%S')}"
+                )
             seq += 4
     traffic.producers_done += 1
 
@@ -103,8 +106,12 @@ async def fail_once(fg: FailoverGroup, kind: str, rng: random.Random, traffic: T
     before = traffic.count()
     await await_until(lambda: traffic.count() >= before + 8, 30, f"writes after a {kind} failure")
     new = await fg.wait_leader()
-    await fg.g.wait_status(new, lambda st: len((st.get("coordination") or {}).get("isr", [])) == len(fg.keys),
-                           30, "every broker back in the in-sync set")  # fmt: skip
+    await fg.g.wait_status(
+        new,
+        lambda st: len((st.get("coordination") or {}).get("isr", [])) == len(fg.keys),
+        30,
+        "every broker back in the in-sync set",
+    )
 
 
 @pytest.mark.slow
@@ -142,7 +149,9 @@ async def all_delivered(traffic: Traffic) -> bool:
         return {msg_id_of(b) for rows in traffic.acked.values() for _, _, b in rows}
 
     try:
-        await await_until(lambda: want() <= set(traffic.received), 60, "the group to receive every acknowledged message")
+        await await_until(
+            lambda: want() <= set(traffic.received), 60, "the group to receive every acknowledged message"
+        )
     except TimeoutError:
         return False
     return True
@@ -169,15 +178,20 @@ def order_problems(traffic: Traffic) -> list[str]:
     out = []
     for q, rows in sorted(traffic.acked.items()):
         rows = sorted(rows)
-        out += [f"queue {q}: seq {a[0]} acknowledged at {a[1]} ({traffic.how.get((q, a[0] - a[0] % 4))}), "
-                f"then seq {b[0]} at {b[1]} ({traffic.how.get((q, b[0] - b[0] % 4))})"
-                for a, b in itertools.pairwise(rows) if b[1] <= a[1]][:3]  # fmt: skip
+        out += [
+            f"queue {q}: seq {a[0]} acknowledged at {a[1]} ({traffic.how.get((q, a[0] - a[0] % 4))}), "
+            f"then seq {b[0]} at {b[1]} ({traffic.how.get((q, b[0] - b[0] % 4))})"
+            for a, b in itertools.pairwise(rows)
+            if b[1] <= a[1]
+        ][:3]
         seen: dict[int, int] = {}
         for seq, offset, _ in rows:
             if offset in seen:
-                out.append(f"queue {q}: offset {offset} acknowledged to seq {seen[offset]} "
-                           f"({traffic.how.get((q, seen[offset] - seen[offset] % 4))}) and to seq {seq} "
-                           f"({traffic.how.get((q, seq - seq % 4))})")  # fmt: skip
+                out.append(
+                    f"queue {q}: offset {offset} acknowledged to seq {seen[offset]} "
+                    f"({traffic.how.get((q, seen[offset] - seen[offset] % 4))}) and to seq {seq} "
+                    f"({traffic.how.get((q, seq - seq % 4))})"
+                )
             seen[offset] = seq
     return out
 
@@ -190,6 +204,8 @@ async def undelivered(fg: FailoverGroup, leader: str, traffic: Traffic) -> str:
         missing = [(seq, off) for seq, off, b in rows if msg_id_of(b) not in traffic.received]
         got = [off for qq, off in traffic.received.values() if qq == q]
         if missing:
-            lines.append(f"queue {q}: {len(missing)} of {len(rows)} not received, first (seq, offset) {missing[:3]}, "
-                         f"received offsets up to {max(got, default=-1)}, committed {committed[q]}")  # fmt: skip
+            lines.append(
+                f"queue {q}: {len(missing)} of {len(rows)} not received, first (seq, offset) {missing[:3]}, "
+                f"received offsets up to {max(got, default=-1)}, committed {committed[q]}"
+            )
     return "the group missed acknowledged messages:\n" + "\n".join(lines)

@@ -58,7 +58,9 @@ async def produce_through(fg: FailoverGroup, ledger: Ledger, tag: str, fault: An
     return result
 
 
-async def test_leader_killed_an_in_sync_follower_takes_over_and_the_old_leader_rejoins(tmp_path: Path, zk_connect: str) -> None:
+async def test_leader_killed_an_in_sync_follower_takes_over_and_the_old_leader_rejoins(
+    tmp_path: Path, zk_connect: str
+) -> None:
     async with open_group(tmp_path) as g:
         fg = FailoverGroup(g, zk_connect)
         leader = await fg.start({TOPIC: QUEUES})
@@ -77,7 +79,9 @@ async def test_leader_killed_an_in_sync_follower_takes_over_and_the_old_leader_r
         assert st["role"] == "follower" and st["coordination"]["leader"] == g[new].broker_id, st
 
 
-async def test_leader_paused_beyond_its_session_steps_down_and_never_acknowledges(tmp_path: Path, zk_connect: str) -> None:
+async def test_leader_paused_beyond_its_session_steps_down_and_never_acknowledges(
+    tmp_path: Path, zk_connect: str
+) -> None:
     async with open_group(tmp_path) as g:
         fg = FailoverGroup(g, zk_connect)
         leader = await fg.start({TOPIC: QUEUES})
@@ -127,7 +131,9 @@ class LeaderChanged(AssertionError):
     """The leader changed although every session survived (a finding for the lead)."""
 
 
-async def test_zookeeper_restarted_the_leader_stays_and_writes_resume(tmp_path: Path, zk_restartable: LocalZooKeeper) -> None:
+async def test_zookeeper_restarted_the_leader_stays_and_writes_resume(
+    tmp_path: Path, zk_restartable: LocalZooKeeper
+) -> None:
     async with open_group(tmp_path) as g:
         fg = FailoverGroup(g, zk_restartable.connect_string("/restart"))
         leader = await fg.start({TOPIC: QUEUES})
@@ -144,10 +150,14 @@ async def test_zookeeper_restarted_the_leader_stays_and_writes_resume(tmp_path: 
         down_s = await produce_through(fg, ledger, "z", restart)
         now = await fg.wait_leader()
         await fg.check_end(now, ledger)  # writes resumed (above), nothing acknowledged lost, logs identical
-        lost = any("ZooKeeper session LOST" in g[k].err.read_text(errors="replace") for k in fg.keys if g[k].err.exists())
+        lost = any(
+            "ZooKeeper session LOST" in g[k].err.read_text(errors="replace") for k in fg.keys if g[k].err.exists()
+        )
         if (now != leader or (await g.status(now))["epoch"] != epoch) and not lost:  # no session expired: no new term
-            raise LeaderChanged(f"ZooKeeper was down {down_s:.2f} s, less than the {SESSION_S} s session: "
-                                f"{leader} (epoch {epoch}) -> {now} (epoch {(await g.status(now))['epoch']})")  # fmt: skip
+            raise LeaderChanged(
+                f"ZooKeeper was down {down_s:.2f} s, less than the {SESSION_S} s session: "
+                f"{leader} (epoch {epoch}) -> {now} (epoch {(await g.status(now))['epoch']})"
+            )
 
 
 async def test_follower_cut_from_zookeeper_is_never_elected_and_rejoins(tmp_path: Path, zk_connect: str) -> None:
@@ -176,8 +186,12 @@ async def cut_follower_round(fg: FailoverGroup, proxy: Any) -> None:
     async def cut(senders: list[Sender]) -> str:
         led_before = {e for e, ids in fg.terms().leads.items() if fg["g2"].broker_id in ids}
         await trio.to_thread.run_sync(proxy.pause)
-        await fg.g.wait_status("g2", lambda st: st["coordination"]["session"] != "CONNECTED", 3 * SESSION_S + 5,
-                               "g2 to lose its ZooKeeper session")  # fmt: skip
+        await fg.g.wait_status(
+            "g2",
+            lambda st: st["coordination"]["session"] != "CONNECTED",
+            3 * SESSION_S + 5,
+            "g2 to lose its ZooKeeper session",
+        )
         await fg.kill(first)
         new = await fg.wait_leader(exclude=frozenset({first}))
         assert new == other, f"{new} was elected while cut from ZooKeeper"
@@ -185,8 +199,9 @@ async def cut_follower_round(fg: FailoverGroup, proxy: Any) -> None:
         led = {e for e, ids in fg.terms().leads.items() if fg["g2"].broker_id in ids}
         assert led == led_before, f"g2 led epochs {sorted(led - led_before)} while cut from ZooKeeper"
         await trio.to_thread.run_sync(proxy.resume)
-        await fg.g.wait_status("g2", lambda st: st["coordination"]["session"] == "CONNECTED", 30,
-                               "g2's ZooKeeper session back")  # fmt: skip
+        await fg.g.wait_status(
+            "g2", lambda st: st["coordination"]["session"] == "CONNECTED", 30, "g2's ZooKeeper session back"
+        )
         return new
 
     new = await produce_through(fg, ledger, "c", cut)
@@ -198,7 +213,9 @@ async def promote(fg: FailoverGroup, key: str) -> None:
         await admin.promote(fg[key].addr)
 
 
-async def test_two_leaders_killed_one_after_the_other_the_third_replica_takes_over(tmp_path: Path, zk_connect: str) -> None:
+async def test_two_leaders_killed_one_after_the_other_the_third_replica_takes_over(
+    tmp_path: Path, zk_connect: str
+) -> None:
     """Per-group election has no controller to kill: the nearest fault is losing the
     leader and then the replica just elected, at once."""
     async with open_group(tmp_path) as g:
@@ -220,7 +237,9 @@ async def test_two_leaders_killed_one_after_the_other_the_third_replica_takes_ov
 
 
 @pytest.mark.parametrize("senders", [4])
-async def test_graceful_switch_under_a_running_producer_no_error_no_loss(tmp_path: Path, zk_connect: str, senders: int) -> None:
+async def test_graceful_switch_under_a_running_producer_no_error_no_loss(
+    tmp_path: Path, zk_connect: str, senders: int
+) -> None:
     async with open_group(tmp_path) as g:
         fg = FailoverGroup(g, zk_connect)
         leader = await fg.start({TOPIC: QUEUES})
@@ -245,8 +264,9 @@ async def test_graceful_switch_under_a_running_producer_no_error_no_loss(tmp_pat
         await fg.check_end(target, Ledger())
 
 
-async def client_sender(producer: Any, queue_id: int, acked: list[tuple[float, int, bytes]], errors: list[str],
-                        stop: trio.Event) -> None:  # fmt: skip
+async def client_sender(
+    producer: Any, queue_id: int, acked: list[tuple[float, int, bytes]], errors: list[str], stop: trio.Event
+) -> None:
     """Sends through the public producer to one queue until ``stop``."""
     n = 0
     while not stop.is_set():

@@ -34,8 +34,11 @@ def test_a_module_cycle_is_found_even_through_a_function_level_import() -> None:
 
 
 def test_a_cycle_only_type_checkers_see_is_still_a_cycle() -> None:
-    g = synthetic(pkg="", pkg__a="from .b import B\n",
-                  pkg__b="from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n")  # fmt: skip
+    g = synthetic(
+        pkg="",
+        pkg__a="from .b import B\n",
+        pkg__b="from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n",
+    )
     assert ig.cycles(g.internal) == [["pkg.a", "pkg.b"]]
 
 
@@ -46,38 +49,69 @@ def test_a_cycle_between_packages_is_found_though_the_modules_do_not_form_one() 
 
 
 def test_a_family_may_use_its_rooms_modules_but_sibling_families_form_no_cycle() -> None:
-    g = synthetic(room="from .fam import m\n", room___shared="", room__fam="", room__fam__m="from .._shared import y\n",
-                  room__a="", room__a__m="from ..b.n import z\n", room__a__j="",
-                  room__b="", room__b__n="", room__b__k="from ..a.j import w\n")  # fmt: skip
+    g = synthetic(
+        room="from .fam import m\n",
+        room___shared="",
+        room__fam="",
+        room__fam__m="from .._shared import y\n",
+        room__a="",
+        room__a__m="from ..b.n import z\n",
+        room__a__j="",
+        room__b="",
+        room__b__n="",
+        room__b__k="from ..a.j import w\n",
+    )
     assert ig.cycles(g.internal) == []
     assert ig.cycles(ig.package_edges(g)) == [["room.a", "room.b"]]
 
 
 def test_relative_imports_resolve_to_the_module_they_name() -> None:
-    g = synthetic(pkg="from ._x import y\n", pkg___x="", pkg__sub="", pkg__sub__m="from .. import _x\nfrom ..sub import n\n",
-                  pkg__sub__n="")  # fmt: skip
+    g = synthetic(
+        pkg="from ._x import y\n",
+        pkg___x="",
+        pkg__sub="",
+        pkg__sub__m="from .. import _x\nfrom ..sub import n\n",
+        pkg__sub__n="",
+    )
     assert g.internal["pkg"] == {"pkg._x"}
     assert g.internal["pkg.sub.m"] == {"pkg._x", "pkg.sub.n"}
 
 
 def test_a_private_module_imported_from_another_package_is_found() -> None:
-    g = synthetic(one="", one___impl="", one__pub="from ._impl import x\n", two="", two__m="from one._impl import x\n",
-                  three="", three__m="from one import _impl\n")  # fmt: skip
-    assert ig.private_imports(g) == ["three.m imports one._impl, private to one", "two.m imports one._impl, private to one"]
+    g = synthetic(
+        one="",
+        one___impl="",
+        one__pub="from ._impl import x\n",
+        two="",
+        two__m="from one._impl import x\n",
+        three="",
+        three__m="from one import _impl\n",
+    )
+    assert ig.private_imports(g) == [
+        "three.m imports one._impl, private to one",
+        "two.m imports one._impl, private to one",
+    ]
 
 
 def test_an_upward_import_and_a_module_in_no_layer_are_found() -> None:
     g = synthetic(clmq__commitlog="import clmq.client\n", clmq__client="", clmq__elsewhere="")
-    assert ig.upward_imports(g) == ["clmq.commitlog (storage) imports clmq.client (clients), a higher layer",
-                                    "clmq.elsewhere is in no layer: add its room to LAYERS"]  # fmt: skip
+    assert ig.upward_imports(g) == [
+        "clmq.commitlog (storage) imports clmq.client (clients), a higher layer",
+        "clmq.elsewhere is in no layer: add its room to LAYERS",
+    ]
 
 
 def test_a_forbidden_library_is_found() -> None:
-    g = synthetic(clmq__commitlog="def f():\n    import trio\n", clmq__protocol="import socket\n",
-                  clmq__client="import kazoo.client\n")  # fmt: skip
-    assert sorted(ig.library_violations(g)) == ["clmq.client imports kazoo, allowed only in clmq.broker.coordination",
-                                                "clmq.commitlog (storage) imports trio",
-                                                "clmq.protocol (protocol) imports socket"]  # fmt: skip
+    g = synthetic(
+        clmq__commitlog="def f():\n    import trio\n",
+        clmq__protocol="import socket\n",
+        clmq__client="import kazoo.client\n",
+    )
+    assert sorted(ig.library_violations(g)) == [
+        "clmq.client imports kazoo, allowed only in clmq.broker.coordination",
+        "clmq.commitlog (storage) imports trio",
+        "clmq.protocol (protocol) imports socket",
+    ]
 
 
 # ------------------------------------------------------------ on the real tree
@@ -110,10 +144,19 @@ def test_commitlog_does_not_know_about_consume_queues(tree: ig.Graph) -> None:
 
 def test_every_room_is_where_the_architecture_says(tree: ig.Graph) -> None:
     """The rooms docs/architecture.md names exist, and each has its layer."""
-    for room, layer in [("clmq.broker.store", "storage"), ("clmq.protocol.transport", "transport"), ("clmq.broker.service", "services"),
-                        ("clmq.broker.replication", "services"), ("clmq.broker.coordination", "services"),
-                        ("clmq.broker.cli", "cli"), ("clmq.bench", "cli"), ("clmq.devtools", "cli"),
-                        ("clmq.common", "common"), ("clmq.client.producer", "clients"),
-                        ("clmq.client.consumer", "clients"), ("clmq.broker.service.timer", "services")]:  # fmt: skip
+    for room, layer in [
+        ("clmq.broker.store", "storage"),
+        ("clmq.protocol.transport", "transport"),
+        ("clmq.broker.service", "services"),
+        ("clmq.broker.replication", "services"),
+        ("clmq.broker.coordination", "services"),
+        ("clmq.broker.cli", "cli"),
+        ("clmq.bench", "cli"),
+        ("clmq.devtools", "cli"),
+        ("clmq.common", "common"),
+        ("clmq.client.producer", "clients"),
+        ("clmq.client.consumer", "clients"),
+        ("clmq.broker.service.timer", "services"),
+    ]:
         assert room in tree.packages, room
         assert ig.layer_of(room) == layer, room

@@ -18,8 +18,18 @@ from tests.cli_helpers import clmq, popen
 
 
 def test_a_service_started_with_json_logs_writes_json_lines(tmp_path: Path) -> None:
-    proc = popen("--log-format", "json", "--log-level", "warning,clmq.nameserver=info", "nameserver", "--listen-port", "0",
-                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = popen(
+        "--log-format",
+        "json",
+        "--log-level",
+        "warning,clmq.nameserver=info",
+        "nameserver",
+        "--listen-port",
+        "0",
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None
     assert b"name server on" in proc.stdout.readline()  # it runs and catches Ctrl-C: stop it
     os.kill(proc.pid, signal.SIGINT)
@@ -36,7 +46,13 @@ def test_an_events_extra_fields_are_json_fields() -> None:
     record = logging.LogRecord("clmq.broker", logging.WARNING, __file__, 1, "store %s failed", ("a",), None)
     record.topic = "orders"
     line = json.loads(JsonFormatter().format(record))
-    assert line == {"ts": line["ts"], "level": "warning", "logger": "clmq.broker", "msg": "store a failed", "topic": "orders"}
+    assert line == {
+        "ts": line["ts"],
+        "level": "warning",
+        "logger": "clmq.broker",
+        "msg": "store a failed",
+        "topic": "orders",
+    }
 
 
 @pytest.mark.parametrize("levels", ["loud", "clmq.broker=loud", "info,=x"])

@@ -237,11 +237,15 @@ def test_crash_between_the_renames_leaves_the_newest_good_copy(tmp_path: Path) -
     assert TopicTable(path).all() == TOPICS_NEW
 
 
-@pytest.mark.parametrize("fault", [
-    Fault("fsync", errno.EIO, path="topics.json.tmp"),
-    Fault("write", errno.ENOSPC, path="topics.json.tmp"),
-    Fault("write", errno.EIO, path="topics.json.tmp", after=0, times=None),
-], ids=["fsync-EIO", "write-ENOSPC", "write-EIO-always"])  # fmt: skip
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Fault("fsync", errno.EIO, path="topics.json.tmp"),
+        Fault("write", errno.ENOSPC, path="topics.json.tmp"),
+        Fault("write", errno.EIO, path="topics.json.tmp", after=0, times=None),
+    ],
+    ids=["fsync-EIO", "write-ENOSPC", "write-EIO-always"],
+)
 def test_a_failed_write_leaves_the_previous_content_readable(tmp_path: Path, fault: Fault) -> None:
     path, _older, _load = _topics(tmp_path)
     table = TopicTable(path)
@@ -330,8 +334,13 @@ def _store_files(mode: str) -> list[str]:
 @given(how=st.sampled_from(DAMAGES), which=st.integers(0, 1), where=st.integers(0, 1 << 20))
 def test_store_opens_whole_after_metadata_damage(
     pristine: dict[str, tuple[Path, dict[tuple[str, int], list[bytes]]]],
-    tmp_path_factory: pytest.TempPathFactory, mode: str, both: bool, how: str, which: int, where: int,
-) -> None:  # fmt: skip
+    tmp_path_factory: pytest.TempPathFactory,
+    mode: str,
+    both: bool,
+    how: str,
+    which: int,
+    where: int,
+) -> None:
     """Topics come from the previous generation plus what is on disk, or are rebuilt
     from the queue/partition directories and the checkpoint; a damaged checkpoint or
     recovery points file falls back or makes the open a full recovery. Every message
@@ -352,9 +361,11 @@ def test_store_opens_whole_after_metadata_damage(
 
 @pytest.mark.parametrize("mode", STORAGE_MODES)
 def test_topics_rebuilt_when_every_metadata_file_is_gone(
-    pristine: dict[str, tuple[Path, dict[tuple[str, int], list[bytes]]]], tmp_path: Path, mode: str,
+    pristine: dict[str, tuple[Path, dict[tuple[str, int], list[bytes]]]],
+    tmp_path: Path,
+    mode: str,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     src, sent = pristine[mode]
     d = tmp_path / "store"
     shutil.copytree(src, d)
@@ -391,9 +402,12 @@ def test_broker_refuses_to_start_on_damaged_offsets_and_says_why(tmp_path: Path)
         shutil.move(p, data / p.name)
     out = subprocess.run(
         [sys.executable, "-m", "clmq", "broker", "--data-dir", str(data), "--listen-port", "0"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"COLUMNS": "400", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-    )  # fmt: skip
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     text = " ".join(out.stderr.split())
     assert "consumer_offsets.json" in text and "consumer_offsets.json.prev" in text and "delete" in text, text

@@ -100,10 +100,12 @@ async def test_a_name_server_counts_requests_and_brokers(nursery: trio.Nursery, 
 
 
 @pytest.mark.parametrize(
-    "raw", [b"\r\n\r\n", b"POST /metrics HTTP/1.1\r\n\r\n", b"GET\r\n\r\n", b"x" * 20_000, b"GET /metrics FTP/1\r\n\r\n"]
+    "raw",
+    [b"\r\n\r\n", b"POST /metrics HTTP/1.1\r\n\r\n", b"GET\r\n\r\n", b"x" * 20_000, b"GET /metrics FTP/1\r\n\r\n"],
 )
-async def test_bad_http_requests_are_answered_and_the_endpoint_goes_on(nursery: trio.Nursery, tmp_path: Path,
-                                                                       raw: bytes) -> None:  # fmt: skip
+async def test_bad_http_requests_are_answered_and_the_endpoint_goes_on(
+    nursery: trio.Nursery, tmp_path: Path, raw: bytes
+) -> None:
     ns: NameServer = await nursery.start(serve_nameserver, NameServerConfig(listen_port=0, metrics_port=0))
     status, _ = await http_get(ns.metrics_port, "", raw=raw)
     assert status in (400, 405)

@@ -31,22 +31,26 @@ async def rpc(nursery: trio.Nursery) -> Any:
     await client.aclose()
 
 
-async def _lock(rpc: RpcClient, addr: str, client_id: str, queues: list[int], group: str = "g",
-                topic: str = "t") -> list[int]:  # fmt: skip
-    reply = await rpc.request(addr, RequestCode.LOCK_QUEUES,
-                              {"group": group, "client_id": client_id, "queues": [[topic, q] for q in queues]})  # fmt: skip
+async def _lock(
+    rpc: RpcClient, addr: str, client_id: str, queues: list[int], group: str = "g", topic: str = "t"
+) -> list[int]:
+    reply = await rpc.request(
+        addr, RequestCode.LOCK_QUEUES, {"group": group, "client_id": client_id, "queues": [[topic, q] for q in queues]}
+    )
     assert all(t == topic for t, _ in reply.fields["locked"])
     return [q for _, q in reply.fields["locked"]]
 
 
 async def _unlock(rpc: RpcClient, addr: str, client_id: str, queues: list[int], group: str = "g") -> None:
-    await rpc.request(addr, RequestCode.UNLOCK_QUEUES, {"group": group, "client_id": client_id,
-                                                        "queues": [["t", q] for q in queues]})  # fmt: skip
+    await rpc.request(
+        addr, RequestCode.UNLOCK_QUEUES, {"group": group, "client_id": client_id, "queues": [["t", q] for q in queues]}
+    )
 
 
 # ------------------------------------------------------------------ lock table
-async def test_locks_are_granted_renewed_refused_to_others_and_released(nursery: trio.Nursery, tmp_path: Path,
-                                                                        rpc: RpcClient) -> None:  # fmt: skip
+async def test_locks_are_granted_renewed_refused_to_others_and_released(
+    nursery: trio.Nursery, tmp_path: Path, rpc: RpcClient
+) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     addr = (await c.start_broker()).addr
@@ -64,7 +68,9 @@ async def test_locks_are_granted_renewed_refused_to_others_and_released(nursery:
     assert reply.fields["lease_ms"] == 30_000
     await rpc.request(addr, RequestCode.UNREGISTER_CLIENT, {"client_id": "c1"})  # c1 leaves: its locks go
     assert await _lock(rpc, addr, "c2", [0, 3]) == [0, 3]
-    bad = await rpc.request(addr, RequestCode.LOCK_QUEUES, {"group": "g", "client_id": "c1", "queues": [["t"]]}, check=False)
+    bad = await rpc.request(
+        addr, RequestCode.LOCK_QUEUES, {"group": "g", "client_id": "c1", "queues": [["t"]]}, check=False
+    )
     assert bad.error_code == ErrorCode.MALFORMED_REQUEST
 
 
@@ -86,12 +92,17 @@ async def test_a_lock_expires_after_its_lease(nursery: trio.Nursery, tmp_path: P
     assert len(broker.handlers.locks.table) == 1  # expired entries do not pile up
 
 
-async def test_a_follower_refuses_locks_and_a_promoted_one_grants_none_for_a_lease(nursery: trio.Nursery,
-                                                                                   tmp_path: Path, rpc: RpcClient) -> None:  # fmt: skip
+async def test_a_follower_refuses_locks_and_a_promoted_one_grants_none_for_a_lease(
+    nursery: trio.Nursery, tmp_path: Path, rpc: RpcClient
+) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
-    fast = {"replica_metadata_interval_ms": 50, "replica_fetch_wait_ms": 200, "replica_retry_ms": 100,
-            "lock_lease_ms": 700}  # fmt: skip
+    fast = {
+        "replica_metadata_interval_ms": 50,
+        "replica_fetch_wait_ms": 200,
+        "replica_retry_ms": 100,
+        "lock_lease_ms": 700,
+    }
     lead = await c.start_broker("g", key="g0", broker_id=0, **fast)
     f = await c.start_broker("g", key="g1", broker_id=1, role="follower", leader_addr=lead.addr, **fast)
     await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 2})
@@ -115,8 +126,9 @@ async def test_a_follower_refuses_locks_and_a_promoted_one_grants_none_for_a_lea
     assert trio.current_time() - promoted_at >= 0.7
 
 
-async def test_a_restarted_broker_grants_no_lock_for_a_lease(nursery: trio.Nursery, tmp_path: Path,
-                                                             rpc: RpcClient) -> None:  # fmt: skip
+async def test_a_restarted_broker_grants_no_lock_for_a_lease(
+    nursery: trio.Nursery, tmp_path: Path, rpc: RpcClient
+) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     broker = await c.start_broker(lock_lease_ms=600)
@@ -146,9 +158,15 @@ class Interval:
     last: int
 
 
-async def _member(cluster: Cluster, name: str, log: list[Interval], members: dict[str, Consumer],
-                  stop: trio.Event, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-                  work_s: float = 0.002) -> None:  # fmt: skip
+async def _member(
+    cluster: Cluster,
+    name: str,
+    log: list[Interval],
+    members: dict[str, Consumer],
+    stop: trio.Event,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    work_s: float = 0.002,
+) -> None:
     """An orderly member that logs, per queue, each batch from receive() to its ack."""
     async with open_consumer(cluster.ns, "og", {"ord": "*"}, client_id=name, **ORDERLY) as c:
         members[name] = c
@@ -181,8 +199,9 @@ def _check(log: list[Interval], counts: dict[int, int]) -> None:
         assert runs[0].first == 0 and runs[-1].last == count - 1, (q, runs[0], runs[-1], count)
 
 
-async def test_members_joining_and_leaving_never_process_a_queue_at_the_same_time(nursery: trio.Nursery,
-                                                                                  tmp_path: Path) -> None:  # fmt: skip
+async def test_members_joining_and_leaving_never_process_a_queue_at_the_same_time(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     broker = await c.start_broker(lock_lease_ms=5000)
@@ -211,8 +230,11 @@ async def test_members_joining_and_leaving_never_process_a_queue_at_the_same_tim
     async def progressed() -> None:
         """Until every queue processed what was sent so far (the phase did some work)."""
         mark = sent[0]
-        await await_until(lambda: all(any(i.queue == q and i.last >= mark - 1 for i in log) for q in range(8)), 15,
-                          f"every queue processed up to {mark}")  # fmt: skip
+        await await_until(
+            lambda: all(any(i.queue == q and i.last >= mark - 1 for i in log) for q in range(8)),
+            15,
+            f"every queue processed up to {mark}",
+        )
 
     async with trio.open_nursery() as n:
         rpc = RpcClient(n)
@@ -244,8 +266,9 @@ async def test_members_joining_and_leaving_never_process_a_queue_at_the_same_tim
     _check(log, dict.fromkeys(range(8), sent[0]))
 
 
-async def test_a_batch_processed_longer_than_a_lease_keeps_its_queue_from_the_next_owner(nursery: trio.Nursery,
-                                                                                        tmp_path: Path) -> None:  # fmt: skip
+async def test_a_batch_processed_longer_than_a_lease_keeps_its_queue_from_the_next_owner(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     """The member losing a queue to a rebalance keeps renewing its lock until its slow
     batch is acknowledged: the next owner gets the queue only then."""
     c = Cluster(nursery, tmp_path)
@@ -264,8 +287,11 @@ async def test_a_batch_processed_longer_than_a_lease_keeps_its_queue_from_the_ne
         await n.start(_member, c, "quick", log, members, stops["quick"])
         await await_until(lambda: "quick" in members and bool(members["quick"].assignment()), 20, "quick to get queues")
         await _send_all(broker.addr, per_queue, start=per_queue)
-        await await_until(lambda: all(any(i.queue == q and i.last == 2 * per_queue - 1 for i in log) for q in range(8)),
-                          20, "every queue processed")  # fmt: skip
+        await await_until(
+            lambda: all(any(i.queue == q and i.last == 2 * per_queue - 1 for i in log) for q in range(8)),
+            20,
+            "every queue processed",
+        )
         stops["slow"].set()
         stops["quick"].set()
     assert {i.member for i in log} == {"slow", "quick"}
@@ -288,13 +314,15 @@ async def _send_all(addr: str, per_queue: int, start: int = 0) -> None:
 async def _send(addr: str, topic: str, bodies: list[bytes]) -> None:
     async with trio.open_nursery() as n:
         rpc = RpcClient(n)
-        await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": topic},
-                          encode_batch([Message(topic, 0, b) for b in bodies]))  # fmt: skip
+        await rpc.request(
+            addr, RequestCode.SEND_MESSAGE, {"topic": topic}, encode_batch([Message(topic, 0, b) for b in bodies])
+        )
         await rpc.aclose()
 
 
-async def test_a_failed_message_is_retried_in_place_with_its_queue_waiting_behind_it(nursery: trio.Nursery,
-                                                                                     tmp_path: Path) -> None:  # fmt: skip
+async def test_a_failed_message_is_retried_in_place_with_its_queue_waiting_behind_it(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     broker = await c.start_broker()
@@ -312,14 +340,22 @@ async def test_a_failed_message_is_retried_in_place_with_its_queue_waiting_behin
         assert await consumer.run(handler, max_messages=7) == 7
         await consumer.commit()
         assert consumer.filters.keys() == {"io"}  # an orderly consumer does not read the retry topic
-    assert [(body, times) for body, times, _ in seen] == [(b"m0", 0), (b"m1", 0), (b"m1", 1), (b"m1", 2), (b"m2", 0),
-                                                          (b"m3", 0), (b"m4", 0)]  # fmt: skip
+    assert [(body, times) for body, times, _ in seen] == [
+        (b"m0", 0),
+        (b"m1", 0),
+        (b"m1", 1),
+        (b"m1", 2),
+        (b"m2", 0),
+        (b"m3", 0),
+        (b"m4", 0),
+    ]
     assert seen[2][2] - seen[1][2] >= 0.2 and seen[3][2] - seen[2][2] >= 0.2  # after orderly_retry_delay_ms
     assert broker.offsets.query("ig", "io", 0) == 5
 
 
-async def test_a_message_that_always_fails_ends_in_the_dead_letters_and_its_queue_goes_on(nursery: trio.Nursery,
-                                                                                          tmp_path: Path) -> None:  # fmt: skip
+async def test_a_message_that_always_fails_ends_in_the_dead_letters_and_its_queue_goes_on(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     broker = await c.start_broker()
@@ -340,7 +376,11 @@ async def test_a_message_that_always_fails_ends_in_the_dead_letters_and_its_queu
     assert broker.offsets.query("dg", "io", 0) == 4
 
     def dead_letters() -> list[Record]:
-        return broker.store.get(dlq_topic("dg"), 0, 0, 10).messages if broker.store.queue_exists(dlq_topic("dg"), 0) else []
+        return (
+            broker.store.get(dlq_topic("dg"), 0, 0, 10).messages
+            if broker.store.queue_exists(dlq_topic("dg"), 0)
+            else []
+        )
 
     dead = await await_until(dead_letters, 5, "the dead letter")  # appended; dispatched a moment later
     assert [m.body for m in dead] == [b"m1"]
@@ -362,8 +402,9 @@ def test_a_round_never_acknowledges_past_the_records_of_a_queue_whose_lock_lapse
     assert rnd.left() == [q0[1], q0[2]]
 
 
-async def test_a_blocking_orderly_consumer_runs_its_handler_in_its_own_thread(nursery: trio.Nursery,
-                                                                              tmp_path: Path) -> None:  # fmt: skip
+async def test_a_blocking_orderly_consumer_runs_its_handler_in_its_own_thread(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     """BlockingConsumer.run with orderly=True: the handler runs in the caller's thread,
     which checks each queue's lock before every record (without trio's clock there)."""
     c = Cluster(nursery, tmp_path)
@@ -387,18 +428,23 @@ async def test_a_blocking_orderly_consumer_runs_its_handler_in_its_own_thread(nu
 
 async def test_an_orderly_consumer_needs_clustering_mode(nursery: trio.Nursery, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="orderly=True needs mode='clustering'"):
-        async with open_consumer(None, "g", {"t": "*"}, broker_addrs=["127.0.0.1:1"], orderly=True, mode="broadcasting"):
+        async with open_consumer(
+            None, "g", {"t": "*"}, broker_addrs=["127.0.0.1:1"], orderly=True, mode="broadcasting"
+        ):
             pass
 
 
-async def test_a_member_renews_its_locks_stops_a_queue_whose_lease_lapsed_and_locks_it_again(nursery: trio.Nursery,
-                                                                                             tmp_path: Path) -> None:  # fmt: skip
+async def test_a_member_renews_its_locks_stops_a_queue_whose_lease_lapsed_and_locks_it_again(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     broker = await c.start_broker(lock_lease_ms=600)
     await c.create_topic("rn", 1)
     await _send(broker.addr, "rn", [b"before"])
-    async with open_consumer(c.ns, "rg", {"rn": "*"}, **ORDERLY, pull_wait_ms=300) as consumer:  # renews every 1 s at most
+    async with open_consumer(
+        c.ns, "rg", {"rn": "*"}, **ORDERLY, pull_wait_ms=300
+    ) as consumer:  # renews every 1 s at most
         assert [r.body for r in await consumer.receive()] == [b"before"]
         (mq,) = consumer.assignment()
         state = consumer.assigned[mq]

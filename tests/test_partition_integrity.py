@@ -46,8 +46,15 @@ FEW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthChec
 
 def config(d: Path, **kw: object) -> StoreConfig:
     log_cfg = kw.pop("log", None)
-    return small_config(d, mode="partition-per-file", segment_bytes=8 * 1024, max_message_bytes=2048,
-                        index_interval_bytes=1024, log=log_cfg, **kw)  # type: ignore[arg-type]  # fmt: skip
+    return small_config(
+        d,
+        mode="partition-per-file",
+        segment_bytes=8 * 1024,
+        max_message_bytes=2048,
+        index_interval_bytes=1024,
+        log=log_cfg,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def body(i: int) -> bytes:
@@ -113,8 +120,9 @@ def segments(d: Path, q: int) -> list[Path]:
 @FEW
 @given(data=st.data())
 @pytest.mark.parametrize("clean", [True, False])
-def test_a_segment_cut_below_its_recovery_point_refuses_the_open(tmp_path_factory: pytest.TempPathFactory,
-                                                                  clean: bool, data: st.DataObject) -> None:  # fmt: skip
+def test_a_segment_cut_below_its_recovery_point_refuses_the_open(
+    tmp_path_factory: pytest.TempPathFactory, clean: bool, data: st.DataObject
+) -> None:
     d = tmp_path_factory.mktemp("cut") / "s"
     acked, promised = write(d, clean, extra=0 if clean else 40)
     q = data.draw(st.integers(0, QUEUES - 1))
@@ -188,7 +196,9 @@ def test_a_missing_last_segment_or_partition_refuses_the_open(tmp_path: Path, cl
 
 
 @pytest.mark.parametrize("clean", [True, False])
-def test_zeros_after_the_last_segment_refuse_a_clean_open_and_are_cut_after_a_crash(tmp_path: Path, clean: bool) -> None:
+def test_zeros_after_the_last_segment_refuse_a_clean_open_and_are_cut_after_a_crash(
+    tmp_path: Path, clean: bool
+) -> None:
     d = tmp_path / "s"
     acked, _ = write(d, clean)
     with open(segments(d, 2)[-1], "ab") as f:
@@ -220,8 +230,9 @@ def test_a_segment_of_another_queue_is_never_served(tmp_path: Path) -> None:
 
 @FEW
 @given(data=st.data())
-def test_a_flipped_byte_in_a_record_fails_that_read_never_serves_wrong_data(tmp_path_factory: pytest.TempPathFactory,
-                                                                           data: st.DataObject) -> None:  # fmt: skip
+def test_a_flipped_byte_in_a_record_fails_that_read_never_serves_wrong_data(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
     d = tmp_path_factory.mktemp("flip") / "s"
     acked, _ = write(d, clean=data.draw(st.booleans()))
     q = data.draw(st.integers(0, QUEUES - 1))
@@ -252,8 +263,9 @@ INDEX_DAMAGES = ["truncate", "flip", "zero-extend", "delete", "replace"]
 
 @FEW
 @given(data=st.data())
-def test_damaged_index_files_are_rebuilt_in_one_log_line(tmp_path_factory: pytest.TempPathFactory,
-                                                         data: st.DataObject, caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_damaged_index_files_are_rebuilt_in_one_log_line(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, caplog: pytest.LogCaptureFixture
+) -> None:
     d = tmp_path_factory.mktemp("idx") / "s"
     acked, _ = write(d, clean=data.draw(st.booleans()))
     files = sorted(p for p in (d / "partitions").rglob("*") if p.suffix in (".index", ".timeindex"))
@@ -362,8 +374,10 @@ def test_disk_full_in_housekeeping_is_retried(tmp_path: Path) -> None:
     cfg = config(d, cq_flush_interval_ms=20)
     s = Store.open(cfg).start()
     s.create_topic("t", QUEUES)
-    with inject(Fault("write", errno.ENOSPC, path="recovery-points", times=3),
-                Fault("pwrite", errno.ENOSPC, path="recovery-points", times=3)) as faults:  # fmt: skip
+    with inject(
+        Fault("write", errno.ENOSPC, path="recovery-points", times=3),
+        Fault("pwrite", errno.ENOSPC, path="recovery-points", times=3),
+    ) as faults:
         assert s.put(Message("t", 0, b"x")).ok
         wait_until(lambda: faults.fired >= 3, 10, "three failed checkpoints")
         # The put's partition at 1 in the recovery points: a checkpoint after the disk had room.

@@ -43,8 +43,10 @@ def events(decoder: FrameDecoder) -> list:
 
 
 def test_frames_round_trip_whole_and_byte_by_byte() -> None:
-    frames = [Frame(RequestCode.SEND_MESSAGE, 1, {"topic": "t", "n": [1, 2]}, b"body" * 100),
-              Frame(RequestCode.PULL_MESSAGE, 2, {}, b"", FLAG_RESPONSE, ErrorCode.TOPIC_NOT_FOUND, "no such topic")]  # fmt: skip
+    frames = [
+        Frame(RequestCode.SEND_MESSAGE, 1, {"topic": "t", "n": [1, 2]}, b"body" * 100),
+        Frame(RequestCode.PULL_MESSAGE, 2, {}, b"", FLAG_RESPONSE, ErrorCode.TOPIC_NOT_FOUND, "no such topic"),
+    ]
     wire = b"".join(encode_frame(f) for f in frames)
     whole = FrameDecoder()
     whole.receive_data(wire)
@@ -92,11 +94,14 @@ def test_oversized_frame_is_rejected_with_its_request_id_and_the_stream_continue
     assert evs[1] == Frame(RequestCode.BROKER_INFO, 8)
 
 
-@pytest.mark.parametrize("garbage", [
-    b"\x01\x00\x00\x00\x00\x00\x00\x00",  # frame length shorter than its header length field
-    b"\x08\x00\x00\x00\x04\x00\x00\x00\xc1\xc1\xc1\xc1",  # header is not msgpack
-    b"\x08\x00\x00\x00\x04\x00\x00\x00" + msgpack.packb([1, 2])[:4].ljust(4, b"\0"),  # header not a map
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x01\x00\x00\x00\x00\x00\x00\x00",  # frame length shorter than its header length field
+        b"\x08\x00\x00\x00\x04\x00\x00\x00\xc1\xc1\xc1\xc1",  # header is not msgpack
+        b"\x08\x00\x00\x00\x04\x00\x00\x00" + msgpack.packb([1, 2])[:4].ljust(4, b"\0"),  # header not a map
+    ],
+)
 def test_garbage_raises_protocol_error_and_the_decoder_stays_dead(garbage: bytes) -> None:
     dec = FrameDecoder()
     dec.receive_data(garbage)
@@ -128,11 +133,17 @@ def test_fuzzed_bytes_never_crash_the_decoder(data: bytes) -> None:
 
 
 messages = st.builds(
-    Message, topic=st.just("t"), queue_id=st.integers(0, 1000), body=st.binary(max_size=300),
-    tags=st.text(max_size=20), keys=st.text(max_size=20),
+    Message,
+    topic=st.just("t"),
+    queue_id=st.integers(0, 1000),
+    body=st.binary(max_size=300),
+    tags=st.text(max_size=20),
+    keys=st.text(max_size=20),
     properties=st.dictionaries(st.text(max_size=10), st.text(max_size=10), max_size=3),
-    flags=st.integers(0, 2**32 - 1), born_timestamp_ms=st.integers(0, 2**63 - 1), born_host=st.just(("10.0.0.1", 5)),
-)  # fmt: skip
+    flags=st.integers(0, 2**32 - 1),
+    born_timestamp_ms=st.integers(0, 2**63 - 1),
+    born_host=st.just(("10.0.0.1", 5)),
+)
 
 
 @given(st.lists(messages, min_size=1, max_size=20))
@@ -167,8 +178,13 @@ def test_settings_come_from_file_then_environment_then_flags(tmp_path) -> None:
     cfg.write_text(
         '[broker]\nbroker_name = "b1"\nlisten_port = 1234\nnamesrv_addrs = ["a:1", "b:2"]\nauto_create_topics = true\n'
     )
-    c = load_settings(BrokerConfig, cfg, section="broker", env={"CLMQ_LISTEN_PORT": "2000", "CLMQ_FLUSH_MODE": "sync"},
-                      overrides={"broker_name": "b2", "data_dir": None})  # fmt: skip
+    c = load_settings(
+        BrokerConfig,
+        cfg,
+        section="broker",
+        env={"CLMQ_LISTEN_PORT": "2000", "CLMQ_FLUSH_MODE": "sync"},
+        overrides={"broker_name": "b2", "data_dir": None},
+    )
     assert (c.broker_name, c.listen_port, c.flush_mode, c.namesrv_addrs, c.auto_create_topics) == (
         "b2",
         2000,

@@ -68,8 +68,9 @@ async def damaged_cluster(nursery: trio.Nursery, root: Path) -> tuple[Cluster, s
     return c, segment.name
 
 
-async def test_a_damaged_record_fails_only_its_queue_of_a_multi_queue_pull(nursery: trio.Nursery,
-                                                                          tmp_path: Path) -> None:  # fmt: skip
+async def test_a_damaged_record_fails_only_its_queue_of_a_multi_queue_pull(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     c, segment = await damaged_cluster(nursery, tmp_path)
     addr = c.brokers["broker-a"].addr
     async with trio.open_nursery() as n:
@@ -82,22 +83,30 @@ async def test_a_damaged_record_fails_only_its_queue_of_a_multi_queue_pull(nurse
                 assert (row.status, row.message_count, row.next_offset) == (PullStatus.FOUND, PER_QUEUE, PER_QUEUE)
         # The records before the damage are served; then the queue stops at the damaged one.
         assert rows[DAMAGED_QUEUE].status is PullStatus.FOUND and 0 < rows[DAMAGED_QUEUE].next_offset <= DAMAGED_OFFSET
-        again = await rpc.request(addr, RequestCode.PULL_MESSAGES, {"queues": [["t", DAMAGED_QUEUE, DAMAGED_OFFSET, None]]})
+        again = await rpc.request(
+            addr, RequestCode.PULL_MESSAGES, {"queues": [["t", DAMAGED_QUEUE, DAMAGED_OFFSET, None]]}
+        )
         (row,) = [FetchResult.from_wire(r) for r in again.fields["results"]]
         assert row.status is PullStatus.CORRUPT and row.next_offset == DAMAGED_OFFSET and row.message_count == 0
         assert segment in row.error and "queue" in row.error
         # The single-queue pull: a specific error naming the file, not SYSTEM_ERROR.
-        single = await rpc.request(addr, RequestCode.PULL_MESSAGE,
-                                   {"topic": "t", "queue_id": DAMAGED_QUEUE, "offset": DAMAGED_OFFSET}, check=False)  # fmt: skip
+        single = await rpc.request(
+            addr,
+            RequestCode.PULL_MESSAGE,
+            {"topic": "t", "queue_id": DAMAGED_QUEUE, "offset": DAMAGED_OFFSET},
+            check=False,
+        )
         assert single.error_code == ErrorCode.CORRUPT_DATA and segment in single.error_text
         await rpc.aclose()
 
 
-async def test_a_consumer_reports_a_damaged_queue_and_consumes_the_others(nursery: trio.Nursery, tmp_path: Path,
-                                                                         caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+async def test_a_consumer_reports_a_damaged_queue_and_consumes_the_others(
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     c, segment = await damaged_cluster(nursery, tmp_path)
-    want = {b"q%d-m%d" % (q, i) for q in range(QUEUES) for i in range(PER_QUEUE)
-            if q != DAMAGED_QUEUE or i < DAMAGED_OFFSET}  # fmt: skip
+    want = {
+        b"q%d-m%d" % (q, i) for q in range(QUEUES) for i in range(PER_QUEUE) if q != DAMAGED_QUEUE or i < DAMAGED_OFFSET
+    }
     got: list[bytes] = []
     with caplog.at_level(logging.ERROR, logger="clmq.consumer"):
         async with open_consumer(c.ns, "g", {"t": "*"}, damaged_queue_retry_ms=300, **FAST_CONSUMER) as consumer:

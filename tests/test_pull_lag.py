@@ -102,8 +102,9 @@ async def cluster(nursery: trio.Nursery, tmp_path: Path) -> Cluster:
 
 async def send(rpc: RpcClient, addr: str, bodies: list[bytes]) -> list[int]:
     """One SEND_MESSAGE of ``bodies`` to queue 0; the queue offsets acknowledged."""
-    reply = await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": TOPIC},
-                              encode_batch([Message(TOPIC, 0, b) for b in bodies]))  # fmt: skip
+    reply = await rpc.request(
+        addr, RequestCode.SEND_MESSAGE, {"topic": TOPIC}, encode_batch([Message(TOPIC, 0, b) for b in bodies])
+    )
     assert reply.error_code == 0, reply.error_text
     offsets: list[int] = reply.fields["queue_offsets"]
     return offsets
@@ -137,7 +138,8 @@ async def produce_held(cluster: Cluster, rpc: RpcClient) -> Broker:
 @pytest.mark.parametrize("hold", sorted(HOLDS))
 @pytest.mark.parametrize("code", [RequestCode.PULL_MESSAGE, RequestCode.PULL_MESSAGES], ids=["pull", "fetch"])
 async def test_a_pull_at_an_acknowledged_offset_not_yet_dispatched_waits_instead_of_overflowing(
-        cluster: Cluster, code: int, hold: str) -> None:  # fmt: skip
+    cluster: Cluster, code: int, hold: str
+) -> None:
     """Every offset from the visible max up to the next one the log will assign answers
     NO_MESSAGE at once (offset unchanged) and long-polls until dispatched; one past that
     is a real OFFSET_OVERFLOW."""
@@ -172,7 +174,8 @@ async def test_a_pull_at_an_acknowledged_offset_not_yet_dispatched_waits_instead
 
 @pytest.mark.parametrize("hold", sorted(HOLDS))
 async def test_a_consumer_whose_committed_offset_is_not_yet_visible_neither_resets_nor_rereads(
-        cluster: Cluster, hold: str, caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    cluster: Cluster, hold: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A group's committed offset inside the lag (as after a restart while the queues
     catch up, or on a broker whose replication lags): the consumer starts there, waits,
     and reads exactly the messages after it, once dispatched; its committed offset
@@ -185,8 +188,9 @@ async def test_a_consumer_whose_committed_offset_is_not_yet_visible_neither_rese
         got: list[int] = []
         with HOLDS[hold](store) as held, caplog.at_level(logging.WARNING, logger="clmq.consumer"):
             await send(rpc, broker.addr, [b"h%d" % i for i in range(HELD)])
-            reply = await rpc.request(broker.addr, RequestCode.COMMIT_OFFSET,
-                                      {"group": group, "offsets": [[TOPIC, 0, committed]]})  # fmt: skip
+            reply = await rpc.request(
+                broker.addr, RequestCode.COMMIT_OFFSET, {"group": group, "offsets": [[TOPIC, 0, committed]]}
+            )
             assert reply.error_code == 0 and store.max_offset(TOPIC, 0) == VISIBLE < committed
             async with open_consumer(cluster.ns, group, {TOPIC: "*"}, **FAST_CONSUMER) as consumer:
                 # It looked up its offset and asked: now its watch waits on the broker.
@@ -205,7 +209,8 @@ async def test_a_consumer_whose_committed_offset_is_not_yet_visible_neither_rese
 
 @pytest.mark.parametrize("mode", ["commitlog", "partition-per-file"])
 async def test_a_consumer_past_every_assigned_offset_moves_back_to_the_end_and_misses_nothing(
-        nursery: trio.Nursery, tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    nursery: trio.Nursery, tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A real overflow (a committed offset that the log never assigned: e.g. messages
     lost with async flush in a crash) still moves the consumer back to the queue's end,
     so that the messages that take those offsets next are read, not skipped."""

@@ -41,8 +41,15 @@ Split = Callable[[bytes, int, int, int, int, dict[QueueKey, int], dict[QueueKey,
 
 
 # ------------------------------------------------------------ the reference (before)
-def reference_split_raw(data: bytes, offset: int, seg_base: int, seg_pos: int, segment_bytes: int,
-                        table: dict[QueueKey, int], undo: dict[QueueKey, int]) -> list[Piece]:  # fmt: skip
+def reference_split_raw(
+    data: bytes,
+    offset: int,
+    seg_base: int,
+    seg_pos: int,
+    segment_bytes: int,
+    table: dict[QueueKey, int],
+    undo: dict[QueueKey, int],
+) -> list[Piece]:
     """The record-by-record split_raw this module's implementation replaced."""
     pieces: list[Piece] = []
     base, pos, p, piece_start = seg_base, seg_pos, 0, 0
@@ -279,17 +286,23 @@ def _whole_prefix_outcome(fn: Callable[[bytes, int], tuple[int, int, bool]], dat
 # ------------------------------------------------------------------------ damage
 @HYP
 @given(whole_chunks(), tables, st.data())
-def test_a_bit_flipped_anywhere_is_refused_as_before(chunk: Chunk, table: dict[QueueKey, int], data: st.DataObject) -> None:
+def test_a_bit_flipped_anywhere_is_refused_as_before(
+    chunk: Chunk, table: dict[QueueKey, int], data: st.DataObject
+) -> None:
     p = data.draw(st.integers(0, len(chunk.data) - 1), label="byte")
     flipped = bytearray(chunk.data)
     flipped[p] ^= 1 << data.draw(st.integers(0, 7), label="bit")
     assert same(with_data(chunk, bytes(flipped)), table)[0] == "refused"
-    assert _whole_prefix_outcome(whole_prefix, bytes(flipped)) == _whole_prefix_outcome(reference_whole_prefix, bytes(flipped))
+    assert _whole_prefix_outcome(whole_prefix, bytes(flipped)) == _whole_prefix_outcome(
+        reference_whole_prefix, bytes(flipped)
+    )
 
 
 @HYP
 @given(whole_chunks(), tables, st.data())
-def test_a_wrong_embedded_offset_is_refused_as_before(chunk: Chunk, table: dict[QueueKey, int], data: st.DataObject) -> None:
+def test_a_wrong_embedded_offset_is_refused_as_before(
+    chunk: Chunk, table: dict[QueueKey, int], data: st.DataObject
+) -> None:
     assume(chunk.records)  # a chunk can be a lone blank marker (drawn about 1 run in 100)
     p = data.draw(st.sampled_from(chunk.records), label="record")
     found = _u64(chunk.data, p + OFF_COMMITLOG_OFFSET)
@@ -300,7 +313,9 @@ def test_a_wrong_embedded_offset_is_refused_as_before(chunk: Chunk, table: dict[
 
 @HYP
 @given(whole_chunks(), tables, st.data())
-def test_a_size_past_the_chunk_is_refused_as_before(chunk: Chunk, table: dict[QueueKey, int], data: st.DataObject) -> None:
+def test_a_size_past_the_chunk_is_refused_as_before(
+    chunk: Chunk, table: dict[QueueKey, int], data: st.DataObject
+) -> None:
     assume(chunk.records)  # a chunk can be a lone blank marker (drawn about 1 run in 100)
     p = data.draw(st.sampled_from(chunk.records), label="record")
     size = data.draw(st.integers(len(chunk.data) - p + 1, 0xFFFF_FFFF), label="size")
@@ -310,8 +325,9 @@ def test_a_size_past_the_chunk_is_refused_as_before(chunk: Chunk, table: dict[Qu
 
 @HYP
 @given(whole_chunks(), tables, st.data())
-def test_a_blank_marker_of_the_wrong_size_is_refused_as_before(chunk: Chunk, table: dict[QueueKey, int],
-                                                               data: st.DataObject) -> None:  # fmt: skip
+def test_a_blank_marker_of_the_wrong_size_is_refused_as_before(
+    chunk: Chunk, table: dict[QueueKey, int], data: st.DataObject
+) -> None:
     if not chunk.markers:
         return
     p = data.draw(st.sampled_from(chunk.markers), label="marker")
@@ -324,8 +340,9 @@ def test_a_blank_marker_of_the_wrong_size_is_refused_as_before(chunk: Chunk, tab
 
 @HYP
 @given(whole_chunks(), tables, st.integers(-3000, 3000), st.integers(-2048, 2048))
-def test_a_chunk_placed_wrongly_is_refused_as_before(chunk: Chunk, table: dict[QueueKey, int], shift: int,
-                                                     seg_delta: int) -> None:  # fmt: skip
+def test_a_chunk_placed_wrongly_is_refused_as_before(
+    chunk: Chunk, table: dict[QueueKey, int], shift: int, seg_delta: int
+) -> None:
     """Offsets, segment positions and segment sizes that do not match the bytes: the
     embedded offsets, the room checks and the marker sizes all see it."""
     moved = Chunk(chunk.data, chunk.offset, chunk.seg_base, max(0, chunk.seg_pos + shift), chunk.records, chunk.markers)
@@ -343,8 +360,13 @@ def test_queue_offsets_only_grow_and_undo_keeps_the_old_values() -> None:
         key = (chunk.data[p + HEADER_SIZE : p + HEADER_SIZE + tlen].decode(), _u32(chunk.data, p + OFF_QUEUE_ID))
         highest[key] = max(highest.get(key, 0), _u64(chunk.data, p + OFF_QUEUE_OFFSET))
     keys = sorted(highest)
-    table = {keys[0]: highest[keys[0]] - 1, keys[1]: highest[keys[1]], keys[2]: highest[keys[2]] + 1,
-             keys[3]: highest[keys[3]] + 2, ("elsewhere", 3): 5}  # fmt: skip
+    table = {
+        keys[0]: highest[keys[0]] - 1,
+        keys[1]: highest[keys[1]],
+        keys[2]: highest[keys[2]] + 1,
+        keys[3]: highest[keys[3]] + 2,
+        ("elsewhere", 3): 5,
+    }
     result = same(chunk, table)
     assert result[0] == "ok"
     taken, undo = result[2], result[3]
@@ -369,7 +391,9 @@ def test_every_damage_class_on_small_and_large_chunks(count: int) -> None:
     for p in sorted({chunk.records[0], chunk.records[len(chunk.records) // 2], chunk.records[-1]}):
         size = _u32(chunk.data, p)
         damages = {
-            "crc32c": bytes(chunk.data[: p + size - 1]) + bytes([chunk.data[p + size - 1] ^ 0x40]) + chunk.data[p + size :],
+            "crc32c": bytes(chunk.data[: p + size - 1])
+            + bytes([chunk.data[p + size - 1] ^ 0x40])
+            + chunk.data[p + size :],
             "commitlog offset": rewrite(chunk.data, p, "<Q", OFF_COMMITLOG_OFFSET, chunk.offset + p + 1),
             "total size": rewrite(chunk.data, p, "<I", 0, len(chunk.data) - p + 1, recrc=False),
             "field lengths": rewrite(chunk.data, p, "<I", 102, _u32(chunk.data, p + 102) + 1),
@@ -392,8 +416,12 @@ def test_a_topic_that_is_not_utf8_is_refused_and_takes_nothing(count: int) -> No
     size = _u32(bad, p)
     struct.pack_into("<I", bad, p + 8, crc32c.crc32c(bytes(bad[p + CRC_START : p + size])))
     table: dict[QueueKey, int] = {("t", 0): 1}
-    assert outcome(split_raw, with_data(chunk, bytes(bad)), table)[:4] == ("refused", f"raw append at {chunk.offset}",
-                                                                          chunk.offset + p, "topic")  # fmt: skip
+    assert outcome(split_raw, with_data(chunk, bytes(bad)), table)[:4] == (
+        "refused",
+        f"raw append at {chunk.offset}",
+        chunk.offset + p,
+        "topic",
+    )
 
 
 # ------------------------------------------------------------ through the log

@@ -94,8 +94,9 @@ limits_st = st.tuples(st.integers(1, 600), st.integers(1, 300), st.integers(1, 6
 
 @settings(max_examples=60, deadline=None)
 @given(asks=st.lists(ask_st, max_size=40), limits=limits_st)
-def test_many_queues_answer_what_the_per_queue_loop_answers(filled: Store, asks: list[Any],
-                                                             limits: tuple[int, int, int]) -> None:  # fmt: skip
+def test_many_queues_answer_what_the_per_queue_loop_answers(
+    filled: Store, asks: list[Any], limits: tuple[int, int, int]
+) -> None:
     many, per_queue = _both(filled, asks, limits)
     assert many == per_queue
     max_messages, max_per_queue, max_bytes = limits
@@ -123,14 +124,22 @@ def test_small_records_are_bytes_and_long_runs_stay_file_spans(tmp_path: Path) -
 
 def _checked_bytes(topic_len: int) -> list[int]:
     """Positions in a record whose damage the identity check must see."""
-    fields = [(0, 8), (OFF_COMMITLOG_OFFSET, 8), (OFF_QUEUE_OFFSET, 8), (OFF_QUEUE_ID, 4), (OFF_TOPIC_LEN, 2),
-              (HEADER_SIZE, topic_len)]  # fmt: skip
+    fields = [
+        (0, 8),
+        (OFF_COMMITLOG_OFFSET, 8),
+        (OFF_QUEUE_OFFSET, 8),
+        (OFF_QUEUE_ID, 4),
+        (OFF_TOPIC_LEN, 2),
+        (HEADER_SIZE, topic_len),
+    ]
     return [p for start, n in fields for p in range(start, start + n)]
 
 
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
-def test_a_damaged_record_is_reported_for_its_queue_as_by_the_per_queue_read(filled: Store, data: st.DataObject) -> None:
+def test_a_damaged_record_is_reported_for_its_queue_as_by_the_per_queue_read(
+    filled: Store, data: st.DataObject
+) -> None:
     keys = [(t, q) for t, n in TOPICS.items() for q in range(n) if filled.max_offset(t, q) > 0]
     topic, qid = data.draw(st.sampled_from(keys))
     at = data.draw(st.integers(0, filled.max_offset(topic, qid) - 1))

@@ -35,13 +35,25 @@ messages = st.builds(
 
 @given(messages, st.integers(0, 2**63), st.integers(0, 2**63), st.integers(0, 2**63), hosts)
 @settings(max_examples=150, deadline=None)
-def test_any_record_round_trips(msg: Message, cl_off: int, q_off: int, store_ts: int, store_host: tuple[str, int]) -> None:
+def test_any_record_round_trips(
+    msg: Message, cl_off: int, q_off: int, store_ts: int, store_host: tuple[str, int]
+) -> None:
     data = encode_message(msg, cl_off, q_off, store_ts, store_host)
     rec = decode_record(data)
     assert rec.size == len(data)
-    assert (rec.topic, rec.queue_id, rec.body, rec.tags, rec.keys) == (msg.topic, msg.queue_id, msg.body, msg.tags, msg.keys)
+    assert (rec.topic, rec.queue_id, rec.body, rec.tags, rec.keys) == (
+        msg.topic,
+        msg.queue_id,
+        msg.body,
+        msg.tags,
+        msg.keys,
+    )
     assert rec.properties == dict(msg.properties)
-    assert (rec.flags, rec.born_timestamp_ms, rec.reconsume_times) == (msg.flags, msg.born_timestamp_ms, msg.reconsume_times)
+    assert (rec.flags, rec.born_timestamp_ms, rec.reconsume_times) == (
+        msg.flags,
+        msg.born_timestamp_ms,
+        msg.reconsume_times,
+    )
     assert (rec.commitlog_offset, rec.queue_offset, rec.store_timestamp_ms) == (cl_off, q_off, store_ts)
     assert (_same_ip(rec.born_host[0]), rec.born_host[1]) == (_same_ip(msg.born_host[0]), msg.born_host[1])
     assert (_same_ip(rec.store_host[0]), rec.store_host[1]) == (_same_ip(store_host[0]), store_host[1])

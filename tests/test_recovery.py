@@ -33,8 +33,10 @@ def fill(store_dir: Path, rng: random.Random) -> list[Sent]:
     s.create_topic("t", QUEUES)
     sent: list[Sent] = []
     for b in range(rng.randint(20, 40)):
-        batch = [Message("t", rng.randrange(QUEUES), rng.randbytes(rng.randint(1, 900)), tags=rng.choice("ABC"))
-                 for _ in range(rng.randint(1, 12))]  # fmt: skip
+        batch = [
+            Message("t", rng.randrange(QUEUES), rng.randbytes(rng.randint(1, 900)), tags=rng.choice("ABC"))
+            for _ in range(rng.randint(1, 12))
+        ]
         res = s.put_batch(batch)
         assert res.ok
         if b % 7 == 0:
@@ -82,7 +84,9 @@ def test_garbled_bytes_in_the_newest_segment(tmp_path: Path, seed: int) -> None:
     sent = fill(tmp_path, rng)
     seg, base = newest_segment(tmp_path, sent)
     in_seg = [x for x in sent if x.offset >= base]
-    hits = sorted(rng.randrange(in_seg[0].offset, in_seg[-1].offset + in_seg[-1].size) for _ in range(rng.randint(1, 3)))
+    hits = sorted(
+        rng.randrange(in_seg[0].offset, in_seg[-1].offset + in_seg[-1].size) for _ in range(rng.randint(1, 3))
+    )
     with open(seg, "r+b") as f:
         for pos in hits:
             f.seek(pos - base)

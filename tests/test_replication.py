@@ -34,13 +34,16 @@ def log_digest(broker: Broker, end: int) -> str:
     return h.hexdigest()
 
 
-async def start_group(c: Cluster, followers: int, common: dict[str, Any] | None = None,
-                      **leader: Any) -> tuple[Broker, list[Broker]]:  # fmt: skip
+async def start_group(
+    c: Cluster, followers: int, common: dict[str, Any] | None = None, **leader: Any
+) -> tuple[Broker, list[Broker]]:
     """A leader (id 0, ``leader`` settings) and followers (ids 1..), all with ``common``."""
     common = {**FAST, **(common or {})}
     lead = await c.start_broker("g", key="g0", broker_id=0, **{**common, **leader})
-    fs = [await c.start_broker("g", key=f"g{i}", broker_id=i, role="follower", leader_addr=lead.addr, **common)
-          for i in range(1, followers + 1)]  # fmt: skip
+    fs = [
+        await c.start_broker("g", key=f"g{i}", broker_id=i, role="follower", leader_addr=lead.addr, **common)
+        for i in range(1, followers + 1)
+    ]
     return lead, fs
 
 
@@ -71,8 +74,13 @@ async def test_follower_logs_are_byte_identical_after_mixed_traffic_over_thousan
 ) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
-    lead, fs = await start_group(c, 2, {"segment_bytes": 256 * 1024, "max_message_bytes": 64 * 1024}, ack_mode=ack_mode,
-                                 min_insync_replicas=3 if ack_mode == "sync" else 1)  # fmt: skip
+    lead, fs = await start_group(
+        c,
+        2,
+        {"segment_bytes": 256 * 1024, "max_message_bytes": 64 * 1024},
+        ack_mode=ack_mode,
+        min_insync_replicas=3 if ack_mode == "sync" else 1,
+    )
     topics = {"a": 1000, "b": 700, "c": 300}
     async with trio.open_nursery() as n:
         rpc = RpcClient(n)
@@ -82,8 +90,10 @@ async def test_follower_logs_are_byte_identical_after_mixed_traffic_over_thousan
         rnd = random.Random(15)
         for _ in range(60):
             t = rnd.choice(list(topics))
-            msgs = [Message(t, rnd.randrange(topics[t]), rnd.randbytes(rnd.choice([1, 100, 1000, 8000])))
-                    for _ in range(rnd.randrange(1, 80))]  # fmt: skip
+            msgs = [
+                Message(t, rnd.randrange(topics[t]), rnd.randbytes(rnd.choice([1, 100, 1000, 8000])))
+                for _ in range(rnd.randrange(1, 80))
+            ]
             reply = await send_raw(rpc, lead.addr, t, msgs)
             assert reply.error_code == 0, reply.error_text
         await rpc.aclose()
@@ -127,9 +137,11 @@ async def test_a_follower_refuses_writes_and_names_its_leader(nursery: trio.Nurs
         rpc = RpcClient(n)
         await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1})
         await await_until(lambda: f.store.topics.all() == {"t": 1}, 10, "the topic copied")
-        for code, fields, body in ((RequestCode.SEND_MESSAGE, {"topic": "t"}, encode_batch([Message("t", 0, b"x")])),
-                                   (RequestCode.CREATE_TOPIC, {"topic": "u", "queue_count": 1}, b""),
-                                   (RequestCode.COMMIT_OFFSET, {"group": "g", "offsets": [["t", 0, 0]]}, b"")):  # fmt: skip
+        for code, fields, body in (
+            (RequestCode.SEND_MESSAGE, {"topic": "t"}, encode_batch([Message("t", 0, b"x")])),
+            (RequestCode.CREATE_TOPIC, {"topic": "u", "queue_count": 1}, b""),
+            (RequestCode.COMMIT_OFFSET, {"group": "g", "offsets": [["t", 0, 0]]}, b""),
+        ):
             reply = await rpc.request(f.addr, code, fields, body, check=False)
             assert reply.error_code == ErrorCode.NOT_LEADER, reply
         assert f.store.log.write_offset == 0 and "u" not in f.store.topics.all()
@@ -193,8 +205,9 @@ async def _join(conn: RawConn, **overrides: Any) -> Frame:
     return await conn.request(RequestCode.REPLICA_JOIN, fields)
 
 
-@pytest.mark.parametrize("who", [{"broker_name": "other"}, {"broker_id": 0}, {"segment_bytes": 1 << 20},
-                                 {"broker_id": 5, "allowed": [1, 2]}])  # fmt: skip
+@pytest.mark.parametrize(
+    "who", [{"broker_name": "other"}, {"broker_id": 0}, {"segment_bytes": 1 << 20}, {"broker_id": 5, "allowed": [1, 2]}]
+)
 async def test_replication_from_an_unknown_broker_is_refused(nursery: trio.Nursery, tmp_path: Path, who: dict) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
@@ -225,8 +238,15 @@ async def test_a_lying_follower_report_is_refused_and_its_connection_dropped(
     await conn.request(RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1})
     await conn.request(RequestCode.SEND_MESSAGE, {"topic": "t"}, encode_batch([Message("t", 0, b"x" * 100)]))
     joined = (await _join(conn)).fields
-    honest = {"broker_id": 9, "session": joined["session"], "epoch": joined["epoch"], "offset": 0,
-              "flushed": 0, "max_bytes": 1 << 20, "max_wait_ms": 0}  # fmt: skip
+    honest = {
+        "broker_id": 9,
+        "session": joined["session"],
+        "epoch": joined["epoch"],
+        "offset": 0,
+        "flushed": 0,
+        "max_bytes": 1 << 20,
+        "max_wait_ms": 0,
+    }
     first = await conn.request(RequestCode.REPLICA_FETCH, honest)
     assert first.error_code == 0 and first.fields["length"] > 0
     honest["offset"] = first.fields["length"] // 2  # a report in the middle of a record: not checked per record
@@ -247,8 +267,15 @@ async def test_a_fetch_of_another_epoch_is_told_to_join_again(nursery: trio.Nurs
     lead, _ = await start_group(c, 0)
     conn = await RawConn.open(lead.addr)
     joined = (await _join(conn)).fields
-    fetch = {"broker_id": 9, "session": joined["session"], "epoch": joined["epoch"] + 1, "offset": 0,
-             "flushed": 0, "max_bytes": 1024, "max_wait_ms": 0}  # fmt: skip
+    fetch = {
+        "broker_id": 9,
+        "session": joined["session"],
+        "epoch": joined["epoch"] + 1,
+        "offset": 0,
+        "flushed": 0,
+        "max_bytes": 1024,
+        "max_wait_ms": 0,
+    }
     reply = await conn.request(RequestCode.REPLICA_FETCH, fetch)
     assert reply.error_code == ErrorCode.STALE_EPOCH
 
@@ -263,13 +290,19 @@ async def test_topics_offsets_and_subscriptions_reach_the_followers(nursery: tri
             await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": t, "queue_count": 3})
         await send_raw(rpc, lead.addr, "keep", [Message("keep", 1, b"m%d" % i) for i in range(5)])
         await rpc.request(lead.addr, RequestCode.COMMIT_OFFSET, {"group": "grp", "offsets": [["keep", 1, 4]]})
-        await rpc.request(lead.addr, RequestCode.HEARTBEAT,
-                          {"client_id": "c1", "groups": [{"group": "grp", "topics": ["keep"], "mode": "clustering"}]})  # fmt: skip
+        await rpc.request(
+            lead.addr,
+            RequestCode.HEARTBEAT,
+            {"client_id": "c1", "groups": [{"group": "grp", "topics": ["keep"], "mode": "clustering"}]},
+        )
         await rpc.request(lead.addr, RequestCode.DELETE_TOPIC, {"topic": "drop"})
 
         def copied() -> bool:
-            return (f.store.topics.all() == {"keep": 3} and f.offsets.query("grp", "keep", 1) == 4
-                    and f.metadata.subscriptions.get("grp") == ("clustering", ["keep"]))  # fmt: skip
+            return (
+                f.store.topics.all() == {"keep": 3}
+                and f.offsets.query("grp", "keep", 1) == 4
+                and f.metadata.subscriptions.get("grp") == ("clustering", ["keep"])
+            )
 
         await await_until(copied, 10, "topics, offsets and subscriptions on the follower")
         await rpc.aclose()
@@ -332,8 +365,9 @@ async def test_retention_on_followers_follows_the_leader_and_a_new_follower_copi
         await send_raw(rpc, lead.addr, "t", [Message("t", 0, b"after retention")])
         await await_until(lambda: f.store.log.min_offset == bases[2], 10, "the follower's retention")
         # A new, empty follower copies from the leader's first segment, not from 0.
-        new = await c.start_broker("g", key="g5", broker_id=5, role="follower", leader_addr=lead.addr,
-                                   **{**FAST, **small})  # fmt: skip
+        new = await c.start_broker(
+            "g", key="g5", broker_id=5, role="follower", leader_addr=lead.addr, **{**FAST, **small}
+        )
         end = await caught_up(lead, [f, new])
         assert new.store.log.min_offset == bases[2]
         assert log_digest(new, end) == log_digest(lead, end)
@@ -346,7 +380,9 @@ async def test_retention_on_followers_follows_the_leader_and_a_new_follower_copi
         await rpc.aclose()
 
 
-async def test_a_follower_in_sync_when_its_leader_died_is_promoted_without_force(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_a_follower_in_sync_when_its_leader_died_is_promoted_without_force(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     lead, (f, other) = await start_group(c, 2, ack_mode="sync", min_insync_replicas=2)
@@ -360,10 +396,16 @@ async def test_a_follower_in_sync_when_its_leader_died_is_promoted_without_force
         await await_until(lambda: not f.replica.follower.in_sync, 10, "the follower noticing")  # type: ignore[union-attr]
         promoted = await rpc.request(f.addr, RequestCode.PROMOTE, {})
         assert promoted.fields["role"] == "leader"
-        await await_until(lambda: other.replica.follower is not None and other.replica.follower.leader_addr == f.addr,
-                          15, "the other follower following the new leader")  # fmt: skip
-        await await_until(lambda: [m.body for m in f.store.get("t", 0, 0, 10).messages] == [b"acked"], 10,
-                          "the acknowledged message readable on the new leader")  # fmt: skip
+        await await_until(
+            lambda: other.replica.follower is not None and other.replica.follower.leader_addr == f.addr,
+            15,
+            "the other follower following the new leader",
+        )
+        await await_until(
+            lambda: [m.body for m in f.store.get("t", 0, 0, 10).messages] == [b"acked"],
+            10,
+            "the acknowledged message readable on the new leader",
+        )
         await rpc.aclose()
 
 

@@ -87,7 +87,9 @@ async def test_a_sync_send_below_min_insync_replicas_fails_with_that_code_and_st
     assert [r.body for q in stored(lead, "t", 2).values() for r in q] == [b"held by both"]
 
 
-async def test_sends_refused_for_replication_are_retried_on_the_same_queue(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_sends_refused_for_replication_are_retried_on_the_same_queue(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     """The follower stops: the leader first answers REPLICATION_TIMEOUT (stored, not held
     in time; the follower is still counted in sync), then NOT_ENOUGH_REPLICAS once it
     leaves the set. The producer keeps retrying the queue it picked first (the selector
@@ -110,8 +112,11 @@ async def test_sends_refused_for_replication_are_retried_on_the_same_queue(nurse
         # The first try stored in queue 2, and the follower out of the in-sync set: the
         # retries are refused (NOT_ENOUGH_REPLICAS) until it is back.
         await await_until(lambda: lead.store.max_offset("t", 2) >= 1, 15, "the first try stored in queue 2")
-        await await_until(lambda: lead.replica.leader is not None and lead.replica.leader.isr.size() == 1, 15,
-                          "the follower out of the in-sync set")  # fmt: skip
+        await await_until(
+            lambda: lead.replica.leader is not None and lead.replica.leader.isr.size() == 1,
+            15,
+            "the follower out of the in-sync set",
+        )
         await start_follower(c, lead)
 
     nursery.start_soon(restart_once_retried)
@@ -124,7 +129,9 @@ async def test_sends_refused_for_replication_are_retried_on_the_same_queue(nurse
     assert queues[2][0].body == b"keep my place" and result.queue_offset == 0  # the first try's copy
 
 
-async def test_a_send_to_a_follower_is_refused_with_not_leader_and_stores_nothing(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_a_send_to_a_follower_is_refused_with_not_leader_and_stores_nothing(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     lead, f = await start_group(c)
@@ -140,8 +147,9 @@ async def test_a_send_to_a_follower_is_refused_with_not_leader_and_stores_nothin
     assert lead.addr in str(e.value)  # the follower names its leader
     async with trio.open_nursery() as n:
         rpc = RpcClient(n)
-        commit = await rpc.request(f.addr, RequestCode.COMMIT_OFFSET, {"group": "cg", "offsets": [["t", 0, 0]]},
-                                   check=False)  # fmt: skip
+        commit = await rpc.request(
+            f.addr, RequestCode.COMMIT_OFFSET, {"group": "cg", "offsets": [["t", 0, 0]]}, check=False
+        )
         await rpc.aclose()
     assert commit.error_code == ErrorCode.NOT_LEADER
     assert (lead.store.log.write_offset, f.store.log.write_offset) == ends
@@ -159,8 +167,9 @@ async def produce(c: Cluster, topic: str, count: int, prefix: bytes = b"m", pad:
             await p.send(topic, body, keys=f"k{i}", tags="even" if i % 2 == 0 else "odd")
 
 
-async def ready_group(nursery: trio.Nursery, tmp_path: Path, queues: int, messages: int,
-                      **leader: Any) -> tuple[Cluster, Broker, Broker]:  # fmt: skip
+async def ready_group(
+    nursery: trio.Nursery, tmp_path: Path, queues: int, messages: int, **leader: Any
+) -> tuple[Cluster, Broker, Broker]:
     """A name server, a leader and an in-sync follower, topic "t" of ``queues`` queues
     holding ``messages`` messages."""
     c = Cluster(nursery, tmp_path)
@@ -188,8 +197,9 @@ async def test_a_consumer_reading_from_followers_reads_what_the_leader_has_and_c
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     c, lead, f = await ready_group(nursery, tmp_path, 4, 400)
-    async with open_consumer(c.ns, "cg", {"t": "*"}, read_from_followers=True, pull_batch=16,
-                             **FAST_CONSUMER) as consumer:  # fmt: skip
+    async with open_consumer(
+        c.ns, "cg", {"t": "*"}, read_from_followers=True, pull_batch=16, **FAST_CONSUMER
+    ) as consumer:
         got = await consume(consumer, 400)
         assert f.rpc.connections >= 1  # its pulls went to the follower (heartbeats and commits do not)
         assert all(consumer.reads.target(mq) == f.addr for mq in consumer.assignment())
@@ -199,8 +209,11 @@ async def test_a_consumer_reading_from_followers_reads_what_the_leader_has_and_c
         assert [r.queue_offset for r in got if r.queue_id == q] == list(range(len(want[q])))
     ends = {q: lead.store.max_offset("t", q) for q in range(4)}
     assert {q: lead.offsets.query("cg", "t", q) for q in range(4)} == ends  # committed to the leader
-    await await_until(lambda: {q: f.offsets.query("cg", "t", q) for q in range(4)} == ends, 10,
-                      "the committed offsets replicated to the follower")  # fmt: skip
+    await await_until(
+        lambda: {q: f.offsets.query("cg", "t", q) for q in range(4)} == ends,
+        10,
+        "the committed offsets replicated to the follower",
+    )
 
 
 async def test_a_consumer_not_asking_for_followers_reads_from_the_leader(nursery: trio.Nursery, tmp_path: Path) -> None:
@@ -210,13 +223,16 @@ async def test_a_consumer_not_asking_for_followers_reads_from_the_leader(nursery
         assert f.rpc.connections == 0
 
 
-async def test_a_consumer_falls_back_to_the_leader_when_its_follower_fails(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_a_consumer_falls_back_to_the_leader_when_its_follower_fails(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     """The follower stops while the name server still lists it: pulls to it fail, and
     the leader serves them."""
     c, _lead, f = await ready_group(nursery, tmp_path, 2, 100)
     await follower_routed(c, "t", f.addr)  # else the consumer starts on the leader alone
-    async with open_consumer(c.ns, "cg", {"t": "*"}, read_from_followers=True, follower_failure_backoff_ms=60_000,
-                             **FAST_CONSUMER) as consumer:  # fmt: skip
+    async with open_consumer(
+        c.ns, "cg", {"t": "*"}, read_from_followers=True, follower_failure_backoff_ms=60_000, **FAST_CONSUMER
+    ) as consumer:
         first = await consume(consumer, 1)
         assert f.rpc.connections >= 1
         await c.stop_broker("g1")
@@ -227,7 +243,9 @@ async def test_a_consumer_falls_back_to_the_leader_when_its_follower_fails(nurse
     assert sorted(r.body for r in got) == sorted([b"m%d" % i for i in range(100)] + [b"n%d" % i for i in range(100)])
 
 
-async def test_a_follower_that_lacks_the_offset_sends_the_consumer_to_the_leader(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_a_follower_that_lacks_the_offset_sends_the_consumer_to_the_leader(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     """A follower that missed messages (stopped, then catching up slowly: throttled)
     does not hold the group's committed offset: the consumer reads from the leader
     there, never moving its offset back to the follower's end (no message twice)."""
@@ -262,10 +280,12 @@ async def test_the_leader_hints_a_lagging_reader_to_read_from_a_follower(nursery
     await produce(c, "t", 20)
 
     async def hints(rpc: RpcClient, offset: int) -> tuple[Any, Any]:
-        one = await rpc.request(lead.addr, RequestCode.PULL_MESSAGE,
-                                {"topic": "t", "queue_id": 0, "offset": offset, "max_messages": 4})  # fmt: skip
-        many = await rpc.request(lead.addr, RequestCode.PULL_MESSAGES,
-                                 {"queues": [FetchAsk.row("t", 0, offset, None)], "max_per_queue": 4})  # fmt: skip
+        one = await rpc.request(
+            lead.addr, RequestCode.PULL_MESSAGE, {"topic": "t", "queue_id": 0, "offset": offset, "max_messages": 4}
+        )
+        many = await rpc.request(
+            lead.addr, RequestCode.PULL_MESSAGES, {"queues": [FetchAsk.row("t", 0, offset, None)], "max_per_queue": 4}
+        )
         assert one.fields["count"] == many.fields["count"] == min(4, 20 - offset)
         return one.fields.get("suggest_follower"), many.fields.get("suggest_follower")
 
@@ -282,8 +302,9 @@ async def test_the_leader_hints_a_lagging_reader_to_read_from_a_follower(nursery
 
 async def test_a_hinted_consumer_reads_from_a_follower(nursery: trio.Nursery, tmp_path: Path) -> None:
     c, _lead, f = await ready_group(nursery, tmp_path, 1, 300, follower_read_lag_messages=20)
-    async with open_consumer(c.ns, "cg", {"t": "*"}, pull_batch=8, follower_read_hold_ms=60_000,
-                             **FAST_CONSUMER) as consumer:  # fmt: skip
+    async with open_consumer(
+        c.ns, "cg", {"t": "*"}, pull_batch=8, follower_read_hold_ms=60_000, **FAST_CONSUMER
+    ) as consumer:
         got = await consume(consumer, 300)
         assert consumer.reads.reading_from_follower("g")
         assert f.rpc.connections >= 1

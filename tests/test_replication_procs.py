@@ -58,8 +58,16 @@ async def start_group(g: Group, followers: int = 2, **settings: Any) -> list[str
     return keys
 
 
-async def produce_until(g: Group, key: str, ledger: Ledger, stop: trio.Event, rng: random.Random, tag: str,
-                        sizes: tuple[int, int] = (16, 4000), pace_s: float = 0.0) -> None:  # fmt: skip
+async def produce_until(
+    g: Group,
+    key: str,
+    ledger: Ledger,
+    stop: trio.Event,
+    rng: random.Random,
+    tag: str,
+    sizes: tuple[int, int] = (16, 4000),
+    pace_s: float = 0.0,
+) -> None:
     """Send batches of 1-8 messages to random queues of :data:`TOPIC` until ``stop``
     (``pace_s`` apart: a producer slower than a throttle)."""
     n = 0
@@ -99,11 +107,17 @@ async def test_follower_killed_and_restarted_under_load_catches_up_without_gap(t
                 n.start_soon(produce_until, g, "g0", ledger, stop, random.Random(rng.random()), f"p{t}")
             killed_at = await wait_bytes(g, "g1", 200_000, "g1 to copy the first 200 KB under load")
             await g["g1"].kill()
-            await g.wait_status("g0", lambda s: not _row(s, 1)["in_sync"], 10, "the leader to drop g1 from the in-sync set")
+            await g.wait_status(
+                "g0", lambda s: not _row(s, 1)["in_sync"], 10, "the leader to drop g1 from the in-sync set"
+            )
             await wait_bytes(g, "g0", killed_at + 1_000_000, "the leader to grow 1 MB while g1 is down")
             await g["g1"].start()
-            await g.wait_status("g0", lambda s: _row(s, 1)["in_sync"] and _row(s, 1)["acked_offset"] > killed_at + 1_000_000,
-                                30, "g1 to catch up and rejoin the in-sync set while the producer sends")  # fmt: skip
+            await g.wait_status(
+                "g0",
+                lambda s: _row(s, 1)["in_sync"] and _row(s, 1)["acked_offset"] > killed_at + 1_000_000,
+                30,
+                "g1 to catch up and rejoin the in-sync set while the producer sends",
+            )
             stop.set()
         assert not ledger.errors, ledger.errors[:5]
         end = await g.wait_in_sync("g0", keys[1:])
@@ -123,8 +137,14 @@ KEYS = [f"key-{i}" for i in range(12)]  # sharding keys: one producer task each,
 CONSUMER_GROUP = "cg"
 
 
-async def produce_keyed(g: Group, key: str, sharding_key: str, ledger: Ledger, order: dict[str, list[int]],
-                        next_seq: dict[str, int] | None = None) -> None:  # fmt: skip
+async def produce_keyed(
+    g: Group,
+    key: str,
+    sharding_key: str,
+    ledger: Ledger,
+    order: dict[str, list[int]],
+    next_seq: dict[str, int] | None = None,
+) -> None:
     """Send 1-3 messages at a time, in order, to the sharding key's queue until an error
     (the leader's death); ``order[sharding_key]`` lists the sequence numbers acknowledged,
     ``next_seq`` (kept across calls) the next one to send."""
@@ -182,8 +202,11 @@ def check_key_order(records_by_queue: dict[int, list[Record]], order: dict[str, 
     and every acknowledged one is there."""
     problems = []
     for sharding_key, acked in order.items():
-        seqs = [int(msg_id_of(r.body).rsplit("-", 1)[1]) for r in records_by_queue[shard(sharding_key, QUEUES)]
-                if msg_id_of(r.body).rsplit("-", 1)[0] == sharding_key]  # fmt: skip
+        seqs = [
+            int(msg_id_of(r.body).rsplit("-", 1)[1])
+            for r in records_by_queue[shard(sharding_key, QUEUES)]
+            if msg_id_of(r.body).rsplit("-", 1)[0] == sharding_key
+        ]
         if seqs != sorted(seqs) or len(set(seqs)) != len(seqs):
             problems.append(f"{sharding_key}: read out of order or twice: {seqs[:30]}")
         if missing := set(acked) - set(seqs):
@@ -218,12 +241,18 @@ async def test_leader_killed_under_sync_acks_promoted_follower_has_every_ack(tmp
         new = await promote_first(g, sorted(ends, key=lambda k: ends[k]))
         other = "g2" if new == "g1" else "g1"
         reads = {q: await read_queue(g, new, TOPIC, q) for q in range(QUEUES)}
-        problems = [p for (_t, q), acked in ledger.per_queue().items() for p in queue_check(reads[q], acked, f"{new} {q}")]
+        problems = [
+            p for (_t, q), acked in ledger.per_queue().items() for p in queue_check(reads[q], acked, f"{new} {q}")
+        ]
         assert not problems + check_key_order(reads, order), (problems + check_key_order(reads, order))[:20]
         rows = await committed_offsets(g, new, CONSUMER_GROUP, sorted(committed))
         assert [r[0] if r else None for r in rows] == [committed[q] for q in sorted(committed)]
-        await g.wait_status(other, lambda s: s["leader_addr"] == g[new].addr and s["in_sync"], 30,
-                            f"{other} to follow the new leader {new} and be in sync")  # fmt: skip
+        await g.wait_status(
+            other,
+            lambda s: s["leader_addr"] == g[new].addr and s["in_sync"],
+            30,
+            f"{other} to follow the new leader {new} and be in sync",
+        )
         reply = await send(g, new, TOPIC, 0, [b"after the promotion"])
         assert not reply.error_code, f"a sync write to the new leader: {reply.error_text}"
         end = await g.wait_in_sync(new, [other])
@@ -278,8 +307,12 @@ async def test_old_leader_rejoins_and_cuts_its_divergent_tail(tmp_path: Path) ->
         await g["g0"].start()
         # A follower's epoch is its log's latest term: it reaches the new leader's once the
         # first bytes of that term are copied, a moment after it names the new leader.
-        await g.wait_status("g0", lambda s: s["role"] == "follower" and s["leader_addr"] == g["g1"].addr
-                            and s["epoch"] >= epoch, 30, "the old leader to step down, follow g1 and copy its term")  # fmt: skip
+        await g.wait_status(
+            "g0",
+            lambda s: s["role"] == "follower" and s["leader_addr"] == g["g1"].addr and s["epoch"] >= epoch,
+            30,
+            "the old leader to step down, follow g1 and copy its term",
+        )
         rows = await g.wait_cluster(lambda c: c.get("g0", {}).get("role") == "follower", 10, "g0 listed as a follower")
         assert rows["g1"]["role"] == "leader" and rows["g1"]["epoch"] == epoch, rows
         end = await g.wait_in_sync("g1", ["g0", "g2"])
@@ -308,8 +341,14 @@ async def refused_quickly(g: Group, deadline_s: float) -> list[tuple[str, float]
     while not answers or answers[-1][0] != "NOT_ENOUGH_REPLICAS":
         assert time.monotonic() < give_up, f"no NOT_ENOUGH_REPLICAS within {deadline_s} s: {answers}"
         t0 = time.monotonic()
-        reply = await send(g, "g0", TOPIC, 1, [b"while both followers are paused"],
-                           timeout_ms=REPLICATION_TIMEOUT_MS + int(SLACK_S * 1000))  # fmt: skip
+        reply = await send(
+            g,
+            "g0",
+            TOPIC,
+            1,
+            [b"while both followers are paused"],
+            timeout_ms=REPLICATION_TIMEOUT_MS + int(SLACK_S * 1000),
+        )
         answers.append((ErrorCode(reply.error_code).name, time.monotonic() - t0))
         assert answers[-1][0] in ("REPLICATION_TIMEOUT", "NOT_ENOUGH_REPLICAS"), answers
     return answers
@@ -322,8 +361,13 @@ async def test_paused_followers_leave_and_rejoin_the_in_sync_set(tmp_path: Path)
     caught while the set shrank), never hung; resumed, both catch up and rejoin, and
     sync writes are acknowledged again."""
     async with open_group(tmp_path) as g:
-        keys = await start_group(g, ack_mode="sync", min_insync_replicas=2, replica_lag_max_ms=LAG_MAX_MS,
-                                 replication_timeout_ms=REPLICATION_TIMEOUT_MS)  # fmt: skip
+        keys = await start_group(
+            g,
+            ack_mode="sync",
+            min_insync_replicas=2,
+            replica_lag_max_ms=LAG_MAX_MS,
+            replication_timeout_ms=REPLICATION_TIMEOUT_MS,
+        )
         ledger, stop = Ledger(), trio.Event()
         async with trio.open_nursery() as n:
             n.start_soon(produce_until, g, "g0", ledger, stop, random.Random(4), "p")
@@ -346,8 +390,12 @@ async def test_paused_followers_leave_and_rejoin_the_in_sync_set(tmp_path: Path)
         assert not _row(st, 1)["in_sync"] and not _row(st, 2)["in_sync"], st
         g["g1"].resume()
         g["g2"].resume()
-        await g.wait_status("g0", lambda s: _row(s, 1)["in_sync"] and _row(s, 2)["in_sync"], 30,
-                            "both followers to rejoin the in-sync set")  # fmt: skip
+        await g.wait_status(
+            "g0",
+            lambda s: _row(s, 1)["in_sync"] and _row(s, 2)["in_sync"],
+            30,
+            "both followers to rejoin the in-sync set",
+        )
         ok = await send_and_record(g, "g0", TOPIC, 2, [b"after the followers rejoined"], ledger)
         assert ok is not None and not ok.error_code, ledger.errors[-1:]
         end = await g.wait_in_sync("g0", keys[1:])
@@ -367,8 +415,9 @@ def queue_cycle(rng: random.Random) -> Iterator[tuple[str, int]]:
         yield from queues
 
 
-async def produce_wide(g: Group, ledger: Ledger, goal_bytes: int, queues: Iterator[tuple[str, int]],
-                       rng: random.Random) -> None:  # fmt: skip
+async def produce_wide(
+    g: Group, ledger: Ledger, goal_bytes: int, queues: Iterator[tuple[str, int]], rng: random.Random
+) -> None:
     """Single messages and batches of up to 8, 1 B..8 KiB each (most under 200 B), to
     the next queue of ``queues``, until ``goal_bytes`` were acknowledged (by all senders)."""
     while ledger.bytes_acked < goal_bytes:
@@ -414,10 +463,14 @@ async def wide_traffic_identical_logs(tmp_path: Path, ack_mode: str, goal_bytes:
 
             await await_until(same, 20, f"{key}'s queues to end where the leader's do")
         sample = rng.sample(sorted(ledger.per_queue().items()), 30)
-        problems = [p for (t, q), acked in sample for p in queue_check(await read_queue(g, "g2", t, q), acked, f"g2 {t}/{q}")]
+        problems = [
+            p for (t, q), acked in sample for p in queue_check(await read_queue(g, "g2", t, q), acked, f"g2 {t}/{q}")
+        ]
         assert not problems, problems
-        print(f"\n{ack_mode}: {len(ledger.acked)} messages to {len(ledger.per_queue())} queues in {ledger.sends} sends "
-              f"({seconds:.1f} s), {end} log bytes, sha256 {digest[:16]}")  # fmt: skip
+        print(
+            f"\n{ack_mode}: {len(ledger.acked)} messages to {len(ledger.per_queue())} queues in {ledger.sends} sends "
+            f"({seconds:.1f} s), {end} log bytes, sha256 {digest[:16]}"
+        )
 
 
 @pytest.mark.parametrize("ack_mode", ["async", "sync"])
@@ -470,8 +523,14 @@ async def test_an_empty_follower_added_under_load_copies_the_log_throttled(tmp_p
 
 
 # ----------------------------------------------------------------- a loop of faults
-FAULTS = ("kill_leader", "restart_leader", "pause_leader", "kill_follower", "kill_follower_catching_up",
-          "pause_follower")  # fmt: skip
+FAULTS = (
+    "kill_leader",
+    "restart_leader",
+    "pause_leader",
+    "kill_follower",
+    "kill_follower_catching_up",
+    "pause_follower",
+)
 LEADER_FAULTS = ("kill_leader", "restart_leader", "pause_leader")  # the producers stop at their first failed send
 
 
@@ -509,8 +568,12 @@ async def kill_leader(loop: Loop) -> None:
         if other != old:
             await g.wait_status(other, lambda s: s["leader_addr"] == g[key].addr, 30, f"{other} to follow {key}")
     await g[old].start()
-    await g.wait_status(old, lambda s: s["role"] == "follower" and s["leader_addr"] == g[key].addr, 30,
-                        f"the old leader {old} to step down and follow {key}")  # fmt: skip
+    await g.wait_status(
+        old,
+        lambda s: s["role"] == "follower" and s["leader_addr"] == g[key].addr,
+        30,
+        f"the old leader {old} to step down and follow {key}",
+    )
 
 
 async def pause_leader(loop: Loop) -> None:
@@ -601,7 +664,9 @@ async def follower_fault(loop: Loop, fault: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("replica_ack", ["written", "flushed"])
-async def test_loop_of_leader_and_follower_faults_loses_no_acknowledged_message(tmp_path: Path, replica_ack: str) -> None:
+async def test_loop_of_leader_and_follower_faults_loses_no_acknowledged_message(
+    tmp_path: Path, replica_ack: str
+) -> None:
     """Sync acks, min_insync_replicas=2, three brokers; rounds of keyed traffic, each with
     a random fault: the leader SIGKILLed and a follower promoted, the old leader
     rejoining; the leader SIGKILLed and restarted (a new term); the leader stalled (SIGSTOP) and resumed; a follower SIGKILLed and
@@ -616,7 +681,9 @@ async def test_loop_of_leader_and_follower_faults_loses_no_acknowledged_message(
         for fault in faults:
             await fault_round(loop, fault)
         reads = {q: await read_queue(g, loop.leader, TOPIC, q) for q in range(QUEUES)}
-        problems = [p for (_t, q), acked in loop.ledger.per_queue().items() for p in queue_check(reads[q], acked, f"queue {q}")]
+        problems = [
+            p for (_t, q), acked in loop.ledger.per_queue().items() for p in queue_check(reads[q], acked, f"queue {q}")
+        ]
         problems += check_key_order(reads, loop.order)
         assert not problems, problems[:20]
         print(f"\nfaults {loop.faults}: {len(loop.ledger.acked)} acknowledged messages, all on {loop.leader}")

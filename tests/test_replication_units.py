@@ -40,7 +40,9 @@ def two_histories(draw: st.DrawFn) -> tuple[list[Entry], int, list[Entry], int]:
         extra = sorted(draw(st.lists(st.integers(floor, 100), max_size=3)))
         if extra and not starts:
             extra[0] = 0
-        epochs = sorted(draw(st.sets(st.integers(base_epoch, base_epoch + 6), min_size=len(extra), max_size=len(extra))))
+        epochs = sorted(
+            draw(st.sets(st.integers(base_epoch, base_epoch + 6), min_size=len(extra), max_size=len(extra)))
+        )
         return [(e, s, first_id + i) for i, (e, s) in enumerate(zip(epochs, extra))]
 
     own, lead = common + own_terms(10), common + own_terms(20)

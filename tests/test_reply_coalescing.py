@@ -21,7 +21,16 @@ from clmq.broker.service._append import AppendLane, PendingPut
 from clmq.broker.store import Store, StoreConfig
 from clmq.commitlog import CommitLogConfig, FlushMode
 from clmq.common import Message, decode_records_many, pack_messages
-from clmq.protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, RequestCode, encode_batch, encode_frame, response_to
+from clmq.protocol import (
+    NEED_DATA,
+    ErrorCode,
+    Frame,
+    FrameDecoder,
+    RequestCode,
+    encode_batch,
+    encode_frame,
+    response_to,
+)
 from clmq.protocol.transport import Later, Peer, Reply, RpcServer
 from clmq.protocol.transport._connection import encode_reply
 from clmq.protocol.transport._handler import Deliver
@@ -75,8 +84,9 @@ def _pull_frame(rid: int, queue_id: int, offset: int, count: int) -> Frame:
 
 
 @pytest.mark.parametrize("flush", ["async", "sync"])
-async def test_concurrent_produces_on_one_connection_are_answered_together(nursery: trio.Nursery, tmp_path: Path,
-                                                                          flush: str) -> None:  # fmt: skip
+async def test_concurrent_produces_on_one_connection_are_answered_together(
+    nursery: trio.Nursery, tmp_path: Path, flush: str
+) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     b = await c.start_broker("broker-a", flush_mode=flush)
@@ -102,8 +112,17 @@ async def test_produce_and_sendfile_pull_replies_never_interleave(broker: Broker
     """Pull replies carry records by sendfile; produce replies are bytes. Many of both in
     flight on one connection: every reply is whole and is the one its request asked for."""
     stored = 300
-    await _exchange(broker.addr, [Frame(RequestCode.SEND_MESSAGE, 1, {"topic": TOPIC},
-                                         encode_batch([Message(TOPIC, 1, _body(k)) for k in range(stored)]))])  # fmt: skip
+    await _exchange(
+        broker.addr,
+        [
+            Frame(
+                RequestCode.SEND_MESSAGE,
+                1,
+                {"topic": TOPIC},
+                encode_batch([Message(TOPIC, 1, _body(k)) for k in range(stored)]),
+            )
+        ],
+    )
     before = (broker.rpc.stats.replies, broker.rpc.stats.writes)
     frames: list[Frame] = []
     asked: dict[int, list[int]] = {}
@@ -256,7 +275,9 @@ async def test_sync_flush_callbacks_are_called_once_durable_or_once_timed_out(tm
                 lane.durable.call_when_durable(end, 10, lambda ok: calls.append((end, ok)))
 
             for i in range(200):
-                lane.submit(TOPIC, pack_messages([Message(TOPIC, 0, _body(i))]), ("127.0.0.1", 1)).add_done_callback(stored)
+                lane.submit(TOPIC, pack_messages([Message(TOPIC, 0, _body(i))]), ("127.0.0.1", 1)).add_done_callback(
+                    stored
+                )
             await await_until(lambda: len(calls) >= 200, 10, "every callback called")
             assert len(calls) == 200 and all(ok for _, ok in calls) and store.durable_offset >= max(e for e, _ in calls)
             never = store.log.write_offset + (1 << 40)  # a real waiter's bytes are written: it waits for the fsync
@@ -269,13 +290,26 @@ async def test_sync_flush_callbacks_are_called_once_durable_or_once_timed_out(tm
         store.close()
 
 
-@given(code=st.integers(0, 1 << 16), rid=st.integers(-(1 << 40), 1 << 40), error_code=st.integers(0, 300),
-       error_text=st.text(max_size=20), body=st.binary(max_size=40),
-       fields=st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-(1 << 62), 1 << 62), st.booleans(),
-                              st.lists(st.integers(0, 1 << 40), max_size=4), st.text(max_size=8)), max_size=4))  # fmt: skip
-def test_a_reply_encoded_without_a_frame_is_the_frame_encoding_byte_for_byte(code: int, rid: int, error_code: int,
-                                                                            error_text: str, body: bytes,
-                                                                            fields: dict[str, object]) -> None:  # fmt: skip
+@given(
+    code=st.integers(0, 1 << 16),
+    rid=st.integers(-(1 << 40), 1 << 40),
+    error_code=st.integers(0, 300),
+    error_text=st.text(max_size=20),
+    body=st.binary(max_size=40),
+    fields=st.dictionaries(
+        st.text(max_size=8),
+        st.one_of(
+            st.integers(-(1 << 62), 1 << 62),
+            st.booleans(),
+            st.lists(st.integers(0, 1 << 40), max_size=4),
+            st.text(max_size=8),
+        ),
+        max_size=4,
+    ),
+)
+def test_a_reply_encoded_without_a_frame_is_the_frame_encoding_byte_for_byte(
+    code: int, rid: int, error_code: int, error_text: str, body: bytes, fields: dict[str, object]
+) -> None:
     request = Frame(code, rid, {"topic": "t"}, b"x")
     reply = Reply(dict(fields), body, error_code=error_code, error_text=error_text)
     expected = encode_frame(response_to(request, fields, body, error_code, error_text))

@@ -14,7 +14,9 @@ from clmq.protocol import FetchAsk, FetchResult, PullStatus, RowError
 
 ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 queue_ids, offsets = st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1)
-asks = st.builds(FetchAsk, st.text(max_size=20), queue_ids, offsets, st.none() | st.lists(st.text(max_size=8), max_size=4))
+asks = st.builds(
+    FetchAsk, st.text(max_size=20), queue_ids, offsets, st.none() | st.lists(st.text(max_size=8), max_size=4)
+)
 results = st.builds(FetchResult, st.sampled_from(PullStatus), ints, st.integers(0, 2**31), st.integers(0, 2**31), ints)
 not_int = st.one_of(
     st.text(max_size=5), st.floats(allow_nan=False), st.booleans(), st.none(), st.lists(st.integers(), max_size=2)

@@ -46,8 +46,11 @@ async def _records(addr: str, topic: str, n: int) -> list[Record]:
 
     async def pulled() -> list[Record] | None:
         try:
-            reply = await _request(addr, RequestCode.PULL_MESSAGE, {"topic": topic, "queue_id": 0, "offset": 0,
-                                                                    "max_messages": 100, "max_wait_ms": 0})  # fmt: skip
+            reply = await _request(
+                addr,
+                RequestCode.PULL_MESSAGE,
+                {"topic": topic, "queue_id": 0, "offset": 0, "max_messages": 100, "max_wait_ms": 0},
+            )
         except RpcError:
             return None  # the topic does not exist yet
         records = decode_records(reply.body)
@@ -58,14 +61,16 @@ async def _records(addr: str, topic: str, n: int) -> list[Record]:
 
 
 async def _send_back(addr: str, record: Record, delay_ms: int = -1, **more: Any) -> list[Any]:
-    reply = await _request(addr, RequestCode.CONSUMER_SEND_BACK,
-                           {"group": "g", "messages": [[record.commitlog_offset, delay_ms]], **more})  # fmt: skip
+    reply = await _request(
+        addr, RequestCode.CONSUMER_SEND_BACK, {"group": "g", "messages": [[record.commitlog_offset, delay_ms]], **more}
+    )
     results: list[Any] = reply.fields["results"]
     return results
 
 
-async def test_retries_back_off_then_the_message_goes_to_the_dead_letters_once(nursery: trio.Nursery,
-                                                                                tmp_path: Path) -> None:  # fmt: skip
+async def test_retries_back_off_then_the_message_goes_to_the_dead_letters_once(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     c, addr = await _start(nursery, tmp_path)
     async with open_producer(c.ns) as producer:
         await producer.send("t", b"bad", tags="x", keys="k")
@@ -108,15 +113,19 @@ async def test_an_explicit_delay_and_straight_to_the_dead_letters(nursery: trio.
     assert [r.body for r in await _records(addr, dlq_topic("g"), 1)] == [b"b"]
 
 
-@pytest.mark.parametrize(("fields", "code"), [
-    ({"group": "g", "messages": [[12345, -1]]}, ErrorCode.NOT_FOUND),  # no record starts there
-    ({"group": "%DLQ%g", "messages": []}, ErrorCode.MALFORMED_REQUEST),  # not a group
-    ({"group": "g", "messages": [[0, -2]]}, ErrorCode.MALFORMED_REQUEST),  # a delay below -1
-    ({"group": "g", "messages": [["0", -1]]}, ErrorCode.MALFORMED_REQUEST),  # a wrong type
-    ({"group": "g", "messages": [[0, 10**12]]}, ErrorCode.MALFORMED_REQUEST),  # a delay past timer_max_delay_ms
-])  # fmt: skip
-async def test_a_bad_send_back_is_refused_and_stores_nothing(nursery: trio.Nursery, tmp_path: Path,
-                                                             fields: dict[str, Any], code: ErrorCode) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"group": "g", "messages": [[12345, -1]]}, ErrorCode.NOT_FOUND),  # no record starts there
+        ({"group": "%DLQ%g", "messages": []}, ErrorCode.MALFORMED_REQUEST),  # not a group
+        ({"group": "g", "messages": [[0, -2]]}, ErrorCode.MALFORMED_REQUEST),  # a delay below -1
+        ({"group": "g", "messages": [["0", -1]]}, ErrorCode.MALFORMED_REQUEST),  # a wrong type
+        ({"group": "g", "messages": [[0, 10**12]]}, ErrorCode.MALFORMED_REQUEST),  # a delay past timer_max_delay_ms
+    ],
+)
+async def test_a_bad_send_back_is_refused_and_stores_nothing(
+    nursery: trio.Nursery, tmp_path: Path, fields: dict[str, Any], code: ErrorCode
+) -> None:
     _c, addr = await _start(nursery, tmp_path)
     with pytest.raises(RpcError) as e:
         await _request(addr, RequestCode.CONSUMER_SEND_BACK, fields)
@@ -125,8 +134,9 @@ async def test_a_bad_send_back_is_refused_and_stores_nothing(nursery: trio.Nurse
     assert set(topics.fields["topics"]) == {"t"}
 
 
-async def test_a_record_too_large_to_carry_a_retry_s_properties_goes_to_the_dead_letters(nursery: trio.Nursery,
-                                                                                      tmp_path: Path) -> None:  # fmt: skip
+async def test_a_record_too_large_to_carry_a_retry_s_properties_goes_to_the_dead_letters(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     """A failed record near max_message_bytes cannot take the retry's properties: it goes
     to the dead letters, as a reference to the failed record if even that copy is too
     large, rather than block its queue; a resend sends its body."""

@@ -41,7 +41,9 @@ async def cluster(nursery: trio.Nursery, tmp_path: Path) -> Cluster:
     return c
 
 
-async def consume(ns: list[str], group: str, topic: str, want: int, expr: str = "*", timeout_s: float = 10, **opts) -> list:
+async def consume(
+    ns: list[str], group: str, topic: str, want: int, expr: str = "*", timeout_s: float = 10, **opts
+) -> list:
     got: list = []
     async with open_consumer(ns, group, {topic: expr}, **{**FAST_CONSUMER, **opts}) as c:
         with trio.move_on_after(timeout_s):
@@ -59,7 +61,10 @@ async def send_direct(addr: str, topic: str, bodies: dict[int, list[bytes]]) -> 
         rpc = RpcClient(n)
         for q, queue_bodies in bodies.items():
             await rpc.request(
-                addr, RequestCode.SEND_MESSAGE, {"topic": topic}, encode_batch([Message(topic, q, b) for b in queue_bodies])
+                addr,
+                RequestCode.SEND_MESSAGE,
+                {"topic": topic},
+                encode_batch([Message(topic, q, b) for b in queue_bodies]),
             )
         await rpc.aclose()
 
@@ -67,8 +72,10 @@ async def send_direct(addr: str, topic: str, bodies: dict[int, list[bytes]]) -> 
 async def test_messages_of_one_key_arrive_in_order(cluster: Cluster) -> None:
     await cluster.create_topic("orders", 4)
     async with open_producer(cluster.ns) as p:
-        results = [await p.send("orders", b"%d" % i, sharding_key="user-7", tags="T", keys=f"k{i}", properties={"i": str(i)})
-                   for i in range(100)]  # fmt: skip
+        results = [
+            await p.send("orders", b"%d" % i, sharding_key="user-7", tags="T", keys=f"k{i}", properties={"i": str(i)})
+            for i in range(100)
+        ]
         batch = await p.send_batch("orders", [b"b%d" % i for i in range(50)], sharding_key="user-7")
     assert len({r.queue.queue_id for r in results}) == 1 and batch.queue == results[0].queue
     assert [r.queue_offset for r in results] == list(range(100))
@@ -106,8 +113,12 @@ async def test_long_poll_is_woken_by_new_messages(cluster: Cluster) -> None:
 
         n.start_soon(produce_later)
         t0 = trio.current_time()
-        reply = await rpc.request(broker.addr, RequestCode.PULL_MESSAGE,
-                                  {"topic": "lp", "queue_id": 0, "offset": 0, "max_wait_ms": 10_000}, timeout_ms=15_000)  # fmt: skip
+        reply = await rpc.request(
+            broker.addr,
+            RequestCode.PULL_MESSAGE,
+            {"topic": "lp", "queue_id": 0, "offset": 0, "max_wait_ms": 10_000},
+            timeout_ms=15_000,
+        )
         waited = trio.current_time() - t0
         assert reply.fields["status"] == "FOUND" and reply.fields["count"] == 1
         assert 0.25 < waited < 3, waited  # woken by the dispatcher, long before the 10 s wait ran out
@@ -150,7 +161,9 @@ async def test_rebalance_splits_queues_without_overlap_as_members_come_and_go(cl
         for i in range(3):
             ready, stop, left = trio.Event(), trio.Event(), trio.Event()
 
-            async def run(i: int = i, ready: trio.Event = ready, stop: trio.Event = stop, left: trio.Event = left) -> None:
+            async def run(
+                i: int = i, ready: trio.Event = ready, stop: trio.Event = stop, left: trio.Event = left
+            ) -> None:
                 async with open_consumer(cluster.ns, "grp", {"rb": "*"}, client_id=f"c{i}", **FAST_CONSUMER) as c:
                     consumers.append(c)
                     ready.set()
@@ -269,7 +282,9 @@ async def test_malformed_truncated_and_oversized_frames(cluster: Cluster) -> Non
     reply = _reply(await trio.to_thread.run_sync(_raw_exchange, addr, encode_frame(Frame(999, 3)), True))
     assert reply["e"] == ErrorCode.REQUEST_NOT_SUPPORTED
     reply = _reply(
-        await trio.to_thread.run_sync(_raw_exchange, addr, encode_frame(Frame(RequestCode.SEND_MESSAGE, 4, {}, b"zz")), True)
+        await trio.to_thread.run_sync(
+            _raw_exchange, addr, encode_frame(Frame(RequestCode.SEND_MESSAGE, 4, {}, b"zz")), True
+        )
     )
     assert reply["e"] == ErrorCode.MALFORMED_REQUEST
     reply = _reply(
@@ -299,12 +314,32 @@ def test_blocking_clients(tmp_path: Path) -> None:
 
 frames = st.builds(
     lambda code, rid, fields, body, cut: encode_frame(Frame(code, rid, fields, body))[: cut or None],
-    st.sampled_from([int(c) for c in RequestCode] + [0, 12345]), st.integers(-(2**31), 2**31),
-    st.dictionaries(st.sampled_from(["topic", "queue_id", "offset", "max_messages", "max_wait_ms", "tags", "group",
-                                     "queue_count", "client_id", "groups", "timestamp_ms", "x"]),
-                    st.one_of(st.integers(-5, 5), st.text(max_size=5), st.none(), st.lists(st.integers(-(2**40), 2**40), max_size=2))),
-    st.binary(max_size=64), st.integers(0, 40),
-)  # fmt: skip
+    st.sampled_from([int(c) for c in RequestCode] + [0, 12345]),
+    st.integers(-(2**31), 2**31),
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "topic",
+                "queue_id",
+                "offset",
+                "max_messages",
+                "max_wait_ms",
+                "tags",
+                "group",
+                "queue_count",
+                "client_id",
+                "groups",
+                "timestamp_ms",
+                "x",
+            ]
+        ),
+        st.one_of(
+            st.integers(-5, 5), st.text(max_size=5), st.none(), st.lists(st.integers(-(2**40), 2**40), max_size=2)
+        ),
+    ),
+    st.binary(max_size=64),
+    st.integers(0, 40),
+)
 
 
 def test_fuzzed_frames_get_errors_or_a_closed_connection_and_lose_nothing(tmp_path: Path) -> None:
@@ -461,7 +496,9 @@ async def test_a_consumer_of_thousands_of_queues_reads_them_all_through_multi_qu
     await cluster.create_topic("wide", 2000)
     await send_direct(cluster.brokers["broker-a"].addr, "wide", {q: [b"%d" % q] * (1 + q % 3) for q in range(2000)})
     want = sum(1 + q % 3 for q in range(2000))
-    got = await consume(cluster.ns, "wide-g", "wide", want, timeout_s=30, fetch_queues=300, fetch_max_messages=500, pull_batch=2)
+    got = await consume(
+        cluster.ns, "wide-g", "wide", want, timeout_s=30, fetch_queues=300, fetch_max_messages=500, pull_batch=2
+    )
     assert len(got) == want
     assert sorted({r.queue_id for r in got}) == list(range(2000))
     assert all(int(r.body) == r.queue_id for r in got)
@@ -477,8 +514,17 @@ async def test_idle_queues_are_watched_apart_and_never_hold_up_queues_with_messa
     await cluster.create_topic("mixed", 64)
     await send_direct(cluster.brokers["broker-a"].addr, "mixed", {q: [b"%d" % q] * 50 for q in range(48, 64)})
     t0 = trio.current_time()
-    got = await consume(cluster.ns, "mixed-g", "mixed", 800, timeout_s=15, fetches_in_flight=1, fetch_queues=16,
-                        pull_batch=10, pull_wait_ms=20_000)  # fmt: skip
+    got = await consume(
+        cluster.ns,
+        "mixed-g",
+        "mixed",
+        800,
+        timeout_s=15,
+        fetches_in_flight=1,
+        fetch_queues=16,
+        pull_batch=10,
+        pull_wait_ms=20_000,
+    )
     assert len(got) == 800 and {r.queue_id for r in got} == set(range(48, 64))
     assert trio.current_time() - t0 < 10  # no request for data sat behind a long poll
 
@@ -489,8 +535,12 @@ async def test_queues_turning_idle_while_others_are_watched_still_see_new_messag
     their own at once, not wait for the first to end: a message to one of them arrives
     at once."""
     await cluster.create_topic("quiet", 32)
-    async with open_consumer(cluster.ns, "quiet-g", {"quiet": "*"}, **{**FAST_CONSUMER, "fetches_in_flight": 1,
-                             "fetch_queues": 16, "pull_wait_ms": 20_000}) as c:  # fmt: skip
+    async with open_consumer(
+        cluster.ns,
+        "quiet-g",
+        {"quiet": "*"},
+        **{**FAST_CONSUMER, "fetches_in_flight": 1, "fetch_queues": 16, "pull_wait_ms": 20_000},
+    ) as c:
         broker = cluster.brokers["broker-a"]
         await await_until(lambda: broker.waiters.waiting >= 32, 10, "all 32 queues looked up, found empty and watched")
         t0 = trio.current_time()
@@ -502,7 +552,9 @@ async def test_queues_turning_idle_while_others_are_watched_still_see_new_messag
     assert [r.body for r in got] == [b"late"] and trio.current_time() - t0 < 10
 
 
-async def test_queues_are_asked_for_data_only_while_they_have_some(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_queues_are_asked_for_data_only_while_they_have_some(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Of 64 queues, 60 are empty when the consumer looks them up: they go straight to
     long polls (a round of asks would only come back empty: 8,000 of them in the
     10,000-queue benchmark). The 4 with messages are asked once: the answer says it
@@ -624,8 +676,9 @@ class PreadsThatBlock(fileops.FileOps):
 
 
 @pytest.mark.parametrize("code", [RequestCode.PULL_MESSAGE, RequestCode.PULL_MESSAGES])
-async def test_a_pull_stalled_on_the_disk_holds_up_no_other_connection(nursery: trio.Nursery, tmp_path: Path,
-                                                                       code: int) -> None:  # fmt: skip
+async def test_a_pull_stalled_on_the_disk_holds_up_no_other_connection(
+    nursery: trio.Nursery, tmp_path: Path, code: int
+) -> None:
     """Pulls read the store in worker threads: while one pull waits for a stalled read of
     its queue's file, pulls of another queue on another connection, and pings, answer."""
     c = Cluster(nursery, tmp_path)

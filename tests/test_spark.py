@@ -26,15 +26,36 @@ from clmq.spark_connector._plan import choose_index_path, index_pieces, plan, sc
 from tests.service_helpers import cluster_in_thread
 from tests.waiting import wait_until
 
-ALL_COLUMNS = ["topic", "queue_id", "queue_offset", "commitlog_offset", "tags", "keys", "properties", "body",
-               "born_timestamp", "store_timestamp", "born_host", "store_host", "reconsume_times"]  # fmt: skip
+ALL_COLUMNS = [
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "commitlog_offset",
+    "tags",
+    "keys",
+    "properties",
+    "body",
+    "born_timestamp",
+    "store_timestamp",
+    "born_host",
+    "store_host",
+    "reconsume_times",
+]
 
 
-def fill(path: Path, segment_bytes: int, n: int = 3000, seed: int = 1, batches: int = 6,
-         boundary_bytes: int = 4096) -> Store:  # fmt: skip
+def fill(
+    path: Path, segment_bytes: int, n: int = 3000, seed: int = 1, batches: int = 6, boundary_bytes: int = 4096
+) -> Store:
     """A store with varied records (sizes, tags, keys, properties, hosts) over 2 topics."""
-    cfg = StoreConfig(path, CommitLogConfig(segment_bytes=segment_bytes, max_message_bytes=16 * 1024,
-                                            boundary_interval_bytes=boundary_bytes, store_host=("10.0.0.9", 10911)))  # fmt: skip
+    cfg = StoreConfig(
+        path,
+        CommitLogConfig(
+            segment_bytes=segment_bytes,
+            max_message_bytes=16 * 1024,
+            boundary_interval_bytes=boundary_bytes,
+            store_host=("10.0.0.9", 10911),
+        ),
+    )
     store = Store.open(cfg).start()
     store.create_topic("orders", 4)
     store.create_topic("audit", 3)
@@ -43,14 +64,25 @@ def fill(path: Path, segment_bytes: int, n: int = 3000, seed: int = 1, batches: 
     for i in range(n):
         topic = "orders" if i % 3 else "audit"
         props = {"k": str(i), "ü": "v" * (i % 5)} if i % 7 == 0 else {}
-        msgs.append(Message(topic, i % (4 if topic == "orders" else 3), os.urandom(rng.randrange(0, 3000)),
-                            tags=["", "TagA", "TagB"][i % 3], keys=f"key-{i}" if i % 2 else "", properties=props,
-                            born_host=("192.168.1.%d" % (i % 4), 5000 + i % 3), reconsume_times=i % 2))  # fmt: skip
+        msgs.append(
+            Message(
+                topic,
+                i % (4 if topic == "orders" else 3),
+                os.urandom(rng.randrange(0, 3000)),
+                tags=["", "TagA", "TagB"][i % 3],
+                keys=f"key-{i}" if i % 2 else "",
+                properties=props,
+                born_host=("192.168.1.%d" % (i % 4), 5000 + i % 3),
+                reconsume_times=i % 2,
+            )
+        )
     per = -(-n // batches)
     for b in range(batches):  # each batch in a millisecond of its own: distinct store timestamps
         res = store.put_batch(msgs[b * per : (b + 1) * per])
         assert res.ok
-        wait_until(lambda res=res: now_ms() > res.store_timestamp_ms, 1, f"the store's clock to pass batch {b}'s timestamp")
+        wait_until(
+            lambda res=res: now_ms() > res.store_timestamp_ms, 1, f"the store's clock to pass batch {b}'s timestamp"
+        )
     store.catch_up()
     store.flush()  # a local reader sees what the checkpoint calls durable (async flush: only once flushed)
     store.checkpoint()
@@ -74,16 +106,35 @@ def store_rows(store: Store) -> list[tuple]:
 
 def as_tuple(r: Record) -> tuple:
     host = lambda h: f"{h[0]}:{h[1]}"  # noqa: E731
-    return (r.topic, r.queue_id, r.queue_offset, r.commitlog_offset, r.tags, r.keys, r.properties, r.body,
-            r.born_timestamp_ms, r.store_timestamp_ms, host(r.born_host), host(r.store_host), r.reconsume_times)  # fmt: skip
+    return (
+        r.topic,
+        r.queue_id,
+        r.queue_offset,
+        r.commitlog_offset,
+        r.tags,
+        r.keys,
+        r.properties,
+        r.body,
+        r.born_timestamp_ms,
+        r.store_timestamp_ms,
+        host(r.born_host),
+        host(r.store_host),
+        r.reconsume_times,
+    )
 
 
 def spark_rows(df: Any) -> list[tuple]:
     rows = []
     for r in df.collect():
         d = r.asDict()
-        rows.append(tuple(_ms(d[c]) if c.endswith("timestamp") else (dict(d[c]) if c == "properties" else
-                          (bytes(d[c]) if c == "body" else d[c])) for c in ALL_COLUMNS))  # fmt: skip
+        rows.append(
+            tuple(
+                _ms(d[c])
+                if c.endswith("timestamp")
+                else (dict(d[c]) if c == "properties" else (bytes(d[c]) if c == "body" else d[c]))
+                for c in ALL_COLUMNS
+            )
+        )
     return sorted(rows, key=lambda t: t[3])
 
 
@@ -138,7 +189,9 @@ def test_selections_by_topic_queue_offsets_and_timestamps(spark: Any, filled: tu
     end = {"orders": {"0": 20}}
     got = read(startingOffsets=json.dumps(start), endingOffsets=json.dumps(end))
     lo = {("orders", 0): 10, ("audit", 0): 5}
-    assert got == [r for r in rows if r[2] >= lo.get((r[0], r[1]), 0) and (r[2] < 20 if (r[0], r[1]) == ("orders", 0) else True)]
+    assert got == [
+        r for r in rows if r[2] >= lo.get((r[0], r[1]), 0) and (r[2] < 20 if (r[0], r[1]) == ("orders", 0) else True)
+    ]
     stamps = sorted({r[9] for r in rows})
     assert len(stamps) >= 3
     t1, t2 = stamps[1], stamps[-1]
@@ -152,8 +205,11 @@ def test_index_path_returns_what_the_scan_returns_and_is_chosen_for_few_queues(
     path, rows = filled
     want = [r for r in rows if r[0] == "orders" and r[1] == 1 and r[2] >= 3]
     for read_path in ("index", "scan", "auto"):
-        df = spark.read.format("clmq").options(topics="orders", queues="1", startingOffsets='{"orders": {"1": 3}}',
-                                               readPath=read_path).load(str(path))  # fmt: skip
+        df = (
+            spark.read.format("clmq")
+            .options(topics="orders", queues="1", startingOffsets='{"orders": {"1": 3}}', readPath=read_path)
+            .load(str(path))
+        )
         assert spark_rows(df) == want, read_path
     src = LocalStore(path)
     narrow = parse_options({"path": str(path), "topics": "orders", "queues": "1"})
@@ -215,7 +271,9 @@ def test_a_corrupt_record_fails_the_query_or_is_skipped_and_counted(spark: Any, 
     text = str(err.value)
     assert "crc32c" in text and segment in text and f"offset {offset}" in text
     log_dir = tmp_path / "corrupt"
-    skipping = spark.read.format("clmq").options(onCorrupt="skip", corruptRecordsLog=str(log_dir)).load(str(tmp_path / "s"))
+    skipping = (
+        spark.read.format("clmq").options(onCorrupt="skip", corruptRecordsLog=str(log_dir)).load(str(tmp_path / "s"))
+    )
     assert spark_rows(skipping) == [r for r in rows if r[3] != offset]
     from clmq.spark_connector import read_corrupt_log
 
@@ -233,8 +291,9 @@ def test_damaged_header_is_skipped_to_the_next_boundary(spark: Any, tmp_path: Pa
         f.seek(target[3] - seg.base + 4)  # the magic: the walk cannot go on from here
         f.write(b"\0\0\0\0")
     log_dir = tmp_path / "corrupt"
-    got = spark_rows(spark.read.format("clmq").options(onCorrupt="skip", corruptRecordsLog=str(log_dir))
-                     .load(str(tmp_path / "s")))  # fmt: skip
+    got = spark_rows(
+        spark.read.format("clmq").options(onCorrupt="skip", corruptRecordsLog=str(log_dir)).load(str(tmp_path / "s"))
+    )
     boundary = min(b for b in seg.boundaries if b > target[3])
     assert got == [r for r in rows if not target[3] <= r[3] < boundary]
     assert from_log(log_dir) == 1
@@ -265,7 +324,9 @@ def test_network_mode_reads_a_running_broker(spark: Any, tmp_path: Path) -> None
         for extra in ({}, {"readPath": "index"}, {"maxSplitBytes": "3000", "minSplitBytes": "1"}):
             df = spark.read.format("clmq").options(nameserver=c.ns[0], topics="net", **extra).load()
             assert spark_rows(df) == expected, extra
-        by_broker = spark.read.format("clmq").options(broker=c.brokers["broker-a"].addr, queues="2", topics="net").load()
+        by_broker = (
+            spark.read.format("clmq").options(broker=c.brokers["broker-a"].addr, queues="2", topics="net").load()
+        )
         assert spark_rows(by_broker) == [r for r in expected if r[1] == 2]
 
 
@@ -276,8 +337,16 @@ def test_an_available_now_stream_collects_every_message_exactly_once(spark: Any,
     out, cp = tmp_path / "out", tmp_path / "cp"
 
     def run_stream(**opts: str) -> int:
-        q = (spark.readStream.format("clmq").options(**opts).load(str(tmp_path / "s")).writeStream.format("parquet")
-             .option("checkpointLocation", str(cp)).option("path", str(out)).trigger(availableNow=True).start())  # fmt: skip
+        q = (
+            spark.readStream.format("clmq")
+            .options(**opts)
+            .load(str(tmp_path / "s"))
+            .writeStream.format("parquet")
+            .option("checkpointLocation", str(cp))
+            .option("path", str(out))
+            .trigger(availableNow=True)
+            .start()
+        )
         q.awaitTermination(120)
         return len([p for p in q.recentProgress if p["numInputRows"]])
 
@@ -313,15 +382,27 @@ def test_clmq_export_command_json_and_csv(filled: tuple[Path, list[tuple]], tmp_
     path, rows = filled
     env = {**os.environ, "COLUMNS": "200", "PYSPARK_PYTHON": sys.executable}
     base = [sys.executable, "-m", "clmq", "export", "--data-dir", str(path), "--master", "local[2]"]
-    out = subprocess.run([*base, "--format", "json", "--topics", "audit", "--output", str(tmp_path / "j")],
-                         capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    out = subprocess.run(
+        [*base, "--format", "json", "--topics", "audit", "--output", str(tmp_path / "j")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     audit = [r for r in rows if r[0] == "audit"]
     assert f"exported {len(audit):,} rows" in out.stdout
-    lines = [json.loads(line) for f in sorted((tmp_path / "j").glob("part-*.json")) for line in f.read_text().splitlines()]
+    lines = [
+        json.loads(line) for f in sorted((tmp_path / "j").glob("part-*.json")) for line in f.read_text().splitlines()
+    ]
     assert sorted(x["commitlog_offset"] for x in lines) == [r[3] for r in audit]
-    bad = subprocess.run([*base, "--output", str(tmp_path / "x"), "--topics", "nope"], capture_output=True, text=True,
-                         timeout=300, env=env)  # fmt: skip
+    bad = subprocess.run(
+        [*base, "--output", str(tmp_path / "x"), "--topics", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     # (Spark's own log lines on stderr may quote the worker's traceback; clmq's verdict is the last line)
     assert bad.returncode == 2 and bad.stderr.splitlines()[-1].startswith("error: OptionError: topic(s) nope not found")
 

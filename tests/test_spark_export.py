@@ -48,7 +48,9 @@ def open_store(path: Path) -> Store:
     return store
 
 
-def append(store: Store, n: int, start: int, topics: tuple[tuple[str, int], ...] = (("orders", 4), ("audit", 2))) -> None:
+def append(
+    store: Store, n: int, start: int, topics: tuple[tuple[str, int], ...] = (("orders", 4), ("audit", 2))
+) -> None:
     """``n`` messages per topic, spread over ``queues`` of it, made visible to a reader."""
     for topic, queues in topics:
         assert store.put_batch(msgs(topic, n, queues, size=60, start=start)).ok
@@ -165,7 +167,9 @@ def test_rounds_while_a_writer_keeps_appending_have_no_gap_and_no_duplicate(spar
         prev: str | None = None
         for i in range(4):
             before = written[0]
-            wait_until(lambda before=before: written[0] > before, 30, "the writer to append more")  # the rounds race real appends
+            wait_until(
+                lambda before=before: written[0] > before, 30, "the writer to append more"
+            )  # the rounds race real appends
             export(spark, src, "parquet", str(tmp_path / f"r{i}"), since_manifest=prev)
             prev = str(tmp_path / f"r{i}")
     finally:
@@ -270,7 +274,9 @@ def test_a_manifest_behind_retention_or_past_the_queues_is_refused(tmp_path: Pat
     store.checkpoint()
     qmin = store.min_offset("orders", 0)
     assert qmin > 5
-    with pytest.raises(ManifestError, match=rf"queue orders/0 continues at offset 5, .* offsets 5\.\.{qmin - 1} are lost"):
+    with pytest.raises(
+        ManifestError, match=rf"queue orders/0 continues at offset 5, .* offsets 5\.\.{qmin - 1} are lost"
+    ):
         resolve_snapshot({"path": str(tmp_path / "store")}, path)
     doc = json.loads(Path(path).read_text())
     doc["queues"]["orders"]["0"] = {"start": 0, "end": 10_000}
@@ -280,15 +286,23 @@ def test_a_manifest_behind_retention_or_past_the_queues_is_refused(tmp_path: Pat
     store.close()
 
 
-@pytest.mark.parametrize(("text", "says"), [
-    ("[]", "not a clmq export manifest"),
-    ('{"kind": "clmq-export-manifest", "version": 9}', "manifest version 9"),
-    ('{"kind": "clmq-export-manifest", "version": 1, "source": {"x": 1}}', '"source" must be'),
-    ('{"kind": "clmq-export-manifest", "version": 1, "source": {"broker": "h:1"}, "queues": {"t": {"0": 3}}}',
-     '"queues" must be'),
-    ('{"kind": "clmq-export-manifest", "version": 1, "source": {"broker": "h:1"}, '
-     '"queues": {"t": {"0": {"start": 9, "end": 3}}}}', "queue t/0 has start 9 > end 3"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[]", "not a clmq export manifest"),
+        ('{"kind": "clmq-export-manifest", "version": 9}', "manifest version 9"),
+        ('{"kind": "clmq-export-manifest", "version": 1, "source": {"x": 1}}', '"source" must be'),
+        (
+            '{"kind": "clmq-export-manifest", "version": 1, "source": {"broker": "h:1"}, "queues": {"t": {"0": 3}}}',
+            '"queues" must be',
+        ),
+        (
+            '{"kind": "clmq-export-manifest", "version": 1, "source": {"broker": "h:1"}, '
+            '"queues": {"t": {"0": {"start": 9, "end": 3}}}}',
+            "queue t/0 has start 9 > end 3",
+        ),
+    ],
+)
 def test_malformed_manifests_are_named(text: str, says: str) -> None:
     with pytest.raises(ManifestError, match=says):
         check_manifest(text.encode(), "m.json")
@@ -309,9 +323,15 @@ def test_several_brokers_export_without_a_manifest_and_refuse_since_manifest(
     store.close()
     manifest = a_manifest(tmp_path / "m", tmp_path / "store")
     both = ",".join(two_brokers)
-    line = one_error_line(clmq("export", "--broker", both, "--output", str(tmp_path / "o"), "--since-manifest",
-                               str(manifest), cwd=tmp_path))  # fmt: skip
-    assert f"needs one store, but --broker names 2 brokers ({', '.join(two_brokers)})" in line and "--broker host:port" in line
+    line = one_error_line(
+        clmq(
+            "export", "--broker", both, "--output", str(tmp_path / "o"), "--since-manifest", str(manifest), cwd=tmp_path
+        )
+    )
+    assert (
+        f"needs one store, but --broker names 2 brokers ({', '.join(two_brokers)})" in line
+        and "--broker host:port" in line
+    )
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / MANIFEST_NAME).write_text("{}")  # left by an earlier export of one broker
     summary = export(spark, {"broker": both}, "parquet", str(tmp_path / "o"), "append")
@@ -332,8 +352,13 @@ def test_one_broker_over_the_network_exports_incrementally(spark: Any, tmp_path:
                 p.send_batch("net", [b"b%d-%d" % (i, j) for j in range(30)])
         store = broker.store
         wait_until(lambda: sum(store.max_offset("net", q) for q in range(3)) == 600, 10, "every message dispatched")
-        second = export(spark, {"broker": broker.addr, "topics": "net"}, "parquet", str(tmp_path / "r2"),
-                        since_manifest=str(tmp_path / "r1"))  # fmt: skip
+        second = export(
+            spark,
+            {"broker": broker.addr, "topics": "net"},
+            "parquet",
+            str(tmp_path / "r2"),
+            since_manifest=str(tmp_path / "r1"),
+        )
         assert first.manifest is not None and first.manifest["source"] == {"broker": broker.addr}
         assert first.rows + second.rows == 600
         assert read_rows(spark, tmp_path / "r1", tmp_path / "r2") == store_rows(store, "net")
@@ -357,8 +382,14 @@ def test_the_progress_bar_shows_rows_rate_and_eta(spark: Any, tmp_path: Path) ->
     append(store, 500, 0)
     store.close()
     console = Console(record=True, force_terminal=True, width=150)
-    summary = export(spark, {"path": str(tmp_path / "store"), "minPartitions": "4"}, "parquet", str(tmp_path / "o"),
-                     progress=True, console=console)  # fmt: skip
+    summary = export(
+        spark,
+        {"path": str(tmp_path / "store"), "minPartitions": "4"},
+        "parquet",
+        str(tmp_path / "o"),
+        progress=True,
+        console=console,
+    )
     text = console.export_text()
     last = text.rsplit("exporting", 1)[1]  # the recording holds every refresh: the final one
     assert summary.rows == 1000 and "exporting" in text and "1,000/1,000 rows" in last, text[-500:]
@@ -384,8 +415,13 @@ def test_the_command_shows_progress_on_a_terminal_only_and_names_the_manifest(tm
 def run_on_a_terminal(args: list[str]) -> str:
     """``clmq args`` with stdout on a pseudo-terminal; what it printed there, as text."""
     main, sub = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "clmq", *args], cwd=ROOT, stdout=sub,
-                            stderr=subprocess.DEVNULL, env={**ENV, "TERM": "xterm"})  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clmq", *args],
+        cwd=ROOT,
+        stdout=sub,
+        stderr=subprocess.DEVNULL,
+        env={**ENV, "TERM": "xterm"},
+    )
     os.close(sub)
     out = bytearray()
     while True:

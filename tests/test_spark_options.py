@@ -27,19 +27,35 @@ from tests.waiting import wait_until
 TOPICS = {"orders": 4, "audit": 3, "t1000": 8}
 
 
-def build(path: Path, per_queue: int = 40, segment_bytes: int = 64 << 10, retention_bytes: int | None = None,
-          body: int = 200, cq_entries_per_file: int = 300_000) -> list[tuple[str, int, int, int]]:  # fmt: skip
+def build(
+    path: Path,
+    per_queue: int = 40,
+    segment_bytes: int = 64 << 10,
+    retention_bytes: int | None = None,
+    body: int = 200,
+    cq_entries_per_file: int = 300_000,
+) -> list[tuple[str, int, int, int]]:
     """A store with every queue of TOPICS holding ``per_queue`` messages, written in
     rounds (every queue once per round, so queues interleave in the log), each round
     in a millisecond of its own. Returns (topic, queue, queue offset, store ms) rows."""
-    cfg = StoreConfig(path, CommitLogConfig(segment_bytes=segment_bytes, retention_bytes=retention_bytes, max_message_bytes=8192,
-                                            boundary_interval_bytes=4096), cq_entries_per_file=cq_entries_per_file)  # fmt: skip
+    cfg = StoreConfig(
+        path,
+        CommitLogConfig(
+            segment_bytes=segment_bytes,
+            retention_bytes=retention_bytes,
+            max_message_bytes=8192,
+            boundary_interval_bytes=4096,
+        ),
+        cq_entries_per_file=cq_entries_per_file,
+    )
     rows = []
     with Store.open(cfg).start() as store:
         for t, n in TOPICS.items():
             store.create_topic(t, n)
         for r in range(per_queue):
-            batch = [Message(t, q, bytes([r % 256]) * body, keys=f"{t}-{q}-{r}") for t, n in TOPICS.items() for q in range(n)]
+            batch = [
+                Message(t, q, bytes([r % 256]) * body, keys=f"{t}-{q}-{r}") for t, n in TOPICS.items() for q in range(n)
+            ]
             res = store.put_batch(batch)
             assert res.ok
             rows += [(m.topic, m.queue_id, r, res.store_timestamp_ms) for m in batch]
@@ -99,10 +115,12 @@ def test_queues_json_alone_selects_exactly_the_topics_and_queues_it_names(built:
         ({"topics": "audit", "startingOffsets": '{"orders": {"0": 1}}'}, "startingOffsets names topic 'orders'"),
         ({"queues": "0", "endingOffsets": '{"orders": {"2": 1}}'}, r"endingOffsets names queue\(s\) \[2\]"),
         ({"startingOffsetsByTimestamp": '{"zzz": {"0": 1}}'}, "startingOffsetsByTimestamp names topic 'zzz'"),
-        ({"startingOffsets": '{"orders": {"0": 30}}', "endingOffsets": '{"orders": {"0": 10}}'},
-         "orders/0: the end offset 10 is before the start offset 30"),
+        (
+            {"startingOffsets": '{"orders": {"0": 30}}', "endingOffsets": '{"orders": {"0": 10}}'},
+            "orders/0: the end offset 10 is before the start offset 30",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_selection_naming_what_is_not_there_is_an_error_naming_it(
     built: tuple[Path, list], options: dict[str, str], message: str
 ) -> None:
@@ -131,18 +149,35 @@ def test_a_selection_naming_what_is_not_there_is_an_error_naming_it(
         ({"maxRowsPerTrigger": "5", "maxOffsetsPerTrigger": "5"}, "not both"),
         ({"maxOffsetsPerTrigger": "-5"}, "maxOffsetsPerTrigger=-5: must be at least 1"),
     ],
-)  # fmt: skip
+)
 def test_malformed_values_are_errors_naming_the_option(options: dict[str, str], message: str) -> None:
     with pytest.raises(OptionError, match=message):
         parse_options({"path": "x", **options})
 
 
-OPTION_NAMES = ["queues", "startingOffsets", "endingOffsets", "startingTimestamp", "startingOffsetsByTimestamp",
-                "failOnDataLoss", "maxSplitBytes", "minSplitBytes", "minPartitions", "maxPartitions", "readPath",
-                "indexPathFraction", "maxOffsetsPerTrigger", "maxBytesPerTrigger", "onCorrupt", "timeoutMs"]  # fmt: skip
-JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-5, 10**12) | st.floats(allow_nan=False) | st.text(max_size=5),
-                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-                       max_leaves=8)  # fmt: skip
+OPTION_NAMES = [
+    "queues",
+    "startingOffsets",
+    "endingOffsets",
+    "startingTimestamp",
+    "startingOffsetsByTimestamp",
+    "failOnDataLoss",
+    "maxSplitBytes",
+    "minSplitBytes",
+    "minPartitions",
+    "maxPartitions",
+    "readPath",
+    "indexPathFraction",
+    "maxOffsetsPerTrigger",
+    "maxBytesPerTrigger",
+    "onCorrupt",
+    "timeoutMs",
+]
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**12) | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -157,14 +192,22 @@ def test_any_value_of_any_option_parses_or_is_an_option_error(name: str, value: 
 # ------------------------------------------------------------- offsets and loss
 def test_offsets_per_queue_by_number_and_by_timestamp(built: tuple[Path, list]) -> None:
     path, rows = built
-    sel = selected(path, topics="orders", startingOffsets='{"orders": {"1": 10, "2": -1}}',
-                   endingOffsets='{"orders": {"1": 25, "3": -2}}')  # fmt: skip
+    sel = selected(
+        path,
+        topics="orders",
+        startingOffsets='{"orders": {"1": 10, "2": -1}}',
+        endingOffsets='{"orders": {"1": 25, "3": -2}}',
+    )
     key = f"{path}|orders/"
     assert sel.ranges[key + "1"] == (10, 25) and sel.ranges[key + "2"] == (40, 40) and sel.ranges[key + "3"] == (0, 0)
     assert key + "0" not in sel.ranges  # not named: the whole queue
     stamps = sorted({r[3] for r in rows})
-    by_ts = selected(path, topics="audit", startingOffsetsByTimestamp=json.dumps({"audit": {"2": stamps[7]}}),
-                     endingOffsetsByTimestamp=json.dumps({"audit": {"2": stamps[20]}}))  # fmt: skip
+    by_ts = selected(
+        path,
+        topics="audit",
+        startingOffsetsByTimestamp=json.dumps({"audit": {"2": stamps[7]}}),
+        endingOffsetsByTimestamp=json.dumps({"audit": {"2": stamps[20]}}),
+    )
     assert by_ts.ranges == {f"{path}|audit/2": (7, 20)}
 
 
@@ -173,7 +216,8 @@ def test_offsets_not_yet_written_fail_or_are_clamped_with_a_warning(
 ) -> None:
     path, _rows = built
     with pytest.raises(
-        DataLossError, match=r"queue orders/1: end 99 is outside the queue's \[0, 40\): offsets \[40, 99\) are not yet written"
+        DataLossError,
+        match=r"queue orders/1: end 99 is outside the queue's \[0, 40\): offsets \[40, 99\) are not yet written",
     ):
         selected(path, topics="orders", endingOffsets='{"orders": {"1": 99}}')
     with caplog.at_level(logging.WARNING, "clmq.spark"):
@@ -189,12 +233,16 @@ def test_offsets_lost_to_retention_fail_or_are_clamped(tmp_path: Path) -> None:
     qmin = src.bounds("orders", 0)[0]
     src.close()
     assert qmin > 0, "retention deleted nothing: the test needs a store with a trimmed head"
-    with pytest.raises(DataLossError, match=rf"orders/0: start 0 is outside .*offsets \[0, {qmin}\) are no longer retained"):
+    with pytest.raises(
+        DataLossError, match=rf"orders/0: start 0 is outside .*offsets \[0, {qmin}\) are no longer retained"
+    ):
         selected(path, topics="orders", startingOffsets='{"orders": {"0": 0}}')
     sel = selected(path, topics="orders", startingOffsets='{"orders": {"0": 0}}', failOnDataLoss="false")
     assert sel.ranges[f"{path}|orders/0"][0] == qmin
     # earliest is never data loss: it is what the queue holds
-    assert selected(path, topics="orders", startingOffsets='{"orders": {"0": -2}}').ranges[f"{path}|orders/0"][0] == qmin
+    assert (
+        selected(path, topics="orders", startingOffsets='{"orders": {"0": -2}}').ranges[f"{path}|orders/0"][0] == qmin
+    )
 
 
 # -------------------------------------------------------------------- planning
@@ -216,7 +264,9 @@ def test_max_partitions_bounds_the_number_of_tasks(built: tuple[Path, list]) -> 
     assert any(f"{len(free.splits):,} tasks would exceed maxPartitions=60" in n for n in bounded.notes)
 
 
-def test_min_partitions_gives_at_least_that_many_tasks_while_splits_stay_above_the_minimum(built: tuple[Path, list]) -> None:
+def test_min_partitions_gives_at_least_that_many_tasks_while_splits_stay_above_the_minimum(
+    built: tuple[Path, list],
+) -> None:
     path, _rows = built
     assert len(planned(path, minPartitions="7", minSplitBytes="1").splits) >= 7
     assert len(planned(path, minPartitions="7").splits) < 7  # the store is under 7 MiB: 1 MiB splits at least
@@ -238,7 +288,9 @@ def test_index_path_packs_many_queues_into_few_tasks_and_says_why(built: tuple[P
 
 # ------------------------------------------------------------- through Spark
 def keyset(df: Any) -> list[tuple[str, int, int]]:
-    return sorted((r.topic, r.queue_id, r.queue_offset) for r in df.select("topic", "queue_id", "queue_offset").collect())
+    return sorted(
+        (r.topic, r.queue_id, r.queue_offset) for r in df.select("topic", "queue_id", "queue_offset").collect()
+    )
 
 
 def test_through_spark_index_reads_of_every_queue_equal_the_scan(spark: Any, built: tuple[Path, list]) -> None:
@@ -254,16 +306,27 @@ def test_through_spark_index_reads_of_every_queue_equal_the_scan(spark: Any, bui
 def test_through_spark_errors_name_the_queue(spark: Any, built: tuple[Path, list]) -> None:
     path, _rows = built
     with pytest.raises(Exception, match=r"orders/2: end 77 is outside"):
-        spark.read.format("clmq").options(topics="orders", endingOffsets='{"orders": {"2": 77}}').load(str(path)).count()
-    lenient = spark.read.format("clmq").options(topics="orders", endingOffsets='{"orders": {"2": 77}}',
-                                                  failOnDataLoss="false").load(str(path))  # fmt: skip
+        spark.read.format("clmq").options(topics="orders", endingOffsets='{"orders": {"2": 77}}').load(
+            str(path)
+        ).count()
+    lenient = (
+        spark.read.format("clmq")
+        .options(topics="orders", endingOffsets='{"orders": {"2": 77}}', failOnDataLoss="false")
+        .load(str(path))
+    )
     assert lenient.count() == 4 * 40
 
 
-def test_body_length_column_needs_no_body_and_an_empty_selection_reads_nothing(spark: Any, built: tuple[Path, list]) -> None:
+def test_body_length_column_needs_no_body_and_an_empty_selection_reads_nothing(
+    spark: Any, built: tuple[Path, list]
+) -> None:
     path, _rows = built
     full = spark.read.format("clmq").load(str(path)).selectExpr("queue_offset", "commitlog_offset", "length(body) AS n")
-    narrow = spark.read.format("clmq").schema("queue_offset bigint, commitlog_offset bigint, body_length int").load(str(path))
+    narrow = (
+        spark.read.format("clmq")
+        .schema("queue_offset bigint, commitlog_offset bigint, body_length int")
+        .load(str(path))
+    )
     assert sorted(narrow.collect()) == sorted(full.collect())
     assert spark.read.format("clmq").options(startingOffsets="latest").load(str(path)).count() == 0
     assert "body_length" not in spark.read.format("clmq").load(str(path)).columns  # not in the default schema
@@ -293,14 +356,40 @@ def test_a_reader_in_the_checkpoint_rotation_window_or_beside_a_damaged_checkpoi
 def test_bench_spark_measures_every_workload_against_parquet(tmp_path: Path) -> None:
     from tests.cli_helpers import clmq
 
-    out = clmq("bench", "spark", "--messages", "3000", "--sizes", "200", "--runs", "1", "--export-runs", "1",
-               "--index-queues", "40", "--out-dir", str(tmp_path / "r"), cwd=tmp_path, timeout_s=600)  # fmt: skip
+    out = clmq(
+        "bench",
+        "spark",
+        "--messages",
+        "3000",
+        "--sizes",
+        "200",
+        "--runs",
+        "1",
+        "--export-runs",
+        "1",
+        "--index-queues",
+        "40",
+        "--out-dir",
+        str(tmp_path / "r"),
+        cwd=tmp_path,
+        timeout_s=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     (result_path,) = (tmp_path / "r").glob("spark-*.json")
     result = json.loads(result_path.read_text())
     (size,) = result["sizes"]
-    assert set(size["cases"]) == {"clmq_full", "clmq_full_no_crc", "arrow_replay_full", "parquet_full", "clmq_narrow", "clmq_narrow_no_crc",
-                                  "clmq_narrow_default_schema", "parquet_narrow", "clmq_export", "parquet_copy"}  # fmt: skip
+    assert set(size["cases"]) == {
+        "clmq_full",
+        "clmq_full_no_crc",
+        "arrow_replay_full",
+        "parquet_full",
+        "clmq_narrow",
+        "clmq_narrow_no_crc",
+        "clmq_narrow_default_schema",
+        "parquet_narrow",
+        "clmq_export",
+        "parquet_copy",
+    }
     assert all(c["rows_per_s"] > 0 and c["cpu_us_per_row"] > 0 for c in size["cases"].values())
     assert all(v is not None and v > 0 for v in size["ratios"].values())
     assert size["parse_ns_per_row"]["crc32c"] > 0 and "column body" in size["parse_ns_per_row"]
@@ -399,9 +488,20 @@ def test_an_end_offset_the_broker_has_not_flushed_yet_is_waited_for_not_read_sho
     ns_port, port = free_port(), free_port()
     ns = f"127.0.0.1:{ns_port}"
     (tmp_path / "broker.toml").write_text("flush_interval_ms = 4000\n")
-    proc = popen("dev", "--config", str(tmp_path / "broker.toml"), "--data-dir", str(tmp_path / "data"), "--port",
-                 str(port), "--namesrv-port", str(ns_port), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                 stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = popen(
+        "dev",
+        "--config",
+        str(tmp_path / "broker.toml"),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--port",
+        str(port),
+        "--namesrv-port",
+        str(ns_port),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_until(lambda: proc.poll() is not None or _brokers(ns) > 0, 60, "clmq dev to register its broker")
         with BlockingAdmin([ns]) as admin:

@@ -132,7 +132,9 @@ def test_string_bodies_and_the_singular_key_and_tag_columns(spark: Any, cluster:
 
 def test_the_topic_column_sends_each_row_to_its_topic(spark: Any, cluster: Cluster) -> None:
     create(cluster, left=2, right=2)
-    df = spark.createDataFrame([("left" if i % 2 else "right", b"%d" % i) for i in range(40)], "topic string, body binary")
+    df = spark.createDataFrame(
+        [("left" if i % 2 else "right", b"%d" % i) for i in range(40)], "topic string, body binary"
+    )
     writer(df, cluster).save()
     assert sorted(int(r["body"]) for r in read_back(spark, cluster, "left")) == list(range(1, 40, 2))
     assert sorted(int(r["body"]) for r in read_back(spark, cluster, "right")) == list(range(0, 40, 2))
@@ -185,23 +187,27 @@ def test_a_null_body_fails_naming_the_row(spark: Any, cluster: Cluster) -> None:
 GOOD = {"nameserver": "127.0.0.1:9876", "topic": "t"}
 
 
-@pytest.mark.parametrize(("options", "named"), [
-    ({"topic": "t"}, "option nameserver"),
-    ({**GOOD, "broker": "127.0.0.1:10911"}, "one of: option nameserver"),
-    ({**GOOD, "nameserver": "localhost"}, "option nameserver='localhost': expected host:port"),
-    ({"broker": "h:99999", "topic": "t"}, "option broker='h:99999'"),
-    ({**GOOD, "topic": " "}, "option topic=''"),
-    ({"nameserver": "127.0.0.1:9876"}, "option topic is required"),
-    ({**GOOD, "queue": "-1"}, "option queue=-1: must be at least 0"),
-    ({**GOOD, "queue": "two"}, "option queue='two': expected a whole number"),
-    ({**GOOD, "batchMaxBytes": "0"}, "option batchMaxBytes=0: must be at least 1"),
-    ({**GOOD, "lingerMs": "soon"}, "option lingerMs='soon'"),
-    ({**GOOD, "timeoutMs": "0"}, "option timeoutMs=0"),
-    ({**GOOD, "retryBudgetMs": "-5"}, "option retryBudgetMs=-5"),
-    ({**GOOD, "topik": "t", "path": "/x"}, "unknown sink option\\(s\\) path, topik"),
-])  # fmt: skip
-def test_every_wrong_option_is_an_error_naming_it_before_any_task_runs(spark: Any, options: dict[str, str],
-                                                                       named: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"topic": "t"}, "option nameserver"),
+        ({**GOOD, "broker": "127.0.0.1:10911"}, "one of: option nameserver"),
+        ({**GOOD, "nameserver": "localhost"}, "option nameserver='localhost': expected host:port"),
+        ({"broker": "h:99999", "topic": "t"}, "option broker='h:99999'"),
+        ({**GOOD, "topic": " "}, "option topic=''"),
+        ({"nameserver": "127.0.0.1:9876"}, "option topic is required"),
+        ({**GOOD, "queue": "-1"}, "option queue=-1: must be at least 0"),
+        ({**GOOD, "queue": "two"}, "option queue='two': expected a whole number"),
+        ({**GOOD, "batchMaxBytes": "0"}, "option batchMaxBytes=0: must be at least 1"),
+        ({**GOOD, "lingerMs": "soon"}, "option lingerMs='soon'"),
+        ({**GOOD, "timeoutMs": "0"}, "option timeoutMs=0"),
+        ({**GOOD, "retryBudgetMs": "-5"}, "option retryBudgetMs=-5"),
+        ({**GOOD, "topik": "t", "path": "/x"}, "unknown sink option\\(s\\) path, topik"),
+    ],
+)
+def test_every_wrong_option_is_an_error_naming_it_before_any_task_runs(
+    spark: Any, options: dict[str, str], named: str
+) -> None:
     # No broker runs at 127.0.0.1:9876: the error comes from creating the writer, not from a task.
     df = spark.createDataFrame([(b"x",)], "body binary")
     with pytest.raises(Exception, match=named):
@@ -214,18 +220,24 @@ def test_overwrite_is_refused(spark: Any) -> None:
         df.write.format("clmq").mode("overwrite").options(**GOOD).save()
 
 
-@pytest.mark.parametrize(("schema", "named"), [
-    ("body int", "column 'body' must be binary or string, not int"),
-    ("body binary, keys int", "column 'keys' must be string, not int"),
-    ("body binary, key binary", "column 'key' must be string, not binary"),
-    ("body binary, tags array<string>", "column 'tags' must be string, not array<string>"),
-    ("body binary, properties map<string,int>", "column 'properties' must be map<string,string>, not map<string,int>"),
-    ("body binary, queue_id string", "column 'queue_id' must be int or bigint"),
-    ("body binary, topic binary", "column 'topic' must be string, not binary"),
-    ("body binary, payload string", "column 'payload' is not one the clmq sink writes"),
-    ("body binary, key string, keys string", "columns 'key' and 'keys' both give the message's keys"),
-    ("keys string", "needs a column 'body'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("schema", "named"),
+    [
+        ("body int", "column 'body' must be binary or string, not int"),
+        ("body binary, keys int", "column 'keys' must be string, not int"),
+        ("body binary, key binary", "column 'key' must be string, not binary"),
+        ("body binary, tags array<string>", "column 'tags' must be string, not array<string>"),
+        (
+            "body binary, properties map<string,int>",
+            "column 'properties' must be map<string,string>, not map<string,int>",
+        ),
+        ("body binary, queue_id string", "column 'queue_id' must be int or bigint"),
+        ("body binary, topic binary", "column 'topic' must be string, not binary"),
+        ("body binary, payload string", "column 'payload' is not one the clmq sink writes"),
+        ("body binary, key string, keys string", "columns 'key' and 'keys' both give the message's keys"),
+        ("keys string", "needs a column 'body'"),
+    ],
+)
 def test_every_wrong_column_is_an_error_naming_it(spark: Any, schema: str, named: str) -> None:
     df = spark.createDataFrame([], schema)
     with pytest.raises(Exception, match=named):
@@ -233,11 +245,24 @@ def test_every_wrong_column_is_an_error_naming_it(spark: Any, schema: str, named
 
 
 def test_options_map_onto_the_producers_settings() -> None:
-    opts = parse_sink_options({"NameServer": "a:1, b:2", "topic": "t", "queue": "2", "batchmaxbytes": "65_536",
-                               "lingerMs": "10", "timeoutMs": "2000", "retryBudgetMs": "0"})  # fmt: skip
+    opts = parse_sink_options(
+        {
+            "NameServer": "a:1, b:2",
+            "topic": "t",
+            "queue": "2",
+            "batchmaxbytes": "65_536",
+            "lingerMs": "10",
+            "timeoutMs": "2000",
+            "retryBudgetMs": "0",
+        }
+    )
     assert opts.nameservers == ("a:1", "b:2") and opts.topic == "t" and opts.queue == 2
-    assert opts.producer_kwargs() == {"batch_max_bytes": 65_536, "linger_ms": 10, "send_timeout_ms": 2000,
-                                      "retry_budget_ms": 0}  # fmt: skip
+    assert opts.producer_kwargs() == {
+        "batch_max_bytes": 65_536,
+        "linger_ms": 10,
+        "send_timeout_ms": 2000,
+        "retry_budget_ms": 0,
+    }
     assert parse_sink_options({"broker": "[::1]:10911", "topic": "t"}).brokers == ("[::1]:10911",)
     assert "topic" in KNOWN and "path" not in KNOWN
     with pytest.raises(OptionError, match="option topic is required"):
@@ -265,9 +290,16 @@ def test_a_stream_into_the_sink_with_available_now(spark: Any, cluster: Cluster,
         settle(cluster)
 
     def run() -> None:
-        q = (spark.readStream.format("clmq").options(nameserver=cluster.ns[0], topics="events", maxRowsPerTrigger="70")
-             .load().writeStream.format("clmq").options(nameserver=cluster.ns[0], topic="mirror")
-             .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())  # fmt: skip
+        q = (
+            spark.readStream.format("clmq")
+            .options(nameserver=cluster.ns[0], topics="events", maxRowsPerTrigger="70")
+            .load()
+            .writeStream.format("clmq")
+            .options(nameserver=cluster.ns[0], topic="mirror")
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
+        )
         q.awaitTermination(120)
         assert q.exception() is None
         assert len([p for p in q.recentProgress if p["numInputRows"]]) >= 2  # several micro-batches

@@ -22,8 +22,15 @@ from tests.waiting import wait_until
 
 
 def config(path: Path, retention_bytes: int | None = None) -> StoreConfig:
-    return StoreConfig(path, CommitLogConfig(segment_bytes=32 << 10, max_message_bytes=8192, retention_bytes=retention_bytes,
-                                             boundary_interval_bytes=4096))  # fmt: skip
+    return StoreConfig(
+        path,
+        CommitLogConfig(
+            segment_bytes=32 << 10,
+            max_message_bytes=8192,
+            retention_bytes=retention_bytes,
+            boundary_interval_bytes=4096,
+        ),
+    )
 
 
 def append(path: Path, start: int, n: int, retention_bytes: int | None = None) -> None:
@@ -50,8 +57,12 @@ def expected(a: int, b: int) -> list[bytes]:
 
 def start_stream(spark: Any, source: dict[str, str], tmp_path: Path, available_now: bool, **options: str) -> Any:
     reader = spark.readStream.format("clmq").options(**source, **options).load()
-    writer = (reader.select("body").writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "cp"))
-              .option("path", str(tmp_path / "out")))  # fmt: skip
+    writer = (
+        reader.select("body")
+        .writeStream.format("parquet")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .option("path", str(tmp_path / "out"))
+    )
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime="0 seconds")
     return writer.start()
 
@@ -86,8 +97,20 @@ def test_a_stream_goes_on_across_a_restart_of_its_broker(spark: Any, tmp_path: P
     ns, addr = f"127.0.0.1:{ns_port}", f"127.0.0.1:{port}"
 
     def dev() -> subprocess.Popen[bytes]:
-        proc = popen("dev", "--data-dir", str(tmp_path / "data"), "--port", str(port), "--namesrv-port", str(ns_port),
-                     "--flush-mode", "sync", cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = popen(
+            "dev",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--port",
+            str(port),
+            "--namesrv-port",
+            str(ns_port),
+            "--flush-mode",
+            "sync",
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_until(lambda: proc.poll() is not None or _brokers(ns) > 0, 60, "clmq dev to register its broker")
         assert proc.poll() is None
         return proc
@@ -119,7 +142,9 @@ def test_a_stream_goes_on_across_a_restart_of_its_broker(spark: Any, tmp_path: P
     assert bodies(spark, tmp_path / "out") == expected(0, 900)
 
 
-def test_retention_past_the_stream_fails_it_or_is_skipped_with_fail_on_data_loss_false(spark: Any, tmp_path: Path) -> None:
+def test_retention_past_the_stream_fails_it_or_is_skipped_with_fail_on_data_loss_false(
+    spark: Any, tmp_path: Path
+) -> None:
     store = tmp_path / "store"
     append(store, 0, 300)
     src = {"path": str(store)}

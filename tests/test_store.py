@@ -45,7 +45,9 @@ def test_put_then_get_in_order_per_queue(store: Store) -> None:
         (Message("orders", 4, b"x"), PutStatus.INVALID_QUEUE_ID, "not in 0..3"),
     ],
 )
-def test_bad_input_is_a_specific_result_and_writes_nothing(store: Store, message: Message, status: PutStatus, text: str) -> None:
+def test_bad_input_is_a_specific_result_and_writes_nothing(
+    store: Store, message: Message, status: PutStatus, text: str
+) -> None:
     end = store.end_offset
     res = store.put_batch([Message("orders", 0, b"fine"), message])
     assert res.status is status and text in res.error
@@ -227,11 +229,15 @@ stored = st.builds(
 )
 
 
-@given(batches=st.lists(st.lists(stored, min_size=1, max_size=20), min_size=1, max_size=6), clean=st.booleans(),
-       packed=st.booleans())  # fmt: skip
+@given(
+    batches=st.lists(st.lists(stored, min_size=1, max_size=20), min_size=1, max_size=6),
+    clean=st.booleans(),
+    packed=st.booleans(),
+)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_any_messages_round_trip_through_a_restart(tmp_path: Path, mode: str, batches: list[list[Message]],
-                                                   clean: bool, packed: bool) -> None:  # fmt: skip
+def test_any_messages_round_trip_through_a_restart(
+    tmp_path: Path, mode: str, batches: list[list[Message]], clean: bool, packed: bool
+) -> None:
     """As message objects or packed the way producers send them (one packed batch per
     topic of each put), every field comes back."""
     cfg = small_config(tmp_path / uuid.uuid4().hex, segment_bytes=16 * 1024, max_message_bytes=4096, mode=mode)
@@ -262,8 +268,14 @@ def test_any_messages_round_trip_through_a_restart(tmp_path: Path, mode: str, ba
 
 
 def test_retention_moves_queue_minimums_and_deletes_their_files(tmp_path: Path, mode: str) -> None:
-    cfg = small_config(tmp_path / "s", segment_bytes=32 * 1024, max_message_bytes=4096, cq_entries_per_file=10,
-                       log={"retention_bytes": 64 * 1024, "retention_ms": None}, mode=mode)  # fmt: skip
+    cfg = small_config(
+        tmp_path / "s",
+        segment_bytes=32 * 1024,
+        max_message_bytes=4096,
+        cq_entries_per_file=10,
+        log={"retention_bytes": 64 * 1024, "retention_ms": None},
+        mode=mode,
+    )
     queue_dir = tmp_path / "s" / ("consumequeue/t/0" if mode == "commitlog" else "partitions/t-0")
     with Store.open(cfg) as s:
         s.create_topic("t", 2)
@@ -313,7 +325,9 @@ def test_truncation_cuts_queues_and_continues_offsets(store_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("confirmed_at", [0, 10, 22, 30])
-def test_truncation_above_the_confirmed_offset_continues_after_records_not_dispatched(store_dir: Path, confirmed_at: int) -> None:
+def test_truncation_above_the_confirmed_offset_continues_after_records_not_dispatched(
+    store_dir: Path, confirmed_at: int
+) -> None:
     """A follower dispatches only up to the confirmed offset; a cut above it keeps
     records that are in no queue yet. Their queue offsets must not be given again
     (found by the failover chaos run: a promoted follower acknowledged a batch at the
@@ -338,7 +352,9 @@ def _runs_by_loop(offsets: list[int], sizes: list[int], max_run_bytes: int) -> l
     runs, i = [], 0
     while i < len(offsets):
         j = i + 1
-        while j < len(offsets) and offsets[j] == offsets[j - 1] + sizes[j - 1] and offsets[j] - offsets[i] < max_run_bytes:
+        while (
+            j < len(offsets) and offsets[j] == offsets[j - 1] + sizes[j - 1] and offsets[j] - offsets[i] < max_run_bytes
+        ):
             j += 1
         runs.append((i, j))
         i = j
@@ -369,18 +385,31 @@ def test_read_raw_many_reads_queues_in_order_within_the_bounds(store: Store) -> 
     rest not read (None); early answers as read_raw's."""
     store.put_batch([Message("orders", i % 3, b"m%03d" % i + b"." * 200, "a" if i % 2 else "b") for i in range(60)])
     store.catch_up()
-    asks = [("orders", 2, 0, None), ("orders", 0, 5, ["a"]), ("orders", 3, 0, None), ("orders", 1, 999, None),
-            ("orders", 1, 0, None)]  # fmt: skip
+    asks = [
+        ("orders", 2, 0, None),
+        ("orders", 0, 5, ["a"]),
+        ("orders", 3, 0, None),
+        ("orders", 1, 999, None),
+        ("orders", 1, 0, None),
+    ]
     got = store.read_raw_many(asks, 25, 10, 1 << 20)
     assert [r.status if r is not None and not isinstance(r, Exception) else r for r in got] == [
-        GetStatus.FOUND, GetStatus.FOUND, GetStatus.NO_MESSAGE, GetStatus.OFFSET_OVERFLOW, GetStatus.FOUND]  # fmt: skip
+        GetStatus.FOUND,
+        GetStatus.FOUND,
+        GetStatus.NO_MESSAGE,
+        GetStatus.OFFSET_OVERFLOW,
+        GetStatus.FOUND,
+    ]
     counts = [r.count for r in got if r is not None and not isinstance(r, Exception)]
     assert counts == [10, 8, 0, 0, 7]  # 25 in all: the last queue gets what is left (8 of queue 0 are tagged a)
     for ask, r in zip(asks, got):
         alone = store.read_raw(ask[0], ask[1], ask[2], 10, ask[3])
         assert r is not None and not isinstance(r, Exception)
-        assert (r.next_offset, r.min_offset, r.max_offset) == (alone.next_offset, alone.min_offset, alone.max_offset) \
-            or (ask[1] == 1 and ask[2] == 0)  # fmt: skip
+        assert (r.next_offset, r.min_offset, r.max_offset) == (
+            alone.next_offset,
+            alone.min_offset,
+            alone.max_offset,
+        ) or (ask[1] == 1 and ask[2] == 0)
     size = store.read_raw("orders", 0, 0, 1).nbytes
     few = store.read_raw_many(asks[:2], 100, 10, 3 * size)
     assert [r.count if r is not None and not isinstance(r, Exception) else r for r in few] == [3, None]

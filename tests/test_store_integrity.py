@@ -83,8 +83,14 @@ def raw_records(s: Store, topic: str, q: int, offset: int, n: int) -> list[tuple
         while pos < len(data):
             size, _m, _c, _cl, qoff, qid = struct.unpack_from("<IIIQQI", data, pos)
             tl = struct.unpack_from("<H", data, pos + 92)[0]
-            out.append((data[pos + HEADER_SIZE : pos + HEADER_SIZE + tl].decode("utf-8", "replace"), qid, qoff,
-                        data[pos : pos + size]))  # fmt: skip
+            out.append(
+                (
+                    data[pos + HEADER_SIZE : pos + HEADER_SIZE + tl].decode("utf-8", "replace"),
+                    qid,
+                    qoff,
+                    data[pos : pos + size],
+                )
+            )
             pos += size
     return out
 
@@ -101,8 +107,12 @@ def test_a_shortened_newest_segment_never_serves_another_queues_records(tmp_path
     sent = fill(tmp_path)
     newest = max((tmp_path / "commitlog").glob("*.log"))
     base = int(newest.stem)
-    lost = sorted((int(e["offset"]), q, i) for q in range(QUEUES) for i, e in enumerate(_entries(tmp_path, "a", q))
-                  if e["offset"] >= base)  # fmt: skip
+    lost = sorted(
+        (int(e["offset"]), q, i)
+        for q in range(QUEUES)
+        for i, e in enumerate(_entries(tmp_path, "a", q))
+        if e["offset"] >= base
+    )
     cut = lost[len(lost) // 2][0]
     os.truncate(newest, cut - base)
     try:
@@ -136,8 +146,9 @@ def _entries(path: Path, topic: str, q: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _rewrite_entry(path: Path, topic: str, q: int, offset: int, entry: tuple[int, int, int],
-                   per_file: int = PER_FILE) -> None:  # fmt: skip
+def _rewrite_entry(
+    path: Path, topic: str, q: int, offset: int, entry: tuple[int, int, int], per_file: int = PER_FILE
+) -> None:
     start = offset - offset % per_file
     with open(queue_file(path, topic, q, start), "r+b") as f:
         f.seek((offset - start) * ENTRY_SIZE)
@@ -145,11 +156,10 @@ def _rewrite_entry(path: Path, topic: str, q: int, offset: int, entry: tuple[int
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(victim=st.integers(0, 59), donor_queue=st.integers(0, QUEUES - 1), donor=st.integers(0, 59),
-       raw=st.booleans())  # fmt: skip
-def test_an_entry_pointing_at_another_record_is_refused_and_rebuilt(tmp_path_factory: pytest.TempPathFactory,
-                                                                    victim: int, donor_queue: int, donor: int,
-                                                                    raw: bool) -> None:  # fmt: skip
+@given(victim=st.integers(0, 59), donor_queue=st.integers(0, QUEUES - 1), donor=st.integers(0, 59), raw=st.booleans())
+def test_an_entry_pointing_at_another_record_is_refused_and_rebuilt(
+    tmp_path_factory: pytest.TempPathFactory, victim: int, donor_queue: int, donor: int, raw: bool
+) -> None:
     """A queue entry that points at some other valid record (another queue's, or this
     queue's at another offset): the read fails naming the field; the next open rebuilds."""
     if donor_queue == 0 and donor == victim:
@@ -157,7 +167,9 @@ def test_an_entry_pointing_at_another_record_is_refused_and_rebuilt(tmp_path_fac
     path = tmp_path_factory.mktemp("entry")
     sent = fill(path)
     donor_entry = _entries(path, "a", donor_queue)[donor]
-    _rewrite_entry(path, "a", 0, victim, (int(donor_entry["offset"]), int(donor_entry["size"]), int(donor_entry["tag"])))
+    _rewrite_entry(
+        path, "a", 0, victim, (int(donor_entry["offset"]), int(donor_entry["size"]), int(donor_entry["tag"]))
+    )
     with Store.open(config(path)) as s:
         with pytest.raises(CorruptRecordError) as info:
             if raw:
@@ -176,8 +188,9 @@ def test_an_entry_pointing_at_another_record_is_refused_and_rebuilt(tmp_path_fac
 # ------------------------------------------------------- damaged queue files
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(q=st.integers(0, QUEUES - 1), first=st.integers(0, 59), count=st.integers(1, 20))
-def test_zeroed_entries_are_never_skipped(tmp_path_factory: pytest.TempPathFactory, q: int, first: int,
-                                          count: int) -> None:  # fmt: skip
+def test_zeroed_entries_are_never_skipped(
+    tmp_path_factory: pytest.TempPathFactory, q: int, first: int, count: int
+) -> None:
     """Entries zeroed inside the checkpointed extent (a lost page): a read refuses
     them instead of skipping them as holes, and the queue is whole after a reopen."""
     path = tmp_path_factory.mktemp("zeros")
@@ -334,8 +347,11 @@ def test_a_full_disk_for_queue_files_is_retried(tmp_path: Path) -> None:
             s.start()
             bodies = _sent_ok(s, 20)
             wait_until(lambda: faults.fired == 3, 10, "three failed queue writes")
-            wait_until(lambda: s._saved is not None and s._saved.queues.get(("a", 0), (0, 0))[1] == 20, 10,
-                       "the queue files written once there was room")  # fmt: skip
+            wait_until(
+                lambda: s._saved is not None and s._saved.queues.get(("a", 0), (0, 0))[1] == 20,
+                10,
+                "the queue files written once there was room",
+            )
         assert s.healthy
         assert s.put(Message("a", 0, b"more")).ok
     with Store.open(cfg) as s:
@@ -406,8 +422,13 @@ def test_queues_rebuilt_after_retention_start_inside_a_file_and_read_whole(tmp_p
     """After retention, a rebuilt queue begins at its first record still in the log,
     inside a queue file: the entries before it were never written (not damage), and a
     later lazy load must neither refuse them nor skip anything after them."""
-    cfg = small_config(tmp_path, segment_bytes=16 * 1024, max_message_bytes=2048, cq_entries_per_file=PER_FILE,
-                       log={"retention_bytes": 8 * 1024})  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        segment_bytes=16 * 1024,
+        max_message_bytes=2048,
+        cq_entries_per_file=PER_FILE,
+        log={"retention_bytes": 8 * 1024},
+    )
     sent = fill(tmp_path)
     with Store.open(cfg) as s:
         assert s.apply_retention() > 0
@@ -465,8 +486,13 @@ def _deleted_segments_open() -> list[str]:
 
 
 def test_segments_removed_by_retention_are_not_kept_open_by_zero_copy_reads(tmp_path: Path) -> None:
-    cfg = small_config(tmp_path, segment_bytes=16 * 1024, max_message_bytes=2048, cq_entries_per_file=PER_FILE,
-                       log={"retention_bytes": 8 * 1024})  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        segment_bytes=16 * 1024,
+        max_message_bytes=2048,
+        cq_entries_per_file=PER_FILE,
+        log={"retention_bytes": 8 * 1024},
+    )
     fill(tmp_path)
     with Store.open(cfg) as s:
         for q in range(QUEUES):
@@ -479,8 +505,13 @@ def test_segments_removed_by_retention_are_not_kept_open_by_zero_copy_reads(tmp_
 def test_an_entry_garbled_below_the_logs_start_is_not_taken_for_retention(tmp_path: Path) -> None:
     """After retention, entries pointing below the log's start are skipped as deleted,
     but only at a queue's head: one in the middle of live entries is damage."""
-    cfg = small_config(tmp_path, segment_bytes=16 * 1024, max_message_bytes=2048, cq_entries_per_file=PER_FILE,
-                       log={"retention_bytes": 20 * 1024})  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        segment_bytes=16 * 1024,
+        max_message_bytes=2048,
+        cq_entries_per_file=PER_FILE,
+        log={"retention_bytes": 20 * 1024},
+    )
     fill(tmp_path)
     with Store.open(cfg) as s:
         assert s.apply_retention() > 0
@@ -498,8 +529,13 @@ def test_retention_over_a_damaged_queue_marks_it_and_goes_on(tmp_path: Path) -> 
     """Retention reads the last entry of a queue's first file; if that entry is zeroed,
     the queue is marked for rebuild and retention goes on (the housekeeping thread
     must not fail the whole store for one damaged queue)."""
-    cfg = small_config(tmp_path, segment_bytes=16 * 1024, max_message_bytes=2048, cq_entries_per_file=PER_FILE,
-                       log={"retention_bytes": 20 * 1024})  # fmt: skip
+    cfg = small_config(
+        tmp_path,
+        segment_bytes=16 * 1024,
+        max_message_bytes=2048,
+        cq_entries_per_file=PER_FILE,
+        log={"retention_bytes": 20 * 1024},
+    )
     sent = fill(tmp_path)
     _rewrite_entry(tmp_path, "a", 2, PER_FILE - 1, (0, 0, 0))
     with Store.open(cfg) as s:
@@ -514,8 +550,9 @@ def test_retention_over_a_damaged_queue_marks_it_and_goes_on(tmp_path: Path) -> 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(victim=st.integers(0, 149), field=st.sampled_from(["offset", "size"]), bit=st.integers(0, 20))
-def test_any_damaged_entry_of_a_long_run_is_caught_by_the_zero_copy_check(tmp_path: Path, victim: int, field: str,
-                                                                        bit: int) -> None:  # fmt: skip
+def test_any_damaged_entry_of_a_long_run_is_caught_by_the_zero_copy_check(
+    tmp_path: Path, victim: int, field: str, bit: int
+) -> None:
     """The zero-copy path checks the two ends of each log-contiguous run; a damaged
     offset or size anywhere breaks the run, so the damaged entry is checked on its own:
     the read fails, or what it sends is exactly this queue's records in order."""

@@ -156,8 +156,13 @@ class Hammer:
 
 
 def test_reads_from_many_threads_during_writes_checkpoints_and_retention(tmp_path: Path, shaken: None) -> None:
-    config = small_config(tmp_path / "store", log={"retention_bytes": 512 * 1024}, cq_flush_interval_ms=5,
-                          retention_check_interval_ms=10, max_open_files=64)  # fmt: skip
+    config = small_config(
+        tmp_path / "store",
+        log={"retention_bytes": 512 * 1024},
+        cq_flush_interval_ms=5,
+        retention_check_interval_ms=10,
+        max_open_files=64,
+    )
     store = Store.open(config).start()
     try:
         store.create_topic("busy", BUSY_QUEUES)

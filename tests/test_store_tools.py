@@ -175,7 +175,9 @@ def test_truncated_middle_segment(pristine: dict[str, Written], tmp_path: Path) 
     start = torn[0]["start"] if torn else gap[0]["start"]
     assert gap[0]["end"] == nxt and gap[0]["file"] == str(seg)
     cut = base + 20_000
-    assert start == max((off + size for off, size in w.places.values() if base <= off and off + size <= cut), default=base)
+    assert start == max(
+        (off + size for off, size in w.places.values() if base <= off and off + size <= cut), default=base
+    )
     lost = _in(w, start, nxt)
     got: dict[tuple[str, int], list[int]] = {}
     for d in report["damage"]:
@@ -295,8 +297,9 @@ def _padding(seg: Path) -> int:
 
 
 @pytest.mark.parametrize("change", [-1, +3000])
-def test_padding_of_a_sealed_segment_is_restored_without_loss(pristine: dict[str, Written], change: int,
-                                                              tmp_path: Path) -> None:  # fmt: skip
+def test_padding_of_a_sealed_segment_is_restored_without_loss(
+    pristine: dict[str, Written], change: int, tmp_path: Path
+) -> None:
     """A middle segment shorter or longer than its successor's base says, but only in the
     padding after its blank marker: reported, and repaired without dropping anything."""
     w = _copy(pristine, "commitlog", tmp_path / "s")
@@ -390,8 +393,13 @@ def test_repair_drops_exactly_what_it_lists(pristine: dict[str, Written], mode: 
 def test_repair_asks_first(pristine: dict[str, Written], tmp_path: Path) -> None:
     w = _copy(pristine, "commitlog", tmp_path / "s")
     _damage(w, "flip-byte")
-    done = subprocess.run([sys.executable, "-m", "clmq", "store", "repair", str(w.config.data_dir)],
-                          input="n\n", capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "clmq", "store", "repair", str(w.config.data_dir)],
+        input="n\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1 and "nothing changed" in done.stdout
     assert check_store(w.config).log_damaged
 
@@ -399,8 +407,9 @@ def test_repair_asks_first(pristine: dict[str, Written], tmp_path: Path) -> None
 # -------------------------------------------------------------- hypothesis
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pick=st.integers(min_value=0, max_value=COUNT - 1), at=st.floats(min_value=0, max_value=0.999))
-def test_any_flipped_byte_is_found_where_it_is(pristine: dict[str, Written], tmp_path_factory: pytest.TempPathFactory,
-                                               pick: int, at: float) -> None:  # fmt: skip
+def test_any_flipped_byte_is_found_where_it_is(
+    pristine: dict[str, Written], tmp_path_factory: pytest.TempPathFactory, pick: int, at: float
+) -> None:
     w = _copy(pristine, "commitlog", tmp_path_factory.mktemp("h") / "s")
     key = sorted(w.places)[pick]
     off, size = w.places[key]

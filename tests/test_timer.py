@@ -183,8 +183,9 @@ async def _pending_known(addr: str) -> list[int] | None:
 
 
 @pytest.mark.parametrize("extra", [{"TIMER_SRC": "0"}, {"CANCEL_OF": "0"}, {"REAL_TOPIC": "nope"}, {"REAL_QID": "9"}])
-async def test_a_message_sharing_a_checked_lead_cannot_smuggle_routing_properties(nursery: trio.Nursery, tmp_path: Path,
-                                                                                  extra: dict[str, str]) -> None:  # fmt: skip
+async def test_a_message_sharing_a_checked_lead_cannot_smuggle_routing_properties(
+    nursery: trio.Nursery, tmp_path: Path, extra: dict[str, str]
+) -> None:
     """The broker checks a batch's shared properties once; a later message that starts
     with them but adds its own routing (or the broker's marks) is refused."""
     c = await _cluster(nursery, tmp_path)
@@ -214,8 +215,9 @@ async def test_system_topics_are_hidden_from_listings(nursery: trio.Nursery, tmp
     assert set(every.fields["topics"]) == {"t", TIMER_TOPIC}
 
 
-async def test_a_timer_that_cannot_save_says_so_and_still_delivers_exactly_once(nursery: trio.Nursery,
-                                                                               tmp_path: Path) -> None:  # fmt: skip
+async def test_a_timer_that_cannot_save_says_so_and_still_delivers_exactly_once(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     (tmp_path / "broker-a").mkdir()
     (tmp_path / "broker-a" / "timer").write_text("a file where the timer's directory goes")
     c = await _cluster(nursery, tmp_path)
@@ -239,8 +241,7 @@ async def _failure(addr: str) -> str:
     return failure
 
 
-async def test_retention_keeps_a_scheduled_message_until_it_is_delivered(nursery: trio.Nursery,
-                                                                         tmp_path: Path) -> None:  # fmt: skip
+async def test_retention_keeps_a_scheduled_message_until_it_is_delivered(nursery: trio.Nursery, tmp_path: Path) -> None:
     c = await _cluster(nursery, tmp_path, segment_bytes=64 * 1024, max_message_bytes=8 * 1024)
     broker = next(iter(c.brokers.values()))
     async with open_producer(c.ns) as producer:
@@ -273,15 +274,19 @@ async def test_a_cancel_holds_while_the_timer_works_through_a_backlog(nursery: t
         doomed = await producer.send("t", b"doomed", delay_ms=1500)
         assert timer.stats.delivered < n - 2000, "the backlog was delivered too fast to test anything"
         assert (await admin.cancel_message(doomed.msg_ids[0])).state == "cancelled"
-    await await_until(lambda: timer.stats.delivered >= n and timer.stats.cancelled == 1, 60, "the backlog and the cancel")
+    await await_until(
+        lambda: timer.stats.delivered >= n and timer.stats.cancelled == 1, 60, "the backlog and the cancel"
+    )
     assert timer.stats.delivered == n
 
 
 # ---------------------------------------------------------------- kill -9
 def _config(root: Path) -> Path:
     conf = root / "broker.toml"
-    conf.write_text(f'[broker]\nbroker_name = "timer"\nlisten_port = 0\ndata_dir = "{root / "data"}"\n'
-                    f"timer_tick_ms = 20\ntimer_checkpoint_interval_ms = 100\n")  # fmt: skip
+    conf.write_text(
+        f'[broker]\nbroker_name = "timer"\nlisten_port = 0\ndata_dir = "{root / "data"}"\n'
+        f"timer_tick_ms = 20\ntimer_checkpoint_interval_ms = 100\n"
+    )
     return conf
 
 
@@ -312,12 +317,16 @@ async def test_scheduled_messages_survive_kill_9_delivered_exactly_once(tmp_path
     finally:
         await reap(proc)
     bodies = [r.body for r, _ in got]
-    assert sorted(bodies) == sorted(b"%d" % i for i in range(n)), f"{len(bodies)} delivered, {len(set(bodies))} distinct"
+    assert sorted(bodies) == sorted(b"%d" % i for i in range(n)), (
+        f"{len(bodies)} delivered, {len(set(bodies))} distinct"
+    )
     for record, _arrived in got:
         due = int(record.properties[PROP_DELIVER_AT])
         delivered = record.store_timestamp_ms
         assert delivered >= due - 5, f"{record.body!r} delivered {due - delivered} ms early"
-        assert delivered <= max(due, restarted) + 1500, f"{record.body!r} delivered {delivered - max(due, restarted)} ms late"
+        assert delivered <= max(due, restarted) + 1500, (
+            f"{record.body!r} delivered {delivered - max(due, restarted)} ms late"
+        )
 
 
 async def _read_all(addr: str, n: int) -> list[tuple[Record, float]]:
@@ -429,8 +438,9 @@ async def test_a_million_scheduled_messages_cost_bounded_broker_memory(tmp_path:
 
             async def sender(k: int) -> None:
                 for start in range(k * per_batch, n, 4 * per_batch):
-                    await producer.send_batch("t", [b"%09d" % i for i in range(start, start + per_batch)],
-                                              delay_ms=600_000 + start // 100)  # fmt: skip
+                    await producer.send_batch(
+                        "t", [b"%09d" % i for i in range(start, start + per_batch)], delay_ms=600_000 + start // 100
+                    )
 
             async with trio.open_nursery() as nursery:
                 for k in range(4):

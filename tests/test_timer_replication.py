@@ -54,8 +54,9 @@ async def test_a_promoted_follower_delivers_the_rest_once(nursery: trio.Nursery,
     assert f.store.queue_exists(TIMER_TOPIC, 0)
 
 
-async def test_a_follower_s_retention_keeps_the_scheduled_messages_its_leader_has_pending(nursery: trio.Nursery,
-                                                                                         tmp_path: Path) -> None:  # fmt: skip
+async def test_a_follower_s_retention_keeps_the_scheduled_messages_its_leader_has_pending(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     lead, (f,) = await start_group(c, 1, common={**TIMER, "segment_bytes": 64 * 1024, "max_message_bytes": 8 * 1024})
@@ -68,4 +69,6 @@ async def test_a_follower_s_retention_keeps_the_scheduled_messages_its_leader_ha
     await caught_up(lead, [f])
     far_future = time.time() + 10**6
     await trio.to_thread.run_sync(f.store.apply_retention, far_future)
-    assert f.store.log.min_offset <= scheduled.commitlog_offsets[0], "the follower's retention deleted a pending message"
+    assert f.store.log.min_offset <= scheduled.commitlog_offsets[0], (
+        "the follower's retention deleted a pending message"
+    )

@@ -37,7 +37,7 @@ from tests.wire_fuzz import (
     read_until_closed,
     start_broker_process,
     stop_broker_process,
-)  # fmt: skip
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,7 +138,9 @@ def test_a_flood_beyond_the_descriptor_limit_is_refused_and_the_broker_keeps_ser
                 n.start_soon(good.run, stop)
                 for _ in range(1100):
                     flood.append(await trio.to_thread.run_sync(raw_connect, b.addr))
-                await trio.to_thread.run_sync(wait_until, lambda: "refusing connections" in b.log, 20, "the refusal logged")
+                await trio.to_thread.run_sync(
+                    wait_until, lambda: "refusing connections" in b.log, 20, "the refusal logged"
+                )
                 rounds = good.rounds
                 await await_until(lambda: good.rounds >= rounds + 20, 20, "the good client to go on")
                 stop.set()
@@ -203,8 +205,15 @@ def test_half_frames_hold_no_more_memory_than_the_buffer_caps(tmp_path: Path) ->
     """The user's case scaled down: eight clients each send part of a large frame and
     stop. The broker reads no more than max_buffered_request_bytes of them."""
     cap = 48 * MiB
-    b = start_broker_process(tmp_path, {"max_frame_bytes": 32 * MiB, "max_connection_buffer_bytes": 32 * MiB,
-                                        "max_buffered_request_bytes": cap, "frame_timeout_ms": 120_000})  # fmt: skip
+    b = start_broker_process(
+        tmp_path,
+        {
+            "max_frame_bytes": 32 * MiB,
+            "max_connection_buffer_bytes": 32 * MiB,
+            "max_buffered_request_bytes": cap,
+            "frame_timeout_ms": 120_000,
+        },
+    )
     try:
         good = GoodClient(b.addr)
         trio.run(good.prepare)
@@ -247,11 +256,14 @@ def test_half_frames_hold_no_more_memory_than_the_buffer_caps(tmp_path: Path) ->
         assert stop_broker_process(b) == 0
 
 
-async def test_large_frames_beyond_the_global_cap_wait_their_turn_and_complete(cluster: Cluster, nursery: trio.Nursery) -> None:
+async def test_large_frames_beyond_the_global_cap_wait_their_turn_and_complete(
+    cluster: Cluster, nursery: trio.Nursery
+) -> None:
     """Back-pressure, not refusal: frames that together exceed the cap are read one
     after another, and small requests still pass meanwhile."""
-    broker = await cluster.start_broker(max_frame_bytes=4 * MiB, max_connection_buffer_bytes=4 * MiB,
-                                        max_buffered_request_bytes=6 * MiB)  # fmt: skip
+    broker = await cluster.start_broker(
+        max_frame_bytes=4 * MiB, max_connection_buffer_bytes=4 * MiB, max_buffered_request_bytes=6 * MiB
+    )
     good, stop = await _good_client(nursery, broker.addr)
     await GoodClient(broker.addr, topic="big").prepare()  # a topic of their own (see the report on OFFSET_OVERFLOW)
     done: list[int] = []
@@ -277,7 +289,9 @@ async def test_large_frames_beyond_the_global_cap_wait_their_turn_and_complete(c
 
 
 # ----------------------------------------------------------------- time limits
-async def test_a_frame_that_does_not_complete_in_time_closes_its_connection(cluster: Cluster, nursery: trio.Nursery) -> None:
+async def test_a_frame_that_does_not_complete_in_time_closes_its_connection(
+    cluster: Cluster, nursery: trio.Nursery
+) -> None:
     broker = await cluster.start_broker(frame_timeout_ms=400, idle_timeout_ms=60_000)
     good, stop = await _good_client(nursery, broker.addr)
     host, port = broker.addr.rsplit(":", 1)
@@ -327,14 +341,22 @@ async def test_idle_connections_are_closed_but_long_polls_are_not(cluster: Clust
 # ----------------------------------------------------------------- the wire fuzzer
 @pytest.fixture(scope="module")
 def fuzz_broker(tmp_path_factory: pytest.TempPathFactory):
-    with broker_in_thread(tmp_path_factory.mktemp("fuzz"), max_frame_bytes=2 * MiB, max_connection_buffer_bytes=2 * MiB,
-                          max_buffered_request_bytes=4 * MiB, frame_timeout_ms=300) as tb:  # fmt: skip
+    with broker_in_thread(
+        tmp_path_factory.mktemp("fuzz"),
+        max_frame_bytes=2 * MiB,
+        max_connection_buffer_bytes=2 * MiB,
+        max_buffered_request_bytes=4 * MiB,
+        frame_timeout_ms=300,
+    ) as tb:
         yield tb
         assert tb.good.errors == []
         tb.finish_good()
         rpc = tb.broker.rpc
-        wait_until(lambda: tb.call(lambda: rpc.buffered_request_bytes == 0 and rpc.connections == 0), 10,
-                   "every connection closed and every byte given back")  # fmt: skip
+        wait_until(
+            lambda: tb.call(lambda: rpc.buffered_request_bytes == 0 and rpc.connections == 0),
+            10,
+            "every connection closed and every byte given back",
+        )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
@@ -353,8 +375,11 @@ def test_wire_garbage_costs_only_its_own_connection(fuzz_broker, junk: tuple[byt
         except OSError:
             pass  # the broker gave up on us first (EPIPE, ECONNRESET, or ENOTCONN at our shutdown)
     # the good client's own requests (under 1 KiB each) come and go meanwhile
-    wait_until(lambda: fuzz_broker.call(lambda: rpc.buffered_request_bytes < 4096 and rpc.connections <= 2), 10,
-               "the broker to drop the garbage connection and its bytes")  # fmt: skip
+    wait_until(
+        lambda: fuzz_broker.call(lambda: rpc.buffered_request_bytes < 4096 and rpc.connections <= 2),
+        10,
+        "the broker to drop the garbage connection and its bytes",
+    )
     assert rpc.peak_buffered_request_bytes <= 4 * MiB
     wait_until(lambda: fuzz_broker.good.rounds > rounds, 10, "the good client to go on")
     assert fuzz_broker.good.errors == []
@@ -362,15 +387,22 @@ def test_wire_garbage_costs_only_its_own_connection(fuzz_broker, junk: tuple[byt
 
 # ----------------------------------------------------------------- clmq dev
 def _clmq(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clmq", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env={"COLUMNS": "300", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **env})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "clmq", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "300", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **env},
+    )
 
 
 def test_dev_takes_the_broker_settings_from_the_environment_file_and_flags(tmp_path: Path) -> None:
     demo = ("dev", "--demo", "--exit-after-demo", "--port", "0", "--namesrv-port", "0")
     env_dir = tmp_path / "from-env"
-    out = _clmq(*demo, cwd=tmp_path, CLMQ_FLUSH_MODE="sync", CLMQ_STORAGE_MODE="partition-per-file",
-                CLMQ_DATA_DIR=str(env_dir))  # fmt: skip
+    out = _clmq(
+        *demo, cwd=tmp_path, CLMQ_FLUSH_MODE="sync", CLMQ_STORAGE_MODE="partition-per-file", CLMQ_DATA_DIR=str(env_dir)
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "partition-per-file, sync flush" in out.stdout and str(env_dir) in out.stdout, out.stdout
     assert (env_dir / "partitions").is_dir() and "produced 5, consumed 5" in out.stdout

@@ -79,8 +79,9 @@ def expected_error(field: str) -> str:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=st.sampled_from(FIELD_VALUES), before=st.integers(0, 5), after=st.integers(0, 5), queue=st.integers(0, 3))
-def test_a_wrong_field_is_refused_naming_it_and_leaves_no_hole(store: Store, case: tuple[str, Any], before: int,
-                                                              after: int, queue: int) -> None:  # fmt: skip
+def test_a_wrong_field_is_refused_naming_it_and_leaves_no_hole(
+    store: Store, case: tuple[str, Any], before: int, after: int, queue: int
+) -> None:
     field, value = case
     probe = store.put_batch([good(queue, 0)])  # where the queue is now
     assert probe.ok
@@ -165,10 +166,22 @@ def test_get_at_a_negative_offset_is_a_result(store: Store) -> None:
 # ------------------------------------------------------------- over the wire
 GOOD_BROKER: dict[int, dict[str, Any]] = {
     RequestCode.SEND_MESSAGE: {"topic": "v", "dedup": False},
-    RequestCode.PULL_MESSAGE: {"topic": "v", "queue_id": 0, "offset": 0, "max_messages": 4, "max_wait_ms": 0,
-                               "tags": ["T"], "group": "g"},
-    RequestCode.PULL_MESSAGES: {"queues": [["v", 0, 0, None]], "max_messages": 4, "max_per_queue": 4,
-                                "max_wait_ms": 0, "max_bytes": 1 << 20},
+    RequestCode.PULL_MESSAGE: {
+        "topic": "v",
+        "queue_id": 0,
+        "offset": 0,
+        "max_messages": 4,
+        "max_wait_ms": 0,
+        "tags": ["T"],
+        "group": "g",
+    },
+    RequestCode.PULL_MESSAGES: {
+        "queues": [["v", 0, 0, None]],
+        "max_messages": 4,
+        "max_per_queue": 4,
+        "max_wait_ms": 0,
+        "max_bytes": 1 << 20,
+    },
     RequestCode.QUERY_OFFSETS: {"topic": "v", "queue_id": 0},
     RequestCode.SEARCH_OFFSET: {"topic": "v", "queue_id": 0, "timestamp_ms": 0},
     RequestCode.COMMIT_OFFSET: {"group": "g", "offsets": [["v", 0, 0]]},
@@ -192,35 +205,68 @@ GOOD_BROKER: dict[int, dict[str, Any]] = {
     RequestCode.BROKER_INFO: {},
     RequestCode.GET_LOG_LAYOUT: {},
     RequestCode.READ_LOG: {"offset": 0, "max_bytes": 100, "end_offset": 100},
-    RequestCode.REPLICA_JOIN: {"broker_name": "zz", "broker_id": 7, "epoch": 0, "end_offset": 0, "segment_bytes": 1024,
-                               "addr": "127.0.0.1:1"},
-    RequestCode.REPLICA_FETCH: {"broker_id": 7, "session": 1, "epoch": 0, "offset": 0, "flushed": 0, "max_bytes": 100,
-                                "max_wait_ms": 0},
+    RequestCode.REPLICA_JOIN: {
+        "broker_name": "zz",
+        "broker_id": 7,
+        "epoch": 0,
+        "end_offset": 0,
+        "segment_bytes": 1024,
+        "addr": "127.0.0.1:1",
+    },
+    RequestCode.REPLICA_FETCH: {
+        "broker_id": 7,
+        "session": 1,
+        "epoch": 0,
+        "offset": 0,
+        "flushed": 0,
+        "max_bytes": 100,
+        "max_wait_ms": 0,
+    },
     RequestCode.REPLICA_METADATA: {"broker_id": 7, "session": 1},
     RequestCode.PROMOTE: {"force": False},
     RequestCode.REPLICA_STATUS: {},
     RequestCode.TRANSFER_LEADERSHIP: {"broker_id": 7, "timeout_ms": 100},
-}  # fmt: skip
+}
 GOOD_NAMESERVER: dict[int, dict[str, Any]] = {
-    RequestCode.REGISTER_BROKER: {"cluster": "c", "broker_name": "x", "addr": "127.0.0.1:1", "topics": {"t": 1},
-                                  "healthy": True, "failure": "", "broker_id": 0, "role": "leader", "epoch": 0},
+    RequestCode.REGISTER_BROKER: {
+        "cluster": "c",
+        "broker_name": "x",
+        "addr": "127.0.0.1:1",
+        "topics": {"t": 1},
+        "healthy": True,
+        "failure": "",
+        "broker_id": 0,
+        "role": "leader",
+        "epoch": 0,
+    },
     RequestCode.UNREGISTER_BROKER: {"addr": "127.0.0.1:1", "broker_name": "x"},
     RequestCode.GET_ROUTE: {"topic": "t"},
     RequestCode.GET_CLUSTER: {},
-}  # fmt: skip
+}
 OPTIONAL = {
-    (RequestCode.PULL_MESSAGE, "max_messages"), (RequestCode.PULL_MESSAGE, "max_wait_ms"),
-    (RequestCode.PULL_MESSAGE, "tags"), (RequestCode.PULL_MESSAGE, "group"),
-    (RequestCode.PULL_MESSAGES, "max_messages"), (RequestCode.PULL_MESSAGES, "max_per_queue"),
-    (RequestCode.PULL_MESSAGES, "max_wait_ms"), (RequestCode.PULL_MESSAGES, "max_bytes"),
+    (RequestCode.PULL_MESSAGE, "max_messages"),
+    (RequestCode.PULL_MESSAGE, "max_wait_ms"),
+    (RequestCode.PULL_MESSAGE, "tags"),
+    (RequestCode.PULL_MESSAGE, "group"),
+    (RequestCode.PULL_MESSAGES, "max_messages"),
+    (RequestCode.PULL_MESSAGES, "max_per_queue"),
+    (RequestCode.PULL_MESSAGES, "max_wait_ms"),
+    (RequestCode.PULL_MESSAGES, "max_bytes"),
     (RequestCode.REGISTER_BROKER, "cluster"),
-    (RequestCode.REGISTER_BROKER, "healthy"), (RequestCode.REGISTER_BROKER, "failure"),
-    (RequestCode.UNREGISTER_BROKER, "broker_name"), (RequestCode.REGISTER_BROKER, "broker_id"),
-    (RequestCode.REGISTER_BROKER, "role"), (RequestCode.REGISTER_BROKER, "epoch"), (RequestCode.PROMOTE, "force"),
-    (RequestCode.REPLICA_JOIN, "addr"), (RequestCode.TRANSFER_LEADERSHIP, "timeout_ms"), (RequestCode.SEND_MESSAGE, "dedup"),
-    (RequestCode.LIST_TOPICS, "include_system"), (RequestCode.CONSUMER_SEND_BACK, "max_reconsume_times"),
+    (RequestCode.REGISTER_BROKER, "healthy"),
+    (RequestCode.REGISTER_BROKER, "failure"),
+    (RequestCode.UNREGISTER_BROKER, "broker_name"),
+    (RequestCode.REGISTER_BROKER, "broker_id"),
+    (RequestCode.REGISTER_BROKER, "role"),
+    (RequestCode.REGISTER_BROKER, "epoch"),
+    (RequestCode.PROMOTE, "force"),
+    (RequestCode.REPLICA_JOIN, "addr"),
+    (RequestCode.TRANSFER_LEADERSHIP, "timeout_ms"),
+    (RequestCode.SEND_MESSAGE, "dedup"),
+    (RequestCode.LIST_TOPICS, "include_system"),
+    (RequestCode.CONSUMER_SEND_BACK, "max_reconsume_times"),
     (RequestCode.CONSUMER_SEND_BACK, "to_dlq"),
-}  # fmt: skip
+}
 # A wrong value of each kind: every one is refused unless it has the field's own type
 # (a string for a string field) and is in range.
 WRONG_VALUES: list[Any] = ["x", [1], {"a": 1}, None, 1.5, 2**64 - 1, -1, True, b"raw"]
@@ -268,7 +314,9 @@ async def refuse_every_wrong_field(rpc: RpcClient, addr: str, table: dict[int, d
     return sent
 
 
-async def test_every_field_of_every_request_of_the_wrong_type_is_malformed_and_changes_nothing(cluster: Cluster) -> None:
+async def test_every_field_of_every_request_of_the_wrong_type_is_malformed_and_changes_nothing(
+    cluster: Cluster,
+) -> None:
     broker = cluster.brokers["broker-a"]
     assert cluster.nameserver is not None
     # The tables above cover every code each server handles, and every field documented.
@@ -299,7 +347,9 @@ async def test_every_field_of_every_request_of_the_wrong_type_is_malformed_and_c
         brokers = await rpc.request(cluster.ns[0], RequestCode.GET_CLUSTER)
         assert [b["broker_name"] for b in brokers.fields["brokers"]] == ["broker-a"]
         # ... and good requests of every kind still work.
-        sent_ok = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "v"}, encode_batch([Message("v", 0, b"ok")]))
+        sent_ok = await rpc.request(
+            broker.addr, RequestCode.SEND_MESSAGE, {"topic": "v"}, encode_batch([Message("v", 0, b"ok")])
+        )
         assert sent_ok.fields["queue_offsets"] == [0]
         await rpc.aclose()
 
@@ -323,9 +373,11 @@ def _exchange(addr: str, frame: bytes) -> Frame:
 async def test_a_frame_of_a_version_the_server_does_not_speak_is_refused_with_the_versions_it_does(
     cluster: Cluster, version: int
 ) -> None:
-    for addr, code, fields in [(cluster.brokers["broker-a"].addr, RequestCode.SEND_MESSAGE, {"topic": "v"}),
-                               (cluster.brokers["broker-a"].addr, RequestCode.BROKER_INFO, {}),
-                               (cluster.ns[0], RequestCode.GET_ROUTE, {"topic": "v"})]:  # fmt: skip
+    for addr, code, fields in [
+        (cluster.brokers["broker-a"].addr, RequestCode.SEND_MESSAGE, {"topic": "v"}),
+        (cluster.brokers["broker-a"].addr, RequestCode.BROKER_INFO, {}),
+        (cluster.ns[0], RequestCode.GET_ROUTE, {"topic": "v"}),
+    ]:
         body = encode_batch([Message("v", 0, b"new")]) if code == RequestCode.SEND_MESSAGE else b""
         frame = Frame(code, 7, fields, body, version=version)
         reply = await trio.to_thread.run_sync(_exchange, addr, encode_frame(frame))
@@ -336,7 +388,9 @@ async def test_a_frame_of_a_version_the_server_does_not_speak_is_refused_with_th
         assert (await p.send("v", b"good")).queue_offset == 0
 
 
-async def test_a_producer_refused_for_its_version_raises_a_clear_error(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_producer_refused_for_its_version_raises_a_clear_error(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A broker that speaks only another version (as a newer one would): the producer
     does not retry and says which version it spoke."""
     async with open_producer(cluster.ns) as p:
@@ -345,9 +399,9 @@ async def test_a_producer_refused_for_its_version_raises_a_clear_error(cluster: 
         with pytest.raises(SendError) as e:
             await p.send("v", b"refused")
         assert e.value.code == ErrorCode.UNSUPPORTED_VERSION
-        assert f"protocol version {PROTOCOL_VERSION}" in str(e.value) and f"speaks version(s) {PROTOCOL_VERSION + 1}" in str(
+        assert f"protocol version {PROTOCOL_VERSION}" in str(
             e.value
-        )
+        ) and f"speaks version(s) {PROTOCOL_VERSION + 1}" in str(e.value)
 
 
 # ------------------------------------------------------------ a failed store
@@ -387,8 +441,9 @@ def fsync_fails(broker: str) -> Fault:
     return Fault("fdatasync", errno.EIO, path=f"/{broker}/commitlog/", times=None)
 
 
-async def test_a_failed_store_answers_store_failed_and_reports_itself_unhealthy(nursery: trio.Nursery,
-                                                                               tmp_path: Path) -> None:  # fmt: skip
+async def test_a_failed_store_answers_store_failed_and_reports_itself_unhealthy(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     c = await sync_cluster(nursery, tmp_path, "broker-a")
     broker = c.brokers["broker-a"]
     body = encode_batch([Message("f", 0, b"m")])
@@ -416,7 +471,9 @@ async def test_a_failed_store_answers_store_failed_and_reports_itself_unhealthy(
             (entry,) = listing.fields["brokers"]
             assert entry["healthy"] is False and entry["failure"] == info.fields["failure"]
             # Reads still answer (what was stored before the failure).
-            pulled = await rpc.request(broker.addr, RequestCode.PULL_MESSAGE, {"topic": "f", "queue_id": 0, "offset": 0})
+            pulled = await rpc.request(
+                broker.addr, RequestCode.PULL_MESSAGE, {"topic": "f", "queue_id": 0, "offset": 0}
+            )
             assert pulled.fields["count"] >= 1
         await rpc.aclose()
 

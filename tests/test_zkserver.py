@@ -28,7 +28,9 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def test_the_session_server_serves_and_each_test_gets_its_own_chroot(zk_server: LocalZooKeeper, zk_connect: str) -> None:
+def test_the_session_server_serves_and_each_test_gets_its_own_chroot(
+    zk_server: LocalZooKeeper, zk_connect: str
+) -> None:
     assert zk_server.ruok()
     assert "Mode: standalone" in four_letter_word(zk_server.port, "srvr")
     host_port, chroot = zk_connect.split("/", 1)
@@ -67,8 +69,11 @@ def test_a_killed_or_paused_server_comes_back(zk_restartable: LocalZooKeeper) ->
     assert not zk.is_running()
 
 
-@pytest.mark.parametrize("missing", [{"jar": "/nowhere/zookeeper.jar"}, {"slf4j_jar": "/nowhere/slf4j-simple.jar"},
-                                     {"java": "no-such-java-for-clmq"}], ids=["jar", "slf4j", "java"])  # fmt: skip
+@pytest.mark.parametrize(
+    "missing",
+    [{"jar": "/nowhere/zookeeper.jar"}, {"slf4j_jar": "/nowhere/slf4j-simple.jar"}, {"java": "no-such-java-for-clmq"}],
+    ids=["jar", "slf4j", "java"],
+)
 def test_a_missing_install_is_a_clear_error(tmp_path: Path, missing: dict[str, str]) -> None:
     with pytest.raises(ZooKeeperError) as e:
         LocalZooKeeper(tmp_path, **missing).start()  # type: ignore[arg-type]

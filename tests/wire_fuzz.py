@@ -69,8 +69,17 @@ def start_broker_process(tmp: Path, settings: dict[str, Any], *, nofile: int | N
     """Start ``clmq broker`` on a free port with ``settings`` (a TOML file) and, if
     given, a descriptor limit of ``nofile``; returns once it is listening."""
     conf = tmp / "broker.toml"
-    conf.write_text(_toml({"broker_name": "b1", "listen_port": 0, "data_dir": str(tmp / "data"),
-                           "auto_create_topics": True, **settings}))  # fmt: skip
+    conf.write_text(
+        _toml(
+            {
+                "broker_name": "b1",
+                "listen_port": 0,
+                "data_dir": str(tmp / "data"),
+                "auto_create_topics": True,
+                **settings,
+            }
+        )
+    )
 
     def limit() -> None:
         if nofile is not None:
@@ -79,8 +88,15 @@ def start_broker_process(tmp: Path, settings: dict[str, Any], *, nofile: int | N
     log_path = tmp / "broker.log"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "COLUMNS": "300"}
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "clmq", "broker", "--config", str(conf)], cwd=tmp, env=env,
-                                stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=limit)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "clmq", "broker", "--config", str(conf)],
+            cwd=tmp,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            preexec_fn=limit,
+        )
     assert proc.stdout is not None
     deadline = time.monotonic() + 30
     out = ""
@@ -189,9 +205,18 @@ class GoodClient:
         try:
             with trio.fail_after(timeout_ms / 1000):
                 sent = await producer.send(self.topic, payload)
-                got = await rpc.request(self.addr, RequestCode.PULL_MESSAGE, {"topic": self.topic, "queue_id": 0,
-                                        "offset": sent.queue_offset, "max_messages": 1, "max_wait_ms": timeout_ms // 2},
-                                        timeout_ms=timeout_ms)  # fmt: skip
+                got = await rpc.request(
+                    self.addr,
+                    RequestCode.PULL_MESSAGE,
+                    {
+                        "topic": self.topic,
+                        "queue_id": 0,
+                        "offset": sent.queue_offset,
+                        "max_messages": 1,
+                        "max_wait_ms": timeout_ms // 2,
+                    },
+                    timeout_ms=timeout_ms,
+                )
             if got.fields.get("count") != 1 or payload not in got.body:
                 self.errors.append(f"round {self.rounds}: read back {got.fields} {got.body[-40:]!r}")
         except Exception as e:
@@ -202,12 +227,19 @@ class GoodClient:
 
 # ----------------------------------------------------------------- wire garbage
 _INTS = st.integers(-(2**63), 2**64 - 1)  # what msgpack can carry: anything larger cannot be on the wire
-_FIELDS = st.dictionaries(st.text(max_size=8), st.one_of(_INTS, st.text(max_size=8), st.binary(max_size=8),
-                                                         st.none()), max_size=4)  # fmt: skip
-_HEADER_MAPS = st.fixed_dictionaries({"v": st.integers(-2, 3), "c": st.sampled_from([60, 9999, 10, 11, 12, 52]),
-                                      "i": st.integers(-5, 2**40), "f": st.integers(0, 3)}, optional={"x": _FIELDS})  # fmt: skip
-_HEADERS = st.one_of(_HEADER_MAPS, _INTS, st.text(max_size=20), st.lists(_INTS, max_size=4),
-                     st.binary(max_size=16))  # fmt: skip
+_FIELDS = st.dictionaries(
+    st.text(max_size=8), st.one_of(_INTS, st.text(max_size=8), st.binary(max_size=8), st.none()), max_size=4
+)
+_HEADER_MAPS = st.fixed_dictionaries(
+    {
+        "v": st.integers(-2, 3),
+        "c": st.sampled_from([60, 9999, 10, 11, 12, 52]),
+        "i": st.integers(-5, 2**40),
+        "f": st.integers(0, 3),
+    },
+    optional={"x": _FIELDS},
+)
+_HEADERS = st.one_of(_HEADER_MAPS, _INTS, st.text(max_size=20), st.lists(_INTS, max_size=4), st.binary(max_size=16))
 
 
 def _header(draw: Any) -> bytes:

@@ -45,14 +45,22 @@ def _add_topic_commands(sub: Any) -> None:
     update = tsub.add_parser("update", help="change an existing topic: grow its queue count (queues cannot be removed)")
     update.add_argument("name")
     update.add_argument("--queues", type=int, required=True, help="the new queue count (at least the current one)")
-    for name, helptext in (("list", "list topics"), ("describe", "per queue: min and max offsets, messages held"),
-                           ("delete", "delete a topic")):  # fmt: skip
+    for name, helptext in (
+        ("list", "list topics"),
+        ("describe", "per queue: min and max offsets, messages held"),
+        ("delete", "delete a topic"),
+    ):
         p = tsub.add_parser(name, help=helptext)
         if name != "list":
             p.add_argument("name")
         else:  # system topics: %TIMER%, %RETRY%group, %DLQ%group
-            p.add_argument("--all", "--include-system", action="store_true", dest="include_system",
-                           help="also the system topics (%%TIMER%%, %%RETRY%%group, %%DLQ%%group)")  # fmt: skip
+            p.add_argument(
+                "--all",
+                "--include-system",
+                action="store_true",
+                dest="include_system",
+                help="also the system topics (%%TIMER%%, %%RETRY%%group, %%DLQ%%group)",
+            )
     add_client_args(tsub.choices)
     topic.set_defaults(func=cmd_topic)
 
@@ -63,19 +71,26 @@ def _add_client_commands(sub: Any) -> None:
     prod.add_argument("messages", nargs="*", help="message bodies (default: each line of stdin, sent as it arrives)")
     prod.add_argument("--tags", default="")
     prod.add_argument("--keys", default="")
-    prod.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
-                      help="a message property (header), repeatable")  # fmt: skip
+    prod.add_argument(
+        "--property", action="append", default=[], metavar="KEY=VALUE", help="a message property (header), repeatable"
+    )
     prod.add_argument("--queue", type=int, help="send to this queue id (default: spread, or --sharding-key's queue)")
     prod.add_argument("--file", type=Path, help="read the messages from this file, one per line, instead of stdin")
     prod.add_argument("--sharding-key", help="send every message to the queue of this key, in order")
     prod.add_argument("--linger-ms", type=int, help="wait up to this long to fill a request (producer default 5)")
     prod.add_argument("--batch-max-bytes", type=int, help="bytes per request to a broker (producer default 1 MiB)")
     prod.add_argument("--retry-budget-ms", type=int, help="give a message up after trying this long (default 15000)")
-    prod.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
-                      help=f"longest line of stdin taken as a message (default {DEFAULT_MAX_LINE_BYTES:,}): "
-                           "a longer one is reported and skipped")  # fmt: skip
+    prod.add_argument(
+        "--max-line-bytes",
+        type=int,
+        default=DEFAULT_MAX_LINE_BYTES,
+        help=f"longest line of stdin taken as a message (default {DEFAULT_MAX_LINE_BYTES:,}): "
+        "a longer one is reported and skipped",
+    )
     when = prod.add_mutually_exclusive_group()
-    when.add_argument("--delay", help="schedule each message: deliver it this long after it is sent (30s, 5m, 1h, 1500ms)")
+    when.add_argument(
+        "--delay", help="schedule each message: deliver it this long after it is sent (30s, 5m, 1h, 1500ms)"
+    )
     when.add_argument("--deliver-at", help=f"schedule the messages: deliver them at this time: {FORMS_WHEN}")
     namesrv_arg(prod)
     prod.set_defaults(func=cmd_produce)
@@ -90,8 +105,11 @@ def cmd_topic(args: argparse.Namespace) -> int:
         async with open_admin(addrs(args)) as admin:
             if args.topic_command in ("create", "update"):
                 try:
-                    on = await (admin.create_topic(args.name, args.queues) if args.topic_command == "create"
-                                else admin.update_topic(args.name, queue_count=args.queues))  # fmt: skip
+                    on = await (
+                        admin.create_topic(args.name, args.queues)
+                        if args.topic_command == "create"
+                        else admin.update_topic(args.name, queue_count=args.queues)
+                    )
                 except ValueError as e:
                     raise CliError(str(e), EXIT_FAILED) from None
                 if is_json(args):
@@ -108,8 +126,13 @@ def cmd_topic(args: argparse.Namespace) -> int:
                     note(args, f"topic {args.name} deleted on {', '.join(on)}")
             elif args.topic_command == "list":
                 topics = await admin.list_topics(include_system=args.include_system)
-                emit(args, "topics", ["topic", "queues per broker"],
-                     [[t, ", ".join(f"{b}: {n}" for b, n in by.items())] for t, by in topics.items()], data=topics)  # fmt: skip
+                emit(
+                    args,
+                    "topics",
+                    ["topic", "queues per broker"],
+                    [[t, ", ".join(f"{b}: {n}" for b, n in by.items())] for t, by in topics.items()],
+                    data=topics,
+                )
             else:
                 await _describe_topic(args, admin)
         return 0
@@ -123,9 +146,23 @@ async def _describe_topic(args: argparse.Namespace, admin: Any) -> None:
         raise CliError(f"no broker has topic {args.name!r} (clmq topic list shows the topics)", EXIT_FAILED)
     for r in rows:
         r["messages"] = r["max_offset"] - r["min_offset"]
-    emit(args, f"topic {args.name}", ["broker", "queue", "min offset", "max offset", "messages", "bytes"],
-         [[r["broker_name"], r["queue_id"], r["min_offset"], r["max_offset"], r["messages"],
-           r["size_bytes"] if r.get("size_bytes", -1) >= 0 else "-"] for r in rows], data=rows)  # fmt: skip
+    emit(
+        args,
+        f"topic {args.name}",
+        ["broker", "queue", "min offset", "max offset", "messages", "bytes"],
+        [
+            [
+                r["broker_name"],
+                r["queue_id"],
+                r["min_offset"],
+                r["max_offset"],
+                r["messages"],
+                r["size_bytes"] if r.get("size_bytes", -1) >= 0 else "-",
+            ]
+            for r in rows
+        ],
+        data=rows,
+    )
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
@@ -133,8 +170,15 @@ def cmd_produce(args: argparse.Namespace) -> int:
     stripped), through the producer's buffer (``submit``; waits when it is full) and
     print each message's queue and offset in input order; a failed message is reported
     on stderr with its reason, and any failure makes the exit status 1."""
-    options = {name: value for name, value in (("linger_ms", args.linger_ms), ("batch_max_bytes", args.batch_max_bytes),
-                                               ("retry_budget_ms", args.retry_budget_ms)) if value is not None}  # fmt: skip
+    options = {
+        name: value
+        for name, value in (
+            ("linger_ms", args.linger_ms),
+            ("batch_max_bytes", args.batch_max_bytes),
+            ("retry_budget_ms", args.retry_budget_ms),
+        )
+        if value is not None
+    }
 
     async def main() -> int:
         if args.max_line_bytes <= 0:
@@ -153,8 +197,15 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 number += 1
                 if body is None:  # a line over --max-line-bytes: reported by _stdin_lines
                     continue
-                fut = await producer.submit(args.topic, body, tags=args.tags, keys=args.keys, properties=properties,
-                                            sharding_key=args.sharding_key, selector=selector)  # fmt: skip
+                fut = await producer.submit(
+                    args.topic,
+                    body,
+                    tags=args.tags,
+                    keys=args.keys,
+                    properties=properties,
+                    sharding_key=args.sharding_key,
+                    selector=selector,
+                )
                 report.add(number, fut)
             await producer.flush()
         return report.finish()
@@ -175,8 +226,14 @@ def _schedule(args: argparse.Namespace) -> dict[str, int] | None:
     return {"delay_ms": delay_ms}
 
 
-async def _produce_scheduled(args: argparse.Namespace, producer: Any, bodies: AsyncIterator[bytes | None],
-                             properties: dict[str, str], selector: Any, schedule: dict[str, int]) -> int:  # fmt: skip
+async def _produce_scheduled(
+    args: argparse.Namespace,
+    producer: Any,
+    bodies: AsyncIterator[bytes | None],
+    properties: dict[str, str],
+    selector: Any,
+    schedule: dict[str, int],
+) -> int:
     """Send each message scheduled as ``schedule`` says, one after another; print each
     one's queue, due time and id (``clmq message cancel`` takes it)."""
     sent = failed = 0
@@ -186,14 +243,24 @@ async def _produce_scheduled(args: argparse.Namespace, producer: Any, bodies: As
             continue
         due = schedule.get("deliver_at") or int(time.time() * 1000) + schedule["delay_ms"]
         try:
-            r = await producer.send(args.topic, body, tags=args.tags, keys=args.keys, properties=properties,
-                                    sharding_key=args.sharding_key, selector=selector, **schedule)  # fmt: skip
+            r = await producer.send(
+                args.topic,
+                body,
+                tags=args.tags,
+                keys=args.keys,
+                properties=properties,
+                sharding_key=args.sharding_key,
+                selector=selector,
+                **schedule,
+            )
         except SendError as e:
             failed += 1
             print(f"error: message {sent + failed}: {e}", file=sys.stderr)
             continue
         sent += 1
-        sys.stdout.write(f"{r.queue.broker_name} queue {r.queue.queue_id} scheduled {format_time_ms(due)} id {r.msg_ids[0]}\n")
+        sys.stdout.write(
+            f"{r.queue.broker_name} queue {r.queue.queue_id} scheduled {format_time_ms(due)} id {r.msg_ids[0]}\n"
+        )
         sys.stdout.flush()
     if failed:
         print(f"error: {failed:,} of {failed + sent:,} messages not scheduled", file=sys.stderr)
@@ -281,7 +348,9 @@ class _ProduceReport:
 
     def too_long(self, number: int, max_line_bytes: int) -> None:
         self.failed += 1
-        print(f"error: message {number}: line longer than --max-line-bytes {max_line_bytes:,}: not sent", file=sys.stderr)
+        print(
+            f"error: message {number}: line longer than --max-line-bytes {max_line_bytes:,}: not sent", file=sys.stderr
+        )
 
     def _print_ready(self, _: Any = None) -> None:
         while self.waiting and self.waiting[0][1].done():
@@ -290,7 +359,9 @@ class _ProduceReport:
             if error is None:
                 r = fut.result()
                 self.stored += 1
-                sys.stdout.write(f"{r.queue.broker_name} queue {r.queue.queue_id} offset {r.queue_offset} id {r.msg_ids[0]}\n")
+                sys.stdout.write(
+                    f"{r.queue.broker_name} queue {r.queue.queue_id} offset {r.queue_offset} id {r.msg_ids[0]}\n"
+                )
             else:
                 self.failed += 1
                 print(f"error: message {number}: {error}", file=sys.stderr)

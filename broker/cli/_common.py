@@ -20,8 +20,12 @@ DEFAULT_NAMESRV = "127.0.0.1:9876"
 
 def namesrv_arg(p: argparse.ArgumentParser) -> None:
     """``--namesrv host:port[,host:port...]`` (checked when parsed)."""
-    p.add_argument("--namesrv", default=os.environ.get("CLMQ_NAMESRV", DEFAULT_NAMESRV), type=addr_list,
-                   help=f"name server address(es), comma separated (default $CLMQ_NAMESRV or {DEFAULT_NAMESRV})")  # fmt: skip
+    p.add_argument(
+        "--namesrv",
+        default=os.environ.get("CLMQ_NAMESRV", DEFAULT_NAMESRV),
+        type=addr_list,
+        help=f"name server address(es), comma separated (default $CLMQ_NAMESRV or {DEFAULT_NAMESRV})",
+    )
 
 
 def add_client_args(parsers: dict[str, argparse.ArgumentParser]) -> None:

@@ -96,7 +96,9 @@ def _static(path: str) -> HttpResponse:
         return HttpResponse(404, b"not found\n")
     kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
     return HttpResponse(
-        200, target.read_bytes(), kind + ("; charset=utf-8" if kind.startswith("text/") or kind.endswith("javascript") else "")
+        200,
+        target.read_bytes(),
+        kind + ("; charset=utf-8" if kind.startswith("text/") or kind.endswith("javascript") else ""),
     )
 
 
@@ -129,8 +131,16 @@ async def api_groups(d: Dashboard, q: dict[str, str]) -> dict[str, Any]:
     with_letters = {r["group"] for r in await d.admin.dead_letter_counts()}
     for group in sorted(set(await d.admin.list_groups()) | with_letters):
         info = await d.admin.describe_group(group)
-        out.append({"group": group, "lag": info["lag"], "members": len(info["members"]), "queues": len(info["queues"]),
-                    "retry_backlog": info["retry_backlog"], "dead_letters": info["dead_letters"]})  # fmt: skip
+        out.append(
+            {
+                "group": group,
+                "lag": info["lag"],
+                "members": len(info["members"]),
+                "queues": len(info["queues"]),
+                "retry_backlog": info["retry_backlog"],
+                "dead_letters": info["dead_letters"],
+            }
+        )
     return {"groups": out}
 
 
@@ -167,5 +177,14 @@ async def api_dead_letters(d: Dashboard, q: dict[str, str]) -> dict[str, Any]:
     return {"group": q["group"], "messages": [letter_fields(lt) for lt in letters]}
 
 
-API = {"overview": api_overview, "topics": api_topics, "topic": api_topic, "groups": api_groups, "group": api_group,
-       "messages": api_messages, "message": api_message, "find": api_find, "deadletters": api_dead_letters}  # fmt: skip
+API = {
+    "overview": api_overview,
+    "topics": api_topics,
+    "topic": api_topic,
+    "groups": api_groups,
+    "group": api_group,
+    "messages": api_messages,
+    "message": api_message,
+    "find": api_find,
+    "deadletters": api_dead_letters,
+}

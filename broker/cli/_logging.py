@@ -22,7 +22,9 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -38,12 +40,21 @@ class JsonFormatter(logging.Formatter):
 def add_logging_args(parser: argparse.ArgumentParser) -> None:
     """The logging flags every ``clmq`` command takes."""
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level (and print stacks of errors)")
-    parser.add_argument("--log-format", choices=["text", "json"], default="text",
-                        help="text (default) or json: one JSON object per line (ts, level, logger, msg, fields)")  # fmt: skip
-    parser.add_argument("--log-level", default="", type=log_levels, metavar="LEVEL[,COMPONENT=LEVEL...]",
-                        help="warning by default (info with -v); per component: e.g. info,clmq.replication=debug "
-                             "(components: clmq.broker, clmq.store, clmq.replication, clmq.coordination, "
-                             "clmq.consumer, clmq.producer, clmq.server, clmq.http ...)")  # fmt: skip
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text (default) or json: one JSON object per line (ts, level, logger, msg, fields)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="",
+        type=log_levels,
+        metavar="LEVEL[,COMPONENT=LEVEL...]",
+        help="warning by default (info with -v); per component: e.g. info,clmq.replication=debug "
+        "(components: clmq.broker, clmq.store, clmq.replication, clmq.coordination, "
+        "clmq.consumer, clmq.producer, clmq.server, clmq.http ...)",
+    )
 
 
 def log_levels(text: str) -> dict[str, int]:

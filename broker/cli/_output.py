@@ -26,8 +26,13 @@ err_console = Console(stderr=True)
 
 def add_output_arg(parser: argparse.ArgumentParser) -> None:
     """``-o/--output {table,json}``."""
-    parser.add_argument("-o", "--output", choices=["table", "json"], default="table",
-                        help="table (default, for people) or json (for scripts: stdout is only JSON)")  # fmt: skip
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "json"],
+        default="table",
+        help="table (default, for people) or json (for scripts: stdout is only JSON)",
+    )
 
 
 def is_json(args: argparse.Namespace) -> bool:
@@ -61,10 +66,18 @@ def record_fields(rec: Record, msg_id: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"topic": rec.topic, "queue_id": rec.queue_id, "queue_offset": rec.queue_offset}
     if msg_id is not None:
         out["msg_id"] = msg_id
-    out.update(commitlog_offset=rec.commitlog_offset, born_time=format_time_ms(rec.born_timestamp_ms),
-               store_time=format_time_ms(rec.store_timestamp_ms), born_host=f"{rec.born_host[0]}:{rec.born_host[1]}",
-               store_host=f"{rec.store_host[0]}:{rec.store_host[1]}", tags=rec.tags, keys=rec.keys,
-               properties=dict(rec.properties), reconsume_times=rec.reconsume_times, size=rec.size)  # fmt: skip
+    out.update(
+        commitlog_offset=rec.commitlog_offset,
+        born_time=format_time_ms(rec.born_timestamp_ms),
+        store_time=format_time_ms(rec.store_timestamp_ms),
+        born_host=f"{rec.born_host[0]}:{rec.born_host[1]}",
+        store_host=f"{rec.store_host[0]}:{rec.store_host[1]}",
+        tags=rec.tags,
+        keys=rec.keys,
+        properties=dict(rec.properties),
+        reconsume_times=rec.reconsume_times,
+        size=rec.size,
+    )
     try:
         out["body"] = rec.body.decode("utf-8")
     except UnicodeDecodeError:
@@ -78,9 +91,12 @@ def record_line(rec: Record, *, details: bool = False, msg_id: str | None = None
     body = rec.body.decode("utf-8", errors="backslashreplace")
     head = f"{rec.topic} q{rec.queue_id} @{rec.queue_offset} {format_time_ms(rec.store_timestamp_ms)} [{rec.tags}]"
     if details:
-        extra = [f"keys={rec.keys!r}" if rec.keys else "", f"id={msg_id}" if msg_id else "",
-                 " ".join(f"{k}={v!r}" for k, v in sorted(rec.properties.items())),
-                 f"reconsume_times={rec.reconsume_times}" if rec.reconsume_times else ""]  # fmt: skip
+        extra = [
+            f"keys={rec.keys!r}" if rec.keys else "",
+            f"id={msg_id}" if msg_id else "",
+            " ".join(f"{k}={v!r}" for k, v in sorted(rec.properties.items())),
+            f"reconsume_times={rec.reconsume_times}" if rec.reconsume_times else "",
+        ]
         head += "".join(f" {e}" for e in extra if e)
     return f"{head} {body}"
 

@@ -11,7 +11,15 @@ from typing import Any
 
 import trio
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from clmq.commitlog import set_progress_sink
 
@@ -20,8 +28,16 @@ CATCH_UP_SHOW_BYTES = 64 << 20  # a smaller lag at start is gone before a bar wo
 
 
 def _bar(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                    TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal)  # fmt: skip
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
 
 
 @contextmanager
@@ -65,8 +81,14 @@ def bench_progress(name: str) -> Iterator[None]:
     from rich.progress import SpinnerColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
-    progress = Progress(SpinnerColumn(), TextColumn(f"clmq bench {name}"), TimeElapsedColumn(), console=console,
-                        transient=True, disable=not console.is_terminal)  # fmt: skip
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn(f"clmq bench {name}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
     with progress:
         progress.add_task(name, total=None)
         yield

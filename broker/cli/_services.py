@@ -34,8 +34,11 @@ console = Console()
 
 def add_commands(sub: Any) -> None:
     """Add the service commands (and the client verbs) to the ``clmq`` parser."""
-    dev = sub.add_parser("dev", help="name server and broker in one process, on a local data directory; the broker "
-                         "takes the settings of 'clmq broker' (--config, CLMQ_* variables, flags)")  # fmt: skip
+    dev = sub.add_parser(
+        "dev",
+        help="name server and broker in one process, on a local data directory; the broker "
+        "takes the settings of 'clmq broker' (--config, CLMQ_* variables, flags)",
+    )
     dev.add_argument("--config", type=Path, help="TOML file (keys: BrokerConfig fields, or a [broker] table)")
     dev.add_argument("--data-dir", help="broker data directory (default ./clmq-data)")
     dev.add_argument("--port", type=listen_port_arg, dest="listen_port", help="broker port (default 10911)")
@@ -43,11 +46,18 @@ def add_commands(sub: Any) -> None:
     dev.add_argument("--flush-mode", help="async (default) or sync: acknowledge only once fsynced")
     dev.add_argument("--metrics-port", type=int, help="the broker's Prometheus metrics port (GET /metrics)")
     dev.add_argument("--namesrv-port", type=listen_port_arg, default=9876, help="name server port (default 9876)")
-    dev.add_argument("--replicas", type=int, default=1, help="brokers in the group (default 1: one broker in this "
-                     "process); N > 1: a leader and N-1 followers, each a separate process with its own data "
-                     "directory (<data-dir>/replica-<id>) and port (--port + id)")  # fmt: skip
+    dev.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="brokers in the group (default 1: one broker in this "
+        "process); N > 1: a leader and N-1 followers, each a separate process with its own data "
+        "directory (<data-dir>/replica-<id>) and port (--port + id)",
+    )
     dev.add_argument("--ack-mode", help="async (default) or sync: acknowledge once every in-sync replica holds it")
-    dev.add_argument("--min-insync-replicas", type=int, help="sync acks: replicas (leader included) that must be in sync")
+    dev.add_argument(
+        "--min-insync-replicas", type=int, help="sync acks: replicas (leader included) that must be in sync"
+    )
     dev.add_argument("--demo", action="store_true", help="create a topic, produce and consume a few messages")
     dev.add_argument("--exit-after-demo", action="store_true", help="stop once the demo has run")
     dev.set_defaults(func=cmd_dev)
@@ -56,16 +66,28 @@ def add_commands(sub: Any) -> None:
     ns.add_argument("--config", type=Path, help="TOML file (keys: NameServerConfig fields, or a [nameserver] table)")
     ns.add_argument("--listen-host")
     ns.add_argument("--listen-port", type=listen_port_arg)
-    ns.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on GET /metrics at this port (0: any free)")
+    ns.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics on GET /metrics at this port (0: any free)"
+    )
     ns.set_defaults(func=cmd_nameserver)
 
-    br = sub.add_parser("broker", help="run a broker ('clmq broker status --addr host:port': one broker's replication state)")
-    br.add_argument("action", nargs="?", choices=["status"], help="status: show the replication state of the broker "
-                    "at --addr instead of running one")  # fmt: skip
-    br.add_argument("--config", type=Path, help="TOML file (keys: BrokerConfig fields, or a [broker] table); every "
-                    "field can also be set as CLMQ_<FIELD> in the environment, e.g. CLMQ_MAX_CONNECTIONS=5000 "
-                    "(limits at the door: max_connections, reserved_file_descriptors, max_connection_buffer_bytes, "
-                    "max_buffered_request_bytes, frame_timeout_ms, idle_timeout_ms)")  # fmt: skip
+    br = sub.add_parser(
+        "broker", help="run a broker ('clmq broker status --addr host:port': one broker's replication state)"
+    )
+    br.add_argument(
+        "action",
+        nargs="?",
+        choices=["status"],
+        help="status: show the replication state of the broker at --addr instead of running one",
+    )
+    br.add_argument(
+        "--config",
+        type=Path,
+        help="TOML file (keys: BrokerConfig fields, or a [broker] table); every "
+        "field can also be set as CLMQ_<FIELD> in the environment, e.g. CLMQ_MAX_CONNECTIONS=5000 "
+        "(limits at the door: max_connections, reserved_file_descriptors, max_connection_buffer_bytes, "
+        "max_buffered_request_bytes, frame_timeout_ms, idle_timeout_ms)",
+    )
     for flag, kind, helptext in BROKER_FLAGS:
         br.add_argument(f"--{flag}", type=kind, help=helptext)
     add_status_args(br)
@@ -74,8 +96,9 @@ def add_commands(sub: Any) -> None:
     add_client_commands(sub)
 
 
-async def _until_signal(stop: Callable[[], object], *,
-                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:  # fmt: skip
+async def _until_signal(
+    stop: Callable[[], object], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     """Call ``stop`` (what it returns is of no use) at the first SIGINT or SIGTERM; started
     once the signals are caught, so that a Ctrl-C after the service says it runs stops it
     gracefully."""
@@ -95,19 +118,28 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
         async with trio.open_nursery() as nursery:
             ns = await nursery.start(serve_nameserver, cfg)
             await nursery.start(_until_signal, ns.shutdown)
-            console.print(f"name server on {ns.addr}" + (f"; metrics on http://{cfg.metrics_host or cfg.listen_host}:"
-                                                         f"{ns.metrics_port}/metrics" if ns.metrics_port >= 0 else ""))  # fmt: skip
+            console.print(
+                f"name server on {ns.addr}"
+                + (
+                    f"; metrics on http://{cfg.metrics_host or cfg.listen_host}:{ns.metrics_port}/metrics"
+                    if ns.metrics_port >= 0
+                    else ""
+                )
+            )
 
     return _run_service(main, f"{cfg.listen_host}:{cfg.listen_port}")
 
 
 # The broker's flags (each one a BrokerConfig field; also settable in the TOML file and as CLMQ_<FIELD>).
 BROKER_FLAGS: tuple[tuple[str, Callable[[str], Any], str | None], ...] = (
-    ("broker-name", str, "the group: brokers with the same name replicate one log"), ("listen-host", str, None),
+    ("broker-name", str, "the group: brokers with the same name replicate one log"),
+    ("listen-host", str, None),
     ("listen-port", listen_port_arg, None),
     ("metrics-port", int, "serve Prometheus metrics on GET /metrics at this port (0: any free; default -1: none)"),
-    ("data-dir", str, None), ("namesrv-addrs", str, "host:port,host:port"),
-    ("storage-mode", str, None), ("flush-mode", str, None),
+    ("data-dir", str, None),
+    ("namesrv-addrs", str, "host:port,host:port"),
+    ("storage-mode", str, None),
+    ("flush-mode", str, None),
     ("broker-id", int, "unique within the group"),
     ("role", str, "leader or follower, at the first start (later: the role kept in the data directory)"),
     ("leader-addr", str, "a follower's leader, host:port (default: the group's leader as the name servers know it)"),
@@ -118,7 +150,7 @@ BROKER_FLAGS: tuple[tuple[str, Callable[[str], Any], str | None], ...] = (
     ("zookeeper", str, "automatic failover: host:port[,host:port...][/chroot] (role and leader-addr are then ignored)"),
     ("zk-session-timeout-ms", int, "a dead leader is replaced about this long after it stops answering (default 2000)"),
     ("unclean-leader-election", str, "true: elect an out-of-sync replica when no in-sync one is left (LOSES DATA)"),
-)  # fmt: skip
+)
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
@@ -135,20 +167,29 @@ def cmd_broker(args: argparse.Namespace) -> int:
                 broker = await nursery.start(serve_broker, cfg)
             nursery.start_soon(show_catch_up, broker.store)
             await nursery.start(_until_signal, broker.shutdown)
-            console.print(f"broker {cfg.broker_name} on {broker.addr}, data in {cfg.data_dir} "
-                          f"({cfg.storage_mode}, {cfg.flush_mode} flush); name servers: {', '.join(cfg.namesrv_addrs) or 'none'}")  # fmt: skip
+            console.print(
+                f"broker {cfg.broker_name} on {broker.addr}, data in {cfg.data_dir} "
+                f"({cfg.storage_mode}, {cfg.flush_mode} flush); name servers: {', '.join(cfg.namesrv_addrs) or 'none'}"
+            )
             if broker.metrics_port >= 0:
                 console.print(f"metrics on http://{cfg.metrics_host or cfg.listen_host}:{broker.metrics_port}/metrics")
             role = broker.replica.role  # the role kept in the data directory wins over the setting
             if cfg.zookeeper:
-                console.print(f"replica {cfg.broker_id} of group {cfg.broker_name}: its role comes from ZooKeeper "
-                              f"({cfg.zookeeper}, session {cfg.zk_session_timeout_ms} ms); {cfg.ack_mode} acks, "
-                              f"min_insync_replicas {cfg.min_insync_replicas}")  # fmt: skip
+                console.print(
+                    f"replica {cfg.broker_id} of group {cfg.broker_name}: its role comes from ZooKeeper "
+                    f"({cfg.zookeeper}, session {cfg.zk_session_timeout_ms} ms); {cfg.ack_mode} acks, "
+                    f"min_insync_replicas {cfg.min_insync_replicas}"
+                )
             else:
-                console.print(f"replica {cfg.broker_id} of group {cfg.broker_name}: {role}"
-                              + (f" of {cfg.leader_addr or 'the leader the name servers know'}" if role == "follower"
-                                 else f", epoch {broker.replica.epoch}")
-                              + f"; {cfg.ack_mode} acks, min_insync_replicas {cfg.min_insync_replicas}")  # fmt: skip
+                console.print(
+                    f"replica {cfg.broker_id} of group {cfg.broker_name}: {role}"
+                    + (
+                        f" of {cfg.leader_addr or 'the leader the name servers know'}"
+                        if role == "follower"
+                        else f", epoch {broker.replica.epoch}"
+                    )
+                    + f"; {cfg.ack_mode} acks, min_insync_replicas {cfg.min_insync_replicas}"
+                )
 
     return _run_service(main, f"{cfg.listen_host}:{cfg.listen_port}")
 
@@ -163,8 +204,10 @@ def _run_service(main: Callable[[], Any], listen: str | None = None) -> int:
         if isinstance(err, OSError) and err.errno == errno.EADDRINUSE and "cannot listen on" in str(err):
             raise CliError(str(err.strerror)) from err
         if isinstance(err, OSError) and err.errno == errno.EADDRINUSE:
-            raise CliError(f"cannot listen on {listen or 'its port'}: address already in use "
-                           "(another clmq, or another program, has it)") from err  # fmt: skip
+            raise CliError(
+                f"cannot listen on {listen or 'its port'}: address already in use "
+                "(another clmq, or another program, has it)"
+            ) from err
         raise
 
 
@@ -175,8 +218,13 @@ def cmd_dev(args: argparse.Namespace) -> int:
     """The broker's settings load as ``clmq broker``'s do (file, CLMQ_* variables,
     flags); only its name servers are set: the one this command runs."""
     keys = ("listen_port", "data_dir", "storage_mode", "flush_mode", "ack_mode", "min_insync_replicas", "metrics_port")
-    base = load_settings(BrokerConfig, args.config, section="broker", defaults=DEV_DEFAULTS,
-                         overrides={k: getattr(args, k) for k in keys})  # fmt: skip
+    base = load_settings(
+        BrokerConfig,
+        args.config,
+        section="broker",
+        defaults=DEV_DEFAULTS,
+        overrides={k: getattr(args, k) for k in keys},
+    )
     if args.replicas < 1:
         raise CliError(f"--replicas must be at least 1, got {args.replicas}", EXIT_USAGE)
     if getattr(args, "zookeeper", False) and args.replicas < 2:
@@ -189,8 +237,10 @@ def cmd_dev(args: argparse.Namespace) -> int:
             ns = await nursery.start(serve_nameserver, NameServerConfig(listen_port=args.namesrv_port))
             cfg = dataclasses.replace(base, namesrv_addrs=[ns.addr])
             broker = await nursery.start(serve_broker, cfg)
-            console.print(f"clmq dev: name server {ns.addr}, broker {broker.addr}, data in {cfg.data_dir}/ "
-                          f"({cfg.storage_mode}, {cfg.flush_mode} flush)")  # fmt: skip
+            console.print(
+                f"clmq dev: name server {ns.addr}, broker {broker.addr}, data in {cfg.data_dir}/ "
+                f"({cfg.storage_mode}, {cfg.flush_mode} flush)"
+            )
             if args.demo:
                 await _demo(ns.addr)
             if args.exit_after_demo:
@@ -200,7 +250,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
             console.print(f"serving; try: clmq produce demo hello --namesrv {ns.addr}   (Ctrl-C stops)")
             nursery.start_soon(_until_signal, lambda: (broker.shutdown(), ns.shutdown()))
 
-    return _run_service(main, f"name server 127.0.0.1:{args.namesrv_port} or broker {base.listen_host}:{base.listen_port}")
+    return _run_service(
+        main, f"name server 127.0.0.1:{args.namesrv_port} or broker {base.listen_host}:{base.listen_port}"
+    )
 
 
 async def _demo(namesrv: str) -> None:
@@ -238,7 +290,9 @@ async def _demo(namesrv: str) -> None:
                             f"received queue {rec.queue_id} offset {rec.queue_offset} [{rec.tags}]: {rec.body.decode()}"
                         )
     console.print(
-        "[green]messages flowed: produced 5, consumed 5[/green]" if not want else f"[red]{len(want)} messages not consumed[/red]"
+        "[green]messages flowed: produced 5, consumed 5[/green]"
+        if not want
+        else f"[red]{len(want)} messages not consumed[/red]"
     )
     async with open_admin([namesrv]) as admin:  # the demo's group has done its job: leave no group behind
         await admin.delete_group(group)

@@ -58,7 +58,9 @@ def parse_when_ms(text: str) -> int:
     """A point in time for a schedule: ISO-8601 or epoch ms. A duration is refused here
     (elsewhere it means "ago", which would schedule in the past)."""
     if _RELATIVE.match(text.strip()):
-        raise CliError(f"time {text!r} is a duration: give a time ({FORMS_WHEN}), or the delay with --delay", EXIT_USAGE)
+        raise CliError(
+            f"time {text!r} is a duration: give a time ({FORMS_WHEN}), or the delay with --delay", EXIT_USAGE
+        )
     return parse_time_ms(text)
 
 

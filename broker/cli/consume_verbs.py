@@ -27,10 +27,19 @@ def add_command(sub: Any) -> None:
     cons.add_argument("topic")
     cons.add_argument("--group", default="clmq-cli", help="consumer group (default clmq-cli)")
     cons.add_argument("--tags", default="*", help="tag expression, e.g. 'TagA || TagB' (default *)")
-    cons.add_argument("--from", dest="start_from", default="earliest", type=start_arg,
-                      help=f"where a queue without a committed offset starts: earliest (default), latest, or a time: {FORMS}")  # fmt: skip
-    cons.add_argument("--count", type=int, default=0, help="print and commit exactly this many messages, then stop "
-                      "(default: run until Ctrl-C)")  # fmt: skip
+    cons.add_argument(
+        "--from",
+        dest="start_from",
+        default="earliest",
+        type=start_arg,
+        help=f"where a queue without a committed offset starts: earliest (default), latest, or a time: {FORMS}",
+    )
+    cons.add_argument(
+        "--count",
+        type=int,
+        default=0,
+        help="print and commit exactly this many messages, then stop (default: run until Ctrl-C)",
+    )
     cons.add_argument("--idle-timeout", type=float, default=0, help="stop after this many seconds without messages")
     cons.add_argument("--broadcast", action="store_true", help="broadcasting mode (every member gets every message)")
     cons.add_argument("--details", action="store_true", help="also print keys, properties and attempts")
@@ -50,8 +59,13 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         await _check_topic(args)
-        async with open_consumer(addrs(args), args.group, {args.topic: args.tags}, start_from=args.start_from,
-                                 mode="broadcasting" if args.broadcast else "clustering") as consumer:  # fmt: skip
+        async with open_consumer(
+            addrs(args),
+            args.group,
+            {args.topic: args.tags},
+            start_from=args.start_from,
+            mode="broadcasting" if args.broadcast else "clustering",
+        ) as consumer:
             seen = await _print_until_done(args, consumer)
         note(args, f"[dim]{seen} messages")
         return 0

@@ -28,10 +28,18 @@ def add_command(sub: Any) -> None:
     p = sub.add_parser("dashboard", help="a web dashboard: brokers, topics, groups and their lag, messages")
     p.add_argument("--listen-host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
     p.add_argument("--listen-port", type=listen_port_arg, default=8080, help="port (default 8080; 0: any free)")
-    p.add_argument("--poll-interval-ms", type=int, default=DashboardSettings.poll_interval_ms,
-                   help="how often rates and lags are sampled for the charts (default 2000)")  # fmt: skip
-    p.add_argument("--history-points", type=int, default=DashboardSettings.history_points,
-                   help="samples kept for the charts (default 300)")  # fmt: skip
+    p.add_argument(
+        "--poll-interval-ms",
+        type=int,
+        default=DashboardSettings.poll_interval_ms,
+        help="how often rates and lags are sampled for the charts (default 2000)",
+    )
+    p.add_argument(
+        "--history-points",
+        type=int,
+        default=DashboardSettings.history_points,
+        help="samples kept for the charts (default 300)",
+    )
     namesrv_arg(p)
     p.set_defaults(func=cmd_dashboard)
 
@@ -46,8 +54,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         async with open_admin(addrs(args)) as admin, trio.open_nursery() as nursery:
             board = Dashboard(admin, settings)
             port = await nursery.start(serve_http, args.listen_host, args.listen_port, board.route, "dashboard")
-            console.print(f"dashboard on http://{args.listen_host}:{port}/ (name servers {args.namesrv}; Ctrl-C stops)",
-                          highlight=False)  # fmt: skip
+            console.print(
+                f"dashboard on http://{args.listen_host}:{port}/ (name servers {args.namesrv}; Ctrl-C stops)",
+                highlight=False,
+            )
             nursery.start_soon(board.sample_forever)
 
     return run_client(main)

@@ -76,9 +76,16 @@ def plan_replicas(base: BrokerConfig, namesrv: str, count: int, zookeeper: str =
     out = []
     for i, port in enumerate(ports):
         leads = i == 0 and not zookeeper
-        cfg = dataclasses.replace(base, broker_id=i, role="leader" if leads else "follower",
-                                  leader_addr="" if leads else leader_addr, listen_port=port, zookeeper=zookeeper,
-                                  data_dir=str(root / f"replica-{i}"), namesrv_addrs=[namesrv])  # fmt: skip
+        cfg = dataclasses.replace(
+            base,
+            broker_id=i,
+            role="leader" if leads else "follower",
+            leader_addr="" if leads else leader_addr,
+            listen_port=port,
+            zookeeper=zookeeper,
+            data_dir=str(root / f"replica-{i}"),
+            namesrv_addrs=[namesrv],
+        )
         out.append(ReplicaProcess(cfg, root / f"replica-{i}.toml", root / f"replica-{i}.log"))
     return out
 
@@ -141,8 +148,13 @@ async def _zookeeper(data_dir: Path, wanted: bool) -> AsyncIterator[LocalZooKeep
         console.print("ZooKeeper stopped")
 
 
-async def _run_group(args: Any, base: BrokerConfig, demo: Callable[[str], Awaitable[None]], zk: LocalZooKeeper | None,
-                     exited: list[ReplicaProcess]) -> int:  # fmt: skip
+async def _run_group(
+    args: Any,
+    base: BrokerConfig,
+    demo: Callable[[str], Awaitable[None]],
+    zk: LocalZooKeeper | None,
+    exited: list[ReplicaProcess],
+) -> int:
     async with trio.open_nursery() as nursery:
         ns = await nursery.start(serve_nameserver, NameServerConfig(listen_port=args.namesrv_port))
         try:
@@ -171,9 +183,14 @@ async def _cancel_on_signal(scope: trio.CancelScope) -> None:
             return
 
 
-async def _start_and_serve(replicas: list[ReplicaProcess], namesrv: str, args: Any,
-                           demo: Callable[[str], Awaitable[None]], scope: trio.CancelScope,
-                           exited: list[ReplicaProcess]) -> None:  # fmt: skip
+async def _start_and_serve(
+    replicas: list[ReplicaProcess],
+    namesrv: str,
+    args: Any,
+    demo: Callable[[str], Awaitable[None]],
+    scope: trio.CancelScope,
+    exited: list[ReplicaProcess],
+) -> None:
     """Start the replicas, show them, run the demo, serve until ``scope`` is cancelled
     (a signal, or a replica exiting: listed in ``exited``)."""
     elected = bool(replicas[0].config.zookeeper)
@@ -209,7 +226,12 @@ async def _spawn(r: ReplicaProcess) -> None:
     with r.log_path.open("ab") as log_file:  # the child has its own descriptor; this one closes
         r.process = await trio.lowlevel.open_process(
             [sys.executable, "-m", "clmq", "broker", "--config", str(r.settings_path)],
-            stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=env, start_new_session=True)  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            env=env,
+            start_new_session=True,
+        )
 
 
 async def _watch_exit(r: ReplicaProcess, exited: list[ReplicaProcess], scope: trio.CancelScope) -> None:
@@ -235,17 +257,23 @@ def _a_follower(replicas: list[ReplicaProcess], leader: ReplicaProcess) -> Repli
 
 def _print_plan(replicas: list[ReplicaProcess], namesrv: str, leader: ReplicaProcess) -> None:
     c = replicas[0].config
-    console.print(f"clmq dev: name server {namesrv}; group {c.broker_name} of {len(replicas)} replicas, "
-                  f"{c.ack_mode} acks, min_insync_replicas {c.min_insync_replicas}, {c.flush_mode} flush")  # fmt: skip
+    console.print(
+        f"clmq dev: name server {namesrv}; group {c.broker_name} of {len(replicas)} replicas, "
+        f"{c.ack_mode} acks, min_insync_replicas {c.min_insync_replicas}, {c.flush_mode} flush"
+    )
     if c.zookeeper:
-        console.print(f"  ZooKeeper {c.zookeeper} elected replica {leader.config.broker_id} the leader "
-                      f"(zk_session_timeout_ms {c.zk_session_timeout_ms}: a dead leader is replaced about that fast)")  # fmt: skip
+        console.print(
+            f"  ZooKeeper {c.zookeeper} elected replica {leader.config.broker_id} the leader "
+            f"(zk_session_timeout_ms {c.zk_session_timeout_ms}: a dead leader is replaced about that fast)"
+        )
     for r in replicas:
         role = ("leader" if r is leader else "follower") + (", elected" if c.zookeeper else " at first start")
         console.print(f"  replica {r.config.broker_id} ({role}) on {r.addr}, pid "
                       f"{r.process.pid if r.process else '-'}\n    data {r.config.data_dir}/\n    settings {r.settings_path}, "
                       f"log {r.log_path}", highlight=False)  # fmt: skip
-    console.print(f"the state: clmq cluster list --namesrv {namesrv}   one replica: clmq broker status --addr {replicas[0].addr}")
+    console.print(
+        f"the state: clmq cluster list --namesrv {namesrv}   one replica: clmq broker status --addr {replicas[0].addr}"
+    )
 
 
 async def _wait_registered(namesrv: str, addrs: set[str], group: list[ReplicaProcess]) -> None:
@@ -256,8 +284,9 @@ async def _wait_registered(namesrv: str, addrs: set[str], group: list[ReplicaPro
                     await trio.sleep(POLL_S)
     except trio.TooSlowError:
         logs = ", ".join(str(r.log_path) for r in group)
-        raise RuntimeError(f"replicas not registered with the name server within {START_TIMEOUT_S:.0f} s; "
-                           f"their logs: {logs}") from None  # fmt: skip
+        raise RuntimeError(
+            f"replicas not registered with the name server within {START_TIMEOUT_S:.0f} s; their logs: {logs}"
+        ) from None
 
 
 async def _wait_elected(replicas: list[ReplicaProcess]) -> ReplicaProcess:
@@ -274,7 +303,9 @@ async def _wait_elected(replicas: list[ReplicaProcess]) -> ReplicaProcess:
                         pass  # a replica that died is reported by its watcher
                 await trio.sleep(POLL_S)
     logs = ", ".join(str(r.log_path) for r in replicas)
-    raise RuntimeError(f"no replica was elected leader through ZooKeeper within {ELECTION_TIMEOUT_S:.0f} s; their logs: {logs}")
+    raise RuntimeError(
+        f"no replica was elected leader through ZooKeeper within {ELECTION_TIMEOUT_S:.0f} s; their logs: {logs}"
+    )
 
 
 async def _wait_in_sync(leader: str, followers: int) -> None:

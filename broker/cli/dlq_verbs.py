@@ -29,15 +29,27 @@ def add_command(sub: Any) -> None:
     lst.add_argument("--group", help="only this group")
     show = dsub.add_parser("show", help="a group's dead letters: id, origin topic/queue/offset, attempts, body")
     show.add_argument("group")
-    show.add_argument("-n", "--count", type=int, default=DEFAULT_SHOW_MESSAGES,
-                      help=f"at most this many (default {DEFAULT_SHOW_MESSAGES})")  # fmt: skip
+    show.add_argument(
+        "-n",
+        "--count",
+        type=int,
+        default=DEFAULT_SHOW_MESSAGES,
+        help=f"at most this many (default {DEFAULT_SHOW_MESSAGES})",
+    )
     show.add_argument("--offset", type=int, default=0, help="first dead-letter queue offset (default 0)")
     resend = dsub.add_parser("resend", help="send dead letters again to their origin topic, as fresh messages")
     resend.add_argument("group")
-    resend.add_argument("--all", action="store_true", dest="resend_all",
-                        help="also letters resent before (ignore the resend mark)")  # fmt: skip
-    resend.add_argument("--offset", type=int, action="append", dest="offsets", metavar="N",
-                        help="only the dead letter at this DLQ offset (repeatable)")  # fmt: skip
+    resend.add_argument(
+        "--all", action="store_true", dest="resend_all", help="also letters resent before (ignore the resend mark)"
+    )
+    resend.add_argument(
+        "--offset",
+        type=int,
+        action="append",
+        dest="offsets",
+        metavar="N",
+        help="only the dead letter at this DLQ offset (repeatable)",
+    )
     add_client_args(dsub.choices)
     dlq.set_defaults(func=cmd_dlq)
 
@@ -65,15 +77,24 @@ async def _list(args: argparse.Namespace, admin: Admin) -> None:
     rows = await admin.dead_letter_counts(args.group)
     if args.group and not rows:
         raise CliError(f"group {args.group!r} has no dead letters", EXIT_FAILED)
-    emit(args, "dead letters", ["group", "broker", "dead letters", "not resent"],
-         [[r["group"], r["broker_name"], r["dead_letters"], r["not_resent"]] for r in rows], data=rows)  # fmt: skip
+    emit(
+        args,
+        "dead letters",
+        ["group", "broker", "dead letters", "not resent"],
+        [[r["group"], r["broker_name"], r["dead_letters"], r["not_resent"]] for r in rows],
+        data=rows,
+    )
 
 
 def letter_fields(letter: DeadLetter) -> dict[str, Any]:
     """A dead letter as JSON-ready fields: the record's, plus its id, broker and origin."""
-    return {**record_fields(letter.record, letter.msg_id), "broker_name": letter.broker_name,
-            "origin_topic": letter.origin_topic, "origin_queue_id": letter.origin_queue_id,
-            "origin_offset": letter.origin_offset}  # fmt: skip
+    return {
+        **record_fields(letter.record, letter.msg_id),
+        "broker_name": letter.broker_name,
+        "origin_topic": letter.origin_topic,
+        "origin_queue_id": letter.origin_queue_id,
+        "origin_offset": letter.origin_offset,
+    }
 
 
 def _preview(body: bytes) -> str:
@@ -84,22 +105,49 @@ def _preview(body: bytes) -> str:
 async def _show(args: argparse.Namespace, admin: Admin) -> None:
     letters = await admin.dead_letters(args.group, max_messages=args.count, start=args.offset)
     if not letters and not await admin.dead_letter_counts(args.group):
-        raise CliError(f"group {args.group!r} has no dead letters (clmq dlq list shows the groups that have)", EXIT_FAILED)
-    rows = [[lt.broker_name, lt.record.queue_offset, lt.msg_id, f"{lt.origin_topic} q{lt.origin_queue_id} @{lt.origin_offset}",
-             lt.record.reconsume_times, _preview(lt.record.body),
-             " ".join(f"{k}={v}" for k, v in sorted(lt.record.properties.items()))] for lt in letters]  # fmt: skip
-    emit(args, f"dead letters of group {args.group}", ["broker", "offset", "msg id", "origin", "attempts", "body", "properties"],
-         rows, data=[letter_fields(lt) for lt in letters])  # fmt: skip
+        raise CliError(
+            f"group {args.group!r} has no dead letters (clmq dlq list shows the groups that have)", EXIT_FAILED
+        )
+    rows = [
+        [
+            lt.broker_name,
+            lt.record.queue_offset,
+            lt.msg_id,
+            f"{lt.origin_topic} q{lt.origin_queue_id} @{lt.origin_offset}",
+            lt.record.reconsume_times,
+            _preview(lt.record.body),
+            " ".join(f"{k}={v}" for k, v in sorted(lt.record.properties.items())),
+        ]
+        for lt in letters
+    ]
+    emit(
+        args,
+        f"dead letters of group {args.group}",
+        ["broker", "offset", "msg id", "origin", "attempts", "body", "properties"],
+        rows,
+        data=[letter_fields(lt) for lt in letters],
+    )
 
 
 async def _resend(args: argparse.Namespace, admin: Admin) -> int:
     if not await admin.dead_letter_counts(args.group):
-        raise CliError(f"group {args.group!r} has no dead letters (clmq dlq list shows the groups that have)", EXIT_FAILED)
+        raise CliError(
+            f"group {args.group!r} has no dead letters (clmq dlq list shows the groups that have)", EXIT_FAILED
+        )
     result = await admin.resend_dead_letters(args.group, offsets=args.offsets, resend_all=args.resend_all)
-    data = {"group": args.group, "resent": [vars(r) for r in result.resent], "skipped": result.skipped,
-            "errors": result.errors}  # fmt: skip
-    emit(args, f"dead letters of group {args.group} resent", ["broker", "dlq offset", "to topic", "new msg id"],
-         [[r.broker_name, r.dlq_offset, r.origin_topic, r.msg_id] for r in result.resent], data=data)  # fmt: skip
+    data = {
+        "group": args.group,
+        "resent": [vars(r) for r in result.resent],
+        "skipped": result.skipped,
+        "errors": result.errors,
+    }
+    emit(
+        args,
+        f"dead letters of group {args.group} resent",
+        ["broker", "dlq offset", "to topic", "new msg id"],
+        [[r.broker_name, r.dlq_offset, r.origin_topic, r.msg_id] for r in result.resent],
+        data=data,
+    )
     if not is_json(args):
         skipped = f"; {result.skipped} resent before, skipped (--all resends them)" if result.skipped else ""
         note(args, f"{len(result.resent)} resent{skipped}")

@@ -16,9 +16,12 @@ T = TypeVar("T")
 
 
 def add_command(sub: Any) -> None:
-    p = sub.add_parser("export", help="export queues to Parquet, JSON or CSV with Spark",
-                       description="Export the messages of a store (a data directory, or running brokers) with "
-                                   "Spark. Needs the spark extra: pip install 'clmq[spark]'.")  # fmt: skip
+    p = sub.add_parser(
+        "export",
+        help="export queues to Parquet, JSON or CSV with Spark",
+        description="Export the messages of a store (a data directory, or running brokers) with "
+        "Spark. Needs the spark extra: pip install 'clmq[spark]'.",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--data-dir", help="a store's data directory (may belong to a running broker)")
     src.add_argument("--nameserver", help="name server address(es), host:port[,host:port]: read every broker")
@@ -30,26 +33,44 @@ def add_command(sub: Any) -> None:
     p.add_argument("--to-offsets", help="'latest' (default) or JSON; exclusive")
     p.add_argument("--from-time", help=f"start at messages stored at or after this time: {FORMS}")
     p.add_argument("--to-time", help="stop before messages stored at or after this time")
-    p.add_argument("--since-manifest", metavar="PATH",
-                   help="continue an earlier export: start every queue where its manifest (_clmq_manifest.json, "
-                        "or the output directory holding it) ends it; new queues from their earliest offset")  # fmt: skip
+    p.add_argument(
+        "--since-manifest",
+        metavar="PATH",
+        help="continue an earlier export: start every queue where its manifest (_clmq_manifest.json, "
+        "or the output directory holding it) ends it; new queues from their earliest offset",
+    )
     p.add_argument("--format", choices=FORMATS, default="parquet", help="output format (default parquet)")
     p.add_argument("--output", required=True, help="output directory (a Spark path)")
-    p.add_argument("--mode", choices=("errorifexists", "overwrite", "append"), default="errorifexists",
-                   help="when the output exists (default: fail)")  # fmt: skip
-    p.add_argument("--body-as", choices=("raw", "text", "base64"), default=None,
-                   help="body column: raw bytes (default; base64 for csv), UTF-8 text, or base64")  # fmt: skip
+    p.add_argument(
+        "--mode",
+        choices=("errorifexists", "overwrite", "append"),
+        default="errorifexists",
+        help="when the output exists (default: fail)",
+    )
+    p.add_argument(
+        "--body-as",
+        choices=("raw", "text", "base64"),
+        default=None,
+        help="body column: raw bytes (default; base64 for csv), UTF-8 text, or base64",
+    )
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*]: every core here)")
-    p.add_argument("--driver-memory", default="2g",
-                   help="the Spark driver's heap, where a local master runs its tasks (default 2g)")  # fmt: skip
+    p.add_argument(
+        "--driver-memory",
+        default="2g",
+        help="the Spark driver's heap, where a local master runs its tasks (default 2g)",
+    )
     p.add_argument(
         "--max-split-bytes",
         type=int,
         default=None,
         help="bytes of log per Spark task at most (default 128 MiB; less when the cores need more tasks)",
     )
-    p.add_argument("--on-corrupt", choices=("fail", "skip"), default="fail",
-                   help="a corrupt record fails the export (default) or is skipped and counted")  # fmt: skip
+    p.add_argument(
+        "--on-corrupt",
+        choices=("fail", "skip"),
+        default="fail",
+        help="a corrupt record fails the export (default) or is skipped and counted",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=cmd_export)
 
@@ -67,9 +88,13 @@ def check_arguments(args: argparse.Namespace) -> None:
     if "://" not in args.output and output.exists() and args.mode == "errorifexists":
         raise CliError(f"--output {args.output} exists: choose another, or --mode overwrite|append", EXIT_USAGE)
     if args.since_manifest is not None:
-        given = [flag for flag, value in (("--from-offsets", args.from_offsets), ("--from-time", args.from_time)) if value]
+        given = [
+            flag for flag, value in (("--from-offsets", args.from_offsets), ("--from-time", args.from_time)) if value
+        ]
         if given:
-            raise CliError(f"--since-manifest sets where every queue starts: leave out {' and '.join(given)}", EXIT_USAGE)
+            raise CliError(
+                f"--since-manifest sets where every queue starts: leave out {' and '.join(given)}", EXIT_USAGE
+            )
     for name in ("max_split_bytes",):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -78,10 +103,17 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def reader_options(args: argparse.Namespace) -> dict[str, str]:
     opts: dict[str, str] = {}
-    pairs = [("path", args.data_dir), ("nameserver", args.nameserver), ("broker", args.broker),
-             ("topics", args.topics), ("topicPattern", args.topic_pattern), ("queues", args.queues),
-             ("startingOffsets", args.from_offsets), ("endingOffsets", args.to_offsets),
-             ("onCorrupt", args.on_corrupt)]  # fmt: skip
+    pairs = [
+        ("path", args.data_dir),
+        ("nameserver", args.nameserver),
+        ("broker", args.broker),
+        ("topics", args.topics),
+        ("topicPattern", args.topic_pattern),
+        ("queues", args.queues),
+        ("startingOffsets", args.from_offsets),
+        ("endingOffsets", args.to_offsets),
+        ("onCorrupt", args.on_corrupt),
+    ]
     opts.update({k: str(v) for k, v in pairs if v})
     if args.from_time:
         opts["startingTimestamp"] = _ms(args.from_time)
@@ -107,16 +139,28 @@ def cmd_export(args: argparse.Namespace) -> int:
         snapshot = _failing_clearly(lambda: _resolve(options, args.since_manifest))
     spark = spark_session(args.master, driver_memory=args.driver_memory)
     try:
-        summary = _failing_clearly(lambda: export(spark, options, args.format, args.output, args.mode, args.body_as,
-                                                  progress=not args.no_progress and console.is_terminal,
-                                                  since_manifest=args.since_manifest, snapshot=snapshot,
-                                                  console=console))  # fmt: skip
+        summary = _failing_clearly(
+            lambda: export(
+                spark,
+                options,
+                args.format,
+                args.output,
+                args.mode,
+                args.body_as,
+                progress=not args.no_progress and console.is_terminal,
+                since_manifest=args.since_manifest,
+                snapshot=snapshot,
+                console=console,
+            )
+        )
     finally:
         spark.stop()
-    console.print(f"exported [bold]{summary.rows:,}[/] rows ({summary.body_bytes / 1e6:,.1f} MB of bodies) "
-                  f"to {summary.output} as {summary.format} in {summary.seconds:.1f} s "
-                  f"({summary.rows_per_s:,.0f} rows/s); manifest {summary.manifest_path or _NO_MANIFEST}",
-                  soft_wrap=True)  # fmt: skip
+    console.print(
+        f"exported [bold]{summary.rows:,}[/] rows ({summary.body_bytes / 1e6:,.1f} MB of bodies) "
+        f"to {summary.output} as {summary.format} in {summary.seconds:.1f} s "
+        f"({summary.rows_per_s:,.0f} rows/s); manifest {summary.manifest_path or _NO_MANIFEST}",
+        soft_wrap=True,
+    )
     if summary.corrupt_skipped:
         console.print(f"[yellow]skipped {summary.corrupt_skipped} corrupt record(s) (see the Spark executors' log)")
     return 0

@@ -15,24 +15,30 @@ from ._timefmt import FORMS, parse_time_ms
 
 def add_command(sub: Any) -> None:
     """Add ``clmq group ...`` to the ``clmq`` parser."""
-    group = sub.add_parser("group", help="consumer groups: list, describe (per-queue lag), members, delete, reset-offsets")
+    group = sub.add_parser(
+        "group", help="consumer groups: list, describe (per-queue lag), members, delete, reset-offsets"
+    )
     gsub = group.add_subparsers(dest="group_command", required=True)
     gsub.add_parser("list", help="list consumer groups")
     gsub.add_parser("describe", help="committed offsets, lag and members of a group").add_argument("name")
     gsub.add_parser("members", help="the members connected and the topics they read").add_argument("name")
-    gsub.add_parser("delete", help="forget a group's committed offsets (refused while members are connected)").add_argument(
-        "name"
-    )
+    gsub.add_parser(
+        "delete", help="forget a group's committed offsets (refused while members are connected)"
+    ).add_argument("name")
     _add_reset(gsub)
     add_client_args(gsub.choices)
     group.set_defaults(func=cmd_group)
 
 
 def _add_reset(gsub: Any) -> None:
-    reset = gsub.add_parser("reset-offsets", help="move a group's committed offsets (kafka-consumer-groups --reset-offsets)")
+    reset = gsub.add_parser(
+        "reset-offsets", help="move a group's committed offsets (kafka-consumer-groups --reset-offsets)"
+    )
     reset.add_argument("name")
     reset.add_argument("--topic", required=True)
-    reset.add_argument("--queue", type=int, action="append", dest="queues", help="only this queue (repeatable; default all)")
+    reset.add_argument(
+        "--queue", type=int, action="append", dest="queues", help="only this queue (repeatable; default all)"
+    )
     to = reset.add_mutually_exclusive_group(required=True)
     to.add_argument("--to-earliest", action="store_true", help="the oldest message still stored")
     to.add_argument("--to-latest", action="store_true", help="past the newest message (skip everything stored)")
@@ -53,8 +59,13 @@ def cmd_group(args: argparse.Namespace) -> int:
             elif args.group_command == "members":
                 await _existing(admin, args.name)
                 members = await admin.group_members(args.name)
-                emit(args, f"members of group {args.name}", ["client_id", "mode", "queues"],
-                     [[m["client_id"], m["mode"], _queues_text(m["queues"])] for m in members], data=members)  # fmt: skip
+                emit(
+                    args,
+                    f"members of group {args.name}",
+                    ["client_id", "mode", "queues"],
+                    [[m["client_id"], m["mode"], _queues_text(m["queues"])] for m in members],
+                    data=members,
+                )
             elif args.group_command == "delete":
                 await _delete(args, admin)
             else:
@@ -83,16 +94,30 @@ async def _describe(args: argparse.Namespace, admin: Admin) -> None:
     info = await admin.describe_group(args.name)
     if not info["queues"] and not info["members"] and not info["dead_letters"] and not info["retry_backlog"]:
         raise CliError(f"group {args.name!r} does not exist (clmq group list shows the groups)", EXIT_FAILED)
-    title = (f"group {args.name} (total lag {info['lag']:,}, retry backlog {info['retry_backlog']:,}, "
-             f"dead letters {info['dead_letters']:,})")  # fmt: skip
-    emit(args, title, ["broker", "topic", "queue", "committed", "max offset", "lag"],
-         [[q["broker_name"], q["topic"], q["queue_id"], q["committed"], q["max_offset"], q["lag"]] for q in info["queues"]],
-         data=info)  # fmt: skip
+    title = (
+        f"group {args.name} (total lag {info['lag']:,}, retry backlog {info['retry_backlog']:,}, "
+        f"dead letters {info['dead_letters']:,})"
+    )
+    emit(
+        args,
+        title,
+        ["broker", "topic", "queue", "committed", "max offset", "lag"],
+        [
+            [q["broker_name"], q["topic"], q["queue_id"], q["committed"], q["max_offset"], q["lag"]]
+            for q in info["queues"]
+        ],
+        data=info,
+    )
     note(args, "members: " + (", ".join(m["client_id"] for m in info["members"]) or "none connected"))
-    per_broker = ", ".join(f"{r['broker_name']}: {r['retry_backlog']:,} / {r['dead_letters']:,}" for r in info["retries"])
-    note(args, f"retry backlog {info['retry_backlog']:,}, dead letters {info['dead_letters']:,}"
-               + (f" (per broker, retries / dead letters: {per_broker})" if len(info["retries"]) > 1 else "")
-               + (" (clmq dlq show shows them)" if info["dead_letters"] else ""))  # fmt: skip
+    per_broker = ", ".join(
+        f"{r['broker_name']}: {r['retry_backlog']:,} / {r['dead_letters']:,}" for r in info["retries"]
+    )
+    note(
+        args,
+        f"retry backlog {info['retry_backlog']:,}, dead letters {info['dead_letters']:,}"
+        + (f" (per broker, retries / dead letters: {per_broker})" if len(info["retries"]) > 1 else "")
+        + (" (clmq dlq show shows them)" if info["dead_letters"] else ""),
+    )
 
 
 async def _delete(args: argparse.Namespace, admin: Admin) -> None:
@@ -112,12 +137,24 @@ async def _reset(args: argparse.Namespace, admin: Admin) -> None:
     if args.to_offset is not None and args.to_offset < 0:
         raise CliError("--to-offset must not be negative", EXIT_USAGE)
     try:
-        rows = await admin.reset_offsets(args.name, args.topic, to=to, timestamp_ms=when, queue_ids=args.queues,
-                                         dry_run=args.dry_run, force=args.force)  # fmt: skip
+        rows = await admin.reset_offsets(
+            args.name,
+            args.topic,
+            to=to,
+            timestamp_ms=when,
+            queue_ids=args.queues,
+            dry_run=args.dry_run,
+            force=args.force,
+        )
     except ValueError as e:
         raise CliError(str(e), EXIT_FAILED) from None
     if not rows:
         raise CliError(f"topic {args.topic!r} does not exist, or has none of the queues named", EXIT_FAILED)
     title = f"group {args.name}, topic {args.topic}: " + ("would reset (dry run)" if args.dry_run else "reset")
-    emit(args, title, ["broker", "queue", "before", "after"],
-         [[r["broker_name"], r["queue_id"], r["before"], r["after"]] for r in rows], data=rows)  # fmt: skip
+    emit(
+        args,
+        title,
+        ["broker", "queue", "before", "after"],
+        [[r["broker_name"], r["queue_id"], r["before"], r["after"]] for r in rows],
+        data=rows,
+    )

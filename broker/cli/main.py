@@ -38,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="store demo: append to a local store, restart it, read the queues back")
     # Not ./clmq-data: that is `clmq dev`'s broker directory, which this demo must not write into.
-    demo.add_argument("--data-dir", type=Path, default=Path("clmq-demo-data"),
-                      help="store directory (default ./clmq-demo-data)")  # fmt: skip
+    demo.add_argument(
+        "--data-dir", type=Path, default=Path("clmq-demo-data"), help="store directory (default ./clmq-demo-data)"
+    )
     demo.add_argument("--messages", type=int, default=100_000, help="messages to append (default 100000)")
     demo.add_argument("--queues", type=int, default=16, help="queues in the demo topic (default 16)")
     demo.set_defaults(func=cmd_demo)
@@ -64,9 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_dev_zookeeper_flag(dev: argparse.ArgumentParser) -> None:
     """``clmq dev --replicas N --zookeeper`` (run by ``dev_replicas.py``)."""
-    dev.add_argument("--zookeeper", action="store_true", help="with --replicas N > 1: also run a local ZooKeeper "
-                     "server (<data-dir>/zookeeper/, needs Java and Debian's libzookeeper-java) and let it elect the "
-                     "group's leader and replace it automatically when it dies")  # fmt: skip
+    dev.add_argument(
+        "--zookeeper",
+        action="store_true",
+        help="with --replicas N > 1: also run a local ZooKeeper "
+        "server (<data-dir>/zookeeper/, needs Java and Debian's libzookeeper-java) and let it elect the "
+        "group's leader and replace it automatically when it dies",
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -79,15 +84,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
         before = sum(store.max_offset("demo", q) for q in range(args.queues))
         t0 = time.perf_counter()
         for start in range(0, args.messages, 1000):
-            batch = [Message("demo", (start + i) % args.queues, b"hello %d" % (start + i), tags="TagA")
-                     for i in range(min(1000, args.messages - start))]  # fmt: skip
+            batch = [
+                Message("demo", (start + i) % args.queues, b"hello %d" % (start + i), tags="TagA")
+                for i in range(min(1000, args.messages - start))
+            ]
             res = store.put_batch(batch)
             if not res.ok:
                 console.print(f"[red]append failed: {res.status.value}: {res.error}")
                 return 1
         elapsed = time.perf_counter() - t0
-        console.print(f"appended {args.messages:,} messages over {args.queues} queues in {elapsed:.2f} s "
-                      f"({args.messages / elapsed:,.0f} msgs/s) to {args.data_dir}/")  # fmt: skip
+        console.print(
+            f"appended {args.messages:,} messages over {args.queues} queues in {elapsed:.2f} s "
+            f"({args.messages / elapsed:,.0f} msgs/s) to {args.data_dir}/"
+        )
     with Store.open(cfg) as store:  # reopen: everything is still there
         table = Table(title=f"topic 'demo' after a restart ({args.data_dir})")
         for col in ("queue", "min offset", "max offset", "last message"):

@@ -38,7 +38,9 @@ def add_command(sub: Any) -> None:
     find.add_argument("--since", help=f"only messages stored at or after: {FORMS}")
     find.add_argument("--until", help="only messages stored at or before (same forms)")
     find.add_argument("--count", type=int, default=32, help="at most this many messages, newest first (default 32)")
-    find.add_argument("--max-scan-messages", type=int, default=100_000, help="read at most this many messages (default 100000)")
+    find.add_argument(
+        "--max-scan-messages", type=int, default=100_000, help="read at most this many messages (default 100000)"
+    )
     for p in msub.choices.values():
         p.add_argument("--details", action="store_true", help="also print keys, properties and attempts")
     cancel = msub.add_parser("cancel", help="cancel a scheduled message by the id its send printed")
@@ -73,8 +75,13 @@ async def _read(args: argparse.Namespace, admin: Admin) -> None:
     offset, shown = args.offset, 0
     while args.follow or shown < args.count:
         try:
-            records = await admin.read_queue(args.topic, args.queue, offset, args.count if args.follow else args.count - shown,
-                                             broker_name=args.broker)  # fmt: skip
+            records = await admin.read_queue(
+                args.topic,
+                args.queue,
+                offset,
+                args.count if args.follow else args.count - shown,
+                broker_name=args.broker,
+            )
         except ValueError as e:
             raise CliError(str(e), EXIT_FAILED) from None
         for rec in records:
@@ -103,14 +110,22 @@ async def _get(args: argparse.Namespace, admin: Admin) -> None:
 async def _find(args: argparse.Namespace, admin: Admin) -> None:
     since = parse_time_ms(args.since) if args.since else None
     until = parse_time_ms(args.until) if args.until else None
-    found = await admin.messages_by_key(args.topic, args.key, max_messages=args.count, since_ms=since, until_ms=until,
-                                        max_scan_messages=args.max_scan_messages)  # fmt: skip
+    found = await admin.messages_by_key(
+        args.topic,
+        args.key,
+        max_messages=args.count,
+        since_ms=since,
+        until_ms=until,
+        max_scan_messages=args.max_scan_messages,
+    )
     for rec in found.records:
         print_record(args, rec)
     cut = "" if found.complete else f"; older messages not searched (--max-scan-messages {args.max_scan_messages:,})"
     note(args, f"[dim]{len(found.records)} found, {found.scanned:,} messages read{cut}")
     if not found.records:
-        raise CliError(f"no message of topic {args.topic!r} has key {args.key!r}" + (cut and " among those read"), EXIT_FAILED)
+        raise CliError(
+            f"no message of topic {args.topic!r} has key {args.key!r}" + (cut and " among those read"), EXIT_FAILED
+        )
 
 
 async def _cancel(args: argparse.Namespace, admin: Admin) -> None:

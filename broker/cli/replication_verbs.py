@@ -21,31 +21,54 @@ from ._errors import EXIT_USAGE, CliError
 console = Console()
 
 # A row of ``clmq cluster list``, in this order (the table's columns, the JSON's keys).
-CLUSTER_COLUMNS = ("group", "broker_id", "addr", "role", "epoch", "end_offset", "confirmed_offset", "lag_bytes",
-                   "lag_ms", "in_sync")  # fmt: skip
+CLUSTER_COLUMNS = (
+    "group",
+    "broker_id",
+    "addr",
+    "role",
+    "epoch",
+    "end_offset",
+    "confirmed_offset",
+    "lag_bytes",
+    "lag_ms",
+    "in_sync",
+)
 # Added when some broker is in ZooKeeper mode (``coordination.mode == "zookeeper"``):
 # its session's state, the group's epoch and in-sync set as ZooKeeper records them, and
 # (a leader) how long its lease still lets it acknowledge writes.
-ZK_COLUMNS = {"zk_session": "ZK session", "zk_epoch": "ZK epoch", "zk_isr": "ZK in-sync set", "lease_ms_left": "lease left"}
+ZK_COLUMNS = {
+    "zk_session": "ZK session",
+    "zk_epoch": "ZK epoch",
+    "zk_isr": "ZK in-sync set",
+    "lease_ms_left": "lease left",
+}
 
 
 def add_replication_commands(sub: Any) -> None:
     """Add ``clmq cluster list`` and ``clmq admin promote`` to the ``clmq`` parser."""
     cluster = sub.add_parser("cluster", help="the brokers the name servers know, with their replication state")
     csub = cluster.add_subparsers(dest="cluster_command", required=True)
-    ls = csub.add_parser("list", help="every broker: group, id, address, role, epoch, log end, confirmed offset, "
-                         "lag (bytes, ms), in sync")  # fmt: skip
+    ls = csub.add_parser(
+        "list",
+        help="every broker: group, id, address, role, epoch, log end, confirmed offset, lag (bytes, ms), in sync",
+    )
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table (same as -o json)")
     ls.add_argument("-o", "--output", choices=["table", "json"], default="table", help="table or json")
     namesrv_arg(ls)
     cluster.set_defaults(func=cmd_cluster)
     admin = sub.add_parser("admin", help="operator actions on one broker: promote")
     asub = admin.add_subparsers(dest="admin_command", required=True)
-    promote = asub.add_parser("promote", help="make the follower at --addr the leader of its group (a new epoch); the "
-                              "old leader steps down when it next registers with the name servers")  # fmt: skip
+    promote = asub.add_parser(
+        "promote",
+        help="make the follower at --addr the leader of its group (a new epoch); the "
+        "old leader steps down when it next registers with the name servers",
+    )
     promote.add_argument("--addr", required=True, help="the follower, host:port")
-    promote.add_argument("--force", action="store_true", help="promote even if the follower is not known to be in "
-                         "sync: messages it has not copied yet are lost")  # fmt: skip
+    promote.add_argument(
+        "--force",
+        action="store_true",
+        help="promote even if the follower is not known to be in sync: messages it has not copied yet are lost",
+    )
     admin.set_defaults(func=cmd_admin)
 
 
@@ -90,21 +113,34 @@ def _leaders_views(brokers: list[dict[str, Any]], statuses: dict[str, dict[str, 
 
 def _row(entry: dict[str, Any], status: dict[str, Any], view: dict[int, Any]) -> dict[str, Any]:
     registered_role = entry.get("role", "leader")
-    row: dict[str, Any] = {"group": entry["broker_name"], "broker_id": entry.get("broker_id", 0), "addr": entry["addr"],
-                           "role": status.get("role", registered_role), "registered_role": registered_role,
-                           "epoch": status.get("epoch", entry.get("epoch", -1)),
-                           "end_offset": status.get("end_offset"), "confirmed_offset": status.get("confirmed_offset"),
-                           "lag_bytes": status.get("lag_bytes"), "lag_ms": status.get("lag_ms"),
-                           "in_sync": status.get("in_sync"), "healthy": entry.get("healthy", True),
-                           "age_ms": entry.get("age_ms"), "error": status.get("error", "")}  # fmt: skip
+    row: dict[str, Any] = {
+        "group": entry["broker_name"],
+        "broker_id": entry.get("broker_id", 0),
+        "addr": entry["addr"],
+        "role": status.get("role", registered_role),
+        "registered_role": registered_role,
+        "epoch": status.get("epoch", entry.get("epoch", -1)),
+        "end_offset": status.get("end_offset"),
+        "confirmed_offset": status.get("confirmed_offset"),
+        "lag_bytes": status.get("lag_bytes"),
+        "lag_ms": status.get("lag_ms"),
+        "in_sync": status.get("in_sync"),
+        "healthy": entry.get("healthy", True),
+        "age_ms": entry.get("age_ms"),
+        "error": status.get("error", ""),
+    }
     if "coordination" in status:
         row["coordination"] = status["coordination"]
     if row["role"] == "follower":
         row["leader_addr"] = status.get("leader_addr", "")
         seen = view.get(row["broker_id"])
         if seen is not None:  # the leader's word: it decides who is in sync
-            row.update(acked_offset=seen["acked_offset"], lag_bytes=seen["lag_bytes"], lag_ms=seen["lag_ms"],
-                       in_sync=seen["in_sync"])  # fmt: skip
+            row.update(
+                acked_offset=seen["acked_offset"],
+                lag_bytes=seen["lag_bytes"],
+                lag_ms=seen["lag_ms"],
+                in_sync=seen["in_sync"],
+            )
     elif row["role"] == "leader":
         row["followers_in_sync"] = sum(1 for r in status.get("replicas", []) if r["in_sync"])
     return row
@@ -154,8 +190,12 @@ def _zk_cells(row: dict[str, Any]) -> list[str]:
     colour = {"CONNECTED": "green", "SUSPENDED": "yellow"}.get(session, "red")
     isr = c.get("isr")
     lease = c.get("lease_ms_left")
-    return [f"[{colour}]{session}", str(c.get("epoch", "-")), "-" if isr is None else ",".join(str(i) for i in isr),
-            f"{lease:,} ms" if row["role"] == "leader" and isinstance(lease, int) else "-"]  # fmt: skip
+    return [
+        f"[{colour}]{session}",
+        str(c.get("epoch", "-")),
+        "-" if isr is None else ",".join(str(i) for i in isr),
+        f"{lease:,} ms" if row["role"] == "leader" and isinstance(lease, int) else "-",
+    ]
 
 
 def _cell(key: str, row: dict[str, Any]) -> str:
@@ -193,9 +233,25 @@ def cmd_broker_status(args: argparse.Namespace) -> int:
 
 
 # BROKER_INFO's fields ``clmq broker status`` shows, in this order (each name says its unit).
-INFO_ROWS = ("version", "uptime_s", "storage_mode", "flush_mode", "healthy", "failure", "store_bytes", "segments",
-             "disk_used_bytes", "disk_free_bytes", "dispatch_lag_bytes", "connections", "topics", "messages_in_per_s",
-             "bytes_in_per_s", "messages_out_per_s", "bytes_out_per_s")  # fmt: skip
+INFO_ROWS = (
+    "version",
+    "uptime_s",
+    "storage_mode",
+    "flush_mode",
+    "healthy",
+    "failure",
+    "store_bytes",
+    "segments",
+    "disk_used_bytes",
+    "disk_free_bytes",
+    "dispatch_lag_bytes",
+    "connections",
+    "topics",
+    "messages_in_per_s",
+    "bytes_in_per_s",
+    "messages_out_per_s",
+    "bytes_out_per_s",
+)
 
 
 def _print_info(info: dict[str, Any]) -> None:
@@ -214,7 +270,9 @@ def _print_status(addr: str, s: dict[str, Any]) -> None:
     if s["role"] == "follower":
         keys += ["leader_addr", "in_sync", "lag_bytes", "lag_ms", "error"]
     for k in keys:
-        table.add_row(k.replace("_", " "), f"{s[k]:,}" if isinstance(s[k], int) and not isinstance(s[k], bool) else str(s[k]))
+        table.add_row(
+            k.replace("_", " "), f"{s[k]:,}" if isinstance(s[k], int) and not isinstance(s[k], bool) else str(s[k])
+        )
     coordination = s.get("coordination", {})
     if coordination.get("mode") == "zookeeper":
         for k in ("session", "leader", "epoch", "isr", "lease_ms_left"):
@@ -225,9 +283,15 @@ def _print_status(addr: str, s: dict[str, Any]) -> None:
         for c in ("id", "address", "acked offset", "flushed offset", "lag bytes", "lag ms", "in sync"):
             followers.add_column(c)
         for r in s["replicas"]:
-            followers.add_row(str(r["broker_id"]), r["addr"], f"{r['acked_offset']:,}", f"{r['flushed_offset']:,}",
-                              f"{r['lag_bytes']:,}", "-" if r["lag_ms"] < 0 else f"{r['lag_ms']:,}",
-                              "[green]yes" if r["in_sync"] else "[red]no")  # fmt: skip
+            followers.add_row(
+                str(r["broker_id"]),
+                r["addr"],
+                f"{r['acked_offset']:,}",
+                f"{r['flushed_offset']:,}",
+                f"{r['lag_bytes']:,}",
+                "-" if r["lag_ms"] < 0 else f"{r['lag_ms']:,}",
+                "[green]yes" if r["in_sync"] else "[red]no",
+            )
         console.print(followers if s["replicas"] else "no follower has joined")
 
 
@@ -247,17 +311,23 @@ def cmd_admin(args: argparse.Namespace) -> int:
             except RpcError as e:
                 if e.code != ErrorCode.NOT_IN_SYNC:
                     raise
-                console.print(f"[red]refused:[/red] {name} at {args.addr} is not known to be in sync with its leader "
-                              f"({e.text}).\nPromoting it anyway with --force makes it the leader with what it has: "
-                              "messages the old leader acknowledged that it has not copied are LOST, and the old "
-                              "leader cuts them from its log when it rejoins as a follower.")  # fmt: skip
+                console.print(
+                    f"[red]refused:[/red] {name} at {args.addr} is not known to be in sync with its leader "
+                    f"({e.text}).\nPromoting it anyway with --force makes it the leader with what it has: "
+                    "messages the old leader acknowledged that it has not copied are LOST, and the old "
+                    "leader cuts them from its log when it rejoins as a follower."
+                )
                 return 1
-        console.print(f"{name} at {args.addr} is now the leader of group {before['broker_name']}, epoch {epoch}"
-                      + (" (forced: it may have lacked the latest messages)" if args.force else ""))  # fmt: skip
+        console.print(
+            f"{name} at {args.addr} is now the leader of group {before['broker_name']}, epoch {epoch}"
+            + (" (forced: it may have lacked the latest messages)" if args.force else "")
+        )
         if before.get("coordination", {}).get("mode") == "zookeeper":
             console.print("the old leader handed the group over through ZooKeeper and follows; see: clmq cluster list")
         else:
-            console.print("the old leader steps down when it next registers with the name servers; see: clmq cluster list")
+            console.print(
+                "the old leader steps down when it next registers with the name servers; see: clmq cluster list"
+            )
         return 0
 
     return run_client(main)

@@ -44,7 +44,9 @@ def _convert(name: str, raw: Any, kind: Any, source: str) -> Any:
         try:
             return kind(raw)
         except (TypeError, ValueError):
-            raise SettingsError(f"{source}: {name} must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
+            raise SettingsError(
+                f"{source}: {name} must be {'an integer' if kind is int else 'a number'}, got {raw!r}"
+            ) from None
     return str(raw)
 
 
@@ -63,8 +65,9 @@ def _convert_list(name: str, raw: Any, kind: Any, source: str) -> list[Any]:
         try:
             out.append(_convert(f"{name} item", text, item_kind, source))
         except SettingsError:
-            raise SettingsError(f"{source}: {name} must be a list of {_kind_name(item_kind)}, got {raw!r} "
-                                f"({item!r} is not)") from None  # fmt: skip
+            raise SettingsError(
+                f"{source}: {name} must be a list of {_kind_name(item_kind)}, got {raw!r} ({item!r} is not)"
+            ) from None
     return out
 
 
@@ -78,15 +81,19 @@ def _convert_dict(name: str, raw: Any, kind: Any, source: str) -> dict[Any, Any]
                 continue
             key, sep, value = part.partition("=")
             if not sep or not key.strip():
-                raise SettingsError(f"{source}: {name} must be key=value pairs separated by commas, got {raw!r} "
-                                    f"({part!r} is not key=value)")  # fmt: skip
+                raise SettingsError(
+                    f"{source}: {name} must be key=value pairs separated by commas, got {raw!r} "
+                    f"({part!r} is not key=value)"
+                )
             pairs.append((key.strip(), value.strip()))
     elif isinstance(raw, dict):
         pairs = list(raw.items())
     else:
         raise SettingsError(f"{source}: {name} must be a table (or key=value,key2=value2), got {raw!r}")
-    return {_convert(f"{name} key", k, key_kind, source): _convert(f"{name}[{k!r}]", v, value_kind, source)
-            for k, v in pairs}  # fmt: skip
+    return {
+        _convert(f"{name} key", k, key_kind, source): _convert(f"{name}[{k!r}]", v, value_kind, source)
+        for k, v in pairs
+    }
 
 
 def _kind_name(kind: Any) -> str:
@@ -97,9 +104,15 @@ def _fail(name: str, raw: Any, kind: type, source: str) -> Any:
     raise SettingsError(f"{source}: {name} must be {kind.__name__}, got {raw!r}")
 
 
-def load_settings(cls: type[T], path: str | Path | None = None, *, section: str | None = None,
-                  env: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None,
-                  defaults: Mapping[str, Any] | None = None) -> T:  # fmt: skip
+def load_settings(
+    cls: type[T],
+    path: str | Path | None = None,
+    *,
+    section: str | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+) -> T:
     """Build ``cls`` (a dataclass) from ``defaults`` (a command's own, e.g. ``clmq
     dev``'s), ``path`` (its ``[section]`` if given, else the top level), the ``CLMQ_*``
     variables of ``env`` and ``overrides`` (flags; None values are ignored), in

@@ -20,7 +20,15 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from clmq.broker.store import StoreConfig, StoreLockedError, StoreReport, check_store, detect_mode, log_bytes, repair_store
+from clmq.broker.store import (
+    StoreConfig,
+    StoreLockedError,
+    StoreReport,
+    check_store,
+    detect_mode,
+    log_bytes,
+    repair_store,
+)
 from clmq.commitlog import QueueRange
 
 from .settings import SettingsError, load_settings
@@ -70,8 +78,15 @@ def _run(
     try:
         if not sys.stdout.isatty() or args.json:
             return action(config, None)
-        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                      TimeRemainingColumn(), console=console, transient=True) as bar:  # fmt: skip
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
             task = bar.add_task("reading", total=log_bytes(args.directory))
             return action(config, lambda n: bar.advance(task, n))
     except StoreLockedError as e:
@@ -117,17 +132,26 @@ def _print(report: StoreReport, json_out: bool) -> None:
     if report.mode != "commitlog":
         console.print(f"{len(report.logs)} partitions, {sum(r.records for r in report.logs):,} records")
     _damage_table(report)
-    _rows("consume-queue files", ("file", "queue", "offsets", "what is wrong"),
-          [(q.file, f"{q.topic}/{q.queue_id}", f"{q.first}..{q.last}", q.reason) for q in report.queue_problems])  # fmt: skip
-    _rows("index files (rebuilt at open)", ("file", "what is wrong"), [(p.file, p.reason) for p in report.index_problems])
+    _rows(
+        "consume-queue files",
+        ("file", "queue", "offsets", "what is wrong"),
+        [(q.file, f"{q.topic}/{q.queue_id}", f"{q.first}..{q.last}", q.reason) for q in report.queue_problems],
+    )
+    _rows(
+        "index files (rebuilt at open)", ("file", "what is wrong"), [(p.file, p.reason) for p in report.index_problems]
+    )
     _rows("metadata files", ("file", "state", "detail"), [(m.file, m.state, m.detail) for m in report.metadata])
-    _ranges("a repair would drop" if not report.repaired else "dropped by the repair",
-            report.dropped if report.repaired else report.would_drop)  # fmt: skip
+    _ranges(
+        "a repair would drop" if not report.repaired else "dropped by the repair",
+        report.dropped if report.repaired else report.would_drop,
+    )
     if report.repaired:
         console.print("[green]repaired:[/green] the next open rebuilds queues, indexes and the checkpoint")
         if any(m.file.endswith("consumer_offsets.json") and m.state == "damaged" for m in report.metadata):
-            console.print("[yellow]consumer offsets cannot be rebuilt from the log:[/yellow] delete consumer_offsets.json "
-                          "and consumer_offsets.json.prev to start consumer groups from their configured start")  # fmt: skip
+            console.print(
+                "[yellow]consumer offsets cannot be rebuilt from the log:[/yellow] delete consumer_offsets.json "
+                "and consumer_offsets.json.prev to start consumer groups from their configured start"
+            )
     elif not report.damaged:
         console.print("[green]no damage found[/green]")
     else:
@@ -146,8 +170,11 @@ def _damage_table(report: StoreReport) -> None:
 def _ranges(title: str, ranges: list[QueueRange]) -> None:
     if ranges:
         console.print(f"{title}: {sum(r.count for r in ranges):,} messages in {len(ranges)} queues")
-    _rows("", ("topic", "queue", "offsets", "count"),
-          [(r.topic, str(r.queue_id), f"{r.first}..{r.last}", f"{r.count:,}") for r in ranges])  # fmt: skip
+    _rows(
+        "",
+        ("topic", "queue", "offsets", "count"),
+        [(r.topic, str(r.queue_id), f"{r.first}..{r.last}", f"{r.count:,}") for r in ranges],
+    )
 
 
 def _rows(title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:

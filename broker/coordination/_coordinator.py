@@ -57,8 +57,9 @@ class CoordinationConfig:
 class GroupCoordinator:
     """Decides this broker's role from ZooKeeper; implements the replica's CoordinatorPort."""
 
-    def __init__(self, config: CoordinationConfig, replica: Replica, addr: Callable[[], str],
-                 token: trio.lowlevel.TrioToken) -> None:  # fmt: skip
+    def __init__(
+        self, config: CoordinationConfig, replica: Replica, addr: Callable[[], str], token: trio.lowlevel.TrioToken
+    ) -> None:
         hosts, chroot = split_connect(config.zookeeper)
         self.config = config
         self.replica = replica
@@ -131,8 +132,9 @@ class GroupCoordinator:
             return True
         path = f"{self.members_path}/{self.me}"
         try:
-            await self.session.call(self.session.client.create_async, path, encode_member(self.addr()),
-                                    ephemeral=True, makepath=True)  # fmt: skip
+            await self.session.call(
+                self.session.client.create_async, path, encode_member(self.addr()), ephemeral=True, makepath=True
+            )
         except NodeExistsError:
             stat = await self.session.call(self.session.client.exists_async, path, watch=self.session.watch)
             if stat is not None and stat.ephemeralOwner != session:
@@ -193,8 +195,14 @@ class GroupCoordinator:
         if not others:
             return await self._elect(s, session, unclean=False)
         self._stepped_aside = s.epoch
-        log.warning("%s: broker %d restarted (or lost its session) as the leader of epoch %d; in-sync replicas %s "
-                    "are alive and may hold more: letting them elect", self.name, self.me, s.epoch, sorted(others))  # fmt: skip
+        log.warning(
+            "%s: broker %d restarted (or lost its session) as the leader of epoch %d; in-sync replicas %s "
+            "are alive and may hold more: letting them elect",
+            self.name,
+            self.me,
+            s.epoch,
+            sorted(others),
+        )
         await self._cas(GroupState(-1, s.epoch, s.isr))
 
     async def _maybe_elect(self, s: GroupState, session: int | None) -> None:
@@ -206,9 +214,11 @@ class GroupCoordinator:
         if alive_isr:
             return self._say(f"not in the in-sync set {list(s.isr)}: following whoever they elect", logging.INFO)
         if not self.config.unclean_leader_election:
-            return self._say(f"no replica of the in-sync set {list(s.isr)} is alive and this broker is not in it: "
-                             "the group has no leader until one comes back (unclean_leader_election = false)",
-                             logging.WARNING)  # fmt: skip
+            return self._say(
+                f"no replica of the in-sync set {list(s.isr)} is alive and this broker is not in it: "
+                "the group has no leader until one comes back (unclean_leader_election = false)",
+                logging.WARNING,
+            )
         await self._elect(s, session, unclean=True)
 
     async def _elect(self, s: GroupState, session: int | None, *, unclean: bool) -> None:
@@ -218,8 +228,14 @@ class GroupCoordinator:
         if not await self._cas(new):
             return  # another broker won: the next round follows it
         if unclean:
-            log.warning("%s: UNCLEAN election: broker %d (not in the in-sync set %s) leads with epoch %d; messages "
-                        "acknowledged by the old in-sync replicas may be lost", self.name, self.me, list(s.isr), epoch)  # fmt: skip
+            log.warning(
+                "%s: UNCLEAN election: broker %d (not in the in-sync set %s) leads with epoch %d; messages "
+                "acknowledged by the old in-sync replicas may be lost",
+                self.name,
+                self.me,
+                list(s.isr),
+                epoch,
+            )
         else:
             log.info("%s: broker %d elected leader, epoch %d, in-sync set %s", self.name, self.me, epoch, sorted(isr))
         await self._lead(new, session)
@@ -268,8 +284,10 @@ class GroupCoordinator:
         left = self.session.lease_left_s(self.leading_session)
         if left > 0:
             return None
-        return (f"broker {self.me} has no ZooKeeper lease (session {self.session.state}): it may no longer lead "
-                f"{self.name}; not acknowledged")  # fmt: skip
+        return (
+            f"broker {self.me} has no ZooKeeper lease (session {self.session.state}): it may no longer lead "
+            f"{self.name}; not acknowledged"
+        )
 
     def min_leader_epoch(self) -> int:
         return self.state.epoch if self.state is not None else -1
@@ -285,11 +303,15 @@ class GroupCoordinator:
         if s is None or s.leader != self.me or self.replica.leader is None:
             raise RequestError(ErrorCode.NOT_LEADER, f"broker {self.me} does not lead {self.name}")
         if broker_id not in s.isr or broker_id not in self.members:
-            raise RequestError(ErrorCode.NOT_IN_SYNC, f"broker {broker_id} is not a live member of the in-sync set "
-                                                      f"{list(s.isr)} in ZooKeeper")  # fmt: skip
+            raise RequestError(
+                ErrorCode.NOT_IN_SYNC,
+                f"broker {broker_id} is not a live member of the in-sync set {list(s.isr)} in ZooKeeper",
+            )
         new = GroupState(broker_id, s.epoch + 1, s.isr)
         if not await self._cas(new):
-            raise RequestError(ErrorCode.SYSTEM_BUSY, "the group's state changed in ZooKeeper during the hand-over; retry")
+            raise RequestError(
+                ErrorCode.SYSTEM_BUSY, "the group's state changed in ZooKeeper during the hand-over; retry"
+            )
         log.info("%s: broker %d handed the group over to broker %d, epoch %d", self.name, self.me, broker_id, new.epoch)
         self.leading_session = None
         self.replica.become_follower(self.members[broker_id], new.epoch)
@@ -297,10 +319,15 @@ class GroupCoordinator:
 
     def status(self) -> dict[str, Any]:
         s = self.state
-        return {"mode": "zookeeper", "session": self.session.state, "leader": s.leader if s else -1,
-                "epoch": s.epoch if s else -1, "isr": list(s.isr) if s else [],
-                "members": {str(k): v for k, v in sorted(self.members.items())},
-                "lease_ms_left": int(self.session.lease_left_s(self.leading_session) * 1000)}  # fmt: skip
+        return {
+            "mode": "zookeeper",
+            "session": self.session.state,
+            "leader": s.leader if s else -1,
+            "epoch": s.epoch if s else -1,
+            "isr": list(s.isr) if s else [],
+            "members": {str(k): v for k, v in sorted(self.members.items())},
+            "lease_ms_left": int(self.session.lease_left_s(self.leading_session) * 1000),
+        }
 
     def _say(self, text: str, level: int) -> None:
         """Log a situation once, when it changes (rounds repeat every RECHECK_S)."""

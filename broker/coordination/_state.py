@@ -57,8 +57,10 @@ class GroupState:
                 raise ValueError("isr must list broker ids and include the leader")
             return cls(leader, epoch, tuple(sorted(set(isr))))
         except (ValueError, TypeError, KeyError) as e:
-            raise CoordinationError(f"ZooKeeper node {path} holds {data[:200]!r}, not a group state "
-                                    f'{{"leader": id, "epoch": n, "isr": [ids]}}: {e}') from None  # fmt: skip
+            raise CoordinationError(
+                f"ZooKeeper node {path} holds {data[:200]!r}, not a group state "
+                f'{{"leader": id, "epoch": n, "isr": [ids]}}: {e}'
+            ) from None
 
     def with_isr(self, isr: set[int]) -> GroupState:
         return GroupState(self.leader, self.epoch, tuple(sorted(isr | ({self.leader} - {-1}))))

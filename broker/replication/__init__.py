@@ -25,6 +25,16 @@ from ._ports import MetadataPort
 from ._replica import Replica
 
 __all__ = [
-    "ACK_MODES", "REPLICA_ACKS", "ROLES", "Follower", "FollowerState", "InSyncSet", "Leader", "LeaderEpochs",
-    "MetadataPort", "Replica", "ReplicationConfig", "divergence",
-]  # fmt: skip
+    "ACK_MODES",
+    "REPLICA_ACKS",
+    "ROLES",
+    "Follower",
+    "FollowerState",
+    "InSyncSet",
+    "Leader",
+    "LeaderEpochs",
+    "MetadataPort",
+    "Replica",
+    "ReplicationConfig",
+    "divergence",
+]

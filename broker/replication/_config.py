@@ -39,8 +39,11 @@ class ReplicationConfig:
     leader_transfer_timeout_ms: int = 5000  # a graceful hand-over waits this long for the follower to catch up
 
     def __post_init__(self) -> None:
-        for name, value, allowed in (("role", self.role, ROLES), ("ack_mode", self.ack_mode, ACK_MODES),
-                                     ("replica_ack", self.replica_ack, REPLICA_ACKS)):  # fmt: skip
+        for name, value, allowed in (
+            ("role", self.role, ROLES),
+            ("ack_mode", self.ack_mode, ACK_MODES),
+            ("replica_ack", self.replica_ack, REPLICA_ACKS),
+        ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
         for topic, mode in self.topic_ack_modes.items():

@@ -63,8 +63,10 @@ class LeaderEpochs:
         path = directory / FILE_NAME
         loaded = load_json(path, _invalid)
         if loaded.source is MetadataSource.DAMAGED:
-            raise MetadataError(f"{path}: no good generation ({'; '.join(loaded.problems)}); delete it (and "
-                                f"{path.name}.prev) to copy this replica's log again from its leader")  # fmt: skip
+            raise MetadataError(
+                f"{path}: no good generation ({'; '.join(loaded.problems)}); delete it (and "
+                f"{path.name}.prev) to copy this replica's log again from its leader"
+            )
         raw = loaded.value["epochs"] if loaded.value else []
         return cls(path, [(int(e), int(s), int(b)) for e, s, b in raw])
 

@@ -38,9 +38,17 @@ class Rejoin(Exception):
 
 
 class Follower:
-    def __init__(self, config: ReplicationConfig, store: Store, epochs: LeaderEpochs, metadata: MetadataPort,
-                 rpc: RpcClient, leader_hint: Callable[[], str], addr: Callable[[], str] = lambda: "",
-                 min_leader_epoch: Callable[[], int] = lambda: -1) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: ReplicationConfig,
+        store: Store,
+        epochs: LeaderEpochs,
+        metadata: MetadataPort,
+        rpc: RpcClient,
+        leader_hint: Callable[[], str],
+        addr: Callable[[], str] = lambda: "",
+        min_leader_epoch: Callable[[], int] = lambda: -1,
+    ) -> None:
         self.min_leader_epoch = min_leader_epoch  # ZooKeeper's epoch: a leader with an older one is refused
         self.config = config
         self.store = store
@@ -98,7 +106,9 @@ class Follower:
                 if self.config.coordinated:
                     log.info("%s: follower waiting for ZooKeeper to name a leader", self.config.broker_name)
                 else:
-                    log.warning("%s: follower without a leader: set leader_addr or name servers", self.config.broker_name)
+                    log.warning(
+                        "%s: follower without a leader: set leader_addr or name servers", self.config.broker_name
+                    )
             self.connected = False
             await trio.sleep(wait_s)
 
@@ -117,22 +127,36 @@ class Follower:
 
     async def _follow(self, addr: str) -> None:
         c = self.config
-        fields = {"broker_name": c.broker_name, "broker_id": c.broker_id, "epoch": self.epochs.latest,
-                  "end_offset": self.log.write_offset, "segment_bytes": self.log.config.segment_bytes,
-                  "addr": self.addr()}  # fmt: skip
+        fields = {
+            "broker_name": c.broker_name,
+            "broker_id": c.broker_id,
+            "epoch": self.epochs.latest,
+            "end_offset": self.log.write_offset,
+            "segment_bytes": self.log.config.segment_bytes,
+            "addr": self.addr(),
+        }
         joined = await self.rpc.request(addr, RequestCode.REPLICA_JOIN, fields, timeout_ms=REQUEST_SLACK_MS)
         j = joined.fields
         if j["epoch"] < self.min_leader_epoch():
-            raise RpcError(addr, ErrorCode.STALE_EPOCH, f"leader's epoch {j['epoch']} is older than the group's "
-                                                        f"{self.min_leader_epoch()} in ZooKeeper: not following it")  # fmt: skip
+            raise RpcError(
+                addr,
+                ErrorCode.STALE_EPOCH,
+                f"leader's epoch {j['epoch']} is older than the group's "
+                f"{self.min_leader_epoch()} in ZooKeeper: not following it",
+            )
         self.leader_addr, self.leader_epoch, self.connected, self.error = addr, j["epoch"], True, ""
         self._flush_each = j["ack_durability"] == "flushed"
         self._leader_terms = [(int(e), int(s), int(b)) for e, s, b in j["epochs"]]
         cut = await trio.to_thread.run_sync(self._reconcile, j["end_offset"], j["min_offset"])
         if cut:
             self.metadata.after_truncation()
-        log.info("%s: following leader %s (epoch %d) from offset %d", c.broker_name, addr, self.leader_epoch,
-                 self.log.write_offset)  # fmt: skip
+        log.info(
+            "%s: following leader %s (epoch %d) from offset %d",
+            c.broker_name,
+            addr,
+            self.leader_epoch,
+            self.log.write_offset,
+        )
         await self._fetch_loop(addr, j["session"])
 
     def _reconcile(self, leader_end: int, leader_min: int) -> bool:
@@ -141,13 +165,23 @@ class Follower:
         point = divergence(self.epochs.entries, own_end, self._leader_terms, leader_end)
         cut = point < own_end
         if cut:
-            log.warning("%s: cutting the log from %d to %d: bytes there were written in a term the leader (epoch %d) "
-                        "does not share", self.config.broker_name, own_end, point, self.leader_epoch)  # fmt: skip
+            log.warning(
+                "%s: cutting the log from %d to %d: bytes there were written in a term the leader (epoch %d) "
+                "does not share",
+                self.config.broker_name,
+                own_end,
+                point,
+                self.leader_epoch,
+            )
             self.store.truncate(point)
             self.epochs.truncate(point)
         if self.log.write_offset < leader_min or (self.log.write_offset == 0 and leader_min > self.log.min_offset):
-            log.warning("%s: the leader's log starts at %d, past this log's end %d: starting an empty log there",
-                        self.config.broker_name, leader_min, self.log.write_offset)  # fmt: skip
+            log.warning(
+                "%s: the leader's log starts at %d, past this log's end %d: starting an empty log there",
+                self.config.broker_name,
+                leader_min,
+                self.log.write_offset,
+            )
             self.store.restart_at(leader_min)
             cut = True
         self.epochs.adopt(self._leader_terms, self.log.write_offset)
@@ -157,11 +191,22 @@ class Follower:
         c = self.config
         max_bytes = c.replica_fetch_max_bytes
         while True:
-            fields = {"broker_id": c.broker_id, "session": session, "epoch": self.leader_epoch,
-                      "offset": self.log.write_offset, "flushed": min(self.log.durable_offset, self.log.write_offset),
-                      "max_bytes": max_bytes, "max_wait_ms": c.replica_fetch_wait_ms}  # fmt: skip
-            reply = await self.rpc.request(addr, RequestCode.REPLICA_FETCH, fields,
-                                           timeout_ms=c.replica_fetch_wait_ms + REQUEST_SLACK_MS, check=False)  # fmt: skip
+            fields = {
+                "broker_id": c.broker_id,
+                "session": session,
+                "epoch": self.leader_epoch,
+                "offset": self.log.write_offset,
+                "flushed": min(self.log.durable_offset, self.log.write_offset),
+                "max_bytes": max_bytes,
+                "max_wait_ms": c.replica_fetch_wait_ms,
+            }
+            reply = await self.rpc.request(
+                addr,
+                RequestCode.REPLICA_FETCH,
+                fields,
+                timeout_ms=c.replica_fetch_wait_ms + REQUEST_SLACK_MS,
+                check=False,
+            )
             if reply.error_code in (ErrorCode.STALE_EPOCH, ErrorCode.OFFSET_OUT_OF_RANGE):
                 raise Rejoin(reply.error_text)
             if reply.error_code:
@@ -185,8 +230,13 @@ class Follower:
         if n:
             result = self.log.append_raw(offset, body[:n] if n < len(body) else body)
             if not result.ok:
-                raise CorruptRecordError(f"replication from {self.leader_addr}", offset, "raw append", "OK",
-                                         f"{result.status.name}: {result.error}")  # fmt: skip
+                raise CorruptRecordError(
+                    f"replication from {self.leader_addr}",
+                    offset,
+                    "raw append",
+                    "OK",
+                    f"{result.status.name}: {result.error}",
+                )
             if self._flush_each:  # the leader counts only fsynced bytes as held
                 self.store.flush()
             self.epochs.catch_up(self._leader_terms, self.log.write_offset)
@@ -207,7 +257,8 @@ class Follower:
         if not urgent and now - self._metadata_at < self.config.replica_metadata_interval_ms / 1000:
             return
         self._metadata_at = now
-        reply = await self.rpc.request(addr, RequestCode.REPLICA_METADATA,
-                                       {"broker_id": self.config.broker_id, "session": session})  # fmt: skip
+        reply = await self.rpc.request(
+            addr, RequestCode.REPLICA_METADATA, {"broker_id": self.config.broker_id, "session": session}
+        )
         await trio.to_thread.run_sync(self.metadata.apply, reply.fields)
         self._metadata_version = version

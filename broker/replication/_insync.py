@@ -51,8 +51,9 @@ class FollowerState:
 
 
 class InSyncSet:
-    def __init__(self, broker_name: str, lag_max_ms: int, count_flushed: bool, confirmed: int,
-                 coordinated: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, broker_name: str, lag_max_ms: int, count_flushed: bool, confirmed: int, coordinated: bool = False
+    ) -> None:
         self.broker_name = broker_name
         self.coordinated = coordinated
         self.frozen = False  # set when the leader stops: nobody leaves the set any more
@@ -79,8 +80,11 @@ class InSyncSet:
             if self.coordinated:
                 state.in_sync, state.caught_up_ms = True, old.caught_up_ms
             else:
-                log.warning("%s: replica %d re-joined (new session): out of the in-sync set until caught up",
-                            self.broker_name, state.broker_id)  # fmt: skip
+                log.warning(
+                    "%s: replica %d re-joined (new session): out of the in-sync set until caught up",
+                    self.broker_name,
+                    state.broker_id,
+                )
         self.followers[state.broker_id] = state
 
     def drop(self, broker_id: int) -> None:
@@ -88,8 +92,9 @@ class InSyncSet:
         waited for, its hold unknown, until it leaves ZooKeeper's set)."""
         old = self.followers.pop(broker_id, None)
         if self.coordinated and old is not None and old.in_sync:
-            self.followers[broker_id] = FollowerState(broker_id, old.host, -1, old.joined_ms,
-                                                      caught_up_ms=old.caught_up_ms, in_sync=True)  # fmt: skip
+            self.followers[broker_id] = FollowerState(
+                broker_id, old.host, -1, old.joined_ms, caught_up_ms=old.caught_up_ms, in_sync=True
+            )
 
     def report(self, f: FollowerState, offset: int, flushed: int, leader_end: int, now_ms: float) -> None:
         """A fetch from ``f``: ``offset`` (its end) and ``flushed`` (validated by the caller)."""
@@ -101,8 +106,13 @@ class InSyncSet:
             f.caught_up_ms = max(f.caught_up_ms, f.reply_ms)
         if not f.in_sync and self._lag_ok(f, now_ms):
             f.in_sync = True
-            log.info("%s: replica %d at %s joined the in-sync set (holds %d)", self.broker_name, f.broker_id, f.host,
-                     f.hold(self.count_flushed))  # fmt: skip
+            log.info(
+                "%s: replica %d at %s joined the in-sync set (holds %d)",
+                self.broker_name,
+                f.broker_id,
+                f.host,
+                f.hold(self.count_flushed),
+            )
 
     def answered(self, f: FollowerState, reached: int, leader_end: int, now_ms: float) -> None:
         """The leader answered ``f`` with bytes up to ``reached`` while its end was ``leader_end``."""
@@ -126,16 +136,28 @@ class InSyncSet:
 
     def leave(self, f: FollowerState, now_ms: float) -> None:
         f.in_sync = False
-        log.warning("%s: replica %d at %s left the in-sync set: not caught up for %d ms (replica_lag_max_ms=%d), "
-                    "%d bytes behind", self.broker_name, f.broker_id, f.host or "(not joined)",
-                    now_ms - f.caught_up_ms, self.lag_max_ms, max(0, self.confirmed - f.acked))  # fmt: skip
+        log.warning(
+            "%s: replica %d at %s left the in-sync set: not caught up for %d ms (replica_lag_max_ms=%d), "
+            "%d bytes behind",
+            self.broker_name,
+            f.broker_id,
+            f.host or "(not joined)",
+            now_ms - f.caught_up_ms,
+            self.lag_max_ms,
+            max(0, self.confirmed - f.acked),
+        )
 
     def ready_to_record(self, recorded: set[int]) -> list[int]:
         """In-sync followers not yet in ZooKeeper's set (``recorded``) that hold every
         confirmed byte: safe to add there (an election may then choose them)."""
-        return [f.broker_id for f in self.followers.values()
-                if f.in_sync and f.broker_id not in recorded and f.acked >= 0
-                and f.hold(self.count_flushed) >= self.confirmed]  # fmt: skip
+        return [
+            f.broker_id
+            for f in self.followers.values()
+            if f.in_sync
+            and f.broker_id not in recorded
+            and f.acked >= 0
+            and f.hold(self.count_flushed) >= self.confirmed
+        ]
 
     def recompute(self, leader_end: int) -> int:
         """The confirmed offset now (never lower than before, never past the leader's end)."""

@@ -38,8 +38,15 @@ def now_ms() -> float:
 class Leader:
     """One leadership term: the followers' sessions, the in-sync set, sync-write waits."""
 
-    def __init__(self, config: ReplicationConfig, store: Store, epochs: LeaderEpochs, metadata: MetadataPort,
-                 coordinator: CoordinatorPort | None = None, recorded_isr: tuple[int, ...] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: ReplicationConfig,
+        store: Store,
+        epochs: LeaderEpochs,
+        metadata: MetadataPort,
+        coordinator: CoordinatorPort | None = None,
+        recorded_isr: tuple[int, ...] = (),
+    ) -> None:
         self.config = config
         # ZooKeeper mode: the in-sync set ZooKeeper records (this leader included) and the
         # coordinator that writes it; the local set is never smaller (see _insync).
@@ -51,8 +58,13 @@ class Leader:
         self.epochs = epochs
         self.epoch = epochs.latest
         self.metadata = metadata
-        self.isr = InSyncSet(config.broker_name, config.replica_lag_max_ms, config.replica_ack == "flushed",
-                             self.log.write_offset, coordinated=coordinator is not None)  # fmt: skip
+        self.isr = InSyncSet(
+            config.broker_name,
+            config.replica_lag_max_ms,
+            config.replica_ack == "flushed",
+            self.log.write_offset,
+            coordinated=coordinator is not None,
+        )
         if coordinator is not None:
             self.isr.seed(sorted(self.recorded_isr - {config.broker_id}), now_ms())
         self._sessions = itertools.count(int(time.time() * 1000) % 1_000_000_000)
@@ -147,22 +159,39 @@ class Leader:
         )
 
     def _too_few(self, what: str) -> str:
-        return (f"{self.isr.size()} replicas in sync, min_insync_replicas={self.config.min_insync_replicas}: {what}; "
-                "retry once followers catch up")  # fmt: skip
+        return (
+            f"{self.isr.size()} replicas in sync, min_insync_replicas={self.config.min_insync_replicas}: {what}; "
+            "retry once followers catch up"
+        )
 
     # ---------------------------------------------------------------- requests
     async def join(self, frame: Frame, peer: Peer) -> Reply:
         f = frame.fields
         self._check_member(f["broker_name"], f["broker_id"], f["segment_bytes"], peer)
-        state = FollowerState(f["broker_id"], f.get("addr") or f"{peer.host}:{peer.port}", next(self._sessions), now_ms())
+        state = FollowerState(
+            f["broker_id"], f.get("addr") or f"{peer.host}:{peer.port}", next(self._sessions), now_ms()
+        )
         self.isr.join(state)
         self._publish()
-        log.info("%s: replica %d joined from %s (its log ends at %d, epoch %d)", self.config.broker_name,
-                 state.broker_id, state.host, f["end_offset"], f["epoch"])  # fmt: skip
-        return Reply({"session": state.session, "epoch": self.epoch, "epochs": [list(e) for e in self.epochs.entries],
-                      "end_offset": self.log.write_offset, "min_offset": self.log.min_offset,
-                      "confirmed_offset": self.isr.confirmed,
-                      "ack_durability": self.config.replica_ack})  # fmt: skip
+        log.info(
+            "%s: replica %d joined from %s (its log ends at %d, epoch %d)",
+            self.config.broker_name,
+            state.broker_id,
+            state.host,
+            f["end_offset"],
+            f["epoch"],
+        )
+        return Reply(
+            {
+                "session": state.session,
+                "epoch": self.epoch,
+                "epochs": [list(e) for e in self.epochs.entries],
+                "end_offset": self.log.write_offset,
+                "min_offset": self.log.min_offset,
+                "confirmed_offset": self.isr.confirmed,
+                "ack_durability": self.config.replica_ack,
+            }
+        )
 
     def _check_member(self, name: str, broker_id: int, segment_bytes: int, peer: Peer) -> None:
         c = self.config
@@ -182,13 +211,17 @@ class Leader:
     def _session(self, f: dict[str, Any]) -> FollowerState:
         state = self.isr.followers.get(f["broker_id"])
         if state is None or state.session != f["session"]:
-            raise RequestError(ErrorCode.REPLICA_REFUSED, f"no replication session {f['session']} for broker id "
-                                                          f"{f['broker_id']}: join first", close=True)  # fmt: skip
+            raise RequestError(
+                ErrorCode.REPLICA_REFUSED,
+                f"no replication session {f['session']} for broker id {f['broker_id']}: join first",
+                close=True,
+            )
         return state
 
     def _refuse(self, state: FollowerState, why: str) -> RequestError:
-        log.warning("%s: replica %d at %s lied (%s): session dropped", self.config.broker_name, state.broker_id,
-                    state.host, why)  # fmt: skip
+        log.warning(
+            "%s: replica %d at %s lied (%s): session dropped", self.config.broker_name, state.broker_id, state.host, why
+        )
         self.isr.drop(state.broker_id)
         self._publish()
         return RequestError(ErrorCode.REPLICA_REFUSED, why, close=True)
@@ -197,7 +230,9 @@ class Leader:
         f = frame.fields
         state = self._session(f)
         if f["epoch"] != self.epoch:
-            raise RequestError(ErrorCode.STALE_EPOCH, f"epoch {f['epoch']} is not the leader's {self.epoch}: join again")
+            raise RequestError(
+                ErrorCode.STALE_EPOCH, f"epoch {f['epoch']} is not the leader's {self.epoch}: join again"
+            )
         offset, flushed, end = f["offset"], f["flushed"], self.log.write_offset
         if offset > end:
             raise self._refuse(state, f"offset {offset} is past the leader's end {end}")
@@ -206,8 +241,11 @@ class Leader:
         if flushed > offset:
             raise self._refuse(state, f"flushed offset {flushed} is past its offset {offset}")
         if offset < self.log.min_offset:
-            return Reply({"min_offset": self.log.min_offset}, error_code=ErrorCode.OFFSET_OUT_OF_RANGE,
-                         error_text=f"offset {offset} is below the leader's log start {self.log.min_offset}")  # fmt: skip
+            return Reply(
+                {"min_offset": self.log.min_offset},
+                error_code=ErrorCode.OFFSET_OUT_OF_RANGE,
+                error_text=f"offset {offset} is below the leader's log start {self.log.min_offset}",
+            )
         self.isr.report(state, offset, flushed, end, now_ms())
         self._publish()
         if offset >= end:
@@ -224,10 +262,17 @@ class Leader:
             # in sync: sync acks wait for it, and a burst must not make it fall out.
             await self._throttle(state.broker_id, length)
         self.isr.answered(state, offset + length, end, now_ms())
-        fields = {"epoch": self.epoch, "offset": offset, "length": length, "end_offset": end,
-                  "min_offset": self.log.min_offset, "confirmed_offset": self.isr.confirmed,
-                  "in_sync": state.in_sync, "metadata_version": self.metadata.version(),
-                  "topics_version": self.metadata.topics_version()}  # fmt: skip
+        fields = {
+            "epoch": self.epoch,
+            "offset": offset,
+            "length": length,
+            "end_offset": end,
+            "min_offset": self.log.min_offset,
+            "confirmed_offset": self.isr.confirmed,
+            "in_sync": state.in_sync,
+            "metadata_version": self.metadata.version(),
+            "topics_version": self.metadata.topics_version(),
+        }
         return Reply(fields, spans=[span] if span else [])
 
     def _span(self, offset: int, n: int) -> Span | None:
@@ -256,10 +301,18 @@ class Leader:
     # ------------------------------------------------------------------ status
     def replicas(self) -> list[dict[str, Any]]:
         end, now = self.log.write_offset, now_ms()
-        return [{"broker_id": f.broker_id, "addr": f.host, "acked_offset": f.acked, "flushed_offset": f.flushed,
-                 "lag_bytes": max(0, end - f.acked) if f.acked >= 0 else end,
-                 "lag_ms": _lag_ms(f, end, now), "in_sync": f.in_sync}
-                for f in sorted(self.isr.followers.values(), key=lambda f: f.broker_id)]  # fmt: skip
+        return [
+            {
+                "broker_id": f.broker_id,
+                "addr": f.host,
+                "acked_offset": f.acked,
+                "flushed_offset": f.flushed,
+                "lag_bytes": max(0, end - f.acked) if f.acked >= 0 else end,
+                "lag_ms": _lag_ms(f, end, now),
+                "in_sync": f.in_sync,
+            }
+            for f in sorted(self.isr.followers.values(), key=lambda f: f.broker_id)
+        ]
 
 
 def _lag_ms(f: FollowerState, end: int, now: float) -> int:

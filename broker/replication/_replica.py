@@ -36,9 +36,16 @@ QUIESCE_S = 5.0  # a demoted leader waits at most this long for appends under wa
 
 
 class Replica:
-    def __init__(self, config: ReplicationConfig, store: StorageEngine, metadata: MetadataPort,
-                 token: trio.lowlevel.TrioToken, register_now: Callable[[], None],
-                 writes_idle: Callable[[], Awaitable[None]], addr: Callable[[], str] = lambda: "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: ReplicationConfig,
+        store: StorageEngine,
+        metadata: MetadataPort,
+        token: trio.lowlevel.TrioToken,
+        register_now: Callable[[], None],
+        writes_idle: Callable[[], Awaitable[None]],
+        addr: Callable[[], str] = lambda: "",
+    ) -> None:
         self.config = config
         self.metadata = metadata
         self.register_now = register_now
@@ -47,11 +54,15 @@ class Replica:
         self.store = store if isinstance(store, Store) else None
         self._role_file = store.directory / ROLE_FILE
         saved = load_json(self._role_file)
-        self.role = saved.value["role"] if saved.source in (MetadataSource.CURRENT, MetadataSource.PREVIOUS) else config.role
+        self.role = (
+            saved.value["role"] if saved.source in (MetadataSource.CURRENT, MetadataSource.PREVIOUS) else config.role
+        )
         if config.coordinated:
             self.role = "follower"  # until ZooKeeper names this broker
         if self.store is None and self.role == "follower":
-            raise ConfigError("replication needs storage_mode = commitlog (a partition-per-file store has no log to copy)")
+            raise ConfigError(
+                "replication needs storage_mode = commitlog (a partition-per-file store has no log to copy)"
+            )
         self.epochs = LeaderEpochs.load(store.directory)
         self.leader: Leader | None = None
         self.follower: Follower | None = None
@@ -77,8 +88,13 @@ class Replica:
         log_ = self.store.log
         self.epochs.start(epoch, log_.write_offset if self.epochs.entries else log_.min_offset, self.config.broker_id)
         self.leader = Leader(self.config, self.store, self.epochs, self.metadata, self.coordinator, recorded_isr)
-        log.info("%s: broker %d leads the group, epoch %d, from offset %d", self.config.broker_name,
-                 self.config.broker_id, epoch, log_.write_offset)  # fmt: skip
+        log.info(
+            "%s: broker %d leads the group, epoch %d, from offset %d",
+            self.config.broker_name,
+            self.config.broker_id,
+            epoch,
+            log_.write_offset,
+        )
 
     def _save_role(self) -> None:
         write_json(self._role_file, {"role": self.role})
@@ -96,8 +112,16 @@ class Replica:
                 if self.leader is not None:
                     nursery.start_soon(self.leader.watch_lag)
                 elif self.role == "follower" and self.store is not None:
-                    self.follower = Follower(self.config, self.store, self.epochs, self.metadata, rpc,
-                                             lambda: self.leader_hint, self.addr, self._min_leader_epoch)  # fmt: skip
+                    self.follower = Follower(
+                        self.config,
+                        self.store,
+                        self.epochs,
+                        self.metadata,
+                        rpc,
+                        lambda: self.leader_hint,
+                        self.addr,
+                        self._min_leader_epoch,
+                    )
                     nursery.start_soon(self._follow, self.follower)
                 await self._switched.wait()
                 nursery.cancel_scope.cancel()
@@ -138,8 +162,11 @@ class Replica:
             return self.epoch
         if not force and (f is None or not f.promotable()):
             why = f.error if f is not None and f.error else "the leader has not said it is in sync"
-            raise RequestError(ErrorCode.NOT_IN_SYNC, f"broker {self.config.broker_id} is not known to be in sync "
-                                                      f"({why}); promote with force to accept losing data")  # fmt: skip
+            raise RequestError(
+                ErrorCode.NOT_IN_SYNC,
+                f"broker {self.config.broker_id} is not known to be in sync "
+                f"({why}); promote with force to accept losing data",
+            )
         epoch = max(self.epochs.latest, f.leader_epoch if f else -1) + 1
         self.role, self.follower = "leader", None
         self._save_role()
@@ -172,9 +199,14 @@ class Replica:
         changed = addr != self.leader_hint
         self.leader_hint = addr
         if self.leader is not None:
-            log.warning("%s: broker %d steps down: ZooKeeper names %s the leader, epoch %d (this broker's epoch %d)",
-                        self.config.broker_name, self.config.broker_id, addr or "no broker", epoch,
-                        self.leader.epoch)  # fmt: skip
+            log.warning(
+                "%s: broker %d steps down: ZooKeeper names %s the leader, epoch %d (this broker's epoch %d)",
+                self.config.broker_name,
+                self.config.broker_id,
+                addr or "no broker",
+                epoch,
+                self.leader.epoch,
+            )
             self.role, self.leader = "follower", None
             self._save_role()
             self._switched.set()
@@ -189,8 +221,14 @@ class Replica:
             return
         self.leader_hint = addr
         if self.leader is not None and epoch >= self.leader.epoch:
-            log.warning("%s: broker %d steps down: %s leads with epoch %d (this broker's epoch %d)",
-                        self.config.broker_name, self.config.broker_id, addr, epoch, self.leader.epoch)  # fmt: skip
+            log.warning(
+                "%s: broker %d steps down: %s leads with epoch %d (this broker's epoch %d)",
+                self.config.broker_name,
+                self.config.broker_id,
+                addr,
+                epoch,
+                self.leader.epoch,
+            )
             self.role, self.leader = "follower", None
             self._save_role()
             self._switched.set()
@@ -201,8 +239,11 @@ class Replica:
         """Produce, commits and topic changes: only on the leader (in ZooKeeper mode,
         only while its lease holds and no hand-over is under way)."""
         if self.role != "leader":
-            raise RequestError(ErrorCode.NOT_LEADER, f"broker {self.config.broker_name}/{self.config.broker_id} is a "
-                                                     f"follower; the leader is {self.leader_hint or 'unknown'}")  # fmt: skip
+            raise RequestError(
+                ErrorCode.NOT_LEADER,
+                f"broker {self.config.broker_name}/{self.config.broker_id} is a "
+                f"follower; the leader is {self.leader_hint or 'unknown'}",
+            )
         if self._handing_over:
             raise RequestError(ErrorCode.NOT_LEADER, "handing the group over to a follower; retry")
         why = self.coordinator.may_ack() if self.coordinator is not None else None
@@ -242,16 +283,24 @@ class Replica:
             return ErrorCode.NOT_LEADER, f"stored, not acknowledged: {why or 'stepped down'}; retry"
         if not leader.first_ack_logged:
             leader.first_ack_logged = True
-            log.info("%s: broker %d acknowledged its first write of epoch %d", self.config.broker_name,
-                     self.config.broker_id, leader.epoch)  # fmt: skip
+            log.info(
+                "%s: broker %d acknowledged its first write of epoch %d",
+                self.config.broker_name,
+                self.config.broker_id,
+                leader.epoch,
+            )
         return None
 
     # -------------------------------------------------------------- requests
     def handlers(self) -> dict[int, Handler]:
-        return {RequestCode.REPLICA_JOIN: self._on_leader("join"), RequestCode.REPLICA_FETCH: self._on_leader("fetch"),
-                RequestCode.REPLICA_METADATA: self._on_leader("metadata_request"),
-                RequestCode.PROMOTE: self._promote_request, RequestCode.REPLICA_STATUS: self._status_request,
-                RequestCode.TRANSFER_LEADERSHIP: self._transfer_request}  # fmt: skip
+        return {
+            RequestCode.REPLICA_JOIN: self._on_leader("join"),
+            RequestCode.REPLICA_FETCH: self._on_leader("fetch"),
+            RequestCode.REPLICA_METADATA: self._on_leader("metadata_request"),
+            RequestCode.PROMOTE: self._promote_request,
+            RequestCode.REPLICA_STATUS: self._status_request,
+            RequestCode.TRANSFER_LEADERSHIP: self._transfer_request,
+        }
 
     def _on_leader(self, name: str) -> Callable[[Frame, Peer], Awaitable[Reply]]:
         async def handle(frame: Frame, peer: Peer) -> Reply:
@@ -259,7 +308,9 @@ class Replica:
             if leader is None:
                 if self.store is None:
                     raise RequestError(ErrorCode.REQUEST_NOT_SUPPORTED, "replication needs storage_mode = commitlog")
-                raise RequestError(ErrorCode.NOT_LEADER, f"not the leader; the leader is {self.leader_hint or 'unknown'}")
+                raise RequestError(
+                    ErrorCode.NOT_LEADER, f"not the leader; the leader is {self.leader_hint or 'unknown'}"
+                )
             self._streaming = True
             reply: Reply = await getattr(leader, name)(frame, peer)
             return reply
@@ -276,16 +327,22 @@ class Replica:
     async def _ask_hand_over(self, force: bool) -> int:
         """ZooKeeper mode, PROMOTE of this follower: ask the leader to hand over."""
         if force:
-            raise RequestError(ErrorCode.REQUEST_NOT_SUPPORTED, "promote with force is for manual mode; with ZooKeeper "
-                                                               "set unclean_leader_election instead")  # fmt: skip
+            raise RequestError(
+                ErrorCode.REQUEST_NOT_SUPPORTED,
+                "promote with force is for manual mode; with ZooKeeper set unclean_leader_election instead",
+            )
         if self.role == "leader":
             return self.epoch
         if not self.leader_hint or self._rpc is None:
             raise RequestError(ErrorCode.NOT_LEADER, "no leader known to hand over from")
         timeout_ms = self.config.leader_transfer_timeout_ms
-        reply = await self._rpc.request(self.leader_hint, RequestCode.TRANSFER_LEADERSHIP,
-                                        {"broker_id": self.config.broker_id, "timeout_ms": timeout_ms},
-                                        timeout_ms=timeout_ms + 5000, check=False)  # fmt: skip
+        reply = await self._rpc.request(
+            self.leader_hint,
+            RequestCode.TRANSFER_LEADERSHIP,
+            {"broker_id": self.config.broker_id, "timeout_ms": timeout_ms},
+            timeout_ms=timeout_ms + 5000,
+            check=False,
+        )
         if reply.error_code:
             raise RequestError(ErrorCode(reply.error_code), f"{self.leader_hint}: {reply.error_text}")
         epoch: int = reply.fields["epoch"]
@@ -301,16 +358,20 @@ class Replica:
         until follower ``broker_id`` holds the whole log, then switch in ZooKeeper."""
         leader, coordinator = self.leader, self.coordinator
         if leader is None or coordinator is None:
-            raise RequestError(ErrorCode.NOT_LEADER if coordinator else ErrorCode.REQUEST_NOT_SUPPORTED,
-                               "not a leader in ZooKeeper mode")  # fmt: skip
+            raise RequestError(
+                ErrorCode.NOT_LEADER if coordinator else ErrorCode.REQUEST_NOT_SUPPORTED,
+                "not a leader in ZooKeeper mode",
+            )
         self._handing_over, self._handover_done = True, trio.Event()
         try:
             with trio.move_on_after(timeout_ms / 1000) as scope:
                 await self.writes_idle()
                 await leader.wait_caught_up(broker_id)
             if scope.cancelled_caught:
-                raise RequestError(ErrorCode.TIMEOUT, f"broker {broker_id} did not catch up within {timeout_ms} ms; "
-                                                      "this broker stays the leader")  # fmt: skip
+                raise RequestError(
+                    ErrorCode.TIMEOUT,
+                    f"broker {broker_id} did not catch up within {timeout_ms} ms; this broker stays the leader",
+                )
             return await coordinator.hand_over(broker_id)
         finally:
             self._handing_over = False
@@ -336,18 +397,31 @@ class Replica:
     def status(self) -> dict[str, Any]:
         c, f = self.config, self.follower
         log_ = self.store.log if self.store else None
-        out: dict[str, Any] = {"role": self.role, "broker_name": c.broker_name, "broker_id": c.broker_id,
-                               "epoch": self.epoch, "end_offset": log_.write_offset if log_ else 0,
-                               "confirmed_offset": log_.confirmed_offset if log_ else 0,
-                               "durable_offset": log_.durable_offset if log_ else 0, "replicas": [],
-                               "leader_addr": "", "in_sync": self.leader is not None, "lag_bytes": 0, "lag_ms": 0,
-                               "error": "",
-                               "coordination": self.coordinator.status() if self.coordinator else {"mode": "manual"}}  # fmt: skip
+        out: dict[str, Any] = {
+            "role": self.role,
+            "broker_name": c.broker_name,
+            "broker_id": c.broker_id,
+            "epoch": self.epoch,
+            "end_offset": log_.write_offset if log_ else 0,
+            "confirmed_offset": log_.confirmed_offset if log_ else 0,
+            "durable_offset": log_.durable_offset if log_ else 0,
+            "replicas": [],
+            "leader_addr": "",
+            "in_sync": self.leader is not None,
+            "lag_bytes": 0,
+            "lag_ms": 0,
+            "error": "",
+            "coordination": self.coordinator.status() if self.coordinator else {"mode": "manual"},
+        }
         if self.leader is not None:
             out["replicas"] = self.leader.replicas()
         elif f is not None and log_ is not None:
-            out.update(leader_addr=f.leader_addr, in_sync=f.in_sync, was_in_sync=f.was_in_sync,
-                       lag_bytes=max(0, f.leader_end - log_.write_offset),
-                       lag_ms=int(time.monotonic() * 1000 - f.last_reply_ms) if f.last_reply_ms else -1,
-                       error=f.error)  # fmt: skip
+            out.update(
+                leader_addr=f.leader_addr,
+                in_sync=f.in_sync,
+                was_in_sync=f.was_in_sync,
+                lag_bytes=max(0, f.leader_end - log_.write_offset),
+                lag_ms=int(time.monotonic() * 1000 - f.last_reply_ms) if f.last_reply_ms else -1,
+                error=f.error,
+            )
         return out

@@ -26,8 +26,10 @@ class AdminRequests:
         members = self.b.groups.members(group)
         if members:
             names = ", ".join(m.client_id for m in members[:5])
-            raise RequestError(ErrorCode.GROUP_ACTIVE, f"group {group!r} has {len(members)} member(s) connected "
-                                                       f"({names}): stop them first")  # fmt: skip
+            raise RequestError(
+                ErrorCode.GROUP_ACTIVE,
+                f"group {group!r} has {len(members)} member(s) connected ({names}): stop them first",
+            )
         if not self.b.offsets.of_group(group):
             raise RequestError(ErrorCode.NOT_FOUND, f"group {group!r} does not exist on {self.b.config.broker_name}")
         dropped = self.b.offsets.drop_group(group)
@@ -39,8 +41,10 @@ class AdminRequests:
         offset = need(frame.fields, "commitlog_offset", int)
         log = getattr(self.b.store, "log", None)
         if log is None:
-            raise RequestError(ErrorCode.REQUEST_NOT_SUPPORTED, "message ids name CommitLog offsets: this broker "
-                                                                f"runs {self.b.config.storage_mode}")  # fmt: skip
+            raise RequestError(
+                ErrorCode.REQUEST_NOT_SUPPORTED,
+                f"message ids name CommitLog offsets: this broker runs {self.b.config.storage_mode}",
+            )
 
         def read() -> bytes | None:
             record = log.read_record(offset)  # CRC-checked: a made-up offset is no record
@@ -51,6 +55,7 @@ class AdminRequests:
         except CorruptRecordError as e:  # not the start of a record (a made-up id), or damage
             raise RequestError(ErrorCode.NOT_FOUND, f"no message starts at CommitLog offset {offset}: {e}") from None
         if raw is None:
-            raise RequestError(ErrorCode.NOT_FOUND, f"CommitLog offset {offset} is not in the log "
-                                                    f"(retention may have removed it)")  # fmt: skip
+            raise RequestError(
+                ErrorCode.NOT_FOUND, f"CommitLog offset {offset} is not in the log (retention may have removed it)"
+            )
         return Reply(body=raw)

@@ -27,8 +27,14 @@ import trio
 from clmq.broker.store import PutResult, PutStatus, StorageEngine
 from clmq.common import Host, Message, PackedMessages, ServiceError
 
-_BAD_INPUT = {PutStatus.MESSAGE_TOO_LARGE, PutStatus.INVALID_MESSAGE, PutStatus.INVALID_TOPIC, PutStatus.UNKNOWN_TOPIC,
-              PutStatus.INVALID_QUEUE_ID, PutStatus.MALFORMED_BATCH}  # fmt: skip
+_BAD_INPUT = {
+    PutStatus.MESSAGE_TOO_LARGE,
+    PutStatus.INVALID_MESSAGE,
+    PutStatus.INVALID_TOPIC,
+    PutStatus.UNKNOWN_TOPIC,
+    PutStatus.INVALID_QUEUE_ID,
+    PutStatus.MALFORMED_BATCH,
+}
 
 
 log = logging.getLogger("clmq.broker")
@@ -89,8 +95,13 @@ class PendingPut:
 
 
 class AppendLane:
-    def __init__(self, store: StorageEngine, max_inflight_bytes: int, max_group_bytes: int = 4 << 20,
-                 inline_max_bytes: int = 64 << 10) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: StorageEngine,
+        max_inflight_bytes: int,
+        max_group_bytes: int = 4 << 20,
+        inline_max_bytes: int = 64 << 10,
+    ) -> None:
         self.store = store
         self.inline_max_bytes = inline_max_bytes
         self.max_inflight_bytes = max_inflight_bytes
@@ -110,8 +121,10 @@ class AppendLane:
         ``messages``: the broker's own, as objects (``body`` is then their encoding, for
         the byte count)."""
         if self._queued_bytes and self._queued_bytes + len(body) > self.max_inflight_bytes:
-            raise BusyError(f"broker busy: {self._queued_bytes:,} bytes waiting to be stored, "
-                            f"max_inflight_produce_bytes={self.max_inflight_bytes:,}; retry later")  # fmt: skip
+            raise BusyError(
+                f"broker busy: {self._queued_bytes:,} bytes waiting to be stored, "
+                f"max_inflight_produce_bytes={self.max_inflight_bytes:,}; retry later"
+            )
         put = PendingPut(topic, body, born_host, messages)
         self._queue.append(put)
         self._queued_bytes += len(body)
@@ -155,8 +168,9 @@ class AppendLane:
         size = len(group[0].body)
         if group[0].messages is not None:
             return group, size
-        while (self._queue and self._queue[0].messages is None
-               and size + len(self._queue[0].body) <= self.max_group_bytes):  # fmt: skip
+        while (
+            self._queue and self._queue[0].messages is None and size + len(self._queue[0].body) <= self.max_group_bytes
+        ):
             put = self._queue.popleft()
             group.append(put)
             size += len(put.body)

@@ -52,25 +52,51 @@ class Broker:
         self.groups = ConsumerGroups(config.client_expiry_ms)
         self.waiters = PullWaiters(token)
         store.add_arrival_listener(self.waiters.on_arrivals)
-        self.lane = AppendLane(store, config.max_inflight_produce_bytes, inline_max_bytes=config.inline_append_max_bytes)
+        self.lane = AppendLane(
+            store, config.max_inflight_produce_bytes, inline_max_bytes=config.inline_append_max_bytes
+        )
         self.metadata = ReplicatedMetadata(store, self.offsets, self.groups)
-        self.replica = Replica(config.replication_config(), store, self.metadata, token, self.register_now,
-                               writes_idle=self.lane.wait_idle, addr=lambda: self.addr)  # fmt: skip
-        self.context = BrokerContext(config, store, self.offsets, self.groups, self.waiters, self.lane,
-                                     register_now=self.register_now, addr=lambda: self.addr,
-                                     connections=lambda: self.rpc.connections, replica=self.replica,
-                                     metadata=self.metadata)  # fmt: skip
+        self.replica = Replica(
+            config.replication_config(),
+            store,
+            self.metadata,
+            token,
+            self.register_now,
+            writes_idle=self.lane.wait_idle,
+            addr=lambda: self.addr,
+        )
+        self.context = BrokerContext(
+            config,
+            store,
+            self.offsets,
+            self.groups,
+            self.waiters,
+            self.lane,
+            register_now=self.register_now,
+            addr=lambda: self.addr,
+            connections=lambda: self.rpc.connections,
+            replica=self.replica,
+            metadata=self.metadata,
+        )
         self.handlers = Handlers(self.context)
         self.metadata.timer = self.handlers.timer
         table = {**self.handlers.table(), **{code: checked(h) for code, h in self.replica.handlers().items()}}
-        self.rpc = RpcServer(f"broker {config.broker_name}", table, max_frame_bytes=config.max_frame_bytes,
-                             idle_timeout_ms=config.idle_timeout_ms,
-                             max_inflight_per_connection=config.max_inflight_per_connection,
-                             serial_codes=frozenset({RequestCode.SEND_MESSAGE}), limits=config.server_limits())  # fmt: skip
+        self.rpc = RpcServer(
+            f"broker {config.broker_name}",
+            table,
+            max_frame_bytes=config.max_frame_bytes,
+            idle_timeout_ms=config.idle_timeout_ms,
+            max_inflight_per_connection=config.max_inflight_per_connection,
+            serial_codes=frozenset({RequestCode.SEND_MESSAGE}),
+            limits=config.server_limits(),
+        )
         self.started = time.monotonic()
         self.metrics = CollectorRegistry(auto_describe=False)  # this broker's own: several may share a process
-        self.metrics.register(BrokerCollector(self.context, self.rpc.request_stats, lambda: self.rpc.connections,
-                                              self.handlers.timer_fields))  # fmt: skip
+        self.metrics.register(
+            BrokerCollector(
+                self.context, self.rpc.request_stats, lambda: self.rpc.connections, self.handlers.timer_fields
+            )
+        )
         self.metrics_port = -1  # the port /metrics is served on, once started (-1: none)
         self._stop = trio.Event()
         self._register_wakeup = trio.Event()
@@ -139,7 +165,9 @@ class Broker:
         while True:
             await trio.sleep(self.config.offset_flush_interval_ms / 1000)
             for group, client_id in self.groups.expire(now_ms()):
-                log.info("consumer %s left group %s (no heartbeat for %d ms)", client_id, group, self.config.client_expiry_ms)
+                log.info(
+                    "consumer %s left group %s (no heartbeat for %d ms)", client_id, group, self.config.client_expiry_ms
+                )
             try:
                 await trio.to_thread.run_sync(self.offsets.flush)
             except OSError as e:
@@ -159,8 +187,12 @@ class Broker:
                 await self.coordinator.resign()
         drained = await self.rpc.drain(self.config.shutdown_timeout_ms / 1000)
         if not drained:
-            log.warning("broker %s: %d requests still in flight after shutdown_timeout_ms=%d; cutting them off",
-                        self.config.broker_name, self.rpc.inflight, self.config.shutdown_timeout_ms)  # fmt: skip
+            log.warning(
+                "broker %s: %d requests still in flight after shutdown_timeout_ms=%d; cutting them off",
+                self.config.broker_name,
+                self.rpc.inflight,
+                self.config.shutdown_timeout_ms,
+            )
         await self._unregister_all()
 
     def close_storage(self) -> None:
@@ -236,14 +268,27 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
             nursery.start_soon(broker._housekeeping_loop)
             nursery.start_soon(broker._sample_rates)
             if config.metrics_port >= 0:
-                broker.metrics_port = await nursery.start(serve_http, config.metrics_host or config.listen_host,
-                                                          config.metrics_port, metrics_route(broker.metrics), "broker metrics")  # fmt: skip
+                broker.metrics_port = await nursery.start(
+                    serve_http,
+                    config.metrics_host or config.listen_host,
+                    config.metrics_port,
+                    metrics_route(broker.metrics),
+                    "broker metrics",
+                )
             nursery.start_soon(broker.replica.run, broker.client)
             nursery.start_soon(broker.handlers.timer.run)
             if broker.coordinator is not None:
                 await nursery.start(broker.coordinator.run)
-            log.info("broker %s/%d listening on %s (%s, %s flush, %s, epoch %d)", config.broker_name, config.broker_id,
-                     broker.addr, config.storage_mode, config.flush_mode, broker.replica.role, broker.replica.epoch)  # fmt: skip
+            log.info(
+                "broker %s/%d listening on %s (%s, %s flush, %s, epoch %d)",
+                config.broker_name,
+                config.broker_id,
+                broker.addr,
+                config.storage_mode,
+                config.flush_mode,
+                broker.replica.role,
+                broker.replica.epoch,
+            )
             task_status.started(broker)
             await broker._stop.wait()
             await broker._stop_gracefully()

@@ -16,8 +16,9 @@ from clmq.protocol import DEFAULT_MAX_RECONSUME_TIMES, MAX_RECONSUME_TIMES
 from clmq.protocol.transport import ServerLimits
 
 # RocketMQ's default delay levels from level 3 (its retries start there): 10 s ... 2 h.
-DEFAULT_RETRY_DELAYS_MS = tuple(s * 1000 for s in (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800,
-                                                     3600, 7200))  # fmt: skip
+DEFAULT_RETRY_DELAYS_MS = tuple(
+    s * 1000 for s in (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+)
 
 
 @dataclass
@@ -40,9 +41,15 @@ class BrokerConfig:
     max_pull_messages: int = 4096
     max_pull_bytes: int = 8 * MiB
     max_pull_wait_ms: int = 30_000
-    pull_read_threads: int = 4  # worker threads reading the store for pulls: a slow disk read holds up pulls, not the event loop
-    cold_read_threads: int = 2  # worker threads for pulls of data not in the page cache: they never occupy pull_read_threads
-    cold_read_memory_queues: int = 4096  # queue positions remembered as cold (their next pull goes straight to the cold threads)
+    pull_read_threads: int = (
+        4  # worker threads reading the store for pulls: a slow disk read holds up pulls, not the event loop
+    )
+    cold_read_threads: int = (
+        2  # worker threads for pulls of data not in the page cache: they never occupy pull_read_threads
+    )
+    cold_read_memory_queues: int = (
+        4096  # queue positions remembered as cold (their next pull goes straight to the cold threads)
+    )
     cold_read_distance_bytes: int = 256 * MiB  # no page-cache check here: this far before its file's end is cold
     max_inflight_produce_bytes: int = 256 * MiB  # beyond this, producers get SYSTEM_BUSY
     inline_append_max_bytes: int = 64 * 1024  # smaller appends run on the event loop, not in a thread
@@ -53,7 +60,9 @@ class BrokerConfig:
     # Limits at the door (the name server has the same ones, at these defaults):
     max_connections: int = 10_000  # one more is told TOO_MANY_CONNECTIONS and closed; one log line per burst
     reserved_file_descriptors: int = 128  # connections stop this far below the descriptor limit (ulimit -n)
-    max_connection_buffer_bytes: int = 64 * MiB  # request bytes one connection holds; beyond: not read (>= max_frame_bytes)
+    max_connection_buffer_bytes: int = (
+        64 * MiB
+    )  # request bytes one connection holds; beyond: not read (>= max_frame_bytes)
     max_buffered_request_bytes: int = 256 * MiB  # request bytes all connections hold; beyond: not read
     frame_timeout_ms: int = 60_000  # a frame begun must arrive whole within this, or its connection is closed
     max_connection_send_buffer_bytes: int = 32 * MiB  # unwritten replies of a connection; beyond: its requests not read
@@ -111,18 +120,24 @@ class BrokerConfig:
 
     def __post_init__(self) -> None:
         if self.flush_mode not in {m.value for m in FlushMode}:
-            raise ValueError(f"flush_mode must be one of {', '.join(m.value for m in FlushMode)}, got {self.flush_mode!r}")
+            raise ValueError(
+                f"flush_mode must be one of {', '.join(m.value for m in FlushMode)}, got {self.flush_mode!r}"
+            )
         if self.storage_mode not in STORAGE_MODES:
             raise ValueError(f"storage_mode must be one of {', '.join(STORAGE_MODES)}, got {self.storage_mode!r}")
         self.server_limits().check(self.max_frame_bytes)  # a ValueError naming the settings
         self.replication_config()  # a ValueError naming the setting
         if self.storage_mode != "commitlog" and (self.role == "follower" or self.min_insync_replicas > 1):
-            raise ValueError("role = follower and min_insync_replicas > 1 need storage_mode = commitlog: "
-                             "replication copies the CommitLog")  # fmt: skip
+            raise ValueError(
+                "role = follower and min_insync_replicas > 1 need storage_mode = commitlog: "
+                "replication copies the CommitLog"
+            )
         if self.zookeeper:
             split_connect(self.zookeeper)  # a ValueError naming the setting
         if self.zookeeper and self.storage_mode != "commitlog":
-            raise ValueError("zookeeper (automatic failover) needs storage_mode = commitlog: replication copies the CommitLog")
+            raise ValueError(
+                "zookeeper (automatic failover) needs storage_mode = commitlog: replication copies the CommitLog"
+            )
         if self.zk_session_timeout_ms < 1000:
             raise ValueError(f"zk_session_timeout_ms must be at least 1000, got {self.zk_session_timeout_ms}")
         if not 0 <= self.listen_port <= 65535:  # 0: any free port
@@ -145,32 +160,45 @@ class BrokerConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
         if not self.retry_delays_ms or any(type(d) is not int or d < 0 for d in self.retry_delays_ms):
-            raise ValueError(f"retry_delays_ms must be a non-empty list of milliseconds >= 0, got {self.retry_delays_ms!r}")
+            raise ValueError(
+                f"retry_delays_ms must be a non-empty list of milliseconds >= 0, got {self.retry_delays_ms!r}"
+            )
         if not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES:
             raise ValueError(f"max_reconsume_times must be in 0..{MAX_RECONSUME_TIMES}, got {self.max_reconsume_times}")
 
     def replication_config(self) -> ReplicationConfig:
         """The broker's replication settings."""
-        return ReplicationConfig(broker_name=self.broker_name, broker_id=self.broker_id, role=self.role,
-                                 leader_addr=self.leader_addr, ack_mode=self.ack_mode,
-                                 topic_ack_modes=dict(self.topic_ack_modes), min_insync_replicas=self.min_insync_replicas,
-                                 replica_ack=self.replica_ack, replication_timeout_ms=self.replication_timeout_ms,
-                                 replica_lag_max_ms=self.replica_lag_max_ms,
-                                 replica_fetch_max_bytes=self.replica_fetch_max_bytes,
-                                 replica_fetch_wait_ms=self.replica_fetch_wait_ms,
-                                 replica_catchup_bytes_per_s=self.replica_catchup_bytes_per_s,
-                                 replica_ids=tuple(self.replica_ids),
-                                 replica_metadata_interval_ms=self.replica_metadata_interval_ms,
-                                 replica_retry_ms=self.replica_retry_ms, coordinated=bool(self.zookeeper),
-                                 leader_transfer_timeout_ms=self.leader_transfer_timeout_ms)  # fmt: skip
+        return ReplicationConfig(
+            broker_name=self.broker_name,
+            broker_id=self.broker_id,
+            role=self.role,
+            leader_addr=self.leader_addr,
+            ack_mode=self.ack_mode,
+            topic_ack_modes=dict(self.topic_ack_modes),
+            min_insync_replicas=self.min_insync_replicas,
+            replica_ack=self.replica_ack,
+            replication_timeout_ms=self.replication_timeout_ms,
+            replica_lag_max_ms=self.replica_lag_max_ms,
+            replica_fetch_max_bytes=self.replica_fetch_max_bytes,
+            replica_fetch_wait_ms=self.replica_fetch_wait_ms,
+            replica_catchup_bytes_per_s=self.replica_catchup_bytes_per_s,
+            replica_ids=tuple(self.replica_ids),
+            replica_metadata_interval_ms=self.replica_metadata_interval_ms,
+            replica_retry_ms=self.replica_retry_ms,
+            coordinated=bool(self.zookeeper),
+            leader_transfer_timeout_ms=self.leader_transfer_timeout_ms,
+        )
 
     def server_limits(self) -> ServerLimits:
         """The limits of the broker's RpcServer."""
-        return ServerLimits(max_connections=self.max_connections, reserved_file_descriptors=self.reserved_file_descriptors,
-                            max_connection_buffer_bytes=self.max_connection_buffer_bytes,
-                            max_buffered_request_bytes=self.max_buffered_request_bytes,
-                            frame_timeout_ms=self.frame_timeout_ms,
-                            max_connection_send_buffer_bytes=self.max_connection_send_buffer_bytes)  # fmt: skip
+        return ServerLimits(
+            max_connections=self.max_connections,
+            reserved_file_descriptors=self.reserved_file_descriptors,
+            max_connection_buffer_bytes=self.max_connection_buffer_bytes,
+            max_buffered_request_bytes=self.max_buffered_request_bytes,
+            frame_timeout_ms=self.frame_timeout_ms,
+            max_connection_send_buffer_bytes=self.max_connection_send_buffer_bytes,
+        )
 
     @property
     def advertised_addr_host(self) -> str:
@@ -182,9 +210,19 @@ class BrokerConfig:
             store_host = (self.advertised_addr_host, self.listen_port)
         except ValueError:  # a host name: records carry addresses only
             store_host = ("0.0.0.0", self.listen_port)
-        log = CommitLogConfig(segment_bytes=self.segment_bytes, max_message_bytes=self.max_message_bytes,
-                              flush_mode=FlushMode(self.flush_mode), flush_interval_ms=self.flush_interval_ms,
-                              sync_flush_timeout_ms=self.sync_flush_timeout_ms, retention_ms=self.retention_ms,
-                              store_host=store_host)  # fmt: skip
-        return StoreConfig(Path(self.data_dir), log, storage_mode=self.storage_mode,
-                           auto_create_topics=self.auto_create_topics, default_queue_count=self.default_queue_count)  # fmt: skip
+        log = CommitLogConfig(
+            segment_bytes=self.segment_bytes,
+            max_message_bytes=self.max_message_bytes,
+            flush_mode=FlushMode(self.flush_mode),
+            flush_interval_ms=self.flush_interval_ms,
+            sync_flush_timeout_ms=self.sync_flush_timeout_ms,
+            retention_ms=self.retention_ms,
+            store_host=store_host,
+        )
+        return StoreConfig(
+            Path(self.data_dir),
+            log,
+            storage_mode=self.storage_mode,
+            auto_create_topics=self.auto_create_topics,
+            default_queue_count=self.default_queue_count,
+        )

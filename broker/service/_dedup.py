@@ -53,9 +53,11 @@ class DedupLimits:
     @classmethod
     def of(cls, config: object) -> DedupLimits:
         """The limits a broker config sets (its ``dedup_*`` settings, else the defaults)."""
-        return cls(int(getattr(config, "dedup_window_ms", DEDUP_WINDOW_MS)),
-                   int(getattr(config, "dedup_max_messages", DEDUP_MAX_MESSAGES)),
-                   int(getattr(config, "dedup_catch_up_timeout_ms", DEDUP_CATCH_UP_TIMEOUT_MS)))  # fmt: skip
+        return cls(
+            int(getattr(config, "dedup_window_ms", DEDUP_WINDOW_MS)),
+            int(getattr(config, "dedup_max_messages", DEDUP_MAX_MESSAGES)),
+            int(getattr(config, "dedup_catch_up_timeout_ms", DEDUP_CATCH_UP_TIMEOUT_MS)),
+        )
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,9 @@ async def wait_visible(store: StorageEngine, timeout_ms: int) -> bool:
     return False
 
 
-def find_stored(store: StorageEngine, topic: str, queue_id: int, keys: list[str], limits: DedupLimits,
-                now_ms: int) -> Stored | None:  # fmt: skip
+def find_stored(
+    store: StorageEngine, topic: str, queue_id: int, keys: list[str], limits: DedupLimits, now_ms: int
+) -> Stored | None:
     """The batch whose messages carry ``keys`` (in order) if the tail of the queue holds
     it, within ``limits``; None if not. Raises :class:`PartlyStored` for a batch only
     partly there. Blocking (store reads): run it in a worker thread."""
@@ -115,8 +118,9 @@ def find_stored(store: StorageEngine, topic: str, queue_id: int, keys: list[str]
     return None
 
 
-def find_stored_queues(store: StorageEngine, topic: str, keys_by_queue: dict[int, list[str]], limits: DedupLimits,
-                       now_ms: int) -> dict[int, Stored | None]:  # fmt: skip
+def find_stored_queues(
+    store: StorageEngine, topic: str, keys_by_queue: dict[int, list[str]], limits: DedupLimits, now_ms: int
+) -> dict[int, Stored | None]:
     """:func:`find_stored` for each queue of a multi-queue batch (one request spanning
     queues is one append: all of it is stored or none). Blocking: a worker thread."""
     return {qid: find_stored(store, topic, qid, keys, limits, now_ms) for qid, keys in keys_by_queue.items()}
@@ -147,8 +151,14 @@ def _whole(store: StorageEngine, topic: str, queue_id: int, at: int, keys: list[
     """The batch stored from queue offset ``at``: every one of ``keys`` in order."""
     records = _read(store, topic, queue_id, at, len(keys))
     if [r.properties.get(UNIQ_KEY) for r in records] != keys:
-        raise PartlyStored(f"{topic}/{queue_id}: the retried batch's first message is stored at offset {at}, "
-                           f"but the {len(keys)} messages from there are not the batch")  # fmt: skip
+        raise PartlyStored(
+            f"{topic}/{queue_id}: the retried batch's first message is stored at offset {at}, "
+            f"but the {len(keys)} messages from there are not the batch"
+        )
     last = records[-1]
-    return Stored([r.queue_offset for r in records], [r.commitlog_offset for r in records],
-                  records[0].store_timestamp_ms, last.commitlog_offset + last.size)  # fmt: skip
+    return Stored(
+        [r.queue_offset for r in records],
+        [r.commitlog_offset for r in records],
+        records[0].store_timestamp_ms,
+        last.commitlog_offset + last.size,
+    )

@@ -134,11 +134,14 @@ class Visibility:
         NO_MESSAGE (``next_offset`` the offset asked: nothing moves) if the offset is
         assigned but not yet dispatched."""
         if res.status is GetStatus.OFFSET_OVERFLOW and offset <= self.next_assigned(topic, queue_id):
-            return RawRead(GetStatus.NO_MESSAGE, next_offset=offset, min_offset=res.min_offset, max_offset=res.max_offset)
+            return RawRead(
+                GetStatus.NO_MESSAGE, next_offset=offset, min_offset=res.min_offset, max_offset=res.max_offset
+            )
         return res
 
-    def read_to_damage(self, topic: str, queue_id: int, offset: int, limit: int, tags: list[str] | None,
-                       max_bytes: int) -> RawRead | CorruptRecordError:  # fmt: skip
+    def read_to_damage(
+        self, topic: str, queue_id: int, offset: int, limit: int, tags: list[str] | None, max_bytes: int
+    ) -> RawRead | CorruptRecordError:
         """:meth:`StorageEngine.read_raw_to_damage`, seen through :meth:`visible`."""
         res = self.store.read_raw_to_damage(topic, queue_id, offset, limit, tags, max_bytes)
         return res if isinstance(res, CorruptRecordError) else self.visible(topic, queue_id, offset, res)
@@ -176,15 +179,19 @@ class Fetch:
             fields["suggest_follower"] = True
         return Reply(fields, spans=spans)
 
-    async def _read_in_thread(self, asks: list[FetchAsk], total: int, per_queue: int,
-                              max_bytes: int) -> tuple[list[list[Any]], list[Span], int]:  # fmt: skip
+    async def _read_in_thread(
+        self, asks: list[FetchAsk], total: int, per_queue: int, max_bytes: int
+    ) -> tuple[list[list[Any]], list[Span], int]:
         try:
             return await self.cold.read(self._read, asks, total, per_queue, max_bytes)
-        except OSError as e:  # a cold span could not be read (the file changed underneath): this pull fails, not the connection
+        except (
+            OSError
+        ) as e:  # a cold span could not be read (the file changed underneath): this pull fails, not the connection
             raise RequestError(ErrorCode.IO_ERROR, f"reading stored records: {e}") from e
 
-    def _read(self, asks: list[FetchAsk], total: int, per_queue: int,
-              max_bytes: int) -> tuple[list[list[Any]], list[Span], int]:  # fmt: skip
+    def _read(
+        self, asks: list[FetchAsk], total: int, per_queue: int, max_bytes: int
+    ) -> tuple[list[list[Any]], list[Span], int]:
         """Per queue a :class:`FetchResult` row (max offset -1 when SKIPPED: not looked
         at), the spans, and the count. The body stays within ``max_bytes``, except that
         a first record larger than it is answered alone (the reader must progress)."""
@@ -197,12 +204,14 @@ class Fetch:
             if res is None:
                 results.append(FetchResult.row(PullStatus.SKIPPED, offset, 0, 0, -1))
             elif isinstance(res, CorruptRecordError):  # this queue stops here; the others are served
-                results.append(FetchResult.row(PullStatus.CORRUPT, offset, 0, 0, self.store.max_offset(topic, qid),
-                                               str(res)))  # fmt: skip
+                results.append(
+                    FetchResult.row(PullStatus.CORRUPT, offset, 0, 0, self.store.max_offset(topic, qid), str(res))
+                )
             else:
                 res = visibility.visible(topic, qid, offset, res)
-                results.append(FetchResult.row(WIRE_STATUS[res.status], res.next_offset, res.count, res.nbytes,
-                                               res.max_offset))  # fmt: skip
+                results.append(
+                    FetchResult.row(WIRE_STATUS[res.status], res.next_offset, res.count, res.nbytes, res.max_offset)
+                )
                 spans += res.spans
                 found += res.count
         return results, joined_spans(spans), found

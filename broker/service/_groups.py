@@ -34,7 +34,9 @@ class ConsumerGroups:
 
     def expire(self, now_ms: float) -> list[tuple[str, str]]:
         """Drop members silent for longer than ``expiry_ms``; returns (group, client id)."""
-        gone = [(g, c) for g, ms in self._groups.items() for c, m in ms.items() if now_ms - m.last_seen_ms > self.expiry_ms]
+        gone = [
+            (g, c) for g, ms in self._groups.items() for c, m in ms.items() if now_ms - m.last_seen_ms > self.expiry_ms
+        ]
         for g, c in gone:
             del self._groups[g][c]
         self._drop_empty()

@@ -101,8 +101,13 @@ class Handlers:
             res = await self._read(topic, qid, offset, limit, tags)
         if res.status is GetStatus.NO_QUEUE:
             self._no_queue(topic, qid)
-        fields = {"status": WIRE_STATUS[res.status].value, "next_offset": res.next_offset, "min_offset": res.min_offset,
-                  "max_offset": res.max_offset, "count": res.count}  # fmt: skip
+        fields = {
+            "status": WIRE_STATUS[res.status].value,
+            "next_offset": res.next_offset,
+            "min_offset": res.min_offset,
+            "max_offset": res.max_offset,
+            "count": res.count,
+        }
         if res.count:
             self.b.traffic.add_out(topic, res.count, sum(s.length for s in res.spans))
         if suggest_follower(self.b, res.max_offset - res.next_offset):  # far behind: read from a follower
@@ -117,8 +122,9 @@ class Handlers:
         # A damaged record at ``offset``: CORRUPT_DATA naming its file, offset and check
         # (records before it are answered first: the consumer reads up to the damage).
         visibility = Visibility(self.store)
-        res = await self._readers.run(visibility.read_to_damage, topic, qid, offset, limit, tags,
-                                      self.config.max_pull_bytes)  # fmt: skip
+        res = await self._readers.run(
+            visibility.read_to_damage, topic, qid, offset, limit, tags, self.config.max_pull_bytes
+        )
         if isinstance(res, CorruptRecordError):
             raise RequestError(ErrorCode.CORRUPT_DATA, f"{topic}/{qid} offset {offset}: {res}")
         return res
@@ -138,7 +144,9 @@ class Handlers:
     def _no_queue(self, topic: str, qid: int) -> None:
         count = self.store.topics.queue_count(topic)
         if count is None:
-            raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}")
+            raise RequestError(
+                ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}"
+            )
         raise RequestError(ErrorCode.INVALID_QUEUE_ID, f"queue id {qid} not in 0..{count - 1} of topic {topic!r}")
 
     # ------------------------------------------------------------------ offsets
@@ -167,8 +175,13 @@ class Handlers:
         self.b.replica.check_writable()
         self.b.metadata.bump()
         for row in rows:
-            if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str) and isinstance(row[1], int)
-                    and isinstance(row[2], int)):  # fmt: skip
+            if not (
+                isinstance(row, list)
+                and len(row) == 3
+                and isinstance(row[0], str)
+                and isinstance(row[1], int)
+                and isinstance(row[2], int)
+            ):
                 raise RequestError(ErrorCode.MALFORMED_REQUEST, "offsets must be [topic, queue_id, offset] lists")
         for topic, qid, offset in rows:
             if self.store.queue_exists(topic, qid):
@@ -181,10 +194,16 @@ class Handlers:
         group = need(frame.fields, "group", str)
         rows: list[list[int] | None] = []
         for i, item in enumerate(need(frame.fields, "queues", list)):
-            if not (type(item) is list and len(item) == 2 and type(item[0]) is str and type(item[1]) is int
-                    and 0 <= item[1] <= MAX_QUEUE_ID):  # fmt: skip
-                raise RequestError(ErrorCode.MALFORMED_REQUEST,
-                                   f"field 'queues' row {i} must be [topic, queue_id], got {item!r:.80}")  # fmt: skip
+            if not (
+                type(item) is list
+                and len(item) == 2
+                and type(item[0]) is str
+                and type(item[1]) is int
+                and 0 <= item[1] <= MAX_QUEUE_ID
+            ):
+                raise RequestError(
+                    ErrorCode.MALFORMED_REQUEST, f"field 'queues' row {i} must be [topic, queue_id], got {item!r:.80}"
+                )
             topic, qid = item
             if not self.store.queue_exists(topic, qid):
                 rows.append(None)
@@ -206,7 +225,9 @@ class Handlers:
         for g in need(frame.fields, "groups", list):
             if not isinstance(g, dict) or not isinstance(g.get("group"), str):
                 raise RequestError(ErrorCode.MALFORMED_REQUEST, "groups must be maps with a 'group' name")
-            if self.b.groups.heartbeat(client_id, g["group"], g.get("mode", "clustering"), g.get("topics", []), now_ms()):
+            if self.b.groups.heartbeat(
+                client_id, g["group"], g.get("mode", "clustering"), g.get("topics", []), now_ms()
+            ):
                 self.b.metadata.bump()
         return Reply()
 
@@ -229,8 +250,15 @@ class Handlers:
         for (topic, qid), committed in sorted(self.b.offsets.of_group(group).items()):
             if self.store.queue_exists(topic, qid):
                 hi = self.store.max_offset(topic, qid)
-                rows.append({"topic": topic, "queue_id": qid, "committed": committed, "max_offset": hi,
-                             "lag": max(0, hi - committed)})  # fmt: skip
+                rows.append(
+                    {
+                        "topic": topic,
+                        "queue_id": qid,
+                        "committed": committed,
+                        "max_offset": hi,
+                        "lag": max(0, hi - committed),
+                    }
+                )
         members = [{"client_id": m.client_id, "mode": m.mode, "topics": m.topics} for m in self.b.groups.members(group)]
         return Reply({"queues": rows, "members": members})
 
@@ -240,8 +268,11 @@ class Handlers:
         self.b.replica.check_writable()
         have = self.store.topics.queue_count(topic)
         if have is not None and count < have:  # queues cannot go: their messages and offsets would be stranded
-            raise RequestError(ErrorCode.INVALID_TOPIC, f"topic {topic!r} has {have} queues on {self.config.broker_name}: "
-                                                        f"a queue count can grow, not shrink (asked {count})")  # fmt: skip
+            raise RequestError(
+                ErrorCode.INVALID_TOPIC,
+                f"topic {topic!r} has {have} queues on {self.config.broker_name}: "
+                f"a queue count can grow, not shrink (asked {count})",
+            )
         try:
             await trio.to_thread.run_sync(self.store.create_topic, topic, count)
         except ValueError as e:
@@ -254,7 +285,9 @@ class Handlers:
         topic = need(frame.fields, "topic", str)
         self.b.replica.check_writable()
         if not await trio.to_thread.run_sync(self.store.delete_topic, topic):
-            raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}")
+            raise RequestError(
+                ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}"
+            )
         self.b.offsets.drop_topic(topic)
         self.b.metadata.bump_topics()
         self.b.register_now()
@@ -270,7 +303,9 @@ class Handlers:
         topic = need(frame.fields, "topic", str)
         count = self.store.topics.queue_count(topic)
         if count is None:
-            raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}")
+            raise RequestError(
+                ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}"
+            )
 
         sizes = getattr(self.store, "queue_bytes", None)  # commitlog mode; partition-per-file: not summed (-1)
         cap = self.config.describe_size_max_entries
@@ -279,27 +314,53 @@ class Handlers:
             rows = []
             for q in range(count):
                 size = sizes(topic, q, cap) if sizes is not None else None
-                rows.append({"queue_id": q, "min_offset": self.store.min_offset(topic, q),
-                             "max_offset": self.store.max_offset(topic, q), "size_bytes": -1 if size is None else size})  # fmt: skip
+                rows.append(
+                    {
+                        "queue_id": q,
+                        "min_offset": self.store.min_offset(topic, q),
+                        "max_offset": self.store.max_offset(topic, q),
+                        "size_bytes": -1 if size is None else size,
+                    }
+                )
             return rows
 
         return Reply({"queue_count": count, "queues": await self._readers.run(offsets)})
 
     async def broker_info(self, frame: Frame, peer: Peer) -> Reply:
         c = self.config
-        return Reply({"broker_name": c.broker_name, "cluster": c.cluster, "addr": self.b.addr(),
-                      "storage_mode": c.storage_mode, "flush_mode": c.flush_mode, "end_offset": self.store.end_offset,
-                      "durable_offset": self.store.durable_offset, "dispatch_lag_bytes": self.store.dispatch_lag_bytes,
-                      "connections": self.b.connections(), "topics": len(self.store.topics.all()),
-                      "healthy": self.store.failure is None, "failure": health_text(self.store),
-                      "broker_id": c.broker_id, "role": self.b.replica.role, "epoch": self.b.replica.epoch,
-                      **self.timer_fields(), **status_fields(self.b, self.started)})  # fmt: skip
+        return Reply(
+            {
+                "broker_name": c.broker_name,
+                "cluster": c.cluster,
+                "addr": self.b.addr(),
+                "storage_mode": c.storage_mode,
+                "flush_mode": c.flush_mode,
+                "end_offset": self.store.end_offset,
+                "durable_offset": self.store.durable_offset,
+                "dispatch_lag_bytes": self.store.dispatch_lag_bytes,
+                "connections": self.b.connections(),
+                "topics": len(self.store.topics.all()),
+                "healthy": self.store.failure is None,
+                "failure": health_text(self.store),
+                "broker_id": c.broker_id,
+                "role": self.b.replica.role,
+                "epoch": self.b.replica.epoch,
+                **self.timer_fields(),
+                **status_fields(self.b, self.started),
+            }
+        )
 
     def timer_fields(self) -> dict[str, int | str]:
         """BROKER_INFO's view of the timer (pending -1: not running here, e.g. a follower)."""
         t = self.timer
-        return {"timer_pending": t.pending, "timer_failure": t.failure, "timer_delivered": t.stats.delivered, "timer_cancelled": t.stats.cancelled,
-                "timer_undeliverable": t.stats.undeliverable, "timer_memory_bytes": t.memory_bytes()}  # fmt: skip
+        return {
+            "timer_pending": t.pending,
+            "timer_failure": t.failure,
+            "timer_delivered": t.stats.delivered,
+            "timer_cancelled": t.stats.cancelled,
+            "timer_undeliverable": t.stats.undeliverable,
+            "timer_memory_bytes": t.memory_bytes(),
+        }
 
 
 def health_text(store: StorageEngine) -> str:
@@ -312,6 +373,14 @@ def registration(context: BrokerContext) -> dict[str, Any]:
     whose store failed registers ``healthy: false`` and why: name servers keep it in the
     routes, marked, so that producers skip it and consumers still read it)."""
     c, store = context.config, context.store
-    return {"cluster": c.cluster, "broker_name": c.broker_name, "addr": context.addr(), "topics": store.topics.all(),
-            "healthy": store.failure is None, "failure": health_text(store), "broker_id": c.broker_id,
-            "role": context.replica.role, "epoch": context.replica.epoch}  # fmt: skip
+    return {
+        "cluster": c.cluster,
+        "broker_name": c.broker_name,
+        "addr": context.addr(),
+        "topics": store.topics.all(),
+        "healthy": store.failure is None,
+        "failure": health_text(store),
+        "broker_id": c.broker_id,
+        "role": context.replica.role,
+        "epoch": context.replica.epoch,
+    }

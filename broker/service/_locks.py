@@ -124,8 +124,14 @@ class LockRequests:
         self.table.clear()
         if term[0] == "leader":
             self._grace_until_ms = now + self.lease_ms
-            log.info("broker %s leads (epoch %d): granting no queue lock for %d ms (locks granted before are unknown; "
-                     "%d dropped)", self.b.config.broker_name, term[1], self.lease_ms, dropped)  # fmt: skip
+            log.info(
+                "broker %s leads (epoch %d): granting no queue lock for %d ms (locks granted before are unknown; "
+                "%d dropped)",
+                self.b.config.broker_name,
+                term[1],
+                self.lease_ms,
+                dropped,
+            )
 
     def in_grace(self, now: float) -> bool:
         """Whether locks are refused now (just after becoming the leader)."""

@@ -29,9 +29,11 @@ class LogReads:
 
     def _store(self) -> Store:
         if not isinstance(self.store, Store):
-            raise RequestError(ErrorCode.REQUEST_NOT_SUPPORTED,
-                               f"this broker stores in {self.config.storage_mode} mode: it has no CommitLog to read "
-                               "in ranges; read its queues with PULL_MESSAGE")  # fmt: skip
+            raise RequestError(
+                ErrorCode.REQUEST_NOT_SUPPORTED,
+                f"this broker stores in {self.config.storage_mode} mode: it has no CommitLog to read "
+                "in ranges; read its queues with PULL_MESSAGE",
+            )
         return self.store
 
     def _log(self) -> CommitLog:
@@ -55,12 +57,23 @@ class LogReads:
         topics = self.store.topics.all()
 
         def count() -> int:  # min offsets may read queue files: in a worker thread
-            return sum(max(0, self.store.max_offset(t, q) - self.store.min_offset(t, q))
-                       for t, n in topics.items() for q in range(n))  # fmt: skip
+            return sum(
+                max(0, self.store.max_offset(t, q) - self.store.min_offset(t, q))
+                for t, n in topics.items()
+                for q in range(n)
+            )
 
         counts = await self.readers.run(count)
-        return Reply({"min_offset": log.min_offset, "end_offset": end, "segments": segments, "topics": topics,
-                      "message_count": counts, "storage_mode": self.config.storage_mode})  # fmt: skip
+        return Reply(
+            {
+                "min_offset": log.min_offset,
+                "end_offset": end,
+                "segments": segments,
+                "topics": topics,
+                "message_count": counts,
+                "storage_mode": self.config.storage_mode,
+            }
+        )
 
     async def read(self, frame: Frame, _peer: object) -> Reply:
         """Raw bytes ``[offset, offset + max_bytes)`` of one segment, cut at the snapshot
@@ -75,5 +88,7 @@ class LogReads:
                 n = min(n, base + size - offset)
                 await trio.lowlevel.checkpoint()
                 return Reply({"offset": offset, "length": n}, spans=[Span(str(path), offset - base, n)] if n else [])
-        raise RequestError(ErrorCode.NOT_FOUND, f"offset {offset} is not in the log "
-                                                f"({log.min_offset}..{log.write_offset}); retention may have removed it")  # fmt: skip
+        raise RequestError(
+            ErrorCode.NOT_FOUND,
+            f"offset {offset} is not in the log ({log.min_offset}..{log.write_offset}); retention may have removed it",
+        )

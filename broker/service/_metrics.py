@@ -41,10 +41,16 @@ def status_fields(context: BrokerContext, started: float) -> dict[str, Any]:
     directory = store.directory
     usage = shutil.disk_usage(directory)
     segments = _segments(context)
-    return {"version": clmq_version(), "uptime_s": round(time.monotonic() - started, 1),
-            "disk_used_bytes": usage.used, "disk_free_bytes": usage.free, "disk_total_bytes": usage.total,
-            "store_bytes": sum(size for _base, size, _path in segments), "segments": len(segments),
-            **context.traffic.rates()}  # fmt: skip
+    return {
+        "version": clmq_version(),
+        "uptime_s": round(time.monotonic() - started, 1),
+        "disk_used_bytes": usage.used,
+        "disk_free_bytes": usage.free,
+        "disk_total_bytes": usage.total,
+        "store_bytes": sum(size for _base, size, _path in segments),
+        "segments": len(segments),
+        **context.traffic.rates(),
+    }
 
 
 def _segments(context: BrokerContext) -> list[tuple[int, int, Any]]:
@@ -62,8 +68,13 @@ def open_files() -> int:
 class BrokerCollector:
     """A Prometheus collector reading the broker's state when scraped."""
 
-    def __init__(self, context: BrokerContext, requests: RequestStats, connections: Any,
-                 timer: Callable[[], dict[str, int | str]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        context: BrokerContext,
+        requests: RequestStats,
+        connections: Any,
+        timer: Callable[[], dict[str, int | str]] | None = None,
+    ) -> None:
         self.c, self.requests, self.connections = context, requests, connections
         self.timer = timer  # BROKER_INFO's timer fields
 
@@ -79,22 +90,35 @@ class BrokerCollector:
         if self.timer is None:
             return
         f = self.timer()
-        yield _gauge("clmq_timer_pending_messages", "Scheduled messages not yet delivered (-1: no timer runs here)",
-                     int(f["timer_pending"]))  # fmt: skip
         yield _gauge(
-            "clmq_timer_memory_bytes", "Memory the timer holds (wheel, links, this second)", int(f["timer_memory_bytes"])
+            "clmq_timer_pending_messages",
+            "Scheduled messages not yet delivered (-1: no timer runs here)",
+            int(f["timer_pending"]),
         )
-        yield _gauge("clmq_timer_failing", "1 while the timer is stopped by an error (retried every second)",
-                     1 if f["timer_failure"] else 0)  # fmt: skip
-        for name, text in (("delivered", "Scheduled messages delivered since start"),
-                           ("cancelled", "Scheduled messages cancelled at their time since start"),
-                           ("undeliverable", "Scheduled messages dropped: real queue gone or record damaged")):  # fmt: skip
+        yield _gauge(
+            "clmq_timer_memory_bytes",
+            "Memory the timer holds (wheel, links, this second)",
+            int(f["timer_memory_bytes"]),
+        )
+        yield _gauge(
+            "clmq_timer_failing",
+            "1 while the timer is stopped by an error (retried every second)",
+            1 if f["timer_failure"] else 0,
+        )
+        for name, text in (
+            ("delivered", "Scheduled messages delivered since start"),
+            ("cancelled", "Scheduled messages cancelled at their time since start"),
+            ("undeliverable", "Scheduled messages dropped: real queue gone or record damaged"),
+        ):
             yield CounterMetricFamily(f"clmq_timer_{name}", text, value=int(f[f"timer_{name}"]))
 
     def _traffic(self) -> Iterator[Metric]:
-        names = (("messages_in", "Messages stored, per topic"), ("bytes_in", "Message bytes stored, per topic"),
-                 ("messages_out", "Messages served to readers, per topic"),
-                 ("bytes_out", "Record bytes served to readers, per topic"))  # fmt: skip
+        names = (
+            ("messages_in", "Messages stored, per topic"),
+            ("bytes_in", "Message bytes stored, per topic"),
+            ("messages_out", "Messages served to readers, per topic"),
+            ("bytes_out", "Record bytes served to readers, per topic"),
+        )
         for i, (name, text) in enumerate(names):
             family = CounterMetricFamily(f"clmq_{name}", text, labels=["topic"])
             for topic, row in sorted(self.c.traffic.by_topic.items()):
@@ -103,9 +127,12 @@ class BrokerCollector:
 
     def _request_metrics(self) -> Iterator[Metric]:
         total = CounterMetricFamily("clmq_requests", "Requests answered, per request code", labels=["code"])
-        errors = CounterMetricFamily("clmq_request_errors", "Requests answered with an error, per code", labels=["code"])
-        latency = HistogramMetricFamily("clmq_request_duration_seconds", "From taking a request up to its answer queued",
-                                        labels=["code"])  # fmt: skip
+        errors = CounterMetricFamily(
+            "clmq_request_errors", "Requests answered with an error, per code", labels=["code"]
+        )
+        latency = HistogramMetricFamily(
+            "clmq_request_duration_seconds", "From taking a request up to its answer queued", labels=["code"]
+        )
         for code, st, cumulative in self.requests.histogram_rows():
             name = _code_name(code)
             total.add_metric([name], st.requests)
@@ -120,7 +147,9 @@ class BrokerCollector:
         yield _gauge("clmq_store_segments", "CommitLog segment files", len(segments))
         yield _gauge("clmq_log_end_offset_bytes", "The CommitLog's end (bytes ever written)", store.end_offset)
         yield _gauge("clmq_log_durable_offset_bytes", "How far the CommitLog is fsynced", store.durable_offset)
-        yield _gauge("clmq_dispatch_lag_bytes", "CommitLog bytes not yet dispatched to the queues", store.dispatch_lag_bytes)
+        yield _gauge(
+            "clmq_dispatch_lag_bytes", "CommitLog bytes not yet dispatched to the queues", store.dispatch_lag_bytes
+        )
         yield _gauge("clmq_connections", "Client connections open", self.connections())
         yield _gauge("clmq_open_files", "File descriptors open in the broker's process", open_files())
         log = getattr(store, "log", None)
@@ -131,8 +160,11 @@ class BrokerCollector:
             yield family
 
     def _group_lag(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily("clmq_group_lag_messages", "Messages of a queue a group has not committed past",
-                                   labels=["group", "topic", "queue"])  # fmt: skip
+        family = GaugeMetricFamily(
+            "clmq_group_lag_messages",
+            "Messages of a queue a group has not committed past",
+            labels=["group", "topic", "queue"],
+        )
         store, rows = self.c.store, 0
         for group in self.c.offsets.groups():
             for (topic, qid), committed in sorted(self.c.offsets.of_group(group).items()):
@@ -145,10 +177,12 @@ class BrokerCollector:
 
     def _replication(self) -> Iterator[Metric]:
         status = self.c.replica.status()
-        lag = GaugeMetricFamily("clmq_replica_lag_bytes", "A follower's lag behind its leader (leader's view)",
-                                labels=["broker_id", "addr"])  # fmt: skip
-        in_sync = GaugeMetricFamily("clmq_replica_in_sync", "1 if a follower is in sync (leader's view)",
-                                    labels=["broker_id", "addr"])  # fmt: skip
+        lag = GaugeMetricFamily(
+            "clmq_replica_lag_bytes", "A follower's lag behind its leader (leader's view)", labels=["broker_id", "addr"]
+        )
+        in_sync = GaugeMetricFamily(
+            "clmq_replica_in_sync", "1 if a follower is in sync (leader's view)", labels=["broker_id", "addr"]
+        )
         for r in status.get("replicas", []):
             lag.add_metric([str(r.get("broker_id")), str(r.get("addr", ""))], r.get("lag_bytes", 0))
             in_sync.add_metric([str(r.get("broker_id")), str(r.get("addr", ""))], 1 if r.get("in_sync") else 0)

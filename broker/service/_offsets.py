@@ -76,8 +76,16 @@ class ConsumerOffsets:
             for (group, topic, queue_id), offset in list(self._offsets.items()):
                 end = max_offset(topic, queue_id)
                 if end is not None and offset > end:
-                    log.warning("consumer group %s: committed offset %d of %s/%d is past the queue's end %d "
-                                "(log cut by a repair?); moved back to %d", group, offset, topic, queue_id, end, end)  # fmt: skip
+                    log.warning(
+                        "consumer group %s: committed offset %d of %s/%d is past the queue's end %d "
+                        "(log cut by a repair?); moved back to %d",
+                        group,
+                        offset,
+                        topic,
+                        queue_id,
+                        end,
+                        end,
+                    )
                     self._offsets[(group, topic, queue_id)] = end
                     lowered += 1
             self._dirty = self._dirty or lowered > 0

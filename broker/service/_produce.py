@@ -73,8 +73,10 @@ class Produce:
         except BusyError as e:
             raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
         put.add_done_callback(self._count)
-        return Later(lambda: self._stored(put),
-                     subscribe=lambda deliver: put.add_done_callback(lambda p: self._answer_now(p, deliver)))  # fmt: skip
+        return Later(
+            lambda: self._stored(put),
+            subscribe=lambda deliver: put.add_done_callback(lambda p: self._answer_now(p, deliver)),
+        )
 
     def _count(self, put: PendingPut) -> None:
         result = put.result
@@ -90,8 +92,11 @@ class Produce:
         if result is None or not result.ok or not self.b.replica.acks_at_once(put.topic):
             deliver(None)
             return
-        fields = {"queue_offsets": result.queue_offsets, "commitlog_offsets": result.commitlog_offsets,
-                  "store_timestamp_ms": result.store_timestamp_ms}  # fmt: skip
+        fields = {
+            "queue_offsets": result.queue_offsets,
+            "commitlog_offsets": result.commitlog_offsets,
+            "store_timestamp_ms": result.store_timestamp_ms,
+        }
         if self.store.config.commitlog.flush_mode is not FlushMode.SYNC:
             fields["durable"] = self.store.durable_offset >= result.end_offset
             deliver(Reply(fields))
@@ -134,8 +139,10 @@ class Produce:
             keys_by_queue.setdefault(qid, []).append(str(key))
         limits = DedupLimits.of(self.config)
         if not await self._log_visible(limits.catch_up_timeout_ms):
-            raise RequestError(ErrorCode.SYSTEM_BUSY, f"dedup: the queues did not show the whole log within "
-                                                      f"{limits.catch_up_timeout_ms} ms; retry")  # fmt: skip
+            raise RequestError(
+                ErrorCode.SYSTEM_BUSY,
+                f"dedup: the queues did not show the whole log within {limits.catch_up_timeout_ms} ms; retry",
+            )
         try:
             found = await self._readers.run(find_stored_queues, self.store, topic, keys_by_queue, limits, now_ms())
         except PartlyStored as e:
@@ -154,8 +161,12 @@ class Produce:
         return await wait_visible(self.store, timeout_ms)
 
     async def _duplicate(self, topic: str, found: Stored) -> Reply:
-        fields = {"queue_offsets": found.queue_offsets, "commitlog_offsets": found.commitlog_offsets,
-                  "store_timestamp_ms": found.store_timestamp_ms, "duplicate": True}  # fmt: skip
+        fields = {
+            "queue_offsets": found.queue_offsets,
+            "commitlog_offsets": found.commitlog_offsets,
+            "store_timestamp_ms": found.store_timestamp_ms,
+            "duplicate": True,
+        }
         return await self._acknowledged(topic, fields, found.end_offset)
 
     async def _stored(self, put: PendingPut) -> Reply:
@@ -164,8 +175,11 @@ class Produce:
         assert result is not None
         if not result.ok:
             raise RequestError(_PUT_ERRORS[result.status], result.error)
-        fields = {"queue_offsets": result.queue_offsets, "commitlog_offsets": result.commitlog_offsets,
-                  "store_timestamp_ms": result.store_timestamp_ms}  # fmt: skip
+        fields = {
+            "queue_offsets": result.queue_offsets,
+            "commitlog_offsets": result.commitlog_offsets,
+            "store_timestamp_ms": result.store_timestamp_ms,
+        }
         return await self._acknowledged(put.topic, fields, result.end_offset)
 
     async def _acknowledged(self, topic: str, fields: dict[str, Any], end_offset: int) -> Reply:
@@ -190,8 +204,11 @@ class Produce:
         failure = self.store.failure
         if failure is not None:
             return Reply(error_code=ErrorCode.STORE_FAILED, error_text=f"written but not made durable: {failure}")
-        return Reply(fields, error_code=ErrorCode.FLUSH_DISK_TIMEOUT,
-                     error_text=f"stored, but not fsynced within sync_flush_timeout_ms={self.config.sync_flush_timeout_ms}")  # fmt: skip
+        return Reply(
+            fields,
+            error_code=ErrorCode.FLUSH_DISK_TIMEOUT,
+            error_text=f"stored, but not fsynced within sync_flush_timeout_ms={self.config.sync_flush_timeout_ms}",
+        )
 
     async def _await_durable(self, end_offset: int) -> bool:
         """Sync flush: wait for the group commit that covers ``end_offset`` (woken with
@@ -207,8 +224,11 @@ def _all_or_none(topic: str, queue_ids: list[int], found: dict[int, Stored | Non
         return None
     if len(stored) < len(found):
         missing = sorted(qid for qid, s in found.items() if s is None)
-        raise RequestError(ErrorCode.INVALID_MESSAGE, f"{topic}: the retried batch is stored in queues "
-                           f"{sorted(stored)} but not in {missing}: not the batch that was sent")  # fmt: skip
+        raise RequestError(
+            ErrorCode.INVALID_MESSAGE,
+            f"{topic}: the retried batch is stored in queues "
+            f"{sorted(stored)} but not in {missing}: not the batch that was sent",
+        )
     if len(stored) == 1:
         return next(iter(stored.values()))
     return merge_stored(queue_ids, stored)

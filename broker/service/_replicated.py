@@ -51,14 +51,20 @@ class ReplicatedMetadata:
         return self._topics_version
 
     def snapshot(self) -> dict[str, Any]:
-        offsets = [[g, t, q, o] for g in self.offsets.groups() for (t, q), o in sorted(self.offsets.of_group(g).items())]
+        offsets = [
+            [g, t, q, o] for g in self.offsets.groups() for (t, q), o in sorted(self.offsets.of_group(g).items())
+        ]
         subs = dict(self.subscriptions)
         for g in self.groups.groups():
             members = self.groups.members(g)
             subs[g] = (members[0].mode, sorted({t for m in members for t in m.topics}))
         timer = self.timer.checkpoint_json() if self.timer is not None else None
-        return {"topics": self.store.topics.all(), "offsets": offsets, "timer": timer,
-                "subscriptions": [[g, mode, topics] for g, (mode, topics) in sorted(subs.items())]}  # fmt: skip
+        return {
+            "topics": self.store.topics.all(),
+            "offsets": offsets,
+            "timer": timer,
+            "subscriptions": [[g, mode, topics] for g, (mode, topics) in sorted(subs.items())],
+        }
 
     def apply(self, snapshot: dict[str, Any]) -> None:
         """Make this (follower's) metadata the leader's; runs in a worker thread."""

@@ -43,8 +43,10 @@ class ScheduledRequests:
     def _store(self) -> Store:
         store = self.b.store
         if not isinstance(store, Store):
-            raise RequestError(ErrorCode.REQUEST_NOT_SUPPORTED, "scheduled messages live in the CommitLog: this broker "
-                                                                f"runs {self.b.config.storage_mode}")  # fmt: skip
+            raise RequestError(
+                ErrorCode.REQUEST_NOT_SUPPORTED,
+                f"scheduled messages live in the CommitLog: this broker runs {self.b.config.storage_mode}",
+            )
         return store
 
     async def check_send(self, body: bytes, peer: Peer) -> None:
@@ -65,7 +67,11 @@ class ScheduledRequests:
             if lead and qid == SCHEDULED_QUEUE and tags == lead_tags and raw.startswith(lead):
                 rest = raw[len(lead) :]
                 _check(i, rest)  # well-formed; a routing key's name anywhere in it: the full check decides
-                if len(rest) <= MAX_TAGS_BYTES and _REAL_TAGS in rest and not any(name in rest for name in _ROUTING_NAMES):
+                if (
+                    len(rest) <= MAX_TAGS_BYTES
+                    and _REAL_TAGS in rest
+                    and not any(name in rest for name in _ROUTING_NAMES)
+                ):
                     continue
             props = _decode(i, raw)
             self._check_one(i, qid, tags, props, latest)
@@ -82,28 +88,40 @@ class ScheduledRequests:
     def _check_one(self, i: int, qid: int, tags: bytes, props: dict[str, str], latest: int) -> None:
         due = props.get(PROP_DELIVER_AT, "")
         if qid != SCHEDULED_QUEUE or not due.isdigit() or len(due) > 15 or tags != due.encode():
-            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: not a scheduled message (queue 0, "
-                                                          f"{PROP_DELIVER_AT} digits, the same as its tags)")  # fmt: skip
+            raise RequestError(
+                ErrorCode.INVALID_MESSAGE,
+                f"message {i}: not a scheduled message (queue 0, {PROP_DELIVER_AT} digits, the same as its tags)",
+            )
         if (
             not {PROP_REAL_TAGS, PROP_REAL_TOPIC, PROP_REAL_QID} <= props.keys()
             or PROP_CANCEL_OF in props
             or PROP_TIMER_SRC in props
         ):  # the broker's own marks: a forged one would hide a delivery
-            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: needs {PROP_REAL_TOPIC}, {PROP_REAL_QID} "
-                                                          f"and {PROP_REAL_TAGS}, no {PROP_CANCEL_OF} or {PROP_TIMER_SRC}")  # fmt: skip
+            raise RequestError(
+                ErrorCode.INVALID_MESSAGE,
+                f"message {i}: needs {PROP_REAL_TOPIC}, {PROP_REAL_QID} "
+                f"and {PROP_REAL_TAGS}, no {PROP_CANCEL_OF} or {PROP_TIMER_SRC}",
+            )
         if len(props[PROP_REAL_TAGS].encode()) > MAX_TAGS_BYTES:  # the delivered message's tags
-            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: {PROP_REAL_TAGS} longer than {MAX_TAGS_BYTES} bytes")
+            raise RequestError(
+                ErrorCode.INVALID_MESSAGE, f"message {i}: {PROP_REAL_TAGS} longer than {MAX_TAGS_BYTES} bytes"
+            )
         if int(due) > latest:
-            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: due at {due}, later than timer_max_delay_ms="
-                                                          f"{self.b.config.timer_max_delay_ms} from now")  # fmt: skip
+            raise RequestError(
+                ErrorCode.INVALID_MESSAGE,
+                f"message {i}: due at {due}, later than timer_max_delay_ms={self.b.config.timer_max_delay_ms} from now",
+            )
 
     def _check_target(self, i: int, topic: str, qid: str) -> None:
         count = self.b.store.topics.queue_count(topic)
         if count is None:
-            raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"message {i}: topic {topic!r} does not exist on "
-                                                          f"{self.b.config.broker_name}")  # fmt: skip
+            raise RequestError(
+                ErrorCode.TOPIC_NOT_FOUND, f"message {i}: topic {topic!r} does not exist on {self.b.config.broker_name}"
+            )
         if not qid.isdigit() or int(qid) >= count:
-            raise RequestError(ErrorCode.INVALID_QUEUE_ID, f"message {i}: queue {qid!r} not in 0..{count - 1} of {topic!r}")
+            raise RequestError(
+                ErrorCode.INVALID_QUEUE_ID, f"message {i}: queue {qid!r} not in 0..{count - 1} of {topic!r}"
+            )
 
     async def cancel(self, frame: Frame, peer: Peer) -> Reply:
         """CANCEL_MESSAGE: a marker in ``%TIMER%`` queue 1, due when its target is (the

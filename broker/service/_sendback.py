@@ -59,12 +59,16 @@ class SendBack:
             raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field 'group' must name a consumer group, got {group!r}")
         store = self.b.store
         if not isinstance(store, Store):
-            raise RequestError(ErrorCode.REQUEST_NOT_SUPPORTED, "retries live in the CommitLog: this broker runs "
-                                                                f"{self.b.config.storage_mode}")  # fmt: skip
+            raise RequestError(
+                ErrorCode.REQUEST_NOT_SUPPORTED,
+                f"retries live in the CommitLog: this broker runs {self.b.config.storage_mode}",
+            )
         self.b.replica.check_writable()
         longest = self.b.config.timer_max_delay_ms
         if any(delay > longest for _offset, delay in rows):
-            raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field 'messages': a delay_ms past timer_max_delay_ms={longest}")
+            raise RequestError(
+                ErrorCode.MALFORMED_REQUEST, f"field 'messages': a delay_ms past timer_max_delay_ms={longest}"
+            )
         records = await trio.to_thread.run_sync(_records_at, store, [r[0] for r in rows])
         now = wall_ms()
         messages, results = [], []
@@ -107,16 +111,42 @@ class SendBack:
 
     def _retry(self, group: str, record: Record, times: int, due: int) -> Message:
         props = self._origin(record)
-        props.update({PROP_DELIVER_AT: str(due), PROP_REAL_TOPIC: retry_topic(group), PROP_REAL_QID: "0",
-                      PROP_REAL_TAGS: record.tags})  # fmt: skip
-        return Message(TIMER_TOPIC, SCHEDULED_QUEUE, record.body, timer_tag(due), record.keys, props, record.flags,
-                       record.born_timestamp_ms, record.born_host, times)  # fmt: skip
+        props.update(
+            {
+                PROP_DELIVER_AT: str(due),
+                PROP_REAL_TOPIC: retry_topic(group),
+                PROP_REAL_QID: "0",
+                PROP_REAL_TAGS: record.tags,
+            }
+        )
+        return Message(
+            TIMER_TOPIC,
+            SCHEDULED_QUEUE,
+            record.body,
+            timer_tag(due),
+            record.keys,
+            props,
+            record.flags,
+            record.born_timestamp_ms,
+            record.born_host,
+            times,
+        )
 
     def _dead_letter(self, group: str, record: Record, times: int) -> Message:
         props = self._origin(record)
         props[PROP_DLQ_GROUP] = group
-        out = Message(dlq_topic(group), 0, record.body, record.tags, record.keys, props, record.flags,
-                      record.born_timestamp_ms, record.born_host, times)  # fmt: skip
+        out = Message(
+            dlq_topic(group),
+            0,
+            record.body,
+            record.tags,
+            record.keys,
+            props,
+            record.flags,
+            record.born_timestamp_ms,
+            record.born_host,
+            times,
+        )
         if record_size(out) > self.b.config.max_message_bytes:  # it must not block its queue: a reference
             out.body = b""  # the failed record keeps the body until retention removes it
             out.properties = {**props, PROP_DLQ_BODY_OF: f"{self.b.addr()}@{record.commitlog_offset:016X}"}

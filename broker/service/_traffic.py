@@ -48,4 +48,6 @@ class TopicTraffic:
         then, old = samples[0]
         span = now - then
         names = ("messages_in_per_s", "bytes_in_per_s", "messages_out_per_s", "bytes_out_per_s")
-        return {n: round((new - before) / span, 1) if span > 0 else 0.0 for n, new, before in zip(names, self.totals, old)}
+        return {
+            n: round((new - before) / span, 1) if span > 0 else 0.0 for n, new, before in zip(names, self.totals, old)
+        }

@@ -308,7 +308,9 @@ class StoreBase(ABC):
             if type(m.queue_id) is not int:  # a bool, a float...: the field is wrong, not the queue
                 return PutResult(PutStatus.INVALID_MESSAGE, BatchEncoder.batch_error(messages) or f"message {i}")
             if not 0 <= m.queue_id < count:
-                return PutResult(PutStatus.INVALID_QUEUE_ID, f"queue id {m.queue_id} not in 0..{count - 1} of topic {m.topic!r}")
+                return PutResult(
+                    PutStatus.INVALID_QUEUE_ID, f"queue id {m.queue_id} not in 0..{count - 1} of topic {m.topic!r}"
+                )
         return None
 
     # --------------------------------------------------------------------- put
@@ -411,12 +413,14 @@ class StoreBase(ABC):
         """The first queue offset stored at or after ``timestamp_ms`` (max offset if none)."""
 
     @abstractmethod
-    def _read(self, topic: str, queue_id: int, offset: int, max_messages: int,
-              tags: set[str] | None) -> tuple[list[Record], int]:  # fmt: skip
+    def _read(
+        self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None
+    ) -> tuple[list[Record], int]:
         """Records from ``offset`` on (tag-filtered) and the queue offset after the last one looked at."""
 
-    def get(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
-            tags: Iterable[str] | None = None) -> GetResult:  # fmt: skip
+    def get(
+        self, topic: str, queue_id: int, offset: int, max_messages: int = 32, tags: Iterable[str] | None = None
+    ) -> GetResult:
         """Up to ``max_messages`` records from queue offset ``offset``, optionally only
         those whose tag is in ``tags``.
 
@@ -432,8 +436,15 @@ class StoreBase(ABC):
         status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
         return GetResult(status, messages, next_offset, lo, hi)
 
-    def read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
-                 tags: Iterable[str] | None = None, max_bytes: int = 4 * MiB) -> RawRead:  # fmt: skip
+    def read_raw(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 32,
+        tags: Iterable[str] | None = None,
+        max_bytes: int = 4 * MiB,
+    ) -> RawRead:
         """Like :meth:`get`, but the records as stored (file spans, for zero-copy sends);
         at most ``max_bytes`` unless the first record alone is larger. Bad arguments
         are refused as by :meth:`get`."""
@@ -444,8 +455,9 @@ class StoreBase(ABC):
         spans, count, next_offset = self._read_raw(topic, queue_id, offset, max_messages, tag_set, max_bytes)
         return RawRead(GetStatus.FOUND if count else GetStatus.NO_MATCHED_MESSAGE, spans, count, next_offset, lo, hi)
 
-    def read_raw_many(self, asks: Sequence[ReadAsk], max_messages: int, max_per_queue: int,
-                      max_bytes: int) -> list[ManyRead]:  # fmt: skip
+    def read_raw_many(
+        self, asks: Sequence[ReadAsk], max_messages: int, max_per_queue: int, max_bytes: int
+    ) -> list[ManyRead]:
         """:meth:`read_raw` of many queues ``(topic, queue id, offset, tags or None)`` in
         the order given (Kafka's fetch): each up to ``max_per_queue`` records, all of
         them up to ``max_messages`` and ``max_bytes`` (except that a first record larger
@@ -461,8 +473,9 @@ class StoreBase(ABC):
             out.append(res)
         return out
 
-    def read_one_of_many(self, ask: ReadAsk, found: int, nbytes: int, max_messages: int, max_per_queue: int,
-                         max_bytes: int) -> tuple[ManyRead, int, int]:  # fmt: skip
+    def read_one_of_many(
+        self, ask: ReadAsk, found: int, nbytes: int, max_messages: int, max_per_queue: int, max_bytes: int
+    ) -> tuple[ManyRead, int, int]:
         """One step of :meth:`read_raw_many`: the ask's read after ``found`` records of
         ``nbytes``, and the counts after it."""
         topic, queue_id, offset, tags = ask
@@ -476,8 +489,9 @@ class StoreBase(ABC):
             return None, found, max_bytes
         return res, found + res.count, nbytes + res.nbytes
 
-    def read_raw_to_damage(self, topic: str, queue_id: int, offset: int, limit: int, tags: Iterable[str] | None,
-                           max_bytes: int) -> RawRead | CorruptRecordError:  # fmt: skip
+    def read_raw_to_damage(
+        self, topic: str, queue_id: int, offset: int, limit: int, tags: Iterable[str] | None, max_bytes: int
+    ) -> RawRead | CorruptRecordError:
         """:meth:`read_raw`, or the error of a damaged record at ``offset``. A read that
         meets a damaged record further on is retried with half the limit until it
         stops before it, so that the records before the damage are still served."""
@@ -501,8 +515,9 @@ class StoreBase(ABC):
         return None, lo, hi
 
     @abstractmethod
-    def _read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None,
-                  max_bytes: int) -> tuple[list[Span], int, int]:  # fmt: skip
+    def _read_raw(
+        self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None, max_bytes: int
+    ) -> tuple[list[Span], int, int]:
         """``(spans, record count, next queue offset)`` from ``offset`` on, within ``max_bytes``."""
 
     def bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
@@ -525,14 +540,19 @@ class StoreBase(ABC):
         self._arrival_listeners = [*self._arrival_listeners, fn]
 
 
-def check_get_args(topic: object, queue_id: object, offset: object, max_messages: object, tags: object,
-                    max_bytes: object) -> set[str] | None:  # fmt: skip
+def check_get_args(
+    topic: object, queue_id: object, offset: object, max_messages: object, tags: object, max_bytes: object
+) -> set[str] | None:
     """The tag set of a read, once every argument has its type and range; else
     :class:`InvalidInputError` naming the argument (a caller's bug, not an answer)."""
     if type(topic) is not str:
         raise InvalidInputError(f"read: 'topic' must be a str, got {type(topic).__name__}")
-    for name, value, least in (("queue_id", queue_id, None), ("offset", offset, None),
-                               ("max_messages", max_messages, 1), ("max_bytes", max_bytes, 1)):  # fmt: skip
+    for name, value, least in (
+        ("queue_id", queue_id, None),
+        ("offset", offset, None),
+        ("max_messages", max_messages, 1),
+        ("max_bytes", max_bytes, 1),
+    ):
         if type(value) is not int or (least is not None and value < least):
             want = "an int" if least is None else f"an int >= {least}"
             raise InvalidInputError(f"read: {name!r} must be {want}, got {value!r:.40}")

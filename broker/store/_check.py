@@ -113,8 +113,7 @@ class StoreReport:
 
     @property
     def damaged(self) -> bool:
-        return bool(self.damage or self.queue_problems or self.index_problems
-                    or any(m.damaged for m in self.metadata))  # fmt: skip
+        return bool(self.damage or self.queue_problems or self.index_problems or any(m.damaged for m in self.metadata))
 
     @property
     def log_damaged(self) -> bool:
@@ -124,15 +123,20 @@ class StoreReport:
     def to_json(self) -> dict[str, Any]:
         """The report as plain JSON values (``--json``)."""
         return {
-            "directory": self.directory, "mode": self.mode, "damaged": self.damaged, "repaired": self.repaired,
+            "directory": self.directory,
+            "mode": self.mode,
+            "damaged": self.damaged,
+            "repaired": self.repaired,
             "logs": [_log_json(r) for r in self.logs],
-            "damage": [{**_problem_json(d.problem), "affected": [_range_json(r) for r in d.affected]} for d in self.damage],
+            "damage": [
+                {**_problem_json(d.problem), "affected": [_range_json(r) for r in d.affected]} for d in self.damage
+            ],
             "queue_problems": [q.to_json() for q in self.queue_problems],
             "index_problems": [_problem_json(p) for p in self.index_problems],
             "metadata": [{"file": m.file, "state": m.state, "detail": m.detail} for m in self.metadata],
             "would_drop": [_range_json(r) for r in self.would_drop],
             "dropped": [_range_json(r) for r in self.dropped],
-        }  # fmt: skip
+        }
 
 
 def _problem_json(p: LogProblem) -> dict[str, Any]:
@@ -144,8 +148,16 @@ def _range_json(r: QueueRange) -> dict[str, Any]:
 
 
 def _log_json(r: LogReport) -> dict[str, Any]:
-    return {"directory": r.directory, "segments": r.segments, "records": r.records, "bytes": r.bytes,
-            "start": r.start, "end": r.end, "valid_end": r.valid_end, "damaged": r.damaged}  # fmt: skip
+    return {
+        "directory": r.directory,
+        "segments": r.segments,
+        "records": r.records,
+        "bytes": r.bytes,
+        "start": r.start,
+        "end": r.end,
+        "valid_end": r.valid_end,
+        "damaged": r.damaged,
+    }
 
 
 # ------------------------------------------------------------------ locking
@@ -269,8 +281,10 @@ def _partition_index_problems(directory: Path, log: LogReport) -> list[LogProble
                 last = i + 1 == len(segments)
                 whole = covered == size and records == count
                 why = (f"written for the segment at {at}" if at != base else None) or (
-                    None if whole or (last and covered <= size and records <= count)
-                    else f"covers {covered} bytes and {records} records, the segment holds {size} and {count}")  # fmt: skip
+                    None
+                    if whole or (last and covered <= size and records <= count)
+                    else f"covers {covered} bytes and {records} records, the segment holds {size} and {count}"
+                )
             if why:
                 out.append(LogProblem(str(path.with_suffix(suffix)), 0, size, why))
     return out
@@ -287,8 +301,9 @@ def _recovery_points(path: Path) -> dict[QueueKey, int]:
 def _metadata_status(path: Path) -> MetadataStatus:
     """Readable? checksum good? Which generation would a store use?"""
     loaded = load_json(path)
-    state = {MetadataSource.CURRENT: "ok", MetadataSource.PREVIOUS: "previous",
-             MetadataSource.MISSING: "missing"}.get(loaded.source, "damaged")  # fmt: skip
+    state = {MetadataSource.CURRENT: "ok", MetadataSource.PREVIOUS: "previous", MetadataSource.MISSING: "missing"}.get(
+        loaded.source, "damaged"
+    )
     return MetadataStatus(str(path), state, "" if state in ("ok", "missing") else loaded.describe())
 
 
@@ -303,7 +318,9 @@ def _topics_cover(directory: Path, mode: str, metadata: list[MetadataStatus]) ->
     lacking = sorted(f"{t}/{q}" for t, q in keys if not isinstance(topics.get(t), int) or q >= topics[t])
     if not lacking:
         return metadata
-    detail = f"lacks {len(lacking)} queues found on disk: {', '.join(lacking[:5])}" + (" ..." if len(lacking) > 5 else "")
+    detail = f"lacks {len(lacking)} queues found on disk: {', '.join(lacking[:5])}" + (
+        " ..." if len(lacking) > 5 else ""
+    )
     return [MetadataStatus(m.file, "incomplete", detail) if m.file.endswith("topics.json") else m for m in metadata]
 
 
@@ -332,8 +349,14 @@ class QueueFinding:
     reason: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "topic": self.topic, "queue": self.queue_id, "first": self.first,
-                "last": self.last, "reason": self.reason}  # fmt: skip
+        return {
+            "file": self.file,
+            "topic": self.topic,
+            "queue": self.queue_id,
+            "first": self.first,
+            "last": self.last,
+            "reason": self.reason,
+        }
 
 
 @dataclass(slots=True)
@@ -390,8 +413,14 @@ class QueueCheck:
         return out
 
 
-def check_queues(directory: Path, config: StoreConfig, log: LogReport, checkpoint: Checkpoint | None,
-                 problems: list[LogProblem], valid_end: int) -> QueueCheck:  # fmt: skip
+def check_queues(
+    directory: Path,
+    config: StoreConfig,
+    log: LogReport,
+    checkpoint: Checkpoint | None,
+    problems: list[LogProblem],
+    valid_end: int,
+) -> QueueCheck:
     """Check every queue file of the store at ``directory`` against ``log``'s report."""
     out = QueueCheck()
     entries = _Entries()
@@ -404,8 +433,16 @@ def check_queues(directory: Path, config: StoreConfig, log: LogReport, checkpoin
         _read_queue(key, qdir, per_file, checkpoint, out, entries)
     for key, (first, nxt) in (checkpoint.queues if checkpoint else {}).items():
         if key not in seen and nxt > first:
-            out.problems.append(QueueFinding(str(root / key[0] / str(key[1])), key[0], key[1], first, nxt - 1,
-                                             "queue files missing (the checkpoint lists entries)"))  # fmt: skip
+            out.problems.append(
+                QueueFinding(
+                    str(root / key[0] / str(key[1])),
+                    key[0],
+                    key[1],
+                    first,
+                    nxt - 1,
+                    "queue files missing (the checkpoint lists entries)",
+                )
+            )
     code, qoff, off, size = entries.columns()
     live = off >= log.start  # below: deleted by retention, not damage
     for i, p in enumerate(problems):
@@ -426,7 +463,9 @@ def _queue_dirs(root: Path) -> list[tuple[QueueKey, Path]]:
     for topic in sorted(os.listdir(root)) if root.is_dir() else []:
         tdir = root / topic
         if tdir.is_dir():
-            out += [((topic, int(q)), tdir / q) for q in sorted(os.listdir(tdir), key=lambda q: (len(q), q)) if q.isdigit()]
+            out += [
+                ((topic, int(q)), tdir / q) for q in sorted(os.listdir(tdir), key=lambda q: (len(q), q)) if q.isdigit()
+            ]
     return out
 
 
@@ -440,8 +479,9 @@ def _entries_per_file(queues: list[tuple[QueueKey, Path]], configured: int) -> i
     return min(steps, default=configured)
 
 
-def _read_queue(key: QueueKey, qdir: Path, per_file: int, checkpoint: Checkpoint | None, out: QueueCheck,
-                entries: _Entries) -> None:  # fmt: skip
+def _read_queue(
+    key: QueueKey, qdir: Path, per_file: int, checkpoint: Checkpoint | None, out: QueueCheck, entries: _Entries
+) -> None:
     """One queue's files: layout, zeroed entries, checkpointed length; entries kept."""
     starts = sorted(int(n) for n in os.listdir(qdir) if len(n) == 20 and n.isdigit())
     expected = checkpoint.queues.get(key) if checkpoint else None
@@ -468,8 +508,16 @@ def _read_queue(key: QueueKey, qdir: Path, per_file: int, checkpoint: Checkpoint
     if starts:
         entries.add(key, np.concatenate(kept_q), np.concatenate(kept_e))
     if expected is not None and end < expected[1]:
-        out.problems.append(QueueFinding(str(qdir), key[0], key[1], end, expected[1] - 1,
-                                         f"queue files end at offset {end}, the checkpoint says {expected[1]}"))  # fmt: skip
+        out.problems.append(
+            QueueFinding(
+                str(qdir),
+                key[0],
+                key[1],
+                end,
+                expected[1] - 1,
+                f"queue files end at offset {end}, the checkpoint says {expected[1]}",
+            )
+        )
 
 
 def _queue_first(data: np.ndarray, start: int, per_file: int, expected_first: int | None) -> int:
@@ -534,10 +582,19 @@ def _in_any(off: np.ndarray, problems: list[LogProblem]) -> np.ndarray:
 
 
 # ------------------------------------------------------- entries vs records
-def _verify_entries(log_dir: Path, keys: list[QueueKey], code: np.ndarray, qoff: np.ndarray, off: np.ndarray,
-                    size: np.ndarray, out: QueueCheck) -> None:  # fmt: skip
+def _verify_entries(
+    log_dir: Path,
+    keys: list[QueueKey],
+    code: np.ndarray,
+    qoff: np.ndarray,
+    off: np.ndarray,
+    size: np.ndarray,
+    out: QueueCheck,
+) -> None:
     """Each entry must point at a whole record of its own topic, queue id and offset."""
-    segments = sorted((int(n[:20]), log_dir / n) for n in os.listdir(log_dir) if n.endswith(".log") and n[:20].isdigit())
+    segments = sorted(
+        (int(n[:20]), log_dir / n) for n in os.listdir(log_dir) if n.endswith(".log") and n[:20].isdigit()
+    )
     if not segments or not len(off):
         return
     bases = np.array([b for b, _ in segments], dtype=np.int64)
@@ -551,12 +608,27 @@ def _verify_entries(log_dir: Path, keys: list[QueueKey], code: np.ndarray, qoff:
     for k in np.unique(code[bad]).tolist():
         q = qoff[bad & (code == k)]
         topic, qid = keys[k]
-        out.problems.append(QueueFinding(f"consumequeue/{topic}/{qid}", topic, qid, int(q.min()), int(q.max()),
-                                         f"{len(q)} entries point at no record of this queue and offset"))  # fmt: skip
+        out.problems.append(
+            QueueFinding(
+                f"consumequeue/{topic}/{qid}",
+                topic,
+                qid,
+                int(q.min()),
+                int(q.max()),
+                f"{len(q)} entries point at no record of this queue and offset",
+            )
+        )
 
 
-def _entries_match(path: Path, pos: np.ndarray, off: np.ndarray, size: np.ndarray, code: np.ndarray,
-                   qoff: np.ndarray, keys: list[QueueKey]) -> np.ndarray:  # fmt: skip
+def _entries_match(
+    path: Path,
+    pos: np.ndarray,
+    off: np.ndarray,
+    size: np.ndarray,
+    code: np.ndarray,
+    qoff: np.ndarray,
+    keys: list[QueueKey],
+) -> np.ndarray:
     """Which entries find their record at ``pos`` of segment ``path``."""
     length = os.path.getsize(path)
     ok = (pos + np.maximum(size, HEADER_SIZE)) <= length

@@ -52,12 +52,15 @@ class Checkpoint:
         return checkpoint
 
     def save(self, path: Path) -> None:
-        write_json(path, {
-            "version": CHECKPOINT_VERSION,
-            "log_durable": self.log_durable,
-            "dispatched": self.dispatched,
-            "queues": [[t, q, f, n] for (t, q), (f, n) in self.queues.items()],
-        })  # fmt: skip
+        write_json(
+            path,
+            {
+                "version": CHECKPOINT_VERSION,
+                "log_durable": self.log_durable,
+                "dispatched": self.dispatched,
+                "queues": [[t, q, f, n] for (t, q), (f, n) in self.queues.items()],
+            },
+        )
 
 
 def _parse(raw: dict[str, Any]) -> Checkpoint | None:

@@ -70,14 +70,24 @@ class StorageEngine(Protocol):
     def max_offset(self, topic: str, queue_id: int) -> int: ...
     def bounds(self, topic: str, queue_id: int) -> tuple[int, int]: ...
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int: ...
-    def get(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
-            tags: Iterable[str] | None = None) -> GetResult: ...  # fmt: skip
-    def read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
-                 tags: Iterable[str] | None = None, max_bytes: int = ...) -> RawRead: ...  # fmt: skip
-    def read_raw_to_damage(self, topic: str, queue_id: int, offset: int, limit: int, tags: Iterable[str] | None,
-                           max_bytes: int) -> RawRead | CorruptRecordError: ...  # fmt: skip
-    def read_raw_many(self, asks: Sequence[ReadAsk], max_messages: int, max_per_queue: int,
-                      max_bytes: int) -> list[ManyRead]: ...  # fmt: skip
+    def get(
+        self, topic: str, queue_id: int, offset: int, max_messages: int = 32, tags: Iterable[str] | None = None
+    ) -> GetResult: ...
+    def read_raw(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 32,
+        tags: Iterable[str] | None = None,
+        max_bytes: int = ...,
+    ) -> RawRead: ...
+    def read_raw_to_damage(
+        self, topic: str, queue_id: int, offset: int, limit: int, tags: Iterable[str] | None, max_bytes: int
+    ) -> RawRead | CorruptRecordError: ...
+    def read_raw_many(
+        self, asks: Sequence[ReadAsk], max_messages: int, max_per_queue: int, max_bytes: int
+    ) -> list[ManyRead]: ...
     def wait_for_entries(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool: ...
     def add_arrival_listener(self, fn: Callable[[Collection[QueueKey]], None]) -> None: ...
 

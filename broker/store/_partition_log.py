@@ -59,7 +59,9 @@ _FOOTER = struct.Struct("<QQQ4sI")
 INDEX_MAGIC, TIME_MAGIC = b"PIX2", b"PTX2"
 INDEX_SUFFIXES = (".index", ".timeindex")
 _IDENTITY = struct.Struct("<QQI")  # commitlog_offset (= file position), queue_offset, queue_id
-assert OFF_QUEUE_OFFSET == OFF_COMMITLOG_OFFSET + 8 and OFF_QUEUE_ID == OFF_QUEUE_OFFSET + 8  # one unpack reads all three
+assert (
+    OFF_QUEUE_OFFSET == OFF_COMMITLOG_OFFSET + 8 and OFF_QUEUE_ID == OFF_QUEUE_OFFSET + 8
+)  # one unpack reads all three
 
 
 def _name(base: int, suffix: str) -> str:
@@ -173,8 +175,15 @@ def _first_stranger(data: bytes, walk: Walk, base: int, topic: bytes, queue_id: 
 class PartitionLog:
     """Segments of one (topic, queue); appends and reads go through ``files`` (an LRU)."""
 
-    def __init__(self, directory: Path, topic: str, queue_id: int, segment_bytes: int, index_interval: int,
-                 max_message_bytes: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        directory: Path,
+        topic: str,
+        queue_id: int,
+        segment_bytes: int,
+        index_interval: int,
+        max_message_bytes: int,
+    ) -> None:
         self.directory = directory
         self.max_message_bytes = max_message_bytes
         self.topic = topic
@@ -222,7 +231,9 @@ class PartitionLog:
             write_whole(idx, seal_index(seg.index.tobytes(), INDEX_MAGIC, seg))
             write_whole(times, seal_index(b"".join(_TIME.pack(t, r) for t, r in seg.times), TIME_MAGIC, seg))
         except OSError as e:
-            log.warning("partition %s: indexes of %s not written (%s); rebuilt at next open", self.directory, seg.path, e)
+            log.warning(
+                "partition %s: indexes of %s not written (%s); rebuilt at next open", self.directory, seg.path, e
+            )
             idx.unlink(missing_ok=True)
             times.unlink(missing_ok=True)
 
@@ -242,8 +253,10 @@ class PartitionLog:
             if suffix == ".index" and base == seg.base:
                 self.claimed_size = covered
             if (base, covered) != (seg.base, seg.size) or (count is not None and n != count):
-                return (f"{path.name}: written for base {base}, {covered} bytes, {n} records;"
-                        f" the segment has base {seg.base}, {seg.size} bytes")  # fmt: skip
+                return (
+                    f"{path.name}: written for base {base}, {covered} bytes, {n} records;"
+                    f" the segment has base {seg.base}, {seg.size} bytes"
+                )
             entries.append(raw)
         seg.index = array("I", entries[0])
         seg.times = [_TIME.unpack_from(entries[1], p) for p in range(0, len(entries[1]), _TIME.size)]
@@ -309,8 +322,9 @@ class PartitionLog:
         """Records from queue offset ``offset``: index look-up, then a forward scan."""
         return [rec for rec, _raw in self.read_with_bytes(files, offset, max_messages, max_bytes)]
 
-    def read_with_bytes(self, files: FileCache, offset: int, max_messages: int,
-                        max_bytes: int) -> list[tuple[Record, bytes]]:  # fmt: skip
+    def read_with_bytes(
+        self, files: FileCache, offset: int, max_messages: int, max_bytes: int
+    ) -> list[tuple[Record, bytes]]:
         """Records from queue offset ``offset``, each with its bytes as stored, each
         checked to be the record asked for (:class:`CorruptRecordError` if the first is
         not; a later bad one ends the list early, and the next read raises)."""
@@ -335,8 +349,13 @@ class PartitionLog:
                         return out
                 at += 1
             if not out and at < seg.next_offset:  # the walk stopped short of the record asked for
-                raise CorruptRecordError(str(seg.path), pos + walk.stop, f"record of queue offset {offset}",
-                                         "a whole record", f"{walk.reason} after {walk.stop} of {len(data)} bytes read")  # fmt: skip
+                raise CorruptRecordError(
+                    str(seg.path),
+                    pos + walk.stop,
+                    f"record of queue offset {offset}",
+                    "a whole record",
+                    f"{walk.reason} after {walk.stop} of {len(data)} bytes read",
+                )
         except CorruptRecordError:
             if not out:
                 raise
@@ -450,8 +469,9 @@ class PartitionLoader:
         if part.next_offset < self.promised:
             last = part.segments[-1]
             reason = f"the partition ends at queue offset {part.next_offset}, below its recovery point {self.promised}"
-            raise self._damage(str(last.path), last.size, max(last.size, self._claimed.get(last.base, 0)), reason,
-                               part.next_offset)  # fmt: skip
+            raise self._damage(
+                str(last.path), last.size, max(last.size, self._claimed.get(last.base, 0)), reason, part.next_offset
+            )
         return self.report
 
     def _trust(self, seg: PartSegment, nxt: PartSegment | None) -> str | None:
@@ -543,7 +563,9 @@ class PartitionLoader:
         del part.segments[len(part.segments) - len(later) :]
         fsync_dir(part.directory)
         what = scan.problem or "records missing after it"
-        self.report.cut.append(f"{seg.path} at position {scan.end} ({what}; {dropped} bytes, {len(later)} later segments)")
+        self.report.cut.append(
+            f"{seg.path} at position {scan.end} ({what}; {dropped} bytes, {len(later)} later segments)"
+        )
 
     def _chain_damage(self, seg: PartSegment, nxt: PartSegment | None, scan: _Scan) -> LogDamageError:
         first_lost = seg.base + seg.count
@@ -556,8 +578,10 @@ class PartitionLoader:
             return self._damage(str(seg.path), seg.size, claimed, reason, first_lost)
         if seg.count < nxt.base - seg.base:
             missing = seg.path.with_name(_name(first_lost, ".log"))
-            reason = (f"segment missing: records {first_lost}..{nxt.base - 1} are in no file"
-                      f" ({seg.path.name} ends at {first_lost}, {nxt.path.name} begins at {nxt.base})")  # fmt: skip
+            reason = (
+                f"segment missing: records {first_lost}..{nxt.base - 1} are in no file"
+                f" ({seg.path.name} ends at {first_lost}, {nxt.path.name} begins at {nxt.base})"
+            )
             return self._damage(str(missing), 0, 0, reason, first_lost)
         reason = f"{seg.path.name} holds records up to {first_lost - 1}, but {nxt.path.name} begins at {nxt.base}"
         return self._damage(str(nxt.path), 0, 0, reason, nxt.base)

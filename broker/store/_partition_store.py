@@ -118,15 +118,22 @@ class PartitionStore(StoreBase):
                 self.partitions[key] = part
         for (t, q), point in promised.items():
             if (t, q) not in self.partitions and point > 0:
-                raise LogDamageError(str(self.root / f"{t}-{q}"), 0, 0, "the partition's directory is missing",
-                                     [(t, q, 0, point - 1)])  # fmt: skip
+                raise LogDamageError(
+                    str(self.root / f"{t}-{q}"), 0, 0, "the partition's directory is missing", [(t, q, 0, point - 1)]
+                )
         _log_open(reports, len(self.partitions), unclean)
         return unclean
 
     def _new_partition(self, key: QueueKey) -> PartitionLog:
         cl = self.config.commitlog
-        return PartitionLog(self.root / f"{key[0]}-{key[1]}", key[0], key[1], cl.segment_bytes,
-                            self.config.index_interval_bytes, cl.max_message_bytes)  # fmt: skip
+        return PartitionLog(
+            self.root / f"{key[0]}-{key[1]}",
+            key[0],
+            key[1],
+            cl.segment_bytes,
+            self.config.index_interval_bytes,
+            cl.max_message_bytes,
+        )
 
     def _partition(self, key: QueueKey) -> PartitionLog:
         """The partition of ``key``, created (directory and first segment) on first use."""
@@ -199,8 +206,9 @@ class PartitionStore(StoreBase):
             self._durable.flush_requested.set()
         return PutResult(PutStatus.OK, "", q_offsets, [], end, store_ts)
 
-    def _append_all(self, messages: Sequence[Message], by_queue: dict[QueueKey, list[int]], store_ts: int,
-                    undo: list[_Undo]) -> list[int]:  # fmt: skip
+    def _append_all(
+        self, messages: Sequence[Message], by_queue: dict[QueueKey, list[int]], store_ts: int, undo: list[_Undo]
+    ) -> list[int]:
         """Each queue's share of the batch, in turn; the queue offsets of all messages."""
         q_offsets = [0] * len(messages)
         for key, idx in by_queue.items():
@@ -275,8 +283,12 @@ class PartitionStore(StoreBase):
         return self._durable
 
     def _flush_loop(self) -> None:
-        self._durable.run_flusher(self.flush, lambda: self._written > self._durable.value, self._stop,
-                                  self.config.commitlog.flush_interval_ms / 1000)  # fmt: skip
+        self._durable.run_flusher(
+            self.flush,
+            lambda: self._written > self._durable.value,
+            self._stop,
+            self.config.commitlog.flush_interval_ms / 1000,
+        )
 
     def checkpoint(self) -> None:
         """Record each partition's recovery point: all below it is fsynced."""
@@ -289,7 +301,9 @@ class PartitionStore(StoreBase):
             written = self._written
         if written > self._durable.value:
             self.flush()
-        write_json(self.directory / "recovery-points", {"version": 1, "points": [[t, q, n] for (t, q), n in points.items()]})
+        write_json(
+            self.directory / "recovery-points", {"version": 1, "points": [[t, q, n] for (t, q), n in points.items()]}
+        )
 
     def _housekeeping(self) -> None:
         """Checkpoint every ``cq_flush_interval_ms``, retention now and then. A full disk
@@ -311,8 +325,10 @@ class PartitionStore(StoreBase):
     def apply_retention(self, now: float | None = None) -> int:
         cl = self.config.commitlog
         with self._lock:
-            return sum(p.delete_before(self.files, cl.retention_ms, cl.retention_bytes, now or time.time())
-                       for p in self.partitions.values())  # fmt: skip
+            return sum(
+                p.delete_before(self.files, cl.retention_ms, cl.retention_bytes, now or time.time())
+                for p in self.partitions.values()
+            )
 
     # ------------------------------------------------------------------- reads
     def min_offset(self, topic: str, queue_id: int) -> int:
@@ -327,8 +343,9 @@ class PartitionStore(StoreBase):
         part = self.partitions.get((topic, queue_id))
         return part.offset_for_timestamp(self.files, timestamp_ms) if part else 0
 
-    def _read(self, topic: str, queue_id: int, offset: int, max_messages: int,
-              tags: set[str] | None) -> tuple[list[Record], int]:  # fmt: skip
+    def _read(
+        self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None
+    ) -> tuple[list[Record], int]:
         part = self.partitions[(topic, queue_id)]
         out: list[Record] = []
         limit = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
@@ -340,8 +357,9 @@ class PartitionStore(StoreBase):
                     break
         return out, offset
 
-    def _read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None,
-                  max_bytes: int) -> tuple[list[Span], int, int]:  # fmt: skip
+    def _read_raw(
+        self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None, max_bytes: int
+    ) -> tuple[list[Span], int, int]:
         part = self.partitions[(topic, queue_id)]
         spans: list[Span] = []
         total = 0
@@ -405,12 +423,21 @@ def _log_open(reports: list[LoadReport], partitions: int, unclean: bool) -> None
     cut = [c for rep in reports for c in rep.cut]
     scanned = sum(rep.scanned for rep in reports)
     if not (rebuilt or cut):
-        log.info("partition store open (%s): %d partitions, %d segments read whole",
-                 "unclean" if unclean else "clean", partitions, scanned)  # fmt: skip
+        log.info(
+            "partition store open (%s): %d partitions, %d segments read whole",
+            "unclean" if unclean else "clean",
+            partitions,
+            scanned,
+        )
         return
     log.warning(
         "partition store open (%s): %d partitions; rebuilt the indexes of %d segment(s) that did not check%s;"
         " cut %d torn tail(s) above the recovery point%s; %d segments read whole",
-        "unclean" if unclean else "clean", partitions, len(rebuilt),
-        f" ({'; '.join(rebuilt[:3])})" if rebuilt else "", len(cut), f" ({'; '.join(cut[:3])})" if cut else "", scanned,
-    )  # fmt: skip
+        "unclean" if unclean else "clean",
+        partitions,
+        len(rebuilt),
+        f" ({'; '.join(rebuilt[:3])})" if rebuilt else "",
+        len(cut),
+        f" ({'; '.join(cut[:3])})" if cut else "",
+        scanned,
+    )

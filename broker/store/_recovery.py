@@ -97,7 +97,9 @@ def entry_matches(commitlog: CommitLog, cq: ConsumeQueue, offset: int, entry: En
     rsize, magic = _CHECK.unpack_from(head, 0)
     qoff, qid = _QOFF_QID.unpack_from(head, 20)
     topic = head[HEADER_SIZE:]
-    return rsize == size and magic == RECORD_MAGIC and qoff == offset and qid == cq.queue_id and topic == cq.topic.encode()
+    return (
+        rsize == size and magic == RECORD_MAGIC and qoff == offset and qid == cq.queue_id and topic == cq.topic.encode()
+    )
 
 
 def _entry(cq: ConsumeQueue, offset: int) -> Entry | None:
@@ -138,8 +140,13 @@ def _first_bad(commitlog: CommitLog, cq: ConsumeQueue) -> int:
     return lo
 
 
-def recover_queues(commitlog: CommitLog, queues: ConsumeQueueSet, checkpoint: Checkpoint | None, unclean: bool,
-                   marked: dict[QueueKey, str] | None = None) -> Recovery:  # fmt: skip
+def recover_queues(
+    commitlog: CommitLog,
+    queues: ConsumeQueueSet,
+    checkpoint: Checkpoint | None,
+    unclean: bool,
+    marked: dict[QueueKey, str] | None = None,
+) -> Recovery:
     """Validate every queue against the log, drop the ``marked`` ones (rebuilt whole);
     return where to re-dispatch from and what was repaired (the caller logs it)."""
     start = checkpoint.dispatched if checkpoint is not None else commitlog.min_offset
@@ -160,8 +167,9 @@ def recover_queues(commitlog: CommitLog, queues: ConsumeQueueSet, checkpoint: Ch
     return Recovery(max(start, commitlog.min_offset), repaired)
 
 
-def _recover_queue(commitlog: CommitLog, cq: ConsumeQueue, expected: tuple[int, int], unclean: bool,
-                   repaired: list[str]) -> int | None:  # fmt: skip
+def _recover_queue(
+    commitlog: CommitLog, cq: ConsumeQueue, expected: tuple[int, int], unclean: bool, repaired: list[str]
+) -> int | None:
     """Repair one queue; return the log offset it must be re-dispatched from, if any."""
     if expected[1]:
         cq.expected_first = expected[0]

@@ -67,8 +67,12 @@ def repair_store(config: StoreConfig, progress: Progress | None = None) -> Store
             table.replace(table.all())
         fsync_dir(directory)
         report.repaired = True
-        log.warning("store repair of %s: dropped %d messages in %d queues", directory,
-                    sum(r.count for r in report.dropped), len(report.dropped))  # fmt: skip
+        log.warning(
+            "store repair of %s: dropped %d messages in %d queues",
+            directory,
+            sum(r.count for r in report.dropped),
+            len(report.dropped),
+        )
         return report
 
 
@@ -131,4 +135,6 @@ def _rebuild_topics(directory: Path, known: set[QueueKey], kept: dict[QueueKey, 
     for suffix in ("", ".prev", ".tmp"):
         path.with_name(path.name + suffix).unlink(missing_ok=True)
     TopicTable(path).replace(topics)
-    log.warning("store repair: topics.json rebuilt from the log: %d topics, %d queues", len(topics), sum(topics.values()))
+    log.warning(
+        "store repair: topics.json rebuilt from the log: %d topics, %d queues", len(topics), sum(topics.values())
+    )

@@ -55,15 +55,31 @@ class PutResult:
 
     @classmethod
     def from_append(cls, r: AppendResult) -> PutResult:
-        return cls(_FROM_APPEND[r.status], r.error, r.queue_offsets, r.commitlog_offsets, r.end_offset,
-                   r.store_timestamp_ms, r.batch_sizes)  # fmt: skip
+        return cls(
+            _FROM_APPEND[r.status],
+            r.error,
+            r.queue_offsets,
+            r.commitlog_offsets,
+            r.end_offset,
+            r.store_timestamp_ms,
+            r.batch_sizes,
+        )
 
     def split(self) -> list[PutResult]:
         """One result per batch of a successful ``put_packed``, in order."""
         out, at = [], 0
         for n in self.batch_sizes:
-            out.append(PutResult(self.status, self.error, self.queue_offsets[at : at + n],
-                                 self.commitlog_offsets[at : at + n], self.end_offset, self.store_timestamp_ms, [n]))  # fmt: skip
+            out.append(
+                PutResult(
+                    self.status,
+                    self.error,
+                    self.queue_offsets[at : at + n],
+                    self.commitlog_offsets[at : at + n],
+                    self.end_offset,
+                    self.store_timestamp_ms,
+                    [n],
+                )
+            )
             at += n
         return out
 

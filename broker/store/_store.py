@@ -110,7 +110,9 @@ class Store(StoreBase):
         # A checkpoint of the previous generation (the current one was damaged) is old:
         # what happened since is unknown, as after a crash.
         unclean = unclean or checkpoint is None or checkpoint.from_previous
-        self.queues = ConsumeQueueSet(self.directory / "consumequeue", config.cq_entries_per_file, config.max_open_files)
+        self.queues = ConsumeQueueSet(
+            self.directory / "consumequeue", config.cq_entries_per_file, config.max_open_files
+        )
         self.log = self._open_log(checkpoint, unclean)
         clock.lap("log_open_s")
         self._rebuild = RebuildList(self.directory / REBUILD_FILE)
@@ -121,7 +123,9 @@ class Store(StoreBase):
         self.dispatcher = Dispatcher(self.log, self.queues, plan.start, config.dispatch_chunk_bytes)
         self.dispatcher.add_listener(self._notify_arrivals)
         appended = self.queues.appended_entries
-        clock.stats["redispatched_records"] = self.dispatcher.catch_up()  # serve nothing until queues agree with the log
+        clock.stats["redispatched_records"] = (
+            self.dispatcher.catch_up()
+        )  # serve nothing until queues agree with the log
         clock.lap("redispatch_s")
         # Queues not loaded (clean stop, files intact) keep the checkpoint's extents; the
         # checkpoint carries them forward until they are loaded.
@@ -144,8 +148,13 @@ class Store(StoreBase):
         """Open the log; a clean open expects it to end where the checkpoint says."""
         durable = checkpoint.log_durable if checkpoint is not None else None
         try:
-            return CommitLog.open(self.directory / "commitlog", self.config.commitlog, clean=not unclean,
-                                  checkpoint_offset=durable, expected_end=None if unclean else durable)  # fmt: skip
+            return CommitLog.open(
+                self.directory / "commitlog",
+                self.config.commitlog,
+                clean=not unclean,
+                checkpoint_offset=durable,
+                expected_end=None if unclean else durable,
+            )
         except LogDamageError as e:  # name what is lost, from the queue files (slow, but only here)
             raise e.with_queues(affected_queues(self.queues.root, e.start, e.end)) from None
 
@@ -155,9 +164,16 @@ class Store(StoreBase):
         if not plan.rebuilt:
             return
         redone = self.dispatcher.dispatched_offset - plan.start
-        log.warning("store open: %d queue(s) rebuilt from the log, %d entries re-dispatched from %d log bytes "
-                    "(from offset %d): %s%s", len(plan.rebuilt), entries, redone, plan.start,
-                    "; ".join(plan.rebuilt[:5]), " ..." if len(plan.rebuilt) > 5 else "")  # fmt: skip
+        log.warning(
+            "store open: %d queue(s) rebuilt from the log, %d entries re-dispatched from %d log bytes "
+            "(from offset %d): %s%s",
+            len(plan.rebuilt),
+            entries,
+            redone,
+            plan.start,
+            "; ".join(plan.rebuilt[:5]),
+            " ..." if len(plan.rebuilt) > 5 else "",
+        )
 
     def _release_partial(self) -> None:
         """After a failed open: close what was opened and free the directory (the abort
@@ -172,11 +188,13 @@ class Store(StoreBase):
 
     def start(self) -> Store:
         """Start flushing, dispatching and housekeeping in background threads."""
-        self._start_threads([
-            ("clmq-flush", lambda: self.log.run_flusher(self._stop)),
-            ("clmq-dispatch", lambda: self.dispatcher.run(self._stop)),
-            ("clmq-housekeeping", self._housekeeping),
-        ])  # fmt: skip
+        self._start_threads(
+            [
+                ("clmq-flush", lambda: self.log.run_flusher(self._stop)),
+                ("clmq-dispatch", lambda: self.dispatcher.run(self._stop)),
+                ("clmq-housekeeping", self._housekeeping),
+            ]
+        )
         return self
 
     def _wake_threads(self) -> None:
@@ -373,8 +391,9 @@ class Store(StoreBase):
             self._mark_for_rebuild(topic, queue_id, e)
             raise
 
-    def _read(self, topic: str, queue_id: int, offset: int, max_messages: int,
-              tags: set[str] | None) -> tuple[list[Record], int]:  # fmt: skip
+    def _read(
+        self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None
+    ) -> tuple[list[Record], int]:
         scan = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
         try:
             cq = self.queues.queue(topic, queue_id)
@@ -386,21 +405,25 @@ class Store(StoreBase):
             raise
         return [r for r in records if tags is None or r.tags in tags], next_offset
 
-    def _read_raw(self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None,
-                  max_bytes: int) -> tuple[list[Span], int, int]:  # fmt: skip
+    def _read_raw(
+        self, topic: str, queue_id: int, offset: int, max_messages: int, tags: set[str] | None, max_bytes: int
+    ) -> tuple[list[Span], int, int]:
         scan = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
         try:
             cq = self.queues.queue(topic, queue_id)
             at, raw = cq.read(offset, scan)
-            picked, qoffs, next_offset = _select(self.log.min_offset, str(cq.directory), at, raw, max_messages, tags, max_bytes)
+            picked, qoffs, next_offset = _select(
+                self.log.min_offset, str(cq.directory), at, raw, max_messages, tags, max_bytes
+            )
             found, count = self._entries.spans(picked, qoffs, topic.encode(), queue_id)
         except CorruptRecordError as e:
             self._mark_for_rebuild(topic, queue_id, e)
             raise
         return [Span(*span) for span in found], count, next_offset
 
-    def read_raw_many(self, asks: Sequence[ReadAsk], max_messages: int, max_per_queue: int,
-                      max_bytes: int) -> list[ManyRead]:  # fmt: skip
+    def read_raw_many(
+        self, asks: Sequence[ReadAsk], max_messages: int, max_per_queue: int, max_bytes: int
+    ) -> list[ManyRead]:
         """:meth:`StoreBase.read_raw_many`, the records of all queues read together
         (:meth:`EntryReader.spans_many`: sorted by log position, one pread per
         neighbourhood, headers checked with array operations): every queue's entries
@@ -411,8 +434,9 @@ class Store(StoreBase):
         out: list[ManyRead] = []
         found = nbytes = 0
         while len(out) < len(asks):
-            steps, end_found, end_nbytes = _plan_many(self, asks, len(out), found, nbytes,
-                                                      (max_messages, max_per_queue, max_bytes))  # fmt: skip
+            steps, end_found, end_nbytes = _plan_many(
+                self, asks, len(out), found, nbytes, (max_messages, max_per_queue, max_bytes)
+            )
             got = iter(self._entries.spans_many([st.read.pick for st in steps if isinstance(st.read, _Planned)]))
             found, nbytes = end_found, end_nbytes
             for st in steps:
@@ -422,8 +446,9 @@ class Store(StoreBase):
                     break
                 out.append(res)
             if len(out) < len(asks):
-                res, found, nbytes = self.read_one_of_many(asks[len(out)], found, nbytes, max_messages,
-                                                           max_per_queue, max_bytes)  # fmt: skip
+                res, found, nbytes = self.read_one_of_many(
+                    asks[len(out)], found, nbytes, max_messages, max_per_queue, max_bytes
+                )
                 out.append(res)
         return out
 
@@ -503,8 +528,9 @@ def _heads(store: Store, asks: Sequence[ReadAsk], per_queue: int) -> tuple[list[
     return out, False
 
 
-def _plan_many(store: Store, asks: Sequence[ReadAsk], begin: int, found: int, nbytes: int,
-               limits: tuple[int, int, int]) -> tuple[list[_Step], int, int]:  # fmt: skip
+def _plan_many(
+    store: Store, asks: Sequence[ReadAsk], begin: int, found: int, nbytes: int, limits: tuple[int, int, int]
+) -> tuple[list[_Step], int, int]:
     """The asks from ``begin`` on picked in order within the bounds ``limits`` (max
     messages, per queue, max bytes) as :meth:`StoreBase.read_one_of_many` would, and the
     counts after them. It stops before an ask whose picking failed (read it alone).
@@ -560,7 +586,9 @@ class _Picker:
         limit, room = min(max_per_queue, max_messages - found), max_bytes - nbytes
         n = len(head.raw) // ENTRY_SIZE
         try:
-            read = self._simple(head, base, n, limit, room) if self._plain(head, base, n) else self._any(head, limit, room)
+            read = (
+                self._simple(head, base, n, limit, room) if self._plain(head, base, n) else self._any(head, limit, room)
+            )
         except CorruptRecordError:
             return None
         if isinstance(read, _Planned):
@@ -582,8 +610,12 @@ class _Picker:
         topic, queue_id, _offset, _tags = head.ask
         picked = self.entries[base : base + keep]
         qoffs = np.arange(head.at, head.at + keep, dtype=np.int64)
-        return _Planned((picked, qoffs, topic.encode(), queue_id), head.at + (keep if full else n), head.bounds,
-                        cum[base + keep] - cum[base])  # fmt: skip
+        return _Planned(
+            (picked, qoffs, topic.encode(), queue_id),
+            head.at + (keep if full else n),
+            head.bounds,
+            cum[base + keep] - cum[base],
+        )
 
     def _any(self, head: _Head, limit: int, room: int) -> RawRead | _Planned:
         """The pick of :func:`_select` (the entries the per-queue read would scan)."""
@@ -591,15 +623,23 @@ class _Picker:
         scan = limit if head.tag_set is None else max(limit, self.store.config.max_scan_entries)
         cq = self.store.queues.queue(topic, queue_id)
         raw = head.raw[: scan * ENTRY_SIZE]
-        picked, qoffs, next_offset = _select(self.store.log.min_offset, str(cq.directory), head.at, raw, limit,
-                                             head.tag_set, room)  # fmt: skip
+        picked, qoffs, next_offset = _select(
+            self.store.log.min_offset, str(cq.directory), head.at, raw, limit, head.tag_set, room
+        )
         if not len(picked):
             return RawRead(GetStatus.NO_MATCHED_MESSAGE, [], 0, next_offset, *head.bounds)
         return _Planned((picked, qoffs, topic.encode(), queue_id), next_offset, head.bounds, int(picked["size"].sum()))
 
 
-def _select(log_min: int, where: str, at: int, raw: bytes, max_messages: int, tag_set: set[str] | None,
-            max_bytes: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
+def _select(
+    log_min: int,
+    where: str,
+    at: int,
+    raw: bytes,
+    max_messages: int,
+    tag_set: set[str] | None,
+    max_bytes: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, int]:
     """The entries to read from ``raw`` (entries from queue offset ``at`` of the
     queue in directory ``where``), their queue offsets, and the queue offset after
     the last one looked at. Entries below ``log_min`` fell out of retention."""
@@ -621,8 +661,9 @@ def _select(log_min: int, where: str, at: int, raw: bytes, max_messages: int, ta
     return entries[idx], idx + at, next_offset
 
 
-def _retained_prefix(entries: np.ndarray, real: np.ndarray, live: np.ndarray, at: int, where: str,
-                     log_min: int) -> None:  # fmt: skip
+def _retained_prefix(
+    entries: np.ndarray, real: np.ndarray, live: np.ndarray, at: int, where: str, log_min: int
+) -> None:
     """Entries pointing below the log's start must be a prefix (retention deletes the
     oldest records first); one after a live entry is damage, not retention."""
     first_live = np.flatnonzero(real & live)
@@ -632,5 +673,10 @@ def _retained_prefix(entries: np.ndarray, real: np.ndarray, live: np.ndarray, at
     late = late[late > first_live[0]]
     if len(late):
         i = int(late[0])
-        raise CorruptRecordError(where, at + i, "consume queue entry", f"a commit-log offset >= {log_min} (the log's start)",
-                                 str(int(entries["offset"][i])))  # fmt: skip
+        raise CorruptRecordError(
+            where,
+            at + i,
+            "consume queue entry",
+            f"a commit-log offset >= {log_min} (the log's start)",
+            str(int(entries["offset"][i])),
+        )

@@ -91,10 +91,16 @@ class TopicTable:
         topics.update(added)
         why = loaded.describe() if loaded.problems else f"{self.path}: missing"
         base = "the previous generation" if loaded.ok else "no good generation of the file"
-        log.warning("topics: %s; %d topic(s) from %s, %d topic(s) with %d queue(s) reconstructed from the data on "
-                    "disk (a reconstructed topic gets its highest queue id with data + 1 queues: create it again "
-                    "with its full queue count if it had more)", why, len(topics) - len(added), base, len(added),
-                    sum(added.values()))  # fmt: skip
+        log.warning(
+            "topics: %s; %d topic(s) from %s, %d topic(s) with %d queue(s) reconstructed from the data on "
+            "disk (a reconstructed topic gets its highest queue id with data + 1 queues: create it again "
+            "with its full queue count if it had more)",
+            why,
+            len(topics) - len(added),
+            base,
+            len(added),
+            sum(added.values()),
+        )
         if topics:
             try:
                 write_json(self.path, _document(topics))

@@ -58,8 +58,9 @@ log = logging.getLogger("clmq.consumer")
 class Consumer:
     """Use :func:`open_consumer` (trio) or :class:`client.BlockingConsumer`."""
 
-    def __init__(self, rpc: RpcClient, routes: Routes, group: str, subscriptions: dict[str, str],
-                 options: ConsumerOptions) -> None:  # fmt: skip
+    def __init__(
+        self, rpc: RpcClient, routes: Routes, group: str, subscriptions: dict[str, str], options: ConsumerOptions
+    ) -> None:
         if options.mode not in ("clustering", "broadcasting"):
             raise ValueError(f"mode={options.mode!r}: use clustering or broadcasting")
         self.rpc, self.routes, self.group, self.options = rpc, routes, group, options
@@ -80,11 +81,19 @@ class Consumer:
         self.pending = PendingBatches()  # returned by the last receive(), not yet acknowledged
         self._fetcher: Fetcher | None = None
         self.net_errors: tuple[type[BaseException], ...] = NET_ERRORS  # what the fetcher retries after
-        self.reads = ReadRouter(routes, always=options.read_from_followers, hold_ms=options.follower_read_hold_ms,
-                                failure_backoff_ms=options.follower_failure_backoff_ms, seed=self.client_id)  # fmt: skip
+        self.reads = ReadRouter(
+            routes,
+            always=options.read_from_followers,
+            hold_ms=options.follower_read_hold_ms,
+            failure_backoff_ms=options.follower_failure_backoff_ms,
+            seed=self.client_id,
+        )
         # Orderly: the queue locks (None otherwise).
-        self.locks = (QueueLocks(self, retry_ms=options.lock_retry_ms, renew_interval_ms=options.lock_renew_interval_ms)
-                      if options.orderly else None)  # fmt: skip
+        self.locks = (
+            QueueLocks(self, retry_ms=options.lock_retry_ms, renew_interval_ms=options.lock_renew_interval_ms)
+            if options.orderly
+            else None
+        )
         self.redelivery = Redelivery(self)
         self.membership = Membership(self)
         self._nursery: trio.Nursery | None = None
@@ -322,8 +331,14 @@ class Consumer:
         new_state = self.assigned[new] = QueueState(self._generation, fetch_from if state.offset is not None else None)
         assert self._fetcher is not None
         self._fetcher.add(new, new_state)
-        log.info("consumer %s: %s/%s/%d moved to its new leader %s", self.client_id, new.broker_name, new.topic,
-                 new.queue_id, new.addr)  # fmt: skip
+        log.info(
+            "consumer %s: %s/%s/%d moved to its new leader %s",
+            self.client_id,
+            new.broker_name,
+            new.topic,
+            new.queue_id,
+            new.addr,
+        )
 
     def _assign(self, mq: MessageQueue) -> None:
         self._generation += 1
@@ -351,13 +366,24 @@ def _moved(assigned: set[MessageQueue], wanted: set[MessageQueue]) -> dict[Messa
 
 
 @asynccontextmanager
-async def open_consumer(namesrv_addrs: list[str] | None, group: str, subscriptions: dict[str, str], *,
-                        broker_addrs: list[str] | None = None, **options: object) -> AsyncIterator[Consumer]:  # fmt: skip
+async def open_consumer(
+    namesrv_addrs: list[str] | None,
+    group: str,
+    subscriptions: dict[str, str],
+    *,
+    broker_addrs: list[str] | None = None,
+    **options: object,
+) -> AsyncIterator[Consumer]:
     """A started consumer: ``async with open_consumer(ns, "g", {"orders": "*"}) as c:``."""
     async with background_nursery() as nursery:
         rpc = RpcClient(nursery)
-        consumer = Consumer(rpc, Routes(rpc, namesrv_addrs or [], broker_addrs=broker_addrs, refresh_interval_ms=0),
-                            group, subscriptions, ConsumerOptions(**options))  # type: ignore[arg-type]  # fmt: skip
+        consumer = Consumer(
+            rpc,
+            Routes(rpc, namesrv_addrs or [], broker_addrs=broker_addrs, refresh_interval_ms=0),
+            group,
+            subscriptions,
+            ConsumerOptions(**options),  # type: ignore[arg-type]
+        )
         ack_pending = False
         try:
             await consumer._start(nursery)

@@ -93,7 +93,9 @@ class DamagedQueueError(ClientError):
     it; it asks again every ``damaged_queue_retry_ms``."""
 
     def __init__(self, queue: MessageQueue, offset: int, text: str) -> None:
-        super().__init__(f"{queue.topic}/{queue.queue_id} on {queue.broker_name} ({queue.addr}), offset {offset}: {text}")
+        super().__init__(
+            f"{queue.topic}/{queue.queue_id} on {queue.broker_name} ({queue.addr}), offset {offset}: {text}"
+        )
         self.queue = queue
         self.offset = offset
         self.text = text
@@ -215,8 +217,10 @@ class PendingBatches(list[Batch]):
         if strict:
             for r in records:
                 if id(r) not in where:
-                    raise ValueError(f"{r.topic}/{r.queue_id} offset {r.queue_offset} is not among the messages the "
-                                     "last receive() returned (or they were acknowledged since)")  # fmt: skip
+                    raise ValueError(
+                        f"{r.topic}/{r.queue_id} offset {r.queue_offset} is not among the messages the "
+                        "last receive() returned (or they were acknowledged since)"
+                    )
         return {id(r): where[id(r)] for r in records if id(r) in where}
 
 
@@ -382,18 +386,30 @@ class Fetcher:
                 max_bytes = cap if idle else await self.c.prefetch.reserve(cap)
                 nursery.start_soon(self._fetch, addr, picked, slots, wait_ms, max_bytes)
 
-    async def _fetch(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], slots: trio.Semaphore,
-                     wait_ms: int, max_bytes: int) -> None:  # fmt: skip
+    async def _fetch(
+        self,
+        addr: str,
+        picked: list[tuple[MessageQueue, QueueState]],
+        slots: trio.Semaphore,
+        wait_ms: int,
+        max_bytes: int,
+    ) -> None:
         skipped = {mq for mq, _st in picked}  # until an answer says otherwise
         try:
             filters = self.c.filters
             asks = [FetchAsk.row(mq.topic, mq.queue_id, st.known_offset(), filters[mq.topic].tags) for mq, st in picked]
-            fields = {"queues": asks, "max_messages": self.options.fetch_max_messages,
-                      "max_per_queue": self.options.pull_batch, "max_wait_ms": wait_ms, "max_bytes": max_bytes}  # fmt: skip
+            fields = {
+                "queues": asks,
+                "max_messages": self.options.fetch_max_messages,
+                "max_per_queue": self.options.pull_batch,
+                "max_wait_ms": wait_ms,
+                "max_bytes": max_bytes,
+            }
             target = self.c.reads.target(picked[0][0])  # the group's leader (addr) or a follower
             try:
-                reply = await self.c.request(target, RequestCode.PULL_MESSAGES, fields,
-                                             wait_ms + self.options.request_timeout_ms)  # fmt: skip
+                reply = await self.c.request(
+                    target, RequestCode.PULL_MESSAGES, fields, wait_ms + self.options.request_timeout_ms
+                )
             except self.c.net_errors as e:
                 log.debug("consumer %s: fetch from %s failed: %s", self.c.client_id, target, e)
                 if target == addr:  # the group's leader: it may have moved
@@ -433,12 +449,18 @@ class Fetcher:
         return out
 
     def _follower_failed(self, addr: str, why: str) -> None:
-        log.info("consumer %s: not pulling from follower %s for %d ms (reading from the leader): %s",
-                 self.c.client_id, addr, self.options.follower_failure_backoff_ms, why)  # fmt: skip
+        log.info(
+            "consumer %s: not pulling from follower %s for %d ms (reading from the leader): %s",
+            self.c.client_id,
+            addr,
+            self.options.follower_failure_backoff_ms,
+            why,
+        )
         self.c.reads.failed(addr)
 
-    def _follower_misses(self, addr: str, picked: list[tuple[MessageQueue, QueueState]],
-                         results: list[FetchResult]) -> list[FetchResult]:  # fmt: skip
+    def _follower_misses(
+        self, addr: str, picked: list[tuple[MessageQueue, QueueState]], results: list[FetchResult]
+    ) -> list[FetchResult]:
         """A follower's answer, with the queues it could not serve as the leader would
         turned SKIPPED (asked again, from the leader): an offset past what it holds (it
         lags, and the offset came from the leader), below its log start, a queue it does
@@ -448,8 +470,11 @@ class Fetcher:
         if not missed:
             return results
         mq, first = picked[missed[0]][0], results[missed[0]]
-        self._follower_failed(addr, f"{mq.topic}/{mq.queue_id} at offset {picked[missed[0]][1].known_offset()}: "
-                                    f"{first.status.value} {first.error}".rstrip())  # fmt: skip
+        self._follower_failed(
+            addr,
+            f"{mq.topic}/{mq.queue_id} at offset {picked[missed[0]][1].known_offset()}: "
+            f"{first.status.value} {first.error}".rstrip(),
+        )
         out = list(results)
         for i in missed:
             out[i] = results[i]._replace(status=PullStatus.SKIPPED, next_offset=picked[i][1].known_offset())
@@ -458,8 +483,13 @@ class Fetcher:
     def _hinted(self, mq: MessageQueue) -> None:
         """The leader says this consumer is far behind: read the group from a follower."""
         if not self.c.reads.reading_from_follower(mq.broker_name) and self.c.reads.hinted(mq.broker_name):
-            log.info("consumer %s: %s suggests reading from a follower: pulling %s from one for %d ms",
-                     self.c.client_id, mq.addr, mq.broker_name, self.options.follower_read_hold_ms)  # fmt: skip
+            log.info(
+                "consumer %s: %s suggests reading from a follower: pulling %s from one for %d ms",
+                self.c.client_id,
+                mq.addr,
+                mq.broker_name,
+                self.options.follower_read_hold_ms,
+            )
 
     def _learn(self, addr: str, results: list[FetchResult], found: int) -> None:
         """Messages per queue the broker got to in data answers (an average over recent
@@ -470,8 +500,9 @@ class Fetcher:
             sample = found / visited
             self._density[addr] = 0.7 * self._density.get(addr, sample) + 0.3 * sample
 
-    def _deliver(self, addr: str, picked: list[tuple[MessageQueue, QueueState]], results: list[FetchResult],
-                 body: bytes) -> None:  # fmt: skip
+    def _deliver(
+        self, addr: str, picked: list[tuple[MessageQueue, QueueState]], results: list[FetchResult], body: bytes
+    ) -> None:
         # One decode for the whole answer: with thousands of queues each holds a few
         # records, and a decode call per queue would cost more than its records.
         with collector_paused():
@@ -492,8 +523,15 @@ class Fetcher:
             if status is not PullStatus.SKIPPED:
                 st.idle = status in _NOTHING_THERE or _caught_up(row)
             if status in _OUT_OF_RANGE:  # never for an offset assigned but not yet visible (the broker waits)
-                log.warning("consumer %s: offset %d of %s/%d is %s; moving to %d", self.c.client_id, st.offset,
-                            mq.topic, mq.queue_id, status.value.lower().replace("_", " "), nxt)  # fmt: skip
+                log.warning(
+                    "consumer %s: offset %d of %s/%d is %s; moving to %d",
+                    self.c.client_id,
+                    st.offset,
+                    mq.topic,
+                    mq.queue_id,
+                    status.value.lower().replace("_", " "),
+                    nxt,
+                )
             elif status in _NOT_READ:
                 continue
             if any(r.topic != mq.topic or r.queue_id != mq.queue_id for r in mine[:1] + mine[-1:]):
@@ -512,8 +550,12 @@ class Fetcher:
         error = DamagedQueueError(mq, row.next_offset, row.error)
         known = self.c.errors.get(mq)
         if known is None or known.offset != error.offset:
-            log.error("consumer %s: not reading past a damaged record; asking again every %d ms: %s",
-                      self.c.client_id, self.options.damaged_queue_retry_ms, error)  # fmt: skip
+            log.error(
+                "consumer %s: not reading past a damaged record; asking again every %d ms: %s",
+                self.c.client_id,
+                self.options.damaged_queue_retry_ms,
+                error,
+            )
         self.c.errors[mq] = error
         st.offset, st.idle, st.paused = row.next_offset, False, True
         self._nursery.start_soon(self._resume_later, mq, st)
@@ -540,8 +582,9 @@ _OUT_OF_RANGE = frozenset({PullStatus.OFFSET_TOO_SMALL, PullStatus.OFFSET_OVERFL
 _NOT_READ = frozenset({PullStatus.NO_MESSAGE, PullStatus.SKIPPED, PullStatus.NO_QUEUE})
 _READ = frozenset({PullStatus.FOUND, PullStatus.NO_MATCHED_MESSAGE})
 # A follower's rows the leader may answer otherwise (see Fetcher._follower_misses).
-_FOLLOWER_MISSES = frozenset({PullStatus.OFFSET_TOO_SMALL, PullStatus.OFFSET_OVERFLOW, PullStatus.NO_QUEUE,
-                              PullStatus.CORRUPT})  # fmt: skip
+_FOLLOWER_MISSES = frozenset(
+    {PullStatus.OFFSET_TOO_SMALL, PullStatus.OFFSET_OVERFLOW, PullStatus.NO_QUEUE, PullStatus.CORRUPT}
+)
 
 
 def _caught_up(row: FetchResult) -> bool:

@@ -139,8 +139,14 @@ class Membership:
         except NET_ERRORS:
             return addr
         self.rebalance_soon()  # move the group's queues to its new leader
-        return next((m.addr for m in mqs if (m.broker_name, m.queue_id) == (mq.broker_name, mq.queue_id)
-                     and m.addr not in routes.leaderless), addr)  # fmt: skip
+        return next(
+            (
+                m.addr
+                for m in mqs
+                if (m.broker_name, m.queue_id) == (mq.broker_name, mq.queue_id) and m.addr not in routes.leaderless
+            ),
+            addr,
+        )
 
 
 def _leader_moved(e: BaseException) -> bool:

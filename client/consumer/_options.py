@@ -88,20 +88,36 @@ class ConsumerOptions:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.orderly and self.mode != "clustering":
-            raise ValueError(f"orderly=True needs mode='clustering' (queue locks are per group), got mode={self.mode!r}")
+            raise ValueError(
+                f"orderly=True needs mode='clustering' (queue locks are per group), got mode={self.mode!r}"
+            )
         if self.orderly_retry_delay_ms < 0:
             raise ValueError(f"orderly_retry_delay_ms must be >= 0, got {self.orderly_retry_delay_ms}")
         if self.max_reconsume_times is not None and not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES:
-            raise ValueError(f"max_reconsume_times must be in 0..{MAX_RECONSUME_TIMES} (or None: the broker's), "
-                             f"got {self.max_reconsume_times}")  # fmt: skip
+            raise ValueError(
+                f"max_reconsume_times must be in 0..{MAX_RECONSUME_TIMES} (or None: the broker's), "
+                f"got {self.max_reconsume_times}"
+            )
         if self.retry_delays_ms is not None:
             self.retry_delays_ms = tuple(self.retry_delays_ms)
             if not self.retry_delays_ms or any(type(d) is not int or d < 0 for d in self.retry_delays_ms):
-                raise ValueError(f"retry_delays_ms must be a non-empty sequence of milliseconds >= 0 (or None: the "
-                                 f"broker's), got {self.retry_delays_ms!r}")  # fmt: skip
+                raise ValueError(
+                    f"retry_delays_ms must be a non-empty sequence of milliseconds >= 0 (or None: the "
+                    f"broker's), got {self.retry_delays_ms!r}"
+                )
 
 
 # Limits a consumer cannot work with at 0 (a byte bound of 0 left every fetch waiting).
-_AT_LEAST_ONE = ("pull_batch", "fetch_queues", "fetch_max_messages", "fetch_max_bytes", "watch_max_bytes",
-                 "fetches_in_flight", "watches_in_flight", "prefetch_max_bytes", "receive_max_messages",
-                 "lock_retry_ms", "lock_renew_interval_ms")  # fmt: skip
+_AT_LEAST_ONE = (
+    "pull_batch",
+    "fetch_queues",
+    "fetch_max_messages",
+    "fetch_max_bytes",
+    "watch_max_bytes",
+    "fetches_in_flight",
+    "watches_in_flight",
+    "prefetch_max_bytes",
+    "receive_max_messages",
+    "lock_retry_ms",
+    "lock_renew_interval_ms",
+)

@@ -138,7 +138,11 @@ class QueueLocks:
                 if mq in self.held:
                     due = now - self._sent.get(mq, 0.0) >= self.renew_s
                 else:
-                    due = mq in self.wanted and mq not in self.releasing and (mq.topic, mq.broker_name, mq.queue_id) not in moving
+                    due = (
+                        mq in self.wanted
+                        and mq not in self.releasing
+                        and (mq.topic, mq.broker_name, mq.queue_id) not in moving
+                    )
                 if due:
                     asks.setdefault(mq.addr, []).append(mq)
             async with trio.open_nursery() as nursery:
@@ -179,16 +183,27 @@ class QueueLocks:
         self.renew_s = min(self.renew_max_s, self.lease_s / 3)
         if self.renew_s < self.renew_max_s and not self._warned_lease:
             self._warned_lease = True
-            log.info("consumer %s: the broker's lock lease is %d ms: renewing every %d ms (lock_renew_interval_ms %d)",
-                     self.host.client_id, lease_ms, self.renew_s * 1000, self.renew_max_s * 1000)  # fmt: skip
+            log.info(
+                "consumer %s: the broker's lock lease is %d ms: renewing every %d ms (lock_renew_interval_ms %d)",
+                self.host.client_id,
+                lease_ms,
+                self.renew_s * 1000,
+                self.renew_max_s * 1000,
+            )
 
     def lapse(self, mq: MessageQueue, why: str) -> None:
         """Stop processing ``mq`` at once: its lease may have ended."""
         if self.held.pop(mq, None) is None:
             return
         self._sent.pop(mq, None)
-        log.warning("consumer %s: lost the lock of %s/%s/%d (%s): stopped reading it", self.host.client_id,
-                    mq.broker_name, mq.topic, mq.queue_id, why)  # fmt: skip
+        log.warning(
+            "consumer %s: lost the lock of %s/%s/%d (%s): stopped reading it",
+            self.host.client_id,
+            mq.broker_name,
+            mq.topic,
+            mq.queue_id,
+            why,
+        )
         self.host.drop_queue(mq)
 
     async def unlock(self, mqs: list[MessageQueue]) -> None:

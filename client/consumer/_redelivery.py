@@ -78,8 +78,9 @@ class SendBackError(ClientError):
         self.results = list(results)
 
 
-def send_back_rows(records: Sequence[Record], delay_ms: int | None,
-                   retry_delays_ms: tuple[int, ...] | None) -> list[list[int]]:  # fmt: skip
+def send_back_rows(
+    records: Sequence[Record], delay_ms: int | None, retry_delays_ms: tuple[int, ...] | None
+) -> list[list[int]]:
     """CONSUMER_SEND_BACK rows ``[commitlog_offset, delay_ms]``: ``delay_ms`` if given,
     else the consumer's back-off for the record's next attempt, else the broker's (-1)."""
     rows = []
@@ -107,8 +108,12 @@ async def judge(handler: Handler, record: Record) -> bool:
         if inspect.isawaitable(verdict):
             verdict = await verdict
     except Exception:
-        log.exception("handler failed on %s/%d offset %d (delivered again later)", record.topic, record.queue_id,
-                      record.queue_offset)  # fmt: skip
+        log.exception(
+            "handler failed on %s/%d offset %d (delivered again later)",
+            record.topic,
+            record.queue_id,
+            record.queue_offset,
+        )
         return False
     return succeeded(verdict, record)
 
@@ -118,8 +123,12 @@ def judge_sync(handler: Callable[[Record], Any], record: Record) -> bool:
     try:
         verdict = handler(record)
     except Exception:
-        log.exception("handler failed on %s/%d offset %d (delivered again later)", record.topic, record.queue_id,
-                      record.queue_offset)  # fmt: skip
+        log.exception(
+            "handler failed on %s/%d offset %d (delivered again later)",
+            record.topic,
+            record.queue_id,
+            record.queue_offset,
+        )
         return False
     return succeeded(verdict, record)
 
@@ -129,8 +138,10 @@ def succeeded(verdict: object, record: Record) -> bool:
         return True
     if verdict is ConsumeStatus.RECONSUME_LATER:
         return False
-    raise TypeError(f"a handler returns ConsumeStatus.SUCCESS, ConsumeStatus.RECONSUME_LATER or None, "
-                    f"got {verdict!r:.80} for {record.topic}/{record.queue_id} offset {record.queue_offset}")  # fmt: skip
+    raise TypeError(
+        f"a handler returns ConsumeStatus.SUCCESS, ConsumeStatus.RECONSUME_LATER or None, "
+        f"got {verdict!r:.80} for {record.topic}/{record.queue_id} offset {record.queue_offset}"
+    )
 
 
 class Round:
@@ -141,8 +152,15 @@ class Round:
     in order). ``limit``: records to handle at most (the rest are left, and delivered
     again)."""
 
-    def __init__(self, records: list[Record], keys: dict[int, Any], *, orderly: bool, limit: int | None,
-                 still_held: Callable[[Any], bool] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        records: list[Record],
+        keys: dict[int, Any],
+        *,
+        orderly: bool,
+        limit: int | None,
+        still_held: Callable[[Any], bool] | None = None,
+    ) -> None:
         self.records = records
         self.keys = keys
         self.orderly = orderly
@@ -246,8 +264,9 @@ class Redelivery:
             return await self._in_place(records, where)
         return await self._send_back(records, where, delay_ms)
 
-    async def _send_back(self, records: list[Record], where: dict[int, MessageQueue],
-                         delay_ms: int | None) -> list[SendBackResult]:  # fmt: skip
+    async def _send_back(
+        self, records: list[Record], where: dict[int, MessageQueue], delay_ms: int | None
+    ) -> list[SendBackResult]:
         """One CONSUMER_SEND_BACK per group leader; see :meth:`Consumer.nack`."""
         options = self.c.options
         by_addr: dict[str, list[Record]] = {}
@@ -257,7 +276,10 @@ class Redelivery:
         failed: list[Record] = []
         why: list[str] = []
         for addr, some in by_addr.items():
-            fields: dict[str, Any] = {"group": self.c.group, "messages": send_back_rows(some, delay_ms, options.retry_delays_ms)}
+            fields: dict[str, Any] = {
+                "group": self.c.group,
+                "messages": send_back_rows(some, delay_ms, options.retry_delays_ms),
+            }
             if options.max_reconsume_times is not None:
                 fields["max_reconsume_times"] = options.max_reconsume_times
             try:
@@ -271,8 +293,12 @@ class Redelivery:
                 done[id(r)] = SendBackResult(r, *row)
         if failed:
             self._rewind_to_first(failed, where)
-            raise SendBackError(f"{len(failed)} of {len(records)} failed messages not sent back ({'; '.join(why)}): "
-                                "their queues are read again from the first of them", failed, list(done.values()))  # fmt: skip
+            raise SendBackError(
+                f"{len(failed)} of {len(records)} failed messages not sent back ({'; '.join(why)}): "
+                "their queues are read again from the first of them",
+                failed,
+                list(done.values()),
+            )
         return [done[id(r)] for r in records]
 
     async def _in_place(self, records: list[Record], where: dict[int, MessageQueue]) -> list[SendBackResult]:
@@ -314,12 +340,26 @@ class Redelivery:
             reply = await self.c.to_leader(mq, mq.addr, RequestCode.CONSUMER_SEND_BACK, fields)
             row = _result_rows(reply, 1)[0]
         except self._errors() as e:
-            log.warning("consumer %s: %s/%d offset %d failed %d times; not moved to the dead letters (%s): "
-                        "delivered again in place", self.c.client_id, mq.topic, mq.queue_id, r.queue_offset,
-                        r.reconsume_times + 1, e)  # fmt: skip
+            log.warning(
+                "consumer %s: %s/%d offset %d failed %d times; not moved to the dead letters (%s): "
+                "delivered again in place",
+                self.c.client_id,
+                mq.topic,
+                mq.queue_id,
+                r.queue_offset,
+                r.reconsume_times + 1,
+                e,
+            )
             return None
-        log.warning("consumer %s: %s/%d offset %d failed %d times: moved to %%DLQ%%%s", self.c.client_id, mq.topic,
-                    mq.queue_id, r.queue_offset, r.reconsume_times + 1, self.c.group)  # fmt: skip
+        log.warning(
+            "consumer %s: %s/%d offset %d failed %d times: moved to %%DLQ%%%s",
+            self.c.client_id,
+            mq.topic,
+            mq.queue_id,
+            r.queue_offset,
+            r.reconsume_times + 1,
+            self.c.group,
+        )
         return SendBackResult(r, *row)
 
     def _rewind_to_first(self, records: Sequence[Record], where: dict[int, MessageQueue]) -> None:
@@ -347,8 +387,13 @@ class Redelivery:
             st = assigned.get(mq)
             return st is not None and st.generation == generations.get(mq) and locks.holds(mq, clock.current_time())
 
-        return Round(records, self.c.pending.where(records, strict=False), orderly=locks is not None, limit=limit,
-                     still_held=None if locks is None else held)  # fmt: skip
+        return Round(
+            records,
+            self.c.pending.where(records, strict=False),
+            orderly=locks is not None,
+            limit=limit,
+            still_held=None if locks is None else held,
+        )
 
     async def run(self, handler: Handler, max_messages: int | None) -> int:
         check_limit(max_messages)
@@ -369,8 +414,11 @@ class Redelivery:
     async def settle(self, rnd: Round) -> None:
         """After a round: nack its failures, read what it left again, acknowledge the rest."""
         if rnd.failed and self.c.options.mode != "clustering":
-            log.warning("consumer %s: %d messages failed (broadcasting mode: not delivered again)", self.c.client_id,
-                        len(rnd.failed))  # fmt: skip
+            log.warning(
+                "consumer %s: %d messages failed (broadcasting mode: not delivered again)",
+                self.c.client_id,
+                len(rnd.failed),
+            )
         elif rnd.failed:
             still = self.c.pending.where(rnd.failed, strict=False)  # a queue lost meanwhile: its new owner reads it
             try:
@@ -400,9 +448,16 @@ def _result_rows(reply: Frame, n: int) -> list[tuple[str, int, int]]:
         raise ProtocolError(f"CONSUMER_SEND_BACK: {n} messages sent, the answer has no row for each: {rows!r:.80}")
     out = []
     for row in rows:
-        if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str) and type(row[1]) is int
-                and type(row[2]) is int):  # fmt: skip
-            raise ProtocolError(f"CONSUMER_SEND_BACK: a result row must be [destination, reconsume_times, "
-                                f"deliver_at_ms], got {row!r:.80}")  # fmt: skip
+        if not (
+            isinstance(row, list)
+            and len(row) == 3
+            and isinstance(row[0], str)
+            and type(row[1]) is int
+            and type(row[2]) is int
+        ):
+            raise ProtocolError(
+                f"CONSUMER_SEND_BACK: a result row must be [destination, reconsume_times, "
+                f"deliver_at_ms], got {row!r:.80}"
+            )
         out.append((row[0], row[1], row[2]))
     return out

@@ -8,7 +8,16 @@
 - ``_future``, ``_scheduled``: the results of ``submit``; scheduled sends (``delay_ms``).
 """
 
-from ._producer import BatchTooLargeError, BufferFullError, Producer, SendError, SendFuture, SendResult, open_producer, shard
+from ._producer import (
+    BatchTooLargeError,
+    BufferFullError,
+    Producer,
+    SendError,
+    SendFuture,
+    SendResult,
+    open_producer,
+    shard,
+)
 
 __all__ = [
     "BatchTooLargeError",

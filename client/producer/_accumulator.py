@@ -33,8 +33,16 @@ YIELD_EVERY_SUBMITS = 64  # a submit that found nothing to wait for yields this 
 class Accumulator:
     """Per-queue buffers and per-broker senders of one producer (see the module)."""
 
-    def __init__(self, rpc: RpcClient, targets: Targets, policy: RetryPolicy, settings: AccumulatorSettings,
-                 send_timeout_ms: int, unique_ids: bool, nursery: trio.Nursery) -> None:  # fmt: skip
+    def __init__(
+        self,
+        rpc: RpcClient,
+        targets: Targets,
+        policy: RetryPolicy,
+        settings: AccumulatorSettings,
+        send_timeout_ms: int,
+        unique_ids: bool,
+        nursery: trio.Nursery,
+    ) -> None:
         self.rpc = rpc
         self.targets = targets
         self.policy = policy
@@ -79,11 +87,15 @@ class Accumulator:
     def check_size(self, size: int) -> None:
         """Refuse a batch that could never be sent."""
         if size > self.settings.buffer_max_bytes:
-            raise BatchTooLargeError(f"a batch of {size:,} encoded bytes exceeds the producer's "
-                                     f"buffer_max_bytes={self.settings.buffer_max_bytes:,}")  # fmt: skip
+            raise BatchTooLargeError(
+                f"a batch of {size:,} encoded bytes exceeds the producer's "
+                f"buffer_max_bytes={self.settings.buffer_max_bytes:,}"
+            )
         if size > self.max_request_bytes:
-            raise BatchTooLargeError(f"a batch of {size:,} encoded bytes exceeds the largest request "
-                                     f"({self.max_request_bytes:,}: the client's max_frame_bytes less headroom)")  # fmt: skip
+            raise BatchTooLargeError(
+                f"a batch of {size:,} encoded bytes exceeds the largest request "
+                f"({self.max_request_bytes:,}: the client's max_frame_bytes less headroom)"
+            )
 
     async def reserve(self, size: int) -> None:
         """Room for ``size`` bytes in the buffer: wait (``block``) or BufferFullError."""
@@ -103,11 +115,15 @@ class Accumulator:
                         raise SendError("producer closed")
                 self.buffered_bytes += size
                 return
-            raise BufferFullError(f"the producer's buffer is full: {self.buffered_bytes:,} bytes accepted and not "
-                                  f"answered, buffer_max_bytes={limit:,}; waited buffer_block_max_ms="
-                                  f"{self.settings.buffer_block_max_ms:,}")  # fmt: skip
-        raise BufferFullError(f"the producer's buffer is full: {self.buffered_bytes:,} bytes accepted and not "
-                              f"answered, buffer_max_bytes={limit:,} (buffer_full='raise')")  # fmt: skip
+            raise BufferFullError(
+                f"the producer's buffer is full: {self.buffered_bytes:,} bytes accepted and not "
+                f"answered, buffer_max_bytes={limit:,}; waited buffer_block_max_ms="
+                f"{self.settings.buffer_block_max_ms:,}"
+            )
+        raise BufferFullError(
+            f"the producer's buffer is full: {self.buffered_bytes:,} bytes accepted and not "
+            f"answered, buffer_max_bytes={limit:,} (buffer_full='raise')"
+        )
 
     def reserve_now(self, size: int) -> bool:
         """Room for ``size`` bytes taken at once if there is some (no await)."""
@@ -125,16 +141,31 @@ class Accumulator:
         qb.batches.append(batch)
         return self._grew(qb, batch.size)
 
-    def add_one(self, mq: MessageQueue, msg: Message, uniq: tuple[str, ...], chunk: bytes, fut: SendFuture,
-                sharding_key: str | None, selector: QueueSelector | None, plain: bool) -> bool:  # fmt: skip
+    def add_one(
+        self,
+        mq: MessageQueue,
+        msg: Message,
+        uniq: tuple[str, ...],
+        chunk: bytes,
+        fut: SendFuture,
+        sharding_key: str | None,
+        selector: QueueSelector | None,
+        plain: bool,
+    ) -> bool:
         """:meth:`add` for one message: merged into the queue's open batch if it has one
         (no new batch: the common case under load costs an append or two). ``uniq``:
         its UNIQ_KEY, or none without unique ids; ``plain``: see :class:`Batch`."""
         qb = self._queue(msg.topic, mq)
         size = len(chunk)
         last = qb.batches[-1] if qb.batches else None
-        if (last is not None and last.open and last.gen == self.gen and last.selector is selector
-                and last.sharding_key == sharding_key and last.size + size <= self.batch_max_bytes):  # fmt: skip
+        if (
+            last is not None
+            and last.open
+            and last.gen == self.gen
+            and last.selector is selector
+            and last.sharding_key == sharding_key
+            and last.size + size <= self.batch_max_bytes
+        ):
             last.futures.append(fut)
             chunks, keys = last.chunks, last.keys
             if isinstance(chunks, tuple):  # its first merge: lists from now on

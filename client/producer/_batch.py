@@ -54,13 +54,46 @@ class Batch:
     for the cyclic collector to scan while a buffer of 64 MiB waits (slots: no dict
     each, at 10,000 queues a batch per message)."""
 
-    __slots__ = ("_body", "_born_ms", "_first", "alone", "chunks", "count", "created", "done", "encoded_for",
-                 "futures", "gen", "history", "keys", "mq", "next_mq", "open", "per_message", "selector",
-                 "sharding_key", "size", "topic", "tries")  # fmt: skip
+    __slots__ = (
+        "_body",
+        "_born_ms",
+        "_first",
+        "alone",
+        "chunks",
+        "count",
+        "created",
+        "done",
+        "encoded_for",
+        "futures",
+        "gen",
+        "history",
+        "keys",
+        "mq",
+        "next_mq",
+        "open",
+        "per_message",
+        "selector",
+        "sharding_key",
+        "size",
+        "topic",
+        "tries",
+    )
 
-    def __init__(self, topic: str, first: Message, count: int, keys: Sequence[str], chunk: bytes, fut: SendFuture,
-                 mq: MessageQueue, gen: int, sharding_key: str | None, selector: QueueSelector | None,
-                 per_message: bool, plain: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        topic: str,
+        first: Message,
+        count: int,
+        keys: Sequence[str],
+        chunk: bytes,
+        fut: SendFuture,
+        mq: MessageQueue,
+        gen: int,
+        sharding_key: str | None,
+        selector: QueueSelector | None,
+        per_message: bool,
+        plain: bool = False,
+    ) -> None:
         self.topic = topic
         # A plain message (no tags, keys or properties but its UNIQ_KEY, ``keys[0]``) is
         # made again if a retry's selector wants it: three objects fewer to keep.
@@ -70,7 +103,9 @@ class Batch:
         # Tuples until a message joins (a tuple of strings or bytes is not tracked by the
         # collector once it has seen it: two objects fewer per batch to scan again).
         self.keys: list[str] | tuple[str, ...] = keys if isinstance(keys, tuple) else list(keys)  # UNIQ_KEYs, in order
-        self.chunks: list[bytes] | tuple[bytes, ...] = (chunk,)  # encoded for queue ``encoded_for``; a request joins them
+        self.chunks: list[bytes] | tuple[bytes, ...] = (
+            chunk,
+        )  # encoded for queue ``encoded_for``; a request joins them
         self.size = len(chunk)
         self.futures = [fut]
         self.per_message = per_message  # futures[i] is message i's (else futures[0] is the whole batch's)

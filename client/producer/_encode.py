@@ -34,8 +34,11 @@ def _fast(m: Message) -> bytes:
 
 
 def _same_layout() -> bool:
-    samples = [Message("t", 7, b"body", "tag", "k1 k2", {UNIQ_KEY: "A" * UNIQ_KEY_CHARS}, 3, 1234567890123),
-               Message("t", 0, b"", "", "", {}), Message("t", 1, b"x", "", "", {"a": "b", UNIQ_KEY: "c"})]  # fmt: skip
+    samples = [
+        Message("t", 7, b"body", "tag", "k1 k2", {UNIQ_KEY: "A" * UNIQ_KEY_CHARS}, 3, 1234567890123),
+        Message("t", 0, b"", "", "", {}),
+        Message("t", 1, b"x", "", "", {"a": "b", UNIQ_KEY: "c"}),
+    ]
     return _ITEM.size == ITEM_SIZE and all(_fast(m) == encode_batch([m]) for m in samples)
 
 

@@ -107,9 +107,15 @@ class SendFuture:
                 raise RuntimeError("the send is not done yet: await wait() or add a done callback")
             s, e = self._start, self._start + self._count
             b = answer.base
-            self._result = SendResult(answer.queue, answer.queue_offsets[b + s : b + e],
-                                      answer.commitlog_offsets[b + s : b + e], answer.durable, answer.flush_timeout,
-                                      answer.duplicate, tuple(self._keys[s:e]))  # fmt: skip
+            self._result = SendResult(
+                answer.queue,
+                answer.queue_offsets[b + s : b + e],
+                answer.commitlog_offsets[b + s : b + e],
+                answer.durable,
+                answer.flush_timeout,
+                answer.duplicate,
+                tuple(self._keys[s:e]),
+            )
         return self._result
 
     def exception(self) -> SendError | None:

@@ -29,8 +29,21 @@ from ._scheduled import due_ms, send_scheduled, start_scheduled
 from ._sender import reply_error
 from ._tries import AMBIGUOUS, RETRIABLE, SAME_QUEUE, QueueSelector, RetryPolicy, Targets, Tries, shard
 
-__all__ = ["AMBIGUOUS", "RETRIABLE", "SAME_QUEUE", "UNIQ_KEY", "BatchTooLargeError", "BufferFullError", "Producer",
-           "QueueSelector", "SendError", "SendFuture", "SendResult", "open_producer", "shard"]  # fmt: skip
+__all__ = [
+    "AMBIGUOUS",
+    "RETRIABLE",
+    "SAME_QUEUE",
+    "UNIQ_KEY",
+    "BatchTooLargeError",
+    "BufferFullError",
+    "Producer",
+    "QueueSelector",
+    "SendError",
+    "SendFuture",
+    "SendResult",
+    "open_producer",
+    "shard",
+]
 
 _NO_QUEUE = MessageQueue("", "", -1, "")  # a batch's queue before its first try found one
 DEFAULT_RETRIES = 2
@@ -61,13 +74,27 @@ class Producer:
     ``buffer_max_bytes`` is refused at once (:class:`BatchTooLargeError`).
     """
 
-    def __init__(self, rpc: RpcClient, routes: Routes, *, send_timeout_ms: int = 3000, retries: int | None = None,
-                 fault_backoff_ms: int = 3000, replication_retry_backoff_ms: int = 200,
-                 retry_budget_ms: int | None = None, retry_backoff_ms: int = 50,
-                 retry_backoff_max_ms: int = 500, unique_ids: bool = True, linger_ms: int = 0,
-                 batch_max_bytes: int = 1 << 20, max_in_flight: int = 5, buffer_max_bytes: int = 64 << 20,
-                 buffer_full: str = "block", buffer_block_max_ms: int = 60_000,
-                 nursery: trio.Nursery | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        rpc: RpcClient,
+        routes: Routes,
+        *,
+        send_timeout_ms: int = 3000,
+        retries: int | None = None,
+        fault_backoff_ms: int = 3000,
+        replication_retry_backoff_ms: int = 200,
+        retry_budget_ms: int | None = None,
+        retry_backoff_ms: int = 50,
+        retry_backoff_max_ms: int = 500,
+        unique_ids: bool = True,
+        linger_ms: int = 0,
+        batch_max_bytes: int = 1 << 20,
+        max_in_flight: int = 5,
+        buffer_max_bytes: int = 64 << 20,
+        buffer_full: str = "block",
+        buffer_block_max_ms: int = 60_000,
+        nursery: trio.Nursery | None = None,
+    ) -> None:
         self.rpc = rpc
         self.routes = routes
         self.send_timeout_ms = send_timeout_ms
@@ -76,13 +103,25 @@ class Producer:
             retry_budget_ms = DEFAULT_RETRY_BUDGET_MS if retries is None else 0
         self.retry_budget_ms = retry_budget_ms
         _check_positive(send_timeout_ms=send_timeout_ms)
-        _check_not_negative(retries=self.retries, retry_budget_ms=retry_budget_ms, retry_backoff_ms=retry_backoff_ms,
-                            retry_backoff_max_ms=retry_backoff_max_ms, fault_backoff_ms=fault_backoff_ms,
-                            replication_retry_backoff_ms=replication_retry_backoff_ms)  # fmt: skip
-        self.policy = RetryPolicy(self.retries, retry_budget_ms, retry_backoff_ms, retry_backoff_max_ms,
-                                  fault_backoff_ms, replication_retry_backoff_ms)  # fmt: skip
-        self.settings = AccumulatorSettings(linger_ms, batch_max_bytes, max_in_flight, buffer_max_bytes, buffer_full,
-                                            buffer_block_max_ms)  # fmt: skip
+        _check_not_negative(
+            retries=self.retries,
+            retry_budget_ms=retry_budget_ms,
+            retry_backoff_ms=retry_backoff_ms,
+            retry_backoff_max_ms=retry_backoff_max_ms,
+            fault_backoff_ms=fault_backoff_ms,
+            replication_retry_backoff_ms=replication_retry_backoff_ms,
+        )
+        self.policy = RetryPolicy(
+            self.retries,
+            retry_budget_ms,
+            retry_backoff_ms,
+            retry_backoff_max_ms,
+            fault_backoff_ms,
+            replication_retry_backoff_ms,
+        )
+        self.settings = AccumulatorSettings(
+            linger_ms, batch_max_bytes, max_in_flight, buffer_max_bytes, buffer_full, buffer_block_max_ms
+        )
         self.targets = Targets(routes, self.policy)
         # UNIQ_KEY per message (about 1.5 us and 45 bytes per message): without it a
         # retry after an unknown outcome cannot be recognised (at least once).
@@ -90,26 +129,54 @@ class Producer:
         self.producer_id = secrets.token_hex(8)  # the first half of every UNIQ_KEY this producer makes
         self._uniq = itertools.count()
         self._scheduled: set[SendFuture] = set()  # scheduled sends not answered yet
-        self._acc = (Accumulator(rpc, self.targets, self.policy, self.settings, send_timeout_ms, unique_ids, nursery)
-                     if nursery is not None else None)  # fmt: skip
+        self._acc = (
+            Accumulator(rpc, self.targets, self.policy, self.settings, send_timeout_ms, unique_ids, nursery)
+            if nursery is not None
+            else None
+        )
 
-    async def send(self, topic: str, body: bytes, *, tags: str = "", keys: str = "",
-                   properties: Mapping[str, str] | None = None, sharding_key: str | None = None,
-                   selector: QueueSelector | None = None, delay_ms: float | None = None,
-                   deliver_at: int | datetime | None = None) -> SendResult:  # fmt: skip
+    async def send(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str = "",
+        keys: str = "",
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | None = None,
+        selector: QueueSelector | None = None,
+        delay_ms: float | None = None,
+        deliver_at: int | datetime | None = None,
+    ) -> SendResult:
         """Send one message; returns where it was stored (:meth:`submit`, then wait).
 
         ``delay_ms`` or ``deliver_at`` (epoch ms, or an aware datetime) schedule it: the
         broker stores it now and delivers it into the queue picked now once, at that
         time (within ``timer_tick_ms``), across broker restarts; the result's message
         id is then the scheduled copy's, for :meth:`Admin.cancel_message`."""
-        fut = await self.submit(topic, body, tags=tags, keys=keys, properties=properties, sharding_key=sharding_key,
-                                selector=selector, delay_ms=delay_ms, deliver_at=deliver_at)  # fmt: skip
+        fut = await self.submit(
+            topic,
+            body,
+            tags=tags,
+            keys=keys,
+            properties=properties,
+            sharding_key=sharding_key,
+            selector=selector,
+            delay_ms=delay_ms,
+            deliver_at=deliver_at,
+        )
         return await fut.wait()
 
-    async def send_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
-                         selector: QueueSelector | None = None, delay_ms: float | None = None,
-                         deliver_at: int | datetime | None = None) -> SendResult:  # fmt: skip
+    async def send_batch(
+        self,
+        topic: str,
+        messages: Sequence[Message | bytes],
+        *,
+        sharding_key: str | None = None,
+        selector: QueueSelector | None = None,
+        delay_ms: float | None = None,
+        deliver_at: int | datetime | None = None,
+    ) -> SendResult:
         """Send messages as one batch to one queue (in order, stored together). The
         producer sets the messages' ``queue_id`` to the queue it picks, and gives each
         message without one a unique id, the property ``UNIQ_KEY``.
@@ -126,14 +193,25 @@ class Producer:
         at once. A send that fails for good raises :class:`SendError` whose ``code`` is
         the last broker's error code (e.g. NOT_ENOUGH_REPLICAS). ``delay_ms`` /
         ``deliver_at``: every message of the batch is scheduled (see :meth:`send`)."""
-        fut = await self.submit_batch(topic, messages, sharding_key=sharding_key, selector=selector, delay_ms=delay_ms,
-                                      deliver_at=deliver_at)  # fmt: skip
+        fut = await self.submit_batch(
+            topic, messages, sharding_key=sharding_key, selector=selector, delay_ms=delay_ms, deliver_at=deliver_at
+        )
         return await fut.wait()
 
-    async def submit(self, topic: str, body: bytes, *, tags: str = "", keys: str = "",
-                     properties: Mapping[str, str] | None = None, sharding_key: str | None = None,
-                     selector: QueueSelector | None = None, callback: DoneCallback | None = None,
-                     delay_ms: float | None = None, deliver_at: int | datetime | None = None) -> SendFuture:  # fmt: skip
+    async def submit(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str = "",
+        keys: str = "",
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | None = None,
+        selector: QueueSelector | None = None,
+        callback: DoneCallback | None = None,
+        delay_ms: float | None = None,
+        deliver_at: int | datetime | None = None,
+    ) -> SendFuture:
         """Buffer one message and return at once (waiting only for buffer room): the
         :class:`SendFuture` resolves once the broker answered (or the tries are spent).
         ``callback(future)`` is called then, on the producer's trio thread. Raises at
@@ -175,8 +253,9 @@ class Producer:
             await trio.lowlevel.checkpoint()  # a sender has a request to make
         return fut
 
-    def _message(self, topic: str, body: bytes, tags: str, keys: str,
-                 properties: Mapping[str, str] | None) -> tuple[Message, tuple[str, ...], bool]:  # fmt: skip
+    def _message(
+        self, topic: str, body: bytes, tags: str, keys: str, properties: Mapping[str, str] | None
+    ) -> tuple[Message, tuple[str, ...], bool]:
         """One submit's message with its UNIQ_KEY (given, or made if ``unique_ids``), the
         key, and whether :func:`encode_plain` may encode it (no tags, keys or properties
         but the key this producer made)."""
@@ -195,9 +274,17 @@ class Producer:
             uniq = (key,)
         return Message(topic, 0, body, tags, keys, props, 0, born_ms), uniq, False
 
-    async def submit_batch(self, topic: str, messages: Sequence[Message | bytes], *, sharding_key: str | None = None,
-                           selector: QueueSelector | None = None, callback: DoneCallback | None = None,
-                           delay_ms: float | None = None, deliver_at: int | datetime | None = None) -> SendFuture:  # fmt: skip
+    async def submit_batch(
+        self,
+        topic: str,
+        messages: Sequence[Message | bytes],
+        *,
+        sharding_key: str | None = None,
+        selector: QueueSelector | None = None,
+        callback: DoneCallback | None = None,
+        delay_ms: float | None = None,
+        deliver_at: int | datetime | None = None,
+    ) -> SendFuture:
         """:meth:`submit` for messages sent as one batch to one queue (see :meth:`send_batch`)."""
         acc = self._accumulator()
         msgs = [m if isinstance(m, Message) else Message(topic, 0, m) for m in messages]
@@ -217,12 +304,32 @@ class Producer:
             m.queue_id = qid
         uniq = tuple([m.properties[UNIQ_KEY] for m in msgs]) if self.unique_ids else ()
         fut = SendFuture()
-        batch = Batch(topic, msgs[0], len(msgs), uniq, encode_batch(msgs), fut, mq or _NO_QUEUE, acc.gen, sharding_key,
-                      selector, False)  # fmt: skip
+        batch = Batch(
+            topic,
+            msgs[0],
+            len(msgs),
+            uniq,
+            encode_batch(msgs),
+            fut,
+            mq or _NO_QUEUE,
+            acc.gen,
+            sharding_key,
+            selector,
+            False,
+        )
         return await self._buffer(acc, batch, mq, tries, callback)
 
-    def _schedule(self, acc: Accumulator, topic: str, msgs: list[Message], keys: Sequence[str], due: int,
-                  sharding_key: str | None, selector: QueueSelector | None, callback: DoneCallback | None) -> SendFuture:  # fmt: skip
+    def _schedule(
+        self,
+        acc: Accumulator,
+        topic: str,
+        msgs: list[Message],
+        keys: Sequence[str],
+        due: int,
+        sharding_key: str | None,
+        selector: QueueSelector | None,
+        callback: DoneCallback | None,
+    ) -> SendFuture:
         def send() -> Awaitable[SendResult]:
             return send_scheduled(self.send_to, self.targets, self.policy, topic, msgs, due, sharding_key, selector)
 
@@ -235,8 +342,14 @@ class Producer:
             raise SendError("producer closed")
         return self._acc
 
-    async def _buffer(self, acc: Accumulator, batch: Batch, mq: MessageQueue | None, tries: Tries | None,
-                      callback: DoneCallback | None) -> SendFuture:  # fmt: skip
+    async def _buffer(
+        self,
+        acc: Accumulator,
+        batch: Batch,
+        mq: MessageQueue | None,
+        tries: Tries | None,
+        callback: DoneCallback | None,
+    ) -> SendFuture:
         """Reserve the batch's bytes, then queue it (or, without a queue now, retry it)."""
         acc.check_size(batch.size)
         if not acc.reserve_now(batch.size):
@@ -252,8 +365,9 @@ class Producer:
             await trio.lowlevel.checkpoint()  # a sender has a request to make
         return fut
 
-    async def _first_target(self, topic: str, first: Message, sharding_key: str | None,
-                            selector: QueueSelector | None) -> tuple[MessageQueue | None, Tries | None]:  # fmt: skip
+    async def _first_target(
+        self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None
+    ) -> tuple[MessageQueue | None, Tries | None]:
         """The queue of a batch's first try; None and its first failure if none now."""
         try:
             return await self.targets.pick(topic, first, sharding_key, selector, refresh=False), None
@@ -309,17 +423,25 @@ class Producer:
         the broker answers with the offsets of the same batch (by ``UNIQ_KEY``) if it
         has stored it already."""
         fields: dict[str, object] = {"topic": mq.topic, "dedup": True} if dedup else {"topic": mq.topic}
-        reply = await self.rpc.request(mq.addr, RequestCode.SEND_MESSAGE, fields, body,
-                                       timeout_ms=self.send_timeout_ms, check=False)  # fmt: skip
+        reply = await self.rpc.request(
+            mq.addr, RequestCode.SEND_MESSAGE, fields, body, timeout_ms=self.send_timeout_ms, check=False
+        )
         error = reply_error(mq.addr, reply)
         if error is not None:
             raise error
         f = reply.fields
-        return SendResult(mq, f["queue_offsets"], f["commitlog_offsets"], bool(f["durable"]),
-                          bool(reply.error_code), bool(f.get("duplicate", False)))  # fmt: skip
+        return SendResult(
+            mq,
+            f["queue_offsets"],
+            f["commitlog_offsets"],
+            bool(f["durable"]),
+            bool(reply.error_code),
+            bool(f.get("duplicate", False)),
+        )
 
-    async def send_oneway(self, topic: str, body: bytes, *, tags: str = "", keys: str = "",
-                          sharding_key: str | None = None) -> None:  # fmt: skip
+    async def send_oneway(
+        self, topic: str, body: bytes, *, tags: str = "", keys: str = "", sharding_key: str | None = None
+    ) -> None:
         """Send without waiting for (or getting) an answer: fastest, no guarantee."""
         mq = await self.targets.pick(topic, Message(topic, 0, body, tags, keys), sharding_key, None, refresh=False)
         msg = Message(topic, mq.queue_id, body, tags, keys, born_timestamp_ms=int(time.time() * 1000))
@@ -339,16 +461,18 @@ def _check_not_negative(**values: int) -> None:
 
 
 @asynccontextmanager
-async def open_producer(namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None,
-                        **options: Any) -> AsyncIterator[Producer]:  # fmt: skip
+async def open_producer(
+    namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None, **options: Any
+) -> AsyncIterator[Producer]:
     """A producer for trio code: ``async with open_producer(["127.0.0.1:9876"]) as p:``.
     On leaving, buffered messages are sent (``aclose``: flushed, within the retry budget)."""
     async with background_nursery() as nursery:
         rpc = RpcClient(nursery)
         producer = None
         try:
-            producer = Producer(rpc, Routes(rpc, namesrv_addrs or [], broker_addrs=broker_addrs), nursery=nursery,
-                                **options)  # fmt: skip
+            producer = Producer(
+                rpc, Routes(rpc, namesrv_addrs or [], broker_addrs=broker_addrs), nursery=nursery, **options
+            )
             yield producer
         finally:
             try:

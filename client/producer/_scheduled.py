@@ -63,7 +63,9 @@ def encode_scheduled(msgs: Sequence[Message], real: MessageQueue, due: int) -> b
     (due time, real topic and queue: encoded once), then REAL_TAGS, then the message's
     own (a user property of a reserved name is left out): the broker checks the shared
     part of a batch once."""
-    lead = encode_properties({PROP_DELIVER_AT: str(due), PROP_REAL_TOPIC: real.topic, PROP_REAL_QID: str(real.queue_id)})
+    lead = encode_properties(
+        {PROP_DELIVER_AT: str(due), PROP_REAL_TOPIC: real.topic, PROP_REAL_QID: str(real.queue_id)}
+    )
     tags = timer_tag(due).encode()
     parts: list[bytes] = []
     for m in msgs:
@@ -78,8 +80,16 @@ def encode_scheduled(msgs: Sequence[Message], real: MessageQueue, due: int) -> b
     return b"".join(parts)
 
 
-async def send_scheduled(send_to: SendTo, targets: Targets, policy: RetryPolicy, topic: str, msgs: Sequence[Message],
-                         due: int, sharding_key: str | None, selector: QueueSelector | None) -> SendResult:  # fmt: skip
+async def send_scheduled(
+    send_to: SendTo,
+    targets: Targets,
+    policy: RetryPolicy,
+    topic: str,
+    msgs: Sequence[Message],
+    due: int,
+    sharding_key: str | None,
+    selector: QueueSelector | None,
+) -> SendResult:
     """Send ``msgs`` as one batch due at ``due``: to the queue picked as for a plain send,
     retried as a plain send is (:class:`Tries`: ``retries`` and ``retry_budget_ms``, the
     same queue after an unknown outcome, with ``dedup``, a leader NOT_LEADER names). The
@@ -94,16 +104,22 @@ async def send_scheduled(send_to: SendTo, targets: Targets, policy: RetryPolicy,
             timer = MessageQueue(TIMER_TOPIC, real.broker_name, 0, real.addr)
             try:
                 got = await send_to(timer, encode_scheduled(msgs, real, due), len(msgs), dedup=tries.dedup)
-                return SendResult(real, got.queue_offsets, got.commitlog_offsets, got.durable, got.flush_timeout,
-                                  got.duplicate)  # fmt: skip
+                return SendResult(
+                    real, got.queue_offsets, got.commitlog_offsets, got.durable, got.flush_timeout, got.duplicate
+                )
             except (RpcError, ConnectionFailed, trio.TooSlowError) as e:
                 targets.failed(real, e, tries)  # raises SendError for an error not worth another try
         await trio.sleep(tries.delay())
     raise tries.error(topic)
 
 
-def start_scheduled(nursery: trio.Nursery, inflight: set[SendFuture], keys: Sequence[str],
-                    send: Callable[[], Awaitable[SendResult]], callback: DoneCallback | None) -> SendFuture:  # fmt: skip
+def start_scheduled(
+    nursery: trio.Nursery,
+    inflight: set[SendFuture],
+    keys: Sequence[str],
+    send: Callable[[], Awaitable[SendResult]],
+    callback: DoneCallback | None,
+) -> SendFuture:
     """A :class:`SendFuture` for a scheduled send run as a task of the producer's
     nursery (``submit(..., delay_ms=...)``); ``inflight`` holds it until it is done,
     for the producer's ``flush``."""

@@ -141,8 +141,9 @@ class Sender:
             body = b"".join([c for b in req.batches for c in b.chunks])
             fields: dict[str, object] = {"topic": req.topic, "dedup": True} if req.dedup else {"topic": req.topic}
             try:
-                reply = await acc.rpc.request(self.addr, RequestCode.SEND_MESSAGE, fields, body,
-                                              timeout_ms=acc.send_timeout_ms, check=False)  # fmt: skip
+                reply = await acc.rpc.request(
+                    self.addr, RequestCode.SEND_MESSAGE, fields, body, timeout_ms=acc.send_timeout_ms, check=False
+                )
             except (ConnectionFailed, trio.TooSlowError) as e:
                 acc.failed(req, e)
                 return
@@ -167,8 +168,10 @@ class Sender:
         total = sum(b.count for b in req.batches)
         # No commit-log offsets from a partition-per-file broker (it has no commit log).
         if len(qoffs) != total or len(coffs) not in (0, total):
-            error = SendError(f"{self.addr} answered {len(qoffs)} queue offsets and {len(coffs)} commit-log offsets "
-                              f"for {total} messages")  # fmt: skip
+            error = SendError(
+                f"{self.addr} answered {len(qoffs)} queue offsets and {len(coffs)} commit-log offsets "
+                f"for {total} messages"
+            )
             for b in req.batches:
                 acc.fail(b, error)
         else:

@@ -23,10 +23,20 @@ from ._future import SendError
 # Worth another try (elsewhere): the broker is busy, stopping, failing, or the route is stale.
 # STORE_FAILED: that broker's store failed (it reports itself unhealthy, and routes mark
 # it so: producers skip it); the message was not stored durably there, so another broker may.
-RETRIABLE = {ErrorCode.SYSTEM_BUSY, ErrorCode.SHUTTING_DOWN, ErrorCode.SYSTEM_ERROR, ErrorCode.IO_ERROR,
-             ErrorCode.DISK_FULL, ErrorCode.TOPIC_NOT_FOUND, ErrorCode.INVALID_QUEUE_ID, ErrorCode.TIMEOUT,
-             ErrorCode.STORE_FAILED, ErrorCode.NOT_LEADER, ErrorCode.NOT_ENOUGH_REPLICAS,
-             ErrorCode.REPLICATION_TIMEOUT}  # fmt: skip
+RETRIABLE = {
+    ErrorCode.SYSTEM_BUSY,
+    ErrorCode.SHUTTING_DOWN,
+    ErrorCode.SYSTEM_ERROR,
+    ErrorCode.IO_ERROR,
+    ErrorCode.DISK_FULL,
+    ErrorCode.TOPIC_NOT_FOUND,
+    ErrorCode.INVALID_QUEUE_ID,
+    ErrorCode.TIMEOUT,
+    ErrorCode.STORE_FAILED,
+    ErrorCode.NOT_LEADER,
+    ErrorCode.NOT_ENOUGH_REPLICAS,
+    ErrorCode.REPLICATION_TIMEOUT,
+}
 # Replication (sync acks): the group's replicas are behind, not its broker. Retried on
 # the same queue (same group and queue id), so that the batch keeps its place in the
 # queue's order. NOT_LEADER (the group's leader moved) is retried on the same queue
@@ -65,8 +75,15 @@ def shard(key: str, count: int) -> int:
 class RetryPolicy:
     """A producer's retry settings (see :class:`client.Producer`)."""
 
-    def __init__(self, retries: int, retry_budget_ms: int, retry_backoff_ms: int, retry_backoff_max_ms: int,
-                 fault_backoff_ms: int, replication_retry_backoff_ms: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        retries: int,
+        retry_budget_ms: int,
+        retry_backoff_ms: int,
+        retry_backoff_max_ms: int,
+        fault_backoff_ms: int,
+        replication_retry_backoff_ms: int,
+    ) -> None:
         self.retries = retries
         self.retry_budget_ms = retry_budget_ms
         self.retry_backoff_ms = retry_backoff_ms
@@ -121,8 +138,9 @@ class Tries:
         """The error of a send whose tries are spent."""
         shown = self.errors[-MAX_ERRORS_REPORTED:]
         more = f"({len(self.errors) - len(shown)} earlier failures not shown) " if len(self.errors) > len(shown) else ""
-        return SendError(f"send to topic {topic!r} failed {self.attempts} times: {more}{'; '.join(shown)}",
-                         self.last_code)  # fmt: skip
+        return SendError(
+            f"send to topic {topic!r} failed {self.attempts} times: {more}{'; '.join(shown)}", self.last_code
+        )
 
 
 class Targets:
@@ -138,8 +156,15 @@ class Targets:
         self._routed: dict[str, tuple[float, list[MessageQueue]]] = {}  # topic -> (fresh until, its queues)
         self._looking_up: dict[str, trio.Lock] = {}
 
-    async def target(self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None,
-                     tries: Tries, refresh: bool | None = None) -> MessageQueue | None:  # fmt: skip
+    async def target(
+        self,
+        topic: str,
+        first: Message,
+        sharding_key: str | None,
+        selector: QueueSelector | None,
+        tries: Tries,
+        refresh: bool | None = None,
+    ) -> MessageQueue | None:
         """The queue of the next try; None if there is none now (the failure is noted).
         ``refresh``: ask for fresh routes (default: on a retry)."""
         tries.attempts += 1
@@ -217,8 +242,9 @@ class Targets:
     def _check_retriable(mq: MessageQueue, e: RpcError) -> None:
         """Raise :class:`SendError` for an error answer not worth another try."""
         if e.code == ErrorCode.UNSUPPORTED_VERSION:
-            raise SendError(f"broker {mq.addr} does not speak this client's protocol version "
-                            f"{PROTOCOL_VERSION}: {e.text}", e.code) from None  # fmt: skip
+            raise SendError(
+                f"broker {mq.addr} does not speak this client's protocol version {PROTOCOL_VERSION}: {e.text}", e.code
+            ) from None
         if e.code not in RETRIABLE:
             raise SendError(str(e), e.code) from None
 
@@ -234,8 +260,9 @@ class Targets:
         self._routed[mq.topic] = (time.monotonic() + self.routes.refresh_interval_ms / 1000, mqs)
         return next((m for m in mqs if m.broker_name == mq.broker_name and m.queue_id == mq.queue_id), None)
 
-    async def pick(self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None,
-                   refresh: bool) -> MessageQueue:  # fmt: skip
+    async def pick(
+        self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None, refresh: bool
+    ) -> MessageQueue:
         if not refresh:  # one look-up for many concurrent sends of a topic not routed yet, not one each
             async with self._looking_up.setdefault(topic, trio.Lock()):
                 chosen = self.pick_now(topic, first, sharding_key, selector)
@@ -247,8 +274,9 @@ class Targets:
         self._routed[topic] = (time.monotonic() + self.routes.refresh_interval_ms / 1000, mqs)
         return self._choose(topic, mqs, first, sharding_key, selector)
 
-    def pick_now(self, topic: str, first: Message, sharding_key: str | None,
-                 selector: QueueSelector | None) -> MessageQueue | None:  # fmt: skip
+    def pick_now(
+        self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None
+    ) -> MessageQueue | None:
         """:meth:`pick` from the routes this producer fetched last, if still fresh (no
         await: a submit's common case); None if they must be fetched."""
         routed = self._routed.get(topic)
@@ -261,8 +289,14 @@ class Targets:
         self._routed.pop(topic, None)
         self.routes.forget(topic)
 
-    def _choose(self, topic: str, mqs: list[MessageQueue], first: Message, sharding_key: str | None,
-                selector: QueueSelector | None) -> MessageQueue:  # fmt: skip
+    def _choose(
+        self,
+        topic: str,
+        mqs: list[MessageQueue],
+        first: Message,
+        sharding_key: str | None,
+        selector: QueueSelector | None,
+    ) -> MessageQueue:
         if not mqs:
             raise NoRouteError(f"topic {topic!r} has no queues")
         failures = self.routes.failures
@@ -271,9 +305,12 @@ class Targets:
             if not mqs:
                 down = sorted({failures[m.addr] for m in routed})
                 # Every group leaderless: NOT_LEADER (a promotion is due), else a failed store.
-                code = ErrorCode.NOT_LEADER if {m.addr for m in routed} <= self.routes.leaderless else ErrorCode.STORE_FAILED
-                raise SendError(f"topic {topic!r}: no healthy broker to send to ({code.name}): {'; '.join(down)}",
-                                code)  # fmt: skip
+                code = (
+                    ErrorCode.NOT_LEADER
+                    if {m.addr for m in routed} <= self.routes.leaderless
+                    else ErrorCode.STORE_FAILED
+                )
+                raise SendError(f"topic {topic!r}: no healthy broker to send to ({code.name}): {'; '.join(down)}", code)
         if selector is not None:
             return selector(mqs, first)
         if sharding_key is not None:

@@ -41,4 +41,4 @@ __all__ = [
     "send_spans",
     "serve_http",
     "split_addr",
-]  # fmt: skip
+]

@@ -94,8 +94,9 @@ class _Connection:
 class RpcClient:
     """Connections opened on demand and kept; their reader tasks run in ``nursery``."""
 
-    def __init__(self, nursery: trio.Nursery, *, connect_timeout_ms: int = 3000,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:  # fmt: skip
+    def __init__(
+        self, nursery: trio.Nursery, *, connect_timeout_ms: int = 3000, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    ) -> None:
         self._nursery = nursery
         self.connect_timeout_ms = connect_timeout_ms
         self.max_frame_bytes = max_frame_bytes
@@ -121,8 +122,16 @@ class RpcClient:
             self._nursery.start_soon(conn.read_loop)
             return conn
 
-    async def request(self, addr: str, code: int, fields: dict[str, Any] | None = None, body: bytes = b"", *,
-                      timeout_ms: float = 3000, check: bool = True) -> Frame:  # fmt: skip
+    async def request(
+        self,
+        addr: str,
+        code: int,
+        fields: dict[str, Any] | None = None,
+        body: bytes = b"",
+        *,
+        timeout_ms: float = 3000,
+        check: bool = True,
+    ) -> Frame:
         """Send a request and wait for its response; raises :class:`RpcError` if the
         response carries an error (unless ``check`` is false), :class:`ConnectionFailed`
         or ``trio.TooSlowError``."""

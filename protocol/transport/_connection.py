@@ -117,8 +117,9 @@ class Outbox:
     interleave). Replies go out in the order they were queued.
     """
 
-    def __init__(self, stream: trio.SocketStream, limit_bytes: int, stats: WriteStats,
-                 say: Callable[..., None]) -> None:  # fmt: skip
+    def __init__(
+        self, stream: trio.SocketStream, limit_bytes: int, stats: WriteStats, say: Callable[..., None]
+    ) -> None:
         self.stream = stream
         self.limit_bytes = limit_bytes  # max_connection_send_buffer_bytes
         self.stats = stats
@@ -211,8 +212,13 @@ class ServerConnection:
         self.stream = stream
         self.decoder = FrameDecoder(server.max_frame_bytes)
         limits = server.limits
-        self.intake = Intake(server.budget, self.decoder, server.max_frame_bytes, limits.max_connection_buffer_bytes,
-                             limits.frame_timeout_ms / 1000)  # fmt: skip
+        self.intake = Intake(
+            server.budget,
+            self.decoder,
+            server.max_frame_bytes,
+            limits.max_connection_buffer_bytes,
+            limits.frame_timeout_ms / 1000,
+        )
         self.inflight = 0
         try:
             host, port = stream.socket.getpeername()[:2]
@@ -298,8 +304,11 @@ class ServerConnection:
             if not scope.cancelled_caught:
                 return result
             if mid_frame and intake.frame_left_s <= 0:
-                self._say(logging.INFO, "closing: a frame did not arrive within frame_timeout_ms=%d",
-                          self.server.limits.frame_timeout_ms)  # fmt: skip
+                self._say(
+                    logging.INFO,
+                    "closing: a frame did not arrive within frame_timeout_ms=%d",
+                    self.server.limits.frame_timeout_ms,
+                )
                 return None
             if not mid_frame and not self.inflight:
                 self._say(logging.INFO, "closing the idle connection")
@@ -323,8 +332,12 @@ class ServerConnection:
             self._send_error(frame.code, frame.request_id, ErrorCode.SHUTTING_DOWN, "the server is shutting down")
             return False
         if self.inflight >= self.server.max_inflight:
-            self._send_error(frame.code, frame.request_id, ErrorCode.SYSTEM_BUSY,
-                             f"more than {self.server.max_inflight} requests in flight on this connection")  # fmt: skip
+            self._send_error(
+                frame.code,
+                frame.request_id,
+                ErrorCode.SYSTEM_BUSY,
+                f"more than {self.server.max_inflight} requests in flight on this connection",
+            )
             return False
         self.inflight += 1
         self.server.inflight += 1
@@ -370,8 +383,9 @@ class ServerConnection:
             if not handed:
                 self._done(size)
 
-    def _delivered(self, frame: Frame, size: int, later: Later, finishing: trio.Nursery, started: float,
-                   reply: Reply | None) -> None:  # fmt: skip
+    def _delivered(
+        self, frame: Frame, size: int, later: Later, finishing: trio.Nursery, started: float, reply: Reply | None
+    ) -> None:
         """A subscribed Later's outcome: its reply, or None (await ``finish`` after all)."""
         if reply is not None:
             self._answer(frame, reply, functools.partial(self._done, size), started)
@@ -444,7 +458,9 @@ class ServerConnection:
                 data = encode_reply(request, reply)
         except Exception as e:  # fields a handler should not have answered: still an answer
             log.exception("%s: cannot encode the reply to request %d", self.server.name, request.code)
-            reply = Reply(error_code=ErrorCode.SYSTEM_ERROR, error_text=f"cannot encode the reply: {type(e).__name__}: {e}")
+            reply = Reply(
+                error_code=ErrorCode.SYSTEM_ERROR, error_text=f"cannot encode the reply: {type(e).__name__}: {e}"
+            )
             frame = response_to(request, {}, b"", reply.error_code, reply.error_text)
             data = encode_frame(frame)
         close_text = f"{ErrorCode(reply.error_code).name}: {reply.error_text}" if reply.close_after else None

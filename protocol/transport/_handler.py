@@ -65,7 +65,9 @@ def need(fields: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> An
     """A required request field of the given type, or a MALFORMED_REQUEST error."""
     value = fields.get(name)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field {name!r} missing or not {getattr(kind, '__name__', kind)}")
+        raise RequestError(
+            ErrorCode.MALFORMED_REQUEST, f"field {name!r} missing or not {getattr(kind, '__name__', kind)}"
+        )
     return value
 
 

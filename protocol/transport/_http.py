@@ -33,12 +33,24 @@ class HttpResponse:
 
 
 Route = Callable[[HttpRequest], Awaitable[HttpResponse]]
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 431: "Request Header Fields Too Large",
-           500: "Internal Server Error"}  # fmt: skip
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+}
 
 
-async def serve_http(host: str, port: int, route: Route, name: str = "http", *,
-                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:  # fmt: skip
+async def serve_http(
+    host: str,
+    port: int,
+    route: Route,
+    name: str = "http",
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Answer every request with ``route`` until cancelled; reports the port it listens on
     (``port`` 0: any free port)."""
     try:
@@ -103,9 +115,11 @@ async def _read_request(stream: trio.SocketStream) -> HttpRequest | None:
 
 
 def _encode(response: HttpResponse, *, head_only: bool) -> bytes:
-    head = (f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'Status')}\r\n"
-            f"Content-Type: {response.content_type}\r\nContent-Length: {len(response.body)}\r\n"
-            "Cache-Control: no-store\r\nConnection: close\r\n\r\n")  # fmt: skip
+    head = (
+        f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'Status')}\r\n"
+        f"Content-Type: {response.content_type}\r\nContent-Length: {len(response.body)}\r\n"
+        "Cache-Control: no-store\r\nConnection: close\r\n\r\n"
+    )
     return head.encode("latin-1") + (b"" if head_only else response.body)
 
 

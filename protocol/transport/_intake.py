@@ -19,8 +19,14 @@ class Intake:
     (frames being handled) plus the frame being read (all of it once reserved, else
     the bytes buffered)."""
 
-    def __init__(self, budget: ByteBudget, decoder: FrameDecoder, max_frame_bytes: int, connection_cap: int,
-                 frame_timeout_s: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        budget: ByteBudget,
+        decoder: FrameDecoder,
+        max_frame_bytes: int,
+        connection_cap: int,
+        frame_timeout_s: float,
+    ) -> None:
         self.budget = budget
         self.decoder = decoder
         self.framing = Framing(max_frame_bytes)

@@ -47,13 +47,19 @@ class ServerLimits:
         """Raise ValueError naming the settings if these limits cannot work together."""
         floor = max(max_frame_bytes, 2 * MAX_HEADER_BYTES)
         if self.max_connection_buffer_bytes < floor:
-            raise ValueError(f"max_connection_buffer_bytes={self.max_connection_buffer_bytes} must be at least "
-                             f"max_frame_bytes={max_frame_bytes} and at least {2 * MAX_HEADER_BYTES}")  # fmt: skip
+            raise ValueError(
+                f"max_connection_buffer_bytes={self.max_connection_buffer_bytes} must be at least "
+                f"max_frame_bytes={max_frame_bytes} and at least {2 * MAX_HEADER_BYTES}"
+            )
         if self.max_buffered_request_bytes < self.max_connection_buffer_bytes:
-            raise ValueError(f"max_buffered_request_bytes={self.max_buffered_request_bytes} must be at least "
-                             f"max_connection_buffer_bytes={self.max_connection_buffer_bytes}")  # fmt: skip
+            raise ValueError(
+                f"max_buffered_request_bytes={self.max_buffered_request_bytes} must be at least "
+                f"max_connection_buffer_bytes={self.max_connection_buffer_bytes}"
+            )
         if self.max_connection_send_buffer_bytes < 1:
-            raise ValueError(f"max_connection_send_buffer_bytes must be positive, got {self.max_connection_send_buffer_bytes}")
+            raise ValueError(
+                f"max_connection_send_buffer_bytes must be positive, got {self.max_connection_send_buffer_bytes}"
+            )
         if self.max_connections < 1 or self.frame_timeout_ms <= 0 or self.reserved_file_descriptors < 0:
             raise ValueError("max_connections and frame_timeout_ms must be positive, reserved_file_descriptors >= 0")
 

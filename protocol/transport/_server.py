@@ -41,9 +41,17 @@ REFUSAL_SEND_S = 0.5  # how long a refused connection may take to be told why
 class RpcServer:
     """Serves ``handlers`` (request code -> handler) on a TCP port."""
 
-    def __init__(self, name: str, handlers: dict[int, Handler], *, max_frame_bytes: int, idle_timeout_ms: int,
-                 max_inflight_per_connection: int = 256, serial_codes: frozenset[int] = frozenset(),
-                 limits: ServerLimits | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        handlers: dict[int, Handler],
+        *,
+        max_frame_bytes: int,
+        idle_timeout_ms: int,
+        max_inflight_per_connection: int = 256,
+        serial_codes: frozenset[int] = frozenset(),
+        limits: ServerLimits | None = None,
+    ) -> None:
         self.name = name
         self.handlers = handlers
         self.max_frame_bytes = max_frame_bytes
@@ -76,16 +84,27 @@ class RpcServer:
     def peak_buffered_request_bytes(self) -> int:
         return self.budget.peak
 
-    async def serve(self, host: str, port: int, handler_nursery: trio.Nursery, *,
-                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:  # fmt: skip
+    async def serve(
+        self,
+        host: str,
+        port: int,
+        handler_nursery: trio.Nursery,
+        *,
+        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Accept until :meth:`stop_accepting`; connections live in ``handler_nursery``."""
         listeners = await trio.open_tcp_listeners(port, host=host)
         self.port = listeners[0].socket.getsockname()[1]
         self.max_connections = self.limits.connection_cap()
         if self.max_connections < self.limits.max_connections:
-            log.info("%s: at most %d connections (max_connections=%d, lowered to leave reserved_file_descriptors=%d "
-                     "of the descriptor limit)", self.name, self.max_connections, self.limits.max_connections,
-                     self.limits.reserved_file_descriptors)  # fmt: skip
+            log.info(
+                "%s: at most %d connections (max_connections=%d, lowered to leave reserved_file_descriptors=%d "
+                "of the descriptor limit)",
+                self.name,
+                self.max_connections,
+                self.limits.max_connections,
+                self.limits.reserved_file_descriptors,
+            )
         try:
             with self._accept_scope:
                 async with trio.open_nursery() as accepting:
@@ -106,9 +125,11 @@ class RpcServer:
             except OSError as e:
                 if e.errno not in ACCEPT_CAPACITY_ERRNOS:
                     raise
-                self._no_descriptors.hit(f"{self.name}: cannot accept connections: out of file descriptors or "
-                                         f"memory ({errno.errorcode[e.errno]}); retrying, backing off up to "
-                                         f"{ACCEPT_RETRY_MAX_S:g} s")  # fmt: skip
+                self._no_descriptors.hit(
+                    f"{self.name}: cannot accept connections: out of file descriptors or "
+                    f"memory ({errno.errorcode[e.errno]}); retrying, backing off up to "
+                    f"{ACCEPT_RETRY_MAX_S:g} s"
+                )
                 await trio.sleep(backoff_s)
                 backoff_s = min(2 * backoff_s, ACCEPT_RETRY_MAX_S)
                 continue
@@ -120,8 +141,9 @@ class RpcServer:
     def _start(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
         if self.connections >= self.max_connections:
             self.refused_connections += 1
-            self._refusals.hit(f"{self.name}: refusing connections: {self.connections} open, "
-                               f"max_connections={self.max_connections}")  # fmt: skip
+            self._refusals.hit(
+                f"{self.name}: refusing connections: {self.connections} open, max_connections={self.max_connections}"
+            )
             nursery.start_soon(self._refuse, stream)
             return
         self._refusals.end()
@@ -135,7 +157,9 @@ class RpcServer:
         try:
             with trio.move_on_after(REFUSAL_SEND_S):
                 await stream.send_all(
-                    encode_frame(Frame(0, 0, flags=FLAG_RESPONSE, error_code=ErrorCode.TOO_MANY_CONNECTIONS, error_text=text))
+                    encode_frame(
+                        Frame(0, 0, flags=FLAG_RESPONSE, error_code=ErrorCode.TOO_MANY_CONNECTIONS, error_text=text)
+                    )
                 )
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass

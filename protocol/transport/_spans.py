@@ -35,7 +35,9 @@ async def send_spans(stream: trio.abc.SendStream, spans: list[Any]) -> None:
             continue
         fd = os.open(span.path, os.O_RDONLY)
         try:
-            if sock is not None and (getattr(span, "resident", False) or pages_missing(fd, span.position, span.length) is False):
+            if sock is not None and (
+                getattr(span, "resident", False) or pages_missing(fd, span.position, span.length) is False
+            ):
                 SPAN_COUNTERS["sendfile_spans"] += 1
                 await _sendfile(sock, fd, span.path, span.position, span.length)
             else:  # cold (or no socket): the disk is read in a thread, never on the event loop

@@ -8,8 +8,24 @@ import bisect
 from dataclasses import dataclass, field
 
 # Upper bounds of the latency buckets, in seconds (Prometheus' defaults, from 100 us).
-LATENCY_BUCKETS_S: tuple[float, ...] = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                         0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 
 @dataclass
@@ -41,7 +57,9 @@ class RequestStats:
     def histogram_rows(self) -> list[tuple[int, CodeStats, list[tuple[str, float]]]]:
         """Per code (sorted): its stats and its cumulative buckets as Prometheus wants
         them (``[("0.0001", n), ..., ("+Inf", total)]``)."""
-        return [(code, st, cumulative_buckets(LATENCY_BUCKETS_S, st.buckets)) for code, st in sorted(self.by_code.items())]
+        return [
+            (code, st, cumulative_buckets(LATENCY_BUCKETS_S, st.buckets)) for code, st in sorted(self.by_code.items())
+        ]
 
 
 def cumulative_buckets(bounds: tuple[float, ...], buckets: list[int]) -> list[tuple[str, float]]:

@@ -72,12 +72,26 @@ class Delivery:
         tags = props.pop(PROP_REAL_TAGS, "")
         count = self.ctx.store.topics.queue_count(topic) if topic else None
         if count is None or not qid.isdigit() or int(qid) >= count:
-            log.warning("timer: scheduled message at %d is for %s/%s, which does not exist: dropped",
-                        record.commitlog_offset, topic, qid)  # fmt: skip
+            log.warning(
+                "timer: scheduled message at %d is for %s/%s, which does not exist: dropped",
+                record.commitlog_offset,
+                topic,
+                qid,
+            )
             return None
         props[PROP_TIMER_SRC] = str(record.commitlog_offset)
-        return Message(topic, int(qid), record.body, tags, record.keys, props, record.flags,
-                       record.born_timestamp_ms, record.born_host, record.reconsume_times)  # fmt: skip
+        return Message(
+            topic,
+            int(qid),
+            record.body,
+            tags,
+            record.keys,
+            props,
+            record.flags,
+            record.born_timestamp_ms,
+            record.born_host,
+            record.reconsume_times,
+        )
 
     async def append(self, messages: list[Message]) -> str | None:
         """Append through the lane; why not, or None once stored. A message the store
@@ -107,8 +121,13 @@ class Delivery:
                 except InvalidInputError as e:
                     result = PutResult(PutStatus.INVALID_MESSAGE, str(e))
                 if result.status in _BAD_INPUT:
-                    log.error("timer: a scheduled message for %s/%d cannot be stored (%s: %s): dropped",
-                              m.topic, m.queue_id, result.status.value, result.error)  # fmt: skip
+                    log.error(
+                        "timer: a scheduled message for %s/%d cannot be stored (%s: %s): dropped",
+                        m.topic,
+                        m.queue_id,
+                        result.status.value,
+                        result.error,
+                    )
                     self.stats.undeliverable += 1
                 elif result.status not in _STORED:
                     await trio.sleep(self.tick_s)

@@ -60,8 +60,9 @@ class TimerCheckpoint:
     def from_json(value: dict[str, Any]) -> TimerCheckpoint:
         if value.get("version") != 1:
             raise ValueError(f"version {value.get('version')!r}, expected 1")
-        return TimerCheckpoint(int(value["done_ms"]), int(value["mark_offset"]), int(value["enqueued"]),
-                               int(value.get("pending_from", 0)))  # fmt: skip
+        return TimerCheckpoint(
+            int(value["done_ms"]), int(value["mark_offset"]), int(value["enqueued"]), int(value.get("pending_from", 0))
+        )
 
 
 def checkpoint_path(store: Store) -> Path:
@@ -168,8 +169,12 @@ def rebuild(store: Store, cp: TimerCheckpoint, window_s: int, now_s: int) -> Reb
     if delivered:  # only those still pending matter (and they leave the set as they come due)
         found = np.fromiter(delivered, dtype=np.uint64, count=len(delivered))
         delivered = set(found[np.isin(found, np.concatenate(kept_offsets))].tolist())
-    log.info("timer: %d scheduled messages pending, %d cancelled, %d delivered after the checkpoint",
-             wheel.pending + len(wheel.overflow), len(cancelled), len(delivered))  # fmt: skip
+    log.info(
+        "timer: %d scheduled messages pending, %d cancelled, %d delivered after the checkpoint",
+        wheel.pending + len(wheel.overflow),
+        len(cancelled),
+        len(delivered),
+    )
     return Rebuilt(wheel, nxt, cancels_read, cancelled, delivered, cp.enqueued, cp.done_ms)
 
 

@@ -116,7 +116,11 @@ class Timer:
             # Not running (a follower, a leader starting or failed): what the last
             # checkpoint (a follower's: its leader's) says may be pending.
             held = self.current + self._inflight
-            q = self.saved.pending_from if state is None else _lowest_pending(state, min((d[1] for d in held), default=None))
+            q = (
+                self.saved.pending_from
+                if state is None
+                else _lowest_pending(state, min((d[1] for d in held), default=None))
+            )
         return first_record_from(store, q)
 
     def is_cancelled(self, commitlog_offset: int) -> bool:
@@ -194,8 +198,12 @@ class Timer:
             offsets, kept = offsets_all[keep], entries[keep]
             seconds = (kept["tag"] // 1000).astype(np.int64)
             late = seconds < wheel.next_second  # due in the second being delivered, or before: into current
-            for q, off, size, due in zip(offsets[late].tolist(), kept["offset"][late].tolist(),
-                                         kept["size"][late].tolist(), kept["tag"][late].tolist()):  # fmt: skip
+            for q, off, size, due in zip(
+                offsets[late].tolist(),
+                kept["offset"][late].tolist(),
+                kept["size"][late].tolist(),
+                kept["tag"][late].tolist(),
+            ):
                 heapq.heappush(self.current, (due, q, off, size))
                 self._lower_current(q)
             wheel.add_many(offsets[~late], seconds[~late])
@@ -315,7 +323,9 @@ class Timer:
         store = self.store
         if store is None or self.state is not None:
             return
-        if load_checkpoint(store).mark_offset <= store.log.write_offset:  # the file: after a restart, it is all there is
+        if (
+            load_checkpoint(store).mark_offset <= store.log.write_offset
+        ):  # the file: after a restart, it is all there is
             return
         self.saved = TimerCheckpoint(-1, store.log.min_offset, 0, 0)
         try:
