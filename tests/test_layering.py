@@ -142,6 +142,20 @@ def test_commitlog_does_not_know_about_consume_queues(tree: ig.Graph) -> None:
             assert not any(t.startswith("clmq.consumequeue") for t in targets), module
 
 
+def test_clients_take_the_record_format_from_common_not_from_the_storage_engine(tree: ig.Graph) -> None:
+    """The shared vocabulary lives in ``clmq.common``: a client needs no storage room."""
+    for module, targets in tree.internal.items():
+        if module.startswith("clmq.client"):
+            storage = [t for t in targets if ig.layer_of(t) == "storage"]
+            assert storage == [], module
+
+
+def test_common_imports_nothing_of_clmq(tree: ig.Graph) -> None:
+    for module, targets in tree.internal.items():
+        if module.startswith("clmq.common"):
+            assert all(t.startswith("clmq.common") for t in targets), module
+
+
 def test_every_room_is_where_the_architecture_says(tree: ig.Graph) -> None:
     """The rooms docs/architecture.md names exist, and each has its layer."""
     for room, layer in [
