@@ -18,9 +18,13 @@ if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 extras="${1:-}"
+# setuptools prints an "Editable installation" notice (not a deprecation) on every
+# editable install; this filter silences that one message only, so install stays quiet.
+export PYTHONWARNINGS="ignore:Editable installation:UserWarning"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 if [ -n "$extras" ]; then
     .venv/bin/python -m pip install -q -e ".[$extras]"
 else
     .venv/bin/python -m pip install -q -e .
 fi
+unset PYTHONWARNINGS
