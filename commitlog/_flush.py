@@ -99,7 +99,7 @@ class Flusher:
         """Make the flush loop run now (for example to notice that it should stop)."""
         self._state.durable.flush_requested.set()
 
-    def run(self, stop: threading.Event, flush: Callable[[], object]) -> None:
+    def flush_loop(self, stop: threading.Event, flush: Callable[[], object]) -> None:
         """The flush loop calling ``flush`` until ``stop`` is set, then a final flush;
         ends by raising :class:`StoreFailedError` when a flush fails."""
         st = self._state

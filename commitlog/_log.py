@@ -287,7 +287,7 @@ class CommitLog:
         """
         # ``self.flush``, looked up now rather than the flusher's own: whoever wraps the
         # instance's ``flush`` (a test counting fsyncs) sees the loop's flushes too.
-        self._flusher.run(stop, self.flush)
+        self._flusher.flush_loop(stop, self.flush)
 
     # ---------------------------------------------------------------- retention
     def delete_expired(self, now: float | None = None) -> int:

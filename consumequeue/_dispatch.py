@@ -3,7 +3,7 @@
 Invariants:
 - Entries are built only from records below the log's confirmed offset, in log order;
   re-dispatching a range is idempotent (queues skip entries they hold).
-- Nothing in the loop catches errors: an exception leaves :meth:`Dispatcher.run`, and
+- Nothing in the loop catches errors: an exception leaves :meth:`Dispatcher.dispatch_loop`, and
   the store's thread guard puts the store into its failed state.
 - A record header that does not walk (damage under a running store) is skipped to
   the next known record start with an error naming the offsets; the queue offsets it
@@ -188,7 +188,9 @@ class Dispatcher:
             total += self.dispatch_once()
         return total
 
-    def run(self, stop: threading.Event, idle_wait_ms: int = 100, round_interval_ms: float = ROUND_INTERVAL_MS) -> None:
+    def dispatch_loop(
+        self, stop: threading.Event, idle_wait_ms: int = 100, round_interval_ms: float = ROUND_INTERVAL_MS
+    ) -> None:
         """The background loop: dispatch whenever the log grows, until ``stop`` is set;
         after a round that caught up, the next begins ``round_interval_ms`` after it at
         the earliest (sooner when ``ROUND_EAGER_BYTES`` wait)."""

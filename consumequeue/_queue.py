@@ -12,7 +12,7 @@ Invariants:
   region of the log, or retention overtook it) is written as an explicit hole marker
   (size 0, tag :data:`HOLE_TAG`), never left as zeros. So an all-zero entry inside the
   extent is never legitimate: it is damage (a lost page, a zeroed file), and
-  :meth:`ConsumeQueue.read` raises :class:`CorruptRecordError` instead of skipping it.
+  :meth:`ConsumeQueue.read_entries` raises :class:`CorruptRecordError` instead of skipping it.
   Readers skip hole markers. Within a queue, commit-log offsets increase with queue
   offsets.
 - A queue that begins inside its first file (its first record came after retention)
@@ -286,7 +286,7 @@ class ConsumeQueue:
                 self._files.sync(self._path(start))
 
     # ---------------------------------------------------------------- reading
-    def read(self, offset: int, count: int) -> tuple[int, bytes]:
+    def read_entries(self, offset: int, count: int) -> tuple[int, bytes]:
         """Raw entries from ``offset`` (raised to the first held), at most ``count``."""
         with self._lock:
             self._ensure_loaded()
@@ -346,7 +346,7 @@ class ConsumeQueue:
             return None
 
     def entry(self, offset: int) -> Entry | None:
-        at, data = self.read(offset, 1)
+        at, data = self.read_entries(offset, 1)
         if at != offset or len(data) < ENTRY_SIZE:
             return None
         return ENTRY.unpack(data)
@@ -369,7 +369,7 @@ class ConsumeQueue:
 
     def _real_entry_at_or_after(self, offset: int, hi: int) -> tuple[int, Entry] | None:
         while offset < hi:
-            at, data = self.read(offset, min(256, hi - offset))
+            at, data = self.read_entries(offset, min(256, hi - offset))
             for i in range(len(data) // ENTRY_SIZE):
                 entry = ENTRY.unpack_from(data, i * ENTRY_SIZE)
                 if entry[1]:

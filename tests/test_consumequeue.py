@@ -56,7 +56,7 @@ def test_entries_split_across_fixed_size_files(tmp_path: Path) -> None:
     assert [os.path.getsize(tmp_path / "q" / n) for n in names] == [200, 200, 100]
     reopened = ConsumeQueue(tmp_path / "q", "t", 0, 10, files)
     assert reopened.next_offset == 25 and reopened.entry(17) == (1700, 100, 7)
-    at, raw = reopened.read(8, 5)
+    at, raw = reopened.read_entries(8, 5)
     assert at == 8 and [ENTRY.unpack_from(raw, 20 * i)[0] for i in range(5)] == [800, 900, 1000, 1100, 1200]
 
 
@@ -102,11 +102,15 @@ def test_damage_inside_the_extent_is_an_error_not_a_hole(tmp_path: Path, damage:
     else:
         files.forget(victim)
         victim.unlink()
-    for probe in (lambda: cq.read(11, 5), lambda: cq.read(0, 30), lambda: cq.search(lambda e: e[0] >= 100 + 100 * 14)):
+    for probe in (
+        lambda: cq.read_entries(11, 5),
+        lambda: cq.read_entries(0, 30),
+        lambda: cq.search(lambda e: e[0] >= 100 + 100 * 14),
+    ):
         with pytest.raises(CorruptRecordError) as info:
             probe()
         assert info.value.file == str(victim) and info.value.check.startswith("consume queue")
-    assert cq.read(0, 10)[1] == entries(100, 10)  # the intact file is still served
+    assert cq.read_entries(0, 10)[1] == entries(100, 10)  # the intact file is still served
 
 
 def test_truncate_and_search(tmp_path: Path) -> None:
@@ -226,10 +230,10 @@ def test_dispatch_builds_queues_and_rerunning_it_changes_nothing(tmp_path: Path)
     res = lg.append(msgs("a", 300, 5, size=300) + msgs("b", 40, 2, size=50))
     assert d.lag_bytes == lg.write_offset
     assert d.catch_up() == 340 and d.lag_bytes == 0
-    snapshot = {k: queues.queue(*k).read(0, 1000) for k in queues.known()}
+    snapshot = {k: queues.queue(*k).read_entries(0, 1000) for k in queues.known()}
     again = Dispatcher(lg, queues, 0, chunk_bytes=5000)  # different chunking, same result
     again.catch_up()
-    assert {k: queues.queue(*k).read(0, 1000) for k in queues.known()} == snapshot
+    assert {k: queues.queue(*k).read_entries(0, 1000) for k in queues.known()} == snapshot
     a3 = queues.queue("a", 3)
     assert a3.next_offset == 60
     phys = [o for o, m in zip(res.commitlog_offsets, msgs("a", 300, 5)) if m.queue_id == 3]
@@ -337,7 +341,7 @@ def test_a_queue_starting_inside_a_file_has_no_zeroed_entries(tmp_path: Path) ->
     again = ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4))
     assert again.first_offset == 13  # from the start marker in slot 0
     assert again.first_zeroed() is None
-    assert again.read(13, 4) == (13, entries(1300, 4))
+    assert again.read_entries(13, 4) == (13, entries(1300, 4))
     with open(tmp_path / "q" / "00000000000000000010", "r+b") as f:
         f.seek(5 * ENTRY_SIZE)
         f.write(bytes(ENTRY_SIZE))
@@ -354,7 +358,10 @@ def test_a_failed_flush_keeps_the_queue_appendable_and_loses_nothing(tmp_path: P
     assert kept.value.errno == errno.ENOSPC
     cq.append(15, entries(1500, 5))  # raised BufferError while the error was alive
     cq.flush()
-    assert ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4)).read(0, 20) == (0, entries(0, 15) + entries(1500, 5))
+    assert ConsumeQueue(tmp_path / "q", "t", 0, 10, FileCache(4)).read_entries(0, 20) == (
+        0,
+        entries(0, 15) + entries(1500, 5),
+    )
 
 
 @pytest.mark.parametrize("n", [3, 400])  # a small round (record by record) and a vectorised one

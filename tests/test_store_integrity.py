@@ -309,7 +309,7 @@ def test_queue_file_operations_go_through_the_seam(tmp_path: Path) -> None:
             with pytest.raises(OSError):
                 s.checkpoint(sync=True)
             with pytest.raises(OSError):
-                s.queues.queue("a", 0).read(0, 1)
+                s.queues.queue("a", 0).read_entries(0, 1)
         assert faults.fired == 2
 
 

@@ -318,7 +318,7 @@ class PartitionLog:
                 hi = mid
         return (seg.base + idx[2 * (lo - 1)], idx[2 * (lo - 1) + 1]) if lo else (seg.base, 0)
 
-    def read(self, files: FileCache, offset: int, max_messages: int, max_bytes: int) -> list[Record]:
+    def read_records(self, files: FileCache, offset: int, max_messages: int, max_bytes: int) -> list[Record]:
         """Records from queue offset ``offset``: index look-up, then a forward scan."""
         return [rec for rec, _raw in self.read_with_bytes(files, offset, max_messages, max_bytes)]
 
@@ -383,7 +383,7 @@ class PartitionLog:
                 start = max((r for t, r in seg.times if t < ts), default=0)
                 offset = seg.base + start
                 while offset < seg.next_offset:
-                    recs = self.read(files, offset, 256, 1 << 20)
+                    recs = self.read_records(files, offset, 256, 1 << 20)
                     for r in recs:
                         if r.store_timestamp_ms >= ts:
                             return r.queue_offset
@@ -449,7 +449,7 @@ class PartitionLoader:
         self._topic = part.topic.encode()
         self._claimed: dict[int, int] = {}  # segment base -> the length its index files say
 
-    def run(self) -> LoadReport:
+    def load(self) -> LoadReport:
         part = self.part
         segs = part.segments = part.list_segments()
         if not segs:

@@ -114,7 +114,7 @@ class PartitionStore(StoreBase):
             if topic and qid.isdigit():
                 key = (topic, int(qid))
                 part = self._new_partition(key)
-                reports.append(PartitionLoader(part, self.files, promised.get(key, 0), unclean).run())
+                reports.append(PartitionLoader(part, self.files, promised.get(key, 0), unclean).load())
                 self.partitions[key] = part
         for (t, q), point in promised.items():
             if (t, q) not in self.partitions and point > 0:
@@ -140,7 +140,7 @@ class PartitionStore(StoreBase):
         part = self.partitions.get(key)
         if part is None:
             part = self._new_partition(key)
-            PartitionLoader(part, self.files, 0, unclean=False).run()
+            PartitionLoader(part, self.files, 0, unclean=False).load()
             self._new_dirs.update((part.directory, self.root))  # made durable by the next flush
             self.partitions[key] = part
         return part

@@ -191,7 +191,7 @@ class Store(StoreBase):
         self._start_threads(
             [
                 ("clmq-flush", lambda: self.log.run_flusher(self._stop)),
-                ("clmq-dispatch", lambda: self.dispatcher.run(self._stop)),
+                ("clmq-dispatch", lambda: self.dispatcher.dispatch_loop(self._stop)),
                 ("clmq-housekeeping", self._housekeeping),
             ]
         )
@@ -363,7 +363,7 @@ class Store(StoreBase):
             cq = self.queues.queue(topic, queue_id)
             total, offset = 0, lo
             while offset < hi:
-                at, raw = cq.read(offset, min(QUEUE_BYTES_CHUNK_ENTRIES, hi - offset))
+                at, raw = cq.read_entries(offset, min(QUEUE_BYTES_CHUNK_ENTRIES, hi - offset))
                 if not raw:
                     break
                 entries = np.frombuffer(raw, ENTRY_DTYPE)
@@ -397,7 +397,7 @@ class Store(StoreBase):
         scan = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
         try:
             cq = self.queues.queue(topic, queue_id)
-            at, raw = cq.read(offset, scan)
+            at, raw = cq.read_entries(offset, scan)
             picked, qoffs, next_offset = _select(self.log.min_offset, str(cq.directory), at, raw, max_messages, tags)
             records = self._entries.records(picked, qoffs, topic, queue_id)
         except CorruptRecordError as e:
@@ -411,7 +411,7 @@ class Store(StoreBase):
         scan = max_messages if tags is None else max(max_messages, self.config.max_scan_entries)
         try:
             cq = self.queues.queue(topic, queue_id)
-            at, raw = cq.read(offset, scan)
+            at, raw = cq.read_entries(offset, scan)
             picked, qoffs, next_offset = _select(
                 self.log.min_offset, str(cq.directory), at, raw, max_messages, tags, max_bytes
             )
@@ -521,7 +521,7 @@ def _heads(store: Store, asks: Sequence[ReadAsk], per_queue: int) -> tuple[list[
                 out.append(RawRead(early[0], next_offset=early[1], min_offset=lo, max_offset=hi))
                 continue
             scan = per_queue if tag_set is None else max(per_queue, store.config.max_scan_entries)
-            at, raw = store.queues.queue(topic, queue_id).read(offset, scan)
+            at, raw = store.queues.queue(topic, queue_id).read_entries(offset, scan)
         except CorruptRecordError:
             return out, True
         out.append(_Head(ask, tag_set, at, raw, (lo, hi)))

@@ -100,7 +100,7 @@ def read_entries(store: Store, queue_id: int, start: int, limit: int = READ_ENTR
     held): ``(first offset, entries)``."""
     if not store.queue_exists(TIMER_TOPIC, queue_id):
         return start, np.empty(0, dtype=ENTRY_DTYPE)
-    first, raw = store.queues.queue(TIMER_TOPIC, queue_id).read(start, limit)
+    first, raw = store.queues.queue(TIMER_TOPIC, queue_id).read_entries(start, limit)
     entries: np.ndarray = np.frombuffer(raw, dtype=ENTRY_DTYPE)
     return first, entries
 
