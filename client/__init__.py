@@ -1,5 +1,8 @@
 """clmq's clients: producer, consumer and admin, for trio code (``open_producer``,
-``open_consumer``, ``open_admin``) and for plain synchronous Python (``Blocking*``)."""
+``open_consumer``, ``open_admin``), asyncio (``open_asyncio_*``) and plain synchronous
+Python (``Blocking*``). Each takes name server addresses (a string ``"h1:9876,h2:9876"``
+or a list; ``broker_addrs`` for a direct connection; neither: ``$CLMQ_NAMESRV``) and its
+options as typed keyword arguments (:class:`ProducerOptions`, :class:`ConsumerOptions`)."""
 
 from clmq.common import ClientError, ClmqError, Message, Record
 from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, split_addr
@@ -32,6 +35,7 @@ from .producer import (
     BatchTooLargeError,
     BufferFullError,
     Producer,
+    ProducerOptions,
     SendError,
     SendFuture,
     SendResult,
@@ -64,6 +68,7 @@ __all__ = [
     "MessageQueue",
     "NoRouteError",
     "Producer",
+    "ProducerOptions",
     "ReadRouter",
     "Record",
     "ResendResult",

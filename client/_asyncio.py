@@ -22,7 +22,7 @@ import asyncio
 import collections
 import functools
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Sequence, TypeVar
 
 import outcome
 import trio
@@ -31,9 +31,19 @@ from clmq.common import ClientError, Message, Record
 
 from ._admin import Admin, open_admin
 from ._admin_reads import CancelResult, DeadLetter, ResendResult
+from ._arguments import options_from, resolve_addrs
 from ._routes import MessageQueue
-from .consumer import Consumer, DamagedQueueError, Handler, SendBackResult, check_limit, judge, open_consumer
-from .producer import Producer, SendResult, open_producer
+from .consumer import (
+    Consumer,
+    ConsumerOptions,
+    DamagedQueueError,
+    Handler,
+    SendBackResult,
+    check_limit,
+    consumer_context,
+    judge,
+)
+from .producer import Producer, ProducerOptions, SendResult, producer_context
 
 T = TypeVar("T")
 
@@ -528,24 +538,36 @@ class AsyncioAdmin:
 
 @asynccontextmanager
 async def open_asyncio_producer(
-    namesrv_addrs: list[str] | None = None,
+    namesrv_addrs: str | Sequence[str] | None = None,
     *,
-    broker_addrs: list[str] | None = None,
+    broker_addrs: str | Sequence[str] | None = None,
     handoff_max_bytes: int = 4 << 20,
-    **options: Any,
+    send_timeout_ms: int = 3000,
+    retries: int | None = None,
+    fault_backoff_ms: int = 3000,
+    replication_retry_backoff_ms: int = 200,
+    retry_budget_ms: int | None = None,
+    retry_backoff_ms: int = 50,
+    retry_backoff_max_ms: int = 500,
+    unique_ids: bool = True,
+    linger_ms: int = 0,
+    batch_max_bytes: int = 1 << 20,
+    max_in_flight: int = 5,
+    buffer_max_bytes: int = 64 << 20,
+    buffer_full: Literal["block", "raise"] = "block",
+    buffer_block_max_ms: int = 60_000,
 ) -> AsyncIterator[AsyncioProducer]:
     """A producer for asyncio code, with :func:`open_producer`'s arguments:
-    ``async with open_asyncio_producer(["127.0.0.1:9876"]) as p: await p.send("t", b"x")``.
+    ``async with open_asyncio_producer("127.0.0.1:9876") as p: await p.send("t", b"x")``.
     ``handoff_max_bytes``: see :class:`AsyncioProducer`. On leaving, every
     message submitted is handed over, then the producer closes (which flushes)."""
+    options = options_from(ProducerOptions, locals())
+    namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors before trio starts
     handoff = _Handoff(handoff_max_bytes)
 
     @asynccontextmanager
     async def producer_and_pump() -> AsyncIterator[Producer]:
-        async with (
-            open_producer(namesrv_addrs, broker_addrs=broker_addrs, **options) as producer,
-            trio.open_nursery() as nursery,
-        ):
+        async with producer_context(namesrv, brokers, options) as producer, trio.open_nursery() as nursery:
             handoff.producer = producer
             nursery.start_soon(handoff.pump)
             yield producer
@@ -561,23 +583,55 @@ async def open_asyncio_producer(
 
 @asynccontextmanager
 async def open_asyncio_consumer(
-    namesrv_addrs: list[str] | None,
+    namesrv_addrs: str | Sequence[str] | None,
     group: str,
     subscriptions: dict[str, str],
     *,
-    broker_addrs: list[str] | None = None,
-    **options: Any,
+    broker_addrs: str | Sequence[str] | None = None,
+    mode: Literal["clustering", "broadcasting"] = "clustering",
+    start_from: Literal["earliest", "latest"] | int = "earliest",
+    client_id: str = "",
+    pull_batch: int = 1024,
+    pull_wait_ms: int = 15_000,
+    fetch_queues: int = 1024,
+    fetch_max_messages: int = 4096,
+    fetch_max_bytes: int = 4 << 20,
+    watch_max_bytes: int = 64 << 10,
+    fetches_in_flight: int = 4,
+    watches_in_flight: int = 64,
+    prefetch_max_bytes: int = 32 << 20,
+    receive_max_messages: int = 4096,
+    heartbeat_interval_ms: int = 1000,
+    rebalance_interval_ms: int = 2000,
+    commit_interval_ms: int = 1000,
+    buffered_batches: int = 0,
+    request_timeout_ms: int = 3000,
+    retry_budget_ms: int = 15_000,
+    damaged_queue_retry_ms: int = 10_000,
+    read_from_followers: bool = False,
+    follower_read_hold_ms: int = 30_000,
+    follower_failure_backoff_ms: int = 5_000,
+    max_reconsume_times: int | None = None,
+    retry_delays_ms: tuple[int, ...] | None = None,
+    orderly: bool = False,
+    lock_retry_ms: int = 500,
+    lock_renew_interval_ms: int = 10_000,
+    orderly_retry_delay_ms: int = 1000,
 ) -> AsyncIterator[AsyncioConsumer]:
     """A started consumer for asyncio code, with :func:`open_consumer`'s arguments."""
-    opener = functools.partial(open_consumer, namesrv_addrs, group, subscriptions, broker_addrs=broker_addrs, **options)
+    options = options_from(ConsumerOptions, locals())
+    namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors before trio starts
+    opener = functools.partial(consumer_context, namesrv, brokers, group, subscriptions, options)
     async with _held(opener) as (run, consumer):
         yield AsyncioConsumer(run, consumer)
 
 
 @asynccontextmanager
 async def open_asyncio_admin(
-    namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None
+    namesrv_addrs: str | Sequence[str] | None = None, *, broker_addrs: str | Sequence[str] | None = None
 ) -> AsyncIterator[AsyncioAdmin]:
-    """The admin client for asyncio code, with :func:`open_admin`'s arguments."""
-    async with _held(lambda: open_admin(namesrv_addrs, broker_addrs=broker_addrs)) as (run, admin):
+    """The admin client for asyncio code, with :func:`open_admin`'s arguments (and, as the
+    other clients, addresses as a string or a list, or ``$CLMQ_NAMESRV``)."""
+    namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)
+    async with _held(lambda: open_admin(namesrv, broker_addrs=brokers or None)) as (run, admin):
         yield AsyncioAdmin(run, admin)

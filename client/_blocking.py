@@ -6,31 +6,37 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import functools
+import logging
 import queue
 import threading
+import warnings
+import weakref
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Sequence, TypeVar
 
 import trio
 
 from clmq.common import Message, Record
 
 from ._admin import Admin, open_admin
+from ._arguments import options_from, resolve_addrs
 from ._asyncio import ClientClosedError
 from ._routes import MessageQueue
 from .consumer import (
     Consumer,
+    ConsumerOptions,
     ConsumeStatus,
     DamagedQueueError,
     Round,
     SendBackResult,
     check_limit,
+    consumer_context,
     judge_sync,
-    open_consumer,
 )
-from .producer import Producer, SendResult, open_producer
+from .producer import Producer, ProducerOptions, SendResult, producer_context
 
 T = TypeVar("T")
+log = logging.getLogger("clmq.producer")
 
 
 class _Portal:
@@ -39,11 +45,13 @@ class _Portal:
     def __init__(self, context: Callable[[], AbstractAsyncContextManager[Any]]) -> None:
         self._ready: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue()
         self._stop: trio.Event | None = None
-        self._thread = threading.Thread(target=trio.run, args=(self._main, context), daemon=True, name="clmq-client")
-        self._thread.start()
+        # A daemon thread: a client left open does not keep the interpreter alive (a
+        # BlockingProducer's finalizer closes it at exit, flushing what it holds).
+        self.thread = threading.Thread(target=trio.run, args=(self._main, context), daemon=True, name="clmq-client")
+        self.thread.start()
         value, error = self._ready.get()
         if error is not None:
-            self._thread.join()
+            self.thread.join()
             raise error
         self.value = value
 
@@ -64,24 +72,15 @@ class _Portal:
         return trio.from_thread.run(functools.partial(fn, *args, **kwargs), trio_token=self.token)
 
     def close(self) -> None:
-        if self._thread.is_alive() and self._stop is not None:
+        if self.thread.is_alive() and self._stop is not None:
             trio.from_thread.run_sync(self._stop.set, trio_token=self.token)
-            self._thread.join()
+            self.thread.join()
 
 
 SendCallback = Callable[["concurrent.futures.Future[SendResult]"], object]
 # A message handed over costs its body and about this much more (topic, options, future).
 HANDOFF_OVERHEAD_BYTES = 256
 DEFAULT_HANDOFF_MAX_BYTES = 4 << 20
-
-
-def _settle(out: concurrent.futures.Future[SendResult], fut: Any) -> None:
-    """Copy a ``SendFuture``'s outcome to a ``concurrent.futures.Future``."""
-    error = fut.exception()
-    if error is not None:
-        out.set_exception(error)
-    else:
-        out.set_result(fut.result())
 
 
 def _size(what: Any) -> int:
@@ -112,6 +111,12 @@ class _ThreadHandoff:
         self._work = trio.Event()
         self.producer: Producer | None = None  # set with the token, in the client thread, before the pump starts
         self.token: trio.lowlevel.TrioToken | None = None
+        # Counts for a producer left open (_left_open): put() adds to submitted (under the
+        # lock), the client thread alone to answered and failed.
+        self.submitted = 0
+        self.answered = 0
+        self.failed = 0
+        self.last_error: BaseException | None = None
 
     def put(self, method: str, topic: str, what: Any, kwargs: dict[str, Any]) -> concurrent.futures.Future[SendResult]:
         size = _size(what)
@@ -124,6 +129,7 @@ class _ThreadHandoff:
                 raise ClientClosedError("the producer is closed")
             self.items.append((method, topic, what, kwargs, out, size))
             self.bytes += size
+            self.submitted += 1
             wake, self._pumping = not self._pumping, True
         if wake:
             assert self.token is not None
@@ -159,7 +165,9 @@ class _ThreadHandoff:
             with self.changed:
                 self.closed = True
                 for item in self.items:
-                    item[4].set_exception(ClientClosedError("the producer closed before the message was buffered"))
+                    self._settle(
+                        item[4], error=ClientClosedError("the producer closed before the message was buffered")
+                    )
                 self.items.clear()
                 self.bytes = 0
                 self.changed.notify_all()
@@ -176,14 +184,79 @@ class _ThreadHandoff:
         try:
             fut = await getattr(self.producer, method)(topic, what, **kwargs)
         except Exception as e:  # refused at once (BufferFullError, NoRouteError, bad input)
-            out.set_exception(e)
+            self._settle(out, error=e)
         else:
-            fut.add_done_callback(functools.partial(_settle, out))  # on the client thread
+            fut.add_done_callback(functools.partial(self._answered, out))  # on the client thread
+
+    def _answered(self, out: concurrent.futures.Future[SendResult], fut: Any) -> None:
+        """Copy a ``SendFuture``'s outcome to a ``concurrent.futures.Future``."""
+        error = fut.exception()
+        self._settle(out, None if error is not None else fut.result(), error)
+
+    def _settle(
+        self,
+        out: concurrent.futures.Future[SendResult],
+        result: SendResult | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """The message's outcome, counted (client thread only)."""
+        self.answered += 1
+        if error is None:
+            assert result is not None
+            out.set_result(result)
+            return
+        self.failed += 1
+        self.last_error = error
+        out.set_exception(error)
+
+    def unanswered(self) -> int:
+        """Messages submitted and not answered yet (a snapshot, from any thread)."""
+        return self.submitted - self.answered
+
+
+def _close(handoff: _ThreadHandoff, portal: _Portal) -> None:
+    """Hand every message submitted over, then close the producer (which flushes)."""
+    handoff.drain()
+    portal.close()
+
+
+def _left_open(handoff: _ThreadHandoff, portal: _Portal) -> None:
+    """A :class:`BlockingProducer` collected or left open at interpreter exit (its
+    ``weakref.finalize``; atexit runs it while the daemon client thread still runs):
+    close it as ``close()`` would, flushing within the retry budget, and say what could
+    not be sent. Never silent: buffered messages are sent or counted in a warning."""
+    if threading.current_thread() is portal.thread:
+        # Collected on its own client thread (a callback dropped the last reference):
+        # that thread cannot wait for itself, another one closes it (not a daemon: the
+        # interpreter waits for it at exit).
+        threading.Thread(target=_left_open, args=(handoff, portal), name="clmq-producer-close").start()
+        return
+    pending, failed_before = handoff.unanswered(), handoff.failed
+    _close(handoff, portal)
+    lost = handoff.failed - failed_before
+    if lost:
+        log.warning(
+            "a BlockingProducer was left open: %d of the %d messages it still held could not be sent (%s); "
+            "close() it, or use 'with', to see each message's outcome",
+            lost,
+            pending,
+            handoff.last_error,
+        )
+    warnings.warn(
+        f"a BlockingProducer was left open (closed by its finalizer: {pending - lost} of {pending} messages "
+        "it still held sent)",
+        ResourceWarning,
+        stacklevel=1,
+    )
 
 
 class BlockingProducer:
-    """``BlockingProducer(["127.0.0.1:9876"]).send("topic", b"body")``; see :class:`Producer`
-    (every other keyword argument is one of its options, e.g. ``linger_ms``).
+    """``BlockingProducer("127.0.0.1:9876").send("topic", b"body")``: :func:`open_producer`'s
+    arguments (addresses, then :class:`ProducerOptions` by keyword, e.g. ``linger_ms``) and
+    ``handoff_max_bytes``; see :class:`Producer`. Close it (``close()`` or ``with``): one
+    left open is closed when it is garbage-collected or at interpreter exit, sending
+    what it holds within its retry budget, and a warning (logger ``clmq.producer``)
+    counts the messages that could not be sent.
 
     :meth:`submit` returns a ``concurrent.futures.Future`` once the message is queued
     for the client thread, without waiting for it; a refusal there
@@ -195,16 +268,32 @@ class BlockingProducer:
 
     def __init__(
         self,
-        namesrv_addrs: list[str] | None = None,
+        namesrv_addrs: str | Sequence[str] | None = None,
         *,
+        broker_addrs: str | Sequence[str] | None = None,
         handoff_max_bytes: int = DEFAULT_HANDOFF_MAX_BYTES,
-        **kwargs: Any,
+        send_timeout_ms: int = 3000,
+        retries: int | None = None,
+        fault_backoff_ms: int = 3000,
+        replication_retry_backoff_ms: int = 200,
+        retry_budget_ms: int | None = None,
+        retry_backoff_ms: int = 50,
+        retry_backoff_max_ms: int = 500,
+        unique_ids: bool = True,
+        linger_ms: int = 0,
+        batch_max_bytes: int = 1 << 20,
+        max_in_flight: int = 5,
+        buffer_max_bytes: int = 64 << 20,
+        buffer_full: Literal["block", "raise"] = "block",
+        buffer_block_max_ms: int = 60_000,
     ) -> None:
+        options = options_from(ProducerOptions, locals())
+        namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors here, before the thread starts
         handoff = self._handoff = _ThreadHandoff(handoff_max_bytes)
 
         @asynccontextmanager
-        async def producer_and_pump() -> AsyncIterator[Producer]:
-            async with open_producer(namesrv_addrs, **kwargs) as producer, trio.open_nursery() as nursery:
+        async def producer_and_pump() -> AsyncIterator[Producer]:  # holds no reference to self (finalizer)
+            async with producer_context(namesrv, brokers, options) as producer, trio.open_nursery() as nursery:
                 handoff.producer, handoff.token = producer, trio.lowlevel.current_trio_token()
                 nursery.start_soon(handoff.pump)
                 yield producer
@@ -212,6 +301,8 @@ class BlockingProducer:
 
         self._portal = _Portal(producer_and_pump)
         self.producer: Producer = self._portal.value
+        # Never closed: flushed when collected or at interpreter exit, or a warning names what was lost.
+        self._finalizer = weakref.finalize(self, _left_open, handoff, self._portal)
 
     def send(self, topic: str, body: bytes, **kwargs: Any) -> SendResult:
         """:meth:`Producer.send`: one message; returns where it was stored."""
@@ -254,9 +345,10 @@ class BlockingProducer:
         self._portal.run(self.producer.flush)
 
     def close(self) -> None:
-        """Hand every message submitted over, then close the producer (which flushes)."""
-        self._handoff.drain()
-        self._portal.close()
+        """Hand every message submitted over, then close the producer (which flushes,
+        within the retry budget, then fails what is left: see each future)."""
+        self._finalizer.detach()
+        _close(self._handoff, self._portal)
 
     def __enter__(self) -> BlockingProducer:
         return self
@@ -269,9 +361,45 @@ class BlockingConsumer:
     """``poll()`` returns the next batch (acknowledging the previous); see :class:`Consumer`."""
 
     def __init__(
-        self, namesrv_addrs: list[str] | None, group: str, subscriptions: dict[str, str], **kwargs: Any
+        self,
+        namesrv_addrs: str | Sequence[str] | None,
+        group: str,
+        subscriptions: dict[str, str],
+        *,
+        broker_addrs: str | Sequence[str] | None = None,
+        mode: Literal["clustering", "broadcasting"] = "clustering",
+        start_from: Literal["earliest", "latest"] | int = "earliest",
+        client_id: str = "",
+        pull_batch: int = 1024,
+        pull_wait_ms: int = 15_000,
+        fetch_queues: int = 1024,
+        fetch_max_messages: int = 4096,
+        fetch_max_bytes: int = 4 << 20,
+        watch_max_bytes: int = 64 << 10,
+        fetches_in_flight: int = 4,
+        watches_in_flight: int = 64,
+        prefetch_max_bytes: int = 32 << 20,
+        receive_max_messages: int = 4096,
+        heartbeat_interval_ms: int = 1000,
+        rebalance_interval_ms: int = 2000,
+        commit_interval_ms: int = 1000,
+        buffered_batches: int = 0,
+        request_timeout_ms: int = 3000,
+        retry_budget_ms: int = 15_000,
+        damaged_queue_retry_ms: int = 10_000,
+        read_from_followers: bool = False,
+        follower_read_hold_ms: int = 30_000,
+        follower_failure_backoff_ms: int = 5_000,
+        max_reconsume_times: int | None = None,
+        retry_delays_ms: tuple[int, ...] | None = None,
+        orderly: bool = False,
+        lock_retry_ms: int = 500,
+        lock_renew_interval_ms: int = 10_000,
+        orderly_retry_delay_ms: int = 1000,
     ) -> None:
-        self._portal = _Portal(lambda: open_consumer(namesrv_addrs, group, subscriptions, **kwargs))
+        options = options_from(ConsumerOptions, locals())
+        namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors here, before the thread starts
+        self._portal = _Portal(lambda: consumer_context(namesrv, brokers, group, subscriptions, options))
         self.consumer: Consumer = self._portal.value
 
     def poll(self, timeout_s: float = 1.0) -> list[Record]:
@@ -352,8 +480,11 @@ class BlockingConsumer:
 class BlockingAdmin:
     """The :class:`Admin` calls, blocking: ``BlockingAdmin(ns).create_topic("t", 8)``."""
 
-    def __init__(self, namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None) -> None:
-        self._portal = _Portal(lambda: open_admin(namesrv_addrs, broker_addrs=broker_addrs))
+    def __init__(
+        self, namesrv_addrs: str | Sequence[str] | None = None, *, broker_addrs: str | Sequence[str] | None = None
+    ) -> None:
+        namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # a string or a list, or $CLMQ_NAMESRV
+        self._portal = _Portal(lambda: open_admin(namesrv, broker_addrs=brokers or None))
         self.admin: Admin = self._portal.value
 
     def __getattr__(self, name: str) -> Callable[..., Any]:

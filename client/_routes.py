@@ -14,7 +14,7 @@ consumers keep reading from it."""
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import crc32c
 import trio
@@ -22,6 +22,8 @@ import trio
 from clmq.common import ClientError
 from clmq.protocol import ErrorCode, RequestCode
 from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError
+
+from ._arguments import resolve_addrs
 
 
 class MessageQueue(NamedTuple):
@@ -48,21 +50,22 @@ class NoRouteError(ClientError):
 
 
 class Routes:
+    """A client's view of topic routes: asked of the name servers (or, with only broker
+    addresses, of the brokers themselves), cached for ``refresh_interval_ms``."""
+
     def __init__(
         self,
         rpc: RpcClient,
-        namesrv_addrs: list[str],
+        namesrv_addrs: str | Sequence[str] | None,
         *,
-        broker_addrs: list[str] | None = None,
+        broker_addrs: str | Sequence[str] | None = None,
         refresh_interval_ms: int = 30_000,
         timeout_ms: int = 3000,
         namesrv_retry_ms: int = 10_000,
     ) -> None:
-        if not namesrv_addrs and not broker_addrs:
-            raise ValueError("give name server addresses (or broker addresses for a direct connection)")
         self.rpc = rpc
-        self.namesrv_addrs = list(namesrv_addrs)
-        self.broker_addrs = list(broker_addrs or [])
+        # a string or a list each; neither given: $CLMQ_NAMESRV (ValueError if unset)
+        self.namesrv_addrs, self.broker_addrs = resolve_addrs(namesrv_addrs, broker_addrs)
         self.refresh_interval_ms = refresh_interval_ms
         self.timeout_ms = timeout_ms
         # per topic: when fetched, its brokers as (name, address, queue count), its queues

@@ -6,8 +6,11 @@ draws them); this module is the public face::
 
     from clmq import open_producer, open_consumer, open_admin, Message
 
-    async with open_producer("127.0.0.1:9876") as producer:
+    async with open_producer("127.0.0.1:9876", linger_ms=5) as producer:
         await producer.send("orders", b"hello")
+
+Clients take addresses as a string or a list (none: ``$CLMQ_NAMESRV``) and their options
+as typed keyword arguments (:class:`ProducerOptions`, :class:`ConsumerOptions`).
 
 Names are loaded on first use (PEP 562), so ``import clmq.commitlog`` or
 ``from clmq import Store`` never imports trio, and ``import clmq`` alone imports nothing
@@ -27,7 +30,7 @@ _EXPORTS: dict[str, str] = {
     # clients (trio)
     "open_producer": "clmq.client", "open_consumer": "clmq.client", "open_admin": "clmq.client",
     "Producer": "clmq.client", "Consumer": "clmq.client", "Admin": "clmq.client",
-    "ConsumerOptions": "clmq.client",
+    "ConsumerOptions": "clmq.client", "ProducerOptions": "clmq.client",
     # clients (asyncio, plain synchronous Python)
     "open_asyncio_producer": "clmq.client", "open_asyncio_consumer": "clmq.client",
     "open_asyncio_admin": "clmq.client",
@@ -78,6 +81,7 @@ __all__ = [  # the names of _EXPORTS (a test checks that they agree)
     "NameServerConfig",
     "NoRouteError",
     "Producer",
+    "ProducerOptions",
     "Record",
     "RpcError",
     "SendError",
@@ -133,6 +137,7 @@ if TYPE_CHECKING:
         MessageQueue,
         NoRouteError,
         Producer,
+        ProducerOptions,
         RpcError,
         SendError,
         SendFuture,

@@ -9,7 +9,7 @@
 """
 
 from ._allocate import allocate_averagely
-from ._consumer import Consumer, open_consumer
+from ._consumer import Consumer, consumer_context, open_consumer
 from ._fetcher import DamagedQueueError
 from ._options import ConsumerOptions, TagFilter
 from ._redelivery import ConsumeStatus, Handler, Round, SendBackError, SendBackResult, check_limit, judge, judge_sync
@@ -26,6 +26,7 @@ __all__ = [
     "TagFilter",
     "allocate_averagely",
     "check_limit",
+    "consumer_context",
     "judge",
     "judge_sync",
     "open_consumer",

@@ -36,7 +36,7 @@ import logging
 import os
 import socket
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Sequence
 
 import trio
 
@@ -44,6 +44,7 @@ from clmq.common import Record, retry_topic
 from clmq.protocol import Frame, RequestCode
 from clmq.protocol.transport import RpcClient, background_nursery
 
+from .._arguments import options_from, resolve_addrs
 from .._routes import MessageQueue, ReadRouter, Routes
 from ._commits import Commits
 from ._fetcher import DamagedQueueError, Fetcher, PendingBatches, PrefetchBuffer, QueueState
@@ -61,8 +62,6 @@ class Consumer:
     def __init__(
         self, rpc: RpcClient, routes: Routes, group: str, subscriptions: dict[str, str], options: ConsumerOptions
     ) -> None:
-        if options.mode not in ("clustering", "broadcasting"):
-            raise ValueError(f"mode={options.mode!r}: use clustering or broadcasting")
         self.rpc, self.routes, self.group, self.options = rpc, routes, group, options
         self.filters = {topic: TagFilter(expr) for topic, expr in subscriptions.items()}
         # Messages this group failed on come back through its retry topic (not to an
@@ -367,23 +366,67 @@ def _moved(assigned: set[MessageQueue], wanted: set[MessageQueue]) -> dict[Messa
 
 @asynccontextmanager
 async def open_consumer(
-    namesrv_addrs: list[str] | None,
+    namesrv_addrs: str | Sequence[str] | None,
     group: str,
     subscriptions: dict[str, str],
     *,
-    broker_addrs: list[str] | None = None,
-    **options: object,
+    broker_addrs: str | Sequence[str] | None = None,
+    mode: Literal["clustering", "broadcasting"] = "clustering",
+    start_from: Literal["earliest", "latest"] | int = "earliest",
+    client_id: str = "",
+    pull_batch: int = 1024,
+    pull_wait_ms: int = 15_000,
+    fetch_queues: int = 1024,
+    fetch_max_messages: int = 4096,
+    fetch_max_bytes: int = 4 << 20,
+    watch_max_bytes: int = 64 << 10,
+    fetches_in_flight: int = 4,
+    watches_in_flight: int = 64,
+    prefetch_max_bytes: int = 32 << 20,
+    receive_max_messages: int = 4096,
+    heartbeat_interval_ms: int = 1000,
+    rebalance_interval_ms: int = 2000,
+    commit_interval_ms: int = 1000,
+    buffered_batches: int = 0,
+    request_timeout_ms: int = 3000,
+    retry_budget_ms: int = 15_000,
+    damaged_queue_retry_ms: int = 10_000,
+    read_from_followers: bool = False,
+    follower_read_hold_ms: int = 30_000,
+    follower_failure_backoff_ms: int = 5_000,
+    max_reconsume_times: int | None = None,
+    retry_delays_ms: tuple[int, ...] | None = None,
+    orderly: bool = False,
+    lock_retry_ms: int = 500,
+    lock_renew_interval_ms: int = 10_000,
+    orderly_retry_delay_ms: int = 1000,
 ) -> AsyncIterator[Consumer]:
-    """A started consumer: ``async with open_consumer(ns, "g", {"orders": "*"}) as c:``."""
+    """A started consumer: ``async with open_consumer(ns, "g", {"orders": "*"}) as c:``.
+
+    Addresses: name servers (``"h1:9876,h2:9876"`` or a list), or ``broker_addrs`` for a
+    direct connection; neither (``None``): ``$CLMQ_NAMESRV``. ``subscriptions``: topic ->
+    tag expression (``"*"``, ``"TagA || TagB"``). The options are
+    :class:`ConsumerOptions`; a bad value is a ``ValueError`` on entering."""
+    options = options_from(ConsumerOptions, locals())
+    async with consumer_context(namesrv_addrs, broker_addrs, group, subscriptions, options) as consumer:
+        yield consumer
+
+
+@asynccontextmanager
+async def consumer_context(
+    namesrv_addrs: str | Sequence[str] | None,
+    broker_addrs: str | Sequence[str] | None,
+    group: str,
+    subscriptions: dict[str, str],
+    options: ConsumerOptions,
+) -> AsyncIterator[Consumer]:
+    """:func:`open_consumer` with its options as one object (the asyncio and blocking
+    consumers check theirs before they start a loop)."""
+    namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)
     async with background_nursery() as nursery:
         rpc = RpcClient(nursery)
-        consumer = Consumer(
-            rpc,
-            Routes(rpc, namesrv_addrs or [], broker_addrs=broker_addrs, refresh_interval_ms=0),
-            group,
-            subscriptions,
-            ConsumerOptions(**options),  # type: ignore[arg-type]
-        )
+        routes = Routes(rpc, namesrv, broker_addrs=brokers, refresh_interval_ms=0)
+        consumer = Consumer(rpc, routes, group, subscriptions, options)
         ack_pending = False
         try:
             await consumer._start(nursery)

@@ -4,6 +4,7 @@ and its fetcher)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from clmq.protocol import MAX_RECONSUME_TIMES
 
@@ -22,10 +23,16 @@ class TagFilter:
         return self.tags is None or tag in self.tags
 
 
-@dataclass
+@dataclass(frozen=True)
 class ConsumerOptions:
-    mode: str = "clustering"  # or "broadcasting"
-    start_from: str | int = "earliest"  # "earliest", "latest" or a timestamp in ms (for queues never committed)
+    """A consumer's settings; :func:`open_consumer`, ``open_asyncio_consumer`` and
+    ``BlockingConsumer`` take each as a keyword argument. Values are checked when made
+    (a ``ValueError`` names the option), before any connection."""
+
+    mode: Literal["clustering", "broadcasting"] = "clustering"
+    # Where a queue this group never committed starts: its first or its next message, or
+    # the first stored at or after a time (ms since the epoch).
+    start_from: Literal["earliest", "latest"] | int = "earliest"
     client_id: str = ""
     pull_batch: int = 1024  # messages per queue per fetch
     pull_wait_ms: int = 15_000  # long poll of idle queues on the broker (woken by new messages; RocketMQ holds 15 s)
@@ -84,6 +91,10 @@ class ConsumerOptions:
     orderly_retry_delay_ms: int = 1000  # orderly: a failed message is delivered again, in place, after this long
 
     def __post_init__(self) -> None:
+        if self.mode not in ("clustering", "broadcasting"):
+            raise ValueError(f"mode={self.mode!r}: use clustering or broadcasting")
+        if not _start_ok(self.start_from):
+            raise ValueError(f"start_from={self.start_from!r}: use earliest, latest or a time in ms since the epoch")
         for name in _AT_LEAST_ONE:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -99,12 +110,19 @@ class ConsumerOptions:
                 f"got {self.max_reconsume_times}"
             )
         if self.retry_delays_ms is not None:
-            self.retry_delays_ms = tuple(self.retry_delays_ms)
+            object.__setattr__(self, "retry_delays_ms", tuple(self.retry_delays_ms))  # a list given: kept as a tuple
             if not self.retry_delays_ms or any(type(d) is not int or d < 0 for d in self.retry_delays_ms):
                 raise ValueError(
                     f"retry_delays_ms must be a non-empty sequence of milliseconds >= 0 (or None: the "
                     f"broker's), got {self.retry_delays_ms!r}"
                 )
+
+
+def _start_ok(start: object) -> bool:
+    """``earliest``, ``latest`` or a time in ms (an int, or its digits)."""
+    if isinstance(start, str):
+        return start in ("earliest", "latest") or start.isdigit()
+    return type(start) is int and start >= 0
 
 
 # Limits a consumer cannot work with at 0 (a byte bound of 0 left every fetch waiting).

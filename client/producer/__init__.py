@@ -1,8 +1,10 @@
 """The producer (:class:`Producer`, :func:`open_producer`) and the parts it is made of.
 
-- ``_producer``: the public API (``send``, ``send_batch``, ``submit``/``flush``), options.
+- ``_producer``: the public API (``send``, ``send_batch``, ``submit``/``flush``).
+- ``_options``: :class:`ProducerOptions`, checked when made.
 - ``_accumulator``: per-queue buffers, ``linger_ms``/``batch_max_bytes``, the buffer limit.
-- ``_batch``, ``_encode``: batches and requests, encoded once per attempt.
+- ``_batch``, ``_encode``, ``_room``: batches and requests, encoded once per attempt;
+  message ids; room in the buffer.
 - ``_sender``, ``_retry``, ``_tries``: requests in flight per broker, retries within the
   budget (same queue after an unknown outcome, with dedup), ``max_in_flight``.
 - ``_future``, ``_scheduled``: the results of ``submit``; scheduled sends (``delay_ms``).
@@ -12,10 +14,12 @@ from ._producer import (
     BatchTooLargeError,
     BufferFullError,
     Producer,
+    ProducerOptions,
     SendError,
     SendFuture,
     SendResult,
     open_producer,
+    producer_context,
     shard,
 )
 
@@ -23,9 +27,11 @@ __all__ = [
     "BatchTooLargeError",
     "BufferFullError",
     "Producer",
+    "ProducerOptions",
     "SendError",
     "SendFuture",
     "SendResult",
     "open_producer",
+    "producer_context",
     "shard",
 ]

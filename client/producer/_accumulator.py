@@ -20,8 +20,9 @@ from clmq.common import Message
 from clmq.protocol.transport import RpcClient
 
 from .._routes import MessageQueue
-from ._batch import AccumulatorSettings, Batch, QueueBuffer, QueueKey, Request
-from ._future import BatchTooLargeError, BufferFullError, SendError, SendFuture
+from ._batch import Batch, QueueBuffer, QueueKey, Request
+from ._future import SendError, SendFuture
+from ._options import ProducerOptions
 from ._retry import failed, retry
 from ._sender import Sender
 from ._tries import QueueSelector, RetryPolicy, Targets
@@ -34,24 +35,17 @@ class Accumulator:
     """Per-queue buffers and per-broker senders of one producer (see the module)."""
 
     def __init__(
-        self,
-        rpc: RpcClient,
-        targets: Targets,
-        policy: RetryPolicy,
-        settings: AccumulatorSettings,
-        send_timeout_ms: int,
-        unique_ids: bool,
-        nursery: trio.Nursery,
+        self, rpc: RpcClient, targets: Targets, policy: RetryPolicy, options: ProducerOptions, nursery: trio.Nursery
     ) -> None:
         self.rpc = rpc
         self.targets = targets
         self.policy = policy
-        self.settings = settings
-        self.linger_s = settings.linger_ms / 1000
-        self.batch_max_bytes = settings.batch_max_bytes
-        self.buffer_max_bytes = settings.buffer_max_bytes
-        self.send_timeout_ms = send_timeout_ms
-        self.unique_ids = unique_ids
+        self.settings = options
+        self.linger_s = options.linger_ms / 1000
+        self.batch_max_bytes = options.batch_max_bytes
+        self.buffer_max_bytes = options.buffer_max_bytes
+        self.send_timeout_ms = options.send_timeout_ms
+        self.unique_ids = options.unique_ids
         self.nursery = nursery
         self.max_request_bytes = rpc.max_frame_bytes - FRAME_HEADROOM_BYTES
         self.size_max_bytes = min(self.buffer_max_bytes, self.max_request_bytes)  # a larger batch: check_size refuses
@@ -59,7 +53,7 @@ class Accumulator:
         self.senders: dict[str, Sender] = {}
         self.live: set[Batch] = set()  # not done: failed with "producer closed" if still here at the end
         self.buffered_bytes = 0
-        self._room: trio.Event | None = None  # set when bytes are released (blocked submits wait on it)
+        self.room: trio.Event | None = None  # set when bytes are released (blocked submits wait on it: _room)
         self.gen = 0
         self._pending_by_gen: dict[int, int] = {}  # older generations' batches not done (a flush waits on them)
         self._pending_now = 0  # the current generation's (no flush waits on them: a counter is enough)
@@ -84,47 +78,6 @@ class Accumulator:
         return self.flushing > 0 or self.closing
 
     # ------------------------------------------------------------------ accepting
-    def check_size(self, size: int) -> None:
-        """Refuse a batch that could never be sent."""
-        if size > self.settings.buffer_max_bytes:
-            raise BatchTooLargeError(
-                f"a batch of {size:,} encoded bytes exceeds the producer's "
-                f"buffer_max_bytes={self.settings.buffer_max_bytes:,}"
-            )
-        if size > self.max_request_bytes:
-            raise BatchTooLargeError(
-                f"a batch of {size:,} encoded bytes exceeds the largest request "
-                f"({self.max_request_bytes:,}: the client's max_frame_bytes less headroom)"
-            )
-
-    async def reserve(self, size: int) -> None:
-        """Room for ``size`` bytes in the buffer: wait (``block``) or BufferFullError."""
-        if self.closing:
-            raise SendError("producer closed")
-        limit = self.settings.buffer_max_bytes
-        if self.buffered_bytes + size <= limit:
-            self.buffered_bytes += size
-            return
-        if self.settings.buffer_full == "block":
-            with trio.move_on_after(self.settings.buffer_block_max_ms / 1000):
-                while self.buffered_bytes + size > limit:
-                    if self._room is None:
-                        self._room = trio.Event()
-                    await self._room.wait()
-                    if self.closing:
-                        raise SendError("producer closed")
-                self.buffered_bytes += size
-                return
-            raise BufferFullError(
-                f"the producer's buffer is full: {self.buffered_bytes:,} bytes accepted and not "
-                f"answered, buffer_max_bytes={limit:,}; waited buffer_block_max_ms="
-                f"{self.settings.buffer_block_max_ms:,}"
-            )
-        raise BufferFullError(
-            f"the producer's buffer is full: {self.buffered_bytes:,} bytes accepted and not "
-            f"answered, buffer_max_bytes={limit:,} (buffer_full='raise')"
-        )
-
     def reserve_now(self, size: int) -> bool:
         """Room for ``size`` bytes taken at once if there is some (no await)."""
         if self.buffered_bytes + size <= self.settings.buffer_max_bytes and not self.closing:
@@ -291,9 +244,9 @@ class Accumulator:
         batch.done = True
         self.live.discard(batch)
         self.buffered_bytes -= batch.size
-        if self._room is not None:
-            self._room.set()
-            self._room = None
+        if self.room is not None:
+            self.room.set()
+            self.room = None
         if batch.gen == self.gen:
             self._pending_now -= 1
             return
@@ -337,8 +290,8 @@ class Accumulator:
             return
         self.closing = True
         self._wake_all()
-        if self._room is not None:
-            self._room.set()  # blocked submits: refused
+        if self.room is not None:
+            self.room.set()  # blocked submits: refused
         try:
             with trio.move_on_after(flush_timeout_s):
                 await self.flush()

@@ -1,5 +1,5 @@
 """The accumulator's parts shared by its modules: a batch, a queue's buffer, a request,
-the settings, and what the sender and the retries need of the accumulator (protocols:
+and what the sender and the retries need of the accumulator (protocols:
 the modules import this one, not each other)."""
 
 from __future__ import annotations
@@ -16,34 +16,10 @@ from clmq.protocol.transport import RpcClient
 
 from .._routes import MessageQueue
 from ._future import UNIQ_KEY, SendError, SendFuture
+from ._options import ProducerOptions
 from ._tries import QueueSelector, RetryPolicy, Targets, Tries
 
 QueueKey = tuple[str, str, int]  # topic, broker name, queue id
-BUFFER_FULL_MODES = ("block", "raise")
-
-
-@dataclass(frozen=True)
-class AccumulatorSettings:
-    """The producer's batching settings (see :class:`client.Producer`)."""
-
-    linger_ms: int = 0
-    batch_max_bytes: int = 1 << 20
-    max_in_flight: int = 5
-    buffer_max_bytes: int = 64 << 20
-    buffer_full: str = "block"
-    buffer_block_max_ms: int = 60_000
-
-    def __post_init__(self) -> None:
-        for name in ("batch_max_bytes", "max_in_flight", "buffer_max_bytes"):
-            value = getattr(self, name)
-            if type(value) is not int or value <= 0:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
-        for name in ("linger_ms", "buffer_block_max_ms"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 0:
-                raise ValueError(f"{name}={value!r}: must be an integer >= 0")
-        if self.buffer_full not in BUFFER_FULL_MODES:
-            raise ValueError(f"buffer_full={self.buffer_full!r}: must be one of {', '.join(BUFFER_FULL_MODES)}")
 
 
 class Batch:
@@ -182,7 +158,7 @@ class Buffers(Protocol):
     rpc: RpcClient
     targets: Targets
     policy: RetryPolicy
-    settings: AccumulatorSettings
+    settings: ProducerOptions
     nursery: trio.Nursery
     queues: dict[QueueKey, QueueBuffer]
     unrouted: dict[str, list[Batch]]

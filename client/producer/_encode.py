@@ -6,7 +6,11 @@ ever differ the general encoder is used instead."""
 
 from __future__ import annotations
 
+import itertools
+import secrets
 import struct
+import time
+from typing import Mapping
 
 from clmq.common import ITEM_SIZE, Message, encode_properties
 from clmq.protocol import encode_batch
@@ -66,3 +70,48 @@ def _plain_same() -> bool:
 LAYOUT_CHECKED = _same_layout()
 encode_one = _fast if LAYOUT_CHECKED else _general
 PLAIN_CHECKED = LAYOUT_CHECKED and _plain_same()  # else every submit uses encode_one
+
+
+class MessageIds:
+    """A producer's messages with their ``UNIQ_KEY``: its random id (16 hex digits) and a
+    count (16 more), unless ``unique_ids`` is off. About 1.5 us and 45 bytes per message;
+    without it a retry after an unknown outcome cannot be recognised (at least once)."""
+
+    def __init__(self, unique_ids: bool) -> None:
+        self.unique_ids = unique_ids
+        self.producer_id = secrets.token_hex(8)
+        self._count = itertools.count()
+
+    def message(
+        self, topic: str, body: bytes, tags: str, keys: str, properties: Mapping[str, str] | None
+    ) -> tuple[Message, tuple[str, ...], bool]:
+        """One submit's message with its UNIQ_KEY (given, or made), the key, and whether
+        :func:`encode_plain` may encode it (no tags, keys or properties but a key made here)."""
+        born_ms = int(time.time() * 1000)
+        if not properties:
+            if not self.unique_ids:
+                return Message(topic, 0, body, tags, keys, {}, 0, born_ms), (), False
+            key = f"{self.producer_id}{next(self._count):016X}"
+            plain = not tags and not keys and len(key) == UNIQ_KEY_CHARS
+            return Message(topic, 0, body, tags, keys, {UNIQ_KEY: key}, 0, born_ms), (key,), plain
+        props = dict(properties)
+        uniq: tuple[str, ...] = ()
+        if self.unique_ids:
+            given = props.get(UNIQ_KEY)
+            key = props[UNIQ_KEY] = f"{self.producer_id}{next(self._count):016X}" if given is None else given
+            uniq = (key,)
+        return Message(topic, 0, body, tags, keys, props, 0, born_ms), uniq, False
+
+    def identify(self, msgs: list[Message]) -> tuple[str, ...]:
+        """Give every message without a ``UNIQ_KEY`` one; their keys, in order (none
+        without ``unique_ids``)."""
+        if not self.unique_ids:
+            return ()
+        for m in msgs:
+            if UNIQ_KEY not in m.properties:
+                key = f"{self.producer_id}{next(self._count):016X}"
+                if isinstance(m.properties, dict):
+                    m.properties[UNIQ_KEY] = key
+                else:
+                    m.properties = {**m.properties, UNIQ_KEY: key}
+        return tuple([m.properties[UNIQ_KEY] for m in msgs])

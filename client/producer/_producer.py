@@ -7,12 +7,10 @@ requests."""
 from __future__ import annotations
 
 import contextlib
-import itertools
-import secrets
 import time
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, AsyncIterator, Awaitable, Mapping, Sequence
+from typing import AsyncIterator, Awaitable, Literal, Mapping, Sequence
 
 import trio
 
@@ -20,14 +18,17 @@ from clmq.common import Message
 from clmq.protocol import RequestCode, encode_batch
 from clmq.protocol.transport import RpcClient, background_nursery
 
-from .._routes import MessageQueue, NoRouteError, Routes
+from .._arguments import options_from, resolve_addrs
+from .._routes import MessageQueue, Routes
 from ._accumulator import Accumulator
-from ._batch import AccumulatorSettings, Batch
-from ._encode import PLAIN_CHECKED, UNIQ_KEY_CHARS, encode_one, encode_plain
+from ._batch import Batch
+from ._encode import PLAIN_CHECKED, MessageIds, encode_one, encode_plain
 from ._future import UNIQ_KEY, BatchTooLargeError, BufferFullError, DoneCallback, SendError, SendFuture, SendResult
+from ._options import ProducerOptions
+from ._room import check_size, reserve
 from ._scheduled import due_ms, send_scheduled, start_scheduled
-from ._sender import reply_error
-from ._tries import AMBIGUOUS, RETRIABLE, SAME_QUEUE, QueueSelector, RetryPolicy, Targets, Tries, shard
+from ._sender import send_to
+from ._tries import AMBIGUOUS, RETRIABLE, SAME_QUEUE, QueueSelector, Targets, Tries, shard
 
 __all__ = [
     "AMBIGUOUS",
@@ -37,17 +38,17 @@ __all__ = [
     "BatchTooLargeError",
     "BufferFullError",
     "Producer",
+    "ProducerOptions",
     "QueueSelector",
     "SendError",
     "SendFuture",
     "SendResult",
     "open_producer",
+    "producer_context",
     "shard",
 ]
 
 _NO_QUEUE = MessageQueue("", "", -1, "")  # a batch's queue before its first try found one
-DEFAULT_RETRIES = 2
-DEFAULT_RETRY_BUDGET_MS = 15_000
 
 
 class Producer:
@@ -78,62 +79,19 @@ class Producer:
         self,
         rpc: RpcClient,
         routes: Routes,
+        options: ProducerOptions | None = None,
         *,
-        send_timeout_ms: int = 3000,
-        retries: int | None = None,
-        fault_backoff_ms: int = 3000,
-        replication_retry_backoff_ms: int = 200,
-        retry_budget_ms: int | None = None,
-        retry_backoff_ms: int = 50,
-        retry_backoff_max_ms: int = 500,
-        unique_ids: bool = True,
-        linger_ms: int = 0,
-        batch_max_bytes: int = 1 << 20,
-        max_in_flight: int = 5,
-        buffer_max_bytes: int = 64 << 20,
-        buffer_full: str = "block",
-        buffer_block_max_ms: int = 60_000,
         nursery: trio.Nursery | None = None,
     ) -> None:
         self.rpc = rpc
         self.routes = routes
-        self.send_timeout_ms = send_timeout_ms
-        self.retries = DEFAULT_RETRIES if retries is None else retries
-        if retry_budget_ms is None:
-            retry_budget_ms = DEFAULT_RETRY_BUDGET_MS if retries is None else 0
-        self.retry_budget_ms = retry_budget_ms
-        _check_positive(send_timeout_ms=send_timeout_ms)
-        _check_not_negative(
-            retries=self.retries,
-            retry_budget_ms=retry_budget_ms,
-            retry_backoff_ms=retry_backoff_ms,
-            retry_backoff_max_ms=retry_backoff_max_ms,
-            fault_backoff_ms=fault_backoff_ms,
-            replication_retry_backoff_ms=replication_retry_backoff_ms,
-        )
-        self.policy = RetryPolicy(
-            self.retries,
-            retry_budget_ms,
-            retry_backoff_ms,
-            retry_backoff_max_ms,
-            fault_backoff_ms,
-            replication_retry_backoff_ms,
-        )
-        self.settings = AccumulatorSettings(
-            linger_ms, batch_max_bytes, max_in_flight, buffer_max_bytes, buffer_full, buffer_block_max_ms
-        )
+        self.options = options = options or ProducerOptions()
+        self.policy = options.retry_policy()
         self.targets = Targets(routes, self.policy)
-        # UNIQ_KEY per message (about 1.5 us and 45 bytes per message): without it a
-        # retry after an unknown outcome cannot be recognised (at least once).
-        self.unique_ids = unique_ids
-        self.producer_id = secrets.token_hex(8)  # the first half of every UNIQ_KEY this producer makes
-        self._uniq = itertools.count()
+        self.ids = MessageIds(options.unique_ids)
         self._scheduled: set[SendFuture] = set()  # scheduled sends not answered yet
-        self._acc = (
-            Accumulator(rpc, self.targets, self.policy, self.settings, send_timeout_ms, unique_ids, nursery)
-            if nursery is not None
-            else None
-        )
+        # Without a nursery (a Producer made by hand) only send_to and send_oneway work.
+        self._acc = Accumulator(rpc, self.targets, self.policy, options, nursery) if nursery is not None else None
 
     async def send(
         self,
@@ -221,14 +179,14 @@ class Producer:
         acc = self._acc
         if acc is None or acc.closing:
             acc = self._accumulator()  # raises why
-        msg, uniq, plain = self._message(topic, body, tags, keys, properties)
+        msg, uniq, plain = self.ids.message(topic, body, tags, keys, properties)
         due = due_ms(delay_ms, deliver_at)
         if due is not None:
             return self._schedule(acc, topic, [msg], uniq, due, sharding_key, selector, callback)
         mq = self.targets.pick_now(topic, msg, sharding_key, selector)
         tries = None
         if mq is None:
-            mq, tries = await self._first_target(topic, msg, sharding_key, selector)
+            mq, tries = await self.targets.first(topic, msg, sharding_key, selector)
         if mq is not None:
             msg.queue_id = mq.queue_id
         if plain and PLAIN_CHECKED:
@@ -237,11 +195,11 @@ class Producer:
             chunk = encode_one(msg)
         size = len(chunk)
         if size > acc.size_max_bytes:
-            acc.check_size(size)  # raises why
+            check_size(acc, size)  # raises why
         if acc.buffered_bytes + size <= acc.buffer_max_bytes and not acc.closing:  # reserve_now, inline
             acc.buffered_bytes += size
         else:
-            await acc.reserve(size)
+            await reserve(acc, size)
         fut = SendFuture()
         if callback is not None:
             fut._callbacks = [callback]  # add_done_callback of a future not done (no call)
@@ -252,27 +210,6 @@ class Producer:
         elif acc.add_one(mq, msg, uniq, chunk, fut, sharding_key, selector, plain):
             await trio.lowlevel.checkpoint()  # a sender has a request to make
         return fut
-
-    def _message(
-        self, topic: str, body: bytes, tags: str, keys: str, properties: Mapping[str, str] | None
-    ) -> tuple[Message, tuple[str, ...], bool]:
-        """One submit's message with its UNIQ_KEY (given, or made if ``unique_ids``), the
-        key, and whether :func:`encode_plain` may encode it (no tags, keys or properties
-        but the key this producer made)."""
-        born_ms = int(time.time() * 1000)
-        if not properties:
-            if not self.unique_ids:
-                return Message(topic, 0, body, tags, keys, {}, 0, born_ms), (), False
-            key = f"{self.producer_id}{next(self._uniq):016X}"
-            plain = not tags and not keys and len(key) == UNIQ_KEY_CHARS
-            return Message(topic, 0, body, tags, keys, {UNIQ_KEY: key}, 0, born_ms), (key,), plain
-        props = dict(properties)
-        uniq: tuple[str, ...] = ()
-        if self.unique_ids:
-            given = props.get(UNIQ_KEY)
-            key = props[UNIQ_KEY] = f"{self.producer_id}{next(self._uniq):016X}" if given is None else given
-            uniq = (key,)
-        return Message(topic, 0, body, tags, keys, props, 0, born_ms), uniq, False
 
     async def submit_batch(
         self,
@@ -290,19 +227,16 @@ class Producer:
         msgs = [m if isinstance(m, Message) else Message(topic, 0, m) for m in messages]
         if not msgs:
             raise ValueError("send_batch needs at least one message")
-        if self.unique_ids:
-            self._identify(msgs)
+        uniq = self.ids.identify(msgs)
         due = due_ms(delay_ms, deliver_at)
         if due is not None:
-            keys = tuple(m.properties[UNIQ_KEY] for m in msgs) if self.unique_ids else ()
-            return self._schedule(acc, topic, msgs, keys, due, sharding_key, selector, callback)
+            return self._schedule(acc, topic, msgs, uniq, due, sharding_key, selector, callback)
         mq, tries = self.targets.pick_now(topic, msgs[0], sharding_key, selector), None
         if mq is None:
-            mq, tries = await self._first_target(topic, msgs[0], sharding_key, selector)
+            mq, tries = await self.targets.first(topic, msgs[0], sharding_key, selector)
         qid = mq.queue_id if mq is not None else 0
         for m in msgs:
             m.queue_id = qid
-        uniq = tuple([m.properties[UNIQ_KEY] for m in msgs]) if self.unique_ids else ()
         fut = SendFuture()
         batch = Batch(
             topic,
@@ -351,9 +285,9 @@ class Producer:
         callback: DoneCallback | None,
     ) -> SendFuture:
         """Reserve the batch's bytes, then queue it (or, without a queue now, retry it)."""
-        acc.check_size(batch.size)
+        check_size(acc, batch.size)
         if not acc.reserve_now(batch.size):
-            await acc.reserve(batch.size)
+            await reserve(acc, batch.size)
             batch.gen = acc.gen  # a flush may have begun meanwhile
         fut = batch.futures[0]
         if callback is not None:
@@ -364,25 +298,6 @@ class Producer:
         elif acc.add(mq, batch):
             await trio.lowlevel.checkpoint()  # a sender has a request to make
         return fut
-
-    async def _first_target(
-        self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None
-    ) -> tuple[MessageQueue | None, Tries | None]:
-        """The queue of a batch's first try; None and its first failure if none now."""
-        try:
-            return await self.targets.pick(topic, first, sharding_key, selector, refresh=False), None
-        except NoRouteError as e:
-            if not e.unreachable:
-                raise
-            text, code = str(e), None
-        except SendError as e:  # no healthy broker: leaderless groups, failed stores
-            if e.code not in RETRIABLE:
-                raise
-            text, code = str(e), e.code
-        tries = Tries(self.policy, time.monotonic())
-        tries.attempts = 1
-        tries.note(text, code)
-        return None, tries
 
     async def flush(self) -> None:
         """Wait until every message submitted before the call is answered (stored, or
@@ -398,7 +313,8 @@ class Producer:
         SendError("producer closed"); later submits are refused. ``open_producer`` does
         this on leaving."""
         if self._acc is not None:
-            bound_ms = self.retry_budget_ms + (self.retries + 1) * self.send_timeout_ms
+            policy = self.policy
+            bound_ms = policy.retry_budget_ms + (policy.retries + 1) * self.options.send_timeout_ms
             with trio.move_on_after(bound_ms / 1000):
                 for fut in list(self._scheduled):
                     with contextlib.suppress(SendError):
@@ -407,37 +323,12 @@ class Producer:
                 fut._fail(SendError("producer closed"))
             await self._acc.aclose(bound_ms / 1000)
 
-    def _identify(self, msgs: list[Message]) -> None:
-        """Give every message without a ``UNIQ_KEY`` one: this producer's id and a count."""
-        for m in msgs:
-            if UNIQ_KEY not in m.properties:
-                key = f"{self.producer_id}{next(self._uniq):016X}"
-                if isinstance(m.properties, dict):
-                    m.properties[UNIQ_KEY] = key
-                else:
-                    m.properties = {**m.properties, UNIQ_KEY: key}
-
     async def send_to(self, mq: MessageQueue, body: bytes, count: int, *, dedup: bool = False) -> SendResult:
         """Send an encoded batch (``encode_batch`` of messages whose ``queue_id`` is
         ``mq.queue_id``) to one queue at once: no accumulator, no retries. ``dedup``:
         the broker answers with the offsets of the same batch (by ``UNIQ_KEY``) if it
         has stored it already."""
-        fields: dict[str, object] = {"topic": mq.topic, "dedup": True} if dedup else {"topic": mq.topic}
-        reply = await self.rpc.request(
-            mq.addr, RequestCode.SEND_MESSAGE, fields, body, timeout_ms=self.send_timeout_ms, check=False
-        )
-        error = reply_error(mq.addr, reply)
-        if error is not None:
-            raise error
-        f = reply.fields
-        return SendResult(
-            mq,
-            f["queue_offsets"],
-            f["commitlog_offsets"],
-            bool(f["durable"]),
-            bool(reply.error_code),
-            bool(f.get("duplicate", False)),
-        )
+        return await send_to(self.rpc, mq, body, self.options.send_timeout_ms, dedup)
 
     async def send_oneway(
         self, topic: str, body: bytes, *, tags: str = "", keys: str = "", sharding_key: str | None = None
@@ -448,31 +339,50 @@ class Producer:
         await self.rpc.oneway(mq.addr, RequestCode.SEND_MESSAGE, {"topic": topic}, encode_batch([msg]))
 
 
-def _check_positive(**values: int) -> None:
-    for name, value in values.items():
-        if type(value) is not int or value <= 0:
-            raise ValueError(f"{name}={value!r}: must be a positive integer")
+@asynccontextmanager
+async def open_producer(
+    namesrv_addrs: str | Sequence[str] | None = None,
+    *,
+    broker_addrs: str | Sequence[str] | None = None,
+    send_timeout_ms: int = 3000,
+    retries: int | None = None,
+    fault_backoff_ms: int = 3000,
+    replication_retry_backoff_ms: int = 200,
+    retry_budget_ms: int | None = None,
+    retry_backoff_ms: int = 50,
+    retry_backoff_max_ms: int = 500,
+    unique_ids: bool = True,
+    linger_ms: int = 0,
+    batch_max_bytes: int = 1 << 20,
+    max_in_flight: int = 5,
+    buffer_max_bytes: int = 64 << 20,
+    buffer_full: Literal["block", "raise"] = "block",
+    buffer_block_max_ms: int = 60_000,
+) -> AsyncIterator[Producer]:
+    """A producer for trio code: ``async with open_producer("127.0.0.1:9876") as p:``.
 
-
-def _check_not_negative(**values: int) -> None:
-    for name, value in values.items():
-        if type(value) is not int or value < 0:
-            raise ValueError(f"{name}={value!r}: must be an integer >= 0")
+    Addresses: name servers (``"h1:9876,h2:9876"`` or a list), or ``broker_addrs`` for a
+    direct connection; neither: ``$CLMQ_NAMESRV``. The options are
+    :class:`ProducerOptions` (see :class:`Producer`); a bad value is a ``ValueError``
+    on entering. On leaving, buffered messages are sent (``aclose``: flushed, within
+    the retry budget)."""
+    options = options_from(ProducerOptions, locals())
+    async with producer_context(namesrv_addrs, broker_addrs, options) as producer:
+        yield producer
 
 
 @asynccontextmanager
-async def open_producer(
-    namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None, **options: Any
+async def producer_context(
+    namesrv_addrs: str | Sequence[str] | None, broker_addrs: str | Sequence[str] | None, options: ProducerOptions
 ) -> AsyncIterator[Producer]:
-    """A producer for trio code: ``async with open_producer(["127.0.0.1:9876"]) as p:``.
-    On leaving, buffered messages are sent (``aclose``: flushed, within the retry budget)."""
+    """:func:`open_producer` with its options as one object (the asyncio and blocking
+    producers check theirs before they start a loop)."""
+    namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)
     async with background_nursery() as nursery:
         rpc = RpcClient(nursery)
         producer = None
         try:
-            producer = Producer(
-                rpc, Routes(rpc, namesrv_addrs or [], broker_addrs=broker_addrs), nursery=nursery, **options
-            )
+            producer = Producer(rpc, Routes(rpc, namesrv, broker_addrs=brokers), options, nursery=nursery)
             yield producer
         finally:
             try:

@@ -13,10 +13,11 @@ from typing import Any
 import trio
 
 from clmq.protocol import ErrorCode, Frame, RequestCode
-from clmq.protocol.transport import ConnectionFailed, RpcError
+from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError
 
+from .._routes import MessageQueue
 from ._batch import Batch, Buffers, QueueBuffer, QueueKey, Request
-from ._future import Answer, SendError, resolve_each
+from ._future import Answer, SendError, SendResult, resolve_each
 from ._tries import NotLeader
 
 log = logging.getLogger("clmq.producer")
@@ -31,6 +32,24 @@ def reply_error(addr: str, reply: Frame) -> RpcError | None:
         leader = reply.fields.get("leader_addr")
         return NotLeader(addr, reply.error_code, reply.error_text, leader if isinstance(leader, str) else "")
     return RpcError(addr, reply.error_code, reply.error_text)
+
+
+async def send_to(rpc: RpcClient, mq: MessageQueue, body: bytes, timeout_ms: int, dedup: bool) -> SendResult:
+    """:meth:`Producer.send_to`: one encoded batch to one queue, at once."""
+    fields: dict[str, object] = {"topic": mq.topic, "dedup": True} if dedup else {"topic": mq.topic}
+    reply = await rpc.request(mq.addr, RequestCode.SEND_MESSAGE, fields, body, timeout_ms=timeout_ms, check=False)
+    error = reply_error(mq.addr, reply)
+    if error is not None:
+        raise error
+    f = reply.fields
+    return SendResult(
+        mq,
+        f["queue_offsets"],
+        f["commitlog_offsets"],
+        bool(f["durable"]),
+        bool(reply.error_code),
+        bool(f.get("duplicate", False)),
+    )
 
 
 class Sender:

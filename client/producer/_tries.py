@@ -274,6 +274,25 @@ class Targets:
         self._routed[topic] = (time.monotonic() + self.routes.refresh_interval_ms / 1000, mqs)
         return self._choose(topic, mqs, first, sharding_key, selector)
 
+    async def first(
+        self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None
+    ) -> tuple[MessageQueue | None, Tries | None]:
+        """The queue of a batch's first try; None and its first failure if none now."""
+        try:
+            return await self.pick(topic, first, sharding_key, selector, refresh=False), None
+        except NoRouteError as e:
+            if not e.unreachable:
+                raise
+            text, code = str(e), None
+        except SendError as e:  # no healthy broker: leaderless groups, failed stores
+            if e.code not in RETRIABLE:
+                raise
+            text, code = str(e), e.code
+        tries = Tries(self.policy, time.monotonic())
+        tries.attempts = 1
+        tries.note(text, code)
+        return None, tries
+
     def pick_now(
         self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None
     ) -> MessageQueue | None:

@@ -1,0 +1,67 @@
+"""What the clients' entry points share about their arguments: addresses given as one
+string or a list, ``CLMQ_NAMESRV`` read when none is given (here only: every client,
+trio, asyncio or blocking, resolves its addresses through :func:`resolve_addrs`), and
+options dataclasses filled from the keyword parameters that name each option."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping, Sequence, TypeVar
+
+NAMESRV_ENV = "CLMQ_NAMESRV"
+
+T = TypeVar("T")
+
+
+def addr_list(addrs: str | Sequence[str] | None, what: str = "address") -> list[str]:
+    """``"h1:9876,h2:9876"`` or ``["h1:9876", "h2:9876"]`` (or None) as a list of
+    ``host:port``; ``ValueError`` naming ``what`` for anything else."""
+    if addrs is None:
+        return []
+    if isinstance(addrs, str):
+        parts = addrs.split(",")
+    else:
+        parts = []
+        for addr in addrs:
+            if not isinstance(addr, str):
+                raise ValueError(f"{what}: {addr!r} is not an address (give 'host:port' strings)")
+            parts += addr.split(",")
+    found = [part.strip() for part in parts if part.strip()]
+    for addr in found:
+        _check_addr(addr, what)
+    return found
+
+
+def _check_addr(addr: str, what: str) -> None:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what}: {addr!r} is not host:port (e.g. 127.0.0.1:9876)")
+
+
+def resolve_addrs(
+    namesrv_addrs: str | Sequence[str] | None, broker_addrs: str | Sequence[str] | None
+) -> tuple[list[str], list[str]]:
+    """A client's name servers and brokers as lists. Given neither, the name servers are
+    ``$CLMQ_NAMESRV`` (comma separated), as for the ``clmq`` command; ``ValueError`` if
+    that is not set either."""
+    namesrv = addr_list(namesrv_addrs, "namesrv_addrs")
+    brokers = addr_list(broker_addrs, "broker_addrs")
+    if not namesrv and not brokers:
+        namesrv = addr_list(os.environ.get(NAMESRV_ENV), f"${NAMESRV_ENV}")
+        if not namesrv:
+            raise ValueError(
+                f"no address: give name server addresses (or set ${NAMESRV_ENV}), "
+                "or broker addresses for a direct connection"
+            )
+    return namesrv, brokers
+
+
+def options_from(cls: type[T], values: Mapping[str, Any]) -> T:
+    """The options dataclass ``cls`` made of an entry point's keyword parameters
+    (``locals()`` at its start). Why: every entry point names each option in its
+    signature (typed, with its default: an IDE completes them, a misspelt one is a
+    TypeError at the call), and this picks them up without a list repeated per entry
+    point; tests/test_client_options.py checks that each signature names every option."""
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    return cls(**{name: values[name] for name in names})
