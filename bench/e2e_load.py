@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -78,7 +79,7 @@ class ProcessCpu:
         return self._now() - self.start
 
 
-async def consume(addr: str, topic: str, expected: int, **options: object) -> Consumed:
+async def consume(addr: str, topic: str, expected: int, **options: Any) -> Consumed:
     """A consumer group member (``options``: ConsumerOptions; none: the defaults) reads
     the topic from the earliest offsets until it has ``expected`` messages."""
     t0 = time.perf_counter()
