@@ -78,7 +78,7 @@ def cmd_bench_failover(args: argparse.Namespace) -> int:
     cluster = FailoverCluster(root, settings, tick_time_ms=args.tick_ms)
     try:
         cluster.start()
-        result = trio.run(run, args, cluster)
+        result = trio.run(measure_failovers, args, cluster)
     finally:
         problems = cluster.stop()
     result["problems"] = problems
@@ -89,7 +89,7 @@ def cmd_bench_failover(args: argparse.Namespace) -> int:
     return 0
 
 
-async def run(args: argparse.Namespace, cluster: FailoverCluster) -> dict[str, Any]:
+async def measure_failovers(args: argparse.Namespace, cluster: FailoverCluster) -> dict[str, Any]:
     """Every failover under a running producer; the figures."""
     acks = Acks()
     async with open_admin([cluster.ns_addr], broker_addrs=[n.addr for n in cluster.nodes]) as admin:

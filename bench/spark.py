@@ -148,7 +148,7 @@ def run_index(
     }
 
 
-def run(root: Path, args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:
+def measure(root: Path, args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:
     from clmq.spark_connector import spark_session
 
     sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
@@ -185,7 +185,7 @@ def cmd_bench_spark(args: argparse.Namespace) -> int:
     console = Console()
     root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-spark-", dir=args.out_dir))
     try:
-        result = run(root, args, lambda s: console.print(f"[dim]{s}"))
+        result = measure(root, args, lambda s: console.print(f"[dim]{s}"))
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -219,8 +219,8 @@ async def test_an_exception_in_a_read_thread_reaches_the_waiting_request_and_the
     threads = hot if pool == "hot" else hot.cold_pool(1)
     for i in range(3):  # the same threads, again and again
         with pytest.raises(Boom, match=f"job {i}"):
-            await threads.run(_fail, f"job {i}")
-        assert await threads.run(sum, [i, 1]) == i + 1
+            await threads.in_thread(_fail, f"job {i}")
+        assert await threads.in_thread(sum, [i, 1]) == i + 1
 
 
 # ------------------------------------------------------ residency check, read path

@@ -237,7 +237,7 @@ async def test_sync_flush_waiters_are_released_by_the_group_commits(tmp_path: Pa
         lane = AppendLane(store, 1 << 20)
         results: list[tuple[int, bool]] = []
         async with trio.open_nursery() as n:
-            n.start_soon(lane.run)
+            n.start_soon(lane.append_loop)
 
             async def one(i: int) -> None:
                 put = lane.submit(TOPIC, pack_messages([Message(TOPIC, 0, _body(i))]), ("127.0.0.1", 1))
@@ -258,7 +258,7 @@ async def test_sync_flush_waiters_are_released_by_the_group_commits(tmp_path: Pa
 async def test_sync_flush_callbacks_are_called_once_durable_or_once_timed_out(tmp_path: Path) -> None:
     """DurableWaiters.call_when_durable (answers without a task each): every callback is
     called exactly once, True once its bytes are durable; one waiting for bytes never
-    written is called with False after its timeout (DurableWaiters.run), and only then."""
+    written is called with False after its timeout (DurableWaiters.timeout_loop), and only then."""
     log = CommitLogConfig(flush_mode=FlushMode.SYNC, segment_bytes=1 << 20, max_message_bytes=4096)
     store = Store.open(StoreConfig(tmp_path / "s", log)).start()
     try:
@@ -266,8 +266,8 @@ async def test_sync_flush_callbacks_are_called_once_durable_or_once_timed_out(tm
         lane = AppendLane(store, 1 << 20)
         calls: list[tuple[int, bool]] = []  # (end offset waited for, durable)
         async with trio.open_nursery() as n:
-            n.start_soon(lane.run)
-            n.start_soon(lane.durable.run)
+            n.start_soon(lane.append_loop)
+            n.start_soon(lane.durable.timeout_loop)
 
             def stored(put: PendingPut) -> None:
                 assert put.result is not None and put.result.ok

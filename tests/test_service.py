@@ -744,7 +744,7 @@ async def test_read_threads_return_results_and_errors_and_never_run_more_than_th
 
     async def one(i: int) -> None:
         try:
-            results[i] = await readers.run(read, i)
+            results[i] = await readers.in_thread(read, i)
         except OSError as e:
             results[i] = str(e)
 
@@ -754,4 +754,4 @@ async def test_read_threads_return_results_and_errors_and_never_run_more_than_th
     assert results == {i: (f"read {i} failed" if i % 7 == 3 else i * i) for i in range(60)}
     assert 1 <= most[0] <= 3 and readers.threads <= 3
     await await_until(lambda: readers.threads == 0, 5, "idle read threads to end")
-    assert await readers.run(read, 2) == 4  # and start again on demand
+    assert await readers.in_thread(read, 2) == 4  # and start again on demand

@@ -462,7 +462,7 @@ async def test_a_failed_store_answers_store_failed_and_reports_itself_unhealthy(
             info = await rpc.request(broker.addr, RequestCode.BROKER_INFO)
             assert info.fields["healthy"] is False and info.fields["failure"]
             # Its registration says so, and the name server's routes mark it (producers skip it).
-            await rpc.request(c.ns[0], RequestCode.REGISTER_BROKER, registration(broker.context))
+            await rpc.request(c.ns[0], RequestCode.REGISTER_BROKER, registration(broker.ctx))
             route = await rpc.request(c.ns[0], RequestCode.GET_ROUTE, {"topic": "f"})
             (routed,) = route.fields["brokers"]
             assert routed["broker_name"] == "broker-a" and routed["healthy"] is False

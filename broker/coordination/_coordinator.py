@@ -78,7 +78,7 @@ class GroupCoordinator:
         self._said = ""
         replica.coordinator = self
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def coordinate(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Until cancelled; the session is closed on the way out (its member node goes
         at once, so the rest of the group elects without waiting for the timeout)."""
         try:

@@ -80,7 +80,7 @@ class Follower:
         self._told = min(self.log.write_offset, store.dispatcher.dispatched_offset)
         self.log.set_confirmed_offset(self._told)
 
-    async def run(self) -> None:
+    async def follow_loop(self) -> None:
         """Forever: follow the leader; on any failure, say so (once per kind) and retry.
         A leader named by ZooKeeper that answers NOT_LEADER is about to lead (its switch
         takes milliseconds): asked again soon, every 20 ms doubling up to

@@ -67,7 +67,7 @@ class Replica:
         self.leader: Leader | None = None
         self.follower: Follower | None = None
         self.leader_hint = ""  # the group's leader as the name servers (or ZooKeeper) said
-        self.coordinator: CoordinatorPort | None = None  # ZooKeeper mode: set by the service before run()
+        self.coordinator: CoordinatorPort | None = None  # ZooKeeper mode: set by the service before role_loop()
         self._pending_lead: tuple[int, tuple[int, ...]] | None = None  # (epoch, ZooKeeper's in-sync set)
         self._lead_started = trio.Event()
         self._handing_over = False  # a graceful hand-over is under way: new writes are held, then refused
@@ -103,7 +103,7 @@ class Replica:
     def epoch(self) -> int:
         return self.leader.epoch if self.leader else self.epochs.latest
 
-    async def run(self, rpc: RpcClient) -> None:
+    async def role_loop(self, rpc: RpcClient) -> None:
         """The role's background tasks, restarted whenever the role switches."""
         self._rpc = rpc
         while True:
@@ -141,7 +141,7 @@ class Replica:
     async def _follow(self, follower: Follower) -> None:
         with trio.move_on_after(QUIESCE_S):  # a demoted leader: appends already accepted finish first
             await self.writes_idle()
-        await follower.run()
+        await follower.follow_loop()
 
     def _appended(self) -> None:
         """From the appending thread: wake the leader's long-polled fetches."""

@@ -15,43 +15,43 @@ from ._context import BrokerContext
 class AdminRequests:
     """DELETE_GROUP and GET_MESSAGE (see ``protocol/_codes.py``)."""
 
-    def __init__(self, context: BrokerContext) -> None:
-        self.b = context
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
 
     async def delete_group(self, frame: Frame, peer: Peer) -> Reply:
         """Drop a group's committed offsets; refused while members are connected (they
         would commit again at once, as Kafka refuses to delete an active group)."""
         group = need(frame.fields, "group", str)
-        self.b.replica.check_writable()
-        members = self.b.groups.members(group)
+        self.ctx.replica.check_writable()
+        members = self.ctx.groups.members(group)
         if members:
             names = ", ".join(m.client_id for m in members[:5])
             raise RequestError(
                 ErrorCode.GROUP_ACTIVE,
                 f"group {group!r} has {len(members)} member(s) connected ({names}): stop them first",
             )
-        if not self.b.offsets.of_group(group):
-            raise RequestError(ErrorCode.NOT_FOUND, f"group {group!r} does not exist on {self.b.config.broker_name}")
-        dropped = self.b.offsets.drop_group(group)
-        self.b.metadata.bump()
+        if not self.ctx.offsets.of_group(group):
+            raise RequestError(ErrorCode.NOT_FOUND, f"group {group!r} does not exist on {self.ctx.config.broker_name}")
+        dropped = self.ctx.offsets.drop_group(group)
+        self.ctx.metadata.bump()
         return Reply({"queues": dropped})
 
     async def get_message(self, frame: Frame, peer: Peer) -> Reply:
         """The record at a CommitLog offset (what a message id names), CRC-checked."""
         offset = need(frame.fields, "commitlog_offset", int)
-        log = getattr(self.b.store, "log", None)
+        log = getattr(self.ctx.store, "log", None)
         if log is None:
             raise RequestError(
                 ErrorCode.REQUEST_NOT_SUPPORTED,
-                f"message ids name CommitLog offsets: this broker runs {self.b.config.storage_mode}",
+                f"message ids name CommitLog offsets: this broker runs {self.ctx.config.storage_mode}",
             )
 
-        def read() -> bytes | None:
+        def record_bytes() -> bytes | None:
             record = log.read_record(offset)  # CRC-checked: a made-up offset is no record
             return None if record is None else log.read_bytes(offset, record.size)
 
         try:
-            raw = await trio.to_thread.run_sync(read)
+            raw = await trio.to_thread.run_sync(record_bytes)
         except CorruptRecordError as e:  # not the start of a record (a made-up id), or damage
             raise RequestError(ErrorCode.NOT_FOUND, f"no message starts at CommitLog offset {offset}: {e}") from None
         if raw is None:

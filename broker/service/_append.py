@@ -137,7 +137,7 @@ class AppendLane:
         while self._queued_bytes:
             await self._drained.wait()
 
-    async def run(self) -> None:
+    async def append_loop(self) -> None:
         """The lane's task: forever take what is waiting and append it."""
         while True:
             await self._wakeup.wait()
@@ -215,7 +215,7 @@ class DurableWaiters:
     callback is registered at a time, for the lowest offset waited for, and each group
     commit that reaches it wakes every waiter it covers with one hop. A waiter is a
     task (:meth:`wait`) or a callback (:meth:`call_when_durable`: no task per request;
-    its timeouts need :meth:`run`)."""
+    its timeouts need :meth:`timeout_loop`)."""
 
     def __init__(self, store: StorageEngine) -> None:
         self.store = store
@@ -224,7 +224,7 @@ class DurableWaiters:
         self._armed = False  # a store callback is registered (for the lowest offset then waited for)
         self._token: trio.lowlevel.TrioToken | None = None
         self._timed: list[tuple[float, int, _Callback]] = []  # callbacks by deadline (a heap)
-        self._timer_at = math.inf  # when run() wakes next
+        self._timer_at = math.inf  # when timeout_loop() wakes next
         self._timer_wake = trio.Event()
 
     def _durable(self, end_offset: int) -> bool:
@@ -255,11 +255,12 @@ class DurableWaiters:
         while timed and timed[0][2].done:  # answered ones leave from the front
             heapq.heappop(timed)
         heapq.heappush(timed, (entry.deadline, seq, entry))
-        if entry.deadline < self._timer_at:  # rare: the same timeout for all, run() sleeps until an earlier one
+        # Rare: the same timeout for all, timeout_loop() sleeps until an earlier one.
+        if entry.deadline < self._timer_at:
             self._timer_wake.set()
         self._arm()
 
-    async def run(self) -> None:
+    async def timeout_loop(self) -> None:
         """The timeouts of :meth:`call_when_durable` (a task for as long as the lane runs)."""
         timed = self._timed
         while True:

@@ -65,7 +65,7 @@ class Broker:
             writes_idle=self.lane.wait_idle,
             addr=lambda: self.addr,
         )
-        self.context = BrokerContext(
+        self.ctx = BrokerContext(
             config,
             store,
             self.offsets,
@@ -78,7 +78,7 @@ class Broker:
             replica=self.replica,
             metadata=self.metadata,
         )
-        self.handlers = Handlers(self.context)
+        self.handlers = Handlers(self.ctx)
         self.metadata.timer = self.handlers.timer
         table = {**self.handlers.table(), **{code: checked(h) for code, h in self.replica.handlers().items()}}
         self.rpc = RpcServer(
@@ -93,9 +93,7 @@ class Broker:
         self.started = time.monotonic()
         self.metrics = CollectorRegistry(auto_describe=False)  # this broker's own: several may share a process
         self.metrics.register(
-            BrokerCollector(
-                self.context, self.rpc.request_stats, lambda: self.rpc.connections, self.handlers.timer_fields
-            )
+            BrokerCollector(self.ctx, self.rpc.request_stats, lambda: self.rpc.connections, self.handlers.timer_fields)
         )
         self.metrics_port = -1  # the port /metrics is served on, once started (-1: none)
         self._stop = trio.Event()
@@ -130,7 +128,7 @@ class Broker:
             self._register_wakeup = trio.Event()
 
     async def _register_all(self) -> None:
-        fields = registration(self.context)
+        fields = registration(self.ctx)
         async with trio.open_nursery() as nursery:
             for ns in self.config.namesrv_addrs:
                 nursery.start_soon(self._register_with, ns, fields)
@@ -176,7 +174,7 @@ class Broker:
     async def _sample_rates(self) -> None:
         """A sample of the traffic counters every second: BROKER_INFO's rates."""
         while True:
-            self.context.traffic.rates()
+            self.ctx.traffic.rates()
             await trio.sleep(1)
 
     async def _stop_gracefully(self) -> None:
@@ -262,8 +260,8 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
         async with trio.open_nursery() as nursery:
             broker.client = RpcClient(nursery)
             await nursery.start(broker.rpc.serve, config.listen_host, config.listen_port, nursery)
-            nursery.start_soon(broker.lane.run)
-            nursery.start_soon(broker.lane.durable.run)  # timeouts of sync-flush answers without a task
+            nursery.start_soon(broker.lane.append_loop)
+            nursery.start_soon(broker.lane.durable.timeout_loop)  # timeouts of sync-flush answers without a task
             nursery.start_soon(broker._register_loop)
             nursery.start_soon(broker._housekeeping_loop)
             nursery.start_soon(broker._sample_rates)
@@ -275,10 +273,10 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
                     metrics_route(broker.metrics),
                     "broker metrics",
                 )
-            nursery.start_soon(broker.replica.run, broker.client)
-            nursery.start_soon(broker.handlers.timer.run)
+            nursery.start_soon(broker.replica.role_loop, broker.client)
+            nursery.start_soon(broker.handlers.timer.tick_loop)
             if broker.coordinator is not None:
-                await nursery.start(broker.coordinator.run)
+                await nursery.start(broker.coordinator.coordinate)
             log.info(
                 "broker %s/%d listening on %s (%s, %s flush, %s, epoch %d)",
                 config.broker_name,

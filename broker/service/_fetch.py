@@ -81,15 +81,15 @@ def optional(fields: dict[str, Any], name: str, default: int) -> int:
 WIRE_STATUS = {status: PullStatus[status.name] for status in GetStatus}
 
 
-def suggest_follower(context: BrokerContext, behind: int | Callable[[], int]) -> bool:
+def suggest_follower(ctx: BrokerContext, behind: int | Callable[[], int]) -> bool:
     """Whether a pull answer leaving its reader ``behind`` messages short of a queue's
     max offset should tell it to read from a follower (RocketMQ's "suggest pulling from
     slave"): this broker leads, some follower is in sync (so it serves nearly all of
     it), and the reader is more than ``follower_read_lag_messages`` behind (0: never).
     Old data is cold: its disk reads would hold up the leader's producers. ``behind``
     may be a function, called only when the rest says yes."""
-    lag_messages = context.config.follower_read_lag_messages
-    leader = context.replica.leader
+    lag_messages = ctx.config.follower_read_lag_messages
+    leader = ctx.replica.leader
     if lag_messages <= 0 or leader is None or not leader.isr.followers_in_sync():
         return False
     return (behind() if callable(behind) else behind) > lag_messages
@@ -148,13 +148,13 @@ class Visibility:
 
 
 class Fetch:
-    def __init__(self, context: BrokerContext, readers: ReadThreads) -> None:
-        self.waiters = context.waiters
-        self.store = context.store
-        self.config = context.config
+    def __init__(self, ctx: BrokerContext, readers: ReadThreads) -> None:
+        self.waiters = ctx.waiters
+        self.store = ctx.store
+        self.config = ctx.config
         self.readers = readers  # shared with the broker's other reads
-        self.context = context
-        cfg = context.config  # pulls of data not in the page cache go to their own threads
+        self.ctx = ctx
+        cfg = ctx.config  # pulls of data not in the page cache go to their own threads
         self.cold = ColdReads(readers, cfg.cold_read_threads, cfg.cold_read_memory_queues, cfg.cold_read_distance_bytes)
 
     async def handle(self, frame: Frame, _peer: object) -> Reply:
@@ -170,12 +170,12 @@ class Fetch:
             await self._wait_any(asks, wait_ms)
             results, spans, found = await self._read_in_thread(asks, total, per_queue, max_bytes)
         if found:
-            traffic = self.context.traffic
+            traffic = self.ctx.traffic
             for ask, row in zip(asks, results):
                 if row[2]:
                     traffic.add_out(ask.topic, row[2], row[3])
         fields: dict[str, Any] = {"results": results, "count": found}
-        if suggest_follower(self.context, max_behind(results)):
+        if suggest_follower(self.ctx, max_behind(results)):
             fields["suggest_follower"] = True
         return Reply(fields, spans=spans)
 
@@ -183,7 +183,7 @@ class Fetch:
         self, asks: list[FetchAsk], total: int, per_queue: int, max_bytes: int
     ) -> tuple[list[list[Any]], list[Span], int]:
         try:
-            return await self.cold.read(self._read, asks, total, per_queue, max_bytes)
+            return await self.cold.pull(self._read, asks, total, per_queue, max_bytes)
         except (
             OSError
         ) as e:  # a cold span could not be read (the file changed underneath): this pull fails, not the connection

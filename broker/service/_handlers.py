@@ -39,28 +39,28 @@ ROWS_PER_CHECKPOINT = 256
 class Handlers:
     """Every request the broker serves, bound to one broker's :class:`BrokerContext`."""
 
-    def __init__(self, context: BrokerContext) -> None:
-        self.b = context
-        self.store = context.store
-        self.config = context.config
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        self.config = ctx.config
         # Pulls and look-ups read the disk in at most this many threads at once: a slow
         # read (a page fault, a busy disk) holds up the pulls that wait for a thread, never
         # the event loop that serves every connection.
-        self._readers = ReadThreads(context.config.pull_read_threads)
-        self.timer = Timer(context)
-        self.scheduled = ScheduledRequests(context, self.timer)
-        self.produce = Produce(context, self._readers, self.scheduled)
-        self.locks = LockRequests(context)
+        self._readers = ReadThreads(ctx.config.pull_read_threads)
+        self.timer = Timer(ctx)
+        self.scheduled = ScheduledRequests(ctx, self.timer)
+        self.produce = Produce(ctx, self._readers, self.scheduled)
+        self.locks = LockRequests(ctx)
         self.started = time.monotonic()  # BROKER_INFO's uptime
 
     def table(self) -> dict[int, Handler]:
         """Every request code's handler, each behind :func:`checked`."""
-        log_reads = LogReads(self.b, self._readers)
-        admin = AdminRequests(self.b)
+        log_reads = LogReads(self.ctx, self._readers)
+        admin = AdminRequests(self.ctx)
         handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: self.produce.send_message,
             RequestCode.PULL_MESSAGE: self.pull_message,
-            RequestCode.PULL_MESSAGES: Fetch(self.b, self._readers).handle,
+            RequestCode.PULL_MESSAGES: Fetch(self.ctx, self._readers).handle,
             RequestCode.QUERY_OFFSETS: self.query_offsets,
             RequestCode.SEARCH_OFFSET: self.search_offset,
             RequestCode.COMMIT_OFFSET: self.commit_offset,
@@ -72,7 +72,7 @@ class Handlers:
             RequestCode.LIST_GROUPS: self.list_groups,
             RequestCode.DESCRIBE_GROUP: self.describe_group,
             RequestCode.DELETE_GROUP: admin.delete_group,
-            RequestCode.CONSUMER_SEND_BACK: SendBack(self.b).handle,
+            RequestCode.CONSUMER_SEND_BACK: SendBack(self.ctx).handle,
             RequestCode.CANCEL_MESSAGE: self.scheduled.cancel,
             RequestCode.LOCK_QUEUES: self.locks.lock,
             RequestCode.UNLOCK_QUEUES: self.locks.unlock,
@@ -83,7 +83,7 @@ class Handlers:
             RequestCode.DESCRIBE_TOPIC: self.describe_topic,
             RequestCode.BROKER_INFO: self.broker_info,
             RequestCode.GET_LOG_LAYOUT: log_reads.layout,
-            RequestCode.READ_LOG: log_reads.read,
+            RequestCode.READ_LOG: log_reads.read_log,
         }
         return {code: checked(handler) for code, handler in handlers.items()}
 
@@ -109,8 +109,8 @@ class Handlers:
             "count": res.count,
         }
         if res.count:
-            self.b.traffic.add_out(topic, res.count, sum(s.length for s in res.spans))
-        if suggest_follower(self.b, res.max_offset - res.next_offset):  # far behind: read from a follower
+            self.ctx.traffic.add_out(topic, res.count, sum(s.length for s in res.spans))
+        if suggest_follower(self.ctx, res.max_offset - res.next_offset):  # far behind: read from a follower
             fields["suggest_follower"] = True
         return Reply(fields, spans=res.spans)
 
@@ -122,7 +122,7 @@ class Handlers:
         # A damaged record at ``offset``: CORRUPT_DATA naming its file, offset and check
         # (records before it are answered first: the consumer reads up to the damage).
         visibility = Visibility(self.store)
-        res = await self._readers.run(
+        res = await self._readers.in_thread(
             visibility.read_to_damage, topic, qid, offset, limit, tags, self.config.max_pull_bytes
         )
         if isinstance(res, CorruptRecordError):
@@ -133,13 +133,13 @@ class Handlers:
         key = (topic, qid)
         with trio.move_on_after(wait_ms / 1000):
             while True:
-                event = self.b.waiters.register(key)  # before the check: no lost wake-up
+                event = self.ctx.waiters.register(key)  # before the check: no lost wake-up
                 try:
                     if self.store.max_offset(topic, qid) > offset:
                         return
                     await event.wait()
                 finally:
-                    self.b.waiters.unregister(key, event)
+                    self.ctx.waiters.unregister(key, event)
 
     def _no_queue(self, topic: str, qid: int) -> None:
         count = self.store.topics.queue_count(topic)
@@ -158,13 +158,13 @@ class Handlers:
 
     async def query_offsets(self, frame: Frame, peer: Peer) -> Reply:
         topic, qid = self._queue(frame.fields)
-        lo = await self._readers.run(self.store.min_offset, topic, qid)
+        lo = await self._readers.in_thread(self.store.min_offset, topic, qid)
         return Reply({"min_offset": lo, "max_offset": self.store.max_offset(topic, qid)})
 
     async def search_offset(self, frame: Frame, peer: Peer) -> Reply:
         topic, qid = self._queue(frame.fields)
         ts = need(frame.fields, "timestamp_ms", int)
-        found = await self._readers.run(self.store.offset_for_timestamp, topic, qid, ts)
+        found = await self._readers.in_thread(self.store.offset_for_timestamp, topic, qid, ts)
         return Reply({"offset": found})
 
     async def commit_offset(self, frame: Frame, peer: Peer) -> Reply:
@@ -172,8 +172,8 @@ class Handlers:
         them in one request); queues that no longer exist are ignored."""
         group = need(frame.fields, "group", str)
         rows = need(frame.fields, "offsets", list)
-        self.b.replica.check_writable()
-        self.b.metadata.bump()
+        self.ctx.replica.check_writable()
+        self.ctx.metadata.bump()
         for row in rows:
             if not (
                 isinstance(row, list)
@@ -185,7 +185,7 @@ class Handlers:
                 raise RequestError(ErrorCode.MALFORMED_REQUEST, "offsets must be [topic, queue_id, offset] lists")
         for topic, qid, offset in rows:
             if self.store.queue_exists(topic, qid):
-                self.b.offsets.commit(group, topic, qid, offset)
+                self.ctx.offsets.commit(group, topic, qid, offset)
         return Reply()
 
     async def query_queue_offsets(self, frame: Frame, peer: Peer) -> Reply:
@@ -208,7 +208,7 @@ class Handlers:
             if not self.store.queue_exists(topic, qid):
                 rows.append(None)
                 continue
-            rows.append([self.b.offsets.query(group, topic, qid), *self.store.bounds(topic, qid)])
+            rows.append([self.ctx.offsets.query(group, topic, qid), *self.store.bounds(topic, qid)])
             if i % ROWS_PER_CHECKPOINT == ROWS_PER_CHECKPOINT - 1:
                 await trio.lowlevel.checkpoint()
         return Reply({"offsets": rows})
@@ -217,7 +217,7 @@ class Handlers:
         f = frame.fields
         group = need(f, "group", str)
         topic, qid = self._queue(f)
-        return Reply({"offset": self.b.offsets.query(group, topic, qid)})
+        return Reply({"offset": self.ctx.offsets.query(group, topic, qid)})
 
     # ------------------------------------------------------------------- groups
     async def heartbeat(self, frame: Frame, peer: Peer) -> Reply:
@@ -225,29 +225,29 @@ class Handlers:
         for g in need(frame.fields, "groups", list):
             if not isinstance(g, dict) or not isinstance(g.get("group"), str):
                 raise RequestError(ErrorCode.MALFORMED_REQUEST, "groups must be maps with a 'group' name")
-            if self.b.groups.heartbeat(
+            if self.ctx.groups.heartbeat(
                 client_id, g["group"], g.get("mode", "clustering"), g.get("topics", []), now_ms()
             ):
-                self.b.metadata.bump()
+                self.ctx.metadata.bump()
         return Reply()
 
     async def unregister_client(self, frame: Frame, peer: Peer) -> Reply:
         client_id = need(frame.fields, "client_id", str)
-        self.b.groups.leave(client_id)
+        self.ctx.groups.leave(client_id)
         self.locks.release_client(client_id)
         return Reply()
 
     async def group_members(self, frame: Frame, peer: Peer) -> Reply:
-        members = self.b.groups.members(need(frame.fields, "group", str))
+        members = self.ctx.groups.members(need(frame.fields, "group", str))
         return Reply({"members": [m.client_id for m in members]})
 
     async def list_groups(self, frame: Frame, peer: Peer) -> Reply:
-        return Reply({"groups": sorted(set(self.b.groups.groups()) | set(self.b.offsets.groups()))})
+        return Reply({"groups": sorted(set(self.ctx.groups.groups()) | set(self.ctx.offsets.groups()))})
 
     async def describe_group(self, frame: Frame, peer: Peer) -> Reply:
         group = need(frame.fields, "group", str)
         rows = []
-        for (topic, qid), committed in sorted(self.b.offsets.of_group(group).items()):
+        for (topic, qid), committed in sorted(self.ctx.offsets.of_group(group).items()):
             if self.store.queue_exists(topic, qid):
                 hi = self.store.max_offset(topic, qid)
                 rows.append(
@@ -259,13 +259,15 @@ class Handlers:
                         "lag": max(0, hi - committed),
                     }
                 )
-        members = [{"client_id": m.client_id, "mode": m.mode, "topics": m.topics} for m in self.b.groups.members(group)]
+        members = [
+            {"client_id": m.client_id, "mode": m.mode, "topics": m.topics} for m in self.ctx.groups.members(group)
+        ]
         return Reply({"queues": rows, "members": members})
 
     # ------------------------------------------------------------------- topics
     async def create_topic(self, frame: Frame, peer: Peer) -> Reply:
         topic, count = need(frame.fields, "topic", str), need(frame.fields, "queue_count", int)
-        self.b.replica.check_writable()
+        self.ctx.replica.check_writable()
         have = self.store.topics.queue_count(topic)
         if have is not None and count < have:  # queues cannot go: their messages and offsets would be stranded
             raise RequestError(
@@ -277,20 +279,20 @@ class Handlers:
             await trio.to_thread.run_sync(self.store.create_topic, topic, count)
         except ValueError as e:
             raise RequestError(ErrorCode.INVALID_TOPIC, str(e)) from None
-        self.b.metadata.bump_topics()
-        self.b.register_now()
+        self.ctx.metadata.bump_topics()
+        self.ctx.register_now()
         return Reply({"queue_count": self.store.topics.queue_count(topic)})
 
     async def delete_topic(self, frame: Frame, peer: Peer) -> Reply:
         topic = need(frame.fields, "topic", str)
-        self.b.replica.check_writable()
+        self.ctx.replica.check_writable()
         if not await trio.to_thread.run_sync(self.store.delete_topic, topic):
             raise RequestError(
                 ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}"
             )
-        self.b.offsets.drop_topic(topic)
-        self.b.metadata.bump_topics()
-        self.b.register_now()
+        self.ctx.offsets.drop_topic(topic)
+        self.ctx.metadata.bump_topics()
+        self.ctx.register_now()
         return Reply()
 
     async def list_topics(self, frame: Frame, peer: Peer) -> Reply:
@@ -324,7 +326,7 @@ class Handlers:
                 )
             return rows
 
-        return Reply({"queue_count": count, "queues": await self._readers.run(offsets)})
+        return Reply({"queue_count": count, "queues": await self._readers.in_thread(offsets)})
 
     async def broker_info(self, frame: Frame, peer: Peer) -> Reply:
         c = self.config
@@ -332,21 +334,21 @@ class Handlers:
             {
                 "broker_name": c.broker_name,
                 "cluster": c.cluster,
-                "addr": self.b.addr(),
+                "addr": self.ctx.addr(),
                 "storage_mode": c.storage_mode,
                 "flush_mode": c.flush_mode,
                 "end_offset": self.store.end_offset,
                 "durable_offset": self.store.durable_offset,
                 "dispatch_lag_bytes": self.store.dispatch_lag_bytes,
-                "connections": self.b.connections(),
+                "connections": self.ctx.connections(),
                 "topics": len(self.store.topics.all()),
                 "healthy": self.store.failure is None,
                 "failure": health_text(self.store),
                 "broker_id": c.broker_id,
-                "role": self.b.replica.role,
-                "epoch": self.b.replica.epoch,
+                "role": self.ctx.replica.role,
+                "epoch": self.ctx.replica.epoch,
                 **self.timer_fields(),
-                **status_fields(self.b, self.started),
+                **status_fields(self.ctx, self.started),
             }
         )
 
@@ -368,19 +370,19 @@ def health_text(store: StorageEngine) -> str:
     return "" if store.failure is None else str(store.failure)
 
 
-def registration(context: BrokerContext) -> dict[str, Any]:
+def registration(ctx: BrokerContext) -> dict[str, Any]:
     """The fields of the broker's REGISTER_BROKER: its topics and its health (a broker
     whose store failed registers ``healthy: false`` and why: name servers keep it in the
     routes, marked, so that producers skip it and consumers still read it)."""
-    c, store = context.config, context.store
+    c, store = ctx.config, ctx.store
     return {
         "cluster": c.cluster,
         "broker_name": c.broker_name,
-        "addr": context.addr(),
+        "addr": ctx.addr(),
         "topics": store.topics.all(),
         "healthy": store.failure is None,
         "failure": health_text(store),
         "broker_id": c.broker_id,
-        "role": context.replica.role,
-        "epoch": context.replica.epoch,
+        "role": ctx.replica.role,
+        "epoch": ctx.replica.epoch,
     }

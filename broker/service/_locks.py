@@ -101,17 +101,17 @@ class LockRequests:
     """LOCK_QUEUES and UNLOCK_QUEUES on a broker, and the release of a client's locks
     when it unregisters."""
 
-    def __init__(self, context: BrokerContext) -> None:
-        self.b = context
-        self.lease_ms = context.config.lock_lease_ms
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self.lease_ms = ctx.config.lock_lease_ms
         self.table = LockTable(self.lease_ms)
         self._term = self._current_term()
         # A restart over a store that held topics: its last run may have granted locks.
-        restarted = bool(context.store.topics.all()) and self._term[0] == "leader"
+        restarted = bool(ctx.store.topics.all()) and self._term[0] == "leader"
         self._grace_until_ms = now_ms() + self.lease_ms if restarted else 0.0
 
     def _current_term(self) -> tuple[str, int]:
-        return self.b.replica.role, self.b.replica.epoch
+        return self.ctx.replica.role, self.ctx.replica.epoch
 
     def _check_term(self, now: float) -> None:
         """Forget every lock when the role or the epoch changed since the last request,
@@ -127,7 +127,7 @@ class LockRequests:
             log.info(
                 "broker %s leads (epoch %d): granting no queue lock for %d ms (locks granted before are unknown; "
                 "%d dropped)",
-                self.b.config.broker_name,
+                self.ctx.config.broker_name,
                 term[1],
                 self.lease_ms,
                 dropped,
@@ -140,12 +140,12 @@ class LockRequests:
     async def lock(self, frame: Frame, peer: Peer) -> Reply:
         group, client_id = need(frame.fields, "group", str), need(frame.fields, "client_id", str)
         rows = need(frame.fields, "queues", list)  # [[topic, queue_id], ...], checked by check_request
-        self.b.replica.check_writable()  # NOT_LEADER on a follower
+        self.ctx.replica.check_writable()  # NOT_LEADER on a follower
         now = now_ms()
         self._check_term(now)
         locked: list[tuple[str, int]] = []
         if not self.in_grace(now):
-            store = self.b.store
+            store = self.ctx.store
             existing = [(t, q) for t, q in rows if store.queue_exists(t, q)]  # no entries for queues that do not exist
             locked = self.table.lock(group, client_id, existing, now)
         return Reply({"locked": [[t, q] for t, q in locked], "lease_ms": self.lease_ms})
@@ -153,7 +153,7 @@ class LockRequests:
     async def unlock(self, frame: Frame, peer: Peer) -> Reply:
         group, client_id = need(frame.fields, "group", str), need(frame.fields, "client_id", str)
         rows = need(frame.fields, "queues", list)
-        self.b.replica.check_writable()
+        self.ctx.replica.check_writable()
         now = now_ms()
         self._check_term(now)
         self.table.unlock(group, client_id, [(t, q) for t, q in rows], now)

@@ -22,9 +22,9 @@ MAX_READ_LOG_BYTES = 16 << 20  # one READ_LOG answer at most (the broker's max_p
 
 
 class LogReads:
-    def __init__(self, context: BrokerContext, readers: ReadThreads) -> None:
-        self.store = context.store
-        self.config = context.config
+    def __init__(self, ctx: BrokerContext, readers: ReadThreads) -> None:
+        self.store = ctx.store
+        self.config = ctx.config
         self.readers = readers  # the pulls' worker threads (offsets may be read from disk)
 
     def _store(self) -> Store:
@@ -63,7 +63,7 @@ class LogReads:
                 for q in range(n)
             )
 
-        counts = await self.readers.run(count)
+        counts = await self.readers.in_thread(count)
         return Reply(
             {
                 "min_offset": log.min_offset,
@@ -75,7 +75,7 @@ class LogReads:
             }
         )
 
-    async def read(self, frame: Frame, _peer: object) -> Reply:
+    async def read_log(self, frame: Frame, _peer: object) -> Reply:
         """Raw bytes ``[offset, offset + max_bytes)`` of one segment, cut at the snapshot
         end the reader names (never past what is durable now)."""
         log = self._log()

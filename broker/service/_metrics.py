@@ -35,12 +35,12 @@ def clmq_version() -> str:
         return "0.1.0+source"
 
 
-def status_fields(context: BrokerContext, started: float) -> dict[str, Any]:
+def status_fields(ctx: BrokerContext, started: float) -> dict[str, Any]:
     """The fields BROKER_INFO adds for ``clmq broker status`` and the dashboard."""
-    store = context.store
+    store = ctx.store
     directory = store.directory
     usage = shutil.disk_usage(directory)
-    segments = _segments(context)
+    segments = _segments(ctx)
     return {
         "version": clmq_version(),
         "uptime_s": round(time.monotonic() - started, 1),
@@ -49,12 +49,12 @@ def status_fields(context: BrokerContext, started: float) -> dict[str, Any]:
         "disk_total_bytes": usage.total,
         "store_bytes": sum(size for _base, size, _path in segments),
         "segments": len(segments),
-        **context.traffic.rates(),
+        **ctx.traffic.rates(),
     }
 
 
-def _segments(context: BrokerContext) -> list[tuple[int, int, Any]]:
-    log = getattr(context.store, "log", None)
+def _segments(ctx: BrokerContext) -> list[tuple[int, int, Any]]:
+    log = getattr(ctx.store, "log", None)
     return list(log.segments()) if log is not None else []
 
 
@@ -70,12 +70,12 @@ class BrokerCollector:
 
     def __init__(
         self,
-        context: BrokerContext,
+        ctx: BrokerContext,
         requests: RequestStats,
         connections: Any,
         timer: Callable[[], dict[str, int | str]] | None = None,
     ) -> None:
-        self.c, self.requests, self.connections = context, requests, connections
+        self.ctx, self.requests, self.connections = ctx, requests, connections
         self.timer = timer  # BROKER_INFO's timer fields
 
     def collect(self) -> Iterator[Metric]:
@@ -121,7 +121,7 @@ class BrokerCollector:
         )
         for i, (name, text) in enumerate(names):
             family = CounterMetricFamily(f"clmq_{name}", text, labels=["topic"])
-            for topic, row in sorted(self.c.traffic.by_topic.items()):
+            for topic, row in sorted(self.ctx.traffic.by_topic.items()):
                 family.add_metric([topic], row[i])
             yield family
 
@@ -141,8 +141,8 @@ class BrokerCollector:
         yield from (total, errors, latency)
 
     def _store_metrics(self) -> Iterator[Metric]:
-        store = self.c.store
-        segments = _segments(self.c)
+        store = self.ctx.store
+        segments = _segments(self.ctx)
         yield _gauge("clmq_store_bytes", "Bytes of CommitLog segments on disk", sum(s for _b, s, _p in segments))
         yield _gauge("clmq_store_segments", "CommitLog segment files", len(segments))
         yield _gauge("clmq_log_end_offset_bytes", "The CommitLog's end (bytes ever written)", store.end_offset)
@@ -165,9 +165,9 @@ class BrokerCollector:
             "Messages of a queue a group has not committed past",
             labels=["group", "topic", "queue"],
         )
-        store, rows = self.c.store, 0
-        for group in self.c.offsets.groups():
-            for (topic, qid), committed in sorted(self.c.offsets.of_group(group).items()):
+        store, rows = self.ctx.store, 0
+        for group in self.ctx.offsets.groups():
+            for (topic, qid), committed in sorted(self.ctx.offsets.of_group(group).items()):
                 if rows >= METRICS_MAX_LAG_SERIES:
                     break
                 if store.queue_exists(topic, qid):
@@ -176,7 +176,7 @@ class BrokerCollector:
         yield family
 
     def _replication(self) -> Iterator[Metric]:
-        status = self.c.replica.status()
+        status = self.ctx.replica.status()
         lag = GaugeMetricFamily(
             "clmq_replica_lag_bytes", "A follower's lag behind its leader (leader's view)", labels=["broker_id", "addr"]
         )

@@ -68,7 +68,7 @@ class ReadThreads:
         self.threads = 0  # running now (at most ``size``)
         self._idle = 0  # of which waiting for a job
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a worker thread; its result or its exception."""
         job: _Job[T] = _Job(fn, args, trio.lowlevel.current_trio_token())
         self._jobs.put(job)
@@ -192,14 +192,14 @@ class ColdReads:
         self.memory_max, self.distance_bytes = max(1, memory), distance_bytes
         self._memory: OrderedDict[_QueueAt, None] = OrderedDict()
 
-    async def read(self, fn: Callable[..., Pull], asks: list[Any], *args: Any) -> Pull:
+    async def pull(self, fn: Callable[..., Pull], asks: list[Any], *args: Any) -> Pull:
         """``fn(asks, *args)`` (a pull's reads: rows, spans, count) in the right pool;
         every uncached span turned into bytes. OSError: a cold read failed."""
         known = self._recall(asks)
         pool = self.cold if known else self.hot
-        rows, spans, found, cold = await pool.run(self._checked, fn, known, asks, *args)
+        rows, spans, found, cold = await pool.in_thread(self._checked, fn, known, asks, *args)
         if any(s.data is None and not isinstance(s, ResidentSpan) for s in spans):  # cold, read in the hot pool
-            spans = await self.cold.run(self._fill, spans)
+            spans = await self.cold.in_thread(self._fill, spans)
         if cold:
             self._remember(asks, rows)
         return rows, spans, found

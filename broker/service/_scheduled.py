@@ -36,16 +36,16 @@ from .timer import CANCEL_QUEUE, SCHEDULED_QUEUE, TIMER_QUEUES, Timer, wall_ms
 
 
 class ScheduledRequests:
-    def __init__(self, context: BrokerContext, timer: Timer) -> None:
-        self.b = context
+    def __init__(self, ctx: BrokerContext, timer: Timer) -> None:
+        self.ctx = ctx
         self.timer = timer
 
     def _store(self) -> Store:
-        store = self.b.store
+        store = self.ctx.store
         if not isinstance(store, Store):
             raise RequestError(
                 ErrorCode.REQUEST_NOT_SUPPORTED,
-                f"scheduled messages live in the CommitLog: this broker runs {self.b.config.storage_mode}",
+                f"scheduled messages live in the CommitLog: this broker runs {self.ctx.config.storage_mode}",
             )
         return store
 
@@ -58,7 +58,7 @@ class ScheduledRequests:
             heads = packed_heads(body)
         except PackError as e:
             raise RequestError(ErrorCode.MALFORMED_REQUEST, str(e)) from None
-        latest = wall_ms() + self.b.config.timer_max_delay_ms
+        latest = wall_ms() + self.ctx.config.timer_max_delay_ms
         known: dict[tuple[str, str], None] = {}  # (topic, queue) already checked in this batch
         lead, lead_tags = b"", b""  # a checked prefix of properties (due, real topic and queue) and its tags
         for i, (qid, tags, raw) in enumerate(heads):
@@ -82,8 +82,8 @@ class ScheduledRequests:
             shared = encode_properties({k: props[k] for k in (PROP_DELIVER_AT, PROP_REAL_TOPIC, PROP_REAL_QID)})
             if raw.startswith(shared):
                 lead, lead_tags = shared, tags
-        if self.b.store.topics.queue_count(TIMER_TOPIC) is None:
-            await ensure_topic(self.b, TIMER_TOPIC, TIMER_QUEUES)
+        if self.ctx.store.topics.queue_count(TIMER_TOPIC) is None:
+            await ensure_topic(self.ctx, TIMER_TOPIC, TIMER_QUEUES)
 
     def _check_one(self, i: int, qid: int, tags: bytes, props: dict[str, str], latest: int) -> None:
         due = props.get(PROP_DELIVER_AT, "")
@@ -109,14 +109,15 @@ class ScheduledRequests:
         if int(due) > latest:
             raise RequestError(
                 ErrorCode.INVALID_MESSAGE,
-                f"message {i}: due at {due}, later than timer_max_delay_ms={self.b.config.timer_max_delay_ms} from now",
+                f"message {i}: due at {due}, later than timer_max_delay_ms={self.ctx.config.timer_max_delay_ms} from now",
             )
 
     def _check_target(self, i: int, topic: str, qid: str) -> None:
-        count = self.b.store.topics.queue_count(topic)
+        count = self.ctx.store.topics.queue_count(topic)
         if count is None:
             raise RequestError(
-                ErrorCode.TOPIC_NOT_FOUND, f"message {i}: topic {topic!r} does not exist on {self.b.config.broker_name}"
+                ErrorCode.TOPIC_NOT_FOUND,
+                f"message {i}: topic {topic!r} does not exist on {self.ctx.config.broker_name}",
             )
         if not qid.isdigit() or int(qid) >= count:
             raise RequestError(
@@ -128,7 +129,7 @@ class ScheduledRequests:
         timer skips the target when its second comes)."""
         offset = need(frame.fields, "commitlog_offset", int)
         store = self._store()
-        self.b.replica.check_writable()
+        self.ctx.replica.check_writable()
         if not self.timer.running:  # what it delivered is known once it has started
             raise RequestError(ErrorCode.SYSTEM_BUSY, "the timer is starting (or recovering): retry")
         record = await trio.to_thread.run_sync(_scheduled_at, store, offset)
@@ -138,10 +139,10 @@ class ScheduledRequests:
         # Against the clock and the timer's own progress (it may be ahead of its
         # schedule in a second, or have delivered a late message already).
         handled = max(wall_ms(), self.timer.handled_ms())
-        if due <= handled + self.b.config.timer_cancel_margin_ms or self.timer.was_delivered(offset):
+        if due <= handled + self.ctx.config.timer_cancel_margin_ms or self.timer.was_delivered(offset):
             return Reply({"state": "too_late", "deliver_at_ms": due})
         marker = Message(TIMER_TOPIC, CANCEL_QUEUE, b"", timer_tag(due), "", {PROP_CANCEL_OF: str(offset)})
-        await put_acknowledged(self.b, [marker])  # "cancelled" must survive a crash and a fail-over
+        await put_acknowledged(self.ctx, [marker])  # "cancelled" must survive a crash and a fail-over
         return Reply({"state": "cancelled", "deliver_at_ms": due})
 
 

@@ -46,25 +46,25 @@ _TRANSIENT = (PROP_DELIVER_AT, PROP_REAL_TOPIC, PROP_REAL_QID, PROP_REAL_TAGS, P
 
 
 class SendBack:
-    def __init__(self, context: BrokerContext) -> None:
-        self.b = context
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
 
     async def handle(self, frame: Frame, peer: Peer) -> Reply:
         group = need(frame.fields, "group", str)
         rows: list[list[int]] = need(frame.fields, "messages", list)
         limit = frame.fields.get("max_reconsume_times")
-        limit = self.b.config.max_reconsume_times if limit is None else limit
+        limit = self.ctx.config.max_reconsume_times if limit is None else limit
         to_dlq = bool(frame.fields.get("to_dlq", False))
         if not group or is_system_topic(group):
             raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field 'group' must name a consumer group, got {group!r}")
-        store = self.b.store
+        store = self.ctx.store
         if not isinstance(store, Store):
             raise RequestError(
                 ErrorCode.REQUEST_NOT_SUPPORTED,
-                f"retries live in the CommitLog: this broker runs {self.b.config.storage_mode}",
+                f"retries live in the CommitLog: this broker runs {self.ctx.config.storage_mode}",
             )
-        self.b.replica.check_writable()
-        longest = self.b.config.timer_max_delay_ms
+        self.ctx.replica.check_writable()
+        longest = self.ctx.config.timer_max_delay_ms
         if any(delay > longest for _offset, delay in rows):
             raise RequestError(
                 ErrorCode.MALFORMED_REQUEST, f"field 'messages': a delay_ms past timer_max_delay_ms={longest}"
@@ -76,26 +76,26 @@ class SendBack:
             times = record.reconsume_times + 1
             due = now + (delay if delay >= 0 else self._backoff(times))
             copy = None if to_dlq or times > limit else self._retry(group, record, times, due)
-            if copy is not None and record_size(copy) <= self.b.config.max_message_bytes:
+            if copy is not None and record_size(copy) <= self.ctx.config.max_message_bytes:
                 messages.append(copy)
                 results.append(["retry", times, due])
             else:  # past the limit, or a record too near the size limit to carry the retry's properties
                 messages.append(self._dead_letter(group, record, times))
                 results.append(["dlq", times, 0])
         await self._ensure_topics(group, results)
-        await put_acknowledged(self.b, messages, also={r.topic for r in records})  # the originals' ack mode too
+        await put_acknowledged(self.ctx, messages, also={r.topic for r in records})  # the originals' ack mode too
         return Reply({"results": results})
 
     def _backoff(self, times: int) -> int:
-        delays = self.b.config.retry_delays_ms  # a level past timer_max_delay_ms waits that long
-        return min(delays[min(times, len(delays)) - 1], self.b.config.timer_max_delay_ms)
+        delays = self.ctx.config.retry_delays_ms  # a level past timer_max_delay_ms waits that long
+        return min(delays[min(times, len(delays)) - 1], self.ctx.config.timer_max_delay_ms)
 
     async def _ensure_topics(self, group: str, results: list[list[Any]]) -> None:
         if any(r[0] == "retry" for r in results):
-            await ensure_topic(self.b, TIMER_TOPIC, TIMER_QUEUES)
-            await ensure_topic(self.b, retry_topic(group), 1)
+            await ensure_topic(self.ctx, TIMER_TOPIC, TIMER_QUEUES)
+            await ensure_topic(self.ctx, retry_topic(group), 1)
         if any(r[0] == "dlq" for r in results):
-            await ensure_topic(self.b, dlq_topic(group), 1)
+            await ensure_topic(self.ctx, dlq_topic(group), 1)
 
     def _origin(self, record: Record) -> dict[str, str]:
         """The record's properties, with where it came from first (kept from the
@@ -105,8 +105,8 @@ class SendBack:
             props[PROP_ORIGIN_TOPIC] = record.topic
             props[PROP_ORIGIN_QID] = str(record.queue_id)
             props[PROP_ORIGIN_OFFSET] = str(record.queue_offset)
-            props[PROP_ORIGIN_ADDR] = self.b.addr()
-            props[PROP_ORIGIN_MSG_ID] = f"{self.b.addr()}@{record.commitlog_offset:016X}"
+            props[PROP_ORIGIN_ADDR] = self.ctx.addr()
+            props[PROP_ORIGIN_MSG_ID] = f"{self.ctx.addr()}@{record.commitlog_offset:016X}"
         return props
 
     def _retry(self, group: str, record: Record, times: int, due: int) -> Message:
@@ -147,9 +147,9 @@ class SendBack:
             record.born_host,
             times,
         )
-        if record_size(out) > self.b.config.max_message_bytes:  # it must not block its queue: a reference
+        if record_size(out) > self.ctx.config.max_message_bytes:  # it must not block its queue: a reference
             out.body = b""  # the failed record keeps the body until retention removes it
-            out.properties = {**props, PROP_DLQ_BODY_OF: f"{self.b.addr()}@{record.commitlog_offset:016X}"}
+            out.properties = {**props, PROP_DLQ_BODY_OF: f"{self.ctx.addr()}@{record.commitlog_offset:016X}"}
         return out
 
 

@@ -184,7 +184,7 @@ class Consumer:
         Returns the number of messages handled, after ``max_messages`` (None: runs
         until cancelled); messages received beyond it are delivered again. In
         broadcasting mode failures are logged and not retried."""
-        return await self.redelivery.run(handler, max_messages)
+        return await self.redelivery.handle_rounds(handler, max_messages)
 
     def rewind(self, mq: MessageQueue, offset: int, delay_s: float = 0.0) -> None:
         """Read ``mq`` again from ``offset`` (after ``delay_s``): processed up to it, its

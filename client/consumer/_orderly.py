@@ -115,9 +115,9 @@ class QueueLocks:
     def start(self, nursery: trio.Nursery) -> None:
         """Run the lock loop, and releases, in ``nursery``."""
         self._nursery = nursery
-        nursery.start_soon(self.run)
+        nursery.start_soon(self.lock_loop)
 
-    async def run(self) -> None:
+    async def lock_loop(self) -> None:
         """Ask for wanted queues and renew held ones, every ``lock_retry_ms``."""
         while True:
             await self.tick()

@@ -395,7 +395,8 @@ class Redelivery:
             still_held=None if locks is None else held,
         )
 
-    async def run(self, handler: Handler, max_messages: int | None) -> int:
+    async def handle_rounds(self, handler: Handler, max_messages: int | None) -> int:
+        """``Consumer.run``: receive, hand each message to ``handler``, settle each round."""
         check_limit(max_messages)
         handled = 0
         while max_messages is None or handled < max_messages:

@@ -146,7 +146,7 @@ class Outbox:
             self._room = trio.Event()
             await self._room.wait()
 
-    async def run(self) -> None:
+    async def write_loop(self) -> None:
         """The writer task: until the connection closes, write what is waiting."""
         try:
             while not self.closed:
@@ -232,10 +232,11 @@ class ServerConnection:
         self._serial: deque[tuple[Frame, int]] = deque()
         self._serial_ready: trio.Event | None = None
 
-    async def run(self) -> None:
+    async def serve(self) -> None:
+        """Until the client goes or the connection is closed: read requests, answer them."""
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.outbox.run)
+                nursery.start_soon(self.outbox.write_loop)
                 nursery.start_soon(self._serial_worker)
                 try:
                     await self._read_loop(nursery)

@@ -78,7 +78,7 @@ def checked(handler: Handler) -> Handler:
     MALFORMED_REQUEST naming the field) before it does anything. Every service wraps
     its handlers so."""
 
-    async def run(frame: Frame, peer: Peer) -> Reply | Later:
+    async def check_then_handle(frame: Frame, peer: Peer) -> Reply | Later:
         problem = check_request(frame)
         if problem is None:
             return await handler(frame, peer)
@@ -86,4 +86,4 @@ def checked(handler: Handler) -> Handler:
         fields = {"versions": sorted(SUPPORTED_VERSIONS)} if code is ErrorCode.UNSUPPORTED_VERSION else {}
         return Reply(fields, error_code=code, error_text=text)
 
-    return run
+    return check_then_handle

@@ -181,7 +181,7 @@ class RpcServer:
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         try:
-            await ServerConnection(self, stream).run()
+            await ServerConnection(self, stream).serve()
         finally:
             self.connections -= 1
             with trio.CancelScope(shield=True):

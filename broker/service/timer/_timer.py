@@ -52,7 +52,7 @@ def wall_ms() -> int:
 
 
 class Timer:
-    """Use :meth:`run` as a task of the broker's nursery."""
+    """Use :meth:`tick_loop` as a task of the broker's nursery."""
 
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
@@ -126,7 +126,7 @@ class Timer:
     def is_cancelled(self, commitlog_offset: int) -> bool:
         return self.state is not None and commitlog_offset in self.state.cancelled
 
-    async def run(self) -> None:
+    async def tick_loop(self) -> None:
         if self.store is None:
             return  # partition-per-file mode: SEND_MESSAGE to %TIMER% is refused there
         while True:
