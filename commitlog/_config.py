@@ -41,3 +41,20 @@ class CommitLogConfig:
             )
         if self.boundary_interval_bytes <= 0 or self.flush_interval_ms <= 0:
             raise ConfigError("boundary_interval_bytes and flush_interval_ms must be positive")
+
+    @property
+    def acks_wait_for_fsync(self) -> bool:
+        """Does a put wait for fsync before it is acknowledged? Decided here only.
+
+        The rule: yes exactly when ``flush_mode`` is SYNC. Then a put is answered once
+        everything up to its end is fsynced (group commit: one fsync for every put
+        waiting), or FLUSH_DISK_TIMEOUT after ``sync_flush_timeout_ms``, or
+        STORE_FAILED. In ASYNC mode it is answered once written (page cache), and the
+        answer says whether it happened to be durable already; the flush loop fsyncs
+        every ``flush_interval_ms`` and after ``flush_dirty_bytes``.
+
+        Everyone who acts on it asks here: the store's put (its ``wait_durable``
+        default), the log's flush trigger (a put that will be waited for starts the
+        group commit at once), the partition store's append (dirty bytes trigger a
+        flush only when nobody waits), the broker's produce and its own appends."""
+        return self.flush_mode is FlushMode.SYNC

@@ -30,7 +30,6 @@ from typing import Callable
 
 from clmq.common import StoreFailedError
 
-from ._config import FlushMode
 from ._segment import Segment, fsync_dir
 from ._state import LogState
 
@@ -52,7 +51,7 @@ class Flusher:
         requested = st.durable.flush_requested
         if requested.is_set():  # already asked (set() takes a lock and notifies, per append)
             return
-        if config.flush_mode is FlushMode.SYNC or end - st.durable.value >= config.flush_dirty_bytes:
+        if config.acks_wait_for_fsync or end - st.durable.value >= config.flush_dirty_bytes:
             requested.set()
 
     def flush(self) -> int:

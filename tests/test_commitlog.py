@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import struct
 import threading
 import time
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import clmq
 from clmq.commitlog import AppendStatus, CommitLog, CommitLogConfig, FlushMode
 from clmq.commitlog._encoder import BatchEncoder, EncodeError
 from clmq.common import (
@@ -188,6 +190,32 @@ def test_corrupt_record_in_old_data_is_reported_on_read(tmp_path: Path) -> None:
     with pytest.raises(CorruptRecordError):
         list(lg.iter_records())
     lg.close()
+
+
+@pytest.mark.parametrize(
+    "mode, waits", [(FlushMode.SYNC, True), (FlushMode.ASYNC, False), ("sync", True), ("async", False)]
+)
+def test_a_put_waits_for_fsync_exactly_in_sync_flush_mode(mode: FlushMode, waits: bool) -> None:
+    assert CommitLogConfig(flush_mode=mode).acks_wait_for_fsync is waits
+
+
+def test_whether_a_put_waits_for_fsync_is_decided_in_one_place() -> None:
+    """Only ``CommitLogConfig.acks_wait_for_fsync`` compares the flush mode; the store,
+    the flush loop, the partition store and the broker's puts all ask it."""
+    root = Path(clmq.__file__).parent
+    deciding = re.compile(r"flush_mode\s+(is|==|!=)\s|\s(is(\s+not)?|==|!=)\s+FlushMode\.")  # a comparison
+    found = []
+    for directory, dirs, files in os.walk(root, followlinks=True):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            if name.endswith(".py"):
+                path = Path(directory, name)
+                found += [
+                    f"{path.relative_to(root)}: {line.strip()}"
+                    for line in path.read_text().splitlines()
+                    if deciding.search(line)
+                ]
+    assert found == ["commitlog/_config.py: return self.flush_mode is FlushMode.SYNC"], found
 
 
 def test_group_commit_shares_fsyncs_and_acks_only_durable_bytes(tmp_path: Path) -> None:

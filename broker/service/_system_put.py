@@ -9,7 +9,6 @@ from typing import Iterable, Sequence
 import trio
 
 from clmq.broker.store import PutResult, PutStatus
-from clmq.commitlog import FlushMode
 from clmq.common import Message
 from clmq.protocol import ErrorCode, encode_batch
 from clmq.protocol.transport import RequestError
@@ -54,7 +53,7 @@ async def put_acknowledged(ctx: BrokerContext, messages: Sequence[Message], also
         raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
     if not result.ok:
         raise RequestError(ErrorCode.IO_ERROR, f"not stored: {result.status.value}: {result.error}")
-    sync = ctx.store.config.commitlog.flush_mode is FlushMode.SYNC
+    sync = ctx.store.config.commitlog.acks_wait_for_fsync
     if sync and not await ctx.lane.durable.wait(result.end_offset, ctx.config.sync_flush_timeout_ms / 1000):
         raise RequestError(ErrorCode.FLUSH_DISK_TIMEOUT, "stored, but not fsynced within sync_flush_timeout_ms")
     for topic in topics:  # each topic's ack mode (an async one answers at once)

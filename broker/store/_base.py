@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Self, Sequence
 
-from clmq.commitlog import BatchEncoder, CommitLogConfig, DurableOffset, FlushMode, QueueKey
+from clmq.commitlog import BatchEncoder, CommitLogConfig, DurableOffset, QueueKey
 from clmq.common import (
     ConfigError,
     CorruptRecordError,
@@ -344,7 +344,7 @@ class StoreBase(ABC):
 
     def _settle(self, result: PutResult, wait_durable: bool | None) -> PutResult:
         if wait_durable is None:
-            wait_durable = self.config.commitlog.flush_mode is FlushMode.SYNC
+            wait_durable = self.config.commitlog.acks_wait_for_fsync
         if result.ok and wait_durable:
             timeout_ms = self.config.commitlog.sync_flush_timeout_ms
             if not self.wait_durable(result.end_offset, timeout_ms / 1000) and self.failure is not None:

@@ -31,7 +31,6 @@ from clmq.commitlog import (
     BatchEncoder,
     DurableOffset,
     EncodeError,
-    FlushMode,
     MetadataSource,
     QueueKey,
     fsync_dir,
@@ -200,7 +199,7 @@ class PartitionStore(StoreBase):
             return _append_error(error, self.root)
         self._notify_arrivals(set(by_queue))
         if (
-            self.config.commitlog.flush_mode is FlushMode.ASYNC
+            not self.config.commitlog.acks_wait_for_fsync
             and end - self._durable.value >= self.config.commitlog.flush_dirty_bytes
         ):
             self._durable.flush_requested.set()
