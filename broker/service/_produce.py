@@ -37,11 +37,11 @@ _PUT_ERRORS = {
 class Produce:
     """SEND_MESSAGE for one broker."""
 
-    def __init__(self, context: BrokerContext, readers: ReadThreads, scheduled: ScheduledRequests) -> None:
-        self.b = context
+    def __init__(self, ctx: BrokerContext, readers: ReadThreads, scheduled: ScheduledRequests) -> None:
+        self.ctx = ctx
         self.scheduled = scheduled
-        self.store = context.store
-        self.config = context.config
+        self.store = ctx.store
+        self.config = ctx.config
         self._readers = readers
         # The last produce request handed to the append lane: the lane appends in order,
         # so once it is done every earlier one is too (a dedup check waits for it: the
@@ -56,7 +56,7 @@ class Produce:
         dedup = frame.fields.get("dedup", False)
         if type(dedup) is not bool:
             raise RequestError(ErrorCode.MALFORMED_REQUEST, f"field 'dedup' must be a boolean, got {dedup!r:.40}")
-        await self.b.replica.writes_settled()  # a graceful hand-over under way: held, then answered
+        await self.ctx.replica.writes_settled()  # a graceful hand-over under way: held, then answered
         if (refused := self._not_leader(topic)) is not None:
             return refused
         if topic == TIMER_TOPIC:  # scheduled messages: checked before the timer trusts them
@@ -68,7 +68,7 @@ class Produce:
             if (refused := self._not_leader(topic)) is not None:  # the leader may have moved meanwhile
                 return refused
         try:
-            put = self._last_put = self.b.lane.submit(topic, frame.body, (peer.host, peer.port))
+            put = self._last_put = self.ctx.lane.submit(topic, frame.body, (peer.host, peer.port))
         except BusyError as e:
             raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
         put.add_done_callback(self._count)
@@ -80,7 +80,7 @@ class Produce:
     def _count(self, put: PendingPut) -> None:
         result = put.result
         if result is not None and result.ok:
-            self.b.traffic.add_in(put.topic, len(result.queue_offsets), len(put.body))
+            self.ctx.traffic.add_in(put.topic, len(result.queue_offsets), len(put.body))
 
     def _answer_now(self, put: PendingPut, deliver: Callable[[Reply | None], None]) -> None:
         """Answer a stored put without a task when nothing is to wait for but the group
@@ -88,7 +88,7 @@ class Produce:
         without replicas to wait for, stored without error. Else ``deliver(None)``: the
         connection awaits ``_stored`` (sync acks, errors)."""
         result = put.result
-        if result is None or not result.ok or not self.b.replica.acks_at_once(put.topic):
+        if result is None or not result.ok or not self.ctx.replica.acks_at_once(put.topic):
             deliver(None)
             return
         fields = {
@@ -102,23 +102,23 @@ class Produce:
             return
 
         def flushed(durable: bool) -> None:
-            if durable and not self.b.replica.acks_at_once(put.topic):  # the role changed meanwhile
+            if durable and not self.ctx.replica.acks_at_once(put.topic):  # the role changed meanwhile
                 deliver(None)  # _stored: durable at once, then wait_held decides
             else:
                 deliver(self._flush_failed(fields, durable) or Reply(fields))
 
-        self.b.lane.durable.call_when_durable(result.end_offset, self.config.sync_flush_timeout_ms / 1000, flushed)
+        self.ctx.lane.durable.call_when_durable(result.end_offset, self.config.sync_flush_timeout_ms / 1000, flushed)
 
     def _not_leader(self, topic: str) -> Reply | None:
         """The checks before a write (a follower, or too few replicas in sync: nothing
         written). NOT_LEADER names the leader in the field ``leader_addr`` too, so that
         a producer can retry there at once."""
         try:
-            self.b.replica.check_sync_write(topic)
+            self.ctx.replica.check_sync_write(topic)
         except RequestError as e:
             if e.code != ErrorCode.NOT_LEADER:
                 raise
-            return Reply({"leader_addr": self.b.replica.leader_hint}, error_code=e.code, error_text=e.text)
+            return Reply({"leader_addr": self.ctx.replica.leader_hint}, error_code=e.code, error_text=e.text)
         return None
 
     async def _stored_before(self, topic: str, body: bytes, peer: Peer) -> Stored | None:
@@ -143,7 +143,9 @@ class Produce:
                 f"dedup: the queues did not show the whole log within {limits.catch_up_timeout_ms} ms; retry",
             )
         try:
-            found = await self._readers.run(find_stored_queues, self.store, topic, keys_by_queue, limits, now_ms())
+            found = await self._readers.in_thread(
+                find_stored_queues, self.store, topic, keys_by_queue, limits, now_ms()
+            )
         except PartlyStored as e:
             raise RequestError(ErrorCode.INVALID_MESSAGE, str(e)) from None
         return _all_or_none(topic, queue_ids, found)
@@ -189,7 +191,7 @@ class Produce:
                 return failed
         else:
             fields["durable"] = self.store.durable_offset >= end_offset
-        problem = await self.b.replica.wait_held(topic, end_offset)  # sync acks: the replicas hold it
+        problem = await self.ctx.replica.wait_held(topic, end_offset)  # sync acks: the replicas hold it
         if problem is not None:
             return Reply(fields, error_code=problem[0], error_text=problem[1])
         return Reply(fields)
@@ -212,7 +214,7 @@ class Produce:
     async def _await_durable(self, end_offset: int) -> bool:
         """Sync flush: wait for the group commit that covers ``end_offset`` (woken with
         every other request it covers: ``AppendLane.durable``)."""
-        return await self.b.lane.durable.wait(end_offset, self.config.sync_flush_timeout_ms / 1000)
+        return await self.ctx.lane.durable.wait(end_offset, self.config.sync_flush_timeout_ms / 1000)
 
 
 def _all_or_none(topic: str, queue_ids: list[int], found: dict[int, Stored | None]) -> Stored | None:
