@@ -1,21 +1,19 @@
 """The broker's timer: scheduled messages (delayed sends, retries) delivered once each,
-at their time, into their real queues. See ``_timer_state`` for what is durable and
-why a crash or a fail-over delivers nothing twice, and ``_timer_wheel`` for the wheel.
+at their time, into their real queues. See ``_state`` for what is durable and
+why a crash or a fail-over delivers nothing twice, and ``_wheel`` for the wheel.
 
 One task, on the leader only (a follower's log gets the deliveries by replication):
 every ``timer_tick_ms`` it reads the ``%TIMER%`` entries written since its last look
-into the wheel (or, due this second or earlier, straight into ``current``: a heap by
-due time), moves the wheel's second into ``current`` when it begins, and delivers
-what is due from ``current`` in batches through the append lane. Every batch starts
+into the wheel (or, due this second or earlier, straight into the due heap: by due
+time, ``_due``), moves the wheel's second into the heap when it begins, and delivers
+what is due from the heap in batches through the append lane. Every batch starts
 with a snapshot of how far delivery is done (``done_ms``, the log's end): the next
-checkpoint saves the latest, after a flush.
+checkpoint saves the latest, after a flush (``_checkpoints``).
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
-import threading
 import time
 from typing import Any
 
@@ -27,7 +25,9 @@ from clmq.common import TIMER_TOPIC, StoreError
 from clmq.protocol.transport import RequestError
 
 from .._context import BrokerContext
+from ._checkpoints import Checkpoints
 from ._delivery import Delivery, Due, TimerStats
+from ._due import DueHeap
 from ._state import (
     SCHEDULED_QUEUE,
     Rebuilt,
@@ -38,7 +38,6 @@ from ._state import (
     read_cancels,
     read_entries,
     rebuild,
-    save_checkpoint,
 )
 
 log = logging.getLogger("clmq.timer")
@@ -59,20 +58,10 @@ class Timer:
         self.config = ctx.config
         self.store: Store | None = ctx.store if isinstance(ctx.store, Store) else None
         self.state: Rebuilt | None = None
-        self.current: list[Due] = []  # heap: due now or this second
-        # The last checkpoint on disk (a follower's: its leader's, adopted), and the
-        # newest state that may be saved next.
-        self.saved = load_checkpoint(self.store) if self.store is not None else TimerCheckpoint()
-        self.snapshot = self.saved
+        self.due = DueHeap()  # due now or this second, and the batch being appended
+        self.checkpoints = Checkpoints(self.store, self.config.timer_checkpoint_interval_ms / 1000, ctx.metadata.bump)
         self.stats = TimerStats()
         self.failure = ""  # the last error that stopped the timer ("" while it works)
-        self._inflight: list[Due] = []  # the batch being appended
-        # At or below the queue offset of every entry in ``current`` (None: it is empty);
-        # it may lag (lower is safe): a snapshot then needs no walk over ``current``.
-        self._current_low: int | None = None
-        # Held while due entries move between the wheel, ``current`` and ``_inflight``:
-        # retention's floor (another thread) must see each pending entry in one of them.
-        self._moving = threading.Lock()
         # The latest due time of what was handled: a snapshot may say "done up to T" only
         # for T at or past it (a batch can split equal due times; a late entry can come
         # due before what was already delivered).
@@ -82,7 +71,6 @@ class Timer:
         # below the first of them, so that a start finds their deliveries in the log.
         self._batches: list[tuple[int, int]] = []
         self._start_mark = 0  # the loaded checkpoint's mark, while deliveries found after it are pending
-        self._last_save = 0.0
         self.window_s = self.config.timer_max_delay_ms // 1000 + WINDOW_MARGIN_S
         if self.store is not None:
             self.delivery = Delivery(ctx, self.store, self.stats)
@@ -93,14 +81,19 @@ class Timer:
         """Scheduled messages not yet delivered (-1: this broker's timer is not running)."""
         if self.state is None:
             return -1
-        return self.state.wheel.pending + len(self.state.wheel.overflow) + len(self.current)
+        return self.state.wheel.pending + len(self.state.wheel.overflow) + len(self.due)
 
     def memory_bytes(self) -> int:
         """What the timer holds in memory: the wheel, the current second, the sets."""
         if self.state is None:
             return 0
         s = self.state
-        return s.wheel.memory_bytes() + 80 * len(self.current) + 64 * (len(s.cancelled) + len(s.delivered))
+        return s.wheel.memory_bytes() + 80 * len(self.due) + 64 * (len(s.cancelled) + len(s.delivered))
+
+    @property
+    def saved(self) -> TimerCheckpoint:
+        """The last checkpoint on disk (a follower's: its leader's, adopted)."""
+        return self.checkpoints.saved
 
     def retention_floor(self) -> int | None:
         """The commit-log offset retention must keep (called by the store's housekeeping
@@ -111,16 +104,11 @@ class Timer:
         store = self.store
         if store is None or not store.queue_exists(TIMER_TOPIC, SCHEDULED_QUEUE):
             return None
-        with self._moving:
+        with self.due.lock:
             state = self.state
             # Not running (a follower, a leader starting or failed): what the last
             # checkpoint (a follower's: its leader's) says may be pending.
-            held = self.current + self._inflight
-            q = (
-                self.saved.pending_from
-                if state is None
-                else _lowest_pending(state, min((d[1] for d in held), default=None))
-            )
+            q = self.saved.pending_from if state is None else _lowest_pending(state, self.due.held_low())
         return first_record_from(store, q)
 
     def is_cancelled(self, commitlog_offset: int) -> bool:
@@ -154,21 +142,24 @@ class Timer:
         if text != self.failure:
             log.error("timer: %s; retrying every %.0f s from the last checkpoint", text, FAILURE_RETRY_S)
         self.failure = text
-        self.state, self.current, self._current_low = None, [], None
+        self.state = None
+        self.due.clear()
         await trio.sleep(FAILURE_RETRY_S)
 
     def _stand_down(self) -> None:
         if self.state is not None:
             log.info("timer: not the leader: delivery stops (the new leader's timer goes on)")
-        self.state, self.current, self._current_low = None, [], None
+        self.state = None
+        self.due.clear()
 
     async def _start(self) -> None:
         store = self.store
         assert store is not None
         cp = await trio.to_thread.run_sync(load_checkpoint, store)
         self.state = await trio.to_thread.run_sync(rebuild, store, cp, self.window_s, wall_ms() // 1000)
-        self.current, self._inflight, self._current_low = [], [], None
-        self.snapshot = self.saved = cp
+        self.due.clear()
+        self.due.inflight = []
+        self.checkpoints.restart(cp)
         self._max_due, self._batches, self._start_mark = cp.done_ms, [], cp.mark_offset
 
     async def _tick(self) -> None:
@@ -176,8 +167,7 @@ class Timer:
             await trio.to_thread.run_sync(self._enqueue)
             batch = await trio.to_thread.run_sync(self._due, wall_ms())
             delivered = bool(batch) and await self._deliver(batch)
-            if time.monotonic() - self._last_save >= self.config.timer_checkpoint_interval_ms / 1000:
-                await self._save()
+            await self.checkpoints.save_when_due()
             if not delivered:
                 break
 
@@ -197,18 +187,17 @@ class Timer:
             keep = pending_mask(entries, offsets_all, state.skip_below, state.skip_done_ms)
             offsets, kept = offsets_all[keep], entries[keep]
             seconds = (kept["tag"] // 1000).astype(np.int64)
-            late = seconds < wheel.next_second  # due in the second being delivered, or before: into current
+            late = seconds < wheel.next_second  # due in the second being delivered, or before: into the heap
             for q, off, size, due in zip(
                 offsets[late].tolist(),
                 kept["offset"][late].tolist(),
                 kept["size"][late].tolist(),
                 kept["tag"][late].tolist(),
             ):
-                heapq.heappush(self.current, (due, q, off, size))
-                self._lower_current(q)
+                self.due.push((due, q, off, size))
             wheel.add_many(offsets[~late], seconds[~late])
             state.enqueued = first + len(entries)
-        cancelled, state.cancels_read = read_cancels(store, state.cancels_read, self.snapshot.done_ms)
+        cancelled, state.cancels_read = read_cancels(store, state.cancels_read, self.checkpoints.snapshot.done_ms)
         state.cancelled |= cancelled
 
     # ------------------------------------------------------------- due
@@ -218,9 +207,9 @@ class Timer:
         state = self.state
         assert state is not None
         self._fill(now)
-        nxt = self.current[0][0] if self.current else state.wheel.next_second * 1000
-        done = nxt - 1
-        if done > self.snapshot.done_ms:
+        head = self.due.head_ms()
+        done = (head if head is not None else state.wheel.next_second * 1000) - 1
+        if done > self.checkpoints.snapshot.done_ms:
             assert self.store is not None
             # Every delivery of a message due after ``done`` must lie past the mark: the
             # batches that delivered one, and (while any is pending) what the start found
@@ -228,46 +217,32 @@ class Timer:
             self._batches = [b for b in self._batches if b[1] > done]
             marks = [start for start, _ in self._batches] + ([self._start_mark] if state.delivered else [])
             mark = min([self.store.log.write_offset, *marks])
-            pending_from = _lowest_pending(state, self._current_low)
-            self.snapshot = TimerCheckpoint(done, mark, state.enqueued, pending_from)
-        batch: list[Due] = []
-        limit = self.config.timer_deliver_batch_messages
-        with self._moving:
-            while self.current and self.current[0][0] <= now and len(batch) < limit:
-                batch.append(heapq.heappop(self.current))
-            self._inflight = batch
-            if not self.current:
-                self._current_low = None
-        return batch
-
-    def _lower_current(self, q: int) -> None:
-        """An entry with queue offset ``q`` went into ``current``."""
-        if self._current_low is None or q < self._current_low:
-            self._current_low = q
+            pending_from = _lowest_pending(state, self.due.low)
+            self.checkpoints.snapshot = TimerCheckpoint(done, mark, state.enqueued, pending_from)
+        return self.due.take(now, self.config.timer_deliver_batch_messages)
 
     def _fill(self, now: int) -> None:
-        """Move the wheel's seconds that have begun into ``current``."""
+        """Move the wheel's seconds that have begun into the due heap."""
         state, store = self.state, self.store
         assert state is not None and store is not None
         wheel, now_s = state.wheel, now // 1000
         while wheel.next_second <= now_s:
-            with self._moving:
+            with self.due.lock:
                 wheel.skip_empty(now_s)
                 offsets = wheel.take()
                 for due in _entries_at(store, offsets):
-                    heapq.heappush(self.current, due)
-                    self._lower_current(due[1])
+                    self.due.push(due)
 
     # ------------------------------------------------------------- deliver
     async def _deliver(self, batch: list[Due]) -> bool:
         """Append the batch's messages to their real queues; False (and the batch back in
-        ``current``) if the store refused: tried again next tick."""
+        the due heap) if the store refused: tried again next tick."""
         state = self.state
         assert state is not None
         todo = [d for d in batch if d[2] not in state.delivered and d[2] not in state.cancelled]
         assert self.store is not None
         start = self.store.log.write_offset  # the batch's deliveries lie past it
-        # (``_inflight`` is the batch until it is stored or back in ``current``; after an
+        # (``due.inflight`` is the batch until it is stored or back in the heap; after an
         # error the timer stops, and its floor comes from the checkpoint.)
         messages = await trio.to_thread.run_sync(self.delivery.messages, todo)
         dropped = self.stats.undeliverable
@@ -275,13 +250,9 @@ class Timer:
         dropped = self.stats.undeliverable - dropped  # refused by the store as they are
         if problem is not None:
             log.warning("timer: delivery of %d messages waits (%s); retrying", len(messages), problem)
-            with self._moving:
-                for d in batch:
-                    heapq.heappush(self.current, d)
-                    self._lower_current(d[1])
-                self._inflight = []
+            self.due.put_back(batch)
             return False
-        self._inflight = []
+        self.due.inflight = []
         self._max_due = max(self._max_due, batch[-1][0])
         if messages:
             self._batches.append((start, batch[-1][0]))
@@ -298,40 +269,14 @@ class Timer:
         return self.saved.to_json() if self.state is not None else None
 
     def adopt_checkpoint(self, value: dict[str, Any]) -> None:
-        """A follower takes its leader's checkpoint (in a worker thread), once its own
-        log holds everything the checkpoint counts as delivered (``mark_offset``):
-        promoted, it then neither loses nor repeats a delivery."""
-        store = self.store
-        if store is None or self.state is not None:
-            return
-        try:
-            cp = TimerCheckpoint.from_json(value)
-        except (KeyError, TypeError, ValueError) as e:
-            log.warning("timer: the leader's checkpoint is unusable (%s); keeping ours", e)
-            return
-        if cp.mark_offset <= store.log.write_offset and cp != self.saved:
-            try:
-                save_checkpoint(store, cp)
-            except OSError as e:  # replication goes on; the checkpoint is adopted next time
-                log.warning("timer: cannot save the leader's checkpoint: %s", e)
-                return
-            self.saved = cp
+        """A follower takes its leader's checkpoint (see :meth:`Checkpoints.adopt`)."""
+        if self.store is not None and self.state is None:
+            self.checkpoints.adopt(value)
 
     def after_truncation(self) -> None:
-        """A follower's log was cut to its leader's: a checkpoint that counts deliveries
-        past the new end is dropped (a start then reads the log for them)."""
-        store = self.store
-        if store is None or self.state is not None:
-            return
-        if (
-            load_checkpoint(store).mark_offset <= store.log.write_offset
-        ):  # the file: after a restart, it is all there is
-            return
-        self.saved = TimerCheckpoint(-1, store.log.min_offset, 0, 0)
-        try:
-            save_checkpoint(store, self.saved)
-        except OSError as e:
-            log.warning("timer: cannot reset the checkpoint after a truncation: %s", e)
+        """A follower's log was cut (see :meth:`Checkpoints.after_truncation`)."""
+        if self.store is not None and self.state is None:
+            self.checkpoints.after_truncation()
 
     @property
     def running(self) -> bool:
@@ -342,30 +287,16 @@ class Timer:
         message due at or before it (plus a margin) is too late."""
         state = self.state
         if state is None:
-            return max(self.snapshot.done_ms, self._max_due)
-        heads = [d[0] for d in list(self.current[:1]) + list(self._inflight[:1])]
-        return max(self._max_due, min([state.wheel.next_second * 1000, *heads]) - 1)
+            return max(self.checkpoints.snapshot.done_ms, self._max_due)
+        return max(self._max_due, min([state.wheel.next_second * 1000, *self.due.heads_ms()]) - 1)
 
     def was_delivered(self, commitlog_offset: int) -> bool:
         return self.state is not None and commitlog_offset in self.state.delivered
 
-    async def _save(self) -> None:
-        store = self.store
-        assert store is not None
-        cp = self.snapshot
-        if cp == self.saved:
-            self._last_save = time.monotonic()
-            return
-        await trio.to_thread.run_sync(store.flush)  # nothing the checkpoint claims may be lost
-        await trio.to_thread.run_sync(save_checkpoint, store, cp)
-        self.saved = cp
-        self._last_save = time.monotonic()
-        self.ctx.metadata.bump()
-
 
 def _lowest_pending(state: Rebuilt, current_low: int | None) -> int:
     """A queue-0 offset at or below every message not yet delivered: in the wheel, in
-    ``current`` (this second's: at or above ``current_low``), or not read yet."""
+    the due heap (this second's: at or above ``current_low``), or not read yet."""
     lows = [state.enqueued, current_low, state.wheel.lowest_pending()]
     return min(low for low in lows if low is not None)
 
