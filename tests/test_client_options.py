@@ -273,3 +273,21 @@ def test_a_blocking_producer_left_open_warns_of_what_it_could_not_send(tmp_path:
     _, err = proc.communicate("\n", timeout=TIMEOUT_S)
     assert proc.returncode == 0, err
     assert f"{COUNT} of the {COUNT} messages it still held could not be sent" in err, err
+
+
+def test_a_blocking_producer_collected_on_its_own_client_thread_is_closed_by_another(dev: str) -> None:
+    """The last reference may go on the client thread (a done callback held it): its
+    finalizer then runs there and must not wait for that thread (it would wait for
+    itself: a hang), so another thread closes the producer, sending what it held."""
+    topic = _topic(dev)
+    producer = BlockingProducer(dev, linger_ms=600_000)
+    futures = [producer.submit(topic, b"own-thread-%d" % i) for i in range(COUNT)]
+    portal = producer._portal
+
+    async def finalize_on_the_client_thread() -> None:
+        producer._finalizer()  # what the collector would call there
+
+    portal.run(finalize_on_the_client_thread)
+    assert all(f.result(timeout=TIMEOUT_S).queue_offsets for f in futures)
+    portal.thread.join(TIMEOUT_S)
+    assert not portal.thread.is_alive()
