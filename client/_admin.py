@@ -11,21 +11,22 @@ from clmq.common import Record, is_system_topic
 from clmq.protocol import ErrorCode, RequestCode, decode_records
 from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
+from . import _admin_groups
+from ._admin_calls import AdminCalls
 from ._admin_reads import (
     CancelResult,
     DeadLetter,
     KeyLookup,
     ResendResult,
     dead_letter_counts,
+    describe_topic,
     parse_msg_id,
     pull,
     read_dead_letters,
     resend_dead_letters,
-    retry_counts,
     scan_for_key,
     topic_leaders,
 )
-from .consumer import allocate_averagely
 
 CANCEL_BUSY_RETRY_S = 10  # a cancel waits this long at most for a broker's timer to start
 DEFAULT_MAX_KEY_SCAN_MESSAGES = 100_000  # a key lookup reads at most this many messages (no key index yet)
@@ -39,42 +40,27 @@ class Admin:
     ) -> None:
         if not namesrv_addrs and not broker_addrs:
             raise ValueError("give name server addresses or broker addresses")
-        self.rpc, self.namesrv_addrs, self.broker_addrs, self.timeout_ms = (
-            rpc,
-            namesrv_addrs,
-            broker_addrs or [],
-            timeout_ms,
-        )
-
-    async def _call(self, addr: str, code: int, fields: dict[str, Any] | None = None) -> dict[str, Any]:
-        return (await self.rpc.request(addr, code, fields, timeout_ms=self.timeout_ms)).fields
+        self.rpc = rpc
+        self.calls = AdminCalls(rpc, namesrv_addrs, broker_addrs or [], timeout_ms)
 
     async def brokers(self) -> list[dict[str, Any]]:
         """Every broker: from any name server that answers, else the given broker addresses."""
-        errors = []
-        for ns in self.namesrv_addrs:
-            try:
-                return list((await self._call(ns, RequestCode.GET_CLUSTER))["brokers"])
-            except (ConnectionFailed, RpcError, trio.TooSlowError) as e:
-                errors.append(f"{ns}: {e or 'timed out'}")
-        if self.namesrv_addrs and not self.broker_addrs:
-            raise ConnectionFailed(f"no name server answered: {'; '.join(errors)}")
-        return [await self._call(a, RequestCode.BROKER_INFO) for a in self.broker_addrs]
+        return await self.calls.brokers()
 
     async def leaders(self) -> list[dict[str, Any]]:
         """Every group's leader (a broker without replication is its own group's leader):
         the brokers that take writes and answer for their group."""
-        return [b for b in await self.brokers() if b.get("role", "leader") != "follower"]
+        return await self.calls.leaders()
 
     async def replica_status(self, addr: str) -> dict[str, Any]:
         """One broker's replication state (REPLICA_STATUS): role, epoch, log end, and a
         leader's view of its followers (lag in bytes and ms, in sync)."""
-        return await self._call(addr, RequestCode.REPLICA_STATUS)
+        return await self.calls.call(addr, RequestCode.REPLICA_STATUS)
 
     async def promote(self, addr: str, *, force: bool = False) -> int:
         """Make the follower at ``addr`` its group's leader; returns the new epoch.
         Refused (NOT_IN_SYNC) for a follower not known in sync unless ``force``."""
-        return int((await self._call(addr, RequestCode.PROMOTE, {"force": force}))["epoch"])
+        return int((await self.calls.call(addr, RequestCode.PROMOTE, {"force": force}))["epoch"])
 
     async def create_topic(self, topic: str, queue_count: int, on: list[str] | None = None) -> list[str]:
         """Create (or grow) ``topic`` on the brokers ``on`` (default: every group's
@@ -83,7 +69,7 @@ class Admin:
         if not addrs:
             raise ConnectionFailed("no broker is registered with the name servers yet")
         for addr in addrs:
-            await self._call(addr, RequestCode.CREATE_TOPIC, {"topic": topic, "queue_count": queue_count})
+            await self.calls.call(addr, RequestCode.CREATE_TOPIC, {"topic": topic, "queue_count": queue_count})
         return addrs
 
     async def delete_topic(self, topic: str) -> list[str]:
@@ -91,7 +77,7 @@ class Admin:
         done = []
         for b in await self.leaders():
             try:
-                await self._call(b["addr"], RequestCode.DELETE_TOPIC, {"topic": topic})
+                await self.calls.call(b["addr"], RequestCode.DELETE_TOPIC, {"topic": topic})
                 done.append(b["addr"])
             except RpcError:
                 pass
@@ -103,27 +89,22 @@ class Admin:
         out: dict[str, dict[str, int]] = {}
         for b in await self.leaders():
             asked = {"include_system": True} if include_system else None
-            topics = (await self._call(b["addr"], RequestCode.LIST_TOPICS, asked))["topics"]
+            topics = (await self.calls.call(b["addr"], RequestCode.LIST_TOPICS, asked))["topics"]
             for name, count in topics.items():
                 out.setdefault(name, {})[b["broker_name"]] = count
         return dict(sorted(out.items()))
 
     async def describe_topic(self, topic: str) -> list[dict[str, Any]]:
-        rows = []
-        for b in await self.leaders():
-            try:
-                info = await self._call(b["addr"], RequestCode.DESCRIBE_TOPIC, {"topic": topic})
-            except RpcError:
-                continue
-            rows += [{"broker_name": b["broker_name"], "addr": b["addr"], **q} for q in info["queues"]]
-        return rows
+        """Per queue of ``topic`` on every group leader that has it: broker_name, addr,
+        queue_id, min/max offset, size_bytes."""
+        return await describe_topic(self.calls, topic)
 
     async def list_groups(self, *, include_system: bool = False) -> list[str]:
         """Every group with committed offsets or members; the reserved ``%...`` groups
         (``%DLQ_RESENT%group``: dead letters resent) only with ``include_system``."""
         groups: set[str] = set()
         for b in await self.leaders():
-            groups |= set((await self._call(b["addr"], RequestCode.LIST_GROUPS))["groups"])
+            groups |= set((await self.calls.call(b["addr"], RequestCode.LIST_GROUPS))["groups"])
         return sorted(g for g in groups if include_system or not is_system_topic(g))
 
     async def describe_group(self, group: str) -> dict[str, Any]:
@@ -131,21 +112,7 @@ class Admin:
         once the group committed there); the members; and per broker (``retries``)
         and in all, the retry backlog (messages of ``%RETRY%group`` not consumed yet)
         and the dead letters (messages ``%DLQ%group`` holds)."""
-        queues, members, retries = [], {}, []
-        for b in await self.leaders():
-            info = await self._call(b["addr"], RequestCode.DESCRIBE_GROUP, {"group": group})
-            queues += [{"broker_name": b["broker_name"], **q} for q in info["queues"]]
-            members.update({m["client_id"]: m for m in info["members"]})
-            retries.append(await retry_counts(self, b, group))
-        return {
-            "group": group,
-            "queues": queues,
-            "members": sorted(members.values(), key=lambda m: m["client_id"]),
-            "lag": sum(q["lag"] for q in queues),
-            "retry_backlog": sum(r["retry_backlog"] for r in retries),
-            "dead_letters": sum(r["dead_letters"] for r in retries),
-            "retries": retries,
-        }
+        return await _admin_groups.describe_group(self.calls, group)
 
     async def cancel_message(self, msg_id: str) -> CancelResult:
         """Cancel a scheduled message by the id its send returned (``host:port@HEXOFFSET``):
@@ -155,7 +122,7 @@ class Admin:
         with trio.move_on_after(CANCEL_BUSY_RETRY_S):  # SYSTEM_BUSY: the broker's timer is starting
             while True:
                 try:
-                    got = await self._call(addr, RequestCode.CANCEL_MESSAGE, {"commitlog_offset": offset})
+                    got = await self.calls.call(addr, RequestCode.CANCEL_MESSAGE, {"commitlog_offset": offset})
                     return CancelResult(str(got["state"]), int(got.get("deliver_at_ms", 0)))
                 except RpcError as e:
                     if e.code == ErrorCode.NOT_FOUND:
@@ -171,12 +138,12 @@ class Admin:
         The origin topic, queue and offset are properties (``DeadLetter.origin_*``)."""
         if max_messages < 1 or start < 0:
             raise ValueError("max_messages must be at least 1 and start not negative")
-        return await read_dead_letters(self, group, max_messages, start)
+        return await read_dead_letters(self.calls, group, max_messages, start)
 
     async def dead_letter_counts(self, group: str | None = None) -> list[dict[str, Any]]:
         """Groups with dead letters (only ``group`` if given), one row per group and
         broker: group, broker_name, addr, dead_letters, not_resent, min/max_offset."""
-        return await dead_letter_counts(self, group)
+        return await dead_letter_counts(self.calls, group)
 
     async def resend_dead_letters(
         self, group: str, *, offsets: list[int] | None = None, resend_all: bool = False
@@ -188,42 +155,19 @@ class Admin:
         offset of the reserved group ``%DLQ_RESENT%group`` on the DLQ), which then moves
         past the last one resent: a second call resends nothing new. ``offsets``: only
         these DLQ offsets; ``resend_all``: ignore the mark."""
-        return await resend_dead_letters(self, group, None if offsets is None else set(offsets), resend_all)
+        return await resend_dead_letters(self.calls, group, None if offsets is None else set(offsets), resend_all)
 
     async def group_members(self, group: str) -> list[dict[str, Any]]:
         """The group's connected members (client_id, mode, topics) and the queues each
         reads now (``queues``: [[topic, broker_name, queue_id], ...]), computed as the
         members compute them (:func:`allocate_averagely`; broadcasting: every queue)."""
-        members = list((await self.describe_group(group))["members"])
-        ids = [m["client_id"] for m in members]
-        by_topic: dict[str, list[tuple[str, str, int]]] = {}
-        for m in members:
-            m["queues"] = []
-            for topic in m["topics"]:
-                if topic not in by_topic:
-                    rows = await self.describe_topic(topic)
-                    by_topic[topic] = sorted((topic, r["broker_name"], r["queue_id"]) for r in rows)
-                share = (
-                    by_topic[topic]
-                    if m["mode"] == "broadcasting"
-                    else allocate_averagely(by_topic[topic], ids, m["client_id"])
-                )
-                m["queues"] += [list(q) for q in share]
-        return members
+        return await _admin_groups.group_members(self.calls, group)
 
     async def delete_group(self, group: str) -> list[str]:
         """Forget ``group``'s committed offsets on every broker that has some; the names
         of those brokers (empty: no broker knows the group). RpcError GROUP_ACTIVE while
         members are connected."""
-        done = []
-        for b in await self.leaders():
-            try:
-                await self._call(b["addr"], RequestCode.DELETE_GROUP, {"group": group})
-                done.append(b["broker_name"])
-            except RpcError as e:
-                if e.code != ErrorCode.NOT_FOUND:
-                    raise
-        return done
+        return await _admin_groups.delete_group(self.calls, group)
 
     async def reset_offsets(
         self,
@@ -244,59 +188,16 @@ class Admin:
         would overwrite the reset with their next commit); ``dry_run`` changes nothing."""
         if not force and await self.group_members(group):
             raise ValueError(f"group {group!r} has members connected: stop them first (or force)")
-        rows = []
-        for b in await topic_leaders(self, topic):
-            queues = [q for q in b["queues"] if queue_ids is None or q["queue_id"] in queue_ids]
-            commits = []
-            for q in queues:
-                after = await self._reset_target(b["addr"], topic, q, to, timestamp_ms)
-                before = (
-                    await self._call(
-                        b["addr"],
-                        RequestCode.QUERY_CONSUMER_OFFSET,
-                        {"group": group, "topic": topic, "queue_id": q["queue_id"]},
-                    )
-                )["offset"]
-                rows.append(
-                    {
-                        "broker_name": b["broker_name"],
-                        "topic": topic,
-                        "queue_id": q["queue_id"],
-                        "before": before,
-                        "after": after,
-                    }
-                )
-                commits.append([topic, q["queue_id"], after])
-            if commits and not dry_run:
-                await self._call(b["addr"], RequestCode.COMMIT_OFFSET, {"group": group, "offsets": commits})
-        return rows
-
-    async def _reset_target(
-        self, addr: str, topic: str, q: dict[str, Any], to: str | int, timestamp_ms: int | None
-    ) -> int:
-        if timestamp_ms is not None:
-            found = await self._call(
-                addr,
-                RequestCode.SEARCH_OFFSET,
-                {"topic": topic, "queue_id": q["queue_id"], "timestamp_ms": timestamp_ms},
-            )
-            return int(found["offset"])
-        if to == "earliest":
-            return int(q["min_offset"])
-        if to == "latest":
-            return int(q["max_offset"])
-        if isinstance(to, int):
-            return max(int(q["min_offset"]), min(to, int(q["max_offset"])))
-        raise ValueError(f"to={to!r}: use 'earliest', 'latest' or an offset")
+        return await _admin_groups.reset_offsets(self.calls, group, topic, to, timestamp_ms, queue_ids, dry_run)
 
     async def read_queue(
         self, topic: str, queue_id: int, offset: int, max_messages: int = 32, broker_name: str | None = None
     ) -> list[Record]:
         """Up to ``max_messages`` of one queue from ``offset``, without a consumer group
         (nothing is committed). ValueError for a topic or queue that does not exist."""
-        for b in await topic_leaders(self, topic, broker_name):
+        for b in await topic_leaders(self.calls, topic, broker_name):
             if any(q["queue_id"] == queue_id for q in b["queues"]):
-                return (await pull(self, b["addr"], topic, queue_id, offset, max_messages))[0]
+                return (await pull(self.calls, b["addr"], topic, queue_id, offset, max_messages))[0]
         raise ValueError(f"topic {topic!r} has no queue {queue_id}" + (f" on {broker_name}" if broker_name else ""))
 
     async def message_by_id(self, msg_id: str) -> Record | None:
@@ -305,7 +206,7 @@ class Admin:
         addr, offset = parse_msg_id(msg_id)
         try:
             reply = await self.rpc.request(
-                addr, RequestCode.GET_MESSAGE, {"commitlog_offset": offset}, timeout_ms=self.timeout_ms
+                addr, RequestCode.GET_MESSAGE, {"commitlog_offset": offset}, timeout_ms=self.calls.timeout_ms
             )
         except RpcError as e:
             if e.code == ErrorCode.NOT_FOUND:
@@ -329,7 +230,7 @@ class Admin:
         if max_scan_messages < 1 or max_messages < 1:
             raise ValueError("max_scan_messages and max_messages must be at least 1")
         return await scan_for_key(
-            self,
+            self.calls,
             topic,
             key,
             max_messages=max_messages,
@@ -341,14 +242,14 @@ class Admin:
     async def update_topic(self, topic: str, *, queue_count: int) -> list[str]:
         """Grow an existing topic's queue count on every leader that has it (RpcError
         INVALID_TOPIC for fewer queues than it has; ValueError if no broker has it)."""
-        leaders = await topic_leaders(self, topic)
+        leaders = await topic_leaders(self.calls, topic)
         if not leaders:
             raise ValueError(f"topic {topic!r} does not exist")
         return await self.create_topic(topic, queue_count, on=[b["addr"] for b in leaders])
 
     async def broker_info(self, addr: str) -> dict[str, Any]:
         """One broker's BROKER_INFO: name, role, store and connection figures."""
-        return await self._call(addr, RequestCode.BROKER_INFO)
+        return await self.calls.call(addr, RequestCode.BROKER_INFO)
 
 
 @asynccontextmanager

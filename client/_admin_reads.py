@@ -1,11 +1,11 @@
-"""The admin client's reads of messages and its changes to consumer groups: a queue
-read without a group, a message by id or by key, offsets reset, a group deleted; a
-group's retry backlog and dead letters, and dead letters sent again."""
+"""The admin client's reads of messages: a queue read without a group, a message by
+key; a group's retry backlog and dead letters, and dead letters sent again. (Changes
+to consumer groups: ``_admin_groups``.)"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import trio
 
@@ -30,23 +30,14 @@ from clmq.common import (
     retry_topic,
 )
 from clmq.protocol import ErrorCode, RequestCode, decode_records
-from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError
+from clmq.protocol.transport import ConnectionFailed, RpcError
 
+from ._admin_calls import AdminCalls
 from ._routes import MessageQueue, NoRouteError
 from .producer import Producer, SendError, open_producer
 
 KEY_SCAN_CHUNK_MESSAGES = 256  # one PULL_MESSAGE of a key lookup's scan
 _SEND_ERRORS = (SendError, NoRouteError, ConnectionFailed, RpcError, trio.TooSlowError)
-
-
-class _Calls(Protocol):
-    rpc: RpcClient
-    timeout_ms: int
-    namesrv_addrs: list[str]
-    broker_addrs: list[str]
-
-    async def _call(self, addr: str, code: int, fields: dict[str, Any] | None = None) -> dict[str, Any]: ...
-    async def leaders(self) -> list[dict[str, Any]]: ...
 
 
 @dataclass
@@ -72,23 +63,23 @@ def parse_msg_id(msg_id: str) -> tuple[str, int]:
 
 
 async def pull(
-    admin: _Calls, addr: str, topic: str, queue_id: int, offset: int, max_messages: int
+    calls: AdminCalls, addr: str, topic: str, queue_id: int, offset: int, max_messages: int
 ) -> tuple[list[Record], int]:
     """One PULL_MESSAGE without a group: the records and the next offset."""
     fields = {"topic": topic, "queue_id": queue_id, "offset": offset, "max_messages": max_messages, "max_wait_ms": 0}
-    reply = await admin.rpc.request(addr, RequestCode.PULL_MESSAGE, fields, timeout_ms=admin.timeout_ms)
+    reply = await calls.rpc.request(addr, RequestCode.PULL_MESSAGE, fields, timeout_ms=calls.timeout_ms)
     return decode_records(reply.body), int(reply.fields["next_offset"])
 
 
-async def topic_leaders(admin: _Calls, topic: str, broker_name: str | None = None) -> list[dict[str, Any]]:
+async def topic_leaders(calls: AdminCalls, topic: str, broker_name: str | None = None) -> list[dict[str, Any]]:
     """The group leaders that have ``topic`` (only ``broker_name``'s if given), each
     with its queues' offsets (``queues``)."""
     found = []
-    for b in await admin.leaders():
+    for b in await calls.leaders():
         if broker_name is not None and b["broker_name"] != broker_name:
             continue
         try:
-            info = await admin._call(b["addr"], RequestCode.DESCRIBE_TOPIC, {"topic": topic})
+            info = await calls.call(b["addr"], RequestCode.DESCRIBE_TOPIC, {"topic": topic})
         except RpcError as e:
             if e.code == ErrorCode.TOPIC_NOT_FOUND:
                 continue
@@ -97,8 +88,20 @@ async def topic_leaders(admin: _Calls, topic: str, broker_name: str | None = Non
     return found
 
 
+async def describe_topic(calls: AdminCalls, topic: str) -> list[dict[str, Any]]:
+    """Per queue of ``topic`` on every group leader that has it (see :meth:`Admin.describe_topic`)."""
+    rows = []
+    for b in await calls.leaders():
+        try:
+            info = await calls.call(b["addr"], RequestCode.DESCRIBE_TOPIC, {"topic": topic})
+        except RpcError:
+            continue
+        rows += [{"broker_name": b["broker_name"], "addr": b["addr"], **q} for q in info["queues"]]
+    return rows
+
+
 async def scan_for_key(
-    admin: _Calls,
+    calls: AdminCalls,
     topic: str,
     key: str,
     *,
@@ -108,7 +111,7 @@ async def scan_for_key(
     until_ms: int | None,
 ) -> KeyLookup:
     """Read each queue's newest messages (from ``since_ms`` if given) for ``key``."""
-    leaders = await topic_leaders(admin, topic)
+    leaders = await topic_leaders(calls, topic)
     queues = [(b["addr"], q) for b in leaders for q in b["queues"]]
     budget = max_scan_messages // max(1, len(queues))
     out: list[Record] = []
@@ -116,7 +119,7 @@ async def scan_for_key(
     for addr, q in queues:
         required = q["min_offset"]
         if since_ms is not None:
-            found = await admin._call(
+            found = await calls.call(
                 addr, RequestCode.SEARCH_OFFSET, {"topic": topic, "queue_id": q["queue_id"], "timestamp_ms": since_ms}
             )
             required = max(required, int(found["offset"]))
@@ -124,7 +127,7 @@ async def scan_for_key(
         complete = complete and start == required
         offset = start
         while offset < q["max_offset"]:
-            records, offset = await pull(admin, addr, topic, q["queue_id"], offset, KEY_SCAN_CHUNK_MESSAGES)
+            records, offset = await pull(calls, addr, topic, q["queue_id"], offset, KEY_SCAN_CHUNK_MESSAGES)
             if not records:
                 break
             scanned += len(records)
@@ -225,10 +228,10 @@ def resent_group(group: str) -> str:
     return RESENT_GROUP_PREFIX + group
 
 
-async def queue_offsets(admin: _Calls, addr: str, topic: str) -> dict[str, Any] | None:
+async def queue_offsets(calls: AdminCalls, addr: str, topic: str) -> dict[str, Any] | None:
     """Queue 0 of ``topic`` on ``addr`` (min_offset, max_offset...), None if it has none."""
     try:
-        info = await admin._call(addr, RequestCode.DESCRIBE_TOPIC, {"topic": topic})
+        info = await calls.call(addr, RequestCode.DESCRIBE_TOPIC, {"topic": topic})
     except RpcError as e:
         if e.code == ErrorCode.TOPIC_NOT_FOUND:
             return None
@@ -236,19 +239,19 @@ async def queue_offsets(admin: _Calls, addr: str, topic: str) -> dict[str, Any] 
     return next((q for q in info["queues"] if q["queue_id"] == 0), None)
 
 
-async def committed(admin: _Calls, addr: str, group: str, topic: str) -> int:
+async def committed(calls: AdminCalls, addr: str, group: str, topic: str) -> int:
     """``group``'s committed offset of ``topic`` queue 0 on ``addr`` (-1: none)."""
-    found = await admin._call(addr, RequestCode.QUERY_CONSUMER_OFFSET, {"group": group, "topic": topic, "queue_id": 0})
+    found = await calls.call(addr, RequestCode.QUERY_CONSUMER_OFFSET, {"group": group, "topic": topic, "queue_id": 0})
     return int(found["offset"])
 
 
-async def retry_counts(admin: _Calls, b: dict[str, Any], group: str) -> dict[str, Any]:
+async def retry_counts(calls: AdminCalls, b: dict[str, Any], group: str) -> dict[str, Any]:
     """One broker's figures for ``group``: retry backlog (messages of ``%RETRY%group``
     the group has not consumed) and dead letters (messages ``%DLQ%group`` holds). One
     QUERY_QUEUE_OFFSETS (the dashboard asks for every group every few seconds)."""
     row: dict[str, Any] = {"broker_name": b["broker_name"], "addr": b["addr"], "retry_backlog": 0, "dead_letters": 0}
     asked = {"group": group, "queues": [[retry_topic(group), 0], [dlq_topic(group), 0]]}
-    retry, dlq = (await admin._call(b["addr"], RequestCode.QUERY_QUEUE_OFFSETS, asked))["offsets"]
+    retry, dlq = (await calls.call(b["addr"], RequestCode.QUERY_QUEUE_OFFSETS, asked))["offsets"]
     if retry is not None:  # [committed (-1: none), min, max]
         row["retry_backlog"] = max(0, retry[2] - max(retry[0], retry[1]))
     if dlq is not None:
@@ -256,15 +259,15 @@ async def retry_counts(admin: _Calls, b: dict[str, Any], group: str) -> dict[str
     return row
 
 
-async def read_dead_letters(admin: _Calls, group: str, max_messages: int, start: int) -> list[DeadLetter]:
+async def read_dead_letters(calls: AdminCalls, group: str, max_messages: int, start: int) -> list[DeadLetter]:
     """Up to ``max_messages`` dead letters of ``group`` from DLQ offset ``start`` on, broker by broker."""
     out: list[DeadLetter] = []
-    for b in await admin.leaders():
-        q = await queue_offsets(admin, b["addr"], dlq_topic(group))
+    for b in await calls.leaders():
+        q = await queue_offsets(calls, b["addr"], dlq_topic(group))
         offset = max(start, q["min_offset"]) if q is not None else 0
         while q is not None and offset < q["max_offset"] and len(out) < max_messages:
             chunk = min(RESEND_READ_CHUNK_MESSAGES, max_messages - len(out))
-            records, offset = await pull(admin, b["addr"], dlq_topic(group), 0, offset, chunk)
+            records, offset = await pull(calls, b["addr"], dlq_topic(group), 0, offset, chunk)
             if not records:
                 break
             out += [DeadLetter(b["addr"], b["broker_name"], r) for r in records]
@@ -278,20 +281,22 @@ def resend_message(letter: DeadLetter) -> tuple[str, dict[str, str], int, str]:
     return letter.origin_topic, props, letter.origin_queue_id, letter.record.properties.get(PROP_ORIGIN_ADDR, "")
 
 
-async def resend_dead_letters(admin: _Calls, group: str, offsets: set[int] | None, resend_all: bool) -> ResendResult:
+async def resend_dead_letters(
+    calls: AdminCalls, group: str, offsets: set[int] | None, resend_all: bool
+) -> ResendResult:
     """Send dead letters of ``group`` again to their origin topics (see
     :meth:`Admin.resend_dead_letters`), broker by broker, in DLQ order."""
     result = ResendResult([], 0, [])
-    async with open_producer(admin.namesrv_addrs, broker_addrs=admin.broker_addrs) as producer:
-        for b in await admin.leaders():
-            q = await queue_offsets(admin, b["addr"], dlq_topic(group))
+    async with open_producer(calls.namesrv_addrs, broker_addrs=calls.broker_addrs) as producer:
+        for b in await calls.leaders():
+            q = await queue_offsets(calls, b["addr"], dlq_topic(group))
             if q is not None:
-                await _resend_from(admin, producer, b, q, group, offsets, resend_all, result)
+                await _resend_from(calls, producer, b, q, group, offsets, resend_all, result)
     return result
 
 
 async def _resend_from(
-    admin: _Calls,
+    calls: AdminCalls,
     producer: Producer,
     b: dict[str, Any],
     q: dict[str, Any],
@@ -304,13 +309,13 @@ async def _resend_from(
     from it on without a gap (``--offset`` of a later letter leaves it: the letters
     before are still to resend)."""
     topic = dlq_topic(group)
-    mark = max(0, await committed(admin, b["addr"], resent_group(group), topic))
+    mark = max(0, await committed(calls, b["addr"], resent_group(group), topic))
     offset, new_mark = q["min_offset"], max(mark, q["min_offset"])
     if not resend_all and offsets is None:  # the letters resent before are not even read
         offset = max(mark, q["min_offset"])
         result.skipped += min(offset, q["max_offset"]) - q["min_offset"]
     while offset < q["max_offset"]:
-        records, offset = await pull(admin, b["addr"], topic, 0, offset, RESEND_READ_CHUNK_MESSAGES)
+        records, offset = await pull(calls, b["addr"], topic, 0, offset, RESEND_READ_CHUNK_MESSAGES)
         if not records:
             break
         for r in records:
@@ -328,7 +333,7 @@ async def _resend_from(
             if r.queue_offset == new_mark:  # the mark moves over a run resent from it, never past a letter skipped
                 new_mark += 1
     if new_mark > mark:
-        await admin._call(
+        await calls.call(
             b["addr"], RequestCode.COMMIT_OFFSET, {"group": resent_group(group), "offsets": [[topic, 0, new_mark]]}
         )
 
@@ -362,19 +367,19 @@ async def _body_of(producer: Producer, msg_id: str) -> bytes:
     return decode_records(reply.body, f"message {msg_id}")[0].body
 
 
-async def dead_letter_counts(admin: _Calls, group: str | None) -> list[dict[str, Any]]:
+async def dead_letter_counts(calls: AdminCalls, group: str | None) -> list[dict[str, Any]]:
     """Per group with a dead-letter queue (only ``group`` if given) and broker: the dead
     letters held, and how many of them are past the resend mark (not resent yet)."""
     rows = []
-    for b in await admin.leaders():
-        topics = (await admin._call(b["addr"], RequestCode.LIST_TOPICS, {"include_system": True}))["topics"]
+    for b in await calls.leaders():
+        topics = (await calls.call(b["addr"], RequestCode.LIST_TOPICS, {"include_system": True}))["topics"]
         names = sorted(t for t in topics if t.startswith(DLQ_PREFIX))
         for topic in names if group is None else [t for t in names if t == dlq_topic(group)]:
-            q = await queue_offsets(admin, b["addr"], topic)
+            q = await queue_offsets(calls, b["addr"], topic)
             if q is None:
                 continue
             g = topic.removeprefix(DLQ_PREFIX)
-            mark = max(q["min_offset"], await committed(admin, b["addr"], resent_group(g), topic))
+            mark = max(q["min_offset"], await committed(calls, b["addr"], resent_group(g), topic))
             rows.append(
                 {
                     "group": g,
