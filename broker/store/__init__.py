@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 from clmq.commitlog import LoadedJson, MetadataSource, load_json, previous_path, read_json, write_atomic, write_json
 
-from ._base import STORAGE_MODES, StoreBase, StoreConfig, StoreLockedError
+from ._base import StoreBase
 from ._check import Damage, MetadataStatus, QueueFinding, StoreReport, check_store, detect_mode, log_bytes
+from ._config import STORAGE_MODES, StoreConfig, StoreLockedError
 from ._engine import StorageEngine
 from ._partition_store import PartitionStore
 from ._repair import repair_store

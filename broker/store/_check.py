@@ -62,8 +62,8 @@ from clmq.common import (
 )
 from clmq.consumequeue import ENTRY_DTYPE, ENTRY_SIZE, HOLE_TAG, START_TAG
 
-from ._base import StoreConfig, StoreLockedError
 from ._checkpoint import Checkpoint
+from ._config import StoreConfig, StoreLockedError
 from ._partition_log import INDEX_MAGIC, TIME_MAGIC, open_index, read_whole
 
 Progress = Callable[[int], None]  # called with the number of log bytes just read

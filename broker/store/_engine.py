@@ -26,7 +26,8 @@ from typing import Callable, Collection, Iterable, Protocol, Sequence, runtime_c
 from clmq.commitlog import QueueKey
 from clmq.common import CorruptRecordError, Message, PackedMessages, StoreFailedError
 
-from ._base import ManyRead, ReadAsk, StoreConfig
+from ._config import StoreConfig
+from ._reads import ManyRead, ReadAsk
 from ._results import GetResult, PutResult, RawRead
 from ._topics import TopicTable
 

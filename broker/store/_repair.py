@@ -32,8 +32,8 @@ from clmq.commitlog import (
     repair_log,
 )
 
-from ._base import StoreConfig
 from ._check import Progress, StoreReport, check_unlocked, on_disk_queues, store_lock
+from ._config import StoreConfig
 from ._topics import TopicTable
 
 log = logging.getLogger("clmq.store")

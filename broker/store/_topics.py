@@ -111,6 +111,11 @@ class TopicTable:
     def queue_count(self, topic: str) -> int | None:
         return self._topics.get(topic)
 
+    def has_queue(self, topic: str, queue_id: int) -> bool:
+        """Whether the topic exists and has a queue ``queue_id``."""
+        count = self._topics.get(topic)
+        return count is not None and 0 <= queue_id < count
+
     def all(self) -> dict[str, int]:
         return dict(self._topics)
 
