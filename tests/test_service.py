@@ -19,13 +19,13 @@ from clmq.broker.service._fetch import ReadThreads
 from clmq.client import (
     BlockingConsumer,
     BlockingProducer,
-    Consumer,
     RpcClient,
     SendError,
     open_admin,
     open_consumer,
     open_producer,
 )
+from clmq.client.consumer._requests import Requests
 from clmq.commitlog import fileops
 from clmq.common import Record
 from clmq.protocol import ErrorCode, Frame, RequestCode, encode_frame
@@ -567,14 +567,14 @@ async def test_queues_are_asked_for_data_only_while_they_have_some(
     # dispatched, so that the look-up sees them (else they come through watches)
     await trio.to_thread.run_sync(broker.store.catch_up)
     asked: list[tuple[int, int]] = []  # (max_wait_ms, queue id) of every queue in every fetch
-    real_request = Consumer.request
+    real_request = Requests.request  # every request of the consumer's parts goes through it
 
-    async def recording(self: Consumer, addr: str, code: int, fields: dict, timeout_ms: float | None = None) -> object:
+    async def recording(self: Requests, addr: str, code: int, fields: dict, timeout_ms: float | None = None) -> object:
         if code == RequestCode.PULL_MESSAGES:
             asked.extend((fields["max_wait_ms"], qid) for _t, qid, _o, _tags in fields["queues"])
         return await real_request(self, addr, code, fields, timeout_ms)
 
-    monkeypatch.setattr(Consumer, "request", recording)
+    monkeypatch.setattr(Requests, "request", recording)
     async with open_consumer(cluster.ns, "sparse-g", {"sparse": "*"}, **{**FAST_CONSUMER, "pull_wait_ms": 20_000}) as c:
         with trio.fail_after(10):
             early: list[Record] = []

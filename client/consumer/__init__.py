@@ -2,17 +2,21 @@
 
 - ``_consumer``: the public API (``receive``, ``commit``, ``nack``, ``run``).
 - ``_options``: :class:`ConsumerOptions`, :class:`TagFilter`.
-- ``_fetcher``: prefetching pulls across the assigned queues.
-- ``_membership``, ``_allocate``: heartbeats, rebalancing, following a moved leader.
+- ``_state``: :class:`ConsumerState`, what the parts below share (subscriptions,
+  assigned queues and their positions, prefetched and pending batches); no part holds
+  a reference to the consumer.
+- ``_requests``: requests to brokers, following a group's moved leader.
+- ``_fetcher``, ``_ready``: prefetching pulls across the assigned queues; which are ready to ask.
+- ``_membership``, ``_allocate``: heartbeats, rebalancing.
 - ``_commits``, ``_start_offset``: committed offsets and where a new queue starts.
 - ``_redelivery``, ``_orderly``: retries and dead letters; orderly consumption's locks.
 """
 
 from ._allocate import allocate_averagely
 from ._consumer import Consumer, consumer_context, open_consumer
-from ._fetcher import DamagedQueueError
 from ._options import ConsumerOptions, TagFilter
 from ._redelivery import ConsumeStatus, Handler, Round, SendBackError, SendBackResult, check_limit, judge, judge_sync
+from ._state import DamagedQueueError
 
 __all__ = [
     "ConsumeStatus",

@@ -1,6 +1,6 @@
 """A consumer's commits: the offsets it processed, sent to each queue's group leader.
 
-- :class:`Processed` is the next offset to commit per queue, and which queues moved
+- :class:`Processed` (``_state``) is the next offset to commit per queue, and which queues moved
   since the last commit: a commit every interval looks at those only (not at 10,000
   queues), and sends one request per broker however many queues moved.
 - Commits never overlap: an older commit of a queue must not land after a newer one.
@@ -13,50 +13,24 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
 
 import trio
 
-from clmq.protocol import Frame, RequestCode
+from clmq.protocol import RequestCode
 
 from .._routes import MessageQueue
-from ._membership import NET_ERRORS
+from ._requests import NET_ERRORS, Requests
+from ._state import ConsumerState
 
 log = logging.getLogger("clmq.consumer")
 
 
-class Processed(dict[MessageQueue, int]):
-    """Next offset to commit per queue, and the queues whose offset was set since the
-    last commit (``changed``): a commit looks at those only."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.changed: set[MessageQueue] = set()
-
-    def __setitem__(self, mq: MessageQueue, offset: int) -> None:
-        super().__setitem__(mq, offset)
-        self.changed.add(mq)
-
-    def setdefault(self, mq: MessageQueue, offset: int) -> int:
-        self.changed.add(mq)
-        return super().setdefault(mq, offset)
-
-
-class CommitHost(Protocol):
-    """What commits need of their consumer."""
-
-    group: str
-    client_id: str
-
-    async def to_leader(self, mq: MessageQueue, addr: str, code: int, fields: dict[str, Any]) -> Frame: ...
-
-
 class Commits:
-    """``processed`` (what to commit) and ``committed`` (what the leaders have)."""
+    """``state.processed`` (what to commit) and ``committed`` (what the leaders have)."""
 
-    def __init__(self, host: CommitHost) -> None:
-        self.c = host
-        self.processed = Processed()
+    def __init__(self, state: ConsumerState, requests: Requests) -> None:
+        self.state = state
+        self.requests = requests
         self.committed: dict[MessageQueue, int] = {}
         self._lock = trio.Lock()
 
@@ -64,7 +38,7 @@ class Commits:
         """Commit every queue whose processed offset moved since the last commit."""
         async with self._lock:
             by_broker: dict[str, dict[MessageQueue, int]] = {}
-            processed = self.processed
+            processed = self.state.processed
             changed, processed.changed = processed.changed, set()
             for mq in changed:
                 offset = processed.get(mq)
@@ -77,24 +51,24 @@ class Commits:
         """Commit ``offset`` of ``mq`` now (default: its processed offset), if it moved."""
         async with self._lock:
             if offset is None:
-                offset = self.processed.get(mq)
+                offset = self.state.processed.get(mq)
             if offset is not None and self.committed.get(mq) != offset:
                 await self._commit_to(mq.addr, {mq: offset})
 
     def forget(self, mq: MessageQueue) -> int | None:
         """``mq`` is no longer read here: its offsets go; returns its processed offset."""
         self.committed.pop(mq, None)
-        return self.processed.pop(mq, None)
+        return self.state.processed.pop(mq, None)
 
     async def _commit_to(self, addr: str, offsets: dict[MessageQueue, int]) -> None:
         """Commit to the group's leader (``to_leader``). Offsets not committed stay
         processed: committed later."""
         rows = [[mq.topic, mq.queue_id, o] for mq, o in offsets.items()]
-        fields = {"group": self.c.group, "offsets": rows}
+        fields = {"group": self.state.group, "offsets": rows}
         try:
-            await self.c.to_leader(next(iter(offsets)), addr, RequestCode.COMMIT_OFFSET, fields)
+            await self.requests.to_leader(next(iter(offsets)), addr, RequestCode.COMMIT_OFFSET, fields)
         except NET_ERRORS as e:
-            log.warning("consumer %s: commit of %d offsets to %s failed: %s", self.c.client_id, len(rows), addr, e)
-            self.processed.changed.update(offsets)  # committed next time
+            log.warning("consumer %s: commit of %d offsets to %s failed: %s", self.state.client_id, len(rows), addr, e)
+            self.state.processed.changed.update(offsets)  # committed next time
             return
         self.committed.update(offsets)

@@ -47,11 +47,13 @@ from clmq.protocol.transport import RpcClient, background_nursery
 from .._arguments import options_from, resolve_addrs
 from .._routes import MessageQueue, ReadRouter, Routes
 from ._commits import Commits
-from ._fetcher import DamagedQueueError, Fetcher, PendingBatches, PrefetchBuffer, QueueState
-from ._membership import NET_ERRORS, Membership
+from ._fetcher import Fetcher
+from ._membership import Membership
 from ._options import ConsumerOptions, TagFilter
 from ._orderly import QueueLocks
 from ._redelivery import Handler, Redelivery, SendBackResult
+from ._requests import NET_ERRORS, Requests
+from ._state import ConsumerState, QueueState
 
 log = logging.getLogger("clmq.consumer")
 
@@ -70,14 +72,13 @@ class Consumer:
         if self.retry_topic is not None:
             self.filters.setdefault(self.retry_topic, TagFilter("*"))
         self.client_id = options.client_id or f"{socket.gethostname()}@{os.getpid()}@{id(self):x}"
-        self.assigned: dict[MessageQueue, QueueState] = {}
+        # What the parts below share (none of them holds a reference to the consumer).
+        self.state = state = ConsumerState(group, self.client_id, options, self.filters, self.retry_topic)
+        self.assigned, self.processed, self.errors = state.assigned, state.processed, state.errors
+        self.prefetch, self.pending = state.prefetch, state.pending
         self._generation = 0
-        self.commits = Commits(self)
-        self.processed: dict[MessageQueue, int] = self.commits.processed
-        # Assigned queues stopped at a damaged record (an entry goes once the queue reads again).
-        self.errors: dict[MessageQueue, DamagedQueueError] = {}
-        self.prefetch = PrefetchBuffer(options.prefetch_max_bytes)
-        self.pending = PendingBatches()  # returned by the last receive(), not yet acknowledged
+        self.requests = Requests(rpc, routes, state)
+        self.commits = Commits(state, self.requests)
         self._fetcher: Fetcher | None = None
         self.net_errors: tuple[type[BaseException], ...] = NET_ERRORS  # what the fetcher retries after
         self.reads = ReadRouter(
@@ -89,12 +90,14 @@ class Consumer:
         )
         # Orderly: the queue locks (None otherwise).
         self.locks = (
-            QueueLocks(self, retry_ms=options.lock_retry_ms, renew_interval_ms=options.lock_renew_interval_ms)
+            QueueLocks(
+                state, self.requests, self.commits, take=self.take_queue, stop=self.stop_queue, drop=self.drop_queue
+            )
             if options.orderly
             else None
         )
-        self.redelivery = Redelivery(self)
-        self.membership = Membership(self)
+        self.redelivery = Redelivery(state, self.requests, self.locks, self.receive, self.ack, self.rewind)
+        self.membership = Membership(state, self.requests, routes, current=self.current, apply_share=self.apply_share)
         self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ public
@@ -229,7 +232,7 @@ class Consumer:
     # ------------------------------------------------------------- background
     async def _start(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
-        self._fetcher = Fetcher(self, nursery)
+        self._fetcher = Fetcher(self.state, self.requests, self.reads, nursery)
         if self.locks is not None:
             self.locks.start(nursery)
         await self.membership.heartbeat()

@@ -22,45 +22,48 @@ the lock's lease holds by this member's clock.
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Callable
 
 import trio
 
-from clmq.protocol import Frame, RequestCode
+from clmq.protocol import RequestCode
 
 from .._routes import MessageQueue
-from ._fetcher import PendingBatches
+from ._commits import Commits
+from ._requests import NET_ERRORS, Requests
+from ._state import ConsumerState
 
 log = logging.getLogger("clmq.consumer")
 
 DEFAULT_LEASE_MS = 30_000  # assumed until a broker says (BrokerConfig.lock_lease_ms's default)
 
 
-class LockHost(Protocol):
-    """What the locks need of their consumer."""
-
-    group: str
-    client_id: str
-    net_errors: tuple[type[BaseException], ...]
-
-    async def request(self, addr: str, code: int, fields: dict[str, Any], timeout_ms: float | None = None) -> Frame: ...
-    def take_queue(self, mq: MessageQueue) -> None: ...  # the lock was granted: start reading the queue
-    def drop_queue(self, mq: MessageQueue) -> None: ...  # stop at once, commit nothing, acknowledge nothing
-    def stop_queue(self, mq: MessageQueue) -> None: ...  # neither fetched nor handed out from now on
-    async def commit_queue(self, mq: MessageQueue) -> None: ...
-
-    @property
-    def pending(self) -> PendingBatches: ...  # the batches being processed
+QueueAction = Callable[[MessageQueue], None]
 
 
 class QueueLocks:
     """Which queues the consumer wants (its share), which it holds and until when
-    (trio clock, seconds)."""
+    (trio clock, seconds). What a lock means for the queues read is the consumer's,
+    passed in: ``take`` (granted: start reading the queue), ``stop`` (neither fetched
+    nor handed out from now on), ``drop`` (stop at once, commit nothing, acknowledge
+    nothing)."""
 
-    def __init__(self, host: LockHost, *, retry_ms: int, renew_interval_ms: int) -> None:
-        self.host = host
-        self.retry_s = retry_ms / 1000
-        self.renew_max_s = renew_interval_ms / 1000
+    def __init__(
+        self,
+        state: ConsumerState,
+        requests: Requests,
+        commits: Commits,
+        *,
+        take: QueueAction,
+        stop: QueueAction,
+        drop: QueueAction,
+    ) -> None:
+        self.state = state
+        self.requests = requests
+        self.commits = commits
+        self.take, self.stop, self.drop = take, stop, drop
+        self.retry_s = state.options.lock_retry_ms / 1000
+        self.renew_max_s = state.options.lock_renew_interval_ms / 1000
         self.renew_s = min(self.renew_max_s, DEFAULT_LEASE_MS / 1000 / 3)
         self.lease_s = DEFAULT_LEASE_MS / 1000  # the last broker's answer
         self.wanted: set[MessageQueue] = set()
@@ -93,24 +96,24 @@ class QueueLocks:
     async def release(self, mq: MessageQueue) -> None:
         """Stop handing ``mq`` out, wait (renewing meanwhile) until its batch being
         processed is acknowledged, commit, then unlock it for its next owner."""
-        h = self.host
+        pending = self.state.pending
         try:
-            h.stop_queue(mq)
+            self.stop(mq)
             # However long the batch takes: the lock loop renews the lease meanwhile, so
             # the next owner cannot lock the queue while this member still processes it
             # (a lapse, renewals failing, ends the wait and the queue is dropped).
-            while h.pending.of(mq) and self.holds(mq, trio.current_time()):
+            while pending.of(mq) and self.holds(mq, trio.current_time()):
                 with trio.move_on_after(max(self.renew_s, 0.05)):
-                    await h.pending.wait_changed()
+                    await pending.wait_changed()
             if self.holds(mq, trio.current_time()):  # else it lapsed: another member may own it, commit nothing
-                await h.commit_queue(mq)
-                h.drop_queue(mq)
+                await self.commits.commit_queue(mq)
+                self.drop(mq)
                 await self.unlock([mq])
             else:
-                h.drop_queue(mq)
+                self.drop(mq)
         finally:
             self.releasing.discard(mq)
-        log.info("consumer %s: released %s/%s/%d", h.client_id, mq.broker_name, mq.topic, mq.queue_id)
+        log.info("consumer %s: released %s/%s/%d", self.state.client_id, mq.broker_name, mq.topic, mq.queue_id)
 
     def start(self, nursery: trio.Nursery) -> None:
         """Run the lock loop, and releases, in ``nursery``."""
@@ -150,13 +153,13 @@ class QueueLocks:
                     nursery.start_soon(self._lock, addr, mqs)
 
     async def _lock(self, addr: str, mqs: list[MessageQueue]) -> None:
-        h = self.host
-        fields = {"group": h.group, "client_id": h.client_id, "queues": [[mq.topic, mq.queue_id] for mq in mqs]}
+        s = self.state
+        fields = {"group": s.group, "client_id": s.client_id, "queues": [[mq.topic, mq.queue_id] for mq in mqs]}
         sent = trio.current_time()
         try:
-            reply = await h.request(addr, RequestCode.LOCK_QUEUES, fields)
-        except h.net_errors as e:
-            log.debug("consumer %s: locking %d queues at %s failed: %s", h.client_id, len(mqs), addr, e)
+            reply = await self.requests.request(addr, RequestCode.LOCK_QUEUES, fields)
+        except NET_ERRORS as e:
+            log.debug("consumer %s: locking %d queues at %s failed: %s", s.client_id, len(mqs), addr, e)
             return
         self._learn_lease(int(reply.fields.get("lease_ms", DEFAULT_LEASE_MS)))
         got = {(t, q) for t, q in reply.fields.get("locked") or ()}
@@ -169,8 +172,8 @@ class QueueLocks:
             new = mq not in self.held
             self.held[mq], self._sent[mq] = sent + self.lease_s, sent
             if new and mq in self.wanted and mq not in self.releasing:
-                log.info("consumer %s: locked %s/%s/%d", h.client_id, mq.broker_name, mq.topic, mq.queue_id)
-                h.take_queue(mq)
+                log.info("consumer %s: locked %s/%s/%d", s.client_id, mq.broker_name, mq.topic, mq.queue_id)
+                self.take(mq)
             elif new:
                 unwanted.append(mq)  # the rebalance took it away meanwhile
         if unwanted:
@@ -185,7 +188,7 @@ class QueueLocks:
             self._warned_lease = True
             log.info(
                 "consumer %s: the broker's lock lease is %d ms: renewing every %d ms (lock_renew_interval_ms %d)",
-                self.host.client_id,
+                self.state.client_id,
                 lease_ms,
                 self.renew_s * 1000,
                 self.renew_max_s * 1000,
@@ -198,13 +201,13 @@ class QueueLocks:
         self._sent.pop(mq, None)
         log.warning(
             "consumer %s: lost the lock of %s/%s/%d (%s): stopped reading it",
-            self.host.client_id,
+            self.state.client_id,
             mq.broker_name,
             mq.topic,
             mq.queue_id,
             why,
         )
-        self.host.drop_queue(mq)
+        self.drop(mq)
 
     async def unlock(self, mqs: list[MessageQueue]) -> None:
         """Release ``mqs`` on their brokers (after the consumer committed them)."""
@@ -221,9 +224,9 @@ class QueueLocks:
         for mq in mqs:
             self.held.pop(mq, None)
             self._sent.pop(mq, None)
-        h = self.host
-        fields = {"group": h.group, "client_id": h.client_id, "queues": [[mq.topic, mq.queue_id] for mq in mqs]}
+        s = self.state
+        fields = {"group": s.group, "client_id": s.client_id, "queues": [[mq.topic, mq.queue_id] for mq in mqs]}
         try:
-            await h.request(addr, RequestCode.UNLOCK_QUEUES, fields)
-        except h.net_errors as e:
-            log.debug("consumer %s: unlocking %d queues at %s failed (they expire): %s", h.client_id, len(mqs), addr, e)
+            await self.requests.request(addr, RequestCode.UNLOCK_QUEUES, fields)
+        except NET_ERRORS as e:
+            log.debug("consumer %s: unlocking %d queues at %s failed (they expire): %s", s.client_id, len(mqs), addr, e)

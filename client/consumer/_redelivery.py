@@ -23,7 +23,7 @@ import enum
 import inspect
 import logging
 import time
-from typing import Any, Awaitable, Callable, Iterator, NamedTuple, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Iterator, NamedTuple, Sequence
 
 import trio
 
@@ -31,8 +31,9 @@ from clmq.common import ClientError, Record
 from clmq.protocol import DEFAULT_MAX_RECONSUME_TIMES, Frame, ProtocolError, RequestCode
 
 from .._routes import MessageQueue
-from ._fetcher import PendingBatches, QueueState
-from ._options import ConsumerOptions
+from ._orderly import QueueLocks
+from ._requests import NET_ERRORS, Requests
+from ._state import Batch, ConsumerState
 
 log = logging.getLogger("clmq.consumer")
 
@@ -201,25 +202,6 @@ class Round:
         return [r for r in self.records if id(r) not in self._done and self.keys.get(id(r)) not in stopped]
 
 
-class RedeliveryHost(Protocol):
-    """What redelivery needs of its consumer."""
-
-    options: ConsumerOptions
-    group: str
-    client_id: str
-    locks: Any  # QueueLocks (orderly) or None
-    net_errors: tuple[type[BaseException], ...]
-
-    assigned: dict[MessageQueue, QueueState]  # the queues read now (a lapse or release drops one)
-
-    async def receive(self) -> list[Record]: ...
-    def ack(self, records: Sequence[Record] | None = None) -> None: ...
-    @property
-    def pending(self) -> PendingBatches: ...  # what the last receive() returned, not acknowledged
-    def rewind(self, mq: MessageQueue, offset: int, delay_s: float = 0.0) -> None: ...
-    async def to_leader(self, mq: MessageQueue, addr: str, code: int, fields: dict[str, Any]) -> Frame: ...
-
-
 class Redelivery:
     """A consumer's ``nack`` and ``run`` (see :class:`Consumer`), and the attempt
     counts of messages retried in place.
@@ -230,15 +212,29 @@ class Redelivery:
     counting the attempts (from the record's own count). A record failing with
     ``reconsume_times >= max_reconsume_times`` (default 16) goes to ``%DLQ%<group>``
     (CONSUMER_SEND_BACK with ``to_dlq``) and its queue goes on after it; if that
-    request fails, the record is delivered again in place and tried again."""
+    request fails, the record is delivered again in place and tried again.
 
-    def __init__(self, host: RedeliveryHost) -> None:
-        self.c = host
+    The consumer's own operations are passed in: ``receive`` and ``ack`` (what
+    :meth:`handle_rounds` calls), ``rewind`` (read a queue again from an offset)."""
+
+    def __init__(
+        self,
+        state: ConsumerState,
+        requests: Requests,
+        locks: QueueLocks | None,
+        receive: Callable[[], Awaitable[list[Record]]],
+        ack: Callable[[], None],
+        rewind: Callable[[MessageQueue, int, float], None],
+    ) -> None:
+        self.state = state
+        self.requests = requests
+        self.locks = locks
+        self.receive, self.ack, self.rewind = receive, ack, rewind
         # Orderly: per queue, the offset of the message retried in place and the
         # attempt count its next delivery carries (one per queue: the queue waits on it).
         self._attempts: dict[MessageQueue, tuple[int, int]] = {}
 
-    def mark_attempt(self, batch: Any) -> None:
+    def mark_attempt(self, batch: Batch) -> None:
         """Orderly: a batch about to be handed out that starts with a message retried
         in place carries its attempt count (``reconsume_times``)."""
         attempt = self._attempts.get(batch.mq)
@@ -250,17 +246,17 @@ class Redelivery:
 
     def _errors(self) -> tuple[type[BaseException], ...]:
         """Failures of a send-back: the network's, and an answer that is not the protocol's."""
-        return (*self.c.net_errors, ProtocolError)
+        return (*NET_ERRORS, ProtocolError)
 
     async def nack(self, records: Sequence[Record], delay_ms: int | None) -> list[SendBackResult]:
-        if self.c.options.mode != "clustering":
+        if self.state.options.mode != "clustering":
             raise ValueError("nack needs mode='clustering': a broadcasting consumer's messages are not redelivered")
         check_delay(delay_ms)
         records = list(records)
         if not records:
             return []
-        where = self.c.pending.where(records)
-        if self.c.locks is not None:
+        where = self.state.pending.where(records)
+        if self.locks is not None:
             return await self._in_place(records, where)
         return await self._send_back(records, where, delay_ms)
 
@@ -268,7 +264,7 @@ class Redelivery:
         self, records: list[Record], where: dict[int, MessageQueue], delay_ms: int | None
     ) -> list[SendBackResult]:
         """One CONSUMER_SEND_BACK per group leader; see :meth:`Consumer.nack`."""
-        options = self.c.options
+        options = self.state.options
         by_addr: dict[str, list[Record]] = {}
         for r in records:
             by_addr.setdefault(where[id(r)].addr, []).append(r)
@@ -277,13 +273,13 @@ class Redelivery:
         why: list[str] = []
         for addr, some in by_addr.items():
             fields: dict[str, Any] = {
-                "group": self.c.group,
+                "group": self.state.group,
                 "messages": send_back_rows(some, delay_ms, options.retry_delays_ms),
             }
             if options.max_reconsume_times is not None:
                 fields["max_reconsume_times"] = options.max_reconsume_times
             try:
-                reply = await self.c.to_leader(where[id(some[0])], addr, RequestCode.CONSUMER_SEND_BACK, fields)
+                reply = await self.requests.to_leader(where[id(some[0])], addr, RequestCode.CONSUMER_SEND_BACK, fields)
                 rows = _result_rows(reply, len(some))
             except self._errors() as e:
                 failed += some
@@ -317,33 +313,33 @@ class Redelivery:
         return out
 
     async def _retry_one(self, mq: MessageQueue, r: Record) -> SendBackResult:
-        options = self.c.options
+        options = self.state.options
         limit = DEFAULT_MAX_RECONSUME_TIMES if options.max_reconsume_times is None else options.max_reconsume_times
         if r.reconsume_times >= limit:
             dead = await self._dead_letter(mq, r)
             if dead is not None:
                 self._attempts.pop(mq, None)
-                self.c.rewind(mq, r.queue_offset + 1)  # the queue goes on after it
+                self.rewind(mq, r.queue_offset + 1, 0.0)  # the queue goes on after it
                 return dead
             self._attempts[mq] = (r.queue_offset, r.reconsume_times)  # the dead letter is tried again next time
         else:
             self._attempts[mq] = (r.queue_offset, r.reconsume_times + 1)
-        self.c.rewind(mq, r.queue_offset, options.orderly_retry_delay_ms / 1000)
+        self.rewind(mq, r.queue_offset, options.orderly_retry_delay_ms / 1000)
         due = int(time.time() * 1000) + options.orderly_retry_delay_ms
         return SendBackResult(r, "in_place", self._attempts[mq][1], due)
 
     async def _dead_letter(self, mq: MessageQueue, r: Record) -> SendBackResult | None:
         """Orderly: move a message that failed too often to ``%DLQ%<group>`` (None: it
         could not be, within ``retry_budget_ms``)."""
-        fields = {"group": self.c.group, "messages": [[r.commitlog_offset, BROKER_DECIDES]], "to_dlq": True}
+        fields = {"group": self.state.group, "messages": [[r.commitlog_offset, BROKER_DECIDES]], "to_dlq": True}
         try:
-            reply = await self.c.to_leader(mq, mq.addr, RequestCode.CONSUMER_SEND_BACK, fields)
+            reply = await self.requests.to_leader(mq, mq.addr, RequestCode.CONSUMER_SEND_BACK, fields)
             row = _result_rows(reply, 1)[0]
         except self._errors() as e:
             log.warning(
                 "consumer %s: %s/%d offset %d failed %d times; not moved to the dead letters (%s): "
                 "delivered again in place",
-                self.c.client_id,
+                self.state.client_id,
                 mq.topic,
                 mq.queue_id,
                 r.queue_offset,
@@ -353,12 +349,12 @@ class Redelivery:
             return None
         log.warning(
             "consumer %s: %s/%d offset %d failed %d times: moved to %%DLQ%%%s",
-            self.c.client_id,
+            self.state.client_id,
             mq.topic,
             mq.queue_id,
             r.queue_offset,
             r.reconsume_times + 1,
-            self.c.group,
+            self.state.group,
         )
         return SendBackResult(r, *row)
 
@@ -370,17 +366,17 @@ class Redelivery:
             if mq is not None:
                 first[mq] = min(first.get(mq, r.queue_offset), r.queue_offset)
         for mq, offset in first.items():
-            self.c.rewind(mq, offset)
+            self.rewind(mq, offset, 0.0)
 
     # ------------------------------------------------------------------- run()
     def round(self, records: list[Record], limit: int | None) -> Round:
         """A round over what ``receive()`` just returned."""
-        locks, assigned = self.c.locks, self.c.assigned
+        locks, assigned = self.locks, self.state.assigned
         # Held now, and its batch still the one handed out: a lapse drops the queue, a
         # lock won back meanwhile reads it anew (another generation). The clock, not
         # trio.current_time(): a blocking consumer's handler thread asks too.
         clock = trio.lowlevel.current_clock()
-        generations = {b.mq: b.generation for b in self.c.pending}
+        generations = {b.mq: b.generation for b in self.state.pending}
 
         def held(mq: Any) -> bool:
             assert locks is not None
@@ -389,7 +385,7 @@ class Redelivery:
 
         return Round(
             records,
-            self.c.pending.where(records, strict=False),
+            self.state.pending.where(records, strict=False),
             orderly=locks is not None,
             limit=limit,
             still_held=None if locks is None else held,
@@ -400,7 +396,7 @@ class Redelivery:
         check_limit(max_messages)
         handled = 0
         while max_messages is None or handled < max_messages:
-            records = await self.c.receive()
+            records = await self.receive()
             rnd = self.round(records, None if max_messages is None else max_messages - handled)
             try:
                 for r in rnd.todo():
@@ -414,18 +410,18 @@ class Redelivery:
 
     async def settle(self, rnd: Round) -> None:
         """After a round: nack its failures, read what it left again, acknowledge the rest."""
-        if rnd.failed and self.c.options.mode != "clustering":
+        if rnd.failed and self.state.options.mode != "clustering":
             log.warning(
                 "consumer %s: %d messages failed (broadcasting mode: not delivered again)",
-                self.c.client_id,
+                self.state.client_id,
                 len(rnd.failed),
             )
         elif rnd.failed:
-            still = self.c.pending.where(rnd.failed, strict=False)  # a queue lost meanwhile: its new owner reads it
+            still = self.state.pending.where(rnd.failed, strict=False)  # a queue lost meanwhile: its new owner reads it
             try:
                 await self.nack([r for r in rnd.failed if id(r) in still], None)
             except SendBackError as e:
-                log.warning("consumer %s: %s", self.c.client_id, e)
+                log.warning("consumer %s: %s", self.state.client_id, e)
         self.abandon(rnd, failed=False)
 
     def abandon(self, rnd: Round, *, failed: bool = True) -> None:
@@ -433,8 +429,8 @@ class Redelivery:
         (``failed``) what failed, is read again; the rest is acknowledged. No request."""
         undone = rnd.left() + (rnd.failed if failed else [])
         if undone:
-            self._rewind_to_first(undone, self.c.pending.where(undone, strict=False))
-        self.c.ack()
+            self._rewind_to_first(undone, self.state.pending.where(undone, strict=False))
+        self.ack()
 
 
 def check_limit(max_messages: int | None) -> None:
