@@ -91,7 +91,7 @@ class Phase:
 def cmd_bench_cold_reader(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    console = Console()
+    console = Console(soft_wrap=True)
     root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-data-", dir=args.out_dir))
     broker = BrokerProcess(root, "async")
     try:

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
+console = Console(soft_wrap=True)
 
 
 def _ints(text: str) -> list[int]:

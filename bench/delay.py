@@ -228,7 +228,7 @@ def cmd_bench_delay(args: argparse.Namespace) -> int:
     from .report import save
     from .results import draw
 
-    console = Console()
+    console = Console(soft_wrap=True)
     result = run_all(args, lambda line: console.print(line, highlight=False))
     save(result, markdown(result), args.json, args.markdown, console)
     if args.plot is not None:

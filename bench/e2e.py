@@ -323,7 +323,7 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
 
     from .report import save
 
-    console = Console()
+    console = Console(soft_wrap=True)
     result = run_all(args, lambda line: console.print(line, highlight=False))
     save(result, markdown(result), args.json, args.markdown, console)
     if args.plot is not None:

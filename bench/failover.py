@@ -38,7 +38,7 @@ from .results import draw
 
 KINDS = ("sigkill", "graceful")
 STEP_TIMEOUT_S = 60.0  # an election, a restart or a catch-up that takes longer is a failure of the run
-console = Console()
+console = Console(soft_wrap=True)
 PAUSE_TAIL_S = 0.5  # the write pause is looked for up to this long after the new leader's first ack
 
 

@@ -56,9 +56,9 @@ def add_command(bench_sub: Any) -> None:
     p.add_argument("--size", type=int, default=1024, help="message body bytes (default 1024)")
     p.add_argument("--flush", default="async,sync", help="flush modes (default async,sync)")
     p.add_argument("--kind", default="produce", help="produce, pull, or both: produce,pull (default produce)")
-    p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--markdown", type=Path, default=None)
-    p.add_argument("--plot", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None, help="where to write the JSON (default: in --out-dir)")
+    p.add_argument("--markdown", type=Path, default=None, help="also write the tables as Markdown here")
+    p.add_argument("--plot", type=Path, default=None, help="where to draw the plot (default: beside the JSON)")
     p.set_defaults(func=cmd_bench_request_cost)
 
 
@@ -225,7 +225,7 @@ def cmd_bench_request_cost(args: argparse.Namespace) -> int:
 
     from .report import save
 
-    console = Console()
+    console = Console(soft_wrap=True)
     result = run_all(args, lambda line: console.print(line, highlight=False))
     save(result, markdown(result), args.json, args.markdown, console)
     if importlib.util.find_spec("matplotlib") is not None:  # the bench extra

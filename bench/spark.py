@@ -52,8 +52,8 @@ def add_command(bench_sub: Any) -> None:
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--driver-memory", default="4g", help="the Spark driver's heap (default 4g)")
     p.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
-    p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--markdown", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None, help="where to write the JSON (default: in --out-dir)")
+    p.add_argument("--markdown", type=Path, default=None, help="also write the tables as Markdown here")
     p.set_defaults(func=cmd_bench_spark)
 
 
@@ -182,7 +182,7 @@ def cmd_bench_spark(args: argparse.Namespace) -> int:
     if not spark_available():
         Console().print("[red]clmq bench spark needs Spark: pip install 'clmq[spark]' (and a Java runtime)")
         return 2
-    console = Console()
+    console = Console(soft_wrap=True)
     root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-spark-", dir=args.out_dir))
     try:
         result = measure(root, args, lambda s: console.print(f"[dim]{s}"))

@@ -74,7 +74,7 @@ def running_dev(tmp_path: Path, config: str | None = None) -> Iterator[str]:
         *settings,
         "--data-dir",
         str(tmp_path / "dev-data"),
-        "--port",
+        "--listen-port",
         str(broker_port),
         "--namesrv-port",
         str(ns_port),

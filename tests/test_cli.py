@@ -233,7 +233,7 @@ def test_dev_demo_shows_messages_flowing(tmp_path: Path) -> None:
         "--exit-after-demo",
         "--data-dir",
         str(tmp_path / "d"),
-        "--port",
+        "--listen-port",
         "0",
         "--namesrv-port",
         "0",

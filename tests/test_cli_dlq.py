@@ -104,7 +104,7 @@ def test_dead_letters_are_listed_shown_and_resent_once(ns: str, tmp_path: Path) 
     assert js(run(ns, tmp_path, "group", "describe", "billing", "-o", "json"))["dead_letters"] == 3
 
     # The group is at the end of the topic: it gets each resent letter once more, fresh.
-    run(ns, tmp_path, "group", "reset-offsets", "billing", "--topic", "orders", "--to-latest")
+    run(ns, tmp_path, "group", "reset-offsets", "billing", "--topic", "orders", "--to-latest", "--execute")
     resent = js(run(ns, tmp_path, "dlq", "resend", "billing", "-o", "json"))
     assert len(resent["resent"]) == 3 and resent["skipped"] == 0 and not resent["errors"]
     again = lines(

@@ -41,7 +41,7 @@ def test_a_name_server_address_without_a_usable_port_is_a_usage_error(tmp_path, 
 
 @pytest.mark.parametrize(
     "command",
-    [["nameserver", "--listen-port"], ["broker", "--listen-port"], ["dev", "--port"], ["dev", "--namesrv-port"]],
+    [["nameserver", "--listen-port"], ["broker", "--listen-port"], ["dev", "--listen-port"], ["dev", "--namesrv-port"]],
 )
 @pytest.mark.parametrize("port", ["70000", "65536", "-1", "abc"])
 def test_a_port_outside_the_range_is_a_usage_error(tmp_path, command: list[str], port: str) -> None:  # type: ignore[no-untyped-def]
@@ -60,7 +60,7 @@ def test_a_port_already_taken_is_one_line(tmp_path, service: str) -> None:  # ty
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        extra = ["--data-dir", str(tmp_path / "d"), "--namesrv-addrs", ""] if service == "broker" else []
+        extra = ["--data-dir", str(tmp_path / "d"), "--namesrv", ""] if service == "broker" else []
         out = clmq(service, "--listen-port", port, *extra, cwd=tmp_path)
     one_line_error(out, 1, f"cannot listen on 127.0.0.1:{port}: address already in use")
 
@@ -114,7 +114,7 @@ def test_export_from_a_directory_that_does_not_exist_is_one_line_and_makes_nothi
         str(tmp_path / "absent"),
         "--format",
         fmt,
-        "--output",
+        "--out-dir",
         str(tmp_path / "out"),
         cwd=tmp_path,
     )
@@ -126,7 +126,7 @@ def test_export_into_an_existing_output_is_refused_before_spark_starts(tmp_path)
     (tmp_path / "data").mkdir()
     (tmp_path / "out").mkdir()
     one_line_error(
-        clmq("export", "--data-dir", str(tmp_path / "data"), "--output", str(tmp_path / "out"), cwd=tmp_path),
+        clmq("export", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"), cwd=tmp_path),
         EXIT_USAGE,
         "exists",
     )
@@ -136,7 +136,7 @@ def test_export_into_an_existing_output_is_refused_before_spark_starts(tmp_path)
         str(tmp_path / "data"),
         "--from-time",
         "soon",
-        "--output",
+        "--out-dir",
         str(tmp_path / "o2"),
         cwd=tmp_path,
     )

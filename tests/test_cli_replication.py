@@ -160,14 +160,14 @@ def test_promote_refuses_a_follower_not_in_sync_unless_forced(tmp_path: Path) ->
     try:
         assert proc.stdout is not None
         assert "broker solo on" in proc.stdout.readline()  # it is listening
-        status = json.loads(clmq("broker", "status", "--addr", addr, "--json", cwd=tmp_path).stdout)
+        status = json.loads(clmq("broker", "status", "--addr", addr, "-o", "json", cwd=tmp_path).stdout)
         assert (status["role"], status["in_sync"], status["broker_id"]) == ("follower", False, 1)
         refused = clmq("admin", "promote", "--addr", addr, cwd=tmp_path)
         assert refused.returncode == 1 and "not known to be in sync" in refused.stdout, refused.stdout + refused.stderr
         assert "--force" in refused.stdout and "LOST" in refused.stdout
         forced = clmq("admin", "promote", "--addr", addr, "--force", cwd=tmp_path)
         assert forced.returncode == 0 and "is now the leader of group solo, epoch" in forced.stdout, forced.stdout
-        after = json.loads(clmq("broker", "status", "--addr", addr, "--json", cwd=tmp_path).stdout)
+        after = json.loads(clmq("broker", "status", "--addr", addr, "-o", "json", cwd=tmp_path).stdout)
         assert after["role"] == "leader" and after["epoch"] >= 0
         assert "already leads" in clmq("admin", "promote", "--addr", addr, cwd=tmp_path).stdout
     finally:
@@ -191,7 +191,7 @@ class DevGroup:
                 "--replicas",
                 "3",
                 "--demo",
-                "--port",
+                "--listen-port",
                 "0",
                 "--namesrv-port",
                 self.ns.split(":")[1],
@@ -219,7 +219,7 @@ class DevGroup:
         raise AssertionError(f"clmq dev ended without printing {text!r}:\n{''.join(self.output)}")
 
     def brokers(self) -> list[dict[str, Any]]:
-        out = clmq("cluster", "list", "--json", "--namesrv", self.ns, cwd=self.tmp)
+        out = clmq("cluster", "list", "-o", "json", "--namesrv", self.ns, cwd=self.tmp)
         assert out.returncode == 0, out.stdout + out.stderr
         return list(json.loads(out.stdout)["brokers"])
 

@@ -146,7 +146,9 @@ def test_group_reset_offsets_dry_run_then_each_target(ns: str, tmp_path: Path) -
         (["--to-time", "2001-01-01T00:00:00Z"], 0),
         (["--by-duration", "1h"], 0),
     ):
-        rows = js(run(ns, tmp_path, "group", "reset-offsets", "rg", "--topic", "resets", *target, "-o", "json"))
+        rows = js(
+            run(ns, tmp_path, "group", "reset-offsets", "rg", "--topic", "resets", *target, "--execute", "-o", "json")
+        )
         assert [r["after"] for r in rows] == [after], target
     again = lines(run(ns, tmp_path, "consume", "resets", "--group", "rg", "--idle-timeout", "2", "-o", "json"))
     assert [r["body"] for r in again] == [f"b{i}" for i in range(5)]  # reset to an hour ago: everything again

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -13,18 +14,20 @@ from typing import Any, AsyncIterator, Callable
 
 import trio
 
-from clmq.client import SendError, open_admin, open_producer
+from clmq.client import Admin, NoRouteError, Routes, SendError, open_admin, open_producer
 
 from ._common import add_client_args, addrs, namesrv_arg, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
-from ._output import emit, is_json, note
-from ._timefmt import FORMS_WHEN, format_time_ms, parse_duration_ms, parse_when_ms
+from ._output import add_output_arg, emit, is_json, note, write_json
+from ._timefmt import DURATION_MS, FORMS_WHEN, Duration, format_time_ms, parse_when_ms
 from .consume_verbs import add_command as add_consume
 from .group_verbs import add_command as add_group
 from .message_verbs import add_command as add_message
 
 DEFAULT_MAX_LINE_BYTES = 4 << 20  # a broker's default max_message_bytes
 STDIN_READ_BYTES = 64 << 10  # one read of stdin: whatever has arrived, up to this much
+ROUTE_WAIT_S = 10.0  # topic create/update: how long to wait for the name servers to route the topic
+ROUTE_POLL_S = 0.05  # the name servers send no notification: their routes are asked for again
 
 
 def add_client_commands(sub: Any) -> None:
@@ -39,11 +42,13 @@ def add_client_commands(sub: Any) -> None:
 def _add_topic_commands(sub: Any) -> None:
     topic = sub.add_parser("topic", help="create, list, describe, update, delete topics")
     tsub = topic.add_subparsers(dest="topic_command", required=True)
-    create = tsub.add_parser("create", help="create a topic (or grow its queue count) on every broker")
-    create.add_argument("name")
+    create = tsub.add_parser(
+        "create", help="create a topic (or grow its queue count) on every broker; returns once it is routed"
+    )
+    create.add_argument("name", help="the topic")
     create.add_argument("--queues", type=int, default=8, help="queue count (default 8)")
     update = tsub.add_parser("update", help="change an existing topic: grow its queue count (queues cannot be removed)")
-    update.add_argument("name")
+    update.add_argument("name", help="the topic")
     update.add_argument("--queues", type=int, required=True, help="the new queue count (at least the current one)")
     for name, helptext in (
         ("list", "list topics"),
@@ -52,7 +57,7 @@ def _add_topic_commands(sub: Any) -> None:
     ):
         p = tsub.add_parser(name, help=helptext)
         if name != "list":
-            p.add_argument("name")
+            p.add_argument("name", help="the topic")
         else:  # system topics: %TIMER%, %RETRY%group, %DLQ%group
             p.add_argument(
                 "--all",
@@ -67,19 +72,23 @@ def _add_topic_commands(sub: Any) -> None:
 
 def _add_client_commands(sub: Any) -> None:
     prod = sub.add_parser("produce", help="send messages (arguments, or lines of stdin as they arrive)")
-    prod.add_argument("topic")
+    prod.add_argument("topic", help="the topic to send to (clmq topic create makes one)")
     prod.add_argument("messages", nargs="*", help="message bodies (default: each line of stdin, sent as it arrives)")
-    prod.add_argument("--tags", default="")
-    prod.add_argument("--keys", default="")
+    prod.add_argument("--tags", default="", help="the messages' tag, for consumers' tag filters (e.g. PAID)")
+    prod.add_argument("--keys", default="", help="the messages' keys, space separated (clmq message find --key)")
     prod.add_argument(
         "--property", action="append", default=[], metavar="KEY=VALUE", help="a message property (header), repeatable"
     )
     prod.add_argument("--queue", type=int, help="send to this queue id (default: spread, or --sharding-key's queue)")
     prod.add_argument("--file", type=Path, help="read the messages from this file, one per line, instead of stdin")
     prod.add_argument("--sharding-key", help="send every message to the queue of this key, in order")
-    prod.add_argument("--linger-ms", type=int, help="wait up to this long to fill a request (producer default 5)")
+    prod.add_argument(
+        "--linger-ms", type=DURATION_MS, help="wait up to this long to fill a request: ms, or 1s (producer default 5)"
+    )
     prod.add_argument("--batch-max-bytes", type=int, help="bytes per request to a broker (producer default 1 MiB)")
-    prod.add_argument("--retry-budget-ms", type=int, help="give a message up after trying this long (default 15000)")
+    prod.add_argument(
+        "--retry-budget-ms", type=DURATION_MS, help="give a message up after trying this long: ms, or 30s (default 15s)"
+    )
     prod.add_argument(
         "--max-line-bytes",
         type=int,
@@ -89,9 +98,12 @@ def _add_client_commands(sub: Any) -> None:
     )
     when = prod.add_mutually_exclusive_group()
     when.add_argument(
-        "--delay", help="schedule each message: deliver it this long after it is sent (30s, 5m, 1h, 1500ms)"
+        "--delay",
+        type=Duration("ms", bare=False),
+        help="schedule each message: deliver it this long after it is sent (30s, 5m, 1h, 1500ms)",
     )
     when.add_argument("--deliver-at", help=f"schedule the messages: deliver them at this time: {FORMS_WHEN}")
+    add_output_arg(prod)
     namesrv_arg(prod)
     prod.set_defaults(func=cmd_produce)
 
@@ -112,6 +124,7 @@ def cmd_topic(args: argparse.Namespace) -> int:
                     )
                 except ValueError as e:
                     raise CliError(str(e), EXIT_FAILED) from None
+                await _wait_routed(admin, addrs(args), args.name, on)
                 if is_json(args):
                     emit(args, "", [], [], data={"topic": args.name, "queues": args.queues, "brokers": on})
                 else:
@@ -138,6 +151,23 @@ def cmd_topic(args: argparse.Namespace) -> int:
         return 0
 
     return run_client(main)
+
+
+async def _wait_routed(admin: Admin, namesrv: list[str], topic: str, on: list[str]) -> None:
+    """Return once the name servers route ``topic`` to every broker of ``on`` (the
+    brokers register it a moment after creating it): ``clmq topic create t && clmq
+    produce t ...`` then finds it. After ROUTE_WAIT_S a note, not a failure: the topic
+    exists, and the route follows."""
+    routes = Routes(admin.rpc, namesrv)
+    with trio.move_on_after(ROUTE_WAIT_S):
+        while True:
+            try:
+                if set(on) <= {mq.addr for mq in await routes.queues(topic, refresh=True)}:
+                    return
+            except NoRouteError:
+                pass  # not registered yet
+            await trio.sleep(ROUTE_POLL_S)
+    print(f"note: the name servers do not route topic {topic!r} yet; they will shortly", file=sys.stderr)
 
 
 async def _describe_topic(args: argparse.Namespace, admin: Any) -> None:
@@ -183,12 +213,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
     async def main() -> int:
         if args.max_line_bytes <= 0:
             raise CliError(f"--max-line-bytes {args.max_line_bytes}: must be positive", EXIT_USAGE)
-        report = _ProduceReport()
+        report = _ProduceReport(args.topic, is_json(args))
         properties = _properties(args.property)
         fd = _input_fd(args)
         bodies = _argument_bodies(args.messages) if args.messages else _stdin_lines(args.max_line_bytes, report, fd)
         schedule = _schedule(args)
         async with open_producer(addrs(args), **options) as producer:
+            await _check_routed(producer, args)
             selector = await _queue_selector(producer, args.topic, args.queue)
             if schedule is not None:
                 return await _produce_scheduled(args, producer, bodies, properties, selector, schedule)
@@ -218,12 +249,20 @@ def _schedule(args: argparse.Namespace) -> dict[str, int] | None:
     now). A delay counts from each message's send: stdin may bring lines much later."""
     if args.deliver_at is not None:
         return {"deliver_at": parse_when_ms(args.deliver_at)}
-    if args.delay is None:
-        return None
-    delay_ms = parse_duration_ms(args.delay)
-    if delay_ms is None:
-        raise CliError(f"--delay {args.delay!r}: give a duration like 30s, 5m, 1h, 1500ms", EXIT_USAGE)
-    return {"delay_ms": delay_ms}
+    return None if args.delay is None else {"delay_ms": int(args.delay)}
+
+
+async def _check_routed(producer: Any, args: argparse.Namespace) -> None:
+    """A topic no broker serves is one line saying how to create it (exit 1), before
+    any message is read from stdin. Name servers that do not answer are left to the
+    sends, which report each message that could not go (exit 1)."""
+    try:
+        await producer.routes.queues(args.topic)
+    except NoRouteError as e:
+        if getattr(e, "unreachable", False):
+            return
+        create = f"clmq topic create {shlex.quote(args.topic)} --queues 8 --namesrv {args.namesrv}"
+        raise CliError(f"{e}; create it first: {create}", EXIT_FAILED) from None
 
 
 async def _produce_scheduled(
@@ -258,13 +297,30 @@ async def _produce_scheduled(
             print(f"error: message {sent + failed}: {e}", file=sys.stderr)
             continue
         sent += 1
-        sys.stdout.write(
-            f"{r.queue.broker_name} queue {r.queue.queue_id} scheduled {format_time_ms(due)} id {r.msg_ids[0]}\n"
-        )
-        sys.stdout.flush()
+        _print_scheduled(args, r, due)
     if failed:
         print(f"error: {failed:,} of {failed + sent:,} messages not scheduled", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _print_scheduled(args: argparse.Namespace, r: Any, due: int) -> None:
+    if is_json(args):
+        write_json(
+            {
+                "topic": args.topic,
+                "broker_name": r.queue.broker_name,
+                "queue_id": r.queue.queue_id,
+                "scheduled": True,
+                "deliver_at": format_time_ms(due),
+                "deliver_at_ms": due,
+                "msg_id": r.msg_ids[0],
+            }
+        )
+        return
+    sys.stdout.write(
+        f"{r.queue.broker_name} queue {r.queue.queue_id} scheduled {format_time_ms(due)} id {r.msg_ids[0]}\n"
+    )
+    sys.stdout.flush()
 
 
 def _properties(pairs: list[str]) -> dict[str, str]:
@@ -337,7 +393,8 @@ class _ProduceReport:
     """Prints the outcome of each message in input order, as soon as it and every
     message before it are answered (stdout: where stored; stderr: why it failed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, topic: str, json_lines: bool) -> None:
+        self.topic, self.json_lines = topic, json_lines
         self.waiting: collections.deque[tuple[int, Any]] = collections.deque()  # (message number, SendFuture)
         self.stored = 0
         self.failed = 0
@@ -357,15 +414,20 @@ class _ProduceReport:
             number, fut = self.waiting.popleft()
             error = fut.exception()
             if error is None:
-                r = fut.result()
                 self.stored += 1
-                sys.stdout.write(
-                    f"{r.queue.broker_name} queue {r.queue.queue_id} offset {r.queue_offset} id {r.msg_ids[0]}\n"
-                )
+                self._print_stored(fut.result())
             else:
                 self.failed += 1
                 print(f"error: message {number}: {error}", file=sys.stderr)
         sys.stdout.flush()
+
+    def _print_stored(self, r: Any) -> None:
+        q = r.queue
+        if self.json_lines:
+            fields = {"broker_name": q.broker_name, "queue_id": q.queue_id, "queue_offset": r.queue_offset}
+            write_json({"topic": self.topic, **fields, "msg_id": r.msg_ids[0]})
+        else:
+            sys.stdout.write(f"{q.broker_name} queue {q.queue_id} offset {r.queue_offset} id {r.msg_ids[0]}\n")
 
     def finish(self) -> int:
         self._print_ready()

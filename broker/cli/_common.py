@@ -1,21 +1,45 @@
-"""What the ``clmq`` verbs that talk to a running cluster share: the name-server
-argument, running a client command, printing rows."""
+"""What the ``clmq`` verbs share: the name-server argument, addresses and ports,
+deprecated spellings of flags, running a client command."""
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Callable
+import sys
+from typing import Any, Callable, Sequence
 
 import trio
-from rich.console import Console
-from rich.table import Table
 
 from ._errors import EXIT_USAGE, CliError
 from ._output import add_output_arg
 
-console = Console()
 DEFAULT_NAMESRV = "127.0.0.1:9876"
+NAMESRV_HELP = "name server address(es), host:port[,host:port...] (default $CLMQ_NAMESRV or 127.0.0.1:9876)"
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of a flag (``--port`` for ``--listen-port``), hidden from the
+    help: it still works, with a one-line note on stderr naming the new one."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"note: {option_string} is deprecated: use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+def deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, dest: str, **kwargs: Any) -> None:
+    """``old`` as a hidden alias of ``new`` (same ``dest``, ``type``, ...); pass
+    ``nargs=0, const=...`` for a flag that takes no value."""
+    parser.add_argument(old, dest=dest, action=DeprecatedAlias, new=new, **kwargs)
 
 
 def namesrv_arg(p: argparse.ArgumentParser) -> None:
@@ -24,8 +48,13 @@ def namesrv_arg(p: argparse.ArgumentParser) -> None:
         "--namesrv",
         default=os.environ.get("CLMQ_NAMESRV", DEFAULT_NAMESRV),
         type=addr_list,
-        help=f"name server address(es), comma separated (default $CLMQ_NAMESRV or {DEFAULT_NAMESRV})",
+        help=NAMESRV_HELP,
     )
+
+
+def add_json_alias(parser: argparse.ArgumentParser) -> None:
+    """The old ``--json`` flag: a hidden, deprecated alias of ``-o json``."""
+    deprecated_alias(parser, "--json", "-o json", "output", nargs=0, const="json")
 
 
 def add_client_args(parsers: dict[str, argparse.ArgumentParser]) -> None:
@@ -79,12 +108,3 @@ def run_client(fn: Callable[[], Any]) -> int:
     """Run a client command under trio; its errors reach ``main``, which prints them as
     one line with their exit code."""
     return int(trio.run(fn) or 0)
-
-
-def print_rows(title: str, columns: list[str], rows: list[list[Any]]) -> None:
-    table = Table(title=title)
-    for c in columns:
-        table.add_column(c)
-    for r in rows:
-        table.add_row(*[f"{v:,}" if isinstance(v, int) else str(v) for v in r])
-    console.print(table)

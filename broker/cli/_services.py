@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import trio
-from rich.console import Console
 
 from clmq.broker.service import BrokerConfig
 from clmq.broker.service import serve as serve_broker
@@ -22,18 +21,34 @@ from clmq.nameserver import NameServerConfig
 from clmq.nameserver import serve as serve_nameserver
 
 from ._client_verbs import add_client_commands
-from ._common import listen_port_arg
+from ._common import NAMESRV_HELP, deprecated_alias, listen_port_arg
 from ._errors import EXIT_USAGE, CliError, innermost
+from ._output import add_output_arg, console, is_json, write_json
 from ._progress import show_catch_up, start_progress
+from ._ready import DEV_TOPIC, DEV_TOPIC_QUEUES, print_ready
+from ._ready import metrics_url as _metrics_url
 from .dev_replicas import run_replica_group
 from .replication_verbs import add_status_args, cmd_broker_status
 from .settings import load_settings
 
-console = Console()
-
 
 def add_commands(sub: Any) -> None:
     """Add the service commands (and the client verbs) to the ``clmq`` parser."""
+    _add_dev(sub)
+    ns = sub.add_parser("nameserver", help="run a name server")
+    ns.add_argument("--config", type=Path, help="TOML file (keys: NameServerConfig fields, or a [nameserver] table)")
+    ns.add_argument("--listen-host", help="address to listen on (default 127.0.0.1)")
+    ns.add_argument("--listen-port", type=listen_port_arg, help="port to listen on (default 9876; 0: any free)")
+    ns.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics on GET /metrics at this port (0: any free)"
+    )
+    add_output_arg(ns)
+    ns.set_defaults(func=cmd_nameserver)
+    _add_broker(sub)
+    add_client_commands(sub)
+
+
+def _add_dev(sub: Any) -> None:
     dev = sub.add_parser(
         "dev",
         help="name server and broker in one process, on a local data directory; the broker "
@@ -41,10 +56,15 @@ def add_commands(sub: Any) -> None:
     )
     dev.add_argument("--config", type=Path, help="TOML file (keys: BrokerConfig fields, or a [broker] table)")
     dev.add_argument("--data-dir", help="broker data directory (default ./clmq-data)")
-    dev.add_argument("--port", type=listen_port_arg, dest="listen_port", help="broker port (default 10911)")
+    dev.add_argument("--listen-port", type=listen_port_arg, help="broker port (default 10911; 0: any free)")
+    deprecated_alias(dev, "--port", "--listen-port", "listen_port", type=listen_port_arg)
     dev.add_argument("--storage-mode", help="commitlog (default) or partition-per-file")
     dev.add_argument("--flush-mode", help="async (default) or sync: acknowledge only once fsynced")
-    dev.add_argument("--metrics-port", type=int, help="the broker's Prometheus metrics port (GET /metrics)")
+    dev.add_argument(
+        "--metrics-port",
+        type=int,
+        help="the broker's Prometheus metrics port, GET /metrics (default 0: any free port, printed; -1: none)",
+    )
     dev.add_argument("--namesrv-port", type=listen_port_arg, default=9876, help="name server port (default 9876)")
     dev.add_argument(
         "--replicas",
@@ -52,7 +72,7 @@ def add_commands(sub: Any) -> None:
         default=1,
         help="brokers in the group (default 1: one broker in this "
         "process); N > 1: a leader and N-1 followers, each a separate process with its own data "
-        "directory (<data-dir>/replica-<id>) and port (--port + id)",
+        "directory (<data-dir>/replica-<id>) and port (--listen-port + id)",
     )
     dev.add_argument("--ack-mode", help="async (default) or sync: acknowledge once every in-sync replica holds it")
     dev.add_argument(
@@ -60,17 +80,11 @@ def add_commands(sub: Any) -> None:
     )
     dev.add_argument("--demo", action="store_true", help="create a topic, produce and consume a few messages")
     dev.add_argument("--exit-after-demo", action="store_true", help="stop once the demo has run")
+    add_output_arg(dev)
     dev.set_defaults(func=cmd_dev)
 
-    ns = sub.add_parser("nameserver", help="run a name server")
-    ns.add_argument("--config", type=Path, help="TOML file (keys: NameServerConfig fields, or a [nameserver] table)")
-    ns.add_argument("--listen-host")
-    ns.add_argument("--listen-port", type=listen_port_arg)
-    ns.add_argument(
-        "--metrics-port", type=int, help="serve Prometheus metrics on GET /metrics at this port (0: any free)"
-    )
-    ns.set_defaults(func=cmd_nameserver)
 
+def _add_broker(sub: Any) -> None:
     br = sub.add_parser(
         "broker", help="run a broker ('clmq broker status --addr host:port': one broker's replication state)"
     )
@@ -88,12 +102,12 @@ def add_commands(sub: Any) -> None:
         "(limits at the door: max_connections, reserved_file_descriptors, max_connection_buffer_bytes, "
         "max_buffered_request_bytes, frame_timeout_ms, idle_timeout_ms)",
     )
-    for flag, kind, helptext in BROKER_FLAGS:
-        br.add_argument(f"--{flag}", type=kind, help=helptext)
+    for field, kind, helptext in BROKER_FLAGS:
+        flag = "--" + FLAG_OF_SETTING.get(field, field.replace("_", "-"))
+        br.add_argument(flag, dest=field, type=kind, help=helptext)
+    deprecated_alias(br, "--namesrv-addrs", "--namesrv", "namesrv_addrs")
     add_status_args(br)
     br.set_defaults(func=cmd_broker)
-
-    add_client_commands(sub)
 
 
 async def _until_signal(
@@ -118,47 +132,45 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
         async with trio.open_nursery() as nursery:
             ns = await nursery.start(serve_nameserver, cfg)
             await nursery.start(_until_signal, ns.shutdown)
-            console.print(
-                f"name server on {ns.addr}"
-                + (
-                    f"; metrics on http://{cfg.metrics_host or cfg.listen_host}:{ns.metrics_port}/metrics"
-                    if ns.metrics_port >= 0
-                    else ""
-                )
-            )
+            metrics = _metrics_url(cfg.metrics_host or cfg.listen_host, ns.metrics_port)
+            console.print(f"name server on {ns.addr}" + (f"; metrics on {metrics}" if metrics else ""))
+            if is_json(args):
+                write_json({"addr": ns.addr, "metrics_url": metrics})
 
     return _run_service(main, f"{cfg.listen_host}:{cfg.listen_port}")
 
 
-# The broker's flags (each one a BrokerConfig field; also settable in the TOML file and as CLMQ_<FIELD>).
-BROKER_FLAGS: tuple[tuple[str, Callable[[str], Any], str | None], ...] = (
-    ("broker-name", str, "the group: brokers with the same name replicate one log"),
-    ("listen-host", str, None),
-    ("listen-port", listen_port_arg, None),
-    ("metrics-port", int, "serve Prometheus metrics on GET /metrics at this port (0: any free; default -1: none)"),
-    ("data-dir", str, None),
-    ("namesrv-addrs", str, "host:port,host:port"),
-    ("storage-mode", str, None),
-    ("flush-mode", str, None),
-    ("broker-id", int, "unique within the group"),
+# The broker's flags: each one a BrokerConfig field (also settable in the TOML file and as
+# CLMQ_<FIELD>), named --<field> with dashes unless FLAG_OF_SETTING names it otherwise.
+BROKER_FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
+    ("broker_name", str, "the group: brokers with the same name replicate one log"),
+    ("listen_host", str, "address to listen on (default 127.0.0.1)"),
+    ("listen_port", listen_port_arg, "port to listen on (default 10911; 0: any free)"),
+    ("metrics_port", int, "serve Prometheus metrics on GET /metrics at this port (0: any free; default -1: none)"),
+    ("data_dir", str, "data directory: the CommitLog, queues, offsets (default ./clmq-data)"),
+    ("namesrv_addrs", str, NAMESRV_HELP.split(" (")[0] + " to register with (default 127.0.0.1:9876; '': none)"),
+    ("storage_mode", str, "commitlog (default) or partition-per-file (one log per queue, Kafka's layout)"),
+    ("flush_mode", str, "async (default: acknowledge once written) or sync (once fsynced)"),
+    ("broker_id", int, "unique within the group"),
     ("role", str, "leader or follower, at the first start (later: the role kept in the data directory)"),
-    ("leader-addr", str, "a follower's leader, host:port (default: the group's leader as the name servers know it)"),
-    ("ack-mode", str, "async or sync: acknowledge a produce once every in-sync replica holds it"),
-    ("topic-ack-modes", str, "per-topic ack mode: topic=sync,topic2=async"),
-    ("min-insync-replicas", int, "sync writes are refused while fewer replicas (leader included) are in sync"),
-    ("replica-ids", str, "ids allowed to replicate from this leader: 1,2 (default: any of the group)"),
+    ("leader_addr", str, "a follower's leader, host:port (default: the group's leader as the name servers know it)"),
+    ("ack_mode", str, "async or sync: acknowledge a produce once every in-sync replica holds it"),
+    ("topic_ack_modes", str, "per-topic ack mode: topic=sync,topic2=async"),
+    ("min_insync_replicas", int, "sync writes are refused while fewer replicas (leader included) are in sync"),
+    ("replica_ids", str, "ids allowed to replicate from this leader: 1,2 (default: any of the group)"),
     ("zookeeper", str, "automatic failover: host:port[,host:port...][/chroot] (role and leader-addr are then ignored)"),
-    ("zk-session-timeout-ms", int, "a dead leader is replaced about this long after it stops answering (default 2000)"),
-    ("unclean-leader-election", str, "true: elect an out-of-sync replica when no in-sync one is left (LOSES DATA)"),
+    ("zk_session_timeout_ms", int, "a dead leader is replaced about this long after it stops answering (default 2s)"),
+    ("unclean_leader_election", str, "true: elect an out-of-sync replica when no in-sync one is left (LOSES DATA)"),
 )
+FLAG_OF_SETTING = {"namesrv_addrs": "namesrv"}  # one flag name per idea: --namesrv in every verb
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
     if args.action == "status":
         return cmd_broker_status(args)
-    if args.addr or args.json:
-        raise CliError("--addr and --json belong to 'clmq broker status'", EXIT_USAGE)
-    keys = [flag.replace("-", "_") for flag, _, _ in BROKER_FLAGS]
+    if args.addr:
+        raise CliError("--addr belongs to 'clmq broker status'", EXIT_USAGE)
+    keys = [field for field, _, _ in BROKER_FLAGS]
     cfg = load_settings(BrokerConfig, args.config, section="broker", overrides={k: getattr(args, k) for k in keys})
 
     async def main() -> None:
@@ -171,8 +183,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
                 f"broker {cfg.broker_name} on {broker.addr}, data in {cfg.data_dir} "
                 f"({cfg.storage_mode}, {cfg.flush_mode} flush); name servers: {', '.join(cfg.namesrv_addrs) or 'none'}"
             )
-            if broker.metrics_port >= 0:
-                console.print(f"metrics on http://{cfg.metrics_host or cfg.listen_host}:{broker.metrics_port}/metrics")
+            metrics = _metrics_url(cfg.metrics_host or cfg.listen_host, broker.metrics_port)
+            if metrics:
+                console.print(f"metrics on {metrics}")
+            if is_json(args):
+                write_json({"addr": broker.addr, "broker_name": cfg.broker_name, "metrics_url": metrics})
             role = broker.replica.role  # the role kept in the data directory wins over the setting
             if cfg.zookeeper:
                 console.print(
@@ -211,7 +226,9 @@ def _run_service(main: Callable[[], Any], listen: str | None = None) -> int:
         raise
 
 
-DEV_DEFAULTS = {"register_interval_ms": 1000}  # under the file, the environment and the flags
+# Under the file, the environment and the flags. Metrics on a free port: a dev broker
+# shows its metrics URL without taking a port another program may hold.
+DEV_DEFAULTS = {"register_interval_ms": 1000, "metrics_port": 0}
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -239,7 +256,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
             broker = await nursery.start(serve_broker, cfg)
             console.print(
                 f"clmq dev: name server {ns.addr}, broker {broker.addr}, data in {cfg.data_dir}/ "
-                f"({cfg.storage_mode}, {cfg.flush_mode} flush)"
+                f"({cfg.storage_mode}, {cfg.flush_mode} flush)",
+                highlight=False,
             )
             if args.demo:
                 await _demo(ns.addr)
@@ -247,8 +265,10 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 broker.shutdown()
                 ns.shutdown()
                 return
-            console.print(f"serving; try: clmq produce demo hello --namesrv {ns.addr}   (Ctrl-C stops)")
-            nursery.start_soon(_until_signal, lambda: (broker.shutdown(), ns.shutdown()))
+            await nursery.start(_until_signal, lambda: (broker.shutdown(), ns.shutdown()))
+            url = _metrics_url(cfg.metrics_host or cfg.listen_host, broker.metrics_port)
+            print_ready(args, ns.addr, [{"addr": broker.addr, "broker_id": 0, "metrics_url": url}], str(cfg.data_dir))
+            console.print("serving; Ctrl-C stops")
 
     return _run_service(
         main, f"name server 127.0.0.1:{args.namesrv_port} or broker {base.listen_host}:{base.listen_port}"
@@ -261,12 +281,12 @@ async def _demo(namesrv: str) -> None:
         with trio.fail_after(10):
             while not await admin.brokers():  # noqa: ASYNC110 - a remote state: the name server has no watch
                 await trio.sleep(0.05)
-        await admin.create_topic("demo", 4)
+        await admin.create_topic(DEV_TOPIC, DEV_TOPIC_QUEUES)
     async with open_producer([namesrv]) as producer:
         with trio.fail_after(10):
             while True:
                 try:
-                    await producer.routes.queues("demo", refresh=True)
+                    await producer.routes.queues(DEV_TOPIC, refresh=True)
                     break
                 except NoRouteError:
                     await trio.sleep(0.1)
@@ -274,13 +294,13 @@ async def _demo(namesrv: str) -> None:
         sent = []
         for i in range(5):
             r = await producer.send(
-                "demo", f"hello #{i} at {stamp}".encode(), tags="TagA" if i % 2 == 0 else "TagB", keys=f"k{i}"
+                DEV_TOPIC, f"hello #{i} at {stamp}".encode(), tags="TagA" if i % 2 == 0 else "TagB", keys=f"k{i}"
             )
             sent.append(r)
             console.print(f"sent     queue {r.queue.queue_id} offset {r.queue_offset}: hello #{i}")
     want = {(r.queue.queue_id, r.queue_offset) for r in sent}
     group = f"demo-{os.getpid()}-{time.time_ns()}"
-    async with open_consumer([namesrv], group, {"demo": "*"}, start_from="earliest", pull_wait_ms=200) as consumer:
+    async with open_consumer([namesrv], group, {DEV_TOPIC: "*"}, start_from="earliest", pull_wait_ms=200) as consumer:
         with trio.move_on_after(10):
             while want:
                 for rec in await consumer.receive():

@@ -1,13 +1,18 @@
-"""Times on the command line: ISO-8601, epoch milliseconds, or a duration ago.
+"""Times and durations on the command line, one parser for every verb.
 
-Every verb that takes a time takes all three forms (``--from``, ``--to-time``,
+Every option that takes a time takes three forms (``--from``, ``--to-time``,
 ``--since``): ``2026-11-23T10:00:00Z``, ``2026-11-23 10:00`` (no zone: local time),
 ``2026-11-23``, ``1763891000000``, ``-1h`` / ``1h`` (an hour ago), ``-30m``, ``-2d``,
 ``-90s``, ``-500ms``.
+
+Every option that takes a duration (``--idle-timeout``, ``--delay``, ``--*-ms``,
+``--*-seconds``) takes ``500ms``, ``30s``, ``2m``, ``1h``, ``2d``, ``1w``, or a bare
+number in the option's own unit (``--linger-ms 5``, ``--idle-timeout 10``).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import re
 import time
@@ -18,6 +23,7 @@ FORMS = "ISO-8601 (2026-11-23T10:00:00Z, 2026-11-23 10:00, 2026-11-23), epoch mi
 FORMS_WHEN = "ISO-8601 (2026-11-23T10:00:00Z, 2026-11-23 10:00) or epoch milliseconds (1763891000000)"
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000}
 _RELATIVE = re.compile(r"^-?(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
+_NUMBER = re.compile(r"^\d+(?:\.\d+)?$")  # a bare duration: never negative
 # An epoch in milliseconds has at least 10 digits from 2001 on: shorter numbers are
 # more likely a mistake (seconds, or an offset) than a time in 1970.
 _EPOCH_MS_MIN_DIGITS = 10
@@ -45,13 +51,59 @@ def parse_time_ms(text: str, *, now_ms: int | None = None) -> int:
     return (parsed - _EPOCH) // dt.timedelta(milliseconds=1)  # exact: no float on the way
 
 
-def parse_duration_ms(text: str) -> int | None:
-    """A duration (``30s``, ``5m``, ``1h``, ``1500ms``, ``2d``, ``1w``) in ms; None if
-    ``text`` is not one."""
-    found = _RELATIVE.match(text.strip())
-    if found is None or text.strip().startswith("-"):
-        return None
-    return int(float(found.group(1)) * _UNIT_MS[found.group(2)])
+DURATION_FORMS = "500ms, 30s, 2m, 1h, 2d, 1w"
+_UNIT_OF_OPTION = (("-ms", "ms"), ("seconds", "s"))  # an option named --linger-ms takes ms, --seconds s
+
+
+class Duration:
+    """``argparse`` ``type=`` for a duration: ``500ms``, ``30s``, ``2m``, ... in ``unit``
+    (``ms``: an int of milliseconds; ``s``: a float of seconds). A bare number is taken
+    in ``unit`` if ``bare`` (options whose name says the unit), else refused: ``--delay
+    30`` might mean seconds or milliseconds. A negative or unreadable one is a usage
+    error."""
+
+    def __init__(self, unit: str, *, bare: bool = True) -> None:
+        self.unit, self.bare = unit, bare
+        self.__name__ = f"duration ({unit})"  # argparse names the type in its messages
+
+    def __call__(self, text: str) -> int | float:
+        ms = duration_ms(text, _UNIT_MS[self.unit] if self.bare else None)
+        return round(ms) if self.unit == "ms" else ms / 1000
+
+
+DURATION_MS = Duration("ms")
+DURATION_S = Duration("s")
+
+
+def duration_ms(text: str, bare_unit_ms: int | None = None) -> float:
+    """``text`` as milliseconds: a duration with a unit, or (``bare_unit_ms`` given) a
+    bare number of that many ms each; CliError (usage) otherwise."""
+    s = text.strip()
+    found = _RELATIVE.match(s)
+    if found is not None and not s.startswith("-"):
+        value = float(found.group(1)) * _UNIT_MS[found.group(2)]
+    elif bare_unit_ms is not None and _NUMBER.match(s):
+        value = float(s) * bare_unit_ms
+    else:
+        hint = f"a number ({'ms' if bare_unit_ms == 1 else 's'}) or " if bare_unit_ms is not None else ""
+        raise CliError(f"duration {text!r} not understood: give {hint}one of {DURATION_FORMS}", EXIT_USAGE)
+    return value
+
+
+def accept_durations(parser: argparse.ArgumentParser) -> None:
+    """Give every option of ``parser`` and its sub-commands that is named for a
+    duration (``--*-ms``, ``--*seconds``) the duration parser, in the unit its name
+    says: one rule for the whole command line, the benchmarks' options included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                accept_durations(sub)
+            continue
+        if isinstance(action.type, Duration):
+            continue
+        unit = next((u for suffix, u in _UNIT_OF_OPTION for o in action.option_strings if o.endswith(suffix)), None)
+        if unit is not None:
+            action.type = Duration(unit)
 
 
 def parse_when_ms(text: str) -> int:

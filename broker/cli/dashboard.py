@@ -16,9 +16,11 @@ import trio
 from clmq.client import open_admin
 from clmq.protocol.transport import serve_http
 
-from ._common import addrs, console, listen_port_arg, namesrv_arg, run_client
+from ._common import addrs, listen_port_arg, namesrv_arg, run_client
 from ._dashboard_app import Dashboard, DashboardSettings
 from ._errors import EXIT_USAGE, CliError
+from ._output import add_output_arg, console, is_json, write_json
+from ._timefmt import DURATION_MS
 
 __all__ = ["Dashboard", "DashboardSettings", "add_command"]
 
@@ -30,9 +32,9 @@ def add_command(sub: Any) -> None:
     p.add_argument("--listen-port", type=listen_port_arg, default=8080, help="port (default 8080; 0: any free)")
     p.add_argument(
         "--poll-interval-ms",
-        type=int,
+        type=DURATION_MS,
         default=DashboardSettings.poll_interval_ms,
-        help="how often rates and lags are sampled for the charts (default 2000)",
+        help="how often rates and lags are sampled for the charts: ms, or 2s (default 2000)",
     )
     p.add_argument(
         "--history-points",
@@ -40,6 +42,7 @@ def add_command(sub: Any) -> None:
         default=DashboardSettings.history_points,
         help="samples kept for the charts (default 300)",
     )
+    add_output_arg(p)
     namesrv_arg(p)
     p.set_defaults(func=cmd_dashboard)
 
@@ -54,10 +57,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         async with open_admin(addrs(args)) as admin, trio.open_nursery() as nursery:
             board = Dashboard(admin, settings)
             port = await nursery.start(serve_http, args.listen_host, args.listen_port, board.route, "dashboard")
-            console.print(
-                f"dashboard on http://{args.listen_host}:{port}/ (name servers {args.namesrv}; Ctrl-C stops)",
-                highlight=False,
-            )
+            url = f"http://{args.listen_host}:{port}/"
+            console.print(f"dashboard on {url} (name servers {args.namesrv}; Ctrl-C stops)", highlight=False)
+            if is_json(args):
+                write_json({"url": url, "namesrv": args.namesrv})
             nursery.start_soon(board.sample_forever)
 
     return run_client(main)

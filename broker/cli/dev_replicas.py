@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
-from rich.console import Console
 
 from clmq.broker.service import BrokerConfig
 from clmq.client import ConnectionFailed, RpcError, open_admin
@@ -37,9 +36,9 @@ from clmq.devtools.zkserver import LocalZooKeeper, ZooKeeperError
 from clmq.nameserver import NameServerConfig
 from clmq.nameserver import serve as serve_nameserver
 
+from ._output import console
+from ._ready import metrics_url, print_ready
 from .replication_verbs import cluster_rows, print_cluster_table
-
-console = Console()
 
 START_TIMEOUT_S = 30.0  # every replica registered with the name server
 IN_SYNC_TIMEOUT_S = 20.0  # every follower joined and in sync (a warning after this, not an error)
@@ -64,6 +63,11 @@ class ReplicaProcess:
     def addr(self) -> str:
         return f"{self.config.advertised_addr_host}:{self.config.listen_port}"
 
+    @property
+    def metrics_url(self) -> str:
+        c = self.config
+        return metrics_url(c.metrics_host or c.listen_host, c.metrics_port)
+
 
 def plan_replicas(base: BrokerConfig, namesrv: str, count: int, zookeeper: str = "") -> list[ReplicaProcess]:
     """Replica 0 leads; the others follow it (with ``zookeeper``, a connect string: every
@@ -71,10 +75,11 @@ def plan_replicas(base: BrokerConfig, namesrv: str, count: int, zookeeper: str =
     (free ports if 0); data: ``<data_dir>/replica-<id>``. A bad combination (e.g.
     followers with partition-per-file storage) is a ValueError naming the setting."""
     root = Path(base.data_dir)
-    ports = _free_ports(count) if base.listen_port == 0 else [base.listen_port + i for i in range(count)]
+    ports = _ports(base.listen_port, count)
+    metrics_ports = _ports(base.metrics_port, count) if base.metrics_port >= 0 else [-1] * count
     leader_addr = "" if zookeeper else f"{base.advertised_addr_host}:{ports[0]}"
     out = []
-    for i, port in enumerate(ports):
+    for i, (port, metrics_port) in enumerate(zip(ports, metrics_ports)):
         leads = i == 0 and not zookeeper
         cfg = dataclasses.replace(
             base,
@@ -82,12 +87,19 @@ def plan_replicas(base: BrokerConfig, namesrv: str, count: int, zookeeper: str =
             role="leader" if leads else "follower",
             leader_addr="" if leads else leader_addr,
             listen_port=port,
+            metrics_port=metrics_port,
             zookeeper=zookeeper,
             data_dir=str(root / f"replica-{i}"),
             namesrv_addrs=[namesrv],
         )
         out.append(ReplicaProcess(cfg, root / f"replica-{i}.toml", root / f"replica-{i}.log"))
     return out
+
+
+def _ports(first: int, count: int) -> list[int]:
+    """``first`` + replica id each, or free ports if ``first`` is 0 (known before the
+    replicas start: their URLs are printed, and followers need their leader's port)."""
+    return _free_ports(count) if first == 0 else [first + i for i in range(count)]
 
 
 def _free_ports(count: int) -> list[int]:
@@ -212,10 +224,14 @@ async def _start_and_serve(
         if args.exit_after_demo:
             nursery.cancel_scope.cancel()
             return
-        console.print(f"serving; watch the state: clmq cluster list --namesrv {namesrv}\n"
-                      f"         produce:         clmq produce demo hello --namesrv {namesrv}\n"
-                      f"         promote:         clmq admin promote --addr {_a_follower(replicas, leader).addr}   "
-                      "(Ctrl-C stops all)")  # fmt: skip
+        brokers = [{"addr": r.addr, "broker_id": r.config.broker_id, "metrics_url": r.metrics_url} for r in replicas]
+        print_ready(args, namesrv, brokers, str(Path(replicas[0].config.data_dir).parent))
+        console.print(
+            f"serving; watch the state: clmq cluster list --namesrv {namesrv}\n"
+            f"         promote:         clmq admin promote --addr {_a_follower(replicas, leader).addr}   "
+            "(Ctrl-C stops all)",
+            highlight=False,
+        )
         await trio.sleep_forever()
 
 
@@ -268,9 +284,12 @@ def _print_plan(replicas: list[ReplicaProcess], namesrv: str, leader: ReplicaPro
         )
     for r in replicas:
         role = ("leader" if r is leader else "follower") + (", elected" if c.zookeeper else " at first start")
-        console.print(f"  replica {r.config.broker_id} ({role}) on {r.addr}, pid "
-                      f"{r.process.pid if r.process else '-'}\n    data {r.config.data_dir}/\n    settings {r.settings_path}, "
-                      f"log {r.log_path}", highlight=False)  # fmt: skip
+        pid = r.process.pid if r.process else "-"
+        console.print(
+            f"  replica {r.config.broker_id} ({role}) on {r.addr}, pid {pid}\n    data {r.config.data_dir}/\n"
+            f"    settings {r.settings_path}, log {r.log_path}",
+            highlight=False,
+        )
     console.print(
         f"the state: clmq cluster list --namesrv {namesrv}   one replica: clmq broker status --addr {replicas[0].addr}"
     )

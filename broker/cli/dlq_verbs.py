@@ -15,10 +15,10 @@ from clmq.client import Admin, DeadLetter, open_admin
 
 from ._common import add_client_args, addrs, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
-from ._output import emit, is_json, note, record_fields
+from ._output import emit, is_json, note, preview, record_fields
 
 DEFAULT_SHOW_MESSAGES = 20  # `dlq show` without -n
-BODY_PREVIEW_CHARS = 60  # the body column of `dlq show` (JSON carries the whole body)
+BODY_PREVIEW_CHARS = 60  # the body column of `dlq show` on a terminal (a pipe and JSON get the whole body)
 
 
 def add_command(sub: Any) -> None:
@@ -28,7 +28,7 @@ def add_command(sub: Any) -> None:
     lst = dsub.add_parser("list", help="groups with dead letters, and how many (per broker)")
     lst.add_argument("--group", help="only this group")
     show = dsub.add_parser("show", help="a group's dead letters: id, origin topic/queue/offset, attempts, body")
-    show.add_argument("group")
+    show.add_argument("group", help="the consumer group whose dead letters to show")
     show.add_argument(
         "-n",
         "--count",
@@ -38,7 +38,7 @@ def add_command(sub: Any) -> None:
     )
     show.add_argument("--offset", type=int, default=0, help="first dead-letter queue offset (default 0)")
     resend = dsub.add_parser("resend", help="send dead letters again to their origin topic, as fresh messages")
-    resend.add_argument("group")
+    resend.add_argument("group", help="the consumer group whose dead letters to resend")
     resend.add_argument(
         "--all", action="store_true", dest="resend_all", help="also letters resent before (ignore the resend mark)"
     )
@@ -97,11 +97,6 @@ def letter_fields(letter: DeadLetter) -> dict[str, Any]:
     }
 
 
-def _preview(body: bytes) -> str:
-    text = body.decode("utf-8", errors="backslashreplace")
-    return text if len(text) <= BODY_PREVIEW_CHARS else text[: BODY_PREVIEW_CHARS - 1] + "…"
-
-
 async def _show(args: argparse.Namespace, admin: Admin) -> None:
     letters = await admin.dead_letters(args.group, max_messages=args.count, start=args.offset)
     if not letters and not await admin.dead_letter_counts(args.group):
@@ -115,7 +110,7 @@ async def _show(args: argparse.Namespace, admin: Admin) -> None:
             lt.msg_id,
             f"{lt.origin_topic} q{lt.origin_queue_id} @{lt.origin_offset}",
             lt.record.reconsume_times,
-            _preview(lt.record.body),
+            preview(lt.record.body.decode("utf-8", errors="backslashreplace"), BODY_PREVIEW_CHARS),
             " ".join(f"{k}={v}" for k, v in sorted(lt.record.properties.items())),
         ]
         for lt in letters

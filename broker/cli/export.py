@@ -9,7 +9,9 @@ from typing import Any, Callable, TypeVar
 
 from clmq.spark_connector import FORMATS, LayoutError, OptionError, spark_available
 
+from ._common import deprecated_alias
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
+from ._output import console, is_json, to_terminal, write_json
 from ._timefmt import FORMS, parse_time_ms
 
 T = TypeVar("T")
@@ -24,7 +26,10 @@ def add_command(sub: Any) -> None:
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--data-dir", help="a store's data directory (may belong to a running broker)")
-    src.add_argument("--nameserver", help="name server address(es), host:port[,host:port]: read every broker")
+    src.add_argument(
+        "--namesrv", dest="nameserver", help="name server address(es), host:port[,host:port]: read every broker"
+    )
+    deprecated_alias(p, "--nameserver", "--namesrv", "nameserver")
     src.add_argument("--broker", help="broker address(es), host:port[,host:port]")
     p.add_argument("--topics", help="topics, comma separated (default: all)")
     p.add_argument("--topic-pattern", help="topics matching this regular expression")
@@ -40,7 +45,7 @@ def add_command(sub: Any) -> None:
         "or the output directory holding it) ends it; new queues from their earliest offset",
     )
     p.add_argument("--format", choices=FORMATS, default="parquet", help="output format (default parquet)")
-    p.add_argument("--output", required=True, help="output directory (a Spark path)")
+    p.add_argument("--out-dir", dest="out_dir", help="output directory, a Spark path (required)")
     p.add_argument(
         "--mode",
         choices=("errorifexists", "overwrite", "append"),
@@ -72,7 +77,33 @@ def add_command(sub: Any) -> None:
         help="a corrupt record fails the export (default) or is skipped and counted",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress display")
+    p.add_argument(
+        "-o",
+        "--output",
+        action=_OutputOrOldOutDir,
+        default="table",
+        help="table (default: a summary for people) or json (for scripts: stdout is only the summary as JSON)",
+    )
     p.set_defaults(func=cmd_export)
+
+
+class _OutputOrOldOutDir(argparse.Action):
+    """``-o/--output`` is the output format in every verb; ``clmq export --output DIR``
+    named the output directory before ``--out-dir`` did, and still does (deprecated;
+    silently, as scripts parse this command's stderr): a value other than table or
+    json is taken for the directory."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if values in ("table", "json"):
+            namespace.output = values
+        else:
+            namespace.out_dir = values
 
 
 def _ms(text: str) -> str:
@@ -84,9 +115,11 @@ def check_arguments(args: argparse.Namespace) -> None:
     would leave half made on failure): the source exists, the output is free."""
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise CliError(f"--data-dir {args.data_dir}: no such directory (a broker's data directory, e.g. ./clmq-data)")
-    output = Path(args.output)
-    if "://" not in args.output and output.exists() and args.mode == "errorifexists":
-        raise CliError(f"--output {args.output} exists: choose another, or --mode overwrite|append", EXIT_USAGE)
+    if not args.out_dir:
+        raise CliError("give the output directory: --out-dir DIR", EXIT_USAGE)
+    output = Path(args.out_dir)
+    if "://" not in args.out_dir and output.exists() and args.mode == "errorifexists":
+        raise CliError(f"--out-dir {args.out_dir} exists: choose another, or --mode overwrite|append", EXIT_USAGE)
     if args.since_manifest is not None:
         given = [
             flag for flag, value in (("--from-offsets", args.from_offsets), ("--from-time", args.from_time)) if value
@@ -125,9 +158,6 @@ def reader_options(args: argparse.Namespace) -> dict[str, str]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    console = Console()
     check_arguments(args)
     options = reader_options(args)
     if not spark_available():
@@ -144,10 +174,10 @@ def cmd_export(args: argparse.Namespace) -> int:
                 spark,
                 options,
                 args.format,
-                args.output,
+                args.out_dir,
                 args.mode,
                 args.body_as,
-                progress=not args.no_progress and console.is_terminal,
+                progress=not args.no_progress and to_terminal() and not is_json(args),
                 since_manifest=args.since_manifest,
                 snapshot=snapshot,
                 console=console,
@@ -155,6 +185,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         )
     finally:
         spark.stop()
+    if is_json(args):
+        write_json(_summary_fields(summary))
+        return 0
     console.print(
         f"exported [bold]{summary.rows:,}[/] rows ({summary.body_bytes / 1e6:,.1f} MB of bodies) "
         f"to {summary.output} as {summary.format} in {summary.seconds:.1f} s "
@@ -167,6 +200,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 _NO_MANIFEST = "none (several brokers: queue positions are per broker)"
+
+
+def _summary_fields(summary: Any) -> dict[str, Any]:
+    """An export's summary as JSON (``-o json``)."""
+    names = ("rows", "body_bytes", "output", "format", "seconds", "rows_per_s", "manifest_path", "corrupt_skipped")
+    return {name: getattr(summary, name, None) for name in names}
 
 
 def _remote(path: str | None) -> bool:

@@ -9,8 +9,8 @@ from clmq.client import Admin, open_admin
 
 from ._common import add_client_args, addrs, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
-from ._output import emit, note
-from ._timefmt import FORMS, parse_time_ms
+from ._output import emit, is_json, note
+from ._timefmt import FORMS, Duration, parse_time_ms
 
 
 def add_command(sub: Any) -> None:
@@ -20,11 +20,15 @@ def add_command(sub: Any) -> None:
     )
     gsub = group.add_subparsers(dest="group_command", required=True)
     gsub.add_parser("list", help="list consumer groups")
-    gsub.add_parser("describe", help="committed offsets, lag and members of a group").add_argument("name")
-    gsub.add_parser("members", help="the members connected and the topics they read").add_argument("name")
+    gsub.add_parser("describe", help="committed offsets, lag and members of a group").add_argument(
+        "name", help="the consumer group"
+    )
+    gsub.add_parser("members", help="the members connected and the topics they read").add_argument(
+        "name", help="the consumer group"
+    )
     gsub.add_parser(
         "delete", help="forget a group's committed offsets (refused while members are connected)"
-    ).add_argument("name")
+    ).add_argument("name", help="the consumer group")
     _add_reset(gsub)
     add_client_args(gsub.choices)
     group.set_defaults(func=cmd_group)
@@ -32,10 +36,12 @@ def add_command(sub: Any) -> None:
 
 def _add_reset(gsub: Any) -> None:
     reset = gsub.add_parser(
-        "reset-offsets", help="move a group's committed offsets (kafka-consumer-groups --reset-offsets)"
+        "reset-offsets",
+        help="plan moving a group's committed offsets, and move them with --execute "
+        "(kafka-consumer-groups --reset-offsets)",
     )
-    reset.add_argument("name")
-    reset.add_argument("--topic", required=True)
+    reset.add_argument("name", help="the consumer group")
+    reset.add_argument("--topic", required=True, help="the topic whose offsets move")
     reset.add_argument(
         "--queue", type=int, action="append", dest="queues", help="only this queue (repeatable; default all)"
     )
@@ -44,8 +50,16 @@ def _add_reset(gsub: Any) -> None:
     to.add_argument("--to-latest", action="store_true", help="past the newest message (skip everything stored)")
     to.add_argument("--to-offset", type=int, help="an exact offset (clamped to what each queue holds)")
     to.add_argument("--to-time", help=f"the first message stored at or after a time: {FORMS}")
-    to.add_argument("--by-duration", help="the first message stored this long ago, e.g. 1h, 30m, 2d")
-    reset.add_argument("--dry-run", action="store_true", help="show before/after, change nothing")
+    to.add_argument(
+        "--by-duration",
+        type=Duration("ms", bare=False),
+        help="the first message stored this long ago, e.g. 1h, 30m, 2d",
+    )
+    run = reset.add_mutually_exclusive_group()
+    run.add_argument(
+        "--execute", action="store_true", help="move the offsets (without it: print the plan, change nothing)"
+    )
+    run.add_argument("--dry-run", action="store_true", help="print the plan and change nothing (the default)")
     reset.add_argument("--force", action="store_true", help="even while members are connected (they may overwrite it)")
 
 
@@ -128,33 +142,49 @@ async def _delete(args: argparse.Namespace, admin: Admin) -> None:
 
 
 async def _reset(args: argparse.Namespace, admin: Admin) -> None:
-    to: str | int = "earliest" if args.to_earliest else "latest" if args.to_latest else args.to_offset or 0
-    when = None
-    if args.to_time is not None:
-        when = parse_time_ms(args.to_time)
-    elif args.by_duration is not None:
-        when = parse_time_ms(args.by_duration if args.by_duration.startswith("-") else f"-{args.by_duration}")
+    """Without --execute a plan: each queue's current and new offset, nothing changed."""
     if args.to_offset is not None and args.to_offset < 0:
         raise CliError("--to-offset must not be negative", EXIT_USAGE)
     try:
         rows = await admin.reset_offsets(
             args.name,
             args.topic,
-            to=to,
-            timestamp_ms=when,
+            to=_reset_target(args),
+            timestamp_ms=_reset_time(args),
             queue_ids=args.queues,
-            dry_run=args.dry_run,
+            dry_run=not args.execute,
             force=args.force,
         )
     except ValueError as e:
         raise CliError(str(e), EXIT_FAILED) from None
     if not rows:
         raise CliError(f"topic {args.topic!r} does not exist, or has none of the queues named", EXIT_FAILED)
-    title = f"group {args.name}, topic {args.topic}: " + ("would reset (dry run)" if args.dry_run else "reset")
+    for r in rows:
+        r["executed"] = args.execute
+    done = "offsets moved" if args.execute else "plan, nothing changed (--execute moves the offsets)"
     emit(
         args,
-        title,
-        ["broker", "queue", "before", "after"],
-        [[r["broker_name"], r["queue_id"], r["before"], r["after"]] for r in rows],
+        f"group {args.name}, topic {args.topic}: {done}",
+        ["broker", "queue", "current", "new"],
+        [[r["broker_name"], r["queue_id"], r["before"] if r["before"] >= 0 else "-", r["after"]] for r in rows],
         data=rows,
     )
+    if not args.execute and not is_json(args):
+        note(args, "nothing changed: run it again with --execute to move the offsets")
+
+
+def _reset_target(args: argparse.Namespace) -> str | int:
+    if args.to_earliest:
+        return "earliest"
+    if args.to_latest:
+        return "latest"
+    return int(args.to_offset or 0)
+
+
+def _reset_time(args: argparse.Namespace) -> int | None:
+    """--to-time, or --by-duration ago, in ms since the epoch (None: neither)."""
+    if args.to_time is not None:
+        return parse_time_ms(args.to_time)
+    if args.by_duration is not None:
+        return parse_time_ms(f"-{args.by_duration}ms")
+    return None

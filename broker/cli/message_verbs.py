@@ -13,7 +13,7 @@ from clmq.client import Admin, open_admin
 
 from ._common import add_client_args, addrs, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
-from ._output import emit, is_json, note, print_record
+from ._output import emit, is_json, note, print_record, tally
 from ._timefmt import FORMS, format_time_ms, parse_time_ms
 
 FOLLOW_POLL_MS = 500  # --follow: how often an idle queue is asked again
@@ -24,17 +24,17 @@ def add_command(sub: Any) -> None:
     msg = sub.add_parser("message", help="read a queue without a group; look a message up by id or key")
     msub = msg.add_subparsers(dest="message_command", required=True)
     read = msub.add_parser("read", help="messages of one queue from an offset (no group, nothing committed)")
-    read.add_argument("topic")
-    read.add_argument("--queue", type=int, required=True)
+    read.add_argument("topic", help="the topic to read")
+    read.add_argument("--queue", type=int, required=True, help="the queue id to read")
     read.add_argument("--offset", type=int, default=0, help="first offset (default 0; clamped to what is stored)")
     read.add_argument("--count", type=int, default=32, help="at most this many messages (default 32)")
-    read.add_argument("--broker", help="the broker group's name, when several serve the topic")
+    read.add_argument("--broker-name", help="the broker group's name, when several serve the topic")
     read.add_argument("--follow", action="store_true", help="keep waiting for new messages (Ctrl-C stops)")
     get = msub.add_parser("get", help="the message a send's id names (host:port@HEXOFFSET)")
-    get.add_argument("msg_id")
+    get.add_argument("msg_id", help="the message id: host:port@HEXOFFSET, as produce and consume --details print it")
     find = msub.add_parser("find", help="messages carrying a key (a bounded scan of the topic's newest messages)")
-    find.add_argument("topic")
-    find.add_argument("--key", required=True)
+    find.add_argument("topic", help="the topic to search")
+    find.add_argument("--key", required=True, help="one of the keys the message was sent with")
     find.add_argument("--since", help=f"only messages stored at or after: {FORMS}")
     find.add_argument("--until", help="only messages stored at or before (same forms)")
     find.add_argument("--count", type=int, default=32, help="at most this many messages, newest first (default 32)")
@@ -44,7 +44,7 @@ def add_command(sub: Any) -> None:
     for p in msub.choices.values():
         p.add_argument("--details", action="store_true", help="also print keys, properties and attempts")
     cancel = msub.add_parser("cancel", help="cancel a scheduled message by the id its send printed")
-    cancel.add_argument("msg_id")
+    cancel.add_argument("msg_id", help="the id a scheduled produce printed (host:port@HEXOFFSET)")
     add_client_args(msub.choices)
     msg.set_defaults(func=cmd_message)
 
@@ -80,7 +80,7 @@ async def _read(args: argparse.Namespace, admin: Admin) -> None:
                 args.queue,
                 offset,
                 args.count if args.follow else args.count - shown,
-                broker_name=args.broker,
+                broker_name=args.broker_name,
             )
         except ValueError as e:
             raise CliError(str(e), EXIT_FAILED) from None
@@ -93,7 +93,7 @@ async def _read(args: argparse.Namespace, admin: Admin) -> None:
             await trio.sleep(FOLLOW_POLL_MS / 1000)  # a poll of a remote queue, not a wait for a local event
         else:
             break
-    note(args, f"[dim]{shown} messages")
+    tally(f"[dim]{shown} messages")
 
 
 async def _get(args: argparse.Namespace, admin: Admin) -> None:
@@ -121,11 +121,12 @@ async def _find(args: argparse.Namespace, admin: Admin) -> None:
     for rec in found.records:
         print_record(args, rec)
     cut = "" if found.complete else f"; older messages not searched (--max-scan-messages {args.max_scan_messages:,})"
-    note(args, f"[dim]{len(found.records)} found, {found.scanned:,} messages read{cut}")
-    if not found.records:
+    if not found.records:  # the error alone says it: stderr stays one line
         raise CliError(
-            f"no message of topic {args.topic!r} has key {args.key!r}" + (cut and " among those read"), EXIT_FAILED
+            f"no message of topic {args.topic!r} has key {args.key!r} ({found.scanned:,} messages read{cut})",
+            EXIT_FAILED,
         )
+    tally(f"[dim]{len(found.records)} found, {found.scanned:,} messages read{cut}")
 
 
 async def _cancel(args: argparse.Namespace, admin: Admin) -> None:

@@ -5,20 +5,18 @@ and ``clmq admin promote --addr [--force]`` (manual promotion)."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 import trio
-from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+from rich.text import Text
 
 from clmq.client import Admin, ConnectionFailed, RpcError, open_admin
 from clmq.protocol import ErrorCode
 
-from ._common import addrs, check_addr, namesrv_arg, run_client
-from ._errors import EXIT_USAGE, CliError
-
-console = Console()
+from ._common import add_json_alias, addrs, check_addr, namesrv_arg, run_client
+from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
+from ._output import add_output_arg, console, is_json, print_table, write_json
 
 # A row of ``clmq cluster list``, in this order (the table's columns, the JSON's keys).
 CLUSTER_COLUMNS = (
@@ -52,8 +50,8 @@ def add_replication_commands(sub: Any) -> None:
         "list",
         help="every broker: group, id, address, role, epoch, log end, confirmed offset, lag (bytes, ms), in sync",
     )
-    ls.add_argument("--json", action="store_true", help="print JSON instead of a table (same as -o json)")
-    ls.add_argument("-o", "--output", choices=["table", "json"], default="table", help="table or json")
+    add_output_arg(ls)
+    add_json_alias(ls)
     namesrv_arg(ls)
     cluster.set_defaults(func=cmd_cluster)
     admin = sub.add_parser("admin", help="operator actions on one broker: promote")
@@ -69,14 +67,15 @@ def add_replication_commands(sub: Any) -> None:
         action="store_true",
         help="promote even if the follower is not known to be in sync: messages it has not copied yet are lost",
     )
+    add_output_arg(promote)
     admin.set_defaults(func=cmd_admin)
 
 
 def add_status_args(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``clmq broker status`` (on the ``clmq broker`` parser)."""
     parser.add_argument("--addr", help="status: the broker to ask, host:port")
-    parser.add_argument("--json", action="store_true", help="status: print JSON instead of tables (same as -o json)")
-    parser.add_argument("-o", "--output", choices=["table", "json"], default="table", help="status: table or json")
+    add_output_arg(parser)
+    add_json_alias(parser)
 
 
 # ------------------------------------------------------------------ cluster list
@@ -150,8 +149,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_admin(addrs(args)) as admin:
             rows = await cluster_rows(admin)
-        if args.json or args.output == "json":
-            print(json.dumps({"brokers": rows}, indent=2), flush=True)
+        if is_json(args):
+            write_json({"brokers": rows})
             return 0
         print_cluster_table(rows, f"brokers known to {args.namesrv}")
         return 0
@@ -161,15 +160,15 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 def print_cluster_table(rows: list[dict[str, Any]], title: str) -> None:
     """The rows of :func:`cluster_rows` as a table, then any broker's error."""
-    table = Table(title=title)
     zk = any(_zk_mode(r) for r in rows)
     right = {"id", "epoch", "log end", "confirmed", "lag bytes", "lag ms", "ZK epoch", "lease left"}
     headers = ["group", "id", "address", "role", "epoch", "log end", "confirmed", "lag bytes", "lag ms", "in sync"]
-    for c in headers + (list(ZK_COLUMNS.values()) if zk else []):
-        table.add_column(c, justify="right" if c in right else "left")
-    for r in rows:
-        table.add_row(*[_cell(k, r) for k in CLUSTER_COLUMNS], *(_zk_cells(r) if zk else []))
-    console.print(table)
+    print_table(
+        title,
+        headers + (list(ZK_COLUMNS.values()) if zk else []),
+        [[_cell(k, r) for k in CLUSTER_COLUMNS] + (_zk_cells(r) if zk else []) for r in rows],
+        right=sorted(right),
+    )
     for r in rows:
         if r["error"]:
             console.print(f"[yellow]{r['group']}/{r['broker_id']} at {r['addr']}: {r['error']}")
@@ -181,7 +180,7 @@ def _zk_mode(row: dict[str, Any]) -> bool:
     return bool(row.get("coordination", {}).get("mode") == "zookeeper")
 
 
-def _zk_cells(row: dict[str, Any]) -> list[str]:
+def _zk_cells(row: dict[str, Any]) -> list[Any]:
     """The ZooKeeper columns of one row ("-" for a broker in manual mode or not answering)."""
     if not _zk_mode(row):
         return ["-"] * len(ZK_COLUMNS)
@@ -191,24 +190,24 @@ def _zk_cells(row: dict[str, Any]) -> list[str]:
     isr = c.get("isr")
     lease = c.get("lease_ms_left")
     return [
-        f"[{colour}]{session}",
+        Text(str(session), style=colour),
         str(c.get("epoch", "-")),
         "-" if isr is None else ",".join(str(i) for i in isr),
         f"{lease:,} ms" if row["role"] == "leader" and isinstance(lease, int) else "-",
     ]
 
 
-def _cell(key: str, row: dict[str, Any]) -> str:
+def _cell(key: str, row: dict[str, Any]) -> Any:
     value = row[key]
     if key == "role" and row["registered_role"] != value and value is not None:
         return f"{value} (name server: {row['registered_role']})"  # e.g. an old leader about to step down
     if value is None:
         return "-"
     if key == "in_sync":
-        return "[green]yes" if value else "[red]no"
+        return Text("yes", style="green") if value else Text("no", style="red")
     if key == "lag_ms" and value < 0:
         return "-"  # never caught up yet
-    return f"{value:,}" if isinstance(value, int) and key not in {"broker_id", "epoch"} else str(value)
+    return str(value) if key in {"broker_id", "epoch"} else value  # print_table groups the digits of counts
 
 
 # ---------------------------------------------------------------- broker status
@@ -222,8 +221,8 @@ def cmd_broker_status(args: argparse.Namespace) -> int:
         async with open_admin(broker_addrs=[args.addr]) as admin:
             status = await admin.replica_status(args.addr)
             status["broker"] = await admin.broker_info(args.addr)
-        if args.json or args.output == "json":
-            print(json.dumps(status, indent=2), flush=True)
+        if is_json(args):
+            write_json(status)
             return 0
         _print_status(args.addr, status)
         _print_info(status["broker"])
@@ -255,44 +254,41 @@ INFO_ROWS = (
 
 
 def _print_info(info: dict[str, Any]) -> None:
-    table = Table(title="store, connections and rates (last ~10 s)", show_header=False)
-    for key in INFO_ROWS:
-        if key in info and (key != "failure" or info[key]):
-            value = info[key]
-            text = f"{value:,}" if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
-            table.add_row(key.replace("_", " "), text)
-    console.print(table)
+    rows = [[key.replace("_", " "), info[key]] for key in INFO_ROWS if key in info and (key != "failure" or info[key])]
+    print_table("store, connections and rates (last ~10 s)", ["field", "value"], rows, show_header=False)
 
 
 def _print_status(addr: str, s: dict[str, Any]) -> None:
-    table = Table(title=f"broker {s['broker_name']}/{s['broker_id']} at {addr}", show_header=False)
     keys = ["role", "epoch", "end_offset", "confirmed_offset", "durable_offset"]
     if s["role"] == "follower":
         keys += ["leader_addr", "in_sync", "lag_bytes", "lag_ms", "error"]
-    for k in keys:
-        table.add_row(
-            k.replace("_", " "), f"{s[k]:,}" if isinstance(s[k], int) and not isinstance(s[k], bool) else str(s[k])
-        )
+    rows: list[list[Any]] = [[k.replace("_", " "), s[k]] for k in keys]
     coordination = s.get("coordination", {})
     if coordination.get("mode") == "zookeeper":
         for k in ("session", "leader", "epoch", "isr", "lease_ms_left"):
-            table.add_row(f"ZooKeeper {k.replace('_', ' ')}", str(coordination.get(k, "-")))
-    console.print(table)
-    if s["role"] == "leader":
-        followers = Table(title="followers (the leader's view)")
-        for c in ("id", "address", "acked offset", "flushed offset", "lag bytes", "lag ms", "in sync"):
-            followers.add_column(c)
-        for r in s["replicas"]:
-            followers.add_row(
+            rows.append([f"ZooKeeper {k.replace('_', ' ')}", str(coordination.get(k, "-"))])
+    print_table(f"broker {s['broker_name']}/{s['broker_id']} at {addr}", ["field", "value"], rows, show_header=False)
+    if s["role"] != "leader":
+        return
+    if not s["replicas"]:
+        console.print("no follower has joined")
+        return
+    print_table(
+        "followers (the leader's view)",
+        ["id", "address", "acked offset", "flushed offset", "lag bytes", "lag ms", "in sync"],
+        [
+            [
                 str(r["broker_id"]),
                 r["addr"],
-                f"{r['acked_offset']:,}",
-                f"{r['flushed_offset']:,}",
-                f"{r['lag_bytes']:,}",
-                "-" if r["lag_ms"] < 0 else f"{r['lag_ms']:,}",
-                "[green]yes" if r["in_sync"] else "[red]no",
-            )
-        console.print(followers if s["replicas"] else "no follower has joined")
+                r["acked_offset"],
+                r["flushed_offset"],
+                r["lag_bytes"],
+                "-" if r["lag_ms"] < 0 else r["lag_ms"],
+                Text("yes", style="green") if r["in_sync"] else Text("no", style="red"),
+            ]
+            for r in s["replicas"]
+        ],
+    )
 
 
 # ---------------------------------------------------------------------- promote
@@ -302,32 +298,52 @@ def cmd_admin(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_admin(broker_addrs=[args.addr]) as admin:
             before = await admin.replica_status(args.addr)
-            name = f"{before['broker_name']}/{before['broker_id']}"
+            result = {"addr": args.addr, "broker_name": before["broker_name"], "broker_id": before["broker_id"]}
             if before["role"] == "leader":
-                console.print(f"{name} at {args.addr} already leads its group (epoch {before['epoch']}); nothing to do")
+                _promoted(args, {**result, "promoted": False, "already_leader": True, "epoch": before["epoch"]})
                 return 0
             try:
                 epoch = await admin.promote(args.addr, force=args.force)
             except RpcError as e:
                 if e.code != ErrorCode.NOT_IN_SYNC:
                     raise
-                console.print(
-                    f"[red]refused:[/red] {name} at {args.addr} is not known to be in sync with its leader "
-                    f"({e.text}).\nPromoting it anyway with --force makes it the leader with what it has: "
-                    "messages the old leader acknowledged that it has not copied are LOST, and the old "
-                    "leader cuts them from its log when it rejoins as a follower."
-                )
-                return 1
-        console.print(
-            f"{name} at {args.addr} is now the leader of group {before['broker_name']}, epoch {epoch}"
-            + (" (forced: it may have lacked the latest messages)" if args.force else "")
-        )
-        if before.get("coordination", {}).get("mode") == "zookeeper":
+                _refused(args, result, e.text)
+                return EXIT_FAILED
+        _promoted(args, {**result, "promoted": True, "already_leader": False, "epoch": epoch, "forced": args.force})
+        if not is_json(args) and before.get("coordination", {}).get("mode") == "zookeeper":
             console.print("the old leader handed the group over through ZooKeeper and follows; see: clmq cluster list")
-        else:
+        elif not is_json(args):
             console.print(
                 "the old leader steps down when it next registers with the name servers; see: clmq cluster list"
             )
         return 0
 
     return run_client(main)
+
+
+def _promoted(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    if is_json(args):
+        write_json(result)
+        return
+    name = f"{result['broker_name']}/{result['broker_id']} at {result['addr']}"
+    if result["already_leader"]:
+        console.print(f"{name} already leads its group (epoch {result['epoch']}); nothing to do", highlight=False)
+        return
+    console.print(
+        f"{name} is now the leader of group {result['broker_name']}, epoch {result['epoch']}"
+        + (" (forced: it may have lacked the latest messages)" if result["forced"] else ""),
+        highlight=False,
+    )
+
+
+def _refused(args: argparse.Namespace, result: dict[str, Any], why: str) -> None:
+    """A follower not known to be in sync: say what --force would cost (exit 1)."""
+    if is_json(args):
+        write_json({**result, "promoted": False, "already_leader": False, "refused": why})
+        return
+    console.print(
+        f"[red]refused:[/red] {result['broker_name']}/{result['broker_id']} at {result['addr']} is not known to be "
+        f"in sync with its leader ({escape(why)}).\nPromoting it anyway with --force makes it the leader with what it has: "
+        "messages the old leader acknowledged that it has not copied are LOST, and the old "
+        "leader cuts them from its log when it rejoins as a follower."
+    )

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
-import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-from rich.table import Table
 
 from clmq.broker.store import (
     StoreConfig,
@@ -31,10 +27,11 @@ from clmq.broker.store import (
 )
 from clmq.commitlog import QueueRange
 
+from ._common import add_json_alias
+from ._output import add_output_arg, console, is_json, print_table, to_terminal, write_json
 from .settings import SettingsError, load_settings
 
 EXIT_CLEAN, EXIT_DAMAGED, EXIT_USAGE = 0, 1, 2
-console = Console()
 
 
 def add_command(sub: Any) -> None:
@@ -45,9 +42,12 @@ def add_command(sub: Any) -> None:
     repair = verbs.add_parser("repair", help="cut the log to its longest valid prefix; rebuild queues, indexes, topics")
     for p in (check, repair):
         p.add_argument("directory", type=Path, metavar="DIR", help="the store's data directory")
-        p.add_argument("--json", action="store_true", help="print the report as JSON")
+        add_output_arg(p)
+        add_json_alias(p)
         p.add_argument("--config", type=Path, help="the broker's TOML file (segment and queue-file sizes)")
-        p.add_argument("--storage-mode", choices=("commitlog", "partition-per-file"), help="default: detected")
+        p.add_argument(
+            "--storage-mode", choices=("commitlog", "partition-per-file"), help="the store's layout (default: detected)"
+        )
     repair.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     check.set_defaults(func=cmd_check)
     repair.set_defaults(func=cmd_repair)
@@ -76,7 +76,7 @@ def _run(
         return EXIT_USAGE
     logging.getLogger("clmq").setLevel(logging.ERROR)  # the report says it all, once
     try:
-        if not sys.stdout.isatty() or args.json:
+        if not to_terminal() or is_json(args):
             return action(config, None)
         with Progress(
             "[progress.description]{task.description}",
@@ -98,7 +98,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     report = _run(args, check_store)
     if isinstance(report, int):
         return report
-    _print(report, args.json)
+    _print(report, is_json(args))
     return EXIT_DAMAGED if report.damaged else EXIT_CLEAN
 
 
@@ -108,7 +108,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         if isinstance(report, int):
             return report
         if not report.damaged:
-            _print(report, args.json)
+            _print(report, is_json(args))
             return EXIT_CLEAN
         _print(report, json_out=False)
         answer = input("Repair: cut the log as above, rebuild queues, indexes and topics? [y/N] ")
@@ -118,17 +118,21 @@ def cmd_repair(args: argparse.Namespace) -> int:
     repaired = _run(args, repair_store)
     if isinstance(repaired, int):
         return repaired
-    _print(repaired, args.json)
+    _print(repaired, is_json(args))
     return EXIT_CLEAN
 
 
 # ------------------------------------------------------------------ output
 def _print(report: StoreReport, json_out: bool) -> None:
     if json_out:
-        print(json.dumps(report.to_json(), indent=2))
+        write_json(report.to_json())
         return
     for log in report.logs[:1] if report.mode == "commitlog" else []:
-        console.print(f"log {log.directory}: {log.segments} segments, {log.records:,} records, {log.bytes:,} bytes")
+        console.print(
+            f"log {log.directory}: {log.segments} segments, {log.records:,} records, {log.bytes:,} bytes",
+            markup=False,
+            highlight=False,
+        )
     if report.mode != "commitlog":
         console.print(f"{len(report.logs)} partitions, {sum(r.records for r in report.logs):,} records")
     _damage_table(report)
@@ -178,11 +182,5 @@ def _ranges(title: str, ranges: list[QueueRange]) -> None:
 
 
 def _rows(title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
-    if not rows:
-        return
-    table = Table(title=title or None, title_justify="left")
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+    if rows:
+        print_table(title, columns, rows)
