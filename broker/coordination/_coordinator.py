@@ -32,14 +32,15 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import trio
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException
 
 from clmq.broker.replication import Replica
 from clmq.protocol import ErrorCode
 from clmq.protocol.transport import RequestError
 
 from ._session import ZkSession
-from ._state import CoordinationError, GroupState, decode_member, encode_member, group_path, split_connect
+from ._state import CoordinationError, GroupState, group_path, split_connect
+from ._view import GroupView, SayOnce
 
 log = logging.getLogger("clmq.coordination")
 
@@ -67,16 +68,21 @@ class GroupCoordinator:
         self.me = replica.config.broker_id
         self.name = replica.config.broker_name
         self.session = ZkSession(hosts, config.session_timeout_ms, token)
-        base = group_path(chroot, self.name)
-        self.state_path, self.members_path = f"{base}/state", f"{base}/members"
-        self.state: GroupState | None = None
-        self.version = -1
-        self.members: dict[int, str] = {}  # live broker id -> address
+        self._say = SayOnce(self.name, self.me)
+        self.view = GroupView(self.session, group_path(chroot, self.name), self.me, addr, self._say)
         self.leading_session: int | None = None  # the session this broker leads in
-        self._member_session: int | None = None  # the session that owns this broker's member node
         self._stepped_aside = -1  # the epoch of its own earlier term this broker gave up
-        self._said = ""
         replica.coordinator = self
+
+    @property
+    def state(self) -> GroupState | None:
+        """The group's state in ZooKeeper, as last read or written."""
+        return self.view.state
+
+    @property
+    def members(self) -> dict[int, str]:
+        """The group's live brokers: id -> address."""
+        return self.view.members
 
     async def coordinate(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Until cancelled; the session is closed on the way out (its member node goes
@@ -117,60 +123,11 @@ class GroupCoordinator:
         session = self.session.session_id()
         if self.replica.leader is not None and session != self.leading_session:
             self.replica.become_follower("", self.min_leader_epoch())
-        if not await self._ensure_member(session):
+        if not await self.view.ensure_member(session):
             return
-        await self._read_state()
-        await self._read_members()
+        await self.view.read_state(self.replica.epochs.latest + 1)
+        await self.view.read_members()
         await self._decide(session)
-
-    # ----------------------------------------------------------------- reading
-    async def _ensure_member(self, session: int | None) -> bool:
-        """This broker's ephemeral member node, owned by the current session."""
-        if session is None:
-            return False
-        if self._member_session == session:
-            return True
-        path = f"{self.members_path}/{self.me}"
-        try:
-            await self.session.call(
-                self.session.client.create_async, path, encode_member(self.addr()), ephemeral=True, makepath=True
-            )
-        except NodeExistsError:
-            stat = await self.session.call(self.session.client.exists_async, path, watch=self.session.watch)
-            if stat is not None and stat.ephemeralOwner != session:
-                self._say(f"waiting for {path} of this broker's previous session to expire", logging.INFO)
-                return False
-        self._member_session = session
-        return True
-
-    async def _read_state(self) -> None:
-        s = self.session
-        try:
-            data, stat = await s.call(s.client.get_async, self.state_path, watch=s.watch)
-        except NoNodeError:
-            first = GroupState(self.me, self.replica.epochs.latest + 1, (self.me,))
-            try:
-                await s.call(s.client.create_async, self.state_path, first.encode(), makepath=True)
-                log.info("%s: broker %d created the group's state in ZooKeeper: %s", self.name, self.me, first)
-            except NodeExistsError:
-                pass
-            data, stat = await s.call(s.client.get_async, self.state_path, watch=s.watch)
-        self.state, self.version = GroupState.decode(data, self.state_path), stat.version
-
-    async def _read_members(self) -> None:
-        s = self.session
-        try:
-            children = await s.call(s.client.get_children_async, self.members_path, watch=s.watch)
-        except NoNodeError:
-            children = []
-        members: dict[int, str] = {}
-        for child in children:
-            try:
-                data, _ = await s.call(s.client.get_async, f"{self.members_path}/{child}")
-                members[int(child)] = decode_member(data)
-            except (NoNodeError, ValueError):
-                continue  # gone since listed, or not a broker id
-        self.members = members
 
     # ----------------------------------------------------------------- deciding
     async def _decide(self, session: int | None) -> None:
@@ -203,7 +160,7 @@ class GroupCoordinator:
             s.epoch,
             sorted(others),
         )
-        await self._cas(GroupState(-1, s.epoch, s.isr))
+        await self.view.cas(GroupState(-1, s.epoch, s.isr))
 
     async def _maybe_elect(self, s: GroupState, session: int | None) -> None:
         alive_isr = set(self.members) & set(s.isr)
@@ -225,7 +182,7 @@ class GroupCoordinator:
         epoch = max(s.epoch, self.replica.epochs.latest) + 1
         isr = {self.me} if unclean else (set(self.members) & set(s.isr)) - {s.leader} | {self.me}
         new = GroupState(self.me, epoch, tuple(sorted(isr)))
-        if not await self._cas(new):
+        if not await self.view.cas(new):
             return  # another broker won: the next round follows it
         if unclean:
             log.warning(
@@ -251,18 +208,6 @@ class GroupCoordinator:
         self.replica.leader_hint = self.addr()
 
     # ----------------------------------------------------------------- writing
-    async def _cas(self, new: GroupState) -> bool:
-        """Write the state if it is still the version read; True if written."""
-        t0, session = time.monotonic(), self.session.session_id()
-        try:
-            stat = await self.session.call(self.session.client.set_async, self.state_path, new.encode(), self.version)
-        except BadVersionError:
-            self.session.poke()  # read again
-            return False
-        self.state, self.version = new, stat.version
-        self.session.note_contact(t0, session)
-        return True
-
     async def _change_isr(self, change: Callable[[set[int]], set[int]]) -> bool:
         for _ in range(3):
             s, leader = self.state, self.replica.leader
@@ -270,11 +215,11 @@ class GroupCoordinator:
                 return False
             new = s.with_isr(change(set(s.isr)))
             try:
-                if new == s or await self._cas(new):
+                if new == s or await self.view.cas(new):
                     if new != s:
                         log.info("%s: in-sync set in ZooKeeper: %s -> %s", self.name, list(s.isr), list(new.isr))
                     return True
-                await self._read_state()
+                await self.view.read_state(self.replica.epochs.latest + 1)
             except (KazooException, trio.TooSlowError, CoordinationError):
                 return False
         return False
@@ -308,7 +253,7 @@ class GroupCoordinator:
                 f"broker {broker_id} is not a live member of the in-sync set {list(s.isr)} in ZooKeeper",
             )
         new = GroupState(broker_id, s.epoch + 1, s.isr)
-        if not await self._cas(new):
+        if not await self.view.cas(new):
             raise RequestError(
                 ErrorCode.SYSTEM_BUSY, "the group's state changed in ZooKeeper during the hand-over; retry"
             )
@@ -328,9 +273,3 @@ class GroupCoordinator:
             "members": {str(k): v for k, v in sorted(self.members.items())},
             "lease_ms_left": int(self.session.lease_left_s(self.leading_session) * 1000),
         }
-
-    def _say(self, text: str, level: int) -> None:
-        """Log a situation once, when it changes (rounds repeat every RECHECK_S)."""
-        if text != self._said:
-            self._said = text
-            log.log(level, "%s: broker %d: %s", self.name, self.me, text)
