@@ -70,7 +70,7 @@ class Leader:
         self._sessions = itertools.count(int(time.time() * 1000) % 1_000_000_000)
         self._grew = trio.Event()  # set when the log grows: long-polled fetches answer
         self._changed = trio.Event()  # set when the confirmed offset or the in-sync set changes
-        self._buckets: dict[int, tuple[float, float]] = {}  # follower -> (tokens, at): catch-up throttle
+        self._throttle = CatchUpThrottle(config.replica_catchup_bytes_per_s)
         self._told: int | None = None  # what the log was last told its confirmed offset is
         self.log.set_confirmed_offset(None)  # alone in the in-sync set: consumers see the whole log
 
@@ -194,18 +194,9 @@ class Leader:
         )
 
     def _check_member(self, name: str, broker_id: int, segment_bytes: int, peer: Peer) -> None:
-        c = self.config
-        why = ""
-        if name != c.broker_name:
-            why = f"broker name {name!r} is not this group's ({c.broker_name!r})"
-        elif broker_id == c.broker_id:
-            why = f"broker id {broker_id} is the leader's own"
-        elif c.replica_ids and broker_id not in c.replica_ids:
-            why = f"broker id {broker_id} is not in replica_ids {list(c.replica_ids)}"
-        elif segment_bytes != self.log.config.segment_bytes:
-            why = f"segment_bytes {segment_bytes} differs from the leader's {self.log.config.segment_bytes}"
+        why = not_a_member(self.config, self.log.config.segment_bytes, name, broker_id, segment_bytes)
         if why:
-            log.warning("%s: refused replication from %s:%d: %s", c.broker_name, peer.host, peer.port, why)
+            log.warning("%s: refused replication from %s:%d: %s", self.config.broker_name, peer.host, peer.port, why)
             raise RequestError(ErrorCode.REPLICA_REFUSED, why, close=True)
 
     def _session(self, f: dict[str, Any]) -> FollowerState:
@@ -260,7 +251,7 @@ class Leader:
         if length and not state.in_sync and end - offset > self.config.replica_fetch_max_bytes:
             # Catching up, out of the in-sync set: throttled (Kafka's KIP-73). Never a follower
             # in sync: sync acks wait for it, and a burst must not make it fall out.
-            await self._throttle(state.broker_id, length)
+            await self._throttle.wait(state.broker_id, length)
         self.isr.answered(state, offset + length, end, now_ms())
         fields = {
             "epoch": self.epoch,
@@ -281,9 +272,56 @@ class Leader:
                 return Span(str(path), offset - base, min(n, base + size - offset))
         return None
 
-    async def _throttle(self, broker_id: int, n: int) -> None:
-        """A token bucket of ``replica_catchup_bytes_per_s`` per follower (one second deep)."""
-        rate = self.config.replica_catchup_bytes_per_s
+    async def metadata_request(self, frame: Frame, peer: Peer) -> Reply:
+        self._session(frame.fields)
+        snapshot = self.metadata.snapshot()
+        return Reply({"version": self.metadata.version(), **snapshot})
+
+    # ------------------------------------------------------------------ status
+    def replicas(self) -> list[dict[str, Any]]:
+        """REPLICA_STATUS's rows of the followers (see :func:`replica_row`)."""
+        end, now = self.log.write_offset, now_ms()
+        return [replica_row(f, end, now) for f in sorted(self.isr.followers.values(), key=lambda f: f.broker_id)]
+
+
+def replica_row(f: FollowerState, end: int, now: float) -> dict[str, Any]:
+    """A follower as REPLICA_STATUS shows it to an operator."""
+    return {
+        "broker_id": f.broker_id,
+        "addr": f.host,
+        "acked_offset": f.acked,
+        "flushed_offset": f.flushed,
+        "lag_bytes": max(0, end - f.acked) if f.acked >= 0 else end,
+        "lag_ms": _lag_ms(f, end, now),
+        "in_sync": f.in_sync,
+    }
+
+
+def not_a_member(config: ReplicationConfig, segment_bytes: int, name: str, broker_id: int, theirs: int) -> str:
+    """Why a broker joining (``name``, ``broker_id``, its segment size ``theirs``) may
+    not replicate from this leader (whose segments are ``segment_bytes``); "" if it may."""
+    if name != config.broker_name:
+        return f"broker name {name!r} is not this group's ({config.broker_name!r})"
+    if broker_id == config.broker_id:
+        return f"broker id {broker_id} is the leader's own"
+    if config.replica_ids and broker_id not in config.replica_ids:
+        return f"broker id {broker_id} is not in replica_ids {list(config.replica_ids)}"
+    if theirs != segment_bytes:
+        return f"segment_bytes {theirs} differs from the leader's {segment_bytes}"
+    return ""
+
+
+class CatchUpThrottle:
+    """A token bucket of ``bytes_per_s`` per follower catching up (one second deep;
+    0: unlimited), Kafka's KIP-73."""
+
+    def __init__(self, bytes_per_s: int) -> None:
+        self.rate = bytes_per_s
+        self._buckets: dict[int, tuple[float, float]] = {}  # follower -> (tokens, at)
+
+    async def wait(self, broker_id: int, n: int) -> None:
+        """Take ``n`` bytes from ``broker_id``'s bucket, waiting while it is in debt."""
+        rate = self.rate
         if rate <= 0:
             return
         tokens, at = self._buckets.get(broker_id, (float(rate), time.monotonic()))
@@ -292,27 +330,6 @@ class Leader:
         self._buckets[broker_id] = (tokens, now)
         if tokens < 0:
             await trio.sleep(-tokens / rate)
-
-    async def metadata_request(self, frame: Frame, peer: Peer) -> Reply:
-        self._session(frame.fields)
-        snapshot = self.metadata.snapshot()
-        return Reply({"version": self.metadata.version(), **snapshot})
-
-    # ------------------------------------------------------------------ status
-    def replicas(self) -> list[dict[str, Any]]:
-        end, now = self.log.write_offset, now_ms()
-        return [
-            {
-                "broker_id": f.broker_id,
-                "addr": f.host,
-                "acked_offset": f.acked,
-                "flushed_offset": f.flushed,
-                "lag_bytes": max(0, end - f.acked) if f.acked >= 0 else end,
-                "lag_ms": _lag_ms(f, end, now),
-                "in_sync": f.in_sync,
-            }
-            for f in sorted(self.isr.followers.values(), key=lambda f: f.broker_id)
-        ]
 
 
 def _lag_ms(f: FollowerState, end: int, now: float) -> int:
