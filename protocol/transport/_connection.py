@@ -421,23 +421,14 @@ class ServerConnection:
         try:  # as _guard, without its wrapper (once per request)
             return await handler(frame, self.peer)
         except Exception as e:
-            return self._failed(frame, e)
+            return error_reply(self.server.name, frame, e)
 
     async def _guard(self, frame: Frame, fn: Callable[[], Awaitable[T]]) -> T | Reply:
         """Run a handler step; failures become error replies, never a dropped connection."""
         try:
             return await fn()
         except Exception as e:
-            return self._failed(frame, e)
-
-    def _failed(self, frame: Frame, e: Exception) -> Reply:
-        if isinstance(e, RequestError):
-            return Reply(error_code=e.code, error_text=e.text, close_after=e.close)
-        if isinstance(e, trio.TooSlowError):
-            return Reply(error_code=ErrorCode.TIMEOUT, error_text="the request timed out on the server")
-        # a handler bug must not take the connection down
-        log.exception("%s: request %d failed", self.server.name, frame.code, exc_info=e)
-        return Reply(error_code=ErrorCode.SYSTEM_ERROR, error_text=f"{type(e).__name__}: {e}")
+            return error_reply(self.server.name, frame, e)
 
     def _send_error(self, code: int, request_id: int, error: ErrorCode, text: str) -> None:
         self._answer(Frame(code, request_id), Reply(error_code=error, error_text=text), _nothing)
@@ -451,18 +442,31 @@ class ServerConnection:
         if request.is_oneway:
             done()
             return
-        try:
-            if reply.spans:
-                frame = response_to(request, reply.fields, reply.body, reply.error_code, reply.error_text)
-                data = encode_frame_prefix(frame, sum(s.length for s in reply.spans))
-            else:
-                data = encode_reply(request, reply)
-        except Exception as e:  # fields a handler should not have answered: still an answer
-            log.exception("%s: cannot encode the reply to request %d", self.server.name, request.code)
-            reply = Reply(
-                error_code=ErrorCode.SYSTEM_ERROR, error_text=f"cannot encode the reply: {type(e).__name__}: {e}"
-            )
-            frame = response_to(request, {}, b"", reply.error_code, reply.error_text)
-            data = encode_frame(frame)
+        data, reply = _encoded(self.server.name, request, reply)
         close_text = f"{ErrorCode(reply.error_code).name}: {reply.error_text}" if reply.close_after else None
         self.outbox.put(_Out(data, reply.spans or None, done, close_text))
+
+
+def error_reply(server_name: str, frame: Frame, e: Exception) -> Reply:
+    """The answer to a request whose handler raised ``e`` (never a dropped connection)."""
+    if isinstance(e, RequestError):
+        return Reply(error_code=e.code, error_text=e.text, close_after=e.close)
+    if isinstance(e, trio.TooSlowError):
+        return Reply(error_code=ErrorCode.TIMEOUT, error_text="the request timed out on the server")
+    # a handler bug must not take the connection down
+    log.exception("%s: request %d failed", server_name, frame.code, exc_info=e)
+    return Reply(error_code=ErrorCode.SYSTEM_ERROR, error_text=f"{type(e).__name__}: {e}")
+
+
+def _encoded(server_name: str, request: Frame, reply: Reply) -> tuple[bytes, Reply]:
+    """The bytes of ``reply`` (with spans: its frame's prefix, the spans follow), and
+    the reply they carry: an error reply if ``reply`` cannot be encoded."""
+    try:
+        if reply.spans:
+            frame = response_to(request, reply.fields, reply.body, reply.error_code, reply.error_text)
+            return encode_frame_prefix(frame, sum(s.length for s in reply.spans)), reply
+        return encode_reply(request, reply), reply
+    except Exception as e:  # fields a handler should not have answered: still an answer
+        log.exception("%s: cannot encode the reply to request %d", server_name, request.code)
+        reply = Reply(error_code=ErrorCode.SYSTEM_ERROR, error_text=f"cannot encode the reply: {type(e).__name__}: {e}")
+        return encode_frame(response_to(request, {}, b"", reply.error_code, reply.error_text)), reply
