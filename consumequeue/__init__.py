@@ -6,8 +6,9 @@ from it after a crash. Plain, synchronous, typed storage code (no trio).
 
 from ._damage import AffectedQueue, affected_queues
 from ._dispatch import Dispatcher, tag_hash
+from ._entries import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HOLE_ENTRY, HOLE_TAG, START_TAG, Entry
 from ._files import FileCache
-from ._queue import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HOLE_ENTRY, HOLE_TAG, START_TAG, ConsumeQueue, Entry
+from ._queue import ConsumeQueue
 from ._set import Arrivals, ConsumeQueueSet
 from ._verify import PREAD_MAX_BYTES, EntryReader, FileSpan, check_headers, check_record_identity, contiguous_runs
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._queue import ENTRY_DTYPE, ENTRY_SIZE
+from ._entries import ENTRY_DTYPE, ENTRY_SIZE
 
 AffectedQueue = tuple[str, int, int, int]  # topic, queue id, first and last queue offset
 

@@ -33,7 +33,7 @@ from clmq.common import (
     walk_records,
 )
 
-from ._queue import ENTRY_DTYPE
+from ._entries import ENTRY_DTYPE
 from ._set import Arrivals, ConsumeQueueSet
 
 log = logging.getLogger("clmq.dispatch")
