@@ -53,8 +53,9 @@ class Replica:
     ) -> None:
         self.config = config
         self.store = store if isinstance(store, Store) else None
+        role = initial_role(config, store)  # refuses a follower without a log first
         self.epochs = LeaderEpochs.load(store.directory)
-        self.state = ReplicaState(config, self.store, self.epochs, initial_role(config, store))
+        self.state = ReplicaState(config, self.store, self.epochs, role)
         self.roles = Roles(
             self.state, metadata, token, register_now, writes_idle, addr, role_file=store.directory / ROLE_FILE
         )
