@@ -2,7 +2,9 @@
 raw bytes in order (docs/replication.md).
 
 - :class:`Replica` is one broker's place in its group (leader or follower, promotion,
-  stepping down); the broker's service wires it in and asks it before writes.
+  stepping down); the broker's service wires it in and asks it before writes. Its
+  parts share one ``ReplicaState``: ``Roles`` (the switches and the role's tasks),
+  ``WriteChecks`` (before and after writes), ``ReplicaRequests`` (its requests).
 - :class:`Leader` serves followers (REPLICA_JOIN, REPLICA_FETCH, REPLICA_METADATA)
   and keeps the in-sync set and the confirmed offset (:class:`InSyncSet`).
 - :class:`Follower` copies the leader's log through the store's replication hooks
