@@ -268,6 +268,41 @@ def test_produce_promote_demo_and_store_check_print_only_json(ns: str, tmp_path:
     assert idle.returncode == EXIT_USAGE and "duration '2x'" in idle.stderr
 
 
+def test_a_service_and_a_benchmark_print_only_json_with_o_json(tmp_path: Path) -> None:
+    """``clmq dev -o json``: one object once it serves (its addresses); a benchmark: its results."""
+    proc = popen(
+        "dev",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--listen-port",
+        "0",
+        "--namesrv-port",
+        str(free_port()),
+        "-o",
+        "json",
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())  # the first line of stdout, once it serves
+        assert ready["brokers"][0]["addr"] and ready["metrics_url"].endswith("/metrics")
+        assert (
+            ready["first_command"].startswith("clmq topic create demo") and ready["namesrv"] in ready["first_command"]
+        )
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.communicate(timeout=30)[0] == ""  # nothing else on stdout
+    bench = ("bench", "store", "--sizes", "100", "--queues", "1", "--flush", "async", "--runs", "1")
+    out = clmq(
+        *bench, "--seconds", "100ms", "--rebuild-messages", "0", "--scale-queues", "0", "-o", "json", cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["append"][0]["msgs_per_s"] > 0 and "JSON written" in out.stderr
+
+
 # ------------------------------------------------------------------ 7. clmq dev
 def test_dev_prints_a_first_command_that_works_as_printed_and_its_metrics_url(tmp_path: Path) -> None:
     proc = popen(

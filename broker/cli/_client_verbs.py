@@ -116,25 +116,13 @@ def cmd_topic(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_admin(addrs(args)) as admin:
             if args.topic_command in ("create", "update"):
-                try:
-                    on = await (
-                        admin.create_topic(args.name, args.queues)
-                        if args.topic_command == "create"
-                        else admin.update_topic(args.name, queue_count=args.queues)
-                    )
-                except ValueError as e:
-                    raise CliError(str(e), EXIT_FAILED) from None
-                await _wait_routed(admin, addrs(args), args.name, on)
-                if is_json(args):
-                    emit(args, "", [], [], data={"topic": args.name, "queues": args.queues, "brokers": on})
-                else:
-                    note(args, f"topic {args.name}: {args.queues} queues on {', '.join(on)}")
+                await _create_or_update(args, admin)
             elif args.topic_command == "delete":
                 on = await admin.delete_topic(args.name)
                 if not on:
                     raise CliError(f"no broker has topic {args.name!r}", EXIT_FAILED)
                 if is_json(args):
-                    emit(args, "", [], [], data={"topic": args.name, "brokers": on})
+                    write_json({"topic": args.name, "brokers": on})
                 else:
                     note(args, f"topic {args.name} deleted on {', '.join(on)}")
             elif args.topic_command == "list":
@@ -151,6 +139,23 @@ def cmd_topic(args: argparse.Namespace) -> int:
         return 0
 
     return run_client(main)
+
+
+async def _create_or_update(args: argparse.Namespace, admin: Admin) -> None:
+    """``topic create`` or ``topic update``, then wait until the name servers route it."""
+    try:
+        on = await (
+            admin.create_topic(args.name, args.queues)
+            if args.topic_command == "create"
+            else admin.update_topic(args.name, queue_count=args.queues)
+        )
+    except ValueError as e:
+        raise CliError(str(e), EXIT_FAILED) from None
+    await _wait_routed(admin, addrs(args), args.name, on)
+    if is_json(args):
+        write_json({"topic": args.name, "queues": args.queues, "brokers": on})
+    else:
+        note(args, f"topic {args.name}: {args.queues} queues on {', '.join(on)}")
 
 
 async def _wait_routed(admin: Admin, namesrv: list[str], topic: str, on: list[str]) -> None:
@@ -223,25 +228,37 @@ def cmd_produce(args: argparse.Namespace) -> int:
             selector = await _queue_selector(producer, args.topic, args.queue)
             if schedule is not None:
                 return await _produce_scheduled(args, producer, bodies, properties, selector, schedule)
-            number = 0
-            async for body in bodies:
-                number += 1
-                if body is None:  # a line over --max-line-bytes: reported by _stdin_lines
-                    continue
-                fut = await producer.submit(
-                    args.topic,
-                    body,
-                    tags=args.tags,
-                    keys=args.keys,
-                    properties=properties,
-                    sharding_key=args.sharding_key,
-                    selector=selector,
-                )
-                report.add(number, fut)
-            await producer.flush()
+            await _submit_all(args, producer, bodies, properties, selector, report)
         return report.finish()
 
     return run_client(main)
+
+
+async def _submit_all(
+    args: argparse.Namespace,
+    producer: Any,
+    bodies: AsyncIterator[bytes | None],
+    properties: dict[str, str],
+    selector: Any,
+    report: _ProduceReport,
+) -> None:
+    """Hand every message to the producer's buffer as it comes, then flush it."""
+    number = 0
+    async for body in bodies:
+        number += 1
+        if body is None:  # a line over --max-line-bytes: reported by _stdin_lines
+            continue
+        fut = await producer.submit(
+            args.topic,
+            body,
+            tags=args.tags,
+            keys=args.keys,
+            properties=properties,
+            sharding_key=args.sharding_key,
+            selector=selector,
+        )
+        report.add(number, fut)
+    await producer.flush()
 
 
 def _schedule(args: argparse.Namespace) -> dict[str, int] | None:

@@ -36,7 +36,7 @@ class DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
-def deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, dest: str, **kwargs: Any) -> None:
+def deprecated_alias(parser: argparse._ActionsContainer, old: str, new: str, dest: str, **kwargs: Any) -> None:
     """``old`` as a hidden alias of ``new`` (same ``dest``, ``type``, ...); pass
     ``nargs=0, const=...`` for a flag that takes no value."""
     parser.add_argument(old, dest=dest, action=DeprecatedAlias, new=new, **kwargs)

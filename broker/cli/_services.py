@@ -188,25 +188,28 @@ def cmd_broker(args: argparse.Namespace) -> int:
                 console.print(f"metrics on {metrics}")
             if is_json(args):
                 write_json({"addr": broker.addr, "broker_name": cfg.broker_name, "metrics_url": metrics})
-            role = broker.replica.role  # the role kept in the data directory wins over the setting
-            if cfg.zookeeper:
-                console.print(
-                    f"replica {cfg.broker_id} of group {cfg.broker_name}: its role comes from ZooKeeper "
-                    f"({cfg.zookeeper}, session {cfg.zk_session_timeout_ms} ms); {cfg.ack_mode} acks, "
-                    f"min_insync_replicas {cfg.min_insync_replicas}"
-                )
-            else:
-                console.print(
-                    f"replica {cfg.broker_id} of group {cfg.broker_name}: {role}"
-                    + (
-                        f" of {cfg.leader_addr or 'the leader the name servers know'}"
-                        if role == "follower"
-                        else f", epoch {broker.replica.epoch}"
-                    )
-                    + f"; {cfg.ack_mode} acks, min_insync_replicas {cfg.min_insync_replicas}"
-                )
+            _print_role(cfg, broker)
 
     return _run_service(main, f"{cfg.listen_host}:{cfg.listen_port}")
+
+
+def _print_role(cfg: BrokerConfig, broker: Any) -> None:
+    """The broker's place in its group: the role kept in the data directory wins over
+    the setting, and ZooKeeper decides it when there is one."""
+    acks = f"{cfg.ack_mode} acks, min_insync_replicas {cfg.min_insync_replicas}"
+    if cfg.zookeeper:
+        console.print(
+            f"replica {cfg.broker_id} of group {cfg.broker_name}: its role comes from ZooKeeper "
+            f"({cfg.zookeeper}, session {cfg.zk_session_timeout_ms} ms); {acks}"
+        )
+        return
+    role = broker.replica.role
+    where = (
+        f" of {cfg.leader_addr or 'the leader the name servers know'}"
+        if role == "follower"
+        else f", epoch {broker.replica.epoch}"
+    )
+    console.print(f"replica {cfg.broker_id} of group {cfg.broker_name}: {role}{where}; {acks}")
 
 
 def _run_service(main: Callable[[], Any], listen: str | None = None) -> int:
@@ -249,30 +252,33 @@ def cmd_dev(args: argparse.Namespace) -> int:
     if args.replicas > 1:  # separate processes; this one runs the name server
         return _run_service(lambda: run_replica_group(args, base, _demo))
 
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            ns = await nursery.start(serve_nameserver, NameServerConfig(listen_port=args.namesrv_port))
-            cfg = dataclasses.replace(base, namesrv_addrs=[ns.addr])
-            broker = await nursery.start(serve_broker, cfg)
-            console.print(
-                f"clmq dev: name server {ns.addr}, broker {broker.addr}, data in {cfg.data_dir}/ "
-                f"({cfg.storage_mode}, {cfg.flush_mode} flush)",
-                highlight=False,
-            )
-            if args.demo:
-                await _demo(ns.addr)
-            if args.exit_after_demo:
-                broker.shutdown()
-                ns.shutdown()
-                return
-            await nursery.start(_until_signal, lambda: (broker.shutdown(), ns.shutdown()))
-            url = _metrics_url(cfg.metrics_host or cfg.listen_host, broker.metrics_port)
-            print_ready(args, ns.addr, [{"addr": broker.addr, "broker_id": 0, "metrics_url": url}], str(cfg.data_dir))
-            console.print("serving; Ctrl-C stops")
-
     return _run_service(
-        main, f"name server 127.0.0.1:{args.namesrv_port} or broker {base.listen_host}:{base.listen_port}"
+        lambda: _serve_dev(args, base),
+        f"name server 127.0.0.1:{args.namesrv_port} or broker {base.listen_host}:{base.listen_port}",
     )
+
+
+async def _serve_dev(args: argparse.Namespace, base: BrokerConfig) -> None:
+    """``clmq dev`` in one process: the name server, then the broker registered with it."""
+    async with trio.open_nursery() as nursery:
+        ns = await nursery.start(serve_nameserver, NameServerConfig(listen_port=args.namesrv_port))
+        cfg = dataclasses.replace(base, namesrv_addrs=[ns.addr])
+        broker = await nursery.start(serve_broker, cfg)
+        console.print(
+            f"clmq dev: name server {ns.addr}, broker {broker.addr}, data in {cfg.data_dir}/ "
+            f"({cfg.storage_mode}, {cfg.flush_mode} flush)",
+            highlight=False,
+        )
+        if args.demo:
+            await _demo(ns.addr)
+        if args.exit_after_demo:
+            broker.shutdown()
+            ns.shutdown()
+            return
+        await nursery.start(_until_signal, lambda: (broker.shutdown(), ns.shutdown()))
+        url = _metrics_url(cfg.metrics_host or cfg.listen_host, broker.metrics_port)
+        print_ready(args, ns.addr, [{"addr": broker.addr, "broker_id": 0, "metrics_url": url}], str(cfg.data_dir))
+        console.print("serving; Ctrl-C stops")
 
 
 async def _demo(namesrv: str) -> None:
@@ -283,21 +289,7 @@ async def _demo(namesrv: str) -> None:
                 await trio.sleep(0.05)
         await admin.create_topic(DEV_TOPIC, DEV_TOPIC_QUEUES)
     async with open_producer([namesrv]) as producer:
-        with trio.fail_after(10):
-            while True:
-                try:
-                    await producer.routes.queues(DEV_TOPIC, refresh=True)
-                    break
-                except NoRouteError:
-                    await trio.sleep(0.1)
-        stamp = time.strftime("%H:%M:%S")
-        sent = []
-        for i in range(5):
-            r = await producer.send(
-                DEV_TOPIC, f"hello #{i} at {stamp}".encode(), tags="TagA" if i % 2 == 0 else "TagB", keys=f"k{i}"
-            )
-            sent.append(r)
-            console.print(f"sent     queue {r.queue.queue_id} offset {r.queue_offset}: hello #{i}")
+        sent = await _demo_send(producer)
     want = {(r.queue.queue_id, r.queue_offset) for r in sent}
     group = f"demo-{os.getpid()}-{time.time_ns()}"
     async with open_consumer([namesrv], group, {DEV_TOPIC: "*"}, start_from="earliest", pull_wait_ms=200) as consumer:
@@ -318,4 +310,20 @@ async def _demo(namesrv: str) -> None:
         await admin.delete_group(group)
 
 
-# ------------------------------------------------------------------- clients
+async def _demo_send(producer: Any) -> list[Any]:
+    """Once the name server routes the demo topic: five messages, tagged TagA and TagB."""
+    with trio.fail_after(10):
+        while True:
+            try:
+                await producer.routes.queues(DEV_TOPIC, refresh=True)
+                break
+            except NoRouteError:
+                await trio.sleep(0.1)  # a remote state: the name server sends no notification
+    stamp = time.strftime("%H:%M:%S")
+    sent = []
+    for i in range(5):
+        body = f"hello #{i} at {stamp}".encode()
+        r = await producer.send(DEV_TOPIC, body, tags="TagA" if i % 2 == 0 else "TagB", keys=f"k{i}")
+        sent.append(r)
+        console.print(f"sent     queue {r.queue.queue_id} offset {r.queue_offset}: hello #{i}")
+    return sent

@@ -24,12 +24,19 @@ def add_command(sub: Any) -> None:
         description="Export the messages of a store (a data directory, or running brokers) with "
         "Spark. Needs the spark extra: pip install 'clmq[spark]'.",
     )
+    _add_source_args(p)
+    _add_output_args(p)
+    p.set_defaults(func=cmd_export)
+
+
+def _add_source_args(p: argparse.ArgumentParser) -> None:
+    """What to read: a directory or running brokers, which topics and queues, from where to where."""
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--data-dir", help="a store's data directory (may belong to a running broker)")
     src.add_argument(
         "--namesrv", dest="nameserver", help="name server address(es), host:port[,host:port]: read every broker"
     )
-    deprecated_alias(p, "--nameserver", "--namesrv", "nameserver")
+    deprecated_alias(src, "--nameserver", "--namesrv", "nameserver")
     src.add_argument("--broker", help="broker address(es), host:port[,host:port]")
     p.add_argument("--topics", help="topics, comma separated (default: all)")
     p.add_argument("--topic-pattern", help="topics matching this regular expression")
@@ -44,6 +51,10 @@ def add_command(sub: Any) -> None:
         help="continue an earlier export: start every queue where its manifest (_clmq_manifest.json, "
         "or the output directory holding it) ends it; new queues from their earliest offset",
     )
+
+
+def _add_output_args(p: argparse.ArgumentParser) -> None:
+    """Where and how to write, with what Spark, and what to print."""
     p.add_argument("--format", choices=FORMATS, default="parquet", help="output format (default parquet)")
     p.add_argument("--out-dir", dest="out_dir", help="output directory, a Spark path (required)")
     p.add_argument(
@@ -76,15 +87,20 @@ def add_command(sub: Any) -> None:
         default="fail",
         help="a corrupt record fails the export (default) or is skipped and counted",
     )
+    _add_print_args(p)
+
+
+def _add_print_args(p: argparse.ArgumentParser) -> None:
+    """What the command prints while it runs and when it is done."""
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument(
         "-o",
         "--output",
         action=_OutputOrOldOutDir,
+        metavar="{table,json}",
         default="table",
         help="table (default: a summary for people) or json (for scripts: stdout is only the summary as JSON)",
     )
-    p.set_defaults(func=cmd_export)
 
 
 class _OutputOrOldOutDir(argparse.Action):
