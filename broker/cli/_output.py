@@ -153,11 +153,11 @@ def print_table(
     of tab-separated fields. A cell is a value (printed as it is, escaped) or a rich
     :class:`Text` (styled on a terminal, its plain text otherwise)."""
     if not to_terminal():
-        head = [title] if title else []
+        head = [safe(title)] if title else []
         head += ["\t".join(columns)] if show_header else []
         write_lines(head + ["\t".join(_plain_cell(v) for v in r) for r in rows])
         return
-    table = Table(title=title or None, show_header=show_header)
+    table = Table(title=escape(safe(title)) or None, show_header=show_header)
     for c in columns:
         table.add_column(c, justify="right" if c in right else "left", overflow="fold")  # fold: never cut
     for r in rows:
