@@ -26,6 +26,7 @@ def first_command(namesrv: str) -> str:
 
 
 def read_back_command(namesrv: str) -> str:
+    """Read one message of the topic back, committing nothing (no ``--group``)."""
     return f"clmq consume {DEV_TOPIC} --count 1 --namesrv {namesrv}"
 
 
