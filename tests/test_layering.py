@@ -6,6 +6,7 @@ never fail would be noticed, then checked on the real tree.
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,24 @@ def test_common_imports_nothing_of_clmq(tree: ig.Graph) -> None:
     for module, targets in tree.internal.items():
         if module.startswith("clmq.common"):
             assert all(t.startswith("clmq.common") for t in targets), module
+
+
+MAX_CLASS_LINES = 300  # docs/architecture.md: split a class that grows past it by composition
+
+
+def test_no_class_is_over_300_lines() -> None:
+    """A class past the limit is split into parts sharing one state object (``StoreState``,
+    ``ReplicaState``, ``ConsumerState``: docs/architecture.md), not allowed to grow."""
+    sources = ig.tree_sources(ROOT, TOP_LEVEL)
+    too_long = sorted(
+        f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for module, text in sources.items()
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.ClassDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
+    )
+    assert too_long == []
 
 
 def test_every_room_is_where_the_architecture_says(tree: ig.Graph) -> None:
