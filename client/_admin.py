@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 import trio
 
@@ -27,6 +27,7 @@ from ._admin_reads import (
     scan_for_key,
     topic_leaders,
 )
+from ._arguments import resolve_addrs
 
 CANCEL_BUSY_RETRY_S = 10  # a cancel waits this long at most for a broker's timer to start
 DEFAULT_MAX_KEY_SCAN_MESSAGES = 100_000  # a key lookup reads at most this many messages (no key index yet)
@@ -36,12 +37,15 @@ class Admin:
     """Use :func:`open_admin` (trio) or :class:`client.BlockingAdmin`."""
 
     def __init__(
-        self, rpc: RpcClient, namesrv_addrs: list[str], broker_addrs: list[str] | None = None, timeout_ms: int = 5000
+        self,
+        rpc: RpcClient,
+        namesrv_addrs: str | Sequence[str] | None,
+        broker_addrs: str | Sequence[str] | None = None,
+        timeout_ms: int = 5000,
     ) -> None:
-        if not namesrv_addrs and not broker_addrs:
-            raise ValueError("give name server addresses or broker addresses")
+        namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # a string or a list, or $CLMQ_NAMESRV
         self.rpc = rpc
-        self.calls = AdminCalls(rpc, namesrv_addrs, broker_addrs or [], timeout_ms)
+        self.calls = AdminCalls(rpc, namesrv, brokers, timeout_ms)
 
     async def brokers(self) -> list[dict[str, Any]]:
         """Every broker: from any name server that answers, else the given broker addresses."""
@@ -254,12 +258,15 @@ class Admin:
 
 @asynccontextmanager
 async def open_admin(
-    namesrv_addrs: list[str] | None = None, *, broker_addrs: list[str] | None = None
+    namesrv_addrs: str | Sequence[str] | None = None, *, broker_addrs: str | Sequence[str] | None = None
 ) -> AsyncIterator[Admin]:
+    """An admin client for trio code: ``async with open_admin("127.0.0.1:9876") as admin:``.
+    Addresses are a string (``"h1:9876,h2:9876"``) or a list; with neither, ``$CLMQ_NAMESRV``."""
+    namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors here, before anything starts
     async with background_nursery() as nursery:
         rpc = RpcClient(nursery)
         try:
-            yield Admin(rpc, namesrv_addrs or [], broker_addrs)
+            yield Admin(rpc, namesrv, brokers)
         finally:
             await rpc.aclose()
             nursery.cancel_scope.cancel()

@@ -68,7 +68,7 @@ class _Portal:
             else:
                 raise
 
-    def run(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         return trio.from_thread.run(functools.partial(fn, *args, **kwargs), trio_token=self.token)
 
     def close(self) -> None:
@@ -314,7 +314,7 @@ class BlockingProducer:
 
     def send_oneway(self, topic: str, body: bytes, **kwargs: Any) -> None:
         """:meth:`Producer.send_oneway`: no answer waited for, no guarantee."""
-        self._portal.run(self.producer.send_oneway, topic, body, **kwargs)
+        self._portal.call(self.producer.send_oneway, topic, body, **kwargs)
 
     def submit(
         self, topic: str, body: bytes, *, callback: SendCallback | None = None, **kwargs: Any
@@ -342,7 +342,7 @@ class BlockingProducer:
         """:meth:`Producer.flush`: until every message submitted before is answered
         (stored or failed for good)."""
         self._handoff.drain()
-        self._portal.run(self.producer.flush)
+        self._portal.call(self.producer.flush)
 
     def close(self) -> None:
         """Hand every message submitted over, then close the producer (which flushes,
@@ -410,7 +410,7 @@ class BlockingConsumer:
                 return await self.consumer.receive()
             return []
 
-        return self._portal.run(receive)
+        return self._portal.call(receive)
 
     @property
     def errors(self) -> dict[MessageQueue, DamagedQueueError]:
@@ -419,16 +419,16 @@ class BlockingConsumer:
         async def copy() -> dict[MessageQueue, DamagedQueueError]:
             return dict(self.consumer.errors)
 
-        return self._portal.run(copy)
+        return self._portal.call(copy)
 
     def commit(self) -> None:
         self.consumer.ack()
-        self._portal.run(self.consumer.commit)
+        self._portal.call(self.consumer.commit)
 
     def nack(self, records: Sequence[Record], delay_ms: int | None = None) -> list[SendBackResult]:
         """:meth:`Consumer.nack`: ``records`` (from the last :meth:`poll`) failed:
         delivered again later (orderly: in place); raises :class:`SendBackError`."""
-        return self._portal.run(self.consumer.nack, records, delay_ms)
+        return self._portal.call(self.consumer.nack, records, delay_ms)
 
     reconsume_later = nack
 
@@ -451,15 +451,15 @@ class BlockingConsumer:
             if not records:
                 continue
             limit = None if max_messages is None else max_messages - handled
-            rnd: Round = self._portal.run(self._sync, redelivery.round, records, limit)
+            rnd: Round = self._portal.call(self._sync, redelivery.round, records, limit)
             try:
                 for r in rnd.todo():
                     rnd.done(r, judge_sync(handler, r))
             except BaseException:
-                self._portal.run(self._sync, redelivery.abandon, rnd)
+                self._portal.call(self._sync, redelivery.abandon, rnd)
                 raise
             handled += rnd.handled
-            self._portal.run(redelivery.settle, rnd)
+            self._portal.call(redelivery.settle, rnd)
         return handled
 
     @staticmethod
@@ -489,7 +489,7 @@ class BlockingAdmin:
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         fn = getattr(self.admin, name)
-        return lambda *a, **k: self._portal.run(fn, *a, **k)
+        return lambda *a, **k: self._portal.call(fn, *a, **k)
 
     def close(self) -> None:
         self._portal.close()

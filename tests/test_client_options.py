@@ -287,7 +287,7 @@ def test_a_blocking_producer_collected_on_its_own_client_thread_is_closed_by_ano
     async def finalize_on_the_client_thread() -> None:
         producer._finalizer()  # what the collector would call there
 
-    portal.run(finalize_on_the_client_thread)
+    portal.call(finalize_on_the_client_thread)
     assert all(f.result(timeout=TIMEOUT_S).queue_offsets for f in futures)
     portal.thread.join(TIMEOUT_S)
     assert not portal.thread.is_alive()

@@ -193,7 +193,7 @@ class Accumulator:
         sender = self.senders.get(addr)
         if sender is None:
             sender = self.senders[addr] = Sender(self, addr)
-            self.nursery.start_soon(sender.run)
+            self.nursery.start_soon(sender.send_loop)
         return sender
 
     def home(self, qb: QueueBuffer, mq: MessageQueue) -> None:

@@ -128,7 +128,7 @@ def start_scheduled(
         fut.add_done_callback(callback)
     inflight.add(fut)
 
-    async def run() -> None:
+    async def send_when_due() -> None:
         try:
             r = await send()
             answer = Answer(r.queue, r.queue_offsets, r.commitlog_offsets, r.durable, r.flush_timeout, r.duplicate)
@@ -140,5 +140,5 @@ def start_scheduled(
         finally:
             inflight.discard(fut)
 
-    nursery.start_soon(run)
+    nursery.start_soon(send_when_due)
     return fut

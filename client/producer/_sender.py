@@ -80,7 +80,7 @@ class Sender:
         if self.ready.pop(qb.key, None) is not None:
             self.pending -= qb.bytes
 
-    async def run(self) -> None:
+    async def send_loop(self) -> None:
         """Forever: wait until a request is due and a slot is free, make it, send it."""
         acc = self.acc
         while True:
