@@ -122,7 +122,8 @@ async def _run(broker: BrokerProcess, args: argparse.Namespace, say: Any) -> dic
             await trio.sleep(args.settle_seconds)
             evicted = evict(broker.dir / "data")
             say(
-                f"evicted {evicted / 2**20:,.0f} MiB from the page cache; run {'with' if cold else 'without'} the cold reader"
+                f"evicted {evicted / 2**20:,.0f} MiB from the page cache; "
+                f"run {'with' if cold else 'without'} the cold reader"
             )
             phases.append(await _phase(rpc, broker, topic, args, cold))
             say(f"  {asdict(phases[-1]) | {'windows_p99_ms': '...'}}")

@@ -76,7 +76,8 @@ def _add_compare(bench_sub: Any) -> None:
         "--via",
         choices=["store", "broker"],
         default="store",
-        help="store: append in-process (default); broker: send the same batches to a broker process per case over loopback",
+        help="store: append in-process (default); "
+        "broker: send the same batches to a broker process per case over loopback",
     )
     cmp_.set_defaults(func=cmd_bench_compare)
 

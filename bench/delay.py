@@ -194,7 +194,8 @@ def precision(
     m = row["memory"]
     report(
         f"{pending:,} pending: scheduled in {row['schedule_s']:.1f} s ({row['schedule_msgs_per_s']:,.0f} msgs/s); "
-        f"lateness of {row['samples']:,} of {row['expected']:,} due in the window ({row['pending_at_window']:,} pending "
+        f"lateness of {row['samples']:,} of {row['expected']:,} due in the window "
+        f"({row['pending_at_window']:,} pending "
         f"then): p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms, max {row['max_ms']:.0f} ms; memory per "
         f"pending: VmRSS {m['rss_bytes_per_pending']:.1f} B, RssAnon {m['rss_anon_bytes_per_pending']:.1f} B, "
         f"timer_memory_bytes {m['timer_memory_bytes_per_pending']:.1f} B"

@@ -96,7 +96,8 @@ def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     out = [
         f"Send rate, {s['size_bytes']} B bodies, batches of {s['batch']}, {s['senders']} senders, "
-        f"{s['runs']} runs of {s['seconds']:g} s each (alternated), scheduled {s['schedule_delay_ms'] / 60000:g} min ahead:\n",
+        f"{s['runs']} runs of {s['seconds']:g} s each (alternated), "
+        f"scheduled {s['schedule_delay_ms'] / 60000:g} min ahead:\n",
         _table(
             [
                 "plain msgs/s",

@@ -258,7 +258,8 @@ def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str
                 lat = _latency_case(root, api, args)
                 lat_samples[api].append(asdict(lat))
                 report(
-                    f"run {r + 1}/{args.runs}: {api}, sync flush at {args.latency_rate:,} msgs/s: p50 {lat.p50_ms:.2f} ms, "
+                    f"run {r + 1}/{args.runs}: {api}, sync flush at {args.latency_rate:,} msgs/s: "
+                    f"p50 {lat.p50_ms:.2f} ms, "
                     f"p99 {lat.p99_ms:.2f} ms, max {lat.max_ms:.2f} ms"
                     + (f", {lat.failed:,} sends failed" if lat.failed else "")
                 )

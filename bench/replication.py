@@ -280,7 +280,8 @@ def _aims(result: dict[str, Any]) -> list[dict[str, Any]]:
         if r["followers"] == 2 and r["ack_mode"] == "sync" and r["flush_mode"] == "async":
             aims.append(
                 {
-                    "aim": f"sync replication to 2 followers >= 0.5 x single broker sync flush ({r['queues']:,} queues)",
+                    "aim": f"sync replication to 2 followers >= 0.5 x single broker sync flush "
+                    f"({r['queues']:,} queues)",
                     "value": r["vs_sync_flush"],
                     "target": 0.5,
                     "met": r["vs_sync_flush"] >= 0.5,

@@ -274,7 +274,8 @@ def run_all(
             producers = 4 if f == "sync" else 1
             samples[(s, q, f)].append(bench_append(root, s, q, f, seconds, batch, producers))
             report(
-                f"run {r + 1}/{runs}: append {s} B x {q} queues, {f} flush: {samples[(s, q, f)][-1].msgs_per_s:,.0f} msgs/s"
+                f"run {r + 1}/{runs}: append {s} B x {q} queues, {f} flush: "
+                f"{samples[(s, q, f)][-1].msgs_per_s:,.0f} msgs/s"
             )
     result: dict[str, Any] = {
         "runs": runs,
@@ -288,7 +289,8 @@ def run_all(
         result["rebuild"] = asdict(median_of(rebuild))
         save(result)
         report(
-            f"rebuild of {rebuild_messages:,} messages: re-dispatch {rebuild[-1].redispatch_records_per_s:,.0f} records/s"
+            f"rebuild of {rebuild_messages:,} messages: "
+            f"re-dispatch {rebuild[-1].redispatch_records_per_s:,.0f} records/s"
         )
     reads = [bench_read(root, 200_000, 1024, q) for q in (1, 1000) for _ in range(runs)]
     result["read"] = [asdict(median_of([x for x in reads if x.queues == q])) for q in (1, 1000)]

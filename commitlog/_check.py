@@ -352,7 +352,8 @@ def _partition_continuity(cur: _SegmentScan, nxt: _SegmentScan) -> None:
         cur.problems.append(LogProblem(path, cur.size, cur.size, reason))
     elif nxt.base < cur.base + count:
         at = cur.prefix_starts[nxt.base - cur.base]
-        reason = f"segment holds {count} records, {cur.base + count - nxt.base} more than its successor's base {nxt.base} allows"
+        extra = cur.base + count - nxt.base
+        reason = f"segment holds {count} records, {extra} more than its successor's base {nxt.base} allows"
         cur.problems.append(LogProblem(path, at, cur.size, reason))
 
 

@@ -229,7 +229,8 @@ def _running_group(group: DevGroup) -> Iterator[DevGroup]:
         yield group
     finally:
         if group.proc.poll() is None:
-            group.proc.kill()  # a test failed before stopping it; its replicas (and ZooKeeper) are in their own sessions
+            # a test failed before stopping it; its replicas (and ZooKeeper) are in their own sessions
+            group.proc.kill()
             for pid in (int(p) for p in re.findall(r"pid (\d+)", "".join(group.output))):
                 try:
                     os.kill(pid, signal.SIGKILL)

@@ -669,8 +669,9 @@ async def test_loop_of_leader_and_follower_faults_loses_no_acknowledged_message(
 ) -> None:
     """Sync acks, min_insync_replicas=2, three brokers; rounds of keyed traffic, each with
     a random fault: the leader SIGKILLed and a follower promoted, the old leader
-    rejoining; the leader SIGKILLed and restarted (a new term); the leader stalled (SIGSTOP) and resumed; a follower SIGKILLed and
-    restarted (and killed again while catching up); a follower paused and resumed.
+    rejoining; the leader SIGKILLed and restarted (a new term); the leader stalled
+    (SIGSTOP) and resumed; a follower SIGKILLed and restarted (and killed again while
+    catching up); a follower paused and resumed.
     After every round all logs are byte-identical and the group's offsets are on the
     leader; at the end every acknowledged message is on the last leader, in order per key."""
     async with open_group(tmp_path) as g:

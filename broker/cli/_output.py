@@ -207,7 +207,8 @@ def record_line(rec: Record, *, details: bool = False, msg_id: str | None = None
     ``details`` also keys, id, properties and attempts. Control characters (newlines
     too) are escaped: one message is one line, and cannot drive the terminal."""
     body = safe(rec.body.decode("utf-8", errors="backslashreplace"))
-    head = f"{safe(rec.topic)} q{rec.queue_id} @{rec.queue_offset} {format_time_ms(rec.store_timestamp_ms)} [{safe(rec.tags)}]"
+    when = format_time_ms(rec.store_timestamp_ms)
+    head = f"{safe(rec.topic)} q{rec.queue_id} @{rec.queue_offset} {when} [{safe(rec.tags)}]"
     if details:
         extra = [
             f"keys={rec.keys!r}" if rec.keys else "",  # repr escapes what is not printable

@@ -19,7 +19,10 @@ import time
 
 from ._errors import EXIT_USAGE, CliError
 
-FORMS = "ISO-8601 (2026-11-23T10:00:00Z, 2026-11-23 10:00, 2026-11-23), epoch milliseconds (1763891000000) or a duration ago (-1h, -30m, -2d, -90s, -500ms)"
+FORMS = (
+    "ISO-8601 (2026-11-23T10:00:00Z, 2026-11-23 10:00, 2026-11-23), epoch milliseconds (1763891000000) "
+    "or a duration ago (-1h, -30m, -2d, -90s, -500ms)"
+)
 FORMS_WHEN = "ISO-8601 (2026-11-23T10:00:00Z, 2026-11-23 10:00) or epoch milliseconds (1763891000000)"
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000}
 _RELATIVE = re.compile(r"^-?(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")

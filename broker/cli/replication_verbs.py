@@ -343,7 +343,8 @@ def _refused(args: argparse.Namespace, result: dict[str, Any], why: str) -> None
         return
     console.print(
         f"[red]refused:[/red] {result['broker_name']}/{result['broker_id']} at {result['addr']} is not known to be "
-        f"in sync with its leader ({escape(why)}).\nPromoting it anyway with --force makes it the leader with what it has: "
+        f"in sync with its leader ({escape(why)}).\n"
+        "Promoting it anyway with --force makes it the leader with what it has: "
         "messages the old leader acknowledged that it has not copied are LOST, and the old "
         "leader cuts them from its log when it rejoins as a follower."
     )

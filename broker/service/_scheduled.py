@@ -109,7 +109,8 @@ class ScheduledRequests:
         if int(due) > latest:
             raise RequestError(
                 ErrorCode.INVALID_MESSAGE,
-                f"message {i}: due at {due}, later than timer_max_delay_ms={self.ctx.config.timer_max_delay_ms} from now",
+                f"message {i}: due at {due}, "
+                f"later than timer_max_delay_ms={self.ctx.config.timer_max_delay_ms} from now",
             )
 
     def _check_target(self, i: int, topic: str, qid: str) -> None:

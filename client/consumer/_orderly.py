@@ -14,9 +14,9 @@ the lock's lease holds by this member's clock.
   acknowledged; it is asked for again while it is wanted.
 - Released (the rebalance moved it, or it was granted after it stopped being wanted):
   the consumer waits until its batch being processed is acknowledged (however long:
-  the lease is renewed meanwhile), commits, then unlocks (:meth:`QueueLocks.unlock`). Lock and unlock requests never overlap (one
-  lock): a renewal sent before an unlock could otherwise reach the broker after it and
-  take the queue again.
+  the lease is renewed meanwhile), commits, then unlocks (:meth:`QueueLocks.unlock`).
+  Lock and unlock requests never overlap (one lock): a renewal sent before an unlock
+  could otherwise reach the broker after it and take the queue again.
 """
 
 from __future__ import annotations
