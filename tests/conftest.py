@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -10,6 +11,14 @@ import pytest
 from clmq.broker.store import STORAGE_MODES, Store, StoreConfig
 from clmq.commitlog import CommitLogConfig
 from clmq.common import Message
+
+# A test run started in the background by a shell without job control (`cmd &` in a
+# script) has SIGINT ignored, and every clmq process it starts would inherit that (an
+# ignored signal stays ignored across exec): the Ctrl-C tests would then see nothing
+# happen. A handler of our own is reset to the default in children, so they get
+# Ctrl-C as a terminal would give it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def small_config(
