@@ -130,7 +130,9 @@ async def _run(broker: BrokerProcess, args: argparse.Namespace, say: Any) -> dic
         await rpc.aclose()
         nursery.cancel_scope.cancel()
     without, with_ = phases
-    settings = {k: v for k, v in vars(args).items() if k not in ("func", "json", "markdown", "plot", "dir")}
+    # Where results go is not a setting of the run (and a Path is not JSON): out_dir too.
+    skip = ("func", "json", "markdown", "plot", "dir", "out_dir")
+    settings = {k: v for k, v in vars(args).items() if k not in skip}
     return {
         "settings": settings,
         "backlog_messages": filled,
