@@ -74,12 +74,13 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
 
 
-def _run(*args: str | Path, cwd: Path, timeout_s: float = 600) -> str:
+def _run(*args: str | Path, cwd: Path, timeout_s: float = 600, stderr: bool = False) -> str:
+    """stdout of a command that must succeed (with ``stderr``: stdout and stderr)."""
     done = subprocess.run(
         [str(a) for a in args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout_s
     )
     assert done.returncode == 0, f"{args} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
-    return done.stdout
+    return done.stdout + done.stderr if stderr else done.stdout
 
 
 def _source_copy(dest: Path) -> Path:
@@ -102,9 +103,18 @@ def _source_copy(dest: Path) -> Path:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     source = _source_copy(tmp / "source")
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp / "dist", source, cwd=tmp)
+    # Not -q: what the build backend says is kept (test_the_build_is_quiet reads it).
+    out = _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp / "dist", source, cwd=tmp, stderr=True)
+    (tmp / "dist" / "build-output.txt").write_text(out)
     (built,) = (tmp / "dist").glob("clmq-*.whl")
     return built
+
+
+def test_the_build_is_quiet(wheel: Path) -> None:
+    """No build-backend warning (the license field in its deprecated table form gave one)."""
+    out = (wheel.parent / "build-output.txt").read_text()
+    assert "Successfully built clmq" in out, out
+    assert "Warning" not in out and "deprecat" not in out.lower(), out
 
 
 def test_the_wheel_holds_only_clmq(wheel: Path) -> None:
