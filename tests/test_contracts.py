@@ -3,11 +3,14 @@ are a ``StorageEngine``, and every exception clmq exports is a ``ClmqError``."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
+from pathlib import Path
 
 import pytest
 
+import clmq
 from clmq.broker.store import StorageEngine, Store
 from clmq.common import ClmqError, CorruptRecordError
 
@@ -67,3 +70,14 @@ def test_a_corruption_error_carries_where_and_what() -> None:
         str(e)
         == "corrupt record in /data/commitlog/00000000000000000000 at offset 4096: crc expected 0x1234abcd, got 0x0"
     )
+
+
+def test_the_public_face_lists_each_export_once_and_shows_each_to_type_checkers() -> None:
+    """``clmq/__init__.py`` keeps three lists of its names (the lazy table, ``__all__``,
+    the ``TYPE_CHECKING`` imports): they agree, and every name loads."""
+    assert sorted(clmq.__all__) == sorted(["__version__", *clmq._EXPORTS])
+    tree = ast.parse(Path(clmq.__file__).read_text())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    shown = {a.asname or a.name for n in block.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert shown == set(clmq._EXPORTS)
+    assert all(getattr(clmq, name) is not None for name in clmq._EXPORTS)

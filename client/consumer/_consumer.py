@@ -36,12 +36,12 @@ import logging
 import os
 import socket
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Literal, Sequence
 
 import trio
 
 from clmq.common import Record, retry_topic
-from clmq.protocol import Frame, RequestCode
+from clmq.protocol import RequestCode
 from clmq.protocol.transport import RpcClient, background_nursery
 
 from .._arguments import options_from, resolve_addrs
@@ -80,7 +80,6 @@ class Consumer:
         self.requests = Requests(rpc, routes, state)
         self.commits = Commits(state, self.requests)
         self._fetcher: Fetcher | None = None
-        self.net_errors: tuple[type[BaseException], ...] = NET_ERRORS  # what the fetcher retries after
         self.reads = ReadRouter(
             routes,
             always=options.read_from_followers,
@@ -220,15 +219,6 @@ class Consumer:
         if self.options.mode == "clustering":
             await self.commits.commit_changed()
 
-    async def to_leader(self, mq: MessageQueue, addr: str, code: int, fields: dict[str, Any]) -> Frame:
-        """A request to ``mq``'s group leader, following it if it moves (:class:`Membership`)."""
-        return await self.membership.to_leader(mq, addr, code, fields)
-
-    def route_failed(self, addr: str) -> None:
-        """A group leader failed a request: refresh routes and rebalance now (its
-        group may have a new leader)."""
-        self.membership.rebalance_soon()
-
     # ------------------------------------------------------------- background
     async def _start(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
@@ -250,7 +240,7 @@ class Consumer:
             await self.commit()
             for addr in await self.membership.broker_addrs():
                 try:
-                    await self.request(addr, RequestCode.UNREGISTER_CLIENT, {"client_id": self.client_id})
+                    await self.requests.request(addr, RequestCode.UNREGISTER_CLIENT, {"client_id": self.client_id})
                 except NET_ERRORS:
                     pass
 
@@ -258,9 +248,6 @@ class Consumer:
         while True:
             await trio.sleep(interval_ms / 1000)
             await fn()
-
-    async def request(self, addr: str, code: int, fields: dict[str, Any], timeout_ms: float | None = None) -> Frame:
-        return await self.rpc.request(addr, code, fields, timeout_ms=timeout_ms or self.options.request_timeout_ms)
 
     async def apply_share(self, wanted: set[MessageQueue]) -> None:
         """Read the queues of this member's share (:class:`Membership`): queues whose

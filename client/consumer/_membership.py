@@ -13,11 +13,11 @@ share of the group's queues (requests that follow a group's leader: ``_requests`
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import trio
 
-from clmq.protocol import Frame, RequestCode
+from clmq.protocol import RequestCode
 
 from .._routes import MessageQueue, NoRouteError, Routes
 from ._allocate import allocate_averagely
@@ -111,7 +111,3 @@ class Membership:
         if s.client_id not in members:
             members.append(s.client_id)
         return allocate_averagely(mqs, members, s.client_id)
-
-    async def to_leader(self, mq: MessageQueue, addr: str, code: int, fields: dict[str, Any]) -> Frame:
-        """See :meth:`Requests.to_leader`."""
-        return await self.requests.to_leader(mq, addr, code, fields)
