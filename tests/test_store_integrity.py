@@ -348,7 +348,7 @@ def test_a_full_disk_for_queue_files_is_retried(tmp_path: Path) -> None:
             bodies = _sent_ok(s, 20)
             wait_until(lambda: faults.fired == 3, 10, "three failed queue writes")
             wait_until(
-                lambda: s._saved is not None and s._saved.queues.get(("a", 0), (0, 0))[1] == 20,
+                lambda: s._parts.saved is not None and s._parts.saved.queues.get(("a", 0), (0, 0))[1] == 20,
                 10,
                 "the queue files written once there was room",
             )

@@ -181,7 +181,7 @@ def test_reads_from_many_threads_during_writes_checkpoints_and_retention(tmp_pat
         assert not any(t.is_alive() for t in threads), "a thread is stuck (deadlock?)"
         assert store.failure is None, store.failure  # a background thread died: its error says why
         assert not hammer.errors, "\n".join(hammer.errors[:3])
-        assert not store._rebuild.marked, store._rebuild.marked  # no false damage
+        assert not store._parts.rebuild.marked, store._parts.rebuild.marked  # no false damage
         assert hammer.written > 1000 and hammer.read > 100, (hammer.written, hammer.read)
         assert store.log.min_offset > 0  # retention ran
     finally:
@@ -215,7 +215,7 @@ def test_zero_copy_reads_while_segments_roll_under_back_to_back_retention_passes
             t.join(RUN_S + 60)
         assert store.failure is None, store.failure
         assert not hammer.errors, "\n".join(hammer.errors[:3])
-        assert not store._rebuild.marked, store._rebuild.marked
+        assert not store._parts.rebuild.marked, store._parts.rebuild.marked
         assert len(store.log.segments()) > 10 and hammer.read > 100, (len(store.log.segments()), hammer.read)
     finally:
         store.close()
@@ -235,7 +235,7 @@ def test_a_zero_copy_read_between_retentions_unlink_and_its_new_log_start_finds_
         first.unlink()  # as retention does, under the log's lock, before the new start is published
         res = store.read_raw("busy", 0, 0, 16)
         assert res.status is GetStatus.FOUND and res.count == 16, res
-        assert not store._rebuild.marked, store._rebuild.marked
+        assert not store._parts.rebuild.marked, store._parts.rebuild.marked
     finally:
         store.abandon()
 

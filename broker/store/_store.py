@@ -54,7 +54,6 @@ from ._puts import PutPath
 from ._queue_reads import QueueReads
 from ._read_many import read_many
 from ._reads import ManyRead, ReadAsk, Reads
-from ._recovery import RebuildList
 
 __all__ = ["Store", "StoreConfig", "StoreLockedError"]
 
@@ -72,7 +71,6 @@ class Store(StoreBase):
     log: CommitLog
     queues: ConsumeQueueSet
     dispatcher: Dispatcher
-    _rebuild: RebuildList  # queues marked for rebuild at the next open
     _parts: LogParts
     _queue_reads: QueueReads
 
@@ -93,7 +91,7 @@ class Store(StoreBase):
             self._life.end_close(clean=False)
             raise
         self._parts = parts
-        self.log, self.queues, self.dispatcher, self._rebuild = parts.log, parts.queues, parts.dispatcher, parts.rebuild
+        self.log, self.queues, self.dispatcher = parts.log, parts.queues, parts.dispatcher
         self._puts = PutPath(self._state, LogAppender(parts.log))
         self._queue_reads = QueueReads(parts)
         self._reads = Reads(self._state, self._queue_reads)
@@ -137,11 +135,6 @@ class Store(StoreBase):
     def checkpoint(self, sync: bool = False, full: bool = True) -> Checkpoint:
         """Write queue entries to their files and record what is on disk (:func:`~._housekeeping.checkpoint`)."""
         return checkpoint(self._parts, sync, full)
-
-    @property
-    def _saved(self) -> Checkpoint | None:
-        """The last checkpoint written."""
-        return self._parts.saved
 
     def apply_retention(self, now: float | None = None) -> int:
         """Delete expired log segments and the queue files that only point into them."""
