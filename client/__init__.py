@@ -19,6 +19,7 @@ from ._asyncio import (
     open_asyncio_producer,
 )
 from ._blocking import BlockingAdmin, BlockingConsumer, BlockingProducer
+from ._msg_id import format_msg_id, parse_msg_id
 from ._routes import MessageQueue, NoRouteError, ReadRouter, Routes
 from .consumer import (
     Consumer,
@@ -83,12 +84,14 @@ __all__ = [
     "SendResult",
     "TagFilter",
     "allocate_averagely",
+    "format_msg_id",
     "open_admin",
     "open_asyncio_admin",
     "open_asyncio_consumer",
     "open_asyncio_producer",
     "open_consumer",
     "open_producer",
+    "parse_msg_id",
     "shard",
     "split_addr",
 ]

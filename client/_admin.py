@@ -20,7 +20,6 @@ from ._admin_reads import (
     ResendResult,
     dead_letter_counts,
     describe_topic,
-    parse_msg_id,
     pull,
     read_dead_letters,
     resend_dead_letters,
@@ -28,6 +27,7 @@ from ._admin_reads import (
     topic_leaders,
 )
 from ._arguments import resolve_addrs
+from ._msg_id import parse_msg_id
 
 CANCEL_BUSY_RETRY_S = 10  # a cancel waits this long at most for a broker's timer to start
 DEFAULT_MAX_KEY_SCAN_MESSAGES = 100_000  # a key lookup reads at most this many messages (no key index yet)

@@ -33,6 +33,7 @@ from clmq.protocol import ErrorCode, RequestCode, decode_records
 from clmq.protocol.transport import ConnectionFailed, RpcError
 
 from ._admin_calls import AdminCalls
+from ._msg_id import format_msg_id, parse_msg_id
 from ._routes import MessageQueue, NoRouteError
 from .producer import Producer, SendError, open_producer
 
@@ -49,17 +50,6 @@ class KeyLookup:
     records: list[Record]
     scanned: int
     complete: bool
-
-
-def parse_msg_id(msg_id: str) -> tuple[str, int]:
-    """``host:port@HEXOFFSET`` (what a send returns) -> (broker address, CommitLog offset)."""
-    addr, sep, hexoff = msg_id.rpartition("@")
-    try:
-        if not sep or ":" not in addr:
-            raise ValueError
-        return addr, int(hexoff, 16)
-    except ValueError:
-        raise ValueError(f"message id {msg_id!r} is not host:port@HEXOFFSET (as a send returns it)") from None
 
 
 async def pull(
@@ -186,7 +176,7 @@ class DeadLetter:
 
     @property
     def msg_id(self) -> str:
-        return f"{self.addr}@{self.record.commitlog_offset:016X}"
+        return format_msg_id(self.addr, self.record.commitlog_offset)
 
     @property
     def origin_topic(self) -> str:

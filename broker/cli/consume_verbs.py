@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import trio
 
-from clmq.client import Consumer, open_admin, open_consumer
+from clmq.client import Consumer, format_msg_id, open_admin, open_consumer
 from clmq.common import Record
 
 from ._common import addrs, namesrv_arg, run_client
@@ -122,7 +122,7 @@ async def _print_until_done(args: argparse.Namespace, consumer: Consumer) -> int
                 if seen == args.count:
                     break
                 mq = queues.get(id(rec))
-                print_record(args, rec, msg_id=f"{mq.addr}@{rec.commitlog_offset:016X}" if mq else None)
+                print_record(args, rec, msg_id=format_msg_id(mq.addr, rec.commitlog_offset) if mq else None)
                 printed.append(rec)
                 seen += 1
         finally:  # also on Ctrl-C: what was printed is processed, the rest is not

@@ -12,6 +12,7 @@ import trio
 
 from clmq.common import ClientError
 
+from .._msg_id import format_msg_id
 from .._routes import MessageQueue
 
 log = logging.getLogger("clmq.producer")
@@ -54,7 +55,7 @@ class SendResult:
     @property
     def msg_ids(self) -> list[str]:
         """Broker address and commit-log offset: where the message can be found."""
-        return [f"{self.queue.addr}@{o:016X}" for o in self.commitlog_offsets]
+        return [format_msg_id(self.queue.addr, o) for o in self.commitlog_offsets]
 
 
 class Answer(NamedTuple):
