@@ -6,26 +6,9 @@ from __future__ import annotations
 import bisect
 import threading
 
-# Upper bounds of the buckets, in seconds: fsyncs take from tens of microseconds (a
-# quiet SSD) to seconds (a stalled disk).
-FSYNC_BUCKETS_S: tuple[float, ...] = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
+from clmq.common import DURATION_BUCKETS_S
+
+FSYNC_BUCKETS_S = DURATION_BUCKETS_S  # clmq.common's histogram bounds
 
 
 class Timings:

@@ -105,13 +105,14 @@ from ._system import (
     timer_tag,
     timer_tag_code,
 )
-from ._units import GiB, KiB, MiB
+from ._units import DURATION_BUCKETS_S, GiB, KiB, MiB
 
 __all__ = [
     "BLANK_MAGIC",
     "BLANK_SIZE",
     "CRC_START",
     "DLQ_PREFIX",
+    "DURATION_BUCKETS_S",
     "FORMAT_VERSION",
     "HEADER",
     "HEADER_DTYPE",
