@@ -66,3 +66,17 @@ def timer_tag_code(raw: bytes) -> int:
     """A ``%TIMER%`` record's tag code: the delivery time its tags hold (0 if they do
     not hold one: the broker refuses such records, so only a damaged log has them)."""
     return int(raw) if raw.isdigit() and len(raw) <= 15 else 0
+
+
+# Messages produced through the Kafka listener (docs/kafka.md): what a clmq record has
+# no field of its own for travels in properties under this prefix, which Kafka
+# consumers never see as headers. A Kafka key that is UTF-8 text is the record's
+# ``keys``; headers whose keys are unique and whose values are UTF-8 text are plain
+# properties (so clmq's own consumers see them as such).
+KAFKA_PROP_PREFIX: Final = "__kafka."
+PROP_KAFKA_KEY_B64: Final = "__kafka.key"  # the key, base64: bytes that are not UTF-8 text, or an empty key
+PROP_KAFKA_NULL_VALUE: Final = "__kafka.null"  # "1": the value was null (a tombstone); the body is empty
+PROP_KAFKA_HEADERS: Final = "__kafka.headers"  # every header, as JSON [[key, base64 value or null], ...]
+PROP_KAFKA_TIMESTAMP: Final = "__kafka.ts"  # the record's timestamp when not a positive ms value (e.g. -1)
+PROP_KAFKA_PRODUCER: Final = "__kafka.producer"  # "pid epoch first_seq last_seq" on a batch's first message
+HEADER_TAGS: Final = "clmq.tags"  # a Kafka header naming the record's tags (what tag filters match)

@@ -25,6 +25,7 @@ class BrokerEntry:
     broker_id: int = 0
     role: str = "leader"  # as the name server sees it: a stale claim of leadership is recorded as "follower"
     epoch: int = -1
+    kafka_addr: str = ""  # host:port of its Kafka listener ("": none)
 
 
 class RouteTable:
@@ -48,12 +49,15 @@ class RouteTable:
         broker_id: int = 0,
         role: str = "leader",
         epoch: int = -1,
+        kafka_addr: str = "",
     ) -> bool:
         """Record a registration; True if the broker is new or its topics or role changed."""
         old = self._brokers.get(addr)
         if role == "leader" and not self._claim(broker_name, epoch, addr):
             role = "follower"
-        entry = BrokerEntry(cluster, broker_name, addr, dict(topics), now_ms, healthy, failure, broker_id, role, epoch)
+        entry = BrokerEntry(
+            cluster, broker_name, addr, dict(topics), now_ms, healthy, failure, broker_id, role, epoch, kafka_addr
+        )
         self._brokers[addr] = entry
         if role == "leader":  # the group's one leader now: an older leader's entry (dead, or not yet told) follows
             for other in self._brokers.values():
@@ -135,6 +139,7 @@ class RouteTable:
                 "broker_id": b.broker_id,
                 "role": b.role,
                 "epoch": b.epoch,
+                "kafka_addr": b.kafka_addr,
             }
             for b in sorted(self._brokers.values(), key=lambda b: (b.broker_name, b.addr))
         ]

@@ -102,6 +102,7 @@ class NameServer:
             broker_id=f.get("broker_id") or 0,
             role=claimed,
             epoch=f["epoch"] if f.get("epoch") is not None else -1,
+            kafka_addr=f.get("kafka_addr") or "",
         ):
             log.info("broker %s at %s registered %d topics (%s)", f["broker_name"], addr, len(topics), claimed)
         if was != healthy and not healthy:

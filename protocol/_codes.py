@@ -178,7 +178,8 @@ Name server
 =====================  ============================================================
 REGISTER_BROKER        cluster, broker_name, addr, topics: {name: queue_count},
                        healthy (bool, default true), failure (str: why not),
-                       broker_id, role ("leader" | "follower"), epoch (optional)
+                       broker_id, role ("leader" | "follower"), epoch (optional),
+                       kafka_addr (host:port of its Kafka listener, optional)
                        -> leader_addr, leader_epoch: the group's leader as the name
                        server knows it (the highest epoch claimed); a broker claiming
                        leadership with a lower epoch is recorded as a follower
@@ -190,7 +191,7 @@ GET_ROUTE              topic -> brokers: [{broker_name, addr, queue_count, healt
                        without a live leader is routed to a follower, leader: false,
                        unhealthy)
 GET_CLUSTER            -> brokers: [{broker_name, addr, cluster, topics, age_ms,
-                       healthy, failure}]
+                       healthy, failure, broker_id, role, epoch, kafka_addr}]
 =====================  ============================================================
 """
 
@@ -448,6 +449,7 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
         "broker_id": (_int(), False),
         "role": (_role, False),
         "epoch": (EPOCH, False),
+        "kafka_addr": (_str, False),
     },
     RequestCode.UNREGISTER_BROKER: {"addr": (_str, True), "broker_name": (_str, False)},
     RequestCode.GET_ROUTE: {"topic": (TOPIC, True)},

@@ -95,7 +95,7 @@ def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def stats_of(broker: Broker) -> ReadStats:
-    readers: ReadThreads = broker.handlers._readers
+    readers: ReadThreads = broker.handlers.readers
     return readers.stats
 
 

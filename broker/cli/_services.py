@@ -67,6 +67,12 @@ def _add_dev(sub: Any) -> None:
     )
     dev.add_argument("--namesrv-port", type=listen_port_arg, default=9876, help="name server port (default 9876)")
     dev.add_argument(
+        "--kafka-port",
+        dest="kafka_listen_port",
+        type=int,
+        help="serve Kafka's protocol on this port too, e.g. 9092 (docs/kafka.md; 0: any free; default: none)",
+    )
+    dev.add_argument(
         "--replicas",
         type=int,
         default=1,
@@ -147,6 +153,11 @@ BROKER_FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("listen_host", str, "address to listen on (default 127.0.0.1)"),
     ("listen_port", listen_port_arg, "port to listen on (default 10911; 0: any free)"),
     ("metrics_port", int, "serve Prometheus metrics on GET /metrics at this port (0: any free; default -1: none)"),
+    (
+        "kafka_listen_port",
+        int,
+        "serve Kafka's protocol on this port too (docs/kafka.md; 0: any free; default -1: none)",
+    ),
     ("data_dir", str, "data directory: the CommitLog, queues, offsets (default ./clmq-data)"),
     ("namesrv_addrs", str, NAMESRV_HELP.split(" (")[0] + " to register with (default 127.0.0.1:9876; '': none)"),
     ("storage_mode", str, "commitlog (default) or partition-per-file (one log per queue, Kafka's layout)"),
@@ -162,7 +173,10 @@ BROKER_FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("zk_session_timeout_ms", int, "a dead leader is replaced about this long after it stops answering (default 2s)"),
     ("unclean_leader_election", str, "true: elect an out-of-sync replica when no in-sync one is left (LOSES DATA)"),
 )
-FLAG_OF_SETTING = {"namesrv_addrs": "namesrv"}  # one flag name per idea: --namesrv in every verb
+FLAG_OF_SETTING = {
+    "namesrv_addrs": "namesrv",
+    "kafka_listen_port": "kafka-port",
+}  # one flag name per idea: --namesrv in every verb
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
@@ -186,8 +200,13 @@ def cmd_broker(args: argparse.Namespace) -> int:
             metrics = _metrics_url(cfg.metrics_host or cfg.listen_host, broker.metrics_port)
             if metrics:
                 console.print(f"metrics on {metrics}")
+            kafka = broker.kafka.kafka_addr() if broker.kafka is not None else ""
+            if kafka:
+                console.print(f"Kafka listener on {kafka}", highlight=False)
             if is_json(args):
-                write_json({"addr": broker.addr, "broker_name": cfg.broker_name, "metrics_url": metrics})
+                write_json(
+                    {"addr": broker.addr, "broker_name": cfg.broker_name, "metrics_url": metrics, "kafka_addr": kafka}
+                )
             _print_role(cfg, broker)
 
     return _run_service(main, f"{cfg.listen_host}:{cfg.listen_port}")
@@ -237,7 +256,16 @@ DEV_DEFAULTS = {"register_interval_ms": 1000, "metrics_port": 0}
 def cmd_dev(args: argparse.Namespace) -> int:
     """The broker's settings load as ``clmq broker``'s do (file, CLMQ_* variables,
     flags); only its name servers are set: the one this command runs."""
-    keys = ("listen_port", "data_dir", "storage_mode", "flush_mode", "ack_mode", "min_insync_replicas", "metrics_port")
+    keys = (
+        "listen_port",
+        "data_dir",
+        "storage_mode",
+        "flush_mode",
+        "ack_mode",
+        "min_insync_replicas",
+        "metrics_port",
+        "kafka_listen_port",
+    )
     base = load_settings(
         BrokerConfig,
         args.config,
@@ -277,7 +305,9 @@ async def _serve_dev(args: argparse.Namespace, base: BrokerConfig) -> None:
             return
         await nursery.start(_until_signal, lambda: (broker.shutdown(), ns.shutdown()))
         url = _metrics_url(cfg.metrics_host or cfg.listen_host, broker.metrics_port)
-        print_ready(args, ns.addr, [{"addr": broker.addr, "broker_id": 0, "metrics_url": url}], str(cfg.data_dir))
+        kafka = broker.kafka.kafka_addr() if broker.kafka is not None else ""
+        ready = {"addr": broker.addr, "broker_id": 0, "metrics_url": url, "kafka_addr": kafka}
+        print_ready(args, ns.addr, [ready], str(cfg.data_dir))
         console.print("serving; Ctrl-C stops")
 
 

@@ -134,16 +134,21 @@ class Leader:
             await changed.wait()
 
     # -------------------------------------------------------------- sync writes
-    def check_sync_write(self, topic: str) -> None:
+    def is_sync(self, topic: str, sync: bool | None) -> bool:
+        """Whether a write waits for the in-sync replicas: as the writer asked (a Kafka
+        producer's acks), else as the topic's ack mode says."""
+        return self.config.ack_mode_of(topic) == "sync" if sync is None else sync
+
+    def check_sync_write(self, topic: str, sync: bool | None = None) -> None:
         """Before appending a sync write: refuse it while too few replicas are in sync."""
-        if self.config.ack_mode_of(topic) == "sync" and self.isr.size() < self.config.min_insync_replicas:
+        if self.is_sync(topic, sync) and self.isr.size() < self.config.min_insync_replicas:
             raise RequestError(ErrorCode.NOT_ENOUGH_REPLICAS, self._too_few("nothing was written"))
 
-    async def wait_held(self, topic: str, end: int) -> tuple[ErrorCode, str] | None:
+    async def wait_held(self, topic: str, end: int, sync: bool | None = None) -> tuple[ErrorCode, str] | None:
         """After appending a sync write ending at ``end``: wait (never under the append
         lock) until every in-sync replica holds it and they are at least
         ``min_insync_replicas``. An error code and text if not in time, or if the set shrinks."""
-        if self.config.ack_mode_of(topic) != "sync":
+        if not self.is_sync(topic, sync):
             return None
         with trio.move_on_after(self.config.replication_timeout_ms / 1000):
             while True:

@@ -131,17 +131,17 @@ class Replica:
         """See :meth:`WriteChecks.check_writable`."""
         self.checks.check_writable()
 
-    def check_sync_write(self, topic: str) -> None:
+    def check_sync_write(self, topic: str, sync: bool | None = None) -> None:
         """See :meth:`WriteChecks.check_sync_write`."""
-        self.checks.check_sync_write(topic)
+        self.checks.check_sync_write(topic, sync)
 
     def acks_at_once(self, topic: str) -> bool:
         """See :meth:`WriteChecks.acks_at_once`."""
         return self.checks.acks_at_once(topic)
 
-    async def wait_held(self, topic: str, end: int) -> tuple[ErrorCode, str] | None:
+    async def wait_held(self, topic: str, end: int, sync: bool | None = None) -> tuple[ErrorCode, str] | None:
         """See :meth:`WriteChecks.wait_held`."""
-        return await self.checks.wait_held(topic, end)
+        return await self.checks.wait_held(topic, end, sync)
 
     async def writes_settled(self) -> None:
         """See :meth:`WriteChecks.writes_settled`."""

@@ -38,10 +38,12 @@ class WriteChecks:
         if why is not None:
             raise RequestError(ErrorCode.NOT_LEADER, why)
 
-    def check_sync_write(self, topic: str) -> None:
+    def check_sync_write(self, topic: str, sync: bool | None = None) -> None:
+        """Before a write: :meth:`check_writable`, then enough replicas in sync if the
+        write waits for them (``sync``: as the writer asked; None: the topic's ack mode)."""
         self.check_writable()
         if self.state.leader is not None:  # None: a partition-per-file store, never replicated
-            self.state.leader.check_sync_write(topic)
+            self.state.leader.check_sync_write(topic, sync)
 
     def acks_at_once(self, topic: str) -> bool:
         """Whether a write to ``topic`` stored now may be acknowledged without waiting:
@@ -55,7 +57,7 @@ class WriteChecks:
             return False
         return s.coordinator is None or s.coordinator.may_ack() is None
 
-    async def wait_held(self, topic: str, end: int) -> tuple[ErrorCode, str] | None:
+    async def wait_held(self, topic: str, end: int, sync: bool | None = None) -> tuple[ErrorCode, str] | None:
         """After a write: None once it may be acknowledged, else the error to answer.
         In ZooKeeper mode the lease is checked last, just before the answer: a leader
         paused past its session (SIGSTOP) must not acknowledge when it wakes up."""
@@ -65,7 +67,7 @@ class WriteChecks:
             if s.role == "leader":  # a store that is not replicated
                 return None
             return ErrorCode.NOT_LEADER, "this broker stepped down before the write was replicated; retry"
-        problem = await leader.wait_held(topic, end)
+        problem = await leader.wait_held(topic, end, sync)
         if problem is not None:
             return problem
         why = s.coordinator.may_ack() if s.coordinator is not None else None

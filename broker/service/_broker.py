@@ -23,6 +23,7 @@ from ._config import BrokerConfig
 from ._context import BrokerContext, now_ms
 from ._groups import ConsumerGroups
 from ._handlers import Handlers, registration
+from .kafka import KafkaService
 from ._longpoll import PullWaiters
 from ._metrics import BrokerCollector, metrics_route
 from ._offsets import ConsumerOffsets
@@ -77,8 +78,12 @@ class Broker:
             connections=lambda: self.rpc.connections,
             replica=self.replica,
             metadata=self.metadata,
+            kafka_addr=lambda: self.kafka.kafka_addr() if self.kafka is not None else "",
         )
         self.handlers = Handlers(self.ctx)
+        self.kafka: KafkaService | None = None
+        if config.kafka_listen_port >= 0:
+            self.kafka = KafkaService(self.ctx, self.handlers.readers, lambda: self.client)
         self.metadata.timer = self.handlers.timer
         table = {**self.handlers.table(), **{code: checked(h) for code, h in self.replica.handlers().items()}}
         self.rpc = RpcServer(
@@ -180,6 +185,8 @@ class Broker:
     async def _stop_gracefully(self) -> None:
         self.replica.stopping()
         self.rpc.stop_accepting()
+        if self.kafka is not None:
+            await self.kafka.listener.stop_accepting()
         if self.coordinator is not None:  # the group elects now, not after the session timeout
             with trio.move_on_after(self.config.shutdown_timeout_ms / 1000):
                 await self.coordinator.resign()
@@ -260,6 +267,8 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
         async with trio.open_nursery() as nursery:
             broker.client = RpcClient(nursery)
             await nursery.start(broker.rpc.serve, config.listen_host, config.listen_port, nursery)
+            if broker.kafka is not None:
+                await nursery.start(broker.kafka.serve, config.listen_host, config.kafka_listen_port)
             nursery.start_soon(broker.lane.append_loop)
             nursery.start_soon(broker.lane.durable.timeout_loop)  # timeouts of sync-flush answers without a task
             nursery.start_soon(broker._register_loop)

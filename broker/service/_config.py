@@ -117,6 +117,19 @@ class BrokerConfig:
     timer_deliver_batch_messages: int = 1024  # due messages appended per store call
     timer_cancel_margin_ms: int = 2000  # a message due sooner than this can no longer be cancelled
     lock_lease_ms: int = 30_000  # an orderly consumer's queue lock lasts this long unless renewed
+    # The Kafka listener (docs/kafka.md): Kafka's own clients, on the same store.
+    kafka_listen_port: int = -1  # -1: no Kafka listener; 0: any free port
+    kafka_node_id: int = -1  # this broker's node id for Kafka clients; -1: derived from its Kafka address
+    kafka_max_frame_bytes: int = 100 * MiB  # a larger request closes the connection (Kafka's socket.request.max.bytes)
+    kafka_max_connections: int = 10_000  # one more is closed at once, with one log line per burst
+    kafka_max_inflight_requests: int = 64  # requests of one connection read ahead of their answers
+    kafka_idle_timeout_ms: int = 600_000  # a connection with nothing asked for this long is closed
+    kafka_max_fetch_wait_ms: int = 30_000  # a Fetch's max_wait_ms is cut to this
+    kafka_group_min_session_timeout_ms: int = 6000
+    kafka_group_max_session_timeout_ms: int = 1_800_000
+    kafka_group_initial_rebalance_delay_ms: int = 3000  # the first join of an empty group waits this long for others
+    kafka_group_max_size_members: int = 1000
+    kafka_max_producer_ids: int = 100_000  # idempotent producers remembered (the oldest idle ones are dropped)
 
     def __post_init__(self) -> None:
         if self.flush_mode not in {m.value for m in FlushMode}:
@@ -142,6 +155,16 @@ class BrokerConfig:
             raise ValueError(f"zk_session_timeout_ms must be at least 1000, got {self.zk_session_timeout_ms}")
         if not 0 <= self.listen_port <= 65535:  # 0: any free port
             raise ValueError(f"listen_port must be in 0..65535 (0: any free port), got {self.listen_port}")
+        if not -1 <= self.kafka_listen_port <= 65535:
+            raise ValueError(
+                f"kafka_listen_port must be in -1..65535 (-1: none, 0: any free), got {self.kafka_listen_port}"
+            )
+        if self.kafka_group_max_session_timeout_ms < self.kafka_group_min_session_timeout_ms:
+            raise ValueError("kafka_group_max_session_timeout_ms must be at least kafka_group_min_session_timeout_ms")
+        if self.kafka_group_initial_rebalance_delay_ms < 0:
+            raise ValueError("kafka_group_initial_rebalance_delay_ms must be at least 0")
+        if not -1 <= self.kafka_node_id <= 2**31 - 1:
+            raise ValueError(f"kafka_node_id must be in -1..2147483647 (-1: derived), got {self.kafka_node_id}")
         if not -1 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in -1..65535 (-1: none, 0: any free port), got {self.metrics_port}")
         for name in (
@@ -155,6 +178,14 @@ class BrokerConfig:
             "timer_deliver_batch_messages",
             "timer_max_delay_ms",
             "lock_lease_ms",
+            "kafka_max_frame_bytes",
+            "kafka_max_connections",
+            "kafka_max_inflight_requests",
+            "kafka_idle_timeout_ms",
+            "kafka_max_fetch_wait_ms",
+            "kafka_group_min_session_timeout_ms",
+            "kafka_group_max_size_members",
+            "kafka_max_producer_ids",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

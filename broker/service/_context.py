@@ -41,3 +41,4 @@ class BrokerContext:
     replica: Replica  # leader or follower: asked before every write
     metadata: ReplicatedMetadata  # what followers copy (bump() on every change)
     traffic: TopicTraffic = field(default_factory=TopicTraffic)  # messages and bytes in and out per topic
+    kafka_addr: Callable[[], str] = lambda: ""  # host:port of the Kafka listener ("": none)

@@ -44,24 +44,24 @@ class Handlers:
         # Pulls and look-ups read the disk in at most this many threads at once: a slow
         # read (a page fault, a busy disk) holds up the pulls that wait for a thread, never
         # the event loop that serves every connection.
-        self._readers = ReadThreads(ctx.config.pull_read_threads)
+        self.readers = ReadThreads(ctx.config.pull_read_threads)
         self.timer = Timer(ctx)
         self.scheduled = ScheduledRequests(ctx, self.timer)
-        self.produce = Produce(ctx, self._readers, self.scheduled)
+        self.produce = Produce(ctx, self.readers, self.scheduled)
         self.locks = LockRequests(ctx)
         self.started = time.monotonic()  # BROKER_INFO's uptime
 
     def table(self) -> dict[int, Handler]:
         """Every request code's handler, each behind :func:`checked`."""
-        log_reads = LogReads(self.ctx, self._readers)
+        log_reads = LogReads(self.ctx, self.readers)
         admin = AdminRequests(self.ctx)
-        queues = QueueRequests(self.ctx, self._readers)
+        queues = QueueRequests(self.ctx, self.readers)
         groups = GroupRequests(self.ctx, self.locks)
-        topics = TopicRequests(self.ctx, self._readers)
+        topics = TopicRequests(self.ctx, self.readers)
         handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: self.produce.send_message,
             RequestCode.PULL_MESSAGE: queues.pull_message,
-            RequestCode.PULL_MESSAGES: Fetch(self.ctx, self._readers).handle,
+            RequestCode.PULL_MESSAGES: Fetch(self.ctx, self.readers).handle,
             RequestCode.QUERY_OFFSETS: queues.query_offsets,
             RequestCode.SEARCH_OFFSET: queues.search_offset,
             RequestCode.COMMIT_OFFSET: groups.commit_offset,
@@ -145,4 +145,5 @@ def registration(ctx: BrokerContext) -> dict[str, Any]:
         "broker_id": c.broker_id,
         "role": ctx.replica.role,
         "epoch": ctx.replica.epoch,
+        "kafka_addr": ctx.kafka_addr(),
     }

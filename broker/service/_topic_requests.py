@@ -24,6 +24,11 @@ class TopicRequests:
 
     async def create_topic(self, frame: Frame, peer: Peer) -> Reply:
         topic, count = need(frame.fields, "topic", str), need(frame.fields, "queue_count", int)
+        return Reply({"queue_count": await self.create(topic, count)})
+
+    async def create(self, topic: str, count: int) -> int:
+        """Create ``topic`` with ``count`` queues here, or grow it to that many (the
+        Kafka listener's CreateTopics and CreatePartitions too); its queue count."""
         self.ctx.replica.check_writable()
         have = self.store.topics.queue_count(topic)
         if have is not None and count < have:  # queues cannot go: their messages and offsets would be stranded
@@ -38,10 +43,14 @@ class TopicRequests:
             raise RequestError(ErrorCode.INVALID_TOPIC, str(e)) from None
         self.ctx.metadata.bump_topics()
         self.ctx.register_now()
-        return Reply({"queue_count": self.store.topics.queue_count(topic)})
+        return self.store.topics.queue_count(topic) or 0
 
     async def delete_topic(self, frame: Frame, peer: Peer) -> Reply:
-        topic = need(frame.fields, "topic", str)
+        await self.delete(need(frame.fields, "topic", str))
+        return Reply()
+
+    async def delete(self, topic: str) -> None:
+        """Delete ``topic`` here, with its groups' offsets (the Kafka listener's DeleteTopics too)."""
         self.ctx.replica.check_writable()
         if not await trio.to_thread.run_sync(self.store.delete_topic, topic):
             raise RequestError(
@@ -50,7 +59,6 @@ class TopicRequests:
         self.ctx.offsets.drop_topic(topic)
         self.ctx.metadata.bump_topics()
         self.ctx.register_now()
-        return Reply()
 
     async def list_topics(self, frame: Frame, peer: Peer) -> Reply:
         topics = self.store.topics.all()

@@ -49,9 +49,24 @@ from ._frames import (
     response_header_version,
 )
 
-# records: exported by the records module
+from ._records import (
+    Compression,
+    KafkaRecord,
+    RecordBatch,
+    RecordsError,
+    batch_header_info,
+    build_batch,
+    parse_batches,
+)
 
 __all__ = [
+    "Compression",
+    "KafkaRecord",
+    "RecordBatch",
+    "RecordsError",
+    "batch_header_info",
+    "build_batch",
+    "parse_batches",
     "DEFAULT_MAX_FRAME_BYTES",
     "NEED_DATA",
     "SUPPORTED_VERSIONS",

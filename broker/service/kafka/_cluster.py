@@ -1,0 +1,198 @@
+"""The cluster as Kafka clients see it: nodes (every broker with a Kafka listener),
+and for each topic its partitions, each one clmq queue of one broker group.
+
+Partition numbering: a topic's broker groups in the order of their names (the order
+of the name servers' routes), each group's queues in order; partition p is the p-th
+queue of that list. It is stable while the set of groups holding the topic stays the
+same (docs/kafka.md says what adding a group to a topic does).
+
+Where it comes from: the name servers' GET_CLUSTER (cached for ``VIEW_TTL_S``), with
+this broker's own group taken from its own store (fresher); with no name servers,
+this broker alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import trio
+
+from clmq.common import is_system_topic
+from clmq.protocol import RequestCode
+from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError
+
+from .._context import BrokerContext
+
+log = logging.getLogger("clmq.broker.kafka")
+
+VIEW_TTL_S = 1.0  # a view this old is asked for again (a failover shows in metadata within this)
+NAMESRV_TIMEOUT_MS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    node_id: int
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class Home:
+    """Where one partition lives: a queue of a broker group, led by ``leader``."""
+
+    group: str
+    queue_id: int
+    leader: Node | None
+    replicas: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    nodes: tuple[Node, ...]
+    topics: dict[str, tuple[Home, ...]]
+    controller: Node | None
+    made_at: float = field(default_factory=time.monotonic)
+
+
+def node_id_of(kafka_addr: str, configured: int = -1) -> int:
+    """A broker's Kafka node id: the configured one, else a stable number derived from
+    its Kafka address (unique in practice; a clash would show as two brokers with one id)."""
+    return configured if configured >= 0 else zlib.crc32(kafka_addr.encode()) & 0x7FFFFFFF
+
+
+def _node(kafka_addr: str, configured: int = -1) -> Node | None:
+    host, _, port = kafka_addr.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return Node(node_id_of(kafka_addr, configured), host, int(port))
+
+
+class ClusterViews:
+    """This broker's view of the cluster, refreshed on demand."""
+
+    def __init__(self, ctx: BrokerContext, kafka_addr: Callable[[], str], client: Callable[[], RpcClient | None]):
+        self.ctx = ctx
+        self._kafka_addr = kafka_addr
+        self._client = client
+        self._view: ClusterView | None = None
+        self._lock = trio.Lock()
+
+    @property
+    def me(self) -> Node:
+        node = _node(self._kafka_addr(), self.ctx.config.kafka_node_id)
+        assert node is not None, self._kafka_addr()
+        return node
+
+    async def current(self, fresh: bool = False) -> ClusterView:
+        """The view, asked for again if older than ``VIEW_TTL_S`` (or ``fresh``)."""
+        view = self._view
+        if view is not None and not fresh and time.monotonic() - view.made_at < VIEW_TTL_S:
+            return view
+        async with self._lock:
+            if self._view is not view and self._view is not None:
+                return self._view  # another request refreshed it meanwhile
+            brokers = await self._ask_namesrv()
+            self._view = self._build(brokers)
+            return self._view
+
+    @property
+    def last(self) -> ClusterView | None:
+        """The view last made, however old (None: none yet)."""
+        return self._view
+
+    def invalidate(self) -> None:
+        """The next :meth:`current` asks again (a client was told it reached the wrong broker)."""
+        if self._view is not None:
+            self._view = ClusterView(self._view.nodes, self._view.topics, self._view.controller, made_at=-1e9)
+
+    async def _ask_namesrv(self) -> list[dict[str, Any]] | None:
+        client = self._client()
+        if client is None or not self.ctx.config.namesrv_addrs:
+            return None
+        for ns in self.ctx.config.namesrv_addrs:
+            try:
+                reply = await client.request(ns, RequestCode.GET_CLUSTER, {}, timeout_ms=NAMESRV_TIMEOUT_MS)
+            except (ConnectionFailed, RpcError, trio.TooSlowError) as e:
+                log.debug("kafka metadata: name server %s: %s", ns, e)
+                continue
+            brokers = reply.fields.get("brokers")
+            if isinstance(brokers, list):
+                return brokers
+        return None
+
+    def _build(self, brokers: list[dict[str, Any]] | None) -> ClusterView:
+        """The view from the name servers' broker list (None: this broker alone)."""
+        cfg = self.ctx.config
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for b in brokers or []:
+            if b.get("broker_name") != cfg.broker_name and isinstance(b.get("topics"), dict):
+                groups.setdefault(str(b["broker_name"]), []).append(b)
+        nodes: dict[int, Node] = {}
+        members: dict[str, tuple[Node | None, tuple[Node, ...], dict[str, int]]] = {}
+        for name, entries in groups.items():
+            members[name] = _group(entries, nodes)
+        members[cfg.broker_name] = self._own_group(brokers or [], nodes)
+        topics = _partitions(members)
+        leaders = sorted((n for n, _r, _t in members.values() if n is not None), key=lambda n: n.node_id)
+        return ClusterView(
+            tuple(sorted(nodes.values(), key=lambda n: n.node_id)), topics, leaders[0] if leaders else None
+        )
+
+    def _own_group(
+        self, brokers: list[dict[str, Any]], nodes: dict[int, Node]
+    ) -> tuple[Node | None, tuple[Node, ...], dict[str, int]]:
+        """This broker's group: its topics from the own store, its leader as the
+        replica knows it (this broker, or the leader the name servers name)."""
+        cfg = self.ctx.config
+        me = self.me
+        nodes[me.node_id] = me
+        replicas = [me]
+        leader: Node | None = me if self.ctx.replica.role == "leader" else None
+        for b in brokers:
+            if b.get("broker_name") != cfg.broker_name or b.get("addr") == self.ctx.addr():
+                continue
+            node = _node(str(b.get("kafka_addr") or ""))
+            if node is None:
+                continue
+            nodes[node.node_id] = node
+            replicas.append(node)
+            if leader is None and b.get("role") == "leader":
+                leader = node
+        topics = {t: n for t, n in self.ctx.store.topics.all().items() if not is_system_topic(t)}
+        return leader, tuple(sorted(replicas, key=lambda n: n.node_id)), topics
+
+
+def _group(
+    entries: list[dict[str, Any]], nodes: dict[int, Node]
+) -> tuple[Node | None, tuple[Node, ...], dict[str, int]]:
+    """Another group: its leader's node, every member's node, the leader's topics."""
+    leader: Node | None = None
+    replicas: list[Node] = []
+    topics: dict[str, int] = {}
+    for b in sorted(entries, key=lambda e: str(e.get("addr"))):
+        node = _node(str(b.get("kafka_addr") or ""))
+        if node is not None:
+            nodes[node.node_id] = node
+            replicas.append(node)
+        if b.get("role") == "leader" or not topics:
+            topics = {str(t): int(n) for t, n in b["topics"].items() if not is_system_topic(str(t))}
+            if b.get("role") == "leader":
+                leader = node
+    return leader, tuple(sorted(replicas, key=lambda n: n.node_id)), topics
+
+
+def _partitions(
+    members: dict[str, tuple[Node | None, tuple[Node, ...], dict[str, int]]],
+) -> dict[str, tuple[Home, ...]]:
+    """Every topic's partitions: its groups by name, each group's queues in order."""
+    topics: dict[str, list[Home]] = {}
+    for name in sorted(members):
+        leader, replicas, counts = members[name]
+        for topic, count in counts.items():
+            homes = topics.setdefault(topic, [])
+            homes.extend(Home(name, q, leader, replicas) for q in range(count))
+    return {t: tuple(h) for t, h in sorted(topics.items())}

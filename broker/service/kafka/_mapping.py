@@ -1,0 +1,177 @@
+"""Kafka records <-> clmq messages, exactly: a record's key, value, headers and
+timestamp come back from a fetch as the same bytes that were produced, and a message
+produced by clmq's own client reads as a Kafka record (docs/kafka.md, "Mapping").
+
+- value: the body; a null value (a tombstone) is an empty body with
+  ``__kafka.null = 1``.
+- key: ``keys`` when it is UTF-8 text (clmq's consumers see it there); otherwise, and
+  for an empty key, base64 in ``__kafka.key``. A null key is neither.
+- headers: plain properties, in order, when their keys are unique, their values UTF-8
+  text and no key is one clmq itself uses; otherwise all of them as JSON in
+  ``__kafka.headers``. A header ``clmq.tags`` also sets the record's tags, so clmq's tag
+  filters select Kafka-produced messages; a clmq message with tags reads with that header.
+- timestamp: the born timestamp; one that is not a positive number of ms (-1 is
+  Kafka's "none") in ``__kafka.ts``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Sequence
+
+from clmq.common import (
+    HEADER_TAGS,
+    KAFKA_PROP_PREFIX,
+    PROP_KAFKA_HEADERS,
+    PROP_KAFKA_KEY_B64,
+    PROP_KAFKA_NULL_VALUE,
+    PROP_KAFKA_TIMESTAMP,
+    Host,
+    Message,
+    Record,
+)
+
+Header = tuple[str, "bytes | None"]
+KafkaRow = tuple[int, "bytes | None", "bytes | None", Sequence[Header]]  # timestamp, key, value, headers
+
+# Property names clmq's own code reads: a Kafka header of such a name could change what
+# the broker does with the message (a scheduled delivery, a dead letter's origin), so
+# headers that use one travel in __kafka.headers instead.
+_RESERVED = frozenset(
+    {
+        "UNIQ_KEY",
+        "DELIVER_AT_MS",
+        "REAL_TOPIC",
+        "REAL_QID",
+        "REAL_TAGS",
+        "CANCEL_OF",
+        "TIMER_SRC",
+        "ORIGIN_TOPIC",
+        "ORIGIN_QID",
+        "ORIGIN_QUEUE_OFFSET",
+        "ORIGIN_MSG_ID",
+        "ORIGIN_ADDR",
+        "DLQ_GROUP",
+        "DLQ_BODY_OF",
+    }
+)
+_MAX_KEYS_BYTES = 0xFFFF  # the record's keys field holds at most this many bytes
+
+
+def to_message(
+    topic: str,
+    queue_id: int,
+    timestamp: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[Header],
+    born_host: Host,
+) -> Message:
+    """The clmq message that stores one Kafka record."""
+    props: dict[str, str] = {}
+    keys = ""
+    if key is not None:
+        text = _text(key)
+        if text is not None and text and len(key) <= _MAX_KEYS_BYTES:
+            keys = text
+        else:
+            props[PROP_KAFKA_KEY_B64] = base64.b64encode(key).decode()
+    tags = _headers_to_props(headers, props)
+    if value is None:
+        props[PROP_KAFKA_NULL_VALUE] = "1"
+    if timestamp <= 0:
+        props[PROP_KAFKA_TIMESTAMP] = str(timestamp)
+    return Message(
+        topic,
+        queue_id,
+        value or b"",
+        tags=tags,
+        keys=keys,
+        properties=props,
+        born_timestamp_ms=max(timestamp, 0),
+        born_host=born_host,
+    )
+
+
+def _headers_to_props(headers: Sequence[Header], props: dict[str, str]) -> str:
+    """Headers into ``props`` (see the module's docstring); returns the tags they name."""
+    plain: dict[str, str] = {}
+    for name, value in headers:
+        text = None if value is None else _text(value)
+        if text is None or name in plain or name in _RESERVED or name.startswith(KAFKA_PROP_PREFIX):
+            props[PROP_KAFKA_HEADERS] = json.dumps(
+                [[n, None if v is None else base64.b64encode(v).decode()] for n, v in headers]
+            )
+            break
+        plain[name] = text
+    else:
+        props.update(plain)
+    for name, value in headers:
+        if name == HEADER_TAGS and value is not None:
+            return _text(value) or ""
+    return ""
+
+
+def _text(raw: bytes) -> str | None:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def to_kafka(record: Record) -> KafkaRow:
+    """A stored message as a Kafka record: (timestamp, key, value, headers)."""
+    props = record.properties
+    if not props:  # the common case of clmq's own messages, and Kafka's without headers
+        key = record.keys.encode() if record.keys else None
+        headers: list[Header] = [(HEADER_TAGS, record.tags.encode())] if record.tags else []
+        return record.born_timestamp_ms, key, record.body, headers
+    timestamp = _timestamp(record)
+    key = _key(record)
+    value = None if props.get(PROP_KAFKA_NULL_VALUE) == "1" else record.body
+    return timestamp, key, value, _headers(record)
+
+
+def _timestamp(record: Record) -> int:
+    raw = record.properties.get(PROP_KAFKA_TIMESTAMP)
+    if raw is not None:
+        try:
+            return int(raw)
+        except ValueError:
+            pass
+    return record.born_timestamp_ms
+
+
+def _key(record: Record) -> bytes | None:
+    raw = record.properties.get(PROP_KAFKA_KEY_B64)
+    if raw is not None:
+        try:
+            return base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
+            pass
+    return record.keys.encode() if record.keys else None
+
+
+def _headers(record: Record) -> list[Header]:
+    props = record.properties
+    raw = props.get(PROP_KAFKA_HEADERS)
+    if raw is not None:
+        decoded = _json_headers(raw)
+        if decoded is not None:
+            return decoded
+    headers: list[Header] = [(n, v.encode()) for n, v in props.items() if not n.startswith(KAFKA_PROP_PREFIX)]
+    if record.tags and HEADER_TAGS not in props and raw is None:
+        headers.append((HEADER_TAGS, record.tags.encode()))
+    return headers
+
+
+def _json_headers(raw: str) -> list[Header] | None:
+    """``__kafka.headers`` decoded, or None if it is not what this module writes (a
+    clmq producer may have set any property: then the properties are the headers)."""
+    try:
+        rows = json.loads(raw)
+        return [(str(n), None if v is None else base64.b64decode(v, validate=True)) for n, v in rows]
+    except (ValueError, TypeError, binascii.Error):
+        return None

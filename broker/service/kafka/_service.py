@@ -1,0 +1,179 @@
+"""The Kafka listener of one broker: every handler over the broker's context, the table
+of which API each serves, and the listener's task (``serve``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import trio
+
+from clmq.common import PROP_KAFKA_PRODUCER
+from clmq.protocol.kafka import ApiKey, ErrorCode, KafkaRequest
+from clmq.protocol.transport import RpcClient
+
+from .._context import BrokerContext
+from .._read_threads import ReadThreads
+from .._topic_requests import TopicRequests
+from ._cluster import ClusterViews
+from ._coordinator import GroupSettings, KafkaGroups
+from ._fetch import KafkaFetch
+from ._listener import Handler, KafkaListener, ListenerSettings, Peer
+from ._metadata import ADVERTISED, NO_TRANSACTIONS, MetadataRequests
+from ._offsets import KafkaOffsets
+from ._produce import KafkaProduce
+from ._sequences import Sequences, parse_producer_property
+from ._topics import TopicAdmin
+
+log = logging.getLogger("clmq.broker.kafka")
+
+RECOVER_CHUNK_MESSAGES = 1024
+
+
+class KafkaService:
+    """Kafka's protocol over one broker's store, groups and offsets."""
+
+    def __init__(self, ctx: BrokerContext, readers: ReadThreads, client: Callable[[], RpcClient | None]) -> None:
+        cfg = ctx.config
+        self.ctx = ctx
+        self._readers = readers
+        self.views = ClusterViews(ctx, self.kafka_addr, client)
+        self.listener = KafkaListener(
+            ListenerSettings(
+                cfg.kafka_max_frame_bytes,
+                cfg.kafka_max_connections,
+                cfg.kafka_max_inflight_requests,
+                cfg.kafka_idle_timeout_ms,
+            ),
+            self.dispatch,
+            ADVERTISED,
+        )
+        self.sequences = Sequences(cfg.kafka_max_producer_ids, self._recover)
+        self._epoch = ctx.replica.epoch
+        self.groups = KafkaGroups(
+            GroupSettings(
+                cfg.kafka_group_min_session_timeout_ms,
+                cfg.kafka_group_max_session_timeout_ms,
+                cfg.kafka_group_initial_rebalance_delay_ms,
+                cfg.kafka_group_max_size_members,
+            ),
+            native_members=lambda group: len(ctx.groups.members(group)),
+            drop_offsets=lambda group: _drop(ctx, group),
+        )
+        admin = TopicAdmin(TopicRequests(ctx, readers), self.views)
+        self.metadata = MetadataRequests(self.views, cfg.cluster, admin)
+        self.produce = KafkaProduce(ctx, self.views, self.sequences)
+        self.fetch = KafkaFetch(ctx, self.views, readers)
+        self.offsets = KafkaOffsets(ctx, self.views, self.groups)
+        self._table = self._handlers(admin)
+
+    def kafka_addr(self) -> str:
+        """host:port Kafka clients are told ("" until the listener has its port)."""
+        port = self.listener.port
+        return f"{self.ctx.config.advertised_addr_host}:{port}" if port >= 0 else ""
+
+    def _handlers(self, admin: TopicAdmin) -> dict[int, Callable[[KafkaRequest, Peer], Any]]:
+        m, g = self.metadata, self.groups
+        return {
+            ApiKey.API_VERSIONS: m.api_versions,
+            ApiKey.METADATA: m.metadata,
+            ApiKey.DESCRIBE_CLUSTER: m.describe_cluster,
+            ApiKey.FIND_COORDINATOR: m.find_coordinator,
+            ApiKey.PRODUCE: self._produce,
+            ApiKey.FETCH: self.fetch.fetch,
+            ApiKey.LIST_OFFSETS: self.fetch.list_offsets,
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: self.fetch.offset_for_leader_epoch,
+            ApiKey.OFFSET_COMMIT: self.offsets.offset_commit,
+            ApiKey.OFFSET_FETCH: self.offsets.offset_fetch,
+            ApiKey.JOIN_GROUP: lambda r, p: g.join_group(r.body, r.api_version, p.client_id, p.host),
+            ApiKey.SYNC_GROUP: lambda r, p: g.sync_group(r.body, r.api_version),
+            ApiKey.HEARTBEAT: lambda r, p: g.heartbeat(r.body, r.api_version),
+            ApiKey.LEAVE_GROUP: lambda r, p: g.leave_group(r.body, r.api_version),
+            ApiKey.DESCRIBE_GROUPS: _now(lambda r: g.describe_groups(r.body, r.api_version)),
+            ApiKey.LIST_GROUPS: _now(lambda r: g.list_groups(r.body, r.api_version)),
+            ApiKey.DELETE_GROUPS: _now(lambda r: g.delete_groups(r.body, r.api_version)),
+            ApiKey.CREATE_TOPICS: admin.create_topics,
+            ApiKey.DELETE_TOPICS: admin.delete_topics,
+            ApiKey.CREATE_PARTITIONS: admin.create_partitions,
+            ApiKey.DESCRIBE_CONFIGS: admin.describe_configs,
+            ApiKey.INIT_PRODUCER_ID: self._init_producer_id,
+        }
+
+    def dispatch(self, req: KafkaRequest, peer: Peer) -> Handler | None:
+        return self._table.get(req.api_key)
+
+    async def serve(
+        self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The listener and the group coordinator's timers, until cancelled."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.groups.run)
+            bound = await nursery.start(self.listener.serve, host, port)
+            log.info(
+                "broker %s: Kafka listener on %s (node id %d)",
+                self.ctx.config.broker_name,
+                self.kafka_addr(),
+                self.views.me.node_id,
+            )
+            task_status.started(bound)
+
+    async def _produce(self, req: KafkaRequest, peer: Peer) -> dict[str, Any] | None:
+        if self.ctx.replica.epoch != self._epoch:  # leadership changed: producer state is read again
+            self._epoch = self.ctx.replica.epoch
+            self.sequences.forget_minted()
+        return await self.produce.produce(req, peer)
+
+    async def _init_producer_id(self, req: KafkaRequest, peer: Peer) -> dict[str, Any]:
+        body = req.body
+        if body.get("transactional_id") is not None:
+            log.info("kafka: %s asked for a transactional producer: %s", peer.client_id, NO_TRANSACTIONS)
+            return {
+                "throttle_time_ms": 0,
+                "error_code": ErrorCode.UNSUPPORTED_VERSION,
+                "producer_id": -1,
+                "producer_epoch": -1,
+            }
+        pid, epoch = body.get("producer_id", -1), body.get("producer_epoch", -1)
+        if pid >= 0 and 0 <= epoch < 32767:  # KIP-360: the same producer, its epoch bumped
+            return {"throttle_time_ms": 0, "error_code": 0, "producer_id": pid, "producer_epoch": epoch + 1}
+        return {"throttle_time_ms": 0, "error_code": 0, "producer_id": self.sequences.mint(), "producer_epoch": 0}
+
+    async def _recover(self, pid: int, topic: str, queue_id: int) -> tuple[int, list[tuple[int, int, int]]] | None:
+        """A producer's last batches in a queue, read back from its tail."""
+        return await self._readers.in_thread(self._scan_tail, pid, topic, queue_id)
+
+    def _scan_tail(self, pid: int, topic: str, queue_id: int) -> tuple[int, list[tuple[int, int, int]]] | None:
+        store = self.ctx.store
+        if not store.queue_exists(topic, queue_id):
+            return None
+        lo, hi = store.bounds(topic, queue_id)
+        offset = max(lo, hi - self.ctx.config.dedup_max_messages)
+        rows: list[tuple[int, int, int]] = []
+        epoch = -1
+        while offset < hi:
+            got = store.get(topic, queue_id, offset, RECOVER_CHUNK_MESSAGES)
+            if not got.messages:
+                break
+            for r in got.messages:
+                raw = r.properties.get(PROP_KAFKA_PRODUCER) if r.properties else None
+                parsed = parse_producer_property(raw) if raw else None
+                if parsed is not None and parsed[0] == pid:
+                    epoch = parsed[1]
+                    rows.append((parsed[2], parsed[3], r.queue_offset))
+            offset = got.next_offset
+        return (epoch, rows) if rows else None
+
+
+def _now(fn: Callable[[KafkaRequest], dict[str, Any]]) -> Callable[[KafkaRequest, Peer], Any]:
+    """A handler that answers at once, as the async handler the table holds."""
+
+    async def handler(req: KafkaRequest, peer: Peer) -> dict[str, Any]:
+        return fn(req)
+
+    return handler
+
+
+def _drop(ctx: BrokerContext, group: str) -> None:
+    """A deleted Kafka group's committed offsets go with it (followers copy that)."""
+    ctx.offsets.drop_group(group)
+    ctx.metadata.bump()
