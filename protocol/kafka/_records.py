@@ -279,6 +279,8 @@ def _read_records(buf: bytes, pos: int, end: int, count: int, base_offset: int, 
     records: list[KafkaRecord] = []
     append = records.append
     for index in range(count):
+        if pos >= end:  # the count lies; without this the next batch's bytes would be read as records
+            raise _Malformed(f"record count {count} expected, but the records end after {index}")
         start = pos
         byte = buf[pos]
         if byte < 0x80:
