@@ -64,6 +64,7 @@ _MIN_RECORD = 7  # length, attributes, timestamp, offset, key, value, header cou
 _MAGIC = 2
 
 _COMPRESSION_MASK = 0x07
+_CODECS = tuple(Compression)  # by attributes & _COMPRESSION_MASK: indexing is cheaper than Compression(n)
 _LOG_APPEND_TIME = 0x08
 _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
@@ -171,28 +172,30 @@ def batch_header_info(data: bytes, pos: int) -> tuple[int, int] | None:
 def _parse_batch(data: bytes, pos: int, budget: int) -> tuple[RecordBatch, int, int]:
     """The batch at ``pos``, the position after it, and how many bytes decompression used."""
     end = _check_frame(data, pos)
-    fields = _HEADER.unpack_from(data, pos)
-    crc, attributes, last_delta, count = fields[4], fields[5], fields[6], fields[12]
+    base_offset, _, epoch, _, crc, attributes, last_delta, base_ts, max_ts, pid, p_epoch, sequence, count = (
+        _HEADER.unpack_from(data, pos)
+    )
     actual = crc32c(memoryview(data)[pos + _CRC_START : end])
     if actual != crc:
-        raise RecordsError(
-            CORRUPT_MESSAGE, f"batch at byte {pos}: crc32c expected 0x{crc:08x} (crc field), actual 0x{actual:08x}"
-        )
+        raise _error(CORRUPT_MESSAGE, pos, f"crc32c expected 0x{crc:08x} (crc field), actual 0x{actual:08x}")
     codec = attributes & _COMPRESSION_MASK
-    if codec > Compression.ZSTD:
-        raise RecordsError(UNSUPPORTED_COMPRESSION_TYPE, f"batch at byte {pos}: unknown compression codec {codec}")
+    if codec >= len(_CODECS):
+        raise _error(UNSUPPORTED_COMPRESSION_TYPE, pos, f"unknown compression codec {codec}")
     # Kafka's LogValidator checks these for client batches: a positive count that matches the offset range.
     if count <= 0 or last_delta != count - 1:
-        raise RecordsError(
+        raise _error(
             INVALID_RECORD,
-            f"batch at byte {pos}: record count {count} and last offset delta {last_delta} disagree "
+            pos,
+            f"record count {count} and last offset delta {last_delta} disagree "
             f"(expected a positive count, and last offset delta = count - 1)",
         )
-    records, used = _batch_records(data, pos, end, Compression(codec), count, fields[0], fields[7], budget)
-    batch = RecordBatch(
-        fields[0], fields[2], attributes, last_delta, fields[7], fields[8], fields[9], fields[10], fields[11], records
-    )
+    records, used = _batch_records(data, pos, end, _CODECS[codec], count, base_offset, base_ts, budget)
+    batch = RecordBatch(base_offset, epoch, attributes, last_delta, base_ts, max_ts, pid, p_epoch, sequence, records)
     return batch, end, used
+
+
+def _error(code: int, pos: int, text: str) -> RecordsError:
+    return RecordsError(code, f"batch at byte {pos}: {text}")
 
 
 def _batch_records(
@@ -207,20 +210,17 @@ def _batch_records(
     try:
         return _read_records(buf, start, end, count, base_offset, base_ts), len(buf) if codec else 0
     except _Malformed as exc:
-        raise RecordsError(INVALID_RECORD, f"batch at byte {pos}: {exc}{where}") from None
+        raise _error(INVALID_RECORD, pos, f"{exc}{where}") from None
     except IndexError:
-        raise RecordsError(INVALID_RECORD, f"batch at byte {pos}: a record runs past the batch's end{where}") from None
+        raise _error(INVALID_RECORD, pos, f"a record runs past the batch's end{where}") from None
 
 
 def _check_frame(data: bytes, pos: int) -> int:
     """The end of the batch at ``pos``, once its length and magic are plausible."""
     remaining = len(data) - pos
     if remaining < LOG_OVERHEAD:
-        raise RecordsError(
-            CORRUPT_MESSAGE,
-            f"batch at byte {pos}: {remaining} trailing bytes, expected at least {LOG_OVERHEAD} "
-            f"(a Produce request holds whole batches)",
-        )
+        text = f"{remaining} trailing bytes, expected at least {LOG_OVERHEAD} (a Produce request holds whole batches)"
+        raise _error(CORRUPT_MESSAGE, pos, text)
     length: int = _LOG.unpack_from(data, pos)[1]
     # Magic 0 and 1 keep their magic byte at the same place (offset, size, crc, magic).
     if remaining > _MAGIC_AT:
@@ -228,17 +228,12 @@ def _check_frame(data: bytes, pos: int) -> int:
         magic = magic - 256 if magic > 127 else magic
         if magic != _MAGIC:
             code = UNSUPPORTED_FOR_MESSAGE_FORMAT if magic in (0, 1) else CORRUPT_MESSAGE
-            raise RecordsError(code, f"batch at byte {pos}: magic expected {_MAGIC}, actual {magic}")
+            raise _error(code, pos, f"magic expected {_MAGIC}, actual {magic}")
     if length < _MIN_LENGTH:
-        raise RecordsError(
-            CORRUPT_MESSAGE, f"batch at byte {pos}: batch length expected at least {_MIN_LENGTH}, actual {length}"
-        )
+        raise _error(CORRUPT_MESSAGE, pos, f"batch length expected at least {_MIN_LENGTH}, actual {length}")
     if length > remaining - LOG_OVERHEAD:
-        raise RecordsError(
-            CORRUPT_MESSAGE,
-            f"batch at byte {pos}: batch length says {length} bytes follow, actual {remaining - LOG_OVERHEAD} "
-            f"(a truncated batch)",
-        )
+        text = f"batch length says {length} bytes follow, actual {remaining - LOG_OVERHEAD} (a truncated batch)"
+        raise _error(CORRUPT_MESSAGE, pos, text)
     return pos + LOG_OVERHEAD + length
 
 
@@ -246,13 +241,9 @@ def _decompress(payload: memoryview, pos: int, codec: Compression, budget: int) 
     try:
         return decompress(codec, payload, max(budget, 0))
     except DecompressionTooLarge as exc:
-        raise RecordsError(
-            MESSAGE_TOO_LARGE, f"batch at byte {pos}: {codec.name} records decompress to {exc} (the limit left)"
-        ) from None
+        raise _error(MESSAGE_TOO_LARGE, pos, f"{codec.name} records decompress to {exc} (the limit left)") from None
     except DecompressionFailed as exc:
-        raise RecordsError(
-            CORRUPT_MESSAGE, f"batch at byte {pos}: {codec.name} records do not decompress: {exc}"
-        ) from None
+        raise _error(CORRUPT_MESSAGE, pos, f"{codec.name} records do not decompress: {exc}") from None
 
 
 def _varint(buf: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
