@@ -290,6 +290,9 @@ async def test_inconsistent_protocols_are_refused(autojump_clock: MockClock, env
     assert (await join(env.kg, "other", protocols=[]))["error_code"] == INCONSISTENT_GROUP_PROTOCOL
     assert (await join(env.kg, "other2", ptype=""))["error_code"] == INCONSISTENT_GROUP_PROTOCOL
     assert [g["group_id"] for g in env.kg.groups()] == ["g"]  # refused first joins leave nothing
+    assert env.kg.check_commit("simple", -1, "", None) == NONE
+    assert (await join(env.kg, "simple", ptype=""))["error_code"] == INCONSISTENT_GROUP_PROTOCOL
+    assert [g["group_id"] for g in env.kg.groups()] == ["g", "simple"]  # but do not drop an existing group
     # Old versions get a string protocol name, even on errors.
     old = await env.kg.join_group(join_body(ptype="connect"), 6, "c", "/h")
     assert old["error_code"] == INCONSISTENT_GROUP_PROTOCOL and old["protocol_name"] == ""
@@ -370,8 +373,10 @@ async def test_a_static_member_replaces_itself_without_rebalance(autojump_clock:
     old_assignment = next(m["assignment"] for m in before["members"] if m["member_id"] == a["member_id"])
     again = await sync(env.kg, restarted, group_instance_id="i-1")
     assert again["assignment"] == old_assignment != b""
-    if a["member_id"] == a["leader"]:
-        assert restarted["skip_assignment"] and restarted["leader"] == restarted["member_id"]
+    # The static member joined first (no MEMBER_ID_REQUIRED round), so it led: v9 says skip the assignment.
+    assert a["leader"] == a["member_id"]
+    assert restarted["skip_assignment"] and restarted["leader"] == restarted["member_id"]
+    assert [m["member_id"] for m in restarted["members"]] == [b["member_id"], restarted["member_id"]]
 
 
 async def test_a_static_leader_rejoining_on_an_old_version_keeps_the_old_leader_id(
@@ -600,3 +605,17 @@ async def test_sync_and_heartbeat_during_the_join_phase(autojump_clock: MockCloc
         assert (await sync(env.kg, a))["error_code"] == REBALANCE_IN_PROGRESS
         assert await hb(env.kg, a) == REBALANCE_IN_PROGRESS
         n.start_soon(join, env.kg, "g", a["member_id"])
+
+
+async def test_a_follower_rejoining_unchanged_gets_the_generation_again(autojump_clock: MockClock, env: Env) -> None:
+    a, b = await stable(env.kg, 2)
+    follower = a if a["member_id"] != a["leader"] else b
+    again = await join(env.kg, member_id=follower["member_id"])
+    assert (again["generation_id"], again["leader"], again["members"]) == (1, a["leader"], [])
+    assert state(env.kg) == "Stable"
+    async with trio.open_nursery() as n:  # new metadata: a rebalance the leader must join
+        n.start_soon(partial(join, env.kg, member_id=follower["member_id"], protocols=[("range", b"new")]))
+        await trio.testing.wait_all_tasks_blocked()
+        assert state(env.kg) == "PreparingRebalance"
+        n.start_soon(join, env.kg, "g", a["leader"])
+    assert state(env.kg) == "CompletingRebalance"

@@ -82,6 +82,7 @@ def join_group(rb: Rebalancer, req: Join) -> Outcome:
     if not bounds.min_session_timeout_ms <= req.session_timeout_ms <= bounds.max_session_timeout_ms:
         return error_join(INVALID_SESSION_TIMEOUT, req.member_id)
     group = rb.groups.get(req.group_id)
+    created = group is None
     if group is None:
         if req.member_id:
             # A member id for a group that is gone: the client must start over.
@@ -94,7 +95,7 @@ def join_group(rb: Rebalancer, req: Join) -> Outcome:
         outcome = _join_new(rb, group, req)
     else:
         outcome = _join_known(rb, group, req)
-    if group.state == State.EMPTY and not group.members and not group.pending_join and group.protocol_type is None:
+    if created and not group.members and not group.pending_join:
         # A refused first join leaves nothing behind (Kafka would keep an empty group record).
         del rb.groups[group.group_id]
     return outcome
