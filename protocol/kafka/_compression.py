@@ -17,7 +17,9 @@ output is made. Stream formats are the ones the Java client writes and reads:
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from enum import IntEnum
+from typing import Any
 
 import cramjam
 
@@ -105,13 +107,13 @@ def decompress(codec: Compression, data: bytes | memoryview, limit: int) -> byte
     raise DecompressionFailed(f"no decompressor for codec {codec}")
 
 
-def _bounded(decompress_into: object, data: bytes | memoryview, limit: int) -> bytes:
+def _bounded(decompress_into: Callable[[Any, bytearray], int], data: bytes | memoryview, limit: int) -> bytes:
     """Decompress into buffers of growing size, never above ``limit + 1`` bytes."""
     size = min(limit + 1, max(_MIN_FIRST, _FIRST_RATIO * len(data)))
     while True:
         out = bytearray(size)
         try:
-            written: int = decompress_into(data, out)  # type: ignore[operator]
+            written = decompress_into(data, out)
         except cramjam.DecompressionError as exc:
             if _FULL_BUFFER not in str(exc):
                 raise DecompressionFailed(str(exc)) from None

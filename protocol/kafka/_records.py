@@ -342,7 +342,7 @@ def _read_bytes(buf: bytes, pos: int) -> tuple[bytes | None, int]:
 
 
 def _read_headers(buf: bytes, pos: int, end: int) -> tuple[list[tuple[str, bytes | None]], int]:
-    count, pos = _varint(buf, pos, 5)
+    count, pos = _read_varint(buf, pos)
     # Each header takes at least two bytes: a bound before looping on an untrusted count.
     if count < 0 or count > (end - pos) // 2:
         raise _Malformed(f"header count {count} at byte {pos} does not fit the record")
