@@ -12,6 +12,9 @@ command -v java >/dev/null 2>&1 || apt_install default-jre-headless
 [ -f /usr/share/java/zookeeper.jar ] || apt_install libzookeeper-java
 # The dashboard's tests load its pages in a real headless browser: Debian's Chromium.
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || apt_install chromium
+# The Kafka listener is judged by real Kafka clients: kcat (librdkafka), from Debian; the
+# Python ones (confluent-kafka, kafka-python, aiokafka) come with the test extra.
+command -v kcat >/dev/null 2>&1 || apt_install kcat
 echo "== ruff check"; .venv/bin/ruff check .
 echo "== ruff format --check"; .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy

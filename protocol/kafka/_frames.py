@@ -166,7 +166,9 @@ def decode_request_frame(
             tagged = r.tagged_fields() if flexible else {}
         except KafkaDecodeError as e:
             raise e.within("<header>") from None
-        body = codec(api_key, api_version).decode(frame, r.pos)
+        # Bytes after the body are ignored, as Kafka's brokers ignore them: librdkafka sends
+        # some (e.g. an empty tagged field after Metadata v12's last field).
+        body, _end = codec(api_key, api_version).decode_prefix(frame, r.pos)
     except KafkaDecodeError as e:
         e.api_key, e.api_version, e.correlation_id = api_key, api_version, correlation_id
         raise

@@ -32,7 +32,10 @@ from ._mapping import to_kafka
 from ._metadata import topic_id
 
 READ_CHUNK_MESSAGES = 512  # messages read per store call while a partition's byte budget lasts
-EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3  # ListOffsets' special timestamps
+EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
+TIME_SCAN_BACK_MESSAGES = (
+    64  # ListOffsets by time looks this far before the binary search's answer  # ListOffsets' special timestamps
+)
 
 
 @dataclass
@@ -172,8 +175,9 @@ class KafkaFetch:
         elif when in (LATEST, MAX_TIMESTAMP) or when < 0:
             row["offset"] = hi
         else:
-            found = await self._readers.in_thread(self.store.offset_for_timestamp, topic, queue_id, when)
-            row["offset"], row["timestamp"] = (found, when) if found < hi else (-1, -1)
+            found = await self._readers.in_thread(offset_for_time, self.store, topic, queue_id, when)
+            if found is not None:
+                row["offset"], row["timestamp"] = found
         row["old_style_offsets"] = [row["offset"]]
         return row
 
@@ -215,6 +219,38 @@ def _read_one(store: StorageEngine, visibility: Visibility, ask: _Ask, budget: i
         else:
             offset = got.next_offset
     ask.records = _batches(records)
+
+
+def offset_for_time(store: StorageEngine, topic: str, queue_id: int, when: int) -> tuple[int, int] | None:
+    """The first (offset, timestamp) whose record timestamp (Kafka's: the born
+    timestamp, or the one a Kafka producer set) is at least ``when``; None if none.
+    Timestamps are set by producers and may go back a little: a binary search finds the
+    region, a forward scan the first one at or after ``when``."""
+    lo, hi = store.bounds(topic, queue_id)
+
+    def stamp(offset: int) -> int | None:
+        got = store.get(topic, queue_id, offset, 1)
+        return to_kafka(got.messages[0])[0] if got.messages else None
+
+    left, right = lo, hi
+    while left < right:
+        mid = (left + right) // 2
+        ts = stamp(mid)
+        if ts is not None and ts < when:
+            left = mid + 1
+        else:
+            right = mid
+    offset = max(lo, left - TIME_SCAN_BACK_MESSAGES)
+    while offset < hi:
+        got = store.get(topic, queue_id, offset, READ_CHUNK_MESSAGES)
+        if not got.messages:
+            return None
+        for r in got.messages:
+            ts = to_kafka(r)[0]
+            if ts >= when:
+                return r.queue_offset, ts
+        offset = got.next_offset
+    return None
 
 
 def _batches(records: list[Record]) -> bytes:
