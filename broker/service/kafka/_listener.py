@@ -168,6 +168,15 @@ class _Connection:
         self.reader = KafkaRequestReader(self.settings.max_frame_bytes, listener.advertised)
         self.inflight = 0
         self.produce_line = _Line()
+        self._idle: trio.CancelScope | None = None  # the read waiting for the next request
+
+    def _arm_idle(self) -> None:
+        """The idle clock runs while nothing is in flight: a connection waiting on a long
+        Fetch is not idle, and one whose last answer is done is idle from that moment
+        (re-armed here, not only when the next read starts, which may be long before)."""
+        if self._idle is not None:
+            idle_s = self.settings.idle_timeout_ms / 1000
+            self._idle.deadline = trio.current_time() + idle_s if not self.inflight else math.inf
 
     async def run(self) -> None:
         send, receive = trio.open_memory_channel[_Pending](self.settings.max_inflight_requests)
@@ -177,10 +186,12 @@ class _Connection:
                 await self._read_loop(send, nursery)
 
     async def _read_loop(self, send: trio.MemorySendChannel[_Pending], nursery: trio.Nursery) -> None:
-        idle_s = self.settings.idle_timeout_ms / 1000
         while True:
-            with trio.move_on_after(idle_s if not self.inflight else math.inf) as idle:
+            with trio.CancelScope() as idle:
+                self._idle = idle
+                self._arm_idle()
                 data = await self.stream.receive_some(RECEIVE_BYTES)
+            self._idle = None
             if idle.cancelled_caught:
                 log.debug("kafka: closing idle connection from %s:%d", self.peer.host, self.peer.port)
                 return
@@ -250,6 +261,8 @@ class _Connection:
             pending.failed = True
         finally:
             self.inflight -= 1
+            if not self.inflight:
+                self._arm_idle()
             pending.done.set()
 
     async def _write_loop(self, receive: trio.MemoryReceiveChannel[_Pending], scope: trio.CancelScope) -> None:
