@@ -9,6 +9,8 @@ produced, whichever protocol produced and whichever consumed.
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import pytest
 import trio
 
 from clmq import open_admin, open_consumer, open_producer
+from clmq.protocol.kafka import ApiKey, encode_request
 from tests.kafka_procs import KafkaCluster, in_thread, kcat, open_kafka
 
 ck = pytest.importorskip("confluent_kafka")
@@ -109,6 +112,21 @@ async def test_kcat_consumes_from_a_timestamp(kafka: KafkaCluster) -> None:
     await in_thread(produce, kafka.bootstrap, "t", rows)
     out = await kcat("-C", "-b", kafka.bootstrap, "-t", "t", "-o", f"s@{base + 2500}", "-e", "-f", "%o %T\n")
     assert out.splitlines() == [f"3 {base + 3000}", f"4 {base + 4000}"]
+
+
+async def test_clients_that_vanish_mid_answer_do_not_take_the_listener_down(kafka: KafkaCluster) -> None:
+    """Clients that reset their connection while answers are being written (broken pipe,
+    connection reset) cost the broker those connections only."""
+    request = encode_request(ApiKey.METADATA, 12, 1, {"topics": None}, client_id="vanisher")
+    host, port = kafka.kafka_addr("b0").split(":")
+    for _ in range(20):
+        sock = trio.socket.socket()
+        await sock.connect((host, int(port)))
+        await sock.send(request * 64)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        sock.close()
+    listing = json.loads(await kcat("-L", "-b", kafka.bootstrap, "-J"))
+    assert listing["brokers"], listing
 
 
 # ------------------------------------------------------------------ confluent-kafka

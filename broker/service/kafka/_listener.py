@@ -151,8 +151,10 @@ class KafkaListener:
         try:
             host, port = stream.socket.getpeername()[:2]
             await _Connection(self, stream, Peer(str(host), int(port))).run()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the client went away: what it asked and was not answered was not acknowledged
+        except* Exception:  # a bug must close this connection, never the listener (and the broker)
+            log.exception("kafka: a connection failed; it is closed, the listener goes on")
         finally:
             self.connections -= 1
             with trio.CancelScope(shield=True):
