@@ -275,7 +275,7 @@ class ErrorCode(enum.IntEnum):
     REPLICA_REFUSED = 32  # a replication request the leader will not serve (unknown replica, lying report)
     OFFSET_OUT_OF_RANGE = 33  # a fetch below the leader's log start (fields: min_offset)
     NOT_IN_SYNC = 34  # PROMOTE of a follower not known in sync (use force to accept losing data)
-    GROUP_ACTIVE = 35  # DELETE_GROUP of a group with members connected: stop them first
+    GROUP_ACTIVE = 35  # DELETE_GROUP of a group with members connected; HEARTBEAT into a group of Kafka members
 
 
 # ------------------------------------------------------------- request fields

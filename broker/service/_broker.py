@@ -79,6 +79,8 @@ class Broker:
             replica=self.replica,
             metadata=self.metadata,
             kafka_addr=lambda: self.kafka.kafka_addr() if self.kafka is not None else "",
+            kafka_members=lambda group: self.kafka.members(group) if self.kafka is not None else {},
+            kafka_groups=lambda: self.kafka.group_ids() if self.kafka is not None else [],
         )
         self.handlers = Handlers(self.ctx)
         self.kafka: KafkaService | None = None

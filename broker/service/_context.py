@@ -42,3 +42,7 @@ class BrokerContext:
     metadata: ReplicatedMetadata  # what followers copy (bump() on every change)
     traffic: TopicTraffic = field(default_factory=TopicTraffic)  # messages and bytes in and out per topic
     kafka_addr: Callable[[], str] = lambda: ""  # host:port of the Kafka listener ("": none)
+    # The Kafka groups' members by group (one group namespace: a group has members of
+    # one protocol at a time): member id -> client id; empty when none, or no listener.
+    kafka_members: Callable[[str], dict[str, str]] = lambda group: {}
+    kafka_groups: Callable[[], list[str]] = lambda: []

@@ -53,6 +53,12 @@ class GroupRequests:
         for g in need(frame.fields, "groups", list):
             if not isinstance(g, dict) or not isinstance(g.get("group"), str):
                 raise RequestError(ErrorCode.MALFORMED_REQUEST, "groups must be maps with a 'group' name")
+            if self.ctx.kafka_members(g["group"]):  # one namespace: a group is Kafka's or clmq's at a time
+                raise RequestError(
+                    ErrorCode.GROUP_ACTIVE,
+                    f"group {g['group']!r} has members using the Kafka protocol; "
+                    "a group's members use one protocol at a time (use another group name)",
+                )
             if self.ctx.groups.heartbeat(
                 client_id, g["group"], g.get("mode", "clustering"), g.get("topics", []), now_ms()
             ):
@@ -70,7 +76,8 @@ class GroupRequests:
         return Reply({"members": [m.client_id for m in members]})
 
     async def list_groups(self, frame: Frame, peer: Peer) -> Reply:
-        return Reply({"groups": sorted(set(self.ctx.groups.groups()) | set(self.ctx.offsets.groups()))})
+        groups = set(self.ctx.groups.groups()) | set(self.ctx.offsets.groups()) | set(self.ctx.kafka_groups())
+        return Reply({"groups": sorted(groups)})
 
     async def describe_group(self, frame: Frame, peer: Peer) -> Reply:
         group = need(frame.fields, "group", str)
@@ -89,5 +96,9 @@ class GroupRequests:
                 )
         members = [
             {"client_id": m.client_id, "mode": m.mode, "topics": m.topics} for m in self.ctx.groups.members(group)
+        ]
+        members += [
+            {"client_id": member, "mode": "kafka", "topics": [], "kafka_client_id": client}
+            for member, client in sorted(self.ctx.kafka_members(group).items())
         ]
         return Reply({"queues": rows, "members": members})

@@ -99,6 +99,18 @@ class KafkaService:
             ApiKey.INIT_PRODUCER_ID: self._init_producer_id,
         }
 
+    def members(self, group: str) -> dict[str, str]:
+        """The Kafka members of ``group``: member id -> client id (empty: none)."""
+        if not self.groups.has_members(group):
+            return {}
+        for g in self.groups.groups():
+            if g["group_id"] == group:
+                return {m["member_id"]: m.get("client_id", "") for m in g["members"]} or {"(joining)": ""}
+        return {}
+
+    def group_ids(self) -> list[str]:
+        return [g["group_id"] for g in self.groups.groups()]
+
     def dispatch(self, req: KafkaRequest, peer: Peer) -> Handler | None:
         return self._table.get(req.api_key)
 

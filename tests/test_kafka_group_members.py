@@ -1,0 +1,167 @@
+"""Kafka consumer groups on clmq's group coordinator, with real librdkafka members
+(confluent-kafka) joining and leaving while they consume, and the one group namespace
+shared with clmq's own consumers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from clmq import open_admin, open_consumer
+from tests.kafka_procs import KafkaCluster, in_thread, open_kafka
+from tests.waiting import await_until
+
+ck = pytest.importorskip("confluent_kafka")
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+SESSION_TIMEOUT_MS = 6000
+
+
+@pytest.fixture
+async def kafka(tmp_path: Path) -> Any:
+    async with open_kafka(tmp_path) as cluster:
+        yield cluster
+
+
+class Member(threading.Thread):
+    """One group member: consumes in batches, commits each batch synchronously before the
+    next poll (so a rebalance never hands a processed, uncommitted message to another)."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, seen: list[tuple[int, int, str]]) -> None:
+        super().__init__(daemon=True)
+        self.name_ = f"m{id(self) % 1000}"
+        self.seen = seen
+        self.stop = threading.Event()
+        self.assigned_at: list[float] = []
+        self.error: BaseException | None = None
+        self.consumer = ck.Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "session.timeout.ms": SESSION_TIMEOUT_MS,
+                "heartbeat.interval.ms": 500,
+            }
+        )
+        self.topic = topic
+
+    def run(self) -> None:
+        try:
+            self.consumer.subscribe([self.topic], on_assign=lambda c, parts: self.assigned_at.append(time.monotonic()))
+            while not self.stop.is_set():
+                batch = self.consumer.consume(200, 0.2)
+                for m in batch:
+                    assert not m.error(), m.error()
+                    self.seen.append((m.partition(), m.offset(), self.name_))
+                if batch:
+                    self.consumer.commit(asynchronous=False)
+        except BaseException as e:  # reported to the test
+            self.error = e
+        finally:
+            self.consumer.close()  # LeaveGroup: the others rebalance at once
+
+
+def produce(bootstrap: str, topic: str, n: int) -> None:
+    producer = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(n):
+        producer.produce(topic, value=b"m%d" % i)
+        if i % 1000 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+async def test_three_members_joining_and_leaving_read_every_message_once(kafka: KafkaCluster) -> None:
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    await in_thread(lambda: admin.create_topics([NewTopic("work", 6, 1)])["work"].result(10))
+    total = 6000
+    seen: list[tuple[int, int, str]] = []
+    first = Member(kafka.bootstrap, "workers", "work", seen)
+    first.start()
+    await in_thread(produce, kafka.bootstrap, "work", total // 2)
+    await await_until(lambda: len(seen) >= 500, 30, "the first member to consume")
+    others = [Member(kafka.bootstrap, "workers", "work", seen) for _ in range(2)]
+    joined = time.monotonic()
+    for m in others:
+        m.start()
+    await await_until(lambda: all(m.assigned_at for m in others), SESSION_TIMEOUT_MS / 1000, "the rebalance")
+    assert max(m.assigned_at[0] for m in others) - joined < SESSION_TIMEOUT_MS / 1000
+    await in_thread(produce, kafka.bootstrap, "work", total - total // 2)
+    first.stop.set()  # leaves while messages are still coming
+    await in_thread(first.join, 20)
+    try:
+        await await_until(lambda: len({(p, o) for p, o, _ in seen}) >= total, 60, "every message")
+    except TimeoutError as e:
+        state = [(m.name_, m.is_alive(), m.error, len(m.assigned_at)) for m in [first, *others]]
+        raise AssertionError(f"{e}: {len(set(seen))} of {total} read; members {state}") from None
+    for m in others:
+        m.stop.set()
+    for m in others:
+        await in_thread(m.join, 20)
+    assert [m.error for m in [first, *others]] == [None, None, None]
+    positions = [(p, o) for p, o, _ in seen]
+    assert len(positions) == len(set(positions)) == total, "a message read twice or not at all"
+    assert len({who for _, _, who in seen}) == 3  # every member did some of the work
+    async with open_admin([kafka.namesrv]) as a:
+        described = await a.describe_group("workers")
+    assert len(described["queues"]) == 6 and described["lag"] == 0, described
+
+
+async def test_a_group_is_kafka_or_clmq_at_a_time(kafka: KafkaCluster) -> None:
+    """A group with live Kafka members refuses clmq members, and the other way round."""
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    await in_thread(lambda: admin.create_topics([NewTopic("shared", 2, 1)])["shared"].result(10))
+    seen: list[tuple[int, int, str]] = []
+    member = Member(kafka.bootstrap, "kafka-side", "shared", seen)
+    member.start()
+    try:
+        await await_until(lambda: bool(member.assigned_at), 15, "the Kafka member's assignment")
+        async with (
+            open_consumer(
+                [kafka.namesrv], "kafka-side", {"shared": "*"}, pull_wait_ms=200, heartbeat_interval_ms=200
+            ) as native,
+            open_admin([kafka.namesrv]) as a,
+        ):
+            with trio.move_on_after(2):  # several of its heartbeats, each refused
+                while True:
+                    await native.receive()
+            described = await a.describe_group("kafka-side")
+        assert [m["mode"] for m in described["members"]] == ["kafka"], described["members"]
+    finally:
+        member.stop.set()
+        await in_thread(member.join, 20)
+    # the other way: native members alive, a Kafka join is refused
+    async with open_consumer(
+        [kafka.namesrv], "clmq-side", {"shared": "*"}, pull_wait_ms=200, heartbeat_interval_ms=200
+    ):
+        async with open_admin([kafka.namesrv]) as a:
+            await await_until(_has_members(a, "clmq-side"), 15, "the clmq member to be known")
+            assert [m["mode"] for m in (await a.describe_group("clmq-side"))["members"]] == ["clustering"]
+        consumer = ck.Consumer(
+            {"bootstrap.servers": kafka.bootstrap, "group.id": "clmq-side", "session.timeout.ms": SESSION_TIMEOUT_MS}
+        )
+        errors: list[Any] = []
+        consumer.subscribe(["shared"])
+
+        def poll() -> None:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not errors:
+                m = consumer.poll(0.2)
+                if m is not None and m.error():
+                    errors.append(m.error())
+
+        await in_thread(poll)
+        consumer.close()
+        assert errors and "INCONSISTENT_GROUP_PROTOCOL" in str(errors[0]), errors
+
+
+def _has_members(admin: Any, group: str) -> Any:
+    async def check() -> bool:
+        return bool((await admin.describe_group(group))["members"])
+
+    return check
