@@ -165,3 +165,49 @@ def _has_members(admin: Any, group: str) -> Any:
         return bool((await admin.describe_group(group))["members"])
 
     return check
+
+
+async def test_a_topic_across_two_broker_groups(kafka: KafkaCluster) -> None:
+    """Partitions numbered over both groups (by name, then queue); produce goes to each
+    partition's leader; the group coordinator commits (and reads back) the offsets of
+    the other group's partitions at that group's leader."""
+    await kafka.start_broker("h0", broker_name="h")
+    async with open_admin([kafka.namesrv]) as a:
+        await await_until(lambda: _leaders(a, 2), 15, "both groups registered")
+        await a.create_topic("wide", 2)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+
+    async def four_partitions_two_leaders() -> bool:
+        meta = await in_thread(lambda: admin.list_topics(timeout=10))
+        parts = meta.topics["wide"].partitions if "wide" in meta.topics else {}
+        return len(parts) == 4 and len({p.leader for p in parts.values()}) == 2
+
+    await await_until(four_partitions_two_leaders, 15, "metadata naming both groups' leaders")
+    producer = ck.Producer({"bootstrap.servers": kafka.bootstrap})
+    for partition in range(4):
+        for i in range(10):
+            producer.produce("wide", value=b"p%d-%d" % (partition, i), partition=partition)
+    assert await in_thread(producer.flush, 30) == 0
+    seen: list[tuple[int, int, str]] = []
+    member = Member(kafka.bootstrap, "wide-readers", "wide", seen)
+    member.start()
+    await await_until(lambda: len(seen) >= 40, 30, "every message read")
+    member.stop.set()
+    await in_thread(member.join, 20)
+    assert sorted({p for p, _o, _w in seen}) == [0, 1, 2, 3] and len(seen) == 40
+    reader = ck.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "wide-readers"})
+    committed = await in_thread(lambda: reader.committed([ck.TopicPartition("wide", p) for p in range(4)], timeout=10))
+    reader.close()
+    assert [tp.offset for tp in committed] == [10, 10, 10, 10]
+    async with open_admin([kafka.namesrv]) as a:
+        described = await a.describe_group("wide-readers")
+    assert sorted((q["broker_name"], q["queue_id"], q["committed"]) for q in described["queues"]) == [
+        ("g", 0, 10),
+        ("g", 1, 10),
+        ("h", 0, 10),
+        ("h", 1, 10),
+    ]
+
+
+async def _leaders(admin: Any, n: int) -> bool:
+    return len(await admin.leaders()) >= n

@@ -48,6 +48,7 @@ class Home:
     queue_id: int
     leader: Node | None
     replicas: tuple[Node, ...]
+    leader_addr: str = ""  # the leader's native address (commits of another group's queues go there)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class ClusterViews:
         self._client = client
         self._view: ClusterView | None = None
         self._lock = trio.Lock()
+
+    def client(self) -> RpcClient | None:
+        """The broker's client of the native protocol (None before it runs)."""
+        return self._client()
 
     @property
     def me(self) -> Node:
@@ -132,19 +137,17 @@ class ClusterViews:
             if b.get("broker_name") != cfg.broker_name and isinstance(b.get("topics"), dict):
                 groups.setdefault(str(b["broker_name"]), []).append(b)
         nodes: dict[int, Node] = {}
-        members: dict[str, tuple[Node | None, tuple[Node, ...], dict[str, int]]] = {}
+        members: dict[str, _Members] = {}
         for name, entries in groups.items():
             members[name] = _group(entries, nodes)
         members[cfg.broker_name] = self._own_group(brokers or [], nodes)
         topics = _partitions(members)
-        leaders = sorted((n for n, _r, _t in members.values() if n is not None), key=lambda n: n.node_id)
+        leaders = sorted((m.leader for m in members.values() if m.leader is not None), key=lambda n: n.node_id)
         return ClusterView(
             tuple(sorted(nodes.values(), key=lambda n: n.node_id)), topics, leaders[0] if leaders else None
         )
 
-    def _own_group(
-        self, brokers: list[dict[str, Any]], nodes: dict[int, Node]
-    ) -> tuple[Node | None, tuple[Node, ...], dict[str, int]]:
+    def _own_group(self, brokers: list[dict[str, Any]], nodes: dict[int, Node]) -> _Members:
         """This broker's group: its topics from the own store, its leader as the
         replica knows it (this broker, or the leader the name servers name)."""
         cfg = self.ctx.config
@@ -152,6 +155,7 @@ class ClusterViews:
         nodes[me.node_id] = me
         replicas = [me]
         leader: Node | None = me if self.ctx.replica.role == "leader" else None
+        leader_addr = self.ctx.addr() if leader is not None else ""
         for b in brokers:
             if b.get("broker_name") != cfg.broker_name or b.get("addr") == self.ctx.addr():
                 continue
@@ -161,16 +165,25 @@ class ClusterViews:
             nodes[node.node_id] = node
             replicas.append(node)
             if leader is None and b.get("role") == "leader":
-                leader = node
+                leader, leader_addr = node, str(b.get("addr") or "")
         topics = {t: n for t, n in self.ctx.store.topics.all().items() if not is_system_topic(t)}
-        return leader, tuple(sorted(replicas, key=lambda n: n.node_id)), topics
+        return _Members(leader, tuple(sorted(replicas, key=lambda n: n.node_id)), topics, leader_addr)
 
 
-def _group(
-    entries: list[dict[str, Any]], nodes: dict[int, Node]
-) -> tuple[Node | None, tuple[Node, ...], dict[str, int]]:
+@dataclass(frozen=True, slots=True)
+class _Members:
+    """One broker group as the view needs it."""
+
+    leader: Node | None
+    replicas: tuple[Node, ...]
+    topics: dict[str, int]  # topic -> queue count, as its leader (or a member) registered it
+    leader_addr: str  # the leader's native address ("": none)
+
+
+def _group(entries: list[dict[str, Any]], nodes: dict[int, Node]) -> _Members:
     """Another group: its leader's node, every member's node, the leader's topics."""
     leader: Node | None = None
+    leader_addr = ""
     replicas: list[Node] = []
     topics: dict[str, int] = {}
     for b in sorted(entries, key=lambda e: str(e.get("addr"))):
@@ -181,18 +194,16 @@ def _group(
         if b.get("role") == "leader" or not topics:
             topics = {str(t): int(n) for t, n in b["topics"].items() if not is_system_topic(str(t))}
             if b.get("role") == "leader":
-                leader = node
-    return leader, tuple(sorted(replicas, key=lambda n: n.node_id)), topics
+                leader, leader_addr = node, str(b.get("addr") or "")
+    return _Members(leader, tuple(sorted(replicas, key=lambda n: n.node_id)), topics, leader_addr)
 
 
-def _partitions(
-    members: dict[str, tuple[Node | None, tuple[Node, ...], dict[str, int]]],
-) -> dict[str, tuple[Home, ...]]:
+def _partitions(members: dict[str, _Members]) -> dict[str, tuple[Home, ...]]:
     """Every topic's partitions: its groups by name, each group's queues in order."""
     topics: dict[str, list[Home]] = {}
     for name in sorted(members):
-        leader, replicas, counts = members[name]
-        for topic, count in counts.items():
+        m = members[name]
+        for topic, count in m.topics.items():
             homes = topics.setdefault(topic, [])
-            homes.extend(Home(name, q, leader, replicas) for q in range(count))
+            homes.extend(Home(name, q, m.leader, m.replicas, m.leader_addr) for q in range(count))
     return {t: tuple(h) for t, h in sorted(topics.items())}

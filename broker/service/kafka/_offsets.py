@@ -2,19 +2,29 @@
 groups keep theirs (``ConsumerOffsets``: one group namespace; ``clmq group describe``
 shows a Kafka group's lag, and ``clmq group reset-offsets`` moves it). A Kafka
 offset is a queue offset: the next message to read. The commit's metadata string is
-not kept (read back as ""). Commits go to the group's coordinator, which holds the
-partitions' queues (a cluster of one broker group; see docs/kafka.md)."""
+not kept (read back as ""). Commits go to the group's coordinator; partitions of
+another broker group are committed there (the coordinator forwards them with
+COMMIT_OFFSET to that group's leader, and reads them back with DESCRIBE_GROUP), since
+each group's offsets live with its queues, replicated with them."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol
 
+import trio
+
+from clmq.protocol import RequestCode
 from clmq.protocol.kafka import ErrorCode, KafkaRequest
+from clmq.protocol.transport import ConnectionFailed, RpcError
 
 from .._context import BrokerContext
 from ._cluster import ClusterView, ClusterViews
 from ._listener import Peer
 from ._metadata import coordinator_for
+
+log = logging.getLogger("clmq.broker.kafka")
+FORWARD_TIMEOUT_MS = 5000
 
 
 class CommitCheck(Protocol):
@@ -49,80 +59,132 @@ class KafkaOffsets:
             )
         if not error and self.ctx.replica.role != "leader":
             error = ErrorCode.NOT_COORDINATOR
+        remote: dict[str, list[_Forward]] = {}  # leader address -> rows to commit there
         topics = []
         for t in body.get("topics", []):
-            rows = [
-                {
-                    "partition_index": p["partition_index"],
-                    "error_code": error or self._commit(view, group, t["name"], p),
-                }
-                for p in t["partitions"]
-            ]
+            rows = []
+            for p in t["partitions"]:
+                row: dict[str, Any] = {"partition_index": p["partition_index"], "error_code": error}
+                rows.append(row)
+                if not error:
+                    row["error_code"] = self._commit(view, group, t["name"], p, row, remote)
             topics.append({"name": t["name"], "partitions": rows})
         if not error:
             self.ctx.metadata.bump()  # followers copy the offsets
+        await self._forward(group, remote)
         return {"throttle_time_ms": 0, "topics": topics}
 
-    def _commit(self, view: ClusterView, group: str, topic: str, p: dict[str, Any]) -> int:
+    def _commit(
+        self,
+        view: ClusterView,
+        group: str,
+        topic: str,
+        p: dict[str, Any],
+        row: dict[str, Any],
+        remote: dict[str, list[_Forward]],
+    ) -> int:
+        """Commit one partition here, or set it aside for its group's leader; its error code."""
         homes = view.topics.get(topic)
         index = p["partition_index"]
         if homes is None or not 0 <= index < len(homes):
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        home = homes[index]
-        if home.group != self.ctx.config.broker_name:
-            return ErrorCode.NOT_COORDINATOR  # another group's queue: its offsets live there
         if p["committed_offset"] < 0:
             return ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+        home = homes[index]
+        if home.group != self.ctx.config.broker_name:  # another group's queue: its offsets live there
+            if not home.leader_addr:
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE
+            remote.setdefault(home.leader_addr, []).append((row, [topic, home.queue_id, p["committed_offset"]]))
+            return 0
         self.ctx.offsets.commit(group, topic, home.queue_id, p["committed_offset"])
         return 0
+
+    async def _forward(self, group: str, remote: dict[str, list[_Forward]]) -> None:
+        """Commits of other groups' partitions, to their leaders (a failure: those rows'
+        error REQUEST_TIMED_OUT, which the client retries)."""
+        client = self.views.client()
+        for addr, parts in remote.items():
+            try:
+                if client is None:
+                    raise ConnectionFailed(f"{addr}: the broker's client is not running")
+                fields = {"group": group, "offsets": [entry for _row, entry in parts]}
+                await client.request(addr, RequestCode.COMMIT_OFFSET, fields, timeout_ms=FORWARD_TIMEOUT_MS)
+            except (ConnectionFailed, RpcError, trio.TooSlowError) as e:
+                log.info("kafka: forwarding %d commits of group %s to %s failed: %s", len(parts), group, addr, e)
+                for row, _entry in parts:
+                    row["error_code"] = ErrorCode.REQUEST_TIMED_OUT
 
     async def offset_fetch(self, req: KafkaRequest, peer: Peer) -> dict[str, Any]:
         body = req.body
         view = await self.views.current()
         if "groups" in body:  # v8+: several groups at once
-            groups = [self._fetch_group(view, g["group_id"], g.get("topics")) for g in body["groups"]]
+            groups = [await self._fetch_group(view, g["group_id"], g.get("topics")) for g in body["groups"]]
             return {"throttle_time_ms": 0, "groups": groups}
-        one = self._fetch_group(view, body["group_id"], body.get("topics"))
+        one = await self._fetch_group(view, body["group_id"], body.get("topics"))
         return {"throttle_time_ms": 0, "topics": one["topics"], "error_code": one["error_code"]}
 
-    def _fetch_group(self, view: ClusterView, group: str, topics: list[dict[str, Any]] | None) -> dict[str, Any]:
+    async def _fetch_group(self, view: ClusterView, group: str, topics: list[dict[str, Any]] | None) -> dict[str, Any]:
         error = self._coordinator_error(view, group)
         if error:
             return {"group_id": group, "topics": [], "error_code": error}
+        committed = await self._all_committed(view, group)
+        if committed is None:
+            return {"group_id": group, "topics": [], "error_code": ErrorCode.COORDINATOR_LOAD_IN_PROGRESS}
         if topics is None:  # every partition the group committed
-            asked = self._committed(view, group)
+            asked: dict[str, list[int]] = {}
+            for topic, index in sorted(committed):
+                asked.setdefault(topic, []).append(index)
         else:
             asked = {t["name"]: list(t["partition_indexes"]) for t in topics}
-        rows = []
-        for name, indexes in asked.items():
-            parts = [self._fetch_one(view, group, name, i) for i in indexes]
-            rows.append({"name": name, "partitions": parts})
+        rows = [
+            {"name": name, "partitions": [_fetched(i, committed.get((name, i), -1)) for i in indexes]}
+            for name, indexes in asked.items()
+        ]
         return {"group_id": group, "topics": rows, "error_code": 0}
 
-    def _committed(self, view: ClusterView, group: str) -> dict[str, list[int]]:
+    async def _all_committed(self, view: ClusterView, group: str) -> dict[tuple[str, int], int] | None:
+        """(topic, partition) -> committed offset of every partition of the group, from
+        this broker's offsets and (for other groups' partitions) their leaders' (None:
+        a leader did not answer; the client retries)."""
         mine = self.ctx.config.broker_name
-        out: dict[str, list[int]] = {}
-        committed = self.ctx.offsets.of_group(group)
+        by_group: dict[str, dict[tuple[str, int], int]] = {mine: self.ctx.offsets.of_group(group)}
+        for homes in view.topics.values():
+            for home in homes:
+                if home.group not in by_group:
+                    fetched = await self._remote_offsets(home.leader_addr, group)
+                    if fetched is None:
+                        return None
+                    by_group[home.group] = fetched
+        out: dict[tuple[str, int], int] = {}
         for topic, homes in view.topics.items():
             for index, home in enumerate(homes):
-                if home.group == mine and (topic, home.queue_id) in committed:
-                    out.setdefault(topic, []).append(index)
+                offset = by_group[home.group].get((topic, home.queue_id))
+                if offset is not None:
+                    out[topic, index] = offset
         return out
 
-    def _fetch_one(self, view: ClusterView, group: str, topic: str, index: int) -> dict[str, Any]:
-        row: dict[str, Any] = {
-            "partition_index": index,
-            "committed_offset": -1,
-            "committed_leader_epoch": -1,
-            "metadata": "",
-            "error_code": 0,
-        }
-        homes = view.topics.get(topic)
-        if homes is None or not 0 <= index < len(homes):
-            return row  # Kafka answers -1 (no offset) for unknown partitions
-        home = homes[index]
-        if home.group != self.ctx.config.broker_name:
-            row["error_code"] = ErrorCode.NOT_COORDINATOR
-            return row
-        row["committed_offset"] = self.ctx.offsets.query(group, topic, home.queue_id)
-        return row
+    async def _remote_offsets(self, addr: str, group: str) -> dict[tuple[str, int], int] | None:
+        client = self.views.client()
+        if not addr or client is None:
+            return None
+        try:
+            reply = await client.request(
+                addr, RequestCode.DESCRIBE_GROUP, {"group": group}, timeout_ms=FORWARD_TIMEOUT_MS
+            )
+        except (ConnectionFailed, RpcError, trio.TooSlowError) as e:
+            log.info("kafka: reading group %s's offsets at %s failed: %s", group, addr, e)
+            return None
+        return {(str(q["topic"]), int(q["queue_id"])): int(q["committed"]) for q in reply.fields.get("queues", [])}
+
+
+_Forward = tuple[dict[str, Any], list[Any]]  # an answer's row, and [topic, queue id, offset] to commit
+
+
+def _fetched(index: int, offset: int) -> dict[str, Any]:
+    return {
+        "partition_index": index,
+        "committed_offset": offset,
+        "committed_leader_epoch": -1,
+        "metadata": "",
+        "error_code": 0,
+    }
