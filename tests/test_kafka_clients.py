@@ -304,3 +304,22 @@ async def test_aiokafka_produce_consume_and_admin(kafka: KafkaCluster) -> None:
     assert "aio" in topics
     assert sorted(v for _k, v, _h in got) == sorted(b"v%d" % i for i in range(50))
     assert {(k, tuple(h)) for k, _v, h in got} == {(b"k", (("x", b"y"),))}
+
+
+async def test_metrics_count_kafka_requests_and_connections(tmp_path: Path) -> None:
+    async with open_kafka(tmp_path, metrics_port=0) as cluster:
+        await kcat("-L", "-b", cluster.bootstrap)
+        out = cluster.group["b0"].out.read_text()
+        port = int(out.split("metrics on http://")[1].split(":")[1].split("/")[0])
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            page = b""
+            while chunk := await stream.receive_some(65536):
+                page += chunk
+        text = page.decode()
+        assert (
+            'clmq_kafka_requests_total{api="metadata"}' in text
+            and 'clmq_kafka_requests_total{api="api_versions"}' in text
+        )
+        assert "clmq_kafka_connections " in text and "clmq_kafka_request_duration_seconds_bucket" in text

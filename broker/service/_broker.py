@@ -23,11 +23,11 @@ from ._config import BrokerConfig
 from ._context import BrokerContext, now_ms
 from ._groups import ConsumerGroups
 from ._handlers import Handlers, registration
-from .kafka import KafkaService
 from ._longpoll import PullWaiters
 from ._metrics import BrokerCollector, metrics_route
 from ._offsets import ConsumerOffsets
 from ._replicated import ReplicatedMetadata
+from .kafka import KafkaCollector, KafkaService
 
 log = logging.getLogger("clmq.broker")
 
@@ -102,6 +102,8 @@ class Broker:
         self.metrics.register(
             BrokerCollector(self.ctx, self.rpc.request_stats, lambda: self.rpc.connections, self.handlers.timer_fields)
         )
+        if self.kafka is not None:
+            self.metrics.register(KafkaCollector(self.kafka))
         self.metrics_port = -1  # the port /metrics is served on, once started (-1: none)
         self._stop = trio.Event()
         self._register_wakeup = trio.Event()

@@ -48,7 +48,6 @@ from ._frames import (
     encode_response,
     response_header_version,
 )
-
 from ._records import (
     Compression,
     KafkaRecord,
@@ -60,22 +59,17 @@ from ._records import (
 )
 
 __all__ = [
-    "Compression",
-    "KafkaRecord",
-    "RecordBatch",
-    "RecordsError",
-    "batch_header_info",
-    "build_batch",
-    "parse_batches",
     "DEFAULT_MAX_FRAME_BYTES",
     "NEED_DATA",
     "SUPPORTED_VERSIONS",
     "ApiKey",
+    "Compression",
     "ErrorCode",
     "KafkaDecodeError",
     "KafkaEncodeError",
     "KafkaFrameTooLarge",
     "KafkaProtocolError",
+    "KafkaRecord",
     "KafkaRequest",
     "KafkaRequestReader",
     "KafkaResponse",
@@ -83,8 +77,12 @@ __all__ = [
     "KafkaUnsupportedVersion",
     "MessageCodec",
     "NeedData",
+    "RecordBatch",
+    "RecordsError",
     "UnsupportedRequest",
     "api_versions_keys",
+    "batch_header_info",
+    "build_batch",
     "codec",
     "decode_request_body",
     "decode_request_frame",
@@ -95,5 +93,6 @@ __all__ = [
     "encode_response",
     "encode_response_body",
     "is_flexible",
+    "parse_batches",
     "response_header_version",
 ]

@@ -5,6 +5,7 @@ protocol. The codec is :mod:`clmq.protocol.kafka` (sans-IO); this family is the 
 side: the listener, the handlers, the group coordinator."""
 
 from ._cluster import node_id_of
+from ._metrics import KafkaCollector
 from ._service import KafkaService
 
-__all__ = ["KafkaService", "node_id_of"]
+__all__ = ["KafkaCollector", "KafkaService", "node_id_of"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
@@ -32,6 +33,7 @@ from clmq.protocol.kafka import (
     encode_api_versions_unsupported,
     encode_response,
 )
+from clmq.protocol.transport import RequestStats
 
 log = logging.getLogger("clmq.broker.kafka")
 
@@ -118,6 +120,9 @@ class KafkaListener:
         self.advertised = advertised  # what ApiVersions lists; other APIs close the connection
         self._dispatch = dispatch
         self.connections = 0
+        self.stats = RequestStats()  # per API key: requests, failures, time to the answer (metrics)
+        self.refused_connections = 0  # closed at once: kafka_max_connections reached
+        self.closed_bad_input = 0  # closed for a request that could not be decoded, or too large
         self.port = -1
         self._refused_burst = False
         self._listeners: list[trio.SocketListener] = []
@@ -144,6 +149,7 @@ class KafkaListener:
                     self.settings.max_connections,
                 )
                 self._refused_burst = True
+            self.refused_connections += 1
             await stream.aclose()
             return
         self._refused_burst = False
@@ -204,6 +210,7 @@ class _Connection:
                 try:
                     request = self.reader.next_request()
                 except (KafkaDecodeError, KafkaFrameTooLarge) as e:
+                    self.listener.closed_bad_input += 1
                     log.warning("kafka: closing the connection from %s:%d: %s", self.peer.host, self.peer.port, e)
                     return
                 if isinstance(request, NeedData):
@@ -248,6 +255,7 @@ class _Connection:
         return pending
 
     async def _answer(self, request: KafkaRequest, answer: Awaitable[dict[str, Any] | None], pending: _Pending) -> None:
+        started = time.perf_counter()
         try:
             body = await answer
             if body is not None:
@@ -262,6 +270,7 @@ class _Connection:
             )
             pending.failed = True
         finally:
+            self.listener.stats.record(request.api_key, time.perf_counter() - started, pending.failed)
             self.inflight -= 1
             if not self.inflight:
                 self._arm_idle()
