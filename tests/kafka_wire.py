@@ -378,3 +378,127 @@ def template(api_key: int, version: int, topic: str, topic_uuid: uuid.UUID) -> d
         ApiKey.DESCRIBE_CLUSTER: {"include_cluster_authorized_operations": False, "endpoint_type": 1},
     }
     return bodies[api_key]
+
+
+# ---------------------------------------------------------------- wire faults (Hypothesis)
+def served_versions() -> list[tuple[int, int]]:
+    """Every (API, version) the listener serves (what ApiVersions lists)."""
+    from clmq.broker.service.kafka._metadata import ADVERTISED
+
+    return [(int(key), v) for key, (low, high) in ADVERTISED.items() for v in range(low, high + 1)]
+
+
+FAULT_KINDS = ("random", "mutated", "truncated", "lying-size", "garbage-body", "field", "unknown")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Bytes to send, and the requests in them whose header is intact (correlation id ->
+    (API, version)): only those may be answered (None: no telling, the header is garbage)."""
+
+    kind: str
+    data: bytes
+    known: dict[int, tuple[int, int]] | None
+    note: str = ""
+
+
+def _wrong_values(draw: Any, st: Any, span: Span, original: bytes) -> bytes:
+    """A value of the wrong type or size for ``span``, or the right size and a value the field should not hold."""
+    size = len(original)
+    options: list[Any] = [
+        st.binary(max_size=12),  # anything: mostly the wrong size
+        st.just(original[: max(0, size - 1)]),  # one byte short
+        st.binary(min_size=1, max_size=8).map(lambda tail: original + tail),  # longer
+    ]
+    base = span.kind.removeprefix("[]")
+    if base in FIXED and not span.kind.startswith("[]"):
+        code = ">" + FIXED[base]
+        width = struct.calcsize(code)
+        extremes = [b"\xff" * width, b"\x00" * width, b"\x7f" + b"\xff" * (width - 1), b"\x80" + b"\x00" * (width - 1)]
+        options += [st.sampled_from(extremes), st.binary(min_size=width, max_size=width)]
+        options.append(st.sampled_from([b"\x00\x02hi", b"\x00" * 8, b"\x01"]))  # a string, an int64, an int8
+    else:  # strings, bytes, records, arrays: a length or count that lies
+        if span.compact:
+            lies = [b"\x00", b"\xff\xff\xff\xff\x0f", b"\xff\xff\xff\xff\x7f", b"\x80\x80\x80\x80\x80\x01"]
+            lies += [bytes([min(127, size + 5)])]
+        else:
+            wide = span.kind != "string"
+            pack = struct.Struct(">i" if wide else ">h").pack
+            lies = [pack(-2), pack(-1), pack(0x7FFF), pack(size + 5)]
+            if wide:
+                lies += [pack(0x7FFFFFFF), pack(-(2**31))]
+        options.append(st.sampled_from(lies).map(lambda lie: lie + original[1 if span.compact else 2 :]))
+        options.append(st.sampled_from(lies))
+        if span.kind == "string":  # invalid UTF-8 of the right length
+            prefix = 1 if span.compact else 2
+            options.append(st.just(original[:prefix] + b"\xff" * (size - prefix)))
+        options.append(st.just(struct.pack(">i", 7)))  # an int32 where a string/array was
+    return bytes(draw(st.one_of(*options)))
+
+
+def fault_strategy(kind: str, topic: str, topic_uuid: uuid.UUID) -> Any:
+    """A Hypothesis strategy of :class:`Fault` of one kind (``FAULT_KINDS``): bytes a broken
+    or hostile Kafka client sends."""
+    from hypothesis import strategies as st
+
+    versions = served_versions()
+
+    @st.composite
+    def faults(draw: Any) -> Fault:
+        api_key, version = draw(st.sampled_from(versions))
+        cid = draw(st.integers(1000, 2**31 - 1))
+        frame = encode_request(api_key, version, cid, template(api_key, version, topic, topic_uuid), client_id="fz")
+        if kind == "random":
+            return Fault(kind, draw(st.binary(min_size=1, max_size=300)), None)
+        if kind == "mutated":  # random bytes of a valid frame overwritten (its header too)
+            out = bytearray(frame)
+            for _ in range(draw(st.integers(1, 8))):
+                at = draw(st.integers(0, len(out) - 1))
+                out[at] = draw(st.integers(0, 255))
+            known = {cid: (api_key, version)} if out[: HEADER.size] == frame[: HEADER.size] else None
+            return Fault(kind, bytes(out), known, f"api {api_key} v{version}")
+        if kind == "truncated":  # a valid frame cut, its size made true: the body ends early
+            cut = draw(st.integers(8, len(frame) - 1))
+            return Fault(kind, reframe(frame[:cut]), {cid: (api_key, version)}, f"api {api_key} v{version} cut {cut}")
+        if kind == "lying-size":
+            size = draw(
+                st.one_of(
+                    st.integers(-(2**31), -1),
+                    st.integers(0, len(frame) - 5),
+                    st.integers(len(frame) - 3, len(frame) + 64),
+                    st.just(2**31 - 1),
+                )
+            )
+            data = SIZE.pack(size) + frame[4:]
+            return Fault(kind, data, {cid: (api_key, version)}, f"api {api_key} v{version} size {size}")
+        if kind == "garbage-body":  # a valid header, then anything
+            head = encode_request(api_key, version, cid, {}, client_id="fz")
+            body_at = len(head) - len(_empty_body(api_key, version))
+            data = reframe(head[:body_at] + draw(st.binary(max_size=200)))
+            return Fault(kind, data, {cid: (api_key, version)}, f"api {api_key} v{version}")
+        if kind == "field":  # one field (or its length) replaced by a value of the wrong type or size
+            spans = request_spans(frame)
+            span = draw(st.sampled_from(spans))
+            value = _wrong_values(draw, st, span, frame[span.start : span.end])
+            out = frame[: span.start] + value + frame[span.end :]
+            if draw(st.booleans()):
+                out = reframe(out)
+            note = f"api {api_key} v{version} {span.path}={value.hex()}"
+            return Fault(kind, out, {cid: (api_key, version)}, note)
+        # unknown API keys and versions (ApiVersions is answered: its own test)
+        key = draw(st.one_of(st.integers(-(2**15), 2**15 - 1), st.sampled_from([api_key])))
+        served = dict.fromkeys(k for k, _ in versions)
+        bad_version = draw(st.integers(-(2**15), 2**15 - 1))
+        if key == ApiKey.API_VERSIONS or (key in served and (key, bad_version) in set(versions)):
+            key = 99
+        body = draw(st.binary(max_size=40))
+        data = reframe(HEADER.pack(0, key, bad_version, cid) + b"\xff\xff" + body)
+        return Fault(kind, data, {}, f"api {key} v{bad_version}")
+
+    return faults()
+
+
+def _empty_body(api_key: int, version: int) -> bytes:
+    from clmq.protocol.kafka import encode_request_body
+
+    return encode_request_body(api_key, version, {})

@@ -9,8 +9,8 @@ afterwards (ListOffsets, Fetch) and that its log has no traceback.
 
 from __future__ import annotations
 
-import socket
 import struct
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -18,10 +18,12 @@ from typing import Any, AsyncIterator
 
 import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
 
-from clmq.protocol.kafka import ApiKey, Compression, ErrorCode, build_batch
-from tests.kafka_procs import KafkaCluster, open_kafka
-from tests.kafka_wire import ConnectionClosed, KafkaWire, one_batch, split_frames
+from clmq.protocol.kafka import NEED_DATA, ApiKey, Compression, ErrorCode, KafkaResponseReader, build_batch
+from tests.kafka_procs import KafkaCluster, in_thread, open_kafka
+from tests.kafka_wire import ConnectionClosed, Fault, KafkaWire, fault_strategy, one_batch, split_frames
+from tests.waiting import await_until
 
 PRODUCE_V, FETCH_V, LIST_V, META_V, CREATE_V = 9, 12, 7, 9, 5
 TS = 1_700_000_000_000
@@ -376,8 +378,6 @@ async def test_kafka_max_connections_closes_one_more_and_keeps_the_others(tmp_pa
                     except (ConnectionClosed, ConnectionResetError, BrokenPipeError):
                         return False
 
-            from tests.waiting import await_until
-
             await await_until(admitted, 10, "a connection admitted once one closed")
         finally:
             for w in conns:
@@ -449,6 +449,181 @@ async def test_garbage_after_a_good_request_closes_and_keeps_what_was_answered(k
         assert fetch(w, "t") == (0, [b"kept"])
 
 
-def _unused(*_: object) -> None:
-    """Keep imports used by later sections."""
-    _ = (socket, trio, uuid)
+# ---------------------------------------------------------------- the wire fuzzer
+# Examples per fault kind: the field replacements are the most numerous (every field of
+# every served API and version is a target).
+FUZZ_EXAMPLES = {"field": 500, "mutated": 150, "truncated": 100, "garbage-body": 100, "lying-size": 60}
+FUZZ_EXAMPLES.update({"random": 60, "unknown": 60})
+STEADY = "steady"
+EXPECTED_WARNINGS = ("kafka: closing the connection from", "is not served")
+
+
+class SteadyTraffic:
+    """A confluent-kafka idempotent producer and a consumer on topic ``steady``, in
+    threads, all along: every message produced must be read back exactly, in order."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.stop_producing = threading.Event()
+        self.stop_consuming = threading.Event()
+        self.produced: list[bytes] = []
+        self.delivered: dict[bytes, tuple[int, int]] = {}
+        self.errors: list[str] = []
+        self.consumed: list[tuple[int, int, bytes]] = []
+
+    def produce(self) -> None:
+        ck = pytest.importorskip("confluent_kafka")
+        producer = ck.Producer(
+            {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 2, "acks": "all"}
+        )
+
+        def report(err: Any, msg: Any) -> None:
+            if err is not None:
+                self.errors.append(f"delivery: {err}")
+            else:
+                self.delivered[msg.value()] = (msg.partition(), msg.offset())
+
+        n = 0
+        while not self.stop_producing.is_set():
+            value = b"steady-%06d" % n
+            producer.produce(STEADY, value=value, key=b"k%d" % (n % 7), on_delivery=report)
+            self.produced.append(value)
+            n += 1
+            producer.poll(0.005)
+        if producer.flush(30):
+            self.errors.append("producer: messages left unsent")
+
+    def consume(self) -> None:
+        ck = pytest.importorskip("confluent_kafka")
+        consumer = ck.Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": "steady-readers",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": True,
+            }
+        )
+        consumer.subscribe([STEADY])
+        deadline = None
+        try:
+            while True:
+                if self.stop_consuming.is_set():
+                    if len(self.consumed) >= len(self.produced):
+                        break
+                    deadline = deadline or time.monotonic() + 30
+                    if time.monotonic() > deadline:
+                        self.errors.append(f"consumer: {len(self.consumed)} of {len(self.produced)} after 30 s")
+                        break
+                for m in consumer.consume(500, 0.1):
+                    if m.error():
+                        self.errors.append(f"consume: {m.error()}")
+                        continue
+                    self.consumed.append((m.partition(), m.offset(), m.value()))
+        finally:
+            consumer.close()
+
+    def check(self) -> None:
+        assert not self.errors, self.errors[:10]
+        assert len(self.produced) > 100, "the steady producer hardly ran"
+        assert set(self.delivered) == set(self.produced)
+        by_partition: dict[int, list[tuple[int, bytes]]] = {}
+        for partition, offset, value in self.consumed:
+            by_partition.setdefault(partition, []).append((offset, value))
+        for partition, rows in by_partition.items():
+            assert [o for o, _v in rows] == list(range(len(rows))), f"partition {partition}: gaps or duplicates"
+        assert sorted(v for _p, _o, v in self.consumed) == sorted(self.produced)  # each exactly once
+        where = {v: (p, o) for p, o, v in self.consumed}
+        assert where == self.delivered  # read where the delivery report said
+
+
+def _check_answers(fault: Fault, data: bytes, closed: bool, probe: int) -> None:
+    """What came back for ``fault`` then a probe: whole frames only, answers only to
+    requests sent, in the order sent, each one decodable; the connection closed."""
+    assert closed, f"{fault.kind} {fault.note}: the broker kept the connection after the client's end"
+    frames, rest = split_frames(data)
+    assert rest == b"", f"{fault.kind} {fault.note}: a partial answer {rest[:40]!r}"
+    cids = [struct.unpack_from(">i", f)[0] for f in frames]
+    if fault.known is None:  # garbage headers: whatever was answered came whole
+        return
+    order = [*fault.known, probe]
+    assert set(cids) <= set(order), f"{fault.kind} {fault.note}: answers {cids}"
+    assert [order.index(c) for c in cids] == sorted(set(order.index(c) for c in cids)), (
+        f"{fault.kind} {fault.note}: answers out of order or twice {cids}"
+    )
+    reader = KafkaResponseReader()
+    for cid, (api_key, version) in fault.known.items():
+        reader.expect(cid, api_key, version)
+    reader.expect(probe, ApiKey.METADATA, META_V)
+    reader.receive_data(data)
+    while reader.next_response() is not NEED_DATA:
+        pass
+
+
+def _fuzz_one(addr: str, fault: Fault) -> None:
+    with KafkaWire(addr, timeout_s=15) as w:
+        probe = 7
+        try:
+            w.send_raw(fault.data + w.frame(ApiKey.METADATA, META_V, {"topics": None}, correlation_id=probe))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed while sending: as good as after
+        data, closed = w.finish_and_read(15)
+    _check_answers(fault, data, closed, probe)
+    with KafkaWire(addr, timeout_s=15) as w:  # the broker serves a new connection
+        assert w.request(ApiKey.API_VERSIONS, 3, {})["error_code"] == 0
+
+
+def run_fuzz(addr: str, topic_uuid: uuid.UUID) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for kind, examples in FUZZ_EXAMPLES.items():
+
+        @settings(
+            max_examples=examples,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(fault=fault_strategy(kind, "fz", topic_uuid))
+        def fuzz(fault: Fault) -> None:
+            counts[fault.kind] = counts.get(fault.kind, 0) + 1
+            _fuzz_one(addr, fault)
+
+        fuzz()
+    return counts
+
+
+async def test_wire_fuzz_against_a_live_broker_with_real_clients_alongside(tmp_path: Path) -> None:
+    """Every class of wire garbage, on connections of their own, while a confluent-kafka
+    producer and consumer work on the same broker: they see every message exactly once,
+    the broker answers or closes each bad connection and logs nothing unexpected."""
+    pytest.importorskip("confluent_kafka")
+    settings_ = {"kafka_max_fetch_wait_ms": 200, "kafka_max_frame_bytes": 1 << 20}
+    async with open_kafka(tmp_path, **settings_) as kafka:
+        with wire(kafka) as w:
+            create_topic(w, STEADY, 2)
+            create_topic(w, "fz", 1)
+            meta = w.request(ApiKey.METADATA, 12, {"topics": [{"name": "fz"}]})
+            topic_uuid = meta["topics"][0]["topic_id"]
+        traffic = SteadyTraffic(kafka.bootstrap)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(in_thread, traffic.produce)
+            nursery.start_soon(in_thread, traffic.consume)
+            try:
+                await await_until(lambda: len(traffic.consumed) >= 50, 30, "the steady clients' first messages")
+            except TimeoutError as e:
+                state = f"produced {len(traffic.produced)}, delivered {len(traffic.delivered)}"
+                raise AssertionError(f"{e}: {state}, consumed {len(traffic.consumed)}, {traffic.errors[:5]}") from None
+            try:
+                counts = await in_thread(run_fuzz, kafka.kafka_addr("b0"), topic_uuid)
+            finally:
+                traffic.stop_producing.set()
+                traffic.stop_consuming.set()
+        traffic.check()
+        assert counts == FUZZ_EXAMPLES
+        assert_clean_log(kafka)
+        unexpected = [
+            line
+            for line in kafka.group["b0"].err.read_text(errors="replace").splitlines()
+            if ("WARNING" in line or "ERROR" in line) and not any(e in line for e in EXPECTED_WARNINGS)
+        ]
+        assert not unexpected, "\n".join(unexpected[:20])
