@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -323,3 +324,36 @@ async def test_metrics_count_kafka_requests_and_connections(tmp_path: Path) -> N
             and 'clmq_kafka_requests_total{api="api_versions"}' in text
         )
         assert "clmq_kafka_connections " in text and "clmq_kafka_request_duration_seconds_bucket" in text
+
+
+async def test_acks_all_with_too_few_in_sync_replicas_is_refused_and_nothing_written(tmp_path: Path) -> None:
+    """``min_insync_replicas = 2`` on a broker without followers: acks=all is answered
+    NOT_ENOUGH_REPLICAS (nothing stored), acks=1 is stored."""
+    async with open_kafka(tmp_path, min_insync_replicas=2) as cluster:
+        await in_thread(create_topic, cluster.bootstrap, "t", 1)
+        reports = await in_thread(
+            lambda: produce(cluster.bootstrap, "t", [(None, b"all", [], 1)], acks="all", retries=0)
+        )
+        assert len(reports) == 1 and "NOT_ENOUGH_REPLICAS" in str(reports[0]), reports
+        assert await in_thread(lambda: produce(cluster.bootstrap, "t", [(None, b"one", [], 1)], acks=1)) == [(0, 0)]
+        got = await in_thread(consume_all, cluster.bootstrap, "t", 1)
+        assert [m[3] for m in got] == [b"one"]
+
+
+async def test_store_check_reads_kafka_produced_data(tmp_path: Path) -> None:
+    """What Kafka clients wrote is an ordinary store: ``clmq store check`` finds it whole."""
+    async with open_kafka(tmp_path) as cluster:
+        await in_thread(create_topic, cluster.bootstrap, "t", 2)
+        rows = [(b"k%d" % i, b"v" * (i % 300), [("h", b"\xff")], 1_700_000_000_000 + i) for i in range(2000)]
+        await in_thread(lambda: produce(cluster.bootstrap, "t", rows, **{"compression.type": "zstd"}))
+        broker = cluster.group["b0"]
+        await broker.kill()
+        done = await trio.run_process(
+            [sys.executable, "-m", "clmq", "store", "check", str(broker.data_dir), "-o", "json"],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+        report = json.loads(done.stdout)
+        assert not report["damaged"] and report["logs"][0]["records"] == len(rows), report
