@@ -49,6 +49,7 @@ class Home:
     leader: Node | None
     replicas: tuple[Node, ...]
     leader_addr: str = ""  # the leader's native address (commits of another group's queues go there)
+    isr: tuple[Node, ...] | None = None  # the in-sync replicas when known (this broker leads), else all
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,8 @@ class ClusterViews:
         replicas = [me]
         leader: Node | None = me if self.ctx.replica.role == "leader" else None
         leader_addr = self.ctx.addr() if leader is not None else ""
+        in_sync = self._in_sync_ids()
+        isr = [me]
         for b in brokers:
             if b.get("broker_name") != cfg.broker_name or b.get("addr") == self.ctx.addr():
                 continue
@@ -164,10 +167,23 @@ class ClusterViews:
                 continue
             nodes[node.node_id] = node
             replicas.append(node)
+            if b.get("broker_id") in in_sync:
+                isr.append(node)
             if leader is None and b.get("role") == "leader":
                 leader, leader_addr = node, str(b.get("addr") or "")
         topics = {t: n for t, n in self.ctx.store.topics.all().items() if not is_system_topic(t)}
-        return _Members(leader, tuple(sorted(replicas, key=lambda n: n.node_id)), topics, leader_addr)
+        return _Members(leader, _by_id(replicas), topics, leader_addr, _by_id(isr) if leader is me else None)
+
+    def _in_sync_ids(self) -> set[int]:
+        """Broker ids of the followers in sync with this broker (when it leads)."""
+        leader = self.ctx.replica.leader
+        if leader is None:
+            return set()
+        return {row["broker_id"] for row in leader.replicas() if row["in_sync"]}
+
+
+def _by_id(nodes: list[Node]) -> tuple[Node, ...]:
+    return tuple(sorted(nodes, key=lambda n: n.node_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +194,7 @@ class _Members:
     replicas: tuple[Node, ...]
     topics: dict[str, int]  # topic -> queue count, as its leader (or a member) registered it
     leader_addr: str  # the leader's native address ("": none)
+    isr: tuple[Node, ...] | None = None
 
 
 def _group(entries: list[dict[str, Any]], nodes: dict[int, Node]) -> _Members:
@@ -205,5 +222,5 @@ def _partitions(members: dict[str, _Members]) -> dict[str, tuple[Home, ...]]:
         m = members[name]
         for topic, count in m.topics.items():
             homes = topics.setdefault(topic, [])
-            homes.extend(Home(name, q, m.leader, m.replicas, m.leader_addr) for q in range(count))
+            homes.extend(Home(name, q, m.leader, m.replicas, m.leader_addr, m.isr) for q in range(count))
     return {t: tuple(h) for t, h in sorted(topics.items())}

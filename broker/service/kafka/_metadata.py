@@ -72,7 +72,7 @@ class MetadataRequests:
         body = req.body
         asked = body.get("topics")
         names: list[str] | None = None
-        if asked is not None:
+        if asked is not None and not (req.api_version == 0 and not asked):  # v0: an empty list meant every topic
             names = [t.get("name") or self._name_of(t.get("topic_id")) or "" for t in asked]
         view = await self.views.current()
         missing = [n for n in names or [] if n not in view.topics]
@@ -147,6 +147,7 @@ def _no_coordinator(key: str, code: int, text: str) -> dict[str, Any]:
 
 def _partition(index: int, home: Home) -> dict[str, Any]:
     replicas = [n.node_id for n in home.replicas]
+    isr = replicas if home.isr is None else [n.node_id for n in home.isr]
     leader = home.leader
     return {
         "error_code": 0 if leader is not None else ErrorCode.LEADER_NOT_AVAILABLE,
@@ -154,6 +155,6 @@ def _partition(index: int, home: Home) -> dict[str, Any]:
         "leader_id": leader.node_id if leader is not None else -1,
         "leader_epoch": -1,
         "replica_nodes": replicas,
-        "isr_nodes": replicas,
+        "isr_nodes": isr,
         "offline_replicas": [],
     }
