@@ -480,11 +480,11 @@ def fault_strategy(kind: str, topic: str, topic_uuid: uuid.UUID) -> Any:
             spans = request_spans(frame)
             span = draw(st.sampled_from(spans))
             value = _wrong_values(draw, st, span, frame[span.start : span.end])
-            out = frame[: span.start] + value + frame[span.end :]
+            replaced = frame[: span.start] + value + frame[span.end :]
             if draw(st.booleans()):
-                out = reframe(out)
+                replaced = reframe(replaced)
             note = f"api {api_key} v{version} {span.path}={value.hex()}"
-            return Fault(kind, out, {cid: (api_key, version)}, note)
+            return Fault(kind, replaced, {cid: (api_key, version)}, note)
         # unknown API keys and versions (ApiVersions is answered: its own test)
         key = draw(st.one_of(st.integers(-(2**15), 2**15 - 1), st.sampled_from([api_key])))
         served = dict.fromkeys(k for k, _ in versions)

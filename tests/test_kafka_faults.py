@@ -4,7 +4,12 @@ broker process over real sockets (``kafka_procs.open_kafka``, ``kafka_wire.Kafka
 The rule: bad input gets Kafka's error code for what is wrong (or the connection is
 closed, where Kafka closes it) and loses nothing; never a crash, never a partial write;
 a well-behaved client alongside is unaffected. Each test checks what the broker holds
-afterwards (ListOffsets, Fetch) and that its log has no traceback.
+afterwards and that its log has no traceback.
+
+What a partition holds is read exactly as the offset a marker record is given (offsets
+are given at append), not with ListOffsets: an acknowledged produce can be missing from
+ListOffsets and Fetch for a moment (the consume queue is built after the answer), so
+reads of acknowledged records long-poll (``fetch(..., want=n)``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,15 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 
-from clmq.protocol.kafka import NEED_DATA, ApiKey, Compression, ErrorCode, KafkaResponseReader, build_batch
+from clmq.protocol.kafka import (
+    NEED_DATA,
+    ApiKey,
+    Compression,
+    ErrorCode,
+    KafkaResponseReader,
+    build_batch,
+    parse_batches,
+)
 from tests.kafka_procs import KafkaCluster, in_thread, open_kafka
 from tests.kafka_wire import ConnectionClosed, Fault, KafkaWire, fault_strategy, one_batch, split_frames
 from tests.waiting import await_until
@@ -89,6 +102,14 @@ def end_offset(w: KafkaWire, topic: str, partition: int = 0) -> int:
     return int(p["offset"])
 
 
+def next_offset(w: KafkaWire, topic: str, partition: int = 0) -> int:
+    """The offset a marker record gets: how many records the partition holds (exact, as
+    offsets are given at append; ListOffsets may lag an acknowledged produce, see the module doc)."""
+    answer = produce_one(w, topic, one_batch([b"marker"]), partition)
+    assert answer["error_code"] == 0, answer
+    return int(answer["base_offset"])
+
+
 def fetch_body(topic: str, partition: int, offset: int, max_wait_ms: int = 0) -> dict[str, Any]:
     return {
         "replica_id": -1,
@@ -106,14 +127,18 @@ def fetch_body(topic: str, partition: int, offset: int, max_wait_ms: int = 0) ->
     }
 
 
-def fetch(w: KafkaWire, topic: str, partition: int = 0, offset: int = 0) -> tuple[int, list[bytes | None]]:
-    """(error code, the values from ``offset``)."""
-    from clmq.protocol.kafka import parse_batches
-
-    (p,) = w.request(ApiKey.FETCH, FETCH_V, fetch_body(topic, partition, offset))["responses"][0]["partitions"]
-    records = p["records"] or b""
-    values = [r.value for b in parse_batches(records, max_uncompressed_bytes=1 << 26) for r in b.records]
-    return p["error_code"], values
+def fetch(
+    w: KafkaWire, topic: str, partition: int = 0, offset: int = 0, want: int = 0
+) -> tuple[int, list[bytes | None]]:
+    """(error code, the values from ``offset``); with ``want``, long-polls until that many are visible."""
+    deadline = time.monotonic() + 10
+    while True:
+        body = fetch_body(topic, partition, offset, max_wait_ms=500 if want else 0)
+        (p,) = w.request(ApiKey.FETCH, FETCH_V, body)["responses"][0]["partitions"]
+        records = p["records"] or b""
+        values = [r.value for b in parse_batches(records, max_uncompressed_bytes=1 << 26) for r in b.records]
+        if p["error_code"] or len(values) >= want or time.monotonic() > deadline:
+            return p["error_code"], values
 
 
 def corrupt_crc(batch: bytes) -> bytes:
@@ -140,15 +165,14 @@ async def test_bad_crc_is_corrupt_message_and_nothing_is_written(kafka: KafkaClu
         answer = produce(w, "t", {0: corrupt_crc(good), 1: good})
         assert answer[0]["error_code"] == ErrorCode.CORRUPT_MESSAGE and answer[0]["base_offset"] == -1
         assert answer[1]["error_code"] == 0 and answer[1]["base_offset"] == 0  # the other partition is unaffected
-        assert end_offset(w, "t", 0) == 0 and end_offset(w, "t", 1) == 2
         # one good and one bad batch in a partition: nothing of that partition
         two = good + corrupt_crc(one_batch([b"c"]))
         assert produce_one(w, "t", two)["error_code"] == ErrorCode.CORRUPT_MESSAGE
         bad_first = corrupt_crc(good) + one_batch([b"c"])
         assert produce_one(w, "t", bad_first)["error_code"] == ErrorCode.CORRUPT_MESSAGE
-        assert end_offset(w, "t", 0) == 0
-        assert produce_one(w, "t", good)["base_offset"] == 0  # the partition takes good batches after
-        assert fetch(w, "t") == (0, [b"a", b"b"])
+        assert produce_one(w, "t", good)["base_offset"] == 0  # nothing written; good batches taken after
+        assert fetch(w, "t", want=2) == (0, [b"a", b"b"])
+        assert next_offset(w, "t", 1) == 2
 
 
 @pytest.mark.parametrize(
@@ -169,7 +193,7 @@ async def test_malformed_batches_get_their_error_and_write_nothing(kafka: KafkaC
         create_topic(w, "t")
         answer = produce_one(w, "t", mangle(one_batch([b"x", b"y"])))
         assert (answer["error_code"], answer["base_offset"]) == (code, -1), answer
-        assert end_offset(w, "t") == 0
+        assert next_offset(w, "t") == 0
 
 
 async def test_transactional_batches_and_transactional_ids_are_refused(kafka: KafkaCluster) -> None:
@@ -179,7 +203,7 @@ async def test_transactional_batches_and_transactional_ids_are_refused(kafka: Ka
         assert produce_one(w, "t", txn_batch)["error_code"] == ErrorCode.INVALID_RECORD
         answer = produce(w, "t", {0: one_batch([b"x"])}, txn="my-txn")[0]
         assert answer["error_code"] == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-        assert end_offset(w, "t") == 0
+        assert next_offset(w, "t") == 0
 
 
 async def test_decompression_bomb_is_message_too_large(tmp_path: Path) -> None:
@@ -192,8 +216,7 @@ async def test_decompression_bomb_is_message_too_large(tmp_path: Path) -> None:
             # many small bombs in one partition: the budget is the partition's, not each batch's
             small = build_batch(0, [(TS, None, bytes(1 << 20), [])], compression=Compression.GZIP)
             assert produce_one(w, "t", small * 6)["error_code"] == ErrorCode.MESSAGE_TOO_LARGE
-            assert end_offset(w, "t") == 0
-            assert produce_one(w, "t", one_batch([b"fine"]))["error_code"] == 0
+            assert next_offset(w, "t") == 0
         assert_clean_log(kafka)
 
 
@@ -205,8 +228,7 @@ async def test_record_larger_than_max_message_bytes_is_message_too_large(kafka: 
         assert produce_one(w, "t", big)["error_code"] == ErrorCode.MESSAGE_TOO_LARGE
         compressed = build_batch(0, [(TS, None, bytes(100 << 10), [])], compression=Compression.LZ4)
         assert produce_one(w, "t", compressed)["error_code"] == ErrorCode.MESSAGE_TOO_LARGE
-        assert end_offset(w, "t") == 0  # not even the small one
-        assert fetch(w, "t") == (0, [])
+        assert next_offset(w, "t") == 0  # not even the small one
 
 
 @pytest.mark.parametrize("acks", [2, -2, 5, 32767, -32768])
@@ -215,7 +237,7 @@ async def test_acks_other_than_0_1_all_are_invalid_required_acks(kafka: KafkaClu
         create_topic(w, "t")
         answer = produce_one(w, "t", one_batch([b"x"]), acks=acks)
         assert answer["error_code"] == ErrorCode.INVALID_REQUIRED_ACKS
-        assert end_offset(w, "t") == 0
+        assert next_offset(w, "t") == 0
 
 
 async def test_unknown_topic_or_partition(kafka: KafkaCluster) -> None:
@@ -227,7 +249,7 @@ async def test_unknown_topic_or_partition(kafka: KafkaCluster) -> None:
             assert produce_one(w, "t", batch, partition=index)["error_code"] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             assert fetch(w, "t", index)[0] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         assert fetch(w, "nope")[0] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        assert end_offset(w, "t", 0) == end_offset(w, "t", 1) == 0
+        assert next_offset(w, "t", 0) == next_offset(w, "t", 1) == 0
 
 
 async def test_fetch_out_of_range_is_offset_out_of_range(kafka: KafkaCluster) -> None:
@@ -237,7 +259,18 @@ async def test_fetch_out_of_range_is_offset_out_of_range(kafka: KafkaCluster) ->
         for offset in (4, 1000, 2**63 - 1, -1, -(2**63)):
             assert fetch(w, "t", offset=offset)[0] == ErrorCode.OFFSET_OUT_OF_RANGE, offset
         assert fetch(w, "t", offset=3) == (0, [])  # the end itself is in range: nothing yet
-        assert fetch(w, "t", offset=1) == (0, [b"b", b"c"])
+        assert fetch(w, "t", offset=1, want=2) == (0, [b"b", b"c"])
+
+
+@pytest.mark.xfail(reason="broker bug: an acknowledged produce can be missing from ListOffsets/Fetch", strict=False)
+async def test_an_acknowledged_produce_is_visible_at_once(kafka: KafkaCluster) -> None:
+    """Kafka's rule: once acks=-1 is answered, the high watermark covers the records. clmq
+    answers before the consume queue has the entry (a few in 200 here miss)."""
+    with wire(kafka) as w:
+        create_topic(w, "t")
+        for i in range(200):
+            assert produce_one(w, "t", one_batch([b"v%d" % i]))["base_offset"] == i
+            assert end_offset(w, "t") == i + 1, f"ListOffsets lags the acknowledged offset {i}"
 
 
 # ---------------------------------------------------------------- idempotence
@@ -255,7 +288,7 @@ async def test_duplicate_batch_is_answered_with_its_first_offsets_and_stored_onc
         w.send(ApiKey.PRODUCE, PRODUCE_V, produce_body("t", {0: idempotent([b"d"], pid, epoch, 3)}))
         answers = [w.receive().body["responses"][0]["partition_responses"][0] for _ in range(2)]
         assert [(a["error_code"], a["base_offset"]) for a in answers] == [(0, 3), (0, 3)]
-        assert fetch(w, "t") == (0, [b"a", b"b", b"c", b"d"])
+        assert fetch(w, "t", want=4) == (0, [b"a", b"b", b"c", b"d"])
 
 
 async def test_out_of_order_sequence_and_old_epoch_are_refused(kafka: KafkaCluster) -> None:
@@ -276,8 +309,8 @@ async def test_out_of_order_sequence_and_old_epoch_are_refused(kafka: KafkaClust
         assert produce_one(w, "u", idempotent([b"u0"], pid, epoch + 1, 0))["error_code"] == 0
         mixed = produce(w, "u", {0: idempotent([b"z"], pid, epoch + 1, 7), 1: one_batch([b"ok"])})
         assert mixed[0]["error_code"] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and mixed[1]["error_code"] == 0
-        assert fetch(w, "t") == (0, [b"a", b"b"])
-        assert (end_offset(w, "u", 0), end_offset(w, "u", 1)) == (1, 1)
+        assert fetch(w, "t", want=2) == (0, [b"a", b"b"])
+        assert (next_offset(w, "u", 0), next_offset(w, "u", 1)) == (1, 1)
 
 
 # ---------------------------------------------------------------- acks=0
@@ -290,11 +323,11 @@ async def test_acks_zero_answers_nothing_but_stores(kafka: KafkaCluster) -> None
         cid = w.send(ApiKey.API_VERSIONS, 3, {})
         got = w.receive()
         assert got.correlation_id == cid  # the first answer is the ApiVersions one: none for the produces
-        assert fetch(w, "t") == (0, [b"v%d" % i for i in range(20)])
+        assert fetch(w, "t", want=20) == (0, [b"v%d" % i for i in range(20)])
         # a refused acks=0 produce is not answered either, and writes nothing
         w.send(ApiKey.PRODUCE, PRODUCE_V, produce_body("t", {0: corrupt_crc(one_batch([b"bad"]))}, acks=0))
         w.reader = type(w.reader)()
-        assert end_offset(w, "t") == 20
+        assert next_offset(w, "t") == 20
 
 
 # ---------------------------------------------------------------- versions and framing
@@ -327,7 +360,7 @@ async def test_unknown_apis_and_versions_close_the_connection(kafka: KafkaCluste
         with pytest.raises(ConnectionClosed):
             w.receive()
     with wire(kafka) as w:
-        assert end_offset(w, "t") == 0
+        assert next_offset(w, "t") == 0
 
 
 # ---------------------------------------------------------------- limits
@@ -349,7 +382,7 @@ async def test_frame_over_kafka_max_frame_bytes_closes_before_the_bytes_arrive(t
                 pass
             assert w.read_until_closed(5)[1]
         with wire(kafka) as w:
-            assert end_offset(w, "t") == 1
+            assert next_offset(w, "t") == 1
         assert_clean_log(kafka)
 
 
@@ -374,11 +407,13 @@ async def test_kafka_max_connections_closes_one_more_and_keeps_the_others(tmp_pa
             def admitted() -> bool:
                 with wire(kafka) as w:
                     try:
-                        return end_offset(w, "t") == 3
+                        return bool(w.request(ApiKey.API_VERSIONS, 3, {})["api_keys"])
                     except (ConnectionClosed, ConnectionResetError, BrokenPipeError):
                         return False
 
             await await_until(admitted, 10, "a connection admitted once one closed")
+            with wire(kafka) as w:
+                assert next_offset(w, "t") == 3
         finally:
             for w in conns:
                 w.close()
@@ -433,7 +468,7 @@ async def test_pipelined_requests_beyond_max_inflight_are_all_answered_in_order(
             for part in (0, 1):
                 offsets = [p["base_offset"] for p in produced if p["index"] == part]
                 assert offsets == list(range(25))
-            assert [v for v in fetch(w, "t", 0)[1]] == [b"p%d" % i for i in range(0, 200, 8)]
+            assert fetch(w, "t", 0, want=25)[1] == [b"p%d" % i for i in range(0, 200, 8)]
         assert_clean_log(kafka)
 
 
@@ -446,7 +481,7 @@ async def test_garbage_after_a_good_request_closes_and_keeps_what_was_answered(k
         frames, rest = split_frames(data)
         assert closed and len(frames) == 1 and rest == b""
     with wire(kafka) as w:
-        assert fetch(w, "t") == (0, [b"kept"])
+        assert fetch(w, "t", want=1) == (0, [b"kept"])
 
 
 # ---------------------------------------------------------------- the wire fuzzer
