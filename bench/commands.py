@@ -39,6 +39,9 @@ def add_store_and_compare(bench_sub: Any) -> None:
     from .cold_reader import add_command as add_cold_reader
 
     add_cold_reader(bench_sub)
+    from .kafka import add_command as add_kafka
+
+    add_kafka(bench_sub)
 
 
 def _add_store(bench_sub: Any) -> None:
