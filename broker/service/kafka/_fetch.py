@@ -14,14 +14,15 @@ session id 0 tells clients to send full requests, which they do.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
 from clmq.broker.store import GetStatus, StorageEngine
-from clmq.common import Record
-from clmq.protocol.kafka import ErrorCode, KafkaRequest, build_batch
+from clmq.common import CorruptRecordError
+from clmq.protocol.kafka import ErrorCode, KafkaRequest
 
 from .._context import BrokerContext
 from .._fetch import Visibility
@@ -30,8 +31,13 @@ from ._cluster import ClusterView, ClusterViews
 from ._listener import Peer
 from ._mapping import to_kafka
 from ._metadata import topic_id
+from ._raw_records import batches_of
 
-READ_CHUNK_MESSAGES = 512  # messages read per store call while a partition's byte budget lasts
+log = logging.getLogger("clmq.broker.kafka")
+
+READ_CHUNK_MESSAGES = 512  # messages read per store call by ListOffsets' search by time
+READ_MAX_MESSAGES = 16_384  # a partition's messages per fetch at most (its byte budget usually ends it first)
+KAFKA_STORAGE_ERROR = 56
 EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
 TIME_SCAN_BACK_MESSAGES = (
     64  # ListOffsets by time looks this far before the binary search's answer  # ListOffsets' special timestamps
@@ -198,27 +204,24 @@ class KafkaFetch:
 
 def _read_one(store: StorageEngine, visibility: Visibility, ask: _Ask, budget: int, first: bool) -> None:
     """One partition's messages from ``ask.offset`` into ``ask.records``: whole
-    messages within ``budget`` bytes, or one message if ``first`` (KIP-74)."""
+    messages within ``budget`` bytes, or one message if ``first`` (KIP-74). A damaged
+    record stops this partition (KAFKA_STORAGE_ERROR, logged with its file and
+    offset); the others are served."""
     lo, hi = store.bounds(ask.topic, ask.queue_id)
     ask.log_start, ask.high_watermark = lo, hi
     if ask.offset < lo or ask.offset > visibility.next_assigned(ask.topic, ask.queue_id):
         ask.error = ErrorCode.OFFSET_OUT_OF_RANGE
         return
-    records: list[Record] = []
-    size, offset = 0, ask.offset
-    while offset < hi and (size < budget or (first and not records)):
-        got = store.get(ask.topic, ask.queue_id, offset, READ_CHUNK_MESSAGES)
-        if got.status is not GetStatus.FOUND:
-            break
-        for r in got.messages:
-            if records and size + r.size > budget:
-                offset = hi
-                break
-            records.append(r)
-            size += r.size
-        else:
-            offset = got.next_offset
-    ask.records = _batches(records)
+    if ask.offset >= hi or (budget <= 0 and not first):
+        return
+    read = store.read_raw(ask.topic, ask.queue_id, ask.offset, READ_MAX_MESSAGES, max_bytes=max(budget, 1))
+    if read.status is not GetStatus.FOUND or (read.nbytes > budget and not first):
+        return
+    try:
+        ask.records, ask.count = batches_of(read, ask.queue_id, ask.offset)
+    except (CorruptRecordError, OSError) as e:
+        log.warning("kafka fetch of %s queue %d at %d: %s", ask.topic, ask.queue_id, ask.offset, e)
+        ask.error, ask.records = KAFKA_STORAGE_ERROR, b""
 
 
 def offset_for_time(store: StorageEngine, topic: str, queue_id: int, when: int) -> tuple[int, int] | None:
@@ -251,17 +254,3 @@ def offset_for_time(store: StorageEngine, topic: str, queue_id: int, when: int) 
                 return r.queue_offset, ts
         offset = got.next_offset
     return None
-
-
-def _batches(records: list[Record]) -> bytes:
-    """Records as Kafka batches, one per run of consecutive offsets."""
-    out: list[bytes] = []
-    run: list[Record] = []
-    for r in records:
-        if run and r.queue_offset != run[-1].queue_offset + 1:
-            out.append(build_batch(run[0].queue_offset, [to_kafka(x) for x in run]))
-            run = []
-        run.append(r)
-    if run:
-        out.append(build_batch(run[0].queue_offset, [to_kafka(x) for x in run]))
-    return b"".join(out)

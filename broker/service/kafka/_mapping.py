@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from clmq.common import (
     HEADER_TAGS,
@@ -123,47 +123,48 @@ def _text(raw: bytes) -> str | None:
 
 def to_kafka(record: Record) -> KafkaRow:
     """A stored message as a Kafka record: (timestamp, key, value, headers)."""
-    props = record.properties
+    return kafka_row(
+        record.born_timestamp_ms, record.keys.encode(), record.tags.encode(), record.properties, record.body
+    )
+
+
+def kafka_row(born_ms: int, keys: bytes, tags: bytes, props: Mapping[str, str], body: bytes) -> KafkaRow:
+    """A stored message's fields (keys and tags as their UTF-8 bytes) as a Kafka record."""
     if not props:  # the common case of clmq's own messages, and Kafka's without headers
-        key = record.keys.encode() if record.keys else None
-        headers: list[Header] = [(HEADER_TAGS, record.tags.encode())] if record.tags else []
-        return record.born_timestamp_ms, key, record.body, headers
-    timestamp = _timestamp(record)
-    key = _key(record)
-    value = None if props.get(PROP_KAFKA_NULL_VALUE) == "1" else record.body
-    return timestamp, key, value, _headers(record)
+        return born_ms, keys or None, body, [(HEADER_TAGS, tags)] if tags else []
+    value = None if props.get(PROP_KAFKA_NULL_VALUE) == "1" else body
+    return _timestamp(props, born_ms), _key(props, keys), value, _headers(props, tags)
 
 
-def _timestamp(record: Record) -> int:
-    raw = record.properties.get(PROP_KAFKA_TIMESTAMP)
+def _timestamp(props: Mapping[str, str], born_ms: int) -> int:
+    raw = props.get(PROP_KAFKA_TIMESTAMP)
     if raw is not None:
         try:
             return int(raw)
         except ValueError:
             pass
-    return record.born_timestamp_ms
+    return born_ms
 
 
-def _key(record: Record) -> bytes | None:
-    raw = record.properties.get(PROP_KAFKA_KEY_B64)
+def _key(props: Mapping[str, str], keys: bytes) -> bytes | None:
+    raw = props.get(PROP_KAFKA_KEY_B64)
     if raw is not None:
         try:
             return base64.b64decode(raw, validate=True)
         except (binascii.Error, ValueError):
             pass
-    return record.keys.encode() if record.keys else None
+    return keys or None
 
 
-def _headers(record: Record) -> list[Header]:
-    props = record.properties
+def _headers(props: Mapping[str, str], tags: bytes) -> list[Header]:
     raw = props.get(PROP_KAFKA_HEADERS)
     if raw is not None:
         decoded = _json_headers(raw)
         if decoded is not None:
             return decoded
     headers: list[Header] = [(n, v.encode()) for n, v in props.items() if not n.startswith(KAFKA_PROP_PREFIX)]
-    if record.tags and HEADER_TAGS not in props and raw is None:
-        headers.append((HEADER_TAGS, record.tags.encode()))
+    if tags and HEADER_TAGS not in props and raw is None:
+        headers.append((HEADER_TAGS, tags))
     return headers
 
 
