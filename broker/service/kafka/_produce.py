@@ -36,6 +36,7 @@ from ._sequences import MAX_SEQUENCE, Accepted, BatchMeta, Duplicate, Refused, S
 log = logging.getLogger("clmq.broker.kafka")
 
 KAFKA_STORAGE_ERROR = 56
+VISIBLE_WAIT_S = 2.0  # an acknowledged produce waits at most this long for its queue entries
 _PUT_ERRORS = {
     PutStatus.MESSAGE_TOO_LARGE: ErrorCode.MESSAGE_TOO_LARGE,
     PutStatus.INVALID_MESSAGE: ErrorCode.INVALID_RECORD,
@@ -241,6 +242,26 @@ class KafkaProduce:
         problem = await self._acknowledged(part.topic, result.end_offset, acks)
         if problem is not None:
             part.error, part.text = problem
+            return
+        await self._visible(part.topic, part.queue_id, result.queue_offsets[-1])
+
+    async def _visible(self, topic: str, queue_id: int, last: int) -> None:
+        """Wait until the queue shows ``last`` (its entry is made a moment after the
+        append, by the dispatcher): a Kafka client told "stored" may at once ask
+        ListOffsets or Fetch for it, and Kafka's high watermark covers what was
+        acknowledged. Bounded by ``VISIBLE_WAIT_S`` (the answer goes then anyway)."""
+        store, key = self.ctx.store, (topic, queue_id)
+        if store.max_offset(topic, queue_id) > last:
+            return
+        with trio.move_on_after(VISIBLE_WAIT_S):
+            while True:
+                event = self.ctx.waiters.register(key)  # before the check: no lost wake-up
+                try:
+                    if store.max_offset(topic, queue_id) > last:
+                        return
+                    await event.wait()
+                finally:
+                    self.ctx.waiters.unregister(key, event)
 
     def _stored(self, part: _Part, offsets: list[int]) -> None:
         """The idempotent batches' offsets, for duplicates of them."""
