@@ -82,15 +82,21 @@ def spark() -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     import clmq.spark_connector as spark_connector
+    from tests.java_deps import spark_kafka_jars_if_any
 
-    session = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("clmq tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
     )
+    # Spark's own Kafka source, for test_kafka_spark.py (none if its jars cannot be had:
+    # that test then fails or skips by itself, the others run as before).
+    kafka_jars = spark_kafka_jars_if_any()
+    if kafka_jars:
+        builder = builder.config("spark.jars", ",".join(kafka_jars))
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     spark_connector.register(session)
     yield session
