@@ -49,7 +49,9 @@ import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.Node;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.TopicCollection;
 import org.apache.kafka.common.TopicPartitionInfo;
+import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.config.ConfigResource;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.internals.RecordHeader;
@@ -207,6 +209,17 @@ public final class KafkaHarness {
             for (ConfigEntry e : new TreeMap<>(entries(config)).values()) {
                 fact("config " + e.name(), e.value());
             }
+
+            ConfigResource broker = new ConfigResource(ConfigResource.Type.BROKER, String.valueOf(nodes.iterator().next().id()));
+            try {
+                Config brokerConfig = admin.describeConfigs(List.of(broker)).all().get().get(broker);
+                fact("broker.configs", brokerConfig.entries().size());
+            } catch (ExecutionException e) {
+                fact("broker.configs", e.getCause().getClass().getSimpleName() + ": " + e.getCause().getMessage());
+            }
+            Uuid id = admin.describeTopics(List.of(topic)).allTopicNames().get().get(topic).topicId();
+            TopicDescription byId = admin.describeTopics(TopicCollection.ofTopicIds(List.of(id))).allTopicIds().get().get(id);
+            fact("describe.by.id", byId.name() + " " + byId.partitions().size());
 
             admin.createPartitions(Map.of(topic, NewPartitions.increaseTo(5))).all().get();
             describeTopic(admin, topic, "after");
