@@ -170,6 +170,20 @@ async def test_java_producer_every_codec_then_group_consumer_reads_back_exactly(
     assert again.rc == 0, f"{again.facts}\n{again.stderr[-3000:]}"
     assert sorted(again.rows) == sorted(late.rows)
 
+    # without a group: bounds, ListOffsets by timestamp (a time only the late records reach:
+    # clmq searches by time assuming timestamps mostly grow), a seek and a fetch there
+    everything = sent + late.rows
+    target = min(r[4] for r in late.rows)
+    ends = {p: max(r[1] for r in everything if r[0] == p) + 1 for p in ends}
+    seek = await run_harness(harness, "seek", kafka.bootstrap, "java", str(target))
+    assert seek.rc == 0, f"{seek.facts}\n{seek.stderr[-3000:]}"
+    firsts = [min((r for r in late.rows if r[0] == p), key=lambda r: r[1], default=None) for p in sorted(ends)]
+    for p, end in ends.items():
+        assert seek.fact(f"bounds {p}") == f"0 {end}"
+        first = firsts[p]
+        assert seek.fact(f"for.time {p}") == ("none" if first is None else f"{first[1]} {first[4]}"), p
+    assert sorted(seek.rows) == sorted(r for r in firsts if r is not None)
+
 
 def _java_map(m: dict[int, int]) -> str:
     """A Java TreeMap's toString: {0=5, 1=7}."""

@@ -70,6 +70,7 @@ public final class KafkaHarness {
             switch (args[0]) {
                 case "produce" -> rc = produce(args[1], args[2], args[3]);
                 case "consume" -> rc = consume(args[1], args[2], args[3], Integer.parseInt(args[4]));
+                case "seek" -> rc = seek(args[1], args[2], Long.parseLong(args[3]));
                 case "admin" -> rc = admin(args[1], args[2], args[3]);
                 case "transactional" -> rc = transactional(args[1], args[2]);
                 default -> throw new IllegalArgumentException("unknown command " + args[0]);
@@ -184,6 +185,41 @@ public final class KafkaHarness {
         }
         for (String r : rows) OUT.println(r);
         return rows.size() == count ? 0 : 2;
+    }
+
+    /** Without a group: each partition's bounds, the offset for a timestamp, and the record there. */
+    static int seek(String bootstrap, String topic, long timestamp) {
+        Properties p = new Properties();
+        p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        p.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+        try (KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(p, new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
+            List<TopicPartition> parts = new ArrayList<>();
+            consumer.partitionsFor(topic, Duration.ofSeconds(15)).forEach(i -> parts.add(new TopicPartition(topic, i.partition())));
+            parts.sort((a, b) -> Integer.compare(a.partition(), b.partition()));
+            Duration wait = Duration.ofSeconds(15);
+            Map<TopicPartition, Long> begin = consumer.beginningOffsets(parts, wait);
+            Map<TopicPartition, Long> end = consumer.endOffsets(parts, wait);
+            Map<TopicPartition, Long> at = new HashMap<>();
+            parts.forEach(tp -> at.put(tp, timestamp));
+            var found = consumer.offsetsForTimes(at, wait);
+            consumer.assign(parts);
+            for (TopicPartition tp : parts) {
+                var o = found.get(tp);
+                fact("bounds " + tp.partition(), begin.get(tp) + " " + end.get(tp));
+                fact("for.time " + tp.partition(), o == null ? "none" : o.offset() + " " + o.timestamp());
+                if (o != null) consumer.seek(tp, o.offset());
+                else consumer.pause(List.of(tp));
+            }
+            Map<Integer, String> first = new TreeMap<>();
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
+            while (first.size() < parts.size() - consumer.paused().size() && System.nanoTime() < deadline) {
+                for (ConsumerRecord<byte[], byte[]> r : consumer.poll(Duration.ofMillis(500))) {
+                    first.putIfAbsent(r.partition(), row(r.partition(), r.offset(), r.key(), r.value(), r.timestamp(), r.headers()));
+                }
+            }
+            first.values().forEach(OUT::println);
+        }
+        return 0;
     }
 
     /** The AdminClient's topic and group calls, each result printed as a fact. */
