@@ -23,7 +23,9 @@ from typing import Mapping, Sequence
 
 from clmq.common import (
     HEADER_TAGS,
+    ITEM,
     KAFKA_PROP_PREFIX,
+    NO_HOST,
     PROP_KAFKA_HEADERS,
     PROP_KAFKA_KEY_B64,
     PROP_KAFKA_NULL_VALUE,
@@ -31,7 +33,9 @@ from clmq.common import (
     Host,
     Message,
     Record,
+    pack_messages,
 )
+from clmq.protocol.kafka import KafkaRecord
 
 Header = tuple[str, "bytes | None"]
 KafkaRow = tuple[int, "bytes | None", "bytes | None", Sequence[Header]]  # timestamp, key, value, headers
@@ -93,6 +97,32 @@ def to_message(
         born_timestamp_ms=max(timestamp, 0),
         born_host=born_host,
     )
+
+
+def pack_records(queue_id: int, records: Sequence[KafkaRecord]) -> bytes:
+    """Kafka records as packed clmq messages (``common._packed``, the body of a produce
+    request): the usual record (a positive timestamp, a value, a key that is UTF-8 text
+    or none, no headers) straight into its bytes; any other through :func:`to_message`."""
+    parts: list[bytes] = []
+    pack = ITEM.pack
+    for r in records:
+        key, value = r.key, r.value
+        if r.headers or value is None or r.timestamp <= 0 or (key is not None and not _plain_key(key)):
+            m = to_message("", queue_id, r.timestamp, key, value, r.headers, NO_HOST)
+            parts.append(pack_messages([m]))
+            continue
+        key = key or b""
+        parts += (pack(queue_id, 0, r.timestamp, 0, len(key), 0, len(value)), key, value)
+    return b"".join(parts)
+
+
+def _plain_key(key: bytes) -> bool:
+    """Whether a key is stored as it is in ``keys``: non-empty UTF-8 text that fits."""
+    if not key or len(key) > _MAX_KEYS_BYTES:
+        return False
+    if key.isascii():
+        return True
+    return _text(key) is not None
 
 
 def _headers_to_props(headers: Sequence[Header], props: dict[str, str]) -> str:

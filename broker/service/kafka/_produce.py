@@ -20,17 +20,17 @@ from typing import Any
 import trio
 
 from clmq.broker.store import PutStatus
-from clmq.common import PROP_KAFKA_PRODUCER, Message
+from clmq.common import PROP_KAFKA_PRODUCER
 from clmq.protocol import ErrorCode as ClmqError
 from clmq.protocol import encode_batch
-from clmq.protocol.kafka import ErrorCode, KafkaRequest, RecordBatch, RecordsError, parse_batches
+from clmq.protocol.kafka import ErrorCode, KafkaRecord, KafkaRequest, RecordBatch, RecordsError, parse_batches
 from clmq.protocol.transport import RequestError
 
 from .._append import BusyError, PendingPut
 from .._context import BrokerContext
 from ._cluster import ClusterView, ClusterViews
 from ._listener import Peer
-from ._mapping import to_message
+from ._mapping import pack_records, to_message
 from ._sequences import MAX_SEQUENCE, Accepted, BatchMeta, Duplicate, Refused, Sequences, producer_property
 
 log = logging.getLogger("clmq.broker.kafka")
@@ -133,10 +133,10 @@ class KafkaProduce:
             part.queue_id = self._local_queue(view, part.topic, part.index)
             batches = self._parse(records)
             self._check_write(part.topic, acks)
-            messages = await self._messages(part, batches, peer)
-            if part.duplicate is None and messages:
+            packed = await self._messages(part, batches, peer)
+            if part.duplicate is None and packed:
                 try:
-                    part.put = self.ctx.lane.submit(part.topic, encode_batch(messages), (peer.host, peer.port))
+                    part.put = self.ctx.lane.submit(part.topic, packed, (peer.host, peer.port))
                 except BusyError as e:
                     raise _Refuse(ErrorCode.REQUEST_TIMED_OUT, str(e)) from None
         except _Refuse as e:
@@ -173,28 +173,24 @@ class KafkaProduce:
         except RequestError as e:
             raise _Refuse(_WRITE_ERRORS.get(e.code, ErrorCode.UNKNOWN_SERVER_ERROR), e.text) from None
 
-    async def _messages(self, part: _Part, batches: list[RecordBatch], peer: Peer) -> list[Message]:
-        """The messages to append; the idempotent batches checked (a duplicate: none)."""
-        out: list[Message] = []
+    async def _messages(self, part: _Part, batches: list[RecordBatch], peer: Peer) -> bytes:
+        """The packed messages to append (the body of a produce request); the idempotent
+        batches checked (a duplicate: nothing)."""
+        out: list[bytes] = []
         host = (peer.host, peer.port)
         for batch in batches:
-            first_message = len(out)
-            out.extend(
-                to_message(part.topic, part.queue_id, r.timestamp, r.key, r.value, r.headers, host)
-                for r in batch.records
-            )
-            if batch.producer_id < 0 or not batch.records:
+            records = batch.records
+            if batch.producer_id < 0 or not records:
+                out.append(pack_records(part.queue_id, records))
                 continue
             meta = await self._sequence(part, batch)
             if meta is None:
-                return []
-            out[first_message].properties = {
-                **out[first_message].properties,
-                PROP_KAFKA_PRODUCER: producer_property(
-                    batch.producer_id, batch.producer_epoch, meta.first_seq, meta.last_seq
-                ),
-            }
-        return out
+                return b""
+            first = to_message(part.topic, part.queue_id, *_fields(records[0]), host)
+            seq = producer_property(batch.producer_id, batch.producer_epoch, meta.first_seq, meta.last_seq)
+            first.properties = {**first.properties, PROP_KAFKA_PRODUCER: seq}
+            out += (encode_batch([first]), pack_records(part.queue_id, records[1:]))
+        return b"".join(out)
 
     async def _sequence(self, part: _Part, batch: RecordBatch) -> BatchMeta | None:
         check = await self.sequences.check(
@@ -280,6 +276,10 @@ class KafkaProduce:
         if problem is not None:
             return _WRITE_ERRORS.get(problem[0], ErrorCode.UNKNOWN_SERVER_ERROR), problem[1]
         return None
+
+
+def _fields(r: KafkaRecord) -> tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]:
+    return r.timestamp, r.key, r.value, r.headers
 
 
 class _Refuse(Exception):
