@@ -15,6 +15,8 @@ command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>
 # The Kafka listener is judged by real Kafka clients: kcat (librdkafka), from Debian; the
 # Python ones (confluent-kafka, kafka-python, aiokafka) come with the test extra.
 command -v kcat >/dev/null 2>&1 || apt_install kcat
+# ... and by the official Java client and Spark's Kafka source, from Maven Central.
+source "$(dirname "$0")/_java_deps.sh"
 echo "== ruff check"; .venv/bin/ruff check .
 echo "== ruff format --check"; .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy

@@ -44,9 +44,10 @@ def print_ready(args: argparse.Namespace, namesrv: str, brokers: list[dict[str, 
                 "read_back_command": read_back_command(namesrv),
             }
         )
+    kafka = ",".join(b["kafka_addr"] for b in brokers if b.get("kafka_addr"))
+    if kafka:
+        console.print(f"Kafka clients: bootstrap.servers={kafka}", highlight=False)
     for b in brokers:
-        if b.get("kafka_addr"):
-            console.print(f"Kafka clients: bootstrap.servers={b['kafka_addr']}", highlight=False)
         if b["metrics_url"]:
             label = "metrics:" if len(brokers) == 1 else f"metrics of replica {b['broker_id']}:"
             console.print(f"{label} {b['metrics_url']}", highlight=False)

@@ -64,6 +64,11 @@ class ReplicaProcess:
         return f"{self.config.advertised_addr_host}:{self.config.listen_port}"
 
     @property
+    def kafka_addr(self) -> str:
+        port = self.config.kafka_listen_port
+        return f"{self.config.advertised_addr_host}:{port}" if port >= 0 else ""
+
+    @property
     def metrics_url(self) -> str:
         c = self.config
         return metrics_url(c.metrics_host or c.listen_host, c.metrics_port)
@@ -71,15 +76,17 @@ class ReplicaProcess:
 
 def plan_replicas(base: BrokerConfig, namesrv: str, count: int, zookeeper: str = "") -> list[ReplicaProcess]:
     """Replica 0 leads; the others follow it (with ``zookeeper``, a connect string: every
-    replica starts as a follower and ZooKeeper elects). Ports: ``listen_port`` + id
+    replica starts as a follower and ZooKeeper elects). Ports (the Kafka listener's and
+    the metrics' too): ``listen_port`` + id
     (free ports if 0); data: ``<data_dir>/replica-<id>``. A bad combination (e.g.
     followers with partition-per-file storage) is a ValueError naming the setting."""
     root = Path(base.data_dir)
     ports = _ports(base.listen_port, count)
     metrics_ports = _ports(base.metrics_port, count) if base.metrics_port >= 0 else [-1] * count
+    kafka_ports = _ports(base.kafka_listen_port, count) if base.kafka_listen_port >= 0 else [-1] * count
     leader_addr = "" if zookeeper else f"{base.advertised_addr_host}:{ports[0]}"
     out = []
-    for i, (port, metrics_port) in enumerate(zip(ports, metrics_ports)):
+    for i, (port, metrics_port, kafka_port) in enumerate(zip(ports, metrics_ports, kafka_ports)):
         leads = i == 0 and not zookeeper
         cfg = dataclasses.replace(
             base,
@@ -88,6 +95,7 @@ def plan_replicas(base: BrokerConfig, namesrv: str, count: int, zookeeper: str =
             leader_addr="" if leads else leader_addr,
             listen_port=port,
             metrics_port=metrics_port,
+            kafka_listen_port=kafka_port,
             zookeeper=zookeeper,
             data_dir=str(root / f"replica-{i}"),
             namesrv_addrs=[namesrv],
@@ -224,7 +232,10 @@ async def _start_and_serve(
         if args.exit_after_demo:
             nursery.cancel_scope.cancel()
             return
-        brokers = [{"addr": r.addr, "broker_id": r.config.broker_id, "metrics_url": r.metrics_url} for r in replicas]
+        brokers = [
+            {"addr": r.addr, "broker_id": r.config.broker_id, "metrics_url": r.metrics_url, "kafka_addr": r.kafka_addr}
+            for r in replicas
+        ]
         print_ready(args, namesrv, brokers, str(Path(replicas[0].config.data_dir).parent))
         console.print(
             f"serving; watch the state: clmq cluster list --namesrv {namesrv}\n"
