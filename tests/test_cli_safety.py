@@ -351,3 +351,47 @@ def test_produce_to_a_missing_topic_says_how_to_create_it(ns: str, tmp_path: Pat
 def test_version_is_the_package_s() -> None:
     out = clmq("--version", cwd=ROOT)
     assert out.returncode == 0 and out.stdout == f"clmq {clmq_package.__version__}\n"
+
+
+def test_dev_with_a_kafka_port_serves_kafka_clients(tmp_path: Path) -> None:
+    """``clmq dev --kafka-port``: the ready block names bootstrap.servers, and kcat
+    produces and reads back through it, into the topic the first command created."""
+    kafka_port = free_port()
+    proc = popen(
+        "dev",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--listen-port",
+        "0",
+        "--namesrv-port",
+        str(free_port()),
+        "--kafka-port",
+        str(kafka_port),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        printed = []
+        for line in proc.stdout:
+            printed.append(line)
+            if line.startswith("serving;"):
+                break
+        assert f"Kafka clients: bootstrap.servers=127.0.0.1:{kafka_port}\n" in printed, printed
+        said = dict(re.findall(r"^(first command|read it back): +(.*)$", "".join(printed), re.MULTILINE))
+        assert shell(said["first command"], tmp_path).returncode == 0  # creates topic demo
+        kcat = ["kcat", "-b", f"127.0.0.1:{kafka_port}", "-t", "demo"]
+        sent = subprocess.run([*kcat, "-P", "-p", "0", "-K:"], input="k1:from kafka\n", text=True, timeout=30)
+        assert sent.returncode == 0
+        read = subprocess.run(
+            [*kcat, "-C", "-p", "0", "-o", "beginning", "-e", "-f", "%k=%s\\n"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert "k1=from kafka" in read.stdout.splitlines(), read
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
