@@ -662,3 +662,29 @@ async def test_wire_fuzz_against_a_live_broker_with_real_clients_alongside(tmp_p
             if ("WARNING" in line or "ERROR" in line) and not any(e in line for e in EXPECTED_WARNINGS)
         ]
         assert not unexpected, "\n".join(unexpected[:20])
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+async def test_fetch_answers_compressed_batches_with_kafka_fetch_compression(tmp_path: Path, codec: str) -> None:
+    """``kafka_fetch_compression``: Fetch's batches come compressed with that codec, and
+    librdkafka reads them back exactly."""
+    async with open_kafka(tmp_path, kafka_fetch_compression=codec) as cluster:
+        with wire(cluster) as w:
+            create_topic(w, "t")
+            produce_one(w, "t", one_batch([b"value %d" % i * 20 for i in range(50)]))
+            answer = w.request(ApiKey.FETCH, FETCH_V, fetch_body("t", 0, 0))
+        records = answer["responses"][0]["partitions"][0]["records"]
+        batches = parse_batches(records, max_uncompressed_bytes=1 << 20)
+        assert [b.compression.name.lower() for b in batches] == [codec]
+        assert [r.value for r in batches[0].records] == [b"value %d" % i * 20 for i in range(50)]
+        ck = pytest.importorskip("confluent_kafka")
+        consumer = ck.Consumer(
+            {"bootstrap.servers": cluster.bootstrap, "group.id": "z", "auto.offset.reset": "earliest"}
+        )
+        consumer.subscribe(["t"])
+        got: list[bytes] = []
+        with trio.fail_after(30):
+            while len(got) < 50:
+                got += [m.value() for m in await in_thread(consumer.consume, 100, 0.5) if not m.error()]
+        consumer.close()
+        assert got == [b"value %d" % i * 20 for i in range(50)]

@@ -125,6 +125,8 @@ class BrokerConfig:
     kafka_max_inflight_requests: int = 64  # requests of one connection read ahead of their answers
     kafka_idle_timeout_ms: int = 600_000  # a connection with nothing asked for this long is closed
     kafka_max_fetch_wait_ms: int = 30_000  # a Fetch's max_wait_ms is cut to this
+    kafka_request_timeout_ms: int = 60_000  # a request not answered by then closes its connection (a stuck handler)
+    kafka_fetch_compression: str = "none"  # Fetch answers compressed with: none, gzip, snappy, lz4 or zstd
     kafka_group_min_session_timeout_ms: int = 6000
     kafka_group_max_session_timeout_ms: int = 1_800_000
     kafka_group_initial_rebalance_delay_ms: int = 3000  # the first join of an empty group waits this long for others
@@ -158,6 +160,14 @@ class BrokerConfig:
         if not -1 <= self.kafka_listen_port <= 65535:
             raise ValueError(
                 f"kafka_listen_port must be in -1..65535 (-1: none, 0: any free), got {self.kafka_listen_port}"
+            )
+        if self.kafka_request_timeout_ms <= self.kafka_max_fetch_wait_ms:
+            raise ValueError(
+                "kafka_request_timeout_ms must be above kafka_max_fetch_wait_ms (a long poll is no stuck request)"
+            )
+        if self.kafka_fetch_compression not in ("none", "gzip", "snappy", "lz4", "zstd"):
+            raise ValueError(
+                f"kafka_fetch_compression must be none, gzip, snappy, lz4 or zstd, got {self.kafka_fetch_compression!r}"
             )
         if self.kafka_group_max_session_timeout_ms < self.kafka_group_min_session_timeout_ms:
             raise ValueError("kafka_group_max_session_timeout_ms must be at least kafka_group_min_session_timeout_ms")

@@ -22,7 +22,7 @@ import trio
 
 from clmq.broker.store import GetStatus, StorageEngine
 from clmq.common import CorruptRecordError
-from clmq.protocol.kafka import ErrorCode, KafkaRequest
+from clmq.protocol.kafka import Compression, ErrorCode, KafkaRequest
 
 from .._context import BrokerContext
 from .._fetch import Visibility
@@ -67,6 +67,8 @@ class KafkaFetch:
         self.store = ctx.store
         self.views = views
         self._readers = readers
+        # Fetch answers are compressed with this (kafka_fetch_compression): less network for CPU.
+        self.compression = Compression[ctx.config.kafka_fetch_compression.upper()]
 
     def local_queue(self, view: ClusterView, topic: str, index: int) -> tuple[int, int]:
         """(queue id, 0) of a partition this broker leads, else (-1, error code)."""
@@ -116,7 +118,7 @@ class KafkaFetch:
             if ask.error:
                 continue
             first = budget == max_bytes and not any(a.records for a in asks)
-            _read_one(self.store, visibility, ask, min(ask.max_bytes, budget), first)
+            _read_one(self.store, visibility, ask, min(ask.max_bytes, budget), first, self.compression)
             budget -= len(ask.records)
 
     async def _wait_any(self, asks: list[_Ask], wait_ms: int) -> bool:
@@ -202,7 +204,14 @@ class KafkaFetch:
         return {"throttle_time_ms": 0, "topics": topics}
 
 
-def _read_one(store: StorageEngine, visibility: Visibility, ask: _Ask, budget: int, first: bool) -> None:
+def _read_one(
+    store: StorageEngine,
+    visibility: Visibility,
+    ask: _Ask,
+    budget: int,
+    first: bool,
+    compression: Compression = Compression.NONE,
+) -> None:
     """One partition's messages from ``ask.offset`` into ``ask.records``: whole
     messages within ``budget`` bytes, or one message if ``first`` (KIP-74). A damaged
     record stops this partition (KAFKA_STORAGE_ERROR, logged with its file and
@@ -218,7 +227,7 @@ def _read_one(store: StorageEngine, visibility: Visibility, ask: _Ask, budget: i
     if read.status is not GetStatus.FOUND or (read.nbytes > budget and not first):
         return
     try:
-        ask.records, ask.count = batches_of(read, ask.queue_id, ask.offset)
+        ask.records, ask.count = batches_of(read, ask.queue_id, ask.offset, compression)
     except (CorruptRecordError, OSError) as e:
         log.warning("kafka fetch of %s queue %d at %d: %s", ask.topic, ask.queue_id, ask.offset, e)
         ask.error, ask.records = KAFKA_STORAGE_ERROR, b""

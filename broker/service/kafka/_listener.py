@@ -94,6 +94,7 @@ class ListenerSettings:
     max_connections: int
     max_inflight_requests: int
     idle_timeout_ms: int
+    request_timeout_ms: int = 60_000
 
 
 class _Pending:
@@ -257,9 +258,20 @@ class _Connection:
     async def _answer(self, request: KafkaRequest, answer: Awaitable[dict[str, Any] | None], pending: _Pending) -> None:
         started = time.perf_counter()
         try:
-            body = await answer
+            with trio.fail_after(self.settings.request_timeout_ms / 1000):
+                body = await answer
             if body is not None:
                 pending.data = encode_response(request.api_key, request.api_version, request.correlation_id, body)
+        except trio.TooSlowError:
+            log.warning(
+                "kafka: API %d v%d from %s:%d not answered within kafka_request_timeout_ms=%d; closing the connection",
+                request.api_key,
+                request.api_version,
+                self.peer.host,
+                self.peer.port,
+                self.settings.request_timeout_ms,
+            )
+            pending.failed = True
         except Exception:
             log.exception(
                 "kafka: API %d v%d from %s:%d failed; closing the connection",

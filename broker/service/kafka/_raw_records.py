@@ -14,7 +14,7 @@ import crc32c
 from clmq.broker.store import RawRead
 from clmq.commitlog import read_exactly
 from clmq.common import CRC_START, HEADER, HEADER_SIZE, RECORD_MAGIC, CorruptRecordError, decode_properties
-from clmq.protocol.kafka import build_batch
+from clmq.protocol.kafka import Compression, build_batch
 
 from ._mapping import KafkaRow, kafka_row
 
@@ -35,9 +35,12 @@ def span_bytes(read: RawRead) -> list[tuple[bytes, str, int]]:
     return out
 
 
-def batches_of(read: RawRead, queue_id: int, first_offset: int) -> tuple[bytes, int]:
+def batches_of(
+    read: RawRead, queue_id: int, first_offset: int, compression: Compression = Compression.NONE
+) -> tuple[bytes, int]:
     """The records of ``read`` (queue ``queue_id`` from ``first_offset``) as Kafka
-    batches, one per run of consecutive offsets; and how many records."""
+    batches (compressed with ``compression``), one per run of consecutive offsets; and
+    how many records."""
     out: list[bytes] = []
     rows: list[KafkaRow] = []
     base = expected = first_offset
@@ -47,7 +50,7 @@ def batches_of(read: RawRead, queue_id: int, first_offset: int) -> tuple[bytes, 
         while pos < len(data):
             offset, row, pos = _row(data, pos, where, position, queue_id)
             if rows and offset != expected:
-                out.append(build_batch(base, rows))
+                out.append(build_batch(base, rows, compression=compression))
                 rows = []
             if not rows:
                 base = offset
@@ -55,7 +58,7 @@ def batches_of(read: RawRead, queue_id: int, first_offset: int) -> tuple[bytes, 
             expected = offset + 1
             count += 1
     if rows:
-        out.append(build_batch(base, rows))
+        out.append(build_batch(base, rows, compression=compression))
     return b"".join(out), count
 
 

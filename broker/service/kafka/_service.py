@@ -44,6 +44,7 @@ class KafkaService:
                 cfg.kafka_max_connections,
                 cfg.kafka_max_inflight_requests,
                 cfg.kafka_idle_timeout_ms,
+                cfg.kafka_request_timeout_ms,
             ),
             self.dispatch,
             ADVERTISED,
