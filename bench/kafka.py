@@ -551,6 +551,10 @@ def _ck_version() -> str:
         return "(not installed)"
 
 
+# Where a thread waits (wall time in the profile, no CPU): left out of the shares.
+_IDLE = ("'poll' of 'select.epoll", "'acquire' of '_thread.lock", "time.sleep", "'get' of '_queue.SimpleQueue")
+
+
 def summarize_profiles(profile_dir: Path, top: int = 25) -> str:
     """Per profiled phase (``<tag>-produce``/``<tag>-consume``), every thread's profile
     merged: the functions with the most own time, as shares of the phase's total."""
@@ -563,8 +567,9 @@ def summarize_profiles(profile_dir: Path, top: int = 25) -> str:
     for phase, files in phases.items():
         stats = pstats.Stats(*(str(f) for f in files))
         table: Any = stats.stats  # type: ignore[attr-defined]  # {(file, line, name): (cc, nc, tt, ct, callers)}
+        table = {k: v for k, v in table.items() if not any(w in k[2] for w in _IDLE)}
         total = sum(v[2] for v in table.values()) or 1.0
-        out.append(f"{phase}: {total:.2f} s of own time over {len(files)} threads")
+        out.append(f"{phase}: {total:.2f} s of own time over {len(files)} threads (waits left out)")
         rows = sorted(table.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
         for (file, line, name), (_cc, nc, tt, ct, _callers) in rows:
             where = "/".join(Path(file).parts[-2:]) if file != "~" else "~"
