@@ -114,12 +114,14 @@ class KafkaFetch:
         """Every partition's messages, within the request's byte budget (in a worker thread)."""
         budget = max_bytes
         visibility = Visibility(self.store)
+        found = False  # a message found yet (the first may exceed the limits: KIP-74)
         for ask in asks:
+            ask.records = b""
             if ask.error:
                 continue
-            first = budget == max_bytes and not any(a.records for a in asks)
-            _read_one(self.store, visibility, ask, min(ask.max_bytes, budget), first, self.compression)
+            _read_one(self.store, visibility, ask, min(ask.max_bytes, budget), not found, self.compression)
             budget -= len(ask.records)
+            found = found or bool(ask.records)
 
     async def _wait_any(self, asks: list[_Ask], wait_ms: int) -> bool:
         """Wait until any asked queue gets messages past its offset; False on time-out."""
@@ -218,7 +220,8 @@ def _read_one(
     offset); the others are served."""
     lo, hi = store.bounds(ask.topic, ask.queue_id)
     ask.log_start, ask.high_watermark = lo, hi
-    if ask.offset < lo or ask.offset > visibility.next_assigned(ask.topic, ask.queue_id):
+    # next_assigned copies the log's table of queue offsets: asked only past the visible end
+    if ask.offset < lo or (ask.offset > hi and ask.offset > visibility.next_assigned(ask.topic, ask.queue_id)):
         ask.error = ErrorCode.OFFSET_OUT_OF_RANGE
         return
     if ask.offset >= hi or (budget <= 0 and not first):

@@ -99,19 +99,30 @@ def to_message(
     )
 
 
-def pack_records(queue_id: int, records: Sequence[KafkaRecord]) -> bytes:
+class TooLarge(ValueError):
+    """A record above the broker's max_message_bytes once stored."""
+
+
+def pack_records(queue_id: int, records: Sequence[KafkaRecord], limit: int) -> bytes:
     """Kafka records as packed clmq messages (``common._packed``, the body of a produce
     request): the usual record (a positive timestamp, a value, a key that is UTF-8 text
-    or none, no headers) straight into its bytes; any other through :func:`to_message`."""
+    or none, no headers) straight into its bytes; any other through :func:`to_message`.
+    ``limit``: the bytes of tags, keys, properties and body a record may have (else
+    :class:`TooLarge`: one partition's oversized record must not fail the others')."""
     parts: list[bytes] = []
     pack = ITEM.pack
     for r in records:
         key, value = r.key, r.value
         if r.headers or value is None or r.timestamp <= 0 or (key is not None and not _plain_key(key)):
             m = to_message("", queue_id, r.timestamp, key, value, r.headers, NO_HOST)
-            parts.append(pack_messages([m]))
+            packed = pack_messages([m])
+            if len(packed) - ITEM.size > limit:
+                raise TooLarge(f"a record of {len(packed) - ITEM.size} bytes of key, value and headers")
+            parts.append(packed)
             continue
         key = key or b""
+        if len(key) + len(value) > limit:
+            raise TooLarge(f"a record of {len(key) + len(value)} bytes of key and value")
         parts += (pack(queue_id, 0, r.timestamp, 0, len(key), 0, len(value)), key, value)
     return b"".join(parts)
 

@@ -20,8 +20,7 @@ from typing import Any
 import trio
 
 from clmq.broker.store import PutStatus
-from clmq.common import PROP_KAFKA_PRODUCER
-from clmq.protocol import ErrorCode as ClmqError
+from clmq.common import HEADER_SIZE, PROP_KAFKA_PRODUCER, record_size
 from clmq.protocol import encode_batch
 from clmq.protocol.kafka import ErrorCode, KafkaRecord, KafkaRequest, RecordBatch, RecordsError, parse_batches
 from clmq.protocol.transport import RequestError
@@ -30,13 +29,13 @@ from .._append import BusyError, PendingPut
 from .._context import BrokerContext
 from ._cluster import ClusterView, ClusterViews
 from ._listener import Peer
-from ._mapping import pack_records, to_message
+from ._mapping import TooLarge, pack_records, to_message
+from ._produce_wait import WRITE_ERRORS, acknowledged, visible
 from ._sequences import MAX_SEQUENCE, Accepted, BatchMeta, Duplicate, Refused, Sequences, producer_property
 
 log = logging.getLogger("clmq.broker.kafka")
 
 KAFKA_STORAGE_ERROR = 56
-VISIBLE_WAIT_S = 2.0  # an acknowledged produce waits at most this long for its queue entries
 _PUT_ERRORS = {
     PutStatus.MESSAGE_TOO_LARGE: ErrorCode.MESSAGE_TOO_LARGE,
     PutStatus.INVALID_MESSAGE: ErrorCode.INVALID_RECORD,
@@ -50,13 +49,6 @@ _PUT_ERRORS = {
     PutStatus.FLUSH_DISK_TIMEOUT: ErrorCode.REQUEST_TIMED_OUT,
     PutStatus.STORE_FAILED: KAFKA_STORAGE_ERROR,
 }
-_WRITE_ERRORS = {
-    ClmqError.NOT_LEADER: ErrorCode.NOT_LEADER_OR_FOLLOWER,
-    ClmqError.NOT_ENOUGH_REPLICAS: ErrorCode.NOT_ENOUGH_REPLICAS,
-    ClmqError.REPLICATION_TIMEOUT: ErrorCode.REQUEST_TIMED_OUT,
-    ClmqError.STALE_EPOCH: ErrorCode.NOT_LEADER_OR_FOLLOWER,
-    ClmqError.SYSTEM_BUSY: ErrorCode.REQUEST_TIMED_OUT,
-}
 
 
 @dataclass
@@ -68,7 +60,10 @@ class _Part:
     queue_id: int = -1
     error: int = 0
     text: str | None = None
-    put: PendingPut | None = None
+    put: PendingPut | None = None  # the topic's one put of the request (every partition's messages)
+    packed: bytes = b""  # this partition's messages, packed (until the put is made)
+    count: int = 0  # how many
+    first: int = 0  # the first one's index among the put's messages
     duplicate: BatchMeta | None = None
     metas: list[tuple[int, BatchMeta]] | None = None  # (producer id, batch) of idempotent batches
     base_offset: int = -1
@@ -104,15 +99,22 @@ class KafkaProduce:
             await self.ctx.replica.writes_settled()
             view = await self.views.current()
             for topic in body.get("topic_data", []):
-                for pd in topic.get("partition_data", []):
-                    part = _Part(topic["name"], pd["index"])
-                    parts.append(part)
+                of_topic = [_Part(topic["name"], pd["index"]) for pd in topic.get("partition_data", [])]
+                for part, pd in zip(of_topic, topic.get("partition_data", [])):
                     await self._start(part, pd.get("records"), view, peer, acks, body.get("transactional_id"))
+                self._submit(of_topic, peer)
+                parts += of_topic
         if acks == 0:
             return None  # Kafka sends no answer at acks=0 (the client does not read one)
+        puts: dict[int, list[_Part]] = {}
         async with trio.open_nursery() as nursery:
             for part in parts:
-                nursery.start_soon(self._finish, part, acks)
+                if part.duplicate is not None:
+                    nursery.start_soon(self._duplicate, part)
+                elif part.put is not None:
+                    puts.setdefault(id(part.put), []).append(part)
+            for group in puts.values():
+                nursery.start_soon(self._finish, group, acks)
         by_topic: dict[str, list[dict[str, Any]]] = {}
         for part in parts:
             by_topic.setdefault(part.topic, []).append(_result(part))
@@ -133,15 +135,30 @@ class KafkaProduce:
             part.queue_id = self._local_queue(view, part.topic, part.index)
             batches = self._parse(records)
             self._check_write(part.topic, acks)
-            packed = await self._messages(part, batches, peer)
-            if part.duplicate is None and packed:
-                try:
-                    part.put = self.ctx.lane.submit(part.topic, packed, (peer.host, peer.port))
-                except BusyError as e:
-                    raise _Refuse(ErrorCode.REQUEST_TIMED_OUT, str(e)) from None
+            part.packed = await self._messages(part, batches, peer)
+            part.count = sum(len(b.records) for b in batches)
         except _Refuse as e:
             part.error, part.text = e.code, e.text
             self._forget(part)
+
+    def _submit(self, parts: list[_Part], peer: Peer) -> None:
+        """One topic's partitions into the append lane as one put (one request's messages
+        of many queues are appended together, their queue offsets in order)."""
+        going = [p for p in parts if p.packed and not p.error and p.duplicate is None]
+        if not going:
+            return
+        at = 0
+        for part in going:
+            part.first, at = at, at + part.count
+        try:
+            put = self.ctx.lane.submit(going[0].topic, b"".join(p.packed for p in going), (peer.host, peer.port))
+        except BusyError as e:
+            for part in going:
+                part.error, part.text = ErrorCode.REQUEST_TIMED_OUT, str(e)
+                self._forget(part)
+            return
+        for part in going:
+            part.put, part.packed = put, b""
 
     def _local_queue(self, view: ClusterView, topic: str, index: int) -> int:
         homes = view.topics.get(topic)
@@ -171,25 +188,33 @@ class KafkaProduce:
         try:
             self.ctx.replica.check_sync_write(topic, sync=acks == -1)
         except RequestError as e:
-            raise _Refuse(_WRITE_ERRORS.get(e.code, ErrorCode.UNKNOWN_SERVER_ERROR), e.text) from None
+            raise _Refuse(WRITE_ERRORS.get(e.code, ErrorCode.UNKNOWN_SERVER_ERROR), e.text) from None
 
     async def _messages(self, part: _Part, batches: list[RecordBatch], peer: Peer) -> bytes:
         """The packed messages to append (the body of a produce request); the idempotent
         batches checked (a duplicate: nothing)."""
         out: list[bytes] = []
         host = (peer.host, peer.port)
-        for batch in batches:
-            records = batch.records
-            if batch.producer_id < 0 or not records:
-                out.append(pack_records(part.queue_id, records))
-                continue
-            meta = await self._sequence(part, batch)
-            if meta is None:
-                return b""
-            first = to_message(part.topic, part.queue_id, *_fields(records[0]), host)
-            seq = producer_property(batch.producer_id, batch.producer_epoch, meta.first_seq, meta.last_seq)
-            first.properties = {**first.properties, PROP_KAFKA_PRODUCER: seq}
-            out += (encode_batch([first]), pack_records(part.queue_id, records[1:]))
+        limit = self.ctx.config.max_message_bytes - HEADER_SIZE - len(part.topic.encode())
+        try:
+            for batch in batches:
+                records = batch.records
+                if batch.producer_id < 0 or not records:
+                    out.append(pack_records(part.queue_id, records, limit))
+                    continue
+                meta = await self._sequence(part, batch)
+                if meta is None:
+                    return b""
+                first = to_message(part.topic, part.queue_id, *_fields(records[0]), host)
+                seq = producer_property(batch.producer_id, batch.producer_epoch, meta.first_seq, meta.last_seq)
+                first.properties = {**first.properties, PROP_KAFKA_PRODUCER: seq}
+                if record_size(first) > self.ctx.config.max_message_bytes:
+                    raise TooLarge(f"a record of {record_size(first)} bytes stored")
+                out += (encode_batch([first]), pack_records(part.queue_id, records[1:], limit))
+        except TooLarge as e:
+            raise _Refuse(ErrorCode.MESSAGE_TOO_LARGE, f"{e}: above max_message_bytes") from None
+        except ValueError as e:  # e.g. a header name of more than 65535 bytes
+            raise _Refuse(ErrorCode.INVALID_RECORD, str(e)) from None
         return b"".join(out)
 
     async def _sequence(self, part: _Part, batch: RecordBatch) -> BatchMeta | None:
@@ -215,49 +240,38 @@ class KafkaProduce:
             self.sequences.failed(pid, part.topic, part.queue_id, meta)
         part.metas = None
 
-    async def _finish(self, part: _Part, acks: int) -> None:
-        if part.error:
-            return
-        if part.duplicate is not None:
-            await part.duplicate.done.wait()
-            if not part.duplicate.ok:
-                part.error, part.text = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, "the first try of this batch failed"
-            part.base_offset = part.duplicate.base_offset
-            return
-        if part.put is None:
-            return
-        await part.put.done.wait()
-        result = part.put.result
+    async def _duplicate(self, part: _Part) -> None:
+        """A retried batch: answered with where it was first stored (once it is)."""
+        assert part.duplicate is not None
+        await part.duplicate.done.wait()
+        if not part.duplicate.ok:
+            part.error, part.text = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, "the first try of this batch failed"
+        part.base_offset = part.duplicate.base_offset
+
+    async def _finish(self, parts: list[_Part], acks: int) -> None:
+        """One put's partitions: their offsets once appended, then durable, held by the
+        replicas (acks=-1) and visible in their queues."""
+        put = parts[0].put
+        assert put is not None
+        await put.done.wait()
+        result = put.result
         assert result is not None
         if not result.ok:
-            part.error, part.text = _PUT_ERRORS.get(result.status, ErrorCode.UNKNOWN_SERVER_ERROR), result.error
-            self._forget(part)
+            for part in parts:
+                part.error, part.text = _PUT_ERRORS.get(result.status, ErrorCode.UNKNOWN_SERVER_ERROR), result.error
+                self._forget(part)
             return
-        part.base_offset = result.queue_offsets[0]
-        self._stored(part, result.queue_offsets)
-        problem = await self._acknowledged(part.topic, result.end_offset, acks)
+        offsets = result.queue_offsets
+        for part in parts:
+            part.base_offset = offsets[part.first]
+            self._stored(part, offsets[part.first : part.first + part.count])
+        problem = await acknowledged(self.ctx, put.topic, result.end_offset, acks)
         if problem is not None:
-            part.error, part.text = problem
+            for part in parts:
+                part.error, part.text = problem
             return
-        await self._visible(part.topic, part.queue_id, result.queue_offsets[-1])
-
-    async def _visible(self, topic: str, queue_id: int, last: int) -> None:
-        """Wait until the queue shows ``last`` (its entry is made a moment after the
-        append, by the dispatcher): a Kafka client told "stored" may at once ask
-        ListOffsets or Fetch for it, and Kafka's high watermark covers what was
-        acknowledged. Bounded by ``VISIBLE_WAIT_S`` (the answer goes then anyway)."""
-        store, key = self.ctx.store, (topic, queue_id)
-        if store.max_offset(topic, queue_id) > last:
-            return
-        with trio.move_on_after(VISIBLE_WAIT_S):
-            while True:
-                event = self.ctx.waiters.register(key)  # before the check: no lost wake-up
-                try:
-                    if store.max_offset(topic, queue_id) > last:
-                        return
-                    await event.wait()
-                finally:
-                    self.ctx.waiters.unregister(key, event)
+        last = {(put.topic, p.queue_id): offsets[p.first + p.count - 1] for p in parts}
+        await visible(self.ctx, last)
 
     def _stored(self, part: _Part, offsets: list[int]) -> None:
         """The idempotent batches' offsets, for duplicates of them."""
@@ -266,16 +280,6 @@ class KafkaProduce:
             meta.base_offset, meta.ok = offsets[at], True
             meta.done.set()
             at += (meta.last_seq - meta.first_seq) % (MAX_SEQUENCE + 1) + 1
-
-    async def _acknowledged(self, topic: str, end_offset: int, acks: int) -> tuple[int, str] | None:
-        cfg = self.ctx.config
-        fsync = self.ctx.store.config.commitlog.acks_wait_for_fsync
-        if fsync and not await self.ctx.lane.durable.wait(end_offset, cfg.sync_flush_timeout_ms / 1000):
-            return ErrorCode.REQUEST_TIMED_OUT, "stored, but not fsynced within sync_flush_timeout_ms"
-        problem = await self.ctx.replica.wait_held(topic, end_offset, sync=acks == -1)
-        if problem is not None:
-            return _WRITE_ERRORS.get(problem[0], ErrorCode.UNKNOWN_SERVER_ERROR), problem[1]
-        return None
 
 
 def _fields(r: KafkaRecord) -> tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]:
