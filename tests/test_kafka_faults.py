@@ -672,7 +672,7 @@ async def test_fetch_answers_compressed_batches_with_kafka_fetch_compression(tmp
         with wire(cluster) as w:
             create_topic(w, "t")
             produce_one(w, "t", one_batch([b"value %d" % i * 20 for i in range(50)]))
-            answer = w.request(ApiKey.FETCH, FETCH_V, fetch_body("t", 0, 0))
+            answer = w.request(ApiKey.FETCH, FETCH_V, fetch_body("t", 0, 0, max_wait_ms=5000))
         records = answer["responses"][0]["partitions"][0]["records"]
         batches = parse_batches(records, max_uncompressed_bytes=1 << 20)
         assert [b.compression.name.lower() for b in batches] == [codec]

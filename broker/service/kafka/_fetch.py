@@ -31,6 +31,7 @@ from ._cluster import ClusterView, ClusterViews
 from ._listener import Peer
 from ._mapping import to_kafka
 from ._metadata import topic_id
+from ._produce_wait import AckedEnds
 from ._raw_records import batches_of
 
 log = logging.getLogger("clmq.broker.kafka")
@@ -62,11 +63,12 @@ class _Ask:
 class KafkaFetch:
     """Reads for Kafka consumers of this broker's queues."""
 
-    def __init__(self, ctx: BrokerContext, views: ClusterViews, readers: ReadThreads) -> None:
+    def __init__(self, ctx: BrokerContext, views: ClusterViews, readers: ReadThreads, acked: AckedEnds) -> None:
         self.ctx = ctx
         self.store = ctx.store
         self.views = views
         self._readers = readers
+        self.acked = acked  # queues' ends past their entries: what producers were told is stored
         # Fetch answers are compressed with this (kafka_fetch_compression): less network for CPU.
         self.compression = Compression[ctx.config.kafka_fetch_compression.upper()]
 
@@ -92,6 +94,9 @@ class KafkaFetch:
         wait = found < max(body.get("min_bytes", 1), 1) and wait_ms > 0 and not any(a.error for a in asks)
         if wait and await self._wait_any(asks, wait_ms):
             await self._readers.in_thread(self._read_all, asks, max_bytes)
+        for ask in asks:  # on the event loop, where produce answers record them
+            if not ask.error:
+                ask.high_watermark = self.acked.end((ask.topic, ask.queue_id), ask.high_watermark)
         return {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": self._responses(order, asks)}
 
     def _asks(self, body: dict[str, Any], view: ClusterView) -> tuple[list[_Ask], list[tuple[str, Any]]]:
@@ -180,6 +185,7 @@ class KafkaFetch:
             return row
         when = p["timestamp"]
         lo, hi = self.store.bounds(topic, queue_id)
+        hi = self.acked.end((topic, queue_id), hi)
         if when == EARLIEST:
             row["offset"] = lo
         elif when in (LATEST, MAX_TIMESTAMP) or when < 0:

@@ -30,7 +30,7 @@ from .._context import BrokerContext
 from ._cluster import ClusterView, ClusterViews
 from ._listener import Peer
 from ._mapping import TooLarge, pack_records, to_message
-from ._produce_wait import WRITE_ERRORS, acknowledged, visible
+from ._produce_wait import WRITE_ERRORS, AckedEnds, acknowledged
 from ._sequences import MAX_SEQUENCE, Accepted, BatchMeta, Duplicate, Refused, Sequences, producer_property
 
 log = logging.getLogger("clmq.broker.kafka")
@@ -89,6 +89,7 @@ class KafkaProduce:
         self.views = views
         self.sequences = sequences
         self.max_uncompressed_bytes = ctx.config.max_frame_bytes
+        self.acked = AckedEnds()  # what ListOffsets and Fetch answer as the queues' ends
 
     async def produce(self, req: KafkaRequest, peer: Peer) -> dict[str, Any] | None:
         body = req.body
@@ -270,8 +271,8 @@ class KafkaProduce:
             for part in parts:
                 part.error, part.text = problem
             return
-        last = {(put.topic, p.queue_id): offsets[p.first + p.count - 1] for p in parts}
-        await visible(self.ctx, last)
+        for p in parts:
+            self.acked.record((put.topic, p.queue_id), offsets[p.first + p.count - 1] + 1)
 
     def _stored(self, part: _Part, offsets: list[int]) -> None:
         """The idempotent batches' offsets, for duplicates of them."""

@@ -61,10 +61,10 @@ class KafkaService:
             native_members=lambda group: len(ctx.groups.members(group)),
             drop_offsets=lambda group: _drop(ctx, group),
         )
-        admin = TopicAdmin(TopicRequests(ctx, readers), self.views)
-        self.metadata = MetadataRequests(self.views, cfg.cluster, admin)
         self.produce = KafkaProduce(ctx, self.views, self.sequences)
-        self.fetch = KafkaFetch(ctx, self.views, readers)
+        admin = TopicAdmin(TopicRequests(ctx, readers), self.views, self.produce.acked.forget_topic)
+        self.metadata = MetadataRequests(self.views, cfg.cluster, admin)
+        self.fetch = KafkaFetch(ctx, self.views, readers, self.produce.acked)
         self.offsets = KafkaOffsets(ctx, self.views, self.groups)
         self._table = self._handlers(admin)
 

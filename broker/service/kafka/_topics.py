@@ -11,7 +11,7 @@ broker does; ``cleanup.policy=compact`` is refused (clmq does not compact)."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 from clmq.protocol import ErrorCode as ClmqError
 from clmq.protocol.kafka import ErrorCode, KafkaRequest
@@ -60,9 +60,10 @@ async def create_missing(admin: TopicAdmin, names: list[str]) -> bool:
 class TopicAdmin:
     """Kafka's topic administration on this broker."""
 
-    def __init__(self, topics: TopicRequests, views: ClusterViews) -> None:
+    def __init__(self, topics: TopicRequests, views: ClusterViews, deleted: Callable[[str], None]) -> None:
         self.topics = topics
         self.views = views
+        self.deleted = deleted  # told of each topic deleted here (what produce remembered of it goes)
 
     async def create_topics(self, req: KafkaRequest, peer: Peer) -> dict[str, Any]:
         body = req.body
@@ -119,6 +120,7 @@ class TopicAdmin:
             row: dict[str, Any] = {"name": name, "error_code": 0, "error_message": None}
             try:
                 await self.topics.delete(name)
+                self.deleted(name)
             except RequestError as e:
                 row["error_code"], row["error_message"] = _error(e)
             results.append(row)
