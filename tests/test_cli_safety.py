@@ -304,7 +304,9 @@ def test_a_service_and_a_benchmark_print_only_json_with_o_json(tmp_path: Path) -
 
 
 # ------------------------------------------------------------------ 7. clmq dev
-def test_dev_prints_a_first_command_that_works_as_printed_and_its_metrics_url(tmp_path: Path) -> None:
+def start_dev(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """``clmq dev`` on free ports, and what it printed up to "serving;" (its lines are the
+    events: no polling)."""
     proc = popen(
         "dev",
         "--data-dir",
@@ -313,18 +315,24 @@ def test_dev_prints_a_first_command_that_works_as_printed_and_its_metrics_url(tm
         "0",
         "--namesrv-port",
         str(free_port()),
+        *extra,
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+    assert proc.stdout is not None
+    printed = []
+    for line in proc.stdout:
+        printed.append(line)
+        if line.startswith("serving;"):
+            break
+    return proc, printed
+
+
+def test_dev_prints_a_first_command_that_works_as_printed_and_its_metrics_url(tmp_path: Path) -> None:
+    proc, printed = start_dev(tmp_path)
     try:
-        assert proc.stdout is not None
-        printed = []
-        for line in proc.stdout:  # its lines are the events: no polling
-            printed.append(line)
-            if line.startswith("serving;"):
-                break
         said = dict(re.findall(r"^(first command|read it back|metrics): +(.*)$", "".join(printed), re.MULTILINE))
         assert said.keys() == {"first command", "read it back", "metrics"}, printed
         first = shell(said["first command"], tmp_path)
@@ -357,28 +365,8 @@ def test_dev_with_a_kafka_port_serves_kafka_clients(tmp_path: Path) -> None:
     """``clmq dev --kafka-port``: the ready block names bootstrap.servers, and kcat
     produces and reads back through it, into the topic the first command created."""
     kafka_port = free_port()
-    proc = popen(
-        "dev",
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--listen-port",
-        "0",
-        "--namesrv-port",
-        str(free_port()),
-        "--kafka-port",
-        str(kafka_port),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, printed = start_dev(tmp_path, "--kafka-port", str(kafka_port))
     try:
-        assert proc.stdout is not None
-        printed = []
-        for line in proc.stdout:
-            printed.append(line)
-            if line.startswith("serving;"):
-                break
         assert f"Kafka clients: bootstrap.servers=127.0.0.1:{kafka_port}\n" in printed, printed
         said = dict(re.findall(r"^(first command|read it back): +(.*)$", "".join(printed), re.MULTILINE))
         assert shell(said["first command"], tmp_path).returncode == 0  # creates topic demo
