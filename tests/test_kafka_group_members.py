@@ -13,7 +13,9 @@ import pytest
 import trio
 
 from clmq import open_admin, open_consumer
+from clmq.protocol.kafka import ApiKey, ErrorCode
 from tests.kafka_procs import KafkaCluster, in_thread, open_kafka
+from tests.kafka_wire import KafkaWire
 from tests.waiting import await_until
 
 ck = pytest.importorskip("confluent_kafka")
@@ -211,3 +213,43 @@ async def test_a_topic_across_two_broker_groups(kafka: KafkaCluster) -> None:
 
 async def _leaders(admin: Any, n: int) -> bool:
     return len(await admin.leaders()) >= n
+
+
+async def test_group_requests_to_a_broker_that_does_not_coordinate_are_told_not_coordinator(
+    kafka: KafkaCluster,
+) -> None:
+    """With two broker groups each group id has one coordinator; the other broker answers
+    join, sync, heartbeat and leave with NOT_COORDINATOR (no second copy of the group)."""
+    await kafka.start_broker("h0", broker_name="h")
+    async with open_admin([kafka.namesrv]) as a:
+        await await_until(lambda: _leaders(a, 2), 15, "both groups registered")
+        await a.create_topic("t", 1)
+
+    def coordinators() -> dict[str, str]:
+        with KafkaWire(kafka.kafka_addr("b0")) as w:
+            keys = [f"group-{i}" for i in range(20)]
+            body = w.request(ApiKey.FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": keys})
+        return {c["key"]: f"{c['host']}:{c['port']}" for c in body["coordinators"] if c["error_code"] == 0}
+
+    found = await await_until(lambda: (c := coordinators()) and len(set(c.values())) == 2 and c, 15, "two coordinators")
+    group, addr = next((g, a) for g, a in found.items() if a != kafka.kafka_addr("b0"))
+    join = {
+        "group_id": group,
+        "session_timeout_ms": 10000,
+        "rebalance_timeout_ms": 10000,
+        "member_id": "",
+        "protocol_type": "consumer",
+        "protocols": [{"name": "range", "metadata": b""}],
+    }
+    with KafkaWire(kafka.kafka_addr("b0")) as w:
+        answers = [
+            w.request(ApiKey.JOIN_GROUP, 7, join),
+            w.request(
+                ApiKey.SYNC_GROUP, 5, {"group_id": group, "generation_id": 1, "member_id": "m", "assignments": []}
+            ),
+            w.request(ApiKey.HEARTBEAT, 4, {"group_id": group, "generation_id": 1, "member_id": "m"}),
+            w.request(ApiKey.LEAVE_GROUP, 4, {"group_id": group, "members": [{"member_id": "m"}]}),
+        ]
+    assert [x["error_code"] for x in answers] == [ErrorCode.NOT_COORDINATOR] * 4
+    with KafkaWire(addr) as w:  # the coordinator takes the join (first: MEMBER_ID_REQUIRED)
+        assert w.request(ApiKey.JOIN_GROUP, 7, join)["error_code"] == ErrorCode.MEMBER_ID_REQUIRED

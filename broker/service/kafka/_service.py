@@ -19,7 +19,7 @@ from ._cluster import ClusterViews
 from ._coordinator import GroupSettings, KafkaGroups
 from ._fetch import KafkaFetch
 from ._listener import Handler, KafkaListener, ListenerSettings, Peer
-from ._metadata import ADVERTISED, NO_TRANSACTIONS, MetadataRequests
+from ._metadata import ADVERTISED, NO_TRANSACTIONS, MetadataRequests, coordinator_for
 from ._offsets import KafkaOffsets
 from ._produce import KafkaProduce
 from ._sequences import Sequences, parse_producer_property
@@ -86,10 +86,10 @@ class KafkaService:
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.fetch.offset_for_leader_epoch,
             ApiKey.OFFSET_COMMIT: self.offsets.offset_commit,
             ApiKey.OFFSET_FETCH: self.offsets.offset_fetch,
-            ApiKey.JOIN_GROUP: lambda r, p: g.join_group(r.body, r.api_version, p.client_id, p.host),
-            ApiKey.SYNC_GROUP: lambda r, p: g.sync_group(r.body, r.api_version),
-            ApiKey.HEARTBEAT: lambda r, p: g.heartbeat(r.body, r.api_version),
-            ApiKey.LEAVE_GROUP: lambda r, p: g.leave_group(r.body, r.api_version),
+            ApiKey.JOIN_GROUP: self._coordinated(lambda r, p: g.join_group(r.body, r.api_version, p.client_id, p.host)),
+            ApiKey.SYNC_GROUP: self._coordinated(lambda r, p: g.sync_group(r.body, r.api_version)),
+            ApiKey.HEARTBEAT: self._coordinated(lambda r, p: g.heartbeat(r.body, r.api_version)),
+            ApiKey.LEAVE_GROUP: self._coordinated(lambda r, p: g.leave_group(r.body, r.api_version)),
             ApiKey.DESCRIBE_GROUPS: _now(lambda r: g.describe_groups(r.body, r.api_version)),
             ApiKey.LIST_GROUPS: _now(lambda r: g.list_groups(r.body, r.api_version)),
             ApiKey.DELETE_GROUPS: _now(lambda r: g.delete_groups(r.body, r.api_version)),
@@ -99,6 +99,22 @@ class KafkaService:
             ApiKey.DESCRIBE_CONFIGS: admin.describe_configs,
             ApiKey.INIT_PRODUCER_ID: self._init_producer_id,
         }
+
+    def _coordinated(self, handler: Callable[[KafkaRequest, Peer], Any]) -> Callable[[KafkaRequest, Peer], Any]:
+        """``handler`` of a group request, answered NOT_COORDINATOR when this broker is not
+        the group's coordinator (any more: after a failover the coordinator moves, and a
+        member still talking to the old one must look it up again, not keep a second
+        copy of the group here)."""
+
+        async def checked(req: KafkaRequest, peer: Peer) -> Any:
+            view = await self.views.current()
+            node = coordinator_for(view, str(req.body.get("group_id", "")))
+            if node is None or node.node_id != self.views.me.node_id or self.ctx.replica.role != "leader":
+                code = ErrorCode.COORDINATOR_NOT_AVAILABLE if node is None else ErrorCode.NOT_COORDINATOR
+                return {"throttle_time_ms": 0, "error_code": code, "member_id": req.body.get("member_id", "")}
+            return await handler(req, peer)
+
+        return checked
 
     def members(self, group: str) -> dict[str, str]:
         """The Kafka members of ``group``: member id -> client id (empty: none)."""
