@@ -118,9 +118,17 @@ def add_command(bench_sub: Any) -> None:
 
 class KafkaBroker:
     """``clmq broker`` with a Kafka listener in a subprocess; ``data``: reuse a data
-    directory (a restart), else a fresh one under ``root``."""
+    directory (a restart), else a fresh one under ``root``; ``env``: more of the broker's
+    environment (``CLMQ_<FIELD>`` settings)."""
 
-    def __init__(self, root: Path, flush: str, data: Path | None = None, profile: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        flush: str,
+        data: Path | None = None,
+        profile: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.dir = data.parent if data is not None else Path(tempfile.mkdtemp(dir=root))
         self.data = self.dir / "data"
         module = ["-m", "clmq.bench.profiled", str(profile)] if profile else ["-m", "clmq"]
@@ -140,8 +148,9 @@ class KafkaBroker:
             flush,
         ]
         self.log = self.dir / f"broker-{time.time_ns()}.log"  # a file, not a pipe: a full pipe would stall it
+        environ = {**os.environ, **BROKER_ENV, **(env or {})}
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **BROKER_ENV})
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=environ)
         self.addr, self.bootstrap = self._wait()
         self.port = int(self.addr.rsplit(":", 1)[1])
 

@@ -7,7 +7,12 @@ then runs every workload ``--runs`` times alternately:
 - **full**: every row and column materialised (``write.format("noop")``);
 - **narrow**: ``count``, ``max(queue_offset)`` and the sum of body lengths per queue
   (clmq through a user schema with ``body_length``; also through the default schema);
-- **export**: ``clmq export`` to Parquet against Spark copying the Parquet (``--export-runs``).
+- **export**: ``clmq export`` to Parquet against Spark copying the Parquet (``--export-runs``);
+- with ``--kafka-jars`` (Spark's Kafka source and its dependencies): a ``clmq broker``
+  process with a Kafka listener serves the same store, and Spark's own Kafka source
+  reads its topic as the full scan and the narrow aggregate (``kafka_*``), alternated with
+  the rest. Those rows include the broker encoding every stored message as Kafka record
+  batches; the broker's CPU is reported apart (``broker_cpu_us_per_row``).
 
 Figures are medians; ratios compare medians of the same run; CPU per row is the JVM's and
 its Python workers' CPU time (from /proc) divided by rows.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -25,10 +31,13 @@ from typing import Any, Callable
 
 from clmq.spark_connector import spark_available
 
-from .spark_cases import Meter, export_cases, index_cases, run_alternating, scan_cases
+from .spark_cases import KAFKA_OPTIONS, Meter, export_cases, index_cases, kafka_cases, run_alternating, scan_cases
 
 SIZES = (200, 600, 4096)
 MAX_BODY_BYTES_PER_SIZE = 1 << 30  # bodies per size at most: 4 KiB bodies get fewer rows
+SEGMENT_BYTES = 256 << 20  # the store's commit-log segments (the broker serving it is told the same)
+KAFKA_JARS_ENV = "CLMQ_BENCH_SPARK_KAFKA_JARS"
+TOPIC = "bench"
 
 
 def add_command(bench_sub: Any) -> None:
@@ -54,7 +63,25 @@ def add_command(bench_sub: Any) -> None:
     p.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
     p.add_argument("--json", type=Path, default=None, help="where to write the JSON (default: in --out-dir)")
     p.add_argument("--markdown", type=Path, default=None, help="also write the tables as Markdown here")
+    p.add_argument(
+        "--kafka-jars",
+        metavar="CLASSPATH",
+        default=os.environ.get(KAFKA_JARS_ENV) or None,
+        help="colon-separated jars of Spark's Kafka source (spark-sql-kafka-0-10, spark-token-provider-kafka-0-10, "
+        "kafka-clients, commons-pool2; scripts/_java_deps.sh writes such a classpath to "
+        f"build/java-deps/spark-kafka-*.classpath): also read the store through a broker's Kafka listener "
+        f"(default: ${KAFKA_JARS_ENV}, else not)",
+    )
     p.set_defaults(func=cmd_bench_spark)
+
+
+def kafka_jars(classpath: str | None) -> list[str]:
+    """The jars of ``--kafka-jars`` (none without it); every one must exist."""
+    jars = [j for j in (classpath or "").split(os.pathsep) if j.strip()]
+    missing = [j for j in jars if not Path(j).is_file()]
+    if missing:
+        raise ValueError(f"--kafka-jars: no such file: {', '.join(missing)}")
+    return jars
 
 
 def build_store(path: Path, messages: int, size: int, queues: int) -> int:
@@ -63,12 +90,12 @@ def build_store(path: Path, messages: int, size: int, queues: int) -> int:
     from clmq.commitlog import CommitLogConfig
     from clmq.common import Message
 
-    with Store.open(StoreConfig(path, CommitLogConfig(segment_bytes=256 << 20))).start() as store:
-        store.create_topic("bench", queues)
+    with Store.open(StoreConfig(path, CommitLogConfig(segment_bytes=SEGMENT_BYTES))).start() as store:
+        store.create_topic(TOPIC, queues)
         for start in range(0, messages, 1024):
             # random bodies: Parquet gets no help from compression that real payloads would not give
             batch = [
-                Message("bench", (start + i) % queues, os.urandom(size), tags="TagA", keys=f"k{start + i}")
+                Message(TOPIC, (start + i) % queues, os.urandom(size), tags="TagA", keys=f"k{start + i}")
                 for i in range(min(1024, messages - start))
             ]
             res = store.put_batch(batch)
@@ -83,7 +110,8 @@ def run_size(
     """Every workload at one body size."""
     from clmq.spark_connector import export
 
-    store, parquet = root / f"store-{size}", root / f"parquet-{size}"
+    # a broker's data directory (dir/data): a broker can serve it through its Kafka listener
+    store, parquet = root / f"store-{size}" / "data", root / f"parquet-{size}"
     t0 = time.perf_counter()
     log_bytes = build_store(store, messages, size, args.queues)
     report(
@@ -93,10 +121,22 @@ def run_size(
     from clmq.spark_connector import parse_profile
 
     profile = parse_profile(str(store))
+    actions = scan_cases(spark, store, parquet, root / f"replay-{size}")
+    broker = None
+    if args.kafka_jars:
+        from .kafka import KafkaBroker
+
+        broker = KafkaBroker(root, "async", data=store, env={"CLMQ_SEGMENT_BYTES": str(SEGMENT_BYTES)})
+    try:
+        if broker is not None:
+            report(f"{size} B: broker with a Kafka listener on {broker.bootstrap} serving the store")
+            actions |= kafka_cases(spark, broker.bootstrap, TOPIC, messages)
+        meter = Meter(spark, broker.cpu_s if broker is not None else None)
+        samples = run_alternating(meter, actions, args.runs, report, messages)
+    finally:
+        if broker is not None:
+            broker.stop(remove=False)
     meter = Meter(spark)
-    samples = run_alternating(
-        meter, scan_cases(spark, store, parquet, root / f"replay-{size}"), args.runs, report, messages
-    )
     if args.export_runs:
         samples |= run_alternating(meter, export_cases(spark, store, parquet, root), args.export_runs, report, messages)
     cases = {name: s.summary(messages) for name, s in samples.items()}
@@ -122,7 +162,14 @@ def run_size(
         "narrow_default_schema": ratio("clmq_narrow_default_schema", "parquet_narrow"),
         "export": ratio("clmq_export", "parquet_copy"),
     }
-    for scratch in (store, parquet, root / f"replay-{size}"):
+    if broker is not None:
+        out["ratios"] |= {
+            "kafka_full": ratio("kafka_full", "parquet_full"),
+            "kafka_full_over_clmq": ratio("kafka_full", "clmq_full"),
+            "kafka_narrow": ratio("kafka_narrow", "parquet_narrow"),
+            "kafka_narrow_over_clmq": ratio("kafka_narrow", "clmq_narrow_default_schema"),
+        }
+    for scratch in (store.parent, parquet, root / f"replay-{size}"):
         shutil.rmtree(scratch, ignore_errors=True)
     return out
 
@@ -149,10 +196,9 @@ def run_index(
 
 
 def measure(root: Path, args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:
-    from clmq.spark_connector import spark_session
-
     sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
-    spark = spark_session(args.master, "clmq bench spark", driver_memory=args.driver_memory)
+    jars = kafka_jars(args.kafka_jars)
+    spark = session(args.master, args.driver_memory, jars)
     try:
         results = [
             run_size(spark, root, min(args.messages, max(1, MAX_BODY_BYTES_PER_SIZE // s)), s, args, report)
@@ -169,7 +215,27 @@ def measure(root: Path, args: argparse.Namespace, report: Callable[[str], None])
         "cores": os.cpu_count(),
         "sizes": results,
         "index": index,
+        "kafka": {"jars": [Path(j).name for j in jars], "options": KAFKA_OPTIONS} if jars else None,
     }
+
+
+def session(master: str, driver_memory: str, jars: list[str]) -> Any:
+    """The bench's SparkSession; with ``jars`` on its classpath (``spark.jars``, given to
+    spark-submit as PySpark starts the JVM: spark_connector's builder sets no jars)."""
+    from clmq.spark_connector import spark_session
+
+    if not jars:
+        return spark_session(master, "clmq bench spark", driver_memory=driver_memory)
+    before = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    conf = shlex.quote("spark.jars=" + ",".join(jars))
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--conf {conf} {before or 'pyspark-shell'}"
+    try:
+        return spark_session(master, "clmq bench spark", driver_memory=driver_memory)
+    finally:
+        if before is None:
+            del os.environ["PYSPARK_SUBMIT_ARGS"]
+        else:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = before
 
 
 def cmd_bench_spark(args: argparse.Namespace) -> int:
@@ -183,6 +249,11 @@ def cmd_bench_spark(args: argparse.Namespace) -> int:
         Console().print("[red]clmq bench spark needs Spark: pip install 'clmq[spark]' (and a Java runtime)")
         return 2
     console = Console(soft_wrap=True)
+    try:
+        kafka_jars(args.kafka_jars)
+    except ValueError as e:
+        Console().print(f"[red]{e}")
+        return 2
     root = args.dir or Path(tempfile.mkdtemp(prefix="clmq-bench-spark-", dir=args.out_dir))
     try:
         result = measure(root, args, lambda s: console.print(f"[dim]{s}"))

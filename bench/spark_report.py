@@ -14,24 +14,33 @@ LABELS = {
     "clmq_narrow_no_crc": "clmq source, narrow aggregate (body_length), checkCrc=false",
     "clmq_narrow_default_schema": "clmq source, narrow aggregate (default schema)",
     "parquet_narrow": "Parquet, narrow aggregate",
+    "kafka_full": "Spark's Kafka source via the Kafka listener, every column",
+    "kafka_narrow": "Spark's Kafka source via the Kafka listener, narrow aggregate",
     "clmq_export": "clmq export to Parquet",
     "parquet_copy": "Spark Parquet-to-Parquet copy",
 }
 
 
 def markdown(result: dict[str, Any]) -> str:
+    # with Spark's Kafka source: the broker's CPU too (its process is not Spark's)
+    kafka = any(n.startswith("kafka_") for s in result["sizes"] for n in s["cases"])
     head = (
-        f"| workload ({result['master']}, {result['queues']} queues) | body B | rows | rows/s | CPU µs/row |\n"
-        "|---|---:|---:|---:|---:|"
+        f"| workload ({result['master']}, {result['queues']} queues) | body B | rows | rows/s | CPU µs/row |"
+        + (" broker CPU µs/row |" if kafka else "")
+        + "\n|---|---:|---:|---:|---:|"
+        + ("---:|" if kafka else "")
     )
     lines = [head]
     for size in result["sizes"]:
         for name, label in LABELS.items():
             c = size["cases"].get(name)
             if c:
+                broker = ""
+                if kafka:
+                    broker = f" {c['broker_cpu_us_per_row']:.2f} |" if name.startswith("kafka_") else " - |"
                 lines.append(
                     f"| {label} | {size['body_bytes']} | {size['messages']:,} | {c['rows_per_s']:,.0f} | "
-                    f"{c['cpu_us_per_row']:.2f} |"
+                    f"{c['cpu_us_per_row']:.2f} |{broker}"
                 )
     lines += [
         "",
@@ -46,6 +55,19 @@ def markdown(result: dict[str, Any]) -> str:
             f"{fmt(r['narrow'])} | {fmt(r.get('narrow_no_crc'))} | {fmt(r['narrow_default_schema'])} | "
             f"{fmt(r['export'])} |"
         )
+    if kafka:
+        lines += [
+            "",
+            "| body B | Kafka source full / Parquet | Kafka source full / clmq source | "
+            "Kafka narrow / Parquet narrow | Kafka narrow / clmq narrow (default schema) |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        for size in result["sizes"]:
+            r = size["ratios"]
+            lines.append(
+                f"| {size['body_bytes']} | {fmt(r.get('kafka_full'))} | {fmt(r.get('kafka_full_over_clmq'))} | "
+                f"{fmt(r.get('kafka_narrow'))} | {fmt(r.get('kafka_narrow_over_clmq'))} |"
+            )
     lines += [
         "",
         "| body B | Python parse ns/row (in process) | of which CRC32C | walk + headers + mask | columns |",
@@ -93,12 +115,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for i, name in enumerate(names):
         xs = [j + i * width for j in range(len(result["sizes"]))]
         ys = [s["cases"].get(name, {}).get("rows_per_s", 0) for s in result["sizes"]]
-        ax.bar(xs, ys, width, label=LABELS[name], hatch="//" if "parquet" in name else None)
+        hatch = "//" if "parquet" in name else ".." if name.startswith("kafka_") else None
+        ax.bar(xs, ys, width, label=LABELS[name], hatch=hatch)
     ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(result["sizes"]))])
     ax.set_xticklabels([f"{s['body_bytes']} B bodies" for s in result["sizes"]])
     ax.set_yscale("log")
     ax.set_ylabel("rows/s (median)")
-    ax.set_title(f"clmq bench spark ({result['master']}): the clmq source against Parquet of the same rows")
+    kafka = " and Spark's Kafka source" if "kafka_full" in names else ""
+    ax.set_title(f"clmq bench spark ({result['master']}): the clmq source{kafka} against Parquet of the same rows")
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
