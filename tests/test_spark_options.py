@@ -521,3 +521,55 @@ def test_the_broker_s_own_topics_are_read_only_when_named(tmp_path: Path) -> Non
     assert resolve_topics(parse_options(path), available, "here") == ("orders",)
     assert resolve_topics(parse_options({**path, "topicPattern": ".*"}), available, "here") == ("orders",)
     assert resolve_topics(parse_options({**path, "topics": "%DLQ%g"}), available, "here") == ("%DLQ%g",)
+
+
+@pytest.mark.slow
+def test_bench_spark_reads_the_store_through_the_kafka_listener_with_sparks_kafka_source(tmp_path: Path) -> None:
+    """``--kafka-jars``: a broker serves the bench's store and Spark's Kafka source (its jars
+    as tests/java_deps.py finds them) reads it as the full scan and the narrow aggregate."""
+    import os
+
+    from tests import java_deps
+    from tests.cli_helpers import clmq
+
+    jars = java_deps.require("spark-kafka")
+    out = clmq(
+        "bench",
+        "spark",
+        "--messages",
+        "2000",
+        "--sizes",
+        "200",
+        "--queues",
+        "4",
+        "--runs",
+        "1",
+        "--export-runs",
+        "0",
+        "--index-queues",
+        "0",
+        "--kafka-jars",
+        os.pathsep.join(jars),
+        "--out-dir",
+        str(tmp_path / "r"),
+        cwd=tmp_path,
+        timeout_s=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (result_path,) = (tmp_path / "r").glob("spark-*.json")
+    result = json.loads(result_path.read_text())
+    (size,) = result["sizes"]
+    for name in ("kafka_full", "kafka_narrow"):
+        case = size["cases"][name]
+        assert case["rows_per_s"] > 0 and case["cpu_us_per_row"] > 0 and case["broker_cpu_us_per_row"] >= 0
+    assert {"clmq_full", "parquet_full"} <= set(size["cases"])
+    assert size["ratios"]["kafka_full"] and size["ratios"]["kafka_full_over_clmq"]
+    assert result["kafka"]["jars"] == [Path(j).name for j in jars]
+    assert "Spark's Kafka source via the Kafka listener, every column" in out.stdout
+
+
+def test_bench_spark_refuses_missing_kafka_jars(tmp_path: Path) -> None:
+    from tests.cli_helpers import clmq
+
+    out = clmq("bench", "spark", "--kafka-jars", str(tmp_path / "nope.jar"), "--out-dir", str(tmp_path), cwd=tmp_path)
+    assert out.returncode == 2 and "nope.jar" in out.stdout + out.stderr
