@@ -29,7 +29,7 @@ from .._context import BrokerContext
 
 log = logging.getLogger("clmq.broker.kafka")
 
-VIEW_TTL_S = 1.0  # a view this old is asked for again (a failover shows in metadata within this)
+VIEW_TTL_S = 1.0  # the view is asked for again this often (a failover shows in metadata within this)
 NAMESRV_TIMEOUT_MS = 2000
 
 
@@ -58,6 +58,7 @@ class ClusterView:
     topics: dict[str, tuple[Home, ...]]
     controller: Node | None
     made_at: float = field(default_factory=time.monotonic)
+    leaders: tuple[Node, ...] = ()  # each broker group's leader, by group name (groups' coordinators)
 
 
 def node_id_of(kafka_addr: str, configured: int = -1) -> int:
@@ -82,6 +83,8 @@ class ClusterViews:
         self._client = client
         self._view: ClusterView | None = None
         self._lock = trio.Lock()
+        self._brokers: list[dict[str, Any]] | None = None  # the name servers' last answer
+        self._must_ask = True  # invalidated: the next current() asks before answering
 
     def client(self) -> RpcClient | None:
         """The broker's client of the native protocol (None before it runs)."""
@@ -94,14 +97,33 @@ class ClusterViews:
         return node
 
     async def current(self, fresh: bool = False) -> ClusterView:
-        """The view, asked for again if older than ``VIEW_TTL_S`` (or ``fresh``)."""
+        """The view :meth:`refresh_loop` keeps (a produce never waits for the name
+        servers); invalidated, ``fresh`` or none yet: asked for first."""
         view = self._view
-        if view is not None and not fresh and time.monotonic() - view.made_at < VIEW_TTL_S:
+        if view is not None and not fresh and not self._must_ask:
             return view
+        return await self._refresh(view)
+
+    async def refresh_loop(self) -> None:
+        """Ask the name servers every ``VIEW_TTL_S``: every broker holds their last answer,
+        also one that no client asked yet when they stop answering."""
+        while True:
+            try:
+                await self._refresh(self._view)
+            except Exception:  # reported, and asked again: the listener must not stop for it
+                log.exception("kafka: refreshing the cluster view failed")
+            await trio.sleep(VIEW_TTL_S)
+
+    async def _refresh(self, seen: ClusterView | None) -> ClusterView:
         async with self._lock:
-            if self._view is not view and self._view is not None:
+            if self._view is not seen and self._view is not None and not self._must_ask:
                 return self._view  # another request refreshed it meanwhile
+            self._must_ask = False
             brokers = await self._ask_namesrv()
+            if brokers is not None:
+                self._brokers = brokers
+            elif self.ctx.config.namesrv_addrs:  # none answered: the last answer, not a view of this broker alone
+                brokers = self._brokers
             self._view = self._build(brokers)
             return self._view
 
@@ -111,9 +133,9 @@ class ClusterViews:
         return self._view
 
     def invalidate(self) -> None:
-        """The next :meth:`current` asks again (a client was told it reached the wrong broker)."""
-        if self._view is not None:
-            self._view = ClusterView(self._view.nodes, self._view.topics, self._view.controller, made_at=-1e9)
+        """The next :meth:`current` asks again before answering (topics changed here, or a
+        client was told it reached the wrong broker)."""
+        self._must_ask = True
 
     async def _ask_namesrv(self) -> list[dict[str, Any]] | None:
         client = self._client()
@@ -143,9 +165,13 @@ class ClusterViews:
             members[name] = _group(entries, nodes)
         members[cfg.broker_name] = self._own_group(brokers or [], nodes)
         topics = _partitions(members)
+        by_name = tuple(leader for n in sorted(members) if (leader := members[n].leader) is not None)
         leaders = sorted((m.leader for m in members.values() if m.leader is not None), key=lambda n: n.node_id)
         return ClusterView(
-            tuple(sorted(nodes.values(), key=lambda n: n.node_id)), topics, leaders[0] if leaders else None
+            tuple(sorted(nodes.values(), key=lambda n: n.node_id)),
+            topics,
+            leaders[0] if leaders else None,
+            leaders=by_name,
         )
 
     def _own_group(self, brokers: list[dict[str, Any]], nodes: dict[int, Node]) -> _Members:

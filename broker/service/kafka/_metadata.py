@@ -44,14 +44,10 @@ def topic_id(cluster: str, topic: str) -> uuid.UUID:
 
 
 def coordinator_for(view: ClusterView, key: str) -> Node | None:
-    """The node coordinating group ``key``: a stable hash over the leaders of the broker
-    groups (sorted by node id), so every broker names the same one; after a failover
-    the new leader takes its place."""
-    leaders = sorted(
-        {h.leader for homes in view.topics.values() for h in homes if h.leader is not None}, key=lambda n: n.node_id
-    )
-    if not leaders:
-        leaders = [n for n in [view.controller] if n is not None]
+    """The node coordinating group ``key``: a stable hash over the broker groups' leaders
+    (in group-name order), so every broker names the same one; after a failover the new
+    leader takes its group's place."""
+    leaders = view.leaders
     if not leaders:
         return None
     return leaders[zlib.crc32(key.encode()) % len(leaders)]

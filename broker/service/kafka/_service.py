@@ -138,6 +138,7 @@ class KafkaService:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.groups.run)
             bound = await nursery.start(self.listener.serve, host, port)
+            nursery.start_soon(self.views.refresh_loop)  # once the port is known: the view names this node
             log.info(
                 "broker %s: Kafka listener on %s (node id %d)",
                 self.ctx.config.broker_name,
