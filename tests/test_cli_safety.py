@@ -210,7 +210,12 @@ def test_one_flag_name_per_setting() -> None:
                     seen.setdefault(option, set()).add(" ".join(path))
     assert not {"--port", "--ns", "--nameserver", "--name-server", "--namesrv-addrs"} & set(seen), seen.keys()
     assert {o for o in seen if "namesrv" in o or "nameserver" in o} == {"--namesrv", "--namesrv-port"}
-    assert {o for o in seen if o.endswith("port")} == {"--listen-port", "--namesrv-port", "--metrics-port", "--kafka-port"}
+    assert {o for o in seen if o.endswith("port")} == {
+        "--listen-port",
+        "--namesrv-port",
+        "--metrics-port",
+        "--kafka-port",
+    }
     for path, parser, _ in parsers(build_parser()):  # a format switch is -o json, never --json
         assert not [
             a for a in parser._actions if "--json" in a.option_strings and a.nargs == 0 and a.help != argparse.SUPPRESS
