@@ -309,7 +309,9 @@ async def test_aiokafka_produce_consume_and_admin(kafka: KafkaCluster) -> None:
 
 async def test_metrics_count_kafka_requests_and_connections(tmp_path: Path) -> None:
     async with open_kafka(tmp_path, metrics_port=0) as cluster:
-        await kcat("-L", "-b", cluster.bootstrap)
+        await in_thread(create_topic, cluster.bootstrap, "t", 1)
+        await kcat("-P", "-b", cluster.bootstrap, "-t", "t", stdin=b"a\nb\nc\n")
+        await kcat("-C", "-b", cluster.bootstrap, "-t", "t", "-o", "beginning", "-c", "3")
         out = cluster.group["b0"].out.read_text()
         port = int(out.split("metrics on http://")[1].split(":")[1].split("/")[0])
         with trio.fail_after(10):
@@ -324,6 +326,9 @@ async def test_metrics_count_kafka_requests_and_connections(tmp_path: Path) -> N
             and 'clmq_kafka_requests_total{api="api_versions"}' in text
         )
         assert "clmq_kafka_connections " in text and "clmq_kafka_request_duration_seconds_bucket" in text
+        # Kafka-produced and Kafka-consumed messages count in the broker's traffic like any other
+        assert 'clmq_messages_in_total{topic="t"} 3.0' in text, text
+        assert 'clmq_messages_out_total{topic="t"} 3.0' in text, text
 
 
 async def test_acks_all_with_too_few_in_sync_replicas_is_refused_and_nothing_written(tmp_path: Path) -> None:

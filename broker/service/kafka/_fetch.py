@@ -97,6 +97,8 @@ class KafkaFetch:
         for ask in asks:  # on the event loop, where produce answers record them
             if not ask.error:
                 ask.high_watermark = self.acked.end((ask.topic, ask.queue_id), ask.high_watermark)
+            if ask.count:
+                self.ctx.traffic.add_out(ask.topic, ask.count, len(ask.records))
         return {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": self._responses(order, asks)}
 
     def _asks(self, body: dict[str, Any], view: ClusterView) -> tuple[list[_Ask], list[tuple[str, Any]]]:
@@ -121,7 +123,7 @@ class KafkaFetch:
         visibility = Visibility(self.store)
         found = False  # a message found yet (the first may exceed the limits: KIP-74)
         for ask in asks:
-            ask.records = b""
+            ask.records, ask.count = b"", 0
             if ask.error:
                 continue
             _read_one(self.store, visibility, ask, min(ask.max_bytes, budget), not found, self.compression)

@@ -263,6 +263,7 @@ class KafkaProduce:
                 self._forget(part)
             return
         offsets = result.queue_offsets
+        self.ctx.traffic.add_in(put.topic, len(offsets), len(put.body))  # the broker's metrics count them
         for part in parts:
             part.base_offset = offsets[part.first]
             self._stored(part, offsets[part.first : part.first + part.count])

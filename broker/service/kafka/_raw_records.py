@@ -81,6 +81,9 @@ def _row(data: bytes, pos: int, where: str, position: int, queue_id: int) -> tup
     if qid != queue_id:
         raise CorruptRecordError(where, at, "queue id", str(queue_id), str(qid))
     f = pos + HEADER_SIZE + tl
+    if not pl and not gl:  # the usual message: no properties, no tags (kafka_row's first case, inline)
+        keys = data[f : f + kl]
+        return q_off, (born, keys or None, data[f + kl : end], []), end
     tags, keys = data[f : f + gl], data[f + gl : f + gl + kl]
     f += gl + kl
     props = decode_properties(data[f : f + pl]) if pl else {}
