@@ -59,6 +59,7 @@ class ClusterView:
     controller: Node | None
     made_at: float = field(default_factory=time.monotonic)
     leaders: tuple[Node, ...] = ()  # each broker group's leader, by group name (groups' coordinators)
+    built_as: tuple[str, int] = ("", -1)  # this broker's role and epoch when it was made
 
 
 def node_id_of(kafka_addr: str, configured: int = -1) -> int:
@@ -100,9 +101,14 @@ class ClusterViews:
         """The view :meth:`refresh_loop` keeps (a produce never waits for the name
         servers); invalidated, ``fresh`` or none yet: asked for first."""
         view = self._view
-        if view is not None and not fresh and not self._must_ask:
+        if view is not None and not fresh and not self._must_ask and view.built_as == self._role():
             return view
         return await self._refresh(view)
+
+    def _role(self) -> tuple[str, int]:
+        """This broker's role and epoch: a view made before they changed is made again
+        at once (a new leader must name itself at its first Metadata, not a second later)."""
+        return self.ctx.replica.role, self.ctx.replica.epoch
 
     async def refresh_loop(self) -> None:
         """Ask the name servers every ``VIEW_TTL_S``: every broker holds their last answer,
@@ -116,8 +122,9 @@ class ClusterViews:
 
     async def _refresh(self, seen: ClusterView | None) -> ClusterView:
         async with self._lock:
-            if self._view is not seen and self._view is not None and not self._must_ask:
-                return self._view  # another request refreshed it meanwhile
+            current = self._view
+            if current is not seen and current is not None and not self._must_ask and current.built_as == self._role():
+                return current  # another request refreshed it meanwhile
             self._must_ask = False
             brokers = await self._ask_namesrv()
             if brokers is not None:
@@ -172,6 +179,7 @@ class ClusterViews:
             topics,
             leaders[0] if leaders else None,
             leaders=by_name,
+            built_as=self._role(),
         )
 
     def _own_group(self, brokers: list[dict[str, Any]], nodes: dict[int, Node]) -> _Members:
