@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -35,6 +35,17 @@ class NameServerConfig:
     frame_timeout_ms: int = 60_000
     metrics_port: int = -1  # Prometheus metrics over HTTP (GET /metrics): -1 none, 0 any free port
     metrics_host: str = ""  # "": the listen host
+    # Security (docs/security.md), as the broker's settings of the same names.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    tls_require_client_cert: bool = False
+    tls_min_version: str = "1.2"
+    auth_enabled: bool = False  # every connection logs in; the ACLs of security_file decide
+    security_file: str = ""  # users and ACLs (written by `clmq user add --file`, `clmq acl add --file`); re-read when changed
+    super_users: list[str] = field(default_factory=list)
+    allow_anonymous: bool = False
+    auth_failure_delay_ms: int = 1000
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:  # 0: any free port

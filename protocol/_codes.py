@@ -173,6 +173,29 @@ TRANSFER_LEADERSHIP    broker_id, timeout_ms -> epoch. Asks a leader (ZooKeeper
                        in ZooKeeper; TIMEOUT if the follower does not catch up
 =====================  ============================================================
 
+Security (docs/security.md; every request of a server with authentication on is
+refused with AUTHENTICATION_REQUIRED until the connection logged in, then checked
+against the ACLs: NOT_AUTHORIZED naming the operation and resource)
+==========================================================================================
+=====================  ============================================================
+AUTHENTICATE           mechanism ("SCRAM-SHA-256" | "SCRAM-SHA-512"; first step
+                       only), data (bytes: the SCRAM message) -> data (the server's
+                       message), done (bool), principal (once done). Two steps:
+                       client-first -> server-first, client-final -> server-final.
+                       AUTHENTICATION_FAILED (after the server's failure delay) for
+                       any failure, saying nothing of which part was wrong
+USER_UPSERT            user, credentials: {mechanism: {salt, iterations, stored_key,
+                       server_key}} (base64; made by the client: the password never
+                       travels) -> version. Adds a user or changes its password
+USER_DELETE            user -> version (NOT_FOUND: no such user)
+USER_LIST              -> users: [[user, [mechanisms]], ...]
+ACL_CREATE             acls: [[resource_type, name, pattern, principal, host,
+                       operation, permission], ...] (names: docs/security.md) -> version
+ACL_DESCRIBE           filter: the same seven cells, each "" for any (pattern may
+                       be "match") -> acls: [[...], ...]
+ACL_DELETE             filter -> acls (those removed), version
+=====================  ============================================================
+
 Name server
 ===========
 =====================  ============================================================
@@ -234,6 +257,13 @@ class RequestCode(enum.IntEnum):
     PROMOTE = 83
     REPLICA_STATUS = 84
     TRANSFER_LEADERSHIP = 85
+    AUTHENTICATE = 90
+    USER_UPSERT = 91
+    USER_DELETE = 92
+    USER_LIST = 93
+    ACL_CREATE = 94
+    ACL_DESCRIBE = 95
+    ACL_DELETE = 96
     REGISTER_BROKER = 100
     UNREGISTER_BROKER = 101
     GET_ROUTE = 102
@@ -276,6 +306,9 @@ class ErrorCode(enum.IntEnum):
     OFFSET_OUT_OF_RANGE = 33  # a fetch below the leader's log start (fields: min_offset)
     NOT_IN_SYNC = 34  # PROMOTE of a follower not known in sync (use force to accept losing data)
     GROUP_ACTIVE = 35  # DELETE_GROUP of a group with members connected; HEARTBEAT into a group of Kafka members
+    AUTHENTICATION_FAILED = 36  # a login failed (never says whether the user or the password was wrong)
+    NOT_AUTHORIZED = 37  # the ACLs do not allow this principal this operation (text: which)
+    AUTHENTICATION_REQUIRED = 38  # this server requires a login (AUTHENTICATE) before any other request
 
 
 # ------------------------------------------------------------- request fields
@@ -312,6 +345,14 @@ def _bool(value: Any) -> str | None:
 
 def _list(value: Any) -> str | None:  # rows checked by the handler, in the same pass that uses them
     return None if type(value) is list else f"must be a list, got {_kind(value)}"
+
+
+def _bytes(value: Any) -> str | None:
+    return None if type(value) is bytes else f"must be bytes, got {_kind(value)}"
+
+
+def _dict(value: Any) -> str | None:
+    return None if type(value) is dict else f"must be a map, got {_kind(value)}"
 
 
 def _strings(value: Any) -> str | None:
@@ -439,6 +480,13 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
     RequestCode.PROMOTE: {"force": (_bool, False)},
     RequestCode.REPLICA_STATUS: {},
     RequestCode.TRANSFER_LEADERSHIP: {"broker_id": (_int(), True), "timeout_ms": (_int(), False)},
+    RequestCode.AUTHENTICATE: {"mechanism": (_str, False), "data": (_bytes, True)},
+    RequestCode.USER_UPSERT: {"user": (_str, True), "credentials": (_dict, True)},
+    RequestCode.USER_DELETE: {"user": (_str, True)},
+    RequestCode.USER_LIST: {},
+    RequestCode.ACL_CREATE: {"acls": (_list, True)},
+    RequestCode.ACL_DESCRIBE: {"filter": (_list, True)},
+    RequestCode.ACL_DELETE: {"filter": (_list, True)},
     RequestCode.REGISTER_BROKER: {
         "cluster": (_str, False),
         "broker_name": (_str, True),

@@ -132,6 +132,24 @@ class BrokerConfig:
     kafka_group_initial_rebalance_delay_ms: int = 3000  # the first join of an empty group waits this long for others
     kafka_group_max_size_members: int = 1000
     kafka_max_producer_ids: int = 100_000  # idempotent producers remembered (the oldest idle ones are dropped)
+    kafka_sasl_mechanisms: list[str] = field(
+        default_factory=lambda: ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
+    )  # offered to Kafka clients with auth_enabled; PLAIN only ever over TLS
+    # Security (docs/security.md): TLS on every listener and outgoing connection; logins
+    # (SCRAM, mutual-TLS certificates); ACLs on every request of both protocols.
+    tls_cert_file: str = ""  # PEM; with tls_key_file every listener (native, Kafka, metrics) speaks only TLS
+    tls_key_file: str = ""
+    tls_ca_file: str = ""  # the CA peers' certificates chain to (clients' for mutual TLS; leader's, name servers')
+    tls_require_client_cert: bool = False  # mutual TLS: a client without a certificate signed by tls_ca_file is refused
+    tls_min_version: str = "1.2"  # "1.2" or "1.3"
+    auth_enabled: bool = False  # every connection logs in (SCRAM, or a client certificate naming a user); ACLs decide
+    super_users: list[str] = field(default_factory=list)  # principals allowed everything, e.g. ["User:admin"]
+    allow_anonymous: bool = False  # needed to listen on a non-loopback address without auth_enabled (warned at start)
+    auth_failure_delay_ms: int = 1000  # a failed login is answered this late (slows guessing; counted and logged)
+    broker_user: str = ""  # the user this broker logs in as to its leader and the name servers (auth_enabled)
+    broker_password: str = ""  # better given as CLMQ_BROKER_PASSWORD than written in a file
+    audit_log: str = ""  # JSON lines of admin actions and denials; "": <data_dir>/audit.log with auth_enabled; "-": none
+    zk_auth: str = ""  # "user:password": ZooKeeper digest auth, and clmq's znodes readable and writable by it alone
 
     def __post_init__(self) -> None:
         if self.flush_mode not in {m.value for m in FlushMode}:

@@ -9,7 +9,8 @@ this one) and the services built on it (broker, name server, clients).
 
 from ._client import RpcClient, background_nursery, split_addr
 from ._errors import ConnectionFailed, RequestError, RpcError
-from ._handler import FileSpan, Handler, Later, Peer, Reply, checked, need
+from ._handler import FileSpan, Handler, Later, Peer, Reply, Session, checked, need
+from ._tls import TlsSettings, TlsSettingsError, peer_identity, tls_settings
 from ._http import HttpRequest, HttpResponse, metrics_page, serve_http
 from ._limits import ServerLimits
 from ._server import RpcServer
@@ -33,12 +34,17 @@ __all__ = [
     "RpcError",
     "RpcServer",
     "ServerLimits",
+    "Session",
+    "TlsSettings",
+    "TlsSettingsError",
     "background_nursery",
     "checked",
     "cumulative_buckets",
     "metrics_page",
     "need",
+    "peer_identity",
     "send_spans",
     "serve_http",
     "split_addr",
+    "tls_settings",
 ]

@@ -52,10 +52,25 @@ class Later:
     subscribe: Callable[[Deliver], None] | None = None
 
 
+@dataclass(eq=False)
+class Session:
+    """Who is at the other end of one connection, as far as the server knows:
+    ``principal`` (``User:<name>``) once a login succeeded or a verified client
+    certificate named a user; the login in progress (``exchange``); whether the
+    connection is TLS. One per connection, shared by its requests."""
+
+    principal: str | None = None
+    tls: bool = False
+    cert_user: str | None = None  # the common name of a verified client certificate (mutual TLS)
+    exchange: Any = None  # a login in progress (a ScramServer)
+    failed_logins: int = 0
+
+
 @dataclass(frozen=True)
 class Peer:
     host: str
     port: int
+    session: Session = field(default_factory=Session, compare=False, hash=False)
 
 
 Handler = Callable[[Frame, Peer], Awaitable["Reply | Later"]]

@@ -1,0 +1,86 @@
+"""Users and ACLs as one value: what a broker keeps in its ``security.json`` (through
+the durable-file format: checksummed, previous generation kept), replicates to its
+followers with the metadata, and decides by. Immutable: a change makes a new state
+with the next version."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ._acl import AclBinding, AclFilter, Authorizer
+from ._scram import MECHANISMS, ScramCredential
+
+USER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,128}")  # no ':' (principals), no ',' or '=' (SCRAM's escaping)
+
+
+def check_user_name(name: str) -> str:
+    if not isinstance(name, str) or not USER_NAME.fullmatch(name):
+        raise ValueError(f"a user name is 1..128 of letters, digits and . _ @ -, got {name!r:.60}")
+    return name
+
+
+@dataclass(frozen=True)
+class SecurityState:
+    """Every user's SCRAM credentials and every ACL binding, at ``version``."""
+
+    version: int = 0
+    users: Mapping[str, Mapping[str, ScramCredential]] = field(default_factory=dict)
+    acls: tuple[AclBinding, ...] = ()
+
+    def credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        return self.users.get(user, {}).get(mechanism)
+
+    def authorizer(self, super_users: frozenset[str]) -> Authorizer:
+        return Authorizer(self.acls, super_users)
+
+    # ------------------------------------------------------------ changes
+    def with_user(self, name: str, credentials: list[ScramCredential]) -> SecurityState:
+        """Add a user, or replace its credentials (a password change)."""
+        check_user_name(name)
+        if not credentials:
+            raise ValueError("a user needs at least one credential")
+        users = {**self.users, name: {c.mechanism: c for c in credentials}}
+        return SecurityState(self.version + 1, users, self.acls)
+
+    def without_user(self, name: str) -> SecurityState:
+        users = {k: v for k, v in self.users.items() if k != name}
+        return SecurityState(self.version + 1, users, self.acls)
+
+    def with_acls(self, added: list[AclBinding]) -> SecurityState:
+        return SecurityState(self.version + 1, self.users, tuple(sorted(set(self.acls) | set(added))))
+
+    def without_acls(self, match: AclFilter) -> tuple[SecurityState, list[AclBinding]]:
+        """This state without the bindings ``match`` selects, and those bindings."""
+        gone = [b for b in self.acls if match.matches(b)]
+        if not gone:
+            return self, []
+        kept = tuple(b for b in self.acls if not match.matches(b))
+        return SecurityState(self.version + 1, self.users, kept), gone
+
+    # ------------------------------------------------------------ JSON
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "users": {u: {m: c.to_json() for m, c in creds.items()} for u, creds in sorted(self.users.items())},
+            "acls": [b.to_json() for b in self.acls],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> SecurityState:
+        """The state in ``data``; ValueError naming what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError("the security state must be an object")
+        version, users, acls = data.get("version"), data.get("users"), data.get("acls")
+        if type(version) is not int or version < 0:
+            raise ValueError(f"the security state's version must be an integer >= 0, got {version!r}")
+        if not isinstance(users, dict) or not isinstance(acls, list):
+            raise ValueError("the security state needs 'users' (an object) and 'acls' (a list)")
+        parsed: dict[str, dict[str, ScramCredential]] = {}
+        for name, creds in users.items():
+            check_user_name(name)
+            if not isinstance(creds, dict) or not creds or not set(creds) <= set(MECHANISMS):
+                raise ValueError(f"user {name!r}: credentials must map {' or '.join(MECHANISMS)} to salted keys")
+            parsed[name] = {m: ScramCredential.from_json(m, c) for m, c in creds.items()}
+        return cls(version, parsed, tuple(sorted({AclBinding.from_json(row) for row in acls})))
