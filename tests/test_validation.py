@@ -226,6 +226,13 @@ GOOD_BROKER: dict[int, dict[str, Any]] = {
     RequestCode.PROMOTE: {"force": False},
     RequestCode.REPLICA_STATUS: {},
     RequestCode.TRANSFER_LEADERSHIP: {"broker_id": 7, "timeout_ms": 100},
+    RequestCode.AUTHENTICATE: {"mechanism": "SCRAM-SHA-256", "data": b"n,,n=u,r=abc"},
+    RequestCode.USER_UPSERT: {"user": "zz", "credentials": {"SCRAM-SHA-256": {}}},
+    RequestCode.USER_DELETE: {"user": "zz"},
+    RequestCode.USER_LIST: {},
+    RequestCode.ACL_CREATE: {"acls": []},
+    RequestCode.ACL_DESCRIBE: {"filter": ["", "", "", "", "", "", ""]},
+    RequestCode.ACL_DELETE: {"filter": ["", "", "", "", "", "", ""]},
 }
 GOOD_NAMESERVER: dict[int, dict[str, Any]] = {
     RequestCode.REGISTER_BROKER: {
@@ -268,6 +275,7 @@ OPTIONAL = {
     (RequestCode.LIST_TOPICS, "include_system"),
     (RequestCode.CONSUMER_SEND_BACK, "max_reconsume_times"),
     (RequestCode.CONSUMER_SEND_BACK, "to_dlq"),
+    (RequestCode.AUTHENTICATE, "mechanism"),
 }
 # A wrong value of each kind: every one is refused unless it has the field's own type
 # (a string for a string field) and is in range.

@@ -16,7 +16,7 @@ from clmq.broker.coordination import CoordinationConfig, GroupCoordinator
 from clmq.broker.replication import Replica
 from clmq.broker.store import StorageEngine, Store
 from clmq.protocol import RequestCode
-from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, RpcServer, checked, serve_http
+from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, RpcServer, serve_http, warn_if_anonymous
 
 from ._append import AppendLane
 from ._config import BrokerConfig
@@ -27,6 +27,7 @@ from ._longpoll import PullWaiters
 from ._metrics import BrokerCollector, metrics_route
 from ._offsets import ConsumerOffsets
 from ._replicated import ReplicatedMetadata
+from ._security import BrokerSecurity
 from .kafka import KafkaCollector, KafkaService
 
 log = logging.getLogger("clmq.broker")
@@ -57,6 +58,8 @@ class Broker:
             store, config.max_inflight_produce_bytes, inline_max_bytes=config.inline_append_max_bytes
         )
         self.metadata = ReplicatedMetadata(store, self.offsets, self.groups)
+        self.security = BrokerSecurity(config, store.directory, self.metadata.bump)
+        self.metadata.security = self.security
         self.replica = Replica(
             config.replication_config(),
             store,
@@ -78,6 +81,7 @@ class Broker:
             connections=lambda: self.rpc.connections,
             replica=self.replica,
             metadata=self.metadata,
+            security=self.security,
             kafka_addr=lambda: self.kafka.kafka_addr() if self.kafka is not None else "",
             kafka_members=lambda group: self.kafka.members(group) if self.kafka is not None else {},
             kafka_groups=lambda: self.kafka.group_ids() if self.kafka is not None else [],
@@ -87,7 +91,7 @@ class Broker:
         if config.kafka_listen_port >= 0:
             self.kafka = KafkaService(self.ctx, self.handlers.readers, lambda: self.client)
         self.metadata.timer = self.handlers.timer
-        table = {**self.handlers.table(), **{code: checked(h) for code, h in self.replica.handlers().items()}}
+        table = self.handlers.table(self.replica.handlers())
         self.rpc = RpcServer(
             f"broker {config.broker_name}",
             table,
@@ -209,6 +213,7 @@ class Broker:
         try:
             self.offsets.flush()
         finally:
+            self.security.close()
             self.store.close()
 
 
@@ -270,6 +275,7 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
     try:
         async with trio.open_nursery() as nursery:
             broker.client = RpcClient(nursery)
+            warn_if_anonymous(f"broker {config.broker_name}", config.listen_host, config.auth_enabled)
             await nursery.start(broker.rpc.serve, config.listen_host, config.listen_port, nursery)
             if broker.kafka is not None:
                 await nursery.start(broker.kafka.serve, config.listen_host, config.kafka_listen_port)

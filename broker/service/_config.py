@@ -13,7 +13,8 @@ from clmq.broker.store import STORAGE_MODES, StoreConfig
 from clmq.commitlog import CommitLogConfig, FlushMode
 from clmq.common import GiB, MiB
 from clmq.protocol import DEFAULT_MAX_RECONSUME_TIMES, MAX_RECONSUME_TIMES
-from clmq.protocol.transport import ServerLimits
+from clmq.protocol.auth import check_principal
+from clmq.protocol.transport import ServerLimits, exposure_problem
 
 # RocketMQ's default delay levels from level 3 (its retries start there): 10 s ... 2 h.
 DEFAULT_RETRY_DELAYS_MS = tuple(
@@ -148,7 +149,9 @@ class BrokerConfig:
     auth_failure_delay_ms: int = 1000  # a failed login is answered this late (slows guessing; counted and logged)
     broker_user: str = ""  # the user this broker logs in as to its leader and the name servers (auth_enabled)
     broker_password: str = ""  # better given as CLMQ_BROKER_PASSWORD than written in a file
-    audit_log: str = ""  # JSON lines of admin actions and denials; "": <data_dir>/audit.log with auth_enabled; "-": none
+    audit_log: str = (
+        ""  # JSON lines of admin actions and denials; "": <data_dir>/audit.log with auth_enabled; "-": none
+    )
     zk_auth: str = ""  # "user:password": ZooKeeper digest auth, and clmq's znodes readable and writable by it alone
 
     def __post_init__(self) -> None:
@@ -218,12 +221,26 @@ class BrokerConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
+        self._check_security()
         if not self.retry_delays_ms or any(type(d) is not int or d < 0 for d in self.retry_delays_ms):
             raise ValueError(
                 f"retry_delays_ms must be a non-empty list of milliseconds >= 0, got {self.retry_delays_ms!r}"
             )
         if not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES:
             raise ValueError(f"max_reconsume_times must be in 0..{MAX_RECONSUME_TIMES}, got {self.max_reconsume_times}")
+
+    def _check_security(self) -> None:
+        problem = exposure_problem(
+            f"broker {self.broker_name}", self.listen_host, self.auth_enabled, self.allow_anonymous
+        )
+        if problem:
+            raise ValueError(problem)
+        for principal in self.super_users:
+            check_principal(principal)
+        if self.auth_failure_delay_ms < 0:
+            raise ValueError(f"auth_failure_delay_ms must be at least 0, got {self.auth_failure_delay_ms}")
+        if bool(self.broker_user) != bool(self.broker_password):
+            raise ValueError("broker_user and broker_password go together (CLMQ_BROKER_PASSWORD for the password)")
 
     def replication_config(self) -> ReplicationConfig:
         """The broker's replication settings."""

@@ -17,6 +17,7 @@ from ._groups import ConsumerGroups
 from ._longpoll import PullWaiters
 from ._offsets import ConsumerOffsets
 from ._replicated import ReplicatedMetadata
+from ._security import BrokerSecurity
 from ._traffic import TopicTraffic
 
 
@@ -40,6 +41,7 @@ class BrokerContext:
     connections: Callable[[], int]  # connections open now
     replica: Replica  # leader or follower: asked before every write
     metadata: ReplicatedMetadata  # what followers copy (bump() on every change)
+    security: BrokerSecurity  # users, ACLs and the decisions both listeners take by them
     traffic: TopicTraffic = field(default_factory=TopicTraffic)  # messages and bytes in and out per topic
     kafka_addr: Callable[[], str] = lambda: ""  # host:port of the Kafka listener ("": none)
     # The Kafka groups' members by group (one group namespace: a group has members of

@@ -19,6 +19,7 @@ from clmq.broker.store import StorageEngine
 from clmq.protocol import Frame, RequestCode
 from clmq.protocol.transport import Handler, Peer, Reply, checked
 
+from ._access_rules import BROKER_RULES
 from ._admin_requests import AdminRequests
 from ._context import BrokerContext
 from ._fetch import Fetch, ReadThreads
@@ -29,6 +30,7 @@ from ._metrics import status_fields
 from ._produce import Produce
 from ._queue_requests import QueueRequests
 from ._scheduled import ScheduledRequests
+from ._security_requests import SecurityRequests
 from ._sendback import SendBack
 from ._topic_requests import TopicRequests
 from .timer import Timer
@@ -51,13 +53,16 @@ class Handlers:
         self.locks = LockRequests(ctx)
         self.started = time.monotonic()  # BROKER_INFO's uptime
 
-    def table(self) -> dict[int, Handler]:
-        """Every request code's handler, each behind :func:`checked`."""
+    def table(self, more: dict[int, Handler]) -> dict[int, Handler]:
+        """Every request code's handler (with ``more``: replication's), each behind the
+        login check, :func:`checked`'s field checks and its ACL rule (``BROKER_RULES``);
+        AUTHENTICATE behind the field checks alone."""
         log_reads = LogReads(self.ctx, self.readers)
         admin = AdminRequests(self.ctx)
         queues = QueueRequests(self.ctx, self.readers)
         groups = GroupRequests(self.ctx, self.locks)
         topics = TopicRequests(self.ctx, self.readers)
+        security = SecurityRequests(self.ctx, self.ctx.security)
         handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: self.produce.send_message,
             RequestCode.PULL_MESSAGE: queues.pull_message,
@@ -85,8 +90,17 @@ class Handlers:
             RequestCode.BROKER_INFO: self.broker_info,
             RequestCode.GET_LOG_LAYOUT: log_reads.layout,
             RequestCode.READ_LOG: log_reads.read_log,
+            RequestCode.USER_UPSERT: security.user_upsert,
+            RequestCode.USER_DELETE: security.user_delete,
+            RequestCode.USER_LIST: security.user_list,
+            RequestCode.ACL_CREATE: security.acl_create,
+            RequestCode.ACL_DESCRIBE: security.acl_describe,
+            RequestCode.ACL_DELETE: security.acl_delete,
+            **more,
         }
-        return {code: checked(handler) for code, handler in handlers.items()}
+        access = self.ctx.security.access
+        guarded = access.guard_all(handlers, BROKER_RULES, lambda code: RequestCode(code).name)
+        return {**guarded, RequestCode.AUTHENTICATE: checked(access.authenticate)}
 
     async def broker_info(self, frame: Frame, peer: Peer) -> Reply:
         c = self.config

@@ -23,6 +23,13 @@ class TimerCheckpoints(Protocol):
     def after_truncation(self) -> None: ...
 
 
+class SecurityCopies(Protocol):
+    """The users and ACLs (``_security.BrokerSecurity``): a leader's snapshot, a follower's copy."""
+
+    def snapshot(self) -> dict[str, Any]: ...
+    def adopt(self, value: dict[str, Any]) -> None: ...
+
+
 class ReplicatedMetadata:
     def __init__(self, store: StorageEngine, offsets: ConsumerOffsets, groups: ConsumerGroups) -> None:
         self.store = store
@@ -34,6 +41,7 @@ class ReplicatedMetadata:
         # follower lists these groups before their consumers' first heartbeat.
         self.subscriptions: dict[str, tuple[str, list[str]]] = {}
         self.timer: TimerCheckpoints | None = None  # set by the broker
+        self.security: SecurityCopies | None = None  # set by the broker
 
     def bump(self) -> None:
         """Something replicated changed (a topic, a committed offset, a subscription)."""
@@ -63,6 +71,7 @@ class ReplicatedMetadata:
             "topics": self.store.topics.all(),
             "offsets": offsets,
             "timer": timer,
+            "security": self.security.snapshot() if self.security is not None else None,
             "subscriptions": [[g, mode, topics] for g, (mode, topics) in sorted(subs.items())],
         }
 
@@ -83,6 +92,9 @@ class ReplicatedMetadata:
         timer = snapshot.get("timer")
         if isinstance(timer, dict) and self.timer is not None:
             self.timer.adopt_checkpoint(timer)
+        security = snapshot.get("security")
+        if isinstance(security, dict) and self.security is not None:
+            self.security.adopt(security)
         self.bump()
 
     def after_truncation(self) -> None:

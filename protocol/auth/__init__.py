@@ -15,6 +15,7 @@ from ._acl import (
     ResourceType,
     check_principal,
 )
+from ._file import SECURITY_FILE, load_security, save_security
 from ._scram import (
     DEFAULT_ITERATIONS,
     MAX_MESSAGE_BYTES,
@@ -36,6 +37,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MECHANISMS",
     "MIN_ITERATIONS",
+    "SECURITY_FILE",
     "WILDCARD",
     "AclBinding",
     "AclFilter",
@@ -53,5 +55,7 @@ __all__ = [
     "check_principal",
     "check_user_name",
     "decoy_credential",
+    "load_security",
     "make_credential",
+    "save_security",
 ]

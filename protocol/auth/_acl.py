@@ -134,7 +134,7 @@ class AclBinding:
     def from_json(cls, row: Any) -> AclBinding:
         if not isinstance(row, list) or len(row) != 7 or not all(isinstance(c, str) for c in row):
             raise ValueError(f"an ACL row must be 7 strings, got {row!r:.100}")
-        return cls(*row)  # type: ignore[arg-type]  # names checked in __post_init__
+        return cls(*row)  # names checked in __post_init__
 
     def names(self, resource_name: str) -> bool:
         """Does this binding's pattern cover ``resource_name``?"""

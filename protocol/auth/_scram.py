@@ -61,7 +61,9 @@ class ScramCredential:
     def from_json(cls, mechanism: str, data: dict[str, object]) -> ScramCredential:
         check_mechanism(mechanism)
         try:
-            salt, stored, server = (base64.b64decode(str(data[k]), validate=True) for k in ("salt", "stored_key", "server_key"))
+            salt, stored, server = (
+                base64.b64decode(str(data[k]), validate=True) for k in ("salt", "stored_key", "server_key")
+            )
             iterations = data["iterations"]
         except (KeyError, ValueError) as e:
             raise ValueError(f"a {mechanism} credential is malformed: {e}") from None
@@ -157,7 +159,7 @@ class ScramServer:
     def __init__(
         self,
         mechanism: str,
-        lookup: Callable[[str], "ScramCredential | None"],
+        lookup: Callable[[str], ScramCredential | None],
         decoy: Callable[[str], ScramCredential],
     ) -> None:
         self.algo = check_mechanism(mechanism)

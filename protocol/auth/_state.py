@@ -5,8 +5,10 @@ with the next version."""
 
 from __future__ import annotations
 
+import base64
 import re
-from dataclasses import dataclass, field
+import secrets
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ._acl import AclBinding, AclFilter, Authorizer
@@ -28,6 +30,9 @@ class SecurityState:
     version: int = 0
     users: Mapping[str, Mapping[str, ScramCredential]] = field(default_factory=dict)
     acls: tuple[AclBinding, ...] = ()
+    # Salts of unknown users are derived from this (stable across restarts and replicas,
+    # so that an unknown name is answered like a known one every time).
+    decoy_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
 
     def credential(self, user: str, mechanism: str) -> ScramCredential | None:
         return self.users.get(user, {}).get(mechanism)
@@ -42,14 +47,14 @@ class SecurityState:
         if not credentials:
             raise ValueError("a user needs at least one credential")
         users = {**self.users, name: {c.mechanism: c for c in credentials}}
-        return SecurityState(self.version + 1, users, self.acls)
+        return replace(self, version=self.version + 1, users=users)
 
     def without_user(self, name: str) -> SecurityState:
         users = {k: v for k, v in self.users.items() if k != name}
-        return SecurityState(self.version + 1, users, self.acls)
+        return replace(self, version=self.version + 1, users=users)
 
     def with_acls(self, added: list[AclBinding]) -> SecurityState:
-        return SecurityState(self.version + 1, self.users, tuple(sorted(set(self.acls) | set(added))))
+        return replace(self, version=self.version + 1, acls=tuple(sorted(set(self.acls) | set(added))))
 
     def without_acls(self, match: AclFilter) -> tuple[SecurityState, list[AclBinding]]:
         """This state without the bindings ``match`` selects, and those bindings."""
@@ -57,7 +62,7 @@ class SecurityState:
         if not gone:
             return self, []
         kept = tuple(b for b in self.acls if not match.matches(b))
-        return SecurityState(self.version + 1, self.users, kept), gone
+        return replace(self, version=self.version + 1, acls=kept), gone
 
     # ------------------------------------------------------------ JSON
     def to_json(self) -> dict[str, Any]:
@@ -65,6 +70,7 @@ class SecurityState:
             "version": self.version,
             "users": {u: {m: c.to_json() for m, c in creds.items()} for u, creds in sorted(self.users.items())},
             "acls": [b.to_json() for b in self.acls],
+            "decoy_secret": base64.b64encode(self.decoy_secret).decode(),
         }
 
     @classmethod
@@ -83,4 +89,9 @@ class SecurityState:
             if not isinstance(creds, dict) or not creds or not set(creds) <= set(MECHANISMS):
                 raise ValueError(f"user {name!r}: credentials must map {' or '.join(MECHANISMS)} to salted keys")
             parsed[name] = {m: ScramCredential.from_json(m, c) for m, c in creds.items()}
-        return cls(version, parsed, tuple(sorted({AclBinding.from_json(row) for row in acls})))
+        try:
+            secret = base64.b64decode(str(data.get("decoy_secret", "")), validate=True)
+        except ValueError:
+            raise ValueError("the security state's decoy_secret is not base64") from None
+        acl_set = tuple(sorted({AclBinding.from_json(row) for row in acls}))
+        return cls(version, parsed, acl_set, secret or secrets.token_bytes(32))

@@ -7,18 +7,35 @@ The layer between the sans-IO protocol (the ``protocol`` package, which never im
 this one) and the services built on it (broker, name server, clients).
 """
 
+from ._access import (
+    OPEN,
+    AccessControl,
+    LoginStats,
+    Need,
+    Rule,
+    exposure_problem,
+    is_loopback,
+    open_audit_log,
+    warn_if_anonymous,
+)
 from ._client import RpcClient, background_nursery, split_addr
-from ._errors import ConnectionFailed, RequestError, RpcError
+from ._errors import AuthenticationFailed, ConnectionFailed, RequestError, RpcError
 from ._handler import FileSpan, Handler, Later, Peer, Reply, Session, checked, need
-from ._tls import TlsSettings, TlsSettingsError, peer_identity, tls_settings
 from ._http import HttpRequest, HttpResponse, metrics_page, serve_http
 from ._limits import ServerLimits
+from ._security import ClientSecurity
 from ._server import RpcServer
 from ._spans import send_spans
 from ._stats import LATENCY_BUCKETS_S, CodeStats, RequestStats, cumulative_buckets
+from ._tls import TlsSettings, TlsSettingsError, peer_identity, tls_settings
+from ._tls_stream import TlsHandshakes, close_stream, describe_tls_error
 
 __all__ = [
     "LATENCY_BUCKETS_S",
+    "OPEN",
+    "AccessControl",
+    "AuthenticationFailed",
+    "ClientSecurity",
     "CodeStats",
     "ConnectionFailed",
     "FileSpan",
@@ -26,6 +43,8 @@ __all__ = [
     "HttpRequest",
     "HttpResponse",
     "Later",
+    "LoginStats",
+    "Need",
     "Peer",
     "Reply",
     "RequestError",
@@ -33,18 +52,26 @@ __all__ = [
     "RpcClient",
     "RpcError",
     "RpcServer",
+    "Rule",
     "ServerLimits",
     "Session",
+    "TlsHandshakes",
     "TlsSettings",
     "TlsSettingsError",
     "background_nursery",
     "checked",
+    "close_stream",
     "cumulative_buckets",
+    "describe_tls_error",
+    "exposure_problem",
+    "is_loopback",
     "metrics_page",
     "need",
+    "open_audit_log",
     "peer_identity",
     "send_spans",
     "serve_http",
     "split_addr",
     "tls_settings",
+    "warn_if_anonymous",
 ]
