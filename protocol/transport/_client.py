@@ -1,5 +1,10 @@
 """The client side of the wire protocol over trio: connections by address, many
-requests in flight on each, matched to their responses by request id."""
+requests in flight on each, matched to their responses by request id.
+
+With :class:`ClientSecurity`: each connection is TLS (the handshake done within the
+connect timeout; a certificate the CA does not vouch for is a ConnectionFailed saying
+why), and logs in (a SCRAM exchange of two AUTHENTICATE requests) before any other
+request goes out on it."""
 
 from __future__ import annotations
 
@@ -15,14 +20,19 @@ from clmq.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     FLAG_ONEWAY,
     NEED_DATA,
+    ErrorCode,
     Frame,
     FrameDecoder,
     FrameRejected,
     ProtocolError,
+    RequestCode,
     encode_frame,
 )
+from clmq.protocol.auth import ScramClient, ScramError
 
-from ._errors import ConnectionFailed, RpcError
+from ._errors import AuthenticationFailed, ConnectionFailed, RpcError
+from ._security import ClientSecurity
+from ._tls_stream import close_stream, describe_tls_error, send_alert
 
 log = logging.getLogger("clmq.rpc")
 
@@ -62,8 +72,7 @@ class _Connection:
             self.closed = True
             for event, _slot in self.waiting.values():
                 event.set()
-            with trio.CancelScope(shield=True):
-                await self.stream.aclose()
+            await close_stream(self.stream)
 
     def _deliver(self) -> None:
         while True:
@@ -91,17 +100,34 @@ class _Connection:
                 raise ConnectionFailed(f"{self.addr}: send failed: {e}") from None
 
 
+LOGIN_TIMEOUT_MS = 10_000  # a login's two requests (a server answers a failed one after a delay)
+
+
 class RpcClient:
-    """Connections opened on demand and kept; their reader tasks run in ``nursery``."""
+    """Connections opened on demand and kept; their reader tasks run in ``nursery``.
+
+    ``security``: TLS and a login for every connection (None or plain: neither). The
+    TLS context is made here, so that a missing or mismatched file fails at once."""
 
     def __init__(
-        self, nursery: trio.Nursery, *, connect_timeout_ms: int = 3000, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+        self,
+        nursery: trio.Nursery,
+        *,
+        connect_timeout_ms: int = 3000,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        security: ClientSecurity | None = None,
+        login_timeout_ms: int = LOGIN_TIMEOUT_MS,
     ) -> None:
         self._nursery = nursery
         self.connect_timeout_ms = connect_timeout_ms
         self.max_frame_bytes = max_frame_bytes
+        self.security = security or ClientSecurity()
+        self.login_timeout_ms = login_timeout_ms
+        tls = self.security.tls
+        self._tls_context = tls.client_context() if tls is not None else None
         self._conns: dict[str, _Connection] = {}
         self._connecting: dict[str, trio.Lock] = {}
+        self.principals: dict[str, str] = {}  # address -> the principal its server logged this client in as
 
     async def _connection(self, addr: str) -> _Connection:
         conn = self._conns.get(addr)
@@ -113,14 +139,89 @@ class RpcClient:
             if conn is not None and not conn.closed:
                 return conn
             host, port = split_addr(addr)
+            deadline = trio.current_time() + self.connect_timeout_ms / 1000
             try:
-                with trio.fail_after(self.connect_timeout_ms / 1000):
-                    stream = await trio.open_tcp_stream(host, port)
+                with trio.fail_at(deadline):
+                    tcp = await trio.open_tcp_stream(host, port)
             except (OSError, trio.TooSlowError) as e:
                 raise ConnectionFailed(f"cannot connect to {addr}: {e or 'timed out'}") from None
-            conn = self._conns[addr] = _Connection(addr, stream, self.max_frame_bytes)
+            stream: trio.abc.Stream = tcp
+            if self._tls_context is not None:
+                stream = await self._handshake(addr, host, tcp, deadline)
+            conn = _Connection(addr, stream, self.max_frame_bytes)
             self._nursery.start_soon(conn.read_loop)
+            if self.security.user:
+                try:
+                    await self._login(conn)
+                except BaseException:
+                    await close_stream(conn.stream)
+                    raise
+            self._conns[addr] = conn
             return conn
+
+    async def _handshake(self, addr: str, host: str, tcp: trio.SocketStream, deadline: float) -> trio.abc.Stream:
+        assert self._tls_context is not None and self.security.tls is not None
+        tls = trio.SSLStream(tcp, self._tls_context, server_hostname=self.security.tls.server_hostname or host)
+        try:
+            with trio.fail_at(deadline):
+                await tls.do_handshake()
+        except trio.TooSlowError:
+            await trio.aclose_forcefully(tcp)
+            raise ConnectionFailed(
+                f"TLS handshake with {addr} failed: no answer within {self.connect_timeout_ms} ms (is it a TLS port?)"
+            ) from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            await send_alert(tls)
+            await trio.aclose_forcefully(tcp)
+            raise ConnectionFailed(f"TLS handshake with {addr} failed: {describe_tls_error(e)}") from None
+        return tls
+
+    async def _login(self, conn: _Connection) -> None:
+        """The SCRAM exchange on a new connection, before anything else is sent on it.
+        A server that serves no logins (a name server) is used without one."""
+        sec, addr = self.security, conn.addr
+        scram = ScramClient(sec.mechanism, sec.user, sec.password)
+        timeout_ms = self.login_timeout_ms
+        try:
+            first = await self._call(
+                conn, RequestCode.AUTHENTICATE, {"mechanism": sec.mechanism, "data": scram.first()}, timeout_ms
+            )
+            if first.error_code == ErrorCode.REQUEST_NOT_SUPPORTED:
+                log.debug("%s serves no logins: connected without one", addr)
+                return
+            _check_login(first, addr, sec.user)
+            final = await self._call(
+                conn, RequestCode.AUTHENTICATE, {"data": scram.final(_data(first, addr, sec.user))}, timeout_ms
+            )
+            _check_login(final, addr, sec.user)
+            scram.check(_data(final, addr, sec.user))
+        except ScramError as e:
+            raise AuthenticationFailed(addr, sec.user, str(e)) from None
+        except trio.TooSlowError:
+            raise AuthenticationFailed(addr, sec.user, f"no answer within {timeout_ms} ms") from None
+        if not final.fields.get("done", True):
+            raise AuthenticationFailed(addr, sec.user, "the server did not finish the exchange in two steps")
+        principal = final.fields.get("principal")
+        self.principals[addr] = principal if isinstance(principal, str) else f"User:{sec.user}"
+        log.debug("logged in to %s as %s", addr, self.principals[addr])
+
+    async def _call(
+        self, conn: _Connection, code: int, fields: dict[str, Any], timeout_ms: float, body: bytes = b""
+    ) -> Frame:
+        """One request on ``conn``, its response (an error answer not raised)."""
+        rid = next(conn.ids)
+        event = trio.Event()
+        slot: list[Frame] = []  # the read loop puts the response here
+        conn.waiting[rid] = (event, slot)
+        try:
+            with trio.fail_after(timeout_ms / 1000 if timeout_ms != math.inf else math.inf):
+                await conn.send(Frame(code, rid, fields, body))
+                await event.wait()
+        finally:
+            conn.waiting.pop(rid, None)
+        if not slot:
+            raise ConnectionFailed(f"{conn.addr}: {conn.error or 'connection closed'}")
+        return slot[0]
 
     async def request(
         self,
@@ -136,19 +237,7 @@ class RpcClient:
         response carries an error (unless ``check`` is false), :class:`ConnectionFailed`
         or ``trio.TooSlowError``."""
         conn = await self._connection(addr)
-        rid = next(conn.ids)
-        event = trio.Event()
-        slot: list[Frame] = []  # the read loop puts the response here
-        conn.waiting[rid] = (event, slot)
-        try:
-            with trio.fail_after(timeout_ms / 1000 if timeout_ms != math.inf else math.inf):
-                await conn.send(Frame(code, rid, fields or {}, body))
-                await event.wait()
-        finally:
-            conn.waiting.pop(rid, None)
-        if not slot:
-            raise ConnectionFailed(f"{addr}: {conn.error or 'connection closed'}")
-        response = slot[0]
+        response = await self._call(conn, code, fields or {}, timeout_ms, body)
         if check and response.error_code:
             raise RpcError(addr, response.error_code, response.error_text)
         return response
@@ -160,9 +249,25 @@ class RpcClient:
 
     async def aclose(self) -> None:
         for conn in list(self._conns.values()):
-            with trio.CancelScope(shield=True):
-                await conn.stream.aclose()
+            await close_stream(conn.stream)
         self._conns.clear()
+
+
+def _check_login(response: Frame, addr: str, user: str) -> None:
+    if response.error_code:
+        try:
+            name = ErrorCode(response.error_code).name
+        except ValueError:
+            name = f"error {response.error_code}"
+        text = f": {response.error_text}" if response.error_text else ""
+        raise AuthenticationFailed(addr, user, f"{name}{text}")
+
+
+def _data(response: Frame, addr: str, user: str) -> bytes:
+    data = response.fields.get("data")
+    if not isinstance(data, bytes):
+        raise AuthenticationFailed(addr, user, "the server's answer carries no SCRAM message")
+    return data
 
 
 @asynccontextmanager

@@ -32,11 +32,12 @@ from clmq.protocol import (
 )
 
 from ._errors import RequestError
-from ._handler import Handler, Later, Peer, Reply
+from ._handler import Handler, Later, Peer, Reply, Session
 from ._intake import Intake
 from ._limits import ByteBudget, ServerLimits
 from ._spans import send_spans
 from ._stats import RequestStats
+from ._tls_stream import peer_of
 
 
 class ConnectionHost(Protocol):
@@ -117,9 +118,7 @@ class Outbox:
     interleave). Replies go out in the order they were queued.
     """
 
-    def __init__(
-        self, stream: trio.SocketStream, limit_bytes: int, stats: WriteStats, say: Callable[..., None]
-    ) -> None:
+    def __init__(self, stream: trio.abc.Stream, limit_bytes: int, stats: WriteStats, say: Callable[..., None]) -> None:
         self.stream = stream
         self.limit_bytes = limit_bytes  # max_connection_send_buffer_bytes
         self.stats = stats
@@ -207,9 +206,22 @@ class Outbox:
 
 
 class ServerConnection:
-    def __init__(self, server: ConnectionHost, stream: trio.SocketStream) -> None:
+    """``stream``: a ``SocketStream``, or an ``SSLStream`` over one whose handshake is
+    done (``session`` then says so, and names the user of a verified client
+    certificate)."""
+
+    def __init__(self, server: ConnectionHost, stream: trio.abc.Stream, session: Session | None = None) -> None:
         self.server = server
         self.stream = stream
+        # TLS: bytes already decrypted cannot be waited for on the socket; the first
+        # byte of a read is taken while waiting (see _readable), the rest follows it.
+        self._tls = isinstance(stream, trio.SSLStream)
+        self._peeked = b""
+        self._eof = False
+        # Plaintext: the stream's own receive (bytes), no wrapper on the hot path.
+        self._receive_some: Callable[[int], Awaitable[bytes]] = (
+            self._tls_receive_some if self._tls else stream.receive_some  # type: ignore[assignment]
+        )
         self.decoder = FrameDecoder(server.max_frame_bytes)
         limits = server.limits
         self.intake = Intake(
@@ -220,11 +232,8 @@ class ServerConnection:
             limits.frame_timeout_ms / 1000,
         )
         self.inflight = 0
-        try:
-            host, port = stream.socket.getpeername()[:2]
-        except (OSError, AttributeError):
-            host, port = "0.0.0.0", 0
-        self.peer = Peer(host, port)
+        host, port = peer_of(stream)
+        self.peer = Peer(host, port, session or Session())
         self.outbox = Outbox(stream, limits.max_connection_send_buffer_bytes, server.stats, self._say)
         # Serial frames waiting for the serial worker (at most max_inflight: _admit), and
         # the event it waits on when there are none (a deque: a channel costs a few
@@ -262,7 +271,7 @@ class ServerConnection:
             if waited:  # readable: the receive does not block (no deadline, a cancel scope fewer per read)
                 data = await self._receive(n)
             else:
-                data = await self._deadline(functools.partial(self.stream.receive_some, n))
+                data = await self._deadline(functools.partial(self._receive_some, n))
             if not data:
                 return
             more = between_frames and len(data) == n
@@ -275,14 +284,35 @@ class ServerConnection:
             finally:
                 self.intake.settle()
 
+    async def _tls_receive_some(self, n: int) -> bytes:
+        return bytes(await self.stream.receive_some(n))  # an SSLStream gives a bytearray
+
     async def _receive(self, n: int) -> bytes | None:
         try:
-            return await self.stream.receive_some(n)
+            if self._peeked or self._eof:
+                return await self._take_peeked(n)
+            return await self._receive_some(n)
         except _BROKEN:
             return None
 
+    async def _take_peeked(self, n: int) -> bytes:
+        """The byte taken by :meth:`_readable` through TLS, and what else is decrypted
+        already (without waiting: a TLS record is decrypted whole)."""
+        data, self._peeked = self._peeked, b""
+        if data and n > len(data) and self.stream.pending():  # type: ignore[attr-defined]
+            data += await self._receive_some(n - len(data))
+        return data
+
     async def _readable(self) -> bool:
-        await trio.lowlevel.wait_readable(self.stream.socket)
+        if not self._tls:
+            await trio.lowlevel.wait_readable(self.stream.socket)  # type: ignore[attr-defined]
+            return True
+        # TLS: the socket may be silent while decrypted bytes wait in the SSL object
+        # (several records came in one read). A byte is taken to wait for a record; a
+        # connection holds at most one record (16 KiB) outside the byte budget.
+        if not self._peeked and not self._eof and not self.stream.pending():  # type: ignore[attr-defined]
+            self._peeked = bytes(await self.stream.receive_some(1))
+            self._eof = not self._peeked
         return True
 
     async def _deadline(self, wait: Callable[[], Awaitable[T]]) -> T | None:

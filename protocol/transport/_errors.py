@@ -30,3 +30,13 @@ class RequestError(TransportError):
     def __init__(self, code: ErrorCode, text: str, *, close: bool = False) -> None:
         super().__init__(text)
         self.code, self.text, self.close = code, text, close
+
+
+class AuthenticationFailed(ConnectionFailed):
+    """A connection was made but its login (the SCRAM exchange of
+    :class:`ClientSecurity`'s user) was refused, or the server could not prove it
+    knows the user's credential. Not retried: the same login would fail again."""
+
+    def __init__(self, addr: str, user: str, reason: str) -> None:
+        super().__init__(f"login as {user!r} to {addr} failed: {reason}")
+        self.addr, self.user, self.reason = addr, user, reason

@@ -13,21 +13,31 @@ beyond what the descriptor limit leaves) are told TOO_MANY_CONNECTIONS and close
 failing for lack of descriptors (EMFILE, ENFILE) backs off and retries; request bytes
 held are bounded per connection and in all, by not reading (back-pressure); a frame
 must arrive within ``frame_timeout_ms``. Each kind of refusal is logged once per burst.
+
+TLS (``tls``, an ``ssl.SSLContext``): each accepted connection's handshake runs in
+its own task, within ``tls_handshake_timeout_ms``; a failed one (a client of another
+CA, an expired certificate, a plaintext client, a silent one) is counted
+(``tls_handshake_failures``), logged once per burst with the peer and the reason, and
+costs no other connection anything. Replies of stored bytes go through TLS by reading
+and sending (no sendfile).
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import ssl
 
 import trio
 
 from clmq.protocol import FLAG_RESPONSE, ErrorCode, Frame, encode_frame
 
 from ._connection import ServerConnection, WriteStats
-from ._handler import Handler
+from ._handler import Handler, Session
 from ._limits import Burst, ByteBudget, ServerLimits
 from ._stats import RequestStats
+from ._tls import DEFAULT_HANDSHAKE_TIMEOUT_MS, peer_identity
+from ._tls_stream import TlsHandshakes, close_stream
 
 log = logging.getLogger("clmq.server")
 
@@ -51,6 +61,8 @@ class RpcServer:
         max_inflight_per_connection: int = 256,
         serial_codes: frozenset[int] = frozenset(),
         limits: ServerLimits | None = None,
+        tls: ssl.SSLContext | None = None,
+        tls_handshake_timeout_ms: int = DEFAULT_HANDSHAKE_TIMEOUT_MS,
     ) -> None:
         self.name = name
         self.handlers = handlers
@@ -73,6 +85,13 @@ class RpcServer:
         self._no_descriptors = Burst(log, f"{name}: accepts failed for lack of descriptors")
         self._accept_scope = trio.CancelScope()
         self._idle = trio.Event()
+        self.tls = tls
+        self._handshakes = None if tls is None else TlsHandshakes(name, tls, tls_handshake_timeout_ms)
+
+    @property
+    def tls_handshake_failures(self) -> int:
+        """TLS handshakes that failed since the start (0 for a plaintext server)."""
+        return 0 if self._handshakes is None else self._handshakes.failures
 
     @property
     def buffered_request_bytes(self) -> int:
@@ -152,11 +171,15 @@ class RpcServer:
 
     async def _refuse(self, stream: trio.SocketStream) -> None:
         """Tell a connection over the limit why (an error frame with request id 0, which
-        no request uses), then close it."""
+        no request uses), then close it. Through TLS, after a handshake (not counted
+        as a failure if it fails: the connection is refused anyway)."""
         text = f"too many connections to {self.name}: max_connections={self.max_connections}"
+        out: trio.abc.Stream = stream
         try:
-            with trio.move_on_after(REFUSAL_SEND_S):
-                await stream.send_all(
+            with trio.move_on_after(REFUSAL_SEND_S if self.tls is None else 4 * REFUSAL_SEND_S):
+                if self.tls is not None:
+                    out = trio.SSLStream(stream, self.tls, server_side=True)
+                await out.send_all(
                     encode_frame(
                         Frame(0, 0, flags=FLAG_RESPONSE, error_code=ErrorCode.TOO_MANY_CONNECTIONS, error_text=text)
                     )
@@ -164,7 +187,7 @@ class RpcServer:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
-            await trio.aclose_forcefully(stream)
+            await trio.aclose_forcefully(out)
 
     def stop_accepting(self) -> None:
         self._accept_scope.cancel()
@@ -180,12 +203,24 @@ class RpcServer:
         return False
 
     async def _connection(self, stream: trio.SocketStream) -> None:
+        conn: trio.abc.Stream = stream
         try:
-            await ServerConnection(self, stream).serve()
+            if self._handshakes is None:
+                await ServerConnection(self, stream).serve()
+                return
+            tls = await self._handshakes.accept(stream)
+            if tls is None:
+                return
+            conn = tls
+            session = Session(tls=True, cert_user=peer_identity(tls.getpeercert()))
+            await ServerConnection(self, tls, session).serve()
         finally:
             self.connections -= 1
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+            if conn is stream:
+                with trio.CancelScope(shield=True):
+                    await stream.aclose()
+            else:
+                await close_stream(conn)
 
     def request_done(self) -> None:
         """A connection's request is finished (answered, or given up)."""

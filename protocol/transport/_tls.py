@@ -37,7 +37,9 @@ class TlsSettings:
 
     def __post_init__(self) -> None:
         if self.min_version not in TLS_VERSIONS:
-            raise TlsSettingsError(f"tls min_version must be one of {', '.join(TLS_VERSIONS)}, got {self.min_version!r}")
+            raise TlsSettingsError(
+                f"tls min_version must be one of {', '.join(TLS_VERSIONS)}, got {self.min_version!r}"
+            )
         if bool(self.cert_file) != bool(self.key_file):
             raise TlsSettingsError("tls cert_file and key_file go together: set both or neither")
         for name in ("cert_file", "key_file", "ca_file"):

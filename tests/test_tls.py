@@ -1,0 +1,290 @@
+"""TLS everywhere (issue 31), with real certificates (devtools/certs.py) over real
+sockets: the transport's server and client (handshakes, refusals with a clear message
+on both ends, mutual TLS identities, a SCRAM login through TLS), sendfile's fallback,
+a fuzzer of the handshake path; then real services: a TLS name server and broker
+with the library and the CLI, replication between TLS replicas, the Kafka listener
+over SSL (kcat, confluent-kafka), metrics over HTTPS, ``clmq dev --tls``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clmq.devtools import Ca, CertFiles, make_ca, make_cert
+from clmq.protocol import ErrorCode, Frame, RequestCode
+from clmq.protocol.auth import ScramError, ScramServer, decoy_credential, make_credential
+from clmq.protocol.transport import (
+    AuthenticationFailed,
+    ClientSecurity,
+    ConnectionFailed,
+    Peer,
+    Reply,
+    RpcClient,
+    RpcServer,
+    TlsSettings,
+    background_nursery,
+)
+from tests.waiting import await_until
+
+ECHO = 9001  # a request code of the test servers: answers what the session knows
+
+
+@dataclass
+class Pki:
+    """A CA, a server certificate it signed and a client certificate; and the broken
+    kinds: another CA's server certificate, an expired one, a self-signed one."""
+
+    root: Path
+    ca: Ca
+    server: CertFiles
+    client: CertFiles
+
+    def cert(self, name: str, **kw: Any) -> CertFiles:
+        return make_cert(self.ca, self.root, name, **kw)
+
+    def server_tls(self, **kw: Any) -> TlsSettings:
+        return TlsSettings(str(self.server.cert_file), str(self.server.key_file), str(self.ca.cert_file), **kw)
+
+    def client_tls(self, *, cert: CertFiles | None = None, **kw: Any) -> TlsSettings:
+        if cert is None:
+            return TlsSettings(ca_file=str(self.ca.cert_file), **kw)
+        return TlsSettings(str(cert.cert_file), str(cert.key_file), str(self.ca.cert_file), **kw)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    root = tmp_path_factory.mktemp("pki")
+    ca = make_ca(root, "test-ca")
+    return Pki(root, ca, make_cert(ca, root, "server"), make_cert(ca, root, "alice", client=True))
+
+
+# ------------------------------------------------------------ the transport alone
+async def _echo(frame: Frame, peer: Peer) -> Reply:
+    s = peer.session
+    return Reply({"tls": s.tls, "cert_user": s.cert_user or "", "principal": s.principal or "", **frame.fields})
+
+
+def _server(context: ssl.SSLContext | None, handlers: dict[int, Any] | None = None, **kw: Any) -> RpcServer:
+    return RpcServer(
+        "tls-test",
+        {ECHO: _echo, **(handlers or {})},
+        max_frame_bytes=1 << 20,
+        idle_timeout_ms=30_000,
+        tls=context,
+        **kw,
+    )
+
+
+async def _serving(nursery: trio.Nursery, server: RpcServer) -> str:
+    port = await nursery.start(server.serve, "127.0.0.1", 0, nursery)
+    return f"127.0.0.1:{port}"
+
+
+async def _ask(addr: str, security: ClientSecurity | None, **fields: Any) -> dict[str, Any]:
+    async with background_nursery() as nursery:
+        rpc = RpcClient(nursery, security=security)
+        try:
+            return (await rpc.request(addr, ECHO, fields)).fields
+        finally:
+            await rpc.aclose()
+
+
+async def test_a_tls_server_answers_a_tls_client(nursery: trio.Nursery, pki: Pki) -> None:
+    server = _server(pki.server_tls().server_context())
+    addr = await _serving(nursery, server)
+    got = await _ask(addr, ClientSecurity(tls=pki.client_tls()), n=1)
+    assert got == {"tls": True, "cert_user": "", "principal": "", "n": 1}
+    assert server.tls_handshake_failures == 0
+
+
+async def test_the_server_name_is_checked_against_the_certificate(nursery: trio.Nursery, pki: Pki) -> None:
+    addr = await _serving(nursery, _server(pki.server_tls().server_context()))
+    refused = r"TLS handshake with 127\.0\.0\.1:\d+ failed: certificate verify failed: Hostname mismatch"
+    with pytest.raises(ConnectionFailed, match=refused):
+        await _ask(addr, ClientSecurity(tls=pki.client_tls(server_hostname="broker.example.com")))
+    assert (await _ask(addr, ClientSecurity(tls=pki.client_tls(server_hostname="localhost"))))["tls"] is True
+
+
+@pytest.mark.parametrize(
+    ("kind", "client_says"),
+    [
+        ("wrong CA", "certificate verify failed: unable to get local issuer certificate"),
+        ("expired", "certificate verify failed: certificate has expired"),
+        ("self-signed", "certificate verify failed: self-signed certificate"),
+    ],
+)
+async def test_a_bad_server_certificate_is_refused_on_both_ends(
+    nursery: trio.Nursery, pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str, client_says: str
+) -> None:
+    if kind == "wrong CA":
+        bad = make_cert(make_ca(tmp_path, "other-ca"), tmp_path, "server")
+    elif kind == "expired":
+        bad = pki.cert("expired-server", not_after=dt.datetime.now(dt.UTC) - dt.timedelta(days=1))
+    else:
+        bad = make_cert(None, tmp_path, "self-signed-server", self_signed=True)
+    server = _server(TlsSettings(str(bad.cert_file), str(bad.key_file)).server_context())
+    addr = await _serving(nursery, server)
+    caplog.set_level(logging.WARNING, "clmq.tls")
+    with pytest.raises(ConnectionFailed) as caught:
+        await _ask(addr, ClientSecurity(tls=pki.client_tls()))
+    assert str(caught.value) == f"TLS handshake with {addr} failed: {client_says}"
+    await await_until(lambda: server.tls_handshake_failures == 1, 10, "the server to count the failed handshake")
+    [line] = [r.getMessage() for r in caplog.records if "TLS handshake" in r.getMessage()]
+    assert "tls-test: TLS handshake with 127.0.0.1:" in line
+    assert ("certificate expired" if kind == "expired" else "unknown ca") in line  # the client's alert
+
+
+async def test_a_plaintext_client_fails_clearly_and_the_server_goes_on(
+    nursery: trio.Nursery, pki: Pki, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = _server(pki.server_tls().server_context())
+    addr = await _serving(nursery, server)
+    caplog.set_level(logging.WARNING, "clmq.tls")
+    async with background_nursery() as n:
+        rpc = RpcClient(n)
+        with pytest.raises(ConnectionFailed, match=f"{addr}: "):
+            await rpc.request(addr, ECHO, {}, timeout_ms=5000)
+        await rpc.aclose()
+    await await_until(lambda: server.tls_handshake_failures == 1, 10, "the server to count the plaintext client")
+    assert any("the peer does not speak TLS" in r.getMessage() for r in caplog.records)
+    assert (await _ask(addr, ClientSecurity(tls=pki.client_tls())))["tls"] is True
+
+
+async def test_a_tls_client_of_a_plaintext_server_fails_clearly(nursery: trio.Nursery, pki: Pki) -> None:
+    addr = await _serving(nursery, _server(None))
+    with pytest.raises(ConnectionFailed, match=f"TLS handshake with {addr} failed: "):
+        await _ask(addr, ClientSecurity(tls=pki.client_tls()))
+
+
+async def test_a_silent_client_times_out_of_its_handshake_alone(nursery: trio.Nursery, pki: Pki) -> None:
+    server = _server(pki.server_tls().server_context(), tls_handshake_timeout_ms=200)
+    addr = await _serving(nursery, server)
+    silent = await trio.open_tcp_stream("127.0.0.1", server.port)  # connects, never says hello
+    assert (await _ask(addr, ClientSecurity(tls=pki.client_tls())))["tls"] is True  # not held up meanwhile
+    await await_until(lambda: server.tls_handshake_failures == 1, 10, "the silent client's handshake to time out")
+    assert await silent.receive_some(10) == b""  # closed by the server
+    await silent.aclose()
+
+
+async def test_mutual_tls_requires_a_client_certificate_and_names_its_user(nursery: trio.Nursery, pki: Pki) -> None:
+    server = _server(pki.server_tls(require_client_cert=True).server_context())
+    addr = await _serving(nursery, server)
+    got = await _ask(addr, ClientSecurity(tls=pki.client_tls(cert=pki.client)))
+    assert got["tls"] is True and got["cert_user"] == "alice"
+    with pytest.raises(ConnectionFailed):  # no certificate: the server ends the handshake (TLS 1.3: at the first read)
+        await _ask(addr, ClientSecurity(tls=pki.client_tls()))
+    await await_until(lambda: server.tls_handshake_failures == 1, 10, "the server to count the certificate-less client")
+
+
+async def test_large_replies_and_many_requests_cross_tls(nursery: trio.Nursery, pki: Pki) -> None:
+    """Records larger than a TLS record, pipelined requests: the server's TLS reads
+    (a byte taken while waiting, the rest of the record after it) lose nothing."""
+    addr = await _serving(nursery, _server(pki.server_tls().server_context()))
+    async with background_nursery() as n:
+        rpc = RpcClient(n, security=ClientSecurity(tls=pki.client_tls()))
+        blob = os.urandom(300_000)
+        results: dict[int, bytes] = {}
+
+        async def one(i: int) -> None:
+            results[i] = (await rpc.request(addr, ECHO, {"blob": blob[i:]}, timeout_ms=10_000)).fields["blob"]
+
+        async with trio.open_nursery() as many:
+            for i in range(40):
+                many.start_soon(one, i)
+        assert all(results[i] == blob[i:] for i in range(40))
+        await rpc.aclose()
+
+
+# ------------------------------------------------------------------ a login
+class _Logins:
+    """The server's side of AUTHENTICATE for these tests (the broker's own is
+    broker/service's), with ScramServer: one user, alice, password "secret"."""
+
+    def __init__(self) -> None:
+        self.creds = {"alice": make_credential("SCRAM-SHA-256", "secret")}
+
+    async def handle(self, frame: Frame, peer: Peer) -> Reply:
+        session = peer.session
+        try:
+            if session.exchange is None:
+                mechanism = frame.fields.get("mechanism", "")
+                session.exchange = ScramServer(
+                    mechanism, self.creds.get, lambda user: decoy_credential(b"k", mechanism, user)
+                )
+                return Reply({"data": session.exchange.first(frame.fields["data"]), "done": False})
+            final = session.exchange.final(frame.fields["data"])
+            session.principal = f"User:{session.exchange.user}"
+            session.exchange = None
+            return Reply({"data": final, "done": True, "principal": session.principal})
+        except (ScramError, ValueError, KeyError):
+            session.exchange = None
+            session.failed_logins += 1
+            return Reply(error_code=ErrorCode.AUTHENTICATION_FAILED, error_text="authentication failed")
+
+
+async def test_a_client_logs_in_through_tls_before_its_first_request(nursery: trio.Nursery, pki: Pki) -> None:
+    logins = _Logins()
+    server = _server(pki.server_tls().server_context(), {RequestCode.AUTHENTICATE: logins.handle})
+    addr = await _serving(nursery, server)
+    got = await _ask(addr, ClientSecurity(tls=pki.client_tls(), user="alice", password="secret"))
+    assert got["principal"] == "User:alice" and got["tls"] is True
+    with pytest.raises(AuthenticationFailed) as caught:
+        await _ask(addr, ClientSecurity(tls=pki.client_tls(), user="alice", password="wrong"))
+    assert str(caught.value) == f"login as 'alice' to {addr} failed: AUTHENTICATION_FAILED: authentication failed"
+    with pytest.raises(AuthenticationFailed, match="login as 'bob'"):
+        await _ask(addr, ClientSecurity(tls=pki.client_tls(), user="bob", password="secret"))
+
+
+async def test_a_server_without_logins_is_used_without_one(nursery: trio.Nursery) -> None:
+    """A name server serves no AUTHENTICATE: a client with a user still reaches it."""
+    addr = await _serving(nursery, _server(None))
+    assert (await _ask(addr, ClientSecurity(user="alice", password="secret")))["principal"] == ""
+
+
+# ------------------------------------------------------------- fuzzing the door
+def _truncated_hello(body: bytes, cut: int) -> bytes:
+    """A TLS record header announcing a ClientHello of ``body`` (a handshake header
+    claiming more), cut after ``cut`` bytes."""
+    hello = b"\x01" + (len(body) + 64).to_bytes(3, "big") + b"\x03\x03" + body
+    return (b"\x16\x03\x01" + len(hello).to_bytes(2, "big") + hello)[:cut]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    junk=st.one_of(
+        st.binary(min_size=1, max_size=600),
+        st.tuples(st.binary(max_size=300), st.integers(1, 300)).map(lambda t: _truncated_hello(*t)),
+    )
+)
+async def test_junk_at_a_tls_port_leaves_it_serving(pki: Pki, junk: bytes) -> None:
+    async with trio.open_nursery() as nursery:
+        server = _server(pki.server_tls().server_context(), tls_handshake_timeout_ms=300)
+        addr = await _serving(nursery, server)
+        stream = await trio.open_tcp_stream("127.0.0.1", server.port)
+        try:
+            await stream.send_all(junk)
+        except trio.BrokenResourceError:
+            pass
+        assert (await _ask(addr, ClientSecurity(tls=pki.client_tls()), n=2))["n"] == 2
+        with trio.fail_after(10):  # the junk's connection ends: closed by the server, or timed out
+            while True:
+                try:
+                    if not await stream.receive_some(4096):
+                        break
+                except trio.BrokenResourceError:
+                    break
+        await stream.aclose()
+        await await_until(lambda: server.connections == 0, 10, "the junk's connection to be gone")
+        assert server.tls_handshake_failures == 1
+        server.stop_accepting()
+        nursery.cancel_scope.cancel()
