@@ -68,6 +68,7 @@ class SecurityRequests:
 
     async def user_delete(self, frame: Frame, peer: Peer) -> Reply:
         user = need(frame.fields, "user", str)
+        self.ctx.replica.check_writable()  # a follower says NOT_LEADER, whatever it holds
         if user not in self.security.state.users:
             raise RequestError(ErrorCode.NOT_FOUND, f"no user {user!r}")
         state = await self._change(lambda s: s.without_user(user))

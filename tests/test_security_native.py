@@ -1,0 +1,217 @@
+"""Logins and ACLs on the native protocol, against a running broker: every request
+code refused before a login (AUTHENTICATION_REQUIRED) and, for a user without the
+right ACL, refused (NOT_AUTHORIZED) with nothing stored and nothing changed; the
+same requests allowed once an ACL grants them; failed logins slowed, counted, logged
+and audited; users and ACLs copied to followers."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from clmq.client import RpcClient
+from clmq.common import Message
+from clmq.protocol import ErrorCode, RequestCode, encode_batch
+from clmq.protocol.auth import ScramClient, SecurityState, make_credential, save_security
+from tests.service_helpers import Cluster
+from tests.test_validation import GOOD_BROKER
+from tests.waiting import await_until
+
+ADMIN, ALICE = ("admin", "admin-pw"), ("alice", "alice-pw")
+OPEN_CODES = {RequestCode.AUTHENTICATE, RequestCode.UNREGISTER_CLIENT}  # any logged-in user
+
+
+def seed_users(data_dir: Path, *users: tuple[str, str]) -> None:
+    state = SecurityState()
+    for name, password in users:
+        state = state.with_user(name, [make_credential("SCRAM-SHA-256", password, iterations=4096)])
+    data_dir.mkdir(parents=True, exist_ok=True)
+    save_security(data_dir / "security.json", state)
+
+
+async def login(rpc: RpcClient, addr: str, user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> Any:
+    """The SCRAM exchange on ``rpc``'s connection to ``addr``; the last reply."""
+    client = ScramClient(mechanism, user, password)
+    first = await rpc.request(addr, RequestCode.AUTHENTICATE, {"mechanism": mechanism, "data": client.first()})
+    final = await rpc.request(addr, RequestCode.AUTHENTICATE, {"data": client.final(first.fields["data"])}, check=False)
+    if final.error_code == 0:
+        client.check(final.fields["data"])
+    return final
+
+
+async def start_secured(cluster: Cluster, tmp_path: Path, **settings: Any) -> str:
+    seed_users(tmp_path / "broker-a", ADMIN, ALICE)
+    await cluster.start_nameserver()
+    broker = await cluster.start_broker(
+        "broker-a", auth_enabled=True, super_users=["User:admin"], auth_failure_delay_ms=200, **settings
+    )
+    return broker.addr
+
+
+def request_body(code: int) -> bytes:
+    return encode_batch([Message("v", 0, b"x")]) if code == RequestCode.SEND_MESSAGE else b""
+
+
+async def test_every_request_needs_a_login_then_an_acl(nursery: trio.Nursery, tmp_path: Path) -> None:
+    cluster = Cluster(nursery, tmp_path)
+    addr = await start_secured(cluster, tmp_path)
+    broker = cluster.brokers["broker-a"]
+    assert set(GOOD_BROKER) == set(broker.rpc.handlers)  # the table covers every code served
+    async with trio.open_nursery() as n:
+        admin, alice, anonymous = RpcClient(n), RpcClient(n), RpcClient(n)
+        assert (await login(admin, addr, *ADMIN)).error_code == 0
+        await admin.request(addr, RequestCode.CREATE_TOPIC, {"topic": "v", "queue_count": 1})
+        for code, fields in GOOD_BROKER.items():
+            if code == RequestCode.AUTHENTICATE:
+                continue
+            reply = await anonymous.request(addr, code, fields, request_body(code), check=False)
+            assert reply.error_code == ErrorCode.AUTHENTICATION_REQUIRED, (RequestCode(code).name, reply)
+        assert (await login(alice, addr, *ALICE)).fields["principal"] == "User:alice"
+        for code, fields in GOOD_BROKER.items():
+            if code in OPEN_CODES:
+                continue
+            reply = await alice.request(addr, code, fields, request_body(code), check=False)
+            assert reply.error_code == ErrorCode.NOT_AUTHORIZED, (RequestCode(code).name, reply)
+            assert "User:alice may not" in reply.error_text
+        # Nothing stored, nothing changed (asked as the super user).
+        offsets = await admin.request(addr, RequestCode.QUERY_OFFSETS, {"topic": "v", "queue_id": 0})
+        assert offsets.fields["max_offset"] == 0
+        topics = await admin.request(addr, RequestCode.LIST_TOPICS)
+        assert topics.fields["topics"] == {"v": 1}
+        users = await admin.request(addr, RequestCode.USER_LIST)
+        assert [u for u, _ in users.fields["users"]] == ["admin", "alice"]
+        assert broker.handlers.ctx.security.state.acls == ()
+        # An ACL grants exactly what it names.
+        grant = [["TOPIC", "v", "LITERAL", "User:alice", "*", "WRITE", "ALLOW"]]
+        await admin.request(addr, RequestCode.ACL_CREATE, {"acls": grant})
+        sent = await alice.request(
+            addr, RequestCode.SEND_MESSAGE, {"topic": "v"}, request_body(RequestCode.SEND_MESSAGE)
+        )
+        assert sent.fields["queue_offsets"] == [0]
+        pulled = await alice.request(
+            addr, RequestCode.PULL_MESSAGE, {"topic": "v", "queue_id": 0, "offset": 0}, check=False
+        )
+        assert pulled.error_code == ErrorCode.NOT_AUTHORIZED
+        # DENY wins over ALLOW.
+        deny = [["TOPIC", "v", "LITERAL", "User:alice", "*", "WRITE", "DENY"]]
+        await admin.request(addr, RequestCode.ACL_CREATE, {"acls": deny})
+        again = await alice.request(
+            addr, RequestCode.SEND_MESSAGE, {"topic": "v"}, request_body(RequestCode.SEND_MESSAGE), check=False
+        )
+        assert again.error_code == ErrorCode.NOT_AUTHORIZED
+        for rpc in (admin, alice, anonymous):
+            await rpc.aclose()
+    assert broker.handlers.ctx.security.access.stats.denied >= len(GOOD_BROKER) - len(OPEN_CODES) + 2
+
+
+async def test_failed_logins_are_slow_alike_counted_logged_and_audited(
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster = Cluster(nursery, tmp_path)
+    audit = tmp_path / "audit.log"
+    addr = await start_secured(cluster, tmp_path, audit_log=str(audit))
+    access = cluster.brokers["broker-a"].handlers.ctx.security.access
+    texts = []
+    with caplog.at_level(logging.WARNING, logger="clmq.security"):
+        for user, password in (("alice", "wrong"), ("nobody", "alice-pw")):
+            async with trio.open_nursery() as n:
+                rpc = RpcClient(n)
+                started = trio.current_time()
+                reply = await login(rpc, addr, user, password)
+                assert trio.current_time() - started >= 0.2  # auth_failure_delay_ms
+                assert reply.error_code == ErrorCode.AUTHENTICATION_FAILED
+                texts.append(reply.error_text)
+                # The server closes the connection after a failed login.
+                conn = rpc._conns[addr]
+                await await_until(lambda: conn.closed, 5, "the connection closed")  # noqa: B023
+                await rpc.aclose()
+    assert texts[0] == texts[1] == "authentication failed"  # no hint which part was wrong
+    assert access.stats.failed == 2
+    assert sum("failed login from 127.0.0.1:" in r.getMessage() for r in caplog.records) == 2
+    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [(x["event"], x["principal"]) for x in lines if x["event"] == "login_failed"] == [
+        ("login_failed", "User:alice"),
+        ("login_failed", "User:nobody"),
+    ]
+
+
+async def test_a_brute_force_loop_is_slowed(nursery: trio.Nursery, tmp_path: Path) -> None:
+    cluster = Cluster(nursery, tmp_path)
+    addr = await start_secured(cluster, tmp_path)
+    started = trio.current_time()
+    async with trio.open_nursery() as n:
+        for i in range(5):
+            rpc = RpcClient(n)
+            assert (await login(rpc, addr, "alice", f"guess{i}")).error_code == ErrorCode.AUTHENTICATION_FAILED
+            await rpc.aclose()
+    assert trio.current_time() - started >= 5 * 0.2
+    assert cluster.brokers["broker-a"].handlers.ctx.security.access.stats.failed == 5
+
+
+async def test_a_logged_in_connection_cannot_log_in_again_and_open_brokers_refuse_logins(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    cluster = Cluster(nursery, tmp_path)
+    addr = await start_secured(cluster, tmp_path)
+    open_broker = await cluster.start_broker("broker-b")
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        assert (await login(rpc, addr, *ALICE)).error_code == 0
+        again = await rpc.request(
+            addr, RequestCode.AUTHENTICATE, {"mechanism": "SCRAM-SHA-256", "data": b"n,,n=x,r=y"}, check=False
+        )
+        assert again.error_code == ErrorCode.AUTHENTICATION_FAILED and "already logged in" in again.error_text
+        other = await rpc.request(
+            open_broker.addr,
+            RequestCode.AUTHENTICATE,
+            {"mechanism": "SCRAM-SHA-256", "data": b"n,,n=x,r=y"},
+            check=False,
+        )
+        assert other.error_code == ErrorCode.AUTHENTICATION_FAILED and "not enabled" in other.error_text
+        await rpc.aclose()
+
+
+def test_a_broker_on_an_open_address_without_auth_refuses_to_start(tmp_path: Path) -> None:
+    from clmq.broker.service import BrokerConfig
+
+    with pytest.raises(ValueError, match="allow_anonymous"):
+        BrokerConfig(listen_host="0.0.0.0", data_dir=str(tmp_path))
+    BrokerConfig(listen_host="0.0.0.0", data_dir=str(tmp_path), allow_anonymous=True)
+    BrokerConfig(listen_host="0.0.0.0", data_dir=str(tmp_path), auth_enabled=True)
+    BrokerConfig(listen_host="127.0.0.1", data_dir=str(tmp_path))
+
+
+async def test_users_and_acls_reach_followers_and_survive_restarts(nursery: trio.Nursery, tmp_path: Path) -> None:
+    cluster = Cluster(nursery, tmp_path)
+    await cluster.start_nameserver()
+    fast = {"replica_metadata_interval_ms": 100, "replica_fetch_wait_ms": 100}
+    lead = await cluster.start_broker("g", key="g0", broker_id=0, **fast)
+    follower = await cluster.start_broker("g", key="g1", broker_id=1, role="follower", leader_addr=lead.addr, **fast)
+    cred = make_credential("SCRAM-SHA-512", "pw", iterations=4096)
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        await rpc.request(
+            lead.addr, RequestCode.USER_UPSERT, {"user": "bob", "credentials": {cred.mechanism: cred.to_json()}}
+        )
+        grant = [["GROUP", "app-", "PREFIXED", "User:bob", "*", "READ", "ALLOW"]]
+        await rpc.request(lead.addr, RequestCode.ACL_CREATE, {"acls": grant})
+        # Changes go to the leader only.
+        refused = await rpc.request(follower.addr, RequestCode.USER_DELETE, {"user": "bob"}, check=False)
+        assert refused.error_code == ErrorCode.NOT_LEADER
+
+        async def copied() -> bool:
+            users = await rpc.request(follower.addr, RequestCode.USER_LIST)
+            acls = await rpc.request(follower.addr, RequestCode.ACL_DESCRIBE, {"filter": [""] * 7})
+            return users.fields["users"] == [["bob", ["SCRAM-SHA-512"]]] and acls.fields["acls"] == grant
+
+        await await_until(copied, 10, "the follower copies the users and ACLs")
+        await rpc.aclose()
+    state = follower.handlers.ctx.security.state
+    await cluster.stop_broker("g1")
+    restarted = await cluster.start_broker("g", key="g1", broker_id=1, role="follower", leader_addr=lead.addr, **fast)
+    assert restarted.handlers.ctx.security.state.to_json() == state.to_json()  # kept on disk
