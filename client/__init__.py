@@ -1,10 +1,12 @@
 """clmq's clients: producer, consumer and admin, for trio code (``open_producer``,
 ``open_consumer``, ``open_admin``), asyncio (``open_asyncio_*``) and plain synchronous
-Python (``Blocking*``). Each takes name server addresses (a string ``"h1:9876,h2:9876"``
+Python (``Blocking*``). The admin also manages users and ACLs (:class:`AclBinding`,
+:class:`AclFilter`). Each takes name server addresses (a string ``"h1:9876,h2:9876"``
 or a list; ``broker_addrs`` for a direct connection; neither: ``$CLMQ_NAMESRV``) and its
 options as typed keyword arguments (:class:`ProducerOptions`, :class:`ConsumerOptions`)."""
 
 from clmq.common import ClientError, ClmqError, Message, Record
+from clmq.protocol.auth import AclBinding, AclFilter, Operation, PatternType, Permission, ResourceType
 from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, split_addr
 
 from ._admin import Admin, open_admin
@@ -45,6 +47,8 @@ from .producer import (
 )
 
 __all__ = [
+    "AclBinding",
+    "AclFilter",
     "Admin",
     "AsyncioAdmin",
     "AsyncioConsumer",
@@ -68,12 +72,16 @@ __all__ = [
     "Message",
     "MessageQueue",
     "NoRouteError",
+    "Operation",
+    "PatternType",
+    "Permission",
     "Producer",
     "ProducerOptions",
     "ReadRouter",
     "Record",
     "ResendResult",
     "ResentLetter",
+    "ResourceType",
     "Routes",
     "RpcClient",
     "RpcError",

@@ -1,17 +1,18 @@
-"""The admin client: topics and groups across the brokers a name server knows."""
+"""The admin client: topics, groups, users and ACLs across the brokers a name server knows."""
 
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Iterable, Sequence
 
 import trio
 
 from clmq.common import Record, is_system_topic
 from clmq.protocol import ErrorCode, RequestCode, decode_records
+from clmq.protocol.auth import DEFAULT_ITERATIONS, AclBinding, AclFilter
 from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
 
-from . import _admin_groups
+from . import _admin_groups, _admin_security
 from ._admin_calls import AdminCalls
 from ._admin_reads import (
     CancelResult,
@@ -26,6 +27,7 @@ from ._admin_reads import (
     scan_for_key,
     topic_leaders,
 )
+from ._admin_security import DEFAULT_MECHANISMS
 from ._arguments import resolve_addrs
 from ._msg_id import parse_msg_id
 
@@ -254,6 +256,51 @@ class Admin:
     async def broker_info(self, addr: str) -> dict[str, Any]:
         """One broker's BROKER_INFO: name, role, store and connection figures."""
         return await self.calls.call(addr, RequestCode.BROKER_INFO)
+
+    # ------------------------------------------------------------ users and ACLs
+    # Each broker group's leader keeps its own copy (followers copy it): a change goes
+    # to every leader (see ``_admin_security``: idempotent, run it again after a failure).
+    async def add_user(
+        self,
+        user: str,
+        password: str,
+        *,
+        mechanisms: Sequence[str] = DEFAULT_MECHANISMS,
+        iterations: int = DEFAULT_ITERATIONS,
+    ) -> list[str]:
+        """Add ``user``, or set its password (its credentials replaced), on every group's
+        leader; the broker names. The credential is salted here: the password never
+        travels. ValueError for a bad name, mechanism, iteration count or empty password."""
+        return await _admin_security.add_user(self.calls, user, password, mechanisms, iterations)
+
+    async def delete_user(self, user: str) -> list[str]:
+        """Delete ``user`` on every leader that has it; their broker names (empty: none had it)."""
+        return await _admin_security.delete_user(self.calls, user)
+
+    async def list_users(self) -> dict[str, list[str]]:
+        """user -> its SCRAM mechanisms, over every group's leader."""
+        return _admin_security.merge_users(await self.users_by_broker())
+
+    async def users_by_broker(self) -> dict[str, dict[str, list[str]]]:
+        """broker name -> (user -> mechanisms), as each group's leader has them."""
+        return await _admin_security.users_by_broker(self.calls)
+
+    async def create_acls(self, bindings: Iterable[AclBinding]) -> list[str]:
+        """Add ``bindings`` (present ones stay as they are) on every leader; the broker names."""
+        return await _admin_security.create_acls(self.calls, bindings)
+
+    async def describe_acls(self, match: AclFilter | None = None) -> list[AclBinding]:
+        """The bindings ``match`` selects (None: all), over every group's leader."""
+        return _admin_security.merge_acls(await self.acls_by_broker(match))
+
+    async def acls_by_broker(self, match: AclFilter | None = None) -> dict[str, list[AclBinding]]:
+        """broker name -> the bindings ``match`` selects, as each group's leader has them."""
+        return await _admin_security.acls_by_broker(self.calls, match)
+
+    async def delete_acls(self, match: AclFilter | None = None) -> list[AclBinding]:
+        """Remove the bindings ``match`` selects on every leader (None or an empty
+        filter: every binding); those removed."""
+        return await _admin_security.delete_acls(self.calls, match)
 
 
 @asynccontextmanager

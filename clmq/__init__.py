@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "Message": "clmq.common", "Record": "clmq.common",
     "SendResult": "clmq.client", "SendFuture": "clmq.client", "ConsumeStatus": "clmq.client",
     "TagFilter": "clmq.client", "MessageQueue": "clmq.client",
+    "AclBinding": "clmq.client", "AclFilter": "clmq.client",  # the admin's ACLs
     # errors
     "ClmqError": "clmq.common", "ClientError": "clmq.common", "SendError": "clmq.client",
     "NoRouteError": "clmq.client", "ConnectionFailed": "clmq.client", "RpcError": "clmq.client",
@@ -55,6 +56,8 @@ _EXPORTS: dict[str, str] = {
 _RENAMED = {"serve_broker": "serve", "serve_nameserver": "serve"}
 
 __all__ = [  # the names of _EXPORTS (a test checks that they agree)
+    "AclBinding",
+    "AclFilter",
     "Admin",
     "AsyncioAdmin",
     "AsyncioConsumer",
@@ -121,6 +124,8 @@ if TYPE_CHECKING:
     from clmq.broker.service import serve as serve_broker
     from clmq.broker.store import Store, StoreConfig
     from clmq.client import (
+        AclBinding,
+        AclFilter,
         Admin,
         AsyncioAdmin,
         AsyncioConsumer,
