@@ -2,7 +2,11 @@
 
 ``SUPPORTED_VERSIONS`` is Kafka's validVersions of each API (``_schemas``), except that
 Produce starts at v3 and Fetch at v4: clmq stores and serves record batch v2 only, the
-format those versions carry (the older message sets are not spoken).
+format those versions carry (the older message sets are not spoken); and SaslHandshake
+starts at v1: after a v0 handshake the SASL tokens come as bare length-prefixed blobs
+outside Kafka's framing (Kafka before 1.0), while v1 carries them in SaslAuthenticate
+requests, which every client of the last years sends (librdkafka, the Java client,
+aiokafka, kafka-python).
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ class ApiKey(IntEnum):
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
     TXN_OFFSET_COMMIT = 28
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
@@ -47,7 +54,7 @@ class ApiKey(IntEnum):
     DESCRIBE_PRODUCERS = 61
 
 
-_LOWEST: dict[ApiKey, int] = {ApiKey.PRODUCE: 3, ApiKey.FETCH: 4}  # record batch v2 only
+_LOWEST: dict[ApiKey, int] = {ApiKey.PRODUCE: 3, ApiKey.FETCH: 4, ApiKey.SASL_HANDSHAKE: 1}  # see the docstring
 
 
 def _supported(key: ApiKey) -> tuple[int, int]:

@@ -24,6 +24,9 @@ NOT_ADVERTISED = frozenset(
         ApiKey.SASL_HANDSHAKE,
         ApiKey.SASL_AUTHENTICATE,
         ApiKey.DESCRIBE_PRODUCERS,
+        ApiKey.DESCRIBE_ACLS,
+        ApiKey.CREATE_ACLS,
+        ApiKey.DELETE_ACLS,
     }
 )
 NO_TRANSACTIONS = "clmq's Kafka listener does not support transactions (docs/kafka.md); use an idempotent producer"
