@@ -26,12 +26,12 @@ ADMIN, ALICE = ("admin", "admin-pw"), ("alice", "alice-pw")
 OPEN_CODES = {RequestCode.AUTHENTICATE, RequestCode.UNREGISTER_CLIENT}  # any logged-in user
 
 
-def seed_users(data_dir: Path, *users: tuple[str, str]) -> None:
+def seed_users(data_dir: Path, *users: tuple[str, str], name: str = "security.json") -> None:
     state = SecurityState()
-    for name, password in users:
-        state = state.with_user(name, [make_credential("SCRAM-SHA-256", password, iterations=4096)])
+    for user, password in users:
+        state = state.with_user(user, [make_credential("SCRAM-SHA-256", password, iterations=4096)])
     data_dir.mkdir(parents=True, exist_ok=True)
-    save_security(data_dir / "security.json", state)
+    save_security(data_dir / name, state)
 
 
 async def login(rpc: RpcClient, addr: str, user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> Any:
@@ -215,3 +215,47 @@ async def test_users_and_acls_reach_followers_and_survive_restarts(nursery: trio
     await cluster.stop_broker("g1")
     restarted = await cluster.start_broker("g", key="g1", broker_id=1, role="follower", leader_addr=lead.addr, **fast)
     assert restarted.handlers.ctx.security.state.to_json() == state.to_json()  # kept on disk
+
+
+async def test_name_server_logins_and_acls_from_its_security_file(nursery: trio.Nursery, tmp_path: Path) -> None:
+    from clmq.nameserver import NameServerConfig
+    from clmq.nameserver import serve as serve_nameserver
+    from clmq.protocol.auth import AclBinding
+
+    path = tmp_path / "ns-security.json"
+    seed_users(tmp_path, ("broker", "b-pw"), ALICE, name=path.name)
+    from clmq.protocol.auth import load_security
+
+    state = load_security(path).with_acls(
+        [AclBinding.from_json(["CLUSTER", "kafka-cluster", "LITERAL", "User:broker", "*", "CLUSTER_ACTION", "ALLOW"])]
+    )
+    save_security(path, state)
+    ns = await nursery.start(
+        serve_nameserver,
+        NameServerConfig(listen_port=0, auth_enabled=True, security_file=str(path), auth_failure_delay_ms=50),
+    )
+    register = {"broker_name": "b", "addr": "127.0.0.1:1", "topics": {"t": 1}}
+    async with trio.open_nursery() as n:
+        anonymous, alice, broker = RpcClient(n), RpcClient(n), RpcClient(n)
+        for code, fields in ((RequestCode.GET_ROUTE, {"topic": "t"}), (RequestCode.REGISTER_BROKER, register)):
+            reply = await anonymous.request(ns.addr, code, fields, check=False)
+            assert reply.error_code == ErrorCode.AUTHENTICATION_REQUIRED
+        assert (await login(alice, ns.addr, *ALICE)).error_code == 0
+        assert (await login(broker, ns.addr, "broker", "b-pw")).error_code == 0
+        assert (await alice.request(ns.addr, RequestCode.REGISTER_BROKER, register, check=False)).error_code == (
+            ErrorCode.NOT_AUTHORIZED
+        )
+        await broker.request(ns.addr, RequestCode.REGISTER_BROKER, register)
+        route = await alice.request(ns.addr, RequestCode.GET_ROUTE, {"topic": "t"}, check=False)
+        assert route.error_code == ErrorCode.NOT_AUTHORIZED  # no DESCRIBE on t yet
+        # The file changes: read again without a restart.
+        grant = AclBinding.from_json(["TOPIC", "t", "LITERAL", "User:alice", "*", "READ", "ALLOW"])
+        save_security(path, load_security(path).with_acls([grant]))
+
+        async def routed() -> bool:
+            reply = await alice.request(ns.addr, RequestCode.GET_ROUTE, {"topic": "t"}, check=False)
+            return reply.error_code == 0 and reply.fields["brokers"][0]["addr"] == "127.0.0.1:1"
+
+        await await_until(routed, 10, "the name server reads its changed security_file")
+        for rpc in (anonymous, alice, broker):
+            await rpc.aclose()

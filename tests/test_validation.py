@@ -250,6 +250,7 @@ GOOD_NAMESERVER: dict[int, dict[str, Any]] = {
     RequestCode.UNREGISTER_BROKER: {"addr": "127.0.0.1:1", "broker_name": "x"},
     RequestCode.GET_ROUTE: {"topic": "t"},
     RequestCode.GET_CLUSTER: {},
+    RequestCode.AUTHENTICATE: {"mechanism": "SCRAM-SHA-256", "data": b"n,,n=u,r=abc"},
 }
 OPTIONAL = {
     (RequestCode.PULL_MESSAGE, "max_messages"),
