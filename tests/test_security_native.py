@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ import pytest
 import trio
 
 from clmq.client import RpcClient
-from clmq.common import Message
+from clmq.client._routes import MessageQueue
+from clmq.client.producer._scheduled import encode_scheduled
+from clmq.common import TIMER_TOPIC, Message
 from clmq.protocol import ErrorCode, RequestCode, encode_batch
 from clmq.protocol.auth import ScramClient, SecurityState, make_credential, save_security
 from tests.service_helpers import Cluster
@@ -97,6 +100,13 @@ async def test_every_request_needs_a_login_then_an_acl(nursery: trio.Nursery, tm
             addr, RequestCode.PULL_MESSAGE, {"topic": "v", "queue_id": 0, "offset": 0}, check=False
         )
         assert pulled.error_code == ErrorCode.NOT_AUTHORIZED
+        # A scheduled message is a produce to its real topic: WRITE there, not on %TIMER%.
+        await admin.request(addr, RequestCode.CREATE_TOPIC, {"topic": "w", "queue_count": 1})
+        due = int(time.time() * 1000) + 60_000
+        for topic, expected in (("v", 0), ("w", ErrorCode.NOT_AUTHORIZED)):
+            body = encode_scheduled([Message(topic, 0, b"later")], MessageQueue(topic, "broker-a", 0, addr), due)
+            reply = await alice.request(addr, RequestCode.SEND_MESSAGE, {"topic": TIMER_TOPIC}, body, check=False)
+            assert reply.error_code == expected, (topic, reply)
         # DENY wins over ALLOW.
         deny = [["TOPIC", "v", "LITERAL", "User:alice", "*", "WRITE", "DENY"]]
         await admin.request(addr, RequestCode.ACL_CREATE, {"acls": deny})

@@ -57,12 +57,17 @@ def _heartbeat(fields: dict[str, Any]) -> Iterable[Need]:
     return [(READ, GROUP, g["group"]) for g in groups if isinstance(g, dict) and isinstance(g.get("group"), str)]
 
 
+def _send(fields: dict[str, Any]) -> Iterable[Need]:
+    """WRITE on the topic; a scheduled batch (to ``%TIMER%``) is checked per real topic at the door."""
+    return [] if fields["topic"] == TIMER_TOPIC else [(WRITE, TOPIC, fields["topic"])]
+
+
 def _create_topic(fields: dict[str, Any]) -> Iterable[Need]:
     return [(Operation.CREATE, TOPIC, fields["topic"])]
 
 
 BROKER_RULES: dict[int, Rule] = {
-    RequestCode.SEND_MESSAGE: _topic(WRITE),  # %TIMER%: the real topics are checked at the door (_scheduled)
+    RequestCode.SEND_MESSAGE: _send,
     RequestCode.PULL_MESSAGE: _pull,
     RequestCode.PULL_MESSAGES: _pull_many,
     RequestCode.QUERY_OFFSETS: _topic(DESCRIBE),

@@ -28,6 +28,7 @@ from clmq.common import (
     timer_tag,
 )
 from clmq.protocol import ErrorCode, Frame
+from clmq.protocol.auth import Operation, ResourceType
 from clmq.protocol.transport import Peer, Reply, RequestError, need
 
 from ._context import BrokerContext
@@ -78,6 +79,7 @@ class ScheduledRequests:
             target = (props[PROP_REAL_TOPIC], props[PROP_REAL_QID])
             if target not in known:
                 self._check_target(i, *target)
+                self._check_access(peer, target[0])
                 known[target] = None
             shared = encode_properties({k: props[k] for k in (PROP_DELIVER_AT, PROP_REAL_TOPIC, PROP_REAL_QID)})
             if raw.startswith(shared):
@@ -112,6 +114,15 @@ class ScheduledRequests:
                 f"message {i}: due at {due}, "
                 f"later than timer_max_delay_ms={self.ctx.config.timer_max_delay_ms} from now",
             )
+
+    def _check_access(self, peer: Peer, topic: str) -> None:
+        """A scheduled message is a produce to its real topic: WRITE on it (the rule of
+        SEND_MESSAGE leaves ``%TIMER%`` itself to this check)."""
+        access = self.ctx.security.access
+        if access.enabled:
+            refused = access.refusal(peer, [(Operation.WRITE, ResourceType.TOPIC, topic)], "SEND_MESSAGE (scheduled)")
+            if refused is not None:
+                raise RequestError(ErrorCode.NOT_AUTHORIZED, refused.error_text)
 
     def _check_target(self, i: int, topic: str, qid: str) -> None:
         count = self.ctx.store.topics.queue_count(topic)
