@@ -53,6 +53,7 @@ class CoordinationConfig:
     zookeeper: str  # "host:port[,host:port...][/chroot]"
     session_timeout_ms: int = 2000
     unclean_leader_election: bool = False
+    auth: str = ""  # "user:password": ZooKeeper digest auth, clmq's nodes readable and writable by it alone
 
 
 class GroupCoordinator:
@@ -67,7 +68,7 @@ class GroupCoordinator:
         self.addr = addr
         self.me = replica.config.broker_id
         self.name = replica.config.broker_name
-        self.session = ZkSession(hosts, config.session_timeout_ms, token)
+        self.session = ZkSession(hosts, config.session_timeout_ms, token, config.auth)
         self._say = SayOnce(self.name, self.me)
         self.view = GroupView(self.session, group_path(chroot, self.name), self.me, addr, self._say)
         self.leading_session: int | None = None  # the session this broker leads in

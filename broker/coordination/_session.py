@@ -26,6 +26,7 @@ import trio
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException
 from kazoo.retry import KazooRetry
+from kazoo.security import make_digest_acl
 
 log = logging.getLogger("clmq.coordination")
 
@@ -37,9 +38,16 @@ REQUEST_TIMEOUT_S = 5.0  # one ZooKeeper request; kazoo keeps the request queued
 class ZkSession:
     """A kazoo client that reconnects forever; its state as a string for status."""
 
-    def __init__(self, hosts: str, session_timeout_ms: int, token: trio.lowlevel.TrioToken) -> None:
+    def __init__(self, hosts: str, session_timeout_ms: int, token: trio.lowlevel.TrioToken, auth: str = "") -> None:
         retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=0.5)
-        self.client = KazooClient(hosts=hosts, timeout=session_timeout_ms / 1000, connection_retry=retry)
+        secured: dict[str, Any] = {}
+        if auth:  # "user:password": digest auth; the nodes this session creates are its alone
+            user, _, password = auth.partition(":")
+            secured = {
+                "auth_data": [("digest", auth)],
+                "default_acl": [make_digest_acl(user, password, all=True)],
+            }
+        self.client = KazooClient(hosts=hosts, timeout=session_timeout_ms / 1000, connection_retry=retry, **secured)
         self.timeout_ms = session_timeout_ms
         self.state = "CLOSED"  # CONNECTED, SUSPENDED, LOST or CLOSED (kazoo's states)
         self.lease_until = 0.0  # monotonic seconds

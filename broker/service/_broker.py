@@ -4,8 +4,10 @@ with every name server, stopped gracefully within a deadline."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
+import ssl
 import time
 from typing import Any, Callable, Iterator
 
@@ -16,7 +18,16 @@ from clmq.broker.coordination import CoordinationConfig, GroupCoordinator
 from clmq.broker.replication import Replica
 from clmq.broker.store import StorageEngine, Store
 from clmq.protocol import RequestCode
-from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, RpcServer, serve_http, warn_if_anonymous
+from clmq.protocol.transport import (
+    ClientSecurity,
+    ConnectionFailed,
+    RpcClient,
+    RpcError,
+    RpcServer,
+    TlsHandshakes,
+    serve_http,
+    warn_if_anonymous,
+)
 
 from ._append import AppendLane
 from ._config import BrokerConfig
@@ -92,6 +103,17 @@ class Broker:
             self.kafka = KafkaService(self.ctx, self.handlers.readers, lambda: self.client)
         self.metadata.timer = self.handlers.timer
         table = self.handlers.table(self.replica.handlers())
+        tls = config.tls_settings()
+        self.tls_context: ssl.SSLContext | None = None
+        if tls is not None:
+            self.tls_context = tls.server_context()
+            if self.kafka is not None:  # the Kafka SSL listener
+                self.kafka.listener.tls = TlsHandshakes(
+                    f"broker {config.broker_name} kafka listener", self.tls_context, tls.handshake_timeout_ms
+                )
+        # The broker's own connections (name servers, its leader): the same certificate
+        # (mutual TLS) and CA, and its user's login.
+        self.client_security = ClientSecurity(tls, config.broker_user, config.broker_password)
         self.rpc = RpcServer(
             f"broker {config.broker_name}",
             table,
@@ -100,11 +122,18 @@ class Broker:
             max_inflight_per_connection=config.max_inflight_per_connection,
             serial_codes=frozenset({RequestCode.SEND_MESSAGE}),
             limits=config.server_limits(),
+            tls=self.tls_context,
         )
         self.started = time.monotonic()
         self.metrics = CollectorRegistry(auto_describe=False)  # this broker's own: several may share a process
         self.metrics.register(
-            BrokerCollector(self.ctx, self.rpc.request_stats, lambda: self.rpc.connections, self.handlers.timer_fields)
+            BrokerCollector(
+                self.ctx,
+                self.rpc.request_stats,
+                lambda: self.rpc.connections,
+                self.handlers.timer_fields,
+                self.tls_handshake_failures,
+            )
         )
         if self.kafka is not None:
             self.metrics.register(KafkaCollector(self.kafka))
@@ -115,7 +144,9 @@ class Broker:
         self.client: RpcClient | None = None
         self.coordinator: GroupCoordinator | None = None
         if config.zookeeper:  # automatic failover: ZooKeeper decides the replica's role
-            zk = CoordinationConfig(config.zookeeper, config.zk_session_timeout_ms, config.unclean_leader_election)
+            zk = CoordinationConfig(
+                config.zookeeper, config.zk_session_timeout_ms, config.unclean_leader_election, config.zk_auth
+            )
             self.coordinator = GroupCoordinator(zk, self.replica, lambda: self.addr, token)
         # A store that fails (an fsync error) says so to the name servers at once, not at
         # the next registration interval: producers must stop being routed here.
@@ -124,6 +155,13 @@ class Broker:
     @property
     def addr(self) -> str:
         return f"{self.config.advertised_addr_host}:{self.rpc.port}"
+
+    def tls_handshake_failures(self) -> dict[str, int]:
+        """Failed TLS handshakes per listener (none: a plaintext broker)."""
+        if self.tls_context is None:
+            return {}
+        kafka = self.kafka.listener.tls if self.kafka is not None else None
+        return {"native": self.rpc.tls_handshake_failures} | ({"kafka": kafka.failures} if kafka else {})
 
     def shutdown(self) -> None:
         """Begin a graceful stop: stop accepting, drain, flush, close the store."""
@@ -274,7 +312,7 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
         raise
     try:
         async with trio.open_nursery() as nursery:
-            broker.client = RpcClient(nursery)
+            broker.client = RpcClient(nursery, security=broker.client_security)
             warn_if_anonymous(f"broker {config.broker_name}", config.listen_host, config.auth_enabled)
             await nursery.start(broker.rpc.serve, config.listen_host, config.listen_port, nursery)
             if broker.kafka is not None:
@@ -286,7 +324,7 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
             nursery.start_soon(broker._sample_rates)
             if config.metrics_port >= 0:
                 broker.metrics_port = await nursery.start(
-                    serve_http,
+                    functools.partial(serve_http, tls=broker.tls_context),
                     config.metrics_host or config.listen_host,
                     config.metrics_port,
                     metrics_route(broker.metrics),
@@ -297,10 +335,11 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
             if broker.coordinator is not None:
                 await nursery.start(broker.coordinator.coordinate)
             log.info(
-                "broker %s/%d listening on %s (%s, %s flush, %s, epoch %d)",
+                "broker %s/%d listening on %s%s (%s, %s flush, %s, epoch %d)",
                 config.broker_name,
                 config.broker_id,
                 broker.addr,
+                " (TLS)" if broker.tls_context is not None else "",
                 config.storage_mode,
                 config.flush_mode,
                 broker.replica.role,

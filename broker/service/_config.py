@@ -14,7 +14,7 @@ from clmq.commitlog import CommitLogConfig, FlushMode
 from clmq.common import GiB, MiB
 from clmq.protocol import DEFAULT_MAX_RECONSUME_TIMES, MAX_RECONSUME_TIMES
 from clmq.protocol.auth import check_principal
-from clmq.protocol.transport import ServerLimits, exposure_problem
+from clmq.protocol.transport import ServerLimits, TlsSettings, exposure_problem, tls_settings
 
 # RocketMQ's default delay levels from level 3 (its retries start there): 10 s ... 2 h.
 DEFAULT_RETRY_DELAYS_MS = tuple(
@@ -222,6 +222,9 @@ class BrokerConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
         self._check_security()
+        tls = self.tls_settings()  # a ValueError naming the file or setting
+        if tls is not None:
+            tls.server_context()  # the certificate and key load, and match
         if not self.retry_delays_ms or any(type(d) is not int or d < 0 for d in self.retry_delays_ms):
             raise ValueError(
                 f"retry_delays_ms must be a non-empty list of milliseconds >= 0, got {self.retry_delays_ms!r}"
@@ -239,8 +242,22 @@ class BrokerConfig:
             check_principal(principal)
         if self.auth_failure_delay_ms < 0:
             raise ValueError(f"auth_failure_delay_ms must be at least 0, got {self.auth_failure_delay_ms}")
+        if self.zk_auth and (":" not in self.zk_auth or self.zk_auth.startswith(":")):
+            raise ValueError("zk_auth must be 'user:password' (ZooKeeper digest auth)")
         if bool(self.broker_user) != bool(self.broker_password):
             raise ValueError("broker_user and broker_password go together (CLMQ_BROKER_PASSWORD for the password)")
+
+    def tls_settings(self) -> TlsSettings | None:
+        """TLS of every listener (native, Kafka, metrics) and of the broker's own
+        connections to the name servers and its leader, which present the same
+        certificate and trust the same CA; None: plaintext."""
+        return tls_settings(
+            cert_file=self.tls_cert_file,
+            key_file=self.tls_key_file,
+            ca_file=self.tls_ca_file,
+            require_client_cert=self.tls_require_client_cert,
+            min_version=self.tls_min_version,
+        )
 
     def replication_config(self) -> ReplicationConfig:
         """The broker's replication settings."""
