@@ -28,6 +28,7 @@ from .dashboard import add_command as add_dashboard
 from .dlq_verbs import add_command as add_dlq
 from .export import add_command as add_export
 from .replication_verbs import add_replication_commands
+from .security_verbs import add_command as add_security
 from .store_tools import add_command as add_store_tools
 
 
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_tools(sub)
     add_dashboard(sub)
     add_dlq(sub)
+    add_security(sub)
     accept_durations(parser)
     return parser
 

@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING
 from clmq.commitlog import LoadedJson, MetadataSource, load_json, previous_path, read_json, write_atomic, write_json
 
 from ._base import StoreBase
-from ._check import Damage, MetadataStatus, QueueFinding, StoreReport, check_store, detect_mode, log_bytes
+from ._check import (
+    Damage,
+    MetadataStatus,
+    QueueFinding,
+    StoreReport,
+    check_store,
+    detect_mode,
+    log_bytes,
+    store_lock,
+)
 from ._config import STORAGE_MODES, StoreConfig, StoreLockedError
 from ._engine import StorageEngine
 from ._partition_store import PartitionStore
@@ -54,6 +63,7 @@ __all__ = [
     "previous_path",
     "read_json",
     "repair_store",
+    "store_lock",
     "topic_name_error",
     "write_atomic",
     "write_json",
