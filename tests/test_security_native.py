@@ -269,3 +269,61 @@ async def test_name_server_logins_and_acls_from_its_security_file(nursery: trio.
         await await_until(routed, 10, "the name server reads its changed security_file")
         for rpc in (anonymous, alice, broker):
             await rpc.aclose()
+
+
+async def test_a_follower_without_the_replication_right_cannot_join(
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Followers log in as ``broker_user``; only a principal with CLUSTER_ACTION on the
+    cluster may replicate. The intruder copies nothing; the real follower does."""
+    from clmq.protocol.auth import AclBinding, load_security
+    from tests.test_replication import FAST, caught_up, in_sync
+
+    cluster = Cluster(nursery, tmp_path)
+    await cluster.start_nameserver()
+    users = (ADMIN, ("broker", "b-pw"), ("intruder", "i-pw"))
+    for key in ("g0", "g1", "g2"):
+        seed_users(tmp_path / key, *users)
+        path = tmp_path / key / "security.json"
+        right = ["CLUSTER", "kafka-cluster", "LITERAL", "User:broker", "*", "CLUSTER_ACTION", "ALLOW"]
+        save_security(path, load_security(path).with_acls([AclBinding.from_json(right)]))
+    secured = {**FAST, "auth_enabled": True, "super_users": ["User:admin"], "auth_failure_delay_ms": 50}
+    lead = await cluster.start_broker(
+        "g", key="g0", broker_id=0, broker_user="broker", broker_password="b-pw", **secured
+    )
+    with caplog.at_level(logging.WARNING):
+        intruder = await cluster.start_broker(
+            "g",
+            key="g1",
+            broker_id=1,
+            role="follower",
+            leader_addr=lead.addr,
+            broker_user="intruder",
+            broker_password="i-pw",
+            **secured,
+        )
+        follower = await cluster.start_broker(
+            "g",
+            key="g2",
+            broker_id=2,
+            role="follower",
+            leader_addr=lead.addr,
+            broker_user="broker",
+            broker_password="b-pw",
+            **secured,
+        )
+        await in_sync(lead, 1)  # the real follower only
+        async with trio.open_nursery() as n:
+            admin = RpcClient(n)
+            assert (await login(admin, lead.addr, *ADMIN)).error_code == 0
+            await admin.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "v", "queue_count": 1})
+            await admin.request(
+                lead.addr, RequestCode.SEND_MESSAGE, {"topic": "v"}, request_body(RequestCode.SEND_MESSAGE)
+            )
+            await admin.aclose()
+        await caught_up(lead, [follower])
+        await await_until(
+            lambda: any("NOT_AUTHORIZED" in r.getMessage() for r in caplog.records), 10, "the intruder is refused"
+        )
+    assert intruder.store.log.write_offset == 0
+    assert intruder.store.topics.all() == {}
