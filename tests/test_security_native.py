@@ -327,3 +327,44 @@ async def test_a_follower_without_the_replication_right_cannot_join(
         )
     assert intruder.store.log.write_offset == 0
     assert intruder.store.topics.all() == {}
+
+
+async def test_random_login_messages_leave_the_broker_serving(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Hypothesis drives AUTHENTICATE with random mechanisms and bytes at both steps,
+    each try on a fresh connection; every answer is an error (never a login), and the
+    broker goes on serving a real login."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    cluster = Cluster(nursery, tmp_path)
+    addr = await start_secured(cluster, tmp_path)
+    cluster.brokers["broker-a"].handlers.ctx.security.access.failure_delay_s = 0
+    tries: list[tuple[Any, bytes, bytes]] = []
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(
+        mechanism=st.one_of(st.sampled_from(["SCRAM-SHA-256", "SCRAM-SHA-512"]), st.text(max_size=20), st.none()),
+        first=st.one_of(st.binary(max_size=200), st.builds(lambda n: b"n,,n=alice,r=" + n, st.binary(max_size=40))),
+        final=st.binary(max_size=200),
+    )
+    def collect(mechanism: Any, first: bytes, final: bytes) -> None:
+        tries.append((mechanism, first, final))
+
+    collect()
+    async with trio.open_nursery() as n:
+        for mechanism, first, final in tries:
+            rpc = RpcClient(n)
+            fields: dict[str, Any] = {"data": first}
+            if mechanism is not None:
+                fields["mechanism"] = mechanism
+            one = await rpc.request(addr, RequestCode.AUTHENTICATE, fields, check=False)
+            if one.error_code == 0:
+                two = await rpc.request(addr, RequestCode.AUTHENTICATE, {"data": final}, check=False)
+                assert two.error_code == ErrorCode.AUTHENTICATION_FAILED, two
+            else:
+                assert one.error_code in (ErrorCode.AUTHENTICATION_FAILED, ErrorCode.MALFORMED_REQUEST), one
+            await rpc.aclose()
+        rpc = RpcClient(n)
+        assert (await login(rpc, addr, *ADMIN)).error_code == 0
+        assert (await rpc.request(addr, RequestCode.BROKER_INFO)).fields["healthy"]
+        await rpc.aclose()
