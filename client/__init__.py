@@ -3,11 +3,21 @@
 Python (``Blocking*``). The admin also manages users and ACLs (:class:`AclBinding`,
 :class:`AclFilter`). Each takes name server addresses (a string ``"h1:9876,h2:9876"``
 or a list; ``broker_addrs`` for a direct connection; neither: ``$CLMQ_NAMESRV``) and its
-options as typed keyword arguments (:class:`ProducerOptions`, :class:`ConsumerOptions`)."""
+options as typed keyword arguments (:class:`ProducerOptions`, :class:`ConsumerOptions`),
+and ``security`` (:class:`ClientSecurity`: TLS, a login; or ``$CLMQ_TLS_*``,
+``$CLMQ_USER``, ``$CLMQ_PASSWORD``)."""
 
 from clmq.common import ClientError, ClmqError, Message, Record
 from clmq.protocol.auth import AclBinding, AclFilter, Operation, PatternType, Permission, ResourceType
-from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, split_addr
+from clmq.protocol.transport import (
+    AuthenticationFailed,
+    ClientSecurity,
+    ConnectionFailed,
+    RpcClient,
+    RpcError,
+    TlsSettings,
+    split_addr,
+)
 
 from ._admin import Admin, open_admin
 from ._admin_reads import CancelResult, DeadLetter, KeyLookup, ResendResult, ResentLetter
@@ -53,6 +63,7 @@ __all__ = [
     "AsyncioAdmin",
     "AsyncioConsumer",
     "AsyncioProducer",
+    "AuthenticationFailed",
     "BatchTooLargeError",
     "BlockingAdmin",
     "BlockingConsumer",
@@ -61,6 +72,7 @@ __all__ = [
     "CancelResult",
     "ClientClosedError",
     "ClientError",
+    "ClientSecurity",
     "ClmqError",
     "ConnectionFailed",
     "ConsumeStatus",
@@ -91,6 +103,7 @@ __all__ = [
     "SendFuture",
     "SendResult",
     "TagFilter",
+    "TlsSettings",
     "allocate_averagely",
     "format_msg_id",
     "open_admin",

@@ -10,7 +10,7 @@ import trio
 from clmq.common import Record, is_system_topic
 from clmq.protocol import ErrorCode, RequestCode, decode_records
 from clmq.protocol.auth import DEFAULT_ITERATIONS, AclBinding, AclFilter
-from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
+from clmq.protocol.transport import ClientSecurity, ConnectionFailed, RpcClient, RpcError, background_nursery
 
 from . import _admin_groups, _admin_security
 from ._admin_calls import AdminCalls
@@ -28,7 +28,7 @@ from ._admin_reads import (
     topic_leaders,
 )
 from ._admin_security import DEFAULT_MECHANISMS
-from ._arguments import resolve_addrs
+from ._arguments import resolve_addrs, resolve_security
 from ._msg_id import parse_msg_id
 
 CANCEL_BUSY_RETRY_S = 10  # a cancel waits this long at most for a broker's timer to start
@@ -305,13 +305,18 @@ class Admin:
 
 @asynccontextmanager
 async def open_admin(
-    namesrv_addrs: str | Sequence[str] | None = None, *, broker_addrs: str | Sequence[str] | None = None
+    namesrv_addrs: str | Sequence[str] | None = None,
+    *,
+    broker_addrs: str | Sequence[str] | None = None,
+    security: ClientSecurity | None = None,
 ) -> AsyncIterator[Admin]:
     """An admin client for trio code: ``async with open_admin("127.0.0.1:9876") as admin:``.
-    Addresses are a string (``"h1:9876,h2:9876"``) or a list; with neither, ``$CLMQ_NAMESRV``."""
+    Addresses are a string (``"h1:9876,h2:9876"``) or a list; with neither, ``$CLMQ_NAMESRV``.
+    ``security``: TLS and a login (None: from ``$CLMQ_TLS_*``, ``$CLMQ_USER``, ``$CLMQ_PASSWORD``)."""
     namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors here, before anything starts
+    resolved = resolve_security(security)
     async with background_nursery() as nursery:
-        rpc = RpcClient(nursery)
+        rpc = RpcClient(nursery, security=resolved)
         try:
             yield Admin(rpc, namesrv, brokers)
         finally:

@@ -1,7 +1,9 @@
 """What the clients' entry points share about their arguments: addresses given as one
 string or a list, ``CLMQ_NAMESRV`` read when none is given (here only: every client,
-trio, asyncio or blocking, resolves its addresses through :func:`resolve_addrs`), and
-options dataclasses filled from the keyword parameters that name each option."""
+trio, asyncio or blocking, resolves its addresses through :func:`resolve_addrs`), the
+security (TLS, a login) read from ``CLMQ_TLS_*``, ``CLMQ_USER`` and ``CLMQ_PASSWORD``
+when none is given (:func:`resolve_security`), and options dataclasses filled from the
+keyword parameters that name each option."""
 
 from __future__ import annotations
 
@@ -9,7 +11,14 @@ import dataclasses
 import os
 from typing import Any, Mapping, Sequence, TypeVar
 
+from clmq.protocol.transport import ClientSecurity, tls_settings
+
 NAMESRV_ENV = "CLMQ_NAMESRV"
+TLS_CA_FILE_ENV = "CLMQ_TLS_CA_FILE"  # the CA the servers' certificates chain to: TLS on
+TLS_CERT_FILE_ENV = "CLMQ_TLS_CERT_FILE"  # with CLMQ_TLS_KEY_FILE: this client's certificate (mutual TLS)
+TLS_KEY_FILE_ENV = "CLMQ_TLS_KEY_FILE"
+USER_ENV = "CLMQ_USER"
+PASSWORD_ENV = "CLMQ_PASSWORD"
 
 T = TypeVar("T")
 
@@ -55,6 +64,32 @@ def resolve_addrs(
                 "or broker addresses for a direct connection"
             )
     return namesrv, brokers
+
+
+def resolve_security(security: ClientSecurity | None) -> ClientSecurity | None:
+    """A client's security: ``security`` if given, else what the environment says
+    (``$CLMQ_TLS_CA_FILE``, ``$CLMQ_TLS_CERT_FILE``, ``$CLMQ_TLS_KEY_FILE`` for TLS;
+    ``$CLMQ_USER`` and ``$CLMQ_PASSWORD`` for a login), else None (plaintext, no
+    login). ``ValueError`` naming the variables for settings that cannot work."""
+    if security is not None:
+        if not isinstance(security, ClientSecurity):
+            raise ValueError(f"security={security!r}: must be a ClientSecurity")
+        return security
+    env = os.environ
+    try:
+        tls = tls_settings(
+            cert_file=env.get(TLS_CERT_FILE_ENV, ""),
+            key_file=env.get(TLS_KEY_FILE_ENV, ""),
+            ca_file=env.get(TLS_CA_FILE_ENV, ""),
+        )
+        user = env.get(USER_ENV, "")
+        if tls is None and not user:
+            return None
+        return ClientSecurity(tls, user, env.get(PASSWORD_ENV, "") if user else "")
+    except ValueError as e:
+        raise ValueError(
+            f"${TLS_CA_FILE_ENV}, ${TLS_CERT_FILE_ENV}, ${TLS_KEY_FILE_ENV}, ${USER_ENV}, ${PASSWORD_ENV}: {e}"
+        ) from None
 
 
 def options_from(cls: type[T], values: Mapping[str, Any]) -> T:

@@ -28,10 +28,11 @@ import outcome
 import trio
 
 from clmq.common import ClientError, Message, Record
+from clmq.protocol.transport import ClientSecurity
 
 from ._admin import Admin, open_admin
 from ._admin_reads import CancelResult, DeadLetter, ResendResult
-from ._arguments import options_from, resolve_addrs
+from ._arguments import options_from, resolve_addrs, resolve_security
 from ._routes import MessageQueue
 from .consumer import (
     Consumer,
@@ -556,6 +557,7 @@ async def open_asyncio_producer(
     buffer_max_bytes: int = 64 << 20,
     buffer_full: Literal["block", "raise"] = "block",
     buffer_block_max_ms: int = 60_000,
+    security: ClientSecurity | None = None,
 ) -> AsyncIterator[AsyncioProducer]:
     """A producer for asyncio code, with :func:`open_producer`'s arguments:
     ``async with open_asyncio_producer("127.0.0.1:9876") as p: await p.send("t", b"x")``.
@@ -563,6 +565,7 @@ async def open_asyncio_producer(
     message submitted is handed over, then the producer closes (which flushes)."""
     options = options_from(ProducerOptions, locals())
     namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors before trio starts
+    resolve_security(security)  # errors before trio starts
     handoff = _Handoff(handoff_max_bytes)
 
     @asynccontextmanager
@@ -617,10 +620,12 @@ async def open_asyncio_consumer(
     lock_retry_ms: int = 500,
     lock_renew_interval_ms: int = 10_000,
     orderly_retry_delay_ms: int = 1000,
+    security: ClientSecurity | None = None,
 ) -> AsyncIterator[AsyncioConsumer]:
     """A started consumer for asyncio code, with :func:`open_consumer`'s arguments."""
     options = options_from(ConsumerOptions, locals())
     namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors before trio starts
+    resolve_security(security)  # errors before trio starts
     opener = functools.partial(consumer_context, namesrv, brokers, group, subscriptions, options)
     async with _held(opener) as (run, consumer):
         yield AsyncioConsumer(run, consumer)
@@ -628,10 +633,14 @@ async def open_asyncio_consumer(
 
 @asynccontextmanager
 async def open_asyncio_admin(
-    namesrv_addrs: str | Sequence[str] | None = None, *, broker_addrs: str | Sequence[str] | None = None
+    namesrv_addrs: str | Sequence[str] | None = None,
+    *,
+    broker_addrs: str | Sequence[str] | None = None,
+    security: ClientSecurity | None = None,
 ) -> AsyncIterator[AsyncioAdmin]:
     """The admin client for asyncio code, with :func:`open_admin`'s arguments (and, as the
     other clients, addresses as a string or a list, or ``$CLMQ_NAMESRV``)."""
     namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)
-    async with _held(lambda: open_admin(namesrv, broker_addrs=brokers or None)) as (run, admin):
+    resolved = resolve_security(security)  # errors before trio starts
+    async with _held(lambda: open_admin(namesrv, broker_addrs=brokers or None, security=resolved)) as (run, admin):
         yield AsyncioAdmin(run, admin)

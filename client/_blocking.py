@@ -17,9 +17,10 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Sequence, T
 import trio
 
 from clmq.common import Message, Record
+from clmq.protocol.transport import ClientSecurity
 
 from ._admin import Admin, open_admin
-from ._arguments import options_from, resolve_addrs
+from ._arguments import options_from, resolve_addrs, resolve_security
 from ._asyncio import ClientClosedError
 from ._routes import MessageQueue
 from .consumer import (
@@ -286,9 +287,11 @@ class BlockingProducer:
         buffer_max_bytes: int = 64 << 20,
         buffer_full: Literal["block", "raise"] = "block",
         buffer_block_max_ms: int = 60_000,
+        security: ClientSecurity | None = None,
     ) -> None:
         options = options_from(ProducerOptions, locals())
         namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors here, before the thread starts
+        resolve_security(security)  # errors here, before the thread starts
         handoff = self._handoff = _ThreadHandoff(handoff_max_bytes)
 
         @asynccontextmanager
@@ -396,9 +399,11 @@ class BlockingConsumer:
         lock_retry_ms: int = 500,
         lock_renew_interval_ms: int = 10_000,
         orderly_retry_delay_ms: int = 1000,
+        security: ClientSecurity | None = None,
     ) -> None:
         options = options_from(ConsumerOptions, locals())
         namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors here, before the thread starts
+        resolve_security(security)  # errors here, before the thread starts
         self._portal = _Portal(lambda: consumer_context(namesrv, brokers, group, subscriptions, options))
         self.consumer: Consumer = self._portal.value
 
@@ -481,10 +486,15 @@ class BlockingAdmin:
     """The :class:`Admin` calls, blocking: ``BlockingAdmin(ns).create_topic("t", 8)``."""
 
     def __init__(
-        self, namesrv_addrs: str | Sequence[str] | None = None, *, broker_addrs: str | Sequence[str] | None = None
+        self,
+        namesrv_addrs: str | Sequence[str] | None = None,
+        *,
+        broker_addrs: str | Sequence[str] | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
         namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # a string or a list, or $CLMQ_NAMESRV
-        self._portal = _Portal(lambda: open_admin(namesrv, broker_addrs=brokers or None))
+        resolved = resolve_security(security)  # errors here, before the thread starts
+        self._portal = _Portal(lambda: open_admin(namesrv, broker_addrs=brokers or None, security=resolved))
         self.admin: Admin = self._portal.value
 
     def __getattr__(self, name: str) -> Callable[..., Any]:

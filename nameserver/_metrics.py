@@ -4,7 +4,7 @@ brokers registered (healthy or not), topics routed. Read when scraped."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -17,9 +17,16 @@ from clmq.protocol.transport import RequestStats, metrics_page
 from ._routes import RouteTable
 
 
+def _no_failures() -> int:
+    return 0
+
+
 class NameServerCollector:
-    def __init__(self, routes: RouteTable, requests: RequestStats) -> None:
+    def __init__(
+        self, routes: RouteTable, requests: RequestStats, tls_failures: Callable[[], int] = _no_failures
+    ) -> None:
         self.routes, self.requests = routes, requests
+        self.tls_failures = tls_failures
 
     def collect(self) -> Iterator[Metric]:
         total = CounterMetricFamily("clmq_nameserver_requests", "Requests answered, per request code", labels=["code"])
@@ -42,11 +49,18 @@ class NameServerCollector:
         yield registered
         topics = {t for b in brokers for t in b.get("topics", {})}
         yield GaugeMetricFamily("clmq_nameserver_topics", "Topics routed", value=len(topics))
+        failures = CounterMetricFamily(
+            "clmq_tls_handshake_failures", "TLS handshakes that failed, per listener", labels=["listener"]
+        )
+        failures.add_metric(["native"], self.tls_failures())
+        yield failures
 
 
-def metrics_registry(routes: RouteTable, requests: RequestStats) -> CollectorRegistry:
+def metrics_registry(
+    routes: RouteTable, requests: RequestStats, tls_failures: Callable[[], int] = _no_failures
+) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NameServerCollector(routes, requests))
+    registry.register(NameServerCollector(routes, requests, tls_failures))
     return registry
 
 

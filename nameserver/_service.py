@@ -3,6 +3,7 @@ ask it where a topic lives. Several run independently; brokers register with all
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -10,7 +11,17 @@ from dataclasses import dataclass, field
 import trio
 
 from clmq.protocol import ErrorCode, Frame, RequestCode
-from clmq.protocol.transport import Peer, Reply, RequestError, RpcServer, ServerLimits, checked, serve_http
+from clmq.protocol.transport import (
+    Peer,
+    Reply,
+    RequestError,
+    RpcServer,
+    ServerLimits,
+    TlsSettings,
+    checked,
+    serve_http,
+    tls_settings,
+)
 
 from ._metrics import metrics_registry, metrics_route
 from ._routes import RouteTable
@@ -52,6 +63,19 @@ class NameServerConfig:
             raise ValueError(f"listen_port must be in 0..65535 (0: any free port), got {self.listen_port}")
         if not -1 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in -1..65535 (-1: none, 0: any free port), got {self.metrics_port}")
+        tls = self.tls_settings()  # a ValueError naming the file or setting
+        if tls is not None:
+            tls.server_context()  # the certificate and key load, and match
+
+    def tls_settings(self) -> TlsSettings | None:
+        """TLS of the name server's listeners (native and metrics); None: plaintext."""
+        return tls_settings(
+            cert_file=self.tls_cert_file,
+            key_file=self.tls_key_file,
+            ca_file=self.tls_ca_file,
+            require_client_cert=self.tls_require_client_cert,
+            min_version=self.tls_min_version,
+        )
 
     def server_limits(self) -> ServerLimits:
         return ServerLimits(
@@ -73,6 +97,8 @@ class NameServer:
     def __init__(self, config: NameServerConfig) -> None:
         self.config = config
         self.routes = RouteTable(config.broker_expiry_ms)
+        tls = config.tls_settings()
+        self.tls_context = tls.server_context() if tls is not None else None
         self.rpc = RpcServer(
             "nameserver",
             {
@@ -84,9 +110,10 @@ class NameServer:
             max_frame_bytes=config.max_frame_bytes,
             idle_timeout_ms=config.idle_timeout_ms,
             limits=config.server_limits(),
+            tls=self.tls_context,
         )
         self._stop = trio.Event()
-        self.metrics = metrics_registry(self.routes, self.rpc.request_stats)
+        self.metrics = metrics_registry(self.routes, self.rpc.request_stats, lambda: self.rpc.tls_handshake_failures)
         self.metrics_port = -1  # where /metrics is served, once started (-1: none)
 
     @property
@@ -171,13 +198,13 @@ async def serve(
         nursery.start_soon(ns._expire_loop)
         if config.metrics_port >= 0:
             ns.metrics_port = await nursery.start(
-                serve_http,
+                functools.partial(serve_http, tls=ns.tls_context),
                 config.metrics_host or config.listen_host,
                 config.metrics_port,
                 metrics_route(ns.metrics),
                 "name server metrics",
             )
-        log.info("name server listening on %s", ns.addr)
+        log.info("name server listening on %s%s", ns.addr, " (TLS)" if ns.tls_context is not None else "")
         task_status.started(ns)
         await ns._stop.wait()
         ns.rpc.stop_accepting()

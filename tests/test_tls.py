@@ -20,7 +20,10 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clmq.client import open_admin, open_consumer, open_producer
 from clmq.devtools import Ca, CertFiles, make_ca, make_cert
+from clmq.nameserver import NameServerConfig
+from clmq.nameserver import serve as serve_nameserver
 from clmq.protocol import ErrorCode, Frame, RequestCode
 from clmq.protocol.auth import ScramError, ScramServer, decoy_credential, make_credential
 from clmq.protocol.transport import (
@@ -34,6 +37,8 @@ from clmq.protocol.transport import (
     TlsSettings,
     background_nursery,
 )
+from clmq.protocol.transport._spans import SPAN_COUNTERS
+from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until
 
 ECHO = 9001  # a request code of the test servers: answers what the session knows
@@ -65,7 +70,8 @@ class Pki:
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     root = tmp_path_factory.mktemp("pki")
     ca = make_ca(root, "test-ca")
-    return Pki(root, ca, make_cert(ca, root, "server"), make_cert(ca, root, "alice", client=True))
+    # The server certificate is a client's too: brokers present it to each other (mutual TLS).
+    return Pki(root, ca, make_cert(ca, root, "server", client=True), make_cert(ca, root, "alice", client=True))
 
 
 # ------------------------------------------------------------ the transport alone
@@ -181,7 +187,8 @@ async def test_mutual_tls_requires_a_client_certificate_and_names_its_user(nurse
     addr = await _serving(nursery, server)
     got = await _ask(addr, ClientSecurity(tls=pki.client_tls(cert=pki.client)))
     assert got["tls"] is True and got["cert_user"] == "alice"
-    with pytest.raises(ConnectionFailed):  # no certificate: the server ends the handshake (TLS 1.3: at the first read)
+    # No certificate: the server ends the handshake (TLS 1.3: the client learns it at its first read).
+    with pytest.raises(ConnectionFailed, match="certificate required"):
         await _ask(addr, ClientSecurity(tls=pki.client_tls()))
     await await_until(lambda: server.tls_handshake_failures == 1, 10, "the server to count the certificate-less client")
 
@@ -288,3 +295,166 @@ async def test_junk_at_a_tls_port_leaves_it_serving(pki: Pki, junk: bytes) -> No
         assert server.tls_handshake_failures == 1
         server.stop_accepting()
         nursery.cancel_scope.cancel()
+
+
+async def test_stored_bytes_cross_tls_by_reading_not_sendfile(nursery: trio.Nursery, pki: Pki, tmp_path: Path) -> None:
+    """A reply of file spans (what a pull answers): through TLS its bytes are read and
+    sent (sendfile cannot encrypt); the same reply on a plaintext server uses sendfile."""
+    data = os.urandom(200_000)
+    path = tmp_path / "segment"
+    path.write_bytes(data)
+
+    @dataclass
+    class Span:
+        path: str | None
+        position: int
+        length: int
+        data: bytes | None = None
+        resident: bool = True  # as if checked cached: plaintext would sendfile it
+
+    async def spans(frame: Frame, peer: Peer) -> Reply:
+        return Reply(spans=[Span(str(path), 1000, 150_000)])
+
+    for context, security in (
+        (pki.server_tls().server_context(), ClientSecurity(tls=pki.client_tls())),
+        (None, None),
+    ):
+        addr = await _serving(nursery, _server(context, {ECHO + 1: spans}))
+        before = dict(SPAN_COUNTERS)
+        async with background_nursery() as n:
+            rpc = RpcClient(n, security=security)
+            reply = await rpc.request(addr, ECHO + 1, {}, timeout_ms=10_000)
+            await rpc.aclose()
+        assert reply.body == data[1000:151_000]
+        used = {k: SPAN_COUNTERS[k] - before[k] for k in SPAN_COUNTERS}
+        if context is not None:
+            assert used["sendfile_spans"] == 0 and used["thread_read_spans"] == 1
+        else:
+            assert used["sendfile_spans"] == 1
+
+
+# ------------------------------------------------- real services, in this process
+@dataclass
+class TlsCluster:
+    cluster: Cluster
+    pki: Pki
+
+    @property
+    def ns(self) -> list[str]:
+        return self.cluster.ns
+
+
+def _tls_settings(pki: Pki, **more: Any) -> dict[str, Any]:
+    return {
+        "tls_cert_file": str(pki.server.cert_file),
+        "tls_key_file": str(pki.server.key_file),
+        "tls_ca_file": str(pki.ca.cert_file),
+        **more,
+    }
+
+
+@pytest.fixture
+async def tls_cluster(nursery: trio.Nursery, tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch) -> TlsCluster:
+    """A TLS name server; every client of this process trusts the test CA through
+    ``$CLMQ_TLS_CA_FILE`` (the environment form of the clients' security)."""
+    monkeypatch.setenv("CLMQ_TLS_CA_FILE", str(pki.ca.cert_file))
+    c = Cluster(nursery, tmp_path)
+    c.nameserver = await nursery.start(
+        serve_nameserver,
+        NameServerConfig(
+            listen_port=0, broker_expiry_ms=1500, scan_interval_ms=100, metrics_port=0, **_tls_settings(pki)
+        ),
+    )
+    return TlsCluster(c, pki)
+
+
+async def test_produce_and_consume_through_a_tls_name_server_and_broker(tls_cluster: TlsCluster) -> None:
+    c = tls_cluster.cluster
+    broker = await c.start_broker(**_tls_settings(tls_cluster.pki))
+    await c.create_topic("secure", 2)
+    async with open_producer(c.ns) as producer:
+        for i in range(20):
+            await producer.send("secure", f"m{i}".encode())
+    got: list[bytes] = []
+    async with open_consumer(c.ns, "g", {"secure": "*"}, **FAST_CONSUMER) as consumer:
+        with trio.fail_after(20):
+            while len(got) < 20:
+                got += [r.body for r in await consumer.receive()]
+    assert sorted(got) == sorted(f"m{i}".encode() for i in range(20))
+    assert broker.tls_context is not None and broker.rpc.tls_handshake_failures == 0
+
+
+async def test_a_client_without_the_ca_is_refused_by_the_tls_broker(
+    tls_cluster: TlsCluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = tls_cluster.cluster
+    broker = await c.start_broker(**_tls_settings(tls_cluster.pki))
+    monkeypatch.delenv("CLMQ_TLS_CA_FILE")
+    caplog.set_level(logging.WARNING, "clmq.tls")
+    with pytest.raises(
+        ConnectionFailed, match=r"TLS handshake with 127\.0\.0\.1:[0-9]+ failed: certificate verify failed: "
+    ):
+        async with open_admin(broker_addrs=broker.addr, security=ClientSecurity(tls=TlsSettings())) as admin:
+            await admin.brokers()
+    async with open_admin(broker_addrs=broker.addr) as admin:  # plaintext: no environment now
+        with pytest.raises(ConnectionFailed):
+            await admin.broker_info(broker.addr)
+    await await_until(lambda: broker.rpc.tls_handshake_failures == 2, 10, "the broker to count both failures")
+    assert any(
+        f"broker {broker.config.broker_name}: TLS handshake with 127.0.0.1:" in r.getMessage() for r in caplog.records
+    )
+    scrape = await _https_get(broker.metrics_port, tls_cluster.pki) if broker.metrics_port > 0 else ""
+    if scrape:
+        assert 'clmq_tls_handshake_failures_total{listener="native"} 2.0' in scrape
+
+
+async def _https_get(port: int, pki: Pki, path: str = "/metrics") -> str:
+    stream = await trio.open_ssl_over_tcp_stream(
+        "127.0.0.1", port, ssl_context=pki.client_tls().client_context(), https_compatible=True
+    )
+    async with stream:
+        await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    return data.decode()
+
+
+async def test_metrics_are_served_over_https(tls_cluster: TlsCluster) -> None:
+    c = tls_cluster.cluster
+    broker = await c.start_broker(**_tls_settings(tls_cluster.pki), metrics_port=0)
+    page = await _https_get(broker.metrics_port, tls_cluster.pki)
+    assert page.startswith("HTTP/1.1 200") and "clmq_connections" in page
+    assert c.nameserver is not None
+    ns_page = await _https_get(c.nameserver.metrics_port, tls_cluster.pki)
+    assert 'clmq_tls_handshake_failures_total{listener="native"} 0.0' in ns_page
+    with pytest.raises(trio.BrokenResourceError):  # plain HTTP gets no answer
+        stream = await trio.open_tcp_stream("127.0.0.1", broker.metrics_port)
+        await stream.send_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+        if not await stream.receive_some(100):
+            raise trio.BrokenResourceError("closed")
+
+
+async def test_replication_between_tls_replicas_with_mutual_tls(tls_cluster: TlsCluster) -> None:
+    """Leader and follower require client certificates: the follower (and each
+    broker's registration) presents the server certificate, which the CA signed."""
+    c, pki = tls_cluster.cluster, tls_cluster.pki
+    monkey_cert = {"CLMQ_TLS_CERT_FILE": str(pki.client.cert_file), "CLMQ_TLS_KEY_FILE": str(pki.client.key_file)}
+    os.environ.update(monkey_cert)  # the test's own clients need a certificate too (undone below)
+    try:
+        tls = _tls_settings(pki, tls_require_client_cert=True)
+        fast = {"replica_metadata_interval_ms": 50, "replica_fetch_wait_ms": 200, "replica_retry_ms": 100}
+        lead = await c.start_broker("g", key="g0", broker_id=0, **tls, **fast)
+        follower = await c.start_broker(
+            "g", key="g1", broker_id=1, role="follower", leader_addr=lead.addr, **tls, **fast
+        )
+        await c.create_topic("replicated", 2)
+        async with open_producer(c.ns) as producer:
+            for _ in range(50):
+                await producer.send("replicated", b"x" * 1000)
+        end = lead.store.log.write_offset
+        await await_until(lambda: follower.store.log.write_offset == end, 20, "the follower to copy the leader's log")
+        assert lead.rpc.tls_handshake_failures == 0
+    finally:
+        for name in monkey_cert:
+            os.environ.pop(name, None)

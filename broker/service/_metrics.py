@@ -74,9 +74,11 @@ class BrokerCollector:
         requests: RequestStats,
         connections: Any,
         timer: Callable[[], dict[str, int | str]] | None = None,
+        tls_failures: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.ctx, self.requests, self.connections = ctx, requests, connections
         self.timer = timer  # BROKER_INFO's timer fields
+        self.tls_failures = tls_failures  # failed TLS handshakes per listener
 
     def collect(self) -> Iterator[Metric]:
         yield from self._traffic()
@@ -85,6 +87,15 @@ class BrokerCollector:
         yield from self._group_lag()
         yield from self._replication()
         yield from self._timer()
+        yield from self._tls()
+
+    def _tls(self) -> Iterator[Metric]:
+        failures = CounterMetricFamily(
+            "clmq_tls_handshake_failures", "TLS handshakes that failed, per listener", labels=["listener"]
+        )
+        for listener, count in sorted((self.tls_failures() if self.tls_failures else {}).items()):
+            failures.add_metric([listener], count)
+        yield failures
 
     def _timer(self) -> Iterator[Metric]:
         if self.timer is None:

@@ -42,9 +42,9 @@ import trio
 
 from clmq.common import Record, retry_topic
 from clmq.protocol import RequestCode
-from clmq.protocol.transport import RpcClient, background_nursery
+from clmq.protocol.transport import ClientSecurity, RpcClient, background_nursery
 
-from .._arguments import options_from, resolve_addrs
+from .._arguments import options_from, resolve_addrs, resolve_security
 from .._routes import MessageQueue, ReadRouter, Routes
 from ._commits import Commits
 from ._fetcher import Fetcher
@@ -390,6 +390,7 @@ async def open_consumer(
     lock_retry_ms: int = 500,
     lock_renew_interval_ms: int = 10_000,
     orderly_retry_delay_ms: int = 1000,
+    security: ClientSecurity | None = None,
 ) -> AsyncIterator[Consumer]:
     """A started consumer: ``async with open_consumer(ns, "g", {"orders": "*"}) as c:``.
 
@@ -413,8 +414,9 @@ async def consumer_context(
     """:func:`open_consumer` with its options as one object (the asyncio and blocking
     consumers check theirs before they start a loop)."""
     namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)
+    security = resolve_security(options.security)
     async with background_nursery() as nursery:
-        rpc = RpcClient(nursery)
+        rpc = RpcClient(nursery, security=security)
         routes = Routes(rpc, namesrv, broker_addrs=brokers, refresh_interval_ms=0)
         consumer = Consumer(rpc, routes, group, subscriptions, options)
         ack_pending = False

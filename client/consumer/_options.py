@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from clmq.protocol import MAX_RECONSUME_TIMES
+from clmq.protocol.transport import ClientSecurity
 
 
 class TagFilter:
@@ -89,6 +90,8 @@ class ConsumerOptions:
     # Held locks are renewed this often (or every third of the broker's lock_lease_ms, 30 s, if that is shorter).
     lock_renew_interval_ms: int = 10_000
     orderly_retry_delay_ms: int = 1000  # orderly: a failed message is delivered again, in place, after this long
+    # TLS and a login for every connection (None: from $CLMQ_TLS_*, $CLMQ_USER, $CLMQ_PASSWORD, else neither)
+    security: ClientSecurity | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("clustering", "broadcasting"):

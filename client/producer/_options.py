@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from clmq.protocol.transport import ClientSecurity
+
 from ._tries import RetryPolicy
 
 DEFAULT_RETRIES = 2
@@ -35,6 +37,8 @@ class ProducerOptions:
     buffer_max_bytes: int = 64 << 20  # encoded bytes accepted and not yet answered
     buffer_full: Literal["block", "raise"] = "block"  # when the buffer is full: wait, or BufferFullError at once
     buffer_block_max_ms: int = 60_000  # "block": waits this long for room, then BufferFullError
+    # TLS and a login for every connection (None: from $CLMQ_TLS_*, $CLMQ_USER, $CLMQ_PASSWORD, else neither)
+    security: ClientSecurity | None = None
 
     def __post_init__(self) -> None:
         _check_positive(self, "send_timeout_ms", "batch_max_bytes", "max_in_flight", "buffer_max_bytes")

@@ -16,9 +16,9 @@ import trio
 
 from clmq.common import Message
 from clmq.protocol import RequestCode, encode_batch
-from clmq.protocol.transport import RpcClient, background_nursery
+from clmq.protocol.transport import ClientSecurity, RpcClient, background_nursery
 
-from .._arguments import options_from, resolve_addrs
+from .._arguments import options_from, resolve_addrs, resolve_security
 from .._routes import MessageQueue, Routes
 from ._accumulator import Accumulator
 from ._batch import Batch
@@ -358,6 +358,7 @@ async def open_producer(
     buffer_max_bytes: int = 64 << 20,
     buffer_full: Literal["block", "raise"] = "block",
     buffer_block_max_ms: int = 60_000,
+    security: ClientSecurity | None = None,
 ) -> AsyncIterator[Producer]:
     """A producer for trio code: ``async with open_producer("127.0.0.1:9876") as p:``.
 
@@ -378,8 +379,9 @@ async def producer_context(
     """:func:`open_producer` with its options as one object (the asyncio and blocking
     producers check theirs before they start a loop)."""
     namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)
+    security = resolve_security(options.security)
     async with background_nursery() as nursery:
-        rpc = RpcClient(nursery)
+        rpc = RpcClient(nursery, security=security)
         producer = None
         try:
             producer = Producer(rpc, Routes(rpc, namesrv, broker_addrs=brokers), options, nursery=nursery)

@@ -65,7 +65,8 @@ class _Connection:
                 self.decoder.receive_data(data)
                 self._deliver()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-            self.error = f"connection lost: {e}"
+            # through TLS the cause says why (a server refusing this client's certificate answers at the first read)
+            self.error = f"connection lost: {describe_tls_error(e) if e.__cause__ is not None else e}"
         except ProtocolError as e:
             self.error = f"bad data from the server: {e}"
         finally:

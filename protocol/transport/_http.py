@@ -1,10 +1,12 @@
 """A small HTTP/1.1 server on trio for what a service shows over HTTP: the Prometheus
 ``/metrics`` page and the dashboard's pages and JSON. GET and HEAD only, one request
-per connection (``Connection: close``), every step bounded in time and size."""
+per connection (``Connection: close``), every step bounded in time and size. HTTPS
+when given an ``ssl.SSLContext`` (the service's TLS settings)."""
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
@@ -49,34 +51,43 @@ async def serve_http(
     route: Route,
     name: str = "http",
     *,
+    tls: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Answer every request with ``route`` until cancelled; reports the port it listens on
-    (``port`` 0: any free port)."""
+    (``port`` 0: any free port). ``tls``: HTTPS only (the handshake within the request's
+    time bound; a failed one closes that connection alone)."""
     try:
         listeners = await trio.open_tcp_listeners(port, host=host)
     except OSError as e:  # say which port: a service may listen on several
         raise OSError(e.errno, f"cannot listen on {host}:{port} for the {name}: {e.strerror}") from e
     slots = trio.CapacityLimiter(HTTP_MAX_CONNECTIONS)
     bound = listeners[0].socket.getsockname()[1]
-    log.info("%s: HTTP on %s:%d", name, host, bound)
+    log.info("%s: %s on %s:%d", name, "HTTP" if tls is None else "HTTPS", host, bound)
     async with trio.open_nursery() as nursery:
         for listener in listeners:
-            nursery.start_soon(_accept, listener, route, slots, name)
+            nursery.start_soon(_accept, listener, route, slots, name, tls)
         task_status.started(bound)
 
 
-async def _accept(listener: trio.SocketListener, route: Route, slots: trio.CapacityLimiter, name: str) -> None:
+async def _accept(
+    listener: trio.SocketListener, route: Route, slots: trio.CapacityLimiter, name: str, tls: ssl.SSLContext | None
+) -> None:
     async with trio.open_nursery() as nursery:
         while True:
             stream = await listener.accept()
-            nursery.start_soon(_one, stream, route, slots, name)
+            nursery.start_soon(_one, stream, route, slots, name, tls)
 
 
-async def _one(stream: trio.SocketStream, route: Route, slots: trio.CapacityLimiter, name: str) -> None:
+async def _one(
+    tcp: trio.SocketStream, route: Route, slots: trio.CapacityLimiter, name: str, tls: ssl.SSLContext | None
+) -> None:
+    stream: trio.abc.Stream = tcp if tls is None else trio.SSLStream(tcp, tls, server_side=True, https_compatible=True)
     async with slots, stream:
         try:
             with trio.fail_after(HTTP_REQUEST_TIMEOUT_S):
+                if isinstance(stream, trio.SSLStream):
+                    await stream.do_handshake()
                 request = await _read_request(stream)
             response = await _respond(request, route, name)
             with trio.fail_after(HTTP_REQUEST_TIMEOUT_S):
@@ -97,7 +108,7 @@ async def _respond(request: HttpRequest | None, route: Route, name: str) -> Http
         return HttpResponse(500, f"{type(e).__name__}: {e}\n".encode())
 
 
-async def _read_request(stream: trio.SocketStream) -> HttpRequest | None:
+async def _read_request(stream: trio.abc.Stream) -> HttpRequest | None:
     """The request line and headers (the body of a GET is ignored); None if malformed."""
     data = b""
     while b"\r\n\r\n" not in data:

@@ -14,11 +14,13 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
+from clmq.common import ConfigError
+
 TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 DEFAULT_HANDSHAKE_TIMEOUT_MS = 10_000
 
 
-class TlsSettingsError(ValueError):
+class TlsSettingsError(ConfigError):
     """TLS settings that cannot work (a missing file, a key that does not match)."""
 
 

@@ -33,7 +33,7 @@ from clmq.protocol.kafka import (
     encode_api_versions_unsupported,
     encode_response,
 )
-from clmq.protocol.transport import RequestStats
+from clmq.protocol.transport import RequestStats, TlsHandshakes, close_stream
 
 log = logging.getLogger("clmq.broker.kafka")
 
@@ -127,6 +127,9 @@ class KafkaListener:
         self.port = -1
         self._refused_burst = False
         self._listeners: list[trio.SocketListener] = []
+        # The Kafka SSL listener: set (by the broker, from its tls_* settings) before
+        # serve; each accepted connection's handshake then runs in its own task.
+        self.tls: TlsHandshakes | None = None
 
     async def serve(
         self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
@@ -155,21 +158,26 @@ class KafkaListener:
             return
         self._refused_burst = False
         self.connections += 1
+        conn: trio.abc.Stream = stream
         try:
             host, port = stream.socket.getpeername()[:2]
-            await _Connection(self, stream, Peer(str(host), int(port))).run()
+            if self.tls is not None:
+                tls = await self.tls.accept(stream)  # a failure is counted and logged there
+                if tls is None:
+                    return
+                conn = tls
+            await _Connection(self, conn, Peer(str(host), int(port))).run()
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the client went away: what it asked and was not answered was not acknowledged
         except* Exception:  # a bug must close this connection, never the listener (and the broker)
             log.exception("kafka: a connection failed; it is closed, the listener goes on")
         finally:
             self.connections -= 1
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+            await close_stream(conn)
 
 
 class _Connection:
-    def __init__(self, listener: KafkaListener, stream: trio.SocketStream, peer: Peer) -> None:
+    def __init__(self, listener: KafkaListener, stream: trio.abc.Stream, peer: Peer) -> None:
         self.listener = listener
         self.settings = listener.settings
         self.stream = stream
@@ -206,7 +214,7 @@ class _Connection:
                 return
             if not data:
                 return
-            self.reader.receive_data(data)
+            self.reader.receive_data(bytes(data))  # an SSLStream's reads are bytearrays (bytes: no copy)
             while True:
                 try:
                     request = self.reader.next_request()
