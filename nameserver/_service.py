@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 import trio
 
 from clmq.protocol import ErrorCode, Frame, RequestCode
+from clmq.protocol.auth import check_principal
 from clmq.protocol.transport import (
+    Handler,
     Peer,
     Reply,
     RequestError,
@@ -19,10 +21,13 @@ from clmq.protocol.transport import (
     ServerLimits,
     TlsSettings,
     checked,
+    exposure_problem,
     serve_http,
     tls_settings,
+    warn_if_anonymous,
 )
 
+from ._access import NAMESERVER_RULES, nameserver_access
 from ._metrics import metrics_registry, metrics_route
 from ._routes import RouteTable
 
@@ -45,7 +50,7 @@ class NameServerConfig:
     max_buffered_request_bytes: int = 256 << 20
     frame_timeout_ms: int = 60_000
     metrics_port: int = -1  # Prometheus metrics over HTTP (GET /metrics): -1 none, 0 any free port
-    metrics_host: str = ""  # "": the listen host
+    metrics_host: str = ""  # "": 127.0.0.1 (loopback); elsewhere needs auth_enabled (a login) or allow_anonymous
     # Security (docs/security.md), as the broker's settings of the same names.
     tls_cert_file: str = ""
     tls_key_file: str = ""
@@ -53,7 +58,9 @@ class NameServerConfig:
     tls_require_client_cert: bool = False
     tls_min_version: str = "1.2"
     auth_enabled: bool = False  # every connection logs in; the ACLs of security_file decide
-    security_file: str = ""  # users and ACLs (written by `clmq user add --file`, `clmq acl add --file`); re-read when changed
+    security_file: str = (
+        ""  # users and ACLs (written by `clmq user add --file`, `clmq acl add --file`); re-read when changed
+    )
     super_users: list[str] = field(default_factory=list)
     allow_anonymous: bool = False
     auth_failure_delay_ms: int = 1000
@@ -63,9 +70,23 @@ class NameServerConfig:
             raise ValueError(f"listen_port must be in 0..65535 (0: any free port), got {self.listen_port}")
         if not -1 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be in -1..65535 (-1: none, 0: any free port), got {self.metrics_port}")
+        problem = exposure_problem("the name server", self.listen_host, self.auth_enabled, self.allow_anonymous)
+        if self.metrics_port >= 0:
+            problem = problem or exposure_problem(
+                "the name server's metrics", self.metrics_bind_host, self.auth_enabled, self.allow_anonymous
+            )
+        if problem:
+            raise ValueError(problem)
+        for principal in self.super_users:
+            check_principal(principal)
         tls = self.tls_settings()  # a ValueError naming the file or setting
         if tls is not None:
             tls.server_context()  # the certificate and key load, and match
+
+    @property
+    def metrics_bind_host(self) -> str:
+        """Where /metrics listens: ``metrics_host``, or loopback."""
+        return self.metrics_host or "127.0.0.1"
 
     def tls_settings(self) -> TlsSettings | None:
         """TLS of the name server's listeners (native and metrics); None: plaintext."""
@@ -99,14 +120,19 @@ class NameServer:
         self.routes = RouteTable(config.broker_expiry_ms)
         tls = config.tls_settings()
         self.tls_context = tls.server_context() if tls is not None else None
+        self.access = nameserver_access(
+            config.auth_enabled, config.security_file, config.super_users, config.auth_failure_delay_ms
+        )
+        handlers: dict[int, Handler] = {
+            RequestCode.REGISTER_BROKER: self._register,
+            RequestCode.UNREGISTER_BROKER: self._unregister,
+            RequestCode.GET_ROUTE: self._route,
+            RequestCode.GET_CLUSTER: self._cluster,
+        }
+        table = self.access.guard_all(handlers, NAMESERVER_RULES, lambda code: RequestCode(code).name)
         self.rpc = RpcServer(
             "nameserver",
-            {
-                RequestCode.REGISTER_BROKER: checked(self._register),
-                RequestCode.UNREGISTER_BROKER: checked(self._unregister),
-                RequestCode.GET_ROUTE: checked(self._route),
-                RequestCode.GET_CLUSTER: checked(self._cluster),
-            },
+            {**table, RequestCode.AUTHENTICATE: checked(self.access.authenticate)},
             max_frame_bytes=config.max_frame_bytes,
             idle_timeout_ms=config.idle_timeout_ms,
             limits=config.server_limits(),
@@ -194,12 +220,13 @@ async def serve(
     """Run a name server until cancelled or :meth:`NameServer.shutdown`."""
     ns = NameServer(config)
     async with trio.open_nursery() as nursery:
+        warn_if_anonymous("the name server", config.listen_host, config.auth_enabled)
         await nursery.start(ns.rpc.serve, config.listen_host, config.listen_port, nursery)
         nursery.start_soon(ns._expire_loop)
         if config.metrics_port >= 0:
             ns.metrics_port = await nursery.start(
                 functools.partial(serve_http, tls=ns.tls_context),
-                config.metrics_host or config.listen_host,
+                config.metrics_bind_host,
                 config.metrics_port,
                 metrics_route(ns.metrics),
                 "name server metrics",

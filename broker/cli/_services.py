@@ -138,7 +138,7 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
         async with trio.open_nursery() as nursery:
             ns = await nursery.start(serve_nameserver, cfg)
             await nursery.start(_until_signal, ns.shutdown)
-            metrics = _metrics_url(cfg.metrics_host or cfg.listen_host, ns.metrics_port)
+            metrics = _metrics_url(cfg.metrics_bind_host, ns.metrics_port)
             console.print(f"name server on {ns.addr}" + (f"; metrics on {metrics}" if metrics else ""))
             if is_json(args):
                 write_json({"addr": ns.addr, "metrics_url": metrics})
@@ -197,7 +197,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
                 f"broker {cfg.broker_name} on {broker.addr}, data in {cfg.data_dir} "
                 f"({cfg.storage_mode}, {cfg.flush_mode} flush); name servers: {', '.join(cfg.namesrv_addrs) or 'none'}"
             )
-            metrics = _metrics_url(cfg.metrics_host or cfg.listen_host, broker.metrics_port)
+            metrics = _metrics_url(cfg.metrics_bind_host, broker.metrics_port)
             if metrics:
                 console.print(f"metrics on {metrics}")
             kafka = broker.kafka.kafka_addr() if broker.kafka is not None else ""
@@ -304,7 +304,7 @@ async def _serve_dev(args: argparse.Namespace, base: BrokerConfig) -> None:
             ns.shutdown()
             return
         await nursery.start(_until_signal, lambda: (broker.shutdown(), ns.shutdown()))
-        url = _metrics_url(cfg.metrics_host or cfg.listen_host, broker.metrics_port)
+        url = _metrics_url(cfg.metrics_bind_host, broker.metrics_port)
         kafka = broker.kafka.kafka_addr() if broker.kafka is not None else ""
         ready = {"addr": broker.addr, "broker_id": 0, "metrics_url": url, "kafka_addr": kafka}
         print_ready(args, ns.addr, [ready], str(cfg.data_dir))

@@ -71,7 +71,7 @@ class ReplicaProcess:
     @property
     def metrics_url(self) -> str:
         c = self.config
-        return metrics_url(c.metrics_host or c.listen_host, c.metrics_port)
+        return metrics_url(c.metrics_bind_host, c.metrics_port)
 
 
 def plan_replicas(base: BrokerConfig, namesrv: str, count: int, zookeeper: str = "") -> list[ReplicaProcess]:

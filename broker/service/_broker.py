@@ -325,7 +325,7 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
             if config.metrics_port >= 0:
                 broker.metrics_port = await nursery.start(
                     functools.partial(serve_http, tls=broker.tls_context),
-                    config.metrics_host or config.listen_host,
+                    config.metrics_bind_host,
                     config.metrics_port,
                     metrics_route(broker.metrics),
                     "broker metrics",

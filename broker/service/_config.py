@@ -105,7 +105,7 @@ class BrokerConfig:
     leader_transfer_timeout_ms: int = 5000  # a graceful hand-over waits this long for the follower to catch up
     # Observability (issue 18): Prometheus metrics over HTTP (GET /metrics).
     metrics_port: int = -1  # -1: no metrics port; 0: any free port
-    metrics_host: str = ""  # "": the listen host
+    metrics_host: str = ""  # "": 127.0.0.1 (loopback); elsewhere needs auth_enabled (a login) or allow_anonymous
     describe_size_max_entries: int = 1_000_000  # DESCRIBE_TOPIC sums a queue's bytes up to this many messages (else -1)
     # Redelivery (docs/consuming.md): retries, dead letters, scheduled messages, orderly locks.
     # A group's back-off per attempt (RocketMQ's delay levels from 10 s); a consumer may send its own.
@@ -232,10 +232,18 @@ class BrokerConfig:
         if not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES:
             raise ValueError(f"max_reconsume_times must be in 0..{MAX_RECONSUME_TIMES}, got {self.max_reconsume_times}")
 
+    @property
+    def metrics_bind_host(self) -> str:
+        """Where /metrics listens: ``metrics_host``, or loopback."""
+        return self.metrics_host or "127.0.0.1"
+
     def _check_security(self) -> None:
-        problem = exposure_problem(
-            f"broker {self.broker_name}", self.listen_host, self.auth_enabled, self.allow_anonymous
-        )
+        what = f"broker {self.broker_name}"
+        problem = exposure_problem(what, self.listen_host, self.auth_enabled, self.allow_anonymous)
+        if self.metrics_port >= 0:
+            problem = problem or exposure_problem(
+                f"{what}'s metrics", self.metrics_bind_host, self.auth_enabled, self.allow_anonymous
+            )
         if problem:
             raise ValueError(problem)
         for principal in self.super_users:
