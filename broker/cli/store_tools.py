@@ -24,8 +24,10 @@ from clmq.broker.store import (
     detect_mode,
     log_bytes,
     repair_store,
+    store_lock,
 )
 from clmq.commitlog import QueueRange
+from clmq.protocol.auth import SECURITY_FILE, SecurityState, load_security, save_security
 
 from ._common import add_json_alias
 from ._output import add_output_arg, console, is_json, print_table, to_terminal, write_json
@@ -94,8 +96,48 @@ def _run(
         return EXIT_USAGE
 
 
+def _security_content(value: Any) -> str | None:
+    """Why a ``security.json`` generation cannot be loaded (as the broker would judge it), or None."""
+    try:
+        SecurityState.from_json(value)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+VALIDATORS = {SECURITY_FILE: _security_content}  # metadata whose content the storage layer cannot judge
+
+
+def _check(config: StoreConfig, progress: Callable[[int], None] | None) -> StoreReport:
+    return check_store(config, progress, VALIDATORS)
+
+
+def _repair(config: StoreConfig, progress: Callable[[int], None] | None) -> StoreReport:
+    report = repair_store(config, progress, VALIDATORS)
+    path = config.data_dir / SECURITY_FILE
+    if report.repaired and any(m.file == str(path) and m.state == "previous" for m in report.metadata):
+        with store_lock(config.data_dir):  # the good previous generation written back as the current one
+            save_security(path, load_security(path))
+    return report
+
+
+def _security_counts(report: StoreReport) -> dict[str, dict[str, int]]:
+    """security.json's users and ACLs (of the generation a broker would use), by file;
+    its detail in the report says them too."""
+    counts = {}
+    for i, m in enumerate(report.metadata):
+        if Path(m.file).name != SECURITY_FILE or m.state not in ("ok", "previous"):
+            continue
+        state = load_security(Path(m.file))
+        counts[m.file] = {"users": len(state.users), "acls": len(state.acls), "version": state.version}
+        said = f"{len(state.users)} users, {len(state.acls)} ACLs (version {state.version})"
+        detail = f"{m.detail}; previous generation: {said}" if m.detail else said
+        report.metadata[i] = dataclasses.replace(m, detail=detail)
+    return counts
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    report = _run(args, check_store)
+    report = _run(args, _check)
     if isinstance(report, int):
         return report
     _print(report, is_json(args))
@@ -104,7 +146,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_repair(args: argparse.Namespace) -> int:
     if not args.yes:
-        report = _run(args, check_store)
+        report = _run(args, _check)
         if isinstance(report, int):
             return report
         if not report.damaged:
@@ -115,7 +157,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             console.print("nothing changed")
             return EXIT_DAMAGED
-    repaired = _run(args, repair_store)
+    repaired = _run(args, _repair)
     if isinstance(repaired, int):
         return repaired
     _print(repaired, is_json(args))
@@ -124,8 +166,12 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ output
 def _print(report: StoreReport, json_out: bool) -> None:
+    security = _security_counts(report)
     if json_out:
-        write_json(report.to_json())
+        doc = report.to_json()
+        for m in doc["metadata"]:
+            m.update(security.get(m["file"], {}))
+        write_json(doc)
         return
     for log in report.logs[:1] if report.mode == "commitlog" else []:
         console.print(
@@ -155,6 +201,12 @@ def _print(report: StoreReport, json_out: bool) -> None:
             console.print(
                 "[yellow]consumer offsets cannot be rebuilt from the log:[/yellow] delete consumer_offsets.json "
                 "and consumer_offsets.json.prev to start consumer groups from their configured start"
+            )
+        if any(Path(m.file).name == SECURITY_FILE and m.state == "damaged" for m in report.metadata):
+            console.print(
+                "[yellow]users and ACLs cannot be rebuilt from the log:[/yellow] restore security.json from a "
+                "backup, or delete security.json and security.json.prev and add them again offline "
+                "(clmq user add --data-dir, clmq acl add --data-dir)"
             )
     elif not report.damaged:
         console.print("[green]no damage found[/green]")

@@ -7,7 +7,8 @@ What is read, per storage mode:
   the checkpointed lengths, and every entry against the record it points at).
 - Partition mode: every partition's segments (the same check, partition layout) and
   each partition's end against its recovery point.
-- Both: the metadata files (readable, checksum, previous generation used).
+- Both: the metadata files (readable, checksum, previous generation used; the content
+  of a file the caller gives a validator for, such as ``security.json``'s users and ACLs).
 
 Costs are named as queue-offset ranges: from the consume-queue entries pointing into
 a damaged range, and from the records themselves for the readable bytes past it (which
@@ -33,7 +34,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -67,10 +68,15 @@ from ._config import StoreConfig, StoreLockedError
 from ._partition_log import INDEX_MAGIC, TIME_MAGIC, open_index, read_whole
 
 Progress = Callable[[int], None]  # called with the number of log bytes just read
+# The users and ACLs (``security.json``: protocol.auth's SECURITY_FILE, a layer above);
+# its content is the caller's to judge (``validators``), its format is checked here.
+SECURITY_FILE = "security.json"
 METADATA_FILES = {  # per storage mode
-    "commitlog": ("topics.json", "consumer_offsets.json", "checkpoint"),
-    "partition-per-file": ("topics.json", "consumer_offsets.json", "recovery-points"),
+    "commitlog": ("topics.json", "consumer_offsets.json", "checkpoint", SECURITY_FILE),
+    "partition-per-file": ("topics.json", "consumer_offsets.json", "recovery-points", SECURITY_FILE),
 }
+Validator = Callable[[Any], "str | None"]  # why a metadata file's content is unusable, or None
+Validators = Mapping[str, Validator]  # a metadata file's name -> the judge of its content
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,17 +205,25 @@ def log_bytes(directory: Path) -> int:
 
 
 # ------------------------------------------------------------------ the check
-def check_store(config: StoreConfig, progress: Progress | None = None) -> StoreReport:
-    """Check every file of the (closed) store at ``config.data_dir``; read-only."""
+def check_store(
+    config: StoreConfig, progress: Progress | None = None, validators: Validators | None = None
+) -> StoreReport:
+    """Check every file of the (closed) store at ``config.data_dir``; read-only.
+    ``validators``: what a metadata file must hold besides a good checksum (a file
+    whose generation fails it counts as damaged, as the service that loads it would
+    find it), by file name."""
     with store_lock(config.data_dir):
-        return check_unlocked(config, progress)
+        return check_unlocked(config, progress, validators)
 
 
-def check_unlocked(config: StoreConfig, progress: Progress | None = None) -> StoreReport:
+def check_unlocked(
+    config: StoreConfig, progress: Progress | None = None, validators: Validators | None = None
+) -> StoreReport:
     """:func:`check_store` for a caller that holds the lock (repair)."""
     directory = config.data_dir
     report = StoreReport(str(directory), config.storage_mode)
-    metadata = [_metadata_status(directory / name) for name in METADATA_FILES[config.storage_mode]]
+    judges = validators or {}
+    metadata = [_metadata_status(directory / name, judges.get(name)) for name in METADATA_FILES[config.storage_mode]]
     report.metadata = _topics_cover(directory, config.storage_mode, metadata)
     if config.storage_mode == "partition-per-file":
         _check_partitions(config, report, progress)
@@ -298,9 +312,9 @@ def _recovery_points(path: Path) -> dict[QueueKey, int]:
         return {}
 
 
-def _metadata_status(path: Path) -> MetadataStatus:
-    """Readable? checksum good? Which generation would a store use?"""
-    loaded = load_json(path)
+def _metadata_status(path: Path, validate: Validator | None = None) -> MetadataStatus:
+    """Readable? checksum good (and content, if ``validate``)? Which generation would a store use?"""
+    loaded = load_json(path, validate)
     state = {MetadataSource.CURRENT: "ok", MetadataSource.PREVIOUS: "previous", MetadataSource.MISSING: "missing"}.get(
         loaded.source, "damaged"
     )

@@ -32,7 +32,7 @@ from clmq.commitlog import (
     repair_log,
 )
 
-from ._check import Progress, StoreReport, check_unlocked, on_disk_queues, store_lock
+from ._check import Progress, StoreReport, Validators, check_unlocked, on_disk_queues, store_lock
 from ._config import StoreConfig
 from ._topics import TopicTable
 
@@ -41,12 +41,15 @@ log = logging.getLogger("clmq.store")
 _REBUILT_METADATA = ("checkpoint", "recovery-points")  # derived: a full recovery needs none
 
 
-def repair_store(config: StoreConfig, progress: Progress | None = None) -> StoreReport:
+def repair_store(
+    config: StoreConfig, progress: Progress | None = None, validators: Validators | None = None
+) -> StoreReport:
     """Repair the (closed) store at ``config.data_dir``; the report's ``dropped`` lists
-    the messages cut (``repaired`` is False when nothing needed doing)."""
+    the messages cut (``repaired`` is False when nothing needed doing). ``validators``:
+    as :func:`check_store`."""
     directory = config.data_dir
     with store_lock(directory):
-        report = check_unlocked(config, progress)
+        report = check_unlocked(config, progress, validators)
         if not report.damaged:
             return report
         known = _known_queues(directory, config)
