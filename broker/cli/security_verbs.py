@@ -8,8 +8,9 @@ stopped broker's ``security.json``: refused while the broker runs) or ``--file P
 
 A password is never an argument (argv is visible to every user of the machine): it is
 typed at a prompt without echo, read from stdin (``--password-stdin``) or from an
-environment variable (``--new-password-env VAR``). The credential is salted here; the
-password is never sent, logged nor printed."""
+environment variable (``--new-password-env VAR``; offline, where there is no login,
+``--password-env VAR`` too). The credential is salted here; the password is never
+sent, logged nor printed."""
 
 from __future__ import annotations
 
@@ -231,10 +232,13 @@ def filter_of(args: argparse.Namespace) -> AclFilter:
 def read_password(args: argparse.Namespace) -> str:
     """The new password: from ``--new-password-env``, ``--password-stdin``, or typed
     twice at a prompt without echo. Never from argv, never printed."""
-    if args.new_password_env:
-        password = os.environ.get(args.new_password_env, "")
+    var, flag = args.new_password_env, "--new-password-env"
+    if not var and not args.password_stdin and (args.data_dir is not None or args.file is not None):
+        var, flag = getattr(args, "password_env", None), "--password-env"  # offline there is no login to use it
+    if var:
+        password = os.environ.get(var, "")
         if not password:
-            raise CliError(f"--new-password-env: ${args.new_password_env} is not set or empty", EXIT_USAGE)
+            raise CliError(f"{flag}: ${var} is not set or empty", EXIT_USAGE)
         return password
     if args.password_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
