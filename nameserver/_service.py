@@ -23,7 +23,7 @@ from clmq.protocol.transport import (
     checked,
     exposure_problem,
     serve_http,
-    tls_settings,
+    tls_settings_of,
     warn_if_anonymous,
 )
 
@@ -79,8 +79,7 @@ class NameServerConfig:
             raise ValueError(problem)
         for principal in self.super_users:
             check_principal(principal)
-        tls = self.tls_settings()  # a ValueError naming the file or setting
-        if tls is not None:
+        if (tls := self.tls_settings()) is not None:  # a ValueError naming the file or setting
             tls.server_context()  # the certificate and key load, and match
 
     @property
@@ -90,13 +89,7 @@ class NameServerConfig:
 
     def tls_settings(self) -> TlsSettings | None:
         """TLS of the name server's listeners (native and metrics); None: plaintext."""
-        return tls_settings(
-            cert_file=self.tls_cert_file,
-            key_file=self.tls_key_file,
-            ca_file=self.tls_ca_file,
-            require_client_cert=self.tls_require_client_cert,
-            min_version=self.tls_min_version,
-        )
+        return tls_settings_of(self)
 
     def server_limits(self) -> ServerLimits:
         return ServerLimits(

@@ -8,13 +8,21 @@ over SSL (kcat, confluent-kafka), metrics over HTTPS, ``clmq dev --tls``."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
+import shutil
+import signal
 import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
 import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
@@ -38,6 +46,7 @@ from clmq.protocol.transport import (
     background_nursery,
 )
 from clmq.protocol.transport._spans import SPAN_COUNTERS
+from tests.cli_helpers import ENV, free_port, popen
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until
 
@@ -158,7 +167,7 @@ async def test_a_plaintext_client_fails_clearly_and_the_server_goes_on(
     caplog.set_level(logging.WARNING, "clmq.tls")
     async with background_nursery() as n:
         rpc = RpcClient(n)
-        with pytest.raises(ConnectionFailed, match=f"{addr}: "):
+        with pytest.raises(ConnectionFailed, match=f"{addr}: refused by the server: tls-test speaks TLS only"):
             await rpc.request(addr, ECHO, {}, timeout_ms=5000)
         await rpc.aclose()
     await await_until(lambda: server.tls_handshake_failures == 1, 10, "the server to count the plaintext client")
@@ -458,3 +467,132 @@ async def test_replication_between_tls_replicas_with_mutual_tls(tls_cluster: Tls
     finally:
         for name in monkey_cert:
             os.environ.pop(name, None)
+
+
+# ------------------------------------------- clmq dev --tls, the CLI, Kafka over SSL
+@dataclass
+class DevTls:
+    proc: subprocess.Popen[bytes]
+    ready: dict[str, Any]
+    root: Path
+
+    @property
+    def ns(self) -> str:
+        return str(self.ready["namesrv"])
+
+    @property
+    def ca(self) -> str:
+        return str(self.ready["tls"]["ca_file"])
+
+    @property
+    def kafka(self) -> str:
+        return str(self.ready["brokers"][0]["kafka_addr"])
+
+
+@pytest.fixture(scope="module")
+def dev_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTls]:
+    """``clmq dev --tls --kafka-port P -o json``: ready once it prints its JSON line
+    (the ready block: an event, no polling)."""
+    root = tmp_path_factory.mktemp("dev-tls")
+    proc = popen(
+        "dev",
+        "--tls",
+        "--data-dir",
+        str(root / "data"),
+        "--listen-port",
+        str(free_port()),
+        "--namesrv-port",
+        str(free_port()),
+        "--kafka-port",
+        str(free_port()),
+        "-o",
+        "json",
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until the ready JSON (or the end, if it failed)
+        assert line, proc.stderr.read().decode() if proc.stderr else "clmq dev --tls exited"
+        yield DevTls(proc, json.loads(line), root)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _clmq(dev: DevTls, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "clmq", *args],
+        cwd=dev.root,
+        capture_output=True,
+        timeout=120,
+        env={**ENV, **(env or {})},
+    )
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+@pytest.mark.slow
+def test_clmq_dev_tls_says_how_clients_connect_and_the_cli_does(dev_tls: DevTls) -> None:
+    tls = dev_tls.ready["tls"]
+    assert Path(tls["ca_file"]).is_file() and tls["env"] == {"CLMQ_TLS_CA_FILE": tls["ca_file"]}
+    assert tls["kcat"] == f"kcat -b {dev_tls.kafka} -X security.protocol=ssl -X ssl.ca.location={tls['ca_file']} -L"
+    assert dev_tls.ready["metrics_url"].startswith("https://")
+    ns = dev_tls.ns
+    created = _clmq(dev_tls, "topic", "create", "tls-cli", "--queues", "2", "--namesrv", ns, "--tls-ca", dev_tls.ca)
+    assert created.returncode == 0, created.stderr
+    sent = _clmq(dev_tls, "produce", "tls-cli", "over-tls", "--namesrv", ns, env=tls["env"])
+    assert sent.returncode == 0, sent.stderr
+    got = _clmq(dev_tls, "consume", "tls-cli", "--count", "1", "--namesrv", ns, "--tls-ca", dev_tls.ca, "-o", "json")
+    assert got.returncode == 0 and "over-tls" in got.stdout, got.stderr
+    refused = _clmq(dev_tls, "produce", "tls-cli", "no-ca", "--namesrv", ns)  # plaintext to a TLS port
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "speaks TLS only on this port: connect with TLS" in refused.stderr, refused.stderr
+    no_ca = _clmq(dev_tls, "topic", "list", "--namesrv", ns, "--tls-ca", "/etc/ssl/certs/ca-certificates.crt")
+    assert no_ca.returncode != 0 and "certificate verify failed" in no_ca.stderr, no_ca.stderr
+    missing = _clmq(dev_tls, "topic", "list", "--namesrv", ns, "--user", "u", "--password-env", "NOT_SET_ANYWHERE")
+    assert missing.returncode != 0 and "NOT_SET_ANYWHERE" in missing.stderr
+
+
+@pytest.mark.slow
+def test_kcat_and_confluent_kafka_over_ssl_to_the_kafka_listener(dev_tls: DevTls) -> None:
+    created = _clmq(
+        dev_tls, "topic", "create", "tls-kafka", "--queues", "1", "--namesrv", dev_tls.ns, "--tls-ca", dev_tls.ca
+    )
+    assert created.returncode == 0, created.stderr
+    ssl_args = ["-X", "security.protocol=ssl", "-X", f"ssl.ca.location={dev_tls.ca}"]
+    kcat = shutil.which("kcat") or "kcat"
+    meta = subprocess.run(
+        [kcat, "-b", dev_tls.kafka, *ssl_args, "-L", "-t", "tls-kafka"], capture_output=True, timeout=60
+    )
+    assert meta.returncode == 0 and b"tls-kafka" in meta.stdout, meta.stderr
+    put = subprocess.run(
+        [kcat, "-b", dev_tls.kafka, *ssl_args, "-P", "-t", "tls-kafka"],
+        input=b"from-kcat\n",
+        capture_output=True,
+        timeout=60,
+    )
+    assert put.returncode == 0, put.stderr
+    plain = subprocess.run([kcat, "-b", dev_tls.kafka, "-L", "-m", "3"], capture_output=True, timeout=60)
+    assert plain.returncode != 0  # a plaintext Kafka client gets no metadata from the SSL listener
+
+    conf = {"bootstrap.servers": dev_tls.kafka, "security.protocol": "SSL", "ssl.ca.location": dev_tls.ca}
+    producer = confluent_kafka.Producer(conf)
+    producer.produce("tls-kafka", b"from-confluent")
+    assert producer.flush(30) == 0
+    consumer = confluent_kafka.Consumer({**conf, "group.id": "tls-g", "auto.offset.reset": "earliest"})
+    consumer.subscribe(["tls-kafka"])
+    seen: set[bytes] = set()
+    deadline = time.monotonic() + 60
+    try:
+        while seen != {b"from-kcat", b"from-confluent"} and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)  # waits for a message (an event), at most a second per call
+            if msg is not None and msg.error() is None:
+                seen.add(msg.value())
+    finally:
+        consumer.close()
+    assert seen == {b"from-kcat", b"from-confluent"}

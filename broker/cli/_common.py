@@ -4,9 +4,10 @@ deprecated spellings of flags, running a client command."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import trio
 
@@ -43,13 +44,73 @@ def deprecated_alias(parser: argparse._ActionsContainer, old: str, new: str, des
 
 
 def namesrv_arg(p: argparse.ArgumentParser) -> None:
-    """``--namesrv host:port[,host:port...]`` (checked when parsed)."""
+    """``--namesrv host:port[,host:port...]`` (checked when parsed), and the client's
+    security flags (:func:`security_args`)."""
     p.add_argument(
         "--namesrv",
         default=os.environ.get("CLMQ_NAMESRV", DEFAULT_NAMESRV),
         type=addr_list,
         help=NAMESRV_HELP,
     )
+    security_args(p)
+
+
+# A client verb's security flags, and the environment variable each one stands for
+# (the clients read these when given no security: client/_arguments.py).
+SECURITY_FLAGS = {
+    "tls_ca": "CLMQ_TLS_CA_FILE",
+    "tls_cert": "CLMQ_TLS_CERT_FILE",
+    "tls_key": "CLMQ_TLS_KEY_FILE",
+    "user": "CLMQ_USER",
+}
+
+
+def security_args(p: argparse.ArgumentParser) -> None:
+    """``--tls-ca``, ``--tls-cert``, ``--tls-key``, ``--user``, ``--password-env``: TLS
+    and a login for a client verb (default: ``$CLMQ_TLS_CA_FILE``, ``$CLMQ_TLS_CERT_FILE``,
+    ``$CLMQ_TLS_KEY_FILE``, ``$CLMQ_USER``, ``$CLMQ_PASSWORD``). The password is never a
+    flag (it would show in ``ps`` and the shell's history)."""
+    if any(a.dest == "tls_ca" for a in p._actions):
+        return
+    g = p.add_argument_group("security (docs/security-tls.md)")
+    g.add_argument(
+        "--tls-ca", metavar="FILE", help="TLS: the CA the servers' certificates chain to ($CLMQ_TLS_CA_FILE)"
+    )
+    g.add_argument(
+        "--tls-cert", metavar="FILE", help="TLS: this client's certificate, for mutual TLS ($CLMQ_TLS_CERT_FILE)"
+    )
+    g.add_argument("--tls-key", metavar="FILE", help="TLS: the key of --tls-cert ($CLMQ_TLS_KEY_FILE)")
+    g.add_argument(
+        "--user", help="log in as this user ($CLMQ_USER); the password from --password-env or $CLMQ_PASSWORD"
+    )
+    g.add_argument(
+        "--password-env",
+        metavar="VAR",
+        help="the environment variable holding --user's password (default CLMQ_PASSWORD)",
+    )
+
+
+@contextlib.contextmanager
+def security_env(args: argparse.Namespace) -> Iterator[None]:
+    """The security flags of ``args`` as the environment variables they stand for, while
+    a command runs (every client it opens reads them; restored afterwards)."""
+    values = {var: getattr(args, flag, None) for flag, var in SECURITY_FLAGS.items()}
+    var = getattr(args, "password_env", None)
+    if var:
+        if var not in os.environ:
+            raise CliError(f"--password-env {var}: the environment variable {var} is not set", EXIT_USAGE)
+        values["CLMQ_PASSWORD"] = os.environ[var]
+    given = {k: str(v) for k, v in values.items() if v}
+    saved = {k: os.environ.get(k) for k in given}
+    os.environ.update(given)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def add_json_alias(parser: argparse.ArgumentParser) -> None:

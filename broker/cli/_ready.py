@@ -7,14 +7,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ._dev_tls import print_tls_ready, tls_ready
 from ._output import console, is_json, write_json
 
 DEV_TOPIC, DEV_TOPIC_QUEUES = "demo", 4  # the topic of clmq dev's first command (and of --demo)
 
 
-def metrics_url(host: str, port: int) -> str:
+def metrics_url(host: str, port: int, tls: bool = False) -> str:
     """The Prometheus endpoint of a service serving metrics on ``port`` ("" if none)."""
-    return f"http://{host}:{port}/metrics" if port >= 0 else ""
+    return f"{'https' if tls else 'http'}://{host}:{port}/metrics" if port >= 0 else ""
 
 
 def first_command(namesrv: str) -> str:
@@ -32,7 +33,11 @@ def read_back_command(namesrv: str) -> str:
 
 def print_ready(args: argparse.Namespace, namesrv: str, brokers: list[dict[str, Any]], data_dir: str) -> None:
     """The ready block for people (``brokers``: addr, broker_id, metrics_url), or one
-    JSON object with ``-o json``."""
+    JSON object with ``-o json``. ``clmq dev --tls`` (``args.dev_certs``): how clients
+    connect (the CA, the variables to export, a kcat line)."""
+    kafka = ",".join(b["kafka_addr"] for b in brokers if b.get("kafka_addr"))
+    certs = getattr(args, "dev_certs", None)
+    tls = tls_ready(certs, kafka) if certs is not None else None
     if is_json(args):
         write_json(
             {
@@ -42,9 +47,11 @@ def print_ready(args: argparse.Namespace, namesrv: str, brokers: list[dict[str, 
                 "metrics_url": brokers[0]["metrics_url"] if brokers else "",
                 "first_command": first_command(namesrv),
                 "read_back_command": read_back_command(namesrv),
+                **({"tls": tls} if tls is not None else {}),
             }
         )
-    kafka = ",".join(b["kafka_addr"] for b in brokers if b.get("kafka_addr"))
+    if tls is not None:
+        print_tls_ready(tls)
     if kafka:
         console.print(f"Kafka clients: bootstrap.servers={kafka}", highlight=False)
     for b in brokers:

@@ -22,6 +22,7 @@ from clmq.nameserver import serve as serve_nameserver
 
 from ._client_verbs import add_client_commands
 from ._common import NAMESRV_HELP, deprecated_alias, listen_port_arg
+from ._dev_tls import dev_client_env, dev_nameserver_config, with_dev_tls
 from ._errors import EXIT_USAGE, CliError, innermost
 from ._output import add_output_arg, console, is_json, write_json
 from ._progress import show_catch_up, start_progress
@@ -42,6 +43,8 @@ def add_commands(sub: Any) -> None:
     ns.add_argument(
         "--metrics-port", type=int, help="serve Prometheus metrics on GET /metrics at this port (0: any free)"
     )
+    for field, kind, helptext in TLS_FLAGS:
+        ns.add_argument("--" + field.replace("_", "-"), dest=field, type=kind, help=helptext)
     add_output_arg(ns)
     ns.set_defaults(func=cmd_nameserver)
     _add_broker(sub)
@@ -83,6 +86,12 @@ def _add_dev(sub: Any) -> None:
     dev.add_argument("--ack-mode", help="async (default) or sync: acknowledge once every in-sync replica holds it")
     dev.add_argument(
         "--min-insync-replicas", type=int, help="sync acks: replicas (leader included) that must be in sync"
+    )
+    dev.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS on every port, with a throw-away CA and certificates made in <data-dir>/tls/ "
+        "(the ready block says how clients connect)",
     )
     dev.add_argument("--demo", action="store_true", help="create a topic, produce and consume a few messages")
     dev.add_argument("--exit-after-demo", action="store_true", help="stop once the demo has run")
@@ -132,18 +141,30 @@ async def _until_signal(
 
 def cmd_nameserver(args: argparse.Namespace) -> int:
     overrides = {"listen_host": args.listen_host, "listen_port": args.listen_port, "metrics_port": args.metrics_port}
+    overrides |= {field: getattr(args, field) for field, _, _ in TLS_FLAGS}
     cfg = load_settings(NameServerConfig, args.config, section="nameserver", overrides=overrides)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             ns = await nursery.start(serve_nameserver, cfg)
             await nursery.start(_until_signal, ns.shutdown)
-            metrics = _metrics_url(cfg.metrics_bind_host, ns.metrics_port)
+            metrics = _metrics_url(cfg.metrics_bind_host, ns.metrics_port, cfg.tls_settings() is not None)
             console.print(f"name server on {ns.addr}" + (f"; metrics on {metrics}" if metrics else ""))
             if is_json(args):
                 write_json({"addr": ns.addr, "metrics_url": metrics})
 
     return _run_service(main, f"{cfg.listen_host}:{cfg.listen_port}")
+
+
+# TLS (docs/security-tls.md), the same flags on the broker and the name server; each also a
+# TOML key and a CLMQ_<FIELD> variable.
+TLS_FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
+    ("tls_cert_file", str, "TLS: this server's certificate (PEM); with --tls-key-file every port speaks only TLS"),
+    ("tls_key_file", str, "TLS: the key of --tls-cert-file (PEM)"),
+    ("tls_ca_file", str, "TLS: the CA that peers' certificates chain to (client certificates, other brokers')"),
+    ("tls_require_client_cert", str, "TLS: true: mutual TLS, clients must present a certificate of --tls-ca-file"),
+    ("tls_min_version", str, "TLS: the lowest version accepted, 1.2 (default) or 1.3"),
+)
 
 
 # The broker's flags: each one a BrokerConfig field (also settable in the TOML file and as
@@ -172,6 +193,7 @@ BROKER_FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("zookeeper", str, "automatic failover: host:port[,host:port...][/chroot] (role and leader-addr are then ignored)"),
     ("zk_session_timeout_ms", int, "a dead leader is replaced about this long after it stops answering (default 2s)"),
     ("unclean_leader_election", str, "true: elect an out-of-sync replica when no in-sync one is left (LOSES DATA)"),
+    *TLS_FLAGS,
 )
 FLAG_OF_SETTING = {
     "namesrv_addrs": "namesrv",
@@ -197,7 +219,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
                 f"broker {cfg.broker_name} on {broker.addr}, data in {cfg.data_dir} "
                 f"({cfg.storage_mode}, {cfg.flush_mode} flush); name servers: {', '.join(cfg.namesrv_addrs) or 'none'}"
             )
-            metrics = _metrics_url(cfg.metrics_bind_host, broker.metrics_port)
+            metrics = _metrics_url(cfg.metrics_bind_host, broker.metrics_port, cfg.tls_settings() is not None)
             if metrics:
                 console.print(f"metrics on {metrics}")
             kafka = broker.kafka.kafka_addr() if broker.kafka is not None else ""
@@ -275,21 +297,26 @@ def cmd_dev(args: argparse.Namespace) -> int:
     )
     if args.replicas < 1:
         raise CliError(f"--replicas must be at least 1, got {args.replicas}", EXIT_USAGE)
+    args.dev_certs = None
+    if args.tls:  # a throw-away CA and certificates in <data-dir>/tls/, TLS on every port
+        base, args.dev_certs = with_dev_tls(base)
+        console.print(f"clmq dev: TLS with a throw-away CA, {args.dev_certs.ca.cert_file}", highlight=False)
     if getattr(args, "zookeeper", False) and args.replicas < 2:
         raise CliError("--zookeeper elects a group's leader: it needs --replicas 2 or more", EXIT_USAGE)
-    if args.replicas > 1:  # separate processes; this one runs the name server
-        return _run_service(lambda: run_replica_group(args, base, _demo))
+    with dev_client_env(args.dev_certs):  # this process's own clients (the demo, the waits) use TLS too
+        if args.replicas > 1:  # separate processes; this one runs the name server
+            return _run_service(lambda: run_replica_group(args, base, _demo))
 
-    return _run_service(
-        lambda: _serve_dev(args, base),
-        f"name server 127.0.0.1:{args.namesrv_port} or broker {base.listen_host}:{base.listen_port}",
-    )
+        return _run_service(
+            lambda: _serve_dev(args, base),
+            f"name server 127.0.0.1:{args.namesrv_port} or broker {base.listen_host}:{base.listen_port}",
+        )
 
 
 async def _serve_dev(args: argparse.Namespace, base: BrokerConfig) -> None:
     """``clmq dev`` in one process: the name server, then the broker registered with it."""
     async with trio.open_nursery() as nursery:
-        ns = await nursery.start(serve_nameserver, NameServerConfig(listen_port=args.namesrv_port))
+        ns = await nursery.start(serve_nameserver, dev_nameserver_config(args.namesrv_port, base))
         cfg = dataclasses.replace(base, namesrv_addrs=[ns.addr])
         broker = await nursery.start(serve_broker, cfg)
         console.print(
@@ -304,7 +331,7 @@ async def _serve_dev(args: argparse.Namespace, base: BrokerConfig) -> None:
             ns.shutdown()
             return
         await nursery.start(_until_signal, lambda: (broker.shutdown(), ns.shutdown()))
-        url = _metrics_url(cfg.metrics_bind_host, broker.metrics_port)
+        url = _metrics_url(cfg.metrics_bind_host, broker.metrics_port, cfg.tls_settings() is not None)
         kafka = broker.kafka.kafka_addr() if broker.kafka is not None else ""
         ready = {"addr": broker.addr, "broker_id": 0, "metrics_url": url, "kafka_addr": kafka}
         print_ready(args, ns.addr, [ready], str(cfg.data_dir))

@@ -33,9 +33,9 @@ import trio
 from clmq.broker.service import BrokerConfig
 from clmq.client import ConnectionFailed, RpcError, open_admin
 from clmq.devtools.zkserver import LocalZooKeeper, ZooKeeperError
-from clmq.nameserver import NameServerConfig
 from clmq.nameserver import serve as serve_nameserver
 
+from ._dev_tls import dev_nameserver_config
 from ._output import console
 from ._ready import metrics_url, print_ready
 from .replication_verbs import cluster_rows, print_cluster_table
@@ -71,7 +71,7 @@ class ReplicaProcess:
     @property
     def metrics_url(self) -> str:
         c = self.config
-        return metrics_url(c.metrics_bind_host, c.metrics_port)
+        return metrics_url(c.metrics_bind_host, c.metrics_port, c.tls_settings() is not None)
 
 
 def plan_replicas(base: BrokerConfig, namesrv: str, count: int, zookeeper: str = "") -> list[ReplicaProcess]:
@@ -176,7 +176,7 @@ async def _run_group(
     exited: list[ReplicaProcess],
 ) -> int:
     async with trio.open_nursery() as nursery:
-        ns = await nursery.start(serve_nameserver, NameServerConfig(listen_port=args.namesrv_port))
+        ns = await nursery.start(serve_nameserver, dev_nameserver_config(args.namesrv_port, base))
         try:
             replicas = plan_replicas(base, ns.addr, args.replicas, zk.connect_string(ZK_CHROOT) if zk else "")
         except ValueError as e:

@@ -18,6 +18,7 @@ from clmq.bench.e2e import add_command as add_bench_e2e
 from clmq.bench.results import add_out_dir_args, resolve_result_paths
 from clmq.bench.spark import add_command as add_bench_spark
 
+from ._common import security_env
 from ._errors import report
 from ._logging import add_logging_args, configure_logging
 from ._output import add_output_arg, console, is_json, json_only_stdout, print_table, write_json
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         verbose = args.verbose
         configure_logging(args)
-        with json_only_stdout(args):  # -o json: stdout is only JSON, whatever the verb prints besides
+        with json_only_stdout(args), security_env(args):  # -o json: stdout is only JSON, whatever the verb prints
             if args.command == "bench":
                 return _run_bench(args)
             return int(args.func(args) or 0)

@@ -14,7 +14,7 @@ from clmq.commitlog import CommitLogConfig, FlushMode
 from clmq.common import GiB, MiB
 from clmq.protocol import DEFAULT_MAX_RECONSUME_TIMES, MAX_RECONSUME_TIMES
 from clmq.protocol.auth import check_principal
-from clmq.protocol.transport import ServerLimits, TlsSettings, exposure_problem, tls_settings
+from clmq.protocol.transport import ServerLimits, TlsSettings, exposure_problem, tls_settings_of
 
 # RocketMQ's default delay levels from level 3 (its retries start there): 10 s ... 2 h.
 DEFAULT_RETRY_DELAYS_MS = tuple(
@@ -222,8 +222,7 @@ class BrokerConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
         self._check_security()
-        tls = self.tls_settings()  # a ValueError naming the file or setting
-        if tls is not None:
+        if (tls := self.tls_settings()) is not None:  # a ValueError naming the file or setting
             tls.server_context()  # the certificate and key load, and match
         if not self.retry_delays_ms or any(type(d) is not int or d < 0 for d in self.retry_delays_ms):
             raise ValueError(
@@ -256,16 +255,8 @@ class BrokerConfig:
             raise ValueError("broker_user and broker_password go together (CLMQ_BROKER_PASSWORD for the password)")
 
     def tls_settings(self) -> TlsSettings | None:
-        """TLS of every listener (native, Kafka, metrics) and of the broker's own
-        connections to the name servers and its leader, which present the same
-        certificate and trust the same CA; None: plaintext."""
-        return tls_settings(
-            cert_file=self.tls_cert_file,
-            key_file=self.tls_key_file,
-            ca_file=self.tls_ca_file,
-            require_client_cert=self.tls_require_client_cert,
-            min_version=self.tls_min_version,
-        )
+        """TLS of every listener and of the broker's own connections (same certificate and CA); None: plaintext."""
+        return tls_settings_of(self)
 
     def replication_config(self) -> ReplicationConfig:
         """The broker's replication settings."""

@@ -27,7 +27,7 @@ from ._security import ClientSecurity
 from ._server import RpcServer
 from ._spans import send_spans
 from ._stats import LATENCY_BUCKETS_S, CodeStats, RequestStats, cumulative_buckets
-from ._tls import TlsSettings, TlsSettingsError, peer_identity, tls_settings
+from ._tls import TlsSettings, TlsSettingsError, peer_identity, tls_settings, tls_settings_of
 from ._tls_stream import TlsHandshakes, close_stream, describe_tls_error
 
 __all__ = [
@@ -73,5 +73,6 @@ __all__ = [
     "serve_http",
     "split_addr",
     "tls_settings",
+    "tls_settings_of",
     "warn_if_anonymous",
 ]

@@ -86,7 +86,13 @@ class RpcServer:
         self._accept_scope = trio.CancelScope()
         self._idle = trio.Event()
         self.tls = tls
-        self._handshakes = None if tls is None else TlsHandshakes(name, tls, tls_handshake_timeout_ms)
+        self._handshakes = None
+        if tls is not None:
+            text = (
+                f"{name} speaks TLS only on this port: connect with TLS (--tls-ca, $CLMQ_TLS_CA_FILE, ClientSecurity)"
+            )
+            refusal = Frame(0, 0, flags=FLAG_RESPONSE, error_code=ErrorCode.UNSUPPORTED_VERSION, error_text=text)
+            self._handshakes = TlsHandshakes(name, tls, tls_handshake_timeout_ms, plaintext_reply=encode_frame(refusal))
 
     @property
     def tls_handshake_failures(self) -> int:

@@ -95,6 +95,13 @@ def tls_settings(
     return TlsSettings(cert_file, key_file, ca_file, require_client_cert, min_version)
 
 
+def tls_settings_of(config: object) -> TlsSettings | None:
+    """:func:`tls_settings` of a service's config (its ``tls_cert_file``,
+    ``tls_key_file``, ``tls_ca_file``, ``tls_require_client_cert``, ``tls_min_version``)."""
+    names = ("cert_file", "key_file", "ca_file", "require_client_cert", "min_version")
+    return tls_settings(**{name: getattr(config, f"tls_{name}") for name in names})
+
+
 def peer_identity(cert: dict[str, object] | None) -> str | None:
     """The user a verified client certificate names: its subject's common name
     (mutual TLS identities map to users by CN, as Kafka's default principal builder

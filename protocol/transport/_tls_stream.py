@@ -11,6 +11,7 @@ no ``socket`` on an ``SSLStream`` and reads stored bytes in a thread, then sends
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 
 import trio
@@ -21,6 +22,7 @@ log = logging.getLogger("clmq.tls")
 
 CLOSE_TIMEOUT_S = 1.0  # a TLS close (close_notify) may take this long, then the socket is closed
 TLS_QUIET_S = 5.0  # a burst of failed handshakes ends once a handshake has worked this long after the last failure
+TLS_HANDSHAKE_RECORD = 0x16  # the first byte a TLS client sends (a handshake record: its ClientHello)
 
 
 def socket_of(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
@@ -93,10 +95,15 @@ async def close_stream(stream: trio.abc.AsyncResource, timeout_s: float = CLOSE_
 class TlsHandshakes:
     """A listener's TLS handshakes: wraps accepted streams, counts and logs failures."""
 
-    def __init__(self, name: str, context: ssl.SSLContext, timeout_ms: int) -> None:
+    def __init__(
+        self, name: str, context: ssl.SSLContext, timeout_ms: int, *, plaintext_reply: bytes | None = None
+    ) -> None:
         self.name = name
         self.context = context
         self.timeout_s = timeout_ms / 1000
+        # What a client that does not speak TLS is told before the connection closes
+        # (in its own protocol: a clmq error frame), or None: closed without a word.
+        self.plaintext_reply = plaintext_reply
         self.failures = 0
         self._burst = Burst(log, f"{name}: failed TLS handshakes")
 
@@ -106,6 +113,14 @@ class TlsHandshakes:
         tls = trio.SSLStream(stream, self.context, server_side=True, https_compatible=False)
         try:
             with trio.fail_after(self.timeout_s):
+                first = await self._first_byte(stream)
+                if first is None:
+                    self.failed(stream, "the peer closed the connection before its handshake")
+                    return None
+                if first != TLS_HANDSHAKE_RECORD:
+                    self.failed(stream, "the peer does not speak TLS (a plaintext client)")
+                    await self._tell_plaintext(stream)
+                    return None
                 await tls.do_handshake()
         except trio.TooSlowError:
             self.failed(stream, f"no handshake within {self.timeout_s * 1000:.0f} ms")
@@ -117,6 +132,26 @@ class TlsHandshakes:
         if self._burst.count and trio.current_time() - self._burst.last_s > TLS_QUIET_S:
             self._burst.end()
         return tls
+
+    @staticmethod
+    async def _first_byte(stream: trio.SocketStream) -> int | None:
+        """The first byte the client sent, left unread (None: it closed first)."""
+        data = await stream.socket.recv(1, socket.MSG_PEEK)
+        return data[0] if data else None
+
+    async def _tell_plaintext(self, stream: trio.SocketStream) -> None:
+        if self.plaintext_reply is None:
+            return
+        with trio.move_on_after(CLOSE_TIMEOUT_S):
+            try:
+                await stream.send_all(self.plaintext_reply)
+                await stream.send_eof()
+                # Read what the client sent until it closes: closing a socket with unread
+                # bytes resets the connection, and the client might lose the reply.
+                while await stream.receive_some(65536):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
 
     def failed(self, stream: trio.abc.Stream, reason: str) -> None:
         self.failures += 1
