@@ -14,9 +14,11 @@ import shutil
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, Sequence, TypeVar
 
 import trio
+
+from clmq.protocol.auth import SECURITY_FILE, AclBinding, SecurityState, make_credential, save_security
 
 from .replica_procs import Broker, Group, free_port, open_group
 
@@ -65,6 +67,45 @@ async def open_kafka(root: Path, **settings: Any) -> AsyncIterator[KafkaCluster]
         cluster = KafkaCluster(group, {})
         await cluster.start_broker("b0", **settings)
         yield cluster
+
+
+SUPER_USER = "admin"
+PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
+SCRAM_ITERATIONS = 4096  # the floor: fast tests
+
+
+def security_state(passwords: dict[str, str], acls: Sequence[AclBinding] = ()) -> SecurityState:
+    """Users (SCRAM-SHA-256 and -512 credentials of each password) and ACLs."""
+    state = SecurityState()
+    for user, password in passwords.items():
+        creds = [make_credential(m, password, iterations=SCRAM_ITERATIONS) for m in ("SCRAM-SHA-256", "SCRAM-SHA-512")]
+        state = state.with_user(user, creds)
+    return state.with_acls(list(acls)) if acls else state
+
+
+@asynccontextmanager
+async def open_secure_kafka(
+    root: Path, passwords: dict[str, str] | None = None, acls: Sequence[AclBinding] = (), **settings: Any
+) -> AsyncIterator[KafkaCluster]:
+    """Like :func:`open_kafka`, with ``auth_enabled``: the users of ``passwords``
+    (default :data:`PASSWORDS`) written to the broker's ``security.json`` before it
+    starts, ``User:admin`` a super user, and ``acls``."""
+    data_dir = root / "b0"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    save_security(data_dir / SECURITY_FILE, security_state(PASSWORDS if passwords is None else passwords, acls))
+    conf = {"auth_enabled": True, "super_users": [f"User:{SUPER_USER}"], "auth_failure_delay_ms": 300, **settings}
+    async with open_kafka(root, **conf) as cluster:
+        yield cluster
+
+
+def sasl_conf(user: str, mechanism: str = "SCRAM-SHA-256", password: str | None = None) -> dict[str, str]:
+    """librdkafka's (confluent-kafka's, kcat's) settings to log in as ``user``."""
+    return {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": mechanism,
+        "sasl.username": user,
+        "sasl.password": PASSWORDS.get(user, "") if password is None else password,
+    }
 
 
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:

@@ -215,6 +215,18 @@ def one_batch(values: list[bytes], **kw: Any) -> bytes:
     return build_batch(0, [(1_700_000_000_000 + i, None, v, []) for i, v in enumerate(values)], **kw)
 
 
+# A DescribeAcls/DeleteAcls filter matching anything (ANY of everything; names any)
+ACL_FILTER: dict[str, Any] = {
+    "resource_type_filter": 1,
+    "resource_name_filter": None,
+    "pattern_type_filter": 1,
+    "principal_filter": None,
+    "host_filter": None,
+    "operation": 1,
+    "permission_type": 1,
+}
+
+
 def template(api_key: int, version: int, topic: str, topic_uuid: uuid.UUID) -> dict[str, Any]:
     """A valid request body of ``api_key`` (fields the version lacks are ignored by the encoder)."""
     group = "fz-group"
@@ -376,6 +388,23 @@ def template(api_key: int, version: int, topic: str, topic_uuid: uuid.UUID) -> d
         },
         ApiKey.DELETE_GROUPS: {"groups_names": ["fz-group-gone"]},
         ApiKey.DESCRIBE_CLUSTER: {"include_cluster_authorized_operations": False, "endpoint_type": 1},
+        ApiKey.SASL_HANDSHAKE: {"mechanism": "SCRAM-SHA-256"},
+        ApiKey.SASL_AUTHENTICATE: {"auth_bytes": b"n,,n=fz,r=fznonce"},
+        ApiKey.DESCRIBE_ACLS: {**ACL_FILTER, "resource_name_filter": topic},
+        ApiKey.CREATE_ACLS: {
+            "creations": [
+                {
+                    "resource_type": 2,
+                    "resource_name": "fz-acl",
+                    "resource_pattern_type": 3,
+                    "principal": "User:fz",
+                    "host": "*",
+                    "operation": 3,
+                    "permission_type": 3,
+                }
+            ]
+        },
+        ApiKey.DELETE_ACLS: {"filters": [{**ACL_FILTER, "resource_name_filter": "fz-acl"}]},
     }
     return bodies[api_key]
 

@@ -2,11 +2,7 @@
 
 ``SUPPORTED_VERSIONS`` is Kafka's validVersions of each API (``_schemas``), except that
 Produce starts at v3 and Fetch at v4: clmq stores and serves record batch v2 only, the
-format those versions carry (the older message sets are not spoken); and SaslHandshake
-starts at v1: after a v0 handshake the SASL tokens come as bare length-prefixed blobs
-outside Kafka's framing (Kafka before 1.0), while v1 carries them in SaslAuthenticate
-requests, which every client of the last years sends (librdkafka, the Java client,
-aiokafka, kafka-python).
+format those versions carry (the older message sets are not spoken).
 """
 
 from __future__ import annotations
@@ -54,7 +50,7 @@ class ApiKey(IntEnum):
     DESCRIBE_PRODUCERS = 61
 
 
-_LOWEST: dict[ApiKey, int] = {ApiKey.PRODUCE: 3, ApiKey.FETCH: 4, ApiKey.SASL_HANDSHAKE: 1}  # see the docstring
+_LOWEST: dict[ApiKey, int] = {ApiKey.PRODUCE: 3, ApiKey.FETCH: 4}  # record batch v2 only
 
 
 def _supported(key: ApiKey) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
 
 import trio
@@ -33,7 +33,7 @@ from clmq.protocol.kafka import (
     encode_api_versions_unsupported,
     encode_response,
 )
-from clmq.protocol.transport import RequestStats, TlsHandshakes, close_stream
+from clmq.protocol.transport import RequestStats, Session, TlsHandshakes, close_stream
 
 log = logging.getLogger("clmq.broker.kafka")
 
@@ -77,15 +77,30 @@ class _Line:
 
 @dataclass(frozen=True, slots=True)
 class Peer:
-    """Who sent a request: the client's address and id; a produce request's turn."""
+    """Who sent a request: the client's address and id; a produce request's turn; the
+    connection's session (its login, whether it is TLS), shared by all its requests."""
 
     host: str
     port: int
     client_id: str = ""
     turn: Turn | None = None
+    session: Session = field(default_factory=Session, compare=False, hash=False)
 
 
-Handler = Callable[[KafkaRequest, Peer], Awaitable["dict[str, Any] | None"]]  # None: no answer (produce with acks=0)
+@dataclass(frozen=True, slots=True)
+class Closing:
+    """A handler's answer after which the connection is closed (a failed login)."""
+
+    body: dict[str, Any]
+
+
+class Refused(Exception):
+    """Raised by ``dispatch``: the request is not served and the connection is closed
+    (a request before the login), once the answers before it are sent; the text is logged."""
+
+
+# None: no answer (produce with acks=0)
+Handler = Callable[[KafkaRequest, Peer], Awaitable["dict[str, Any] | Closing | None"]]
 
 
 @dataclass(frozen=True)
@@ -100,12 +115,13 @@ class ListenerSettings:
 class _Pending:
     """One request's answer, in the order the writer sends them."""
 
-    __slots__ = ("data", "done", "failed")
+    __slots__ = ("close_after", "data", "done", "failed")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.data: bytes | None = None
-        self.failed = False
+        self.failed = False  # nothing to send: the connection is closed here
+        self.close_after = False  # sent, then the connection is closed
 
 
 class KafkaListener:
@@ -116,9 +132,13 @@ class KafkaListener:
         settings: ListenerSettings,
         dispatch: Callable[[KafkaRequest, Peer], Handler | None],
         advertised: Mapping[ApiKey, tuple[int, int]],
+        serial: frozenset[int] = frozenset(),
     ) -> None:
         self.settings = settings
         self.advertised = advertised  # what ApiVersions lists; other APIs close the connection
+        # APIs answered before the connection's next request is started (the SASL login:
+        # the requests after it are judged by its outcome, as Kafka does).
+        self.serial = serial
         self._dispatch = dispatch
         self.connections = 0
         self.stats = RequestStats()  # per API key: requests, failures, time to the answer (metrics)
@@ -229,7 +249,12 @@ class _Connection:
                     if not request.is_api_versions:
                         return
                     continue
-                await send.send(self._start(request, nursery))
+                pending = self._start(request, nursery)
+                await send.send(pending)
+                if request.api_key in self.listener.serial:
+                    await pending.done.wait()
+                if pending.failed or pending.close_after:
+                    return  # the writer sends what is before it, then closes
 
     async def _unsupported(self, e: UnsupportedRequest, send: trio.MemorySendChannel[_Pending]) -> None:
         """ApiVersions of a version this broker does not know is answered with v0 and
@@ -252,10 +277,16 @@ class _Connection:
     def _start(self, request: KafkaRequest, nursery: trio.Nursery) -> _Pending:
         pending = _Pending()
         turn = self.produce_line.turn() if request.api_key == ApiKey.PRODUCE else None
-        peer = Peer(self.peer.host, self.peer.port, request.client_id or "", turn)
-        handler = self.listener._dispatch(request, peer)
-        if handler is None:  # an API this broker lists as unsupported: never sent by a well-behaved client
-            log.warning("kafka: %s:%d sent API %d, which is not served", peer.host, peer.port, request.api_key)
+        peer = Peer(self.peer.host, self.peer.port, request.client_id or "", turn, self.peer.session)
+        try:
+            handler = self.listener._dispatch(request, peer)
+        except Refused as e:
+            log.warning("kafka: closing the connection from %s:%d: %s", peer.host, peer.port, e)
+            handler = None
+        else:
+            if handler is None:  # an API this broker lists as unsupported: never sent by a well-behaved client
+                log.warning("kafka: %s:%d sent API %d, which is not served", peer.host, peer.port, request.api_key)
+        if handler is None:
             pending.failed = True
             pending.done.set()
             return pending
@@ -263,11 +294,15 @@ class _Connection:
         nursery.start_soon(self._answer, request, handler(request, peer), pending)
         return pending
 
-    async def _answer(self, request: KafkaRequest, answer: Awaitable[dict[str, Any] | None], pending: _Pending) -> None:
+    async def _answer(
+        self, request: KafkaRequest, answer: Awaitable[dict[str, Any] | Closing | None], pending: _Pending
+    ) -> None:
         started = time.perf_counter()
         try:
             with trio.fail_after(self.settings.request_timeout_ms / 1000):
                 body = await answer
+            if isinstance(body, Closing):
+                body, pending.close_after = body.body, True
             if body is not None:
                 pending.data = encode_response(request.api_key, request.api_version, request.correlation_id, body)
         except trio.TooSlowError:
@@ -305,4 +340,7 @@ class _Connection:
                     return
                 if pending.data is not None:
                     await self.stream.send_all(pending.data)
+                if pending.close_after:
+                    scope.cancel()
+                    return
         scope.cancel()  # the client closed its side and every answer is sent

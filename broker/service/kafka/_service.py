@@ -15,19 +15,25 @@ from clmq.protocol.transport import RpcClient
 from .._context import BrokerContext
 from .._read_threads import ReadThreads
 from .._topic_requests import TopicRequests
+from ._access import guard_all
+from ._acls import KafkaAcls
 from ._cluster import ClusterViews
 from ._coordinator import GroupSettings, KafkaGroups
 from ._fetch import KafkaFetch
-from ._listener import Handler, KafkaListener, ListenerSettings, Peer
-from ._metadata import ADVERTISED, NO_TRANSACTIONS, MetadataRequests, coordinator_for
+from ._listener import Handler, KafkaListener, ListenerSettings, Peer, Refused
+from ._metadata import ADVERTISED, NO_TRANSACTIONS, MetadataRequests, coordinator_for, topic_id
 from ._offsets import KafkaOffsets
 from ._produce import KafkaProduce
+from ._sasl import KafkaSasl
 from ._sequences import Sequences, parse_producer_property
 from ._topics import TopicAdmin
 
 log = logging.getLogger("clmq.broker.kafka")
 
 RECOVER_CHUNK_MESSAGES = 1024
+# Answered before a login (with auth_enabled any other API closes the connection).
+BEFORE_LOGIN = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+SASL_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
 class KafkaService:
@@ -48,7 +54,11 @@ class KafkaService:
             ),
             self.dispatch,
             ADVERTISED,
+            serial=SASL_APIS,  # the requests after a login step are judged by its outcome
         )
+        self.access = ctx.security.access
+        self.sasl = KafkaSasl(self.access, lambda: ctx.security.state, cfg.kafka_sasl_mechanisms)
+        self._ids: tuple[int, dict[Any, str]] = (0, {})  # (id of the view, topic id -> name)
         self.sequences = Sequences(cfg.kafka_max_producer_ids, self._recover)
         self._epoch = ctx.replica.epoch
         self.groups = KafkaGroups(
@@ -66,17 +76,31 @@ class KafkaService:
         self.metadata = MetadataRequests(self.views, cfg.cluster, admin)
         self.fetch = KafkaFetch(ctx, self.views, readers, self.produce.acked)
         self.offsets = KafkaOffsets(ctx, self.views, self.groups)
-        self._table = self._handlers(admin)
+        self._table = guard_all(self._handlers(admin), self.access, self.topic_name)
 
     def kafka_addr(self) -> str:
         """host:port Kafka clients are told ("" until the listener has its port)."""
         port = self.listener.port
         return f"{self.ctx.config.advertised_addr_host}:{port}" if port >= 0 else ""
 
+    def topic_name(self, tid: Any) -> str | None:
+        """The name of the topic with id ``tid`` in the last cluster view (None: unknown)."""
+        view = self.views.last
+        if tid is None or view is None:
+            return None
+        if self._ids[0] != id(view):
+            cluster = self.ctx.config.cluster
+            self._ids = (id(view), {topic_id(cluster, t): t for t in view.topics})
+        return self._ids[1].get(tid)
+
     def _handlers(self, admin: TopicAdmin) -> dict[int, Callable[[KafkaRequest, Peer], Any]]:
+        """Every API this listener serves (each gets an ACL rule: ``_access.KAFKA_RULES``)."""
         m, g = self.metadata, self.groups
+        acls = KafkaAcls(self.ctx)
         return {
             ApiKey.API_VERSIONS: m.api_versions,
+            ApiKey.SASL_HANDSHAKE: self.sasl.handshake,
+            ApiKey.SASL_AUTHENTICATE: self.sasl.authenticate,
             ApiKey.METADATA: m.metadata,
             ApiKey.DESCRIBE_CLUSTER: m.describe_cluster,
             ApiKey.FIND_COORDINATOR: m.find_coordinator,
@@ -98,6 +122,9 @@ class KafkaService:
             ApiKey.CREATE_PARTITIONS: admin.create_partitions,
             ApiKey.DESCRIBE_CONFIGS: admin.describe_configs,
             ApiKey.INIT_PRODUCER_ID: self._init_producer_id,
+            ApiKey.DESCRIBE_ACLS: acls.describe_acls,
+            ApiKey.CREATE_ACLS: acls.create_acls,
+            ApiKey.DELETE_ACLS: acls.delete_acls,
         }
 
     def _coordinated(self, handler: Callable[[KafkaRequest, Peer], Any]) -> Callable[[KafkaRequest, Peer], Any]:
@@ -129,7 +156,16 @@ class KafkaService:
         return [g["group_id"] for g in self.groups.groups()]
 
     def dispatch(self, req: KafkaRequest, peer: Peer) -> Handler | None:
+        """The request's handler; :class:`Refused` (the connection is closed) for any API but
+        ApiVersions and the SASL ones before a login, with authentication on (Kafka's rule)."""
+        if req.api_key not in BEFORE_LOGIN and not self.sasl.logged_in(peer):
+            raise Refused(f"API {_api_name(req.api_key)} before a SASL login (this broker has auth_enabled)")
         return self._table.get(req.api_key)
+
+    @property
+    def handler_table(self) -> dict[int, Callable[[KafkaRequest, Peer], Any]]:
+        """Every API served and its (guarded) handler."""
+        return dict(self._table)
 
     async def serve(
         self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
@@ -192,6 +228,13 @@ class KafkaService:
                     rows.append((parsed[2], parsed[3], r.queue_offset))
             offset = got.next_offset
         return (epoch, rows) if rows else None
+
+
+def _api_name(key: int) -> str:
+    try:
+        return ApiKey(key).name
+    except ValueError:
+        return str(key)
 
 
 def _now(fn: Callable[[KafkaRequest], dict[str, Any]]) -> Callable[[KafkaRequest, Peer], Any]:
