@@ -17,7 +17,7 @@ creates the writer on the driver, before any task runs.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -27,6 +27,7 @@ from pyspark.sql.types import StructType
 
 from clmq.client import Message, MessageQueue, NoRouteError, Producer, SendError, SendFuture, open_producer, shard
 from clmq.common import ConnectorError
+from clmq.protocol.transport import ClientSecurity, tls_settings
 
 from ._options import OptionError
 
@@ -52,7 +53,16 @@ SETTINGS: dict[str, tuple[str, str, int, int]] = {
 }
 ADDRESSES = ("nameserver", "nameservers", "broker", "brokers")
 SPARKS = frozenset(("checkpointlocation",))  # Spark's own, passed on to a stream's sink: not the sink's to check
-KNOWN = frozenset((*ADDRESSES, "topic", "queue", *SETTINGS, *SPARKS))
+# TLS and a login (docs/security-tls.md): option (lower case) -> its documented name. The
+# files must exist where the tasks run; unset, each task reads $CLMQ_TLS_* and $CLMQ_USER.
+SECURITY = {
+    "tlscafile": "tlsCaFile",
+    "tlscertfile": "tlsCertFile",
+    "tlskeyfile": "tlsKeyFile",
+    "user": "user",
+    "password": "password",
+}
+KNOWN = frozenset((*ADDRESSES, "topic", "queue", *SETTINGS, *SPARKS, *SECURITY))
 
 # Column (lower case) -> the Spark types it may have (simpleString).
 INTEGERS = ("int", "bigint", "smallint", "tinyint")
@@ -93,9 +103,26 @@ class SinkOptions:
     topic: str | None = None
     queue: int | None = None
     producer: tuple[tuple[str, int], ...] = ()  # the producer's keyword arguments
+    security: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # tlsCaFile, ..., user, password given
+    # (kept as text: the ClientSecurity is made where the task runs, whose files it checks)
 
     def producer_kwargs(self) -> dict[str, Any]:
         return dict(self.producer)
+
+    def client_security(self) -> ClientSecurity | None:
+        """The producer's security, or None (the task's environment decides)."""
+        given = dict(self.security)
+        if not given:
+            return None
+        try:
+            tls = tls_settings(
+                cert_file=given.get("tlsCertFile", ""),
+                key_file=given.get("tlsKeyFile", ""),
+                ca_file=given.get("tlsCaFile", ""),
+            )
+            return ClientSecurity(tls, given.get("user", ""), given.get("password", ""))
+        except ValueError as e:
+            raise OptionError(f"options tlsCaFile, tlsCertFile, tlsKeyFile, user, password: {e}") from None
 
 
 def _addresses(name: str, raw: str) -> tuple[str, ...]:
@@ -126,7 +153,7 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
     if unknown:
         raise OptionError(
             f"unknown sink option(s) {', '.join(unknown)}; the clmq sink takes: nameserver, broker, "
-            f"topic, queue, {', '.join(s[0] for s in SETTINGS.values())}"
+            f"topic, queue, {', '.join(s[0] for s in SETTINGS.values())}, {', '.join(SECURITY.values())}"
         )
     ns_name = next((n for n in ("nameservers", "nameserver") if n in opts), None)
     br_name = next((n for n in ("brokers", "broker") if n in opts), None)
@@ -144,6 +171,7 @@ def parse_sink_options(options: Mapping[str, Any]) -> SinkOptions:
             (kw, _whole(name, opts[key], low) if key in opts else default)
             for key, (name, kw, default, low) in SETTINGS.items()
         ),
+        security=tuple((name, opts[key]) for key, name in SECURITY.items() if opts.get(key)),
     )
 
 
@@ -300,7 +328,10 @@ def send_all(opts: SinkOptions, cols: SinkColumns, batches: Iterator[Columns]) -
 
 async def _send_all(opts: SinkOptions, cols: SinkColumns, batches: Iterator[Columns]) -> SinkCommit:
     async with open_producer(
-        list(opts.nameservers) or None, broker_addrs=list(opts.brokers) or None, **opts.producer_kwargs()
+        list(opts.nameservers) or None,
+        broker_addrs=list(opts.brokers) or None,
+        security=opts.client_security(),
+        **opts.producer_kwargs(),
     ) as producer:
         task = TaskSend(producer, opts)
         while True:

@@ -596,3 +596,16 @@ def test_kcat_and_confluent_kafka_over_ssl_to_the_kafka_listener(dev_tls: DevTls
     finally:
         consumer.close()
     assert seen == {b"from-kcat", b"from-confluent"}
+
+
+def test_the_spark_sink_takes_tls_and_login_options(pki: Pki) -> None:
+    sink = pytest.importorskip("clmq.spark_connector._sink")
+    opts = sink.parse_sink_options(
+        {"nameserver": "127.0.0.1:9876", "tlsCaFile": str(pki.ca.cert_file), "user": "alice", "password": "pw"}
+    )
+    assert "pw" not in repr(opts)
+    security = opts.client_security()
+    assert security.tls.ca_file == str(pki.ca.cert_file) and (security.user, security.password) == ("alice", "pw")
+    assert sink.parse_sink_options({"nameserver": "127.0.0.1:9876"}).client_security() is None
+    with pytest.raises(sink.OptionError, match="tlsCaFile"):
+        sink.parse_sink_options({"nameserver": "127.0.0.1:9876", "tlsCaFile": "/nonexistent.pem"}).client_security()
