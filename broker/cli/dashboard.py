@@ -9,12 +9,13 @@ on trio; the charts are uPlot, shipped in the package (no CDN).
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
 
 import trio
 
 from clmq.client import open_admin
-from clmq.protocol.transport import serve_http
+from clmq.protocol.transport import serve_http, tls_settings
 
 from ._common import addrs, listen_port_arg, namesrv_arg, run_client
 from ._dashboard_app import Dashboard, DashboardSettings
@@ -42,6 +43,8 @@ def add_command(sub: Any) -> None:
         default=DashboardSettings.history_points,
         help="samples kept for the charts (default 300)",
     )
+    p.add_argument("--https-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM; with --https-key)")
+    p.add_argument("--https-key", metavar="FILE", help="the key of --https-cert (PEM)")
     add_output_arg(p)
     namesrv_arg(p)
     p.set_defaults(func=cmd_dashboard)
@@ -52,12 +55,18 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         settings = DashboardSettings(poll_interval_ms=args.poll_interval_ms, history_points=args.history_points)
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
+    try:  # HTTPS (docs/security-tls.md): the page's own certificate; its clients' TLS: --tls-ca ...
+        https = tls_settings(cert_file=args.https_cert or "", key_file=args.https_key or "")
+        context = https.server_context() if https is not None else None
+    except ValueError as e:
+        raise CliError(f"--https-cert/--https-key: {e}", EXIT_USAGE) from None
 
     async def main() -> None:
         async with open_admin(addrs(args)) as admin, trio.open_nursery() as nursery:
             board = Dashboard(admin, settings)
-            port = await nursery.start(serve_http, args.listen_host, args.listen_port, board.route, "dashboard")
-            url = f"http://{args.listen_host}:{port}/"
+            serve = functools.partial(serve_http, tls=context)
+            port = await nursery.start(serve, args.listen_host, args.listen_port, board.route, "dashboard")
+            url = f"{'https' if context else 'http'}://{args.listen_host}:{port}/"
             console.print(f"dashboard on {url} (name servers {args.namesrv}; Ctrl-C stops)", highlight=False)
             if is_json(args):
                 write_json({"url": url, "namesrv": args.namesrv})

@@ -15,7 +15,7 @@ import trio
 
 from clmq.common import Message
 from clmq.protocol import PROTOCOL_VERSION, ErrorCode
-from clmq.protocol.transport import ConnectionFailed, RpcError
+from clmq.protocol.transport import AuthenticationFailed, ConnectionFailed, RpcError
 
 from .._routes import MessageQueue, NoRouteError, Routes
 from ._future import SendError
@@ -222,7 +222,9 @@ class Targets:
             elif e.code == ErrorCode.STORE_FAILED:
                 tries.pinned = None  # that broker takes no produce until restarted: another may
         else:
-            maybe_stored = not (isinstance(e, ConnectionFailed) and str(e).startswith("cannot connect"))
+            # Nothing was sent on a connection that never opened, failed its TLS handshake or its login.
+            never_sent = isinstance(e, AuthenticationFailed) or str(e).startswith(("cannot connect", "TLS handshake"))
+            maybe_stored = not (isinstance(e, ConnectionFailed) and never_sent)
             tries.note(f"{mq.addr}: {e or 'timed out'}", None)
             tries.dedup |= maybe_stored
             if maybe_stored or self.routes.followers(mq.broker_name):  # a replicated group gets a new leader
