@@ -33,7 +33,7 @@ from clmq.protocol.kafka import (
     encode_api_versions_unsupported,
     encode_response,
 )
-from clmq.protocol.transport import RequestStats, Session, TlsHandshakes, close_stream
+from clmq.protocol.transport import RequestStats, Session, TlsHandshakes, close_stream, peer_identity
 
 log = logging.getLogger("clmq.broker.kafka")
 
@@ -181,12 +181,14 @@ class KafkaListener:
         conn: trio.abc.Stream = stream
         try:
             host, port = stream.socket.getpeername()[:2]
+            session = Session()
             if self.tls is not None:
                 tls = await self.tls.accept(stream)  # a failure is counted and logged there
                 if tls is None:
                     return
                 conn = tls
-            await _Connection(self, conn, Peer(str(host), int(port))).run()
+                session = Session(tls=True, cert_user=peer_identity(tls.getpeercert()))
+            await _Connection(self, conn, Peer(str(host), int(port), session=session)).run()
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the client went away: what it asked and was not answered was not acknowledged
         except* Exception:  # a bug must close this connection, never the listener (and the broker)
