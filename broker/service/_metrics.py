@@ -88,6 +88,16 @@ class BrokerCollector:
         yield from self._replication()
         yield from self._timer()
         yield from self._tls()
+        yield from self._access()
+
+    def _access(self) -> Iterator[Metric]:
+        stats = self.ctx.security.access.stats  # both listeners' (native and Kafka)
+        yield CounterMetricFamily(
+            "clmq_login_failures", "Failed logins, answered late and logged with the peer", value=stats.failed
+        )
+        yield CounterMetricFamily(
+            "clmq_requests_denied", "Requests (or parts of them) the ACLs refused", value=stats.denied
+        )
 
     def _tls(self) -> Iterator[Metric]:
         failures = CounterMetricFamily(

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 from clmq.protocol.auth import CLUSTER_NAME, WILDCARD, Operation, PatternType, Permission, ResourceType
 from clmq.protocol.kafka import ApiKey, ErrorCode, KafkaRequest
@@ -46,6 +46,7 @@ NO_AUTHORIZED_OPERATIONS = -(2**31)
 RESOURCE_TOPIC, RESOURCE_BROKER = 2, 4  # DescribeConfigs' resource types
 ZERO_UUID = uuid.UUID(int=0)
 KafkaHandler = Callable[[KafkaRequest, Peer], Any]
+BY_ID = frozenset({ApiKey.FETCH, ApiKey.METADATA, ApiKey.DELETE_TOPICS})  # APIs that may name topics by id
 
 
 @dataclass
@@ -60,6 +61,12 @@ class Verdict:
 ALLOWED = Verdict()
 
 
+class Denials:
+    """Denials on the Kafka listener since start (the access control counts both listeners')."""
+
+    count = 0
+
+
 class Check:
     """One request's questions to the authorizer, as its principal from its host."""
 
@@ -70,8 +77,10 @@ class Check:
         principal: str,
         api: str,
         topic_name: Callable[[Any], str | None],
+        denials: Denials | None = None,
     ) -> None:
         self.access = access
+        self.denials = denials
         self.authorizer = access.authorizer()
         self.peer = peer
         self.principal = principal
@@ -96,6 +105,8 @@ class Check:
     def deny(self, op: Operation, rtype: ResourceType, name: str) -> None:
         self.denied += 1
         self.access.stats.denied += 1
+        if self.denials is not None:
+            self.denials.count += 1
         log.debug("kafka %s: %s may not %s %s %r", self.api, self.principal, op.name, rtype.name.lower(), name)
         self.access.audit("denied", self.peer, self.principal, f"kafka {self.api}", op.name, rtype.name, name)
 
@@ -144,6 +155,13 @@ def _split(items: Iterable[Any], allowed: Callable[[Any], bool]) -> tuple[list[A
     for item in items:
         (kept if allowed(item) else refused).append(item)
     return kept, refused
+
+
+def _name_of(check: Check, entry: dict[str, Any], key: str) -> str | None:
+    """A request entry's topic name: ``entry[key]``, else the name of its topic id (None:
+    an id unknown here, answered UNKNOWN_TOPIC_ID without asking the handler)."""
+    name = entry.get(key)
+    return name if name is not None else check.topic_name(entry.get("topic_id"))
 
 
 def _in_order(rows: list[dict[str, Any]], key: str, order: list[Any]) -> list[dict[str, Any]]:
@@ -227,13 +245,16 @@ def _fetch(req: KafkaRequest, check: Check) -> Verdict:
     body = req.body
     if body.get("replica_id", -1) >= 0 and not check.cluster(Operation.CLUSTER_ACTION):
         return Verdict(answer={"throttle_time_ms": 0, "error_code": CLUSTER_DENIED, "session_id": 0, "responses": []})
-    topics = body.get("topics") or []
-
-    def ok(t: dict[str, Any]) -> bool:
-        name = t.get("topic") or check.topic_name(t.get("topic_id"))
-        return name is None or check.allowed(READ, TOPIC, name)  # an unknown id: the handler says so
-
-    kept, refused = _split(topics, ok)
+    kept: list[dict[str, Any]] = []
+    refused: list[tuple[dict[str, Any], str, int]] = []
+    for t in body.get("topics") or []:
+        name = _name_of(check, t, "topic")
+        if name is None:
+            refused.append((t, "", ErrorCode.UNKNOWN_TOPIC_ID))
+        elif not check.allowed(READ, TOPIC, name):
+            refused.append((t, name, TOPIC_DENIED))
+        else:
+            kept.append(t)
     if not refused:
         return ALLOWED
 
@@ -242,12 +263,12 @@ def _fetch(req: KafkaRequest, check: Check) -> Verdict:
             *answer.get("responses", []),
             *(
                 {
-                    "topic": t.get("topic") or check.topic_name(t.get("topic_id")) or "",
+                    "topic": name,
                     "topic_id": t.get("topic_id") or ZERO_UUID,
                     "partitions": [
                         {
                             "partition_index": p["partition"],
-                            "error_code": TOPIC_DENIED,
+                            "error_code": code,
                             "high_watermark": -1,
                             "last_stable_offset": -1,
                             "log_start_offset": -1,
@@ -258,7 +279,7 @@ def _fetch(req: KafkaRequest, check: Check) -> Verdict:
                         for p in t.get("partitions") or []
                     ],
                 }
-                for t in refused
+                for t, name, code in refused
             ),
         ]
         return answer
@@ -344,9 +365,18 @@ def _metadata(req: KafkaRequest, check: Check) -> Verdict:
         return Verdict(merge=listed)
 
     def name_of(t: dict[str, Any]) -> str | None:
-        return t.get("name") or check.topic_name(t.get("topic_id"))
+        return _name_of(check, t, "name")
 
-    kept, refused = _split(asked, lambda t: (n := name_of(t)) is None or check.allowed(DESCRIBE, TOPIC, n))
+    kept: list[dict[str, Any]] = []
+    refused: list[tuple[dict[str, Any], int]] = []
+    for t in asked:
+        name = name_of(t)
+        if name is None:
+            refused.append((t, ErrorCode.UNKNOWN_TOPIC_ID))
+        elif not check.allowed(DESCRIBE, TOPIC, name):
+            refused.append((t, TOPIC_DENIED))
+        else:
+            kept.append(t)
     auto = bool(body.get("allow_auto_topic_creation", True))
     if auto and kept and not check.cluster(CREATE, quiet=True):
         auto = all(check.allowed(CREATE, TOPIC, n, quiet=True) for t in kept if (n := name_of(t)) is not None)
@@ -359,13 +389,13 @@ def _metadata(req: KafkaRequest, check: Check) -> Verdict:
             *answer.get("topics", []),
             *(
                 {
-                    "error_code": TOPIC_DENIED,
-                    "name": t.get("name") or ("" if req.api_version < 12 else None),
+                    "error_code": code,
+                    "name": t["name"] if t.get("name") is not None else ("" if req.api_version < 12 else None),
                     "topic_id": t.get("topic_id") or ZERO_UUID,
                     "is_internal": False,
                     "partitions": [],
                 }
-                for t in refused
+                for t, code in refused
             ),
         ]
         answer["topics"] = _in_order(rows, "name", order)
@@ -645,9 +675,18 @@ def _delete_topics(req: KafkaRequest, check: Check) -> Verdict:
     entries: list[Any] = list(by_name) if by_name is not None else list(body.get("topics") or [])
 
     def name_of(e: Any) -> str | None:
-        return e if isinstance(e, str) else e.get("name") or check.topic_name(e.get("topic_id"))
+        return e if isinstance(e, str) else _name_of(check, e, "name")
 
-    kept, refused = _split(entries, lambda e: (n := name_of(e)) is None or check.allowed(DELETE, TOPIC, n))
+    kept: list[Any] = []
+    refused: list[tuple[Any, int]] = []
+    for e in entries:
+        name = name_of(e)
+        if name is None:
+            refused.append((e, ErrorCode.UNKNOWN_TOPIC_ID))
+        elif not check.allowed(DELETE, TOPIC, name):
+            refused.append((e, TOPIC_DENIED))
+        else:
+            kept.append(e)
     if not refused:
         return ALLOWED
 
@@ -656,12 +695,12 @@ def _delete_topics(req: KafkaRequest, check: Check) -> Verdict:
             *answer.get("responses", []),
             *(
                 {
-                    "name": name_of(e) or "",
+                    "name": name_of(e),
                     "topic_id": ZERO_UUID if isinstance(e, str) else e.get("topic_id") or ZERO_UUID,
-                    "error_code": TOPIC_DENIED,
+                    "error_code": code,
                     "error_message": _text(check, DELETE, TOPIC, name_of(e) or ""),
                 }
-                for e in refused
+                for e, code in refused
             ),
         ]
         return answer
@@ -819,14 +858,24 @@ DENIED_WITHOUT_ACLS: dict[int, int | str] = {
 
 
 def guard(
-    handler: KafkaHandler, rule: Rule, access: AccessControl, api: str, topic_name: Callable[[Any], str | None]
+    handler: KafkaHandler,
+    rule: Rule,
+    access: AccessControl,
+    api: str,
+    topic_name: Callable[[Any], str | None],
+    denials: Denials | None = None,
+    prepare: Callable[[], Awaitable[Any]] | None = None,
 ) -> KafkaHandler:
-    """``handler`` behind ``rule``: the verdict taken before the handler runs."""
+    """``handler`` behind ``rule``: the verdict taken before the handler runs
+    (``prepare`` first: the cluster view the handler will use, so that the rule names
+    topic ids as the handler will)."""
 
     async def guarded(req: KafkaRequest, peer: Peer) -> Any:
+        if prepare is not None:
+            await prepare()
         speer = session_peer(peer)
         principal = access.principal(speer) or "User:ANONYMOUS"
-        verdict = rule(req, Check(access, speer, principal, api, topic_name))
+        verdict = rule(req, Check(access, speer, principal, api, topic_name, denials))
         if verdict.answer is not None:
             return verdict.answer
         if verdict.body is not None:
@@ -840,15 +889,23 @@ def guard(
 
 
 def guard_all(
-    handlers: dict[int, KafkaHandler], access: AccessControl, topic_name: Callable[[Any], str | None]
+    handlers: dict[int, KafkaHandler],
+    access: AccessControl,
+    topic_name: Callable[[Any], str | None],
+    denials: Denials | None = None,
+    prepare: Callable[[], Awaitable[Any]] | None = None,
 ) -> dict[int, KafkaHandler]:
-    """Every handler behind its rule (with authentication on); an API without a rule is an error here."""
+    """Every handler behind its rule (with authentication on); an API without a rule is
+    an error here. ``prepare`` is awaited before the rules of APIs naming topics by id."""
     missing = sorted(set(handlers) - set(KAFKA_RULES))
     if missing:
         raise AssertionError(f"Kafka APIs without an ACL rule: {missing}")
     if not access.enabled:
         return dict(handlers)
-    return {key: guard(h, KAFKA_RULES[key], access, _api_name(key), topic_name) for key, h in handlers.items()}
+    return {
+        key: guard(h, KAFKA_RULES[key], access, _api_name(key), topic_name, denials, prepare if key in BY_ID else None)
+        for key, h in handlers.items()
+    }
 
 
 def _api_name(key: int) -> str:

@@ -42,6 +42,14 @@ class KafkaCollector:
             "Kafka connections closed for a request that could not be decoded or was too large",
             value=listener.closed_bad_input,
         )
+        yield CounterMetricFamily(
+            "clmq_kafka_login_failures", "Failed SASL logins on the Kafka listener", value=self.service.sasl.failed
+        )
+        yield CounterMetricFamily(
+            "clmq_kafka_requests_denied",
+            "Kafka requests (or parts of them) the ACLs refused",
+            value=self.service.denied,
+        )
         groups = self.service.groups.groups()
         yield GaugeMetricFamily("clmq_kafka_groups", "Kafka consumer groups this broker coordinates", value=len(groups))
         yield GaugeMetricFamily(

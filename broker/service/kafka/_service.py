@@ -15,7 +15,7 @@ from clmq.protocol.transport import RpcClient
 from .._context import BrokerContext
 from .._read_threads import ReadThreads
 from .._topic_requests import TopicRequests
-from ._access import guard_all
+from ._access import Denials, guard_all
 from ._acls import KafkaAcls
 from ._cluster import ClusterViews
 from ._coordinator import GroupSettings, KafkaGroups
@@ -76,7 +76,10 @@ class KafkaService:
         self.metadata = MetadataRequests(self.views, cfg.cluster, admin)
         self.fetch = KafkaFetch(ctx, self.views, readers, self.produce.acked)
         self.offsets = KafkaOffsets(ctx, self.views, self.groups)
-        self._table = guard_all(self._handlers(admin), self.access, self.topic_name)
+        self.denials = Denials()
+        self._table = guard_all(
+            self._handlers(admin), self.access, self.topic_name, self.denials, prepare=self.views.current
+        )
 
     def kafka_addr(self) -> str:
         """host:port Kafka clients are told ("" until the listener has its port)."""
@@ -161,6 +164,11 @@ class KafkaService:
         if req.api_key not in BEFORE_LOGIN and not self.sasl.logged_in(peer):
             raise Refused(f"API {_api_name(req.api_key)} before a SASL login (this broker has auth_enabled)")
         return self._table.get(req.api_key)
+
+    @property
+    def denied(self) -> int:
+        """Kafka requests (or parts of them) the ACLs refused since start."""
+        return self.denials.count
 
     @property
     def handler_table(self) -> dict[int, Callable[[KafkaRequest, Peer], Any]]:
