@@ -8,7 +8,8 @@ client, through two APIs (``--api``): ``public``, exactly what a user writes
 for ``--seconds``, then a consumer group reads everything back), the sparse case (a
 fixed total spread over 1 to 10,000 queues, so that at 10,000 each holds a few), and
 produce latency at a fixed rate with synchronous flush. Figures in ``e2e_report``, the
-plot in ``e2e_plot``.
+plot in ``e2e_plot``. With ``--tls`` and ``--auth`` the throughput cases run in each
+security mode too, against plaintext in the same run (``e2e_security``).
 """
 
 from __future__ import annotations
@@ -23,29 +24,33 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 import trio
 
 from clmq.client import open_admin
+from clmq.protocol.transport import ClientSecurity
 
 from .e2e_load import Consumed, Load, ProcessCpu, Produced
 from .e2e_public import consume_public, latency_public, produce_batches, produce_public
 from .e2e_raw import consume_raw, latency_raw, produce_raw
 from .e2e_report import Latency, Throughput, aims, latency_of, markdown, medians
+from .e2e_security import PLAIN, Mode, Modes, modes_of, summary
 
-PRODUCE: dict[str, Callable[[str, Load], Awaitable[Produced]]] = {
+PRODUCE: dict[str, Callable[[str, Load, ClientSecurity | None], Awaitable[Produced]]] = {
     "public": produce_public,
     "public-batches": produce_batches,
     "raw": produce_raw,
 }
-CONSUME: dict[str, Callable[[str, str, int], Awaitable[Consumed]]] = {
+CONSUME: dict[str, Callable[[str, str, int, ClientSecurity | None], Awaitable[Consumed]]] = {
     "public": consume_public,
     "public-batches": consume_public,
     "raw": consume_raw,
 }
 LATENCY_QUEUES = 8  # the latency case's topic
 RAW_LATENCY_BATCH = 10  # raw: messages per send in the latency case (public: one per send)
+DEFAULTS = {"sizes": "100,1024", "queues": "1,1000,10000", "flush": "async,sync"}
+SECURITY_ONLY = {"sizes": "1024", "queues": "1,1000", "flush": "async"}  # --security-only's defaults
 
 
 def _ints(text: str) -> list[int]:
@@ -75,9 +80,9 @@ def add_command(bench_sub: Any) -> None:
         "(sparse case: message i to queue i mod Q, so a request spans up to --batch queues), read back with "
         "pull_batch 1024 and buffered_batches 256",
     )
-    a("--sizes", default="100,1024", help="message sizes in bytes (default 100,1024)")
-    a("--queues", default="1,1000,10000", help="queue counts (default 1,1000,10000)")
-    a("--flush", default="async,sync", help="flush modes (default async,sync)")
+    a("--sizes", default=None, help="message sizes in bytes (default 100,1024; --security-only: 1024)")
+    a("--queues", default=None, help="queue counts (default 1,1000,10000; --security-only: 1,1000)")
+    a("--flush", default=None, help="flush modes (default async,sync; --security-only: async)")
     a("--seconds", type=float, default=3.0, help="seconds of producing per timed case (default 3)")
     a(
         "--sparse-total",
@@ -104,9 +109,35 @@ def add_command(bench_sub: Any) -> None:
         help="before each case: os.sync(), then this long idle, so that a case does not measure the "
         "previous one's writeback and file deletions (default 3)",
     )
+    a(
+        "--tls",
+        action="store_true",
+        help="also run every throughput case through TLS (a throw-away CA and certificate made for the run; no "
+        "sendfile for readers), against plaintext in the same run, the modes alternated (aims: produce >= 0.7, "
+        "consume >= 0.5 x plaintext). The latency case stays plaintext",
+    )
+    a(
+        "--auth",
+        action="store_true",
+        help="also run every throughput case with auth_enabled: producer and consumer log in (SCRAM-SHA-256) as a "
+        "user that is not a super user, each request decided by its ACLs (aim: >= 0.95 x plaintext). With --tls: "
+        "also TLS and authentication together",
+    )
+    a(
+        "--security-only",
+        action="store_true",
+        help="with --tls and/or --auth: the timed cases only (no sparse case, no latency case), by default at 1 KiB, "
+        "1 and 1,000 queues, async flush",
+    )
     a("--json", type=Path, default=None, help="every case of every run, the medians and the aims")
     a("--markdown", type=Path, default=None, help="also write the tables and the aims as Markdown here")
-    a("--plot", type=Path, default=None, help="draw produce and consume per queue count against the aims (matplotlib)")
+    a(
+        "--plot",
+        type=Path,
+        default=None,
+        help="draw produce and consume per queue count against the aims (matplotlib; with --tls or --auth: each "
+        "mode against plaintext)",
+    )
     p.set_defaults(func=cmd_bench_e2e)
 
 
@@ -120,7 +151,9 @@ def _free_port() -> int:
 class BrokerProcess:
     """``clmq broker`` in a subprocess, on a fresh data directory."""
 
-    def __init__(self, root: Path, flush: str, storage_mode: str = "commitlog") -> None:
+    def __init__(self, root: Path, flush: str, storage_mode: str = "commitlog", mode: Mode | None = None) -> None:
+        """``mode``: the security settings (as ``CLMQ_*`` variables) and the users and
+        ACLs seeded into the data directory; None: plaintext, no logins."""
         self.dir = Path(tempfile.mkdtemp(dir=root))
         self.port = _free_port()
         self.addr = f"127.0.0.1:{self.port}"
@@ -138,8 +171,12 @@ class BrokerProcess:
             "--storage-mode",
             storage_mode,
         ]
+        env: Mapping[str, str] | None = None
+        if mode is not None:
+            mode.seed(self.dir / "data")
+            env = {**os.environ, **mode.broker_env}
         self.log = self.dir / "broker.log"  # a file, not a pipe: a full pipe would stall the broker
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))  # noqa: SIM115 - the broker process owns it
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"), env=env)  # noqa: SIM115 - the broker process owns it
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -166,17 +203,17 @@ class BrokerProcess:
         subprocess.run(["rm", "-rf", str(self.dir)], check=False)
 
 
-async def _case(broker: BrokerProcess, api: str, case: str, load: Load, flush: str) -> Throughput:
-    async with open_admin(broker_addrs=[broker.addr]) as admin:
+async def _case(broker: BrokerProcess, api: str, case: str, load: Load, flush: str, mode: Mode) -> Throughput:
+    async with open_admin(broker_addrs=[broker.addr], security=mode.admin) as admin:
         await admin.create_topic(load.topic, load.queues, on=[broker.addr])
     client, server = ProcessCpu(), ProcessCpu(broker.proc.pid)
-    produced = await PRODUCE[api](broker.addr, load)
+    produced = await PRODUCE[api](broker.addr, load, mode.client)
     produce_cpu = (client.used_s(), server.used_s())
     stored = produced.sent - produced.failed
     if stored <= 0:
         raise RuntimeError(f"{api}: no message stored ({produced.failed:,} failed)")
     client, server = ProcessCpu(), ProcessCpu(broker.proc.pid)
-    consumed = await CONSUME[api](broker.addr, load.topic, stored)
+    consumed = await CONSUME[api](broker.addr, load.topic, stored, mode.client)
     consume_cpu = (client.used_s(), server.used_s())
     rate = stored / produced.elapsed_s
     return Throughput(
@@ -198,21 +235,26 @@ async def _case(broker: BrokerProcess, api: str, case: str, load: Load, flush: s
         consume_cpu[0] * 1e6 / stored,
         consume_cpu[1] * 1e6 / stored,
         produced.call,
+        mode.name,
     )
 
 
-def _run_case(root: Path, api: str, case: str, load: Load, flush: str, args: argparse.Namespace) -> Throughput:
+def _run_case(
+    root: Path, api: str, case: str, load: Load, flush: str, args: argparse.Namespace, mode: Mode
+) -> Throughput:
     _settle(args.settle_seconds)
-    broker = BrokerProcess(root, flush)
+    broker = BrokerProcess(root, flush, mode=mode)
     try:
-        return trio.run(_case, broker, api, case, load, flush)
+        return trio.run(_case, broker, api, case, load, flush, mode)
     finally:
         broker.stop()
 
 
 def _line(r: int, args: argparse.Namespace, t: Throughput) -> str:
     return (
-        f"run {r + 1}/{args.runs}: {t.api}, {t.case}: {t.size} B x {t.queues:,} queues, {t.flush} flush: "
+        f"run {r + 1}/{args.runs}: {t.api}, {t.case}"
+        + ("" if t.mode == PLAIN else f", {t.mode}")
+        + f": {t.size} B x {t.queues:,} queues, {t.flush} flush: "
         f"produce {t.produce_msgs_per_s:,.0f} msgs/s ({t.produce_client_cpu_us_per_msg:.1f} / "
         f"{t.produce_broker_cpu_us_per_msg:.1f} µs CPU per message in client / broker), consume "
         f"{t.consume_msgs_per_s:,.0f} msgs/s (fetch {t.consume_fetch_msgs_per_s:,.0f}, first batch after "
@@ -221,11 +263,24 @@ def _line(r: int, args: argparse.Namespace, t: Throughput) -> str:
     )
 
 
+def _resolve(args: argparse.Namespace) -> None:
+    """The case options left unset get their defaults (``--security-only``'s with it);
+    ``--security-only`` skips the sparse and latency cases."""
+    for name, default in (SECURITY_ONLY if args.security_only else DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if args.security_only:
+        args.sparse_total, args.latency_rate = 0, 0
+
+
 def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:
-    """Every case ``args.runs`` times (the APIs alternated, their order reversed every
-    other run); the samples, their medians and the aims."""
+    """Every case ``args.runs`` times (the APIs alternated, and the security modes
+    within each API, their order reversed every other run); the samples, their medians
+    and the aims."""
+    _resolve(args)
     root = Path(tempfile.mkdtemp(prefix="clmq-bench-e2e-"))
     apis: list[str] = args.api
+    names = modes_of(args.tls, args.auth)
     timed = [
         Load("bench", s, q, seconds=args.seconds, producers=args.producers, batch=args.batch)
         for s in _ints(args.sizes)
@@ -243,17 +298,23 @@ def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str
     sparse_samples: list[dict[str, Any]] = []
     lat_samples: dict[str, list[dict[str, Any]]] = {api: [] for api in apis if api in ("public", "raw")}
     try:
+        modes = Modes(root, names, ["bench"])
         for r in range(args.runs):
             order = apis if r % 2 == 0 else apis[::-1]
+            mode_order = names if r % 2 == 0 else names[::-1]
             for flush in args.flush.split(","):
                 for load in timed:
                     for api in order:
-                        samples.append(asdict(t := _run_case(root, api, "timed", load, flush, args)))
-                        report(_line(r, args, t))
+                        for m in mode_order:
+                            t = _run_case(root, api, "timed", load, flush, args, modes[m])
+                            samples.append({**asdict(t), "run": r})
+                            report(_line(r, args, t))
             for load in sparse:
                 for api in order:
-                    sparse_samples.append(asdict(t := _run_case(root, api, "sparse", load, "async", args)))
-                    report(_line(r, args, t))
+                    for m in mode_order:
+                        t = _run_case(root, api, "sparse", load, "async", args, modes[m])
+                        sparse_samples.append({**asdict(t), "run": r})
+                        report(_line(r, args, t))
             for api in (a for a in order if a in lat_samples and args.latency_rate):
                 lat = _latency_case(root, api, args)
                 lat_samples[api].append(asdict(lat))
@@ -265,7 +326,7 @@ def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str
                 )
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
-    return _result(args, samples, sparse_samples, lat_samples)
+    return _result(args, samples, sparse_samples, lat_samples, names)
 
 
 def _result(
@@ -273,6 +334,7 @@ def _result(
     samples: list[dict[str, Any]],
     sparse_samples: list[dict[str, Any]],
     lat_samples: dict[str, list[dict[str, Any]]],
+    modes: list[str],
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "runs": args.runs,
@@ -287,6 +349,8 @@ def _result(
         "samples": {"rows": samples, "sparse": sparse_samples, "latency": lat_samples},
     }
     out["aims"] = aims(out)
+    if len(modes) > 1:
+        out["security"] = summary(samples + sparse_samples, modes)
     return out
 
 
@@ -324,12 +388,18 @@ def cmd_bench_e2e(args: argparse.Namespace) -> int:
 
     from .report import save
 
+    if args.security_only and not (args.tls or args.auth):
+        print("clmq bench e2e: --security-only needs --tls or --auth (or both)", file=sys.stderr)
+        return 2
     console = Console(soft_wrap=True)
     result = run_all(args, lambda line: console.print(line, highlight=False))
     save(result, markdown(result), args.json, args.markdown, console)
     if args.plot is not None:
         if importlib.util.find_spec("matplotlib") is not None:  # the bench extra
-            from .e2e_plot import plot
+            if "security" in result:
+                from .e2e_security import plot
+            else:
+                from .e2e_plot import plot
 
             plot(result, args.plot)
             console.print(f"plot: {args.plot}")

@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from clmq.client import open_consumer
+from clmq.protocol.transport import ClientSecurity
 
 CONSUME_TIMEOUT_S = 300  # a consumer that has not read everything back by then: the case fails
 CHECK_CLOCK_EVERY = 64  # messages between two looks at the clock in a timed case
@@ -79,12 +80,15 @@ class ProcessCpu:
         return self._now() - self.start
 
 
-async def consume(addr: str, topic: str, expected: int, **options: Any) -> Consumed:
+async def consume(
+    addr: str, topic: str, expected: int, security: ClientSecurity | None = None, **options: Any
+) -> Consumed:
     """A consumer group member (``options``: ConsumerOptions; none: the defaults) reads
-    the topic from the earliest offsets until it has ``expected`` messages."""
+    the topic from the earliest offsets until it has ``expected`` messages (``security``:
+    TLS, a login; None: the client's default)."""
     t0 = time.perf_counter()
     got, first, last = 0, 0.0, 0.0
-    async with open_consumer(None, "bench", {topic: "*"}, broker_addrs=[addr], **options) as c:
+    async with open_consumer(None, "bench", {topic: "*"}, broker_addrs=[addr], security=security, **options) as c:
         with trio.move_on_after(CONSUME_TIMEOUT_S) as timeout:
             got += len(await c.receive())
             first = time.perf_counter()

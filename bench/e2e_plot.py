@@ -16,7 +16,9 @@ from .e2e_report import (
 
 
 def _pick(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of the aims' size and async flush, else of the first size and flush there are."""
+    """The plaintext rows of the aims' size and async flush, else of the first size and
+    flush there are (a run with --tls or --auth is drawn by ``e2e_security.plot``)."""
+    rows = [r for r in rows if r.get("mode", "plain") == "plain"]
     if not rows:
         return []
     size = AIM_SIZE if any(r["size"] == AIM_SIZE for r in rows) else rows[0]["size"]

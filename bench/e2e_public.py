@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 import trio
 
 from clmq.client import ClientError, Message, MessageQueue, Producer, SendFuture, open_producer
+from clmq.protocol.transport import ClientSecurity
 
 from .e2e_load import CHECK_CLOCK_EVERY, Consumed, Load, Produced, consume
 
@@ -36,7 +37,7 @@ def _at(queue: int) -> Selector:
     return lambda mqs, _msg: mqs[queue % len(mqs)]
 
 
-async def produce_public(addr: str, load: Load) -> Produced:
+async def produce_public(addr: str, load: Load, security: ClientSecurity | None = None) -> Produced:
     """Per message ``submit``, then ``flush``; failures counted by a done callback."""
     body = os.urandom(load.size)
     selectors = [_at(q) for q in range(load.queues)]
@@ -46,7 +47,7 @@ async def produce_public(addr: str, load: Load) -> Produced:
         if fut.exception() is not None:
             failed[0] += 1
 
-    async with open_producer(broker_addrs=[addr]) as p:
+    async with open_producer(broker_addrs=[addr], security=security) as p:
         sent, t0 = 0, time.perf_counter()
         deadline = t0 + (load.seconds or 0.0)
         while load.more(sent, deadline):
@@ -58,11 +59,11 @@ async def produce_public(addr: str, load: Load) -> Produced:
     return Produced(sent, failed[0], elapsed, "submit")
 
 
-async def produce_batches(addr: str, load: Load) -> Produced:
+async def produce_batches(addr: str, load: Load, security: ClientSecurity | None = None) -> Produced:
     """Per window of 1,000 messages, one ``send_batch`` per queue it touches, concurrently."""
     body = os.urandom(load.size)
     selectors = [_at(q) for q in range(load.queues)]
-    async with open_producer(broker_addrs=[addr]) as p:
+    async with open_producer(broker_addrs=[addr], security=security) as p:
         return await _windows(p, load, body, selectors)
 
 
@@ -89,8 +90,8 @@ async def _windows(p: Producer, load: Load, body: bytes, selectors: list[Selecto
     return Produced(sent, failed[0], time.perf_counter() - t0, "send_batch")
 
 
-async def consume_public(addr: str, topic: str, expected: int) -> Consumed:
-    return await consume(addr, topic, expected)
+async def consume_public(addr: str, topic: str, expected: int, security: ClientSecurity | None = None) -> Consumed:
+    return await consume(addr, topic, expected, security)
 
 
 async def latency_public(addr: str, topic: str, rate: int, seconds: float, queues: int) -> tuple[list[float], int]:

@@ -13,7 +13,7 @@ import trio
 from clmq.client import MessageQueue, Producer, Routes
 from clmq.common import Message
 from clmq.protocol import encode_batch
-from clmq.protocol.transport import RpcClient
+from clmq.protocol.transport import ClientSecurity, RpcClient
 
 from .e2e_load import Consumed, Load, Produced, consume
 
@@ -21,14 +21,14 @@ from .e2e_load import Consumed, Load, Produced, consume
 RAW_CONSUMER_OPTIONS: dict[str, object] = {"pull_batch": 1024, "buffered_batches": 256}
 
 
-async def produce_raw(addr: str, load: Load) -> Produced:
+async def produce_raw(addr: str, load: Load, security: ClientSecurity | None = None) -> Produced:
     """Timed case: ``load.producers`` senders, each request ``load.batch`` messages of
     one queue, the queues round robin. Fixed total (the sparse case): message i to queue
     i mod ``load.queues``, each request ``load.batch`` consecutive messages (so it spans
     up to that many queues): a request per queue would be ``queues`` requests of
     ``total / queues`` messages, a measure of the cost per request instead."""
     async with trio.open_nursery() as nursery:
-        rpc = RpcClient(nursery)
+        rpc = RpcClient(nursery, security=security)
         producer = Producer(rpc, Routes(rpc, [], broker_addrs=[addr]))
         mqs = await producer.routes.queues(load.topic)
         body = os.urandom(load.size)
@@ -64,8 +64,8 @@ async def produce_raw(addr: str, load: Load) -> Produced:
     return Produced(sent[0], 0, elapsed, "send_to")
 
 
-async def consume_raw(addr: str, topic: str, expected: int) -> Consumed:
-    return await consume(addr, topic, expected, **RAW_CONSUMER_OPTIONS)
+async def consume_raw(addr: str, topic: str, expected: int, security: ClientSecurity | None = None) -> Consumed:
+    return await consume(addr, topic, expected, security, **RAW_CONSUMER_OPTIONS)
 
 
 async def latency_raw(addr: str, topic: str, rate: int, seconds: float, batch: int = 10) -> tuple[list[float], int]:

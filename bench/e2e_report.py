@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-KEY = ("api", "case", "size", "queues", "flush")  # what names a case; every other number is a median
+KEY = ("api", "case", "size", "queues", "flush", "mode")  # what names a case; every other number is a median
 AIM_SIZE = 1024  # the aims are for 1 KiB messages
 AIM_PRODUCE_ONE_QUEUE_MSGS_PER_S = 150_000  # async flush
 AIM_PRODUCE_MANY_OVER_ONE = 0.8  # produce at the most queues / at 1 queue
@@ -36,6 +36,7 @@ class Throughput:
     consume_client_cpu_us_per_msg: float
     consume_broker_cpu_us_per_msg: float
     producer_call: str
+    mode: str = "plain"  # security: "plain", "tls", "auth" or "tls+auth" (e2e_security)
 
 
 @dataclass
@@ -59,7 +60,7 @@ def latency_of(api: str, rate: int, batch: int, lat_ms: list[float], failed: int
 
 def medians(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per case (``KEY``), in first-seen order: numbers are medians over the
-    runs, text is the first run's."""
+    runs, text is the first run's (a sample's ``run`` number is left out)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for s in samples:
         groups.setdefault(tuple(s.get(k) for k in KEY), []).append(s)
@@ -67,6 +68,8 @@ def medians(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for group in groups.values():
         row: dict[str, Any] = {}
         for k, v in group[0].items():
+            if k == "run":
+                continue
             numeric = isinstance(v, (int, float)) and not isinstance(v, bool) and k not in KEY
             row[k] = statistics.median(g[k] for g in group) if numeric else v
         rows.append(row)
@@ -79,7 +82,11 @@ def _row(result: dict[str, Any], api: str, case: str, queues: int, flush: str = 
         (
             r
             for r in table
-            if r["api"] == api and r["size"] == AIM_SIZE and r["queues"] == queues and r["flush"] == flush
+            if r["api"] == api
+            and r["size"] == AIM_SIZE
+            and r["queues"] == queues
+            and r["flush"] == flush
+            and r.get("mode", "plain") == "plain"
         ),
         None,
     )
@@ -102,8 +109,9 @@ def _aim(api: str, aim: str, measured: float, target: float, at_least: bool) -> 
 
 
 def aims(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 17's aims, each computed from this run's medians, for every API measured
-    (the aims are for ``public``; the others are there to compare)."""
+    """Issue 17's aims, each computed from this run's medians of the plaintext cases,
+    for every API measured (the aims are for ``public``; the others are there to
+    compare). The security modes' aims are ``e2e_security``'s."""
     out: list[dict[str, Any]] = []
     for api in result["apis"]:
         one = _row(result, api, "timed", 1)
@@ -132,7 +140,12 @@ def aims(result: dict[str, Any]) -> list[dict[str, Any]]:
         for case in ("timed", "sparse"):
             table = result["rows"] if case == "timed" else result.get("sparse", [])
             for r in table:
-                if r["api"] == api and r["size"] == AIM_SIZE and r["flush"] == "async":
+                if (
+                    r["api"] == api
+                    and r["size"] == AIM_SIZE
+                    and r["flush"] == "async"
+                    and r.get("mode", "plain") == "plain"
+                ):
                     out.append(
                         _aim(
                             api,
@@ -161,18 +174,20 @@ def aims(result: dict[str, Any]) -> list[dict[str, Any]]:
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     return [
         "| " + " | ".join(head) + " |",
-        "|" + "|".join("---" if h in ("api", "flush", "aim") else "---:" for h in head) + "|",
+        "|" + "|".join("---" if h in ("api", "flush", "aim", "mode") else "---:" for h in head) + "|",
         *("| " + " | ".join(r) + " |" for r in rows),
     ]
 
 
 def _throughput_rows(rows: list[dict[str, Any]], sparse: bool) -> list[str]:
+    modes = any(r.get("mode", "plain") != "plain" for r in rows)  # a column only in a run with --tls or --auth
     head = [
         "api",
         "size B",
         "queues",
         *(["per queue"] if sparse else []),
         "flush",
+        *(["mode"] if modes else []),
         "produce msgs/s",
         "produce MB/s",
         "consume msgs/s",
@@ -188,6 +203,7 @@ def _throughput_rows(rows: list[dict[str, Any]], sparse: bool) -> list[str]:
             f"{r['queues']:,}",
             *([f"{r['messages'] / r['queues']:,.0f}"] if sparse else []),
             r["flush"],
+            *([r.get("mode", "plain")] if modes else []),
             f"{r['produce_msgs_per_s']:,.0f}",
             f"{r['produce_mb_per_s']:.0f}",
             f"{r['consume_msgs_per_s']:,.0f}",
@@ -239,4 +255,8 @@ def markdown(result: dict[str, Any]) -> str:
         if rows
         else ["(no 1 KiB async case)"]
     )
+    if "security" in result:
+        from .e2e_security import markdown as security_markdown
+
+        lines += ["", security_markdown(result["security"]).rstrip("\n")]
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from clmq.bench.e2e_report import aims, medians
+from clmq.bench.e2e_security import summary as security_summary
 
 APIS = ["public", "public-batches", "raw"]
 SPARSE_TOTAL = 2000
@@ -156,3 +157,86 @@ def test_aims_verdicts_from_given_figures() -> None:
     }
     result["latency"]["public"]["failed"] = 1  # a send that failed: the p99 aim is not met, whatever the p99
     assert not aims(result)[-1]["met"]
+
+
+# ``--tls --auth`` (issue 31): every mode measured against plaintext in the same run.
+SECURITY_MODES = ["plain", "tls", "auth", "tls+auth"]
+
+
+def test_tls_and_auth_modes_against_plaintext(tmp_path: Path) -> None:
+    """A tiny run (one API, one queue count, 4 broker processes): each mode's case is
+    measured and read back, its ratios to plaintext and the aims are in the JSON, the
+    Markdown and the plot are written. No speed is asserted."""
+    out = clmq(
+        "bench",
+        "e2e",
+        "--tls",
+        "--auth",
+        "--security-only",
+        "--api",
+        "raw",
+        "--queues",
+        "1",
+        "--runs",
+        "1",
+        "--seconds",
+        "0.2",
+        "--settle-seconds",
+        "0",
+        "--json",
+        str(tmp_path / "s.json"),
+        "--markdown",
+        str(tmp_path / "s.md"),
+        "--plot",
+        str(tmp_path / "s.png"),
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads((tmp_path / "s.json").read_text())
+    assert [(r["mode"], r["size"], r["queues"], r["flush"]) for r in result["rows"]] == [
+        (m, 1024, 1, "async") for m in SECURITY_MODES
+    ]
+    assert result["sparse"] == [] and result["latency"] == {}  # --security-only: the timed cases alone
+    for r in result["rows"]:
+        assert r["failed"] == 0 and r["messages"] > 0 and r["consumed"] == r["messages"], r
+    security = result["security"]
+    assert security["modes"] == SECURITY_MODES and security["user"] == "bench"
+    assert [r["mode"] for r in security["ratios"]] == SECURITY_MODES[1:]
+    for r in security["ratios"]:
+        assert r["runs"] == 1 and r["produce_ratio"] > 0 and r["consume_ratio"] > 0, r
+    assert {(a["mode"], a["aim"].split(",")[0], a["target"]) for a in security["aims"]} == {
+        ("tls", "produce", 0.7),
+        ("tls", "consume", 0.5),
+        ("auth", "produce", 0.95),
+        ("auth", "consume", 0.95),
+        ("tls+auth", "produce", 0.7),
+        ("tls+auth", "consume", 0.5),
+    }
+    assert ", tls+auth: 1024 B" in out.stdout
+    md = (tmp_path / "s.md").read_text()
+    assert "### TLS and authentication against plaintext" in md and md.count("| raw | timed | 1024 | 1 | async |") == 3
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_security_only_needs_a_mode(tmp_path: Path) -> None:
+    out = clmq("bench", "e2e", "--security-only", cwd=tmp_path)
+    assert out.returncode == 2 and "--security-only needs --tls or --auth" in out.stderr
+
+
+def test_security_ratios_are_taken_within_each_run() -> None:
+    """Each run's mode over that run's plaintext, then the median over the runs (a
+    slow run slows every mode alike, and cancels out)."""
+    samples = []
+    for run, (scale, tls_produce) in enumerate([(1.0, 0.8), (0.5, 0.6), (1.2, 0.7)]):
+        for mode, produce, consume in (("plain", 100_000, 200_000), ("tls", 100_000 * tls_produce, 90_000)):
+            row = {**_row("raw", "timed", 1, produce * scale, consume * scale), "mode": mode, "run": run}
+            row |= {"produce_broker_cpu_us_per_msg": 2.0, "consume_broker_cpu_us_per_msg": 1.0}
+            samples.append(row)
+    (r,) = security_summary(samples, ["plain", "tls"])["ratios"]
+    assert r["mode"] == "tls" and r["runs"] == 3
+    assert r["produce_ratio"] == pytest.approx(0.7) and r["consume_ratio"] == pytest.approx(0.45)
+    assert r["produce_msgs_per_s"] == pytest.approx(80_000)  # the median of 80k, 30k and 84k: its own ratio is not 0.7
+    verdicts = {a["aim"].split(",")[0]: a["met"] for a in security_summary(samples, ["plain", "tls"])["aims"]}
+    assert verdicts == {"produce": True, "consume": False}
+    assert [m["mode"] for m in medians(samples)] == ["plain", "tls"]  # the run number is not a figure
+    assert all("run" not in m for m in medians(samples))
