@@ -8,8 +8,11 @@ from typing import Any
 
 import trio
 
-from clmq.protocol import RequestCode
-from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError
+from clmq.protocol import ErrorCode, RequestCode
+from clmq.protocol.transport import AuthenticationFailed, ConnectionFailed, RpcClient, RpcError
+
+# A name server that answers these refuses this client: asking the next one would not help.
+_REFUSED = (ErrorCode.AUTHENTICATION_REQUIRED, ErrorCode.NOT_AUTHORIZED)
 
 
 class AdminCalls:
@@ -31,7 +34,13 @@ class AdminCalls:
         for ns in self.namesrv_addrs:
             try:
                 return list((await self.call(ns, RequestCode.GET_CLUSTER))["brokers"])
-            except (ConnectionFailed, RpcError, trio.TooSlowError) as e:
+            except AuthenticationFailed:
+                raise  # the name server answered: the login is wrong, and would be at the next one
+            except RpcError as e:
+                if e.code in _REFUSED:
+                    raise
+                errors.append(f"{ns}: {e}")
+            except (ConnectionFailed, trio.TooSlowError) as e:
                 errors.append(f"{ns}: {e or 'timed out'}")
         if self.namesrv_addrs and not self.broker_addrs:
             raise ConnectionFailed(f"no name server answered: {'; '.join(errors)}")

@@ -36,10 +36,10 @@ def ns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def run(
-    tmp_path: Path, *args: str, code: int = 0, stdin: bytes | None = None, env: dict[str, str] | None = None
+    tmp_path: Path, *args: str, code: int | None = 0, stdin: bytes | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``clmq args`` (with ``env`` added to its environment): its exit code must be
-    ``code`` (an error: one line), and no password appears in what it printed."""
+    ``code`` (None: any; an error: one line), and no password appears in what it printed."""
     done = subprocess.run(
         [sys.executable, "-m", "clmq", *args],
         cwd=tmp_path,
@@ -49,7 +49,7 @@ def run(
         input=stdin if stdin is not None else b"",
     )
     out = subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
-    assert out.returncode == code, (args, out.returncode, out.stdout, out.stderr)
+    assert code is None or out.returncode == code, (args, out.returncode, out.stdout, out.stderr)
     if code:
         assert out.stderr.startswith("error: ") and len(out.stderr.strip().splitlines()) == 1, out.stderr
     for secret in (PASSWORD, OTHER):
@@ -333,3 +333,73 @@ async def test_users_and_acls_reach_every_groups_leader_and_a_follower(tmp_path:
         await trio.to_thread.run_sync(lambda: cli("user", "delete", "app"))
         state = load_security(g["a0"].data_dir / "security.json")
         assert state.users == {} and not state.acls
+
+
+# ------------------------------------------------------------------ a cluster that requires logins
+async def test_with_logins_required_the_first_super_user_made_offline_manages_the_rest(tmp_path: Path) -> None:
+    data, ns_file = tmp_path / "a0", tmp_path / "ns-security.json"
+    data.mkdir()
+    env = {"ADMIN_PW": PASSWORD, "APP_PW": OTHER, "BROKER_PW": "broker-pw"}
+
+    def cli(
+        *args: str, code: int | None = 0, stdin: bytes | None = None, **more: str
+    ) -> subprocess.CompletedProcess[str]:
+        return run(tmp_path, *args, code=code, env={**env, **more}, stdin=stdin)
+
+    # offline, before the first start: the super user on the broker, and the name server's users and ACLs
+    cli("user", "add", "admin", "--data-dir", str(data), "--password-env", "ADMIN_PW", *FAST)
+    for user, var in (("admin", "ADMIN_PW"), ("app", "APP_PW"), ("broker", "BROKER_PW")):
+        cli("user", "add", user, "--file", str(ns_file), "--password-env", var, *FAST)
+    for user, op in (("broker", "cluster-action"), ("app", "describe")):
+        cli(
+            "acl",
+            "add",
+            "--allow",
+            "--principal",
+            f"User:{user}",
+            "--operation",
+            op,
+            "--cluster",
+            "--file",
+            str(ns_file),
+        )
+    async with open_group(tmp_path) as g:
+        assert g.nameserver is not None
+        await g.nameserver.kill()  # again, with logins
+        secured = {"auth_enabled": True, "super_users": ["User:admin"], "auth_failure_delay_ms": 0}
+        await g.start_nameserver(security_file=str(ns_file), **secured)
+        await g.start_broker("a0", 0, broker_name="ga", broker_user="broker", broker_password="broker-pw", **secured)
+        at = ("--namesrv", g.ns_addr)
+        admin = ("--user", "admin", "--password-env", "ADMIN_PW")
+        app = ("--user", "app", "--password-env", "APP_PW")
+
+        def in_thread(*args: str, code: int | None = 0, stdin: bytes | None = None, **more: str) -> Any:
+            return trio.to_thread.run_sync(lambda: cli(*args, *at, code=code, stdin=stdin, **more))
+
+        async def registered() -> bool:  # the broker logged in to the name server as "broker"
+            return (await in_thread("user", "list", *admin, code=None)).returncode == 0
+
+        await await_until(registered, 30, "the broker to register")
+        anonymous = await in_thread("user", "list", code=1)  # refused, not unreachable (3)
+        assert "AUTHENTICATION_REQUIRED" in anonymous.stderr
+        await in_thread("user", "add", "app", "--new-password-env", "APP_PW", *FAST, *admin)
+        assert [u["user"] for u in js(await in_thread("user", "list", *admin, "-o", "json"))] == ["admin", "app"]
+        # app may neither list users (DESCRIBE on the cluster) nor change ACLs (ALTER on it)
+        assert "NOT_AUTHORIZED" in (await in_thread("user", "list", *app, code=1)).stderr
+        add_acl = ("acl", "add", "--allow", "--principal", "User:app", "--operation", "describe", "--cluster")
+        assert "NOT_AUTHORIZED" in (await in_thread(*add_acl, *app, code=1)).stderr
+        await in_thread(*add_acl, *admin)
+        assert [u["user"] for u in js(await in_thread("user", "list", *app, "-o", "json"))] == ["admin", "app"]
+        wrong = await in_thread("user", "list", *app, code=1, APP_PW="not-it")
+        assert "AUTHENTICATION_FAILED" in wrong.stderr, wrong.stderr
+        # a new password: online on the broker, offline in the name server's file; the old one fails
+        await in_thread("user", "passwd", "app", "--password-stdin", *FAST, *admin, stdin=b"third-pw\n")
+        run(tmp_path, "user", "passwd", "app", "--file", str(ns_file), "--password-stdin", *FAST, stdin=b"third-pw\n")
+        assert "AUTHENTICATION_FAILED" in (await in_thread("user", "list", *app, code=1)).stderr
+
+        async def new_password_works() -> bool:  # the name server reads its file again when it changes
+            return (await in_thread("user", "list", *app, code=None, APP_PW="third-pw")).returncode == 0
+
+        await await_until(new_password_works, 30, "a login with the new password")
+        # offline is refused while the broker runs
+        assert "in use" in (await in_thread("user", "delete", "app", "--data-dir", str(data), code=1)).stderr

@@ -12,13 +12,15 @@ import traceback
 
 import trio
 
-from clmq.client import ClientError, ConnectionFailed, NoRouteError, RpcError, SendError
+from clmq.client import AuthenticationFailed, ClientError, ConnectionFailed, NoRouteError, RpcError, SendError
 from clmq.common import ClmqError
 
 from .settings import SettingsError
 
 EXIT_OK = 0
-EXIT_FAILED = 1  # the operation failed, or found nothing it was asked for (unknown topic, group, message)
+EXIT_FAILED = (
+    1  # the operation failed, or found nothing it was asked for (unknown topic, group, message); a refused login
+)
 EXIT_USAGE = 2  # a bad argument or setting (argparse's own errors exit 2 too)
 EXIT_UNREACHABLE = 3  # no name server or broker answered
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
@@ -48,6 +50,8 @@ def exit_code_of(error: BaseException) -> int:
         return EXIT_INTERRUPTED
     if isinstance(error, SettingsError):
         return EXIT_USAGE
+    if isinstance(error, AuthenticationFailed):  # it answered: the login is wrong
+        return EXIT_FAILED
     if isinstance(error, ConnectionFailed | trio.TooSlowError):
         return EXIT_UNREACHABLE
     if isinstance(error, NoRouteError):
