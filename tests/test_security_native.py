@@ -22,7 +22,7 @@ from clmq.common import TIMER_TOPIC, Message
 from clmq.protocol import ErrorCode, RequestCode, encode_batch
 from clmq.protocol.auth import ScramClient, SecurityState, make_credential, save_security
 from tests.service_helpers import Cluster
-from tests.test_validation import GOOD_BROKER
+from tests.test_validation import GOOD_BROKER, GOOD_NAMESERVER
 from tests.waiting import await_until
 
 ADMIN, ALICE = ("admin", "admin-pw"), ("alice", "alice-pw")
@@ -245,16 +245,19 @@ async def test_name_server_logins_and_acls_from_its_security_file(nursery: trio.
         NameServerConfig(listen_port=0, auth_enabled=True, security_file=str(path), auth_failure_delay_ms=50),
     )
     register = {"broker_name": "b", "addr": "127.0.0.1:1", "topics": {"t": 1}}
+    assert set(GOOD_NAMESERVER) == set(ns.rpc.handlers)
     async with trio.open_nursery() as n:
         anonymous, alice, broker = RpcClient(n), RpcClient(n), RpcClient(n)
-        for code, fields in ((RequestCode.GET_ROUTE, {"topic": "t"}), (RequestCode.REGISTER_BROKER, register)):
-            reply = await anonymous.request(ns.addr, code, fields, check=False)
-            assert reply.error_code == ErrorCode.AUTHENTICATION_REQUIRED
         assert (await login(alice, ns.addr, *ALICE)).error_code == 0
+        for code, fields in GOOD_NAMESERVER.items():
+            if code == RequestCode.AUTHENTICATE:
+                continue
+            reply = await anonymous.request(ns.addr, code, fields, check=False)
+            assert reply.error_code == ErrorCode.AUTHENTICATION_REQUIRED, (RequestCode(code).name, reply)
+            reply = await alice.request(ns.addr, code, fields, check=False)
+            assert reply.error_code == ErrorCode.NOT_AUTHORIZED, (RequestCode(code).name, reply)
         assert (await login(broker, ns.addr, "broker", "b-pw")).error_code == 0
-        assert (await alice.request(ns.addr, RequestCode.REGISTER_BROKER, register, check=False)).error_code == (
-            ErrorCode.NOT_AUTHORIZED
-        )
+        assert (await broker.request(ns.addr, RequestCode.GET_CLUSTER)).fields["brokers"] == []  # nothing registered
         await broker.request(ns.addr, RequestCode.REGISTER_BROKER, register)
         route = await alice.request(ns.addr, RequestCode.GET_ROUTE, {"topic": "t"}, check=False)
         assert route.error_code == ErrorCode.NOT_AUTHORIZED  # no DESCRIBE on t yet

@@ -8,6 +8,7 @@ does: DENY wins. Nothing matching is a denial (deny by default).
 
 Operations imply others as in Kafka: READ, WRITE, DELETE and ALTER each imply
 DESCRIBE; ALTER_CONFIGS implies DESCRIBE_CONFIGS; ALL matches every operation.
+clmq adds one: CLUSTER_ACTION implies DESCRIBE (brokers read the cluster's listing).
 clmq's own actions map onto these (docs/security.md): produce is TOPIC WRITE,
 consume TOPIC READ plus GROUP READ, promote and leader transfer CLUSTER ALTER,
 replication CLUSTER CLUSTER_ACTION.
@@ -66,6 +67,9 @@ _IMPLIES: dict[Operation, frozenset[Operation]] = {
     Operation.DELETE: frozenset({Operation.DESCRIBE}),
     Operation.ALTER: frozenset({Operation.DESCRIBE}),
     Operation.ALTER_CONFIGS: frozenset({Operation.DESCRIBE_CONFIGS}),
+    # clmq's addition: a broker's user (replication, registration) also reads the
+    # cluster's description (the Kafka listener's view of the brokers).
+    Operation.CLUSTER_ACTION: frozenset({Operation.DESCRIBE}),
 }
 
 
