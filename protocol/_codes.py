@@ -309,6 +309,7 @@ class ErrorCode(enum.IntEnum):
     AUTHENTICATION_FAILED = 36  # a login failed (never says whether the user or the password was wrong)
     NOT_AUTHORIZED = 37  # the ACLs do not allow this principal this operation (text: which)
     AUTHENTICATION_REQUIRED = 38  # this server requires a login (AUTHENTICATE) before any other request
+    TLS_REQUIRED = 39  # a plaintext connection to a TLS port: told so (request id 0), then closed
 
 
 # ------------------------------------------------------------- request fields

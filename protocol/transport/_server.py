@@ -91,7 +91,7 @@ class RpcServer:
             text = (
                 f"{name} speaks TLS only on this port: connect with TLS (--tls-ca, $CLMQ_TLS_CA_FILE, ClientSecurity)"
             )
-            refusal = Frame(0, 0, flags=FLAG_RESPONSE, error_code=ErrorCode.UNSUPPORTED_VERSION, error_text=text)
+            refusal = Frame(0, 0, flags=FLAG_RESPONSE, error_code=ErrorCode.TLS_REQUIRED, error_text=text)
             self._handshakes = TlsHandshakes(name, tls, tls_handshake_timeout_ms, plaintext_reply=encode_frame(refusal))
 
     @property
