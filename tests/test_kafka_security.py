@@ -587,3 +587,209 @@ async def test_random_bytes_at_sasl_authenticate_leave_the_listener_serving(tmp_
         with wire_as(cluster, "alice"):
             pass
         assert "Traceback" not in cluster.group["b0"].tail(200_000)
+
+
+# ---------------------------------------------------------------- the rules, in process
+def _guarded(key: ApiKey, acls: list[AclBinding], seen: list[dict[str, Any]], answer: Any) -> Any:
+    """``key``'s rule in front of a handler that records the body it is given and answers
+    ``answer(body)``; alice asks, from 10.0.0.1."""
+    from clmq.broker.service.kafka._access import Denials, guard
+    from clmq.protocol.auth import SecurityState
+
+    state = SecurityState().with_acls(acls) if acls else SecurityState()
+    access = AccessControl("t", enabled=True, state=lambda: state, super_users=["User:admin"])
+
+    async def handler(req: Any, peer: Any) -> Any:
+        seen.append(req.body)
+        return answer(req.body)
+
+    names = {uuid.UUID(int=7): "by-id"}
+    return guard(handler, KAFKA_RULES[key], access, key.name, names.get, Denials()), access
+
+
+async def _ask(key: ApiKey, version: int, body: dict[str, Any], acls: list[AclBinding], answer: Any) -> Any:
+    from clmq.broker.service.kafka._listener import Peer
+    from clmq.protocol.kafka import KafkaRequest, decode_response_body, encode_response_body
+    from clmq.protocol.transport import Session
+
+    seen: list[dict[str, Any]] = []
+    guarded, access = _guarded(key, acls, seen, answer)
+    peer = Peer("10.0.0.1", 5000, session=Session(principal="User:alice"))
+    got = await guarded(KafkaRequest(key, version, 1, "c", body, 0), peer)
+    # whatever the rule answers or merges, it encodes as the version's answer
+    decoded = decode_response_body(key, version, encode_response_body(key, version, got))
+    return got, decoded, seen, access.stats.denied
+
+
+async def test_produce_rule_serves_the_allowed_topic_and_answers_the_other_in_its_place() -> None:
+    body = {
+        "acks": 1,
+        "timeout_ms": 1000,
+        "topic_data": [
+            {"name": "ok", "partition_data": [{"index": 0, "records": b""}]},
+            {"name": "no", "partition_data": [{"index": 0, "records": b""}, {"index": 1, "records": b""}]},
+        ],
+    }
+
+    def answer(b: dict[str, Any]) -> dict[str, Any]:
+        responses = [
+            {"name": t["name"], "partition_responses": [{"index": 0, "error_code": 0, "base_offset": 5}]}
+            for t in b["topic_data"]
+        ]
+        return {"responses": responses, "throttle_time_ms": 0}
+
+    _got, decoded, seen, denied = await _ask(
+        ApiKey.PRODUCE, 9, body, [allow("User:alice", "WRITE", "TOPIC", "ok")], answer
+    )
+    assert [t["name"] for t in seen[0]["topic_data"]] == ["ok"]
+    rows = {t["name"]: [p["error_code"] for p in t["partition_responses"]] for t in decoded["responses"]}
+    assert rows == {"ok": [0], "no": [ErrorCode.TOPIC_AUTHORIZATION_FAILED] * 2}
+    assert denied == 1
+
+
+async def test_group_rules_check_the_group_before_the_topics() -> None:
+    commit = {
+        "group_id": "g",
+        "generation_id_or_member_epoch": -1,
+        "member_id": "",
+        "topics": [
+            {"name": "a", "partitions": [{"partition_index": 0, "committed_offset": 1}]},
+            {"name": "b", "partitions": [{"partition_index": 0, "committed_offset": 1}]},
+        ],
+    }
+
+    def committed(b: dict[str, Any]) -> dict[str, Any]:
+        topics = [{"name": t["name"], "partitions": [{"partition_index": 0, "error_code": 0}]} for t in b["topics"]]
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    group_read = allow("User:alice", "READ", "GROUP", "g")
+    _got, decoded, seen, _d = await _ask(ApiKey.OFFSET_COMMIT, 8, commit, [], committed)
+    assert seen == [] and set(error_codes(decoded)) == {ErrorCode.GROUP_AUTHORIZATION_FAILED}
+    acls = [group_read, allow("User:alice", "READ", "TOPIC", "a")]
+    _got, decoded, seen, _d = await _ask(ApiKey.OFFSET_COMMIT, 8, commit, acls, committed)
+    assert [t["name"] for t in seen[0]["topics"]] == ["a"]
+    assert {t["name"]: t["partitions"][0]["error_code"] for t in decoded["topics"]} == {
+        "a": 0,
+        "b": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+    }
+    # OffsetFetch v8: one group refused, the other's topics filtered when it asks for all
+    fetch = {"groups": [{"group_id": "g", "topics": None}, {"group_id": "h", "topics": None}], "require_stable": False}
+
+    def fetched(b: dict[str, Any]) -> dict[str, Any]:
+        rows = [{"name": n, "partitions": [{"partition_index": 0, "committed_offset": 3}]} for n in ("a", "b")]
+        return {"groups": [{"group_id": g["group_id"], "topics": rows, "error_code": 0} for g in b["groups"]]}
+
+    _got, decoded, seen, _d = await _ask(ApiKey.OFFSET_FETCH, 8, fetch, acls, fetched)
+    assert [g["group_id"] for g in seen[0]["groups"]] == ["g"]
+    by_group = {g["group_id"]: g for g in decoded["groups"]}
+    assert [t["name"] for t in by_group["g"]["topics"]] == ["a"]
+    assert by_group["h"]["error_code"] == ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
+async def test_listing_rules_filter_and_auto_creation_needs_create() -> None:
+    def listing(b: dict[str, Any]) -> dict[str, Any]:
+        names = ["a", "b", "pre-x"] if b.get("topics") is None else [t["name"] for t in b["topics"]]
+        return {"topics": [{"error_code": 0, "name": n, "partitions": []} for n in names], "brokers": []}
+
+    acls = [allow("User:alice", "DESCRIBE", "TOPIC", "a"), allow("User:alice", "READ", "TOPIC", "pre-", "PREFIXED")]
+    _got, decoded, _seen, denied = await _ask(ApiKey.METADATA, 12, {"topics": None}, acls, listing)
+    assert [t["name"] for t in decoded["topics"]] == ["a", "pre-x"] and denied == 0  # a list: filtered quietly
+    asked = {"topics": [{"name": "a"}, {"name": "zz"}], "allow_auto_topic_creation": True}
+    _got, decoded, seen, denied = await _ask(ApiKey.METADATA, 12, asked, acls, listing)
+    assert seen[0]["allow_auto_topic_creation"] is False  # no CREATE: nothing is made
+    assert {t["name"]: t["error_code"] for t in decoded["topics"]} == {
+        "a": 0,
+        "zz": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+    }
+    assert denied == 1
+    # a topic id unknown here never reaches the handler
+    by_id = {"topics": [{"name": None, "topic_id": uuid.UUID(int=9)}, {"name": None, "topic_id": uuid.UUID(int=7)}]}
+    _got, decoded, seen, _d = await _ask(
+        ApiKey.METADATA, 12, by_id, [allow("User:alice", "DESCRIBE", "TOPIC", "*")], listing
+    )
+    assert [t["topic_id"] for t in seen[0]["topics"]] == [uuid.UUID(int=7)]
+    assert ErrorCode.UNKNOWN_TOPIC_ID in error_codes(decoded)
+
+    def groups(b: dict[str, Any]) -> dict[str, Any]:
+        return {"error_code": 0, "groups": [{"group_id": g, "protocol_type": "consumer"} for g in ("g1", "g2")]}
+
+    _got, decoded, _seen, _d = await _ask(
+        ApiKey.LIST_GROUPS, 4, {}, [allow("User:alice", "READ", "GROUP", "g2")], groups
+    )
+    assert [g["group_id"] for g in decoded["groups"]] == ["g2"]
+    everything = [allow("User:alice", "DESCRIBE", "CLUSTER", "kafka-cluster")]
+    _got, decoded, _seen, _d = await _ask(ApiKey.LIST_GROUPS, 4, {}, everything, groups)
+    assert [g["group_id"] for g in decoded["groups"]] == ["g1", "g2"]
+
+
+@pytest.mark.parametrize(
+    ("acls", "code"),
+    [
+        ([], ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+        ([allow("User:alice", "WRITE", "TOPIC", "pre-", "PREFIXED")], 0),
+        ([allow("User:alice", "IDEMPOTENT_WRITE", "CLUSTER", "kafka-cluster")], 0),
+        (
+            [allow("User:alice", "WRITE", "TOPIC", "t"), allow("User:alice", "WRITE", "TOPIC", "*", deny=True)],
+            ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+        ),
+        (
+            [allow("User:alice", "WRITE", "TOPIC", "t"), allow("User:alice", "WRITE", "TOPIC", "t", deny=True)],
+            ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+        ),
+        (
+            [allow("User:alice", "WRITE", "TOPIC", "t"), allow("User:alice", "WRITE", "TOPIC", "u", deny=True)],
+            0,
+        ),
+    ],
+)
+async def test_an_idempotent_producer_needs_idempotent_write_or_write_on_some_topic(
+    acls: list[AclBinding], code: int
+) -> None:
+    body = {"transactional_id": None, "transaction_timeout_ms": 1000, "producer_id": -1, "producer_epoch": -1}
+    ok = {"throttle_time_ms": 0, "error_code": 0, "producer_id": 42, "producer_epoch": 0}
+    _got, decoded, _seen, _d = await _ask(ApiKey.INIT_PRODUCER_ID, 4, body, acls, lambda b: ok)
+    assert decoded["error_code"] == code
+
+
+async def test_a_client_certificate_logs_in_as_its_user_under_mutual_tls(tmp_path: Path) -> None:
+    """``tls_require_client_cert``: a Kafka SSL client whose certificate names ``admin``
+    is the super user, one naming ``alice`` has alice's ACLs, one naming ``carol`` none,
+    all without SASL."""
+    from clmq.devtools.certs import make_ca, make_cert
+
+    ca = make_ca(tmp_path / "tls")
+    server = make_cert(ca, tmp_path / "tls", "clmq-server", client=True)
+    tls = {
+        "tls_cert_file": str(server.cert_file),
+        "tls_key_file": str(server.key_file),
+        "tls_ca_file": str(ca.cert_file),
+        "tls_require_client_cert": True,
+    }
+    acls = [allow("User:alice", "WRITE", "TOPIC", "t")]
+    async with open_secure_kafka(tmp_path, acls=acls, **tls) as cluster:
+
+        def conf(user: str) -> dict[str, Any]:
+            cert = make_cert(ca, tmp_path / "tls", user, client=True)
+            return {
+                "bootstrap.servers": cluster.bootstrap,
+                "security.protocol": "SSL",
+                "ssl.ca.location": str(ca.cert_file),
+                "ssl.certificate.location": str(cert.cert_file),
+                "ssl.key.location": str(cert.key_file),
+            }
+
+        def produce_as(user: str) -> list[Any]:
+            producer = ck.Producer({**conf(user), "message.timeout.ms": 10_000, "retries": 0})
+            reports: list[Any] = []
+            producer.produce("t", b"by-" + user.encode(), on_delivery=lambda e, m: reports.append(e or m.offset()))
+            producer.flush(20)
+            return reports
+
+        def setup() -> None:
+            admin = AdminClient(conf("admin"))
+            admin.create_topics([NewTopic("t", num_partitions=1, replication_factor=1)])["t"].result(10)
+
+        await in_thread(setup)
+        assert await in_thread(produce_as, "alice") == [0]
+        refused = await in_thread(produce_as, "carol")
+        assert len(refused) == 1 and "TOPIC_AUTHORIZATION_FAILED" in str(refused[0]), refused
