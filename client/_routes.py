@@ -21,7 +21,7 @@ import trio
 
 from clmq.common import ClientError
 from clmq.protocol import ErrorCode, RequestCode
-from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError
+from clmq.protocol.transport import AuthenticationFailed, ConnectionFailed, RpcClient, RpcError
 
 from ._arguments import resolve_addrs
 
@@ -38,6 +38,10 @@ class MessageQueue(NamedTuple):
     broker_name: str
     queue_id: int
     addr: str
+
+
+# A name server's refusals of a login or by its ACLs: final, not a name server that is down.
+REFUSED = frozenset({ErrorCode.AUTHENTICATION_REQUIRED, ErrorCode.AUTHENTICATION_FAILED, ErrorCode.NOT_AUTHORIZED})
 
 
 class NoRouteError(ClientError):
@@ -127,7 +131,11 @@ class Routes:
             except RpcError as e:
                 if e.code == ErrorCode.NOT_FOUND:
                     raise NoRouteError(f"topic {topic!r}: {e.text}") from None
+                if e.code in REFUSED:  # asking again, or another name server, will not change it
+                    raise NoRouteError(f"topic {topic!r}: {e}") from None
                 errors.append(str(e))
+            except AuthenticationFailed as e:
+                raise NoRouteError(f"topic {topic!r}: {e}") from None
             except (ConnectionFailed, trio.TooSlowError) as e:
                 errors.append(f"{ns}: {e or 'timed out'}")
             else:

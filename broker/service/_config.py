@@ -221,7 +221,7 @@ class BrokerConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
-        self._check_security()
+        _check_security(self)
         if (tls := self.tls_settings()) is not None:  # a ValueError naming the file or setting
             tls.server_context()  # the certificate and key load, and match
         if not self.retry_delays_ms or any(type(d) is not int or d < 0 for d in self.retry_delays_ms):
@@ -235,24 +235,6 @@ class BrokerConfig:
     def metrics_bind_host(self) -> str:
         """Where /metrics listens: ``metrics_host``, or loopback."""
         return self.metrics_host or "127.0.0.1"
-
-    def _check_security(self) -> None:
-        what = f"broker {self.broker_name}"
-        problem = exposure_problem(what, self.listen_host, self.auth_enabled, self.allow_anonymous)
-        if self.metrics_port >= 0:
-            problem = problem or exposure_problem(
-                f"{what}'s metrics", self.metrics_bind_host, self.auth_enabled, self.allow_anonymous
-            )
-        if problem:
-            raise ValueError(problem)
-        for principal in self.super_users:
-            check_principal(principal)
-        if self.auth_failure_delay_ms < 0:
-            raise ValueError(f"auth_failure_delay_ms must be at least 0, got {self.auth_failure_delay_ms}")
-        if self.zk_auth and (":" not in self.zk_auth or self.zk_auth.startswith(":")):
-            raise ValueError("zk_auth must be 'user:password' (ZooKeeper digest auth)")
-        if bool(self.broker_user) != bool(self.broker_password):
-            raise ValueError("broker_user and broker_password go together (CLMQ_BROKER_PASSWORD for the password)")
 
     def tls_settings(self) -> TlsSettings | None:
         """TLS of every listener and of the broker's own connections (same certificate and CA); None: plaintext."""
@@ -318,3 +300,23 @@ class BrokerConfig:
             auto_create_topics=self.auto_create_topics,
             default_queue_count=self.default_queue_count,
         )
+
+
+def _check_security(self: BrokerConfig) -> None:
+    """The security settings: no open listener on another machine's reach unless meant."""
+    what = f"broker {self.broker_name}"
+    problem = exposure_problem(what, self.listen_host, self.auth_enabled, self.allow_anonymous)
+    if self.metrics_port >= 0:
+        problem = problem or exposure_problem(
+            f"{what}'s metrics", self.metrics_bind_host, self.auth_enabled, self.allow_anonymous
+        )
+    if problem:
+        raise ValueError(problem)
+    for principal in self.super_users:
+        check_principal(principal)
+    if self.auth_failure_delay_ms < 0:
+        raise ValueError(f"auth_failure_delay_ms must be at least 0, got {self.auth_failure_delay_ms}")
+    if self.zk_auth and (":" not in self.zk_auth or self.zk_auth.startswith(":")):
+        raise ValueError("zk_auth must be 'user:password' (ZooKeeper digest auth)")
+    if bool(self.broker_user) != bool(self.broker_password):
+        raise ValueError("broker_user and broker_password go together (CLMQ_BROKER_PASSWORD for the password)")

@@ -65,11 +65,16 @@ class TlsSettings:
 
     def server_context(self) -> ssl.SSLContext:
         """A listener's context: its certificate; client certificates verified against
-        ``ca_file`` (required with ``require_client_cert``, else not asked for)."""
+        ``ca_file``: required with ``require_client_cert``; else, with a ``ca_file``,
+        asked for but optional (Kafka's ``ssl.client.auth=requested``: a client that
+        offers one is verified, and its certificate names its user); else not asked for."""
         if not self.cert_file:
             raise TlsSettingsError("a TLS listener needs tls cert_file and key_file")
         ctx = self._base(ssl.Purpose.CLIENT_AUTH)
-        ctx.verify_mode = ssl.CERT_REQUIRED if self.require_client_cert else ssl.CERT_NONE
+        if self.require_client_cert:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        else:
+            ctx.verify_mode = ssl.CERT_OPTIONAL if self.ca_file else ssl.CERT_NONE
         return ctx
 
     def client_context(self) -> ssl.SSLContext:
