@@ -22,6 +22,7 @@ from clmq.protocol.transport import (
     TlsSettings,
     checked,
     exposure_problem,
+    metrics_login,
     serve_http,
     tls_settings_of,
     warn_if_anonymous,
@@ -217,8 +218,10 @@ async def serve(
         await nursery.start(ns.rpc.serve, config.listen_host, config.listen_port, nursery)
         nursery.start_soon(ns._expire_loop)
         if config.metrics_port >= 0:
+            # Off loopback with logins on: a Basic login of a user who may DESCRIBE the cluster.
+            login = metrics_login(ns.access, config.metrics_bind_host)
             ns.metrics_port = await nursery.start(
-                functools.partial(serve_http, tls=ns.tls_context),
+                functools.partial(serve_http, tls=ns.tls_context, login=login),
                 config.metrics_bind_host,
                 config.metrics_port,
                 metrics_route(ns.metrics),

@@ -25,6 +25,7 @@ from clmq.protocol.transport import (
     RpcError,
     RpcServer,
     TlsHandshakes,
+    metrics_login,
     serve_http,
     warn_if_anonymous,
 )
@@ -323,8 +324,10 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
             nursery.start_soon(broker._housekeeping_loop)
             nursery.start_soon(broker._sample_rates)
             if config.metrics_port >= 0:
+                # Off loopback with logins on: a Basic login of a user who may DESCRIBE the cluster.
+                login = metrics_login(broker.security.access, config.metrics_bind_host)
                 broker.metrics_port = await nursery.start(
-                    functools.partial(serve_http, tls=broker.tls_context),
+                    functools.partial(serve_http, tls=broker.tls_context, login=login),
                     config.metrics_bind_host,
                     config.metrics_port,
                     metrics_route(broker.metrics),

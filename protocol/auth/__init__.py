@@ -16,6 +16,7 @@ from ._acl import (
     check_principal,
 )
 from ._file import SECURITY_FILE, load_security, save_security
+from ._passwords import password_matches
 from ._scram import (
     DEFAULT_ITERATIONS,
     MAX_MESSAGE_BYTES,
@@ -57,5 +58,6 @@ __all__ = [
     "decoy_credential",
     "load_security",
     "make_credential",
+    "password_matches",
     "save_security",
 ]

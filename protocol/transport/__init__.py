@@ -21,7 +21,8 @@ from ._access import (
 from ._client import RpcClient, background_nursery, split_addr
 from ._errors import AuthenticationFailed, ConnectionFailed, RequestError, RpcError
 from ._handler import FileSpan, Handler, Later, Peer, Reply, Session, checked, need
-from ._http import HttpRequest, HttpResponse, metrics_page, serve_http
+from ._http import HttpRequest, HttpResponse, Login, metrics_page, serve_http
+from ._http_login import metrics_login, metrics_login_required
 from ._limits import ServerLimits
 from ._security import ClientSecurity
 from ._server import RpcServer
@@ -43,6 +44,7 @@ __all__ = [
     "HttpRequest",
     "HttpResponse",
     "Later",
+    "Login",
     "LoginStats",
     "Need",
     "Peer",
@@ -65,6 +67,8 @@ __all__ = [
     "describe_tls_error",
     "exposure_problem",
     "is_loopback",
+    "metrics_login",
+    "metrics_login_required",
     "metrics_page",
     "need",
     "open_audit_log",
