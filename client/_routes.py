@@ -46,11 +46,13 @@ REFUSED = frozenset({ErrorCode.AUTHENTICATION_REQUIRED, ErrorCode.AUTHENTICATION
 
 class NoRouteError(ClientError):
     """No name server knows a broker for the topic (or none answered: ``unreachable``,
-    worth another try)."""
+    worth another try; or a name server refused this client's login or its ACLs refuse
+    the topic: ``refused``, final)."""
 
-    def __init__(self, text: str, *, unreachable: bool = False) -> None:
+    def __init__(self, text: str, *, unreachable: bool = False, refused: bool = False) -> None:
         super().__init__(text)
         self.unreachable = unreachable
+        self.refused = refused
 
 
 class Routes:
@@ -132,10 +134,10 @@ class Routes:
                 if e.code == ErrorCode.NOT_FOUND:
                     raise NoRouteError(f"topic {topic!r}: {e.text}") from None
                 if e.code in REFUSED:  # asking again, or another name server, will not change it
-                    raise NoRouteError(f"topic {topic!r}: {e}") from None
+                    raise NoRouteError(f"topic {topic!r}: {e}", refused=True) from None
                 errors.append(str(e))
             except AuthenticationFailed as e:
-                raise NoRouteError(f"topic {topic!r}: {e}") from None
+                raise NoRouteError(f"topic {topic!r}: {e}", refused=True) from None
             except (ConnectionFailed, trio.TooSlowError) as e:
                 errors.append(f"{ns}: {e or 'timed out'}")
             else:

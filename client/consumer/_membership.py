@@ -88,6 +88,8 @@ class Membership:
             try:
                 mqs = await self.routes.queues(topic, refresh=True)
             except NET_ERRORS as e:
+                if isinstance(e, NoRouteError) and e.refused:
+                    raise  # a login or ACL refusal: the consumer stops, saying why (retrying would not help)
                 if topic == s.retry_topic and isinstance(e, NoRouteError) and not e.unreachable:
                     continue  # no message of this group failed yet: the broker creates it at the first send-back
                 log.warning("consumer %s: no route for %s: %s", s.client_id, topic, e)

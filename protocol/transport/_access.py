@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 
 import trio
 
+from clmq.common import RETRY_PREFIX
 from clmq.protocol import SUPPORTED_VERSIONS, ErrorCode, Frame, check_request
 from clmq.protocol.auth import (
     MECHANISMS,
@@ -66,6 +67,15 @@ class LoginStats:
     denied: int = 0  # requests the ACLs refused
 
 
+def group_owned(op: Operation, rtype: ResourceType, name: str) -> tuple[Operation, ResourceType, str]:
+    """A group's retry topic ``%RETRY%<group>`` belongs to the group: reading or
+    describing it needs READ on the group (its consumers read it as part of their
+    subscription), as in RocketMQ. Everything else is asked as it is."""
+    if rtype is ResourceType.TOPIC and name.startswith(RETRY_PREFIX) and op in (Operation.READ, Operation.DESCRIBE):
+        return Operation.READ, ResourceType.GROUP, name[len(RETRY_PREFIX) :]
+    return op, rtype, name
+
+
 class AccessControl:
     """One server's logins and decisions over a :class:`SecurityState` that the server
     supplies (``state()``: the broker's replicated state, the name server's file)."""
@@ -107,7 +117,7 @@ class AccessControl:
         principal = self.principal(peer) or "User:ANONYMOUS"
         authorizer = self.authorizer()
         for op, rtype, name in needs:
-            if not authorizer.allowed(principal, peer.host, op, rtype, name):
+            if not authorizer.allowed(principal, peer.host, *group_owned(op, rtype, name)):
                 self.stats.denied += 1
                 text = f"{principal} may not {op.name} {rtype.name.lower()} {name!r}"
                 self.audit("denied", peer, principal, what, op.name, rtype.name, name)
