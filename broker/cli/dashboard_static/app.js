@@ -10,7 +10,9 @@ function esc(v) {
 }
 function num(v) { return typeof v === "number" ? v.toLocaleString("en-US", {maximumFractionDigits: 1}) : esc(v); }
 async function api(path) {
-  const r = await fetch("api/" + path);
+  // Against the page's address without any user:password@ in it (fetch refuses such
+  // URLs); the browser sends the login the page was opened with (HTTP Basic) itself.
+  const r = await fetch(new URL("api/" + path, location.origin + location.pathname));
   const doc = await r.json();
   if (!r.ok) throw new Error(doc.error || r.statusText);
   return doc;
