@@ -20,21 +20,13 @@ other API but ApiVersions closes the connection (``KafkaService.dispatch``).
 
 from __future__ import annotations
 
-import hmac
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import trio
 
-from clmq.protocol.auth import (
-    MECHANISMS,
-    ScramError,
-    ScramServer,
-    SecurityState,
-    decoy_credential,
-    make_credential,
-)
+from clmq.protocol.auth import MECHANISMS, ScramError, ScramServer, SecurityState, password_matches
 from clmq.protocol.kafka import ErrorCode, KafkaRequest
 from clmq.protocol.transport import AccessControl
 from clmq.protocol.transport import Peer as SessionPeer
@@ -164,19 +156,9 @@ class KafkaSasl:
         return user
 
     def _plain_ok(self, user: str, password: str) -> bool:
-        """Does ``password`` salt to the user's stored key (any SCRAM mechanism it has)?
-        An unknown user costs the same salting, against a decoy (no timing hint)."""
-        state = self._state()
-        creds = [c for m in MECHANISMS if (c := state.credential(user, m)) is not None]
-        known = bool(creds)
-        if not known:
-            creds = [decoy_credential(state.decoy_secret, next(iter(MECHANISMS)), user)]
-        cred = creds[0]
-        try:
-            made = make_credential(cred.mechanism, password, iterations=cred.iterations, salt=cred.salt)
-        except ValueError:
-            return False
-        return hmac.compare_digest(made.stored_key, cred.stored_key) and known
+        """Does ``password`` salt to the user's stored key? (An unknown user costs the
+        same salting, against a decoy: no timing hint.)"""
+        return password_matches(self._state(), user, password)
 
     async def _failed(self, peer: Peer, mechanism: str, user: str, why: str) -> Closing:
         self.failed += 1
