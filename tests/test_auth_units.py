@@ -193,3 +193,32 @@ def test_security_file_round_trip_and_previous_generation(tmp_path: Path) -> Non
     (tmp_path / "security.json.prev").write_bytes(b"junk")
     with pytest.raises(MetadataError, match="no generation"):
         load_security(path)
+
+
+def test_old_librdkafkas_doubled_nonce_is_accepted_only_where_asked() -> None:
+    """librdkafka#4895: the client-final's nonce is "client nonce + full nonce", and its
+    proof is over what it sent."""
+    import hashlib
+    import hmac
+
+    cred = make_credential("SCRAM-SHA-256", "secret", iterations=4096)
+    salted = hashlib.pbkdf2_hmac("sha256", b"secret", cred.salt, cred.iterations)
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    for lenient in (False, True):
+        server = ScramServer(
+            "SCRAM-SHA-256",
+            {"alice": cred}.get,
+            lambda u: decoy_credential(SECRET, "SCRAM-SHA-256", u),
+            accept_doubled_client_nonce=lenient,
+        )
+        server_first = server.first(b"n,,n=alice,r=cn")
+        full = server_first.split(b",")[0][2:]
+        head = b"c=biws,r=cn" + full
+        auth = b"n=alice,r=cn," + server_first + b"," + head
+        signature = hmac.new(hashlib.sha256(client_key).digest(), auth, "sha256").digest()
+        proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature)))
+        if lenient:
+            assert server.final(head + b",p=" + proof).startswith(b"v=")
+        else:
+            with pytest.raises(ScramError, match="nonce"):
+                server.final(head + b",p=" + proof)

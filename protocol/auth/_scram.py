@@ -161,8 +161,16 @@ class ScramServer:
         mechanism: str,
         lookup: Callable[[str], ScramCredential | None],
         decoy: Callable[[str], ScramCredential],
+        *,
+        accept_doubled_client_nonce: bool = False,
     ) -> None:
         self.algo = check_mechanism(mechanism)
+        # librdkafka before 2.6.1 (kcat, confluent-kafka of those years) answers with the
+        # nonce "client nonce + (client nonce + server nonce)" (librdkafka#4895); Kafka
+        # 3.8.1-3.9 accept it. That form still holds this exchange's fresh server nonce,
+        # so a replayed or forged client-final is refused all the same.
+        self._doubled_ok = accept_doubled_client_nonce
+        self._client_nonce = ""
         self.mechanism = mechanism
         self._lookup = lookup
         self._decoy = decoy
@@ -186,6 +194,7 @@ class ScramServer:
         cred = self._lookup(self.user)
         self._known = cred is not None
         self._cred = cred if cred is not None else self._decoy(self.user)
+        self._client_nonce = attrs["r"]
         self._nonce = attrs["r"] + base64.b64encode(secrets.token_bytes(NONCE_BYTES)).decode()
         salt = base64.b64encode(self._cred.salt).decode()
         server_first = f"r={self._nonce},s={salt},i={self._cred.iterations}".encode()
@@ -201,7 +210,8 @@ class ScramServer:
         attrs = _attributes(client_final, "cr")
         if attrs["c"] != base64.b64encode(_GS2_HEADER).decode():
             raise ScramError("a client-final message with a channel binding that differs from its first message")
-        if not hmac.compare_digest(attrs["r"], self._nonce):
+        doubled = self._doubled_ok and attrs["r"] == self._client_nonce + self._nonce
+        if not doubled and not hmac.compare_digest(attrs["r"], self._nonce):
             raise ScramError("a client-final message with a nonce of another exchange (replayed or forged)")
         head, sep, proof_text = client_final.rpartition(b",p=")
         if not sep:

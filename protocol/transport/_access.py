@@ -187,12 +187,15 @@ class AccessControl:
         self.stats.succeeded += 1
         return Reply({"data": answer, "done": True, "principal": s.principal})
 
-    def scram_server(self, mechanism: str) -> ScramServer:
+    def scram_server(self, mechanism: str, *, accept_doubled_client_nonce: bool = False) -> ScramServer:
+        """A SCRAM exchange over the current users (``accept_doubled_client_nonce``:
+        old librdkafka's form, for the Kafka listener; see :class:`ScramServer`)."""
         state = self._state()
         return ScramServer(
             mechanism,
             lambda user: state.credential(user, mechanism),
             lambda user: decoy_credential(state.decoy_secret, mechanism, user),
+            accept_doubled_client_nonce=accept_doubled_client_nonce,
         )
 
     async def login_failed(self, peer: Peer, user: str, protocol: str, why: str) -> Reply:

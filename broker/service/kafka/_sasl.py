@@ -51,7 +51,6 @@ class SaslLogin:
 
     mechanism: str
     scram: ScramServer | None = None  # after the first SCRAM message
-    client_nonce: str = ""
 
 
 def failed_text(mechanism: str) -> str:
@@ -114,13 +113,11 @@ class KafkaSasl:
                 s.exchange = None
                 user = await self._plain(data)
             elif login.scram is None:
-                login.scram = self.access.scram_server(login.mechanism)
+                login.scram = self.access.scram_server(login.mechanism, accept_doubled_client_nonce=True)
                 answer = login.scram.first(data)
-                login.client_nonce = _client_nonce(data)
                 return _auth_answer(0, None, answer)
             else:
                 s.exchange = None
-                _accept_librdkafka_nonce(login.scram, login.client_nonce, data)
                 answer = login.scram.final(data)
                 user = login.scram.user
                 s.principal = f"User:{user}"
@@ -168,31 +165,6 @@ class KafkaSasl:
 
 def _closing(peer: Peer, why: str) -> None:
     log.warning("kafka: closing the connection from %s:%d: %s", peer.host, peer.port, why)
-
-
-def _client_nonce(client_first: bytes) -> str:
-    """The ``r=`` of a client-first message (checked by ``ScramServer.first`` already)."""
-    for part in client_first.decode(errors="replace").split(","):
-        if part.startswith("r="):
-            return part[2:]
-    return ""
-
-
-def _accept_librdkafka_nonce(scram: ScramServer, client_nonce: str, client_final: bytes) -> None:
-    """librdkafka before 2.6.1 (kcat, confluent-kafka of those years) answers with the
-    nonce ``client nonce + server nonce``, its own part twice (librdkafka#4895); Kafka
-    3.8.1 to 3.9 accept a nonce that ends with the server's (their CVE-2024-56128 fix). This
-    accepts exactly that form, which still holds the fresh server nonce (a replayed or
-    forged client-final is refused all the same): the exchange's expected nonce is made
-    the one the client signed, so the proof is checked over what it sent.
-    TODO(protocol/auth): an option of ScramServer, rather than its nonce set here."""
-    head = client_final.split(b",", 2)
-    if len(head) < 2 or not head[1].startswith(b"r=") or not client_nonce:
-        return
-    sent = head[1][2:].decode(errors="replace")
-    expected: str = scram._nonce
-    if sent == client_nonce + expected:
-        scram._nonce = sent
 
 
 def _plain_user(data: bytes) -> str:
