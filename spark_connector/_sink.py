@@ -53,7 +53,7 @@ SETTINGS: dict[str, tuple[str, str, int, int]] = {
 }
 ADDRESSES = ("nameserver", "nameservers", "broker", "brokers")
 SPARKS = frozenset(("checkpointlocation",))  # Spark's own, passed on to a stream's sink: not the sink's to check
-# TLS and a login (docs/security-tls.md): option (lower case) -> its documented name. The
+# TLS and a login (docs/security.md#tls): option (lower case) -> its documented name. The
 # files must exist where the tasks run; unset, each task reads $CLMQ_TLS_* and $CLMQ_USER.
 SECURITY = {
     "tlscafile": "tlsCaFile",

@@ -1,4 +1,4 @@
-"""SASL logins and ACLs on the Kafka listener (docs/security-kafka.md), judged by real
+"""SASL logins and ACLs on the Kafka listener (docs/security.md#kafka-clients), judged by real
 Kafka clients (kcat, confluent-kafka, aiokafka) and by raw requests
 (``kafka_wire.KafkaWire``) against real broker processes with ``auth_enabled``.
 

@@ -72,7 +72,7 @@ def security_args(p: argparse.ArgumentParser) -> None:
     flag (it would show in ``ps`` and the shell's history)."""
     if any(a.dest == "tls_ca" for a in p._actions):
         return
-    g = p.add_argument_group("security (docs/security-tls.md)")
+    g = p.add_argument_group("security (docs/security.md#tls)")
     g.add_argument(
         "--tls-ca", metavar="FILE", help="TLS: the CA the servers' certificates chain to ($CLMQ_TLS_CA_FILE)"
     )

@@ -156,7 +156,7 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
     return _run_service(main, f"{cfg.listen_host}:{cfg.listen_port}")
 
 
-# TLS (docs/security-tls.md), the same flags on the broker and the name server; each also a
+# TLS (docs/security.md#tls), the same flags on the broker and the name server; each also a
 # TOML key and a CLMQ_<FIELD> variable.
 TLS_FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("tls_cert_file", str, "TLS: this server's certificate (PEM); with --tls-key-file every port speaks only TLS"),

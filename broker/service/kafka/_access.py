@@ -13,7 +13,7 @@ and audited; admin actions allowed are audited too.
 ``KAFKA_RULES`` has a rule for every API the listener serves: :func:`guard_all`
 refuses to build a handler table with an API missing (``tests/test_kafka_security.py``
 checks it against the service's table), so a new API cannot be served without
-deciding its ACL. docs/security-kafka.md has the table in words.
+deciding its ACL. docs/security.md#kafka-clients has the table in words.
 
 The rules are in ``_access_topics`` (producing, reading, metadata, topics, ACLs) and
 ``_access_groups`` (the coordinator and groups); what they share, :class:`Check` and
@@ -73,7 +73,7 @@ KAFKA_RULES: dict[int, Rule] = {
     ApiKey.CREATE_ACLS: _access_topics.create_acls,
     ApiKey.DELETE_ACLS: _access_topics.delete_acls,
 }
-# What a principal without any ACL is answered, per API (docs/security-kafka.md; the
+# What a principal without any ACL is answered, per API (docs/security.md#kafka-clients; the
 # table-driven test checks each): the error code, or "filtered" (listed without what it
 # may not see), or "open".
 DENIED_WITHOUT_ACLS: dict[int, int | str] = {

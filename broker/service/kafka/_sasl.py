@@ -1,4 +1,4 @@
-"""SaslHandshake and SaslAuthenticate: Kafka clients log in (docs/security-kafka.md).
+"""SaslHandshake and SaslAuthenticate: Kafka clients log in (docs/security.md#kafka-clients).
 
 A connection to a broker with ``auth_enabled`` asks ApiVersions, then SaslHandshake
 (v1: which mechanism; v0, listed because librdkafka requires it, is refused: after
