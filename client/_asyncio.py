@@ -22,12 +22,13 @@ import asyncio
 import collections
 import functools
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Literal, Sequence, TypeVar
 
 import outcome
 import trio
 
 from clmq.common import ClientError, Message, Record
+from clmq.protocol.auth import AclBinding, AclFilter
 from clmq.protocol.transport import ClientSecurity
 
 from ._admin import Admin, open_admin
@@ -535,6 +536,30 @@ class AsyncioAdmin:
     ) -> ResendResult:
         """:meth:`Admin.resend_dead_letters`."""
         return await self._call(self.admin.resend_dead_letters, group, offsets=offsets, resend_all=resend_all)
+
+    async def add_user(self, user: str, password: str, **options: Any) -> list[str]:
+        """:meth:`Admin.add_user` (``mechanisms``, ``iterations``)."""
+        return await self._call(self.admin.add_user, user, password, **options)
+
+    async def delete_user(self, user: str) -> list[str]:
+        """:meth:`Admin.delete_user`."""
+        return await self._call(self.admin.delete_user, user)
+
+    async def list_users(self) -> dict[str, list[str]]:
+        """:meth:`Admin.list_users`."""
+        return await self._call(self.admin.list_users)
+
+    async def create_acls(self, bindings: Iterable[AclBinding]) -> list[str]:
+        """:meth:`Admin.create_acls`."""
+        return await self._call(self.admin.create_acls, list(bindings))
+
+    async def describe_acls(self, match: AclFilter | None = None) -> list[AclBinding]:
+        """:meth:`Admin.describe_acls`."""
+        return await self._call(self.admin.describe_acls, match)
+
+    async def delete_acls(self, match: AclFilter | None = None) -> list[AclBinding]:
+        """:meth:`Admin.delete_acls`."""
+        return await self._call(self.admin.delete_acls, match)
 
 
 @asynccontextmanager

@@ -31,6 +31,7 @@ from clmq.client import (
     shard,
 )
 from clmq.client._asyncio import _RUNS
+from clmq.protocol.auth import AclBinding, AclFilter
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
 
 TIMEOUT_S = 20
@@ -61,6 +62,14 @@ def test_asyncio_produce_consume_and_admin(cluster: Cluster) -> None:
             assert (await admin.list_topics())["made"] == {"broker-a": 3}
             assert [q["queue_id"] for q in await admin.describe_topic("made")] == [0, 1, 2]
             assert [b["broker_name"] for b in await admin.leaders()] == ["broker-a"]
+            # Users and ACLs (kept, though this broker enforces nothing without auth_enabled).
+            assert await admin.add_user("amy", "pw", mechanisms=["SCRAM-SHA-256"], iterations=4096) == ["broker-a"]
+            assert await admin.list_users() == {"amy": ["SCRAM-SHA-256"]}
+            grant = AclBinding.from_json(["TOPIC", "made", "LITERAL", "User:amy", "*", "READ", "ALLOW"])
+            assert await admin.create_acls([grant]) == ["broker-a"]
+            assert await admin.describe_acls() == [grant]
+            assert await admin.delete_acls(AclFilter(principal="User:amy")) == [grant]
+            assert await admin.delete_user("amy") == ["broker-a"]
             singles = [await p.send("sync", b"m%d" % i, tags="T", sharding_key="k") for i in range(5)]
             assert [r.queue_offset for r in singles] == [0, 1, 2, 3, 4]
             assert len({r.queue for r in singles}) == 1
