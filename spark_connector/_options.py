@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from clmq.common import ConnectorError
@@ -56,10 +56,24 @@ class ReadOptions:
     max_rows_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     timeout_ms: int = 30_000
+    # TLS and a login of network mode: (documented option name, value) of those given
+    # (kept as text: the files are read where each connection is made); none given:
+    # $CLMQ_TLS_CA_FILE, $CLMQ_TLS_CERT_FILE, $CLMQ_TLS_KEY_FILE, $CLMQ_USER, $CLMQ_PASSWORD.
+    security: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     @property
     def network(self) -> bool:
         return bool(self.brokers or self.nameservers)
+
+
+# TLS and a login (docs/security-tls.md), the sink's option names: lower case -> documented.
+SECURITY_OPTIONS = {
+    "tlscafile": "tlsCaFile",
+    "tlscertfile": "tlsCertFile",
+    "tlskeyfile": "tlsKeyFile",
+    "user": "user",
+    "password": "password",
+}
 
 
 KNOWN = {
@@ -94,6 +108,7 @@ KNOWN = {
     "maxoffsetspertrigger",
     "maxbytespertrigger",
     "timeoutms",
+    *SECURITY_OPTIONS,
 }
 
 
@@ -263,6 +278,13 @@ def parse_options(options: Mapping[str, Any]) -> ReadOptions:
     if opts.get("maxrowspertrigger") and opts.get("maxoffsetspertrigger"):
         raise OptionError("give maxRowsPerTrigger or its Kafka name maxOffsetsPerTrigger, not both")
     rows_name = "maxOffsetsPerTrigger" if opts.get("maxoffsetspertrigger") else "maxRowsPerTrigger"
+    security = tuple((name, opts[key]) for key, name in SECURITY_OPTIONS.items() if opts.get(key))
+    if security and path:
+        raise OptionError(
+            f"options {', '.join(n for n, _ in security)} are for network mode (broker or nameserver), not a path"
+        )
+    if opts.get("password") and not opts.get("user"):
+        raise OptionError("option password without option user: give user too")
     parsed = ReadOptions(
         path=path,
         brokers=brokers,
@@ -291,6 +313,7 @@ def parse_options(options: Mapping[str, Any]) -> ReadOptions:
         max_rows_per_trigger=_int(opts, rows_name, None),
         max_bytes_per_trigger=_int(opts, "maxBytesPerTrigger", None),
         timeout_ms=_int(opts, "timeoutMs", 30_000) or 0,
+        security=security,
     )
     _check_combinations(parsed)
     if "minsplitbytes" in opts and "maxsplitbytes" in opts and parsed.min_split_bytes > parsed.max_split_bytes:

@@ -46,7 +46,7 @@ class ClmqReader(DataSourceReader):
         return [ClmqPartition(s) for s in self.splits]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from read_split(partition.value, self.spec, self.columns, self.opts.timeout_ms)
+        yield from read_split(partition.value, self.spec, self.columns, self.opts.timeout_ms, self.opts.security)
 
 
 class ClmqDataSource(DataSource):

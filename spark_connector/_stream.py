@@ -135,7 +135,7 @@ class ClmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             _close(sources)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from read_split(partition.value, self.spec, self.columns, self.opts.timeout_ms)
+        yield from read_split(partition.value, self.spec, self.columns, self.opts.timeout_ms, self.opts.security)
 
     def commit(self, end: Offsets) -> None:
         """Nothing to do: the store keeps its data by retention, not by acknowledgement."""

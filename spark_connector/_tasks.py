@@ -52,26 +52,33 @@ def open_sources(opts: ReadOptions) -> list[QueueSource]:
         return [LocalStore(opts.path)]
     from ._wire import RemoteStore, find_brokers
 
-    return [RemoteStore(addr, opts.timeout_ms) for addr in find_brokers(opts)]
+    return [RemoteStore(addr, opts.timeout_ms, security=opts.security) for addr in find_brokers(opts)]
 
 
-def task_source(split: Split, timeout_ms: int) -> ByteSource:
-    """The byte source a task reads its split from (opened on the executor)."""
+def task_source(split: Split, timeout_ms: int, security: tuple[tuple[str, str], ...] = ()) -> ByteSource:
+    """The byte source a task reads its split from (opened on the executor; ``security``:
+    :attr:`ReadOptions.security`)."""
     if split.network:
         from ._wire import RemoteStore
 
-        return RemoteStore(split.source, timeout_ms, fetch_layout=False)
+        return RemoteStore(split.source, timeout_ms, fetch_layout=False, security=security)
     if isinstance(split, ScanSplit):
         seg = SegmentInfo(split.seg_base, split.data_end, ())
         return LocalStore(split.source, LogLayout(split.source, split.seg_base, split.data_end, (seg,)))
     return LocalStore(split.source, replace(local_layout(split.source), end_offset=split.end_offset))
 
 
-def read_split(split: Split | None, spec: ReadSpec, columns: list[str], timeout_ms: int) -> Iterator[pa.RecordBatch]:
+def read_split(
+    split: Split | None,
+    spec: ReadSpec,
+    columns: list[str],
+    timeout_ms: int,
+    security: tuple[tuple[str, str], ...] = (),
+) -> Iterator[pa.RecordBatch]:
     """The Arrow batches of one split."""
     if split is None:  # a plan of no splits: Spark runs one task with an empty partition
         return
-    src = task_source(split, timeout_ms)
+    src = task_source(split, timeout_ms, security)
     damage = Damage()
     emitter = Emitter(spec, Filter(spec.selection, split.source), arrow_schema(columns), damage)
     try:

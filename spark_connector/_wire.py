@@ -4,12 +4,21 @@ Spark tasks run in plain Python worker processes, so this is a small *blocking* 
 around the sans-IO codec (``protocol``): a socket, a :class:`FrameDecoder`, one request
 at a time. Each task opens its own connection to the broker that holds its split, so
 executors need not share the broker's disk.
+
+Secured clusters (docs/security.md): TLS through ``ssl`` on that socket
+(:meth:`TlsSettings.client_context`: the server's certificate checked against the CA,
+a client certificate for mutual TLS) and a SCRAM login right after connecting, two
+AUTHENTICATE requests (:class:`ScramClient`), before anything else; from the options
+``tlsCaFile``, ``tlsCertFile``, ``tlsKeyFile``, ``user``, ``password``, else the
+``CLMQ_TLS_*``, ``CLMQ_USER`` and ``CLMQ_PASSWORD`` variables where the connection is made.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import socket
+import ssl
 import time
 from typing import Any, Iterator
 
@@ -17,9 +26,11 @@ import numpy as np
 
 from clmq.common import ConnectorError, gather_fields, walk_records
 from clmq.protocol import NEED_DATA, ErrorCode, Frame, FrameDecoder, FrameRejected, RequestCode, encode_frame
+from clmq.protocol.auth import ScramClient, ScramError
+from clmq.protocol.transport import ClientSecurity, tls_settings
 
 from ._layout import LayoutError, LogLayout, SegmentInfo
-from ._options import ReadOptions
+from ._options import OptionError, ReadOptions
 
 NO_END = 1 << 62  # partition-per-file brokers have no log offsets to bound a snapshot by
 PULL_BATCH = 4096  # messages per pull on the index path
@@ -32,22 +43,116 @@ class RemoteError(ConnectorError):
     def __init__(self, addr: str, code: int, text: str) -> None:
         name = ErrorCode(code).name if code in ErrorCode._value2member_map_ else str(code)
         super().__init__(f"{addr}: {name}: {text}")
-        self.code = code
+        self.code, self.text = code, text
+
+
+def _scram_data(frame: Frame) -> bytes:
+    data = frame.fields.get("data")
+    if not isinstance(data, bytes):
+        raise ScramError("the server's answer carries no SCRAM message")
+    return data
+
+
+def _tls_reason(e: BaseException) -> str:
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {e.verify_message}"
+    if isinstance(e, TimeoutError | socket.timeout):
+        return "no answer in time (is it a TLS port?)"
+    return str(e) or type(e).__name__
+
+
+class LoginError(ConnectorError):
+    """A broker or name server refused the login of option ``user`` (or the server could
+    not prove it holds that user's credential)."""
+
+
+# The environment each connection falls back on when no security option is given (as
+# every clmq client: client/_arguments.py).
+SECURITY_ENV = {
+    "tlsCaFile": "CLMQ_TLS_CA_FILE",
+    "tlsCertFile": "CLMQ_TLS_CERT_FILE",
+    "tlsKeyFile": "CLMQ_TLS_KEY_FILE",
+    "user": "CLMQ_USER",
+    "password": "CLMQ_PASSWORD",
+}
+
+
+def client_security(given: tuple[tuple[str, str], ...]) -> ClientSecurity | None:
+    """The connection's TLS and login: the options given, else the environment's; None
+    for plaintext without a login. OptionError naming the options for ones that cannot
+    work (a file missing here, a password without a user)."""
+    values = dict(given) if given else {name: os.environ.get(env, "") for name, env in SECURITY_ENV.items()}
+    what = (
+        "options tlsCaFile, tlsCertFile, tlsKeyFile, user, password"
+        if given
+        else "$" + ", $".join(SECURITY_ENV.values())
+    )
+    try:
+        tls = tls_settings(
+            cert_file=values.get("tlsCertFile", ""),
+            key_file=values.get("tlsKeyFile", ""),
+            ca_file=values.get("tlsCaFile", ""),
+        )
+        user = values.get("user", "")
+        if tls is None and not user:
+            return None
+        return ClientSecurity(tls, user, values.get("password", "") if user else "")
+    except ValueError as e:
+        raise OptionError(f"{what}: {e}") from None
 
 
 class Connection:
-    """One blocking connection; requests are answered in order."""
+    """One blocking connection (TLS and a login when ``security`` says so); requests
+    are answered in order."""
 
-    def __init__(self, addr: str, timeout_ms: int) -> None:
+    def __init__(self, addr: str, timeout_ms: int, security: tuple[tuple[str, str], ...] = ()) -> None:
         host, _, port = addr.rpartition(":")
         self.addr = addr
+        sec = client_security(security)
         try:
-            self.sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_ms / 1000)
+            raw = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_ms / 1000)
         except OSError as e:
             raise LayoutError(f"cannot connect to {addr}: {e}") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock: socket.socket = raw
+        if sec is not None and sec.tls is not None:
+            try:  # the handshake, within the socket's timeout
+                self.sock = sec.tls.client_context().wrap_socket(
+                    raw, server_hostname=sec.tls.server_hostname or host.strip("[]")
+                )
+            except (ssl.SSLError, OSError) as e:
+                raw.close()
+                raise LayoutError(f"TLS handshake with {addr} failed: {_tls_reason(e)}") from None
         self.decoder = FrameDecoder(max_frame_bytes=256 << 20)
         self._ids = itertools.count(1)
+        self.principal = ""
+        if sec is not None and sec.user:
+            try:
+                self._login(sec)
+            except BaseException:
+                self.sock.close()
+                raise
+
+    def _login(self, sec: ClientSecurity) -> None:
+        """The SCRAM exchange (two AUTHENTICATE requests) before any other request. A
+        server that serves no logins (REQUEST_NOT_SUPPORTED) is used without one."""
+        scram = ScramClient(sec.mechanism, sec.user, sec.password)
+        try:
+            first = self.call(RequestCode.AUTHENTICATE, {"mechanism": sec.mechanism, "data": scram.first()})
+            final = self.call(RequestCode.AUTHENTICATE, {"data": scram.final(_scram_data(first))})
+            scram.check(_scram_data(final))
+        except RemoteError as e:
+            if e.code == ErrorCode.REQUEST_NOT_SUPPORTED:
+                return
+            if e.code == ErrorCode.TLS_REQUIRED:
+                raise  # not the login's fault: the server says what to do
+            raise LoginError(f"login as {sec.user!r} to {self.addr} failed: {e.text}") from None
+        except ScramError as e:
+            raise LoginError(f"login as {sec.user!r} to {self.addr} failed: {e}") from None
+        except LayoutError as e:  # the server closed the connection during the exchange
+            raise LoginError(f"login as {sec.user!r} to {self.addr} failed: {e}") from None
+        principal = final.fields.get("principal")
+        self.principal = principal if isinstance(principal, str) else f"User:{sec.user}"
 
     def call(self, code: RequestCode, fields: dict[str, Any] | None = None) -> Frame:
         rid = next(self._ids)
@@ -62,6 +167,10 @@ class Connection:
                 continue
             if isinstance(event, FrameRejected):
                 raise LayoutError(f"{self.addr}: answer to {code.name} rejected: {event.reason}")
+            if isinstance(event, Frame) and event.request_id == 0 and event.error_code:
+                # the connection itself refused (TLS_REQUIRED: a plaintext client at a TLS port)
+                hint = "; the reader's option: tlsCaFile" if event.error_code == ErrorCode.TLS_REQUIRED else ""
+                raise RemoteError(self.addr, event.error_code, event.error_text + hint)
             if isinstance(event, Frame) and event.request_id == rid:
                 if event.error_code:
                     raise RemoteError(self.addr, event.error_code, event.error_text)
@@ -78,7 +187,7 @@ def find_brokers(opts: ReadOptions) -> list[str]:
     errors = []
     for ns in opts.nameservers:
         try:
-            conn = Connection(ns, opts.timeout_ms)
+            conn = Connection(ns, opts.timeout_ms, opts.security)
         except LayoutError as e:
             errors.append(str(e))
             continue
@@ -93,9 +202,11 @@ def find_brokers(opts: ReadOptions) -> list[str]:
 class RemoteStore:
     """A ``QueueSource`` and ``ByteSource`` for one broker."""
 
-    def __init__(self, addr: str, timeout_ms: int, fetch_layout: bool = True) -> None:
+    def __init__(
+        self, addr: str, timeout_ms: int, fetch_layout: bool = True, security: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         self.addr = addr
-        self.conn = Connection(addr, timeout_ms)
+        self.conn = Connection(addr, timeout_ms, security)
         self._count = 0
         if fetch_layout:  # planning needs it; tasks know their ranges already
             self.layout = self._fetch_layout()
