@@ -20,8 +20,10 @@ import trio
 
 from clmq import open_admin, open_consumer
 from clmq.common import PROP_KAFKA_PRODUCER
+from clmq.protocol.auth import AclBinding
 from tests import java_deps
-from tests.kafka_procs import KafkaCluster, open_kafka
+from tests.kafka_procs import KafkaCluster, open_kafka, open_secure_kafka
+from tests.test_kafka_security import create_topics, end_offset, wire_as
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 PER_CODEC = 4000  # 20,000 records in all
@@ -235,3 +237,40 @@ async def test_java_transactional_producer_is_refused_with_the_reason(kafka: Kaf
     assert "coordinator with type TRANSACTION" in errors, f"{errors}\n{run.stderr[-3000:]}"
     assert "clmq's Kafka listener does not support transactions" in errors, f"{errors}\n{run.stderr[-3000:]}"
     assert "use an idempotent producer" in errors
+
+
+async def test_java_client_logs_in_with_scram_and_is_held_to_its_acls(
+    tmp_path: Path, harness: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka's own Java client with its usual SASL settings (SASL_PLAINTEXT,
+    SCRAM-SHA-512, a JAAS line): alice may write and read topic "j" in group "jg";
+    writing to "other" is refused by the ACLs, and nothing reaches it."""
+    acls = [
+        AclBinding("TOPIC", "j", "LITERAL", "User:alice", "*", "WRITE", "ALLOW"),
+        AclBinding("TOPIC", "j", "LITERAL", "User:alice", "*", "READ", "ALLOW"),
+        AclBinding("GROUP", "jg", "LITERAL", "User:alice", "*", "READ", "ALLOW"),
+    ]
+    props = tmp_path / "client.properties"
+    props.write_text(
+        "security.protocol=SASL_PLAINTEXT\n"
+        "sasl.mechanism=SCRAM-SHA-512\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="alice" password="alice-secret";\n'
+    )
+    monkeypatch.setenv("HARNESS_CLIENT_PROPERTIES", str(props))
+    async with open_secure_kafka(tmp_path / "kafka", acls=acls) as cluster:
+        with wire_as(cluster, "admin") as w:
+            create_topics(w, "j", "other")
+        records = [_record(i, "none") for i in range(50)]
+        run = await run_harness(harness, "produce", cluster.bootstrap, "j", "none", stdin=_lines(records))
+        assert run.rc == 0, f"{run.facts}\n{run.stderr[-3000:]}"
+        assert len(run.rows) == 50
+        read = await run_harness(harness, "consume", cluster.bootstrap, "j", "jg", "50")
+        assert read.rc == 0, f"{read.facts}\n{read.stderr[-3000:]}"
+        assert sorted(read.rows) == sorted(run.rows)
+        refused = await run_harness(harness, "produce", cluster.bootstrap, "other", "none", stdin=_lines(records[:1]))
+        assert refused.rc != 0 and "TopicAuthorizationException" in refused.stdout + refused.stderr, refused.stderr[
+            -2000:
+        ]
+        with wire_as(cluster, "admin") as w:
+            assert end_offset(w, "other") == 0

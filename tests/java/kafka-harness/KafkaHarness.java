@@ -126,7 +126,7 @@ public final class KafkaHarness {
         AtomicReference<Exception> failed = new AtomicReference<>();
         CountDownLatch done = new CountDownLatch(records.size());
         try (KafkaProducer<byte[], byte[]> producer =
-                 new KafkaProducer<>(p, new ByteArraySerializer(), new ByteArraySerializer())) {
+                 new KafkaProducer<>(secured(p), new ByteArraySerializer(), new ByteArraySerializer())) {
             for (int i = 0; i < records.size(); i++) {
                 final int index = i;
                 producer.send(records.get(i), (md, err) -> {
@@ -149,6 +149,19 @@ public final class KafkaHarness {
         return 0;
     }
 
+    /** The client's security settings (security.protocol, sasl.*, ssl.*) from the
+     *  properties file $HARNESS_CLIENT_PROPERTIES names, if any, over {@code p}. */
+    static Properties secured(Properties p) {
+        String path = System.getenv("HARNESS_CLIENT_PROPERTIES");
+        if (path == null || path.isEmpty()) return p;
+        try (java.io.Reader in = java.nio.file.Files.newBufferedReader(java.nio.file.Path.of(path))) {
+            p.load(in);
+        } catch (java.io.IOException e) {
+            throw new java.io.UncheckedIOException(e);
+        }
+        return p;
+    }
+
     static Properties consumerProps(String bootstrap, String group) {
         Properties p = new Properties();
         p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
@@ -164,7 +177,7 @@ public final class KafkaHarness {
     static int consume(String bootstrap, String topic, String group, int count) throws Exception {
         List<String> rows = new ArrayList<>();
         try (KafkaConsumer<byte[], byte[]> consumer =
-                 new KafkaConsumer<>(consumerProps(bootstrap, group), new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
+                 new KafkaConsumer<>(secured(consumerProps(bootstrap, group)), new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
             consumer.subscribe(List.of(topic));
             long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(40);
             while (rows.size() < count && System.nanoTime() < deadline) {
@@ -192,7 +205,7 @@ public final class KafkaHarness {
         Properties p = new Properties();
         p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
-        try (KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(p, new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
+        try (KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(secured(p), new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
             List<TopicPartition> parts = new ArrayList<>();
             consumer.partitionsFor(topic, Duration.ofSeconds(15)).forEach(i -> parts.add(new TopicPartition(topic, i.partition())));
             parts.sort((a, b) -> Integer.compare(a.partition(), b.partition()));
@@ -228,7 +241,7 @@ public final class KafkaHarness {
         p.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(AdminClientConfig.DEFAULT_API_TIMEOUT_MS_CONFIG, "30000");
         p.put(AdminClientConfig.REQUEST_TIMEOUT_MS_CONFIG, "15000");
-        try (Admin admin = Admin.create(p)) {
+        try (Admin admin = Admin.create(secured(p))) {
             DescribeClusterResult cluster = admin.describeCluster();
             Collection<Node> nodes = cluster.nodes().get();
             fact("cluster.id", cluster.clusterId().get());
@@ -269,14 +282,14 @@ public final class KafkaHarness {
             // A group with committed offsets: a consumer reads what a producer wrote, commits, leaves.
             Properties pp = new Properties();
             pp.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
-            try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(pp, new ByteArraySerializer(), new ByteArraySerializer())) {
+            try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(secured(pp), new ByteArraySerializer(), new ByteArraySerializer())) {
                 for (int i = 0; i < 10; i++) {
                     producer.send(new ProducerRecord<>(topic, i % 5, null, ("v" + i).getBytes(StandardCharsets.UTF_8))).get();
                 }
             }
             int read = 0;
             try (KafkaConsumer<byte[], byte[]> consumer =
-                     new KafkaConsumer<>(consumerProps(bootstrap, group), new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
+                     new KafkaConsumer<>(secured(consumerProps(bootstrap, group)), new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
                 consumer.subscribe(List.of(topic));
                 long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
                 while (read < 10 && System.nanoTime() < deadline) {
@@ -355,7 +368,7 @@ public final class KafkaHarness {
         p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(ProducerConfig.TRANSACTIONAL_ID_CONFIG, "clmq-java-txn");
         p.put(ProducerConfig.MAX_BLOCK_MS_CONFIG, "20000");
-        try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(p, new ByteArraySerializer(), new ByteArraySerializer())) {
+        try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(secured(p), new ByteArraySerializer(), new ByteArraySerializer())) {
             producer.initTransactions();
             producer.beginTransaction();
             producer.send(new ProducerRecord<>(topic, "x".getBytes(StandardCharsets.UTF_8))).get();
