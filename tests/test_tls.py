@@ -609,3 +609,60 @@ def test_the_spark_sink_takes_tls_and_login_options(pki: Pki) -> None:
     assert sink.parse_sink_options({"nameserver": "127.0.0.1:9876"}).client_security() is None
     with pytest.raises(sink.OptionError, match="tlsCaFile"):
         sink.parse_sink_options({"nameserver": "127.0.0.1:9876", "tlsCaFile": "/nonexistent.pem"}).client_security()
+
+
+# ------------------------------------------------------------ settings and versions
+def test_tls_settings_come_from_a_toml_file_and_the_environment(pki: Pki, tmp_path: Path) -> None:
+    from clmq.broker.cli.settings import load_settings
+    from clmq.broker.service import BrokerConfig
+
+    toml = tmp_path / "broker.toml"
+    toml.write_text(
+        f'tls_cert_file = "{pki.server.cert_file}"\ntls_key_file = "{pki.server.key_file}"\ntls_min_version = "1.3"\n'
+    )
+    env = {"CLMQ_TLS_CA_FILE": str(pki.ca.cert_file), "CLMQ_TLS_REQUIRE_CLIENT_CERT": "true"}
+    config = load_settings(BrokerConfig, toml, env=env, overrides={"data_dir": str(tmp_path / "d")})
+    tls = config.tls_settings()
+    assert tls is not None
+    assert (tls.cert_file, tls.key_file, tls.ca_file) == tuple(
+        str(p) for p in (pki.server.cert_file, pki.server.key_file, pki.ca.cert_file)
+    )
+    assert tls.require_client_cert and tls.min_version == "1.3"
+    assert tls.server_context().minimum_version is ssl.TLSVersion.TLSv1_3
+    with pytest.raises(ValueError, match="min_version"):
+        load_settings(BrokerConfig, env={"CLMQ_TLS_MIN_VERSION": "1.1"}, overrides={"data_dir": str(tmp_path)})
+    with pytest.raises(ValueError, match="does not exist"):
+        load_settings(BrokerConfig, env={"CLMQ_TLS_CERT_FILE": "/nope.pem", "CLMQ_TLS_KEY_FILE": "/nope.key"})
+
+
+async def test_a_tls_1_3_server_refuses_a_tls_1_2_client_clearly(nursery: trio.Nursery, pki: Pki) -> None:
+    server = _server(pki.server_tls(min_version="1.3").server_context())
+    addr = await _serving(nursery, server)
+    old = pki.client_tls()
+    context = old.client_context()
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+
+    class OldClient(TlsSettings):
+        def client_context(self) -> ssl.SSLContext:
+            return context
+
+    with pytest.raises(ConnectionFailed, match=r"TLS handshake with .* failed: .*(version|protocol)"):
+        await _ask(addr, ClientSecurity(tls=OldClient(ca_file=old.ca_file)))
+    await await_until(lambda: server.tls_handshake_failures == 1, 10, "the server to count the old client")
+    assert (await _ask(addr, ClientSecurity(tls=pki.client_tls())))["tls"] is True  # 1.3 clients go on
+
+
+async def test_the_kafka_tls_listener_counts_failed_handshakes(tls_cluster: TlsCluster) -> None:
+    broker = await tls_cluster.cluster.start_broker(kafka_listen_port=0, **_tls_settings(tls_cluster.pki))
+    host, port = broker.ctx.kafka_addr().rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(b"\x00\x00\x00\x10not a client hello")  # a plaintext Kafka client
+    with trio.fail_after(10):
+        try:
+            while await stream.receive_some(100):
+                pass  # the listener closes it (an alert, or a reset)
+        except trio.BrokenResourceError:
+            pass
+    await stream.aclose()
+    await await_until(lambda: broker.tls_handshake_failures().get("kafka") == 1, 10, "the Kafka listener's count")
+    assert broker.tls_handshake_failures()["native"] == 0

@@ -94,7 +94,12 @@ def tls_settings(
     require_client_cert: bool = False,
     min_version: str = "1.2",
 ) -> TlsSettings | None:
-    """TLS settings from a service's flat settings, or None when none is set (plaintext)."""
+    """TLS settings from a service's flat settings, or None when none is set (plaintext).
+    Every setting is checked either way: a wrong one is an error even while unused."""
+    if min_version not in TLS_VERSIONS:
+        raise TlsSettingsError(f"tls min_version must be one of {', '.join(TLS_VERSIONS)}, got {min_version!r}")
+    if require_client_cert and not ca_file:
+        raise TlsSettingsError("tls require_client_cert needs tls ca_file (the CA client certificates chain to)")
     if not (cert_file or key_file or ca_file):
         return None
     return TlsSettings(cert_file, key_file, ca_file, require_client_cert, min_version)
