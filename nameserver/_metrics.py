@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from clmq.protocol import RequestCode
-from clmq.protocol.transport import RequestStats, metrics_page
+from clmq.protocol.transport import LoginStats, RequestStats, metrics_page
 
 from ._routes import RouteTable
 
@@ -23,10 +23,15 @@ def _no_failures() -> int:
 
 class NameServerCollector:
     def __init__(
-        self, routes: RouteTable, requests: RequestStats, tls_failures: Callable[[], int] = _no_failures
+        self,
+        routes: RouteTable,
+        requests: RequestStats,
+        tls_failures: Callable[[], int] = _no_failures,
+        logins: LoginStats | None = None,
     ) -> None:
         self.routes, self.requests = routes, requests
         self.tls_failures = tls_failures
+        self.logins = logins or LoginStats()
 
     def collect(self) -> Iterator[Metric]:
         total = CounterMetricFamily("clmq_nameserver_requests", "Requests answered, per request code", labels=["code"])
@@ -54,13 +59,20 @@ class NameServerCollector:
         )
         failures.add_metric(["native"], self.tls_failures())
         yield failures
+        yield CounterMetricFamily(
+            "clmq_login_failures", "Failed logins, answered late and logged with the peer", value=self.logins.failed
+        )
+        yield CounterMetricFamily("clmq_requests_denied", "Requests the ACLs refused", value=self.logins.denied)
 
 
 def metrics_registry(
-    routes: RouteTable, requests: RequestStats, tls_failures: Callable[[], int] = _no_failures
+    routes: RouteTable,
+    requests: RequestStats,
+    tls_failures: Callable[[], int] = _no_failures,
+    logins: LoginStats | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NameServerCollector(routes, requests, tls_failures))
+    registry.register(NameServerCollector(routes, requests, tls_failures, logins))
     return registry
 
 

@@ -133,7 +133,9 @@ class NameServer:
             tls=self.tls_context,
         )
         self._stop = trio.Event()
-        self.metrics = metrics_registry(self.routes, self.rpc.request_stats, lambda: self.rpc.tls_handshake_failures)
+        self.metrics = metrics_registry(
+            self.routes, self.rpc.request_stats, lambda: self.rpc.tls_handshake_failures, self.access.stats
+        )
         self.metrics_port = -1  # where /metrics is served, once started (-1: none)
 
     @property

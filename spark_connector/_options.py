@@ -66,7 +66,7 @@ class ReadOptions:
         return bool(self.brokers or self.nameservers)
 
 
-# TLS and a login (docs/security-tls.md), the sink's option names: lower case -> documented.
+# TLS and a login (docs/security.md#tls), the sink's option names: lower case -> documented.
 SECURITY_OPTIONS = {
     "tlscafile": "tlsCaFile",
     "tlscertfile": "tlsCertFile",

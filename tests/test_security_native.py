@@ -270,6 +270,14 @@ async def test_name_server_logins_and_acls_from_its_security_file(nursery: trio.
             return reply.error_code == 0 and reply.fields["brokers"][0]["addr"] == "127.0.0.1:1"
 
         await await_until(routed, 10, "the name server reads its changed security_file")
+        bad = RpcClient(n)
+        assert (await login(bad, ns.addr, "alice", "wrong")).error_code == ErrorCode.AUTHENTICATION_FAILED
+        await bad.aclose()
+        from prometheus_client.exposition import generate_latest
+
+        page = generate_latest(ns.metrics).decode()
+        assert "clmq_login_failures_total 1.0" in page
+        assert "clmq_requests_denied_total" in page and "clmq_requests_denied_total 0.0" not in page
         for rpc in (anonymous, alice, broker):
             await rpc.aclose()
 

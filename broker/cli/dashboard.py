@@ -69,7 +69,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         settings = DashboardSettings(poll_interval_ms=args.poll_interval_ms, history_points=args.history_points)
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
-    try:  # HTTPS (docs/security-tls.md): the page's own certificate; its clients' TLS: --tls-ca ...
+    try:  # HTTPS (docs/security.md#tls): the page's own certificate; its clients' TLS: --tls-ca ...
         https = tls_settings(cert_file=args.https_cert or "", key_file=args.https_key or "")
         context = https.server_context() if https is not None else None
     except ValueError as e:
