@@ -30,8 +30,9 @@ def _group(op: Operation) -> Rule:
 
 
 def _every_topic(op: Operation) -> Rule:
-    """Requests that read the log whatever the topic (message ids, Spark's log reads):
-    allowed by a binding on every topic (name ``*``, or the prefix "")."""
+    """Requests that read the raw log, whatever the topic (Spark's log reads): a binding
+    on every topic (``*``) first; the handler then checks each topic the log holds, so
+    that a DENY on one holds."""
     return lambda fields: [(op, TOPIC, WILDCARD)]
 
 
@@ -76,19 +77,19 @@ BROKER_RULES: dict[int, Rule] = {
     RequestCode.QUERY_CONSUMER_OFFSET: _group(DESCRIBE),
     RequestCode.QUERY_QUEUE_OFFSETS: _group(DESCRIBE),
     RequestCode.HEARTBEAT: _heartbeat,
-    RequestCode.UNREGISTER_CLIENT: OPEN,  # leaves the groups this connection's client joined
+    RequestCode.UNREGISTER_CLIENT: OPEN,  # READ on each group the client is in: checked by the handler
     RequestCode.GET_GROUP_MEMBERS: _group(DESCRIBE),
     RequestCode.LIST_GROUPS: _on_cluster(DESCRIBE),
     RequestCode.DESCRIBE_GROUP: _group(DESCRIBE),
     RequestCode.DELETE_GROUP: _group(Operation.DELETE),
-    RequestCode.CONSUMER_SEND_BACK: _group(READ),  # the copies go to %RETRY%group / %DLQ%group
+    RequestCode.CONSUMER_SEND_BACK: _group(READ),  # and READ on each record's topic (the handler, once read)
     RequestCode.LOCK_QUEUES: _group(READ),
     RequestCode.UNLOCK_QUEUES: _group(READ),
     RequestCode.CREATE_TOPIC: _create_topic,
     RequestCode.DELETE_TOPIC: _topic(Operation.DELETE),
     RequestCode.LIST_TOPICS: _on_cluster(DESCRIBE),
     RequestCode.DESCRIBE_TOPIC: _topic(DESCRIBE),
-    RequestCode.GET_MESSAGE: _every_topic(READ),
+    RequestCode.GET_MESSAGE: OPEN,  # READ on the record's topic: checked once it is read
     RequestCode.CANCEL_MESSAGE: lambda fields: [(WRITE, TOPIC, TIMER_TOPIC)],
     RequestCode.BROKER_INFO: _on_cluster(DESCRIBE),
     RequestCode.GET_LOG_LAYOUT: _every_topic(READ),

@@ -7,6 +7,7 @@ import trio
 
 from clmq.common import CorruptRecordError
 from clmq.protocol import ErrorCode, Frame
+from clmq.protocol.auth import Operation, ResourceType
 from clmq.protocol.transport import Peer, Reply, RequestError, need
 
 from ._context import BrokerContext
@@ -46,16 +47,18 @@ class AdminRequests:
                 f"message ids name CommitLog offsets: this broker runs {self.ctx.config.storage_mode}",
             )
 
-        def record_bytes() -> bytes | None:
+        def record_bytes() -> tuple[str, bytes] | None:
             record = log.read_record(offset)  # CRC-checked: a made-up offset is no record
-            return None if record is None else log.read_bytes(offset, record.size)
+            return None if record is None else (record.topic, log.read_bytes(offset, record.size))
 
         try:
-            raw = await trio.to_thread.run_sync(record_bytes)
+            found = await trio.to_thread.run_sync(record_bytes)
         except CorruptRecordError as e:  # not the start of a record (a made-up id), or damage
             raise RequestError(ErrorCode.NOT_FOUND, f"no message starts at CommitLog offset {offset}: {e}") from None
-        if raw is None:
+        if found is None:
             raise RequestError(
                 ErrorCode.NOT_FOUND, f"CommitLog offset {offset} is not in the log (retention may have removed it)"
             )
+        topic, raw = found
+        self.ctx.security.check(peer, [(Operation.READ, ResourceType.TOPIC, topic)], "GET_MESSAGE")
         return Reply(body=raw)

@@ -5,11 +5,14 @@ LIST_GROUPS and DESCRIBE_GROUP. (Deleting a group: ``_admin_requests``.)"""
 from __future__ import annotations
 
 from clmq.protocol import ErrorCode, Frame
+from clmq.protocol.auth import Operation, ResourceType
 from clmq.protocol.transport import Peer, Reply, RequestError, need
 
 from ._context import BrokerContext, now_ms
 from ._locks import LockRequests
 from ._queue_requests import existing_queue
+
+READ, GROUP = Operation.READ, ResourceType.GROUP
 
 
 class GroupRequests:
@@ -67,6 +70,8 @@ class GroupRequests:
 
     async def unregister_client(self, frame: Frame, peer: Peer) -> Reply:
         client_id = need(frame.fields, "client_id", str)
+        groups = self.ctx.groups.groups_of(client_id)  # leaving them is a member's act: READ on each
+        self.ctx.security.check(peer, [(READ, GROUP, g) for g in groups], "UNREGISTER_CLIENT")
         self.ctx.groups.leave(client_id)
         self.locks.release_client(client_id)
         return Reply()

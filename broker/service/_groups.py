@@ -32,6 +32,10 @@ class ConsumerGroups:
         self._drop_empty()
         return left
 
+    def groups_of(self, client_id: str) -> list[str]:
+        """The groups ``client_id`` is a member of."""
+        return sorted(g for g, members in self._groups.items() if client_id in members)
+
     def expire(self, now_ms: float) -> list[tuple[str, str]]:
         """Drop members silent for longer than ``expiry_ms``; returns (group, client id)."""
         gone = [

@@ -13,7 +13,8 @@ import trio
 from clmq.broker.store import Span, Store
 from clmq.commitlog import CommitLog
 from clmq.protocol import ErrorCode, Frame
-from clmq.protocol.transport import Reply, RequestError, need
+from clmq.protocol.auth import Operation, ResourceType
+from clmq.protocol.transport import Peer, Reply, RequestError, need
 
 from ._context import BrokerContext
 from ._fetch import ReadThreads
@@ -23,6 +24,7 @@ MAX_READ_LOG_BYTES = 16 << 20  # one READ_LOG answer at most (the broker's max_p
 
 class LogReads:
     def __init__(self, ctx: BrokerContext, readers: ReadThreads) -> None:
+        self.ctx = ctx
         self.store = ctx.store
         self.config = ctx.config
         self.readers = readers  # the pulls' worker threads (offsets may be read from disk)
@@ -44,8 +46,14 @@ class LogReads:
         log = self._log()
         return min(log.durable_offset, self._store().dispatcher.dispatched_offset, log.confirmed_offset)
 
-    async def layout(self, frame: Frame, _peer: object) -> Reply:
+    def _may_read_the_log(self, peer: Peer, what: str) -> None:
+        """The raw log holds every topic: READ on each one (a DENY on one holds)."""
+        topics = self.store.topics.all()
+        self.ctx.security.check(peer, [(Operation.READ, ResourceType.TOPIC, t) for t in topics], what)
+
+    async def layout(self, frame: Frame, peer: Peer) -> Reply:
         log = self._log()
+        self._may_read_the_log(peer, "GET_LOG_LAYOUT")
         end = self.snapshot_end()
         segments = []
         for base, size, _path in log.segments():
@@ -75,10 +83,11 @@ class LogReads:
             }
         )
 
-    async def read_log(self, frame: Frame, _peer: object) -> Reply:
+    async def read_log(self, frame: Frame, peer: Peer) -> Reply:
         """Raw bytes ``[offset, offset + max_bytes)`` of one segment, cut at the snapshot
         end the reader names (never past what is durable now)."""
         log = self._log()
+        self._may_read_the_log(peer, "READ_LOG")
         f = frame.fields
         offset, max_bytes, end = need(f, "offset", int), need(f, "max_bytes", int), need(f, "end_offset", int)
         end = min(end, self.snapshot_end())

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import trio
 
+from clmq.protocol import ErrorCode
 from clmq.protocol.auth import SECURITY_FILE, SecurityState, load_security, save_security
-from clmq.protocol.transport import AccessControl, open_audit_log
+from clmq.protocol.transport import AccessControl, Need, Peer, RequestError, open_audit_log
 
 from ._config import BrokerConfig
 
@@ -38,6 +39,15 @@ class BrokerSecurity:
         audit = config.audit_log or (str(directory / "audit.log") if config.auth_enabled else "-")
         if audit != "-":
             self._audit_handler = open_audit_log(audit)
+
+    def check(self, peer: Peer, needs: Iterable[Need], what: str) -> None:
+        """Raise NOT_AUTHORIZED unless ``peer`` may do all of ``needs`` (nothing with
+        authentication off). For handlers whose resources are known only once they
+        read them (a record's topic, the topics of the whole log, a client's groups)."""
+        if self.access.enabled:
+            refused = self.access.refusal(peer, needs, what)
+            if refused is not None:
+                raise RequestError(ErrorCode.NOT_AUTHORIZED, refused.error_text)
 
     def close(self) -> None:
         if self._audit_handler is not None:

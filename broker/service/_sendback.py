@@ -35,6 +35,7 @@ from clmq.common import (
     timer_tag,
 )
 from clmq.protocol import ErrorCode, Frame
+from clmq.protocol.auth import Operation, ResourceType
 from clmq.protocol.transport import Peer, Reply, RequestError, need
 
 from ._context import BrokerContext
@@ -70,6 +71,9 @@ class SendBack:
                 ErrorCode.MALFORMED_REQUEST, f"field 'messages': a delay_ms past timer_max_delay_ms={longest}"
             )
         records = await trio.to_thread.run_sync(_records_at, store, [r[0] for r in rows])
+        # Copying a record into %RETRY%group lets the group read it: READ on its topic first.
+        topics = sorted({r.topic for r in records})
+        self.ctx.security.check(peer, [(Operation.READ, ResourceType.TOPIC, t) for t in topics], "CONSUMER_SEND_BACK")
         now = wall_ms()
         messages, results = [], []
         for record, (_offset, delay) in zip(records, rows):

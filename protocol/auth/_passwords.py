@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 
-from ._scram import MECHANISMS, decoy_credential, make_credential
+from ._scram import MECHANISMS, make_credential
 from ._state import SecurityState
 
 MAX_PASSWORD_CHARS = 1024  # longer is refused unhashed (no user has one: it could not be typed at a prompt either)
@@ -24,7 +24,7 @@ def password_matches(state: SecurityState, user: str, password: str) -> bool:
     )
     known = credential is not None
     if credential is None:
-        credential = decoy_credential(state.decoy_secret, next(iter(MECHANISMS)), user[:128])
+        credential = state.decoy(next(iter(MECHANISMS)), user[:128])
     if not password or len(password) > MAX_PASSWORD_CHARS:
         return False
     candidate = make_credential(

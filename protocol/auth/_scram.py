@@ -271,10 +271,11 @@ class ScramClient:
             raise ScramError("the server's signature is wrong: it does not hold this user's credential")
 
 
-def decoy_credential(secret: bytes, mechanism: str, user: str) -> ScramCredential:
+def decoy_credential(secret: bytes, mechanism: str, user: str, iterations: int = DEFAULT_ITERATIONS) -> ScramCredential:
     """The credential an unknown ``user`` is answered with: the same salt every time for
-    the same name (a fresh salt per try would tell the name is unknown)."""
+    the same name (a fresh salt per try would tell the name is unknown), and the
+    iteration count known users have (:meth:`SecurityState.decoy` picks it)."""
     algo = check_mechanism(mechanism)
     salt = _hmac(algo, secret, b"decoy salt:" + user.encode())[:16]
     key = _hmac(algo, secret, b"decoy key:" + user.encode())
-    return ScramCredential(mechanism, salt, DEFAULT_ITERATIONS, key, key)
+    return ScramCredential(mechanism, salt, iterations, key, key)

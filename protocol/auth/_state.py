@@ -8,11 +8,12 @@ from __future__ import annotations
 import base64
 import re
 import secrets
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ._acl import AclBinding, AclFilter, Authorizer
-from ._scram import MECHANISMS, ScramCredential
+from ._scram import DEFAULT_ITERATIONS, MECHANISMS, ScramCredential, decoy_credential
 
 USER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,128}")  # no ':' (principals), no ',' or '=' (SCRAM's escaping)
 
@@ -35,7 +36,16 @@ class SecurityState:
     decoy_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
 
     def credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        """``user``'s stored credential for ``mechanism``, or None."""
         return self.users.get(user, {}).get(mechanism)
+
+    def decoy(self, mechanism: str, user: str) -> ScramCredential:
+        """What an unknown ``user`` is answered with: a salt derived from this state's
+        secret, and the iteration count most users of ``mechanism`` have (a count of
+        its own would tell that the name is unknown)."""
+        counts = Counter(creds[mechanism].iterations for creds in self.users.values() if mechanism in creds)
+        iterations = counts.most_common(1)[0][0] if counts else DEFAULT_ITERATIONS
+        return decoy_credential(self.decoy_secret, mechanism, user, iterations)
 
     def authorizer(self, super_users: frozenset[str]) -> Authorizer:
         return Authorizer(self.acls, super_users)
@@ -50,11 +60,18 @@ class SecurityState:
         return replace(self, version=self.version + 1, users=users)
 
     def without_user(self, name: str) -> SecurityState:
+        """This state without user ``name`` (itself if there is none)."""
+        if name not in self.users:
+            return self
         users = {k: v for k, v in self.users.items() if k != name}
         return replace(self, version=self.version + 1, users=users)
 
     def with_acls(self, added: list[AclBinding]) -> SecurityState:
-        return replace(self, version=self.version + 1, acls=tuple(sorted(set(self.acls) | set(added))))
+        """This state with ``added`` (itself if it holds them all: no new version to copy)."""
+        merged = set(self.acls) | set(added)
+        if len(merged) == len(self.acls):
+            return self
+        return replace(self, version=self.version + 1, acls=tuple(sorted(merged)))
 
     def without_acls(self, match: AclFilter) -> tuple[SecurityState, list[AclBinding]]:
         """This state without the bindings ``match`` selects, and those bindings."""

@@ -31,7 +31,6 @@ from clmq.protocol.auth import (
     ScramError,
     ScramServer,
     SecurityState,
-    decoy_credential,
 )
 
 from ._handler import Handler, Later, Peer, Reply
@@ -95,14 +94,16 @@ class AccessControl:
         self.super_users = frozenset(super_users)
         self.failure_delay_s = failure_delay_ms / 1000
         self.stats = LoginStats()
-        self._authorizer: tuple[int, Authorizer] | None = None
+        self._authorizer: tuple[SecurityState, Authorizer] | None = None
 
     # ------------------------------------------------------------ decisions
     def authorizer(self) -> Authorizer:
+        """The decisions of the current state (made again whenever the state is another
+        object: the cache holds the state itself, never its id, which a new state may reuse)."""
         state = self._state()
         cached = self._authorizer
-        if cached is None or cached[0] != id(state):
-            self._authorizer = cached = (id(state), state.authorizer(self.super_users))
+        if cached is None or cached[0] is not state:
+            self._authorizer = cached = (state, state.authorizer(self.super_users))
         return cached[1]
 
     def principal(self, peer: Peer) -> str | None:
@@ -164,10 +165,12 @@ class AccessControl:
         """AUTHENTICATE: one step of a SCRAM exchange (see protocol/_codes.py)."""
         s = peer.session
         data = frame.fields.get("data")
-        if not self.enabled:
-            return self._failure("authentication is not enabled on this server")
+        if not self.enabled:  # a client configured with a user goes on without a login
+            return Reply(error_code=ErrorCode.REQUEST_NOT_SUPPORTED, error_text=f"{self.name} has no logins")
         if type(data) is not bytes:
             return Reply(error_code=ErrorCode.MALFORMED_REQUEST, error_text="field 'data' missing or not bytes")
+        if s.failed_logins:  # its failure's answer is being delayed, then it closes: no new try meanwhile
+            return self._failure("a login of this connection failed: it is closing")
         if s.principal is not None and s.exchange is None:
             return self._failure(f"this connection is already logged in as {s.principal}")
         exchange = s.exchange
@@ -194,7 +197,7 @@ class AccessControl:
         return ScramServer(
             mechanism,
             lambda user: state.credential(user, mechanism),
-            lambda user: decoy_credential(state.decoy_secret, mechanism, user),
+            lambda user: state.decoy(mechanism, user),
             accept_doubled_client_nonce=accept_doubled_client_nonce,
         )
 
