@@ -196,6 +196,11 @@ ACL_DESCRIBE           filter: the same seven cells, each "" for any (pattern ma
 ACL_DELETE             filter -> acls (those removed), version
 =====================  ============================================================
 
+Any request may carry ``on_behalf_of``: [principal, host]: a broker forwarding its own
+client's request (the Kafka listener's commits to another broker group's leader) asks
+for the ACLs to be decided for that client. Only a sender holding CLUSTER_ACTION on the
+cluster may; anyone else is refused NOT_AUTHORIZED.
+
 Name server
 ===========
 =====================  ============================================================

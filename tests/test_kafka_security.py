@@ -793,3 +793,66 @@ async def test_a_client_certificate_logs_in_as_its_user_under_mutual_tls(tmp_pat
         assert await in_thread(produce_as, "alice") == [0]
         refused = await in_thread(produce_as, "carol")
         assert len(refused) == 1 and "TOPIC_AUTHORIZATION_FAILED" in str(refused[0]), refused
+
+
+async def test_commits_forwarded_to_another_broker_group_are_decided_there_for_the_client(tmp_path: Path) -> None:
+    """Two broker groups; a topic's partitions on both. The coordinator forwards the
+    other group's partitions' commits to that group's leader on behalf of the client
+    (its broker user holds only CLUSTER_ACTION): alice's ACLs there allow them; bob's
+    group READ exists only in the coordinator's group's ACLs, so the other group refuses
+    his forwarded commits (GROUP_AUTHORIZATION_FAILED, not a timeout to retry forever)."""
+    from clmq.protocol.auth import SECURITY_FILE, save_security
+    from tests.kafka_procs import PASSWORDS, SUPER_USER, security_state
+
+    passwords = {**PASSWORDS, "broker": "broker-secret"}
+    common = [
+        allow("User:broker", "CLUSTER_ACTION", "CLUSTER", "kafka-cluster"),
+        allow("User:alice", "READ", "TOPIC", "wide"),
+        allow("User:alice", "READ", "GROUP", "readers"),
+        allow("User:bob", "READ", "TOPIC", "wide"),
+    ]
+    broker_login = {"broker_user": "broker", "broker_password": "broker-secret"}
+    async with open_secure_kafka(
+        tmp_path, passwords, common + [allow("User:bob", "READ", "GROUP", "bobs")], **broker_login
+    ) as cluster:
+        (tmp_path / "h0").mkdir()
+        save_security(tmp_path / "h0" / SECURITY_FILE, security_state(passwords, common))
+        secured = {"auth_enabled": True, "super_users": [f"User:{SUPER_USER}"], "auth_failure_delay_ms": 300}
+        await cluster.start_broker("h0", broker_name="h", **secured, **broker_login)
+        from clmq import ClientSecurity, open_admin
+        from tests.waiting import await_until
+
+        async with open_admin([cluster.namesrv], security=ClientSecurity(user="admin", password="admin-secret")) as a:
+
+            async def both_leaders() -> bool:
+                return len(await a.leaders()) == 2
+
+            await await_until(both_leaders, 15, "both broker groups registered")
+            await a.create_topic("wide", 2)  # 2 queues in each group: partitions 0-1 on g, 2-3 on h
+
+        def commit_and_read(user: str, group: str) -> list[Any]:
+            import confluent_kafka as ck
+
+            conf = {"bootstrap.servers": cluster.bootstrap, "group.id": group, **sasl_conf(user)}
+            consumer = ck.Consumer(conf)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                parts = consumer.list_topics("wide", timeout=10).topics["wide"].partitions
+                if len(parts) == 4:
+                    break
+            offsets = [ck.TopicPartition("wide", p, 7) for p in range(4)]
+            try:
+                while True:  # until the coordinator's view of the cluster (refreshed every second) has the topic
+                    try:
+                        return list(consumer.commit(offsets=offsets, asynchronous=False))
+                    except ck.KafkaException as e:
+                        if e.args[0].code() != ck.KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                            return [e.args[0]]
+            finally:
+                consumer.close()
+
+        done = await in_thread(commit_and_read, "alice", "readers")
+        assert all(hasattr(tp, "offset") for tp in done), done
+        assert [tp.offset for tp in done] == [7, 7, 7, 7] and not any(tp.error for tp in done), done
+        refused = await in_thread(commit_and_read, "bob", "bobs")
+        assert "GROUP_AUTHORIZATION_FAILED" in str(refused), refused

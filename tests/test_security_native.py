@@ -529,3 +529,16 @@ async def test_unregistering_another_groups_client_needs_read_on_its_groups(
         assert [m.client_id for m in broker.groups.members("theirs")] == ["victim"]
         await admin.aclose()
         await alice.aclose()
+
+
+async def test_only_a_broker_may_ask_on_behalf_of_another_principal(nursery: trio.Nursery, tmp_path: Path) -> None:
+    cluster = Cluster(nursery, tmp_path)
+    addr = await seeded_with(cluster, tmp_path, [["GROUP", "g", "LITERAL", "User:alice", "*", "READ", "ALLOW"]])
+    fields = {"group": "g", "offsets": [["secret", 0, 1]], "on_behalf_of": ["User:admin", "127.0.0.1"]}
+    async with trio.open_nursery() as n:
+        alice = RpcClient(n)
+        assert (await login(alice, addr, *ALICE)).error_code == 0
+        posing = await alice.request(addr, RequestCode.COMMIT_OFFSET, fields, check=False)
+        assert posing.error_code == ErrorCode.NOT_AUTHORIZED and "CLUSTER_ACTION" in posing.error_text, posing
+        await alice.aclose()
+    assert cluster.brokers["broker-a"].offsets.query("g", "secret", 0) == -1

@@ -24,6 +24,7 @@ import trio
 from clmq.common import RETRY_PREFIX
 from clmq.protocol import SUPPORTED_VERSIONS, ErrorCode, Frame, check_request
 from clmq.protocol.auth import (
+    CLUSTER_NAME,
     MECHANISMS,
     Authorizer,
     Operation,
@@ -141,15 +142,38 @@ class AccessControl:
                 return Reply(fields, error_code=code, error_text=text)
             if self.enabled:
                 needs = list(rule(frame.fields))
-                refused = self.refusal(peer, needs, what)
+                asker = self.on_behalf_of(frame.fields, peer, what)
+                if isinstance(asker, Reply):
+                    return asker
+                refused = self.refusal(asker, needs, what)
                 if refused is not None:
                     return refused
                 for op, rtype, name in needs:
                     if op in ADMIN_OPERATIONS and op is not Operation.CLUSTER_ACTION:
-                        self.audit("admin", peer, peer.session.principal or "", what, op.name, rtype.name, name)
+                        self.audit("admin", asker, asker.session.principal or "", what, op.name, rtype.name, name)
             return await handler(frame, peer)
 
         return guarded
+
+    def on_behalf_of(self, fields: dict[str, Any], peer: Peer, what: str) -> Peer | Reply:
+        """Whom a request's ACLs are decided for: its sender, or, for a request a broker
+        forwards for its own client (field ``on_behalf_of``: [principal, host], as the
+        Kafka listener forwards a commit to another broker group's leader; Kafka's
+        envelope, KIP-590), that client, provided the sender holds CLUSTER_ACTION on
+        the cluster (only brokers' users should). Anyone else asking so is refused."""
+        behalf = fields.get("on_behalf_of")
+        if behalf is None:
+            return peer
+        cluster = [(Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME)]
+        refused = self.refusal(peer, cluster, f"{what} on behalf of another principal")
+        if refused is not None:
+            return refused
+        if not (isinstance(behalf, list) and len(behalf) == 2 and all(type(x) is str for x in behalf)):
+            text = "field 'on_behalf_of' must be [principal, host]"
+            return Reply(error_code=ErrorCode.MALFORMED_REQUEST, error_text=text)
+        forwarded = Peer(behalf[1], 0)
+        forwarded.session.principal = behalf[0]
+        return forwarded
 
     def guard_all(
         self, handlers: dict[int, Handler], rules: dict[int, Rule], names: Callable[[int], str]

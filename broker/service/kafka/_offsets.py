@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import trio
 
+from clmq.protocol import ErrorCode as ClmqErrorCode
 from clmq.protocol import RequestCode
 from clmq.protocol.kafka import ErrorCode, KafkaRequest
 from clmq.protocol.transport import ConnectionFailed, RpcError
@@ -71,7 +72,7 @@ class KafkaOffsets:
             topics.append({"name": t["name"], "partitions": rows})
         if not error:
             self.ctx.metadata.bump()  # followers copy the offsets
-        await self._forward(group, remote)
+        await self._forward(group, remote, peer)
         return {"throttle_time_ms": 0, "topics": topics}
 
     def _commit(
@@ -99,37 +100,48 @@ class KafkaOffsets:
         self.ctx.offsets.commit(group, topic, home.queue_id, p["committed_offset"])
         return 0
 
-    async def _forward(self, group: str, remote: dict[str, list[_Forward]]) -> None:
+    def _behalf(self, peer: Peer) -> dict[str, Any]:
+        """With logins on: the client a forwarded request is for (the other group's
+        leader decides its ACLs for that principal, not for this broker's user)."""
+        if not self.ctx.security.access.enabled:
+            return {}
+        return {"on_behalf_of": [peer.session.principal or "User:ANONYMOUS", peer.host]}
+
+    async def _forward(self, group: str, remote: dict[str, list[_Forward]], peer: Peer) -> None:
         """Commits of other groups' partitions, to their leaders (a failure: those rows'
-        error REQUEST_TIMED_OUT, which the client retries)."""
+        error REQUEST_TIMED_OUT, which the client retries; a refusal by that leader's
+        ACLs: GROUP_AUTHORIZATION_FAILED)."""
         client = self.views.client()
         for addr, parts in remote.items():
             try:
                 if client is None:
                     raise ConnectionFailed(f"{addr}: the broker's client is not running")
-                fields = {"group": group, "offsets": [entry for _row, entry in parts]}
+                fields = {"group": group, "offsets": [entry for _row, entry in parts], **self._behalf(peer)}
                 await client.request(addr, RequestCode.COMMIT_OFFSET, fields, timeout_ms=FORWARD_TIMEOUT_MS)
             except (ConnectionFailed, RpcError, trio.TooSlowError) as e:
                 log.info("kafka: forwarding %d commits of group %s to %s failed: %s", len(parts), group, addr, e)
+                refused = isinstance(e, RpcError) and e.code == ClmqErrorCode.NOT_AUTHORIZED
                 for row, _entry in parts:
-                    row["error_code"] = ErrorCode.REQUEST_TIMED_OUT
+                    row["error_code"] = ErrorCode.GROUP_AUTHORIZATION_FAILED if refused else ErrorCode.REQUEST_TIMED_OUT
 
     async def offset_fetch(self, req: KafkaRequest, peer: Peer) -> dict[str, Any]:
         body = req.body
         view = await self.views.current()
         if "groups" in body:  # v8+: several groups at once
-            groups = [await self._fetch_group(view, g["group_id"], g.get("topics")) for g in body["groups"]]
+            groups = [await self._fetch_group(view, g["group_id"], g.get("topics"), peer) for g in body["groups"]]
             return {"throttle_time_ms": 0, "groups": groups}
-        one = await self._fetch_group(view, body["group_id"], body.get("topics"))
+        one = await self._fetch_group(view, body["group_id"], body.get("topics"), peer)
         return {"throttle_time_ms": 0, "topics": one["topics"], "error_code": one["error_code"]}
 
-    async def _fetch_group(self, view: ClusterView, group: str, topics: list[dict[str, Any]] | None) -> dict[str, Any]:
+    async def _fetch_group(
+        self, view: ClusterView, group: str, topics: list[dict[str, Any]] | None, peer: Peer
+    ) -> dict[str, Any]:
         error = self._coordinator_error(view, group)
         if error:
             return {"group_id": group, "topics": [], "error_code": error}
-        committed = await self._all_committed(view, group)
-        if committed is None:
-            return {"group_id": group, "topics": [], "error_code": ErrorCode.COORDINATOR_LOAD_IN_PROGRESS}
+        committed = await self._all_committed(view, group, peer)
+        if isinstance(committed, int):  # not loaded (a leader did not answer), or refused there
+            return {"group_id": group, "topics": [], "error_code": committed}
         if topics is None:  # every partition the group committed
             asked: dict[str, list[int]] = {}
             for topic, index in sorted(committed):
@@ -142,18 +154,19 @@ class KafkaOffsets:
         ]
         return {"group_id": group, "topics": rows, "error_code": 0}
 
-    async def _all_committed(self, view: ClusterView, group: str) -> dict[tuple[str, int], int] | None:
+    async def _all_committed(self, view: ClusterView, group: str, peer: Peer) -> dict[tuple[str, int], int] | int:
         """(topic, partition) -> committed offset of every partition of the group, from
-        this broker's offsets and (for other groups' partitions) their leaders' (None:
-        a leader did not answer; the client retries)."""
+        this broker's offsets and (for other groups' partitions) their leaders'; or the
+        error: COORDINATOR_LOAD_IN_PROGRESS (a leader did not answer; the client
+        retries), GROUP_AUTHORIZATION_FAILED (its ACLs refused the client)."""
         mine = self.ctx.config.broker_name
         by_group: dict[str, dict[tuple[str, int], int]] = {mine: self.ctx.offsets.of_group(group)}
         for homes in view.topics.values():
             for home in homes:
                 if home.group not in by_group:
-                    fetched = await self._remote_offsets(home.leader_addr, group)
-                    if fetched is None:
-                        return None
+                    fetched = await self._remote_offsets(home.leader_addr, group, peer)
+                    if isinstance(fetched, int):
+                        return fetched
                     by_group[home.group] = fetched
         out: dict[tuple[str, int], int] = {}
         for topic, homes in view.topics.items():
@@ -163,17 +176,18 @@ class KafkaOffsets:
                     out[topic, index] = offset
         return out
 
-    async def _remote_offsets(self, addr: str, group: str) -> dict[tuple[str, int], int] | None:
+    async def _remote_offsets(self, addr: str, group: str, peer: Peer) -> dict[tuple[str, int], int] | int:
         client = self.views.client()
         if not addr or client is None:
-            return None
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         try:
-            reply = await client.request(
-                addr, RequestCode.DESCRIBE_GROUP, {"group": group}, timeout_ms=FORWARD_TIMEOUT_MS
-            )
+            fields = {"group": group, **self._behalf(peer)}
+            reply = await client.request(addr, RequestCode.DESCRIBE_GROUP, fields, timeout_ms=FORWARD_TIMEOUT_MS)
         except (ConnectionFailed, RpcError, trio.TooSlowError) as e:
             log.info("kafka: reading group %s's offsets at %s failed: %s", group, addr, e)
-            return None
+            if isinstance(e, RpcError) and e.code == ClmqErrorCode.NOT_AUTHORIZED:
+                return ErrorCode.GROUP_AUTHORIZATION_FAILED
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return {(str(q["topic"]), int(q["queue_id"])): int(q["committed"]) for q in reply.fields.get("queues", [])}
 
 
