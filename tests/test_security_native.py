@@ -542,3 +542,12 @@ async def test_only_a_broker_may_ask_on_behalf_of_another_principal(nursery: tri
         assert posing.error_code == ErrorCode.NOT_AUTHORIZED and "CLUSTER_ACTION" in posing.error_text, posing
         await alice.aclose()
     assert cluster.brokers["broker-a"].offsets.query("g", "secret", 0) == -1
+
+
+def test_secrets_stay_out_of_reprs_and_written_settings(tmp_path: Path) -> None:
+    from clmq.broker.cli.dev_replicas import settings_toml
+    from clmq.broker.service import BrokerConfig
+
+    c = BrokerConfig(broker_user="b", broker_password="PW-SECRET", zk_auth="u:ZK-SECRET", data_dir=str(tmp_path))
+    for text in (repr(c), settings_toml(c)):
+        assert "PW-SECRET" not in text and "ZK-SECRET" not in text

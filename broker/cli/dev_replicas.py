@@ -127,7 +127,8 @@ def settings_toml(config: BrokerConfig) -> str:
     """Every setting of ``config`` as a ``[broker]`` table (what ``clmq broker --config``
     reads back to the same config)."""
     lines = ["# written by clmq dev --replicas: this replica's complete settings", "[broker]"]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in dataclasses.asdict(config).items()]
+    secrets = {"broker_password", "zk_auth"}  # never written to a file: the replica reads them from its environment
+    lines += [f"{k} = {_toml_value(v)}" for k, v in dataclasses.asdict(config).items() if k not in secrets]
     return "\n".join(lines) + "\n"
 
 
@@ -250,6 +251,9 @@ async def _spawn(r: ReplicaProcess) -> None:
     r.settings_path.parent.mkdir(parents=True, exist_ok=True)
     r.settings_path.write_text(settings_toml(r.config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLMQ_")}  # resolved into the settings file
+    for name in ("broker_password", "zk_auth"):  # ... except the secrets, kept out of it
+        if getattr(r.config, name):
+            env[f"CLMQ_{name.upper()}"] = getattr(r.config, name)
     with r.log_path.open("ab") as log_file:  # the child has its own descriptor; this one closes
         r.process = await trio.lowlevel.open_process(
             [sys.executable, "-m", "clmq", "broker", "--config", str(r.settings_path)],

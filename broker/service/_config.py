@@ -148,11 +148,13 @@ class BrokerConfig:
     allow_anonymous: bool = False  # needed to listen on a non-loopback address without auth_enabled (warned at start)
     auth_failure_delay_ms: int = 1000  # a failed login is answered this late (slows guessing; counted and logged)
     broker_user: str = ""  # the user this broker logs in as to its leader and the name servers (auth_enabled)
-    broker_password: str = ""  # better given as CLMQ_BROKER_PASSWORD than written in a file
+    broker_password: str = field(default="", repr=False)  # better given as CLMQ_BROKER_PASSWORD than in a file
     audit_log: str = (
         ""  # JSON lines of admin actions and denials; "": <data_dir>/audit.log with auth_enabled; "-": none
     )
-    zk_auth: str = ""  # "user:password": ZooKeeper digest auth, and clmq's znodes readable and writable by it alone
+    zk_auth: str = field(
+        default="", repr=False
+    )  # "user:password": ZooKeeper digest auth, and clmq's znodes readable and writable by it alone
 
     def __post_init__(self) -> None:
         if self.flush_mode not in {m.value for m in FlushMode}:
