@@ -19,7 +19,7 @@ from typing import Any
 
 from clmq.protocol import RequestCode
 from clmq.protocol.auth import CLUSTER_NAME, Operation, ResourceType, SecurityState, load_security
-from clmq.protocol.transport import AccessControl, Rule
+from clmq.protocol.transport import AccessControl, Rule, open_audit_log
 
 log = logging.getLogger("clmq.security")
 RECHECK_S = 1.0  # the file's modification time is looked at no more often than this
@@ -77,11 +77,14 @@ class SecurityFile:
 
 
 def nameserver_access(
-    enabled: bool, security_file: str, super_users: list[str], failure_delay_ms: int
-) -> AccessControl:
+    enabled: bool, security_file: str, super_users: list[str], failure_delay_ms: int, audit: str = ""
+) -> tuple[AccessControl, logging.Handler | None]:
+    """The name server's access control, and the handler of its audit file (``audit``:
+    a path, or "" for none)."""
     if enabled and not security_file:
         raise ValueError("auth_enabled on a name server needs security_file (its users and ACLs)")
     source = SecurityFile(security_file)
-    return AccessControl(
+    access = AccessControl(
         "nameserver", enabled=enabled, state=source.current, super_users=super_users, failure_delay_ms=failure_delay_ms
     )
+    return access, (open_audit_log(audit, access.name) if audit else None)

@@ -65,6 +65,7 @@ class NameServerConfig:
     super_users: list[str] = field(default_factory=list)
     allow_anonymous: bool = False
     auth_failure_delay_ms: int = 1000
+    audit_log: str = ""  # JSON lines of denied requests, failed logins and admin actions; "": none
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:  # 0: any free port
@@ -114,8 +115,12 @@ class NameServer:
         self.routes = RouteTable(config.broker_expiry_ms)
         tls = config.tls_settings()
         self.tls_context = tls.server_context() if tls is not None else None
-        self.access = nameserver_access(
-            config.auth_enabled, config.security_file, config.super_users, config.auth_failure_delay_ms
+        self.access, self.audit_handler = nameserver_access(
+            config.auth_enabled,
+            config.security_file,
+            config.super_users,
+            config.auth_failure_delay_ms,
+            config.audit_log,
         )
         handlers: dict[int, Handler] = {
             RequestCode.REGISTER_BROKER: self._register,
@@ -215,6 +220,15 @@ async def serve(
 ) -> None:
     """Run a name server until cancelled or :meth:`NameServer.shutdown`."""
     ns = NameServer(config)
+    try:
+        await _serve(ns, config, task_status)
+    finally:
+        if ns.audit_handler is not None:
+            logging.getLogger("clmq.audit").removeHandler(ns.audit_handler)
+            ns.audit_handler.close()
+
+
+async def _serve(ns: NameServer, config: NameServerConfig, task_status: trio.TaskStatus[NameServer]) -> None:
     async with trio.open_nursery() as nursery:
         warn_if_anonymous("the name server", config.listen_host, config.auth_enabled)
         await nursery.start(ns.rpc.serve, config.listen_host, config.listen_port, nursery)

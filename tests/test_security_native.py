@@ -127,6 +127,8 @@ async def test_failed_logins_are_slow_alike_counted_logged_and_audited(
     cluster = Cluster(nursery, tmp_path)
     audit = tmp_path / "audit.log"
     addr = await start_secured(cluster, tmp_path, audit_log=str(audit))
+    other_audit = tmp_path / "other-audit.log"  # another server of this process: its file gets its own lines only
+    await cluster.start_broker("broker-b", audit_log=str(other_audit))
     access = cluster.brokers["broker-a"].handlers.ctx.security.access
     texts = []
     with caplog.at_level(logging.WARNING, logger="clmq.security"):
@@ -145,7 +147,9 @@ async def test_failed_logins_are_slow_alike_counted_logged_and_audited(
     assert texts[0] == texts[1] == "authentication failed"  # no hint which part was wrong
     assert access.stats.failed == 2
     assert sum("failed login from 127.0.0.1:" in r.getMessage() for r in caplog.records) == 2
+    assert other_audit.read_text() == ""
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert {x["server"] for x in lines} == {"broker broker-a"}
     assert [(x["event"], x["principal"]) for x in lines if x["event"] == "login_failed"] == [
         ("login_failed", "User:alice"),
         ("login_failed", "User:nobody"),
@@ -244,7 +248,13 @@ async def test_name_server_logins_and_acls_from_its_security_file(nursery: trio.
     save_security(path, state)
     ns = await nursery.start(
         serve_nameserver,
-        NameServerConfig(listen_port=0, auth_enabled=True, security_file=str(path), auth_failure_delay_ms=50),
+        NameServerConfig(
+            listen_port=0,
+            auth_enabled=True,
+            security_file=str(path),
+            auth_failure_delay_ms=50,
+            audit_log=str(tmp_path / "ns-audit.log"),
+        ),
     )
     register = {"broker_name": "b", "addr": "127.0.0.1:1", "topics": {"t": 1}}
     assert set(GOOD_NAMESERVER) == set(ns.rpc.handlers)
@@ -277,6 +287,9 @@ async def test_name_server_logins_and_acls_from_its_security_file(nursery: trio.
         await bad.aclose()
         from prometheus_client.exposition import generate_latest
 
+        audited = [json.loads(line) for line in (tmp_path / "ns-audit.log").read_text().splitlines()]
+        assert {"denied", "login_failed"} <= {x["event"] for x in audited}
+        assert {x["server"] for x in audited} == {"nameserver"}
         page = generate_latest(ns.metrics).decode()
         assert "clmq_login_failures_total 1.0" in page
         assert "clmq_requests_denied_total" in page and "clmq_requests_denied_total 0.0" not in page

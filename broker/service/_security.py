@@ -38,7 +38,7 @@ class BrokerSecurity:
         self._audit_handler: logging.Handler | None = None
         audit = config.audit_log or (str(directory / "audit.log") if config.auth_enabled else "-")
         if audit != "-":
-            self._audit_handler = open_audit_log(audit)
+            self._audit_handler = open_audit_log(audit, self.access.name)
 
     def check(self, peer: Peer, needs: Iterable[Need], what: str) -> None:
         """Raise NOT_AUTHORIZED unless ``peer`` may do all of ``needs`` (nothing with

@@ -44,10 +44,13 @@ ADMIN_OPERATIONS = frozenset(
 )
 
 
-def open_audit_log(path: str) -> logging.Handler:
-    """Send the audit lines to ``path`` (appended); the caller removes the handler at stop."""
+def open_audit_log(path: str, server: str) -> logging.Handler:
+    """Send ``server``'s audit lines to ``path`` (appended); the caller removes the
+    handler at stop. Several servers of one process (``clmq dev``, tests) each get their
+    own lines only."""
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.addFilter(lambda record: getattr(record, "clmq_server", None) == server)
     audit_log.addHandler(handler)
     audit_log.setLevel(logging.INFO)
     return handler
@@ -258,7 +261,7 @@ class AccessControl:
             "resource_type": rtype,
             "resource": name,
         }
-        audit_log.info(json.dumps(line, sort_keys=True))
+        audit_log.info(json.dumps(line, sort_keys=True), extra={"clmq_server": self.name})
 
 
 def is_loopback(host: str) -> bool:
