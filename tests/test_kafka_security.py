@@ -528,9 +528,13 @@ async def test_confluent_admin_client_creates_describes_and_deletes_acls(tmp_pat
                 AclOperation.ANY,
                 AclPermissionType.ANY,
             )
-            deleted = admin.delete_acls([alice_only], request_timeout=10)[alice_only].result()
-            assert set(deleted) == {bindings[0], bindings[1]}
-            assert admin.describe_acls(everything, request_timeout=10).result() == [bindings[2]]
+            # Two filters matching one binding (alice's on orders): each reports it, as in Kafka.
+            deleted = admin.delete_acls([alice_only, match_orders], request_timeout=10)
+            assert set(deleted[alice_only].result()) == {bindings[0], bindings[1]}
+            assert set(deleted[match_orders].result()) == {bindings[0], bindings[2]}
+            assert admin.describe_acls(everything, request_timeout=10).result() == []
+            for future in admin.create_acls([bindings[2]], request_timeout=10).values():
+                future.result()
             # alice may not change ACLs: CLUSTER_AUTHORIZATION_FAILED
             user = AdminClient({"bootstrap.servers": cluster.bootstrap, **sasl_conf("alice")})
             with pytest.raises(ck.KafkaException, match=r"CLUSTER_AUTHORIZATION_FAILED|[Aa]uthoriz"):

@@ -6,6 +6,7 @@ CreateAcls/DeleteAcls), copied by followers with the rest of the metadata, and t
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -28,6 +29,7 @@ class BrokerSecurity:
         self.state = load_security(self.path)  # MetadataError if no generation checks
         self._bump = bump  # followers copy the change (ReplicatedMetadata.bump)
         self._lock = trio.Lock()  # one change at a time (read, change, write, swap)
+        self._file_lock = threading.Lock()  # the file's writers: changes and copies, both in worker threads
         self.access = AccessControl(
             f"broker {config.broker_name}",
             enabled=config.auth_enabled,
@@ -60,10 +62,16 @@ class BrokerSecurity:
         async with self._lock:
             new = make(self.state)
             if new is not self.state:
-                await trio.to_thread.run_sync(save_security, self.path, new)
+                await trio.to_thread.run_sync(self._save, new)
                 self.state = new
                 self._bump()
             return new
+
+    def _save(self, state: SecurityState) -> None:
+        """Write the file (in a worker thread): one writer at a time, whether a change
+        on the leader or a copy from it (a broker stepping down may do both at once)."""
+        with self._file_lock:
+            save_security(self.path, state)
 
     # ------------------------------------------------------------ replication
     def snapshot(self) -> dict[str, Any]:
@@ -73,6 +81,6 @@ class BrokerSecurity:
         """A follower makes the leader's state its own (runs in a worker thread)."""
         new = SecurityState.from_json(value)
         if new.to_json() != self.state.to_json():
-            save_security(self.path, new)
+            self._save(new)
             self.state = new
             log.info("users and ACLs copied from the leader (version %d)", new.version)

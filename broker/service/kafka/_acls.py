@@ -137,10 +137,14 @@ class KafkaAcls:
         gone: list[list[AclBinding]] = [[] for _p in parsed]
 
         def make(state: SecurityState) -> SecurityState:
+            # Each filter reports every binding it matches (as Kafka does), though an
+            # earlier filter of the request removes it too.
             for i, p in enumerate(parsed):
                 if isinstance(p, AclFilter):
-                    state, removed = state.without_acls(p)
-                    gone[i] = removed
+                    gone[i] = [b for b in state.acls if p.matches(b)]
+            for p in parsed:
+                if isinstance(p, AclFilter):
+                    state, _removed = state.without_acls(p)
             return state
 
         await self.ctx.security.change(make)
