@@ -564,3 +564,34 @@ def test_secrets_stay_out_of_reprs_and_written_settings(tmp_path: Path) -> None:
     c = BrokerConfig(broker_user="b", broker_password="PW-SECRET", zk_auth="u:ZK-SECRET", data_dir=str(tmp_path))
     for text in (repr(c), settings_toml(c)):
         assert "PW-SECRET" not in text and "ZK-SECRET" not in text
+
+
+async def test_creating_topics_needs_create_on_the_topic_or_the_cluster_even_by_producing(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    cluster = Cluster(nursery, tmp_path)
+    acls = [
+        ["TOPIC", "fresh", "LITERAL", "User:alice", "*", "WRITE", "ALLOW"],
+        ["GROUP", "g", "LITERAL", "User:alice", "*", "DESCRIBE", "ALLOW"],
+    ]
+    addr = await seeded_with(cluster, tmp_path, acls, auto_create_topics=True)
+    broker = cluster.brokers["broker-a"]
+    body = encode_batch([Message("fresh", 0, b"x")])
+    async with trio.open_nursery() as n:
+        admin, alice = RpcClient(n), RpcClient(n)
+        assert (await login(admin, addr, *ADMIN)).error_code == 0
+        assert (await login(alice, addr, *ALICE)).error_code == 0
+        made = await alice.request(addr, RequestCode.SEND_MESSAGE, {"topic": "fresh"}, body, check=False)
+        assert made.error_code == ErrorCode.NOT_AUTHORIZED and "CREATE" in made.error_text, made
+        assert broker.store.topics.queue_count("fresh") is None
+        asked = {"group": "g", "queues": [["secret", 0]]}
+        bounds = await alice.request(addr, RequestCode.QUERY_QUEUE_OFFSETS, asked, check=False)
+        assert bounds.error_code == ErrorCode.NOT_AUTHORIZED and "'secret'" in bounds.error_text, bounds
+        grant = [["CLUSTER", "kafka-cluster", "LITERAL", "User:alice", "*", "CREATE", "ALLOW"]]
+        await admin.request(addr, RequestCode.ACL_CREATE, {"acls": grant})
+        made = await alice.request(addr, RequestCode.SEND_MESSAGE, {"topic": "fresh"}, body)
+        assert made.fields["queue_offsets"] == [0]
+        created = await alice.request(addr, RequestCode.CREATE_TOPIC, {"topic": "another", "queue_count": 1})
+        assert created.fields["queue_count"] == 1
+        await admin.aclose()
+        await alice.aclose()

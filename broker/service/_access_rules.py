@@ -53,6 +53,14 @@ def _commit(fields: dict[str, Any]) -> Iterable[Need]:
         yield (READ, TOPIC, t)
 
 
+def _queue_offsets(fields: dict[str, Any]) -> Iterable[Need]:
+    """The group's commits and each queue's bounds: DESCRIBE on the group and the topics."""
+    yield (DESCRIBE, GROUP, fields["group"])
+    topics = {row[0] for row in fields["queues"] if isinstance(row, list) and row and isinstance(row[0], str)}
+    for t in sorted(topics):
+        yield (DESCRIBE, TOPIC, t)
+
+
 def _heartbeat(fields: dict[str, Any]) -> Iterable[Need]:
     groups = fields["groups"]
     return [(READ, GROUP, g["group"]) for g in groups if isinstance(g, dict) and isinstance(g.get("group"), str)]
@@ -75,7 +83,7 @@ BROKER_RULES: dict[int, Rule] = {
     RequestCode.SEARCH_OFFSET: _topic(DESCRIBE),
     RequestCode.COMMIT_OFFSET: _commit,  # also how offsets are reset: Kafka's rule (READ on the group)
     RequestCode.QUERY_CONSUMER_OFFSET: _group(DESCRIBE),
-    RequestCode.QUERY_QUEUE_OFFSETS: _group(DESCRIBE),
+    RequestCode.QUERY_QUEUE_OFFSETS: _queue_offsets,
     RequestCode.HEARTBEAT: _heartbeat,
     RequestCode.UNREGISTER_CLIENT: OPEN,  # READ on each group the client is in: checked by the handler
     RequestCode.GET_GROUP_MEMBERS: _group(DESCRIBE),

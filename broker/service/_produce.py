@@ -11,6 +11,7 @@ import trio
 from clmq.broker.store import PutStatus
 from clmq.common import TIMER_TOPIC
 from clmq.protocol import BatchError, ErrorCode, Frame, decode_batch
+from clmq.protocol.auth import Operation, ResourceType
 from clmq.protocol.transport import Later, Peer, Reply, RequestError, need
 
 from ._append import BusyError, PendingPut
@@ -61,6 +62,9 @@ class Produce:
             return refused
         if topic == TIMER_TOPIC:  # scheduled messages: checked before the timer trusts them
             await self.scheduled.check_send(frame.body, peer)
+        elif self.ctx.config.auto_create_topics and self.store.topics.queue_count(topic) is None:
+            # the store would create it: a creation, which needs CREATE (on the topic or the cluster)
+            self.ctx.security.check(peer, [(Operation.CREATE, ResourceType.TOPIC, topic)], "SEND_MESSAGE (auto-create)")
         if dedup:
             found = await self._stored_before(topic, frame.body, peer)
             if found is not None:

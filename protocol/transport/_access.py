@@ -122,7 +122,10 @@ class AccessControl:
         principal = self.principal(peer) or "User:ANONYMOUS"
         authorizer = self.authorizer()
         for op, rtype, name in needs:
-            if not authorizer.allowed(principal, peer.host, *group_owned(op, rtype, name)):
+            if not authorizer.allowed(principal, peer.host, *group_owned(op, rtype, name)) and not (
+                (op, rtype) == (Operation.CREATE, ResourceType.TOPIC)  # Kafka's rule: CREATE on the
+                and authorizer.allowed(principal, peer.host, op, ResourceType.CLUSTER, CLUSTER_NAME)  # cluster too
+            ):
                 self.stats.denied += 1
                 text = f"{principal} may not {op.name} {rtype.name.lower()} {name!r}"
                 self.audit("denied", peer, principal, what, op.name, rtype.name, name)
