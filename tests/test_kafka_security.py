@@ -846,11 +846,12 @@ async def test_commits_forwarded_to_another_broker_group_are_decided_there_for_t
                     break
             offsets = [ck.TopicPartition("wide", p, 7) for p in range(4)]
             try:
-                while True:  # until the coordinator's view of the cluster (refreshed every second) has the topic
+                while True:  # until the client found the coordinator, and its view of the cluster has the topic
                     try:
                         return list(consumer.commit(offsets=offsets, asynchronous=False))
                     except ck.KafkaException as e:
-                        if e.args[0].code() != ck.KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                        waiting = (ck.KafkaError.UNKNOWN_TOPIC_OR_PART, ck.KafkaError._WAIT_COORD)  # looking it up
+                        if e.args[0].code() not in waiting or time.monotonic() > deadline:
                             return [e.args[0]]
             finally:
                 consumer.close()

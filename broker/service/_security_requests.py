@@ -43,6 +43,8 @@ def acl_filter(cells: Any) -> AclFilter:
 
 
 class SecurityRequests:
+    """The USER_* and ACL_* handlers over a broker's :class:`BrokerSecurity`."""
+
     def __init__(self, ctx: BrokerContext, security: BrokerSecurity) -> None:
         self.ctx = ctx
         self.security = security

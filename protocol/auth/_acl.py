@@ -85,6 +85,7 @@ def _enum(kind: type[enum.IntEnum], value: Any) -> Any:
 
 
 def check_principal(principal: str) -> str:
+    """``principal`` if it is ``User:<name>`` (or ``User:*``); ValueError otherwise."""
     kind, sep, name = principal.partition(":")
     if not sep or kind != "User" or not name:
         raise ValueError(f"a principal must be 'User:<name>' (or 'User:*'), got {principal!r}")
@@ -169,6 +170,7 @@ class AclFilter:
     permission: Permission = Permission.ANY
 
     def matches(self, b: AclBinding) -> bool:
+        """Whether this filter selects binding ``b``."""
         if self.resource_type is not ResourceType.ANY and b.resource_type is not self.resource_type:
             return False
         if not self._name_matches(b):
@@ -203,6 +205,8 @@ class Authorizer:
         self._cache: dict[tuple[str, str, Operation, ResourceType, str], bool] = {}
 
     def allowed(self, principal: str, host: str, operation: Operation, rtype: ResourceType, name: str) -> bool:
+        """Whether ``principal`` connecting from ``host`` may do ``operation`` on the
+        resource ``rtype``/``name``: a super user, or an ALLOW and no DENY matching."""
         key = (principal, host, operation, rtype, name)
         found = self._cache.get(key)
         if found is None:
@@ -226,6 +230,3 @@ class Authorizer:
                     return False
                 allow = True
         return allow
-
-    def describable(self, principal: str, host: str, rtype: ResourceType, name: str) -> bool:
-        return self.allowed(principal, host, Operation.DESCRIBE, rtype, name)

@@ -19,6 +19,7 @@ USER_NAME = re.compile(r"[A-Za-z0-9._@-]{1,128}")  # no ':' (principals), no ','
 
 
 def check_user_name(name: str) -> str:
+    """``name`` if it can name a user (in principals and SCRAM messages); ValueError otherwise."""
     if not isinstance(name, str) or not USER_NAME.fullmatch(name):
         raise ValueError(f"a user name is 1..128 of letters, digits and . _ @ -, got {name!r:.60}")
     return name

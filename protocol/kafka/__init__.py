@@ -15,7 +15,7 @@ listener feeds :class:`KafkaRequestReader` the bytes it reads and writes the byt
   (both :class:`clmq.common.ProtocolError`); encoding raises :class:`KafkaEncodeError`.
 """
 
-from ._apis import SUPPORTED_VERSIONS, ApiKey, ErrorCode
+from ._apis import SUPPORTED_VERSIONS, ApiKey, ErrorCode, api_name
 from ._codec import (
     MessageCodec,
     codec,
@@ -80,6 +80,7 @@ __all__ = [
     "RecordBatch",
     "RecordsError",
     "UnsupportedRequest",
+    "api_name",
     "api_versions_keys",
     "batch_header_info",
     "build_batch",

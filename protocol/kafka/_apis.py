@@ -50,6 +50,14 @@ class ApiKey(IntEnum):
     DESCRIBE_PRODUCERS = 61
 
 
+def api_name(key: int) -> str:
+    """An API's name (``PRODUCE``), or its number for a key this codec does not know."""
+    try:
+        return ApiKey(key).name
+    except ValueError:
+        return str(key)
+
+
 _LOWEST: dict[ApiKey, int] = {ApiKey.PRODUCE: 3, ApiKey.FETCH: 4}  # record batch v2 only
 
 

@@ -8,6 +8,7 @@ this one) and the services built on it (broker, name server, clients).
 """
 
 from ._access import (
+    ADMIN_OPERATIONS,
     OPEN,
     AccessControl,
     LoginStats,
@@ -32,6 +33,7 @@ from ._tls import TlsSettings, TlsSettingsError, peer_identity, tls_settings, tl
 from ._tls_stream import TlsHandshakes, close_stream, describe_tls_error
 
 __all__ = [
+    "ADMIN_OPERATIONS",
     "LATENCY_BUCKETS_S",
     "OPEN",
     "AccessControl",

@@ -39,9 +39,8 @@ from ._handler import Handler, Later, Peer, Reply
 log = logging.getLogger("clmq.security")
 audit_log = logging.getLogger("clmq.audit")
 audit_log.propagate = False  # audit lines go only to the audit file a server opens (open_audit_log)
-ADMIN_OPERATIONS = frozenset(
-    {Operation.CREATE, Operation.DELETE, Operation.ALTER, Operation.ALTER_CONFIGS, Operation.CLUSTER_ACTION}
-)
+ADMIN_OPERATIONS = frozenset({Operation.CREATE, Operation.DELETE, Operation.ALTER, Operation.ALTER_CONFIGS})
+"""Operations whose allowed requests are written to the audit log (administrative actions)."""
 
 
 def open_audit_log(path: str, server: str) -> logging.Handler:
@@ -110,6 +109,10 @@ class AccessControl:
             self._authorizer = cached = (state, state.authorizer(self.super_users))
         return cached[1]
 
+    def state(self) -> SecurityState:
+        """The users and ACLs decided by now."""
+        return self._state()
+
     def principal(self, peer: Peer) -> str | None:
         """The peer's principal: a finished login, else a verified client certificate's user."""
         s = peer.session
@@ -155,7 +158,7 @@ class AccessControl:
                 if refused is not None:
                     return refused
                 for op, rtype, name in needs:
-                    if op in ADMIN_OPERATIONS and op is not Operation.CLUSTER_ACTION:
+                    if op in ADMIN_OPERATIONS:
                         self.audit("admin", asker, asker.session.principal or "", what, op.name, rtype.name, name)
             return await handler(frame, peer)
 
@@ -268,6 +271,8 @@ class AccessControl:
 
 
 def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is reachable from this machine only;
+    a host name other than ``localhost`` is assumed reachable from elsewhere."""
     if host in ("localhost", ""):
         return host == "localhost"
     try:

@@ -33,7 +33,7 @@ def metrics_login(access: AccessControl, bind_host: str) -> Login | None:
     None where none is asked for (:func:`metrics_login_required`)."""
     if not metrics_login_required(bind_host, access.enabled):
         return None
-    state = access._state  # the service's users (the broker's replicated state, the name server's file)
+    state = access.state  # the service's users (the broker's replicated state, the name server's file)
 
     async def login(user: str, password: str, host: str) -> bool:
         # The password is salted as its credential says (PBKDF2): off the event loop.

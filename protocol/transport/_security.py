@@ -29,8 +29,3 @@ class ClientSecurity:
             raise ValueError(f"mechanism {self.mechanism!r}: must be one of {', '.join(MECHANISMS)}")
         if self.password and not self.user:
             raise ValueError("a password without a user: set user too")
-
-    @property
-    def plain(self) -> bool:
-        """Neither TLS nor a login: a connection as without security."""
-        return self.tls is None and not self.user

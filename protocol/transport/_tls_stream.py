@@ -38,6 +38,7 @@ def socket_of(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
 
 
 def peer_of(stream: trio.abc.Stream) -> tuple[str, int]:
+    """The peer's (host, port) of a socket stream, TLS or not; ("0.0.0.0", 0) if unknown."""
     sock = socket_of(stream)
     try:
         host, port = sock.getpeername()[:2] if sock is not None else ("0.0.0.0", 0)

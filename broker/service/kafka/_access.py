@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Awaitable, Callable
 
-from clmq.protocol.kafka import ApiKey, KafkaRequest
+from clmq.protocol.kafka import ApiKey, KafkaRequest, api_name
 from clmq.protocol.transport import AccessControl
 
 from . import _access_groups, _access_topics
@@ -153,13 +153,6 @@ def guard_all(
     if not access.enabled:
         return dict(handlers)
     return {
-        key: guard(h, KAFKA_RULES[key], access, _api_name(key), topic_name, denials, prepare if key in BY_ID else None)
+        key: guard(h, KAFKA_RULES[key], access, api_name(key), topic_name, denials, prepare if key in BY_ID else None)
         for key, h in handlers.items()
     }
-
-
-def _api_name(key: int) -> str:
-    try:
-        return ApiKey(key).name
-    except ValueError:
-        return str(key)

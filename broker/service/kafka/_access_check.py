@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 from clmq.protocol.auth import CLUSTER_NAME, WILDCARD, Operation, PatternType, Permission, ResourceType
 from clmq.protocol.kafka import ErrorCode, KafkaRequest
-from clmq.protocol.transport import AccessControl
+from clmq.protocol.transport import ADMIN_OPERATIONS, AccessControl
 from clmq.protocol.transport import Peer as SessionPeer
 
 log = logging.getLogger("clmq.broker.kafka")
@@ -26,7 +26,6 @@ TOPIC_DENIED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 GROUP_DENIED = ErrorCode.GROUP_AUTHORIZATION_FAILED
 CLUSTER_DENIED = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 TXN_DENIED = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-ADMIN_OPERATIONS = frozenset({CREATE, DELETE, ALTER, Operation.ALTER_CONFIGS})
 NO_AUTHORIZED_OPERATIONS = -(2**31)
 RESOURCE_TOPIC, RESOURCE_BROKER = 2, 4  # DescribeConfigs' resource types
 ZERO_UUID = uuid.UUID(int=0)

@@ -9,17 +9,10 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from clmq.protocol.kafka import ApiKey
+from clmq.protocol.kafka import api_name
 
 if TYPE_CHECKING:
     from ._service import KafkaService
-
-
-def _api_name(key: int) -> str:
-    try:
-        return ApiKey(key).name.lower()
-    except ValueError:
-        return str(key)
 
 
 class KafkaCollector:
@@ -65,7 +58,7 @@ class KafkaCollector:
             "clmq_kafka_request_duration_seconds", "From reading a Kafka request to its answer ready", labels=["api"]
         )
         for key, st, cumulative in self.service.listener.stats.histogram_rows():
-            name = _api_name(key)
+            name = api_name(key).lower()
             total.add_metric([name], st.requests)
             failed.add_metric([name], st.errors)
             latency.add_metric([name], cumulative, st.seconds_sum)

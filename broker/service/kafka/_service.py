@@ -9,7 +9,7 @@ from typing import Any, Callable
 import trio
 
 from clmq.common import PROP_KAFKA_PRODUCER
-from clmq.protocol.kafka import ApiKey, ErrorCode, KafkaRequest
+from clmq.protocol.kafka import ApiKey, ErrorCode, KafkaRequest, api_name
 from clmq.protocol.transport import RpcClient
 
 from .._context import BrokerContext
@@ -162,7 +162,7 @@ class KafkaService:
         """The request's handler; :class:`Refused` (the connection is closed) for any API but
         ApiVersions and the SASL ones before a login, with authentication on (Kafka's rule)."""
         if req.api_key not in BEFORE_LOGIN and not self.sasl.logged_in(peer):
-            raise Refused(f"API {_api_name(req.api_key)} before a SASL login (this broker has auth_enabled)")
+            raise Refused(f"API {api_name(req.api_key)} before a SASL login (this broker has auth_enabled)")
         return self._table.get(req.api_key)
 
     @property
@@ -236,13 +236,6 @@ class KafkaService:
                     rows.append((parsed[2], parsed[3], r.queue_offset))
             offset = got.next_offset
         return (epoch, rows) if rows else None
-
-
-def _api_name(key: int) -> str:
-    try:
-        return ApiKey(key).name
-    except ValueError:
-        return str(key)
 
 
 def _now(fn: Callable[[KafkaRequest], dict[str, Any]]) -> Callable[[KafkaRequest, Peer], Any]:
