@@ -62,7 +62,6 @@ class Handlers:
         queues = QueueRequests(self.ctx, self.readers)
         groups = GroupRequests(self.ctx, self.locks)
         topics = TopicRequests(self.ctx, self.readers)
-        security = SecurityRequests(self.ctx, self.ctx.security)
         handlers: dict[int, Handler] = {
             RequestCode.SEND_MESSAGE: self.produce.send_message,
             RequestCode.PULL_MESSAGE: queues.pull_message,
@@ -90,12 +89,7 @@ class Handlers:
             RequestCode.BROKER_INFO: self.broker_info,
             RequestCode.GET_LOG_LAYOUT: log_reads.layout,
             RequestCode.READ_LOG: log_reads.read_log,
-            RequestCode.USER_UPSERT: security.user_upsert,
-            RequestCode.USER_DELETE: security.user_delete,
-            RequestCode.USER_LIST: security.user_list,
-            RequestCode.ACL_CREATE: security.acl_create,
-            RequestCode.ACL_DESCRIBE: security.acl_describe,
-            RequestCode.ACL_DELETE: security.acl_delete,
+            **SecurityRequests(self.ctx, self.ctx.security).handlers(),
             **more,
         }
         access = self.ctx.security.access

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clmq.protocol import ErrorCode, Frame
+from clmq.protocol import ErrorCode, Frame, RequestCode
 from clmq.protocol.auth import (
     AclBinding,
     AclFilter,
@@ -17,7 +17,7 @@ from clmq.protocol.auth import (
     SecurityState,
     check_user_name,
 )
-from clmq.protocol.transport import Peer, Reply, RequestError, need
+from clmq.protocol.transport import Handler, Peer, Reply, RequestError, need
 
 from ._context import BrokerContext
 from ._security import BrokerSecurity
@@ -48,6 +48,17 @@ class SecurityRequests:
     def __init__(self, ctx: BrokerContext, security: BrokerSecurity) -> None:
         self.ctx = ctx
         self.security = security
+
+    def handlers(self) -> dict[int, Handler]:
+        """Request code -> handler, for the broker's table."""
+        return {
+            RequestCode.USER_UPSERT: self.user_upsert,
+            RequestCode.USER_DELETE: self.user_delete,
+            RequestCode.USER_LIST: self.user_list,
+            RequestCode.ACL_CREATE: self.acl_create,
+            RequestCode.ACL_DESCRIBE: self.acl_describe,
+            RequestCode.ACL_DELETE: self.acl_delete,
+        }
 
     async def _change(self, make: Any) -> SecurityState:
         self.ctx.replica.check_writable()  # NOT_LEADER on a follower: changes go to the leader
