@@ -35,7 +35,7 @@ from ._errors import RequestError
 from ._handler import Handler, Later, Peer, Reply, Session
 from ._intake import Intake
 from ._limits import ByteBudget, ServerLimits
-from ._spans import send_spans
+from ._spans import read_spans, send_spans
 from ._stats import RequestStats
 from ._tls_stream import peer_of
 
@@ -69,6 +69,8 @@ def _nothing() -> None:
     pass
 
 
+TLS_RECORD_BYTES = 16 * 1024  # the most plaintext one TLS record carries
+MAX_JOINED_PIECES = 4096  # TLS: a run of replies and stored bytes is written once it has this many pieces
 _PREFIX = struct.Struct("<II")  # protocol._frame's prefix: frame length, header length
 
 
@@ -120,6 +122,9 @@ class Outbox:
 
     def __init__(self, stream: trio.abc.Stream, limit_bytes: int, stats: WriteStats, say: Callable[..., None]) -> None:
         self.stream = stream
+        # A socket stream sends stored bytes with sendfile; a TLS stream reads them and
+        # writes them encrypted, joined with the replies around them.
+        self._sendfile = getattr(stream, "socket", None) is not None
         self.limit_bytes = limit_bytes  # max_connection_send_buffer_bytes
         self.stats = stats
         self._say = say
@@ -174,11 +179,13 @@ class Outbox:
             for out in items:
                 chunk.append(out.data)
                 replies += 1
-                if out.spans:
+                if out.spans and self._sendfile:
                     await self._send(chunk)
                     await send_spans(self.stream, out.spans)
                     self.stats.writes += 1
-                if out.spans or out.close_text is not None:
+                elif out.spans:  # TLS: the stored bytes join the replies around them, in one write
+                    chunk.extend(await read_spans(out.spans))
+                if (out.spans and self._sendfile) or out.close_text is not None or len(chunk) > MAX_JOINED_PIECES:
                     await self._send(chunk)
                     self.stats.replies, replies = self.stats.replies + replies, 0
                 if out.close_text is not None:
@@ -285,6 +292,9 @@ class ServerConnection:
                 self.intake.settle()
 
     async def _tls_receive_some(self, n: int) -> bytes:
+        if self._peeked:  # taken by _readable and not all read yet: those bytes come first
+            data, self._peeked = self._peeked[:n], self._peeked[n:]
+            return data
         return bytes(await self.stream.receive_some(n))  # an SSLStream gives a bytearray
 
     async def _receive(self, n: int) -> bytes | None:
@@ -296,11 +306,11 @@ class ServerConnection:
             return None
 
     async def _take_peeked(self, n: int) -> bytes:
-        """The byte taken by :meth:`_readable` through TLS, and what else is decrypted
-        already (without waiting: a TLS record is decrypted whole)."""
-        data, self._peeked = self._peeked, b""
-        if data and n > len(data) and self.stream.pending():  # type: ignore[attr-defined]
-            data += await self._receive_some(n - len(data))
+        """Up to ``n`` of the bytes taken by :meth:`_readable` through TLS (the rest are
+        kept for the next read), and what else is decrypted already (without waiting)."""
+        data = await self._tls_receive_some(n)
+        if data and n > len(data) and not self._peeked and self.stream.pending():  # type: ignore[attr-defined]
+            data += await self._tls_receive_some(n - len(data))
         return data
 
     async def _readable(self) -> bool:
@@ -308,10 +318,12 @@ class ServerConnection:
             await trio.lowlevel.wait_readable(self.stream.socket)  # type: ignore[attr-defined]
             return True
         # TLS: the socket may be silent while decrypted bytes wait in the SSL object
-        # (several records came in one read). A byte is taken to wait for a record; a
-        # connection holds at most one record (16 KiB) outside the byte budget.
+        # (several records came in one read). A record is taken to wait for one: it is
+        # decrypted whole anyway, so a connection holds at most one record (16 KiB)
+        # outside the byte budget, whether one byte of it is taken or all (all: one
+        # call of the SSL stream per record instead of two).
         if not self._peeked and not self._eof and not self.stream.pending():  # type: ignore[attr-defined]
-            self._peeked = bytes(await self.stream.receive_some(1))
+            self._peeked = bytes(await self.stream.receive_some(TLS_RECORD_BYTES))
             self._eof = not self._peeked
         return True
 

@@ -20,7 +20,7 @@ import trio
 from clmq.commitlog import pages_missing, read_exactly
 
 # What send_spans did, process-wide (tests and the broker's counters read them).
-SPAN_COUNTERS: dict[str, int] = {"sendfile_spans": 0, "thread_read_spans": 0, "data_spans": 0}
+SPAN_COUNTERS: dict[str, int] = {"sendfile_spans": 0, "thread_read_spans": 0, "inline_read_spans": 0, "data_spans": 0}
 
 
 async def send_spans(stream: trio.abc.SendStream, spans: list[Any]) -> None:
@@ -59,3 +59,42 @@ async def _sendfile(sock: trio.socket.SocketType, fd: int, path: str, position: 
         if n == 0:
             raise OSError(f"{path} ended at {position + sent} while sending (truncated underneath?)")
         sent += n
+
+
+async def read_spans(spans: list[Any]) -> list[bytes]:
+    """The bytes of ``spans``, for a stream that cannot take ``sendfile`` (TLS): a span
+    whose pages are cached is read at once (a copy from memory, as cheap as the thread
+    hop it saves), the others all together in one worker thread (the disk is never read
+    on the event loop). The caller joins them into as few TLS writes as it can: one
+    write per span would cost a record, a Python call and a thread hop each."""
+    out: list[bytes] = []
+    cold: list[tuple[int, Any]] = []
+    fds: dict[str, int] = {}
+    try:
+        for span in spans:
+            if span.data is not None:
+                SPAN_COUNTERS["data_spans"] += 1
+                out.append(span.data)
+                continue
+            fd = fds.get(span.path)
+            if fd is None:
+                fd = fds[span.path] = os.open(span.path, os.O_RDONLY)
+            if getattr(span, "resident", False) or pages_missing(fd, span.position, span.length) is False:
+                SPAN_COUNTERS["inline_read_spans"] += 1
+                out.append(read_exactly(fd, span.position, span.length, span.path))
+            else:
+                cold.append((len(out), span))
+                out.append(b"")
+        if cold:
+            SPAN_COUNTERS["thread_read_spans"] += len(cold)
+            datas = await trio.to_thread.run_sync(_read_cold, fds, [span for _i, span in cold])
+            for (i, _span), data in zip(cold, datas):
+                out[i] = data
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return out
+
+
+def _read_cold(fds: dict[str, int], spans: list[Any]) -> list[bytes]:
+    return [read_exactly(fds[s.path], s.position, s.length, s.path) for s in spans]
