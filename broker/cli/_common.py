@@ -100,9 +100,15 @@ def security_env(args: argparse.Namespace) -> Iterator[None]:
         if var not in os.environ:
             raise CliError(f"--password-env {var}: the environment variable {var} is not set", EXIT_USAGE)
         values["CLMQ_PASSWORD"] = os.environ[var]
-    given = {k: str(v) for k, v in values.items() if v}
-    saved = {k: os.environ.get(k) for k in given}
-    os.environ.update(given)
+    with environment({k: str(v) for k, v in values.items() if v}):
+        yield
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` set in the process's environment while the block runs, then restored."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -15,6 +14,7 @@ from clmq.broker.service import BrokerConfig
 from clmq.devtools import DevCerts, make_dev_certs
 from clmq.nameserver import NameServerConfig
 
+from ._common import environment
 from ._output import console
 
 
@@ -60,17 +60,8 @@ def dev_client_env(certs: DevCerts | None) -> Iterator[None]:
     if certs is None:
         yield
         return
-    env = client_env(certs)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with environment(client_env(certs)):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def tls_ready(certs: DevCerts, kafka: str) -> dict[str, Any]:
