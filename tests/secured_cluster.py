@@ -152,3 +152,11 @@ async def _fill(s: Secured, messages: dict[str, list[bytes]]) -> None:
             for topic, bodies in messages.items():
                 for body in bodies:
                     await producer.send(topic, body)
+        # Log readers (Spark) see what is durable and dispatched: wait for both, or a
+        # read right after this would see a snapshot without the messages.
+        store = next(iter(s.cluster.brokers.values())).store
+
+        def readable() -> bool:
+            return store.durable_offset >= store.end_offset and store.dispatch_lag_bytes == 0
+
+        await await_until(readable, 10, "the messages durable and dispatched")
