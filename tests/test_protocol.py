@@ -227,6 +227,9 @@ def test_a_field_of_another_type_is_malformed_naming_it(entry: tuple, data: st.D
     if not spec:
         return
     name = data.draw(st.sampled_from(sorted(spec)))
-    bad = data.draw(st.sampled_from([1.5, b"raw", {"x": [1]}, -1, 2**64 - 1]))  # wrong for every field
+    wrong = [1.5, {"x": [1]}, -1, 2**64 - 1]  # wrong for every field
+    if (code, name) not in {(RequestCode.AUTHENTICATE, "data")}:
+        wrong.append(b"raw")  # bytes are right only where the field is bytes
+    bad = data.draw(st.sampled_from(wrong))
     why = request_error(code, {name: bad})
     assert why is not None and (repr(name) in why or "is missing" in why)
