@@ -68,6 +68,25 @@ def timer_tag_code(raw: bytes) -> int:
     return int(raw) if raw.isdigit() and len(raw) <= 15 else 0
 
 
+# Transactional messages (RocketMQ's model, docs/transactions.md). A half message is
+# stored in %TRANS_HALF% (one queue) with its real topic, queue and tags as REAL_*
+# properties and its producer group as TRAN_GROUP; nothing consumes it. Ending it writes
+# an op record to %TRANS_OP%: queue 0 commit, 1 rollback, 2 a check asked; the op's tags
+# hold the half message's commit-log offset as digits (the dispatcher stores that number
+# as the entry's tag code, as for %TIMER%), so the pending set is rebuilt from 20-byte
+# entries. A commit appends the real message, carrying TRAN_HALF, in the same store call
+# as its op record.
+TRANS_HALF_TOPIC: Final = "%TRANS_HALF%"
+TRANS_OP_TOPIC: Final = "%TRANS_OP%"
+TRANS_OP_COMMIT: Final = 0  # %TRANS_OP% queue ids
+TRANS_OP_ROLLBACK: Final = 1
+TRANS_OP_CHECK: Final = 2
+PROP_TRAN_GROUP: Final = "TRAN_GROUP"  # on a half message: the producer group that checks it
+PROP_TRAN_HALF: Final = "TRAN_HALF"  # on a committed message: its half message's commit-log offset
+# Message traces (docs/traces.md): trace events recorded by clients and brokers.
+TRACE_TOPIC: Final = "%TRACE%"
+
+
 # Messages produced through the Kafka listener (docs/kafka.md): what a clmq record has
 # no field of its own for travels in properties under this prefix, which Kafka
 # consumers never see as headers. A Kafka key that is UTF-8 text is the record's

@@ -27,6 +27,7 @@ from clmq.common import (
     OFF_QUEUE_ID,
     OFF_TOPIC_LEN,
     TIMER_TOPIC,
+    TRANS_OP_TOPIC,
     gather_fields,
     gather_strings,
     timer_tag_code,
@@ -38,7 +39,9 @@ from ._set import Arrivals, ConsumeQueueSet
 
 log = logging.getLogger("clmq.dispatch")
 
-_TIMER_RAW = TIMER_TOPIC.encode()
+# Topics whose tags hold a number that is the entry's tag code: %TIMER% (due time),
+# %TRANS_OP% (the half message's commit-log offset).
+_NUMBERED = (TIMER_TOPIC.encode(), TRANS_OP_TOPIC.encode())
 _FIELDS = ["total_size", "commitlog_offset", "queue_offset", "queue_id", "topic_len", "tags_len"]
 SMALL_ROUND = 48  # rounds of at most this many records are parsed without numpy
 _SMALL_HEAD = struct.Struct("<I8xQQI")  # total size, (magic, crc), commit-log offset, queue offset, queue id
@@ -133,8 +136,8 @@ class Dispatcher:
         entries["offset"] = heads["commitlog_offset"]
         entries["size"] = heads["total_size"]
         topic_ids = np.array([self._topic_id(t) for t in topics], dtype=np.uint64)[topic_idx]
-        if _TIMER_RAW in topics:  # scheduled messages: the tag code is the delivery time
-            timer = topic_ids == self._topic_id(_TIMER_RAW)
+        if any(t in topics for t in _NUMBERED):  # e.g. scheduled messages: the tag code is the delivery time
+            timer = np.isin(topic_ids, [self._topic_id(t) for t in _NUMBERED])
             hashed = np.zeros(len(tags), dtype=bool)  # a due time (one per ms) is neither hashed nor cached
             hashed[tag_idx[~timer]] = True
             codes_of = [self._tag_code(t) if h else 0 for t, h in zip(tags, hashed.tolist())]
@@ -156,7 +159,7 @@ class Dispatcher:
             topic, tag = bytes(data[t : t + tl]), bytes(data[t + tl : t + tl + gl])
             codes.append(self._topic_id(topic) << 32 | qid)
             qoffs.append(q_off)
-            rows.append((cl_off, size, timer_tag_code(tag) if topic == _TIMER_RAW else self._tag_code(tag)))
+            rows.append((cl_off, size, timer_tag_code(tag) if topic in _NUMBERED else self._tag_code(tag)))
         return (np.array(codes, dtype=np.uint64), np.array(qoffs, dtype=np.int64), np.array(rows, dtype=ENTRY_DTYPE))
 
     def _tag_code(self, raw: bytes) -> int:

@@ -105,6 +105,37 @@ CANCEL_MESSAGE         commitlog_offset (a scheduled message's id names it)
                        -> state ("cancelled" | "already_cancelled" | "too_late":
                        delivered or due within timer_cancel_margin_ms), deliver_at_ms.
                        NOT_FOUND: no scheduled message there
+END_TRANSACTION        group, commitlog_offset (the half message's: its msg id names
+                       it), action ("commit" | "rollback"), from_check (bool,
+                       optional: the answer to a CHECK_TRANSACTIONS) -> state
+                       ("committed" | "rolled_back" | "already_committed" |
+                       "already_rolled_back"), and once committed: msg_id,
+                       queue_id, queue_offset of the message in its real queue.
+                       Transactional (half) messages: a batch to topic
+                       ``%TRANS_HALF%`` whose every message carries REAL_TOPIC,
+                       REAL_QID, REAL_TAGS and TRAN_GROUP properties; stored, never
+                       visible until committed (docs/transactions.md). NOT_FOUND:
+                       no pending or ended half message of that group there;
+                       NOT_LEADER on a follower
+CHECK_TRANSACTIONS     group, client_id, max_messages (optional), max_wait_ms
+                       (optional) -> checks: [[commitlog_offset, check_count], ...]
+                       (long-polled: the half messages of the group older than
+                       transaction_timeout_ms that the broker asks this live
+                       producer about); body: those half records, in order. The
+                       producer answers each with END_TRANSACTION (from_check);
+                       one it leaves unanswered (UNKNOWN) is asked again later
+LIST_TRANSACTIONS      group (optional: every group), max_messages (optional)
+                       -> pending: [{commitlog_offset, group, topic, queue_id,
+                       keys, uniq_key, stored_ms, checks, last_check_ms}], total
+                       (the pending count, all of them), committed, rolled_back,
+                       checks (since start)
+QUERY_INDEX            topic, key, since_ms (optional), until_ms (optional),
+                       max_results (optional) -> matches: [[commitlog_offset,
+                       store_ms], ...] newest first, truncated (bool: more matched
+                       than max_results); body: those records, in order. The key
+                       index (docs/operations.md): a message's keys and its
+                       UNIQ_KEY; every match still retained.
+                       REQUEST_NOT_SUPPORTED in partition-per-file mode
 DESCRIBE_TOPIC         topic -> queue_count, queues: [{queue_id, min_offset, max_offset,
                        size_bytes}] (size_bytes: the records a queue holds, summed from
                        its index; -1 past describe_size_max_entries messages, or in
@@ -253,6 +284,10 @@ class RequestCode(enum.IntEnum):
     DESCRIBE_TOPIC = 53
     GET_MESSAGE = 54
     CANCEL_MESSAGE = 55
+    END_TRANSACTION = 56
+    CHECK_TRANSACTIONS = 57
+    LIST_TRANSACTIONS = 58
+    QUERY_INDEX = 59
     BROKER_INFO = 60
     GET_LOG_LAYOUT = 70
     READ_LOG = 71
@@ -403,6 +438,10 @@ def _role(value: Any) -> str | None:
     return None if value in ("leader", "follower") else f"must be 'leader' or 'follower', got {_kind(value)}"
 
 
+def _action(value: Any) -> str | None:
+    return None if value in ("commit", "rollback") else f"must be 'commit' or 'rollback', got {_kind(value)}"
+
+
 TOPIC, QUEUE_ID, OFFSET, GROUP = _str, _int(0, MAX_QUEUE_ID), _int(), _str
 EPOCH = _int(-1)  # a leadership term; -1: none yet
 COUNT = _int(0, MAX_QUEUE_ID)  # a clamped limit: 0 means the least
@@ -462,6 +501,26 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
     RequestCode.CANCEL_MESSAGE: {"commitlog_offset": (OFFSET, True)},
     RequestCode.DESCRIBE_TOPIC: {"topic": (TOPIC, True)},
     RequestCode.GET_MESSAGE: {"commitlog_offset": (OFFSET, True)},
+    RequestCode.END_TRANSACTION: {
+        "group": (GROUP, True),
+        "commitlog_offset": (OFFSET, True),
+        "action": (_action, True),
+        "from_check": (_bool, False),
+    },
+    RequestCode.CHECK_TRANSACTIONS: {
+        "group": (GROUP, True),
+        "client_id": (_str, True),
+        "max_messages": (COUNT, False),
+        "max_wait_ms": (_int(), False),
+    },
+    RequestCode.LIST_TRANSACTIONS: {"group": (GROUP, False), "max_messages": (COUNT, False)},
+    RequestCode.QUERY_INDEX: {
+        "topic": (TOPIC, True),
+        "key": (_str, True),
+        "since_ms": (_int(), False),
+        "until_ms": (_int(), False),
+        "max_results": (COUNT, False),
+    },
     RequestCode.BROKER_INFO: {},
     RequestCode.GET_LOG_LAYOUT: {},
     RequestCode.READ_LOG: {"offset": (OFFSET, True), "max_bytes": (_int(), True), "end_offset": (OFFSET, True)},

@@ -118,6 +118,21 @@ class BrokerConfig:
     timer_deliver_batch_messages: int = 1024  # due messages appended per store call
     timer_cancel_margin_ms: int = 2000  # a message due sooner than this can no longer be cancelled
     lock_lease_ms: int = 30_000  # an orderly consumer's queue lock lasts this long unless renewed
+    # Transactional messages (docs/transactions.md), RocketMQ's model: half, op, check-back.
+    transaction_timeout_ms: int = 6000  # a half message not ended this long after storing is checked back
+    transaction_check_interval_ms: int = 1000  # how often the checker looks; an unanswered check is asked again after
+    transaction_check_max: int = 15  # checks asked at most; then transaction_unresolved decides (and a log line)
+    transaction_unresolved: str = "rollback"  # after transaction_check_max checks: "rollback" or "keep" (stay pending)
+    transaction_max_pending: int = 1_000_000  # half messages pending at once; one more is refused SYSTEM_BUSY
+    transaction_checkpoint_interval_ms: int = 1000  # what the checker knows is recorded this often (after a flush)
+    # The key index (docs/operations.md): messages by key and UNIQ_KEY over the whole retained log.
+    index_enabled: bool = True  # commitlog mode: the dispatcher also writes the key index
+    index_hash_slots: int = 5_000_000  # hash slots per index file (4 B each)
+    index_max_entries_per_file: int = 20_000_000  # entries per index file (20 B each); then a new file
+    index_query_max_results: int = 1000  # a QUERY_INDEX answers at most this many matches
+    # Message traces (docs/traces.md): events of a message's life in topic %TRACE%.
+    trace_enabled: bool = False  # the broker records stored, sent back, dead-lettered, committed events
+    trace_retention_ms: int = 7 * 24 * 3600 * 1000  # trace events older than this are not kept (nor shown)
     # The Kafka listener (docs/kafka.md): Kafka's own clients, on the same store.
     kafka_listen_port: int = -1  # -1: no Kafka listener; 0: any free port
     kafka_node_id: int = -1  # this broker's node id for Kafka clients; -1: derived from its Kafka address
@@ -157,81 +172,7 @@ class BrokerConfig:
     )  # "user:password": ZooKeeper digest auth, and clmq's znodes readable and writable by it alone
 
     def __post_init__(self) -> None:
-        if self.flush_mode not in {m.value for m in FlushMode}:
-            raise ValueError(
-                f"flush_mode must be one of {', '.join(m.value for m in FlushMode)}, got {self.flush_mode!r}"
-            )
-        if self.storage_mode not in STORAGE_MODES:
-            raise ValueError(f"storage_mode must be one of {', '.join(STORAGE_MODES)}, got {self.storage_mode!r}")
-        self.server_limits().check(self.max_frame_bytes)  # a ValueError naming the settings
-        self.replication_config()  # a ValueError naming the setting
-        if self.storage_mode != "commitlog" and (self.role == "follower" or self.min_insync_replicas > 1):
-            raise ValueError(
-                "role = follower and min_insync_replicas > 1 need storage_mode = commitlog: "
-                "replication copies the CommitLog"
-            )
-        if self.zookeeper:
-            split_connect(self.zookeeper)  # a ValueError naming the setting
-        if self.zookeeper and self.storage_mode != "commitlog":
-            raise ValueError(
-                "zookeeper (automatic failover) needs storage_mode = commitlog: replication copies the CommitLog"
-            )
-        if self.zk_session_timeout_ms < 1000:
-            raise ValueError(f"zk_session_timeout_ms must be at least 1000, got {self.zk_session_timeout_ms}")
-        if not 0 <= self.listen_port <= 65535:  # 0: any free port
-            raise ValueError(f"listen_port must be in 0..65535 (0: any free port), got {self.listen_port}")
-        if not -1 <= self.kafka_listen_port <= 65535:
-            raise ValueError(
-                f"kafka_listen_port must be in -1..65535 (-1: none, 0: any free), got {self.kafka_listen_port}"
-            )
-        if self.kafka_request_timeout_ms <= self.kafka_max_fetch_wait_ms:
-            raise ValueError(
-                "kafka_request_timeout_ms must be above kafka_max_fetch_wait_ms (a long poll is no stuck request)"
-            )
-        if self.kafka_fetch_compression not in ("none", "gzip", "snappy", "lz4", "zstd"):
-            raise ValueError(
-                f"kafka_fetch_compression must be none, gzip, snappy, lz4 or zstd, got {self.kafka_fetch_compression!r}"
-            )
-        if self.kafka_group_max_session_timeout_ms < self.kafka_group_min_session_timeout_ms:
-            raise ValueError("kafka_group_max_session_timeout_ms must be at least kafka_group_min_session_timeout_ms")
-        if self.kafka_group_initial_rebalance_delay_ms < 0:
-            raise ValueError("kafka_group_initial_rebalance_delay_ms must be at least 0")
-        if not -1 <= self.kafka_node_id <= 2**31 - 1:
-            raise ValueError(f"kafka_node_id must be in -1..2147483647 (-1: derived), got {self.kafka_node_id}")
-        if not -1 <= self.metrics_port <= 65535:
-            raise ValueError(f"metrics_port must be in -1..65535 (-1: none, 0: any free port), got {self.metrics_port}")
-        for name in (
-            "pull_read_threads",
-            "cold_read_threads",
-            "cold_read_memory_queues",
-            "cold_read_distance_bytes",
-            "describe_size_max_entries",
-            "timer_tick_ms",
-            "timer_checkpoint_interval_ms",
-            "timer_deliver_batch_messages",
-            "timer_max_delay_ms",
-            "lock_lease_ms",
-            "kafka_max_frame_bytes",
-            "kafka_max_connections",
-            "kafka_max_inflight_requests",
-            "kafka_idle_timeout_ms",
-            "kafka_max_fetch_wait_ms",
-            "kafka_group_min_session_timeout_ms",
-            "kafka_group_max_size_members",
-            "kafka_max_producer_ids",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-
-        _check_security(self)
-        if (tls := self.tls_settings()) is not None:  # a ValueError naming the file or setting
-            tls.server_context()  # the certificate and key load, and match
-        if not self.retry_delays_ms or any(type(d) is not int or d < 0 for d in self.retry_delays_ms):
-            raise ValueError(
-                f"retry_delays_ms must be a non-empty list of milliseconds >= 0, got {self.retry_delays_ms!r}"
-            )
-        if not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES:
-            raise ValueError(f"max_reconsume_times must be in 0..{MAX_RECONSUME_TIMES}, got {self.max_reconsume_times}")
+        _check_settings(self)
 
     @property
     def metrics_bind_host(self) -> str:
@@ -322,3 +263,100 @@ def _check_security(self: BrokerConfig) -> None:
         raise ValueError("zk_auth must be 'user:password' (ZooKeeper digest auth)")
     if bool(self.broker_user) != bool(self.broker_password):
         raise ValueError("broker_user and broker_password go together (CLMQ_BROKER_PASSWORD for the password)")
+
+
+def _check_settings(self: BrokerConfig) -> None:
+    """Every setting in range, and settings that cannot work together refused (a ValueError naming them)."""
+    if self.flush_mode not in {m.value for m in FlushMode}:
+        raise ValueError(f"flush_mode must be one of {', '.join(m.value for m in FlushMode)}, got {self.flush_mode!r}")
+    if self.storage_mode not in STORAGE_MODES:
+        raise ValueError(f"storage_mode must be one of {', '.join(STORAGE_MODES)}, got {self.storage_mode!r}")
+    self.server_limits().check(self.max_frame_bytes)  # a ValueError naming the settings
+    self.replication_config()  # a ValueError naming the setting
+    if self.storage_mode != "commitlog" and (self.role == "follower" or self.min_insync_replicas > 1):
+        raise ValueError(
+            "role = follower and min_insync_replicas > 1 need storage_mode = commitlog: "
+            "replication copies the CommitLog"
+        )
+    if self.zookeeper:
+        split_connect(self.zookeeper)  # a ValueError naming the setting
+    if self.zookeeper and self.storage_mode != "commitlog":
+        raise ValueError(
+            "zookeeper (automatic failover) needs storage_mode = commitlog: replication copies the CommitLog"
+        )
+    if self.zk_session_timeout_ms < 1000:
+        raise ValueError(f"zk_session_timeout_ms must be at least 1000, got {self.zk_session_timeout_ms}")
+    if not 0 <= self.listen_port <= 65535:  # 0: any free port
+        raise ValueError(f"listen_port must be in 0..65535 (0: any free port), got {self.listen_port}")
+    if not -1 <= self.kafka_listen_port <= 65535:
+        raise ValueError(
+            f"kafka_listen_port must be in -1..65535 (-1: none, 0: any free), got {self.kafka_listen_port}"
+        )
+    if self.kafka_request_timeout_ms <= self.kafka_max_fetch_wait_ms:
+        raise ValueError(
+            "kafka_request_timeout_ms must be above kafka_max_fetch_wait_ms (a long poll is no stuck request)"
+        )
+    if self.kafka_fetch_compression not in ("none", "gzip", "snappy", "lz4", "zstd"):
+        raise ValueError(
+            f"kafka_fetch_compression must be none, gzip, snappy, lz4 or zstd, got {self.kafka_fetch_compression!r}"
+        )
+    if self.kafka_group_max_session_timeout_ms < self.kafka_group_min_session_timeout_ms:
+        raise ValueError("kafka_group_max_session_timeout_ms must be at least kafka_group_min_session_timeout_ms")
+    if self.kafka_group_initial_rebalance_delay_ms < 0:
+        raise ValueError("kafka_group_initial_rebalance_delay_ms must be at least 0")
+    if not -1 <= self.kafka_node_id <= 2**31 - 1:
+        raise ValueError(f"kafka_node_id must be in -1..2147483647 (-1: derived), got {self.kafka_node_id}")
+    if not -1 <= self.metrics_port <= 65535:
+        raise ValueError(f"metrics_port must be in -1..65535 (-1: none, 0: any free port), got {self.metrics_port}")
+    for name in (
+        "pull_read_threads",
+        "cold_read_threads",
+        "cold_read_memory_queues",
+        "cold_read_distance_bytes",
+        "describe_size_max_entries",
+        "timer_tick_ms",
+        "timer_checkpoint_interval_ms",
+        "timer_deliver_batch_messages",
+        "timer_max_delay_ms",
+        "lock_lease_ms",
+        "kafka_max_frame_bytes",
+        "kafka_max_connections",
+        "kafka_max_inflight_requests",
+        "kafka_idle_timeout_ms",
+        "kafka_max_fetch_wait_ms",
+        "kafka_group_min_session_timeout_ms",
+        "kafka_group_max_size_members",
+        "kafka_max_producer_ids",
+    ):
+        if getattr(self, name) < 1:
+            raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+    _check_security(self)
+    if (tls := self.tls_settings()) is not None:  # a ValueError naming the file or setting
+        tls.server_context()  # the certificate and key load, and match
+    if not self.retry_delays_ms or any(type(d) is not int or d < 0 for d in self.retry_delays_ms):
+        raise ValueError(f"retry_delays_ms must be a non-empty list of milliseconds >= 0, got {self.retry_delays_ms!r}")
+    if not 0 <= self.max_reconsume_times <= MAX_RECONSUME_TIMES:
+        raise ValueError(f"max_reconsume_times must be in 0..{MAX_RECONSUME_TIMES}, got {self.max_reconsume_times}")
+    _check_features(self)
+
+
+def _check_features(self: BrokerConfig) -> None:
+    """Transactions, the key index and traces."""
+    for name in (
+        "transaction_timeout_ms",
+        "transaction_check_interval_ms",
+        "transaction_check_max",
+        "transaction_max_pending",
+        "transaction_checkpoint_interval_ms",
+        "index_hash_slots",
+        "index_max_entries_per_file",
+        "index_query_max_results",
+        "trace_retention_ms",
+    ):
+        if getattr(self, name) < 1:
+            raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+    if self.transaction_unresolved not in ("rollback", "keep"):
+        raise ValueError(f"transaction_unresolved must be 'rollback' or 'keep', got {self.transaction_unresolved!r}")
+    if self.index_hash_slots > 2**31 - 1 or self.index_max_entries_per_file > 2**31 - 1:
+        raise ValueError("index_hash_slots and index_max_entries_per_file must be below 2**31 (4-byte slot links)")
