@@ -1,0 +1,174 @@
+"""Message traces (docs/traces.md): the events of a message's life and their record
+format. Sans-IO: building, encoding and decoding events; clients and brokers write
+them as records of topic ``%TRACE%`` (:data:`TRACE_TOPIC`).
+
+One record per event. Its body is the event as compact JSON (an object whose fields
+are :class:`TraceEvent`'s); its tags are the event's kind; its keys are the traced
+message's id, its ``UNIQ_KEY``, the first message's id (on a retry or a dead letter),
+and the message's own keys, separated by spaces, so that the key index finds every
+event of a message by any of them (:func:`trace_keys`).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Iterable
+
+from ._errors import InvalidInputError
+from ._record import Message
+from ._system import TRACE_TOPIC
+
+TRACE_QUEUES = 4  # queues of %TRACE% (trace records are spread over them round robin)
+TRACE_FORMAT_VERSION = 1  # field "v" of every record's body
+TRACE_EVENT_MAX_KEYS = 32  # a traced message's own keys kept in its events (the rest are cut)
+
+
+class TraceKind(str, enum.Enum):
+    """What happened to the message; each event names who saw it happen."""
+
+    SENT = "sent"  # the producer's send was answered: stored at queue/offset (latency: submit to answer)
+    STORED = "stored"  # reserved for a broker's own record of a store (clmq lets the producer's `sent` carry it)
+    DELIVERED = "delivered"  # a consumer's receive() returned it (group, client id)
+    ACKED = "acked"  # the consumer marked it processed
+    SENT_BACK = "sent_back"  # a consumer nacked it / the broker stored its retry (attempt, due time)
+    DEAD_LETTERED = "dead_lettered"  # the broker moved it to %DLQ%group
+    RESENT = "resent"  # an operator sent a dead letter again (detail: the new message's id)
+    COMMITTED = "committed"  # a transactional message committed (visible)
+    ROLLED_BACK = "rolled_back"  # a transactional message rolled back (never visible)
+
+
+class TraceFormatError(InvalidInputError):
+    """A ``%TRACE%`` record whose body is not a trace event."""
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One event of a message's life. ``msg_id`` is the id of the record the event is
+    about (a retry's own id on its delivery); ``origin_msg_id`` the first message's id
+    when that record is a retry or a dead letter (else ""). Numbers unknown to whoever
+    recorded the event are -1 (queue, offset, latency)."""
+
+    kind: str
+    time_ms: int  # wall clock, ms since the epoch, of the recorder
+    msg_id: str
+    topic: str = ""
+    queue_id: int = -1
+    queue_offset: int = -1
+    keys: str = ""  # the message's own keys (space separated)
+    uniq_key: str = ""  # its UNIQ_KEY property
+    group: str = ""  # the producer or consumer group
+    client_id: str = ""  # the recording client (hostname@pid@...), or the consumer's member id
+    latency_ms: int = -1  # sent: submit to answer; delivered: store to delivery
+    broker: str = ""  # the broker (name or address) the event happened at
+    attempt: int = 0  # deliveries before this one (the record's reconsume times)
+    origin_msg_id: str = ""
+    detail: str = ""  # free text: a retry's due time, a resent copy's id, a reason
+
+    def sort_key(self) -> tuple[int, int, str]:
+        """Timeline order: time, then the order of a message's life for equal times."""
+        return (self.time_ms, _KIND_ORDER.get(self.kind, len(_KIND_ORDER)), self.msg_id)
+
+
+_KIND_ORDER = {kind.value: i for i, kind in enumerate(TraceKind)}
+_FIELDS = {f.name: f.type for f in fields(TraceEvent)}
+_INTS = frozenset({"time_ms", "queue_id", "queue_offset", "latency_ms", "attempt"})
+
+
+def trace_event(kind: TraceKind | str, msg_id: str, time_ms: int, **more: Any) -> TraceEvent:
+    """A :class:`TraceEvent`, its kind checked (``ValueError`` for an unknown kind) and
+    the message's keys cut to :data:`TRACE_EVENT_MAX_KEYS`."""
+    kind = TraceKind(kind).value
+    keys = more.pop("keys", "") or ""
+    if keys:
+        keys = " ".join(keys.split()[:TRACE_EVENT_MAX_KEYS])
+    return TraceEvent(kind, int(time_ms), msg_id, keys=keys, **more)
+
+
+def transaction_event(
+    committed: bool,
+    msg_id: str,
+    time_ms: int,
+    *,
+    topic: str,
+    queue_id: int,
+    queue_offset: int,
+    keys: str = "",
+    uniq_key: str = "",
+    group: str = "",
+    broker: str = "",
+    half_msg_id: str = "",
+) -> TraceEvent:
+    """The event of a transactional message's end: ``committed`` (visible at
+    ``topic``/``queue_id``/``queue_offset``, id ``msg_id``) or rolled back (then the
+    queue fields are those the message would have had, -1 if unknown).
+    ``half_msg_id``: the half message's id, kept as ``origin_msg_id`` so that a trace
+    by either id finds the event."""
+    kind = TraceKind.COMMITTED if committed else TraceKind.ROLLED_BACK
+    return trace_event(
+        kind,
+        msg_id,
+        time_ms,
+        topic=topic,
+        queue_id=queue_id,
+        queue_offset=queue_offset,
+        keys=keys,
+        uniq_key=uniq_key,
+        group=group,
+        broker=broker,
+        origin_msg_id=half_msg_id,
+    )
+
+
+def trace_keys(event: TraceEvent) -> str:
+    """The keys of the event's record: its message's id, UNIQ_KEY, first id and own
+    keys, space separated, each once."""
+    seen: dict[str, None] = {}
+    for key in (event.msg_id, event.uniq_key, event.origin_msg_id, *event.keys.split()):
+        if key:
+            seen.setdefault(key, None)
+    return " ".join(seen)
+
+
+def encode_event(event: TraceEvent) -> bytes:
+    """The record body: compact JSON, fields that hold their default left out."""
+    out: dict[str, Any] = {"v": TRACE_FORMAT_VERSION}
+    for name, value in asdict(event).items():
+        if value not in ("", -1) or name in ("kind", "time_ms", "msg_id"):
+            out[name] = value
+    return json.dumps(out, separators=(",", ":")).encode()
+
+
+def decode_event(body: bytes) -> TraceEvent:
+    """A record body back as an event; :class:`TraceFormatError` saying what is wrong
+    (fields this version does not know are ignored: a newer writer's)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TraceFormatError(f"a trace record's body is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise TraceFormatError(f"a trace record's body must be a JSON object, got {type(data).__name__}")
+    known: dict[str, Any] = {}
+    for name, value in data.items():
+        if name not in _FIELDS:
+            continue
+        wanted = int if name in _INTS else str
+        if type(value) is not wanted:
+            raise TraceFormatError(f"trace field {name!r} must be {wanted.__name__}, got {value!r:.40}")
+        known[name] = value
+    for name in ("kind", "time_ms", "msg_id"):
+        if name not in known:
+            raise TraceFormatError(f"a trace record lacks field {name!r}")
+    return TraceEvent(**known)
+
+
+def trace_message(event: TraceEvent, queue_id: int = 0) -> Message:
+    """The ``%TRACE%`` record of one event (queue ``queue_id``)."""
+    return Message(TRACE_TOPIC, queue_id, encode_event(event), event.kind, trace_keys(event))
+
+
+def timeline(events: Iterable[TraceEvent]) -> list[TraceEvent]:
+    """Events in the order they happened, each once (a record written twice, e.g. by a
+    retried trace send, shows once)."""
+    return sorted(set(events), key=TraceEvent.sort_key)
