@@ -40,6 +40,8 @@ _EXPORTS: dict[str, str] = {
     "Message": "clmq.common", "Record": "clmq.common",
     "SendResult": "clmq.client", "SendFuture": "clmq.client", "ConsumeStatus": "clmq.client",
     "TagFilter": "clmq.client", "MessageQueue": "clmq.client",
+    "LocalTransactionState": "clmq.client", "TransactionListener": "clmq.client",  # transactions
+    "TransactionResult": "clmq.client",
     "AclBinding": "clmq.client", "AclFilter": "clmq.client",  # the admin's ACLs
     "ClientSecurity": "clmq.client", "TlsSettings": "clmq.client",  # TLS and a login
     # errors
@@ -83,6 +85,7 @@ __all__ = [  # the names of _EXPORTS (a test checks that they agree)
     "ConsumerOptions",
     "CorruptRecordError",
     "FlushMode",
+    "LocalTransactionState",
     "Message",
     "MessageQueue",
     "NameServerConfig",
@@ -99,6 +102,8 @@ __all__ = [  # the names of _EXPORTS (a test checks that they agree)
     "StoreError",
     "TagFilter",
     "TlsSettings",
+    "TransactionListener",
+    "TransactionResult",
     "__version__",
     "open_admin",
     "open_asyncio_admin",
@@ -146,6 +151,7 @@ if TYPE_CHECKING:
         Consumer,
         ConsumerOptions,
         ConsumeStatus,
+        LocalTransactionState,
         MessageQueue,
         NoRouteError,
         Producer,
@@ -156,6 +162,8 @@ if TYPE_CHECKING:
         SendResult,
         TagFilter,
         TlsSettings,
+        TransactionListener,
+        TransactionResult,
         open_admin,
         open_asyncio_admin,
         open_asyncio_consumer,

@@ -8,6 +8,8 @@
 - ``_sender``, ``_retry``, ``_tries``: requests in flight per broker, retries within the
   budget (same queue after an unknown outcome, with dedup), ``max_in_flight``.
 - ``_future``, ``_scheduled``: the results of ``submit``; scheduled sends (``delay_ms``).
+- ``_transaction``, ``_checkback``, ``_transaction_hosts``: transactional sends
+  (``send_in_transaction``), the check-back task, where listeners run (asyncio, threads).
 """
 
 from ._producer import (
@@ -22,16 +24,24 @@ from ._producer import (
     producer_context,
     shard,
 )
+from ._transaction import LocalTransactionState, TransactionListener, TransactionResult
+from ._transaction_hosts import in_threads, on_asyncio, user_listener
 
 __all__ = [
     "BatchTooLargeError",
     "BufferFullError",
+    "LocalTransactionState",
     "Producer",
     "ProducerOptions",
     "SendError",
     "SendFuture",
     "SendResult",
+    "TransactionListener",
+    "TransactionResult",
+    "in_threads",
+    "on_asyncio",
     "open_producer",
     "producer_context",
     "shard",
+    "user_listener",
 ]

@@ -8,6 +8,7 @@ from typing import Literal
 
 from clmq.protocol.transport import ClientSecurity
 
+from ._transaction import TransactionListener, check_wrapped
 from ._tries import RetryPolicy
 
 DEFAULT_RETRIES = 2
@@ -39,9 +40,21 @@ class ProducerOptions:
     buffer_block_max_ms: int = 60_000  # "block": waits this long for room, then BufferFullError
     # TLS and a login for every connection (None: from $CLMQ_TLS_*, $CLMQ_USER, $CLMQ_PASSWORD, else neither)
     security: ClientSecurity | None = None
+    # Message traces (docs/traces.md): a `sent` event per message, written to %TRACE% in the background.
+    trace: bool = False
+    trace_buffer_max_events: int = 8192  # events waiting to be written; more are dropped (counted)
+    trace_flush_interval_ms: int = 200  # buffered events are written at least this often
+    # Transactions (send_in_transaction, docs/transactions.md): the producer group the
+    # broker checks back with, and the listener that executes and checks local
+    # transactions (with a group, the producer polls the brokers for checks).
+    transaction_group: str | None = None
+    transaction_listener: TransactionListener | None = None
+    transaction_check_concurrency: int = 4  # checks run at once
+    transaction_check_timeout_ms: int = 5_000  # a check slower than this: UNKNOWN (asked again later)
 
     def __post_init__(self) -> None:
         _check_positive(self, "send_timeout_ms", "batch_max_bytes", "max_in_flight", "buffer_max_bytes")
+        _check_positive(self, "trace_buffer_max_events", "trace_flush_interval_ms")
         _check_not_negative(
             self,
             "retry_backoff_ms",
@@ -56,8 +69,18 @@ class ProducerOptions:
                 _check_not_negative(self, name)
         if self.buffer_full not in BUFFER_FULL_MODES:
             raise ValueError(f"buffer_full={self.buffer_full!r}: must be one of {', '.join(BUFFER_FULL_MODES)}")
-        if type(self.unique_ids) is not bool:
-            raise ValueError(f"unique_ids={self.unique_ids!r}: must be True or False")
+        for flag in ("unique_ids", "trace"):
+            if type(getattr(self, flag)) is not bool:
+                raise ValueError(f"{flag}={getattr(self, flag)!r}: must be True or False")
+        self._check_transactions()
+
+    def _check_transactions(self) -> None:
+        _check_positive(self, "transaction_check_concurrency", "transaction_check_timeout_ms")
+        group = self.transaction_group
+        if group is not None and (not isinstance(group, str) or not group or group.startswith("%")):
+            raise ValueError(f"transaction_group={group!r}: must be a group name (not empty, not starting with %)")
+        if self.transaction_listener is not None:
+            check_wrapped(self.transaction_listener)
 
     def retry_policy(self) -> RetryPolicy:
         """The retry settings, defaults applied (see ``retries``)."""

@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import datetime
-from typing import AsyncIterator, Awaitable, Literal, Mapping, Sequence
+from typing import AsyncIterator, Awaitable, Literal, Mapping, Sequence, Unpack
 
 import trio
 
@@ -20,14 +21,17 @@ from clmq.protocol.transport import ClientSecurity, RpcClient, background_nurser
 
 from .._arguments import options_from, resolve_addrs, resolve_security
 from .._routes import MessageQueue, Routes
+from .._trace import SendTracer, client_name, send_tracer
 from ._accumulator import Accumulator
 from ._batch import Batch
+from ._checkback import start_check_back
 from ._encode import PLAIN_CHECKED, MessageIds, encode_one, encode_plain
 from ._future import UNIQ_KEY, BatchTooLargeError, BufferFullError, DoneCallback, SendError, SendFuture, SendResult
 from ._options import ProducerOptions
 from ._room import check_size, reserve
 from ._scheduled import due_ms, send_scheduled, start_scheduled
 from ._sender import send_to
+from ._transaction import TransactionListener, TransactionResult, TransactionSend, send_in_transaction
 from ._tries import AMBIGUOUS, RETRIABLE, SAME_QUEUE, QueueSelector, Targets, Tries, shard
 
 __all__ = [
@@ -92,6 +96,7 @@ class Producer:
         self._scheduled: set[SendFuture] = set()  # scheduled sends not answered yet
         # Without a nursery (a Producer made by hand) only send_to and send_oneway work.
         self._acc = Accumulator(rpc, self.targets, self.policy, options, nursery) if nursery is not None else None
+        self.tracer: SendTracer | None = None  # trace=True: records a `sent` event per message (docs/traces.md)
 
     async def send(
         self,
@@ -209,6 +214,8 @@ class Producer:
             acc.add_retry(batch)
         elif acc.add_one(mq, msg, uniq, chunk, fut, sharding_key, selector, plain):
             await trio.lowlevel.checkpoint()  # a sender has a request to make
+        if self.tracer is not None:
+            self.tracer.watch(fut, (msg,))
         return fut
 
     async def submit_batch(
@@ -251,7 +258,10 @@ class Producer:
             selector,
             False,
         )
-        return await self._buffer(acc, batch, mq, tries, callback)
+        fut = await self._buffer(acc, batch, mq, tries, callback)
+        if self.tracer is not None:
+            self.tracer.watch(fut, msgs)
+        return fut
 
     def _schedule(
         self,
@@ -323,6 +333,10 @@ class Producer:
                 fut._fail(SendError("producer closed"))
             await self._acc.aclose(bound_ms / 1000)
 
+    async def send_in_transaction(self, topic: str, body: bytes, **how: Unpack[TransactionSend]) -> TransactionResult:
+        """A transactional message: stored unseen, ``execute(message, arg)`` or the listener run, then ended."""
+        return await send_in_transaction(self, self.options.transaction_listener, topic, body, **how)
+
     async def send_to(self, mq: MessageQueue, body: bytes, count: int, *, dedup: bool = False) -> SendResult:
         """Send an encoded batch (``encode_batch`` of messages whose ``queue_id`` is
         ``mq.queue_id``) to one queue at once: no accumulator, no retries. ``dedup``:
@@ -359,6 +373,13 @@ async def open_producer(
     buffer_full: Literal["block", "raise"] = "block",
     buffer_block_max_ms: int = 60_000,
     security: ClientSecurity | None = None,
+    transaction_group: str | None = None,
+    transaction_listener: TransactionListener | None = None,
+    transaction_check_concurrency: int = 4,
+    transaction_check_timeout_ms: int = 5_000,
+    trace: bool = False,
+    trace_buffer_max_events: int = 8192,
+    trace_flush_interval_ms: int = 200,
 ) -> AsyncIterator[Producer]:
     """A producer for trio code: ``async with open_producer("127.0.0.1:9876") as p:``.
 
@@ -383,13 +404,23 @@ async def producer_context(
     async with background_nursery() as nursery:
         rpc = RpcClient(nursery, security=security)
         producer = None
+        checks: trio.CancelScope | None = None  # the check-back (transactions)
         try:
-            producer = Producer(rpc, Routes(rpc, namesrv, broker_addrs=brokers), options, nursery=nursery)
+            routes = Routes(rpc, namesrv, broker_addrs=brokers)
+            producer = Producer(rpc, routes, options, nursery=nursery)
+            checks = start_check_back(nursery, producer)  # with a transaction group and listener
+            if options.trace:  # its records go through a producer of its own
+                writer = Producer(rpc, routes, replace(options, trace=False), nursery=nursery)
+                producer.tracer = send_tracer(writer, nursery, options, client_name(producer))
             yield producer
         finally:
+            if checks is not None:
+                checks.cancel()
             try:
                 if producer is not None:
                     await producer.aclose()
+                    if producer.tracer is not None:
+                        await producer.tracer.aclose()
             finally:
                 await rpc.aclose()
                 nursery.cancel_scope.cancel()
