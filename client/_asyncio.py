@@ -45,7 +45,16 @@ from .consumer import (
     consumer_context,
     judge,
 )
-from .producer import Producer, ProducerOptions, SendResult, producer_context
+from .producer import (
+    Producer,
+    ProducerOptions,
+    SendResult,
+    TransactionListener,
+    TransactionResult,
+    on_asyncio,
+    producer_context,
+    transact_on_loop,
+)
 
 T = TypeVar("T")
 
@@ -388,6 +397,10 @@ class AsyncioProducer:
         await self._handoff.drained.wait()
         await self._run.call(self.producer.flush)
 
+    async def send_in_transaction(self, topic: str, body: bytes, **kwargs: Any) -> TransactionResult:
+        """:meth:`Producer.send_in_transaction`; ``execute`` (or the listener's) runs on this loop."""
+        return await transact_on_loop(self._run.call, self.producer, topic, body, kwargs)
+
 
 class AsyncioConsumer:
     """The :class:`Consumer` for asyncio code; use :func:`open_asyncio_consumer`."""
@@ -583,11 +596,19 @@ async def open_asyncio_producer(
     buffer_full: Literal["block", "raise"] = "block",
     buffer_block_max_ms: int = 60_000,
     security: ClientSecurity | None = None,
+    transaction_group: str | None = None,
+    transaction_listener: TransactionListener | None = None,
+    transaction_check_concurrency: int = 4,
+    transaction_check_timeout_ms: int = 5_000,
+    trace: bool = False,
+    trace_buffer_max_events: int = 8192,
+    trace_flush_interval_ms: int = 200,
 ) -> AsyncIterator[AsyncioProducer]:
     """A producer for asyncio code, with :func:`open_producer`'s arguments:
     ``async with open_asyncio_producer("127.0.0.1:9876") as p: await p.send("t", b"x")``.
     ``handoff_max_bytes``: see :class:`AsyncioProducer`. On leaving, every
     message submitted is handed over, then the producer closes (which flushes)."""
+    transaction_listener = on_asyncio(transaction_listener)  # checks run on this loop
     options = options_from(ProducerOptions, locals())
     namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors before trio starts
     resolve_security(security)  # errors before trio starts
@@ -646,6 +667,9 @@ async def open_asyncio_consumer(
     lock_renew_interval_ms: int = 10_000,
     orderly_retry_delay_ms: int = 1000,
     security: ClientSecurity | None = None,
+    trace: bool = False,
+    trace_buffer_max_events: int = 8192,
+    trace_flush_interval_ms: int = 200,
 ) -> AsyncIterator[AsyncioConsumer]:
     """A started consumer for asyncio code, with :func:`open_consumer`'s arguments."""
     options = options_from(ConsumerOptions, locals())

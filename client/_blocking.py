@@ -34,7 +34,16 @@ from .consumer import (
     consumer_context,
     judge_sync,
 )
-from .producer import Producer, ProducerOptions, SendResult, producer_context
+from .producer import (
+    Producer,
+    ProducerOptions,
+    SendResult,
+    TransactionListener,
+    TransactionResult,
+    in_threads,
+    producer_context,
+    transact_in_thread,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("clmq.producer")
@@ -288,7 +297,15 @@ class BlockingProducer:
         buffer_full: Literal["block", "raise"] = "block",
         buffer_block_max_ms: int = 60_000,
         security: ClientSecurity | None = None,
+        transaction_group: str | None = None,
+        transaction_listener: TransactionListener | None = None,
+        transaction_check_concurrency: int = 4,
+        transaction_check_timeout_ms: int = 5_000,
+        trace: bool = False,
+        trace_buffer_max_events: int = 8192,
+        trace_flush_interval_ms: int = 200,
     ) -> None:
+        transaction_listener = in_threads(transaction_listener)  # checks run in worker threads
         options = options_from(ProducerOptions, locals())
         namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors here, before the thread starts
         resolve_security(security)  # errors here, before the thread starts
@@ -310,6 +327,10 @@ class BlockingProducer:
     def send(self, topic: str, body: bytes, **kwargs: Any) -> SendResult:
         """:meth:`Producer.send`: one message; returns where it was stored."""
         return self._handoff.put("submit", topic, body, kwargs).result()
+
+    def send_in_transaction(self, topic: str, body: bytes, **kwargs: Any) -> TransactionResult:
+        """:meth:`Producer.send_in_transaction`; ``execute`` (or the listener's) runs in this thread."""
+        return transact_in_thread(self._portal.call, self.producer, topic, body, kwargs)
 
     def send_batch(self, topic: str, messages: list[Any], **kwargs: Any) -> SendResult:
         """:meth:`Producer.send_batch`: messages to one queue, in order, as one batch."""
@@ -400,6 +421,9 @@ class BlockingConsumer:
         lock_renew_interval_ms: int = 10_000,
         orderly_retry_delay_ms: int = 1000,
         security: ClientSecurity | None = None,
+        trace: bool = False,
+        trace_buffer_max_events: int = 8192,
+        trace_flush_interval_ms: int = 200,
     ) -> None:
         options = options_from(ConsumerOptions, locals())
         namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors here, before the thread starts

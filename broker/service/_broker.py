@@ -40,6 +40,8 @@ from ._metrics import BrokerCollector, metrics_route
 from ._offsets import ConsumerOffsets
 from ._replicated import ReplicatedMetadata
 from ._security import BrokerSecurity
+from ._trace_buffer import TraceRecorder
+from ._trace_writer import trace_loop
 from .kafka import KafkaCollector, KafkaService
 
 log = logging.getLogger("clmq.broker")
@@ -97,6 +99,7 @@ class Broker:
             kafka_addr=lambda: self.kafka.kafka_addr() if self.kafka is not None else "",
             kafka_members=lambda group: self.kafka.members(group) if self.kafka is not None else {},
             kafka_groups=lambda: self.kafka.group_ids() if self.kafka is not None else [],
+            tracer=TraceRecorder(config.trace_enabled),
         )
         self.handlers = Handlers(self.ctx)
         self.kafka: KafkaService | None = None
@@ -335,6 +338,7 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
                 )
             nursery.start_soon(broker.replica.role_loop, broker.client)
             nursery.start_soon(broker.handlers.timer.tick_loop)
+            nursery.start_soon(trace_loop, broker.ctx)  # trace_enabled: %TRACE% and the broker's own events
             if broker.coordinator is not None:
                 await nursery.start(broker.coordinator.coordinate)
             log.info(

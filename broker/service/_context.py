@@ -18,6 +18,7 @@ from ._longpoll import PullWaiters
 from ._offsets import ConsumerOffsets
 from ._replicated import ReplicatedMetadata
 from ._security import BrokerSecurity
+from ._trace_buffer import TraceRecorder
 from ._traffic import TopicTraffic
 
 
@@ -48,3 +49,4 @@ class BrokerContext:
     # one protocol at a time): member id -> client id; empty when none, or no listener.
     kafka_members: Callable[[str], dict[str, str]] = lambda group: {}
     kafka_groups: Callable[[], list[str]] = lambda: []
+    tracer: TraceRecorder = field(default_factory=TraceRecorder)  # the broker's trace events (trace_enabled)

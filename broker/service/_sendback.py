@@ -40,6 +40,7 @@ from clmq.protocol.transport import Peer, Reply, RequestError, need
 
 from ._context import BrokerContext
 from ._system_put import ensure_topic, put_acknowledged
+from ._trace_buffer import send_back_events
 from .timer import SCHEDULED_QUEUE, TIMER_QUEUES, wall_ms
 
 # The timer's own properties: a retried message does not carry its last trip's.
@@ -88,6 +89,8 @@ class SendBack:
                 results.append(["dlq", times, 0])
         await self._ensure_topics(group, results)
         await put_acknowledged(self.ctx, messages, also={r.topic for r in records})  # the originals' ack mode too
+        if self.ctx.tracer.enabled:
+            send_back_events(self.ctx.tracer, self.ctx.addr(), self.ctx.config.broker_name, group, records, results)
         return Reply({"results": results})
 
     def _backoff(self, times: int) -> int:

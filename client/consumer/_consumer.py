@@ -46,6 +46,8 @@ from clmq.protocol.transport import ClientSecurity, RpcClient, background_nurser
 
 from .._arguments import options_from, resolve_addrs, resolve_security
 from .._routes import MessageQueue, ReadRouter, Routes
+from .._trace import consume_tracer
+from ..producer import Producer, ProducerOptions
 from ._commits import Commits
 from ._fetcher import Fetcher
 from ._membership import Membership
@@ -135,6 +137,8 @@ class Consumer:
             if size:
                 lists.append(batch.records)
                 n += size
+                if self.state.tracer is not None:
+                    self.state.tracer.delivered(batch.mq, batch.records)
         if len(lists) == 1:
             return lists[0]
         return [r for records in lists for r in records]
@@ -150,6 +154,8 @@ class Consumer:
         pending = self.pending.take()
         assigned, processed = self.assigned, self.processed
         upto = None if records is None else _last_offsets(records)
+        if self.state.tracer is not None:
+            self.state.tracer.acked_batches(pending, upto)
         for batch in pending:  # a queue's batches in order: its last one wins
             current = assigned.get(batch.mq)
             if current is None or current.generation != batch.generation:
@@ -391,6 +397,9 @@ async def open_consumer(
     lock_renew_interval_ms: int = 10_000,
     orderly_retry_delay_ms: int = 1000,
     security: ClientSecurity | None = None,
+    trace: bool = False,
+    trace_buffer_max_events: int = 8192,
+    trace_flush_interval_ms: int = 200,
 ) -> AsyncIterator[Consumer]:
     """A started consumer: ``async with open_consumer(ns, "g", {"orders": "*"}) as c:``.
 
@@ -419,6 +428,9 @@ async def consumer_context(
         rpc = RpcClient(nursery, security=security)
         routes = Routes(rpc, namesrv, broker_addrs=brokers, refresh_interval_ms=0)
         consumer = Consumer(rpc, routes, group, subscriptions, options)
+        if options.trace:  # its records go through a producer of its own
+            writer = Producer(rpc, routes, ProducerOptions(security=options.security), nursery=nursery)
+            consumer.state.tracer = consume_tracer(writer, nursery, options, group, consumer.client_id)
         ack_pending = False
         try:
             await consumer._start(nursery)
@@ -426,5 +438,7 @@ async def consumer_context(
             ack_pending = True
         finally:
             await consumer._close(ack_pending=ack_pending)
+            if consumer.state.tracer is not None:
+                await consumer.state.tracer.aclose()
             await rpc.aclose()
             nursery.cancel_scope.cancel()

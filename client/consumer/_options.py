@@ -92,8 +92,14 @@ class ConsumerOptions:
     orderly_retry_delay_ms: int = 1000  # orderly: a failed message is delivered again, in place, after this long
     # TLS and a login for every connection (None: from $CLMQ_TLS_*, $CLMQ_USER, $CLMQ_PASSWORD, else neither)
     security: ClientSecurity | None = None
+    # Message traces (docs/traces.md): delivered, acked and sent-back events, written to %TRACE% in the background.
+    trace: bool = False
+    trace_buffer_max_events: int = 8192  # events waiting to be written; more are dropped (counted)
+    trace_flush_interval_ms: int = 200  # buffered events are written at least this often
 
     def __post_init__(self) -> None:
+        if type(self.trace) is not bool:
+            raise ValueError(f"trace={self.trace!r}: must be True or False")
         if self.mode not in ("clustering", "broadcasting"):
             raise ValueError(f"mode={self.mode!r}: use clustering or broadcasting")
         if not _start_ok(self.start_from):
@@ -141,4 +147,6 @@ _AT_LEAST_ONE = (
     "receive_max_messages",
     "lock_retry_ms",
     "lock_renew_interval_ms",
+    "trace_buffer_max_events",
+    "trace_flush_interval_ms",
 )

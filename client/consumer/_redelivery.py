@@ -31,6 +31,7 @@ from clmq.common import ClientError, Record
 from clmq.protocol import DEFAULT_MAX_RECONSUME_TIMES, Frame, ProtocolError, RequestCode
 
 from .._routes import MessageQueue
+from .._trace import sent_back_detail
 from ._orderly import QueueLocks
 from ._requests import NET_ERRORS, Requests
 from ._state import Batch, ConsumerState
@@ -258,7 +259,12 @@ class Redelivery:
         where = self.state.pending.where(records)
         if self.locks is not None:
             return await self._in_place(records, where)
-        return await self._send_back(records, where, delay_ms)
+        results = await self._send_back(records, where, delay_ms)
+        if self.state.tracer is not None:
+            self.state.tracer.sent_back(
+                [where[id(r)] for r in records], records, [sent_back_detail(x) for x in results]
+            )
+        return results
 
     async def _send_back(
         self, records: list[Record], where: dict[int, MessageQueue], delay_ms: int | None

@@ -16,6 +16,7 @@ import trio
 from clmq.common import ClientError, Record
 
 from .._routes import MessageQueue
+from .._trace import ConsumeTracer
 from ._options import ConsumerOptions, TagFilter
 
 
@@ -210,6 +211,7 @@ class ConsumerState:
     prefetch: PrefetchBuffer = field(init=False)  # fetched, not handed out yet; the fetches' byte budget
     # Set to rebalance now, not at the next interval (a group's leader may have moved).
     rebalance_wanted: trio.Event = field(default_factory=trio.Event)
+    tracer: ConsumeTracer | None = None  # trace=True: delivered, acked, sent-back events (docs/traces.md)
 
     def __post_init__(self) -> None:
         self.prefetch = PrefetchBuffer(self.options.prefetch_max_bytes)

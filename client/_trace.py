@@ -1,0 +1,297 @@
+"""Client-side message traces (docs/traces.md): a producer or consumer opened with
+``trace=True`` records events of the messages it sends and receives, and a
+:class:`TraceDispatcher` writes them to ``%TRACE%`` in batches, in the background.
+
+Recording never blocks and never fails a send or a receive: an event goes into a
+bounded buffer (``trace_buffer_max_events``) and is dropped, counted in ``dropped``,
+when the buffer is full; a batch that cannot be written is counted in ``failed``. The
+dispatcher's task writes what is buffered every ``trace_flush_interval_ms`` or as soon
+as a batch's worth is waiting, one batch in flight at a time, and writes what is left
+when the client closes (within ``trace_close_timeout_ms``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any, Awaitable, Callable, Iterable, Sequence
+
+import trio
+
+from clmq.common import TRACE_TOPIC, ClmqError, Message, Record, TraceEvent, TraceKind, trace_event, trace_message
+
+from ._msg_id import format_msg_id
+
+log = logging.getLogger("clmq.trace")
+
+UNIQ_KEY = "UNIQ_KEY"
+PROP_ORIGIN_MSG_ID = "ORIGIN_MSG_ID"
+TRACE_BATCH_MAX_EVENTS = 256  # trace records per write (one send_batch to %TRACE%)
+NACKED_REMEMBERED_RECORDS = 65536  # a consumer's nacked records kept so that the ack after a nack skips them
+TRACE_CLOSE_TIMEOUT_MS = 3000  # closing: what is buffered is written within this, the rest counted dropped
+
+SendTraceBatch = Callable[[list[Message]], Awaitable[object]]
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TraceDispatcher:
+    """The buffer of trace events and the task that writes them (:meth:`run`).
+    ``send(messages)`` writes one batch of ``%TRACE%`` records (a producer's
+    ``send_batch``); its failures are counted, never raised to the client."""
+
+    def __init__(
+        self,
+        send: SendTraceBatch,
+        *,
+        buffer_max_events: int,
+        flush_interval_ms: int,
+        batch_max_events: int = TRACE_BATCH_MAX_EVENTS,
+    ) -> None:
+        if buffer_max_events < 1 or flush_interval_ms < 1 or batch_max_events < 1:
+            raise ValueError("trace buffer, batch and flush interval must be at least 1")
+        self._send = send
+        self.buffer_max_events = buffer_max_events
+        self.flush_interval_ms = flush_interval_ms
+        self.batch_max_events = batch_max_events
+        self._buffer: list[TraceEvent] = []
+        self._wake = trio.Event()
+        self._idle = trio.Event()
+        self._idle.set()
+        self.recorded = 0  # events accepted into the buffer
+        self.dropped = 0  # events refused: the buffer was full (or the client closed with them)
+        self.written = 0  # events written to %TRACE%
+        self.failed = 0  # events of batches whose write failed
+
+    def record(self, event: TraceEvent) -> None:
+        """Buffer one event (never blocks, never raises): dropped and counted when full."""
+        if len(self._buffer) >= self.buffer_max_events:
+            self.dropped += 1
+            return
+        self._buffer.append(event)
+        self.recorded += 1
+        if len(self._buffer) >= self.batch_max_events:
+            self._wake.set()
+
+    def record_all(self, events: Iterable[TraceEvent]) -> None:
+        for event in events:
+            self.record(event)
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def counts(self) -> dict[str, int]:
+        """recorded, dropped, written, failed and buffered events."""
+        return {
+            "recorded": self.recorded,
+            "dropped": self.dropped,
+            "written": self.written,
+            "failed": self.failed,
+            "buffered": self.buffered,
+        }
+
+    async def run(self) -> None:
+        """Write buffered events until cancelled: every ``flush_interval_ms``, or at
+        once when a batch's worth is waiting."""
+        while True:
+            with trio.move_on_after(self.flush_interval_ms / 1000):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write everything buffered now (one batch at a time)."""
+        while self._buffer:
+            if not self._idle.is_set():  # another flush is writing: wait for it, then look again
+                await self._idle.wait()
+                continue
+            batch = self._buffer[: self.batch_max_events]
+            del self._buffer[: len(batch)]
+            self._idle = trio.Event()
+            try:
+                await self._write(batch)
+            finally:
+                self._idle.set()
+
+    async def _write(self, batch: list[TraceEvent]) -> None:
+        try:
+            await self._send([trace_message(e) for e in batch])
+        except (ClmqError, OSError, trio.TooSlowError) as e:  # a trace never fails its client
+            self.failed += len(batch)
+            log.debug("%d trace events not written: %s", len(batch), e)
+        else:
+            self.written += len(batch)
+
+    async def aclose(self, timeout_ms: int = TRACE_CLOSE_TIMEOUT_MS) -> None:
+        """Write what is buffered, within ``timeout_ms``; what is left is counted dropped."""
+        with trio.move_on_after(timeout_ms / 1000):
+            await self.flush()
+        if self._buffer:
+            self.dropped += len(self._buffer)
+            self._buffer.clear()
+
+
+class Tracing:
+    """What a traced client holds: its dispatcher, and the close of the producer that
+    writes its records (:func:`tracing_parts`)."""
+
+    def __init__(self, dispatcher: TraceDispatcher, close: Callable[[], Awaitable[None]], client_id: str) -> None:
+        self.dispatcher = dispatcher
+        self._close = close
+        self.client_id = client_id
+
+    async def aclose(self) -> None:
+        """Write what is buffered (bounded), then close the writing producer."""
+        try:
+            await self.dispatcher.aclose()
+        finally:
+            await self._close()
+
+
+class SendTracer(Tracing):
+    """A producer's side: a ``sent`` event per message once its send is answered."""
+
+    group = ""
+
+    def watch(self, future: Any, messages: Sequence[Message]) -> None:
+        """Record ``sent`` for ``messages`` when ``future`` (a SendFuture) succeeds."""
+        started = time.monotonic()
+
+        def done(fut: Any) -> None:
+            if fut.exception() is None:
+                self.sent(messages, fut.result(), int((time.monotonic() - started) * 1000))
+
+        future.add_done_callback(done)
+
+    def sent(self, messages: Sequence[Message], result: Any, latency_ms: int) -> None:
+        now = wall_ms()
+        queue = result.queue
+        for i, (m, msg_id) in enumerate(zip(messages, result.msg_ids)):
+            self.dispatcher.record(
+                trace_event(
+                    TraceKind.SENT,
+                    msg_id,
+                    now,
+                    topic=queue.topic,
+                    queue_id=queue.queue_id,
+                    queue_offset=result.queue_offsets[i],
+                    keys=m.keys,
+                    uniq_key=result.uniq_keys[i] if i < len(result.uniq_keys) else "",
+                    group=self.group,
+                    client_id=self.client_id,
+                    latency_ms=latency_ms,
+                    broker=queue.broker_name,
+                    detail="duplicate: stored before" if result.duplicate else "",
+                )
+            )
+
+
+class ConsumeTracer(Tracing):
+    """A consumer's side: ``delivered`` when receive() returns a message, ``acked``
+    when it is acknowledged, ``sent_back`` when it is nacked."""
+
+    group = ""
+
+    def __init__(self, dispatcher: TraceDispatcher, close: Callable[[], Awaitable[None]], client_id: str) -> None:
+        super().__init__(dispatcher, close, client_id)
+        self._nacked: dict[tuple[str, int, int], None] = {}  # records sent back, not to be traced as acked
+
+    def delivered(self, mq: Any, records: Sequence[Record]) -> None:
+        now = wall_ms()
+        for r in records:
+            self.dispatcher.record(self._event(TraceKind.DELIVERED, mq, r, now, now - r.store_timestamp_ms))
+
+    def acked(self, mq: Any, records: Sequence[Record]) -> None:
+        now = wall_ms()
+        for r in records:
+            self.dispatcher.record(self._event(TraceKind.ACKED, mq, r, now))
+
+    def acked_batches(self, batches: Iterable[Any], upto: dict[tuple[str, int], int] | None) -> None:
+        """The records of pending ``batches`` an ack covers (``upto``: the last offset
+        acknowledged per queue; None: all), minus those sent back (a nack is not an ack)."""
+        now = wall_ms()
+        nacked = self._nacked
+        for batch in batches:
+            last = None if upto is None else upto.get((batch.mq.topic, batch.mq.queue_id))
+            if upto is not None and last is None:
+                continue
+            for r in batch.records:
+                if last is not None and r.queue_offset > last:
+                    break
+                if nacked and nacked.pop((r.topic, r.queue_id, r.queue_offset), 0) is None:
+                    continue
+                self.dispatcher.record(self._event(TraceKind.ACKED, batch.mq, r, now))
+
+    def sent_back(self, mqs: Sequence[Any], records: Sequence[Record], outcomes: Sequence[str]) -> None:
+        now = wall_ms()
+        for mq, r, outcome in zip(mqs, records, outcomes):
+            self._nacked[(r.topic, r.queue_id, r.queue_offset)] = None
+            self.dispatcher.record(self._event(TraceKind.SENT_BACK, mq, r, now, detail=outcome))
+        while len(self._nacked) > NACKED_REMEMBERED_RECORDS:  # records never acked afterwards (a rewind)
+            del self._nacked[next(iter(self._nacked))]
+
+    def _event(
+        self, kind: TraceKind, mq: Any, r: Record, now: int, latency_ms: int = -1, detail: str = ""
+    ) -> TraceEvent:
+        props = r.properties
+        return trace_event(
+            kind,
+            format_msg_id(mq.addr, r.commitlog_offset),
+            now,
+            topic=r.topic,
+            queue_id=r.queue_id,
+            queue_offset=r.queue_offset,
+            keys=r.keys,
+            uniq_key=props.get(UNIQ_KEY, ""),
+            group=self.group,
+            client_id=self.client_id,
+            latency_ms=max(-1, latency_ms),
+            broker=mq.broker_name,
+            attempt=r.reconsume_times,
+            origin_msg_id=props.get(PROP_ORIGIN_MSG_ID, ""),
+            detail=detail,
+        )
+
+
+def tracing_parts(
+    writer: Any, nursery: trio.Nursery, buffer_max_events: int, flush_interval_ms: int
+) -> tuple[TraceDispatcher, Callable[[], Awaitable[None]]]:
+    """A dispatcher writing through ``writer`` (a Producer of its own, not traced), its
+    task started in ``nursery``; and the writer's close."""
+
+    async def send(messages: list[Message]) -> None:
+        await writer.send_batch(TRACE_TOPIC, messages)
+
+    dispatcher = TraceDispatcher(send, buffer_max_events=buffer_max_events, flush_interval_ms=flush_interval_ms)
+    nursery.start_soon(dispatcher.run)
+    return dispatcher, writer.aclose
+
+
+def send_tracer(writer: Any, nursery: trio.Nursery, options: Any, client_id: str) -> SendTracer:
+    """A producer's tracer (``options``: its ProducerOptions)."""
+    dispatcher, close = tracing_parts(writer, nursery, options.trace_buffer_max_events, options.trace_flush_interval_ms)
+    return SendTracer(dispatcher, close, client_id)
+
+
+def consume_tracer(writer: Any, nursery: trio.Nursery, options: Any, group: str, client_id: str) -> ConsumeTracer:
+    """A consumer's tracer (``options``: its ConsumerOptions)."""
+    dispatcher, close = tracing_parts(writer, nursery, options.trace_buffer_max_events, options.trace_flush_interval_ms)
+    tracer = ConsumeTracer(dispatcher, close, client_id)
+    tracer.group = group
+    return tracer
+
+
+def client_name(client: object) -> str:
+    """A traced client's id when it has none of its own: host, process and object."""
+    return f"{socket.gethostname()}@{os.getpid()}@{id(client):x}"
+
+
+def sent_back_detail(result: Any) -> str:
+    """A nack's outcome as an event's detail (``result``: a SendBackResult)."""
+    if result.destination == "retry":
+        return f"retry {result.reconsume_times}, due at {result.deliver_at_ms}"
+    return "to the dead-letter queue" if result.destination == "dlq" else str(result.destination)
