@@ -32,6 +32,7 @@ from clmq.protocol.auth import AclBinding, AclFilter
 from clmq.protocol.transport import ClientSecurity
 
 from ._admin import Admin, open_admin
+from ._admin_index import IndexLookup
 from ._admin_reads import CancelResult, DeadLetter, ResendResult
 from ._arguments import options_from, resolve_addrs, resolve_security
 from ._routes import MessageQueue
@@ -523,6 +524,10 @@ class AsyncioAdmin:
     async def describe_topic(self, topic: str) -> list[dict[str, Any]]:
         """:meth:`Admin.describe_topic`."""
         return await self._call(self.admin.describe_topic, topic)
+
+    async def find_by_key(self, topic: str, key: str, **kwargs: Any) -> IndexLookup:
+        """:meth:`Admin.find_by_key` (``since_ms``, ``until_ms``, ``max_results``)."""
+        return await self._call(self.admin.find_by_key, topic, key, **kwargs)
 
     async def list_groups(self, *, include_system: bool = False) -> list[str]:
         """:meth:`Admin.list_groups`."""

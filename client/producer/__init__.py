@@ -25,7 +25,7 @@ from ._producer import (
     shard,
 )
 from ._transaction import LocalTransactionState, TransactionListener, TransactionResult
-from ._transaction_hosts import in_threads, on_asyncio, user_listener
+from ._transaction_hosts import in_threads, on_asyncio, transact_in_thread, transact_on_loop, user_listener
 
 __all__ = [
     "BatchTooLargeError",
@@ -43,5 +43,7 @@ __all__ = [
     "open_producer",
     "producer_context",
     "shard",
+    "transact_in_thread",
+    "transact_on_loop",
     "user_listener",
 ]

@@ -8,13 +8,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import trio
 
 from clmq.common import Message, Record
 
-from ._transaction import TransactionListener, check_wrapped
+from ._transaction import (
+    TransactionListener,
+    TransactionResult,
+    check_wrapped,
+    decide,
+    decide_sync,
+    executor,
+    finish,
+    send_half,
+)
 
 
 class AsyncioListener:
@@ -85,3 +94,31 @@ def in_threads(listener: TransactionListener | None) -> ThreadListener | None:
 def user_listener(listener: Any) -> Any:
     """The listener the user gave (a wrapper's ``inner``, or ``listener`` itself)."""
     return getattr(listener, "inner", listener)
+
+
+async def transact_on_loop(
+    call: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]], producer: Any, topic: str, body: bytes, how: Any
+) -> TransactionResult:
+    """The asyncio producer's ``send_in_transaction``: the half message and the end in
+    trio (``call``: the guest run's), ``execute`` (or the listener's) on the asyncio
+    loop, a coroutine function awaited there."""
+    how = dict(how)
+    arg, execute = how.pop("arg", None), how.pop("execute", None)
+    execute = execute or executor(user_listener(producer.options.transaction_listener))
+    half = await call(functools.partial(send_half, producer, topic, body, **how))
+    state = await decide(execute, half.message, arg)
+    result: TransactionResult = await call(functools.partial(finish, producer, half, state))
+    return result
+
+
+def transact_in_thread(call: Callable[..., Any], producer: Any, topic: str, body: bytes, how: Any) -> TransactionResult:
+    """The blocking producer's ``send_in_transaction``: the half message and the end in
+    the client thread (``call``: its portal's), ``execute`` (or the listener's, plain
+    functions) in the calling thread."""
+    how = dict(how)
+    arg, execute = how.pop("arg", None), how.pop("execute", None)
+    execute = execute or executor(user_listener(producer.options.transaction_listener))
+    half = call(send_half, producer, topic, body, **how)
+    state = decide_sync(execute, half.message, arg)
+    result: TransactionResult = call(finish, producer, half, state)
+    return result
