@@ -20,6 +20,7 @@ from clmq.protocol.transport import (
 )
 
 from ._admin import Admin, open_admin
+from ._admin_index import IndexLookup
 from ._admin_reads import CancelResult, DeadLetter, KeyLookup, ResendResult, ResentLetter
 from ._asyncio import (
     AsyncioAdmin,
@@ -83,6 +84,7 @@ __all__ = [
     "ConsumerOptions",
     "DamagedQueueError",
     "DeadLetter",
+    "IndexLookup",
     "KeyLookup",
     "LocalTransactionState",
     "Message",

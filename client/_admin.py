@@ -14,6 +14,7 @@ from clmq.protocol.transport import ClientSecurity, ConnectionFailed, RpcClient,
 
 from . import _admin_groups, _admin_security
 from ._admin_calls import AdminCalls
+from ._admin_index import KeyIndexQueries
 from ._admin_reads import (
     CancelResult,
     DeadLetter,
@@ -28,6 +29,7 @@ from ._admin_reads import (
     topic_leaders,
 )
 from ._admin_security import DEFAULT_MECHANISMS
+from ._admin_trace import TRACE_MAX_EVENTS, MessageTrace, trace_lookup
 from ._arguments import resolve_addrs, resolve_security
 from ._msg_id import parse_msg_id
 
@@ -35,7 +37,7 @@ CANCEL_BUSY_RETRY_S = 10  # a cancel waits this long at most for a broker's time
 DEFAULT_MAX_KEY_SCAN_MESSAGES = 100_000  # a key lookup reads at most this many messages (no key index yet)
 
 
-class Admin:
+class Admin(KeyIndexQueries):
     """Use :func:`open_admin` (trio) or :class:`client.BlockingAdmin`."""
 
     def __init__(
@@ -244,6 +246,21 @@ class Admin:
             since_ms=since_ms,
             until_ms=until_ms,
         )
+
+    async def trace(
+        self,
+        msg_id: str | None = None,
+        *,
+        key: str | None = None,
+        topic: str | None = None,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        max_events: int = TRACE_MAX_EVENTS,
+    ) -> MessageTrace:
+        """The life of message ``msg_id`` (or of the messages of ``topic`` carrying
+        ``key``) as a timeline of the trace events recorded in ``%TRACE%`` (docs/traces.md);
+        records older than the brokers' ``trace_retention_ms`` are left out."""
+        return await trace_lookup(self, msg_id, key, topic, since_ms, until_ms, max_events)
 
     async def update_topic(self, topic: str, *, queue_count: int) -> list[str]:
         """Grow an existing topic's queue count on every leader that has it (RpcError

@@ -8,6 +8,11 @@ from ._damage import AffectedQueue, affected_queues
 from ._dispatch import Dispatcher, tag_hash
 from ._entries import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HOLE_ENTRY, HOLE_TAG, START_TAG, Entry
 from ._files import FileCache
+from ._index_file import ENTRY_SIZE as INDEX_ENTRY_SIZE
+from ._index_file import HEADER_SIZE as INDEX_HEADER_SIZE
+from ._index_file import INDEX_ENTRY_DTYPE, IndexFile, IndexHeader, index_file_name
+from ._keyindex import Candidate, IndexSettings, KeyIndex
+from ._keyindex_keys import UNIQ_KEY, chunk_keys, key_hash
 from ._queue import ConsumeQueue
 from ._set import Arrivals, ConsumeQueueSet
 from ._verify import PREAD_MAX_BYTES, EntryReader, FileSpan, check_headers, check_record_identity, contiguous_runs
@@ -18,10 +23,15 @@ __all__ = [
     "ENTRY_SIZE",
     "HOLE_ENTRY",
     "HOLE_TAG",
+    "INDEX_ENTRY_DTYPE",
+    "INDEX_ENTRY_SIZE",
+    "INDEX_HEADER_SIZE",
     "PREAD_MAX_BYTES",
     "START_TAG",
+    "UNIQ_KEY",
     "AffectedQueue",
     "Arrivals",
+    "Candidate",
     "ConsumeQueue",
     "ConsumeQueueSet",
     "Dispatcher",
@@ -29,9 +39,16 @@ __all__ = [
     "EntryReader",
     "FileCache",
     "FileSpan",
+    "IndexFile",
+    "IndexHeader",
+    "IndexSettings",
+    "KeyIndex",
     "affected_queues",
     "check_headers",
     "check_record_identity",
+    "chunk_keys",
     "contiguous_runs",
+    "index_file_name",
+    "key_hash",
     "tag_hash",
 ]

@@ -28,6 +28,7 @@ from clmq.common import (
     OFF_TOPIC_LEN,
     TIMER_TOPIC,
     TRANS_OP_TOPIC,
+    Walk,
     gather_fields,
     gather_strings,
     timer_tag_code,
@@ -35,6 +36,7 @@ from clmq.common import (
 )
 
 from ._entries import ENTRY_DTYPE
+from ._keyindex import KeyIndex
 from ._set import Arrivals, ConsumeQueueSet
 
 log = logging.getLogger("clmq.dispatch")
@@ -82,7 +84,14 @@ class Dispatcher:
         self._topic_ids: dict[bytes, int] = {}  # raw topic name -> the queue set's id
         self._tags: dict[bytes, int] = {b"": 0}
         self.rounds = 0  # rounds that dispatched something (each wakes long polls once)
+        self.index: KeyIndex | None = None  # the key index, built in the same rounds (set_index)
+        self._walk: Walk | None = None  # the round's walk, for the key index
         commitlog.add_append_listener(self._on_append)
+
+    def set_index(self, index: KeyIndex) -> None:
+        """Build ``index`` too: every round also indexes its records' keys (from the
+        index's own ``end_offset`` on: records below it are indexed already)."""
+        self.index = index
 
     @property
     def lag_bytes(self) -> int:
@@ -105,6 +114,8 @@ class Dispatcher:
             columns, consumed = self._parse(at, data)
             arrivals = self.queues.add_round(*columns) if columns else None
             self.dispatched_offset = at + consumed if consumed >= 0 else self.log.next_segment_base(at)
+            if self.index is not None:
+                self._index_round(at, data)
         self.rounds += 1
         if arrivals is not None:
             for fn in self._listeners:
@@ -116,7 +127,7 @@ class Dispatcher:
 
         Returns ``(columns or None, bytes consumed or -1 at a blank marker)``.
         """
-        walk = walk_records(data, 0, self.log.config.max_message_bytes)
+        walk = self._walk = walk_records(data, 0, self.log.config.max_message_bytes)
         consumed = walk.stop
         if walk.reason == "blank":
             consumed = -1
@@ -147,6 +158,13 @@ class Dispatcher:
             entries["tag"] = np.array([self._tag_code(t) for t in tags], dtype=np.uint64)[tag_idx]
         codes = (topic_ids << np.uint64(32)) | heads["queue_id"].astype(np.uint64)
         return (codes, heads["queue_offset"].astype(np.int64), entries), consumed
+
+    def _index_round(self, at: int, data: memoryview) -> None:
+        """Index the round's records (those the index does not hold yet)."""
+        assert self.index is not None and self._walk is not None
+        walk, self._walk = self._walk, None
+        if self.dispatched_offset > self.index.end_offset:
+            self.index.add_chunk(at, data, walk, self.dispatched_offset)
 
     def _parse_small(self, data: memoryview, starts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The same columns, record by record: for a few records, numpy's per-call cost

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from clmq.common import TIMER_TOPIC
+from clmq.common import TIMER_TOPIC, TRANS_HALF_TOPIC
 from clmq.protocol import RequestCode
 from clmq.protocol.auth import CLUSTER_NAME, WILDCARD, Operation, ResourceType
 from clmq.protocol.transport import OPEN, Need, Rule
@@ -67,8 +67,9 @@ def _heartbeat(fields: dict[str, Any]) -> Iterable[Need]:
 
 
 def _send(fields: dict[str, Any]) -> Iterable[Need]:
-    """WRITE on the topic; a scheduled batch (to ``%TIMER%``) is checked per real topic at the door."""
-    return [] if fields["topic"] == TIMER_TOPIC else [(WRITE, TOPIC, fields["topic"])]
+    """WRITE on the topic; a scheduled batch (to ``%TIMER%``) and a transactional one (to
+    ``%TRANS_HALF%``) are checked per real topic at the door."""
+    return [] if fields["topic"] in (TIMER_TOPIC, TRANS_HALF_TOPIC) else [(WRITE, TOPIC, fields["topic"])]
 
 
 def _create_topic(fields: dict[str, Any]) -> Iterable[Need]:
@@ -98,7 +99,11 @@ BROKER_RULES: dict[int, Rule] = {
     RequestCode.LIST_TOPICS: _on_cluster(DESCRIBE),
     RequestCode.DESCRIBE_TOPIC: _topic(DESCRIBE),
     RequestCode.GET_MESSAGE: OPEN,  # READ on the record's topic: checked once it is read
+    RequestCode.QUERY_INDEX: _topic(READ),
     RequestCode.CANCEL_MESSAGE: lambda fields: [(WRITE, TOPIC, TIMER_TOPIC)],
+    RequestCode.END_TRANSACTION: OPEN,  # WRITE on the half's real topic: checked once it is read
+    RequestCode.CHECK_TRANSACTIONS: OPEN,  # only halves whose real topic the producer may WRITE are offered
+    RequestCode.LIST_TRANSACTIONS: _on_cluster(DESCRIBE),
     RequestCode.BROKER_INFO: _on_cluster(DESCRIBE),
     RequestCode.GET_LOG_LAYOUT: _every_topic(READ),
     RequestCode.READ_LOG: _every_topic(READ),

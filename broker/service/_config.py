@@ -242,6 +242,9 @@ class BrokerConfig:
             storage_mode=self.storage_mode,
             auto_create_topics=self.auto_create_topics,
             default_queue_count=self.default_queue_count,
+            index_enabled=self.index_enabled,
+            index_hash_slots=self.index_hash_slots,
+            index_max_entries_per_file=self.index_max_entries_per_file,
         )
 
 

@@ -24,6 +24,7 @@ from ._admin_requests import AdminRequests
 from ._context import BrokerContext
 from ._fetch import Fetch, ReadThreads
 from ._group_requests import GroupRequests
+from ._index_requests import IndexRequests
 from ._locks import LockRequests
 from ._log_reads import LogReads
 from ._metrics import status_fields
@@ -34,6 +35,7 @@ from ._security_requests import SecurityRequests
 from ._sendback import SendBack
 from ._topic_requests import TopicRequests
 from .timer import Timer
+from .transaction import TransactionRequests, Transactions
 
 
 class Handlers:
@@ -49,7 +51,9 @@ class Handlers:
         self.readers = ReadThreads(ctx.config.pull_read_threads)
         self.timer = Timer(ctx)
         self.scheduled = ScheduledRequests(ctx, self.timer)
-        self.produce = Produce(ctx, self.readers, self.scheduled)
+        self.transactions = Transactions(ctx)
+        self.transaction_requests = TransactionRequests(ctx, self.transactions)
+        self.produce = Produce(ctx, self.readers, self.scheduled, self.transaction_requests.check_send)
         self.locks = LockRequests(ctx)
         self.started = time.monotonic()  # BROKER_INFO's uptime
 
@@ -79,9 +83,11 @@ class Handlers:
             RequestCode.DELETE_GROUP: admin.delete_group,
             RequestCode.CONSUMER_SEND_BACK: SendBack(self.ctx).handle,
             RequestCode.CANCEL_MESSAGE: self.scheduled.cancel,
+            **self.transaction_requests.handlers(),
             RequestCode.LOCK_QUEUES: self.locks.lock,
             RequestCode.UNLOCK_QUEUES: self.locks.unlock,
             RequestCode.GET_MESSAGE: admin.get_message,
+            RequestCode.QUERY_INDEX: IndexRequests(self.ctx, self.readers).query_index,
             RequestCode.CREATE_TOPIC: topics.create_topic,
             RequestCode.DELETE_TOPIC: topics.delete_topic,
             RequestCode.LIST_TOPICS: topics.list_topics,
@@ -116,6 +122,7 @@ class Handlers:
                 "role": self.ctx.replica.role,
                 "epoch": self.ctx.replica.epoch,
                 **self.timer_fields(),
+                **self.transactions.fields(),
                 **status_fields(self.ctx, self.started),
             }
         )

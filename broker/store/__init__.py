@@ -22,6 +22,7 @@ from ._check import (
 )
 from ._config import STORAGE_MODES, StoreConfig, StoreLockedError
 from ._engine import StorageEngine
+from ._key_index import INDEX_DIR, KeyMatches
 from ._partition_store import PartitionStore
 from ._repair import repair_store
 from ._results import GetResult, GetStatus, PutResult, PutStatus, RawRead, Span
@@ -35,11 +36,13 @@ if TYPE_CHECKING:  # mypy checks here that both storage modes fulfil the contrac
 
 
 __all__ = [
+    "INDEX_DIR",
     "MAX_QUEUES_PER_TOPIC",
     "STORAGE_MODES",
     "Damage",
     "GetResult",
     "GetStatus",
+    "KeyMatches",
     "LoadedJson",
     "MetadataSource",
     "MetadataStatus",

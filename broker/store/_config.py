@@ -33,6 +33,10 @@ class StoreConfig:
     index_interval_bytes: int = 4096  # partition-per-file: one offset index entry per this many bytes
     auto_create_topics: bool = False
     default_queue_count: int = 8
+    # The key index (commitlog mode; docs/operations.md "The key index").
+    index_enabled: bool = True  # the dispatcher also indexes every record's keys and UNIQ_KEY
+    index_hash_slots: int = 5_000_000  # hash slots per index file (4 B each; the active file's in memory)
+    index_max_entries_per_file: int = 20_000_000  # entries per index file (20 B each); then a new file
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))

@@ -38,6 +38,8 @@ def _checkpoint(parts: LogParts, sync: bool, full: bool) -> Checkpoint:
         dispatched = min(dispatched, oldest)
     expected = {**parts.manifest, **parts.queues.extents()}
     parts.manifest = expected
+    if parts.index is not None:
+        parts.index.persist(sync=True)  # the index says itself what it holds (its files' headers)
     cp = Checkpoint(parts.log.durable_offset, dispatched, expected)
     if cp != parts.saved:  # unchanged (an idle or read-only second): the file already says it
         cp.save(parts.state.directory / "checkpoint")
@@ -67,9 +69,12 @@ def housekeeping_loop(parts: LogParts) -> None:
 
 
 def apply_retention(parts: LogParts, now: float | None = None) -> int:
-    """Delete expired log segments and the queue files that only point into them."""
+    """Delete expired log segments, the queue files that only point into them and the
+    key index files whose every message is gone."""
     deleted = parts.log.delete_expired(now)
     parts.entries.forget_missing()  # every pass: what the last one dropped is closed now
+    if parts.index is not None:
+        parts.index.delete_before(parts.log.min_offset)  # key index files whose messages are all gone
     if deleted:
         for key in parts.queues.known():  # queues not loaded yet are trimmed when they are
             cq = parts.queues.queue(*key)

@@ -14,6 +14,7 @@ from clmq.consumequeue import Arrivals, ConsumeQueueSet, Dispatcher, EntryReader
 from ._checkpoint import Checkpoint
 from ._config import Stopwatch
 from ._housekeeping import checkpoint
+from ._key_index import open_key_index
 from ._log_parts import REBUILD_FILE, LogParts
 from ._recovery import RebuildList, Recovery, recover_queues
 from ._state import StoreState
@@ -85,7 +86,11 @@ def _recover(
     marked = dict(rebuild.marked)
     plan = recover_queues(commitlog, queues, cp, unclean, marked)
     clock.lap("queue_check_s")
-    dispatcher = Dispatcher(commitlog, queues, plan.start, state.config.dispatch_chunk_bytes)
+    index = open_key_index(state, commitlog)
+    start = plan.start if index is None else min(plan.start, max(index.end_offset, commitlog.min_offset))
+    dispatcher = Dispatcher(commitlog, queues, start, state.config.dispatch_chunk_bytes)
+    if index is not None:
+        dispatcher.set_index(index)
     dispatcher.add_listener(on_arrivals)
     parts = LogParts(state, commitlog, queues, dispatcher, entries, rebuild)
     appended = queues.appended_entries

@@ -7,7 +7,7 @@ housekeeping (:mod:`._housekeeping`) and the store itself then all hold the same
 
 Who writes what:
 
-- ``log``, ``queues``, ``dispatcher``, ``entries``, ``rebuild``: set once, at open.
+- ``log``, ``queues``, ``dispatcher``, ``entries``, ``rebuild``, ``index``: set once, at open.
 - ``manifest`` (the checkpointed extents of queues not loaded, carried forward until
   they are) and ``saved`` (the last checkpoint written): by a checkpoint, under the
   store's ``checkpoint_lock``.
@@ -20,7 +20,7 @@ from typing import Sequence
 
 from clmq.commitlog import CommitLog, QueueKey
 from clmq.common import CorruptRecordError, Message, PackedMessages
-from clmq.consumequeue import ConsumeQueueSet, Dispatcher, EntryReader
+from clmq.consumequeue import ConsumeQueueSet, Dispatcher, EntryReader, KeyIndex
 
 from ._checkpoint import Checkpoint
 from ._recovery import RebuildList
@@ -37,7 +37,7 @@ class LogParts:
     """The log, its queues, the dispatcher, the checked entry reader and the rebuild
     list, with the store's :class:`StoreState` (see the module docstring for the rules)."""
 
-    __slots__ = ("dispatcher", "entries", "log", "manifest", "queues", "rebuild", "saved", "state")
+    __slots__ = ("dispatcher", "entries", "index", "log", "manifest", "queues", "rebuild", "saved", "state")
 
     def __init__(
         self,
@@ -56,6 +56,7 @@ class LogParts:
         self.rebuild = rebuild  # queues marked for rebuild at the next open
         self.manifest: dict[QueueKey, tuple[int, int]] = {}
         self.saved: Checkpoint | None = None
+        self.index: KeyIndex | None = dispatcher.index  # the key index (None: index_enabled off)
 
     def mark_for_rebuild(self, topic: str, queue_id: int, error: CorruptRecordError) -> None:
         """Record durably that the queue must be rebuilt from the log (at the next open)."""
@@ -71,6 +72,8 @@ class LogParts:
         """Close every file without flushing or checkpointing (as a crash would)."""
         self.entries.close()
         self.queues.files.close()
+        if self.index is not None:
+            self.index.close()
         self.log.abandon()
 
 

@@ -47,6 +47,7 @@ from ._base import StoreBase
 from ._checkpoint import Checkpoint
 from ._config import StoreConfig, StoreLockedError
 from ._housekeeping import apply_retention, checkpoint, housekeeping_loop
+from ._key_index import KeyMatches, find_by_key
 from ._log_open import open_log_parts
 from ._log_parts import LogAppender, LogParts
 from ._partition_store import PartitionStore
@@ -125,6 +126,8 @@ class Store(StoreBase):
             self.queues.files.close()
             clean = False
         self._parts.entries.close()
+        if self._parts.index is not None:
+            self._parts.index.close()
         self.log.close()
         return clean
 
@@ -158,6 +161,8 @@ class Store(StoreBase):
         self._parts.entries.forget_missing()  # a segment made again under the same name must be read anew
         for key in self.queues.known():
             self.queues.queue(*key).truncate_past(self.log.write_offset)
+        if self._parts.index is not None:
+            self._parts.index.truncate(self.log.write_offset)
         self.dispatcher.dispatched_offset = min(self.dispatcher.dispatched_offset, self.log.write_offset)
         self.log.set_queue_offset_table(self._next_offsets_after_cut())
 
@@ -179,6 +184,8 @@ class Store(StoreBase):
         self.dispatcher.catch_up()
         self.log.restart_at(base)
         self._parts.entries.forget_missing()
+        if self._parts.index is not None:
+            self._parts.index.restart_at(base)
         self.dispatcher.dispatched_offset = base
         self.log.set_queue_offset_table(self.queues.next_offsets())
 
@@ -194,6 +201,24 @@ class Store(StoreBase):
         """:meth:`StoreBase.read_raw_many`, the records of all queues read together
         (see :mod:`._read_many`): the answers are the per-queue loop's."""
         return read_many(self._parts, self._reads, asks, (max_messages, max_per_queue, max_bytes))
+
+    def find_by_key(
+        self,
+        topic: str,
+        key: str,
+        *,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        max_results: int = 1000,
+    ) -> KeyMatches | None:
+        """Messages of ``topic`` with ``key`` among their keys or as their UNIQ_KEY,
+        stored in ``[since_ms, until_ms]``, newest first, through the key index
+        (:mod:`._key_index`); None when the index is off (``index_enabled``)."""
+        if self._parts.index is None:
+            return None
+        return find_by_key(
+            self._parts.index, self.log, topic, key, since_ms=since_ms, until_ms=until_ms, max_results=max_results
+        )
 
     @property
     def dispatch_lag_bytes(self) -> int:

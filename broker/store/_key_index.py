@@ -1,0 +1,91 @@
+"""The CommitLog mode's key index (``index/``): opened beside the queues, brought in
+line with the log at open, and queried with every candidate checked against its record.
+
+Invariants:
+- At open the index is cut to the log's end (a torn tail cut at an unclean open, a
+  follower's truncation) and re-dispatch starts no later than its ``end_offset``.
+- A query returns only records read from the log whose topic is the query's and whose
+  keys (split on whitespace) or UNIQ_KEY hold the key, with a store time in range;
+  an entry past the log's end, below retention, or naming another record is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from clmq.commitlog import CommitLog
+from clmq.common import CorruptRecordError, Record
+from clmq.consumequeue import UNIQ_KEY, IndexSettings, KeyIndex
+
+from ._state import StoreState
+
+log = logging.getLogger("clmq.store")
+
+INDEX_DIR = "index"
+INDEX_MAX_CANDIDATES = 100_000  # a query stops after checking this many hash matches (collisions, duplicates)
+
+
+@dataclass
+class KeyMatches:
+    """What :func:`find_by_key` found: records newest first, and whether more matched
+    than ``max_results`` (``truncated``)."""
+
+    records: list[Record]
+    truncated: bool
+
+
+def open_key_index(state: StoreState, commitlog: CommitLog) -> KeyIndex | None:
+    """The store's key index (None when ``index_enabled`` is off), cut to the log's end."""
+    config = state.config
+    if not config.index_enabled:
+        return None
+    settings = IndexSettings(config.index_hash_slots, config.index_max_entries_per_file)
+    index = KeyIndex(state.directory / INDEX_DIR, settings, commitlog.min_offset)
+    if index.end_offset > commitlog.write_offset:
+        log.warning(
+            "key index: indexed up to %d, the log ends at %d: entries past it dropped",
+            index.end_offset,
+            commitlog.write_offset,
+        )
+        index.truncate(commitlog.write_offset)
+    return index
+
+
+def record_has_key(record: Record, topic: str, key: str) -> bool:
+    return record.topic == topic and (key in record.keys.split() or record.properties.get(UNIQ_KEY) == key)
+
+
+def find_by_key(
+    index: KeyIndex,
+    commitlog: CommitLog,
+    topic: str,
+    key: str,
+    *,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    max_results: int = 1000,
+) -> KeyMatches:
+    """Records of ``topic`` with ``key`` (a key or the UNIQ_KEY) stored in
+    ``[since_ms, until_ms]``, newest first, at most ``max_results``."""
+    found: dict[int, Record] = {}
+    checked = 0
+    for cand in index.candidates(topic, key, since_ms, until_ms):
+        if cand.offset in found or cand.offset >= commitlog.confirmed_offset:
+            continue
+        checked += 1
+        if checked > INDEX_MAX_CANDIDATES:
+            break
+        try:
+            record = commitlog.read_record(cand.offset)
+        except CorruptRecordError:  # an entry past a truncation into another record's middle
+            continue
+        if record is None or not record_has_key(record, topic, key):
+            continue
+        ts = record.store_timestamp_ms
+        if (since_ms is None or ts >= since_ms) and (until_ms is None or ts <= until_ms):
+            found[cand.offset] = record
+            if len(found) > max_results:
+                break
+    records = sorted(found.values(), key=lambda r: (r.store_timestamp_ms, r.commitlog_offset), reverse=True)
+    return KeyMatches(records[:max_results], len(records) > max_results)

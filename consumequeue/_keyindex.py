@@ -1,0 +1,223 @@
+"""The key index: messages by key and by UNIQ_KEY over the whole retained log.
+
+A directory of :mod:`._index_file` files, each covering a contiguous range of the log
+(its name is the offset it starts at), at most ``max_entries`` entries each; only the
+newest (active) file takes entries and keeps its slot table in memory, so memory is
+``4 x slots`` bytes however many messages are indexed (20 MB at RocketMQ's 5 M slots).
+
+Invariants:
+- Entries are added in log order by the dispatcher's thread; a record below
+  :attr:`KeyIndex.end_offset` (indexed already) is never added again, so re-dispatch
+  is idempotent.
+- :meth:`persist` makes the files say "indexed up to ``end_offset``": the store's open
+  re-dispatches from there (or from the first damaged file: that file and every newer
+  one are deleted and rebuilt from the log).
+- A query returns candidates only: the caller reads each record and compares its
+  topic, keys and store time (a hash collision, an entry past a truncation).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from clmq.common import Walk
+
+from ._index_file import SUFFIX, IndexFile, slot_of
+from ._keyindex_keys import chunk_keys, key_hash
+
+log = logging.getLogger("clmq.keyindex")
+
+
+@dataclass(frozen=True)
+class IndexSettings:
+    slots: int = 5_000_000  # hash slots per file (4 B each, the active file's in memory)
+    max_entries: int = 20_000_000  # entries per file (20 B each)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An entry whose hash matched: where the record should be, and its store second."""
+
+    offset: int
+    store_s: int
+
+
+class KeyIndex:
+    """Every index file of a store (see the module docstring)."""
+
+    def __init__(self, directory: Path, settings: IndexSettings, start_offset: int = 0) -> None:
+        self.directory = directory
+        self.settings = settings
+        directory.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()  # the file list and the active file's slots
+        self._files: list[IndexFile] = []
+        self._retired: list[IndexFile] = []  # deleted, closed one retention pass later (readers)
+        self.dropped_from: int | None = None  # the open found damage: rebuilt from here
+        self._load(start_offset)
+
+    # ------------------------------------------------------------------ opening
+    def _load(self, start_offset: int) -> None:
+        paths = sorted(p for p in self.directory.glob(f"*{SUFFIX}") if p.stem.isdigit())
+        files = [IndexFile.open(p) for p in paths]
+        bad = next((i for i, f in enumerate(files) if not self._usable(f, f.path.name)), None)
+        if bad is not None:  # that file and every newer one: rebuilt from the log
+            self.dropped_from = int(files[bad].path.stem)
+            log.warning("key index: %s is damaged; it and newer files are rebuilt from the log", files[bad].path)
+            for f in files[bad:]:
+                f.close()
+                f.path.unlink()
+            files = files[:bad]
+        if not files:
+            files = [IndexFile.create(self.directory, *self._shape(), start_offset)]
+        elif files[-1].full:
+            files.append(IndexFile.create(self.directory, *self._shape(), files[-1].header.end_offset))
+        else:
+            files[-1].activate()
+        self._files = files
+
+    @staticmethod
+    def _usable(f: IndexFile, name: str) -> bool:
+        h = f.header
+        return h.ok and name == f"{h.begin_offset:020d}{SUFFIX}" and h.count <= h.max_entries and h.slots > 0
+
+    def _shape(self) -> tuple[int, int]:
+        return self.settings.slots, self.settings.max_entries
+
+    @property
+    def end_offset(self) -> int:
+        """Every record below this offset is indexed (re-dispatch starts here)."""
+        return self._files[-1].header.end_offset
+
+    @property
+    def files(self) -> list[IndexFile]:
+        return list(self._files)
+
+    @property
+    def entry_count(self) -> int:
+        return sum(f.header.count for f in self._files)
+
+    # ------------------------------------------------------------------ writing
+    def add_chunk(self, at: int, data: memoryview, walk: Walk, upto: int) -> int:
+        """Index the walked records of a chunk read at log offset ``at``, then mark the
+        log indexed up to ``upto``; returns the entries added."""
+        added = 0
+        if walk.runs:
+            hashes, positions, times = chunk_keys(data, walk)
+            offsets = positions + at
+            keep = offsets >= self.end_offset
+            added = self.add(hashes[keep], offsets[keep], times[keep])
+        self.advance(upto)
+        return added
+
+    def add(self, hashes: np.ndarray, offsets: np.ndarray, times_ms: np.ndarray) -> int:
+        """Add entries in log order, rolling to a new file when the active one is full."""
+        done = 0
+        with self._lock:
+            while done < len(hashes):
+                active = self._files[-1]
+                if active.full:
+                    active.seal()
+                    self._files.append(IndexFile.create(self.directory, *self._shape(), active.header.end_offset))
+                    continue
+                n = active.append(hashes[done:], offsets[done:], times_ms[done:])
+                done += n
+                active.header.end_offset = int(offsets[done - 1]) + 1
+        return done
+
+    def advance(self, upto: int) -> None:
+        h = self._files[-1].header
+        h.end_offset = max(h.end_offset, upto)
+
+    def persist(self, sync: bool = True) -> None:
+        """Make the active file durable (entries, then slots, then its header)."""
+        with self._lock:
+            self._files[-1].persist(sync)
+
+    # ---------------------------------------------------------- log cut, retention
+    def truncate(self, offset: int) -> None:
+        """Forget every entry at or past ``offset`` (the log was cut there)."""
+        with self._lock:
+            if self.end_offset <= offset:
+                return
+            while len(self._files) > 1 and self._files[-1].header.begin_offset >= offset:
+                self._retire(self._files.pop())
+            active = self._files[-1]
+            if active.slot_table is None:
+                active.activate()
+            entries = active.read_entries(0, active.header.count)
+            active.cut_after(int(np.searchsorted(entries["offset"], offset)))
+            active.header.end_offset = min(max(offset, active.header.begin_offset), active.header.end_offset)
+            active.persist(sync=True)
+
+    def restart_at(self, base: int) -> None:
+        """The log now starts empty at ``base``: index on from there (old files age out)."""
+        with self._lock:
+            self._files[-1].header.end_offset = base
+
+    def delete_before(self, min_offset: int) -> int:
+        """Delete sealed files whose every record lies below the log's ``min_offset``."""
+        with self._lock:
+            for f in self._retired:
+                f.close()
+            self._retired = []
+            gone = 0
+            while len(self._files) > 1 and self._files[0].header.end_offset <= min_offset:
+                self._retire(self._files.pop(0))
+                gone += 1
+        return gone
+
+    def _retire(self, f: IndexFile) -> None:
+        f.path.unlink(missing_ok=True)
+        self._retired.append(f)
+
+    # ------------------------------------------------------------------ reading
+    def candidates(
+        self, topic: str, key: str, since_ms: int | None = None, until_ms: int | None = None
+    ) -> Iterator[Candidate]:
+        """Entries whose hash is ``topic#key``'s within the time range, newest file first."""
+        h = key_hash(topic, key)
+        since_s = None if since_ms is None else since_ms // 1000
+        until_s = None if until_ms is None else until_ms // 1000
+        with self._lock:
+            files = [(f, f.slot(int(slot_of(np.array([h]), f.header.slots)[0])), f.header.count) for f in self._files]
+        for f, head, count in reversed(files):
+            hd = f.header
+            if count == 0 or (since_ms is not None and hd.end_ms < since_ms):
+                continue
+            if until_ms is not None and hd.begin_ms > until_ms:
+                continue
+            yield from _chain(f, head, count, h, since_s, until_s)
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self._files + self._retired:
+                f.close()
+            self._files, self._retired = [], []
+
+
+def _chain(
+    f: IndexFile, head: int, count: int, h: int, since_s: int | None, until_s: int | None
+) -> Iterator[Candidate]:
+    """Walk a slot's chain newest first; stop below ``since_s`` (entries only get older)."""
+    base_s = f.header.begin_ms // 1000
+    number = head
+    while 0 < number <= count:
+        row = f.entry(number)
+        if row is None:
+            return
+        store_s = base_s + int(row["dt"])
+        if since_s is not None and store_s < since_s:
+            return
+        if int(row["hash"]) == h and (until_s is None or store_s <= until_s):
+            yield Candidate(int(row["offset"]), store_s)
+        prev = int(row["prev"])
+        if prev >= number:
+            log.error("key index %s: entry %d links forward to %d; chain cut there", f.path, number, prev)
+            return
+        number = prev

@@ -1,0 +1,95 @@
+"""The key index through a real broker: QUERY_INDEX, ``Admin.find_by_key`` (keys,
+UNIQ_KEY, system topics, time ranges, the bound on results), partition-per-file's
+REQUEST_NOT_SUPPORTED, and ``clmq message find`` against a real ``clmq dev``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from clmq.client import IndexLookup, open_admin, open_producer
+from clmq.common import Message
+from clmq.protocol import ErrorCode, RequestCode, decode_records
+from clmq.protocol.transport import RpcClient, RpcError
+from tests.service_helpers import Cluster
+from tests.waiting import await_until
+
+
+@pytest.fixture
+async def cluster(nursery: trio.Nursery, tmp_path: Path) -> Cluster:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    await c.start_broker("broker-a", index_hash_slots=64, index_max_entries_per_file=40)
+    return c
+
+
+async def test_find_by_key_and_by_unique_id_newest_first(cluster: Cluster) -> None:
+    await cluster.create_topic("orders", 3)
+    async with open_producer(cluster.ns) as p:
+        sent = [await p.send("orders", f"m{i}".encode(), keys=f"order-{i % 5} all") for i in range(60)]
+    async with open_admin(cluster.ns) as admin:
+        found = await admin.find_by_key("orders", "order-3")
+        assert [r.body for r in found.records] == [f"m{i}".encode() for i in reversed(range(60)) if i % 5 == 3]
+        assert not found.truncated
+        ts = [r.store_timestamp_ms for r in found.records]
+        assert ts == sorted(ts, reverse=True)
+        uniq = sent[17].uniq_keys[0]
+        by_id = await admin.find_by_key("orders", uniq)
+        assert [r.body for r in by_id.records] == [b"m17"]
+        capped = await admin.find_by_key("orders", "all", max_results=7)
+        assert len(capped.records) == 7 and capped.truncated
+        assert [r.body for r in capped.records] == [f"m{i}".encode() for i in range(59, 52, -1)]
+        assert (await admin.find_by_key("orders", "order-9")).records == []
+        assert (await admin.find_by_key("other-topic", "order-3")).records == []  # topic#key: another topic's key
+        newest = found.records[0].store_timestamp_ms
+        later = await admin.find_by_key("orders", "order-3", since_ms=newest + 1)
+        assert later.records == []
+        upto = await admin.find_by_key("orders", "order-3", until_ms=found.records[-1].store_timestamp_ms)
+        assert upto.records and all(r.store_timestamp_ms <= found.records[-1].store_timestamp_ms for r in upto.records)
+
+
+async def test_system_topics_are_indexed_for_traces(cluster: Cluster) -> None:
+    """The trace engineer's use: records in %TRACE% found by their key (a message id)."""
+    broker = cluster.brokers["broker-a"]
+    store = broker.store
+    store.create_topic("%TRACE%", 1)
+    trace_key = "10.0.0.1:9876@00000000000000AB"
+    store.put_batch([Message("%TRACE%", 0, f"event-{i}".encode(), keys=trace_key) for i in range(3)])
+    store.put(Message("%TRACE%", 0, b"other", keys="10.0.0.1:9876@00000000000000AC"))
+    async with open_admin(cluster.ns) as admin:
+
+        async def all_three() -> IndexLookup | None:
+            found = await admin.find_by_key("%TRACE%", trace_key)
+            return found if len(found.records) == 3 else None
+
+        found = await await_until(all_three, 10, "the trace records indexed (once durable)")
+        assert sorted(r.body for r in found.records) == [b"event-0", b"event-1", b"event-2"]
+
+
+async def test_query_index_is_not_supported_in_partition_per_file_mode(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    await c.start_broker("broker-p", storage_mode="partition-per-file")
+    await c.create_topic("t", 1)
+    async with open_admin(c.ns) as admin:
+        with pytest.raises(RpcError) as e:
+            await admin.find_by_key("t", "k")
+        assert e.value.code == ErrorCode.REQUEST_NOT_SUPPORTED
+
+
+async def test_query_index_answers_matches_and_records_in_the_same_order(cluster: Cluster) -> None:
+    await cluster.create_topic("raw", 1)
+    async with open_producer(cluster.ns) as p:
+        for i in range(5):
+            await p.send("raw", f"r{i}".encode(), keys="same")
+    addr = cluster.brokers["broker-a"].addr
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        reply = await rpc.request(addr, RequestCode.QUERY_INDEX, {"topic": "raw", "key": "same", "max_results": 2})
+        await rpc.aclose()
+    records = decode_records(reply.body)
+    assert reply.fields["truncated"] is True
+    assert reply.fields["matches"] == [[r.commitlog_offset, r.store_timestamp_ms] for r in records]
+    assert [r.body for r in records] == [b"r4", b"r3"]
