@@ -198,6 +198,7 @@ GOOD_BROKER: dict[int, dict[str, Any]] = {
     RequestCode.LIST_TOPICS: {"include_system": False},
     RequestCode.DESCRIBE_TOPIC: {"topic": "v"},
     RequestCode.GET_MESSAGE: {"commitlog_offset": 0},
+    RequestCode.QUERY_INDEX: {"topic": "v", "key": "k", "since_ms": 0, "until_ms": 1 << 42, "max_results": 5},
     RequestCode.CONSUMER_SEND_BACK: {"group": "g", "messages": [[0, -1]], "max_reconsume_times": 2, "to_dlq": False},
     RequestCode.LOCK_QUEUES: {"group": "g", "client_id": "c", "queues": [["v", 0]]},
     RequestCode.UNLOCK_QUEUES: {"group": "g", "client_id": "c", "queues": [["v", 0]]},
