@@ -30,6 +30,7 @@ from ._admin_reads import (
 )
 from ._admin_security import DEFAULT_MECHANISMS
 from ._admin_trace import TRACE_MAX_EVENTS, MessageTrace, trace_lookup
+from ._admin_transactions import TransactionList, TransactionView, list_transactions, transaction_by_id
 from ._arguments import resolve_addrs, resolve_security
 from ._msg_id import parse_msg_id
 
@@ -207,6 +208,14 @@ class Admin(KeyIndexQueries):
             if any(q["queue_id"] == queue_id for q in b["queues"]):
                 return (await pull(self.calls, b["addr"], topic, queue_id, offset, max_messages))[0]
         raise ValueError(f"topic {topic!r} has no queue {queue_id}" + (f" on {broker_name}" if broker_name else ""))
+
+    async def list_transactions(self, group: str | None = None) -> TransactionList:
+        """Pending half messages on every group's leader (of producer ``group`` only), merged."""
+        return await list_transactions(self.calls, group)
+
+    async def transaction(self, msg_id: str) -> TransactionView | None:
+        """The half message ``msg_id`` names and its state (None: no message there)."""
+        return await transaction_by_id(self.calls, msg_id)
 
     async def message_by_id(self, msg_id: str) -> Record | None:
         """The message a send's id names (``host:port@HEXOFFSET``); None if that broker

@@ -541,6 +541,14 @@ class AsyncioAdmin:
         """:meth:`Admin.cancel_message`."""
         return await self._call(self.admin.cancel_message, msg_id)
 
+    async def list_transactions(self, group: str | None = None) -> Any:
+        """:meth:`Admin.list_transactions`."""
+        return await self._call(self.admin.list_transactions, group)
+
+    async def transaction(self, msg_id: str) -> Any:
+        """:meth:`Admin.transaction`."""
+        return await self._call(self.admin.transaction, msg_id)
+
     async def dead_letters(self, group: str, *, max_messages: int = 100, start: int = 0) -> list[DeadLetter]:
         """:meth:`Admin.dead_letters`."""
         return await self._call(self.admin.dead_letters, group, max_messages=max_messages, start=start)

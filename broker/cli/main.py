@@ -31,6 +31,7 @@ from .export import add_command as add_export
 from .replication_verbs import add_replication_commands
 from .security_verbs import add_command as add_security
 from .store_tools import add_command as add_store_tools
+from .transaction_verbs import add_command as add_transaction
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dashboard(sub)
     add_dlq(sub)
     add_security(sub)
+    add_transaction(sub)
     accept_durations(parser)
     return parser
 
