@@ -300,8 +300,10 @@ class CommitLog:
     def hold_retention(self, floor: Callable[[], int | None]) -> None:
         """Keep every segment from the one holding ``floor()`` on, whatever its age or
         the log's size (retention by time or bytes deletes only below it; None: no
-        floor). The broker's timer holds the scheduled messages it has yet to deliver."""
-        self._retention.floor = floor
+        floor). Each call adds a holder; the lowest floor of all of them holds: the
+        broker's timer holds the scheduled messages it has yet to deliver, its
+        transactions the half messages still pending."""
+        self._retention.holders.append(floor)
 
     def delete_before(self, offset: int) -> int:
         """Delete the oldest whole segments that end at or below ``offset``, never the

@@ -24,13 +24,18 @@ log = logging.getLogger("clmq.commitlog")
 class Retention:
     """Deletes segments past ``retention_ms`` or ``retention_bytes``."""
 
-    __slots__ = ("_state", "floor")
+    __slots__ = ("_state", "holders")
 
     def __init__(self, state: LogState) -> None:
         self._state = state
-        # The lowest offset that must stay whatever its age (None: none): records
-        # someone still needs, e.g. scheduled messages not yet delivered.
-        self.floor: Callable[[], int | None] = lambda: None
+        # Each holder names the lowest offset it needs kept whatever its age (None:
+        # nothing): scheduled messages not yet delivered, half messages still pending.
+        self.holders: list[Callable[[], int | None]] = []
+
+    def floor(self) -> int | None:
+        """The lowest offset any holder needs (None: none needs any)."""
+        floors = [f for f in (holder() for holder in self.holders) if f is not None]
+        return min(floors) if floors else None
 
     def delete_expired(self, now: float | None = None) -> int:
         """Delete expired segments (see :meth:`CommitLog.delete_expired`); returns how many."""

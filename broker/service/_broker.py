@@ -43,6 +43,7 @@ from ._security import BrokerSecurity
 from ._trace_buffer import TraceRecorder
 from ._trace_writer import trace_loop
 from .kafka import KafkaCollector, KafkaService
+from .transaction import TransactionCollector
 
 log = logging.getLogger("clmq.broker")
 
@@ -106,6 +107,7 @@ class Broker:
         if config.kafka_listen_port >= 0:
             self.kafka = KafkaService(self.ctx, self.handlers.readers, lambda: self.client)
         self.metadata.timer = self.handlers.timer
+        self.metadata.transactions = self.handlers.transactions
         table = self.handlers.table(self.replica.handlers())
         tls = config.tls_settings()
         self.tls_context: ssl.SSLContext | None = None
@@ -139,6 +141,7 @@ class Broker:
                 self.tls_handshake_failures,
             )
         )
+        self.metrics.register(TransactionCollector(self.handlers.transactions))
         if self.kafka is not None:
             self.metrics.register(KafkaCollector(self.kafka))
         self.metrics_port = -1  # the port /metrics is served on, once started (-1: none)
@@ -338,6 +341,7 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
                 )
             nursery.start_soon(broker.replica.role_loop, broker.client)
             nursery.start_soon(broker.handlers.timer.tick_loop)
+            nursery.start_soon(broker.handlers.transactions.check_loop)
             nursery.start_soon(trace_loop, broker.ctx)  # trace_enabled: %TRACE% and the broker's own events
             if broker.coordinator is not None:
                 await nursery.start(broker.coordinator.coordinate)

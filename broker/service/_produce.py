@@ -4,12 +4,12 @@ is durable (sync flush) and held by the replicas (sync acks), and retries marked
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import trio
 
 from clmq.broker.store import PutStatus
-from clmq.common import TIMER_TOPIC
+from clmq.common import TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_TOPIC
 from clmq.protocol import BatchError, ErrorCode, Frame, decode_batch
 from clmq.protocol.auth import Operation, ResourceType
 from clmq.protocol.transport import Later, Peer, Reply, RequestError, need
@@ -38,9 +38,16 @@ _PUT_ERRORS = {
 class Produce:
     """SEND_MESSAGE for one broker."""
 
-    def __init__(self, ctx: BrokerContext, readers: ReadThreads, scheduled: ScheduledRequests) -> None:
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        readers: ReadThreads,
+        scheduled: ScheduledRequests,
+        half_door: Callable[[str, bytes, Peer], Awaitable[None]] | None = None,
+    ) -> None:
         self.ctx = ctx
         self.scheduled = scheduled
+        self.half_door = half_door  # transactions' check of %TRANS_HALF% and %TRANS_OP% batches
         self.store = ctx.store
         self.config = ctx.config
         self._readers = readers
@@ -62,6 +69,8 @@ class Produce:
             return refused
         if topic == TIMER_TOPIC:  # scheduled messages: checked before the timer trusts them
             await self.scheduled.check_send(frame.body, peer)
+        elif topic in (TRANS_HALF_TOPIC, TRANS_OP_TOPIC) and self.half_door is not None:
+            await self.half_door(topic, frame.body, peer)  # half messages: checked before transactions trust them
         elif self.ctx.config.auto_create_topics and self.store.topics.queue_count(topic) is None:
             # the store would create it: a creation, which needs CREATE (on the topic or the cluster)
             self.ctx.security.check(peer, [(Operation.CREATE, ResourceType.TOPIC, topic)], "SEND_MESSAGE (auto-create)")

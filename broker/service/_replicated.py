@@ -41,6 +41,7 @@ class ReplicatedMetadata:
         # follower lists these groups before their consumers' first heartbeat.
         self.subscriptions: dict[str, tuple[str, list[str]]] = {}
         self.timer: TimerCheckpoints | None = None  # set by the broker
+        self.transactions: TimerCheckpoints | None = None  # transactions' checkpoint: the same three calls
         self.security: SecurityCopies | None = None  # set by the broker
 
     def bump(self) -> None:
@@ -71,6 +72,7 @@ class ReplicatedMetadata:
             "topics": self.store.topics.all(),
             "offsets": offsets,
             "timer": timer,
+            "transactions": self.transactions.checkpoint_json() if self.transactions is not None else None,
             "security": self.security.snapshot() if self.security is not None else None,
             "subscriptions": [[g, mode, topics] for g, (mode, topics) in sorted(subs.items())],
         }
@@ -92,6 +94,9 @@ class ReplicatedMetadata:
         timer = snapshot.get("timer")
         if isinstance(timer, dict) and self.timer is not None:
             self.timer.adopt_checkpoint(timer)
+        transactions = snapshot.get("transactions")
+        if isinstance(transactions, dict) and self.transactions is not None:
+            self.transactions.adopt_checkpoint(transactions)
         security = snapshot.get("security")
         if isinstance(security, dict) and self.security is not None:
             self.security.adopt(security)
@@ -102,3 +107,5 @@ class ReplicatedMetadata:
         self.offsets.clamp(lambda t, q: store.max_offset(t, q) if store.queue_exists(t, q) else None)
         if self.timer is not None:
             self.timer.after_truncation()
+        if self.transactions is not None:
+            self.transactions.after_truncation()

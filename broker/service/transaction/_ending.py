@@ -1,0 +1,89 @@
+"""What ending a half message appends, and how: a commit is the real message (its
+real topic, queue and tags, the half's keys, body and properties without the
+transaction ones, plus ``TRAN_HALF``) and its op record in ONE store call through the
+append lane, the message first; a rollback or a check is an op record alone. The op's
+tags are the half's commit-log offset (the dispatcher makes it the entry's tag code)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from clmq.broker.store import PutResult, PutStatus
+from clmq.common import (
+    PROP_REAL_QID,
+    PROP_REAL_TAGS,
+    PROP_REAL_TOPIC,
+    PROP_TRAN_GROUP,
+    PROP_TRAN_HALF,
+    TRANS_OP_TOPIC,
+    Message,
+    Record,
+)
+from clmq.protocol import ErrorCode
+from clmq.protocol.transport import RequestError
+
+from .._append import BusyError
+from .._context import BrokerContext
+from .._system_put import put_messages
+
+_NOT_STORED = {
+    PutStatus.DISK_FULL: ErrorCode.DISK_FULL,
+    PutStatus.STORE_CLOSED: ErrorCode.SHUTTING_DOWN,
+    PutStatus.STORE_FAILED: ErrorCode.STORE_FAILED,
+    PutStatus.UNKNOWN_TOPIC: ErrorCode.TOPIC_NOT_FOUND,
+    PutStatus.INVALID_QUEUE_ID: ErrorCode.INVALID_QUEUE_ID,
+    PutStatus.MESSAGE_TOO_LARGE: ErrorCode.MESSAGE_TOO_LARGE,
+}
+_TRANSACTION_PROPS = (PROP_REAL_TOPIC, PROP_REAL_QID, PROP_REAL_TAGS, PROP_TRAN_GROUP)
+
+
+def op_record(queue_id: int, half_offset: int) -> Message:
+    """An op record of ``%TRANS_OP%`` (queue 0 commit, 1 rollback, 2 check) for a half."""
+    return Message(TRANS_OP_TOPIC, queue_id, b"", str(half_offset), "", {})
+
+
+def committed_message(half: Record) -> Message:
+    """The message a committed half becomes in its real queue (UNIQ_KEY kept)."""
+    props = {k: v for k, v in half.properties.items() if k not in _TRANSACTION_PROPS}
+    props[PROP_TRAN_HALF] = str(half.commitlog_offset)
+    return Message(
+        half.properties[PROP_REAL_TOPIC],
+        int(half.properties[PROP_REAL_QID]),
+        half.body,
+        half.properties.get(PROP_REAL_TAGS, ""),
+        half.keys,
+        props,
+        half.flags,
+        half.born_timestamp_ms,
+        half.born_host,
+        half.reconsume_times,
+    )
+
+
+async def store_together(ctx: BrokerContext, messages: Sequence[Message]) -> PutResult:
+    """Append ``messages`` in one store call; refused (RequestError) unless stored.
+    Nothing is stored when this raises."""
+    for topic in sorted({m.topic for m in messages}):
+        ctx.replica.check_sync_write(topic)
+    try:
+        result = await put_messages(ctx, messages)
+    except BusyError as e:
+        raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
+    if result.status is PutStatus.FLUSH_DISK_TIMEOUT:
+        return result  # stored: the wait below says what is missing
+    if not result.ok:
+        code = _NOT_STORED.get(result.status, ErrorCode.IO_ERROR)
+        raise RequestError(code, f"not stored: {result.status.value}: {result.error}")
+    return result
+
+
+async def acknowledged(ctx: BrokerContext, topics: Sequence[str], result: PutResult) -> None:
+    """Wait until what ``result`` stored is as durable as the flush mode promises a
+    producer and held by the replicas each topic's ack mode asks for (RequestError if not)."""
+    sync = ctx.store.config.commitlog.acks_wait_for_fsync
+    if sync and not await ctx.lane.durable.wait(result.end_offset, ctx.config.sync_flush_timeout_ms / 1000):
+        raise RequestError(ErrorCode.FLUSH_DISK_TIMEOUT, "stored, but not fsynced within sync_flush_timeout_ms")
+    for topic in sorted(set(topics)):
+        problem = await ctx.replica.wait_held(topic, result.end_offset)
+        if problem is not None:
+            raise RequestError(problem[0], problem[1])

@@ -1,0 +1,123 @@
+"""The pending half messages of a leader and the recently ended ones, as plain data
+(no trio, no store): what END_TRANSACTION, CHECK_TRANSACTIONS, LIST_TRANSACTIONS, the
+checker and retention's floor read and change. One event loop changes it; retention's
+thread only reads the keys (``floor``), which CPython does atomically."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+COMMITTED = "committed"
+ROLLED_BACK = "rolled_back"
+ENDED_KEPT = 100_000  # recently ended half messages remembered (a second END answers already_*)
+
+
+class Half:
+    """One pending half message (a few dozen bytes: strings are shared per group/topic)."""
+
+    __slots__ = (
+        "checks",
+        "given_up",
+        "group",
+        "last_check_ms",
+        "offset",
+        "queue_id",
+        "queue_offset",
+        "size",
+        "stored_ms",
+        "topic",
+    )
+
+    def __init__(
+        self, offset: int, size: int, queue_offset: int, group: str, topic: str, queue_id: int, stored_ms: int
+    ) -> None:
+        self.offset, self.size, self.queue_offset = offset, size, queue_offset
+        self.group, self.topic, self.queue_id = group, topic, queue_id
+        self.stored_ms = stored_ms
+        self.checks = 0  # checks asked (check op records written)
+        self.last_check_ms = 0  # wall ms of the last check asked (0: never)
+        self.given_up = False  # transaction_unresolved "keep": checked the most, asked no more
+
+
+@dataclass
+class Ended:
+    state: str  # COMMITTED or ROLLED_BACK
+    queue_id: int = -1  # where the committed message went (-1: not known, e.g. after a restart)
+    queue_offset: int = -1
+    commitlog_offset: int = -1
+
+
+@dataclass
+class TransactionStats:
+    committed: int = 0
+    rolled_back: int = 0
+    checks: int = 0
+
+
+class PendingSet:
+    """``pending``: commit-log offset -> :class:`Half`; ``ended``: the latest ended ones
+    (at most ``ENDED_KEPT``), offset -> :class:`Ended`; ``read_to``: every half message
+    below this commit-log offset has been read from ``%TRANS_HALF%`` (a newer one lies
+    at or past it)."""
+
+    def __init__(self, ended_kept: int = ENDED_KEPT) -> None:
+        self.pending: dict[int, Half] = {}
+        self.ended: OrderedDict[int, Ended] = OrderedDict()
+        self.ended_kept = ended_kept
+        self.read_to = 0
+        self.queue_read = 0  # %TRANS_HALF% queue 0's next offset to read
+        self.stats = TransactionStats()
+        self._names: dict[str, str] = {}
+
+    def intern(self, name: str) -> str:
+        """One string object per group and topic name, however many halves share it."""
+        return self._names.setdefault(name, name)
+
+    def add(self, half: Half) -> bool:
+        """A half message read from the queue (or found by its END): pending unless
+        already known; False if it was."""
+        if half.offset in self.pending or half.offset in self.ended:
+            return False
+        half.group, half.topic = self.intern(half.group), self.intern(half.topic)
+        self.pending[half.offset] = half
+        return True
+
+    def end(self, offset: int, ended: Ended) -> Half | None:
+        """Mark ``offset`` ended; the half it was (None if it was not pending)."""
+        half = self.pending.pop(offset, None)
+        self.ended[offset] = ended
+        self.ended.move_to_end(offset)
+        # The oldest go, but never one the half queue has not been read past: reading it
+        # later must find it ended, not pending again.
+        while len(self.ended) > self.ended_kept and next(iter(self.ended)) < self.read_to:
+            self.ended.popitem(last=False)
+        if ended.state == COMMITTED:
+            self.stats.committed += 1
+        else:
+            self.stats.rolled_back += 1
+        return half
+
+    def remember(self, offset: int, state: str) -> None:
+        """An end found by a rebuild (not counted: it happened before this start)."""
+        self.ended[offset] = Ended(state)
+        while len(self.ended) > self.ended_kept:
+            self.ended.popitem(last=False)
+
+    def floor(self) -> int:
+        """The lowest commit-log offset a pending half (or one not yet read) may have."""
+        lowest = min(self.pending, default=self.read_to)  # C-level iteration: safe from another thread
+        return min(lowest, self.read_to)
+
+    def lowest_queue_offset(self) -> int:
+        """The ``%TRANS_HALF%`` queue offset below which nothing is pending."""
+        return min((h.queue_offset for h in list(self.pending.values())), default=self.queue_read)
+
+    def due(self, now_ms: int, timeout_ms: int) -> list[Half]:
+        """Pending halves to ask about now: older than ``timeout_ms`` and not asked within
+        it, not given up."""
+        cut = now_ms - timeout_ms
+        return [h for h in self.pending.values() if h.stored_ms <= cut and h.last_check_ms <= cut and not h.given_up]
+
+    def of_group(self, group: str | None) -> list[Half]:
+        return [h for h in self.pending.values() if group is None or h.group == group]

@@ -1,0 +1,311 @@
+"""The requests of transactional messages: half messages checked at the door
+(SEND_MESSAGE to ``%TRANS_HALF%``), END_TRANSACTION, CHECK_TRANSACTIONS (long-polled
+per group) and LIST_TRANSACTIONS (protocol/_codes.py has the wire contract)."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import trio
+
+from clmq.broker.store import PutResult, Store
+from clmq.common import (
+    MAX_TAGS_BYTES,
+    PROP_CANCEL_OF,
+    PROP_DELIVER_AT,
+    PROP_REAL_QID,
+    PROP_REAL_TAGS,
+    PROP_REAL_TOPIC,
+    PROP_TIMER_SRC,
+    PROP_TRAN_GROUP,
+    PROP_TRAN_HALF,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_CHECK,
+    TRANS_OP_COMMIT,
+    TRANS_OP_ROLLBACK,
+    TRANS_OP_TOPIC,
+    CorruptRecordError,
+    PackError,
+    Record,
+    decode_properties,
+    is_system_topic,
+    packed_heads,
+)
+from clmq.protocol import ErrorCode, Frame, RequestCode
+from clmq.protocol.auth import Operation, ResourceType
+from clmq.protocol.transport import Handler, Peer, Reply, RequestError, need
+
+from .._context import BrokerContext
+from .._dedup import UNIQ_KEY
+from .._system_put import ensure_topic
+from ._ending import acknowledged, committed_message, op_record, store_together
+from ._pending import Half, PendingSet
+from ._service import Transactions, wall_ms
+from ._state import HALF_QUEUE, HALF_QUEUES, OP_QUEUES, half_from_record
+
+CHECK_DEFAULT_MESSAGES = 32  # a CHECK_TRANSACTIONS without max_messages gets at most this many
+CHECK_MAX_MESSAGES = 1000  # ... and never more than this
+CHECK_MAX_WAIT_MS = 30_000  # a poll waits at most this long
+LIST_DEFAULT_MESSAGES = 100  # a LIST_TRANSACTIONS without max_messages lists this many
+_FORBIDDEN = (PROP_TRAN_HALF, PROP_DELIVER_AT, PROP_TIMER_SRC, PROP_CANCEL_OF)  # marks a half may not carry
+
+
+class TransactionRequests:
+    def __init__(self, ctx: BrokerContext, service: Transactions) -> None:
+        self.ctx, self.service = ctx, service
+
+    def handlers(self) -> dict[int, Handler]:
+        return {
+            RequestCode.END_TRANSACTION: self.end_transaction,
+            RequestCode.CHECK_TRANSACTIONS: self.check_transactions,
+            RequestCode.LIST_TRANSACTIONS: self.list_transactions,
+        }
+
+    def _store(self) -> Store:
+        store = self.ctx.store
+        if not isinstance(store, Store):
+            raise RequestError(
+                ErrorCode.REQUEST_NOT_SUPPORTED,
+                f"transactional messages live in the CommitLog: this broker runs {self.ctx.config.storage_mode}",
+            )
+        return store
+
+    # ------------------------------------------------------------- the door
+    async def check_send(self, topic: str, body: bytes, peer: Peer) -> None:
+        """Refuse a batch for ``%TRANS_HALF%`` unless every message is a well-formed half
+        message for an existing queue of a user topic the peer may WRITE; refuse any
+        batch for ``%TRANS_OP%`` (the broker's own records)."""
+        self._store()
+        if topic == TRANS_OP_TOPIC:
+            raise RequestError(ErrorCode.INVALID_TOPIC, f"{TRANS_OP_TOPIC} is written by the broker only")
+        try:
+            heads = packed_heads(body)
+        except PackError as e:
+            raise RequestError(ErrorCode.MALFORMED_REQUEST, str(e)) from None
+        halves = self.service.halves
+        limit = self.ctx.config.transaction_max_pending
+        if halves is not None and len(halves.pending) + len(heads) > limit:
+            raise RequestError(
+                ErrorCode.SYSTEM_BUSY,
+                f"{len(halves.pending)} half messages pending: transaction_max_pending={limit}; retry later",
+            )
+        checked: set[tuple[str, str]] = set()
+        for i, (qid, _tags, raw) in enumerate(heads):
+            props = _decode(i, raw)
+            self._check_one(i, qid, props)
+            target = (props[PROP_REAL_TOPIC], props[PROP_REAL_QID])
+            if target not in checked:
+                self._check_target(i, *target)
+                self.ctx.security.check(
+                    peer, [(Operation.WRITE, ResourceType.TOPIC, target[0])], "SEND_MESSAGE (transactional)"
+                )
+                checked.add(target)
+        await ensure_topic(self.ctx, TRANS_HALF_TOPIC, HALF_QUEUES)
+        await ensure_topic(self.ctx, TRANS_OP_TOPIC, OP_QUEUES)
+
+    def _check_one(self, i: int, qid: int, props: dict[str, str]) -> None:
+        missing = [k for k in (PROP_REAL_TOPIC, PROP_REAL_QID, PROP_REAL_TAGS, PROP_TRAN_GROUP) if not props.get(k)]
+        missing = [k for k in missing if k != PROP_REAL_TAGS or k not in props]  # empty tags are tags
+        if qid != HALF_QUEUE or missing:
+            raise RequestError(
+                ErrorCode.INVALID_MESSAGE,
+                f"message {i}: not a half message (queue {HALF_QUEUE}, {PROP_REAL_TOPIC}, {PROP_REAL_QID}, "
+                f"{PROP_REAL_TAGS}, {PROP_TRAN_GROUP}): queue {qid}, missing {missing}",
+            )
+        forged = [k for k in _FORBIDDEN if k in props]
+        if forged:
+            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: a half message cannot carry {forged}")
+        if len(props[PROP_REAL_TAGS].encode()) > MAX_TAGS_BYTES:
+            raise RequestError(
+                ErrorCode.INVALID_MESSAGE, f"message {i}: {PROP_REAL_TAGS} longer than {MAX_TAGS_BYTES} bytes"
+            )
+        if is_system_topic(props[PROP_REAL_TOPIC]):
+            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: {props[PROP_REAL_TOPIC]!r} is a system topic")
+
+    def _check_target(self, i: int, topic: str, qid: str) -> None:
+        count = self.ctx.store.topics.queue_count(topic)
+        if count is None:
+            raise RequestError(
+                ErrorCode.TOPIC_NOT_FOUND,
+                f"message {i}: topic {topic!r} does not exist on {self.ctx.config.broker_name}",
+            )
+        if not qid.isdigit() or int(qid) >= count:
+            raise RequestError(
+                ErrorCode.INVALID_QUEUE_ID, f"message {i}: queue {qid!r} not in 0..{count - 1} of {topic!r}"
+            )
+
+    # ------------------------------------------------------------- END_TRANSACTION
+    async def end_transaction(self, frame: Frame, peer: Peer) -> Reply:
+        """Commit (the real message and its op record in one append) or roll back (an op
+        record); exactly once: a second END answers already_committed/already_rolled_back."""
+        group = need(frame.fields, "group", str)
+        offset = need(frame.fields, "commitlog_offset", int)
+        commit = need(frame.fields, "action", str) == "commit"
+        store = self._store()
+        halves = self.service.running_halves()
+        half = halves.pending.get(offset)
+        if half is None and offset not in halves.ended and offset >= halves.read_to:
+            half = await self._found(store, halves, offset)  # stored, not yet read from the queue
+        if half is not None and half.group != group:
+            raise RequestError(ErrorCode.NOT_FOUND, f"the half message at {offset} is not of group {group!r}")
+        record = await self._record(store, offset) if half is not None else None
+        if record is not None and half is not None:
+            self.ctx.security.check(peer, [(Operation.WRITE, ResourceType.TOPIC, half.topic)], "END_TRANSACTION")
+        stored: list[PutResult] = []
+
+        async def append() -> PutResult:
+            assert record is not None
+            msgs = [committed_message(record), op_record(TRANS_OP_COMMIT, offset)] if commit else []
+            result = await store_together(self.ctx, msgs or [op_record(TRANS_OP_ROLLBACK, offset)])
+            stored.append(result)
+            return result
+
+        real_qid = int(record.properties[PROP_REAL_QID]) if commit and record is not None else None
+        ended = await self.service.end(offset, append, real_qid)
+        fields: dict[str, Any] = {"state": ended.state}
+        if ended.commitlog_offset >= 0:
+            fields.update(
+                msg_id=self.service.msg_id(ended.commitlog_offset),
+                queue_id=ended.queue_id,
+                queue_offset=ended.queue_offset,
+            )
+        if stored:  # answered once durable and held, as a produce is
+            topics = [TRANS_OP_TOPIC] + ([half.topic] if commit and half is not None else [])
+            await acknowledged(self.ctx, topics, stored[0])
+        return Reply(fields)
+
+    async def _found(self, store: Store, halves: PendingSet, offset: int) -> Half | None:
+        try:
+            record = await trio.to_thread.run_sync(store.log.read_record, offset)
+        except CorruptRecordError:
+            return None
+        half = None if record is None else half_from_record(record, record.queue_offset)
+        if half is not None and offset not in halves.pending and offset not in halves.ended:
+            halves.add(half)
+        return halves.pending.get(offset)
+
+    async def _record(self, store: Store, offset: int) -> Record:
+        record = await trio.to_thread.run_sync(store.log.read_record, offset)
+        if record is None or record.topic != TRANS_HALF_TOPIC:
+            raise RequestError(ErrorCode.NOT_FOUND, f"no half message at CommitLog offset {offset}")
+        return record
+
+    # ------------------------------------------------------------- CHECK_TRANSACTIONS
+    async def check_transactions(self, frame: Frame, peer: Peer) -> Reply:
+        """The group's half messages due for a check (long-polled up to max_wait_ms),
+        each counted by a check op record before it is answered."""
+        group = need(frame.fields, "group", str)
+        limit = min(int(frame.fields.get("max_messages") or CHECK_DEFAULT_MESSAGES), CHECK_MAX_MESSAGES)
+        wait_s = min(int(frame.fields.get("max_wait_ms") or 0), CHECK_MAX_WAIT_MS) / 1000
+        store = self._store()
+        self.service.running_halves()
+        await self.service.refresh()
+        due = await self._wait_due(group, peer, limit, wait_s)
+        if not due:
+            return Reply({"checks": []})
+        now = wall_ms()
+        for half in due:  # taken now: another poller of the group is not asked the same
+            half.last_check_ms = now
+        try:  # counted durably before asked: counts survive a crash and a fail-over
+            await store_together(self.ctx, [op_record(TRANS_OP_CHECK, h.offset) for h in due])
+        except RequestError:
+            for half in due:
+                half.last_check_ms = 0
+            raise
+        for half in due:
+            half.checks += 1
+        self.service.running_halves().stats.checks += len(due)
+        body = await trio.to_thread.run_sync(_raw_records, store, due)
+        return Reply({"checks": [[h.offset, h.checks] for h in due]}, body=body)
+
+    async def _wait_due(self, group: str, peer: Peer, limit: int, wait_s: float) -> list[Half]:
+        """The group's halves due now, or the first due within ``wait_s`` (the checker
+        wakes the group's polls); [] if none."""
+        waiters = self.service.waiters
+        with trio.move_on_after(wait_s):
+            while True:
+                due = self._due(self.service.running_halves(), group, peer, limit)
+                if due:
+                    return due
+                event = trio.Event()
+                waiters.setdefault(group, []).append(event)
+                try:
+                    await event.wait()
+                finally:
+                    if event in waiters.get(group, []):
+                        waiters[group].remove(event)
+                        if not waiters[group]:
+                            del waiters[group]
+        return []
+
+    def _due(self, halves: PendingSet, group: str, peer: Peer, limit: int) -> list[Half]:
+        config, access = self.ctx.config, self.ctx.security.access
+        out = []
+        for half in halves.due(wall_ms(), config.transaction_timeout_ms):
+            if half.group != group or half.offset in self.service.ending:
+                continue
+            if half.checks >= config.transaction_check_max:
+                continue  # the checker decides those (transaction_unresolved)
+            if access.enabled and access.refusal(
+                peer, [(Operation.WRITE, ResourceType.TOPIC, half.topic)], "CHECK_TRANSACTIONS"
+            ):
+                continue
+            out.append(half)
+            if len(out) >= limit:
+                break
+        return out
+
+    # ------------------------------------------------------------- LIST_TRANSACTIONS
+    async def list_transactions(self, frame: Frame, peer: Peer) -> Reply:
+        group = frame.fields.get("group") or None
+        limit = int(frame.fields.get("max_messages") or LIST_DEFAULT_MESSAGES)
+        store = self._store()
+        halves = self.service.running_halves()
+        await self.service.refresh()
+        mine = halves.of_group(group)
+        rows = await trio.to_thread.run_sync(_rows, store, mine[:limit])
+        s = halves.stats
+        return Reply(
+            {
+                "pending": rows,
+                "total": len(mine),
+                "committed": s.committed,
+                "rolled_back": s.rolled_back,
+                "checks": s.checks,
+            }
+        )
+
+
+def _decode(i: int, raw: bytes) -> dict[str, str]:
+    try:
+        return decode_properties(raw)
+    except (ValueError, struct.error, UnicodeDecodeError) as e:
+        raise RequestError(ErrorCode.MALFORMED_REQUEST, f"message {i}: undecodable properties: {e}") from None
+
+
+def _raw_records(store: Store, due: list[Half]) -> bytes:
+    return b"".join(store.log.read_bytes(h.offset, h.size) or b"" for h in due)
+
+
+def _rows(store: Store, halves: list[Half]) -> list[dict[str, Any]]:
+    rows = []
+    for h in halves:
+        try:
+            record = store.log.read_record(h.offset, h.size)
+        except CorruptRecordError:
+            record = None
+        rows.append(
+            {
+                "commitlog_offset": h.offset,
+                "group": h.group,
+                "topic": h.topic,
+                "queue_id": h.queue_id,
+                "keys": record.keys if record is not None else "",
+                "uniq_key": record.properties.get(UNIQ_KEY, "") if record is not None else "",
+                "stored_ms": h.stored_ms,
+                "checks": h.checks,
+                "last_check_ms": h.last_check_ms,
+            }
+        )
+    return rows

@@ -1,0 +1,306 @@
+"""The broker's transactions: the pending half messages of this leader, the checker,
+the checkpoint and what followers copy of it. See ``_state`` for what is durable and
+why a crash or a fail-over commits nothing twice and loses nothing.
+
+One task (:meth:`Transactions.check_loop`), on the leader only: every
+``transaction_check_interval_ms`` it reads the half messages stored since its last
+look, wakes the producers of each group polling CHECK_TRANSACTIONS that has a half
+older than ``transaction_timeout_ms`` not asked about within it, ends (rollback) or
+keeps those asked ``transaction_check_max`` times (``transaction_unresolved``), and
+saves the checkpoint every ``transaction_checkpoint_interval_ms`` after a log flush.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import trio
+
+from clmq.broker.store import Store
+from clmq.common import TRANS_HALF_TOPIC, TRANS_OP_COMMIT, TRANS_OP_ROLLBACK, StoreError
+from clmq.protocol import ErrorCode
+from clmq.protocol.transport import RequestError
+
+from .._context import BrokerContext
+from ._ending import op_record, store_together
+from ._pending import COMMITTED, ROLLED_BACK, Ended, Half, PendingSet
+from ._state import (
+    HALF_QUEUE,
+    TransactionCheckpoint,
+    half_from_record,
+    load_checkpoint,
+    read_entries,
+    real,
+    rebuild,
+    save_checkpoint,
+)
+
+log = logging.getLogger("clmq.transactions")
+
+FAILURE_RETRY_S = 1.0  # after a disk or store error, the service starts again this much later
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Transactions:
+    """Use :meth:`check_loop` as a task of the broker's nursery; ``halves`` is None
+    while this broker is not a running leader (a follower, starting, failed)."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx, self.config = ctx, ctx.config
+        self.store: Store | None = ctx.store if isinstance(ctx.store, Store) else None
+        self.halves: PendingSet | None = None
+        self.ending: dict[int, trio.Event] = {}  # half offsets being ended now
+        self.waiters: dict[str, list[trio.Event]] = {}  # CHECK_TRANSACTIONS polls by group
+        self.failure = ""
+        self.saved = load_checkpoint(self.store) if self.store is not None else TransactionCheckpoint()
+        self._last_save = 0.0
+        if self.store is not None:
+            self.store.log.hold_retention(self.retention_floor)
+
+    # ------------------------------------------------------------- views
+    @property
+    def running(self) -> bool:
+        return self.halves is not None
+
+    def fields(self) -> dict[str, int | str]:
+        """BROKER_INFO's (and the metrics') view (pending -1: not running here)."""
+        h = self.halves
+        return {
+            "transactions_pending": -1 if h is None else len(h.pending),
+            "transactions_committed": 0 if h is None else h.stats.committed,
+            "transactions_rolled_back": 0 if h is None else h.stats.rolled_back,
+            "transactions_checks": 0 if h is None else h.stats.checks,
+            "transactions_failure": self.failure,
+        }
+
+    def retention_floor(self) -> int | None:
+        """The oldest half message still pending (or not yet read): retention keeps it
+        (called by the store's housekeeping thread). While no leader runs here: the last
+        checkpoint's (a follower's: its leader's)."""
+        store = self.store
+        if store is None or not store.queue_exists(TRANS_HALF_TOPIC, HALF_QUEUE):
+            return None
+        halves = self.halves
+        return self.saved.floor_offset if halves is None else halves.floor()
+
+    def running_halves(self) -> PendingSet:
+        """The pending set, or the error a request gets while there is none."""
+        self.ctx.replica.check_writable()
+        if self.halves is None:
+            raise RequestError(ErrorCode.SYSTEM_BUSY, "transactions are starting (or recovering): retry")
+        return self.halves
+
+    # ------------------------------------------------------------- the task
+    async def check_loop(self) -> None:
+        if self.store is None:
+            return  # partition-per-file mode: SEND_MESSAGE to %TRANS_HALF% is refused there
+        while True:
+            await trio.sleep(self.config.transaction_check_interval_ms / 1000)
+            try:
+                self.ctx.replica.check_writable()
+            except RequestError:
+                self._stand_down()
+                continue
+            if self.halves is None and self.ctx.store.dispatch_lag_bytes > 0:
+                continue  # the queues must show the whole log before the set is built from them
+            try:
+                if self.halves is None:
+                    await self._start()
+                await self.refresh()
+                await self._check()
+                await self._save_when_due()
+                self.failure = ""
+            except (OSError, StoreError) as e:
+                await self._failed(e)
+
+    async def _failed(self, error: BaseException) -> None:
+        text = f"{type(error).__name__}: {error}"
+        if text != self.failure:
+            log.error("transactions: %s; retrying every %.0f s from the last checkpoint", text, FAILURE_RETRY_S)
+        self.failure, self.halves = text, None
+        await trio.sleep(FAILURE_RETRY_S)
+
+    def _stand_down(self) -> None:
+        if self.halves is not None:
+            log.info("transactions: not the leader: checks stop (the new leader's go on)")
+        self.halves = None
+        self._wake_all()
+
+    async def _start(self) -> None:
+        store = self.store
+        assert store is not None
+        cp = await trio.to_thread.run_sync(load_checkpoint, store)
+        rebuilt = await trio.to_thread.run_sync(rebuild, store, cp)
+        if rebuilt.orphans:  # committed, op record lost: written now, never a second message
+            try:
+                await store_together(self.ctx, [op_record(TRANS_OP_COMMIT, off) for off in rebuilt.orphans])
+            except RequestError as e:
+                raise StoreError(f"cannot write the op records of committed half messages: {e.text}") from None
+            for off in rebuilt.orphans:
+                rebuilt.halves.end(off, Ended(COMMITTED))
+            log.warning("transactions: wrote the lost op records of %d committed half messages", len(rebuilt.orphans))
+        self.saved, self._last_save = cp, 0.0
+        self.halves = rebuilt.halves
+        rebuilt.halves.stats.committed = rebuilt.halves.stats.rolled_back = 0  # counts since start
+
+    async def refresh(self) -> None:
+        """Read the half messages stored since the last look into the pending set."""
+        if self.halves is not None:
+            await trio.to_thread.run_sync(self._read_new, self.halves)
+
+    def _read_new(self, halves: PendingSet) -> None:
+        store = self.store
+        assert store is not None
+        visible = store.dispatcher.dispatched_offset  # every half below it is in the queue now
+        while True:
+            first, entries = read_entries(store, TRANS_HALF_TOPIC, HALF_QUEUE, halves.queue_read)
+            if not len(entries):
+                break
+            keep = real(entries)
+            for q, off, size in zip(
+                (first + i for i in range(len(entries))), entries["offset"].tolist(), entries["size"].tolist()
+            ):
+                if keep[q - first] and off not in halves.pending and off not in halves.ended:
+                    self._add(halves, q, off, size)
+            halves.read_to = max(halves.read_to, int(entries["offset"][-1]) + int(entries["size"][-1]))
+            halves.queue_read = first + len(entries)
+        halves.read_to = max(halves.read_to, visible)
+
+    def _add(self, halves: PendingSet, q: int, off: int, size: int) -> None:
+        assert self.store is not None
+        record = self.store.log.read_record(off, size)
+        half = None if record is None else half_from_record(record, q)
+        if half is not None:
+            halves.add(half)
+
+    # ------------------------------------------------------------- checks
+    async def _check(self) -> None:
+        """Wake the pollers of groups with halves due; decide the unresolved ones."""
+        halves = self.halves
+        assert halves is not None
+        groups: set[str] = set()
+        for half in halves.due(wall_ms(), self.config.transaction_timeout_ms):
+            if half.offset in self.ending:
+                continue
+            if half.checks < self.config.transaction_check_max:
+                groups.add(half.group)
+            elif self.config.transaction_unresolved == "keep":
+                half.given_up = True
+                log.warning(
+                    "transactions: half message %s of group %s for topic %s unresolved after %d checks: kept pending",
+                    self.msg_id(half.offset),
+                    half.group,
+                    half.topic,
+                    half.checks,
+                )
+            else:
+                await self._roll_back_unresolved(half)
+        for group in groups:
+            self._wake(group)
+
+    async def _roll_back_unresolved(self, half: Half) -> None:
+        try:
+            await self.end(half.offset, lambda: store_together(self.ctx, [op_record(TRANS_OP_ROLLBACK, half.offset)]))
+        except RequestError as e:
+            log.warning("transactions: rollback of unresolved half %s waits: %s", self.msg_id(half.offset), e.text)
+            return
+        log.warning(
+            "transactions: half message %s of group %s for topic %s unresolved after %d checks: rolled back",
+            self.msg_id(half.offset),
+            half.group,
+            half.topic,
+            half.checks,
+        )
+
+    async def end(self, offset: int, append: Any, commit_qid: int | None = None) -> Ended:
+        """End the pending half at ``offset`` by ``append()`` (a coroutine storing the
+        records: a PutResult; a commit into queue ``commit_qid``); one end at a time per
+        half (a second waits, then finds it ended). Raises RequestError (the half stays
+        pending) if nothing was stored."""
+        while offset in self.ending:
+            await self.ending[offset].wait()
+        halves = self.running_halves()
+        if offset not in halves.pending:
+            ended = halves.ended.get(offset)
+            if ended is None:
+                raise RequestError(ErrorCode.NOT_FOUND, f"no pending half message at CommitLog offset {offset}")
+            return Ended("already_" + ended.state, ended.queue_id, ended.queue_offset, ended.commitlog_offset)
+        done = self.ending[offset] = trio.Event()
+        try:
+            result = await append()
+        finally:
+            del self.ending[offset]
+            done.set()
+        if commit_qid is not None:
+            ended = Ended(COMMITTED, commit_qid, result.queue_offsets[0], result.commitlog_offsets[0])
+        else:
+            ended = Ended(ROLLED_BACK)
+        halves.end(offset, ended)
+        return ended
+
+    def _wake(self, group: str) -> None:
+        for event in self.waiters.pop(group, []):
+            event.set()
+
+    def _wake_all(self) -> None:
+        for group in list(self.waiters):
+            self._wake(group)
+
+    def msg_id(self, offset: int) -> str:
+        return f"{self.ctx.addr()}@{offset:016X}"
+
+    # ------------------------------------------------------------- checkpoint
+    async def _save_when_due(self) -> None:
+        if time.monotonic() - self._last_save < self.config.transaction_checkpoint_interval_ms / 1000:
+            return
+        store, halves = self.store, self.halves
+        assert store is not None and halves is not None
+        mark = store.log.write_offset  # every commit below it is whole (appends are)
+        cp = TransactionCheckpoint(mark, halves.lowest_queue_offset(), min(halves.floor(), mark))
+        self._last_save = time.monotonic()
+        if cp == self.saved:
+            return
+        await trio.to_thread.run_sync(store.flush)  # nothing the checkpoint claims may be lost
+        await trio.to_thread.run_sync(save_checkpoint, store, cp)
+        self.saved = cp
+        self.ctx.metadata.bump()  # followers copy it
+
+    def checkpoint_json(self) -> dict[str, Any] | None:
+        """The last checkpoint saved (a leader's followers adopt it)."""
+        return self.saved.to_json() if self.halves is not None else None
+
+    def adopt_checkpoint(self, value: dict[str, Any]) -> None:
+        """A follower takes its leader's checkpoint (in a worker thread) once its own
+        log holds everything up to the checkpoint's mark."""
+        store = self.store
+        if store is None or self.halves is not None:
+            return
+        try:
+            cp = TransactionCheckpoint.from_json(value)
+        except (KeyError, TypeError, ValueError) as e:
+            log.warning("transactions: the leader's checkpoint is unusable (%s); keeping ours", e)
+            return
+        if cp.mark_offset <= store.log.write_offset and cp != self.saved:
+            try:
+                save_checkpoint(store, cp)
+            except OSError as e:
+                log.warning("transactions: cannot save the leader's checkpoint: %s", e)
+                return
+            self.saved = cp
+
+    def after_truncation(self) -> None:
+        """A follower's log was cut: a checkpoint whose mark is past the new end is
+        replaced by one that reads the whole log at the next start."""
+        store = self.store
+        if store is None or self.halves is not None or self.saved.mark_offset <= store.log.write_offset:
+            return
+        self.saved = TransactionCheckpoint(store.log.min_offset, 0, store.log.min_offset)
+        try:
+            save_checkpoint(store, self.saved)
+        except OSError as e:
+            log.warning("transactions: cannot reset the checkpoint after a truncation: %s", e)

@@ -1,0 +1,224 @@
+"""Transactions' durable state and the rebuild at start (or promotion).
+
+Everything is in the CommitLog: half messages (``%TRANS_HALF%`` queue 0), their ends
+and checks (``%TRANS_OP%`` queues 0 commit, 1 rollback, 2 check: each entry's tag code
+is the half message's commit-log offset), and committed messages (each carries
+``TRAN_HALF``, its half message's offset). A rebuild reads the half queue's entries
+minus the ended ones (20-byte entries, no record read for an ended half), counts the
+check entries of those still pending, and reads each pending half's record once (its
+group, real topic and queue, time).
+
+A commit appends the real message and its op record in one store call, the message
+first; a crash inside a segment roll (the one place an append is split between two
+files) or a follower's partial copy can keep the message and lose its op. The
+checkpoint (``transaction/checkpoint.json``, a checked file with its previous
+generation, saved after a log flush) therefore records ``mark_offset``, the log's end
+when it was taken: every commit below it is whole on disk. A start reads the log from
+the mark (or the oldest pending half, if later) for ``TRAN_HALF``; a pending half found
+committed there gets its missing op record (``Rebuilt.orphans``), never a second
+message. ``half_from`` (the half queue's offset below which nothing was pending) and
+``floor_offset`` (the oldest pending half, retention's floor while no leader runs here)
+spare a start the whole queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clmq.broker.store import MetadataSource, Store, load_json, write_json
+from clmq.common import (
+    PROP_REAL_QID,
+    PROP_REAL_TOPIC,
+    PROP_TRAN_GROUP,
+    PROP_TRAN_HALF,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_CHECK,
+    TRANS_OP_COMMIT,
+    TRANS_OP_ROLLBACK,
+    TRANS_OP_TOPIC,
+    CorruptRecordError,
+    Record,
+    decode_record,
+    walk_records,
+)
+from clmq.consumequeue import ENTRY_DTYPE, HOLE_TAG, START_TAG
+
+from ._pending import COMMITTED, ROLLED_BACK, Half, PendingSet
+
+log = logging.getLogger("clmq.transactions")
+
+HALF_QUEUE = 0
+HALF_QUEUES = 1
+OP_QUEUES = 3
+READ_ENTRIES = 65_536  # queue entries read per step
+SCAN_BYTES = 4 << 20  # log bytes read per step when looking for commits after the mark
+_MARKER = PROP_TRAN_HALF.encode()
+
+
+@dataclass
+class TransactionCheckpoint:
+    mark_offset: int = 0  # the log's end when taken: every commit below it has its op record
+    half_from: int = 0  # %TRANS_HALF% queue 0: nothing pending below this queue offset
+    floor_offset: int = 0  # the oldest pending half's commit-log offset (or the mark, none pending)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": 1, **asdict(self)}
+
+    @staticmethod
+    def from_json(value: dict[str, Any]) -> TransactionCheckpoint:
+        if value.get("version") != 1:
+            raise ValueError(f"version {value.get('version')!r}, expected 1")
+        return TransactionCheckpoint(int(value["mark_offset"]), int(value["half_from"]), int(value["floor_offset"]))
+
+
+def checkpoint_path(store: Store) -> Path:
+    return store.directory / "transaction" / "checkpoint.json"
+
+
+def load_checkpoint(store: Store) -> TransactionCheckpoint:
+    """The saved checkpoint; with none, one that makes a start read the whole log."""
+    loaded = load_json(checkpoint_path(store), validate=_problem)
+    if loaded.source in (MetadataSource.CURRENT, MetadataSource.PREVIOUS):
+        return TransactionCheckpoint.from_json(loaded.value)
+    if loaded.source is MetadataSource.DAMAGED:
+        log.warning("transactions: no usable checkpoint (%s); rebuilding from the whole log", loaded.describe())
+    return TransactionCheckpoint(store.log.min_offset, 0, store.log.min_offset)
+
+
+def save_checkpoint(store: Store, cp: TransactionCheckpoint) -> None:
+    path = checkpoint_path(store)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, cp.to_json())
+
+
+def _problem(value: dict[str, Any]) -> str | None:
+    try:
+        TransactionCheckpoint.from_json(value)
+    except (KeyError, TypeError, ValueError) as e:
+        return f"not a transaction checkpoint ({type(e).__name__}: {e})"
+    return None
+
+
+def read_entries(store: Store, topic: str, queue_id: int, start: int) -> tuple[int, np.ndarray]:
+    """Entries of ``topic``'s queue ``queue_id`` from ``start`` (raised to the first held)."""
+    if not store.queue_exists(topic, queue_id):
+        return start, np.empty(0, dtype=ENTRY_DTYPE)
+    first, raw = store.queues.queue(topic, queue_id).read_entries(start, READ_ENTRIES)
+    entries: np.ndarray = np.frombuffer(raw, dtype=ENTRY_DTYPE)
+    return first, entries
+
+
+def real(entries: np.ndarray) -> np.ndarray:
+    """A mask of the entries that point at records (not holes or start markers)."""
+    tags = entries["tag"]
+    mask: np.ndarray = (entries["size"] > 0) & (tags != HOLE_TAG) & (tags != START_TAG)
+    return mask
+
+
+def op_tags(store: Store, queue_id: int) -> np.ndarray:
+    """The tag codes (half offsets) of every retained entry of ``%TRANS_OP%`` ``queue_id``."""
+    parts, at = [], 0
+    while True:
+        first, entries = read_entries(store, TRANS_OP_TOPIC, queue_id, at)
+        if not len(entries):
+            break
+        parts.append(entries["tag"][real(entries)].astype(np.int64))
+        at = first + len(entries)
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+def half_from_record(record: Record, queue_offset: int) -> Half | None:
+    """The pending half a ``%TRANS_HALF%`` record stands for (None: not one)."""
+    p = record.properties
+    group, topic, qid = p.get(PROP_TRAN_GROUP, ""), p.get(PROP_REAL_TOPIC, ""), p.get(PROP_REAL_QID, "")
+    if record.topic != TRANS_HALF_TOPIC or not group or not topic or not qid.isdigit():
+        return None
+    return Half(record.commitlog_offset, record.size, queue_offset, group, topic, int(qid), record.store_timestamp_ms)
+
+
+@dataclass
+class Rebuilt:
+    halves: PendingSet
+    orphans: list[int] = field(default_factory=list)  # pending halves found committed after the mark
+
+
+def rebuild(store: Store, cp: TransactionCheckpoint) -> Rebuilt:
+    """The pending set as the checkpoint and the log say (runs in a thread)."""
+    halves = PendingSet()
+    visible = store.dispatcher.dispatched_offset  # every half below it is in the queue now
+    committed, rolled_back = op_tags(store, TRANS_OP_COMMIT), op_tags(store, TRANS_OP_ROLLBACK)
+    ended = np.concatenate([committed, rolled_back])
+    for off in committed[-halves.ended_kept :].tolist():
+        halves.remember(off, COMMITTED)
+    for off in rolled_back[-halves.ended_kept :].tolist():
+        halves.remember(off, ROLLED_BACK)
+    at = cp.half_from
+    while True:
+        first, entries = read_entries(store, TRANS_HALF_TOPIC, HALF_QUEUE, at)
+        if not len(entries):
+            break
+        offsets = np.arange(first, first + len(entries))
+        keep = real(entries) & ~np.isin(entries["offset"].astype(np.int64), ended)
+        for q, off, size in zip(
+            offsets[keep].tolist(), entries["offset"][keep].tolist(), entries["size"][keep].tolist()
+        ):
+            _read_half(store, halves, q, off, size)
+        halves.read_to = int(entries["offset"][-1]) + int(entries["size"][-1])
+        at = first + len(entries)
+    halves.queue_read = at
+    halves.read_to = max(halves.read_to, visible)
+    _count_checks(store, halves)
+    orphans = []
+    if halves.pending:
+        start = max(cp.mark_offset, min(halves.pending))
+        orphans = sorted(set(committed_since(store, start)) & halves.pending.keys())
+    log.info(
+        "transactions: %d half messages pending, %d committed after the checkpoint without their op record",
+        len(halves.pending),
+        len(orphans),
+    )
+    return Rebuilt(halves, orphans)
+
+
+def _read_half(store: Store, halves: PendingSet, q: int, off: int, size: int) -> None:
+    try:
+        record = store.log.read_record(off, size)
+    except CorruptRecordError as e:
+        log.error("transactions: the half message at %d is damaged, left out: %s", off, e)
+        return
+    half = None if record is None else half_from_record(record, q)
+    if half is not None:
+        halves.add(half)
+
+
+def _count_checks(store: Store, halves: PendingSet) -> None:
+    if not halves.pending:
+        return
+    tags = op_tags(store, TRANS_OP_CHECK)
+    found, counts = np.unique(tags, return_counts=True)
+    for off, n in zip(found.tolist(), counts.tolist()):
+        half = halves.pending.get(off)
+        if half is not None:
+            half.checks = n
+
+
+def committed_since(store: Store, mark: int) -> list[int]:
+    """``TRAN_HALF`` of every record in the log from ``mark`` to its end."""
+    found: list[int] = []
+    at, end = max(mark, store.log.min_offset), store.log.write_offset
+    chunk = max(SCAN_BYTES, 2 * store.log.config.max_message_bytes)
+    while at < end:
+        at, data = store.log.map_chunk(at, chunk, end)
+        walk = walk_records(data, 0, store.log.config.max_message_bytes)
+        if bytes(data).find(_MARKER) >= 0:
+            for p in walk.starts.tolist():
+                src = decode_record(data, p).properties.get(PROP_TRAN_HALF, "")
+                if src.isdigit():
+                    found.append(int(src))
+        at = at + walk.stop if walk.reason != "blank" and walk.stop > 0 else store.log.next_segment_base(at)
+    return found

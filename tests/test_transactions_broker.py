@@ -1,0 +1,312 @@
+"""Transactional messages on a real broker, driven by raw requests (the client's side is
+tested in its own files): the checks at the door, commit, rollback, a second end,
+check-back after transaction_timeout_ms, unresolved halves rolled back or kept,
+retention holding a pending half, the rebuild after a restart, metrics, and the op
+record a commit lost (the rebuild's scan of the log after the checkpoint's mark)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from prometheus_client.exposition import generate_latest
+
+from clmq.broker.service import Broker
+from clmq.broker.service.transaction._state import TransactionCheckpoint, rebuild
+from clmq.broker.store import Store, StoreConfig
+from clmq.client import Record, open_admin, open_consumer
+from clmq.common import (
+    PROP_TRAN_HALF,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_COMMIT,
+    TRANS_OP_TOPIC,
+    Message,
+    decode_record,
+)
+from clmq.protocol import ErrorCode, RequestCode, encode_batch
+from clmq.protocol.transport import RpcError
+from tests.service_helpers import FAST_CONSUMER, Cluster
+from tests.waiting import await_until
+
+FAST = {"transaction_check_interval_ms": 50, "transaction_checkpoint_interval_ms": 100}
+
+
+def half(body: bytes, group: str = "pg", topic: str = "t", qid: int = 1, **extra: str) -> Message:
+    props = {"REAL_TOPIC": topic, "REAL_QID": str(qid), "REAL_TAGS": "TagA", "TRAN_GROUP": group}
+    props["UNIQ_KEY"] = "U-" + body.decode()
+    return Message(TRANS_HALF_TOPIC, 0, body, "", "key-" + body.decode(), {**props, **extra})
+
+
+class Raw:
+    """Raw requests to one broker (the transactional producer's side of the wire)."""
+
+    def __init__(self, admin: Any, addr: str) -> None:
+        self.admin, self.addr = admin, addr
+
+    async def send(self, *messages: Message) -> list[int]:
+        reply = await self.admin.rpc.request(
+            self.addr, RequestCode.SEND_MESSAGE, {"topic": TRANS_HALF_TOPIC}, encode_batch(list(messages))
+        )
+        offsets: list[int] = reply.fields["commitlog_offsets"]
+        return offsets
+
+    async def end(self, offset: int, action: str, group: str = "pg", **more: Any) -> dict[str, Any]:
+        fields = {"group": group, "commitlog_offset": offset, "action": action, **more}
+        reply = await self.admin.rpc.request(self.addr, RequestCode.END_TRANSACTION, fields)
+        return dict(reply.fields)
+
+    async def check(self, group: str = "pg", wait_ms: int = 0) -> tuple[list[list[int]], bytes]:
+        fields = {"group": group, "client_id": "c1", "max_wait_ms": wait_ms}
+        reply = await self.admin.rpc.request(
+            self.addr, RequestCode.CHECK_TRANSACTIONS, fields, timeout_ms=wait_ms + 5000
+        )
+        return reply.fields["checks"], reply.body
+
+    async def list(self, group: str | None = None) -> dict[str, Any]:
+        fields = {"group": group} if group else {}
+        return dict((await self.admin.rpc.request(self.addr, RequestCode.LIST_TRANSACTIONS, fields)).fields)
+
+    async def info(self) -> dict[str, Any]:
+        return dict((await self.admin.rpc.request(self.addr, RequestCode.BROKER_INFO, {})).fields)
+
+
+async def _cluster(nursery: trio.Nursery, root: Path, **settings: Any) -> tuple[Cluster, Broker]:
+    c = Cluster(nursery, root)
+    await c.start_nameserver()
+    broker = await c.start_broker(**{**FAST, **settings})
+    await c.create_topic("t", 2)
+    return c, broker
+
+
+async def _running(raw: Raw) -> None:
+    await await_until(lambda: _pending_known(raw), 10, "the transaction service to start")
+
+
+async def _pending_known(raw: Raw) -> bool:
+    return int((await raw.info())["transactions_pending"]) >= 0
+
+
+async def _receive(c: Cluster, n: int, quiet_s: float = 0.5) -> list[Record]:
+    """``n`` records of topic t, then whatever else comes within ``quiet_s`` (nothing should)."""
+    got: list[Record] = []
+    async with open_consumer(c.ns, "cg", {"t": "*"}, **FAST_CONSUMER) as consumer:
+        with trio.fail_after(15):
+            while len(got) < n:
+                got += await consumer.receive()
+        with trio.move_on_after(quiet_s):
+            while True:
+                got += await consumer.receive()
+    return got
+
+
+async def test_commit_shows_the_message_once_rollback_never(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, broker = await _cluster(nursery, tmp_path)
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        yes, no = await raw.send(half(b"yes"), half(b"no"))
+        listed = await raw.list("pg")
+        assert listed["total"] == 2 and [r["commitlog_offset"] for r in listed["pending"]] == [yes, no]
+        assert listed["pending"][0]["uniq_key"] == "U-yes" and listed["pending"][0]["topic"] == "t"
+        assert (await raw.list("other"))["total"] == 0
+        committed = await raw.end(yes, "commit")
+        assert committed["state"] == "committed" and committed["queue_id"] == 1
+        assert (await raw.end(no, "rollback"))["state"] == "rolled_back"
+        # Exactly once: a second end of either, whatever it asks, appends nothing.
+        again = await raw.end(yes, "commit")
+        assert again["state"] == "already_committed" and again["msg_id"] == committed["msg_id"]
+        assert (await raw.end(yes, "rollback"))["state"] == "already_committed"
+        assert (await raw.end(no, "commit"))["state"] == "already_rolled_back"
+        with pytest.raises(RpcError) as e:
+            await raw.end(no + 1, "commit")
+        assert e.value.code == ErrorCode.NOT_FOUND
+        got = await _receive(c, 1)
+        assert [r.body for r in got] == [b"yes"]
+        r = got[0]
+        assert (r.topic, r.queue_id, r.queue_offset, r.tags, r.keys) == (
+            "t",
+            1,
+            committed["queue_offset"],
+            "TagA",
+            "key-yes",
+        )
+        assert r.properties["UNIQ_KEY"] == "U-yes" and r.properties[PROP_TRAN_HALF] == str(yes)
+        assert not {"REAL_TOPIC", "REAL_QID", "REAL_TAGS", "TRAN_GROUP"} & r.properties.keys()
+        listed = await raw.list()
+        assert (listed["total"], listed["committed"], listed["rolled_back"]) == (0, 1, 1)
+        page = generate_latest(broker.metrics).decode()
+        assert "clmq_transactions_committed_total 1.0" in page and "clmq_transactions_pending 0.0" in page
+        assert "clmq_transactions_rolled_back_total 1.0" in page
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["no real topic", "unknown topic", "bad queue", "no group", "no tags", "system topic", "forged", "queue 1"],
+)
+async def test_a_malformed_half_message_is_refused_naming_it(nursery: trio.Nursery, tmp_path: Path, why: str) -> None:
+    c, broker = await _cluster(nursery, tmp_path)
+    bad = half(b"bad")
+    props = dict(bad.properties)
+    qid = 0
+    if why == "no real topic":
+        del props["REAL_TOPIC"]
+    elif why == "unknown topic":
+        props["REAL_TOPIC"] = "nope"
+    elif why == "bad queue":
+        props["REAL_QID"] = "7"
+    elif why == "no group":
+        del props["TRAN_GROUP"]
+    elif why == "no tags":
+        del props["REAL_TAGS"]
+    elif why == "system topic":
+        props["REAL_TOPIC"] = "%TIMER%"
+    elif why == "forged":
+        props[PROP_TRAN_HALF] = "0"
+    else:
+        qid = 1
+    msgs = [half(b"good"), Message(TRANS_HALF_TOPIC, qid, b"bad", "", "", props)]
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        with pytest.raises(RpcError) as e:
+            await raw.send(*msgs)
+        assert e.value.code in (ErrorCode.INVALID_MESSAGE, ErrorCode.TOPIC_NOT_FOUND, ErrorCode.INVALID_QUEUE_ID)
+        assert "message 1" in e.value.text
+        await _running(raw)
+        assert (await raw.list())["total"] == 0  # nothing of the batch was stored
+
+
+async def test_the_op_topic_and_too_many_pending_are_refused(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, broker = await _cluster(nursery, tmp_path, transaction_max_pending=2)
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        with pytest.raises(RpcError) as e:
+            op = Message(TRANS_OP_TOPIC, TRANS_OP_COMMIT, b"", "0", "", {})
+            await admin.rpc.request(
+                broker.addr, RequestCode.SEND_MESSAGE, {"topic": TRANS_OP_TOPIC}, encode_batch([op])
+            )
+        assert e.value.code == ErrorCode.INVALID_TOPIC
+        first = await raw.send(half(b"1"), half(b"2"))
+        await await_until(lambda: _pending_is(raw, 2), 5, "both halves pending")
+        with pytest.raises(RpcError) as e:
+            await raw.send(half(b"3"))
+        assert e.value.code == ErrorCode.SYSTEM_BUSY and "transaction_max_pending" in e.value.text
+        await raw.end(first[0], "rollback")
+        await raw.send(half(b"3"))  # room again
+
+
+async def _pending_is(raw: Raw, n: int) -> bool:
+    return int((await raw.info())["transactions_pending"]) == n
+
+
+async def test_a_half_left_open_is_checked_back_after_the_timeout(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, broker = await _cluster(nursery, tmp_path, transaction_timeout_ms=400)
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        sent_at = time.monotonic()
+        (off,) = await raw.send(half(b"unsure"))
+        checks, body = await raw.check("pg", wait_ms=5000)
+        waited = time.monotonic() - sent_at
+        assert checks == [[off, 1]] and waited >= 0.35, f"checked after {waited:.2f} s"
+        record = decode_record(body, 0)
+        assert (record.commitlog_offset, record.body, record.properties["TRAN_GROUP"]) == (off, b"unsure", "pg")
+        assert (await raw.check("other", wait_ms=200))[0] == []  # another group is never asked
+        assert (await raw.check("pg", wait_ms=100))[0] == []  # asked again only after the timeout
+        assert (await raw.list("pg"))["pending"][0]["checks"] == 1
+        assert (await raw.end(off, "commit", from_check=True))["state"] == "committed"
+    assert [r.body for r in await _receive(c, 1)] == [b"unsure"]
+
+
+@pytest.mark.parametrize("unresolved", ["rollback", "keep"])
+async def test_an_unresolved_half_is_rolled_back_or_kept_after_the_most_checks(
+    nursery: trio.Nursery, tmp_path: Path, unresolved: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    c, broker = await _cluster(
+        nursery, tmp_path, transaction_timeout_ms=150, transaction_check_max=2, transaction_unresolved=unresolved
+    )
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        (off,) = await raw.send(half(b"limbo"))
+        for n in (1, 2):  # asked, left unanswered (UNKNOWN)
+            assert (await raw.check("pg", wait_ms=3000))[0] == [[off, n]]
+        if unresolved == "rollback":
+            await await_until(lambda: _pending_is(raw, 0), 5, "the unresolved half rolled back")
+            assert (await raw.end(off, "commit"))["state"] == "already_rolled_back"
+            assert any("rolled back" in r.message and "pg" in r.message for r in caplog.records)
+        else:
+            assert (await raw.check("pg", wait_ms=600))[0] == []  # never asked again
+            assert (await raw.list())["pending"][0]["checks"] == 2
+            assert (await raw.end(off, "commit"))["state"] == "committed"
+    assert [r.body for r in await _receive(c, 1 if unresolved == "keep" else 0)] == (
+        [b"limbo"] if unresolved == "keep" else []
+    )
+
+
+async def test_a_restart_keeps_pending_halves_and_their_check_counts(nursery: trio.Nursery, tmp_path: Path) -> None:
+    settings = {**FAST, "transaction_timeout_ms": 200}
+    c, broker = await _cluster(nursery, tmp_path, **settings)
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        a, b, d = await raw.send(half(b"a"), half(b"b"), half(b"d"))
+        await raw.end(a, "commit")
+        assert (await raw.check("pg", wait_ms=3000))[0] == [[b, 1], [d, 1]]
+        await raw.end(d, "rollback")
+    await c.stop_broker("broker-a")
+    broker = await c.start_broker(**settings)
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        listed = await raw.list()
+        assert [(r["commitlog_offset"], r["checks"]) for r in listed["pending"]] == [(b, 1)]
+        assert (await raw.end(a, "commit"))["state"] == "already_committed"
+        assert (await raw.end(d, "commit"))["state"] == "already_rolled_back"
+        assert (await raw.check("pg", wait_ms=3000))[0] == [[b, 2]]
+        assert (await raw.end(b, "commit"))["state"] == "committed"
+    assert sorted(r.body for r in await _receive(c, 2)) == [b"a", b"b"]
+
+
+async def test_retention_keeps_a_pending_half(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, broker = await _cluster(nursery, tmp_path, segment_bytes=64 * 1024, max_message_bytes=8 * 1024)
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        (off,) = await raw.send(half(b"held"))
+        filler = [Message("t", 0, b"x" * 4000) for _ in range(16)]
+        for _ in range(8):  # several segments after it
+            await admin.rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t"}, encode_batch(filler))
+        await await_until(lambda: _pending_is(raw, 1), 5, "the half pending")
+        far_future = time.time() + 10**6  # every segment is past retention_ms then
+        assert await trio.to_thread.run_sync(broker.store.apply_retention, far_future) == 0
+        assert broker.store.log.min_offset <= off, "retention deleted a pending half message"
+        assert (await raw.end(off, "commit"))["state"] == "committed"
+        deleted = await trio.to_thread.run_sync(broker.store.apply_retention, far_future)
+        assert deleted > 0  # now it may go
+
+
+def test_a_commit_whose_op_record_was_lost_gets_it_at_the_rebuild(tmp_path: Path) -> None:
+    """The one case a crash splits a commit (a segment roll between the message and its
+    op, or a follower's partial copy): the rebuild finds the committed copy after the
+    checkpoint's mark and reports the half as committed, never pending again."""
+    store = Store.open(StoreConfig(tmp_path / "s")).start()
+    try:
+        store.create_topic("t", 2)
+        store.create_topic(TRANS_HALF_TOPIC, 1)
+        store.create_topic(TRANS_OP_TOPIC, 3)
+        put = store.put_batch([half(b"lost-op"), half(b"pending")], wait_durable=True)
+        lost, pending = put.commitlog_offsets
+        mark = store.log.write_offset
+        real = Message("t", 1, b"lost-op", "TagA", "", {PROP_TRAN_HALF: str(lost)})
+        store.put_batch([real], wait_durable=True)  # the message, its op record gone
+        store.catch_up()
+        rebuilt = rebuild(store, TransactionCheckpoint(mark, 0, 0))
+        assert rebuilt.orphans == [lost]
+        assert sorted(rebuilt.halves.pending) == [lost, pending]  # the service ends the orphan first
+        assert rebuild(store, TransactionCheckpoint(store.log.write_offset, 0, 0)).orphans == []  # mark past it
+    finally:
+        store.close()
