@@ -35,6 +35,7 @@ from clmq.protocol.transport import ConnectionFailed, RpcError
 from ._admin_calls import AdminCalls
 from ._msg_id import format_msg_id, parse_msg_id
 from ._routes import MessageQueue, NoRouteError
+from ._trace import resent_event
 from .producer import Producer, SendError, open_producer
 
 KEY_SCAN_CHUNK_MESSAGES = 256  # one PULL_MESSAGE of a key lookup's scan
@@ -277,7 +278,7 @@ async def resend_dead_letters(
     """Send dead letters of ``group`` again to their origin topics (see
     :meth:`Admin.resend_dead_letters`), broker by broker, in DLQ order."""
     result = ResendResult([], 0, [])
-    async with open_producer(calls.namesrv_addrs, broker_addrs=calls.broker_addrs) as producer:
+    async with open_producer(calls.namesrv_addrs, broker_addrs=calls.broker_addrs, trace=True) as producer:
         for b in await calls.leaders():
             q = await queue_offsets(calls, b["addr"], dlq_topic(group))
             if q is not None:
@@ -345,6 +346,8 @@ async def _resend_one(producer: Producer, letter: DeadLetter) -> ResentLetter:
     if PROP_DLQ_BODY_OF in r.properties:  # a letter too large to copy: its body is in the failed record
         body = await _body_of(producer, r.properties[PROP_DLQ_BODY_OF])
     sent = await producer.send(topic, body, tags=r.tags, keys=r.keys, properties=props, selector=pick)
+    if producer.tracer is not None:  # the copy's id linked to the dead letter's (docs/traces.md)
+        producer.tracer.dispatcher.record(resent_event(letter.msg_id, r, sent))
     return ResentLetter(letter.broker_name, r.queue_offset, topic, sent.msg_ids[0])
 
 

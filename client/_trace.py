@@ -29,6 +29,7 @@ UNIQ_KEY = "UNIQ_KEY"
 PROP_ORIGIN_MSG_ID = "ORIGIN_MSG_ID"
 TRACE_BATCH_MAX_EVENTS = 256  # trace records per write (one send_batch to %TRACE%)
 NACKED_REMEMBERED_RECORDS = 65536  # a consumer's nacked records kept so that the ack after a nack skips them
+TRACE_WRITE_RETRY_BUDGET_MS = 2000  # a trace write is retried this long at most (then counted failed)
 TRACE_CLOSE_TIMEOUT_MS = 3000  # closing: what is buffered is written within this, the rest counted dropped
 
 SendTraceBatch = Callable[[list[Message]], Awaitable[object]]
@@ -295,3 +296,25 @@ def sent_back_detail(result: Any) -> str:
     if result.destination == "retry":
         return f"retry {result.reconsume_times}, due at {result.deliver_at_ms}"
     return "to the dead-letter queue" if result.destination == "dlq" else str(result.destination)
+
+
+def resent_event(dead_letter_id: str, letter: Record, result: Any) -> TraceEvent:
+    """A dead letter (``letter``, id ``dead_letter_id``) sent again: the event names
+    the new copy (``result``: its SendResult) and carries the first message's id and
+    the letter's UNIQ_KEY, so that a trace by either finds the copy."""
+    props = letter.properties
+    queue = result.queue
+    return trace_event(
+        TraceKind.RESENT,
+        result.msg_ids[0],
+        wall_ms(),
+        topic=queue.topic,
+        queue_id=queue.queue_id,
+        queue_offset=result.queue_offsets[0],
+        keys=letter.keys,
+        uniq_key=props.get(UNIQ_KEY, ""),
+        group=props.get("DLQ_GROUP", ""),
+        broker=queue.broker_name,
+        origin_msg_id=props.get(PROP_ORIGIN_MSG_ID, "") or dead_letter_id,
+        detail=f"from dead letter {dead_letter_id}",
+    )

@@ -80,3 +80,19 @@ def send_back_events(
                 detail=f"to {dlq_topic(group)}" if dead else f"retry {times} stored, due at {due}",
             )
         )
+
+
+def trace_fields(config: Any, tracer: TraceRecorder) -> dict[str, Any]:
+    """What BROKER_INFO says of traces: the switch, the retention lookups apply, and
+    the broker's own events (recorded, dropped, written, failed, buffered)."""
+    return {
+        "trace_enabled": config.trace_enabled,
+        "trace_retention_ms": config.trace_retention_ms,
+        "trace_events": {
+            "recorded": tracer.recorded,
+            "dropped": tracer.dropped,
+            "written": tracer.written,
+            "failed": tracer.failed,
+            "buffered": tracer.buffered,
+        },
+    }
