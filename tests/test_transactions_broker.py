@@ -18,6 +18,7 @@ from clmq.broker.service import Broker
 from clmq.broker.service.transaction._state import TransactionCheckpoint, rebuild
 from clmq.broker.store import Store, StoreConfig
 from clmq.client import Record, open_admin, open_consumer
+from clmq.commitlog import CommitLog, CommitLogConfig
 from clmq.common import (
     PROP_TRAN_HALF,
     TRANS_HALF_TOPIC,
@@ -30,6 +31,8 @@ from clmq.protocol import ErrorCode, RequestCode, encode_batch
 from clmq.protocol.transport import RpcError
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until
+
+from .conftest import msgs
 
 FAST = {"transaction_check_interval_ms": 50, "transaction_checkpoint_interval_ms": 100}
 
@@ -310,3 +313,24 @@ def test_a_commit_whose_op_record_was_lost_gets_it_at_the_rebuild(tmp_path: Path
         assert rebuild(store, TransactionCheckpoint(store.log.write_offset, 0, 0)).orphans == []  # mark past it
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("floors", [(None, None), (None, 2), (5, 2), (2, 5), (7, None)])
+def test_retention_keeps_from_the_lowest_floor_of_every_holder(tmp_path: Path, floors: tuple[int | None, ...]) -> None:
+    """The timer and transactions each hold the log from their oldest pending record
+    (``hold_retention``): retention deletes only below the lowest of them."""
+    cfg = CommitLogConfig(segment_bytes=32 * 1024, max_message_bytes=4096, retention_ms=1000)
+    lg = CommitLog.open(tmp_path, cfg, clean=True, checkpoint_offset=None)
+    try:
+        for i in range(20):
+            lg.append(msgs("t", 20, 1, size=900, start=i * 20))
+        bases = [base for base, _, _ in lg.segments()]
+        assert len(bases) > 8
+        for segment in floors:  # a floor inside segment ``segment`` (None: holds nothing)
+            lg.hold_retention(lambda s=segment: None if s is None else bases[s] + 10)
+        held = [s for s in floors if s is not None]
+        lg.delete_expired(now=time.time() + 10)
+        expect = bases[min(held)] if held else bases[-1]
+        assert lg.min_offset == expect
+    finally:
+        lg.close()
