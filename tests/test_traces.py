@@ -5,14 +5,18 @@ nothing."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from clmq.broker.cli._errors import EXIT_FAILED, EXIT_USAGE
 from clmq.client import open_admin, open_consumer, open_producer
 from clmq.common import TRACE_TOPIC, TraceEvent
 from clmq.protocol import RequestCode
+from tests.cli_helpers import clmq
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until
 
@@ -181,3 +185,37 @@ async def test_a_full_trace_buffer_drops_and_counts_without_blocking_sends(
             return sum(q["max_offset"] for q in await admin.describe_topic(TRACE_TOPIC))
 
         assert await await_until(stored, 10, "5 trace records") == 5
+
+
+async def test_clmq_message_trace_prints_the_timeline_by_id_and_by_key(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c = await _cluster(nursery, tmp_path)
+    await _trace_routed(c)
+    async with open_producer(c.ns, **TRACED) as producer:
+        sent = await producer.send("orders", b"x", keys="cli-key")
+    async with open_consumer(c.ns, "g", {"orders": "*"}, client_id="reader", **FAST_CONSUMER, **TRACED) as cons:
+        await _receive_one(cons)
+        cons.ack()
+    async with open_admin(c.ns) as admin:
+
+        async def acked() -> bool:
+            return [e.kind for e in (await admin.trace(sent.msg_ids[0])).events] == ["sent", "delivered", "acked"]
+
+        await await_until(acked, 10, "the acked event written")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return clmq("message", "trace", *args, "--namesrv", c.ns[0], cwd=tmp_path)
+
+    as_json = await trio.to_thread.run_sync(run, sent.msg_ids[0], "-o", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    doc = json.loads(as_json.stdout)
+    assert [e["kind"] for e in doc["events"]] == ["sent", "delivered", "acked"]
+    assert doc["events"][1]["client_id"] == "reader" and doc["events"][1]["group"] == "g"
+    plain = await trio.to_thread.run_sync(run, "--key", "cli-key", "--topic", "orders")
+    assert plain.returncode == 0, plain.stderr
+    rows = [line.split("\t") for line in plain.stdout.splitlines()[2:]]  # title, header, then one row per event
+    assert [r[2] for r in rows] == ["sent", "delivered", "acked"]
+    assert rows[1][3] == "g/reader" and rows[0][4] == f"orders[0]@{sent.queue_offset}"
+    missing = await trio.to_thread.run_sync(run, "--key", "no-such-key")
+    assert missing.returncode == EXIT_FAILED and "no trace events" in missing.stderr
+    neither = await trio.to_thread.run_sync(run)
+    assert neither.returncode == EXIT_USAGE and "message id or --key" in neither.stderr

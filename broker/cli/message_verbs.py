@@ -15,12 +15,13 @@ from ._common import add_client_args, addrs, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
 from ._output import emit, is_json, note, print_record, tally
 from ._timefmt import FORMS, format_time_ms, parse_time_ms
+from ._trace_view import add_trace_parser, show_trace
 
 FOLLOW_POLL_MS = 500  # --follow: how often an idle queue is asked again
 
 
 def add_command(sub: Any) -> None:
-    """Add ``clmq message read|get|find|cancel`` to the ``clmq`` parser."""
+    """Add ``clmq message read|get|find|cancel|trace`` to the ``clmq`` parser."""
     msg = sub.add_parser("message", help="read a queue without a group; look a message up by id or key")
     msub = msg.add_subparsers(dest="message_command", required=True)
     read = msub.add_parser("read", help="messages of one queue from an offset (no group, nothing committed)")
@@ -45,6 +46,7 @@ def add_command(sub: Any) -> None:
         p.add_argument("--details", action="store_true", help="also print keys, properties and attempts")
     cancel = msub.add_parser("cancel", help="cancel a scheduled message by the id its send printed")
     cancel.add_argument("msg_id", help="the id a scheduled produce printed (host:port@HEXOFFSET)")
+    add_trace_parser(msub)
     add_client_args(msub.choices)
     msg.set_defaults(func=cmd_message)
 
@@ -64,6 +66,8 @@ def cmd_message(args: argparse.Namespace) -> int:
                 await _get(args, admin)
             elif args.message_command == "cancel":
                 await _cancel(args, admin)
+            elif args.message_command == "trace":
+                await show_trace(args, admin)
             else:
                 await _find(args, admin)
         return 0
