@@ -112,7 +112,8 @@ class CheckBack:
                 except RpcError as e:
                     if e.code in (ErrorCode.NOT_LEADER, ErrorCode.REQUEST_NOT_SUPPORTED):
                         return
-                    log.warning("transaction checks at %s: %s", addr, e)
+                    level = logging.INFO if e.code == ErrorCode.SYSTEM_BUSY else logging.WARNING
+                    log.log(level, "transaction checks at %s: %s", addr, e)
                     await trio.sleep(CHECK_FAILURE_BACKOFF_MS / 1000)
                     continue
                 except (ConnectionFailed, trio.TooSlowError) as e:

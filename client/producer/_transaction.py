@@ -43,11 +43,11 @@ from .._msg_id import format_msg_id
 from .._routes import MessageQueue, NoRouteError, Routes
 from ._encode import MessageIds
 from ._future import UNIQ_KEY, SendResult
-from ._tries import NotLeader, QueueSelector, RetryPolicy, Targets, Tries
+from ._tries import RETRIABLE, NotLeader, QueueSelector, RetryPolicy, Targets, Tries
 
 log = logging.getLogger("clmq.producer")
 
-END_RETRY_DELAY_MS = 100  # the pause before an END_TRANSACTION is tried again (NOT_LEADER, unreachable)
+END_RETRY_DELAY_MS = 100  # at least this pause before an END_TRANSACTION is tried again
 
 
 class LocalTransactionState(str, enum.Enum):
@@ -261,9 +261,11 @@ async def end_transaction(
 ) -> dict[str, Any]:
     """END_TRANSACTION(commit|rollback) of the half message at ``commitlog_offset`` in
     ``queue``'s broker group (at ``addr``, default ``queue.addr``); the answer's fields.
-    NOT_LEADER, an unreachable or silent broker: tried again at the leader the answer
-    or fresh routes name, within the producer's retry policy; then the last error is
-    raised (RpcError, ConnectionFailed, trio.TooSlowError): the broker checks back."""
+    A retriable answer (SYSTEM_BUSY: a broker starting its transactions, ...), an
+    unreachable or silent broker: tried again within the producer's retry policy (after
+    NOT_LEADER or a broken connection, at the leader the answer or fresh routes name);
+    then the last error is raised (RpcError, ConnectionFailed, trio.TooSlowError): the
+    broker checks back."""
     fields = {
         "group": group_of(producer),
         "commitlog_offset": commitlog_offset,
@@ -280,10 +282,11 @@ async def end_transaction(
             error = reply_error(addr, reply)
             if error is None:
                 return dict(reply.fields)
-            if error.code != ErrorCode.NOT_LEADER or not tries.more():
+            if error.code not in RETRIABLE or not tries.more():
                 raise error
             tries.note(str(error), error.code)
-            addr = (error.leader_addr if isinstance(error, NotLeader) else "") or await _leader(producer, queue)
+            if error.code == ErrorCode.NOT_LEADER:
+                addr = (error.leader_addr if isinstance(error, NotLeader) else "") or await _leader(producer, queue)
         except (ConnectionFailed, trio.TooSlowError) as e:
             if not tries.more():
                 raise
