@@ -125,9 +125,10 @@ class KeyIndex:
                     active.seal()
                     self._files.append(IndexFile.create(self.directory, *self._shape(), active.header.end_offset))
                     continue
-                n = active.append(hashes[done:], offsets[done:], times_ms[done:])
-                done += n
-                active.header.end_offset = int(offsets[done - 1]) + 1
+                done += active.append(hashes[done:], offsets[done:], times_ms[done:])
+                # Indexed up to the first record not wholly in: a record's entries may
+                # span two files, and the newer one starts at that record.
+                active.header.end_offset = int(offsets[done]) if done < len(hashes) else int(offsets[-1]) + 1
         return done
 
     def advance(self, upto: int) -> None:
