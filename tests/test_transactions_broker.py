@@ -6,6 +6,8 @@ record a commit lost (the rebuild's scan of the log after the checkpoint's mark)
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,9 @@ from clmq.common import (
 )
 from clmq.protocol import ErrorCode, RequestCode, encode_batch
 from clmq.protocol.transport import RpcError
-from tests.service_helpers import FAST_CONSUMER, Cluster
+from tests.cli_helpers import ENV
+from tests.kafka_procs import kcat, open_kafka
+from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
 from tests.waiting import await_until
 
 from .conftest import msgs
@@ -334,3 +338,83 @@ def test_retention_keeps_from_the_lowest_floor_of_every_holder(tmp_path: Path, f
         assert lg.min_offset == expect
     finally:
         lg.close()
+
+
+# ---------------------------------------------------------------- invisible until committed
+async def test_clmq_consume_and_listings_never_show_a_half_message(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, broker = await _cluster(nursery, tmp_path)
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        hidden, shown = await raw.send(half(b"hidden"), half(b"shown"))
+        assert not [t for t in await admin.list_topics() if t.startswith("%")]
+        before = await _clmq_consume(c.ns[0], tmp_path, "g1")
+        assert before == [], before
+        await raw.end(shown, "commit")
+        await raw.end(hidden, "rollback")
+        after = await _clmq_consume(c.ns[0], tmp_path, "g2")
+        assert [json.loads(line)["body"] for line in after] == ["shown"]
+
+
+async def _clmq_consume(ns: str, cwd: Path, group: str) -> list[str]:
+    done = await trio.run_process(
+        [sys.executable, "-m", "clmq", "consume", "t", "--group", group, "-o", "json"]
+        + ["--namesrv", ns, "--idle-timeout", "1.5"],
+        cwd=cwd,
+        capture_stdout=True,
+        capture_stderr=True,
+        env=ENV,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return [line for line in done.stdout.decode().splitlines() if line.strip()]
+
+
+async def test_the_kafka_listener_never_shows_a_half_message(tmp_path: Path) -> None:
+    async with open_kafka(tmp_path) as kafka:
+        broker = kafka.brokers["b0"][0]
+        async with open_admin(None, broker_addrs=[broker.addr]) as admin:
+            await admin.create_topic("t", 2)
+            raw = Raw(admin, broker.addr)
+            await _running(raw)
+            (off,) = await raw.send(half(b"secret", qid=0))
+            listing = json.loads(await kcat("-L", "-b", kafka.bootstrap, "-J"))
+            assert sorted(t["topic"] for t in listing["topics"]) == ["t"]
+            fmt = "%t %p %o %s\\n"
+            assert await kcat("-C", "-b", kafka.bootstrap, "-t", "t", "-o", "beginning", "-e", "-f", fmt) == ""
+            await raw.end(off, "commit")
+        out = await kcat("-C", "-b", kafka.bootstrap, "-t", "t", "-o", "beginning", "-e", "-f", fmt)
+        assert out.splitlines() == ["t 0 0 secret"]
+
+
+def test_the_spark_reader_never_shows_a_half_message(spark: Any, tmp_path: Path) -> None:
+    with cluster_in_thread(tmp_path) as c:
+        broker = c.brokers["broker-a"]
+
+        async def send_half_then(action: str | None, offset: int = 0) -> int:
+            async with open_admin(None, broker_addrs=[broker.addr]) as admin:
+                raw = Raw(admin, broker.addr)
+                await _running(raw)
+                if action is not None:
+                    await raw.end(offset, action)
+                    return offset
+                await admin.rpc.request(
+                    broker.addr,
+                    RequestCode.SEND_MESSAGE,
+                    {"topic": "sync"},
+                    encode_batch([Message("sync", 0, b"plain")]),
+                )
+                return (await raw.send(half(b"pending", topic="sync")))[0]
+
+        def read(**options: str) -> list[tuple[str, bytes]]:
+            store = broker.store
+            assert store.wait_durable(store.end_offset, 10)
+            store.catch_up()
+            df = spark.read.format("clmq").options(nameserver=c.ns[0], **options).load()
+            return sorted((r["topic"], bytes(r["body"])) for r in df.collect())
+
+        offset = trio.run(send_half_then, None)
+        assert read() == [("sync", b"plain")]  # every user topic: system topics only when named
+        assert read(topics="sync") == [("sync", b"plain")]
+        trio.run(send_half_then, "commit", offset)
+        assert read(topics="sync") == [("sync", b"pending"), ("sync", b"plain")]
