@@ -20,6 +20,7 @@ import trio
 from clmq.client import Admin, ConnectionFailed, NoRouteError, RpcError
 from clmq.protocol.transport import HttpRequest, HttpResponse
 
+from ._dashboard_trace import api_trace
 from ._output import record_fields
 from .dlq_verbs import letter_fields
 from .replication_verbs import cluster_rows
@@ -187,4 +188,5 @@ API = {
     "message": api_message,
     "find": api_find,
     "deadletters": api_dead_letters,
+    "trace": api_trace,  # a message's trace events (docs/traces.md)
 }

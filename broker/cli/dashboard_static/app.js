@@ -109,8 +109,19 @@ const pages = {
       doc.messages.map(m => [esc(m.topic), m.queue_id, m.queue_offset, esc(m.store_time), esc(m.tags), esc(m.keys),
         esc(Object.entries(m.properties).map(([k, v]) => `${k}=${v}`).join(" ")), `<span class="body">${esc(m.body ?? ("base64:" + m.body_base64))}</span>`]), [1, 2]) +
       (doc.complete === false ? `<p>scanned ${num(doc.scanned)} messages; older ones not searched</p>` : "");
+    if (p.get("id")) await traceOf(el.querySelector("#found"), "id=" + encodeURIComponent(p.get("id")));
   },
 };
+
+// A message's life (docs/traces.md): its trace events as a timeline under the message.
+async function traceOf(el, query) {
+  const tr = await api("trace?" + query);
+  el.insertAdjacentHTML("beforeend", `<h3>Trace</h3>` + (tr.rows.length
+    ? `<div class="trace">` + table(["time", "+ms", "event", "by", "where", "attempt", "msg id", "detail"],
+        tr.rows.map(r => [esc(r[0]), r[1], `<span class="event ${esc(r[2])}">${esc(r[2])}</span>`, esc(r[3]), esc(r[4]), r[5], esc(r[6]), esc(r[7])]),
+        [1, 5]) + `</div>` + (tr.complete ? "" : `<p>older events may exist (a bound was hit)</p>`)
+    : `<p class="none">no trace events (sent or consumed without trace=True, or older than trace_retention_ms)</p>`));
+}
 
 async function show() {
   const page = (location.hash.match(/^#\/(\w+)/) || [null, "brokers"])[1];
