@@ -9,12 +9,15 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from clmq.client import RpcError, open_admin, open_consumer
 from clmq.common import TRANS_HALF_TOPIC, Message
 from clmq.protocol import ErrorCode, RequestCode, encode_batch
 from tests.crash_broker import launch, reap, tail, wait_ready
+from tests.failover_procs import FailoverGroup
+from tests.replica_procs import open_group, read_queue
 from tests.service_helpers import FAST_CONSUMER
 
 N = 400  # half messages
@@ -128,3 +131,72 @@ async def _read_topic(addr: str, n: int) -> list[bytes]:
             while True:
                 got += [r.body for r in await consumer.receive()]
     return got
+
+
+# ---------------------------------------------------------------- a ZooKeeper failover
+async def _call(
+    g: Any, key: str, code: int, fields: dict[str, Any], body: bytes = b"", timeout_ms: int = 10_000
+) -> Any:
+    """A request to broker ``key``, retried while it is not (yet) a running leader."""
+    while True:
+        reply = await g.call(key, code, fields, body, timeout_ms=timeout_ms)
+        if reply.error_code in RETRYABLE:
+            await trio.sleep(0.05)
+            continue
+        assert not reply.error_code, f"{RequestCode(code).name} on {key}: {reply.error_text}"
+        return reply
+
+
+@pytest.mark.slow
+async def test_a_failover_during_the_check_keeps_counts_and_ends_each_half_once(
+    tmp_path: Path, zk_connect: str
+) -> None:
+    """Three brokers under ZooKeeper; pending halves asked about once on the leader,
+    which is then killed: the new leader asks the same halves again with their counts
+    carried over, the producer's answers end each once, and what was ended before the
+    failover stays ended."""
+    settings = {
+        "transaction_timeout_ms": 300,
+        "transaction_check_interval_ms": 50,
+        "transaction_checkpoint_interval_ms": 50,
+    }
+    async with open_group(tmp_path) as g:
+        fg = FailoverGroup(g, zk_connect)
+        leader = await fg.start({"t": 2}, **settings)
+        batch = encode_batch([_half(i) for i in range(12)])
+        sent = await _call(g, leader, RequestCode.SEND_MESSAGE, {"topic": TRANS_HALF_TOPIC}, batch)
+        offsets: list[int] = sent.fields["commitlog_offsets"]
+        for i in range(4):  # ended before the failover
+            await _call(g, leader, RequestCode.END_TRANSACTION, _end_fields(offsets[i], _action(i)))
+        asked = await _checks(g, leader, 8)
+        assert asked == {off: 1 for off in offsets[4:]}
+        await fg.wait_settled(leader)
+        await fg.kill(leader)
+        new = await fg.wait_leader(exclude=frozenset({leader}))
+        again = await _checks(g, new, 8)
+        assert again == {off: 2 for off in offsets[4:]}, "check counts lost in the failover"
+        for i, off in enumerate(offsets):
+            reply = await _call(g, new, RequestCode.END_TRANSACTION, _end_fields(off, _action(i), from_check=i >= 4))
+            want = ("already_" if i < 4 else "") + ("committed" if _action(i) == "commit" else "rolled_back")
+            assert reply.fields["state"] == want, (i, reply.fields)
+        listed = await _call(g, new, RequestCode.LIST_TRANSACTIONS, {})
+        assert listed.fields["total"] == 0
+        bodies = sorted(
+            [r.body for r in await read_queue(g, new, "t", 0)] + [r.body for r in await read_queue(g, new, "t", 1)]
+        )
+        assert bodies == sorted(_half(i).body for i in range(12) if _action(i) == "commit")
+
+
+def _end_fields(offset: int, action: str, from_check: bool = False) -> dict[str, Any]:
+    return {"group": "pg", "commitlog_offset": offset, "action": action, "from_check": from_check}
+
+
+async def _checks(g: Any, key: str, n: int) -> dict[int, int]:
+    """CHECK_TRANSACTIONS of group pg on ``key`` until ``n`` halves were asked about."""
+    asked: dict[int, int] = {}
+    with trio.fail_after(30):
+        while len(asked) < n:
+            fields = {"group": "pg", "client_id": "p1", "max_wait_ms": 2000}
+            reply = await _call(g, key, RequestCode.CHECK_TRANSACTIONS, fields)
+            asked.update({off: count for off, count in reply.fields["checks"]})
+    return asked
