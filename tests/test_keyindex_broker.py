@@ -4,15 +4,19 @@ REQUEST_NOT_SUPPORTED, and ``clmq message find`` against a real ``clmq dev``."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
-from clmq.client import IndexLookup, open_admin, open_producer
+from clmq.client import BlockingProducer, IndexLookup, open_admin, open_producer
 from clmq.common import Message
 from clmq.protocol import ErrorCode, RequestCode, decode_records
 from clmq.protocol.transport import RpcClient, RpcError
+from tests.cli_helpers import clmq, running_dev
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
 
@@ -93,3 +97,39 @@ async def test_query_index_answers_matches_and_records_in_the_same_order(cluster
     assert reply.fields["truncated"] is True
     assert reply.fields["matches"] == [[r.commitlog_offset, r.store_timestamp_ms] for r in records]
     assert [r.body for r in records] == [b"r4", b"r3"]
+
+
+def _cli(ns: str, cwd: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+    out = clmq(*args, "--namesrv", ns, cwd=cwd)
+    assert out.returncode == code, (args, out.stdout, out.stderr)
+    return out
+
+
+def _json_lines(out: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["commitlog", "partition-per-file"])
+def test_clmq_message_find_uses_the_index_or_says_it_scans(tmp_path: Path, mode: str) -> None:
+    with running_dev(tmp_path, f'storage_mode = "{mode}"\n') as ns:
+        _cli(ns, tmp_path, "topic", "create", "shop", "--queues", "2")
+        # Sent by a producer: `clmq produce` prints message ids, which partition-per-file has not.
+        with BlockingProducer(ns) as p:
+            for body in ("one", "two", "three"):
+                p.send("shop", body.encode(), keys="cart-9 all")
+            four = p.send("shop", b"four", keys="cart-10")
+        out = _cli(ns, tmp_path, "message", "find", "shop", "--key", "cart-9", "-o", "json")
+        assert sorted(f["body"] for f in _json_lines(out)) == ["one", "three", "two"]
+        assert ("found (key index)" in out.stderr) == (mode == "commitlog")
+        assert ("scanning" in out.stderr) == (mode != "commitlog")
+        capped = _cli(ns, tmp_path, "message", "find", "shop", "--key", "all", "--count", "2", "-o", "json")
+        assert len(_json_lines(capped)) == 2
+        _cli(ns, tmp_path, "message", "find", "shop", "--key", "cart-1", code=1)  # a prefix is not the key
+        _cli(ns, tmp_path, "message", "find", "shop", "--key", "cart-10", "--until", "2001-01-01", code=1)
+        if mode == "commitlog":  # a message's unique id (UNIQ_KEY) finds it too, and get stays exact
+            got = json.loads(_cli(ns, tmp_path, "message", "get", four.msg_ids[0], "-o", "json").stdout)
+            assert got["body"] == "four"
+            uniq = got["properties"]["UNIQ_KEY"]
+            by_id = _json_lines(_cli(ns, tmp_path, "message", "find", "shop", "--key", uniq, "-o", "json"))
+            assert [f["body"] for f in by_id] == ["four"]

@@ -10,6 +10,8 @@ from typing import Any
 import trio
 
 from clmq.client import Admin, open_admin
+from clmq.protocol import ErrorCode
+from clmq.protocol.transport import RpcError
 
 from ._common import add_client_args, addrs, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
@@ -33,14 +35,17 @@ def add_command(sub: Any) -> None:
     read.add_argument("--follow", action="store_true", help="keep waiting for new messages (Ctrl-C stops)")
     get = msub.add_parser("get", help="the message a send's id names (host:port@HEXOFFSET)")
     get.add_argument("msg_id", help="the message id: host:port@HEXOFFSET, as produce and consume --details print it")
-    find = msub.add_parser("find", help="messages carrying a key (a bounded scan of the topic's newest messages)")
+    find = msub.add_parser("find", help="messages carrying a key or unique id (the brokers' key index)")
     find.add_argument("topic", help="the topic to search")
-    find.add_argument("--key", required=True, help="one of the keys the message was sent with")
+    find.add_argument("--key", required=True, help="one of the keys the message was sent with, or its UNIQ_KEY")
     find.add_argument("--since", help=f"only messages stored at or after: {FORMS}")
     find.add_argument("--until", help="only messages stored at or before (same forms)")
     find.add_argument("--count", type=int, default=32, help="at most this many messages, newest first (default 32)")
     find.add_argument(
-        "--max-scan-messages", type=int, default=100_000, help="read at most this many messages (default 100000)"
+        "--max-scan-messages",
+        type=int,
+        default=100_000,
+        help="without a key index (partition-per-file): read at most this many messages (default 100000)",
     )
     for p in msub.choices.values():
         p.add_argument("--details", action="store_true", help="also print keys, properties and attempts")
@@ -112,8 +117,27 @@ async def _get(args: argparse.Namespace, admin: Admin) -> None:
 
 
 async def _find(args: argparse.Namespace, admin: Admin) -> None:
+    """Through the brokers' key indexes; a broker without one (partition-per-file) makes
+    it a bounded scan of each queue's newest messages, and says so."""
     since = parse_time_ms(args.since) if args.since else None
     until = parse_time_ms(args.until) if args.until else None
+    try:
+        hit = await admin.find_by_key(args.topic, args.key, since_ms=since, until_ms=until, max_results=args.count)
+    except RpcError as e:
+        if e.code != ErrorCode.REQUEST_NOT_SUPPORTED:
+            raise
+        tally(f"[yellow]no key index ({e.text}): scanning each queue's newest messages instead")
+        await _scan(args, admin, since, until)
+        return
+    for rec in hit.records:
+        print_record(args, rec)
+    if not hit.records:
+        raise CliError(f"no message of topic {args.topic!r} has key {args.key!r} (key index)", EXIT_FAILED)
+    more = f"; more matched than --count {args.count}" if hit.truncated else ""
+    tally(f"[dim]{len(hit.records)} found (key index){more}")
+
+
+async def _scan(args: argparse.Namespace, admin: Admin, since: int | None, until: int | None) -> None:
     found = await admin.messages_by_key(
         args.topic,
         args.key,
