@@ -59,6 +59,7 @@ class Transactions:
         self.failure = ""
         self.saved = load_checkpoint(self.store) if self.store is not None else TransactionCheckpoint()
         self._last_save = 0.0
+        self._reading = trio.Lock()  # one refresh at a time (the task's and requests')
         if self.store is not None:
             self.store.log.hold_retention(self.retention_floor)
 
@@ -149,34 +150,38 @@ class Transactions:
         rebuilt.halves.stats.committed = rebuilt.halves.stats.rolled_back = 0  # counts since start
 
     async def refresh(self) -> None:
-        """Read the half messages stored since the last look into the pending set."""
-        if self.halves is not None:
-            await trio.to_thread.run_sync(self._read_new, self.halves)
+        """Read the half messages stored since the last look into the pending set (read
+        in a thread, applied here: an END on the event loop never races the reader)."""
+        async with self._reading:
+            halves = self.halves
+            if halves is None:
+                return
+            found, queue_read, read_to = await trio.to_thread.run_sync(self._read_new, halves.queue_read)
+            for half in found:
+                halves.add(half)  # not if an END found it meanwhile (it is pending or ended then)
+            halves.queue_read, halves.read_to = queue_read, max(halves.read_to, read_to)
 
-    def _read_new(self, halves: PendingSet) -> None:
+    def _read_new(self, start: int) -> tuple[list[Half], int, int]:
+        """The halves of ``%TRANS_HALF%`` from queue offset ``start``; the next offset to
+        read; a commit-log offset every half below which is read."""
         store = self.store
         assert store is not None
         visible = store.dispatcher.dispatched_offset  # every half below it is in the queue now
+        found: list[Half] = []
+        read_to, at = 0, start
         while True:
-            first, entries = read_entries(store, TRANS_HALF_TOPIC, HALF_QUEUE, halves.queue_read)
+            first, entries = read_entries(store, TRANS_HALF_TOPIC, HALF_QUEUE, at)
             if not len(entries):
                 break
             keep = real(entries)
-            for q, off, size in zip(
-                (first + i for i in range(len(entries))), entries["offset"].tolist(), entries["size"].tolist()
-            ):
-                if keep[q - first] and off not in halves.pending and off not in halves.ended:
-                    self._add(halves, q, off, size)
-            halves.read_to = max(halves.read_to, int(entries["offset"][-1]) + int(entries["size"][-1]))
-            halves.queue_read = first + len(entries)
-        halves.read_to = max(halves.read_to, visible)
-
-    def _add(self, halves: PendingSet, q: int, off: int, size: int) -> None:
-        assert self.store is not None
-        record = self.store.log.read_record(off, size)
-        half = None if record is None else half_from_record(record, q)
-        if half is not None:
-            halves.add(half)
+            for i, (off, size) in enumerate(zip(entries["offset"].tolist(), entries["size"].tolist())):
+                record = store.log.read_record(off, size) if keep[i] else None
+                half = None if record is None else half_from_record(record, first + i)
+                if half is not None:
+                    found.append(half)
+            read_to = int(entries["offset"][-1]) + int(entries["size"][-1])
+            at = first + len(entries)
+        return found, at, max(read_to, visible)
 
     # ------------------------------------------------------------- checks
     async def _check(self) -> None:
