@@ -30,10 +30,11 @@ from clmq.common import (
     decode_record,
 )
 from clmq.protocol import ErrorCode, RequestCode, encode_batch
-from clmq.protocol.transport import RpcError
+from clmq.protocol.transport import RpcClient, RpcError
 from tests.cli_helpers import ENV
 from tests.kafka_procs import kcat, open_kafka
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
+from tests.test_security_native import ADMIN, ALICE, login, seeded_with
 from tests.waiting import await_until
 
 from .conftest import msgs
@@ -418,3 +419,43 @@ def test_the_spark_reader_never_shows_a_half_message(spark: Any, tmp_path: Path)
         assert read(topics="sync") == [("sync", b"plain")]
         trio.run(send_half_then, "commit", offset)
         assert read(topics="sync") == [("sync", b"pending"), ("sync", b"plain")]
+
+
+# ---------------------------------------------------------------- access control
+async def test_every_transactional_request_needs_write_on_the_real_topic(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """alice may WRITE topic v only: her half messages for 'secret' are refused, she
+    cannot end admin's half for 'secret' (it stays pending), a check-back hands her only
+    her own topic's halves, and the pending list needs DESCRIBE on the cluster."""
+    cluster = Cluster(nursery, tmp_path)
+    acl = [["TOPIC", "v", "LITERAL", "User:alice", "*", "WRITE", "ALLOW"]]
+    addr = await seeded_with(cluster, tmp_path, acl, **FAST, transaction_timeout_ms=200)
+    async with trio.open_nursery() as n:
+        admin, alice = RpcClient(n), RpcClient(n)
+        assert (await login(admin, addr, *ADMIN)).error_code == 0
+        assert (await login(alice, addr, *ALICE)).error_code == 0
+        as_admin, as_alice = Raw(_Rpc(admin), addr), Raw(_Rpc(alice), addr)
+        await _running(as_admin)
+        (secret,) = await as_admin.send(half(b"s", topic="secret", qid=0))
+        with pytest.raises(RpcError) as e:
+            await as_alice.send(half(b"a", topic="secret", qid=0))
+        assert e.value.code == ErrorCode.NOT_AUTHORIZED and "secret" in e.value.text
+        (mine,) = await as_alice.send(half(b"v", topic="v", qid=0))
+        with pytest.raises(RpcError) as e:
+            await as_alice.end(secret, "commit")
+        assert e.value.code == ErrorCode.NOT_AUTHORIZED
+        assert (await as_alice.check("pg", wait_ms=3000))[0] == [[mine, 1]]
+        with pytest.raises(RpcError) as e:
+            await as_alice.list()
+        assert e.value.code == ErrorCode.NOT_AUTHORIZED
+        listed = await as_admin.list()
+        assert [r["commitlog_offset"] for r in listed["pending"]] == [secret, mine]
+        assert (await as_alice.end(mine, "commit"))["state"] == "committed"
+        await admin.aclose()
+        await alice.aclose()
+
+
+class _Rpc:
+    """An RpcClient where :class:`Raw` expects an admin (``.rpc``)."""
+
+    def __init__(self, rpc: RpcClient) -> None:
+        self.rpc = rpc
