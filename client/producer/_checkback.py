@@ -171,7 +171,6 @@ def start_check_back(nursery: trio.Nursery, producer: Any) -> trio.CancelScope |
         options.transaction_check_concurrency,
         options.transaction_check_timeout_ms,
     )
-    producer.check_back = checks
 
     async def run() -> None:
         with scope:
