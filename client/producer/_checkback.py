@@ -72,18 +72,23 @@ class CheckBack:
             producer.rpc, routes.namesrv_addrs, routes.broker_addrs, producer.options.send_timeout_ms
         )
         self.polling: set[str] = set()  # leaders polled now
+        self._nursery: trio.Nursery | None = None  # the polls' (run's)
         self.answered = 0  # checks answered with COMMIT or ROLLBACK (for tests and logs)
         self.unknown = 0  # checks left UNKNOWN
 
     async def run(self) -> None:
         """Poll every leader; look the leaders up again every ``CHECK_LEADERS_REFRESH_MS``."""
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             while True:
                 for addr in await self._leaders():
-                    if addr not in self.polling:
-                        self.polling.add(addr)
-                        nursery.start_soon(self._poll, addr)
+                    self._start(addr)
                 await trio.sleep(CHECK_LEADERS_REFRESH_MS / 1000)
+
+    def _start(self, addr: str) -> None:
+        if addr and addr not in self.polling and self._nursery is not None:
+            self.polling.add(addr)
+            self._nursery.start_soon(self._poll, addr)
 
     async def _leaders(self) -> list[str]:
         try:
@@ -94,8 +99,9 @@ class CheckBack:
             return []
 
     async def _poll(self, addr: str) -> None:
-        """Long-poll ``addr`` until it is no leader (NOT_LEADER), unreachable, or does
-        not serve checks; the refresh starts a new poll if it is a leader again."""
+        """Long-poll ``addr`` until it is no leader (NOT_LEADER: the leader it names is
+        polled at once), unreachable, or does not serve checks; the refresh starts a new
+        poll if it is a leader again."""
         fields = {
             "group": self.group,
             "client_id": self.client_id,
@@ -107,18 +113,22 @@ class CheckBack:
             while True:
                 try:
                     reply = await self.producer.rpc.request(
-                        addr, RequestCode.CHECK_TRANSACTIONS, fields, timeout_ms=timeout_ms
+                        addr, RequestCode.CHECK_TRANSACTIONS, fields, timeout_ms=timeout_ms, check=False
                     )
-                except RpcError as e:
-                    if e.code in (ErrorCode.NOT_LEADER, ErrorCode.REQUEST_NOT_SUPPORTED):
-                        return
-                    level = logging.INFO if e.code == ErrorCode.SYSTEM_BUSY else logging.WARNING
-                    log.log(level, "transaction checks at %s: %s", addr, e)
-                    await trio.sleep(CHECK_FAILURE_BACKOFF_MS / 1000)
-                    continue
                 except (ConnectionFailed, trio.TooSlowError) as e:
                     log.info("transaction checks at %s stopped: %s", addr, e or "timed out")
                     return
+                code = reply.error_code
+                if code in (ErrorCode.NOT_LEADER, ErrorCode.REQUEST_NOT_SUPPORTED):
+                    leader = reply.fields.get("leader_addr")
+                    self.polling.discard(addr)
+                    self._start(leader if isinstance(leader, str) and leader != addr else "")
+                    return
+                if code:
+                    level = logging.INFO if code == ErrorCode.SYSTEM_BUSY else logging.WARNING
+                    log.log(level, "transaction checks at %s: %s", addr, RpcError(addr, code, reply.error_text))
+                    await trio.sleep(CHECK_FAILURE_BACKOFF_MS / 1000)
+                    continue
                 await self._answer(addr, reply.fields, reply.body)
         finally:
             self.polling.discard(addr)
