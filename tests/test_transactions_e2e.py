@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from clmq.client import (
@@ -34,7 +35,9 @@ from clmq.client import (
     open_producer,
 )
 from clmq.client.producer._transaction import send_half
-from clmq.common import Message
+from clmq.common import PROP_TRAN_HALF, Message
+from clmq.protocol import RequestCode
+from tests.replica_procs import create_topic, open_group
 from tests.service_helpers import FAST_CONSUMER, Cluster
 from tests.waiting import await_until
 
@@ -283,6 +286,44 @@ async def test_a_killed_producer_is_checked_back_by_another_of_its_group(nursery
     async with open_admin(c.ns) as admin:
         view = await admin.transaction(half_id)
         assert view is not None and view.state in ("committed", "ended")
+
+
+@pytest.mark.slow
+async def test_check_back_follows_a_promoted_leader(tmp_path: Path) -> None:
+    """A half message left UNKNOWN on a replicated group; its leader SIGKILLed and the
+    in-sync follower promoted: the producer's check-back finds the new leader (the name
+    server's routes), which asks it, and the message is committed there, once."""
+    listener = Decisions({b"across": UNKNOWN}, {b"across": COMMIT})
+    async with open_group(tmp_path) as g:
+        settings = {"ack_mode": "sync", "transaction_timeout_ms": 1500, "transaction_check_interval_ms": 50}
+        await g.start_broker("g0", 0, **settings)
+        await g.start_broker("g1", 1, follow="g0", **settings)
+        await create_topic(g, "g0", TOPIC, 2)
+        await g.wait_in_sync("g0", ["g1"])
+        ns = [g.ns_addr]
+        async with open_producer(ns, transaction_group="pg", transaction_listener=listener) as p:
+            sent = await p.send_in_transaction(TOPIC, b"across")  # sync acks: the follower holds the half
+            assert sent.state is UNKNOWN and sent.queue.addr == g["g0"].addr
+            await g["g0"].kill()  # before its check is due
+            reply = await g.call("g1", RequestCode.PROMOTE, {})
+            assert not reply.error_code, reply.error_text
+            await await_until(lambda: b"across" in listener.checked_at, 30, "the new leader to ask the producer")
+            got = await _read_all(ns, 1, 30)
+        assert [r.body for r in got] == [b"across"] and got[0].properties[PROP_TRAN_HALF] != ""
+        assert got[0].store_host[1] == g["g1"].port
+
+
+async def _read_all(ns: list[str], n: int, timeout_s: float, quiet_s: float = 0.5) -> list[Record]:
+    """``n`` records of TOPIC, then whatever else comes within ``quiet_s`` (nothing should)."""
+    got: list[Record] = []
+    async with open_consumer(ns, "readers", {TOPIC: "*"}, **FAST_CONSUMER) as consumer:
+        with trio.fail_after(timeout_s):
+            while len(got) < n:
+                got += await consumer.receive()
+        with trio.move_on_after(quiet_s):
+            while True:
+                got += await consumer.receive()
+    return got
 
 
 async def test_transaction_list_and_show_print_the_pending(nursery: trio.Nursery, tmp_path: Path) -> None:
