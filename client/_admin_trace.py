@@ -53,7 +53,7 @@ class MessageTrace:
 
 
 def _event_json(event: TraceEvent) -> dict[str, Any]:
-    return {name: getattr(event, name) for name in TraceEvent.__dataclass_fields__}
+    return event._asdict()
 
 
 async def retention_since(calls: AdminCalls, now_ms: int) -> int | None:

@@ -159,7 +159,8 @@ class Routes:
         for addr in self.broker_addrs:
             try:
                 info = await self.rpc.request(addr, RequestCode.BROKER_INFO, timeout_ms=self.timeout_ms)
-                topics = await self.rpc.request(addr, RequestCode.LIST_TOPICS, timeout_ms=self.timeout_ms)
+                every = {"include_system": True}  # a system topic (%TRACE%) is written by clients too
+                topics = await self.rpc.request(addr, RequestCode.LIST_TOPICS, every, timeout_ms=self.timeout_ms)
             except (ConnectionFailed, RpcError, trio.TooSlowError) as e:
                 failed.append(f"{addr}: {e or 'timed out'}")
                 continue

@@ -30,6 +30,14 @@ PROP_ORIGIN_MSG_ID = "ORIGIN_MSG_ID"
 TRACE_BATCH_MAX_EVENTS = 256  # trace records per write (one send_batch to %TRACE%)
 NACKED_REMEMBERED_RECORDS = 65536  # a consumer's nacked records kept so that the ack after a nack skips them
 TRACE_WRITE_RETRY_BUDGET_MS = 2000  # a trace write is retried this long at most (then counted failed)
+# The producer that writes a client's trace records: not traced itself, no UNIQ_KEY (a
+# trace record retried after an unknown outcome may be stored twice; lookups show it once).
+TRACE_WRITER_OPTIONS: dict[str, Any] = {
+    "trace": False,
+    "unique_ids": False,
+    "retries": 1,
+    "retry_budget_ms": TRACE_WRITE_RETRY_BUDGET_MS,
+}
 TRACE_CLOSE_TIMEOUT_MS = 3000  # closing: what is buffered is written within this, the rest counted dropped
 
 SendTraceBatch = Callable[[list[Message]], Awaitable[object]]
@@ -267,9 +275,15 @@ def tracing_parts(
     async def send(messages: list[Message]) -> None:
         await writer.send_batch(TRACE_TOPIC, messages)
 
+    async def close() -> None:
+        try:
+            await writer.aclose()
+        finally:
+            await writer.rpc.aclose()
+
     dispatcher = TraceDispatcher(send, buffer_max_events=buffer_max_events, flush_interval_ms=flush_interval_ms)
     nursery.start_soon(dispatcher.run)
-    return dispatcher, writer.aclose
+    return dispatcher, close
 
 
 def send_tracer(writer: Any, nursery: trio.Nursery, options: Any, client_id: str) -> SendTracer:

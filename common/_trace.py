@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from ._errors import InvalidInputError
 from ._record import Message
@@ -23,6 +22,7 @@ from ._system import TRACE_TOPIC
 TRACE_QUEUES = 4  # queues of %TRACE% (trace records are spread over them round robin)
 TRACE_FORMAT_VERSION = 1  # field "v" of every record's body
 TRACE_EVENT_MAX_KEYS = 32  # a traced message's own keys kept in its events (the rest are cut)
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class TraceKind(str, enum.Enum):
@@ -43,12 +43,12 @@ class TraceFormatError(InvalidInputError):
     """A ``%TRACE%`` record whose body is not a trace event."""
 
 
-@dataclass(frozen=True)
-class TraceEvent:
+class TraceEvent(NamedTuple):
     """One event of a message's life. ``msg_id`` is the id of the record the event is
     about (a retry's own id on its delivery); ``origin_msg_id`` the first message's id
     when that record is a retry or a dead letter (else ""). Numbers unknown to whoever
-    recorded the event are -1 (queue, offset, latency)."""
+    recorded the event are -1 (queue, offset, latency). A named tuple: clients make
+    one per traced message, and a tuple is the cheapest immutable record to make."""
 
     kind: str
     time_ms: int  # wall clock, ms since the epoch, of the recorder
@@ -72,16 +72,22 @@ class TraceEvent:
 
 
 _KIND_ORDER = {kind.value: i for i, kind in enumerate(TraceKind)}
-_FIELDS = {f.name: f.type for f in fields(TraceEvent)}
+_FIELDS = TraceEvent._fields
 _INTS = frozenset({"time_ms", "queue_id", "queue_offset", "latency_ms", "attempt"})
+_DEFAULTS = TraceEvent._field_defaults
+_ALWAYS = frozenset({"kind", "time_ms", "msg_id"})
+_VALID_KINDS = frozenset(k.value for k in TraceKind)
 
 
 def trace_event(kind: TraceKind | str, msg_id: str, time_ms: int, **more: Any) -> TraceEvent:
     """A :class:`TraceEvent`, its kind checked (``ValueError`` for an unknown kind) and
     the message's keys cut to :data:`TRACE_EVENT_MAX_KEYS`."""
-    kind = TraceKind(kind).value
+    if isinstance(kind, TraceKind):
+        kind = kind.value
+    elif kind not in _VALID_KINDS:
+        kind = TraceKind(kind).value  # ValueError naming it for an unknown kind
     keys = more.pop("keys", "") or ""
-    if keys:
+    if keys.count(" ") >= TRACE_EVENT_MAX_KEYS:
         keys = " ".join(keys.split()[:TRACE_EVENT_MAX_KEYS])
     return TraceEvent(kind, int(time_ms), msg_id, keys=keys, **more)
 
@@ -134,10 +140,10 @@ def trace_keys(event: TraceEvent) -> str:
 def encode_event(event: TraceEvent) -> bytes:
     """The record body: compact JSON, fields that hold their default left out."""
     out: dict[str, Any] = {"v": TRACE_FORMAT_VERSION}
-    for name, value in asdict(event).items():
-        if value not in ("", -1) or name in ("kind", "time_ms", "msg_id"):
+    for name, value in zip(_FIELDS, event):
+        if value != _DEFAULTS.get(name) or name in _ALWAYS:
             out[name] = value
-    return json.dumps(out, separators=(",", ":")).encode()
+    return _ENCODE(out).encode()
 
 
 def decode_event(body: bytes) -> TraceEvent:
@@ -171,4 +177,4 @@ def trace_message(event: TraceEvent, queue_id: int = 0) -> Message:
 def timeline(events: Iterable[TraceEvent]) -> list[TraceEvent]:
     """Events in the order they happened, each once (a record written twice, e.g. by a
     retried trace send, shows once)."""
-    return sorted(set(events), key=TraceEvent.sort_key)
+    return sorted(set(events), key=lambda e: e.sort_key())

@@ -17,6 +17,7 @@ from clmq.bench.delay import add_command as add_bench_delay
 from clmq.bench.e2e import add_command as add_bench_e2e
 from clmq.bench.results import add_out_dir_args, resolve_result_paths
 from clmq.bench.spark import add_command as add_bench_spark
+from clmq.bench.trace import add_command as add_bench_trace
 from clmq.bench.transactions import add_command as add_bench_transactions
 
 from ._common import security_env
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_e2e(bench_sub)
     add_bench_delay(bench_sub)
     add_bench_transactions(bench_sub)
+    add_bench_trace(bench_sub)
     add_commands(sub)
     _add_dev_zookeeper_flag(sub.choices["dev"])
     add_replication_commands(sub)

@@ -46,7 +46,7 @@ from clmq.protocol.transport import ClientSecurity, RpcClient, background_nurser
 
 from .._arguments import options_from, resolve_addrs, resolve_security
 from .._routes import MessageQueue, ReadRouter, Routes
-from .._trace import TRACE_WRITE_RETRY_BUDGET_MS, consume_tracer
+from .._trace import TRACE_WRITER_OPTIONS, consume_tracer
 from ..producer import Producer, ProducerOptions
 from ._commits import Commits
 from ._fetcher import Fetcher
@@ -429,10 +429,9 @@ async def consumer_context(
         routes = Routes(rpc, namesrv, broker_addrs=brokers, refresh_interval_ms=0)
         consumer = Consumer(rpc, routes, group, subscriptions, options)
         if options.trace:  # its records go through a producer of its own
-            writer_options = ProducerOptions(
-                security=options.security, retries=1, retry_budget_ms=TRACE_WRITE_RETRY_BUDGET_MS
-            )
-            writer = Producer(rpc, routes, writer_options, nursery=nursery)
+            wrpc = RpcClient(nursery, security=security)  # a connection of its own
+            writer_options = ProducerOptions(security=options.security, **TRACE_WRITER_OPTIONS)
+            writer = Producer(wrpc, Routes(wrpc, namesrv, broker_addrs=brokers), writer_options, nursery=nursery)
             consumer.state.tracer = consume_tracer(writer, nursery, options, group, consumer.client_id)
         ack_pending = False
         try:

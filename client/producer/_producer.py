@@ -21,7 +21,7 @@ from clmq.protocol.transport import ClientSecurity, RpcClient, background_nurser
 
 from .._arguments import options_from, resolve_addrs, resolve_security
 from .._routes import MessageQueue, Routes
-from .._trace import TRACE_WRITE_RETRY_BUDGET_MS, SendTracer, client_name, send_tracer
+from .._trace import TRACE_WRITER_OPTIONS, SendTracer, client_name, send_tracer
 from ._accumulator import Accumulator
 from ._batch import Batch
 from ._checkback import start_check_back
@@ -410,8 +410,9 @@ async def producer_context(
             producer = Producer(rpc, routes, options, nursery=nursery)
             checks = start_check_back(nursery, producer)  # with a transaction group and listener
             if options.trace:  # its records go through a producer of its own
-                writer_options = replace(options, trace=False, retries=1, retry_budget_ms=TRACE_WRITE_RETRY_BUDGET_MS)
-                writer = Producer(rpc, routes, writer_options, nursery=nursery)
+                wrpc = RpcClient(nursery, security=security)  # a connection of its own: user sends never wait behind it
+                writer_routes = Routes(wrpc, namesrv, broker_addrs=brokers)
+                writer = Producer(wrpc, writer_routes, replace(options, **TRACE_WRITER_OPTIONS), nursery=nursery)
                 producer.tracer = send_tracer(writer, nursery, options, client_name(producer))
             yield producer
         finally:
