@@ -380,3 +380,21 @@ if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     trio.run(_child_main, *sys.argv[1:5])
+
+
+@pytest.mark.slow  # a broker process, about 8 s
+async def test_the_benchmark_measures_every_figure(tmp_path: Path) -> None:
+    """``clmq bench transactions`` with tiny sizes: both kinds' rates, every latency
+    message received, the aims judged, the plot drawn (a smoke test, not a measurement)."""
+    tiny = ["--runs", "1", "--seconds", "0.3", "--senders", "4", "--latency-messages", "40", "--settle-seconds", "0"]
+    paths = ["--json", str(tmp_path / "t.json"), "--plot", str(tmp_path / "t.png"), "--out-dir", str(tmp_path)]
+    await _clmq("bench", "transactions", *tiny, *paths)
+    result = json.loads((tmp_path / "t.json").read_text())
+    t = result["throughput"]
+    assert t["plain_msgs_per_s"] > 0 and t["transactional_msgs_per_s"] > 0 and t["failed"] == 0
+    assert [(r["kind"], r["received"]) for r in result["latency"]] == [("plain", 40), ("transactional", 40)]
+    assert [a["aim"] for a in result["aims"]] == [
+        "transactional / plain send rate (median of runs)",
+        "commit-to-visible p99, ms",
+    ]
+    assert (tmp_path / "t.png").stat().st_size > 0
