@@ -157,8 +157,8 @@ _RESERVED = frozenset({PROP_REAL_TOPIC, PROP_REAL_QID, PROP_REAL_TAGS, PROP_TRAN
 def encode_half(msg: Message, real: MessageQueue, group: str) -> bytes:
     """The SEND_MESSAGE body of ``msg`` as a half message for queue ``real`` of group
     ``group``: REAL_TOPIC, REAL_QID, REAL_TAGS and TRAN_GROUP first, then the message's
-    own properties (a user property of a reserved name is left out). Its tags are the
-    message's tags."""
+    own properties (a user property of a reserved name is left out). The half record
+    has no tags of its own: they travel as REAL_TAGS (the committed message's tags)."""
     own = msg.properties
     if own and not _RESERVED.isdisjoint(own):
         own = {k: v for k, v in own.items() if k not in _RESERVED}
@@ -167,7 +167,7 @@ def encode_half(msg: Message, real: MessageQueue, group: str) -> bytes:
         raise PackError(f"tags of {len(tags)} bytes: at most {MAX_TAGS_BYTES}")
     lead = {PROP_REAL_TOPIC: real.topic, PROP_REAL_QID: str(real.queue_id), PROP_REAL_TAGS: msg.tags}
     props = encode_properties({**lead, PROP_TRAN_GROUP: group, **own})
-    return b"".join(pack_parts(0, msg.flags, msg.born_timestamp_ms, tags, msg.keys.encode(), props, msg.body))
+    return b"".join(pack_parts(0, msg.flags, msg.born_timestamp_ms, b"", msg.keys.encode(), props, msg.body))
 
 
 def group_of(producer: TransactionalProducer) -> str:
