@@ -19,7 +19,17 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 import trio
 
-from clmq.common import TRACE_TOPIC, ClmqError, Message, Record, TraceEvent, TraceKind, trace_event, trace_message
+from clmq.common import (
+    TRACE_EVENT_MAX_KEYS,
+    TRACE_TOPIC,
+    ClmqError,
+    Message,
+    Record,
+    TraceEvent,
+    TraceKind,
+    trace_event,
+    trace_message,
+)
 
 from ._msg_id import format_msg_id
 
@@ -27,7 +37,7 @@ log = logging.getLogger("clmq.trace")
 
 UNIQ_KEY = "UNIQ_KEY"
 PROP_ORIGIN_MSG_ID = "ORIGIN_MSG_ID"
-TRACE_BATCH_MAX_EVENTS = 256  # trace records per write (one send_batch to %TRACE%)
+TRACE_BATCH_MAX_EVENTS = 1024  # trace records per write (one send_batch to %TRACE%)
 NACKED_REMEMBERED_RECORDS = 65536  # a consumer's nacked records kept so that the ack after a nack skips them
 TRACE_WRITE_RETRY_BUDGET_MS = 2000  # a trace write is retried this long at most (then counted failed)
 # The producer that writes a client's trace records: not traced itself, no UNIQ_KEY (a
@@ -41,6 +51,14 @@ TRACE_WRITER_OPTIONS: dict[str, Any] = {
 TRACE_CLOSE_TIMEOUT_MS = 3000  # closing: what is buffered is written within this, the rest counted dropped
 
 SendTraceBatch = Callable[[list[Message]], Awaitable[object]]
+
+
+SENT = TraceKind.SENT.value
+
+
+def _keys(keys: str) -> str:
+    """A message's keys as its events keep them (at most TRACE_EVENT_MAX_KEYS)."""
+    return keys if keys.count(" ") < TRACE_EVENT_MAX_KEYS else " ".join(keys.split()[:TRACE_EVENT_MAX_KEYS])
 
 
 def wall_ms() -> int:
@@ -179,22 +197,28 @@ class SendTracer(Tracing):
     def sent(self, messages: Sequence[Message], result: Any, latency_ms: int) -> None:
         now = wall_ms()
         queue = result.queue
-        for i, (m, msg_id) in enumerate(zip(messages, result.msg_ids)):
-            self.dispatcher.record(
-                trace_event(
-                    TraceKind.SENT,
-                    msg_id,
+        addr, topic, qid, broker = queue.addr, queue.topic, queue.queue_id, queue.broker_name
+        uniq, offsets, positions = result.uniq_keys, result.queue_offsets, result.commitlog_offsets
+        detail = "duplicate: stored before" if result.duplicate else ""
+        record, group, client = self.dispatcher.record, self.group, self.client_id
+        for i, m in enumerate(messages):  # positional: one event per message sent, the cheapest way to make it
+            record(
+                TraceEvent(
+                    SENT,
                     now,
-                    topic=queue.topic,
-                    queue_id=queue.queue_id,
-                    queue_offset=result.queue_offsets[i],
-                    keys=m.keys,
-                    uniq_key=result.uniq_keys[i] if i < len(result.uniq_keys) else "",
-                    group=self.group,
-                    client_id=self.client_id,
-                    latency_ms=latency_ms,
-                    broker=queue.broker_name,
-                    detail="duplicate: stored before" if result.duplicate else "",
+                    format_msg_id(addr, positions[i]),
+                    topic,
+                    qid,
+                    offsets[i],
+                    _keys(m.keys),
+                    uniq[i] if i < len(uniq) else "",
+                    group,
+                    client,
+                    latency_ms,
+                    broker,
+                    0,
+                    "",
+                    detail,
                 )
             )
 
@@ -247,22 +271,22 @@ class ConsumeTracer(Tracing):
         self, kind: TraceKind, mq: Any, r: Record, now: int, latency_ms: int = -1, detail: str = ""
     ) -> TraceEvent:
         props = r.properties
-        return trace_event(
-            kind,
-            format_msg_id(mq.addr, r.commitlog_offset),
+        return TraceEvent(
+            kind.value,
             now,
-            topic=r.topic,
-            queue_id=r.queue_id,
-            queue_offset=r.queue_offset,
-            keys=r.keys,
-            uniq_key=props.get(UNIQ_KEY, ""),
-            group=self.group,
-            client_id=self.client_id,
-            latency_ms=max(-1, latency_ms),
-            broker=mq.broker_name,
-            attempt=r.reconsume_times,
-            origin_msg_id=props.get(PROP_ORIGIN_MSG_ID, ""),
-            detail=detail,
+            format_msg_id(mq.addr, r.commitlog_offset),
+            r.topic,
+            r.queue_id,
+            r.queue_offset,
+            _keys(r.keys),
+            props.get(UNIQ_KEY, ""),
+            self.group,
+            self.client_id,
+            latency_ms if latency_ms >= 0 else -1,
+            mq.broker_name,
+            r.reconsume_times,
+            props.get(PROP_ORIGIN_MSG_ID, ""),
+            detail,
         )
 
 

@@ -121,6 +121,7 @@ from ._system import (
     timer_tag_code,
 )
 from ._trace import (
+    TRACE_EVENT_MAX_KEYS,
     TRACE_QUEUES,
     TraceEvent,
     TraceFormatError,
@@ -196,6 +197,7 @@ __all__ = [
     "RETRY_PREFIX",
     "SYSTEM_PREFIX",
     "TIMER_TOPIC",
+    "TRACE_EVENT_MAX_KEYS",
     "TRACE_QUEUES",
     "TRACE_TOPIC",
     "TRANS_HALF_TOPIC",

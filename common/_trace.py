@@ -2,8 +2,11 @@
 format. Sans-IO: building, encoding and decoding events; clients and brokers write
 them as records of topic ``%TRACE%`` (:data:`TRACE_TOPIC`).
 
-One record per event. Its body is the event as compact JSON (an object whose fields
-are :class:`TraceEvent`'s); its tags are the event's kind; its keys are the traced
+One record per event. Its body is the event as a compact JSON array: the format
+version (1), then :class:`TraceEvent`'s fields in their order (a positional array,
+not an object: it is encoded by the C encoder in one call, a sixth of the cost of an
+object built field by field, and a client writes one per traced message; a newer
+version only appends fields). Its tags are the event's kind; its keys are the traced
 message's id, its ``UNIQ_KEY``, the first message's id (on a retry or a dead letter),
 and the message's own keys, separated by spaces, so that the key index finds every
 event of a message by any of them (:func:`trace_keys`).
@@ -74,8 +77,7 @@ class TraceEvent(NamedTuple):
 _KIND_ORDER = {kind.value: i for i, kind in enumerate(TraceKind)}
 _FIELDS = TraceEvent._fields
 _INTS = frozenset({"time_ms", "queue_id", "queue_offset", "latency_ms", "attempt"})
-_DEFAULTS = TraceEvent._field_defaults
-_ALWAYS = frozenset({"kind", "time_ms", "msg_id"})
+_REQUIRED = len(_FIELDS) - len(TraceEvent._field_defaults)  # kind, time_ms, msg_id
 _VALID_KINDS = frozenset(k.value for k in TraceKind)
 
 
@@ -130,43 +132,34 @@ def transaction_event(
 def trace_keys(event: TraceEvent) -> str:
     """The keys of the event's record: its message's id, UNIQ_KEY, first id and own
     keys, space separated, each once."""
-    seen: dict[str, None] = {}
-    for key in (event.msg_id, event.uniq_key, event.origin_msg_id, *event.keys.split()):
-        if key:
-            seen.setdefault(key, None)
-    return " ".join(seen)
+    parts = [k for k in (event.msg_id, event.uniq_key, event.origin_msg_id) if k]
+    if event.keys:
+        parts += event.keys.split()
+    return " ".join(dict.fromkeys(parts))
 
 
 def encode_event(event: TraceEvent) -> bytes:
-    """The record body: compact JSON, fields that hold their default left out."""
-    out: dict[str, Any] = {"v": TRACE_FORMAT_VERSION}
-    for name, value in zip(_FIELDS, event):
-        if value != _DEFAULTS.get(name) or name in _ALWAYS:
-            out[name] = value
-    return _ENCODE(out).encode()
+    """The record body: ``[1, kind, time_ms, msg_id, topic, ...]`` as compact JSON."""
+    return _ENCODE((TRACE_FORMAT_VERSION, *event)).encode()
 
 
 def decode_event(body: bytes) -> TraceEvent:
     """A record body back as an event; :class:`TraceFormatError` saying what is wrong
-    (fields this version does not know are ignored: a newer writer's)."""
+    (fields past this version's are ignored: a newer writer's)."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise TraceFormatError(f"a trace record's body is not JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise TraceFormatError(f"a trace record's body must be a JSON object, got {type(data).__name__}")
-    known: dict[str, Any] = {}
-    for name, value in data.items():
-        if name not in _FIELDS:
-            continue
+    if not isinstance(data, list) or not data or type(data[0]) is not int:
+        raise TraceFormatError(f"a trace record's body must be a JSON array [version, kind, ...], got {body!r:.60}")
+    values = data[1 : 1 + len(_FIELDS)]
+    if len(values) < _REQUIRED:
+        raise TraceFormatError(f"a trace record lacks field {_FIELDS[len(values)]!r}")
+    for name, value in zip(_FIELDS, values):
         wanted = int if name in _INTS else str
         if type(value) is not wanted:
             raise TraceFormatError(f"trace field {name!r} must be {wanted.__name__}, got {value!r:.40}")
-        known[name] = value
-    for name in ("kind", "time_ms", "msg_id"):
-        if name not in known:
-            raise TraceFormatError(f"a trace record lacks field {name!r}")
-    return TraceEvent(**known)
+    return TraceEvent(*values)
 
 
 def trace_message(event: TraceEvent, queue_id: int = 0) -> Message:
