@@ -14,9 +14,12 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 
 from clmq.broker.service import Broker
+from clmq.broker.service.transaction._pending import COMMITTED, ROLLED_BACK, Ended, Half, PendingSet
 from clmq.broker.service.transaction._state import TransactionCheckpoint, rebuild
 from clmq.broker.store import Store, StoreConfig
 from clmq.client import Record, open_admin, open_consumer
@@ -459,3 +462,50 @@ class _Rpc:
 
     def __init__(self, rpc: RpcClient) -> None:
         self.rpc = rpc
+
+
+# ---------------------------------------------------------------- the pending set, pure
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "commit", "rollback", "look", "ask"]), st.integers(0, 30), st.integers(0, 50)
+        ),
+        max_size=120,
+    )
+)
+@settings(max_examples=300, deadline=None)
+def test_the_pending_set_hands_every_due_half_once_and_never_revives_an_ended_one(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    """Whatever the order of sends, ends, looks and checks: an ended half never comes
+    back (not even when read again from the queue), every half stored or asked about
+    ``timeout`` ago is ready for its group's poll, none sooner, and the retention
+    floor is at or below every pending half."""
+    timeout, now = 10, 0
+    s = PendingSet(ended_kept=5)
+    ended: set[int] = set()
+    for op, key, dt in ops:
+        now += dt // 10
+        offset = 100 * key
+        if op == "add" and offset >= s.read_to:  # read from the queue, or found by an END: never behind read_to
+            before = offset in s.pending or offset in s.ended
+            assert s.add(Half(offset, 100, key, f"g{key % 3}", "t", 0, now)) == (not before)
+        elif op in ("commit", "rollback") and offset in s.pending:
+            s.end(offset, Ended(COMMITTED if op == "commit" else ROLLED_BACK))
+            ended.add(offset)
+            s.read_to = max(s.read_to, offset + 100)
+        elif op == "look":
+            for half in s.take_due(now, timeout):
+                assert max(half.stored_ms, half.last_check_ms) <= now - timeout
+                s.make_ready(half)
+        elif op == "ask":
+            group = f"g{key % 3}"
+            s.asked(s.ready_of(group)[:2], now)
+        assert not ended & s.pending.keys()
+        assert all(s.floor() <= off for off in s.pending)
+        assert len(s.ended) <= 5 or min(s.ended) >= s.read_to
+    for half in s.take_due(now, timeout):
+        s.make_ready(half)
+    for half in s.pending.values():
+        due = max(half.stored_ms, half.last_check_ms) <= now - timeout
+        assert (half in s.ready_of(half.group)) == due, (half.offset, half.stored_ms, half.last_check_ms, now)

@@ -5,6 +5,7 @@ thread only reads the keys (``floor``), which CPython does atomically."""
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -59,7 +60,12 @@ class PendingSet:
     """``pending``: commit-log offset -> :class:`Half`; ``ended``: the latest ended ones
     (at most ``ENDED_KEPT``), offset -> :class:`Ended`; ``read_to``: every half message
     below this commit-log offset has been read from ``%TRANS_HALF%`` (a newer one lies
-    at or past it)."""
+    at or past it).
+
+    Checks cost O(log n) per half, not a scan of every pending one: ``schedule`` is a
+    heap of (time it was stored or last asked about, offset), stale entries dropped as
+    they come up; what is due moves to ``ready``, per group, where CHECK_TRANSACTIONS
+    polls take it from."""
 
     def __init__(self, ended_kept: int = ENDED_KEPT) -> None:
         self.pending: dict[int, Half] = {}
@@ -68,6 +74,8 @@ class PendingSet:
         self.read_to = 0
         self.queue_read = 0  # %TRANS_HALF% queue 0's next offset to read
         self.stats = TransactionStats()
+        self.schedule: list[tuple[int, int]] = []  # heap: (stored or last asked ms, offset)
+        self.ready: dict[str, dict[int, Half]] = {}  # group -> its halves due for a check, oldest first
         self._names: dict[str, str] = {}
 
     def intern(self, name: str) -> str:
@@ -81,6 +89,7 @@ class PendingSet:
             return False
         half.group, half.topic = self.intern(half.group), self.intern(half.topic)
         self.pending[half.offset] = half
+        heapq.heappush(self.schedule, (half.stored_ms, half.offset))
         return True
 
     def end(self, offset: int, ended: Ended) -> Half | None:
@@ -113,11 +122,39 @@ class PendingSet:
         """The ``%TRANS_HALF%`` queue offset below which nothing is pending."""
         return min((h.queue_offset for h in list(self.pending.values())), default=self.queue_read)
 
-    def due(self, now_ms: int, timeout_ms: int) -> list[Half]:
-        """Pending halves to ask about now: older than ``timeout_ms`` and not asked within
-        it, not given up."""
-        cut = now_ms - timeout_ms
-        return [h for h in self.pending.values() if h.stored_ms <= cut and h.last_check_ms <= cut and not h.given_up]
+    def take_due(self, now_ms: int, timeout_ms: int) -> list[Half]:
+        """The pending halves whose stored or last-asked time is ``timeout_ms`` old
+        (each once: they leave the schedule until asked again, :meth:`asked`)."""
+        out, cut = [], now_ms - timeout_ms
+        while self.schedule and self.schedule[0][0] <= cut:
+            at, offset = heapq.heappop(self.schedule)
+            half = self.pending.get(offset)
+            if half is not None and not half.given_up and at == max(half.stored_ms, half.last_check_ms):
+                out.append(half)
+        return out
+
+    def again(self, half: Half) -> None:
+        """Back in the schedule as it was: due at the next look (a decision that failed)."""
+        heapq.heappush(self.schedule, (max(half.stored_ms, half.last_check_ms), half.offset))
+
+    def make_ready(self, half: Half) -> None:
+        self.ready.setdefault(half.group, {})[half.offset] = half
+
+    def ready_of(self, group: str) -> list[Half]:
+        """The group's halves due for a check and still pending (ended ones dropped)."""
+        mine = self.ready.get(group)
+        if not mine:
+            return []
+        for offset in [o for o in mine if o not in self.pending]:
+            del mine[offset]
+        return list(mine.values())
+
+    def asked(self, halves: list[Half], now_ms: int) -> None:
+        """``halves`` were handed to a producer: out of ``ready``, asked again once due."""
+        for half in halves:
+            half.last_check_ms = now_ms
+            self.ready.get(half.group, {}).pop(half.offset, None)
+            heapq.heappush(self.schedule, (now_ms, half.offset))
 
     def of_group(self, group: str | None) -> list[Half]:
         return [h for h in self.pending.values() if group is None or h.group == group]

@@ -204,14 +204,14 @@ class TransactionRequests:
         due = await self._wait_due(group, peer, limit, wait_s)
         if not due:
             return Reply({"checks": []})
-        now = wall_ms()
-        for half in due:  # taken now: another poller of the group is not asked the same
-            half.last_check_ms = now
+        halves = self.service.running_halves()
+        halves.asked(due, wall_ms())  # taken now: another poller of the group is not asked the same
         try:  # counted durably before asked: counts survive a crash and a fail-over
             await store_together(self.ctx, [op_record(TRANS_OP_CHECK, h.offset) for h in due])
         except RequestError:
-            for half in due:
+            for half in due:  # not asked after all: due again at once
                 half.last_check_ms = 0
+                halves.make_ready(half)
             raise
         for half in due:
             half.checks += 1
@@ -242,11 +242,9 @@ class TransactionRequests:
     def _due(self, halves: PendingSet, group: str, peer: Peer, limit: int) -> list[Half]:
         config, access = self.ctx.config, self.ctx.security.access
         out = []
-        for half in halves.due(wall_ms(), config.transaction_timeout_ms):
-            if half.group != group or half.offset in self.service.ending:
-                continue
-            if half.checks >= config.transaction_check_max:
-                continue  # the checker decides those (transaction_unresolved)
+        for half in halves.ready_of(group):
+            if half.offset in self.service.ending or half.checks >= config.transaction_check_max:
+                continue  # being ended; or the checker decides (transaction_unresolved)
             if access.enabled and access.refusal(
                 peer, [(Operation.WRITE, ResourceType.TOPIC, half.topic)], "CHECK_TRANSACTIONS"
             ):

@@ -188,12 +188,9 @@ class Transactions:
         """Wake the pollers of groups with halves due; decide the unresolved ones."""
         halves = self.halves
         assert halves is not None
-        groups: set[str] = set()
-        for half in halves.due(wall_ms(), self.config.transaction_timeout_ms):
-            if half.offset in self.ending:
-                continue
+        for half in halves.take_due(wall_ms(), self.config.transaction_timeout_ms):
             if half.checks < self.config.transaction_check_max:
-                groups.add(half.group)
+                halves.make_ready(half)
             elif self.config.transaction_unresolved == "keep":
                 half.given_up = True
                 log.warning(
@@ -205,7 +202,7 @@ class Transactions:
                 )
             else:
                 await self._roll_back_unresolved(half)
-        for group in groups:
+        for group in [g for g, ready in halves.ready.items() if ready]:
             self._wake(group)
 
     async def _roll_back_unresolved(self, half: Half) -> None:
@@ -213,6 +210,8 @@ class Transactions:
             await self.end(half.offset, lambda: store_together(self.ctx, [op_record(TRANS_OP_ROLLBACK, half.offset)]))
         except RequestError as e:
             log.warning("transactions: rollback of unresolved half %s waits: %s", self.msg_id(half.offset), e.text)
+            if self.halves is not None and half.offset in self.halves.pending:
+                self.halves.again(half)  # tried again at the next look
             return
         log.warning(
             "transactions: half message %s of group %s for topic %s unresolved after %d checks: rolled back",
