@@ -347,7 +347,7 @@ async def _resend_one(producer: Producer, letter: DeadLetter) -> ResentLetter:
         body = await _body_of(producer, r.properties[PROP_DLQ_BODY_OF])
     sent = await producer.send(topic, body, tags=r.tags, keys=r.keys, properties=props, selector=pick)
     if producer.tracer is not None:  # the copy's id linked to the dead letter's (docs/traces.md)
-        producer.tracer.dispatcher.record(resent_event(letter.msg_id, r, sent))
+        producer.tracer.dispatcher.record(resent_event(letter.msg_id, r, sent, producer.tracer.client_id))
     return ResentLetter(letter.broker_name, r.queue_offset, topic, sent.msg_ids[0])
 
 

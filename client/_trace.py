@@ -336,8 +336,8 @@ def sent_back_detail(result: Any) -> str:
     return "to the dead-letter queue" if result.destination == "dlq" else str(result.destination)
 
 
-def resent_event(dead_letter_id: str, letter: Record, result: Any) -> TraceEvent:
-    """A dead letter (``letter``, id ``dead_letter_id``) sent again: the event names
+def resent_event(dead_letter_id: str, letter: Record, result: Any, client_id: str) -> TraceEvent:
+    """A dead letter (``letter``, id ``dead_letter_id``) sent again by ``client_id``: the event names
     the new copy (``result``: its SendResult) and carries the first message's id and
     the letter's UNIQ_KEY, so that a trace by either finds the copy."""
     props = letter.properties
@@ -352,6 +352,7 @@ def resent_event(dead_letter_id: str, letter: Record, result: Any) -> TraceEvent
         keys=letter.keys,
         uniq_key=props.get(UNIQ_KEY, ""),
         group=props.get("DLQ_GROUP", ""),
+        client_id=client_id,
         broker=queue.broker_name,
         origin_msg_id=props.get(PROP_ORIGIN_MSG_ID, "") or dead_letter_id,
         detail=f"from dead letter {dead_letter_id}",
