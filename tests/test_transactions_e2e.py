@@ -12,8 +12,10 @@ prints each one it answered."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -45,6 +47,7 @@ COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.
 TIMEOUT_MS = 400  # the brokers' transaction_timeout_ms here: a half older than this is checked
 FAST = {"transaction_timeout_ms": TIMEOUT_MS, "transaction_check_interval_ms": 50}
 TOPIC = "orders"
+QUEUES = 2
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -72,7 +75,7 @@ async def _cluster(nursery: trio.Nursery, root: Path) -> Cluster:
     c = Cluster(nursery, root)
     await c.start_nameserver()
     await c.start_broker(**FAST)
-    await c.create_topic(TOPIC, 2)
+    await c.create_topic(TOPIC, QUEUES)
     return c
 
 
@@ -140,19 +143,73 @@ async def test_commit_rollback_and_unknown_then_check(nursery: trio.Nursery, tmp
         # The check-back commits later-yes and boom, rolls later-no back, no sooner than the timeout.
         for body in (b"later-yes", b"boom"):
             assert await seen.wait_for(body) - sent >= TIMEOUT_MS / 1000
-        marker = await p.send_in_transaction(TOPIC, b"marker", arg=None, execute=lambda m, a: COMMIT, sharding_key="s")
-        assert marker.committed and await seen.wait_for(b"marker")
+        async with open_admin(c.ns) as admin:
+            await await_until(lambda: _nothing_pending(admin), 10, "the rolled back later-no to leave the pending set")
+        await _markers(p, seen)
     assert {b for b, *_ in listener.checked} >= {b"later-yes", b"later-no", b"boom"}
-    assert all(topic == TOPIC and tags == "" and qid in (0, 1) for _, topic, qid, tags in listener.checked)
+    assert all(topic == TOPIC and tags == "" and qid in range(QUEUES) for _, topic, qid, tags in listener.checked)
     assert b"commit" not in listener.checked_at and b"rollback" not in listener.checked_at
-    async with open_admin(c.ns) as admin:
-        await await_until(lambda: _nothing_pending(admin), 10, "the rolled back later-no to leave the pending set")
     assert b"rollback" not in seen.at and b"later-no" not in seen.at
-    assert all(seen.count(b) == 1 for b in (b"commit", b"later-yes", b"boom", b"marker"))
+    assert all(seen.count(b) == 1 for b in (b"commit", b"later-yes", b"boom"))
 
 
-async def _nothing_pending(admin: Any) -> bool:
-    return (await admin.list_transactions("pg")).total == 0
+class Flaky(Decisions):
+    """Checks answer UNKNOWN (or raise) the first time for some messages, then their final word."""
+
+    def __init__(self, execute: dict[bytes, Any], check: dict[bytes, Any], first: dict[bytes, Any]) -> None:
+        super().__init__(execute, check)
+        self.first = first
+
+    def check_local_transaction(self, message: Record) -> Any:
+        answer = super().check_local_transaction(message)
+        early = self.first.pop(message.body, None)
+        if isinstance(early, Exception):
+            raise early
+        return early if early is not None else answer
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_many_transactions_each_end_as_decided_once(nursery: trio.Nursery, tmp_path: Path, seed: int) -> None:
+    """Random decisions for 40 messages (execute: commit, rollback, unknown, raise; checks:
+    commit or rollback, some first unknown or raising): every message decided COMMIT is
+    received exactly once, every other one never, and nothing stays pending."""
+    rnd = random.Random(seed)
+    bodies = [b"m%02d" % i for i in range(40)]
+    execute = {b: rnd.choice([COMMIT, ROLLBACK, UNKNOWN, RuntimeError("db")]) for b in bodies}
+    check = {b: rnd.choice([COMMIT, ROLLBACK]) for b in bodies}
+    first = {b: rnd.choice([UNKNOWN, ValueError("not yet")]) for b in bodies if rnd.random() < 0.3}
+    final = {b: execute[b] if execute[b] in (COMMIT, ROLLBACK) else check[b] for b in bodies}
+    c = await _cluster(nursery, tmp_path)
+    seen = Seen()
+    await nursery.start(seen.run, c)
+    async with open_producer(c.ns, transaction_group="many", transaction_listener=Flaky(execute, check, first)) as p:
+        async with trio.open_nursery() as senders:
+            for b in bodies:
+                senders.start_soon(functools.partial(p.send_in_transaction, TOPIC, b, keys=b.decode()))
+        async with open_admin(c.ns) as admin:
+            await await_until(lambda: _nothing_pending(admin, "many"), 30, "every transaction to end")
+        for b in bodies:
+            if final[b] is COMMIT:
+                await seen.wait_for(b)
+        await _markers(p, seen)
+    for b in bodies:
+        assert seen.count(b) == (1 if final[b] is COMMIT else 0), (b, execute[b], check[b])
+
+
+async def _markers(p: Any, seen: Seen) -> None:
+    """A committed marker into each queue of TOPIC, each received: what was committed
+    before is received by now, queue by queue (a queue is read in order)."""
+    for qid in range(QUEUES):
+        body = b"marker-%d" % qid
+        done = await p.send_in_transaction(
+            TOPIC, body, execute=lambda m, a: COMMIT, selector=lambda mqs, m, q=qid: mqs[q]
+        )
+        assert done.committed and done.queue.queue_id == qid
+        await seen.wait_for(body)
+
+
+async def _nothing_pending(admin: Any, group: str = "pg") -> bool:
+    return (await admin.list_transactions(group)).total == 0
 
 
 def test_the_asyncio_producer_runs_its_transaction_and_checks_on_its_loop(tmp_path: Path) -> None:
