@@ -8,6 +8,7 @@ from ._damage import AffectedQueue, affected_queues
 from ._dispatch import Dispatcher, tag_hash
 from ._entries import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HOLE_ENTRY, HOLE_TAG, START_TAG, Entry
 from ._files import FileCache
+from ._index_check import IndexProblem, check_index_dir
 from ._index_file import ENTRY_SIZE as INDEX_ENTRY_SIZE
 from ._index_file import HEADER_SIZE as INDEX_HEADER_SIZE
 from ._index_file import INDEX_ENTRY_DTYPE, IndexFile, IndexHeader, index_file_name
@@ -41,10 +42,12 @@ __all__ = [
     "FileSpan",
     "IndexFile",
     "IndexHeader",
+    "IndexProblem",
     "IndexSettings",
     "KeyIndex",
     "affected_queues",
     "check_headers",
+    "check_index_dir",
     "check_record_identity",
     "chunk_keys",
     "contiguous_runs",

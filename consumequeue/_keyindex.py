@@ -28,7 +28,7 @@ import numpy as np
 
 from clmq.common import Walk
 
-from ._index_file import SUFFIX, IndexFile, slot_of
+from ._index_file import SUFFIX, IndexFile, index_file_name, slot_of
 from ._keyindex_keys import chunk_keys, key_hash
 
 log = logging.getLogger("clmq.keyindex")
@@ -65,7 +65,9 @@ class KeyIndex:
     def _load(self, start_offset: int) -> None:
         paths = sorted(p for p in self.directory.glob(f"*{SUFFIX}") if p.stem.isdigit())
         files = [IndexFile.open(p) for p in paths]
-        bad = next((i for i, f in enumerate(files) if not self._usable(f, f.path.name)), None)
+        bad = next((i for i, f in enumerate(files) if not self._usable(f, files[i - 1] if i else None)), None)
+        if files and bad != 0 and files[0].header.begin_offset > start_offset:
+            bad = 0  # the oldest file is gone (a repair deleted it): the log before it was never indexed
         if bad is not None:  # that file and every newer one: rebuilt from the log
             self.dropped_from = int(files[bad].path.stem)
             log.warning("key index: %s is damaged; it and newer files are rebuilt from the log", files[bad].path)
@@ -82,9 +84,16 @@ class KeyIndex:
         self._files = files
 
     @staticmethod
-    def _usable(f: IndexFile, name: str) -> bool:
+    def _usable(f: IndexFile, previous: IndexFile | None) -> bool:
+        """Header good, named by its begin offset, continuing the previous file."""
         h = f.header
-        return h.ok and name == f"{h.begin_offset:020d}{SUFFIX}" and h.count <= h.max_entries and h.slots > 0
+        return (
+            h.ok
+            and f.path.name == index_file_name(h.begin_offset)
+            and h.count <= h.max_entries
+            and h.slots > 0
+            and (previous is None or previous.header.end_offset == h.begin_offset)
+        )
 
     def _shape(self) -> tuple[int, int]:
         return self.settings.slots, self.settings.max_entries

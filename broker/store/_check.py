@@ -61,7 +61,7 @@ from clmq.common import (
     RECORD_MAGIC,
     gather_strings,
 )
-from clmq.consumequeue import ENTRY_DTYPE, ENTRY_SIZE, HOLE_TAG, START_TAG
+from clmq.consumequeue import ENTRY_DTYPE, ENTRY_SIZE, HOLE_TAG, START_TAG, check_index_dir
 
 from ._checkpoint import Checkpoint
 from ._config import StoreConfig, StoreLockedError
@@ -237,6 +237,10 @@ def _check_commitlog(config: StoreConfig, report: StoreReport, progress: Progres
     log = check_log(directory / "commitlog", config.commitlog, LogLayout.COMMITLOG, progress)
     report.logs.append(log)
     report.index_problems.extend(log.index_problems)
+    report.index_problems.extend(  # the key index (docs/operations.md): repair deletes the file, open rebuilds
+        LogProblem(p.file, p.position, p.position + 1, f"at byte {p.position}: {p.reason}")
+        for p in check_index_dir(directory / "index")
+    )
     problems = list(log.problems)
     checkpoint = Checkpoint.load(directory / "checkpoint")
     if checkpoint is not None and log.end < checkpoint.log_durable:
