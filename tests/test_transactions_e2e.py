@@ -395,10 +395,15 @@ async def test_transaction_list_and_show_print_the_pending(nursery: trio.Nursery
     shown = json.loads(await _clmq("transaction", "show", pending.half_msg_id, "-o", "json", "--namesrv", c.ns[0]))
     assert (shown["state"], shown["group"], shown["real_topic"], shown["keys"]) == ("pending", "cli", TOPIC, "order-9")
     assert shown["real_queue_id"] == pending.queue.queue_id and shown["half"]["body"] == "wait for me"
+    async with open_admin(c.ns) as admin:  # the key index is written by the dispatcher, after the commit's answer
+
+        async def indexed() -> bool:
+            view = await admin.transaction(done.half_msg_id)
+            return view is not None and view.state == "committed"
+
+        await await_until(indexed, 10, "the committed copy in the key index")
     ended = json.loads(await _clmq("transaction", "show", done.half_msg_id, "-o", "json", "--namesrv", c.ns[0]))
-    assert ended["state"] in ("committed", "ended")
-    if ended["state"] == "committed":
-        assert ended["committed_msg_id"] == done.msg_id
+    assert (ended["state"], ended["committed_msg_id"]) == ("committed", done.msg_id)  # found by the key index
     table = await _clmq("transaction", "list", "--namesrv", c.ns[0])
     assert pending.half_msg_id in table and "order-9" in table
 
