@@ -406,14 +406,20 @@ async def test_transaction_list_and_show_print_the_pending(nursery: trio.Nursery
     assert (ended["state"], ended["committed_msg_id"]) == ("committed", done.msg_id)  # found by the key index
     table = await _clmq("transaction", "list", "--namesrv", c.ns[0])
     assert pending.half_msg_id in table and "order-9" in table
+    not_half = await _clmq("transaction", "show", done.msg_id, "--namesrv", c.ns[0], expect=2)
+    assert "is not a half message" in not_half
+    addr = done.msg_id.split("@")[0]
+    nothing = await _clmq("transaction", "show", f"{addr}@00000000FFFFFFFF", "--namesrv", c.ns[0], expect=1)
+    assert "no message at" in nothing
 
 
-async def _clmq(*argv: str) -> str:
+async def _clmq(*argv: str, expect: int = 0) -> str:
+    """``clmq argv`` in a process: its stdout (its stderr when it is to fail with ``expect``)."""
     done = await trio.run_process(
         [sys.executable, "-m", "clmq", *argv], capture_stdout=True, capture_stderr=True, check=False, cwd=ROOT
     )
-    assert done.returncode == 0, done.stderr.decode()
-    return str(done.stdout.decode())
+    assert done.returncode == expect, done.stderr.decode()
+    return str((done.stderr if expect else done.stdout).decode())
 
 
 async def _child_main(ns: str, topic: str, body: str, mode: str) -> None:
