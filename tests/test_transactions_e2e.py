@@ -41,7 +41,7 @@ from clmq.common import PROP_TRAN_HALF, Message
 from clmq.protocol import RequestCode
 from tests.replica_procs import create_topic, open_group
 from tests.service_helpers import FAST_CONSUMER, Cluster
-from tests.waiting import await_until
+from tests.waiting import await_until, wait_until
 
 COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
 TIMEOUT_MS = 400  # the brokers' transaction_timeout_ms here: a half older than this is checked
@@ -263,9 +263,7 @@ def test_the_blocking_producer_runs_execute_here_and_checks_in_threads(tmp_path:
             assert p.send_in_transaction(TOPIC, b"now", arg=COMMIT).committed
             assert p.send_in_transaction(TOPIC, b"no", arg=ROLLBACK).rolled_back
             assert p.send_in_transaction(TOPIC, b"later", arg=UNKNOWN).state is UNKNOWN
-            deadline = time.monotonic() + 15
-            while len(threads) < 4 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until(lambda: len(threads) >= 4, 15, "the check of the unknown one")
         assert threads[:3] == [here] * 3 and len(threads) >= 4 and threads[3] != here
 
     _with_fast_cluster(tmp_path, run)
