@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable
 
-from clmq.common import TRACE_TOPIC, Record, TraceEvent, TraceFormatError, decode_event, timeline
+from clmq.common import TRACE_TOPIC, Record, TraceEvent, TraceFormatError, concerns, decode_events, timeline
 from clmq.protocol import ErrorCode, RequestCode
 from clmq.protocol.transport import ConnectionFailed, RpcError
 
@@ -101,6 +101,8 @@ async def message_trace(
             out.unreadable += bad
             if round_ == 0 and key is not None:  # a user's key: the messages of that topic carrying it
                 events = [e for e in events if key in e.keys.split() and (topic is None or e.topic == topic)]
+            else:  # a record holds other messages' events too
+                events = [e for e in events if concerns(e, k)]
             new += [e for e in events if e not in found]
         found.update(dict.fromkeys(new))
         todo = list(_ids_of(new))
@@ -117,7 +119,7 @@ def _decode(records: Iterable[Record]) -> tuple[list[TraceEvent], int]:
     events, bad = [], 0
     for r in records:
         try:
-            events.append(decode_event(r.body))
+            events += decode_events(r.body)
         except TraceFormatError:
             bad += 1
     return events, bad

@@ -28,7 +28,7 @@ from clmq.common import (
     TraceEvent,
     TraceKind,
     trace_event,
-    trace_message,
+    trace_messages,
 )
 
 from ._msg_id import format_msg_id
@@ -103,6 +103,14 @@ class TraceDispatcher:
         if len(self._buffer) >= self.batch_max_events:
             self._wake.set()
 
+    def room(self, wanted: int) -> int:
+        """How many of ``wanted`` events the buffer takes now; the rest are counted
+        dropped at once (so that a full buffer costs its client no events to make)."""
+        room = min(wanted, self.buffer_max_events - len(self._buffer))
+        if room < wanted:
+            self.dropped += wanted - max(0, room)
+        return max(0, room)
+
     def record_all(self, events: Iterable[TraceEvent]) -> None:
         for event in events:
             self.record(event)
@@ -146,7 +154,7 @@ class TraceDispatcher:
 
     async def _write(self, batch: list[TraceEvent]) -> None:
         try:
-            await self._send([trace_message(e) for e in batch])
+            await self._send(trace_messages(batch))
         except (ClmqError, OSError, trio.TooSlowError) as e:  # a trace never fails its client
             self.failed += len(batch)
             log.debug("%d trace events not written: %s", len(batch), e)
@@ -201,7 +209,9 @@ class SendTracer(Tracing):
         uniq, offsets, positions = result.uniq_keys, result.queue_offsets, result.commitlog_offsets
         detail = "duplicate: stored before" if result.duplicate else ""
         record, group, client = self.dispatcher.record, self.group, self.client_id
-        for i, m in enumerate(messages):  # positional: one event per message sent, the cheapest way to make it
+        for i, m in enumerate(
+            messages[: self.dispatcher.room(len(messages))]
+        ):  # positional: one event per message sent, the cheapest way to make it
             record(
                 TraceEvent(
                     SENT,
@@ -235,7 +245,7 @@ class ConsumeTracer(Tracing):
 
     def delivered(self, mq: Any, records: Sequence[Record]) -> None:
         now = wall_ms()
-        for r in records:
+        for r in records[: self.dispatcher.room(len(records))]:
             self.dispatcher.record(self._event(TraceKind.DELIVERED, mq, r, now, now - r.store_timestamp_ms))
 
     def acked(self, mq: Any, records: Sequence[Record]) -> None:
@@ -252,7 +262,8 @@ class ConsumeTracer(Tracing):
             last = None if upto is None else upto.get((batch.mq.topic, batch.mq.queue_id))
             if upto is not None and last is None:
                 continue
-            for r in batch.records:
+            records = batch.records if last is not None else batch.records[: self.dispatcher.room(len(batch.records))]
+            for r in records:
                 if last is not None and r.queue_offset > last:
                     break
                 if nacked and nacked.pop((r.topic, r.queue_id, r.queue_offset), 0) is None:

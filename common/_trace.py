@@ -2,14 +2,18 @@
 format. Sans-IO: building, encoding and decoding events; clients and brokers write
 them as records of topic ``%TRACE%`` (:data:`TRACE_TOPIC`).
 
-One record per event. Its body is the event as a compact JSON array: the format
-version (1), then :class:`TraceEvent`'s fields in their order (a positional array,
-not an object: it is encoded by the C encoder in one call, a sixth of the cost of an
-object built field by field, and a client writes one per traced message; a newer
-version only appends fields). Its tags are the event's kind; its keys are the traced
-message's id, its ``UNIQ_KEY``, the first message's id (on a retry or a dead letter),
-and the message's own keys, separated by spaces, so that the key index finds every
-event of a message by any of them (:func:`trace_keys`).
+A record holds the events of one write, up to :data:`TRACE_RECORD_MAX_EVENTS`
+(RocketMQ's trace dispatcher packs its contexts the same way): a record per event
+cost a traced producer twice its untraced CPU, most of it per record (the record, its
+header, its consume-queue entry), measured by ``clmq bench trace``. Its body is a
+compact JSON array: the format version (1), then one array per event holding
+:class:`TraceEvent`'s fields in their order (positional, not objects: the whole body
+is one call of the C encoder; a newer version only appends fields). Its keys are,
+for every event, the traced message's id, its ``UNIQ_KEY``, the first message's id
+(on a retry, a dead letter, a resent copy) and the message's own keys, each once,
+separated by spaces, so that the key index finds every event of a message by any of
+them (:func:`trace_keys`); a lookup keeps the events of the record that concern the
+key it asked for (:func:`concerns`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from ._record import Message
 from ._system import TRACE_TOPIC
 
 TRACE_QUEUES = 4  # queues of %TRACE% (trace records are spread over them round robin)
-TRACE_FORMAT_VERSION = 1  # field "v" of every record's body
+TRACE_FORMAT_VERSION = 1  # the first element of every record's body
+TRACE_RECORD_MAX_EVENTS = 64  # events per %TRACE% record at most
+TRACE_RECORD_MAX_KEYS_BYTES = 16 * 1024  # a record's keys at most (the field's limit is 64 KiB)
 TRACE_EVENT_MAX_KEYS = 32  # a traced message's own keys kept in its events (the rest are cut)
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -130,31 +136,54 @@ def transaction_event(
 
 
 def trace_keys(event: TraceEvent) -> str:
-    """The keys of the event's record: its message's id, UNIQ_KEY, first id and own
-    keys, space separated, each once."""
+    """The keys of a record of this event alone: its message's id, UNIQ_KEY, first id
+    and own keys, space separated, each once."""
+    return " ".join(_keys_of(event))
+
+
+def _keys_of(event: TraceEvent) -> list[str]:
     parts = [k for k in (event.msg_id, event.uniq_key, event.origin_msg_id) if k]
     if event.keys:
         parts += event.keys.split()
-    return " ".join(dict.fromkeys(parts))
+    return list(dict.fromkeys(parts))
 
 
 def encode_event(event: TraceEvent) -> bytes:
-    """The record body: ``[1, kind, time_ms, msg_id, topic, ...]`` as compact JSON."""
-    return _ENCODE((TRACE_FORMAT_VERSION, *event)).encode()
+    """The body of a record of one event."""
+    return encode_events([event])
 
 
-def decode_event(body: bytes) -> TraceEvent:
-    """A record body back as an event; :class:`TraceFormatError` saying what is wrong
-    (fields past this version's are ignored: a newer writer's)."""
+def encode_events(events: Iterable[TraceEvent]) -> bytes:
+    """A record's body: ``[1, [kind, time_ms, msg_id, topic, ...], ...]``, compact JSON."""
+    return _ENCODE([TRACE_FORMAT_VERSION, *events]).encode()
+
+
+def decode_events(body: bytes) -> list[TraceEvent]:
+    """A record's body back as its events; :class:`TraceFormatError` saying what is
+    wrong (fields past this version's are ignored: a newer writer's)."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise TraceFormatError(f"a trace record's body is not JSON: {e}") from None
     if not isinstance(data, list) or not data or type(data[0]) is not int:
-        raise TraceFormatError(f"a trace record's body must be a JSON array [version, kind, ...], got {body!r:.60}")
-    values = data[1 : 1 + len(_FIELDS)]
+        raise TraceFormatError(f"a trace record's body must be a JSON array [version, events...], got {body!r:.60}")
+    return [_event_of(row) for row in data[1:]]
+
+
+def decode_event(body: bytes) -> TraceEvent:
+    """The one event of a record (:class:`TraceFormatError` unless it holds exactly one)."""
+    events = decode_events(body)
+    if len(events) != 1:
+        raise TraceFormatError(f"a trace record of one event expected, it holds {len(events)}")
+    return events[0]
+
+
+def _event_of(row: Any) -> TraceEvent:
+    if not isinstance(row, list):
+        raise TraceFormatError(f"a trace event must be a JSON array of its fields, got {row!r:.40}")
+    values = row[: len(_FIELDS)]
     if len(values) < _REQUIRED:
-        raise TraceFormatError(f"a trace record lacks field {_FIELDS[len(values)]!r}")
+        raise TraceFormatError(f"a trace event lacks field {_FIELDS[len(values)]!r}")
     for name, value in zip(_FIELDS, values):
         wanted = int if name in _INTS else str
         if type(value) is not wanted:
@@ -164,7 +193,43 @@ def decode_event(body: bytes) -> TraceEvent:
 
 def trace_message(event: TraceEvent, queue_id: int = 0) -> Message:
     """The ``%TRACE%`` record of one event (queue ``queue_id``)."""
-    return Message(TRACE_TOPIC, queue_id, encode_event(event), event.kind, trace_keys(event))
+    return Message(TRACE_TOPIC, queue_id, encode_events([event]), event.kind, trace_keys(event))
+
+
+def trace_messages(events: Iterable[TraceEvent], queue_id: int = 0) -> list[Message]:
+    """The ``%TRACE%`` records of ``events``, in order: up to
+    :data:`TRACE_RECORD_MAX_EVENTS` events and :data:`TRACE_RECORD_MAX_KEYS_BYTES` of
+    keys per record (an event alone may exceed the latter: its keys are cut to
+    :data:`TRACE_EVENT_MAX_KEYS` when made)."""
+    out: list[Message] = []
+    chunk: list[TraceEvent] = []
+    keys: dict[str, None] = {}
+    size = 0
+    for event in events:
+        mine = _keys_of(event)
+        new = [k for k in mine if k not in keys]
+        grown = size + sum(len(k) + 1 for k in new)
+        if chunk and (len(chunk) >= TRACE_RECORD_MAX_EVENTS or grown > TRACE_RECORD_MAX_KEYS_BYTES):
+            out.append(_record(chunk, keys, queue_id))
+            chunk, keys = [], {}
+            new, grown = mine, sum(len(k) + 1 for k in mine)
+        chunk.append(event)
+        keys.update(dict.fromkeys(new))
+        size = grown
+    if chunk:
+        out.append(_record(chunk, keys, queue_id))
+    return out
+
+
+def _record(events: list[TraceEvent], keys: dict[str, None], queue_id: int) -> Message:
+    kinds = dict.fromkeys(e.kind for e in events)
+    return Message(TRACE_TOPIC, queue_id, encode_events(events), " ".join(kinds), " ".join(keys))
+
+
+def concerns(event: TraceEvent, key: str) -> bool:
+    """Whether ``event`` is about a message ``key`` names (its id, UNIQ_KEY, first id,
+    or one of its own keys): a record holds other messages' events too."""
+    return key in (event.msg_id, event.uniq_key, event.origin_msg_id) or key in event.keys.split()
 
 
 def timeline(events: Iterable[TraceEvent]) -> list[TraceEvent]:

@@ -14,7 +14,7 @@ import trio
 
 from clmq.broker.cli._errors import EXIT_FAILED, EXIT_USAGE
 from clmq.client import open_admin, open_consumer, open_producer
-from clmq.common import TRACE_TOPIC, TraceEvent
+from clmq.common import TRACE_TOPIC, TraceEvent, decode_events
 from clmq.protocol import RequestCode
 from tests.cli_helpers import clmq
 from tests.service_helpers import FAST_CONSUMER, Cluster
@@ -190,10 +190,13 @@ async def test_a_full_trace_buffer_drops_and_counts_without_blocking_sends(
     assert tracer.dispatcher.counts()["written"] == 5  # the buffer was written on close
     async with open_admin(c.ns) as admin:
 
-        async def stored() -> int:
-            return sum(q["max_offset"] for q in await admin.describe_topic(TRACE_TOPIC))
+        async def stored() -> list[TraceEvent]:
+            queues = await admin.describe_topic(TRACE_TOPIC)
+            records = [r for q in queues for r in await admin.read_queue(TRACE_TOPIC, q["queue_id"], 0, 100)]
+            return [e for r in records for e in decode_events(r.body)]
 
-        assert await await_until(stored, 10, "5 trace records") == 5
+        events = await await_until(stored, 10, "5 trace events")
+    assert [e.kind for e in events] == ["sent"] * 5 and len({e.msg_id for e in events}) == 5
 
 
 async def test_clmq_message_trace_prints_the_timeline_by_id_and_by_key(nursery: trio.Nursery, tmp_path: Path) -> None:

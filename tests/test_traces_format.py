@@ -12,15 +12,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clmq.common import (
+    TRACE_RECORD_MAX_EVENTS,
+    TRACE_RECORD_MAX_KEYS_BYTES,
     TRACE_TOPIC,
     TraceEvent,
     TraceFormatError,
     TraceKind,
+    concerns,
     decode_event,
+    decode_events,
     timeline,
     trace_event,
     trace_keys,
     trace_message,
+    trace_messages,
     transaction_event,
 )
 
@@ -51,7 +56,11 @@ def test_an_event_survives_its_record(event: TraceEvent) -> None:
     message = trace_message(event, 3)
     assert message.topic == TRACE_TOPIC and message.queue_id == 3 and message.tags == event.kind
     assert decode_event(message.body) == event
-    assert json.loads(message.body)[:4] == [1, event.kind, event.time_ms, event.msg_id]
+    assert json.loads(message.body)[0] == 1 and json.loads(message.body)[1][:3] == [
+        event.kind,
+        event.time_ms,
+        event.msg_id,
+    ]
 
 
 @given(events)
@@ -69,9 +78,11 @@ def test_the_record_keys_name_the_message_by_every_id_once(event: TraceEvent) ->
         (b"not json", "not JSON"),
         (b'{"kind": "sent"}', "JSON array"),
         (b"[]", "JSON array"),
-        (b'[1, "sent", 1]', "lacks field 'msg_id'"),
-        (b'[1, "sent", "1", "a@0"]', "'time_ms' must be int"),
-        (b'[1, "sent", 1, "a@0", "t", "0"]', "'queue_id' must be int"),
+        (b'[1, {"kind": "sent"}]', "JSON array of its fields"),
+        (b'[1, ["sent", 1]]', "lacks field 'msg_id'"),
+        (b'[1, ["sent", "1", "a@0"]]', "'time_ms' must be int"),
+        (b'[1, ["sent", 1, "a@0", "t", "0"]]', "'queue_id' must be int"),
+        (b'[1, ["sent", 1, "a@0"], ["acked", 2, "a@0"]]', "holds 2"),
         (b"\xff\xfe", "not JSON"),
     ],
 )
@@ -81,8 +92,26 @@ def test_a_body_that_is_not_an_event_is_a_clear_error(body: bytes, why: str) -> 
 
 
 def test_fields_a_newer_writer_added_are_ignored() -> None:
-    body = b'[2, "acked", 5, "h:1@00", "t", 1, 2, "", "", "", "", -1, "", 0, "", "", ["shiny"]]'
+    body = b'[2, ["acked", 5, "h:1@00", "t", 1, 2, "", "", "", "", -1, "", 0, "", "", ["shiny"]]]'
     assert decode_event(body) == TraceEvent("acked", 5, "h:1@00", "t", 1, 2)
+
+
+@given(st.lists(events, max_size=200), st.integers(0, 3))
+def test_events_packed_into_records_come_back_in_order_and_each_is_found_by_its_ids(
+    evs: list[TraceEvent], queue_id: int
+) -> None:
+    records = trace_messages(evs, queue_id)
+    assert all(r.topic == TRACE_TOPIC and r.queue_id == queue_id for r in records)
+    unpacked = [decode_events(r.body) for r in records]
+    assert [e for chunk in unpacked for e in chunk] == evs
+    for r, chunk in zip(records, unpacked):
+        assert 1 <= len(chunk) <= TRACE_RECORD_MAX_EVENTS
+        keys = r.keys.split(" ")
+        assert len(keys) == len(set(keys))
+        assert len(chunk) == 1 or len(r.keys) <= TRACE_RECORD_MAX_KEYS_BYTES
+        for e in chunk:
+            assert e.msg_id in keys and concerns(e, e.msg_id)
+            assert not e.uniq_key or (e.uniq_key in keys and concerns(e, e.uniq_key))
 
 
 def test_an_unknown_kind_is_refused_when_made() -> None:

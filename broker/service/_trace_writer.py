@@ -9,7 +9,7 @@ import logging
 
 import trio
 
-from clmq.common import TRACE_QUEUES, TRACE_TOPIC, ClmqError, trace_message
+from clmq.common import TRACE_QUEUES, TRACE_TOPIC, ClmqError, trace_messages
 
 from ._append import BusyError
 from ._context import BrokerContext
@@ -55,7 +55,7 @@ async def _write_batch(ctx: BrokerContext, queue: int) -> int:
     events = ctx.tracer.take()
     queues = ctx.store.topics.queue_count(TRACE_TOPIC) or 1
     try:
-        result = await put_messages(ctx, [trace_message(e, queue % queues) for e in events])
+        result = await put_messages(ctx, trace_messages(events, queue % queues))
         why = "" if result.ok else f"{result.status.value}: {result.error}"
     except BusyError as e:
         why = str(e)
