@@ -296,8 +296,11 @@ async def test_retention_keeps_a_pending_half(nursery: trio.Nursery, tmp_path: P
         assert await trio.to_thread.run_sync(broker.store.apply_retention, far_future) == 0
         assert broker.store.log.min_offset <= off, "retention deleted a pending half message"
         assert (await raw.end(off, "commit"))["state"] == "committed"
-        deleted = await trio.to_thread.run_sync(broker.store.apply_retention, far_future)
-        assert deleted > 0  # now it may go
+
+        async def released() -> bool:  # at the checker's next look (the floor is read between looks)
+            return await trio.to_thread.run_sync(broker.store.apply_retention, far_future) > 0
+
+        await await_until(released, 5, "retention to delete the segments once the half is committed")
 
 
 def test_a_commit_whose_op_record_was_lost_gets_it_at_the_rebuild(tmp_path: Path) -> None:
@@ -509,3 +512,16 @@ def test_the_pending_set_hands_every_due_half_once_and_never_revives_an_ended_on
     for half in s.pending.values():
         due = max(half.stored_ms, half.last_check_ms) <= now - timeout
         assert (half in s.ready_of(half.group)) == due, (half.offset, half.stored_ms, half.last_check_ms, now)
+
+
+def test_an_old_pending_half_does_not_make_the_set_grow_with_every_later_end() -> None:
+    s = PendingSet()
+    s.add(Half(0, 100, 0, "g", "t", 0, 0))  # kept pending for ever (transaction_unresolved "keep")
+    for i in range(1, 20_001):
+        s.add(Half(100 * i, 100, i, "g", "t", 0, i))
+        s.end(100 * i, Ended(COMMITTED))
+        s.read_to = 100 * i + 100
+        if i % 1000 == 0:  # a checkpoint
+            assert s.lowest_queue_offset() == 0
+    assert len(s.order) <= 2 * len(s.pending) + 1024 + 1000 and s.floor() == 0
+    assert len(s.ended) <= s.ended_kept

@@ -75,6 +75,7 @@ class PendingSet:
         self.queue_read = 0  # %TRANS_HALF% queue 0's next offset to read
         self.stats = TransactionStats()
         self.schedule: list[tuple[int, int]] = []  # heap: (stored or last asked ms, offset)
+        self.order: list[tuple[int, int]] = []  # heap: (offset, queue offset) of every pending half (and some ended)
         self.ready: dict[str, dict[int, Half]] = {}  # group -> its halves due for a check, oldest first
         self._names: dict[str, str] = {}
 
@@ -90,11 +91,14 @@ class PendingSet:
         half.group, half.topic = self.intern(half.group), self.intern(half.topic)
         self.pending[half.offset] = half
         heapq.heappush(self.schedule, (half.stored_ms, half.offset))
+        heapq.heappush(self.order, (half.offset, half.queue_offset))
         return True
 
     def end(self, offset: int, ended: Ended) -> Half | None:
         """Mark ``offset`` ended; the half it was (None if it was not pending)."""
         half = self.pending.pop(offset, None)
+        while self.order and self.order[0][0] not in self.pending:  # the floor moves up at once
+            heapq.heappop(self.order)
         self.ended[offset] = ended
         self.ended.move_to_end(offset)
         # The oldest go, but never one the half queue has not been read past: reading it
@@ -114,13 +118,24 @@ class PendingSet:
             self.ended.popitem(last=False)
 
     def floor(self) -> int:
-        """The lowest commit-log offset a pending half (or one not yet read) may have."""
-        lowest = min(self.pending, default=self.read_to)  # C-level iteration: safe from another thread
+        """The lowest commit-log offset a pending half (or one not yet read) may have:
+        O(1), and safe from retention's thread (the heap's top is at or below every
+        pending half, ended ones not yet dropped only make it lower)."""
+        order = self.order
+        lowest = order[0][0] if order else self.read_to
         return min(lowest, self.read_to)
 
     def lowest_queue_offset(self) -> int:
-        """The ``%TRANS_HALF%`` queue offset below which nothing is pending."""
-        return min((h.queue_offset for h in list(self.pending.values())), default=self.queue_read)
+        """The ``%TRANS_HALF%`` queue offset below which nothing is pending (on the
+        event loop: drops the ended halves from the top of ``order``)."""
+        order = self.order
+        if len(order) > 2 * len(self.pending) + 1024:  # ended ones above an old pending one: compact
+            order = [(h.offset, h.queue_offset) for h in self.pending.values()]
+            heapq.heapify(order)
+            self.order = order  # one assignment: retention's thread sees the old heap or the new
+        while order and order[0][0] not in self.pending:
+            heapq.heappop(order)
+        return min(order[0][1], self.queue_read) if order else self.queue_read
 
     def take_due(self, now_ms: int, timeout_ms: int) -> list[Half]:
         """The pending halves whose stored or last-asked time is ``timeout_ms`` old

@@ -37,7 +37,7 @@ from clmq.protocol.auth import Operation, ResourceType
 from clmq.protocol.transport import Handler, Peer, Reply, RequestError, need
 
 from .._context import BrokerContext
-from .._dedup import UNIQ_KEY
+from .._dedup import UNIQ_KEY, wait_visible
 from .._system_put import ensure_topic
 from ._ending import acknowledged, committed_message, op_record, store_together
 from ._pending import Half, PendingSet
@@ -48,6 +48,7 @@ CHECK_DEFAULT_MESSAGES = 32  # a CHECK_TRANSACTIONS without max_messages gets at
 CHECK_MAX_MESSAGES = 1000  # ... and never more than this
 CHECK_MAX_WAIT_MS = 30_000  # a poll waits at most this long
 LIST_DEFAULT_MESSAGES = 100  # a LIST_TRANSACTIONS without max_messages lists this many
+LIST_CATCH_UP_MS = 1000  # a list waits at most this long for the queues to show what was stored before it
 _FORBIDDEN = (PROP_TRAN_HALF, PROP_DELIVER_AT, PROP_TIMER_SRC, PROP_CANCEL_OF)  # marks a half may not carry
 
 
@@ -260,6 +261,7 @@ class TransactionRequests:
         limit = int(frame.fields.get("max_messages") or LIST_DEFAULT_MESSAGES)
         store = self._store()
         halves = self.service.running_halves()
+        await wait_visible(store, LIST_CATCH_UP_MS)  # the half messages stored before this request: listed
         await self.service.refresh()
         mine = halves.of_group(group)
         rows = await trio.to_thread.run_sync(_rows, store, mine[:limit])
