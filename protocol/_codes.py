@@ -151,7 +151,11 @@ BROKER_INFO            -> name, addr, storage_mode, flush_mode, end_offset, ...,
                        does not run: a follower, partition-per-file), timer_delivered,
                        timer_cancelled, timer_undeliverable (since start),
                        timer_memory_bytes, timer_failure (the error that stopped
-                       the timer, retried every second; "" while it works)
+                       the timer, retried every second; "" while it works);
+                       transactions_pending (-1 where no leader's transaction
+                       service runs), transactions_committed,
+                       transactions_rolled_back, transactions_checks (since it
+                       became the leader), transactions_failure
 GET_LOG_LAYOUT         -> min_offset, end_offset (durable, dispatched and confirmed),
                        segments: [[base, data_end, [record starts...]], ...],
                        topics: {name: queue_count}, message_count, storage_mode
