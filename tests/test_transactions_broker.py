@@ -525,3 +525,37 @@ def test_an_old_pending_half_does_not_make_the_set_grow_with_every_later_end() -
             assert s.lowest_queue_offset() == 0
     assert len(s.order) <= 2 * len(s.pending) + 1024 + 1000 and s.floor() == 0
     assert len(s.ended) <= s.ended_kept
+
+
+async def test_a_broker_writes_the_op_record_a_commit_lost_once_and_commits_nothing_twice(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A store left with a committed message whose op record is missing (what a crash
+    inside a segment roll leaves): the broker starting on it writes the op record once,
+    answers already_committed, and the message is in its queue once, across restarts."""
+    store = Store.open(StoreConfig(tmp_path / "broker-a")).start()
+    try:
+        for topic, queues in (("t", 2), (TRANS_HALF_TOPIC, 1), (TRANS_OP_TOPIC, 3)):
+            store.create_topic(topic, queues)
+        lost, pending = store.put_batch([half(b"lost-op"), half(b"pending")], wait_durable=True).commitlog_offsets
+        real = Message("t", 1, b"lost-op", "TagA", "", {PROP_TRAN_HALF: str(lost)})
+        store.put_batch([real], wait_durable=True)
+    finally:
+        store.close()
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    for _ in range(2):  # the start that repairs, then one more
+        broker = await c.start_broker(**FAST)
+        async with open_admin(None, broker_addrs=[broker.addr]) as admin:
+            raw = Raw(admin, broker.addr)
+            await _running(raw)
+            assert [r["commitlog_offset"] for r in (await raw.list())["pending"]] == [pending]
+            assert (await raw.end(lost, "commit"))["state"] == "already_committed"
+            ops = await admin.rpc.request(
+                broker.addr, RequestCode.QUERY_OFFSETS, {"topic": TRANS_OP_TOPIC, "queue_id": 0}
+            )
+            assert ops.fields["max_offset"] == 1  # one op record, written once
+        await c.stop_broker("broker-a")
+    broker = await c.start_broker(**FAST)
+    await c.wait_routed("t", {"broker-a"})
+    assert [r.body for r in await _receive(c, 1)] == [b"lost-op"]
