@@ -37,6 +37,7 @@ from clmq.protocol.transport import RpcClient, RpcError
 from tests.cli_helpers import ENV
 from tests.kafka_procs import kcat, open_kafka
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
+from tests.test_replication import caught_up, start_group
 from tests.test_security_native import ADMIN, ALICE, login, seeded_with
 from tests.waiting import await_until
 
@@ -559,3 +560,39 @@ async def test_a_broker_writes_the_op_record_a_commit_lost_once_and_commits_noth
     broker = await c.start_broker(**FAST)
     await c.wait_routed("t", {"broker-a"})
     assert [r.body for r in await _receive(c, 1)] == [b"lost-op"]
+
+
+async def test_a_follower_keeps_the_leader_s_pending_half_and_promoted_ends_it(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The follower adopts its leader's checkpoint: its retention keeps the pending half
+    message; promoted, it rebuilds and the half ends there (once)."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    common = {**FAST, "segment_bytes": 64 * 1024, "max_message_bytes": 8 * 1024}
+    lead, (f,) = await start_group(c, 1, common=common)
+    await c.create_topic("t", 2)
+    async with open_admin(None, broker_addrs=[lead.addr]) as admin:
+        raw = Raw(admin, lead.addr)
+        await _running(raw)
+        (off,) = await raw.send(half(b"held"))
+        filler = encode_batch([Message("t", 0, b"x" * 4000) for _ in range(16)])
+        for _ in range(8):  # segments after it
+            await admin.rpc.request(lead.addr, RequestCode.SEND_MESSAGE, {"topic": "t"}, filler)
+        await await_until(lambda: _pending_is(raw, 1), 5, "the half pending on the leader")
+    end = await caught_up(lead, [f])
+    await await_until(
+        lambda: f.handlers.transactions.saved.mark_offset >= end, 10, "the follower adopting a checkpoint"
+    )
+    assert f.handlers.transactions.saved.floor_offset <= off and f.handlers.transactions.halves is None
+    await trio.to_thread.run_sync(f.store.apply_retention, time.time() + 10**6)
+    assert f.store.log.min_offset <= off, "the follower's retention deleted a pending half message"
+    await c.stop_broker("g0")
+    async with open_admin(None, broker_addrs=[f.addr]) as admin:
+        promoted = await admin.rpc.request(f.addr, RequestCode.PROMOTE, {"force": True})
+        assert promoted.fields["role"] == "leader"
+        raw = Raw(admin, f.addr)
+        await _running(raw)
+        assert [r["commitlog_offset"] for r in (await raw.list())["pending"]] == [off]
+        assert (await raw.end(off, "commit"))["state"] == "committed"
+        assert (await raw.end(off, "commit"))["state"] == "already_committed"
