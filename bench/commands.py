@@ -42,6 +42,9 @@ def add_store_and_compare(bench_sub: Any) -> None:
     from .kafka import add_command as add_kafka
 
     add_kafka(bench_sub)
+    from .index import add_command as add_index
+
+    add_index(bench_sub)
 
 
 def _add_store(bench_sub: Any) -> None:

@@ -13,7 +13,7 @@ from ._index_file import ENTRY_SIZE as INDEX_ENTRY_SIZE
 from ._index_file import HEADER_SIZE as INDEX_HEADER_SIZE
 from ._index_file import INDEX_ENTRY_DTYPE, IndexFile, IndexHeader, index_file_name
 from ._keyindex import Candidate, IndexSettings, KeyIndex
-from ._keyindex_keys import UNIQ_KEY, chunk_keys, key_hash
+from ._keyindex_keys import UNIQ_KEY, chunk_keys, hash_rows, key_hash, topic_seed
 from ._queue import ConsumeQueue
 from ._set import Arrivals, ConsumeQueueSet
 from ._verify import PREAD_MAX_BYTES, EntryReader, FileSpan, check_headers, check_record_identity, contiguous_runs
@@ -51,7 +51,9 @@ __all__ = [
     "check_record_identity",
     "chunk_keys",
     "contiguous_runs",
+    "hash_rows",
     "index_file_name",
     "key_hash",
     "tag_hash",
+    "topic_seed",
 ]

@@ -182,10 +182,13 @@ class IndexFile:
         if sync:
             fileops.OPS.fdatasync(self.fd)
         if self.slot_table is not None and self._dirty is not None and self._dirty.any():
-            raw = self.slot_table.view(np.uint8)
-            for page in np.flatnonzero(self._dirty).tolist():
+            raw = memoryview(self.slot_table.tobytes())  # a copy: a 20 MB table takes a few ms
+            pages = np.flatnonzero(self._dirty).tolist()
+            if len(pages) > len(self._dirty) // 4:  # random slots dirty most pages: one write of the table
+                fileops.write_all(self.fd, raw, HEADER_SIZE)
+            for page in pages if len(pages) <= len(self._dirty) // 4 else []:
                 lo = page * SLOT_PAGE_BYTES
-                fileops.write_all(self.fd, raw[lo : lo + SLOT_PAGE_BYTES].tobytes(), HEADER_SIZE + lo)
+                fileops.write_all(self.fd, raw[lo : lo + SLOT_PAGE_BYTES], HEADER_SIZE + lo)
             self._dirty[:] = False
         fileops.write_all(self.fd, self.header.pack(), 0)
         if sync:
