@@ -596,3 +596,17 @@ async def test_a_follower_keeps_the_leader_s_pending_half_and_promoted_ends_it(
         assert [r["commitlog_offset"] for r in (await raw.list())["pending"]] == [off]
         assert (await raw.end(off, "commit"))["state"] == "committed"
         assert (await raw.end(off, "commit"))["state"] == "already_committed"
+
+
+def test_a_message_of_another_queue_carrying_tran_half_is_no_commit(tmp_path: Path) -> None:
+    store = Store.open(StoreConfig(tmp_path / "s")).start()
+    try:
+        for topic, queues in (("t", 2), (TRANS_HALF_TOPIC, 1), (TRANS_OP_TOPIC, 3)):
+            store.create_topic(topic, queues)
+        (off,) = store.put_batch([half(b"h", qid=1)], wait_durable=True).commitlog_offsets
+        forged = Message("t", 0, b"forged", "", "", {PROP_TRAN_HALF: str(off)})  # queue 0, not the half's 1
+        store.put_batch([forged], wait_durable=True)
+        store.catch_up()
+        assert rebuild(store, TransactionCheckpoint(0, 0, 0)).orphans == []
+    finally:
+        store.close()

@@ -176,7 +176,8 @@ def rebuild(store: Store, cp: TransactionCheckpoint) -> Rebuilt:
     orphans = []
     if halves.pending:
         start = max(cp.mark_offset, min(halves.pending))
-        orphans = sorted(set(committed_since(store, start)) & halves.pending.keys())
+        found = committed_since(store, start)
+        orphans = sorted({off for off, topic, qid in found if _commits(halves.pending.get(off), topic, qid)})
     log.info(
         "transactions: %d half messages pending, %d committed after the checkpoint without their op record",
         len(halves.pending),
@@ -207,9 +208,14 @@ def _count_checks(store: Store, halves: PendingSet) -> None:
             half.checks = n
 
 
-def committed_since(store: Store, mark: int) -> list[int]:
-    """``TRAN_HALF`` of every record in the log from ``mark`` to its end."""
-    found: list[int] = []
+def _commits(half: Half | None, topic: str, queue_id: int) -> bool:
+    """A record carrying ``TRAN_HALF`` is that half's commit only in its real queue."""
+    return half is not None and half.topic == topic and half.queue_id == queue_id
+
+
+def committed_since(store: Store, mark: int) -> list[tuple[int, str, int]]:
+    """``(TRAN_HALF, topic, queue id)`` of every record in the log from ``mark`` to its end."""
+    found: list[tuple[int, str, int]] = []
     at, end = max(mark, store.log.min_offset), store.log.write_offset
     chunk = max(SCAN_BYTES, 2 * store.log.config.max_message_bytes)
     while at < end:
@@ -217,8 +223,9 @@ def committed_since(store: Store, mark: int) -> list[int]:
         walk = walk_records(data, 0, store.log.config.max_message_bytes)
         if bytes(data).find(_MARKER) >= 0:
             for p in walk.starts.tolist():
-                src = decode_record(data, p).properties.get(PROP_TRAN_HALF, "")
+                record = decode_record(data, p)
+                src = record.properties.get(PROP_TRAN_HALF, "")
                 if src.isdigit():
-                    found.append(int(src))
+                    found.append((int(src), record.topic, record.queue_id))
         at = at + walk.stop if walk.reason != "blank" and walk.stop > 0 else store.log.next_segment_base(at)
     return found
