@@ -22,6 +22,7 @@ from clmq.protocol.transport import (
 from ._admin import Admin, open_admin
 from ._admin_index import IndexLookup
 from ._admin_reads import CancelResult, DeadLetter, KeyLookup, ResendResult, ResentLetter
+from ._admin_trace import MessageTrace
 from ._asyncio import (
     AsyncioAdmin,
     AsyncioConsumer,
@@ -89,6 +90,7 @@ __all__ = [
     "LocalTransactionState",
     "Message",
     "MessageQueue",
+    "MessageTrace",
     "NoRouteError",
     "Operation",
     "PatternType",

@@ -34,6 +34,7 @@ from clmq.protocol.transport import ClientSecurity
 from ._admin import Admin, open_admin
 from ._admin_index import IndexLookup
 from ._admin_reads import CancelResult, DeadLetter, ResendResult
+from ._admin_trace import MessageTrace
 from ._arguments import options_from, resolve_addrs, resolve_security
 from ._routes import MessageQueue
 from .consumer import (
@@ -528,6 +529,10 @@ class AsyncioAdmin:
     async def find_by_key(self, topic: str, key: str, **kwargs: Any) -> IndexLookup:
         """:meth:`Admin.find_by_key` (``since_ms``, ``until_ms``, ``max_results``)."""
         return await self._call(self.admin.find_by_key, topic, key, **kwargs)
+
+    async def trace(self, msg_id: str | None = None, **kwargs: Any) -> MessageTrace:
+        """:meth:`Admin.trace` (``key``, ``topic``, ``since_ms``, ``until_ms``, ``max_events``)."""
+        return await self._call(self.admin.trace, msg_id, **kwargs)
 
     async def list_groups(self, *, include_system: bool = False) -> list[str]:
         """:meth:`Admin.list_groups`."""

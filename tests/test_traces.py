@@ -5,20 +5,30 @@ nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from clmq.broker.cli._errors import EXIT_FAILED, EXIT_USAGE
-from clmq.client import open_admin, open_consumer, open_producer
+from clmq.client import (
+    BlockingAdmin,
+    BlockingProducer,
+    open_admin,
+    open_asyncio_admin,
+    open_asyncio_producer,
+    open_consumer,
+    open_producer,
+)
 from clmq.common import TRACE_TOPIC, TraceEvent, decode_events
 from clmq.protocol import RequestCode
 from tests.cli_helpers import clmq
 from tests.service_helpers import FAST_CONSUMER, Cluster
-from tests.waiting import await_until
+from tests.waiting import await_until, wait_until
 
 SETTINGS = {"timer_tick_ms": 20, "retry_delays_ms": [100], "max_reconsume_times": 1, "trace_enabled": True}
 TRACED = {"trace": True, "trace_flush_interval_ms": 20}
@@ -231,3 +241,34 @@ async def test_clmq_message_trace_prints_the_timeline_by_id_and_by_key(nursery: 
     assert missing.returncode == EXIT_FAILED and "no trace events" in missing.stderr
     neither = await trio.to_thread.run_sync(run)
     assert neither.returncode == EXIT_USAGE and "message id or --key" in neither.stderr
+
+
+async def test_the_blocking_and_asyncio_clients_trace_and_look_up_alike(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c = await _cluster(nursery, tmp_path)
+    await _trace_routed(c)
+
+    def blocking() -> list[str]:
+        with BlockingProducer(c.ns, trace=True, trace_flush_interval_ms=20) as producer:
+            msg_id = producer.send("orders", b"x", keys="blocking-key").msg_ids[0]
+        admin = BlockingAdmin(c.ns)
+        try:
+            kinds = wait_until(lambda: [e.kind for e in admin.trace(msg_id).events], 10, "the blocking send's event")
+        finally:
+            admin.close()
+        return list(kinds)
+
+    async def from_asyncio() -> tuple[str, list[TraceEvent]]:
+        async with open_asyncio_producer(c.ns, trace=True, trace_flush_interval_ms=20) as producer:
+            msg_id = (await producer.send("orders", b"y", keys="asyncio-key")).msg_ids[0]
+        async with open_asyncio_admin(c.ns) as admin:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # a poll of the broker with a deadline
+                trace = await admin.trace(key="asyncio-key", topic="orders")
+                if trace.events:
+                    break
+                await asyncio.sleep(0.05)
+        return msg_id, trace.events
+
+    assert await trio.to_thread.run_sync(blocking) == ["sent"]
+    msg_id, events = await trio.to_thread.run_sync(asyncio.run, from_asyncio())
+    assert [(e.kind, e.msg_id) for e in events] == [("sent", msg_id)]
