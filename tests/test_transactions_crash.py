@@ -173,7 +173,7 @@ async def test_a_failover_during_the_check_keeps_counts_and_ends_each_half_once(
         await fg.wait_settled(leader)
         follower = next(k for k in fg.keys if k != leader)
         refused = await g.call(follower, RequestCode.END_TRANSACTION, _end_fields(offsets[5], "commit"))
-        assert refused.error_code == ErrorCode.NOT_LEADER, refused
+        assert refused.error_code == ErrorCode.NOT_LEADER and refused.fields["leader_addr"] == g[leader].addr, refused
         await fg.kill(leader)
         new = await fg.wait_leader(exclude=frozenset({leader}))
         again = await _checks(g, new, 8)

@@ -5,7 +5,7 @@ per group) and LIST_TRANSACTIONS (protocol/_codes.py has the wire contract)."""
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import trio
 
@@ -58,10 +58,24 @@ class TransactionRequests:
 
     def handlers(self) -> dict[int, Handler]:
         return {
-            RequestCode.END_TRANSACTION: self.end_transaction,
-            RequestCode.CHECK_TRANSACTIONS: self.check_transactions,
-            RequestCode.LIST_TRANSACTIONS: self.list_transactions,
+            RequestCode.END_TRANSACTION: self._naming_leader(self.end_transaction),
+            RequestCode.CHECK_TRANSACTIONS: self._naming_leader(self.check_transactions),
+            RequestCode.LIST_TRANSACTIONS: self._naming_leader(self.list_transactions),
         }
+
+    def _naming_leader(self, handler: Callable[[Frame, Peer], Awaitable[Reply]]) -> Handler:
+        """NOT_LEADER answers carry ``leader_addr`` when it is known (as SEND_MESSAGE's
+        do): the producer goes to the leader at once."""
+
+        async def handle(frame: Frame, peer: Peer) -> Reply:
+            try:
+                return await handler(frame, peer)
+            except RequestError as e:
+                if e.code != ErrorCode.NOT_LEADER:
+                    raise
+                return Reply({"leader_addr": self.ctx.replica.leader_hint}, error_code=e.code, error_text=e.text)
+
+        return handle
 
     def _store(self) -> Store:
         store = self.ctx.store
