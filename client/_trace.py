@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence
 import trio
 
 from clmq.common import (
+    TIMER_TOPIC,
     TRACE_EVENT_MAX_KEYS,
     TRACE_TOPIC,
     ClmqError,
@@ -54,6 +55,7 @@ SendTraceBatch = Callable[[list[Message]], Awaitable[object]]
 
 
 SENT = TraceKind.SENT.value
+TIMER_SCHEDULED_QUEUE = 0  # the %TIMER% queue of scheduled messages
 
 
 def _keys(keys: str) -> str:
@@ -192,22 +194,26 @@ class SendTracer(Tracing):
 
     group = ""
 
-    def watch(self, future: Any, messages: Sequence[Message]) -> None:
-        """Record ``sent`` for ``messages`` when ``future`` (a SendFuture) succeeds."""
+    def watch(self, future: Any, messages: Sequence[Message], scheduled_at_ms: int = 0) -> None:
+        """Record ``sent`` for ``messages`` when ``future`` (a SendFuture) succeeds;
+        ``scheduled_at_ms``: a scheduled send, stored in %TIMER% until then."""
         started = time.monotonic()
 
         def done(fut: Any) -> None:
             if fut.exception() is None:
-                self.sent(messages, fut.result(), int((time.monotonic() - started) * 1000))
+                self.sent(messages, fut.result(), int((time.monotonic() - started) * 1000), scheduled_at_ms)
 
         future.add_done_callback(done)
 
-    def sent(self, messages: Sequence[Message], result: Any, latency_ms: int) -> None:
+    def sent(self, messages: Sequence[Message], result: Any, latency_ms: int, scheduled_at_ms: int = 0) -> None:
         now = wall_ms()
         queue = result.queue
         addr, topic, qid, broker = queue.addr, queue.topic, queue.queue_id, queue.broker_name
         uniq, offsets, positions = result.uniq_keys, result.queue_offsets, result.commitlog_offsets
         detail = "duplicate: stored before" if result.duplicate else ""
+        if scheduled_at_ms:  # the offsets are the %TIMER% copy's; the queue is where it will be delivered
+            detail = f"scheduled for {topic}[{qid}] at {scheduled_at_ms}" + (f"; {detail}" if detail else "")
+            topic, qid = TIMER_TOPIC, TIMER_SCHEDULED_QUEUE
         record, group, client = self.dispatcher.record, self.group, self.client_id
         for i, m in enumerate(
             messages[: self.dispatcher.room(len(messages))]

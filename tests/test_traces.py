@@ -272,3 +272,25 @@ async def test_the_blocking_and_asyncio_clients_trace_and_look_up_alike(nursery:
     assert await trio.to_thread.run_sync(blocking) == ["sent"]
     msg_id, events = await trio.to_thread.run_sync(asyncio.run, from_asyncio())
     assert [(e.kind, e.msg_id) for e in events] == [("sent", msg_id)]
+
+
+async def test_a_scheduled_message_is_traced_from_its_scheduled_copy_to_its_delivery(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    c = await _cluster(nursery, tmp_path)
+    await _trace_routed(c)
+    async with open_producer(c.ns, **TRACED) as producer:
+        sent = await producer.send("orders", b"later", keys="later-1", delay_ms=50)
+    async with open_consumer(c.ns, "g", {"orders": "*"}, client_id="reader", **FAST_CONSUMER, **TRACED) as cons:
+        assert (await _receive_one(cons)).body == b"later"
+        cons.ack()
+    async with open_admin(c.ns) as admin:
+
+        async def life() -> list[TraceEvent] | None:
+            events = (await admin.trace(sent.msg_ids[0])).events
+            return events if _kinds(events) == ["sent", "delivered", "acked"] else None
+
+        events = await await_until(life, 10, "the scheduled message's events")
+    assert events[0].topic == "%TIMER%" and events[0].msg_id == sent.msg_ids[0]  # the scheduled copy
+    assert events[0].detail.startswith("scheduled for orders[0] at ")
+    assert events[1].topic == "orders" and events[1].uniq_key == events[0].uniq_key  # the copy the timer delivered

@@ -154,8 +154,9 @@ class Consumer:
         pending = self.pending.take()
         assigned, processed = self.assigned, self.processed
         upto = None if records is None else _last_offsets(records)
-        if self.state.tracer is not None:
-            self.state.tracer.acked_batches(pending, upto)
+        if self.state.tracer is not None:  # the batches of queues still this consumer's
+            still = [b for b in pending if (q := assigned.get(b.mq)) is not None and q.generation == b.generation]
+            self.state.tracer.acked_batches(still, upto)
         for batch in pending:  # a queue's batches in order: its last one wins
             current = assigned.get(batch.mq)
             if current is None or current.generation != batch.generation:

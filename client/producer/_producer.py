@@ -277,7 +277,10 @@ class Producer:
         def send() -> Awaitable[SendResult]:
             return send_scheduled(self.send_to, self.targets, self.policy, topic, msgs, due, sharding_key, selector)
 
-        return start_scheduled(acc.nursery, self._scheduled, keys, send, callback)
+        fut = start_scheduled(acc.nursery, self._scheduled, keys, send, callback)
+        if self.tracer is not None:  # `sent` names the scheduled copy (in %TIMER%)
+            self.tracer.watch(fut, msgs, scheduled_at_ms=due)
+        return fut
 
     def _accumulator(self) -> Accumulator:
         if self._acc is None:
