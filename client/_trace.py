@@ -94,6 +94,7 @@ class TraceDispatcher:
         self.dropped = 0  # events refused: the buffer was full (or the client closed with them)
         self.written = 0  # events written to %TRACE%
         self.failed = 0  # events of batches whose write failed
+        self._failing = False  # the last write failed (the next failure is not logged again)
 
     def record(self, event: TraceEvent) -> None:
         """Buffer one event (never blocks, never raises): dropped and counted when full."""
@@ -159,9 +160,12 @@ class TraceDispatcher:
             await self._send(trace_messages(batch))
         except (ClmqError, OSError, trio.TooSlowError) as e:  # a trace never fails its client
             self.failed += len(batch)
-            log.debug("%d trace events not written: %s", len(batch), e)
+            # Said once per run of failures (a broker without %TRACE% fails every write).
+            (log.debug if self._failing else log.warning)("%d trace events not written: %s", len(batch), e)
+            self._failing = True
         else:
             self.written += len(batch)
+            self._failing = False
 
     async def aclose(self, timeout_ms: int = TRACE_CLOSE_TIMEOUT_MS) -> None:
         """Write what is buffered, within ``timeout_ms``; what is left is counted dropped."""

@@ -57,8 +57,8 @@ async def _write_batch(ctx: BrokerContext, queue: int) -> int:
     try:
         result = await put_messages(ctx, trace_messages(events, queue % queues))
         why = "" if result.ok else f"{result.status.value}: {result.error}"
-    except BusyError as e:
-        why = str(e)
+    except (BusyError, ClmqError, OSError) as e:  # a trace write never stops the broker: counted and said
+        why = str(e) or type(e).__name__
     if not why:
         ctx.tracer.written += len(events)
     else:
