@@ -37,6 +37,7 @@ from clmq.common import (
 
 from ._entries import ENTRY_DTYPE
 from ._keyindex import KeyIndex
+from ._keyindex_keys import INDEX_FIELDS, ChunkFields
 from ._set import Arrivals, ConsumeQueueSet
 
 log = logging.getLogger("clmq.dispatch")
@@ -45,6 +46,7 @@ log = logging.getLogger("clmq.dispatch")
 # %TRANS_OP% (the half message's commit-log offset).
 _NUMBERED = (TIMER_TOPIC.encode(), TRANS_OP_TOPIC.encode())
 _FIELDS = ["total_size", "commitlog_offset", "queue_offset", "queue_id", "topic_len", "tags_len"]
+_FIELDS_INDEXED = _FIELDS + [f for f in INDEX_FIELDS if f not in _FIELDS]  # with the key index: one gather
 SMALL_ROUND = 48  # rounds of at most this many records are parsed without numpy
 _SMALL_HEAD = struct.Struct("<I8xQQI")  # total size, (magic, crc), commit-log offset, queue offset, queue id
 _SMALL_LENS = struct.Struct("<HH")  # topic length, tags length
@@ -86,6 +88,7 @@ class Dispatcher:
         self.rounds = 0  # rounds that dispatched something (each wakes long polls once)
         self.index: KeyIndex | None = None  # the key index, built in the same rounds (set_index)
         self._walk: Walk | None = None  # the round's walk, for the key index
+        self._fields: ChunkFields | None = None  # and its columns (rounds parsed column-wise)
         commitlog.add_append_listener(self._on_append)
 
     def set_index(self, index: KeyIndex) -> None:
@@ -139,9 +142,11 @@ class Dispatcher:
             return self._parse_small(data, walk.starts.tolist()), consumed
         buf = np.frombuffer(data, dtype=np.uint8)
         starts = walk.starts
-        heads = gather_fields(buf, walk, _FIELDS)
+        heads = gather_fields(buf, walk, _FIELDS if self.index is None else _FIELDS_INDEXED)
         topic_lens = heads["topic_len"].astype(np.int64)
         topics, topic_idx = gather_strings(buf, starts + HEADER_SIZE, topic_lens)
+        if self.index is not None:
+            self._fields = ChunkFields(heads, topics, topic_idx)  # the key index reads the same columns
         tags, tag_idx = gather_strings(buf, starts + HEADER_SIZE + topic_lens, heads["tags_len"].astype(np.int64))
         entries = np.empty(len(starts), dtype=ENTRY_DTYPE)
         entries["offset"] = heads["commitlog_offset"]
@@ -162,9 +167,9 @@ class Dispatcher:
     def _index_round(self, at: int, data: memoryview) -> None:
         """Index the round's records (those the index does not hold yet)."""
         assert self.index is not None and self._walk is not None
-        walk, self._walk = self._walk, None
+        walk, fields, self._walk, self._fields = self._walk, self._fields, None, None
         if self.dispatched_offset > self.index.end_offset:
-            self.index.add_chunk(at, data, walk, self.dispatched_offset)
+            self.index.add_chunk(at, data, walk, self.dispatched_offset, fields)
 
     def _parse_small(self, data: memoryview, starts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The same columns, record by record: for a few records, numpy's per-call cost

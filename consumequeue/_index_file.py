@@ -164,18 +164,32 @@ class IndexFile:
         rows["dt"] = np.clip(times_ms // 1000 - h.begin_ms // 1000, -(2**31), 2**31 - 1)
         slots = slot_of(hashes, h.slots)
         numbers = np.arange(h.count + 1, h.count + n + 1, dtype=np.uint32)
-        order = np.argsort(slots, kind="stable")
-        s_sorted = slots[order]
-        prev = self.slot_table[slots]  # the chain's head before this round ...
-        same = np.flatnonzero(s_sorted[1:] == s_sorted[:-1])
-        prev[order[same + 1]] = numbers[order[same]]  # ... or the round's own previous entry of the slot
-        rows["prev"] = prev
+        rows["prev"] = self._links(slots, numbers)
         fileops.write_all(self.fd, rows.tobytes(), self.entries_pos + ENTRY_SIZE * h.count)
         self.slot_table[slots] = numbers  # later entries of a slot overwrite earlier ones: the newest stays
         self._dirty[np.unique(slots * 4 // SLOT_PAGE_BYTES)] = True
         h.count += n
         h.end_ms = max(h.end_ms, int(times_ms.max()))
         return n
+
+    def _links(self, slots: np.ndarray, numbers: np.ndarray) -> np.ndarray:
+        """Each new entry's previous entry: the slot's head before this batch, or the
+        batch's own previous entry of the slot. Only entries whose slot occurs more than
+        once in the batch are sorted (found with the slot table as scratch: a repeated
+        index in an assignment keeps the last value)."""
+        table = self.slot_table
+        assert table is not None
+        prev = table[slots]  # the chain's head before this batch
+        table[slots] = numbers
+        last = table[slots] == numbers
+        table[slots[::-1]] = numbers[::-1]
+        shared = np.flatnonzero(~(last & (table[slots] == numbers)))
+        table[slots] = prev  # as it was (every entry of a slot read the same head)
+        if len(shared):
+            order = shared[np.argsort(slots[shared], kind="stable")]
+            same = np.flatnonzero(slots[order[1:]] == slots[order[:-1]])
+            prev[order[same + 1]] = numbers[order[same]]
+        return prev
 
     def persist(self, sync: bool = True) -> None:
         """Entries first (durable), then the changed slot pages, then the header."""

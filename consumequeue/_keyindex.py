@@ -29,7 +29,7 @@ import numpy as np
 from clmq.common import Walk
 
 from ._index_file import SUFFIX, IndexFile, index_file_name, slot_of
-from ._keyindex_keys import chunk_keys, key_hash
+from ._keyindex_keys import ChunkFields, chunk_keys, key_hash
 
 log = logging.getLogger("clmq.keyindex")
 
@@ -112,12 +112,13 @@ class KeyIndex:
         return sum(f.header.count for f in self._files)
 
     # ------------------------------------------------------------------ writing
-    def add_chunk(self, at: int, data: memoryview, walk: Walk, upto: int) -> int:
-        """Index the walked records of a chunk read at log offset ``at``, then mark the
-        log indexed up to ``upto``; returns the entries added."""
+    def add_chunk(self, at: int, data: memoryview, walk: Walk, upto: int, fields: ChunkFields | None = None) -> int:
+        """Index the walked records of a chunk read at log offset ``at`` (``fields``:
+        their columns, if the caller has them), then mark the log indexed up to
+        ``upto``; returns the entries added."""
         added = 0
         if walk.runs:
-            hashes, positions, times = chunk_keys(data, walk)
+            hashes, positions, times = chunk_keys(data, walk, fields)
             offsets = positions + at
             keep = offsets >= self.end_offset
             added = self.add(hashes[keep], offsets[keep], times[keep])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
@@ -29,7 +30,8 @@ _P1 = np.uint64(0x9E3779B97F4A7C15)
 _P2 = np.uint64(0xC2B2AE3D27D4EB4F)
 _WHITESPACE = np.frombuffer(b" \t\n\r\x0b\x0c", dtype=np.uint8)
 _TOKEN = re.compile(rb"\S+")
-_FIELDS = ["store_ts", "topic_len", "tags_len", "keys_len", "props_len"]
+INDEX_FIELDS = ["store_ts", "topic_len", "tags_len", "keys_len", "props_len"]
+MIN_STRIDED_RUN = 32  # runs of at least this many same-size records are read as strided views
 
 
 def topic_seed(topic: bytes) -> int:
@@ -59,12 +61,14 @@ def key_hash(topic: str, key: str) -> int:
 
 class KeyColumns:
     """A chunk's index entries before they are placed: per entry the record's number
-    in the chunk, where the key's bytes start in the chunk and how long they are."""
+    in the chunk, where the key's bytes start in the chunk and how long they are (or,
+    for entries hashed already, the hash)."""
 
     def __init__(self) -> None:
         self.record: list[np.ndarray] = []
         self.start: list[np.ndarray] = []
         self.length: list[np.ndarray] = []
+        self.hashed: list[tuple[np.ndarray, np.ndarray]] = []  # (records, hashes)
 
     def add(self, record: np.ndarray, start: np.ndarray, length: np.ndarray) -> None:
         self.record.append(record.astype(np.int64))
@@ -78,38 +82,110 @@ class KeyColumns:
         return np.concatenate(self.record), np.concatenate(self.start), np.concatenate(self.length)
 
 
-def chunk_keys(data: memoryview, walk: Walk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+@dataclass
+class ChunkFields:
+    """The columns of a chunk's records the index needs (the dispatcher's, when it has them)."""
+
+    heads: dict[str, np.ndarray]  # at least INDEX_FIELDS
+    topics: list[bytes]
+    topic_idx: np.ndarray
+
+
+def chunk_fields(buf: np.ndarray, walk: Walk) -> ChunkFields:
+    heads = gather_fields(buf, walk, INDEX_FIELDS)
+    topics, idx = gather_strings(buf, walk.starts + HEADER_SIZE, heads["topic_len"].astype(np.int64))
+    return ChunkFields(heads, topics, idx)
+
+
+def chunk_keys(
+    data: memoryview, walk: Walk, fields: ChunkFields | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every index entry of a walked chunk, in log order: ``(hashes, record positions
-    in the chunk, store times in ms)``."""
+    in the chunk, store times in ms)``. Runs of same-size records laid out alike are
+    read as strided views; other records field by field."""
     buf = np.frombuffer(data, dtype=np.uint8)
     starts = walk.starts
-    heads = gather_fields(buf, walk, _FIELDS)
-    topic_len = heads["topic_len"].astype(np.int64)
-    keys_at = starts + HEADER_SIZE + topic_len + heads["tags_len"].astype(np.int64)
+    f = fields or chunk_fields(buf, walk)
+    heads = f.heads
+    keys_at = starts + HEADER_SIZE + heads["topic_len"].astype(np.int64) + heads["tags_len"].astype(np.int64)
     keys_len = heads["keys_len"].astype(np.int64)
     props_at = keys_at + keys_len
     props_len = heads["props_len"].astype(np.int64)
-    topics, topic_idx = gather_strings(buf, starts + HEADER_SIZE, topic_len)
-    seeds = np.array([topic_seed(t) for t in topics], dtype=np.uint64)[topic_idx]
+    seeds = np.array([topic_seed(t) for t in f.topics], dtype=np.uint64)[f.topic_idx]
     found = KeyColumns()
-    _plain_keys(buf, keys_at, keys_len, found)
-    _uniq_keys(buf, data, props_at, props_len, found)
+    layout = (keys_at - starts, keys_len, props_at - starts, props_len, f.topic_idx)
+    rest = np.ones(len(starts), dtype=bool)
+    first = 0
+    for p, c, size in walk.runs:
+        if c >= MIN_STRIDED_RUN and _strided_run(buf[p : p + c * size].reshape(c, size), first, layout, seeds, found):
+            rest[first : first + c] = False
+        first += c
+    todo = np.flatnonzero(rest)
+    _plain_keys(buf, keys_at, keys_len, found, todo)
+    _uniq_keys(buf, data, props_at, props_len, found, todo)
+    return _place(buf, found, seeds, starts, heads["store_ts"].astype(np.int64))
+
+
+def _place(
+    buf: np.ndarray, found: KeyColumns, seeds: np.ndarray, starts: np.ndarray, store_ts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Hash what is not hashed yet, then every entry in record order."""
     rec, start, length = found.columns()
-    if not len(rec):
-        return np.empty(0, np.uint32), np.empty(0, np.int64), np.empty(0, np.int64)
-    order = np.argsort(rec, kind="stable")
-    rec, start, length = rec[order], start[order], length[order]
-    hashes = np.empty(len(rec), dtype=np.uint32)
+    recs, hashes = [rec], [np.empty(len(rec), dtype=np.uint32)]
     for width in np.unique(length).tolist():
         sel = np.flatnonzero(length == width)
         rows = buf[start[sel, None] + np.arange(width, dtype=np.int64)]
-        hashes[sel] = hash_rows(seeds[rec[sel]], rows)
-    return hashes, starts[rec], heads["store_ts"].astype(np.int64)[rec]
+        hashes[0][sel] = hash_rows(seeds[rec[sel]], rows)
+    for r, h in found.hashed:
+        recs.append(r)
+        hashes.append(h)
+    rec_all, hash_all = np.concatenate(recs), np.concatenate(hashes)
+    if len(rec):  # entries read field by field: put them among the runs' (already in record order)
+        order = np.argsort(rec_all, kind="stable")
+        rec_all, hash_all = rec_all[order], hash_all[order]
+    return hash_all, starts[rec_all], store_ts[rec_all]
 
 
-def _plain_keys(buf: np.ndarray, at: np.ndarray, length: np.ndarray, found: KeyColumns) -> None:
+def _strided_run(
+    view: np.ndarray,
+    first: int,
+    layout: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    seeds: np.ndarray,
+    found: KeyColumns,
+) -> bool:
+    """Hash a run of same-size records whose keys and properties lie at the same place
+    in each (one topic, one key without whitespace, UNIQ_KEY the only property); False
+    (nothing added) when the run is not like that."""
+    c = len(view)
+    cols = [col[first : first + c] for col in layout]
+    if any(int(col.min()) != int(col.max()) for col in cols):
+        return False
+    rk, kl, rp, pl = (int(col[0]) for col in cols[:4])
+    head = len(_UNIQ_HEAD) + 4
+    keys = view[:, rk : rk + kl]
+    if kl and bool((keys <= 32).any()):  # whitespace (or a control byte): split field by field
+        return False
+    uniq = pl > head
+    if pl and not uniq:
+        return False
+    if uniq:
+        named = view[:, rp : rp + len(_UNIQ_HEAD)] == np.frombuffer(_UNIQ_HEAD, dtype=np.uint8)
+        vlen = view[:, rp + len(_UNIQ_HEAD) : rp + head].astype(np.int64) @ (256 ** np.arange(4, dtype=np.int64))
+        if not (named.all() and bool((vlen == pl - head).all())):
+            return False
+    recs = np.arange(first, first + c, dtype=np.int64)
+    seed = seeds[first : first + c]
+    parts = [hash_rows(seed, keys)] if kl else []
+    if uniq:
+        parts.append(hash_rows(seed, view[:, rp + head : rp + pl]))
+    if parts:  # in record order: a record's key, then its UNIQ_KEY
+        found.hashed.append((np.repeat(recs, len(parts)), np.stack(parts, axis=1).reshape(-1)))
+    return True
+
+
+def _plain_keys(buf: np.ndarray, at: np.ndarray, length: np.ndarray, found: KeyColumns, todo: np.ndarray) -> None:
     """Keys fields without whitespace are one key each (column-wise); the rest are split."""
-    has = np.flatnonzero(length > 0)
+    has = todo[length[todo] > 0]
     if not len(has):
         return
     single = np.ones(len(has), dtype=bool)
@@ -125,10 +201,12 @@ def _plain_keys(buf: np.ndarray, at: np.ndarray, length: np.ndarray, found: KeyC
             found.add(np.full(len(parts), i), np.array([lo + p for p, _ in parts]), np.array([n for _, n in parts]))
 
 
-def _uniq_keys(buf: np.ndarray, data: memoryview, at: np.ndarray, length: np.ndarray, found: KeyColumns) -> None:
+def _uniq_keys(
+    buf: np.ndarray, data: memoryview, at: np.ndarray, length: np.ndarray, found: KeyColumns, todo: np.ndarray
+) -> None:
     """UNIQ_KEY values: column-wise when it is the only property (a producer's usual
     message), else found by walking the properties."""
-    has = np.flatnonzero(length > 0)
+    has = todo[length[todo] > 0]
     if not len(has):
         return
     head = len(_UNIQ_HEAD) + 4

@@ -21,7 +21,7 @@ from clmq.common import Message, Record
 from clmq.consumequeue import IndexSettings, KeyIndex, key_hash
 from tests.crash_broker import broker_config, reap, start_broker
 
-KEYS = ["a", "b", "order-1", "order-22", "zz", "κλειδί", "x" * 40]
+KEYS = ["a", "b", "order-1", "order-22", "zz", "κλειδί", "x" * 40, "0001", "1002", "5050"]
 TOPICS = ["t1", "t2", "%TRACE%"]
 
 
@@ -85,7 +85,24 @@ def agree(store: Store, records: list[Record], rnd: random.Random) -> None:
             assert found(store, topic, key, since, until) == scan(store, topic, key, since, until), (topic, key)
 
 
-batches_strategy = st.lists(st.lists(message_strategy(), min_size=1, max_size=40), min_size=1, max_size=6)
+def uniform_batch() -> st.SearchStrategy[list[Message]]:
+    """Records laid out alike (same size, key and UNIQ_KEY at the same place): the
+    index reads such runs as strided views; a key with a space or no UNIQ_KEY too."""
+    return st.builds(
+        lambda t, k, uniq, n, base: [
+            Message(t, 0, b"body", keys=k, properties={"UNIQ_KEY": f"{base + i:04d}"} if uniq else {}) for i in range(n)
+        ],
+        st.sampled_from(TOPICS),
+        st.sampled_from(["a", "zz", "order-1", "a b", ""]),
+        st.booleans(),
+        st.integers(32, 90),
+        st.sampled_from([0, 1000, 5000]),
+    )
+
+
+batches_strategy = st.lists(
+    st.one_of(st.lists(message_strategy(), min_size=1, max_size=40), uniform_batch()), min_size=1, max_size=6
+)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -53,7 +53,10 @@ def open_key_index(state: StoreState, commitlog: CommitLog) -> KeyIndex | None:
 
 
 def record_has_key(record: Record, topic: str, key: str) -> bool:
-    return record.topic == topic and (key in record.keys.split() or record.properties.get(UNIQ_KEY) == key)
+    """The record is the topic's and carries ``key`` (keys split on ASCII whitespace, as indexed)."""
+    if record.topic != topic:
+        return False
+    return record.properties.get(UNIQ_KEY) == key or key.encode() in record.keys.encode().split()
 
 
 def find_by_key(
