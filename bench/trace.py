@@ -200,8 +200,7 @@ def cmd_bench_trace(args: argparse.Namespace) -> int:
 
     console = Console(soft_wrap=True)
     result = run_all(args, lambda line: console.print(line, highlight=False))
-    json_path = args.json or Path(f"clmq-bench-trace-{int(time.time())}.json")
-    save(result, markdown(result), json_path, args.markdown, console)
+    save(result, markdown(result), args.json, args.markdown, console)  # args.json: --json, else in --out-dir
     if args.plot is not None:
         draw(plot, result, args.plot, console)
     return 0
