@@ -20,7 +20,7 @@ from prometheus_client.exposition import generate_latest
 
 from clmq.broker.service import Broker
 from clmq.broker.service.transaction._pending import COMMITTED, ROLLED_BACK, Ended, Half, PendingSet
-from clmq.broker.service.transaction._state import TransactionCheckpoint, rebuild
+from clmq.broker.service.transaction._state import OpMarks, TransactionCheckpoint, rebuild
 from clmq.broker.store import Store, StoreConfig
 from clmq.client import Record, open_admin, open_consumer
 from clmq.commitlog import CommitLog, CommitLogConfig
@@ -610,3 +610,43 @@ def test_a_message_of_another_queue_carrying_tran_half_is_no_commit(tmp_path: Pa
         assert rebuild(store, TransactionCheckpoint(0, 0, 0)).orphans == []
     finally:
         store.close()
+
+
+async def test_a_restart_reads_the_op_queues_only_from_the_checkpoint(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Ends older than the oldest pending half are not read again at a start (the
+    checkpoint's ops_from): the pending set comes out the same; an END of a half ended
+    that long ago is NOT_FOUND (the ended map holds the recent ones only)."""
+    c, broker = await _cluster(nursery, tmp_path)
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        old = await raw.send(*[half(b"old%d" % i) for i in range(10)])
+        for off in old:
+            await raw.end(off, "commit")
+        service = broker.handlers.transactions
+        await await_until(lambda: service.saved.ops_from[0] == 10, 5, "a checkpoint past the ten commits")
+        (new,) = await raw.send(half(b"new"))
+        await await_until(lambda: service.saved.floor_offset == new, 5, "a checkpoint with the new half pending")
+        assert service.saved.ops_from[0] == 10
+    await c.stop_broker("broker-a")
+    broker = await c.start_broker(**FAST)
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        assert [r["commitlog_offset"] for r in (await raw.list())["pending"]] == [new]
+        with pytest.raises(RpcError) as e:
+            await raw.end(old[0], "commit")
+        assert e.value.code == ErrorCode.NOT_FOUND
+        assert (await raw.end(new, "commit"))["state"] == "committed"
+    assert sorted(r.body for r in await _receive(c, 11)) == sorted([b"new", *(b"old%d" % i for i in range(10))])
+
+
+def test_op_marks_give_the_op_queue_ends_from_before_the_floor() -> None:
+    marks = OpMarks(TransactionCheckpoint(0, 0, 100, (1, 2, 3)))
+    for i in range(1, 200):
+        marks.add(100 + 10 * i, (i, i, i))
+        assert len(marks.samples) <= OpMarks.MAX_SAMPLES + 1
+    assert marks.ops_from(99) == (0, 0, 0)  # below every sample: read the queues whole
+    assert marks.ops_from(100) == (1, 2, 3)
+    got = marks.ops_from(1000)  # the sample at 1000 may have been thinned: an older one, never a later one
+    assert got[0] <= 90 and marks.ops_from(2080) == (198, 198, 198)

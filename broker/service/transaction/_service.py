@@ -28,9 +28,11 @@ from ._ending import op_record, store_together
 from ._pending import COMMITTED, ROLLED_BACK, Ended, Half, PendingSet
 from ._state import (
     HALF_QUEUE,
+    OpMarks,
     TransactionCheckpoint,
     half_from_record,
     load_checkpoint,
+    op_ends,
     read_entries,
     real,
     rebuild,
@@ -60,6 +62,7 @@ class Transactions:
         self.saved = load_checkpoint(self.store) if self.store is not None else TransactionCheckpoint()
         self._last_save = 0.0
         self._reading = trio.Lock()  # one refresh at a time (the task's and requests')
+        self.marks = OpMarks(self.saved)  # where the op queues stood as the log grew (the checkpoint's ops_from)
         if self.store is not None:
             self.store.log.hold_retention(self.retention_floor)
 
@@ -113,11 +116,18 @@ class Transactions:
                 if self.halves is None:
                     await self._start()
                 await self.refresh()
+                self._mark_ops()
                 await self._check()
                 await self._save_when_due()
                 self.failure = ""
             except (OSError, StoreError) as e:
                 await self._failed(e)
+
+    def _mark_ops(self) -> None:
+        store = self.store
+        assert store is not None
+        ends = op_ends(store)  # read before the log's end (OpMarks says why)
+        self.marks.add(store.log.write_offset, ends)
 
     async def _failed(self, error: BaseException) -> None:
         text = f"{type(error).__name__}: {error}"
@@ -146,6 +156,7 @@ class Transactions:
                 rebuilt.halves.end(off, Ended(COMMITTED))
             log.warning("transactions: wrote the lost op records of %d committed half messages", len(rebuilt.orphans))
         self.saved, self._last_save = cp, 0.0
+        self.marks = OpMarks(cp)
         self.halves = rebuilt.halves
         rebuilt.halves.stats.committed = rebuilt.halves.stats.rolled_back = 0  # counts since start
 
@@ -265,7 +276,8 @@ class Transactions:
         store, halves = self.store, self.halves
         assert store is not None and halves is not None
         mark = store.log.write_offset  # every commit below it is whole (appends are)
-        cp = TransactionCheckpoint(mark, halves.lowest_queue_offset(), min(halves.floor(), mark))
+        floor = min(halves.floor(), mark)
+        cp = TransactionCheckpoint(mark, halves.lowest_queue_offset(), floor, self.marks.ops_from(floor))
         self._last_save = time.monotonic()
         if cp == self.saved:
             return

@@ -16,9 +16,10 @@ generation, saved after a log flush) therefore records ``mark_offset``, the log'
 when it was taken: every commit below it is whole on disk. A start reads the log from
 the mark (or the oldest pending half, if later) for ``TRAN_HALF``; a pending half found
 committed there gets its missing op record (``Rebuilt.orphans``), never a second
-message. ``half_from`` (the half queue's offset below which nothing was pending) and
+message. ``half_from`` (the half queue's offset below which nothing was pending),
 ``floor_offset`` (the oldest pending half, retention's floor while no leader runs here)
-spare a start the whole queue.
+and ``ops_from`` (where the op queues stood before that half was stored: ``OpMarks``)
+spare a start the whole half queue and the whole op queues.
 """
 
 from __future__ import annotations
@@ -65,15 +66,23 @@ class TransactionCheckpoint:
     mark_offset: int = 0  # the log's end when taken: every commit below it has its op record
     half_from: int = 0  # %TRANS_HALF% queue 0: nothing pending below this queue offset
     floor_offset: int = 0  # the oldest pending half's commit-log offset (or the mark, none pending)
+    # %TRANS_OP% queues 0, 1, 2: every op record of a half at or past floor_offset is at
+    # or past these queue offsets (a start reads the op queues from here, not whole).
+    ops_from: tuple[int, int, int] = (0, 0, 0)
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": 1, **asdict(self)}
+        return {"version": 1, **asdict(self), "ops_from": list(self.ops_from)}
 
     @staticmethod
     def from_json(value: dict[str, Any]) -> TransactionCheckpoint:
         if value.get("version") != 1:
             raise ValueError(f"version {value.get('version')!r}, expected 1")
-        return TransactionCheckpoint(int(value["mark_offset"]), int(value["half_from"]), int(value["floor_offset"]))
+        ops = [int(x) for x in value.get("ops_from", (0, 0, 0))]
+        if len(ops) != OP_QUEUES:
+            raise ValueError(f"ops_from must hold {OP_QUEUES} offsets, got {ops}")
+        return TransactionCheckpoint(
+            int(value["mark_offset"]), int(value["half_from"]), int(value["floor_offset"]), (ops[0], ops[1], ops[2])
+        )
 
 
 def checkpoint_path(store: Store) -> Path:
@@ -87,7 +96,7 @@ def load_checkpoint(store: Store) -> TransactionCheckpoint:
         return TransactionCheckpoint.from_json(loaded.value)
     if loaded.source is MetadataSource.DAMAGED:
         log.warning("transactions: no usable checkpoint (%s); rebuilding from the whole log", loaded.describe())
-    return TransactionCheckpoint(store.log.min_offset, 0, store.log.min_offset)
+    return TransactionCheckpoint(store.log.min_offset, 0, store.log.min_offset, (0, 0, 0))
 
 
 def save_checkpoint(store: Store, cp: TransactionCheckpoint) -> None:
@@ -120,9 +129,42 @@ def real(entries: np.ndarray) -> np.ndarray:
     return mask
 
 
-def op_tags(store: Store, queue_id: int) -> np.ndarray:
-    """The tag codes (half offsets) of every retained entry of ``%TRANS_OP%`` ``queue_id``."""
-    parts, at = [], 0
+def op_ends(store: Store) -> tuple[int, int, int]:
+    """Where each ``%TRANS_OP%`` queue ends now (what the queues show)."""
+    ends = [store.max_offset(TRANS_OP_TOPIC, q) if store.queue_exists(TRANS_OP_TOPIC, q) else 0 for q in range(3)]
+    return ends[0], ends[1], ends[2]
+
+
+class OpMarks:
+    """Samples (log end W, op queue ends E) taken by the leader at each look, E read
+    first: a half stored at or past W is appended after E was read, and its op records
+    after it, so they lie at or past E. A checkpoint's ``ops_from`` is the E of the
+    latest sample with W at or below its ``floor_offset``. Older samples are dropped;
+    past ``MAX_SAMPLES`` every other old one is (still correct: an older E is lower)."""
+
+    MAX_SAMPLES = 64
+
+    def __init__(self, base: TransactionCheckpoint) -> None:
+        self.samples: list[tuple[int, tuple[int, int, int]]] = [(base.floor_offset, base.ops_from)]
+
+    def add(self, log_end: int, ends: tuple[int, int, int]) -> None:
+        self.samples.append((log_end, ends))
+        if len(self.samples) > self.MAX_SAMPLES:
+            half = len(self.samples) // 2
+            self.samples = self.samples[:half:2] + self.samples[half:]
+
+    def ops_from(self, floor_offset: int) -> tuple[int, int, int]:
+        """The op queue offsets every op of a half at or past ``floor_offset`` is at or past."""
+        usable = [i for i, (w, _) in enumerate(self.samples) if w <= floor_offset]
+        if not usable:
+            return (0, 0, 0)
+        self.samples = self.samples[usable[-1] :]
+        return self.samples[0][1]
+
+
+def op_tags(store: Store, queue_id: int, start: int = 0) -> np.ndarray:
+    """The tag codes (half offsets) of the entries of ``%TRANS_OP%`` ``queue_id`` from ``start``."""
+    parts, at = [], start
     while True:
         first, entries = read_entries(store, TRANS_OP_TOPIC, queue_id, at)
         if not len(entries):
@@ -151,7 +193,8 @@ def rebuild(store: Store, cp: TransactionCheckpoint) -> Rebuilt:
     """The pending set as the checkpoint and the log say (runs in a thread)."""
     halves = PendingSet()
     visible = store.dispatcher.dispatched_offset  # every half below it is in the queue now
-    committed, rolled_back = op_tags(store, TRANS_OP_COMMIT), op_tags(store, TRANS_OP_ROLLBACK)
+    committed = op_tags(store, TRANS_OP_COMMIT, cp.ops_from[TRANS_OP_COMMIT])
+    rolled_back = op_tags(store, TRANS_OP_ROLLBACK, cp.ops_from[TRANS_OP_ROLLBACK])
     ended = np.concatenate([committed, rolled_back])
     for off in committed[-halves.ended_kept :].tolist():
         halves.remember(off, COMMITTED)
@@ -172,7 +215,7 @@ def rebuild(store: Store, cp: TransactionCheckpoint) -> Rebuilt:
         at = first + len(entries)
     halves.queue_read = at
     halves.read_to = max(halves.read_to, visible)
-    _count_checks(store, halves)
+    _count_checks(store, halves, cp.ops_from[TRANS_OP_CHECK])
     orphans = []
     if halves.pending:
         start = max(cp.mark_offset, min(halves.pending))
@@ -197,10 +240,10 @@ def _read_half(store: Store, halves: PendingSet, q: int, off: int, size: int) ->
         halves.add(half)
 
 
-def _count_checks(store: Store, halves: PendingSet) -> None:
+def _count_checks(store: Store, halves: PendingSet, start: int) -> None:
     if not halves.pending:
         return
-    tags = op_tags(store, TRANS_OP_CHECK)
+    tags = op_tags(store, TRANS_OP_CHECK, start)
     found, counts = np.unique(tags, return_counts=True)
     for off, n in zip(found.tolist(), counts.tolist()):
         half = halves.pending.get(off)
