@@ -243,7 +243,10 @@ class Transactions:
         if offset not in halves.pending:
             ended = halves.ended.get(offset)
             if ended is None:
-                raise RequestError(ErrorCode.NOT_FOUND, f"no pending half message at CommitLog offset {offset}")
+                raise RequestError(
+                    ErrorCode.NOT_FOUND,
+                    f"no pending half message at CommitLog offset {offset} (nor one ended recently)",
+                )
             return Ended("already_" + ended.state, ended.queue_id, ended.queue_offset, ended.commitlog_offset)
         done = self.ending[offset] = trio.Event()
         try:
