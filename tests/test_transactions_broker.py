@@ -33,10 +33,14 @@ from clmq.common import (
     decode_record,
 )
 from clmq.protocol import ErrorCode, RequestCode, encode_batch
+from clmq.protocol.kafka import ApiKey
+from clmq.protocol.kafka import ErrorCode as KafkaError
 from clmq.protocol.transport import RpcClient, RpcError
 from tests.cli_helpers import ENV
-from tests.kafka_procs import kcat, open_kafka
+from tests.kafka_procs import in_thread, kcat, open_kafka
+from tests.kafka_wire import KafkaWire
 from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
+from tests.test_kafka_faults import FETCH_V, fetch_body
 from tests.test_replication import caught_up, start_group
 from tests.test_security_native import ADMIN, ALICE, login, seeded_with
 from tests.waiting import await_until
@@ -390,6 +394,13 @@ async def test_the_kafka_listener_never_shows_a_half_message(tmp_path: Path) -> 
             assert sorted(t["topic"] for t in listing["topics"]) == ["t"]
             fmt = "%t %p %o %s\\n"
             assert await kcat("-C", "-b", kafka.bootstrap, "-t", "t", "-o", "beginning", "-e", "-f", fmt) == ""
+            # Asked for by name over the wire, the system topics do not exist for Kafka clients.
+            with KafkaWire(kafka.kafka_addr("b0")) as w:
+                for name in (TRANS_HALF_TOPIC, TRANS_OP_TOPIC):
+                    (p,) = (await in_thread(w.request, ApiKey.FETCH, FETCH_V, fetch_body(name, 0, 0)))["responses"][0][
+                        "partitions"
+                    ]
+                    assert p["error_code"] == KafkaError.UNKNOWN_TOPIC_OR_PARTITION and not p["records"], p
             await raw.end(off, "commit")
         out = await kcat("-C", "-b", kafka.bootstrap, "-t", "t", "-o", "beginning", "-e", "-f", fmt)
         assert out.splitlines() == ["t 0 0 secret"]
