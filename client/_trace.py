@@ -7,7 +7,7 @@ bounded buffer (``trace_buffer_max_events``) and is dropped, counted in ``droppe
 when the buffer is full; a batch that cannot be written is counted in ``failed``. The
 dispatcher's task writes what is buffered every ``trace_flush_interval_ms`` or as soon
 as a batch's worth is waiting, one batch in flight at a time, and writes what is left
-when the client closes (within ``trace_close_timeout_ms``)."""
+when the client closes (within :data:`TRACE_CLOSE_TIMEOUT_MS`)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence
 import trio
 
 from clmq.common import (
+    PROP_ORIGIN_MSG_ID,
     TIMER_TOPIC,
     TRACE_EVENT_MAX_KEYS,
     TRACE_TOPIC,
@@ -36,9 +37,8 @@ from ._msg_id import format_msg_id
 
 log = logging.getLogger("clmq.trace")
 
-UNIQ_KEY = "UNIQ_KEY"
-PROP_ORIGIN_MSG_ID = "ORIGIN_MSG_ID"
-TRACE_BATCH_MAX_EVENTS = 1024  # trace records per write (one send_batch to %TRACE%)
+UNIQ_KEY = "UNIQ_KEY"  # the producer's property (client.producer's name; that family imports this module)
+TRACE_BATCH_MAX_EVENTS = 1024  # events per write (one send_batch to %TRACE%, records of 64 events)
 NACKED_REMEMBERED_RECORDS = 65536  # a consumer's nacked records kept so that the ack after a nack skips them
 TRACE_WRITE_RETRY_BUDGET_MS = 2000  # a trace write is retried this long at most (then counted failed)
 # The producer that writes a client's trace records: not traced itself, no UNIQ_KEY (a
