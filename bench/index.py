@@ -8,6 +8,11 @@
   own path, timed by the open as ``redispatch_s``), with ``index_enabled`` off and on.
   The log is read once before, so both read it from the page cache. Medians and the
   on / off ratio.
+- Appends with the store's threads running (``Store.start``: the dispatcher indexes
+  on its own thread while this one appends batches of 256 such messages), for
+  ``--append-seconds``, index off and on alternated, ``--runs`` times; everything
+  dispatched before the clock stops. Medians and the ratio: what the index costs a
+  store that is busy appending (the threads share the GIL).
 - Look-ups through the store (``Store.find_by_key``: index, then every candidate's
   record read and compared) for ``--lookups`` random keys of that store: p50 and p99.
 - Look-ups at ``--index-sizes`` indexed messages: index files built directly through
@@ -38,7 +43,6 @@ from clmq.commitlog import CommitLogConfig
 from clmq.common import Message, MiB
 from clmq.consumequeue import IndexSettings, KeyIndex, hash_rows, key_hash, topic_seed
 
-from .commands import _ints
 from .index_report import markdown, plot
 from .replication_load import percentile
 
@@ -49,6 +53,13 @@ BUILD_CHUNK = 1_000_000  # entries per KeyIndex.add while building synthetic fil
 SYNTHETIC_MSGS_PER_MS = 1000
 SYNTHETIC_START_MS = 1_700_000_000_000
 KEY_DIGITS = 12
+APPEND_BATCH = 256  # messages per put_batch in the append case (as clmq bench store)
+APPEND_POOL_BATCHES = 64  # distinct batches the append case cycles through
+
+
+def _counts(text: str) -> list[int]:
+    """``10000000,100_000_000`` -> [10000000, 100000000]."""
+    return [int(x.replace("_", "")) for x in text.split(",") if x]
 
 
 def add_command(bench_sub: Any) -> None:
@@ -59,10 +70,11 @@ def add_command(bench_sub: Any) -> None:
     a("--messages", type=int, default=1_000_000, help="dispatch: messages in the log (default 1000000)")
     a("--size-bytes", type=int, default=200, help="dispatch: body size (default 200)")
     a("--runs", type=int, default=5, help="dispatch: runs of each, alternated; medians (default 5)")
+    a("--append-seconds", type=float, default=3.0, help="appends: seconds per run (0: skip; default 3)")
     a("--lookups", type=int, default=2000, help="look-ups per case (default 2000)")
     a(
         "--index-sizes",
-        type=_ints,
+        type=_counts,
         default=[10_000_000, 100_000_000],
         help="indexed messages of the synthetic look-up cases, comma-separated (default 10000000,100000000)",
     )
@@ -138,6 +150,41 @@ def dispatch_case(root: Path, args: argparse.Namespace, report: Callable[[str], 
     on_ = statistics.median(s["msgs_per_s"] for s in samples if s["index"])
     lookups = _store_lookups(root, keys, args)
     return {"off_msgs_per_s": off, "on_msgs_per_s": on_, "ratio": on_ / off, "samples": samples, "lookups": lookups}
+
+
+def append_case(base: Path, args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:
+    """Appends of batches with the store's threads running (the dispatcher indexing
+    on the other thread, sharing the GIL), index off and on, alternated; medians."""
+    body = b"x" * args.size_bytes
+    pool = [  # built once: the loop measures the store, not building messages
+        [
+            Message(TOPIC, j % QUEUES, body, keys=f"order-{b:04d}{j:05d}", properties={"UNIQ_KEY": f"{b:016X}{j:016X}"})
+            for j in range(APPEND_BATCH)
+        ]
+        for b in range(APPEND_POOL_BATCHES)
+    ]
+    samples = []
+    for run in range(args.runs):
+        for on in (False, True) if run % 2 == 0 else (True, False):
+            root = base / f"append-{run}-{int(on)}"
+            store = Store.open(_config(root, on, args)).start()
+            try:
+                store.create_topic(TOPIC, QUEUES)
+                i, t0 = 0, time.perf_counter()
+                while time.perf_counter() - t0 < args.append_seconds:
+                    store.put_batch(pool[(i // APPEND_BATCH) % APPEND_POOL_BATCHES])
+                    i += APPEND_BATCH
+                store.catch_up()  # dispatched (and indexed) before the clock stops
+                seconds = time.perf_counter() - t0
+                sent = i
+            finally:
+                store.close()
+            shutil.rmtree(root)
+            samples.append({"index": on, "run": run, "messages": sent, "msgs_per_s": sent / seconds})
+            report(f"append run {run} index {'on ' if on else 'off'}: {sent / seconds:,.0f} messages/s")
+    off = statistics.median(s["msgs_per_s"] for s in samples if not s["index"])
+    on_ = statistics.median(s["msgs_per_s"] for s in samples if s["index"])
+    return {"off_msgs_per_s": off, "on_msgs_per_s": on_, "ratio": on_ / off, "samples": samples}
 
 
 def _store_lookups(root: Path, keys: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -218,6 +265,7 @@ def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str
         store_root = base / "store"
         dispatch = dispatch_case(store_root, args, report)
         shutil.rmtree(store_root)
+        appends = append_case(base, args, report) if args.append_seconds > 0 else None
         lookups = [dispatch["lookups"]]
         for size in args.index_sizes:
             lookups += synthetic_case(base, size, args, report)
@@ -228,7 +276,7 @@ def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str
         hash_rows(np.array([topic_seed(TOPIC.encode())], dtype=np.uint64), _synthetic_rows(0, 1))[0]
     )
     settings = {k: getattr(args, k) for k in ("messages", "size_bytes", "runs", "lookups", "slots", "entries_per_file")}
-    return {"settings": settings, "dispatch": dispatch, "lookups": lookups}
+    return {"settings": settings, "dispatch": dispatch, "appends": appends, "lookups": lookups}
 
 
 def cmd_bench_index(args: argparse.Namespace) -> int:

@@ -29,6 +29,12 @@ def markdown(result: dict[str, Any]) -> str:
             ],
         ],
     )
+    a = result.get("appends")
+    if a:
+        dispatch += "\n" + _table(
+            ["index", "appends msgs/s, threads running (median)", "ratio on / off"],
+            [["off", f"{a['off_msgs_per_s']:,.0f}", ""], ["on", f"{a['on_msgs_per_s']:,.0f}", f"{a['ratio']:.2f}"]],
+        )
     rows = [
         [
             f"{r['indexed_messages']:,}",
@@ -67,11 +73,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     d = result["dispatch"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1, 2]})
-    left.bar(["index off", "index on"], [d["off_msgs_per_s"], d["on_msgs_per_s"]], color=["#999999", "#4C72B0"])
-    for i, v in enumerate([d["off_msgs_per_s"], d["on_msgs_per_s"]]):
-        left.annotate(f"{v:,.0f}", (i, v), ha="center", va="bottom", fontsize=8)
+    bars = {"dispatch\nindex off": d["off_msgs_per_s"], "dispatch\nindex on": d["on_msgs_per_s"]}
+    a = result.get("appends")
+    if a:
+        bars.update({"appends\nindex off": a["off_msgs_per_s"], "appends\nindex on": a["on_msgs_per_s"]})
+    left.bar(list(bars), list(bars.values()), color=["#999999", "#4C72B0"] * (len(bars) // 2))
+    for i, v in enumerate(bars.values()):
+        left.annotate(f"{v:,.0f}", (i, v), ha="center", va="bottom", fontsize=7)
     left.set_ylabel("messages/s (median)")
-    left.set_title(f"dispatch (ratio {d['ratio']:.2f})")
+    left.set_yscale("log")
+    left.tick_params(axis="x", labelsize=7)
+    ratios = f"dispatch {d['ratio']:.2f}" + (f", appends {a['ratio']:.2f}" if a else "")
+    left.set_title(f"on / off: {ratios}", fontsize=9)
     labels = [f"{r['indexed_messages'] / 1e6:g} M\n{r['kind']}" for r in result["lookups"]]
     xs = range(len(labels))
     right.bar([x - 0.2 for x in xs], [r["p50_ms"] for r in result["lookups"]], 0.4, label="p50")
