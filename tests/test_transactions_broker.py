@@ -661,3 +661,33 @@ def test_op_marks_give_the_op_queue_ends_from_before_the_floor() -> None:
     assert marks.ops_from(100) == (1, 2, 3)
     got = marks.ops_from(1000)  # the sample at 1000 may have been thinned: an older one, never a later one
     assert got[0] <= 90 and marks.ops_from(2080) == (198, 198, 198)
+
+
+async def test_ends_in_flight_are_appended_together_and_one_bad_end_fails_alone(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    c, broker = await _cluster(nursery, tmp_path)
+    await c.create_topic("gone", 1)
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        offsets = await raw.send(*[half(b"m%02d" % i, qid=i % 2) for i in range(40)])
+        (doomed,) = await raw.send(half(b"doomed", topic="gone", qid=0))
+        await admin.delete_topic("gone")  # its half's commit can no longer be stored
+        states: dict[int, str] = {}
+
+        async def end(off: int) -> None:
+            try:
+                states[off] = (await raw.end(off, "commit"))["state"]
+            except RpcError as e:
+                states[off] = ErrorCode(e.code).name
+
+        async with trio.open_nursery() as n:
+            for off in [*offsets, doomed]:
+                n.start_soon(end, off)
+        assert states == {**{off: "committed" for off in offsets}, doomed: "TOPIC_NOT_FOUND"}
+        appends = broker.handlers.transaction_requests.appends.appends
+        assert appends < 41, f"{appends} store calls for 41 ends: none went together"
+        assert [r["commitlog_offset"] for r in (await raw.list())["pending"]] == [doomed]  # still pending
+    got = await _receive(c, 40)
+    assert sorted(r.body for r in got) == sorted(b"m%02d" % i for i in range(40))

@@ -6,7 +6,10 @@ tags are the half's commit-log offset (the dispatcher makes it the entry's tag c
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
+
+import trio
 
 from clmq.broker.store import PutResult, PutStatus
 from clmq.common import (
@@ -22,7 +25,7 @@ from clmq.common import (
 from clmq.protocol import ErrorCode
 from clmq.protocol.transport import RequestError
 
-from .._append import BusyError
+from .._append import _BAD_INPUT, BusyError
 from .._context import BrokerContext
 from .._system_put import put_messages
 
@@ -69,12 +72,108 @@ async def store_together(ctx: BrokerContext, messages: Sequence[Message]) -> Put
         result = await put_messages(ctx, messages)
     except BusyError as e:
         raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
+    return _stored(result)
+
+
+def _stored(result: PutResult) -> PutResult:
     if result.status is PutStatus.FLUSH_DISK_TIMEOUT:
-        return result  # stored: the wait below says what is missing
+        return result  # stored: the wait for durability says what is missing
     if not result.ok:
         code = _NOT_STORED.get(result.status, ErrorCode.IO_ERROR)
         raise RequestError(code, f"not stored: {result.status.value}: {result.error}")
     return result
+
+
+@dataclass
+class _Slot:
+    messages: Sequence[Message]
+    done: trio.Event = field(default_factory=trio.Event)
+    result: PutResult | None = None
+    error: RequestError | None = None
+
+
+class EndAppends:
+    """The ends of many transactions appended together: ENDs arriving while one store
+    call is being made wait for it and go in the next one, each END's records still
+    whole and in order within it (a commit's message, then its op record). The first
+    END to find no append under way makes them (no task of its own); a store call that
+    refuses one END's records as they are is made again per END, so one bad END (its
+    real topic deleted, say) never fails the others."""
+
+    MAX_ENDS_PER_APPEND = 256
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self._queue: list[_Slot] = []
+        self._appending = False
+        self.appends = 0  # store calls made (a batch of ENDs each)
+
+    async def store(self, messages: Sequence[Message]) -> PutResult:
+        """As :func:`store_together`, for one END's records; the result is this END's part."""
+        for topic in sorted({m.topic for m in messages}):
+            self.ctx.replica.check_sync_write(topic)
+        slot = _Slot(messages)
+        self._queue.append(slot)
+        if not self._appending:
+            await self._append_waiting()
+        await slot.done.wait()
+        if slot.error is not None:
+            raise slot.error
+        assert slot.result is not None
+        return _stored(slot.result)
+
+    async def _append_waiting(self) -> None:
+        self._appending = True
+        try:
+            await trio.lowlevel.checkpoint()  # the ENDs of this round of the event loop join
+            while self._queue:
+                batch = self._queue[: self.MAX_ENDS_PER_APPEND]
+                del self._queue[: len(batch)]
+                await self._append(batch)
+        finally:
+            self._appending = False
+            for slot in self._queue:  # cancelled meanwhile: nobody appends these
+                slot.error = RequestError(ErrorCode.SHUTTING_DOWN, "the append of this end was interrupted")
+                slot.done.set()
+            self._queue = []
+
+    async def _append(self, batch: list[_Slot]) -> None:
+        try:
+            result = await put_messages(self.ctx, [m for slot in batch for m in slot.messages])
+            self.appends += 1
+            if result.status in _BAD_INPUT and len(batch) > 1:
+                for slot in batch:  # someone's records refused as they are: each on its own
+                    slot.result = await put_messages(self.ctx, slot.messages)
+            else:
+                _split(result, batch)
+        except BusyError as e:
+            for slot in batch:
+                slot.error = RequestError(ErrorCode.SYSTEM_BUSY, str(e))
+        finally:
+            for slot in batch:
+                if slot.result is None and slot.error is None:
+                    slot.error = RequestError(ErrorCode.SHUTTING_DOWN, "the append of this end was interrupted")
+                slot.done.set()
+
+
+def _split(result: PutResult, batch: list[_Slot]) -> None:
+    """Each END's part of one store call's result (the whole call's end: durable and
+    held together)."""
+    at = 0
+    for slot in batch:
+        n = len(slot.messages)
+        if not result.ok:
+            slot.result = result
+            continue
+        slot.result = PutResult(
+            result.status,
+            result.error,
+            result.queue_offsets[at : at + n],
+            result.commitlog_offsets[at : at + n],
+            result.end_offset,
+            result.store_timestamp_ms,
+        )
+        at += n
 
 
 async def acknowledged(ctx: BrokerContext, topics: Sequence[str], result: PutResult) -> None:

@@ -39,7 +39,7 @@ from clmq.protocol.transport import Handler, Peer, Reply, RequestError, need
 from .._context import BrokerContext
 from .._dedup import UNIQ_KEY, wait_visible
 from .._system_put import ensure_topic
-from ._ending import acknowledged, committed_message, op_record, store_together
+from ._ending import EndAppends, acknowledged, committed_message, op_record, store_together
 from ._pending import Half, PendingSet
 from ._service import Transactions, wall_ms
 from ._state import HALF_QUEUE, HALF_QUEUES, OP_QUEUES, half_from_record
@@ -48,6 +48,7 @@ CHECK_DEFAULT_MESSAGES = 32  # a CHECK_TRANSACTIONS without max_messages gets at
 CHECK_MAX_MESSAGES = 1000  # ... and never more than this
 CHECK_MAX_WAIT_MS = 30_000  # a poll waits at most this long
 LIST_DEFAULT_MESSAGES = 100  # a LIST_TRANSACTIONS without max_messages lists this many
+INLINE_READ_DISTANCE_BYTES = 64 << 20  # an END reads a half this close to the log's end without a thread
 LIST_CATCH_UP_MS = 1000  # a list waits at most this long for the queues to show what was stored before it
 _FORBIDDEN = (PROP_TRAN_HALF, PROP_DELIVER_AT, PROP_TIMER_SRC, PROP_CANCEL_OF)  # marks a half may not carry
 
@@ -55,6 +56,7 @@ _FORBIDDEN = (PROP_TRAN_HALF, PROP_DELIVER_AT, PROP_TIMER_SRC, PROP_CANCEL_OF)  
 class TransactionRequests:
     def __init__(self, ctx: BrokerContext, service: Transactions) -> None:
         self.ctx, self.service = ctx, service
+        self.appends = EndAppends(ctx)  # the ENDs in flight appended together
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -160,11 +162,19 @@ class TransactionRequests:
         store = self._store()
         halves = self.service.running_halves()
         half = halves.pending.get(offset)
-        if half is None and offset not in halves.ended and offset >= halves.read_to:
-            half = await self._found(store, halves, offset)  # stored, not yet read from the queue
+        known = half is not None or offset in halves.ended or offset < halves.read_to
+        record = await self._read(store, offset) if half is not None or not known else None
+        if record is not None and record.topic != TRANS_HALF_TOPIC:
+            raise RequestError(ErrorCode.NOT_FOUND, f"no half message at CommitLog offset {offset}")
+        if not known and record is not None:  # stored, not yet read from the queue
+            found = half_from_record(record, record.queue_offset)
+            if found is not None and offset not in halves.pending and offset not in halves.ended:
+                halves.add(found)
+            half = halves.pending.get(offset)
+        if half is not None and record is None:
+            raise RequestError(ErrorCode.CORRUPT_DATA, f"the half message at CommitLog offset {offset} cannot be read")
         if half is not None and half.group != group:
             raise RequestError(ErrorCode.NOT_FOUND, f"the half message at {offset} is not of group {group!r}")
-        record = await self._record(store, offset) if half is not None else None
         if record is not None and half is not None:
             self.ctx.security.check(peer, [(Operation.WRITE, ResourceType.TOPIC, half.topic)], "END_TRANSACTION")
         stored: list[PutResult] = []
@@ -172,7 +182,7 @@ class TransactionRequests:
         async def append() -> PutResult:
             assert record is not None
             msgs = [committed_message(record), op_record(TRANS_OP_COMMIT, offset)] if commit else []
-            result = await store_together(self.ctx, msgs or [op_record(TRANS_OP_ROLLBACK, offset)])
+            result = await self.appends.store(msgs or [op_record(TRANS_OP_ROLLBACK, offset)])
             stored.append(result)
             return result
 
@@ -190,21 +200,17 @@ class TransactionRequests:
             await acknowledged(self.ctx, topics, stored[0])
         return Reply(fields)
 
-    async def _found(self, store: Store, halves: PendingSet, offset: int) -> Half | None:
+    async def _read(self, store: Store, offset: int) -> Record | None:
+        """The record at ``offset`` (None: none starts there). A half stored within
+        ``INLINE_READ_DISTANCE_BYTES`` of the log's end is read on the event loop (its
+        pages are in the cache: a thread hand-over would cost more than the read);
+        an older one in a worker thread."""
         try:
-            record = await trio.to_thread.run_sync(store.log.read_record, offset)
-        except CorruptRecordError:
+            if store.log.write_offset - offset <= INLINE_READ_DISTANCE_BYTES:
+                return store.log.read_record(offset)
+            return await trio.to_thread.run_sync(store.log.read_record, offset)
+        except CorruptRecordError:  # a made-up offset is no record
             return None
-        half = None if record is None else half_from_record(record, record.queue_offset)
-        if half is not None and offset not in halves.pending and offset not in halves.ended:
-            halves.add(half)
-        return halves.pending.get(offset)
-
-    async def _record(self, store: Store, offset: int) -> Record:
-        record = await trio.to_thread.run_sync(store.log.read_record, offset)
-        if record is None or record.topic != TRANS_HALF_TOPIC:
-            raise RequestError(ErrorCode.NOT_FOUND, f"no half message at CommitLog offset {offset}")
-        return record
 
     # ------------------------------------------------------------- CHECK_TRANSACTIONS
     async def check_transactions(self, frame: Frame, peer: Peer) -> Reply:
