@@ -5,7 +5,8 @@ its begin offset against the name and against the previous file's end (the files
 cover the log without gaps), the entry count against the capacity and the file's
 size; every slot (at most the entry count, and its head entry hashes to it); every
 entry (its previous link names an older entry of the same slot, its commit-log offset
-lies in the file's range, offsets never go down). Each problem names the file, the
+lies in the file's range (up to its end offset included: a record whose entries go on
+in the next file), offsets never go down). Each problem names the file, the
 position in it, what was expected and what was found. The newest file's slots may
 name entries past its count (a persist cut short by a crash): the open repairs that,
 so it is not damage.
@@ -109,10 +110,10 @@ def _entry_problem(rows: np.ndarray, first: int, last_offset: int, span: tuple[i
     if len(bad):
         i = int(bad[0])
         return i, f"previous link: expected below {numbers[i]}, found {prev[i]}"
-    bad = np.flatnonzero((offsets < span[0]) | (offsets >= span[1]))
+    bad = np.flatnonzero((offsets < span[0]) | (offsets > span[1]))  # at the end: a record the next file goes on with
     if len(bad):
         i = int(bad[0])
-        return i, f"commit-log offset: expected in [{span[0]}, {span[1]}), found {offsets[i]}"
+        return i, f"commit-log offset: expected in [{span[0]}, {span[1]}], found {offsets[i]}"
     bad = np.flatnonzero(np.diff(np.concatenate([[last_offset], offsets])) < 0)
     if len(bad):
         i = int(bad[0])

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -105,7 +106,8 @@ batches_strategy = st.lists(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=batches_strategy, more=batches_strategy, slots=st.sampled_from([1, 3, 64]), seed=st.integers(0, 99))
 def test_index_agrees_with_a_full_scan_through_crashes(
     batches: list[list[Message]], more: list[list[Message]], slots: int, seed: int
@@ -131,7 +133,8 @@ def test_index_agrees_with_a_full_scan_through_crashes(
             store.close()
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches=batches_strategy, after=batches_strategy, cut=st.floats(0, 1), seed=st.integers(0, 99))
 def test_truncation_forgets_entries_past_the_cut(
     batches: list[list[Message]], after: list[list[Message]], cut: float, seed: int
@@ -239,7 +242,7 @@ async def test_a_sigkilled_broker_reopens_with_an_index_that_agrees_with_the_log
 
 
 def _closed_store_with_index(root: Path) -> list[Record]:
-    store = Store.open(store_config(root, slots=5, per_file=30))
+    store = Store.open(store_config(root, slots=5, per_file=31))
     try:
         rnd = random.Random(3)
         for i in range(12):
@@ -261,13 +264,14 @@ def _closed_store_with_index(root: Path) -> list[Record]:
         store.close()
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(which=st.integers(0, 100), where=st.floats(0, 1), junk=st.binary(min_size=1, max_size=24))
 def test_check_names_damaged_index_files_and_repair_rebuilds_them(which: int, where: float, junk: bytes) -> None:
     with tempfile.TemporaryDirectory() as d:
         root = Path(d) / "store"
         records = _closed_store_with_index(root)
-        config = store_config(root, slots=5, per_file=30)
+        config = store_config(root, slots=5, per_file=31)
         assert check_store(config).index_problems == []
         files = sorted((root / "index").glob("*.idx"))
         victim = files[which % len(files)]
@@ -282,7 +286,7 @@ def test_check_names_damaged_index_files_and_repair_rebuilds_them(which: int, wh
             assert "expected" in p.reason or "magic or CRC32C" in p.reason  # ... with what was expected and found
         unrepaired = Path(d) / "copy"
         shutil.copytree(root, unrepaired)
-        store = Store.open(store_config(unrepaired, slots=5, per_file=30))  # never a wrong answer (candidates checked)
+        store = Store.open(store_config(unrepaired, slots=5, per_file=31))  # never a wrong answer (candidates checked)
         try:
             for topic in TOPICS:
                 for key in KEYS:
