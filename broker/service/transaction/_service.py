@@ -167,14 +167,17 @@ class Transactions:
             halves = self.halves
             if halves is None:
                 return
-            found, queue_read, read_to = await trio.to_thread.run_sync(self._read_new, halves.queue_read)
+            found, queue_read, read_to = await trio.to_thread.run_sync(self._read_new, halves)
             for half in found:
                 halves.add(half)  # not if an END found it meanwhile (it is pending or ended then)
             halves.queue_read, halves.read_to = queue_read, max(halves.read_to, read_to)
 
-    def _read_new(self, start: int) -> tuple[list[Half], int, int]:
-        """The halves of ``%TRANS_HALF%`` from queue offset ``start``; the next offset to
-        read; a commit-log offset every half below which is read."""
+    def _read_new(self, halves: PendingSet) -> tuple[list[Half], int, int]:
+        """The halves of ``%TRANS_HALF%`` from the queue offset read to; the next offset
+        to read; a commit-log offset every half below which is read. A half an END
+        already found (pending or ended: membership is read, never changed, here) is
+        not read again."""
+        start = halves.queue_read
         store = self.store
         assert store is not None
         visible = store.dispatcher.dispatched_offset  # every half below it is in the queue now
@@ -186,7 +189,8 @@ class Transactions:
                 break
             keep = real(entries)
             for i, (off, size) in enumerate(zip(entries["offset"].tolist(), entries["size"].tolist())):
-                record = store.log.read_record(off, size) if keep[i] else None
+                known = off in halves.pending or off in halves.ended
+                record = store.log.read_record(off, size) if keep[i] and not known else None
                 half = None if record is None else half_from_record(record, first + i)
                 if half is not None:
                     found.append(half)
