@@ -253,17 +253,20 @@ class Transactions:
                 )
             return Ended("already_" + ended.state, ended.queue_id, ended.queue_offset, ended.commitlog_offset)
         done = self.ending[offset] = trio.Event()
-        try:
-            result = await append()
-        finally:
-            del self.ending[offset]
-            done.set()
-        if commit_qid is not None:
-            ended = Ended(COMMITTED, commit_qid, result.queue_offsets[0], result.commitlog_offsets[0])
-        else:
-            ended = Ended(ROLLED_BACK)
-        halves.end(offset, ended)
-        return ended
+        # Shielded: once the records are handed to the lane they are stored whatever
+        # happens to this request, and the set must say so (else a later END commits again).
+        with trio.CancelScope(shield=True):
+            try:
+                result = await append()
+            finally:
+                del self.ending[offset]
+                done.set()
+            if commit_qid is not None:
+                outcome = Ended(COMMITTED, commit_qid, result.queue_offsets[0], result.commitlog_offsets[0])
+            else:
+                outcome = Ended(ROLLED_BACK)
+            halves.end(offset, outcome)
+        return outcome
 
     def _wake(self, group: str) -> None:
         for event in self.waiters.pop(group, []):
