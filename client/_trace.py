@@ -142,11 +142,14 @@ class TraceDispatcher:
             await self.flush()
 
     async def flush(self) -> None:
-        """Write everything buffered now (one batch at a time)."""
-        while self._buffer:
+        """Write everything buffered now (one batch at a time); returns once no write is
+        in flight (the background task's included: the writer may be closed next)."""
+        while True:
             if not self._idle.is_set():  # another flush is writing: wait for it, then look again
                 await self._idle.wait()
                 continue
+            if not self._buffer:
+                return
             batch = self._buffer[: self.batch_max_events]
             del self._buffer[: len(batch)]
             self._idle = trio.Event()
