@@ -440,12 +440,18 @@ def test_the_spark_reader_never_shows_a_half_message(spark: Any, tmp_path: Path)
 
 
 # ---------------------------------------------------------------- access control
-async def test_every_transactional_request_needs_write_on_the_real_topic(nursery: trio.Nursery, tmp_path: Path) -> None:
-    """alice may WRITE topic v only: her half messages for 'secret' are refused, she
-    cannot end admin's half for 'secret' (it stays pending), a check-back hands her only
-    her own topic's halves, and the pending list needs DESCRIBE on the cluster."""
+async def test_transactional_requests_need_write_on_the_group_and_the_real_topic(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """alice may WRITE topic v and the transactional id (producer group) pg: her half
+    messages for 'secret' or of group 'other' are refused; she cannot end admin's half
+    for 'secret' (it stays pending) nor poll group 'other'; a check-back hands her only
+    her own topic's halves; the pending list needs DESCRIBE on the cluster."""
     cluster = Cluster(nursery, tmp_path)
-    acl = [["TOPIC", "v", "LITERAL", "User:alice", "*", "WRITE", "ALLOW"]]
+    acl = [
+        ["TOPIC", "v", "LITERAL", "User:alice", "*", "WRITE", "ALLOW"],
+        ["TRANSACTIONAL_ID", "pg", "LITERAL", "User:alice", "*", "WRITE", "ALLOW"],
+    ]
     addr = await seeded_with(cluster, tmp_path, acl, **FAST, transaction_timeout_ms=200)
     async with trio.open_nursery() as n:
         admin, alice = RpcClient(n), RpcClient(n)
@@ -454,12 +460,16 @@ async def test_every_transactional_request_needs_write_on_the_real_topic(nursery
         as_admin, as_alice = Raw(_Rpc(admin), addr), Raw(_Rpc(alice), addr)
         await _running(as_admin)
         (secret,) = await as_admin.send(half(b"s", topic="secret", qid=0))
-        with pytest.raises(RpcError) as e:
-            await as_alice.send(half(b"a", topic="secret", qid=0))
-        assert e.value.code == ErrorCode.NOT_AUTHORIZED and "secret" in e.value.text
+        for refused, named in ((half(b"a", topic="secret", qid=0), "secret"), (half(b"b", "other", "v", 0), "other")):
+            with pytest.raises(RpcError) as e:
+                await as_alice.send(refused)
+            assert e.value.code == ErrorCode.NOT_AUTHORIZED and named in e.value.text, e.value
         (mine,) = await as_alice.send(half(b"v", topic="v", qid=0))
         with pytest.raises(RpcError) as e:
             await as_alice.end(secret, "commit")
+        assert e.value.code == ErrorCode.NOT_AUTHORIZED
+        with pytest.raises(RpcError) as e:
+            await as_alice.check("other", wait_ms=0)
         assert e.value.code == ErrorCode.NOT_AUTHORIZED
         assert (await as_alice.check("pg", wait_ms=3000))[0] == [[mine, 1]]
         with pytest.raises(RpcError) as e:

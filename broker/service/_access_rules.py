@@ -72,6 +72,10 @@ def _send(fields: dict[str, Any]) -> Iterable[Need]:
     return [] if fields["topic"] in (TIMER_TOPIC, TRANS_HALF_TOPIC) else [(WRITE, TOPIC, fields["topic"])]
 
 
+def _transactional_id(fields: dict[str, Any]) -> Iterable[Need]:
+    return [(WRITE, ResourceType.TRANSACTIONAL_ID, fields["group"])]
+
+
 def _create_topic(fields: dict[str, Any]) -> Iterable[Need]:
     return [(Operation.CREATE, TOPIC, fields["topic"])]
 
@@ -101,8 +105,10 @@ BROKER_RULES: dict[int, Rule] = {
     RequestCode.GET_MESSAGE: OPEN,  # READ on the record's topic: checked once it is read
     RequestCode.QUERY_INDEX: _topic(READ),
     RequestCode.CANCEL_MESSAGE: lambda fields: [(WRITE, TOPIC, TIMER_TOPIC)],
-    RequestCode.END_TRANSACTION: OPEN,  # WRITE on the half's real topic: checked once it is read
-    RequestCode.CHECK_TRANSACTIONS: OPEN,  # only halves whose real topic the producer may WRITE are offered
+    # A producer group is a transactional id (Kafka's rule: WRITE on it); END also needs WRITE
+    # on the half's real topic (checked once it is read), CHECK offers only such halves.
+    RequestCode.END_TRANSACTION: _transactional_id,
+    RequestCode.CHECK_TRANSACTIONS: _transactional_id,
     RequestCode.LIST_TRANSACTIONS: _on_cluster(DESCRIBE),
     RequestCode.BROKER_INFO: _on_cluster(DESCRIBE),
     RequestCode.GET_LOG_LAYOUT: _every_topic(READ),

@@ -108,6 +108,7 @@ class TransactionRequests:
                 f"{len(halves.pending)} half messages pending: transaction_max_pending={limit}; retry later",
             )
         checked: set[tuple[str, str]] = set()
+        groups: set[str] = set()
         for i, (qid, _tags, raw) in enumerate(heads):
             props = _decode(i, raw)
             self._check_one(i, qid, props)
@@ -118,6 +119,10 @@ class TransactionRequests:
                     peer, [(Operation.WRITE, ResourceType.TOPIC, target[0])], "SEND_MESSAGE (transactional)"
                 )
                 checked.add(target)
+            if props[PROP_TRAN_GROUP] not in groups:  # the producer group is a transactional id
+                need_id = (Operation.WRITE, ResourceType.TRANSACTIONAL_ID, props[PROP_TRAN_GROUP])
+                self.ctx.security.check(peer, [need_id], "SEND_MESSAGE (transactional)")
+                groups.add(props[PROP_TRAN_GROUP])
         await ensure_topic(self.ctx, TRANS_HALF_TOPIC, HALF_QUEUES)
         await ensure_topic(self.ctx, TRANS_OP_TOPIC, OP_QUEUES)
 
