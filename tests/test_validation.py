@@ -281,6 +281,11 @@ OPTIONAL = {
     (RequestCode.CONSUMER_SEND_BACK, "max_reconsume_times"),
     (RequestCode.CONSUMER_SEND_BACK, "to_dlq"),
     (RequestCode.AUTHENTICATE, "mechanism"),
+    (RequestCode.END_TRANSACTION, "from_check"),
+    (RequestCode.CHECK_TRANSACTIONS, "max_messages"),
+    (RequestCode.CHECK_TRANSACTIONS, "max_wait_ms"),
+    (RequestCode.LIST_TRANSACTIONS, "group"),
+    (RequestCode.LIST_TRANSACTIONS, "max_messages"),
 }
 # A wrong value of each kind: every one is refused unless it has the field's own type
 # (a string for a string field) and is in range.
