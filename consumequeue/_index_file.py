@@ -179,7 +179,7 @@ class IndexFile:
         index in an assignment keeps the last value)."""
         table = self.slot_table
         assert table is not None
-        prev = table[slots]  # the chain's head before this batch
+        prev: np.ndarray = table[slots]  # the chain's head before this batch
         table[slots] = numbers
         last = table[slots] == numbers
         table[slots[::-1]] = numbers[::-1]

@@ -94,8 +94,15 @@ def _recover(
     dispatcher.add_listener(on_arrivals)
     parts = LogParts(state, commitlog, queues, dispatcher, entries, rebuild)
     appended = queues.appended_entries
-    clock.stats["redispatched_records"] = dispatcher.catch_up()  # serve nothing until queues agree with the log
+    try:
+        clock.stats["redispatched_records"] = dispatcher.catch_up()  # serve nothing until queues agree with the log
+    except BaseException:
+        if index is not None:
+            index.close()
+        raise
     clock.lap("redispatch_s")
+    if index is not None:
+        clock.stats["index_files"] = len(index.files)
     # Queues not loaded (clean stop, files intact) keep the checkpoint's extents; the
     # checkpoint carries them forward until they are loaded.
     parts.manifest = dict(cp.queues) if cp is not None and not unclean else {}
