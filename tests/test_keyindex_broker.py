@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import trio
 
-from clmq.client import BlockingProducer, IndexLookup, open_admin, open_producer
+from clmq.client import BlockingAdmin, BlockingProducer, IndexLookup, open_admin, open_producer
 from clmq.common import Message
 from clmq.protocol import ErrorCode, RequestCode, decode_records
 from clmq.protocol.transport import RpcClient, RpcError
 from tests.cli_helpers import clmq, running_dev
 from tests.service_helpers import Cluster
-from tests.waiting import await_until
+from tests.waiting import await_until, wait_until
 
 
 @pytest.fixture
@@ -34,6 +34,11 @@ async def test_find_by_key_and_by_unique_id_newest_first(cluster: Cluster) -> No
     async with open_producer(cluster.ns) as p:
         sent = [await p.send("orders", f"m{i}".encode(), keys=f"order-{i % 5} all") for i in range(60)]
     async with open_admin(cluster.ns) as admin:
+
+        async def indexed() -> bool:  # the dispatcher indexes right after the answer, as it fills queues
+            return len((await admin.find_by_key("orders", "all", max_results=100)).records) == 60
+
+        await await_until(indexed, 10, "all 60 messages indexed")
         found = await admin.find_by_key("orders", "order-3")
         assert [r.body for r in found.records] == [f"m{i}".encode() for i in reversed(range(60)) if i % 5 == 3]
         assert not found.truncated
@@ -91,6 +96,12 @@ async def test_query_index_answers_matches_and_records_in_the_same_order(cluster
     addr = cluster.brokers["broker-a"].addr
     async with trio.open_nursery() as n:
         rpc = RpcClient(n)
+
+        async def all_five() -> bool:
+            ask = {"topic": "raw", "key": "same", "max_results": 10}
+            return len((await rpc.request(addr, RequestCode.QUERY_INDEX, ask)).fields["matches"]) == 5
+
+        await await_until(all_five, 10, "all 5 messages indexed")
         reply = await rpc.request(addr, RequestCode.QUERY_INDEX, {"topic": "raw", "key": "same", "max_results": 2})
         await rpc.aclose()
     records = decode_records(reply.body)
@@ -119,6 +130,9 @@ def test_clmq_message_find_uses_the_index_or_says_it_scans(tmp_path: Path, mode:
             for body in ("one", "two", "three"):
                 p.send("shop", body.encode(), keys="cart-9 all")
             four = p.send("shop", b"four", keys="cart-10")
+        if mode == "commitlog":  # indexed by the dispatcher just after the answer
+            with BlockingAdmin(ns) as admin:
+                wait_until(lambda: len(admin.find_by_key("shop", "all").records) == 3, 10, "3 messages indexed")
         out = _cli(ns, tmp_path, "message", "find", "shop", "--key", "cart-9", "-o", "json")
         assert sorted(f["body"] for f in _json_lines(out)) == ["one", "three", "two"]
         assert ("found (key index)" in out.stderr) == (mode == "commitlog")
