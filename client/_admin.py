@@ -241,9 +241,10 @@ class Admin(KeyIndexQueries):
         until_ms: int | None = None,
         max_scan_messages: int = DEFAULT_MAX_KEY_SCAN_MESSAGES,
     ) -> KeyLookup:
-        """Messages of ``topic`` carrying ``key`` among their keys, newest first. There is
-        no key index yet: each queue's newest messages are read (from ``since_ms`` if
-        given), at most ``max_scan_messages`` in all; the result says if that cut it short."""
+        """Messages of ``topic`` carrying ``key`` among their keys, newest first, by a
+        bounded scan (for brokers without a key index; :meth:`find_by_key` uses the
+        index): each queue's newest messages are read (from ``since_ms`` if given), at
+        most ``max_scan_messages`` in all; the result says if that cut it short."""
         if max_scan_messages < 1 or max_messages < 1:
             raise ValueError("max_scan_messages and max_messages must be at least 1")
         return await scan_for_key(
