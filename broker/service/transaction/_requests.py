@@ -164,28 +164,14 @@ class TransactionRequests:
         group = need(frame.fields, "group", str)
         offset = need(frame.fields, "commitlog_offset", int)
         commit = need(frame.fields, "action", str) == "commit"
-        store = self._store()
-        halves = self.service.running_halves()
-        half = halves.pending.get(offset)
-        known = half is not None or offset in halves.ended or offset < halves.read_to
-        record = await self._read(store, offset) if half is not None or not known else None
-        if record is not None and record.topic != TRANS_HALF_TOPIC:
-            raise RequestError(ErrorCode.NOT_FOUND, f"no half message at CommitLog offset {offset}")
-        if not known and record is not None:  # stored, not yet read from the queue
-            found = half_from_record(record, record.queue_offset)
-            if found is not None and offset not in halves.pending and offset not in halves.ended:
-                halves.add(found)
-            half = halves.pending.get(offset)
-        if half is not None and record is None:
-            raise RequestError(ErrorCode.CORRUPT_DATA, f"the half message at CommitLog offset {offset} cannot be read")
-        if half is not None and half.group != group:
-            raise RequestError(ErrorCode.NOT_FOUND, f"the half message at {offset} is not of group {group!r}")
+        half, record = await self._pending_half(self._store(), offset, group)
         if record is not None and half is not None:
             self.ctx.security.check(peer, [(Operation.WRITE, ResourceType.TOPIC, half.topic)], "END_TRANSACTION")
         stored: list[PutResult] = []
 
         async def append() -> PutResult:
-            assert record is not None
+            if record is None:  # it was read into the pending set meanwhile: the next try finds it
+                raise RequestError(ErrorCode.SYSTEM_BUSY, f"the half message at {offset} is being read: retry")
             msgs = [committed_message(record), op_record(TRANS_OP_COMMIT, offset)] if commit else []
             result = await self.appends.store(msgs or [op_record(TRANS_OP_ROLLBACK, offset)])
             stored.append(result)
@@ -204,6 +190,29 @@ class TransactionRequests:
             topics = [TRANS_OP_TOPIC] + ([half.topic] if commit and half is not None else [])
             await acknowledged(self.ctx, topics, stored[0])
         return Reply(fields)
+
+    async def _pending_half(self, store: Store, offset: int, group: str) -> tuple[Half | None, Record | None]:
+        """The pending half at ``offset`` and its record; (None, None) if it is not
+        pending (ended, or never one: :meth:`Transactions.end` answers which). A half
+        stored but not yet read from the queue is added to the pending set here."""
+        halves = self.service.running_halves()
+        half = halves.pending.get(offset)
+        known = half is not None or offset in halves.ended or offset < halves.read_to
+        if known and half is None:
+            return None, None
+        record = await self._read(store, offset)
+        if record is not None and record.topic != TRANS_HALF_TOPIC:
+            raise RequestError(ErrorCode.NOT_FOUND, f"no half message at CommitLog offset {offset}")
+        if not known and record is not None:  # stored, not yet read from the queue
+            found = half_from_record(record, record.queue_offset)
+            if found is not None and offset not in halves.pending and offset not in halves.ended:
+                halves.add(found)
+            half = halves.pending.get(offset)
+        if half is not None and record is None:
+            raise RequestError(ErrorCode.CORRUPT_DATA, f"the half message at CommitLog offset {offset} cannot be read")
+        if half is not None and half.group != group:
+            raise RequestError(ErrorCode.NOT_FOUND, f"the half message at {offset} is not of group {group!r}")
+        return half, record
 
     async def _read(self, store: Store, offset: int) -> Record | None:
         """The record at ``offset`` (None: none starts there). A half stored within
