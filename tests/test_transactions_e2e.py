@@ -31,6 +31,7 @@ from clmq.client import (
     BlockingProducer,
     LocalTransactionState,
     Record,
+    SendError,
     open_admin,
     open_asyncio_producer,
     open_consumer,
@@ -194,6 +195,52 @@ async def test_many_transactions_each_end_as_decided_once(nursery: trio.Nursery,
         await _markers(p, seen)
     for b in bodies:
         assert seen.count(b) == (1 if final[b] is COMMIT else 0), (b, execute[b], check[b])
+
+
+async def test_half_messages_sent_at_once_share_requests_and_a_bad_one_fails_alone(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """20 transactions at once: their half messages go in fewer requests than 20, each
+    with its own offset. Then 10 at once, one carrying a mark only the broker may set
+    (DELIVER_AT_MS): it is refused with a clear error, and the others of its request are
+    sent again alone: every other message is committed and received once."""
+    c = await _cluster(nursery, tmp_path)
+    seen = Seen()
+    await nursery.start(seen.run, c)
+    bodies = [b"b%02d" % i for i in range(30)]
+    results: dict[bytes, Any] = {}
+    async with open_producer(c.ns, transaction_group="batch") as p:
+        requests = [0]
+        send_to = p.send_to
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            requests[0] += 1
+            return await send_to(*args, **kwargs)
+
+        p.send_to = counted  # type: ignore[method-assign]  # counts the real requests
+
+        async def one(body: bytes, props: dict[str, str] | None = None) -> None:
+            try:
+                results[body] = await p.send_in_transaction(TOPIC, body, properties=props, execute=lambda m, a: COMMIT)
+            except SendError as e:
+                results[body] = e
+
+        async with trio.open_nursery() as senders:  # all good: they share requests
+            for body in bodies[:20]:
+                senders.start_soon(one, body)
+        assert requests[0] < 20, requests
+        async with trio.open_nursery() as senders:  # one bad among them
+            for i, body in enumerate(bodies[20:]):
+                senders.start_soon(one, body, {"DELIVER_AT_MS": "1"} if i == 7 else None)
+        p.send_to = send_to  # type: ignore[method-assign]
+        bad = results.pop(bodies[27])
+        assert isinstance(bad, SendError) and "DELIVER_AT_MS" in str(bad)
+        assert all(r.committed for r in results.values()), results
+        assert len({r.half_msg_id for r in results.values()}) == len(results) == 29
+        for body in results:
+            await seen.wait_for(body)
+        await _markers(p, seen)
+    assert bodies[27] not in seen.at and all(seen.count(b) == 1 for b in results)
 
 
 async def _markers(p: Any, seen: Seen) -> None:

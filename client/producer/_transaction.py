@@ -43,6 +43,7 @@ from .._msg_id import format_msg_id
 from .._routes import MessageQueue, NoRouteError, Routes
 from ._encode import MessageIds
 from ._future import UNIQ_KEY, SendResult
+from ._transaction_batches import SendAlone, half_batches
 from ._tries import RETRIABLE, NotLeader, QueueSelector, RetryPolicy, Targets, Tries
 
 log = logging.getLogger("clmq.producer")
@@ -190,19 +191,27 @@ async def send_half(
     selector: QueueSelector | None = None,
 ) -> HalfMessage:
     """Store ``body`` as a half message for a queue of ``topic`` picked as for a plain
-    send, retried as a plain send is (same queue after an unknown outcome, with dedup).
+    send (in one request with other half messages to that broker, ``_transaction_batches``),
+    retried as a plain send is (same queue after an unknown outcome, with dedup).
     Raises :class:`SendError` when it could not be stored (nothing to end then)."""
     group = group_of(producer)
     msg, _uniq, _plain = producer.ids.message(topic, body, tags, keys, properties)
-    tries = Tries(producer.policy, time.monotonic())
+    tries, alone = Tries(producer.policy, time.monotonic()), False
     while tries.more():
         real = await producer.targets.target(topic, msg, sharding_key, selector, tries)
         if real is not None:
             msg.queue_id = real.queue_id
             half = MessageQueue(TRANS_HALF_TOPIC, real.broker_name, 0, real.addr)
+            encoded = encode_half(msg, real, group)
             try:
-                got = await producer.send_to(half, encode_half(msg, real, group), 1, dedup=tries.dedup)
-                return HalfMessage(real, got.commitlog_offsets[0], msg)
+                if alone or tries.dedup:  # a retry goes alone, marked dedup after an unknown outcome
+                    offset = (await producer.send_to(half, encoded, 1, dedup=tries.dedup)).commitlog_offsets[0]
+                else:
+                    offset = await half_batches(producer).send(half, encoded)
+                return HalfMessage(real, offset, msg)
+            except SendAlone:
+                alone = True  # a request of several was refused: this one alone, at once
+                continue
             except (RpcError, ConnectionFailed, trio.TooSlowError) as e:
                 producer.targets.failed(real, e, tries)  # raises SendError for an error not worth another try
         await trio.sleep(tries.delay())
