@@ -20,6 +20,7 @@ from prometheus_client.exposition import generate_latest
 
 from clmq.broker.service import Broker
 from clmq.broker.service.transaction._pending import COMMITTED, ROLLED_BACK, Ended, Half, PendingSet
+from clmq.broker.service.transaction._requests import check_half
 from clmq.broker.service.transaction._state import OpMarks, TransactionCheckpoint, rebuild
 from clmq.broker.store import Store, StoreConfig
 from clmq.client import Record, open_admin, open_consumer
@@ -35,7 +36,7 @@ from clmq.common import (
 from clmq.protocol import ErrorCode, RequestCode, encode_batch
 from clmq.protocol.kafka import ApiKey
 from clmq.protocol.kafka import ErrorCode as KafkaError
-from clmq.protocol.transport import RpcClient, RpcError
+from clmq.protocol.transport import RequestError, RpcClient, RpcError
 from tests.cli_helpers import ENV
 from tests.kafka_procs import in_thread, kcat, open_kafka
 from tests.kafka_wire import KafkaWire
@@ -701,3 +702,31 @@ async def test_ends_in_flight_are_appended_together_and_one_bad_end_fails_alone(
         assert [r["commitlog_offset"] for r in (await raw.list())["pending"]] == [doomed]  # still pending
     got = await _receive(c, 40)
     assert sorted(r.body for r in got) == sorted(b"m%02d" % i for i in range(40))
+
+
+_HALF_KEYS = ["REAL_TOPIC", "REAL_QID", "REAL_TAGS", "TRAN_GROUP", "TRAN_HALF", "DELIVER_AT_MS", "UNIQ_KEY", "x"]
+
+
+@given(
+    st.integers(0, 2),
+    st.dictionaries(
+        st.sampled_from(_HALF_KEYS), st.sampled_from(["", "t", "%TIMER%", "7", "a" * 70_000, "pg"]), max_size=8
+    ),
+)
+@settings(max_examples=400, deadline=None)
+def test_the_door_takes_exactly_the_well_formed_half_messages(qid: int, props: dict[str, str]) -> None:
+    well_formed = (
+        qid == 0
+        and all(props.get(k) for k in ("REAL_TOPIC", "REAL_QID", "TRAN_GROUP"))
+        and "REAL_TAGS" in props
+        and not {"TRAN_HALF", "DELIVER_AT_MS"} & props.keys()
+        and len(props["REAL_TAGS"]) <= 65_535
+        and not props["REAL_TOPIC"].startswith("%")
+    )
+    try:
+        check_half(3, qid, props)
+    except RequestError as e:
+        assert not well_formed, e.text
+        assert e.code == ErrorCode.INVALID_MESSAGE and e.text.startswith("message 3:")
+    else:
+        assert well_formed, props

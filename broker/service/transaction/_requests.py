@@ -111,7 +111,7 @@ class TransactionRequests:
         groups: set[str] = set()
         for i, (qid, _tags, raw) in enumerate(heads):
             props = _decode(i, raw)
-            self._check_one(i, qid, props)
+            check_half(i, qid, props)
             target = (props[PROP_REAL_TOPIC], props[PROP_REAL_QID])
             if target not in checked:
                 self._check_target(i, *target)
@@ -125,25 +125,6 @@ class TransactionRequests:
                 groups.add(props[PROP_TRAN_GROUP])
         await ensure_topic(self.ctx, TRANS_HALF_TOPIC, HALF_QUEUES)
         await ensure_topic(self.ctx, TRANS_OP_TOPIC, OP_QUEUES)
-
-    def _check_one(self, i: int, qid: int, props: dict[str, str]) -> None:
-        missing = [k for k in (PROP_REAL_TOPIC, PROP_REAL_QID, PROP_REAL_TAGS, PROP_TRAN_GROUP) if not props.get(k)]
-        missing = [k for k in missing if k != PROP_REAL_TAGS or k not in props]  # empty tags are tags
-        if qid != HALF_QUEUE or missing:
-            raise RequestError(
-                ErrorCode.INVALID_MESSAGE,
-                f"message {i}: not a half message (queue {HALF_QUEUE}, {PROP_REAL_TOPIC}, {PROP_REAL_QID}, "
-                f"{PROP_REAL_TAGS}, {PROP_TRAN_GROUP}): queue {qid}, missing {missing}",
-            )
-        forged = [k for k in _FORBIDDEN if k in props]
-        if forged:
-            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: a half message cannot carry {forged}")
-        if len(props[PROP_REAL_TAGS].encode()) > MAX_TAGS_BYTES:
-            raise RequestError(
-                ErrorCode.INVALID_MESSAGE, f"message {i}: {PROP_REAL_TAGS} longer than {MAX_TAGS_BYTES} bytes"
-            )
-        if is_system_topic(props[PROP_REAL_TOPIC]):
-            raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: {props[PROP_REAL_TOPIC]!r} is a system topic")
 
     def _check_target(self, i: int, topic: str, qid: str) -> None:
         count = self.ctx.store.topics.queue_count(topic)
@@ -309,6 +290,28 @@ class TransactionRequests:
                 "checks": s.checks,
             }
         )
+
+
+def check_half(i: int, qid: int, props: dict[str, str]) -> None:
+    """Refuse message ``i`` of a batch unless it is a well-formed half message (its
+    real topic's existence and queue range are checked against the store apart)."""
+    missing = [k for k in (PROP_REAL_TOPIC, PROP_REAL_QID, PROP_REAL_TAGS, PROP_TRAN_GROUP) if not props.get(k)]
+    missing = [k for k in missing if k != PROP_REAL_TAGS or k not in props]  # empty tags are tags
+    if qid != HALF_QUEUE or missing:
+        raise RequestError(
+            ErrorCode.INVALID_MESSAGE,
+            f"message {i}: not a half message (queue {HALF_QUEUE}, {PROP_REAL_TOPIC}, {PROP_REAL_QID}, "
+            f"{PROP_REAL_TAGS}, {PROP_TRAN_GROUP}): queue {qid}, missing {missing}",
+        )
+    forged = [k for k in _FORBIDDEN if k in props]
+    if forged:
+        raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: a half message cannot carry {forged}")
+    if len(props[PROP_REAL_TAGS].encode()) > MAX_TAGS_BYTES:
+        raise RequestError(
+            ErrorCode.INVALID_MESSAGE, f"message {i}: {PROP_REAL_TAGS} longer than {MAX_TAGS_BYTES} bytes"
+        )
+    if is_system_topic(props[PROP_REAL_TOPIC]):
+        raise RequestError(ErrorCode.INVALID_MESSAGE, f"message {i}: {props[PROP_REAL_TOPIC]!r} is a system topic")
 
 
 def _decode(i: int, raw: bytes) -> dict[str, str]:
