@@ -166,25 +166,25 @@ class IndexFile:
         numbers = np.arange(h.count + 1, h.count + n + 1, dtype=np.uint32)
         rows["prev"] = self._links(slots, numbers)
         fileops.write_all(self.fd, rows.tobytes(), self.entries_pos + ENTRY_SIZE * h.count)
-        self.slot_table[slots] = numbers  # later entries of a slot overwrite earlier ones: the newest stays
-        self._dirty[np.unique(slots * 4 // SLOT_PAGE_BYTES)] = True
+        self._dirty[slots * 4 // SLOT_PAGE_BYTES] = True
         h.count += n
         h.end_ms = max(h.end_ms, int(times_ms.max()))
         return n
 
     def _links(self, slots: np.ndarray, numbers: np.ndarray) -> np.ndarray:
-        """Each new entry's previous entry: the slot's head before this batch, or the
-        batch's own previous entry of the slot. Only entries whose slot occurs more than
-        once in the batch are sorted (found with the slot table as scratch: a repeated
-        index in an assignment keeps the last value)."""
+        """Link each new entry to its previous one (the slot's head before this batch,
+        or the batch's own previous entry of the slot) and make the newest of each slot
+        its head. Only entries whose slot occurs more than once in the batch are sorted
+        (found with the table as scratch: a repeated index in an assignment keeps the
+        last value; an entry that is not both the first and the last of its slot in the
+        batch shares it)."""
         table = self.slot_table
         assert table is not None
         prev: np.ndarray = table[slots]  # the chain's head before this batch
-        table[slots] = numbers
-        last = table[slots] == numbers
         table[slots[::-1]] = numbers[::-1]
-        shared = np.flatnonzero(~(last & (table[slots] == numbers)))
-        table[slots] = prev  # as it was (every entry of a slot read the same head)
+        first = table[slots] == numbers  # the batch's oldest entry of its slot
+        table[slots] = numbers  # the newest entry of each slot is its head now
+        shared = np.flatnonzero(~(first & (table[slots] == numbers)))  # slots the batch uses more than once
         if len(shared):
             order = shared[np.argsort(slots[shared], kind="stable")]
             same = np.flatnonzero(slots[order[1:]] == slots[order[:-1]])
