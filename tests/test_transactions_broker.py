@@ -407,6 +407,7 @@ async def test_the_kafka_listener_never_shows_a_half_message(tmp_path: Path) -> 
         assert out.splitlines() == ["t 0 0 secret"]
 
 
+@pytest.mark.slow
 def test_the_spark_reader_never_shows_a_half_message(spark: Any, tmp_path: Path) -> None:
     with cluster_in_thread(tmp_path) as c:
         broker = c.brokers["broker-a"]
