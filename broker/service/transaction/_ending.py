@@ -87,7 +87,8 @@ def _stored(result: PutResult) -> PutResult:
 @dataclass
 class _Slot:
     messages: Sequence[Message]
-    done: trio.Event = field(default_factory=trio.Event)
+    wake: trio.Event = field(default_factory=trio.Event)  # appended, or this END's turn to append
+    finished: bool = False
     result: PutResult | None = None
     error: RequestError | None = None
 
@@ -95,10 +96,11 @@ class _Slot:
 class EndAppends:
     """The ends of many transactions appended together: ENDs arriving while one store
     call is being made wait for it and go in the next one, each END's records still
-    whole and in order within it (a commit's message, then its op record). The first
-    END to find no append under way makes them (no task of its own); a store call that
-    refuses one END's records as they are is made again per END, so one bad END (its
-    real topic deleted, say) never fails the others."""
+    whole and in order within it (a commit's message, then its op record). An END that
+    finds no append under way makes them (no task of its own) until its own records
+    are stored, then hands over to the first END still waiting (nobody appends for
+    others for ever). A store call that refuses one END's records as they are is made
+    again per END, so one bad END (its real topic deleted, say) never fails the others."""
 
     MAX_ENDS_PER_APPEND = 256
 
@@ -114,28 +116,33 @@ class EndAppends:
             self.ctx.replica.check_sync_write(topic)
         slot = _Slot(messages)
         self._queue.append(slot)
-        if not self._appending:
-            await self._append_waiting()
-        await slot.done.wait()
+        while not slot.finished:
+            if not self._appending:
+                await self._lead(slot)
+            else:
+                await slot.wake.wait()
+                slot.wake = trio.Event()
         if slot.error is not None:
             raise slot.error
         assert slot.result is not None
         return _stored(slot.result)
 
-    async def _append_waiting(self) -> None:
+    async def _lead(self, own: _Slot) -> None:
+        """Append the waiting ENDs, in order, until ``own`` is stored."""
         self._appending = True
         try:
             await trio.lowlevel.checkpoint()  # the ENDs of this round of the event loop join
-            while self._queue:
+            while not own.finished and self._queue:
                 batch = self._queue[: self.MAX_ENDS_PER_APPEND]
                 del self._queue[: len(batch)]
                 await self._append(batch)
         finally:
             self._appending = False
-            for slot in self._queue:  # cancelled meanwhile: nobody appends these
-                slot.error = RequestError(ErrorCode.SHUTTING_DOWN, "the append of this end was interrupted")
-                slot.done.set()
-            self._queue = []
+            if self._queue:  # the first END still waiting appends next
+                self._queue[0].wake.set()
+            if not own.finished and own in self._queue:  # interrupted before its turn
+                self._queue.remove(own)
+                own.finished, own.error = True, RequestError(ErrorCode.SHUTTING_DOWN, "the end was interrupted")
 
     async def _append(self, batch: list[_Slot]) -> None:
         try:
@@ -153,7 +160,8 @@ class EndAppends:
             for slot in batch:
                 if slot.result is None and slot.error is None:
                     slot.error = RequestError(ErrorCode.SHUTTING_DOWN, "the append of this end was interrupted")
-                slot.done.set()
+                slot.finished = True
+                slot.wake.set()
 
 
 def _split(result: PutResult, batch: list[_Slot]) -> None:
