@@ -26,6 +26,7 @@ from typing import Iterator
 
 import numpy as np
 
+from clmq.commitlog import fsync_dir
 from clmq.common import Walk
 
 from ._index_file import SUFFIX, IndexFile, index_file_name, slot_of
@@ -59,6 +60,7 @@ class KeyIndex:
         self._files: list[IndexFile] = []
         self._retired: list[IndexFile] = []  # deleted, closed one retention pass later (readers)
         self.dropped_from: int | None = None  # the open found damage: rebuilt from here
+        self._dir_changed = True  # files created or deleted since the directory was last fsynced
         self._load(start_offset)
 
     # ------------------------------------------------------------------ opening
@@ -134,6 +136,7 @@ class KeyIndex:
                 if active.full:
                     active.seal()
                     self._files.append(IndexFile.create(self.directory, *self._shape(), active.header.end_offset))
+                    self._dir_changed = True
                     continue
                 done += active.append(hashes[done:], offsets[done:], times_ms[done:])
                 # Indexed up to the first record not wholly in: a record's entries may
@@ -146,9 +149,13 @@ class KeyIndex:
         h.end_offset = max(h.end_offset, upto)
 
     def persist(self, sync: bool = True) -> None:
-        """Make the active file durable (entries, then slots, then its header)."""
+        """Make the active file durable (entries, then slots, then its header), and the
+        directory when files were created or deleted."""
         with self._lock:
             self._files[-1].persist(sync)
+            if sync and self._dir_changed:
+                fsync_dir(self.directory)
+                self._dir_changed = False
 
     # ---------------------------------------------------------- log cut, retention
     def truncate(self, offset: int) -> None:
@@ -186,6 +193,7 @@ class KeyIndex:
     def _retire(self, f: IndexFile) -> None:
         f.path.unlink(missing_ok=True)
         self._retired.append(f)
+        self._dir_changed = True
 
     # ------------------------------------------------------------------ reading
     def candidates(
