@@ -77,15 +77,21 @@ async def test_system_topics_are_indexed_for_traces(cluster: Cluster) -> None:
         assert sorted(r.body for r in found.records) == [b"event-0", b"event-1", b"event-2"]
 
 
-async def test_query_index_is_not_supported_in_partition_per_file_mode(nursery: trio.Nursery, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "settings", [{"storage_mode": "partition-per-file"}, {"index_enabled": False}], ids=["partition-per-file", "off"]
+)
+async def test_query_index_is_not_supported_without_an_index(
+    nursery: trio.Nursery, tmp_path: Path, settings: dict[str, Any]
+) -> None:
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
-    await c.start_broker("broker-p", storage_mode="partition-per-file")
+    await c.start_broker("broker-p", **settings)
     await c.create_topic("t", 1)
     async with open_admin(c.ns) as admin:
         with pytest.raises(RpcError) as e:
             await admin.find_by_key("t", "k")
         assert e.value.code == ErrorCode.REQUEST_NOT_SUPPORTED
+    assert not (tmp_path / "broker-p" / "index").exists()  # nothing built
 
 
 async def test_query_index_answers_matches_and_records_in_the_same_order(cluster: Cluster) -> None:
