@@ -39,6 +39,9 @@ async def test_find_by_key_and_by_unique_id_newest_first(cluster: Cluster) -> No
             return len((await admin.find_by_key("orders", "all", max_results=100)).records) == 60
 
         await await_until(indexed, 10, "all 60 messages indexed")
+        info = await admin.broker_info(cluster.brokers["broker-a"].addr)
+        assert info["index_entries"] >= 180 and info["index_files"] >= 5  # 60 x (2 keys + UNIQ_KEY), 40 a file
+        assert info["index_end_offset"] > 0
         found = await admin.find_by_key("orders", "order-3")
         assert [r.body for r in found.records] == [f"m{i}".encode() for i in reversed(range(60)) if i % 5 == 3]
         assert not found.truncated
@@ -91,6 +94,7 @@ async def test_query_index_is_not_supported_without_an_index(
         with pytest.raises(RpcError) as e:
             await admin.find_by_key("t", "k")
         assert e.value.code == ErrorCode.REQUEST_NOT_SUPPORTED
+        assert (await admin.broker_info(c.brokers["broker-p"].addr))["index_files"] == -1
     assert not (tmp_path / "broker-p" / "index").exists()  # nothing built
 
 

@@ -11,6 +11,15 @@ from ._context import BrokerContext
 from ._read_threads import ReadThreads
 
 
+def index_fields(store: object) -> dict[str, int]:
+    """BROKER_INFO's view of the key index: files, entries, the log offset indexed up
+    to (-1 each without one: partition-per-file, ``index_enabled`` off)."""
+    index = store.key_index if isinstance(store, Store) else None
+    if index is None:
+        return {"index_files": -1, "index_entries": -1, "index_end_offset": -1}
+    return {"index_files": len(index.files), "index_entries": index.entry_count, "index_end_offset": index.end_offset}
+
+
 class IndexRequests:
     """QUERY_INDEX, read in the pull-read threads (index look-ups and record reads touch the disk)."""
 

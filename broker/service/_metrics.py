@@ -24,6 +24,7 @@ from clmq.protocol import RequestCode
 from clmq.protocol.transport import RequestStats, cumulative_buckets, metrics_page
 
 from ._context import BrokerContext
+from ._index_requests import index_fields
 from ._trace_buffer import trace_fields
 
 METRICS_MAX_LAG_SERIES = 10_000  # group lag series per scrape at most (a label per group and queue)
@@ -52,6 +53,7 @@ def status_fields(ctx: BrokerContext, started: float) -> dict[str, Any]:
         "segments": len(segments),
         **ctx.traffic.rates(),
         **trace_fields(ctx.config, ctx.tracer),
+        **index_fields(store),
     }
 
 

@@ -40,7 +40,7 @@ import logging
 from typing import Sequence
 
 from clmq.commitlog import CommitLog
-from clmq.consumequeue import ConsumeQueueSet, Dispatcher
+from clmq.consumequeue import ConsumeQueueSet, Dispatcher, KeyIndex
 from clmq.consumequeue import contiguous_runs as _contiguous_runs  # noqa: F401 (tests/test_store.py checks it here)
 
 from ._base import StoreBase
@@ -201,6 +201,11 @@ class Store(StoreBase):
         """:meth:`StoreBase.read_raw_many`, the records of all queues read together
         (see :mod:`._read_many`): the answers are the per-queue loop's."""
         return read_many(self._parts, self._reads, asks, (max_messages, max_per_queue, max_bytes))
+
+    @property
+    def key_index(self) -> KeyIndex | None:
+        """The key index (None when ``index_enabled`` is off)."""
+        return self._parts.index
 
     def find_by_key(
         self,
