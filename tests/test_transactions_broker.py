@@ -731,3 +731,25 @@ def test_the_door_takes_exactly_the_well_formed_half_messages(qid: int, props: d
         assert e.code == ErrorCode.INVALID_MESSAGE and e.text.startswith("message 3:")
     else:
         assert well_formed, props
+
+
+def test_a_rebuild_remembers_the_latest_ends_in_log_order(tmp_path: Path) -> None:
+    """The ended map after a start holds the latest ends, commits and rollbacks mixed
+    as they were written (not all of one kind, then the other)."""
+    store = Store.open(StoreConfig(tmp_path / "s")).start()
+    try:
+        for topic, queues in (("t", 2), (TRANS_HALF_TOPIC, 1), (TRANS_OP_TOPIC, 3)):
+            store.create_topic(topic, queues)
+        offsets = store.put_batch([half(b"%d" % i) for i in range(6)], wait_durable=True).commitlog_offsets
+        for i, off in enumerate(offsets):  # commit, rollback, commit, ...: the op records in this order
+            store.put_batch([Message(TRANS_OP_TOPIC, i % 2, b"", str(off))], wait_durable=True)
+        store.catch_up()
+        rebuilt = rebuild(store, TransactionCheckpoint(0, 0, 0), ended_kept=3)
+        assert not rebuilt.halves.pending
+        assert {off: e.state for off, e in rebuilt.halves.ended.items()} == {
+            offsets[3]: ROLLED_BACK,
+            offsets[4]: COMMITTED,
+            offsets[5]: ROLLED_BACK,
+        }
+    finally:
+        store.close()

@@ -49,7 +49,7 @@ from clmq.common import (
 )
 from clmq.consumequeue import ENTRY_DTYPE, HOLE_TAG, START_TAG
 
-from ._pending import COMMITTED, ROLLED_BACK, Half, PendingSet
+from ._pending import COMMITTED, ENDED_KEPT, ROLLED_BACK, Half, PendingSet
 
 log = logging.getLogger("clmq.transactions")
 
@@ -164,14 +164,24 @@ class OpMarks:
 
 def op_tags(store: Store, queue_id: int, start: int = 0) -> np.ndarray:
     """The tag codes (half offsets) of the entries of ``%TRANS_OP%`` ``queue_id`` from ``start``."""
-    parts, at = [], start
+    return op_entries(store, queue_id, start)[1]
+
+
+def op_entries(store: Store, queue_id: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(commit-log offsets of the op records, their tag codes: the half offsets) of
+    ``%TRANS_OP%`` ``queue_id`` from ``start``."""
+    where, tags, at = [], [], start
     while True:
         first, entries = read_entries(store, TRANS_OP_TOPIC, queue_id, at)
         if not len(entries):
             break
-        parts.append(entries["tag"][real(entries)].astype(np.int64))
+        mask = real(entries)
+        where.append(entries["offset"][mask].astype(np.int64))
+        tags.append(entries["tag"][mask].astype(np.int64))
         at = first + len(entries)
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    if not tags:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    return np.concatenate(where), np.concatenate(tags)
 
 
 def half_from_record(record: Record, queue_offset: int) -> Half | None:
@@ -189,17 +199,11 @@ class Rebuilt:
     orphans: list[int] = field(default_factory=list)  # pending halves found committed after the mark
 
 
-def rebuild(store: Store, cp: TransactionCheckpoint) -> Rebuilt:
+def rebuild(store: Store, cp: TransactionCheckpoint, ended_kept: int = ENDED_KEPT) -> Rebuilt:
     """The pending set as the checkpoint and the log say (runs in a thread)."""
-    halves = PendingSet()
+    halves = PendingSet(ended_kept)
     visible = store.dispatcher.dispatched_offset  # every half below it is in the queue now
-    committed = op_tags(store, TRANS_OP_COMMIT, cp.ops_from[TRANS_OP_COMMIT])
-    rolled_back = op_tags(store, TRANS_OP_ROLLBACK, cp.ops_from[TRANS_OP_ROLLBACK])
-    ended = np.concatenate([committed, rolled_back])
-    for off in committed[-halves.ended_kept :].tolist():
-        halves.remember(off, COMMITTED)
-    for off in rolled_back[-halves.ended_kept :].tolist():
-        halves.remember(off, ROLLED_BACK)
+    ended = _remember_ends(store, halves, cp)
     at = cp.half_from
     while True:
         first, entries = read_entries(store, TRANS_HALF_TOPIC, HALF_QUEUE, at)
@@ -227,6 +231,19 @@ def rebuild(store: Store, cp: TransactionCheckpoint) -> Rebuilt:
         len(orphans),
     )
     return Rebuilt(halves, orphans)
+
+
+def _remember_ends(store: Store, halves: PendingSet, cp: TransactionCheckpoint) -> np.ndarray:
+    """Every half offset ended since ``cp.ops_from``; the latest ``ended_kept`` of them
+    (in log order, commits and rollbacks together) remembered in ``halves``."""
+    c_at, c_tags = op_entries(store, TRANS_OP_COMMIT, cp.ops_from[TRANS_OP_COMMIT])
+    r_at, r_tags = op_entries(store, TRANS_OP_ROLLBACK, cp.ops_from[TRANS_OP_ROLLBACK])
+    at, tags = np.concatenate([c_at, r_at]), np.concatenate([c_tags, r_tags])
+    committed = np.concatenate([np.ones(len(c_at), dtype=bool), np.zeros(len(r_at), dtype=bool)])
+    latest = np.argsort(at, kind="stable")[-halves.ended_kept :]
+    for tag, was_commit in zip(tags[latest].tolist(), committed[latest].tolist()):
+        halves.remember(tag, COMMITTED if was_commit else ROLLED_BACK)
+    return tags
 
 
 def _read_half(store: Store, halves: PendingSet, q: int, off: int, size: int) -> None:
