@@ -286,6 +286,9 @@ OPTIONAL = {
     (RequestCode.CHECK_TRANSACTIONS, "max_wait_ms"),
     (RequestCode.LIST_TRANSACTIONS, "group"),
     (RequestCode.LIST_TRANSACTIONS, "max_messages"),
+    (RequestCode.QUERY_INDEX, "since_ms"),
+    (RequestCode.QUERY_INDEX, "until_ms"),
+    (RequestCode.QUERY_INDEX, "max_results"),
 }
 # A wrong value of each kind: every one is refused unless it has the field's own type
 # (a string for a string field) and is in range.
