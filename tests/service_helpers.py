@@ -115,8 +115,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster_in_thread(root: Path) -> Iterator[Cluster]:
-    """A name server and a broker with topic "sync" (2 queues), run by trio in a thread."""
+def cluster_in_thread(root: Path, **settings: Any) -> Iterator[Cluster]:
+    """A name server and a broker (``settings``: its own) with topic "sync" (2 queues),
+    run by trio in a thread."""
     stop, started, ready = threading.Event(), threading.Event(), []
 
     async def serve() -> None:
@@ -124,7 +125,7 @@ def cluster_in_thread(root: Path) -> Iterator[Cluster]:
             async with trio.open_nursery() as n:
                 c = Cluster(n, root)
                 await c.start_nameserver()
-                await c.start_broker()
+                await c.start_broker(**settings)
                 await c.create_topic("sync", 2)
                 ready.append(c)
                 started.set()

@@ -99,3 +99,16 @@ def test_an_unreachable_topic_fails_with_a_clear_message(cluster: Cluster, case:
     text = (out + err).decode()
     assert proc.returncode == 1, text
     assert ("no broker serves topic 'nope'" if case == "unknown topic" else "127.0.0.1:1") in text, text
+
+
+def test_a_partition_per_file_broker_s_messages_are_reported_without_an_id(tmp_path: Path) -> None:
+    """Partition-per-file brokers store no CommitLog offsets, so their messages have no
+    message id: each line is still reported (with "-"), in text and in JSON lines."""
+    with cluster_in_thread(tmp_path, storage_mode="partition-per-file") as c:
+        for extra, want in (((), " id -"), (("-o", "json"), '"msg_id": null')):
+            proc = produce(c.ns, "sync", *extra)
+            out, err = proc.communicate(b"one\ntwo\n", timeout=60)
+            assert proc.returncode == 0, err.decode()
+            lines = out.decode().splitlines()
+            assert len(lines) == 2 and all(want in line for line in lines), lines
+        assert stored(c.ns) == 4

@@ -440,11 +440,12 @@ class _ProduceReport:
 
     def _print_stored(self, r: Any) -> None:
         q = r.queue
+        msg_id = r.msg_ids[0] if r.msg_ids else None  # partition-per-file brokers give no CommitLog offsets
         if self.json_lines:
             fields = {"broker_name": q.broker_name, "queue_id": q.queue_id, "queue_offset": r.queue_offset}
-            write_json({"topic": self.topic, **fields, "msg_id": r.msg_ids[0]})
+            write_json({"topic": self.topic, **fields, "msg_id": msg_id})
         else:
-            sys.stdout.write(f"{q.broker_name} queue {q.queue_id} offset {r.queue_offset} id {r.msg_ids[0]}\n")
+            sys.stdout.write(f"{q.broker_name} queue {q.queue_id} offset {r.queue_offset} id {msg_id or '-'}\n")
 
     def finish(self) -> int:
         self._print_ready()
