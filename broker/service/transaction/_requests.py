@@ -41,8 +41,10 @@ from .._dedup import UNIQ_KEY, wait_visible
 from .._system_put import ensure_topic
 from ._ending import EndAppends, acknowledged, committed_message, op_record, store_together
 from ._pending import Half, PendingSet
-from ._service import Transactions, wall_ms
+from ._polls import wall_ms
+from ._service import Transactions
 from ._state import HALF_QUEUE, HALF_QUEUES, OP_QUEUES, half_from_record
+from ._traces import trace_end
 
 CHECK_DEFAULT_MESSAGES = 32  # a CHECK_TRANSACTIONS without max_messages gets at most this many
 CHECK_MAX_MESSAGES = 1000  # ... and never more than this
@@ -160,6 +162,8 @@ class TransactionRequests:
 
         real_qid = int(record.properties[PROP_REAL_QID]) if commit and record is not None else None
         ended = await self.service.end(offset, append, real_qid)
+        if stored and half is not None:  # this END ended it (not already_*): traced
+            trace_end(self.ctx, half, record, ended)
         fields: dict[str, Any] = {"state": ended.state}
         if ended.commitlog_offset >= 0:
             fields.update(
@@ -216,8 +220,12 @@ class TransactionRequests:
         wait_s = min(int(frame.fields.get("max_wait_ms") or 0), CHECK_MAX_WAIT_MS) / 1000
         store = self._store()
         self.service.running_halves()
+        self.service.polls.polled(group)  # a producer of the group is alive: its halves are asked, not counted
         await self.service.refresh()
-        due = await self._wait_due(group, peer, limit, wait_s)
+        try:
+            due = await self._wait_due(group, peer, limit, wait_s)
+        finally:
+            self.service.polls.polled(group)
         if not due:
             return Reply({"checks": []})
         halves = self.service.running_halves()

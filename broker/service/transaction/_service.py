@@ -26,6 +26,7 @@ from clmq.protocol.transport import RequestError
 from .._context import BrokerContext
 from ._ending import op_record, store_together
 from ._pending import COMMITTED, ROLLED_BACK, Ended, Half, PendingSet
+from ._polls import Polls, count_unasked, wall_ms
 from ._state import (
     HALF_QUEUE,
     OpMarks,
@@ -38,14 +39,11 @@ from ._state import (
     rebuild,
     save_checkpoint,
 )
+from ._traces import read_half, trace_end
 
 log = logging.getLogger("clmq.transactions")
 
 FAILURE_RETRY_S = 1.0  # after a disk or store error, the service starts again this much later
-
-
-def wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Transactions:
@@ -58,6 +56,7 @@ class Transactions:
         self.halves: PendingSet | None = None
         self.ending: dict[int, trio.Event] = {}  # half offsets being ended now
         self.waiters: dict[str, list[trio.Event]] = {}  # CHECK_TRANSACTIONS polls by group
+        self.polls = Polls(ctx.config, self.waiters)  # which groups have a producer polling
         self.failure = ""
         self.saved = load_checkpoint(self.store) if self.store is not None else TransactionCheckpoint()
         self._last_save = 0.0
@@ -158,6 +157,7 @@ class Transactions:
         self.saved, self._last_save = cp, 0.0
         self.marks = OpMarks(cp)
         self.halves = rebuilt.halves
+        self.polls.restart(wall_ms())
         rebuilt.halves.stats.committed = rebuilt.halves.stats.rolled_back = 0  # counts since start
 
     async def refresh(self) -> None:
@@ -200,41 +200,60 @@ class Transactions:
 
     # ------------------------------------------------------------- checks
     async def _check(self) -> None:
-        """Wake the pollers of groups with halves due; decide the unresolved ones."""
+        """Wake the pollers of groups with halves due; count the looks at the halves of
+        groups no producer polls as checks (RocketMQ's checker counts every look);
+        decide the unresolved ones."""
         halves = self.halves
         assert halves is not None
-        for half in halves.take_due(wall_ms(), self.config.transaction_timeout_ms):
+        now = wall_ms()
+        orphans: list[Half] = []
+        for half in halves.take_due(now, self.config.transaction_timeout_ms):
             if half.checks < self.config.transaction_check_max:
-                halves.make_ready(half)
+                if self.polls.polling(half.group, now):
+                    halves.make_ready(half)
+                else:
+                    orphans.append(half)
             elif self.config.transaction_unresolved == "keep":
                 half.given_up = True
                 log.warning(
-                    "transactions: half message %s of group %s for topic %s unresolved after %d checks: kept pending",
+                    "transactions: half message %s of group %s for topic %s unresolved after %d checks%s: kept pending",
                     self.msg_id(half.offset),
                     half.group,
                     half.topic,
                     half.checks,
+                    self.polls.why(half.group, now),
                 )
             else:
-                await self._roll_back_unresolved(half)
+                await self._roll_back_unresolved(half, self.polls.why(half.group, now))
+        for group in [g for g, ready in halves.ready.items() if ready and not self.polls.polling(g, now)]:
+            orphans += [h for h in halves.ready_of(group) if h.offset not in self.ending]  # its producers left
+        if orphans:
+            await count_unasked(self.ctx, halves, orphans, now)
+        self.polls.forget_quiet(now)
         for group in [g for g, ready in halves.ready.items() if ready]:
             self._wake(group)
 
-    async def _roll_back_unresolved(self, half: Half) -> None:
+    async def _roll_back_unresolved(self, half: Half, why: str = "") -> None:
         try:
-            await self.end(half.offset, lambda: store_together(self.ctx, [op_record(TRANS_OP_ROLLBACK, half.offset)]))
+            ended = await self.end(
+                half.offset, lambda: store_together(self.ctx, [op_record(TRANS_OP_ROLLBACK, half.offset)])
+            )
         except RequestError as e:
             log.warning("transactions: rollback of unresolved half %s waits: %s", self.msg_id(half.offset), e.text)
             if self.halves is not None and half.offset in self.halves.pending:
                 self.halves.again(half)  # tried again at the next look
             return
         log.warning(
-            "transactions: half message %s of group %s for topic %s unresolved after %d checks: rolled back",
+            "transactions: half message %s of group %s for topic %s unresolved after %d checks%s: rolled back",
             self.msg_id(half.offset),
             half.group,
             half.topic,
             half.checks,
+            why,
         )
+        if self.ctx.tracer.enabled and ended.state == ROLLED_BACK and self.store is not None:
+            record = await trio.to_thread.run_sync(read_half, self.store, half)
+            trace_end(self.ctx, half, record, ended, f"unresolved after {half.checks} checks{why}")
 
     async def end(self, offset: int, append: Any, commit_qid: int | None = None) -> Ended:
         """End the pending half at ``offset`` by ``append()`` (a coroutine storing the
