@@ -121,7 +121,9 @@ class BrokerConfig:
     # Transactional messages (docs/transactions.md), RocketMQ's model: half, op, check-back.
     transaction_timeout_ms: int = 6000  # a half message not ended this long after storing is checked back
     transaction_check_interval_ms: int = 1000  # how often the checker looks; an unanswered check is asked again after
-    transaction_check_max: int = 15  # checks asked at most; then transaction_unresolved decides (and a log line)
+    # Checks at most (a look at a due half while no producer of its group polls counts as one,
+    # as RocketMQ's: orphans end); then transaction_unresolved decides (and a log line).
+    transaction_check_max: int = 15
     transaction_unresolved: str = "rollback"  # after transaction_check_max checks: "rollback" or "keep" (stay pending)
     transaction_max_pending: int = 1_000_000  # half messages pending at once; one more is refused SYSTEM_BUSY
     transaction_checkpoint_interval_ms: int = 1000  # what the checker knows is recorded this often (after a flush)
