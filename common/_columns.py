@@ -118,8 +118,9 @@ _HEAD = struct.Struct("<II")
 class Walk:
     """Where the records of a buffer start, and why the walk stopped.
 
-    Records are described as runs ``(first position, count, size)``: a run of records of
-    one size is found with one vectorised check instead of one Python step per record.
+    Records are described as runs ``(first position, count, size)``: maximal stretches of
+    back-to-back records of one size (a run of same-size records is found with one
+    vectorised check instead of one Python step per record).
     """
 
     __slots__ = ("reason", "runs", "stop")
@@ -135,53 +136,91 @@ class Walk:
 
     @property
     def starts(self) -> np.ndarray:
-        """Buffer positions of every record (int64)."""
+        """Buffer positions of every record (int64), computed for all runs at once."""
         if not self.runs:
             return np.empty(0, dtype=np.int64)
-        return np.concatenate([np.arange(p, p + c * s, s, dtype=np.int64) for p, c, s in self.runs])
+        if len(self.runs) == 1:
+            p, c, s = self.runs[0]
+            return np.arange(p, p + c * s, s, dtype=np.int64)
+        cols = np.array(self.runs, dtype=np.int64)  # (runs, 3): position, count, size
+        counts = cols[:, 1]
+        run_of = np.repeat(np.arange(len(cols)), counts)  # each record's run
+        firsts = np.cumsum(counts) - counts  # index of each run's first record
+        within = np.arange(len(run_of), dtype=np.int64) - firsts[run_of]
+        starts: np.ndarray = cols[run_of, 0] + within * cols[run_of, 2]
+        return starts
 
 
-_SPECULATE = 8  # try a vectorised run once this many same-size records could follow
-_COOLDOWN = 32  # after a short run, this many plain steps before speculating again
+_SPECULATE = 8  # after this many same-size records in a row, check further ones vectorised
+_GALLOP_FIRST_RECORDS = 64  # records checked by the first vectorised step; doubled while all fit
 
 
 def walk_records(data: bytes | bytearray | memoryview, pos: int = 0, max_size: int = 1 << 32) -> Walk:
-    """Follow total-size fields from ``pos``; stop at a blank marker, a bad header or the end."""
+    """Follow total-size fields from ``pos``; stop at a blank marker, a bad header or the end.
+
+    Record by record in a tight loop while sizes vary; once :data:`_SPECULATE` records of
+    one size follow each other, the next ones are checked vectorised in windows that start
+    at :data:`_GALLOP_FIRST_RECORDS` records and double while every record fits, so the
+    work stays proportional to the records walked (never to the bytes left in ``data``).
+    """
     runs: list[tuple[int, int, int]] = []
     head = _HEAD.unpack_from
     n = len(data)
-    buf = np.frombuffer(data, dtype=np.uint8)
-    cooldown = 0  # records to walk one by one after a speculation failed (sizes vary here)
+    run_pos, run_count, run_size = pos, 0, 0  # the run being extended
     while n - pos >= 8:
         size, magic = head(data, pos)
         if magic != RECORD_MAGIC:
-            return Walk(runs, pos, "blank" if magic == BLANK_MAGIC else "corrupt")
+            reason = "blank" if magic == BLANK_MAGIC else "corrupt"
+            return _close(runs, run_pos, run_count, run_size, pos, reason)
         if size < HEADER_SIZE or size > max_size:
-            return Walk(runs, pos, "corrupt")
+            return _close(runs, run_pos, run_count, run_size, pos, "corrupt")
         if size > n - pos:
             break
-        count = 1
-        fit = (n - pos) // size
-        if cooldown:
-            cooldown -= 1
-        elif fit >= _SPECULATE:
-            count = _same_size_run(buf, pos, size, fit)
-            if count < _SPECULATE:
-                cooldown = _COOLDOWN
-        if runs and runs[-1][2] == size and runs[-1][0] + runs[-1][1] * size == pos:
-            runs[-1] = (runs[-1][0], runs[-1][1] + count, size)
-        else:
-            runs.append((pos, count, size))
-        pos += count * size
-    return Walk(runs, pos, "end")
+        if size != run_size:
+            if run_count:
+                runs.append((run_pos, run_count, run_size))
+            run_pos, run_count, run_size = pos, 0, size
+        run_count += 1
+        pos += size
+        if run_count == _SPECULATE:
+            more = _gallop(data, pos, size)
+            run_count += more
+            pos += more * size
+    return _close(runs, run_pos, run_count, run_size, pos, "end")
 
 
-def _same_size_run(buf: np.ndarray, pos: int, size: int, fit: int) -> int:
-    """How many records of ``size`` follow back to back from ``pos`` (at least 1)."""
-    grid = buf[pos : pos + fit * size].reshape(fit, size)[:, :8]
-    head = np.ascontiguousarray(grid).view("<u4")  # (fit, 2): size, magic
-    ok = (head[:, 0] == size) & (head[:, 1] == RECORD_MAGIC)
-    return fit if ok.all() else max(1, int(np.argmin(ok)))
+def _close(runs: list[tuple[int, int, int]], run_pos: int, count: int, size: int, stop: int, reason: str) -> Walk:
+    """The walk, with the run being extended appended to ``runs``."""
+    if count:
+        runs.append((run_pos, count, size))
+    return Walk(runs, stop, reason)
+
+
+def _gallop(data: bytes | bytearray | memoryview, pos: int, size: int) -> int:
+    """How many whole records of ``size`` follow back to back from ``pos`` (maybe 0),
+    checked in doubling windows so that a short run costs a short check."""
+    n = len(data)
+    window = _GALLOP_FIRST_RECORDS
+    found = 0
+    while True:
+        fit = min(window, (n - pos) // size)
+        if fit <= 0:
+            return found
+        ok = _same_size_prefix(data, pos, size, fit)
+        found += ok
+        if ok < fit:
+            return found
+        pos += fit * size
+        window *= 2
+
+
+def _same_size_prefix(data: bytes | bytearray | memoryview, pos: int, size: int, fit: int) -> int:
+    """How many of the ``fit`` slots of ``size`` bytes from ``pos`` hold a record of that
+    size, counted from the first until one does not (read in place: no copy of the data)."""
+    sizes = np.ndarray((fit,), "<u4", data, pos, (size,))
+    magics = np.ndarray((fit,), "<u4", data, pos + 4, (size,))
+    ok = (sizes == size) & (magics == RECORD_MAGIC)
+    return fit if ok.all() else int(np.argmin(ok))
 
 
 def gather_headers(buf: np.ndarray, walk: Walk) -> np.ndarray:
