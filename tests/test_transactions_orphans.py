@@ -1,6 +1,7 @@
 """Orphaned half messages on a real broker: a half message of a group no producer
 polls (every producer of the group died, or never answered) is counted as checked at
-each look past ``transaction_timeout_ms`` (a check op record each, as a real check),
+each look past ``transaction_timeout_ms`` once no producer of the group polled for
+``transaction_orphan_after_ms`` (a check op record each, as a real check),
 and after ``transaction_check_max`` such looks ``transaction_unresolved`` decides:
 rolled back (retention is released, a log line says why) or kept (logged once)."""
 
@@ -15,9 +16,9 @@ import trio
 from clmq.client import open_admin
 from tests.waiting import await_until
 
-from .test_transactions_broker import Raw, _cluster, _pending_is, _receive, _running, half
+from .test_transactions_broker import FAST, Raw, _cluster, _pending_is, _receive, _running, half
 
-ORPHAN = {"transaction_timeout_ms": 150, "transaction_check_max": 2}
+ORPHAN = {"transaction_timeout_ms": 150, "transaction_check_max": 2, "transaction_orphan_after_ms": 150}
 
 
 def _said(caplog: pytest.LogCaptureFixture, *parts: str) -> list[str]:
@@ -77,7 +78,8 @@ async def test_a_polling_producer_is_asked_and_not_counted_behind_its_back(
 ) -> None:
     """With a producer of the group polling, the check is handed to it (its count
     goes up only when it is asked)."""
-    c, broker = await _cluster(nursery, tmp_path, transaction_timeout_ms=300, transaction_check_max=5)
+    settings = {"transaction_timeout_ms": 300, "transaction_check_max": 5, "transaction_orphan_after_ms": 100}
+    c, broker = await _cluster(nursery, tmp_path, **settings)
     async with open_admin(c.ns) as admin:
         raw = Raw(admin, broker.addr)
         await _running(raw)
@@ -85,3 +87,27 @@ async def test_a_polling_producer_is_asked_and_not_counted_behind_its_back(
         checks, _ = await raw.check("live", wait_ms=5000)
         assert checks == [[off, 1]]
         assert (await raw.end(off, "rollback", group="live", from_check=True))["state"] == "rolled_back"
+
+
+async def test_an_orphan_s_counted_checks_survive_a_restart(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The looks are counted by check op records: a restarted broker reads them back."""
+    counting = {"transaction_timeout_ms": 100, "transaction_check_max": 1000, "transaction_orphan_after_ms": 100}
+    c, broker = await _cluster(nursery, tmp_path, **counting)
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        (off,) = await raw.send(half(b"orphan", group="gone"))
+
+        async def counted() -> int:
+            rows = await _listed(raw, "gone")
+            return int(rows[0]["checks"]) if rows and rows[0]["checks"] >= 2 else 0
+
+        before = await await_until(counted, 10, "two looks counted")
+    await c.stop_broker("broker-a")
+    broker = await c.start_broker(**{**FAST, **counting, "transaction_orphan_after_ms": 60_000})  # no counting now
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        (row,) = await _listed(raw, "gone")
+        assert row["commitlog_offset"] == off and row["checks"] >= before
+        assert (await raw.end(off, "rollback", group="gone"))["state"] == "rolled_back"

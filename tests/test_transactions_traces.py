@@ -55,7 +55,7 @@ async def test_commit_and_rollback_are_traced_by_either_id(nursery: trio.Nursery
 
 
 async def test_the_checker_s_rollback_of_an_unresolved_half_is_traced(nursery: trio.Nursery, tmp_path: Path) -> None:
-    settings = {**TRACED, "transaction_timeout_ms": 150, "transaction_check_max": 1}
+    settings = {**TRACED, "transaction_timeout_ms": 150, "transaction_check_max": 1, "transaction_orphan_after_ms": 150}
     c, broker = await _cluster(nursery, tmp_path, **settings)
     async with open_admin(c.ns) as admin:
         raw = Raw(admin, broker.addr)

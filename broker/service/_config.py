@@ -124,6 +124,9 @@ class BrokerConfig:
     # Checks at most (a look at a due half while no producer of its group polls counts as one,
     # as RocketMQ's: orphans end); then transaction_unresolved decides (and a log line).
     transaction_check_max: int = 15
+    # A group none of whose producers polled CHECK_TRANSACTIONS for this long (or since this
+    # leader started) has no producer: each look at one of its due halves counts as a check.
+    transaction_orphan_after_ms: int = 60_000
     transaction_unresolved: str = "rollback"  # after transaction_check_max checks: "rollback" or "keep" (stay pending)
     transaction_max_pending: int = 1_000_000  # half messages pending at once; one more is refused SYSTEM_BUSY
     transaction_checkpoint_interval_ms: int = 1000  # what the checker knows is recorded this often (after a flush)
@@ -352,6 +355,7 @@ def _check_features(self: BrokerConfig) -> None:
         "transaction_timeout_ms",
         "transaction_check_interval_ms",
         "transaction_check_max",
+        "transaction_orphan_after_ms",
         "transaction_max_pending",
         "transaction_checkpoint_interval_ms",
         "index_hash_slots",

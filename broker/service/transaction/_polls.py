@@ -29,7 +29,7 @@ def wall_ms() -> int:
 
 class Polls:
     """When each group last polled (a poll's start or end), for the groups that polled
-    within ``transaction_timeout_ms``; ``waiters`` are the polls waiting now."""
+    within ``transaction_orphan_after_ms``; ``waiters`` are the polls waiting now."""
 
     def __init__(self, config: BrokerConfig, waiters: dict[str, list[trio.Event]]) -> None:
         self.config, self.waiters = config, waiters
@@ -46,19 +46,20 @@ class Polls:
         self.last_ms[group] = wall_ms()
 
     def polling(self, group: str, now_ms: int) -> bool:
-        """A producer of ``group`` polls now or polled within ``transaction_timeout_ms``."""
+        """A producer of ``group`` polls now or polled within ``transaction_orphan_after_ms``
+        (a live producer polls again as soon as it has answered its checks)."""
         if self.waiters.get(group):
             return True
-        return now_ms - self.last_ms.get(group, self.started_ms) <= self.config.transaction_timeout_ms
+        return now_ms - self.last_ms.get(group, self.started_ms) <= self.config.transaction_orphan_after_ms
 
     def why(self, group: str, now_ms: int) -> str:
         """What a decision's log line adds when the group has no producer polling."""
         return "" if self.polling(group, now_ms) else " (no producer of the group polled)"
 
     def forget_quiet(self, now_ms: int) -> None:
-        """Drop the groups quiet for longer than ``transaction_timeout_ms`` (they count
-        as not polling either way): the map holds the groups polling lately only."""
-        timeout = self.config.transaction_timeout_ms
+        """Drop the groups quiet for longer than ``transaction_orphan_after_ms`` (they
+        count as not polling either way): the map holds the groups polling lately only."""
+        timeout = self.config.transaction_orphan_after_ms
         for group in [g for g, t in self.last_ms.items() if now_ms - t > timeout]:
             del self.last_ms[group]
 
@@ -82,3 +83,17 @@ async def count_unasked(ctx: BrokerContext, halves: PendingSet, orphans: list[Ha
     halves.stats.checks += len(orphans)
     for group, n in Counter(h.group for h in orphans).items():
         log.info("transactions: no producer of group %s polls: %d of its half messages counted as checked", group, n)
+
+
+def log_unresolved(msg_id: str, half: Half, why: str, outcome: str) -> None:
+    """The warning of a half message decided by ``transaction_unresolved``: its id,
+    group, real topic, checks, why (no producer polled) and ``outcome``."""
+    log.warning(
+        "transactions: half message %s of group %s for topic %s unresolved after %d checks%s: %s",
+        msg_id,
+        half.group,
+        half.topic,
+        half.checks,
+        why,
+        outcome,
+    )

@@ -26,7 +26,7 @@ from clmq.protocol.transport import RequestError
 from .._context import BrokerContext
 from ._ending import op_record, store_together
 from ._pending import COMMITTED, ROLLED_BACK, Ended, Half, PendingSet
-from ._polls import Polls, count_unasked, wall_ms
+from ._polls import Polls, count_unasked, log_unresolved, wall_ms
 from ._state import (
     HALF_QUEUE,
     OpMarks,
@@ -215,14 +215,7 @@ class Transactions:
                     orphans.append(half)
             elif self.config.transaction_unresolved == "keep":
                 half.given_up = True
-                log.warning(
-                    "transactions: half message %s of group %s for topic %s unresolved after %d checks%s: kept pending",
-                    self.msg_id(half.offset),
-                    half.group,
-                    half.topic,
-                    half.checks,
-                    self.polls.why(half.group, now),
-                )
+                log_unresolved(self.msg_id(half.offset), half, self.polls.why(half.group, now), "kept pending")
             else:
                 await self._roll_back_unresolved(half, self.polls.why(half.group, now))
         for group in [g for g, ready in halves.ready.items() if ready and not self.polls.polling(g, now)]:
@@ -243,14 +236,7 @@ class Transactions:
             if self.halves is not None and half.offset in self.halves.pending:
                 self.halves.again(half)  # tried again at the next look
             return
-        log.warning(
-            "transactions: half message %s of group %s for topic %s unresolved after %d checks%s: rolled back",
-            self.msg_id(half.offset),
-            half.group,
-            half.topic,
-            half.checks,
-            why,
-        )
+        log_unresolved(self.msg_id(half.offset), half, why, "rolled back")
         if self.ctx.tracer.enabled and ended.state == ROLLED_BACK and self.store is not None:
             record = await trio.to_thread.run_sync(read_half, self.store, half)
             trace_end(self.ctx, half, record, ended, f"unresolved after {half.checks} checks{why}")
