@@ -5,7 +5,8 @@ why a crash or a fail-over commits nothing twice and loses nothing.
 One task (:meth:`Transactions.check_loop`), on the leader only: every
 ``transaction_check_interval_ms`` it reads the half messages stored since its last
 look, wakes the producers of each group polling CHECK_TRANSACTIONS that has a half
-older than ``transaction_timeout_ms`` not asked about within it, ends (rollback) or
+older than ``transaction_timeout_ms`` not asked about within it (a group with no
+producer polling: the look counts as a check, ``_polls``), ends (rollback) or
 keeps those asked ``transaction_check_max`` times (``transaction_unresolved``), and
 saves the checkpoint every ``transaction_checkpoint_interval_ms`` after a log flush.
 """
