@@ -121,6 +121,7 @@ from ._system import (
     timer_tag_code,
 )
 from ._trace import (
+    MAX_TIME_MS,
     TRACE_EVENT_MAX_KEYS,
     TRACE_QUEUES,
     TRACE_RECORD_MAX_EVENTS,
@@ -158,6 +159,7 @@ __all__ = [
     "KAFKA_PROP_PREFIX",
     "MAX_KEYS_BYTES",
     "MAX_TAGS_BYTES",
+    "MAX_TIME_MS",
     "MAX_TOPIC_BYTES",
     "NO_HOST",
     "OFF_BODY_LEN",

@@ -83,6 +83,8 @@ class TraceEvent(NamedTuple):
 _KIND_ORDER = {kind.value: i for i, kind in enumerate(TraceKind)}
 _FIELDS = TraceEvent._fields
 _INTS = frozenset({"time_ms", "queue_id", "queue_offset", "latency_ms", "attempt"})
+MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: any later time cannot be shown as a date
+_INT_RANGES = {name: (-1, 2**63 - 1) for name in _INTS} | {"time_ms": (0, MAX_TIME_MS)}
 _REQUIRED = len(_FIELDS) - len(TraceEvent._field_defaults)  # kind, time_ms, msg_id
 _VALID_KINDS = frozenset(k.value for k in TraceKind)
 
@@ -165,6 +167,8 @@ def decode_events(body: bytes) -> list[TraceEvent]:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise TraceFormatError(f"a trace record's body is not JSON: {e}") from None
+    except RecursionError:  # a forged record: anyone allowed to trace can write one
+        raise TraceFormatError("a trace record's body is nested too deeply") from None
     if not isinstance(data, list) or not data or type(data[0]) is not int:
         raise TraceFormatError(f"a trace record's body must be a JSON array [version, events...], got {body!r:.60}")
     return [_event_of(row) for row in data[1:]]
@@ -188,6 +192,8 @@ def _event_of(row: Any) -> TraceEvent:
         wanted = int if name in _INTS else str
         if type(value) is not wanted:
             raise TraceFormatError(f"trace field {name!r} must be {wanted.__name__}, got {value!r:.40}")
+        if wanted is int and not _INT_RANGES[name][0] <= value <= _INT_RANGES[name][1]:
+            raise TraceFormatError(f"trace field {name!r} must be in {_INT_RANGES[name]}, got {value}")
     return TraceEvent(*values)
 
 

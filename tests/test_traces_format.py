@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from clmq.broker.cli._timefmt import format_time_ms
 from clmq.common import (
+    MAX_TIME_MS,
     TRACE_RECORD_MAX_EVENTS,
     TRACE_RECORD_MAX_KEYS_BYTES,
     TRACE_TOPIC,
@@ -84,6 +86,10 @@ def test_the_record_keys_name_the_message_by_every_id_once(event: TraceEvent) ->
         (b'[1, ["sent", 1, "a@0", "t", "0"]]', "'queue_id' must be int"),
         (b'[1, ["sent", 1, "a@0"], ["acked", 2, "a@0"]]', "holds 2"),
         (b"\xff\xfe", "not JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'[1, ["sent", 99999999999999999, "a@0"]]', "'time_ms' must be in"),
+        (b'[1, ["sent", -5, "a@0"]]', "'time_ms' must be in"),
+        (b'[1, ["sent", 1, "a@0", "t", 0, 18446744073709551615]]', "'queue_offset' must be in"),
     ],
 )
 def test_a_body_that_is_not_an_event_is_a_clear_error(body: bytes, why: str) -> None:
@@ -134,3 +140,16 @@ def test_transaction_events_are_found_by_the_half_message_too() -> None:
     assert event.kind == "committed" and "h:1@05" in trace_keys(event).split()
     rolled = transaction_event(False, "h:1@05", 8, topic="orders", queue_id=-1, queue_offset=-1)
     assert rolled.kind == "rolled_back"
+
+
+@given(st.recursive(st.integers() | st.text() | st.none(), lambda c: st.lists(c, max_size=4), max_leaves=30))
+def test_any_json_is_either_events_or_a_trace_format_error(value: object) -> None:
+    """A forged %TRACE% record (anyone allowed to trace can write one) never breaks a
+    lookup with anything but TraceFormatError; what decodes can be shown."""
+    try:
+        decoded = decode_events(json.dumps([1, value]).encode())
+    except TraceFormatError:
+        return
+    for e in decoded:
+        assert 0 <= e.time_ms <= MAX_TIME_MS
+        format_time_ms(e.time_ms)  # a table can show it
