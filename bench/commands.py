@@ -20,6 +20,14 @@ def _ints(text: str) -> list[int]:
     return [int(x.replace("_", "")) for x in text.split(",") if x]
 
 
+def _body_range(text: str) -> tuple[int, int]:
+    """``MIN,MAX`` body bytes, 0 <= MIN <= MAX."""
+    parts = _ints(text)
+    if len(parts) != 2 or not 0 <= parts[0] <= parts[1]:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX with 0 <= MIN <= MAX, got {text!r}")
+    return parts[0], parts[1]
+
+
 def plot_available() -> bool:
     """Whether the plotting extra (``clmq[bench]``: matplotlib) is installed."""
     return importlib.util.find_spec("matplotlib") is not None
@@ -60,6 +68,13 @@ def _add_store(bench_sub: Any) -> None:
         "--rebuild-messages", type=int, default=1_000_000, help="store size for the rebuild case (0: skip)"
     )
     store.add_argument("--scale-queues", type=int, default=100_000, help="queues in the scale case (0: skip)")
+    store.add_argument(
+        "--rebuild-varied-body-bytes",
+        type=_body_range,
+        default=None,
+        metavar="MIN,MAX",
+        help="also rebuild a store whose body sizes vary record to record, uniform in [MIN, MAX] bytes",
+    )
     store.add_argument("--json", type=Path, default=None, help="where to write the JSON")
     store.add_argument("--markdown", type=Path, default=None, help="also write the tables as Markdown here")
     store.set_defaults(func=cmd_bench_store)
@@ -105,6 +120,7 @@ def cmd_bench_store(args: argparse.Namespace) -> int:
         scale_queues=args.scale_queues,
         report=lambda s: console.print(f"[dim]{s}"),
         save=lambda r: write_json(r, args.json),
+        rebuild_varied=args.rebuild_varied_body_bytes,
     )
     _print_store_tables(result)
     if args.markdown:
@@ -210,6 +226,8 @@ def _print_store_tables(result: dict[str, Any]) -> None:
     rb = result.get("rebuild")
     if rb:
         _print_rebuild(rb)
+    if result.get("rebuild_varied"):
+        _print_rebuild(result["rebuild_varied"])
     for r in result["read"]:
         console.print(f"read-back over {r['queues']:,} queues (pulls of 32): {r['msgs_per_s']:,.0f} msgs/s")
     sc = result.get("scale")
@@ -223,7 +241,8 @@ def _print_store_tables(result: dict[str, Any]) -> None:
 
 def _print_rebuild(rb: dict[str, Any]) -> None:
     console.print(
-        f"rebuild of {rb['queues']:,} consume queues for {rb['messages']:,} messages ({rb['log_mb']:.0f} MB of log): "
+        f"rebuild of {rb['queues']:,} consume queues for {rb['messages']:,} messages of "
+        f"{rb.get('body_bytes', '100')} B bodies ({rb['log_mb']:.0f} MB of log): "
         f"{rb['rebuild_s']:.2f} s, of which re-dispatch {rb['redispatch_s']:.2f} s "
         f"({rb['redispatch_records_per_s']:,.0f} records/s) and writing new queue files {rb['queue_files_s']:.2f} s"
     )

@@ -39,12 +39,13 @@ def store_markdown(result: dict[str, Any]) -> str:
         ],
     )
     out = [append]
-    rb = result.get("rebuild")
-    if rb:
+    rebuilds = [result[k] for k in ("rebuild", "rebuild_varied") if result.get(k)]
+    if rebuilds:
         out.append(
             _table(
                 [
                     "messages",
+                    "body B",
                     "queues",
                     "log MB",
                     "rebuild s",
@@ -58,6 +59,7 @@ def store_markdown(result: dict[str, Any]) -> str:
                 [
                     [
                         f"{rb['messages']:,}",
+                        str(rb.get("body_bytes", "100")),
                         f"{rb['queues']:,}",
                         f"{rb['log_mb']:.0f}",
                         f"{rb['rebuild_s']:.2f}",
@@ -68,6 +70,7 @@ def store_markdown(result: dict[str, Any]) -> str:
                         f"{rb['log_validation_s']:.2f}",
                         f"{rb['log_validation_records_per_s']:,.0f}",
                     ]
+                    for rb in rebuilds
                 ],
             )
         )

@@ -83,6 +83,9 @@ def plot_store(result: dict[str, Any], path: Path) -> None:
     if result.get("rebuild"):
         bars["re-dispatch (rebuild), records"] = result["rebuild"]["redispatch_records_per_s"]
         bars["log validation (recovery), records"] = result["rebuild"]["log_validation_records_per_s"]
+    if result.get("rebuild_varied"):
+        varied = result["rebuild_varied"]
+        bars[f"re-dispatch, {varied['body_bytes']} B bodies, records"] = varied["redispatch_records_per_s"]
     if result.get("scale"):
         bars[f"append at {result['scale']['queues']:,} queues"] = result["scale"]["append_msgs_per_s"]
     bar_plot(path, "clmq bench store (medians)", bars, "messages/s", log=True)

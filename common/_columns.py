@@ -8,6 +8,7 @@ recovery rebuilds and the Spark reader use this.
 from __future__ import annotations
 
 import struct
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -142,8 +143,11 @@ class Walk:
         if len(self.runs) == 1:
             p, c, s = self.runs[0]
             return np.arange(p, p + c * s, s, dtype=np.int64)
-        cols = np.array(self.runs, dtype=np.int64)  # (runs, 3): position, count, size
+        flat = chain.from_iterable(self.runs)
+        cols = np.fromiter(flat, np.int64, 3 * len(self.runs)).reshape(-1, 3)  # position, count, size
         counts = cols[:, 1]
+        if int(counts.sum()) == len(cols):  # every run one record long (sizes vary throughout)
+            return np.ascontiguousarray(cols[:, 0])
         run_of = np.repeat(np.arange(len(cols)), counts)  # each record's run
         firsts = np.cumsum(counts) - counts  # index of each run's first record
         within = np.arange(len(run_of), dtype=np.int64) - firsts[run_of]
@@ -164,15 +168,15 @@ def walk_records(data: bytes | bytearray | memoryview, pos: int = 0, max_size: i
     work stays proportional to the records walked (never to the bytes left in ``data``).
     """
     runs: list[tuple[int, int, int]] = []
-    head = _HEAD.unpack_from
+    head, record_magic, header_size, speculate = _HEAD.unpack_from, RECORD_MAGIC, HEADER_SIZE, _SPECULATE
     n = len(data)
     run_pos, run_count, run_size = pos, 0, 0  # the run being extended
     while n - pos >= 8:
         size, magic = head(data, pos)
-        if magic != RECORD_MAGIC:
+        if magic != record_magic:
             reason = "blank" if magic == BLANK_MAGIC else "corrupt"
             return _close(runs, run_pos, run_count, run_size, pos, reason)
-        if size < HEADER_SIZE or size > max_size:
+        if size < header_size or size > max_size:
             return _close(runs, run_pos, run_count, run_size, pos, "corrupt")
         if size > n - pos:
             break
@@ -182,7 +186,7 @@ def walk_records(data: bytes | bytearray | memoryview, pos: int = 0, max_size: i
             run_pos, run_count, run_size = pos, 0, size
         run_count += 1
         pos += size
-        if run_count == _SPECULATE:
+        if run_count == speculate:
             more = _gallop(data, pos, size)
             run_count += more
             pos += more * size

@@ -9,6 +9,7 @@ stop at a blank marker, a bad magic, an impossible size or the end of the bytes.
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import numpy as np
 from hypothesis import given, settings
@@ -144,3 +145,15 @@ def test_empty_and_tiny_buffers() -> None:
         walk = walk_records(data)
         assert (walk.runs, walk.count, walk.reason) == ([], 0, "end")
         assert walk.starts.tolist() == []
+
+
+def test_bench_store_varied_case_rebuilds_records_of_varying_sizes(tmp_path: Path) -> None:
+    """``clmq bench store --rebuild-varied-body-bytes``: the store it rebuilds really has
+    sizes varying record to record, and every record is re-dispatched."""
+    from clmq.bench.store import _batches, bench_rebuild
+
+    sizes = {len(m.body) for batch in _batches(100, 10, 1000, 2, (50, 1000)) for m in batch}
+    assert len(sizes) > 500 and min(sizes) >= 50 and max(sizes) <= 1000
+    figures = bench_rebuild(tmp_path, 2000, 100, 10, (50, 1000))
+    assert (figures.messages, figures.body_bytes) == (2000, "50-1000")
+    assert figures.redispatch_records_per_s > 0 and figures.log_mb > 2000 * 50 / 1e6
