@@ -192,7 +192,7 @@ def _event_of(row: Any) -> TraceEvent:
         wanted = int if name in _INTS else str
         if type(value) is not wanted:
             raise TraceFormatError(f"trace field {name!r} must be {wanted.__name__}, got {value!r:.40}")
-        if wanted is int and not _INT_RANGES[name][0] <= value <= _INT_RANGES[name][1]:
+        if isinstance(value, int) and not _INT_RANGES[name][0] <= value <= _INT_RANGES[name][1]:
             raise TraceFormatError(f"trace field {name!r} must be in {_INT_RANGES[name]}, got {value}")
     return TraceEvent(*values)
 

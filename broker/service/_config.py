@@ -137,7 +137,9 @@ class BrokerConfig:
     index_query_max_results: int = 1000  # a QUERY_INDEX answers at most this many matches
     # Message traces (docs/traces.md): events of a message's life in topic %TRACE%.
     trace_enabled: bool = False  # the broker records stored, sent back, dead-lettered, committed events
-    trace_retention_ms: int = 7 * 24 * 3600 * 1000  # lookups show no trace event older than this (the bytes go with the log's segments)
+    trace_retention_ms: int = (
+        7 * 24 * 3600 * 1000
+    )  # lookups show no trace event older than this (the bytes go with the log's segments)
     # The Kafka listener (docs/kafka.md): Kafka's own clients, on the same store.
     kafka_listen_port: int = -1  # -1: no Kafka listener; 0: any free port
     kafka_node_id: int = -1  # this broker's node id for Kafka clients; -1: derived from its Kafka address
