@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -114,6 +115,7 @@ assert _fields is not None
 _FIELDS: dict[str, tuple[np.dtype[Any], int]] = {name: (spec[0], spec[1]) for name, spec in _fields.items()}
 
 _HEAD = struct.Struct("<II")
+_COUNT_OF_RUN = itemgetter(1)  # (position, count, size) -> count
 
 
 class Walk:
@@ -133,7 +135,7 @@ class Walk:
 
     @property
     def count(self) -> int:
-        return sum(c for _, c, _ in self.runs)
+        return sum(map(_COUNT_OF_RUN, self.runs))
 
     @property
     def starts(self) -> np.ndarray:
