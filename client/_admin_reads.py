@@ -24,6 +24,8 @@ from clmq.common import (
     PROP_REAL_TAGS,
     PROP_REAL_TOPIC,
     PROP_TIMER_SRC,
+    PROP_TRAN_GROUP,
+    PROP_TRAN_HALF,
     Message,
     Record,
     dlq_topic,
@@ -150,6 +152,8 @@ DROPPED_ON_RESEND = frozenset(
         PROP_TIMER_SRC,
         PROP_CANCEL_OF,
         PROP_DLQ_BODY_OF,
+        PROP_TRAN_HALF,  # a resent committed message is no commit of its half (nor accepted at the door)
+        PROP_TRAN_GROUP,
         "UNIQ_KEY",
     }
 )

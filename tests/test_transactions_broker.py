@@ -321,7 +321,7 @@ def test_a_commit_whose_op_record_was_lost_gets_it_at_the_rebuild(tmp_path: Path
         put = store.put_batch([half(b"lost-op"), half(b"pending")], wait_durable=True)
         lost, pending = put.commitlog_offsets
         mark = store.log.write_offset
-        real = Message("t", 1, b"lost-op", "TagA", "", {PROP_TRAN_HALF: str(lost)})
+        real = Message("t", 1, b"lost-op", "TagA", "", {PROP_TRAN_HALF: str(lost), "UNIQ_KEY": "U-lost-op"})
         store.put_batch([real], wait_durable=True)  # the message, its op record gone
         store.catch_up()
         rebuilt = rebuild(store, TransactionCheckpoint(mark, 0, 0))
@@ -562,7 +562,7 @@ async def test_a_broker_writes_the_op_record_a_commit_lost_once_and_commits_noth
         for topic, queues in (("t", 2), (TRANS_HALF_TOPIC, 1), (TRANS_OP_TOPIC, 3)):
             store.create_topic(topic, queues)
         lost, pending = store.put_batch([half(b"lost-op"), half(b"pending")], wait_durable=True).commitlog_offsets
-        real = Message("t", 1, b"lost-op", "TagA", "", {PROP_TRAN_HALF: str(lost)})
+        real = Message("t", 1, b"lost-op", "TagA", "", {PROP_TRAN_HALF: str(lost), "UNIQ_KEY": "U-lost-op"})
         store.put_batch([real], wait_durable=True)
     finally:
         store.close()

@@ -19,6 +19,7 @@ from ._context import BrokerContext, now_ms
 from ._dedup import UNIQ_KEY, DedupLimits, PartlyStored, Stored, find_stored_queues, merge_stored, wait_visible
 from ._fetch import ReadThreads
 from ._scheduled import ScheduledRequests
+from .transaction import refuse_tran_half
 
 _PUT_ERRORS = {
     PutStatus.MESSAGE_TOO_LARGE: ErrorCode.MESSAGE_TOO_LARGE,
@@ -67,6 +68,8 @@ class Produce:
         await self.ctx.replica.writes_settled()  # a graceful hand-over under way: held, then answered
         if (refused := self._not_leader(topic)) is not None:
             return refused
+        if topic not in (TRANS_HALF_TOPIC, TRANS_OP_TOPIC):  # (their door refuses it too)
+            refuse_tran_half(frame.body)  # TRAN_HALF marks a committed half's copy: set by the broker alone
         if topic == TIMER_TOPIC:  # scheduled messages: checked before the timer trusts them
             await self.scheduled.check_send(frame.body, peer)
         elif topic in (TRANS_HALF_TOPIC, TRANS_OP_TOPIC) and self.half_door is not None:

@@ -21,6 +21,7 @@ from clmq.common import (
     TRANS_OP_TOPIC,
     Message,
     Record,
+    is_system_topic,
 )
 from clmq.protocol import ErrorCode
 from clmq.protocol.transport import RequestError
@@ -46,7 +47,14 @@ def op_record(queue_id: int, half_offset: int) -> Message:
 
 
 def committed_message(half: Record) -> Message:
-    """The message a committed half becomes in its real queue (UNIQ_KEY kept)."""
+    """The message a committed half becomes in its real queue (UNIQ_KEY kept); refused
+    (INVALID_MESSAGE) if its real topic is a system topic or its queue no number."""
+    target, qid = half.properties.get(PROP_REAL_TOPIC, ""), half.properties.get(PROP_REAL_QID, "")
+    if not target or is_system_topic(target) or not (qid.isascii() and qid.isdigit()):
+        raise RequestError(
+            ErrorCode.INVALID_MESSAGE,
+            f"the half message at {half.commitlog_offset} cannot be committed to {target!r} queue {qid!r}",
+        )
     props = {k: v for k, v in half.properties.items() if k not in _TRANSACTION_PROPS}
     props[PROP_TRAN_HALF] = str(half.commitlog_offset)
     return Message(
@@ -146,22 +154,34 @@ class EndAppends:
 
     async def _append(self, batch: list[_Slot]) -> None:
         try:
-            result = await put_messages(self.ctx, [m for slot in batch for m in slot.messages])
+            result = await self._put([m for slot in batch for m in slot.messages])
             self.appends += 1
             if result.status in _BAD_INPUT and len(batch) > 1:
                 for slot in batch:  # someone's records refused as they are: each on its own
-                    slot.result = await put_messages(self.ctx, slot.messages)
+                    await self._alone(slot)
             else:
                 _split(result, batch)
         except BusyError as e:
-            for slot in batch:
-                slot.error = RequestError(ErrorCode.SYSTEM_BUSY, str(e))
+            for slot in batch:  # never one already stored: its END must answer what it stored
+                if slot.result is None and slot.error is None:
+                    slot.error = RequestError(ErrorCode.SYSTEM_BUSY, str(e))
         finally:
             for slot in batch:
                 if slot.result is None and slot.error is None:
                     slot.error = RequestError(ErrorCode.SHUTTING_DOWN, "the append of this end was interrupted")
                 slot.finished = True
                 slot.wake.set()
+
+    async def _alone(self, slot: _Slot) -> None:
+        """Store one END's records on their own; a busy lane fails this END only."""
+        try:
+            slot.result = await self._put(slot.messages)
+        except BusyError as e:
+            slot.error = RequestError(ErrorCode.SYSTEM_BUSY, str(e))
+
+    async def _put(self, messages: Sequence[Message]) -> PutResult:
+        """One store call through the append lane (raises BusyError if it is full)."""
+        return await put_messages(self.ctx, messages)
 
 
 def _split(result: PutResult, batch: list[_Slot]) -> None:

@@ -47,6 +47,8 @@ class Ended:
     queue_id: int = -1  # where the committed message went (-1: not known, e.g. after a restart)
     queue_offset: int = -1
     commitlog_offset: int = -1
+    group: str = ""  # the half's producer group and real topic ("": not known, read from its record)
+    topic: str = ""
 
 
 @dataclass
@@ -97,6 +99,8 @@ class PendingSet:
     def end(self, offset: int, ended: Ended) -> Half | None:
         """Mark ``offset`` ended; the half it was (None if it was not pending)."""
         half = self.pending.pop(offset, None)
+        if half is not None:  # an END of another group must not learn of it (NOT_FOUND)
+            ended.group, ended.topic = half.group, half.topic
         while self.order and self.order[0][0] not in self.pending:  # the floor moves up at once
             heapq.heappop(self.order)
         self.ended[offset] = ended
@@ -121,9 +125,12 @@ class PendingSet:
         """The lowest commit-log offset a pending half (or one not yet read) may have:
         O(1), and safe from retention's thread (the heap's top is at or below every
         pending half, ended ones not yet dropped only make it lower)."""
-        order = self.order
-        lowest = order[0][0] if order else self.read_to
-        return min(lowest, self.read_to)
+        read_to = self.read_to
+        try:  # the head taken once: the event loop may pop the last one between a check and a read
+            lowest = self.order[0][0]
+        except IndexError:
+            lowest = read_to
+        return min(lowest, read_to)
 
     def lowest_queue_offset(self) -> int:
         """The ``%TRANS_HALF%`` queue offset below which nothing is pending (on the

@@ -23,6 +23,9 @@ from ._pending import Half, PendingSet
 log = logging.getLogger("clmq.transactions")
 
 
+COUNT_RECORDS_PER_CALL = 10_000  # check op records of unpolled halves stored per store call (~1.5 MB)
+
+
 def wall_ms() -> int:
     return int(time.time() * 1000)
 
@@ -70,18 +73,23 @@ async def count_unasked(ctx: BrokerContext, halves: PendingSet, orphans: list[Ha
     crash and a fail-over); due again ``transaction_timeout_ms`` later. If the records
     cannot be stored, nothing is counted and they are due again at the next look."""
     halves.asked(orphans, now_ms)
-    try:
-        await store_together(ctx, [op_record(TRANS_OP_CHECK, h.offset) for h in orphans])
-    except RequestError as e:
-        log.warning("transactions: checks of %d half messages not counted: %s", len(orphans), e.text)
-        for half in orphans:
-            half.last_check_ms = 0
-            halves.again(half)
-        return
-    for half in orphans:
-        half.checks += 1
-    halves.stats.checks += len(orphans)
-    for group, n in Counter(h.group for h in orphans).items():
+    counted: list[Half] = []
+    for at in range(0, len(orphans), COUNT_RECORDS_PER_CALL):
+        chunk = orphans[at : at + COUNT_RECORDS_PER_CALL]
+        try:
+            await store_together(ctx, [op_record(TRANS_OP_CHECK, h.offset) for h in chunk])
+        except RequestError as e:
+            rest = orphans[at:]
+            log.warning("transactions: checks of %d half messages not counted: %s", len(rest), e.text)
+            for half in rest:
+                half.last_check_ms = 0
+                halves.again(half)
+            break
+        for half in chunk:
+            half.checks += 1
+        counted += chunk
+    halves.stats.checks += len(counted)
+    for group, n in Counter(h.group for h in counted).items():
         log.info("transactions: no producer of group %s polls: %d of its half messages counted as checked", group, n)
 
 

@@ -40,10 +40,10 @@ from .._context import BrokerContext
 from .._dedup import UNIQ_KEY, wait_visible
 from .._system_put import ensure_topic
 from ._ending import EndAppends, acknowledged, committed_message, op_record, store_together
-from ._pending import Half, PendingSet
+from ._pending import Ended, Half, PendingSet
 from ._polls import wall_ms
 from ._service import Transactions
-from ._state import HALF_QUEUE, HALF_QUEUES, OP_QUEUES, half_from_record
+from ._state import HALF_QUEUE, HALF_QUEUES, OP_QUEUES, queue_number
 from ._traces import trace_end
 
 CHECK_DEFAULT_MESSAGES = 32  # a CHECK_TRANSACTIONS without max_messages gets at most this many
@@ -51,6 +51,8 @@ CHECK_MAX_MESSAGES = 1000  # ... and never more than this
 CHECK_MAX_WAIT_MS = 30_000  # a poll waits at most this long
 LIST_DEFAULT_MESSAGES = 100  # a LIST_TRANSACTIONS without max_messages lists this many
 INLINE_READ_DISTANCE_BYTES = 64 << 20  # an END reads a half this close to the log's end without a thread
+END_DISPATCH_WAIT_MS = 1000  # an END of a half just stored waits at most this long for its queue entry
+_DISPATCH_POLL_S = 0.002
 LIST_CATCH_UP_MS = 1000  # a list waits at most this long for the queues to show what was stored before it
 _FORBIDDEN = (PROP_TRAN_HALF, PROP_DELIVER_AT, PROP_TIMER_SRC, PROP_CANCEL_OF)  # marks a half may not carry
 
@@ -135,7 +137,8 @@ class TransactionRequests:
                 ErrorCode.TOPIC_NOT_FOUND,
                 f"message {i}: topic {topic!r} does not exist on {self.ctx.config.broker_name}",
             )
-        if not qid.isdigit() or int(qid) >= count:
+        number = queue_number(qid)
+        if number is None or number >= count:
             raise RequestError(
                 ErrorCode.INVALID_QUEUE_ID, f"message {i}: queue {qid!r} not in 0..{count - 1} of {topic!r}"
             )
@@ -147,9 +150,11 @@ class TransactionRequests:
         group = need(frame.fields, "group", str)
         offset = need(frame.fields, "commitlog_offset", int)
         commit = need(frame.fields, "action", str) == "commit"
-        half, record = await self._pending_half(self._store(), offset, group)
+        half, record = await self._pending_half(self._store(), offset, group, peer)
         if record is not None and half is not None:
             self.ctx.security.check(peer, [(Operation.WRITE, ResourceType.TOPIC, half.topic)], "END_TRANSACTION")
+            if commit:
+                self._door_again(record)
         stored: list[PutResult] = []
 
         async def append() -> PutResult:
@@ -176,38 +181,75 @@ class TransactionRequests:
             await acknowledged(self.ctx, topics, stored[0])
         return Reply(fields)
 
-    async def _pending_half(self, store: Store, offset: int, group: str) -> tuple[Half | None, Record | None]:
+    async def _pending_half(
+        self, store: Store, offset: int, group: str, peer: Peer
+    ) -> tuple[Half | None, Record | None]:
         """The pending half at ``offset`` and its record; (None, None) if it is not
-        pending (ended, or never one: :meth:`Transactions.end` answers which). A half
-        stored but not yet read from the queue is added to the pending set here."""
+        pending (ended, or never one: :meth:`Transactions.end` answers which). Only an
+        offset the ``%TRANS_HALF%`` queue itself names is a half: one past what the
+        queue has been read to is looked up there (the dispatcher waited for), never
+        taken from whatever record the log holds at that offset. Another group's half,
+        pending or ended, is NOT_FOUND."""
         halves = self.service.running_halves()
+        if offset not in halves.pending and offset not in halves.ended and offset >= halves.read_to:
+            await self._read_queue_past(store, offset)
+            halves = self.service.running_halves()
         half = halves.pending.get(offset)
-        known = half is not None or offset in halves.ended or offset < halves.read_to
-        if known and half is None:
+        if half is None:
+            ended = halves.ended.get(offset)
+            if ended is not None:
+                await self._check_ended(store, offset, ended, group, peer)
             return None, None
-        record = await self._read(store, offset)
-        if record is not None and record.topic != TRANS_HALF_TOPIC:
-            raise RequestError(ErrorCode.NOT_FOUND, f"no half message at CommitLog offset {offset}")
-        if not known and record is not None:  # stored, not yet read from the queue
-            found = half_from_record(record, record.queue_offset)
-            if found is not None and offset not in halves.pending and offset not in halves.ended:
-                halves.add(found)
-            half = halves.pending.get(offset)
-        if half is not None and record is None:
-            raise RequestError(ErrorCode.CORRUPT_DATA, f"the half message at CommitLog offset {offset} cannot be read")
-        if half is not None and half.group != group:
+        if half.group != group:
             raise RequestError(ErrorCode.NOT_FOUND, f"the half message at {offset} is not of group {group!r}")
+        record = await self._read(store, offset, half.size)
+        if record is None:
+            raise RequestError(ErrorCode.CORRUPT_DATA, f"the half message at CommitLog offset {offset} cannot be read")
         return half, record
 
-    async def _read(self, store: Store, offset: int) -> Record | None:
+    async def _read_queue_past(self, store: Store, offset: int) -> None:
+        """Read the half queue's entries up to ``offset`` into the pending set (SYSTEM_BUSY,
+        retryable, if the dispatcher has not passed it within ``END_DISPATCH_WAIT_MS``)."""
+        if offset >= store.log.write_offset:
+            return  # no record starts there: Transactions.end answers NOT_FOUND
+        interval = _DISPATCH_POLL_S
+        with trio.move_on_after(END_DISPATCH_WAIT_MS / 1000):
+            while store.dispatcher.dispatched_offset <= offset:
+                await trio.sleep(interval)
+                interval = min(2 * interval, 0.05)
+        if store.dispatcher.dispatched_offset <= offset:
+            raise RequestError(ErrorCode.SYSTEM_BUSY, f"the record at {offset} is not yet in its queue: retry")
+        await self.service.refresh()
+
+    async def _check_ended(self, store: Store, offset: int, ended: Ended, group: str, peer: Peer) -> None:
+        """An ended half is answered (already_*) to its own group only, and only to a
+        peer that may WRITE its real topic; its group read from its record if unknown."""
+        if not ended.group:
+            record = await self._read(store, offset)
+            if record is None or record.topic != TRANS_HALF_TOPIC:
+                raise RequestError(ErrorCode.NOT_FOUND, f"no half message at CommitLog offset {offset}")
+            ended.group = record.properties.get(PROP_TRAN_GROUP, "")
+            ended.topic = record.properties.get(PROP_REAL_TOPIC, "")
+        if ended.group != group:
+            raise RequestError(ErrorCode.NOT_FOUND, f"the half message at {offset} is not of group {group!r}")
+        self.ctx.security.check(peer, [(Operation.WRITE, ResourceType.TOPIC, ended.topic)], "END_TRANSACTION")
+
+    def _door_again(self, record: Record) -> None:
+        """The door's checks, on the stored half before it is committed (a record that
+        reached the half queue some other way commits nothing it could not send)."""
+        props = record.properties
+        check_half(0, record.queue_id, props)
+        self._check_target(0, props[PROP_REAL_TOPIC], props[PROP_REAL_QID])
+
+    async def _read(self, store: Store, offset: int, size: int | None = None) -> Record | None:
         """The record at ``offset`` (None: none starts there). A half stored within
         ``INLINE_READ_DISTANCE_BYTES`` of the log's end is read on the event loop (its
         pages are in the cache: a thread hand-over would cost more than the read);
         an older one in a worker thread."""
         try:
             if store.log.write_offset - offset <= INLINE_READ_DISTANCE_BYTES:
-                return store.log.read_record(offset)
-            return await trio.to_thread.run_sync(store.log.read_record, offset)
+                return store.log.read_record(offset, size)
+            return await trio.to_thread.run_sync(store.log.read_record, offset, size)
         except CorruptRecordError:  # a made-up offset is no record
             return None
 
@@ -220,12 +262,15 @@ class TransactionRequests:
         wait_s = min(int(frame.fields.get("max_wait_ms") or 0), CHECK_MAX_WAIT_MS) / 1000
         store = self._store()
         self.service.running_halves()
-        self.service.polls.polled(group)  # a producer of the group is alive: its halves are asked, not counted
+        producer = self._may_take(peer, group)  # a poll that could be handed the group's halves
+        if producer:
+            self.service.polls.polled(group)  # a producer of the group is alive: its halves are asked, not counted
         await self.service.refresh()
         try:
             due = await self._wait_due(group, peer, limit, wait_s)
         finally:
-            self.service.polls.polled(group)
+            if producer:
+                self.service.polls.polled(group)
         if not due:
             return Reply({"checks": []})
         halves = self.service.running_halves()
@@ -242,6 +287,13 @@ class TransactionRequests:
         self.service.running_halves().stats.checks += len(due)
         body = await trio.to_thread.run_sync(_raw_records, store, due)
         return Reply({"checks": [[h.offset, h.checks] for h in due]}, body=body)
+
+    def _may_take(self, peer: Peer, group: str) -> bool:
+        """Whether ``peer`` may be handed ``group``'s halves: WRITE on the group (the
+        transactional id its producers send halves with); anyone with ACLs off."""
+        access = self.ctx.security.access
+        need_id = [(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, group)]
+        return not access.enabled or access.refusal(peer, need_id, "CHECK_TRANSACTIONS") is None
 
     async def _wait_due(self, group: str, peer: Peer, limit: int, wait_s: float) -> list[Half]:
         """The group's halves due now, or the first due within ``wait_s`` (the checker

@@ -145,6 +145,7 @@ class Transactions:
     async def _start(self) -> None:
         store = self.store
         assert store is not None
+        await self._ends_settled()
         cp = await trio.to_thread.run_sync(load_checkpoint, store)
         rebuilt = await trio.to_thread.run_sync(rebuild, store, cp)
         if rebuilt.orphans:  # committed, op record lost: written now, never a second message
@@ -160,6 +161,14 @@ class Transactions:
         self.halves = rebuilt.halves
         self.polls.restart(wall_ms())
         rebuilt.halves.stats.committed = rebuilt.halves.stats.rolled_back = 0  # counts since start
+
+    async def _ends_settled(self) -> None:
+        """Wait until no END is in flight and the append lane is idle: an END's append
+        landing after the rebuild read the log would mark only the old set (and a
+        retried END would commit again)."""
+        while self.ending:
+            await next(iter(self.ending.values())).wait()
+        await self.ctx.lane.wait_idle()
 
     async def refresh(self) -> None:
         """Read the half messages stored since the last look into the pending set (read

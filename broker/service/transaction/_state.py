@@ -49,6 +49,7 @@ from clmq.common import (
 )
 from clmq.consumequeue import ENTRY_DTYPE, HOLE_TAG, START_TAG
 
+from .._dedup import UNIQ_KEY
 from ._pending import COMMITTED, ENDED_KEPT, ROLLED_BACK, Half, PendingSet
 
 log = logging.getLogger("clmq.transactions")
@@ -184,13 +185,20 @@ def op_entries(store: Store, queue_id: int, start: int = 0) -> tuple[np.ndarray,
     return np.concatenate(where), np.concatenate(tags)
 
 
+def queue_number(text: str) -> int | None:
+    """``text`` as a queue id or offset: ASCII digits only (``"²".isdigit()`` is true,
+    ``int("²")`` raises); None if it is not one."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def half_from_record(record: Record, queue_offset: int) -> Half | None:
     """The pending half a ``%TRANS_HALF%`` record stands for (None: not one)."""
     p = record.properties
-    group, topic, qid = p.get(PROP_TRAN_GROUP, ""), p.get(PROP_REAL_TOPIC, ""), p.get(PROP_REAL_QID, "")
-    if record.topic != TRANS_HALF_TOPIC or not group or not topic or not qid.isdigit():
+    group, topic = p.get(PROP_TRAN_GROUP, ""), p.get(PROP_REAL_TOPIC, "")
+    qid = queue_number(p.get(PROP_REAL_QID, ""))
+    if record.topic != TRANS_HALF_TOPIC or not group or not topic or qid is None:
         return None
-    return Half(record.commitlog_offset, record.size, queue_offset, group, topic, int(qid), record.store_timestamp_ms)
+    return Half(record.commitlog_offset, record.size, queue_offset, group, topic, qid, record.store_timestamp_ms)
 
 
 @dataclass
@@ -224,7 +232,7 @@ def rebuild(store: Store, cp: TransactionCheckpoint, ended_kept: int = ENDED_KEP
     if halves.pending:
         start = max(cp.mark_offset, min(halves.pending))
         found = committed_since(store, start)
-        orphans = sorted({off for off, topic, qid in found if _commits(halves.pending.get(off), topic, qid)})
+        orphans = sorted({c.half_offset for c in found if _commits(store, halves.pending.get(c.half_offset), c)})
     log.info(
         "transactions: %d half messages pending, %d committed after the checkpoint without their op record",
         len(halves.pending),
@@ -268,14 +276,37 @@ def _count_checks(store: Store, halves: PendingSet, start: int) -> None:
             half.checks = n
 
 
-def _commits(half: Half | None, topic: str, queue_id: int) -> bool:
-    """A record carrying ``TRAN_HALF`` is that half's commit only in its real queue."""
-    return half is not None and half.topic == topic and half.queue_id == queue_id
+@dataclass
+class Committed:
+    """A record carrying ``TRAN_HALF``: what it says it commits, where it is, what it holds."""
+
+    half_offset: int
+    topic: str
+    queue_id: int
+    uniq_key: str
+    body: bytes
 
 
-def committed_since(store: Store, mark: int) -> list[tuple[int, str, int]]:
-    """``(TRAN_HALF, topic, queue id)`` of every record in the log from ``mark`` to its end."""
-    found: list[tuple[int, str, int]] = []
+def _commits(store: Store, half: Half | None, found: Committed) -> bool:
+    """A record carrying ``TRAN_HALF`` is that half's commit only if it is the half's
+    committed copy: in its real queue, with the half's UNIQ_KEY and body (a plain send
+    carrying someone's ``TRAN_HALF`` is no commit of it)."""
+    if half is None or half.topic != found.topic or half.queue_id != found.queue_id:
+        return False
+    try:
+        record = store.log.read_record(half.offset, half.size)
+    except CorruptRecordError:
+        return False
+    return (
+        record is not None
+        and record.properties.get(UNIQ_KEY, "") == found.uniq_key
+        and bytes(record.body) == found.body
+    )
+
+
+def committed_since(store: Store, mark: int) -> list[Committed]:
+    """Every record carrying ``TRAN_HALF`` in the log from ``mark`` to its end."""
+    found: list[Committed] = []
     at, end = max(mark, store.log.min_offset), store.log.write_offset
     chunk = max(SCAN_BYTES, 2 * store.log.config.max_message_bytes)
     while at < end:
@@ -284,8 +315,9 @@ def committed_since(store: Store, mark: int) -> list[tuple[int, str, int]]:
         if bytes(data).find(_MARKER) >= 0:
             for p in walk.starts.tolist():
                 record = decode_record(data, p)
-                src = record.properties.get(PROP_TRAN_HALF, "")
-                if src.isdigit():
-                    found.append((int(src), record.topic, record.queue_id))
+                src = queue_number(record.properties.get(PROP_TRAN_HALF, ""))
+                if src is not None:
+                    uniq = record.properties.get(UNIQ_KEY, "")
+                    found.append(Committed(src, record.topic, record.queue_id, uniq, bytes(record.body)))
         at = at + walk.stop if walk.reason != "blank" and walk.stop > 0 else store.log.next_segment_base(at)
     return found
