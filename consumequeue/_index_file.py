@@ -42,6 +42,9 @@ ENTRY_SIZE = 20
 INDEX_ENTRY_DTYPE = np.dtype({"names": ["hash", "offset", "dt", "prev"], "formats": ["<u4", "<i8", "<i4", "<u4"]})
 assert INDEX_ENTRY_DTYPE.itemsize == ENTRY_SIZE
 SLOT_PAGE_BYTES = 4096  # the active file's slot table is written back in pages of this size
+# The slot table is read in pieces of this size: below glibc malloc's mmap threshold (128 KiB),
+# so no transient as large as the table raises that threshold for the process's lifetime.
+SLOT_READ_BYTES = 64 * 1024
 SUFFIX = ".idx"
 
 
@@ -129,14 +132,26 @@ class IndexFile:
         """Load the slot table to add entries; cut bytes past the header's count and
         repair slots that name entries past it (a persist cut short by a crash)."""
         h = self.header
-        raw = fileops.OPS.pread(self.fd, 4 * h.slots, HEADER_SIZE)
-        table = np.zeros(h.slots, dtype=np.uint32)
-        table[: len(raw) // 4] = np.frombuffer(raw[: len(raw) // 4 * 4], dtype="<u4")
+        table = self._read_slots()
         fileops.OPS.ftruncate(self.fd, self.entries_pos + ENTRY_SIZE * h.count)
         self.slot_table = table
         self._dirty = np.zeros(-(-h.slots * 4 // SLOT_PAGE_BYTES), dtype=bool)
         if int(table.max(initial=0)) > h.count:
             self.rebuild_slots()
+
+    def _read_slots(self) -> np.ndarray:
+        """The slot table from the file, read in pieces straight into the array (a
+        short file leaves the rest zero)."""
+        table = np.zeros(self.header.slots, dtype=np.uint32)
+        view = table.data.cast("B")
+        for lo in range(0, len(view), SLOT_READ_BYTES):
+            want = min(SLOT_READ_BYTES, len(view) - lo)
+            raw = fileops.OPS.pread(self.fd, want, HEADER_SIZE + lo)
+            whole = len(raw) // 4 * 4
+            view[lo : lo + whole] = raw[:whole]
+            if len(raw) < want:
+                break
+        return table
 
     def rebuild_slots(self) -> None:
         """The slot table again from the entries (each slot: its newest entry)."""
@@ -192,11 +207,13 @@ class IndexFile:
         return prev
 
     def persist(self, sync: bool = True) -> None:
-        """Entries first (durable), then the changed slot pages, then the header."""
+        """Entries first (durable), then the changed slot pages, then the header. The
+        slots are written from the table itself, not a copy (a 20 MB transient each
+        checkpoint): the caller keeps appends out meanwhile (:class:`KeyIndex`'s lock)."""
         if sync:
             fileops.OPS.fdatasync(self.fd)
         if self.slot_table is not None and self._dirty is not None and self._dirty.any():
-            raw = memoryview(self.slot_table.tobytes())  # a copy: a 20 MB table takes a few ms
+            raw = self.slot_table.data.cast("B")  # no copy: the caller holds the index's lock
             pages = np.flatnonzero(self._dirty).tolist()
             if len(pages) > len(self._dirty) // 4:  # random slots dirty most pages: one write of the table
                 fileops.write_all(self.fd, raw, HEADER_SIZE)

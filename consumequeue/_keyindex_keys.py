@@ -14,13 +14,12 @@ every candidate is checked against its record.
 from __future__ import annotations
 
 import re
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 import xxhash
 
-from clmq.common import HEADER_SIZE, Walk, decode_properties, gather_fields, gather_strings
+from clmq.common import HEADER_SIZE, Walk, gather_fields, gather_strings
 
 UNIQ_KEY = "UNIQ_KEY"  # the property naming a message uniquely (set by the producer)
 _UNIQ_NAME = UNIQ_KEY.encode()
@@ -122,7 +121,7 @@ def chunk_keys(
         first += c
     todo = np.flatnonzero(rest)
     _plain_keys(buf, keys_at, keys_len, found, todo)
-    _uniq_keys(buf, data, props_at, props_len, found, todo)
+    _uniq_keys(buf, props_at, props_len, found, todo)
     return _place(buf, found, seeds, starts, heads["store_ts"].astype(np.int64))
 
 
@@ -201,47 +200,48 @@ def _plain_keys(buf: np.ndarray, at: np.ndarray, length: np.ndarray, found: KeyC
             found.add(np.full(len(parts), i), np.array([lo + p for p, _ in parts]), np.array([n for _, n in parts]))
 
 
-def _uniq_keys(
-    buf: np.ndarray, data: memoryview, at: np.ndarray, length: np.ndarray, found: KeyColumns, todo: np.ndarray
-) -> None:
-    """UNIQ_KEY values: column-wise when it is the only property (a producer's usual
-    message), else found by walking the properties."""
+def _uniq_keys(buf: np.ndarray, at: np.ndarray, length: np.ndarray, found: KeyColumns, todo: np.ndarray) -> None:
+    """UNIQ_KEY values, found by walking every record's properties in lockstep, one
+    property per step (column-wise, so a chunk costs a few array operations per
+    property and no Python object per record). The last UNIQ_KEY of a record counts (as
+    when its properties are decoded); a record whose properties do not parse (damage)
+    or whose UNIQ_KEY is empty is not indexed by it."""
     has = todo[length[todo] > 0]
-    if not len(has):
-        return
-    head = len(_UNIQ_HEAD) + 4
-    fast = np.zeros(len(has), dtype=bool)
-    ok = length[has] > head
-    if ok.any():
-        cand = has[ok]
-        rows = buf[at[cand, None] + np.arange(len(_UNIQ_HEAD), dtype=np.int64)]
-        named = (rows == np.frombuffer(_UNIQ_HEAD, dtype=np.uint8)).all(axis=1)
-        vlen = buf[at[cand, None] + len(_UNIQ_HEAD) + np.arange(4)].astype(np.int64) @ (256 ** np.arange(4))
-        fast[np.flatnonzero(ok)] = named & (vlen == length[cand] - head)
-    one = has[fast]
-    found.add(one, at[one] + head, length[one] - head)
-    for i in has[~fast].tolist():
-        lo, n = int(at[i]), int(length[i])
-        span = _uniq_span(data[lo : lo + n])
-        if span is not None:
-            found.add(np.array([i]), np.array([lo + span[0]]), np.array([span[1]]))
+    pos, end = at[has], at[has] + length[has]
+    value_at = np.full(len(has), -1, dtype=np.int64)
+    value_len = np.zeros(len(has), dtype=np.int64)
+    bad = np.zeros(len(has), dtype=bool)
+    live = np.arange(len(has))
+    while len(live):
+        p, e = pos[live], end[live]
+        name_len = _uint(buf, p, 2, e)
+        value_pos = p + 2 + name_len
+        vlen = _uint(buf, value_pos, 4, e)
+        nxt = value_pos + 4 + vlen
+        broken = (name_len < 0) | (vlen < 0) | (nxt > e)
+        bad[live[broken]] = True
+        ok = ~broken
+        is_uniq = ok & (name_len == len(_UNIQ_NAME))
+        is_uniq[is_uniq] = _is_uniq_name(buf, p[is_uniq] + 2)
+        value_at[live[is_uniq]], value_len[live[is_uniq]] = value_pos[is_uniq] + 4, vlen[is_uniq]
+        pos[live[ok]] = nxt[ok]
+        live = live[ok & (nxt < e)]
+    keep = ~bad & (value_len > 0)
+    found.add(has[keep], value_at[keep], value_len[keep])
 
 
-def _uniq_span(props: memoryview) -> tuple[int, int] | None:
-    """Where UNIQ_KEY's value lies in encoded properties (start, length), or None."""
-    try:
-        if UNIQ_KEY not in decode_properties(props):
-            return None
-    except (ValueError, IndexError, struct.error):
-        return None  # not properties (damage): the record is not indexed by id
-    pos, end = 0, len(props)
-    while pos < end:
-        klen = int.from_bytes(props[pos : pos + 2], "little")
-        name = bytes(props[pos + 2 : pos + 2 + klen])
-        pos += 2 + klen
-        vlen = int.from_bytes(props[pos : pos + 4], "little")
-        pos += 4
-        if name == _UNIQ_NAME:
-            return (pos, vlen) if vlen else None
-        pos += vlen
-    return None
+def _uint(buf: np.ndarray, at: np.ndarray, width: int, end: np.ndarray) -> np.ndarray:
+    """The little-endian unsigned integers of ``width`` bytes at ``at``; -1 where they
+    would run past ``end``."""
+    inside = at + width <= end
+    value = np.full(len(at), -1, dtype=np.int64)
+    idx = at[inside, None] + np.arange(width, dtype=np.int64)
+    value[inside] = buf[idx].astype(np.int64) @ (256 ** np.arange(width, dtype=np.int64))
+    return value
+
+
+def _is_uniq_name(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Which property names of UNIQ_KEY's length (at ``at``, in bounds) are UNIQ_KEY."""
+    rows = buf[at[:, None] + np.arange(len(_UNIQ_NAME), dtype=np.int64)]
+    same: np.ndarray = (rows == np.frombuffer(_UNIQ_NAME, dtype=np.uint8)).all(axis=1)
+    return same
