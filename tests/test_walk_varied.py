@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clmq.common import HEADER_SIZE, RECORD_MAGIC, walk_records
+from clmq.common import HEADER_SIZE, RECORD_MAGIC, gather_fields, gather_headers, walk_records
 from clmq.common._record import BLANK_MAGIC
 
 _HEAD = struct.Struct("<II")
@@ -157,3 +157,21 @@ def test_bench_store_varied_case_rebuilds_records_of_varying_sizes(tmp_path: Pat
     figures = bench_rebuild(tmp_path, 2000, 100, 10, (50, 1000))
     assert (figures.messages, figures.body_bytes) == (2000, "50-1000")
     assert figures.redispatch_records_per_s > 0 and figures.log_mb > 2000 * 50 / 1e6
+
+
+@given(stretches, st.integers(0, 255), st.sampled_from([["queue_id"], ["store_ts", "body_len"], ["total_size"]]))
+@settings(max_examples=100, deadline=None)
+def test_gathered_headers_are_each_records_own(parts: list[tuple[int, int]], fill: int, names: list[str]) -> None:
+    """Columns gathered after the walk (by run, or by one fancy index when runs are short)
+    hold each record's own header bytes."""
+    data, starts = _build(parts, fill)
+    buf = bytearray(data)
+    for i, p in enumerate(starts):  # a distinct header per record, sizes and magic kept
+        buf[p + 8 : p + HEADER_SIZE] = bytes((i + j) % 251 for j in range(HEADER_SIZE - 8))
+    arr = np.frombuffer(bytes(buf), dtype=np.uint8)
+    walk = walk_records(bytes(buf))
+    heads = gather_headers(arr, walk)
+    assert [h.tobytes() for h in heads] == [bytes(buf[p : p + HEADER_SIZE]) for p in starts]
+    fields = gather_fields(arr, walk, names)
+    for name in names:
+        assert fields[name].tolist() == heads[name].tolist()
