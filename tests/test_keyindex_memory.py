@@ -13,8 +13,13 @@ from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clmq.client import Message, open_admin, open_producer
+from clmq.commitlog._encoder import BatchEncoder
+from clmq.common import decode_record, walk_records
+from clmq.consumequeue import UNIQ_KEY, chunk_keys, key_hash
 from tests.crash_broker import launch, reap, wait_ready
 from tests.waiting import await_until
 
@@ -100,3 +105,39 @@ async def test_indexing_costs_the_slot_table_not_memory_per_message(tmp_path: Pa
         f"with the key index the broker grew {with_index / 2**20:.1f} MiB, without {without / 2**20:.1f} MiB "
         f"({extra / MESSAGES:.1f} B per message more)"
     )
+
+
+_names = st.sampled_from(["colour", "UNIQ", "UNIQ_KEX", "__DELIVER_AT", "z", "κ"])
+_values = st.text(max_size=12)
+_props = st.lists(st.tuples(_names, _values), max_size=5).flatmap(
+    lambda others: st.tuples(st.integers(0, len(others)), st.one_of(st.none(), _values)).map(
+        lambda at_uniq: _with_uniq(dict(others), *at_uniq)
+    )
+)
+
+
+def _with_uniq(others: dict[str, str], at: int, uniq: str | None) -> dict[str, str]:
+    """``others`` with UNIQ_KEY (if any) inserted as the ``at``-th property."""
+    items = list(others.items())
+    if uniq is not None:
+        items.insert(min(at, len(items)), (UNIQ_KEY, uniq))
+    return dict(items)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["t", "%TIMER%"]), st.sampled_from(["", "k1", "a b"]), _props), max_size=60))
+@settings(max_examples=60, deadline=None)
+def test_uniq_key_is_indexed_wherever_it_sits_among_the_properties(
+    records: list[tuple[str, str, dict[str, str]]],
+) -> None:
+    """The column-wise walk of the properties indexes what decoding each record says:
+    its keys, then its UNIQ_KEY if not empty, first, last, alone or among others."""
+    batch = [Message(t, 0, b"body", keys=k, properties=p) for t, k, p in records]
+    data = bytes(BatchEncoder(1 << 30, 1 << 20, ("1.2.3.4", 5)).encode(batch, 4096, 0, {}, {}, 77).groups[0].data)
+    walk = walk_records(data)
+    hashes, positions, times = chunk_keys(memoryview(data), walk)
+    expected = []
+    for start in walk.starts.tolist():
+        r = decode_record(data, start)
+        names = r.keys.split() + ([r.properties[UNIQ_KEY]] if r.properties.get(UNIQ_KEY) else [])
+        expected += [(key_hash(r.topic, n), start, r.store_timestamp_ms) for n in names]
+    assert list(zip(hashes.tolist(), positions.tolist(), times.tolist())) == expected
