@@ -240,9 +240,14 @@ def _gather_rows(buf: np.ndarray, walk: Walk, lo: int, hi: int) -> np.ndarray:
     when runs are long (same-size records), by one fancy index when sizes vary."""
     if not walk.runs:
         return np.empty((0, hi - lo), np.uint8)
-    if len(walk.runs) * 8 > walk.count:  # short runs: per-run slicing would be a Python loop per record
+    if _short_runs(walk):  # per-run slicing would be a Python loop per record
         return buf[walk.starts[:, None] + np.arange(lo, hi)]
     return np.concatenate([_run_rows(buf, p, c, s, lo, hi) for p, c, s in walk.runs])
+
+
+def _short_runs(walk: Walk) -> bool:
+    """Whether runs average under 8 records (sizes vary): gather by record, not by run."""
+    return len(walk.runs) * 8 > walk.count
 
 
 def _run_rows(buf: np.ndarray, pos: int, count: int, size: int, lo: int, hi: int) -> np.ndarray:
@@ -252,6 +257,9 @@ def _run_rows(buf: np.ndarray, pos: int, count: int, size: int, lo: int, hi: int
 
 def gather_fields(buf: np.ndarray, walk: Walk, names: list[str]) -> dict[str, np.ndarray]:
     """Only the named header columns (cheaper than :func:`gather_headers`)."""
+    if walk.runs and _short_runs(walk) and buf.flags.c_contiguous:
+        starts = walk.starts
+        return {name: _gather_column(buf, starts, name) for name in names}
     spans = [_FIELDS[name][1] for name in names]
     lo = min(spans)
     hi = max(_FIELDS[name][1] + _FIELDS[name][0].itemsize for name in names)
@@ -263,6 +271,15 @@ def gather_fields(buf: np.ndarray, walk: Walk, names: list[str]) -> dict[str, np
             np.ascontiguousarray(rows[:, offset - lo : offset - lo + dtype.itemsize]).view(dtype).reshape(len(rows))
         )
     return out
+
+
+def _gather_column(buf: np.ndarray, starts: np.ndarray, name: str) -> np.ndarray:
+    """One header field of every record at ``starts``, read as that field's type in place:
+    a view of ``buf`` holding one (unaligned) value at every byte offset, indexed once."""
+    dtype, offset = _FIELDS[name]
+    at_every_byte = np.ndarray((len(buf) - dtype.itemsize + 1,), dtype, buf, 0, (1,))
+    column: np.ndarray = at_every_byte[starts + offset]
+    return column
 
 
 def gather_strings(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[list[bytes], np.ndarray]:
