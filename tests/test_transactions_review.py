@@ -36,8 +36,10 @@ from clmq.common import (
 )
 from clmq.common._record import HEADER, RECORD_MAGIC
 from clmq.protocol import ErrorCode, RequestCode, encode_batch
-from clmq.protocol.transport import RequestError, RpcError
-from tests.test_transactions_broker import Raw, _cluster, _receive, _running, half
+from clmq.protocol.transport import RequestError, RpcClient, RpcError
+from tests.service_helpers import Cluster
+from tests.test_security_native import ADMIN, ALICE, login, seeded_with
+from tests.test_transactions_broker import FAST, Raw, _cluster, _receive, _Rpc, _running, half
 from tests.waiting import await_until
 
 
@@ -264,3 +266,40 @@ def test_retention_s_floor_never_fails_while_the_event_loop_pops_the_last_half()
     assert halves.floor() in (100, 500)  # the half, or the read mark once it is gone: never an IndexError
     halves.order = []
     assert halves.floor() == 500
+
+
+async def test_a_poller_never_handed_a_topic_s_halves_does_not_hold_their_count_back(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """alice may poll group pg but not WRITE topic 'secret': she is never handed admin's
+    half for it, and her polls must not keep it from being counted (else it is pending
+    for ever and holds the CommitLog's retention)."""
+    cluster = Cluster(nursery, tmp_path)
+    acl = [
+        ["TOPIC", "v", "LITERAL", "User:alice", "*", "WRITE", "ALLOW"],
+        ["TRANSACTIONAL_ID", "pg", "LITERAL", "User:alice", "*", "WRITE", "ALLOW"],
+    ]
+    settings = {"transaction_timeout_ms": 200, "transaction_orphan_after_ms": 300, "transaction_check_max": 3}
+    addr = await seeded_with(cluster, tmp_path, acl, **FAST, **settings)
+    async with trio.open_nursery() as n:
+        admin, alice = RpcClient(n), RpcClient(n)
+        assert (await login(admin, addr, *ADMIN)).error_code == 0
+        assert (await login(alice, addr, *ALICE)).error_code == 0
+        as_admin, as_alice = Raw(_Rpc(admin), addr), Raw(_Rpc(alice), addr)
+        await _running(as_admin)
+        (secret,) = await as_admin.send(half(b"s", topic="secret", qid=0))
+
+        async def alice_polls() -> None:
+            while True:
+                assert (await as_alice.check("pg", wait_ms=100))[0] == []
+
+        n.start_soon(alice_polls)
+
+        async def counted() -> bool:
+            rows = {r["commitlog_offset"]: r["checks"] for r in (await as_admin.list())["pending"]}
+            return rows.get(secret, 3) >= 1  # (gone: rolled back after transaction_check_max counts)
+
+        await await_until(counted, 10, "the half of a topic no poller may take counted as checked")
+        n.cancel_scope.cancel()
+    await admin.aclose()
+    await alice.aclose()

@@ -17,6 +17,7 @@ class TransactionCollector:
         self.service = service
 
     def collect(self) -> Iterator[Metric]:
+        """The transaction service's gauges and counters, read from ``Transactions.fields()``."""
         f = self.service.fields()
         yield GaugeMetricFamily(
             "clmq_transactions_pending",

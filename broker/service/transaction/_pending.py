@@ -25,6 +25,7 @@ class Half:
         "offset",
         "queue_id",
         "queue_offset",
+        "ready_ms",
         "size",
         "stored_ms",
         "topic",
@@ -39,10 +40,13 @@ class Half:
         self.checks = 0  # checks asked (check op records written)
         self.last_check_ms = 0  # wall ms of the last check asked (0: never)
         self.given_up = False  # transaction_unresolved "keep": checked the most, asked no more
+        self.ready_ms = 0  # wall ms it was handed to its group's polls (in ``ready``)
 
 
 @dataclass
 class Ended:
+    """How a half message ended, and where its committed copy went (for ``already_*``)."""
+
     state: str  # COMMITTED or ROLLED_BACK
     queue_id: int = -1  # where the committed message went (-1: not known, e.g. after a restart)
     queue_offset: int = -1
@@ -53,6 +57,8 @@ class Ended:
 
 @dataclass
 class TransactionStats:
+    """Ends and checks counted since this leader's pending set was built."""
+
     committed: int = 0
     rolled_back: int = 0
     checks: int = 0
@@ -159,8 +165,12 @@ class PendingSet:
         """Back in the schedule as it was: due at the next look (a decision that failed)."""
         heapq.heappush(self.schedule, (max(half.stored_ms, half.last_check_ms), half.offset))
 
-    def make_ready(self, half: Half) -> None:
-        self.ready.setdefault(half.group, {})[half.offset] = half
+    def make_ready(self, half: Half, now_ms: int = 0) -> None:
+        """``half`` is due: handed to its group's polls (``ready``) from ``now_ms``."""
+        mine = self.ready.setdefault(half.group, {})
+        if half.offset not in mine:
+            half.ready_ms = now_ms
+            mine[half.offset] = half
 
     def ready_of(self, group: str) -> list[Half]:
         """The group's halves due for a check and still pending (ended ones dropped)."""
@@ -179,4 +189,5 @@ class PendingSet:
             heapq.heappush(self.schedule, (now_ms, half.offset))
 
     def of_group(self, group: str | None) -> list[Half]:
+        """The pending halves of ``group`` (None: of every group), in no set order."""
         return [h for h in self.pending.values() if group is None or h.group == group]

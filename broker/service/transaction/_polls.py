@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from typing import Container
 
 import trio
 
@@ -27,6 +28,7 @@ COUNT_RECORDS_PER_CALL = 10_000  # check op records of unpolled halves stored pe
 
 
 def wall_ms() -> int:
+    """Wall-clock milliseconds since the epoch (the times halves are scheduled by)."""
     return int(time.time() * 1000)
 
 
@@ -58,6 +60,22 @@ class Polls:
     def why(self, group: str, now_ms: int) -> str:
         """What a decision's log line adds when the group has no producer polling."""
         return "" if self.polling(group, now_ms) else " (no producer of the group polled)"
+
+    def unclaimed(self, halves: PendingSet, now_ms: int, ending: Container[int]) -> list[Half]:
+        """The halves handed to a polling group's polls that none took within
+        ``transaction_orphan_after_ms`` (its pollers may not WRITE their real topic, say):
+        a look that counts as a check, else a poll that is never handed them would keep
+        them from being counted for ever. Oldest first; stops at the first one still fresh."""
+        out, window = [], self.config.transaction_orphan_after_ms
+        for group, ready in halves.ready.items():
+            if not self.polling(group, now_ms):
+                continue  # counted whole by the caller
+            for half in ready.values():
+                if now_ms - half.ready_ms <= window:
+                    break
+                if half.offset in halves.pending and half.offset not in ending:
+                    out.append(half)
+        return out
 
     def forget_quiet(self, now_ms: int) -> None:
         """Drop the groups quiet for longer than ``transaction_orphan_after_ms`` (they

@@ -58,11 +58,16 @@ _FORBIDDEN = (PROP_TRAN_HALF, PROP_DELIVER_AT, PROP_TIMER_SRC, PROP_CANCEL_OF)  
 
 
 class TransactionRequests:
+    """The handlers of END_TRANSACTION, CHECK_TRANSACTIONS and LIST_TRANSACTIONS, and the
+    door of ``%TRANS_HALF%`` / ``%TRANS_OP%`` (:meth:`check_send`), over the leader's
+    :class:`Transactions`; ``appends`` joins the ENDs in flight into one store call."""
+
     def __init__(self, ctx: BrokerContext, service: Transactions) -> None:
         self.ctx, self.service = ctx, service
         self.appends = EndAppends(ctx)  # the ENDs in flight appended together
 
     def handlers(self) -> dict[int, Handler]:
+        """The request code -> handler table the broker registers."""
         return {
             RequestCode.END_TRANSACTION: self._naming_leader(self.end_transaction),
             RequestCode.CHECK_TRANSACTIONS: self._naming_leader(self.check_transactions),
@@ -262,15 +267,12 @@ class TransactionRequests:
         wait_s = min(int(frame.fields.get("max_wait_ms") or 0), CHECK_MAX_WAIT_MS) / 1000
         store = self._store()
         self.service.running_halves()
-        producer = self._may_take(peer, group)  # a poll that could be handed the group's halves
-        if producer:
-            self.service.polls.polled(group)  # a producer of the group is alive: its halves are asked, not counted
+        self.service.polls.polled(group)  # a producer of the group is alive: its halves are asked, not counted
         await self.service.refresh()
         try:
             due = await self._wait_due(group, peer, limit, wait_s)
         finally:
-            if producer:
-                self.service.polls.polled(group)
+            self.service.polls.polled(group)
         if not due:
             return Reply({"checks": []})
         halves = self.service.running_halves()
@@ -280,20 +282,13 @@ class TransactionRequests:
         except RequestError:
             for half in due:  # not asked after all: due again at once
                 half.last_check_ms = 0
-                halves.make_ready(half)
+                halves.make_ready(half, wall_ms())
             raise
         for half in due:
             half.checks += 1
         self.service.running_halves().stats.checks += len(due)
         body = await trio.to_thread.run_sync(_raw_records, store, due)
         return Reply({"checks": [[h.offset, h.checks] for h in due]}, body=body)
-
-    def _may_take(self, peer: Peer, group: str) -> bool:
-        """Whether ``peer`` may be handed ``group``'s halves: WRITE on the group (the
-        transactional id its producers send halves with); anyone with ACLs off."""
-        access = self.ctx.security.access
-        need_id = [(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, group)]
-        return not access.enabled or access.refusal(peer, need_id, "CHECK_TRANSACTIONS") is None
 
     async def _wait_due(self, group: str, peer: Peer, limit: int, wait_s: float) -> list[Half]:
         """The group's halves due now, or the first due within ``wait_s`` (the checker
@@ -332,6 +327,9 @@ class TransactionRequests:
 
     # ------------------------------------------------------------- LIST_TRANSACTIONS
     async def list_transactions(self, frame: Frame, peer: Peer) -> Reply:
+        """The pending half messages (of ``group``, or every group), at most ``max_messages``
+        rows (commit-log offset, group, real topic and queue, keys, UNIQ_KEY, times, checks),
+        with the total pending and the counts since this leader started."""
         group = frame.fields.get("group") or None
         limit = int(frame.fields.get("max_messages") or LIST_DEFAULT_MESSAGES)
         store = self._store()

@@ -66,9 +66,9 @@ class Transactions:
         if self.store is not None:
             self.store.log.hold_retention(self.retention_floor)
 
-    # ------------------------------------------------------------- views
     @property
     def running(self) -> bool:
+        """Whether this broker runs the pending set now (a leader, started)."""
         return self.halves is not None
 
     def fields(self) -> dict[str, int | str]:
@@ -101,6 +101,7 @@ class Transactions:
 
     # ------------------------------------------------------------- the task
     async def check_loop(self) -> None:
+        """The checker task (see the module docstring); runs for the broker's lifetime."""
         if self.store is None:
             return  # partition-per-file mode: SEND_MESSAGE to %TRANS_HALF% is refused there
         while True:
@@ -163,9 +164,7 @@ class Transactions:
         rebuilt.halves.stats.committed = rebuilt.halves.stats.rolled_back = 0  # counts since start
 
     async def _ends_settled(self) -> None:
-        """Wait until no END is in flight and the append lane is idle: an END's append
-        landing after the rebuild read the log would mark only the old set (and a
-        retried END would commit again)."""
+        """Wait for the ENDs in flight and the lane: one landing after the rebuild's read is a second commit."""
         while self.ending:
             await next(iter(self.ending.values())).wait()
         await self.ctx.lane.wait_idle()
@@ -220,7 +219,7 @@ class Transactions:
         for half in halves.take_due(now, self.config.transaction_timeout_ms):
             if half.checks < self.config.transaction_check_max:
                 if self.polls.polling(half.group, now):
-                    halves.make_ready(half)
+                    halves.make_ready(half, now)
                 else:
                     orphans.append(half)
             elif self.config.transaction_unresolved == "keep":
@@ -230,6 +229,7 @@ class Transactions:
                 await self._roll_back_unresolved(half, self.polls.why(half.group, now))
         for group in [g for g, ready in halves.ready.items() if ready and not self.polls.polling(g, now)]:
             orphans += [h for h in halves.ready_of(group) if h.offset not in self.ending]  # its producers left
+        orphans += self.polls.unclaimed(halves, now, self.ending)  # polled only by polls that may not take them
         if orphans:
             await count_unasked(self.ctx, halves, orphans, now)
         self.polls.forget_quiet(now)
@@ -292,6 +292,7 @@ class Transactions:
             self._wake(group)
 
     def msg_id(self, offset: int) -> str:
+        """The message id of the record at ``offset`` on this broker (``addr@OFFSET``)."""
         return f"{self.ctx.addr()}@{offset:016X}"
 
     # ------------------------------------------------------------- checkpoint

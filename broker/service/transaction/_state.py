@@ -64,6 +64,8 @@ _MARKER = PROP_TRAN_HALF.encode()
 
 @dataclass
 class TransactionCheckpoint:
+    """What a start may skip: the saved ``transaction/checkpoint.json`` (module docstring)."""
+
     mark_offset: int = 0  # the log's end when taken: every commit below it has its op record
     half_from: int = 0  # %TRANS_HALF% queue 0: nothing pending below this queue offset
     floor_offset: int = 0  # the oldest pending half's commit-log offset (or the mark, none pending)
@@ -72,10 +74,12 @@ class TransactionCheckpoint:
     ops_from: tuple[int, int, int] = (0, 0, 0)
 
     def to_json(self) -> dict[str, Any]:
+        """The checkpoint as saved (version 1)."""
         return {"version": 1, **asdict(self), "ops_from": list(self.ops_from)}
 
     @staticmethod
     def from_json(value: dict[str, Any]) -> TransactionCheckpoint:
+        """A saved checkpoint; ValueError (or KeyError, TypeError) if it is not one."""
         if value.get("version") != 1:
             raise ValueError(f"version {value.get('version')!r}, expected 1")
         ops = [int(x) for x in value.get("ops_from", (0, 0, 0))]
@@ -87,6 +91,7 @@ class TransactionCheckpoint:
 
 
 def checkpoint_path(store: Store) -> Path:
+    """Where the checkpoint lives in the store's directory."""
     return store.directory / "transaction" / "checkpoint.json"
 
 
@@ -101,6 +106,7 @@ def load_checkpoint(store: Store) -> TransactionCheckpoint:
 
 
 def save_checkpoint(store: Store, cp: TransactionCheckpoint) -> None:
+    """Save ``cp`` as a checked file keeping its previous generation."""
     path = checkpoint_path(store)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, cp.to_json())
@@ -149,6 +155,7 @@ class OpMarks:
         self.samples: list[tuple[int, tuple[int, int, int]]] = [(base.floor_offset, base.ops_from)]
 
     def add(self, log_end: int, ends: tuple[int, int, int]) -> None:
+        """A sample taken at a look: the log's end and the op queues' ends read before it."""
         self.samples.append((log_end, ends))
         if len(self.samples) > self.MAX_SAMPLES:
             half = len(self.samples) // 2
@@ -203,6 +210,8 @@ def half_from_record(record: Record, queue_offset: int) -> Half | None:
 
 @dataclass
 class Rebuilt:
+    """A rebuild's result: the pending set, and the halves to end as committed first."""
+
     halves: PendingSet
     orphans: list[int] = field(default_factory=list)  # pending halves found committed after the mark
 
