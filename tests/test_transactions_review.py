@@ -273,7 +273,8 @@ async def test_a_poller_never_handed_a_topic_s_halves_does_not_hold_their_count_
 ) -> None:
     """alice may poll group pg but not WRITE topic 'secret': she is never handed admin's
     half for it, and her polls must not keep it from being counted (else it is pending
-    for ever and holds the CommitLog's retention)."""
+    for ever and holds the CommitLog's retention); nor may she learn how admin's ended
+    half of that topic ended."""
     cluster = Cluster(nursery, tmp_path)
     acl = [
         ["TOPIC", "v", "LITERAL", "User:alice", "*", "WRITE", "ALLOW"],
@@ -287,7 +288,11 @@ async def test_a_poller_never_handed_a_topic_s_halves_does_not_hold_their_count_
         assert (await login(alice, addr, *ALICE)).error_code == 0
         as_admin, as_alice = Raw(_Rpc(admin), addr), Raw(_Rpc(alice), addr)
         await _running(as_admin)
-        (secret,) = await as_admin.send(half(b"s", topic="secret", qid=0))
+        secret, ended = await as_admin.send(half(b"s", topic="secret", qid=0), half(b"e", topic="secret", qid=0))
+        assert (await as_admin.end(ended, "commit"))["state"] == "committed"
+        with pytest.raises(RpcError) as e:  # its outcome and place are not told to who may not WRITE its topic
+            await as_alice.end(ended, "commit")
+        assert e.value.code == ErrorCode.NOT_AUTHORIZED
 
         async def alice_polls() -> None:
             while True:
