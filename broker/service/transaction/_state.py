@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Container
 
 import numpy as np
 
@@ -240,7 +240,7 @@ def rebuild(store: Store, cp: TransactionCheckpoint, ended_kept: int = ENDED_KEP
     orphans = []
     if halves.pending:
         start = max(cp.mark_offset, min(halves.pending))
-        found = committed_since(store, start)
+        found = committed_since(store, start, halves.pending)
         orphans = sorted({c.half_offset for c in found if _commits(store, halves.pending.get(c.half_offset), c)})
     log.info(
         "transactions: %d half messages pending, %d committed after the checkpoint without their op record",
@@ -313,8 +313,9 @@ def _commits(store: Store, half: Half | None, found: Committed) -> bool:
     )
 
 
-def committed_since(store: Store, mark: int) -> list[Committed]:
-    """Every record carrying ``TRAN_HALF`` in the log from ``mark`` to its end."""
+def committed_since(store: Store, mark: int, wanted: Container[int]) -> list[Committed]:
+    """Every record carrying ``TRAN_HALF`` of a half in ``wanted`` in the log from
+    ``mark`` to its end (the others' bodies are not kept)."""
     found: list[Committed] = []
     at, end = max(mark, store.log.min_offset), store.log.write_offset
     chunk = max(SCAN_BYTES, 2 * store.log.config.max_message_bytes)
@@ -325,7 +326,7 @@ def committed_since(store: Store, mark: int) -> list[Committed]:
             for p in walk.starts.tolist():
                 record = decode_record(data, p)
                 src = queue_number(record.properties.get(PROP_TRAN_HALF, ""))
-                if src is not None:
+                if src is not None and src in wanted:
                     uniq = record.properties.get(UNIQ_KEY, "")
                     found.append(Committed(src, record.topic, record.queue_id, uniq, bytes(record.body)))
         at = at + walk.stop if walk.reason != "blank" and walk.stop > 0 else store.log.next_segment_base(at)
