@@ -146,7 +146,7 @@ class Transactions:
     async def _start(self) -> None:
         store = self.store
         assert store is not None
-        await self._ends_settled()
+        await self._ends_settled(store)
         cp = await trio.to_thread.run_sync(load_checkpoint, store)
         rebuilt = await trio.to_thread.run_sync(rebuild, store, cp)
         if rebuilt.orphans:  # committed, op record lost: written now, never a second message
@@ -163,11 +163,11 @@ class Transactions:
         self.polls.restart(wall_ms())
         rebuilt.halves.stats.committed = rebuilt.halves.stats.rolled_back = 0  # counts since start
 
-    async def _ends_settled(self) -> None:
-        """Wait for the ENDs in flight and the lane: one landing after the rebuild's read is a second commit."""
+    async def _ends_settled(self, store: Store) -> None:
+        """Wait for the ENDs in flight and their records in the queues (landing after the rebuild: commits twice)."""
         while self.ending:
             await next(iter(self.ending.values())).wait()
-        await self.ctx.lane.wait_idle()
+        await dispatched_to(store, store.log.write_offset)  # (not the lane's idling: under load it may never)
 
     async def refresh(self) -> None:
         """Read the half messages stored since the last look into the pending set (read
@@ -346,3 +346,11 @@ class Transactions:
             save_checkpoint(store, self.saved)
         except OSError as e:
             log.warning("transactions: cannot reset the checkpoint after a truncation: %s", e)
+
+
+async def dispatched_to(store: Store, offset: int) -> None:
+    """Return once the dispatcher has put every record below ``offset`` in its queue."""
+    interval = 0.002
+    while store.dispatcher.dispatched_offset < offset:
+        await trio.sleep(interval)
+        interval = min(2 * interval, 0.05)
