@@ -12,7 +12,7 @@ from ._index_check import IndexProblem, check_index_dir
 from ._index_file import ENTRY_SIZE as INDEX_ENTRY_SIZE
 from ._index_file import HEADER_SIZE as INDEX_HEADER_SIZE
 from ._index_file import INDEX_ENTRY_DTYPE, IndexFile, IndexHeader, index_file_name
-from ._keyindex import Candidate, IndexSettings, KeyIndex
+from ._keyindex import INDEX_RETRY_INTERVAL_MS, Candidate, IndexSettings, KeyIndex, WalkBudget
 from ._keyindex_keys import UNIQ_KEY, chunk_keys, hash_rows, key_hash, topic_seed
 from ._queue import ConsumeQueue
 from ._set import Arrivals, ConsumeQueueSet
@@ -27,6 +27,7 @@ __all__ = [
     "INDEX_ENTRY_DTYPE",
     "INDEX_ENTRY_SIZE",
     "INDEX_HEADER_SIZE",
+    "INDEX_RETRY_INTERVAL_MS",
     "PREAD_MAX_BYTES",
     "START_TAG",
     "UNIQ_KEY",
@@ -45,6 +46,7 @@ __all__ = [
     "IndexProblem",
     "IndexSettings",
     "KeyIndex",
+    "WalkBudget",
     "affected_queues",
     "check_headers",
     "check_index_dir",

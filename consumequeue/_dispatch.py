@@ -3,8 +3,11 @@
 Invariants:
 - Entries are built only from records below the log's confirmed offset, in log order;
   re-dispatching a range is idempotent (queues skip entries they hold).
-- Nothing in the loop catches errors: an exception leaves :meth:`Dispatcher.dispatch_loop`, and
-  the store's thread guard puts the store into its failed state.
+- Nothing in the loop catches errors but the key index's: an exception leaves
+  :meth:`Dispatcher.dispatch_loop`, and the store's thread guard puts the store into its
+  failed state. The key index is derived data: its write errors are counted by the
+  index, which stays behind; later rounds re-read the log from its ``end_offset``
+  (one chunk a round, after ``INDEX_RETRY_INTERVAL_MS``) until it has caught up.
 - A record header that does not walk (damage under a running store) is skipped to
   the next known record start with an error naming the offsets; the queue offsets it
   held become explicit hole markers in their queues (see ``_queue``), never zeros.
@@ -165,11 +168,55 @@ class Dispatcher:
         return (codes, heads["queue_offset"].astype(np.int64), entries), consumed
 
     def _index_round(self, at: int, data: memoryview) -> None:
-        """Index the round's records (those the index does not hold yet)."""
-        assert self.index is not None and self._walk is not None
+        """Index the round's records (those the index does not hold yet); if the index
+        is behind the round (an earlier write failed), a chunk of the log before it."""
+        index = self.index
+        assert index is not None and self._walk is not None
         walk, fields, self._walk, self._fields = self._walk, self._fields, None, None
-        if self.dispatched_offset > self.index.end_offset:
-            self.index.add_chunk(at, data, walk, self.dispatched_offset, fields)
+        if not index.may_write:
+            return
+        try:
+            if index.end_offset < at and not self._index_backlog(at):
+                return  # still behind: the next round goes on
+            if self.dispatched_offset > index.end_offset:
+                index.add_chunk(at, data, walk, self.dispatched_offset, fields)
+            index.note_success()
+        except OSError as e:  # ENOSPC, EIO: the index stays at its end; the store goes on
+            index.note_failure(e)
+
+    def _index_backlog(self, upto: int) -> bool:
+        """Index one chunk of the log from the index's end (records it missed); True
+        when it reached ``upto``."""
+        index = self.index
+        assert index is not None
+        if index.end_offset < self.log.min_offset:
+            index.advance(self.log.min_offset)  # retention took the rest
+        start = index.end_offset
+        if start >= upto:
+            return True
+        at, data = self.log.map_chunk(start, self.chunk_bytes, upto)
+        walk = walk_records(data, 0, self.log.config.max_message_bytes)
+        consumed = walk.stop
+        if walk.reason == "blank":
+            consumed = self.log.next_segment_base(at) - at
+        elif walk.reason == "corrupt" or (not walk.runs and len(data) >= self.chunk_bytes):
+            consumed = self._resync(at, walk.stop)
+        index.add_chunk(at, data, walk, min(at + consumed, upto))
+        return index.end_offset >= upto
+
+    def index_backlog_once(self) -> bool:
+        """While idle: one chunk of the log the index missed; True if it did some."""
+        index = self.index
+        if index is None or index.end_offset >= self.dispatched_offset or not index.may_write:
+            return False
+        with self._round_lock:
+            before = index.end_offset
+            try:
+                self._index_backlog(self.dispatched_offset)
+                index.note_success()
+            except OSError as e:
+                index.note_failure(e)
+            return index.end_offset > before
 
     def _parse_small(self, data: memoryview, starts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The same columns, record by record: for a few records, numpy's per-call cost
@@ -212,6 +259,8 @@ class Dispatcher:
         total = 0
         while self.lag_bytes:
             total += self.dispatch_once()
+        while self.index_backlog_once():  # a key index behind (a write failed): while it works
+            pass
         return total
 
     def dispatch_loop(
@@ -225,7 +274,8 @@ class Dispatcher:
             self._wake.clear()  # before the round: an append during it sets it again
             began = time.monotonic()
             if not self.dispatch_once():
-                self._wake.wait(idle_wait_ms / 1000)
+                if not self.index_backlog_once():
+                    self._wake.wait(idle_wait_ms / 1000)
                 continue
             rest_s = interval_s - (time.monotonic() - began)
             if rest_s > 0 and self.lag_bytes < ROUND_EAGER_BYTES:

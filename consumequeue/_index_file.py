@@ -108,10 +108,15 @@ class IndexFile:
         path = directory / index_file_name(begin_offset)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         f = cls(path, fd, new_header(slots, max_entries, begin_offset))
-        fileops.OPS.ftruncate(fd, f.entries_pos)
+        try:
+            fileops.OPS.ftruncate(fd, f.entries_pos)
+            fileops.write_all(fd, f.header.pack(), 0)
+        except OSError:  # a disk full: no half-made file left behind (created again later)
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
         f.slot_table = np.zeros(slots, dtype=np.uint32)
         f._dirty = np.zeros(-(-slots * 4 // SLOT_PAGE_BYTES), dtype=bool)
-        fileops.write_all(fd, f.header.pack(), 0)
         return f
 
     @classmethod
@@ -165,7 +170,8 @@ class IndexFile:
 
     # ------------------------------------------------------------------ writing
     def append(self, hashes: np.ndarray, offsets: np.ndarray, times_ms: np.ndarray) -> int:
-        """Add entries (in log order) up to the file's capacity; returns how many it took."""
+        """Add entries (in log order) up to the file's capacity; returns how many it
+        took. A write error leaves the file as it was (and raises)."""
         assert self.slot_table is not None and self._dirty is not None
         h = self.header
         n = min(len(hashes), h.max_entries - h.count)
@@ -179,8 +185,13 @@ class IndexFile:
         rows["dt"] = np.clip(times_ms // 1000 - h.begin_ms // 1000, -(2**31), 2**31 - 1)
         slots = slot_of(hashes, h.slots)
         numbers = np.arange(h.count + 1, h.count + n + 1, dtype=np.uint32)
+        heads = self.slot_table[slots]  # a copy: put back if the entries cannot be written
         rows["prev"] = self._links(slots, numbers)
-        fileops.write_all(self.fd, rows.tobytes(), self.entries_pos + ENTRY_SIZE * h.count)
+        try:
+            fileops.write_all(self.fd, rows.tobytes(), self.entries_pos + ENTRY_SIZE * h.count)
+        except OSError:  # the slots must not name entries that are not there
+            self.slot_table[slots] = heads
+            raise
         self._dirty[slots * 4 // SLOT_PAGE_BYTES] = True
         h.count += n
         h.end_ms = max(h.end_ms, int(times_ms.max()))

@@ -14,15 +14,21 @@ Invariants:
   one are deleted and rebuilt from the log).
 - A query returns candidates only: the caller reads each record and compares its
   topic, keys and store time (a hash collision, an entry past a truncation).
+- A query leases the files it walks: a file retired meanwhile (retention, a cut) is
+  closed when its last reader lets go, never under one (its descriptor could be reused).
+- A write error (ENOSPC, EIO) is counted (:attr:`KeyIndex.failures`), never raised to
+  the dispatcher's loop: the index stays behind at its ``end_offset`` and the dispatcher
+  re-reads the log from there when writes work again (:meth:`note_failure`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Generator, Iterator
 
 import numpy as np
 
@@ -49,6 +55,26 @@ class Candidate:
     store_s: int
 
 
+@dataclass
+class WalkBudget:
+    """How many chain entries a query may still read (a hot key's chain can hold
+    millions, most outside a narrow time range); ``exhausted`` once it ran out."""
+
+    steps: int
+    exhausted: bool = False
+
+    def take(self) -> bool:
+        """Spend one step; False (and ``exhausted``) when none is left."""
+        if self.steps <= 0:
+            self.exhausted = True
+            return False
+        self.steps -= 1
+        return True
+
+
+INDEX_RETRY_INTERVAL_MS = 500  # after an index write error, the index is written again no sooner than this
+
+
 class KeyIndex:
     """Every index file of a store (see the module docstring)."""
 
@@ -58,7 +84,12 @@ class KeyIndex:
         directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # the file list and the active file's slots
         self._files: list[IndexFile] = []
-        self._retired: list[IndexFile] = []  # deleted, closed one retention pass later (readers)
+        self._readers: dict[int, int] = {}  # id(file) -> queries walking it (leases)
+        self._retired: list[IndexFile] = []  # deleted while leased: closed by the last reader
+        self.failures = 0  # index writes that failed (ENOSPC, EIO): the index fell behind
+        self.last_failure = ""  # the newest of them, as text ("" none yet)
+        self.failing = False  # the last write failed (logged once per burst)
+        self._retry_at = 0.0  # monotonic time before which writes are not tried again
         self.dropped_from: int | None = None  # the open found damage: rebuilt from here
         self._dir_changed = True  # files created or deleted since the directory was last fsynced
         self._load(start_offset)
@@ -150,12 +181,38 @@ class KeyIndex:
 
     def persist(self, sync: bool = True) -> None:
         """Make the active file durable (entries, then slots, then its header), and the
-        directory when files were created or deleted."""
+        directory when files were created or deleted. A write error is counted, not
+        raised: the files keep saying the older ``end_offset`` (re-dispatch starts
+        there) and the next persist writes again."""
         with self._lock:
-            self._files[-1].persist(sync)
-            if sync and self._dir_changed:
-                fsync_dir(self.directory)
-                self._dir_changed = False
+            try:
+                self._files[-1].persist(sync)
+                if sync and self._dir_changed:
+                    fsync_dir(self.directory)
+                    self._dir_changed = False
+            except OSError as e:
+                self.note_failure(e)
+
+    # ------------------------------------------------------------ write failures
+    def note_failure(self, error: OSError) -> None:
+        """Count a failed index write (logged once per burst); writes resume after
+        ``INDEX_RETRY_INTERVAL_MS``."""
+        self.failures += 1
+        self.last_failure = str(error)
+        self._retry_at = time.monotonic() + INDEX_RETRY_INTERVAL_MS / 1000
+        if not self.failing:
+            log.error("key index: writing %s failed (%s); lookups may miss the newest messages", self.directory, error)
+        self.failing = True
+
+    def note_success(self) -> None:
+        if self.failing:
+            log.warning("key index: writes work again (%d failed); indexing on from %d", self.failures, self.end_offset)
+        self.failing = False
+
+    @property
+    def may_write(self) -> bool:
+        """False while waiting out ``INDEX_RETRY_INTERVAL_MS`` after a failure."""
+        return not self.failing or time.monotonic() >= self._retry_at
 
     # ---------------------------------------------------------- log cut, retention
     def truncate(self, offset: int) -> None:
@@ -181,9 +238,6 @@ class KeyIndex:
     def delete_before(self, min_offset: int) -> int:
         """Delete sealed files whose every record lies below the log's ``min_offset``."""
         with self._lock:
-            for f in self._retired:
-                f.close()
-            self._retired = []
             gone = 0
             while len(self._files) > 1 and self._files[0].header.end_offset <= min_offset:
                 self._retire(self._files.pop(0))
@@ -191,42 +245,79 @@ class KeyIndex:
         return gone
 
     def _retire(self, f: IndexFile) -> None:
+        """Delete ``f``; close it now, or when the last query walking it lets go."""
         f.path.unlink(missing_ok=True)
-        self._retired.append(f)
         self._dir_changed = True
+        if self._readers.get(id(f)):
+            self._retired.append(f)
+        else:
+            f.close()
+
+    def _lease(self, files: list[IndexFile]) -> None:
+        for f in files:
+            self._readers[id(f)] = self._readers.get(id(f), 0) + 1
+
+    def _release(self, files: list[IndexFile]) -> None:
+        with self._lock:
+            for f in files:
+                left = self._readers.pop(id(f)) - 1
+                if left:
+                    self._readers[id(f)] = left
+                elif f in self._retired:
+                    self._retired.remove(f)
+                    f.close()
 
     # ------------------------------------------------------------------ reading
     def candidates(
-        self, topic: str, key: str, since_ms: int | None = None, until_ms: int | None = None
-    ) -> Iterator[Candidate]:
-        """Entries whose hash is ``topic#key``'s within the time range, newest file first."""
+        self,
+        topic: str,
+        key: str,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        budget: WalkBudget | None = None,
+    ) -> Generator[Candidate, None, None]:
+        """Entries whose hash is ``topic#key``'s within the time range, newest file
+        first, reading at most ``budget`` chain entries. The files are leased until the
+        iterator ends or is closed (close it when stopping early)."""
         h = key_hash(topic, key)
         since_s = None if since_ms is None else since_ms // 1000
         until_s = None if until_ms is None else until_ms // 1000
+        budget = budget if budget is not None else WalkBudget(2**62)
         with self._lock:
             files = [(f, f.slot(int(slot_of(np.array([h]), f.header.slots)[0])), f.header.count) for f in self._files]
-        for f, head, count in reversed(files):
-            hd = f.header
-            if count == 0 or (since_ms is not None and hd.end_ms < since_ms):
-                continue
-            if until_ms is not None and hd.begin_ms > until_ms:
-                continue
-            yield from _chain(f, head, count, h, since_s, until_s)
+            self._lease([f for f, _, _ in files])
+        try:
+            for f, head, count in reversed(files):
+                hd = f.header
+                if count == 0 or (since_ms is not None and hd.end_ms < since_ms):
+                    continue
+                if until_ms is not None and hd.begin_ms > until_ms:
+                    continue
+                yield from _chain(f, head, count, h, since_s, until_s, budget)
+                if budget.exhausted:
+                    return
+        finally:
+            self._release([f for f, _, _ in files])
 
     def close(self) -> None:
+        """Close every file (a file a query still walks: when it lets go)."""
         with self._lock:
-            for f in self._files + self._retired:
-                f.close()
-            self._files, self._retired = [], []
+            for f in self._files:
+                if self._readers.get(id(f)):
+                    self._retired.append(f)
+                else:
+                    f.close()
+            self._files = []
 
 
 def _chain(
-    f: IndexFile, head: int, count: int, h: int, since_s: int | None, until_s: int | None
+    f: IndexFile, head: int, count: int, h: int, since_s: int | None, until_s: int | None, budget: WalkBudget
 ) -> Iterator[Candidate]:
-    """Walk a slot's chain newest first; stop below ``since_s`` (entries only get older)."""
+    """Walk a slot's chain newest first; stop below ``since_s`` (entries only get older)
+    or when ``budget`` runs out."""
     base_s = f.header.begin_ms // 1000
     number = head
-    while 0 < number <= count:
+    while 0 < number <= count and budget.take():
         row = f.entry(number)
         if row is None:
             return

@@ -152,8 +152,10 @@ BROKER_INFO            -> name, addr, storage_mode, flush_mode, end_offset, ...,
                        timer_cancelled, timer_undeliverable (since start),
                        timer_memory_bytes, timer_failure (the error that stopped
                        the timer, retried every second; "" while it works);
-                       index_files, index_entries, index_end_offset (the key index:
-                       -1 without one);
+                       index_files, index_entries, index_end_offset,
+                       index_failures (index writes that failed: the index fell
+                       behind and catches up from the log; -1 each without an
+                       index), index_error (the newest such error, "" none);
                        transactions_pending (-1 where no leader's transaction
                        service runs), transactions_committed,
                        transactions_rolled_back, transactions_checks (since it

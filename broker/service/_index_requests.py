@@ -11,13 +11,20 @@ from ._context import BrokerContext
 from ._read_threads import ReadThreads
 
 
-def index_fields(store: object) -> dict[str, int]:
+def index_fields(store: object) -> dict[str, int | str]:
     """BROKER_INFO's view of the key index: files, entries, the log offset indexed up
-    to (-1 each without one: partition-per-file, ``index_enabled`` off)."""
+    to, index writes that failed and the newest such error (-1 each and "" without
+    one: partition-per-file, ``index_enabled`` off)."""
     index = store.key_index if isinstance(store, Store) else None
     if index is None:
-        return {"index_files": -1, "index_entries": -1, "index_end_offset": -1}
-    return {"index_files": len(index.files), "index_entries": index.entry_count, "index_end_offset": index.end_offset}
+        return {"index_files": -1, "index_entries": -1, "index_end_offset": -1, "index_failures": -1, "index_error": ""}
+    return {
+        "index_files": len(index.files),
+        "index_entries": index.entry_count,
+        "index_end_offset": index.end_offset,
+        "index_failures": index.failures,
+        "index_error": index.last_failure,
+    }
 
 
 class IndexRequests:

@@ -7,16 +7,20 @@ Invariants:
 - A query returns only records read from the log whose topic is the query's and whose
   keys (split on whitespace) or UNIQ_KEY hold the key, with a store time in range;
   an entry past the log's end, below retention, or naming another record is skipped.
+- A query is bounded: at most ``INDEX_MAX_CHAIN_STEPS`` chain entries read and
+  ``INDEX_MAX_CANDIDATES`` records checked; stopped by either, it says ``truncated``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Iterator
 
 from clmq.commitlog import CommitLog
 from clmq.common import CorruptRecordError, Record
-from clmq.consumequeue import UNIQ_KEY, IndexSettings, KeyIndex
+from clmq.consumequeue import UNIQ_KEY, Candidate, IndexSettings, KeyIndex, WalkBudget
 
 from ._state import StoreState
 
@@ -24,6 +28,9 @@ log = logging.getLogger("clmq.store")
 
 INDEX_DIR = "index"
 INDEX_MAX_CANDIDATES = 100_000  # a query stops after checking this many hash matches (collisions, duplicates)
+# A query stops after reading this many chain entries (a hot key's chain outside a
+# narrow time range: entries that fail the time filter are read but not candidates).
+INDEX_MAX_CHAIN_STEPS = 1_000_000
 
 
 @dataclass
@@ -68,17 +75,39 @@ def find_by_key(
     since_ms: int | None = None,
     until_ms: int | None = None,
     max_results: int = 1000,
+    max_chain_steps: int = INDEX_MAX_CHAIN_STEPS,
 ) -> KeyMatches:
     """Records of ``topic`` with ``key`` (a key or the UNIQ_KEY) stored in
-    ``[since_ms, until_ms]``, newest first, at most ``max_results``."""
+    ``[since_ms, until_ms]``, newest first, at most ``max_results``; ``truncated`` also
+    when a bound (``max_chain_steps``, ``INDEX_MAX_CANDIDATES``) stopped the walk."""
     found: dict[int, Record] = {}
+    budget = WalkBudget(max_chain_steps)
+    with contextlib.closing(index.candidates(topic, key, since_ms, until_ms, budget)) as walk:
+        stopped = _verify(walk, commitlog, topic, key, since_ms, until_ms, max_results, found)
+    records = sorted(found.values(), key=lambda r: (r.store_timestamp_ms, r.commitlog_offset), reverse=True)
+    truncated = len(records) > max_results or stopped or budget.exhausted
+    return KeyMatches(records[:max_results], truncated)
+
+
+def _verify(
+    walk: Iterator[Candidate],
+    commitlog: CommitLog,
+    topic: str,
+    key: str,
+    since_ms: int | None,
+    until_ms: int | None,
+    max_results: int,
+    found: dict[int, Record],
+) -> bool:
+    """Read each candidate's record into ``found`` if it is a match; True when
+    ``INDEX_MAX_CANDIDATES`` stopped it."""
     checked = 0
-    for cand in index.candidates(topic, key, since_ms, until_ms):
+    for cand in walk:
         if cand.offset in found or cand.offset >= commitlog.confirmed_offset:
             continue
         checked += 1
         if checked > INDEX_MAX_CANDIDATES:
-            break
+            return True
         try:
             record = commitlog.read_record(cand.offset)
         except CorruptRecordError:  # an entry past a truncation into another record's middle
@@ -90,5 +119,4 @@ def find_by_key(
             found[cand.offset] = record
             if len(found) > max_results:
                 break
-    records = sorted(found.values(), key=lambda r: (r.store_timestamp_ms, r.commitlog_offset), reverse=True)
-    return KeyMatches(records[:max_results], len(records) > max_results)
+    return False

@@ -1,0 +1,246 @@
+"""The key index under faults and long queries: an index write error (ENOSPC, EIO)
+leaves the store producing and consumers served while the index falls behind, and the
+index catches up from the log once writes work again; a file retired while a query
+walks it stays open (its descriptor is not reused under the query); a hot key outside
+a narrow time range stops at the chain-step bound and says ``truncated``."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from clmq.broker.service._index_requests import index_fields
+from clmq.broker.store import Store, StoreConfig
+from clmq.broker.store._key_index import find_by_key
+from clmq.commitlog import CommitLogConfig
+from clmq.common import Message
+from clmq.consumequeue import IndexSettings, KeyIndex, WalkBudget, key_hash
+from tests.faults import Fault, inject
+
+KEYS = [f"k{i}" for i in range(7)]
+DEADLINE_S = 20.0
+
+
+def store_config(root: Path, per_file: int = 40) -> StoreConfig:
+    log = CommitLogConfig(segment_bytes=64 * 1024, max_message_bytes=4096)
+    return StoreConfig(
+        root,
+        log,
+        auto_create_topics=True,
+        index_hash_slots=7,
+        index_max_entries_per_file=per_file,
+        cq_flush_interval_ms=20,
+    )
+
+
+def scan(store: Store, topic: str, key: str) -> list[int]:
+    """The truth: every record of the log with the key, newest first."""
+    hits = [
+        r
+        for r in store.log.iter_records(store.log.min_offset, store.log.write_offset)
+        if r.topic == topic and (key in r.keys.split() or r.properties.get("UNIQ_KEY") == key)
+    ]
+    hits.sort(key=lambda r: (r.store_timestamp_ms, r.commitlog_offset), reverse=True)
+    return [r.commitlog_offset for r in hits]
+
+
+def poll(what: str, ok: Callable[[], bool]) -> None:
+    """Wait until ``ok()`` holds (a deadline, no fixed sleep)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not ok():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def consumed(store: Store, topic: str) -> int:
+    return len(store.get(topic, 0, 0, 10_000).messages)
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO])
+def test_an_index_write_error_leaves_the_store_working_and_the_index_catches_up(tmp_path: Path, error: int) -> None:
+    store = Store.open(store_config(tmp_path)).start()
+    woken = threading.Event()
+    store.add_arrival_listener(lambda keys: woken.set())
+    try:
+        store.put_batch([Message("t1", 0, b"before", keys=k) for k in KEYS])
+        poll("the first messages indexed", lambda: store.key_index is not None and store.key_index.entry_count > 0)
+        index = store.key_index
+        assert index is not None
+        faults = [Fault(op, error, path=".idx", times=None) for op in ("pwrite", "fdatasync", "ftruncate")]
+        with inject(*faults) as ops:
+            for i in range(30):  # enough entries for new files (40 a file) while writes fail
+                woken.clear()
+                store.put_batch([Message("t1", 0, f"m{i}".encode(), keys=f"{KEYS[i % 7]} {KEYS[(i + 3) % 7]}")])
+                poll("the round's arrival", woken.is_set)  # listeners are woken though the index failed
+            poll("every message consumable", lambda: consumed(store, "t1") == 37)
+            poll("an index failure counted", lambda: index.failures > 0)
+            assert ops.fired > 0
+            assert store.failure is None
+            assert index.end_offset < store.dispatcher.dispatched_offset  # behind, not skipped ahead
+            info = index_fields(store)
+            assert info["index_failures"] == index.failures and os.strerror(error) in str(info["index_error"])
+            store.checkpoint()  # a persist that fails is counted, not raised
+            assert store.failure is None
+            found = store.find_by_key("t1", KEYS[0])  # answers meanwhile (maybe without the newest)
+            assert found is not None and set(r.commitlog_offset for r in found.records) <= set(
+                scan(store, "t1", KEYS[0])
+            )
+        poll("the index caught up", lambda: index.end_offset >= store.log.confirmed_offset and not index.failing)
+        store.put_batch([Message("t1", 0, b"after", keys=k) for k in KEYS])
+        poll("the last messages indexed", lambda: index.end_offset >= store.log.confirmed_offset)
+        for key in KEYS:
+            got = store.find_by_key("t1", key, max_results=1000)
+            assert got is not None and not got.truncated
+            assert [r.commitlog_offset for r in got.records] == scan(store, "t1", key)
+        assert store.failure is None
+    finally:
+        store.close()
+
+
+def test_an_index_behind_catches_up_across_a_reopen(tmp_path: Path) -> None:
+    """A store closed while the index still fails: the next open re-indexes from the
+    index's own end (the files never claimed more than they hold)."""
+    config = store_config(tmp_path, per_file=25)
+    store = Store.open(config)
+    try:
+        store.put_batch([Message("t1", 0, b"a", keys=k) for k in KEYS])
+        store.catch_up()
+        with inject(Fault("pwrite", errno.ENOSPC, path=".idx", times=None)):
+            for i in range(10):
+                store.put_batch([Message("t1", 0, b"b", keys=" ".join(KEYS[i % 3 :]))])
+            store.catch_up()
+            assert store.key_index is not None and store.key_index.failures > 0
+            assert consumed(store, "t1") == 17
+    finally:
+        store.close()  # its checkpoint fails for the index only
+    store = Store.open(config)
+    try:
+        store.catch_up()
+        for key in KEYS:
+            got = store.find_by_key("t1", key)
+            assert got is not None and [r.commitlog_offset for r in got.records] == scan(store, "t1", key)
+    finally:
+        store.close()
+
+
+def test_a_failed_append_leaves_the_chains_whole(tmp_path: Path) -> None:
+    """Entries that could not be written are not linked: the next ones chain to the
+    entries really in the file."""
+    index = KeyIndex(tmp_path, IndexSettings(slots=3, max_entries=1000))
+    h = np.array([key_hash("t", k) for k in KEYS], dtype=np.uint32)
+    times = np.full(len(KEYS), 5_000, dtype=np.int64)
+    index.add(h, np.arange(7, dtype=np.int64), times)
+    with inject(Fault("pwrite", errno.EIO, path=".idx")), pytest.raises(OSError):
+        index.add(h, np.arange(7, 14, dtype=np.int64), times)
+    index.add(h, np.arange(14, 21, dtype=np.int64), times)
+    for i, key in enumerate(KEYS):
+        assert [c.offset for c in index.candidates("t", key)] == [14 + i, i]
+    index.close()
+
+
+def deleted_idx_fds() -> list[str]:
+    """Descriptors of this process open on deleted index files."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if ".idx" in target and target.endswith("(deleted)"):
+            out.append(target)
+    return out
+
+
+def test_a_file_retired_under_a_query_stays_open_until_the_query_ends(tmp_path: Path) -> None:
+    index = KeyIndex(tmp_path / "index", IndexSettings(slots=1, max_entries=10))
+    n = 100  # ten files of ten entries, all one key's chain
+    index.add(np.full(n, key_hash("t", "k"), dtype=np.uint32), np.arange(n, dtype=np.int64), np.full(n, 9_000))
+    assert len(index.files) == 10
+    walk = index.candidates("t", "k")
+    seen = []
+    for cand in walk:  # newest first, into the oldest file
+        seen.append(cand.offset)
+        if cand.offset == 9:
+            break
+    assert index.delete_before(95) == 9  # every file but the active one
+    assert index.delete_before(95) == 0  # a second pass: the old code closed the retired files here
+    junk = [os.open(tmp_path / f"junk{i}", os.O_RDWR | os.O_CREAT) for i in range(12)]
+    try:
+        for fd in junk:  # a reused descriptor would read this
+            os.pwrite(fd, b"\xff" * 4096, 0)
+        seen += [c.offset for c in walk]
+    finally:
+        for fd in junk:
+            os.close(fd)
+    assert seen == list(range(n - 1, -1, -1))
+    assert deleted_idx_fds() == []  # closed once the query let go
+    assert [c.offset for c in index.candidates("t", "k")] == list(range(n - 1, 89, -1))
+    index.close()
+
+
+def test_a_query_stopped_early_releases_its_files(tmp_path: Path) -> None:
+    index = KeyIndex(tmp_path, IndexSettings(slots=1, max_entries=5))
+    index.add(np.full(20, key_hash("t", "k"), dtype=np.uint32), np.arange(20, dtype=np.int64), np.full(20, 9_000))
+    walk = index.candidates("t", "k")
+    assert next(walk).offset == 19
+    walk.close()
+    index.delete_before(20)
+    assert deleted_idx_fds() == []
+    index.close()
+
+
+def test_a_hot_key_outside_a_narrow_time_range_is_truncated_at_the_step_bound(tmp_path: Path) -> None:
+    """One old message of a hot key, then 2000 newer: a query for the old second walks
+    the newer entries (they fail the time filter) only up to the bound."""
+    store = Store.open(store_config(tmp_path, per_file=100_000))
+    try:
+        store.put_batch([Message("t1", 0, b"old", keys="hot")])
+        store.catch_up()
+        first = next(store.log.iter_records(store.log.min_offset))
+        poll("the next second", lambda: int(time.time()) > first.store_timestamp_ms // 1000)  # entries keep seconds
+        for _ in range(20):
+            store.put_batch([Message("t1", 0, b"x", keys="hot") for _ in range(100)])
+        store.catch_up()
+        index = store.key_index
+        assert index is not None
+        narrow = {"since_ms": first.store_timestamp_ms, "until_ms": first.store_timestamp_ms}
+        with inject(Fault("pread", errno.EIO, path=".idx", times=0)) as ops:  # counts index reads, fails none
+            got = find_by_key(index, store.log, "t1", "hot", **narrow, max_chain_steps=100)
+        assert got.records == [] and got.truncated
+        assert ops.faults[0].seen <= 100
+        whole = find_by_key(index, store.log, "t1", "hot", **narrow)
+        assert [r.commitlog_offset for r in whole.records] == [first.commitlog_offset] and not whole.truncated
+        some = find_by_key(index, store.log, "t1", "hot", max_results=5000, max_chain_steps=500)
+        assert some.truncated and [r.commitlog_offset for r in some.records] == scan(store, "t1", "hot")[:500]
+    finally:
+        store.close()
+
+
+def test_time_filtered_entries_count_against_the_budget(tmp_path: Path) -> None:
+    index = KeyIndex(tmp_path, IndexSettings(slots=1, max_entries=10_000))
+    times = np.array([1_000_000] + [5_000_000] * 1000, dtype=np.int64)
+    index.add(np.full(1001, key_hash("t", "hot"), dtype=np.uint32), np.arange(1001, dtype=np.int64), times)
+    budget = WalkBudget(100)
+    assert list(index.candidates("t", "hot", 1_000_000, 1_000_999, budget)) == [] and budget.exhausted
+    unbounded = WalkBudget(2000)
+    assert [c.offset for c in index.candidates("t", "hot", 1_000_000, 1_000_999, unbounded)] == [0]
+    assert not unbounded.exhausted
+    index.close()
+
+
+def test_a_budget_stops_the_walk_across_files(tmp_path: Path) -> None:
+    index = KeyIndex(tmp_path, IndexSettings(slots=2, max_entries=4))
+    index.add(np.full(12, key_hash("t", "k"), dtype=np.uint32), np.arange(12, dtype=np.int64), np.full(12, 9_000))
+    budget = WalkBudget(6)
+    assert [c.offset for c in index.candidates("t", "k", budget=budget)] == list(range(11, 5, -1))
+    assert budget.exhausted
+    exact = WalkBudget(12)
+    assert len(list(index.candidates("t", "k", budget=exact))) == 12 and not exact.exhausted
+    index.close()
