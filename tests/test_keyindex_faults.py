@@ -15,14 +15,18 @@ from typing import Callable
 
 import numpy as np
 import pytest
+import trio
 
 from clmq.broker.service._index_requests import index_fields
 from clmq.broker.store import Store, StoreConfig
 from clmq.broker.store._key_index import find_by_key
+from clmq.client import Admin, open_admin, open_consumer, open_producer
 from clmq.commitlog import CommitLogConfig
 from clmq.common import Message
 from clmq.consumequeue import IndexSettings, KeyIndex, WalkBudget, key_hash
 from tests.faults import Fault, inject
+from tests.service_helpers import Cluster
+from tests.waiting import await_until
 
 KEYS = [f"k{i}" for i in range(7)]
 DEADLINE_S = 20.0
@@ -244,3 +248,34 @@ def test_a_budget_stops_the_walk_across_files(tmp_path: Path) -> None:
     exact = WalkBudget(12)
     assert len(list(index.candidates("t", "k", budget=exact))) == 12 and not exact.exhausted
     index.close()
+
+
+async def test_a_broker_whose_index_cannot_write_serves_on(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """A real broker (in this process, so the fault reaches its files): with every index
+    write failing, sends and a consumer group go on, BROKER_INFO counts the failures;
+    once writes work, ``find_by_key`` finds every message again."""
+    cluster = Cluster(nursery, tmp_path)
+    await cluster.start_nameserver()
+    await cluster.start_broker("broker-a", index_hash_slots=64, index_max_entries_per_file=40)
+    await cluster.create_topic("orders", 2)
+    addr = cluster.brokers["broker-a"].addr
+    got: list[bytes] = []
+    async with open_admin(cluster.ns) as admin, open_producer(cluster.ns) as producer:
+        await producer.send("orders", b"m-first", keys="all")
+        await await_until(lambda: _count(admin, "all", 1), 10, "the first message indexed")
+        with inject(Fault("pwrite", errno.ENOSPC, path=".idx", times=None)) as ops:
+            for i in range(40):
+                await producer.send("orders", f"m{i}".encode(), keys="all")
+            async with open_consumer(cluster.ns, "g", {"orders": "*"}, pull_wait_ms=200) as consumer:
+                with trio.fail_after(DEADLINE_S):
+                    while len(got) < 41:
+                        got += [r.body for r in await consumer.receive()]
+            info = await admin.broker_info(addr)
+            assert ops.fired > 0 and info["index_failures"] > 0 and "No space left" in info["index_error"]
+        await await_until(lambda: _count(admin, "all", 41), DEADLINE_S, "the index caught up")
+    assert sorted(got) == sorted([b"m-first"] + [f"m{i}".encode() for i in range(40)])
+
+
+async def _count(admin: Admin, key: str, want: int) -> bool:
+    found = await admin.find_by_key("orders", key, max_results=100)
+    return len(found.records) == want and not found.truncated
