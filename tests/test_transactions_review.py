@@ -20,7 +20,14 @@ from hypothesis import strategies as st
 from clmq.broker.service import Broker
 from clmq.broker.service.transaction._ending import EndAppends, _Slot, committed_message, op_record
 from clmq.broker.service.transaction._pending import Half, PendingSet
-from clmq.broker.service.transaction._state import TransactionCheckpoint, half_from_record, queue_number, rebuild
+from clmq.broker.service.transaction._polls import COUNT_RECORDS_PER_CALL, count_unasked
+from clmq.broker.service.transaction._state import (
+    TransactionCheckpoint,
+    half_from_record,
+    op_tags,
+    queue_number,
+    rebuild,
+)
 from clmq.broker.store import PutResult, Store, StoreConfig
 from clmq.client import open_admin
 from clmq.client._admin_reads import DROPPED_ON_RESEND
@@ -28,6 +35,7 @@ from clmq.common import (
     PROP_TRAN_GROUP,
     PROP_TRAN_HALF,
     TRANS_HALF_TOPIC,
+    TRANS_OP_CHECK,
     TRANS_OP_COMMIT,
     TRANS_OP_TOPIC,
     Message,
@@ -308,3 +316,27 @@ async def test_a_poller_never_handed_a_topic_s_halves_does_not_hold_their_count_
         n.cancel_scope.cancel()
     await admin.aclose()
     await alice.aclose()
+
+
+async def test_many_unpolled_halves_are_counted_in_store_calls_of_bounded_size(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """More orphans than one store call takes (COUNT_RECORDS_PER_CALL): every one is
+    counted once, by one check op record each."""
+    c, broker = await _cluster(nursery, tmp_path)
+    async with open_admin(c.ns) as admin:
+        raw = Raw(admin, broker.addr)
+        await _running(raw)
+        await raw.send(half(b"creates the op topic"))
+    n = 2 * COUNT_RECORDS_PER_CALL + 7
+    halves = PendingSet()
+    orphans = [Half(1_000_000 + i, 10, i, "gone", "t", 0, 0) for i in range(n)]
+    for h in orphans:
+        halves.add(h)
+    store = broker.store
+    assert isinstance(store, Store)
+    before = store.max_offset(TRANS_OP_TOPIC, TRANS_OP_CHECK)
+    await count_unasked(broker.handlers.transaction_requests.ctx, halves, orphans, 1)
+    assert all(h.checks == 1 for h in orphans) and halves.stats.checks == n
+    await await_until(lambda: store.max_offset(TRANS_OP_TOPIC, TRANS_OP_CHECK) == before + n, 10, "the check ops")
+    assert op_tags(store, TRANS_OP_CHECK, before).tolist() == [h.offset for h in orphans]
