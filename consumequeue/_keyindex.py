@@ -90,6 +90,7 @@ class KeyIndex:
         self.last_failure = ""  # the newest of them, as text ("" none yet)
         self.failing = False  # the last write failed (logged once per burst)
         self._retry_at = 0.0  # monotonic time before which writes are not tried again
+        self.retry_interval_ms = INDEX_RETRY_INTERVAL_MS  # after a failure, the next write no sooner
         self.dropped_from: int | None = None  # the open found damage: rebuilt from here
         self._dir_changed = True  # files created or deleted since the directory was last fsynced
         self._load(start_offset)
@@ -196,10 +197,10 @@ class KeyIndex:
     # ------------------------------------------------------------ write failures
     def note_failure(self, error: OSError) -> None:
         """Count a failed index write (logged once per burst); writes resume after
-        ``INDEX_RETRY_INTERVAL_MS``."""
+        ``retry_interval_ms``."""
         self.failures += 1
         self.last_failure = str(error)
-        self._retry_at = time.monotonic() + INDEX_RETRY_INTERVAL_MS / 1000
+        self._retry_at = time.monotonic() + self.retry_interval_ms / 1000
         if not self.failing:
             log.error("key index: writing %s failed (%s); lookups may miss the newest messages", self.directory, error)
         self.failing = True
@@ -211,7 +212,7 @@ class KeyIndex:
 
     @property
     def may_write(self) -> bool:
-        """False while waiting out ``INDEX_RETRY_INTERVAL_MS`` after a failure."""
+        """False while waiting out ``retry_interval_ms`` after a failure."""
         return not self.failing or time.monotonic() >= self._retry_at
 
     # ---------------------------------------------------------- log cut, retention

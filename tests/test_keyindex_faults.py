@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Callable
 import numpy as np
 import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from clmq.broker.service._index_requests import index_fields
 from clmq.broker.store import Store, StoreConfig
@@ -24,7 +27,7 @@ from clmq.client import Admin, open_admin, open_consumer, open_producer
 from clmq.commitlog import CommitLogConfig
 from clmq.common import Message
 from clmq.consumequeue import IndexSettings, KeyIndex, WalkBudget, key_hash
-from tests.faults import Fault, inject
+from tests.faults import SHORT, Fault, inject
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
 
@@ -132,6 +135,51 @@ def test_an_index_behind_catches_up_across_a_reopen(tmp_path: Path) -> None:
             assert got is not None and [r.commitlog_offset for r in got.records] == scan(store, "t1", key)
     finally:
         store.close()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    op=st.sampled_from(["pwrite", "fdatasync", "ftruncate"]),
+    error=st.sampled_from([errno.ENOSPC, errno.EIO, SHORT]),
+    after=st.integers(0, 40),
+    times=st.integers(1, 30),
+    batches=st.lists(st.lists(st.sampled_from(KEYS), min_size=1, max_size=3), min_size=5, max_size=40),
+)
+def test_wherever_index_writes_fail_the_index_ends_up_exact(
+    op: str, error: int, after: int, times: int, batches: list[list[str]]
+) -> None:
+    """Any index file operation failing from any point for a while: the store stays
+    up, every message is consumable, and once the fault is over the index agrees with
+    a full scan, and again after a reopen."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store.open(store_config(Path(tmp), per_file=9))
+        try:
+            index = store.key_index
+            assert index is not None
+            index.retry_interval_ms = 0
+            with inject(Fault(op, error, path=".idx", after=after, times=times)):
+                for i, keys in enumerate(batches):
+                    store.put_batch([Message("t1", 0, b"x", keys=" ".join(keys))])
+                    store.catch_up()
+                    if i % 7 == 6:
+                        store.checkpoint()
+                assert store.failure is None and consumed(store, "t1") == len(batches)
+            store.catch_up()
+            store.checkpoint()
+            assert index.end_offset == store.log.confirmed_offset
+            for key in KEYS:
+                got = store.find_by_key("t1", key, max_results=1000)
+                assert got is not None and [r.commitlog_offset for r in got.records] == scan(store, "t1", key)
+        finally:
+            store.close()
+        store = Store.open(store_config(Path(tmp), per_file=9))  # and what the files say after a reopen
+        try:
+            store.catch_up()
+            for key in KEYS:
+                got = store.find_by_key("t1", key, max_results=1000)
+                assert got is not None and [r.commitlog_offset for r in got.records] == scan(store, "t1", key)
+        finally:
+            store.close()
 
 
 def test_a_failed_append_leaves_the_chains_whole(tmp_path: Path) -> None:
