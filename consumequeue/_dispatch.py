@@ -7,7 +7,8 @@ Invariants:
   :meth:`Dispatcher.dispatch_loop`, and the store's thread guard puts the store into its
   failed state. The key index is derived data: its write errors are counted by the
   index, which stays behind; later rounds re-read the log from its ``end_offset``
-  (one chunk a round, after ``INDEX_RETRY_INTERVAL_MS``) until it has caught up.
+  (one chunk a round, up to ``MAX_CHUNK_BYTES``, after the index's retry interval)
+  until it has caught up.
 - A record header that does not walk (damage under a running store) is skipped to
   the next known record start with an error naming the offsets; the queue offsets it
   held become explicit hole markers in their queues (see ``_queue``), never zeros.
@@ -194,7 +195,7 @@ class Dispatcher:
         start = index.end_offset
         if start >= upto:
             return True
-        at, data = self.log.map_chunk(start, self.chunk_bytes, upto)
+        at, data = self.log.map_chunk(start, min(MAX_CHUNK_BYTES, max(self.chunk_bytes, upto - start)), upto)
         walk = walk_records(data, 0, self.log.config.max_message_bytes)
         consumed = walk.stop
         if walk.reason == "blank":
