@@ -236,6 +236,11 @@ class IndexFile:
         if sync:
             fileops.OPS.fdatasync(self.fd)
 
+    def mark_all_dirty(self) -> None:
+        """Write the whole slot table with the next persist."""
+        if self._dirty is not None:
+            self._dirty[:] = True
+
     def seal(self) -> None:
         """Persist everything and drop the slot table from memory."""
         self.persist(sync=True)

@@ -91,6 +91,7 @@ class KeyIndex:
         self.failing = False  # the last write failed (logged once per burst)
         self._retry_at = 0.0  # monotonic time before which writes are not tried again
         self.retry_interval_ms = INDEX_RETRY_INTERVAL_MS  # after a failure, the next write no sooner
+        self._durable = (0, start_offset)  # the active file's (count, end_offset) at its last good persist
         self.dropped_from: int | None = None  # the open found damage: rebuilt from here
         self._dir_changed = True  # files created or deleted since the directory was last fsynced
         self._load(start_offset)
@@ -116,6 +117,7 @@ class KeyIndex:
         else:
             files[-1].activate()
         self._files = files
+        self._mark_durable()
 
     @staticmethod
     def _usable(f: IndexFile, previous: IndexFile | None) -> bool:
@@ -151,32 +153,48 @@ class KeyIndex:
         their columns, if the caller has them), then mark the log indexed up to
         ``upto``; returns the entries added."""
         added = 0
-        if walk.runs:
-            hashes, positions, times = chunk_keys(data, walk, fields)
-            offsets = positions + at
-            keep = offsets >= self.end_offset
-            added = self.add(hashes[keep], offsets[keep], times[keep])
-        self.advance(upto)
+        keys = chunk_keys(data, walk, fields) if walk.runs else None
+        with self._lock:  # one step: a failed persist's rewind comes before or after both
+            if keys is not None:
+                hashes, positions, times = keys
+                offsets = positions + at
+                keep = offsets >= self.end_offset
+                added = self._add(hashes[keep], offsets[keep], times[keep])
+            self._advance(upto)
         return added
 
     def add(self, hashes: np.ndarray, offsets: np.ndarray, times_ms: np.ndarray) -> int:
         """Add entries in log order, rolling to a new file when the active one is full."""
-        done = 0
         with self._lock:
-            while done < len(hashes):
-                active = self._files[-1]
-                if active.full:
+            return self._add(hashes, offsets, times_ms)
+
+    def _add(self, hashes: np.ndarray, offsets: np.ndarray, times_ms: np.ndarray) -> int:
+        """:meth:`add`, the lock held."""
+        done = 0
+        while done < len(hashes):
+            active = self._files[-1]
+            if active.full:
+                try:
                     active.seal()
-                    self._files.append(IndexFile.create(self.directory, *self._shape(), active.header.end_offset))
-                    self._dir_changed = True
-                    continue
-                done += active.append(hashes[done:], offsets[done:], times_ms[done:])
-                # Indexed up to the first record not wholly in: a record's entries may
-                # span two files, and the newer one starts at that record.
-                active.header.end_offset = int(offsets[done]) if done < len(hashes) else int(offsets[-1]) + 1
+                except OSError:
+                    self._rewind()  # not full any more: indexed again from the log
+                    raise
+                self._files.append(IndexFile.create(self.directory, *self._shape(), active.header.end_offset))
+                self._mark_durable()
+                self._dir_changed = True
+                continue
+            done += active.append(hashes[done:], offsets[done:], times_ms[done:])
+            # Indexed up to the first record not wholly in: a record's entries may
+            # span two files, and the newer one starts at that record.
+            active.header.end_offset = int(offsets[done]) if done < len(hashes) else int(offsets[-1]) + 1
         return done
 
     def advance(self, upto: int) -> None:
+        """Mark the log indexed up to ``upto`` (records below it hold no key)."""
+        with self._lock:
+            self._advance(upto)
+
+    def _advance(self, upto: int) -> None:
         h = self._files[-1].header
         h.end_offset = max(h.end_offset, upto)
 
@@ -193,6 +211,31 @@ class KeyIndex:
                     self._dir_changed = False
             except OSError as e:
                 self.note_failure(e)
+                self._rewind()
+            else:
+                if sync:
+                    self._mark_durable()
+
+    def _mark_durable(self) -> None:
+        h = self._files[-1].header
+        self._durable = (h.count, h.end_offset)  # what the active file's last good persist made durable
+
+    def _rewind(self) -> None:
+        """After a failed persist, back to what the last good one made durable: after
+        a failed ``fdatasync`` the kernel may have dropped pages it then calls clean, so
+        the entries since are written again (re-indexed from the log) and the whole slot
+        table with the next persist."""
+        active = self._files[-1]
+        count, end = self._durable
+        if active.slot_table is None:
+            return
+        try:
+            if active.header.count > count:
+                active.cut_after(count)
+        except OSError as e:  # the cut's ftruncate: entries past the count are overwritten anyway
+            log.warning("key index: cutting %s back to %d entries: %s", active.path, count, e)
+        active.header.end_offset = min(active.header.end_offset, end)
+        active.mark_all_dirty()
 
     # ------------------------------------------------------------ write failures
     def note_failure(self, error: OSError) -> None:
@@ -230,6 +273,7 @@ class KeyIndex:
             active.cut_after(int(np.searchsorted(entries["offset"], offset)))
             active.header.end_offset = min(max(offset, active.header.begin_offset), active.header.end_offset)
             active.persist(sync=True)
+            self._mark_durable()
 
     def restart_at(self, base: int) -> None:
         """The log now starts empty at ``base``: index on from there (old files age out)."""

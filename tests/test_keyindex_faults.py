@@ -182,6 +182,42 @@ def test_wherever_index_writes_fail_the_index_ends_up_exact(
             store.close()
 
 
+def test_a_failed_fdatasync_rewinds_the_index_to_what_was_durable(tmp_path: Path) -> None:
+    """After a failed fdatasync the kernel may have dropped the pages it calls clean:
+    the entries since the last good persist are written again, from the log."""
+    config = store_config(tmp_path, per_file=1000)
+    store = Store.open(config)
+    try:
+        index = store.key_index
+        assert index is not None
+        index.retry_interval_ms = 0
+        store.put_batch([Message("t1", 0, b"a", keys=k) for k in KEYS])
+        store.catch_up()
+        store.checkpoint()
+        durable = index.end_offset
+        store.put_batch([Message("t1", 0, b"b", keys=" ".join(KEYS))])
+        store.catch_up()
+        with inject(Fault("fdatasync", errno.EIO, path=".idx")) as ops:
+            store.checkpoint()
+        assert ops.fired == 1 and store.failure is None
+        assert index.end_offset == durable < store.log.confirmed_offset  # rewound to the last good persist
+        store.catch_up()  # indexed again from the log
+        assert index.end_offset == store.log.confirmed_offset
+        store.checkpoint()
+        for key in KEYS:
+            got = store.find_by_key("t1", key)
+            assert got is not None and [r.commitlog_offset for r in got.records] == scan(store, "t1", key)
+    finally:
+        store.close()
+    store = Store.open(config)
+    try:
+        for key in KEYS:
+            got = store.find_by_key("t1", key)
+            assert got is not None and [r.commitlog_offset for r in got.records] == scan(store, "t1", key)
+    finally:
+        store.close()
+
+
 def test_a_failed_append_leaves_the_chains_whole(tmp_path: Path) -> None:
     """Entries that could not be written are not linked: the next ones chain to the
     entries really in the file."""
