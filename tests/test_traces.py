@@ -63,6 +63,10 @@ def _kinds(events: list[TraceEvent]) -> list[str]:
     return [e.kind for e in events]
 
 
+async def _dead_letters_are(admin: Any, group: str, n: int) -> bool:
+    return len(await admin.dead_letters(group)) == n
+
+
 async def _receive_one(consumer: Any) -> Any:
     with trio.fail_after(10):
         (record,) = await consumer.receive()
@@ -86,6 +90,9 @@ async def test_a_message_sent_retried_dead_lettered_and_resent_has_its_whole_lif
         assert retry.reconsume_times == 1
         assert (await cons.nack([retry]))[0].destination == "dlq"
     async with open_admin(c.ns) as admin:
+        # The send-back's answer comes once the dead letter is stored; the DLQ's queue
+        # shows it once dispatched, a moment later (a fresh-clone CI run resent nothing).
+        await await_until(lambda: _dead_letters_are(admin, "billing", 1), 10, "the dead letter in %DLQ%billing's queue")
         resent = await admin.resend_dead_letters("billing")
         assert len(resent.resent) == 1
         async with open_consumer(
