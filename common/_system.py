@@ -85,6 +85,10 @@ PROP_TRAN_GROUP: Final = "TRAN_GROUP"  # on a half message: the producer group t
 PROP_TRAN_HALF: Final = "TRAN_HALF"  # on a committed message: its half message's commit-log offset
 # Message traces (docs/traces.md): trace events recorded by clients and brokers.
 TRACE_TOPIC: Final = "%TRACE%"
+# POP consumption (docs/consuming.md): each pop writes a checkpoint (CK) record and each
+# accepted acknowledgement an ACK record into %POP% queue 0 (RocketMQ's revive log); a
+# leader's in-flight set is its last checkpoint file plus these records read from it.
+POP_TOPIC: Final = "%POP%"
 
 
 # Messages produced through the Kafka listener (docs/kafka.md): what a clmq record has

@@ -136,6 +136,41 @@ QUERY_INDEX            topic, key, since_ms (optional), until_ms (optional),
                        index (docs/operations.md): a message's keys and its
                        UNIQ_KEY; every match still retained.
                        REQUEST_NOT_SUPPORTED in partition-per-file mode
+POP_MESSAGE            group, client_id, topic, invisible_time_ms (1..pop_invisible_time_max_ms),
+                       max_messages (optional, clamped to pop_max_messages), max_wait_ms
+                       (optional: long poll while nothing is visible), tags (list or
+                       absent), queue_ids (list of queue ids, optional: only those),
+                       orderly (bool, optional: a queue with a message of this group in
+                       flight gives nothing more until it is settled, so a queue is
+                       processed in order), start_from ("earliest" | "latest",
+                       optional: where a group new to a queue starts; a committed
+                       offset of the group wins), max_reconsume_times (optional,
+                       default the broker's), max_bytes (optional)
+                       -> handles: [receipt handle, ...], attempts: [1 for a first
+                       delivery, ...], deadline_ms (epoch ms: when they become visible
+                       again unless acknowledged), count; body: the records, exactly as
+                       stored, in order. POP consumption (docs/consuming.md): any number
+                       of members take messages from any queue of the topic; each is
+                       invisible to the group until deadline_ms, then delivered again
+                       (the same record, attempts plus one), and after
+                       max_reconsume_times further attempts copied to ``%DLQ%group``.
+                       The pop is recorded (a CK record in ``%POP%``) durably as the
+                       topic's ack mode and the flush mode promise before the answer.
+                       A receipt handle is an opaque string (it names this broker,
+                       the queue, the offset and the pop). REQUEST_NOT_SUPPORTED in
+                       partition-per-file mode; NOT_LEADER on a follower
+ACK_MESSAGE            group, handles: [receipt handle, ...]
+                       -> results: ["ok" | "expired" | "gone" | "invalid", ...] (one per
+                       handle, in order): ok: settled, never delivered again (recorded
+                       durably before the answer); expired: its invisible time had
+                       passed (it is, or will be, delivered again): refused, counted;
+                       gone: no such delivery in flight (acknowledged already, or
+                       dead-lettered); invalid: not a handle of this broker
+CHANGE_INVISIBLE_TIME  group, handles, invisible_time_ms (0..pop_invisible_time_max_ms:
+                       from now; 0: visible at once, a nack)
+                       -> results: [[status, new handle or ""], ...]: status as
+                       ACK_MESSAGE's; an ok delivery stays with its member until the new
+                       deadline under the new handle (the old one is then expired)
 DESCRIBE_TOPIC         topic -> queue_count, queues: [{queue_id, min_offset, max_offset,
                        size_bytes}] (size_bytes: the records a queue holds, summed from
                        its index; -1 past describe_size_max_entries messages, or in
@@ -297,6 +332,9 @@ class RequestCode(enum.IntEnum):
     LIST_TRANSACTIONS = 58
     QUERY_INDEX = 59
     BROKER_INFO = 60
+    POP_MESSAGE = 61
+    ACK_MESSAGE = 62
+    CHANGE_INVISIBLE_TIME = 63
     GET_LOG_LAYOUT = 70
     READ_LOG = 71
     REPLICA_JOIN = 80
@@ -450,6 +488,19 @@ def _action(value: Any) -> str | None:
     return None if value in ("commit", "rollback") else f"must be 'commit' or 'rollback', got {_kind(value)}"
 
 
+def _start_from(value: Any) -> str | None:
+    return None if value in ("earliest", "latest") else f"must be 'earliest' or 'latest', got {_kind(value)}"
+
+
+def _ints(cell: Check) -> Check:
+    def check(value: Any) -> str | None:
+        if type(value) is not list or any(cell(v) for v in value):
+            return f"must be a list of queue ids, got {_kind(value)}"
+        return None
+
+    return check
+
+
 TOPIC, QUEUE_ID, OFFSET, GROUP = _str, _int(0, MAX_QUEUE_ID), _int(), _str
 EPOCH = _int(-1)  # a leadership term; -1: none yet
 COUNT = _int(0, MAX_QUEUE_ID)  # a clamped limit: 0 means the least
@@ -528,6 +579,26 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
         "since_ms": (_int(), False),
         "until_ms": (_int(), False),
         "max_results": (COUNT, False),
+    },
+    RequestCode.POP_MESSAGE: {
+        "group": (GROUP, True),
+        "client_id": (_str, True),
+        "topic": (TOPIC, True),
+        "invisible_time_ms": (_int(1), True),
+        "max_messages": (COUNT, False),
+        "max_wait_ms": (_int(), False),
+        "tags": (_strings, False),
+        "queue_ids": (_ints(QUEUE_ID), False),
+        "orderly": (_bool, False),
+        "start_from": (_start_from, False),
+        "max_reconsume_times": (_int(0, MAX_RECONSUME_TIMES), False),
+        "max_bytes": (_int(1), False),
+    },
+    RequestCode.ACK_MESSAGE: {"group": (GROUP, True), "handles": (_strings, True)},
+    RequestCode.CHANGE_INVISIBLE_TIME: {
+        "group": (GROUP, True),
+        "handles": (_strings, True),
+        "invisible_time_ms": (_int(0), True),
     },
     RequestCode.BROKER_INFO: {},
     RequestCode.GET_LOG_LAYOUT: {},

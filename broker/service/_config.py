@@ -140,6 +140,16 @@ class BrokerConfig:
     trace_retention_ms: int = (
         7 * 24 * 3600 * 1000
     )  # lookups show no trace event older than this (the bytes go with the log's segments)
+    # POP consumption (docs/consuming.md): per-message acknowledgement, any number of members.
+    pop_invisible_time_max_ms: int = 12 * 3600 * 1000  # a longer invisible_time_ms is refused (MALFORMED_REQUEST)
+    pop_max_messages: int = 1024  # one POP_MESSAGE takes at most this many messages
+    # Messages of one group in flight (popped, not yet acknowledged) per queue; a queue at the
+    # limit gives that group nothing more until its oldest settle (Kafka's share-partition record locks).
+    pop_max_inflight_per_queue: int = 2000
+    pop_revive_interval_ms: int = 100  # how often a leader looks for deliveries past their invisible time
+    pop_checkpoint_interval_ms: int = 1000  # the in-flight set is recorded this often (after a log flush)
+    pop_member_timeout_ms: int = 30_000  # a client not popping for this long is no longer listed as a member
+    pop_max_wait_ms: int = 30_000  # a POP_MESSAGE's max_wait_ms is cut to this
     # The Kafka listener (docs/kafka.md): Kafka's own clients, on the same store.
     kafka_listen_port: int = -1  # -1: no Kafka listener; 0: any free port
     kafka_node_id: int = -1  # this broker's node id for Kafka clients; -1: derived from its Kafka address
@@ -360,6 +370,13 @@ def _check_features(self: BrokerConfig) -> None:
         "transaction_orphan_after_ms",
         "transaction_max_pending",
         "transaction_checkpoint_interval_ms",
+        "pop_invisible_time_max_ms",
+        "pop_max_messages",
+        "pop_max_inflight_per_queue",
+        "pop_revive_interval_ms",
+        "pop_checkpoint_interval_ms",
+        "pop_member_timeout_ms",
+        "pop_max_wait_ms",
         "index_hash_slots",
         "index_max_entries_per_file",
         "index_query_max_results",
