@@ -46,6 +46,7 @@ from .consumer import (
     allocate_averagely,
     open_consumer,
 )
+from .pop import PopConsumer, PopConsumerOptions, PopStats, open_pop_consumer
 from .producer import (
     BatchTooLargeError,
     BufferFullError,
@@ -95,6 +96,9 @@ __all__ = [
     "Operation",
     "PatternType",
     "Permission",
+    "PopConsumer",
+    "PopConsumerOptions",
+    "PopStats",
     "Producer",
     "ProducerOptions",
     "ReadRouter",
@@ -121,6 +125,7 @@ __all__ = [
     "open_asyncio_consumer",
     "open_asyncio_producer",
     "open_consumer",
+    "open_pop_consumer",
     "open_producer",
     "parse_msg_id",
     "shard",

@@ -100,6 +100,11 @@ class ConsumerOptions:
     def __post_init__(self) -> None:
         if type(self.trace) is not bool:
             raise ValueError(f"trace={self.trace!r}: must be True or False")
+        if self.mode == "pop":  # type: ignore[comparison-overlap]
+            raise ValueError(
+                "mode='pop': POP consumption has its own consumer: use open_pop_consumer "
+                "(asyncio: open_asyncio_pop_consumer; blocking: BlockingPopConsumer)"
+            )
         if self.mode not in ("clustering", "broadcasting"):
             raise ValueError(f"mode={self.mode!r}: use clustering or broadcasting")
         if not _start_ok(self.start_from):

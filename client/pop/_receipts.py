@@ -1,0 +1,83 @@
+"""What a POP consumer keeps of each message it popped and has not settled: the
+receipt handle the broker gave it (a :class:`clmq.common.Record` has no room for one:
+its slots are the stored fields), and counts of what happened to them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from clmq.common import Record
+
+# What ACK_MESSAGE and CHANGE_INVISIBLE_TIME answer per handle (protocol/_codes.py), and
+# the client's own "unreachable": the request found no leader within retry_budget_ms (the
+# message comes back after its invisible time).
+OK, EXPIRED, GONE, INVALID, UNREACHABLE = "ok", "expired", "gone", "invalid", "unreachable"
+
+
+@dataclass
+class Receipt:
+    """One popped message in flight with this member."""
+
+    record: Record
+    broker_name: str  # the replication group that popped it (its leader settles it)
+    addr: str  # that group's leader when it was popped (followed when it moves)
+    handle: str  # the current receipt handle (replaced by an extend)
+    attempt: int  # 1: first delivery
+    deadline_ms: int  # epoch ms: delivered again to the group unless settled before
+
+
+@dataclass
+class PopStats:
+    """Counts since the consumer opened (plain attributes: read them any time)."""
+
+    popped: int = 0  # messages received from brokers
+    redelivered: int = 0  # of those, deliveries after the first (attempt > 1)
+    acked: int = 0  # acknowledgements the broker took ("ok")
+    ack_expired: int = 0  # acknowledgements refused: the invisible time had passed
+    ack_gone: int = 0  # acknowledgements of messages settled already
+    ack_invalid: int = 0  # handles the broker did not know
+    unreachable: int = 0  # acks and changes no leader answered within retry_budget_ms
+    nacked: int = 0  # messages handed back (CHANGE_INVISIBLE_TIME with a delay) that the broker took
+    extended: int = 0  # invisible times changed ("ok")
+    released: int = 0  # popped, never handed out, made visible again at close
+    pop_errors: int = 0  # POP requests that failed (retried with back-off)
+
+
+class Receipts:
+    """Receipts by record identity (the records handed out are the keys' owners: a
+    receipt holds its record, so an id is not reused while it is here)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, Receipt] = {}
+
+    def add(self, receipt: Receipt) -> None:
+        self._by_id[id(receipt.record)] = receipt
+
+    def get(self, record: Record) -> Receipt | None:
+        receipt = self._by_id.get(id(record))
+        return receipt if receipt is not None and receipt.record is record else None
+
+    def drop(self, record: Record) -> None:
+        receipt = self._by_id.get(id(record))
+        if receipt is not None and receipt.record is record:
+            del self._by_id[id(record)]
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[Receipt]:
+        return iter(list(self._by_id.values()))
+
+    def split(self, records: Iterable[Record]) -> tuple[dict[str, list[tuple[int, Receipt]]], list[int]]:
+        """``records`` by broker name as (position, receipt), and the positions of those
+        without a receipt (settled already, or not popped by this consumer)."""
+        by_broker: dict[str, list[tuple[int, Receipt]]] = {}
+        missing: list[int] = []
+        for i, record in enumerate(records):
+            receipt = self.get(record)
+            if receipt is None:
+                missing.append(i)
+            else:
+                by_broker.setdefault(receipt.broker_name, []).append((i, receipt))
+        return by_broker, missing

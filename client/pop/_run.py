@@ -1,0 +1,108 @@
+"""``run(handler)`` of the POP consumer: handlers run concurrently (up to
+``handler_concurrency``), each message acknowledged as its handler finishes (acks
+gathered into one ACK_MESSAGE per broker while others are on their way), a failed one
+nacked. Orderly: a *lane* is one queue's batch, handled in order by one task, which
+stops at a failed message and nacks it and the rest of the batch (delivered again
+after the delay, in order); otherwise a lane is one message.
+
+:func:`handle_lane` only awaits what it is given, so the asyncio facade runs the same
+lanes on its own loop."""
+
+from __future__ import annotations
+
+import math
+from typing import Awaitable, Callable, Sequence
+
+import trio
+
+from clmq.common import Record
+
+from ..consumer import Handler, judge
+
+Judge = Callable[[Record], Awaitable[bool]]
+Settle = Callable[[Sequence[Record]], Awaitable[object]]
+Nack = Callable[[Sequence[Record], int | None], Awaitable[object]]
+ACK_BATCH_MAX = 1024  # acks gathered into one call at most
+
+
+def failed_part(lane: list[Record], i: int, orderly: bool) -> list[Record]:
+    """What a failure at ``lane[i]`` hands back: orderly, the rest of the lane with it."""
+    return lane[i:] if orderly else [lane[i]]
+
+
+async def handle_lane(
+    lane: list[Record], judge_one: Judge, ack: Settle, nack: Nack, *, orderly: bool, delay_of: Callable[[Record], int]
+) -> int:
+    """Handle ``lane`` in order; the number of messages handled (a failed one counts)."""
+    for i, record in enumerate(lane):
+        if await judge_one(record):
+            await ack([record])
+            continue
+        await nack(failed_part(lane, i, orderly), delay_of(record) if orderly else None)
+        return i + 1
+    return len(lane)
+
+
+class Runner:
+    """One ``run()``: takes lanes as handlers become free, acks in batches."""
+
+    def __init__(
+        self,
+        take_lane: Callable[[], Awaitable[list[Record]]],
+        ack: Settle,
+        nack: Nack,
+        release: Settle,
+        *,
+        concurrency: int,
+        orderly: bool,
+        delay_of: Callable[[Record], int],
+    ) -> None:
+        self.take_lane, self.ack, self.nack, self.release = take_lane, ack, nack, release
+        self.concurrency, self.orderly, self.delay_of = concurrency, orderly, delay_of
+        self.handled = 0
+
+    async def run(self, handler: Handler, max_messages: int | None) -> int:
+        send, recv = trio.open_memory_channel[Record](math.inf)
+        slots = trio.Semaphore(self.concurrency)
+        started = 0
+        async with trio.open_nursery() as outer:
+            outer.start_soon(self._acker, recv)
+            async with send, trio.open_nursery() as workers:
+                while max_messages is None or started < max_messages:
+                    await slots.acquire()
+                    lane = await self.take_lane()
+                    if max_messages is not None and started + len(lane) > max_messages:
+                        lane, extra = lane[: max_messages - started], lane[max_messages - started :]
+                        await self.release(extra)
+                    started += len(lane)
+                    workers.start_soon(self._work, handler, lane, send, slots)
+        return self.handled
+
+    async def _work(
+        self, handler: Handler, lane: list[Record], send: trio.MemorySendChannel[Record], slots: trio.Semaphore
+    ) -> None:
+        async def ack(records: Sequence[Record]) -> None:
+            for r in records:
+                send.send_nowait(r)
+
+        async def judge_one(record: Record) -> bool:
+            return await judge(handler, record)
+
+        try:
+            self.handled += await handle_lane(
+                lane, judge_one, ack, self.nack, orderly=self.orderly, delay_of=self.delay_of
+            )
+        finally:
+            slots.release()
+
+    async def _acker(self, recv: trio.MemoryReceiveChannel[Record]) -> None:
+        """Acknowledge what handlers finished: what queued up meanwhile in one call."""
+        async with recv:
+            async for first in recv:
+                batch = [first]
+                while len(batch) < ACK_BATCH_MAX:
+                    try:
+                        batch.append(recv.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                await self.ack(batch)
