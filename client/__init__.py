@@ -26,13 +26,15 @@ from ._admin_trace import MessageTrace
 from ._asyncio import (
     AsyncioAdmin,
     AsyncioConsumer,
+    AsyncioPopConsumer,
     AsyncioProducer,
     ClientClosedError,
     open_asyncio_admin,
     open_asyncio_consumer,
+    open_asyncio_pop_consumer,
     open_asyncio_producer,
 )
-from ._blocking import BlockingAdmin, BlockingConsumer, BlockingProducer
+from ._blocking import BlockingAdmin, BlockingConsumer, BlockingPopConsumer, BlockingProducer
 from ._msg_id import format_msg_id, parse_msg_id
 from ._routes import MessageQueue, NoRouteError, ReadRouter, Routes
 from .consumer import (
@@ -68,11 +70,13 @@ __all__ = [
     "Admin",
     "AsyncioAdmin",
     "AsyncioConsumer",
+    "AsyncioPopConsumer",
     "AsyncioProducer",
     "AuthenticationFailed",
     "BatchTooLargeError",
     "BlockingAdmin",
     "BlockingConsumer",
+    "BlockingPopConsumer",
     "BlockingProducer",
     "BufferFullError",
     "CancelResult",
@@ -123,6 +127,7 @@ __all__ = [
     "open_admin",
     "open_asyncio_admin",
     "open_asyncio_consumer",
+    "open_asyncio_pop_consumer",
     "open_asyncio_producer",
     "open_consumer",
     "open_pop_consumer",

@@ -47,6 +47,7 @@ from .consumer import (
     consumer_context,
     judge,
 )
+from .pop import DEFAULT_RETRY_DELAYS_MS, PopConsumer, PopConsumerOptions, PopStats, handle_lane, pop_consumer_context
 from .producer import (
     Producer,
     ProducerOptions,
@@ -484,6 +485,93 @@ class AsyncioConsumer:
         return handled
 
 
+class AsyncioPopConsumer:
+    """The :class:`PopConsumer` for asyncio code; use :func:`open_asyncio_pop_consumer`."""
+
+    def __init__(self, run: _GuestRun, consumer: PopConsumer) -> None:
+        self._run = run
+        self.consumer = consumer  # the trio object: only for code running in the trio run
+        self._kept: list[Record] | None = None  # received for a task that was cancelled meanwhile
+
+    async def receive(self) -> list[Record]:
+        """:meth:`PopConsumer.receive`: the next messages (waits for some). Cancelled, it
+        loses nothing: messages that arrived just as the task was cancelled are returned
+        by the next call."""
+        if self._kept is not None:
+            kept, self._kept = self._kept, None
+            return kept
+        got: list[list[Record]] = []
+
+        async def receive() -> list[Record]:
+            got.append(await self.consumer.receive())  # no checkpoint between this and the answer
+            return got[0]
+
+        try:
+            return await self._run.call(receive)
+        except asyncio.CancelledError:
+            if got:
+                self._kept = got[0]
+            raise
+
+    async def ack(self, records: Sequence[Record]) -> list[str]:
+        """:meth:`PopConsumer.ack`: a status per record (``ok``, ``expired``, ...)."""
+        return await self._run.call(functools.partial(self.consumer.ack, records))
+
+    async def nack(self, records: Sequence[Record], delay_ms: int | None = None) -> list[str]:
+        """:meth:`PopConsumer.nack`: delivered again after ``delay_ms`` (None: the back-off)."""
+        return await self._run.call(functools.partial(self.consumer.nack, records, delay_ms))
+
+    async def extend(self, records: Sequence[Record], invisible_time_ms: int) -> list[str]:
+        """:meth:`PopConsumer.extend`: kept with this member ``invisible_time_ms`` from now."""
+        return await self._run.call(functools.partial(self.consumer.extend, records, invisible_time_ms))
+
+    @property
+    def stats(self) -> PopStats:
+        """:attr:`PopConsumer.stats` (counts: acked, ack_expired, ...)."""
+        return self.consumer.stats
+
+    async def run(self, handler: Handler, *, max_messages: int | None = None) -> int:
+        """:meth:`PopConsumer.run`: ``handler(record)`` (plain or a coroutine function, run
+        on this asyncio loop, up to ``handler_concurrency`` at once) returns
+        ``ConsumeStatus`` or None; an exception is RECONSUME_LATER. Returns the number
+        of messages handled, after ``max_messages`` (None: runs until cancelled)."""
+        check_limit(max_messages)
+        c, call = self.consumer, self._run.call
+        slots, tasks, counts = asyncio.Semaphore(c.options.handler_concurrency), set(), [0, 0]  # started, handled
+
+        async def ack(records: Sequence[Record]) -> object:
+            return await call(functools.partial(c.ack, records))
+
+        async def nack(records: Sequence[Record], delay_ms: int | None) -> object:
+            return await call(functools.partial(c.nack, records, delay_ms))
+
+        async def work(lane: list[Record]) -> None:
+            try:
+                judge_one = functools.partial(judge, handler)
+                counts[1] += await handle_lane(
+                    lane, judge_one, ack, nack, orderly=c.options.orderly, delay_of=c.delay_of
+                )
+            finally:
+                slots.release()
+
+        try:
+            while max_messages is None or counts[0] < max_messages:
+                await slots.acquire()
+                lane = await call(c.take_lane)
+                if max_messages is not None and counts[0] + len(lane) > max_messages:
+                    lane, extra = lane[: max_messages - counts[0]], lane[max_messages - counts[0] :]
+                    await call(functools.partial(c.release, extra))
+                counts[0] += len(lane)
+                task = asyncio.ensure_future(work(lane))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+        return counts[1]
+
+
 class AsyncioAdmin:
     """The :class:`Admin` calls for asyncio code; use :func:`open_asyncio_admin`."""
 
@@ -696,6 +784,41 @@ async def open_asyncio_consumer(
     opener = functools.partial(consumer_context, namesrv, brokers, group, subscriptions, options)
     async with _held(opener) as (run, consumer):
         yield AsyncioConsumer(run, consumer)
+
+
+@asynccontextmanager
+async def open_asyncio_pop_consumer(
+    namesrv_addrs: str | Sequence[str] | None,
+    group: str,
+    subscriptions: dict[str, str],
+    *,
+    broker_addrs: str | Sequence[str] | None = None,
+    invisible_time_ms: int = 30_000,
+    max_messages: int = 32,
+    pop_wait_ms: int = 15_000,
+    prefetch_max_messages: int = 64,
+    pop_max_bytes: int | None = None,
+    receive_max_messages: int = 32,
+    orderly: bool = False,
+    max_reconsume_times: int | None = None,
+    retry_delays_ms: tuple[int, ...] = DEFAULT_RETRY_DELAYS_MS,
+    start_from: Literal["earliest", "latest"] = "earliest",
+    client_id: str = "",
+    handler_concurrency: int = 8,
+    request_timeout_ms: int = 3000,
+    retry_budget_ms: int = 15_000,
+    route_refresh_interval_ms: int = 10_000,
+    max_backoff_ms: int = 2_000,
+    release_on_close: bool = True,
+    security: ClientSecurity | None = None,
+) -> AsyncIterator[AsyncioPopConsumer]:
+    """A started POP consumer for asyncio code, with :func:`open_pop_consumer`'s arguments."""
+    options = options_from(PopConsumerOptions, locals())
+    namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors before trio starts
+    resolve_security(security)  # errors before trio starts
+    opener = functools.partial(pop_consumer_context, namesrv, brokers, group, subscriptions, options)
+    async with _held(opener) as (run, consumer):
+        yield AsyncioPopConsumer(run, consumer)
 
 
 @asynccontextmanager

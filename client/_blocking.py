@@ -34,6 +34,7 @@ from .consumer import (
     consumer_context,
     judge_sync,
 )
+from .pop import DEFAULT_RETRY_DELAYS_MS, PopConsumer, PopConsumerOptions, PopStats, failed_part, pop_consumer_context
 from .producer import (
     Producer,
     ProducerOptions,
@@ -500,6 +501,127 @@ class BlockingConsumer:
         self._portal.close()
 
     def __enter__(self) -> BlockingConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BlockingPopConsumer:
+    """The :class:`PopConsumer` for plain synchronous Python (a trio loop in a thread):
+    ``receive()``, ``ack``, ``nack``, ``extend``, ``run(handler)``; see :func:`open_pop_consumer`."""
+
+    def __init__(
+        self,
+        namesrv_addrs: str | Sequence[str] | None,
+        group: str,
+        subscriptions: dict[str, str],
+        *,
+        broker_addrs: str | Sequence[str] | None = None,
+        invisible_time_ms: int = 30_000,
+        max_messages: int = 32,
+        pop_wait_ms: int = 15_000,
+        prefetch_max_messages: int = 64,
+        pop_max_bytes: int | None = None,
+        receive_max_messages: int = 32,
+        orderly: bool = False,
+        max_reconsume_times: int | None = None,
+        retry_delays_ms: tuple[int, ...] = DEFAULT_RETRY_DELAYS_MS,
+        start_from: Literal["earliest", "latest"] = "earliest",
+        client_id: str = "",
+        handler_concurrency: int = 8,
+        request_timeout_ms: int = 3000,
+        retry_budget_ms: int = 15_000,
+        route_refresh_interval_ms: int = 10_000,
+        max_backoff_ms: int = 2_000,
+        release_on_close: bool = True,
+        security: ClientSecurity | None = None,
+    ) -> None:
+        options = options_from(PopConsumerOptions, locals())
+        namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)  # errors here, before the thread starts
+        resolve_security(security)  # errors here, before the thread starts
+        self._portal = _Portal(lambda: pop_consumer_context(namesrv, brokers, group, subscriptions, options))
+        self.consumer: PopConsumer = self._portal.value
+
+    def receive(self, timeout_s: float = 1.0) -> list[Record]:
+        """:meth:`PopConsumer.receive`, or [] if nothing came within ``timeout_s``."""
+        return self._take(self.consumer.receive, timeout_s)
+
+    poll = receive
+
+    def _take(self, fn: Callable[[], Awaitable[list[Record]]], timeout_s: float) -> list[Record]:
+        async def take() -> list[Record]:
+            with trio.move_on_after(timeout_s):
+                return await fn()
+            return []
+
+        return self._portal.call(take)
+
+    def ack(self, records: Sequence[Record]) -> list[str]:
+        """:meth:`PopConsumer.ack`: a status per record (``ok``, ``expired``, ...)."""
+        return self._portal.call(self.consumer.ack, records)
+
+    def nack(self, records: Sequence[Record], delay_ms: int | None = None) -> list[str]:
+        """:meth:`PopConsumer.nack`: delivered again after ``delay_ms`` (None: the back-off)."""
+        return self._portal.call(self.consumer.nack, records, delay_ms)
+
+    def extend(self, records: Sequence[Record], invisible_time_ms: int) -> list[str]:
+        """:meth:`PopConsumer.extend`: kept with this member ``invisible_time_ms`` from now."""
+        return self._portal.call(self.consumer.extend, records, invisible_time_ms)
+
+    @property
+    def stats(self) -> PopStats:
+        """:attr:`PopConsumer.stats` (counts: acked, ack_expired, ...)."""
+        return self.consumer.stats
+
+    def run(
+        self,
+        handler: Callable[[Record], ConsumeStatus | None],
+        *,
+        max_messages: int | None = None,
+        poll_timeout_s: float = 1.0,
+    ) -> int:
+        """:meth:`PopConsumer.run` with a plain ``handler(record)`` called in a pool of
+        ``handler_concurrency`` threads (returning ``ConsumeStatus`` or None; an exception
+        is RECONSUME_LATER). Returns the number of messages handled, after
+        ``max_messages`` (None: runs until interrupted)."""
+        check_limit(max_messages)
+        c = self.consumer
+        slots = threading.Semaphore(c.options.handler_concurrency)
+        started, futures = 0, []
+
+        def work(lane: list[Record]) -> int:
+            try:
+                for i, record in enumerate(lane):
+                    if judge_sync(handler, record):
+                        self.ack([record])
+                        continue
+                    self.nack(
+                        failed_part(lane, i, c.options.orderly), c.delay_of(record) if c.options.orderly else None
+                    )
+                    return i + 1
+                return len(lane)
+            finally:
+                slots.release()
+
+        with concurrent.futures.ThreadPoolExecutor(c.options.handler_concurrency, "clmq-pop-handler") as pool:
+            while max_messages is None or started < max_messages:
+                slots.acquire()
+                lane = self._take(c.take_lane, poll_timeout_s)
+                if not lane:
+                    slots.release()
+                    continue
+                if max_messages is not None and started + len(lane) > max_messages:
+                    lane, extra = lane[: max_messages - started], lane[max_messages - started :]
+                    self._portal.call(c.release, extra)
+                started += len(lane)
+                futures.append(pool.submit(work, lane))
+        return sum(f.result() for f in futures)
+
+    def close(self) -> None:
+        self._portal.close()
+
+    def __enter__(self) -> BlockingPopConsumer:
         return self
 
     def __exit__(self, *exc: object) -> None:
