@@ -120,7 +120,11 @@ class Admin(KeyIndexQueries):
         """Per queue: committed offset, max offset and lag (``%RETRY%group`` included
         once the group committed there); the members; and per broker (``retries``)
         and in all, the retry backlog (messages of ``%RETRY%group`` not consumed yet)
-        and the dead letters (messages ``%DLQ%group`` holds)."""
+        and the dead letters (messages ``%DLQ%group`` holds); ``pop``: per broker whose
+        leader has POP state for the group, DESCRIBE_GROUP's ``pop`` part with its
+        ``broker_name`` (queues with next/settled offsets, lag, in-flight and
+        redelivering counts; members; counts of pops, acks, expired acks,
+        redeliveries and dead letters), empty for a group that never popped."""
         return await _admin_groups.describe_group(self.calls, group)
 
     async def cancel_message(self, msg_id: str) -> CancelResult:

@@ -16,10 +16,12 @@ from .consumer import allocate_averagely
 
 async def describe_group(calls: AdminCalls, group: str) -> dict[str, Any]:
     """See :meth:`Admin.describe_group`."""
-    queues, members, retries = [], {}, []
+    queues, members, retries, pops = [], {}, [], []
     for b in await calls.leaders():
         info = await calls.call(b["addr"], RequestCode.DESCRIBE_GROUP, {"group": group})
         queues += [{"broker_name": b["broker_name"], **q} for q in info["queues"]]
+        if info.get("pop"):  # the group's POP state on that broker (absent: none)
+            pops.append({"broker_name": b["broker_name"], **info["pop"]})
         members.update({m["client_id"]: m for m in info["members"]})
         retries.append(await retry_counts(calls, b, group))
     return {
@@ -30,6 +32,7 @@ async def describe_group(calls: AdminCalls, group: str) -> dict[str, Any]:
         "retry_backlog": sum(r["retry_backlog"] for r in retries),
         "dead_letters": sum(r["dead_letters"] for r in retries),
         "retries": retries,
+        "pop": pops,
     }
 
 

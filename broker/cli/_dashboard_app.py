@@ -22,6 +22,7 @@ from clmq.protocol.transport import HttpRequest, HttpResponse
 
 from ._dashboard_trace import api_trace
 from ._output import record_fields
+from ._pop_view import pop_rows, pop_totals
 from .dlq_verbs import letter_fields
 from .replication_verbs import cluster_rows
 
@@ -66,7 +67,8 @@ class Dashboard:
                 rates[key] += float(info.get(key, 0))
         lags = {}
         for group in (await self.admin.list_groups())[: self.settings.max_sampled_groups]:
-            lags[group] = (await self.admin.describe_group(group))["lag"]
+            info = await self.admin.describe_group(group)
+            lags[group] = info["lag"] + pop_totals(info.get("pop") or [])["lag"]
         return {"t": int(time.time() * 1000), **rates, "lag": lags}
 
     async def route(self, request: HttpRequest) -> HttpResponse:
@@ -132,14 +134,19 @@ async def api_groups(d: Dashboard, q: dict[str, str]) -> dict[str, Any]:
     with_letters = {r["group"] for r in await d.admin.dead_letter_counts()}
     for group in sorted(set(await d.admin.list_groups()) | with_letters):
         info = await d.admin.describe_group(group)
+        pop = pop_totals(info.get("pop") or [])
         out.append(
             {
                 "group": group,
-                "lag": info["lag"],
-                "members": len(info["members"]),
+                "lag": info["lag"] + pop["lag"],
+                "members": len(info["members"]) + len(pop["members"]),
                 "queues": len(info["queues"]),
                 "retry_backlog": info["retry_backlog"],
                 "dead_letters": info["dead_letters"],
+                "pop": bool(info.get("pop")),
+                "inflight": pop["inflight"],
+                "redelivering": pop["redelivering"],
+                "redelivered": pop["redelivered"],
             }
         )
     return {"groups": out}
@@ -147,10 +154,12 @@ async def api_groups(d: Dashboard, q: dict[str, str]) -> dict[str, Any]:
 
 async def api_group(d: Dashboard, q: dict[str, str]) -> dict[str, Any]:
     info = await d.admin.describe_group(q["name"])
-    if not info["queues"] and not info["members"] and not info["dead_letters"] and not info["retry_backlog"]:
+    pops = info.get("pop") or []
+    if not (info["queues"] or info["members"] or info["dead_letters"] or info["retry_backlog"] or pops):
         raise ValueError(f"group {q['name']!r} does not exist")
     trend = [{"t": h["t"], "lag": h["lag"].get(q["name"])} for h in d.history if q["name"] in h["lag"]]
-    return {**info, "trend": trend}
+    # POP groups (docs/consuming.md): per queue next/settled offsets, in flight, redelivering; the totals
+    return {**info, "pop_queues": pop_rows(pops), "pop_totals": pop_totals(pops), "trend": trend}
 
 
 async def api_messages(d: Dashboard, q: dict[str, str]) -> dict[str, Any]:

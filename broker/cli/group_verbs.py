@@ -10,6 +10,7 @@ from clmq.client import Admin, open_admin
 from ._common import add_client_args, addrs, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
 from ._output import emit, is_json, note
+from ._pop_view import show_pop
 from ._timefmt import FORMS, Duration, parse_time_ms
 
 
@@ -105,24 +106,30 @@ async def _existing(admin: Admin, group: str) -> list[dict[str, Any]]:
 
 
 async def _describe(args: argparse.Namespace, admin: Admin) -> None:
+    """Committed offsets and lag per queue, members, retries and dead letters; for a
+    group that pops, its POP state too (``_pop_view``)."""
     info = await admin.describe_group(args.name)
-    if not info["queues"] and not info["members"] and not info["dead_letters"] and not info["retry_backlog"]:
+    pops = info.get("pop") or []
+    if not (info["queues"] or info["members"] or info["dead_letters"] or info["retry_backlog"] or pops):
         raise CliError(f"group {args.name!r} does not exist (clmq group list shows the groups)", EXIT_FAILED)
     title = (
         f"group {args.name} (total lag {info['lag']:,}, retry backlog {info['retry_backlog']:,}, "
         f"dead letters {info['dead_letters']:,})"
     )
-    emit(
-        args,
-        title,
-        ["broker", "topic", "queue", "committed", "max offset", "lag"],
-        [
-            [q["broker_name"], q["topic"], q["queue_id"], q["committed"], q["max_offset"], q["lag"]]
-            for q in info["queues"]
-        ],
-        data=info,
-    )
-    note(args, "members: " + (", ".join(m["client_id"] for m in info["members"]) or "none connected"))
+    if info["queues"] or not pops or is_json(args):
+        emit(
+            args,
+            title,
+            ["broker", "topic", "queue", "committed", "max offset", "lag"],
+            [
+                [q["broker_name"], q["topic"], q["queue_id"], q["committed"], q["max_offset"], q["lag"]]
+                for q in info["queues"]
+            ],
+            data=info,
+        )
+    show_pop(args, args.name, pops)
+    if info["members"] or not pops:
+        note(args, "members: " + (", ".join(m["client_id"] for m in info["members"]) or "none connected"))
     per_broker = ", ".join(
         f"{r['broker_name']}: {r['retry_backlog']:,} / {r['dead_letters']:,}" for r in info["retries"]
     )

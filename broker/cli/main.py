@@ -15,6 +15,7 @@ import clmq
 from clmq.bench.commands import add_store_and_compare
 from clmq.bench.delay import add_command as add_bench_delay
 from clmq.bench.e2e import add_command as add_bench_e2e
+from clmq.bench.pop import add_command as add_bench_pop
 from clmq.bench.results import add_out_dir_args, resolve_result_paths
 from clmq.bench.spark import add_command as add_bench_spark
 from clmq.bench.trace import add_command as add_bench_trace
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_delay(bench_sub)
     add_bench_transactions(bench_sub)
     add_bench_trace(bench_sub)
+    add_bench_pop(bench_sub)
     add_commands(sub)
     _add_dev_zookeeper_flag(sub.choices["dev"])
     add_replication_commands(sub)

@@ -72,7 +72,8 @@ const pages = {
         table(["broker", "topic", "queue", "committed", "max offset", "lag"], doc.queues.map(q =>
           [esc(q.broker_name), esc(q.topic), q.queue_id, q.committed, q.max_offset, `<span class="${q.lag ? "lag" : "ok"}">${num(q.lag)}</span>`]), [2, 3, 4, 5]) +
         `<h2>Members</h2>` + (doc.members.length ? table(["client id", "mode", "topics"], doc.members.map(m =>
-          [esc(m.client_id), esc(m.mode), esc(m.topics.join(", "))])) : "<p>none connected</p>") + `<h2>Lag trend</h2><div id="charts"></div>`;
+          [esc(m.client_id), esc(m.mode), esc(m.topics.join(", "))])) : "<p>none connected</p>") + popSection(doc) +
+        `<h2>Lag trend</h2><div id="charts"></div>`;
       chart(el.querySelector("#charts"), "lag (messages)", doc.trend.map(x => x.t), [{label: "lag", values: doc.trend.map(x => x.lag), color: "#b03a2e"}]);
       el.insertAdjacentHTML("beforeend", `<h2>Dead letters</h2>` + (dead.messages.length ? table(["broker", "offset", "msg id",
         "origin topic", "origin queue", "attempts", "body"], dead.messages.map(m => [esc(m.broker_name), m.queue_offset, esc(m.msg_id),
@@ -81,9 +82,11 @@ const pages = {
       return;
     }
     const doc = await api("groups");
-    el.innerHTML = `<h2>Consumer groups</h2>` + table(["group", "lag", "members", "queues", "retry backlog", "dead letters"], doc.groups.map(g =>
+    el.innerHTML = `<h2>Consumer groups</h2>` + table(["group", "lag", "members", "queues", "retry backlog", "dead letters",
+      "in flight (POP)", "redelivering (POP)"], doc.groups.map(g =>
       [`<a href="#/groups?name=${encodeURIComponent(g.group)}">${esc(g.group)}</a>`, g.lag, g.members, g.queues, g.retry_backlog,
-       `<span class="${g.dead_letters ? "dlq" : "ok"}">${num(g.dead_letters)}</span>`]), [1, 2, 3, 4, 5]);
+       `<span class="${g.dead_letters ? "dlq" : "ok"}">${num(g.dead_letters)}</span>`, g.pop ? g.inflight : "-",
+       g.pop ? `<span class="${g.redelivering ? "retry" : "ok"}">${num(g.redelivering)}</span>` : "-"]), [1, 2, 3, 4, 5, 6, 7]);
   },
   async messages(el) {
     const p = params();
@@ -112,6 +115,19 @@ const pages = {
     if (p.get("id")) await traceOf(el.querySelector("#found"), "id=" + encodeURIComponent(p.get("id")));
   },
 };
+
+// A POP group's state (docs/consuming.md, "Queue-based or POP?"): per queue, the members, the counts.
+function popSection(doc) {
+  if (!doc.pop_queues || !doc.pop_queues.length) return "";
+  const t = doc.pop_totals;
+  return `<h2>POP: in flight <span class="pop-inflight">${num(t.inflight)}</span>, redelivering <span class="retry">${num(t.redelivering)}</span></h2>` +
+    table(["broker", "topic", "queue", "next offset", "settled offset", "max offset", "lag", "in flight", "redelivering"],
+      doc.pop_queues.map(r => [esc(r[0]), esc(r[1]), r[2], r[3], r[4], r[5], `<span class="${r[6] ? "lag" : "ok"}">${num(r[6])}</span>`,
+        r[7], `<span class="${r[8] ? "retry" : "ok"}">${num(r[8])}</span>`]), [2, 3, 4, 5, 6, 7, 8]) +
+    `<p class="pop-counts">since the leader started: popped ${num(t.popped)}, acked ${num(t.acked)}, expired acks (refused) ${num(t.ack_expired)}, ` +
+    `redelivered ${num(t.redelivered)}, dead-lettered ${num(t.dead_lettered)}</p>` +
+    `<p>POP members: ${t.members.length ? esc(t.members.join(", ")) : "none popped lately"}</p>`;
+}
 
 // A message's life (docs/traces.md): its trace events as a timeline under the message.
 async function traceOf(el, query) {
