@@ -96,6 +96,9 @@ BROKER_RULES: dict[int, Rule] = {
     RequestCode.DESCRIBE_GROUP: _group(DESCRIBE),
     RequestCode.DELETE_GROUP: _group(Operation.DELETE),
     RequestCode.CONSUMER_SEND_BACK: _group(READ),  # and READ on each record's topic (the handler, once read)
+    RequestCode.POP_MESSAGE: _pull,  # READ on the topic and on the group
+    RequestCode.ACK_MESSAGE: _group(READ),
+    RequestCode.CHANGE_INVISIBLE_TIME: _group(READ),
     RequestCode.LOCK_QUEUES: _group(READ),
     RequestCode.UNLOCK_QUEUES: _group(READ),
     RequestCode.CREATE_TOPIC: _create_topic,

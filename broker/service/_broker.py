@@ -43,6 +43,7 @@ from ._security import BrokerSecurity
 from ._trace_buffer import TraceRecorder
 from ._trace_writer import trace_loop
 from .kafka import KafkaCollector, KafkaService
+from .pop import PopCollector
 from .transaction import TransactionCollector
 
 log = logging.getLogger("clmq.broker")
@@ -101,6 +102,7 @@ class Broker:
             kafka_members=lambda group: self.kafka.members(group) if self.kafka is not None else {},
             kafka_groups=lambda: self.kafka.group_ids() if self.kafka is not None else [],
             tracer=TraceRecorder(config.trace_enabled),
+            pop_describe=lambda group: self.handlers.pop.describe(group),
         )
         self.handlers = Handlers(self.ctx)
         self.kafka: KafkaService | None = None
@@ -108,6 +110,7 @@ class Broker:
             self.kafka = KafkaService(self.ctx, self.handlers.readers, lambda: self.client)
         self.metadata.timer = self.handlers.timer
         self.metadata.transactions = self.handlers.transactions
+        self.metadata.pop = self.handlers.pop
         table = self.handlers.table(self.replica.handlers())
         tls = config.tls_settings()
         self.tls_context: ssl.SSLContext | None = None
@@ -142,6 +145,7 @@ class Broker:
             )
         )
         self.metrics.register(TransactionCollector(self.handlers.transactions))
+        self.metrics.register(PopCollector(self.handlers.pop))
         if self.kafka is not None:
             self.metrics.register(KafkaCollector(self.kafka))
         self.metrics_port = -1  # the port /metrics is served on, once started (-1: none)
@@ -342,6 +346,7 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
             nursery.start_soon(broker.replica.role_loop, broker.client)
             nursery.start_soon(broker.handlers.timer.tick_loop)
             nursery.start_soon(broker.handlers.transactions.check_loop)
+            nursery.start_soon(broker.handlers.pop.revive_loop)
             nursery.start_soon(trace_loop, broker.ctx)  # trace_enabled: %TRACE% and the broker's own events
             if broker.coordinator is not None:
                 await nursery.start(broker.coordinator.coordinate)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from clmq.broker.replication import Replica
 from clmq.broker.store import StorageEngine
@@ -50,3 +50,5 @@ class BrokerContext:
     kafka_members: Callable[[str], dict[str, str]] = lambda group: {}
     kafka_groups: Callable[[], list[str]] = lambda: []
     tracer: TraceRecorder = field(default_factory=TraceRecorder)  # the broker's trace events (trace_enabled)
+    # DESCRIBE_GROUP's "pop" part of a group (None: no POP state for it here; pop.PopService.describe)
+    pop_describe: Callable[[str], dict[str, Any] | None] = lambda group: None

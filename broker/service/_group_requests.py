@@ -4,6 +4,8 @@ LIST_GROUPS and DESCRIBE_GROUP. (Deleting a group: ``_admin_requests``.)"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from clmq.protocol import ErrorCode, Frame
 from clmq.protocol.auth import Operation, ResourceType
 from clmq.protocol.transport import Peer, Reply, RequestError, need
@@ -106,4 +108,8 @@ class GroupRequests:
             {"client_id": member, "mode": "kafka", "topics": [], "kafka_client_id": client}
             for member, client in sorted(self.ctx.kafka_members(group).items())
         ]
-        return Reply({"queues": rows, "members": members})
+        fields: dict[str, Any] = {"queues": rows, "members": members}
+        pop = self.ctx.pop_describe(group)
+        if pop is not None:  # POP consumption's state of the group on this broker
+            fields["pop"] = pop
+        return Reply(fields)

@@ -34,6 +34,7 @@ from ._scheduled import ScheduledRequests
 from ._security_requests import SecurityRequests
 from ._sendback import SendBack
 from ._topic_requests import TopicRequests
+from .pop import PopRequests, PopService
 from .timer import Timer
 from .transaction import TransactionRequests, Transactions
 
@@ -53,6 +54,7 @@ class Handlers:
         self.scheduled = ScheduledRequests(ctx, self.timer)
         self.transactions = Transactions(ctx)
         self.transaction_requests = TransactionRequests(ctx, self.transactions)
+        self.pop = PopService(ctx)  # POP consumption (docs/consuming.md)
         self.produce = Produce(ctx, self.readers, self.scheduled, self.transaction_requests.check_send)
         self.locks = LockRequests(ctx)
         self.started = time.monotonic()  # BROKER_INFO's uptime
@@ -84,6 +86,7 @@ class Handlers:
             RequestCode.CONSUMER_SEND_BACK: SendBack(self.ctx).handle,
             RequestCode.CANCEL_MESSAGE: self.scheduled.cancel,
             **self.transaction_requests.handlers(),
+            **PopRequests(self.pop).handlers(),
             RequestCode.LOCK_QUEUES: self.locks.lock,
             RequestCode.UNLOCK_QUEUES: self.locks.unlock,
             RequestCode.GET_MESSAGE: admin.get_message,
@@ -123,6 +126,7 @@ class Handlers:
                 "epoch": self.ctx.replica.epoch,
                 **self.timer_fields(),
                 **self.transactions.fields(),
+                **self.pop.fields(),
                 **status_fields(self.ctx, self.started),
             }
         )

@@ -42,6 +42,7 @@ class ReplicatedMetadata:
         self.subscriptions: dict[str, tuple[str, list[str]]] = {}
         self.timer: TimerCheckpoints | None = None  # set by the broker
         self.transactions: TimerCheckpoints | None = None  # transactions' checkpoint: the same three calls
+        self.pop: TimerCheckpoints | None = None  # POP's checkpoint (pop.PopService): the same three calls
         self.security: SecurityCopies | None = None  # set by the broker
 
     def bump(self) -> None:
@@ -73,6 +74,7 @@ class ReplicatedMetadata:
             "offsets": offsets,
             "timer": timer,
             "transactions": self.transactions.checkpoint_json() if self.transactions is not None else None,
+            "pop": self.pop.checkpoint_json() if self.pop is not None else None,
             "security": self.security.snapshot() if self.security is not None else None,
             "subscriptions": [[g, mode, topics] for g, (mode, topics) in sorted(subs.items())],
         }
@@ -97,6 +99,9 @@ class ReplicatedMetadata:
         transactions = snapshot.get("transactions")
         if isinstance(transactions, dict) and self.transactions is not None:
             self.transactions.adopt_checkpoint(transactions)
+        pop = snapshot.get("pop")
+        if isinstance(pop, dict) and self.pop is not None:
+            self.pop.adopt_checkpoint(pop)
         security = snapshot.get("security")
         if isinstance(security, dict) and self.security is not None:
             self.security.adopt(security)
@@ -109,3 +114,5 @@ class ReplicatedMetadata:
             self.timer.after_truncation()
         if self.transactions is not None:
             self.transactions.after_truncation()
+        if self.pop is not None:
+            self.pop.after_truncation()

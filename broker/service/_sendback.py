@@ -85,7 +85,7 @@ class SendBack:
                 messages.append(copy)
                 results.append(["retry", times, due])
             else:  # past the limit, or a record too near the size limit to carry the retry's properties
-                messages.append(self._dead_letter(group, record, times))
+                messages.append(dead_letter(self.ctx, group, record, times))
                 results.append(["dlq", times, 0])
         await self._ensure_topics(group, results)
         await put_acknowledged(self.ctx, messages, also={r.topic for r in records})  # the originals' ack mode too
@@ -104,20 +104,8 @@ class SendBack:
         if any(r[0] == "dlq" for r in results):
             await ensure_topic(self.ctx, dlq_topic(group), 1)
 
-    def _origin(self, record: Record) -> dict[str, str]:
-        """The record's properties, with where it came from first (kept from the
-        first failure on, across retries)."""
-        props = {k: v for k, v in record.properties.items() if k not in _TRANSIENT}
-        if PROP_ORIGIN_TOPIC not in props:
-            props[PROP_ORIGIN_TOPIC] = record.topic
-            props[PROP_ORIGIN_QID] = str(record.queue_id)
-            props[PROP_ORIGIN_OFFSET] = str(record.queue_offset)
-            props[PROP_ORIGIN_ADDR] = self.ctx.addr()
-            props[PROP_ORIGIN_MSG_ID] = f"{self.ctx.addr()}@{record.commitlog_offset:016X}"
-        return props
-
     def _retry(self, group: str, record: Record, times: int, due: int) -> Message:
-        props = self._origin(record)
+        props = origin_properties(self.ctx, record)
         props.update(
             {
                 PROP_DELIVER_AT: str(due),
@@ -139,25 +127,42 @@ class SendBack:
             times,
         )
 
-    def _dead_letter(self, group: str, record: Record, times: int) -> Message:
-        props = self._origin(record)
-        props[PROP_DLQ_GROUP] = group
-        out = Message(
-            dlq_topic(group),
-            0,
-            record.body,
-            record.tags,
-            record.keys,
-            props,
-            record.flags,
-            record.born_timestamp_ms,
-            record.born_host,
-            times,
-        )
-        if record_size(out) > self.ctx.config.max_message_bytes:  # it must not block its queue: a reference
-            out.body = b""  # the failed record keeps the body until retention removes it
-            out.properties = {**props, PROP_DLQ_BODY_OF: f"{self.ctx.addr()}@{record.commitlog_offset:016X}"}
-        return out
+
+def origin_properties(ctx: BrokerContext, record: Record) -> dict[str, str]:
+    """The record's properties, with where it came from first (kept from the first
+    failure on, across retries)."""
+    props = {k: v for k, v in record.properties.items() if k not in _TRANSIENT}
+    if PROP_ORIGIN_TOPIC not in props:
+        props[PROP_ORIGIN_TOPIC] = record.topic
+        props[PROP_ORIGIN_QID] = str(record.queue_id)
+        props[PROP_ORIGIN_OFFSET] = str(record.queue_offset)
+        props[PROP_ORIGIN_ADDR] = ctx.addr()
+        props[PROP_ORIGIN_MSG_ID] = f"{ctx.addr()}@{record.commitlog_offset:016X}"
+    return props
+
+
+def dead_letter(ctx: BrokerContext, group: str, record: Record, times: int) -> Message:
+    """The copy of ``record`` for ``%DLQ%group`` (CONSUMER_SEND_BACK's and POP's dead
+    letters): its properties with where it came from; a record too near the size
+    limit to carry them goes as a reference to its body."""
+    props = origin_properties(ctx, record)
+    props[PROP_DLQ_GROUP] = group
+    out = Message(
+        dlq_topic(group),
+        0,
+        record.body,
+        record.tags,
+        record.keys,
+        props,
+        record.flags,
+        record.born_timestamp_ms,
+        record.born_host,
+        times,
+    )
+    if record_size(out) > ctx.config.max_message_bytes:  # it must not block its queue: a reference
+        out.body = b""  # the failed record keeps the body until retention removes it
+        out.properties = {**props, PROP_DLQ_BODY_OF: f"{ctx.addr()}@{record.commitlog_offset:016X}"}
+    return out
 
 
 def _records_at(store: Store, offsets: list[int]) -> list[Record]:

@@ -38,12 +38,12 @@ async def put_messages(ctx: BrokerContext, messages: Sequence[Message]) -> PutRe
     return put.result
 
 
-async def put_acknowledged(ctx: BrokerContext, messages: Sequence[Message], also: Iterable[str] = ()) -> None:
+async def put_acknowledged(ctx: BrokerContext, messages: Sequence[Message], also: Iterable[str] = ()) -> PutResult:
     """:func:`put_messages` for an answer that promises the copy: refused (RequestError)
     unless stored, durable as the flush mode promises a producer (sync: fsynced) and held
     by the replicas the ack mode of each topic asks for: the messages' and ``also``'s (a
     retry or a dead letter replaces the original, whose offset the consumer then commits
-    past: it must not be lost)."""
+    past: it must not be lost). Returns the put's result (its offsets)."""
     topics = sorted({m.topic for m in messages} | set(also))
     for topic in topics:
         ctx.replica.check_sync_write(topic)
@@ -60,3 +60,4 @@ async def put_acknowledged(ctx: BrokerContext, messages: Sequence[Message], also
         problem = await ctx.replica.wait_held(topic, result.end_offset)
         if problem is not None:
             raise RequestError(problem[0], problem[1])
+    return result

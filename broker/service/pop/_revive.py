@@ -1,0 +1,216 @@
+"""The leader's POP task (:meth:`PopKeeper.revive_loop`): every
+``pop_revive_interval_ms`` it starts the state if need be (the checkpoint, then
+``%POP%`` replayed), wakes the long polls of groups with deliveries visible again,
+dead-letters the deliveries past their limit, and saves the checkpoint every
+``pop_checkpoint_interval_ms`` after a log flush. A follower stands down and copies
+its leader's checkpoint (``checkpoint_json``, ``adopt_checkpoint``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import trio
+
+from clmq.broker.store import Store
+from clmq.common import Record, StoreError, dlq_topic
+from clmq.protocol.transport import RequestError
+
+from .._sendback import dead_letter
+from .._system_put import ensure_topic
+from ._base import SETTLING_MS, Judged, PopBase
+from ._reads import entry_of
+from ._records import Handle, parse_handle
+from ._state import PopCheckpoint, load_checkpoint, log_offset_at, replay, save_checkpoint
+
+log = logging.getLogger("clmq.pop")
+
+FAILURE_RETRY_S = 1.0  # after a disk or store error, the state is rebuilt this much later
+DISPATCH_POLL_S = 0.002  # how often a start looks whether the queues show the whole log
+
+
+class PopKeeper(PopBase):
+    """The task, the start and stand-down, the checkpoint."""
+
+    _last_save = 0.0
+
+    async def revive_loop(self) -> None:
+        """The task (module docstring); runs for the broker's lifetime."""
+        if self.store is None:
+            return  # partition-per-file mode: POP is refused there
+        while True:
+            await trio.sleep(self.config.pop_revive_interval_ms / 1000)
+            try:
+                self.ctx.replica.check_writable()
+            except RequestError:
+                self.stand_down()
+                continue
+            try:
+                if self.state is None:
+                    await self.start()
+                self.revive()
+                await self.dead_letter_due()
+                await self.save_when_due()
+                self.failure = ""
+            except (OSError, StoreError) as e:
+                await self._failed(e)
+
+    async def _failed(self, error: BaseException) -> None:
+        text = f"{type(error).__name__}: {error}"
+        if text != self.failure:
+            log.error("pop: %s; rebuilding every %.0f s from the last checkpoint", text, FAILURE_RETRY_S)
+        self.failure, self.state = text, None
+        self.wake_all()
+        await trio.sleep(FAILURE_RETRY_S)
+
+    def stand_down(self) -> None:
+        """Not the leader (any more): the state goes (the new leader rebuilds it)."""
+        if self.state is not None:
+            log.info("pop: not the leader: the in-flight state stops here")
+        self.state = None
+        self.dead.clear()
+        self.wake_all()
+
+    async def start(self) -> None:
+        """Build the state: the checkpoint, then ``%POP%`` from its ``applied_to``."""
+        store = self.store
+        assert store is not None
+        await _dispatched_to(store, store.log.write_offset)  # the queues show the whole log
+        cp = await trio.to_thread.run_sync(load_checkpoint, store)
+        state, _end = await trio.to_thread.run_sync(replay, store, cp)
+        self.saved, self._last_save = cp, 0.0
+        self.state = state
+
+    def revive(self) -> None:
+        """Wake the groups with deliveries visible again; note those past their limit."""
+        state = self.state
+        assert state is not None
+        now = self.now()
+        for name, g in state.groups.items():
+            woken = False
+            for (topic, qid), q in g.queues.items():
+                if q.visible(now):
+                    _take, dead = q.due(now, 0)
+                    self.dead += [(name, topic, qid, off) for off in dead]
+                    woken = woken or q.visible(now)
+            if woken:
+                self.wake(name)
+
+    async def dead_letter_due(self) -> None:
+        """Copy the deliveries past their limit to their group's ``%DLQ%`` and settle them."""
+        dead, self.dead = self.dead, []
+        by_group: dict[str, list[str]] = {}
+        state = self.state
+        assert state is not None
+        for group, topic, qid, off in dead:
+            q = state.group(group).queues.get((topic, qid))
+            f = q.flights.get(off) if q is not None else None
+            if f is not None and f.deadline_ms != SETTLING_MS:
+                h = Handle(self.config.broker_name, topic, qid, off, f.ck, f.deadline_ms + 1)
+                by_group.setdefault(group, []).append(h.encode())
+        for group, handles in by_group.items():
+            try:
+                await self.dead_letter(group, handles, due=True)
+            except RequestError as e:
+                log.warning("pop: dead letters of group %s wait: %s", group, e.text)
+                self.dead += [(group, *_where(h)) for h in handles]
+
+    async def dead_letter(self, group: str, handles: list[str], due: bool = False) -> list[str]:
+        """Copy these deliveries to ``%DLQ%group`` and settle them (REJECT; ``due``:
+        deliveries past their limit, whose deadline passed)."""
+        now = self.now()
+        judged = self.judge(group, handles, now if not due else 0)
+        if not judged.ok:
+            return judged.results
+        store = self.store
+        assert store is not None
+        try:
+            records = await trio.to_thread.run_sync(_records_of, store, judged)
+            await ensure_topic(self.ctx, dlq_topic(group), 1)
+        except BaseException:
+            self.restore(judged.ok)
+            raise
+        letters = [dead_letter(self.ctx, group, r, f.attempt) for r, (_i, _q, _h, f) in zip(records, judged.ok) if r]
+        await self.settle(group, judged, letters)
+        g = self.group_state(group)
+        if g is not None:
+            g.stats.dead_lettered += len(judged.ok)
+        return judged.results
+
+    async def save_when_due(self) -> None:
+        """Save the checkpoint every ``pop_checkpoint_interval_ms``: the state as it is
+        and ``applied_to`` low enough (``_state``), after a log flush."""
+        if time.monotonic() - self._last_save < self.config.pop_checkpoint_interval_ms / 1000:
+            return
+        store, state = self.store, self.state
+        assert store is not None and state is not None
+        applied_to = min(self.writes.values(), default=self.pop_end())
+        if applied_to == self.saved.applied_to and not self.writes:
+            return  # nothing recorded since
+        snapshot, write_offset = state.to_json(), store.log.write_offset
+        self._last_save = time.monotonic()
+        await trio.to_thread.run_sync(store.flush)  # nothing the checkpoint claims may be lost
+        log_from = await trio.to_thread.run_sync(log_offset_at, store, applied_to, write_offset)
+        cp = PopCheckpoint(applied_to, log_from, snapshot)
+        await trio.to_thread.run_sync(save_checkpoint, store, cp)
+        self.saved = cp
+        self.ctx.metadata.bump()  # followers copy it
+
+    def checkpoint_json(self) -> dict[str, Any] | None:
+        """The last checkpoint saved (a leader's followers adopt it)."""
+        return self.saved.to_json() if self.state is not None else None
+
+    def adopt_checkpoint(self, value: dict[str, Any]) -> None:
+        """A follower takes its leader's checkpoint (in a worker thread) once its own
+        log holds the records it stands on."""
+        store = self.store
+        if store is None or self.state is not None:
+            return
+        try:
+            cp = PopCheckpoint.from_json(value)
+        except (KeyError, TypeError, ValueError) as e:
+            log.warning("pop: the leader's checkpoint is unusable (%s); keeping ours", e)
+            return
+        if cp.log_from <= store.log.write_offset and cp != self.saved:
+            try:
+                save_checkpoint(store, cp)
+            except OSError as e:
+                log.warning("pop: cannot save the leader's checkpoint: %s", e)
+                return
+            self.saved = cp
+
+    def after_truncation(self) -> None:
+        """A follower's log was cut: a checkpoint standing on records past the new end is
+        replaced by one that replays ``%POP%`` whole at the next start."""
+        store = self.store
+        if store is None or self.state is not None or self.saved.log_from <= store.log.write_offset:
+            return
+        self.saved = PopCheckpoint(0, store.log.min_offset)
+        try:
+            save_checkpoint(store, self.saved)
+        except OSError as e:
+            log.warning("pop: cannot reset the checkpoint after a truncation: %s", e)
+
+
+async def _dispatched_to(store: Store, offset: int) -> None:
+    """Return once the dispatcher has put every record below ``offset`` in its queue."""
+    interval = DISPATCH_POLL_S
+    while store.dispatcher.dispatched_offset < offset:
+        await trio.sleep(interval)
+        interval = min(2 * interval, 0.05)
+
+
+def _where(text: str) -> tuple[str, int, int]:
+    h = parse_handle(text)
+    assert h is not None
+    return h.topic, h.queue_id, h.offset
+
+
+def _records_of(store: Store, judged: Judged) -> list[Record | None]:
+    """The records of the judged deliveries (None: gone by retention)."""
+    out = []
+    for _i, _q, h, _f in judged.ok:
+        at = entry_of(store, h.topic, h.queue_id, h.offset)
+        out.append(None if at is None else store.log.read_record(at[0], at[1]))
+    return out
