@@ -78,3 +78,9 @@ class Popper:
 
 def bodies(records: list[Record]) -> list[bytes]:
     return [bytes(r.body) for r in records]
+
+
+async def pulled(p: Popper, topic: str, queue_id: int = 0, max_messages: int = 100) -> list[Record]:
+    """The records of a queue from its start (PULL_MESSAGE)."""
+    fields = {"topic": topic, "queue_id": queue_id, "offset": 0, "max_messages": max_messages}
+    return decode_records((await p.request(RequestCode.PULL_MESSAGE, fields)).body)
