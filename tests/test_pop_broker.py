@@ -163,3 +163,144 @@ async def test_malformed_and_refused_pops_answer_errors(nursery: trio.Nursery, t
         with pytest.raises(RpcError) as e:
             await p.change(["x"], 20_000)
         assert e.value.code == ErrorCode.MALFORMED_REQUEST
+
+
+async def test_change_invisible_time_extends_and_zero_is_a_nack(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, broker = await _cluster(nursery, tmp_path, queues=1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"slow", b"nack"])
+        got, f = await p.pop(invisible_time_ms=150, max_messages=2)
+        assert bodies(got) == [b"slow", b"nack"]
+        slow, _nack = f["handles"]
+        [[status, longer]] = await p.change([slow], 60_000)
+        assert status == "ok" and longer != slow
+        # Long past the first deadline: the extended message stays with its member.
+        again, _f = await p.pop(invisible_time_ms=150, max_wait_ms=700)
+        assert bodies(again) == [b"nack"]  # the other one came back; not "slow"
+        [[status, _new]] = await p.change([_f["handles"][0]], 0)  # a nack: visible at once
+        assert status == "ok"
+        back, f3 = await p.pop(invisible_time_ms=60_000)
+        assert bodies(back) == [b"nack"] and f3["attempts"] == [3]
+        assert await p.ack([slow]) == ["expired"]  # the old handle of a changed delivery
+        assert await p.ack([longer, *f3["handles"]]) == ["ok", "ok"]
+        assert await p.change([longer], 10) == [["gone", ""]]
+        assert (await p.describe())["pop"]["queues"][0]["inflight"] == 0
+
+
+async def test_groups_are_independent_and_members_share_the_work(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, broker = await _cluster(nursery, tmp_path, queues=2)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        for q in (0, 1):
+            await p.send("t", [b"%d-%03d" % (q, i) for i in range(60)], queue_id=q)
+        everything = sorted(b"%d-%03d" % (q, i) for q in (0, 1) for i in range(60))
+        by_member: dict[str, list[bytes]] = {}
+
+        async def member(name: str) -> None:
+            while True:
+                got, _f = await p.pop(group="work", client_id=name, invisible_time_ms=60_000, max_messages=7)
+                if not got:
+                    return
+                by_member.setdefault(name, []).extend(bodies(got))
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as n:
+            for i in range(8):
+                n.start_soon(member, f"m{i}")
+        taken = [b for bs in by_member.values() for b in bs]
+        assert sorted(taken) == everything  # each offset handed to one member only
+        assert len(by_member) > 1
+        other, _h = await p.pop_all(120, group="other", max_messages=200, invisible_time_ms=60_000)
+        assert sorted(bodies(other)) == everything  # another group gets everything again
+        members = (await p.describe("work"))["pop"]["members"]
+        assert members == [f"m{i}" for i in range(8)]  # every member popped (some got nothing)
+
+
+async def test_long_poll_wakes_on_a_new_message_and_on_a_redelivery(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, broker = await _cluster(nursery, tmp_path, queues=2)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        got, _f = await p.pop(max_wait_ms=300)
+        assert got == []  # the wait ended with nothing
+        results: list[list[Record]] = []
+
+        async def waiting_pop() -> None:
+            results.append((await p.pop(max_wait_ms=20_000, invisible_time_ms=200))[0])
+
+        with trio.fail_after(10):  # far less than the wait: woken by the arrival
+            async with trio.open_nursery() as n:
+                n.start_soon(waiting_pop)
+                await await_until(lambda: broker.handlers.pop.waiters.get("g"), 5, "the pop to wait")
+                await p.send("t", [b"new"], queue_id=1)
+        assert bodies(results[0]) == [b"new"]
+        with trio.fail_after(10):  # woken by the redelivery (its deadline passed, 200 ms)
+            got, f = await p.pop(max_wait_ms=20_000)
+        assert bodies(got) == [b"new"] and f["attempts"] == [2]
+
+
+async def test_a_backlog_in_one_queue_does_not_starve_the_other(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, broker = await _cluster(nursery, tmp_path, queues=3)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"hot-%03d" % i for i in range(300)], queue_id=0)
+        await p.send("t", [b"cold-0", b"cold-1"], queue_id=2)
+        got, _f = await p.pop(max_messages=10, invisible_time_ms=60_000)
+        assert len(got) == 10 and {b"cold-0", b"cold-1"} <= set(bodies(got))
+        for _ in range(3):  # a trickle: each new message is delivered within a pop or two
+            await p.send("t", [b"trickle"], queue_id=1)
+            got, _f = await p.pop(max_messages=4, invisible_time_ms=60_000)
+            assert b"trickle" in bodies(got) and len(got) == 4
+
+
+async def test_orderly_pop_gives_a_queue_s_next_message_only_once_settled(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    c, broker = await _cluster(nursery, tmp_path, queues=1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"o0", b"o1", b"o2"])
+        first, _f0 = await p.pop(orderly=True, max_messages=1, invisible_time_ms=200)
+        assert bodies(first) == [b"o0"]
+        nothing, _f = await p.pop(orderly=True, client_id="c2")
+        assert nothing == []  # o0 in flight: nothing more from its queue
+        # o0 not acknowledged: it comes back first, in order (with o1, o2 after it).
+        back, f2 = await p.pop(orderly=True, client_id="c2", max_wait_ms=5000, invisible_time_ms=60_000)
+        assert bodies(back) == [b"o0", b"o1", b"o2"] and f2["attempts"] == [2, 1, 1]
+        assert await p.ack(f2["handles"][:1]) == ["ok"]
+        nothing, _f = await p.pop(orderly=True)
+        assert nothing == []  # o1, o2 still in flight
+
+
+async def test_the_inflight_limit_per_queue_and_the_tag_filter(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, broker = await _cluster(nursery, tmp_path, queues=1, pop_max_inflight_per_queue=3)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"x%d" % i for i in range(6)], tags="x")
+        await p.send("t", [b"y0"], tags="y")
+        got, f = await p.pop(max_messages=10, invisible_time_ms=60_000)
+        assert bodies(got) == [b"x0", b"x1", b"x2"]  # the limit: 3 in flight
+        assert (await p.pop(max_messages=10))[0] == []
+        assert await p.ack(f["handles"][:2]) == ["ok", "ok"]
+        got, _f = await p.pop(max_messages=10, invisible_time_ms=60_000)
+        assert bodies(got) == [b"x3", b"x4"]
+        only_y, _f = await p.pop(group="gy", max_messages=10, tags=["y"])
+        assert bodies(only_y) == [b"y0"]
+        q = (await p.describe("gy"))["pop"]["queues"][0]
+        assert (q["next_offset"], q["settled_offset"], q["inflight"], q["lag"]) == (7, 6, 1, 1)
+
+
+async def test_partition_per_file_mode_refuses_pop(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, broker = await _cluster(nursery, tmp_path, queues=1, storage_mode="partition-per-file")
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        for call in (p.pop(), p.ack(["x"]), p.change(["x"], 0)):
+            with pytest.raises(RpcError) as e:
+                await call
+            assert e.value.code == ErrorCode.REQUEST_NOT_SUPPORTED
