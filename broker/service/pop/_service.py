@@ -107,6 +107,9 @@ class PopService(PopKeeper, Taking):
         for row in judged.ok:
             parts.setdefault((row[2].topic, row[2].queue_id), []).append(row)
         cks = []
+        # The flights put here: a nack (deadline now) may be popped again while its CK is
+        # written; that pop's flight must not get this change's ck (its acks would be "expired").
+        placed: dict[tuple[str, int, int], Flight] = {}
         for (topic, qid), rows in parts.items():
             q, f = rows[0][1], rows[0][3]
             offsets, attempts = [r[2].offset for r in rows], [r[3].attempt for r in rows]
@@ -118,7 +121,10 @@ class PopService(PopKeeper, Taking):
                 )
             )
             for _i, _q, h, before in rows:
-                q.put(h.offset, Flight(-1, deadline, before.attempt, before.owner, before.max_reconsume_times))
+                placed[h.topic, h.queue_id, h.offset] = fl = Flight(
+                    -1, deadline, before.attempt, before.owner, before.max_reconsume_times
+                )
+                q.put(h.offset, fl)
         # The ACK of the old deliveries first, then their new CKs (``settle`` puts ``extra`` first: not here).
         try:
             rows_ack = [(h.topic, h.queue_id, h.offset, h.ck) for _i, _q, h, _f in judged.ok]
@@ -131,7 +137,7 @@ class PopService(PopKeeper, Taking):
             ck = result.queue_offsets[1 + n]
             for i, q, h, _f in rows:
                 now_flight = q.flights.get(h.offset)
-                if now_flight is not None and now_flight.ck == -1:
+                if now_flight is not None and now_flight is placed[h.topic, h.queue_id, h.offset]:
                     now_flight.ck = ck
                 new = Handle(h.broker, h.topic, h.queue_id, h.offset, ck, deadline)
                 out[i] = ("ok", new.encode())
