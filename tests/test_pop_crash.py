@@ -1,0 +1,101 @@
+"""POP across kill -9 of a real broker process (flush_mode sync): every acknowledged
+message stays settled (never delivered again, its handle answers "gone"), every
+popped-but-unacknowledged message comes back after its deadline and not before, and
+the queues' next offsets are kept, with the state rebuilt from a checkpoint plus the
+``%POP%`` records after it, or from ``%POP%`` alone (no checkpoint saved yet)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from clmq.client import RpcError, open_admin
+from clmq.protocol import ErrorCode
+from tests.crash_broker import launch, reap, tail, wait_ready
+from tests.pop_helpers import Popper
+from tests.waiting import await_until
+
+RETRYABLE = (ErrorCode.SYSTEM_BUSY, ErrorCode.NOT_LEADER, ErrorCode.SHUTTING_DOWN)
+PER_QUEUE = 30
+INVISIBLE_MS = 2500
+
+
+def _config(root: Path, checkpoint_ms: int) -> Path:
+    conf = root / "broker.toml"
+    conf.write_text(
+        f'[broker]\nbroker_name = "pop"\nlisten_port = 0\ndata_dir = "{root / "data"}"\n'
+        f'flush_mode = "sync"\nsegment_bytes = {64 * 1024}\nmax_message_bytes = {16 * 1024}\n'
+        f"pop_revive_interval_ms = 20\npop_checkpoint_interval_ms = {checkpoint_ms}\n"
+    )
+    return conf
+
+
+async def _retrying(call: Any) -> Any:
+    """``await call()``, again while the broker starts (its POP state rebuilding)."""
+    with trio.fail_after(20):
+        while True:
+            try:
+                return await call()
+            except RpcError as e:
+                if e.code not in RETRYABLE:
+                    raise
+            await trio.sleep(0.02)
+
+
+@pytest.mark.parametrize("checkpoint_ms", [50, 10**9], ids=["checkpoint", "replay-only"])
+async def test_acks_survive_kill_9_and_unacked_come_back_after_their_deadline(
+    tmp_path: Path, checkpoint_ms: int
+) -> None:
+    conf, log = _config(tmp_path, checkpoint_ms), tmp_path / "broker.log"
+    proc = await launch(conf, log)
+    try:
+        addr = await wait_ready(proc, log)
+        async with open_admin(None, broker_addrs=[addr]) as admin:
+            await admin.create_topic("t", 2)
+            p = Popper(admin, addr)
+            for q in (0, 1):
+                await p.send("t", [b"%d-%03d" % (q, i) for i in range(PER_QUEUE)], queue_id=q)
+            popped: dict[bytes, str] = {}
+            deadlines: dict[bytes, int] = {}
+            while len(popped) < 40:
+                got, f = await _retrying(lambda: p.pop(invisible_time_ms=INVISIBLE_MS, max_messages=8))
+                popped.update(zip([bytes(r.body) for r in got], f["handles"]))
+                deadlines.update((bytes(r.body), f["deadline_ms"]) for r in got)
+            acked = sorted(popped)[::2]  # every other one, from both queues
+            assert await p.ack([popped[b] for b in acked[:10]]) == ["ok"] * 10
+            if checkpoint_ms < 10**6:  # a checkpoint saved, then more acks after it (replayed)
+                checkpoint = tmp_path / "data" / "pop" / "checkpoint.json"
+                await await_until(checkpoint.exists, 10, "a POP checkpoint")
+            assert await p.ack([popped[b] for b in acked[10:]]) == ["ok"] * (len(acked) - 10)
+    finally:
+        await reap(proc)  # SIGKILL
+    proc = await launch(conf, log)
+    try:
+        addr = await wait_ready(proc, log)
+        async with open_admin(None, broker_addrs=[addr]) as admin:
+            p = Popper(admin, addr)
+            assert await _retrying(lambda: p.ack([popped[b] for b in acked])) == ["gone"] * len(acked), tail(log)
+            unacked = sorted(set(popped) - set(acked))
+            never = sorted({b"%d-%03d" % (q, i) for q in (0, 1) for i in range(PER_QUEUE)} - set(popped))
+            first, _f = await p.pop(invisible_time_ms=60_000, max_messages=100)
+            if time.time() * 1000 < min(deadlines.values()):  # before the deadlines: only those never popped
+                assert sorted(bytes(r.body) for r in first) == never
+            seen = {bytes(r.body): 1 for r in first}
+            with trio.fail_after(20):
+                while len(seen) < len(never) + len(unacked):
+                    got, f = await p.pop(invisible_time_ms=60_000, max_messages=100, max_wait_ms=1000)
+                    now = time.time() * 1000
+                    early = [r.body for r in got if now < deadlines.get(bytes(r.body), 0)]
+                    assert not early, f"delivered again before their deadline: {early}"
+                    seen.update((bytes(r.body), a) for r, a in zip(got, f["attempts"]))
+            assert sorted(seen) == sorted(never + unacked), "an acknowledged message came again, or one is lost"
+            assert {b: seen[b] for b in unacked} == dict.fromkeys(unacked, 2)
+            assert await p.ack([popped[unacked[0]]]) == ["expired"]
+            got, _f = await p.pop(max_wait_ms=300, invisible_time_ms=1000)
+            assert got == []
+    finally:
+        await reap(proc)
