@@ -405,6 +405,46 @@ def template(api_key: int, version: int, topic: str, topic_uuid: uuid.UUID) -> d
             ]
         },
         ApiKey.DELETE_ACLS: {"filters": [{**ACL_FILTER, "resource_name_filter": "fz-acl"}]},
+        ApiKey.SHARE_GROUP_HEARTBEAT: {
+            "group_id": group,
+            "member_id": "m",
+            "member_epoch": 0,
+            "rack_id": None,
+            "subscribed_topic_names": [topic],
+        },
+        ApiKey.SHARE_FETCH: {
+            "group_id": group,
+            "member_id": "m",
+            "share_session_epoch": 0,
+            "max_wait_ms": 0,
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "max_records": 10,
+            "batch_size": 10,
+            "share_acquire_mode": 0,
+            "is_renew_ack": False,
+            "topics": [{"topic_id": topic_uuid, "partitions": [{"partition_index": 0, "acknowledgement_batches": []}]}],
+            "forgotten_topics_data": [],
+        },
+        ApiKey.SHARE_ACKNOWLEDGE: {
+            "group_id": group,
+            "member_id": "m",
+            "share_session_epoch": 1,
+            "is_renew_ack": False,
+            "topics": [
+                {
+                    "topic_id": topic_uuid,
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "acknowledgement_batches": [
+                                {"first_offset": 0, "last_offset": 0, "acknowledge_types": [1]}
+                            ],
+                        }
+                    ],
+                }
+            ],
+        },
     }
     return bodies[api_key]
 

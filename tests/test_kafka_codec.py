@@ -267,7 +267,10 @@ def test_supported_versions_are_kafkas_except_old_produce_and_fetch() -> None:
     assert SUPPORTED_VERSIONS[ApiKey.SASL_AUTHENTICATE] == (0, 2)
     for key in (ApiKey.DESCRIBE_ACLS, ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS):
         assert SUPPORTED_VERSIONS[key] == (0, 3)
-    assert SUPPORTED_VERSIONS[ApiKey.API_VERSIONS] == (0, 4) and len(SUPPORTED_VERSIONS) == 32
+    assert SUPPORTED_VERSIONS[ApiKey.API_VERSIONS] == (0, 4) and len(SUPPORTED_VERSIONS) == 35
+    # share groups: the stable versions (Kafka 4.1+; v0 was early access, removed)
+    assert SUPPORTED_VERSIONS[ApiKey.SHARE_GROUP_HEARTBEAT] == (1, 1)
+    assert SUPPORTED_VERSIONS[ApiKey.SHARE_FETCH] == SUPPORTED_VERSIONS[ApiKey.SHARE_ACKNOWLEDGE] == (1, 2)
     with pytest.raises(KafkaUnsupportedVersion):
         codec(18, 5)
 

@@ -165,6 +165,12 @@ class BrokerConfig:
     kafka_group_initial_rebalance_delay_ms: int = 3000  # the first join of an empty group waits this long for others
     kafka_group_max_size_members: int = 1000
     kafka_max_producer_ids: int = 100_000  # idempotent producers remembered (the oldest idle ones are dropped)
+    # Share groups (KIP-932, docs/kafka.md): Kafka's group.share.record.lock.duration.ms,
+    # group.share.heartbeat.interval.ms and group.share.session.timeout.ms
+    kafka_share_record_lock_duration_ms: int = 30_000  # a ShareFetch's records stay with their member this long
+    kafka_share_heartbeat_interval_ms: int = 5000  # share members are told to heartbeat this often
+    kafka_share_session_timeout_ms: int = 45_000  # a share member silent this long leaves its group
+    kafka_share_max_sessions: int = 10_000  # share sessions open on one broker (Kafka's share session cache size)
     kafka_sasl_mechanisms: list[str] = field(
         default_factory=lambda: ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
     )  # offered to Kafka clients with auth_enabled; PLAIN only ever over TLS
@@ -377,6 +383,10 @@ def _check_features(self: BrokerConfig) -> None:
         "pop_checkpoint_interval_ms",
         "pop_member_timeout_ms",
         "pop_max_wait_ms",
+        "kafka_share_record_lock_duration_ms",
+        "kafka_share_heartbeat_interval_ms",
+        "kafka_share_session_timeout_ms",
+        "kafka_share_max_sessions",
         "index_hash_slots",
         "index_max_entries_per_file",
         "index_query_max_results",

@@ -48,6 +48,9 @@ class ApiKey(IntEnum):
     DELETE_GROUPS = 42
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
+    SHARE_GROUP_HEARTBEAT = 76
+    SHARE_FETCH = 78
+    SHARE_ACKNOWLEDGE = 79
 
 
 def api_name(key: int) -> str:

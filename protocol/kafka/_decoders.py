@@ -73,6 +73,9 @@ class DecoderSource(Source):
         """Read one field's value into ``var``."""
         if f.is_array:
             return self.array(f, var, flexible)
+        if f.fields is not None and f.nullable(self.version):  # Kafka's nullable struct: int8 -1 (null) or 1
+            fn = self.struct_fn(f.fields, flexible)
+            return [f"if buf[pos] == 255: {var} = None; pos += 1", f"else: {var}, pos = {fn}(buf, pos + 1)"]
         if f.fields is not None:
             return [f"{var}, pos = {self.struct_fn(f.fields, flexible)}(buf, pos)"]
         if f.type in FIXED:

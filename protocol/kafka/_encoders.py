@@ -77,6 +77,12 @@ class EncoderSource(Source):
         """Write one field's value, held in ``x``."""
         if f.is_array:
             return self.array(f, x, flexible)
+        if f.fields is not None and f.nullable(self.version):  # Kafka's nullable struct: int8 -1 (null) or 1
+            return [
+                f"if {x} is None: out += b'\\xff'",
+                "else:",
+                f"    out += b'\\x01'; {self.struct_fn(f.fields, flexible)}({x}, out)",
+            ]
         if f.fields is not None:
             return [f"{self.struct_fn(f.fields, flexible)}({x}, out)"]
         if f.type in FIXED:

@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable
 from clmq.protocol.kafka import ApiKey, KafkaRequest, api_name
 from clmq.protocol.transport import AccessControl
 
-from . import _access_groups, _access_topics
+from . import _access_groups, _access_topics, _share_access
 from ._access_check import ALLOWED, CLUSTER_DENIED, GROUP_DENIED, TOPIC_DENIED, Check, Denials, Rule, Verdict
 from ._listener import Peer
 from ._sasl import session_peer
@@ -36,7 +36,9 @@ from ._sasl import session_peer
 __all__ = ["DENIED_WITHOUT_ACLS", "KAFKA_RULES", "Denials", "guard", "guard_all"]
 
 KafkaHandler = Callable[[KafkaRequest, Peer], Any]
-BY_ID = frozenset({ApiKey.FETCH, ApiKey.METADATA, ApiKey.DELETE_TOPICS})  # APIs that may name topics by id
+BY_ID = frozenset(
+    {ApiKey.FETCH, ApiKey.METADATA, ApiKey.DELETE_TOPICS, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE}
+)  # APIs that may name topics by id
 
 
 def _open(req: KafkaRequest, check: Check) -> Verdict:
@@ -72,6 +74,9 @@ KAFKA_RULES: dict[int, Rule] = {
     ApiKey.DESCRIBE_ACLS: _access_topics.describe_acls,
     ApiKey.CREATE_ACLS: _access_topics.create_acls,
     ApiKey.DELETE_ACLS: _access_topics.delete_acls,
+    ApiKey.SHARE_GROUP_HEARTBEAT: _share_access.share_heartbeat,
+    ApiKey.SHARE_FETCH: _share_access.share_read,
+    ApiKey.SHARE_ACKNOWLEDGE: _share_access.share_read,
 }
 # What a principal without any ACL is answered, per API (docs/security.md#kafka-clients; the
 # table-driven test checks each): the error code, or "filtered" (listed without what it
@@ -104,6 +109,9 @@ DENIED_WITHOUT_ACLS: dict[int, int | str] = {
     ApiKey.DESCRIBE_ACLS: CLUSTER_DENIED,
     ApiKey.CREATE_ACLS: CLUSTER_DENIED,
     ApiKey.DELETE_ACLS: CLUSTER_DENIED,
+    ApiKey.SHARE_GROUP_HEARTBEAT: GROUP_DENIED,
+    ApiKey.SHARE_FETCH: GROUP_DENIED,
+    ApiKey.SHARE_ACKNOWLEDGE: GROUP_DENIED,
 }
 
 

@@ -26,6 +26,7 @@ from ._offsets import KafkaOffsets
 from ._produce import KafkaProduce
 from ._sasl import KafkaSasl
 from ._sequences import Sequences, parse_producer_property
+from ._share_fetch import KafkaShare
 from ._topics import TopicAdmin
 
 log = logging.getLogger("clmq.broker.kafka")
@@ -76,6 +77,7 @@ class KafkaService:
         self.metadata = MetadataRequests(self.views, cfg.cluster, admin)
         self.fetch = KafkaFetch(ctx, self.views, readers, self.produce.acked)
         self.offsets = KafkaOffsets(ctx, self.views, self.groups)
+        self.share = KafkaShare(ctx, self.fetch, readers, self.topic_name, lambda: getattr(ctx, "pop", None))
         self.denials = Denials()
         self._table = guard_all(
             self._handlers(admin), self.access, self.topic_name, self.denials, prepare=self.views.current
@@ -128,6 +130,9 @@ class KafkaService:
             ApiKey.DESCRIBE_ACLS: acls.describe_acls,
             ApiKey.CREATE_ACLS: acls.create_acls,
             ApiKey.DELETE_ACLS: acls.delete_acls,
+            ApiKey.SHARE_GROUP_HEARTBEAT: self._coordinated(self.share.heartbeat),
+            ApiKey.SHARE_FETCH: self.share.share_fetch,
+            ApiKey.SHARE_ACKNOWLEDGE: self.share.share_acknowledge,
         }
 
     def _coordinated(self, handler: Callable[[KafkaRequest, Peer], Any]) -> Callable[[KafkaRequest, Peer], Any]:

@@ -38,10 +38,12 @@ import org.apache.kafka.clients.admin.MemberDescription;
 import org.apache.kafka.clients.admin.NewPartitions;
 import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.TopicDescription;
+import org.apache.kafka.clients.consumer.AcknowledgeType;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.ConsumerRecords;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.KafkaShareConsumer;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
@@ -50,6 +52,7 @@ import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.Node;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.TopicCollection;
+import org.apache.kafka.common.TopicIdPartition;
 import org.apache.kafka.common.TopicPartitionInfo;
 import org.apache.kafka.common.Uuid;
 import org.apache.kafka.common.config.ConfigResource;
@@ -73,6 +76,7 @@ public final class KafkaHarness {
                 case "seek" -> rc = seek(args[1], args[2], Long.parseLong(args[3]));
                 case "admin" -> rc = admin(args[1], args[2], args[3]);
                 case "transactional" -> rc = transactional(args[1], args[2]);
+                case "share" -> rc = share(args[1], args[2], args[3], args[4], args[5]);
                 default -> throw new IllegalArgumentException("unknown command " + args[0]);
             }
         } finally {
@@ -381,5 +385,67 @@ public final class KafkaHarness {
             }
             return 1;
         }
+    }
+
+    /**
+     * A share consumer (KIP-932) of one topic, explicit acknowledgement, until the file
+     * stopFile exists (then closed). Each record is printed as
+     * "got \t partition \t offset \t deliveryCount \t value(UTF-8) \t action" before its
+     * acknowledgement; policy chooses the action: accept, reject, release-once (RELEASE
+     * on a first delivery, ACCEPT later) or hold (nothing acknowledged, no further poll).
+     * Acknowledgements are committed after each poll; a failed one prints
+     * "ackerror \t partition \t exception".
+     */
+    static int share(String bootstrap, String topic, String group, String policy, String stopFile) throws Exception {
+        Properties p = new Properties();
+        p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        p.put(ConsumerConfig.GROUP_ID_CONFIG, group);
+        p.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "20");
+        p.put("share.acknowledgement.mode", "explicit");
+        java.nio.file.Path stop = java.nio.file.Path.of(stopFile);
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(120);
+        boolean holding = false;
+        try (KafkaShareConsumer<byte[], byte[]> consumer =
+                 new KafkaShareConsumer<>(secured(p), new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
+            consumer.subscribe(List.of(topic));
+            fact("subscribed", topic);
+            OUT.flush();
+            while (!java.nio.file.Files.exists(stop) && System.nanoTime() < deadline) {
+                if (holding) {
+                    Thread.sleep(50);  // waits for the stop file (or a kill) with its records held
+                    continue;
+                }
+                ConsumerRecords<byte[], byte[]> records = consumer.poll(Duration.ofMillis(200));
+                for (ConsumerRecord<byte[], byte[]> r : records) {
+                    int count = r.deliveryCount().orElse((short) -1);
+                    String action = switch (policy) {
+                        case "accept" -> "ACCEPT";
+                        case "reject" -> "REJECT";
+                        case "release-once" -> count <= 1 ? "RELEASE" : "ACCEPT";
+                        case "hold" -> "HOLD";
+                        default -> throw new IllegalArgumentException("unknown policy " + policy);
+                    };
+                    String value = r.value() == null ? "-" : new String(r.value(), StandardCharsets.UTF_8);
+                    OUT.println("got\t" + r.partition() + "\t" + r.offset() + "\t" + count + "\t" + value + "\t" + action);
+                    if (!action.equals("HOLD")) {
+                        consumer.acknowledge(r, AcknowledgeType.valueOf(action));
+                    }
+                }
+                if (!records.isEmpty() && policy.equals("hold")) {
+                    holding = true;
+                } else if (!records.isEmpty()) {
+                    Map<TopicIdPartition, java.util.Optional<org.apache.kafka.common.KafkaException>> done = consumer.commitSync();
+                    for (var e : done.entrySet()) {
+                        if (e.getValue().isPresent()) {
+                            OUT.println("ackerror\t" + e.getKey().partition() + "\t" + e.getValue().get());
+                        }
+                    }
+                }
+                OUT.flush();
+            }
+            fact("closing", policy);
+            OUT.flush();
+        }
+        return 0;
     }
 }
