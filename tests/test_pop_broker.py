@@ -22,6 +22,7 @@ from clmq.protocol import ErrorCode, Frame, RequestCode, check_request
 from clmq.protocol.transport import RpcError
 from tests.pop_helpers import FAST_POP, Popper, bodies, pulled
 from tests.service_helpers import Cluster
+from tests.test_replication import caught_up, start_group
 from tests.waiting import await_until
 
 
@@ -304,3 +305,42 @@ async def test_partition_per_file_mode_refuses_pop(nursery: trio.Nursery, tmp_pa
             with pytest.raises(RpcError) as e:
                 await call
             assert e.value.code == ErrorCode.REQUEST_NOT_SUPPORTED
+
+
+async def test_a_promoted_follower_answers_the_old_leader_s_handles(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The follower copies its leader's checkpoint and log; promoted, it rebuilds the
+    state: acknowledged messages stay settled, an in-flight handle the old leader gave
+    out acknowledges there, an unacknowledged message comes back after its deadline."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, (f,) = await start_group(c, 1, common=FAST_POP)
+    await c.create_topic("t", 2)
+    async with open_admin(None, broker_addrs=[lead.addr]) as admin:
+        p = Popper(admin, lead.addr)
+        await p.running()
+        await p.send("t", [b"a", b"b", b"c", b"d"], queue_id=0)
+        await p.send("t", [b"e", b"f"], queue_id=1)
+        handles: dict[bytes, str] = {}
+        with trio.fail_after(10):
+            while len(handles) < 3:
+                got, fields = await p.pop(max_messages=3 - len(handles), invisible_time_ms=1500, max_wait_ms=1000)
+                handles.update(zip(bodies(got), fields["handles"]))
+        first = sorted(handles)
+        assert await p.ack([handles[first[0]]]) == ["ok"]
+        await await_until(
+            lambda: f.handlers.pop.saved.applied_to > 0, 10, "the follower adopting the leader's checkpoint"
+        )
+        assert await p.ack([handles[first[1]]]) == ["ok"]  # after the checkpoint: replayed from %POP%
+    await caught_up(lead, [f])
+    await c.stop_broker("g0")
+    async with open_admin(None, broker_addrs=[f.addr]) as admin:
+        promoted = await admin.rpc.request(f.addr, RequestCode.PROMOTE, {"force": True})
+        assert promoted.fields["role"] == "leader"
+        p = Popper(admin, f.addr)
+        await p.running()
+        assert await p.ack([handles[first[0]], handles[first[1]]]) == ["gone", "gone"]
+        rest, _h = await p.pop_all(3, max_messages=10, invisible_time_ms=60_000)
+        assert sorted(bodies(rest)) == sorted({b"a", b"b", b"c", b"d", b"e", b"f"} - set(first))
+        back, f2 = await p.pop(max_wait_ms=10_000, invisible_time_ms=60_000)
+        assert bodies(back) == [first[2]] and f2["attempts"] == [2]  # its deadline passed
+        assert await p.ack([handles[first[2]]]) == ["expired"]
