@@ -548,9 +548,8 @@ class AsyncioPopConsumer:
         async def work(lane: list[Record]) -> None:
             try:
                 judge_one = functools.partial(judge, handler)
-                counts[1] += await handle_lane(
-                    lane, judge_one, ack, nack, orderly=c.options.orderly, delay_of=c.delay_of
-                )
+                n = await handle_lane(lane, judge_one, ack, nack, orderly=c.options.orderly, delay_of=c.delay_of)
+                counts[1] += n  # (not "+= await": that would read the count before the wait)
             finally:
                 slots.release()
 

@@ -89,9 +89,8 @@ class Runner:
             return await judge(handler, record)
 
         try:
-            self.handled += await handle_lane(
-                lane, judge_one, ack, self.nack, orderly=self.orderly, delay_of=self.delay_of
-            )
+            n = await handle_lane(lane, judge_one, ack, self.nack, orderly=self.orderly, delay_of=self.delay_of)
+            self.handled += n  # (not "+= await": that would read the count before the wait)
         finally:
             slots.release()
 
@@ -103,6 +102,6 @@ class Runner:
                 while len(batch) < ACK_BATCH_MAX:
                     try:
                         batch.append(recv.receive_nowait())
-                    except trio.WouldBlock:
+                    except (trio.WouldBlock, trio.EndOfChannel):
                         break
                 await self.ack(batch)

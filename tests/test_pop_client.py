@@ -1,0 +1,419 @@
+"""The POP consumer's API (client/pop/) against real brokers: receive and ack, nack
+(delivered again with reconsume_times 1), extend (a slow message stays with its
+member past its first invisible time), an ack after the invisible time (refused and
+counted), run() with concurrent handlers, orderly POP with several members and a
+failure, fairness with one hot queue; the same on asyncio and blocking; options
+checked before anything connects."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clmq.client import (
+    BlockingPopConsumer,
+    ConsumeStatus,
+    PopConsumer,
+    PopConsumerOptions,
+    Record,
+    RpcClient,
+    open_asyncio_pop_consumer,
+    open_consumer,
+    open_pop_consumer,
+)
+from clmq.client.pop import failed_part, handle_lane
+from clmq.client.pop._buffer import PopBuffer
+from clmq.common import Message
+from clmq.protocol import RequestCode, encode_batch
+from tests.cli_helpers import free_port
+from tests.service_helpers import Cluster, cluster_in_thread
+
+BROKER = {"pop_revive_interval_ms": 20}
+FAST = {"pop_wait_ms": 300, "route_refresh_interval_ms": 500}
+ENTRIES: list[Callable[..., Any]] = [open_pop_consumer, open_asyncio_pop_consumer, BlockingPopConsumer]
+
+
+@pytest.fixture
+async def cluster(nursery: trio.Nursery, tmp_path: Path) -> Cluster:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    await c.start_broker(**BROKER)
+    return c
+
+
+async def send(addr: str, topic: str, bodies: list[bytes], queue: int = 0) -> None:
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        await rpc.request(
+            addr, RequestCode.SEND_MESSAGE, {"topic": topic}, encode_batch([Message(topic, queue, b) for b in bodies])
+        )
+        await rpc.aclose()
+
+
+async def receive(consumer: PopConsumer, want: int, timeout_s: float = 10) -> list[Record]:
+    got: list[Record] = []
+    with trio.fail_after(timeout_s):
+        while len(got) < want:
+            got += await consumer.receive()
+    return got
+
+
+def record(body: bytes, queue_id: int = 0, offset: int = 0, topic: str = "t") -> Record:
+    return Record(topic, queue_id, offset, offset * 100, 100, body, "", "", {}, 0, 0, 0, ("", 0), ("", 0), 0)
+
+
+# ---------------------------------------------------------------- no broker needed
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
+def test_each_entry_names_every_option_with_its_type_and_default(entry: Callable[..., Any]) -> None:
+    params = inspect.signature(entry).parameters
+    for field in dataclasses.fields(PopConsumerOptions):
+        param = params[field.name]
+        assert param.kind is inspect.Parameter.KEYWORD_ONLY, (entry, field.name)
+        assert param.annotation == field.type, (entry, field.name)
+        assert param.default == field.default, (entry, field.name)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"invisible_time_ms": 0},
+        {"max_messages": 0},
+        {"prefetch_max_messages": -1},
+        {"handler_concurrency": 0},
+        {"pop_wait_ms": -5},
+        {"max_reconsume_times": 10_000},
+        {"retry_delays_ms": ()},
+        {"retry_delays_ms": (100, -1)},
+        {"start_from": "middle"},
+        {"orderly": "yes"},
+        {"pop_max_bytes": 0},
+    ],
+    ids=lambda d: next(iter(d)),
+)
+def test_a_bad_option_is_a_value_error_naming_it_before_anything_connects(bad: dict[str, Any]) -> None:
+    name = next(iter(bad))
+    addr = f"127.0.0.1:{free_port()}"  # nothing listens: connecting would fail otherwise
+    with pytest.raises(ValueError, match=name):
+        BlockingPopConsumer(addr, "g", {"t": "*"}, **bad)
+
+    async def trio_entry() -> None:
+        async with open_pop_consumer(addr, "g", {"t": "*"}, **bad):
+            raise AssertionError("opened")
+
+    with pytest.raises(ValueError, match=name):
+        trio.run(trio_entry)
+
+    async def asyncio_entry() -> None:
+        async with open_asyncio_pop_consumer(addr, "g", {"t": "*"}, **bad):
+            raise AssertionError("opened")
+
+    with pytest.raises(ValueError, match=name):
+        asyncio.run(asyncio_entry())
+
+
+def test_open_consumer_in_pop_mode_points_to_the_pop_consumer() -> None:
+    async def main() -> None:
+        async with open_consumer(f"127.0.0.1:{free_port()}", "g", {"t": "*"}, mode="pop"):  # type: ignore[arg-type]
+            raise AssertionError("opened")
+
+    with pytest.raises(ValueError, match="open_pop_consumer"):
+        trio.run(main)
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["a", "b"])), max_size=40), st.integers(1, 10))
+@settings(deadline=None)
+def test_orderly_takes_whole_queue_batches_in_order(arrivals: list[tuple[int, str]], most: int) -> None:
+    """Records of queues arriving interleaved: each take holds whole queue batches (a
+    queue's buffered records together, in arrival order), the first one always."""
+
+    async def main() -> None:
+        buffer = PopBuffer(1000)
+        for i, (queue, broker) in enumerate(arrivals):
+            buffer.fill(0, broker, [record(b"x", queue, i)])
+        taken: list[list[tuple[str, Record]]] = []
+        while buffer.records:
+            before = list(buffer.records)
+            out = buffer.take(most, whole_queues=True)
+            keys = {(n, r.queue_id) for n, r in before if any(r is o for o in out)}
+            for key in keys:  # every buffered record of a taken queue was taken, in order
+                assert [r for n, r in before if (n, r.queue_id) == key] == [r for r in out if _key(before, r) == key]
+            assert out and (len(out) <= most or len(keys) == 1)
+            taken.append([(n, r) for n, r in before if any(r is o for o in out)])
+        assert sum(len(t) for t in taken) == len(arrivals)
+
+    trio.run(main)
+
+
+def _key(before: list[tuple[str, Record]], r: Record) -> tuple[str, int]:
+    return next((n, x.queue_id) for n, x in before if x is r)
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=12), st.booleans())
+@settings(deadline=None)
+def test_a_lane_acks_what_succeeded_and_hands_back_the_failed_part(verdicts: list[bool], orderly: bool) -> None:
+    """A lane's records in order: each success acknowledged; orderly, the first failure
+    stops the lane and hands back it and the rest with its delay; otherwise a failure
+    hands back that record alone (a lane of one message)."""
+    lane = [record(str(i).encode(), 0, i) for i in range(len(verdicts))]
+    acked: list[Record] = []
+    nacked: list[tuple[list[Record], int | None]] = []
+
+    async def judge_one(r: Record) -> bool:
+        return verdicts[r.queue_offset]
+
+    async def ack(records: Any) -> None:
+        acked.extend(records)
+
+    async def nack(records: Any, delay: int | None) -> None:
+        nacked.append((list(records), delay))
+
+    handled = trio.run(lambda: handle_lane(lane, judge_one, ack, nack, orderly=orderly, delay_of=lambda r: 777))
+    first_failure = verdicts.index(False) if False in verdicts else len(verdicts)
+    assert acked == lane[:first_failure]
+    assert handled == min(first_failure + 1, len(lane))
+    if first_failure < len(lane):
+        assert nacked == [(failed_part(lane, first_failure, orderly), 777 if orderly else None)]
+        assert nacked[0][0] == (lane[first_failure:] if orderly else [lane[first_failure]])
+    else:
+        assert nacked == []
+
+
+# ---------------------------------------------------------------- a real broker, trio
+async def test_receive_ack_nack_and_an_ack_after_the_invisible_time(cluster: Cluster) -> None:
+    await cluster.create_topic("pt", 2)
+    addr = cluster.brokers["broker-a"].addr
+    await send(addr, "pt", [b"a", b"b"], 0)
+    await send(addr, "pt", [b"c"], 1)
+    async with open_pop_consumer(cluster.ns, "g", {"pt": "*"}, invisible_time_ms=1500, **FAST) as c:
+        got = {r.body: r for r in await receive(c, 3)}
+        assert sorted(got) == [b"a", b"b", b"c"]
+        assert all(r.reconsume_times == 0 for r in got.values())
+        assert await c.ack([got[b"a"]]) == ["ok"]
+        assert await c.ack([got[b"a"]]) == ["gone"]  # settled: this consumer holds no receipt for it
+        assert await c.nack([got[b"b"]], delay_ms=0) == ["ok"]
+        (again,) = await receive(c, 1)
+        assert (again.body, again.reconsume_times, again.queue_offset) == (b"b", 1, got[b"b"].queue_offset)
+        assert await c.ack([again]) == ["ok"]
+        # c is never acknowledged in time: it comes back (to this member: the only one)
+        late = got[b"c"]
+        (back,) = await receive(c, 1)
+        assert (back.body, back.reconsume_times) == (b"c", 1)
+        assert await c.ack([late]) == ["expired"]  # its invisible time had passed: refused
+        assert c.stats.ack_expired == 1
+        assert await c.ack([back]) == ["ok"]
+        assert (c.stats.acked, c.stats.nacked, c.stats.redelivered) == (3, 1, 2)
+        assert c.in_flight == 0
+
+
+async def test_extend_keeps_a_slow_message_with_its_member(cluster: Cluster) -> None:
+    await cluster.create_topic("slow", 1)
+    await send(cluster.brokers["broker-a"].addr, "slow", [b"slow"])
+    opts = {"invisible_time_ms": 1000, **FAST}
+    async with (
+        open_pop_consumer(cluster.ns, "g", {"slow": "*"}, client_id="a", **opts) as a,
+        open_pop_consumer(cluster.ns, "g", {"slow": "*"}, client_id="b", **opts) as b,
+    ):
+        with trio.fail_after(10):
+            holder, (msg,) = await first_receive(a, b)
+        other = b if holder is a else a
+        first_deadline = holder.receipt(msg).deadline_ms  # type: ignore[union-attr]
+        old_handle = holder.receipt(msg).handle  # type: ignore[union-attr]
+        assert await holder.extend([msg], 4000) == ["ok"]
+        assert holder.receipt(msg).handle != old_handle  # type: ignore[union-attr]
+        assert holder.receipt(msg).deadline_ms > first_deadline + 2000  # type: ignore[union-attr]
+        # past the first deadline (by a second) the other member gets nothing
+        with trio.move_on_after(2.0):
+            extra = await other.receive()
+            raise AssertionError(f"the extended message went to the other member: {extra}")
+        assert await holder.ack([msg]) == ["ok"]  # under its new handle
+        assert holder.stats.extended == 1 and holder.stats.ack_expired == 0
+
+
+async def first_receive(*consumers: PopConsumer) -> tuple[PopConsumer, list[Record]]:
+    """The first of ``consumers`` to receive something, and what it received."""
+    got: list[tuple[PopConsumer, list[Record]]] = []
+    async with trio.open_nursery() as nursery:
+
+        async def one(c: PopConsumer) -> None:
+            got.append((c, await c.receive()))
+            nursery.cancel_scope.cancel()
+
+        for c in consumers:
+            nursery.start_soon(one, c)
+    return got[0]
+
+
+async def test_run_hands_messages_to_concurrent_handlers_and_retries_failures(cluster: Cluster) -> None:
+    await cluster.create_topic("work", 2)
+    addr = cluster.brokers["broker-a"].addr
+    for q in (0, 1):
+        await send(addr, "work", [f"{q}-{i}".encode() for i in range(20)], q)
+    done: dict[bytes, int] = {}
+    running, most_at_once = [0], [0]
+
+    async def handler(r: Record) -> ConsumeStatus:
+        running[0] += 1
+        most_at_once[0] = max(most_at_once[0], running[0])
+        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint()
+        running[0] -= 1
+        if r.body.endswith(b"7") and r.reconsume_times == 0:
+            raise RuntimeError("a handler failure: delivered again")
+        if r.body.endswith(b"3") and r.reconsume_times == 0:
+            return ConsumeStatus.RECONSUME_LATER
+        done[r.body] = done.get(r.body, 0) + 1
+        return ConsumeStatus.SUCCESS
+
+    opts = {"invisible_time_ms": 3000, "retry_delays_ms": (0,), "handler_concurrency": 4, **FAST}
+    async with open_pop_consumer(cluster.ns, "g", {"work": "*"}, **opts) as c:
+        with trio.fail_after(20):
+            handled = await c.run(handler, max_messages=40 + 8)  # 8 failed first attempts (x3, x7 in 2 queues)
+        assert handled == 48
+        assert sorted(done) == sorted(f"{q}-{i}".encode() for q in (0, 1) for i in range(20))
+        assert set(done.values()) == {1}
+        assert 1 < most_at_once[0] <= 4
+        assert (c.stats.acked, c.stats.nacked) == (40, 8)  # run() returns once its batched acks are answered
+        assert c.in_flight == 0
+
+
+async def test_orderly_pop_handles_each_queue_in_order_across_members_and_a_failure(cluster: Cluster) -> None:
+    await cluster.create_topic("ord", 2)
+    addr = cluster.brokers["broker-a"].addr
+    for q in (0, 1):
+        await send(addr, "ord", [f"{q}-{i:02d}".encode() for i in range(30)], q)
+    succeeded: dict[int, list[int]] = {0: [], 1: []}
+    attempts: dict[tuple[int, int], int] = {}
+    everything = trio.Event()
+
+    def handler(r: Record) -> ConsumeStatus:
+        key = (r.queue_id, r.queue_offset)
+        attempts[key] = attempts.get(key, 0) + 1
+        if key == (0, 5) and attempts[key] == 1:
+            return ConsumeStatus.RECONSUME_LATER  # queue 0 stops here: 5 and what follows come back in order
+        succeeded[r.queue_id].append(r.queue_offset)
+        if sum(len(v) for v in succeeded.values()) == 60:
+            everything.set()
+        return ConsumeStatus.SUCCESS
+
+    opts = {"invisible_time_ms": 3000, "retry_delays_ms": (100,), "orderly": True, "max_messages": 4, **FAST}
+    async with trio.open_nursery() as n:
+        for i in range(3):
+            c = await n.start(_running, cluster.ns, "og", {"ord": "*"}, handler, {"client_id": f"m{i}", **opts})
+        with trio.fail_after(20):
+            await everything.wait()
+        n.cancel_scope.cancel()
+    assert succeeded == {0: list(range(30)), 1: list(range(30))}
+    assert attempts[0, 5] == 2
+    del c
+
+
+async def _running(
+    ns: list[str],
+    group: str,
+    subs: dict[str, str],
+    handler: Any,
+    opts: dict[str, Any],
+    task_status: trio.TaskStatus[PopConsumer] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    async with open_pop_consumer(ns, group, subs, **opts) as c:
+        task_status.started(c)
+        await c.run(handler)
+
+
+async def test_a_hot_queue_does_not_starve_another(cluster: Cluster) -> None:
+    """Queue 0 holds a backlog of 3000; a message sent to queue 1 after the consumer
+    started arrives long before the backlog is through."""
+    await cluster.create_topic("hot", 2)
+    addr = cluster.brokers["broker-a"].addr
+    for start in range(0, 3000, 500):
+        await send(addr, "hot", [f"h{i}".encode() for i in range(start, start + 500)], 0)
+    async with open_pop_consumer(cluster.ns, "g", {"hot": "*"}, max_messages=16, **FAST) as c:
+        first = await receive(c, 1)
+        await c.ack(first)
+        await send(addr, "hot", [b"cold"], 1)
+        hot_after = 0
+        with trio.fail_after(10):
+            while True:
+                records = await c.receive()
+                await c.ack(records)
+                if any(r.queue_id == 1 for r in records):
+                    break
+                hot_after += len(records)
+        assert hot_after < 500, f"{hot_after} messages of the hot queue came before queue 1's"
+
+
+# ---------------------------------------------------------------- asyncio and blocking
+def test_the_asyncio_pop_consumer(tmp_path: Path) -> None:
+    with cluster_in_thread(tmp_path, **BROKER) as cluster:
+        addr = cluster.brokers["broker-a"].addr
+        trio.run(send, addr, "sync", [b"a", b"b", b"c", b"d"], 0)
+
+        async def main() -> None:
+            opts = {"invisible_time_ms": 2000, **FAST}
+            async with open_asyncio_pop_consumer(cluster.ns, "ag", {"sync": "*"}, **opts) as c:
+                got: dict[bytes, Record] = {}
+                while len(got) < 4:
+                    got.update({r.body: r for r in await asyncio.wait_for(c.receive(), 10)})
+                assert await c.ack([got[b"a"]]) == ["ok"]
+                assert await c.extend([got[b"b"]], 5000) == ["ok"]
+                assert await c.nack([got[b"c"], got[b"d"]], delay_ms=0) == ["ok", "ok"]
+                again: dict[bytes, Record] = {}
+                while len(again) < 2:
+                    again.update({r.body: r for r in await asyncio.wait_for(c.receive(), 10)})
+                assert {r.reconsume_times for r in again.values()} == {1}
+                assert await c.ack([got[b"b"]]) == ["ok"]  # extended: acknowledged under its new handle
+                seen: list[bytes] = []
+
+                async def handler(r: Record) -> None:
+                    await asyncio.sleep(0)
+                    seen.append(r.body)
+
+                assert await c.nack(list(again.values()), delay_ms=0) == ["ok", "ok"]
+                assert await asyncio.wait_for(c.run(handler, max_messages=2), 10) == 2
+                assert sorted(seen) == [b"c", b"d"]
+                assert c.stats.extended == 1 and c.stats.ack_expired == 0
+
+        asyncio.run(main())
+
+
+def test_the_blocking_pop_consumer(tmp_path: Path) -> None:
+    with cluster_in_thread(tmp_path, **BROKER) as cluster:
+        addr = cluster.brokers["broker-a"].addr
+        trio.run(send, addr, "sync", [f"b{i}".encode() for i in range(10)], 1)
+        opts: dict[str, Any] = {"invisible_time_ms": 1000, **FAST}
+        with BlockingPopConsumer(cluster.ns, "bg", {"sync": "*"}, **opts) as c:
+            first = c.receive(timeout_s=10)
+            assert first
+            assert c.ack(first[:1]) == ["ok"]
+            rest = first[1:]
+            while len(rest) < 9:
+                rest += c.receive(timeout_s=10)
+            assert c.nack(rest[:1], delay_ms=0) == ["ok"]
+            (nacked,) = c.receive(timeout_s=10)  # at once: no delay
+            assert (nacked.body, nacked.reconsume_times) == (rest[0].body, 1)
+            assert c.ack([nacked]) == ["ok"]
+            back: dict[bytes, Record] = {}  # rest[1:] are never acknowledged: they come back after their invisible time
+            while len(back) < 8:
+                back.update((r.body, r) for r in c.receive(timeout_s=10))
+            assert sorted(back) == sorted(r.body for r in rest[1:])
+            assert {r.reconsume_times for r in back.values()} == {1}
+            assert c.ack([rest[1]]) == ["expired"]  # delivered again since: this delivery's time had passed
+            assert c.stats.ack_expired == 1
+            assert c.nack(list(back.values()), delay_ms=0) == ["ok"] * 8
+            seen: list[tuple[bytes, int]] = []
+
+            def handler(r: Record) -> None:
+                seen.append((r.body, r.reconsume_times))
+
+            assert c.run(handler, max_messages=8, poll_timeout_s=10) == 8
+            assert sorted(b for b, _ in seen) == sorted(back)
+            assert {t for _, t in seen} == {2}
+            assert c.stats.acked == 10
