@@ -1,0 +1,139 @@
+"""POP's pure parts: CK/ACK records and receipt handles round-trip, the in-flight
+state (due deliveries, dead letters, settling), a replay from any earlier point gives
+the same state (what makes a low checkpoint safe), the checkpoint's JSON, and the
+allocation of a pop across queues (fairness)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clmq.broker.service.pop._inflight import Flight, PopState, QueueFlights
+from clmq.broker.service.pop._reads import Fresh
+from clmq.broker.service.pop._records import (
+    Acks,
+    Checkpoint,
+    Handle,
+    ack_message,
+    ck_message,
+    decode_pop_record,
+    parse_handle,
+)
+from clmq.broker.service.pop._take import allocate, fresh_after, next_after, rotated, within_bytes
+
+names = st.text(st.characters(codec="utf-8", exclude_characters="\n"), min_size=1, max_size=12)
+offsets = st.integers(0, 2**40)
+
+
+@given(names, names, st.integers(0, 1023), offsets, offsets, st.integers(0, 2**45))
+def test_a_handle_round_trips_and_garbage_is_none(
+    broker: str, topic: str, qid: int, off: int, ck: int, deadline: int
+) -> None:
+    h = Handle(broker, topic, qid, off, ck, deadline)
+    text = h.encode()
+    assert text.isascii() and parse_handle(text) == h
+    assert parse_handle(text[:-2]) in (None, parse_handle(text[:-2]))  # never raises
+    assert parse_handle("x" + text) is None
+
+
+@given(st.text(max_size=40))
+def test_any_text_parses_to_a_handle_or_none(text: str) -> None:
+    parsed = parse_handle(text)
+    assert parsed is None or isinstance(parsed, Handle)
+
+
+@given(names, names, names, st.lists(st.tuples(offsets, st.integers(0, 20)), max_size=20), offsets)
+def test_ck_and_ack_records_round_trip(group: str, client: str, topic: str, rows: list[Any], deadline: int) -> None:
+    ck = Checkpoint(group, client, topic, 3, [r[0] for r in rows], [r[1] for r in rows], deadline, 16, 99)
+    m = ck_message(ck)
+    assert m.topic == "%POP%" and decode_pop_record(m.tags, m.body) == ck
+    acks = Acks(group, [(topic, 1, r[0], r[1]) for r in rows])
+    m = ack_message(acks)
+    assert decode_pop_record(m.tags, m.body) == acks
+
+
+def test_due_deliveries_come_in_order_and_past_their_limit_go_to_the_dead_letters() -> None:
+    q = QueueFlights(10)
+    for off, deadline, attempt in ((3, 100, 1), (1, 50, 3), (2, 500, 1), (5, 60, 1)):
+        q.put(off, Flight(7, deadline, attempt, "c", 2))
+    assert not q.visible(40) and q.visible(50)
+    take, dead = q.due(200, 1)
+    assert dead == [1] and take == [5]  # 1 had its third attempt (max 2 more); 5 first by deadline
+    take, dead = q.due(200, 5)
+    assert take == [3] and dead == []
+    assert q.busy(200)  # 2 is not visible yet
+    assert q.settle(2, 8) is False and q.settle(2, 7) is True
+    assert q.settled_offset() == 1
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("ck"), st.lists(st.integers(0, 30), min_size=1, max_size=5, unique=True), st.integers(1, 5)),
+        st.tuples(st.just("ack"), st.lists(st.tuples(st.integers(0, 30), st.integers(0, 40)), max_size=5)),
+    ),
+    max_size=40,
+)
+
+
+def _records(script: list[Any]) -> list[Checkpoint | Acks]:
+    out: list[Checkpoint | Acks] = []
+    nxt = 0
+    for op in script:
+        if op[0] == "ck":
+            nxt = max(nxt, max(op[1]) + 1)
+            out.append(Checkpoint("g", "c", "t", 0, op[1], [op[2]] * len(op[1]), 1000 + len(out), 3, nxt))
+        else:
+            out.append(Acks("g", [("t", 0, o, k) for o, k in op[1]]))
+    return out
+
+
+def _view(state: PopState) -> Any:
+    return state.to_json()
+
+
+@settings(max_examples=200)
+@given(ops, st.data())
+def test_a_replay_from_any_earlier_point_gives_the_same_state(script: list[Any], data: st.DataObject) -> None:
+    records = _records(script)
+    whole = PopState()
+    for i, r in enumerate(records):
+        whole.apply(r, i)
+    at = data.draw(st.integers(0, len(records)))
+    early = data.draw(st.integers(0, at))
+    saved = PopState()
+    for i, r in enumerate(records[:at]):
+        saved.apply(r, i)
+    again = PopState.from_json(saved.to_json())  # the checkpoint, as saved and loaded
+    for i in range(early, len(records)):  # replayed from a point at or before the checkpoint's
+        again.apply(records[i], i)
+    assert _view(again) == _view(whole)
+
+
+@given(
+    st.dictionaries(st.integers(0, 7), st.integers(0, 50), min_size=1),
+    st.integers(0, 200),
+    st.integers(0, 20),
+)
+def test_allocation_spreads_over_the_queues_that_have_messages(avail: dict[int, int], budget: int, turn: int) -> None:
+    order = rotated(sorted(avail), turn)
+    alloc = allocate(avail, order, budget)
+    assert sum(alloc.values()) == min(budget, sum(avail.values()))
+    assert all(0 <= alloc[q] <= avail[q] for q in order)
+    having = [q for q in order if avail[q]]
+    if budget >= len(having):  # every queue that has messages gets some
+        assert all(alloc[q] > 0 for q in having)
+
+
+def test_within_bytes_keeps_the_first_record_and_next_offsets_skip_filtered_entries() -> None:
+    fresh = {0: Fresh(0, [0, 1, 2], [0, 10, 20], [100, 100, 100], 3), 1: Fresh(5, [7], [30], [100], 9)}
+    alloc = {0: 3, 1: 1}
+    within_bytes(fresh, alloc, [1, 0], 250, 0)
+    assert alloc == {1: 1, 0: 1}
+    alloc = {0: 3}
+    within_bytes(fresh, alloc, [0], 10, 0)
+    assert alloc == {0: 1}  # the first record always goes
+    f = Fresh(5, [7, 9], [1, 2], [1, 1], 12)
+    assert next_after(f, 0) == 7 and next_after(f, 1) == 9 and next_after(f, 2) == 12
+    assert fresh_after(f, 8).offsets == [9] and fresh_after(f, 3) is f
