@@ -66,7 +66,14 @@ UNREGISTER_CLIENT      client_id -> (nothing)
 GET_GROUP_MEMBERS      group -> members (sorted client ids)
 LIST_GROUPS            -> groups
 DESCRIBE_GROUP         group -> queues: [{topic, queue_id, committed, max_offset, lag}],
-                       members
+                       members; pop (absent when the group has no POP state on this
+                       broker): {queues: [{topic, queue_id, next_offset (never popped
+                       below it), settled_offset (the lowest not settled), max_offset,
+                       lag (max - settled), inflight, redelivering (in flight, past
+                       its deadline: visible again)}], members (client ids that popped
+                       within pop_member_timeout_ms), popped, acked, ack_expired,
+                       redelivered, dead_lettered (since this leader started),
+                       invisible_time_ms_last}
 DELETE_GROUP           group -> queues (how many committed offsets were dropped).
                        GROUP_ACTIVE while members are connected; NOT_FOUND for a
                        group with neither offsets nor members on this broker
@@ -194,7 +201,11 @@ BROKER_INFO            -> name, addr, storage_mode, flush_mode, end_offset, ...,
                        transactions_pending (-1 where no leader's transaction
                        service runs), transactions_committed,
                        transactions_rolled_back, transactions_checks (since it
-                       became the leader), transactions_failure
+                       became the leader), transactions_failure; pop_groups (-1
+                       where no leader's POP service runs), pop_inflight,
+                       pop_popped, pop_acked, pop_ack_expired, pop_redelivered,
+                       pop_dead_lettered (over every group, since it became the
+                       leader), pop_failure
 GET_LOG_LAYOUT         -> min_offset, end_offset (durable, dispatched and confirmed),
                        segments: [[base, data_end, [record starts...]], ...],
                        topics: {name: queue_count}, message_count, storage_mode
