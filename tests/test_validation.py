@@ -206,6 +206,22 @@ GOOD_BROKER: dict[int, dict[str, Any]] = {
     RequestCode.END_TRANSACTION: {"group": "g", "commitlog_offset": 0, "action": "commit", "from_check": False},
     RequestCode.CHECK_TRANSACTIONS: {"group": "g", "client_id": "c", "max_messages": 5, "max_wait_ms": 0},
     RequestCode.LIST_TRANSACTIONS: {"group": "g", "max_messages": 5},
+    RequestCode.POP_MESSAGE: {
+        "group": "g",
+        "client_id": "c",
+        "topic": "v",
+        "invisible_time_ms": 1000,
+        "max_messages": 4,
+        "max_wait_ms": 0,
+        "tags": ["T"],
+        "queue_ids": [0],
+        "orderly": False,
+        "start_from": "earliest",
+        "max_reconsume_times": 2,
+        "max_bytes": 1 << 20,
+    },
+    RequestCode.ACK_MESSAGE: {"group": "g", "handles": ["h"]},
+    RequestCode.CHANGE_INVISIBLE_TIME: {"group": "g", "handles": ["h"], "invisible_time_ms": 0},
     RequestCode.BROKER_INFO: {},
     RequestCode.GET_LOG_LAYOUT: {},
     RequestCode.READ_LOG: {"offset": 0, "max_bytes": 100, "end_offset": 100},
@@ -289,6 +305,8 @@ OPTIONAL = {
     (RequestCode.QUERY_INDEX, "since_ms"),
     (RequestCode.QUERY_INDEX, "until_ms"),
     (RequestCode.QUERY_INDEX, "max_results"),
+    *((RequestCode.POP_MESSAGE, name) for name in ("max_messages", "max_wait_ms", "tags", "queue_ids", "orderly")),
+    *((RequestCode.POP_MESSAGE, name) for name in ("start_from", "max_reconsume_times", "max_bytes")),
 }
 # A wrong value of each kind: every one is refused unless it has the field's own type
 # (a string for a string field) and is in range.
