@@ -107,7 +107,7 @@ class Broker:
         self.handlers = Handlers(self.ctx)
         self.kafka: KafkaService | None = None
         if config.kafka_listen_port >= 0:
-            self.kafka = KafkaService(self.ctx, self.handlers.readers, lambda: self.client)
+            self.kafka = KafkaService(self.ctx, self.handlers.readers, lambda: self.client, self.handlers.pop)
         self.metadata.timer = self.handlers.timer
         self.metadata.transactions = self.handlers.transactions
         self.metadata.pop = self.handlers.pop

@@ -27,6 +27,7 @@ from ._produce import KafkaProduce
 from ._sasl import KafkaSasl
 from ._sequences import Sequences, parse_producer_property
 from ._share_fetch import KafkaShare
+from ._share_sessions import PopLike
 from ._topics import TopicAdmin
 
 log = logging.getLogger("clmq.broker.kafka")
@@ -40,7 +41,13 @@ SASL_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 class KafkaService:
     """Kafka's protocol over one broker's store, groups and offsets."""
 
-    def __init__(self, ctx: BrokerContext, readers: ReadThreads, client: Callable[[], RpcClient | None]) -> None:
+    def __init__(
+        self,
+        ctx: BrokerContext,
+        readers: ReadThreads,
+        client: Callable[[], RpcClient | None],
+        pop: PopLike | None = None,  # the broker's POP service (share groups); None: share APIs unavailable
+    ) -> None:
         cfg = ctx.config
         self.ctx = ctx
         self._readers = readers
@@ -77,7 +84,7 @@ class KafkaService:
         self.metadata = MetadataRequests(self.views, cfg.cluster, admin)
         self.fetch = KafkaFetch(ctx, self.views, readers, self.produce.acked)
         self.offsets = KafkaOffsets(ctx, self.views, self.groups)
-        self.share = KafkaShare(ctx, self.fetch, readers, self.topic_name, lambda: getattr(ctx, "pop", None))
+        self.share = KafkaShare(ctx, self.fetch, readers, self.topic_name, lambda: pop)
         self.denials = Denials()
         self._table = guard_all(
             self._handlers(admin), self.access, self.topic_name, self.denials, prepare=self.views.current
