@@ -26,8 +26,15 @@ class Popper:
         return await self.admin.rpc.request(self.addr, code, fields, body)
 
     async def send(self, topic: str, bodies: list[bytes], queue_id: int = 0, tags: str = "") -> None:
+        """Send, then wait until the queue shows them (dispatched: a pop can take them)."""
         messages = [Message(topic, queue_id, b, tags) for b in bodies]
-        await self.request(RequestCode.SEND_MESSAGE, {"topic": topic}, encode_batch(messages))
+        sent = await self.request(RequestCode.SEND_MESSAGE, {"topic": topic}, encode_batch(messages))
+        end = sent.fields["queue_offsets"][-1] + 1
+        await await_until(lambda: self._shows(topic, queue_id, end), 10, f"{topic}/{queue_id} at {end}")
+
+    async def _shows(self, topic: str, queue_id: int, end: int) -> bool:
+        reply = await self.request(RequestCode.QUERY_OFFSETS, {"topic": topic, "queue_id": queue_id})
+        return bool(reply.fields["max_offset"] >= end)
 
     async def pop(
         self, group: str = "g", topic: str = "t", invisible_time_ms: int = 2000, client_id: str = "c1", **more: Any

@@ -41,6 +41,15 @@ class Taken:
     attempts: list[int] = field(default_factory=list)
     where: list[tuple[int, int]] = field(default_factory=list)  # (commit-log offset, size)
     before: list[Flight | None] = field(default_factory=list)
+    placed: list[Flight] = field(default_factory=list)  # the flights this pop put (identity: still ours?)
+
+    def reserve(self, offset: int, flight: Flight, before: Flight | None, attempt: int) -> None:
+        """Put ``flight`` (this pop's delivery of ``offset``) in the queue's state."""
+        self.offsets.append(offset)
+        self.attempts.append(attempt)
+        self.before.append(before)
+        self.placed.append(flight)
+        self.queue.put(offset, flight)
 
 
 def rotated(queue_ids: Sequence[int], turn: int) -> list[int]:

@@ -112,10 +112,9 @@ class Taking(PopBase):
         for n, (qid, p) in enumerate(parts.items()):
             assert result is not None
             ck = result.queue_offsets[n]
-            for off, attempt, (where, size) in zip(p.offsets, p.attempts, p.where):
-                f = p.queue.flights.get(off)
-                if f is not None and f.ck == -1:
-                    f.ck = ck
+            for off, attempt, (where, size), placed in zip(p.offsets, p.attempts, p.where, p.placed):
+                if p.queue.flights.get(off) is placed:  # (not one a later pop put meanwhile)
+                    placed.ck = ck
                 h = Handle(self.config.broker_name, ask.topic, qid, off, ck, deadline).encode()
                 out.append(Delivery(ask.topic, qid, off, where, size, attempt, h, deadline))
             g.stats.redelivered += sum(1 for b in p.before if b is not None)
@@ -138,10 +137,8 @@ class Taking(PopBase):
             self.dead += [(ask.group, ask.topic, qid, off) for off in dead]
             for off in take:
                 before = q.flights[off]
-                p.offsets.append(off)
-                p.attempts.append(before.attempt + 1)
-                p.before.append(before)
-                q.put(off, Flight(-1, deadline, before.attempt + 1, ask.client_id, ask.max_reconsume_times))
+                flight = Flight(-1, deadline, before.attempt + 1, ask.client_id, ask.max_reconsume_times)
+                p.reserve(off, flight, before, before.attempt + 1)
             budget -= len(take)
         return parts
 
@@ -168,7 +165,7 @@ class Taking(PopBase):
             _drop_gone(parts[qid])
         fresh = {qid: fresh_after(f, parts[qid].queue.next_offset) for qid, f in fresh.items()}
         budget = ask.limit - sum(len(p.offsets) for p in parts.values())
-        avail = {qid: min(len(f.offsets), cap - len(parts[qid].queue.flights)) for qid, f in fresh.items()}
+        avail = {qid: max(0, min(len(f.offsets), cap - len(parts[qid].queue.flights))) for qid, f in fresh.items()}
         alloc = allocate(avail, order, budget)
         if ask.max_bytes is not None:
             used = sum(s for p in parts.values() for _w, s in p.where)
@@ -176,11 +173,8 @@ class Taking(PopBase):
         for qid, f in fresh.items():
             p, n = parts[qid], alloc.get(qid, 0)
             for i in range(n):
-                p.offsets.append(f.offsets[i])
-                p.attempts.append(1)
-                p.before.append(None)
                 p.where.append((f.commitlog[i], f.sizes[i]))
-                p.queue.put(f.offsets[i], Flight(-1, deadline, 1, ask.client_id, ask.max_reconsume_times))
+                p.reserve(f.offsets[i], Flight(-1, deadline, 1, ask.client_id, ask.max_reconsume_times), None, 1)
             p.queue.next_offset = max(p.queue.next_offset, next_after(f, n))
 
 
@@ -204,13 +198,17 @@ def _drop_gone(p: Taken) -> None:
     p.offsets = [p.offsets[i] for i in keep]
     p.attempts = [p.attempts[i] for i in keep]
     p.before = [p.before[i] for i in keep]
+    p.placed = [p.placed[i] for i in keep]
     p.where = [p.where[i] for i in keep]
 
 
 def _undo(parts: dict[int, Taken], ask: Ask) -> None:
-    """Nothing was recorded: the reserved deliveries are visible again, as they were."""
+    """Nothing was recorded: the reserved deliveries are visible again, as they were
+    (unless another pop took them meanwhile)."""
     for p in parts.values():
-        for off, before in zip(p.offsets, p.before):
+        for off, before, placed in zip(p.offsets, p.before, p.placed):
+            if p.queue.flights.get(off) is not placed:
+                continue
             if before is not None:
                 p.queue.put(off, before)
             else:  # a new offset: delivered next with attempt 1
