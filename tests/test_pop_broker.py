@@ -6,6 +6,7 @@ in-flight limit, DESCRIBE_GROUP, BROKER_INFO and the metrics."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -344,3 +345,36 @@ async def test_a_promoted_follower_answers_the_old_leader_s_handles(nursery: tri
         back, f2 = await p.pop(max_wait_ms=10_000, invisible_time_ms=60_000)
         assert bodies(back) == [first[2]] and f2["attempts"] == [2]  # its deadline passed
         assert await p.ack([handles[first[2]]]) == ["expired"]
+
+
+@pytest.mark.parametrize("checkpoint_ms", [50, 10**9], ids=["checkpointed", "not-checkpointed"])
+async def test_retention_keeps_the_pop_records_a_start_would_replay(
+    nursery: trio.Nursery, tmp_path: Path, checkpoint_ms: int
+) -> None:
+    """Records after the checkpoint stay (a start replays them); once a checkpoint covers
+    them, retention goes on as if POP were never used; after a restart the acks hold."""
+    settings = {"segment_bytes": 64 * 1024, "max_message_bytes": 8 * 1024, "pop_checkpoint_interval_ms": checkpoint_ms}
+    c, broker = await _cluster(nursery, tmp_path, queues=1, **settings)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"a", b"b"])
+        _got, f = await p.pop(max_messages=1, invisible_time_ms=60_000)
+        assert await p.ack(f["handles"]) == ["ok"]
+        first_pop_record = broker.store.log.min_offset
+        pop = broker.handlers.pop
+        if checkpoint_ms < 10**6:
+            await await_until(lambda: pop.saved.applied_to == pop.pop_end() == 2, 10, "a checkpoint of both records")
+        for _ in range(8):  # segments after the records
+            await p.send("t", [b"x" * 7000] * 10)
+        await trio.to_thread.run_sync(broker.store.apply_retention, time.time() + 10**6)
+        if checkpoint_ms < 10**6:
+            assert broker.store.log.min_offset > first_pop_record  # nothing held back
+        else:
+            assert broker.store.log.min_offset <= pop.saved.log_from  # the records a start replays
+        await c.stop_broker("broker-a")
+    broker = await c.start_broker(**{**FAST_POP, **settings})
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        assert await p.ack(f["handles"]) == ["gone"]

@@ -71,11 +71,14 @@ class PopBase:
         return self.state is not None
 
     def retention_floor(self) -> int | None:
-        """``%POP%`` records a start would replay stay (the last checkpoint's floor)."""
+        """``%POP%`` records a start would replay stay (the last checkpoint's floor);
+        none once the checkpoint covers every record (called by the store's
+        housekeeping thread)."""
         store = self.store
         if store is None or not store.queue_exists(POP_TOPIC, POP_QUEUE):
             return None
-        return self.saved.log_from
+        saved = self.saved
+        return saved.log_from if self.pop_end() > saved.applied_to else None
 
     def running_state(self) -> PopState:
         """The state, or the error a request gets while there is none."""
