@@ -103,6 +103,7 @@ class Broker:
             kafka_groups=lambda: self.kafka.group_ids() if self.kafka is not None else [],
             tracer=TraceRecorder(config.trace_enabled),
             pop_describe=lambda group: self.handlers.pop.describe(group),
+            pop_groups=lambda: self.handlers.pop.groups(),
         )
         self.handlers = Handlers(self.ctx)
         self.kafka: KafkaService | None = None

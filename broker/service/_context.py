@@ -52,3 +52,4 @@ class BrokerContext:
     tracer: TraceRecorder = field(default_factory=TraceRecorder)  # the broker's trace events (trace_enabled)
     # DESCRIBE_GROUP's "pop" part of a group (None: no POP state for it here; pop.PopService.describe)
     pop_describe: Callable[[str], dict[str, Any] | None] = lambda group: None
+    pop_groups: Callable[[], list[str]] = lambda: []  # the groups with POP state here (LIST_GROUPS lists them)

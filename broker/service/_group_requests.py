@@ -84,6 +84,7 @@ class GroupRequests:
 
     async def list_groups(self, frame: Frame, peer: Peer) -> Reply:
         groups = set(self.ctx.groups.groups()) | set(self.ctx.offsets.groups()) | set(self.ctx.kafka_groups())
+        groups |= set(self.ctx.pop_groups())  # groups that pop: POP consumers, Kafka share groups
         return Reply({"groups": sorted(groups)})
 
     async def describe_group(self, frame: Frame, peer: Peer) -> Reply:
