@@ -154,7 +154,7 @@ class Taking(PopBase):
         for qid in order:
             q = parts[qid].queue
             blocked = ask.orderly and len(q.flights) > len(parts[qid].offsets)
-            room = min(budget, cap - len(q.flights))
+            room = min(budget, q.settled_offset() + cap - q.next_offset)  # the in-flight window
             if room > 0 and not blocked:
                 asks.append((qid, q.next_offset, room))
         due = {qid: p.offsets for qid, p in parts.items() if p.offsets}
@@ -165,7 +165,8 @@ class Taking(PopBase):
             _drop_gone(parts[qid])
         fresh = {qid: fresh_after(f, parts[qid].queue.next_offset) for qid, f in fresh.items()}
         budget = ask.limit - sum(len(p.offsets) for p in parts.values())
-        avail = {qid: max(0, min(len(f.offsets), cap - len(parts[qid].queue.flights))) for qid, f in fresh.items()}
+        ends = {qid: _window_start(parts[qid].queue, f) + cap for qid, f in fresh.items()}  # past it: not yet
+        avail = {qid: sum(1 for o in f.offsets if o < ends[qid]) for qid, f in fresh.items()}
         alloc = allocate(avail, order, budget)
         if ask.max_bytes is not None:
             used = sum(s for p in parts.values() for _w, s in p.where)
@@ -187,6 +188,13 @@ def _read(
     for qid, offsets in due.items():
         where[qid] = [entry_of(store, ask.topic, qid, off) or (-1, -1) for off in offsets]
     return {a[0]: f for a, f in zip(asks, fresh)}, where
+
+
+def _window_start(q: QueueFlights, fresh: Fresh) -> int:
+    """The lowest offset not settled once the entries a pop skips (tags) are settled."""
+    if q.flights:
+        return q.settled_offset()
+    return fresh.offsets[0] if fresh.offsets else fresh.end
 
 
 def _drop_gone(p: Taken) -> None:
