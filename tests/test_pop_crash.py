@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,7 +17,9 @@ import trio
 from clmq.client import RpcError, open_admin
 from clmq.protocol import ErrorCode
 from tests.crash_broker import launch, reap, tail, wait_ready
+from tests.failover_procs import FailoverGroup
 from tests.pop_helpers import Popper
+from tests.replica_procs import open_group
 from tests.waiting import await_until
 
 RETRYABLE = (ErrorCode.SYSTEM_BUSY, ErrorCode.NOT_LEADER, ErrorCode.SHUTTING_DOWN)
@@ -99,3 +102,36 @@ async def test_acks_survive_kill_9_and_unacked_come_back_after_their_deadline(
             assert got == []
     finally:
         await reap(proc)
+
+
+@pytest.mark.slow
+async def test_a_zookeeper_failover_keeps_acks_and_the_new_leader_answers_old_handles(
+    tmp_path: Path, zk_connect: str
+) -> None:
+    """Three brokers under ZooKeeper; the leader is killed with deliveries in flight: the
+    new leader settles what was acknowledged (never delivered again), acknowledges a
+    handle the old leader gave out, and delivers again only the unacknowledged one."""
+    async with open_group(tmp_path) as g:
+        fg = FailoverGroup(g, zk_connect)
+        leader = await fg.start({"t": 1}, pop_revive_interval_ms=20, pop_checkpoint_interval_ms=50)
+        p = Popper(SimpleNamespace(rpc=g.rpc), g[leader].addr)
+        await _retrying(p.running)
+        await p.send("t", [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"])
+        _got, long = await _retrying(lambda: p.pop(max_messages=2, invisible_time_ms=600_000))
+        _got, short = await p.pop(max_messages=2, invisible_time_ms=1000)
+        assert await p.ack([long["handles"][0], short["handles"][0]]) == ["ok", "ok"]  # m0, m2
+        await fg.wait_settled(leader)
+        await fg.kill(leader)
+        new = await fg.wait_leader(exclude=frozenset({leader}))
+        p = Popper(SimpleNamespace(rpc=g.rpc), g[new].addr)
+        acked = [long["handles"][0], short["handles"][0]]
+        assert await _retrying(lambda: p.ack(acked)) == ["gone", "gone"]
+        assert await p.ack(long["handles"][1:]) == ["ok"]  # m1: the old leader's handle, still in flight
+        seen: dict[bytes, int] = {}
+        with trio.fail_after(30):
+            while len(seen) < 3:
+                got, f = await p.pop(max_messages=10, invisible_time_ms=600_000, max_wait_ms=1000)
+                seen.update((bytes(r.body), a) for r, a in zip(got, f["attempts"]))
+        assert seen == {b"m3": 2, b"m4": 1, b"m5": 1}, tail(g[new].err)
+        got, _f = await p.pop(max_wait_ms=300)
+        assert got == []
