@@ -380,3 +380,28 @@ async def test_retention_keeps_the_pop_records_a_start_would_replay(
         p = Popper(admin, broker.addr)
         await p.running()
         assert await p.ack(f["handles"]) == ["gone"]
+
+
+async def test_the_python_api_rejects_to_the_dead_letters_and_names_owners(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """What the Kafka listener's share groups use: reject (dead letter now),
+    delivery_of (acks by offset), owner_of, groups."""
+    c, broker = await _cluster(nursery, tmp_path, queues=1)
+    service = broker.handlers.pop
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"r0", b"r1"])
+        got = await service.pop("g", "member-1", "t", max_messages=2, invisible_time_ms=60_000)
+        assert [(d.queue_offset, d.attempt) for d in got] == [(0, 1), (1, 1)]
+        assert got[0].size > 0 and got[0].commitlog_offset >= 0
+        assert service.owner_of("g", got[0].handle) == "member-1" and service.owner_of("g", "junk") is None
+        found = service.delivery_of("g", "t", 0, 1)
+        assert found is not None and found.handle == got[1].handle
+        assert service.delivery_of("g", "t", 0, 5) is None and service.groups() == ["g"]
+        assert await service.reject("g", [got[0].handle, "junk"]) == ["ok", "invalid"]
+        dead = await await_until(lambda: _dlq(p), 10, "the dead letter")
+        assert bodies(dead) == [b"r0"] and dead[0].reconsume_times == 1
+        assert await service.ack("g", [got[0].handle, got[1].handle]) == ["gone", "ok"]
+        assert (await p.describe())["pop"]["dead_lettered"] == 1
