@@ -6,7 +6,7 @@ members of a run spread over at most ``--member-processes`` of them, each member
 own consumer and connections, as separate workers would be).
 
 - Throughput: a ``--queues`` topic is filled with ``--messages`` of ``--size-bytes``.
-  For each handler time (``--handler-ms``: 0, a receive-and-acknowledge loop; more, a
+  For each handler time (``--handler-ms-list``: 0, a receive-and-acknowledge loop; more, a
   wait per message as a call to another service would take), member count
   (``--members``) and kind (``pop``: ``open_pop_consumer``, each batch acknowledged
   with ``ack``; ``queue``: ``open_consumer``, each batch acknowledged by the next
@@ -64,7 +64,13 @@ def add_command(bench_sub: Any) -> None:
     a("--size-bytes", type=int, default=1024, help="message body size (default 1024)")
     a("--queues", type=int, default=4, help="queues of the topics (default 4)")
     a("--members", type=_ints, default=[1, 8, 64], help="member counts, comma-separated (default 1,8,64)")
-    a("--handler-ms", type=_floats, default=[0.0, 5.0], help="wait per message handled, ms (default 0,5)")
+    a(
+        "--handler-ms-list",
+        dest="handler_ms",
+        type=_floats,
+        default=[0.0, 5.0],
+        help="waits per message handled, ms, comma-separated: one set of cases each (default 0,5)",
+    )
     a("--runs", type=int, default=3, help="runs of each case, the kinds alternated; medians (default 3)")
     a("--seconds", type=float, default=15.0, help="handler 0: a run ends after this at most (default 15)")
     a("--handler-seconds", type=float, default=4.0, help="handler > 0: seconds a run lasts (default 4)")

@@ -72,7 +72,9 @@ def _open(spec: dict[str, Any], index: int) -> Any:
     )
 
 
-async def _member(spec: dict[str, Any], index: int, acked: list[int], scopes: list[trio.CancelScope]) -> None:
+async def _member(
+    spec: dict[str, Any], index: int, acked: list[int], scopes: list[trio.CancelScope], stop: trio.Event
+) -> None:
     """Open a consumer, then receive, handle and acknowledge until its scope is
     cancelled; the consumer then closes normally (a queue-based one commits)."""
     wait = spec["handler_ms"] / 1000
@@ -80,6 +82,8 @@ async def _member(spec: dict[str, Any], index: int, acked: list[int], scopes: li
     async with _open(spec, index) as consumer:
         with trio.CancelScope() as scope:
             scopes.append(scope)
+            if stop.is_set():  # stopped while it was opening
+                scope.cancel()
             while True:
                 records = await consumer.receive()  # queue-based: acknowledges the previous batch
                 for _ in records:
@@ -101,7 +105,7 @@ async def _throughput(spec: dict[str, Any]) -> None:
         await ready.wait()
         async with trio.open_nursery() as members:
             for i in range(spec["members"]):
-                members.start_soon(_member, spec, i, acked, scopes)
+                members.start_soon(_member, spec, i, acked, scopes, stop)
             while not stop.is_set():
                 _out({"t": time.monotonic(), "acked": acked[0]})
                 with trio.move_on_after(spec["report_interval_ms"] / 1000):
