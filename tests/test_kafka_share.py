@@ -21,13 +21,16 @@ from typing import Any, AsyncIterator, Callable
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from clmq import open_admin, open_pop_consumer, open_producer
+from clmq.broker.service.kafka._share_acks import GAP, RENEW, _planned
+from clmq.protocol.kafka import ApiKey, ErrorCode
 from tests import java_deps
 from tests.kafka_procs import KafkaCluster, open_kafka
+from tests.kafka_wire import KafkaWire
 from tests.waiting import await_until
-
-pytestmark = pytest.mark.slow
 
 LOCK_MS = 3000  # kafka_share_record_lock_duration_ms of these brokers
 WAIT_S = 60  # every wait for the consumers' output ends by then
@@ -127,6 +130,7 @@ async def share_consumers(
 
 async def produce(cluster: KafkaCluster, topic: str, n: int, queues: int = 2) -> list[str]:
     async with open_admin([cluster.namesrv]) as admin:
+        await await_until(admin.leaders, WAIT_S, "the broker registered with the name server")
         await admin.create_topic(topic, queues)
     values = [f"{topic}-{i:04d}" for i in range(n)]
     async with open_producer([cluster.namesrv]) as producer:
@@ -135,6 +139,7 @@ async def produce(cluster: KafkaCluster, topic: str, n: int, queues: int = 2) ->
     return values
 
 
+@pytest.mark.slow
 async def test_three_share_consumers_split_the_work_each_record_accepted_once(
     tmp_path: Path, kafka: KafkaCluster, harness: list[str]
 ) -> None:
@@ -161,6 +166,7 @@ async def _pop_state(cluster: KafkaCluster, group: str) -> dict[str, Any]:
     return dict(pops[0])
 
 
+@pytest.mark.slow
 async def test_a_released_record_comes_back_with_delivery_count_two(
     tmp_path: Path, kafka: KafkaCluster, harness: list[str]
 ) -> None:
@@ -177,6 +183,7 @@ async def test_a_released_record_comes_back_with_delivery_count_two(
     assert pop["acked"] == len(values) and pop["dead_lettered"] == 0, pop
 
 
+@pytest.mark.slow
 async def test_a_rejected_record_goes_to_the_groups_dead_letter_queue(
     tmp_path: Path, kafka: KafkaCluster, harness: list[str]
 ) -> None:
@@ -197,7 +204,8 @@ async def test_a_rejected_record_goes_to_the_groups_dead_letter_queue(
     assert (await _pop_state(kafka, "sg"))["dead_lettered"] == len(values)
 
 
-async def test_a_killed_share_consumers_records_come_back_after_the_lock_and_a_closed_ones_at_once(
+@pytest.mark.slow
+async def test_a_killed_share_consumers_records_come_back_after_the_lock(
     tmp_path: Path, kafka: KafkaCluster, harness: list[str]
 ) -> None:
     values = await produce(kafka, "held", 30, queues=1)
@@ -216,6 +224,7 @@ async def test_a_killed_share_consumers_records_come_back_after_the_lock_and_a_c
     assert back_after >= LOCK_MS / 1000 * 0.9, "not before their lock ran out"
 
 
+@pytest.mark.slow
 async def test_a_closed_share_consumer_releases_what_it_held(
     tmp_path: Path, kafka: KafkaCluster, harness: list[str]
 ) -> None:
@@ -234,6 +243,7 @@ async def test_a_closed_share_consumer_releases_what_it_held(
     assert took < WAIT_S
 
 
+@pytest.mark.slow
 async def test_a_native_pop_consumer_and_a_kafka_share_consumer_share_one_groups_work(
     tmp_path: Path, kafka: KafkaCluster, harness: list[str]
 ) -> None:
@@ -262,3 +272,119 @@ async def test_a_native_pop_consumer_and_a_kafka_share_consumer_share_one_groups
     assert native and java, (len(native), len(java))
     pop_state = await _pop_state(kafka, "sg")
     assert pop_state["acked"] == len(values) and pop_state["redelivered"] == 0, pop_state
+
+
+# ---------------------------------------------------------------- the protocol, by hand
+def _fetch_body(group: str, member: str, epoch: int, tid: Any, wait_ms: int = 0) -> dict[str, Any]:
+    return {
+        "group_id": group,
+        "member_id": member,
+        "share_session_epoch": epoch,
+        "max_wait_ms": wait_ms,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "max_records": 5,
+        "batch_size": 5,
+        "share_acquire_mode": 0,
+        "is_renew_ack": False,
+        "topics": [{"topic_id": tid, "partitions": [{"partition_index": 0, "acknowledgement_batches": []}]}],
+        "forgotten_topics_data": [],
+    }
+
+
+def _ack_body(group: str, member: str, epoch: int, tid: Any, batches: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "group_id": group,
+        "member_id": member,
+        "share_session_epoch": epoch,
+        "is_renew_ack": False,
+        "topics": [{"topic_id": tid, "partitions": [{"partition_index": 0, "acknowledgement_batches": batches}]}],
+    }
+
+
+def _partition(answer: dict[str, Any]) -> dict[str, Any]:
+    assert answer["error_code"] == 0, answer
+    [topic] = answer["responses"]
+    [part] = topic["partitions"]
+    return dict(part)
+
+
+async def test_share_protocol_heartbeat_sessions_and_acks_by_hand(kafka: KafkaCluster) -> None:
+    """Over the wire (v1 and v2): every member is assigned every partition; session
+    epochs are checked; a member cannot settle records another holds (INVALID_RECORD_STATE,
+    nothing settled); a malformed batch is INVALID_REQUEST; the holder's ACCEPT settles."""
+    await produce(kafka, "wire", 6, queues=1)
+    with KafkaWire(kafka.kafka_addr("b0")) as w:
+        tid = w.request(ApiKey.METADATA, 12, {"topics": [{"name": "wire"}]})["topics"][0]["topic_id"]
+        for member in ("m1", "m2"):
+            hb = {"group_id": "hg", "member_id": member, "member_epoch": 0, "rack_id": None}
+            joined = w.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, {**hb, "subscribed_topic_names": ["wire"]})
+            assert joined["error_code"] == 0 and joined["member_epoch"] == 1, joined
+            assert joined["assignment"]["topic_partitions"] == [{"topic_id": tid, "partitions": [0]}]
+            again = w.request(
+                ApiKey.SHARE_GROUP_HEARTBEAT, 1, {**hb, "member_epoch": 1, "subscribed_topic_names": None}
+            )
+            assert again["error_code"] == 0 and again["assignment"] is None, again
+        stranger = {
+            "group_id": "hg",
+            "member_id": "m9",
+            "member_epoch": 3,
+            "rack_id": None,
+            "subscribed_topic_names": None,
+        }
+        assert w.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, stranger)["error_code"] == ErrorCode.UNKNOWN_MEMBER_ID
+
+        assert w.request(ApiKey.SHARE_FETCH, 2, _fetch_body("hg", "m1", 4, tid))["error_code"] == 122  # no session
+        assert w.request(ApiKey.SHARE_ACKNOWLEDGE, 1, _ack_body("hg", "m1", 0, tid, []))["error_code"] == 123
+
+        def first_fetch() -> dict[str, Any] | None:  # LEADER_NOT_AVAILABLE while the broker's POP state loads
+            part = _partition(w.request(ApiKey.SHARE_FETCH, 2, _fetch_body("hg", "m1", 0, tid, WAIT_S * 1000)))
+            return None if part["error_code"] == ErrorCode.LEADER_NOT_AVAILABLE else part
+
+        got = await await_until(first_fetch, WAIT_S, "the POP state loaded")
+        assert len(got["acquired_records"]) == 1, got
+        [acquired] = got["acquired_records"]
+        assert (acquired["first_offset"], acquired["delivery_count"]) == (0, 1) and got["records"], got
+        first, last = acquired["first_offset"], acquired["last_offset"]
+        opened = w.request(ApiKey.SHARE_FETCH, 2, _fetch_body("hg", "m2", 0, tid))  # m2's session
+        assert opened["error_code"] == 0, opened
+        theirs = [{"first_offset": first, "last_offset": last, "acknowledge_types": [1]}]
+        refused = _partition(w.request(ApiKey.SHARE_ACKNOWLEDGE, 2, _ack_body("hg", "m2", 1, tid, theirs)))
+        assert refused["error_code"] == ErrorCode.INVALID_RECORD_STATE, refused
+        bad = [{"first_offset": first, "last_offset": last, "acknowledge_types": [1, 1, 1, 1, 1, 1, 1]}]
+        malformed = _partition(w.request(ApiKey.SHARE_ACKNOWLEDGE, 2, _ack_body("hg", "m1", 1, tid, bad)))
+        assert malformed["error_code"] == ErrorCode.INVALID_REQUEST, malformed
+        stale = w.request(ApiKey.SHARE_ACKNOWLEDGE, 2, _ack_body("hg", "m1", 1, tid, theirs))
+        assert stale["error_code"] == 123, "epoch 1 was used"
+        ok = _partition(w.request(ApiKey.SHARE_ACKNOWLEDGE, 2, _ack_body("hg", "m1", 2, tid, theirs)))
+        assert ok["error_code"] == 0, ok
+    pop = await _pop_state(kafka, "hg")
+    assert pop["acked"] == last - first + 1, pop
+
+
+BATCH = st.fixed_dictionaries(
+    {
+        "first_offset": st.integers(-2, 40),
+        "last_offset": st.integers(-2, 60),
+        "acknowledge_types": st.lists(st.integers(-1, 6), min_size=0, max_size=25),
+    }
+)
+
+
+@given(st.lists(BATCH, max_size=4), st.integers(1, 30))
+def test_acknowledgement_batches_expand_to_offsets_or_are_refused_whole(
+    batches: list[dict[str, Any]], cap: int
+) -> None:
+    """Any batches: either every non-gap offset with its own type (one type for all, or
+    one per offset), or a reason naming the first malformed batch; never a partial plan."""
+    plan = _planned(batches, cap)
+    expected: list[tuple[int, int]] = []
+    for b in batches:
+        first, last, types = b["first_offset"], b["last_offset"], b["acknowledge_types"]
+        span = last - first + 1
+        valid = first >= 0 and 1 <= span <= cap and len(types) in (1, span) and all(GAP <= t <= RENEW for t in types)
+        if not valid:
+            assert isinstance(plan, str) and f"batch {first}..{last}" in plan
+            return
+        expected += [(first + i, types[0] if len(types) == 1 else types[i]) for i in range(span)]
+    assert plan == [(o, t) for o, t in expected if t != GAP]

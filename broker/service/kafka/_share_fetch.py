@@ -75,7 +75,10 @@ class KafkaShare:
     # ------------------------------------------------------------ membership
     async def heartbeat(self, req: KafkaRequest, peer: Peer) -> dict[str, Any]:
         """ShareGroupHeartbeat (on the group's coordinator: the service checks that)."""
-        answer = self.groups.heartbeat(req.body, await self.views.current())
+        view = await self.views.current()
+        if any(t not in view.topics for t in req.body.get("subscribed_topic_names") or ()):
+            view = await self.views.current(fresh=True)  # a topic just created: not yet in the cached view
+        answer = self.groups.heartbeat(req.body, view)
         await self._release_leavers()
         return answer
 
