@@ -99,6 +99,20 @@ def decode_pop_record(tags: str, body: bytes) -> Checkpoint | Acks | None:
     return None
 
 
+MAX_HANDLE_CHARS = 4096  # a longer string is no handle of ours
+
+
+def _parse_plain(text: str) -> Handle | None:
+    parts = text[2:].split(".", 5)
+    if len(parts) != 6 or not all(p.isdigit() for p in parts[:5]):
+        return None
+    qid, offset, ck, deadline, blen = (int(p) for p in parts[:5])
+    names = parts[5]
+    if not 0 < blen < len(names):
+        return None
+    return Handle(names[:blen], names[blen:], qid, offset, ck, deadline)
+
+
 @dataclass(frozen=True)
 class Handle:
     """What a receipt handle names."""
@@ -111,14 +125,23 @@ class Handle:
     deadline_ms: int
 
     def encode(self) -> str:
-        """The opaque ASCII string given to the client."""
+        """The opaque ASCII string given to the client: plain ("P2", numbers first, then
+        the broker's name after its length, then the topic) when both names are
+        printable ASCII, else base64 ("P1")."""
+        names = self.broker + self.topic
+        if names.isascii() and names.isprintable():
+            return f"P2{self.queue_id}.{self.offset}.{self.ck}.{self.deadline_ms}.{len(self.broker)}.{names}"
         text = f"{self.broker}\n{self.topic}\n{self.queue_id}\n{self.offset}\n{self.ck}\n{self.deadline_ms}"
         return "P1" + base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
 def parse_handle(text: str) -> Handle | None:
     """The handle ``text`` names; None if it is not a receipt handle."""
-    if not text.startswith("P1") or not text.isascii() or len(text) > 4096:
+    if len(text) > MAX_HANDLE_CHARS or not text.isascii():
+        return None
+    if text.startswith("P2"):
+        return _parse_plain(text)
+    if not text.startswith("P1"):
         return None
     raw = text[2:]
     try:
