@@ -126,8 +126,9 @@ class PopBase:
         for group in list(self.waiters):
             self.wake(group)
 
-    def judge(self, group: str, handles: Sequence[str], now: int) -> Judged:
-        """Each handle's status; ok ones marked settling (not visible meanwhile)."""
+    def judge(self, group: str, handles: Sequence[str], now: int, count: bool = True) -> Judged:
+        """Each handle's status; ok ones marked settling (not visible meanwhile);
+        ``count``: expired ones counted (a client's acknowledgement, not the broker's own)."""
         state = self.running_state()
         g = state.groups.get(group)
         results: list[str] = []
@@ -145,8 +146,8 @@ class PopBase:
                 results.append("gone")
             elif f.ck != h.ck or f.deadline_ms <= now:
                 results.append("expired")
-                assert g is not None
-                g.stats.ack_expired += 1
+                if count and g is not None:
+                    g.stats.ack_expired += 1
             else:
                 seen.add(key)
                 results.append("ok")

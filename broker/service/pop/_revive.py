@@ -120,7 +120,7 @@ class PopKeeper(PopBase):
         """Copy these deliveries to ``%DLQ%group`` and settle them (REJECT; ``due``:
         deliveries past their limit, whose deadline passed)."""
         now = self.now()
-        judged = self.judge(group, handles, now if not due else 0)
+        judged = self.judge(group, handles, now if not due else 0, count=not due)
         if not judged.ok:
             return judged.results
         store = self.store
