@@ -142,8 +142,8 @@ class PopBase:
             key = (h.topic, h.queue_id, h.offset)
             q = g.queues.get((h.topic, h.queue_id)) if g is not None else None
             f = q.flights.get(h.offset) if q is not None else None
-            if q is None or f is None or key in seen:
-                results.append("gone")
+            if q is None or f is None or key in seen or f.deadline_ms == SETTLING_MS:
+                results.append("gone")  # (settling: another acknowledgement of it is being written)
             elif f.ck != h.ck or f.deadline_ms <= now:
                 results.append("expired")
                 if count and g is not None:
