@@ -137,7 +137,12 @@ class KafkaShare:
                 batches = p.get("acknowledgement_batches") or []
                 if batches:
                     limits = (self.ctx.config.pop_max_inflight_per_queue, self.lock_ms)
-                    _ack_into(row, await apply_acks(pop, session, name, queue_id, batches, limits))
+                    try:
+                        outcome = await apply_acks(pop, session, name, queue_id, batches, limits)
+                    except RequestError as e:  # the POP state moved (not leader, starting): nothing of it known applied
+                        code = POP_ERRORS.get(e.code.name, ErrorCode.UNKNOWN_SERVER_ERROR)
+                        outcome = AckOutcome(code, e.text)
+                    _ack_into(row, outcome)
         return rows
 
     async def _fetch(
