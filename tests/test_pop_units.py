@@ -5,6 +5,7 @@ allocation of a pop across queues (fairness)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -21,7 +22,9 @@ from clmq.broker.service.pop._records import (
     decode_pop_record,
     parse_handle,
 )
+from clmq.broker.service.pop._state import PopCheckpoint, checkpoint_path, load_checkpoint, save_checkpoint
 from clmq.broker.service.pop._take import allocate, fresh_after, next_after, rotated, within_bytes
+from clmq.broker.store import Store, StoreConfig
 
 names = st.text(st.characters(codec="utf-8", exclude_characters="\n"), min_size=1, max_size=12)
 offsets = st.integers(0, 2**40)
@@ -137,3 +140,21 @@ def test_within_bytes_keeps_the_first_record_and_next_offsets_skip_filtered_entr
     f = Fresh(5, [7, 9], [1, 2], [1, 1], 12)
     assert next_after(f, 0) == 7 and next_after(f, 1) == 9 and next_after(f, 2) == 12
     assert fresh_after(f, 8).offsets == [9] and fresh_after(f, 3) is f
+
+
+def test_the_checkpoint_file_round_trips_and_a_damaged_one_replays_from_the_start(tmp_path: Path) -> None:
+    store = Store.open(StoreConfig(tmp_path / "s")).start()
+    try:
+        assert load_checkpoint(store) == PopCheckpoint(0, store.log.min_offset)  # none yet
+        state = PopState()
+        state.apply(Checkpoint("g", "c", "t", 0, [3, 4], [1, 2], 99, 16, 5), 7)
+        cp = PopCheckpoint(8, 1234, state.to_json())
+        save_checkpoint(store, cp)
+        assert load_checkpoint(store) == cp
+        path = checkpoint_path(store)
+        for gen in (path, path.with_name(path.name + ".prev")):
+            if gen.exists():
+                gen.write_bytes(b"{not json")
+        assert load_checkpoint(store) == PopCheckpoint(0, store.log.min_offset)
+    finally:
+        store.close()
