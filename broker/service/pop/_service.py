@@ -67,16 +67,17 @@ class PopService(PopKeeper, Taking):
         await self.ensure_pop_topic()
         wait_s = min(max(0, max_wait_ms), self.config.pop_max_wait_ms) / 1000
         deadline = trio.current_time() + wait_s
-        while True:
-            event = self.watch(ask)
+        got = await self.take(ask)  # the usual case under load: no wait, nothing to register
+        while not got and trio.current_time() < deadline:
+            event = self.watch(ask)  # before the look: an arrival meanwhile is not missed
             try:
                 got = await self.take(ask)
-                if got or trio.current_time() >= deadline:
-                    return got
-                with trio.move_on_at(deadline):
-                    await event.wait()
+                if not got:
+                    with trio.move_on_at(deadline):
+                        await event.wait()
             finally:
                 self.unwatch(ask, event)
+        return got
 
     async def ack(self, group: str, handles: Sequence[str]) -> list[str]:
         """Settle deliveries: "ok" | "expired" | "gone" | "invalid" for each handle."""
