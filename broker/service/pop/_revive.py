@@ -27,6 +27,7 @@ from ._state import PopCheckpoint, load_checkpoint, log_offset_at, replay, save_
 log = logging.getLogger("clmq.pop")
 
 FAILURE_RETRY_S = 1.0  # after a disk or store error, the state is rebuilt this much later
+CHECKPOINT_DISPATCH_WAIT_S = 1.0  # a checkpoint waits this long for the queues to show the log, else waits a round
 DISPATCH_POLL_S = 0.002  # how often a start looks whether the queues show the whole log
 
 
@@ -151,6 +152,10 @@ class PopKeeper(PopBase):
         snapshot, write_offset = state.to_json(), store.log.write_offset
         self._last_save = time.monotonic()
         await trio.to_thread.run_sync(store.flush)  # nothing the checkpoint claims may be lost
+        with trio.move_on_after(CHECKPOINT_DISPATCH_WAIT_S) as waited:  # the record at applied_to is in the queue
+            await _dispatched_to(store, write_offset)
+        if waited.cancelled_caught:
+            return  # (replication holds the dispatcher back): the next round saves it
         log_from = await trio.to_thread.run_sync(log_offset_at, store, applied_to, write_offset)
         cp = PopCheckpoint(applied_to, log_from, snapshot)
         await trio.to_thread.run_sync(save_checkpoint, store, cp)
