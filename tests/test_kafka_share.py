@@ -93,6 +93,15 @@ class ShareConsumers:
                     rows.append(Got(int(f[1]), int(f[2]), int(f[3]), f[4], f[5], i))
         return rows
 
+    def done(self) -> list[str]:
+        """Values whose acknowledgement the broker confirmed (the harness's "done" lines)."""
+        return [
+            line.split("\t")[3]
+            for path in self.outs
+            for line in path.read_text().splitlines()
+            if line.startswith("done\t") and len(line.split("\t")) == 4
+        ]
+
     def text(self) -> str:
         return "\n".join(
             f"--- consumer {i}\n{p.read_text()[-2000:]}\n{p.with_suffix('.err').read_text()[-3000:]}"
@@ -388,3 +397,31 @@ def test_acknowledgement_batches_expand_to_offsets_or_are_refused_whole(
             return
         expected += [(first + i, types[0] if len(types) == 1 else types[i]) for i in range(span)]
     assert plan == [(o, t) for o, t in expected if t != GAP]
+
+
+@pytest.mark.slow
+async def test_a_broker_sigkill_loses_no_acknowledgement_of_a_share_consumer(
+    tmp_path: Path, kafka: KafkaCluster, harness: list[str]
+) -> None:
+    """kill -9 of the broker while a Java share consumer works: the client reconnects
+    (new session, rejoined), every record ends accepted, and no record whose
+    acknowledgement the broker confirmed is delivered again."""
+    values = await produce(kafka, "crash", 200)
+    broker = kafka.brokers["b0"][0]
+    async with share_consumers(tmp_path, harness, kafka) as (c, nursery):
+        await c.start(nursery, "crash", "sg", "accept")
+        await c.until(lambda rows: len(rows) >= 60, "some records")
+        await broker.kill()
+        confirmed_before = set(c.done())
+        await broker.start()
+        late = [f"crash-late-{i:04d}" for i in range(200)]  # served by the restarted broker only
+        async with open_producer([kafka.namesrv]) as producer:
+            for v in late:
+                await producer.send("crash", v.encode())
+        values += late
+        await await_until(lambda: set(c.done()) >= set(values), WAIT_S, f"every record confirmed:\n{c.text()}")
+    rows = c.got()
+    seen = Counter(r.value for r in rows)
+    assert confirmed_before, "acknowledgements were confirmed before the kill"
+    assert all(seen[v] == 1 for v in confirmed_before), "a confirmed acknowledgement was lost"
+    assert set(seen) == set(values)

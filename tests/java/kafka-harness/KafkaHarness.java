@@ -416,6 +416,7 @@ public final class KafkaHarness {
                     continue;
                 }
                 ConsumerRecords<byte[], byte[]> records = consumer.poll(Duration.ofMillis(200));
+                List<String> settled = new ArrayList<>();
                 for (ConsumerRecord<byte[], byte[]> r : records) {
                     int count = r.deliveryCount().orElse((short) -1);
                     String action = switch (policy) {
@@ -429,17 +430,13 @@ public final class KafkaHarness {
                     OUT.println("got\t" + r.partition() + "\t" + r.offset() + "\t" + count + "\t" + value + "\t" + action);
                     if (!action.equals("HOLD")) {
                         consumer.acknowledge(r, AcknowledgeType.valueOf(action));
+                        settled.add(r.partition() + "\t" + r.offset() + "\t" + value);
                     }
                 }
                 if (!records.isEmpty() && policy.equals("hold")) {
                     holding = true;
                 } else if (!records.isEmpty()) {
-                    Map<TopicIdPartition, java.util.Optional<org.apache.kafka.common.KafkaException>> done = consumer.commitSync();
-                    for (var e : done.entrySet()) {
-                        if (e.getValue().isPresent()) {
-                            OUT.println("ackerror\t" + e.getKey().partition() + "\t" + e.getValue().get());
-                        }
-                    }
+                    commit(consumer, settled);
                 }
                 OUT.flush();
             }
@@ -447,5 +444,30 @@ public final class KafkaHarness {
             OUT.flush();
         }
         return 0;
+    }
+
+    /** Commits the acknowledgements of one poll: "done \t partition \t offset \t value" for
+     * each record whose partition's acknowledgement the broker confirmed, "ackerror" lines else. */
+    static void commit(KafkaShareConsumer<byte[], byte[]> consumer, List<String> settled) {
+        Set<Integer> confirmed = new TreeSet<>();
+        try {
+            Map<TopicIdPartition, java.util.Optional<org.apache.kafka.common.KafkaException>> done =
+                consumer.commitSync(Duration.ofSeconds(10));
+            for (var e : done.entrySet()) {
+                if (e.getValue().isPresent()) {
+                    OUT.println("ackerror\t" + e.getKey().partition() + "\t" + e.getValue().get());
+                } else {
+                    confirmed.add(e.getKey().partition());
+                }
+            }
+        } catch (org.apache.kafka.common.KafkaException e) {
+            OUT.println("ackerror\t-1\t" + e);
+            return;
+        }
+        for (String s : settled) {
+            if (confirmed.contains(Integer.parseInt(s.split("\t", 2)[0]))) {
+                OUT.println("done\t" + s);
+            }
+        }
     }
 }
