@@ -25,6 +25,7 @@ from clmq.client import (
     PopConsumerOptions,
     Record,
     RpcClient,
+    open_admin,
     open_asyncio_pop_consumer,
     open_consumer,
     open_pop_consumer,
@@ -211,6 +212,54 @@ async def test_receive_ack_nack_and_an_ack_after_the_invisible_time(cluster: Clu
         assert await c.ack([back]) == ["ok"]
         assert (c.stats.acked, c.stats.nacked, c.stats.redelivered) == (3, 1, 2)
         assert c.in_flight == 0
+    async with open_admin(cluster.ns) as admin:
+        (pop,) = (await admin.describe_group("g"))["pop"]
+    assert (pop["acked"], pop["ack_expired"]) == (3, 1)  # the broker counted the refused ack too
+    assert sum(q["inflight"] for q in pop["queues"]) == 0
+
+
+async def test_closing_hands_back_what_was_popped_and_never_handed_out(cluster: Cluster) -> None:
+    """Member a took 20 into its buffer and handed out 1; closed, the other 19 go to
+    member b at once, long before their 30 s invisible time."""
+    await cluster.create_topic("cl", 1)
+    await send(cluster.brokers["broker-a"].addr, "cl", [b"m%d" % i for i in range(20)])
+    opts = {"invisible_time_ms": 30_000, "prefetch_max_messages": 20, "max_messages": 20, **FAST}
+    async with open_pop_consumer(cluster.ns, "g", {"cl": "*"}, receive_max_messages=1, **opts) as a:
+        (first,) = await a.receive()
+        with trio.fail_after(10):
+            while len(a.buffer.records) < 19:
+                await a.buffer.arrival()
+        assert await a.ack([first]) == ["ok"]
+    assert a.stats.released == 19
+    async with open_pop_consumer(cluster.ns, "g", {"cl": "*"}, **opts) as b:
+        got = await receive(b, 19, timeout_s=5)
+    assert sorted(r.body for r in got) == sorted(b"m%d" % i for i in range(1, 20))
+    assert {r.reconsume_times for r in got} == {1}  # handed back: a delivery of its own was counted
+
+
+async def test_a_broker_that_restarts_or_joins_is_popped_from(cluster: Cluster) -> None:
+    await cluster.create_topic("moving", 1)
+    a = cluster.brokers["broker-a"]
+    port = int(a.addr.rsplit(":", 1)[1])
+    await send(a.addr, "moving", [b"before"])
+    async with open_pop_consumer(cluster.ns, "g", {"moving": "*"}, invisible_time_ms=5000, **FAST) as c:
+        (before,) = await receive(c, 1)
+        assert await c.ack([before]) == ["ok"]
+        await cluster.stop_broker("broker-a")  # its POP loop meets a closed connection: retried with back-off
+        a = await cluster.start_broker("broker-a", port=port, **BROKER)
+        await send(a.addr, "moving", [b"after restart"])
+        (after,) = await receive(c, 1, timeout_s=15)
+        assert after.body == b"after restart"
+        assert await c.ack([after]) == ["ok"]
+        b = await cluster.start_broker("broker-b", **BROKER)  # a new broker with the topic: found by the routes
+        async with open_admin(cluster.ns) as admin:
+            await admin.create_topic("moving", 1, on=[b.addr])
+        await cluster.wait_routed("moving", {"broker-a", "broker-b"})
+        await send(b.addr, "moving", [b"on b"])
+        (on_b,) = await receive(c, 1, timeout_s=15)
+        assert on_b.body == b"on b" and c.receipt(on_b).broker_name == "broker-b"  # type: ignore[union-attr]
+        assert await c.ack([on_b]) == ["ok"]
+        assert c.stats.pop_errors >= 1
 
 
 async def test_extend_keeps_a_slow_message_with_its_member(cluster: Cluster) -> None:
@@ -310,7 +359,7 @@ async def test_orderly_pop_handles_each_queue_in_order_across_members_and_a_fail
         with trio.fail_after(20):
             await everything.wait()
         n.cancel_scope.cancel()
-    assert succeeded == {0: list(range(30)), 1: list(range(30))}
+    assert succeeded == {0: list(range(30)), 1: list(range(30))}, (succeeded, attempts)
     assert attempts[0, 5] == 2
     del c
 

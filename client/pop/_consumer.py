@@ -44,11 +44,20 @@ class PopConsumer:
     ``BlockingPopConsumer``."""
 
     def __init__(
-        self, rpc: RpcClient, routes: Routes, group: str, subscriptions: dict[str, str], options: PopConsumerOptions
+        self,
+        rpc: RpcClient,
+        routes: Routes,
+        group: str,
+        subscriptions: dict[str, str],
+        options: PopConsumerOptions,
+        pop_rpc: RpcClient | None = None,
     ) -> None:
         if not subscriptions:
             raise ValueError("subscriptions: give at least one topic (topic -> tag expression)")
         self.rpc, self.routes, self.group, self.options = rpc, routes, group, options
+        # The long polls' own connections (closed first at close, which ends the polls the
+        # brokers still hold: one answered after that would make messages invisible for nothing).
+        self.pop_rpc = pop_rpc or rpc
         self.filters = {topic: TagFilter(expr) for topic, expr in subscriptions.items()}
         self.client_id = options.client_id or f"{socket.gethostname()}@{os.getpid()}@{id(self):x}"
         self.stats = PopStats()
@@ -56,7 +65,17 @@ class PopConsumer:
         self.buffer = PopBuffer(options.prefetch_max_messages)
         self.settler = Settler(rpc, routes, group, options, self.receipts, self.stats)
         self.loops = PopLoops(
-            PopTarget(rpc, routes, group, self.client_id, self.filters, options, self.buffer, self.receipts, self.stats)
+            PopTarget(
+                self.pop_rpc,
+                routes,
+                group,
+                self.client_id,
+                self.filters,
+                options,
+                self.buffer,
+                self.receipts,
+                self.stats,
+            )
         )
         self._scope = trio.CancelScope()
 
@@ -166,6 +185,8 @@ class PopConsumer:
     async def _close(self) -> None:
         """Stop popping; hand back what was popped and never handed out."""
         self._scope.cancel()
+        if self.pop_rpc is not self.rpc:
+            await self.pop_rpc.aclose()
         buffered = [r for _, r in self.buffer.drain()]
         if not buffered or not self.options.release_on_close:
             return
@@ -224,13 +245,14 @@ async def pop_consumer_context(
     namesrv, brokers = resolve_addrs(namesrv_addrs, broker_addrs)
     security = resolve_security(options.security)
     async with background_nursery() as nursery:
-        rpc = RpcClient(nursery, security=security)
+        rpc, pop_rpc = RpcClient(nursery, security=security), RpcClient(nursery, security=security)
         routes = Routes(rpc, namesrv, broker_addrs=brokers, refresh_interval_ms=0)
-        consumer = PopConsumer(rpc, routes, group, subscriptions, options)
+        consumer = PopConsumer(rpc, routes, group, subscriptions, options, pop_rpc)
         try:
             await consumer._start(nursery)
             yield consumer
         finally:
             await consumer._close()
+            await pop_rpc.aclose()
             await rpc.aclose()
             nursery.cancel_scope.cancel()

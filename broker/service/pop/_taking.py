@@ -164,6 +164,8 @@ class Taking(PopBase):
         for qid in [q for q, p in parts.items() if any(w[1] < 0 for w in p.where)]:
             _drop_gone(parts[qid])
         fresh = {qid: fresh_after(f, parts[qid].queue.next_offset) for qid, f in fresh.items()}
+        if ask.orderly:  # another pop may have taken from a queue while its entries were read: it waits
+            fresh = {qid: f for qid, f in fresh.items() if len(parts[qid].queue.flights) <= len(parts[qid].offsets)}
         budget = ask.limit - sum(len(p.offsets) for p in parts.values())
         ends = {qid: _window_start(parts[qid].queue, f) + cap for qid, f in fresh.items()}  # past it: not yet
         avail = {qid: sum(1 for o in f.offsets if o < ends[qid]) for qid, f in fresh.items()}
