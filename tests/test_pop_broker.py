@@ -405,3 +405,39 @@ async def test_the_python_api_rejects_to_the_dead_letters_and_names_owners(
         assert bodies(dead) == [b"r0"] and dead[0].reconsume_times == 1
         assert await service.ack("g", [got[0].handle, got[1].handle]) == ["gone", "ok"]
         assert (await p.describe())["pop"]["dead_lettered"] == 1
+
+
+async def test_concurrent_orderly_members_never_hold_one_queue_together(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, broker = await _cluster(nursery, tmp_path, queues=2)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        for q in (0, 1):
+            await p.send("t", [b"%d-%02d" % (q, i) for i in range(40)], queue_id=q)
+        holders: dict[int, str] = {}
+        order: dict[int, list[bytes]] = {0: [], 1: []}
+
+        async def member(name: str) -> None:
+            while True:
+                got, f = await p.pop(
+                    client_id=name, orderly=True, max_messages=3, invisible_time_ms=60_000, max_wait_ms=200
+                )
+                if not got:  # woken by an acknowledgement of a queue's holder, or the wait ended
+                    if sum(map(len, order.values())) == 80:
+                        return
+                    continue
+                for qid in {r.queue_id for r in got}:
+                    assert holders.get(qid) is None, f"{name} got queue {qid} while {holders[qid]} holds it"
+                    holders[qid] = name
+                for r in got:
+                    order[r.queue_id].append(bytes(r.body))
+                await trio.sleep(0.002)  # the handling: other members pop meanwhile
+                for qid in {r.queue_id for r in got}:
+                    holders[qid] = None  # type: ignore[assignment]
+                assert await p.ack(f["handles"]) == ["ok"] * len(got)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as n:
+                for i in range(6):
+                    n.start_soon(member, f"m{i}")
+        assert order == {q: [b"%d-%02d" % (q, i) for i in range(40)] for q in (0, 1)}  # each queue in order

@@ -171,6 +171,8 @@ class PopBase:
             raise
         for _i, q, h, _f in judged.ok:
             q.settle(h.offset, h.ck)
+        if group in self.waiters:  # an orderly queue, or a full in-flight window, may give more now
+            self.wake(group)
 
     def check_group(self, group: str) -> None:
         """A consumer group's name (MALFORMED_REQUEST if it is none)."""
