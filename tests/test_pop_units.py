@@ -93,7 +93,8 @@ def _records(script: list[Any]) -> list[Checkpoint | Acks]:
 
 
 def _view(state: PopState) -> Any:
-    return state.to_json()
+    """The state, flights in offset order (the JSON keeps the order they were put in)."""
+    return {g: sorted([t, q, n, sorted(f)] for t, q, n, f in queues) for g, queues in state.to_json().items()}
 
 
 @settings(max_examples=200)
