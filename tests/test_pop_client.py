@@ -29,6 +29,7 @@ from clmq.client import (
     open_asyncio_pop_consumer,
     open_consumer,
     open_pop_consumer,
+    open_producer,
 )
 from clmq.client.pop import failed_part, handle_lane
 from clmq.client.pop._buffer import PopBuffer
@@ -36,6 +37,8 @@ from clmq.common import Message
 from clmq.protocol import RequestCode, encode_batch
 from tests.cli_helpers import free_port
 from tests.service_helpers import Cluster, cluster_in_thread
+from tests.test_client_failover import start_group
+from tests.waiting import await_until
 
 BROKER = {"pop_revive_interval_ms": 20}
 FAST = {"pop_wait_ms": 300, "route_refresh_interval_ms": 500}
@@ -466,3 +469,35 @@ def test_the_blocking_pop_consumer(tmp_path: Path) -> None:
             assert sorted(b for b, _ in seen) == sorted(back)
             assert {t for _, t in seen} == {2}
             assert c.stats.acked == 10
+
+
+async def test_pops_and_acks_follow_the_group_to_its_new_leader(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """A replicated group's leader is demoted by a promotion: the POP loop meets
+    NOT_LEADER and goes on at the new leader; an ack of a message popped before goes
+    there too and is taken; nothing acknowledged is delivered again."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    # sync acks: an ACK record is held by both replicas before the ack is answered (with async
+    # replication a promotion may lose the last acks: the documented at-least-once window)
+    lead, follower = await start_group(c, ack_mode="sync", min_insync_replicas=2, replica_lag_max_ms=5000, **BROKER)
+    async with open_producer(c.ns) as p:
+        for i in range(20):
+            await p.send("t", b"before %d" % i, sharding_key=str(i))
+        opts = {"invisible_time_ms": 1500, **FAST}
+        async with open_pop_consumer(c.ns, "pg", {"t": "*"}, **opts) as consumer:
+            got = await receive(consumer, 20)
+            held, done = got[0], got[1:]
+            assert await consumer.ack(done) == ["ok"] * 19
+            async with open_admin(c.ns) as admin:
+                await admin.promote(follower.addr)
+            await await_until(lambda: lead.replica.role == "follower", 10, "the old leader to step down")
+            assert await consumer.ack([held]) == ["ok"]  # popped at the old leader, settled at the new one
+            for i in range(20):
+                await p.send("t", b"after %d" % i, sharding_key=str(i))
+            after = await receive(consumer, 20, timeout_s=20)
+            assert sorted(r.body for r in after) == sorted(b"after %d" % i for i in range(20))
+            assert await consumer.ack(after) == ["ok"] * 20
+            assert {consumer.receipt(r) for r in after} == {None}
+            with trio.move_on_after(2.5):  # past every invisible time: nothing acknowledged comes back
+                extra = await consumer.receive()
+                raise AssertionError(f"delivered again: {[r.body for r in extra]}")
