@@ -88,7 +88,10 @@ class PopKeeper(PopBase):
         state = self.state
         assert state is not None
         now = self.now()
+        quiet = now - self.config.pop_member_timeout_ms
         for name, g in state.groups.items():
+            if any(t < quiet for t in g.members.values()):  # members that stopped popping: forgotten
+                g.members = {c: t for c, t in g.members.items() if t >= quiet}
             woken = False
             for (topic, qid), q in g.queues.items():
                 if q.visible(now):
