@@ -13,8 +13,11 @@ own consumer and connections, as separate workers would be).
   ``receive``), a fresh group reads the topic from its start, until every message is
   acknowledged or ``--seconds`` (handler 0) / ``--handler-seconds`` pass. The rate is
   the messages handled and acknowledged per second from the group's first to its last
-  (the members' opening and the group's first rebalance are not in it); ``--runs``
-  runs, the kinds alternated; medians and the POP / queue-based ratio of each run.
+  (the members' opening is not in it; with a handler time, neither is the first
+  ``--ramp-seconds``); ``--runs`` runs, the kinds alternated; medians and the POP /
+  queue-based ratio of each run. A queue-based member counts a message when handled
+  (the next ``receive`` acknowledges it), so messages handled twice around a
+  rebalance count twice.
 - Redelivery after a member crash: one POP member process receives all of
   ``--crash-messages`` fresh messages (``--crash-invisible-ms``) and acknowledges none;
   ``--crash-survivors`` other members start; the first is ``kill -9``'ed. For each of
@@ -73,7 +76,13 @@ def add_command(bench_sub: Any) -> None:
     )
     a("--runs", type=int, default=3, help="runs of each case, the kinds alternated; medians (default 3)")
     a("--seconds", type=float, default=15.0, help="handler 0: a run ends after this at most (default 15)")
-    a("--handler-seconds", type=float, default=4.0, help="handler > 0: seconds a run lasts (default 4)")
+    a("--handler-seconds", type=float, default=6.0, help="handler > 0: seconds a run lasts (default 6)")
+    a(
+        "--ramp-seconds",
+        type=float,
+        default=1.0,
+        help="handler > 0: the rate leaves out this long after the first acknowledgement (default 1)",
+    )
     a("--member-processes", type=int, default=4, help="processes the members of a run share (default 4)")
     a("--pop-batch", type=int, default=32, help="POP: messages per POP request and per receive (default 32)")
     a("--prefetch", type=int, default=64, help="POP: messages a member prefetches at most (default 64)")
@@ -150,7 +159,9 @@ async def one_run(addr: str, pid: int, args: argparse.Namespace, case: dict[str,
     finally:
         for proc in procs:
             proc.close()
-    return {**case, **rate_of(timeline, args.messages), "broker_cpu_s": broker_cpu, "member_cpu_s": member_cpu}
+    skip = args.ramp_seconds if case["handler_ms"] else 0.0
+    rate = rate_of(timeline, args.messages, skip)
+    return {**case, **rate, "broker_cpu_s": broker_cpu, "member_cpu_s": member_cpu}
 
 
 async def _throughput(addr: str, pid: int, args: argparse.Namespace, report: Callable[[str], None]) -> list[Any]:

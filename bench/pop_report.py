@@ -17,15 +17,18 @@ AIM_SCALING = 2.0  # POP with the most members at least this x POP with the fewe
 AIM_REDELIVERY_LATE_MS = 1000.0  # a crashed member's messages back within invisible time + this
 
 
-def rate_of(timeline: list[tuple[float, int]], target: int) -> dict[str, float]:
+def rate_of(timeline: list[tuple[float, int]], target: int, skip_s: float = 0.0) -> dict[str, float]:
     """From (CLOCK_MONOTONIC s, messages acknowledged) reports, the first at the go:
-    the rate from the first report with any message to the one that reached
-    ``target`` (or the last), the time to that first report and the count."""
+    the rate from the first report with any message (``skip_s`` later, if a report
+    comes that late: the members' ramp left out) to the one that reached ``target``
+    (or the last), the time to that first report and the count."""
     t_go = timeline[0][0]
     points = sorted(timeline)
     first = next((p for p in points if p[1] > 0), None)
     if first is None:
         return {"msgs_per_s": 0.0, "acked": 0, "elapsed_s": points[-1][0] - t_go, "startup_s": math.nan}
+    startup_s = first[0] - t_go
+    first = next((p for p in points if p[0] >= first[0] + skip_s and p[1] < target), first)
     end = next((p for p in points if p[1] >= target), points[-1])
     if end[0] > first[0]:
         rate = (end[1] - first[1]) / (end[0] - first[0])
@@ -35,7 +38,7 @@ def rate_of(timeline: list[tuple[float, int]], target: int) -> dict[str, float]:
         "msgs_per_s": rate,
         "acked": max(p[1] for p in points),
         "elapsed_s": end[0] - first[0],
-        "startup_s": first[0] - t_go,
+        "startup_s": startup_s,
     }
 
 
