@@ -25,6 +25,7 @@ from clmq.client import (
     PopConsumerOptions,
     Record,
     RpcClient,
+    RpcError,
     open_admin,
     open_asyncio_pop_consumer,
     open_consumer,
@@ -121,6 +122,22 @@ def test_a_bad_option_is_a_value_error_naming_it_before_anything_connects(bad: d
 
     with pytest.raises(ValueError, match=name):
         asyncio.run(asyncio_entry())
+
+
+@given(
+    st.sampled_from(["invisible_time_ms", "max_messages", "prefetch_max_messages", "receive_max_messages"]),
+    st.one_of(st.integers(max_value=0), st.floats(allow_nan=False), st.text(max_size=3), st.none()),
+)
+def test_a_limit_that_is_not_a_positive_integer_is_refused_by_name(name: str, value: object) -> None:
+    with pytest.raises(ValueError, match=name):
+        PopConsumerOptions(**{name: value})  # type: ignore[arg-type]
+
+
+@given(st.integers(1, 10**9), st.integers(1, 40))
+def test_the_default_back_off_grows_with_the_attempt_and_then_stays(delay: int, attempt: int) -> None:
+    opts = PopConsumerOptions(retry_delays_ms=(delay, delay * 2))
+    assert opts.retry_delay_ms(attempt) == (delay if attempt == 1 else delay * 2)
+    assert PopConsumerOptions().retry_delay_ms(attempt) == PopConsumerOptions().retry_delays_ms[min(attempt, 7) - 1]
 
 
 def test_open_consumer_in_pop_mode_points_to_the_pop_consumer() -> None:
@@ -263,6 +280,18 @@ async def test_a_broker_that_restarts_or_joins_is_popped_from(cluster: Cluster) 
         assert on_b.body == b"on b" and c.receipt(on_b).broker_name == "broker-b"  # type: ignore[union-attr]
         assert await c.ack([on_b]) == ["ok"]
         assert c.stats.pop_errors >= 1
+
+
+async def test_a_pop_the_broker_refuses_for_good_is_raised_by_receive(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    await c.start_broker(pop_invisible_time_max_ms=1000, **BROKER)
+    await c.create_topic("pt", 1)
+    async with open_pop_consumer(c.ns, "g", {"pt": "*"}, invisible_time_ms=5000, max_backoff_ms=100, **FAST) as con:
+        for _ in range(2):  # raised once per refusal: asked again (an operator may fix it), refused again
+            with trio.fail_after(10), pytest.raises(RpcError, match="MALFORMED_REQUEST"):
+                await con.receive()
+        assert con.stats.pop_errors >= 2
 
 
 async def test_extend_keeps_a_slow_message_with_its_member(cluster: Cluster) -> None:

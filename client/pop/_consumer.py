@@ -92,7 +92,8 @@ class PopConsumer:
         buffer = self.buffer
         while True:
             if buffer.failure is not None:
-                raise buffer.failure
+                failure, buffer.failure = buffer.failure, None
+                raise failure
             records = buffer.take(most, whole_queues=self.options.orderly)
             if records:
                 return records

@@ -3,12 +3,14 @@ group) at that group's leader (:attr:`MessageQueue.addr`), and a supervisor that
 the routes again (every ``route_refresh_interval_ms``, or at once when a loop met a
 moved leader) and starts, moves and stops loops to match.
 
-A loop asks only while the buffer has room (it reserves it first). A loop that meets
-NOT_LEADER or SHUTTING_DOWN ends and asks for fresh routes; a network failure, a busy
-or starting broker are retried with back-off; an error that asking again cannot fix
+A loop asks only while the buffer has room (it reserves it first). A failure is retried
+with back-off (50 ms doubling up to ``max_backoff_ms``); one after which the group's
+leader may have moved (NOT_LEADER, SHUTTING_DOWN, a connection that failed or timed
+out) also asks for fresh routes at once. An error that asking again cannot fix
 (MALFORMED_REQUEST: e.g. an invisible time above the broker's maximum;
 NOT_AUTHORIZED; REQUEST_NOT_SUPPORTED) is handed to the consumer, whose next
-``receive()`` raises it."""
+``receive()`` raises it (once), and asked again every ``max_backoff_ms`` (an operator
+may fix it)."""
 
 from __future__ import annotations
 
@@ -99,11 +101,8 @@ class PopLoops:
                 nursery.start_soon(self._run_loop, key, addr, scope)
 
     async def _run_loop(self, key: tuple[str, str], addr: str, scope: trio.CancelScope) -> None:
-        with scope:
+        with scope:  # cancelled by the supervisor when the routes move the group or drop it
             await self._loop(key[0], key[1], addr)
-        if self.loops.get(key, (None, None))[1] is scope:  # ended by itself: let the supervisor start it again
-            del self.loops[key]
-            self.refresh_soon()
 
     async def _loop(self, topic: str, broker_name: str, addr: str) -> None:
         t, opts = self.t, self.t.options
@@ -112,6 +111,7 @@ class PopLoops:
         while True:
             n = await t.buffer.reserve(opts.max_messages)
             records: list[Record] = []
+            failure: BaseException | None = None
             try:
                 reply = await t.rpc.request(
                     addr,
@@ -122,21 +122,29 @@ class PopLoops:
                 records = self._received(reply, topic, broker_name, addr)
                 backoff = FIRST_BACKOFF_S
             except (RpcError, ProtocolError, *NET_ERRORS) as e:
-                t.stats.pop_errors += 1
-                if leader_moved(e) and isinstance(e, RpcError):
-                    log.info("pop %s: %s at %s is not the leader now: asking the routes", t.group, topic, addr)
-                    return
-                if isinstance(e, RpcError) and e.code not in RETRYABLE:
-                    log.error("pop %s: POP of %r at %s refused: %s", t.group, topic, addr, e)
-                    t.buffer.fail(e)
-                    return
-                log.info("pop %s: POP of %r at %s failed (retried in %.2f s): %s", t.group, topic, addr, backoff, e)
-                if not isinstance(e, RpcError):
-                    self.refresh_soon()
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, max(opts.max_backoff_ms / 1000, FIRST_BACKOFF_S))
+                failure = e
             finally:
-                t.buffer.fill(n, broker_name, records)
+                t.buffer.fill(n, broker_name, records)  # the room reserved is given back, cancelled too
+            if failure is not None:
+                backoff = await self._failed(topic, addr, failure, backoff)
+
+    async def _failed(self, topic: str, addr: str, e: BaseException, backoff: float) -> float:
+        """A POP failed: ask for fresh routes if the leader may have moved (the supervisor
+        moves this loop if they name another), tell the consumer of an error asking again
+        cannot fix, and wait before the next try; the next back-off."""
+        t, cap = self.t, max(self.t.options.max_backoff_ms / 1000, FIRST_BACKOFF_S)
+        t.stats.pop_errors += 1
+        if leader_moved(e):
+            log.info("pop %s: POP of %r at %s failed (routes asked again): %s", t.group, topic, addr, e or "timed out")
+            self.refresh_soon()
+        elif isinstance(e, RpcError) and e.code not in RETRYABLE:
+            log.error("pop %s: POP of %r at %s refused (asked again in %.1f s): %s", t.group, topic, addr, cap, e)
+            t.buffer.fail(e)
+            backoff = cap
+        else:
+            log.info("pop %s: POP of %r at %s failed (retried in %.2f s): %s", t.group, topic, addr, backoff, e)
+        await trio.sleep(backoff)
+        return min(backoff * 2, cap)
 
     def _fields(self, topic: str) -> dict[str, Any]:
         t, opts = self.t, self.t.options
