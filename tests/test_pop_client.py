@@ -34,6 +34,7 @@ from clmq.client import (
 )
 from clmq.client.pop import failed_part, handle_lane
 from clmq.client.pop._buffer import PopBuffer
+from clmq.client.pop._receipts import FORGET_AFTER_DEADLINE_MS, Receipt, Receipts
 from clmq.common import Message
 from clmq.protocol import RequestCode, encode_batch
 from tests.cli_helpers import free_port
@@ -138,6 +139,18 @@ def test_the_default_back_off_grows_with_the_attempt_and_then_stays(delay: int, 
     opts = PopConsumerOptions(retry_delays_ms=(delay, delay * 2))
     assert opts.retry_delay_ms(attempt) == (delay if attempt == 1 else delay * 2)
     assert PopConsumerOptions().retry_delay_ms(attempt) == PopConsumerOptions().retry_delays_ms[min(attempt, 7) - 1]
+
+
+@given(st.lists(st.integers(0, 10**7), max_size=30), st.integers(0, 2 * 10**7))
+def test_receipts_long_past_their_deadline_are_forgotten_and_only_those(deadlines: list[int], now: int) -> None:
+    receipts = Receipts()
+    records = [record(b"r", 0, i) for i in range(len(deadlines))]
+    for r, deadline in zip(records, deadlines):
+        receipts.add(Receipt(r, "b", "a:1", f"h{r.queue_offset}", 1, deadline))
+    forgotten = receipts.prune(now + FORGET_AFTER_DEADLINE_MS)
+    assert forgotten == sum(1 for d in deadlines if d < now)
+    assert [receipts.get(r) is not None for r in records] == [d >= now for d in deadlines]
+    assert receipts.get(record(b"r")) is None  # an equal record is not the same record
 
 
 def test_open_consumer_in_pop_mode_points_to_the_pop_consumer() -> None:

@@ -4,6 +4,7 @@ its slots are the stored fields), and counts of what happened to them."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -44,15 +45,32 @@ class PopStats:
     pop_errors: int = 0  # POP requests that failed (retried with back-off)
 
 
+# A receipt whose deadline passed this long ago is forgotten (its record was dropped
+# without an ack, or is being handled for very long: an ack of it then answers "gone").
+FORGET_AFTER_DEADLINE_MS = 10 * 60 * 1000
+PRUNE_EVERY_ADDS = 4096  # receipts added between two looks for forgotten ones
+
+
 class Receipts:
     """Receipts by record identity (the records handed out are the keys' owners: a
     receipt holds its record, so an id is not reused while it is here)."""
 
     def __init__(self) -> None:
         self._by_id: dict[int, Receipt] = {}
+        self._adds = 0
 
     def add(self, receipt: Receipt) -> None:
         self._by_id[id(receipt.record)] = receipt
+        self._adds += 1
+        if self._adds % PRUNE_EVERY_ADDS == 0:
+            self.prune(int(time.time() * 1000))
+
+    def prune(self, now_ms: int) -> int:
+        """Forget receipts past their deadline by ``FORGET_AFTER_DEADLINE_MS``; how many."""
+        old = [k for k, r in self._by_id.items() if r.deadline_ms + FORGET_AFTER_DEADLINE_MS < now_ms]
+        for k in old:
+            del self._by_id[k]
+        return len(old)
 
     def get(self, record: Record) -> Receipt | None:
         receipt = self._by_id.get(id(record))

@@ -118,10 +118,8 @@ class Settler:
         rows: Callable[[Any, int], list[tuple[str, str]]],
     ) -> list[tuple[str, str]]:
         """One request per broker; (status, new handle) per record, in order."""
-        by_broker, missing = self.receipts.split(records)
-        results: list[tuple[str, str]] = [(GONE, "")] * len(records)  # no receipt: settled already
-        for i in missing:
-            results[i] = (GONE, "")
+        by_broker, _missing = self.receipts.split(records)
+        results: list[tuple[str, str]] = [(GONE, "")] * len(records)  # no receipt (missing): settled already
 
         async def one(entries: list[tuple[int, Receipt]]) -> None:
             answers = await self._to_leader(code, [r for _, r in entries], fields, rows)
