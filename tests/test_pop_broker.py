@@ -441,3 +441,16 @@ async def test_concurrent_orderly_members_never_hold_one_queue_together(nursery:
                 for i in range(6):
                     n.start_soon(member, f"m{i}")
         assert order == {q: [b"%d-%02d" % (q, i) for i in range(40)] for q in (0, 1)}  # each queue in order
+
+
+async def test_a_pop_answer_past_the_inline_size_goes_as_file_spans(nursery: trio.Nursery, tmp_path: Path) -> None:
+    c, broker = await _cluster(nursery, tmp_path, queues=1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        big = [bytes([65 + i]) * 250_000 for i in range(5)]  # 1.25 MB together: past INLINE_MAX_BYTES
+        for body in big:
+            await p.send("t", [body])
+        got, f = await p.pop(max_messages=5, invisible_time_ms=60_000)
+        assert bodies(got) == big and len(f["handles"]) == 5
+        assert await p.ack(f["handles"]) == ["ok"] * 5

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clmq.broker.service.pop._inflight import Flight, PopState, QueueFlights
-from clmq.broker.service.pop._reads import Fresh
+from clmq.broker.service.pop._reads import Fresh, read_inline
 from clmq.broker.service.pop._records import (
     Acks,
     Checkpoint,
@@ -25,6 +25,7 @@ from clmq.broker.service.pop._records import (
 from clmq.broker.service.pop._state import PopCheckpoint, checkpoint_path, load_checkpoint, save_checkpoint
 from clmq.broker.service.pop._take import allocate, fresh_after, next_after, rotated, within_bytes
 from clmq.broker.store import Store, StoreConfig
+from clmq.common import Message, decode_record
 
 names = st.text(st.characters(codec="utf-8", exclude_characters="\n"), min_size=1, max_size=12)
 offsets = st.integers(0, 2**40)
@@ -159,3 +160,25 @@ def test_the_checkpoint_file_round_trips_and_a_damaged_one_replays_from_the_star
         assert load_checkpoint(store) == PopCheckpoint(0, store.log.min_offset)
     finally:
         store.close()
+
+
+def test_records_read_inline_are_checked_against_their_entries(tmp_path: Path) -> None:
+    store = Store.open(StoreConfig(tmp_path / "s")).start()
+    try:
+        store.create_topic("t", 2)
+        res = store.put_batch([Message("t", 0, b"m%d" % i, "x") for i in range(3)], wait_durable=True)
+        store.catch_up()
+        where = [(q, o, s) for q, o, s in zip(res.queue_offsets, res.commitlog_offsets, _sizes(store, res))]
+        got = read_inline(store, "t", 0, where)
+        assert [decode_record(b).body for b in got if b is not None] == [b"m0", b"m1", b"m2"]
+        wrong = [(where[0][0] + 1, *where[0][1:]), where[1], (where[2][0], where[2][1], where[2][2] + 1)]
+        assert [b is not None for b in read_inline(store, "t", 0, wrong)] == [False, True, False]
+        assert read_inline(store, "t", 1, where[:1]) == [None]  # another queue's record
+        assert read_inline(store, "u", 0, where[:1]) == [None]  # another topic
+        assert read_inline(store, "t", 0, [(9, 10**9, 50)]) == [None]  # past the log
+    finally:
+        store.close()
+
+
+def _sizes(store: Store, res: Any) -> list[int]:
+    return [store.log.read_record(o).size for o in res.commitlog_offsets]  # type: ignore[union-attr]

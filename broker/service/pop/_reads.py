@@ -3,12 +3,14 @@ filter, and the records of deliveries as stored (spans, for the answer)."""
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from clmq.broker.store import GetStatus, Span, Store
+from clmq.common import HEADER_SIZE, OFF_TOPIC_LEN, RECORD_MAGIC, CorruptRecordError
 from clmq.consumequeue import tag_hash
 
 from ._state import read_entries, real
@@ -87,3 +89,50 @@ def read_spans(store: Store, topic: str, qid: int, offsets: Sequence[int]) -> li
                 out.append(one.spans if one.status is GetStatus.FOUND and one.count == 1 else None)
         i = j
     return out
+
+
+INLINE_MAX_BYTES = 1 << 20  # a pop answer up to this many record bytes is read and sent as one buffer
+_HEAD = struct.Struct("<II4xQQI")  # total size, magic, (crc), commit-log offset, queue offset, queue id
+_TOPIC_LEN = struct.Struct("<H")
+
+
+def read_inline(store: Store, topic: str, qid: int, where: Sequence[tuple[int, int, int]]) -> list[bytes | None]:
+    """The stored bytes of each record ``(queue offset, commit-log offset, size)``
+    (ascending), read per log-contiguous run with one read, each checked to be the
+    record its entry names (size, magic, offsets, queue, topic); None for one that
+    is not (retention, damage: it is left out of the answer)."""
+    name = topic.encode()
+    out: list[bytes | None] = []
+    i = 0
+    while i < len(where):
+        j = i + 1
+        while j < len(where) and where[j][1] == where[j - 1][1] + where[j - 1][2]:
+            j += 1
+        start = where[i][1]
+        data = _read(store, start, where[j - 1][1] + where[j - 1][2] - start)
+        if data is None and j - i > 1:
+            j = i + 1  # across a segment's end: record by record
+            data = _read(store, start, where[i][2])
+        for q, off, size in where[i:j]:
+            p = off - start
+            ok = data is not None and _is_record(data, p, size, off, q, qid, name)
+            out.append(bytes(data[p : p + size]) if ok and data is not None else None)
+        i = j
+    return out
+
+
+def _read(store: Store, offset: int, size: int) -> bytes | None:
+    try:
+        return store.log.read_bytes(offset, size)
+    except CorruptRecordError:
+        return None
+
+
+def _is_record(data: bytes, p: int, size: int, offset: int, queue_offset: int, qid: int, topic: bytes) -> bool:
+    if p + HEADER_SIZE + len(topic) > len(data) or p + size > len(data):
+        return False
+    if _HEAD.unpack_from(data, p) != (size, RECORD_MAGIC, offset, queue_offset, qid):
+        return False
+    if _TOPIC_LEN.unpack_from(data, p + OFF_TOPIC_LEN)[0] != len(topic):
+        return False
+    return data[p + HEADER_SIZE : p + HEADER_SIZE + len(topic)] == topic
