@@ -4,8 +4,6 @@ contract is in ``protocol/_codes.py``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import trio
 
 from clmq.broker.store import Span, Store
@@ -109,8 +107,3 @@ def _spans(store: Store, got: list[Delivery]) -> tuple[list[Span], list[Delivery
         body = b"".join(parts)
         spans.append(Span(None, 0, len(body), body))
     return spans, sent
-
-
-def pop_part(service: PopService, group: str) -> dict[str, Any] | None:
-    """DESCRIBE_GROUP's "pop" part (None: no POP state for the group here)."""
-    return service.describe(group)
