@@ -9,10 +9,11 @@ from typing import Any, Sequence
 
 import trio
 
+from clmq.common import Message
 from clmq.protocol import ErrorCode
 from clmq.protocol.transport import RequestError
 
-from ._base import Delivery
+from ._base import Delivery, Judged
 from ._inflight import Flight, GroupFlights, QueueFlights
 from ._records import Acks, Checkpoint, Handle, ack_message, ck_message, parse_handle
 from ._revive import PopKeeper
@@ -65,7 +66,10 @@ class PopService(PopKeeper, Taking):
             limit,
         )
         await self.ensure_pop_topic()
-        wait_s = min(max(0, max_wait_ms), self.config.pop_max_wait_ms) / 1000
+        return await self._wait_for_some(ask, min(max(0, max_wait_ms), self.config.pop_max_wait_ms) / 1000)
+
+    async def _wait_for_some(self, ask: Ask, wait_s: float) -> list[Delivery]:
+        """A pop's deliveries; while there are none, long polled up to ``wait_s``."""
         deadline = trio.current_time() + wait_s
         got = await self.take(ask)  # the usual case under load: no wait, nothing to register
         while not got and trio.current_time() < deadline:
@@ -104,34 +108,15 @@ class PopService(PopKeeper, Taking):
         if not judged.ok:
             return [(r, "") for r in judged.results]
         deadline = now + invisible_time_ms
-        parts: dict[tuple[str, int], list[tuple[int, QueueFlights, Handle, Flight]]] = {}
-        for row in judged.ok:
-            parts.setdefault((row[2].topic, row[2].queue_id), []).append(row)
-        cks = []
-        # The flights put here: a nack (deadline now) may be popped again while its CK is
-        # written; that pop's flight must not get this change's ck (its acks would be "expired").
-        placed: dict[tuple[str, int, int], Flight] = {}
-        for (topic, qid), rows in parts.items():
-            q, f = rows[0][1], rows[0][3]
-            offsets, attempts = [r[2].offset for r in rows], [r[3].attempt for r in rows]
-            cks.append(
-                ck_message(
-                    Checkpoint(
-                        group, f.owner, topic, qid, offsets, attempts, deadline, f.max_reconsume_times, q.next_offset
-                    )
-                )
-            )
-            for _i, _q, h, before in rows:
-                placed[h.topic, h.queue_id, h.offset] = fl = Flight(
-                    -1, deadline, before.attempt, before.owner, before.max_reconsume_times
-                )
-                q.put(h.offset, fl)
+        parts, cks, placed = _place_changes(group, judged, deadline)
         # The ACK of the old deliveries first, then their new CKs (``settle`` puts ``extra`` first: not here).
         try:
             rows_ack = [(h.topic, h.queue_id, h.offset, h.ck) for _i, _q, h, _f in judged.ok]
             result = await self.record([ack_message(Acks(group, rows_ack)), *cks], also=sorted({t for t, _ in parts}))
-        except BaseException:
-            self.restore(judged.ok)
+        except BaseException:  # as they were (unless a pop took a nacked one meanwhile)
+            for _i, q, h, before in judged.ok:
+                if q.flights.get(h.offset) is placed[h.topic, h.queue_id, h.offset]:
+                    q.put(h.offset, before)
             raise
         out = [(r, "") for r in judged.results]
         for n, rows in enumerate(parts.values()):
@@ -224,3 +209,30 @@ class PopService(PopKeeper, Taking):
             "pop_dead_lettered": sum(g.stats.dead_lettered for g in gs),
             "pop_failure": self.failure,
         }
+
+
+Row = tuple[int, QueueFlights, Handle, Flight]  # a judged handle: (index, queue, handle, its delivery)
+
+
+def _place_changes(
+    group: str, judged: Judged, deadline: int
+) -> tuple[dict[tuple[str, int], list[Row]], list[Message], dict[tuple[str, int, int], Flight]]:
+    """The changed deliveries put in the state (ck -1 until their CK is stored), their
+    CK records (one per queue), and the flights put (identity: a nack, visible at once,
+    may be popped again while its CK is written; that pop's flight must not get this
+    change's ck, its acks would be "expired")."""
+    parts: dict[tuple[str, int], list[Row]] = {}
+    for row in judged.ok:
+        parts.setdefault((row[2].topic, row[2].queue_id), []).append(row)
+    cks: list[Message] = []
+    placed: dict[tuple[str, int, int], Flight] = {}
+    for (topic, qid), rows in parts.items():
+        q, f = rows[0][1], rows[0][3]
+        offsets, attempts = [r[2].offset for r in rows], [r[3].attempt for r in rows]
+        ck = Checkpoint(group, f.owner, topic, qid, offsets, attempts, deadline, f.max_reconsume_times, q.next_offset)
+        cks.append(ck_message(ck))
+        for _i, _q, h, before in rows:
+            flight = Flight(-1, deadline, before.attempt, before.owner, before.max_reconsume_times)
+            placed[h.topic, h.queue_id, h.offset] = flight
+            q.put(h.offset, flight)
+    return parts, cks, placed

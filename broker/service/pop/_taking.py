@@ -88,22 +88,7 @@ class Taking(PopBase):
         try:
             await self._take_fresh(g, ask, order, parts, deadline)
             parts = {qid: p for qid, p in parts.items() if p.offsets}
-            cks = [
-                ck_message(
-                    Checkpoint(
-                        ask.group,
-                        ask.client_id,
-                        ask.topic,
-                        qid,
-                        p.offsets,
-                        p.attempts,
-                        deadline,
-                        ask.max_reconsume_times,
-                        p.queue.next_offset,
-                    )
-                )
-                for qid, p in parts.items()
-            ]
+            cks = [ck_message(_checkpoint(ask, qid, p, deadline)) for qid, p in parts.items()]
             result = await self.record(cks) if cks else None
         except BaseException:
             _undo(parts, ask)
@@ -111,14 +96,19 @@ class Taking(PopBase):
         out: list[Delivery] = []
         for n, (qid, p) in enumerate(parts.items()):
             assert result is not None
-            ck = result.queue_offsets[n]
-            for off, attempt, (where, size), placed in zip(p.offsets, p.attempts, p.where, p.placed):
-                if p.queue.flights.get(off) is placed:  # (not one a later pop put meanwhile)
-                    placed.ck = ck
-                h = Handle(self.config.broker_name, ask.topic, qid, off, ck, deadline).encode()
-                out.append(Delivery(ask.topic, qid, off, where, size, attempt, h, deadline))
+            out += self._delivered(ask, qid, p, result.queue_offsets[n], deadline)
             g.stats.redelivered += sum(1 for b in p.before if b is not None)
         g.stats.popped += len(out)
+        return out
+
+    def _delivered(self, ask: Ask, qid: int, p: Taken, ck: int, deadline: int) -> list[Delivery]:
+        """A queue's part of a pop once its CK record (``ck``) is stored."""
+        out = []
+        for off, attempt, (where, size), placed in zip(p.offsets, p.attempts, p.where, p.placed):
+            if p.queue.flights.get(off) is placed:  # (not one a later pop put meanwhile)
+                placed.ck = ck
+            h = Handle(self.config.broker_name, ask.topic, qid, off, ck, deadline).encode()
+            out.append(Delivery(ask.topic, qid, off, where, size, attempt, h, deadline))
         return out
 
     def _take_due(self, g: GroupFlights, ask: Ask, order: list[int], now: int, deadline: int) -> dict[int, Taken]:
@@ -210,6 +200,21 @@ def _drop_gone(p: Taken) -> None:
     p.before = [p.before[i] for i in keep]
     p.placed = [p.placed[i] for i in keep]
     p.where = [p.where[i] for i in keep]
+
+
+def _checkpoint(ask: Ask, qid: int, p: Taken, deadline: int) -> Checkpoint:
+    """The CK record of a queue's part of a pop."""
+    return Checkpoint(
+        ask.group,
+        ask.client_id,
+        ask.topic,
+        qid,
+        p.offsets,
+        p.attempts,
+        deadline,
+        ask.max_reconsume_times,
+        p.queue.next_offset,
+    )
 
 
 def _undo(parts: dict[int, Taken], ask: Ask) -> None:
