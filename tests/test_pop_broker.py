@@ -454,3 +454,33 @@ async def test_a_pop_answer_past_the_inline_size_goes_as_file_spans(nursery: tri
         got, f = await p.pop(max_messages=5, invisible_time_ms=60_000)
         assert bodies(got) == big and len(f["handles"]) == 5
         assert await p.ack(f["handles"]) == ["ok"] * 5
+
+
+async def test_a_checkpoint_that_cannot_be_saved_is_reported_and_pop_goes_on(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    (tmp_path / "broker-a").mkdir()
+    (tmp_path / "broker-a" / "pop").write_text("a file where the checkpoint's directory goes")
+    c, broker = await _cluster(nursery, tmp_path, queues=1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"a", b"b"])
+        _got, f = await p.pop(max_messages=1, invisible_time_ms=60_000)
+        assert await p.ack(f["handles"]) == ["ok"]
+        failure = await await_until(lambda: _pop_failure(p), 10, "the checkpoint failure reported")
+        assert "checkpoint not saved" in failure
+        assert "clmq_pop_failing 1.0" in generate_latest(broker.metrics).decode()
+        got, f = await p.pop(max_messages=5, invisible_time_ms=60_000)  # the state runs on
+        assert bodies(got) == [b"b"] and await p.ack(f["handles"]) == ["ok"]
+        (tmp_path / "broker-a" / "pop").unlink()  # fixed: the next save clears the report
+        await await_until(lambda: _no_pop_failure(p), 10, "the checkpoint saved")
+
+
+async def _pop_failure(p: Popper) -> str:
+    failure: str = (await p.info())["pop_failure"]
+    return failure
+
+
+async def _no_pop_failure(p: Popper) -> bool:
+    return not await _pop_failure(p)

@@ -42,5 +42,5 @@ class PopCollector:
         yield GaugeMetricFamily(
             "clmq_pop_failing",
             "1 while the POP service is stopped by an error (rebuilt every second)",
-            value=1 if self.service.failure else 0,
+            value=1 if self.service.failure or self.service.save_failure else 0,
         )

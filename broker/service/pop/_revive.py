@@ -35,6 +35,7 @@ class PopKeeper(PopBase):
     """The task, the start and stand-down, the checkpoint."""
 
     _last_save = 0.0
+    save_failure = ""  # why the last checkpoint could not be saved ("": it was)
 
     async def revive_loop(self) -> None:
         """The task (module docstring); runs for the broker's lifetime."""
@@ -52,10 +53,25 @@ class PopKeeper(PopBase):
                     await self.start()
                 self.revive()
                 await self.dead_letter_due()
-                await self.save_when_due()
                 self.failure = ""
             except (OSError, StoreError) as e:
                 await self._failed(e)
+                continue
+            await self._save_reporting()
+
+    async def _save_reporting(self) -> None:
+        """:meth:`save_when_due`; a failure is reported (logged once, BROKER_INFO, the
+        metric) and the state runs on: every change is in ``%POP%`` already, a start
+        replays more of it, retention keeps more of the log."""
+        try:
+            await self.save_when_due()
+        except (OSError, StoreError) as e:
+            text = f"checkpoint not saved: {type(e).__name__}: {e}"
+            if text != self.save_failure:
+                log.error("pop: %s; retried every pop_checkpoint_interval_ms", text)
+            self.save_failure = text
+            return
+        self.save_failure = ""
 
     async def _failed(self, error: BaseException) -> None:
         text = f"{type(error).__name__}: {error}"

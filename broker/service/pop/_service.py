@@ -207,7 +207,7 @@ class PopService(PopKeeper, Taking):
             "pop_ack_expired": sum(g.stats.ack_expired for g in gs),
             "pop_redelivered": sum(g.stats.redelivered for g in gs),
             "pop_dead_lettered": sum(g.stats.dead_lettered for g in gs),
-            "pop_failure": self.failure,
+            "pop_failure": self.failure or self.save_failure,
         }
 
 
