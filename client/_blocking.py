@@ -520,6 +520,7 @@ class BlockingPopConsumer:
         broker_addrs: str | Sequence[str] | None = None,
         invisible_time_ms: int = 30_000,
         max_messages: int = 32,
+        pops_in_flight: int = 2,
         pop_wait_ms: int = 15_000,
         prefetch_max_messages: int = 64,
         pop_max_bytes: int | None = None,

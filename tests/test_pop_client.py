@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -186,6 +187,32 @@ def test_orderly_takes_whole_queue_batches_in_order(arrivals: list[tuple[int, st
     trio.run(main)
 
 
+def test_room_freed_goes_to_the_loop_that_waited_first() -> None:
+    """A loop whose POP came back and that asks again at once does not overtake a loop of
+    another broker waiting for room (that broker would never be popped from)."""
+
+    async def main() -> None:
+        buffer = PopBuffer(4)
+        order: list[str] = []
+        assert await buffer.reserve(4) == 4  # broker a's POP in flight holds all the room
+
+        async def b() -> None:
+            got = await buffer.reserve(4)
+            order.append(f"b:{got}")
+            await trio.lowlevel.checkpoint()  # b's POP ...
+            buffer.fill(got, "b", [])  # ... came back
+
+        with trio.fail_after(5):  # (before the fix: a took the room again, b waited for ever)
+            async with trio.open_nursery() as n:
+                n.start_soon(b)
+                await trio.testing.wait_all_tasks_blocked()
+                buffer.fill(4, "a", [])  # a's POP came back empty, and a asks again at once
+                order.append(f"a:{await buffer.reserve(4)}")
+        assert order == ["b:4", "a:4"]
+
+    trio.run(main)
+
+
 def _key(before: list[tuple[str, Record]], r: Record) -> tuple[str, int]:
     return next((n, x.queue_id) for n, x in before if x is r)
 
@@ -289,7 +316,7 @@ async def test_a_broker_that_restarts_or_joins_is_popped_from(cluster: Cluster) 
             await admin.create_topic("moving", 1, on=[b.addr])
         await cluster.wait_routed("moving", {"broker-a", "broker-b"})
         await send(b.addr, "moving", [b"on b"])
-        (on_b,) = await receive(c, 1, timeout_s=15)
+        (on_b,) = await receive(c, 1, timeout_s=15)  # (broker-a's loops could once keep all the room)
         assert on_b.body == b"on b" and c.receipt(on_b).broker_name == "broker-b"  # type: ignore[union-attr]
         assert await c.ack([on_b]) == ["ok"]
         assert c.stats.pop_errors >= 1

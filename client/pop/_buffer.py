@@ -22,17 +22,21 @@ class PopBuffer:
         self.reserved = 0  # room promised to POPs in flight
         self.failure: BaseException | None = None  # a POP refused for good: receive() raises it
         self._changed = trio.Event()
+        self._turn = trio.Lock()  # fair: waiters are served first come, first served
 
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
 
     async def reserve(self, want: int) -> int:
-        """Wait for room, then promise up to ``want`` of it (at least 1)."""
-        while self.limit - len(self.records) - self.reserved <= 0:
-            await self._changed.wait()
-        n = min(want, self.limit - len(self.records) - self.reserved)
-        self.reserved += n
+        """Wait for room, then promise up to ``want`` of it (at least 1). Loops waiting
+        for room get it in turn (a FIFO lock): a loop whose POP just came back cannot
+        take the room again before the loops of other brokers waiting for it."""
+        async with self._turn:
+            while self.limit - len(self.records) - self.reserved <= 0:
+                await self._changed.wait()
+            n = min(want, self.limit - len(self.records) - self.reserved)
+            self.reserved += n
         return n
 
     def fill(self, reserved: int, broker_name: str, records: list[Record]) -> None:

@@ -101,15 +101,19 @@ class PopLoops:
                 nursery.start_soon(self._run_loop, key, addr, scope)
 
     async def _run_loop(self, key: tuple[str, str], addr: str, scope: trio.CancelScope) -> None:
+        """``pops_in_flight`` loops at the group's leader (a POP's answer waits for its CK
+        record to be stored: more than one in flight keeps the member busy meanwhile)."""
         with scope:  # cancelled by the supervisor when the routes move the group or drop it
-            await self._loop(key[0], key[1], addr)
+            async with trio.open_nursery() as nursery:
+                for _ in range(self.t.options.pops_in_flight):
+                    nursery.start_soon(self._loop, key[0], key[1], addr)
 
     async def _loop(self, topic: str, broker_name: str, addr: str) -> None:
         t, opts = self.t, self.t.options
         backoff = FIRST_BACKOFF_S
         fields = self._fields(topic)
         while True:
-            n = await t.buffer.reserve(opts.max_messages)
+            n = await t.buffer.reserve(self._share())
             records: list[Record] = []
             failure: BaseException | None = None
             try:
@@ -145,6 +149,13 @@ class PopLoops:
             log.info("pop %s: POP of %r at %s failed (retried in %.2f s): %s", t.group, topic, addr, backoff, e)
         await trio.sleep(backoff)
         return min(backoff * 2, cap)
+
+    def _share(self) -> int:
+        """What one POP asks for: ``max_messages``, or less so that every loop's POP fits
+        in the prefetch bound at once (a loop waiting for room pops from nobody)."""
+        opts = self.t.options
+        loops = max(1, len(self.loops) * opts.pops_in_flight)
+        return max(1, min(opts.max_messages, opts.prefetch_max_messages // loops))
 
     def _fields(self, topic: str) -> dict[str, Any]:
         t, opts = self.t, self.t.options

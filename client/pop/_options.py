@@ -23,6 +23,9 @@ class PopConsumerOptions:
     # acknowledges, nacks or extends it meanwhile); then it is delivered again.
     invisible_time_ms: int = 30_000
     max_messages: int = 32  # messages one POP_MESSAGE asks for (the broker clamps it to its pop_max_messages)
+    # POP requests in flight per (topic, broker group): while one waits for its pop to be
+    # stored, another is being answered (the prefetch bound holds for all of them).
+    pops_in_flight: int = 2
     # Long poll: a POP finding nothing visible waits this long on the broker for messages
     # (the broker cuts it to its pop_max_wait_ms).
     pop_wait_ms: int = 15_000
@@ -93,6 +96,7 @@ class PopConsumerOptions:
 _AT_LEAST_ONE = (
     "invisible_time_ms",
     "max_messages",
+    "pops_in_flight",
     "prefetch_max_messages",
     "receive_max_messages",
     "handler_concurrency",
