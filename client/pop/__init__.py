@@ -2,7 +2,7 @@
 
 - ``_consumer``: the public API (``receive``, ``ack``, ``nack``, ``extend``, ``run``).
 - ``_options``: :class:`PopConsumerOptions`.
-- ``_loops``: one long-polling POP loop per (topic, broker group), following routes.
+- ``_loops``: ``pops_in_flight`` long-polling POP loops per (topic, broker group), following routes.
 - ``_buffer``: the bounded prefetch buffer the loops fill.
 - ``_receipts``: each popped record's receipt handle; :class:`PopStats`.
 - ``_settle``: ACK_MESSAGE and CHANGE_INVISIBLE_TIME, per broker, following its leader.

@@ -1,4 +1,4 @@
-"""The POP consumer's loops: one long-polling POP_MESSAGE loop per (topic, broker
+"""The POP consumer's loops: ``pops_in_flight`` long-polling POP_MESSAGE loops per (topic, broker
 group) at that group's leader (:attr:`MessageQueue.addr`), and a supervisor that asks
 the routes again (every ``route_refresh_interval_ms``, or at once when a loop met a
 moved leader) and starts, moves and stops loops to match.
