@@ -570,3 +570,35 @@ async def test_pops_and_acks_follow_the_group_to_its_new_leader(nursery: trio.Nu
             with trio.move_on_after(2.5):  # past every invisible time: nothing acknowledged comes back
                 extra = await consumer.receive()
                 raise AssertionError(f"delivered again: {[r.body for r in extra]}")
+
+
+async def test_tags_and_the_dead_letters_through_the_client(cluster: Cluster) -> None:
+    """Only the subscribed tags are popped; a message nacked past max_reconsume_times goes
+    to %DLQ%<group> and is not delivered again."""
+    await cluster.create_topic("tagged", 1)
+    addr = cluster.brokers["broker-a"].addr
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        batch = [Message("tagged", 0, b"%s-%d" % (t.encode(), i), tags=t) for i in range(3) for t in ("A", "B", "C")]
+        await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": "tagged"}, encode_batch(batch))
+        await rpc.aclose()
+    opts = {"invisible_time_ms": 2000, "max_reconsume_times": 1, **FAST}
+    async with open_pop_consumer(cluster.ns, "dg", {"tagged": "A || C"}, **opts) as c:
+        got = await receive(c, 6)
+        assert sorted(r.body for r in got) == sorted(b"%s-%d" % (t, i) for i in range(3) for t in (b"A", b"C"))
+        assert await c.ack(got[1:]) == ["ok"] * 5
+        poison = got[0]
+        assert await c.nack([poison], delay_ms=0) == ["ok"]
+        (again,) = await receive(c, 1)
+        assert (again.body, again.reconsume_times) == (poison.body, 1)
+        assert await c.nack([again], delay_ms=0) == ["ok"]  # past max_reconsume_times (1): a dead letter
+        async with open_admin(cluster.ns) as admin:
+
+            async def dead() -> list[Any]:
+                return await admin.dead_letters("dg")
+
+            (letter,) = await await_until(dead, 10, "the dead letter")
+        assert letter.record.body == poison.body
+        with trio.move_on_after(0.5):  # settled as a dead letter: not delivered again
+            extra = await c.receive()
+            raise AssertionError(f"delivered again: {extra}")
