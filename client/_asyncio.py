@@ -47,7 +47,15 @@ from .consumer import (
     consumer_context,
     judge,
 )
-from .pop import DEFAULT_RETRY_DELAYS_MS, PopConsumer, PopConsumerOptions, PopStats, handle_lane, pop_consumer_context
+from .pop import (
+    DEFAULT_RETRY_DELAYS_MS,
+    Budget,
+    PopConsumer,
+    PopConsumerOptions,
+    PopStats,
+    handle_lane,
+    pop_consumer_context,
+)
 from .producer import (
     Producer,
     ProducerOptions,
@@ -537,7 +545,8 @@ class AsyncioPopConsumer:
         of messages handled, after ``max_messages`` (None: runs until cancelled)."""
         check_limit(max_messages)
         c, call = self.consumer, self._run.call
-        slots, tasks, counts = asyncio.Semaphore(c.options.handler_concurrency), set(), [0, 0]  # started, handled
+        slots, tasks, budget = asyncio.Semaphore(c.options.handler_concurrency), set(), Budget(max_messages)
+        lane_done = asyncio.Event()
 
         async def ack(records: Sequence[Record]) -> object:
             return await call(functools.partial(c.ack, records))
@@ -546,21 +555,26 @@ class AsyncioPopConsumer:
             return await call(functools.partial(c.nack, records, delay_ms))
 
         async def work(lane: list[Record]) -> None:
+            n = 0
             try:
                 judge_one = functools.partial(judge, handler)
                 n = await handle_lane(lane, judge_one, ack, nack, orderly=c.options.orderly, delay_of=c.delay_of)
-                counts[1] += n  # (not "+= await": that would read the count before the wait)
             finally:
+                budget.done(len(lane), n)
                 slots.release()
+                lane_done.set()
 
         try:
-            while max_messages is None or counts[0] < max_messages:
+            while not budget.finished():
                 await slots.acquire()
-                lane = await call(c.take_lane)
-                if max_messages is not None and counts[0] + len(lane) > max_messages:
-                    lane, extra = lane[: max_messages - counts[0]], lane[max_messages - counts[0] :]
+                while budget.full() and not budget.finished():
+                    lane_done.clear()
+                    await lane_done.wait()
+                if budget.finished():
+                    break
+                lane, extra = budget.take(await call(c.take_lane))
+                if extra:
                     await call(functools.partial(c.release, extra))
-                counts[0] += len(lane)
                 task = asyncio.ensure_future(work(lane))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -568,7 +582,7 @@ class AsyncioPopConsumer:
         finally:
             for task in tasks:
                 task.cancel()
-        return counts[1]
+        return budget.handled
 
 
 class AsyncioAdmin:

@@ -34,7 +34,15 @@ from .consumer import (
     consumer_context,
     judge_sync,
 )
-from .pop import DEFAULT_RETRY_DELAYS_MS, PopConsumer, PopConsumerOptions, PopStats, failed_part, pop_consumer_context
+from .pop import (
+    DEFAULT_RETRY_DELAYS_MS,
+    Budget,
+    PopConsumer,
+    PopConsumerOptions,
+    PopStats,
+    failed_part,
+    pop_consumer_context,
+)
 from .producer import (
     Producer,
     ProducerOptions,
@@ -589,35 +597,44 @@ class BlockingPopConsumer:
         check_limit(max_messages)
         c = self.consumer
         slots = threading.Semaphore(c.options.handler_concurrency)
-        started, futures = 0, []
+        budget, changed, futures = Budget(max_messages), threading.Condition(), []
 
-        def work(lane: list[Record]) -> int:
+        def work(lane: list[Record]) -> None:
+            n = 0
             try:
                 for i, record in enumerate(lane):
+                    n = i + 1
                     if judge_sync(handler, record):
                         self.ack([record])
                         continue
-                    self.nack(
-                        failed_part(lane, i, c.options.orderly), c.delay_of(record) if c.options.orderly else None
-                    )
-                    return i + 1
-                return len(lane)
+                    orderly = c.options.orderly
+                    self.nack(failed_part(lane, i, orderly), c.delay_of(record) if orderly else None)
+                    return
             finally:
+                with changed:
+                    budget.done(len(lane), n)
+                    changed.notify_all()
                 slots.release()
 
         with concurrent.futures.ThreadPoolExecutor(c.options.handler_concurrency, "clmq-pop-handler") as pool:
-            while max_messages is None or started < max_messages:
+            while True:
                 slots.acquire()
+                with changed:
+                    changed.wait_for(lambda: not budget.full() or budget.finished())
+                    if budget.finished():
+                        break
                 lane = self._take(c.take_lane, poll_timeout_s)
                 if not lane:
                     slots.release()
                     continue
-                if max_messages is not None and started + len(lane) > max_messages:
-                    lane, extra = lane[: max_messages - started], lane[max_messages - started :]
+                with changed:
+                    lane, extra = budget.take(lane)
+                if extra:
                     self._portal.call(c.release, extra)
-                started += len(lane)
                 futures.append(pool.submit(work, lane))
-        return sum(f.result() for f in futures)
+        for f in futures:
+            f.result()  # a handler's BaseException (judge_sync keeps Exceptions) comes out here
+        return budget.handled
 
     def close(self) -> None:
         self._portal.close()

@@ -33,7 +33,7 @@ from clmq.client import (
     open_pop_consumer,
     open_producer,
 )
-from clmq.client.pop import failed_part, handle_lane
+from clmq.client.pop import Budget, failed_part, handle_lane
 from clmq.client.pop._buffer import PopBuffer
 from clmq.client.pop._receipts import FORGET_AFTER_DEADLINE_MS, Receipt, Receipts
 from clmq.common import Message
@@ -152,6 +152,33 @@ def test_receipts_long_past_their_deadline_are_forgotten_and_only_those(deadline
     assert forgotten == sum(1 for d in deadlines if d < now)
     assert [receipts.get(r) is not None for r in records] == [d >= now for d in deadlines]
     assert receipts.get(record(b"r")) is None  # an equal record is not the same record
+
+
+@given(
+    st.integers(1, 30),
+    st.lists(st.tuples(st.integers(1, 8), st.integers(0, 8), st.booleans()), min_size=1, max_size=40),
+)
+def test_run_hands_exactly_max_messages_to_handlers_whatever_the_lanes(
+    most: int, lanes: list[tuple[int, int, bool]]
+) -> None:
+    """Lanes (orderly batches) taken while there is room, each handled up to its failure
+    (the rest handed back, its room given back), finishing in any order: never more
+    than ``most`` handled or being handled (the real runs above end at exactly it)."""
+    budget, running, offset = Budget(most), [], 0
+    for size, fail_at, finish_first in lanes:
+        if budget.finished():
+            break
+        if not budget.full():
+            lane, extra = budget.take([record(b"x", 0, offset + i) for i in range(size)])
+            offset += size
+            assert lane and len(lane) + len(extra) == size
+            running.append((len(lane), min(fail_at + 1, len(lane))))
+        if running and (finish_first or budget.full()):
+            budget.done(*running.pop(0))
+        assert budget.handled + budget.busy <= most and budget.busy >= 0
+    while running:
+        budget.done(*running.pop())
+    assert budget.handled <= most and budget.busy == 0
 
 
 def test_open_consumer_in_pop_mode_points_to_the_pop_consumer() -> None:
@@ -602,3 +629,35 @@ async def test_tags_and_the_dead_letters_through_the_client(cluster: Cluster) ->
         with trio.move_on_after(0.5):  # settled as a dead letter: not delivered again
             extra = await c.receive()
             raise AssertionError(f"delivered again: {extra}")
+
+
+def test_orderly_run_on_asyncio_and_blocking_stops_a_queue_at_its_failure(tmp_path: Path) -> None:
+    """Each facade's run(): a queue's batch handled in order, the failed message and the
+    rest of its batch handed back together and handled again in order."""
+    with cluster_in_thread(tmp_path, **BROKER) as cluster:
+        addr = cluster.brokers["broker-a"].addr
+        opts: dict[str, Any] = {"orderly": True, "retry_delays_ms": (50,), "invisible_time_ms": 3000, **FAST}
+        for queue in (0, 1):
+            trio.run(send, addr, "sync", [b"%d-%d" % (queue, i) for i in range(12)], queue)
+        seen: dict[str, list[tuple[int, int, int]]] = {"asyncio": [], "blocking": []}
+
+        def handler_for(kind: str) -> Callable[[Record], ConsumeStatus | None]:
+            def handler(r: Record) -> ConsumeStatus | None:
+                seen[kind].append((r.queue_id, r.queue_offset, r.reconsume_times))
+                return ConsumeStatus.RECONSUME_LATER if (r.queue_offset, r.reconsume_times) == (3, 0) else None
+
+            return handler
+
+        async def on_asyncio() -> int:
+            async with open_asyncio_pop_consumer(cluster.ns, "oa", {"sync": "*"}, **opts) as c:
+                return await asyncio.wait_for(c.run(handler_for("asyncio"), max_messages=26), 15)
+
+        assert asyncio.run(on_asyncio()) == 26  # 24 messages, 2 failed once (offset 3 of each queue)
+        with BlockingPopConsumer(cluster.ns, "ob", {"sync": "*"}, **opts) as c:
+            assert c.run(handler_for("blocking"), max_messages=26, poll_timeout_s=10) == 26
+    for kind, handled in seen.items():
+        for queue in (0, 1):
+            mine = [(o, t) for q, o, t in handled if q == queue]
+            done = [o for o, t in mine if (o, t) != (3, 0)]
+            assert done == list(range(12)), (kind, queue, mine)  # in queue order, the failed one again first
+            assert (3, 1) in mine, (kind, queue, mine)

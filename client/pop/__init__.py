@@ -12,10 +12,11 @@
 from ._consumer import PopConsumer, open_pop_consumer, pop_consumer_context
 from ._options import DEFAULT_RETRY_DELAYS_MS, PopConsumerOptions
 from ._receipts import PopStats, Receipt
-from ._run import failed_part, handle_lane
+from ._run import Budget, failed_part, handle_lane
 
 __all__ = [
     "DEFAULT_RETRY_DELAYS_MS",
+    "Budget",
     "PopConsumer",
     "PopConsumerOptions",
     "PopStats",

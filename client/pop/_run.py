@@ -43,6 +43,32 @@ async def handle_lane(
     return len(lane)
 
 
+class Budget:
+    """How many more messages ``run(max_messages=...)`` may hand to handlers: the limit
+    minus those handled and those in lanes being handled. An orderly lane that stops at
+    a failure hands the rest of it back unhandled: that room comes back."""
+
+    def __init__(self, most: int | None) -> None:
+        self.most, self.handled, self.busy = most, 0, 0
+
+    def finished(self) -> bool:
+        return self.most is not None and self.handled >= self.most
+
+    def full(self) -> bool:
+        """No room now (lanes being handled may give some back)."""
+        return self.most is not None and self.handled + self.busy >= self.most
+
+    def take(self, lane: list[Record]) -> tuple[list[Record], list[Record]]:
+        """The part of ``lane`` to handle (it is then busy) and the part beyond the limit."""
+        cut = len(lane) if self.most is None else max(0, self.most - self.handled - self.busy)
+        self.busy += min(cut, len(lane))
+        return lane[:cut], lane[cut:]
+
+    def done(self, taken: int, handled: int) -> None:
+        self.busy -= taken
+        self.handled += handled
+
+
 class Runner:
     """One ``run()``: takes lanes as handlers become free, acks in batches."""
 
@@ -59,24 +85,27 @@ class Runner:
     ) -> None:
         self.take_lane, self.ack, self.nack, self.release = take_lane, ack, nack, release
         self.concurrency, self.orderly, self.delay_of = concurrency, orderly, delay_of
-        self.handled = 0
+        self.budget = Budget(None)
+        self._lane_done = trio.Event()
 
     async def run(self, handler: Handler, max_messages: int | None) -> int:
         send, recv = trio.open_memory_channel[Record](math.inf)
         slots = trio.Semaphore(self.concurrency)
-        started = 0
+        budget = self.budget = Budget(max_messages)
         async with trio.open_nursery() as outer:
             outer.start_soon(self._acker, recv)
             async with send, trio.open_nursery() as workers:
-                while max_messages is None or started < max_messages:
+                while not budget.finished():
                     await slots.acquire()
-                    lane = await self.take_lane()
-                    if max_messages is not None and started + len(lane) > max_messages:
-                        lane, extra = lane[: max_messages - started], lane[max_messages - started :]
+                    while budget.full() and not budget.finished():
+                        await self._lane_done.wait()
+                    if budget.finished():
+                        break
+                    lane, extra = budget.take(await self.take_lane())
+                    if extra:
                         await self.release(extra)
-                    started += len(lane)
                     workers.start_soon(self._work, handler, lane, send, slots)
-        return self.handled
+        return budget.handled
 
     async def _work(
         self, handler: Handler, lane: list[Record], send: trio.MemorySendChannel[Record], slots: trio.Semaphore
@@ -88,11 +117,14 @@ class Runner:
         async def judge_one(record: Record) -> bool:
             return await judge(handler, record)
 
+        n = 0
         try:
             n = await handle_lane(lane, judge_one, ack, self.nack, orderly=self.orderly, delay_of=self.delay_of)
-            self.handled += n  # (not "+= await": that would read the count before the wait)
         finally:
+            self.budget.done(len(lane), n)
             slots.release()
+            self._lane_done.set()
+            self._lane_done = trio.Event()
 
     async def _acker(self, recv: trio.MemoryReceiveChannel[Record]) -> None:
         """Acknowledge what handlers finished: what queued up meanwhile in one call."""
