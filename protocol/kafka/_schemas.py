@@ -2368,7 +2368,7 @@ MESSAGES: dict[int, tuple[Any, ...]] = {
                                         ("leader_epoch", "int32", (0, 32767), None, None, None, None, None, None),
                                     ),
                                 ),
-                                ("records", "records", (0, 32767), (0, 32767), None, None, None, None, None),
+                                ("records", "records", (0, 32767), None, None, None, None, None, None),
                                 (
                                     "acquired_records",
                                     "[]AcquiredRecords",

@@ -251,7 +251,7 @@ def _row(index: int, node_id: int) -> dict[str, Any]:
         "acknowledge_error_code": 0,
         "acknowledge_error_message": None,
         "current_leader": {"leader_id": node_id, "leader_epoch": -1},
-        "records": None,
+        "records": b"",
         "acquired_records": [],
     }
 
