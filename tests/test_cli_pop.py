@@ -1,9 +1,10 @@
 """A POP group seen by operators (issue 33), against a real ``clmq dev``: messages
 popped (POP_MESSAGE, as POP consumers send it) by two members, some acknowledged, some
 left past their invisible time, one acknowledged too late (refused, counted) and one
-popped again; then ``clmq group describe`` (table and ``-o json``) and the dashboard's
-group pages in headless Chromium show each queue's next and settled offsets, lag, the
-messages in flight and redelivering, the members and the counts."""
+popped again; then ``clmq group describe`` (table and ``-o json``), ``clmq group
+members`` and the dashboard's group pages in headless Chromium show each queue's next
+and settled offsets, lag, the messages in flight and redelivering, the members and the
+counts."""
 
 from __future__ import annotations
 
@@ -125,9 +126,22 @@ def test_group_describe_shows_a_pop_groups_queues_members_and_counts(ns: str, tm
     assert "popped 11, acked 3, expired acks (refused) 1, redelivered 1, dead-lettered 0" in text
 
 
+def test_group_members_lists_the_members_that_popped(ns: str, tmp_path: Path) -> None:
+    out = clmq("group", "members", GROUP, "-o", "json", "--namesrv", ns, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [(m["client_id"], m["mode"], m["topics"], m["brokers"]) for m in rows] == [
+        ("w1", "pop", ["jobs"], ["broker-a"]),
+        ("w2", "pop", ["jobs"], ["broker-a"]),
+    ]
+    text = clmq("group", "members", GROUP, "--namesrv", ns, cwd=tmp_path).stdout
+    assert "w1\tpop\tany queue of jobs (POP)" in text
+
+
 def test_a_group_nobody_popped_or_committed_is_still_an_error(ns: str, tmp_path: Path) -> None:
-    out = clmq("group", "describe", "nobody", "--namesrv", ns, cwd=tmp_path)
-    assert out.returncode == 1 and "does not exist" in out.stderr
+    for verb in ("describe", "members"):
+        out = clmq("group", verb, "nobody", "--namesrv", ns, cwd=tmp_path)
+        assert out.returncode == 1 and "does not exist" in out.stderr
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,20 @@ def pop_totals(pops: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def pop_members(pops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``clmq group members``' rows for the members that popped lately: mode ``pop``,
+    no queues of their own (a POP member takes from any queue), each broker named."""
+    brokers: dict[str, list[str]] = {}
+    for p in pops:
+        for client_id in p.get("members", []):
+            brokers.setdefault(client_id, []).append(p["broker_name"])
+    return [
+        {"client_id": c, "mode": "pop", "topics": sorted({q["topic"] for p in pops for q in p.get("queues", [])}),
+         "queues": [], "brokers": b}
+        for c, b in sorted(brokers.items())
+    ]  # fmt: skip
+
+
 def show_pop(args: argparse.Namespace, group: str, pops: list[dict[str, Any]]) -> None:
     """The POP table and its notes (nothing with ``-o json``: the document has ``pop``)."""
     if is_json(args) or not pops:

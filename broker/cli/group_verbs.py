@@ -10,7 +10,7 @@ from clmq.client import Admin, open_admin
 from ._common import add_client_args, addrs, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
 from ._output import emit, is_json, note
-from ._pop_view import show_pop
+from ._pop_view import pop_members, show_pop
 from ._timefmt import FORMS, Duration, parse_time_ms
 
 
@@ -72,13 +72,13 @@ def cmd_group(args: argparse.Namespace) -> int:
             elif args.group_command == "describe":
                 await _describe(args, admin)
             elif args.group_command == "members":
-                await _existing(admin, args.name)
-                members = await admin.group_members(args.name)
+                pops = await _existing(admin, args.name)
+                members = await admin.group_members(args.name) + pop_members(pops)
                 emit(
                     args,
                     f"members of group {args.name}",
                     ["client_id", "mode", "queues"],
-                    [[m["client_id"], m["mode"], _queues_text(m["queues"])] for m in members],
+                    [[m["client_id"], m["mode"], _member_queues(m)] for m in members],
                     data=members,
                 )
             elif args.group_command == "delete":
@@ -90,6 +90,13 @@ def cmd_group(args: argparse.Namespace) -> int:
     return run_client(main)
 
 
+def _member_queues(member: dict[str, Any]) -> str:
+    """What a member reads: its queues, or any queue of its topics (a POP member)."""
+    if member["mode"] == "pop":
+        return "any queue of " + ", ".join(member["topics"]) + " (POP)"
+    return _queues_text(member["queues"])
+
+
 def _queues_text(queues: list[list[Any]]) -> str:
     """[[topic, broker, id], ...] -> "orders@broker-a: 0,1,2; audit@broker-a: 3"."""
     grouped: dict[str, list[str]] = {}
@@ -99,10 +106,13 @@ def _queues_text(queues: list[list[Any]]) -> str:
 
 
 async def _existing(admin: Admin, group: str) -> list[dict[str, Any]]:
+    """The group's POP parts (``describe_group``'s ``pop``); CliError if the group has
+    no committed offsets, no members and no POP state."""
     info = await admin.describe_group(group)
-    if not info["queues"] and not info["members"]:
+    pops = list(info.get("pop") or [])
+    if not info["queues"] and not info["members"] and not pops:
         raise CliError(f"group {group!r} does not exist (clmq group list shows the groups)", EXIT_FAILED)
-    return list(info["members"])
+    return pops
 
 
 async def _describe(args: argparse.Namespace, admin: Admin) -> None:
