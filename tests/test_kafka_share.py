@@ -30,9 +30,10 @@ from clmq.client import NoRouteError, Routes
 from clmq.protocol.kafka import ApiKey, ErrorCode
 from tests import java_deps
 from tests.failover_procs import FailoverGroup
-from tests.kafka_procs import KafkaCluster, open_kafka
+from tests.kafka_procs import KafkaCluster, open_kafka, open_secure_kafka
 from tests.kafka_wire import KafkaWire
 from tests.replica_procs import free_port, open_group
+from tests.test_kafka_security import allow, create_topics, produce_one, wire_as
 from tests.waiting import await_until
 
 LOCK_MS = 3000  # kafka_share_record_lock_duration_ms of these brokers
@@ -496,3 +497,35 @@ async def test_a_zookeeper_failover_loses_no_acknowledgement_of_a_share_consumer
         assert confirmed_before, "acknowledgements were confirmed before the kill"
         assert all(seen[v] == 1 for v in confirmed_before), "a confirmed acknowledgement was lost"
         assert set(seen) == set(values)
+
+
+@pytest.mark.slow
+async def test_share_apis_need_read_on_the_group_and_on_each_topic(tmp_path: Path) -> None:
+    """With ACLs: alice may READ group ag and topic "ok" but not topic "no": her share
+    fetch of both is served for "ok" and answered TOPIC_AUTHORIZATION_FAILED for "no"
+    (nothing popped there); another group is GROUP_AUTHORIZATION_FAILED whole."""
+    acls = [allow("User:alice", "READ", "GROUP", "ag"), allow("User:alice", "READ", "TOPIC", "ok")]
+    async with open_secure_kafka(tmp_path, acls=acls) as cluster:
+        with wire_as(cluster, "admin") as admin:
+            create_topics(admin, "ok", "no")
+            for topic in ("ok", "no"):
+                assert produce_one(admin, topic, b"x") == 0
+            meta = admin.request(ApiKey.METADATA, 12, {"topics": [{"name": "ok"}, {"name": "no"}]})
+            tids = {t["name"]: t["topic_id"] for t in meta["topics"]}
+        with wire_as(cluster, "alice") as alice:
+            body = _fetch_body("ag", "m1", 0, tids["ok"], WAIT_S * 1000)
+            body["topics"].append({**body["topics"][0], "topic_id": tids["no"]})
+
+            def served() -> dict[str, Any] | None:  # LEADER_NOT_AVAILABLE while the broker's POP state loads
+                answer = alice.request(ApiKey.SHARE_FETCH, 2, body)
+                rows = {t["topic_id"]: t["partitions"][0] for t in answer["responses"]}
+                return None if rows[tids["ok"]]["error_code"] == ErrorCode.LEADER_NOT_AVAILABLE else rows
+
+            rows = await await_until(served, WAIT_S, "alice's share fetch served")
+            assert rows[tids["ok"]]["error_code"] == 0 and rows[tids["ok"]]["acquired_records"], rows
+            assert rows[tids["no"]]["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED, rows
+            other = alice.request(ApiKey.SHARE_FETCH, 2, {**body, "group_id": "other"})
+            assert other["error_code"] == ErrorCode.GROUP_AUTHORIZATION_FAILED and other["responses"] == [], other
+            hb = {"group_id": "other", "member_id": "m1", "member_epoch": 0, "rack_id": None}
+            denied = alice.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, {**hb, "subscribed_topic_names": ["ok"]})
+            assert denied["error_code"] == ErrorCode.GROUP_AUTHORIZATION_FAILED, denied

@@ -111,7 +111,7 @@ class KafkaShare:
         if b["share_session_epoch"] == -1:
             self.sessions.close(session.group, session.member)
             await release_held(pop, session)
-        else:
+        elif not b.get("is_renew_ack", False):  # v2 (KIP-1222): a fetch carrying RENEWs acquires nothing new
             await self._fetch(pop, session, view, b, rows)
         return {**self._top(ErrorCode.NONE, None), "responses": _by_topic(rows)}
 
