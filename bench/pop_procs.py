@@ -62,12 +62,15 @@ class MemberProcess:
         await self.proc.stdin.send_all(word.encode() + b"\n")
 
     async def finish(self) -> None:
-        """Wait for it to exit (killed after EXIT_MAX_S)."""
+        """Wait for it to exit (killed after EXIT_MAX_S); RuntimeError with its stderr
+        if it did not exit cleanly (a member that failed mid-run spoils the figures)."""
         with trio.move_on_after(EXIT_MAX_S):
             await self.proc.wait()
         if self.proc.returncode is None:
             self.kill()
             await self.proc.wait()
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"member process {self.name} exited {self.proc.returncode}: {self.stderr_tail()}")
 
     def kill(self) -> None:
         """``kill -9``."""

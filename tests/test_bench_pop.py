@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clmq.bench.pop_procs import split
+from clmq.bench.pop_procs import MemberProcess, split
 from clmq.bench.pop_report import rate_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,3 +112,17 @@ def test_a_rate_is_counted_from_the_first_acknowledgement_to_the_target() -> Non
     assert r["msgs_per_s"] == pytest.approx(1400 / 1.5) and r["startup_s"] == pytest.approx(1.0)
     assert r["acked"] == 1500
     assert rate_of([(1.0, 0), (2.0, 0)], 10)["msgs_per_s"] == 0.0
+
+
+def test_a_member_process_that_fails_is_reported_with_its_error() -> None:
+    async def main() -> None:
+        proc = await MemberProcess.start({"name": "broken", "role": "no-such-role"})
+        try:
+            with pytest.raises(RuntimeError, match=r"(?s)member process broken exited.*no-such-role"):
+                await proc.expect("ready")
+            with pytest.raises(RuntimeError, match="member process broken exited 1"):
+                await proc.finish()
+        finally:
+            proc.close()
+
+    trio.run(main)
