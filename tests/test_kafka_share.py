@@ -262,7 +262,9 @@ async def test_a_killed_share_consumers_records_come_back_after_the_lock(
     taken = {r.value for r in held}
     again = {r.value: r.delivery_count for r in rows if r.action == "ACCEPT"}
     assert all(again[v] == 2 for v in taken), "the held records came back once, counted"
-    assert all(again[v] == 1 for v in set(values) - taken)
+    # the others were fetched once, or twice when the holder's client had them buffered
+    # past its poll's max.poll.records (acquired by it, never shown)
+    assert set(again) == set(values) and all(again[v] in (1, 2) for v in set(values) - taken)
     assert back_after >= LOCK_MS / 1000 * 0.9, "not before their lock ran out"
 
 
@@ -281,7 +283,9 @@ async def test_a_closed_share_consumer_releases_what_it_held(
         await c.start(nursery, "closed", "sg", "accept")
         rows = await c.until(lambda rows: {r.value for r in rows if r.action == "ACCEPT"} >= set(values), "all")
         took = trio.current_time() - released_at
-    assert {r.value for r in rows if r.delivery_count == 2} == {r.value for r in held}
+    # released at the close: what it showed, and what its client had buffered past max.poll.records
+    assert {r.value for r in rows if r.delivery_count == 2} >= {r.value for r in held}
+    assert all(r.delivery_count in (1, 2) for r in rows if r.action == "ACCEPT")
     assert took < WAIT_S
 
 
