@@ -9,6 +9,7 @@ counts."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from clmq.client import open_admin
 from clmq.protocol import RequestCode
 from clmq.protocol.transport import RpcClient, background_nursery
 from tests.cli_helpers import clmq, free_port, popen, running_dev
-from tests.test_dashboard import answers, browse
+from tests.test_dashboard import answers, browse, screenshot
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -168,6 +169,11 @@ def board(ns: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.wait(30)
 
 
+def describe_pop_queues(board: str) -> list[dict[str, Any]]:
+    doc = json.loads(urllib.request.urlopen(board + "api/group?name=" + GROUP).read())
+    return [q for p in doc["pop"] for q in p["queues"]]
+
+
 def test_the_dashboard_shows_in_flight_and_redelivering_columns(board: str) -> None:
     groups = json.loads(urllib.request.urlopen(board + "api/groups").read())["groups"]
     (row,) = [g for g in groups if g["group"] == GROUP]
@@ -177,4 +183,13 @@ def test_the_dashboard_shows_in_flight_and_redelivering_columns(board: str) -> N
     dom = browse(board + "#/groups?name=workers")
     assert 'POP: in flight <span class="pop-inflight">7</span>, redelivering <span class="retry">1</span>' in dom
     assert "settled offset" in dom and "POP members: w1, w2" in dom
+    lag = sum(q["lag"] for q in describe_pop_queues(board))
+    assert (
+        f'total lag <span class="lag">{lag}</span>' in dom and ">committed<" not in dom
+    )  # only pops: no offsets table
     assert "popped 11, acked 3, expired acks (refused) 1, redelivered 1, dead-lettered 0" in dom
+
+
+def test_a_screenshot_of_the_pop_group_page(board: str, tmp_path: Path) -> None:
+    out = Path(os.environ.get("CLMQ_DASHBOARD_SCREENSHOTS", tmp_path))
+    screenshot(board + "#/groups?name=workers", out / "dashboard-pop-group.png")

@@ -67,12 +67,13 @@ const pages = {
     if (name) {
       const doc = await api("group?name=" + encodeURIComponent(name));
       const dead = await api("deadletters?group=" + encodeURIComponent(name));
-      el.innerHTML = `<h2>Group ${esc(name)}: total lag <span class="lag">${num(doc.lag)}</span></h2>` +
+      const popOnly = doc.pop_queues.length > 0 && !doc.queues.length && !doc.members.length;  // a group that only pops
+      el.innerHTML = `<h2>Group ${esc(name)}: total lag <span class="lag">${num(doc.lag + doc.pop_totals.lag)}</span></h2>` +
         `<p>retry backlog <span class="retry">${num(doc.retry_backlog)}</span>, dead letters <span class="dlq">${num(doc.dead_letters)}</span></p>` +
-        table(["broker", "topic", "queue", "committed", "max offset", "lag"], doc.queues.map(q =>
+        (popOnly ? "" : table(["broker", "topic", "queue", "committed", "max offset", "lag"], doc.queues.map(q =>
           [esc(q.broker_name), esc(q.topic), q.queue_id, q.committed, q.max_offset, `<span class="${q.lag ? "lag" : "ok"}">${num(q.lag)}</span>`]), [2, 3, 4, 5]) +
         `<h2>Members</h2>` + (doc.members.length ? table(["client id", "mode", "topics"], doc.members.map(m =>
-          [esc(m.client_id), esc(m.mode), esc(m.topics.join(", "))])) : "<p>none connected</p>") + popSection(doc) +
+          [esc(m.client_id), esc(m.mode), esc(m.topics.join(", "))])) : "<p>none connected</p>")) + popSection(doc) +
         `<h2>Lag trend</h2><div id="charts"></div>`;
       chart(el.querySelector("#charts"), "lag (messages)", doc.trend.map(x => x.t), [{label: "lag", values: doc.trend.map(x => x.lag), color: "#b03a2e"}]);
       el.insertAdjacentHTML("beforeend", `<h2>Dead letters</h2>` + (dead.messages.length ? table(["broker", "offset", "msg id",
