@@ -56,17 +56,46 @@ CRASH_WAIT_AFTER_DEADLINE_S = 30.0  # the survivors get this long past the invis
 
 
 def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x]
+    """Comma-separated numbers >= 0 (``0,5``)."""
+    try:
+        values = [float(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}")
+    return values
+
+
+def _counts(text: str) -> list[int]:
+    """Comma-separated counts >= 1 (``1,8,64``)."""
+    try:
+        values = _ints(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated counts, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected counts >= 1, got {text!r}")
+    return values
+
+
+def _count(text: str) -> int:
+    """One count >= 1."""
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a count >= 1, got {text!r}")
+    return value
 
 
 def add_command(bench_sub: Any) -> None:
     """Add ``clmq bench pop`` to the parser."""
     p = bench_sub.add_parser("pop", help="POP consumption against queue-based: throughput by members, redelivery")
     a = p.add_argument
-    a("--messages", type=int, default=200_000, help="messages the throughput topic is filled with (default 200000)")
-    a("--size-bytes", type=int, default=1024, help="message body size (default 1024)")
-    a("--queues", type=int, default=4, help="queues of the topics (default 4)")
-    a("--members", type=_ints, default=[1, 8, 64], help="member counts, comma-separated (default 1,8,64)")
+    a("--messages", type=_count, default=200_000, help="messages the throughput topic is filled with (default 200000)")
+    a("--size-bytes", type=_count, default=1024, help="message body size (default 1024)")
+    a("--queues", type=_count, default=4, help="queues of the topics (default 4)")
+    a("--members", type=_counts, default=[1, 8, 64], help="member counts, comma-separated (default 1,8,64)")
     a(
         "--handler-ms-list",
         dest="handler_ms",
@@ -74,7 +103,7 @@ def add_command(bench_sub: Any) -> None:
         default=[0.0, 5.0],
         help="waits per message handled, ms, comma-separated: one set of cases each (default 0,5)",
     )
-    a("--runs", type=int, default=3, help="runs of each case, the kinds alternated; medians (default 3)")
+    a("--runs", type=_count, default=3, help="runs of each case, the kinds alternated; medians (default 3)")
     a("--seconds", type=float, default=15.0, help="handler 0: a run ends after this at most (default 15)")
     a("--handler-seconds", type=float, default=6.0, help="handler > 0: seconds a run lasts (default 6)")
     a(
@@ -83,13 +112,18 @@ def add_command(bench_sub: Any) -> None:
         default=1.0,
         help="handler > 0: the rate leaves out this long after the first acknowledgement (default 1)",
     )
-    a("--member-processes", type=int, default=4, help="processes the members of a run share (default 4)")
-    a("--pop-batch", type=int, default=32, help="POP: messages per POP request and per receive (default 32)")
-    a("--prefetch", type=int, default=64, help="POP: messages a member prefetches at most (default 64)")
+    a("--member-processes", type=_count, default=4, help="processes the members of a run share (default 4)")
+    a("--pop-batch", type=_count, default=32, help="POP: messages per POP request and per receive (default 32)")
+    a("--prefetch", type=_count, default=64, help="POP: messages a member prefetches at most (default 64)")
     a("--invisible-ms", type=int, default=30_000, help="POP: invisible time of the throughput runs (default 30 s)")
-    a("--crash-messages", type=int, default=1000, help="redelivery: messages the crashed member holds (default 1000)")
+    a(
+        "--crash-messages",
+        type=_count,
+        default=1000,
+        help="redelivery: messages the crashed member holds (default 1000)",
+    )
     a("--crash-invisible-ms", type=int, default=3000, help="redelivery: the invisible time (default 3 s)")
-    a("--crash-survivors", type=int, default=4, help="redelivery: members left after the crash (default 4)")
+    a("--crash-survivors", type=_count, default=4, help="redelivery: members left after the crash (default 4)")
     a("--settle-seconds", type=float, default=2.0, help="os.sync(), then idle this long before the broker (default 2)")
     a("--json", type=Path, default=None, help="every figure as JSON")
     a("--markdown", type=Path, default=None, help="also write the tables and the aims as Markdown here")

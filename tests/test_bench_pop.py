@@ -126,3 +126,18 @@ def test_a_member_process_that_fails_is_reported_with_its_error() -> None:
             proc.close()
 
     trio.run(main)
+
+
+@pytest.mark.parametrize(
+    ("option", "error"),
+    [
+        (["--members", "0,8"], "expected counts >= 1"),
+        (["--runs", "0"], "expected a count >= 1"),
+        (["--handler-ms-list", "-1"], "expected numbers >= 0"),
+        (["--pop-batch", "many"], "expected a count, got 'many'"),
+    ],
+)
+def test_bad_options_are_usage_errors_before_anything_starts(option: list[str], error: str, tmp_path: Path) -> None:
+    out = clmq("bench", "pop", *option, "--out-dir", str(tmp_path / "out"), cwd=tmp_path)
+    assert out.returncode == 2 and error in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists()
