@@ -116,6 +116,16 @@ def add_command(bench_sub: Any) -> None:
     a("--pop-batch", type=_count, default=32, help="POP: messages per POP request and per receive (default 32)")
     a("--prefetch", type=_count, default=64, help="POP: messages a member prefetches at most (default 64)")
     a("--invisible-ms", type=int, default=30_000, help="POP: invisible time of the throughput runs (default 30 s)")
+    _add_crash_args(a)
+    a("--settle-seconds", type=float, default=2.0, help="os.sync(), then idle this long before the broker (default 2)")
+    a("--json", type=Path, default=None, help="every figure as JSON")
+    a("--markdown", type=Path, default=None, help="also write the tables and the aims as Markdown here")
+    a("--plot", type=Path, default=None, help="draw the figures here (matplotlib)")
+    p.set_defaults(func=cmd_bench_pop)
+
+
+def _add_crash_args(a: Any) -> None:
+    """The redelivery part's options."""
     a(
         "--crash-messages",
         type=_count,
@@ -124,11 +134,6 @@ def add_command(bench_sub: Any) -> None:
     )
     a("--crash-invisible-ms", type=int, default=3000, help="redelivery: the invisible time (default 3 s)")
     a("--crash-survivors", type=_count, default=4, help="redelivery: members left after the crash (default 4)")
-    a("--settle-seconds", type=float, default=2.0, help="os.sync(), then idle this long before the broker (default 2)")
-    a("--json", type=Path, default=None, help="every figure as JSON")
-    a("--markdown", type=Path, default=None, help="also write the tables and the aims as Markdown here")
-    a("--plot", type=Path, default=None, help="draw the figures here (matplotlib)")
-    p.set_defaults(func=cmd_bench_pop)
 
 
 def _spec(addr: str, args: argparse.Namespace, **fields: Any) -> dict[str, Any]:
