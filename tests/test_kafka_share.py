@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from clmq import open_admin, open_pop_consumer, open_producer
 from clmq.broker.service.kafka._share_acks import GAP, RENEW, _planned
+from clmq.broker.service.kafka._share_sessions import SHARE_SESSION_LIMIT_REACHED, ShareSession, ShareSessions
 from clmq.client import NoRouteError, Routes
 from clmq.protocol.kafka import ApiKey, ErrorCode
 from tests import java_deps
@@ -533,3 +534,46 @@ async def test_share_apis_need_read_on_the_group_and_on_each_topic(tmp_path: Pat
             hb = {"group_id": "other", "member_id": "m1", "member_epoch": 0, "rack_id": None}
             denied = alice.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, {**hb, "subscribed_topic_names": ["ok"]})
             assert denied["error_code"] == ErrorCode.GROUP_AUTHORIZATION_FAILED, denied
+
+
+OPS = st.lists(st.tuples(st.sampled_from("abc"), st.integers(-1, 5), st.booleans()), max_size=40)
+
+
+@given(OPS, st.integers(1, 3))
+def test_share_sessions_follow_kip_932_epochs(ops: list[tuple[str, int, bool]], limit: int) -> None:
+    """Any requests: epoch 0 opens (ShareFetch only; SHARE_SESSION_LIMIT_REACHED past
+    the limit), -1 closes, an epoch without a session is SHARE_SESSION_NOT_FOUND, one
+    older than expected INVALID_SHARE_SESSION_EPOCH, a later one is taken (lenient)."""
+    sessions = ShareSessions(limit, idle_ms=10**9)
+    model: dict[str, int] = {}
+    for member, epoch, opening in ops:
+        got = sessions.enter("g", member, epoch, opening=opening)
+        if epoch == 0 and not opening:
+            assert got == ErrorCode.INVALID_SHARE_SESSION_EPOCH
+        elif epoch == 0:
+            full = member not in model and len(model) >= limit
+            assert got == SHARE_SESSION_LIMIT_REACHED if full else got == sessions.sessions[("g", member)]
+            if not full:
+                model[member] = 1
+        elif member not in model:
+            assert got == ErrorCode.SHARE_SESSION_NOT_FOUND
+        elif epoch == -1:
+            assert isinstance(got, ShareSession)
+            sessions.close("g", member)
+            del model[member]
+        elif epoch < model[member]:
+            assert got == ErrorCode.INVALID_SHARE_SESSION_EPOCH
+        else:
+            assert isinstance(got, ShareSession) and got.epoch == epoch + 1
+            model[member] = epoch + 1
+    assert {m for _, m in sessions.sessions} == set(model)
+
+
+def test_a_full_session_table_drops_its_idle_sessions() -> None:
+    sessions = ShareSessions(1, idle_ms=0)
+    assert isinstance(sessions.enter("g", "gone", 0, opening=True), ShareSession)
+    assert isinstance(sessions.enter("g", "new", 0, opening=True), ShareSession), "the idle one made room"
+    assert set(sessions.sessions) == {("g", "new")}
+    busy = ShareSessions(1, idle_ms=10**9)
+    busy.enter("g", "a", 0, opening=True)
+    assert busy.enter("g", "b", 0, opening=True) == SHARE_SESSION_LIMIT_REACHED

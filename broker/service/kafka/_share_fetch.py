@@ -63,7 +63,7 @@ class KafkaShare:
         self.topic_name = topic_name
         self.pop_service = pop_service
         self.lock_ms = cfg.kafka_share_record_lock_duration_ms
-        self.sessions = ShareSessions(cfg.kafka_share_max_sessions)
+        self.sessions = ShareSessions(cfg.kafka_share_max_sessions, cfg.kafka_share_session_timeout_ms)
         self._leaving: list[tuple[str, str]] = []
         self.groups = ShareGroups(
             cfg.kafka_share_heartbeat_interval_ms,

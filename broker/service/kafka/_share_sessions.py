@@ -16,6 +16,7 @@ is INVALID_SHARE_SESSION_EPOCH, an epoch > 0 without a session SHARE_SESSION_NOT
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -76,14 +77,27 @@ class ShareSession:
     epoch: int = 1  # the next epoch expected
     partitions: set[PartitionKey] = field(default_factory=set)
     held: dict[HeldKey, str] = field(default_factory=dict)  # records given and not settled: handle
+    used: float = field(default_factory=time.monotonic)  # the last request of the session
 
 
 class ShareSessions:
     """The open share sessions of this broker."""
 
-    def __init__(self, max_sessions: int) -> None:
+    def __init__(self, max_sessions: int, idle_ms: int) -> None:
         self.max_sessions = max_sessions
+        self.idle_ms = idle_ms  # a session unused this long is dropped when the table is full
         self.sessions: dict[tuple[str, str], ShareSession] = {}
+
+    def _make_room(self) -> bool:
+        """Whether a new session fits, after dropping the sessions idle past ``idle_ms``
+        (a member that died on another broker than its coordinator never closes its
+        session here; the records it held come back when their locks run out)."""
+        if len(self.sessions) < self.max_sessions:
+            return True
+        limit = time.monotonic() - self.idle_ms / 1000
+        for key in [k for k, s in self.sessions.items() if s.used < limit]:
+            del self.sessions[key]
+        return len(self.sessions) < self.max_sessions
 
     def enter(self, group: str, member: str, epoch: int, *, opening: bool) -> ShareSession | int:
         """The session a request with ``epoch`` belongs to, or its error code. Epoch 0
@@ -92,13 +106,14 @@ class ShareSessions:
         if epoch == 0:
             if not opening:
                 return ErrorCode.INVALID_SHARE_SESSION_EPOCH
-            if key not in self.sessions and len(self.sessions) >= self.max_sessions:
+            if key not in self.sessions and not self._make_room():
                 return SHARE_SESSION_LIMIT_REACHED
             self.sessions[key] = ShareSession(group, member)
             return self.sessions[key]
         session = self.sessions.get(key)
         if session is None:
             return ErrorCode.SHARE_SESSION_NOT_FOUND
+        session.used = time.monotonic()
         if epoch == -1:
             return session
         if epoch < session.epoch:
