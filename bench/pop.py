@@ -159,13 +159,17 @@ async def _fill(addr: str, topic: str, n: int, size: int) -> None:
             await p.send_batch(topic, [body] * min(per, n - start))
 
 
-async def _follow(proc: MemberProcess, index: int, last: list[int], timeline: list[tuple[float, int]]) -> None:
-    """Read a member process's reports into ``last`` and the group's ``timeline``."""
+async def _follow(
+    proc: MemberProcess, index: int, last: list[int], timeline: list[tuple[float, int]], refused: list[int]
+) -> None:
+    """Read a member process's reports into ``last``, the group's ``timeline`` and
+    ``refused`` (its POP acknowledgements the broker did not answer ok)."""
     while (line := await proc.line()) is not None:
         doc = json.loads(line)
         if "t" in doc:
             last[index] = doc["acked"]
             timeline.append((doc["t"], sum(last)))
+        refused[index] = doc.get("not_ok", refused[index])
 
 
 async def one_run(addr: str, pid: int, args: argparse.Namespace, case: dict[str, Any]) -> dict[str, Any]:
@@ -180,12 +184,12 @@ async def one_run(addr: str, pid: int, args: argparse.Namespace, case: dict[str,
     try:
         for proc in procs:
             await proc.expect("ready")
-        last, timeline = [0] * len(procs), [(time.monotonic(), 0)]
+        last, refused, timeline = [0] * len(procs), [0] * len(procs), [(time.monotonic(), 0)]
         limit = args.handler_seconds if case["handler_ms"] else args.seconds
         cpu0 = cpu_seconds(pid)
         async with trio.open_nursery() as nursery:
             for i, proc in enumerate(procs):
-                nursery.start_soon(_follow, proc, i, last, timeline)
+                nursery.start_soon(_follow, proc, i, last, timeline, refused)
                 await proc.send("go")
             with trio.move_on_after(limit):
                 while timeline[-1][1] < args.messages:  # noqa: ASYNC110 - the reports are the event
@@ -200,7 +204,7 @@ async def one_run(addr: str, pid: int, args: argparse.Namespace, case: dict[str,
             proc.close()
     skip = args.ramp_seconds if case["handler_ms"] else 0.0
     rate = rate_of(timeline, args.messages, skip)
-    return {**case, **rate, "broker_cpu_s": broker_cpu, "member_cpu_s": member_cpu}
+    return {**case, **rate, "acks_refused": sum(refused), "broker_cpu_s": broker_cpu, "member_cpu_s": member_cpu}
 
 
 async def _throughput(addr: str, pid: int, args: argparse.Namespace, report: Callable[[str], None]) -> list[Any]:
@@ -217,6 +221,7 @@ async def _throughput(addr: str, pid: int, args: argparse.Namespace, report: Cal
                         f"handler {handler_ms:g} ms, {members} members, run {r + 1}/{args.runs}: {kind}: "
                         f"{s['msgs_per_s']:,.0f} msgs/s ({s['acked']:,} acknowledged in {s['elapsed_s']:.2f} s, "
                         f"first after {s['startup_s']:.2f} s), broker CPU {s['broker_cpu_s']:.1f} s"
+                        + (f", {s['acks_refused']:,} acknowledgements refused" if s["acks_refused"] else "")
                     )
     return samples
 

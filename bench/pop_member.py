@@ -91,12 +91,14 @@ async def _member(
                         await trio.sleep(wait)
                     acked[0] += not pop  # queue-based: counted when handled (acknowledged by the next receive)
                 if pop:
-                    acked[0] += (await consumer.ack(records)).count("ok")  # what the broker settled
+                    statuses = await consumer.ack(records)
+                    acked[0] += statuses.count("ok")  # what the broker settled
+                    acked[1] += len(statuses) - statuses.count("ok")  # refused: expired, gone, ...
 
 
 async def _throughput(spec: dict[str, Any]) -> None:
     ready, stop = trio.Event(), trio.Event()
-    acked = [0]
+    acked = [0, 0]  # acknowledged (POP: answered ok), POP acknowledgements answered otherwise
     scopes: list[trio.CancelScope] = []
     _out("ready")
     async with trio.open_nursery() as outer:
@@ -106,13 +108,13 @@ async def _throughput(spec: dict[str, Any]) -> None:
             for i in range(spec["members"]):
                 members.start_soon(_member, spec, i, acked, scopes, stop)
             while not stop.is_set():
-                _out({"t": time.monotonic(), "acked": acked[0]})
+                _out({"t": time.monotonic(), "acked": acked[0], "not_ok": acked[1]})
                 with trio.move_on_after(spec["report_interval_ms"] / 1000):
                     await stop.wait()
             for scope in scopes:
                 scope.cancel()
             members.cancel_scope.deadline = trio.current_time() + CLOSE_MAX_S  # members still opening, a stuck close
-        _out({"done": True, "acked": acked[0]})
+        _out({"done": True, "acked": acked[0], "not_ok": acked[1]})
         outer.cancel_scope.cancel()
 
 
