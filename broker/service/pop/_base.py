@@ -16,6 +16,7 @@ from clmq.protocol import ErrorCode
 from clmq.protocol.transport import RequestError
 
 from .._context import BrokerContext
+from .._read_threads import ReadThreads
 from .._system_put import ensure_topic, put_acknowledged
 from ..timer import wall_ms
 from ._inflight import Flight, GroupFlights, PopState, QueueFlights
@@ -62,6 +63,8 @@ class PopBase:
         self.writes: dict[int, int] = {}  # appends in progress: id -> %POP%'s end when submitted
         self._ids = itertools.count()
         self.dead: list[tuple[str, str, int, int]] = []  # (group, topic, queue, offset) to dead-letter
+        # Reads of queue entries and records: a job costs a queue put, not a trio.to_thread hop.
+        self.readers = ReadThreads(ctx.config.pull_read_threads, name="pop_read_threads")
         if self.store is not None:
             self.store.log.hold_retention(self.retention_floor)
 
@@ -169,9 +172,15 @@ class PopBase:
         except BaseException:
             self.restore(judged.ok)
             raise
+        cap = self.config.pop_max_inflight_per_queue
+        freed = False
         for _i, q, h, _f in judged.ok:
-            q.settle(h.offset, h.ck)
-        if group in self.waiters:  # an orderly queue, or a full in-flight window, may give more now
+            low = q.settled_offset()
+            if q.settle(h.offset, h.ck):
+                # Woken only by what may give a waiting pop more: a full in-flight window
+                # that moved, or an orderly queue with nothing in flight left.
+                freed = freed or (q.next_offset - low >= cap and q.settled_offset() > low) or not q.flights
+        if freed and group in self.waiters:
             self.wake(group)
 
     def check_group(self, group: str) -> None:

@@ -33,14 +33,22 @@ class QueueFlights:
     next_offset: int
     flights: dict[int, Flight] = field(default_factory=dict)
     heap: list[tuple[int, int]] = field(default_factory=list)  # (deadline, offset), stale ones skipped
+    low: int | None = None  # min(flights) when known (None, or an offset no longer in flight: look again)
 
     def settled_offset(self) -> int:
         """The lowest offset not settled."""
-        return min(self.flights) if self.flights else self.next_offset
+        if not self.flights:
+            return self.next_offset
+        low = self.low
+        if low is None or low not in self.flights:
+            low = self.low = min(self.flights)
+        return low
 
     def put(self, offset: int, flight: Flight) -> None:
         """Make ``flight`` the offset's current delivery."""
         self.flights[offset] = flight
+        if self.low is not None and offset < self.low:
+            self.low = offset
         heapq.heappush(self.heap, (flight.deadline_ms, offset))
         if len(self.heap) > 2 * len(self.flights) + 64:
             self.heap = [(f.deadline_ms, o) for o, f in self.flights.items()]

@@ -4,8 +4,6 @@ contract is in ``protocol/_codes.py``)."""
 
 from __future__ import annotations
 
-import trio
-
 from clmq.broker.store import Span, Store
 from clmq.protocol import Frame, RequestCode
 from clmq.protocol.transport import Handler, Peer, Reply, need
@@ -50,7 +48,7 @@ class PopRequests:
         )
         store = s.store
         assert store is not None
-        spans, sent = await trio.to_thread.run_sync(_spans, store, got)
+        spans, sent = await s.readers.in_thread(_spans, store, got)
         if sent:
             s.ctx.traffic.add_out(sent[0].topic, len(sent), sum(sp.length for sp in spans))
         return Reply(

@@ -148,7 +148,7 @@ class Taking(PopBase):
             if room > 0 and not blocked:
                 asks.append((qid, q.next_offset, room))
         due = {qid: p.offsets for qid, p in parts.items() if p.offsets}
-        fresh, where = await trio.to_thread.run_sync(_read, store, ask, asks, due)
+        fresh, where = await self.readers.in_thread(_read, store, ask, asks, due)
         for qid, places in where.items():
             parts[qid].where = places
         for qid in [q for q, p in parts.items() if any(w[1] < 0 for w in p.where)]:
