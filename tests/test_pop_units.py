@@ -20,6 +20,7 @@ from clmq.broker.service.pop._records import (
     ack_message,
     ck_message,
     decode_pop_record,
+    encode_handles,
     parse_handle,
 )
 from clmq.broker.service.pop._state import PopCheckpoint, checkpoint_path, load_checkpoint, save_checkpoint
@@ -40,6 +41,27 @@ def test_a_handle_round_trips_and_garbage_is_none(
     assert text.isascii() and parse_handle(text) == h
     assert parse_handle(text[:-2]) in (None, parse_handle(text[:-2]))  # never raises
     assert parse_handle("x" + text) is None
+
+
+@given(names, names, st.integers(0, 1023), st.lists(offsets, max_size=5), offsets, st.integers(0, 2**45))
+def test_a_pop_s_handles_are_each_offset_s_handle(
+    broker: str, topic: str, qid: int, offs: list[int], ck: int, deadline: int
+) -> None:
+    expected = [Handle(broker, topic, qid, o, ck, deadline).encode() for o in offs]
+    assert encode_handles(broker, topic, qid, offs, ck, deadline) == expected
+
+
+@given(st.lists(st.tuples(st.sampled_from(["put", "settle", "drop"]), st.integers(0, 30)), max_size=60))
+def test_the_settled_offset_kept_is_the_lowest_in_flight(ops: list[tuple[str, int]]) -> None:
+    q = QueueFlights(31)
+    for op, off in ops:
+        if op == "put":
+            q.put(off, Flight(off, 0, 1, "c", 16))
+        elif op == "settle":
+            q.settle(off, off)
+        else:  # taken out without settle (a record gone to retention)
+            q.flights.pop(off, None)
+        assert q.settled_offset() == (min(q.flights) if q.flights else 31)
 
 
 @given(st.text(max_size=40))

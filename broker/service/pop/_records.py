@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
 import msgpack
 
@@ -104,18 +104,32 @@ MAX_HANDLE_CHARS = 4096  # a longer string is no handle of ours
 
 def _parse_plain(text: str) -> Handle | None:
     parts = text[2:].split(".", 5)
-    if len(parts) != 6 or not all(p.isdigit() for p in parts[:5]):
+    if len(parts) != 6 or not "".join(parts[:5]).isdigit():  # (ASCII: checked by the caller)
         return None
-    qid, offset, ck, deadline, blen = (int(p) for p in parts[:5])
+    try:  # (an empty number: int() refuses it)
+        qid, offset, ck, deadline, blen = map(int, parts[:5])
+    except ValueError:
+        return None
     names = parts[5]
     if not 0 < blen < len(names):
         return None
     return Handle(names[:blen], names[blen:], qid, offset, ck, deadline)
 
 
-@dataclass(frozen=True)
-class Handle:
-    """What a receipt handle names."""
+def encode_handles(
+    broker: str, topic: str, queue_id: int, offsets: Sequence[int], ck: int, deadline_ms: int
+) -> list[str]:
+    """``Handle(broker, topic, queue_id, offset, ck, deadline_ms).encode()`` for each
+    offset (the common part formatted once: a pop gives out one per message)."""
+    names = broker + topic
+    if not (names.isascii() and names.isprintable()):
+        return [Handle(broker, topic, queue_id, o, ck, deadline_ms).encode() for o in offsets]
+    head, tail = f"P2{queue_id}.", f".{ck}.{deadline_ms}.{len(broker)}.{names}"
+    return [f"{head}{o}{tail}" for o in offsets]
+
+
+class Handle(NamedTuple):
+    """What a receipt handle names (a tuple: one is made per message acknowledged)."""
 
     broker: str
     topic: str

@@ -17,7 +17,7 @@ from clmq.protocol.transport import RequestError
 from ._base import Delivery, PopBase
 from ._inflight import Flight, GroupFlights, QueueFlights
 from ._reads import Fresh, entry_of, read_fresh, tag_codes
-from ._records import Checkpoint, Handle, ck_message
+from ._records import Checkpoint, ck_message, encode_handles
 from ._take import Ask, Taken, allocate, fresh_after, next_after, rotated, share, within_bytes
 
 
@@ -104,10 +104,11 @@ class Taking(PopBase):
     def _delivered(self, ask: Ask, qid: int, p: Taken, ck: int, deadline: int) -> list[Delivery]:
         """A queue's part of a pop once its CK record (``ck``) is stored."""
         out = []
-        for off, attempt, (where, size), placed in zip(p.offsets, p.attempts, p.where, p.placed):
-            if p.queue.flights.get(off) is placed:  # (not one a later pop put meanwhile)
+        flights = p.queue.flights
+        handles = encode_handles(self.config.broker_name, ask.topic, qid, p.offsets, ck, deadline)
+        for off, attempt, (where, size), placed, h in zip(p.offsets, p.attempts, p.where, p.placed, handles):
+            if flights.get(off) is placed:  # (not one a later pop put meanwhile)
                 placed.ck = ck
-            h = Handle(self.config.broker_name, ask.topic, qid, off, ck, deadline).encode()
             out.append(Delivery(ask.topic, qid, off, where, size, attempt, h, deadline))
         return out
 
