@@ -25,8 +25,6 @@ from ._state import PopCheckpoint, load_checkpoint
 
 log = logging.getLogger("clmq.pop")
 
-SETTLING_MS = 1 << 62  # a delivery whose ACK is being written: never visible meanwhile
-
 
 @dataclass(frozen=True)
 class Delivery:
@@ -145,7 +143,7 @@ class PopBase:
             key = (h.topic, h.queue_id, h.offset)
             q = g.queues.get((h.topic, h.queue_id)) if g is not None else None
             f = q.flights.get(h.offset) if q is not None else None
-            if q is None or f is None or key in seen or f.deadline_ms == SETTLING_MS:
+            if q is None or f is None or key in seen or f.settling:
                 results.append("gone")  # (settling: another acknowledgement of it is being written)
             elif f.ck != h.ck or f.deadline_ms <= now:
                 results.append("expired")
@@ -155,7 +153,7 @@ class PopBase:
                 seen.add(key)
                 results.append("ok")
                 ok.append((i, q, h, Flight(f.ck, f.deadline_ms, f.attempt, f.owner, f.max_reconsume_times)))
-                f.deadline_ms = SETTLING_MS  # its heap entry is stale now: never due while settling
+                f.settling = True  # not visible meanwhile; its real deadline stays (a checkpoint saves it)
         return Judged(results, ok)
 
     def restore(self, ok: list[tuple[int, QueueFlights, Handle, Flight]]) -> None:

@@ -24,6 +24,7 @@ class Flight:
     attempt: int  # deliveries made (0: reserved by a pop that stored nothing)
     owner: str  # the client id it was delivered to
     max_reconsume_times: int
+    settling: bool = False  # its ACK is being written: neither visible nor acknowledgeable meanwhile
 
 
 @dataclass
@@ -67,18 +68,21 @@ class QueueFlights:
         while self.heap:
             deadline, offset = self.heap[0]
             f = self.flights.get(offset)
-            if f is not None and f.deadline_ms == deadline:
+            if f is not None and f.deadline_ms == deadline and not f.settling:
                 return deadline <= now_ms
-            heapq.heappop(self.heap)
+            heapq.heappop(self.heap)  # (a settling one is put back if its ACK is not written)
         return False
 
     def busy(self, now_ms: int) -> bool:
         """Whether a delivery is in flight and not yet visible again (orderly POP waits)."""
-        return any(f.deadline_ms > now_ms for f in self.flights.values())
+        return any(f.settling or f.deadline_ms > now_ms for f in self.flights.values())
 
-    def due(self, now_ms: int, limit: int) -> tuple[list[int], list[int]]:
+    def due(self, now_ms: int, limit: int, orderly: bool = False) -> tuple[list[int], list[int]]:
         """Offsets visible again: up to ``limit`` to deliver, and every one past its
-        dead-letter limit (all taken off the heap; the others stay)."""
+        dead-letter limit (all taken off the heap; the others stay). ``orderly``: the
+        lowest offsets, none past one not visible yet."""
+        if orderly:
+            return self._due_in_order(now_ms, limit)
         take: list[int] = []
         dead: list[int] = []
         keep: list[tuple[int, int]] = []
@@ -86,7 +90,7 @@ class QueueFlights:
         while self.heap and self.heap[0][0] <= now_ms:
             deadline, offset = heapq.heappop(self.heap)
             f = self.flights.get(offset)
-            if f is None or f.deadline_ms != deadline or offset in seen:
+            if f is None or f.deadline_ms != deadline or offset in seen or f.settling:
                 continue
             seen.add(offset)
             if f.attempt > f.max_reconsume_times:
@@ -98,6 +102,21 @@ class QueueFlights:
         for item in keep:
             heapq.heappush(self.heap, item)
         return sorted(take), dead
+
+    def _due_in_order(self, now_ms: int, limit: int) -> tuple[list[int], list[int]]:
+        """:meth:`due` for an orderly pop: in offset order, up to the first not visible."""
+        take: list[int] = []
+        dead: list[int] = []
+        for offset in sorted(self.flights):
+            f = self.flights[offset]
+            if f.settling or f.deadline_ms > now_ms or len(take) >= limit:
+                break
+            (dead if f.attempt > f.max_reconsume_times else take).append(offset)
+        gone = set(take) | set(dead)
+        if gone:  # their heap entries: stale from now (each is put again with its new delivery)
+            self.heap = [(d, o) for d, o in self.heap if o not in gone]
+            heapq.heapify(self.heap)
+        return take, dead
 
 
 @dataclass

@@ -19,7 +19,7 @@ from clmq.protocol.transport import RequestError
 
 from .._sendback import dead_letter
 from .._system_put import ensure_topic
-from ._base import SETTLING_MS, Judged, PopBase
+from ._base import Judged, PopBase
 from ._reads import entry_of
 from ._records import Handle, parse_handle
 from ._state import PopCheckpoint, load_checkpoint, log_offset_at, replay, save_checkpoint
@@ -126,7 +126,7 @@ class PopKeeper(PopBase):
         for group, topic, qid, off in dead:
             q = state.group(group).queues.get((topic, qid))
             f = q.flights.get(off) if q is not None else None
-            if f is not None and f.deadline_ms != SETTLING_MS:
+            if f is not None and not f.settling:
                 h = Handle(self.config.broker_name, topic, qid, off, f.ck, f.deadline_ms + 1)
                 by_group.setdefault(group, []).append(h.encode())
         for group, handles in by_group.items():

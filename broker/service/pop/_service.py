@@ -179,7 +179,7 @@ class PopService(PopKeeper, Taking):
                     "max_offset": hi,
                     "lag": max(0, hi - settled),
                     "inflight": len(q.flights),
-                    "redelivering": sum(1 for f in q.flights.values() if f.deadline_ms <= now),
+                    "redelivering": sum(1 for f in q.flights.values() if f.deadline_ms <= now and not f.settling),
                 }
             )
         timeout = self.config.pop_member_timeout_ms

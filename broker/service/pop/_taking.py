@@ -124,7 +124,7 @@ class Taking(PopBase):
                 continue
             if ask.orderly and q.busy(now):
                 continue
-            take, dead = q.due(now, min(each, budget))
+            take, dead = q.due(now, min(each, budget), ask.orderly)
             self.dead += [(ask.group, ask.topic, qid, off) for off in dead]
             for off in take:
                 before = q.flights[off]
