@@ -17,6 +17,12 @@ from ._append import BusyError
 from ._context import BrokerContext
 
 
+class UnconfirmedError(RequestError):
+    """The messages were appended (they may outlive a crash, a replay finds them) but
+    their durability or replication was not confirmed: state that follows the log
+    changes as if they were stored; the answer is still this error."""
+
+
 async def ensure_topic(ctx: BrokerContext, topic: str, queue_count: int) -> None:
     """Create a system topic (``%TIMER%``, ``%RETRY%g``, ``%DLQ%g``) the first time it
     is needed; the name servers hear of it at once (consumers find retry topics by route)."""
@@ -43,7 +49,8 @@ async def put_acknowledged(ctx: BrokerContext, messages: Sequence[Message], also
     unless stored, durable as the flush mode promises a producer (sync: fsynced) and held
     by the replicas the ack mode of each topic asks for: the messages' and ``also``'s (a
     retry or a dead letter replaces the original, whose offset the consumer then commits
-    past: it must not be lost). Returns the put's result (its offsets)."""
+    past: it must not be lost). Returns the put's result (its offsets); UnconfirmedError
+    (a RequestError) when they were appended but that promise is not confirmed."""
     topics = sorted({m.topic for m in messages} | set(also))
     for topic in topics:
         ctx.replica.check_sync_write(topic)
@@ -55,9 +62,9 @@ async def put_acknowledged(ctx: BrokerContext, messages: Sequence[Message], also
         raise RequestError(ErrorCode.IO_ERROR, f"not stored: {result.status.value}: {result.error}")
     sync = ctx.store.config.commitlog.acks_wait_for_fsync
     if sync and not await ctx.lane.durable.wait(result.end_offset, ctx.config.sync_flush_timeout_ms / 1000):
-        raise RequestError(ErrorCode.FLUSH_DISK_TIMEOUT, "stored, but not fsynced within sync_flush_timeout_ms")
+        raise UnconfirmedError(ErrorCode.FLUSH_DISK_TIMEOUT, "stored, but not fsynced within sync_flush_timeout_ms")
     for topic in topics:  # each topic's ack mode (an async one answers at once)
         problem = await ctx.replica.wait_held(topic, result.end_offset)
         if problem is not None:
-            raise RequestError(problem[0], problem[1])
+            raise UnconfirmedError(problem[0], problem[1])
     return result

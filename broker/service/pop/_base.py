@@ -17,7 +17,7 @@ from clmq.protocol.transport import RequestError
 
 from .._context import BrokerContext
 from .._read_threads import ReadThreads
-from .._system_put import ensure_topic, put_acknowledged
+from .._system_put import UnconfirmedError, ensure_topic, put_acknowledged
 from ..timer import wall_ms
 from ._inflight import Flight, GroupFlights, PopState, QueueFlights
 from ._records import POP_QUEUE, Acks, Handle, ack_message, parse_handle
@@ -169,9 +169,16 @@ class PopBase:
             await self.record([*extra, ack_message(Acks(group, rows))], also=sorted({r[0] for r in rows}))
         except BaseException:
             self.restore(judged.ok)
+        except UnconfirmedError:  # in the log (a replay settles them): so does the state, and the error is answered
+            self.settled(group, judged)
+            raise
             raise
         cap = self.config.pop_max_inflight_per_queue
         freed = False
+        self.settled(group, judged)
+
+    def settled(self, group: str, judged: Judged) -> None:
+        """The ok deliveries' ACK is in ``%POP%``: settle them (and wake what it frees)."""
         for _i, q, h, _f in judged.ok:
             low = q.settled_offset()
             if q.settle(h.offset, h.ck):

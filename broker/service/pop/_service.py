@@ -13,6 +13,7 @@ from clmq.common import Message
 from clmq.protocol import ErrorCode
 from clmq.protocol.transport import RequestError
 
+from .._system_put import UnconfirmedError
 from ._base import Delivery, Judged
 from ._inflight import Flight, GroupFlights, QueueFlights
 from ._records import Acks, Checkpoint, Handle, ack_message, ck_message, parse_handle
@@ -113,6 +114,8 @@ class PopService(PopKeeper, Taking):
         try:
             rows_ack = [(h.topic, h.queue_id, h.offset, h.ck) for _i, _q, h, _f in judged.ok]
             result = await self.record([ack_message(Acks(group, rows_ack)), *cks], also=sorted({t for t, _ in parts}))
+        except UnconfirmedError:  # in the log: changed as it says (ck -1: no handle of it is out), the error answered
+            raise
         except BaseException:  # as they were (unless a pop took a nacked one meanwhile)
             for _i, q, h, before in judged.ok:
                 if q.flights.get(h.offset) is placed[h.topic, h.queue_id, h.offset]:

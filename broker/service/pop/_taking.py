@@ -14,6 +14,7 @@ from clmq.common import POP_TOPIC
 from clmq.protocol import ErrorCode
 from clmq.protocol.transport import RequestError
 
+from .._system_put import UnconfirmedError
 from ._base import Delivery, PopBase
 from ._inflight import Flight, GroupFlights, QueueFlights
 from ._reads import Fresh, entry_of, read_fresh, tag_codes
@@ -90,6 +91,8 @@ class Taking(PopBase):
             parts = {qid: p for qid, p in parts.items() if p.offsets}
             cks = [ck_message(_checkpoint(ask, qid, p, deadline)) for qid, p in parts.items()]
             result = await self.record(cks) if cks else None
+        except UnconfirmedError:  # the CKs are in the log: in flight, visible again after their deadline
+            raise
         except BaseException:
             _undo(parts, ask)
             raise
