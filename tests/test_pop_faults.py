@@ -7,8 +7,12 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from clmq.broker.service.pop._base import Judged
 from clmq.broker.service.pop._inflight import Flight, PopState, QueueFlights
-from clmq.broker.service.pop._records import Acks, Checkpoint
+from clmq.broker.service.pop._records import Acks, Checkpoint, Handle, decode_pop_record
+from clmq.broker.service.pop._service import _place_changes
+from clmq.broker.service.pop._take import Ask, Taken
+from clmq.broker.service.pop._taking import _undo
 
 
 def _settling_state() -> tuple[PopState, QueueFlights]:
@@ -58,3 +62,59 @@ def test_an_orderly_queue_stops_at_the_first_offset_not_visible() -> None:
     q.put(1, Flight(2, 5_000, 1, "c", 5))
     q.put(2, Flight(3, 100, 1, "c", 5))
     assert q.due(1_000, 10, orderly=True) == ([0], [])
+
+
+def _ask() -> Ask:
+    return Ask("g", "c1", "t", [0], 10, 1_000)
+
+
+def _popped(q: QueueFlights, offsets: list[int]) -> Taken:
+    """A pop's part of queue ``q``: new offsets reserved and the next offset moved past them."""
+    p = Taken(0, q)
+    for off in offsets:
+        p.reserve(off, Flight(-1, 5_000, 1, "c1", 3), None, 1)
+    p.advanced, q.next_offset = (q.next_offset, offsets[-1] + 1), offsets[-1] + 1
+    return p
+
+
+def test_a_failed_pop_gives_its_new_offsets_back_to_the_next_offset() -> None:
+    q = QueueFlights(10)
+    p = _popped(q, [10, 11, 12])
+    _undo({0: p}, _ask())
+    assert q.next_offset == 10 and not q.flights
+    ck = Checkpoint("g", "c2", "t", 0, [], [], 9_000, 3, q.next_offset)  # a later CK (a change's) carries it
+    state = PopState()
+    state.apply(ck, 0)
+    assert state.groups["g"].queues[("t", 0)].next_offset == 10  # a replay skips nothing
+
+
+def test_a_failed_pop_behind_a_later_one_keeps_its_offsets_visible() -> None:
+    q = QueueFlights(10)
+    first = _popped(q, [10, 11])
+    _popped(q, [12, 13])  # another pop moved the next offset since
+    _undo({0: first}, _ask())
+    assert q.next_offset == 14
+    assert q.due(1, 10) == ([10, 11], [])  # visible at once, delivered next with attempt 1
+    assert [q.flights[o].attempt for o in (10, 11)] == [0, 0]
+
+
+def test_a_change_of_invisible_time_keeps_each_delivery_s_owner_and_limit() -> None:
+    q = QueueFlights(3)
+    rows = []
+    for off, owner, limit in [(0, "a", 1), (1, "b", 1), (2, "a", 7)]:
+        f = Flight(5, 100, 1, owner, limit)
+        q.put(off, f)
+        rows.append((off, q, Handle("b", "t", 0, off, 5, 100), f))
+    parts, cks, _placed = _place_changes("g", Judged(["ok"] * 3, rows), 9_000)
+    assert len(parts) == len(cks) == 3
+    state = PopState()
+    for n, m in enumerate(cks):
+        record = decode_pop_record(m.tags, m.body)
+        assert record is not None
+        state.apply(record, 50 + n)
+    got = state.groups["g"].queues[("t", 0)].flights
+    assert {o: (f.owner, f.max_reconsume_times, f.deadline_ms) for o, f in got.items()} == {
+        0: ("a", 1, 9_000),
+        1: ("b", 1, 9_000),
+        2: ("a", 7, 9_000),
+    }

@@ -113,7 +113,7 @@ class PopService(PopKeeper, Taking):
         # The ACK of the old deliveries first, then their new CKs (``settle`` puts ``extra`` first: not here).
         try:
             rows_ack = [(h.topic, h.queue_id, h.offset, h.ck) for _i, _q, h, _f in judged.ok]
-            result = await self.record([ack_message(Acks(group, rows_ack)), *cks], also=sorted({t for t, _ in parts}))
+            result = await self.record([ack_message(Acks(group, rows_ack)), *cks], also=sorted({k[0] for k in parts}))
         except UnconfirmedError:  # in the log: changed as it says (ck -1: no handle of it is out), the error answered
             raise
         except BaseException:  # as they were (unless a pop took a nacked one meanwhile)
@@ -219,17 +219,19 @@ Row = tuple[int, QueueFlights, Handle, Flight]  # a judged handle: (index, queue
 
 def _place_changes(
     group: str, judged: Judged, deadline: int
-) -> tuple[dict[tuple[str, int], list[Row]], list[Message], dict[tuple[str, int, int], Flight]]:
+) -> tuple[dict[tuple[str, int, str, int], list[Row]], list[Message], dict[tuple[str, int, int], Flight]]:
     """The changed deliveries put in the state (ck -1 until their CK is stored), their
-    CK records (one per queue), and the flights put (identity: a nack, visible at once,
-    may be popped again while its CK is written; that pop's flight must not get this
-    change's ck, its acks would be "expired")."""
-    parts: dict[tuple[str, int], list[Row]] = {}
+    CK records (one per queue, owner and dead-letter limit: a replay keeps each one's),
+    and the flights put (identity: a nack, visible at once, may be popped again while
+    its CK is written; that pop's flight must not get this change's ck, its acks would
+    be "expired")."""
+    parts: dict[tuple[str, int, str, int], list[Row]] = {}
     for row in judged.ok:
-        parts.setdefault((row[2].topic, row[2].queue_id), []).append(row)
+        h, f = row[2], row[3]
+        parts.setdefault((h.topic, h.queue_id, f.owner, f.max_reconsume_times), []).append(row)
     cks: list[Message] = []
     placed: dict[tuple[str, int, int], Flight] = {}
-    for (topic, qid), rows in parts.items():
+    for (topic, qid, _owner, _limit), rows in parts.items():
         q, f = rows[0][1], rows[0][3]
         offsets, attempts = [r[2].offset for r in rows], [r[3].attempt for r in rows]
         ck = Checkpoint(group, f.owner, topic, qid, offsets, attempts, deadline, f.max_reconsume_times, q.next_offset)

@@ -42,6 +42,7 @@ class Taken:
     where: list[tuple[int, int]] = field(default_factory=list)  # (commit-log offset, size)
     before: list[Flight | None] = field(default_factory=list)
     placed: list[Flight] = field(default_factory=list)  # the flights this pop put (identity: still ours?)
+    advanced: tuple[int, int] | None = None  # (next offset before, after) when this pop moved it
 
     def reserve(self, offset: int, flight: Flight, before: Flight | None, attempt: int) -> None:
         """Put ``flight`` (this pop's delivery of ``offset``) in the queue's state."""

@@ -157,6 +157,8 @@ class Taking(PopBase):
             parts[qid].where = places
         for qid in [q for q, p in parts.items() if any(w[1] < 0 for w in p.where)]:
             _drop_gone(parts[qid])
+        # (a failed pop gave offsets below this read back meanwhile: the next pop reads them)
+        fresh = {qid: f for qid, f in fresh.items() if f.start <= parts[qid].queue.next_offset}
         fresh = {qid: fresh_after(f, parts[qid].queue.next_offset) for qid, f in fresh.items()}
         if ask.orderly:  # another pop may have taken from a queue while its entries were read: it waits
             fresh = {qid: f for qid, f in fresh.items() if len(parts[qid].queue.flights) <= len(parts[qid].offsets)}
@@ -172,7 +174,9 @@ class Taking(PopBase):
             for i in range(n):
                 p.where.append((f.commitlog[i], f.sizes[i]))
                 p.reserve(f.offsets[i], Flight(-1, deadline, 1, ask.client_id, ask.max_reconsume_times), None, 1)
-            p.queue.next_offset = max(p.queue.next_offset, next_after(f, n))
+            before_next = p.queue.next_offset
+            p.queue.next_offset = max(before_next, next_after(f, n))
+            p.advanced = (before_next, p.queue.next_offset)
 
 
 def _read(
@@ -223,12 +227,18 @@ def _checkpoint(ask: Ask, qid: int, p: Taken, deadline: int) -> Checkpoint:
 
 def _undo(parts: dict[int, Taken], ask: Ask) -> None:
     """Nothing was recorded: the reserved deliveries are visible again, as they were
-    (unless another pop took them meanwhile)."""
+    (unless another pop took them meanwhile); the next offset goes back where it was
+    unless another pop moved it since (no CK record may carry it past offsets none holds)."""
     for p in parts.values():
+        back = p.advanced is not None and p.queue.next_offset == p.advanced[1]
+        if back and p.advanced is not None:
+            p.queue.next_offset = p.advanced[0]
         for off, before, placed in zip(p.offsets, p.before, p.placed):
             if p.queue.flights.get(off) is not placed:
                 continue
             if before is not None:
                 p.queue.put(off, before)
+            elif back:  # a new offset again: popped from the next offset
+                del p.queue.flights[off]
             else:  # a new offset: delivered next with attempt 1
                 p.queue.put(off, Flight(-1, 0, 0, ask.client_id, ask.max_reconsume_times))
