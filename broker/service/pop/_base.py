@@ -46,6 +46,7 @@ class Judged:
 
     results: list[str]
     ok: list[tuple[int, QueueFlights, Handle, Flight]]  # (index, queue, handle, its flight)
+    state: PopState | None = None  # the state judged against
 
 
 class PopBase:
@@ -59,6 +60,7 @@ class PopBase:
         self.saved = load_checkpoint(self.store) if self.store is not None else PopCheckpoint()
         self.waiters: dict[str, list[trio.Event]] = {}  # long polls by group
         self.writes: dict[int, int] = {}  # appends in progress: id -> %POP%'s end when submitted
+        self.drained: trio.Event | None = None  # set when no append is in progress (a start waits)
         self._ids = itertools.count()
         self.dead: list[tuple[str, str, int, int]] = []  # (group, topic, queue, offset) to dead-letter
         # Reads of queue entries and records: a job costs a queue put, not a trio.to_thread hop.
@@ -100,10 +102,16 @@ class PopBase:
             return 0
         return store.max_offset(POP_TOPIC, POP_QUEUE)
 
-    async def record(self, messages: Sequence[Message], also: Sequence[str] = ()) -> PutResult:
+    async def record(
+        self, messages: Sequence[Message], also: Sequence[str] = (), state: PopState | None = None
+    ) -> PutResult:
         """Append ``messages`` (``%POP%`` records, dead letters) durably before an answer;
         RequestError if not. Submitted at once (no wait before the lane has them), so
-        ``%POP%`` holds records in the order the state changed."""
+        ``%POP%`` holds records in the order the state changed.
+        ``state``: the state the records change (SYSTEM_BUSY if it was given up meanwhile:
+        a rebuild that began may not see them)."""
+        if state is not None and state is not self.state:
+            raise RequestError(ErrorCode.SYSTEM_BUSY, "POP state rebuilt meanwhile: retry")
         token = next(self._ids)
         self.writes[token] = self.pop_end()
         try:
@@ -111,6 +119,8 @@ class PopBase:
                 result = await put_acknowledged(self.ctx, messages, also=also)
         finally:
             del self.writes[token]
+            if not self.writes and self.drained is not None:
+                self.drained.set()
         return result
 
     async def ensure_pop_topic(self) -> None:
@@ -154,7 +164,7 @@ class PopBase:
                 results.append("ok")
                 ok.append((i, q, h, Flight(f.ck, f.deadline_ms, f.attempt, f.owner, f.max_reconsume_times)))
                 f.settling = True  # not visible meanwhile; its real deadline stays (a checkpoint saves it)
-        return Judged(results, ok)
+        return Judged(results, ok, state)
 
     def restore(self, ok: list[tuple[int, QueueFlights, Handle, Flight]]) -> None:
         """A write failed: the judged deliveries are as they were."""
@@ -166,19 +176,19 @@ class PopBase:
         """Record the ok deliveries as settled (an ACK record after ``extra``), then settle them."""
         rows = [(h.topic, h.queue_id, h.offset, h.ck) for _i, _q, h, _f in judged.ok]
         try:
-            await self.record([*extra, ack_message(Acks(group, rows))], also=sorted({r[0] for r in rows}))
-        except BaseException:
-            self.restore(judged.ok)
+            await self.record([*extra, ack_message(Acks(group, rows))], sorted({r[0] for r in rows}), judged.state)
         except UnconfirmedError:  # in the log (a replay settles them): so does the state, and the error is answered
             self.settled(group, judged)
             raise
+        except BaseException:
+            self.restore(judged.ok)
             raise
-        cap = self.config.pop_max_inflight_per_queue
-        freed = False
         self.settled(group, judged)
 
     def settled(self, group: str, judged: Judged) -> None:
         """The ok deliveries' ACK is in ``%POP%``: settle them (and wake what it frees)."""
+        cap = self.config.pop_max_inflight_per_queue
+        freed = False
         for _i, q, h, _f in judged.ok:
             low = q.settled_offset()
             if q.settle(h.offset, h.ck):

@@ -29,6 +29,11 @@ log = logging.getLogger("clmq.pop")
 FAILURE_RETRY_S = 1.0  # after a disk or store error, the state is rebuilt this much later
 CHECKPOINT_DISPATCH_WAIT_S = 1.0  # a checkpoint waits this long for the queues to show the log, else waits a round
 DISPATCH_POLL_S = 0.002  # how often a start looks whether the queues show the whole log
+START_WAIT_S = 30.0  # a start waits this long for the writes in flight and the dispatcher, else reports and retries
+
+
+class StartStalled(StoreError):
+    """A start could not see the whole log in time (reported in ``pop_failure``)."""
 
 
 class PopKeeper(PopBase):
@@ -93,7 +98,15 @@ class PopKeeper(PopBase):
         """Build the state: the checkpoint, then ``%POP%`` from its ``applied_to``."""
         store = self.store
         assert store is not None
-        await _dispatched_to(store, store.log.write_offset)  # the queues show the whole log
+        with trio.move_on_after(START_WAIT_S) as waited:
+            while self.writes:  # a given-up state's writes land first (answered ok: the rebuild must see them)
+                self.drained = trio.Event()
+                await self.drained.wait()
+            await _dispatched_to(store, store.log.write_offset)  # the queues show the whole log
+        if waited.cancelled_caught:
+            raise StartStalled(
+                f"{len(self.writes)} %POP% writes in flight or the dispatcher behind the log after {START_WAIT_S} s"
+            )
         cp = await trio.to_thread.run_sync(load_checkpoint, store)
         state, _end = await trio.to_thread.run_sync(replay, store, cp)
         self.saved, self._last_save = cp, 0.0

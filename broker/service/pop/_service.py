@@ -113,7 +113,9 @@ class PopService(PopKeeper, Taking):
         # The ACK of the old deliveries first, then their new CKs (``settle`` puts ``extra`` first: not here).
         try:
             rows_ack = [(h.topic, h.queue_id, h.offset, h.ck) for _i, _q, h, _f in judged.ok]
-            result = await self.record([ack_message(Acks(group, rows_ack)), *cks], also=sorted({k[0] for k in parts}))
+            result = await self.record(
+                [ack_message(Acks(group, rows_ack)), *cks], sorted({k[0] for k in parts}), judged.state
+            )
         except UnconfirmedError:  # in the log: changed as it says (ck -1: no handle of it is out), the error answered
             raise
         except BaseException:  # as they were (unless a pop took a nacked one meanwhile)

@@ -90,7 +90,7 @@ class Taking(PopBase):
             await self._take_fresh(g, ask, order, parts, deadline)
             parts = {qid: p for qid, p in parts.items() if p.offsets}
             cks = [ck_message(_checkpoint(ask, qid, p, deadline)) for qid, p in parts.items()]
-            result = await self.record(cks) if cks else None
+            result = await self.record(cks, state=state) if cks else None
         except UnconfirmedError:  # the CKs are in the log: in flight, visible again after their deadline
             raise
         except BaseException:
