@@ -4,6 +4,9 @@ without its confirmation, a topic deleted, a change of invisible time over membe
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,6 +16,9 @@ from clmq.broker.service.pop._records import Acks, Checkpoint, Handle, decode_po
 from clmq.broker.service.pop._service import _place_changes
 from clmq.broker.service.pop._take import Ask, Taken
 from clmq.broker.service.pop._taking import _undo
+from clmq.client import open_admin
+from tests.pop_helpers import FAST_POP, Popper
+from tests.service_helpers import Cluster
 
 
 def _settling_state() -> tuple[PopState, QueueFlights]:
@@ -118,3 +124,28 @@ def test_a_change_of_invisible_time_keeps_each_delivery_s_owner_and_limit() -> N
         1: ("b", 1, 9_000),
         2: ("a", 7, 9_000),
     }
+
+
+async def test_a_deleted_topic_s_deliveries_go_and_a_rebuild_does_not_bring_them_back(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker(**{**FAST_POP, "pop_checkpoint_interval_ms": 10**9})  # a rebuild replays it all
+    await c.create_topic("t", 1)
+    await c.create_topic("u", 1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"t0"])
+        await p.send("u", [b"u0", b"u1"])
+        await p.pop_all(1, topic="t", invisible_time_ms=60_000)
+        await p.pop_all(2, topic="u", invisible_time_ms=60_000)
+        await admin.delete_topic("u")
+        pop = (await p.describe())["pop"]
+        assert [(q["topic"], q["inflight"]) for q in pop["queues"]] == [("t", 1)]
+        assert (await p.info())["pop_inflight"] == 1
+        broker.handlers.pop.stand_down()  # the state is rebuilt from %POP% (which still holds u's CK record)
+        await p.running()
+        pop = (await p.describe())["pop"]
+        assert [(q["topic"], q["inflight"]) for q in pop["queues"]] == [("t", 1)]

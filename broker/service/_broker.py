@@ -104,6 +104,7 @@ class Broker:
             tracer=TraceRecorder(config.trace_enabled),
             pop_describe=lambda group: self.handlers.pop.describe(group),
             pop_groups=lambda: self.handlers.pop.groups(),
+            pop_drop_topic=lambda topic: self.handlers.pop.drop_topic(topic),
         )
         self.handlers = Handlers(self.ctx)
         self.kafka: KafkaService | None = None

@@ -53,3 +53,4 @@ class BrokerContext:
     # DESCRIBE_GROUP's "pop" part of a group (None: no POP state for it here; pop.PopService.describe)
     pop_describe: Callable[[str], dict[str, Any] | None] = lambda group: None
     pop_groups: Callable[[], list[str]] = lambda: []  # the groups with POP state here (LIST_GROUPS lists them)
+    pop_drop_topic: Callable[[str], None] = lambda topic: None  # a deleted topic's POP state goes

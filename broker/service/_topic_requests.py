@@ -57,6 +57,7 @@ class TopicRequests:
                 ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on {self.config.broker_name}"
             )
         self.ctx.offsets.drop_topic(topic)
+        self.ctx.pop_drop_topic(topic)
         self.ctx.metadata.bump_topics()
         self.ctx.register_now()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ._records import Acks, Checkpoint
 
@@ -157,6 +157,12 @@ class PopState:
         if g is None:
             g = self.groups[name] = GroupFlights()
         return g
+
+    def drop_topics(self, gone: Callable[[str], bool]) -> None:
+        """Forget the queues of the topics ``gone`` says were deleted."""
+        for g in self.groups.values():
+            for key in [k for k in g.queues if gone(k[0])]:
+                del g.queues[key]
 
     def apply(self, record: Checkpoint | Acks, ck: int) -> None:
         """Apply the record stored at ``%POP%`` queue offset ``ck``."""

@@ -109,6 +109,7 @@ class PopKeeper(PopBase):
             )
         cp = await trio.to_thread.run_sync(load_checkpoint, store)
         state, _end = await trio.to_thread.run_sync(replay, store, cp)
+        state.drop_topics(lambda t: store.topics.queue_count(t) is None)  # (deleted since: its records stay)
         self.saved, self._last_save = cp, 0.0
         self.state = state
 

@@ -161,6 +161,12 @@ class PopService(PopKeeper, Taking):
         f = q.flights.get(h.offset) if q is not None else None
         return f.owner if f is not None and f.ck == h.ck else None
 
+    def drop_topic(self, topic: str) -> None:
+        """A deleted topic's POP state goes (its deliveries, next offsets, dead letters due)."""
+        if self.state is not None:
+            self.state.drop_topics(lambda t: t == topic)
+        self.dead = [d for d in self.dead if d[1] != topic]
+
     def groups(self) -> list[str]:
         """The groups with POP state here."""
         return sorted(self.state.groups) if self.state is not None else []
