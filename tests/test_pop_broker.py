@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 
 from clmq.broker.service import Broker
+from clmq.broker.service.pop._state import PopCheckpoint, replay
 from clmq.client import Record, open_admin
 from clmq.common import PROP_DLQ_GROUP, PROP_ORIGIN_TOPIC, dlq_topic
 from clmq.protocol import ErrorCode, Frame, RequestCode, check_request
@@ -484,3 +485,41 @@ async def _pop_failure(p: Popper) -> str:
 
 async def _no_pop_failure(p: Popper) -> bool:
     return not await _pop_failure(p)
+
+
+async def test_concurrent_pops_and_acks_share_appends_and_the_log_says_the_same(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Requests that arrive while an append of POP records is in flight go together in
+    the next one (group commit); each pop's handles carry its own CK record, each ack
+    is answered ok once stored, and a replay of ``%POP%`` gives the state in memory."""
+    c, broker = await _cluster(nursery, tmp_path, queues=4)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        for q in range(4):
+            await p.send("t", [b"%d-%02d" % (q, i) for i in range(30)], queue_id=q)
+        service = broker.handlers.pop
+        handles: list[str] = []
+        acked: list[str] = []
+
+        async def member(name: str) -> None:
+            while True:
+                got, f = await p.pop(client_id=name, invisible_time_ms=60_000, max_messages=3)
+                if not got:
+                    return
+                handles.extend(f["handles"])
+                acked.extend(await p.ack(f["handles"]))
+
+        before = (service.batcher.appends, service.batcher.requests)
+        async with trio.open_nursery() as n:
+            for i in range(16):
+                n.start_soon(member, f"m{i}")
+        assert len(handles) == 120 and len(set(handles)) == 120 and acked == ["ok"] * 120
+        appends, requests = service.batcher.appends - before[0], service.batcher.requests - before[1]
+        assert appends < requests  # some requests shared an append
+        assert await p.ack(handles[:5]) == ["gone"] * 5
+        store = broker.ctx.store
+        state, _end = replay(store, PopCheckpoint())
+        assert state.groups["g"].inflight() == 0 == service.state.groups["g"].inflight()
+        assert {k: q.next_offset for k, q in state.groups["g"].queues.items()} == {("t", q): 30 for q in range(4)}

@@ -19,6 +19,7 @@ from .._context import BrokerContext
 from .._read_threads import ReadThreads
 from .._system_put import UnconfirmedError, ensure_topic, put_acknowledged
 from ..timer import wall_ms
+from ._batch import RecordBatcher
 from ._inflight import Flight, GroupFlights, PopState, QueueFlights
 from ._records import POP_QUEUE, Acks, Handle, ack_message, parse_handle
 from ._state import PopCheckpoint, load_checkpoint
@@ -65,6 +66,7 @@ class PopBase:
         self.dead: list[tuple[str, str, int, int]] = []  # (group, topic, queue, offset) to dead-letter
         # Reads of queue entries and records: a job costs a queue put, not a trio.to_thread hop.
         self.readers = ReadThreads(ctx.config.pull_read_threads, name="pop_read_threads")
+        self.batcher = RecordBatcher(lambda messages, also: put_acknowledged(ctx, messages, also=also))
         if self.store is not None:
             self.store.log.hold_retention(self.retention_floor)
 
@@ -106,8 +108,8 @@ class PopBase:
         self, messages: Sequence[Message], also: Sequence[str] = (), state: PopState | None = None
     ) -> PutResult:
         """Append ``messages`` (``%POP%`` records, dead letters) durably before an answer;
-        RequestError if not. Submitted at once (no wait before the lane has them), so
-        ``%POP%`` holds records in the order the state changed.
+        RequestError if not. Handed over at once (in the next append of the group
+        commit, ``_batch``), so ``%POP%`` holds records in the order the state changed.
         ``state``: the state the records change (SYSTEM_BUSY if it was given up meanwhile:
         a rebuild that began may not see them)."""
         if state is not None and state is not self.state:
@@ -116,7 +118,7 @@ class PopBase:
         self.writes[token] = self.pop_end()
         try:
             with trio.CancelScope(shield=True):  # once handed to the lane, the state must follow it
-                result = await put_acknowledged(self.ctx, messages, also=also)
+                result = await self.batcher.record(messages, also)
         finally:
             del self.writes[token]
             if not self.writes and self.drained is not None:

@@ -1,0 +1,102 @@
+"""Group commit of ``%POP%`` records (as RocketMQ's ``PopBufferMergeService`` merges
+CK and ACK records): the records of requests that arrive while an append of them is
+in flight go together in the next append, one lane submit and one durability wait for
+all of them. Records keep the order in which they were handed over (the order the
+state changed); a batch is a run of requests that wait for the same topics (so that
+one topic's refusal is never another request's error)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Sequence
+
+import trio
+
+from clmq.broker.store import PutResult
+from clmq.common import Message
+
+Put = Callable[[list[Message], Sequence[str]], Awaitable[PutResult]]
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """One request's records, waiting for an append."""
+
+    messages: list[Message]
+    also: tuple[str, ...]
+    wake: trio.Event = field(default_factory=trio.Event)  # its batch is done, or it may lead the next
+    result: PutResult | None = None
+    error: BaseException | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None or self.error is not None
+
+
+class RecordBatcher:
+    """Appends records through ``put`` (``put_acknowledged``), batching the requests
+    that wait meanwhile. The first request finding no append in flight leads at once
+    (no added wait when alone); a request waiting while another leads is appended in
+    the next batch, led by the oldest waiting request."""
+
+    def __init__(self, put: Put) -> None:
+        self._put = put
+        self._waiting: deque[_Waiting] = deque()
+        self._busy = False
+        self.appends = 0  # appends made (each one batch)
+        self.requests = 0  # requests appended
+
+    async def record(self, messages: Sequence[Message], also: Sequence[str] = ()) -> PutResult:
+        """Append ``messages`` (in order, after every earlier call's); this call's part of
+        the batch's result (its own queue offsets), or the batch's error raised."""
+        me = _Waiting(list(messages), tuple(sorted(set(also))))
+        self._waiting.append(me)
+        while not me.finished:
+            if self._busy:
+                await me.wake.wait()
+                me.wake = trio.Event()
+                continue
+            self._busy = True
+            try:
+                await self._append_next()
+            finally:
+                self._busy = False
+                if self._waiting:
+                    self._waiting[0].wake.set()  # the oldest waiting leads the next batch
+        if me.error is not None:
+            raise me.error
+        assert me.result is not None
+        return me.result
+
+    async def _append_next(self) -> None:
+        """Append the oldest waiting requests that wait for the same topics."""
+        batch = [self._waiting.popleft()]
+        while self._waiting and self._waiting[0].also == batch[0].also:
+            batch.append(self._waiting.popleft())
+        messages = [m for w in batch for m in w.messages]
+        self.appends += 1
+        self.requests += len(batch)
+        try:
+            result = await self._put(messages, batch[0].also)
+        except BaseException as e:  # each request of the batch raises it (the leader may not be one)
+            for w in batch:
+                w.error = e
+                w.wake.set()
+            if not isinstance(e, Exception):
+                raise
+            return
+        at = 0
+        for w in batch:
+            n = len(w.messages)
+            w.result = PutResult(
+                result.status,
+                result.error,
+                result.queue_offsets[at : at + n],
+                result.commitlog_offsets[at : at + n],
+                result.end_offset,
+                result.store_timestamp_ms,
+                [n],
+            )
+            at += n
+            w.wake.set()
