@@ -24,7 +24,7 @@ from tests.waiting import await_until
 
 RETRYABLE = (ErrorCode.SYSTEM_BUSY, ErrorCode.NOT_LEADER, ErrorCode.SHUTTING_DOWN)
 PER_QUEUE = 30
-INVISIBLE_MS = 2500
+INVISIBLE_MS = 6000  # long enough for a kill -9 and a restart before any deadline
 
 
 def _config(root: Path, checkpoint_ms: int) -> Path:
@@ -85,8 +85,9 @@ async def test_acks_survive_kill_9_and_unacked_come_back_after_their_deadline(
             unacked = sorted(set(popped) - set(acked))
             never = sorted({b"%d-%03d" % (q, i) for q in (0, 1) for i in range(PER_QUEUE)} - set(popped))
             first, _f = await p.pop(invisible_time_ms=60_000, max_messages=100)
-            if time.time() * 1000 < min(deadlines.values()):  # before the deadlines: only those never popped
-                assert sorted(bytes(r.body) for r in first) == never
+            left_ms = min(deadlines.values()) - time.time() * 1000
+            assert left_ms > 0, f"the restart took past the first deadline ({-left_ms:.0f} ms): nothing was checked"
+            assert sorted(bytes(r.body) for r in first) == never  # before the deadlines: only those never popped
             seen = {bytes(r.body): 1 for r in first}
             with trio.fail_after(20):
                 while len(seen) < len(never) + len(unacked):
