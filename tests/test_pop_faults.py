@@ -5,6 +5,7 @@ without its confirmation, a topic deleted, a change of invisible time over membe
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import trio
 from hypothesis import given
@@ -19,6 +20,7 @@ from clmq.broker.service.pop._taking import _undo
 from clmq.client import open_admin
 from tests.pop_helpers import FAST_POP, Popper
 from tests.service_helpers import Cluster
+from tests.waiting import await_until
 
 
 def _settling_state() -> tuple[PopState, QueueFlights]:
@@ -149,3 +151,33 @@ async def test_a_deleted_topic_s_deliveries_go_and_a_rebuild_does_not_bring_them
         await p.running()
         pop = (await p.describe())["pop"]
         assert [(q["topic"], q["inflight"]) for q in pop["queues"]] == [("t", 1)]
+
+
+async def test_an_idle_group_is_forgotten_after_its_settled_offsets_are_committed(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker(**{**FAST_POP, "pop_group_idle_forget_ms": 400})
+    await c.create_topic("t", 1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"m0", b"m1", b"m2"])
+        _records, handles = await p.pop_all(3, max_messages=3, invisible_time_ms=60_000)
+        assert await p.ack(handles[:2]) == ["ok", "ok"]  # m2 in flight: the group stays, m0..m1 committed
+
+        async def committed() -> list[tuple[int, bool]]:
+            d = await p.describe()
+            return [(q["committed"], "pop" in d) for q in d["queues"]]
+
+        await await_until(lambda: _is(committed, [(2, True)]), 10, "the settled offset committed")
+        assert await p.ack(handles[2:]) == ["ok"]
+        await await_until(lambda: _is(committed, [(3, False)]), 10, "the idle group forgotten")
+        await p.send("t", [b"m3"])
+        again, _h = await p.pop_all(1, invisible_time_ms=60_000)
+        assert [bytes(r.body) for r in again] == [b"m3"]  # it goes on from the committed offset
+
+
+async def _is(get: Any, want: Any) -> bool:
+    return bool(await get() == want)

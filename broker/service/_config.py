@@ -150,6 +150,9 @@ class BrokerConfig:
     pop_checkpoint_interval_ms: int = 1000  # the in-flight set is recorded this often (after a log flush)
     pop_member_timeout_ms: int = 30_000  # a client not popping for this long is no longer listed as a member
     pop_max_wait_ms: int = 30_000  # a POP_MESSAGE's max_wait_ms is cut to this
+    # A group with nothing in flight that has not popped for this long: its POP state goes (its
+    # settled offsets are committed at every checkpoint: a later pop starts from them).
+    pop_group_idle_forget_ms: int = 7 * 24 * 3600 * 1000
     # The Kafka listener (docs/kafka.md): Kafka's own clients, on the same store.
     kafka_listen_port: int = -1  # -1: no Kafka listener; 0: any free port
     kafka_node_id: int = -1  # this broker's node id for Kafka clients; -1: derived from its Kafka address
@@ -383,6 +386,7 @@ def _check_features(self: BrokerConfig) -> None:
         "pop_checkpoint_interval_ms",
         "pop_member_timeout_ms",
         "pop_max_wait_ms",
+        "pop_group_idle_forget_ms",
         "kafka_share_record_lock_duration_ms",
         "kafka_share_heartbeat_interval_ms",
         "kafka_share_session_timeout_ms",

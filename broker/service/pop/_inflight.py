@@ -139,6 +139,7 @@ class GroupFlights:
     turn: int = 0  # which queue goes first at the next pop
     stats: GroupStats = field(default_factory=GroupStats)
     invisible_time_ms_last: int = 0
+    last_pop_ms: int = 0  # epoch ms of its last pop (a start counts as one): an idle group is forgotten
 
     def inflight(self) -> int:
         """Deliveries not settled, over every queue."""

@@ -20,6 +20,7 @@ from clmq.protocol.transport import RequestError
 from .._sendback import dead_letter
 from .._system_put import ensure_topic
 from ._base import Judged, PopBase
+from ._inflight import PopState
 from ._reads import entry_of
 from ._records import Handle, parse_handle
 from ._state import PopCheckpoint, load_checkpoint, log_offset_at, replay, save_checkpoint
@@ -110,6 +111,8 @@ class PopKeeper(PopBase):
         cp = await trio.to_thread.run_sync(load_checkpoint, store)
         state, _end = await trio.to_thread.run_sync(replay, store, cp)
         state.drop_topics(lambda t: store.topics.queue_count(t) is None)  # (deleted since: its records stay)
+        for g in state.groups.values():
+            g.last_pop_ms = self.now()
         self.saved, self._last_save = cp, 0.0
         self.state = state
 
@@ -179,6 +182,8 @@ class PopKeeper(PopBase):
             return
         store, state = self.store, self.state
         assert store is not None and state is not None
+        if self.commit_settled(state):  # a group forgotten: its committed offsets on disk first
+            await trio.to_thread.run_sync(self.ctx.offsets.flush)
         applied_to = min(self.writes.values(), default=self.pop_end())
         if applied_to == self.saved.applied_to and not self.writes:
             return  # nothing recorded since
@@ -194,6 +199,25 @@ class PopKeeper(PopBase):
         await trio.to_thread.run_sync(save_checkpoint, store, cp)
         self.saved = cp
         self.ctx.metadata.bump()  # followers copy it
+
+    def commit_settled(self, state: PopState) -> bool:
+        """Commit each group's settled offsets as its ordinary committed offsets (never
+        lower: a queue-based consumer of the group goes on from there), then forget the
+        groups with nothing in flight that have not popped for ``pop_group_idle_forget_ms``
+        (a later pop starts from those offsets). Whether a group was forgotten."""
+        offsets, idle_from = self.ctx.offsets, self.now() - self.config.pop_group_idle_forget_ms
+        forget = []
+        for name, g in state.groups.items():
+            for (topic, qid), q in g.queues.items():
+                settled = q.settled_offset()
+                if settled > offsets.query(name, topic, qid):
+                    offsets.commit(name, topic, qid, settled)
+            if g.last_pop_ms < idle_from and not g.inflight() and name not in self.waiters:
+                forget.append(name)
+        for name in forget:
+            del state.groups[name]
+            log.info("pop: group %s forgotten (idle, nothing in flight; its offsets are committed)", name)
+        return bool(forget)
 
     def checkpoint_json(self) -> dict[str, Any] | None:
         """The last checkpoint saved (a leader's followers adopt it)."""

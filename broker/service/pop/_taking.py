@@ -80,7 +80,7 @@ class Taking(PopBase):
         state = self.running_state()
         g = state.group(ask.group)
         now = self.now()
-        g.members[ask.client_id] = now
+        g.members[ask.client_id] = g.last_pop_ms = now
         g.invisible_time_ms_last = ask.invisible_time_ms
         order = rotated(ask.queue_ids, g.turn)
         g.turn += 1
