@@ -51,9 +51,9 @@ def test_a_pop_s_handles_are_each_offset_s_handle(
     assert encode_handles(broker, topic, qid, offs, ck, deadline) == expected
 
 
-@given(st.lists(st.tuples(st.sampled_from(["put", "settle", "drop"]), st.integers(0, 30)), max_size=60))
+@given(st.lists(st.tuples(st.sampled_from(["put", "settle", "drop"]), st.integers(0, 200)), max_size=80))
 def test_the_settled_offset_kept_is_the_lowest_in_flight(ops: list[tuple[str, int]]) -> None:
-    q = QueueFlights(31)
+    q = QueueFlights(201)
     for op, off in ops:
         if op == "put":
             q.put(off, Flight(off, 0, 1, "c", 16))
@@ -61,7 +61,7 @@ def test_the_settled_offset_kept_is_the_lowest_in_flight(ops: list[tuple[str, in
             q.settle(off, off)
         else:  # taken out without settle (a record gone to retention)
             q.flights.pop(off, None)
-        assert q.settled_offset() == (min(q.flights) if q.flights else 31)
+        assert q.settled_offset() == (min(q.flights) if q.flights else 201)
 
 
 @given(st.text(max_size=40))

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from ._records import Acks, Checkpoint
 
 QueueKey = tuple[str, int]
+LOW_SCAN_MAX = 64  # offsets looked at above a settled lowest one before a min() over the in-flight set
 
 
 @dataclass(slots=True)
@@ -41,8 +42,13 @@ class QueueFlights:
         if not self.flights:
             return self.next_offset
         low = self.low
-        if low is None or low not in self.flights:
-            low = self.low = min(self.flights)
+        if low is not None and low not in self.flights:  # settled: acks come mostly in order, look just above
+            low = next(
+                (o for o in range(low + 1, min(low + LOW_SCAN_MAX, self.next_offset)) if o in self.flights), None
+            )
+        if low is None:
+            low = min(self.flights)
+        self.low = low
         return low
 
     def put(self, offset: int, flight: Flight) -> None:
