@@ -18,6 +18,8 @@ from clmq.broker.service.pop._service import _place_changes
 from clmq.broker.service.pop._take import Ask, Taken
 from clmq.broker.service.pop._taking import _undo
 from clmq.client import open_admin
+from clmq.protocol import ErrorCode
+from clmq.protocol.transport import RpcError
 from tests.pop_helpers import FAST_POP, Popper
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
@@ -181,3 +183,43 @@ async def test_an_idle_group_is_forgotten_after_its_settled_offsets_are_committe
 
 async def _is(get: Any, want: Any) -> bool:
     return bool(await get() == want)
+
+
+async def test_writes_stored_but_not_fsynced_in_time_change_the_state_as_the_log_says(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """sync_flush_timeout_ms=1 on a real disk: some %POP% appends are stored but not
+    known fsynced in time (FLUSH_DISK_TIMEOUT). A pop answered so keeps its message in
+    flight (its CK is in the log), an ack answered so has settled it (a repeat is
+    "gone"); the state rebuilt from the log is the same."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker(**{**FAST_POP, "flush_mode": "sync", "sync_flush_timeout_ms": 1})
+    await c.create_topic("t", 1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        inflight, seen = 0, {"pop": 0, "ack": 0}
+        with trio.fail_after(60):
+            while min(seen.values()) < 2:
+                await _unconfirmed_ok(p.send("t", [b"m"]))
+                got = await _unconfirmed_ok(p.pop(invisible_time_ms=600_000, max_wait_ms=5000))
+                if got is None:
+                    seen["pop"], inflight = seen["pop"] + 1, inflight + 1  # its CK is in the log
+                elif await _unconfirmed_ok(p.ack(got[1]["handles"])) is None:
+                    seen["ack"] += 1
+                    assert await p.ack(got[1]["handles"]) == ["gone"]  # its ACK is in the log
+                assert (await p.describe())["pop"]["queues"][0]["inflight"] == inflight
+        broker.handlers.pop.stand_down()  # rebuilt from the checkpoint and %POP%
+        await p.running()
+        assert (await p.describe())["pop"]["queues"][0]["inflight"] == inflight
+
+
+async def _unconfirmed_ok(call: Any) -> Any:
+    """``await call``; None if it was answered FLUSH_DISK_TIMEOUT (stored, not known fsynced)."""
+    try:
+        return await call
+    except RpcError as e:
+        if e.code != ErrorCode.FLUSH_DISK_TIMEOUT:
+            raise
+        return None
