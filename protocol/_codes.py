@@ -205,7 +205,9 @@ BROKER_INFO            -> name, addr, storage_mode, flush_mode, end_offset, ...,
                        where no leader's POP service runs), pop_inflight,
                        pop_popped, pop_acked, pop_ack_expired, pop_redelivered,
                        pop_dead_lettered (over every group, since it became the
-                       leader), pop_failure
+                       leader), pop_failure, pop_record_appends and
+                       pop_record_requests (appends of %POP% records and the
+                       requests they carried: the group commit, since start)
 GET_LOG_LAYOUT         -> min_offset, end_offset (durable, dispatched and confirmed),
                        segments: [[base, data_end, [record starts...]], ...],
                        topics: {name: queue_count}, message_count, storage_mode

@@ -518,6 +518,8 @@ async def test_concurrent_pops_and_acks_share_appends_and_the_log_says_the_same(
         assert len(handles) == 120 and len(set(handles)) == 120 and acked == ["ok"] * 120
         appends, requests = service.batcher.appends - before[0], service.batcher.requests - before[1]
         assert appends < requests  # some requests shared an append
+        info = await p.info()
+        assert info["pop_record_appends"] == service.batcher.appends < info["pop_record_requests"]
         assert await p.ack(handles[:5]) == ["gone"] * 5
         store = broker.ctx.store
         state, _end = replay(store, PopCheckpoint())

@@ -219,6 +219,8 @@ class PopService(PopKeeper, Taking):
             "pop_redelivered": sum(g.stats.redelivered for g in gs),
             "pop_dead_lettered": sum(g.stats.dead_lettered for g in gs),
             "pop_failure": self.failure or self.save_failure,
+            "pop_record_appends": self.batcher.appends,  # appends of POP records since the broker started
+            "pop_record_requests": self.batcher.requests,  # requests whose records they carried (group commit)
         }
 
 
