@@ -11,9 +11,12 @@ from typing import Iterable, Iterator
 from clmq.common import Record
 
 # What ACK_MESSAGE and CHANGE_INVISIBLE_TIME answer per handle (protocol/_codes.py), and
-# the client's own "unreachable": the request found no leader within retry_budget_ms (the
-# message comes back after its invisible time).
-OK, EXPIRED, GONE, INVALID, UNREACHABLE = "ok", "expired", "gone", "invalid", "unreachable"
+# the client's own: "unreachable": no leader took the request within retry_budget_ms (the
+# message comes back after its invisible time, unless a try nobody answered was applied);
+# "unknown": a change whose retry was refused after a try whose outcome is unknown (it may
+# have been applied under a handle this consumer never got: the message comes back after
+# its invisible time, the new one or the old, to any member).
+OK, EXPIRED, GONE, INVALID, UNREACHABLE, UNKNOWN = "ok", "expired", "gone", "invalid", "unreachable", "unknown"
 
 
 @dataclass
@@ -39,6 +42,7 @@ class PopStats:
     ack_gone: int = 0  # acknowledgements of messages settled already
     ack_invalid: int = 0  # handles the broker did not know
     unreachable: int = 0  # acks and changes no leader answered within retry_budget_ms
+    unknown: int = 0  # changes whose outcome is unknown (a try timed out, the retry was refused)
     nacked: int = 0  # messages handed back (CHANGE_INVISIBLE_TIME with a delay) that the broker took
     extended: int = 0  # invisible times changed ("ok")
     released: int = 0  # popped, never handed out, made visible again at close
@@ -46,7 +50,8 @@ class PopStats:
 
 
 # A receipt whose deadline passed this long ago is forgotten (its record was dropped
-# without an ack, or is being handled for very long: an ack of it then answers "gone").
+# without an ack, or is being handled for very long: an ack of it then answers "expired",
+# as for any record this consumer holds no receipt of).
 FORGET_AFTER_DEADLINE_MS = 10 * 60 * 1000
 PRUNE_EVERY_ADDS = 4096  # receipts added between two looks for forgotten ones
 
@@ -89,7 +94,8 @@ class Receipts:
 
     def split(self, records: Iterable[Record]) -> tuple[dict[str, list[tuple[int, Receipt]]], list[int]]:
         """``records`` by broker name as (position, receipt), and the positions of those
-        without a receipt (settled already, or not popped by this consumer)."""
+        without a receipt (settled through this consumer already, refused, forgotten, or
+        not popped by it)."""
         by_broker: dict[str, list[tuple[int, Receipt]]] = {}
         missing: list[int] = []
         for i, record in enumerate(records):

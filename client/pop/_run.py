@@ -10,6 +10,7 @@ lanes on its own loop."""
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Awaitable, Callable, Sequence
 
@@ -19,10 +20,16 @@ from clmq.common import Record
 
 from ..consumer import Handler, judge
 
+log = logging.getLogger("clmq.pop")
+
 Judge = Callable[[Record], Awaitable[bool]]
 Settle = Callable[[Sequence[Record]], Awaitable[object]]
 Nack = Callable[[Sequence[Record], int | None], Awaitable[object]]
 ACK_BATCH_MAX = 1024  # acks gathered into one call at most
+# When run() is cancelled (or its consumer closes): the wait for the acks of handlers that
+# finished (queued, or on their way) before returning; past it they come back after their
+# invisible time.
+ACK_AT_CANCEL_TIMEOUT_S = 5.0
 
 
 def failed_part(lane: list[Record], i: int, orderly: bool) -> list[Record]:
@@ -127,13 +134,40 @@ class Runner:
             self._lane_done = trio.Event()
 
     async def _acker(self, recv: trio.MemoryReceiveChannel[Record]) -> None:
-        """Acknowledge what handlers finished: what queued up meanwhile in one call."""
-        async with recv:
-            async for first in recv:
-                batch = [first]
-                while len(batch) < ACK_BATCH_MAX:
-                    try:
-                        batch.append(recv.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                await self.ack(batch)
+        """Acknowledge what handlers finished: what queued up meanwhile in one call. When
+        cancelled, what was queued or on its way is still acknowledged (shielded, for
+        ``ACK_AT_CANCEL_TIMEOUT_S`` at most)."""
+        batch: list[Record] = []
+        try:
+            while True:
+                try:
+                    batch = [await recv.receive()]
+                except trio.EndOfChannel:
+                    return
+                batch += _queued(recv, ACK_BATCH_MAX - 1)
+                await self._ack_batch(batch)
+                batch = []
+        finally:
+            rest = batch + _queued(recv, None)
+            recv.close()
+            if rest:
+                with trio.CancelScope(shield=True), trio.move_on_after(ACK_AT_CANCEL_TIMEOUT_S):
+                    await self._ack_batch(rest)
+
+    async def _ack_batch(self, batch: list[Record]) -> None:
+        """One ack call; a failure is logged (run() never ends because of an ack)."""
+        try:
+            await self.ack(batch)
+        except Exception:
+            log.exception("pop: an ack of %d messages failed (they come back after their invisible time)", len(batch))
+
+
+def _queued(recv: trio.MemoryReceiveChannel[Record], most: int | None) -> list[Record]:
+    """What ``recv`` holds now, up to ``most`` (None: all), without waiting."""
+    out: list[Record] = []
+    while most is None or len(out) < most:
+        try:
+            out.append(recv.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            break
+    return out

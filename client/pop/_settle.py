@@ -1,7 +1,10 @@
 """Settling popped messages: ACK_MESSAGE and CHANGE_INVISIBLE_TIME, one request per
 broker (replication group) for all of a call's messages there, following the group's
-leader when it moved (NOT_LEADER, a connection that failed) for up to
-``retry_budget_ms``."""
+leader when it moved (NOT_LEADER, a connection that failed) and asking again while a
+broker is busy or could not confirm (SYSTEM_BUSY while its POP state starts after a
+restart or a promotion, FLUSH_DISK_TIMEOUT, REPLICATION_TIMEOUT, ...) for up to
+``retry_budget_ms``; then ``unreachable``. Nothing is raised: each record gets a status,
+and one broker's failure leaves the other brokers' answers as they are."""
 
 from __future__ import annotations
 
@@ -17,12 +20,34 @@ from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError
 
 from .._routes import NoRouteError, Routes
 from ._options import PopConsumerOptions
-from ._receipts import EXPIRED, GONE, INVALID, OK, UNREACHABLE, PopStats, Receipt, Receipts
+from ._receipts import EXPIRED, GONE, INVALID, OK, UNKNOWN, UNREACHABLE, PopStats, Receipt, Receipts
 
 log = logging.getLogger("clmq.pop")
 
 NET_ERRORS = (ConnectionFailed, trio.TooSlowError, NoRouteError)
 STATUSES = (OK, EXPIRED, GONE, INVALID)
+# Answers after which the same request may work later (the broker starts, catches up, or
+# its replicas come back). The ones marked in UNCONFIRMED may have been applied.
+BUSY_CODES = frozenset(
+    {
+        ErrorCode.SYSTEM_BUSY,
+        ErrorCode.SYSTEM_ERROR,
+        ErrorCode.TIMEOUT,
+        ErrorCode.FLUSH_DISK_TIMEOUT,
+        ErrorCode.REPLICATION_TIMEOUT,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.STALE_EPOCH,
+    }
+)
+UNCONFIRMED = frozenset(
+    {
+        ErrorCode.SYSTEM_ERROR,
+        ErrorCode.TIMEOUT,
+        ErrorCode.FLUSH_DISK_TIMEOUT,
+        ErrorCode.REPLICATION_TIMEOUT,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+    }
+)
 
 
 def leader_moved(e: BaseException) -> bool:
@@ -30,6 +55,19 @@ def leader_moved(e: BaseException) -> bool:
     if isinstance(e, RpcError):
         return e.code in (ErrorCode.NOT_LEADER, ErrorCode.SHUTTING_DOWN)
     return isinstance(e, NET_ERRORS)
+
+
+def worth_retrying(e: BaseException) -> bool:
+    """A settling failure after which asking again (maybe elsewhere) may work."""
+    return leader_moved(e) or (isinstance(e, RpcError) and e.code in BUSY_CODES)
+
+
+def maybe_applied(e: BaseException) -> bool:
+    """A failed try that the broker may have applied all the same (sent, no answer; or
+    written and not confirmed)."""
+    if isinstance(e, RpcError):
+        return e.code in UNCONFIRMED
+    return isinstance(e, (ConnectionFailed, trio.TooSlowError))
 
 
 class Settler:
@@ -49,7 +87,7 @@ class Settler:
 
     async def ack(self, records: Sequence[Record]) -> list[str]:
         """ACK_MESSAGE: a status per record, in order (``ok``, ``expired``, ``gone``,
-        ``invalid``, ``unreachable``); all but ``unreachable`` end the receipt."""
+        ``invalid``, ``unreachable``); all but ``unreachable`` end the receipt. Never raises."""
         results = await self._settle(RequestCode.ACK_MESSAGE, records, {}, _ack_rows)
         out = []
         for record, (status, _) in zip(records, results):
@@ -59,7 +97,9 @@ class Settler:
 
     async def change(self, records: Sequence[Record], invisible_time_ms: int, *, keep: bool) -> list[str]:
         """CHANGE_INVISIBLE_TIME: a status per record. ``keep``: an ``ok`` record stays
-        with this consumer under its new handle (extend); else its receipt ends (nack)."""
+        with this consumer under its new handle (extend); else its receipt ends (nack).
+        ``unknown``: a try may have been applied and the retry was refused (the receipt
+        ends; the message comes back after its invisible time). Never raises."""
         fields = {"invisible_time_ms": invisible_time_ms}
         results = await self._settle(RequestCode.CHANGE_INVISIBLE_TIME, records, fields, _change_rows)
         deadline_ms = int(time.time() * 1000) + invisible_time_ms
@@ -76,6 +116,16 @@ class Settler:
             elif status == UNREACHABLE:
                 stats.unreachable += 1
                 continue
+            elif status == UNKNOWN:
+                stats.unknown += 1
+                log.warning(
+                    "pop %s: changing the invisible time of %s/%d offset %d: outcome unknown (a try timed out, "
+                    "the retry was refused); it comes back after its invisible time",
+                    self.group,
+                    record.topic,
+                    record.queue_id,
+                    record.queue_offset,
+                )
             elif status == EXPIRED:
                 log.warning(
                     "pop %s: changing the invisible time of %s/%d offset %d refused: its invisible time had "
@@ -119,10 +169,18 @@ class Settler:
     ) -> list[tuple[str, str]]:
         """One request per broker; (status, new handle) per record, in order."""
         by_broker, _missing = self.receipts.split(records)
-        results: list[tuple[str, str]] = [(GONE, "")] * len(records)  # no receipt (missing): settled already
+        # No receipt here: settled through this consumer already, refused before, or
+        # forgotten long past its deadline; whether the broker still holds it is not known
+        # here, so it is not called settled: "expired" (treat it as delivered again).
+        results: list[tuple[str, str]] = [(EXPIRED, "")] * len(records)
 
         async def one(entries: list[tuple[int, Receipt]]) -> None:
-            answers = await self._to_leader(code, [r for _, r in entries], fields, rows)
+            receipts = [r for _, r in entries]
+            try:
+                answers = await self._to_leader(code, receipts, fields, rows)
+            except Exception as e:  # never raised: the others' answers stand
+                log.error("pop %s: %s at %s failed: %r", self.group, code.name, receipts[0].addr, e)
+                answers = [(UNREACHABLE, "")] * len(receipts)
             for (i, _), answer in zip(entries, answers):
                 results[i] = answer
 
@@ -142,15 +200,18 @@ class Settler:
         for each after ``retry_budget_ms``."""
         opts = self.options
         deadline = trio.current_time() + opts.retry_budget_ms / 1000
-        addr, delay = receipts[0].addr, 0.05
+        addr, delay, unsure = receipts[0].addr, 0.05, False
         body = {"group": self.group, "handles": [r.handle for r in receipts], **fields}
         while True:
             try:
                 reply = await self.rpc.request(addr, code, body, timeout_ms=opts.request_timeout_ms)
-                return rows(reply.fields.get("results"), len(receipts))
+                answers = rows(reply.fields.get("results"), len(receipts))
+                return _after_unsure(answers) if unsure and code == RequestCode.CHANGE_INVISIBLE_TIME else answers
             except (RpcError, *NET_ERRORS) as e:
-                if not leader_moved(e):
-                    raise
+                if not worth_retrying(e):
+                    log.error("pop %s: %s refused by %s: %s", self.group, code.name, addr, e)
+                    return [(UNREACHABLE, "")] * len(receipts)
+                unsure = unsure or maybe_applied(e)
                 if trio.current_time() + delay > deadline:
                     log.warning("pop %s: %s to %s failed: %s", self.group, code.name, addr, e or "timed out")
                     return [(UNREACHABLE, "")] * len(receipts)
@@ -170,6 +231,12 @@ class Settler:
             (m.addr for m in mqs if m.broker_name == receipt.broker_name and m.addr not in self.routes.leaderless),
             addr,
         )
+
+
+def _after_unsure(answers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A change retried after a try that may have been applied: "expired" or "gone" may
+    be the first try's doing (a new handle this consumer never got), so neither is told."""
+    return [(UNKNOWN, "") if status in (EXPIRED, GONE) else (status, h) for status, h in answers]
 
 
 def _ack_rows(value: Any, n: int) -> list[tuple[str, str]]:

@@ -64,6 +64,7 @@ class PopBase:
         self.drained: trio.Event | None = None  # set when no append is in progress (a start waits)
         self._ids = itertools.count()
         self.dead: list[tuple[str, str, int, int]] = []  # (group, topic, queue, offset) to dead-letter
+        self.save_soon = False  # the state holds what no record says (a failed pop's offsets): checkpoint it now
         # Reads of queue entries and records: a job costs a queue put, not a trio.to_thread hop.
         self.readers = ReadThreads(ctx.config.pull_read_threads, name="pop_read_threads")
         self.batcher = RecordBatcher(lambda messages, also: put_acknowledged(ctx, messages, also=also))

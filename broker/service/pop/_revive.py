@@ -178,21 +178,23 @@ class PopKeeper(PopBase):
     async def save_when_due(self) -> None:
         """Save the checkpoint every ``pop_checkpoint_interval_ms``: the state as it is
         and ``applied_to`` low enough (``_state``), after a log flush."""
-        if time.monotonic() - self._last_save < self.config.pop_checkpoint_interval_ms / 1000:
+        if time.monotonic() - self._last_save < self.config.pop_checkpoint_interval_ms / 1000 and not self.save_soon:
             return
         store, state = self.store, self.state
         assert store is not None and state is not None
         if self.commit_settled(state):  # a group forgotten: its committed offsets on disk first
             await trio.to_thread.run_sync(self.ctx.offsets.flush)
         applied_to = min(self.writes.values(), default=self.pop_end())
-        if applied_to == self.saved.applied_to and not self.writes:
+        if applied_to == self.saved.applied_to and not self.writes and not self.save_soon:
             return  # nothing recorded since
+        self.save_soon = False
         snapshot, write_offset = state.to_json(), store.log.write_offset
         self._last_save = time.monotonic()
         await trio.to_thread.run_sync(store.flush)  # nothing the checkpoint claims may be lost
         with trio.move_on_after(CHECKPOINT_DISPATCH_WAIT_S) as waited:  # the record at applied_to is in the queue
             await _dispatched_to(store, write_offset)
         if waited.cancelled_caught:
+            self.save_soon = True
             return  # (replication holds the dispatcher back): the next round saves it
         log_from = await trio.to_thread.run_sync(log_offset_at, store, applied_to, write_offset)
         cp = PopCheckpoint(applied_to, log_from, snapshot)

@@ -94,7 +94,8 @@ class Taking(PopBase):
         except UnconfirmedError:  # the CKs are in the log: in flight, visible again after their deadline
             raise
         except BaseException:
-            _undo(parts, ask)
+            if _undo(parts, ask):
+                self.save_soon = True  # (until a checkpoint or a CK holds them, only memory does)
             raise
         out: list[Delivery] = []
         for n, (qid, p) in enumerate(parts.items()):
@@ -225,10 +226,12 @@ def _checkpoint(ask: Ask, qid: int, p: Taken, deadline: int) -> Checkpoint:
     )
 
 
-def _undo(parts: dict[int, Taken], ask: Ask) -> None:
+def _undo(parts: dict[int, Taken], ask: Ask) -> bool:
     """Nothing was recorded: the reserved deliveries are visible again, as they were
     (unless another pop took them meanwhile); the next offset goes back where it was
-    unless another pop moved it since (no CK record may carry it past offsets none holds)."""
+    unless another pop moved it since (no CK record may carry it past offsets none holds).
+    Whether new offsets were kept below a next offset another pop moved (no record holds them)."""
+    kept = False
     for p in parts.values():
         back = p.advanced is not None and p.queue.next_offset == p.advanced[1]
         if back and p.advanced is not None:
@@ -242,3 +245,5 @@ def _undo(parts: dict[int, Taken], ask: Ask) -> None:
                 del p.queue.flights[off]
             else:  # a new offset: delivered next with attempt 1
                 p.queue.put(off, Flight(-1, 0, 0, ask.client_id, ask.max_reconsume_times))
+                kept = True
+    return kept
