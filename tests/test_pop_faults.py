@@ -90,7 +90,7 @@ def _popped(q: QueueFlights, offsets: list[int]) -> Taken:
 def test_a_failed_pop_gives_its_new_offsets_back_to_the_next_offset() -> None:
     q = QueueFlights(10)
     p = _popped(q, [10, 11, 12])
-    _undo({0: p}, _ask())
+    assert not _undo({0: p}, _ask())  # nothing kept that no record holds
     assert q.next_offset == 10 and not q.flights
     ck = Checkpoint("g", "c2", "t", 0, [], [], 9_000, 3, q.next_offset)  # a later CK (a change's) carries it
     state = PopState()
@@ -102,7 +102,7 @@ def test_a_failed_pop_behind_a_later_one_keeps_its_offsets_visible() -> None:
     q = QueueFlights(10)
     first = _popped(q, [10, 11])
     _popped(q, [12, 13])  # another pop moved the next offset since
-    _undo({0: first}, _ask())
+    assert _undo({0: first}, _ask())  # kept below a moved next offset: the service checkpoints at once
     assert q.next_offset == 14
     assert q.due(1, 10) == ([10, 11], [])  # visible at once, delivered next with attempt 1
     assert [q.flights[o].attempt for o in (10, 11)] == [0, 0]
