@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,7 +20,7 @@ from clmq.broker.service.pop._take import Ask, Taken
 from clmq.broker.service.pop._taking import _undo
 from clmq.client import open_admin
 from clmq.protocol import ErrorCode
-from clmq.protocol.transport import RpcError
+from clmq.protocol.transport import RequestError, RpcError
 from tests.pop_helpers import FAST_POP, Popper
 from tests.service_helpers import Cluster
 from tests.waiting import await_until
@@ -223,3 +224,26 @@ async def _unconfirmed_ok(call: Any) -> Any:
         if e.code != ErrorCode.FLUSH_DISK_TIMEOUT:
             raise
         return None
+
+
+async def test_a_write_for_a_state_given_up_meanwhile_is_refused(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """A request that judged against a state the service gave up (an error, a
+    stand-down) must not append after the rebuild began: the rebuild would miss it."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker(**FAST_POP)
+    await c.create_topic("t", 1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"m0"])
+        _got, f = await p.pop(invisible_time_ms=60_000, max_wait_ms=5000)
+        service = broker.handlers.pop
+        judged = service.judge("g", f["handles"], service.now())
+        assert judged.results == ["ok"]
+        service.stand_down()
+        await p.running()  # rebuilt from %POP%
+        with pytest.raises(RequestError) as refused:
+            await service.settle("g", judged)
+        assert refused.value.code == ErrorCode.SYSTEM_BUSY
+        assert await p.ack(f["handles"]) == ["ok"]  # the rebuilt state still has it in flight
