@@ -33,7 +33,7 @@ from ._metadata import topic_id
 from ._raw_records import batches_of
 from ._share_acks import AckOutcome, apply_acks
 from ._share_members import ShareGroups
-from ._share_sessions import DeliveryLike, PopLike, ShareSession, ShareSessions, release_held
+from ._share_sessions import DeliveryLike, PopLike, ShareSession, ShareSessions, prune_held, release_held
 
 log = logging.getLogger("clmq.broker.kafka")
 
@@ -112,6 +112,7 @@ class KafkaShare:
             self.sessions.close(session.group, session.member)
             await release_held(pop, session)
         elif not b.get("is_renew_ack", False):  # v2 (KIP-1222): a fetch carrying RENEWs acquires nothing new
+            prune_held(pop, session)  # records whose lock ran out and went elsewhere: forgotten
             await self._fetch(pop, session, view, b, rows)
         return {**self._top(ErrorCode.NONE, None), "responses": _by_topic(rows)}
 

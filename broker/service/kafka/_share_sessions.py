@@ -16,6 +16,7 @@ is INVALID_SHARE_SESSION_EPOCH, an epoch > 0 without a session SHARE_SESSION_NOT
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -25,6 +26,9 @@ from clmq.protocol.kafka import ErrorCode
 MAX_EPOCH = 2**31 - 1
 SHARE_SESSION_LIMIT_REACHED = 133  # Kafka 4.1's code, newer than the ErrorCode table's Kafka tree
 
+# ShareFetch: held records looked at per fetch for ones no longer this session's (settled,
+# or their lock ran out and they went to another member): bounded work, oldest first.
+HELD_PRUNE_PER_FETCH = 256
 PartitionKey = tuple[str, int]  # (topic, partition index)
 HeldKey = tuple[str, int, int]  # (topic, queue id, queue offset)
 
@@ -124,6 +128,21 @@ class ShareSessions:
     def close(self, group: str, member: str) -> ShareSession | None:
         """The member's session, removed (None: it had none)."""
         return self.sessions.pop((group, member), None)
+
+
+def prune_held(pop: PopLike, session: ShareSession, most: int = HELD_PRUNE_PER_FETCH) -> int:
+    """Forget up to ``most`` of the session's oldest held records, those whose current
+    delivery is no longer the one given to it (settled, or given again since); the ones
+    still held move to the back (the next fetch looks at others). How many were forgotten."""
+    held, dropped = session.held, 0
+    for key in list(itertools.islice(held, most)):
+        handle = held.pop(key)
+        now = pop.delivery_of(session.group, *key)
+        if now is not None and now.handle == handle:
+            held[key] = handle
+        else:
+            dropped += 1
+    return dropped
 
 
 async def release_held(pop: PopLike, session: ShareSession) -> int:
