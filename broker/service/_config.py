@@ -151,7 +151,7 @@ class BrokerConfig:
     pop_member_timeout_ms: int = 30_000  # a client not popping for this long is no longer listed as a member
     pop_max_wait_ms: int = 30_000  # a POP_MESSAGE's max_wait_ms is cut to this
     # A group with nothing in flight that has not popped for this long: its POP state goes (its
-    # settled offsets are committed at every checkpoint: a later pop starts from them).
+    # settled offsets committed first: a later pop starts from them).
     pop_group_idle_forget_ms: int = 7 * 24 * 3600 * 1000
     # The Kafka listener (docs/kafka.md): Kafka's own clients, on the same store.
     kafka_listen_port: int = -1  # -1: no Kafka listener; 0: any free port

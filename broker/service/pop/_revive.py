@@ -182,7 +182,7 @@ class PopKeeper(PopBase):
             return
         store, state = self.store, self.state
         assert store is not None and state is not None
-        if self.commit_settled(state):  # a group forgotten: its committed offsets on disk first
+        if self.forget_idle(state):  # a group forgotten: its committed offsets on disk first
             await trio.to_thread.run_sync(self.ctx.offsets.flush)
         applied_to = min(self.writes.values(), default=self.pop_end())
         if applied_to == self.saved.applied_to and not self.writes and not self.save_soon:
@@ -202,21 +202,21 @@ class PopKeeper(PopBase):
         self.saved = cp
         self.ctx.metadata.bump()  # followers copy it
 
-    def commit_settled(self, state: PopState) -> bool:
-        """Commit each group's settled offsets as its ordinary committed offsets (never
-        lower: a queue-based consumer of the group goes on from there), then forget the
-        groups with nothing in flight that have not popped for ``pop_group_idle_forget_ms``
-        (a later pop starts from those offsets). Whether a group was forgotten."""
+    def forget_idle(self, state: PopState) -> bool:
+        """Forget the groups with nothing in flight that have not popped for
+        ``pop_group_idle_forget_ms``, their settled offsets first committed as their
+        ordinary committed offsets (never lowered): a later pop, or a queue-based consumer
+        of the group, goes on from there. Whether a group was forgotten."""
         offsets, idle_from = self.ctx.offsets, self.now() - self.config.pop_group_idle_forget_ms
-        forget = []
-        for name, g in state.groups.items():
-            for (topic, qid), q in g.queues.items():
-                settled = q.settled_offset()
-                if settled > offsets.query(name, topic, qid):
-                    offsets.commit(name, topic, qid, settled)
-            if g.last_pop_ms < idle_from and not g.inflight() and name not in self.waiters:
-                forget.append(name)
+        forget = [
+            name
+            for name, g in state.groups.items()
+            if g.last_pop_ms < idle_from and not g.inflight() and name not in self.waiters
+        ]
         for name in forget:
+            for (topic, qid), q in state.groups[name].queues.items():
+                if q.settled_offset() > offsets.query(name, topic, qid):
+                    offsets.commit(name, topic, qid, q.settled_offset())
             del state.groups[name]
             log.info("pop: group %s forgotten (idle, nothing in flight; its offsets are committed)", name)
         return bool(forget)
