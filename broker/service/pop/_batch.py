@@ -1,9 +1,10 @@
 """Group commit of ``%POP%`` records (as RocketMQ's ``PopBufferMergeService`` merges
 CK and ACK records): the records of requests that arrive while an append of them is
 in flight go together in the next append, one lane submit and one durability wait for
-all of them. Records keep the order in which they were handed over (the order the
-state changed); a batch is a run of requests that wait for the same topics (so that
-one topic's refusal is never another request's error)."""
+all of them, and the ACK records of plain acknowledgements merged into one per group.
+Records keep the order in which they were handed over (the order the state changed;
+merged ACKs go last in their batch); a batch is a run of requests that wait for the
+same topics (so that one topic's refusal is never another request's error)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from typing import Awaitable, Callable, Sequence
 import trio
 
 from clmq.broker.store import PutResult
-from clmq.common import Message
+from clmq.common import POP_TOPIC, Message
+
+from ._records import ACK_TAG, Acks, ack_message, decode_pop_record
 
 Put = Callable[[list[Message], Sequence[str]], Awaitable[PutResult]]
 
@@ -27,6 +30,7 @@ class _Waiting:
     also: tuple[str, ...]
     wake: trio.Event = field(default_factory=trio.Event)  # its batch is done, or it may lead the next
     result: PutResult | None = None
+    group_ack: str | None = None  # its one ACK record merged into this group's (set while appended)
     error: BaseException | None = None
 
     @property
@@ -74,7 +78,7 @@ class RecordBatcher:
         batch = [self._waiting.popleft()]
         while self._waiting and self._waiting[0].also == batch[0].also:
             batch.append(self._waiting.popleft())
-        messages = [m for w in batch for m in w.messages]
+        messages, plain = _merged(batch)
         self.appends += 1
         self.requests += len(batch)
         try:
@@ -89,14 +93,48 @@ class RecordBatcher:
         at = 0
         for w in batch:
             n = len(w.messages)
+            where = slice(at, at + n)
+            if w.group_ack is not None:  # its rows are in its group's merged ACK record
+                where = plain[w.group_ack]
+            else:
+                at += n
             w.result = PutResult(
                 result.status,
                 result.error,
-                result.queue_offsets[at : at + n],
-                result.commitlog_offsets[at : at + n],
+                result.queue_offsets[where],
+                result.commitlog_offsets[where],
                 result.end_offset,
                 result.store_timestamp_ms,
                 [n],
             )
-            at += n
             w.wake.set()
+
+
+def _merged(batch: list[_Waiting]) -> tuple[list[Message], dict[str, slice]]:
+    """The batch's records: each request's in order, except that requests whose one
+    record is an ACK give their rows to one ACK record per group, after the others (an
+    offset being acknowledged is taken by no pop or change meanwhile, so a later ACK
+    settles the same); and where each group's merged ACK record is."""
+    messages: list[Message] = []
+    rows: dict[str, list[tuple[str, int, int, int]]] = {}
+    for w in batch:
+        acks = _plain_ack(w.messages)
+        if acks is None:
+            messages += w.messages
+            continue
+        w.group_ack = acks.group
+        rows.setdefault(acks.group, []).extend(acks.rows)
+    at = len(messages)
+    messages += [ack_message(Acks(group, r)) for group, r in rows.items()]
+    return messages, {group: slice(at + i, at + i + 1) for i, group in enumerate(rows)}
+
+
+def _plain_ack(messages: list[Message]) -> Acks | None:
+    """The ACK record a request appends alone (None: it appends anything else)."""
+    if len(messages) != 1 or messages[0].tags != ACK_TAG or messages[0].topic != POP_TOPIC:
+        return None
+    try:
+        record = decode_pop_record(ACK_TAG, messages[0].body)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return record if isinstance(record, Acks) else None
