@@ -479,24 +479,28 @@ async def _running(
 
 async def test_a_hot_queue_does_not_starve_another(cluster: Cluster) -> None:
     """Queue 0 holds a backlog of 3000; a message sent to queue 1 after the consumer
-    started arrives long before the backlog is through."""
+    started arrives long before the backlog is through. Every await is bounded (the
+    consumer's close too): this test once hung until pytest's timeout at teardown (a
+    CK write waiting, shielded, on the append lane the teardown had stopped:
+    tests/test_append_lane_stop.py)."""
     await cluster.create_topic("hot", 2)
     addr = cluster.brokers["broker-a"].addr
-    for start in range(0, 3000, 500):
-        await send(addr, "hot", [f"h{i}".encode() for i in range(start, start + 500)], 0)
-    async with open_pop_consumer(cluster.ns, "g", {"hot": "*"}, max_messages=16, **FAST) as c:
-        first = await receive(c, 1)
-        await c.ack(first)
-        await send(addr, "hot", [b"cold"], 1)
-        hot_after = 0
-        with trio.fail_after(10):
-            while True:
-                records = await c.receive()
-                await c.ack(records)
-                if any(r.queue_id == 1 for r in records):
-                    break
-                hot_after += len(records)
-        assert hot_after < 500, f"{hot_after} messages of the hot queue came before queue 1's"
+    with trio.fail_after(60):
+        for start in range(0, 3000, 500):
+            await send(addr, "hot", [f"h{i}".encode() for i in range(start, start + 500)], 0)
+        async with open_pop_consumer(cluster.ns, "g", {"hot": "*"}, max_messages=16, **FAST) as c:
+            first = await receive(c, 1)
+            await c.ack(first)
+            await send(addr, "hot", [b"cold"], 1)
+            hot_after = 0
+            with trio.fail_after(10):
+                while True:
+                    records = await c.receive()
+                    await c.ack(records)
+                    if any(r.queue_id == 1 for r in records):
+                        break
+                    hot_after += len(records)
+    assert hot_after < 500, f"{hot_after} messages of the hot queue came before queue 1's"
 
 
 # ---------------------------------------------------------------- asyncio and blocking

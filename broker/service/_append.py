@@ -110,6 +110,7 @@ class AppendLane:
         self._queued_bytes = 0
         self._wakeup = trio.Event()
         self._drained = trio.Event()  # set whenever nothing is queued or being appended
+        self.stopped = False  # the lane's task ended: puts are answered STORE_CLOSED at once
         self.durable = DurableWaiters(store)  # sync flush: answers wait here for their group commit
 
     @property
@@ -126,6 +127,10 @@ class AppendLane:
                 f"max_inflight_produce_bytes={self.max_inflight_bytes:,}; retry later"
             )
         put = PendingPut(topic, body, born_host, messages)
+        if self.stopped:  # the lane's task ended: nobody would ever append it
+            put.result = PutResult(PutStatus.STORE_CLOSED, "the broker is stopping: not appended")
+            put._complete()
+            return put
         self._queue.append(put)
         self._queued_bytes += len(body)
         self._wakeup.set()
@@ -138,7 +143,25 @@ class AppendLane:
             await self._drained.wait()
 
     async def append_loop(self) -> None:
-        """The lane's task: forever take what is waiting and append it."""
+        """The lane's task: forever take what is waiting and append it. When it stops
+        (cancelled: the broker stops), what it never took is answered at once."""
+        try:
+            await self._append_forever()
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        """Answer STORE_CLOSED to every put waiting, and to any submitted from now on:
+        a waiter must never wait for a lane that is gone (the POP service waits shielded)."""
+        self.stopped = True
+        while self._queue:
+            put = self._queue.popleft()
+            self._queued_bytes -= len(put.body)
+            put.result = PutResult(PutStatus.STORE_CLOSED, "the broker is stopping: not appended")
+            put._complete()
+        self._drained.set()
+
+    async def _append_forever(self) -> None:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
