@@ -174,3 +174,25 @@ async def test_acks_of_finished_handlers_are_sent_when_run_is_cancelled(nursery:
             assert (pc.stats.acked, pc.in_flight) == (5, 0)
         pop = await pop_state(c.ns, "g")
     assert pop["acked"] == 5 and sum(q["inflight"] for q in pop["queues"]) == 0, pop
+
+
+@pytest.mark.slow
+async def test_one_busy_broker_leaves_the_other_brokers_statuses(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """broker-a starts its POP state for longer than retry_budget_ms: its record is
+    "unreachable" (it comes back); broker-b's is "ok" in the same call (was: raised)."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    a = await c.start_broker("broker-a", **FAST_POP)
+    b = await c.start_broker("broker-b", **FAST_POP)
+    port = int(a.addr.rsplit(":", 1)[1])
+    await c.create_topic("t", 1)
+    async with open_admin(c.ns) as admin:
+        for broker in (a, b):
+            await Popper(admin, broker.addr).send("t", [broker.config.broker_name.encode()])
+    with trio.fail_after(60):
+        async with open_pop_consumer(c.ns, "g", {"t": "*"}, retry_budget_ms=1000, **FAST) as pc:
+            got = {bytes(r.body): r for r in await receive(pc, 2)}
+            await restart(c, port)
+            assert await pc.ack([got[b"broker-a"], got[b"broker-b"]]) == ["unreachable", "ok"]
+            assert pc.receipt(got[b"broker-a"]) is not None  # kept: a later ack may still settle it
+            assert (pc.stats.acked, pc.stats.unreachable) == (1, 1)
