@@ -44,6 +44,7 @@ from tests.test_client_failover import start_group
 from tests.waiting import await_until
 
 BROKER = {"pop_revive_interval_ms": 20}
+TEST_TIMEOUT_S = 60  # each broker test's whole body (its own waits are shorter)
 FAST = {"pop_wait_ms": 300, "route_refresh_interval_ms": 500}
 ENTRIES: list[Callable[..., Any]] = [open_pop_consumer, open_asyncio_pop_consumer, BlockingPopConsumer]
 
@@ -276,114 +277,119 @@ def test_a_lane_acks_what_succeeded_and_hands_back_the_failed_part(verdicts: lis
 
 # ---------------------------------------------------------------- a real broker, trio
 async def test_receive_ack_nack_and_an_ack_after_the_invisible_time(cluster: Cluster) -> None:
-    await cluster.create_topic("pt", 2)
-    addr = cluster.brokers["broker-a"].addr
-    await send(addr, "pt", [b"a", b"b"], 0)
-    await send(addr, "pt", [b"c"], 1)
-    async with open_pop_consumer(cluster.ns, "g", {"pt": "*"}, invisible_time_ms=1500, **FAST) as c:
-        got = {r.body: r for r in await receive(c, 3)}
-        assert sorted(got) == [b"a", b"b", b"c"]
-        assert all(r.reconsume_times == 0 for r in got.values())
-        assert await c.ack([got[b"a"]]) == ["ok"]
-        # no receipt left here: not known settled ("gone" is the broker's word), so "expired"
-        assert await c.ack([got[b"a"]]) == ["expired"]
-        assert await c.nack([got[b"b"]], delay_ms=0) == ["ok"]
-        (again,) = await receive(c, 1)
-        assert (again.body, again.reconsume_times, again.queue_offset) == (b"b", 1, got[b"b"].queue_offset)
-        assert await c.ack([again]) == ["ok"]
-        # c is never acknowledged in time: it comes back (to this member: the only one)
-        late = got[b"c"]
-        (back,) = await receive(c, 1)
-        assert (back.body, back.reconsume_times) == (b"c", 1)
-        assert await c.ack([late]) == ["expired"]  # its invisible time had passed: refused
-        assert c.stats.ack_expired == 2
-        assert await c.ack([back]) == ["ok"]
-        assert (c.stats.acked, c.stats.nacked, c.stats.redelivered) == (3, 1, 2)
-        assert c.in_flight == 0
-    async with open_admin(cluster.ns) as admin:
-        (pop,) = (await admin.describe_group("g"))["pop"]
-    assert (pop["acked"], pop["ack_expired"]) == (3, 1)  # the broker counted the refused ack too
-    assert sum(q["inflight"] for q in pop["queues"]) == 0
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        await cluster.create_topic("pt", 2)
+        addr = cluster.brokers["broker-a"].addr
+        await send(addr, "pt", [b"a", b"b"], 0)
+        await send(addr, "pt", [b"c"], 1)
+        async with open_pop_consumer(cluster.ns, "g", {"pt": "*"}, invisible_time_ms=1500, **FAST) as c:
+            got = {r.body: r for r in await receive(c, 3)}
+            assert sorted(got) == [b"a", b"b", b"c"]
+            assert all(r.reconsume_times == 0 for r in got.values())
+            assert await c.ack([got[b"a"]]) == ["ok"]
+            # no receipt left here: not known settled ("gone" is the broker's word), so "expired"
+            assert await c.ack([got[b"a"]]) == ["expired"]
+            assert await c.nack([got[b"b"]], delay_ms=0) == ["ok"]
+            (again,) = await receive(c, 1)
+            assert (again.body, again.reconsume_times, again.queue_offset) == (b"b", 1, got[b"b"].queue_offset)
+            assert await c.ack([again]) == ["ok"]
+            # c is never acknowledged in time: it comes back (to this member: the only one)
+            late = got[b"c"]
+            (back,) = await receive(c, 1)
+            assert (back.body, back.reconsume_times) == (b"c", 1)
+            assert await c.ack([late]) == ["expired"]  # its invisible time had passed: refused
+            assert c.stats.ack_expired == 2
+            assert await c.ack([back]) == ["ok"]
+            assert (c.stats.acked, c.stats.nacked, c.stats.redelivered) == (3, 1, 2)
+            assert c.in_flight == 0
+        async with open_admin(cluster.ns) as admin:
+            (pop,) = (await admin.describe_group("g"))["pop"]
+        assert (pop["acked"], pop["ack_expired"]) == (3, 1)  # the broker counted the refused ack too
+        assert sum(q["inflight"] for q in pop["queues"]) == 0
 
 
 async def test_closing_hands_back_what_was_popped_and_never_handed_out(cluster: Cluster) -> None:
     """Member a took 20 into its buffer and handed out 1; closed, the other 19 go to
     member b at once, long before their 30 s invisible time."""
-    await cluster.create_topic("cl", 1)
-    await send(cluster.brokers["broker-a"].addr, "cl", [b"m%d" % i for i in range(20)])
-    opts = {"invisible_time_ms": 30_000, "prefetch_max_messages": 20, "max_messages": 20, **FAST}
-    async with open_pop_consumer(cluster.ns, "g", {"cl": "*"}, receive_max_messages=1, **opts) as a:
-        (first,) = await a.receive()
-        with trio.fail_after(10):
-            while len(a.buffer.records) < 19:
-                await a.buffer.arrival()
-        assert await a.ack([first]) == ["ok"]
-    assert a.stats.released == 19
-    async with open_pop_consumer(cluster.ns, "g", {"cl": "*"}, **opts) as b:
-        got = await receive(b, 19, timeout_s=5)
-    assert sorted(r.body for r in got) == sorted(b"m%d" % i for i in range(1, 20))
-    assert {r.reconsume_times for r in got} == {1}  # handed back: a delivery of its own was counted
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        await cluster.create_topic("cl", 1)
+        await send(cluster.brokers["broker-a"].addr, "cl", [b"m%d" % i for i in range(20)])
+        opts = {"invisible_time_ms": 30_000, "prefetch_max_messages": 20, "max_messages": 20, **FAST}
+        async with open_pop_consumer(cluster.ns, "g", {"cl": "*"}, receive_max_messages=1, **opts) as a:
+            (first,) = await a.receive()
+            with trio.fail_after(10):
+                while len(a.buffer.records) < 19:
+                    await a.buffer.arrival()
+            assert await a.ack([first]) == ["ok"]
+        assert a.stats.released == 19
+        async with open_pop_consumer(cluster.ns, "g", {"cl": "*"}, **opts) as b:
+            got = await receive(b, 19, timeout_s=5)
+        assert sorted(r.body for r in got) == sorted(b"m%d" % i for i in range(1, 20))
+        assert {r.reconsume_times for r in got} == {1}  # handed back: a delivery of its own was counted
 
 
 async def test_a_broker_that_restarts_or_joins_is_popped_from(cluster: Cluster) -> None:
-    await cluster.create_topic("moving", 1)
-    a = cluster.brokers["broker-a"]
-    port = int(a.addr.rsplit(":", 1)[1])
-    await send(a.addr, "moving", [b"before"])
-    async with open_pop_consumer(cluster.ns, "g", {"moving": "*"}, invisible_time_ms=5000, **FAST) as c:
-        (before,) = await receive(c, 1)
-        assert await c.ack([before]) == ["ok"]
-        await cluster.stop_broker("broker-a")  # its POP loop meets a closed connection: retried with back-off
-        a = await cluster.start_broker("broker-a", port=port, **BROKER)
-        await send(a.addr, "moving", [b"after restart"])
-        (after,) = await receive(c, 1, timeout_s=15)
-        assert after.body == b"after restart"
-        assert await c.ack([after]) == ["ok"]
-        b = await cluster.start_broker("broker-b", **BROKER)  # a new broker with the topic: found by the routes
-        async with open_admin(cluster.ns) as admin:
-            await admin.create_topic("moving", 1, on=[b.addr])
-        await cluster.wait_routed("moving", {"broker-a", "broker-b"})
-        await send(b.addr, "moving", [b"on b"])
-        (on_b,) = await receive(c, 1, timeout_s=15)  # (broker-a's loops could once keep all the room)
-        assert on_b.body == b"on b" and c.receipt(on_b).broker_name == "broker-b"  # type: ignore[union-attr]
-        assert await c.ack([on_b]) == ["ok"]
-        assert c.stats.pop_errors >= 1
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        await cluster.create_topic("moving", 1)
+        a = cluster.brokers["broker-a"]
+        port = int(a.addr.rsplit(":", 1)[1])
+        await send(a.addr, "moving", [b"before"])
+        async with open_pop_consumer(cluster.ns, "g", {"moving": "*"}, invisible_time_ms=5000, **FAST) as c:
+            (before,) = await receive(c, 1)
+            assert await c.ack([before]) == ["ok"]
+            await cluster.stop_broker("broker-a")  # its POP loop meets a closed connection: retried with back-off
+            a = await cluster.start_broker("broker-a", port=port, **BROKER)
+            await send(a.addr, "moving", [b"after restart"])
+            (after,) = await receive(c, 1, timeout_s=15)
+            assert after.body == b"after restart"
+            assert await c.ack([after]) == ["ok"]
+            b = await cluster.start_broker("broker-b", **BROKER)  # a new broker with the topic: found by the routes
+            async with open_admin(cluster.ns) as admin:
+                await admin.create_topic("moving", 1, on=[b.addr])
+            await cluster.wait_routed("moving", {"broker-a", "broker-b"})
+            await send(b.addr, "moving", [b"on b"])
+            (on_b,) = await receive(c, 1, timeout_s=15)  # (broker-a's loops could once keep all the room)
+            assert on_b.body == b"on b" and c.receipt(on_b).broker_name == "broker-b"  # type: ignore[union-attr]
+            assert await c.ack([on_b]) == ["ok"]
+            assert c.stats.pop_errors >= 1
 
 
 async def test_a_pop_the_broker_refuses_for_good_is_raised_by_receive(nursery: trio.Nursery, tmp_path: Path) -> None:
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    await c.start_broker(pop_invisible_time_max_ms=1000, **BROKER)
-    await c.create_topic("pt", 1)
-    async with open_pop_consumer(c.ns, "g", {"pt": "*"}, invisible_time_ms=5000, max_backoff_ms=100, **FAST) as con:
-        for _ in range(2):  # raised once per refusal: asked again (an operator may fix it), refused again
-            with trio.fail_after(10), pytest.raises(RpcError, match="MALFORMED_REQUEST"):
-                await con.receive()
-        assert con.stats.pop_errors >= 2
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        c = Cluster(nursery, tmp_path)
+        await c.start_nameserver()
+        await c.start_broker(pop_invisible_time_max_ms=1000, **BROKER)
+        await c.create_topic("pt", 1)
+        async with open_pop_consumer(c.ns, "g", {"pt": "*"}, invisible_time_ms=5000, max_backoff_ms=100, **FAST) as con:
+            for _ in range(2):  # raised once per refusal: asked again (an operator may fix it), refused again
+                with trio.fail_after(10), pytest.raises(RpcError, match="MALFORMED_REQUEST"):
+                    await con.receive()
+            assert con.stats.pop_errors >= 2
 
 
 async def test_extend_keeps_a_slow_message_with_its_member(cluster: Cluster) -> None:
-    await cluster.create_topic("slow", 1)
-    await send(cluster.brokers["broker-a"].addr, "slow", [b"slow"])
-    opts = {"invisible_time_ms": 1000, **FAST}
-    async with (
-        open_pop_consumer(cluster.ns, "g", {"slow": "*"}, client_id="a", **opts) as a,
-        open_pop_consumer(cluster.ns, "g", {"slow": "*"}, client_id="b", **opts) as b,
-    ):
-        with trio.fail_after(10):
-            holder, (msg,) = await first_receive(a, b)
-        other = b if holder is a else a
-        first_deadline = holder.receipt(msg).deadline_ms  # type: ignore[union-attr]
-        old_handle = holder.receipt(msg).handle  # type: ignore[union-attr]
-        assert await holder.extend([msg], 4000) == ["ok"]
-        assert holder.receipt(msg).handle != old_handle  # type: ignore[union-attr]
-        assert holder.receipt(msg).deadline_ms > first_deadline + 2000  # type: ignore[union-attr]
-        # past the first deadline (by a second) the other member gets nothing
-        with trio.move_on_after(2.0):
-            extra = await other.receive()
-            raise AssertionError(f"the extended message went to the other member: {extra}")
-        assert await holder.ack([msg]) == ["ok"]  # under its new handle
-        assert holder.stats.extended == 1 and holder.stats.ack_expired == 0
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        await cluster.create_topic("slow", 1)
+        await send(cluster.brokers["broker-a"].addr, "slow", [b"slow"])
+        opts = {"invisible_time_ms": 1000, **FAST}
+        async with (
+            open_pop_consumer(cluster.ns, "g", {"slow": "*"}, client_id="a", **opts) as a,
+            open_pop_consumer(cluster.ns, "g", {"slow": "*"}, client_id="b", **opts) as b,
+        ):
+            with trio.fail_after(10):
+                holder, (msg,) = await first_receive(a, b)
+            other = b if holder is a else a
+            first_deadline = holder.receipt(msg).deadline_ms  # type: ignore[union-attr]
+            old_handle = holder.receipt(msg).handle  # type: ignore[union-attr]
+            assert await holder.extend([msg], 4000) == ["ok"]
+            assert holder.receipt(msg).handle != old_handle  # type: ignore[union-attr]
+            assert holder.receipt(msg).deadline_ms > first_deadline + 2000  # type: ignore[union-attr]
+            # past the first deadline (by a second) the other member gets nothing
+            with trio.move_on_after(2.0):
+                extra = await other.receive()
+                raise AssertionError(f"the extended message went to the other member: {extra}")
+            assert await holder.ack([msg]) == ["ok"]  # under its new handle
+            assert holder.stats.extended == 1 and holder.stats.ack_expired == 0
 
 
 async def first_receive(*consumers: PopConsumer) -> tuple[PopConsumer, list[Record]]:
@@ -401,67 +407,69 @@ async def first_receive(*consumers: PopConsumer) -> tuple[PopConsumer, list[Reco
 
 
 async def test_run_hands_messages_to_concurrent_handlers_and_retries_failures(cluster: Cluster) -> None:
-    await cluster.create_topic("work", 2)
-    addr = cluster.brokers["broker-a"].addr
-    for q in (0, 1):
-        await send(addr, "work", [f"{q}-{i}".encode() for i in range(20)], q)
-    done: dict[bytes, int] = {}
-    running, most_at_once = [0], [0]
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        await cluster.create_topic("work", 2)
+        addr = cluster.brokers["broker-a"].addr
+        for q in (0, 1):
+            await send(addr, "work", [f"{q}-{i}".encode() for i in range(20)], q)
+        done: dict[bytes, int] = {}
+        running, most_at_once = [0], [0]
 
-    async def handler(r: Record) -> ConsumeStatus:
-        running[0] += 1
-        most_at_once[0] = max(most_at_once[0], running[0])
-        await trio.lowlevel.checkpoint()
-        await trio.lowlevel.checkpoint()
-        running[0] -= 1
-        if r.body.endswith(b"7") and r.reconsume_times == 0:
-            raise RuntimeError("a handler failure: delivered again")
-        if r.body.endswith(b"3") and r.reconsume_times == 0:
-            return ConsumeStatus.RECONSUME_LATER
-        done[r.body] = done.get(r.body, 0) + 1
-        return ConsumeStatus.SUCCESS
+        async def handler(r: Record) -> ConsumeStatus:
+            running[0] += 1
+            most_at_once[0] = max(most_at_once[0], running[0])
+            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint()
+            running[0] -= 1
+            if r.body.endswith(b"7") and r.reconsume_times == 0:
+                raise RuntimeError("a handler failure: delivered again")
+            if r.body.endswith(b"3") and r.reconsume_times == 0:
+                return ConsumeStatus.RECONSUME_LATER
+            done[r.body] = done.get(r.body, 0) + 1
+            return ConsumeStatus.SUCCESS
 
-    opts = {"invisible_time_ms": 3000, "retry_delays_ms": (0,), "handler_concurrency": 4, **FAST}
-    async with open_pop_consumer(cluster.ns, "g", {"work": "*"}, **opts) as c:
-        with trio.fail_after(20):
-            handled = await c.run(handler, max_messages=40 + 8)  # 8 failed first attempts (x3, x7 in 2 queues)
-        assert handled == 48
-        assert sorted(done) == sorted(f"{q}-{i}".encode() for q in (0, 1) for i in range(20))
-        assert set(done.values()) == {1}
-        assert 1 < most_at_once[0] <= 4
-        assert (c.stats.acked, c.stats.nacked) == (40, 8)  # run() returns once its batched acks are answered
-        assert c.in_flight == 0
+        opts = {"invisible_time_ms": 3000, "retry_delays_ms": (0,), "handler_concurrency": 4, **FAST}
+        async with open_pop_consumer(cluster.ns, "g", {"work": "*"}, **opts) as c:
+            with trio.fail_after(20):
+                handled = await c.run(handler, max_messages=40 + 8)  # 8 failed first attempts (x3, x7 in 2 queues)
+            assert handled == 48
+            assert sorted(done) == sorted(f"{q}-{i}".encode() for q in (0, 1) for i in range(20))
+            assert set(done.values()) == {1}
+            assert 1 < most_at_once[0] <= 4
+            assert (c.stats.acked, c.stats.nacked) == (40, 8)  # run() returns once its batched acks are answered
+            assert c.in_flight == 0
 
 
 async def test_orderly_pop_handles_each_queue_in_order_across_members_and_a_failure(cluster: Cluster) -> None:
-    await cluster.create_topic("ord", 2)
-    addr = cluster.brokers["broker-a"].addr
-    for q in (0, 1):
-        await send(addr, "ord", [f"{q}-{i:02d}".encode() for i in range(30)], q)
-    succeeded: dict[int, list[int]] = {0: [], 1: []}
-    attempts: dict[tuple[int, int], int] = {}
-    everything = trio.Event()
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        await cluster.create_topic("ord", 2)
+        addr = cluster.brokers["broker-a"].addr
+        for q in (0, 1):
+            await send(addr, "ord", [f"{q}-{i:02d}".encode() for i in range(30)], q)
+        succeeded: dict[int, list[int]] = {0: [], 1: []}
+        attempts: dict[tuple[int, int], int] = {}
+        everything = trio.Event()
 
-    def handler(r: Record) -> ConsumeStatus:
-        key = (r.queue_id, r.queue_offset)
-        attempts[key] = attempts.get(key, 0) + 1
-        if key == (0, 5) and attempts[key] == 1:
-            return ConsumeStatus.RECONSUME_LATER  # queue 0 stops here: 5 and what follows come back in order
-        succeeded[r.queue_id].append(r.queue_offset)
-        if sum(len(v) for v in succeeded.values()) == 60:
-            everything.set()
-        return ConsumeStatus.SUCCESS
+        def handler(r: Record) -> ConsumeStatus:
+            key = (r.queue_id, r.queue_offset)
+            attempts[key] = attempts.get(key, 0) + 1
+            if key == (0, 5) and attempts[key] == 1:
+                return ConsumeStatus.RECONSUME_LATER  # queue 0 stops here: 5 and what follows come back in order
+            succeeded[r.queue_id].append(r.queue_offset)
+            if sum(len(v) for v in succeeded.values()) == 60:
+                everything.set()
+            return ConsumeStatus.SUCCESS
 
-    opts = {"invisible_time_ms": 3000, "retry_delays_ms": (100,), "orderly": True, "max_messages": 4, **FAST}
-    async with trio.open_nursery() as n:
-        for i in range(3):
-            c = await n.start(_running, cluster.ns, "og", {"ord": "*"}, handler, {"client_id": f"m{i}", **opts})
-        with trio.fail_after(20):
-            await everything.wait()
-        n.cancel_scope.cancel()
-    assert succeeded == {0: list(range(30)), 1: list(range(30))}, (succeeded, attempts)
-    assert attempts[0, 5] == 2
-    del c
+        opts = {"invisible_time_ms": 3000, "retry_delays_ms": (100,), "orderly": True, "max_messages": 4, **FAST}
+        async with trio.open_nursery() as n:
+            for i in range(3):
+                c = await n.start(_running, cluster.ns, "og", {"ord": "*"}, handler, {"client_id": f"m{i}", **opts})
+            with trio.fail_after(20):
+                await everything.wait()
+            n.cancel_scope.cancel()
+        assert succeeded == {0: list(range(30)), 1: list(range(30))}, (succeeded, attempts)
+        assert attempts[0, 5] == 2
+        del c
 
 
 async def _running(
@@ -483,9 +491,9 @@ async def test_a_hot_queue_does_not_starve_another(cluster: Cluster) -> None:
     consumer's close too): this test once hung until pytest's timeout at teardown (a
     CK write waiting, shielded, on the append lane the teardown had stopped:
     tests/test_append_lane_stop.py)."""
-    await cluster.create_topic("hot", 2)
-    addr = cluster.brokers["broker-a"].addr
-    with trio.fail_after(60):
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        await cluster.create_topic("hot", 2)
+        addr = cluster.brokers["broker-a"].addr
         for start in range(0, 3000, 500):
             await send(addr, "hot", [f"h{i}".encode() for i in range(start, start + 500)], 0)
         async with open_pop_consumer(cluster.ns, "g", {"hot": "*"}, max_messages=16, **FAST) as c:
@@ -500,7 +508,7 @@ async def test_a_hot_queue_does_not_starve_another(cluster: Cluster) -> None:
                     if any(r.queue_id == 1 for r in records):
                         break
                     hot_after += len(records)
-    assert hot_after < 500, f"{hot_after} messages of the hot queue came before queue 1's"
+        assert hot_after < 500, f"{hot_after} messages of the hot queue came before queue 1's"
 
 
 # ---------------------------------------------------------------- asyncio and blocking
@@ -576,64 +584,68 @@ async def test_pops_and_acks_follow_the_group_to_its_new_leader(nursery: trio.Nu
     """A replicated group's leader is demoted by a promotion: the POP loop meets
     NOT_LEADER and goes on at the new leader; an ack of a message popped before goes
     there too and is taken; nothing acknowledged is delivered again."""
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    # sync acks: an ACK record is held by both replicas before the ack is answered (with async
-    # replication a promotion may lose the last acks: the documented at-least-once window)
-    lead, follower = await start_group(c, ack_mode="sync", min_insync_replicas=2, replica_lag_max_ms=5000, **BROKER)
-    async with open_producer(c.ns) as p:
-        for i in range(20):
-            await p.send("t", b"before %d" % i, sharding_key=str(i))
-        opts = {"invisible_time_ms": 1500, **FAST}
-        async with open_pop_consumer(c.ns, "pg", {"t": "*"}, **opts) as consumer:
-            got = await receive(consumer, 20)
-            held, done = got[0], got[1:]
-            assert await consumer.ack(done) == ["ok"] * 19
-            async with open_admin(c.ns) as admin:
-                await admin.promote(follower.addr)
-            await await_until(lambda: lead.replica.role == "follower", 10, "the old leader to step down")
-            assert await consumer.ack([held]) == ["ok"]  # popped at the old leader, settled at the new one
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        c = Cluster(nursery, tmp_path)
+        await c.start_nameserver()
+        # sync acks: an ACK record is held by both replicas before the ack is answered (with async
+        # replication a promotion may lose the last acks: the documented at-least-once window)
+        lead, follower = await start_group(c, ack_mode="sync", min_insync_replicas=2, replica_lag_max_ms=5000, **BROKER)
+        async with open_producer(c.ns) as p:
             for i in range(20):
-                await p.send("t", b"after %d" % i, sharding_key=str(i))
-            after = await receive(consumer, 20, timeout_s=20)
-            assert sorted(r.body for r in after) == sorted(b"after %d" % i for i in range(20))
-            assert await consumer.ack(after) == ["ok"] * 20
-            assert {consumer.receipt(r) for r in after} == {None}
-            with trio.move_on_after(2.5):  # past every invisible time: nothing acknowledged comes back
-                extra = await consumer.receive()
-                raise AssertionError(f"delivered again: {[r.body for r in extra]}")
+                await p.send("t", b"before %d" % i, sharding_key=str(i))
+            opts = {"invisible_time_ms": 1500, **FAST}
+            async with open_pop_consumer(c.ns, "pg", {"t": "*"}, **opts) as consumer:
+                got = await receive(consumer, 20)
+                held, done = got[0], got[1:]
+                assert await consumer.ack(done) == ["ok"] * 19
+                async with open_admin(c.ns) as admin:
+                    await admin.promote(follower.addr)
+                await await_until(lambda: lead.replica.role == "follower", 10, "the old leader to step down")
+                assert await consumer.ack([held]) == ["ok"]  # popped at the old leader, settled at the new one
+                for i in range(20):
+                    await p.send("t", b"after %d" % i, sharding_key=str(i))
+                after = await receive(consumer, 20, timeout_s=20)
+                assert sorted(r.body for r in after) == sorted(b"after %d" % i for i in range(20))
+                assert await consumer.ack(after) == ["ok"] * 20
+                assert {consumer.receipt(r) for r in after} == {None}
+                with trio.move_on_after(2.5):  # past every invisible time: nothing acknowledged comes back
+                    extra = await consumer.receive()
+                    raise AssertionError(f"delivered again: {[r.body for r in extra]}")
 
 
 async def test_tags_and_the_dead_letters_through_the_client(cluster: Cluster) -> None:
     """Only the subscribed tags are popped; a message nacked past max_reconsume_times goes
     to %DLQ%<group> and is not delivered again."""
-    await cluster.create_topic("tagged", 1)
-    addr = cluster.brokers["broker-a"].addr
-    async with trio.open_nursery() as n:
-        rpc = RpcClient(n)
-        batch = [Message("tagged", 0, b"%s-%d" % (t.encode(), i), tags=t) for i in range(3) for t in ("A", "B", "C")]
-        await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": "tagged"}, encode_batch(batch))
-        await rpc.aclose()
-    opts = {"invisible_time_ms": 2000, "max_reconsume_times": 1, **FAST}
-    async with open_pop_consumer(cluster.ns, "dg", {"tagged": "A || C"}, **opts) as c:
-        got = await receive(c, 6)
-        assert sorted(r.body for r in got) == sorted(b"%s-%d" % (t, i) for i in range(3) for t in (b"A", b"C"))
-        assert await c.ack(got[1:]) == ["ok"] * 5
-        poison = got[0]
-        assert await c.nack([poison], delay_ms=0) == ["ok"]
-        (again,) = await receive(c, 1)
-        assert (again.body, again.reconsume_times) == (poison.body, 1)
-        assert await c.nack([again], delay_ms=0) == ["ok"]  # past max_reconsume_times (1): a dead letter
-        async with open_admin(cluster.ns) as admin:
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        await cluster.create_topic("tagged", 1)
+        addr = cluster.brokers["broker-a"].addr
+        async with trio.open_nursery() as n:
+            rpc = RpcClient(n)
+            batch = [
+                Message("tagged", 0, b"%s-%d" % (t.encode(), i), tags=t) for i in range(3) for t in ("A", "B", "C")
+            ]
+            await rpc.request(addr, RequestCode.SEND_MESSAGE, {"topic": "tagged"}, encode_batch(batch))
+            await rpc.aclose()
+        opts = {"invisible_time_ms": 2000, "max_reconsume_times": 1, **FAST}
+        async with open_pop_consumer(cluster.ns, "dg", {"tagged": "A || C"}, **opts) as c:
+            got = await receive(c, 6)
+            assert sorted(r.body for r in got) == sorted(b"%s-%d" % (t, i) for i in range(3) for t in (b"A", b"C"))
+            assert await c.ack(got[1:]) == ["ok"] * 5
+            poison = got[0]
+            assert await c.nack([poison], delay_ms=0) == ["ok"]
+            (again,) = await receive(c, 1)
+            assert (again.body, again.reconsume_times) == (poison.body, 1)
+            assert await c.nack([again], delay_ms=0) == ["ok"]  # past max_reconsume_times (1): a dead letter
+            async with open_admin(cluster.ns) as admin:
 
-            async def dead() -> list[Any]:
-                return await admin.dead_letters("dg")
+                async def dead() -> list[Any]:
+                    return await admin.dead_letters("dg")
 
-            (letter,) = await await_until(dead, 10, "the dead letter")
-        assert letter.record.body == poison.body
-        with trio.move_on_after(0.5):  # settled as a dead letter: not delivered again
-            extra = await c.receive()
-            raise AssertionError(f"delivered again: {extra}")
+                (letter,) = await await_until(dead, 10, "the dead letter")
+            assert letter.record.body == poison.body
+            with trio.move_on_after(0.5):  # settled as a dead letter: not delivered again
+                extra = await c.receive()
+                raise AssertionError(f"delivered again: {extra}")
 
 
 def test_orderly_run_on_asyncio_and_blocking_stops_a_queue_at_its_failure(tmp_path: Path) -> None:
