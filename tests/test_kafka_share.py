@@ -587,44 +587,45 @@ async def test_a_session_forgets_held_records_whose_lock_ran_out_and_went_to_ano
     """m1 acquires 3 records and lets their lock run out; m2 acquires them (delivery
     count 2). m1's next ShareFetch forgets them (its held map kept them for ever before);
     m2's keeps its own. An in-process broker, so that the sessions can be looked at."""
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    b = await c.start_broker(kafka_listen_port=0, kafka_share_record_lock_duration_ms=300, **FAST_POP)
-    await c.create_topic("held", 1)
-    async with open_admin(c.ns) as admin:
-        await Popper(admin, b.addr).send("held", [b"a", b"b", b"c"])
-    assert b.kafka is not None
-    sessions = b.kafka.share.sessions.sessions
-    with KafkaWire(b.kafka.kafka_addr()) as w:
+    with trio.fail_after(WAIT_S):  # every await bounded
+        c = Cluster(nursery, tmp_path)
+        await c.start_nameserver()
+        b = await c.start_broker(kafka_listen_port=0, kafka_share_record_lock_duration_ms=300, **FAST_POP)
+        await c.create_topic("held", 1)
+        async with open_admin(c.ns) as admin:
+            await Popper(admin, b.addr).send("held", [b"a", b"b", b"c"])
+        assert b.kafka is not None
+        sessions = b.kafka.share.sessions.sessions
+        with KafkaWire(b.kafka.kafka_addr()) as w:
 
-        async def call(api: ApiKey, version: int, body: dict[str, Any]) -> dict[str, Any]:
-            return await trio.to_thread.run_sync(w.request, api, version, body)
+            async def call(api: ApiKey, version: int, body: dict[str, Any]) -> dict[str, Any]:
+                return await trio.to_thread.run_sync(w.request, api, version, body)
 
-        tid = (await call(ApiKey.METADATA, 12, {"topics": [{"name": "held"}]}))["topics"][0]["topic_id"]
-        for member in ("m1", "m2"):
-            hb = {"group_id": "hg", "member_id": member, "member_epoch": 0, "rack_id": None}
-            joined = await call(ApiKey.SHARE_GROUP_HEARTBEAT, 1, {**hb, "subscribed_topic_names": ["held"]})
-            assert joined["error_code"] == 0, joined
-        epochs = {"m1": 0, "m2": 0}
+            tid = (await call(ApiKey.METADATA, 12, {"topics": [{"name": "held"}]}))["topics"][0]["topic_id"]
+            for member in ("m1", "m2"):
+                hb = {"group_id": "hg", "member_id": member, "member_epoch": 0, "rack_id": None}
+                joined = await call(ApiKey.SHARE_GROUP_HEARTBEAT, 1, {**hb, "subscribed_topic_names": ["held"]})
+                assert joined["error_code"] == 0, joined
+            epochs = {"m1": 0, "m2": 0}
 
-        async def acquire(member: str, want: int, wait_ms: int) -> list[dict[str, Any]]:
-            got: list[dict[str, Any]] = []
-            with trio.fail_after(20):
-                while True:  # one fetch at least
-                    body = _fetch_body("hg", member, epochs[member], tid, wait_ms)
-                    part = _partition(await call(ApiKey.SHARE_FETCH, 2, body))
-                    epochs[member] += 1
-                    if part["error_code"] == ErrorCode.LEADER_NOT_AVAILABLE:  # the POP state loads
-                        epochs[member] = 0
-                        continue
-                    got += part["acquired_records"]
-                    if sum(a["last_offset"] - a["first_offset"] + 1 for a in got) >= want:
-                        return got
+            async def acquire(member: str, want: int, wait_ms: int) -> list[dict[str, Any]]:
+                got: list[dict[str, Any]] = []
+                with trio.fail_after(20):
+                    while True:  # one fetch at least
+                        body = _fetch_body("hg", member, epochs[member], tid, wait_ms)
+                        part = _partition(await call(ApiKey.SHARE_FETCH, 2, body))
+                        epochs[member] += 1
+                        if part["error_code"] == ErrorCode.LEADER_NOT_AVAILABLE:  # the POP state loads
+                            epochs[member] = 0
+                            continue
+                        got += part["acquired_records"]
+                        if sum(a["last_offset"] - a["first_offset"] + 1 for a in got) >= want:
+                            return got
 
-        assert {a["delivery_count"] for a in await acquire("m1", 3, 2000)} == {1}
-        assert len(sessions[("hg", "m1")].held) == 3
-        assert {a["delivery_count"] for a in await acquire("m2", 3, 2000)} == {2}  # m1's lock ran out
-        assert await acquire("m1", 0, 0) == []  # a fetch: nothing new, the stale ones forgotten
-        assert len(sessions[("hg", "m1")].held) == 0
-        assert await acquire("m2", 0, 0) == []
-        assert len(sessions[("hg", "m2")].held) == 3
+            assert {a["delivery_count"] for a in await acquire("m1", 3, 2000)} == {1}
+            assert len(sessions[("hg", "m1")].held) == 3
+            assert {a["delivery_count"] for a in await acquire("m2", 3, 2000)} == {2}  # m1's lock ran out
+            assert await acquire("m1", 0, 0) == []  # a fetch: nothing new, the stale ones forgotten
+            assert len(sessions[("hg", "m1")].held) == 0
+            assert await acquire("m2", 0, 0) == []
+            assert len(sessions[("hg", "m2")].held) == 3

@@ -20,6 +20,7 @@ from tests.pop_helpers import FAST_POP, Popper
 from tests.service_helpers import Cluster
 
 FAST = {"pop_wait_ms": 300, "route_refresh_interval_ms": 500}
+TEST_TIMEOUT_S = 90  # each test's whole body, set-up included
 STARTING_MS = 4000  # pop_revive_interval_ms of a restarted broker: SYSTEM_BUSY for about this long
 
 
@@ -49,32 +50,33 @@ async def test_acks_while_a_restarted_broker_starts_its_pop_state_are_retried_no
 ) -> None:
     """The reviewer's case: ack() right after the broker restarted answered SYSTEM_BUSY
     and raised; run() died with it. Now both acks are retried until the broker serves."""
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    b = await c.start_broker(**FAST_POP)
-    port = int(b.addr.rsplit(":", 1)[1])
-    await c.create_topic("t", 1)
-    async with open_admin(c.ns) as admin:
-        await Popper(admin, b.addr).send("t", [b"by-hand", b"by-run"])
-    one = {"invisible_time_ms": 60_000, "prefetch_max_messages": 1, "pops_in_flight": 1, "receive_max_messages": 1}
-    with trio.fail_after(60):
-        async with open_pop_consumer(c.ns, "g", {"t": "*"}, retry_budget_ms=20_000, **one, **FAST) as pc:
-            (first,) = await receive(pc, 1)
-            await restart(c, port)
-            assert await pc.ack([first]) == ["ok"]
-        handled: list[bytes] = []
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        c = Cluster(nursery, tmp_path)
+        await c.start_nameserver()
+        b = await c.start_broker(**FAST_POP)
+        port = int(b.addr.rsplit(":", 1)[1])
+        await c.create_topic("t", 1)
+        async with open_admin(c.ns) as admin:
+            await Popper(admin, b.addr).send("t", [b"by-hand", b"by-run"])
+        one = {"invisible_time_ms": 60_000, "prefetch_max_messages": 1, "pops_in_flight": 1, "receive_max_messages": 1}
+        with trio.fail_after(60):
+            async with open_pop_consumer(c.ns, "g", {"t": "*"}, retry_budget_ms=20_000, **one, **FAST) as pc:
+                (first,) = await receive(pc, 1)
+                await restart(c, port)
+                assert await pc.ack([first]) == ["ok"]
+            handled: list[bytes] = []
 
-        async def handler(record: Record) -> None:
-            handled.append(bytes(record.body))
-            await restart(c, port)  # its ack meets the broker starting
+            async def handler(record: Record) -> None:
+                handled.append(bytes(record.body))
+                await restart(c, port)  # its ack meets the broker starting
 
-        async with open_pop_consumer(c.ns, "g", {"t": "*"}, retry_budget_ms=20_000, **one, **FAST) as pc2:
-            assert await pc2.run(handler, max_messages=1) == 1
-            assert (pc2.stats.acked, pc2.stats.unreachable) == (1, 0)
-        assert handled == [b"by-run"]
-        pop = await pop_state(c.ns, "g")
-    assert sum(q["inflight"] for q in pop["queues"]) == 0
-    assert all(q["settled_offset"] == q["max_offset"] == 2 for q in pop["queues"])
+            async with open_pop_consumer(c.ns, "g", {"t": "*"}, retry_budget_ms=20_000, **one, **FAST) as pc2:
+                assert await pc2.run(handler, max_messages=1) == 1
+                assert (pc2.stats.acked, pc2.stats.unreachable) == (1, 0)
+            assert handled == [b"by-run"]
+            pop = await pop_state(c.ns, "g")
+        assert sum(q["inflight"] for q in pop["queues"]) == 0
+        assert all(q["settled_offset"] == q["max_offset"] == 2 for q in pop["queues"])
 
 
 class CuttingProxy:
@@ -124,75 +126,78 @@ async def test_a_change_applied_whose_answer_was_lost_is_unknown_never_settled(
     retry with the old handle is refused: "unknown" (was "expired", and a later ack
     said "gone" while the broker kept the message). Records without a receipt (dropped,
     forgotten long past their deadline) are "expired", never "gone"."""
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    b = await c.start_broker(**FAST_POP)
-    await c.create_topic("t", 1)
-    async with open_admin(c.ns) as admin:
-        await Popper(admin, b.addr).send("t", [b"slow", b"forgotten"])
-    proxy = CuttingProxy(b.addr)
-    await nursery.start(proxy.serve)
-    # Long polls that answer nothing for long: the one answer cut is the change's.
-    opts = {"invisible_time_ms": 30_000, "pop_wait_ms": 20_000, "route_refresh_interval_ms": 60_000}
-    with trio.fail_after(30):
-        async with open_pop_consumer(None, "g", {"t": "*"}, broker_addrs=proxy.addr, **opts) as pc:
-            slow, forgotten = sorted(await receive(pc, 2), key=lambda r: r.queue_offset)
-            proxy.cut_next()
-            assert await pc.extend([slow], 60_000) == ["unknown"]
-            assert (proxy.cuts, pc.stats.unknown, pc.stats.extended) == (1, 1, 0)
-            assert pc.receipt(slow) is None
-            assert await pc.ack([slow]) == ["expired"]  # not "gone": the broker still holds it
-            receipt = pc.receipt(forgotten)
-            assert receipt is not None
-            assert pc.receipts.prune(receipt.deadline_ms + FORGET_AFTER_DEADLINE_MS + 1) == 1
-            assert await pc.ack([forgotten]) == ["expired"]
-        pop = await pop_state(c.ns, "g")
-    assert pop["acked"] == 0 and sum(q["inflight"] for q in pop["queues"]) == 2, pop  # nothing settled
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        c = Cluster(nursery, tmp_path)
+        await c.start_nameserver()
+        b = await c.start_broker(**FAST_POP)
+        await c.create_topic("t", 1)
+        async with open_admin(c.ns) as admin:
+            await Popper(admin, b.addr).send("t", [b"slow", b"forgotten"])
+        proxy = CuttingProxy(b.addr)
+        await nursery.start(proxy.serve)
+        # Long polls that answer nothing for long: the one answer cut is the change's.
+        opts = {"invisible_time_ms": 30_000, "pop_wait_ms": 20_000, "route_refresh_interval_ms": 60_000}
+        with trio.fail_after(30):
+            async with open_pop_consumer(None, "g", {"t": "*"}, broker_addrs=proxy.addr, **opts) as pc:
+                slow, forgotten = sorted(await receive(pc, 2), key=lambda r: r.queue_offset)
+                proxy.cut_next()
+                assert await pc.extend([slow], 60_000) == ["unknown"]
+                assert (proxy.cuts, pc.stats.unknown, pc.stats.extended) == (1, 1, 0)
+                assert pc.receipt(slow) is None
+                assert await pc.ack([slow]) == ["expired"]  # not "gone": the broker still holds it
+                receipt = pc.receipt(forgotten)
+                assert receipt is not None
+                assert pc.receipts.prune(receipt.deadline_ms + FORGET_AFTER_DEADLINE_MS + 1) == 1
+                assert await pc.ack([forgotten]) == ["expired"]
+            pop = await pop_state(c.ns, "g")
+        assert pop["acked"] == 0 and sum(q["inflight"] for q in pop["queues"]) == 2, pop  # nothing settled
 
 
 async def test_acks_of_finished_handlers_are_sent_when_run_is_cancelled(nursery: trio.Nursery, tmp_path: Path) -> None:
     """The last handler cancels run(): its ack (queued, not yet sent) and any on the way
     are still sent before run() returns; none comes back."""
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    b = await c.start_broker(**FAST_POP)
-    await c.create_topic("t", 1)
-    async with open_admin(c.ns) as admin:
-        await Popper(admin, b.addr).send("t", [b"m%d" % i for i in range(5)])
-    handled: list[Record] = []
-    with trio.fail_after(30):
-        async with open_pop_consumer(c.ns, "g", {"t": "*"}, invisible_time_ms=30_000, **FAST) as pc:
-            with trio.CancelScope() as scope:
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        c = Cluster(nursery, tmp_path)
+        await c.start_nameserver()
+        b = await c.start_broker(**FAST_POP)
+        await c.create_topic("t", 1)
+        async with open_admin(c.ns) as admin:
+            await Popper(admin, b.addr).send("t", [b"m%d" % i for i in range(5)])
+        handled: list[Record] = []
+        with trio.fail_after(30):
+            async with open_pop_consumer(c.ns, "g", {"t": "*"}, invisible_time_ms=30_000, **FAST) as pc:
+                with trio.CancelScope() as scope:
 
-                async def handler(record: Record) -> None:
-                    handled.append(record)
-                    if len(handled) == 5:
-                        scope.cancel()
+                    async def handler(record: Record) -> None:
+                        handled.append(record)
+                        if len(handled) == 5:
+                            scope.cancel()
 
-                await pc.run(handler)
-            assert len(handled) == 5
-            assert (pc.stats.acked, pc.in_flight) == (5, 0)
-        pop = await pop_state(c.ns, "g")
-    assert pop["acked"] == 5 and sum(q["inflight"] for q in pop["queues"]) == 0, pop
+                    await pc.run(handler)
+                assert len(handled) == 5
+                assert (pc.stats.acked, pc.in_flight) == (5, 0)
+            pop = await pop_state(c.ns, "g")
+        assert pop["acked"] == 5 and sum(q["inflight"] for q in pop["queues"]) == 0, pop
 
 
 @pytest.mark.slow
 async def test_one_busy_broker_leaves_the_other_brokers_statuses(nursery: trio.Nursery, tmp_path: Path) -> None:
     """broker-a starts its POP state for longer than retry_budget_ms: its record is
     "unreachable" (it comes back); broker-b's is "ok" in the same call (was: raised)."""
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    a = await c.start_broker("broker-a", **FAST_POP)
-    b = await c.start_broker("broker-b", **FAST_POP)
-    port = int(a.addr.rsplit(":", 1)[1])
-    await c.create_topic("t", 1)
-    async with open_admin(c.ns) as admin:
-        for broker in (a, b):
-            await Popper(admin, broker.addr).send("t", [broker.config.broker_name.encode()])
-    with trio.fail_after(60):
-        async with open_pop_consumer(c.ns, "g", {"t": "*"}, retry_budget_ms=1000, **FAST) as pc:
-            got = {bytes(r.body): r for r in await receive(pc, 2)}
-            await restart(c, port)
-            assert await pc.ack([got[b"broker-a"], got[b"broker-b"]]) == ["unreachable", "ok"]
-            assert pc.receipt(got[b"broker-a"]) is not None  # kept: a later ack may still settle it
-            assert (pc.stats.acked, pc.stats.unreachable) == (1, 1)
+    with trio.fail_after(TEST_TIMEOUT_S):  # every await bounded (a hang fails, naming where)
+        c = Cluster(nursery, tmp_path)
+        await c.start_nameserver()
+        a = await c.start_broker("broker-a", **FAST_POP)
+        b = await c.start_broker("broker-b", **FAST_POP)
+        port = int(a.addr.rsplit(":", 1)[1])
+        await c.create_topic("t", 1)
+        async with open_admin(c.ns) as admin:
+            for broker in (a, b):
+                await Popper(admin, broker.addr).send("t", [broker.config.broker_name.encode()])
+        with trio.fail_after(60):
+            async with open_pop_consumer(c.ns, "g", {"t": "*"}, retry_budget_ms=1000, **FAST) as pc:
+                got = {bytes(r.body): r for r in await receive(pc, 2)}
+                await restart(c, port)
+                assert await pc.ack([got[b"broker-a"], got[b"broker-b"]]) == ["unreachable", "ok"]
+                assert pc.receipt(got[b"broker-a"]) is not None  # kept: a later ack may still settle it
+                assert (pc.stats.acked, pc.stats.unreachable) == (1, 1)
