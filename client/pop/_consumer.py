@@ -105,18 +105,21 @@ class PopConsumer:
 
     async def ack(self, records: Sequence[Record]) -> list[str]:
         """Acknowledge ``records`` (one ACK_MESSAGE per broker): a status per record, in
-        order: ``ok`` (settled: never delivered again), ``expired`` (refused: its
-        invisible time had passed, it is delivered again; logged, counted in
-        ``stats.ack_expired``), ``gone`` (settled already), ``invalid`` (a handle the
-        broker does not know), ``unreachable`` (no leader answered within
-        ``retry_budget_ms``: it comes back after its invisible time)."""
+        order, never raised: ``ok`` (settled: never delivered again), ``expired``
+        (refused: its invisible time had passed, it is delivered again; logged, counted
+        in ``stats.ack_expired``; also a record this consumer holds no receipt of),
+        ``gone`` (the broker says settled already), ``invalid`` (a handle the broker
+        does not know), ``unreachable`` (no leader took it within ``retry_budget_ms``,
+        busy and unconfirmed answers retried meanwhile: it comes back after its
+        invisible time). One broker's failure leaves the others' statuses."""
         return await self.settler.ack(records)
 
     async def nack(self, records: Sequence[Record], delay_ms: int | None = None) -> list[str]:
         """Hand ``records`` back: each is delivered again (to any member) after
         ``delay_ms`` (None: ``retry_delays_ms`` for its attempt), one attempt higher,
         or goes to ``%DLQ%<group>`` past ``max_reconsume_times``. A status per record
-        as :meth:`ack`'s."""
+        as :meth:`ack`'s, or ``unknown`` (a try whose answer was lost may have been
+        applied, the retry was refused: it comes back after an invisible time)."""
         if delay_ms is not None and (type(delay_ms) is not int or delay_ms < 0):
             raise ValueError(f"delay_ms must be milliseconds >= 0 (or None: retry_delays_ms), got {delay_ms!r}")
         delays = [delay_ms if delay_ms is not None else self.delay_of(r) for r in records]
@@ -132,8 +135,10 @@ class PopConsumer:
 
     async def extend(self, records: Sequence[Record], invisible_time_ms: int) -> list[str]:
         """Keep ``records`` with this member for ``invisible_time_ms`` from now
-        (CHANGE_INVISIBLE_TIME): a status per record as :meth:`ack`'s; an ``ok`` record
-        is acknowledged later under its new handle (kept here)."""
+        (CHANGE_INVISIBLE_TIME): a status per record as :meth:`nack`'s; an ``ok`` record
+        is acknowledged later under its new handle (kept here); after ``unknown`` the
+        broker may hold it under a handle this member never got (an ack then answers
+        ``expired``: treat it as delivered again)."""
         if type(invisible_time_ms) is not int or invisible_time_ms < 1:
             raise ValueError(f"invisible_time_ms must be milliseconds >= 1, got {invisible_time_ms!r}")
         return await self.settler.change(records, invisible_time_ms, keep=True)
