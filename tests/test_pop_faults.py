@@ -246,3 +246,24 @@ async def test_a_write_for_a_state_given_up_meanwhile_is_refused(nursery: trio.N
             await service.settle("g", judged)
         assert refused.value.code == ErrorCode.SYSTEM_BUSY
         assert await p.ack(f["handles"]) == ["ok"]  # the rebuilt state still has it in flight
+
+
+async def test_an_orderly_queue_redelivers_its_earlier_offset_first_whatever_the_deadlines(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker(**FAST_POP)
+    await c.create_topic("t", 1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"m0", b"m1"])
+        got, f = await p.pop(orderly=True, max_messages=2, invisible_time_ms=60_000, max_wait_ms=5000)
+        assert [bytes(r.body) for r in got] == [b"m0", b"m1"]
+        h0, h1 = f["handles"]
+        assert [s for s, _h in await p.change([h1], 0)] == ["ok"]  # m1 visible first ...
+        assert [s for s, _h in await p.change([h0], 50)] == ["ok"]  # ... m0 a little later
+        with trio.fail_after(10):
+            again, f2 = await p.pop(orderly=True, max_messages=1, invisible_time_ms=60_000, max_wait_ms=5000)
+        assert [bytes(r.body) for r in again] == [b"m0"] and f2["attempts"] == [2]
