@@ -267,3 +267,24 @@ async def test_an_orderly_queue_redelivers_its_earlier_offset_first_whatever_the
         with trio.fail_after(10):
             again, f2 = await p.pop(orderly=True, max_messages=1, invisible_time_ms=60_000, max_wait_ms=5000)
         assert [bytes(r.body) for r in again] == [b"m0"] and f2["attempts"] == [2]
+
+
+async def test_one_change_over_two_members_deliveries_keeps_each_owner_across_a_rebuild(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker(**{**FAST_POP, "pop_checkpoint_interval_ms": 10**9})  # a rebuild replays it all
+    await c.create_topic("t", 1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"m0", b"m1"])
+        _a, fa = await p.pop(client_id="a", max_messages=1, invisible_time_ms=60_000, max_wait_ms=5000)
+        _b, fb = await p.pop(client_id="b", max_messages=1, invisible_time_ms=60_000, max_wait_ms=5000)
+        changed = await p.change([fa["handles"][0], fb["handles"][0]], 120_000)
+        assert [s for s, _h in changed] == ["ok", "ok"]
+        service = broker.handlers.pop
+        service.stand_down()
+        await p.running()  # rebuilt from %POP% alone
+        assert [service.owner_of("g", h) for _s, h in changed] == ["a", "b"]
