@@ -150,9 +150,11 @@ class Taking(PopBase):
             q = parts[qid].queue
             blocked = ask.orderly and len(q.flights) > len(parts[qid].offsets)
             room = min(budget, q.settled_offset() + cap - q.next_offset)  # the in-flight window
-            if room > 0 and not blocked:
+            if room > 0 and not blocked and _has_new(store, ask.topic, qid, q.next_offset):
                 asks.append((qid, q.next_offset, room))
         due = {qid: p.offsets for qid, p in parts.items() if p.offsets}
+        if not asks and not due:  # nothing to read (every window full, or orderly queues busy): no thread hop
+            return
         fresh, where = await self.readers.in_thread(_read, store, ask, asks, due)
         for qid, places in where.items():
             parts[qid].where = places
@@ -178,6 +180,12 @@ class Taking(PopBase):
             before_next = p.queue.next_offset
             p.queue.next_offset = max(before_next, next_after(f, n))
             p.advanced = (before_next, p.queue.next_offset)
+
+
+def _has_new(store: Store, topic: str, qid: int, next_offset: int) -> bool:
+    """Whether the queue holds entries from ``next_offset`` on (in memory: a queue read
+    to its end costs a long poll no thread hop)."""
+    return store.queue_exists(topic, qid) and store.max_offset(topic, qid) > next_offset
 
 
 def _read(
