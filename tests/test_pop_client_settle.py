@@ -18,6 +18,9 @@ from clmq.client import PopConsumer, Record, open_admin, open_pop_consumer
 from clmq.client.pop._receipts import FORGET_AFTER_DEADLINE_MS
 from tests.pop_helpers import FAST_POP, Popper
 from tests.service_helpers import Cluster
+from tests.test_client_failover import FAST as FAST_CLUSTER
+from tests.test_client_failover import start_group
+from tests.waiting import await_until
 
 FAST = {"pop_wait_ms": 300, "route_refresh_interval_ms": 500}
 TEST_TIMEOUT_S = 90  # each test's whole body, set-up included
@@ -201,3 +204,30 @@ async def test_one_busy_broker_leaves_the_other_brokers_statuses(nursery: trio.N
                 assert await pc.ack([got[b"broker-a"], got[b"broker-b"]]) == ["unreachable", "ok"]
                 assert pc.receipt(got[b"broker-a"]) is not None  # kept: a later ack may still settle it
                 assert (pc.stats.acked, pc.stats.unreachable) == (1, 1)
+
+
+@pytest.mark.slow
+async def test_pops_refused_while_too_few_replicas_are_in_sync_are_retried_not_raised(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """ack_mode sync, min_insync_replicas=2, the follower stopped: the POP's CK write is
+    refused (NOT_ENOUGH_REPLICAS / REPLICATION_TIMEOUT). receive() raised it to the
+    caller (and run() died with it); now the loop asks again, and once the follower is
+    back the messages come and are acknowledged."""
+    with trio.fail_after(TEST_TIMEOUT_S):
+        c = Cluster(nursery, tmp_path)
+        await c.start_nameserver()
+        sync = {"ack_mode": "sync", "min_insync_replicas": 2, "replica_lag_max_ms": 500, **FAST_POP}
+        lead, _ = await start_group(c, **sync)
+        async with open_admin(c.ns) as admin:
+            await Popper(admin, lead.addr).send("t", [b"x"], queue_id=0)
+        await c.stop_broker("g1")
+        await await_until(lambda: lead.replica.leader.isr.size() == 1, 15, "the ISR to shrink")  # type: ignore[union-attr]
+        async with open_pop_consumer(c.ns, "g", {"t": "*"}, max_backoff_ms=200, **FAST) as pc:
+            await await_until(lambda: pc.stats.pop_errors >= 2, 15, "POPs refused")
+            await c.start_broker(
+                "g", key="g1", broker_id=1, role="follower", leader_addr=lead.addr, **{**FAST_CLUSTER, **sync}
+            )
+            (record,) = await receive(pc, 1, timeout_s=30)  # (was: the refusal, raised)
+            assert record.body == b"x"
+            assert await pc.ack([record]) == ["ok"]

@@ -29,12 +29,14 @@ from ..consumer import TagFilter
 from ._buffer import PopBuffer
 from ._options import PopConsumerOptions
 from ._receipts import PopStats, Receipt, Receipts
-from ._settle import NET_ERRORS, leader_moved
+from ._settle import BUSY_CODES, NET_ERRORS, leader_moved
 
 log = logging.getLogger("clmq.pop")
 
-# Answers after which asking the same broker again later may work.
-RETRYABLE = frozenset({ErrorCode.SYSTEM_BUSY, ErrorCode.TOPIC_NOT_FOUND, ErrorCode.TIMEOUT, ErrorCode.SYSTEM_ERROR})
+# Answers after which asking the same broker again later may work: busy or starting, a
+# topic not created yet, a CK write not confirmed (flush or replicas too slow) or refused
+# while too few replicas are in sync (_settle.BUSY_CODES).
+RETRYABLE = BUSY_CODES | {ErrorCode.TOPIC_NOT_FOUND}
 FIRST_BACKOFF_S = 0.05
 
 
