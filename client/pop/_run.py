@@ -119,7 +119,10 @@ class Runner:
     ) -> None:
         async def ack(records: Sequence[Record]) -> None:
             for r in records:
-                send.send_nowait(r)
+                try:
+                    send.send_nowait(r)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):  # the acker ended (cancelled)
+                    return  # not acknowledged: it comes back after its invisible time
 
         async def judge_one(record: Record) -> bool:
             return await judge(handler, record)
