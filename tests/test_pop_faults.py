@@ -176,6 +176,7 @@ async def test_an_idle_group_is_forgotten_after_its_settled_offsets_are_committe
         assert await p.ack(handles) == ["ok"] * 3
         assert await committed() == [(-1, True)]  # a POP group's offsets stay its own while it pops
         await await_until(lambda: _is(committed, [(3, False)]), 10, "the idle group forgotten, its offsets committed")
+        await await_until(lambda: "g" not in broker.handlers.pop.saved.state, 10, "a checkpoint without it")
         await p.send("t", [b"m3"])
         again, _h = await p.pop_all(1, invisible_time_ms=60_000)
         assert [bytes(r.body) for r in again] == [b"m3"]  # it goes on from the committed offset

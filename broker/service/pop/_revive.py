@@ -182,8 +182,9 @@ class PopKeeper(PopBase):
             return
         store, state = self.store, self.state
         assert store is not None and state is not None
-        if self.forget_idle(state):  # a group forgotten: its committed offsets on disk first
+        if self.forget_idle(state):  # its committed offsets on disk first, then a checkpoint without it
             await trio.to_thread.run_sync(self.ctx.offsets.flush)
+            self.save_soon = True
         applied_to = min(self.writes.values(), default=self.pop_end())
         if applied_to == self.saved.applied_to and not self.writes and not self.save_soon:
             return  # nothing recorded since
