@@ -386,9 +386,9 @@ async def test_share_protocol_heartbeat_sessions_and_acks_by_hand(kafka: KafkaCl
         assert w.request(ApiKey.SHARE_FETCH, 2, _fetch_body("hg", "m1", 4, tid))["error_code"] == 122  # no session
         assert w.request(ApiKey.SHARE_ACKNOWLEDGE, 1, _ack_body("hg", "m1", 0, tid, []))["error_code"] == 123
 
-        def first_fetch() -> dict[str, Any] | None:  # LEADER_NOT_AVAILABLE while the broker's POP state loads
+        def first_fetch() -> dict[str, Any] | None:  # REPLICA_NOT_AVAILABLE while the broker's POP state loads
             part = _partition(w.request(ApiKey.SHARE_FETCH, 2, _fetch_body("hg", "m1", 0, tid, WAIT_S * 1000)))
-            return None if part["error_code"] == ErrorCode.LEADER_NOT_AVAILABLE else part
+            return None if part["error_code"] == ErrorCode.REPLICA_NOT_AVAILABLE else part
 
         got = await await_until(first_fetch, WAIT_S, "the POP state loaded")
         assert len(got["acquired_records"]) == 1, got
@@ -467,6 +467,68 @@ async def test_a_broker_sigkill_loses_no_acknowledgement_of_a_share_consumer(
     assert set(seen) == set(values)
 
 
+SLOW_POP_START_MS = 10_000  # pop_revive_interval_ms of a broker whose POP state starts this late
+
+
+async def _share_fetches_counted(cluster: KafkaCluster) -> int:
+    """ShareFetch requests the broker's Kafka listener answered (its metrics page)."""
+    out = cluster.group["b0"].out.read_text()
+    port = int(out.split("metrics on http://")[1].split(":")[1].split("/")[0])
+    with trio.fail_after(10):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        page = b""
+        while chunk := await stream.receive_some(65536):
+            page += chunk
+    rows = [
+        line
+        for line in page.decode().splitlines()
+        if line.lower().startswith('clmq_kafka_requests_total{api="share_fetch"}')
+    ]
+    return int(float(rows[0].split()[-1])) if rows else 0
+
+
+def _share_calls_while_starting(addr: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A ShareFetch and a ShareAcknowledge by hand, of a member of another group."""
+    with KafkaWire(addr) as w:
+        tid = w.request(ApiKey.METADATA, 12, {"topics": [{"name": "starting"}]})["topics"][0]["topic_id"]
+        hb = {"group_id": "hand", "member_id": "h1", "member_epoch": 0, "rack_id": None}
+        assert (
+            w.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, {**hb, "subscribed_topic_names": ["starting"]})["error_code"]
+            == 0
+        )
+        fetched = _partition(w.request(ApiKey.SHARE_FETCH, 2, _fetch_body("hand", "h1", 0, tid)))
+        accept = [{"first_offset": 0, "last_offset": 0, "acknowledge_types": [1]}]
+        acked = _partition(w.request(ApiKey.SHARE_ACKNOWLEDGE, 2, _ack_body("hand", "h1", 1, tid, accept)))
+    return fetched, acked
+
+
+@pytest.mark.slow
+async def test_a_share_consumer_fetching_while_the_pop_state_starts_is_answered_a_code_it_retries(
+    tmp_path: Path, harness: list[str]
+) -> None:
+    """A broker whose POP state starts late (pop_revive_interval_ms): meanwhile ShareFetch
+    and ShareAcknowledge answer their partitions REPLICA_NOT_AVAILABLE, which kafka-clients
+    4.4.0 retries (a metadata refresh; LEADER_NOT_AVAILABLE was "Unexpected error code 5"
+    out of poll()); the Java share consumer fetching in that window gets every record once
+    the state runs."""
+    async with open_kafka(
+        tmp_path, metrics_port=0, pop_revive_interval_ms=SLOW_POP_START_MS, kafka_share_heartbeat_interval_ms=500
+    ) as kafka:
+        values = await produce(kafka, "starting", 40, queues=1)
+        async with share_consumers(tmp_path, harness, kafka) as (c, nursery):
+            await c.start(nursery, "starting", "sg", "accept")
+            await await_until(lambda: _share_fetches_counted(kafka), WAIT_S, "the Java consumer's first ShareFetch")
+            fetched, acked = await trio.to_thread.run_sync(_share_calls_while_starting, kafka.kafka_addr("b0"))
+            assert fetched["error_code"] == ErrorCode.REPLICA_NOT_AVAILABLE, ("POP still starting", fetched)
+            assert acked["error_code"] == ErrorCode.REPLICA_NOT_AVAILABLE, acked
+            rows = await c.until(lambda rows: {r.value for r in rows} >= set(values), "every record")
+            assert c.procs[0].returncode is None, f"the consumer failed:\n{c.text()}"
+        text = c.text()
+        assert sorted(r.value for r in rows) == values and all(r.delivery_count == 1 for r in rows), text
+        assert "ackerror" not in text and "Unexpected error" not in text, text
+
+
 @pytest.mark.slow
 async def test_a_zookeeper_failover_loses_no_acknowledgement_of_a_share_consumer(
     tmp_path: Path, harness: list[str], zk_connect: str
@@ -523,10 +585,10 @@ async def test_share_apis_need_read_on_the_group_and_on_each_topic(tmp_path: Pat
             body = _fetch_body("ag", "m1", 0, tids["ok"], WAIT_S * 1000)
             body["topics"].append({**body["topics"][0], "topic_id": tids["no"]})
 
-            def served() -> dict[str, Any] | None:  # LEADER_NOT_AVAILABLE while the broker's POP state loads
+            def served() -> dict[str, Any] | None:  # REPLICA_NOT_AVAILABLE while the broker's POP state loads
                 answer = alice.request(ApiKey.SHARE_FETCH, 2, body)
                 rows = {t["topic_id"]: t["partitions"][0] for t in answer["responses"]}
-                return None if rows[tids["ok"]]["error_code"] == ErrorCode.LEADER_NOT_AVAILABLE else rows
+                return None if rows[tids["ok"]]["error_code"] == ErrorCode.REPLICA_NOT_AVAILABLE else rows
 
             rows = await await_until(served, WAIT_S, "alice's share fetch served")
             assert rows[tids["ok"]]["error_code"] == 0 and rows[tids["ok"]]["acquired_records"], rows
@@ -615,7 +677,7 @@ async def test_a_session_forgets_held_records_whose_lock_ran_out_and_went_to_ano
                         body = _fetch_body("hg", member, epochs[member], tid, wait_ms)
                         part = _partition(await call(ApiKey.SHARE_FETCH, 2, body))
                         epochs[member] += 1
-                        if part["error_code"] == ErrorCode.LEADER_NOT_AVAILABLE:  # the POP state loads
+                        if part["error_code"] == ErrorCode.REPLICA_NOT_AVAILABLE:  # the POP state loads
                             epochs[member] = 0
                             continue
                         got += part["acquired_records"]

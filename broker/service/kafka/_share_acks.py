@@ -10,7 +10,9 @@ given, settled, redelivered to someone else, or its lock run out) is refused: th
 partition answers INVALID_RECORD_STATE naming the first such offsets, and the others
 are applied. A malformed batch (last before first, types not 1 or one per offset, an
 unknown type, more offsets than a member can hold) is INVALID_REQUEST and applies
-nothing of that partition.
+nothing of that partition. While the POP state is not running here (starting,
+recovering, not the leader) the POP service's RequestError is raised before anything
+is judged (``_share_errors`` maps it to a code the client retries or reports).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ async def apply_acks(
     plan = _planned(batches, max_offsets)
     if isinstance(plan, str):
         return AckOutcome(ErrorCode.INVALID_REQUEST, plan)
+    pop.running_state()  # a state not loaded yet knows no delivery: RequestError, not "not held"
     out = AckOutcome()
     by_kind: dict[int, list[tuple[int, str]]] = {}
     for offset, kind in plan:

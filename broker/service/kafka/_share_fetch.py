@@ -11,7 +11,8 @@ per run of consecutive offsets, with AcquiredRecords ranges whose delivery count
 POP attempt (1 first, 2 after a RELEASE or a lock that ran out, ...). A message whose
 attempts pass the group's max_reconsume_times goes to ``%DLQ%group`` instead (the POP
 service's rule). The partitions of a share session are this broker's queues: another
-broker's partition is answered NOT_LEADER_OR_FOLLOWER, as Fetch does.
+broker's partition is answered NOT_LEADER_OR_FOLLOWER, as Fetch does. POP errors
+become the Kafka codes the Java client retries (``_share_errors``).
 """
 
 from __future__ import annotations
@@ -32,17 +33,11 @@ from ._listener import Peer
 from ._metadata import topic_id
 from ._raw_records import batches_of
 from ._share_acks import AckOutcome, apply_acks
+from ._share_errors import ack_error, fetch_error
 from ._share_members import ShareGroups
 from ._share_sessions import DeliveryLike, PopLike, ShareSession, ShareSessions, prune_held, release_held
 
 log = logging.getLogger("clmq.broker.kafka")
-
-# A POP error of a whole topic as the Kafka error of its partitions.
-POP_ERRORS = {
-    "NOT_LEADER": ErrorCode.NOT_LEADER_OR_FOLLOWER,
-    "TOPIC_NOT_FOUND": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-    "SYSTEM_BUSY": ErrorCode.LEADER_NOT_AVAILABLE,
-}
 
 
 class KafkaShare:
@@ -112,7 +107,8 @@ class KafkaShare:
             self.sessions.close(session.group, session.member)
             await release_held(pop, session)
         elif not b.get("is_renew_ack", False):  # v2 (KIP-1222): a fetch carrying RENEWs acquires nothing new
-            prune_held(pop, session)  # records whose lock ran out and went elsewhere: forgotten
+            if pop.running:  # a state not loaded yet knows no delivery: nothing is forgotten
+                prune_held(pop, session)  # records whose lock ran out and went elsewhere: forgotten
             await self._fetch(pop, session, view, b, rows)
         return {**self._top(ErrorCode.NONE, None), "responses": _by_topic(rows)}
 
@@ -141,8 +137,7 @@ class KafkaShare:
                     try:
                         outcome = await apply_acks(pop, session, name, queue_id, batches, limits)
                     except RequestError as e:  # the POP state moved (not leader, starting): nothing of it known applied
-                        code = POP_ERRORS.get(e.code.name, ErrorCode.UNKNOWN_SERVER_ERROR)
-                        outcome = AckOutcome(code, e.text)
+                        outcome = AckOutcome(ack_error(e.code.name), e.text)
                     _ack_into(row, outcome)
         return rows
 
@@ -196,7 +191,7 @@ class KafkaShare:
                 queue_ids=sorted(queues), max_wait_ms=wait_ms, max_bytes=max_bytes,
             )  # fmt: skip
         except RequestError as e:
-            code = POP_ERRORS.get(e.code.name, ErrorCode.UNKNOWN_SERVER_ERROR)
+            code = fetch_error(e.code.name)
             for index in queues.values():
                 row = rows.setdefault((tid, index), _row(index, self.views.me.node_id))
                 row["error_code"], row["error_message"] = code, e.text
