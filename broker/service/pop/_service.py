@@ -165,6 +165,7 @@ class PopService(PopKeeper, Taking):
         """A deleted topic's POP state goes (its deliveries, next offsets, dead letters due)."""
         if self.state is not None:
             self.state.drop_topics(lambda t: t == topic)
+            self.save_soon = True  # (its CK records stay in %POP%: a rebuild must not replay them into a new topic)
         self.dead = [d for d in self.dead if d[1] != topic]
 
     def groups(self) -> list[str]:
