@@ -187,6 +187,29 @@ async def _saved_since(broker: Any, before: Any) -> bool:
     return broker.handlers.pop.saved is not before
 
 
+async def test_dead_letters_noted_before_a_rebuild_are_judged_again_against_the_rebuilt_state(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Deliveries noted as past their limit, then the state given up and rebuilt: a
+    delivery of the rebuilt state that is within its limit (or not due) is not
+    dead-lettered, and a group the rebuilt state does not hold is not made."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker(**FAST_POP)
+    await c.create_topic("t", 1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"m0"])
+        _got, f = await p.pop(invisible_time_ms=60_000, max_wait_ms=5000)
+        service = broker.handlers.pop
+        service.dead += [("g", "t", 0, 0), ("ghost", "t", 0, 0)]  # stale: noted against an older state
+        await service.dead_letter_due()
+        assert "ghost" not in service.groups()
+        assert (await p.describe())["pop"]["dead_lettered"] == 0
+        assert await p.ack(f["handles"]) == ["ok"]
+
+
 async def test_an_idle_group_is_forgotten_after_its_settled_offsets_are_committed(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:

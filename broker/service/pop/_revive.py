@@ -84,6 +84,7 @@ class PopKeeper(PopBase):
         if text != self.failure:
             log.error("pop: %s; rebuilding every %.0f s from the last checkpoint", text, FAILURE_RETRY_S)
         self.failure, self.state = text, None
+        self.dead.clear()  # (noted against the state given up: the rebuilt one notes its own)
         self.wake_all()
         await trio.sleep(FAILURE_RETRY_S)
 
@@ -140,10 +141,12 @@ class PopKeeper(PopBase):
         by_group: dict[str, list[str]] = {}
         state = self.state
         assert state is not None
+        now = self.now()
         for group, topic, qid, off in dead:
-            q = state.group(group).queues.get((topic, qid))
+            g = state.groups.get(group)  # (an entry noted against an older state: judged again, no group made)
+            q = g.queues.get((topic, qid)) if g is not None else None
             f = q.flights.get(off) if q is not None else None
-            if f is not None and not f.settling:
+            if f is not None and not f.settling and f.attempt > f.max_reconsume_times and f.deadline_ms <= now:
                 h = Handle(self.config.broker_name, topic, qid, off, f.ck, f.deadline_ms + 1)
                 by_group.setdefault(group, []).append(h.encode())
         for group, handles in by_group.items():
