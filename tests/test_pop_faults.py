@@ -16,6 +16,7 @@ from clmq.broker.service.pop._base import Judged
 from clmq.broker.service.pop._inflight import Flight, PopState, QueueFlights
 from clmq.broker.service.pop._records import Acks, Checkpoint, Handle, decode_pop_record
 from clmq.broker.service.pop._service import _place_changes
+from clmq.broker.service.pop._state import PopCheckpoint, replay
 from clmq.broker.service.pop._take import Ask, Taken
 from clmq.broker.service.pop._taking import _undo
 from clmq.client import open_admin
@@ -103,7 +104,7 @@ def test_a_failed_pop_behind_a_later_one_keeps_its_offsets_visible() -> None:
     q = QueueFlights(10)
     first = _popped(q, [10, 11])
     _popped(q, [12, 13])  # another pop moved the next offset since
-    assert _undo({0: first}, _ask())  # kept below a moved next offset: the service checkpoints at once
+    assert _undo({0: first}, _ask()) == {0: [10, 11]}  # kept below a moved next offset: the service records them
     assert q.next_offset == 14
     assert q.due(1, 10) == ([10, 11], [])  # visible at once, delivered next with attempt 1
     assert [q.flights[o].attempt for o in (10, 11)] == [0, 0]
@@ -208,6 +209,57 @@ async def test_dead_letters_noted_before_a_rebuild_are_judged_again_against_the_
         assert "ghost" not in service.groups()
         assert (await p.describe())["pop"]["dead_lettered"] == 0
         assert await p.ack(f["handles"]) == ["ok"]
+
+
+async def test_a_failed_pop_behind_a_later_one_records_its_offsets_given_back(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Pop c1's CK write fails while pop c2's CK, which moved the next offset past c1's
+    offsets, waits for the next append: c1's offsets are given back by a CK record of
+    their own (attempt 0, visible at once), so ``%POP%`` replayed without any checkpoint
+    still holds them (else a crash before the next checkpoint loses them for the group)."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker(**{**FAST_POP, "pop_checkpoint_interval_ms": 10**9})
+    await c.create_topic("t", 1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"m0", b"m1", b"m2", b"m3"])
+        service = broker.handlers.pop
+        real_put = service.batcher._put
+
+        async def c1_fails(messages: list[Any], also: Any) -> Any:
+            records = [decode_pop_record(m.tags, m.body) for m in messages]
+            if any(isinstance(r, Checkpoint) and r.client_id == "c1" and r.attempts[0] > 0 for r in records):
+                await await_until(lambda: bool(service.batcher._waiting), 10, "pop c2's CK waiting")
+                raise OSError("injected: c1's CK write failed")
+            return await real_put(messages, also)
+
+        service.batcher._put = c1_fails
+        got: dict[str, Any] = {}
+
+        async def pop(client: str) -> None:
+            try:
+                got[client] = await p.pop(client_id=client, max_messages=2, invisible_time_ms=60_000)
+            except RpcError as e:
+                got[client] = e
+
+        async with trio.open_nursery() as pops:
+            pops.start_soon(pop, "c1")
+            await await_until(lambda: service.batcher.appends == 1, 10, "pop c1's CK in flight")
+            pops.start_soon(pop, "c2")
+        assert isinstance(got["c1"], RpcError)
+        assert [bytes(r.body) for r in got["c2"][0]] == [b"m2", b"m3"]
+        store = service.store
+        state, _end = await trio.to_thread.run_sync(replay, store, PopCheckpoint(0, store.log.min_offset))
+        q = state.groups["g"].queues[("t", 0)]
+        assert q.next_offset == 4
+        assert sorted(q.flights) == [0, 1, 2, 3]
+        assert [q.flights[o].attempt for o in (0, 1)] == [0, 0]  # given back: delivered next with attempt 1
+        service.batcher._put = real_put
+        again, _h = await p.pop_all(2, invisible_time_ms=60_000)
+        assert sorted(bytes(r.body) for r in again) == [b"m0", b"m1"]
 
 
 async def test_an_idle_group_is_forgotten_after_its_settled_offsets_are_committed(

@@ -5,6 +5,7 @@ selection itself is ``_take``'s."""
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import trio
@@ -16,10 +17,12 @@ from clmq.protocol.transport import RequestError
 
 from .._system_put import UnconfirmedError
 from ._base import Delivery, PopBase
-from ._inflight import Flight, GroupFlights, QueueFlights
+from ._inflight import Flight, GroupFlights, PopState, QueueFlights
 from ._reads import Fresh, entry_of, read_fresh, tag_codes
 from ._records import Checkpoint, ck_message, encode_handles
 from ._take import Ask, Taken, allocate, fresh_after, next_after, rotated, share, within_bytes
+
+log = logging.getLogger("clmq.pop")
 
 
 class Taking(PopBase):
@@ -94,8 +97,10 @@ class Taking(PopBase):
         except UnconfirmedError:  # the CKs are in the log: in flight, visible again after their deadline
             raise
         except BaseException:
-            if _undo(parts, ask):
-                self.save_soon = True  # (until a checkpoint or a CK holds them, only memory does)
+            kept = _undo(parts, ask)
+            self.wake(ask.group)  # (deliveries visible again: a long poll may take them)
+            if kept:
+                await self._give_back(ask, parts, kept, state)
             raise
         out: list[Delivery] = []
         for n, (qid, p) in enumerate(parts.items()):
@@ -104,6 +109,38 @@ class Taking(PopBase):
             g.stats.redelivered += sum(1 for b in p.before if b is not None)
         g.stats.popped += len(out)
         return out
+
+    async def _give_back(self, ask: Ask, parts: dict[int, Taken], kept: dict[int, list[int]], state: PopState) -> None:
+        """Record the new offsets a failed pop kept below a next offset another pop's CK
+        moved: a CK record of them at attempt 0, visible now (a replay must know them).
+        If that fails too, a checkpoint is asked for at once, and their next pop's CK
+        records them (giving the state up would lose them: the log says nothing of them)."""
+        now = self.now()
+        cks = [
+            ck_message(
+                Checkpoint(
+                    ask.group,
+                    ask.client_id,
+                    ask.topic,
+                    qid,
+                    offs,
+                    [0] * len(offs),
+                    now,
+                    ask.max_reconsume_times,
+                    parts[qid].queue.next_offset,
+                )
+            )
+            for qid, offs in kept.items()
+        ]
+        try:
+            with trio.CancelScope(shield=True):
+                await self.record(cks, state=state)
+        except UnconfirmedError:
+            return  # in the log
+        except Exception as e:  # (any failure: only memory holds them)
+            if state is self.state:
+                log.error("pop: offsets given back not recorded (%s: %s); checkpointing at once", type(e).__name__, e)
+                self.save_soon = True
 
     def _delivered(self, ask: Ask, qid: int, p: Taken, ck: int, deadline: int) -> list[Delivery]:
         """A queue's part of a pop once its CK record (``ck``) is stored."""
@@ -234,13 +271,13 @@ def _checkpoint(ask: Ask, qid: int, p: Taken, deadline: int) -> Checkpoint:
     )
 
 
-def _undo(parts: dict[int, Taken], ask: Ask) -> bool:
+def _undo(parts: dict[int, Taken], ask: Ask) -> dict[int, list[int]]:
     """Nothing was recorded: the reserved deliveries are visible again, as they were
     (unless another pop took them meanwhile); the next offset goes back where it was
     unless another pop moved it since (no CK record may carry it past offsets none holds).
-    Whether new offsets were kept below a next offset another pop moved (no record holds them)."""
-    kept = False
-    for p in parts.values():
+    The new offsets kept below a next offset another pop moved, by queue (no record holds them)."""
+    kept: dict[int, list[int]] = {}
+    for qid, p in parts.items():
         back = p.advanced is not None and p.queue.next_offset == p.advanced[1]
         if back and p.advanced is not None:
             p.queue.next_offset = p.advanced[0]
@@ -253,5 +290,5 @@ def _undo(parts: dict[int, Taken], ask: Ask) -> bool:
                 del p.queue.flights[off]
             else:  # a new offset: delivered next with attempt 1
                 p.queue.put(off, Flight(-1, 0, 0, ask.client_id, ask.max_reconsume_times))
-                kept = True
+                kept.setdefault(qid, []).append(off)
     return kept
