@@ -227,7 +227,7 @@ async def test_a_failed_pop_behind_a_later_one_records_its_offsets_given_back(
         await p.running()
         await p.send("t", [b"m0", b"m1", b"m2", b"m3"])
         service = broker.handlers.pop
-        real_put = service.batcher._put
+        real_put = service.batcher._append
 
         async def c1_fails(messages: list[Any], also: Any) -> Any:
             records = [decode_pop_record(m.tags, m.body) for m in messages]
@@ -236,7 +236,7 @@ async def test_a_failed_pop_behind_a_later_one_records_its_offsets_given_back(
                 raise OSError("injected: c1's CK write failed")
             return await real_put(messages, also)
 
-        service.batcher._put = c1_fails
+        service.batcher._append = c1_fails
         got: dict[str, Any] = {}
 
         async def pop(client: str) -> None:
@@ -257,7 +257,7 @@ async def test_a_failed_pop_behind_a_later_one_records_its_offsets_given_back(
         assert q.next_offset == 4
         assert sorted(q.flights) == [0, 1, 2, 3]
         assert [q.flights[o].attempt for o in (0, 1)] == [0, 0]  # given back: delivered next with attempt 1
-        service.batcher._put = real_put
+        service.batcher._append = real_put
         again, _h = await p.pop_all(2, invisible_time_ms=60_000)
         assert sorted(bytes(r.body) for r in again) == [b"m0", b"m1"]
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from trio.testing import wait_all_tasks_blocked
 
+from clmq.broker.service.pop._batch import RecordBatcher
 from clmq.broker.service.pop._inflight import Flight, PopState, QueueFlights
 from clmq.broker.service.pop._reads import Fresh, read_inline
 from clmq.broker.service.pop._records import (
@@ -25,8 +28,10 @@ from clmq.broker.service.pop._records import (
 )
 from clmq.broker.service.pop._state import PopCheckpoint, checkpoint_path, load_checkpoint, save_checkpoint
 from clmq.broker.service.pop._take import allocate, fresh_after, next_after, rotated, within_bytes
-from clmq.broker.store import Store, StoreConfig
+from clmq.broker.store import PutResult, PutStatus, Store, StoreConfig
 from clmq.common import Message, decode_record
+from clmq.protocol import ErrorCode
+from clmq.protocol.transport import RequestError
 
 names = st.text(st.characters(codec="utf-8", exclude_characters="\n"), min_size=1, max_size=12)
 offsets = st.integers(0, 2**40)
@@ -204,3 +209,75 @@ def test_records_read_inline_are_checked_against_their_entries(tmp_path: Path) -
 
 def _sizes(store: Store, res: Any) -> list[int]:
     return [store.log.read_record(o).size for o in res.commitlog_offsets]  # type: ignore[union-attr]
+
+
+class _Log:
+    """A record list standing in for the append lane, with confirmations held at will
+    (the batcher's own logic: which requests go together, who waits for what)."""
+
+    def __init__(self) -> None:
+        self.records: list[Message] = []
+        self.appended = trio.Event()
+        self.open_append = trio.Event()
+        self.open_append.set()
+        self.slow = trio.Event()  # confirmations of topic "slow" wait for it
+
+    async def append(self, messages: list[Message], also: Any) -> PutResult:
+        await self.open_append.wait()
+        at = len(self.records)
+        self.records += messages
+        self.appended.set()
+        return PutResult(PutStatus.OK, "", list(range(at, len(self.records))), [], len(self.records))
+
+    async def confirm(self, result: PutResult, topics: list[str]) -> None:
+        if "slow" in topics:
+            await self.slow.wait()
+        if any(t.startswith("%DLQ%") for t in topics):
+            raise RequestError(ErrorCode.NOT_ENOUGH_REPLICAS, "the dead letters' topic is not held")
+
+
+def _ck(n: int) -> Message:
+    return ck_message(Checkpoint("g", "c", "t", 0, [n], [1], 1, 3, n + 1))
+
+
+async def test_a_batch_waiting_for_its_durability_does_not_hold_back_the_next_append() -> None:
+    log = _Log()
+    batcher = RecordBatcher(log.append, log.confirm)
+    slow_done = trio.Event()
+
+    async def slow() -> None:
+        await batcher.record([_ck(0)], ("slow",))
+        slow_done.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            n.start_soon(slow)
+            await log.appended.wait()
+            fast = await batcher.record([_ck(1)])  # appended and answered while "slow" waits
+            assert fast.queue_offsets == [1] and not slow_done.is_set()
+            log.slow.set()
+        assert slow_done.is_set()
+
+
+async def test_a_dead_letter_s_topic_is_waited_for_only_by_its_own_request() -> None:
+    log = _Log()
+    batcher = RecordBatcher(log.append, log.confirm)
+    results: dict[str, Any] = {}
+
+    async def record(name: str, messages: list[Message]) -> None:
+        try:
+            results[name] = await batcher.record(messages)
+        except RequestError as e:
+            results[name] = e
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            log.open_append = trio.Event()
+            n.start_soon(record, "leader", [_ck(0)])
+            await wait_all_tasks_blocked()
+            n.start_soon(record, "ack", [ack_message(Acks("g", [("t", 0, 0, 0)]))])
+            n.start_soon(record, "dead", [Message("%DLQ%g", 0, b"x"), ack_message(Acks("g", [("t", 0, 1, 0)]))])
+            await wait_all_tasks_blocked()
+            log.open_append.set()
+    assert isinstance(results["leader"], PutResult) and isinstance(results["ack"], PutResult)
+    assert isinstance(results["dead"], RequestError) and results["dead"].code == ErrorCode.NOT_ENOUGH_REPLICAS

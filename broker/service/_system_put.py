@@ -51,8 +51,15 @@ async def put_acknowledged(ctx: BrokerContext, messages: Sequence[Message], also
     retry or a dead letter replaces the original, whose offset the consumer then commits
     past: it must not be lost). Returns the put's result (its offsets); UnconfirmedError
     (a RequestError) when they were appended but that promise is not confirmed."""
-    topics = sorted({m.topic for m in messages} | set(also))
-    for topic in topics:
+    result = await append_acknowledged(ctx, messages, also)
+    await confirm_acknowledged(ctx, result, sorted({m.topic for m in messages} | set(also)))
+    return result
+
+
+async def append_acknowledged(ctx: BrokerContext, messages: Sequence[Message], also: Iterable[str] = ()) -> PutResult:
+    """:func:`put_acknowledged`'s first half: the topics' ack modes checked, then the
+    append (RequestError unless stored); its order in the log is fixed when it returns."""
+    for topic in sorted({m.topic for m in messages} | set(also)):
         ctx.replica.check_sync_write(topic)
     try:
         result = await put_messages(ctx, messages)
@@ -60,6 +67,12 @@ async def put_acknowledged(ctx: BrokerContext, messages: Sequence[Message], also
         raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
     if not result.ok:
         raise RequestError(ErrorCode.IO_ERROR, f"not stored: {result.status.value}: {result.error}")
+    return result
+
+
+async def confirm_acknowledged(ctx: BrokerContext, result: PutResult, topics: Sequence[str]) -> None:
+    """:func:`put_acknowledged`'s second half: wait until an appended result is durable
+    as the flush mode promises and held as each topic's ack mode asks (UnconfirmedError)."""
     sync = ctx.store.config.commitlog.acks_wait_for_fsync
     if sync and not await ctx.lane.durable.wait(result.end_offset, ctx.config.sync_flush_timeout_ms / 1000):
         raise UnconfirmedError(ErrorCode.FLUSH_DISK_TIMEOUT, "stored, but not fsynced within sync_flush_timeout_ms")
@@ -67,4 +80,3 @@ async def put_acknowledged(ctx: BrokerContext, messages: Sequence[Message], also
         problem = await ctx.replica.wait_held(topic, result.end_offset)
         if problem is not None:
             raise UnconfirmedError(problem[0], problem[1])
-    return result

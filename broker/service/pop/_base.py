@@ -17,7 +17,7 @@ from clmq.protocol.transport import RequestError
 
 from .._context import BrokerContext
 from .._read_threads import ReadThreads
-from .._system_put import UnconfirmedError, ensure_topic, put_acknowledged
+from .._system_put import UnconfirmedError, append_acknowledged, confirm_acknowledged, ensure_topic
 from ..timer import wall_ms
 from ._batch import RecordBatcher
 from ._inflight import Flight, GroupFlights, PopState, QueueFlights
@@ -67,7 +67,10 @@ class PopBase:
         self.save_soon = False  # the state holds what no record says (a failed pop's offsets): checkpoint it now
         # Reads of queue entries and records: a job costs a queue put, not a trio.to_thread hop.
         self.readers = ReadThreads(ctx.config.pull_read_threads, name="pop_read_threads")
-        self.batcher = RecordBatcher(lambda messages, also: put_acknowledged(ctx, messages, also=also))
+        self.batcher = RecordBatcher(
+            lambda messages, also: append_acknowledged(ctx, messages, also),
+            lambda result, topics: confirm_acknowledged(ctx, result, topics),
+        )
         if self.store is not None:
             self.store.log.hold_retention(self.retention_floor)
 

@@ -19,7 +19,8 @@ from clmq.common import POP_TOPIC, Message
 
 from ._records import ACK_TAG, Acks, ack_message, decode_pop_record
 
-Put = Callable[[list[Message], Sequence[str]], Awaitable[PutResult]]
+Append = Callable[[list[Message], Sequence[str]], Awaitable[PutResult]]
+Confirm = Callable[[PutResult, list[str]], Awaitable[None]]
 
 
 @dataclass(eq=False)
@@ -27,8 +28,9 @@ class _Waiting:
     """One request's records, waiting for an append."""
 
     messages: list[Message]
-    also: tuple[str, ...]
+    also: tuple[str, ...]  # the topics whose ack mode it waits for besides %POP% (its batch key)
     wake: trio.Event = field(default_factory=trio.Event)  # its batch is done, or it may lead the next
+    appended: bool = False  # in a batch appended: waits for that batch's confirmation
     result: PutResult | None = None
     group_ack: str | None = None  # its one ACK record merged into this group's (set while appended)
     error: BaseException | None = None
@@ -39,13 +41,17 @@ class _Waiting:
 
 
 class RecordBatcher:
-    """Appends records through ``put`` (``put_acknowledged``), batching the requests
+    """Appends records through ``append`` then waits for ``confirm`` (durability and
+    replicas: ``append_acknowledged`` and ``confirm_acknowledged``), batching the requests
     that wait meanwhile. The first request finding no append in flight leads at once
     (no added wait when alone); a request waiting while another leads is appended in
-    the next batch, led by the oldest waiting request."""
+    the next batch, led by the oldest waiting request. The lead is held for the append
+    only (the log order is fixed there): a batch waits for its confirmation while the
+    next one is appended."""
 
-    def __init__(self, put: Put) -> None:
-        self._put = put
+    def __init__(self, append: Append, confirm: Confirm) -> None:
+        self._append = append
+        self._confirm = confirm
         self._waiting: deque[_Waiting] = deque()
         self._busy = False
         self.appends = 0  # appends made (each one batch)
@@ -54,39 +60,58 @@ class RecordBatcher:
     async def record(self, messages: Sequence[Message], also: Sequence[str] = ()) -> PutResult:
         """Append ``messages`` (in order, after every earlier call's); this call's part of
         the batch's result (its own queue offsets), or the batch's error raised."""
-        me = _Waiting(list(messages), tuple(sorted(set(also))))
+        own = {m.topic for m in messages if m.topic != POP_TOPIC}
+        me = _Waiting(list(messages), tuple(sorted(set(also) | own)))
         self._waiting.append(me)
         while not me.finished:
-            if self._busy:
+            if self._busy or me.appended:
                 await me.wake.wait()
                 me.wake = trio.Event()
                 continue
             self._busy = True
             try:
-                await self._append_next()
+                appended = await self._append_next()
             finally:
                 self._busy = False
                 if self._waiting:
                     self._waiting[0].wake.set()  # the oldest waiting leads the next batch
+            if appended is not None:
+                await self._confirmed(*appended)
         if me.error is not None:
             raise me.error
         assert me.result is not None
         return me.result
 
-    async def _append_next(self) -> None:
-        """Append the oldest waiting requests that wait for the same topics."""
+    async def _append_next(self) -> tuple[list[_Waiting], PutResult, list[str], dict[str, slice]] | None:
+        """Append the oldest waiting requests that wait for the same topics; the batch,
+        its result, the topics it waits for and where the merged ACKs are (None: failed,
+        each request's error set)."""
         batch = [self._waiting.popleft()]
         while self._waiting and self._waiting[0].also == batch[0].also:
             batch.append(self._waiting.popleft())
+        for w in batch:
+            w.appended = True
         messages, plain = _merged(batch)
         self.appends += 1
         self.requests += len(batch)
         try:
-            result = await self._put(messages, batch[0].also)
+            result = await self._append(messages, batch[0].also)
         except BaseException as e:  # each request of the batch raises it (the leader may not be one)
-            for w in batch:
-                w.error = e
-                w.wake.set()
+            _fail(batch, e)
+            if not isinstance(e, Exception):
+                raise
+            return None
+        topics = sorted({m.topic for m in messages} | set(batch[0].also))
+        return batch, result, topics, plain
+
+    async def _confirmed(
+        self, batch: list[_Waiting], result: PutResult, topics: list[str], plain: dict[str, slice]
+    ) -> None:
+        """Wait for the batch's durability and replicas, then answer each request."""
+        try:
+            await self._confirm(result, topics)
+        except BaseException as e:
+            _fail(batch, e)
             if not isinstance(e, Exception):
                 raise
             return
@@ -108,6 +133,28 @@ class RecordBatcher:
                 [n],
             )
             w.wake.set()
+
+
+def _fail(batch: list[_Waiting], error: BaseException) -> None:
+    """Each request of the batch gets the error (its own copy: tracebacks do not mix)."""
+    for w in batch:
+        w.error = _own(error)
+        w.wake.set()
+
+
+def _own(error: BaseException) -> BaseException:
+    """A twin of ``error`` for one request, caused by it (one exception object raised in
+    many tasks would mix their tracebacks); the error itself if it is no Exception."""
+    if not isinstance(error, Exception):
+        return error
+    try:
+        twin = type(error).__new__(type(error), *error.args)
+        twin.__dict__.update(error.__dict__)
+        twin.args = error.args
+    except Exception:
+        return error
+    twin.__cause__ = error
+    return twin
 
 
 def _merged(batch: list[_Waiting]) -> tuple[list[Message], dict[str, slice]]:
