@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from trio.testing import wait_all_tasks_blocked
 
-from clmq.broker.service.pop._batch import RecordBatcher
+from clmq.broker.service.pop._batch import ACK_MAX_ROWS, BATCH_MAX_RECORDS, RecordBatcher
 from clmq.broker.service.pop._inflight import Flight, PopState, QueueFlights
 from clmq.broker.service.pop._reads import Fresh, read_inline
 from clmq.broker.service.pop._records import (
@@ -281,3 +281,38 @@ async def test_a_dead_letter_s_topic_is_waited_for_only_by_its_own_request() -> 
             log.open_append.set()
     assert isinstance(results["leader"], PutResult) and isinstance(results["ack"], PutResult)
     assert isinstance(results["dead"], RequestError) and results["dead"].code == ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+async def test_a_pile_up_goes_in_appends_of_bounded_records_and_merged_acks_are_split() -> None:
+    log = _Log()
+    appends: list[list[Message]] = []
+    batcher = RecordBatcher(log.append, log.confirm)
+    real_append = log.append
+
+    async def append(messages: list[Message], also: Any) -> PutResult:
+        appends.append(messages)
+        return await real_append(messages, also)
+
+    batcher._append = append
+    acks = 2 * ACK_MAX_ROWS + 1
+    cks = BATCH_MAX_RECORDS + 3
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            log.open_append = trio.Event()
+            n.start_soon(batcher.record, [_ck(0)])
+            await wait_all_tasks_blocked()
+            for off in range(acks):
+                n.start_soon(batcher.record, [ack_message(Acks("g", [("t", 0, off, 0)]))])
+            for off in range(cks):
+                n.start_soon(batcher.record, [_ck(off)])
+            await wait_all_tasks_blocked()
+            log.open_append.set()
+    assert all(len(a) <= BATCH_MAX_RECORDS + ACK_MAX_ROWS for a in appends)
+    rows = []
+    for m in log.records:
+        record = decode_pop_record(m.tags, m.body)
+        if isinstance(record, Acks):
+            assert len(record.rows) <= ACK_MAX_ROWS
+            rows += record.rows
+    assert sorted(r[2] for r in rows) == list(range(acks))  # every ack's row, once
+    assert sum(1 for m in log.records if isinstance(decode_pop_record(m.tags, m.body), Checkpoint)) == cks + 1

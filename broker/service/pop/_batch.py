@@ -19,6 +19,10 @@ from clmq.common import POP_TOPIC, Message
 
 from ._records import ACK_TAG, Acks, ack_message, decode_pop_record
 
+BATCH_MAX_RECORDS = 512  # a batch closes at this many records (its requests' own, before ACKs are merged)
+BATCH_MAX_BYTES = 1024 * 1024  # ... or at this many bytes of record bodies (well under max_message_bytes)
+ACK_MAX_ROWS = 2048  # a merged ACK record holds at most this many deliveries (more: further records)
+
 Append = Callable[[list[Message], Sequence[str]], Awaitable[PutResult]]
 Confirm = Callable[[PutResult, list[str]], Awaitable[None]]
 
@@ -87,7 +91,11 @@ class RecordBatcher:
         its result, the topics it waits for and where the merged ACKs are (None: failed,
         each request's error set)."""
         batch = [self._waiting.popleft()]
+        records, size = len(batch[0].messages), _size(batch[0])
         while self._waiting and self._waiting[0].also == batch[0].also:
+            records, size = records + len(self._waiting[0].messages), size + _size(self._waiting[0])
+            if records > BATCH_MAX_RECORDS or size > BATCH_MAX_BYTES:
+                break  # (a pile-up goes in several appends: none grows past what a record may hold)
             batch.append(self._waiting.popleft())
         for w in batch:
             w.appended = True
@@ -161,7 +169,8 @@ def _merged(batch: list[_Waiting]) -> tuple[list[Message], dict[str, slice]]:
     """The batch's records: each request's in order, except that requests whose one
     record is an ACK give their rows to one ACK record per group, after the others (an
     offset being acknowledged is taken by no pop or change meanwhile, so a later ACK
-    settles the same); and where each group's merged ACK record is."""
+    settles the same), each at most ``ACK_MAX_ROWS`` rows; and where each group's merged
+    ACK records are."""
     messages: list[Message] = []
     rows: dict[str, list[tuple[str, int, int, int]]] = {}
     for w in batch:
@@ -171,9 +180,17 @@ def _merged(batch: list[_Waiting]) -> tuple[list[Message], dict[str, slice]]:
             continue
         w.group_ack = acks.group
         rows.setdefault(acks.group, []).extend(acks.rows)
-    at = len(messages)
-    messages += [ack_message(Acks(group, r)) for group, r in rows.items()]
-    return messages, {group: slice(at + i, at + i + 1) for i, group in enumerate(rows)}
+    where: dict[str, slice] = {}
+    for group, r in rows.items():
+        at = len(messages)
+        messages += [ack_message(Acks(group, r[i : i + ACK_MAX_ROWS])) for i in range(0, len(r), ACK_MAX_ROWS)]
+        where[group] = slice(at, len(messages))
+    return messages, where
+
+
+def _size(w: _Waiting) -> int:
+    """A request's record bytes (bodies)."""
+    return sum(len(m.body) for m in w.messages)
 
 
 def _plain_ack(messages: list[Message]) -> Acks | None:
