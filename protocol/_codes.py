@@ -172,7 +172,9 @@ ACK_MESSAGE            group, handles: [receipt handle, ...]
                        durably before the answer); expired: its invisible time had
                        passed (it is, or will be, delivered again): refused, counted;
                        gone: no such delivery in flight (acknowledged already, or
-                       dead-lettered); invalid: not a handle of this broker
+                       dead-lettered); invalid: not a handle of this broker. More
+                       than pop_max_handles_per_request handles: MALFORMED_REQUEST
+                       naming it (nothing settled)
 CHANGE_INVISIBLE_TIME  group, handles, invisible_time_ms (0..pop_invisible_time_max_ms:
                        from now; 0: visible at once, a nack)
                        -> results: [[status, new handle or ""], ...]: status as

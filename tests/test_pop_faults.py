@@ -262,6 +262,27 @@ async def test_a_failed_pop_behind_a_later_one_records_its_offsets_given_back(
         assert sorted(bytes(r.body) for r in again) == [b"m0", b"m1"]
 
 
+async def test_an_ack_or_change_over_the_handles_limit_is_refused_naming_it_and_settles_nothing(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker(**{**FAST_POP, "pop_max_handles_per_request": 2})
+    await c.create_topic("t", 1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"m0", b"m1", b"m2"])
+        _got, handles = await p.pop_all(3, max_messages=3, invisible_time_ms=60_000)
+        for call in (p.ack(handles), p.change(handles, 1000)):
+            with pytest.raises(RpcError) as refused:
+                await call
+            assert refused.value.code == ErrorCode.MALFORMED_REQUEST
+            assert "pop_max_handles_per_request" in str(refused.value)
+        assert await p.ack(handles[:2]) == ["ok", "ok"]
+        assert await p.ack(handles[2:]) == ["ok"]
+
+
 async def test_an_idle_group_is_forgotten_after_its_settled_offsets_are_committed(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:

@@ -5,8 +5,8 @@ contract is in ``protocol/_codes.py``)."""
 from __future__ import annotations
 
 from clmq.broker.store import Span, Store
-from clmq.protocol import Frame, RequestCode
-from clmq.protocol.transport import Handler, Peer, Reply, need
+from clmq.protocol import ErrorCode, Frame, RequestCode
+from clmq.protocol.transport import Handler, Peer, Reply, RequestError, need
 
 from .._fetch import optional
 from ._base import Delivery
@@ -63,16 +63,28 @@ class PopRequests:
 
     async def ack_message(self, frame: Frame, peer: Peer) -> Reply:
         """ACK_MESSAGE: one status per handle."""
-        results = await self.service.ack(need(frame.fields, "group", str), need(frame.fields, "handles", list))
+        results = await self.service.ack(need(frame.fields, "group", str), self._handles(frame))
         return Reply({"results": results})
 
     async def change_invisible_time(self, frame: Frame, peer: Peer) -> Reply:
         """CHANGE_INVISIBLE_TIME: [status, new handle or ""] per handle."""
         f = frame.fields
         out = await self.service.change_invisible_time(
-            need(f, "group", str), need(f, "handles", list), need(f, "invisible_time_ms", int)
+            need(f, "group", str), self._handles(frame), need(f, "invisible_time_ms", int)
         )
         return Reply({"results": [list(row) for row in out]})
+
+    def _handles(self, frame: Frame) -> list[str]:
+        """The request's handles; MALFORMED_REQUEST over ``pop_max_handles_per_request``
+        (one request's ACK record stays well under a record's size limit)."""
+        handles: list[str] = need(frame.fields, "handles", list)
+        limit = self.service.config.pop_max_handles_per_request
+        if len(handles) > limit:
+            raise RequestError(
+                ErrorCode.MALFORMED_REQUEST,
+                f"{len(handles)} handles in one request: over pop_max_handles_per_request={limit}",
+            )
+        return handles
 
 
 def _spans(store: Store, got: list[Delivery]) -> tuple[list[Span], list[Delivery]]:
