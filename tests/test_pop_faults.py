@@ -12,6 +12,8 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from clmq.broker.service.kafka._share_acks import apply_acks
+from clmq.broker.service.kafka._share_sessions import ShareSession
 from clmq.broker.service.pop._base import Judged
 from clmq.broker.service.pop._inflight import Flight, PopState, QueueFlights
 from clmq.broker.service.pop._records import Acks, Checkpoint, Handle, decode_pop_record
@@ -281,6 +283,38 @@ async def test_an_ack_or_change_over_the_handles_limit_is_refused_naming_it_and_
             assert "pop_max_handles_per_request" in str(refused.value)
         assert await p.ack(handles[:2]) == ["ok", "ok"]
         assert await p.ack(handles[2:]) == ["ok"]
+
+
+async def test_share_acks_of_one_partition_report_what_was_applied_before_a_later_kind_failed(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A partition's ACCEPTs applied, then its REJECT's write refused: the outcome says
+    the accepted ones were applied (and are no longer held), not only the error."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker(**FAST_POP)
+    await c.create_topic("t", 1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"m0", b"m1"])
+        await p.pop_all(2, client_id="m1", max_messages=2, invisible_time_ms=60_000)
+        service = broker.handlers.pop
+        real_append = service.batcher._append
+
+        async def no_dead_letters(messages: list[Any], also: Any) -> Any:
+            if any(m.topic.startswith("%DLQ%") for m in messages):
+                raise RequestError(ErrorCode.IO_ERROR, "injected: the dead letter not stored")
+            return await real_append(messages, also)
+
+        service.batcher._append = no_dead_letters
+        session = ShareSession("g", "m1")
+        batches = [{"first_offset": 0, "last_offset": 1, "acknowledge_types": [1, 3]}]  # ACCEPT 0, REJECT 1
+        outcome = await apply_acks(service, session, "t", 0, batches, (100, 30_000))
+        service.batcher._append = real_append
+        assert outcome.applied == 1 and outcome.code != 0
+        assert outcome.message is not None and "1 applied" in outcome.message
+        assert [q["inflight"] for q in (await p.describe())["pop"]["queues"]] == [1]  # offset 1 still held
 
 
 async def test_an_idle_group_is_forgotten_after_its_settled_offsets_are_committed(

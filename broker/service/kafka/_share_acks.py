@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clmq.protocol.kafka import ErrorCode
+from clmq.protocol.transport import RequestError
 
+from ._share_errors import ack_error
 from ._share_sessions import PopLike, ShareSession
 
 GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
@@ -76,7 +78,14 @@ async def apply_acks(
             continue
         by_kind.setdefault(kind, []).append((offset, d.handle))
     for kind, rows in by_kind.items():
-        await _settle(pop, session, (topic, queue_id), kind, rows, lock_ms, out)
+        try:
+            await _settle(pop, session, (topic, queue_id), kind, rows, lock_ms, out)
+        except RequestError as e:
+            if not out.applied:
+                raise  # nothing of the partition known applied: the caller answers the error
+            out.code = ack_error(e.code.name)  # (one code a partition: the message says what was applied)
+            out.message = f"{out.applied} applied, then type {kind} for {len(rows)} offsets failed: {e.text}"
+            return out
     if out.refused:
         named = ", ".join(map(str, sorted(out.refused)[:NAMED_OFFSETS_MAX]))
         out.code = ErrorCode.INVALID_RECORD_STATE
