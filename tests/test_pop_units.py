@@ -316,3 +316,28 @@ async def test_a_pile_up_goes_in_appends_of_bounded_records_and_merged_acks_are_
             rows += record.rows
     assert sorted(r[2] for r in rows) == list(range(acks))  # every ack's row, once
     assert sum(1 for m in log.records if isinstance(decode_pop_record(m.tags, m.body), Checkpoint)) == cks + 1
+
+
+async def test_each_request_of_a_failed_batch_raises_its_own_error() -> None:
+    log = _Log()
+    batcher = RecordBatcher(log.append, log.confirm)
+    errors: list[RequestError] = []
+
+    async def record(n: int) -> None:
+        try:
+            await batcher.record([Message("%DLQ%g", 0, b"x"), _ck(n)])
+        except RequestError as e:
+            errors.append(e)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            log.open_append = trio.Event()
+            n.start_soon(batcher.record, [_ck(0)])
+            await wait_all_tasks_blocked()
+            n.start_soon(record, 1)
+            n.start_soon(record, 2)
+            await wait_all_tasks_blocked()
+            log.open_append.set()
+    assert len(errors) == 2 and errors[0] is not errors[1]
+    assert [e.code for e in errors] == [ErrorCode.NOT_ENOUGH_REPLICAS] * 2
+    assert errors[0].__cause__ is errors[1].__cause__  # both caused by the batch's one error
