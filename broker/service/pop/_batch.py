@@ -1,10 +1,13 @@
 """Group commit of ``%POP%`` records (as RocketMQ's ``PopBufferMergeService`` merges
 CK and ACK records): the records of requests that arrive while an append of them is
 in flight go together in the next append, one lane submit and one durability wait for
-all of them, and the ACK records of plain acknowledgements merged into one per group.
-Records keep the order in which they were handed over (the order the state changed;
-merged ACKs go last in their batch); a batch is a run of requests that wait for the
-same topics (so that one topic's refusal is never another request's error)."""
+all of them, and the ACK records of plain acknowledgements merged per group (at most
+``ACK_MAX_ROWS`` deliveries a record). Records keep the order in which they were handed
+over (the order the state changed; merged ACKs go last in their batch); a batch is a
+run of requests that wait for the same topics (their own besides ``%POP%`` and the ones
+they name: one topic's refusal is never another request's error), closed at
+``BATCH_MAX_RECORDS`` / ``BATCH_MAX_BYTES``. Only the append is serialized: a batch
+waits for its fsync and replicas while the next one is appended."""
 
 from __future__ import annotations
 
