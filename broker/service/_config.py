@@ -143,7 +143,7 @@ class BrokerConfig:
     # POP consumption (docs/consuming.md): per-message acknowledgement, any number of members.
     pop_invisible_time_max_ms: int = 12 * 3600 * 1000  # a longer invisible_time_ms is refused (MALFORMED_REQUEST)
     pop_max_messages: int = 1024  # one POP_MESSAGE takes at most this many messages
-    pop_max_handles_per_request: int = 4096  # more handles in one ACK_MESSAGE / CHANGE_INVISIBLE_TIME: MALFORMED_REQUEST
+    pop_max_handles_per_request: int = 4096  # more in one ACK_MESSAGE / CHANGE_INVISIBLE_TIME: MALFORMED_REQUEST
     # Messages of one group in flight (popped, not yet acknowledged) per queue; a queue at the
     # limit gives that group nothing more until its oldest settle (Kafka's share-partition record locks).
     pop_max_inflight_per_queue: int = 2000
