@@ -317,6 +317,34 @@ async def test_share_acks_of_one_partition_report_what_was_applied_before_a_late
         assert [q["inflight"] for q in (await p.describe())["pop"]["queues"]] == [1]  # offset 1 still held
 
 
+async def test_a_failed_pop_wakes_the_group_s_long_polls(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The offsets a failed pop gives back are there to take: a long poll of the group
+    waiting meanwhile is woken (no arrival or redelivery would wake it)."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    broker = await c.start_broker(**FAST_POP)
+    await c.create_topic("t", 1)
+    async with open_admin(c.ns) as admin:
+        p = Popper(admin, broker.addr)
+        await p.running()
+        await p.send("t", [b"m0"])
+        service = broker.handlers.pop
+        real_append = service.batcher._append
+
+        async def fails(messages: list[Any], also: Any) -> Any:
+            raise OSError("injected: the CK write failed")
+
+        waiting = service.watch(_ask())  # (as a long poll of group g on t/0 waits)
+        service.batcher._append = fails
+        with pytest.raises(RpcError):
+            await p.pop(invisible_time_ms=60_000)
+        service.batcher._append = real_append
+        assert waiting.is_set()
+        service.unwatch(_ask(), waiting)
+        got, _h = await p.pop_all(1, invisible_time_ms=60_000)
+        assert [bytes(r.body) for r in got] == [b"m0"]
+
+
 async def test_an_idle_group_is_forgotten_after_its_settled_offsets_are_committed(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
