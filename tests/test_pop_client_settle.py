@@ -231,3 +231,24 @@ async def test_pops_refused_while_too_few_replicas_are_in_sync_are_retried_not_r
             (record,) = await receive(pc, 1, timeout_s=30)  # (was: the refusal, raised)
             assert record.body == b"x"
             assert await pc.ack([record]) == ["ok"]
+
+
+async def test_an_ack_of_more_records_than_one_request_may_carry_is_split(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A broker taking at most 4 handles per ACK_MESSAGE / CHANGE_INVISIBLE_TIME: one
+    ack() of 10 records and one extend() of 10 are each split into requests under it,
+    and every record is answered ok (was: the whole call refused, "unreachable")."""
+    with trio.fail_after(TEST_TIMEOUT_S):
+        c = Cluster(nursery, tmp_path)
+        await c.start_nameserver()
+        b = await c.start_broker(**{**FAST_POP, "pop_max_handles_per_request": 4})
+        await c.create_topic("t", 1)
+        async with open_admin(c.ns) as admin:
+            await Popper(admin, b.addr).send("t", [b"m%d" % i for i in range(10)])
+        async with open_pop_consumer(c.ns, "g", {"t": "*"}, invisible_time_ms=30_000, **FAST) as pc:
+            got = await receive(pc, 10)
+            assert await pc.extend(got, 20_000) == ["ok"] * 10
+            assert await pc.ack(got) == ["ok"] * 10
+        pop = await pop_state(c.ns, "g")
+        assert pop["acked"] == 10 and sum(q["inflight"] for q in pop["queues"]) == 0, pop

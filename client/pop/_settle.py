@@ -1,5 +1,6 @@
 """Settling popped messages: ACK_MESSAGE and CHANGE_INVISIBLE_TIME, one request per
-broker (replication group) for all of a call's messages there, following the group's
+broker (replication group) for all of a call's messages there (in requests of at most
+HANDLES_PER_REQUEST handles, halved while the broker takes fewer), following the group's
 leader when it moved (NOT_LEADER, a connection that failed) and asking again while a
 broker is busy or could not confirm (SYSTEM_BUSY while its POP state starts after a
 restart or a promotion, FLUSH_DISK_TIMEOUT, REPLICATION_TIMEOUT, ...) for up to
@@ -25,6 +26,9 @@ from ._receipts import EXPIRED, GONE, INVALID, OK, UNKNOWN, UNREACHABLE, PopStat
 log = logging.getLogger("clmq.pop")
 
 NET_ERRORS = (ConnectionFailed, trio.TooSlowError, NoRouteError)
+# Handles per request at most; a broker taking fewer (pop_max_handles_per_request, 4096
+# by default) refuses a request over its limit, which is then asked again in halves.
+HANDLES_PER_REQUEST = 1024
 STATUSES = (OK, EXPIRED, GONE, INVALID)
 # Answers after which the same request may work later (the broker starts, catches up, or
 # its replicas come back). The ones marked in UNCONFIRMED may have been applied.
@@ -167,7 +171,7 @@ class Settler:
         fields: dict[str, Any],
         rows: Callable[[Any, int], list[tuple[str, str]]],
     ) -> list[tuple[str, str]]:
-        """One request per broker; (status, new handle) per record, in order."""
+        """Requests per broker (in parts under its handle limit); (status, new handle) per record, in order."""
         by_broker, _missing = self.receipts.split(records)
         # No receipt here: settled through this consumer already, refused before, or
         # forgotten long past its deadline; whether the broker still holds it is not known
@@ -175,9 +179,18 @@ class Settler:
         results: list[tuple[str, str]] = [(EXPIRED, "")] * len(records)
 
         async def one(entries: list[tuple[int, Receipt]]) -> None:
+            for start in range(0, len(entries), HANDLES_PER_REQUEST):
+                await part(entries[start : start + HANDLES_PER_REQUEST])
+
+        async def part(entries: list[tuple[int, Receipt]]) -> None:
             receipts = [r for _, r in entries]
             try:
                 answers = await self._to_leader(code, receipts, fields, rows)
+            except _TooManyHandles:  # this broker takes fewer at once: halves, in turn
+                half = len(entries) // 2
+                await part(entries[:half])
+                await part(entries[half:])
+                return
             except Exception as e:  # never raised: the others' answers stand
                 log.error("pop %s: %s at %s failed: %r", self.group, code.name, receipts[0].addr, e)
                 answers = [(UNREACHABLE, "")] * len(receipts)
@@ -208,6 +221,8 @@ class Settler:
                 answers = rows(reply.fields.get("results"), len(receipts))
                 return _after_unsure(answers) if unsure and code == RequestCode.CHANGE_INVISIBLE_TIME else answers
             except (RpcError, *NET_ERRORS) as e:
+                if _too_many(e, len(receipts)):
+                    raise _TooManyHandles() from e
                 if not worth_retrying(e):
                     log.error("pop %s: %s refused by %s: %s", self.group, code.name, addr, e)
                     return [(UNREACHABLE, "")] * len(receipts)
@@ -231,6 +246,19 @@ class Settler:
             (m.addr for m in mqs if m.broker_name == receipt.broker_name and m.addr not in self.routes.leaderless),
             addr,
         )
+
+
+class _TooManyHandles(Exception):
+    """A request refused for carrying more handles than its broker takes at once."""
+
+
+def _too_many(e: BaseException, handles: int) -> bool:
+    return (
+        handles > 1
+        and isinstance(e, RpcError)
+        and e.code == ErrorCode.MALFORMED_REQUEST
+        and "pop_max_handles_per_request" in e.text
+    )
 
 
 def _after_unsure(answers: list[tuple[str, str]]) -> list[tuple[str, str]]:
