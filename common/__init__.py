@@ -24,6 +24,7 @@ from ._errors import (
     StoreFailedError,
     TransportError,
 )
+from ._gc import collector_paused
 from ._many import decode_records_many
 from ._packed import (
     ITEM,
@@ -79,6 +80,7 @@ from ._record import (
     encode_blank,
     encode_host,
     encode_properties,
+    fill_crcs,
     record_size,
 )
 from ._system import (
@@ -244,6 +246,7 @@ __all__ = [
     "Walk",
     "check_properties",
     "check_record",
+    "collector_paused",
     "concerns",
     "decode_event",
     "decode_events",
@@ -257,6 +260,7 @@ __all__ = [
     "encode_events",
     "encode_host",
     "encode_properties",
+    "fill_crcs",
     "gather_fields",
     "gather_headers",
     "gather_strings",

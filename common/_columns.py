@@ -13,6 +13,7 @@ from operator import itemgetter
 from typing import Any
 
 import numpy as np
+import numpy.ma  # np.unique imports it at its first call otherwise: a stall in a broker's first round
 
 from ._record import (
     BLANK_MAGIC,

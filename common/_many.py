@@ -1,14 +1,33 @@
 """Decoding many records at once: header columns with numpy, strings decoded once per
 distinct value, a CRC per record. About three times faster than decoding one by one,
-which matters to consumers (every pulled message passes through here)."""
+which matters to consumers (every pulled message passes through here).
+
+When the optional compiled decoder (``_cdecode``, built from common/_cdecode.c where a
+C compiler was there at install) is importable, well-formed input is decoded by it
+(about 3 times faster again); anything else is decoded here, which raises the error
+naming the damaged record. ``CLMQ_PURE_PYTHON=1`` in the environment turns it off."""
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import crc32c as _crc32c
 import numpy as np
 
 from ._columns import gather_headers, gather_strings, walk_records
-from ._record import CRC_START, HEADER_SIZE, Host, Record, check_record, decode_host, decode_properties
+from ._compiled import COMPILED as _COMPILED
+from ._lazy import LazyRecord
+from ._record import CRC_START, HEADER_SIZE, Host, Record, check_record, decode_host
+
+
+def _compiled() -> ModuleType | None:
+    """The compiled decoder, set up to make LazyRecords; None when not built or turned off."""
+    if _COMPILED is not None:
+        _COMPILED.setup(LazyRecord, Record, decode_host)
+    return _COMPILED
+
+
+COMPILED = _compiled()
 
 
 def _texts(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
@@ -34,6 +53,15 @@ def decode_records_many(data: bytes, where: str = "<buffer>", base_offset: int =
     """Every record of ``data`` (back to back, nothing else), CRC-checked. A damaged
     record raises :class:`CorruptRecordError` naming ``where`` and its offset
     (``base_offset`` + position)."""
+    if COMPILED is not None:
+        records: list[Record] | None = COMPILED.decode(data)
+        if records is not None:
+            return records
+    return decode_records_python(data, where, base_offset)
+
+
+def decode_records_python(data: bytes, where: str = "<buffer>", base_offset: int = 0) -> list[Record]:
+    """:func:`decode_records_many` without the compiled decoder (its oracle in tests)."""
     walk = walk_records(data)
     if walk.reason != "end" or walk.stop != len(data):
         check_record(data, walk.stop, where, base_offset + walk.stop)  # raises, saying what is wrong
@@ -92,11 +120,12 @@ def _build(
     qid, qoff, cloff, size, flags, born_ts, store_ts, recon = cols
     data = mv.obj if isinstance(mv.obj, bytes) else bytes(mv)  # slicing bytes copies once
     bodies = [data[a : a + n] for a, n in zip(p_body.tolist(), bl.tolist())]
-    props = [decode_properties(mv[a : a + n]) if n else {} for a, n in zip(p_props.tolist(), pl.tolist())]
+    # Properties stay encoded until read (LazyRecord): most are never looked at.
+    props = [data[a : a + n] for a, n in zip(p_props.tolist(), pl.tolist())]
     # map() builds the records without a Python-level loop body: about a third faster
     return list(
         map(
-            Record,
+            LazyRecord,
             topics,
             qid,
             qoff,

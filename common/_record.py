@@ -45,6 +45,7 @@ from typing import Mapping
 
 import crc32c as _crc32c
 
+from ._compiled import COMPILED as _COMPILED
 from ._errors import CorruptRecordError
 
 FORMAT_VERSION = 1
@@ -175,6 +176,8 @@ def check_properties(data: bytes | memoryview) -> None:
     """Raise ValueError (or struct.error) unless ``data`` is a valid property encoding.
     ASCII, the usual case, needs only its lengths walked: every length is then below
     128 and every text valid UTF-8 (no string is built); otherwise it is decoded."""
+    if _COMPILED is not None and _COMPILED.props_ok(data):  # all ASCII and walks exactly: nothing to say
+        return
     raw = bytes(data)
     if not raw.isascii():
         decode_properties(raw)
@@ -186,6 +189,23 @@ def check_properties(data: bytes | memoryview) -> None:
         pos += 4 + value_len(raw, pos)[0]
     if pos != end:
         raise ValueError("properties run past their length")
+
+
+def fill_crcs(data: bytearray, starts: list[int], ends: list[int]) -> None:
+    """Write each record's CRC32C (of ``data[s + CRC_START : e]``, at ``s + OFF_CRC``)
+    for the records ``[s, e)`` of ``data``: the last step of encoding them."""
+    if _COMPILED is not None:
+        _COMPILED.fill_crcs(data, starts, ends)
+        return
+    view, crc, pack_into = memoryview(data), _crc32c.crc32c, _CRC.pack_into
+    try:
+        for s, e in zip(starts, ends):
+            pack_into(data, s + OFF_CRC, crc(view[s + CRC_START : e]))
+    finally:
+        view.release()
+
+
+_CRC = struct.Struct("<I")
 
 
 def decode_properties(data: bytes | memoryview) -> dict[str, str]:

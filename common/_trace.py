@@ -75,9 +75,12 @@ class TraceEvent(NamedTuple):
     origin_msg_id: str = ""
     detail: str = ""  # free text: a retry's due time, a resent copy's id, a reason
 
-    def sort_key(self) -> tuple[int, int, str]:
-        """Timeline order: time, then the order of a message's life for equal times."""
-        return (self.time_ms, _KIND_ORDER.get(self.kind, len(_KIND_ORDER)), self.msg_id)
+    def sort_key(self) -> tuple[int, int, str, int, tuple[Any, ...]]:
+        """Timeline order: time, then the order of a message's life for equal times,
+        then the attempt (a client's step before the broker's record of it, which
+        counts the next attempt), then every field: a total order, so that a trace
+        reads the same however its events were found."""
+        return (self.time_ms, _KIND_ORDER.get(self.kind, len(_KIND_ORDER)), self.msg_id, self.attempt, tuple(self))
 
 
 _KIND_ORDER = {kind.value: i for i, kind in enumerate(TraceKind)}

@@ -139,7 +139,10 @@ LIST_TRANSACTIONS      group (optional: every group), max_messages (optional)
 QUERY_INDEX            topic, key, since_ms (optional), until_ms (optional),
                        max_results (optional) -> matches: [[commitlog_offset,
                        store_ms], ...] newest first, truncated (bool: more matched
-                       than max_results); body: those records, in order. The key
+                       than max_results), index_lag_bytes (log bytes not indexed
+                       when asked: 0 unless index writes fail, or failed and left
+                       more than index_query_catch_up_bytes; the index is first
+                       brought up to the log); body: those records, in order. The key
                        index (docs/operations.md): a message's keys and its
                        UNIQ_KEY; every match still retained.
                        REQUEST_NOT_SUPPORTED in partition-per-file mode
@@ -242,8 +245,14 @@ REPLICA_FETCH          broker_id, session, epoch, offset (the follower's log end
                        REPLICA_REFUSED: an offset past the leader's end, or a report
                        that goes backwards (the connection is then closed)
 REPLICA_METADATA       broker_id, session -> version, topics: {name: queue_count},
-                       offsets: [[group, topic, queue_id, offset], ...],
-                       subscriptions: [[group, mode, [topics]], ...]
+                       offset_lists: [[group, topic, [queue_ids], [offsets]], ...]
+                       (a row per group and topic; a follower also reads an older
+                       leader's offsets: [[group, topic, queue_id, offset], ...]),
+                       subscriptions: [[group, mode, [topics]], ...];
+                       queue_ends_before (optional: a follower whose log starts
+                       empty there) -> also queue_ends: [[topic, queue_id, next], ...]
+                       of the queues without a record from there on (retention
+                       removed them all): the follower continues them at next
 PROMOTE                force (bool, optional) -> epoch. Makes a follower the
                        leader of its group with a new epoch; NOT_IN_SYNC if the
                        follower is not known in sync (force overrides: may lose data).
@@ -477,9 +486,13 @@ def _rows(*cells: Check, shape: str) -> Check:
     def check(value: Any) -> str | None:
         if type(value) is not list:
             return f"must be a list of {shape}, got {_kind(value)}"
-        for i, row in enumerate(value):
-            if type(row) is not list or len(row) != len(cells) or any(c(v) for c, v in zip(cells, row)):
+        n = len(cells)
+        for i, row in enumerate(value):  # loops, not a generator per row: a commit carries 65,536 rows
+            if type(row) is not list or len(row) != n:
                 return f"row {i} must be {shape}, got {row!r:.80}"
+            for c, v in zip(cells, row):
+                if c(v):
+                    return f"row {i} must be {shape}, got {row!r:.80}"
         return None
 
     return check
@@ -635,7 +648,11 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
         "max_bytes": (_int(1), True),
         "max_wait_ms": (_int(), True),
     },
-    RequestCode.REPLICA_METADATA: {"broker_id": (_int(), True), "session": (_int(), True)},
+    RequestCode.REPLICA_METADATA: {
+        "broker_id": (_int(), True),
+        "session": (_int(), True),
+        "queue_ends_before": (_int(), False),
+    },
     RequestCode.PROMOTE: {"force": (_bool, False)},
     RequestCode.REPLICA_STATUS: {},
     RequestCode.TRANSFER_LEADERSHIP: {"broker_id": (_int(), True), "timeout_ms": (_int(), False)},

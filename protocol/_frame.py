@@ -167,6 +167,14 @@ class _Chunks:
             self._chunks.append(data if type(data) is bytes else bytes(data))
             self.size += len(data)
 
+    def first(self) -> tuple[bytes, int]:
+        """The first chunk and how many of its bytes are taken already (``size > 0``)."""
+        return self._chunks[0], self._head
+
+    def skip_within_first(self, n: int) -> None:
+        """Remove the first ``n`` bytes, all within the first chunk."""
+        self._advance(n)
+
     def peek(self, n: int) -> bytes:
         """The first ``n`` bytes (``n <= size``), left in place."""
         first, head = self._chunks[0], self._head
@@ -243,18 +251,29 @@ class FrameDecoder:
             raise
 
     def _next(self) -> Frame | FrameRejected | _NeedData:
-        if self._skip or self._buf.size < PREFIX_SIZE:
+        buf = self._buf
+        if self._skip or buf.size < PREFIX_SIZE:
             return NEED_DATA
-        length, hlen = _PREFIX.unpack(self._buf.peek(PREFIX_SIZE))
+        first, head = buf.first()
+        if len(first) - head >= PREFIX_SIZE:
+            length, hlen = _PREFIX.unpack_from(first, head)
+        else:
+            length, hlen = _PREFIX.unpack(buf.peek(PREFIX_SIZE))
         if length < 4 or hlen > length - 4 or hlen > MAX_HEADER_BYTES or hlen == 0:
             raise ProtocolError(f"bad frame prefix: frame_length={length}, header_length={hlen}")
         if length + 4 > self.max_frame_bytes:
             return self._reject(length, hlen)
-        if self._buf.size < 4 + length:
+        if buf.size < 4 + length:
             return NEED_DATA
-        self._buf.drop(PREFIX_SIZE)
-        header = self._unpack_header(self._buf.take(hlen))
-        body = self._buf.take(length - 4 - hlen)
+        if len(first) - head >= 4 + length:  # the whole frame in one chunk (small pipelined requests)
+            start = head + PREFIX_SIZE
+            header = self._unpack_header(first[start : start + hlen])
+            body = first[start + hlen : head + 4 + length]
+            buf.skip_within_first(4 + length)
+            return _frame_from_header(header, body)
+        buf.drop(PREFIX_SIZE)
+        header = self._unpack_header(buf.take(hlen))
+        body = buf.take(length - 4 - hlen)
         return _frame_from_header(header, body)
 
     def _reject(self, length: int, hlen: int) -> FrameRejected | _NeedData:

@@ -17,6 +17,13 @@ if ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
     apt_install python3-venv
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
+# The compiled record decoder (common/_cdecode.c, optional: without it clmq decodes in
+# Python, about 3 times slower per consumed message) needs a C compiler and the headers
+# of the Python the virtual environment runs.
+command -v cc >/dev/null 2>&1 || apt_install gcc libc6-dev
+if ! .venv/bin/python -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
+    apt_install python3-dev
+fi
 extras="${1:-}"
 # setuptools prints an "Editable installation" notice (not a deprecation) on every
 # editable install; this filter silences that one message only, so install stays quiet.

@@ -6,6 +6,7 @@ import signal
 from pathlib import Path
 from typing import Any, Iterator
 
+import hypothesis
 import pytest
 
 from clmq.broker.store import STORAGE_MODES, Store, StoreConfig
@@ -47,6 +48,24 @@ def small_config(
 def mode(request: pytest.FixtureRequest) -> str:
     """Contract tests run once per storage mode."""
     return request.param
+
+
+@pytest.fixture(scope="module", params=["compiled", "python"])
+def each_decoder(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The tests of a module that uses it run with the compiled record decoder
+    (common/_cdecode.c) and again with the pure-Python one, its fallback. Module-scoped
+    (Hypothesis tests may use it) and set for the whole process: in-process brokers and
+    consumers decode through it too."""
+    from clmq.common import _many
+
+    was = _many.COMPILED
+    if request.param == "compiled" and was is None:
+        pytest.skip("the compiled decoder was not built here (no C compiler at install)")
+    _many.COMPILED = was if request.param == "compiled" else None
+    try:
+        yield request.param
+    finally:
+        _many.COMPILED = was
 
 
 @pytest.fixture
@@ -101,6 +120,99 @@ def spark() -> Iterator[Any]:
     spark_connector.register(session)
     yield session
     session.stop()
+
+
+# Hypothesis' per-example deadline (200 ms) and its too-slow health check time the tests:
+# on a loaded machine, with 4 workers on 2 cores, they fail tests that behave. Timing
+# is judged by `clmq bench`, never by tests: neither is used.
+hypothesis.settings.register_profile("clmq", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
+hypothesis.settings.load_profile("clmq")
+
+# Under pytest-xdist (scripts/run-tests.sh runs 4 workers, --dist loadgroup): each test
+# is a unit of work of its own, handed to whichever worker is free, unless it is in an
+# xdist_group (all of a group run on one worker, in order; the biggest groups first).
+# - The tests that use the SparkSession share a worker: two groups of about 200 s each
+#   on a loaded machine (one alone was about 400 s, a tail), so two JVMs of Spark, not
+#   one per worker. A module's other tests that share a module fixture join its group.
+# - The tests of a module that use one of its module-scoped fixtures (a `clmq dev`, a
+#   cluster, a benchmark's run, a wheel, a pristine store) share a worker too: spread
+#   over the workers, interleaved with other modules' tests, a module fixture was set up
+#   again each time a worker came back to its module (pytest tears it down whenever the
+#   next test is another module's), up to once per test.
+#   A group's tests run in the order of their file, as without xdist (a test that stops
+#   the module's `clmq dev` comes last there). Not for the fixtures in SPREAD_FIXTURES,
+#   cheap to set up again, whose modules' long tests gain more from running side by side.
+# - The long tests are handed out first, so that no worker is left with one at the end
+#   (the groups go first anyway: xdist hands out the biggest first).
+LONG_FIRST_MARKERS = ("slow",)
+SHARED_SCOPES = ("module", "class", "package")
+SPREAD_FIXTURES = frozenset({"harness"})  # the Kafka Java harness: compiled once, cached on disk
+# The second Spark group's modules (the others' Spark tests are the first group, "spark").
+SPARK_2_MODULES = frozenset({"test_spark_sink", "test_spark_export", "test_spark_options"})
+
+
+def uses_spark(item: pytest.Item) -> bool:
+    """Whether ``item`` uses the SparkSession."""
+    return "spark" in getattr(item, "fixturenames", ())
+
+
+def xdist_group_of(item: pytest.Item, spark_modules: set[str]) -> str | None:
+    """The xdist_group ``item`` joins: its module's Spark group if it uses Spark, or a
+    module fixture of a module in ``spark_modules``; its module's name when it uses a
+    fixture set up once per module (or class); else None."""
+    module = item.path.stem
+    spark_group = "spark-2" if module in SPARK_2_MODULES else "spark"
+    if uses_spark(item):
+        return spark_group
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.items() if info is not None else ()
+    if any(d and d[-1].scope in SHARED_SCOPES and name not in SPREAD_FIXTURES for name, d in defs):
+        return spark_group if module in spark_modules else module
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Only in an xdist worker of a --dist loadgroup run: there the controller's -n is None, and
+    # in one process (-n 0, -p no:xdist) there is nothing to share out (nor an xdist_group marker).
+    if not getattr(config.option, "loadgroup", False):
+        return
+    grouped = set()
+    spark_modules = {item.path.stem for item in items if uses_spark(item)}
+    for item in items:
+        group = xdist_group_of(item, spark_modules)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+            grouped.add(item.nodeid)
+    # A stable sort: each group keeps its order.
+    items.sort(
+        key=lambda item: item.nodeid not in grouped and not any(item.get_closest_marker(m) for m in LONG_FIRST_MARKERS)
+    )
+
+
+class XdistGroupIds:
+    """Keeps each xdist_group together under pytest 9. pytest-xdist (3.8) tells its
+    scheduler a test's group by renaming the test ``<id>@<group>`` through
+    ``item._nodeid``, which pytest 9 no longer reads (a node's id is ``item._id``): every
+    test was then a unit of its own, the Spark tests' group included (a SparkSession on
+    each worker). Run after xdist's hook, this renames the tests it could not."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if not getattr(config.option, "loadgroup", False):
+            return
+        for item in items:
+            names = {
+                str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")
+            }
+            suffix = "@" + "_".join(sorted(names))
+            node_id = getattr(item, "_id", None)
+            if names and not item.nodeid.endswith(suffix) and hasattr(node_id, "parse"):
+                item._id = type(node_id).parse(item.nodeid + suffix)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(XdistGroupIds(), "clmq-xdist-group-ids")
 
 
 # ZooKeeper fixtures (tests/zk.py): a session server, a chroot per test, a restartable server.

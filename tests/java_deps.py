@@ -51,6 +51,9 @@ def _read(path: Path) -> list[str] | None:
 
 @cache
 def _run_script() -> tuple[int, str]:
+    """Run the script (it takes build/java-deps/.fetch.lock itself: pytest-xdist workers,
+    run-tests.sh and clmq bench peers wait for the first one's fetch, then find its
+    classpath files)."""
     done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=900, check=False)
     return done.returncode, (done.stdout + done.stderr).strip()
 

@@ -34,6 +34,9 @@ from clmq.protocol import (
     set_queue_id,
 )
 
+# Every test here runs with the compiled record decoder and with its pure-Python fallback.
+pytestmark = pytest.mark.usefixtures("each_decoder")
+
 
 def events(decoder: FrameDecoder) -> list:
     out = []

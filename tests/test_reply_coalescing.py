@@ -17,12 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clmq.broker.service import Broker
-from clmq.broker.service._append import AppendLane, PendingPut
-from clmq.broker.store import Store, StoreConfig
-from clmq.commitlog import CommitLogConfig, FlushMode
+from clmq.broker.service._append import PendingPut
 from clmq.common import Message, decode_records_many, pack_messages
 from clmq.protocol import (
-    NEED_DATA,
     ErrorCode,
     Frame,
     FrameDecoder,
@@ -34,43 +31,22 @@ from clmq.protocol import (
 from clmq.protocol.transport import Later, Peer, Reply, RpcServer
 from clmq.protocol.transport._connection import encode_reply
 from clmq.protocol.transport._handler import Deliver
-from tests.service_helpers import Cluster
+from tests.transport_helpers import broker_with_topic, exchange, sync_flush_lane
 from tests.waiting import await_until
+
+# Every test here runs with the compiled record decoder and with its pure-Python fallback.
+pytestmark = pytest.mark.usefixtures("each_decoder")
 
 TOPIC = "co"
 
 
 @pytest.fixture
 async def broker(nursery: trio.Nursery, tmp_path: Path) -> Broker:
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    b = await c.start_broker("broker-a")
-    await c.create_topic(TOPIC, 2)
-    return b
+    return await broker_with_topic(nursery, tmp_path, TOPIC, 2)
 
 
 def _body(i: int) -> bytes:
     return b"message %06d " % i + bytes([i % 251]) * (i % 97)
-
-
-async def _exchange(addr: str, frames: list[Frame]) -> dict[int, Frame]:
-    """Send ``frames`` on one new connection in one write (as a client with that many
-    requests in flight does once its socket is busy) and read every reply; by request id."""
-    host, port = addr.rsplit(":", 1)
-    stream = await trio.open_tcp_stream(host, int(port))
-    decoder = FrameDecoder(64 << 20)
-    replies: dict[int, Frame] = {}
-    async with stream:
-        await stream.send_all(b"".join(encode_frame(f) for f in frames))
-        with trio.fail_after(30):
-            while len(replies) < len(frames):
-                data = await stream.receive_some(1 << 16)
-                assert data, "the broker closed the connection"
-                decoder.receive_data(data)
-                while (event := decoder.next_event()) is not NEED_DATA:
-                    assert isinstance(event, Frame) and event.request_id not in replies
-                    replies[event.request_id] = event
-    return replies
 
 
 def _produce_frame(rid: int, queue_id: int = 0) -> Frame:
@@ -87,13 +63,10 @@ def _pull_frame(rid: int, queue_id: int, offset: int, count: int) -> Frame:
 async def test_concurrent_produces_on_one_connection_are_answered_together(
     nursery: trio.Nursery, tmp_path: Path, flush: str
 ) -> None:
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    b = await c.start_broker("broker-a", flush_mode=flush)
-    await c.create_topic(TOPIC, 2)
+    b = await broker_with_topic(nursery, tmp_path, TOPIC, 2, flush_mode=flush)
     n = 200
     before = (b.rpc.stats.replies, b.rpc.stats.writes)
-    replies = await _exchange(b.addr, [_produce_frame(rid) for rid in range(1, n + 1)])
+    replies = await exchange(b.addr, [_produce_frame(rid) for rid in range(1, n + 1)])
     sent, writes = b.rpc.stats.replies - before[0], b.rpc.stats.writes - before[1]
     assert sent == n
     assert writes < sent / 4, (writes, sent)
@@ -101,7 +74,7 @@ async def test_concurrent_produces_on_one_connection_are_answered_together(
     # Each reply names where its own request's message went: read every one back.
     where = {rid: (r.fields["queue_offsets"][0], r.fields["commitlog_offsets"][0]) for rid, r in replies.items()}
     assert sorted(q for q, _ in where.values()) == list(range(n))
-    pulled = await _exchange(b.addr, [_pull_frame(1, 0, 0, n)])
+    pulled = await exchange(b.addr, [_pull_frame(1, 0, 0, n)])
     records = decode_records_many(pulled[1].body)
     assert len(records) == n
     assert {r.queue_offset: r.body for r in records} == {where[rid][0]: _body(rid) for rid in replies}
@@ -112,7 +85,7 @@ async def test_produce_and_sendfile_pull_replies_never_interleave(broker: Broker
     """Pull replies carry records by sendfile; produce replies are bytes. Many of both in
     flight on one connection: every reply is whole and is the one its request asked for."""
     stored = 300
-    await _exchange(
+    await exchange(
         broker.addr,
         [
             Frame(
@@ -131,7 +104,7 @@ async def test_produce_and_sendfile_pull_replies_never_interleave(broker: Broker
         frames.append(_pull_frame(2 * i + 1, 1, i, want))
         asked[2 * i + 1] = [k for k in range(i, min(i + want, stored))]
         frames.append(_produce_frame(2 * i + 2))
-    replies = await _exchange(broker.addr, frames)
+    replies = await exchange(broker.addr, frames)
     for rid, offsets in asked.items():
         records = decode_records_many(replies[rid].body)  # CRC-checked: a torn or mixed body fails here
         assert [(r.queue_offset, r.body) for r in records] == [(k, _body(k)) for k in offsets], rid
@@ -149,10 +122,7 @@ async def test_a_client_that_does_not_read_replies_is_not_read_either(nursery: t
     """With replies piling up unread past max_connection_send_buffer_bytes, the broker
     stops reading that connection's requests (so it buffers a bounded amount); once the
     client reads, every request is answered."""
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    b = await c.start_broker("broker-a", max_connection_send_buffer_bytes=4096)
-    await c.create_topic(TOPIC, 1)
+    b = await broker_with_topic(nursery, tmp_path, TOPIC, 1, max_connection_send_buffer_bytes=4096)
     host, port = b.addr.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -221,7 +191,7 @@ async def test_subscribed_laters_are_answered_without_a_task_each_or_through_fin
     server = RpcServer("t", {1: handler}, max_frame_bytes=1 << 20, idle_timeout_ms=10_000, serial_codes=frozenset({1}))
     port = await nursery.start(server.serve, "127.0.0.1", 0, nursery)
     nursery.start_soon(completer)
-    replies = await _exchange(f"127.0.0.1:{port}", [Frame(1, rid, {"n": rid}) for rid in range(1, 101)])
+    replies = await exchange(f"127.0.0.1:{port}", [Frame(1, rid, {"n": rid}) for rid in range(1, 101)])
     assert {rid: r.fields["n"] for rid, r in replies.items()} == {rid: rid for rid in range(1, 101)}
     assert {rid for rid, r in replies.items() if r.fields["how"] == "finish"} == set(range(10, 101, 10))
     await await_until(lambda: server.inflight == 0, 10, "every request accounted for")
@@ -230,11 +200,7 @@ async def test_subscribed_laters_are_answered_without_a_task_each_or_through_fin
 async def test_sync_flush_waiters_are_released_by_the_group_commits(tmp_path: Path) -> None:
     """DurableWaiters: many answers waiting for their fsync, one store callback at a time;
     each is released once its bytes are durable, and at once (False) if the store failed."""
-    log = CommitLogConfig(flush_mode=FlushMode.SYNC, segment_bytes=1 << 20, max_message_bytes=4096)
-    store = Store.open(StoreConfig(tmp_path / "s", log)).start()
-    try:
-        store.create_topic(TOPIC, 1)
-        lane = AppendLane(store, 1 << 20)
+    with sync_flush_lane(tmp_path / "s", TOPIC) as (store, lane):
         results: list[tuple[int, bool]] = []
         async with trio.open_nursery() as n:
             n.start_soon(lane.append_loop)
@@ -251,19 +217,13 @@ async def test_sync_flush_waiters_are_released_by_the_group_commits(tmp_path: Pa
             assert len(results) == 200 and all(ok for _, ok in results)
             assert store.durable_offset >= max(end for end, _ in results)
             n.cancel_scope.cancel()
-    finally:
-        store.close()
 
 
 async def test_sync_flush_callbacks_are_called_once_durable_or_once_timed_out(tmp_path: Path) -> None:
     """DurableWaiters.call_when_durable (answers without a task each): every callback is
     called exactly once, True once its bytes are durable; one waiting for bytes never
     written is called with False after its timeout (DurableWaiters.timeout_loop), and only then."""
-    log = CommitLogConfig(flush_mode=FlushMode.SYNC, segment_bytes=1 << 20, max_message_bytes=4096)
-    store = Store.open(StoreConfig(tmp_path / "s", log)).start()
-    try:
-        store.create_topic(TOPIC, 1)
-        lane = AppendLane(store, 1 << 20)
+    with sync_flush_lane(tmp_path / "s", TOPIC) as (store, lane):
         calls: list[tuple[int, bool]] = []  # (end offset waited for, durable)
         async with trio.open_nursery() as n:
             n.start_soon(lane.append_loop)
@@ -286,8 +246,6 @@ async def test_sync_flush_callbacks_are_called_once_durable_or_once_timed_out(tm
             await await_until(lambda: len(calls) > 200, 10, "the timeout")
             assert calls[200:] == [(never, False)]
             n.cancel_scope.cancel()
-    finally:
-        store.close()
 
 
 @given(

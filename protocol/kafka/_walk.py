@@ -77,8 +77,11 @@ def read_field(r: Reader, f: Field, version: int, flexible: bool) -> Any:
 
 
 def read_element(r: Reader, f: Field, version: int, flexible: bool, nullable: bool) -> Any:
-    """A struct, a fixed-size value, a string or bytes."""
+    """A struct (a nullable one behind Kafka's int8 marker: -1 null, 1 present), a fixed-size
+    value, a string or bytes."""
     if f.fields is not None:
+        if nullable and r.fixed("int8") == -1:
+            return None
         return decode_struct(r, f.fields, version, flexible)
     kind = f.element
     if kind in FIXED:

@@ -22,7 +22,7 @@ from ._access import (
 from ._client import RpcClient, background_nursery, split_addr
 from ._errors import AuthenticationFailed, ConnectionFailed, RequestError, RpcError
 from ._handler import FileSpan, Handler, Later, Peer, Reply, Session, checked, need
-from ._http import HttpRequest, HttpResponse, Login, metrics_page, serve_http
+from ._http import Collected, HttpRequest, HttpResponse, Login, metrics_page, rendered_in_thread, serve_http
 from ._http_login import metrics_login, metrics_login_required
 from ._limits import ServerLimits
 from ._security import ClientSecurity
@@ -40,6 +40,7 @@ __all__ = [
     "AuthenticationFailed",
     "ClientSecurity",
     "CodeStats",
+    "Collected",
     "ConnectionFailed",
     "FileSpan",
     "Handler",
@@ -75,6 +76,7 @@ __all__ = [
     "need",
     "open_audit_log",
     "peer_identity",
+    "rendered_in_thread",
     "send_spans",
     "serve_http",
     "split_addr",

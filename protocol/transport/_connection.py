@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import struct
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ class ConnectionHost(Protocol):
     stats: WriteStats
     request_stats: RequestStats
 
-    def request_done(self) -> None: ...
+    def request_done(self, n: int = 1) -> None: ...
 
 
 log = logging.getLogger("clmq.server")
@@ -65,13 +66,22 @@ T = TypeVar("T")
 _BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
-def _nothing() -> None:
-    pass
-
-
 TLS_RECORD_BYTES = 16 * 1024  # the most plaintext one TLS record carries
 MAX_JOINED_PIECES = 4096  # TLS: a run of replies and stored bytes is written once it has this many pieces
 _PREFIX = struct.Struct("<II")  # protocol._frame's prefix: frame length, header length
+
+
+_THREAD = threading.local()  # its ``packer``: one msgpack Packer per thread (not thread-safe)
+
+
+def _packer() -> msgpack.Packer:
+    """This thread's Packer: ``packb`` makes one per call, about half of its cost for
+    a reply's header (a Packer starts clean again after a failed ``pack``)."""
+    try:
+        return _THREAD.packer
+    except AttributeError:
+        _THREAD.packer = packer = msgpack.Packer(use_bin_type=True)
+        return packer
 
 
 def encode_reply(request: Frame, reply: Reply) -> bytes:
@@ -82,7 +92,7 @@ def encode_reply(request: Frame, reply: Reply) -> bytes:
         h["e"], h["m"] = reply.error_code, reply.error_text
     if reply.fields:
         h["x"] = reply.fields
-    header = msgpack.packb(h, use_bin_type=True)
+    header: bytes = _packer().pack(h)
     body = reply.body
     return b"".join((_PREFIX.pack(4 + len(header) + len(body), len(header)), header, body))
 
@@ -99,14 +109,19 @@ class WriteStats:
 class _Out:
     """One reply waiting in an :class:`Outbox`."""
 
-    __slots__ = ("close_text", "data", "done", "size", "spans")
+    __slots__ = ("close_text", "data", "held", "size", "spans")
 
-    def __init__(self, data: bytes, spans: list[Any] | None, done: Callable[[], None], close_text: str | None) -> None:
+    def __init__(self, data: bytes, spans: list[Any] | None, held: int, close_text: str | None) -> None:
         self.data = data  # the frame, or with spans its prefix (header and fields)
         self.spans = spans
         self.size = len(data) + (sum(s.length for s in spans) if spans else 0)
-        self.done = done  # called once written, or given up (the connection is gone)
+        # The request's frame bytes, given back once written or given up (the connection
+        # is gone); -1: not a request in flight (an error answered while reading).
+        self.held = held
         self.close_text = close_text  # not None: close the connection after this reply, saying why
+
+
+Finished = Callable[[int, int], None]  # (requests, their frame bytes): written, or given up
 
 
 class Outbox:
@@ -120,7 +135,9 @@ class Outbox:
     interleave). Replies go out in the order they were queued.
     """
 
-    def __init__(self, stream: trio.abc.Stream, limit_bytes: int, stats: WriteStats, say: Callable[..., None]) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, limit_bytes: int, stats: WriteStats, say: Callable[..., None], finished: Finished
+    ) -> None:
         self.stream = stream
         # A socket stream sends stored bytes with sendfile; a TLS stream reads them and
         # writes them encrypted, joined with the replies around them.
@@ -128,7 +145,11 @@ class Outbox:
         self.limit_bytes = limit_bytes  # max_connection_send_buffer_bytes
         self.stats = stats
         self._say = say
+        # Called once per run of replies written (not once per reply: the accounting
+        # of a request's end costs as much as its answer's encoding).
+        self._finished = finished
         self._items: list[_Out] = []
+        self._plain = True  # no reply waiting has file spans or closes the connection
         self.pending_bytes = 0  # queued or being written
         self.closed = False
         self._ready = trio.Event()
@@ -137,9 +158,11 @@ class Outbox:
     def put(self, out: _Out) -> None:
         """Queue a reply (never blocks; the reader stops while the box is full)."""
         if self.closed:
-            out.done()
+            self._release([out], queued=False)
             return
         self._items.append(out)
+        if out.spans or out.close_text is not None:
+            self._plain = False
         self.pending_bytes += out.size
         self._ready.set()
 
@@ -158,19 +181,31 @@ class Outbox:
                     self._ready = trio.Event()
                     await self._ready.wait()
                 items, self._items = self._items, []
+                plain, self._plain = self._plain, True
                 try:
-                    await self._write(items)
+                    await (self._write_plain(items) if plain else self._write(items))
                 finally:
-                    for out in items:
-                        self.pending_bytes -= out.size
-                        out.done()
+                    self._release(items)
                     self._room.set()
         finally:
             self.closed = True
             self._room.set()
             left, self._items = self._items, []
-            for out in left:
-                out.done()
+            self._release(left)
+
+    def _release(self, items: list[_Out], queued: bool = True) -> None:
+        """``items`` are written or given up: their bytes leave the box (if ``queued``:
+        they were in it), their requests end."""
+        requests = held = size = 0
+        for out in items:
+            size += out.size
+            if out.held >= 0:
+                requests += 1
+                held += out.held
+        if queued:
+            self.pending_bytes -= size
+        if requests:
+            self._finished(requests, held)
 
     async def _write(self, items: list[_Out]) -> None:
         chunk: list[bytes] = []
@@ -196,6 +231,17 @@ class Outbox:
             self.stats.replies += replies
         except _BROKEN as e:
             # A frame may be half-sent: the stream is unusable from here on.
+            self._say(logging.INFO, "could not answer: %s", e)
+            await self._close()
+
+    async def _write_plain(self, items: list[_Out]) -> None:
+        """:meth:`_write` of replies that are bytes alone (most runs): joined, checked no further."""
+        try:
+            for at in range(0, len(items), MAX_JOINED_PIECES):
+                run = items[at : at + MAX_JOINED_PIECES]
+                await self._send([out.data for out in run])
+                self.stats.replies += len(run)
+        except _BROKEN as e:
             self._say(logging.INFO, "could not answer: %s", e)
             await self._close()
 
@@ -241,7 +287,7 @@ class ServerConnection:
         self.inflight = 0
         host, port = peer_of(stream)
         self.peer = Peer(host, port, session or Session())
-        self.outbox = Outbox(stream, limits.max_connection_send_buffer_bytes, server.stats, self._say)
+        self.outbox = Outbox(stream, limits.max_connection_send_buffer_bytes, server.stats, self._say, self._finished)
         # Serial frames waiting for the serial worker (at most max_inflight: _admit), and
         # the event it waits on when there are none (a deque: a channel costs a few
         # microseconds per frame, as much as the rest of its reading).
@@ -410,7 +456,15 @@ class ServerConnection:
         handed = False  # the reply (or the Later) now owns the request's accounting
         started = time.perf_counter()
         try:
-            reply = await self._run_handler(frame)
+            handler = self.server.handlers.get(frame.code)
+            reply: Reply | Later
+            if handler is None:
+                reply = self._unserved(frame)
+            else:
+                try:  # as _guard, without its wrapper (once per request)
+                    reply = await handler(frame, self.peer)
+                except Exception as e:
+                    reply = error_reply(self.server.name, frame, e)
             if isinstance(reply, Later) and finishing is not None:
                 if reply.subscribe is not None:
                     reply.subscribe(functools.partial(self._delivered, frame, size, reply, finishing, started))
@@ -421,7 +475,7 @@ class ServerConnection:
             if isinstance(reply, Later):
                 reply = await self._guard(frame, reply.finish)
             handed = True
-            self._answer(frame, reply, functools.partial(self._done, size), started)
+            self._answer(frame, reply, size, started)
         finally:
             if not handed:
                 self._done(size)
@@ -431,7 +485,7 @@ class ServerConnection:
     ) -> None:
         """A subscribed Later's outcome: its reply, or None (await ``finish`` after all)."""
         if reply is not None:
-            self._answer(frame, reply, functools.partial(self._done, size), started)
+            self._answer(frame, reply, size, started)
             return
         try:
             finishing.start_soon(self._finish, frame, size, later, started)
@@ -443,27 +497,26 @@ class ServerConnection:
         try:
             reply = await self._guard(frame, later.finish)
             handed = True
-            self._answer(frame, reply, functools.partial(self._done, size), started)
+            self._answer(frame, reply, size, started)
         finally:
             if not handed:
                 self._done(size)
 
     def _done(self, size: int) -> None:
-        self.inflight -= 1
-        self.intake.release(size)
-        self.server.request_done()
+        self._finished(1, size)
 
-    async def _run_handler(self, frame: Frame) -> Reply | Later:
-        handler = self.server.handlers.get(frame.code)
-        if handler is None:
-            return Reply(
-                error_code=ErrorCode.REQUEST_NOT_SUPPORTED,
-                error_text=f"request code {frame.code} is not served by {self.server.name}",
-            )
-        try:  # as _guard, without its wrapper (once per request)
-            return await handler(frame, self.peer)
-        except Exception as e:
-            return error_reply(self.server.name, frame, e)
+    def _finished(self, requests: int, held: int) -> None:
+        """``requests`` of this connection are done (answered, or given up), holding
+        ``held`` frame bytes between them."""
+        self.inflight -= requests
+        self.intake.release(held)
+        self.server.request_done(requests)
+
+    def _unserved(self, frame: Frame) -> Reply:
+        return Reply(
+            error_code=ErrorCode.REQUEST_NOT_SUPPORTED,
+            error_text=f"request code {frame.code} is not served by {self.server.name}",
+        )
 
     async def _guard(self, frame: Frame, fn: Callable[[], Awaitable[T]]) -> T | Reply:
         """Run a handler step; failures become error replies, never a dropped connection."""
@@ -473,20 +526,22 @@ class ServerConnection:
             return error_reply(self.server.name, frame, e)
 
     def _send_error(self, code: int, request_id: int, error: ErrorCode, text: str) -> None:
-        self._answer(Frame(code, request_id), Reply(error_code=error, error_text=text), _nothing)
+        self._answer(Frame(code, request_id), Reply(error_code=error, error_text=text))
 
-    def _answer(self, request: Frame, reply: Reply, done: Callable[[], None], started: float | None = None) -> None:
-        """Queue the reply to ``request`` for the writer; ``done`` once it is written
-        (at once for a one-way request, which gets none). ``started``: when the request
+    def _answer(self, request: Frame, reply: Reply, held: int = -1, started: float | None = None) -> None:
+        """Queue the reply to ``request`` for the writer. ``held``: the bytes of a request
+        in flight, which ends once its reply is written (at once for a one-way request,
+        which gets none); -1: not a request in flight. ``started``: when the request
         was taken up (its latency is counted in the server's request stats)."""
         if started is not None:
             self.server.request_stats.record(request.code, time.perf_counter() - started, reply.error_code != 0)
-        if request.is_oneway:
-            done()
+        if request.flags & FLAG_ONEWAY:
+            if held >= 0:
+                self._done(held)
             return
         data, reply = _encoded(self.server.name, request, reply)
         close_text = f"{ErrorCode(reply.error_code).name}: {reply.error_text}" if reply.close_after else None
-        self.outbox.put(_Out(data, reply.spans or None, done, close_text))
+        self.outbox.put(_Out(data, reply.spans or None, held, close_text))
 
 
 def error_reply(server_name: str, frame: Frame, e: Exception) -> Reply:

@@ -12,8 +12,9 @@ import base64
 import binascii
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import trio
@@ -208,12 +209,44 @@ def _encode(response: HttpResponse, *, head_only: bool) -> bytes:
     return head.encode("latin-1") + (b"" if head_only else response.body)
 
 
-def metrics_page(render: Callable[[], bytes], content_type: str) -> Route:
-    """The route of a metrics port: ``GET /metrics`` answers ``render()``."""
+def metrics_page(render: Callable[[], bytes | Awaitable[bytes]], content_type: str) -> Route:
+    """The route of a metrics port: ``GET /metrics`` answers ``render()``, awaited when
+    it is async (as :func:`rendered_in_thread`'s renderers are)."""
 
     async def route(request: HttpRequest) -> HttpResponse:
         if request.path != "/metrics":
             return HttpResponse(404, b"try /metrics\n")
-        return HttpResponse(200, render(), content_type)
+        body = render()
+        return HttpResponse(200, body if isinstance(body, bytes) else await body, content_type)
 
     return route
+
+
+M = TypeVar("M")
+
+
+class Collected(Generic[M]):
+    """Metric families already collected, in the shape a text renderer reads (``collect()``)."""
+
+    def __init__(self, families: list[M]) -> None:
+        self.families = families
+
+    def collect(self) -> list[M]:
+        """The families, as collected."""
+        return self.families
+
+
+def rendered_in_thread(
+    collect: Callable[[], Iterable[M]], render: Callable[[Collected[M]], bytes]
+) -> Callable[[], Awaitable[bytes]]:
+    """A renderer for :func:`metrics_page`: ``collect()`` reads the service's state on
+    its event loop (a consistent snapshot, no locks), ``render`` turns the families into
+    text in a worker thread. Rendering 10,000 series takes about 45 ms of CPU: on the
+    loop, that was a stall of every request behind it (docs/operations.md "Event-loop
+    stalls")."""
+
+    async def rendered() -> bytes:
+        families = Collected(list(collect()))
+        return await trio.to_thread.run_sync(render, families)
+
+    return rendered

@@ -129,8 +129,16 @@ class Framing:
         return 8 <= self.total <= self.max_frame_bytes
 
     def feed(self, data: bytes) -> None:
-        pos = 0
-        while pos < len(data):
+        pos, n = 0, len(data)
+        while pos < n:
+            if not self.total and not self._prefix and n - pos >= _PREFIX.size:  # a whole prefix here: no copy
+                total = max(_PREFIX.size, 4 + _PREFIX.unpack_from(data, pos)[0])
+                if total <= n - pos:  # and the whole frame (pipelined small requests)
+                    if 8 <= total <= self.max_frame_bytes:
+                        self.done.append(total)
+                    pos += total
+                    self.completed += 1
+                    continue
             if not self.total:
                 take = min(_PREFIX.size - len(self._prefix), len(data) - pos)
                 self._prefix += data[pos : pos + take]

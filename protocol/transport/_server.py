@@ -228,8 +228,8 @@ class RpcServer:
             else:
                 await close_stream(conn)
 
-    def request_done(self) -> None:
-        """A connection's request is finished (answered, or given up)."""
-        self.inflight -= 1
+    def request_done(self, n: int = 1) -> None:
+        """``n`` of a connection's requests are finished (answered, or given up)."""
+        self.inflight -= n
         if not self.inflight:
             self._idle.set()
