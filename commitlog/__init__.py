@@ -16,6 +16,7 @@ from ._durable_file import (
     read_json,
     write_atomic,
     write_json,
+    write_json_body,
 )
 from ._encoder import BatchEncoder, EncodeError, encode_message
 from ._log import AppendResult, AppendStatus, CommitLog, QueueKey, ScanResult, now_ms
@@ -64,4 +65,5 @@ __all__ = [
     "whole_prefix",
     "write_atomic",
     "write_json",
+    "write_json_body",
 ]

@@ -92,7 +92,11 @@ def _kind(path: Path) -> bytes:
 
 def encode(path: Path, value: dict[str, Any]) -> bytes:
     """The format-2 bytes of ``value`` for the file ``path``."""
-    body = json.dumps(value, separators=(",", ":")).encode()
+    return _encode_body(path, json.dumps(value, separators=(",", ":")).encode())
+
+
+def _encode_body(path: Path, body: bytes) -> bytes:
+    """The format-2 bytes of ``body``, a JSON object already encoded."""
     crc = b"%08x" % _crc32c.crc32c(_kind(path) + body)
     rest = b"}" if body == b"{}" else b"," + body[1:]
     return _CHECKED_PREFIX + crc + b'"' + rest
@@ -113,9 +117,15 @@ def _checked_body(path: Path, data: bytes) -> tuple[bytes | None, str | None]:
         return None, f"{path}: not a metadata file (starts {data[:16]!r}, {len(data)} bytes)"
     stored = data[len(_CHECKED_PREFIX) : _HEADER_BYTES - 1]
     rest = data[_HEADER_BYTES - 1 :]
-    if not rest.startswith((b'",', b'"}')):
+    # The separator after the checksum is outside it: it must be exactly what encode()
+    # writes ('"}' ends an empty object, '",' starts the members), or a flipped byte
+    # there (',' -> '}') would pass unseen.
+    if rest == b'"}':
+        body = b"{}"
+    elif rest.startswith(b'",'):
+        body = b"{" + rest[2:]
+    else:
         return None, f"{path}: damaged header ({data[: _HEADER_BYTES + 1]!r}, {len(data)} bytes)"
-    body = b"{}" if rest == b'"}' else b"{" + rest[2:]
     actual = b"%08x" % _crc32c.crc32c(_kind(path) + body)
     if stored != actual:
         return None, (
@@ -179,6 +189,15 @@ def write_json(path: Path, value: dict[str, Any]) -> None:
     """Replace ``path`` with ``value`` (format 2), keeping the current file as the
     previous generation if it checks. Raises OSError with the old content in place."""
     _replace(path, encode(path, value), keep_previous=_intact(path))
+
+
+def write_json_body(path: Path, body: bytes) -> None:
+    """:func:`write_json` of a JSON object the caller encoded itself (compact, as
+    ``json.dumps(value, separators=(",", ":"))`` gives it): for a large file most of
+    whose parts the caller keeps encoded between writes."""
+    if not (body.startswith(b"{") and body.endswith(b"}")):
+        raise ValueError("write_json_body: body must be one JSON object")
+    _replace(path, _encode_body(path, body), keep_previous=_intact(path))
 
 
 def _intact(path: Path) -> bool:

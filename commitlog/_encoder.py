@@ -15,11 +15,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-import crc32c as _crc32c
-
 from clmq.common import (
     BLANK_SIZE,
-    CRC_START,
     HEADER,
     HEADER_SIZE,
     ITEM,
@@ -37,6 +34,7 @@ from clmq.common import (
     encode_blank,
     encode_host,
     encode_properties,
+    fill_crcs,
     overrun_error,
     unpack_messages,
 )
@@ -469,16 +467,13 @@ def _assemble(
 
 
 def _fill_crcs(group: Group) -> None:
-    data, rel, crc, pack_into = group.data, group.start, _crc32c.crc32c, _U32.pack_into
-    view = memoryview(data)
-    ends = group.starts[1:] + [rel + len(data) - (BLANK_SIZE if group.sealed else 0)]
-    for start, end in zip(group.starts, ends):
-        p = start - rel
-        pack_into(data, p + 8, crc(view[p + CRC_START : end - rel]))
-    view.release()
-
-
-_U32 = struct.Struct("<I")
+    """Every record's CRC (compiled where built: a tenth of the per-record Python loop)."""
+    rel = group.start
+    if not group.starts:  # a group that is only a blank marker (the batch began past the segment's room)
+        return
+    starts = [s - rel for s in group.starts] if rel else group.starts
+    ends = starts[1:] + [len(group.data) - (BLANK_SIZE if group.sealed else 0)]
+    fill_crcs(group.data, starts, ends)
 
 
 def _bad_item(topic: str, at: int, stop: int, end: int, size: int, limit: int, qid: int, count: int) -> EncodeError:

@@ -5,10 +5,10 @@ Invariants:
   re-dispatching a range is idempotent (queues skip entries they hold).
 - Nothing in the loop catches errors but the key index's: an exception leaves
   :meth:`Dispatcher.dispatch_loop`, and the store's thread guard puts the store into its
-  failed state. The key index is derived data: its write errors are counted by the
-  index, which stays behind; later rounds re-read the log from its ``end_offset``
-  (one chunk a round, up to ``MAX_CHUNK_BYTES``, after the index's retry interval)
-  until it has caught up.
+  failed state. The key index is derived data, fed in batches over several rounds
+  (:mod:`._index_feed`): its write errors are counted by the index, which stays behind;
+  later rounds re-read the log from its ``end_offset`` (one chunk a round, up to
+  ``MAX_CHUNK_BYTES``, after the index's retry interval) until it has caught up.
 - A record header that does not walk (damage under a running store) is skipped to
   the next known record start with an error naming the offsets; the queue offsets it
   held become explicit hole markers in their queues (see ``_queue``), never zeros.
@@ -40,6 +40,7 @@ from clmq.common import (
 )
 
 from ._entries import ENTRY_DTYPE
+from ._index_feed import INDEX_BATCH_BYTES, INDEX_BATCH_INTERVAL_MS, MAX_CHUNK_BYTES, QUERY_CATCH_UP_BYTES, IndexFeed
 from ._keyindex import KeyIndex
 from ._keyindex_keys import INDEX_FIELDS, ChunkFields
 from ._set import Arrivals, ConsumeQueueSet
@@ -55,14 +56,16 @@ SMALL_ROUND = 48  # rounds of at most this many records are parsed without numpy
 _SMALL_HEAD = struct.Struct("<I8xQQI")  # total size, (magic, crc), commit-log offset, queue offset, queue id
 _SMALL_LENS = struct.Struct("<HH")  # topic length, tags length
 assert _SMALL_HEAD.size == OFF_QUEUE_ID + 4
-MAX_CHUNK_BYTES = 32 << 20  # while lagging, read more at once: longer runs per queue
 # After a round that caught up, the next one starts no sooner than this after it began
 # (unless this many bytes wait): under a stream of small appends one round then covers
 # many of them, instead of waking the thread (and taking the GIL from the event loop)
 # for every one or two records. The first append after a quiet spell is dispatched at
-# once, so a long-polled consumer waits at most this much longer, and only under load.
+# once, so a long-polled consumer waits at most this much longer, and only under load;
+# and a reader that starts waiting for entries (:meth:`Dispatcher.hurry`: a long poll
+# that found nothing) ends the pause at once, so that what it waits for is not held back.
 ROUND_INTERVAL_MS = 1.0
 ROUND_EAGER_BYTES = 1 << 20
+SMALL_READ_BYTES = 64 << 10  # a round of at most this many bytes reads a copy, not a memory map
 
 
 def tag_hash(tag: str | bytes) -> int:
@@ -78,7 +81,13 @@ class Dispatcher:
     """
 
     def __init__(
-        self, commitlog: CommitLog, queues: ConsumeQueueSet, start_offset: int, chunk_bytes: int = 4 << 20
+        self,
+        commitlog: CommitLog,
+        queues: ConsumeQueueSet,
+        start_offset: int,
+        chunk_bytes: int = 4 << 20,
+        index_batch_interval_ms: float = INDEX_BATCH_INTERVAL_MS,
+        index_batch_bytes: int = INDEX_BATCH_BYTES,
     ) -> None:
         self.log = commitlog
         self.queues = queues
@@ -86,19 +95,37 @@ class Dispatcher:
         self.chunk_bytes = max(chunk_bytes, commitlog.config.max_message_bytes + HEADER_SIZE)
         self._listeners: list[Callable[[Arrivals], None]] = []
         self._wake = threading.Event()
+        self._hurry = threading.Event()  # a reader waits: no pause before the next round
+        self.hurried = 0  # pauses between rounds ended early (a reader waiting: hurry; or wake)
         self._round_lock = threading.Lock()
         self._topic_ids: dict[bytes, int] = {}  # raw topic name -> the queue set's id
         self._tags: dict[bytes, int] = {b"": 0}
         self.rounds = 0  # rounds that dispatched something (each wakes long polls once)
-        self.index: KeyIndex | None = None  # the key index, built in the same rounds (set_index)
+        self.loop_passes = 0  # passes of dispatch_loop (a round, a backlog chunk or an idle wait each)
+        self.index: KeyIndex | None = None  # the key index, fed from the same rounds (set_index)
+        self._feed: IndexFeed | None = None  # and when it is fed (gathered over rounds)
+        self._index_batch = (index_batch_interval_ms, index_batch_bytes)
         self._walk: Walk | None = None  # the round's walk, for the key index
-        self._fields: ChunkFields | None = None  # and its columns (rounds parsed column-wise)
+        self._fields: ChunkFields | None = None  # and its columns (large rounds parsed column-wise)
+        self._damage_logged: set[int] = set()  # damaged record offsets already logged (at most 64 kept)
         commitlog.add_append_listener(self._on_append)
 
     def set_index(self, index: KeyIndex) -> None:
-        """Build ``index`` too: every round also indexes its records' keys (from the
-        index's own ``end_offset`` on: records below it are indexed already)."""
+        """Build ``index`` too, from the index's own ``end_offset`` on (records below it
+        are indexed already), in batches of several rounds (:mod:`._index_feed`)."""
         self.index = index
+        self._feed = IndexFeed(self.log, index, self.chunk_bytes, self._resync, *self._index_batch)
+
+    def index_now(self, max_failed_bytes: int = QUERY_CATCH_UP_BYTES) -> int:
+        """Bring the key index up to the log's confirmed offset now (a look-up is about
+        to run, and must see every message stored before it), indexing at most about
+        ``max_failed_bytes`` of a backlog that failed index writes left behind; returns
+        the bytes of log still not indexed (0 unless index writes fail or failed, or
+        without an index)."""
+        if self._feed is None:
+            return 0
+        with self._round_lock:
+            return self._feed.catch_up_to(self.log.confirmed_offset, max_failed_bytes)
 
     @property
     def lag_bytes(self) -> int:
@@ -116,18 +143,28 @@ class Dispatcher:
                 self.dispatched_offset = self.log.min_offset  # retention overtook us
             if self.dispatched_offset >= limit:
                 return 0
-            want = min(MAX_CHUNK_BYTES, max(self.chunk_bytes, limit - self.dispatched_offset))
-            at, data = self.log.map_chunk(self.dispatched_offset, want, limit)
+            at, data = self._read_round(limit)
             columns, consumed = self._parse(at, data)
             arrivals = self.queues.add_round(*columns) if columns else None
             self.dispatched_offset = at + consumed if consumed >= 0 else self.log.next_segment_base(at)
-            if self.index is not None:
-                self._index_round(at, data)
+            walk, fields, self._walk, self._fields = self._walk, self._fields, None, None
+            if self._feed is not None and walk is not None:
+                self._feed.on_round(at, data, walk, fields, self.dispatched_offset)
         self.rounds += 1
         if arrivals is not None:
             for fn in self._listeners:
                 fn(arrivals)
+        self.index_backlog_once()  # the key index's waiting records, once due: after the wake-ups
         return len(columns[0]) if columns else 0
+
+    def _read_round(self, limit: int) -> tuple[int, memoryview]:
+        """The round's bytes of log: a copy when few (a ``pread`` costs ~1.5 us, a memory
+        map and its unmap ~11 us), else a memory map of up to ``MAX_CHUNK_BYTES``."""
+        start = self.dispatched_offset
+        if limit - start <= SMALL_READ_BYTES:
+            at, raw = self.log.read_chunk(start, limit - start, limit)
+            return at, memoryview(raw)
+        return self.log.map_chunk(start, min(MAX_CHUNK_BYTES, max(self.chunk_bytes, limit - start)), limit)
 
     def _parse(self, at: int, data: memoryview) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray] | None, int]:
         """Parse a chunk column-wise into ``(queue codes, queue offsets, entries)``.
@@ -146,10 +183,11 @@ class Dispatcher:
             return self._parse_small(data, walk.starts.tolist()), consumed
         buf = np.frombuffer(data, dtype=np.uint8)
         starts = walk.starts
-        heads = gather_fields(buf, walk, _FIELDS if self.index is None else _FIELDS_INDEXED)
+        indexed = self._feed is not None and self._feed.wants_columns(walk.stop)
+        heads = gather_fields(buf, walk, _FIELDS_INDEXED if indexed else _FIELDS)
         topic_lens = heads["topic_len"].astype(np.int64)
         topics, topic_idx = gather_strings(buf, starts + HEADER_SIZE, topic_lens)
-        if self.index is not None:
+        if indexed:
             self._fields = ChunkFields(heads, topics, topic_idx)  # the key index reads the same columns
         tags, tag_idx = gather_strings(buf, starts + HEADER_SIZE + topic_lens, heads["tags_len"].astype(np.int64))
         entries = np.empty(len(starts), dtype=ENTRY_DTYPE)
@@ -168,56 +206,14 @@ class Dispatcher:
         codes = (topic_ids << np.uint64(32)) | heads["queue_id"].astype(np.uint64)
         return (codes, heads["queue_offset"].astype(np.int64), entries), consumed
 
-    def _index_round(self, at: int, data: memoryview) -> None:
-        """Index the round's records (those the index does not hold yet); if the index
-        is behind the round (an earlier write failed), a chunk of the log before it."""
-        index = self.index
-        assert index is not None and self._walk is not None
-        walk, fields, self._walk, self._fields = self._walk, self._fields, None, None
-        if not index.may_write:
-            return
-        try:
-            if index.end_offset < at and not self._index_backlog(at):
-                return  # still behind: the next round goes on
-            if self.dispatched_offset > index.end_offset:
-                index.add_chunk(at, data, walk, self.dispatched_offset, fields)
-            index.note_success()
-        except OSError as e:  # ENOSPC, EIO: the index stays at its end; the store goes on
-            index.note_failure(e)
-
-    def _index_backlog(self, upto: int) -> bool:
-        """Index one chunk of the log from the index's end (records it missed); True
-        when it reached ``upto``."""
-        index = self.index
-        assert index is not None
-        if index.end_offset < self.log.min_offset:
-            index.advance(self.log.min_offset)  # retention took the rest
-        start = index.end_offset
-        if start >= upto:
-            return True
-        at, data = self.log.map_chunk(start, min(MAX_CHUNK_BYTES, max(self.chunk_bytes, upto - start)), upto)
-        walk = walk_records(data, 0, self.log.config.max_message_bytes)
-        consumed = walk.stop
-        if walk.reason == "blank":
-            consumed = self.log.next_segment_base(at) - at
-        elif walk.reason == "corrupt" or (not walk.runs and len(data) >= self.chunk_bytes):
-            consumed = self._resync(at, walk.stop)
-        index.add_chunk(at, data, walk, min(at + consumed, upto))
-        return index.end_offset >= upto
-
-    def index_backlog_once(self) -> bool:
-        """While idle: one chunk of the log the index missed; True if it did some."""
-        index = self.index
-        if index is None or index.end_offset >= self.dispatched_offset or not index.may_write:
+    def index_backlog_once(self, force: bool = False) -> bool:
+        """While idle: one chunk of the log the index has not taken yet, once those
+        records are due (``force``: whether or not); True if it did some."""
+        feed = self._feed
+        if feed is None or feed.index.end_offset >= self.dispatched_offset:
             return False
         with self._round_lock:
-            before = index.end_offset
-            try:
-                self._index_backlog(self.dispatched_offset)
-                index.note_success()
-            except OSError as e:
-                index.note_failure(e)
-            return index.end_offset > before
+            return feed.backlog_once(self.dispatched_offset, force)
 
     def _parse_small(self, data: memoryview, starts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The same columns, record by record: for a few records, numpy's per-call cost
@@ -248,11 +244,17 @@ class Dispatcher:
         return tid
 
     def _resync(self, at: int, p: int) -> int:
-        """Skip a damaged region to the next known record start (boundary index)."""
+        """Skip a damaged region to the next known record start (boundary index); the
+        error is logged once per damaged offset (the key index's catch-up and the
+        round both meet it)."""
         bad = at + p
         seg_base = max((b for b, _, _ in self.log.segments() if b <= bad), default=bad)
         nxt = next((b for b in self.log.boundaries(seg_base) if b > bad), self.log.next_segment_base(bad))
-        log.error("dispatch: corrupt record header at commitlog offset %d; skipping to %d", bad, nxt)
+        if bad not in self._damage_logged:
+            if len(self._damage_logged) >= 64:
+                self._damage_logged.clear()
+            self._damage_logged.add(bad)
+            log.error("dispatch: corrupt record header at commitlog offset %d; skipping to %d", bad, nxt)
         return nxt - at
 
     def catch_up(self) -> int:
@@ -260,7 +262,7 @@ class Dispatcher:
         total = 0
         while self.lag_bytes:
             total += self.dispatch_once()
-        while self.index_backlog_once():  # a key index behind (a write failed): while it works
+        while self.index_backlog_once(force=True):  # the key index's waiting records (or a failed write's)
             pass
         return total
 
@@ -269,18 +271,28 @@ class Dispatcher:
     ) -> None:
         """The background loop: dispatch whenever the log grows, until ``stop`` is set;
         after a round that caught up, the next begins ``round_interval_ms`` after it at
-        the earliest (sooner when ``ROUND_EAGER_BYTES`` wait)."""
+        the earliest (sooner when ``ROUND_EAGER_BYTES`` wait, or a reader starts waiting
+        for entries: :meth:`hurry`)."""
         interval_s = round_interval_ms / 1000
         while not stop.is_set():
+            self.loop_passes += 1
             self._wake.clear()  # before the round: an append during it sets it again
+            self._hurry.clear()  # this round serves the readers waiting now
             began = time.monotonic()
             if not self.dispatch_once():
                 if not self.index_backlog_once():
-                    self._wake.wait(idle_wait_ms / 1000)
+                    self._wake.wait(self._idle_wait_s(idle_wait_ms / 1000))
                 continue
             rest_s = interval_s - (time.monotonic() - began)
-            if rest_s > 0 and self.lag_bytes < ROUND_EAGER_BYTES:
-                stop.wait(rest_s)  # appends meanwhile gather for the next round
+            # Appends meanwhile gather for the next round, unless a reader starts
+            # waiting for entries: then they are dispatched at once.
+            if rest_s > 0 and self.lag_bytes < ROUND_EAGER_BYTES and self._hurry.wait(rest_s):
+                self.hurried += 1
+
+    def _idle_wait_s(self, longest_s: float) -> float:
+        """How long an idle loop sleeps: until an append, or the key index's waiting records fall due."""
+        feed = self._feed
+        return longest_s if feed is None else feed.wait_s(self.dispatched_offset, longest_s)
 
     def _on_append(self) -> None:
         """The log's append listener (on the appending thread): a set event is not set
@@ -289,4 +301,14 @@ class Dispatcher:
             self._wake.set()
 
     def wake(self) -> None:
+        """Start a round now, idle or pausing between rounds (appends, a stop)."""
         self._wake.set()
+        self._hurry.set()
+
+    def hurry(self) -> None:
+        """A reader starts waiting for new entries (a long poll that found nothing):
+        end the pause between rounds now, so that records appended since the last
+        round are dispatched (and wake it) without waiting out ``round_interval_ms``.
+        Called on any thread; cheap when already hurried."""
+        if not self._hurry.is_set():
+            self._hurry.set()

@@ -43,8 +43,8 @@ log = logging.getLogger("clmq.keyindex")
 
 @dataclass(frozen=True)
 class IndexSettings:
-    slots: int = 5_000_000  # hash slots per file (4 B each, the active file's in memory)
-    max_entries: int = 20_000_000  # entries per file (20 B each)
+    slots: int = 1_000_000  # hash slots per file (4 B each, the active file's in memory)
+    max_entries: int = 4_000_000  # entries per file (20 B each; 4 a slot, RocketMQ's ratio)
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,12 @@ class KeyIndex:
     def end_offset(self) -> int:
         """Every record below this offset is indexed (re-dispatch starts here)."""
         return self._files[-1].header.end_offset
+
+    @property
+    def busy(self) -> bool:
+        """Another thread holds the index (a persist writing and syncing its files):
+        the dispatcher feeds it later rather than wait."""
+        return self._lock.locked()
 
     @property
     def files(self) -> list[IndexFile]:
@@ -257,6 +263,11 @@ class KeyIndex:
     def may_write(self) -> bool:
         """False while waiting out ``retry_interval_ms`` after a failure."""
         return not self.failing or time.monotonic() >= self._retry_at
+
+    @property
+    def retry_in_s(self) -> float:
+        """Seconds until writes may be tried again (0 when they may be now)."""
+        return max(0.0, self._retry_at - time.monotonic()) if self.failing else 0.0
 
     # ---------------------------------------------------------- log cut, retention
     def truncate(self, offset: int) -> None:

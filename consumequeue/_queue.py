@@ -13,8 +13,8 @@ Invariants:
   (size 0, tag :data:`~._entries.HOLE_TAG`), never left as zeros. So an all-zero entry inside the
   extent is never legitimate: it is damage (a lost page, a zeroed file), and
   :meth:`ConsumeQueue.read_entries` raises :class:`CorruptRecordError` instead of
-  skipping it. Readers skip hole markers. Within a queue, commit-log offsets increase
-  with queue offsets.
+  skipping it. Readers skip hole markers, and a queue's minimum (:meth:`ConsumeQueue.bounds`)
+  is never one. Within a queue, commit-log offsets increase with queue offsets.
 - A queue that begins inside its first file (its first record came after retention)
   marks that in the file's slot 0 (size 0, tag :data:`~._entries.START_TAG`, offset: the first
   queue offset), so that the never-written entries before it are not taken for
@@ -35,7 +35,7 @@ from typing import Callable
 
 from ._entries import ENTRY, ENTRY_SIZE, HOLE_ENTRY, Entry
 from ._files import FileCache
-from ._lookups import entry_at, search
+from ._lookups import entry_at, real_entry_at_or_after, search
 from ._queue_files import QueueFiles
 
 log = logging.getLogger("clmq.consumequeue")
@@ -46,15 +46,18 @@ class ConsumeQueue:
 
     def __init__(
         self,
-        directory: Path,
+        directory: Path | tuple[Path, str],
         topic: str,
         queue_id: int,
         entries_per_file: int,
         files: FileCache,
         no_files: bool = False,
+        on_change: Callable[[ConsumeQueue], None] | None = None,
     ) -> None:
-        """``no_files``: the caller knows the queue has no files yet (nothing to load)."""
-        self.directory = directory
+        """``no_files``: the caller knows the queue has no files yet (nothing to load).
+        ``on_change``: called (under the queue's lock) whenever :meth:`disk_extent` may
+        have changed or the queue became loaded, so that a checkpoint can visit only
+        the queues that changed."""
         self.topic = topic
         self.queue_id = queue_id
         self.per_file = entries_per_file
@@ -68,12 +71,25 @@ class ConsumeQueue:
         # The first entry, remembered: a consumer of 10,000 queues asks every queue's
         # minimum at start, and reading each from its file costs an open() apiece.
         self._head: tuple[int, Entry] | None = None
+        self._on_change = on_change
+        if no_files:
+            self._changed()
+
+    @property
+    def directory(self) -> Path:
+        """The queue's folder (its files are named by their first offset)."""
+        return self._files.directory
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self)
 
     # ---------------------------------------------------------------- loading
     def _ensure_loaded(self) -> None:
         if not self._loaded:
             self._files.load(self.expected_first)
             self._loaded = True
+            self._changed()
 
     @property
     def loaded(self) -> bool:
@@ -128,6 +144,7 @@ class ConsumeQueue:
             if first > nxt:
                 if not files.starts and not self._pending:  # an empty queue starts where its first record is
                     files.first = files.flushed_next = first
+                    self._changed()
                 else:  # explicit markers: zeros would be indistinguishable from a lost page
                     log.warning(
                         "consume queue %s/%d: hole at offsets %d..%d", self.topic, self.queue_id, nxt, first - 1
@@ -135,6 +152,29 @@ class ConsumeQueue:
                     self._pending += HOLE_ENTRY * (first - nxt)
             self._pending += data
             return len(data) // ENTRY_SIZE
+
+    def start_at(self, offset: int) -> bool:
+        """Continue this queue at ``offset``, durably (a replica that never had the
+        queue's last records, which retention removed from its leader's log, numbers the
+        queue on where its leader does). An empty queue begins there (a file with a
+        start marker); one whose entries end below ``offset`` gets hole markers up to
+        it, written and fsynced. A queue already at or past ``offset`` is left alone.
+        Returns whether the queue changed. Callers must not dispatch to it meanwhile."""
+        with self._lock:
+            self._ensure_loaded()
+            files = self._files
+            nxt = files.flushed_next + len(self._pending) // ENTRY_SIZE
+            if offset <= nxt:
+                return False
+            if not files.starts and not self._pending:
+                files.begin_at(offset)
+                self._changed()
+                return True
+            unsynced = files.flushed_next
+            self.append(offset, b"")  # hole markers up to it
+            self._flush_locked()
+            files.sync(since=unsynced)
+            return True
 
     @property
     def pending_bytes(self) -> int:
@@ -169,7 +209,9 @@ class ConsumeQueue:
             # the entries are written again by the next flush).
             self._pending = bytearray(self._pending)
             raise
-        self._pending = bytearray()
+        if self._pending:
+            self._pending = bytearray()
+            self._changed()
 
     def sync(self) -> None:
         with self._lock:
@@ -221,6 +263,7 @@ class ConsumeQueue:
                 return
             self._pending = bytearray()
             self._files.cut(offset)
+            self._changed()
 
     def reset(self) -> None:
         """Drop every entry and file: the queue will be rebuilt from the log."""
@@ -229,6 +272,7 @@ class ConsumeQueue:
             self._head = None
             self._files.reset()
             self._pending = bytearray()
+            self._changed()
 
     def truncate_past(self, log_end: int) -> int:
         """Drop entries pointing at or past ``log_end`` (the log was cut); returns new next."""
@@ -248,6 +292,7 @@ class ConsumeQueue:
                     break
                 self._files.drop_first_file()
                 deleted += 1
+                self._changed()
             return deleted
 
     def bounds(self, log_min: int) -> tuple[int, int]:
@@ -271,7 +316,13 @@ class ConsumeQueue:
             self._head = (first, head) if head is not None else None
         if head is not None and head[1] and head[0] >= log_min:
             return first  # the usual case, without a search: nothing fell out of retention
-        return self.search(lambda e: e[0] >= log_min)
+        found = self.search(lambda e: e[0] >= log_min)
+        # The search may stop on hole markers before the first record in the log: records
+        # retention removed before the dispatcher reached them (its confirmed offset lagged).
+        # Their records are gone too, and a replica that dispatched them in time (or never
+        # had them: a new follower) starts at the record after them: so does this queue.
+        real = real_entry_at_or_after(self.read_entries, found, self.next_offset)
+        return self.next_offset if real is None else real[0]
 
     def close(self) -> None:
         with self._lock:

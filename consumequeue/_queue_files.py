@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from clmq.commitlog import fsync_dir
 from clmq.common import CorruptRecordError
 
 from ._entries import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, START_TAG, ZERO_ENTRY, file_name
@@ -30,8 +31,11 @@ log = logging.getLogger("clmq.consumequeue")
 class QueueFiles:
     """The files of one queue and where its entries start and end in them."""
 
-    def __init__(self, directory: Path, name: str, entries_per_file: int, cache: FileCache) -> None:
-        self.directory = directory
+    def __init__(self, directory: Path | tuple[Path, str], name: str, entries_per_file: int, cache: FileCache) -> None:
+        """``directory``: the queue's folder, or ``(its parent, its name)``, joined when first
+        needed: a topic of 65,536 queues makes them all at once, and a Path join costs
+        more than the rest of a queue's set-up."""
+        self._directory = directory
         self.name = name  # "topic/queue id", for the log
         self.per_file = entries_per_file
         self._cache = cache
@@ -42,6 +46,13 @@ class QueueFiles:
         # File paths, made once: every read and write names its file, and building a
         # Path (and hashing it in the descriptor cache) cost more than the pread.
         self._paths: dict[int, Path] = {}
+
+    @property
+    def directory(self) -> Path:
+        d = self._directory
+        if isinstance(d, tuple):
+            d = self._directory = d[0] / d[1]
+        return d
 
     def path(self, start: int) -> Path:
         path = self._paths.get(start)
@@ -145,9 +156,30 @@ class QueueFiles:
             view = view[room:]
         self.flushed_next = pos
 
-    def sync(self) -> None:
-        for start in self.starts[-2:]:
-            self._cache.sync(self.path(start))
+    def sync(self, since: int | None = None) -> None:
+        """fsync the last two files (what a flush since the last sync can touch), or
+        every file holding offsets from ``since`` on, and then the folder."""
+        if since is None:
+            for start in self.starts[-2:]:
+                self._cache.sync(self.path(start))
+            return
+        for start in self.starts:
+            if start + self.per_file > since:
+                self._cache.sync(self.path(start))
+        fsync_dir(self.directory)
+
+    def begin_at(self, offset: int) -> None:
+        """Durably make a queue without files empty and continuing at ``offset``: its
+        first file, with a start marker in slot 0 unless ``offset`` is the file's own
+        start, sized up to ``offset`` (sparse). Unlike entries, this is not derived
+        from the log (see :meth:`ConsumeQueue.start_at`): file and folders are fsynced."""
+        start = offset - offset % self.per_file
+        path = self.path(start)
+        self._cache.pwrite(path, ENTRY.pack(offset, 0, START_TAG) if offset > start else b"", 0)
+        self._cache.truncate(path, (offset - start) * ENTRY_SIZE)  # fsyncs the file
+        for folder in (self.directory, self.directory.parent, self.directory.parent.parent):
+            fsync_dir(folder)  # created just now, maybe: the queue's, its topic's, the root's
+        self.starts, self.first, self.flushed_next = [start], offset, offset
 
     # ---------------------------------------------------------------- reading
     def read_into(self, out: bytearray, pos: int, end: int) -> int:

@@ -31,9 +31,11 @@ from typing import Iterator
 import numpy as np
 
 from clmq.commitlog import QueueKey
+from clmq.common import collector_paused
 
 from ._files import FileCache
 from ._queue import ConsumeQueue
+from ._waiting import WaitingTails
 
 log = logging.getLogger("clmq.consumequeue")
 
@@ -91,7 +93,11 @@ class ConsumeQueueSet:
         self._by_code: dict[int, ConsumeQueue] = {}
         self._topic_ids: dict[str, int] = {}
         self.topic_names: list[str] = []
-        self._dirty: set[ConsumeQueue] = set()
+        self._dirty: set[ConsumeQueue] = set()  # appended to since the last flush looked
+        self._waiting: WaitingTails[ConsumeQueue] = WaitingTails()  # small tails for a later flush (_flush_lock)
+        self._flush_lock = threading.Lock()
+        self._changed: set[ConsumeQueue] = set()  # disk extent changed (or loaded) since changed_extents()
+        self._changed_lock = threading.Lock()
         self._rounds: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._round_entries = 0
         self.appended_entries = 0  # entries added to queues by merges (not re-dispatched duplicates)
@@ -127,15 +133,20 @@ class ConsumeQueueSet:
                     if tdir is None:  # a path join costs microseconds: one per topic, not two per queue
                         tdir = self._topic_dirs[topic] = self.root / topic
                     cq = ConsumeQueue(
-                        tdir / str(queue_id),
+                        (tdir, str(queue_id)),  # joined when first needed (a new queue has no files)
                         topic,
                         queue_id,
                         self.entries_per_file,
                         self.files,
                         no_files=self._all_discovered,
+                        on_change=self._note_change,
                     )
                     self._queues[key] = cq
         return cq
+
+    def _note_change(self, cq: ConsumeQueue) -> None:
+        with self._changed_lock:
+            self._changed.add(cq)
 
     def _queue_by_code(self, code: int) -> ConsumeQueue:
         cq = self._by_code.get(code)
@@ -207,22 +218,16 @@ class ConsumeQueueSet:
         if not rounds:
             return
         codes, qoffs, entries = (np.concatenate(c) for c in zip(*rounds)) if len(rounds) > 1 else rounds[0]
-        order = np.argsort(codes, kind="stable")  # stable: log order within a queue
-        codes, qoffs, raw = codes[order], qoffs[order], entries[order].tobytes()
-        cuts = np.flatnonzero((codes[1:] != codes[:-1]) | (qoffs[1:] != qoffs[:-1] + 1)) + 1
-        starts = np.concatenate(([0], cuts))
-        ends = np.concatenate((cuts, [len(codes)])) * 20
         touched: list[ConsumeQueue] = []
         added = 0
         try:
-            for code, first, a, b in zip(
-                codes[starts].tolist(), qoffs[starts].tolist(), (starts * 20).tolist(), ends.tolist()
-            ):
-                cq = self._by_code.get(code) or self._queue_by_code(code)
-                n = cq.append(first, raw[a:b])  # idempotent: a retried merge skips what it has
-                if n:
-                    touched.append(cq)
-                    added += n
+            with collector_paused():  # the first round of a new topic makes all its queues here
+                for code, first, run in _queue_runs(codes, qoffs, entries):
+                    cq = self._by_code.get(code) or self._queue_by_code(code)
+                    n = cq.append(first, run)  # idempotent: a retried merge skips what it has
+                    if n:
+                        touched.append(cq)
+                        added += n
         finally:  # queues given entries before a failure must still be flushed
             self._dirty.update(touched)
             self.appended_entries += added
@@ -234,29 +239,35 @@ class ConsumeQueueSet:
         ``min_bytes`` (0: all). Small writes to thousands of files cost more than they
         protect (the files are rebuilt from the log), so small tails wait.
 
+        Costs the queues appended to since the last flush (and, with ``min_bytes`` 0,
+        those waiting), not every queue with a tail.
+
         Returns the commit-log offset of the oldest entry still only in memory, or None.
         """
-        with self._merge_lock:
-            self._merge_locked()
-            dirty, self._dirty = self._dirty, set()
-        waiting: list[ConsumeQueue] = []
-        try:
-            for cq in dirty:
-                if cq.pending_bytes < min_bytes:
-                    waiting.append(cq)
-                    continue
-                cq.flush()
-                if sync:
-                    cq.sync()
-        except OSError:
-            with self._merge_lock:  # nothing is lost: the unwritten stay dirty
-                self._dirty.update(dirty)
-            raise
-        if waiting:
+        with self._flush_lock:
             with self._merge_lock:
-                self._dirty.update(waiting)
-        oldest = [o for o in (cq.oldest_pending() for cq in waiting) if o is not None]
-        return min(oldest) if oldest else None
+                self._merge_locked()
+                dirty, self._dirty = self._dirty, set()
+            if min_bytes <= 0:
+                dirty.update(self._waiting.take_all())
+            try:
+                self._flush_queues(dirty, sync, min_bytes)
+            except OSError:
+                with self._merge_lock:  # nothing is lost: the unwritten stay dirty
+                    self._dirty.update(dirty)
+                raise
+            return self._waiting.oldest()
+
+    def _flush_queues(self, queues: set[ConsumeQueue], sync: bool, min_bytes: int) -> None:
+        waiting = self._waiting
+        for cq in queues:
+            if cq.pending_bytes < min_bytes:
+                waiting.add(cq)
+                continue
+            cq.flush()
+            if sync:
+                cq.sync()
+            waiting.discard(cq)
 
     def next_offsets(self) -> dict[QueueKey, int]:
         """Next offset of every *loaded* queue."""
@@ -268,6 +279,49 @@ class ConsumeQueueSet:
         self.merge()
         return {key: cq.disk_extent() for key, cq in self._snapshot() if cq.loaded}
 
+    def changed_extents(self) -> dict[QueueKey, tuple[int, int]]:
+        """:meth:`extents` of the queues whose extent may have changed, or that were
+        loaded, since the last call (the first call: of every loaded queue). Every
+        other loaded queue's extent is what an earlier call returned: a checkpoint
+        carries its table forward and costs the queues that changed."""
+        self.merge()
+        with self._changed_lock:
+            changed, self._changed = self._changed, set()
+        try:
+            return {(cq.topic, cq.queue_id): cq.disk_extent() for cq in changed}
+        except BaseException:
+            with self._changed_lock:  # asked again next time: nothing is missed
+                self._changed.update(changed)
+            raise
+
     def close(self) -> None:
         self.flush()
         self.files.close()
+
+
+SMALL_MERGE_ENTRIES = 32  # at most this many entries are grouped in plain Python (numpy's per-call cost is more)
+
+
+def _queue_runs(codes: np.ndarray, qoffs: np.ndarray, entries: np.ndarray) -> list[tuple[int, int, bytes]]:
+    """The entries as runs ``(queue code, first queue offset, entries' bytes)``: by queue
+    (stably: log order within a queue), a new run wherever the queue offsets skip."""
+    if len(codes) == 0:
+        return []
+    if len(codes) <= SMALL_MERGE_ENTRIES:
+        raw = entries.tobytes()
+        code_of, qoff_of = codes.tolist(), qoffs.tolist()
+        runs: list[tuple[int, int, bytes]] = []
+        for i in sorted(range(len(code_of)), key=code_of.__getitem__):  # sorted() is stable
+            code, q, row = code_of[i], qoff_of[i], raw[20 * i : 20 * i + 20]
+            if runs and runs[-1][0] == code and runs[-1][1] + len(runs[-1][2]) // 20 == q:
+                runs[-1] = (code, runs[-1][1], runs[-1][2] + row)
+            else:
+                runs.append((code, q, row))
+        return runs
+    order = np.argsort(codes, kind="stable")  # stable: log order within a queue
+    codes, qoffs, raw = codes[order], qoffs[order], entries[order].tobytes()
+    cuts = np.flatnonzero((codes[1:] != codes[:-1]) | (qoffs[1:] != qoffs[:-1] + 1)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [len(codes)])) * 20
+    firsts = zip(codes[starts].tolist(), qoffs[starts].tolist(), (starts * 20).tolist(), ends.tolist())
+    return [(code, first, raw[a:b]) for code, first, a, b in firsts]

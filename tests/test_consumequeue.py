@@ -27,6 +27,7 @@ from clmq.common import (
 )
 from clmq.consumequeue import (
     ENTRY,
+    ENTRY_DTYPE,
     ENTRY_SIZE,
     HOLE_TAG,
     Arrivals,
@@ -35,6 +36,7 @@ from clmq.consumequeue import (
     Dispatcher,
     FileCache,
     _dispatch,
+    _set,
     tag_hash,
 )
 
@@ -332,6 +334,26 @@ def test_small_rounds_parse_like_large_ones(records: list[tuple[str, int, str, b
         lg.close()
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6)), max_size=40),
+)
+def test_small_merges_group_queue_runs_like_large_ones(rows: list[tuple[int, int]]) -> None:
+    """A round's entries grouped into per-queue runs in plain Python (few entries) and
+    with numpy: the same runs (stable within a queue, cut where queue offsets skip)."""
+    codes = np.array([c for c, _ in rows], dtype=np.uint64)
+    qoffs = np.array([q for _, q in rows], dtype=np.int64)
+    entries = np.zeros(len(rows), dtype=ENTRY_DTYPE)
+    entries["offset"] = np.arange(len(rows)) * 100
+    entries["size"] = 100
+    small = _set._queue_runs(codes, qoffs, entries)
+    saved, _set.SMALL_MERGE_ENTRIES = _set.SMALL_MERGE_ENTRIES, -1
+    try:
+        assert _set._queue_runs(codes, qoffs, entries) == small
+    finally:
+        _set.SMALL_MERGE_ENTRIES = saved
+
+
 def test_a_queue_starting_inside_a_file_has_no_zeroed_entries(tmp_path: Path) -> None:
     """A queue whose first record is at offset 13 (retention took the earlier ones)
     writes its file from entry 13 on: the bytes before are no entries, not damage."""
@@ -387,3 +409,33 @@ def test_a_timer_tag_code_is_its_digits_or_zero(raw: bytes) -> None:
     code = timer_tag_code(raw)
     assert code == (int(raw) if raw.isdigit() and len(raw) <= 15 else 0)
     assert 0 <= code < 10**15
+
+
+@pytest.mark.parametrize("collector_on", [True, False])
+def test_a_merge_that_makes_many_queues_writes_them_where_they_belong_and_leaves_the_collector_as_it_was(
+    tmp_path: Path, collector_on: bool
+) -> None:
+    # A new topic's first round makes its queues in the merge, with the collector paused
+    # and each queue's folder joined only when first needed: the files must still land
+    # in cq/<topic>/<queue id>, and an application's collector setting must survive.
+    import gc
+
+    queues = ConsumeQueueSet(tmp_path / "cq", 16, 8)
+    tid = queues.topic_id("t")
+    n = 3000
+    codes = (np.uint64(tid) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
+    rows = np.zeros(n, dtype=ENTRY_DTYPE)
+    rows["offset"], rows["size"] = np.arange(n) * 100, 100
+    was = gc.isenabled()
+    (gc.enable if collector_on else gc.disable)()
+    try:
+        queues.add_round(codes, np.zeros(n, dtype=np.int64), rows)
+        queues.merge()
+        assert gc.isenabled() is collector_on
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert queues.queue("t", 2999).directory == tmp_path / "cq" / "t" / "2999"
+    queues.flush()
+    assert sorted(os.listdir(tmp_path / "cq" / "t" / "2999")) == ["00000000000000000000"]
+    reopened = ConsumeQueueSet(tmp_path / "cq", 16, 8)
+    assert reopened.queue("t", 2999).entry(0) == (2999 * 100, 100, 0)

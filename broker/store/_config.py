@@ -35,11 +35,24 @@ class StoreConfig:
     default_queue_count: int = 8
     # The key index (commitlog mode; docs/operations.md "The key index").
     index_enabled: bool = True  # the dispatcher also indexes every record's keys and UNIQ_KEY
-    index_hash_slots: int = 5_000_000  # hash slots per index file (4 B each; the active file's in memory)
-    index_max_entries_per_file: int = 20_000_000  # entries per index file (20 B each); then a new file
+    index_hash_slots: int = 1_000_000  # hash slots per index file (4 B each; the active file's in memory)
+    index_max_entries_per_file: int = 4_000_000  # entries per index file (20 B each; 4 a slot); then a new file
+    # The index is fed in batches: dispatched records wait at most this long (0: every round) ...
+    index_batch_interval_ms: int = 20
+    index_batch_bytes: int = 1 * MiB  # ... or until this many bytes of log wait (a query never waits for it)
+    # A look-up indexes what waits first; of a backlog that failed index writes left, at most this much
+    # (it holds the dispatcher's rounds meanwhile): further behind, it answers at once and says how far.
+    index_query_catch_up_bytes: int = 8 * MiB
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
+        if self.index_batch_interval_ms < 0 or self.index_batch_bytes < 1:
+            raise ConfigError(
+                f"index_batch_interval_ms must be at least 0 (got {self.index_batch_interval_ms}) and "
+                f"index_batch_bytes at least 1 (got {self.index_batch_bytes})"
+            )
+        if self.index_query_catch_up_bytes < 1:
+            raise ConfigError(f"index_query_catch_up_bytes must be at least 1 (got {self.index_query_catch_up_bytes})")
         if self.storage_mode not in STORAGE_MODES:
             raise ConfigError(f"storage_mode={self.storage_mode!r}: use one of {', '.join(STORAGE_MODES)}")
 

@@ -36,10 +36,14 @@ INDEX_MAX_CHAIN_STEPS = 1_000_000
 @dataclass
 class KeyMatches:
     """What :func:`find_by_key` found: records newest first, and whether more matched
-    than ``max_results`` (``truncated``)."""
+    than ``max_results`` (``truncated``); ``index_lag_bytes``: the log's confirmed bytes
+    the index did not hold when the query ran (0 unless index writes fail, or failed
+    and left more than ``index_query_catch_up_bytes``: a query first brings the index
+    up to the log, so messages stored before it are found)."""
 
     records: list[Record]
     truncated: bool
+    index_lag_bytes: int = 0
 
 
 def open_key_index(state: StoreState, commitlog: CommitLog) -> KeyIndex | None:

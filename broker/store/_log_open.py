@@ -9,7 +9,7 @@ from typing import Callable
 
 from clmq.commitlog import CommitLog, QueueKey
 from clmq.common import LogDamageError
-from clmq.consumequeue import Arrivals, ConsumeQueueSet, Dispatcher, EntryReader, affected_queues
+from clmq.consumequeue import Arrivals, ConsumeQueueSet, Dispatcher, EntryReader, KeyIndex, affected_queues
 
 from ._checkpoint import Checkpoint
 from ._config import Stopwatch
@@ -88,10 +88,7 @@ def _recover(
     clock.lap("queue_check_s")
     index = open_key_index(state, commitlog)
     start = plan.start if index is None else min(plan.start, max(index.end_offset, commitlog.min_offset))
-    dispatcher = Dispatcher(commitlog, queues, start, state.config.dispatch_chunk_bytes)
-    if index is not None:
-        dispatcher.set_index(index)
-    dispatcher.add_listener(on_arrivals)
+    dispatcher = _new_dispatcher(state, commitlog, queues, start, index, on_arrivals)
     parts = LogParts(state, commitlog, queues, dispatcher, entries, rebuild)
     appended = queues.appended_entries
     try:
@@ -116,6 +113,24 @@ def _recover(
         "store opened (%s): %s", "after an unclean stop" if unclean else "clean", {"unclean": unclean, **clock.stats}
     )
     return parts
+
+
+def _new_dispatcher(
+    state: StoreState,
+    commitlog: CommitLog,
+    queues: ConsumeQueueSet,
+    start: int,
+    index: KeyIndex | None,
+    on_arrivals: Callable[[Arrivals], None],
+) -> Dispatcher:
+    """The dispatcher from ``start``, feeding ``index`` (if any) as the settings say."""
+    config = state.config
+    batch = (config.index_batch_interval_ms, config.index_batch_bytes)  # how the key index is fed
+    dispatcher = Dispatcher(commitlog, queues, start, config.dispatch_chunk_bytes, *batch)
+    if index is not None:
+        dispatcher.set_index(index)
+    dispatcher.add_listener(on_arrivals)
+    return dispatcher
 
 
 def _write_first_checkpoint(parts: LogParts, rebuilt: set[QueueKey]) -> None:

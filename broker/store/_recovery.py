@@ -102,6 +102,14 @@ def entry_matches(commitlog: CommitLog, cq: ConsumeQueue, offset: int, entry: En
     )
 
 
+def retained_away(commitlog: CommitLog, entry: Entry) -> bool:
+    """Does the entry point at a record that retention removed (below the log's start)?
+    It cannot be checked against its record, and it is kept: a queue whose every record
+    is gone still numbers its next message after them (consumers may have committed there)."""
+    phys, size, _tag = entry
+    return size >= HEADER_SIZE and phys + size <= commitlog.min_offset
+
+
 def _entry(cq: ConsumeQueue, offset: int) -> Entry | None:
     """The entry at ``offset``, or None if it is missing or damaged (zeroed, file short)."""
     try:
@@ -116,7 +124,7 @@ def _last_good_end(commitlog: CommitLog, cq: ConsumeQueue) -> int | None:
     nxt = cq.next_offset
     if nxt > cq.first_offset:
         last = _entry(cq, nxt - 1)
-        if last is None or not entry_matches(commitlog, cq, nxt - 1, last):
+        if last is None or not (entry_matches(commitlog, cq, nxt - 1, last) or retained_away(commitlog, last)):
             # Entries form a valid prefix followed by damage: find where it starts.
             cq.truncate(_first_bad(commitlog, cq))
     while cq.next_offset > cq.first_offset:
@@ -132,7 +140,9 @@ def _first_bad(commitlog: CommitLog, cq: ConsumeQueue) -> int:
     while lo < hi:
         mid = (lo + hi) // 2
         entry = _entry(cq, mid)
-        good = entry is not None and (entry[1] == 0 or entry_matches(commitlog, cq, mid, entry))
+        good = entry is not None and (
+            entry[1] == 0 or entry_matches(commitlog, cq, mid, entry) or retained_away(commitlog, entry)
+        )
         if good:
             lo = mid + 1
         else:

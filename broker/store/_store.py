@@ -37,7 +37,7 @@ checkpoints and retention (:mod:`._housekeeping`).
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from clmq.commitlog import CommitLog
 from clmq.consumequeue import ConsumeQueueSet, Dispatcher, KeyIndex
@@ -52,6 +52,7 @@ from ._log_open import open_log_parts
 from ._log_parts import LogAppender, LogParts
 from ._partition_store import PartitionStore
 from ._puts import PutPath
+from ._queue_ends import QueueEnd, continue_queues, next_offsets, queue_ends_before
 from ._queue_reads import QueueReads
 from ._read_many import read_many
 from ._reads import ManyRead, ReadAsk, Reads
@@ -179,15 +180,28 @@ class Store(StoreBase):
     def restart_at(self, base: int) -> None:
         """Delete the whole log and start it empty at ``base`` (a follower whose leader's
         log starts past this one's end). Queue entries all point below ``base`` then, as
-        after retention; each queue continues at the offsets the next records carry.
-        Callers must not append concurrently."""
+        after retention; each queue continues at the offsets the next records carry, or
+        where :meth:`continue_queues` says (queues none of whose records the log will
+        hold). Callers must not append concurrently."""
         self.dispatcher.catch_up()
         self.log.restart_at(base)
         self._parts.entries.forget_missing()
         if self._parts.index is not None:
             self._parts.index.restart_at(base)
         self.dispatcher.dispatched_offset = base
-        self.log.set_queue_offset_table(self.queues.next_offsets())
+        self.log.set_queue_offset_table(next_offsets(self._parts))  # queues not loaded yet included
+
+    def queue_ends_before(self, log_offset: int) -> list[QueueEnd]:
+        """``(topic, queue id, next offset)`` of the queues that hold no record at or
+        after ``log_offset`` (a leader, for a replica starting its log there; see
+        :mod:`._queue_ends`). Loads every queue: call it from a worker thread."""
+        return queue_ends_before(self._parts, log_offset)
+
+    def continue_queues(self, ends: Iterable[QueueEnd]) -> int:
+        """Continue each queue at least at its given next offset, durably (a replica
+        whose log holds none of their records); returns how many moved. Callers must
+        not append concurrently."""
+        return continue_queues(self._parts, ends)
 
     # --------------------------------------------------------------------- get
     def queue_bytes(self, topic: str, queue_id: int, max_entries: int) -> int | None:
@@ -221,9 +235,13 @@ class Store(StoreBase):
         (:mod:`._key_index`); None when the index is off (``index_enabled``)."""
         if self._parts.index is None:
             return None
-        return find_by_key(
+        # The index is fed in batches: first up to the log's confirmed end (a failed writes' backlog: bounded).
+        lag = self.dispatcher.index_now(self.config.index_query_catch_up_bytes)
+        found = find_by_key(
             self._parts.index, self.log, topic, key, since_ms=since_ms, until_ms=until_ms, max_results=max_results
         )
+        found.index_lag_bytes = lag
+        return found
 
     @property
     def dispatch_lag_bytes(self) -> int:
