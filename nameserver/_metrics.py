@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from clmq.protocol import RequestCode
-from clmq.protocol.transport import LoginStats, RequestStats, metrics_page
+from clmq.protocol.transport import LoginStats, RequestStats, metrics_page, rendered_in_thread
 
 from ._routes import RouteTable
 
@@ -77,5 +77,6 @@ def metrics_registry(
 
 
 def metrics_route(registry: CollectorRegistry) -> Any:
-    """The HTTP route of the metrics port: GET /metrics."""
-    return metrics_page(lambda: generate_latest(registry), CONTENT_TYPE_LATEST)
+    """The HTTP route of the metrics port: GET /metrics (collected on the loop, rendered
+    in a worker thread)."""
+    return metrics_page(rendered_in_thread(registry.collect, generate_latest), CONTENT_TYPE_LATEST)

@@ -5,10 +5,12 @@ screenshot is taken too (into $CLMQ_DASHBOARD_SCREENSHOTS if set: docs/images)."
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +23,18 @@ from tests.test_cli_dlq import send_back
 from tests.waiting import wait_until
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
-BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=4000"]
+# A profile of this test process's own: Chromiums of concurrent pytest-xdist workers
+# sharing the default one would meet its profile lock.
+PROFILE_DIR = tempfile.mkdtemp(prefix="clmq-chromium-")
+atexit.register(shutil.rmtree, PROFILE_DIR, True)
+BROWSER_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--hide-scrollbars",
+    "--virtual-time-budget=4000",
+    f"--user-data-dir={PROFILE_DIR}",
+]
 
 
 def browse(url: str) -> str:

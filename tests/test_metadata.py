@@ -16,6 +16,7 @@ import logging
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -90,7 +91,7 @@ def _offsets(d: Path) -> tuple[Path, Any, Callable[[Path], Any]]:
     assert offsets.flush()
     offsets.commit("g", "b", 0, 11)
     assert offsets.flush()
-    return d / "consumer_offsets.json", OFFSETS_OLD, lambda p: ConsumerOffsets(p)._offsets
+    return d / "consumer_offsets.json", OFFSETS_OLD, lambda p: ConsumerOffsets(p).all()
 
 
 def _points(d: Path) -> tuple[Path, Any, Callable[[Path], Any]]:
@@ -109,6 +110,20 @@ def _other(d: Path, kind: str) -> Path:
     sub = d / "other"
     sub.mkdir(exist_ok=True)
     return KINDS[other_kind](sub)[0]
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("byte", [b"}", b" ", b"]"])
+def test_a_damaged_separator_after_the_checksum_is_seen(tmp_path: Path, kind: str, byte: bytes) -> None:
+    # Found by the property below: '{"crc32c":"..."}"version":1,...}' (the ',' after the
+    # checksum, which it does not cover, flipped to '}') was read as the current file.
+    path, older, load = KINDS[kind](tmp_path)
+    data = path.read_bytes()
+    at = data.index(b'",') + 1
+    path.write_bytes(data[:at] + byte + data[at + 1 :])
+    loaded = load_json(path)
+    assert loaded.source is MetadataSource.PREVIOUS and loaded.problems, loaded
+    assert load(path) == older
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -455,3 +470,104 @@ def test_committed_offsets_past_a_cut_log_move_back_at_start(tmp_path: Path) -> 
             store.close()
 
     trio.run(start)
+
+
+@given(
+    st.dictionaries(
+        st.tuples(
+            st.sampled_from(["g", "h", "grp/2"]), st.sampled_from(["a", "b", "%RETRY%g"]), st.integers(0, 70_000)
+        ),
+        st.integers(0, 2**63 - 1),
+        max_size=200,
+    )
+)
+@settings(max_examples=60, deadline=None)
+def test_committed_offsets_survive_a_flush_and_a_restart(offsets: dict[tuple[str, str, int], int]) -> None:
+    """Version 2 (a row per group and topic) reads back every committed offset, and the
+    file written before it (version 1) is still read."""
+    with tempfile.TemporaryDirectory() as d:
+        _offsets_round_trip(Path(d), offsets)
+
+
+def _offsets_round_trip(tmp_path: Path, offsets: dict[tuple[str, str, int], int]) -> None:
+    path = tmp_path / "consumer_offsets.json"
+    written = ConsumerOffsets(path)
+    for (g, t, q), o in offsets.items():
+        written.commit(g, t, q, o)
+    written.flush()
+    again = ConsumerOffsets(path)
+    assert all(again.query(g, t, q) == o for (g, t, q), o in offsets.items())
+    assert again.groups() == sorted({g for g, _t, _q in offsets})
+    for g in again.groups():
+        assert again.of_group(g) == {(t, q): o for (gg, t, q), o in offsets.items() if gg == g}
+    if offsets:
+        assert json.loads(path.read_text())["version"] == 2
+    v1 = tmp_path / f"v1-{path.name}"
+    v1.write_text(json.dumps({"version": 1, "offsets": [[g, t, q, o] for (g, t, q), o in offsets.items()]}))
+    old = ConsumerOffsets(v1)
+    assert all(old.query(g, t, q) == o for (g, t, q), o in offsets.items())
+
+
+def test_an_offsets_row_of_unequal_lists_is_damage(tmp_path: Path) -> None:
+    path = tmp_path / "consumer_offsets.json"
+    path.write_text('{"version":2,"offsets":[["g","a",[0,1],[5]]]}')
+    with pytest.raises(MetadataError, match="consumer offsets"):
+        ConsumerOffsets(path)
+
+
+# ------------------------------------------------------------ going back to a version-1 broker
+def _clmq(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "clmq", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "400", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+
+
+def test_offsets_written_as_version_2_convert_back_to_version_1(tmp_path: Path) -> None:
+    """After two flushes both generations are version 2, which a broker from before
+    issue 34 cannot read: ``clmq store offsets --write-v1`` rewrites both as version 1,
+    read back (by the version-1 reader a previous release has) as the same offsets."""
+    from clmq.broker.service._offsets import _rows_v1
+
+    data = tmp_path / "data"
+    data.mkdir()
+    path, _old, load = _offsets(data)
+    want = load(path)
+    assert [load_json(p).value["version"] for p in (path, previous_path(path))] == [2, 2]
+    out = _clmq("store", "offsets", "--write-v1", str(data), cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for p in (path, previous_path(path)):
+        value = load_json(p).value
+        assert value["version"] == 1 and _rows_v1(value) == want, p
+    assert ConsumerOffsets(path).all() == want  # and this broker still reads it
+    assert "version 1" in " ".join(out.stdout.split())
+
+
+def test_offsets_are_not_converted_while_a_broker_holds_the_store(tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    data = tmp_path / "data"
+    data.mkdir()
+    path, _old, _load = _offsets(data)
+    fd = os.open(data / "lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        out = _clmq("store", "offsets", "--write-v1", str(data), cwd=tmp_path)
+    finally:
+        os.close(fd)
+    assert out.returncode == 2 and "stop the broker" in " ".join(out.stdout.split()), out.stdout + out.stderr
+    assert load_json(path).value["version"] == 2
+
+
+def test_an_offsets_file_of_a_newer_version_is_named_so_not_damage(tmp_path: Path) -> None:
+    path = tmp_path / "consumer_offsets.json"
+    write_json(path, {"version": 3, "offsets": {"something": "new"}})
+    write_json(path, {"version": 3, "offsets": {"something": "new"}})
+    with pytest.raises(MetadataError, match=r"written by a newer broker \(version 3\)") as info:
+        ConsumerOffsets(path)
+    assert "damaged" not in str(info.value) and "delete" not in str(info.value)

@@ -29,16 +29,13 @@ from clmq.client.consumer._requests import Requests
 from clmq.commitlog import fileops
 from clmq.common import Record
 from clmq.protocol import ErrorCode, Frame, RequestCode, encode_frame
-from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread
+from tests.service_helpers import FAST_CONSUMER, Cluster, cluster_in_thread, one_broker
 from tests.waiting import await_until
 
 
 @pytest.fixture
 async def cluster(nursery: trio.Nursery, tmp_path: Path) -> Cluster:
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    await c.start_broker("broker-a")
-    return c
+    return await one_broker(nursery, tmp_path)
 
 
 async def consume(

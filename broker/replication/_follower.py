@@ -75,6 +75,7 @@ class Follower:
         self._topics_version: int | None = -1
         self._metadata_at = 0.0
         self._flush_each = False
+        self._stopped = False  # this broker leads now: append and report nothing more
         # Consumers of a follower see only what the leader confirmed: until it says, what
         # was dispatched before (confirmed when it was) and nothing more.
         self._told = min(self.log.write_offset, store.dispatcher.dispatched_offset)
@@ -148,6 +149,8 @@ class Follower:
         self._flush_each = j["ack_durability"] == "flushed"
         self._leader_terms = [(int(e), int(s), int(b)) for e, s, b in j["epochs"]]
         cut = await trio.to_thread.run_sync(self._reconcile, j["end_offset"], j["min_offset"])
+        if self.log.write_offset == self.log.min_offset > 0:  # new, or restarted (maybe before a crash)
+            await self._continue_queues(addr, j["session"])
         if cut:
             self.metadata.after_truncation()
         log.info(
@@ -187,6 +190,23 @@ class Follower:
         self.epochs.adopt(self._leader_terms, self.log.write_offset)
         return cut
 
+    async def _continue_queues(self, addr: str, session: int) -> None:
+        """This log starts empty past 0: queues whose records the leader's retention
+        removed would be numbered from 0 again here (below offsets consumers committed).
+        Asks the leader where they continue and continues them there, durably; again at
+        every join while the log holds no record (a crash may have come in between)."""
+        base = self.log.min_offset
+        fields = {"broker_id": self.config.broker_id, "session": session, "queue_ends_before": base}
+        reply = await self.rpc.request(addr, RequestCode.REPLICA_METADATA, fields, timeout_ms=REQUEST_SLACK_MS)
+        ends = [(str(t), int(q), int(n)) for t, q, n in reply.fields.get("queue_ends") or []]
+        moved = await trio.to_thread.run_sync(self.store.continue_queues, ends)
+        if moved:
+            log.info(
+                "%s: %d queue(s) continue where the leader's do (their records are gone)",
+                self.config.broker_name,
+                moved,
+            )
+
     async def _fetch_loop(self, addr: str, session: int) -> None:
         c = self.config
         max_bytes = c.replica_fetch_max_bytes
@@ -211,8 +231,10 @@ class Follower:
                 raise Rejoin(reply.error_text)
             if reply.error_code:
                 raise RpcError(addr, reply.error_code, reply.error_text)
+            if self._stopped:
+                await trio.sleep_forever()  # promoted: the role's switch cancels this task
             f = reply.fields
-            needed = await trio.to_thread.run_sync(self._take, fields["offset"], reply.body) if reply.body else 0
+            needed = await self._append(fields["offset"], reply.body) if reply.body else 0
             max_bytes = max(c.replica_fetch_max_bytes, needed)
             self._note(f)
             if f["min_offset"] > self.log.min_offset:  # the leader's retention removed segments: so does this log
@@ -222,6 +244,19 @@ class Follower:
                 await self._copy_metadata(addr, session, f["metadata_version"], urgent)
                 if self._metadata_version == f["metadata_version"]:
                     self._topics_version = f.get("topics_version")
+
+    def stop(self) -> None:
+        """This broker was promoted while the fetch loop still runs (it is cancelled
+        soon after): from now on it appends nothing and reports nothing to the old
+        leader, which would otherwise count a write of the new term as held, and set
+        the new leader's confirmed offset from a stale answer."""
+        self._stopped = True
+
+    async def _append(self, offset: int, body: bytes) -> int:
+        """Append a chunk in a worker thread. (Appending small chunks on the event loop
+        was tried in issue 34 and taken back: a CI run then saw a new follower's
+        consume queue skip records it had copied; the cause was not found in time.)"""
+        return await trio.to_thread.run_sync(self._take, offset, body)
 
     def _take(self, offset: int, body: bytes) -> int:
         """Append the whole records of a chunk (a worker thread); returns the size of a

@@ -278,9 +278,16 @@ class Leader:
         return None
 
     async def metadata_request(self, frame: Frame, peer: Peer) -> Reply:
+        """Topics, offsets and subscriptions; with ``queue_ends_before`` (a follower
+        whose log starts empty there), also ``queue_ends``: the queues without a record
+        from there on, with their next offsets (:meth:`Store.queue_ends_before`)."""
         self._session(frame.fields)
-        snapshot = self.metadata.snapshot()
-        return Reply({"version": self.metadata.version(), **snapshot})
+        fields = {"version": self.metadata.version(), **self.metadata.snapshot()}
+        before = frame.fields.get("queue_ends_before")
+        if isinstance(before, int):
+            ends = await trio.to_thread.run_sync(self.store.queue_ends_before, before)
+            fields["queue_ends"] = [list(end) for end in ends]
+        return Reply(fields)
 
     # ------------------------------------------------------------------ status
     def replicas(self) -> list[dict[str, Any]]:

@@ -19,7 +19,8 @@ class MetadataPort(Protocol):
         ...
 
     def snapshot(self) -> dict[str, Any]:
-        """``topics`` {name: queue_count}, ``offsets`` [[group, topic, queue_id, offset]],
+        """``topics`` {name: queue_count}, ``offset_lists`` [[group, topic, [queue ids], [offsets]]]
+        (before: ``offsets`` [[group, topic, queue_id, offset]], still accepted),
         ``subscriptions`` [[group, mode, [topics]]] (a leader's answer to REPLICA_METADATA)."""
         ...
 

@@ -155,6 +155,8 @@ class Roles:
                 f"({why}); promote with force to accept losing data",
             )
         epoch = max(s.epochs.latest, f.leader_epoch if f else -1) + 1
+        if f is not None:
+            f.stop()  # its fetch loop must not append or report once this log leads (until cancelled)
         s.role, s.follower = "leader", None
         self._save_role()
         self._lead(epoch)

@@ -4,5 +4,6 @@ stopped gracefully within a deadline. Start it with :func:`serve`."""
 
 from ._broker import Broker, open_store, serve
 from ._config import BrokerConfig
+from ._offsets import write_version_1 as write_offsets_version_1
 
-__all__ = ["Broker", "BrokerConfig", "open_store", "serve"]
+__all__ = ["Broker", "BrokerConfig", "open_store", "serve", "write_offsets_version_1"]

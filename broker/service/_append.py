@@ -220,14 +220,16 @@ class AppendLane:
 
 
 class _Callback:
-    """A sync-flush waiter without a task: ``fn(durable)`` once released or timed out."""
+    """Sync-flush waiters without a task: each ``fn(durable)`` once released or timed
+    out. The answers of one append group wait for the same end offset: they share one
+    entry (its heap places and deadline are the first one's, taken in the same step)."""
 
-    __slots__ = ("deadline", "done", "end_offset", "fn")
+    __slots__ = ("deadline", "done", "end_offset", "fns")
 
     def __init__(self, end_offset: int, deadline: float, fn: Callable[[bool], None]) -> None:
         self.end_offset = end_offset
         self.deadline = deadline
-        self.fn = fn
+        self.fns = [fn]
         self.done = False
 
 
@@ -249,6 +251,7 @@ class DurableWaiters:
         self._timed: list[tuple[float, int, _Callback]] = []  # callbacks by deadline (a heap)
         self._timer_at = math.inf  # when timeout_loop() wakes next
         self._timer_wake = trio.Event()
+        self._last: _Callback | None = None  # the callback entry made last (more of its group may join it)
 
     def _durable(self, end_offset: int) -> bool:
         return self.store.failure is None and self.store.durable_offset >= end_offset
@@ -271,7 +274,12 @@ class DurableWaiters:
         if self._durable(end_offset):
             fn(True)
             return
-        entry = _Callback(end_offset, trio.current_time() + timeout_s, fn)
+        deadline = trio.current_time() + timeout_s
+        last = self._last
+        if last is not None and last.end_offset == end_offset and not last.done and last.deadline <= deadline:
+            last.fns.append(fn)  # the rest of an append group: its deadline, never later than asked
+            return
+        self._last = entry = _Callback(end_offset, deadline, fn)
         seq = next(self._seq)
         heapq.heappush(self._heap, (end_offset, seq, entry))
         timed = self._timed
@@ -331,7 +339,8 @@ def _call(entry: _Callback, durable: bool) -> None:
     if entry.done:
         return
     entry.done = True
-    try:
-        entry.fn(durable)
-    except Exception:  # one waiter's bug must not keep the others from being answered
-        log.exception("a sync-flush completion callback failed")
+    for fn in entry.fns:
+        try:
+            fn(durable)
+        except Exception:  # one waiter's bug must not keep the others from being answered
+            log.exception("a sync-flush completion callback failed")

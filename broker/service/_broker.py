@@ -8,11 +8,13 @@ import functools
 import gc
 import logging
 import ssl
+import sys
 import time
 from typing import Any, Callable, Iterator
 
 import trio
 from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from clmq.broker.coordination import CoordinationConfig, GroupCoordinator
 from clmq.broker.replication import Replica
@@ -26,6 +28,8 @@ from clmq.protocol.transport import (
     RpcServer,
     TlsHandshakes,
     metrics_login,
+    metrics_page,
+    rendered_in_thread,
     serve_http,
     warn_if_anonymous,
 )
@@ -36,10 +40,11 @@ from ._context import BrokerContext, now_ms
 from ._groups import ConsumerGroups
 from ._handlers import Handlers, registration
 from ._longpoll import PullWaiters
-from ._metrics import BrokerCollector, metrics_route
+from ._metrics import BrokerCollector
 from ._offsets import ConsumerOffsets
 from ._replicated import ReplicatedMetadata
 from ._security import BrokerSecurity
+from ._stalls import StallDetector
 from ._trace_buffer import TraceRecorder
 from ._trace_writer import trace_loop
 from .kafka import KafkaCollector, KafkaService
@@ -105,6 +110,7 @@ class Broker:
             pop_describe=lambda group: self.handlers.pop.describe(group),
             pop_groups=lambda: self.handlers.pop.groups(),
             pop_drop_topic=lambda topic: self.handlers.pop.drop_topic(topic),
+            stalls=StallDetector(config.stall_threshold_ms, f"broker {config.broker_name}"),
         )
         self.handlers = Handlers(self.ctx)
         self.kafka: KafkaService | None = None
@@ -303,6 +309,31 @@ def _tuned_gc() -> Iterator[None]:
             gc.set_threshold(_gc_users[1], *older)
 
 
+_switch_asked: list[float] = []  # the GIL switch intervals (s) of the brokers running in this process
+_switch_before = [0.0]  # the interval before the first of them
+
+
+@contextlib.contextmanager
+def _tuned_switch_interval(seconds: float) -> Iterator[None]:
+    """The GIL's switch interval at most ``seconds`` while the broker runs (see
+    ``BrokerConfig.gil_switch_interval_us``): the lowest any running broker asks for,
+    never above what the embedding program set; the last broker to stop puts it back."""
+    if not _switch_asked:
+        _switch_before[0] = sys.getswitchinterval()
+    _switch_asked.append(seconds)
+    _set_switch_interval(min([_switch_before[0], *_switch_asked]))
+    try:
+        yield
+    finally:
+        _switch_asked.remove(seconds)
+        _set_switch_interval(min([_switch_before[0], *_switch_asked]))
+
+
+def _set_switch_interval(seconds: float) -> None:
+    if seconds != sys.getswitchinterval():  # it is kept in whole µs: setting what it reads may lower it by one
+        sys.setswitchinterval(seconds)
+
+
 def open_store(config: BrokerConfig) -> StorageEngine:
     """Open (recovering if need be) and start the store a broker of ``config`` serves."""
     return Store.open(config.store_config()).start()
@@ -312,7 +343,7 @@ async def serve(config: BrokerConfig, *, task_status: trio.TaskStatus[Broker] = 
     """Run a broker until cancelled or :meth:`Broker.shutdown`; the store is closed
     cleanly either way."""
     store = await trio.to_thread.run_sync(open_store, config)
-    with _tuned_gc():
+    with _tuned_gc(), _tuned_switch_interval(config.gil_switch_interval_us / 1e6):
         await _serve_store(config, store, task_status)
 
 
@@ -323,6 +354,7 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(store.close)
         raise
+    broker.ctx.stalls.install()  # every task step of this run is timed from here on
     try:
         async with trio.open_nursery() as nursery:
             broker.client = RpcClient(nursery, security=broker.client_security)
@@ -342,7 +374,7 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
                     functools.partial(serve_http, tls=broker.tls_context, login=login),
                     config.metrics_bind_host,
                     config.metrics_port,
-                    metrics_route(broker.metrics),
+                    metrics_page(rendered_in_thread(broker.metrics.collect, generate_latest), CONTENT_TYPE_LATEST),
                     "broker metrics",
                 )
             nursery.start_soon(broker.replica.role_loop, broker.client)
@@ -368,6 +400,7 @@ async def _serve_store(config: BrokerConfig, store: StorageEngine, task_status: 
             await broker._stop_gracefully()
             nursery.cancel_scope.cancel()
     finally:
+        broker.ctx.stalls.uninstall()
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(broker.close_storage)
         log.info("broker %s stopped", config.broker_name)

@@ -132,14 +132,25 @@ class BrokerConfig:
     transaction_checkpoint_interval_ms: int = 1000  # what the checker knows is recorded this often (after a flush)
     # The key index (docs/operations.md): messages by key and UNIQ_KEY over the whole retained log.
     index_enabled: bool = True  # commitlog mode: the dispatcher also writes the key index
-    index_hash_slots: int = 5_000_000  # hash slots per index file (4 B each)
-    index_max_entries_per_file: int = 20_000_000  # entries per index file (20 B each); then a new file
+    # Hash slots per index file (4 B each; the active file's table is rewritten and synced with every full
+    # checkpoint, so its size is a pause of the log's group commits then: 4 MB, not 20 MB)
+    index_hash_slots: int = 1_000_000
+    index_max_entries_per_file: int = 4_000_000  # entries per index file (20 B each; 4 a slot); then a new file
     index_query_max_results: int = 1000  # a QUERY_INDEX answers at most this many matches
+    index_batch_interval_ms: int = 20  # the index is fed in batches: dispatched records wait at most this long ...
+    index_batch_bytes: int = 1 << 20  # ... or until this many bytes of log wait (0 ms: every dispatch round)
+    index_query_catch_up_bytes: int = 8 << 20  # a look-up indexes at most this much of what failed index writes left
     # Message traces (docs/traces.md): events of a message's life in topic %TRACE%.
     trace_enabled: bool = False  # the broker records stored, sent back, dead-lettered, committed events
     trace_retention_ms: int = (
         7 * 24 * 3600 * 1000
     )  # lookups show no trace event older than this (the bytes go with the log's segments)
+    # An event-loop step this long or longer is a stall: logged, counted (docs/operations.md); 0: not timed
+    stall_threshold_ms: int = 10
+    # The GIL's switch interval while a broker runs (sys.setswitchinterval; never raised): a
+    # thread back from fdatasync, or the loop back from epoll, waits this long at most for a
+    # thread running Python (the interpreter's 5 ms made sync-flush answers wait 5 ms).
+    gil_switch_interval_us: int = 500
     # POP consumption (docs/consuming.md): per-message acknowledgement, any number of members.
     pop_invisible_time_max_ms: int = 12 * 3600 * 1000  # a longer invisible_time_ms is refused (MALFORMED_REQUEST)
     pop_max_messages: int = 1024  # one POP_MESSAGE takes at most this many messages
@@ -272,6 +283,9 @@ class BrokerConfig:
             index_enabled=self.index_enabled,
             index_hash_slots=self.index_hash_slots,
             index_max_entries_per_file=self.index_max_entries_per_file,
+            index_batch_interval_ms=self.index_batch_interval_ms,
+            index_batch_bytes=self.index_batch_bytes,
+            index_query_catch_up_bytes=self.index_query_catch_up_bytes,
         )
 
 
@@ -396,10 +410,19 @@ def _check_features(self: BrokerConfig) -> None:
         "index_hash_slots",
         "index_max_entries_per_file",
         "index_query_max_results",
+        "index_batch_bytes",
+        "index_query_catch_up_bytes",
         "trace_retention_ms",
+        "gil_switch_interval_us",
     ):
         if getattr(self, name) < 1:
             raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+    if self.index_batch_interval_ms < 0:
+        raise ValueError(
+            f"index_batch_interval_ms must be at least 0 (0: every round), got {self.index_batch_interval_ms}"
+        )
+    if self.stall_threshold_ms < 0:
+        raise ValueError(f"stall_threshold_ms must be at least 0 (0: off), got {self.stall_threshold_ms}")
     if self.transaction_unresolved not in ("rollback", "keep"):
         raise ValueError(f"transaction_unresolved must be 'rollback' or 'keep', got {self.transaction_unresolved!r}")
     if self.index_hash_slots > 2**31 - 1 or self.index_max_entries_per_file > 2**31 - 1:

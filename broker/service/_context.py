@@ -18,6 +18,7 @@ from ._longpoll import PullWaiters
 from ._offsets import ConsumerOffsets
 from ._replicated import ReplicatedMetadata
 from ._security import BrokerSecurity
+from ._stalls import StallDetector
 from ._trace_buffer import TraceRecorder
 from ._traffic import TopicTraffic
 
@@ -54,3 +55,4 @@ class BrokerContext:
     pop_describe: Callable[[str], dict[str, Any] | None] = lambda group: None
     pop_groups: Callable[[], list[str]] = lambda: []  # the groups with POP state here (LIST_GROUPS lists them)
     pop_drop_topic: Callable[[str], None] = lambda topic: None  # a deleted topic's POP state goes
+    stalls: StallDetector = field(default_factory=lambda: StallDetector(0))  # event-loop stalls (stall_threshold_ms)

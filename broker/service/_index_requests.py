@@ -63,4 +63,5 @@ class IndexRequests:
                 ErrorCode.REQUEST_NOT_SUPPORTED, f"broker {self.ctx.config.broker_name} runs with index_enabled off"
             )
         matches = [[r.commitlog_offset, r.store_timestamp_ms] for r in found.records]
-        return Reply({"matches": matches, "truncated": found.truncated}, body=body)
+        fields = {"matches": matches, "truncated": found.truncated, "index_lag_bytes": found.index_lag_bytes}
+        return Reply(fields, body=body)

@@ -25,8 +25,15 @@ class PullWaiters:
                 pass
 
     def _wake(self, keys: Collection[QueueKey]) -> None:
-        for key in [k for k in self._waiters if k in keys]:
-            for event in self._waiters.pop(key):
+        # The shorter side is walked: 65,536 queues watched and a few arrivals (or the
+        # other way round) cost a few look-ups, not a walk over every watched queue.
+        waiters = self._waiters
+        if len(keys) < len(waiters):
+            hit = [k for k in set(keys) if k in waiters]
+        else:
+            hit = [k for k in waiters if k in keys]
+        for key in hit:
+            for event in waiters.pop(key):
                 event.set()
 
     def register(self, key: QueueKey) -> trio.Event:

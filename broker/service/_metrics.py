@@ -15,13 +15,11 @@ from collections.abc import Iterator
 from importlib import metadata as importlib_metadata
 from typing import Any, Callable
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from clmq.commitlog import FSYNC_BUCKETS_S
 from clmq.protocol import RequestCode
-from clmq.protocol.transport import RequestStats, cumulative_buckets, metrics_page
+from clmq.protocol.transport import RequestStats, cumulative_buckets
 
 from ._context import BrokerContext
 from ._index_requests import index_fields
@@ -54,6 +52,7 @@ def status_fields(ctx: BrokerContext, started: float) -> dict[str, Any]:
         **ctx.traffic.rates(),
         **trace_fields(ctx.config, ctx.tracer),
         **index_fields(store),
+        **ctx.stalls.fields(),
     }
 
 
@@ -93,6 +92,7 @@ class BrokerCollector:
         yield from self._timer()
         yield from self._tls()
         yield from self._access()
+        yield from self.ctx.stalls.metrics()
 
     def _access(self) -> Iterator[Metric]:
         stats = self.ctx.security.access.stats  # both listeners' (native and Kafka)
@@ -191,12 +191,18 @@ class BrokerCollector:
             labels=["group", "topic", "queue"],
         )
         store, rows = self.ctx.store, 0
+        # Every group of a topic shares its queues' ends: each is read once per scrape
+        # (the scrape's collection runs on the event loop; docs/benchmarks.md "Event-loop stalls").
+        ends: dict[tuple[str, int], int | None] = {}
         for group in self.ctx.offsets.groups():
-            for (topic, qid), committed in sorted(self.ctx.offsets.of_group(group).items()):
+            for key, committed in sorted(self.ctx.offsets.of_group(group).items()):
                 if rows >= METRICS_MAX_LAG_SERIES:
                     break
-                if store.queue_exists(topic, qid):
-                    family.add_metric([group, topic, str(qid)], max(0, store.max_offset(topic, qid) - committed))
+                if key not in ends:
+                    ends[key] = store.max_offset(*key) if store.queue_exists(*key) else None
+                end = ends[key]
+                if end is not None:
+                    family.add_metric([group, key[0], str(key[1])], max(0, end - committed))
                     rows += 1
         yield family
 
@@ -224,8 +230,3 @@ def _code_name(code: int) -> str:
         return RequestCode(code).name
     except ValueError:
         return str(code)
-
-
-def metrics_route(registry: CollectorRegistry) -> Any:
-    """The HTTP route of the metrics port: GET /metrics."""
-    return metrics_page(lambda: generate_latest(registry), CONTENT_TYPE_LATEST)

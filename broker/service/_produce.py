@@ -52,6 +52,7 @@ class Produce:
         self.store = ctx.store
         self.config = ctx.config
         self._readers = readers
+        self._acks_wait_for_fsync = ctx.store.config.commitlog.acks_wait_for_fsync  # (a frozen config)
         # The last produce request handed to the append lane: the lane appends in order,
         # so once it is done every earlier one is too (a dedup check waits for it: the
         # first try of a retried batch may still be waiting in the lane).
@@ -112,7 +113,7 @@ class Produce:
             "commitlog_offsets": result.commitlog_offsets,
             "store_timestamp_ms": result.store_timestamp_ms,
         }
-        if not self.store.config.commitlog.acks_wait_for_fsync:
+        if not self._acks_wait_for_fsync:
             fields["durable"] = self.store.durable_offset >= result.end_offset
             deliver(Reply(fields))
             return

@@ -152,6 +152,8 @@ class ReadStats:
     cold_spans: int = 0  # spans read into bytes in a cold thread (not sendfile'd on the event loop)
     cold_bytes: int = 0
     resident_spans: int = 0  # spans found in the page cache: sent with sendfile
+    unread_watches: int = 0  # pulls that may wait, not read before waiting: every queue at its end
+    inline_pulls: int = 0  # small pulls of fresh records read on the event loop (:class:`FreshPositions`)
 
 
 def _disk_reads() -> int:
@@ -277,3 +279,54 @@ class ColdReads:
                 memory[(a[0], a[1], row[1])] = None
         while len(memory) > self.memory_max:
             memory.popitem(last=False)
+
+
+# ---------------------------------------------------------------------- fresh pulls
+FRESH_MAX_AGE_S = 30.0  # a remembered position is fresh this long (a watch waits up to 15 s)
+FRESH_MEMORY = 4096  # positions remembered at most (the oldest forgotten first)
+
+
+class FreshPositions:
+    """Where recent pulls left queues at their end: what a pull asks from such a
+    position was appended after that answer, at most ``max_age_s`` ago, so its log
+    pages are in the page cache and its queue entries in memory. A small pull that
+    asks only from such positions is read on the event loop (:class:`Fetch`), without
+    the hop to a read thread and back: two wake-ups, each waiting for the GIL on a busy
+    broker (a consumer at the head of 8 queues at 10k msgs/s: such a read took 0.94 ms
+    at the median in a thread, 0.34 ms of it the read's own CPU).
+
+    A position is taken when it is asked (a pull from it moves on); the answer of a
+    pull that leaves a queue at its end again remembers the new one.
+    """
+
+    def __init__(self, max_age_s: float = FRESH_MAX_AGE_S, memory: int = FRESH_MEMORY) -> None:
+        self.max_age_s = max_age_s
+        self.memory_max = max(1, memory)
+        self._at: OrderedDict[_QueueAt, float] = OrderedDict()
+
+    def note(self, asks: list[Any], rows: list[list[Any]], now: float) -> None:
+        """Remember each queue a pull's answer left at its end (a row: status, next
+        offset, count, bytes, max offset; a SKIPPED or unknown queue's max is -1 or 0
+        below the offset asked, and is not remembered)."""
+        at = self._at
+        for a, row in zip(asks, rows):
+            if row[0] in _AT_END_STATUSES and row[1] >= row[4] >= 0:
+                key = (a[0], a[1], row[1])
+                at[key] = now
+                at.move_to_end(key)
+        while len(at) > self.memory_max:
+            at.popitem(last=False)
+
+    def all_fresh(self, asks: list[Any], now: float) -> bool:
+        """Whether every ask is at a remembered position, remembered less than
+        ``max_age_s`` ago (those asked are forgotten: the answer says where next)."""
+        at = self._at
+        fresh = True
+        for a in asks:
+            when = at.pop((a[0], a[1], a[2]), None)
+            if when is None or now - when > self.max_age_s:
+                fresh = False
+        return fresh
+
+
+_AT_END_STATUSES = frozenset({"FOUND", "NO_MESSAGE", "NO_MATCHED_MESSAGE"})

@@ -5,7 +5,7 @@ its followers watch); a follower makes its own metadata the leader's."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from clmq.broker.store import StorageEngine
 
@@ -28,6 +28,17 @@ class SecurityCopies(Protocol):
 
     def snapshot(self) -> dict[str, Any]: ...
     def adopt(self, value: dict[str, Any]) -> None: ...
+
+
+def offset_rows(snapshot: dict[str, Any]) -> Iterator[tuple[str, str, int, int]]:
+    """A leader's committed offsets, (group, topic, queue id, offset): from its
+    ``offset_lists`` ([group, topic, [queue ids], [offsets]]) and, from a leader of an
+    older version, its ``offsets`` ([group, topic, queue id, offset])."""
+    for g, t, qs, os in snapshot.get("offset_lists") or []:
+        for q, o in zip(qs, os, strict=True):
+            yield g, t, q, o
+    for g, t, q, o in snapshot.get("offsets") or []:
+        yield g, t, q, o
 
 
 class ReplicatedMetadata:
@@ -61,9 +72,6 @@ class ReplicatedMetadata:
         return self._topics_version
 
     def snapshot(self) -> dict[str, Any]:
-        offsets = [
-            [g, t, q, o] for g in self.offsets.groups() for (t, q), o in sorted(self.offsets.of_group(g).items())
-        ]
         subs = dict(self.subscriptions)
         for g in self.groups.groups():
             members = self.groups.members(g)
@@ -71,7 +79,7 @@ class ReplicatedMetadata:
         timer = self.timer.checkpoint_json() if self.timer is not None else None
         return {
             "topics": self.store.topics.all(),
-            "offsets": offsets,
+            "offset_lists": self.offsets.lists(),  # a row per (group, topic), not per queue
             "timer": timer,
             "transactions": self.transactions.checkpoint_json() if self.transactions is not None else None,
             "pop": self.pop.checkpoint_json() if self.pop is not None else None,
@@ -89,7 +97,7 @@ class ReplicatedMetadata:
         for name in mine.keys() - topics.keys():
             self.store.delete_topic(name)
             self.offsets.drop_topic(name)
-        for g, t, q, o in snapshot.get("offsets") or []:
+        for g, t, q, o in offset_rows(snapshot):
             if self.offsets.query(g, t, q) != o:
                 self.offsets.commit(g, t, q, o)
         self.subscriptions = {g: (mode, list(ts)) for g, mode, ts in snapshot.get("subscriptions") or []}

@@ -24,7 +24,8 @@ class TopicTraffic:
         return row
 
     def add_in(self, topic: str, messages: int, nbytes: int) -> None:
-        row, totals = self._row(topic), self.totals
+        """Stored: counted once per produce request (the row looked up inline, no call)."""
+        row, totals = self.by_topic.get(topic) or self._row(topic), self.totals
         row[0] += messages
         row[1] += nbytes
         totals[0] += messages
