@@ -29,6 +29,7 @@ from ._admin_reads import (
     topic_leaders,
 )
 from ._admin_security import DEFAULT_MECHANISMS
+from ._admin_spread import spread_topic
 from ._admin_trace import TRACE_MAX_EVENTS, MessageTrace, trace_lookup
 from ._admin_transactions import TransactionList, TransactionView, list_transactions, transaction_by_id
 from ._arguments import resolve_addrs, resolve_security
@@ -276,13 +277,13 @@ class Admin(KeyIndexQueries):
         records older than the brokers' ``trace_retention_ms`` are left out."""
         return await trace_lookup(self, msg_id, key, topic, since_ms, until_ms, max_events)
 
-    async def update_topic(self, topic: str, *, queue_count: int) -> list[str]:
-        """Grow an existing topic's queue count on every leader that has it (RpcError
-        INVALID_TOPIC for fewer queues than it has; ValueError if no broker has it)."""
-        leaders = await topic_leaders(self.calls, topic)
-        if not leaders:
-            raise ValueError(f"topic {topic!r} does not exist")
-        return await self.create_topic(topic, queue_count, on=[b["addr"] for b in leaders])
+    async def spread_topic(
+        self, topic: str, queues: int | None, *, groups: Sequence[str] | str | None = None, grow: bool = False
+    ) -> dict[str, int]:
+        """Create (or with ``grow``, grow) ``topic`` to ``queues`` in total, spread over the
+        broker groups ``groups`` (names or ``"all"``); each group's queue count after.
+        ValueError for a shrink, an unknown group or (``grow``) a missing topic (``_admin_spread``)."""
+        return await spread_topic(self.calls, topic, queues, groups, grow)
 
     async def broker_info(self, addr: str) -> dict[str, Any]:
         """One broker's BROKER_INFO: name, role, store and connection figures."""

@@ -17,10 +17,14 @@ DEFAULT_MAX_KEY_RESULTS = 1000  # Admin.find_by_key's default bound on the messa
 @dataclass
 class IndexLookup:
     """What :meth:`Admin.find_by_key` found: records newest first, and whether more
-    matched than ``max_results`` (on some broker, or all brokers together)."""
+    matched than ``max_results`` (on some broker, or all brokers together);
+    ``index_lag_bytes``: log bytes the brokers' indexes did not hold when asked,
+    summed (0 unless a broker's index writes fail, or failed and left more than its
+    ``index_query_catch_up_bytes`` unindexed: messages there may be missing)."""
 
     records: list[Record]
     truncated: bool
+    index_lag_bytes: int = 0
 
 
 async def find_by_key(
@@ -46,6 +50,7 @@ async def find_by_key(
         fields["until_ms"] = until_ms
     records: list[Record] = []
     truncated = False
+    lag = 0
     for b in await calls.leaders():
         try:
             reply = await calls.rpc.request(b["addr"], RequestCode.QUERY_INDEX, fields, timeout_ms=calls.timeout_ms)
@@ -55,8 +60,9 @@ async def find_by_key(
             raise
         records += decode_records(reply.body, f"QUERY_INDEX answer of {b['addr']}")
         truncated = truncated or bool(reply.fields.get("truncated"))
+        lag += int(reply.fields.get("index_lag_bytes") or 0)  # absent from brokers before it was added
     records.sort(key=lambda r: (r.store_timestamp_ms, r.commitlog_offset), reverse=True)
-    return IndexLookup(records[:max_results], truncated or len(records) > max_results)
+    return IndexLookup(records[:max_results], truncated or len(records) > max_results, lag)
 
 
 class KeyIndexQueries:

@@ -59,9 +59,11 @@ from .pop import (
 from .producer import (
     Producer,
     ProducerOptions,
+    SendError,
     SendResult,
     TransactionListener,
     TransactionResult,
+    check_many_input,
     on_asyncio,
     producer_context,
     transact_on_loop,
@@ -401,6 +403,15 @@ class AsyncioProducer:
         if callback is not None:
             out.add_done_callback(callback)
         return out
+
+    async def submit_many(
+        self, topic: str, bodies: Sequence[bytes], **kwargs: Any
+    ) -> asyncio.Future[list[SendResult | SendError]]:
+        """:meth:`Producer.submit_many`: one future for the call, resolved once every
+        message is done to each message's :class:`SendResult` or :class:`SendError`, in
+        order. Bad input raises TypeError here; an unknown topic fails the future."""
+        items = check_many_input(topic, bodies)
+        return await self._handoff.put("submit_many", topic, items, kwargs)  # type: ignore[return-value]
 
     async def flush(self) -> None:
         """:meth:`Producer.flush`: until every message submitted before is answered

@@ -46,9 +46,12 @@ from .pop import (
 from .producer import (
     Producer,
     ProducerOptions,
+    SendError,
+    SendFutures,
     SendResult,
     TransactionListener,
     TransactionResult,
+    check_many_input,
     in_threads,
     producer_context,
     transact_in_thread,
@@ -108,6 +111,11 @@ def _size(what: Any) -> int:
     return HANDOFF_OVERHEAD_BYTES + sum(len(m.body) if isinstance(m, Message) else len(m) for m in what)
 
 
+def _messages(method: str, what: Any) -> int:
+    """How many messages a handed-over call carries (each one counted: never silent)."""
+    return len(what) if method == "submit_many" else 1
+
+
 _Item = tuple[str, str, Any, dict[str, Any], "concurrent.futures.Future[SendResult]", int]
 
 
@@ -148,7 +156,7 @@ class _ThreadHandoff:
                 raise ClientClosedError("the producer is closed")
             self.items.append((method, topic, what, kwargs, out, size))
             self.bytes += size
-            self.submitted += 1
+            self.submitted += _messages(method, what)  # a call: its messages
             wake, self._pumping = not self._pumping, True
         if wake:
             assert self.token is not None
@@ -184,9 +192,8 @@ class _ThreadHandoff:
             with self.changed:
                 self.closed = True
                 for item in self.items:
-                    self._settle(
-                        item[4], error=ClientClosedError("the producer closed before the message was buffered")
-                    )
+                    closed = ClientClosedError("the producer closed before the message was buffered")
+                    self._settle(item[4], error=closed, count=_messages(item[0], item[2]))
                 self.items.clear()
                 self.bytes = 0
                 self.changed.notify_all()
@@ -203,13 +210,23 @@ class _ThreadHandoff:
         try:
             fut = await getattr(self.producer, method)(topic, what, **kwargs)
         except Exception as e:  # refused at once (BufferFullError, NoRouteError, bad input)
-            self._settle(out, error=e)
+            self._settle(out, error=e, count=_messages(method, what))
         else:
             fut.add_done_callback(functools.partial(self._answered, out))  # on the client thread
 
     def _answered(self, out: concurrent.futures.Future[SendResult], fut: Any) -> None:
-        """Copy a ``SendFuture``'s outcome to a ``concurrent.futures.Future``."""
+        """Copy a ``SendFuture``'s outcome to a ``concurrent.futures.Future`` (a
+        ``SendFutures``: each of its messages counted, its failures among them)."""
         error = fut.exception()
+        if isinstance(fut, SendFutures):
+            results = fut.result()
+            failures = [r for r in results if isinstance(r, SendError)]
+            self.answered += len(results)
+            self.failed += len(failures)
+            if failures:
+                self.last_error = failures[-1]
+            out.set_result(results)  # type: ignore[arg-type]  # submit_many's future: the list
+            return
         self._settle(out, None if error is not None else fut.result(), error)
 
     def _settle(
@@ -217,14 +234,15 @@ class _ThreadHandoff:
         out: concurrent.futures.Future[SendResult],
         result: SendResult | None = None,
         error: BaseException | None = None,
+        count: int = 1,
     ) -> None:
-        """The message's outcome, counted (client thread only)."""
-        self.answered += 1
+        """The outcome of ``count`` messages (one future), counted (client thread only)."""
+        self.answered += count
         if error is None:
             assert result is not None
             out.set_result(result)
             return
-        self.failed += 1
+        self.failed += count
         self.last_error = error
         out.set_exception(error)
 
@@ -370,6 +388,15 @@ class BlockingProducer:
         if callback is not None:
             out.add_done_callback(callback)
         return out
+
+    def submit_many(
+        self, topic: str, bodies: Sequence[bytes], **kwargs: Any
+    ) -> concurrent.futures.Future[list[SendResult | SendError]]:
+        """:meth:`Producer.submit_many`: one future for the call, whose ``result()`` is
+        each message's :class:`SendResult` or :class:`SendError`, in order, once every
+        message is done. Bad input raises TypeError here; an unknown topic fails the future."""
+        items = check_many_input(topic, bodies)
+        return self._handoff.put("submit_many", topic, items, kwargs)  # type: ignore[return-value]
 
     def flush(self) -> None:
         """:meth:`Producer.flush`: until every message submitted before is answered

@@ -25,6 +25,7 @@ from clmq.common import (
     TRACE_EVENT_MAX_KEYS,
     TRACE_TOPIC,
     ClmqError,
+    CorruptRecordError,
     Message,
     Record,
     TraceEvent,
@@ -294,7 +295,10 @@ class ConsumeTracer(Tracing):
     def _event(
         self, kind: TraceKind, mq: Any, r: Record, now: int, latency_ms: int = -1, detail: str = ""
     ) -> TraceEvent:
-        props = r.properties
+        try:
+            props = r.properties
+        except CorruptRecordError:  # a faulty writer's: traced without them, the record still delivered
+            props = {}
         return TraceEvent(
             kind.value,
             now,

@@ -68,6 +68,12 @@ class FrameProxy:
         for scope in list(self._scopes):
             scope.cancel()
 
+    async def cut_at_random(self, rnd: random.Random, done: trio.Event) -> None:
+        """Cut every connection at random moments, 3 to 40 ms apart, until ``done``."""
+        while not done.is_set():
+            await trio.sleep(rnd.uniform(0.003, 0.04))  # a fault schedule, not a wait for an event
+            self.cut()
+
     async def _handle(self, client: trio.SocketStream) -> None:
         try:
             upstream = await trio.open_tcp_stream(*self.target)
@@ -269,14 +275,9 @@ async def test_order_per_queue_and_exactly_once_when_connections_are_cut_at_rand
         submitted[0].append("warm")
         done = trio.Event()
 
-        async def cutter() -> None:
-            while not done.is_set():
-                await trio.sleep(rnd.uniform(0.003, 0.04))  # a fault schedule, not a wait for an event
-                proxy.cut()
-
         with trio.fail_after(60):
             async with trio.open_nursery() as n:
-                n.start_soon(cutter)
+                n.start_soon(proxy.cut_at_random, rnd, done)
                 for i in range(600):
                     q = rnd.randrange(queues)
                     try:

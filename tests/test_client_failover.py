@@ -32,7 +32,7 @@ from clmq.protocol import ErrorCode, RequestCode
 from tests.replica_procs import create_topic as procs_create_topic
 from tests.replica_procs import open_group, read_queue
 from tests.service_helpers import FAST_CONSUMER, Cluster, follower_routed
-from tests.waiting import await_until, wait_until
+from tests.waiting import await_until
 
 UNIQ_KEY = "UNIQ_KEY"
 FAST = {"replica_metadata_interval_ms": 100, "replica_fetch_wait_ms": 100, "replica_retry_ms": 100}
@@ -82,9 +82,16 @@ class Sender:
             self.acked[key].append((seq, result.uniq_keys[0]))
 
 
-def check_stored(broker: Broker, sender: Sender) -> None:
-    # The queues show an acknowledged record once the dispatcher (a thread) has caught up.
-    wait_until(lambda: broker.store.dispatch_lag_bytes == 0, 10, "the dispatcher to catch up")
+async def check_stored(broker: Broker, sender: Sender) -> None:
+    # The queues show an acknowledged record once the dispatcher (a thread) has caught up
+    # with the whole log; on a follower, only up to the confirmed offset its leader last
+    # told it (a fetch answer or the leader's next in-sync check), so wait for that too.
+    log = broker.store.log
+    await await_until(
+        lambda: log.confirmed_offset == log.write_offset and broker.store.dispatch_lag_bytes == 0,
+        10,
+        "the dispatcher to catch up with the whole log",
+    )
     check_records({q: broker.store.get("t", q, 0, 100_000).messages for q in range(QUEUES)}, sender)
 
 
@@ -121,9 +128,9 @@ async def test_a_producer_sends_through_a_manual_promotion_without_errors_or_dup
     assert not sender.errors, sender.errors
     assert sender.count() == QUEUES * 60
     await await_until(lambda: lead.replica.role == "follower", 10, "the old leader to step down")
-    check_stored(f, sender)
+    await check_stored(f, sender)
     await await_until(lambda: lead.store.log.write_offset == f.store.log.write_offset, 15, "the old leader to catch up")
-    check_stored(lead, sender)
+    await check_stored(lead, sender)
 
 
 async def test_a_producer_carries_on_when_the_leader_stops_until_a_follower_is_promoted(
@@ -150,7 +157,7 @@ async def test_a_producer_carries_on_when_the_leader_stops_until_a_follower_is_p
                 await admin.promote(f.addr)
     assert not sender.errors, sender.errors
     assert sender.count() == QUEUES * 50 and acked_before < QUEUES * 50
-    check_stored(f, sender)
+    await check_stored(f, sender)
 
 
 async def test_a_producer_carries_on_when_the_leader_process_is_killed(tmp_path: Path) -> None:

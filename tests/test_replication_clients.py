@@ -10,8 +10,11 @@ from typing import Any, Sequence
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from clmq.broker.service import Broker
+from clmq.broker.service._replicated import offset_rows
 from clmq.client import MessageQueue, RpcClient, SendError, open_consumer, open_producer
 from clmq.common import Message, Record
 from clmq.protocol import ErrorCode, FetchAsk, RequestCode
@@ -278,6 +281,8 @@ async def test_the_leader_hints_a_lagging_reader_to_read_from_a_follower(nursery
     lead, _ = await start_group(c, follower=False, follower_read_lag_messages=5)
     await c.create_topic("t", 1)
     await produce(c, "t", 20)
+    # an acknowledged message is readable once dispatched to its queue (a moment later under load)
+    await await_until(lambda: lead.store.max_offset("t", 0) == 20, 10, "the 20 messages dispatched")
 
     async def hints(rpc: RpcClient, offset: int) -> tuple[Any, Any]:
         one = await rpc.request(
@@ -330,3 +335,40 @@ async def test_a_group_without_a_leader_is_read_from_its_follower_and_takes_no_w
             await p.send("t", b"nowhere to go")
     assert "no leader" in str(e.value) and e.value.code == ErrorCode.NOT_LEADER
     assert f.store.log.write_offset == end
+
+
+async def test_a_follower_copies_a_groups_offsets_sent_as_one_row_per_group_and_topic(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """REPLICA_METADATA carries a group's offsets in a topic as one row of two integer
+    lists (the offsets file's version 2), not a row per queue (65,536 rows built on
+    the leader's event loop per follower request); the follower copies them all."""
+    _c, lead, f = await ready_group(nursery, tmp_path, 256, 0)
+    for q in range(0, 256, 3):
+        lead.offsets.commit("cg", "t", q, q + 1)
+    lead.offsets.commit("other", "t", 5, 9)
+    lead.metadata.bump()
+    snapshot = lead.metadata.snapshot()
+    assert "offsets" not in snapshot
+    rows = {(g, t): dict(zip(qs, os, strict=True)) for g, t, qs, os in snapshot["offset_lists"]}
+    assert rows == {("cg", "t"): {q: q + 1 for q in range(0, 256, 3)}, ("other", "t"): {5: 9}}
+    await await_until(lambda: f.offsets.all() == lead.offsets.all(), 15, "the follower holding the leader's offsets")
+
+
+offsets_by_group_and_topic = st.dictionaries(
+    st.tuples(st.sampled_from(["cg", "other"]), st.sampled_from(["t", "u"])),
+    st.dictionaries(st.integers(0, 65_535), st.integers(-1, 2**40), min_size=1),
+)
+
+
+@given(offsets_by_group_and_topic)
+def test_a_follower_reads_the_same_offsets_from_lists_and_from_an_older_leaders_rows(
+    committed: dict[tuple[str, str], dict[int, int]],
+) -> None:
+    """``offset_lists`` (a row per group and topic) and an older leader's ``offsets`` (a
+    row per queue) give a follower the same (group, topic, queue, offset)s."""
+    lists = [[g, t, list(qs), list(qs.values())] for (g, t), qs in committed.items()]
+    rows = [[g, t, q, o] for (g, t), qs in committed.items() for q, o in qs.items()]
+    want = sorted((g, t, q, o) for (g, t), qs in committed.items() for q, o in qs.items())
+    assert sorted(offset_rows({"offset_lists": lists})) == want
+    assert sorted(offset_rows({"offsets": rows})) == want

@@ -16,6 +16,7 @@ import logging
 
 import trio
 
+from clmq.common import collector_paused
 from clmq.protocol import RequestCode
 
 from .._routes import MessageQueue
@@ -40,10 +41,11 @@ class Commits:
             by_broker: dict[str, dict[MessageQueue, int]] = {}
             processed = self.state.processed
             changed, processed.changed = processed.changed, set()
-            for mq in changed:
-                offset = processed.get(mq)
-                if offset is not None and self.committed.get(mq) != offset:
-                    by_broker.setdefault(mq.addr, {})[mq] = offset
+            with collector_paused():  # an entry per queue moved: 65,536 for a sparse consumer
+                for mq in changed:
+                    offset = processed.get(mq)
+                    if offset is not None and self.committed.get(mq) != offset:
+                        by_broker.setdefault(mq.addr, {})[mq] = offset
             for addr, offsets in by_broker.items():  # one request per broker, however many queues
                 await self._commit_to(addr, offsets)
 
@@ -63,7 +65,8 @@ class Commits:
     async def _commit_to(self, addr: str, offsets: dict[MessageQueue, int]) -> None:
         """Commit to the group's leader (``to_leader``). Offsets not committed stay
         processed: committed later."""
-        rows = [[mq.topic, mq.queue_id, o] for mq, o in offsets.items()]
+        with collector_paused():
+            rows = [[mq.topic, mq.queue_id, o] for mq, o in offsets.items()]
         fields = {"group": self.state.group, "offsets": rows}
         try:
             await self.requests.to_leader(next(iter(offsets)), addr, RequestCode.COMMIT_OFFSET, fields)

@@ -40,7 +40,7 @@ from typing import AsyncIterator, Awaitable, Callable, Literal, Sequence
 
 import trio
 
-from clmq.common import Record, retry_topic
+from clmq.common import Record, collector_paused, retry_topic
 from clmq.protocol import RequestCode
 from clmq.protocol.transport import ClientSecurity, RpcClient, background_nursery
 
@@ -106,12 +106,12 @@ class Consumer:
         """The next messages (waits for some): everything buffered, across queues, up
         to ``receive_max_messages`` (a queue's batch is not split), each queue's in
         order. Acknowledges what the previous call returned."""
-        self.ack()
         while True:
-            records = self._take()
+            with collector_paused():  # a batch per queue, and a commit entry: 1,024 per answer when sparse
+                self.ack()  # the previous call's (or batches with nothing to process: filtered out)
+                records = self._take()
             if records:
                 return records
-            self.ack()  # only batches with nothing to process (filtered out): done with
             await self.prefetch.arrival()
 
     def _take(self) -> list[Record]:
@@ -263,12 +263,14 @@ class Consumer:
         if self.locks is not None:
             self.locks.rebalance(wanted)
             return
+        if self.assigned.keys() == wanted:  # the usual round: nothing to do for 65,536 queues
+            return
         for old, new in _moved(set(self.assigned), wanted).items():
             self._move(old, new)
         for mq in [mq for mq in self.assigned if mq not in wanted]:
             await self._revoke(mq)
-        for mq in sorted(wanted - set(self.assigned)):
-            self._assign(mq)
+        with collector_paused():  # a state, a look-up and a log line per queue: 65,536 at a start
+            self._assign_all(sorted(wanted - set(self.assigned)))
 
     def current(self) -> set[MessageQueue]:
         """The queues this member reads or (orderly) wants to."""
@@ -337,11 +339,20 @@ class Consumer:
         )
 
     def _assign(self, mq: MessageQueue) -> None:
-        self._generation += 1
-        state = self.assigned[mq] = QueueState(self._generation)
+        self._assign_all([mq])
+
+    def _assign_all(self, mqs: list[MessageQueue]) -> None:
+        """Read ``mqs`` from their committed offsets (looked up first), in order."""
         assert self._fetcher is not None
-        self._fetcher.add(mq, state)
-        log.info("consumer %s: took %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
+        info = log.isEnabledFor(logging.INFO)
+        taken: list[tuple[MessageQueue, QueueState]] = []
+        for mq in mqs:
+            self._generation += 1
+            state = self.assigned[mq] = QueueState(self._generation)
+            taken.append((mq, state))
+            if info:
+                log.info("consumer %s: took %s/%s/%d", self.client_id, mq.broker_name, mq.topic, mq.queue_id)
+        self._fetcher.add_many(taken)
 
 
 def _last_offsets(records: Sequence[Record]) -> dict[tuple[str, int], int]:

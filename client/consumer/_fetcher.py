@@ -29,14 +29,13 @@ to a follower for ``follower_read_hold_ms``.
 
 from __future__ import annotations
 
-import gc
 import logging
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import trio
 
-from clmq.protocol import FetchAsk, FetchResult, ProtocolError, PullStatus, RequestCode, RowError, decode_records
+from clmq.common import Record, collector_paused
+from clmq.protocol import FetchResult, ProtocolError, PullStatus, RequestCode, RowError, decode_records
 
 from .._routes import MessageQueue, ReadRouter
 from ._ready import Picked, ReadyQueues
@@ -45,24 +44,6 @@ from ._start_offset import OffsetLookups
 from ._state import Batch, ConsumerState, DamagedQueueError, QueueState
 
 log = logging.getLogger("clmq.consumer")
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused while an answer is decoded (and left as
-    the application had it). Decoding makes thousands of records that cannot form
-    cycles, and the collector, run every 700 new objects, kept scanning everything
-    alive: the consumer's state for its queues and the records still buffered. With
-    10,000 queues assigned that was a sixth of the consumer's CPU and the whole gap
-    between its 1-queue and 10,000-queue rates (2.33 against 2.02 us per 1 KiB
-    message). The objects are counted all the same: the collector runs once after."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class Fetcher:
@@ -83,18 +64,27 @@ class Fetcher:
     def add(self, mq: MessageQueue, st: QueueState) -> None:
         """Start reading ``mq``: look up its offset (unless ``st`` knows it: a queue
         that moved to its group's new leader), then include it in fetches."""
-        if st.offset is None:
-            self.lookups.add(mq, st)
-        else:
-            self.ready.put(mq, st)
-        if mq.addr not in self._loops:
-            self._loops.add(mq.addr)
-            self.lookups.open(mq.addr)
-            self._nursery.start_soon(self._loop, mq.addr, False)
-            self._nursery.start_soon(self._loop, mq.addr, True)
-            self._nursery.start_soon(self.lookups.lookup_loop, mq.addr)
-        self.lookups.wake(mq.addr)
-        self.ready.wake(mq.addr)
+        self.add_many([(mq, st)])
+
+    def add_many(self, queues: Picked) -> None:
+        """:meth:`add` for each queue, the loops of their brokers woken once (a consumer
+        takes 65,536 queues at its start)."""
+        addrs: set[str] = set()
+        for mq, st in queues:
+            if st.offset is None:
+                self.lookups.add(mq, st)
+            else:
+                self.ready.put(mq, st)
+            addrs.add(mq.addr)
+        for addr in addrs:
+            if addr not in self._loops:
+                self._loops.add(addr)
+                self.lookups.open(addr)
+                self._nursery.start_soon(self._loop, addr, False)
+                self._nursery.start_soon(self._loop, addr, True)
+                self._nursery.start_soon(self.lookups.lookup_loop, addr)
+            self.lookups.wake(addr)
+            self.ready.wake(addr)
 
     async def _loop(self, addr: str, idle: bool) -> None:
         """Data requests (``idle`` False) or watch requests to one broker, up to
@@ -127,17 +117,9 @@ class Fetcher:
         wait_ms: int,
         max_bytes: int,
     ) -> None:
-        skipped = {mq for mq, _st in picked}  # until an answer says otherwise
+        skipped: set[MessageQueue] | None = None  # None: all of them, until an answer says otherwise
         try:
-            filters = self.state.filters
-            asks = [FetchAsk.row(mq.topic, mq.queue_id, st.known_offset(), filters[mq.topic].tags) for mq, st in picked]
-            fields = {
-                "queues": asks,
-                "max_messages": self.options.fetch_max_messages,
-                "max_per_queue": self.options.pull_batch,
-                "max_wait_ms": wait_ms,
-                "max_bytes": max_bytes,
-            }
+            fields = self._request_fields(picked, wait_ms, max_bytes)
             target = self.reads.target(picked[0][0])  # the group's leader (addr) or a follower
             try:
                 reply = await self.requests.request(
@@ -156,7 +138,7 @@ class Fetcher:
                 results = self._follower_misses(target, picked, results)
             elif reply.fields.get("suggest_follower") is True:
                 self._hinted(picked[0][0])
-            skipped = {mq for (mq, _st), r in zip(picked, results) if r.status is PullStatus.SKIPPED}
+            skipped = {mq for (mq, _st), r in zip(picked, results) if r.status is SKIPPED}
             body = reply.body
             if not wait_ms:  # watch answers are mostly idle queues: they say nothing of density
                 self.ready.learn(addr, results, int(reply.fields.get("count", 0)))
@@ -169,6 +151,22 @@ class Fetcher:
                 self.state.prefetch.release(max_bytes)
             slots.release()
             self.ready.wake(addr)
+
+    def _request_fields(self, picked: Picked, wait_ms: int, max_bytes: int) -> dict[str, Any]:
+        """A PULL_MESSAGES request's fields. FetchAsk.row's wire rows are built inline: a
+        sparse fetch asks about 1,024 queues for a few messages each, and two calls per
+        queue cost more than their decode. (A picked queue's offset is known: picking
+        follows the look-up.)"""
+        tags = {topic: flt.tags for topic, flt in self.state.filters.items()}
+        with collector_paused():
+            asks = [[mq.topic, mq.queue_id, st.offset, tags[mq.topic]] for mq, st in picked]
+        return {
+            "queues": asks,
+            "max_messages": self.options.fetch_max_messages,
+            "max_per_queue": self.options.pull_batch,
+            "max_wait_ms": wait_ms,
+            "max_bytes": max_bytes,
+        }
 
     def _no_room(self, picked: Picked, results: list[FetchResult]) -> list[FetchResult]:
         """A watch answer with records while the prefetch buffer is full: its queues
@@ -227,6 +225,10 @@ class Fetcher:
         # records, and a decode call per queue would cost more than its records.
         with collector_paused():
             records = decode_records(body, f"fetch from {addr}") if body else []
+            self._buffer(addr, picked, results, records)
+
+    def _buffer(self, addr: str, picked: Picked, results: list[FetchResult], records: list[Record]) -> None:
+        """Each queue's share of ``records`` buffered as its batch, its state moved on."""
         at = 0
         state = self.state
         put = state.prefetch.put
@@ -255,7 +257,7 @@ class Fetcher:
                 )
             elif status in _NOT_READ:
                 continue
-            if any(r.topic != mq.topic or r.queue_id != mq.queue_id for r in mine[:1] + mine[-1:]):
+            if mine and not _in_place(mine, mq):
                 raise ProtocolError(f"fetch from {addr}: records of {mq.topic}/{mq.queue_id} are out of place")
             flt = state.filters[mq.topic]
             if flt.tags is not None:  # the broker filtered by tag hash; collisions are dropped here
@@ -298,6 +300,7 @@ class Fetcher:
             self.add(mq, st)
 
 
+SKIPPED = PullStatus.SKIPPED
 _NOTHING_THERE = frozenset({PullStatus.NO_MESSAGE, PullStatus.NO_QUEUE})
 _OUT_OF_RANGE = frozenset({PullStatus.OFFSET_TOO_SMALL, PullStatus.OFFSET_OVERFLOW})
 _NOT_READ = frozenset({PullStatus.NO_MESSAGE, PullStatus.SKIPPED, PullStatus.NO_QUEUE})
@@ -306,6 +309,13 @@ _READ = frozenset({PullStatus.FOUND, PullStatus.NO_MATCHED_MESSAGE})
 _FOLLOWER_MISSES = frozenset(
     {PullStatus.OFFSET_TOO_SMALL, PullStatus.OFFSET_OVERFLOW, PullStatus.NO_QUEUE, PullStatus.CORRUPT}
 )
+
+
+def _in_place(records: list[Record], mq: MessageQueue) -> bool:
+    """Whether the first and the last of a queue's records are of that queue (checked
+    without a generator: a sparse answer holds 1,024 queues' records)."""
+    first, last = records[0], records[-1]
+    return first.topic == last.topic == mq.topic and first.queue_id == last.queue_id == mq.queue_id
 
 
 def _caught_up(row: FetchResult) -> bool:

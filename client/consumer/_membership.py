@@ -7,7 +7,9 @@ share of the group's queues (requests that follow a group's leader: ``_requests`
   share means for the queues read (taken, moved, released; orderly: locked first) is
   the consumer's part (``apply_share``).
 - A topic without a route keeps the queues of it that the member has: a name server
-  that does not answer for a while must not make every member drop its queues.
+  that does not answer for a while must not make every member drop its queues. So
+  does a topic whose brokers do not list the group's members (none answers): taking
+  the whole topic alone would read the other members' queues twice.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ class Membership:
         s = self.state
         if s.options.mode == "broadcasting" or not mqs:
             return mqs
-        members: list[str] = []
+        members: list[str] | None = None
         for addr in sorted({mq.addr for mq in mqs}):  # any broker that answers (one may be down)
             try:
                 reply = await self.requests.request(addr, RequestCode.GET_GROUP_MEMBERS, {"group": s.group})
@@ -110,6 +112,12 @@ class Membership:
                 continue
             members = list(reply.fields["members"])
             break
+        if members is None:  # alone by default would take the other members' queues: read them twice
+            topic = mqs[0].topic
+            log.warning(
+                "consumer %s: cannot list the members of group %s; keeping its share of %s", s.client_id, s.group, topic
+            )
+            return [mq for mq in self.current() if mq.topic == topic]
         if s.client_id not in members:
             members.append(s.client_id)
         return allocate_averagely(mqs, members, s.client_id)

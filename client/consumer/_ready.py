@@ -9,6 +9,7 @@ from collections import OrderedDict, defaultdict
 
 import trio
 
+from clmq.common import collector_paused
 from clmq.protocol import FetchResult, PullStatus
 
 from .._routes import MessageQueue
@@ -67,18 +68,22 @@ class ReadyQueues:
                 picked.append((mq, st))
         return picked
 
-    def put_back(self, picked: Picked, skipped: set[MessageQueue]) -> None:
+    def put_back(self, picked: Picked, skipped: set[MessageQueue] | None) -> None:
         """Queues an answer read go to the back of their line (idle or not, as it said);
-        those it did not reach (or all, if the request failed) keep their place in front."""
+        those it did not reach (``skipped``; None: all, the request failed) keep their
+        place in front."""
         assigned = self.state.assigned
-        for mq, st in reversed(picked):
-            if mq in skipped and assigned.get(mq) is st:
-                ready = self._ready[(mq.addr, st.idle)]
-                ready[mq] = st
-                ready.move_to_end(mq, last=False)
-        for mq, st in picked:
-            if mq not in skipped and assigned.get(mq) is st and not st.paused and not st.stopped:
-                self._ready[(mq.addr, st.idle)][mq] = st
+        if skipped is None:
+            skipped = {mq for mq, _st in picked}
+        with collector_paused():
+            for mq, st in reversed(picked):
+                if mq in skipped and assigned.get(mq) is st:
+                    ready = self._ready[(mq.addr, st.idle)]
+                    ready[mq] = st
+                    ready.move_to_end(mq, last=False)
+            for mq, st in picked:
+                if mq not in skipped and assigned.get(mq) is st and not st.paused and not st.stopped:
+                    self._ready[(mq.addr, st.idle)][mq] = st
 
     def learn(self, addr: str, results: list[FetchResult], found: int) -> None:
         """Messages per queue the broker got to in data answers (an average over recent

@@ -10,6 +10,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import trio
 
+from clmq.common import collector_paused
 from clmq.protocol import Frame, RequestCode
 
 from .._routes import MessageQueue
@@ -122,17 +123,30 @@ class OffsetLookups:
         reply = await retrying(state, ask)
         if reply is None:
             return
-        for (mq, st), row in zip(batch, reply.fields["offsets"]):
-            if row is None or assigned.get(mq) is not st:
-                continue  # the queue is gone (a rebalance will notice) or was given up
-            start = start_offset_now(self.options, *row)  # the usual case: no request, no await
-            st.offset = start if start is not None else await start_offset(self.requests, mq, *row)
-            state.processed.setdefault(mq, st.offset)
-            # Nothing to read yet: straight to the watches. Asking first would cost a
-            # round of asks that all come back empty (8,000 of them in the benchmark).
-            # Beyond the max: a data ask, which answers at once either NO_MESSAGE (the
-            # offset is assigned but not dispatched yet: then watched) or OFFSET_OVERFLOW
-            # (past everything the log assigned: then moved back to the max).
-            st.idle = st.offset == row[2]
-            self.ready.put(mq, st)
+        searched: list[tuple[MessageQueue, QueueState, list[int]]] = []  # start_from a timestamp: a request each
+        with collector_paused():  # a state set and a line entry per queue, up to fetch_queues of them
+            for (mq, st), row in zip(batch, reply.fields["offsets"]):
+                if row is None or assigned.get(mq) is not st:
+                    continue  # the queue is gone (a rebalance will notice) or was given up
+                start = start_offset_now(self.options, *row)  # the usual case: no request, no await
+                if start is None:
+                    searched.append((mq, st, row))
+                else:
+                    self._start(mq, st, start, row[2])
+        for mq, st, row in searched:
+            start = await start_offset(self.requests, mq, *row)
+            if assigned.get(mq) is st:
+                self._start(mq, st, start, row[2])
         self.ready.wake(addr)
+
+    def _start(self, mq: MessageQueue, st: QueueState, offset: int, max_offset: int) -> None:
+        """``mq`` starts at ``offset``: processed up to it, and ready to be read."""
+        st.offset = offset
+        self.state.processed.setdefault(mq, offset)
+        # Nothing to read yet: straight to the watches. Asking first would cost a
+        # round of asks that all come back empty (8,000 of them in the benchmark).
+        # Beyond the max: a data ask, which answers at once either NO_MESSAGE (the
+        # offset is assigned but not dispatched yet: then watched) or OFFSET_OVERFLOW
+        # (past everything the log assigned: then moved back to the max).
+        st.idle = offset == max_offset
+        self.ready.put(mq, st)

@@ -79,6 +79,7 @@ class PrefetchBuffer:
         self.reserved_bytes = 0
         self._arrived = trio.Event()
         self._room = trio.Event()
+        self._room_waiters = 0  # fetches waiting in reserve(): a pop wakes them only then
 
     def _grant(self, cap: int) -> int:
         held = self.buffered_bytes + self.reserved_bytes
@@ -89,7 +90,11 @@ class PrefetchBuffer:
     async def reserve(self, cap: int) -> int:
         """Reserve up to ``cap`` bytes (waits for room); the bytes reserved."""
         while not (granted := self._grant(cap)):
-            await self._room.wait()
+            self._room_waiters += 1
+            try:
+                await self._room.wait()
+            finally:
+                self._room_waiters -= 1
         self.reserved_bytes += granted
         return granted
 
@@ -122,8 +127,10 @@ class PrefetchBuffer:
             await self._arrived.wait()
 
     def _wake_room(self) -> None:
-        room, self._room = self._room, trio.Event()  # waiters wait on the current one: none is left behind
-        room.set()
+        # A new event per pop (a batch per queue: 65,536 of them) only when a fetch waits.
+        if self._room_waiters:
+            room, self._room = self._room, trio.Event()  # waiters wait on the current one: none is left behind
+            room.set()
 
 
 class PendingBatches(list[Batch]):

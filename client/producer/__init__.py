@@ -8,10 +8,12 @@
 - ``_sender``, ``_retry``, ``_tries``: requests in flight per broker, retries within the
   budget (same queue after an unknown outcome, with dedup), ``max_in_flight``.
 - ``_future``, ``_scheduled``: the results of ``submit``; scheduled sends (``delay_ms``).
+- ``_many``: ``submit_many`` (many messages per call, a batch per queue touched).
 - ``_transaction``, ``_checkback``, ``_transaction_hosts``: transactional sends
   (``send_in_transaction``), the check-back task, where listeners run (asyncio, threads).
 """
 
+from ._many import check_input as check_many_input
 from ._producer import (
     BatchTooLargeError,
     BufferFullError,
@@ -19,6 +21,7 @@ from ._producer import (
     ProducerOptions,
     SendError,
     SendFuture,
+    SendFutures,
     SendResult,
     open_producer,
     producer_context,
@@ -35,9 +38,11 @@ __all__ = [
     "ProducerOptions",
     "SendError",
     "SendFuture",
+    "SendFutures",
     "SendResult",
     "TransactionListener",
     "TransactionResult",
+    "check_many_input",
     "in_threads",
     "on_asyncio",
     "open_producer",

@@ -25,6 +25,7 @@ from ._future import SendError, SendFuture
 from ._options import ProducerOptions
 from ._retry import failed, retry
 from ._sender import Sender
+from ._span import SpanQueues, split_spans
 from ._tries import QueueSelector, RetryPolicy, Targets
 
 FRAME_HEADROOM_BYTES = 64 << 10  # a request's fields and framing, besides its messages
@@ -67,6 +68,7 @@ class Accumulator:
         # later submit of the topic queues behind them (not straight into a queue):
         # else a batch retried once the routes are back would land after later ones.
         self.unrouted: dict[str, list[Batch]] = {}
+        self.span_queues: dict[str, SpanQueues] = {}  # per topic: its queue buffers by route position (``_span``)
 
     def next_request_id(self) -> int:
         self._request_ids += 1
@@ -88,11 +90,11 @@ class Accumulator:
     def add(self, mq: MessageQueue, batch: Batch) -> bool:
         """Buffer a submitted batch (its bytes reserved). True if the caller should
         yield: a sender has a request to make (or it has not yielded for a while)."""
-        qb = self._queue(batch.topic, mq)
+        qb = self.queue_buffer(batch.topic, mq)
         batch.gen = self.gen
-        self._track(batch)
+        self.track(batch)
         qb.batches.append(batch)
-        return self._grew(qb, batch.size)
+        return self.grew(qb, batch.size)
 
     def add_one(
         self,
@@ -108,35 +110,26 @@ class Accumulator:
         """:meth:`add` for one message: merged into the queue's open batch if it has one
         (no new batch: the common case under load costs an append or two). ``uniq``:
         its UNIQ_KEY, or none without unique ids; ``plain``: see :class:`Batch`."""
-        qb = self._queue(msg.topic, mq)
+        qb = self.queue_buffer(msg.topic, mq)
         size = len(chunk)
         last = qb.batches[-1] if qb.batches else None
         if (
             last is not None
             and last.open
+            and last.per_message
             and last.gen == self.gen
             and last.selector is selector
             and last.sharding_key == sharding_key
             and last.size + size <= self.batch_max_bytes
         ):
-            last.futures.append(fut)
-            chunks, keys = last.chunks, last.keys
-            if isinstance(chunks, tuple):  # its first merge: lists from now on
-                last.chunks = chunks = list(chunks)
-            if isinstance(keys, tuple):
-                last.keys = keys = list(keys)
-            chunks.append(chunk)
-            if uniq:
-                keys.append(uniq[0])
-            last.size += size
-            last.count += 1
+            last.append(chunk, uniq, 1, fut)
         else:
             batch = Batch(msg.topic, msg, 1, uniq, chunk, fut, mq, self.gen, sharding_key, selector, True, plain)
-            self._track(batch)
+            self.track(batch)
             qb.batches.append(batch)
-        return self._grew(qb, size)
+        return self.grew(qb, size)
 
-    def _queue(self, topic: str, mq: MessageQueue) -> QueueBuffer:
+    def queue_buffer(self, topic: str, mq: MessageQueue) -> QueueBuffer:
         key = (topic, mq.broker_name, mq.queue_id)
         qb = self.queues.get(key)
         if qb is None:
@@ -145,7 +138,7 @@ class Accumulator:
             self.home(qb, mq)  # idle: follow the routes (a new leader)
         return qb
 
-    def _grew(self, qb: QueueBuffer, size: int) -> bool:
+    def grew(self, qb: QueueBuffer, size: int) -> bool:
         """``size`` bytes more at the back of ``qb``: counted by its sender if ready.
         True if the submitting task should yield (see :meth:`add`)."""
         qb.bytes += size
@@ -166,7 +159,7 @@ class Accumulator:
             return True
         return False
 
-    def _track(self, batch: Batch) -> None:
+    def track(self, batch: Batch) -> None:
         self.live.add(batch)
         if batch.gen == self.gen:
             self._pending_now += 1
@@ -176,7 +169,7 @@ class Accumulator:
     def add_retry(self, batch: Batch) -> None:
         """A batch whose first try found no queue (no route now), or submitted behind
         such batches of its topic: retried from the start, after them."""
-        self._track(batch)
+        self.track(batch)
         waiting = self.unrouted.get(batch.topic)
         if waiting is not None:
             waiting.append(batch)  # the topic's retry task takes it in order
@@ -186,8 +179,20 @@ class Accumulator:
         self.nursery.start_soon(retry, self, batch.topic, groups)
 
     def failed(self, req: Request, error: Exception) -> None:
-        """A request failed as a whole: its batches are retried or failed (``_send_retry``)."""
-        failed(self, req, error)
+        """A request failed as a whole: its batches are retried or failed (``_retry``;
+        a span split into one batch per queue first)."""
+        failed(self, split_spans(self, req), error)
+
+    def replace(self, old: Batch, new: list[Batch]) -> None:
+        """``old`` (a span) is now the batches ``new``: the same bytes, its generation."""
+        extra = len(new) - 1
+        if old.gen == self.gen:
+            self._pending_now += extra
+        else:
+            self._pending_by_gen[old.gen] += extra
+        old.done = True
+        self.live.discard(old)
+        self.live.update(new)
 
     def sender_for(self, addr: str) -> Sender:
         sender = self.senders.get(addr)
@@ -228,7 +233,7 @@ class Accumulator:
             elif not qb.batches and not qb.muted:
                 self.home(qb, mq)
             qb.batches.append(b)
-            self._grew(qb, b.size)  # no yield: a retry task has none to give
+            self.grew(qb, b.size)  # no yield: a retry task has none to give
         if old is None:
             return
         qb = self.queues[old]

@@ -44,6 +44,7 @@ class Batch:
         "gen",
         "history",
         "keys",
+        "lane",
         "mq",
         "next_mq",
         "open",
@@ -51,8 +52,11 @@ class Batch:
         "selector",
         "sharding_key",
         "size",
+        "span",
+        "starts",
         "topic",
         "tries",
+        "waiting",
     )
 
     def __init__(
@@ -92,11 +96,113 @@ class Batch:
         self.selector = selector
         self.open = per_message  # single submits may still join it
         self.encoded_for = first.queue_id
+        self._no_tries_yet()
+
+    def _no_tries_yet(self) -> None:
+        """The state of its tries, its retries' grouping and its span: none yet."""
         self.tries: Tries | None = None  # made at its first failure
         self.history: tuple[int, ...] = ()  # the requests whose outcome was unknown: dedup, sent only with its like
         self.alone = False  # sent in a request of its own (another batch's bad message failed a shared one)
         self.done = False
         self.next_mq: MessageQueue | None = None  # a retry's target, until the batch is queued again
+        # submit_many's runs merged (not per_message): futures[i] is messages starts[i]..starts[i + 1]
+        self.starts: list[int] | None = None
+        # A span (``_span``): the queues it holds a place in, how many of them do not
+        # have it at their head (unmuted) yet, and the sender it goes to. None: a batch of one queue.
+        self.span: list[QueueBuffer] | None = None
+        self.waiting = 0
+        self.lane: SenderLike | None = None
+
+    @classmethod
+    def plain_run(
+        cls,
+        topic: str,
+        mq: MessageQueue,
+        born_ms: int,
+        first_body: bytes,
+        keys: list[str],
+        chunk: bytes,
+        fut: SendFuture,
+        sharding_key: str | None,
+    ) -> Batch:
+        """A run of plain messages to queue ``mq`` (``submit_many``: no tags, keys or
+        properties but their UNIQ_KEYs ``keys``, encoded together as ``chunk``), with
+        one future for them all; later runs to the queue may join it (``starts``), single
+        submits do not. No Message is made (see :attr:`first`)."""
+        b = cls.__new__(cls)
+        b.topic, b._first, b._body, b._born_ms = topic, None, first_body, born_ms
+        b.count, b.keys, b.chunks, b.size = len(keys), keys, (chunk,), len(chunk)
+        b.futures, b.per_message, b.mq, b.created, b.gen = [fut], False, mq, time.monotonic(), 0
+        b.sharding_key, b.selector, b.open, b.encoded_for = sharding_key, None, True, mq.queue_id
+        b.starts = [0]
+        b.tries, b.history, b.alone, b.done, b.next_mq = None, (), False, False, None
+        b.span, b.waiting, b.lane = None, 0, None
+        return b
+
+    @classmethod
+    def spanning(
+        cls,
+        topic: str,
+        mq: MessageQueue,
+        born_ms: int,
+        first_body: bytes,
+        keys: list[str],
+        chunk: bytes,
+        fut: SendFuture,
+        queues: list[QueueBuffer],
+        lane: SenderLike,
+    ) -> Batch:
+        """A span (``_span``): plain messages of one ``submit_many`` call to the queues
+        ``queues`` of one broker, each encoded with its own queue id in ``chunk`` (``mq``:
+        its first message's queue), one future for them all. It holds a place in each of
+        its queues and is sent once it is at the head of all of them (``lane``)."""
+        b = cls.plain_run(topic, mq, born_ms, first_body, keys, chunk, fut, None)
+        b.open = False
+        b.span, b.lane = queues, lane
+        return b
+
+    def append(self, chunk: bytes, keys: Sequence[str], count: int, fut: SendFuture) -> None:
+        """``count`` more messages at the back (not sent yet): encoded for
+        :attr:`encoded_for` as ``chunk``, their UNIQ_KEYs ``keys`` (none without unique
+        ids), the future that answers them ``fut``."""
+        self.futures.append(fut)
+        chunks, have = self.chunks, self.keys
+        if isinstance(chunks, tuple):  # its first join: lists from now on
+            self.chunks = chunks = list(chunks)
+        if isinstance(have, tuple):
+            self.keys = have = list(have)
+        chunks.append(chunk)
+        have.extend(keys)
+        self.size += len(chunk)
+        self.count += count
+
+    def join_run(
+        self,
+        keys: Sequence[str],
+        chunk: bytes,
+        fut: SendFuture,
+        gen: int,
+        sharding_key: str | None,
+        queue_id: int,
+        batch_max_bytes: int,
+    ) -> bool:
+        """Append a ``submit_many`` run (see :meth:`plain_run`) if this batch is one that
+        it may join: not sent yet, of flush generation ``gen``, the same sharding key,
+        encoded for ``queue_id``, within ``batch_max_bytes``. Whether it joined."""
+        starts = self.starts
+        if (
+            starts is None
+            or self.span is not None
+            or not self.open
+            or self.gen != gen
+            or self.sharding_key != sharding_key
+            or self.encoded_for != queue_id
+            or self.size + len(chunk) > batch_max_bytes
+        ):
+            return False
+        starts.append(self.count)
+        self.append(chunk, keys, len(keys), fut)
+        return True
 
     @property
     def first(self) -> Message:
@@ -118,7 +224,7 @@ class Batch:
 class QueueBuffer:
     """One queue's batches waiting to be sent, in order, and the broker they go to."""
 
-    __slots__ = ("batches", "bytes", "key", "mq", "muted", "sender")
+    __slots__ = ("batches", "bytes", "key", "mq", "muted", "parked", "sender")
 
     def __init__(self, key: QueueKey, mq: MessageQueue, sender: SenderLike) -> None:
         self.key = key
@@ -127,6 +233,7 @@ class QueueBuffer:
         self.batches: deque[Batch] = deque()
         self.bytes = 0
         self.muted = False  # a batch of it is in flight or being retried
+        self.parked = False  # its head is a span that counted it (``Batch.waiting``)
 
 
 @dataclass
@@ -149,6 +256,7 @@ class SenderLike(Protocol):
 
     def wake(self) -> None: ...
     def make_ready(self, qb: QueueBuffer) -> None: ...
+    def span_ready(self, span: Batch) -> bool: ...
     def forget(self, qb: QueueBuffer) -> None: ...
 
 

@@ -4,6 +4,7 @@ result and error types."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
@@ -157,6 +158,27 @@ class SendFuture:
         self._error = error
         self._finish()
 
+    # What ``SendFutures`` asks of the future of several of its messages (``_span``'s
+    # ``SpanFuture`` answers it for messages of many queues).
+    def _outcome(self, k: int) -> SendOutcome:
+        """Message ``k`` of this (done) future's messages: its result or its error."""
+        if self._error is not None:
+            return self._error
+        return _one(self.result(), k)
+
+    def _message(self, k: int) -> SendFuture:
+        """Message ``k``'s own future (made anew)."""
+        view = SendFuture()
+        if self.done():
+            _copy(self, view, k)
+        else:
+            self.add_done_callback(functools.partial(_into, view, k))
+        return view
+
+    def _failed_count(self, count: int) -> int:
+        """How many of its ``count`` messages failed so far."""
+        return count if self._error is not None else 0
+
     def _finish(self) -> None:
         if self._event is not None:
             self._event.set()
@@ -176,8 +198,162 @@ def resolve_each(futures: list[SendFuture], answer: Answer, keys: Sequence[str])
                 fut._finish()
 
 
+def resolve_runs(futures: list[SendFuture], starts: list[int], answer: Answer, keys: Sequence[str], count: int) -> None:
+    """A batch of ``submit_many`` runs answered: future ``i`` is messages
+    ``starts[i]`` up to ``starts[i + 1]`` (the last: up to ``count``)."""
+    ends = [*starts[1:], count]
+    for fut, start, end in zip(futures, starts, ends, strict=True):
+        fut._resolve(answer, keys, start, end - start)
+
+
 def _call(fn: DoneCallback, fut: SendFuture) -> None:
     try:
         fn(fut)
     except Exception:  # a user's callback must not break the producer
         log.exception("a send's done callback raised")
+
+
+SendOutcome = SendResult | SendError
+
+
+class SendFutures(Sequence[SendFuture]):
+    """What ``submit_many`` gives back: message ``i``'s :class:`SendFuture` at ``[i]``
+    (made when first asked for), and the call as a whole: ``done()`` once every message
+    is, ``await wait()`` and ``result()``: each message's :class:`SendResult` or
+    :class:`SendError`, in order (a failed message is a result, never raised);
+    ``exception()`` is always None once done; ``add_done_callback(fn)``: ``fn(self)``
+    once all are done; ``failed()`` counts the failed messages.
+
+    Inside, one future per batch (the messages of the call sent together to one queue,
+    ``parts``: their indices in the call) and the errors of messages that were never
+    buffered: a message costs no object of its own until someone asks for it."""
+
+    def __init__(self, count: int = 0) -> None:
+        self.total = count
+        self.parts: list[tuple[range, SendFuture]] = []  # a batch's messages and its future
+        self.refused: dict[int, SendError] = {}  # messages never buffered, and why
+        self._views: dict[int, SendFuture] | None = None
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __getitem__(self, i: int) -> SendFuture:  # type: ignore[override]
+        if not isinstance(i, int):
+            raise TypeError("SendFutures takes an int index")
+        if i < 0:
+            i += self.total
+        if not 0 <= i < self.total:
+            raise IndexError(f"message {i} of {self.total}")
+        views = self._views
+        if views is None:
+            views = self._views = {}
+        view = views.get(i)
+        if view is None:
+            view = views[i] = self._view(i)
+        return view
+
+    def _view(self, i: int) -> SendFuture:
+        error = self.refused.get(i)
+        if error is not None:
+            return failed_future(error)
+        for run, fut in self.parts:
+            if i in run:
+                return fut._message(run.index(i))
+        raise IndexError(f"message {i}: not submitted")  # not reached: every message is in one
+
+    def refuse(self, indices: Sequence[int] | range, error: SendError) -> None:
+        """These messages were never buffered: ``error`` is their outcome."""
+        for i in indices:
+            self.refused[i] = error
+
+    def done(self) -> bool:
+        return all(f.done() for _r, f in self.parts)
+
+    def failed(self) -> int:
+        """Messages failed so far."""
+        return len(self.refused) + sum(f._failed_count(len(run)) for run, f in self.parts)
+
+    def result(self) -> list[SendOutcome]:
+        """Each message's result or error, in order; RuntimeError if one is not done."""
+        out: list[SendOutcome | None] = [None for _ in range(self.total)]
+        for i, error in self.refused.items():
+            out[i] = error
+        for run, fut in self.parts:
+            if not fut.done():
+                raise RuntimeError("the sends are not done yet: await wait() or add a done callback")
+            outcome = fut._outcome
+            for k, i in enumerate(run):
+                out[i] = outcome(k)
+        return out  # type: ignore[return-value]  # every slot set: each message is refused or in a part
+
+    def exception(self) -> None:
+        """None: the call as a whole never fails (see :meth:`result`); RuntimeError if not done."""
+        if not self.done():
+            raise RuntimeError("the sends are not done yet: await wait() or add a done callback")
+
+    async def wait(self) -> list[SendOutcome]:
+        """Wait until every message is done; :meth:`result`."""
+        for _run, f in self.parts:
+            if not f.done():
+                if f._event is None:
+                    f._event = trio.Event()
+                await f._event.wait()
+        return self.result()
+
+    def add_done_callback(self, fn: Callable[[SendFutures], object]) -> None:
+        """Call ``fn(self)`` once every message is done (at once if they are)."""
+        pending = [f for _r, f in self.parts if not f.done()]
+        if not pending:
+            _call_many(fn, self)
+            return
+        left = [len(pending)]
+
+        def one_done(_f: SendFuture) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                _call_many(fn, self)
+
+        for f in pending:
+            f.add_done_callback(one_done)
+
+
+def _one(whole: SendResult, k: int) -> SendResult:
+    """Message ``k`` of a batch's result."""
+    coffs = whole.commitlog_offsets
+    return SendResult(
+        whole.queue,
+        whole.queue_offsets[k : k + 1],
+        coffs[k : k + 1],
+        whole.durable,
+        whole.flush_timeout,
+        whole.duplicate,
+        whole.uniq_keys[k : k + 1],
+    )
+
+
+def _into(view: SendFuture, k: int, batch: SendFuture) -> None:
+    _copy(batch, view, k)
+
+
+def _copy(batch: SendFuture, view: SendFuture, k: int) -> None:
+    """Message ``k`` of a done batch future, into its own future (resolved or failed)."""
+    if batch._error is not None:
+        view._fail(batch._error)
+        return
+    answer = batch._answer
+    assert answer is not None
+    view._resolve(answer, batch._keys, batch._start + k, 1)
+
+
+def failed_future(error: SendError) -> SendFuture:
+    """A future failed at once (a message ``submit_many`` could not buffer)."""
+    fut = SendFuture()
+    fut._error = error
+    return fut
+
+
+def _call_many(fn: Callable[[SendFutures], object], futs: SendFutures) -> None:
+    try:
+        fn(futs)
+    except Exception:  # a user's callback must not break the producer
+        log.exception("a submit_many done callback raised")

@@ -5,7 +5,6 @@ leader a NOT_LEADER names) and a batch's tries (count, budget, backoff)."""
 
 from __future__ import annotations
 
-import itertools
 import re
 import time
 from typing import Callable, Sequence
@@ -150,11 +149,12 @@ class Targets:
     def __init__(self, routes: Routes, policy: RetryPolicy) -> None:
         self.routes = routes
         self.policy = policy
-        self._rr = itertools.count()
+        self._rr = 0  # the round robin's next index
         self._faulty: dict[str, float] = {}  # broker address -> avoid until (monotonic s)
         self._filtered: dict[tuple[str, str], tuple[list[MessageQueue], frozenset[str], list[MessageQueue]]] = {}
         self._routed: dict[str, tuple[float, list[MessageQueue]]] = {}  # topic -> (fresh until, its queues)
         self._looking_up: dict[str, trio.Lock] = {}
+        self._indexed: dict[str, tuple[list[MessageQueue], dict[tuple[str, int], MessageQueue]]] = {}
 
     async def target(
         self,
@@ -260,7 +260,17 @@ class Targets:
         except NoRouteError:
             return None
         self._routed[mq.topic] = (time.monotonic() + self.routes.refresh_interval_ms / 1000, mqs)
-        return next((m for m in mqs if m.broker_name == mq.broker_name and m.queue_id == mq.queue_id), None)
+        return self._by_queue(mq.topic, mqs).get((mq.broker_name, mq.queue_id))
+
+    def _by_queue(self, topic: str, mqs: list[MessageQueue]) -> dict[tuple[str, int], MessageQueue]:
+        """``mqs`` by group and queue id, kept until the routes change: a retry of each of
+        a failed request's batches looked its queue up among 65,536 one by one."""
+        cached = self._indexed.get(topic)
+        if cached is not None and cached[0] is mqs:
+            return cached[1]
+        index = {(m.broker_name, m.queue_id): m for m in mqs}
+        self._indexed[topic] = (mqs, index)
+        return index
 
     async def pick(
         self, topic: str, first: Message, sharding_key: str | None, selector: QueueSelector | None, refresh: bool
@@ -318,6 +328,18 @@ class Targets:
         sharding_key: str | None,
         selector: QueueSelector | None,
     ) -> MessageQueue:
+        mqs = self._healthy(topic, mqs)
+        if selector is not None:
+            return selector(mqs, first)
+        if sharding_key is not None:
+            return mqs[shard(sharding_key, len(mqs))]
+        mqs = self._not_faulty(topic, mqs)
+        rr = self._rr
+        self._rr = rr + 1
+        return mqs[rr % len(mqs)]
+
+    def _healthy(self, topic: str, mqs: list[MessageQueue]) -> list[MessageQueue]:
+        """``mqs`` without unhealthy brokers' queues; SendError if none is left."""
         if not mqs:
             raise NoRouteError(f"topic {topic!r} has no queues")
         failures = self.routes.failures
@@ -332,18 +354,30 @@ class Targets:
                     else ErrorCode.STORE_FAILED
                 )
                 raise SendError(f"topic {topic!r}: no healthy broker to send to ({code.name}): {'; '.join(down)}", code)
-        if selector is not None:
-            return selector(mqs, first)
-        if sharding_key is not None:
-            return mqs[shard(sharding_key, len(mqs))]
+        return mqs
+
+    def _not_faulty(self, topic: str, mqs: list[MessageQueue]) -> list[MessageQueue]:
+        """``mqs`` without recently faulty brokers' queues (all of them if every one is)."""
         if self._faulty:
             now = time.monotonic()
             faulty = frozenset(addr for addr, until in self._faulty.items() if until > now)
             if faulty:
-                mqs = self._without(topic, mqs, faulty, "faulty") or mqs
-            else:
-                self._faulty.clear()  # all expired: the next picks skip this
-        return mqs[next(self._rr) % len(mqs)]
+                return self._without(topic, mqs, faulty, "faulty") or mqs
+            self._faulty.clear()  # all expired: the next picks skip this
+        return mqs
+
+    def round_robin_now(self, topic: str, count: int) -> tuple[list[MessageQueue], int] | None:
+        """For ``count`` messages sent round robin (``submit_many``): the queues they may
+        go to and the index of the first (message ``i`` to ``mqs[(start + i) % len]``),
+        the counter advanced past them; None if the routes must be fetched first.
+        Raises SendError when no broker is healthy."""
+        routed = self._routed.get(topic)
+        if routed is None or routed[0] < time.monotonic():
+            return None
+        mqs = self._not_faulty(topic, self._healthy(topic, routed[1]))
+        start = self._rr
+        self._rr = start + count
+        return mqs, start
 
     def _without(self, topic: str, mqs: list[MessageQueue], addrs: frozenset[str], why: str) -> list[MessageQueue]:
         """``mqs`` without the queues of brokers ``addrs``, kept until either changes: a
