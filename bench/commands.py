@@ -1,5 +1,6 @@
 """``clmq bench store`` and ``clmq bench compare``: their arguments, and the tables
-they print (and the registration of ``clmq bench replication``, in ``replication.py``)."""
+they print. The other benchmarks register themselves from their own modules (each one
+imported only when it runs: ``BENCHMARKS`` in ``broker/cli/main.py``)."""
 
 from __future__ import annotations
 
@@ -33,29 +34,8 @@ def plot_available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def add_store_and_compare(bench_sub: Any) -> None:
-    """Add ``store``, ``compare``, ``replication`` and ``failover`` to the ``clmq bench`` parser."""
-    from .failover import add_command as add_failover
-    from .replication import add_command as add_replication
-    from .request_cost import add_command as add_request_cost
-
-    _add_store(bench_sub)
-    _add_compare(bench_sub)
-    add_replication(bench_sub)
-    add_failover(bench_sub)
-    add_request_cost(bench_sub)
-    from .cold_reader import add_command as add_cold_reader
-
-    add_cold_reader(bench_sub)
-    from .kafka import add_command as add_kafka
-
-    add_kafka(bench_sub)
-    from .index import add_command as add_index
-
-    add_index(bench_sub)
-
-
-def _add_store(bench_sub: Any) -> None:
+def add_store(bench_sub: Any) -> None:
+    """Add ``clmq bench store`` to the ``clmq bench`` parser."""
     store = bench_sub.add_parser("store", help="storage engine: append, dispatch, rebuild, read-back")
     store.add_argument("--dir", type=Path, default=None, help="where to create stores (default: a temporary dir)")
     store.add_argument("--sizes", type=_ints, default=[100, 1024], help="message sizes in bytes (default 100,1024)")
@@ -80,7 +60,8 @@ def _add_store(bench_sub: Any) -> None:
     store.set_defaults(func=cmd_bench_store)
 
 
-def _add_compare(bench_sub: Any) -> None:
+def add_compare(bench_sub: Any) -> None:
+    """Add ``clmq bench compare`` to the ``clmq bench`` parser."""
     cmp_ = bench_sub.add_parser("compare", help="commit-log mode against partition-per-file mode, same workload")
     cmp_.add_argument("--dir", type=Path, default=None, help="where to create stores (default: a temporary dir)")
     cmp_.add_argument("--sizes", type=_ints, default=[100, 1024], help="message sizes in bytes (default 100,1024)")

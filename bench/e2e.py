@@ -2,11 +2,12 @@
 
 The broker runs in its own process (its own interpreter and core), started fresh per
 case on an empty data directory; the clients run in this process with clmq's own trio
-client, through two APIs (``--api``): ``public``, exactly what a user writes
-(``e2e_public``), and ``raw``, batches encoded by the benchmark and sent as they are
-(``e2e_raw``). Cases: the timed case (message size x queue count x flush mode: produce
-for ``--seconds``, then a consumer group reads everything back), the sparse case (a
-fixed total spread over 1 to 10,000 queues, so that at 10,000 each holds a few), and
+client, through several APIs (``--api``): ``public`` and ``public-many``, exactly what a
+user writes (``submit`` per message, or ``submit_many`` per window: ``e2e_public``), and
+``raw``, batches encoded by the benchmark and sent as they are (``e2e_raw``). Cases:
+the timed case (message size x queue count x flush mode: produce for ``--seconds``,
+then a consumer group reads everything back), the sparse case (a
+fixed total spread over 1 to 65,536 queues, so that at 65,536 each holds about 3), and
 produce latency at a fixed rate with synchronous flush. Figures in ``e2e_report``, the
 plot in ``e2e_plot``. With ``--tls`` and ``--auth`` the throughput cases run in each
 security mode too, against plaintext in the same run (``e2e_security``).
@@ -32,24 +33,26 @@ from clmq.client import open_admin
 from clmq.protocol.transport import ClientSecurity
 
 from .e2e_load import Consumed, Load, ProcessCpu, Produced
-from .e2e_public import consume_public, latency_public, produce_batches, produce_public
+from .e2e_public import consume_public, latency_public, produce_batches, produce_many, produce_public
 from .e2e_raw import consume_raw, latency_raw, produce_raw
 from .e2e_report import Latency, Throughput, aims, latency_of, markdown, medians
 from .e2e_security import PLAIN, Mode, Modes, modes_of, summary
 
 PRODUCE: dict[str, Callable[[str, Load, ClientSecurity | None], Awaitable[Produced]]] = {
     "public": produce_public,
+    "public-many": produce_many,
     "public-batches": produce_batches,
     "raw": produce_raw,
 }
 CONSUME: dict[str, Callable[[str, str, int, ClientSecurity | None], Awaitable[Consumed]]] = {
     "public": consume_public,
+    "public-many": consume_public,
     "public-batches": consume_public,
     "raw": consume_raw,
 }
 LATENCY_QUEUES = 8  # the latency case's topic
 RAW_LATENCY_BATCH = 10  # raw: messages per send in the latency case (public: one per send)
-DEFAULTS = {"sizes": "100,1024", "queues": "1,1000,10000", "flush": "async,sync"}
+DEFAULTS = {"sizes": "1024", "queues": "1,1000,10000", "flush": "async,sync"}
 SECURITY_ONLY = {"sizes": "1024", "queues": "1,1000", "flush": "async"}  # --security-only's defaults
 
 
@@ -71,26 +74,32 @@ def add_command(bench_sub: Any) -> None:
     a(
         "--api",
         type=_apis,
-        default=["public", "raw"],
-        help="client APIs, comma-separated (default public,raw: one run gives both, cases alternated so that drift "
-        "affects both alike). public: what a user writes, with default options: open_producer, per message "
-        "submit(topic, body, selector=...) then flush(); open_consumer and receive(). public-batches: per window of "
+        default=["public", "public-many", "raw"],
+        help="client APIs, comma-separated (default public,public-many,raw: one run gives all, cases alternated so "
+        "that drift affects all alike). public: what a user writes, with default options: open_producer, per message "
+        "submit(topic, body, selector=...) then flush(); open_consumer and receive(). public-many: per window of "
+        "1,000 messages one submit_many(topic, bodies) (round robin), then flush(). public-batches: per window of "
         "1,000 messages one send_batch per queue it touches, concurrently (issue 17's first measurement). raw: "
         "batches encoded by the bench and sent with Producer.send_to, --producers in flight, --batch per request "
         "(sparse case: message i to queue i mod Q, so a request spans up to --batch queues), read back with "
         "pull_batch 1024 and buffered_batches 256",
     )
-    a("--sizes", default=None, help="message sizes in bytes (default 100,1024; --security-only: 1024)")
+    a("--sizes", default=None, help="message sizes in bytes (default 1024, e.g. 100,1024; --security-only: 1024)")
     a("--queues", default=None, help="queue counts (default 1,1000,10000; --security-only: 1,1000)")
     a("--flush", default=None, help="flush modes (default async,sync; --security-only: async)")
     a("--seconds", type=float, default=3.0, help="seconds of producing per timed case (default 3)")
     a(
         "--sparse-total",
         type=int,
-        default=100_000,
-        help="sparse case: messages spread over --sparse-queues, produced then consumed (default 100,000; 0: skip)",
+        default=200_000,
+        help="sparse case: messages spread over --sparse-queues, produced then consumed (default 200,000; 0: skip)",
     )
-    a("--sparse-queues", default="1,1000,10000", help="sparse case: queue counts (default 1,1000,10000)")
+    a(
+        "--sparse-queues",
+        default="1,65536",
+        help="sparse case: queue counts (default 1,65536: about 3 messages per queue at the top of the range, "
+        "issue 34's case; e.g. 1,1000,10000,65536)",
+    )
     a("--sparse-size", type=int, default=1024, help="sparse case: message size in bytes, async flush (default 1024)")
     a("--runs", type=int, default=3, help="runs; medians are reported (default 3)")
     a("--producers", type=int, default=4, help="raw: concurrent batch senders (default 4)")

@@ -3,7 +3,6 @@ the raw clients of the benchmark)."""
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +11,8 @@ import trio
 
 from clmq.client import open_consumer
 from clmq.protocol.transport import ClientSecurity
+
+from .cpu import cpu_seconds
 
 CONSUME_TIMEOUT_S = 300  # a consumer that has not read everything back by then: the case fails
 CHECK_CLOCK_EVERY = 64  # messages between two looks at the clock in a timed case
@@ -59,7 +60,7 @@ class Consumed:
 
 class ProcessCpu:
     """CPU seconds (user + system) used by a process since this object was made: the
-    broker's from ``/proc/<pid>/stat``, this process's from :func:`time.process_time`.
+    broker's from its CPU-time clock (:func:`bench.cpu.cpu_seconds`), this process's from :func:`time.process_time`.
     Less noisy than wall time on a shared machine."""
 
     def __init__(self, pid: int | None = None) -> None:
@@ -69,12 +70,7 @@ class ProcessCpu:
     def _now(self) -> float:
         if self.pid is None:
             return time.process_time()
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return float("nan")
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime, in ticks
+        return cpu_seconds(self.pid)
 
     def used_s(self) -> float:
         return self._now() - self.start

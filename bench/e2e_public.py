@@ -6,6 +6,8 @@ the client writes, with its default options.
   case spreads over every queue), ``await p.flush()`` at the end; the producer's
   accumulator makes the requests. Until the client has ``submit`` this falls back to the
   ``public-batches`` shape (said in the JSON's ``producer_call``).
+- ``public-many``: per window of 1,000 messages one ``submit_many(topic, bodies)``
+  (round robin: message i to queue i mod Q), ``flush`` at the end.
 - ``public-batches``: issue 17's first measurement: per window of 1,000 messages, one
   ``send_batch`` per queue that the window touches, all at once.
 - consume: ``open_consumer(None, group, {topic: "*"}, broker_addrs=[addr])`` with default
@@ -16,13 +18,14 @@ the client writes, with its default options.
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 from typing import Callable, Sequence
 
 import trio
 
-from clmq.client import ClientError, Message, MessageQueue, Producer, SendFuture, open_producer
+from clmq.client import ClientError, Message, MessageQueue, Producer, SendFuture, SendFutures, open_producer
 from clmq.protocol.transport import ClientSecurity
 
 from .e2e_load import CHECK_CLOCK_EVERY, Consumed, Load, Produced, consume
@@ -57,6 +60,28 @@ async def produce_public(addr: str, load: Load, security: ClientSecurity | None 
         await p.flush()
         elapsed = time.perf_counter() - t0
     return Produced(sent, failed[0], elapsed, "submit")
+
+
+async def produce_many(addr: str, load: Load, security: ClientSecurity | None = None) -> Produced:
+    """Per window of 1,000 messages one ``submit_many`` (round robin over the topic's
+    queues: message i to queue i mod Q, as in ``public``), ``flush`` at the end;
+    failures counted from the windows' futures as they complete."""
+    body = os.urandom(load.size)
+    window = [body] * WINDOW
+    async with open_producer(broker_addrs=[addr], security=security) as p:
+        sent, failed, t0 = 0, 0, time.perf_counter()
+        deadline = t0 + (load.seconds or 0.0)
+        pending: collections.deque[SendFutures] = collections.deque()
+        while load.more(sent, deadline):
+            count = load.next_count(sent, WINDOW)
+            pending.append(await p.submit_many(load.topic, window if count == WINDOW else window[:count]))
+            sent += count
+            while pending and pending[0][-1].done() and pending[0].done():
+                failed += pending.popleft().failed()
+        await p.flush()
+        elapsed = time.perf_counter() - t0
+        failed += sum(futs.failed() for futs in pending)
+    return Produced(sent, failed, elapsed, "submit_many")
 
 
 async def produce_batches(addr: str, load: Load, security: ClientSecurity | None = None) -> Produced:

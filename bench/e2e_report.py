@@ -14,11 +14,13 @@ AIM_PRODUCE_MANY_OVER_ONE = 0.8  # produce at the most queues / at 1 queue
 AIM_CONSUME_MSGS_PER_S = 250_000  # at every queue count, sparse case included
 AIM_P99_MS = 5.0  # produce p99 at 10,000 msgs/s, sync flush
 AIM_LATENCY_RATE = 10_000
+AIM_PUBLIC_OVER_RAW = 0.8  # issue 34: a public API's produce rate / raw's, same case, same run
+AIM_SPARSE_OVER_ONE = 0.8  # issue 34: the sparse case at the most queues / at 1 queue, produce and consume
 
 
 @dataclass
 class Throughput:
-    api: str  # "public", "public-batches" or "raw"
+    api: str  # "public", "public-many", "public-batches" or "raw"
     case: str  # "timed" (produce for --seconds) or "sparse" (a fixed total over the queues)
     size: int
     queues: int
@@ -156,6 +158,7 @@ def aims(result: dict[str, Any]) -> list[dict[str, Any]]:
                             True,
                         )
                     )
+        out += _ratio_aims(result, api)
         lat = result.get("latency", {}).get(api)
         if lat:
             aim = _aim(
@@ -168,6 +171,43 @@ def aims(result: dict[str, Any]) -> list[dict[str, Any]]:
             )
             aim["met"] = aim["met"] and not lat["failed"]  # a failed send took send_timeout_ms at least
             out.append(aim)
+    return out
+
+
+def _ratio_aims(result: dict[str, Any], api: str) -> list[dict[str, Any]]:
+    """Issue 34's: ``api``'s produce rate over raw's in every 1 KiB case that both ran,
+    and the sparse case at its most queues over 1 queue (produce and consume)."""
+    out: list[dict[str, Any]] = []
+    for case in ("timed", "sparse"):
+        table = result["rows"] if case == "timed" else result.get("sparse", [])
+        for r in table:
+            if api == "raw" or r["api"] != api or r["size"] != AIM_SIZE or r.get("mode", "plain") != "plain":
+                continue
+            raw = _row(result, "raw", case, r["queues"], r["flush"])
+            if raw:
+                out.append(
+                    _aim(
+                        api,
+                        f"produce {api} / raw, {case}, {_queues(r['queues'])}, {r['flush']} flush",
+                        r["produce_msgs_per_s"] / raw["produce_msgs_per_s"],
+                        AIM_PUBLIC_OVER_RAW,
+                        True,
+                    )
+                )
+    sparse = [r for r in result.get("sparse", []) if r["api"] == api and r.get("mode", "plain") == "plain"]
+    most = max((r["queues"] for r in sparse), default=1)
+    one, many = _row(result, api, "sparse", 1), _row(result, api, "sparse", most)
+    if one and many and most > 1:
+        for what in ("produce", "consume"):
+            out.append(
+                _aim(
+                    api,
+                    f"sparse case, {what} at {_queues(most)} / at 1 queue",
+                    many[f"{what}_msgs_per_s"] / one[f"{what}_msgs_per_s"],
+                    AIM_SPARSE_OVER_ONE,
+                    True,
+                )
+            )
     return out
 
 

@@ -15,7 +15,7 @@ the measuring. Cases:
   case the same client type reads everything back in a consumer group;
 - **latency**: ``--latency-rate`` messages a second for ``--latency-seconds``, acks=all,
   each timed from its call to its acknowledgement;
-- **broker CPU** per message (``/proc/<pid>/stat`` utime + stime, between the client's
+- **broker CPU** per message (the process CPU clock, :mod:`bench.cpu`, between the client's
   ``ready`` and its result) in each case, and the ratio Kafka / native;
 - with ``--kafka-tools VERSION`` (Maven and java found): Kafka's own
   ``ProducerPerformance`` / ``ConsumerPerformance`` (``org.apache.kafka:kafka-tools``,
@@ -46,6 +46,7 @@ import trio
 
 from clmq.client import open_admin
 
+from .cpu import cpu_seconds
 from .kafka_report import (
     CONSUME_KEY,
     LATENCY_KEY,
@@ -58,7 +59,6 @@ from .kafka_report import (
     markdown,
     medians,
 )
-from .replication_cluster import cpu_seconds
 
 CLIENTS = ("kafka", "native")
 START_TIMEOUT_S = 60.0

@@ -5,7 +5,7 @@ SEND_MESSAGE requests (and, with ``--kind pull``, one-message PULL_MESSAGE reque
 ONE connection, keeping ``concurrency`` of them in flight, through the raw client path
 (``RpcClient`` and ``Producer.send_to``: the client does as little as it can, so that the
 broker's cost is what is measured). The broker's CPU time (user + system, every thread,
-from ``/proc/<pid>/stat``) is read before and after each case: CPU microseconds per
+from its CPU-time clock, :mod:`bench.cpu`) is read before and after each case: CPU microseconds per
 request is the figure (less noisy than wall time on a shared machine). The aim is at
 most 50 us per small produce request.
 """
@@ -16,6 +16,7 @@ import argparse
 import importlib.util
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -29,11 +30,11 @@ from clmq.common import Message
 from clmq.protocol import RequestCode, encode_batch
 from clmq.protocol.transport import RpcClient
 
+from .cpu import cpu_seconds
 from .e2e import BrokerProcess
 
 AIM_US = 50.0  # the aim of issue 17: broker CPU per small produce request
 TOPIC = "cost"
-_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -53,6 +54,7 @@ def add_command(bench_sub: Any) -> None:
     p = bench_sub.add_parser("request-cost", help="broker CPU time per small request, many in flight on one connection")
     p.add_argument("--concurrency", default="1,64,200,1000", help="requests in flight (default 1,64,200,1000)")
     p.add_argument("--requests", type=int, default=20_000, help="requests per case (default 20,000)")
+    p.add_argument("--runs", type=int, default=3, help="runs; medians are reported (default 3)")
     p.add_argument("--size", type=int, default=1024, help="message body bytes (default 1024)")
     p.add_argument("--flush", default="async,sync", help="flush modes (default async,sync)")
     p.add_argument("--kind", default="produce", help="produce, pull, or both: produce,pull (default produce)")
@@ -60,14 +62,6 @@ def add_command(bench_sub: Any) -> None:
     p.add_argument("--markdown", type=Path, default=None, help="also write the tables as Markdown here")
     p.add_argument("--plot", type=Path, default=None, help="where to draw the plot (default: beside the JSON)")
     p.set_defaults(func=cmd_bench_request_cost)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (all its threads) so far."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    fields = stat[stat.rindex(b")") + 2 :].split()  # after the command name, which may hold spaces
-    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S  # utime, stime (fields 14, 15)
 
 
 async def _keep_in_flight(concurrency: int, requests: int, one: Callable[[int], Awaitable[None]]) -> None:
@@ -140,21 +134,64 @@ async def _cases(
     return out
 
 
+REGRESSION_CONCURRENCY = 200  # the regression line: one-message produce requests, this many in flight
+
+
 def run_all(args: argparse.Namespace, report: Callable[[str], None]) -> dict[str, Any]:
-    """Every case (flush x kind x concurrency); a broker process per flush mode. With
-    ``--kind pull`` alone, ``--requests`` messages are produced first, to be pulled."""
+    """Every case (flush x kind x concurrency) ``--runs`` times, the flush modes'
+    order reversed every other run; a broker process per flush mode and run. With
+    ``--kind pull`` alone, ``--requests`` messages are produced first, to be pulled.
+    The rows are the medians; ``regression``: the produce case at
+    ``REGRESSION_CONCURRENCY`` in flight per flush mode, against the aim."""
     root = Path(tempfile.mkdtemp(prefix="clmq-bench-cost-"))
-    rows: list[Cost] = []
-    for flush in args.flush.split(","):
-        broker = BrokerProcess(root, flush)
-        try:
-            if "produce" not in args.kind.split(","):
-                trio.run(_fill, broker.addr, args)
-            rows += trio.run(_cases, broker, flush, args, report)
-        finally:
-            broker.stop()
+    samples: list[dict[str, Any]] = []
+    flushes = args.flush.split(",")
+    for r in range(args.runs):
+        for flush in flushes if r % 2 == 0 else flushes[::-1]:
+            broker = BrokerProcess(root, flush)
+            try:
+                if "produce" not in args.kind.split(","):
+                    trio.run(_fill, broker.addr, args)
+                samples += [{**asdict(c), "run": r} for c in trio.run(_cases, broker, flush, args, report)]
+            finally:
+                broker.stop()
     shutil.rmtree(root, ignore_errors=True)
-    return {"requests": args.requests, "size": args.size, "aim_us": AIM_US, "rows": [asdict(r) for r in rows]}
+    rows = _medians(samples)
+    regression = [
+        {
+            "flush": row["flush"],
+            "concurrency": row["concurrency"],
+            "broker_us_per_request": row["broker_us_per_request"],
+            "aim_us": AIM_US,
+            "met": row["broker_us_per_request"] <= AIM_US,
+        }
+        for row in rows
+        if row["kind"] == "produce" and row["concurrency"] == REGRESSION_CONCURRENCY
+    ]
+    return {
+        "requests": args.requests,
+        "size": args.size,
+        "runs": args.runs,
+        "aim_us": AIM_US,
+        "rows": rows,
+        "regression": regression,
+        "samples": samples,
+    }
+
+
+def _medians(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (kind, flush, concurrency), in first-seen order: the runs' medians."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for s in samples:
+        groups.setdefault((s["kind"], s["flush"], s["concurrency"]), []).append(s)
+    rows = []
+    for group in groups.values():
+        row = {k: v for k, v in group[0].items() if k != "run"}
+        for k, v in row.items():
+            if isinstance(v, float):
+                row[k] = statistics.median(g[k] for g in group)
+        rows.append(row)
+    return rows
 
 
 async def _fill(addr: str, args: argparse.Namespace) -> None:
@@ -184,9 +221,15 @@ def markdown(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"{result['requests']:,} one-message requests of {result['size']} B per case, on one connection; "
-        f"aim: at most {result['aim_us']:.0f} us of broker CPU per produce request.",
+        f"{result['requests']:,} one-message requests of {result['size']} B per case, on one connection; medians "
+        f"of {result.get('runs', 1)} runs; aim: at most {result['aim_us']:.0f} us of broker CPU per produce request.",
     ]
+    for g in result.get("regression", []):
+        verdict = "met" if g["met"] else "**not met**"
+        lines.append(
+            f"Regression line: produce, {g['flush']} flush, {g['concurrency']} in flight: "
+            f"{g['broker_us_per_request']:.0f} us (aim <= {g['aim_us']:.0f} us: {verdict})."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -228,6 +271,13 @@ def cmd_bench_request_cost(args: argparse.Namespace) -> int:
     console = Console(soft_wrap=True)
     result = run_all(args, lambda line: console.print(line, highlight=False))
     save(result, markdown(result), args.json, args.markdown, console)
+    for g in result["regression"]:
+        console.print(
+            f"regression line: produce, {g['flush']} flush, {g['concurrency']} in flight: "
+            f"{g['broker_us_per_request']:.0f} us of broker CPU per request (aim <= {g['aim_us']:.0f}: "
+            + ("met)" if g["met"] else "NOT met)"),
+            highlight=False,
+        )
     if importlib.util.find_spec("matplotlib") is not None:  # the bench extra
         plot(result, args.plot)
         console.print(f"plot written to {args.plot}")

@@ -32,9 +32,9 @@ import trio
 
 from clmq.client import ClientError, open_admin, open_consumer, open_producer
 
+from .cpu import cpu_seconds
 from .delay import _broker
 from .e2e import BrokerProcess
-from .replication_cluster import cpu_seconds
 from .trace_report import aims, markdown, plot, summary
 
 TOPIC = "trace-bench"

@@ -29,9 +29,9 @@ import trio
 
 from clmq.client import ClientError, LocalTransactionState, Message, open_admin, open_consumer, open_producer
 
+from .cpu import cpu_seconds
 from .delay import _broker
 from .e2e import BrokerProcess
-from .replication_cluster import cpu_seconds
 from .replication_load import percentile
 from .transactions_report import aims, markdown, plot, throughput_summary
 

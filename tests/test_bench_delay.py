@@ -81,7 +81,9 @@ def test_every_figure_is_measured(tmp_path: Path) -> None:
         assert 0 <= r["p50_ms"] <= r["p99_ms"] <= r["max_ms"] < 15_000, r
         assert 0 < r["pending_at_window"] <= r["pending"], r
         m = r["memory"]
-        assert m["pending_counted"] == r["pending"] and m["rss_after_bytes"] > 0 and m["timer_memory_bytes"] > 0, m
+        assert m["enqueued_counted"] == r["pending"], m  # the timer took every scheduled message
+        assert 0 < m["pending_counted"] <= r["pending"], m  # under load, some may be due already
+        assert m["rss_after_bytes"] > 0 and m["timer_memory_bytes"] > 0, m
     assert [a["aim"].split(" ")[0] for a in result["aims"]] == ["scheduled", "lateness", "broker", "timer_memory_bytes"]
     assert all(isinstance(a["met"], bool) for a in result["aims"])
     assert "Aims" in (tmp_path / "d.md").read_text()

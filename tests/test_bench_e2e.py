@@ -16,7 +16,7 @@ import pytest
 from clmq.bench.e2e_report import aims, medians
 from clmq.bench.e2e_security import summary as security_summary
 
-APIS = ["public", "public-batches", "raw"]
+APIS = ["public", "public-many", "public-batches", "raw"]
 SPARSE_TOTAL = 2000
 LATENCY_RATE = 200  # msgs/s, for 3 s (the latency case's shortest)
 
@@ -70,7 +70,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, 
     return json.loads((tmp / "e.json").read_text()), out.stdout, tmp
 
 
-@pytest.mark.slow  # about 30 s: 14 broker processes
+@pytest.mark.slow  # about 40 s: 18 broker processes
 def test_every_case_of_every_api_is_measured_and_read_back(run: tuple[dict[str, Any], str, Path]) -> None:
     result, stdout, _ = run
     assert result["apis"] == APIS and result["runs"] == 1
@@ -84,11 +84,11 @@ def test_every_case_of_every_api_is_measured_and_read_back(run: tuple[dict[str, 
     for r in result["sparse"]:  # the fixed total, every message of it stored and read back
         assert r["case"] == "sparse" and r["messages"] == SPARSE_TOTAL, r
     # every run's samples are kept besides the medians
-    assert len(result["samples"]["rows"]) == len(result["rows"]) and len(result["samples"]["sparse"]) == 6
+    assert len(result["samples"]["rows"]) == len(result["rows"]) and len(result["samples"]["sparse"]) == 8
     assert "read back" in stdout
 
 
-@pytest.mark.slow  # about 30 s: 14 broker processes
+@pytest.mark.slow  # about 40 s: 18 broker processes
 def test_latency_through_both_apis(run: tuple[dict[str, Any], str, Path]) -> None:
     result, _, _ = run
     lat = result["latency"]
@@ -99,9 +99,21 @@ def test_latency_through_both_apis(run: tuple[dict[str, Any], str, Path]) -> Non
         assert 0 < v["p50_ms"] <= v["p99_ms"] <= v["max_ms"], v
 
 
-@pytest.mark.slow  # about 30 s: 14 broker processes
+@pytest.mark.slow  # about 40 s: 18 broker processes
 def test_aims_markdown_and_plot(run: tuple[dict[str, Any], str, Path]) -> None:
     result, _, tmp = run
+    ratios = {(a["api"], a["aim"]) for a in result["aims"] if " / raw, " in a["aim"]}
+    assert ratios == {
+        (api, f"produce {api} / raw, {case}, {q}, async flush")
+        for api in APIS[:-1]
+        for case, qs in (("timed", ("1 queue", "20 queues")), ("sparse", ("1 queue", "200 queues")))
+        for q in qs
+    }
+    sparse_ratios = [a["aim"] for a in result["aims"] if a["api"] == "public-many" and "sparse case" in a["aim"]]
+    assert sparse_ratios == [
+        "sparse case, produce at 200 queues / at 1 queue",
+        "sparse case, consume at 200 queues / at 1 queue",
+    ]
     public = [a["aim"] for a in result["aims"] if a["api"] == "public"]
     assert public[:2] == ["produce at 1 queue, 1 KiB, async flush (msgs/s)", "produce at 20 queues / at 1 queue"]
     assert (

@@ -4,7 +4,6 @@ commands work and report what they should, not how fast anything is)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 import trio
 
 from clmq.client import ConnectionFailed, NoRouteError, Routes, open_admin
+from tests.ports import free_port
 from tests.waiting import wait_until
 
 
@@ -245,9 +245,7 @@ def test_dev_demo_shows_messages_flowing(tmp_path: Path) -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 def _registered_brokers(ns: str) -> set[str]:

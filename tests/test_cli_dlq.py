@@ -206,14 +206,20 @@ def test_a_delay_counts_from_each_line_of_stdin_as_it_is_sent(ns: str, tmp_path:
 
 def test_a_cancelled_message_is_never_delivered(ns: str, tmp_path: Path) -> None:
     run(ns, tmp_path, "topic", "create", "cancelled", "--queues", "1")
+    started = time.monotonic()
     far = produce(ns, tmp_path, "cancelled", "far", extra=("--delay", "30s"))[0]
     assert js(run(ns, tmp_path, "message", "cancel", far, "-o", "json"))["state"] == "cancelled"
+    produce_and_cancel_ms = (time.monotonic() - started) * 1000  # on this machine, at its load now
     assert "already cancelled" in run(ns, tmp_path, "message", "cancel", far).stdout
     before = broker_info(ns)["timer_cancelled"]
-    at = int(time.time() * 1000) + 4000
+    # Due soon, but after three times what a produce and a cancel took just now, plus the
+    # 500 ms cancel margin: on a loaded machine CLI processes start slowly.
+    at = int(time.time() * 1000) + 2000 + int(3 * produce_and_cancel_ms)
     near = produce(ns, tmp_path, "cancelled", "near", extra=("--deliver-at", str(at)))[0]
     assert js(run(ns, tmp_path, "message", "cancel", near, "-o", "json"))["state"] == "cancelled"
-    wait_until(lambda: broker_info(ns)["timer_cancelled"] > before, 30, "the timer to pass the cancelled message")
+    due_in_s = max(0.0, at / 1000 - time.time())
+    passed = lambda: broker_info(ns)["timer_cancelled"] > before  # noqa: E731
+    wait_until(passed, due_in_s + 30, "the timer to pass the cancelled message")
     assert lines(run(ns, tmp_path, "message", "read", "cancelled", "--queue", "0", "-o", "json")) == []
     run(ns, tmp_path, "message", "cancel", far.rpartition("@")[0] + "@0000000000000000", code=1)
     run(ns, tmp_path, "message", "cancel", "not-an-id", code=2)

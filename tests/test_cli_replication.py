@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from clmq.broker.cli.dev_replicas import settings_toml
 from clmq.broker.cli.settings import SettingsError, load_settings
 from clmq.broker.service import BrokerConfig
+from tests.ports import free_port, free_port_block
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,9 +31,7 @@ def clmq(*args: str, cwd: Path, timeout_s: float = 60) -> subprocess.CompletedPr
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 # ------------------------------------------------------------------ settings
@@ -191,8 +189,10 @@ class DevGroup:
                 "--replicas",
                 "3",
                 "--demo",
-                "--listen-port",
-                "0",
+                "--listen-port",  # the worker's ports, not bind(0)'s ephemeral range (racy under xdist)
+                str(free_port_block(3)),
+                "--metrics-port",
+                str(free_port_block(3)),
                 "--namesrv-port",
                 self.ns.split(":")[1],
                 "--data-dir",
@@ -217,6 +217,11 @@ class DevGroup:
             if text in line:
                 return "".join(self.output)
         raise AssertionError(f"clmq dev ended without printing {text!r}:\n{''.join(self.output)}")
+
+    def serving(self) -> str:
+        """Its output once it serves (read up to then if no test has yet)."""
+        seen = "".join(self.output)
+        return seen if "serving;" in seen else self.read_until("serving;")
 
     def brokers(self) -> list[dict[str, Any]]:
         out = clmq("cluster", "list", "-o", "json", "--namesrv", self.ns, cwd=self.tmp)
@@ -250,12 +255,13 @@ def dev_zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevGroup]:
 
 
 def _settled(brokers: list[dict[str, Any]]) -> bool:
-    """One leader, two in-sync followers, every log end the same."""
+    """One leader, two in-sync followers, every log end the same and confirmed (a
+    follower learns the confirmed offset from a fetch answer, after it holds the bytes)."""
     roles = sorted(b["role"] for b in brokers)
     return (
         roles == ["follower", "follower", "leader"]
         and all(b["in_sync"] for b in brokers)
-        and len({b["end_offset"] for b in brokers}) == 1
+        and len({b["end_offset"] for b in brokers} | {b["confirmed_offset"] for b in brokers}) == 1
     )
 
 
@@ -318,16 +324,70 @@ def test_promoting_a_follower_makes_it_the_leader_and_the_old_leader_follows(dev
 
 @pytest.mark.timeout(120)
 def test_ctrl_c_stops_every_replica_cleanly(dev: DevGroup) -> None:
+    dev.serving()  # every replica up (this test may be the first of the module on its xdist worker)
     dev.proc.send_signal(signal.SIGINT)
     assert dev.proc.wait(60) == 0
     assert dev.proc.stdout is not None
     out = "".join(dev.output) + dev.proc.stdout.read()
-    assert sorted(re.findall(r"replica (\d) stopped \(code 0\)", out)) == ["0", "1", "2"], out
+    assert sorted(re.findall(r"replica (\d) of broker-a stopped \(code 0\)", out)) == ["0", "1", "2"], out
     for pid in (int(p) for p in re.findall(r"pid (\d+)", out)):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # gone (and reaped by clmq dev)
     for i in range(3):
         assert not (dev.tmp / "dev" / f"replica-{i}" / "abort").exists()  # each closed its store cleanly
+
+
+def _processes_naming(path: Path) -> list[str]:
+    """Command lines of the running processes that name ``path`` (its replicas, ZooKeeper)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone, or not a process
+        if str(path) in cmdline:
+            found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+def _rest_of_output(group: DevGroup) -> str:
+    """What the command printed after the lines the test read (for a failure's message)."""
+    assert group.proc.stdout is not None
+    return group.proc.stdout.read()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "moment",
+    [
+        "clmq dev: starting",  # nothing started yet
+        "ZooKeeper 127.0.0.1",  # ZooKeeper up, no replica yet
+        "clmq dev: name server",  # replicas registered, not yet in sync
+        "serving;",  # everything up
+    ],
+)
+def test_ctrl_c_at_any_moment_of_start_up_stops_everything_and_exits_0(tmp_path: Path, moment: str) -> None:
+    group = DevGroup(tmp_path, "--zookeeper")
+    for _ in _running_group(group):
+        group.read_until(moment)
+        os.killpg(group.proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C
+        code = group.proc.wait(90)
+        assert code == 0, "".join(group.output) + _rest_of_output(group)
+    assert _processes_naming(tmp_path / "dev") == []
+    assert list((tmp_path / "dev").glob("replica-*/abort")) == []  # every started replica closed its store
+
+
+@pytest.mark.timeout(180)
+def test_a_second_ctrl_c_while_stopping_does_not_cut_the_stop_short(tmp_path: Path) -> None:
+    group = DevGroup(tmp_path, "--zookeeper")
+    for _ in _running_group(group):
+        group.read_until("serving;")
+        os.killpg(group.proc.pid, signal.SIGINT)
+        group.read_until("stopping the replicas")
+        os.killpg(group.proc.pid, signal.SIGINT)  # an impatient user
+        assert group.proc.wait(90) == 0, "".join(group.output)
+    assert _processes_naming(tmp_path / "dev") == []
+    assert list((tmp_path / "dev").glob("replica-*/abort")) == []
 
 
 # ------------------------------------------------- clmq dev --replicas --zookeeper
@@ -400,13 +460,14 @@ def test_promote_under_zookeeper_hands_the_group_over(dev_zk: DevGroup) -> None:
 
 @pytest.mark.timeout(120)
 def test_ctrl_c_stops_the_replicas_then_zookeeper(dev_zk: DevGroup) -> None:
+    dev_zk.serving()
     os.killpg(dev_zk.proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: its whole process group
     assert dev_zk.proc.wait(60) == 0
     assert dev_zk.proc.stdout is not None
     out = "".join(dev_zk.output) + dev_zk.proc.stdout.read()
-    stops = re.findall(r"replica (\d) stopped \(code 0\)", out)
+    stops = re.findall(r"replica (\d) of broker-a stopped \(code 0\)", out)
     assert sorted(stops) == ["0", "1", "2"], out
-    assert out.index("ZooKeeper stopped") > max(out.index(f"replica {i} stopped") for i in stops)  # last
+    assert out.index("ZooKeeper stopped") > max(out.index(f"replica {i} of broker-a stopped") for i in stops)  # last
     for pid in (int(p) for p in re.findall(r"pid (\d+)", out)):  # the replicas' and ZooKeeper's
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

@@ -388,3 +388,72 @@ def test_dev_with_a_kafka_port_serves_kafka_clients(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, dead and not yet reaped, counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_test_server_process_dies_with_the_test_process_that_started_it(tmp_path: Path) -> None:
+    """The module fixture's ``clmq dev`` is started so: a pytest worker killed outright
+    (pytest-timeout's os._exit, SIGKILL) leaves no server running under pid 1."""
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys\n"
+            "from tests.process_groups import spawn_options\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.read()'],\n"
+            "                         stdin=subprocess.PIPE, **spawn_options())\n"
+            "print(child.pid, flush=True)\n"
+            "sys.stdin.read()\n",
+        ],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert _alive(child)
+    parent.kill()  # as pytest-timeout's os._exit: no finally, no atexit
+    parent.wait(30)
+    wait_until(lambda: not _alive(child), 30, "the child to die with its parent")
+
+
+def test_store_offsets_write_v1_with_o_json_prints_what_it_converted(tmp_path: Path) -> None:
+    """``clmq store offsets --write-v1 DIR -o json``: stdout is one JSON document of what it
+    did (the files rewritten, the offsets and groups in them); nothing to convert is a result too."""
+    from clmq.broker.service._offsets import ConsumerOffsets
+
+    data = tmp_path / "data"
+    data.mkdir()
+    empty = clmq("store", "offsets", "--write-v1", str(data), "-o", "json", cwd=tmp_path)
+    assert empty.returncode == 0, empty.stderr
+    assert json.loads(empty.stdout) == {
+        "directory": str(data),
+        "version": 1,
+        "converted": False,
+        "files": [],
+        "offsets": 0,
+        "groups": [],
+    }
+    offsets = ConsumerOffsets(data / "consumer_offsets.json")
+    for group, queue, offset in (("g1", 0, 5), ("g1", 1, 7), ("g2", 0, 3)):
+        offsets.commit(group, "t", queue, offset)
+        assert offsets.flush()  # two generations, both version 2
+    done = clmq("store", "offsets", "--write-v1", str(data), "-o", "json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    path = data / "consumer_offsets.json"
+    assert json.loads(done.stdout) == {
+        "directory": str(data),
+        "version": 1,
+        "converted": True,
+        "files": [str(path), str(path) + ".prev"],
+        "offsets": 3,
+        "groups": ["g1", "g2"],
+    }

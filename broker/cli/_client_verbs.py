@@ -43,13 +43,24 @@ def _add_topic_commands(sub: Any) -> None:
     topic = sub.add_parser("topic", help="create, list, describe, update, delete topics")
     tsub = topic.add_subparsers(dest="topic_command", required=True)
     create = tsub.add_parser(
-        "create", help="create a topic (or grow its queue count) on every broker; returns once it is routed"
+        "create", help="create a topic (or grow it), its queues spread over the broker groups; returns once routed"
     )
     create.add_argument("name", help="the topic")
-    create.add_argument("--queues", type=int, default=8, help="queue count (default 8)")
+    create.add_argument("--queues", type=int, default=8, help="queue count, the total over the groups (default 8)")
     update = tsub.add_parser("update", help="change an existing topic: grow its queue count (queues cannot be removed)")
     update.add_argument("name", help="the topic")
-    update.add_argument("--queues", type=int, required=True, help="the new queue count (at least the current one)")
+    update.add_argument(
+        "--queues",
+        type=int,
+        help="the new total queue count (at least the current one); new queues go to the groups holding fewest",
+    )
+    for p in (create, update):
+        p.add_argument(
+            "--groups",
+            help="broker groups to spread over: 'all' or names (broker-a,broker-b); default: create, every "
+            "group; update, the groups holding the topic. update --groups all without --queues: a new group "
+            "gets as many queues as the fullest group",
+        )
     for name, helptext in (
         ("list", "list topics"),
         ("describe", "per queue: min and max offsets, messages held"),
@@ -110,7 +121,7 @@ def _add_client_commands(sub: Any) -> None:
 
 # ------------------------------------------------------------------ services
 def cmd_topic(args: argparse.Namespace) -> int:
-    if getattr(args, "queues", 1) < 1:
+    if getattr(args, "queues", None) is not None and args.queues < 1:
         raise CliError(f"--queues must be at least 1, got {args.queues}", EXIT_USAGE)
 
     async def main() -> int:
@@ -142,24 +153,25 @@ def cmd_topic(args: argparse.Namespace) -> int:
 
 
 async def _create_or_update(args: argparse.Namespace, admin: Admin) -> None:
-    """``topic create`` or ``topic update``, then wait until the name servers route it."""
+    """``topic create`` or ``topic update`` (queues spread over the broker groups), then
+    wait until the name servers route it on every group holding it."""
+    if args.topic_command == "update" and args.queues is None and args.groups is None:
+        raise CliError("topic update: give --queues N, --groups all, or both", EXIT_USAGE)
+    groups = None if args.groups is None else [g.strip() for g in args.groups.split(",") if g.strip()]
     try:
-        on = await (
-            admin.create_topic(args.name, args.queues)
-            if args.topic_command == "create"
-            else admin.update_topic(args.name, queue_count=args.queues)
-        )
+        counts = await admin.spread_topic(args.name, args.queues, groups=groups, grow=args.topic_command == "update")
     except ValueError as e:
         raise CliError(str(e), EXIT_FAILED) from None
-    await _wait_routed(admin, addrs(args), args.name, on)
+    await _wait_routed(admin, addrs(args), args.name, sorted(counts))
     if is_json(args):
-        write_json({"topic": args.name, "queues": args.queues, "brokers": on})
+        write_json({"topic": args.name, "queues": sum(counts.values()), "groups": counts})
     else:
-        note(args, f"topic {args.name}: {args.queues} queues on {', '.join(on)}")
+        per = ", ".join(f"{g}: {n}" for g, n in counts.items())
+        note(args, f"topic {args.name}: {sum(counts.values())} queues ({per})")
 
 
 async def _wait_routed(admin: Admin, namesrv: list[str], topic: str, on: list[str]) -> None:
-    """Return once the name servers route ``topic`` to every broker of ``on`` (the
+    """Return once the name servers route ``topic`` to every broker group of ``on`` (the
     brokers register it a moment after creating it): ``clmq topic create t && clmq
     produce t ...`` then finds it. After ROUTE_WAIT_S a note, not a failure: the topic
     exists, and the route follows."""
@@ -167,7 +179,7 @@ async def _wait_routed(admin: Admin, namesrv: list[str], topic: str, on: list[st
     with trio.move_on_after(ROUTE_WAIT_S):
         while True:
             try:
-                if set(on) <= {mq.addr for mq in await routes.queues(topic, refresh=True)}:
+                if set(on) <= {mq.broker_name for mq in await routes.queues(topic, refresh=True)}:
                     return
             except NoRouteError:
                 pass  # not registered yet

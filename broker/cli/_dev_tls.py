@@ -8,19 +8,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from clmq.broker.service import BrokerConfig
-from clmq.devtools import DevCerts, make_dev_certs
 from clmq.nameserver import NameServerConfig
 
 from ._common import environment
 from ._output import console
 
+if TYPE_CHECKING:  # cryptography loads only when certificates are made: `clmq broker` needs none
+    from clmq.devtools import DevCerts
+
 
 def with_dev_tls(base: BrokerConfig) -> tuple[BrokerConfig, DevCerts]:
     """``base`` with TLS on, and the certificates made for it (one server certificate
     for the name server and every replica, which also present it to each other)."""
+    from clmq.devtools import make_dev_certs
+
     certs = make_dev_certs(Path(base.data_dir) / "tls", hosts=_hosts(base))
     config = dataclasses.replace(
         base,

@@ -12,7 +12,6 @@ import traceback
 
 import trio
 
-from clmq.client import AuthenticationFailed, ClientError, ConnectionFailed, NoRouteError, RpcError, SendError
 from clmq.common import ClmqError
 
 from .settings import SettingsError
@@ -44,6 +43,9 @@ def innermost(error: BaseException) -> BaseException:
 
 def exit_code_of(error: BaseException) -> int:
     """The documented exit code for ``error``."""
+    # Here, not at the top: every verb reports through this module, and `clmq broker` needs no client.
+    from clmq.client import AuthenticationFailed, ConnectionFailed, NoRouteError
+
     if isinstance(error, CliError):
         return error.exit_code
     if isinstance(error, KeyboardInterrupt):
@@ -61,6 +63,8 @@ def exit_code_of(error: BaseException) -> int:
 
 def describe(error: BaseException) -> str:
     """One line saying what went wrong."""
+    from clmq.client import ClientError, RpcError, SendError
+
     if isinstance(error, KeyboardInterrupt):
         return "interrupted"
     if isinstance(error, trio.TooSlowError):

@@ -4,6 +4,7 @@ file, then ``CLMQ_*`` environment variables, then flags (``settings.py``)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import errno
 import os
@@ -16,25 +17,30 @@ import trio
 
 from clmq.broker.service import BrokerConfig
 from clmq.broker.service import serve as serve_broker
-from clmq.client import NoRouteError, open_admin, open_consumer, open_producer
 from clmq.nameserver import NameServerConfig
 from clmq.nameserver import serve as serve_nameserver
 
-from ._client_verbs import add_client_commands
 from ._common import NAMESRV_HELP, deprecated_alias, listen_port_arg
-from ._dev_tls import dev_client_env, dev_nameserver_config, with_dev_tls
 from ._errors import EXIT_USAGE, CliError, innermost
 from ._output import add_output_arg, console, is_json, write_json
 from ._progress import show_catch_up, start_progress
 from ._ready import DEV_TOPIC, DEV_TOPIC_QUEUES, print_ready
 from ._ready import metrics_url as _metrics_url
-from .dev_replicas import run_replica_group
 from .replication_verbs import add_status_args, cmd_broker_status
 from .settings import load_settings
 
 
 def add_commands(sub: Any) -> None:
     """Add the service commands (and the client verbs) to the ``clmq`` parser."""
+    from ._client_verbs import add_client_commands
+
+    add_service_commands(sub)
+    add_client_commands(sub)
+
+
+def add_service_commands(sub: Any) -> None:
+    """Add ``clmq dev``, ``clmq nameserver`` and ``clmq broker`` (``main.py`` adds the
+    client verbs apart, so that each imports only its own modules)."""
     _add_dev(sub)
     ns = sub.add_parser("nameserver", help="run a name server")
     ns.add_argument("--config", type=Path, help="TOML file (keys: NameServerConfig fields, or a [nameserver] table)")
@@ -48,7 +54,6 @@ def add_commands(sub: Any) -> None:
     add_output_arg(ns)
     ns.set_defaults(func=cmd_nameserver)
     _add_broker(sub)
-    add_client_commands(sub)
 
 
 def _add_dev(sub: Any) -> None:
@@ -82,6 +87,14 @@ def _add_dev(sub: Any) -> None:
         help="brokers in the group (default 1: one broker in this "
         "process); N > 1: a leader and N-1 followers, each a separate process with its own data "
         "directory (<data-dir>/replica-<id>) and port (--listen-port + id)",
+    )
+    dev.add_argument(
+        "--groups",
+        type=int,
+        default=1,
+        help="broker groups (default 1); G > 1: groups broker-a, broker-b, ... of --replicas each, every "
+        "replica a separate process (<data-dir>/<broker name>/replica-<id>, port --listen-port + group * "
+        "replicas + id); topic create spreads a topic's queues over them",
     )
     dev.add_argument("--ack-mode", help="async (default) or sync: acknowledge once every in-sync replica holds it")
     dev.add_argument(
@@ -278,6 +291,11 @@ DEV_DEFAULTS = {"register_interval_ms": 1000, "metrics_port": 0}
 def cmd_dev(args: argparse.Namespace) -> int:
     """The broker's settings load as ``clmq broker``'s do (file, CLMQ_* variables,
     flags); only its name servers are set: the one this command runs."""
+    # Here, not at the top: `clmq broker` and `nameserver` need none of it.
+    from ._dev_tls import dev_client_env, with_dev_tls
+    from .dev_groups import MAX_GROUPS
+    from .dev_replicas import run_replica_group
+
     keys = (
         "listen_port",
         "data_dir",
@@ -297,6 +315,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
     )
     if args.replicas < 1:
         raise CliError(f"--replicas must be at least 1, got {args.replicas}", EXIT_USAGE)
+    if not 1 <= args.groups <= MAX_GROUPS:
+        raise CliError(f"--groups must be 1 to {MAX_GROUPS}, got {args.groups}", EXIT_USAGE)
     args.dev_certs = None
     if args.tls:  # a throw-away CA and certificates in <data-dir>/tls/, TLS on every port
         base, args.dev_certs = with_dev_tls(base)
@@ -304,7 +324,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     if getattr(args, "zookeeper", False) and args.replicas < 2:
         raise CliError("--zookeeper elects a group's leader: it needs --replicas 2 or more", EXIT_USAGE)
     with dev_client_env(args.dev_certs):  # this process's own clients (the demo, the waits) use TLS too
-        if args.replicas > 1:  # separate processes; this one runs the name server
+        if args.replicas > 1 or args.groups > 1:  # separate processes; this one runs the name server
             return _run_service(lambda: run_replica_group(args, base, _demo))
 
         return _run_service(
@@ -315,6 +335,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 async def _serve_dev(args: argparse.Namespace, base: BrokerConfig) -> None:
     """``clmq dev`` in one process: the name server, then the broker registered with it."""
+    from ._dev_tls import dev_nameserver_config
+
     async with trio.open_nursery() as nursery:
         ns = await nursery.start(serve_nameserver, dev_nameserver_config(args.namesrv_port, base))
         cfg = dataclasses.replace(base, namesrv_addrs=[ns.addr])
@@ -340,21 +362,24 @@ async def _serve_dev(args: argparse.Namespace, base: BrokerConfig) -> None:
 
 async def _demo(namesrv: str) -> None:
     """Create a topic, send a few messages, consume them back as a group."""
+    from clmq.client import open_admin, open_consumer, open_producer  # here: `clmq broker` needs no client
+
     async with open_admin([namesrv]) as admin:
         with trio.fail_after(10):
             while not await admin.brokers():  # noqa: ASYNC110 - a remote state: the name server has no watch
                 await trio.sleep(0.05)
-        await admin.create_topic(DEV_TOPIC, DEV_TOPIC_QUEUES)
+        with contextlib.suppress(ValueError):  # a topic grown past DEV_TOPIC_QUEUES already: kept as it is
+            await admin.spread_topic(DEV_TOPIC, DEV_TOPIC_QUEUES)  # over every broker group, as the first command
     async with open_producer([namesrv]) as producer:
         sent = await _demo_send(producer)
-    want = {(r.queue.queue_id, r.queue_offset) for r in sent}
+    want = {f"k{i}" for i in range(len(sent))}  # by key: with --groups, queue ids and offsets repeat per group
     group = f"demo-{os.getpid()}-{time.time_ns()}"
     async with open_consumer([namesrv], group, {DEV_TOPIC: "*"}, start_from="earliest", pull_wait_ms=200) as consumer:
         with trio.move_on_after(10):
             while want:
                 for rec in await consumer.receive():
-                    if (rec.queue_id, rec.queue_offset) in want:
-                        want.discard((rec.queue_id, rec.queue_offset))
+                    if rec.keys in want:
+                        want.discard(rec.keys)
                         console.print(
                             f"received queue {rec.queue_id} offset {rec.queue_offset} [{rec.tags}]: {rec.body.decode()}"
                         )
@@ -369,6 +394,8 @@ async def _demo(namesrv: str) -> None:
 
 async def _demo_send(producer: Any) -> list[Any]:
     """Once the name server routes the demo topic: five messages, tagged TagA and TagB."""
+    from clmq.client import NoRouteError
+
     with trio.fail_after(10):
         while True:
             try:
@@ -382,5 +409,6 @@ async def _demo_send(producer: Any) -> list[Any]:
         body = f"hello #{i} at {stamp}".encode()
         r = await producer.send(DEV_TOPIC, body, tags="TagA" if i % 2 == 0 else "TagB", keys=f"k{i}")
         sent.append(r)
-        console.print(f"sent     queue {r.queue.queue_id} offset {r.queue_offset}: hello #{i}")
+        where = f"queue {r.queue.queue_id} offset {r.queue_offset} on {r.queue.broker_name}"
+        console.print(f"sent     {where}: hello #{i}")
     return sent

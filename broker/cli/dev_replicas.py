@@ -1,5 +1,6 @@
-"""``clmq dev --replicas N``: a name server (in this process) and one broker group of N
-replicas, each a separate ``clmq broker`` process with its own data directory.
+"""``clmq dev --replicas N [--groups G]``: a name server (in this process) and G broker
+groups (default 1) of N replicas, each a separate ``clmq broker`` process with its own
+data directory (``dev_groups`` plans their names, ports and directories).
 
 Settings resolve once, here (the TOML file, ``CLMQ_*`` variables, flags, as for ``clmq
 dev``); each replica gets them complete in ``<data-dir>/replica-<id>.toml`` (reusable
@@ -12,19 +13,16 @@ process, ``<data-dir>/zookeeper/``) and every replica gets ``zookeeper =
 "127.0.0.1:PORT/clmq-dev"``: ZooKeeper elects the leader (the command waits until one
 replica says it leads, and names none itself), and it is stopped last, after the
 replicas. Without the flag replica 0 leads and the others follow it.
+Every group is its own election (ZooKeeper keys it by broker name).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -37,8 +35,11 @@ from clmq.nameserver import serve as serve_nameserver
 
 from ._dev_tls import dev_nameserver_config
 from ._output import console
-from ._ready import metrics_url, print_ready
+from ._ready import print_ready
+from .dev_groups import ReplicaProcess, plan_groups, plan_replicas, settings_toml
 from .replication_verbs import cluster_rows, print_cluster_table
+
+__all__ = ["ReplicaProcess", "plan_groups", "plan_replicas", "run_replica_group", "settings_toml"]
 
 START_TIMEOUT_S = 30.0  # every replica registered with the name server
 IN_SYNC_TIMEOUT_S = 20.0  # every follower joined and in sync (a warning after this, not an error)
@@ -50,105 +51,53 @@ ZK_CHROOT = "/clmq-dev"
 POLL_S = 0.1  # the name server and the brokers send no notifications: their state is asked for
 
 
-@dataclass
-class ReplicaProcess:
-    """One replica: its settings, where they and its log are, and its process."""
-
-    config: BrokerConfig
-    settings_path: Path
-    log_path: Path
-    process: trio.Process | None = None
-
-    @property
-    def addr(self) -> str:
-        return f"{self.config.advertised_addr_host}:{self.config.listen_port}"
-
-    @property
-    def kafka_addr(self) -> str:
-        port = self.config.kafka_listen_port
-        return f"{self.config.advertised_addr_host}:{port}" if port >= 0 else ""
-
-    @property
-    def metrics_url(self) -> str:
-        c = self.config
-        return metrics_url(c.metrics_bind_host, c.metrics_port, c.tls_settings() is not None)
-
-
-def plan_replicas(base: BrokerConfig, namesrv: str, count: int, zookeeper: str = "") -> list[ReplicaProcess]:
-    """Replica 0 leads; the others follow it (with ``zookeeper``, a connect string: every
-    replica starts as a follower and ZooKeeper elects). Ports (the Kafka listener's and
-    the metrics' too): ``listen_port`` + id
-    (free ports if 0); data: ``<data_dir>/replica-<id>``. A bad combination (e.g.
-    followers with partition-per-file storage) is a ValueError naming the setting."""
-    root = Path(base.data_dir)
-    ports = _ports(base.listen_port, count)
-    metrics_ports = _ports(base.metrics_port, count) if base.metrics_port >= 0 else [-1] * count
-    kafka_ports = _ports(base.kafka_listen_port, count) if base.kafka_listen_port >= 0 else [-1] * count
-    leader_addr = "" if zookeeper else f"{base.advertised_addr_host}:{ports[0]}"
-    out = []
-    for i, (port, metrics_port, kafka_port) in enumerate(zip(ports, metrics_ports, kafka_ports)):
-        leads = i == 0 and not zookeeper
-        cfg = dataclasses.replace(
-            base,
-            broker_id=i,
-            role="leader" if leads else "follower",
-            leader_addr="" if leads else leader_addr,
-            listen_port=port,
-            metrics_port=metrics_port,
-            kafka_listen_port=kafka_port,
-            zookeeper=zookeeper,
-            data_dir=str(root / f"replica-{i}"),
-            namesrv_addrs=[namesrv],
-        )
-        out.append(ReplicaProcess(cfg, root / f"replica-{i}.toml", root / f"replica-{i}.log"))
-    return out
-
-
-def _ports(first: int, count: int) -> list[int]:
-    """``first`` + replica id each, or free ports if ``first`` is 0 (known before the
-    replicas start: their URLs are printed, and followers need their leader's port)."""
-    return _free_ports(count) if first == 0 else [first + i for i in range(count)]
-
-
-def _free_ports(count: int) -> list[int]:
-    """Ports free now (the replicas bind them a moment later: good enough for a dev
-    command, and the followers need their leader's port before it starts)."""
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def settings_toml(config: BrokerConfig) -> str:
-    """Every setting of ``config`` as a ``[broker]`` table (what ``clmq broker --config``
-    reads back to the same config)."""
-    lines = ["# written by clmq dev --replicas: this replica's complete settings", "[broker]"]
-    secrets = {"broker_password", "zk_auth"}  # never written to a file: the replica reads them from its environment
-    lines += [f"{k} = {_toml_value(v)}" for k, v in dataclasses.asdict(config).items() if k not in secrets]
-    return "\n".join(lines) + "\n"
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(value)  # a JSON string, integer, float or boolean is TOML too
-
-
 async def run_replica_group(args: Any, base: BrokerConfig, demo: Callable[[str], Awaitable[None]]) -> int:
-    """The whole of ``clmq dev --replicas N``; returns the exit code."""
+    """The whole of ``clmq dev --replicas N``; returns the exit code. Ctrl-C (or SIGTERM)
+    is caught from this function's first line to its last: at any moment of start-up,
+    serving or stopping, it stops whatever started, gracefully, and the command exits 0."""
     exited: list[ReplicaProcess] = []  # replicas that exited on their own: the command fails
-    try:
-        async with _zookeeper(Path(base.data_dir), getattr(args, "zookeeper", False)) as zk:
-            return await _run_group(args, base, demo, zk, exited)
-    except ZooKeeperError as e:
-        console.print(f"[red]error:[/red] {e}")
-        return 1
+    stop = trio.CancelScope()  # cancelled by a signal or by a replica exiting
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as watcher:
+            watcher.start_soon(_stop_on_signal, signals, stop)
+            try:
+                return await _run_stoppable(args, base, demo, stop, exited)
+            finally:
+                watcher.cancel_scope.cancel()
+    raise AssertionError("unreachable")  # pragma: no cover - the nursery returns or raises
+
+
+async def _run_stoppable(
+    args: Any,
+    base: BrokerConfig,
+    demo: Callable[[str], Awaitable[None]],
+    stop: trio.CancelScope,
+    exited: list[ReplicaProcess],
+) -> int:
+    groups, replicas = getattr(args, "groups", 1), args.replicas
+    console.print(f"clmq dev: starting {groups} group(s) of {replicas} replicas under {base.data_dir}/ (Ctrl-C stops)")
+    with stop:
+        try:
+            async with _zookeeper(Path(base.data_dir), getattr(args, "zookeeper", False)) as zk:
+                return await _run_group(args, base, demo, zk, stop, exited)
+        except ZooKeeperError as e:
+            if stop.cancel_called:  # asked to stop while ZooKeeper started: its failure is moot
+                console.print(f"ZooKeeper did not start before the stop: {str(e).splitlines()[0]}")
+                return 0
+            console.print(f"[red]error:[/red] {e}")
+            return 1
+    return 1 if exited else 0
+
+
+async def _stop_on_signal(signals: AsyncIterator[int], stop: trio.CancelScope) -> None:
+    """Every SIGINT/SIGTERM is taken here: the first stops the command, later ones are said
+    to be in hand (the stop in progress is not cut short)."""
+    async for _ in signals:
+        if stop.cancel_called:
+            console.print("already stopping (gracefully); waiting for the processes to exit")
+            continue
+        console.print("stopping the replicas and the name server (graceful)")
+        stop.cancel()
 
 
 @contextlib.asynccontextmanager
@@ -174,77 +123,97 @@ async def _run_group(
     base: BrokerConfig,
     demo: Callable[[str], Awaitable[None]],
     zk: LocalZooKeeper | None,
+    scope: trio.CancelScope,
     exited: list[ReplicaProcess],
 ) -> int:
     async with trio.open_nursery() as nursery:
         ns = await nursery.start(serve_nameserver, dev_nameserver_config(args.namesrv_port, base))
         try:
-            replicas = plan_replicas(base, ns.addr, args.replicas, zk.connect_string(ZK_CHROOT) if zk else "")
+            zk_connect = zk.connect_string(ZK_CHROOT) if zk else ""
+            groups = plan_groups(base, ns.addr, getattr(args, "groups", 1), args.replicas, zk_connect)
         except ValueError as e:
             console.print(f"[red]error:[/red] {e}")
             ns.shutdown()
             return 1
         try:
-            with trio.CancelScope() as scope:
-                nursery.start_soon(_cancel_on_signal, scope)
-                await _start_and_serve(replicas, ns.addr, args, demo, scope, exited)
+            await _start_and_serve(groups, ns.addr, args, demo, scope, exited)
         finally:
             with trio.CancelScope(shield=True):
-                await _stop_all(replicas)
+                await _stop_all([r for g in groups for r in g])
             ns.shutdown()
-            nursery.cancel_scope.cancel()  # the signal watcher
+            nursery.cancel_scope.cancel()  # the name server
     return 1 if exited else 0
 
 
-async def _cancel_on_signal(scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            console.print("stopping the replicas and the name server (graceful)")
-            scope.cancel()
-            return
-
-
 async def _start_and_serve(
-    replicas: list[ReplicaProcess],
+    groups: list[list[ReplicaProcess]],
     namesrv: str,
     args: Any,
     demo: Callable[[str], Awaitable[None]],
     scope: trio.CancelScope,
     exited: list[ReplicaProcess],
 ) -> None:
-    """Start the replicas, show them, run the demo, serve until ``scope`` is cancelled
-    (a signal, or a replica exiting: listed in ``exited``)."""
-    elected = bool(replicas[0].config.zookeeper)
+    """Start every group's replicas, show them, run the demo, serve until ``scope`` is
+    cancelled (a signal, or a replica exiting: listed in ``exited``)."""
     async with trio.open_nursery() as nursery:
-        # Manual mode: the leader listens before its followers call it. ZooKeeper mode:
-        # all at once, and ZooKeeper elects.
-        for group in [replicas] if elected else [replicas[:1], replicas[1:]]:
-            for r in group:
-                await _spawn(r)
-                nursery.start_soon(_watch_exit, r, exited, scope)
-            await _wait_registered(namesrv, {r.addr for r in group}, group)
-        leader = await _wait_elected(replicas) if elected else replicas[0]
-        _print_plan(replicas, namesrv, leader)
-        await _wait_in_sync(leader.addr, len(replicas) - 1)
+        leaders = await _start_groups(groups, namesrv, nursery, scope, exited)
+        for i, (group, leader) in enumerate(zip(groups, leaders)):
+            _print_plan(group, namesrv, leader, last=i == len(groups) - 1)
+        for group, leader in zip(groups, leaders):
+            await _wait_in_sync(leader.addr, len(group) - 1)
         if args.demo:
             await demo(namesrv)
-            await _wait_caught_up(replicas)
+            for group in groups:
+                await _wait_caught_up(group)
             await print_cluster(namesrv)
         if args.exit_after_demo:
             nursery.cancel_scope.cancel()
             return
-        brokers = [
-            {"addr": r.addr, "broker_id": r.config.broker_id, "metrics_url": r.metrics_url, "kafka_addr": r.kafka_addr}
-            for r in replicas
-        ]
-        print_ready(args, namesrv, brokers, str(Path(replicas[0].config.data_dir).parent))
-        console.print(
-            f"serving; watch the state: clmq cluster list --namesrv {namesrv}\n"
-            f"         promote:         clmq admin promote --addr {_a_follower(replicas, leader).addr}   "
-            "(Ctrl-C stops all)",
-            highlight=False,
-        )
+        _print_serving(args, namesrv, groups, leaders)
         await trio.sleep_forever()
+
+
+async def _start_groups(
+    groups: list[list[ReplicaProcess]],
+    namesrv: str,
+    nursery: trio.Nursery,
+    scope: trio.CancelScope,
+    exited: list[ReplicaProcess],
+) -> list[ReplicaProcess]:
+    """Start the replicas; each group's leader. Manual mode: the leaders listen before
+    their followers call them. ZooKeeper mode: all at once, and ZooKeeper elects one
+    leader per group (each group is its own election, by broker name)."""
+    elected = bool(groups[0][0].config.zookeeper)
+    everyone = [r for g in groups for r in g]
+    waves = [everyone] if elected else [[g[0] for g in groups], [r for g in groups for r in g[1:]]]
+    for wave in (w for w in waves if w):
+        for r in wave:
+            await _spawn(r)
+            nursery.start_soon(_watch_exit, r, exited, scope)
+        await _wait_registered(namesrv, {r.addr for r in wave}, wave)
+    return [await _wait_elected(g) if elected else g[0] for g in groups]
+
+
+def _print_serving(args: Any, namesrv: str, groups: list[list[ReplicaProcess]], leaders: list[ReplicaProcess]) -> None:
+    everyone = [r for g in groups for r in g]
+    brokers = [
+        {
+            "addr": r.addr,
+            "broker_name": r.config.broker_name,
+            "broker_id": r.config.broker_id,
+            "metrics_url": r.metrics_url,
+            "kafka_addr": r.kafka_addr,
+        }
+        for r in everyone
+    ]
+    root = Path(everyone[0].config.data_dir).parent
+    print_ready(args, namesrv, brokers, str(root if len(groups) == 1 else root.parent))
+    promote = next(((g, lead) for g, lead in zip(groups, leaders) if len(g) > 1), None)
+    hint = f"\n         promote:         clmq admin promote --addr {_a_follower(*promote).addr}" if promote else ""
+    console.print(
+        f"serving; watch the state: clmq cluster list --namesrv {namesrv}{hint}   (Ctrl-C stops all)",
+        highlight=False,
+    )
 
 
 async def _spawn(r: ReplicaProcess) -> None:
@@ -270,7 +239,7 @@ async def _watch_exit(r: ReplicaProcess, exited: list[ReplicaProcess], scope: tr
     assert r.process is not None
     code = await r.process.wait()
     exited.append(r)
-    console.print(f"[red]replica {r.config.broker_id} at {r.addr} exited (code {code}); its log, {r.log_path}:")
+    console.print(f"[red]{r.name} at {r.addr} exited (code {code}); its log, {r.log_path}:")
     console.print(_tail(r.log_path), markup=False, highlight=False)
     scope.cancel()
 
@@ -286,7 +255,7 @@ def _a_follower(replicas: list[ReplicaProcess], leader: ReplicaProcess) -> Repli
     return next(r for r in reversed(replicas) if r is not leader)
 
 
-def _print_plan(replicas: list[ReplicaProcess], namesrv: str, leader: ReplicaProcess) -> None:
+def _print_plan(replicas: list[ReplicaProcess], namesrv: str, leader: ReplicaProcess, last: bool = True) -> None:
     c = replicas[0].config
     console.print(
         f"clmq dev: name server {namesrv}; group {c.broker_name} of {len(replicas)} replicas, "
@@ -305,9 +274,11 @@ def _print_plan(replicas: list[ReplicaProcess], namesrv: str, leader: ReplicaPro
             f"    settings {r.settings_path}, log {r.log_path}",
             highlight=False,
         )
-    console.print(
-        f"the state: clmq cluster list --namesrv {namesrv}   one replica: clmq broker status --addr {replicas[0].addr}"
-    )
+    if last:
+        console.print(
+            f"the state: clmq cluster list --namesrv {namesrv}   "
+            f"one replica: clmq broker status --addr {replicas[0].addr}"
+        )
 
 
 async def _wait_registered(namesrv: str, addrs: set[str], group: list[ReplicaProcess]) -> None:
@@ -394,8 +365,8 @@ async def _await_stop(r: ReplicaProcess) -> None:
     assert r.process is not None
     with trio.move_on_after(STOP_TIMEOUT_S):
         await r.process.wait()
-        console.print(f"replica {r.config.broker_id} stopped (code {r.process.returncode})")
+        console.print(f"{r.name} stopped (code {r.process.returncode})")
         return
-    console.print(f"[red]replica {r.config.broker_id} did not stop within {STOP_TIMEOUT_S:.0f} s: killed")
+    console.print(f"[red]{r.name} did not stop within {STOP_TIMEOUT_S:.0f} s: killed")
     r.process.kill()
     await r.process.wait()

@@ -8,45 +8,38 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import clmq
-from clmq.bench.commands import add_store_and_compare
-from clmq.bench.delay import add_command as add_bench_delay
-from clmq.bench.e2e import add_command as add_bench_e2e
-from clmq.bench.pop import add_command as add_bench_pop
-from clmq.bench.results import add_out_dir_args, resolve_result_paths
-from clmq.bench.spark import add_command as add_bench_spark
-from clmq.bench.trace import add_command as add_bench_trace
-from clmq.bench.transactions import add_command as add_bench_transactions
 
-from ._common import security_env
-from ._errors import report
+from ._lazy import Verbs, add_verbs, calls
 from ._logging import add_logging_args, configure_logging
-from ._output import add_output_arg, console, is_json, json_only_stdout, print_table, write_json
-from ._progress import bench_progress
-from ._services import add_commands
-from ._timefmt import accept_durations
-from .dashboard import add_command as add_dashboard
-from .dlq_verbs import add_command as add_dlq
-from .export import add_command as add_export
-from .replication_verbs import add_replication_commands
-from .security_verbs import add_command as add_security
-from .store_tools import add_command as add_store_tools
-from .transaction_verbs import add_command as add_transaction
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole ``clmq`` command line (every verb, its flags and their help)."""
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``clmq`` command line. Without ``argv``: every verb, its flags and their help.
+    With ``argv``: the verb it names in full, the others by name and help line only, so
+    that a command imports only the modules it runs (``_lazy.py``); its ``--help`` and
+    its parsing are the same either way."""
     parser = argparse.ArgumentParser(prog="clmq", description="clmq: a message broker built on one CommitLog.")
     parser.add_argument(
         "--version", action="version", version=f"clmq {clmq.__version__}", help="print clmq's version and exit"
     )
     add_logging_args(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    if add_verbs(sub, COMMANDS, argv):  # only verbs built in full have options to convert
+        from ._timefmt import accept_durations
 
-    demo = sub.add_parser("demo", help="store demo: append to a local store, restart it, read the queues back")
+        accept_durations(parser)
+    return parser
+
+
+def _add_demo(sub: Any, words: list[str] | None) -> None:
+    from ._output import add_output_arg
+
+    demo = sub.add_parser("demo", help=_DEMO_HELP)
     # Not ./clmq-data: that is `clmq dev`'s broker directory, which this demo must not write into.
     demo.add_argument(
         "--data-dir", type=Path, default=Path("clmq-demo-data"), help="store directory (default ./clmq-demo-data)"
@@ -56,30 +49,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_output_arg(demo)
     demo.set_defaults(func=cmd_demo)
 
+
+def _add_bench(sub: Any, words: list[str] | None) -> None:
+    """``clmq bench``: only the benchmark ``words`` name is built in full."""
+    from clmq.bench.results import add_out_dir_args
+
+    from ._output import add_output_arg
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
-    add_store_and_compare(bench_sub)
-    add_bench_e2e(bench_sub)
-    add_bench_delay(bench_sub)
-    add_bench_transactions(bench_sub)
-    add_bench_trace(bench_sub)
-    add_bench_pop(bench_sub)
-    add_commands(sub)
-    _add_dev_zookeeper_flag(sub.choices["dev"])
-    add_replication_commands(sub)
-    # The Spark commands define arguments only; pyspark loads when they run.
-    add_bench_spark(bench_sub)
+    add_verbs(bench_sub, BENCHMARKS, words)
     add_out_dir_args(bench_sub.choices)
     for p in bench_sub.choices.values():  # -o json: the results document on stdout, the steps on stderr
         add_output_arg(p)
-    add_export(sub)
-    add_store_tools(sub)
-    add_dashboard(sub)
-    add_dlq(sub)
-    add_security(sub)
-    add_transaction(sub)
-    accept_durations(parser)
-    return parser
+
+
+def _add_services(sub: Any, words: list[str] | None) -> None:
+    """``clmq dev``, ``nameserver`` and ``broker``."""
+    from ._services import add_service_commands
+
+    add_service_commands(sub)
+    _add_dev_zookeeper_flag(sub.choices["dev"])
 
 
 def _add_dev_zookeeper_flag(dev: argparse.ArgumentParser) -> None:
@@ -93,9 +83,112 @@ def _add_dev_zookeeper_flag(dev: argparse.ArgumentParser) -> None:
     )
 
 
+_DEMO_HELP = "store demo: append to a local store, restart it, read the queues back"
+_CLI = "clmq.broker.cli."
+
+# Every command, in the order `clmq --help` lists them, with its help line (each must be
+# the one its registrar gives: tests/test_cli_lazy.py compares the two trees).
+COMMANDS: tuple[Verbs, ...] = (
+    Verbs(_add_demo, (("demo", _DEMO_HELP),)),
+    Verbs(_add_bench, (("bench", "benchmarks"),)),
+    Verbs(
+        _add_services,
+        (
+            (
+                "dev",
+                "name server and broker in one process, on a local data directory; the broker "
+                "takes the settings of 'clmq broker' (--config, CLMQ_* variables, flags)",
+            ),
+            ("nameserver", "run a name server"),
+            ("broker", "run a broker ('clmq broker status --addr host:port': one broker's replication state)"),
+        ),
+    ),
+    Verbs(
+        calls(_CLI + "_client_verbs:add_client_commands"),
+        (
+            ("topic", "create, list, describe, update, delete topics"),
+            ("produce", "send messages (arguments, or lines of stdin as they arrive)"),
+            ("consume", "receive messages: as a member of --group (committing), or just to look (without it)"),
+            ("group", "consumer groups: list, describe (per-queue lag), members, delete, reset-offsets"),
+            ("message", "read a queue without a group; look a message up by id or key"),
+        ),
+    ),
+    Verbs(
+        calls(_CLI + "replication_verbs:add_replication_commands"),
+        (
+            ("cluster", "the brokers the name servers know, with their replication state"),
+            ("admin", "operator actions on one broker: promote"),
+        ),
+    ),
+    Verbs(calls(_CLI + "export:add_command"), (("export", "export queues to Parquet, JSON or CSV with Spark"),)),
+    Verbs(
+        calls(_CLI + "store_tools:add_command"),
+        (("store", "offline tools for a store directory (the broker must be stopped)"),),
+    ),
+    Verbs(
+        calls(_CLI + "dashboard:add_command"),
+        (("dashboard", "a web dashboard: brokers, topics, groups and their lag, messages"),),
+    ),
+    Verbs(
+        calls(_CLI + "dlq_verbs:add_command"),
+        (("dlq", "dead letters: messages a consumer group gave up on (list, show, resend)"),),
+    ),
+    Verbs(
+        calls(_CLI + "security_verbs:add_command"),
+        (
+            ("user", "users who log in (SCRAM-SHA-256/512): add, passwd, list, delete"),
+            ("acl", "access control lists: who may do what on which topic, group or the cluster"),
+        ),
+    ),
+    Verbs(
+        calls(_CLI + "transaction_verbs:add_command"),
+        (("transaction", "transactional (half) messages: list the pending ones, show one"),),
+    ),
+)
+
+# Every benchmark, in the order `clmq bench --help` lists them.
+BENCHMARKS: tuple[Verbs, ...] = tuple(
+    Verbs(calls(f"clmq.bench.{target}"), ((name, help_line),))
+    for name, target, help_line in (
+        ("store", "commands:add_store", "storage engine: append, dispatch, rebuild, read-back"),
+        ("compare", "commands:add_compare", "commit-log mode against partition-per-file mode, same workload"),
+        (
+            "replication",
+            "replication:add_command",
+            "leader/follower replication: throughput, ack latency, lag, catch-up",
+        ),
+        ("failover", "failover:add_command", "automatic failover through ZooKeeper: time to a new leader's first ack"),
+        (
+            "request-cost",
+            "request_cost:add_command",
+            "broker CPU time per small request, many in flight on one connection",
+        ),
+        ("cold-reader", "cold_reader:add_command", "a lagging consumer reading evicted data against tail consumers"),
+        ("kafka", "kafka:add_command", "Kafka clients through the Kafka listener against clmq's client"),
+        ("index", "index:add_command", "key index: dispatch with and without it, look-up latency at scale"),
+        ("e2e", "e2e:add_command", "produce and consume through a broker over loopback"),
+        ("delay", "delay:add_command", "scheduled messages: send rate, delivery lateness, memory per pending message"),
+        (
+            "transactions",
+            "transactions:add_command",
+            "transactional messages: send rate against plain, commit-to-visible",
+        ),
+        ("trace", "trace:add_command", "message traces: produce and consume rates with tracing on and off"),
+        ("pop", "pop:add_command", "POP consumption against queue-based: throughput by members, redelivery"),
+        ("peers", "peers:add_command", "clmq against Apache RocketMQ 5 and Apache Kafka 4, same workload"),
+        ("latency", "latency:add_command", "open-loop latency under load: p50/p99/p99.9/max, over time"),
+        ("startup", "startup:add_command", "start-up cost of clmq commands: wall, CPU and import time per process"),
+        # The Spark commands define arguments only; pyspark loads when they run.
+        ("spark", "spark:add_command", "the clmq Spark source and export against Parquet (needs clmq[spark])"),
+    )
+)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Append to a store, reopen it, read every queue's last message back."""
     from clmq.broker.store import Store, StoreConfig
+
+    from ._output import console, is_json, print_table, write_json
 
     cfg = StoreConfig(args.data_dir)
     with Store.open(cfg).start() as store:
@@ -151,11 +244,15 @@ def _demo_queue(store: Any, queue_id: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run one ``clmq`` command; every failure is one line on stderr and an exit code
     (``broker/cli/_errors.py``; ``-v`` adds the stack)."""
-    verbose = "-v" in (argv if argv is not None else sys.argv[1:]) or "--verbose" in (argv or sys.argv[1:])
+    words = sys.argv[1:] if argv is None else argv
+    verbose = "-v" in words or "--verbose" in words
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(words).parse_args(words)
         verbose = args.verbose
         configure_logging(args)
+        from ._common import security_env
+        from ._output import json_only_stdout
+
         with json_only_stdout(args), security_env(args):  # -o json: stdout is only JSON, whatever the verb prints
             if args.command == "bench":
                 return _run_bench(args)
@@ -163,11 +260,18 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit:  # argparse's own usage errors (exit 2) and --help (exit 0)
         raise
     except BaseException as e:  # everything else, KeyboardInterrupt included: one line
+        from ._errors import report
+
         return report(e, verbose)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
     """A benchmark: its results in ``--out-dir``; with ``-o json`` also on stdout."""
+    from clmq.bench.results import resolve_result_paths
+
+    from ._output import is_json, write_json
+    from ._progress import bench_progress
+
     resolve_result_paths(args)
     with bench_progress(args.bench):
         code = int(args.func(args) or 0)

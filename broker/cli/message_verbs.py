@@ -131,6 +131,11 @@ async def _find(args: argparse.Namespace, admin: Admin) -> None:
         return
     for rec in hit.records:
         print_record(args, rec)
+    if hit.index_lag_bytes:  # index writes fail or failed on some broker: only then is a look-up behind
+        tally(
+            f"[yellow]the key index is {hit.index_lag_bytes} bytes of log behind (its writes fail or just failed: "
+            "index_error in clmq broker status -o json): the newest messages, stored in those bytes, may be missing"
+        )
     if not hit.records:
         raise CliError(f"no message of topic {args.topic!r} has key {args.key!r} (key index)", EXIT_FAILED)
     more = f"; more matched than --count {args.count}" if hit.truncated else ""

@@ -5,18 +5,20 @@ and ``clmq admin promote --addr [--force]`` (manual promotion)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from rich.markup import escape
 from rich.text import Text
 
-from clmq.client import Admin, ConnectionFailed, RpcError, open_admin
 from clmq.protocol import ErrorCode
 
 from ._common import add_json_alias, addrs, check_addr, namesrv_arg, run_client
 from ._errors import EXIT_FAILED, EXIT_USAGE, CliError
 from ._output import add_output_arg, console, is_json, print_table, write_json
+
+if TYPE_CHECKING:  # the client loads when a verb runs: `clmq broker`, which adds `status` here, needs none of it
+    from clmq.client import Admin
 
 # A row of ``clmq cluster list``, in this order (the table's columns, the JSON's keys).
 CLUSTER_COLUMNS = (
@@ -84,6 +86,8 @@ async def cluster_rows(admin: Admin) -> list[dict[str, Any]]:
     the broker's own REPLICA_STATUS and, for a follower, its leader's view of it
     (which is what decides the in-sync set). A broker that does not answer keeps
     its name server's entry and an ``error``."""
+    from clmq.client import ConnectionFailed, RpcError
+
     brokers = sorted(await admin.brokers(), key=lambda b: (b["broker_name"], b.get("broker_id", 0), b["addr"]))
     statuses: dict[str, dict[str, Any]] = {}
 
@@ -146,6 +150,8 @@ def _row(entry: dict[str, Any], status: dict[str, Any], view: dict[int, Any]) ->
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
+    from clmq.client import open_admin
+
     async def main() -> int:
         async with open_admin(addrs(args)) as admin:
             rows = await cluster_rows(admin)
@@ -216,6 +222,7 @@ def cmd_broker_status(args: argparse.Namespace) -> int:
     if not args.addr:
         raise CliError("clmq broker status needs --addr host:port", EXIT_USAGE)
     check_addr(args.addr)
+    from clmq.client import open_admin
 
     async def main() -> int:
         async with open_admin(broker_addrs=[args.addr]) as admin:
@@ -294,6 +301,7 @@ def _print_status(addr: str, s: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------- promote
 def cmd_admin(args: argparse.Namespace) -> int:
     """``clmq admin promote --addr host:port [--force]``."""
+    from clmq.client import RpcError, open_admin
 
     async def main() -> int:
         async with open_admin(broker_addrs=[args.addr]) as admin:

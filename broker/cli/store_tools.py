@@ -1,5 +1,7 @@
 """``clmq store check DIR`` and ``clmq store repair DIR``: offline tools for a closed
-store directory, in the spirit of Kafka's ``kafka-dump-log`` and ``fsck``.
+store directory, in the spirit of Kafka's ``kafka-dump-log`` and ``fsck``; and ``clmq
+store offsets --write-v1 DIR``, the consumer offsets file in the format of releases
+before issue 34 (going back to one).
 
 Exit codes (as ``fsck``): 0 the store is clean (or was repaired), 1 damage was found
 (check) or left in place (repair declined), 2 the tool could not run (usage, not a
@@ -26,7 +28,7 @@ from clmq.broker.store import (
     repair_store,
     store_lock,
 )
-from clmq.commitlog import QueueRange
+from clmq.commitlog import QueueRange, load_json, previous_path
 from clmq.protocol.auth import SECURITY_FILE, SecurityState, load_security, save_security
 
 from ._common import add_json_alias
@@ -37,7 +39,7 @@ EXIT_CLEAN, EXIT_DAMAGED, EXIT_USAGE = 0, 1, 2
 
 
 def add_command(sub: Any) -> None:
-    """Add ``clmq store check|repair`` to the ``clmq`` parser."""
+    """Add ``clmq store check|repair|offsets`` to the ``clmq`` parser."""
     store = sub.add_parser("store", help="offline tools for a store directory (the broker must be stopped)")
     verbs = store.add_subparsers(dest="store_verb", required=True)
     check = verbs.add_parser("check", help="read every file of DIR and report damage (exit 1 if any)")
@@ -53,6 +55,13 @@ def add_command(sub: Any) -> None:
     repair.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     check.set_defaults(func=cmd_check)
     repair.set_defaults(func=cmd_repair)
+    offsets = verbs.add_parser("offsets", help="convert the consumer offsets file (going back to an earlier release)")
+    offsets.add_argument("directory", type=Path, metavar="DIR", help="the store's data directory")
+    offsets.add_argument(
+        "--write-v1", action="store_true", required=True, help="rewrite it as version 1 (releases before issue 34)"
+    )
+    add_output_arg(offsets)
+    offsets.set_defaults(func=cmd_offsets)
 
 
 def _config(args: argparse.Namespace) -> StoreConfig:
@@ -162,6 +171,42 @@ def cmd_repair(args: argparse.Namespace) -> int:
         return repaired
     _print(repaired, is_json(args))
     return EXIT_CLEAN
+
+
+def cmd_offsets(args: argparse.Namespace) -> int:
+    """``clmq store offsets --write-v1 DIR``: consumer_offsets.json (both generations) as version 1."""
+    from clmq.broker.service import write_offsets_version_1
+    from clmq.common import MetadataError
+
+    path = args.directory / "consumer_offsets.json"
+    try:
+        with store_lock(args.directory):
+            written = write_offsets_version_1(path)
+    except (StoreLockedError, FileNotFoundError, MetadataError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return EXIT_USAGE
+    if is_json(args):
+        write_json(_offsets_doc(args.directory, path, written))
+    elif written is None:
+        console.print(f"no consumer offsets in {args.directory}: nothing to convert")
+    else:
+        console.print(f"{path}: {written} committed offsets written as version 1 (both generations)")
+    return EXIT_CLEAN
+
+
+def _offsets_doc(directory: Path, path: Path, written: int | None) -> dict[str, Any]:
+    """``store offsets -o json``: the files rewritten as version 1, their offsets and groups."""
+    groups: list[str] = []
+    if written is not None:  # both generations hold the same rows now: [group, topic, queue, offset]
+        groups = sorted({row[0] for row in load_json(path).value["offsets"]})
+    return {
+        "directory": str(directory),
+        "version": 1,
+        "converted": written is not None,
+        "files": [str(path), str(previous_path(path))] if written is not None else [],
+        "offsets": written or 0,
+        "groups": groups,
+    }
 
 
 # ------------------------------------------------------------------ output
