@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from pathlib import Path
 import trio
 
 from clmq.client import ConnectionFailed, open_admin
+from tests import ports, process_groups
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,9 +42,8 @@ def popen(*args: str, cwd: Path, **kw: object) -> subprocess.Popen[bytes]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for a server of this test (:func:`tests.ports.free_port`)."""
+    return ports.free_port()
 
 
 def _brokers(ns: str) -> int:
@@ -81,7 +80,9 @@ def running_dev(tmp_path: Path, config: str | None = None) -> Iterator[str]:
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        **process_groups.spawn_options(),  # dies with this test process, whatever ends it
     )
+    process_groups.track(proc)
     try:
         wait_until(lambda: proc.poll() is not None or _brokers(ns) > 0, 60, "clmq dev to register its broker")
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
@@ -92,5 +93,5 @@ def running_dev(tmp_path: Path, config: str | None = None) -> Iterator[str]:
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                pass
+        process_groups.kill_group(proc)  # anything left of it, the process itself after a timeout

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import signal
-import socket
 import subprocess
 import sys
 from contextlib import asynccontextmanager
@@ -26,6 +25,7 @@ import trio
 from clmq.common import Message, Record
 from clmq.protocol import ErrorCode, Frame, PullStatus, RequestCode, decode_records, encode_batch
 from clmq.protocol.transport import ConnectionFailed, RpcClient, RpcError, background_nursery
+from tests import ports
 from tests.waiting import await_until
 
 READY_TIMEOUT_S = 30
@@ -52,9 +52,7 @@ NAMESERVER_DEFAULTS: dict[str, Any] = {"broker_expiry_ms": 3000, "scan_interval_
 def free_port() -> int:
     """A port nobody listens on now (the broker binds it a moment later; SO_REUSEADDR
     lets a restarted broker bind it again at once)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()
 
 
 def toml_value(value: Any) -> str:
@@ -391,7 +389,11 @@ async def create_topic(group: Group, key: str, topic: str, queue_count: int) -> 
 
 
 async def read_queue(group: Group, key: str, topic: str, queue_id: int, start: int = 0) -> list[Record]:
-    """Every message of one queue of broker ``key`` from ``start`` (raw PULL_MESSAGE)."""
+    """Every message of one queue of broker ``key`` from ``start`` (raw PULL_MESSAGE),
+    once the broker has dispatched what its log holds: an acknowledged message reaches
+    its queue a dispatcher round after the ack (CI once read a queue before its last
+    message was there)."""
+    await wait_dispatched(group, key)
     records: list[Record] = []
     offset = start
     while True:
@@ -406,6 +408,22 @@ async def read_queue(group: Group, key: str, topic: str, queue_id: int, start: i
         got = decode_records(reply.body, f"{key} {topic}/{queue_id}")
         records += got
         offset = f["next_offset"]
+
+
+async def wait_dispatched(group: Group, key: str, timeout_s: float = 30) -> None:
+    """Until broker ``key``'s whole log is confirmed (REPLICA_STATUS: a follower learns
+    the confirmed offset with the next chunk or its leader's next in-sync check; a leader
+    waits for its in-sync followers) and dispatched (BROKER_INFO: no log bytes waiting)."""
+
+    async def done() -> bool:
+        status = await group.status(key)
+        if status["confirmed_offset"] != status["end_offset"]:
+            return False
+        reply = await group.call(key, RequestCode.BROKER_INFO, {})
+        assert reply.error_code == ErrorCode.OK, f"{key}: BROKER_INFO: {reply.error_text}"
+        return reply.fields["dispatch_lag_bytes"] == 0
+
+    await await_until(done, timeout_s, f"{key}: the dispatcher to catch up")
 
 
 async def committed_offsets(

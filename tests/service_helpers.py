@@ -156,3 +156,11 @@ async def follower_routed(c: Cluster, topic: str, addr: str, group: str = "g") -
             return addr in routes.followers(group)
 
         await await_until(listed, 10, f"the follower {addr} in the route of {topic!r}")
+
+
+async def one_broker(nursery: trio.Nursery, tmp_path: Path) -> Cluster:
+    """A name server and one broker ("broker-a") in this process: the usual ``cluster`` fixture."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    await c.start_broker("broker-a")
+    return c

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -81,6 +82,30 @@ def main(argv: list[str] | None = None) -> None:
     serve(args.listen_port, (host or "127.0.0.1", int(port)))
 
 
+STOP_TIMEOUT_S = 10.0
+
+
+def _thread_states(pid: int) -> list[str]:
+    """The state letter of every thread of ``pid`` (``T``: stopped), from /proc."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        states.append(text.rpartition(")")[2].split()[0])
+    return states
+
+
+def _wait_stopped(pid: int) -> None:
+    """Wait until every thread of ``pid`` is stopped by SIGSTOP."""
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while not all(s in ("T", "t") for s in _thread_states(pid)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"tcp proxy {pid} did not stop within {STOP_TIMEOUT_S} s: {_thread_states(pid)}")
+        time.sleep(0.001)  # polling /proc: there is no event to wait on for another process's stop
+
+
 class Proxy:
     """A :mod:`tests.tcp_proxy` process forwarding 127.0.0.1:``port`` to ``target``."""
 
@@ -126,9 +151,12 @@ class Proxy:
         self._proc = None
 
     def pause(self) -> None:
-        """SIGSTOP the process: connections stay open and hang."""
+        """SIGSTOP the process and wait until every thread of it is stopped: connections
+        stay open and hang. (kill() returns once the signal is queued; a pump thread
+        running on the other core could still forward a few bytes before it stops.)"""
         assert self._proc is not None, "the proxy is not running"
         self._proc.send_signal(signal.SIGSTOP)
+        _wait_stopped(self._proc.pid)
 
     def resume(self) -> None:
         """SIGCONT a paused process."""

@@ -590,6 +590,8 @@ def saved_offsets(data_dir: Path) -> dict[tuple[str, int], int]:
     """The consumer group's offsets in a broker's ``consumer_offsets.json``."""
     loaded = load_json(data_dir / "consumer_offsets.json")
     rows = loaded.value.get("offsets", []) if loaded.value else []
+    if loaded.value and loaded.value.get("version") == 2:  # a row per (group, topic): queue ids, offsets
+        return {(t, q): o for group, t, qs, os in rows if group == CONSUMER_GROUP for q, o in zip(qs, os)}
     return {(t, q): o for group, t, q, o in rows if group == CONSUMER_GROUP}
 
 

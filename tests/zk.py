@@ -15,6 +15,7 @@ from typing import Iterator
 import pytest
 
 from clmq.devtools.zkserver import LocalZooKeeper, ZooKeeperError
+from tests.ports import free_port
 
 # Fast failover in tests: a 2000 ms session is 4 ticks, not Debian's 1 tick of 2000 ms.
 TEST_TICK_TIME_MS = 500
@@ -22,7 +23,7 @@ TEST_TICK_TIME_MS = 500
 
 def start_server(directory: Path) -> LocalZooKeeper:
     """A started server in ``directory``; the test fails (never skips) when it cannot start."""
-    server = LocalZooKeeper(directory, tick_time_ms=TEST_TICK_TIME_MS)
+    server = LocalZooKeeper(directory, client_port=free_port(), tick_time_ms=TEST_TICK_TIME_MS)
     try:
         return server.start()
     except ZooKeeperError as e:
