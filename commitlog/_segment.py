@@ -248,7 +248,7 @@ def decode_boundaries(data: bytes, base: int, size: int) -> tuple[array[int] | N
 class Segment:
     """An open segment file: positional reads and writes, durable truncation.
 
-    Every read, write, truncation and sync goes through :data:`fileops.OPS`.
+    Every read, write, truncation, sync and close goes through :data:`fileops.OPS`.
     """
 
     def __init__(self, directory: Path, base: int, boundary_interval: int, create: bool = False) -> None:
@@ -293,9 +293,11 @@ class Segment:
         fileops.OPS.fdatasync(self.fd)
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        # fd is -1 before the descriptor closes: a flush that finds its fsync refused
+        # (EBADF) then always sees why; closed first, it could look in between.
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            fileops.OPS.close(fd)
 
     def delete(self) -> None:
         """Unlink the files; the descriptor stays open for readers still using it."""

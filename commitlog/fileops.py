@@ -1,8 +1,8 @@
 """The file operations of the storage layer, behind one seam.
 
 Every write, positional read, fsync and truncation of a store file (CommitLog segments,
-their indexes, consume queues, partition logs, metadata files) goes through
-:data:`OPS` (looked up at each call, as ``fileops.OPS.pwrite(...)``), never straight
+their indexes, consume queues, partition logs, metadata files), and the close of a
+CommitLog segment, goes through :data:`OPS` (looked up at each call, as ``fileops.OPS.pwrite(...)``), never straight
 to :mod:`os`. In production :data:`OPS` is a :class:`FileOps`: the plain ``os``
 functions. Tests :func:`install` a subclass that fails chosen calls (EIO, ENOSPC, a
 short write) to prove that every fault is reported and nothing is lost silently; see
@@ -37,6 +37,9 @@ class FileOps:
 
     def ftruncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
 
 
 OPS: FileOps = FileOps()

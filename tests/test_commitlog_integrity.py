@@ -19,6 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clmq.commitlog import AppendStatus, CommitLog, CommitLogConfig, FlushMode, fileops, read_boundary_index
+from clmq.commitlog._flush import _sync as sync_segment
+from clmq.commitlog._segment import Segment
 from clmq.common import CorruptRecordError, LogDamageError, StoreFailedError
 from tests.faults import SHORT, Fault, inject
 
@@ -182,6 +184,41 @@ def test_overlapping_flushes_publish_only_what_every_fsync_covers(tmp_path: Path
     assert int(ops.events[first_durable].split()[1]) >= first_end
     assert lg.durable_offset == lg.write_offset
     lg.close()
+
+
+class FlushWhileClosing(fileops.FileOps):
+    """Runs a segment's flush step in the instant between its descriptor closing and
+    the close returning: where a flush thread may run while retention closes a
+    segment that flush had already taken from the dirty set."""
+
+    def __init__(self, seg: Segment) -> None:
+        self.seg = seg
+        self.outcomes: list[str] = []
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+        try:
+            sync_segment(self.seg)
+            self.outcomes.append("skipped")
+        except OSError as e:
+            self.outcomes.append(f"failed: {e!r}")
+
+
+def test_a_flush_meeting_a_segment_as_retention_closes_it_is_no_failure(tmp_path: Path) -> None:
+    """CI met it once: the flush loop fdatasynced a segment retention had just closed,
+    read the descriptor before it was marked closed, and failed the store for good."""
+    seg = Segment(tmp_path, 0, 4096, create=True)
+    seg.write(0, b"x" * 100)
+    ops = FlushWhileClosing(seg)
+    previous = fileops.install(ops)
+    try:
+        seg.close()
+    finally:
+        fileops.install(previous)
+    assert ops.outcomes == ["skipped"]
+    assert seg.fd == -1
+    seg.close()  # a second close is a no-op
+    assert ops.outcomes == ["skipped"]
 
 
 # --------------------------------------------------------- fsync errors are final
