@@ -315,7 +315,10 @@ async def test_order_per_queue_and_exactly_once_when_connections_are_cut_at_rand
         positions = [order[k] for k in keys]
         assert positions == sorted(positions), f"queue {q}: stored out of submission order"
     assert acked <= {k for keys in everything.values() for k in keys}, "an acknowledged message is missing"
-    assert len(acked) > 300, (len(acked), refused)
+    # What the failures said, should too few succeed (CI once saw 85 acknowledged after
+    # 30 s, every other send at the end of its retry budget; never seen here since).
+    why = Counter(str(f.exception())[:160] for _q, f in futures if f.exception() is not None).most_common(3)
+    assert len(acked) > 300, (len(acked), refused, why, len(proxy.sends))
     retried = sum(bool(f.fields.get("dedup")) for _t, f in proxy.sends)
     print(
         f"cut test: {len(proxy.sends)} requests, {retried} dedup retries, {refused} refused, "

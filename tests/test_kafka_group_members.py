@@ -69,10 +69,13 @@ class Member(threading.Thread):
             self.consumer.close()  # LeaveGroup: the others rebalance at once
 
 
-def produce(bootstrap: str, topic: str, n: int) -> None:
+def produce(bootstrap: str, topic: str, n: int, partitions: int = 6) -> None:
+    """``n`` messages round robin over the partitions. (librdkafka's sticky partitioner
+    may put a whole burst into one or two partitions: CI once had 5,999 of 6,000 in
+    one, and the others had nothing to read or commit.)"""
     producer = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     for i in range(n):
-        producer.produce(topic, value=b"m%d" % i)
+        producer.produce(topic, value=b"m%d" % i, partition=i % partitions)
         if i % 1000 == 0:
             producer.poll(0)
     assert producer.flush(30) == 0
