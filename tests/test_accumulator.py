@@ -48,8 +48,9 @@ def to(queue: int) -> Selector:
 
 class FrameProxy:
     """A TCP proxy in this process (real sockets) that decodes the requests going to the
-    broker (``sends``: the time and frame of each SEND_MESSAGE) and can cut every
-    connection at once (``cut``), whatever is half sent in either direction."""
+    broker (``sends``: the time and frame of each SEND_MESSAGE) and their answers, and
+    can cut every connection at once (``cut``), whatever is half sent in either
+    direction."""
 
     def __init__(self, target: str) -> None:
         host, _, port = target.rpartition(":")
@@ -57,7 +58,7 @@ class FrameProxy:
         self.sends: list[tuple[float, Frame]] = []
         self.addr = ""
         self._scopes: set[trio.CancelScope] = set()
-        self._forwarded = trio.Event()  # a SEND_MESSAGE went through since the last cut
+        self._answered = trio.Event()  # a SEND_MESSAGE's answer went back since the last cut
 
     async def start(self, nursery: trio.Nursery) -> FrameProxy:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -71,12 +72,13 @@ class FrameProxy:
 
     async def cut_at_random(self, rnd: random.Random, done: trio.Event) -> None:
         """Cut every connection at random moments until ``done``: 0 to 40 ms after a
-        request went through since the last cut. (Cuts 3 to 40 ms apart whatever got
-        through stopped all progress in CI: on a loaded machine a reconnection and its
-        request took longer than the gap, and every send spent its retry budget.)"""
+        send's answer went back since the last cut, so that every cut lets one send
+        through, however slow the machine. (Cuts 3 to 40 ms apart whatever got
+        through stopped all progress in CI: on a loaded machine a reconnection and
+        its request took longer than the gap, and sends spent their retry budgets.)"""
         while not done.is_set():
-            self._forwarded = trio.Event()
-            await first_of(self._forwarded, done)
+            self._answered = trio.Event()
+            await first_of(self._answered, done)
             await trio.sleep(rnd.uniform(0, 0.04))  # a fault schedule, not a wait for an event
             self.cut()
 
@@ -86,26 +88,34 @@ class FrameProxy:
         except OSError:
             await client.aclose()
             return
+        pending: set[int] = set()  # request ids of this connection's sends not answered yet
         with trio.CancelScope() as scope:
             self._scopes.add(scope)
             async with trio.open_nursery() as n:
-                n.start_soon(self._pump, client, upstream, True, n.cancel_scope)
-                n.start_soon(self._pump, upstream, client, False, n.cancel_scope)
+                n.start_soon(self._pump, client, upstream, True, pending, n.cancel_scope)
+                n.start_soon(self._pump, upstream, client, False, pending, n.cancel_scope)
         self._scopes.discard(scope)
         for s in (client, upstream):
             await s.aclose()
 
-    async def _pump(self, src: trio.SocketStream, dst: trio.SocketStream, decode: bool, done: trio.CancelScope) -> None:
+    async def _pump(
+        self, src: trio.SocketStream, dst: trio.SocketStream, requests: bool, pending: set[int], done: trio.CancelScope
+    ) -> None:
         decoder = FrameDecoder()
         try:
             while data := await src.receive_some(1 << 16):
-                if decode:
-                    decoder.receive_data(data)
-                    while isinstance(event := decoder.next_event(), Frame):
-                        if event.code == RequestCode.SEND_MESSAGE:
-                            self.sends.append((trio.current_time(), event))
-                            self._forwarded.set()
+                decoder.receive_data(data)
+                answered = False
+                while isinstance(event := decoder.next_event(), Frame):
+                    if requests and event.code == RequestCode.SEND_MESSAGE:
+                        self.sends.append((trio.current_time(), event))
+                        pending.add(event.request_id)
+                    elif not requests and event.request_id in pending:
+                        pending.discard(event.request_id)
+                        answered = True
                 await dst.send_all(data)
+                if answered:
+                    self._answered.set()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
