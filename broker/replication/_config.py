@@ -37,7 +37,6 @@ class ReplicationConfig:
     replica_retry_ms: int = 500  # a follower that lost its leader tries again after this
     coordinated: bool = False  # ZooKeeper decides the roles (broker.coordination); role/leader_addr are ignored
     leader_transfer_timeout_ms: int = 5000  # a graceful hand-over waits this long for the follower to catch up
-    inline_append_max_bytes: int = 64 << 10  # a follower appends smaller chunks on its event loop, not in a thread
 
     def __post_init__(self) -> None:
         for name, value, allowed in (

@@ -253,11 +253,9 @@ class Follower:
         self._stopped = True
 
     async def _append(self, offset: int, body: bytes) -> int:
-        """Append a chunk: on the event loop when it is small and needs no fsync (the
-        two thread hops, each waiting for the GIL, cost a sync write more than the
-        append), else in a worker thread, as the broker's own appends do."""
-        if len(body) <= self.config.inline_append_max_bytes and not self._flush_each:
-            return self._take(offset, body)
+        """Append a chunk in a worker thread. (Appending small chunks on the event loop
+        was tried in issue 34 and taken back: a CI run then saw a new follower's
+        consume queue skip records it had copied; the cause was not found in time.)"""
         return await trio.to_thread.run_sync(self._take, offset, body)
 
     def _take(self, offset: int, body: bytes) -> int:

@@ -242,7 +242,6 @@ class BrokerConfig:
             replica_retry_ms=self.replica_retry_ms,
             coordinated=bool(self.zookeeper),
             leader_transfer_timeout_ms=self.leader_transfer_timeout_ms,
-            inline_append_max_bytes=self.inline_append_max_bytes,
         )
 
     def server_limits(self) -> ServerLimits:
