@@ -69,7 +69,6 @@ class Leader:
             self.isr.seed(sorted(self.recorded_isr - {config.broker_id}), now_ms())
         self._sessions = itertools.count(int(time.time() * 1000) % 1_000_000_000)
         self._grew = trio.Event()  # set when the log grows: long-polled fetches answer
-        self._woke_at = self.log.write_offset  # the log's end when fetches were last woken
         self._changed = trio.Event()  # set when the confirmed offset or the in-sync set changes
         self._throttle = CatchUpThrottle(config.replica_catchup_bytes_per_s)
         self._told: int | None = None  # what the log was last told its confirmed offset is
@@ -78,18 +77,9 @@ class Leader:
     # ------------------------------------------------------------ from the log
     def log_grew(self) -> None:
         """On the event loop, after appends: wake long-polled fetches (and sync writes
-        waiting while the leader is the only replica in sync).
-
-        The log calls this also when only its confirmed offset moved (the report that
-        completes a sync write): then no fetch is answered, since an answer without
-        bytes made each follower ask again, four fetches per sync write instead of
-        two. Followers learn the new confirmed offset with the next bytes, or when
-        their fetch's wait ends, as Kafka's followers learn the high watermark."""
-        end = self.log.write_offset
-        if end != self._woke_at:
-            self._woke_at = end
-            self._grew.set()
-            self._grew = trio.Event()
+        waiting while the leader is the only replica in sync)."""
+        self._grew.set()
+        self._grew = trio.Event()
         self._publish()
 
     # ---------------------------------------------------------- the in-sync set
