@@ -102,16 +102,23 @@ class Cluster:
         """Wait until the name servers ``ns`` (default: the cluster's) route ``topic`` to
         exactly ``brokers`` (names): brokers register new topics at once, but the name
         server tells nobody when it has them."""
-        async with open_admin(ns or self.ns) as admin:
-            routes = Routes(admin.rpc, ns or self.ns)
+        await wait_routed(ns or self.ns, topic, brokers, timeout_s)
 
-            async def routed() -> bool:
-                try:
-                    return {mq.broker_name for mq in await routes.queues(topic, refresh=True)} == brokers
-                except NoRouteError:
-                    return False
 
-            await await_until(routed, timeout_s, f"the name server to route topic {topic!r} to {sorted(brokers)}")
+async def wait_routed(ns: list[str], topic: str, brokers: set[str] | None = None, timeout_s: float = 10) -> None:
+    """Wait until the name servers ``ns`` route ``topic`` (to exactly ``brokers``, the
+    brokers' names, if given)."""
+    async with open_admin(ns) as admin:
+        routes = Routes(admin.rpc, ns)
+
+        async def routed() -> bool:
+            try:
+                names = {mq.broker_name for mq in await routes.queues(topic, refresh=True)}
+            except NoRouteError:
+                return False
+            return brokers is None or names == brokers
+
+        await await_until(routed, timeout_s, f"the name server to route topic {topic!r} to {sorted(brokers or [])}")
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ import trio
 from clmq import open_admin, open_consumer, open_producer
 from clmq.protocol.kafka import ApiKey, encode_request
 from tests.kafka_procs import KafkaCluster, in_thread, kcat, open_kafka
+from tests.service_helpers import wait_routed
 
 ck = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # noqa: E402
@@ -182,6 +183,7 @@ def _row(i: int) -> tuple[bytes | None, bytes | None, list[Any], int]:
 
 async def test_produce_with_kafka_consume_with_clmq_and_the_reverse(kafka: KafkaCluster) -> None:
     await in_thread(create_topic, kafka.bootstrap, "mixed", 2)
+    await wait_routed([kafka.namesrv], "mixed")  # CI once asked the name server first: "no broker serves"
     async with open_producer([kafka.namesrv]) as producer:
         sent = await producer.send("mixed", b"from clmq", keys="k1", tags="red", properties={"a": "1"})
     rows = await in_thread(consume_all, kafka.bootstrap, "mixed", 1)
