@@ -17,15 +17,8 @@ import pytest
 
 from clmq.broker.cli.dev_groups import group_names, plan_groups
 from clmq.broker.service import BrokerConfig
+from tests.cli_helpers import ENV, clmq
 from tests.ports import free_port, free_port_block
-
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
-CLI = [sys.executable, "-m", "clmq"]
-
-
-def clmq(*args: str, cwd: Path, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout_s, env=ENV)
 
 
 def test_group_names_count_on_from_the_configured_name() -> None:
@@ -70,7 +63,7 @@ class Dev:
             self.ns.split(":")[1],
         ]
         self.proc = subprocess.Popen(
-            [*CLI, "dev", *ports, "--data-dir", str(tmp / "dev"), *flags],
+            [sys.executable, "-m", "clmq", "dev", *ports, "--data-dir", str(tmp / "dev"), *flags],
             cwd=tmp,
             env=ENV,
             stdout=subprocess.PIPE,
