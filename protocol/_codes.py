@@ -19,7 +19,10 @@ SEND_MESSAGE           topic, dedup (bool, optional); body: a message batch (``e
                        earlier try had an unknown outcome: if the queue's tail holds
                        the batch (by the messages' UNIQ_KEY property, within
                        dedup_window_ms / dedup_max_messages) the answer carries the
-                       offsets found and duplicate: true, and nothing is appended.
+                       offsets found and duplicate: true, and nothing is appended;
+                       if only each queue's first messages of it are there (a batch
+                       copied in part to a promoted follower), the rest is appended
+                       and the answer carries stored_before (messages found).
                        NOT_LEADER answers carry leader_addr when it is known.
                        Scheduled messages: a batch to topic ``%TIMER%`` whose every
                        message carries DELIVER_AT_MS (epoch ms), REAL_TOPIC, REAL_QID

@@ -5,13 +5,25 @@ broker's answer to SEND_MESSAGE with ``dedup`` (real broker, real sockets)."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from clmq.broker.service._dedup import UNIQ_KEY, DedupLimits, PartlyStored, find_stored, visible_end, wait_visible
+from clmq.broker.service._dedup import (
+    UNIQ_KEY,
+    DedupLimits,
+    PartlyStored,
+    find_stored,
+    find_stored_queues,
+    place,
+    visible_end,
+    wait_visible,
+)
 from clmq.broker.store import Store
 from clmq.client import RpcClient
 from clmq.common import Message
@@ -67,12 +79,69 @@ def test_a_batch_not_stored_is_not_found_nor_one_in_another_queue(store: Store) 
     assert find_stored(store, "nope", 0, ["a"], LIMITS, now) is None  # no such queue: the append answers
 
 
-def test_a_batch_found_only_in_part_is_refused(store: Store) -> None:
-    put(store, keyed("t", 0, ["a", "b", "c"]))
+def test_a_batch_found_in_part_gives_its_first_part_and_anything_else_is_refused(store: Store) -> None:
+    qoffs, coffs = put(store, keyed("t", 0, ["a", "b", "c"]))
     now = now_of(store)
-    for keys in (["a", "b", "x"], ["a", "c"], ["a", "b", "c", "d"]):
-        with pytest.raises(PartlyStored, match="not the batch"):
+    for keys, count in ((["a", "b", "x"], 2), (["a", "b", "c", "d"], 3), (["a", "x", "y"], 1)):
+        found = find_stored(store, "t", 0, keys, LIMITS, now)  # the first part: what a promoted follower holds
+        assert found is not None and (found.queue_offsets, found.commitlog_offsets) == (qoffs[:count], coffs[:count])
+    whole = find_stored(store, "t", 0, ["a", "c"], LIMITS, now)  # others between (written meanwhile): still whole
+    assert whole is not None and whole.queue_offsets == [0, 2]
+    for keys, why in (
+        (["x", "b"], "message 1 is stored but its message 0 is not"),
+        (["b", "a"], "not in the batch's order"),
+    ):
+        with pytest.raises(PartlyStored, match=why):
             find_stored(store, "t", 0, keys, LIMITS, now)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    size=st.integers(1, 6),
+    data=st.data(),
+)
+def test_any_first_part_is_found_and_the_rest_placed_after_it(tmp_path: Path, size: int, data: st.DataObject) -> None:
+    """A batch of ``size`` messages over two queues, stored in part (each queue's first
+    messages, as a promoted follower may hold them), with other messages before, between
+    and after: :func:`place` puts every found message at its stored offsets and marks
+    exactly the others missing; once those are appended the batch is found whole."""
+    s = Store.open(small_config(Path(tempfile.mkdtemp(dir=tmp_path)))).start()  # a fresh store per example
+    try:
+        s.create_topic("t", 2)
+        qids = data.draw(st.lists(st.integers(0, 1), min_size=size, max_size=size))
+        msgs = [keyed("t", q, [f"m{i}"])[0] for i, q in enumerate(qids)]
+        cut = {q: data.draw(st.integers(0, qids.count(q))) for q in (0, 1)}
+        put(s, keyed("t", 0, ["before"]))
+        held = [m for q in (0, 1) for m in [m for m in msgs if m.queue_id == q][: cut[q]]]
+        if held:
+            put(s, held)
+        put(s, keyed("t", data.draw(st.integers(0, 1)), ["after"]))
+        keys = {q: [m.properties[UNIQ_KEY] for m in msgs if m.queue_id == q] for q in (0, 1)}
+        where = place(qids, find_stored_queues(s, "t", keys, LIMITS, now_of_any(s)))
+        if not held:
+            assert where is None
+            return
+        assert where is not None
+        assert [msgs[i].properties[UNIQ_KEY] for i in where.missing] == [
+            m.properties[UNIQ_KEY] for m in msgs if m not in held
+        ]
+        rest = [msgs[i] for i in where.missing]
+        appended = put(s, rest) if rest else ([], [])
+        qoffs, _coffs = where.offsets(appended)
+        for m, qoff in zip(msgs, qoffs):
+            assert s.get("t", m.queue_id, qoff, 1).messages[0].properties[UNIQ_KEY] == m.properties[UNIQ_KEY]
+        again = place(qids, find_stored_queues(s, "t", keys, LIMITS, now_of_any(s)))
+        assert again is not None and not again.missing and again.offsets() == where.offsets(appended)
+    finally:
+        s.close()
+
+
+def now_of_any(store: Store) -> int:
+    return max(
+        store.get("t", q, store.max_offset("t", q) - 1, 1).messages[0].store_timestamp_ms
+        for q in (0, 1)
+        if store.max_offset("t", q) > 0
+    )
 
 
 def test_the_look_back_stops_at_the_window_in_entries_and_in_time(store: Store) -> None:
@@ -166,7 +235,8 @@ async def test_a_retried_multi_queue_request_is_answered_whole_or_appended_whole
     """One request spanning queues is one append: its retry marked dedup is answered
     ``duplicate`` with every message's first offsets in request order (nothing
     appended); a request none of whose parts is stored is appended; one whose parts are
-    stored in some queues and not in others is refused (not the request first sent)."""
+    stored in some queues and not in others is completed (the rest appended once); one
+    stored out of its order is refused (not the request first sent)."""
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     broker = await c.start_broker()
@@ -186,8 +256,16 @@ async def test_a_retried_multi_queue_request_is_answered_whole_or_appended_whole
     fresh = encode_batch(keyed("t", 0, ["n0"]) + keyed("t", 1, ["n1"]))
     new = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": True}, fresh)
     assert new.fields["queue_offsets"] == [2, 1] and "duplicate" not in new.fields
-    half = encode_batch(keyed("t", 0, ["a0", "a1"]) + keyed("t", 1, ["never"]))  # queue 0's part is stored
-    refused = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": True}, half, check=False)
-    assert refused.error_code == ErrorCode.INVALID_MESSAGE and "not in [1]" in refused.error_text
-    assert broker.store.end_offset > end
+    # Queue 0's part stored, queue 1's not (a promoted follower may hold a request so): completed.
+    half = encode_batch(keyed("t", 0, ["a0", "a1"]) + keyed("t", 1, ["never"]))
+    done = await rpc.request(broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": True}, half)
+    assert done.fields["queue_offsets"] == [0, 1, 2] and done.fields["stored_before"] == 2
+    assert done.fields["commitlog_offsets"][:2] == [first.fields["commitlog_offsets"][i] for i in (0, 4)]
+    broker.store.catch_up()
+    assert [r.body for r in broker.store.get("t", 1, 2, 10).messages] == [b"body of never"]
+    swapped = encode_batch(keyed("t", 0, ["a1", "a0"]))  # stored, but not in this order: not the batch sent
+    refused = await rpc.request(
+        broker.addr, RequestCode.SEND_MESSAGE, {"topic": "t", "dedup": True}, swapped, check=False
+    )
+    assert refused.error_code == ErrorCode.INVALID_MESSAGE and "not in the batch's order" in refused.error_text
     await rpc.aclose()

@@ -9,14 +9,14 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from clmq.broker.store import PutStatus
-from clmq.common import TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_TOPIC
-from clmq.protocol import BatchError, ErrorCode, Frame, decode_batch
+from clmq.common import TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_TOPIC, Message
+from clmq.protocol import BatchError, ErrorCode, Frame, decode_batch, encode_batch
 from clmq.protocol.auth import Operation, ResourceType
 from clmq.protocol.transport import Later, Peer, Reply, RequestError, need
 
 from ._append import BusyError, PendingPut
 from ._context import BrokerContext, now_ms
-from ._dedup import UNIQ_KEY, DedupLimits, PartlyStored, Stored, find_stored_queues, merge_stored, wait_visible
+from ._dedup import UNIQ_KEY, DedupLimits, Found, PartlyStored, find_stored_queues, place, wait_visible
 from ._fetch import ReadThreads
 from ._scheduled import ScheduledRequests
 from .transaction import refuse_tran_half
@@ -61,7 +61,8 @@ class Produce:
     async def send_message(self, frame: Frame, peer: Peer) -> Reply | Later:
         """Queued in arrival order (the ordered part); the reply follows once stored.
         A retry marked ``dedup`` that was in fact stored is answered with the offsets
-        found, ``duplicate: true``, and not appended again (``_dedup``)."""
+        found, ``duplicate: true``, and not appended again; one stored in part is
+        completed (``_dedup``)."""
         topic = need(frame.fields, "topic", str)
         dedup = frame.fields.get("dedup", False)
         if type(dedup) is not bool:
@@ -69,30 +70,39 @@ class Produce:
         await self.ctx.replica.writes_settled()  # a graceful hand-over under way: held, then answered
         if (refused := self._not_leader(topic)) is not None:
             return refused
-        if topic not in (TRANS_HALF_TOPIC, TRANS_OP_TOPIC):  # (their door refuses it too)
-            refuse_tran_half(frame.body)  # TRAN_HALF marks a committed half's copy: set by the broker alone
-        if topic == TIMER_TOPIC:  # scheduled messages: checked before the timer trusts them
-            await self.scheduled.check_send(frame.body, peer)
-        elif topic in (TRANS_HALF_TOPIC, TRANS_OP_TOPIC) and self.half_door is not None:
-            await self.half_door(topic, frame.body, peer)  # half messages: checked before transactions trust them
-        elif self.ctx.config.auto_create_topics and self.store.topics.queue_count(topic) is None:
-            # the store would create it: a creation, which needs CREATE (on the topic or the cluster)
-            self.ctx.security.check(peer, [(Operation.CREATE, ResourceType.TOPIC, topic)], "SEND_MESSAGE (auto-create)")
+        await self._check_kind(topic, frame.body, peer)
+        body, part = frame.body, None
         if dedup:
-            found = await self._stored_before(topic, frame.body, peer)
-            if found is not None:
-                return Later(lambda: self._duplicate(topic, found))
+            found = await self._stored_before(topic, body, peer)
+            if found is not None and not found[1].missing:
+                return Later(lambda: self._duplicate(topic, found[1]))
             if (refused := self._not_leader(topic)) is not None:  # the leader may have moved meanwhile
                 return refused
+            if found is not None:  # found in part: the rest is appended
+                body, part = encode_batch([found[0][i] for i in found[1].missing]), found[1]
         try:
-            put = self._last_put = self.ctx.lane.submit(topic, frame.body, (peer.host, peer.port))
+            put = self._last_put = self.ctx.lane.submit(topic, body, (peer.host, peer.port))
         except BusyError as e:
             raise RequestError(ErrorCode.SYSTEM_BUSY, str(e)) from None
         put.add_done_callback(self._count)
+        if part is not None:
+            return Later(lambda: self._completed(put, part))
         return Later(
             lambda: self._stored(put),
             subscribe=lambda deliver: put.add_done_callback(lambda p: self._answer_now(p, deliver)),
         )
+
+    async def _check_kind(self, topic: str, body: bytes, peer: Peer) -> None:
+        """The checks of special topics' batches, and of a creation by auto-create."""
+        if topic not in (TRANS_HALF_TOPIC, TRANS_OP_TOPIC):  # (their door refuses it too)
+            refuse_tran_half(body)  # TRAN_HALF marks a committed half's copy: set by the broker alone
+        if topic == TIMER_TOPIC:  # scheduled messages: checked before the timer trusts them
+            await self.scheduled.check_send(body, peer)
+        elif topic in (TRANS_HALF_TOPIC, TRANS_OP_TOPIC) and self.half_door is not None:
+            await self.half_door(topic, body, peer)  # half messages: checked before transactions trust them
+        elif self.ctx.config.auto_create_topics and self.store.topics.queue_count(topic) is None:
+            # the store would create it: a creation, which needs CREATE (on the topic or the cluster)
+            self.ctx.security.check(peer, [(Operation.CREATE, ResourceType.TOPIC, topic)], "SEND_MESSAGE (auto-create)")
 
     def _count(self, put: PendingPut) -> None:
         result = put.result
@@ -138,10 +148,9 @@ class Produce:
             return Reply({"leader_addr": self.ctx.replica.leader_hint}, error_code=e.code, error_text=e.text)
         return None
 
-    async def _stored_before(self, topic: str, body: bytes, peer: Peer) -> Stored | None:
-        """Where a retried batch was stored by an earlier try, or None (append it). A
-        batch spanning queues is looked for in each of them: a request is appended whole
-        or not at all, so each part must be found, or none."""
+    async def _stored_before(self, topic: str, body: bytes, peer: Peer) -> tuple[list[Message], Found] | None:
+        """The request's messages and where an earlier try stored them (whole or in
+        part: ``_dedup``), or None (append it all)."""
         try:
             msgs = decode_batch(body, topic, (peer.host, peer.port))
         except BatchError:
@@ -165,7 +174,8 @@ class Produce:
             )
         except PartlyStored as e:
             raise RequestError(ErrorCode.INVALID_MESSAGE, str(e)) from None
-        return _all_or_none(topic, queue_ids, found)
+        where = place(queue_ids, found)
+        return None if where is None else (msgs, where)
 
     async def _log_visible(self, timeout_ms: int) -> bool:
         """Wait until every produce request accepted so far is appended (the lane keeps
@@ -178,14 +188,32 @@ class Produce:
                 return False
         return await wait_visible(self.store, timeout_ms)
 
-    async def _duplicate(self, topic: str, found: Stored) -> Reply:
+    async def _duplicate(self, topic: str, found: Found) -> Reply:
+        qoffs, coffs = found.offsets()
         fields = {
-            "queue_offsets": found.queue_offsets,
-            "commitlog_offsets": found.commitlog_offsets,
+            "queue_offsets": qoffs,
+            "commitlog_offsets": coffs,
             "store_timestamp_ms": found.store_timestamp_ms,
             "duplicate": True,
         }
         return await self._acknowledged(topic, fields, found.end_offset)
+
+    async def _completed(self, put: PendingPut, found: Found) -> Reply:
+        """The answer to a retried batch found in part, once the rest is appended: every
+        message's offsets in request order, and how many had been stored before."""
+        await put.done.wait()
+        result = put.result
+        assert result is not None
+        if not result.ok:
+            raise RequestError(_PUT_ERRORS[result.status], result.error)
+        qoffs, coffs = found.offsets((result.queue_offsets, result.commitlog_offsets))
+        fields = {
+            "queue_offsets": qoffs,
+            "commitlog_offsets": coffs,
+            "store_timestamp_ms": found.store_timestamp_ms,
+            "stored_before": len(found.places) - len(found.missing),
+        }
+        return await self._acknowledged(put.topic, fields, max(result.end_offset, found.end_offset))
 
     async def _stored(self, put: PendingPut) -> Reply:
         await put.done.wait()
@@ -232,21 +260,3 @@ class Produce:
         """Sync flush: wait for the group commit that covers ``end_offset`` (woken with
         every other request it covers: ``AppendLane.durable``)."""
         return await self.ctx.lane.durable.wait(end_offset, self.config.sync_flush_timeout_ms / 1000)
-
-
-def _all_or_none(topic: str, queue_ids: list[int], found: dict[int, Stored | None]) -> Stored | None:
-    """The stored copy of a (multi-queue) batch if every queue's part was found; None if
-    none was; refused (INVALID_MESSAGE) if only some were: not the request first sent."""
-    stored = {qid: s for qid, s in found.items() if s is not None}
-    if not stored:
-        return None
-    if len(stored) < len(found):
-        missing = sorted(qid for qid, s in found.items() if s is None)
-        raise RequestError(
-            ErrorCode.INVALID_MESSAGE,
-            f"{topic}: the retried batch is stored in queues "
-            f"{sorted(stored)} but not in {missing}: not the batch that was sent",
-        )
-    if len(stored) == 1:
-        return next(iter(stored.values()))
-    return merge_stored(queue_ids, stored)
