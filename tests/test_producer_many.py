@@ -500,6 +500,33 @@ async def test_spans_keep_order_per_queue_and_exactly_once_when_connections_are_
     assert retried > 0 and len(acked) > 1000, (retried, len(acked))
 
 
+async def test_a_retry_with_no_other_group_to_go_to_keeps_its_queue_and_its_place(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Messages placed round robin while their only broker is down fail to connect and
+    are retried; with no other group to move to, each keeps the queue its first try
+    chose (moved to another queue of the same broker, it went behind later messages
+    there: the stopped-broker test above saw a queue out of order so)."""
+    queues = 5
+    c, broker = await start(nursery, tmp_path, queues)
+    port = int(broker.addr.rpartition(":")[2])
+    async with open_producer(
+        broker_addrs=[broker.addr], linger_ms=0, retry_budget_ms=20_000, retry_backoff_max_ms=50
+    ) as p:
+        warm = await p.send("t", b"warm up")
+        await c.stop_broker("broker-a")
+        futs = [await p.submit("t", b"m%d" % i) for i in range(7)]
+        await trio.sleep(0.3)  # Not a wait for an event: the retries must fail a few times first.
+        broker = await c.start_broker("broker-a", port=port)  # same data directory and port
+        with trio.fail_after(30):
+            results = [await f.wait() for f in futs]
+    first = (warm.queue.queue_id + 1) % queues
+    assert [r.queue.queue_id for r in results] == [(first + i) % queues for i in range(7)]
+    keys_of = await stored(broker, queues)
+    for q, keys in keys_of.items():
+        assert keys == [r.uniq_keys[0] for r in [warm, *results] if r.queue.queue_id == q], q
+
+
 async def test_a_broker_stopped_mid_call_leaves_every_message_stored_once_in_order_or_failed(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:

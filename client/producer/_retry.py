@@ -120,7 +120,9 @@ async def _retarget(acc: Buffers, topic: str, batches: list[Batch], unreachable:
             tries.note(unreachable, None)
         else:
             try:
-                mq = await acc.targets.target(topic, b.first, b.sharding_key, b.selector, tries, refresh=False)
+                mq = await acc.targets.target(
+                    topic, b.first, b.sharding_key, b.selector, tries, refresh=False, last=b.mq
+                )
             except (SendError, NoRouteError) as e:
                 acc.fail(b, e if isinstance(e, SendError) else SendError(str(e)))
                 continue

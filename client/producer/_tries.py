@@ -164,9 +164,13 @@ class Targets:
         selector: QueueSelector | None,
         tries: Tries,
         refresh: bool | None = None,
+        last: MessageQueue | None = None,
     ) -> MessageQueue | None:
         """The queue of the next try; None if there is none now (the failure is noted).
-        ``refresh``: ask for fresh routes (default: on a retry)."""
+        ``refresh``: ask for fresh routes (default: on a retry). ``last``: the queue of
+        the try that failed; a batch placed round robin moves only to another group's
+        queue, else it keeps ``last`` (and its place in that queue's order: moved to
+        another queue of the same broker it would go behind later batches, for nothing)."""
         tries.attempts += 1
         if refresh is None:
             refresh = tries.attempts > 1
@@ -176,7 +180,10 @@ class Targets:
         if tries.pinned is not None:
             return await self._pinned(tries.pinned, tries, refresh)
         try:
-            return await self.pick(topic, first, sharding_key, selector, refresh=refresh)
+            mq = await self.pick(topic, first, sharding_key, selector, refresh=refresh)
+            if last is None or selector is not None or sharding_key is not None or mq.broker_name != last.broker_name:
+                return mq
+            return self._by_queue(topic, self._routed[topic][1]).get((last.broker_name, last.queue_id), mq)
         except NoRouteError as e:
             if not e.unreachable:
                 raise
