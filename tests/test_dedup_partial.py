@@ -58,9 +58,7 @@ async def test_a_follower_promoted_with_part_of_a_batch_completes_it_on_the_prod
     keys = [f"k{i}" for i in range(8)]
     first = await send(rpc, lead.addr, batch(keys))
     assert first.error_code == 0 and first.fields["queue_offsets"] == list(range(8)), first
-    f = await c.start_broker(
-        "g", key="g1", broker_id=1, role="follower", leader_addr=lead.addr, **CHUNKED
-    )
+    f = await c.start_broker("g", key="g1", broker_id=1, role="follower", leader_addr=lead.addr, **CHUNKED)
     await await_until(
         lambda: f.store.log.write_offset > 0 and f.store.topics.queue_count("t") == 1, 10, "the first chunk copied"
     )
