@@ -552,8 +552,12 @@ class Loop:
         return sorted(set(self.g.brokers) - {self.leader})
 
     async def acks(self, more: int) -> None:
-        goal = len(self.ledger.acked) + more
-        await await_until(lambda: len(self.ledger.acked) >= goal, 60, f"{more} more acknowledged messages")
+        goal, errors = len(self.ledger.acked) + more, len(self.ledger.errors)
+        try:
+            await await_until(lambda: len(self.ledger.acked) >= goal, 60, f"{more} more acknowledged messages")
+        except TimeoutError as e:  # a producer stops at its first failed send: say what failed
+            failed = self.ledger.errors[errors:][:5]
+            raise AssertionError(f"{e} in {self.faults}; sends failed meanwhile: {failed}") from e
 
 
 async def kill_leader(loop: Loop) -> None:
