@@ -8,7 +8,8 @@ record format from here without taking each other. Models: Kafka's
 ``org.apache.kafka.common.record`` and RocketMQ's ``common.message.MessageConst``.
 """
 
-from ._columns import HEADER_DTYPE, Walk, gather_fields, gather_headers, gather_strings, walk_records
+from typing import TYPE_CHECKING
+
 from ._errors import (
     ClientError,
     ClmqError,
@@ -24,8 +25,8 @@ from ._errors import (
     StoreFailedError,
     TransportError,
 )
+from ._exports import lazy_exports
 from ._gc import collector_paused
-from ._many import decode_records_many
 from ._packed import (
     ITEM,
     ITEM_SIZE,
@@ -146,6 +147,26 @@ from ._trace import (
 )
 from ._units import DURATION_BUCKETS_S, GiB, KiB, MiB
 
+if TYPE_CHECKING:
+    from ._columns import HEADER_DTYPE, Walk, gather_fields, gather_headers, gather_strings, walk_records
+    from ._many import decode_records_many
+
+# The columnar record walk and the many-record decoder need numpy, whose import is a
+# fifth of a client command's start-up (about 70 ms): they are imported when first used.
+# The storage engine names them at the top of its modules, so a broker still pays at start.
+_LAZY = {
+    "HEADER_DTYPE": "_columns",
+    "Walk": "_columns",
+    "gather_fields": "_columns",
+    "gather_headers": "_columns",
+    "gather_strings": "_columns",
+    "walk_records": "_columns",
+    "decode_records_many": "_many",
+}
+
+__getattr__ = lazy_exports(__name__, _LAZY, globals())
+
+
 __all__ = [
     "BLANK_MAGIC",
     "BLANK_SIZE",
@@ -265,6 +286,7 @@ __all__ = [
     "gather_headers",
     "gather_strings",
     "is_system_topic",
+    "lazy_exports",
     "overrun_error",
     "pack_messages",
     "pack_parts",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from clmq import common
 from clmq.common import (
     HEADER_SIZE,
     Host,
@@ -24,7 +25,6 @@ from clmq.common import (
     PackedMessages,
     PackError,
     Record,
-    decode_records_many,
     pack_messages,
     unpack_messages,
 )
@@ -45,7 +45,7 @@ def decode_batch(body: bytes, topic: str, born_host: Host) -> list[Message]:
 
 def decode_records(body: bytes, where: str = "pull response") -> list[Record]:
     """The records of a PULL_MESSAGE response body, each CRC-checked (vectorised)."""
-    return decode_records_many(body, where)
+    return common.decode_records_many(body, where)  # looked up when called: numpy is imported then
 
 
 def record_count_hint(body_length: int) -> int:

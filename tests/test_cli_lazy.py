@@ -1,7 +1,8 @@
 """``clmq`` builds in full only the command it runs (``broker/cli/_lazy.py``): every
 command's ``--help`` and every parse are the same as with the whole tree built, and a
 command run in a real process imports only what it needs (``clmq broker`` no
-benchmark, no client; ``clmq --help`` neither the broker nor the client)."""
+benchmark, no client, no Kafka listener; ``clmq --help`` neither the broker nor the
+client; a client verb no numpy)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -124,6 +126,8 @@ def test_clmq_broker_imports_no_benchmark_no_client_and_no_certificates() -> Non
     assert "clmq.broker.service" in modules
     unwanted = ("clmq.bench", "clmq.client", "clmq.spark_connector", "clmq.devtools", "cryptography", "matplotlib")
     assert [m for m in modules if m.startswith(unwanted)] == []
+    # The Kafka listener's modules: imported by a broker that has one (kafka_listen_port), only.
+    assert [m for m in modules if m.startswith(("clmq.broker.service.kafka", "clmq.protocol.kafka"))] == []
     verbs = ("_client_verbs", "consume_verbs", "dashboard", "security_verbs", "export", "store_tools", "dev_replicas")
     for verb in verbs:
         assert f"clmq.broker.cli.{verb}" not in modules, verb
@@ -140,3 +144,25 @@ def test_a_client_verb_does_not_import_the_broker_service() -> None:
     modules = modules_imported("produce", "--help")
     assert "clmq.client" in modules
     assert [m for m in modules if m.startswith(("clmq.broker.service", "clmq.bench", "clmq.devtools"))] == []
+    # numpy: imported when records are first decoded in columns (clmq.common's lazy names), not to start.
+    assert "numpy" not in modules and "clmq.common._columns" not in modules
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "1"), ("3", "3")])
+def test_a_clmq_process_starts_numpy_without_a_thread_per_core(given: str | None, expected: str) -> None:
+    """``clmq`` sets ``OPENBLAS_NUM_THREADS=1`` before numpy is imported (its thread pool
+    cost a broker ~70 ms of CPU at start, for linear algebra clmq never does), unless the
+    environment sets it."""
+    script = (
+        "import os, io, contextlib\n"
+        "from clmq.broker.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['--help'])\n"
+        "print(os.environ['OPENBLAS_NUM_THREADS'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == expected

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -244,6 +245,10 @@ def _demo_queue(store: Any, queue_id: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run one ``clmq`` command; every failure is one line on stderr and an exit code
     (``broker/cli/_errors.py``; ``-v`` adds the stack)."""
+    # Before anything imports numpy: its OpenBLAS starts a thread per core at import,
+    # which cost every broker and benchmark process about 70 ms of CPU (half of numpy's
+    # import) for linear algebra clmq never does. A value the environment gives is kept.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     words = sys.argv[1:] if argv is None else argv
     verbose = "-v" in words or "--verbose" in words
     try:

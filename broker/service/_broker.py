@@ -10,7 +10,7 @@ import logging
 import ssl
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import trio
 from prometheus_client import CollectorRegistry
@@ -47,9 +47,11 @@ from ._security import BrokerSecurity
 from ._stalls import StallDetector
 from ._trace_buffer import TraceRecorder
 from ._trace_writer import trace_loop
-from .kafka import KafkaCollector, KafkaService
 from .pop import PopCollector
 from .transaction import TransactionCollector
+
+if TYPE_CHECKING:
+    from .kafka import KafkaService
 
 log = logging.getLogger("clmq.broker")
 
@@ -115,6 +117,10 @@ class Broker:
         self.handlers = Handlers(self.ctx)
         self.kafka: KafkaService | None = None
         if config.kafka_listen_port >= 0:
+            # Imported only here: the Kafka listener's modules (its message schemas, built at
+            # import) were a fifth of every broker process's start-up, listener or not.
+            from .kafka import KafkaService
+
             self.kafka = KafkaService(self.ctx, self.handlers.readers, lambda: self.client, self.handlers.pop)
         self.metadata.timer = self.handlers.timer
         self.metadata.transactions = self.handlers.transactions
@@ -155,6 +161,8 @@ class Broker:
         self.metrics.register(TransactionCollector(self.handlers.transactions))
         self.metrics.register(PopCollector(self.handlers.pop))
         if self.kafka is not None:
+            from .kafka import KafkaCollector  # (imported with the listener, above)
+
             self.metrics.register(KafkaCollector(self.kafka))
         self.metrics_port = -1  # the port /metrics is served on, once started (-1: none)
         self._stop = trio.Event()
