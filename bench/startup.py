@@ -9,6 +9,7 @@ by run, so that both see the same load."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import resource
 import statistics
@@ -119,6 +120,32 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Horizontal bars of CPU ms per command, one bar per checkout ("this", "against")."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    commands = list(dict.fromkeys(r["command"] for r in rows))
+    trees = list(dict.fromkeys(r["tree"] for r in rows))
+    height = 0.8 / len(trees)
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * len(commands)))
+    for k, tree in enumerate(trees):
+        cpu = {r["command"]: r["cpu_s"] * 1000 for r in rows if r["tree"] == tree}
+        ys = [i + (k - (len(trees) - 1) / 2) * height for i in range(len(commands))]
+        ax.barh(ys, [cpu.get(c, 0.0) for c in commands], height, label=tree)
+    ax.set_yticks(range(len(commands)), commands)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"CPU ms per process (median of {rows[0]['runs']} runs)")
+    ax.set_title("start-up of clmq commands")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def cmd_bench_startup(args: argparse.Namespace) -> int:
     """``clmq bench startup``."""
     from rich.console import Console
@@ -135,4 +162,7 @@ def cmd_bench_startup(args: argparse.Namespace) -> int:
             return 2
     result = run_all(args, lambda line: console.print(line, highlight=False))
     save(result, markdown(result), args.json, args.markdown, console)
+    if importlib.util.find_spec("matplotlib") is not None:  # the bench extra
+        plot(result, args.plot)
+        console.print(f"plot written to {args.plot}")
     return 0

@@ -33,6 +33,8 @@ def test_every_command_is_measured_from_both_checkouts(tmp_path: Path) -> None:
     top = next(r for r in rows if r["command"] == "clmq --help")
     assert broker["imports_s"] > top["imports_s"]  # the broker's service is imported, --help imports almost nothing
     assert "| `clmq broker --help` | this |" in (tmp_path / "s.md").read_text()
+    plots = list(tmp_path.glob("*.png"))
+    assert len(plots) == 1 and plots[0].stat().st_size > 1000 and "plot written to" in out.stdout
 
 
 def test_a_directory_without_clmq_is_refused(tmp_path: Path) -> None:
