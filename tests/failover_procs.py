@@ -327,7 +327,14 @@ async def run_senders(senders: list[Sender], stop: trio.Event, nursery: trio.Nur
 async def wait_acks(senders: list[Sender], more: int, timeout_s: float, what: str) -> None:
     """Wait until the senders together got ``more`` acknowledgements than now."""
     target = sum(len(s.ack_times) for s in senders) + more
-    await await_until(lambda: sum(len(s.ack_times) for s in senders) >= target, timeout_s, what)
+    errors = {id(s.ledger): len(s.ledger.errors) for s in senders}
+    try:
+        await await_until(lambda: sum(len(s.ack_times) for s in senders) >= target, timeout_s, what)
+    except TimeoutError as e:  # say what the sends got meanwhile (a timeout alone told nothing in CI)
+        ledgers = {id(s.ledger): s.ledger for s in senders}
+        failed = [err for key, ledger in ledgers.items() for err in ledger.errors[errors[key] :]]
+        sent = sum(s.sent for s in senders)
+        raise AssertionError(f"{e}; {sent} messages sent in all, sends failed meanwhile: {failed[:5]}") from e
 
 
 def first_ack_after(senders: list[Sender], t: float) -> float | None:
