@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable
 
 import trio
 
-from clmq.broker.store import PutStatus
+from clmq.broker.store import PutResult, PutStatus
 from clmq.common import TIMER_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_TOPIC, Message
 from clmq.protocol import BatchError, ErrorCode, Frame, decode_batch, encode_batch
 from clmq.protocol.auth import Operation, ResourceType
@@ -201,11 +201,7 @@ class Produce:
     async def _completed(self, put: PendingPut, found: Found) -> Reply:
         """The answer to a retried batch found in part, once the rest is appended: every
         message's offsets in request order, and how many had been stored before."""
-        await put.done.wait()
-        result = put.result
-        assert result is not None
-        if not result.ok:
-            raise RequestError(_PUT_ERRORS[result.status], result.error)
+        result = await _appended(put)
         qoffs, coffs = found.offsets((result.queue_offsets, result.commitlog_offsets))
         fields = {
             "queue_offsets": qoffs,
@@ -216,11 +212,7 @@ class Produce:
         return await self._acknowledged(put.topic, fields, max(result.end_offset, found.end_offset))
 
     async def _stored(self, put: PendingPut) -> Reply:
-        await put.done.wait()
-        result = put.result
-        assert result is not None
-        if not result.ok:
-            raise RequestError(_PUT_ERRORS[result.status], result.error)
+        result = await _appended(put)
         fields = {
             "queue_offsets": result.queue_offsets,
             "commitlog_offsets": result.commitlog_offsets,
@@ -260,3 +252,13 @@ class Produce:
         """Sync flush: wait for the group commit that covers ``end_offset`` (woken with
         every other request it covers: ``AppendLane.durable``)."""
         return await self.ctx.lane.durable.wait(end_offset, self.config.sync_flush_timeout_ms / 1000)
+
+
+async def _appended(put: PendingPut) -> PutResult:
+    """The result of ``put`` once the lane appended it; its error as a RequestError."""
+    await put.done.wait()
+    result = put.result
+    assert result is not None
+    if not result.ok:
+        raise RequestError(_PUT_ERRORS[result.status], result.error)
+    return result
