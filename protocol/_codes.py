@@ -239,14 +239,18 @@ REPLICA_JOIN           broker_name, broker_id, epoch (the follower's latest, -1:
                        different segment size; NOT_LEADER from a follower
 REPLICA_FETCH          broker_id, session, epoch, offset (the follower's log end:
                        this acknowledges every byte below it), flushed (its durable
-                       offset), max_bytes, max_wait_ms -> epoch, offset, length,
+                       offset), max_bytes, max_wait_ms, topics_version (which
+                       of this leader's topics versions it has copied in this
+                       session; -1: none yet; a topic change is answered once every
+                       in-sync follower holds it) -> epoch, offset, length,
                        end_offset, min_offset, confirmed_offset, in_sync,
                        metadata_version, topics_version; body: the leader's raw log bytes [offset,
                        offset + length) within one segment (a record may be cut at
                        the end). STALE_EPOCH: join again; OFFSET_OUT_OF_RANGE: the
                        offset is below the leader's log start (fields: min_offset);
-                       REPLICA_REFUSED: an offset past the leader's end, or a report
-                       that goes backwards (the connection is then closed)
+                       REPLICA_REFUSED: an offset past the leader's end, a report
+                       that goes backwards, or a topics version the leader never
+                       had (the connection is then closed)
 REPLICA_METADATA       broker_id, session -> version, topics: {name: queue_count},
                        offset_lists: [[group, topic, [queue_ids], [offsets]], ...]
                        (a row per group and topic; a follower also reads an older
@@ -650,6 +654,7 @@ REQUEST_FIELDS: Final[dict[int, Spec]] = {
         "flushed": (OFFSET, True),
         "max_bytes": (_int(1), True),
         "max_wait_ms": (_int(), True),
+        "topics_version": (_int(-1), False),
     },
     RequestCode.REPLICA_METADATA: {
         "broker_id": (_int(), True),

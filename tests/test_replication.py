@@ -224,6 +224,7 @@ LIES = {
     "offset behind its last report": {"offset": 0},
     "flushed past its offset": {"flushed": 10**9},
     "unknown session": {"session": 1},
+    "topics version the leader never had": {"topics_version": 10**6},
 }
 
 

@@ -161,9 +161,11 @@ def test_coordinated_set_seeds_zookeepers_members_and_keeps_them_across_sessions
     assert isr.size() == 3 and isr.recompute(leader_end=400) == 300  # holds unknown: nothing more confirmed
     new = _follower(1)
     isr.join(new)  # its first session of this term: still in sync, hold unknown
-    assert new.in_sync and isr.ready_to_record({0}) == []
+    assert new.in_sync and isr.ready_to_record({0}, topics_version=0) == []
     isr.report(new, 400, 0, leader_end=400, now_ms=5)
-    assert isr.ready_to_record({0}) == [1]  # holds every confirmed byte: may be recorded
+    assert isr.ready_to_record({0}, topics_version=0) == []  # the leader's topics not copied yet
+    new.topics_version = 0
+    assert isr.ready_to_record({0}, topics_version=0) == [1]  # holds every confirmed byte and the topics
     isr.drop(1)  # a refused report or a closed session: waited for until ZooKeeper drops it
     assert isr.followers[1].in_sync and isr.followers[1].acked == -1 and isr.size() == 3
     assert sorted(f.broker_id for f in isr.lagging(now_ms=1500)) == [1, 2]  # proposed, not applied

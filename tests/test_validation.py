@@ -241,6 +241,7 @@ GOOD_BROKER: dict[int, dict[str, Any]] = {
         "flushed": 0,
         "max_bytes": 100,
         "max_wait_ms": 0,
+        "topics_version": 0,
     },
     RequestCode.REPLICA_METADATA: {"broker_id": 7, "session": 1, "queue_ends_before": 0},
     RequestCode.PROMOTE: {"force": False},
@@ -291,6 +292,7 @@ OPTIONAL = {
     (RequestCode.REGISTER_BROKER, "epoch"),
     (RequestCode.PROMOTE, "force"),
     (RequestCode.REPLICA_JOIN, "addr"),
+    (RequestCode.REPLICA_FETCH, "topics_version"),
     (RequestCode.REPLICA_METADATA, "queue_ends_before"),
     (RequestCode.TRANSFER_LEADERSHIP, "timeout_ms"),
     (RequestCode.SEND_MESSAGE, "dedup"),
@@ -319,8 +321,8 @@ def wrong_values(code: int, name: str, good_value: Any) -> list[Any]:
     for value in WRONG_VALUES:
         if value is None and (code, name) in OPTIONAL:
             continue  # nil is "absent" for an optional field
-        if value == -1 and name == "epoch" and type(value) is int:
-            continue  # -1 is "no epoch yet"
+        if value == -1 and name in ("epoch", "topics_version") and type(value) is int:
+            continue  # -1 is "no epoch yet", "no topics copied yet"
         if type(value) is type(good_value) and type(value) is not int:
             continue  # the field's own type ("x" for a name, True for a flag): may be valid
         out.append(value)

@@ -146,6 +146,8 @@ class Follower:
                 f"{self.min_leader_epoch()} in ZooKeeper: not following it",
             )
         self.leader_addr, self.leader_epoch, self.connected, self.error = addr, j["epoch"], True, ""
+        # Metadata versions are the leader's counters: a new session copies afresh.
+        self._metadata_version, self._topics_version = -1, -1
         self._flush_each = j["ack_durability"] == "flushed"
         self._leader_terms = [(int(e), int(s), int(b)) for e, s, b in j["epochs"]]
         cut = await trio.to_thread.run_sync(self._reconcile, j["end_offset"], j["min_offset"])
@@ -219,6 +221,8 @@ class Follower:
                 "flushed": min(self.log.durable_offset, self.log.write_offset),
                 "max_bytes": max_bytes,
                 "max_wait_ms": c.replica_fetch_wait_ms,
+                # which of this leader's topics versions this follower holds: topic changes wait for it
+                "topics_version": -1 if self._topics_version is None else self._topics_version,
             }
             reply = await self.rpc.request(
                 addr,

@@ -9,6 +9,11 @@ Rules (Kafka's ISR, in a commit-log's offsets):
   answer carried everything up to the leader's end). It is in sync while it was caught
   up within ``replica_lag_max_ms``: it joins the set once caught up, and leaves it
   when it has not been caught up for longer.
+- Topics are copied beside the log (REPLICA_METADATA): each fetch says which of the
+  leader's topics versions the follower holds. A topic change is acknowledged once
+  every in-sync follower holds it (:meth:`lacking_topics`), and a follower enters
+  ZooKeeper's set only holding the leader's topics: a replica an election may choose
+  has every acknowledged topic.
 - The confirmed offset is the least hold in the in-sync set (the leader's own end
   included) and never goes backwards: nothing past it is handed to consumers, so
   nothing a consumer saw is missing from an in-sync replica. (A follower that joins
@@ -45,6 +50,12 @@ class FollowerState:
     reply_end: int = -1  # the leader's end that the last answer reached (-1: it did not reach the end)
     reply_ms: float = 0.0
     in_sync: bool = False
+    # The leader's topics version this follower holds (copied in this session); -1: none
+    # yet; None: a follower of an older version that does not say (not waited for).
+    topics_version: int | None = -1
+
+    def holds_topics(self, version: int) -> bool:
+        return self.topics_version is None or self.topics_version >= version
 
     def hold(self, flushed: bool) -> int:
         return self.flushed if flushed else self.acked
@@ -147,9 +158,10 @@ class InSyncSet:
             max(0, self.confirmed - f.acked),
         )
 
-    def ready_to_record(self, recorded: set[int]) -> list[int]:
+    def ready_to_record(self, recorded: set[int], topics_version: int) -> list[int]:
         """In-sync followers not yet in ZooKeeper's set (``recorded``) that hold every
-        confirmed byte: safe to add there (an election may then choose them)."""
+        confirmed byte and the leader's topics (``topics_version``): safe to add there
+        (an election may then choose them)."""
         return [
             f.broker_id
             for f in self.followers.values()
@@ -157,7 +169,13 @@ class InSyncSet:
             and f.broker_id not in recorded
             and f.acked >= 0
             and f.hold(self.count_flushed) >= self.confirmed
+            and f.holds_topics(topics_version)
         ]
+
+    def lacking_topics(self, topics_version: int) -> list[int]:
+        """In-sync followers that do not hold the leader's topics at ``topics_version`` yet
+        (a topic change waits for them: elections choose among them)."""
+        return [f.broker_id for f in self.followers.values() if f.in_sync and not f.holds_topics(topics_version)]
 
     def recompute(self, leader_end: int) -> int:
         """The confirmed offset now (never lower than before, never past the leader's end)."""

@@ -115,23 +115,54 @@ class Leader:
                 if f is not None and f.in_sync:
                     self.isr.leave(f, now_ms())
             self._publish()
-        ready = self.isr.ready_to_record(self.recorded_isr)
+        ready = self.isr.ready_to_record(self.recorded_isr, self.metadata.topics_version())
         if ready and await coordinator.expand(ready):
             self.recorded_isr |= set(ready)
 
-    async def wait_caught_up(self, broker_id: int) -> None:
-        """Until follower ``broker_id`` holds the whole log (a graceful hand-over; the
-        caller has stopped new writes). Long-polled fetches are answered at once first:
-        the follower's next fetch reports what it holds, instead of after
-        ``replica_fetch_wait_ms`` of waiting for bytes that will not come."""
+    def _answer_fetches(self) -> None:
+        """Answer long-polled fetches at once: each follower's next fetch reports what it
+        holds (and sees a new metadata version), instead of after ``replica_fetch_wait_ms``
+        of waiting for bytes that will not come."""
         self._grew.set()
         self._grew = trio.Event()
+
+    async def wait_caught_up(self, broker_id: int) -> None:
+        """Until follower ``broker_id`` holds the whole log and the leader's topics (a
+        graceful hand-over; the caller has stopped new writes)."""
+        self._answer_fetches()
         while True:
             changed = self._changed
             f = self.isr.followers.get(broker_id)
-            if f is not None and f.in_sync and f.hold(self.isr.count_flushed) >= self.log.write_offset:
+            if (
+                f is not None
+                and f.in_sync
+                and f.hold(self.isr.count_flushed) >= self.log.write_offset
+                and f.holds_topics(self.metadata.topics_version())
+            ):
                 return
             await changed.wait()
+
+    async def wait_topics(self, topic: str) -> tuple[ErrorCode, str] | None:
+        """After a topic change (``topic`` created, grown or deleted): wait until every
+        in-sync follower holds the leader's topics, whatever the ack mode (a replica an
+        election may choose must know every acknowledged topic, or the group loses it).
+        As in Kafka, ``min_insync_replicas`` is for writes, not topic changes. An error
+        code and text if not within ``replication_timeout_ms``."""
+        version = self.metadata.topics_version()
+        self._answer_fetches()
+        lacking: list[int] = []
+        with trio.move_on_after(self.config.replication_timeout_ms / 1000):
+            while True:
+                changed = self._changed
+                lacking = self.isr.lacking_topics(version)
+                if not lacking:
+                    return None
+                await changed.wait()
+        return ErrorCode.REPLICATION_TIMEOUT, (
+            f"topic {topic!r} changed on the leader, not copied by in-sync "
+            f"{', '.join(f'replica {i}' for i in lacking)} within replication_timeout_ms="
+            f"{self.config.replication_timeout_ms}; retry"
+        )
 
     # -------------------------------------------------------------- sync writes
     def is_sync(self, topic: str, sync: bool | None) -> bool:
@@ -230,12 +261,10 @@ class Leader:
                 ErrorCode.STALE_EPOCH, f"epoch {f['epoch']} is not the leader's {self.epoch}: join again"
             )
         offset, flushed, end = f["offset"], f["flushed"], self.log.write_offset
-        if offset > end:
-            raise self._refuse(state, f"offset {offset} is past the leader's end {end}")
-        if offset < state.acked:
-            raise self._refuse(state, f"offset {offset} is behind its previous report {state.acked}")
-        if flushed > offset:
-            raise self._refuse(state, f"flushed offset {flushed} is past its offset {offset}")
+        why = report_problem(state, f, end, self.metadata.topics_version())
+        if why is not None:
+            raise self._refuse(state, why)
+        state.topics_version = f.get("topics_version")  # absent: a follower of an older version
         if offset < self.log.min_offset:
             return Reply(
                 {"min_offset": self.log.min_offset},
@@ -244,7 +273,9 @@ class Leader:
             )
         self.isr.report(state, offset, flushed, end, now_ms())
         self._publish()
-        if offset >= end:
+        # Parked at the end only holding the leader's topics: one that lacks them has a
+        # topic change to copy, which a topic change's answer may be waiting for.
+        if offset >= end and state.holds_topics(self.metadata.topics_version()):
             with trio.move_on_after(min(f["max_wait_ms"], MAX_FETCH_WAIT_MS) / 1000):
                 await self._grew.wait()
         return await self._answer(state, offset, f["max_bytes"])
@@ -294,6 +325,22 @@ class Leader:
         """REPLICA_STATUS's rows of the followers (see :func:`replica_row`)."""
         end, now = self.log.write_offset, now_ms()
         return [replica_row(f, end, now) for f in sorted(self.isr.followers.values(), key=lambda f: f.broker_id)]
+
+
+def report_problem(state: FollowerState, f: dict[str, Any], end: int, topics_version: int) -> str | None:
+    """Why a fetch's report cannot be true (None: it can): past the leader's log end,
+    behind the follower's previous report, flushed past its offset, or a topics version
+    the leader never had."""
+    offset, flushed, topics = f["offset"], f["flushed"], f.get("topics_version")
+    if offset > end:
+        return f"offset {offset} is past the leader's end {end}"
+    if offset < state.acked:
+        return f"offset {offset} is behind its previous report {state.acked}"
+    if flushed > offset:
+        return f"flushed offset {flushed} is past its offset {offset}"
+    if topics is not None and topics > topics_version:
+        return f"topics version {topics} is past the leader's {topics_version}"
+    return None
 
 
 def replica_row(f: FollowerState, end: int, now: float) -> dict[str, Any]:

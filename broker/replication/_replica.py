@@ -143,6 +143,10 @@ class Replica:
         """See :meth:`WriteChecks.wait_held`."""
         return await self.checks.wait_held(topic, end, sync)
 
+    async def wait_topics(self, topic: str) -> tuple[ErrorCode, str] | None:
+        """See :meth:`WriteChecks.wait_topics`."""
+        return await self.checks.wait_topics(topic)
+
     async def writes_settled(self) -> None:
         """See :meth:`WriteChecks.writes_settled`."""
         await self.checks.writes_settled()

@@ -83,6 +83,18 @@ class WriteChecks:
             )
         return None
 
+    async def wait_topics(self, topic: str) -> tuple[ErrorCode, str] | None:
+        """After a topic change: None once it may be acknowledged (every in-sync
+        follower holds it, see :meth:`Leader.wait_topics`), else the error to answer."""
+        s = self.state
+        leader = s.leader
+        if leader is None:  # a store that is not replicated, or a leader that stepped down
+            return None if s.role == "leader" else (ErrorCode.NOT_LEADER, "stepped down during the topic change; retry")
+        problem = await leader.wait_topics(topic)
+        if problem is None and s.leader is not leader:
+            return ErrorCode.NOT_LEADER, "stepped down during the topic change; retry"
+        return problem
+
     async def writes_settled(self) -> None:
         """Before a write: wait out a graceful hand-over under way, or this broker's own
         switch to leading. New writes are held rather than refused meanwhile, so that the

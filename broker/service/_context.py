@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from clmq.broker.replication import Replica
 from clmq.broker.store import StorageEngine
+from clmq.protocol.transport import RequestError
 
 from ._append import AppendLane
 from ._config import BrokerConfig
@@ -56,3 +57,16 @@ class BrokerContext:
     pop_groups: Callable[[], list[str]] = lambda: []  # the groups with POP state here (LIST_GROUPS lists them)
     pop_drop_topic: Callable[[str], None] = lambda topic: None  # a deleted topic's POP state goes
     stalls: StallDetector = field(default_factory=lambda: StallDetector(0))  # event-loop stalls (stall_threshold_ms)
+
+    async def topic_changed(self, topic: str) -> None:
+        """After ``topic`` was created, grown or deleted here: followers and name servers
+        hear of it now, and the change is answered only once every in-sync follower
+        holds it (RequestError otherwise: made here, not acknowledged; a retry answers
+        once it is copied). Topics are copied beside the log: without this wait, a
+        follower elected right after the change would lead without it, and its
+        followers would drop the topic too."""
+        self.metadata.bump_topics()
+        self.register_now()
+        problem = await self.replica.wait_topics(topic)
+        if problem is not None:
+            raise RequestError(*problem)

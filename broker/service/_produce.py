@@ -101,8 +101,20 @@ class Produce:
         elif topic in (TRANS_HALF_TOPIC, TRANS_OP_TOPIC) and self.half_door is not None:
             await self.half_door(topic, body, peer)  # half messages: checked before transactions trust them
         elif self.ctx.config.auto_create_topics and self.store.topics.queue_count(topic) is None:
-            # the store would create it: a creation, which needs CREATE (on the topic or the cluster)
+            # a creation, which needs CREATE (on the topic or the cluster)
             self.ctx.security.check(peer, [(Operation.CREATE, ResourceType.TOPIC, topic)], "SEND_MESSAGE (auto-create)")
+            await self._auto_create(topic)
+
+    async def _auto_create(self, topic: str) -> None:
+        """Create ``topic`` before its first message is appended, as CREATE_TOPIC does:
+        the followers hold it before the message is acknowledged (the store would create
+        it on the append too, but nobody would hear of it). A name the store refuses is
+        left to the append, which answers INVALID_TOPIC."""
+        try:
+            await trio.to_thread.run_sync(self.store.create_topic, topic, self.config.default_queue_count)
+        except ValueError:
+            return
+        await self.ctx.topic_changed(topic)
 
     def _count(self, put: PendingPut) -> None:
         result = put.result

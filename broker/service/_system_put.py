@@ -29,8 +29,7 @@ async def ensure_topic(ctx: BrokerContext, topic: str, queue_count: int) -> None
     if ctx.store.topics.queue_count(topic) is not None:
         return
     await trio.to_thread.run_sync(ctx.store.create_topic, topic, queue_count)
-    ctx.metadata.bump_topics()
-    ctx.register_now()
+    await ctx.topic_changed(topic)
 
 
 async def put_messages(ctx: BrokerContext, messages: Sequence[Message]) -> PutResult:

@@ -41,8 +41,7 @@ class TopicRequests:
             await trio.to_thread.run_sync(self.store.create_topic, topic, count)
         except ValueError as e:
             raise RequestError(ErrorCode.INVALID_TOPIC, str(e)) from None
-        self.ctx.metadata.bump_topics()
-        self.ctx.register_now()
+        await self.ctx.topic_changed(topic)
         return self.store.topics.queue_count(topic) or 0
 
     async def delete_topic(self, frame: Frame, peer: Peer) -> Reply:
@@ -58,8 +57,7 @@ class TopicRequests:
             )
         self.ctx.offsets.drop_topic(topic)
         self.ctx.pop_drop_topic(topic)
-        self.ctx.metadata.bump_topics()
-        self.ctx.register_now()
+        await self.ctx.topic_changed(topic)
 
     async def list_topics(self, frame: Frame, peer: Peer) -> Reply:
         topics = self.store.topics.all()

@@ -37,6 +37,8 @@ def _error(e: RequestError) -> tuple[int, str]:
         return ErrorCode.NOT_CONTROLLER, e.text
     if e.code == ClmqError.TOPIC_NOT_FOUND:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, e.text
+    if e.code == ClmqError.REPLICATION_TIMEOUT:  # made here, not yet held by the in-sync followers
+        return ErrorCode.REQUEST_TIMED_OUT, e.text
     if e.code == ClmqError.INVALID_TOPIC:
         return ErrorCode.INVALID_PARTITIONS if "queue" in e.text else ErrorCode.INVALID_TOPIC_EXCEPTION, e.text
     return ErrorCode.UNKNOWN_SERVER_ERROR, e.text

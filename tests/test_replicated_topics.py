@@ -1,0 +1,147 @@
+"""A topic change is acknowledged only once every in-sync follower holds it.
+
+Topics are copied beside the log (REPLICA_METADATA), not in it, so "in sync" on the log
+said nothing about them: a follower promoted right after a topic was created could
+lead without it, and its followers then deleted the topic too (a CI run of
+``test_failover_procs`` saw every send refused with TOPIC_NOT_FOUND for 20 s after a
+hand-over that followed the topic's creation). Real brokers in this process, real
+sockets and files; the followers' fetches long-poll for 10 s, so nothing but the
+change's own wait can bring them the news in time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from clmq.broker.replication import FollowerState, InSyncSet
+from clmq.common import Message
+from clmq.protocol import ErrorCode, RequestCode
+from clmq.protocol.transport import RpcClient
+from tests.service_helpers import Cluster
+from tests.test_replication import in_sync, send_raw, start_group
+from tests.waiting import await_until
+
+# Followers parked in a long poll at the leader's end, copying metadata rarely: only
+# the topic change's wait can make them copy it before the answer.
+PARKED = {"replica_fetch_wait_ms": 10_000, "replica_metadata_interval_ms": 60_000, "replica_lag_max_ms": 60_000}
+
+CHANGES: dict[str, tuple[list[tuple[RequestCode, dict[str, Any]]], dict[str, int]]] = {
+    "create": ([(RequestCode.CREATE_TOPIC, {"topic": "new", "queue_count": 3})], {"old": 2, "new": 3}),
+    "grow": ([(RequestCode.CREATE_TOPIC, {"topic": "old", "queue_count": 5})], {"old": 5}),
+    "delete": ([(RequestCode.DELETE_TOPIC, {"topic": "old"})], {}),
+}
+
+
+@pytest.mark.parametrize("ack_mode", ["async", "sync"])
+@pytest.mark.parametrize("change", sorted(CHANGES))
+async def test_a_topic_change_is_answered_once_every_in_sync_follower_holds_it(
+    nursery: trio.Nursery, tmp_path: Path, change: str, ack_mode: str
+) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, fs = await start_group(c, 2, PARKED, ack_mode=ack_mode, min_insync_replicas=2)
+    requests, want = CHANGES[change]
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "old", "queue_count": 2})
+        await in_sync(lead, 2)
+        # Both followers parked in a fetch at the leader's end before the change.
+        await await_until(lambda: all(f.store.topics.all() == {"old": 2} for f in fs), 10, "the first topic copied")
+        for code, fields in requests:
+            reply = await rpc.request(lead.addr, code, fields, check=False)
+            assert reply.error_code == 0, reply
+            # The answer came: every in-sync follower holds the change already.
+            assert [f.store.topics.all() for f in fs] == [want, want], change
+        await rpc.aclose()
+
+
+async def test_a_topic_made_by_its_first_message_is_acknowledged_once_the_followers_hold_it(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, fs = await start_group(c, 2, PARKED, auto_create_topics=True, default_queue_count=3)
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        await in_sync(lead, 2)
+        await await_until(lambda: all(f.replica.follower.connected for f in fs), 10, "followers connected")  # type: ignore[union-attr]
+        reply = await send_raw(rpc, lead.addr, "made", [Message("made", 2, b"first")])
+        assert reply.error_code == 0, reply
+        assert [f.store.topics.all() for f in fs] == [{"made": 3}, {"made": 3}]
+        await rpc.aclose()
+
+
+async def test_a_follower_promoted_right_after_a_topic_was_created_leads_with_the_topic(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, (f, other) = await start_group(c, 2, PARKED, ack_mode="sync", min_insync_replicas=2)
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        await in_sync(lead, 2)
+        created = await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "orders", "queue_count": 2})
+        assert created.fields["queue_count"] == 2
+        await c.stop_broker("g0")  # the leader goes the moment the creation is answered
+        await await_until(lambda: not f.replica.follower.in_sync, 10, "the follower noticing")  # type: ignore[union-attr]
+        promoted = await rpc.request(f.addr, RequestCode.PROMOTE, {})
+        assert promoted.fields["role"] == "leader"
+        reply = await send_raw(rpc, f.addr, "orders", [Message("orders", 1, b"after the promotion")])
+        assert reply.error_code == 0, reply
+        # The other follower follows the new leader and keeps the topic too.
+        await await_until(
+            lambda: other.replica.follower is not None and other.replica.follower.leader_addr == f.addr,
+            15,
+            "the other follower following the new leader",
+        )
+        await await_until(lambda: other.store.max_offset("orders", 1) == 1, 10, "the message on the other follower")
+        assert other.store.topics.all() == {"orders": 2}
+        await rpc.aclose()
+
+
+async def test_a_topic_change_no_in_sync_follower_copies_in_time_is_a_replication_timeout(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A follower whose metadata copy hangs (its worker thread stuck): the change is
+    made on the leader but not acknowledged, and the error says who lacks it."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, (f,) = await start_group(c, 1, PARKED, replication_timeout_ms=500, ack_mode="sync", min_insync_replicas=2)
+    stuck = trio.Event()
+    apply = f.metadata.apply
+
+    def hang(snapshot: dict[str, Any]) -> None:
+        trio.from_thread.run(stuck.wait)  # the copy's thread waits until the test lets it go
+        apply(snapshot)
+
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        await in_sync(lead, 1)
+        f.metadata.apply = hang  # type: ignore[method-assign]
+        reply = await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1}, check=False)
+        assert reply.error_code == ErrorCode.REPLICATION_TIMEOUT, reply
+        assert "replica 1" in reply.error_text and "replication_timeout_ms=500" in reply.error_text, reply.error_text
+        assert lead.store.topics.all() == {"t": 1}  # made on the leader: a retry answers once it is copied
+        stuck.set()
+        again = await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1}, check=False)
+        assert again.error_code == 0, again
+        assert f.store.topics.all() == {"t": 1}
+        await rpc.aclose()
+
+
+def test_a_follower_behind_the_leaders_topics_is_not_recorded_in_sync_for_elections() -> None:
+    """ZooKeeper mode: only a follower holding the confirmed log *and* the leader's
+    topics may join the set elections choose from."""
+    isr = InSyncSet("g", lag_max_ms=1000, count_flushed=False, confirmed=100, coordinated=True)
+    for i, topics in ((1, 7), (2, 6), (3, None)):
+        f = FollowerState(i, "h", session=i, joined_ms=0.0, topics_version=topics)
+        isr.join(f)
+        isr.report(f, 100, 100, 100, now_ms=1.0)
+    assert [f.in_sync for f in isr.followers.values()] == [True, True, True]
+    assert isr.ready_to_record(set(), topics_version=7) == [1, 3]  # 3: a follower too old to say
+    assert isr.lacking_topics(7) == [2]
+    assert isr.lacking_topics(6) == []
