@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -408,6 +409,32 @@ async def test_a_follower_in_sync_when_its_leader_died_is_promoted_without_force
             "the acknowledged message readable on the new leader",
         )
         await rpc.aclose()
+
+
+async def test_an_idle_follower_parked_longer_than_the_lag_limit_stays_in_sync(
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``replica_fetch_wait_ms`` above ``replica_lag_max_ms``: a fetch parked at the
+    leader's end holds everything the leader has, so an idle follower must not leave
+    the in-sync set while it waits. (It did, every ``replica_lag_max_ms``, and joined
+    again at once: a warning each time, and in ZooKeeper mode two writes there.)"""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, _ = await start_group(c, 1, {"replica_fetch_wait_ms": 1500, "replica_lag_max_ms": 400})
+    await in_sync(lead, 1)
+    leader = lead.replica.leader
+    assert leader is not None
+    first = leader.isr.followers[1].last_fetch_ms
+    caplog.set_level(logging.INFO, logger="clmq.replication")
+
+    def two_parked_fetches_later() -> bool:
+        f = leader.isr.followers.get(1)
+        return f is not None and f.last_fetch_ms - first >= 2 * 1500 - 100
+
+    await await_until(two_parked_fetches_later, 15, "two parked fetches")
+    left = [r.getMessage() for r in caplog.records if "left the in-sync set" in r.getMessage()]
+    assert not left, left
+    assert leader.isr.followers[1].in_sync
 
 
 async def test_sync_acks_of_a_leader_alone_in_sync_answer_at_once(nursery: trio.Nursery, tmp_path: Path) -> None:

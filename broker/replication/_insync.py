@@ -6,7 +6,8 @@ Rules (Kafka's ISR, in a commit-log's offsets):
   that end, or its fsynced offset when ``replica_ack = "flushed"``.
 - A follower is *caught up* at the moment it has everything the leader had: when it
   reports at least the end that the leader's previous answer to it reached (and that
-  answer carried everything up to the leader's end). It is in sync while it was caught
+  answer carried everything up to the leader's end), and while its fetch waits at the
+  leader's end for new bytes (parked). It is in sync while it was caught
   up within ``replica_lag_max_ms``: it joins the set once caught up, and leaves it
   when it has not been caught up for longer.
 - Topics are copied beside the log (REPLICA_METADATA): each fetch says which of the
@@ -50,6 +51,7 @@ class FollowerState:
     reply_end: int = -1  # the leader's end that the last answer reached (-1: it did not reach the end)
     reply_ms: float = 0.0
     in_sync: bool = False
+    parked: bool = False  # a fetch of it waits at the leader's end: it holds everything the leader has
     # The leader's topics version this follower holds (copied in this session); -1: none
     # yet; None: a follower of an older version that does not say (not waited for).
     topics_version: int | None = -1
@@ -186,5 +188,15 @@ class InSyncSet:
     def followers_in_sync(self) -> bool:
         return any(f.in_sync for f in self.followers.values())
 
+    def park(self, f: FollowerState) -> None:
+        """A fetch of ``f`` waits at the leader's end for new bytes: caught up meanwhile
+        (``replica_fetch_wait_ms`` may exceed ``replica_lag_max_ms``)."""
+        f.parked = True
+
+    def unpark(self, f: FollowerState, now_ms: float) -> None:
+        """The parked fetch is answered: the follower was caught up until now."""
+        f.parked = False
+        f.caught_up_ms = max(f.caught_up_ms, now_ms)
+
     def _lag_ok(self, f: FollowerState, now_ms: float) -> bool:
-        return f.caught_up_ms >= 0 and now_ms - f.caught_up_ms <= self.lag_max_ms
+        return f.parked or (f.caught_up_ms >= 0 and now_ms - f.caught_up_ms <= self.lag_max_ms)

@@ -276,8 +276,12 @@ class Leader:
         # Parked at the end only holding the leader's topics: one that lacks them has a
         # topic change to copy, which a topic change's answer may be waiting for.
         if offset >= end and state.holds_topics(self.metadata.topics_version()):
-            with trio.move_on_after(min(f["max_wait_ms"], MAX_FETCH_WAIT_MS) / 1000):
-                await self._grew.wait()
+            self.isr.park(state)
+            try:
+                with trio.move_on_after(min(f["max_wait_ms"], MAX_FETCH_WAIT_MS) / 1000):
+                    await self._grew.wait()
+            finally:
+                self.isr.unpark(state, now_ms())
         return await self._answer(state, offset, f["max_bytes"])
 
     async def _answer(self, state: FollowerState, offset: int, max_bytes: int) -> Reply:
