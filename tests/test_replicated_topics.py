@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from clmq.broker.replication import FollowerState, InSyncSet
+from clmq.broker.service import Broker
 from clmq.common import Message
 from clmq.protocol import ErrorCode, RequestCode
 from clmq.protocol.transport import RpcClient
@@ -103,32 +104,82 @@ async def test_a_follower_promoted_right_after_a_topic_was_created_leads_with_th
         await rpc.aclose()
 
 
+def hang_metadata_copies(broker: Broker, stuck: trio.Event) -> None:
+    """Make ``broker``'s metadata copies hang (its worker thread stuck) until ``stuck`` is set."""
+    apply = broker.metadata.apply
+
+    def hang(snapshot: dict[str, Any]) -> None:
+        trio.from_thread.run(stuck.wait)
+        apply(snapshot)
+
+    broker.metadata.apply = hang  # type: ignore[method-assign]
+
+
 async def test_a_topic_change_no_in_sync_follower_copies_in_time_is_a_replication_timeout(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    """A follower whose metadata copy hangs (its worker thread stuck): the change is
-    made on the leader but not acknowledged, and the error says who lacks it."""
+    """A follower whose metadata copy hangs: the change is made on the leader but not
+    acknowledged, the error says who lacks it, and sync writes to the topic are not
+    acknowledged either until the follower holds it."""
     c = Cluster(nursery, tmp_path)
     await c.start_nameserver()
     lead, (f,) = await start_group(c, 1, PARKED, replication_timeout_ms=500, ack_mode="sync", min_insync_replicas=2)
     stuck = trio.Event()
-    apply = f.metadata.apply
-
-    def hang(snapshot: dict[str, Any]) -> None:
-        trio.from_thread.run(stuck.wait)  # the copy's thread waits until the test lets it go
-        apply(snapshot)
-
     async with trio.open_nursery() as n:
         rpc = RpcClient(n)
-        await in_sync(lead, 1)
-        f.metadata.apply = hang  # type: ignore[method-assign]
-        reply = await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1}, check=False)
-        assert reply.error_code == ErrorCode.REPLICATION_TIMEOUT, reply
-        assert "replica 1" in reply.error_text and "replication_timeout_ms=500" in reply.error_text, reply.error_text
-        assert lead.store.topics.all() == {"t": 1}  # made on the leader: a retry answers once it is copied
-        stuck.set()
-        again = await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1}, check=False)
-        assert again.error_code == 0, again
+        try:
+            await in_sync(lead, 1)
+            hang_metadata_copies(f, stuck)
+            reply = await rpc.request(
+                lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1}, check=False
+            )
+            assert reply.error_code == ErrorCode.REPLICATION_TIMEOUT, reply
+            assert "replica 1" in reply.error_text and "replication_timeout_ms=500" in reply.error_text, (
+                reply.error_text
+            )
+            assert lead.store.topics.all() == {"t": 1}  # made on the leader: a retry answers once it is copied
+            sent = await send_raw(rpc, lead.addr, "t", [Message("t", 0, b"while the topic is not copied")])
+            assert sent.error_code == ErrorCode.REPLICATION_TIMEOUT, sent
+        finally:
+            stuck.set()
+
+        async def created() -> bool:
+            again = await rpc.request(
+                lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1}, check=False
+            )
+            return again.error_code == 0
+
+        await await_until(created, 15, "the creation's retry answered")
+        assert f.store.topics.all() == {"t": 1}
+        assert (await send_raw(rpc, lead.addr, "t", [Message("t", 0, b"now")])).error_code == 0
+        await rpc.aclose()
+
+
+async def test_a_follower_that_cannot_copy_topics_leaves_the_in_sync_set_and_changes_go_on(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """One sick follower must not block every topic change: lacking the leader's topics
+    it is not caught up, so it leaves the set after ``replica_lag_max_ms`` and the change
+    is answered (the follower, out of the set, is neither elected nor promotable)."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lag = {"replica_lag_max_ms": 800, "replication_timeout_ms": 15_000}
+    lead, (f,) = await start_group(c, 1, {**PARKED, **lag})
+    stuck = trio.Event()
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        try:
+            await in_sync(lead, 1)
+            hang_metadata_copies(f, stuck)
+            reply = await rpc.request(
+                lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1}, timeout_ms=20_000
+            )
+            assert reply.fields["queue_count"] == 1
+            assert lead.replica.leader is not None and not lead.replica.leader.isr.followers[1].in_sync
+            assert f.store.topics.all() == {}
+        finally:
+            stuck.set()
+        await in_sync(lead, 1)  # copied at last: back in the set
         assert f.store.topics.all() == {"t": 1}
         await rpc.aclose()
 

@@ -73,6 +73,7 @@ class Follower:
         self._leader_terms: list[Entry] = []
         self._metadata_version = -1
         self._topics_version: int | None = -1
+        self._leader_topics_version: int | None = -1  # the topics version of the leader's last answer
         self._metadata_at = 0.0
         self._flush_each = False
         self._stopped = False  # this broker leads now: append and report nothing more
@@ -116,8 +117,10 @@ class Follower:
     def promotable(self) -> bool:
         """Whether this follower holds everything its leader may have acknowledged: in
         sync now, or in sync at the leader's last answer and holding the confirmed
-        offset that answer carried (every sync-acknowledged byte is below it)."""
-        return self.in_sync or (self.was_in_sync and self.log.write_offset >= self.last_confirmed)
+        offset that answer carried (every sync-acknowledged byte is below it), and
+        holding the topics that answer named (every acknowledged topic change)."""
+        holds_topics = self._topics_version == self._leader_topics_version  # those of the leader's last answer
+        return holds_topics and (self.in_sync or (self.was_in_sync and self.log.write_offset >= self.last_confirmed))
 
     def _failed(self, addr: str, e: BaseException) -> None:
         text = f"{addr}: {e or type(e).__name__}"
@@ -285,6 +288,7 @@ class Follower:
         self.leader_end, self.in_sync, self.last_reply_ms = f["end_offset"], bool(f["in_sync"]), time.monotonic() * 1000
         self.was_in_sync, self.last_confirmed = self.in_sync, f["confirmed_offset"]
         self.confirmed = min(f["confirmed_offset"], self.log.write_offset)
+        self._leader_topics_version = f.get("topics_version")
         if self.confirmed != self._told:
             self._told = self.confirmed
             self.log.set_confirmed_offset(self.confirmed)

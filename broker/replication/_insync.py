@@ -7,7 +7,8 @@ Rules (Kafka's ISR, in a commit-log's offsets):
 - A follower is *caught up* at the moment it has everything the leader had: when it
   reports at least the end that the leader's previous answer to it reached (and that
   answer carried everything up to the leader's end), and while its fetch waits at the
-  leader's end for new bytes (parked). It is in sync while it was caught
+  leader's end for new bytes (parked); never while it lacks the leader's topics. It
+  is in sync while it was caught
   up within ``replica_lag_max_ms``: it joins the set once caught up, and leaves it
   when it has not been caught up for longer.
 - Topics are copied beside the log (REPLICA_METADATA): each fetch says which of the
@@ -109,13 +110,17 @@ class InSyncSet:
                 broker_id, old.host, -1, old.joined_ms, caught_up_ms=old.caught_up_ms, in_sync=True
             )
 
-    def report(self, f: FollowerState, offset: int, flushed: int, leader_end: int, now_ms: float) -> None:
-        """A fetch from ``f``: ``offset`` (its end) and ``flushed`` (validated by the caller)."""
+    def report(
+        self, f: FollowerState, offset: int, flushed: int, leader_end: int, now_ms: float, topics: bool = True
+    ) -> None:
+        """A fetch from ``f``: ``offset`` (its end) and ``flushed`` (validated by the
+        caller); ``topics``: it holds the leader's topics (else it is not caught up: a
+        follower that cannot copy them leaves the set, and topic changes stop waiting)."""
         assert f.acked <= offset <= leader_end and flushed <= offset, (f.acked, offset, flushed, leader_end)
         f.acked, f.flushed, f.last_fetch_ms = offset, flushed, now_ms
-        if offset >= leader_end:
+        if topics and offset >= leader_end:
             f.caught_up_ms = now_ms
-        elif 0 <= f.reply_end <= offset:
+        elif topics and 0 <= f.reply_end <= offset:
             f.caught_up_ms = max(f.caught_up_ms, f.reply_ms)
         if not f.in_sync and self._lag_ok(f, now_ms):
             f.in_sync = True

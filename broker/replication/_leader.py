@@ -78,8 +78,7 @@ class Leader:
     def log_grew(self) -> None:
         """On the event loop, after appends: wake long-polled fetches (and sync writes
         waiting while the leader is the only replica in sync)."""
-        self._grew.set()
-        self._grew = trio.Event()
+        self._answer_fetches()
         self._publish()
 
     # ---------------------------------------------------------- the in-sync set
@@ -149,15 +148,16 @@ class Leader:
         As in Kafka, ``min_insync_replicas`` is for writes, not topic changes. An error
         code and text if not within ``replication_timeout_ms``."""
         version = self.metadata.topics_version()
+        lacking = self.isr.lacking_topics(version)
+        if not lacking:  # nothing pending: no fetch to wake
+            return None
         self._answer_fetches()
-        lacking: list[int] = []
         with trio.move_on_after(self.config.replication_timeout_ms / 1000):
-            while True:
+            while lacking:
                 changed = self._changed
-                lacking = self.isr.lacking_topics(version)
-                if not lacking:
-                    return None
                 await changed.wait()
+                lacking = self.isr.lacking_topics(version)
+            return None
         return ErrorCode.REPLICATION_TIMEOUT, (
             f"topic {topic!r} changed on the leader, not copied by in-sync "
             f"{', '.join(f'replica {i}' for i in lacking)} within replication_timeout_ms="
@@ -186,7 +186,10 @@ class Leader:
                 changed = self._changed
                 if self.isr.size() < self.config.min_insync_replicas:
                     return ErrorCode.REPLICATION_TIMEOUT, self._too_few("stored on the leader only")
-                if not self.isr.followers_in_sync() or self.isr.confirmed >= end:  # alone: the leader holds it
+                if not self.isr.followers_in_sync():  # alone: the leader holds it
+                    return None
+                # held, and its topic too (a change still being copied would be lost with it)
+                if self.isr.confirmed >= end and not self.isr.lacking_topics(self.metadata.topics_version()):
                     return None
                 await changed.wait()
         return ErrorCode.REPLICATION_TIMEOUT, (
@@ -271,7 +274,7 @@ class Leader:
                 error_code=ErrorCode.OFFSET_OUT_OF_RANGE,
                 error_text=f"offset {offset} is below the leader's log start {self.log.min_offset}",
             )
-        self.isr.report(state, offset, flushed, end, now_ms())
+        self.isr.report(state, offset, flushed, end, now_ms(), state.holds_topics(self.metadata.topics_version()))
         self._publish()
         # Parked at the end only holding the leader's topics: one that lacks them has a
         # topic change to copy, which a topic change's answer may be waiting for.

@@ -15,6 +15,8 @@ from ._replica_state import ReplicaState
 
 log = logging.getLogger("clmq.replication")
 
+STEPPED_DOWN = "this broker stepped down during the topic change; retry"
+
 
 class WriteChecks:
     """The checks before and after a write, reading the replica's state."""
@@ -85,14 +87,16 @@ class WriteChecks:
 
     async def wait_topics(self, topic: str) -> tuple[ErrorCode, str] | None:
         """After a topic change: None once it may be acknowledged (every in-sync
-        follower holds it, see :meth:`Leader.wait_topics`), else the error to answer."""
+        follower holds it, see :meth:`Leader.wait_topics`; the ZooKeeper lease held),
+        else the error to answer."""
         s = self.state
         leader = s.leader
         if leader is None:  # a store that is not replicated, or a leader that stepped down
-            return None if s.role == "leader" else (ErrorCode.NOT_LEADER, "stepped down during the topic change; retry")
+            return None if s.role == "leader" else (ErrorCode.NOT_LEADER, STEPPED_DOWN)
         problem = await leader.wait_topics(topic)
-        if problem is None and s.leader is not leader:
-            return ErrorCode.NOT_LEADER, "stepped down during the topic change; retry"
+        why = s.coordinator.may_ack() if s.coordinator is not None else None
+        if s.leader is not leader or why is not None:
+            return ErrorCode.NOT_LEADER, why or STEPPED_DOWN
         return problem
 
     async def writes_settled(self) -> None:

@@ -59,14 +59,21 @@ class BrokerContext:
     stalls: StallDetector = field(default_factory=lambda: StallDetector(0))  # event-loop stalls (stall_threshold_ms)
 
     async def topic_changed(self, topic: str) -> None:
-        """After ``topic`` was created, grown or deleted here: followers and name servers
-        hear of it now, and the change is answered only once every in-sync follower
-        holds it (RequestError otherwise: made here, not acknowledged; a retry answers
-        once it is copied). Topics are copied beside the log: without this wait, a
-        follower elected right after the change would lead without it, and its
-        followers would drop the topic too."""
+        """After ``topic`` was created, grown or deleted here: followers hear of it now,
+        and the change is answered only once every in-sync follower holds it
+        (RequestError otherwise: made here, not acknowledged; a retry answers once it
+        is copied); then the name servers. Topics are copied beside the log: without
+        this wait, a follower elected right after the change would lead without it,
+        and its followers would drop the topic too."""
         self.metadata.bump_topics()
-        self.register_now()
+        try:
+            await self.topics_held(topic)
+        finally:
+            self.register_now()
+
+    async def topics_held(self, topic: str) -> None:
+        """Wait until every in-sync follower holds this broker's topics (at once when no
+        change is being copied); RequestError if not within ``replication_timeout_ms``."""
         problem = await self.replica.wait_topics(topic)
         if problem is not None:
             raise RequestError(*problem)

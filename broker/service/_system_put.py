@@ -25,8 +25,11 @@ class UnconfirmedError(RequestError):
 
 async def ensure_topic(ctx: BrokerContext, topic: str, queue_count: int) -> None:
     """Create a system topic (``%TIMER%``, ``%RETRY%g``, ``%DLQ%g``) the first time it
-    is needed; the name servers hear of it at once (consumers find retry topics by route)."""
+    is needed; the name servers hear of it at once (consumers find retry topics by route).
+    Returns once every in-sync follower holds it (also when another call made it and
+    is still waiting); RequestError (REPLICATION_TIMEOUT) if they do not in time."""
     if ctx.store.topics.queue_count(topic) is not None:
+        await ctx.topics_held(topic)
         return
     await trio.to_thread.run_sync(ctx.store.create_topic, topic, queue_count)
     await ctx.topic_changed(topic)

@@ -122,9 +122,10 @@ class TopicAdmin:
             row: dict[str, Any] = {"name": name, "error_code": 0, "error_message": None}
             try:
                 await self.topics.delete(name)
-                self.deleted(name)
             except RequestError as e:
                 row["error_code"], row["error_message"] = _error(e)
+            if self.topics.store.topics.queue_count(name) is None:  # gone here, even if not yet copied
+                self.deleted(name)
             results.append(row)
         self.views.invalidate()
         return {"throttle_time_ms": 0, "responses": results}
