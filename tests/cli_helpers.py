@@ -15,10 +15,11 @@ import trio
 
 from clmq.client import ConnectionFailed, open_admin
 from tests import ports, process_groups
+from tests.jvm import PYSPARK_SUBMIT_ARGS
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+ENV = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "PYSPARK_SUBMIT_ARGS": PYSPARK_SUBMIT_ARGS}
 
 
 def clmq(*args: str, cwd: Path, stdin: bytes | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:

@@ -213,6 +213,13 @@ class XdistGroupIds:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(XdistGroupIds(), "clmq-xdist-group-ids")
+    # The SparkSession of the tests (and of commands run with this environment) starts its
+    # JVM with the tests' options (tests/jvm.py); a PYSPARK_SUBMIT_ARGS of the caller wins.
+    import os
+
+    from tests.jvm import PYSPARK_SUBMIT_ARGS
+
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", PYSPARK_SUBMIT_ARGS)
 
 
 # ZooKeeper fixtures (tests/zk.py): a session server, a chroot per test, a restartable server.

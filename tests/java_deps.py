@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.jvm import TEST_JVM_OPTIONS
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "_java_deps.sh"
 POMS = ROOT / "tests" / "java"
@@ -120,7 +122,7 @@ def harness_command() -> list[str]:
             shutil.rmtree(tmp, ignore_errors=True)
     return [
         java,
-        "-XX:+UseSerialGC",
+        *TEST_JVM_OPTIONS,
         "-Dorg.slf4j.simpleLogger.defaultLogLevel=" + os.environ.get("KAFKA_HARNESS_LOG", "warn"),
         "-Dorg.slf4j.simpleLogger.showDateTime=true",
         "-cp",
