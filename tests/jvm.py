@@ -3,8 +3,9 @@ the ``clmq`` commands the tests run; the Kafka Java harness).
 
 They compile with C1 only (``-XX:TieredStopAtLevel=1``): each lives seconds to minutes
 on small data, where C2's compiler threads cost more CPU than their code saves, and the
-suite is bound by the machine's 2 cores. ``tests/test_spark.py`` alone, run three times
-each way on an idle machine: 141-165 s of CPU with the default JIT, 92-99 s with these.
+suite is bound by the machine's 2 cores. ``tests/test_spark.py`` alone on an idle
+machine: 141-165 s of CPU in three runs with the default JIT, 92-99 s in two with these
+(docs/benchmarks.md, "Sixth session: the tests' JVMs").
 What the JVMs do is the same; only the benchmarks' own peers (``bench/peers_*``) keep
 the default JIT, since their speed is what they measure.
 """
