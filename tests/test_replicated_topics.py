@@ -11,8 +11,9 @@ change's own wait can bring them the news in time.
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import pytest
 import trio
@@ -37,54 +38,55 @@ CHANGES: dict[str, tuple[list[tuple[RequestCode, dict[str, Any]]], dict[str, int
 }
 
 
+@asynccontextmanager
+async def group(
+    nursery: trio.Nursery, tmp_path: Path, followers: int, common: dict[str, Any], **leader: Any
+) -> AsyncIterator[tuple[Cluster, Broker, list[Broker], RpcClient]]:
+    """A name server, a leader and ``followers`` in sync (``common``: every replica's
+    settings, ``leader``: the leader's), and a client."""
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    lead, fs = await start_group(c, followers, common, **leader)
+    async with trio.open_nursery() as n:
+        rpc = RpcClient(n)
+        try:
+            await in_sync(lead, followers)
+            yield c, lead, fs, rpc
+        finally:
+            await rpc.aclose()
+
+
 @pytest.mark.parametrize("ack_mode", ["async", "sync"])
 @pytest.mark.parametrize("change", sorted(CHANGES))
 async def test_a_topic_change_is_answered_once_every_in_sync_follower_holds_it(
     nursery: trio.Nursery, tmp_path: Path, change: str, ack_mode: str
 ) -> None:
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    lead, fs = await start_group(c, 2, PARKED, ack_mode=ack_mode, min_insync_replicas=2)
     requests, want = CHANGES[change]
-    async with trio.open_nursery() as n:
-        rpc = RpcClient(n)
+    async with group(nursery, tmp_path, 2, PARKED, ack_mode=ack_mode, min_insync_replicas=2) as (_, lead, fs, rpc):
         await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "old", "queue_count": 2})
-        await in_sync(lead, 2)
-        # Both followers parked in a fetch at the leader's end before the change.
-        await await_until(lambda: all(f.store.topics.all() == {"old": 2} for f in fs), 10, "the first topic copied")
+        assert [f.store.topics.all() for f in fs] == [{"old": 2}, {"old": 2}]
         for code, fields in requests:
             reply = await rpc.request(lead.addr, code, fields, check=False)
             assert reply.error_code == 0, reply
             # The answer came: every in-sync follower holds the change already.
             assert [f.store.topics.all() for f in fs] == [want, want], change
-        await rpc.aclose()
 
 
 async def test_a_topic_made_by_its_first_message_is_acknowledged_once_the_followers_hold_it(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    lead, fs = await start_group(c, 2, PARKED, auto_create_topics=True, default_queue_count=3)
-    async with trio.open_nursery() as n:
-        rpc = RpcClient(n)
-        await in_sync(lead, 2)
-        await await_until(lambda: all(f.replica.follower.connected for f in fs), 10, "followers connected")  # type: ignore[union-attr]
+    settings = {"auto_create_topics": True, "default_queue_count": 3}
+    async with group(nursery, tmp_path, 2, PARKED, **settings) as (_, lead, fs, rpc):
         reply = await send_raw(rpc, lead.addr, "made", [Message("made", 2, b"first")])
         assert reply.error_code == 0, reply
         assert [f.store.topics.all() for f in fs] == [{"made": 3}, {"made": 3}]
-        await rpc.aclose()
 
 
 async def test_a_follower_promoted_right_after_a_topic_was_created_leads_with_the_topic(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    lead, (f, other) = await start_group(c, 2, PARKED, ack_mode="sync", min_insync_replicas=2)
-    async with trio.open_nursery() as n:
-        rpc = RpcClient(n)
-        await in_sync(lead, 2)
+    async with group(nursery, tmp_path, 2, PARKED, ack_mode="sync", min_insync_replicas=2) as (c, lead, fs, rpc):
+        f, other = fs
         created = await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, {"topic": "orders", "queue_count": 2})
         assert created.fields["queue_count"] == 2
         await c.stop_broker("g0")  # the leader goes the moment the creation is answered
@@ -101,18 +103,22 @@ async def test_a_follower_promoted_right_after_a_topic_was_created_leads_with_th
         )
         await await_until(lambda: other.store.max_offset("orders", 1) == 1, 10, "the message on the other follower")
         assert other.store.topics.all() == {"orders": 2}
-        await rpc.aclose()
 
 
-def hang_metadata_copies(broker: Broker, stuck: trio.Event) -> None:
-    """Make ``broker``'s metadata copies hang (its worker thread stuck) until ``stuck`` is set."""
-    apply = broker.metadata.apply
+@asynccontextmanager
+async def metadata_copies_hang(broker: Broker) -> AsyncIterator[None]:
+    """``broker``'s metadata copies hang (their worker thread stuck) inside the block."""
+    stuck, apply = trio.Event(), broker.metadata.apply
 
     def hang(snapshot: dict[str, Any]) -> None:
         trio.from_thread.run(stuck.wait)
         apply(snapshot)
 
     broker.metadata.apply = hang  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        stuck.set()
 
 
 async def test_a_topic_change_no_in_sync_follower_copies_in_time_is_a_replication_timeout(
@@ -121,38 +127,23 @@ async def test_a_topic_change_no_in_sync_follower_copies_in_time_is_a_replicatio
     """A follower whose metadata copy hangs: the change is made on the leader but not
     acknowledged, the error says who lacks it, and sync writes to the topic are not
     acknowledged either until the follower holds it."""
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
-    lead, (f,) = await start_group(c, 1, PARKED, replication_timeout_ms=500, ack_mode="sync", min_insync_replicas=2)
-    stuck = trio.Event()
-    async with trio.open_nursery() as n:
-        rpc = RpcClient(n)
-        try:
-            await in_sync(lead, 1)
-            hang_metadata_copies(f, stuck)
-            reply = await rpc.request(
-                lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1}, check=False
-            )
+    settings = {"replication_timeout_ms": 500, "ack_mode": "sync", "min_insync_replicas": 2}
+    create = (RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1})
+    async with group(nursery, tmp_path, 1, PARKED, **settings) as (_, lead, (f,), rpc):
+        async with metadata_copies_hang(f):
+            reply = await rpc.request(lead.addr, *create, check=False)
             assert reply.error_code == ErrorCode.REPLICATION_TIMEOUT, reply
-            assert "replica 1" in reply.error_text and "replication_timeout_ms=500" in reply.error_text, (
-                reply.error_text
-            )
+            assert "replica 1" in reply.error_text and "replication_timeout_ms=500" in reply.error_text, reply
             assert lead.store.topics.all() == {"t": 1}  # made on the leader: a retry answers once it is copied
             sent = await send_raw(rpc, lead.addr, "t", [Message("t", 0, b"while the topic is not copied")])
             assert sent.error_code == ErrorCode.REPLICATION_TIMEOUT, sent
-        finally:
-            stuck.set()
 
         async def created() -> bool:
-            again = await rpc.request(
-                lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1}, check=False
-            )
-            return again.error_code == 0
+            return (await rpc.request(lead.addr, *create, check=False)).error_code == 0
 
         await await_until(created, 15, "the creation's retry answered")
         assert f.store.topics.all() == {"t": 1}
         assert (await send_raw(rpc, lead.addr, "t", [Message("t", 0, b"now")])).error_code == 0
-        await rpc.aclose()
 
 
 async def test_a_follower_that_cannot_copy_topics_leaves_the_in_sync_set_and_changes_go_on(
@@ -161,27 +152,16 @@ async def test_a_follower_that_cannot_copy_topics_leaves_the_in_sync_set_and_cha
     """One sick follower must not block every topic change: lacking the leader's topics
     it is not caught up, so it leaves the set after ``replica_lag_max_ms`` and the change
     is answered (the follower, out of the set, is neither elected nor promotable)."""
-    c = Cluster(nursery, tmp_path)
-    await c.start_nameserver()
     lag = {"replica_lag_max_ms": 800, "replication_timeout_ms": 15_000}
-    lead, (f,) = await start_group(c, 1, {**PARKED, **lag})
-    stuck = trio.Event()
-    async with trio.open_nursery() as n:
-        rpc = RpcClient(n)
-        try:
-            await in_sync(lead, 1)
-            hang_metadata_copies(f, stuck)
-            reply = await rpc.request(
-                lead.addr, RequestCode.CREATE_TOPIC, {"topic": "t", "queue_count": 1}, timeout_ms=20_000
-            )
+    async with group(nursery, tmp_path, 1, {**PARKED, **lag}) as (_, lead, (f,), rpc):
+        async with metadata_copies_hang(f):
+            fields = {"topic": "t", "queue_count": 1}
+            reply = await rpc.request(lead.addr, RequestCode.CREATE_TOPIC, fields, timeout_ms=20_000)
             assert reply.fields["queue_count"] == 1
             assert lead.replica.leader is not None and not lead.replica.leader.isr.followers[1].in_sync
             assert f.store.topics.all() == {}
-        finally:
-            stuck.set()
         await in_sync(lead, 1)  # copied at last: back in the set
         assert f.store.topics.all() == {"t": 1}
-        await rpc.aclose()
 
 
 def test_a_follower_behind_the_leaders_topics_is_not_recorded_in_sync_for_elections() -> None:
