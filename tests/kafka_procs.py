@@ -18,7 +18,9 @@ from typing import Any, AsyncIterator, Callable, Sequence, TypeVar
 
 import trio
 
+from clmq.client import open_admin
 from clmq.protocol.auth import SECURITY_FILE, AclBinding, SecurityState, make_credential, save_security
+from tests.waiting import await_until
 
 from .replica_procs import Broker, Group, free_port, open_group
 
@@ -67,6 +69,18 @@ async def open_kafka(root: Path, **settings: Any) -> AsyncIterator[KafkaCluster]
         cluster = KafkaCluster(group, {})
         await cluster.start_broker("b0", **settings)
         yield cluster
+
+
+async def registered(namesrv: str, count: int = 1) -> None:
+    """Wait until the name server at ``namesrv`` knows ``count`` brokers: before a clmq
+    client that finds brokers there (a CI run asked before the broker's first
+    registration and was told no broker was known)."""
+    async with open_admin([namesrv]) as admin:
+
+        async def listed() -> bool:
+            return len(await admin.brokers()) >= count
+
+        await await_until(listed, 15, f"{count} broker(s) registered with the name server")
 
 
 SUPER_USER = "admin"

@@ -22,7 +22,7 @@ from clmq import open_admin, open_consumer
 from clmq.common import PROP_KAFKA_PRODUCER
 from clmq.protocol.auth import AclBinding
 from tests import java_deps
-from tests.kafka_procs import KafkaCluster, open_kafka, open_secure_kafka
+from tests.kafka_procs import KafkaCluster, open_kafka, open_secure_kafka, registered
 from tests.test_kafka_security import create_topics, end_offset, wire_as
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
@@ -117,6 +117,7 @@ def _lines(records: list[Any]) -> bytes:
 async def test_java_producer_every_codec_then_group_consumer_reads_back_exactly(
     kafka: KafkaCluster, harness: list[str]
 ) -> None:
+    await registered(kafka.namesrv)
     async with open_admin([kafka.namesrv]) as admin:
         await admin.create_topic("java", 3)
     sent: list[Row] = []
@@ -227,6 +228,7 @@ async def test_java_admin_client_topics_and_groups(kafka: KafkaCluster, harness:
 
 
 async def test_java_transactional_producer_is_refused_with_the_reason(kafka: KafkaCluster, harness: list[str]) -> None:
+    await registered(kafka.namesrv)
     async with open_admin([kafka.namesrv]) as admin:
         await admin.create_topic("tx", 1)
     with trio.fail_after(15):  # well before the client's max.block.ms (20 s): not a timeout

@@ -20,9 +20,10 @@ import trio
 
 from clmq.broker.replication import FollowerState, InSyncSet
 from clmq.broker.service import Broker
+from clmq.client import open_admin
 from clmq.common import Message
 from clmq.protocol import ErrorCode, RequestCode
-from clmq.protocol.transport import RpcClient
+from clmq.protocol.transport import RpcClient, RpcError
 from tests.service_helpers import Cluster
 from tests.test_replication import in_sync, send_raw, start_group
 from tests.waiting import await_until
@@ -176,3 +177,35 @@ def test_a_follower_behind_the_leaders_topics_is_not_recorded_in_sync_for_electi
     assert isr.ready_to_record(set(), topics_version=7) == [1, 3]  # 3: a follower too old to say
     assert isr.lacking_topics(7) == [2]
     assert isr.lacking_topics(6) == []
+
+
+async def test_a_graceful_hand_over_waits_for_the_targets_topics(
+    nursery: trio.Nursery, tmp_path: Path, zk_connect: str
+) -> None:
+    """ZooKeeper mode: a target in sync on the log but lacking the leader's newest topic
+    (its copy hangs) is not handed the group, whose leader stays; once it holds the
+    topic, the hand-over goes through and the new leader has it."""
+    from tests.test_coordination import one_leader, zk_state
+    from tests.test_coordination import start_group as coordinated_group
+
+    c = Cluster(nursery, tmp_path)
+    await c.start_nameserver()
+    settings = {"replica_lag_max_ms": 60_000, "replication_timeout_ms": 500, "leader_transfer_timeout_ms": 1500}
+    bs = await coordinated_group(c, zk_connect, **settings)
+    leader = await one_leader(c)
+    await await_until(lambda: len(zk_state(zk_connect)["isr"]) == 3, 15, "every replica in ZooKeeper's in-sync set")
+    target = next(b for b in bs if b is not leader)
+    async with trio.open_nursery() as n, open_admin(broker_addrs=[leader.addr]) as admin:
+        rpc = RpcClient(n)
+        async with metadata_copies_hang(target):
+            fields = {"topic": "late", "queue_count": 1}
+            reply = await rpc.request(leader.addr, RequestCode.CREATE_TOPIC, fields, check=False)
+            assert reply.error_code == ErrorCode.REPLICATION_TIMEOUT, reply
+            with pytest.raises(RpcError, match="did not catch up"):
+                await admin.promote(target.addr)
+            assert leader.replica.leader is not None and target.replica.leader is None
+        await await_until(lambda: target.store.topics.all().get("late") == 1, 10, "the topic copied at last")
+        await admin.promote(target.addr)
+        await await_until(lambda: target.replica.leader is not None, 15, "the target leading")
+        assert target.store.topics.all().get("late") == 1
+        await rpc.aclose()
