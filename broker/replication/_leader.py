@@ -274,11 +274,12 @@ class Leader:
                 error_code=ErrorCode.OFFSET_OUT_OF_RANGE,
                 error_text=f"offset {offset} is below the leader's log start {self.log.min_offset}",
             )
-        self.isr.report(state, offset, flushed, end, now_ms(), state.holds_topics(self.metadata.topics_version()))
+        holds_topics = state.holds_topics(self.metadata.topics_version())
+        self.isr.report(state, offset, flushed, end, now_ms(), holds_topics)
         self._publish()
         # Parked at the end only holding the leader's topics: one that lacks them has a
         # topic change to copy, which a topic change's answer may be waiting for.
-        if offset >= end and state.holds_topics(self.metadata.topics_version()):
+        if offset >= end and holds_topics:
             self.isr.park(state)
             try:
                 with trio.move_on_after(min(f["max_wait_ms"], MAX_FETCH_WAIT_MS) / 1000):
